@@ -1,0 +1,98 @@
+"""FLOP/s, MFU and HFU from the probe's counts and the measured step time. No Textual.
+
+Conventions (also in the JSON ``conventions`` block):
+
+* model FLOP/s  = model FLOPs per step ÷ median step wall time;
+* MFU           = model FLOP/s ÷ dense peak of the dtype in use;
+* HFU           = executed FLOP/s ÷ the same peak;
+* job MFU       = Σ model FLOP/s ÷ Σ peaks of the ranks (the same time window),
+  so a job with one idle rank is not flattered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from flowtop.snapshot import FlopsView
+
+OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
+
+
+def rank_flops(
+    msg: Mapping[str, Any] | None, step_time_s: float | None, peak_override: float | None = None
+) -> FlopsView | None:
+    """Build a rank's :class:`FlopsView` from its latest ``flops`` message."""
+    if msg is None:
+        return None
+    model = float(msg["model_flops"])
+    executed = float(msg["executed_flops"])
+    peak = peak_override if peak_override else msg.get("peak_flops")
+    source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
+    fps = model / step_time_s if step_time_s else None
+    efps = executed / step_time_s if step_time_s else None
+    reason = ""
+    if not peak:
+        reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
+    elif fps is None:
+        reason = "no steady step time yet"
+    tokens = int(msg.get("tokens", 0))
+    estimated = msg.get("estimated_flops")
+    return FlopsView(
+        model_flops_per_step=model,
+        executed_flops_per_step=executed,
+        estimated_flops_per_step=float(estimated) if estimated is not None else None,
+        estimate_source=msg.get("estimate_source"),
+        flops_per_s=fps,
+        executed_flops_per_s=efps,
+        mfu=fps / peak if (fps is not None and peak) else None,
+        hfu=efps / peak if (efps is not None and peak) else None,
+        peak_flops=float(peak) if peak else None,
+        peak_source=source,
+        dtype=str(msg.get("dtype", "?")),
+        attention_convention=str(msg.get("attention", "full")),
+        flops_per_token=model / tokens if tokens else None,
+        uncounted_ops=dict(msg.get("uncounted", {})),
+        counted_at_step=int(msg["step"]) if "step" in msg else None,
+        mfu_reason=reason,
+    )
+
+
+def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
+    """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks."""
+    vs = [v for v in views if v is not None]
+    if not vs:
+        return None
+
+    def total(name: str) -> float | None:
+        vals = [getattr(v, name) for v in vs]
+        return sum(vals) if all(x is not None for x in vals) else None
+
+    fps, efps = total("flops_per_s"), total("executed_flops_per_s")
+    peaks = total("peak_flops")
+    uncounted: dict[str, int] = {}
+    for v in vs:
+        for k, n in v.uncounted_ops.items():
+            uncounted[k] = uncounted.get(k, 0) + n
+    sources = sorted({v.peak_source for v in vs})
+    dtypes = sorted({v.dtype for v in vs})
+    conventions = sorted({v.attention_convention for v in vs})
+    tokens_flops = [v.flops_per_token for v in vs if v.flops_per_token]
+    reason = "" if peaks else "peak unknown on at least one rank"
+    return FlopsView(
+        model_flops_per_step=total("model_flops_per_step"),
+        executed_flops_per_step=total("executed_flops_per_step"),
+        estimated_flops_per_step=total("estimated_flops_per_step"),
+        estimate_source=vs[0].estimate_source,
+        flops_per_s=fps,
+        executed_flops_per_s=efps,
+        mfu=fps / peaks if (fps is not None and peaks) else None,
+        hfu=efps / peaks if (efps is not None and peaks) else None,
+        peak_flops=peaks,
+        peak_source="; ".join(sources),
+        dtype="/".join(dtypes),
+        attention_convention="/".join(conventions),
+        flops_per_token=sum(tokens_flops) / len(tokens_flops) if tokens_flops else None,
+        uncounted_ops=uncounted,
+        counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
+        mfu_reason=reason,
+    )

@@ -1,0 +1,170 @@
+"""Command line: ``flowtop [top|run|snapshot|demo|analyze|calibrate]``.
+
+Bad arguments get a clear message and exit code 2 (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from probe import wire
+
+SUBCOMMANDS = ("top", "run", "snapshot", "demo", "analyze", "calibrate")
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {raw!r}")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {raw!r}")
+    return value
+
+
+def _monitor_args(p: argparse.ArgumentParser) -> None:
+    default = os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
+    p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env FLOWTOP_ADDR)")
+    p.add_argument("--insecure-bind", action="store_true", help="allow binding a non-loopback address without authentication")
+    p.add_argument("--peak-tflops", type=_positive_float, default=None, help="dense peak per rank in TFLOP/s (overrides the table)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand except analyze/calibrate (which own theirs)."""
+    ap = argparse.ArgumentParser(prog="flowtop", description="top for deep-learning training FLOPs")
+    sub = ap.add_subparsers(dest="cmd")
+    top = sub.add_parser("top", help="live monitor (the default)")
+    _monitor_args(top)
+    run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
+    run.add_argument("--connect", default=None, help="monitor address the probe connects to (env FLOWTOP_ADDR)")
+    run.add_argument("--job", default=None, help="job id (default: from torchrun's environment)")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    snap = sub.add_parser("snapshot", help="collect for a while and print the model")
+    _monitor_args(snap)
+    snap.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to collect (default 5)")
+    snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout)")
+    snap.add_argument("--json", action="store_true", help="print JSON (schema in README)")
+    demo = sub.add_parser("demo", help="live demo: N-rank DDP training of a small GPT on CPU")
+    demo.add_argument("--ranks", type=_positive_int, default=2)
+    demo.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 20 headless, 2000 live)")
+    demo.add_argument("--headless", action="store_true", help="print the final JSON snapshot instead of the TUI")
+    demo.add_argument("--listen", default=None, help="address for the demo's monitor (default: a free loopback port)")
+    sub.add_parser("analyze", help="aggregate a torch.profiler Chrome trace (flowtop analyze -h)", add_help=False)
+    sub.add_parser("calibrate", help="hardware FLOPs with Nsight Compute (flowtop calibrate -h)", add_help=False)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flowtop`` console script."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "analyze":
+        from flowtop import analyze
+
+        return analyze.main(args_list[1:])
+    if args_list and args_list[0] == "calibrate":
+        from flowtop import calibrate
+
+        return calibrate.main(args_list[1:])
+    if not args_list or args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help"):
+        args_list = ["top", *args_list]
+    args = build_parser().parse_args(args_list)
+    if args.cmd == "run":
+        from flowtop import runner
+
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        return runner.run(command, connect=args.connect, job=args.job)
+    if args.cmd == "snapshot":
+        return _snapshot(args)
+    if args.cmd == "demo":
+        from flowtop.demo import launch
+
+        return launch.main(args)
+    return _top(args)
+
+
+def make_model(peak_tflops: float | None = None) -> Any:
+    """The monitor's model with kernel aggregation and hints wired in when available."""
+    from flowtop import wiring
+
+    return wiring.make_model(peak_tflops * 1e12 if peak_tflops else None)
+
+
+def _collector(args: argparse.Namespace) -> Any:
+    from flowtop.collector import AddressError, Collector
+
+    try:
+        return Collector(make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind)
+    except AddressError as exc:
+        print(f"flowtop: {exc}", file=sys.stderr)
+        return None
+
+
+def _top(args: argparse.Namespace) -> int:
+    collector = _collector(args)
+    if collector is None:
+        return 2
+    from flowtop.app import FlowtopApp
+
+    FlowtopApp(collector).run()
+    return 0
+
+
+async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
+    """Run ``collector`` for up to ``timeout`` seconds; return the last snapshot."""
+    import time
+
+    await collector.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            if until_done:
+                snap = collector.snapshot()
+                ranks = [r for j in snap.jobs for r in j.ranks]
+                if ranks and all(r.status == "done" for r in ranks) and all(
+                    j.ranks_seen >= j.world_size for j in snap.jobs
+                ):
+                    break
+        return collector.snapshot()
+    finally:
+        await collector.stop()
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    collector = _collector(args)
+    if collector is None:
+        return 2
+    from flowtop.collector import AddressError
+    from flowtop.snapshot import to_json
+
+    try:
+        snap = asyncio.run(collect(collector, args.timeout, args.until_done))
+    except AddressError as exc:
+        print(f"flowtop: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(snap), indent=2))
+    else:
+        from flowtop.textreport import render
+
+        print(render(snap))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

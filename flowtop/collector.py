@@ -1,0 +1,184 @@
+"""The collector: a zmq.asyncio SUB bound where probes connect. No Textual.
+
+Frames are drained in batches (one poll, then non-blocking receives on a
+synchronous shadow of the same socket — an await per message halves the rate),
+decoded and validated by :mod:`probe.wire`, and applied to the :class:`Model`.
+A PUB socket on the control address sends commands (``kernels_now``) back.
+
+Security (design.md §8): binding anything but loopback needs an explicit
+``allow_remote=True`` (CLI ``--insecure-bind``); a ZAP handler is always running
+so the connection handshake is authenticated, MAXMSGSIZE caps frames, and
+messages are msgpack only (never pickle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import resource
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+import zmq
+import zmq.asyncio
+
+from flowtop.model import Model
+from flowtop.snapshot import MonitorSnapshot
+from probe import wire
+
+#: Most frames handled per drain before yielding to the event loop (UI stays responsive).
+BATCH = 5000
+
+
+class AddressError(ValueError):
+    """A listen address that cannot or must not be bound."""
+
+
+def control_addr_for(listen: str) -> str:
+    """Default control address: the data port + 1 on the same interface."""
+    parsed = urlparse(listen)
+    if parsed.scheme != "tcp" or parsed.port is None:
+        raise AddressError(f"expected tcp://HOST:PORT, got {listen!r}")
+    return f"tcp://{parsed.hostname}:{parsed.port + 1}"
+
+
+def check_listen(listen: str, allow_remote: bool) -> str:
+    """Validate a listen address; loopback only unless ``allow_remote``."""
+    parsed = urlparse(listen)
+    if parsed.scheme != "tcp" or not parsed.hostname or parsed.port is None:
+        raise AddressError(f"bad listen address {listen!r}: expected tcp://HOST:PORT")
+    host = parsed.hostname
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not allow_remote:
+        raise AddressError(
+            f"refusing to bind {listen}: only loopback is safe without authentication; "
+            "pass --insecure-bind to accept unauthenticated probes from the network"
+        )
+    return listen
+
+
+def raise_fd_limit() -> int:
+    """Each probe connection costs a file descriptor: raise the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 16
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class Collector:
+    """Receives probe messages into a :class:`Model`; a ``SnapshotSource`` for the UI."""
+
+    def __init__(
+        self,
+        model: Model,
+        listen: str = wire.DEFAULT_ADDR,
+        control: str | None = None,
+        allow_remote: bool = False,
+    ) -> None:
+        self.model = model
+        self.listen = check_listen(listen, allow_remote)
+        self.control = control or control_addr_for(listen)
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sub: Any = None
+        self._pub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._auth: Any = None
+        self._allow_remote = allow_remote
+
+    async def start(self) -> None:
+        """Bind the sockets (inside the running loop) and start receiving."""
+        raise_fd_limit()
+        ctx = self._ctx = zmq.asyncio.Context()
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        self._auth = AsyncioAuthenticator(ctx)
+        self._auth.start()
+        if not self._allow_remote:
+            self._auth.allow("127.0.0.1", "::1")
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt_string(zmq.ZAP_DOMAIN, "flowtop")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            sub.bind(self.listen)
+        except zmq.ZMQError as exc:
+            sub.close(0)
+            self._auth.stop()
+            ctx.term()
+            raise AddressError(f"cannot bind {self.listen}: {exc} (is another flowtop running?)") from None
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt_string(zmq.ZAP_DOMAIN, "flowtop")
+        try:
+            pub.bind(self.control)
+        except zmq.ZMQError:
+            pub.close(0)
+            pub = None  # the control channel is optional: kernels on demand just won't work
+        self._sub, self._pub = sub, pub
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        sub = self._sub
+        sync = zmq.Socket.shadow(sub.underlying)  # non-blocking drain without awaits
+        while True:
+            await sub.poll(500, zmq.POLLIN)
+            now = time.monotonic()
+            for _ in range(BATCH):
+                try:
+                    frame = sync.recv(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                self.handle_frame(frame, now)
+            await asyncio.sleep(0)
+
+    def handle_frame(self, frame: bytes, now: float) -> None:
+        """Decode one frame and apply it; a bad frame is counted, never raised."""
+        try:
+            msg = wire.decode(frame)
+        except wire.WireError as exc:
+            self.model.reject(str(exc))
+            return
+        try:
+            self.model.ingest(msg, now)
+        except Exception as exc:  # a hostile-but-valid message must not kill the monitor
+            self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
+
+    def snapshot(self) -> MonitorSnapshot:
+        """An immutable snapshot of the model now."""
+        return self.model.snapshot(time.monotonic(), self.listen)
+
+    def request_kernels(self, job: str, rank: int) -> None:
+        """Ask one rank's probe for a kernel window at its next step (never blocks)."""
+        if self._pub is None:
+            return
+        try:
+            self._pub.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    async def stop(self) -> None:
+        """Stop receiving and close the sockets."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for s in (self._sub, self._pub):
+            if s is not None:
+                s.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._ctx is not None:
+            self._ctx.term()

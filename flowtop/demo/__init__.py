@@ -1,0 +1,1 @@
+"""The demo: a small GPT trained with DDP on CPU (gloo), watched live by flowtop."""

@@ -1,0 +1,134 @@
+"""``flowtop demo``: a monitor plus a real N-rank DDP training launched through ``flowtop run``.
+
+The training is ``torchrun --standalone`` of :mod:`flowtop.demo.train` (gloo on
+CPU), with the probe injected by the bootstrap exactly as for a user's script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+from probe import wire
+
+
+def free_port_pair() -> int:
+    """A loopback port p such that p and p+1 were both free just now."""
+    for _ in range(50):
+        with socket.socket() as s1:
+            s1.bind(("127.0.0.1", 0))
+            port = s1.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as s2:
+                try:
+                    s2.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    return wire.DEFAULT_PORT
+
+
+def training_command(ranks: int, steps: int, extra: list[str] | None = None) -> list[str]:
+    """The torchrun command line of the demo training."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+        "--module", "flowtop.demo.train", f"--steps={steps}", *(extra or []),
+    ]  # fmt: skip
+
+
+class DemoSource:
+    """A snapshot source that owns a collector and the training it launched."""
+
+    def __init__(self, collector: Any, cmd: list[str], env: dict[str, str], log_path: str) -> None:
+        self.collector = collector
+        self.cmd = cmd
+        self.env = env
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        """Bind the monitor first, then start the training."""
+        await self.collector.start()
+        # The training's output goes to a log file: it would tear the TUI or the JSON.
+        with open(self.log_path, "wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(*self.cmd, env=self.env, stdout=log, stderr=log)
+
+    def snapshot(self) -> Any:
+        """The collector's snapshot."""
+        return self.collector.snapshot()
+
+    def request_kernels(self, job: str, rank: int) -> None:
+        """Forwarded to the collector."""
+        self.collector.request_kernels(job, rank)
+
+    async def stop(self) -> None:
+        """Stop the training (if still running) and the collector."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+        await self.collector.stop()
+
+
+async def _headless(source: DemoSource, timeout_s: float) -> tuple[Any, int]:
+    await source.start()
+    assert source.proc is not None
+    deadline = time.monotonic() + timeout_s
+    code = -1
+    try:
+        code = await asyncio.wait_for(source.proc.wait(), timeout_s)
+        # Give the last bye messages a moment to arrive.
+        while time.monotonic() < deadline:
+            snap = source.snapshot()
+            ranks = [r for j in snap.jobs for r in j.ranks]
+            if ranks and all(r.status == "done" for r in ranks):
+                break
+            await asyncio.sleep(0.05)
+        return source.snapshot(), code
+    except asyncio.TimeoutError:
+        return source.snapshot(), 124
+    finally:
+        await source.stop()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the demo (TUI or ``--headless`` JSON)."""
+    import os
+
+    from flowtop import runner
+    from flowtop.cli import make_model
+    from flowtop.collector import Collector
+
+    port = free_port_pair()
+    listen = args.listen or f"tcp://127.0.0.1:{port}"
+    steps = args.steps or (20 if args.headless else 2000)
+    env = runner.probe_env(os.environ, connect=listen)
+    # Kernel windows often on the demo so the drill-down fills quickly.
+    env.setdefault("FLOWTOP_DEMO", "1")
+    collector = Collector(make_model(), listen)
+    import tempfile
+
+    log_path = os.path.join(tempfile.gettempdir(), f"flowtop-demo-{os.getpid()}.log")
+    source = DemoSource(collector, training_command(args.ranks, steps), env, log_path)
+    if args.headless:
+        from flowtop.snapshot import to_json
+
+        snap, code = asyncio.run(_headless(source, timeout_s=60.0 + steps * 2.0))
+        print(json.dumps(to_json(snap, with_kernels=False), indent=2))
+        if code != 0:
+            with open(log_path, encoding="utf-8", errors="replace") as fh:
+                tail = fh.read()[-3000:]
+            print(f"flowtop demo: training exited with code {code}; log {log_path}:\n{tail}", file=sys.stderr)
+        return 0 if code == 0 else 1
+    from flowtop.app import FlowtopApp
+
+    FlowtopApp(source).run()
+    return 0

@@ -1,0 +1,56 @@
+"""Demo training script: DDP (gloo) on CPU with synthetic tokens. Knows nothing of flowtop.
+
+Run under ``flowtop run -- torchrun ... -m flowtop.demo.train`` (what ``flowtop demo``
+does); the probe is injected by the bootstrap, not imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from flowtop.demo.gpt import GPT, GPTConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train for ``--steps`` optimizer steps and exit 0."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--sleep-rank", type=int, default=-1, help="this rank sleeps each step (straggler)")
+    ap.add_argument("--sleep-s", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # two ranks on two cores
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    torch.manual_seed(1234 + rank)
+    cfg = GPTConfig(vocab_size=2048, n_layer=args.layers, n_head=4, n_embd=args.width, block_size=args.seq)
+    model: torch.nn.Module = GPT(cfg)
+    if distributed:
+        model = DDP(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    for _ in range(args.steps):
+        idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq))
+        _, loss = model(idx, torch.roll(idx, -1, dims=1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if rank == args.sleep_rank and args.sleep_s > 0:
+            time.sleep(args.sleep_s)
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Shared pieces of the hint measures: the Measurement record and small snapshot helpers."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from flowtop.hints.rules import Rule
+from flowtop.snapshot import JobSnapshot, RankSnapshot
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One rule's measure for one target at one evaluation.
+
+    ``steps_covered``/``seconds_covered`` say how much evidence the value already embodies (a
+    measure over the last 20 steps of history covers 20 steps), so a monitor that starts late can
+    fire at once; otherwise the engine accumulates the window across evaluations.
+    """
+
+    value: float
+    evidence: Mapping[str, Any]
+    impact: float  # estimated share of step time at stake, 0..1
+    step: int  # the target's step index now (for step windows)
+    steps_covered: int = 0
+    seconds_covered: float = 0.0
+    text: Mapping[str, str] = field(default_factory=dict)  # extra words for the summary template
+    severity: str | None = None  # override of the rule's severity (escalation)
+
+
+#: A measure: (rule, job, now) -> {target: Measurement, or None when the target has no data now}.
+MeasureFn = Callable[[Rule, JobSnapshot, float], dict[str, "Measurement | None"]]
+
+
+def finite(x: Any) -> bool:
+    """True for a real, finite number (bools excluded)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def rank_target(r: RankSnapshot) -> str:
+    """Target label of a rank-scope hint."""
+    return f"rank {r.rank}"
+
+
+def latest_ranks(job: JobSnapshot) -> list[RankSnapshot]:
+    """One snapshot per rank number (the newest incarnation), sorted by rank."""
+    best: dict[int, RankSnapshot] = {}
+    for r in job.ranks:
+        cur = best.get(r.rank)
+        if cur is None or r.incarnation >= cur.incarnation:
+            best[r.rank] = r
+    return [best[k] for k in sorted(best)]
+
+
+def is_cuda(r: RankSnapshot) -> bool:
+    """Whether the rank trains on a GPU (the probe names CPU devices "cpu (...)")."""
+    name = (r.device or "").strip().lower()
+    return bool(name) and not name.startswith("cpu") and name != "unknown"
+
+
+def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
+    """Median wall time per step from history (last ``last`` steps; all when 0), else the rank's."""
+    times = [t for t in r.history.step_time_s if finite(t) and t > 0]
+    if last:
+        times = times[-last:]
+    if times:
+        return float(statistics.median(times))
+    return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None  # type: ignore[operator]
+
+
+def telemetry_number(r: RankSnapshot, key: str) -> float | None:
+    """A finite device telemetry value, or None."""
+    if r.telemetry is None:
+        return None
+    value = r.telemetry.device.get(key)
+    return float(value) if finite(value) else None
+
+
+def safe_div(a: float, b: float) -> float:
+    """a / b, 0 when b is 0."""
+    return a / b if b else 0.0
+
+
+def clamp01(x: float) -> float:
+    """x limited to 0..1 (impacts)."""
+    return max(0.0, min(1.0, x))

@@ -1,0 +1,198 @@
+"""Hint evaluation with hysteresis: measures in, ordered :class:`Hint` records out.
+
+The engine is the only stateful part of the hints package. It keeps, per (job, rule id, target),
+whether the hint is active and since when its measure has been beyond the threshold, so that a
+hint needs its full evidence window to appear and the looser clear value to disappear: a measure
+that wobbles around the threshold does not make the hint flicker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from flowtop.hints import measures_device, measures_kernels, measures_time
+from flowtop.hints.base import Measurement, MeasureFn, finite
+from flowtop.hints.rules import RULES, SEVERITIES, Gate, Rule, validate
+from flowtop.snapshot import Hint, JobSnapshot
+
+_log = logging.getLogger("flowtop.hints")
+
+#: Rule id -> measure function. Every rule in the table needs one.
+MEASURES: Mapping[str, MeasureFn] = {
+    "hang_all": measures_time.hang_all,
+    "hang_rank": measures_time.hang_rank,
+    "input_wait": measures_time.input_wait,
+    "straggler": measures_time.straggler,
+    "comm_exposed": measures_kernels.comm_exposed,
+    "launch_bound": measures_kernels.launch_bound,
+    "memory_bound": measures_kernels.memory_bound,
+    "fp32_matmul": measures_kernels.fp32_matmul,
+    "attention_unfused": measures_kernels.attention_unfused,
+    "optimizer_unfused": measures_kernels.optimizer_unfused,
+    "uneven_kernel": measures_kernels.uneven_kernel,
+    "throttling": measures_device.throttling,
+    "util_vs_mfu": measures_device.util_vs_mfu,
+    "memory_full": measures_device.memory_full,
+    "uncounted_ops": measures_device.uncounted_ops,
+    "estimate_mismatch": measures_device.estimate_mismatch,
+    "attention_flops_note": measures_kernels.attention_flops_note,
+}
+
+
+@dataclass
+class _State:
+    """Hysteresis state of one (job, rule, target)."""
+
+    active: bool = False
+    pending_step: int | None = None  # step index when the measure first crossed the threshold
+    pending_t: float | None = None  # monitor time of that crossing
+    since_step: int | None = None
+    hint: Hint | None = None
+
+
+class _NA:
+    """Stands in for a missing number in a summary template ("n/a" whatever the format spec)."""
+
+    def __format__(self, spec: str) -> str:
+        return "n/a"
+
+
+def _render(template: str, fields: Mapping[str, Any]) -> str:
+    """Format a template; missing or None fields read "n/a" instead of raising."""
+
+    class _Fields(dict):  # type: ignore[type-arg]
+        def __missing__(self, key: str) -> Any:
+            return _NA()
+
+    safe = _Fields({k: (_NA() if v is None else v) for k, v in fields.items()})
+    try:
+        return template.format_map(safe)
+    except (ValueError, TypeError):  # a text value under a numeric format spec
+        return template.format_map(_Fields({k: str(v) for k, v in safe.items()}))
+
+
+def _gate_ok(gate: Gate, evidence: Mapping[str, Any], keep: bool) -> bool:
+    value = evidence.get(gate.key)
+    if not finite(value):
+        return False
+    limit = gate.clear if keep else gate.threshold
+    return value < limit if gate.op == "<" else value >= limit
+
+
+def _beyond(rule: Rule, m: Measurement, keep: bool) -> bool:
+    """To fire (keep=False): strictly beyond the threshold. To stay (keep=True): not yet back
+    past the clear value. Gates use their own threshold/clear the same way."""
+    v = m.value
+    if not finite(v):
+        return False
+    if rule.direction == "above":
+        ok = v >= rule.clear if keep else v > rule.threshold
+    else:
+        ok = v <= rule.clear if keep else v < rule.threshold
+    return ok and all(_gate_ok(g, m.evidence, keep) for g in rule.gates)
+
+
+class HintEngine:
+    """Evaluates the rules table against job snapshots, with per-hint hysteresis.
+
+    ``rules`` defaults to :data:`flowtop.hints.rules.RULES`; pass a modified copy (e.g. with
+    ``dataclasses.replace``) to tune thresholds. One engine serves any number of jobs.
+    """
+
+    def __init__(self, rules: Sequence[Rule] = RULES, measures: Mapping[str, MeasureFn] | None = None) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        validate(self.rules)
+        self._measures = dict(MEASURES if measures is None else measures)
+        missing = [r.id for r in self.rules if r.id not in self._measures]
+        if missing:
+            raise ValueError(f"no measure for rules {missing}")
+        self._state: dict[tuple[str, str, str], _State] = {}
+        self._failed: set[str] = set()
+
+    def evaluate(self, job: JobSnapshot, now: float) -> tuple[Hint, ...]:
+        """Active hints of ``job`` at monitor time ``now``, most severe first, then by impact."""
+        out: list[tuple[Rule, Hint]] = []
+        for rule in self.rules:
+            try:
+                results = self._measures[rule.id](rule, job, now)
+            except Exception:  # a bug in one measure must not take the monitor down
+                if rule.id not in self._failed:
+                    self._failed.add(rule.id)
+                    _log.exception("hint rule %s failed; its hints are held", rule.id)
+                results = None
+            if results is None:  # hold every state of this rule as it is
+                out.extend((rule, s.hint) for k, s in self._state.items()
+                           if k[0] == job.job and k[1] == rule.id and s.active and s.hint)
+                continue
+            for key in [k for k in self._state if k[0] == job.job and k[1] == rule.id and k[2] not in results]:
+                del self._state[key]  # the target went away (rank gone, kernel no longer listed)
+            for target, m in results.items():
+                hint = self._update(rule, (job.job, rule.id, target), m, now)
+                if hint is not None:
+                    out.append((rule, hint))
+        shown = {h.id for _, h in out}
+        order = {r.id: i for i, r in enumerate(self.rules)}
+        kept = [h for r, h in out if r.params.get("hidden_by") not in shown]
+        kept.sort(key=lambda h: (SEVERITIES.index(h.severity), -h.impact, order[h.id], h.target))
+        return tuple(kept)
+
+    def reset(self) -> None:
+        """Forget all hysteresis state."""
+        self._state.clear()
+
+    def _update(self, rule: Rule, key: tuple[str, str, str], m: Measurement | None, now: float) -> Hint | None:
+        st = self._state.get(key)
+        if m is None:  # no data for this target now: keep what was shown
+            return st.hint if st is not None and st.active else None
+        if st is None:
+            st = self._state[key] = _State()
+        if st.active:
+            if _beyond(rule, m, keep=True):
+                steps = max(m.steps_covered, m.step - (st.pending_step or m.step))
+                secs = max(m.seconds_covered, now - (st.pending_t if st.pending_t is not None else now))
+                st.hint = self._hint(rule, key[2], m, st, steps, secs)
+                return st.hint
+            del self._state[key]  # back past the clear value (or a gate failed): cleared
+            return None
+        if not _beyond(rule, m, keep=False):
+            del self._state[key]
+            return None
+        if st.pending_step is None or st.pending_t is None:
+            st.pending_step, st.pending_t = m.step, now
+        steps = max(m.steps_covered, m.step - st.pending_step)
+        secs = max(m.seconds_covered, now - st.pending_t)
+        if steps < rule.window_steps or secs < rule.window_s:
+            return None
+        st.active = True
+        st.since_step = min(st.pending_step, m.step - m.steps_covered)
+        st.hint = self._hint(rule, key[2], m, st, steps, secs)
+        return st.hint
+
+    @staticmethod
+    def _hint(rule: Rule, target: str, m: Measurement, st: _State, steps: int, secs: float) -> Hint:
+        ev: dict[str, Any] = dict(m.evidence)
+        ev[rule.measure] = m.value
+        ev[f"threshold_{rule.unit}"] = rule.threshold
+        if rule.window_steps:
+            ev.setdefault("window_steps", steps)
+        if rule.window_s:
+            ev.setdefault("window_s", secs)
+        ev.setdefault("since_step", st.since_step)
+        severity = m.severity or rule.severity
+        if rule.critical_at is not None:
+            past = m.value > rule.critical_at if rule.direction == "above" else m.value < rule.critical_at
+            if past:
+                severity = "critical"
+        fields = {**ev, **m.text, "target": target}
+        return Hint(
+            id=rule.id,
+            severity=severity,
+            scope=rule.scope,
+            target=target,
+            summary=_render(rule.summary, fields),
+            evidence=ev,
+            action=_render(rule.action, fields),
+            impact=max(0.0, min(1.0, m.impact)),
+        )

@@ -1,0 +1,180 @@
+"""Measures over step timing: hangs, input wait and stragglers (aligned by step index)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from flowtop.hints.base import Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target, safe_div
+from flowtop.hints.rules import Rule
+from flowtop.snapshot import JobSnapshot, RankSnapshot
+
+
+def _running(job: JobSnapshot) -> list[RankSnapshot]:
+    """Ranks that may still make progress (a finished job or rank cannot hang or straggle)."""
+    if job.status == "done":
+        return []
+    return [r for r in latest_ranks(job) if r.status != "done"]
+
+
+def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
+    """Seconds without a step (monitor clock) and the limit they are compared with."""
+    reached = r.history.reached
+    since_last = now - reached[-1][1] if reached else 0.0
+    # The sender thread keeps heartbeating while training is stuck in a collective, so the time
+    # since the last *step* matters; a silent rank (age) counts too.
+    stalled = max(r.age_s, since_last)
+    med = median_step_s(r)
+    limit = max(float(rule.params["factor"]) * (med or 0.0), float(rule.params["floor_s"]))
+    return {
+        "stalled_s": stalled,
+        "limit_s": limit,
+        "median_step_time_s": med,
+        "last_step": reached[-1][0] if reached else r.step,
+    }
+
+
+def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per running rank: time since its last step ÷ the hang limit."""
+    out: dict[str, Measurement | None] = {}
+    for r in _running(job):
+        ev = _stall(rule, r, now)
+        ev["stalled_x"] = ev["stalled_s"] / ev["limit_s"]
+        ev["pid"] = r.pid
+        out[rank_target(r)] = Measurement(
+            value=ev["stalled_x"], evidence=ev, impact=1.0, step=r.step, text={"pid": str(r.pid)}
+        )
+    return out
+
+
+def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Job: the *least* stalled running rank's stall ÷ its limit (all stalled iff it is over)."""
+    ranks = _running(job)
+    if not ranks:
+        return {}
+    stalls = [_stall(rule, r, now) for r in ranks]
+    least = min(stalls, key=lambda e: e["stalled_s"] / e["limit_s"])
+    meds = [e["median_step_time_s"] for e in stalls if e["median_step_time_s"]]
+    ev = {
+        "stalled_x": least["stalled_s"] / least["limit_s"],
+        "stalled_s": least["stalled_s"],
+        "limit_s": least["limit_s"],
+        "median_step_time_s": statistics.median(meds) if meds else None,
+        "last_step": max(e["last_step"] for e in stalls),
+        "ranks_n": len(ranks),
+    }
+    return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step)}
+
+
+def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per rank: Σ input wait ÷ Σ step time over the last ``window_steps`` steps."""
+    out: dict[str, Measurement | None] = {}
+    for r in latest_ranks(job):
+        if r.status == "done":
+            continue
+        h = r.history
+        n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
+        if n:
+            steps = h.step_time_s[-n:]
+            waits = h.input_wait_s[-n:]
+            total = sum(t for t in steps if finite(t))
+            wait = sum(w for w in waits if finite(w))
+            frac = safe_div(wait, total)
+            covered = n
+        elif finite(r.input_wait_frac):
+            frac, covered = float(r.input_wait_frac), 0  # type: ignore[arg-type]
+            wait = total = None  # type: ignore[assignment]
+        else:
+            out[rank_target(r)] = None
+            continue
+        ev = {
+            "input_wait_pct": 100.0 * frac,
+            "window_steps": covered,
+            "input_wait_s_per_step": wait / n if n and wait is not None else None,
+            "step_time_s": median_step_s(r, n) if n else r.step_time_s,
+        }
+        out[rank_target(r)] = Measurement(
+            value=ev["input_wait_pct"], evidence=ev, impact=clamp01(frac), step=r.step, steps_covered=covered
+        )
+    return out
+
+
+def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int]:
+    """Per rank: median step time over the last ``window`` step indices all ranks reported."""
+    series = [dict(zip(r.history.steps, r.history.step_time_s)) for r in ranks]
+    common = sorted(set.intersection(*(set(s) for s in series)))[-window:]
+    if not common:
+        return {}, 0
+    return {r.rank: float(statistics.median(s[i] for i in common)) for r, s in zip(ranks, series)}, len(common)
+
+
+def _by_reach(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], list[int], list[dict[int, float]]]:
+    """Per rank: time per step to go from the first to the last of the last ``window`` + 1
+    step indices every rank reached (monitor receive times, so ranks share one clock)."""
+    series = [dict(r.history.reached) for r in ranks]
+    common = sorted(set.intersection(*(set(s) for s in series)))[-(window + 1):]
+    if len(common) < 2:
+        return {}, [], []
+    a, b = common[0], common[-1]
+    per_step = {r.rank: (s[b] - s[a]) / (b - a) for r, s in zip(ranks, series)}
+    return per_step, common, series
+
+
+def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per rank: how much slower than the other ranks' median it is, by step time or by pace."""
+    ranks = [r for r in _running(job) if r.history.steps or r.history.reached]
+    if len(ranks) < 2:
+        return {}
+    window = max(rule.window_steps, 1)
+    med, n_med = _by_median(ranks, window)
+    pace, common, reach_series = _by_reach(ranks, window)
+    out: dict[str, Measurement | None] = {}
+    for idx, r in enumerate(ranks):
+        candidates: list[tuple[float, float, float, int]] = []  # (slower, mine, others, steps)
+        for table, n in ((med, n_med), (pace, len(common) - 1)):
+            if r.rank not in table:
+                continue
+            others = [v for k, v in table.items() if k != r.rank]
+            other = float(statistics.median(others))
+            if other > 0:
+                candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n))
+        if not candidates:
+            out[rank_target(r)] = None
+            continue
+        slower, mine, other, n = max(candidates)
+        since, lag = _falling_behind_since(idx, common, reach_series)
+        ev = {
+            "slower_pct": 100.0 * slower,
+            "step_time_s": mine,
+            "others_step_time_s": other,
+            "window_steps": n,
+            "since_step": since if since is not None else r.step,
+            "lag_s": lag,
+        }
+        out[rank_target(r)] = Measurement(
+            value=ev["slower_pct"],
+            evidence=ev,
+            impact=clamp01(safe_div(mine - other, mine)),
+            step=r.step,
+            steps_covered=n,
+        )
+    return out
+
+
+def _falling_behind_since(
+    idx: int, common: list[int], series: list[dict[int, float]]
+) -> tuple[int | None, float | None]:
+    """(step from which the rank's lag behind the others' median grew steadily, lag now in s).
+
+    Lag at step s = the rank's time to reach s − the other ranks' median time to reach s; the
+    rank has been falling behind since the last step where that lag was smallest.
+    """
+    if not common:
+        return None, None
+    lags = []
+    for s in common:
+        others = [ser[s] for j, ser in enumerate(series) if j != idx]
+        lags.append(series[idx][s] - float(statistics.median(others)))
+    low = min(lags)
+    since = max(s for s, lag in zip(common, lags) if lag == low)
+    return since, lags[-1]

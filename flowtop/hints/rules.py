@@ -1,0 +1,445 @@
+"""The hint rules table: thresholds, hysteresis, evidence windows, texts and actions, as data.
+
+Every rule watches one *measure* (a number named with its unit, e.g. ``input_wait_pct``) per
+target. It fires when the measure is beyond ``threshold`` (and every gate holds) for at least the
+evidence window, and clears only when the measure falls back past the looser ``clear`` value (or a
+gate fails even at its looser value). Thresholds start from the values established tools use
+(design.md §5) and are meant to be tuned with evidence: change them here, nowhere else.
+
+The summary templates are formatted with the hint's evidence plus ``target`` and a few text
+fields the measure supplies (``str.format`` syntax). README_SECTION.md documents this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+SCOPES: tuple[str, ...] = ("job", "rank", "kernel")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A secondary condition on another evidence value, with its own hysteresis.
+
+    ``op`` is ``"<"`` or ``">="``. To fire, ``evidence[key] op threshold`` must hold; to stay
+    active, ``evidence[key] op clear`` (the looser value). A missing value fails the gate.
+    """
+
+    key: str
+    op: str
+    threshold: float
+    clear: float
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the rules table."""
+
+    id: str
+    scope: str  # "job" | "rank" | "kernel"
+    severity: str  # "critical" | "warning" | "info"
+    measure: str  # evidence key of the measured value (unit in the name)
+    unit: str  # unit suffix for the threshold evidence key: "pct", "x", "calls", ...
+    direction: str  # "above": fires when measure > threshold; "below": when measure < threshold
+    threshold: float
+    clear: float  # looser value: "above" clears when measure < clear, "below" when > clear
+    window_steps: int  # minimum evidence window in steps (0: none)
+    window_s: float  # minimum evidence window in seconds of monitor time (0: none)
+    summary: str  # one line, plain words, with the number
+    action: str  # a concrete next step
+    gates: tuple[Gate, ...] = ()
+    critical_at: float | None = None  # escalate to "critical" beyond this measure value
+    params: Mapping[str, Any] = field(default_factory=dict)  # rule-specific constants
+    doc: str = ""  # what the measure is, for the README table
+
+
+# Kernel categories whose time is bound by memory bandwidth rather than math.
+MEMORY_CATEGORIES: tuple[str, ...] = ("elementwise", "norm", "memory", "reduction", "softmax", "copy")
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="hang_all",
+        scope="job",
+        severity="critical",
+        measure="stalled_x",
+        unit="x",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="all {ranks_n} ranks stopped at step {last_step}: no step for {stalled_s:.0f} s "
+        "(a step usually takes {median_step_time_s:.3g} s)",
+        action="Dump the stacks of all ranks (py-spy dump --pid PID); look for a rank that left a "
+        "collective (exception, OOM, uneven batch count); rerun with NCCL_DEBUG=INFO and "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 so a stuck collective times out.",
+        params={"factor": 10.0, "floor_s": 30.0},
+        doc="time since the last step of the least-stalled running rank ÷ max(factor × median "
+        "step time, floor_s)",
+    ),
+    Rule(
+        id="hang_rank",
+        scope="rank",
+        severity="critical",
+        measure="stalled_x",
+        unit="x",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="{target} has not finished a step for {stalled_s:.0f} s (a step usually takes "
+        "{median_step_time_s:.3g} s); last step {last_step}",
+        action="Dump that rank's stack (py-spy dump --pid {pid}); check its log for an exception "
+        "or OOM and whether the other ranks wait for it in a collective.",
+        params={"factor": 10.0, "floor_s": 30.0, "hidden_by": "hang_all"},
+        doc="time since the rank's last step (or last message, if longer) ÷ max(factor × median "
+        "step time, floor_s); hidden while hang_all is shown",
+    ),
+    Rule(
+        id="input_wait",
+        scope="rank",
+        severity="warning",
+        measure="input_wait_pct",
+        unit="pct",
+        direction="above",
+        threshold=5.0,
+        clear=3.0,
+        window_steps=10,
+        window_s=0.0,
+        summary="{target} waits for input {input_wait_pct:.0f} % of each step",
+        action="Feed the GPU faster: raise DataLoader num_workers, set pin_memory=True and "
+        "persistent_workers=True, raise prefetch_factor; move decoding/augmentation off the "
+        "training process or pre-tokenize the data.",
+        critical_at=25.0,
+        doc="Σ input wait ÷ Σ step time over the last window_steps steps",
+    ),
+    Rule(
+        id="straggler",
+        scope="rank",
+        severity="warning",
+        measure="slower_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=5.0,
+        window_steps=20,
+        window_s=0.0,
+        summary="{target} is {slower_pct:.0f} % slower than the other ranks ({step_time_s:.3g} s "
+        "vs {others_step_time_s:.3g} s per step) since step {since_step}",
+        action="Compare that rank with the others: its input wait and GPU clock/throttling, other "
+        "processes on its GPU or host (nvidia-smi, top), its share of the data (sequence "
+        "lengths) and its host's network.",
+        critical_at=50.0,
+        doc="rank's step time over the last window_steps common step indices (median step time, "
+        "and time to go from the first to the last of those indices, aligned by step) ÷ the "
+        "other ranks' median − 1; the larger of the two",
+    ),
+    Rule(
+        id="comm_exposed",
+        scope="rank",
+        severity="warning",
+        measure="comm_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=8.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="{target} spends {comm_pct:.0f} % of the step in communication kernels, only "
+        "{overlap_pct:.0f} % of that overlapped with compute",
+        action="Overlap gradient all-reduce with backward: DDP with gradient_as_bucket_view=True "
+        "and a tuned bucket_cap_mb, FSDP forward/backward prefetch; fewer, larger buckets; "
+        "check the interconnect with NCCL_DEBUG=INFO.",
+        gates=(Gate("overlap_pct", "<", 50.0, 60.0),),
+        critical_at=30.0,
+        doc="communication (NCCL) kernel time ÷ step time in the kernel window; gate: share of it "
+        "overlapped with compute kernels",
+    ),
+    Rule(
+        id="launch_bound",
+        scope="rank",
+        severity="warning",
+        measure="busy_pct",
+        unit="pct",
+        direction="below",
+        threshold=50.0,
+        clear=60.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="{target} GPU is busy only {busy_pct:.0f} % of the step; {short_kernel_pct:.0f} % "
+        "of its {launches_per_step:.0f} kernels per step run shorter than a launch takes",
+        action="Give the GPU more work per launch: a larger batch per step, torch.compile "
+        "(mode=\"reduce-overhead\" uses CUDA graphs) or CUDA graphs directly, fused kernels "
+        "instead of chains of small ops.",
+        gates=(Gate("short_kernel_pct", ">=", 50.0, 40.0),),
+        critical_at=20.0,
+        params={"short_kernel_us": 50.0},
+        doc="GPU busy time (union of kernel intervals) ÷ step time in the kernel window; gate: "
+        "share of kernels shorter than short_kernel_us (a launch's CPU cost)",
+    ),
+    Rule(
+        id="memory_bound",
+        scope="rank",
+        severity="warning",
+        measure="memory_pct",
+        unit="pct",
+        direction="above",
+        threshold=50.0,
+        clear=40.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="{target}: {memory_pct:.0f} % of GPU time goes to memory-bound kernels "
+        "({top_categories})",
+        action="Fuse chains of elementwise/norm ops (torch.compile, fused LayerNorm/RMSNorm, "
+        "fused cross-entropy), drop needless dtype casts and copies (.float(), .contiguous()), "
+        "keep activations in bf16.",
+        params={"categories": MEMORY_CATEGORIES},
+        doc="time in kernels of the categories " + ", ".join(MEMORY_CATEGORIES) + " ÷ GPU busy time",
+    ),
+    Rule(
+        id="fp32_matmul",
+        scope="rank",
+        severity="warning",
+        measure="fp32_gemm_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=5.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="{target} runs matmuls in plain fp32 ({fp32_gemm_pct:.0f} % of matmul time{via}): "
+        "the tensor cores sit idle",
+        action="Enable TF32 (torch.set_float32_matmul_precision(\"high\")) or train in bf16 "
+        "(torch.autocast(\"cuda\", dtype=torch.bfloat16)); on H100/H200 dense fp32 peaks at "
+        "66.9 TFLOP/s against 494.7 (TF32) and 989.4 (bf16).",
+        params={
+            # Substrings (lower case) of fp32 GEMM kernel names that do not use tensor cores ...
+            "fp32_patterns": ("sgemm", "gemm_f32f32_f32f32", "gemv2t_kernel_val<float", "simt_sgemm"),
+            # ... unless the name also says TF32/half/bf16 tensor-core work.
+            "tensor_patterns": ("tf32", "bf16", "f16", "hgemm", "h1688", "h16816", "s1688", "s16816",
+                                "tensorop", "hmma"),
+            # Time saved when fp32 GEMMs move to TF32: 1 - 66.9 / 494.7 (dense peaks, H100/H200).
+            "saving": 0.86,
+            # Impact assumed when only FlopsView.dtype says fp32 (no kernel window yet).
+            "default_impact": 0.3,
+        },
+        doc="share of matmul kernel time in fp32 non-tensor-core kernels (names in "
+        "params.fp32_patterns); 100 when the FLOP count's dtype is fp32 on a CUDA device",
+    ),
+    Rule(
+        id="attention_unfused",
+        scope="rank",
+        severity="warning",
+        measure="softmax_calls_per_step",
+        unit="calls",
+        direction="above",
+        threshold=1.0,
+        clear=1.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="{target} computes attention unfused: {softmax_calls_per_step:.0f} softmax kernels "
+        "per step between matmuls and no fused attention kernel",
+        action="Use torch.nn.functional.scaled_dot_product_attention (flash / cuDNN / "
+        "memory-efficient backends) or flash-attn instead of matmul + softmax + matmul; it "
+        "never writes the score matrix to memory.",
+        gates=(
+            Gate("attention_calls_per_step", "<", 0.5, 0.5),
+            Gate("gemm_per_softmax", ">=", 2.0, 2.0),
+        ),
+        params={"softmax_patterns": ("softmax",), "backward_patterns": ("backward", "bwd", "grad")},
+        doc="forward softmax kernels per step (the loss adds one, hence > 1) while no kernel of "
+        "category attention ran; gate: at least 2 matmul kernels per softmax",
+    ),
+    Rule(
+        id="optimizer_unfused",
+        scope="rank",
+        severity="warning",
+        measure="optimizer_pct",
+        unit="pct",
+        direction="above",
+        threshold=5.0,
+        clear=4.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="{target}: the optimizer takes {optimizer_pct:.0f} % of the step in "
+        "{optimizer_calls_per_step:.0f} small kernels (not fused)",
+        action="Use a fused or foreach optimizer: torch.optim.AdamW(..., fused=True) (or "
+        "foreach=True); apex FusedAdam; fewer, larger parameter tensors.",
+        gates=(
+            Gate("fused_calls_per_step", "<", 0.5, 0.5),
+            Gate("optimizer_calls_per_step", ">=", 10.0, 10.0),
+        ),
+        params={"fused_patterns": ("multi_tensor_apply", "fused")},
+        doc="kernel time inside the optimizer step ÷ step time; gates: no multi_tensor_apply/fused "
+        "kernel and at least 10 optimizer kernels per step",
+    ),
+    Rule(
+        id="uneven_kernel",
+        scope="kernel",
+        severity="info",
+        measure="spread_pct",
+        unit="pct",
+        direction="above",
+        threshold=25.0,
+        clear=15.0,
+        window_steps=1,
+        window_s=0.0,
+        summary="kernel {target} takes {spread_pct:.0f} % longer on rank {slowest_rank} than on "
+        "the median rank",
+        action="Look for uneven work between ranks: different sequence lengths or padding per "
+        "rank (bucket/pack batches), MoE routing imbalance, or a slower GPU on that rank "
+        "(clocks, throttling).",
+        gates=(Gate("step_share_pct", ">=", 2.0, 1.0),),
+        params={"max_hints": 3},
+        doc="(slowest rank's time in the kernel ÷ median rank's − 1); gate: the kernel's share of "
+        "the slowest rank's step",
+    ),
+    Rule(
+        id="throttling",
+        scope="rank",
+        severity="warning",
+        measure="clock_pct",
+        unit="pct",
+        direction="below",
+        threshold=90.0,
+        clear=95.0,
+        window_steps=0,
+        window_s=5.0,
+        summary="{target} GPU is throttled to {clock_pct:.0f} % of its max SM clock "
+        "({sm_clock_mhz:.0f} of {sm_clock_max_mhz:.0f} MHz) by {reasons}",
+        action="Check cooling and power: nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER; airflow, "
+        "power limit (nvidia-smi -pl), other jobs on the node; one throttled GPU slows the "
+        "whole synchronous job.",
+        gates=(Gate("power_thermal_reasons", ">=", 1.0, 1.0),),
+        params={"reasons": ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal",
+                            "hw_power_brake")},
+        doc="SM clock ÷ max SM clock; gate: a power or thermal clock-event reason is active",
+    ),
+    Rule(
+        id="util_vs_mfu",
+        scope="rank",
+        severity="warning",
+        measure="mfu_pct",
+        unit="pct",
+        direction="below",
+        threshold=30.0,
+        clear=35.0,
+        window_steps=0,
+        window_s=10.0,
+        summary="{target} shows GPU-Util {gpu_util_pct:.0f} % but does only {mfu_pct:.0f} % of "
+        "the peak FLOP/s (MFU){tensor_note}: GPU-Util only says some kernel was running",
+        action="Trust MFU and tensor activity over GPU-Util; see the kernel screen and the "
+        "launch-bound, memory-bound and fp32 hints; larger batches, bf16 and fused kernels "
+        "raise MFU.",
+        gates=(Gate("gpu_util_pct", ">=", 90.0, 85.0),),
+        params={},
+        doc="MFU in percent; gate: NVML GPU-Util ≥ 90 %",
+    ),
+    Rule(
+        id="memory_full",
+        scope="rank",
+        severity="info",
+        measure="mem_used_pct",
+        unit="pct",
+        direction="above",
+        threshold=90.0,
+        clear=85.0,
+        window_steps=0,
+        window_s=5.0,
+        summary="{target} GPU memory is {mem_used_pct:.0f} % full ({mem_used_gib:.1f} of "
+        "{mem_total_gib:.1f} GiB)",
+        action="Little headroom for longer sequences or fragmentation: activation checkpointing, "
+        "a smaller micro-batch with gradient accumulation, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+        doc="device memory used ÷ total (NVML)",
+    ),
+    Rule(
+        id="uncounted_ops",
+        scope="job",
+        severity="info",
+        measure="uncounted_calls",
+        unit="calls",
+        direction="above",
+        threshold=0.5,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="the FLOP count misses {uncounted_types_n} op type(s) ({ops}): MFU is understated"
+        "{share_note}",
+        action="flowtop counts 0 FLOPs for ops it has no formula for; if these ops do real math "
+        "(custom/Triton kernels, unusual attention), read MFU as a lower bound and compare with "
+        "the 6·N + 12·L·d·T estimate.",
+        params={"significant_pct": 5.0, "attention_words": ("attention", "sdpa", "flash")},
+        doc="calls per counted step of ops the FLOP counter does not know (severity warning when "
+        "they map to ≥ significant_pct of GPU time)",
+    ),
+    Rule(
+        id="estimate_mismatch",
+        scope="job",
+        severity="info",
+        measure="estimate_gap_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=7.0,
+        window_steps=0,
+        window_s=0.0,
+        summary="counted model FLOPs are {estimate_gap_pct:.0f} % {direction_word} the "
+        "transformer estimate ({estimate_source})",
+        action="Check which is wrong: uncounted ops, the attention convention (full vs causal), "
+        "or estimate inputs that do not fit the model (MoE, tied embeddings, padding, "
+        "non-transformer layers).",
+        critical_at=None,
+        doc="|counted ÷ estimated − 1| (FlopsView.estimate_ratio)",
+    ),
+    Rule(
+        id="attention_flops_note",
+        scope="job",
+        severity="info",
+        measure="attention_pct",
+        unit="pct",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=1,
+        window_s=0.0,
+        summary="fused attention kernels take {attention_pct:.0f} % of GPU time; profiler-based "
+        "FLOP counts (torch.profiler with_flops) count them as 0 FLOPs, flowtop counts them by "
+        "formula",
+        action="Nothing to fix; expect MFU from torch.profiler-based tools to read lower than "
+        "flowtop's (-15.2 % on our H200 reference step).",
+        doc="fused attention kernel time ÷ GPU busy time, highest rank; only while the FLOP count "
+        "has no uncounted attention op",
+    ),
+)
+
+#: Rules by id.
+RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}
+
+
+def validate(rules: tuple[Rule, ...]) -> None:
+    """Raise ValueError when a table row is inconsistent (clear on the wrong side, bad names)."""
+    seen: set[str] = set()
+    for r in rules:
+        if r.id in seen:
+            raise ValueError(f"duplicate rule id {r.id}")
+        seen.add(r.id)
+        if r.severity not in SEVERITIES or r.scope not in SCOPES:
+            raise ValueError(f"{r.id}: bad severity or scope")
+        if r.direction == "above" and r.clear > r.threshold:
+            raise ValueError(f"{r.id}: clear must be <= threshold for an 'above' rule")
+        if r.direction == "below" and r.clear < r.threshold:
+            raise ValueError(f"{r.id}: clear must be >= threshold for a 'below' rule")
+        if r.direction not in ("above", "below"):
+            raise ValueError(f"{r.id}: direction must be 'above' or 'below'")
+        for g in r.gates:
+            if g.op == "<" and g.clear < g.threshold or g.op == ">=" and g.clear > g.threshold:
+                raise ValueError(f"{r.id}: gate {g.key} clear is tighter than its threshold")
+            if g.op not in ("<", ">="):
+                raise ValueError(f"{r.id}: gate op must be '<' or '>='")
+
+
+validate(RULES)

@@ -1,0 +1,257 @@
+"""The job/rank model: validated messages in, immutable snapshots out. No Textual.
+
+Ranks are keyed by (job, host, pid, rank, incarnation) as the wire sends them;
+a job's view shows the newest incarnation of each rank number. Liveness uses the
+monitor's receive clock (``now`` passed in), never the sender's clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque
+
+from flowtop import accounting
+from flowtop.snapshot import History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
+from probe.wire import Message, RankKey
+
+#: Steps kept per rank for medians, sparklines and step alignment.
+RING = 512
+#: A rank is stale after this many seconds of silence (or 5 median steps, if longer).
+STALE_AFTER_S = 5.0
+
+
+@dataclass
+class RankState:
+    """Mutable per-rank state; only the model touches it."""
+
+    key: RankKey
+    first_seen: float
+    last_recv: float
+    hello: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    steps: Deque[tuple[int, float, int, float | None, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=RING)
+    )  # (step, wall_s, tokens, input_wait_s, recv_time)
+    device_s: float | None = None
+    probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=64))
+    last_seq: int = -1
+    lost: int = 0
+    drops: int = 0
+    flops: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    telemetry_at: float = 0.0
+    series: dict[str, Deque[float]] = field(default_factory=dict)
+    kernels: Any = None
+    kernels_cumulative: Any = None
+    bye: str | None = None
+
+    def push_series(self, name: str, value: Any) -> None:
+        """Append a numeric value to a sparkline series (None is skipped)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.series.setdefault(name, collections.deque(maxlen=300)).append(float(value))
+
+
+class Model:
+    """All jobs and ranks the monitor has heard of."""
+
+    def __init__(
+        self,
+        peak_override_flops: float | None = None,
+        kernel_aggregator: Callable[[RankState, dict[str, Any]], None] | None = None,
+        hint_engine: Any = None,
+        job_kernels: Callable[[dict[int, Any]], Any] | None = None,
+    ) -> None:
+        self.ranks: dict[RankKey, RankState] = {}
+        self.received = 0
+        self.rejected = 0
+        self.rejected_reasons: collections.Counter[str] = collections.Counter()
+        self.peak_override_flops = peak_override_flops
+        self._kernel_aggregator = kernel_aggregator
+        self._hint_engine = hint_engine
+        self._job_kernels = job_kernels
+
+    # --- ingest ---------------------------------------------------------------------
+
+    def reject(self, reason: str) -> None:
+        """Count a frame that failed validation (reasons are bucketed by prefix)."""
+        self.rejected += 1
+        bucket = reason[:100]
+        if len(self.rejected_reasons) < 100 or bucket in self.rejected_reasons:
+            self.rejected_reasons[bucket] += 1
+
+    def ingest(self, msg: Message, now: float) -> None:
+        """Apply one validated message received at monitor time ``now``."""
+        self.received += 1
+        st = self.ranks.get(msg.key)
+        if st is None:
+            st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
+        st.last_recv = now
+        if st.last_seq >= 0 and msg.seq > st.last_seq + 1:
+            st.lost += msg.seq - st.last_seq - 1
+        st.last_seq = max(st.last_seq, msg.seq)
+        f = msg.fields
+        if msg.kind == "hello":
+            st.hello = dict(f)
+        elif msg.kind == "step":
+            self._on_step(st, f, now)
+        elif msg.kind == "flops":
+            st.flops = dict(f)
+        elif msg.kind == "telemetry":
+            st.telemetry = dict(f)
+            st.telemetry_at = now
+            dev = f.get("gpu", {})
+            st.push_series("tensor_active", dev.get("tensor_active"))
+            st.push_series("power_w", dev.get("power_w"))
+            st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
+            mfu = self._rank_flops(st).mfu if st.flops else None
+            st.push_series("mfu", mfu)
+        elif msg.kind == "kernels":
+            if self._kernel_aggregator is not None:
+                self._kernel_aggregator(st, dict(f))
+        elif msg.kind == "bye":
+            st.bye = str(f.get("reason", "exit"))
+            st.drops = max(st.drops, int(f.get("drops", 0)))
+
+    def _on_step(self, st: RankState, f: Any, now: float) -> None:
+        step = int(f["step"])
+        if step <= st.step and st.steps:
+            return  # duplicate or reordered: keep steps monotonic
+        st.step = step
+        st.steps.append((step, float(f["wall_s"]), int(f["tokens"]), f.get("input_wait_s"), now))
+        st.drops = max(st.drops, int(f.get("drops", 0)))
+        if f.get("device_s") is not None:
+            st.device_s = float(f["device_s"])
+        if f.get("probe_s") is not None:
+            st.probe_s.append(float(f["probe_s"]))
+
+    # --- snapshot -------------------------------------------------------------------
+
+    def _rank_flops(self, st: RankState) -> Any:
+        return accounting.rank_flops(st.flops, _median_step(st), self.peak_override_flops)
+
+    def _rank_snapshot(self, st: RankState, now: float) -> RankSnapshot:
+        med = _median_step(st)
+        recent = list(st.steps)[-32:]
+        tokens_per_step = recent[-1][2] if recent else 0
+        tokens_per_s = None
+        if recent and med and tokens_per_step:
+            tokens_per_s = statistics.median(r[2] for r in recent) / med
+        waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
+        age = now - st.last_recv
+        if st.bye is not None:
+            status = "done"
+        elif age > max(STALE_AFTER_S, 5 * (med or 0.0)):
+            status = "stale"
+        else:
+            status = "live"
+        overhead = None
+        if st.probe_s and med:
+            overhead = statistics.median(st.probe_s) / med
+        tel = None
+        if st.telemetry is not None:
+            tel = TelemetryView(
+                device=st.telemetry.get("gpu", {}),
+                host=st.telemetry.get("proc", {}),
+                reasons=st.telemetry.get("reasons", {}),
+                age_s=now - st.telemetry_at,
+            )
+        hist_steps = list(st.steps)[-120:]
+        history = History(
+            steps=tuple(r[0] for r in hist_steps),
+            step_time_s=tuple(r[1] for r in hist_steps),
+            input_wait_s=tuple(r[3] or 0.0 for r in hist_steps),
+            mfu=tuple(st.series.get("mfu", ())),
+            tensor_active=tuple(st.series.get("tensor_active", ())),
+            power_w=tuple(st.series.get("power_w", ())),
+            sm_clock_mhz=tuple(st.series.get("sm_clock_mhz", ())),
+            reached=tuple((r[0], r[4]) for r in st.steps),
+        )
+        return RankSnapshot(
+            rank=st.key.rank,
+            host=st.key.host,
+            pid=st.key.pid,
+            local_rank=int(st.hello.get("local_rank", 0)),
+            incarnation=st.key.inc,
+            device=str(st.hello.get("device", "unknown")),
+            status=status,
+            step=st.step,
+            step_time_s=med,
+            device_time_s=st.device_s,
+            tokens_per_step=tokens_per_step,
+            tokens_per_s=tokens_per_s,
+            input_wait_frac=statistics.median(waits) if waits else None,
+            age_s=age,
+            lost_messages=st.lost,
+            dropped_messages=st.drops,
+            probe_overhead_frac=overhead,
+            flops=self._rank_flops(st) if st.flops else None,
+            telemetry=tel,
+            kernels=st.kernels,
+            kernels_cumulative=st.kernels_cumulative,
+            history=history,
+            bye_reason=st.bye,
+        )
+
+    def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:
+        """An immutable view of everything, at monitor time ``now``."""
+        newest: dict[tuple[str, int], RankState] = {}
+        for st in self.ranks.values():
+            k = (st.key.job, st.key.rank)
+            cur = newest.get(k)
+            if cur is None or (st.key.inc, st.last_recv) > (cur.key.inc, cur.last_recv):
+                newest[k] = st
+        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
+        for (job, _), st in sorted(newest.items()):
+            by_job[job].append(st)
+        jobs = tuple(self._job_snapshot(job, states, now) for job, states in sorted(by_job.items()))
+        return MonitorSnapshot(
+            taken_at=now,
+            listen=listen,
+            jobs=jobs,
+            received=self.received,
+            rejected=self.rejected,
+            rejected_reasons=dict(self.rejected_reasons),
+        )
+
+    def _job_snapshot(self, job: str, states: list[RankState], now: float) -> JobSnapshot:
+        ranks = tuple(self._rank_snapshot(st, now) for st in states)
+        live = [r for r in ranks if r.status == "live"] or list(ranks)
+        world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
+        times = [r.step_time_s for r in live if r.step_time_s]
+        if all(r.status == "done" for r in ranks):
+            status = "done"
+        elif any(r.status == "live" for r in ranks):
+            status = "running"
+        else:
+            status = "stale"
+        # While running, ranks that finished no longer add throughput; once the job is
+        # done, the totals describe its last steady state.
+        counted = [r for r in ranks if r.status != "done" or status == "done"]
+        tps = [r.tokens_per_s for r in counted if r.tokens_per_s]
+        merged = None
+        if self._job_kernels is not None:
+            windows = {r.rank: r.kernels for r in ranks if r.kernels is not None}
+            merged = self._job_kernels(windows) if len(windows) > 1 else None
+        snap = JobSnapshot(
+            job=job,
+            world_size=world,
+            ranks=ranks,
+            step=min(r.step for r in live),
+            step_time_s=max(times) if times else None,
+            tokens_per_s=sum(tps) if tps else None,
+            flops=accounting.job_flops([r.flops for r in counted]),
+            status=status,
+            kernels_merged=merged,
+        )
+        if self._hint_engine is not None:
+            from dataclasses import replace
+
+            snap = replace(snap, hints=tuple(self._hint_engine.evaluate(snap, now)))
+        return snap
+
+
+def _median_step(st: RankState) -> float | None:
+    recent = [r[1] for r in list(st.steps)[-32:] if r[0] > 1]  # step 1 includes warm-up
+    return statistics.median(recent) if recent else None

@@ -1,0 +1,258 @@
+"""ReplaySource: serves prepared snapshots to the UI (tests, demos, screenshots).
+
+It implements :class:`flowtop.app.SnapshotSource` without sockets: each
+``snapshot()`` call returns the next snapshot of the list and then stays on the
+last one, so a test controls exactly what the UI sees.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from flowtop.snapshot import FlopsView, Hint, History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
+
+
+class ReplaySource:
+    """A :class:`~flowtop.app.SnapshotSource` over a fixed list of snapshots.
+
+    Args:
+        snapshots: What to serve, in order (at least one).
+        advance: Move to the next snapshot on every ``snapshot()`` call; when
+            False, only :meth:`advance` moves (tests that take several views of
+            one snapshot).
+    """
+
+    def __init__(self, snapshots: Sequence[MonitorSnapshot], *, advance: bool = True) -> None:
+        if not snapshots:
+            raise ValueError("ReplaySource needs at least one snapshot")
+        self.snapshots = tuple(snapshots)
+        self.auto_advance = advance
+        self.index = 0
+        self._served = False
+        self.started = False
+        self.stopped = False
+        #: Every ``request_kernels`` call, as (job, rank), for tests to inspect.
+        self.kernel_requests: list[tuple[str, int]] = []
+
+    async def start(self) -> None:
+        """Nothing to open; remembers that it was called."""
+        self.started = True
+
+    def snapshot(self) -> MonitorSnapshot:
+        """The current snapshot; the first call serves the first one."""
+        if self.auto_advance and self._served:
+            self.advance()
+        self._served = True
+        return self.snapshots[self.index]
+
+    def advance(self) -> MonitorSnapshot:
+        """Move to the next snapshot (stays on the last) and return it."""
+        self.index = min(self.index + 1, len(self.snapshots) - 1)
+        return self.snapshots[self.index]
+
+    def request_kernels(self, job: str, rank: int) -> None:
+        """Record the request (a replay cannot ask a rank for anything)."""
+        self.kernel_requests.append((job, rank))
+
+    async def stop(self) -> None:
+        """Nothing to close; remembers that it was called."""
+        self.stopped = True
+
+
+# --- synthetic data ------------------------------------------------------------------
+# A fixed, deterministic 2-rank job for tests, screenshots and ``--demo`` runs. The
+# numbers are shaped like the H200 reference step in the design notes (GPT, bf16,
+# peak 989.4 TF/s) but are made up: nothing here is a measurement.
+
+H200_PEAK_BF16 = 989.4e12
+_PEAK_SOURCE = "datasheet H200 SXM"
+
+
+def _flops(step_s: float, model: float, executed: float, peak: float, tokens: int) -> FlopsView:
+
+    return FlopsView(
+        model_flops_per_step=model,
+        executed_flops_per_step=executed,
+        estimated_flops_per_step=model * 0.97,
+        estimate_source="6N+12LdT (PaLM)",
+        flops_per_s=model / step_s,
+        executed_flops_per_s=executed / step_s,
+        mfu=model / step_s / peak,
+        hfu=executed / step_s / peak,
+        peak_flops=peak,
+        peak_source=_PEAK_SOURCE,
+        dtype="bf16",
+        attention_convention="full",
+        flops_per_token=model / tokens,
+        uncounted_ops={"aten::_fused_rms_norm": 8},
+        counted_at_step=20,
+    )
+
+
+def synthetic_rank(
+    rank: int,
+    step: int,
+    step_time_s: float,
+    *,
+    status: str = "live",
+    tensor: float = 0.5,
+    kernels: object = None,
+    kernels_cumulative: object = None,
+) -> RankSnapshot:
+    """One made-up rank of the synthetic job (values depend only on the arguments)."""
+
+    tokens = 16384
+    model = 1.0e14  # FLOPs per step
+    f = _flops(step_time_s, model, model * 1.12, H200_PEAK_BF16, tokens)
+    n = 16
+    steps = tuple(range(step - n + 1, step + 1))
+    wobble = tuple(1.0 + 0.04 * ((i * 7 + rank * 3) % 5 - 2) for i in range(n))
+    tel = TelemetryView(
+        device={
+            "gpu_util": 100,
+            "tensor_active": tensor,
+            "sm_active": 0.84,
+            "dram_active": 0.28,
+            "power_w": 612.0,
+            "power_limit_w": 700.0,
+            "sm_clock_mhz": 1980.0,
+            "sm_clock_max_mhz": 1980.0,
+            "temp_c": 61,
+            "mem_used_bytes": 101_000_000_000,
+            "mem_total_bytes": 143_771_000_000,
+            "throttle_reasons": [],
+            "pcie_rx_bytes_s": None,
+        },
+        host={"cpu_pct": 104.0, "rss_bytes": 9_800_000_000, "loadavg_1m": 3.2},
+        reasons={"pcie_rx_bytes_s": "NVML: not supported on this device"},
+        age_s=0.4,
+    )
+    return RankSnapshot(
+        rank=rank,
+        host=f"gpu-node-{rank // 8:02d}",
+        pid=4100 + rank,
+        local_rank=rank % 8,
+        incarnation=0,
+        device="cuda",
+        status=status,
+        step=step,
+        step_time_s=step_time_s,
+        device_time_s=step_time_s * 0.97,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step_time_s,
+        input_wait_frac=0.012,
+        age_s=0.3 if status == "live" else 14.0,
+        lost_messages=0,
+        dropped_messages=0,
+        probe_overhead_frac=0.0021,
+        flops=f,
+        telemetry=tel,
+        kernels=kernels,
+        kernels_cumulative=kernels_cumulative,
+        history=History(
+            steps=steps,
+            step_time_s=tuple(step_time_s * w for w in wobble),
+            input_wait_s=tuple(step_time_s * 0.012 for _ in steps),
+            mfu=tuple(f.mfu / w for w in wobble),  # type: ignore[operator]
+            tensor_active=tuple(min(1.0, tensor / w) for w in wobble),
+            power_w=tuple(612.0 * w for w in wobble),
+            sm_clock_mhz=tuple(1980.0 - 15 * ((i + rank) % 3) for i in range(n)),
+            reached=tuple((s, 1000.0 + s * step_time_s) for s in steps),
+        ),
+    )
+
+
+def synthetic_hints() -> tuple[Hint, ...]:
+    """Three hints of different severity, deliberately not in display order."""
+
+    return (
+        Hint(
+            id="straggler", severity="warning", scope="rank", target="rank 1",
+            summary="rank 1 is 18 % slower than the median rank",
+            evidence={"step_time_s": 0.236, "median_s": 0.2, "ranks": 2},
+            action="check rank 1's input pipeline, clocks and neighbours",
+            impact=0.15,
+        ),
+        Hint(
+            id="info-attn", severity="info", scope="kernel", target="flash_bwd",
+            summary="attention backward is 31 % of kernel time",
+            evidence={"share": 0.31},
+            action="expected for long sequences; consider FlashAttention-3 on Hopper",
+            impact=0.05,
+        ),
+        Hint(
+            id="gpu-idle", severity="critical", scope="job", target="",
+            summary="GPU idle 42 % of the step",
+            evidence={"busy_frac": 0.58, "launches": 1840, "short_kernels": 910},
+            action="larger batch, CUDA graphs or torch.compile to cut launches",
+            impact=0.42,
+        ),
+    )
+
+
+def synthetic_snapshot(
+    step: int = 120,
+    step_times: tuple[float, ...] = (0.2, 0.236),
+    *,
+    statuses: tuple[str, ...] = ("live", "live"),
+    with_kernels: bool = True,
+    job: str = "gpt-demo",
+) -> MonitorSnapshot:
+    """A deterministic one-job snapshot with ``len(step_times)`` ranks."""
+
+    ranks = []
+    for i, (t, st) in enumerate(zip(step_times, statuses)):
+        kernels = cumulative = None
+        if with_kernels:
+            from flowtop.widgets._kernels import synthetic_kernel_stats
+
+            kernels, cumulative = synthetic_kernel_stats(i, step)
+        ranks.append(synthetic_rank(i, step - i, t, status=st, tensor=0.5 - 0.08 * i, kernels=kernels, kernels_cumulative=cumulative))
+    rf = [r.flops for r in ranks if r.flops is not None]
+    slowest = max(step_times)
+    model = sum(f.model_flops_per_step or 0.0 for f in rf)
+    executed = sum(f.executed_flops_per_step or 0.0 for f in rf)
+    peak = sum(f.peak_flops or 0.0 for f in rf)
+    job_flops = FlopsView(
+        model_flops_per_step=model,
+        executed_flops_per_step=executed,
+        estimated_flops_per_step=model * 0.97,
+        estimate_source="6N+12LdT (PaLM)",
+        flops_per_s=model / slowest,
+        executed_flops_per_s=executed / slowest,
+        mfu=model / slowest / peak,
+        hfu=executed / slowest / peak,
+        peak_flops=peak,
+        peak_source=_PEAK_SOURCE,
+        dtype="bf16",
+        attention_convention="full",
+        flops_per_token=rf[0].flops_per_token,
+    )
+    merged = None
+    if with_kernels:
+        from flowtop.widgets._kernels import synthetic_job_kernels
+
+        merged = synthetic_job_kernels(ranks)
+    live = [r.step for r in ranks if r.status == "live"] or [r.step for r in ranks]
+    j = JobSnapshot(
+        job=job,
+        world_size=len(ranks),
+        ranks=tuple(ranks),
+        step=min(live),
+        step_time_s=slowest,
+        tokens_per_s=sum(r.tokens_per_s or 0.0 for r in ranks),
+        flops=job_flops,
+        status="running",
+        hints=synthetic_hints(),
+        kernels_merged=merged,
+    )
+    return MonitorSnapshot(taken_at=1000.0 + step, listen="tcp://127.0.0.1:5759", jobs=(j,), received=4000 + step, rejected=0)
+
+
+def synthetic_stream() -> list[MonitorSnapshot]:
+    """Three snapshots of the synthetic job: steps advance, rank 1 then goes stale."""
+    return [
+        synthetic_snapshot(120, (0.2, 0.236)),
+        synthetic_snapshot(121, (0.19, 0.25)),
+        synthetic_snapshot(122, (0.19, 0.25), statuses=("live", "stale")),
+    ]

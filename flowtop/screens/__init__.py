@@ -1,0 +1,1 @@
+"""Screens of the flowtop UI (one per module, named after its class)."""

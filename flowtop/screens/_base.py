@@ -1,0 +1,65 @@
+"""Shared behaviour of flowtop's screens: follow the latest snapshot."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.screen import Screen
+
+from flowtop.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.widgets._messages import SnapshotUpdated
+
+if TYPE_CHECKING:
+    from flowtop.app import FlowtopApp
+
+
+def find_job(snap: MonitorSnapshot | None, job: str | None) -> JobSnapshot | None:
+    """The job named ``job`` (or the first job when ``job`` is None)."""
+    if snap is None or not snap.jobs:
+        return None
+    if job is None:
+        return snap.jobs[0]
+    return next((j for j in snap.jobs if j.job == job), None)
+
+
+_STATUS_RANK = {"live": 0, "stale": 1, "done": 2}
+
+
+def pick_rank(job: JobSnapshot | None, rank: int) -> RankSnapshot | None:
+    """The instance of ``rank`` to show: a live one first, then the newest incarnation.
+
+    A restarted rank appears once per incarnation; screens follow the rank number,
+    not one process, so a restart does not leave the user on a dead view.
+    """
+    if job is None:
+        return None
+    found = [r for r in job.ranks if r.rank == rank]
+    if not found:
+        return None
+    return min(found, key=lambda r: (_STATUS_RANK.get(r.status, 3), -r.incarnation, r.age_s))
+
+
+class SnapshotScreen(Screen[None]):
+    """A screen that re-renders whenever the app posts a :class:`SnapshotUpdated`.
+
+    Only the active screen receives the message; a screen that becomes active
+    again renders the app's latest snapshot at once.
+    """
+
+    @property
+    def flowtop(self) -> "FlowtopApp":
+        """The running app, typed."""
+        return self.app  # type: ignore[return-value]
+
+    def show(self, snap: MonitorSnapshot | None) -> None:
+        """Render ``snap`` (None: nothing received yet). Subclasses implement."""
+        raise NotImplementedError
+
+    def on_mount(self) -> None:
+        self.show(getattr(self.app, "latest", None))
+
+    def on_screen_resume(self) -> None:
+        self.show(getattr(self.app, "latest", None))
+
+    def on_snapshot_updated(self, message: SnapshotUpdated) -> None:
+        self.show(message.snapshot)

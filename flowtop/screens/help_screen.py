@@ -1,0 +1,58 @@
+"""HelpScreen: the keys of every screen and what the figures mean."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from flowtop.snapshot import EXECUTED_FLOPS_NOTE, MODEL_FLOPS_NOTE
+
+KEYS: tuple[tuple[str, str, str], ...] = (
+    ("any", "q", "quit"),
+    ("any", "?", "this help (again or Esc closes it)"),
+    ("main", "↑ ↓", "select a rank (or a hint after Tab)"),
+    ("main", "Enter", "kernel screen of the rank / expand the hint"),
+    ("main", "k", "ask the selected rank for a kernel window now"),
+    ("main", "d", "rank detail: sparklines, telemetry, FLOPs"),
+    ("main", "j", "job kernel view: ranks merged, divergence"),
+    ("main", "n", "next job (several jobs)"),
+    ("main", "Tab", "move between ranks and hints"),
+    ("kernels", "1-6", "sort by time, calls, mean, TFLOP/s, cumulative, name"),
+    ("kernels", "s / r", "cycle sort column / reverse order"),
+    ("kernels", "f", "full kernel names"),
+    ("kernels", "k", "capture a new window"),
+    ("sub", "Esc", "back"),
+)
+
+
+def help_text() -> Table:
+    """The key table plus the FLOP conventions."""
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="dim")
+    table.add_column(style="bold cyan")
+    table.add_column()
+    for screen, key, what in KEYS:
+        table.add_row(screen, key, what)
+    table.add_row("", "", "")
+    table.add_row("MFU", "", Text(MODEL_FLOPS_NOTE + ", ÷ dense peak"))
+    table.add_row("HFU", "", Text(EXECUTED_FLOPS_NOTE + ", ÷ dense peak"))
+    table.add_row("TC%", "", "tensor-core activity (NVML GPM); GPU% is busy-any-kernel")
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """Key help over the current screen."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Static(help_text(), id="help-keys")
+
+    def on_mount(self) -> None:
+        self.query_one("#help").border_title = "flowtop keys"

@@ -1,0 +1,110 @@
+"""KernelScreen: the latest kernel window of one rank."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, Static
+
+from flowtop.screens._base import SnapshotScreen, find_job, pick_rank
+from flowtop.snapshot import MonitorSnapshot, RankSnapshot
+from flowtop.widgets._format import fmt_int, fmt_us
+from flowtop.widgets._kernels import WindowView, window_view
+from flowtop.widgets.category_bar import CategoryBar
+from flowtop.widgets.kernel_anatomy import KernelAnatomy
+from flowtop.widgets.kernel_table import SORTS, KernelTable
+
+
+def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank: int, sort: str) -> Text:
+    """Whose kernels, on which device, from which window; CPU runs say so."""
+    out = Text(no_wrap=True, overflow="ellipsis")
+    if r is None:
+        out.append(f"rank {rank} of {job}: not seen in the latest snapshot", style="yellow")
+        return out
+    cpu = (view.device if view else r.device) == "cpu"
+    out.append("CPU operators" if cpu else "GPU kernels", style="bold")
+    out.append(f" · rank {r.rank} · {r.host.split('.')[0]}")
+    if cpu:
+        out.append(" · device cpu (no GPU: host operator times)", style="yellow")
+    if view is None:
+        out.append(" · no window yet", style="dim")
+        return out
+    window = f"window {view.window}" if view.window is not None else "window"
+    at = f" at step {fmt_int(view.step)}" if view.step is not None else ""
+    out.append(f" · {window}{at} · step {fmt_us(view.step_us)}")
+    out.append(f" · sort {sort}", style="dim")
+    return out
+
+
+class KernelScreen(SnapshotScreen):
+    """Sortable kernel table, category bar and anatomy of one rank's window."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("r", "reverse", "Reverse"),
+        Binding("f", "full_names", "Full names"),
+        Binding("k", "kernels_now", "Capture"),
+        *(Binding(str(i + 1), f"sort({i})", f"sort by {label}", show=False) for i, (_, label, _) in enumerate(SORTS)),
+    ]
+
+    def __init__(self, job: str, rank: int) -> None:
+        super().__init__()
+        self.job_name = job
+        self.rank = rank
+        self.view: WindowView | None = None
+        self._rank: RankSnapshot | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="kernel-title")
+        yield CategoryBar(id="categories")
+        yield KernelAnatomy(id="anatomy")
+        yield KernelTable(id="kernels")
+        yield Footer()
+
+    def show(self, snap: MonitorSnapshot | None) -> None:
+        r = pick_rank(find_job(snap, self.job_name), self.rank)
+        self._rank = r
+        self.view = window_view(r.kernels, r.kernels_cumulative) if r else None
+        self._title()
+        self.query_one(CategoryBar).show(self.view)
+        self.query_one(KernelAnatomy).show(self.view)
+        self.query_one(KernelTable).show(self.view.rows if self.view else ())
+
+    def _title(self) -> None:
+        table = self.query_one(KernelTable)
+        sort = SORTS[table.sort_index][1] + (" ▲" if table.reverse else "")
+        self.query_one("#kernel-title", Static).update(kernel_title(self._rank, self.view, self.job_name, self.rank, sort))
+
+    def action_sort(self, index: int) -> None:
+        """Sort by column ``index`` of :data:`SORTS` (keys 1-6)."""
+        table = self.query_one(KernelTable)
+        if table.sort_index == index:
+            table.reverse = not table.reverse
+        else:
+            table.reverse = False
+            table.sort_index = index
+        self._title()
+
+    def action_cycle_sort(self) -> None:
+        """Next sort column (``s``)."""
+        table = self.query_one(KernelTable)
+        table.reverse = False
+        table.sort_index = (table.sort_index + 1) % len(SORTS)
+        self._title()
+
+    def action_reverse(self) -> None:
+        """Flip the order (``r``)."""
+        table = self.query_one(KernelTable)
+        table.reverse = not table.reverse
+        self._title()
+
+    def action_full_names(self) -> None:
+        """Toggle full kernel names (``f``)."""
+        table = self.query_one(KernelTable)
+        table.full_names = not table.full_names
+
+    def action_kernels_now(self) -> None:
+        """Ask this rank for a new kernel window (``k``)."""
+        self.flowtop.request_kernels(self.job_name, self.rank)

@@ -1,0 +1,116 @@
+"""RankDetailScreen: a rank's history, telemetry and FLOP accounting."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Static
+
+from flowtop.screens._base import SnapshotScreen, find_job, pick_rank
+from flowtop.snapshot import MonitorSnapshot, RankSnapshot
+from flowtop.widgets import _telemetry as tm
+from flowtop.widgets._format import STATUS_STYLE, fmt_int, fmt_pct, fmt_time
+from flowtop.widgets.flops_panel import FlopsPanel
+from flowtop.widgets.metric_sparkline import MetricSparkline
+from flowtop.widgets.telemetry_panel import TelemetryPanel
+
+
+def _pct(v: float | None) -> str:
+    return fmt_pct(v)
+
+
+def _watts(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f}W"
+
+
+def _mhz(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f}MHz"
+
+
+def detail_title(r: RankSnapshot | None, job: str, rank: int) -> Text:
+    """Two lines: who the rank is, then its health figures."""
+    out = Text(no_wrap=True, overflow="ellipsis")
+    if r is None:
+        out.append(f"rank {rank} of {job}: not seen in the latest snapshot", style="yellow")
+        return out
+    out.append(f"rank {r.rank}", style="bold")
+    restart = f" restart {r.incarnation}" if r.incarnation else ""
+    out.append(f" · {r.host} pid {r.pid}{restart} · {r.device} · ")
+    out.append(r.status, style=STATUS_STYLE.get(r.status, "yellow"))
+    out.append(f" · step {fmt_int(r.step)} · {fmt_time(r.age_s)} ago")
+    if r.bye_reason:
+        out.append(f" · bye: {r.bye_reason}", style="dim")
+    out.append("\n")
+    wait = r.input_wait_frac
+    out.append("input wait ", style="dim")
+    out.append(fmt_pct(wait), style="red" if wait is not None and wait > 0.05 else "")
+    out.append("  probe overhead ", style="dim")
+    out.append(fmt_pct(r.probe_overhead_frac, 2))
+    out.append("  device/step ", style="dim")
+    out.append(fmt_time(r.device_time_s))
+    out.append("  lost ", style="dim")
+    out.append(str(r.lost_messages), style="red" if r.lost_messages else "")
+    out.append(" dropped ", style="dim")
+    out.append(str(r.dropped_messages), style="red" if r.dropped_messages else "")
+    return out
+
+
+def throttle_text(r: RankSnapshot | None) -> Text:
+    """'throttled: …' in red, or a quiet 'clocks: not throttled'."""
+    tel = r.telemetry if r else None
+    reasons = tm.throttle_reasons(tel)
+    clock, clock_max = tm.number(tel, tm.SM_CLOCK), tm.number(tel, tm.SM_CLOCK_MAX)
+    if clock and clock_max and clock < 0.9 * clock_max:
+        reasons.append(f"SM clock {clock:.0f}/{clock_max:.0f} MHz")
+    if reasons:
+        return Text("THROTTLED: " + ", ".join(reasons), style="bold red")
+    if tel is None:
+        return Text("throttling: n/a (no telemetry yet)", style="dim")
+    return Text("clocks: not throttled", style="dim green")
+
+
+class RankDetailScreen(SnapshotScreen):
+    """Sparklines of step time, MFU, tensor activity, power and SM clock; telemetry; FLOPs."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("k", "kernels_now", "Capture"),
+    ]
+
+    def __init__(self, job: str, rank: int) -> None:
+        super().__init__()
+        self.job_name = job
+        self.rank = rank
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        with Vertical(id="sparks"):
+            yield MetricSparkline("step time", fmt_time, higher_is_better=False, id="spark-step")
+            yield MetricSparkline("MFU", _pct, id="spark-mfu")
+            yield MetricSparkline("tensor active", _pct, id="spark-tensor")
+            yield MetricSparkline("power", _watts, id="spark-power")
+            yield MetricSparkline("SM clock", _mhz, id="spark-clock")
+            yield Static(id="throttle")
+        with Horizontal(id="detail-panels"):
+            yield FlopsPanel(id="flops")
+            yield TelemetryPanel(id="telemetry")
+        yield Footer()
+
+    def show(self, snap: MonitorSnapshot | None) -> None:
+        r = pick_rank(find_job(snap, self.job_name), self.rank)
+        self.query_one("#detail-title", Static).update(detail_title(r, self.job_name, self.rank))
+        h = r.history if r else None
+        self.query_one("#spark-step", MetricSparkline).show(h.step_time_s if h else ())
+        self.query_one("#spark-mfu", MetricSparkline).show(h.mfu if h else ())
+        self.query_one("#spark-tensor", MetricSparkline).show(h.tensor_active if h else ())
+        self.query_one("#spark-power", MetricSparkline).show(h.power_w if h else ())
+        self.query_one("#spark-clock", MetricSparkline).show(h.sm_clock_mhz if h else ())
+        self.query_one("#throttle", Static).update(throttle_text(r))
+        self.query_one(FlopsPanel).show(r.flops if r else None)
+        self.query_one(TelemetryPanel).show(r.telemetry if r else None)
+
+    def action_kernels_now(self) -> None:
+        """Ask this rank for a kernel window now."""
+        self.flowtop.request_kernels(self.job_name, self.rank)

@@ -1,0 +1,233 @@
+"""Immutable snapshots of the monitor's model: what the UI renders and JSON prints.
+
+The collector/model build a :class:`MonitorSnapshot` about twice a second and
+hand it to the UI; nothing in it changes afterwards. ``to_json`` gives the
+documented, versioned JSON form (see README "Snapshot JSON").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: Version of the JSON snapshot layout (bump MINOR for added fields).
+SCHEMA = "flowtop.snapshot/1.0"
+
+#: Conventions printed beside every FLOP figure.
+MODEL_FLOPS_NOTE = "model FLOPs: forward + backward as the math requires (attention backward = 2x forward), no recomputation"
+EXECUTED_FLOPS_NOTE = "executed FLOPs: what ran, incl. activation-checkpoint recompute and flash-attention backward (2.5x forward)"
+
+
+@dataclass(frozen=True)
+class FlopsView:
+    """FLOP accounting of one rank (or a job aggregate), conventions included."""
+
+    model_flops_per_step: float | None
+    executed_flops_per_step: float | None
+    estimated_flops_per_step: float | None
+    estimate_source: str | None
+    flops_per_s: float | None  # model FLOP/s
+    executed_flops_per_s: float | None
+    mfu: float | None  # model FLOP/s / peak (0..1)
+    hfu: float | None  # executed FLOP/s / peak
+    peak_flops: float | None  # dense peak of the dtype in use, FLOP/s
+    peak_source: str
+    dtype: str
+    attention_convention: str  # "full" | "causal"
+    flops_per_token: float | None  # model FLOPs per token
+    uncounted_ops: Mapping[str, int] = field(default_factory=dict)
+    counted_at_step: int | None = None
+    mfu_reason: str = ""  # why mfu is None, when it is
+
+    @property
+    def estimate_ratio(self) -> float | None:
+        """Counted model FLOPs ÷ transformer estimate (1.0 means they agree)."""
+        if self.model_flops_per_step and self.estimated_flops_per_step:
+            return self.model_flops_per_step / self.estimated_flops_per_step
+        return None
+
+
+@dataclass(frozen=True)
+class TelemetryView:
+    """Latest device and host telemetry of one rank; None values are n/a."""
+
+    device: Mapping[str, Any]
+    host: Mapping[str, Any]
+    reasons: Mapping[str, Any]
+    age_s: float
+
+
+@dataclass(frozen=True)
+class History:
+    """Recent per-step series for sparklines and hints (oldest first)."""
+
+    steps: tuple[int, ...] = ()
+    step_time_s: tuple[float, ...] = ()
+    input_wait_s: tuple[float, ...] = ()
+    mfu: tuple[float, ...] = ()  # one value per telemetry/flops refresh
+    tensor_active: tuple[float, ...] = ()
+    power_w: tuple[float, ...] = ()
+    sm_clock_mhz: tuple[float, ...] = ()
+    #: (step, monitor receive time) pairs, to align ranks by step index.
+    reached: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    """One rank as the monitor sees it now."""
+
+    rank: int
+    host: str
+    pid: int
+    local_rank: int
+    incarnation: int
+    device: str
+    status: str  # "live" | "stale" | "done"
+    step: int
+    step_time_s: float | None  # median wall time of recent steps
+    device_time_s: float | None  # latest device (CUDA event) time of a step
+    tokens_per_step: int
+    tokens_per_s: float | None
+    input_wait_frac: float | None  # share of the step spent waiting for input
+    age_s: float  # seconds since the monitor last heard from this rank
+    lost_messages: int  # gaps in sequence numbers
+    dropped_messages: int  # dropped by the probe's bounded queue
+    probe_overhead_frac: float | None  # probe's own training-thread time / step
+    flops: FlopsView | None = None
+    telemetry: TelemetryView | None = None
+    kernels: Any = None  # flowtop.kernels.aggregate.KernelWindowStats of the latest window
+    kernels_cumulative: Any = None  # flowtop.kernels.aggregate cumulative table
+    history: History = field(default_factory=History)
+    bye_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A bottleneck hint with the evidence that triggered it."""
+
+    id: str
+    severity: str  # "critical" | "warning" | "info"
+    scope: str  # "job" | "rank" | "kernel"
+    target: str  # "" for job scope, "rank 3", a kernel name ...
+    summary: str
+    evidence: Mapping[str, Any]
+    action: str
+    impact: float  # estimated share of step time at stake (0..1)
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One job (all ranks with the same job id) and its aggregates."""
+
+    job: str
+    world_size: int
+    ranks: tuple[RankSnapshot, ...]
+    step: int  # lowest step among live ranks (the job moves at its slowest rank)
+    step_time_s: float | None  # slowest rank's median step time
+    tokens_per_s: float | None  # sum over ranks
+    flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
+    status: str  # "running" | "done" | "stale"
+    hints: tuple[Hint, ...] = ()
+    kernels_merged: Any = None  # flowtop.kernels.aggregate.JobKernelStats
+
+    @property
+    def ranks_seen(self) -> int:
+        """Distinct ranks that said hello."""
+        return len({r.rank for r in self.ranks})
+
+
+@dataclass(frozen=True)
+class MonitorSnapshot:
+    """Everything the monitor knows at ``taken_at`` (monitor clock)."""
+
+    taken_at: float
+    listen: str
+    jobs: tuple[JobSnapshot, ...]
+    received: int
+    rejected: int
+    rejected_reasons: Mapping[str, int] = field(default_factory=dict)
+
+
+def _clean(obj: Any) -> Any:
+    """Make a value JSON-safe: dataclasses to dicts, NaN/inf to None, tuples to lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _flops_json(f: FlopsView | None) -> dict[str, Any]:
+    if f is None:
+        return {"flops_per_step": None, "mfu": None, "mfu_reason": "no FLOP count yet"}
+    d = _clean(f)
+    d["flops_per_step"] = d.pop("model_flops_per_step")
+    d["executed_flops_per_step"] = d.pop("executed_flops_per_step")
+    d["estimate_ratio"] = f.estimate_ratio
+    return d
+
+
+def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
+    """JSON form of one rank."""
+    d: dict[str, Any] = {
+        "rank": r.rank,
+        "host": r.host,
+        "pid": r.pid,
+        "local_rank": r.local_rank,
+        "incarnation": r.incarnation,
+        "device": r.device,
+        "status": r.status,
+        "step": r.step,
+        "step_time_s": r.step_time_s,
+        "device_time_s": r.device_time_s,
+        "tokens_per_step": r.tokens_per_step,
+        "tokens_per_s": r.tokens_per_s,
+        "input_wait_frac": r.input_wait_frac,
+        "age_s": r.age_s,
+        "lost_messages": r.lost_messages,
+        "dropped_messages": r.dropped_messages,
+        "probe_overhead_frac": r.probe_overhead_frac,
+        "bye_reason": r.bye_reason,
+    }
+    d.update(_flops_json(r.flops))
+    d["telemetry"] = _clean(r.telemetry)
+    if with_kernels:
+        d["kernels"] = _clean(r.kernels)
+    return _clean(d)
+
+
+def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
+    """The documented JSON snapshot (``schema`` names its version)."""
+    jobs = []
+    for j in snap.jobs:
+        job: dict[str, Any] = {
+            "job": j.job,
+            "world_size": j.world_size,
+            "ranks_seen": j.ranks_seen,
+            "status": j.status,
+            "step": j.step,
+            "step_time_s": j.step_time_s,
+            "tokens_per_s": j.tokens_per_s,
+        }
+        job.update(_flops_json(j.flops))
+        job["ranks"] = [rank_json(r, with_kernels) for r in j.ranks]
+        job["hints"] = _clean(j.hints)
+        jobs.append(job)
+    return _clean(
+        {
+            "schema": SCHEMA,
+            "taken_at": snap.taken_at,
+            "listen": snap.listen,
+            "conventions": {"model_flops": MODEL_FLOPS_NOTE, "executed_flops": EXECUTED_FLOPS_NOTE},
+            "received": snap.received,
+            "rejected": snap.rejected,
+            "rejected_reasons": dict(snap.rejected_reasons),
+            "jobs": jobs,
+        }
+    )

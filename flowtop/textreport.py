@@ -1,0 +1,34 @@
+"""Plain-text rendering of a snapshot (``flowtop snapshot`` without ``--json``)."""
+
+from __future__ import annotations
+
+from flowtop.format import flops_rate, pct, seconds, si
+from flowtop.snapshot import MonitorSnapshot
+
+
+def render(snap: MonitorSnapshot) -> str:
+    """A compact table per job, the same figures the TUI shows."""
+    lines: list[str] = []
+    if not snap.jobs:
+        lines.append(f"no probes heard on {snap.listen} (received {snap.received}, rejected {snap.rejected})")
+    for job in snap.jobs:
+        f = job.flops
+        lines.append(
+            f"job {job.job}  ranks {job.ranks_seen}/{job.world_size}  step {job.step}  "
+            f"step {seconds(job.step_time_s)}  tokens/s {si(job.tokens_per_s)}  {job.status}"
+        )
+        if f is not None:
+            lines.append(
+                f"  model {flops_rate(f.flops_per_s)}  MFU {pct(f.mfu)}  HFU {pct(f.hfu)}  "
+                f"[{f.dtype}, attention {f.attention_convention}, peak {f.peak_source}]"
+            )
+        lines.append(f"  {'rank':>4} {'host':<16} {'step':>7} {'time':>9} {'tok/s':>8} {'FLOP/s':>10} {'MFU':>6}  status")
+        for r in job.ranks:
+            rf = r.flops
+            lines.append(
+                f"  {r.rank:>4} {r.host[:16]:<16} {r.step:>7} {seconds(r.step_time_s):>9} {si(r.tokens_per_s):>8} "
+                f"{flops_rate(rf.flops_per_s if rf else None):>10} {pct(rf.mfu if rf else None):>6}  {r.status}"
+            )
+        for h in job.hints:
+            lines.append(f"  [{h.severity}] {h.summary} -> {h.action}")
+    return "\n".join(lines)

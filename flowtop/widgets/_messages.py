@@ -1,0 +1,19 @@
+"""Messages the app posts to its screens (toolong style: data arrives as messages)."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from flowtop.snapshot import MonitorSnapshot
+
+
+class SnapshotUpdated(Message):
+    """A new immutable :class:`MonitorSnapshot` to render.
+
+    Posted by :class:`flowtop.app.FlowtopApp` to the active screen about twice a
+    second; handlers are named ``on_snapshot_updated``.
+    """
+
+    def __init__(self, snapshot: MonitorSnapshot) -> None:
+        self.snapshot = snapshot
+        super().__init__()

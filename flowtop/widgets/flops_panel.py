@@ -1,0 +1,62 @@
+"""FlopsPanel: a rank's FLOP accounting with every convention stated."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from flowtop.snapshot import FlopsView
+from flowtop.widgets._format import NA, fmt_int, fmt_pct, fmt_si, mfu_style
+
+
+def flops_text(f: FlopsView | None) -> Text:
+    """Model vs executed per step, estimate and ratio, FLOPs/token, peak, dtype, attention."""
+    out = Text()
+    if f is None:
+        out.append("no FLOP count yet", style="dim")
+        out.append("\n(the probe counts on sampled steps; the first comes after warm-up)", style="dim")
+        return out
+
+    def row(label: str, value: str, note: str = "", style: str = "") -> None:
+        out.append(f"{label:<12}", style="dim")
+        out.append(value, style=style)
+        if note:
+            out.append(f"  {note}", style="dim")
+        out.append("\n")
+
+    row("model/step", fmt_si(f.model_flops_per_step, "F", 1), "no recompute")
+    ratio = (
+        f"{f.executed_flops_per_step / f.model_flops_per_step:.2f}× model"
+        if f.executed_flops_per_step and f.model_flops_per_step
+        else ""
+    )
+    row("exec./step", fmt_si(f.executed_flops_per_step, "F", 1), ratio)
+    est = f.estimate_ratio
+    row("estimate", fmt_si(f.estimated_flops_per_step, "F", 1), f.estimate_source or "")
+    row("count/est.", NA if est is None else f"{est:.3f}", "1 = agree")
+    row("FLOPs/token", fmt_si(f.flops_per_token, "F", 2))
+    row("MFU", fmt_pct(f.mfu), f.mfu_reason if f.mfu is None else "", mfu_style(f.mfu))
+    row("HFU", fmt_pct(f.hfu), "", mfu_style(f.hfu))
+    row("peak", fmt_si(f.peak_flops, "F/s", 1), f"{f.dtype} dense")
+    row("peak source", f.peak_source or NA)
+    row("attention", f.attention_convention, "causal would halve it" if f.attention_convention == "full" else "half of full")
+    row("counted at", NA if f.counted_at_step is None else f"step {fmt_int(f.counted_at_step)}")
+    if f.uncounted_ops:
+        ops = sorted(f.uncounted_ops.items(), key=lambda kv: (-kv[1], kv[0]))
+        listed = ", ".join(f"{name} ×{n}" for name, n in ops[:4])
+        more = f" (+{len(ops) - 4} more)" if len(ops) > 4 else ""
+        row("uncounted", listed + more, "", "yellow")
+    else:
+        row("uncounted", "none")
+    out.rstrip()
+    return out
+
+
+class FlopsPanel(Static):
+    """FLOP accounting of one rank (``show`` it a :class:`FlopsView`)."""
+
+    BORDER_TITLE = "FLOPs"
+
+    def show(self, flops: FlopsView | None) -> None:
+        """Render ``flops`` (None: not counted yet)."""
+        self.update(flops_text(flops))

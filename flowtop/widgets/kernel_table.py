@@ -1,0 +1,137 @@
+"""KernelTable: a window's kernels beside their cumulative time, sortable (py-spy top style)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import DataTable
+
+from flowtop.widgets._format import NA, fmt_pct, fmt_us, styled
+from flowtop.widgets._kernels import KernelRow
+
+# (key, label, width); widths sum to 62: with padding 78 columns (+ scrollbar).
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("name", "kernel", 20),
+    ("category", "cat", 6),
+    ("calls", "calls", 5),
+    ("time", "time", 7),
+    ("mean", "mean", 7),
+    ("share", "win%", 5),
+    ("tflops", "TF/s", 5),
+    ("cum", "cum.", 7),
+)
+
+# Sort orders the keys 1-6 select; numbers sort largest first, the name A to Z.
+SORTS: tuple[tuple[str, str, Callable[[KernelRow], object]], ...] = (
+    ("time", "time", lambda r: -r.total_us),
+    ("calls", "calls", lambda r: -r.calls),
+    ("mean", "mean", lambda r: -r.mean_us),
+    ("tflops", "TFLOP/s", lambda r: -(r.tflops if r.tflops is not None else -1.0)),
+    ("cum", "cumulative", lambda r: -(r.cum_us if r.cum_us is not None else -1.0)),
+    ("name", "name", lambda r: r.short.lower()),
+)
+
+CATEGORY_STYLE: dict[str, str] = {
+    "gemm": "green",
+    "attention": "cyan",
+    "comm": "magenta",
+    "communication": "magenta",
+    "memory": "yellow",
+    "optimizer": "blue",
+    "elementwise": "white",
+    "norm": "bright_blue",
+    "reduction": "bright_blue",
+    "other": "dim",
+}
+
+
+def category_style(category: str) -> str:
+    """The colour of a kernel category, the same in the table and the bar."""
+    return CATEGORY_STYLE.get(category.lower(), "bright_black")
+
+
+def sorted_rows(rows: tuple[KernelRow, ...], sort: int, reverse: bool) -> list[KernelRow]:
+    """Rows in the order of sort ``sort`` (index into :data:`SORTS`), ties by name."""
+    key = SORTS[sort][2]
+    out = sorted(rows, key=lambda r: (key(r), r.short, r.name))
+    return out[::-1] if reverse else out
+
+
+def kernel_cells(r: KernelRow, full_names: bool) -> list[Text]:
+    """One row in :data:`COLUMNS` order."""
+    name = r.name if full_names else r.short
+    return [
+        Text(name, no_wrap=True, overflow="ellipsis"),
+        Text(r.category[:6], style=category_style(r.category)),
+        styled(f"{r.calls:,}", ""),
+        styled(fmt_us(r.total_us), "bold"),
+        styled(fmt_us(r.mean_us), ""),
+        styled(fmt_pct(r.share, 1 if (r.share or 0) < 0.1 else 0), ""),
+        styled(NA if r.tflops is None else f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.1f}", ""),
+        styled(fmt_us(r.cum_us), "dim"),
+    ]
+
+
+class KernelTable(DataTable):
+    """Kernels of one window; ``sort_index`` picks the column, ``reverse`` flips it."""
+
+    sort_index: reactive[int] = reactive(0)
+    reverse: reactive[bool] = reactive(False)
+    full_names: reactive[bool] = reactive(False)
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+        self._rows: tuple[KernelRow, ...] = ()
+        self.order: list[KernelRow] = []
+
+    def on_mount(self) -> None:
+        for key, label, width in COLUMNS:
+            justify = "left" if key in ("name", "category") else "right"
+            self.add_column(Text(label, justify=justify), key=key, width=width)
+        self._label_sort()
+
+    def show(self, rows: tuple[KernelRow, ...]) -> None:
+        """Render ``rows`` (unchanged rows do not touch the table)."""
+        if rows == self._rows and self.row_count == len(rows):
+            return
+        self._rows = rows
+        self._fill()
+
+    def _fill(self) -> None:
+        selected = self.order[self.cursor_row].name if 0 <= self.cursor_row < len(self.order) else None
+        self.order = sorted_rows(self._rows, self.sort_index, self.reverse)
+        self.clear()
+        for i, r in enumerate(self.order):
+            self.add_row(*kernel_cells(r, self.full_names), key=f"{i}:{r.name}")
+        names = [r.name for r in self.order]
+        if selected in names:
+            self.move_cursor(row=names.index(selected), animate=False)
+
+    def _label_sort(self) -> None:
+        """Mark the sorted column's label with an arrow."""
+        sort_key = SORTS[self.sort_index][0]
+        for key, label, _ in COLUMNS:
+            column = self.columns.get(key)  # type: ignore[call-overload]
+            if column is None:
+                continue
+            arrow = ("▲" if self.reverse else "▼") if key == sort_key else ""
+            justify = "left" if key in ("name", "category") else "right"
+            column.label = Text(label + arrow, justify=justify, style="bold" if arrow else "")
+        self.refresh()
+
+    def watch_sort_index(self) -> None:
+        self._resort()
+
+    def watch_reverse(self) -> None:
+        self._resort()
+
+    def watch_full_names(self) -> None:
+        self._resort()
+
+    def _resort(self) -> None:
+        if not self.is_mounted:
+            return
+        self._label_sort()
+        self._fill()

@@ -1,0 +1,117 @@
+"""flowtop's probe: the guest inside each training process.
+
+Use with zero code change through ``flowtop run -- CMD`` or explicitly::
+
+    import probe
+    probe.attach()            # idempotent; configuration from FLOWTOP_* env vars
+    ...
+    probe.mark_step()         # only for loops that do not use torch.optim
+
+The probe never blocks, slows or crashes training: failures are logged once and
+the probe disables itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+from probe._log import warn_once
+
+__all__ = ["attach", "detach", "mark_step", "is_attached", "VERSION"]
+
+VERSION = "0.1.0"
+_probe: Any = None
+_fork_hook_installed = False
+
+
+def attach(
+    *,
+    job: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    addr: str | None = None,
+    flops_per_token: float | None = None,
+) -> bool:
+    """Attach the probe to this process (idempotent). Returns True when active.
+
+    Arguments override what the environment says (torchrun variables and
+    ``FLOWTOP_*``); ``flops_per_token`` gives the model-FLOPs estimate per token
+    when the model's structure does not reveal it.
+    """
+    global _probe, _fork_hook_installed
+    if _probe is not None:
+        return True
+    try:
+        from probe import config, identity
+        from probe.runtime import Probe
+
+        cfg = config.from_env()
+        if not cfg.enabled:
+            return False
+        if addr is not None:
+            cfg = config.from_env({**os.environ, "FLOWTOP_ADDR": addr})
+        ident = identity.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank)
+        p = Probe(cfg, ident, flops_per_token)
+        p.install()
+        _probe = p
+        atexit.register(_at_exit)
+        if not _fork_hook_installed:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook_installed = True
+        return True
+    except Exception as exc:
+        warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
+        _probe = None
+        return False
+
+
+def mark_step() -> None:
+    """Mark the end of a training step (for loops without ``torch.optim``)."""
+    p = _probe
+    if p is None:
+        return
+    try:
+        p.tracker.mark()
+    except Exception as exc:
+        warn_once("mark_step", f"mark_step failed, probe disabled: {exc}")
+        detach()
+
+
+def detach(reason: str = "detached") -> None:
+    """Remove all hooks, say bye to the monitor and stop the sender thread."""
+    global _probe
+    p, _probe = _probe, None
+    if p is None:
+        return
+    try:
+        p.close(reason)
+    except Exception as exc:
+        warn_once("detach", f"detach failed: {exc}")
+
+
+def is_attached() -> bool:
+    """Whether the probe is active in this process."""
+    return _probe is not None
+
+
+def _current() -> Any:
+    """The active runtime (tests and the bench use it); None when detached."""
+    return _probe
+
+
+def _at_exit() -> None:
+    detach("exit")
+
+
+def _after_fork_in_child() -> None:
+    # DataLoader workers fork the rank: an inherited ZeroMQ socket must not be used.
+    global _probe
+    p, _probe = _probe, None
+    if p is not None:
+        try:
+            p.abandon_in_child()
+        except Exception:
+            pass

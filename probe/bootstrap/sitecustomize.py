@@ -1,0 +1,86 @@
+"""flowtop bootstrap: attaches the probe in every Python process that imports torch.
+
+``flowtop run`` puts this directory first on PYTHONPATH. This file must never
+raise: any error is swallowed and training runs without the probe. It chains a
+``sitecustomize`` that was already on the path (it is imported after ours is
+removed from the module cache, so its own imports work as before).
+"""
+
+try:
+    import importlib.abc
+    import importlib.util
+    import os
+    import sys
+
+    _here = os.path.dirname(os.path.abspath(__file__))
+
+    def _chain_previous() -> None:
+        """Import the sitecustomize that ours shadows, if there is one."""
+        saved_path = list(sys.path)
+        saved_mod = sys.modules.pop("sitecustomize", None)
+        try:
+            sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+            spec = importlib.util.find_spec("sitecustomize")
+            if spec is not None and spec.origin and os.path.dirname(os.path.abspath(spec.origin)) != _here:
+                import sitecustomize  # noqa: F401  (the user's own)
+        except Exception:
+            pass
+        finally:
+            sys.path[:] = saved_path
+            if saved_mod is not None:
+                sys.modules["sitecustomize"] = saved_mod
+
+    class _AttachAfterOptim(importlib.abc.MetaPathFinder):
+        """Waits for ``torch.optim`` to finish importing, then attaches the probe."""
+
+        def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+            if name != "torch.optim":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            loader = spec.loader
+            original = loader.exec_module
+
+            def exec_module(module):  # type: ignore[no-untyped-def]
+                original(module)
+                _attach_on_first_optimizer(module)
+
+            loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    def _attach_on_first_optimizer(optim_module) -> None:  # type: ignore[no-untyped-def]
+        """Attach when the first optimizer is built: torch is fully imported by then,
+        the model exists, its first forward is still ahead, and processes that never
+        train (torchrun's agent, tools) never attach."""
+        try:
+            cls = optim_module.Optimizer
+            original_init = cls.__init__
+
+            def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                original_init(self, *args, **kwargs)
+                if cls.__init__ is __init__:
+                    cls.__init__ = original_init
+                _attach_later()
+
+            cls.__init__ = __init__
+        except Exception:
+            pass
+
+    def _attach_later() -> None:
+        try:
+            import probe
+
+            probe.attach()
+        except Exception:
+            pass
+
+    if os.environ.get("FLOWTOP_DISABLE", "") not in ("1", "true", "yes", "on"):
+        if "torch.optim" in sys.modules:
+            _attach_on_first_optimizer(sys.modules["torch.optim"])
+        else:
+            sys.meta_path.insert(0, _AttachAfterOptim())
+    _chain_previous()
+except Exception:  # a guest never raises
+    pass

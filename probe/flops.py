@@ -1,0 +1,424 @@
+"""Counting the FLOPs of one whole training step, on sampled steps only (design.md §3, §7).
+
+A :class:`StepFlopCounter` pushes a ``TorchDispatchMode`` for the window between two optimizer
+steps (all micro-batches).  Every aten op that reaches it is executed unchanged and, when it
+has a shape formula (:mod:`probe.flops_formulas`), costed.  We use our own mode instead of
+``torch.utils.flop_counter.FlopCounterMode`` because that one counts 0 for CPU attention
+(``_scaled_dot_product_flash_attention_for_cpu``: verified on torch 2.13), never halves causal
+attention, cannot tell recomputation from the first forward, and ignores unknown heavy ops.
+
+Two figures come out:
+
+* **model FLOPs** (for MFU): forward + backward as the math requires; attention backward is
+  2 × forward; activation-checkpoint recomputation is excluded.
+* **executed FLOPs** (for HFU): what ran; fused attention backward (flash, efficient, cuDNN,
+  CPU flash, flex) recomputes the scores (2.5 × forward); recomputation is included.
+
+Recompute detection: ops dispatched inside the autograd engine
+(``torch._C._current_graph_task_id() != -1``) while grad mode is on are forward ops being
+recomputed — both reentrant (``CheckpointFunction.backward`` runs the function under
+``torch.enable_grad()``) and non-reentrant checkpointing (the unpack hook recomputes under
+``torch.autograd.enable_grad()``) do this (torch/utils/checkpoint.py).  A backward run with
+``create_graph=True`` (double backward) also has grad mode on and is therefore counted as
+recompute: a known limitation.
+
+Nothing is derived by formula from the forward ("3 × forward"): frozen parameters and inputs
+that need no gradient simply do not dispatch the corresponding backward matmuls.
+
+Not covered: kernels that bypass the dispatcher (torch.compile/Inductor triton kernels,
+custom CUDA extensions) — use a meta replay for compiled models; ops under
+``torch.compile`` run eagerly while the mode is active.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from probe._log import warn_once
+from probe.flops_formulas import (
+    ATTENTION,
+    CONV,
+    FORMULAS,
+    MATMUL,
+    bind_arguments,
+    hop_attention_cost,
+    is_heavy_op_name,
+)
+from probe.flops_policy import CountPolicy, signature_of
+
+__all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
+
+ATTENTION_CONVENTIONS = ("full", "causal")
+_SDPA_FN = torch.nn.functional.scaled_dot_product_attention
+_DTYPE_LABELS = {
+    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+    torch.int8: "int8", torch.uint8: "int8",
+}
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one counted training step (all micro-batches between two optimizer steps).
+
+    ``by_op`` holds executed FLOPs per op name ("aten.mm"); ``uncounted`` maps heavy ops with
+    no formula to their call counts; ``cost_s`` is the counter's own bookkeeping time (a lower
+    bound of its overhead: the per-op trip into Python is not measurable from inside).
+    """
+
+    model_flops: int
+    executed_flops: int
+    attention_convention: str
+    dtype: str
+    by_op: dict[str, int] = field(default_factory=dict)
+    uncounted: dict[str, int] = field(default_factory=dict)
+    micro_batches: int = 0
+    cost_s: float = 0.0
+
+
+def dtype_label(dtype: torch.dtype, device_type: str, kind: str, tf32_matmul: bool, tf32_conv: bool) -> str:
+    """Name the compute precision of an op: fp32 matmuls/convs on CUDA with TF32 allowed are "tf32"."""
+    if dtype == torch.float32 and device_type == "cuda":
+        if (kind == MATMUL and tf32_matmul) or (kind == CONV and tf32_conv):
+            return "tf32"
+    label = _DTYPE_LABELS.get(dtype)
+    if label is None:
+        text = str(dtype).replace("torch.", "")
+        label = "fp8" if text.startswith("float8") else text
+    return label
+
+
+class _Window:
+    """Tallies of one counting window (plain attributes: touched under the GIL only)."""
+
+    def __init__(self) -> None:
+        self.model = 0
+        self.executed = 0
+        self.by_op: defaultdict[str, int] = defaultdict(int)
+        self.by_dtype: defaultdict[str, int] = defaultdict(int)
+        self.uncounted: defaultdict[str, int] = defaultdict(int)
+        self.overhead = 0.0
+        self.micro_batches = 0
+        self.causal_depth = 0  # >0 while inside a causal math-path SDPA (forward or tagged backward)
+        self.fused_attention_calls = 0
+
+
+_SKIP, _DECOMPOSE, _UNCOUNTED = "skip", "decompose", "uncounted"
+
+
+class _CountingMode(TorchDispatchMode):
+    """Runs every op unchanged; costs the ones with formulas.  Never raises its own errors."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, owner: StepFlopCounter) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        owner = self.owner
+        if owner._passthrough:
+            return func(*args, **kwargs)
+        t0 = time.perf_counter()
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            t1 = time.perf_counter()
+            out = func(*args, **kwargs)  # our mode is popped here: inner ops are not seen
+            t2 = time.perf_counter()
+            owner._safe(owner._account_hop, func, args)
+            owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
+            return out
+        plan = owner._plan(func)
+        if plan is _DECOMPOSE:  # composite op reached us (e.g. inference mode): count its parts
+            t1 = time.perf_counter()
+            with self:
+                out = func.decompose(*args, **kwargs)
+            t2 = time.perf_counter()
+            owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
+            if out is not NotImplemented:
+                return out
+            t0 = time.perf_counter()
+            plan = _UNCOUNTED if is_heavy_op_name(func._schema.name) else _SKIP
+        t1 = time.perf_counter()
+        out = func(*args, **kwargs)
+        t2 = time.perf_counter()
+        if plan is not _SKIP:
+            owner._safe(owner._account, func, plan, args, kwargs, out)
+        owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
+        return out
+
+
+class _CausalSdpaMode(TorchFunctionMode):
+    """Only with the "causal" convention: marks causal SDPA calls that take the math path.
+
+    The math fallback decomposes into plain bmm ops that cannot be told from other matmuls,
+    so while such a call runs (forward) and while the autograd nodes it created run
+    (backward, via node pre/post hooks) matmul FLOPs are halved like the fused kernels'.
+    """
+
+    def __init__(self, owner: StepFlopCounter) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        owner = self.owner
+        if func is not _SDPA_FN or owner._passthrough:
+            return func(*args, **kwargs)
+        causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
+        if not causal:
+            return func(*args, **kwargs)
+        win = owner._window
+        fused_before = win.fused_attention_calls
+        win.causal_depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            win.causal_depth -= 1
+        if win.fused_attention_calls == fused_before:
+            owner._safe(_tag_backward, win, out, [kwargs.get(n) for n in ("query", "key", "value")] + list(args[:3]))
+        return out
+
+
+def _tag_backward(win: _Window, out: Any, inputs: list[Any]) -> None:
+    """Hook the autograd nodes between a math-path SDPA output and its q/k/v inputs."""
+    root = getattr(out, "grad_fn", None)
+    stop = {t.grad_fn for t in inputs if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+
+    def enter(*_: Any) -> None:
+        win.causal_depth += 1
+
+    def leave(*_: Any) -> None:
+        win.causal_depth -= 1
+
+    seen: set[Any] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in stop or node in seen or type(node).__name__ == "AccumulateGrad":
+            continue
+        if len(seen) >= 64:  # the math path creates ~15 nodes; more means we walked out of it
+            raise RuntimeError("math-path attention graph larger than expected")
+        seen.add(node)
+        stack.extend(n for n, _ in node.next_functions)
+    for node in seen:
+        node.register_prehook(enter)
+        node.register_hook(leave)
+
+
+class StepFlopCounter:
+    """Counts model and executed FLOPs of one training step.
+
+    ``start()`` is called by the step tracker right after an optimizer step (training thread);
+    ``stop()`` from the optimizer-step *pre* hook, i.e. after the last micro-batch's backward
+    and before the optimizer runs — so optimizer FLOPs (elementwise anyway) are not counted.
+    Call both on the training thread.  Neither ever raises: any failure returns ``None``,
+    is logged once and disables the counter for good (``broken``).
+
+    ``root``: the model's root module; when given, its forward calls in the window are the
+    ``micro_batches`` figure.  ``attention``: "full" (default, PaLM/torchtitan) or "causal"
+    (halves causal SDPA calls; hand-written attention is counted by its matmuls, whose
+    masking cannot be known, so it is always the full square).  ``max_window_s``: a window
+    left open longer than this (no optimizer step came) stops accounting and is closed at the
+    next ``start``/``stop``/root forward.
+    """
+
+    def __init__(self, root: torch.nn.Module | None = None, attention: str = "full", max_window_s: float = 600.0) -> None:
+        if attention not in ATTENTION_CONVENTIONS:
+            warn_once("flops.attention", f"unknown attention convention {attention!r}; using 'full'")
+            attention = "full"
+        self.attention = attention
+        self.root = root
+        self.max_window_s = max_window_s
+        self.broken = False
+        self._active = False
+        self._passthrough = True
+        self._window = _Window()
+        self._plans: dict[Any, Any] = {}
+        self._dispatch_mode: _CountingMode | None = None
+        self._function_mode: _CausalSdpaMode | None = None
+        self._hook: Any = None
+        self._thread = 0
+        self._started = 0.0
+        self._tf32_matmul = False
+        self._tf32_conv = False
+        self._autocast: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """True while a counting window is open."""
+        return self._active
+
+    def start(self) -> None:
+        """Open a counting window (no-op once broken)."""
+        if self.broken:
+            return
+        try:
+            if self._active:
+                self._close()  # a window nobody stopped: discard it
+            self._window = _Window()
+            self._tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32) or (
+                torch.get_float32_matmul_precision() != "highest")
+            self._tf32_conv = bool(torch.backends.cudnn.allow_tf32) and bool(torch.backends.cudnn.enabled)
+            self._autocast = None
+            for dev in ("cuda", "cpu"):
+                if torch.is_autocast_enabled(dev):
+                    self._autocast = dtype_label(torch.get_autocast_dtype(dev), dev, MATMUL,
+                                                 self._tf32_matmul, self._tf32_conv)
+                    break
+            if self.root is not None:
+                self._hook = self.root.register_forward_pre_hook(self._on_root_forward)
+            self._thread = threading.get_ident()
+            self._dispatch_mode = _CountingMode(self)
+            self._dispatch_mode.__enter__()
+            if self.attention == "causal":
+                self._function_mode = _CausalSdpaMode(self)
+                self._function_mode.__enter__()
+            self._started = time.perf_counter()
+            self._passthrough = False
+            self._active = True
+        except Exception as exc:  # noqa: BLE001 - must never reach training
+            self._fail(exc)
+
+    def stop(self) -> FlopCount | None:
+        """Close the window and return its count, or ``None`` (not started, expired, broken)."""
+        if not self._active:
+            return None
+        try:
+            expired = time.perf_counter() - self._started > self.max_window_s
+            self._close()
+            if self.broken or expired:
+                return None
+            win = self._window
+            return FlopCount(
+                model_flops=win.model,
+                executed_flops=win.executed,
+                attention_convention=self.attention,
+                dtype=self._compute_dtype(win),
+                by_op=dict(win.by_op),
+                uncounted=dict(win.uncounted),
+                micro_batches=win.micro_batches,
+                cost_s=win.overhead,
+            )
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return None
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _close(self) -> None:
+        """Pop our modes (only if they are on top of this thread's stacks) and the hook."""
+        self._passthrough = True
+        self._active = False
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("FLOP counter stopped on a different thread than it started")
+        if self._function_mode is not None:
+            if torch.overrides._get_current_function_mode() is not self._function_mode:
+                raise RuntimeError("another torch function mode was left above the FLOP counter")
+            self._function_mode.__exit__(None, None, None)
+            self._function_mode = None
+        if self._dispatch_mode is not None:
+            if _get_current_dispatch_mode() is not self._dispatch_mode:
+                raise RuntimeError("another dispatch mode was left above the FLOP counter")
+            self._dispatch_mode.__exit__(None, None, None)
+            self._dispatch_mode = None
+
+    def _fail(self, exc: BaseException) -> None:
+        self.broken = True
+        self._passthrough = True
+        warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
+        if self._active:
+            try:
+                self._close()
+            except Exception:  # noqa: BLE001 - a mode we cannot pop stays in passthrough
+                pass
+
+    def _safe(self, fn: Any, *args: Any) -> None:
+        """Run bookkeeping; a failure disables counting but the op's result is unaffected."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            self.broken = True
+            self._passthrough = True
+            warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
+
+    def _on_root_forward(self, module: Any, args: Any) -> None:
+        if self._passthrough:
+            return
+        if time.perf_counter() - self._started > self.max_window_s:
+            self._passthrough = True
+            warn_once("flops.expired", "FLOP counting window left open too long (no optimizer step?); abandoned")
+            return
+        self._window.micro_batches += 1
+
+    def _plan(self, func: Any) -> Any:
+        plan = self._plans.get(func)
+        if plan is None:
+            name = func._schema.name
+            if name in FORMULAS:
+                plan = FORMULAS[name]
+            elif torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
+                plan = _DECOMPOSE
+            elif is_heavy_op_name(name):
+                plan = _UNCOUNTED
+            else:
+                plan = _SKIP
+            self._plans[func] = plan
+        return plan
+
+    def _account(self, func: Any, plan: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        win = self._window
+        name = func._schema.name.replace("::", ".")
+        if plan is _UNCOUNTED:
+            win.uncounted[name] += 1
+            return
+        cost = plan(bind_arguments(func, args, kwargs), out, self.attention == "causal")
+        self._add(win, name, cost)
+
+    def _account_hop(self, func: Any, args: tuple) -> None:
+        win = self._window
+        cost = hop_attention_cost(func.name(), args, self.attention == "causal")
+        if cost is None:
+            win.uncounted["higher_order." + func.name()] += 1
+        else:
+            self._add(win, "higher_order." + func.name(), cost)
+
+    def _add(self, win: _Window, name: str, cost: Any) -> None:
+        model, executed = cost.model, cost.executed
+        in_engine = torch._C._current_graph_task_id() != -1
+        if cost.kind == ATTENTION and not in_engine:
+            win.fused_attention_calls += 1
+        if cost.kind == MATMUL and win.causal_depth > 0:  # causal math-path attention
+            model, executed = model // 2, executed // 2
+        if in_engine and torch.is_grad_enabled():  # recomputed forward (activation checkpointing)
+            model = 0
+        if time.perf_counter() - self._started > self.max_window_s:
+            self._passthrough = True
+            return
+        win.model += model
+        win.executed += executed
+        win.by_op[name] += executed
+        t = cost.tensor
+        if t is not None and executed:
+            win.by_dtype[dtype_label(t.dtype, t.device.type, cost.kind, self._tf32_matmul, self._tf32_conv)] += executed
+
+    def _compute_dtype(self, win: _Window) -> str:
+        if win.by_dtype:
+            return max(win.by_dtype.items(), key=lambda kv: kv[1])[0]
+        if self._autocast is not None:
+            return self._autocast
+        if self.root is not None:
+            for p in self.root.parameters():
+                return dtype_label(p.dtype, p.device.type, MATMUL, self._tf32_matmul, self._tf32_conv)
+        return "unknown"

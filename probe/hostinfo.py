@@ -1,0 +1,161 @@
+"""Host telemetry (psutil) for one training process: its CPU, memory, threads and child processes.
+
+Child processes are where DataLoader workers run, so their number and CPU use show whether input
+loading keeps up. Runs on the probe's sender thread at most once a second; ``sample()`` never raises.
+
+CPU percentages come from CPU-time deltas between calls. psutil's own ``cpu_percent()`` answers 0.0
+on its first call; instead, the first reading of a process (or of the host) is its average since it
+started (since boot for the host), so a freshly spawned worker never shows a fake 0 %.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from probe._log import warn_once
+
+# CPU times tick at 100 Hz: over a few milliseconds one tick reads as hundreds of percent. Readings
+# closer together than this repeat the previous figure instead of dividing noise by a tiny interval.
+MIN_WINDOW_S = 0.25
+
+HOST_FIELDS: tuple[str, ...] = (
+    "proc_cpu_pct", "rss_bytes", "threads", "workers", "workers_cpu_pct",
+    "host_cpu_pct", "host_mem_used", "host_mem_total",
+)
+
+
+def _cpu_seconds(times: Any) -> float:
+    return float(times.user) + float(times.system)
+
+
+class HostTelemetry:
+    """psutil readings for process ``pid`` (default: this process) and the host."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        """Cheap; nothing is read until ``sample()``."""
+        self._pid = os.getpid() if pid is None else pid
+        self._proc: Any = None
+        self._psutil: Any = None
+        self._fatal: str | None = None
+        # (pid, create_time) -> (wall time, cpu seconds, last %) at the previous reading; the key
+        # includes create_time so a recycled pid starts fresh.
+        self._prev: dict[tuple[int, float], tuple[float, float, float]] = {}
+        self._host_prev: tuple[float, float, float] | None = None  # (busy s, total s, last %)
+
+    def _init(self) -> None:
+        try:
+            import psutil
+        except Exception as exc:
+            self._fatal = f"psutil not importable: {exc}"
+            return
+        self._psutil = psutil
+        try:
+            self._proc = psutil.Process(self._pid)
+        except Exception as exc:
+            self._fatal = f"process {self._pid} not readable: {exc}"
+
+    def _proc_pct(self, proc: Any, now: float, seen: set[tuple[int, float]]) -> float:
+        """CPU % of one core used by ``proc`` since the previous reading (or since it started)."""
+        create = float(proc.create_time())
+        key = (int(proc.pid), create)
+        seen.add(key)
+        prev = self._prev.get(key)
+        if prev is not None and now - prev[0] < MIN_WINDOW_S:
+            return prev[2]
+        cpu = _cpu_seconds(proc.cpu_times())
+        if prev is None:
+            wall, used = now - create, cpu
+        else:
+            wall, used = now - prev[0], cpu - prev[1]
+        pct = max(0.0, 100.0 * used / wall) if wall > 0 else 0.0
+        self._prev[key] = (now, cpu, pct)
+        return pct
+
+    def _host_pct(self) -> float:
+        times = self._psutil.cpu_times()
+        prev = self._host_prev
+        idle = float(times.idle) + float(getattr(times, "iowait", 0.0))
+        total = sum(float(v) for v in times)
+        # guest time is already inside user time on Linux; counting it twice inflates the total
+        total -= float(getattr(times, "guest", 0.0)) + float(getattr(times, "guest_nice", 0.0))
+        busy = total - idle
+        # host totals sum all cores, so MIN_WINDOW_S worth of them is cores × MIN_WINDOW_S seconds
+        window = MIN_WINDOW_S * (self._psutil.cpu_count() or 1)
+        if prev is not None and total - prev[1] < window:
+            return prev[2]
+        d_busy, d_total = (busy, total) if prev is None else (busy - prev[0], total - prev[1])
+        pct = min(100.0, max(0.0, 100.0 * d_busy / d_total)) if d_total > 0 else 0.0
+        self._host_prev = (busy, total, pct)
+        return pct
+
+    def sample(self) -> dict[str, Any]:
+        """One reading of ``HOST_FIELDS`` (``None`` when n/a) plus ``reasons`` for each n/a.
+
+        ``proc_cpu_pct`` and ``workers_cpu_pct`` are % of one core (top's convention, may exceed
+        100); ``host_cpu_pct`` is % of all cores; ``workers`` counts live direct children."""
+        out: dict[str, Any] = {key: None for key in HOST_FIELDS}
+        reasons: dict[str, str] = {}
+        try:
+            if self._psutil is None and self._fatal is None:
+                self._init()
+            if self._fatal is None:
+                self._sample_into(out, reasons)
+        except Exception as exc:  # last-resort guard: telemetry must never hurt training
+            warn_once("host.sample", f"host telemetry failed: {exc!r}")
+            self._fatal = f"host telemetry error: {exc!r}"
+        for key in HOST_FIELDS:
+            if out[key] is None:
+                reasons.setdefault(key, self._fatal or "unavailable")
+        out["reasons"] = reasons
+        return out
+
+    def _sample_into(self, out: dict[str, Any], reasons: dict[str, str]) -> None:
+        psutil = self._psutil
+        now = time.time()  # create_time() is wall-clock, so the deltas are too
+        seen: set[tuple[int, float]] = set()
+        try:
+            proc = self._proc
+            with proc.oneshot():
+                out["proc_cpu_pct"] = self._proc_pct(proc, now, seen)
+                out["rss_bytes"] = int(proc.memory_info().rss)
+                out["threads"] = int(proc.num_threads())
+        except Exception as exc:
+            warn_once("host.proc", f"process telemetry failed: {exc!r}")
+            for key in ("proc_cpu_pct", "rss_bytes", "threads"):
+                reasons[key] = f"process not readable: {exc}"
+        try:
+            workers = 0
+            workers_pct = 0.0
+            for child in self._proc.children(recursive=False):
+                try:
+                    with child.oneshot():
+                        if child.status() == psutil.STATUS_ZOMBIE:
+                            continue
+                        workers_pct += self._proc_pct(child, now, seen)
+                    workers += 1
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue  # exited between listing and reading
+            out["workers"] = workers
+            out["workers_cpu_pct"] = workers_pct
+        except Exception as exc:
+            warn_once("host.children", f"child-process telemetry failed: {exc!r}")
+            for key in ("workers", "workers_cpu_pct"):
+                reasons[key] = f"children not readable: {exc}"
+        # forget processes that are gone so the table does not grow forever
+        for key in [k for k in self._prev if k not in seen]:
+            del self._prev[key]
+        try:
+            out["host_cpu_pct"] = self._host_pct()
+        except Exception as exc:
+            warn_once("host.cpu", f"host CPU telemetry failed: {exc!r}")
+            reasons["host_cpu_pct"] = f"host CPU not readable: {exc}"
+        try:
+            vm = psutil.virtual_memory()
+            out["host_mem_total"] = int(vm.total)
+            out["host_mem_used"] = int(vm.total - vm.available)  # what is not available to others
+        except Exception as exc:
+            warn_once("host.mem", f"host memory telemetry failed: {exc!r}")
+            for key in ("host_mem_used", "host_mem_total"):
+                reasons[key] = f"host memory not readable: {exc}"

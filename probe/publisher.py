@@ -1,0 +1,229 @@
+"""Publisher: bounded deque on the training thread, a daemon sender thread owns the sockets.
+
+The training thread only ever calls :meth:`Publisher.publish`, which appends a
+tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events, no syscalls
+(a lock held by a thread interrupted with KeyboardInterrupt can hang exit).
+Everything else — msgpack encoding, ZeroMQ sends, telemetry sampling, control
+messages from the monitor — happens on the sender thread.
+
+Socket choices (design.md §8): the publisher connects, LINGER 0, IMMEDIATE 1
+(nothing is queued for a monitor that is not there, so a restarted monitor sees
+no stale flood), randomised reconnect interval, every send NOBLOCK. It is an
+XPUB rather than a PUB: a PUB silently discards what it sends before the
+monitor's subscription has arrived (the hello and first steps would vanish),
+while an XPUB *receives* the subscriptions, so the sender knows whether anyone
+listens. Until then — and when the monitor goes away — messages wait up to
+``max_age_s`` and are then dropped and counted. XPUB_NODROP turns a full
+high-water mark into EAGAIN, handled the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+from typing import Any, Callable, Deque
+
+from probe import wire
+from probe._log import warn_once
+
+#: A sender-side periodic job (telemetry), called about once a second.
+Tick = Callable[[], None]
+
+
+class Publisher:
+    """Bounded, never-blocking message queue plus the thread that sends it."""
+
+    def __init__(
+        self,
+        key: wire.RankKey,
+        addr: str,
+        control_addr: str | None = None,
+        queue_size: int = 10_000,
+        max_age_s: float = 2.0,
+    ) -> None:
+        self.key = key
+        self.addr = addr
+        self.control_addr = control_addr
+        self.max_age_s = max_age_s
+        self._queue: Deque[tuple[str, float, dict[str, Any]]] = collections.deque(maxlen=queue_size)
+        self._queue_size = queue_size
+        self._appended = 0  # training thread only
+        self._popped = 0  # sender thread only
+        self._sent = 0  # sender thread only
+        self._send_drops = 0  # sender thread only
+        self._seq = 0
+        self._stop = False
+        self._ticks: list[tuple[float, Tick]] = []
+        self._control_handlers: list[Callable[[str], None]] = []
+        self._thread: threading.Thread | None = None
+        self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
+
+    # --- training thread ------------------------------------------------------------
+
+    def publish(self, kind: str, fields: dict[str, Any]) -> None:
+        """Queue one message. O(1), never blocks, never raises."""
+        self._appended += 1
+        self._queue.append((kind, time.time(), fields))
+
+    @property
+    def drops(self) -> int:
+        """Messages lost so far: pushed out of the full queue or unsendable."""
+        # deque(maxlen) silently discards the oldest entry: whatever was appended
+        # but neither taken by the sender nor still queued was pushed out.
+        queued_drops = max(0, self._appended - self._popped - len(self._queue))
+        return queued_drops + self._send_drops
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def add_tick(self, interval_s: float, fn: Tick) -> None:
+        """Run ``fn`` on the sender thread every ``interval_s`` (errors are swallowed)."""
+        self._ticks.append((interval_s, fn))
+
+    def on_control(self, handler: Callable[[str], None]) -> None:
+        """Call ``handler(command)`` on the sender thread for commands aimed at this rank."""
+        self._control_handlers.append(handler)
+
+    def start(self) -> None:
+        """Start the daemon sender thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="flowtop-probe-sender", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float = 0.5) -> None:
+        """Flush what can be flushed within ``timeout_s``, then stop the thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._queue and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.01)
+        self._stop = True
+        thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
+
+    def abandon(self) -> None:
+        """Forget the thread and sockets without touching them (after fork in a child)."""
+        self._thread = None
+        self._stop = True
+        self._queue.clear()
+
+    # --- sender thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            import zmq
+        except Exception as exc:
+            warn_once("zmq-import", f"pyzmq unavailable ({exc}); probe publishes nothing")
+            return
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.XPUB)
+        ctl = None
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 1000)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.XPUB_NODROP, 1)
+            # libzmq adds no jitter: hundreds of ranks would reconnect in lockstep.
+            sock.setsockopt(zmq.RECONNECT_IVL, random.randint(100, 400))
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            sock.connect(self.addr)
+            if self.control_addr:
+                ctl = ctx.socket(zmq.SUB)
+                ctl.setsockopt(zmq.LINGER, 0)
+                ctl.setsockopt(zmq.MAXMSGSIZE, 4096)
+                ctl.setsockopt(zmq.SUBSCRIBE, b"")
+                ctl.connect(self.control_addr)
+            self._loop(zmq, sock, ctl)
+        except Exception as exc:  # the probe never takes training down
+            warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")
+        finally:
+            sock.close(0)
+            if ctl is not None:
+                ctl.close(0)
+
+    def _loop(self, zmq: Any, sock: Any, ctl: Any) -> None:
+        pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
+        next_tick = [0.0] * len(self._ticks)
+        next_hello = 0.0
+        subscriptions = 0
+        while True:
+            stopping = self._stop
+            subscriptions = self._read_subscriptions(zmq, sock, subscriptions)
+            while True:
+                try:
+                    pending.append(self._queue.popleft())
+                    self._popped += 1
+                except IndexError:
+                    break
+            now = time.time()
+            if self.hello_fields is not None and now >= next_hello:
+                pending.appendleft(("hello", now, self.hello_fields))
+                next_hello = now + 2.0
+            if subscriptions <= 0:
+                # Nobody listens (yet): keep recent messages, drop and count old ones.
+                while pending and now - pending[0][1] > self.max_age_s:
+                    pending.popleft()
+                    self._send_drops += 1
+            while pending and subscriptions > 0:
+                kind, t, fields = pending[0]
+                if kind == "step":
+                    fields = dict(fields, drops=self.drops)
+                frame = wire.encode(kind, self.key, self._seq, t, fields)
+                try:
+                    sock.send(frame, zmq.NOBLOCK)
+                except zmq.Again:
+                    # Not connected yet (IMMEDIATE) or HWM reached: keep for a while.
+                    while pending and now - pending[0][1] > self.max_age_s:
+                        pending.popleft()
+                        self._send_drops += 1
+                    break
+                pending.popleft()
+                self._seq += 1
+                self._sent += 1
+            if stopping:
+                self._send_drops += len(pending)
+                return
+            for i, (interval, fn) in enumerate(self._ticks):
+                if now >= next_tick[i]:
+                    next_tick[i] = now + interval
+                    try:
+                        fn()
+                    except Exception as exc:
+                        warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
+            if ctl is not None:
+                self._poll_control(zmq, ctl)
+            time.sleep(0.02)
+
+    @staticmethod
+    def _read_subscriptions(zmq: Any, sock: Any, count: int) -> int:
+        """Track (un)subscriptions arriving on the XPUB: 1 = subscribe, 0 = unsubscribe."""
+        for _ in range(64):
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":
+                count += 1
+            elif frame[:1] == b"\x00":
+                count = max(0, count - 1)
+        return count
+
+    def _poll_control(self, zmq: Any, ctl: Any) -> None:
+        for _ in range(16):
+            try:
+                frame = ctl.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                cmd, job, rank = wire.decode_control(frame)
+            except wire.WireError:
+                continue
+            if job == self.key.job and (rank is None or rank == self.key.rank):
+                for handler in self._control_handlers:
+                    try:
+                        handler(cmd)
+                    except Exception as exc:
+                        warn_once("control", f"control command {cmd} failed: {exc}")

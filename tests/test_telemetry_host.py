@@ -1,0 +1,100 @@
+"""HostTelemetry (probe/hostinfo.py) on this machine, with real DataLoader worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+from probe.hostinfo import HOST_FIELDS, HostTelemetry
+
+torch = pytest.importorskip("torch")
+
+
+class BurnDataset(torch.utils.data.Dataset):  # type: ignore[misc]
+    """Each item burns CPU in the worker for a while, like a heavy decode/augment step."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        total = 0
+        for k in range(400_000):  # ~30-60 ms of pure-Python work
+            total += k * k
+        return torch.tensor([i, total % 7])
+
+
+def test_sample_fields_on_this_process() -> None:
+    t = HostTelemetry()
+    s = t.sample()
+    assert set(HOST_FIELDS) <= set(s)
+    assert s["reasons"] == {}
+    me = psutil.Process()
+    assert s["threads"] == me.num_threads()
+    assert s["rss_bytes"] > 10 * 2**20  # a Python process with pytest loaded
+    assert s["host_mem_total"] == psutil.virtual_memory().total
+    assert 0 < s["host_mem_used"] <= s["host_mem_total"]
+    # first reading is the average since start, never the fake 0.0 of an unprimed cpu_percent
+    assert s["proc_cpu_pct"] > 0.0
+    assert 0.0 <= s["host_cpu_pct"] <= 100.0
+
+
+def test_cpu_percent_reflects_work_between_samples() -> None:
+    t = HostTelemetry()
+    t.sample()
+    start = time.process_time()
+    total = 0
+    while time.process_time() - start < 0.6:  # burn 0.6 s of CPU in this process
+        total += 1
+    s = t.sample()
+    assert total > 0
+    assert s["proc_cpu_pct"] > 10.0  # the loop kept one core busy for most of the interval
+
+
+def test_readings_closer_than_the_window_repeat_the_last_figure() -> None:
+    t = HostTelemetry()
+    first = t.sample()
+    again = t.sample()  # microseconds later: tick noise would read as hundreds of percent
+    assert again["proc_cpu_pct"] == first["proc_cpu_pct"]
+    assert again["host_cpu_pct"] == first["host_cpu_pct"]
+
+
+def test_dataloader_workers_are_counted_while_iterating() -> None:
+    t = HostTelemetry()
+    before = t.sample()
+    loader = torch.utils.data.DataLoader(BurnDataset(), batch_size=1, num_workers=2)
+    during: list[dict[str, Any]] = []
+    for _ in loader:
+        during.append(t.sample())
+    assert before["workers"] == 0
+    assert all(s["workers"] >= 1 for s in during)
+    assert max(s["workers"] for s in during) == 2
+    # the workers burned CPU: their share shows up in workers_cpu_pct, not in proc_cpu_pct
+    assert max(s["workers_cpu_pct"] for s in during) > 0.0
+    del loader
+    assert t.sample()["workers"] == 0
+
+
+def test_zombie_children_are_not_workers() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # wait until it exits but do not reap it: it stays a zombie child of this process
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+        assert HostTelemetry().sample()["workers"] == 0
+    finally:
+        child.wait()
+
+
+def test_unreadable_process_gives_reasons() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    s = HostTelemetry(pid=gone.pid).sample()
+    for key in HOST_FIELDS:
+        assert s[key] is None
+        assert s["reasons"][key].startswith(f"process {gone.pid} not readable")
