@@ -50,6 +50,8 @@ class FlowtopApp(App[None]):
 
     CSS_PATH = "flowtop.tcss"
     TITLE = "flowtop"
+    # The footer needs the columns on an 80-wide terminal; flowtop has no commands to search.
+    ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),

@@ -95,7 +95,7 @@ def synthetic_rank(
     step_time_s: float,
     *,
     status: str = "live",
-    tensor: float = 0.5,
+    tensor: float = 50.0,
     kernels: object = None,
     kernels_cumulative: object = None,
 ) -> RankSnapshot:
@@ -107,24 +107,26 @@ def synthetic_rank(
     n = 16
     steps = tuple(range(step - n + 1, step + 1))
     wobble = tuple(1.0 + 0.04 * ((i * 7 + rank * 3) % 5 - 2) for i in range(n))
+    # Keys and units as probe/nvml.py and probe/hostinfo.py send them (percent for activity).
     tel = TelemetryView(
         device={
-            "gpu_util": 100,
-            "tensor_active": tensor,
-            "sm_active": 0.84,
-            "dram_active": 0.28,
+            "name": "NVIDIA H200",
+            "gpu_util": 100.0,
+            "mem_used": 101_000_000_000,
+            "mem_total": 143_771_000_000,
             "power_w": 612.0,
             "power_limit_w": 700.0,
-            "sm_clock_mhz": 1980.0,
-            "sm_clock_max_mhz": 1980.0,
+            "sm_clock_mhz": 1980,
+            "sm_clock_max_mhz": 1980,
             "temp_c": 61,
-            "mem_used_bytes": 101_000_000_000,
-            "mem_total_bytes": 143_771_000_000,
-            "throttle_reasons": [],
-            "pcie_rx_bytes_s": None,
+            "throttle": [],
+            "sm_active": 84.0,
+            "tensor_active": tensor,
+            "dram_bw_util": 28.0,
+            "nvlink_tx_bytes_s": None,
         },
-        host={"cpu_pct": 104.0, "rss_bytes": 9_800_000_000, "loadavg_1m": 3.2},
-        reasons={"pcie_rx_bytes_s": "NVML: not supported on this device"},
+        host={"proc_cpu_pct": 104.0, "rss_bytes": 9_800_000_000, "threads": 41, "workers": 4, "host_cpu_pct": 23.5},
+        reasons={"nvlink_tx_bytes_s": "GPM metric not supported on this device"},
         age_s=0.4,
     )
     return RankSnapshot(
@@ -154,7 +156,7 @@ def synthetic_rank(
             step_time_s=tuple(step_time_s * w for w in wobble),
             input_wait_s=tuple(step_time_s * 0.012 for _ in steps),
             mfu=tuple(f.mfu / w for w in wobble),  # type: ignore[operator]
-            tensor_active=tuple(min(1.0, tensor / w) for w in wobble),
+            tensor_active=tuple(min(100.0, tensor / w) for w in wobble),
             power_w=tuple(612.0 * w for w in wobble),
             sm_clock_mhz=tuple(1980.0 - 15 * ((i + rank) % 3) for i in range(n)),
             reached=tuple((s, 1000.0 + s * step_time_s) for s in steps),
@@ -204,10 +206,10 @@ def synthetic_snapshot(
     for i, (t, st) in enumerate(zip(step_times, statuses)):
         kernels = cumulative = None
         if with_kernels:
-            from flowtop.widgets._kernels import synthetic_kernel_stats
+            pass
 
             kernels, cumulative = synthetic_kernel_stats(i, step)
-        ranks.append(synthetic_rank(i, step - i, t, status=st, tensor=0.5 - 0.08 * i, kernels=kernels, kernels_cumulative=cumulative))
+        ranks.append(synthetic_rank(i, step - i, t, status=st, tensor=50.0 - 8.0 * i, kernels=kernels, kernels_cumulative=cumulative))
     rf = [r.flops for r in ranks if r.flops is not None]
     slowest = max(step_times)
     model = sum(f.model_flops_per_step or 0.0 for f in rf)
@@ -230,7 +232,7 @@ def synthetic_snapshot(
     )
     merged = None
     if with_kernels:
-        from flowtop.widgets._kernels import synthetic_job_kernels
+        pass
 
         merged = synthetic_job_kernels(ranks)
     live = [r.step for r in ranks if r.status == "live"] or [r.step for r in ranks]
@@ -256,3 +258,19 @@ def synthetic_stream() -> list[MonitorSnapshot]:
         synthetic_snapshot(121, (0.19, 0.25)),
         synthetic_snapshot(122, (0.19, 0.25), statuses=("live", "stale")),
     ]
+
+
+def synthetic_kernel_stats(rank: int, step: int) -> tuple[object, object]:  # TEMPORARY view-based
+    from flowtop.widgets._kernels import KernelRow, WindowView
+
+    rows = [
+        KernelRow("nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "nvjet_sm90_tst_128x256", "gemm", 48, 2100.0, 43.75, 0.31, 310.0, 2100.0 * 12, 48 * 12, 12),
+        KernelRow("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_x", "sdpa_flash_bprop", "attention", 4, 900.0 + 100 * rank, 225.0, 0.13, 120.0, 900.0 * 12, 48, 12),
+        KernelRow("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "AllReduce_Sum_bf16", "communication", 2, 700.0, 350.0, 0.1, None, 8400.0, 24, 12),
+        KernelRow("at::native::vectorized_elementwise_kernel<4, GeluCUDAKernel>", "vectorized_elementwise", "elementwise", 96, 300.0, 3.1, 0.044, None, 3600.0, 1152, 12),
+    ]
+    return WindowView("cuda", 12, step - 3, 6800.0, tuple(rows), (("gemm", 2100.0), ("attention", 900.0), ("communication", 700.0), ("elementwise", 300.0)), 3300.0, 3500.0, 700.0, 350.0, 200, 150, "(<launch time)", ((120.0, 800.0), (4100.0, 520.0))), None
+
+
+def synthetic_job_kernels(ranks: object) -> object:  # TEMPORARY
+    return None

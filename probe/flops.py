@@ -118,6 +118,13 @@ class _CountingMode(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile compile through us (a non-infra mode makes ``fullgraph=True``
+        compiles — eager flex_attention is one — raise); compiled regions then show us only
+        the ops they dispatch (extern matmuls), not their generated kernels."""
+        return True
+
     def __init__(self, owner: StepFlopCounter) -> None:
         super().__init__()
         self.owner = owner
@@ -258,11 +265,11 @@ class StepFlopCounter:
 
     def start(self) -> None:
         """Open a counting window (no-op once broken)."""
-        if self.broken:
-            return
         try:
-            if self._active:
-                self._close()  # a window nobody stopped: discard it
+            if self._dispatch_mode is not None and not self._close():
+                raise RuntimeError("a previous counting window could not be closed")
+            if self.broken:
+                return
             self._window = _Window()
             self._tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32) or (
                 torch.get_float32_matmul_precision() != "highest")
@@ -293,7 +300,10 @@ class StepFlopCounter:
             return None
         try:
             expired = time.perf_counter() - self._started > self.max_window_s
-            self._close()
+            if not self._close():
+                warn_once("flops.close", "FLOP counter could not leave the dispatch stack (stopped on another "
+                          "thread, or another mode left above it); it stays idle until it can")
+                return None
             if self.broken or expired:
                 return None
             win = self._window
@@ -313,35 +323,39 @@ class StepFlopCounter:
 
     # --- internals ---------------------------------------------------------------------
 
-    def _close(self) -> None:
-        """Pop our modes (only if they are on top of this thread's stacks) and the hook."""
+    def _close(self) -> bool:
+        """End accounting and pop our modes; True once nothing of ours is left installed.
+
+        Modes are popped only from the thread that pushed them and only when they are on
+        top of its stacks; otherwise they stay in passthrough and the root pre-hook (or the
+        next ``start``) retries."""
         self._passthrough = True
         self._active = False
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        if threading.get_ident() != self._thread:
-            raise RuntimeError("FLOP counter stopped on a different thread than it started")
+        mine = self._function_mode is not None or self._dispatch_mode is not None
+        if mine and threading.get_ident() != self._thread:
+            return False
         if self._function_mode is not None:
             if torch.overrides._get_current_function_mode() is not self._function_mode:
-                raise RuntimeError("another torch function mode was left above the FLOP counter")
+                return False
             self._function_mode.__exit__(None, None, None)
             self._function_mode = None
         if self._dispatch_mode is not None:
             if _get_current_dispatch_mode() is not self._dispatch_mode:
-                raise RuntimeError("another dispatch mode was left above the FLOP counter")
+                return False
             self._dispatch_mode.__exit__(None, None, None)
             self._dispatch_mode = None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         self.broken = True
-        self._passthrough = True
         warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
-        if self._active:
-            try:
-                self._close()
-            except Exception:  # noqa: BLE001 - a mode we cannot pop stays in passthrough
-                pass
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001 - a mode we cannot pop stays in passthrough
+            self._passthrough = True
 
     def _safe(self, fn: Any, *args: Any) -> None:
         """Run bookkeeping; a failure disables counting but the op's result is unaffected."""
@@ -354,6 +368,8 @@ class StepFlopCounter:
 
     def _on_root_forward(self, module: Any, args: Any) -> None:
         if self._passthrough:
+            if not self._active and self._dispatch_mode is not None:
+                self._safe(self._close)  # retry a close that could not happen earlier
             return
         if time.perf_counter() - self._started > self.max_window_s:
             self._passthrough = True
@@ -397,7 +413,7 @@ class StepFlopCounter:
     def _add(self, win: _Window, name: str, cost: Any) -> None:
         model, executed = cost.model, cost.executed
         in_engine = torch._C._current_graph_task_id() != -1
-        if cost.kind == ATTENTION and not in_engine:
+        if cost.kind == ATTENTION:
             win.fused_attention_calls += 1
         if cost.kind == MATMUL and win.causal_depth > 0:  # causal math-path attention
             model, executed = model // 2, executed // 2

@@ -117,7 +117,10 @@ class Probe:
                 device = sample
             else:
                 reasons = {"device": "no CUDA device in this rank"}
-            self.publisher.publish("telemetry", {"gpu": device, "proc": host.sample(), "reasons": reasons})
+            proc = host.sample()
+            for name, why in (proc.pop("reasons", None) or {}).items():
+                reasons[f"host.{name}"] = why
+            self.publisher.publish("telemetry", {"gpu": device, "proc": proc, "reasons": reasons})
 
         self.publisher.add_tick(self.cfg.telemetry_interval_s, tick)
 

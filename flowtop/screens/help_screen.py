@@ -48,7 +48,10 @@ def help_text() -> Table:
 class HelpScreen(ModalScreen[None]):
     """Key help over the current screen."""
 
-    BINDINGS = [Binding("escape", "dismiss", "Close")]
+    BINDINGS = [
+        Binding("escape", "dismiss", "Close"),
+        Binding("question_mark", "dismiss", "Close", show=False),
+    ]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):

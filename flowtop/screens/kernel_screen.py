@@ -16,24 +16,26 @@ from flowtop.widgets.kernel_anatomy import KernelAnatomy
 from flowtop.widgets.kernel_table import SORTS, KernelTable
 
 
-def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank: int, sort: str) -> Text:
-    """Whose kernels, on which device, from which window; CPU runs say so."""
+def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank: int) -> Text:
+    """Whose kernels, on which device, from which window; CPU runs say so.
+
+    The sort column is marked in the table header (▼ largest first, ▲ reversed).
+    """
     out = Text(no_wrap=True, overflow="ellipsis")
     if r is None:
         out.append(f"rank {rank} of {job}: not seen in the latest snapshot", style="yellow")
         return out
     cpu = (view.device if view else r.device) == "cpu"
     out.append("CPU operators" if cpu else "GPU kernels", style="bold")
-    out.append(f" · rank {r.rank} · {r.host.split('.')[0]}")
+    out.append(f" · rank {r.rank} {r.host.split('.')[0]}")
     if cpu:
         out.append(" · device cpu (no GPU: host operator times)", style="yellow")
     if view is None:
         out.append(" · no window yet", style="dim")
         return out
     window = f"window {view.window}" if view.window is not None else "window"
-    at = f" at step {fmt_int(view.step)}" if view.step is not None else ""
+    at = f" @ step {fmt_int(view.step)}" if view.step is not None else ""
     out.append(f" · {window}{at} · step {fmt_us(view.step_us)}")
-    out.append(f" · sort {sort}", style="dim")
     return out
 
 
@@ -44,7 +46,7 @@ class KernelScreen(SnapshotScreen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("r", "reverse", "Reverse"),
-        Binding("f", "full_names", "Full names"),
+        Binding("f", "full_names", "Names"),
         Binding("k", "kernels_now", "Capture"),
         *(Binding(str(i + 1), f"sort({i})", f"sort by {label}", show=False) for i, (_, label, _) in enumerate(SORTS)),
     ]
@@ -73,9 +75,7 @@ class KernelScreen(SnapshotScreen):
         self.query_one(KernelTable).show(self.view.rows if self.view else ())
 
     def _title(self) -> None:
-        table = self.query_one(KernelTable)
-        sort = SORTS[table.sort_index][1] + (" ▲" if table.reverse else "")
-        self.query_one("#kernel-title", Static).update(kernel_title(self._rank, self.view, self.job_name, self.rank, sort))
+        self.query_one("#kernel-title", Static).update(kernel_title(self._rank, self.view, self.job_name, self.rank))
 
     def action_sort(self, index: int) -> None:
         """Sort by column ``index`` of :data:`SORTS` (keys 1-6)."""

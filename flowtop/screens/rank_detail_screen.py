@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
 from flowtop.screens._base import SnapshotScreen, find_job, pick_rank
@@ -94,8 +94,13 @@ class RankDetailScreen(SnapshotScreen):
             yield MetricSparkline("SM clock", _mhz, id="spark-clock")
             yield Static(id="throttle")
         with Horizontal(id="detail-panels"):
-            yield FlopsPanel(id="flops")
-            yield TelemetryPanel(id="telemetry")
+            # Scroll boxes take focus, so Tab and the arrows reach long telemetry lists.
+            with VerticalScroll(id="flops-box") as box:
+                box.border_title = "FLOPs"
+                yield FlopsPanel(id="flops")
+            with VerticalScroll(id="telemetry-box") as box:
+                box.border_title = "telemetry"
+                yield TelemetryPanel(id="telemetry")
         yield Footer()
 
     def show(self, snap: MonitorSnapshot | None) -> None:
@@ -104,7 +109,7 @@ class RankDetailScreen(SnapshotScreen):
         h = r.history if r else None
         self.query_one("#spark-step", MetricSparkline).show(h.step_time_s if h else ())
         self.query_one("#spark-mfu", MetricSparkline).show(h.mfu if h else ())
-        self.query_one("#spark-tensor", MetricSparkline).show(h.tensor_active if h else ())
+        self.query_one("#spark-tensor", MetricSparkline).show(tm.series_fraction(tm.TENSOR, h.tensor_active) if h else ())
         self.query_one("#spark-power", MetricSparkline).show(h.power_w if h else ())
         self.query_one("#spark-clock", MetricSparkline).show(h.sm_clock_mhz if h else ())
         self.query_one("#throttle", Static).update(throttle_text(r))

@@ -72,13 +72,13 @@ class JobKernelView:
 
 def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
     """View of a ``KernelWindowStats`` (and the rank's cumulative table)."""
-    if stats is None:
-        return None
+    if stats is None or isinstance(stats, WindowView):
+        return stats
     raise NotImplementedError("waiting for flowtop.kernels.aggregate")
 
 
 def job_view(merged: Any) -> JobKernelView | None:
     """View of a ``JobKernelStats``."""
-    if merged is None:
-        return None
+    if merged is None or isinstance(merged, JobKernelView):
+        return merged
     raise NotImplementedError("waiting for flowtop.kernels.aggregate")

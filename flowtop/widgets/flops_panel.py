@@ -55,8 +55,6 @@ def flops_text(f: FlopsView | None) -> Text:
 class FlopsPanel(Static):
     """FLOP accounting of one rank (``show`` it a :class:`FlopsView`)."""
 
-    BORDER_TITLE = "FLOPs"
-
     def show(self, flops: FlopsView | None) -> None:
         """Render ``flops`` (None: not counted yet)."""
         self.update(flops_text(flops))

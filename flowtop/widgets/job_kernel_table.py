@@ -8,7 +8,7 @@ from textual.widgets import DataTable
 
 from flowtop.widgets._format import fmt_pct, fmt_us, styled
 from flowtop.widgets._kernels import JobKernelRow
-from flowtop.widgets.kernel_table import category_style
+from flowtop.widgets.kernel_table import category_short, category_style
 
 # (key, label, width); 64 + 16 padding = 80 at most, with the scrollbar on top.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -40,7 +40,7 @@ def job_kernel_cells(r: JobKernelRow, mark: bool) -> list[Text]:
     return [
         Text("◆" if mark else " ", style=level if mark else ""),
         Text(r.short, no_wrap=True, overflow="ellipsis", style=level if mark else ""),
-        Text(r.category[:6], style=category_style(r.category)),
+        Text(category_short(r.category), style=category_style(r.category)),
         styled(fmt_us(r.mean_us), "bold"),
         styled(fmt_us(r.min_us), ""),
         styled(fmt_us(r.max_us), ""),

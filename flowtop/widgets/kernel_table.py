@@ -41,10 +41,26 @@ CATEGORY_STYLE: dict[str, str] = {
     "memory": "yellow",
     "optimizer": "blue",
     "elementwise": "white",
-    "norm": "bright_blue",
-    "reduction": "bright_blue",
+    "norm_softmax": "bright_blue",
+    "reduction": "bright_cyan",
     "other": "dim",
 }
+
+
+CATEGORY_ABBREV: dict[str, str] = {
+    "attention": "attn",
+    "communication": "comm",
+    "elementwise": "elem",
+    "optimizer": "optim",
+    "memory": "mem",
+    "reduction": "reduce",
+    "norm_softmax": "norm",
+}
+
+
+def category_short(category: str) -> str:
+    """A category in at most 6 characters (the table column)."""
+    return CATEGORY_ABBREV.get(category.lower(), category)[:6]
 
 
 def category_style(category: str) -> str:
@@ -64,7 +80,7 @@ def kernel_cells(r: KernelRow, full_names: bool) -> list[Text]:
     name = r.name if full_names else r.short
     return [
         Text(name, no_wrap=True, overflow="ellipsis"),
-        Text(r.category[:6], style=category_style(r.category)),
+        Text(category_short(r.category), style=category_style(r.category)),
         styled(f"{r.calls:,}", ""),
         styled(fmt_us(r.total_us), "bold"),
         styled(fmt_us(r.mean_us), ""),

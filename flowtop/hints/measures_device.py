@@ -1,0 +1,157 @@
+"""Measures over device telemetry (clocks, GPU-Util vs MFU, memory) and FLOP accounting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowtop.hints import facts
+from flowtop.hints.base import Measurement, clamp01, finite, latest_ranks, rank_target, safe_div, telemetry_number
+from flowtop.hints.rules import Rule
+from flowtop.snapshot import FlopsView, JobSnapshot, RankSnapshot
+
+_GIB = float(1 << 30)
+
+
+def _live(job: JobSnapshot) -> list[RankSnapshot]:
+    return [r for r in latest_ranks(job) if r.status != "done"]
+
+
+def _reasons(r: RankSnapshot) -> list[str]:
+    """Active clock-event reasons (the probe sends a list of names)."""
+    value = r.telemetry.device.get("throttle") if r.telemetry is not None else None
+    if isinstance(value, str):
+        value = [value]
+    return [str(v) for v in value or () if v]
+
+
+def throttling(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per GPU rank: SM clock as a share of its max clock, and the power/thermal reasons."""
+    out: dict[str, Measurement | None] = {}
+    watched = tuple(rule.params["reasons"])
+    for r in _live(job):
+        clock = telemetry_number(r, "sm_clock_mhz")
+        top = telemetry_number(r, "sm_clock_max_mhz")
+        if clock is None or not top:
+            out[rank_target(r)] = None
+            continue
+        hits = [x for x in _reasons(r) if x in watched]
+        ev = {
+            "clock_pct": 100.0 * clock / top,
+            "sm_clock_mhz": clock,
+            "sm_clock_max_mhz": top,
+            "power_thermal_reasons": len(hits),
+            "reasons": hits,
+            "temp_c": telemetry_number(r, "temp_c"),
+            "power_w": telemetry_number(r, "power_w"),
+            "power_limit_w": telemetry_number(r, "power_limit_w"),
+        }
+        out[rank_target(r)] = Measurement(
+            value=ev["clock_pct"],
+            evidence=ev,
+            impact=clamp01(1.0 - clock / top),
+            step=r.step,
+            text={"reasons": ", ".join(hits) or "no power/thermal reason"},
+        )
+    return out
+
+
+def util_vs_mfu(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per rank: MFU in percent while NVML's GPU-Util reads high."""
+    out: dict[str, Measurement | None] = {}
+    for r in _live(job):
+        util = telemetry_number(r, "gpu_util")  # NVML percent
+        mfu = r.flops.mfu if r.flops is not None else None
+        if util is None or not finite(mfu):
+            out[rank_target(r)] = None
+            continue
+        tensor = telemetry_number(r, "tensor_active")  # GPM, percent of time
+        ev = {
+            "mfu_pct": 100.0 * float(mfu),  # type: ignore[arg-type]
+            "gpu_util_pct": util,
+            "tensor_active_pct": tensor,
+            "sm_active_pct": telemetry_number(r, "sm_active"),
+            "dtype": r.flops.dtype if r.flops is not None else None,
+        }
+        note = f"; tensor cores are active {tensor:.0f} % of the time" if tensor is not None else ""
+        out[rank_target(r)] = Measurement(
+            value=ev["mfu_pct"],
+            evidence=ev,
+            # Share of the step that reaching the threshold MFU would save.
+            impact=clamp01(1.0 - safe_div(ev["mfu_pct"], rule.threshold)),
+            step=r.step,
+            text={"tensor_note": note},
+        )
+    return out
+
+
+def memory_full(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per GPU rank: device memory used ÷ total."""
+    out: dict[str, Measurement | None] = {}
+    for r in _live(job):
+        used = telemetry_number(r, "mem_used")
+        total = telemetry_number(r, "mem_total")
+        if used is None or not total:
+            out[rank_target(r)] = None
+            continue
+        ev = {"mem_used_pct": 100.0 * used / total, "mem_used_gib": used / _GIB, "mem_total_gib": total / _GIB}
+        out[rank_target(r)] = Measurement(value=ev["mem_used_pct"], evidence=ev, impact=0.0, step=r.step)
+    return out
+
+
+def _job_flops(job: JobSnapshot) -> FlopsView | None:
+    """The job's FLOP view, else the first rank's that has one."""
+    if job.flops is not None:
+        return job.flops
+    for r in latest_ranks(job):
+        if r.flops is not None:
+            return r.flops
+    return None
+
+
+def uncounted_ops(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Job: calls of ops the FLOP counter had no formula for (per counted step)."""
+    flops = _job_flops(job)
+    if flops is None:
+        return {"": None}
+    ops = {str(k): int(v) for k, v in dict(flops.uncounted_ops).items() if finite(v) and v > 0}
+    calls = sum(ops.values())
+    top = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    ev: dict[str, Any] = {
+        "uncounted_calls": calls,
+        "uncounted_types_n": len(ops),
+        "uncounted_ops": dict(top[:10]),
+        "uncounted_time_pct": None,
+    }
+    words = tuple(rule.params["attention_words"])
+    severity = None
+    note = ""
+    if any(w in name.lower() for name in ops for w in words):
+        # The one uncounted kind we can map to kernel time: attention ops -> attention kernels.
+        shares = [facts.category_share_of_busy(facts.kernel_facts(r.kernels), "attention") for r in latest_ranks(job)]
+        known = [s for s in shares if s is not None]
+        if known:
+            ev["uncounted_time_pct"] = 100.0 * max(known)
+            note = f"; those attention ops run {ev['uncounted_time_pct']:.0f} % of GPU time"
+            if ev["uncounted_time_pct"] >= float(rule.params["significant_pct"]):
+                severity = "warning"
+    text = {"ops": ", ".join(f"{k} ×{v}" for k, v in top[:3]) + (" …" if len(top) > 3 else ""), "share_note": note}
+    return {"": Measurement(value=float(calls), evidence=ev, impact=0.0, step=job.step, text=text, severity=severity)}
+
+
+def estimate_mismatch(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Job: |counted model FLOPs ÷ transformer estimate − 1| in percent."""
+    flops = _job_flops(job)
+    ratio = flops.estimate_ratio if flops is not None else None
+    if flops is None or ratio is None:
+        return {"": None}
+    ev = {
+        "estimate_gap_pct": 100.0 * abs(ratio - 1.0),
+        "estimate_ratio": ratio,
+        "counted_flops_per_step": flops.model_flops_per_step,
+        "estimated_flops_per_step": flops.estimated_flops_per_step,
+    }
+    text = {
+        "direction_word": "below" if ratio < 1.0 else "above",
+        "estimate_source": flops.estimate_source or "6·N + 12·L·d·T",
+    }
+    return {"": Measurement(value=ev["estimate_gap_pct"], evidence=ev, impact=0.0, step=job.step, text=text)}

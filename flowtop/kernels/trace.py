@@ -1,0 +1,359 @@
+"""The compact kernel-window format, and a loader for torch.profiler Chrome traces.
+
+A *window* is one profiled training step.  On the wire (message kind ``kernels``) it is::
+
+    names:       list[str]      string table; every name below is an index into it
+    events:      list[list]     [name, kind, ts_us, dur_us, stream, op, flops]
+    step_dur_us: float          wall time of the profiled step
+    device:      "cuda" | "cpu"
+
+``kind``: 0 kernel, 1 memcpy, 2 memset, 3 cpu_op (host operator), 4 runtime (``cudaLaunchKernel``,
+``cuLaunchKernelEx``, ``cudaMemsetAsync``, ``cudaDeviceSynchronize`` ...).  ``ts_us`` is relative
+to the window start, ``stream`` is the CUDA stream (−1 on the host).  ``flops`` is a float, −1 when
+unknown.  The meaning of ``op`` depends on the kind:
+
+* device events (0, 1, 2): the name index of the host operator that launched it, −1 if none.  Of
+  the operators enclosing the launch, the *innermost one with a FLOP formula* is chosen
+  (:mod:`flowtop.kernels.opflops`): a cuDNN attention kernel is linked by the profiler to
+  ``aten::_cudnn_attention_forward``, which has no formula, so it is attributed to its parent
+  ``aten::_scaled_dot_product_cudnn_attention``; a GEMM under ``aten::linear → aten::matmul →
+  aten::mm`` goes to ``aten::mm`` (the innermost, exact shapes).  When no enclosing operator has
+  a formula, the launching (innermost) operator is kept.  The operator call's FLOPs are split
+  over its kernels of the operator's own category (GEMM kernels of ``aten::mm``: not a bias copy
+  it also launched) in proportion to their durations; its other kernels get −1.
+* cpu_op (3): −1; ``flops`` is the call's FLOPs when it counts (see opflops), else −1.  Only the
+  operators needed are sent: top-level operators (per thread) and operators named by a device
+  event's ``op``.
+* runtime (4): the *event index* of the device event this call launched (same CUPTI
+  correlation), −1 for calls that launched nothing.  Kind 4 is optional.
+
+On a CPU-only window there is no device queue: the operators are the work.  Each operator call
+then yields one kind-0 event on stream −1 whose duration is its *exclusive* (self) time, so the
+table adds up without double counting (``aten::linear`` does not also count its ``aten::addmm``);
+kind 3 holds the top-level operators only, whose union is the busy time.
+
+The probe produces windows with :class:`probe.kernels.KernelWindowSampler`; both producers follow
+the rules above, and a test runs the same profiled step through both.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowtop.kernels.classify import classify
+from flowtop.kernels.opflops import COMPOSITE_OPS, FORMULA_OPS, op_flops
+
+KERNEL, MEMCPY, MEMSET, CPU_OP, RUNTIME = 0, 1, 2, 3, 4
+DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
+_DEVICE_CATS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
+_RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+
+
+class TraceError(ValueError):
+    """A trace file or wire window that cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """One event of a window (see the module docstring for ``op``)."""
+
+    name: int
+    kind: int
+    ts_us: float
+    dur_us: float
+    stream: int
+    op: int
+    flops: float
+
+
+@dataclass(frozen=True)
+class KernelWindow:
+    """One profiled step in the compact format."""
+
+    names: tuple[str, ...]
+    events: tuple[KernelEvent, ...]
+    step_dur_us: float
+    device: str
+    step: int | None = None
+    window: int | None = None
+    cost_s: float | None = None
+
+
+def window_to_wire(w: KernelWindow) -> dict[str, Any]:
+    """The wire fields of a window (plain lists, msgpack-ready)."""
+    out: dict[str, Any] = {
+        "names": list(w.names),
+        "events": [[e.name, e.kind, e.ts_us, e.dur_us, e.stream, e.op, e.flops] for e in w.events],
+        "step_dur_us": w.step_dur_us,
+        "device": w.device,
+    }
+    for key in ("step", "window", "cost_s"):
+        if getattr(w, key) is not None:
+            out[key] = getattr(w, key)
+    return out
+
+
+def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
+    """A window from wire fields; raises :class:`TraceError` when an index points nowhere."""
+    try:
+        names = tuple(str(n) for n in fields["names"])
+        events = tuple(
+            KernelEvent(int(n), int(k), float(t), float(d), int(s), int(o), float(f))
+            for n, k, t, d, s, o, f in fields["events"]
+        )
+        step_dur = float(fields["step_dur_us"])
+        device = str(fields["device"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"malformed kernel window: {exc}") from None
+    for i, e in enumerate(events):
+        bad = not 0 <= e.name < len(names) or not 0 <= e.kind <= RUNTIME
+        if e.kind == RUNTIME:
+            bad = bad or not -1 <= e.op < len(events)
+        else:
+            bad = bad or not -1 <= e.op < len(names)
+        if bad:
+            raise TraceError(f"kernel window event {i} has an index out of range")
+    step = fields.get("step")
+    window = fields.get("window")
+    cost = fields.get("cost_s")
+    return KernelWindow(
+        names, events, step_dur, device,
+        step=int(step) if step is not None else None,
+        window=int(window) if window is not None else None,
+        cost_s=float(cost) if cost is not None else None,
+    )
+
+
+# --- building a window from profiler records ---------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """A host operator call: ``ext`` is its External id, ``thread`` its thread key."""
+
+    name: str
+    thread: Any
+    start: float
+    end: float
+    ext: int
+    dims: Any = None
+    concrete: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityRecord:
+    """A device event (kind 0–2) or runtime call (kind 4); ``ext`` links it to an operator."""
+
+    name: str
+    kind: int
+    start: float
+    end: float
+    stream: int
+    ext: int
+    corr: int
+
+
+def build_window(
+    ops: list[OpRecord],
+    activities: list[ActivityRecord],
+    *,
+    origin: float,
+    step_dur_us: float,
+    device: str,
+) -> KernelWindow:
+    """The compact window of one step (times in µs on any common clock, ``origin`` = step start)."""
+    ops = sorted(ops, key=lambda o: (str(o.thread), o.start, -o.end))
+    n = len(ops)
+    parent = [-1] * n
+    stacks: dict[Any, list[int]] = defaultdict(list)
+    for i, o in enumerate(ops):
+        stack = stacks[o.thread]
+        while stack and ops[stack[-1]].end <= o.start:
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    below_formula = [False] * n  # some descendant has a formula: a composite above it must not count
+    for i, o in enumerate(ops):
+        if o.name in FORMULA_OPS:
+            p = parent[i]
+            while p != -1 and not below_formula[p]:
+                below_formula[p] = True
+                p = parent[p]
+
+    def counts(i: int) -> bool:
+        name = ops[i].name
+        return name in FORMULA_OPS or (name in COMPOSITE_OPS and not below_formula[i])
+
+    flops_of: dict[int, float | None] = {}
+
+    def op_flops_of(i: int) -> float | None:
+        if i not in flops_of:
+            flops_of[i] = op_flops(ops[i].name, ops[i].dims or [], ops[i].concrete) if counts(i) else None
+        return flops_of[i]
+
+    attributed: dict[int, int] = {}
+
+    def attribute(i: int) -> int:
+        if i not in attributed:
+            j = i
+            while j != -1 and not counts(j):
+                j = parent[j]
+            attributed[i] = j if j != -1 else i
+        return attributed[i]
+
+    # (name, kind, start, dur, stream, op index or -1, corr)
+    work: list[tuple[str, int, float, float, int, int, int]] = []
+    if device == "cpu":
+        child_time = [0.0] * n
+        for i, o in enumerate(ops):
+            if parent[i] != -1:
+                child_time[parent[i]] += o.end - o.start
+        for i, o in enumerate(ops):
+            work.append((o.name, KERNEL, o.start, max(0.0, o.end - o.start - child_time[i]), -1, attribute(i), -1))
+    else:
+        by_ext = {o.ext: i for i, o in enumerate(ops) if o.ext}
+        runtime_ext = {a.corr: a.ext for a in activities if a.kind == RUNTIME and a.corr and a.ext}
+        for a in activities:
+            if a.kind in DEVICE_KINDS:
+                launcher = by_ext.get(a.ext or runtime_ext.get(a.corr, 0), -1)
+                op = attribute(launcher) if launcher != -1 else -1
+                work.append((a.name, a.kind, a.start, max(0.0, a.end - a.start), a.stream, op, a.corr))
+
+    work_flops = split_flops([(w[0], w[3], w[5]) for w in work], lambda i: ops[i].name, op_flops_of)
+
+    rows: list[tuple[float, int, str, float, int, int, float, int]] = []  # ts, kind, name, dur, stream, op, flops, corr
+    for w, f in zip(work, work_flops):
+        rows.append((w[2] - origin, w[1], w[0], w[3], w[4], w[5], f, w[6]))
+    emitted = {i for i, o in enumerate(ops) if parent[i] == -1}
+    if device != "cpu":
+        emitted.update(w[5] for w in work if w[5] != -1)
+    for i in emitted:
+        o = ops[i]
+        f = op_flops_of(i)
+        rows.append((o.start - origin, CPU_OP, o.name, max(0.0, o.end - o.start), -1, -1, -1.0 if f is None else f, -1))
+    if device != "cpu":
+        for a in activities:
+            if a.kind == RUNTIME:
+                rows.append((a.start - origin, RUNTIME, a.name, max(0.0, a.end - a.start), -1, -1, -1.0, a.corr))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+
+    names: dict[str, int] = {}
+
+    def intern(s: str) -> int:
+        return names.setdefault(s, len(names))
+
+    device_at = {r[7]: i for i, r in enumerate(rows) if r[1] in DEVICE_KINDS and r[7] > 0}
+    events = []
+    for ts, kind, name, dur, stream, op, f, corr in rows:
+        if kind == RUNTIME:
+            link = device_at.get(corr, -1) if corr > 0 else -1
+        else:
+            link = intern(ops[op].name) if op != -1 else -1
+        events.append(KernelEvent(intern(name), kind, ts, dur, stream, link, f))
+    return KernelWindow(tuple(names), tuple(events), step_dur_us, device)
+
+
+def split_flops(
+    work: list[tuple[str, float, int]],
+    op_name: Any,
+    op_flops_of: Any,
+) -> list[float]:
+    """FLOPs per unit of work ``(name, dur, op index)``: each operator call's FLOPs go to its units
+    of the operator's own category, by duration share (equal shares when all durations are 0)."""
+    out = [-1.0] * len(work)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for k, (_, _, op) in enumerate(work):
+        if op != -1:
+            groups[op].append(k)
+    for op, members in groups.items():
+        total = op_flops_of(op)
+        if total is None:
+            continue
+        category = classify(op_name(op))
+        main = [k for k in members if classify(work[k][0]) == category] or members
+        dur = sum(work[k][1] for k in main)
+        for k in main:
+            out[k] = total * (work[k][1] / dur if dur > 0 else 1.0 / len(main))
+    return out
+
+
+# --- Chrome trace ------------------------------------------------------------------------------
+
+def window_from_chrome(trace: Mapping[str, Any]) -> KernelWindow:
+    """A window from a parsed torch.profiler Chrome trace.
+
+    Kept: ``cpu_op``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, ``cuda_runtime``/``cuda_driver``.
+    Dropped: ``gpu_user_annotation`` (ranges such as ``Optimizer.step#AdamW.step`` on the GPU
+    timeline — counting them would double the time of the kernels they enclose),
+    ``user_annotation``, python functions and profiler overhead.  The step is the span of the
+    ``ProfilerStep#N`` annotations when present (all of them: a multi-step trace is one window),
+    else the extent of the kept events.
+    """
+    raw = trace.get("traceEvents")
+    if not isinstance(raw, list):
+        raise TraceError("not a Chrome trace: no traceEvents list")
+    steps = [e for e in raw if isinstance(e, dict) and e.get("ph") == "X"
+             and str(e.get("name", "")).startswith("ProfilerStep#")]
+    ops: list[OpRecord] = []
+    acts: list[ActivityRecord] = []
+    for e in _complete_events(raw):
+        cat, args = e["cat"], e.get("args") or {}
+        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        ext = _int(args.get("External id"))
+        if cat == "cpu_op" and not e["name"].startswith("ProfilerStep#"):
+            ops.append(OpRecord(e["name"], (e.get("pid"), e.get("tid")), start, end, ext,
+                                args.get("Input Dims"), args.get("Concrete Inputs")))
+        elif cat in _DEVICE_CATS:
+            stream = _int(args.get("stream", e.get("tid")), -1)
+            acts.append(ActivityRecord(e["name"], _DEVICE_CATS[cat], start, end, stream, ext, _int(args.get("correlation"))))
+        elif cat in _RUNTIME_CATS:
+            acts.append(ActivityRecord(e["name"], RUNTIME, start, end, -1, ext, _int(args.get("correlation"))))
+    if steps:
+        lo = min(float(s["ts"]) for s in steps)
+        hi = max(float(s["ts"]) + float(s.get("dur", 0)) for s in steps)
+        ops = [o for o in ops if o.end > lo and o.start < hi]
+        acts = [a for a in acts if a.end > lo and a.start < hi or a.kind in DEVICE_KINDS and a.start >= lo]
+    else:
+        spans = [(o.start, o.end) for o in ops] + [(a.start, a.end) for a in acts]
+        if not spans:
+            raise TraceError("the trace holds no operator or kernel events")
+        lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    has_device = any(a.kind in DEVICE_KINDS for a in acts) or bool(trace.get("deviceProperties"))
+    return build_window(ops, acts, origin=lo, step_dur_us=hi - lo, device="cuda" if has_device else "cpu")
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _complete_events(raw: Iterable[Any]) -> Iterable[dict[str, Any]]:
+    keep = {"cpu_op", *_DEVICE_CATS, *_RUNTIME_CATS}
+    for e in raw:
+        if (isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in keep
+                and isinstance(e.get("name"), str) and isinstance(e.get("ts"), (int, float))
+                and isinstance(e.get("dur"), (int, float))):
+            yield e
+
+
+def load_trace(path: str | Path) -> KernelWindow:
+    """Read a Chrome trace (``.json`` or ``.json.gz``); raises :class:`TraceError` when unreadable."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = fh.read()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        trace = json.loads(data)
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceError(f"cannot read {p}: {exc}") from None
+    if not isinstance(trace, dict):
+        raise TraceError(f"{p} is not a Chrome trace (top level is not an object)")
+    return window_from_chrome(trace)

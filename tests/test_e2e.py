@@ -1,0 +1,56 @@
+"""End to end: real 2-rank gloo training under `flowtop run`, real collector."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from flowtop.demo.launch import training_command
+from flowtop.snapshot import to_json
+
+
+def test_two_rank_ddp_under_flowtop_run(monitor) -> None:
+    cmd = [sys.executable, "-m", "flowtop.cli", "run", "--connect", monitor.listen, "--",
+           *training_command(2, 25, ["--batch=4", "--seq=64"])]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snap = monitor.wait_for(
+        lambda s: bool(s.jobs) and len(s.jobs[0].ranks) == 2 and all(r.status == "done" for r in s.jobs[0].ranks),
+        timeout=10,
+    )
+    assert len(snap.jobs) == 1
+    job = snap.jobs[0]
+    assert job.world_size == 2 and job.ranks_seen == 2
+    assert sorted(r.rank for r in job.ranks) == [0, 1]
+    for r in job.ranks:
+        assert r.step == 25
+        steps = list(r.history.steps)
+        assert steps == sorted(steps) and len(set(steps)) == len(steps)
+        assert steps[-1] == 25 and len(steps) >= 20  # few or no messages lost
+        assert all(t > 0 for t in r.history.step_time_s)
+        assert r.tokens_per_step == 4 * 64  # batch x seq entering the first embedding
+        # tokens/s must agree with tokens per step over the median step time.
+        assert r.tokens_per_s is not None and r.step_time_s is not None
+        assert abs(r.tokens_per_s - 256 / r.step_time_s) / r.tokens_per_s < 0.25
+        assert r.device.startswith("cpu")
+        assert r.bye_reason == "exit"
+    data = to_json(snap)
+    assert data["schema"].startswith("flowtop.snapshot/1")
+    assert {r["rank"] for r in data["jobs"][0]["ranks"]} == {0, 1}
+
+
+def test_demo_headless_prints_both_ranks() -> None:
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flowtop.cli", "demo", "--headless", "--steps", "20"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    data = json.loads(proc.stdout)
+    ranks = data["jobs"][0]["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert all(r["step"] >= 20 for r in ranks)
+    assert all(r["step_time_s"] > 0 for r in ranks)
