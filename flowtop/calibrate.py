@@ -4,9 +4,11 @@ Checks the probe's FLOP count against the hardware: runs the training command un
 which counts the tensor-core and FP instructions of every kernel inside the NVTX ranges the probe
 puts around a few chosen steps, and compares them with what the probe counted for those steps.
 
+The command runs with the probe injected as under ``flowtop run`` (an unmodified script works).
 Contract with the probe (set in the command's environment):
 - ``FLOWTOP_NVTX=1``: wrap each training step ``k`` in an NVTX range named
-  ``f"{NVTX_STEP_PREFIX}{k}"`` (k = the probe's step index, first step 0).
+  ``f"{NVTX_STEP_PREFIX}{k}"`` (k = the probe's step number; the first step is 1 and has no
+  range, as it starts before the probe has seen a step boundary).
 - ``FLOWTOP_CALIBRATE_STEPS="5,6,7"``: the steps being calibrated (informational: a probe may
   count FLOPs on exactly these; lines for other steps are ignored).
 - ``FLOWTOP_CALIBRATE_OUT=<path>``: append one JSON line per counted step,
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from flowtop.format import si
 from flowtop.ncu import FP_METRICS, TENSOR_METRICS, NcuKernel, NcuParseError, parse_raw_csv
 
 NVTX_STEP_PREFIX = "flowtop_step_"
@@ -105,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Compare the probe's FLOP count with Nsight Compute's hardware counters.")
     p.add_argument("--steps", type=int, default=3, help="steps to profile (default 3)")
     p.add_argument("--skip", type=int, default=5,
-                   help="first profiled step index; earlier steps warm up (default 5)")
+                   help="first profiled step number (the first step is 1); earlier steps warm up "
+                        "(default 5)")
     p.add_argument("--ncu", default=None, help="path of the ncu executable (default: PATH)")
     p.add_argument("--export", default=None,
                    help="keep the Nsight Compute report at this path (.ncu-rep is appended)")
@@ -126,14 +130,14 @@ def parse_args(argv: Sequence[str]) -> CalibrateOptions:
         command = list(ns.command)
     if not command:
         parser.error("no command given: flowtop calibrate [options] -- CMD ARGS...")
-    if ns.steps < 1 or ns.skip < 0:
-        parser.error("--steps must be >= 1 and --skip >= 0")
+    if ns.steps < 1 or ns.skip < 2:
+        parser.error("--steps must be >= 1 and --skip >= 2 (step 1 has no NVTX range)")
     return CalibrateOptions(steps=ns.steps, skip=ns.skip, ncu=ns.ncu, export=ns.export,
                             command=tuple(command))
 
 
 def step_indices(skip: int, steps: int) -> list[int]:
-    """The probe step indices to profile."""
+    """The probe step numbers to profile."""
     return list(range(skip, skip + steps))
 
 
@@ -154,8 +158,11 @@ def build_import_command(ncu: str, report_file: str) -> list[str]:
 
 
 def build_env(base: Mapping[str, str], out_path: str, steps: Iterable[int]) -> dict[str, str]:
-    """The command's environment: the probe's calibration switches on top of ``base``."""
-    env = dict(base)
+    """The command's environment: ``flowtop run``'s probe injection (so an unmodified training
+    script gets the probe) plus the probe's calibration switches, on top of ``base``."""
+    from flowtop.runner import probe_env
+
+    env = probe_env(base)
     env[ENV_NVTX] = "1"
     env[ENV_OUT] = out_path
     env[ENV_STEPS] = ",".join(str(k) for k in steps)
@@ -273,17 +280,12 @@ def compare_steps(kernels: Sequence[NcuKernel], records: Sequence[ProbeRecord],
 
 
 def format_flops(value: float | None) -> str:
-    """``137.44 G`` style, or ``n/a``."""
-    if value is None:
-        return "n/a"
-    for scale, unit in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f}"
+    """``137.44G`` style (five significant digits), or ``-``."""
+    return si(value, digits=5)
 
 
 def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+    return "-" if value is None else f"{value:.3f}"
 
 
 EXPLANATION = """\
@@ -299,37 +301,31 @@ ratio/tensor near 1 means the matmul accounting is right and the gap is non-tens
 Model FLOPs (for MFU) exclude recomputation, so they may sit below executed FLOPs."""
 
 
+def _cells(r: StepComparison, label: str) -> tuple[str, ...]:
+    return (label, str(r.kernels), format_flops(r.tensor_flops), format_flops(r.fp_flops),
+            format_flops(r.hw_flops), format_flops(r.probe_executed), _ratio(r.ratio),
+            _ratio(r.tensor_ratio), format_flops(r.probe_model))
+
+
 def render_report(rows: Sequence[StepComparison], unassigned: int = 0,
                   notes: Sequence[str] = ()) -> str:
     """The table and its explanation."""
     head = ("step", "kernels", "tensor", "non-tensor FP", "hardware", "probe executed",
             "ratio", "ratio/tensor", "probe model")
-    body = [(str(r.step), str(r.kernels), format_flops(r.tensor_flops), format_flops(r.fp_flops),
-             format_flops(r.hw_flops), format_flops(r.probe_executed), _ratio(r.ratio),
-             _ratio(r.tensor_ratio), format_flops(r.probe_model)) for r in rows]
+    body = [_cells(r, str(r.step)) for r in rows]
     matched = [r for r in rows if r.hw_flops is not None and r.probe_executed is not None]
     if len(matched) > 1:  # totals only over steps both sides counted, so the ratio is fair
-        total = StepComparison(
-            step=-1, kernels=sum(r.kernels for r in matched),
-            tensor_flops=_sum_opt(r.tensor_flops for r in matched),
-            fp_flops=_sum_opt(r.fp_flops for r in matched),
-            hw_flops=_sum_opt(r.hw_flops for r in matched),
-            probe_executed=_sum_opt(r.probe_executed for r in matched),
-            probe_model=_sum_opt(r.probe_model for r in matched))
-        body.append(("all", str(total.kernels), format_flops(total.tensor_flops),
-                     format_flops(total.fp_flops), format_flops(total.hw_flops),
-                     format_flops(total.probe_executed), _ratio(total.ratio),
-                     _ratio(total.tensor_ratio), format_flops(total.probe_model)))
+        total = StepComparison(-1, sum(r.kernels for r in matched), *(
+            _sum_opt(getattr(r, f) for r in matched) for f in (
+                "tensor_flops", "fp_flops", "hw_flops", "probe_executed", "probe_model")))
+        body.append(_cells(total, "all"))
     widths = [max(len(c[i]) for c in [head, *body]) for i in range(len(head))]
-    lines = ["FLOP calibration (FLOPs per step, all ranks summed)",
-             "  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in body]
+    lines = ["FLOP calibration (FLOPs per step, all ranks summed)"]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in [head, *body]]
     if unassigned:
         lines.append(f"({unassigned} profiled kernels were outside any {NVTX_STEP_PREFIX}<k> range "
                      "and are not counted)")
-    lines += list(notes)
-    lines += ["", EXPLANATION]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *notes, "", EXPLANATION]) + "\n"
 
 
 def _notes(kernels: Sequence[NcuKernel], rows: Sequence[StepComparison]) -> list[str]:

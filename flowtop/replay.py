@@ -7,9 +7,12 @@ last one, so a test controls exactly what the UI sees.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from flowtop.snapshot import FlopsView, Hint, History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
+
+if TYPE_CHECKING:
+    from flowtop.kernels.trace import KernelWindow
 
 
 class ReplaySource:
@@ -101,8 +104,8 @@ def synthetic_rank(
 ) -> RankSnapshot:
     """One made-up rank of the synthetic job (values depend only on the arguments)."""
 
-    tokens = 16384
-    model = 1.0e14  # FLOPs per step
+    tokens = 4096
+    model = 2.0e12  # FLOPs per step
     f = _flops(step_time_s, model, model * 1.12, H200_PEAK_BF16, tokens)
     n = 16
     steps = tuple(range(step - n + 1, step + 1))
@@ -170,31 +173,31 @@ def synthetic_hints() -> tuple[Hint, ...]:
     return (
         Hint(
             id="straggler", severity="warning", scope="rank", target="rank 1",
-            summary="rank 1 is 18 % slower than the median rank",
-            evidence={"step_time_s": 0.236, "median_s": 0.2, "ranks": 2},
+            summary="rank 1 is 15 % slower than the fastest rank",
+            evidence={"step_time_s": 0.0046, "fastest_s": 0.004, "ranks": 2},
             action="check rank 1's input pipeline, clocks and neighbours",
             impact=0.15,
         ),
         Hint(
             id="info-attn", severity="info", scope="kernel", target="flash_bwd",
-            summary="attention backward is 31 % of kernel time",
-            evidence={"share": 0.31},
+            summary="attention backward is 22 % of kernel time",
+            evidence={"share": 0.22},
             action="expected for long sequences; consider FlashAttention-3 on Hopper",
             impact=0.05,
         ),
         Hint(
             id="gpu-idle", severity="critical", scope="job", target="",
-            summary="GPU idle 42 % of the step",
-            evidence={"busy_frac": 0.58, "launches": 1840, "short_kernels": 910},
+            summary="GPU idle 45 % of the step",
+            evidence={"busy_frac": 0.55, "launches": 44, "idle_gap_us": 954.0},
             action="larger batch, CUDA graphs or torch.compile to cut launches",
-            impact=0.42,
+            impact=0.45,
         ),
     )
 
 
 def synthetic_snapshot(
     step: int = 120,
-    step_times: tuple[float, ...] = (0.2, 0.236),
+    step_times: tuple[float, ...] = (0.0040, 0.0046),
     *,
     statuses: tuple[str, ...] = ("live", "live"),
     with_kernels: bool = True,
@@ -206,9 +209,7 @@ def synthetic_snapshot(
     for i, (t, st) in enumerate(zip(step_times, statuses)):
         kernels = cumulative = None
         if with_kernels:
-            pass
-
-            kernels, cumulative = synthetic_kernel_stats(i, step)
+            kernels, cumulative = synthetic_kernel_stats(i, step, t * 1e6)
         ranks.append(synthetic_rank(i, step - i, t, status=st, tensor=50.0 - 8.0 * i, kernels=kernels, kernels_cumulative=cumulative))
     rf = [r.flops for r in ranks if r.flops is not None]
     slowest = max(step_times)
@@ -232,9 +233,9 @@ def synthetic_snapshot(
     )
     merged = None
     if with_kernels:
-        pass
+        from flowtop.kernels.aggregate import merge_ranks
 
-        merged = synthetic_job_kernels(ranks)
+        merged = merge_ranks({r.rank: r.kernels for r in ranks})
     live = [r.step for r in ranks if r.status == "live"] or [r.step for r in ranks]
     j = JobSnapshot(
         job=job,
@@ -254,23 +255,80 @@ def synthetic_snapshot(
 def synthetic_stream() -> list[MonitorSnapshot]:
     """Three snapshots of the synthetic job: steps advance, rank 1 then goes stale."""
     return [
-        synthetic_snapshot(120, (0.2, 0.236)),
-        synthetic_snapshot(121, (0.19, 0.25)),
-        synthetic_snapshot(122, (0.19, 0.25), statuses=("live", "stale")),
+        synthetic_snapshot(120, (0.0040, 0.0046)),
+        synthetic_snapshot(121, (0.0039, 0.0048)),
+        synthetic_snapshot(122, (0.0039, 0.0048), statuses=("live", "stale")),
     ]
 
 
-def synthetic_kernel_stats(rank: int, step: int) -> tuple[object, object]:  # TEMPORARY view-based
-    from flowtop.widgets._kernels import KernelRow, WindowView
 
-    rows = [
-        KernelRow("nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "nvjet_sm90_tst_128x256", "gemm", 48, 2100.0, 43.75, 0.31, 310.0, 2100.0 * 12, 48 * 12, 12),
-        KernelRow("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_x", "sdpa_flash_bprop", "attention", 4, 900.0 + 100 * rank, 225.0, 0.13, 120.0, 900.0 * 12, 48, 12),
-        KernelRow("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "AllReduce_Sum_bf16", "communication", 2, 700.0, 350.0, 0.1, None, 8400.0, 24, 12),
-        KernelRow("at::native::vectorized_elementwise_kernel<4, GeluCUDAKernel>", "vectorized_elementwise", "elementwise", 96, 300.0, 3.1, 0.044, None, 3600.0, 1152, 12),
-    ]
-    return WindowView("cuda", 12, step - 3, 6800.0, tuple(rows), (("gemm", 2100.0), ("attention", 900.0), ("communication", 700.0), ("elementwise", 300.0)), 3300.0, 3500.0, 700.0, 350.0, 200, 150, "(<launch time)", ((120.0, 800.0), (4100.0, 520.0))), None
+# Kernel names as torch 2.11 / cuDNN / NCCL print them on an H200 (design.md §5).
+_NAMES: tuple[str, ...] = (
+    "nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+    "nvjet_sm90_tst_64x48_64x15_2x4_h_bz_TNT",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)"
+    "::{lambda()#1}, at::detail::Array<char*, 2> >(int, at::detail::Array<char*, 2>)",
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
+    "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)",
+    "void at::native::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+    "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4> >()",
+    "Memcpy HtoD (Pageable -> Device)",
+    "aten::mm",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "cudaLaunchKernel",
+    "aten::embedding",
+)
+_GEMM, _GEMM_S, _ATT_F, _ATT_B, _NCCL, _GELU, _NORM, _ADAM, _H2D, _MM, _SDPA, _LAUNCH, _EMB = range(13)
 
 
-def synthetic_job_kernels(ranks: object) -> object:  # TEMPORARY
-    return None
+def synthetic_window(rank: int, step: int, step_us: float) -> "KernelWindow":
+    """A made-up 4-layer transformer step: compute on stream 7, all-reduce on stream 20.
+
+    Rank 1's attention backward runs 1.5x longer and its input gap is wider, so the
+    job view has a kernel to flag. Every kernel has a 6 µs launch call (kind 4).
+    """
+    from flowtop.kernels.trace import KernelEvent, KernelWindow
+
+    events: list[KernelEvent] = []
+    t = 20.0
+
+    def run(name: int, dur: float, *, flops: float = -1.0, op: int = -1, kind: int = 0, gap: float = 4.0) -> None:
+        nonlocal t
+        events.append(KernelEvent(_LAUNCH, 4, t - 8.0, 6.0, -1, len(events) + 1, -1.0))
+        events.append(KernelEvent(name, kind, t, dur, 7, op, flops))
+        t += dur + gap
+
+    run(_H2D, 18.0, kind=1, op=_EMB)
+    t += 700.0 + 250.0 * rank  # input wait: the host is still embedding/loading
+    slow = 1.5 if rank == 1 else 1.0
+    for _ in range(4):  # forward
+        run(_NORM, 11.0)
+        run(_GEMM, 62.0, flops=2 * 4096 * 1024 * 3072, op=_MM)
+        run(_ATT_F, 41.0, flops=4 * 4 * 16 * 1024 * 1024 * 64, op=_SDPA)
+        run(_GEMM_S, 24.0, flops=2 * 4096 * 1024 * 1024, op=_MM)
+        run(_GELU, 3.0)
+    for layer in range(4):  # backward: twice the GEMM work, flash backward
+        run(_GELU, 3.0)
+        run(_GEMM, 118.0, flops=4 * 4096 * 1024 * 3072, op=_MM)
+        run(_ATT_B, 96.0 * slow, flops=2.5 * 4 * 4 * 16 * 1024 * 1024 * 64, op=_SDPA)
+        run(_GEMM_S, 47.0, flops=4 * 4096 * 1024 * 1024, op=_MM)
+        run(_NORM, 19.0)
+        if layer in (1, 3):  # bucketed all-reduce, half hidden behind the next layer
+            events.append(KernelEvent(_NCCL, 0, t - 150.0, 340.0, 20, -1, -1.0))
+    t += 190.0
+    run(_ADAM, 84.0)
+    return KernelWindow(_NAMES, tuple(events), max(step_us, t + 100.0), "cuda", step=step - 3, window=12)
+
+
+def synthetic_kernel_stats(rank: int, step: int, step_us: float) -> tuple[object, object]:
+    """(KernelWindowStats, cumulative table of 12 such windows) for one synthetic rank."""
+    from flowtop.kernels.aggregate import CumulativeKernels, aggregate
+
+    stats = aggregate(synthetic_window(rank, step, step_us))
+    cumulative = CumulativeKernels()
+    for _ in range(12):
+        cumulative.add(stats)
+    return stats, cumulative.rows()

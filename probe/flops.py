@@ -25,9 +25,16 @@ recompute: a known limitation.
 Nothing is derived by formula from the forward ("3 × forward"): frozen parameters and inputs
 that need no gradient simply do not dispatch the corresponding backward matmuls.
 
-Not covered: kernels that bypass the dispatcher (torch.compile/Inductor triton kernels,
-custom CUDA extensions) — use a meta replay for compiled models; ops under
-``torch.compile`` run eagerly while the mode is active.
+Tensor subclasses (DTensor tensor parallelism) are costed at the subclass level, i.e. with
+global shapes: divide by the tensor-parallel degree.  FSDP computes on gathered plain tensors
+and is counted per rank as it should be.
+
+Not covered: kernels that bypass the dispatcher — torch.compile/Inductor generated kernels
+(we see only the extern matmuls a compiled region dispatches; its fused attention or
+triton matmuls are invisible) and custom CUDA extensions.  Use a meta replay of the eager
+module for compiled models.  The mode declares ``ignore_compile_internals`` so that
+``torch.compile(fullgraph=True)`` (used internally by eager flex_attention) keeps working
+while it is active; a torch function mode was ruled out because Dynamo traces it.
 """
 
 from __future__ import annotations
@@ -39,14 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from probe._log import warn_once
 from probe.flops_formulas import (
-    ATTENTION,
     CONV,
     FORMULAS,
+    HOP_ATTENTION_OPS,
     MATMUL,
     bind_arguments,
     hop_attention_cost,
@@ -57,7 +63,7 @@ from probe.flops_policy import CountPolicy, signature_of
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
 
 ATTENTION_CONVENTIONS = ("full", "causal")
-_SDPA_FN = torch.nn.functional.scaled_dot_product_attention
+_HOP_FORMULAS = frozenset("higher_order." + n for n in HOP_ATTENTION_OPS)
 _DTYPE_LABELS = {
     torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
     torch.int8: "int8", torch.uint8: "int8",
@@ -106,11 +112,19 @@ class _Window:
         self.uncounted: defaultdict[str, int] = defaultdict(int)
         self.overhead = 0.0
         self.micro_batches = 0
-        self.causal_depth = 0  # >0 while inside a causal math-path SDPA (forward or tagged backward)
-        self.fused_attention_calls = 0
 
 
-_SKIP, _DECOMPOSE, _UNCOUNTED = "skip", "decompose", "uncounted"
+_SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What to do with one op overload (cached): its action, formula and display name."""
+
+    action: str
+    name: str
+    formula: Any = None
+    fallback: str = _SKIP  # for composites whose decomposition is unavailable
 
 
 class _CountingMode(TorchDispatchMode):
@@ -135,15 +149,12 @@ class _CountingMode(TorchDispatchMode):
         if owner._passthrough:
             return func(*args, **kwargs)
         t0 = time.perf_counter()
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            t1 = time.perf_counter()
-            out = func(*args, **kwargs)  # our mode is popped here: inner ops are not seen
-            t2 = time.perf_counter()
-            owner._safe(owner._account_hop, func, args)
-            owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
-            return out
-        plan = owner._plan(func)
-        if plan is _DECOMPOSE:  # composite op reached us (e.g. inference mode): count its parts
+        try:
+            plan = owner._plan(func)
+        except Exception as exc:  # noqa: BLE001 - our bug must not fail the op
+            owner._disable(exc)
+            return func(*args, **kwargs)
+        if plan.action == _DECOMPOSE:  # a composite reached us (e.g. inference mode): count its parts
             t1 = time.perf_counter()
             with self:
                 out = func.decompose(*args, **kwargs)
@@ -152,72 +163,14 @@ class _CountingMode(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
             t0 = time.perf_counter()
-            plan = _UNCOUNTED if is_heavy_op_name(func._schema.name) else _SKIP
         t1 = time.perf_counter()
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs)  # inside a HOP our mode is popped: its inner ops are unseen
         t2 = time.perf_counter()
-        if plan is not _SKIP:
-            owner._safe(owner._account, func, plan, args, kwargs, out)
+        action = plan.fallback if plan.action == _DECOMPOSE else plan.action
+        if action != _SKIP:
+            owner._safe(owner._account, func, plan, action, args, kwargs, out)
         owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
         return out
-
-
-class _CausalSdpaMode(TorchFunctionMode):
-    """Only with the "causal" convention: marks causal SDPA calls that take the math path.
-
-    The math fallback decomposes into plain bmm ops that cannot be told from other matmuls,
-    so while such a call runs (forward) and while the autograd nodes it created run
-    (backward, via node pre/post hooks) matmul FLOPs are halved like the fused kernels'.
-    """
-
-    def __init__(self, owner: StepFlopCounter) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        owner = self.owner
-        if func is not _SDPA_FN or owner._passthrough:
-            return func(*args, **kwargs)
-        causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
-        if not causal:
-            return func(*args, **kwargs)
-        win = owner._window
-        fused_before = win.fused_attention_calls
-        win.causal_depth += 1
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            win.causal_depth -= 1
-        if win.fused_attention_calls == fused_before:
-            owner._safe(_tag_backward, win, out, [kwargs.get(n) for n in ("query", "key", "value")] + list(args[:3]))
-        return out
-
-
-def _tag_backward(win: _Window, out: Any, inputs: list[Any]) -> None:
-    """Hook the autograd nodes between a math-path SDPA output and its q/k/v inputs."""
-    root = getattr(out, "grad_fn", None)
-    stop = {t.grad_fn for t in inputs if isinstance(t, torch.Tensor) and t.grad_fn is not None}
-
-    def enter(*_: Any) -> None:
-        win.causal_depth += 1
-
-    def leave(*_: Any) -> None:
-        win.causal_depth -= 1
-
-    seen: set[Any] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node is None or node in stop or node in seen or type(node).__name__ == "AccumulateGrad":
-            continue
-        if len(seen) >= 64:  # the math path creates ~15 nodes; more means we walked out of it
-            raise RuntimeError("math-path attention graph larger than expected")
-        seen.add(node)
-        stack.extend(n for n, _ in node.next_functions)
-    for node in seen:
-        node.register_prehook(enter)
-        node.register_hook(leave)
 
 
 class StepFlopCounter:
@@ -231,13 +184,17 @@ class StepFlopCounter:
 
     ``root``: the model's root module; when given, its forward calls in the window are the
     ``micro_batches`` figure.  ``attention``: "full" (default, PaLM/torchtitan) or "causal"
-    (halves causal SDPA calls; hand-written attention is counted by its matmuls, whose
-    masking cannot be known, so it is always the full square).  ``max_window_s``: a window
-    left open longer than this (no optimizer step came) stops accounting and is closed at the
-    next ``start``/``stop``/root forward.
+    (halves SDPA kernels called with causal masking: CPU flash, flash, efficient, cuDNN).
+    Hand-written attention and SDPA's math fallback (taken e.g. on CPU with dropout, or on
+    meta tensors) reach us as plain bmm ops whose masking cannot be known: they are always
+    counted as the full square — which is also what those kernels execute.
+    ``max_window_s``: a window left open longer than this (no optimizer step came) stops
+    accounting and is closed at the next ``start``/``stop``/root forward.
     """
 
-    def __init__(self, root: torch.nn.Module | None = None, attention: str = "full", max_window_s: float = 600.0) -> None:
+    def __init__(
+        self, root: torch.nn.Module | None = None, attention: str = "full", max_window_s: float = 600.0
+    ) -> None:
         if attention not in ATTENTION_CONVENTIONS:
             warn_once("flops.attention", f"unknown attention convention {attention!r}; using 'full'")
             attention = "full"
@@ -250,7 +207,6 @@ class StepFlopCounter:
         self._window = _Window()
         self._plans: dict[Any, Any] = {}
         self._dispatch_mode: _CountingMode | None = None
-        self._function_mode: _CausalSdpaMode | None = None
         self._hook: Any = None
         self._thread = 0
         self._started = 0.0
@@ -263,31 +219,27 @@ class StepFlopCounter:
         """True while a counting window is open."""
         return self._active
 
-    def start(self) -> None:
-        """Open a counting window (no-op once broken)."""
+    def start(self, in_forward: bool = False) -> None:
+        """Open a counting window (no-op once broken).
+
+        ``in_forward``: set when called from inside the root module's forward pre-hook; that
+        forward has already started, so it is counted as the first micro-batch here."""
         try:
             if self._dispatch_mode is not None and not self._close():
                 raise RuntimeError("a previous counting window could not be closed")
             if self.broken:
                 return
             self._window = _Window()
+            self._window.micro_batches = 1 if in_forward else 0
             self._tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32) or (
                 torch.get_float32_matmul_precision() != "highest")
             self._tf32_conv = bool(torch.backends.cudnn.allow_tf32) and bool(torch.backends.cudnn.enabled)
-            self._autocast = None
-            for dev in ("cuda", "cpu"):
-                if torch.is_autocast_enabled(dev):
-                    self._autocast = dtype_label(torch.get_autocast_dtype(dev), dev, MATMUL,
-                                                 self._tf32_matmul, self._tf32_conv)
-                    break
+            self._autocast = self._autocast_label()
             if self.root is not None:
                 self._hook = self.root.register_forward_pre_hook(self._on_root_forward)
             self._thread = threading.get_ident()
             self._dispatch_mode = _CountingMode(self)
             self._dispatch_mode.__enter__()
-            if self.attention == "causal":
-                self._function_mode = _CausalSdpaMode(self)
-                self._function_mode.__enter__()
             self._started = time.perf_counter()
             self._passthrough = False
             self._active = True
@@ -331,14 +283,8 @@ class StepFlopCounter:
         next ``start``) retries."""
         self._passthrough = True
         self._active = False
-        mine = self._function_mode is not None or self._dispatch_mode is not None
-        if mine and threading.get_ident() != self._thread:
+        if self._dispatch_mode is not None and threading.get_ident() != self._thread:
             return False
-        if self._function_mode is not None:
-            if torch.overrides._get_current_function_mode() is not self._function_mode:
-                return False
-            self._function_mode.__exit__(None, None, None)
-            self._function_mode = None
         if self._dispatch_mode is not None:
             if _get_current_dispatch_mode() is not self._dispatch_mode:
                 return False
@@ -357,14 +303,18 @@ class StepFlopCounter:
         except Exception:  # noqa: BLE001 - a mode we cannot pop stays in passthrough
             self._passthrough = True
 
+    def _disable(self, exc: BaseException) -> None:
+        """Stop accounting (from inside the dispatch handler, where modes cannot be popped)."""
+        self.broken = True
+        self._passthrough = True
+        warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
+
     def _safe(self, fn: Any, *args: Any) -> None:
         """Run bookkeeping; a failure disables counting but the op's result is unaffected."""
         try:
             fn(*args)
         except Exception as exc:  # noqa: BLE001
-            self.broken = True
-            self._passthrough = True
-            warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
+            self._disable(exc)
 
     def _on_root_forward(self, module: Any, args: Any) -> None:
         if self._passthrough:
@@ -377,48 +327,43 @@ class StepFlopCounter:
             return
         self._window.micro_batches += 1
 
-    def _plan(self, func: Any) -> Any:
+    def _plan(self, func: Any) -> _Plan:
         plan = self._plans.get(func)
         if plan is None:
-            name = func._schema.name
-            if name in FORMULAS:
-                plan = FORMULAS[name]
-            elif torch._C._dispatch_has_kernel_for_dispatch_key(
-                    func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
-                plan = _DECOMPOSE
-            elif is_heavy_op_name(name):
-                plan = _UNCOUNTED
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                name = "higher_order." + func.name()
+                # costed via hop_attention_cost when known; any other HOP hides its ops from us
+                plan = _Plan(_FORMULA if name in _HOP_FORMULAS else _UNCOUNTED, name)
             else:
-                plan = _SKIP
+                schema_name = func._schema.name
+                name = schema_name.replace("::", ".")
+                heavy = _UNCOUNTED if is_heavy_op_name(schema_name) else _SKIP
+                if schema_name in FORMULAS:
+                    plan = _Plan(_FORMULA, name, FORMULAS[schema_name])
+                elif torch._C._dispatch_has_kernel_for_dispatch_key(
+                        func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
+                    plan = _Plan(_DECOMPOSE, name, fallback=heavy)
+                else:
+                    plan = _Plan(heavy, name)
             self._plans[func] = plan
         return plan
 
-    def _account(self, func: Any, plan: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    def _account(self, func: Any, plan: _Plan, action: str, args: tuple, kwargs: dict, out: Any) -> None:
         win = self._window
-        name = func._schema.name.replace("::", ".")
-        if plan is _UNCOUNTED:
-            win.uncounted[name] += 1
+        if action == _UNCOUNTED:
+            win.uncounted[plan.name] += 1
             return
-        cost = plan(bind_arguments(func, args, kwargs), out, self.attention == "causal")
-        self._add(win, name, cost)
-
-    def _account_hop(self, func: Any, args: tuple) -> None:
-        win = self._window
-        cost = hop_attention_cost(func.name(), args, self.attention == "causal")
-        if cost is None:
-            win.uncounted["higher_order." + func.name()] += 1
+        causal = self.attention == "causal"
+        if plan.formula is None:  # higher-order attention op
+            cost = hop_attention_cost(func.name(), args, causal)
         else:
-            self._add(win, "higher_order." + func.name(), cost)
+            cost = plan.formula(bind_arguments(func, args, kwargs), out, causal)
+        self._add(win, plan.name, cost)
 
     def _add(self, win: _Window, name: str, cost: Any) -> None:
         model, executed = cost.model, cost.executed
-        in_engine = torch._C._current_graph_task_id() != -1
-        if cost.kind == ATTENTION:
-            win.fused_attention_calls += 1
-        if cost.kind == MATMUL and win.causal_depth > 0:  # causal math-path attention
-            model, executed = model // 2, executed // 2
-        if in_engine and torch.is_grad_enabled():  # recomputed forward (activation checkpointing)
-            model = 0
+        if torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled():
+            model = 0  # a forward op run by the autograd engine: activation-checkpoint recompute
         if time.perf_counter() - self._started > self.max_window_s:
             self._passthrough = True
             return
@@ -429,7 +374,22 @@ class StepFlopCounter:
         if t is not None and executed:
             win.by_dtype[dtype_label(t.dtype, t.device.type, cost.kind, self._tf32_matmul, self._tf32_conv)] += executed
 
+    def _autocast_label(self) -> str | None:
+        """Autocast dtype active at ``start`` (fallback when no costed op names a dtype)."""
+        try:
+            for dev in ("cuda", "cpu"):
+                if torch.is_autocast_enabled(dev):
+                    return dtype_label(torch.get_autocast_dtype(dev), dev, MATMUL, False, False)
+        except (AttributeError, TypeError, RuntimeError):  # torch < 2.4 lacks the device argument
+            pass
+        return None
+
     def _compute_dtype(self, win: _Window) -> str:
+        """FLOP-weighted dominant operand dtype of the costed ops.
+
+        Our mode sits below autocast, so operands already carry the autocast dtype: the
+        weighted majority *is* the compute dtype, and ops autocast leaves in fp32 do not
+        hide it.  Fallbacks: the autocast dtype at start, then the root's parameter dtype."""
         if win.by_dtype:
             return max(win.by_dtype.items(), key=lambda kv: kv[1])[0]
         if self._autocast is not None:

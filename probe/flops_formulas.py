@@ -13,9 +13,10 @@ Conventions (design.md §3), stated once here and referenced by the UI/JSON:
   Backward as the math requires (model FLOPs): ``2 × forward``.  The fused kernels (flash,
   memory-efficient, cuDNN, CPU flash, flex) also recompute the scores in backward, so they
   *execute* ``2 × forward + 2·B·Hq·Sq·Sk·D`` (= 2.5 × forward when D == Dv).
-* The "causal" convention halves the attention FLOPs of calls made with causal masking
-  (``is_causal=True`` / a causal ``custom_mask_type``), whatever the kernel.  Explicit masks
-  (``attn_mask``), sliding windows and flex block masks are counted as the full square.
+* The "causal" convention halves the FLOPs of attention kernels called with causal masking
+  (``is_causal=True`` / a causal ``custom_mask_type``).  Explicit masks (``attn_mask``),
+  sliding windows and flex block masks are counted as the full square, and so are
+  hand-written attention and SDPA's math fallback, which arrive as plain bmm ops.
 * Elementwise ops, reductions, norms, softmax, embeddings/gathers are by convention *not*
   counted (they are bandwidth work, not FLOPs for MFU).  Ops that do heavy arithmetic but
   have no formula here are reported by name as "uncounted" (see :func:`is_heavy_op_name`),
@@ -175,7 +176,7 @@ def _conv_backward(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
 def _seq_lengths(cum: Any, max_len: Any) -> list[int]:
     """Per-sequence lengths of a varlen batch; fake/meta offsets fall back to the max length
     (an upper bound).  Reading real offsets synchronises the device once (sampled steps only)."""
-    if getattr(cum, "device", None) is not None and cum.device.type == "meta" or _is_fake(cum):
+    if cum.device.type == "meta" or _is_fake(cum):
         return [int(max_len)] * (int(cum.shape[0]) - 1)
     return [int(v) for v in cum.diff().tolist()]
 
@@ -277,11 +278,14 @@ FORMULAS["aten::_efficient_attention_forward"] = _attention("bshd", False, _mask
 FORMULAS["aten::_efficient_attention_backward"] = _attention("bshd", True, _mask_type_causal)
 
 
+HOP_ATTENTION_OPS = ("flex_attention", "flex_attention_backward")
+
+
 def hop_attention_cost(name: str, args: Sequence[Any], causal_convention: bool) -> OpCost | None:
     """Cost of flex attention higher-order ops (query, key, value first; (B, H, S, D)).
 
     Block masks are not inspected: the full square is counted (an upper bound)."""
-    if name not in ("flex_attention", "flex_attention_backward"):
+    if name not in HOP_ATTENTION_OPS:
         return None
     q, k, v = args[0], args[1], args[2]
     formula = _attention("bhsd", name.endswith("backward"), _never)

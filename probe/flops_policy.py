@@ -64,9 +64,9 @@ class CountPolicy:
     change every step), or when ``recheck_every`` steps passed since the last count (0 turns
     re-checks off).
 
-    The signature passed is the one the caller knows when it decides: with ``start()`` at
-    the optimizer step that is the previous step's, so a shape change is counted on the step
-    after it was first seen.  A signature that comes back (e.g. alternating bucket lengths)
+    The signature passed is the one the caller knows when it decides: deciding in the root
+    module's forward pre-hook, it is the coming step's own; deciding at the optimizer step,
+    it is the previous step's, so a shape change is counted one step after it was seen.  A signature that comes back (e.g. alternating bucket lengths)
     is not counted again: its carried count is still valid.  At most ``max_signatures`` counts
     are kept (least recently used dropped).  ``should_count`` returning True commits the
     decision (it counts as "last count"); report the outcome with :meth:`record`.

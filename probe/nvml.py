@@ -5,8 +5,7 @@ every field that cannot be read is ``None`` and ``reasons[field]`` says why.
 
 Why these choices (design.md §6):
 - NVML's GPU-Util reads 100 % whenever any kernel runs, so the GPM metrics (SM activity, tensor-pipe
-  activity, DRAM bandwidth) are the honest cross-check. GPM rates need two samples: the previous sample
-  is kept and the metrics are computed on the next call.
+  activity, DRAM bandwidth; probe/gpm.py) are the honest cross-check.
 - The rank's GPU is the CUDA device it uses, mapped through ``CUDA_VISIBLE_DEVICES`` (indices or
   ``GPU-``/``MIG-`` UUIDs) to an NVML handle; UUIDs are looked up by UUID because NVML's index order
   need not match CUDA's.
@@ -23,27 +22,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from probe._log import warn_once
+from probe.gpm import (FUNCTION_NOT_FOUND, GPM_FIELDS, NOT_SUPPORTED, GpmReader, nvml_error_code,
+                       nvml_int)
 
 DEVICE_FIELDS: tuple[str, ...] = (
     "gpu_util", "mem_used", "mem_total", "power_w", "power_limit_w",
     "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle",
 )
-GPM_FIELDS: tuple[str, ...] = (
-    "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma", "dram_bw_util",
-    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s",
-)
 ALL_FIELDS: tuple[str, ...] = DEVICE_FIELDS + GPM_FIELDS
 
 # NVML return codes we branch on (ABI-stable values from nvml.h).
-_NOT_SUPPORTED = 3
 _NOT_FOUND = 6
 _LIBRARY_NOT_FOUND = 12
-_FUNCTION_NOT_FOUND = 13
 _DRIVER_NOT_LOADED = 9
 
 _CLOCK_SM = 1  # NVML_CLOCK_SM
 _TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
-_MIB = 1024 * 1024  # GPM NVLink rates are MiB/s
 
 # Clock-event ("throttle") reason bits, nvml.h. gpu_idle (0x1) and applications-clocks (0x2) are
 # not slowdowns of a busy GPU, so they are never reported.
@@ -60,16 +54,6 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x400, "reliability"),
 )
 
-# Our field name -> pynvml GPM metric constant name; scale converts to the field's unit.
-_GPM_METRICS: tuple[tuple[str, str, float], ...] = (
-    ("sm_active", "NVML_GPM_METRIC_SM_UTIL", 1.0),
-    ("sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY", 1.0),
-    ("tensor_active", "NVML_GPM_METRIC_ANY_TENSOR_UTIL", 1.0),
-    ("tensor_hmma", "NVML_GPM_METRIC_HMMA_TENSOR_UTIL", 1.0),
-    ("dram_bw_util", "NVML_GPM_METRIC_DRAM_BW_UTIL", 1.0),
-    ("nvlink_tx_bytes_s", "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", float(_MIB)),
-    ("nvlink_rx_bytes_s", "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", float(_MIB)),
-)
 _MIG_NA = "MIG instance: device-level metrics unavailable"
 
 
@@ -127,40 +111,34 @@ def _current_cuda_index() -> int | None:
     return None
 
 
-def _err_code(exc: BaseException) -> int | None:
-    value = getattr(exc, "value", None)
-    return value if isinstance(value, int) else None
-
-
-def _as_int(value: Any) -> int:
-    """NVML wrappers return plain ints or ctypes values (``.value``); accept both."""
-    return int(getattr(value, "value", value))
-
-
 class DeviceTelemetry:
-    """NVML + GPM readings for the GPU of one rank; construct anywhere, call ``sample()`` ≤ 1 Hz."""
+    """NVML + GPM readings for the GPU of one rank.
+
+    Construct it on the training thread (CUDA's current device is per thread: the sender thread
+    would see device 0), then call ``sample()`` from any one thread at most once a second."""
 
     def __init__(self, nvml: Any | None = None, local_rank: int | None = None,
                  cuda_device_index: int | None = None,
                  env: Mapping[str, str] | None = None) -> None:
         """``nvml``: an object with pynvml's functions (default: import ``pynvml`` lazily).
-        ``local_rank`` defaults to ``$LOCAL_RANK`` (else 0); ``cuda_device_index`` overrides both and
-        the current torch device; ``env`` stands in for ``os.environ``."""
+        Device choice: ``cuda_device_index`` if given, else torch's current CUDA device when torch
+        has initialised CUDA (read here, on the constructing thread), else ``local_rank``
+        (default ``$LOCAL_RANK``, else 0); ``env`` stands in for ``os.environ``."""
         self._nvml: Any = nvml
         self._env: Mapping[str, str] = os.environ if env is None else env
         self._local_rank = local_rank
-        self._cuda_index = cuda_device_index
+        # Read now: the current device is thread-local and sample() runs on the sender thread.
+        self._cuda_index = cuda_device_index if cuda_device_index is not None else (
+            _current_cuda_index())
         self._ready = False
+        self._inited = False  # nvmlInit succeeded: close() owes an nvmlShutdown
         self._fatal: str | None = None  # set once: every field is n/a for this reason
         self._handle: Any = None
         self._parent: Any = None  # MIG: the physical GPU
         self._gi_id: int | None = None
         self._unsupported: dict[str, str] = {}  # field -> reason, never asked again
         self._static: dict[str, Any] = {}
-        self._gpm_state: str = "new"  # new | ok | off
-        self._gpm_reason = ""
-        self._gpm_samples: list[Any] = []
-        self._gpm_have_prev = False
+        self._gpm: GpmReader | None = None
         self.name: str | None = None
         self.uuid: str | None = None
 
@@ -178,8 +156,9 @@ class DeviceTelemetry:
         nv = self._nvml
         try:
             nv.nvmlInit()
+            self._inited = True
         except Exception as exc:
-            code = _err_code(exc)
+            code = nvml_error_code(exc)
             if code == _LIBRARY_NOT_FOUND:
                 self._fatal = "no NVML library (libnvidia-ml not found: no NVIDIA driver)"
             elif code == _DRIVER_NOT_LOADED:
@@ -196,11 +175,9 @@ class DeviceTelemetry:
 
     def _resolve_device(self) -> None:
         nv = self._nvml
-        if _as_int(nv.nvmlDeviceGetCount()) == 0:
+        if nvml_int(nv.nvmlDeviceGetCount()) == 0:
             raise LookupError("no GPU (NVML sees 0 devices)")
         index = self._cuda_index
-        if index is None:
-            index = _current_cuda_index()
         if index is None:
             rank = self._local_rank
             if rank is None:
@@ -215,12 +192,12 @@ class DeviceTelemetry:
         else:
             self._handle = self._handle_by_uuid(target)
         try:
-            is_mig = _as_int(nv.nvmlDeviceIsMigDeviceHandle(self._handle)) != 0
+            is_mig = nvml_int(nv.nvmlDeviceIsMigDeviceHandle(self._handle)) != 0
         except Exception:
             is_mig = False  # old drivers lack the call; they also lack MIG
         if is_mig:
             self._parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self._handle)
-            self._gi_id = _as_int(nv.nvmlDeviceGetGpuInstanceId(self._handle))
+            self._gi_id = nvml_int(nv.nvmlDeviceGetGpuInstanceId(self._handle))
         for attr, fn in (("name", "nvmlDeviceGetName"), ("uuid", "nvmlDeviceGetUUID")):
             try:
                 value = getattr(nv, fn)(self._handle)
@@ -233,10 +210,10 @@ class DeviceTelemetry:
         try:
             return nv.nvmlDeviceGetHandleByUUID(uuid)
         except Exception as exc:
-            if _err_code(exc) != _NOT_FOUND or not uuid.upper().startswith("GPU-"):
+            if nvml_error_code(exc) != _NOT_FOUND or not uuid.upper().startswith("GPU-"):
                 raise
         # CUDA accepts a unique UUID prefix; NVML wants the whole UUID.
-        for i in range(_as_int(nv.nvmlDeviceGetCount())):
+        for i in range(nvml_int(nv.nvmlDeviceGetCount())):
             handle = nv.nvmlDeviceGetHandleByIndex(i)
             full = nv.nvmlDeviceGetUUID(handle)
             full = full.decode() if isinstance(full, bytes) else str(full)
@@ -255,7 +232,9 @@ class DeviceTelemetry:
                 self._init()
             if self._fatal is None:
                 self._sample_device(out, reasons)
-                self._sample_gpm(out, reasons)
+                if self._gpm is None:
+                    self._gpm = GpmReader(self._nvml, self._handle, self._parent, self._gi_id)
+                self._gpm.read(out, reasons)
         except Exception as exc:  # last-resort guard: telemetry must never hurt training
             warn_once("nvml.sample", f"device telemetry failed: {exc!r}")
             self._fatal = self._fatal or f"telemetry error: {exc!r}"
@@ -281,8 +260,8 @@ class DeviceTelemetry:
         try:
             return fn(*args)
         except Exception as exc:
-            code = _err_code(exc)
-            if code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+            code = nvml_error_code(exc)
+            if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
                 # Permanent for this device/driver: stop asking (each call costs µs).
                 self._unsupported[field] = "not supported on this device"
                 reasons[field] = self._unsupported[field]
@@ -312,24 +291,24 @@ class DeviceTelemetry:
                 out["gpu_util"] = float(util.gpu)
             power = self._read("power_w", reasons, "nvmlDeviceGetPowerUsage", h)
             if power is not None:
-                out["power_w"] = _as_int(power) / 1000.0  # mW
+                out["power_w"] = nvml_int(power) / 1000.0  # mW
             limit = self._read("power_limit_w", reasons, "nvmlDeviceGetEnforcedPowerLimit", h)
             if limit is not None:
-                out["power_limit_w"] = _as_int(limit) / 1000.0
+                out["power_limit_w"] = nvml_int(limit) / 1000.0
 
         clock = self._read("sm_clock_mhz", reasons, "nvmlDeviceGetClockInfo", phys, _CLOCK_SM)
         if clock is not None:
-            out["sm_clock_mhz"] = _as_int(clock)
+            out["sm_clock_mhz"] = nvml_int(clock)
         if "sm_clock_max_mhz" not in self._static:  # fixed per device: read once
             cmax = self._read("sm_clock_max_mhz", reasons, "nvmlDeviceGetMaxClockInfo", phys,
                               _CLOCK_SM)
             if cmax is not None:
-                self._static["sm_clock_max_mhz"] = _as_int(cmax)
+                self._static["sm_clock_max_mhz"] = nvml_int(cmax)
         out["sm_clock_max_mhz"] = self._static.get("sm_clock_max_mhz")
 
         temp = self._read("temp_c", reasons, "nvmlDeviceGetTemperature", phys, _TEMPERATURE_GPU)
         if temp is not None:
-            out["temp_c"] = _as_int(temp)
+            out["temp_c"] = nvml_int(temp)
 
         # Newer bindings name it "clocks event reasons"; older ones "throttle reasons".
         fn = ("nvmlDeviceGetCurrentClocksEventReasons"
@@ -337,115 +316,16 @@ class DeviceTelemetry:
               else "nvmlDeviceGetCurrentClocksThrottleReasons")
         mask = self._read("throttle", reasons, fn, phys)
         if mask is not None:
-            out["throttle"] = decode_clock_reasons(_as_int(mask))
-
-    # ------------------------------------------------------------------- GPM
-    def _gpm_off(self, reason: str) -> None:
-        self._gpm_state = "off"
-        self._gpm_reason = reason
-        self._free_gpm()
-
-    def _setup_gpm(self) -> None:
-        nv = self._nvml
-        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
-            self._gpm_off("GPM unsupported by this NVML binding (nvidia-ml-py too old)")
-            return
-        try:
-            support = nv.nvmlGpmQueryDeviceSupport(self._parent if self._parent is not None
-                                                   else self._handle)
-        except Exception as exc:
-            if _err_code(exc) in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
-                self._gpm_off("GPM unsupported on this device (or driver)")
-            else:
-                self._gpm_off(f"GPM support query failed: {exc}")
-            return
-        if not _as_int(getattr(support, "isSupportedDevice", 0)):
-            self._gpm_off("GPM unsupported on this device (needs Hopper or newer)")
-            return
-        try:
-            self._gpm_samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
-        except Exception as exc:
-            self._gpm_off(f"GPM sample allocation failed: {exc}")
-            return
-        self._gpm_state = "ok"
-
-    def _take_gpm_sample(self, sample: Any) -> None:
-        nv = self._nvml
-        if self._parent is not None:
-            nv.nvmlGpmMigSampleGet(self._parent, self._gi_id, sample)
-        else:
-            nv.nvmlGpmSampleGet(self._handle, sample)
-
-    def _sample_gpm(self, out: dict[str, Any], reasons: dict[str, str]) -> None:
-        if self._gpm_state == "new":
-            self._setup_gpm()
-        if self._gpm_state != "ok":
-            for key in GPM_FIELDS:
-                reasons[key] = self._gpm_reason
-            return
-        nv = self._nvml
-        prev, cur = self._gpm_samples
-        try:
-            self._take_gpm_sample(cur)
-        except Exception as exc:
-            self._gpm_have_prev = False
-            warn_once("nvml.gpm.sample", f"GPM sample failed: {exc}")
-            for key in GPM_FIELDS:
-                reasons[key] = f"GPM sample failed: {exc}"
-            return
-        if not self._gpm_have_prev:
-            self._gpm_have_prev = True
-            self._gpm_samples = [cur, prev]
-            for key in GPM_FIELDS:
-                reasons[key] = "GPM needs two samples: values start with the next reading"
-            return
-        wanted = [(key, getattr(nv, const, None), scale) for key, const, scale in _GPM_METRICS]
-        request = [(key, mid, scale) for key, mid, scale in wanted if mid is not None]
-        for key, mid, _ in wanted:
-            if mid is None:
-                reasons[key] = "GPM metric unknown to this NVML binding"
-        try:
-            mg = nv.c_nvmlGpmMetricsGet_t()
-            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
-            mg.numMetrics = len(request)
-            mg.sample1 = prev
-            mg.sample2 = cur
-            for i, (_, mid, _) in enumerate(request):
-                mg.metrics[i].metricId = mid
-            nv.nvmlGpmMetricsGet(mg)
-        except Exception as exc:
-            warn_once("nvml.gpm.get", f"GPM metrics query failed: {exc}")
-            for key, _, _ in request:
-                reasons[key] = f"GPM metrics query failed: {exc}"
-        else:
-            for i, (key, _, scale) in enumerate(request):
-                metric = mg.metrics[i]
-                code = _as_int(getattr(metric, "nvmlReturn", 0))
-                if code != 0:
-                    reasons[key] = ("GPM metric not supported on this device"
-                                    if code == _NOT_SUPPORTED else f"GPM metric error code {code}")
-                else:
-                    out[key] = float(metric.value) * scale
-        self._gpm_samples = [cur, prev]  # this sample is the next call's "previous"
+            out["throttle"] = decode_clock_reasons(nvml_int(mask))
 
     # ---------------------------------------------------------------- close
-    def _free_gpm(self) -> None:
-        for sample in self._gpm_samples:
-            try:
-                self._nvml.nvmlGpmSampleFree(sample)
-            except Exception:
-                pass
-        self._gpm_samples = []
-        self._gpm_have_prev = False
-
     def close(self) -> None:
         """Free GPM samples and release NVML; later ``sample()`` calls report n/a. Never raises."""
         try:
-            was_ok = self._ready and self._fatal is None
-            self._free_gpm()
-            self._gpm_state = "off"
-            self._gpm_reason = "telemetry closed"
-            if was_ok and self._nvml is not None:
+            if self._gpm is not None:
+                self._gpm.close()
+            if self._inited:
+                self._inited = False
                 self._nvml.nvmlShutdown()
         except Exception:
             pass

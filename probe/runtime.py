@@ -54,6 +54,9 @@ class Probe:
         self._nvtx_open = False
         self._nvtx_disabled = False
         self._ewma_step_s: float | None = None
+        #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
+        #: so benchmarks can separate steady-state cost from sampled cost.
+        self.sampled_steps: dict[int, str] = {}
 
     # --- setup ----------------------------------------------------------------------
 
@@ -102,7 +105,13 @@ class Probe:
         try:
             from probe import telemetry
 
-            dev = telemetry.DeviceTelemetry(local_rank=self.ident.local_rank) if self._on_cuda() else None
+            # Built on the training thread: the current CUDA device is per thread.
+            index = self.tracker.device.index if self._on_cuda() and self.tracker.device else None
+            dev = (
+                telemetry.DeviceTelemetry(local_rank=self.ident.local_rank, cuda_device_index=index)
+                if self._on_cuda()
+                else None
+            )
             host = telemetry.HostTelemetry()
         except Exception as exc:
             warn_once("telemetry-setup", f"telemetry unavailable: {exc}")
@@ -175,6 +184,7 @@ class Probe:
 
             self._counter = flops.StepFlopCounter(attention=self.cfg.attention)
             self._counter.start()
+            self._note_sampled(step, "flops")
 
     def _finish_count(self) -> None:
         counter, self._counter = self._counter, None
@@ -215,7 +225,14 @@ class Probe:
                 self.publisher.publish("kernels", window)
         # Never profile a step that is also being FLOP-counted (each distorts the other).
         if self._counter is None and sampler.due(step + 1, typical_step_s=self._ewma_step_s):
-            self._kernels_active = sampler.begin_step(step + 1)
+            self._kernels_active = bool(sampler.begin_step(step + 1))
+            if self._kernels_active:
+                self._note_sampled(step + 1, "kernels")
+
+    def _note_sampled(self, step: int, what: str) -> None:
+        if len(self.sampled_steps) > 256:
+            self.sampled_steps.clear()
+        self.sampled_steps[step] = what
 
     def _control(self, command: str) -> None:
         if command == "kernels_now" and self._kernels is not None:

@@ -47,7 +47,7 @@ def synthetic_csv() -> str:
 
 
 def cells(line: str) -> list[str]:
-    """Table cells: columns are separated by at least two spaces, values hold at most one."""
+    """Table cells: columns are separated by at least two spaces (headers hold single ones)."""
     return re.split(r"\s{2,}", line.strip())
 
 
@@ -67,6 +67,8 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cal.main(["--steps", "2"]) == cal.EXIT_USAGE
     assert "no command given" in capsys.readouterr().err
     assert cal.main(["--steps", "0", "--", "python"]) == cal.EXIT_USAGE
+    assert cal.main(["--skip", "1", "--", "python"]) == cal.EXIT_USAGE  # step 1 has no range
+    assert "--skip >= 2" in capsys.readouterr().err
 
 
 def test_profile_command_is_exact() -> None:
@@ -87,9 +89,15 @@ def test_profile_command_is_exact() -> None:
 
 
 def test_env_for_the_probe() -> None:
-    env = cal.build_env({"PATH": "/bin", "FLOWTOP_NVTX": "0"}, "/tmp/out.jsonl", [5, 6, 7])
-    assert env == {"PATH": "/bin", "FLOWTOP_NVTX": "1", "FLOWTOP_CALIBRATE_OUT": "/tmp/out.jsonl",
-                   "FLOWTOP_CALIBRATE_STEPS": "5,6,7"}
+    env = cal.build_env({"PATH": "/bin", "FLOWTOP_NVTX": "0", "PYTHONPATH": "/mine"},
+                        "/tmp/out.jsonl", [5, 6, 7])
+    assert (env["FLOWTOP_NVTX"], env["FLOWTOP_CALIBRATE_OUT"], env["FLOWTOP_CALIBRATE_STEPS"]) == (
+        "1", "/tmp/out.jsonl", "5,6,7")
+    assert env["PATH"] == "/bin"
+    # the probe is injected like `flowtop run` does: its bootstrap first, the user's path kept
+    bootstrap, *_, user = env["PYTHONPATH"].split(os.pathsep)
+    assert bootstrap == str(Path(cal.__file__).resolve().parent.parent / "probe" / "bootstrap")
+    assert user == "/mine"
 
 
 def test_no_ncu_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -170,11 +178,11 @@ def test_report_from_csv_and_jsonl(tmp_path: Path) -> None:
     assert table == [
         ["step", "kernels", "tensor", "non-tensor FP", "hardware", "probe executed", "ratio",
          "ratio/tensor", "probe model"],
-        ["5", "3", "274.88 G", "7.00 M", "274.88 G", "274.88 G", "1.000", "1.000", "274.88 G"],
-        ["6", "1", "137.44 G", "0", "137.44 G", "206.16 G", "1.500", "1.500", "137.44 G"],
-        ["7", "0", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", "n/a"],
+        ["5", "3", "274.88G", "7M", "274.88G", "274.88G", "1.000", "1.000", "274.88G"],
+        ["6", "1", "137.44G", "0", "137.44G", "206.16G", "1.500", "1.500", "137.44G"],
+        ["7", "0", "-", "-", "-", "-", "-", "-", "-"],
         # totals over the steps both sides counted: 3.5 GEMMs / (3 GEMMs + 7 M) = 1.1666...
-        ["all", "4", "412.32 G", "7.00 M", "412.32 G", "481.04 G", "1.167", "1.167", "412.32 G"],
+        ["all", "4", "412.32G", "7M", "412.32G", "481.04G", "1.167", "1.167", "412.32G"],
     ]
     assert "note: no profiled kernels for steps [7]: did training reach them?" in text
     assert "causal attention kernels skip the masked half" in text
@@ -242,7 +250,7 @@ def test_run_calibration_fails_without_report(tmp_path: Path) -> None:
 
 
 def test_format_flops() -> None:
-    assert cal.format_flops(None) == "n/a"
-    assert cal.format_flops(137_438_953_472) == "137.44 G"
-    assert cal.format_flops(1.5e15) == "1.50 P"
+    assert cal.format_flops(None) == "-"
+    assert cal.format_flops(137_438_953_472) == "137.44G"
+    assert cal.format_flops(1.5e15) == "1.5P"
     assert cal.format_flops(999) == "999"

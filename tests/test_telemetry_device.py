@@ -15,7 +15,6 @@ import pytest
 
 import probe._log
 from probe.nvml import ALL_FIELDS, GPM_FIELDS, DeviceTelemetry, decode_clock_reasons, visible_device
-from probe.telemetry import Telemetry
 
 NOT_SUPPORTED, NOT_FOUND, UNKNOWN = 3, 6, 999
 
@@ -256,59 +255,6 @@ def test_normal_values_first_sample_has_no_gpm() -> None:
     assert set(s["reasons"]) == set(GPM_FIELDS)
 
 
-def test_gpm_two_sample_flow_uses_previous_and_latest() -> None:
-    nv = FakeNVML([h200()])
-    t = DeviceTelemetry(nvml=nv, env={})
-    t.sample()
-    s2 = t.sample()
-    assert s2["sm_active"] == pytest.approx(84.002)
-    assert s2["sm_occupancy"] == pytest.approx(41.502)
-    assert s2["tensor_active"] == pytest.approx(52.002)
-    assert s2["tensor_hmma"] == pytest.approx(50.402)
-    assert s2["dram_bw_util"] == pytest.approx(28.002)
-    # NVLink comes in MiB/s and is reported in bytes/s
-    assert s2["nvlink_tx_bytes_s"] == pytest.approx(2.002 * 2**20)
-    assert s2["nvlink_rx_bytes_s"] == pytest.approx(3.002 * 2**20)
-    assert s2["reasons"] == {}
-    s3 = t.sample()  # the fake asserts the pairing (tick 2, tick 3)
-    assert s3["sm_active"] == pytest.approx(84.003)
-    assert nv.count("nvmlGpmSampleAlloc") == 2  # two buffers, reused
-    assert nv.count("nvmlGpmQueryDeviceSupport") == 1
-    t.close()
-    assert nv.count("nvmlGpmSampleFree") == 2 and nv.count("nvmlShutdown") == 1
-    after = t.sample()
-    assert all(after[k] is None for k in ALL_FIELDS)
-    assert after["reasons"]["gpu_util"] == "telemetry closed"
-
-
-def test_gpm_unsupported_device() -> None:
-    nv = FakeNVML([h200(name="NVIDIA A100-SXM4-80GB", gpm_supported=False)])
-    t = DeviceTelemetry(nvml=nv, env={})
-    t.sample()
-    s = t.sample()
-    assert s["gpu_util"] == 100.0
-    for key in GPM_FIELDS:
-        assert s[key] is None
-        assert s["reasons"][key].startswith("GPM unsupported on this device")
-    assert nv.count("nvmlGpmSampleGet") == 0
-    assert nv.count("nvmlGpmQueryDeviceSupport") == 1  # asked once, not every second
-
-
-def test_gpm_missing_from_old_binding() -> None:
-    class NoGpm(FakeNVML):
-        def __getattribute__(self, name: str) -> Any:
-            if name.startswith("nvmlGpm"):
-                raise AttributeError(name)
-            return super().__getattribute__(name)
-
-    t = DeviceTelemetry(nvml=NoGpm([h200()]), env={})
-    t.sample()
-    s = t.sample()
-    assert s["gpu_util"] == 100.0
-    assert s["sm_active"] is None
-    assert s["reasons"]["sm_active"] == "GPM unsupported by this NVML binding (nvidia-ml-py too old)"
-
-
 def test_missing_library_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes "import pynvml" raise ImportError
     s = DeviceTelemetry(env={}).sample()
@@ -359,25 +305,6 @@ def test_not_supported_fields_are_not_asked_again() -> None:
     assert s["reasons"]["tensor_active"] == "GPM unsupported on this device (or driver)"
 
 
-def test_mig_instance() -> None:
-    parent = h200(uuid="GPU-parent", temp=70, reasons_mask=0x8)
-    mig = FakeDevice(uuid="MIG-1234", mem_used=5, mem_total=20, mig_parent=parent, gi_id=3)
-    nv = FakeNVML([parent], migs=[mig])
-    t = DeviceTelemetry(nvml=nv, env={"CUDA_VISIBLE_DEVICES": "MIG-1234"})
-    t.sample()
-    s = t.sample()
-    assert (s["mem_used"], s["mem_total"]) == (5, 20)  # the instance's own memory
-    for key in ("gpu_util", "power_w", "power_limit_w"):
-        assert s[key] is None
-        assert s["reasons"][key] == "MIG instance: device-level metrics unavailable"
-    assert s["temp_c"] == 70 and s["throttle"] == ["hw_slowdown"]  # from the physical GPU
-    assert s["uuid"] == "MIG-1234"
-    assert s["sm_active"] == pytest.approx(84.002)
-    mig_gets = [args for name, args in nv.calls if name == "nvmlGpmMigSampleGet"]
-    assert len(mig_gets) == 2 and all(a[0] is parent and a[1] == 3 for a in mig_gets)
-    assert nv.count("nvmlGpmSampleGet") == 0
-
-
 def test_cuda_visible_devices_indices_and_local_rank() -> None:
     devs = [h200(uuid=f"GPU-{i}") for i in range(4)]
     nv = FakeNVML(devs)
@@ -410,8 +337,11 @@ def test_cuda_visible_devices_uuids_and_prefix() -> None:
 
 def test_rank_outside_visible_devices() -> None:
     nv = FakeNVML([h200()])
-    s = DeviceTelemetry(nvml=nv, env={"CUDA_VISIBLE_DEVICES": "0", "LOCAL_RANK": "1"}).sample()
+    t = DeviceTelemetry(nvml=nv, env={"CUDA_VISIBLE_DEVICES": "0", "LOCAL_RANK": "1"})
+    s = t.sample()
     assert s["reasons"]["gpu_util"] == "CUDA device 1 not in CUDA_VISIBLE_DEVICES='0'"
+    t.close()
+    assert nv.count("nvmlShutdown") == 1  # NVML was initialised, so it is released
     s = DeviceTelemetry(nvml=FakeNVML([h200()]), env={"CUDA_VISIBLE_DEVICES": ""}).sample()
     assert s["reasons"]["gpu_util"] == "no GPU visible (CUDA_VISIBLE_DEVICES='')"
 
@@ -471,15 +401,24 @@ def test_real_pynvml_without_gpu_is_all_none_with_reason() -> None:
     t.close()
 
 
-def test_telemetry_rate_limit() -> None:
-    now = [100.0]
-    nv = FakeNVML([h200()])
-    tel = Telemetry(device=DeviceTelemetry(nvml=nv, env={}), interval_s=1.0, clock=lambda: now[0])
-    first = tel.maybe_sample()
-    assert first is not None and first["device"]["gpu_util"] == 100.0
-    assert "proc_cpu_pct" in first["host"]
-    now[0] += 0.5
-    assert tel.maybe_sample() is None
-    now[0] += 0.5
-    assert tel.maybe_sample() is not None
-    assert nv.count("nvmlDeviceGetUtilizationRates") == 2
+
+def test_current_torch_device_is_read_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    class FakeCuda:
+        device = 2
+
+        @staticmethod
+        def is_initialized() -> bool:
+            return True
+
+        @classmethod
+        def current_device(cls) -> int:
+            return cls.device
+
+    class FakeTorch:
+        cuda = FakeCuda
+
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch)
+    devs = [h200(uuid=f"GPU-{i}") for i in range(4)]
+    t = DeviceTelemetry(nvml=FakeNVML(devs), env={"LOCAL_RANK": "0"})
+    FakeCuda.device = 0  # what another thread (the sender) would see: CUDA's device is per thread
+    assert t.sample()["uuid"] == "GPU-2"

@@ -8,13 +8,22 @@ import pytest
 
 from flowtop.app import FlowtopApp, SnapshotSource
 from flowtop.replay import ReplaySource, synthetic_snapshot, synthetic_stream
+from textual.widgets import Sparkline, Static
+
 from flowtop.screens.help_screen import HelpScreen
+from flowtop.screens.job_kernel_screen import JobKernelScreen
 from flowtop.screens.kernel_screen import KernelScreen
 from flowtop.screens.main_screen import MainScreen
 from flowtop.screens.rank_detail_screen import RankDetailScreen
+from flowtop.widgets.flops_panel import FlopsPanel
 from flowtop.widgets.hints_panel import HintsPanel
 from flowtop.widgets.job_header import JobHeader
+from flowtop.widgets.job_kernel_table import JobKernelTable
+from flowtop.widgets.kernel_anatomy import KernelAnatomy
+from flowtop.widgets.kernel_table import KernelTable
+from flowtop.widgets.metric_sparkline import MetricSparkline
 from flowtop.widgets.rank_table import RankTable
+from flowtop.widgets.telemetry_panel import TelemetryPanel
 
 SIZE = (80, 24)
 
@@ -49,20 +58,22 @@ async def test_rows_appear_for_two_ranks_and_update() -> None:
         assert source.started
         table = app.screen.query_one(RankTable)
         assert table.row_count == 2
-        assert _cells(table, 0) == ["0", "gpu-node-00", "120", "200.0ms", "81.9k", "500T", "50.5%", "100", "50", "live"]
-        assert _cells(table, 1) == ["1", "gpu-node-00", "119", "236.0ms", "69.4k", "424T", "42.8%", "100", "42", "live"]
+        assert _cells(table, 0) == ["0", "gpu-node-00", "120", "4.00ms", "1.02M", "500T", "50.5%", "100", "50", "live"]
+        assert _cells(table, 1) == ["1", "gpu-node-00", "119", "4.60ms", "890k", "435T", "43.9%", "100", "42", "live"]
         table.move_cursor(row=1)
         source.advance()
         app.refresh_snapshot()
         await pilot.pause()
         # Next snapshot: values change in place, the cursor stays on rank 1.
-        assert _cells(table, 0)[2:4] == ["121", "190.0ms"]
-        assert _cells(table, 1)[2:4] == ["120", "250.0ms"]
+        assert _cells(table, 0)[2:4] == ["121", "3.90ms"]
+        assert _cells(table, 1)[2:4] == ["120", "4.80ms"]
         assert table.cursor_row == 1
         source.advance()
         app.refresh_snapshot()
         await pilot.pause()
         assert _cells(table, 1)[-1] == "stale"
+    # Leaving the app any way (not only q) closes the source once.
+    assert source.stopped
 
 
 @pytest.mark.asyncio
@@ -74,9 +85,9 @@ async def test_header_states_mfu_conventions() -> None:
         assert snap is not None
         text = JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain.splitlines()
         assert text[0] == "job gpt-demo  ranks 2/2  step 119  running  rx 4,120"
-        assert text[1] == "step time 236.0ms  tokens/s 151.3k  model FLOP/s 847.5T  executed 949.2T"
-        assert text[2] == "MFU 42.8 % (model FLOPs, attn full, peak bf16 989TF/GPU, datasheet H200 SXM)"
-        assert text[3].startswith("HFU 48.0 % (executed FLOPs")
+        assert text[1] == "step time 4.60ms  tokens/s 1.91M  model FLOP/s 870T  executed 974T"
+        assert text[2] == "MFU 43.9 % (model FLOPs, attn full, peak bf16 989TF/GPU, datasheet H200 SXM)"
+        assert text[3].startswith("HFU 49.2 % (executed FLOPs")
 
 
 @pytest.mark.asyncio
@@ -160,7 +171,7 @@ async def test_hint_expands_with_enter() -> None:
         await pilot.pause()
         assert hints.expanded == {"straggler|rank|rank 1"}
         prompt = str(hints.get_option("straggler|rank|rank 1").prompt)
-        assert "evidence: step_time_s=0.236, median_s=0.2, ranks=2" in prompt
+        assert "evidence: step_time_s=0.0046, fastest_s=0.004, ranks=2" in prompt
         assert "fix: check rank 1's input pipeline" in prompt
         # Expansion survives the next snapshot; Enter again collapses.
         app.refresh_snapshot()
@@ -187,7 +198,7 @@ async def test_no_snapshot_yet_and_broken_source() -> None:
 
 @pytest.mark.asyncio
 async def test_next_job_cycles() -> None:
-    a = synthetic_snapshot(120, with_kernels=False)
+    a = synthetic_snapshot(120)
     b = synthetic_snapshot(50, (0.1,), statuses=("live",), with_kernels=False, job="bert")
     both = dataclasses.replace(a, jobs=a.jobs + b.jobs)
     app, _ = _app([both])
@@ -198,3 +209,126 @@ async def test_next_job_cycles() -> None:
         await pilot.pause()
         assert app.screen.job_name == "bert"
         assert app.screen.query_one(RankTable).row_count == 1
+
+
+def _kernel_names(screen: KernelScreen) -> list[str]:
+    return [r.short for r in screen.query_one(KernelTable).order]
+
+
+@pytest.mark.asyncio
+async def test_kernel_screen_sorts_and_shows_window() -> None:
+    app, source = _app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, KernelScreen)
+        view = screen.view
+        assert view is not None and view.device == "cuda" and view.window == 12
+        # Default: window time, largest first (aggregate's synthetic rank-1 window).
+        assert [r.total_us for r in screen.query_one(KernelTable).order][:3] == [720.0, 680.0, 576.0]
+        await pilot.press("2")  # calls
+        await pilot.pause()
+        assert [r.calls for r in screen.query_one(KernelTable).order] == [8, 8, 8, 8, 4, 4, 2, 1, 1]
+        await pilot.press("2")  # same key again: reversed
+        await pilot.pause()
+        assert [r.calls for r in screen.query_one(KernelTable).order][0] == 1
+        await pilot.press("6")  # name
+        await pilot.pause()
+        names = _kernel_names(screen)
+        assert names == sorted(names, key=str.lower)
+        await pilot.press("s")  # cycles from name back to time
+        await pilot.pause()
+        assert screen.query_one(KernelTable).sort_index == 0
+        await pilot.press("k")
+        assert source.kernel_requests == [("gpt-demo", 1)]
+        full = str(screen.query_one("#kernel-full", Static).render())
+        assert full.startswith("nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNT  · 96 calls in 12 windows")
+
+
+@pytest.mark.asyncio
+async def test_job_kernel_view_marks_uneven_kernel() -> None:
+    app, _ = _app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("j")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, JobKernelScreen)
+        order = screen.query_one(JobKernelTable).order
+        # Rank 1's flash backward is 1.5x rank 0's: first, flagged, max on rank 1.
+        assert order[0].short.startswith("cudnn_generated_fort_native_sdpa_sm90_flash_bprop")
+        assert (order[0].min_us, order[0].max_us, order[0].slowest_rank, order[0].flagged) == (384.0, 576.0, 1, True)
+        assert [r.flagged for r in order[1:]] == [False] * (len(order) - 1)
+        await pilot.press("s")
+        await pilot.pause()
+        assert [r.mean_us for r in screen.query_one(JobKernelTable).order][:2] == [720.0, 680.0]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, MainScreen)
+
+
+@pytest.mark.asyncio
+async def test_rank_detail_sparklines_and_throttle() -> None:
+    snap = synthetic_snapshot(120)
+    job = snap.jobs[0]
+    r1 = job.ranks[1]
+    assert r1.telemetry is not None
+    hot = dataclasses.replace(
+        r1.telemetry,
+        device={**r1.telemetry.device, "throttle": ["hw_thermal"], "sm_clock_mhz": 1410},
+    )
+    ranks = (job.ranks[0], dataclasses.replace(r1, telemetry=hot))
+    snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=ranks),))
+    app, _ = _app([snap])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("down", "d")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RankDetailScreen) and screen.rank == 1
+        spark = screen.query_one("#spark-tensor", MetricSparkline).query_one(Sparkline)
+        # History keeps NVML's percent; the sparkline gets fractions.
+        assert list(spark.data or []) == pytest.approx([v / 100 for v in r1.history.tensor_active])
+        assert len(spark.data or []) == 16
+        throttle = str(screen.query_one("#throttle", Static).render())
+        assert throttle == "THROTTLED: hw_thermal, SM clock 1410/1980 MHz"
+        telemetry = str(screen.query_one(TelemetryPanel).render())
+        assert "nvlink_tx_bytes_s n/a (GPM metric not supported on this device)" in telemetry
+        assert "tensor_active     42%" in telemetry
+        flops = str(screen.query_one(FlopsPanel).render())
+        assert "count/est.  1.031" in flops
+        assert "uncounted   aten::_fused_rms_norm ×8" in flops
+
+
+def _cpu_window() -> object:
+    from flowtop.kernels.aggregate import aggregate
+    from flowtop.kernels.trace import KernelEvent, KernelWindow
+
+    names = ("aten::mm", "aten::add", "aten::linear")
+    events = (
+        KernelEvent(0, 0, 10.0, 300.0, -1, -1, 2.0e9),
+        KernelEvent(1, 0, 320.0, 50.0, -1, -1, -1.0),
+        KernelEvent(2, 3, 5.0, 310.0, -1, -1, -1.0),
+        KernelEvent(1, 3, 320.0, 50.0, -1, -1, -1.0),
+    )
+    return aggregate(KernelWindow(names, events, 1000.0, "cpu", step=7, window=1))
+
+
+@pytest.mark.asyncio
+async def test_cpu_window_is_labelled_as_cpu_operators() -> None:
+    snap = synthetic_snapshot(120, (0.004,), statuses=("live",), with_kernels=False)
+    job = snap.jobs[0]
+    rank = dataclasses.replace(job.ranks[0], device="cpu", kernels=_cpu_window())
+    snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(rank,)),))
+    app, _ = _app([snap])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        title = str(app.screen.query_one("#kernel-title", Static).render())
+        assert title.startswith("CPU operators · rank 0 gpu-node-00 · device cpu")
+        assert [r.name for r in app.screen.query_one(KernelTable).order] == ["aten::mm", "aten::add"]
+        anatomy = str(app.screen.query_one(KernelAnatomy).render())
+        assert anatomy.splitlines()[0] == "busy 360µs 36%  idle 640µs 64%  comm none"

@@ -160,13 +160,14 @@ class HintEngine:
             del self._state[key]
             return None
         if st.pending_step is None or st.pending_t is None:
-            st.pending_step, st.pending_t = m.step, now
+            # The evidence starts where the measure's own window starts (history it embodies).
+            st.pending_step, st.pending_t = m.step - m.steps_covered, now - m.seconds_covered
         steps = max(m.steps_covered, m.step - st.pending_step)
         secs = max(m.seconds_covered, now - st.pending_t)
         if steps < rule.window_steps or secs < rule.window_s:
             return None
         st.active = True
-        st.since_step = min(st.pending_step, m.step - m.steps_covered)
+        st.since_step = st.pending_step
         st.hint = self._hint(rule, key[2], m, st, steps, secs)
         return st.hint
 

@@ -108,16 +108,18 @@ def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float]
     return {r.rank: float(statistics.median(s[i] for i in common)) for r, s in zip(ranks, series)}, len(common)
 
 
-def _by_reach(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], list[int], list[dict[int, float]]]:
+def _by_reach(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int, list[int], list[dict[int, float]]]:
     """Per rank: time per step to go from the first to the last of the last ``window`` + 1
-    step indices every rank reached (monitor receive times, so ranks share one clock)."""
+    step indices every rank reached (monitor receive times, so ranks share one clock); also the
+    steps that window spans and all common step indices with each rank's reach times."""
     series = [dict(r.history.reached) for r in ranks]
-    common = sorted(set.intersection(*(set(s) for s in series)))[-(window + 1):]
-    if len(common) < 2:
-        return {}, [], []
-    a, b = common[0], common[-1]
+    common = sorted(set.intersection(*(set(s) for s in series)))
+    recent = common[-(window + 1):]
+    if len(recent) < 2:
+        return {}, 0, common, series
+    a, b = recent[0], recent[-1]
     per_step = {r.rank: (s[b] - s[a]) / (b - a) for r, s in zip(ranks, series)}
-    return per_step, common, series
+    return per_step, len(recent) - 1, common, series
 
 
 def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -127,11 +129,11 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         return {}
     window = max(rule.window_steps, 1)
     med, n_med = _by_median(ranks, window)
-    pace, common, reach_series = _by_reach(ranks, window)
+    pace, n_pace, common, reach_series = _by_reach(ranks, window)
     out: dict[str, Measurement | None] = {}
     for idx, r in enumerate(ranks):
         candidates: list[tuple[float, float, float, int]] = []  # (slower, mine, others, steps)
-        for table, n in ((med, n_med), (pace, len(common) - 1)):
+        for table, n in ((med, n_med), (pace, n_pace)):
             if r.rank not in table:
                 continue
             others = [v for k, v in table.items() if k != r.rank]
@@ -142,7 +144,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             out[rank_target(r)] = None
             continue
         slower, mine, other, n = max(candidates)
-        since, lag = _falling_behind_since(idx, common, reach_series)
+        since, lag = _falling_behind_since(idx, common, reach_series, 0.1 * other)
         ev = {
             "slower_pct": 100.0 * slower,
             "step_time_s": mine,
@@ -162,12 +164,14 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
 
 
 def _falling_behind_since(
-    idx: int, common: list[int], series: list[dict[int, float]]
+    idx: int, common: list[int], series: list[dict[int, float]], tol_s: float
 ) -> tuple[int | None, float | None]:
-    """(step from which the rank's lag behind the others' median grew steadily, lag now in s).
+    """(step from which the rank has been falling behind, its lag now in s).
 
-    Lag at step s = the rank's time to reach s − the other ranks' median time to reach s; the
-    rank has been falling behind since the last step where that lag was smallest.
+    Lag at step s = the rank's time to reach s − the other ranks' median time to reach s, over
+    every step all ranks reached (the ring, not just the window). The rank has been falling behind
+    since the last step where the lag was within ``tol_s`` of its smallest value (the tolerance
+    keeps receive-time jitter from picking a random step of a flat stretch).
     """
     if not common:
         return None, None
@@ -176,5 +180,5 @@ def _falling_behind_since(
         others = [ser[s] for j, ser in enumerate(series) if j != idx]
         lags.append(series[idx][s] - float(statistics.median(others)))
     low = min(lags)
-    since = max(s for s, lag in zip(common, lags) if lag == low)
+    since = max(s for s, lag in zip(common, lags) if lag <= low + tol_s)
     return since, lags[-1]

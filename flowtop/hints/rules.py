@@ -56,7 +56,8 @@ class Rule:
 
 
 # Kernel categories whose time is bound by memory bandwidth rather than math.
-MEMORY_CATEGORIES: tuple[str, ...] = ("elementwise", "norm", "memory", "reduction", "softmax", "copy")
+# Names follow flowtop.kernels.classify.CATEGORIES.
+MEMORY_CATEGORIES: tuple[str, ...] = ("elementwise", "norm_softmax", "reduction", "memory")
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -176,9 +177,8 @@ RULES: tuple[Rule, ...] = (
         "instead of chains of small ops.",
         gates=(Gate("short_kernel_pct", ">=", 50.0, 40.0),),
         critical_at=20.0,
-        params={"short_kernel_us": 50.0},
         doc="GPU busy time (union of kernel intervals) ÷ step time in the kernel window; gate: "
-        "share of kernels shorter than short_kernel_us (a launch's CPU cost)",
+        "share of kernels whose device time is shorter than their launch call",
     ),
     Rule(
         id="memory_bound",
@@ -197,7 +197,8 @@ RULES: tuple[Rule, ...] = (
         "fused cross-entropy), drop needless dtype casts and copies (.float(), .contiguous()), "
         "keep activations in bf16.",
         params={"categories": MEMORY_CATEGORIES},
-        doc="time in kernels of the categories " + ", ".join(MEMORY_CATEGORIES) + " ÷ GPU busy time",
+        doc="time in kernels of the categories " + ", ".join(MEMORY_CATEGORIES) + " ÷ summed kernel "
+        "time (the busy time, when one stream runs at a time)",
     ),
     Rule(
         id="fp32_matmul",
@@ -249,9 +250,14 @@ RULES: tuple[Rule, ...] = (
             Gate("attention_calls_per_step", "<", 0.5, 0.5),
             Gate("gemm_per_softmax", ">=", 2.0, 2.0),
         ),
-        params={"softmax_patterns": ("softmax",), "backward_patterns": ("backward", "bwd", "grad")},
-        doc="forward softmax kernels per step (the loss adds one, hence > 1) while no kernel of "
-        "category attention ran; gate: at least 2 matmul kernels per softmax",
+        params={
+            "softmax_patterns": ("softmax",),
+            # The loss's log-softmax is not attention; backward kernels pair with a forward one.
+            "exclude_patterns": ("logsoftmax", "log_softmax"),
+            "backward_patterns": ("backward", "bwd", "grad"),
+        },
+        doc="forward softmax kernels per step (log-softmax excluded) while no kernel of category "
+        "attention ran; gate: at least 2 matmul kernels per softmax",
     ),
     Rule(
         id="optimizer_unfused",
@@ -272,9 +278,15 @@ RULES: tuple[Rule, ...] = (
             Gate("fused_calls_per_step", "<", 0.5, 0.5),
             Gate("optimizer_calls_per_step", ">=", 10.0, 10.0),
         ),
-        params={"fused_patterns": ("multi_tensor_apply", "fused")},
-        doc="kernel time inside the optimizer step ÷ step time; gates: no multi_tensor_apply/fused "
-        "kernel and at least 10 optimizer kernels per step",
+        params={
+            "fused_patterns": ("multi_tensor_apply", "fused", "_foreach_"),
+            # Host operators that launch one kernel per parameter tensor in torch.optim's
+            # single-tensor Adam/AdamW/SGD paths (distinctive enough not to come from the model).
+            "per_tensor_ops": ("aten::addcdiv_", "aten::addcmul_", "aten::lerp_", "aten::sqrt"),
+        },
+        doc="time in kernels launched by per-tensor optimizer ops (params.per_tensor_ops; a lower "
+        "bound of the optimizer's time) ÷ step time; gates: no fused/multi-tensor optimizer kernel "
+        "and at least 10 such kernels per step",
     ),
     Rule(
         id="uneven_kernel",
@@ -283,19 +295,19 @@ RULES: tuple[Rule, ...] = (
         measure="spread_pct",
         unit="pct",
         direction="above",
-        threshold=25.0,
+        threshold=20.0,
         clear=15.0,
         window_steps=1,
         window_s=0.0,
-        summary="kernel {target} takes {spread_pct:.0f} % longer on rank {slowest_rank} than on "
-        "the median rank",
+        summary="kernel {target} takes {max_us:.0f} µs on rank {slowest_rank} but {min_us:.0f} µs "
+        "on rank {fastest_rank} (spread {spread_pct:.0f} % of its mean)",
         action="Look for uneven work between ranks: different sequence lengths or padding per "
         "rank (bucket/pack batches), MoE routing imbalance, or a slower GPU on that rank "
         "(clocks, throttling).",
-        gates=(Gate("step_share_pct", ">=", 2.0, 1.0),),
-        params={"max_hints": 3},
-        doc="(slowest rank's time in the kernel ÷ median rank's − 1); gate: the kernel's share of "
-        "the slowest rank's step",
+        gates=(Gate("step_share_pct", ">=", 1.0, 0.5),),
+        params={"max_rows": 50},
+        doc="(max − min) ÷ mean of the kernel's time across the ranks' windows; gate: max − min as "
+        "a share of the mean step; the max_rows most uneven kernels (µs) are examined",
     ),
     Rule(
         id="throttling",
@@ -373,8 +385,8 @@ RULES: tuple[Rule, ...] = (
         "(custom/Triton kernels, unusual attention), read MFU as a lower bound and compare with "
         "the 6·N + 12·L·d·T estimate.",
         params={"significant_pct": 5.0, "attention_words": ("attention", "sdpa", "flash")},
-        doc="calls per counted step of ops the FLOP counter does not know (severity warning when "
-        "they map to ≥ significant_pct of GPU time)",
+        doc="calls, in the counted step, of ops the FLOP counter has no formula for; severity "
+        "warning when they are attention ops whose kernels take ≥ significant_pct of kernel time",
     ),
     Rule(
         id="estimate_mismatch",
@@ -393,7 +405,7 @@ RULES: tuple[Rule, ...] = (
         "or estimate inputs that do not fit the model (MoE, tied embeddings, padding, "
         "non-transformer layers).",
         critical_at=None,
-        doc="|counted ÷ estimated − 1| (FlopsView.estimate_ratio)",
+        doc="abs(counted ÷ estimated − 1), from FlopsView.estimate_ratio",
     ),
     Rule(
         id="attention_flops_note",
@@ -411,8 +423,8 @@ RULES: tuple[Rule, ...] = (
         "formula",
         action="Nothing to fix; expect MFU from torch.profiler-based tools to read lower than "
         "flowtop's (-15.2 % on our H200 reference step).",
-        doc="fused attention kernel time ÷ GPU busy time, highest rank; only while the FLOP count "
-        "has no uncounted attention op",
+        doc="fused attention kernel time ÷ summed kernel time, highest rank; 0 while the FLOP count "
+        "lists an uncounted attention op (uncounted_ops covers that)",
     ),
 )
 

@@ -1,0 +1,10 @@
+"""Kernel windows on the monitor side: format, Chrome-trace loader, FLOP formulas, aggregation.
+
+Pure Python (no torch, no textual): ``flowtop analyze`` and the live monitor both use it.
+
+* :mod:`flowtop.kernels.trace` — the compact window format (spec in its docstring), wire
+  encode/decode, and the torch.profiler Chrome-trace loader;
+* :mod:`flowtop.kernels.opflops` — FLOPs of an operator call from its name and input shapes;
+* :mod:`flowtop.kernels.classify` — kernel/operator categories and short display names;
+* :mod:`flowtop.kernels.aggregate` — top list, step anatomy, rank merge, cumulative table.
+"""

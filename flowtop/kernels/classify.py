@@ -86,6 +86,7 @@ _GENERIC_BASES = frozenset({
     "multi_tensor_apply_kernel", "reduce_kernel", "index_elementwise_kernel",
     "elementwise_kernel_with_index", "kernel",
 })
+_GENERIC_HINTS = frozenset({"gpu_kernel_impl", "gpu_kernel_impl_nocast", "launch_kernel", "gpu_kernel"})
 # Identifiers inside template arguments that say nothing about what the kernel computes.
 _NOISE = frozenset({
     "TensorListMetadata", "FusedOptimizerTensorListMetadata", "array", "TrivialOffsetCalculator",
@@ -177,15 +178,15 @@ def short_name(name: str) -> str:
     kernel would share one display name.  Full names stay the key everywhere else.
     """
     head = signature_head(name)
-    if "<" not in head and "::" not in head:
-        return head
+    if "<" not in head and (head == name.strip() or "::" not in head):
+        return head  # not a C++ signature: operator names such as aten::mm stay whole
     lt = head.find("<")
     base = head if lt < 0 else head[:lt]
     base = base.rsplit("::", 1)[-1].strip() or base
     if lt < 0 or base not in _GENERIC_BASES:
         return base
     for ident in _identifiers(head[lt:]):
-        if ident in _NOISE or ident.isdigit() or len(ident) < 4 or ident[0].isdigit():
+        if ident in _NOISE or ident in _GENERIC_HINTS or ident.isdigit() or len(ident) < 4 or ident[0].isdigit():
             continue
         if ident in ("at", "native", "std", "c10", "cuda", "anonymous", "namespace"):
             continue

@@ -18,9 +18,10 @@ unknown.  The meaning of ``op`` depends on the kind:
   ``aten::_cudnn_attention_forward``, which has no formula, so it is attributed to its parent
   ``aten::_scaled_dot_product_cudnn_attention``; a GEMM under ``aten::linear → aten::matmul →
   aten::mm`` goes to ``aten::mm`` (the innermost, exact shapes).  When no enclosing operator has
-  a formula, the launching (innermost) operator is kept.  The operator call's FLOPs are split
-  over its kernels of the operator's own category (GEMM kernels of ``aten::mm``: not a bias copy
-  it also launched) in proportion to their durations; its other kernels get −1.
+  a formula, the launching (innermost) operator is kept.  The operator call's FLOPs all go to
+  the *longest* kernel attributed to it, where its arithmetic runs: the flash kernel of cuDNN's
+  attention backward, not the small ``dot(dO, O)`` and ``dQ`` conversion kernels it also
+  launches; the GEMM of a split-K matmul, not its reduction.  Its other kernels get −1.
 * cpu_op (3): −1; ``flops`` is the call's FLOPs when it counts (see opflops), else −1.  Only the
   operators needed are sent: top-level operators (per thread) and operators named by a device
   event's ``op``.
@@ -46,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowtop.kernels.classify import classify
 from flowtop.kernels.opflops import COMPOSITE_OPS, FORMULA_OPS, op_flops
 
 KERNEL, MEMCPY, MEMSET, CPU_OP, RUNTIME = 0, 1, 2, 3, 4
@@ -224,7 +224,7 @@ def build_window(
                 op = attribute(launcher) if launcher != -1 else -1
                 work.append((a.name, a.kind, a.start, max(0.0, a.end - a.start), a.stream, op, a.corr))
 
-    work_flops = split_flops([(w[0], w[3], w[5]) for w in work], lambda i: ops[i].name, op_flops_of)
+    work_flops = assign_flops([(w[3], w[2], w[0], w[5]) for w in work], op_flops_of)
 
     rows: list[tuple[float, int, str, float, int, int, float, int]] = []  # ts, kind, name, dur, stream, op, flops, corr
     for w, f in zip(work, work_flops):
@@ -258,27 +258,20 @@ def build_window(
     return KernelWindow(tuple(names), tuple(events), step_dur_us, device)
 
 
-def split_flops(
-    work: list[tuple[str, float, int]],
-    op_name: Any,
-    op_flops_of: Any,
-) -> list[float]:
-    """FLOPs per unit of work ``(name, dur, op index)``: each operator call's FLOPs go to its units
-    of the operator's own category, by duration share (equal shares when all durations are 0)."""
+def assign_flops(work: list[tuple[float, float, str, int]], op_flops_of: Any) -> list[float]:
+    """FLOPs per unit of work ``(dur, start, name, op index)``: each operator call's FLOPs go to
+    its longest unit (ties: earliest, then by name); the others get −1."""
     out = [-1.0] * len(work)
-    groups: dict[int, list[int]] = defaultdict(list)
-    for k, (_, _, op) in enumerate(work):
+    best: dict[int, int] = {}
+    for k, (dur, start, name, op) in enumerate(work):
         if op != -1:
-            groups[op].append(k)
-    for op, members in groups.items():
+            b = best.get(op)
+            if b is None or (-dur, start, name) < (-work[b][0], work[b][1], work[b][2]):
+                best[op] = k
+    for op, k in best.items():
         total = op_flops_of(op)
-        if total is None:
-            continue
-        category = classify(op_name(op))
-        main = [k for k in members if classify(work[k][0]) == category] or members
-        dur = sum(work[k][1] for k in main)
-        for k in main:
-            out[k] = total * (work[k][1] / dur if dur > 0 else 1.0 / len(main))
+        if total is not None:
+            out[k] = total
     return out
 
 

@@ -24,7 +24,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("main", "Tab", "move between ranks and hints"),
     ("kernels", "1-6", "sort by time, calls, mean, TFLOP/s, cumulative, name"),
     ("kernels", "s / r", "cycle sort column / reverse order"),
-    ("kernels", "f", "full kernel names"),
+    ("kernels", "↑ ↓", "full name of the kernel under the cursor (bottom line)"),
     ("kernels", "k", "capture a new window"),
     ("sub", "Esc", "back"),
 )

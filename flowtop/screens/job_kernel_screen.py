@@ -10,11 +10,11 @@ from textual.widgets import Footer, Static
 from flowtop.screens._base import SnapshotScreen, find_job
 from flowtop.snapshot import MonitorSnapshot
 from flowtop.widgets._kernels import JobKernelView, job_view
-from flowtop.widgets.job_kernel_table import SPREAD_MARK, JobKernelTable
+from flowtop.widgets.job_kernel_table import JobKernelTable
 
 
-def job_kernel_title(job: str, view: JobKernelView | None, ranks_total: int, by_spread: bool) -> Text:
-    """Which ranks are merged and what the mark means."""
+def job_kernel_title(job: str, view: JobKernelView | None, ranks_total: int, by_mean: bool) -> Text:
+    """Which ranks are merged, what the mark means, the order."""
     out = Text(no_wrap=True, overflow="ellipsis")
     out.append("job kernels", style="bold")
     out.append(f" · {job}")
@@ -22,17 +22,22 @@ def job_kernel_title(job: str, view: JobKernelView | None, ranks_total: int, by_
         out.append(" · needs kernel windows from 2+ ranks (k on a rank asks for one)", style="dim")
         return out
     out.append(f" · {len(view.ranks)}/{ranks_total} ranks merged")
-    out.append(f" · ◆ spread ≥ {SPREAD_MARK * 100:.0f}%", style="red")
-    out.append(f" · sort {'spread' if by_spread else 'mean'}", style="dim")
+    flagged = sum(1 for r in view.rows if r.flagged)
+    out.append(f" · ◆ uneven: {flagged}", style="red" if flagged else "dim")
+    out.append(f" · by {'mean time' if by_mean else 'max − min'}", style="dim")
     return out
 
 
 class JobKernelScreen(SnapshotScreen):
-    """Merged kernel table of one job; kernels that differ most between ranks are marked."""
+    """Merged kernel table of one job; kernels that differ most between ranks are marked.
+
+    ``spread`` is (max − min) ÷ mean over the ranks, ``max@`` the rank with the most time;
+    ◆ marks what ``aggregate.merge_ranks`` flags (spread and absolute difference both large).
+    """
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("s", "toggle_sort", "Sort mean/spread"),
+        Binding("s", "toggle_sort", "Sort"),
     ]
 
     def __init__(self, job: str) -> None:
@@ -54,13 +59,13 @@ class JobKernelScreen(SnapshotScreen):
         self.query_one(JobKernelTable).show(self.view.rows if self.view else ())
 
     def _title(self) -> None:
-        by_spread = self.query_one(JobKernelTable).by_spread
+        by_mean = self.query_one(JobKernelTable).by_mean
         self.query_one("#job-kernel-title", Static).update(
-            job_kernel_title(self.job_name, self.view, self._ranks_total, by_spread)
+            job_kernel_title(self.job_name, self.view, self._ranks_total, by_mean)
         )
 
     def action_toggle_sort(self) -> None:
-        """Sort by mean time or by spread (``s``)."""
+        """Order by max − min or by mean time (``s``)."""
         table = self.query_one(JobKernelTable)
-        table.by_spread = not table.by_spread
+        table.by_mean = not table.by_mean
         self._title()

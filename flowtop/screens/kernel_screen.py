@@ -46,7 +46,6 @@ class KernelScreen(SnapshotScreen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("r", "reverse", "Reverse"),
-        Binding("f", "full_names", "Names"),
         Binding("k", "kernels_now", "Capture"),
         *(Binding(str(i + 1), f"sort({i})", f"sort by {label}", show=False) for i, (_, label, _) in enumerate(SORTS)),
     ]
@@ -63,6 +62,7 @@ class KernelScreen(SnapshotScreen):
         yield CategoryBar(id="categories")
         yield KernelAnatomy(id="anatomy")
         yield KernelTable(id="kernels")
+        yield Static(id="kernel-full")
         yield Footer()
 
     def show(self, snap: MonitorSnapshot | None) -> None:
@@ -73,6 +73,20 @@ class KernelScreen(SnapshotScreen):
         self.query_one(CategoryBar).show(self.view)
         self.query_one(KernelAnatomy).show(self.view)
         self.query_one(KernelTable).show(self.view.rows if self.view else ())
+        self._full_name()
+
+    def _full_name(self) -> None:
+        """The full name and cumulative figures of the kernel under the cursor."""
+        row = self.query_one(KernelTable).selected
+        out = Text(overflow="ellipsis")
+        if row is not None:
+            out.append(row.name)
+            if row.cum_windows:
+                out.append(f"  · {row.cum_calls:,} calls in {row.cum_windows} windows", style="dim")
+        self.query_one("#kernel-full", Static).update(out)
+
+    def on_data_table_row_highlighted(self, event: KernelTable.RowHighlighted) -> None:
+        self._full_name()
 
     def _title(self) -> None:
         self.query_one("#kernel-title", Static).update(kernel_title(self._rank, self.view, self.job_name, self.rank))
@@ -99,11 +113,6 @@ class KernelScreen(SnapshotScreen):
         table = self.query_one(KernelTable)
         table.reverse = not table.reverse
         self._title()
-
-    def action_full_names(self) -> None:
-        """Toggle full kernel names (``f``)."""
-        table = self.query_one(KernelTable)
-        table.full_names = not table.full_names
 
     def action_kernels_now(self) -> None:
         """Ask this rank for a new kernel window (``k``)."""

@@ -27,19 +27,23 @@ def _finite(x: float | None) -> bool:
 
 
 def fmt_time(seconds: float | None) -> str:
-    """Duration with a unit chosen for 3-4 significant characters: 830µs, 12.3ms, 1.20s."""
+    """Duration in at most 6 characters, 3 significant digits: 830µs, 4.20ms, 12.3ms, 236ms, 1.20s."""
     if not _finite(seconds):
         return NA
     s = float(seconds)  # type: ignore[arg-type]
-    if s < 1e-3:
+    if s < 0.9995e-3:
         return f"{s * 1e6:.0f}µs"
-    if s < 1e-2:
+    if s < 0.9995e-2:
         return f"{s * 1e3:.2f}ms"
-    if s < 1.0:
+    if s < 0.9995e-1:
         return f"{s * 1e3:.1f}ms"
-    if s < 100.0:
-        return f"{s:.2f}s"
-    return f"{s:.0f}s"
+    if s < 0.9995:
+        return f"{s * 1e3:.0f}ms"
+    if s < 99.95:
+        return f"{s:.2f}s" if s < 9.995 else f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
 
 
 def fmt_us(us: float | None) -> str:
@@ -50,15 +54,26 @@ def fmt_us(us: float | None) -> str:
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
-def fmt_si(x: float | None, unit: str = "", digits: int = 1) -> str:
-    """Decimal SI prefix: 4.12e14 -> '412.0T' (+unit)."""
+def _sig3(m: float) -> int:
+    """Decimals that give ``m`` three significant digits (at most 5 characters)."""
+    a = abs(m)
+    return 0 if a >= 99.95 else 1 if a >= 9.995 else 2
+
+
+def fmt_si(x: float | None, unit: str = "", digits: int | None = None) -> str:
+    """Decimal SI prefix, three significant digits unless ``digits`` is given:
+    4.12e14 -> '412T', 1.02e6 -> '1.02M', 989.4e12 with digits=1 -> '989.4T' (+unit)."""
     if not _finite(x):
         return NA
     v = float(x)  # type: ignore[arg-type]
     for scale, prefix in _SI:
-        if abs(v) >= scale:
-            return f"{v / scale:.{digits}f}{prefix}{unit}"
-    return f"{v:.{digits}f}{unit}" if v != int(v) else f"{int(v)}{unit}"
+        # Promote when rounding would print 1000 of the smaller prefix ('1000k' -> '1.00M').
+        if abs(v) >= scale * (0.9995 if digits is None else 1.0):
+            m = v / scale
+            return f"{m:.{_sig3(m) if digits is None else digits}f}{prefix}{unit}"
+    if v == int(v):
+        return f"{int(v)}{unit}"
+    return f"{v:.{_sig3(v) if digits is None else digits}f}{unit}"
 
 
 def fmt_pct(frac: float | None, digits: int = 1) -> str:

@@ -6,8 +6,23 @@ a field, the change is one line here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+# cuDNN's generated attention kernels put what they do (sdpa, flash fprop/bprop) between a long
+# prefix and a long tuning suffix; an 80-column table cut at the end would show only the prefix.
+_DISPLAY_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^cudnn_generated_fort_native_"), "cudnn_"),
+    (re.compile(r"_(?:wgmma|knob)_.*$"), ""),
+)
+
+
+def display_name(short: str) -> str:
+    """A kernel's short name made to fit a table column (the full name stays the key)."""
+    for pattern, repl in _DISPLAY_RULES:
+        short = pattern.sub(repl, short)
+    return short
 
 
 @dataclass(frozen=True)
@@ -44,7 +59,7 @@ class WindowView:
     launches: int | None
     short_kernels: int | None
     short_note: str
-    idle_gaps: tuple[tuple[float, float], ...]  # (start µs into the step, length µs)
+    idle_gaps: tuple[tuple[float, float, tuple[str, ...]], ...]  # (start µs, length µs, host ops meanwhile)
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,9 @@ class JobKernelRow:
     mean_us: float
     min_us: float
     max_us: float
-    spread: float  # (max - min) / mean; what the view sorts and marks by
+    spread: float  # (max - min) / mean
     slowest_rank: int | None
+    flagged: bool  # the aggregate's verdict: uneven enough to matter
 
 
 @dataclass(frozen=True)
@@ -70,15 +86,77 @@ class JobKernelView:
     rows: tuple[JobKernelRow, ...]
 
 
+def _cumulative_lookup(cumulative: Any) -> Callable[[str], Any]:
+    """name -> cumulative row, whatever container the model hands over.
+
+    Accepts ``aggregate.CumulativeKernels`` (``get(name)``), a mapping by name, or an
+    iterable of ``CumulativeRow`` (e.g. ``CumulativeKernels.rows()``).
+    """
+    if cumulative is None:
+        return lambda name: None
+    if isinstance(cumulative, Mapping) or callable(getattr(cumulative, "get", None)):
+        return cumulative.get
+    by_name = {row.name: row for row in cumulative}
+    return by_name.get
+
+
 def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
-    """View of a ``KernelWindowStats`` (and the rank's cumulative table)."""
+    """View of an ``aggregate.KernelWindowStats`` and the rank's cumulative table."""
     if stats is None or isinstance(stats, WindowView):
         return stats
-    raise NotImplementedError("waiting for flowtop.kernels.aggregate")
+    cum = _cumulative_lookup(cumulative)
+    rows = []
+    for k in stats.kernels:
+        c = cum(k.name)
+        rows.append(KernelRow(
+            name=k.name,
+            short=k.short,
+            category=k.category,
+            calls=k.calls,
+            total_us=k.total_us,
+            mean_us=k.mean_us,
+            share=k.share,
+            tflops=k.tflops,
+            cum_us=None if c is None else c.cum_us,
+            cum_calls=None if c is None else c.cum_calls,
+            cum_windows=None if c is None else c.windows_seen,
+        ))
+    a = stats.anatomy
+    return WindowView(
+        device=stats.device,
+        window=stats.window,
+        step=stats.step,
+        step_us=stats.step_us,
+        rows=tuple(rows),
+        categories=tuple((c.category, c.total_us) for c in stats.categories),
+        busy_us=a.busy_us,
+        idle_us=a.idle_us,
+        comm_us=a.comm_us,
+        comm_overlap_us=a.comm_overlap_us,
+        launches=a.launches,
+        short_kernels=a.short_kernels,
+        short_note=a.short_note,
+        idle_gaps=tuple((g.start_us, g.dur_us, tuple(g.host_ops)) for g in a.gaps),
+    )
 
 
 def job_view(merged: Any) -> JobKernelView | None:
-    """View of a ``JobKernelStats``."""
+    """View of an ``aggregate.JobKernelStats``."""
     if merged is None or isinstance(merged, JobKernelView):
         return merged
-    raise NotImplementedError("waiting for flowtop.kernels.aggregate")
+    rows = tuple(
+        JobKernelRow(
+            name=k.name,
+            short=k.short,
+            category=k.category,
+            per_rank_us=dict(k.per_rank_us),
+            mean_us=k.mean_us,
+            min_us=k.min_us,
+            max_us=k.max_us,
+            spread=k.spread,
+            slowest_rank=k.max_rank,
+            flagged=k.flagged,
+        )
+        for k in merged.kernels
+    )
+    return JobKernelView(ranks=tuple(merged.ranks), rows=rows)

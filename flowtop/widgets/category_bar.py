@@ -7,7 +7,7 @@ from textual.widget import Widget
 
 from flowtop.widgets._format import fmt_pct
 from flowtop.widgets._kernels import WindowView
-from flowtop.widgets.kernel_table import category_style
+from flowtop.widgets.kernel_table import category_short, category_style
 
 
 def bar_segments(categories: tuple[tuple[str, float], ...], step_us: float, width: int) -> list[tuple[str, int]]:
@@ -42,11 +42,12 @@ def bar_text(view: WindowView | None, width: int) -> Text:
         out.append(("░" if name == "idle" else "█") * n, style=style)
     out.append("\n")
     total = view.step_us or 1.0
-    for name, us in view.categories:
-        out.append("■ ", style=category_style(name))
-        out.append(f"{name} {fmt_pct(us / total, 0)}  ")
+    # Idle first: on a narrow terminal the smallest categories are the ones cut off.
     out.append("░ ", style="bright_black")
     out.append(f"idle {fmt_pct(view.idle_us / total, 0)}")
+    for name, us in view.categories:
+        out.append("  ■ ", style=category_style(name))
+        out.append(f"{category_short(name)} {fmt_pct(us / total, 0)}")
     return out
 
 

@@ -24,17 +24,17 @@ def flops_text(f: FlopsView | None) -> Text:
             out.append(f"  {note}", style="dim")
         out.append("\n")
 
-    row("model/step", fmt_si(f.model_flops_per_step, "F", 1), "no recompute")
+    row("model/step", fmt_si(f.model_flops_per_step, "F"), "no recompute")
     ratio = (
         f"{f.executed_flops_per_step / f.model_flops_per_step:.2f}× model"
         if f.executed_flops_per_step and f.model_flops_per_step
         else ""
     )
-    row("exec./step", fmt_si(f.executed_flops_per_step, "F", 1), ratio)
+    row("exec./step", fmt_si(f.executed_flops_per_step, "F"), ratio)
     est = f.estimate_ratio
-    row("estimate", fmt_si(f.estimated_flops_per_step, "F", 1), f.estimate_source or "")
+    row("estimate", fmt_si(f.estimated_flops_per_step, "F"), f.estimate_source or "")
     row("count/est.", NA if est is None else f"{est:.3f}", "1 = agree")
-    row("FLOPs/token", fmt_si(f.flops_per_token, "F", 2))
+    row("FLOPs/token", fmt_si(f.flops_per_token, "F"))
     row("MFU", fmt_pct(f.mfu), f.mfu_reason if f.mfu is None else "", mfu_style(f.mfu))
     row("HFU", fmt_pct(f.hfu), "", mfu_style(f.hfu))
     row("peak", fmt_si(f.peak_flops, "F/s", 1), f"{f.dtype} dense")

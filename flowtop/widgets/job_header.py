@@ -85,9 +85,9 @@ class JobHeader(Static):
         out.append(fmt_si(job.tokens_per_s))
         f = job.flops
         out.append("  model FLOP/s ", style="dim")
-        out.append(fmt_si(f.flops_per_s if f else None, "", 1))
+        out.append(fmt_si(f.flops_per_s if f else None))
         out.append("  executed ", style="dim")
-        out.append(fmt_si(f.executed_flops_per_s if f else None, "", 1))
+        out.append(fmt_si(f.executed_flops_per_s if f else None))
         out.append("\n")
         if f is None:
             out.append("MFU ", style="bold")

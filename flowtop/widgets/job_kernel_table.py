@@ -7,52 +7,41 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from flowtop.widgets._format import fmt_pct, fmt_us, styled
-from flowtop.widgets._kernels import JobKernelRow
+from flowtop.widgets._kernels import JobKernelRow, display_name
 from flowtop.widgets.kernel_table import category_short, category_style
 
-# (key, label, width); 64 + 16 padding = 80 at most, with the scrollbar on top.
+# (key, label, width); 63 + 16 padding = 79, plus a 1-cell scrollbar.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("mark", "", 1),
-    ("name", "kernel", 21),
-    ("category", "cat", 6),
+    ("name", "kernel", 27),
+    ("category", "cat", 4),
     ("mean", "mean", 7),
     ("min", "min", 7),
     ("max", "max", 7),
     ("spread", "spread", 6),
-    ("slow", "slow", 4),
+    ("slow", "max@", 4),
 )
 
-#: Spread (max − min) ÷ mean above which a kernel is marked: red, and yellow above half of it.
-SPREAD_MARK = 0.20
-#: The marks go to this many kernels at most (largest spread first, among the timed ones).
-MARK_TOP = 5
-
-
-def marked(rows: tuple[JobKernelRow, ...]) -> set[str]:
-    """Names of the kernels whose time differs most between ranks."""
-    candidates = sorted((r for r in rows if r.spread >= SPREAD_MARK / 2), key=lambda r: (-r.spread, r.name))
-    return {r.name for r in candidates[:MARK_TOP]}
-
-
-def job_kernel_cells(r: JobKernelRow, mark: bool) -> list[Text]:
-    """One row in :data:`COLUMNS` order."""
-    level = "bold red" if r.spread >= SPREAD_MARK else "yellow"
+def job_kernel_cells(r: JobKernelRow) -> list[Text]:
+    """One row in :data:`COLUMNS` order; kernels the aggregate flags as uneven in red."""
+    level = "bold red" if r.flagged else ""
     return [
-        Text("◆" if mark else " ", style=level if mark else ""),
-        Text(r.short, no_wrap=True, overflow="ellipsis", style=level if mark else ""),
+        Text("◆" if r.flagged else " ", style=level),
+        Text(display_name(r.short), no_wrap=True, overflow="ellipsis", style=level),
         Text(category_short(r.category), style=category_style(r.category)),
         styled(fmt_us(r.mean_us), "bold"),
         styled(fmt_us(r.min_us), ""),
         styled(fmt_us(r.max_us), ""),
-        styled(fmt_pct(r.spread, 0), level if mark else "dim"),
-        styled("" if r.slowest_rank is None else str(r.slowest_rank), level if mark else "dim"),
+        styled(fmt_pct(r.spread, 0), level or "dim"),
+        # With no difference between ranks there is no slowest one to name.
+        styled("" if r.slowest_rank is None or r.max_us == r.min_us else str(r.slowest_rank), level or "dim"),
     ]
 
 
 class JobKernelTable(DataTable):
-    """Merged kernels; ``by_spread`` sorts by divergence instead of mean time."""
+    """Merged kernels, most uneven (max − min) first; ``by_mean`` sorts by mean time instead."""
 
-    by_spread: reactive[bool] = reactive(False)
+    by_mean: reactive[bool] = reactive(False)
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -71,16 +60,15 @@ class JobKernelTable(DataTable):
         self._rows = rows
         self._fill()
 
-    def watch_by_spread(self) -> None:
+    def watch_by_mean(self) -> None:
         if self.is_mounted:
             self._fill()
 
     def _fill(self) -> None:
-        marks = marked(self._rows)
-        if self.by_spread:
-            self.order = sorted(self._rows, key=lambda r: (-r.spread, -r.mean_us, r.name))
-        else:
+        if self.by_mean:
             self.order = sorted(self._rows, key=lambda r: (-r.mean_us, r.name))
+        else:
+            self.order = sorted(self._rows, key=lambda r: (-(r.max_us - r.min_us), -r.mean_us, r.name))
         self.clear()
         for i, r in enumerate(self.order):
-            self.add_row(*job_kernel_cells(r, r.name in marks), key=f"{i}:{r.name}")
+            self.add_row(*job_kernel_cells(r), key=f"{i}:{r.name}")

@@ -41,11 +41,16 @@ def anatomy_text(view: WindowView | None) -> Text:
         if share is not None:
             out.append(f" ({fmt_pct(share, 0)})", style=style)
     if view.short_note:
-        out.append(f" {view.short_note}", style="dim")
+        out.append(f": {view.short_note}", style="dim")
     out.append("\n")
     out.append("largest idle gaps ", style="dim")
     if view.idle_gaps:
-        out.append(", ".join(f"{fmt_us(length)} @{fmt_us(start)}" for start, length in view.idle_gaps[:4]))
+        gaps = []
+        for start, length, host_ops in view.idle_gaps[:3]:
+            # What the host was doing meanwhile is the lead to follow.
+            during = f" {host_ops[0]}" if host_ops else ""
+            gaps.append(f"{fmt_us(length)} @{fmt_us(start)}{during}")
+        out.append(", ".join(gaps))
     else:
         out.append("none")
     return out

@@ -9,18 +9,18 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from flowtop.widgets._format import NA, fmt_pct, fmt_us, styled
-from flowtop.widgets._kernels import KernelRow
+from flowtop.widgets._kernels import KernelRow, display_name
 
-# (key, label, width); widths sum to 62: with padding 78 columns (+ scrollbar).
+# (key, label, width); widths sum to 63: with padding 79 columns (+ a 1-cell scrollbar).
 COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("name", "kernel", 20),
-    ("category", "cat", 6),
+    ("name", "kernel", 28),
+    ("category", "cat", 4),
     ("calls", "calls", 5),
-    ("time", "time", 7),
-    ("mean", "mean", 7),
-    ("share", "win%", 5),
-    ("tflops", "TF/s", 5),
-    ("cum", "cum.", 7),
+    ("time", "time", 6),
+    ("mean", "mean", 6),
+    ("share", "win%", 4),
+    ("tflops", "TF/s", 4),
+    ("cum", "cum.", 6),
 )
 
 # Sort orders the keys 1-6 select; numbers sort largest first, the name A to Z.
@@ -51,16 +51,17 @@ CATEGORY_ABBREV: dict[str, str] = {
     "attention": "attn",
     "communication": "comm",
     "elementwise": "elem",
-    "optimizer": "optim",
+    "optimizer": "opt",
     "memory": "mem",
-    "reduction": "reduce",
+    "reduction": "red",
     "norm_softmax": "norm",
+    "other": "oth",
 }
 
 
 def category_short(category: str) -> str:
-    """A category in at most 6 characters (the table column)."""
-    return CATEGORY_ABBREV.get(category.lower(), category)[:6]
+    """A category in at most 4 characters (the table column)."""
+    return CATEGORY_ABBREV.get(category.lower(), category)[:4]
 
 
 def category_style(category: str) -> str:
@@ -75,16 +76,15 @@ def sorted_rows(rows: tuple[KernelRow, ...], sort: int, reverse: bool) -> list[K
     return out[::-1] if reverse else out
 
 
-def kernel_cells(r: KernelRow, full_names: bool) -> list[Text]:
+def kernel_cells(r: KernelRow) -> list[Text]:
     """One row in :data:`COLUMNS` order."""
-    name = r.name if full_names else r.short
     return [
-        Text(name, no_wrap=True, overflow="ellipsis"),
+        Text(display_name(r.short), no_wrap=True, overflow="ellipsis"),
         Text(category_short(r.category), style=category_style(r.category)),
         styled(f"{r.calls:,}", ""),
         styled(fmt_us(r.total_us), "bold"),
         styled(fmt_us(r.mean_us), ""),
-        styled(fmt_pct(r.share, 1 if (r.share or 0) < 0.1 else 0), ""),
+        styled(fmt_pct(r.share, 1 if (r.share or 0) < 0.095 else 0), ""),
         styled(NA if r.tflops is None else f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.1f}", ""),
         styled(fmt_us(r.cum_us), "dim"),
     ]
@@ -95,7 +95,6 @@ class KernelTable(DataTable):
 
     sort_index: reactive[int] = reactive(0)
     reverse: reactive[bool] = reactive(False)
-    full_names: reactive[bool] = reactive(False)
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -107,6 +106,13 @@ class KernelTable(DataTable):
             justify = "left" if key in ("name", "category") else "right"
             self.add_column(Text(label, justify=justify), key=key, width=width)
         self._label_sort()
+
+    @property
+    def selected(self) -> KernelRow | None:
+        """The kernel under the cursor."""
+        if 0 <= self.cursor_row < len(self.order):
+            return self.order[self.cursor_row]
+        return None
 
     def show(self, rows: tuple[KernelRow, ...]) -> None:
         """Render ``rows`` (unchanged rows do not touch the table)."""
@@ -120,7 +126,7 @@ class KernelTable(DataTable):
         self.order = sorted_rows(self._rows, self.sort_index, self.reverse)
         self.clear()
         for i, r in enumerate(self.order):
-            self.add_row(*kernel_cells(r, self.full_names), key=f"{i}:{r.name}")
+            self.add_row(*kernel_cells(r), key=f"{i}:{r.name}")
         names = [r.name for r in self.order]
         if selected in names:
             self.move_cursor(row=names.index(selected), animate=False)
@@ -141,9 +147,6 @@ class KernelTable(DataTable):
         self._resort()
 
     def watch_reverse(self) -> None:
-        self._resort()
-
-    def watch_full_names(self) -> None:
         self._resort()
 
     def _resort(self) -> None:

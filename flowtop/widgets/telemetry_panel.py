@@ -16,9 +16,9 @@ def _value(key: str, value: Any) -> str:
     """A value with the unit its key implies (see the telemetry adapter)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if key.endswith("_bytes_s"):
-            return fmt_si(float(value), "B/s", 1)
+            return fmt_si(float(value), "B/s")
         if tm.is_bytes(key):
-            return fmt_si(float(value), "B", 1)
+            return fmt_si(float(value), "B")
     text = tm.value_text(key, value)
     return fmt_value(value) if text is None else text
 

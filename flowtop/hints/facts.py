@@ -1,0 +1,99 @@
+"""The one place that reads :mod:`flowtop.kernels.aggregate` records for the hints.
+
+The measures see only the small records below; if the aggregate module renames a field, the
+change is one line in :func:`kernel_facts` or :func:`uneven_rows`. Duck-typed on purpose: the
+hints package does not import the aggregate module (it may be absent, or built differently).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel name in a window."""
+
+    name: str
+    short: str
+    category: str
+    calls: int
+    total_us: float
+    op: str  # launching host operator ("" when unknown)
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """What the hints need from one kernel window (totals over ``steps`` steps)."""
+
+    device: str  # "cuda" | "cpu"
+    steps: int
+    step_us: float  # wall time of the window
+    busy_us: float  # union of device-work intervals
+    comm_us: float
+    comm_overlap_us: float
+    launches: int | None  # None on a CPU window
+    short_kernels: int | None
+    category_us: Mapping[str, float]
+    rows: tuple[KernelRow, ...]
+
+    @property
+    def kernel_us(self) -> float:
+        """Summed device time of all kernels (streams running at once both count)."""
+        return sum(self.category_us.values())
+
+
+@dataclass(frozen=True)
+class UnevenRow:
+    """One kernel's time across ranks (from the merged job table)."""
+
+    name: str
+    short: str
+    category: str
+    per_rank_us: Mapping[int, float]
+    spread: float  # (max - min) / mean
+    min_rank: int
+    max_rank: int
+    min_us: float
+    max_us: float
+    mean_us: float
+    mean_step_us: float
+
+
+def kernel_facts(stats: Any) -> KernelFacts | None:
+    """Adapter: ``flowtop.kernels.aggregate.KernelWindowStats`` -> :class:`KernelFacts`."""
+    if stats is None:
+        return None
+    a = stats.anatomy
+    return KernelFacts(
+        device=str(stats.device),
+        steps=1,  # a window is one profiled step
+        step_us=float(stats.step_us),
+        busy_us=float(a.busy_us),
+        comm_us=float(a.comm_us),
+        comm_overlap_us=float(a.comm_overlap_us),
+        launches=a.launches,
+        short_kernels=a.short_kernels,
+        category_us={c.category: float(c.total_us) for c in stats.categories},
+        rows=tuple(KernelRow(k.name, k.short, k.category, int(k.calls), float(k.total_us), k.op or "")
+                   for k in stats.kernels),
+    )
+
+
+def uneven_rows(merged: Any) -> tuple[UnevenRow, ...]:
+    """Adapter: ``flowtop.kernels.aggregate.JobKernelStats`` -> rows, most uneven (µs) first."""
+    if merged is None:
+        return ()
+    return tuple(
+        UnevenRow(s.name, s.short, s.category, dict(s.per_rank_us), float(s.spread), s.min_rank,
+                  s.max_rank, float(s.min_us), float(s.max_us), float(s.mean_us), float(merged.mean_step_us))
+        for s in merged.kernels
+    )
+
+
+def category_share_of_busy(f: KernelFacts | None, category: str) -> float | None:
+    """A category's share of the summed kernel time (None without a window or kernels)."""
+    if f is None or f.kernel_us <= 0:
+        return None
+    return f.category_us.get(category, 0.0) / f.kernel_us

@@ -1,0 +1,384 @@
+"""Kernel top-list and step anatomy of one window, ranks merged, and a cumulative table.
+
+Definitions (the UI and ``flowtop analyze`` show these numbers; see also design.md §5):
+
+* *device work*: kernels, memcpy and memset (kinds 0–2).  On a CPU window the work is the
+  operators' exclusive time (see :mod:`flowtop.kernels.trace`).
+* *share*: a kernel's summed device time ÷ the step's wall time.
+* *busy*: the length of the UNION of device-work intervals over all streams (two streams running
+  at once count once); on a CPU window the union of the top-level operators.  *idle* = step − busy
+  (never negative: the device queue can run past the host's step end).
+* *communication*: union of communication kernels; *overlap*: its intersection with the union of
+  all other kernels (compute hiding the transfer).
+* *launches*: device events in the window (each one is one launch call).
+* *short kernels*: device time shorter than the runtime call that launched it (linked by
+  correlation, kind 4); when a kernel's launch call is not in the window, shorter than
+  :data:`SHORT_KERNEL_FALLBACK_US` — a typical launch cost, since below it the GPU finishes sooner
+  than the host can feed it.
+* *idle gaps*: the largest stretches of the step with no device work, with the host operators or
+  runtime calls that overlapped them most (what the host was doing while the GPU waited).
+* *achieved TFLOP/s*: attributed FLOPs ÷ the device time of the calls that carry FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from flowtop.kernels.classify import CATEGORIES, classify, short_name
+from flowtop.kernels.trace import CPU_OP, DEVICE_KINDS, KERNEL, RUNTIME, KernelWindow
+
+SHORT_KERNEL_FALLBACK_US = 5.0
+TOP_GAPS = 5
+GAP_HOST_OPS = 3
+# merge_ranks flags a kernel when its per-rank time varies by ≥ 20 % of its mean and the
+# difference is ≥ 1 % of the mean step: starting points, to be tuned with evidence.
+FLAG_SPREAD = 0.2
+FLAG_STEP_FRACTION = 0.01
+
+
+@dataclass(frozen=True)
+class KernelStat:
+    """One kernel name (or CPU operator) in a window."""
+
+    name: str
+    short: str
+    category: str
+    calls: int
+    total_us: float
+    mean_us: float
+    share: float
+    flops: float | None
+    tflops: float | None
+    op: str  # the launching operator with the most time ("" when unknown)
+
+
+@dataclass(frozen=True)
+class CategoryStat:
+    """Totals of one category in a window."""
+
+    category: str
+    calls: int
+    total_us: float
+    share: float
+    flops: float | None
+
+
+@dataclass(frozen=True)
+class IdleGap:
+    """A stretch of the step with no device work."""
+
+    start_us: float
+    dur_us: float
+    host_ops: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepAnatomy:
+    """Where the step's wall time went on the device."""
+
+    step_us: float
+    busy_us: float
+    idle_us: float
+    busy_frac: float | None
+    comm_us: float
+    comm_overlap_us: float
+    comm_overlap_frac: float | None
+    launches: int | None
+    short_kernels: int | None
+    short_kernel_us: float | None
+    short_note: str
+    gaps: tuple[IdleGap, ...]
+    flops: float | None
+    tflops: float | None  # attributed FLOPs ÷ step wall time
+
+
+@dataclass(frozen=True)
+class KernelWindowStats:
+    """Aggregate of one window: kernels largest first, categories, anatomy."""
+
+    device: str
+    step: int | None
+    window: int | None
+    step_us: float
+    kernels: tuple[KernelStat, ...]
+    categories: tuple[CategoryStat, ...]
+    anatomy: StepAnatomy
+    cost_s: float | None
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by ``(start, end)`` intervals."""
+    return sum(e - s for s, e in merge_intervals(intervals))
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint cover of the intervals (touching ones merged)."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Overlap of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def aggregate(window: KernelWindow) -> KernelWindowStats:
+    """Top list, categories and anatomy of one window."""
+    names, events, step = window.names, window.events, window.step_dur_us
+    work = [e for e in events if e.kind in DEVICE_KINDS]
+    per: dict[int, list] = {}  # name -> [calls, total, flops, flops_us, Counter(op -> us)]
+    for e in work:
+        row = per.setdefault(e.name, [0, 0.0, 0.0, 0.0, Counter()])
+        row[0] += 1
+        row[1] += e.dur_us
+        if e.flops >= 0:
+            row[2] += e.flops
+            row[3] += e.dur_us
+        if e.op >= 0:
+            row[4][e.op] += e.dur_us
+    kernels = []
+    for idx, (calls, total, flops, flops_us, ops) in per.items():
+        name = names[idx]
+        known = flops_us > 0 or flops > 0
+        kernels.append(KernelStat(
+            name=name,
+            short=short_name(name),
+            category=classify(name),
+            calls=calls,
+            total_us=total,
+            mean_us=total / calls,
+            share=total / step if step > 0 else 0.0,
+            flops=flops if known else None,
+            tflops=flops / flops_us / 1e6 if flops_us > 0 else None,
+            op=names[max(sorted(ops), key=lambda o: ops[o])] if ops else "",
+        ))
+    kernels.sort(key=lambda k: (-k.total_us, k.name))
+
+    cats: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False])
+    for k in kernels:
+        c = cats[k.category]
+        c[0] += k.calls
+        c[1] += k.total_us
+        if k.flops is not None:
+            c[2] += k.flops
+            c[3] = True
+    categories = tuple(sorted(
+        (CategoryStat(cat, c[0], c[1], c[1] / step if step > 0 else 0.0, c[2] if c[3] else None)
+         for cat, c in cats.items()),
+        key=lambda c: (-c.total_us, CATEGORIES.index(c.category)),
+    ))
+    return KernelWindowStats(
+        device=window.device,
+        step=window.step,
+        window=window.window,
+        step_us=step,
+        kernels=tuple(kernels),
+        categories=categories,
+        anatomy=_anatomy(window, work, kernels),
+        cost_s=window.cost_s,
+    )
+
+
+def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat]) -> StepAnatomy:
+    names, events, step = window.names, window.events, window.step_dur_us
+    on_cpu = window.device == "cpu"
+    busy_src = [e for e in events if e.kind == CPU_OP] if on_cpu else work
+    busy = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in busy_src)
+    busy_us = sum((e - s for s, e in busy), 0.0)
+    category = {k.name: k.category for k in kernels}
+    comm = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in work if category[names[e.name]] == "communication")
+    compute = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in work
+                              if e.kind == KERNEL and category[names[e.name]] != "communication")
+    comm_us = sum((e - s for s, e in comm), 0.0)
+    overlap = intersection_length(comm, compute)
+
+    launches = short = None
+    short_us: float | None = None
+    note = "no launches on a CPU window"
+    if not on_cpu:
+        launch_dur = {e.op: e.dur_us for e in events if e.kind == RUNTIME and e.op >= 0}
+        linked = short = 0
+        short_us = 0.0
+        for i, e in enumerate(events):
+            if e.kind not in DEVICE_KINDS:
+                continue
+            limit = launch_dur.get(i)
+            linked += limit is not None
+            if e.dur_us < (SHORT_KERNEL_FALLBACK_US if limit is None else limit):
+                short += 1
+                short_us += e.dur_us
+        launches = len(work)
+        note = (f"device time < its launch call ({linked} of {launches} linked); "
+                f"< {SHORT_KERNEL_FALLBACK_US:g} µs when the launch call is unknown")
+
+    flops = [e.flops for e in work if e.flops >= 0]
+    total_flops = sum(flops) if flops else None
+    return StepAnatomy(
+        step_us=step,
+        busy_us=busy_us,
+        idle_us=max(0.0, step - busy_us),
+        busy_frac=_ratio(busy_us, step),
+        comm_us=comm_us,
+        comm_overlap_us=overlap,
+        comm_overlap_frac=_ratio(overlap, comm_us),
+        launches=launches,
+        short_kernels=short,
+        short_kernel_us=short_us,
+        short_note=note,
+        gaps=_gaps(window, busy),
+        flops=total_flops,
+        tflops=total_flops / step / 1e6 if total_flops is not None and step > 0 else None,
+    )
+
+
+def _gaps(window: KernelWindow, busy: list[tuple[float, float]]) -> tuple[IdleGap, ...]:
+    end = max([window.step_dur_us] + [e for _, e in busy])
+    edges = [0.0] + [x for s, e in busy for x in (s, e)] + [end]
+    holes = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2) if edges[i + 1] > edges[i]]
+    holes.sort(key=lambda h: (-(h[1] - h[0]), h[0]))
+    host = [e for e in window.events if e.kind in (CPU_OP, RUNTIME)]
+    out = []
+    for s, e in holes[:TOP_GAPS]:
+        during: Counter[str] = Counter()
+        for h in host:
+            lo, hi = max(s, h.ts_us), min(e, h.ts_us + h.dur_us)
+            if hi > lo:
+                during[window.names[h.name]] += hi - lo
+        top = sorted(during.items(), key=lambda kv: (-kv[1], kv[0]))[:GAP_HOST_OPS]
+        out.append(IdleGap(s, e - s, tuple(n for n, _ in top)))
+    return tuple(out)
+
+
+# --- across ranks ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankSpread:
+    """One kernel's time in each rank's window."""
+
+    name: str
+    short: str
+    category: str
+    per_rank_us: tuple[tuple[int, float], ...]
+    mean_us: float
+    min_us: float
+    max_us: float
+    min_rank: int
+    max_rank: int
+    ratio: float | None  # max / min (None when some rank did not run it)
+    spread: float  # (max - min) / mean
+    flagged: bool
+
+
+@dataclass(frozen=True)
+class JobKernelStats:
+    """Kernels of a job's ranks, the most uneven (max − min µs) first."""
+
+    ranks: tuple[int, ...]
+    mean_step_us: float
+    kernels: tuple[RankSpread, ...]
+
+
+def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
+    """Compare one window per rank: a kernel absent from a rank counts 0 µs there."""
+    ranks = tuple(sorted(windows))
+    mean_step = sum(windows[r].step_us for r in ranks) / len(ranks) if ranks else 0.0
+    info: dict[str, KernelStat] = {}
+    times: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in ranks:
+        for k in windows[r].kernels:
+            info.setdefault(k.name, k)
+            times[k.name][r] = k.total_us
+    rows = []
+    for name, k in info.items():
+        per = tuple((r, times[name].get(r, 0.0)) for r in ranks)
+        lo = min(per, key=lambda p: (p[1], p[0]))
+        hi = max(per, key=lambda p: (p[1], -p[0]))
+        mean = sum(t for _, t in per) / len(per)
+        spread = (hi[1] - lo[1]) / mean if mean > 0 else 0.0
+        rows.append(RankSpread(
+            name=name, short=k.short, category=k.category, per_rank_us=per, mean_us=mean,
+            min_us=lo[1], max_us=hi[1], min_rank=lo[0], max_rank=hi[0],
+            ratio=hi[1] / lo[1] if lo[1] > 0 else None, spread=spread,
+            flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi[1] - lo[1] >= FLAG_STEP_FRACTION * mean_step,
+        ))
+    rows.sort(key=lambda s: (-(s.max_us - s.min_us), s.name))
+    return JobKernelStats(ranks, mean_step, tuple(rows))
+
+
+# --- over time --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CumulativeRow:
+    """A kernel's totals over every window seen so far."""
+
+    name: str
+    short: str
+    category: str
+    cum_us: float
+    cum_calls: int
+    windows_seen: int
+    share: float  # cum_us ÷ the summed step time of all windows
+
+
+class CumulativeKernels:
+    """Accumulates windows like ``py-spy top``: the UI shows window % beside cumulative time.
+
+    Distinct names are capped at :attr:`max_names`; past it the smallest totals are dropped
+    (a long job with generated kernel names must not grow the monitor without bound).
+    """
+
+    def __init__(self, max_names: int = 10_000) -> None:
+        self.max_names = max_names
+        self.windows = 0
+        self.step_us = 0.0
+        self._rows: dict[str, list] = {}  # name -> [short, category, us, calls, windows]
+
+    def add(self, stats: KernelWindowStats) -> None:
+        """Fold one window in."""
+        self.windows += 1
+        self.step_us += stats.step_us
+        for k in stats.kernels:
+            row = self._rows.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
+            row[2] += k.total_us
+            row[3] += k.calls
+            row[4] += 1
+        if len(self._rows) > self.max_names:
+            keep = sorted(self._rows.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5]
+            self._rows = dict(keep)
+
+    def get(self, name: str) -> CumulativeRow | None:
+        """The row of one kernel name, if seen."""
+        row = self._rows.get(name)
+        return None if row is None else self._row(name, row)
+
+    def rows(self) -> tuple[CumulativeRow, ...]:
+        """All rows, largest cumulative time first."""
+        out = [self._row(n, r) for n, r in self._rows.items()]
+        out.sort(key=lambda r: (-r.cum_us, r.name))
+        return tuple(out)
+
+    def _row(self, name: str, row: list) -> CumulativeRow:
+        return CumulativeRow(name, row[0], row[1], row[2], row[3], row[4],
+                             row[2] / self.step_us if self.step_us > 0 else 0.0)

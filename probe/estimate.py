@@ -1,0 +1,146 @@
+"""Analytic transformer FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B).
+
+Training (forward + backward) model FLOPs per token: ``6·N + 12·L·d·T`` with N the
+non-embedding parameters (the LM head counts, tied or not: its matmul runs), L layers, d the
+model width and T the sequence length; the second term is attention (scores and weighted
+sum, full square).  Under the "causal" convention attention is halved: ``6·N + 6·L·d·T``.
+
+Shown beside the counted figure (probe.flops) as a plausibility check, so it stays simple:
+frozen parameters are counted like trainable ones (they skip the weight-gradient 2·N_frozen,
+so the estimate overstates fine-tuning runs such as LoRA), positional parameters that are
+not ``nn.Embedding`` modules count as non-embedding, and sharded (FSDP) parameters count
+only the local shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe._log import warn_once
+
+_CONFIG_ATTRS = ("config", "cfg", "args", "model_args", "params", "hparams")
+_LAYER_KEYS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
+_WIDTH_KEYS = ("n_embd", "hidden_size", "d_model", "dim")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Analytic training FLOPs per token and the figures it came from.
+
+    ``source`` says how the shape was found: "override", "config:<attr>" or "blocks:<path>".
+    """
+
+    flops_per_token: float
+    n_params: int
+    n_layers: int
+    d_model: int
+    seq_len: int
+    source: str
+
+
+def transformer_flops_per_token(
+    n_params: int, n_layers: int, d_model: int, seq_len: int, attention: str = "full"
+) -> float:
+    """``6·N + 12·L·d·T`` (full attention) or ``6·N + 6·L·d·T`` (causal convention)."""
+    attn = 6 if attention == "causal" else 12
+    return float(6 * n_params + attn * n_layers * d_model * seq_len)
+
+
+def non_embedding_params(model: nn.Module) -> int:
+    """Parameters outside ``nn.Embedding`` tables, plus any head weight tied to one.
+
+    Counting is by tensor identity, so a weight shared by several modules counts once."""
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    total = sum(p.numel() for p in model.parameters() if id(p) not in embedding_ids)
+    tied_heads = {
+        id(m.weight): m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and id(m.weight) in embedding_ids
+    }
+    return total + sum(tied_heads.values())
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """Inner module of DDP/FSDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    for _ in range(4):
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
+
+
+def _config_value(config: Any, keys: Iterable[str]) -> int | None:
+    for key in keys:
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _from_config(model: nn.Module) -> tuple[int, int, str] | None:
+    for attr in _CONFIG_ATTRS:
+        config = getattr(model, attr, None)
+        if config is None or isinstance(config, (int, float, str, torch.Tensor)):
+            continue
+        layers, width = _config_value(config, _LAYER_KEYS), _config_value(config, _WIDTH_KEYS)
+        if layers and width:
+            return layers, width, f"config:{attr}"
+    return None
+
+
+def _attention_width(block: nn.Module) -> int | None:
+    """Model width seen by a block's attention: MHA ``embed_dim`` or its first Linear's input."""
+    for name, sub in block.named_modules():
+        if isinstance(sub, nn.MultiheadAttention):
+            return int(sub.embed_dim)
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if "attn" in leaf or "attention" in leaf:
+            for inner in sub.modules():
+                if isinstance(inner, nn.Linear):
+                    return int(inner.in_features)
+    return None
+
+
+def _from_blocks(model: nn.Module) -> tuple[int, int, str] | None:
+    """The longest ModuleList/Sequential whose every child holds an attention submodule."""
+    best: tuple[int, int, str] | None = None
+    for path, sub in model.named_modules():
+        if not isinstance(sub, (nn.ModuleList, nn.Sequential)) or len(sub) == 0:
+            continue
+        widths = [_attention_width(child) for child in sub]
+        if all(w is not None for w in widths) and (best is None or len(sub) > best[0]):
+            best = (len(sub), int(widths[0]), f"blocks:{path or '<root>'}")
+    return best
+
+
+def estimate_from_model(
+    model: nn.Module, seq_len: int, attention: str = "full", flops_per_token: float | None = None
+) -> Estimate | None:
+    """Estimate training FLOPs per token of a transformer, or ``None`` if its shape is unknown.
+
+    ``flops_per_token`` overrides the analytic figure (the user knows better); the shape is
+    then still reported when it can be found.  Never raises.
+    """
+    try:
+        model = _unwrap(model)
+        shape = _from_config(model) or _from_blocks(model)
+        n_params = non_embedding_params(model)
+        if flops_per_token is not None:
+            layers, width = (shape[0], shape[1]) if shape else (0, 0)
+            return Estimate(float(flops_per_token), n_params, layers, width, int(seq_len), "override")
+        if shape is None or seq_len <= 0:
+            return None
+        layers, width, source = shape
+        fpt = transformer_flops_per_token(n_params, layers, width, int(seq_len), attention)
+        return Estimate(fpt, n_params, layers, width, int(seq_len), source)
+    except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
+        warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
+        return None

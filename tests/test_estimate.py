@@ -1,0 +1,114 @@
+"""Transformer estimate per token: 6·N + 12·L·d·T (PaLM appendix B)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from probe.estimate import estimate_from_model, non_embedding_params, transformer_flops_per_token
+
+
+@dataclass
+class Config:
+    n_layer: int = 2
+    n_embd: int = 16
+    vocab_size: int = 32
+    block_size: int = 8
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)  # 2d
+        self.attn = nn.Module()
+        self.attn.c_attn = nn.Linear(d, 3 * d)  # 3d² + 3d
+        self.attn.c_proj = nn.Linear(d, d)  # d² + d
+        self.ln_2 = nn.LayerNorm(d)  # 2d
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))  # 8d² + 5d
+
+
+class GPT(nn.Module):
+    def __init__(self, config: Config, tied: bool) -> None:
+        super().__init__()
+        self.config = config
+        d = config.n_embd
+        self.wte = nn.Embedding(config.vocab_size, d)
+        self.wpe = nn.Embedding(config.block_size, d)
+        self.h = nn.ModuleList(Block(d) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        if tied:
+            self.lm_head.weight = self.wte.weight
+
+
+D, L, V, T = 16, 2, 32, 8
+PER_BLOCK = 12 * D * D + 13 * D  # 12d² weights + (2d + 3d + d + 2d + 4d + d) biases/norms
+N_EXPECTED = L * PER_BLOCK + 2 * D + V * D  # blocks + ln_f + LM head; embeddings excluded
+
+
+def test_config_gpt_exact_untied_and_tied() -> None:
+    for tied in (False, True):
+        model = GPT(Config(), tied)
+        assert non_embedding_params(model) == N_EXPECTED == 7104
+        est = estimate_from_model(model, seq_len=T)
+        assert est is not None
+        assert est.flops_per_token == 6 * N_EXPECTED + 12 * L * D * T == 45696
+        shape = (est.n_params, est.n_layers, est.d_model, est.seq_len, est.source)
+        assert shape == (N_EXPECTED, L, D, T, "config:config")
+
+
+def test_causal_convention_halves_attention_term() -> None:
+    est = estimate_from_model(GPT(Config(), tied=False), seq_len=T, attention="causal")
+    assert est.flops_per_token == 6 * N_EXPECTED + 6 * L * D * T
+    assert transformer_flops_per_token(100, 2, 4, 10) == 600 + 960
+    assert transformer_flops_per_token(100, 2, 4, 10, "causal") == 600 + 480
+
+
+def test_hf_style_dict_config_and_wrappers() -> None:
+    model = GPT(Config(), tied=False)
+    model.config = {"num_hidden_layers": L, "hidden_size": D}
+
+    class Wrapper(nn.Module):  # like DDP: the real model is .module
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.module = inner
+
+    est = estimate_from_model(Wrapper(model), seq_len=T)
+    assert est.flops_per_token == 6 * N_EXPECTED + 12 * L * D * T
+
+
+def test_blocks_without_config() -> None:
+    model = GPT(Config(), tied=False)
+    del model.config
+    est = estimate_from_model(model, seq_len=T)
+    assert (est.n_layers, est.d_model, est.source) == (L, D, "blocks:h")
+    assert est.flops_per_token == 6 * N_EXPECTED + 12 * L * D * T
+
+
+def test_multihead_attention_stack() -> None:
+    layer = lambda: nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64)  # noqa: E731
+    model = nn.Sequential(nn.Embedding(100, 32), *[layer() for _ in range(3)])
+    # the Sequential mixes an embedding with blocks; blocks inside a ModuleList are needed
+    assert estimate_from_model(model, seq_len=16) is None
+    encoder = nn.TransformerEncoder(layer(), num_layers=3, enable_nested_tensor=False)
+    est = estimate_from_model(encoder, seq_len=16)
+    n = sum(p.numel() for p in encoder.parameters())
+    assert (est.n_layers, est.d_model, est.source) == (3, 32, "blocks:layers")
+    assert est.flops_per_token == 6 * n + 12 * 3 * 32 * 16
+
+
+def test_unknown_shape_and_override() -> None:
+    mlp = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert estimate_from_model(mlp, seq_len=8) is None
+    est = estimate_from_model(mlp, seq_len=8, flops_per_token=1.5e9)
+    assert est.flops_per_token == 1.5e9 and est.source == "override" and est.n_params == 30
+    assert estimate_from_model(GPT(Config(), tied=False), seq_len=0) is None
+
+
+def test_never_raises() -> None:
+    class Broken(nn.Module):
+        def parameters(self, recurse: bool = True):  # noqa: ANN201
+            raise RuntimeError("sharded")
+
+    assert estimate_from_model(Broken(), seq_len=8) is None

@@ -1,0 +1,181 @@
+"""The hint engine: ordering, state handling, table validation, docs in sync, the H200 fixture."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowtop.hints import RULES, RULES_BY_ID, Gate, HintEngine
+from flowtop.hints.base import Measurement
+from flowtop.hints.doc import rules_markdown
+from flowtop.hints.engine import MEASURES
+from flowtop.snapshot import JobSnapshot, MonitorSnapshot, to_json
+from test_hints_factories import (
+    b_comm,
+    b_input_wait,
+    b_throttle,
+    b_uneven,
+    flops,
+    history,
+    job,
+    kwin,
+    rank,
+    small_hang_rules,
+    telemetry,
+)
+
+FIXTURE = Path("/work/shared/fixtures/h200-gpt-small-step.trace.json.gz")
+README_SECTION = Path(__file__).resolve().parent.parent / "flowtop" / "hints" / "README_SECTION.md"
+
+
+def ids(hints: tuple) -> list[tuple[str, str]]:
+    return [(h.id, h.target) for h in hints]
+
+
+def test_order_is_severity_then_impact() -> None:
+    from test_hints_factories import ADD, NCCL
+    stalled = rank(0, step=10, hist=history(10, 0.1, t0=-3.0))  # no step for 2 s: hang
+    waiting = rank(1, hist=history(10, 0.1, wait_s=0.012))  # input wait 12 %
+    comm = rank(2, hist=history(10, 0.1), kernels=kwin([(NCCL, 4, 2000.0), (ADD, 10, 3000.0)]))  # 20 % comm
+    full = rank(3, hist=history(10, 0.1), tel=telemetry(mem_used=95.0, mem_total=100.0))
+    snap = job(stalled, waiting, comm, full)
+    engine = HintEngine(small_hang_rules())
+    engine.evaluate(snap, 0.0)
+    hints = engine.evaluate(snap, 6.0)
+    assert ids(hints) == [
+        ("hang_rank", "rank 0"),  # critical, impact 1
+        ("comm_exposed", "rank 2"),  # warning, impact 0.20
+        ("input_wait", "rank 1"),  # warning, impact 0.12
+        ("memory_full", "rank 3"),  # info
+    ]
+    assert [h.severity for h in hints] == ["critical", "warning", "warning", "info"]
+
+
+def test_missing_data_holds_an_active_hint() -> None:
+    engine = HintEngine()
+    engine.evaluate(b_throttle(80.0, 0.0), 0.0)
+    first = engine.evaluate(b_throttle(80.0, 0.0), 6.0)
+    blind = job(rank(0))  # telemetry not there this time
+    held = engine.evaluate(blind, 7.0)
+    assert [h for h in held if h.id == "throttling"] == [h for h in first if h.id == "throttling"]
+
+
+def test_vanished_target_starts_over() -> None:
+    engine = HintEngine()
+    engine.evaluate(b_throttle(80.0, 0.0), 0.0)
+    assert ("throttling", "rank 0") in ids(engine.evaluate(b_throttle(80.0, 0.0), 6.0))
+    other = job(rank(1, tel=telemetry(sm_clock_mhz=1990.0, sm_clock_max_mhz=2000.0)))
+    assert engine.evaluate(other, 7.0) == ()  # rank 0 gone: its state is dropped
+    assert ("throttling", "rank 0") not in ids(engine.evaluate(b_throttle(80.0, 0.0), 8.0))
+    assert ("throttling", "rank 0") in ids(engine.evaluate(b_throttle(80.0, 0.0), 13.0))
+
+
+def test_jobs_keep_separate_state() -> None:
+    engine = HintEngine()
+    a = b_throttle(80.0, 0.0)
+    b = dataclasses.replace(a, job="job2")
+    engine.evaluate(a, 0.0)
+    engine.evaluate(b, 4.0)
+    assert ids(engine.evaluate(a, 5.0)) == [("throttling", "rank 0")]
+    assert engine.evaluate(b, 5.0) == ()  # job2 crossed 1 s ago
+    engine.reset()
+    assert engine.evaluate(a, 6.0) == ()
+
+
+def test_a_failing_measure_is_logged_once_and_its_hints_held(caplog: pytest.LogCaptureFixture) -> None:
+    rule = RULES_BY_ID["input_wait"]
+    calls = {"n": 0}
+
+    def flaky(r, j, now):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("boom")
+        return {"rank 0": Measurement(9.0, {"input_wait_pct": 9.0}, 0.09, 100, steps_covered=10)}
+
+    engine = HintEngine(rules=(rule, RULES_BY_ID["comm_exposed"]),
+                        measures={"input_wait": flaky, "comm_exposed": MEASURES["comm_exposed"]})
+    snap = b_comm(20.0, 0.0)
+    assert ids(engine.evaluate(snap, 0.0)) == [("comm_exposed", "rank 0"), ("input_wait", "rank 0")]
+    with caplog.at_level(logging.ERROR, logger="flowtop.hints"):
+        assert ids(engine.evaluate(snap, 1.0)) == [("comm_exposed", "rank 0"), ("input_wait", "rank 0")]
+        engine.evaluate(snap, 2.0)
+    assert sum("input_wait failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_table_validation() -> None:
+    base = RULES_BY_ID["input_wait"]
+    with pytest.raises(ValueError, match="clear must be <="):
+        HintEngine((dataclasses.replace(base, clear=6.0),))
+    with pytest.raises(ValueError, match="clear must be >="):
+        HintEngine((dataclasses.replace(RULES_BY_ID["launch_bound"], clear=40.0),))
+    with pytest.raises(ValueError, match="duplicate"):
+        HintEngine((base, base))
+    with pytest.raises(ValueError, match="gate overlap_pct"):
+        HintEngine((dataclasses.replace(RULES_BY_ID["comm_exposed"], gates=(Gate("overlap_pct", "<", 50.0, 40.0),)),))
+    with pytest.raises(ValueError, match="no measure"):
+        HintEngine((dataclasses.replace(base, id="made_up"),))
+
+
+def test_thresholds_are_tunable_through_the_table() -> None:
+    stricter = tuple(dataclasses.replace(r, threshold=10.0, clear=8.0) if r.id == "input_wait" else r for r in RULES)
+    assert [h for h in HintEngine(stricter).evaluate(b_input_wait(9.0, 0.0), 0.0) if h.id == "input_wait"] == []
+    assert [h for h in HintEngine().evaluate(b_input_wait(9.0, 0.0), 0.0) if h.id == "input_wait"]
+
+
+def test_kernel_scope_hint() -> None:
+    (hint,) = [h for h in HintEngine().evaluate(b_uneven(30.0, 0.0), 0.0) if h.id == "uneven_kernel"]
+    assert hint.scope == "kernel" and hint.severity == "info"
+    assert hint.evidence["step_share_pct"] == pytest.approx(100 * (1000 * 0.3 / 0.85) / 10_000)
+
+
+def test_hints_survive_the_json_snapshot() -> None:
+    snap = b_throttle(80.0, 0.0)
+    engine = HintEngine()
+    engine.evaluate(snap, 0.0)
+    hints = engine.evaluate(snap, 6.0)
+    doc = to_json(MonitorSnapshot(6.0, "tcp://127.0.0.1:5555", (dataclasses.replace(snap, hints=hints),), 1, 0))
+    back = json.loads(json.dumps(doc, allow_nan=False))
+    (h,) = back["jobs"][0]["hints"]
+    assert h["id"] == "throttling" and h["evidence"]["reasons"] == ["sw_power_cap"]
+    assert h["evidence"]["clock_pct"] == pytest.approx(80.0)
+
+
+def test_readme_section_holds_the_generated_table() -> None:
+    assert rules_markdown() in README_SECTION.read_text(encoding="utf-8")
+
+
+def test_hints_import_neither_torch_nor_textual() -> None:
+    code = ("import sys, flowtop.hints; bad = [m for m in ('torch', 'textual') if m in sys.modules]; "
+            "print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason="H200 fixture not present")
+def test_h200_fixture_is_launch_bound() -> None:
+    from flowtop.kernels.aggregate import aggregate
+    from flowtop.kernels.trace import load_trace
+
+    stats = aggregate(load_trace(FIXTURE))
+    snap: JobSnapshot = job(rank(0, kernels=stats, fl=flops(mfu=0.02)))
+    hints = {h.id: h for h in HintEngine().evaluate(snap, 0.0)}
+    launch = hints["launch_bound"]
+    busy_pct = 100.0 * stats.anatomy.busy_frac
+    assert launch.evidence["busy_pct"] == pytest.approx(busy_pct)
+    assert busy_pct == pytest.approx(100 * 890.8105 / 12995.2959, rel=1e-6)  # 6.9 % of the trace's span
+    assert launch.evidence["launches_per_step"] == 208
+    assert launch.evidence["short_kernel_pct"] == pytest.approx(100 * 189 / 208)
+    assert launch.severity == "critical"
+    assert launch.summary == ("rank 0 GPU is busy only 7 % of the step; 91 % of its 208 kernels per step "
+                              "run shorter than a launch takes")
+    # cuDNN flash attention and a fused AdamW ran: neither "unfused" hint may fire.
+    assert "attention_unfused" not in hints and "optimizer_unfused" not in hints
+    assert "fp32_matmul" not in hints
+    assert hints["attention_flops_note"].evidence["attention_pct"] == pytest.approx(100 * 87.7148 / 890.8105, rel=1e-4)

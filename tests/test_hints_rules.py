@@ -1,0 +1,285 @@
+"""Each hint rule just above / just below its threshold, with hysteresis, and rule specifics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flowtop.hints import RULES, RULES_BY_ID, HintEngine
+from flowtop.snapshot import Hint, JobSnapshot
+from test_hints_factories import (
+    CASES,
+    FLASH,
+    FUSED_ADAM,
+    GEMM_H,
+    LOG_SOFTMAX,
+    SOFTMAX,
+    Case,
+    b_attention,
+    b_comm,
+    b_hang_all,
+    b_hang_rank,
+    b_input_wait,
+    b_launch,
+    b_throttle,
+    b_uncounted,
+    b_util,
+    flops,
+    history,
+    job,
+    kwin,
+    rank,
+    small_hang_rules,
+    telemetry,
+)
+
+
+def settle(engine: HintEngine, snap: JobSnapshot, t: float) -> tuple[Hint, ...]:
+    """Evaluate twice, 30 s apart, so that time windows (≤ 10 s) are satisfied."""
+    engine.evaluate(snap, t)
+    return engine.evaluate(snap, t + 30.0)
+
+
+def find(hints: tuple[Hint, ...], rule: str) -> Hint | None:
+    hits = [h for h in hints if h.id == rule]
+    assert len(hits) <= 1
+    return hits[0] if hits else None
+
+
+def at(case: Case, value: float, t: float, engine: HintEngine) -> Hint | None:
+    """The case's hint after two evaluations 30 s apart, each with a snapshot built for its time."""
+    engine.evaluate(case.build(value, t), t)
+    return find(engine.evaluate(case.build(value, t + 30.0), t + 30.0), case.rule)
+
+
+def test_every_rule_has_a_case() -> None:
+    assert sorted(c.rule for c in CASES) == sorted(r.id for r in RULES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
+def test_fires_just_above_threshold(case: Case) -> None:
+    hint = at(case, case.above, 0.0, case.engine())
+    assert hint is not None
+    rule = RULES_BY_ID[case.rule]
+    assert (hint.scope, hint.target) == (rule.scope, case.target)
+    assert hint.summary == case.summary
+    for key, value in case.evidence.items():
+        assert hint.evidence[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+    assert hint.action and 0.0 <= hint.impact <= 1.0
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
+def test_quiet_below_threshold(case: Case) -> None:
+    for value in (case.mid, case.low):
+        if value is not None:
+            assert at(case, value, 0.0, case.engine()) is None, value
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
+def test_hysteresis(case: Case) -> None:
+    engine = case.engine()
+    assert at(case, case.above, 0.0, engine) is not None
+    if case.mid is not None:  # between clear and threshold: stays
+        assert at(case, case.mid, 100.0, engine) is not None
+    assert at(case, case.low, 200.0, engine) is None  # past the clear value: gone
+    if case.mid is not None:  # and it does not come back between clear and threshold
+        assert at(case, case.mid, 300.0, engine) is None
+    assert at(case, case.above, 400.0, engine) is not None
+
+
+# --- windows ---------------------------------------------------------------------------------
+
+def test_input_wait_needs_its_step_window() -> None:
+    """With 4 steps of history the 10-step window fills only as the rank advances."""
+    engine = HintEngine()
+
+    def snap(step: int) -> JobSnapshot:
+        return job(rank(0, step=step, hist=history(4, 0.1, wait_s=0.02)))
+
+    assert find(engine.evaluate(snap(4), 0.0), "input_wait") is None
+    assert find(engine.evaluate(snap(9), 1.0), "input_wait") is None  # evidence covers steps 1-9
+    hint = find(engine.evaluate(snap(14), 2.0), "input_wait")  # and now steps 1-14
+    assert hint is not None
+    assert hint.evidence["input_wait_pct"] == pytest.approx(20.0)
+    assert hint.evidence["window_steps"] == 4  # the measure's own window (history length)
+    assert hint.evidence["since_step"] == 0  # first crossing at step 4 came with 4 steps of history
+
+
+def test_input_wait_dip_resets_the_window() -> None:
+    engine = HintEngine()
+    high = lambda s: job(rank(0, step=s, hist=history(4, 0.1, wait_s=0.02)))  # noqa: E731
+    low = lambda s: job(rank(0, step=s, hist=history(4, 0.1, wait_s=0.001)))  # noqa: E731
+    engine.evaluate(high(4), 0.0)
+    engine.evaluate(low(8), 1.0)
+    assert find(engine.evaluate(high(14), 2.0), "input_wait") is None  # evidence restarts at step 10
+    assert find(engine.evaluate(high(24), 3.0), "input_wait") is not None
+
+
+def test_input_wait_escalates_to_critical() -> None:
+    assert find(settle(HintEngine(), b_input_wait(26.0, 0.0), 0.0), "input_wait").severity == "critical"
+    assert find(settle(HintEngine(), b_input_wait(24.0, 0.0), 0.0), "input_wait").severity == "warning"
+
+
+def test_throttling_needs_five_seconds() -> None:
+    engine = HintEngine()
+    assert find(engine.evaluate(b_throttle(85.0, 0.0), 0.0), "throttling") is None
+    assert find(engine.evaluate(b_throttle(85.0, 0.0), 4.9), "throttling") is None
+    hint = find(engine.evaluate(b_throttle(85.0, 0.0), 5.0), "throttling")
+    assert hint is not None and hint.evidence["window_s"] == 5.0
+
+
+# --- gates -----------------------------------------------------------------------------------
+
+def test_comm_gate_on_overlap() -> None:
+    def snap(overlap_frac: float) -> JobSnapshot:
+        from test_hints_factories import NCCL
+        return job(rank(0, kernels=kwin([(NCCL, 4, 1500.0), (GEMM_H, 10, 3000)], overlap_us=overlap_frac * 1500)))
+
+    assert find(settle(HintEngine(), snap(0.55), 0.0), "comm_exposed") is None  # well overlapped
+    engine = HintEngine()
+    assert find(settle(engine, snap(0.2), 0.0), "comm_exposed") is not None
+    assert find(settle(engine, snap(0.55), 100.0), "comm_exposed") is not None  # gate clear is 60 %
+    assert find(settle(engine, snap(0.65), 200.0), "comm_exposed") is None
+
+
+def test_launch_bound_needs_short_kernels() -> None:
+    from test_hints_factories import ADD
+    few_short = job(rank(0, kernels=kwin([(ADD, 200, 2000.0)], launches=200, short=90)))
+    assert find(settle(HintEngine(), few_short, 0.0), "launch_bound") is None
+    assert find(settle(HintEngine(), b_launch(19.0, 0.0), 0.0), "launch_bound").severity == "critical"
+
+
+def test_launch_bound_skips_cpu_windows() -> None:
+    from test_hints_factories import ADD
+    cpu = job(rank(0, device="cpu (x86_64)", kernels=kwin([(ADD, 200, 2000.0)], launches=200, short=190, device="cpu")))
+    assert find(settle(HintEngine(), cpu, 0.0), "launch_bound") is None
+
+
+def test_attention_unfused_quiet_with_fused_attention_or_only_log_softmax() -> None:
+    fused = job(rank(0, kernels=kwin([(SOFTMAX, 4, 80.0), (GEMM_H, 20, 500.0), (FLASH, 4, 100.0)])))
+    assert find(settle(HintEngine(), fused, 0.0), "attention_unfused") is None
+    loss_only = job(rank(0, kernels=kwin([(LOG_SOFTMAX, 3, 90.0), (GEMM_H, 20, 500.0)])))
+    assert find(settle(HintEngine(), loss_only, 0.0), "attention_unfused") is None
+    hint = find(settle(HintEngine(), b_attention(4.0, 0.0), 0.0), "attention_unfused")
+    assert hint.evidence["softmax_pct_of_step"] == pytest.approx(0.8)  # 80 µs of 10 ms
+
+
+def test_optimizer_unfused_quiet_when_fused_kernel_ran() -> None:
+    from test_hints_factories import ADDCDIV
+    fused = job(rank(0, kernels=kwin([(ADDCDIV, 40, 800.0, "aten::addcdiv_"), (FUSED_ADAM, 1, 80.0)])))
+    assert find(settle(HintEngine(), fused, 0.0), "optimizer_unfused") is None
+    few = job(rank(0, kernels=kwin([(ADDCDIV, 9, 800.0, "aten::addcdiv_")])))
+    assert find(settle(HintEngine(), few, 0.0), "optimizer_unfused") is None
+
+
+def test_throttling_gate_on_reason() -> None:
+    not_power = job(rank(0, tel=telemetry(sm_clock_mhz=1500.0, sm_clock_max_mhz=2000.0, throttle=["sync_boost"])))
+    assert find(settle(HintEngine(), not_power, 0.0), "throttling") is None
+    engine = HintEngine()
+    assert find(settle(engine, b_throttle(80.0, 0.0), 0.0), "throttling") is not None
+    gone = job(rank(0, tel=telemetry(sm_clock_mhz=1600.0, sm_clock_max_mhz=2000.0, throttle=[])))
+    assert find(settle(engine, gone, 100.0), "throttling") is None
+
+
+def test_util_vs_mfu_gate_and_wording_without_tensor_data() -> None:
+    low_util = job(rank(0, fl=flops(mfu=0.1), tel=telemetry(gpu_util=80.0)))
+    assert find(settle(HintEngine(), low_util, 0.0), "util_vs_mfu") is None
+    no_tensor = job(rank(0, fl=flops(mfu=0.1), tel=telemetry(gpu_util=100.0)))
+    hint = find(settle(HintEngine(), no_tensor, 0.0), "util_vs_mfu")
+    assert hint.summary == ("rank 0 shows GPU-Util 100 % but does only 10 % of the peak FLOP/s (MFU): "
+                            "GPU-Util only says some kernel was running")
+    assert hint.impact == pytest.approx(1 - 10 / 30)
+    assert find(settle(HintEngine(), b_util(29.0, 0.0), 0.0), "util_vs_mfu") is not None
+
+
+# --- rule specifics --------------------------------------------------------------------------
+
+def test_fp32_from_flop_dtype_without_kernels() -> None:
+    snap = job(rank(0, fl=flops(dtype="fp32")))
+    hint = find(settle(HintEngine(), snap, 0.0), "fp32_matmul")
+    assert hint.evidence["fp32_gemm_pct"] == 100.0 and hint.evidence["dtype"] == "fp32"
+    assert hint.impact == pytest.approx(0.3)
+    assert "FLOP count dtype fp32" in hint.summary
+    cpu = job(rank(0, device="cpu (x86_64)", fl=flops(dtype="fp32")))
+    assert find(settle(HintEngine(), cpu, 0.0), "fp32_matmul") is None
+
+
+def test_fp32_ignores_tf32_and_tensor_op_gemms() -> None:
+    names = ["sm80_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x16", "cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4"]
+    snap = job(rank(0, fl=flops(dtype="tf32"), kernels=kwin([(n, 5, 500.0) for n in names])))
+    assert find(settle(HintEngine(), snap, 0.0), "fp32_matmul") is None
+
+
+def test_straggler_says_since_when_it_fell_behind() -> None:
+    ranks = [rank(r, hist=history(100, 0.1, slow_from=50 if r == 3 else None, slow_step_s=0.125)) for r in range(4)]
+    hint = find(settle(HintEngine(), job(*ranks), 0.0), "straggler")
+    assert hint.target == "rank 3"
+    assert hint.evidence["slower_pct"] == pytest.approx(25.0)
+    assert hint.evidence["since_step"] == 49  # steps 1..49 on time; step 50 was the first slow one
+    assert hint.evidence["lag_s"] == pytest.approx(51 * 0.025)
+    assert hint.impact == pytest.approx(0.025 / 0.125)
+
+
+def test_straggler_needs_two_ranks_and_ignores_done_ranks() -> None:
+    one = job(rank(0, hist=history(30, 0.2)))
+    assert find(settle(HintEngine(), one, 0.0), "straggler") is None
+    done = job(rank(0, hist=history(30, 0.1)), rank(1, status="done", hist=history(30, 0.2)))
+    assert find(settle(HintEngine(), done, 0.0), "straggler") is None
+
+
+def test_hang_default_floor_is_thirty_seconds() -> None:
+    assert find(HintEngine().evaluate(b_hang_rank(29.0, 0.0), 0.0), "hang_rank") is None
+    hint = find(HintEngine().evaluate(b_hang_rank(31.0, 0.0), 0.0), "hang_rank")
+    assert hint.evidence["limit_s"] == 30.0 and hint.severity == "critical"
+
+
+def test_hang_limit_scales_with_the_usual_step() -> None:
+    slow = job(rank(0, step=10, hist=history(10, 5.0, t0=-50.0 - 40.0)))  # 5 s steps, last 40 s ago
+    engine = HintEngine()
+    assert find(engine.evaluate(slow, 9.0), "hang_all") is None  # limit 10 x 5 s; stalled 49 s
+    hint = find(engine.evaluate(slow, 11.0), "hang_all")  # 51 s
+    assert hint.evidence["limit_s"] == 50.0 and hint.evidence["stalled_s"] == pytest.approx(51.0)
+
+
+def test_hang_all_hides_hang_rank() -> None:
+    hints = settle(HintEngine(small_hang_rules()), b_hang_all(2.0, 0.0), 0.0)
+    assert [h.id for h in hints if h.id.startswith("hang")] == ["hang_all"]
+
+
+def test_no_hang_when_job_or_rank_is_done() -> None:
+    engine = HintEngine(small_hang_rules())
+    snap = b_hang_all(5.0, 0.0)
+    assert not [h for h in settle(engine, dataclasses.replace(snap, status="done"), 0.0) if h.id.startswith("hang")]
+    done_rank = job(rank(0, step=10, status="done", hist=history(10, 0.1, t0=-10)))
+    assert not [h for h in settle(engine, done_rank, 0.0) if h.id.startswith("hang")]
+
+
+def test_hang_counts_silence_of_a_rank() -> None:
+    """A rank that stopped sending entirely is stalled by its age even with a recent step."""
+    silent = job(rank(0, step=10, age_s=2.0, hist=history(10, 0.1, t0=-1.1)))
+    hint = find(HintEngine(small_hang_rules()).evaluate(silent, 0.0), "hang_all")
+    assert hint.evidence["stalled_s"] == pytest.approx(2.0)
+
+
+def test_uncounted_attention_is_a_warning_with_its_time_share() -> None:
+    fl = flops(uncounted={"aten::_scaled_dot_product_flash_attention_for_cpu": 8})
+    snap = job(rank(0, fl=fl, kernels=kwin([(FLASH, 4, 100.0), (GEMM_H, 10, 900.0)])), fl=fl)
+    hints = settle(HintEngine(), snap, 0.0)
+    hint = find(hints, "uncounted_ops")
+    assert hint.severity == "warning"
+    assert hint.evidence["uncounted_time_pct"] == pytest.approx(10.0)
+    assert hint.summary.endswith("those attention ops run 10 % of GPU time")
+    assert find(hints, "attention_flops_note") is None  # not counted: no "counted by formula" note
+    assert find(settle(HintEngine(), b_uncounted(2.0, 0.0), 0.0), "uncounted_ops").severity == "info"
+
+
+def test_comm_escalates_beyond_thirty_percent() -> None:
+    assert find(settle(HintEngine(), b_comm(31.0, 0.0), 0.0), "comm_exposed").severity == "critical"
+    hint = find(settle(HintEngine(), b_comm(20.0, 0.0), 0.0), "comm_exposed")
+    assert hint.impact == pytest.approx(0.16)  # 80 % of 20 % exposed
+
+
+def test_hang_rank_action_names_the_pid() -> None:
+    hint = find(HintEngine(small_hang_rules()).evaluate(b_hang_rank(3.0, 0.0), 0.0), "hang_rank")
+    assert "py-spy dump --pid 4001" in hint.action

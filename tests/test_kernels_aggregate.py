@@ -1,0 +1,142 @@
+"""Kernel top list, step anatomy, rank merge and cumulative table (exact numbers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flowtop.kernels.aggregate import (
+    CumulativeKernels, IdleGap, aggregate, intersection_length, merge_intervals, merge_ranks, union_length,
+)
+from flowtop.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow, load_trace
+
+NAMES = ("gemm_a", "nccl_allreduce", "elementwise_b", "cudaLaunchKernel", "aten::mm", "Memset (Device)")
+G, NC, EL, RT, MM, MS = range(6)
+
+
+def _window(gemm_second_us: float = 100.0, with_elementwise: bool = True) -> KernelWindow:
+    ev = [
+        KernelEvent(MM, CPU_OP, 40, 100, -1, -1, 4e9),
+        KernelEvent(RT, RUNTIME, 50, 30, -1, 2, -1),  # launches the kernel at index 2
+        KernelEvent(G, KERNEL, 100, 200, 7, MM, 4e9),
+        KernelEvent(NC, KERNEL, 250, 200, 9, -1, -1),  # communication on its own stream
+        KernelEvent(G, KERNEL, 400, gemm_second_us, 7, MM, -1),
+    ]
+    if with_elementwise:
+        ev += [
+            KernelEvent(RT, RUNTIME, 590, 10, -1, 6, -1),
+            KernelEvent(EL, KERNEL, 600, 3, 7, -1, -1),  # shorter than its 10 µs launch call
+            KernelEvent(MS, MEMSET, 700, 2, 7, -1, -1),  # no launch call: < 5 µs is short
+            KernelEvent(EL, KERNEL, 800, 6, 7, -1, -1),  # no launch call, 6 µs: not short
+        ]
+    return KernelWindow(NAMES, tuple(ev), 1000.0, "cuda", step=42, window=3, cost_s=0.002)
+
+
+def test_interval_helpers() -> None:
+    assert merge_intervals([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
+    assert union_length([(0, 10), (5, 15), (20, 21)]) == 16
+    assert intersection_length([(0, 10), (20, 30)], [(5, 25)]) == 10
+
+
+def test_top_list() -> None:
+    s = aggregate(_window())
+    assert (s.device, s.step, s.window, s.step_us, s.cost_s) == ("cuda", 42, 3, 1000.0, 0.002)
+    rows = [(k.name, k.category, k.calls, k.total_us, k.mean_us, k.share, k.flops, k.tflops, k.op) for k in s.kernels]
+    assert rows == [
+        # 4e9 FLOPs over the 200 µs of the call that carries them: 20 TFLOP/s
+        ("gemm_a", "gemm", 2, 300.0, 150.0, 0.3, 4e9, 20.0, "aten::mm"),
+        ("nccl_allreduce", "communication", 1, 200.0, 200.0, 0.2, None, None, ""),
+        ("elementwise_b", "elementwise", 2, 9.0, 4.5, 0.009, None, None, ""),
+        ("Memset (Device)", "memory", 1, 2.0, 2.0, 0.002, None, None, ""),
+    ]
+    assert [(c.category, c.calls, c.total_us, c.share, c.flops) for c in s.categories] == [
+        ("gemm", 2, 300.0, 0.3, 4e9),
+        ("communication", 1, 200.0, 0.2, None),
+        ("elementwise", 2, 9.0, 0.009, None),
+        ("memory", 1, 2.0, 0.002, None),
+    ]
+
+
+def test_anatomy() -> None:
+    a = aggregate(_window()).anatomy
+    # union over both streams: [100, 500] + 3 + 2 + 6 µs
+    assert (a.step_us, a.busy_us, a.idle_us, a.busy_frac) == (1000.0, 411.0, 589.0, 0.411)
+    # NCCL [250, 450] is hidden by the GEMMs over [250, 300] and [400, 450]
+    assert (a.comm_us, a.comm_overlap_us, a.comm_overlap_frac) == (200.0, 100.0, 0.5)
+    assert (a.launches, a.short_kernels, a.short_kernel_us) == (6, 2, 5.0)
+    assert a.short_note.startswith("device time < its launch call (2 of 6 linked)")
+    assert (a.flops, a.tflops) == (4e9, 4.0)
+    assert a.gaps == (
+        IdleGap(806.0, 194.0, ()),
+        IdleGap(0.0, 100.0, ("aten::mm", "cudaLaunchKernel")),  # 60 µs and 30 µs of overlap
+        IdleGap(500.0, 100.0, ("cudaLaunchKernel",)),
+        IdleGap(702.0, 98.0, ()),
+        IdleGap(603.0, 97.0, ()),
+    )
+
+
+def test_idle_never_negative_when_the_queue_runs_past_the_step() -> None:
+    w = KernelWindow(("k",), (KernelEvent(0, KERNEL, 0, 1500, 7, -1, -1),), 1000.0, "cuda")
+    a = aggregate(w).anatomy
+    assert (a.busy_us, a.idle_us, a.gaps) == (1500.0, 0.0, ())
+
+
+def test_cpu_window_busy_is_the_top_level_operators() -> None:
+    ev = (
+        KernelEvent(0, KERNEL, 0, 20, -1, 0, -1), KernelEvent(0, CPU_OP, 0, 100, -1, -1, -1),
+        KernelEvent(1, KERNEL, 10, 80, -1, 1, 2e6), KernelEvent(2, CPU_OP, 150, 10, -1, -1, -1),
+        KernelEvent(2, KERNEL, 150, 10, -1, 2, -1),
+    )
+    s = aggregate(KernelWindow(("aten::linear", "aten::addmm", "aten::relu"), ev, 200.0, "cpu"))
+    a = s.anatomy
+    assert (a.busy_us, a.idle_us, a.launches, a.short_kernels) == (110.0, 90.0, None, None)
+    assert a.gaps == (IdleGap(100.0, 50.0, ()), IdleGap(160.0, 40.0, ()))
+    assert [(k.name, k.total_us, k.tflops) for k in s.kernels] == [
+        ("aten::addmm", 80.0, 2e6 / 80 / 1e6), ("aten::linear", 20.0, None), ("aten::relu", 10.0, None)]
+
+
+def test_merge_ranks() -> None:
+    merged = merge_ranks({1: aggregate(_window(gemm_second_us=400.0, with_elementwise=False)), 0: aggregate(_window())})
+    assert merged.ranks == (0, 1) and merged.mean_step_us == 1000.0
+    rows = [(r.name, r.per_rank_us, r.min_rank, r.max_rank, r.ratio, r.flagged) for r in merged.kernels]
+    assert rows == [
+        ("gemm_a", ((0, 300.0), (1, 600.0)), 0, 1, 2.0, True),
+        ("elementwise_b", ((0, 9.0), (1, 0.0)), 1, 0, None, False),  # uneven, but 9 µs < 1 % of the step
+        ("Memset (Device)", ((0, 2.0), (1, 0.0)), 1, 0, None, False),
+        ("nccl_allreduce", ((0, 200.0), (1, 200.0)), 0, 0, 1.0, False),  # ties: the lowest rank
+    ]
+    gemm = merged.kernels[0]
+    assert (gemm.mean_us, gemm.min_us, gemm.max_us, gemm.spread) == (450.0, 300.0, 600.0, pytest.approx(2 / 3))
+
+
+def test_cumulative() -> None:
+    cum = CumulativeKernels()
+    cum.add(aggregate(_window()))
+    cum.add(aggregate(_window(gemm_second_us=400.0, with_elementwise=False)))
+    assert (cum.windows, cum.step_us) == (2, 2000.0)
+    assert [(r.name, r.cum_us, r.cum_calls, r.windows_seen, r.share) for r in cum.rows()] == [
+        ("gemm_a", 900.0, 4, 2, 0.45),
+        ("nccl_allreduce", 400.0, 2, 2, 0.2),
+        ("elementwise_b", 9.0, 2, 1, 0.0045),
+        ("Memset (Device)", 2.0, 1, 1, 0.001),
+    ]
+    assert cum.get("gemm_a").short == "gemm_a" and cum.get("absent") is None
+
+
+def test_cumulative_is_bounded() -> None:
+    cum = CumulativeKernels(max_names=3)
+    cum.add(aggregate(_window()))  # 4 names > 3: keep the largest 3 * 4 // 5 = 2
+    assert [r.name for r in cum.rows()] == ["gemm_a", "nccl_allreduce"]
+
+
+def test_h200_anatomy() -> None:
+    s = aggregate(load_trace(Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz"))
+    a = s.anatomy
+    # one stream: busy equals the summed kernel + memset time; the GPU idles 93 % of the profiled step
+    assert a.busy_us == pytest.approx(884.4111328125 + 6.3994140625, abs=1e-6)
+    assert a.launches == 208 and a.short_kernels == 189
+    assert a.gaps[0].start_us == 0.0 and a.gaps[0].host_ops == ("aten::embedding", "aten::gather", "cudaLaunchKernel")
+    assert sum(k.calls for k in s.kernels) == 208
+    assert {c.category for c in s.categories} == {
+        "elementwise", "gemm", "norm_softmax", "attention", "optimizer", "reduction", "memory"}

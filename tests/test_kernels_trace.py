@@ -1,0 +1,193 @@
+"""Chrome-trace loader and the compact window format (monitor side)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from flowtop.kernels.trace import (
+    CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, TraceError, load_trace, window_from_chrome,
+    window_from_wire, window_to_wire,
+)
+
+FIXTURE = Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz"
+
+
+@pytest.fixture(scope="module")
+def h200() -> Any:
+    return load_trace(FIXTURE)
+
+
+def _of(w: Any, kind: int) -> list:
+    return [e for e in w.events if e.kind == kind]
+
+
+def test_h200_events_by_kind(h200: Any) -> None:
+    assert h200.device == "cuda"
+    assert Counter(e.kind for e in h200.events) == {KERNEL: 200, MEMSET: 8, RUNTIME: 247, CPU_OP: 418}
+    assert sum(e.dur_us for e in _of(h200, KERNEL)) == pytest.approx(884.4111328125, abs=1e-9)
+    assert sum(e.dur_us for e in _of(h200, MEMSET)) == pytest.approx(6.3994140625, abs=1e-9)
+    # the step is the extent of the kept events (no ProfilerStep annotation in this trace)
+    assert h200.step_dur_us == pytest.approx(12995.2958984375, abs=1e-9)
+    assert min(e.ts_us for e in h200.events) == 0.0
+
+
+def test_h200_annotations_are_not_kernels(h200: Any) -> None:
+    # "Optimizer.step#AdamW.step" exists as gpu_user_annotation (208 µs) and user_annotation
+    assert not [n for n in h200.names if n.startswith("Optimizer.")]
+
+
+def test_h200_attribution_and_flops(h200: Any) -> None:
+    names = h200.names
+    by_op: Counter[str] = Counter()
+    for e in _of(h200, KERNEL):
+        by_op[names[e.op]] += 1
+        kernel = names[e.name]
+        if "sdpa_sm90_flash_fprop" in kernel:  # linked to _cudnn_attention_forward, which has no formula
+            assert names[e.op] == "aten::_scaled_dot_product_cudnn_attention"
+            assert e.flops == 4 * 4 * 4 * 256 * 256 * 64
+        elif "sdpa_sm90_flash_bprop" in kernel:
+            assert names[e.op] == "aten::_scaled_dot_product_cudnn_attention_backward"
+            assert e.flops == 2.5 * 4 * 4 * 4 * 256 * 256 * 64
+        elif "compute_dot_do_o" in kernel or "convert_dq" in kernel or "splitKreduce" in kernel:
+            assert e.flops == -1.0  # the op's FLOPs went to its longest kernel
+        elif kernel.startswith("nvjet"):
+            assert names[e.op] == "aten::mm" and e.flops > 0
+    assert by_op["aten::mm"] == 52 and by_op["aten::copy_"] == 66
+    assert by_op["aten::_scaled_dot_product_cudnn_attention_backward"] == 12
+    # 6·N·tokens for the 5.24 M matmul parameters + executed attention (backward 2.5 ×)
+    assert sum(e.flops for e in h200.events if e.kind == KERNEL and e.flops > 0) == 35_970_351_104
+
+
+def test_h200_runtime_links(h200: Any) -> None:
+    linked = [e for e in _of(h200, RUNTIME) if e.op >= 0]
+    assert len(linked) == 208  # every kernel and memset has its launch call
+    for r in linked:
+        target = h200.events[r.op]
+        assert target.kind in (KERNEL, MEMSET) and target.ts_us >= r.ts_us
+    assert {h200.names[r.name] for r in linked} == {
+        "cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemsetAsync"}
+
+
+def test_wire_round_trip(h200: Any) -> None:
+    fields = window_to_wire(h200)
+    packed = msgpack.unpackb(msgpack.packb(fields), raw=False)
+    assert window_from_wire(packed) == h200
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda f: f["events"][0].__setitem__(0, 10_000),  # name index out of range
+    lambda f: f["events"][0].__setitem__(1, 7),  # unknown kind
+    lambda f: f.pop("device"),
+    lambda f: f["events"].append([0, 0, 1.0]),
+])
+def test_wire_rejects_malformed(h200: Any, mutate: Any) -> None:
+    fields = window_to_wire(h200)
+    mutate(fields)
+    with pytest.raises(TraceError):
+        window_from_wire(fields)
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_synthetic_cuda_step() -> None:
+    ev = [
+        _x("user_annotation", "ProfilerStep#5", 100, 1000),
+        _x("cpu_op", "aten::linear", 110, 190, **{"External id": 1, "Input Dims": [[4, 8], [16, 8], [16]]}),
+        _x("cpu_op", "aten::t", 120, 10, **{"External id": 2}),
+        _x("cuda_runtime", "cudaLaunchKernel", 140, 20, **{"External id": 1, "correlation": 11}),
+        _x("kernel", "custom_linear_kernel", 170, 7, tid=7, stream=7, correlation=11, **{"External id": 1}),
+        _x("cpu_op", "aten::mm", 310, 190, **{"External id": 3, "Input Dims": [[32, 64], [64, 16]]}),
+        _x("cuda_runtime", "cudaLaunchKernel", 320, 5, **{"External id": 3, "correlation": 12}),
+        _x("cuda_runtime", "cudaLaunchKernel", 330, 5, **{"External id": 3, "correlation": 13}),
+        _x("kernel", "gemm_splitK", 340, 50, tid=7, stream=7, correlation=12),  # linked via its runtime call
+        _x("kernel", "splitKreduce_kernel", 390, 5, tid=7, stream=7, correlation=13, **{"External id": 3}),
+        _x("cpu_op", "aten::_scaled_dot_product_cudnn_attention", 510, 190,
+           **{"External id": 4, "Input Dims": [[1, 2, 8, 4]] * 3}),
+        _x("cpu_op", "aten::_cudnn_attention_forward", 520, 100, **{"External id": 5}),
+        _x("kernel", "sdpa_fprop_kernel", 600, 30, tid=8, stream=8, correlation=14, **{"External id": 5}),
+        _x("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 650, 10, tid=8, stream=8, correlation=15),
+        _x("gpu_user_annotation", "Optimizer.step#AdamW.step", 600, 200, tid=7),
+        _x("user_annotation", "Optimizer.step#AdamW.step", 700, 50),
+        _x("cpu_op", "aten::add", 2000, 10, **{"External id": 9}),  # after the step: dropped
+    ]
+    w = window_from_chrome({"traceEvents": ev, "deviceProperties": [{"name": "NVIDIA H200"}]})
+    assert w.device == "cuda" and w.step_dur_us == 1000
+    rows = [(w.names[e.name], e.kind, e.ts_us, e.dur_us, e.stream,
+             (e.op if e.kind == RUNTIME else (w.names[e.op] if e.op >= 0 else None)), e.flops) for e in w.events]
+    assert rows == [
+        ("aten::linear", CPU_OP, 10, 190, -1, None, 2 * 4 * 16 * 8),  # no mm below it: counts itself
+        ("cudaLaunchKernel", RUNTIME, 40, 20, -1, 2, -1),
+        ("custom_linear_kernel", KERNEL, 70, 7, 7, "aten::linear", 2 * 4 * 16 * 8),
+        ("aten::mm", CPU_OP, 210, 190, -1, None, 2 * 32 * 64 * 16),
+        ("cudaLaunchKernel", RUNTIME, 220, 5, -1, 6, -1),
+        ("cudaLaunchKernel", RUNTIME, 230, 5, -1, 7, -1),
+        ("gemm_splitK", KERNEL, 240, 50, 7, "aten::mm", 2 * 32 * 64 * 16),
+        ("splitKreduce_kernel", KERNEL, 290, 5, 7, "aten::mm", -1),
+        ("aten::_scaled_dot_product_cudnn_attention", CPU_OP, 410, 190, -1, None, 4 * 2 * 8 * 8 * 4),
+        ("sdpa_fprop_kernel", KERNEL, 500, 30, 8, "aten::_scaled_dot_product_cudnn_attention", 4 * 2 * 8 * 8 * 4),
+        ("Memcpy DtoD (Device -> Device)", MEMCPY, 550, 10, 8, None, -1),
+    ]
+
+
+def test_synthetic_cpu_step_uses_exclusive_time() -> None:
+    ev = [
+        _x("cpu_op", "aten::linear", 0, 100, **{"External id": 1, "Input Dims": [[32, 64], [128, 64], [128]]}),
+        _x("cpu_op", "aten::addmm", 10, 80, **{"External id": 2, "Input Dims": [[128], [32, 64], [64, 128], [], []]}),
+        _x("cpu_op", "aten::copy_", 20, 10, **{"External id": 3}),
+        _x("cpu_op", "aten::relu", 150, 10, **{"External id": 4}),
+    ]
+    w = window_from_chrome({"traceEvents": ev})
+    assert w.device == "cpu" and w.step_dur_us == 160
+    rows = [(w.names[e.name], e.kind, e.ts_us, e.dur_us, w.names[e.op] if e.op >= 0 else None, e.flops) for e in w.events]
+    mm = 2 * 32 * 64 * 128
+    assert rows == [
+        ("aten::linear", KERNEL, 0, 20, "aten::linear", -1),  # composite with addmm below: no FLOPs
+        ("aten::linear", CPU_OP, 0, 100, None, -1),
+        ("aten::addmm", KERNEL, 10, 70, "aten::addmm", mm),
+        ("aten::copy_", KERNEL, 20, 10, "aten::addmm", -1),  # runs inside addmm: attributed to it
+        ("aten::relu", KERNEL, 150, 10, "aten::relu", -1),
+        ("aten::relu", CPU_OP, 150, 10, None, -1),
+    ]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"{", "cannot read"),
+    (b"[1, 2]", "not a Chrome trace"),
+    (b'{"traceEvents": 3}', "no traceEvents"),
+    (b'{"traceEvents": []}', "no operator or kernel events"),
+    (gzip.compress(b'{"traceEvents": [}'), "cannot read"),
+])
+def test_invalid_files(tmp_path: Path, content: bytes, message: str) -> None:
+    p = tmp_path / "t.json"
+    p.write_bytes(content)
+    with pytest.raises(TraceError, match=message):
+        load_trace(p)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot read"):
+        load_trace(tmp_path / "absent.json.gz")
+
+
+def test_plain_json_equals_gzip(tmp_path: Path, h200: Any) -> None:
+    p = tmp_path / "t.json"
+    p.write_bytes(gzip.decompress(FIXTURE.read_bytes()))
+    assert load_trace(p) == h200
+
+
+def test_monitor_side_imports_no_torch() -> None:
+    code = ("import sys, flowtop.kernels.aggregate, flowtop.kernels.trace, flowtop.analyze; "
+            "bad = [m for m in ('torch', 'textual') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

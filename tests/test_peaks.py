@@ -1,0 +1,137 @@
+"""Dense peak table (design.md §4), dtype selection, override and CPU estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe.peaks import (
+    ENV_PEAK,
+    cpu_peak,
+    lookup_peak,
+    normalise_dtype,
+    parse_peak_tflops,
+    peak_for,
+    peak_override,
+    resolve_peak,
+)
+
+T = 1e12
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "bf16", "tf32", "fp32", "fp8"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4, 494.7, 66.9, 1978.9),
+        ("NVIDIA H200", 989.4, 494.7, 66.9, 1978.9),
+        ("NVIDIA H100 PCIe", 756.5, 378.0, 51.2, 1513.0),
+        ("NVIDIA H100 NVL", 835.0, 418.0, 60.0, 1670.0),
+        ("NVIDIA H200 NVL", 835.0, 418.0, 60.0, 1670.0),
+        ("NVIDIA A100-SXM4-40GB", 312.0, 156.0, 19.5, None),
+        ("NVIDIA A100-SXM4-80GB", 312.0, 156.0, 19.5, None),
+        ("NVIDIA A100-PCIE-40GB", 312.0, 156.0, 19.5, None),
+        ("NVIDIA A100 80GB PCIe", 312.0, 156.0, 19.5, None),
+        ("NVIDIA L4", 121.0, 60.0, 30.3, 242.5),
+        ("NVIDIA L40S", 362.05, 183.0, 91.6, 733.0),
+        ("NVIDIA A10", 125.0, 62.5, 31.2, None),
+        ("NVIDIA GeForce RTX 4090", 165.2, 82.6, 82.6, 330.3),
+        ("NVIDIA B200", 2250.0, 1125.0, 75.0, 4500.0),
+    ],
+)
+def test_table_rows(nvml_name: str, bf16: float, tf32: float, fp32: float, fp8: float | None) -> None:
+    for dtype, tflops in (("bf16", bf16), ("fp16", bf16), ("tf32", tf32), ("fp32", fp32), ("fp8", fp8)):
+        peak, reason = lookup_peak(nvml_name, dtype)
+        if tflops is None:
+            assert peak is None and "no dense fp8 peak" in reason
+        else:
+            assert peak is not None and reason == ""
+            assert peak.flops == pytest.approx(tflops * T)
+            assert peak.dtype == dtype and peak.source
+
+
+def test_unknown_devices_return_reason() -> None:
+    for name in ("NVIDIA A10G", "NVIDIA L40", "NVIDIA GeForce RTX 4090 D", "NVIDIA H100", "AMD Instinct MI300X", ""):
+        peak, reason = lookup_peak(name, "bf16")
+        assert peak is None, name
+        assert "no peak-table entry" in reason and ENV_PEAK in reason
+
+
+def test_v100_has_no_bf16_and_tf32_runs_at_fp32_rate() -> None:
+    peak, reason = lookup_peak("Tesla V100-SXM2-16GB", "bf16")
+    assert peak is None and "V100" in reason
+    assert peak_for("Tesla V100-SXM2-32GB", "fp16").flops == pytest.approx(125 * T)
+    assert peak_for("Tesla V100-SXM2-32GB", "tf32").flops == peak_for("Tesla V100-SXM2-32GB", "fp32").flops
+    assert peak_for("Tesla V100-PCIE-16GB", "fp16").flops == pytest.approx(112 * T)
+
+
+def test_dtype_aliases() -> None:
+    assert normalise_dtype("torch.bfloat16") == "bf16"
+    assert normalise_dtype("Float16") == "fp16"
+    assert normalise_dtype("float8_e4m3fn") == "fp8"
+    assert peak_for("NVIDIA H200", "torch.bfloat16").flops == pytest.approx(989.4 * T)
+    assert peak_for("NVIDIA H200", "fp64") is None
+
+
+def test_sparse_figures_never_appear() -> None:
+    # the H100 SXM datasheet's 1979 bf16 / 3958 fp8 are sparse (2×); only dense may come back
+    assert peak_for("NVIDIA H100 80GB HBM3", "bf16").flops < 1000 * T
+    assert peak_for("NVIDIA H100 80GB HBM3", "fp8").flops < 2000 * T
+
+
+def test_override_from_environment() -> None:
+    assert peak_override({}) is None
+    assert peak_override({ENV_PEAK: "  "}) is None
+    assert peak_override({ENV_PEAK: "400"}) == pytest.approx(400 * T)
+    assert peak_override({ENV_PEAK: "12.5"}) == pytest.approx(12.5 * T)
+    for bad, message in (("abc", "number of TFLOP/s"), ("-5", "positive"), ("0", "positive"),
+                         ("nan", "positive"), ("inf", "positive"), ("9.894e14", "not FLOP/s")):
+        with pytest.raises(ValueError, match=message) as info:
+            peak_override({ENV_PEAK: bad})
+        assert ENV_PEAK in str(info.value)
+    with pytest.raises(ValueError):
+        parse_peak_tflops("")
+
+
+def test_resolve_peak_order() -> None:
+    peak, _ = resolve_peak("NVIDIA H200", "bf16", {ENV_PEAK: "500"})
+    assert peak.flops == pytest.approx(500 * T) and "override" in peak.source
+    peak, reason = resolve_peak("NVIDIA H200", "bf16", {ENV_PEAK: "fast"})
+    assert peak is None and ENV_PEAK in reason
+    assert resolve_peak("NVIDIA H200", "bf16", {})[0].flops == pytest.approx(989.4 * T)
+    assert "estimated" in resolve_peak("cpu", "fp32", {})[0].source
+
+
+X86_AVX512 = "model name\t: Some Xeon @ 2.00GHz\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16\n"
+X86_AVX2 = "model name\t: Desktop CPU\ncpu MHz\t\t: 3000.000\ncpu MHz\t\t: 3500.000\nflags\t\t: sse2 avx avx2 fma\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes asimdhp\n"
+
+
+def test_cpu_peak_estimates() -> None:
+    avx512 = cpu_peak("fp32", cpuinfo=X86_AVX512, cores=8, mhz=2000.0)
+    assert avx512.flops == 8 * 2.0e9 * 64  # cores × clock × 16 lanes × 2 (FMA) × 2 units
+    assert avx512.source.startswith("estimated") and avx512.dtype == "fp32"
+    assert cpu_peak("bf16", cpuinfo=X86_AVX512, cores=8, mhz=2000.0).flops == 8 * 2.0e9 * 128
+    assert cpu_peak("fp64", cpuinfo=X86_AVX512, cores=8, mhz=2000.0).flops == 8 * 2.0e9 * 32
+
+    avx2 = cpu_peak("bf16", cpuinfo=X86_AVX2, cores=4, mhz=3500.0)
+    assert avx2.flops == 4 * 3.5e9 * 32  # no avx512_bf16: bf16 at the fp32 rate
+    assert "fp32 rate" in avx2.source
+
+    neon = cpu_peak("fp32", cpuinfo=ARM, cores=2, mhz=1000.0)
+    assert neon.flops == 2 * 1.0e9 * 16
+    assert cpu_peak("fp16", cpuinfo=ARM, cores=2, mhz=1000.0).flops == 2 * 1.0e9 * 32
+    assert cpu_peak("fp32", cpuinfo="", cores=1, mhz=1000.0).flops == 1.0e9 * 8  # plain SSE
+
+
+def test_cpu_clock_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    monkeypatch.setattr(psutil, "cpu_freq", lambda: None)
+    assert cpu_peak("fp32", cpuinfo=X86_AVX512, cores=1).flops == 2.0e9 * 64  # "@ 2.00GHz"
+    assert cpu_peak("fp32", cpuinfo=X86_AVX2, cores=1).flops == 3.5e9 * 32  # max "cpu MHz"
+    unknown = cpu_peak("fp32", cpuinfo="flags : avx2 fma", cores=1)
+    assert unknown.flops == 2.0e9 * 32 and "assumed" in unknown.source
+
+
+def test_cpu_peak_on_this_machine_is_labelled() -> None:
+    peak = cpu_peak("fp32")
+    assert peak.flops > 0 and "estimated" in peak.source

@@ -1,0 +1,94 @@
+"""Golden screens of the UI at 80x24: text always, SVG when the Textual/Rich versions match.
+
+The committed goldens live in tests/snapshots/ (NAME.txt, NAME.svg) and copies of the SVGs in
+screenshots/ for the README. Regenerate both after an intended change with::
+
+    FLOWTOP_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_tui_snapshots.py
+
+The text golden is the screen's characters (no colours), so it is stable across terminals and
+font metrics; the SVG adds colours and is compared only with the Textual and Rich versions it
+was recorded with (their SVG writers change between releases), with Rich's content-hash ids
+normalised.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from flowtop.app import FlowtopApp
+from flowtop.replay import ReplaySource, synthetic_stream
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "snapshots"
+SCREENSHOTS = HERE.parent / "screenshots"
+UPDATE = os.environ.get("FLOWTOP_UPDATE_SNAPSHOTS") == "1"
+SIZE = (80, 24)
+VERSIONS = f"textual {version('textual')}, rich {version('rich')}"
+
+# name -> keys pressed on the main screen before the capture
+SCENARIOS: dict[str, tuple[str, ...]] = {
+    "main": ("tab", "enter", "shift+tab"),  # first hint expanded, cursor back on the ranks
+    "kernels": ("down", "enter"),  # rank 1's kernel window
+    "detail": ("down", "d"),
+    "job-kernels": ("j",),
+}
+
+
+def screen_text(app: FlowtopApp) -> str:
+    """The current screen as plain text lines (what export_screenshot draws, minus styles)."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
+                      color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def normalise_svg(svg: str) -> str:
+    """Drop what may differ between two renders of the same screen (Rich's hash-based ids)."""
+    return re.sub(r"terminal-\d+", "terminal", svg)
+
+
+async def capture(keys: tuple[str, ...]) -> tuple[str, str]:
+    app = FlowtopApp(ReplaySource(synthetic_stream(), advance=False), refresh_s=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        for key in keys:
+            await pilot.press(key)
+            await pilot.pause()
+        return screen_text(app), app.export_screenshot(title=f"flowtop {' '.join(keys)}".strip())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", list(SCENARIOS))
+async def test_screen_matches_golden(name: str) -> None:
+    text, svg = await capture(SCENARIOS[name])
+    txt_path, svg_path = GOLDEN / f"{name}.txt", GOLDEN / f"{name}.svg"
+    versions_path = GOLDEN / "VERSIONS"
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        SCREENSHOTS.mkdir(exist_ok=True)
+        txt_path.write_text(text, encoding="utf-8")
+        svg_path.write_text(svg, encoding="utf-8")
+        (SCREENSHOTS / f"{name}.svg").write_text(svg, encoding="utf-8")
+        versions_path.write_text(VERSIONS + "\n", encoding="utf-8")
+    assert text == txt_path.read_text(encoding="utf-8"), f"{name}: screen text changed (see module docstring)"
+    recorded = versions_path.read_text(encoding="utf-8").strip()
+    if recorded != VERSIONS:
+        pytest.skip(f"SVG golden recorded with {recorded}, running {VERSIONS}; text compared only")
+    assert normalise_svg(svg) == normalise_svg(svg_path.read_text(encoding="utf-8")), f"{name}: SVG changed"
+
+
+@pytest.mark.asyncio
+async def test_capture_is_deterministic() -> None:
+    first = await capture(SCENARIOS["kernels"])
+    second = await capture(SCENARIOS["kernels"])
+    assert first[0] == second[0]
+    assert normalise_svg(first[1]) == normalise_svg(second[1])
+    assert "GPU kernels · rank 1" in first[0]
