@@ -81,9 +81,9 @@ def render_text(stats: KernelWindowStats, source: str, kernels: list[KernelStat]
 
 
 def _rounded(obj: Any) -> Any:
-    """JSON-ready copy with floats rounded to 4 decimals (stable output; µs to 0.1 ns)."""
+    """JSON-ready copy with floats rounded to 6 decimals (stable output; µs to the picosecond)."""
     if isinstance(obj, float):
-        return round(obj, 4)
+        return round(obj, 6)
     if isinstance(obj, dict):
         return {k: _rounded(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -84,15 +84,13 @@ def _attn(q: Any, k: Any, v: Any, bhsd: bool, backward: bool) -> float | None:
     return 2.0 * fwd + 2.0 * pairs * d if backward else fwd
 
 
-_F: dict[str, Any] = {
-    "aten::mm": lambda d, c: _mat(d[0], d[1]),
-    "aten::bmm": lambda d, c: _mat(d[0], d[1]),
-    "aten::_scaled_mm": lambda d, c: _mat(d[0], d[1]),
-    "aten::_int_mm": lambda d, c: _mat(d[0], d[1]),
-    "aten::addmm": lambda d, c: _mat(d[1], d[2]),
-    "aten::_addmm_activation": lambda d, c: _mat(d[1], d[2]),
-    "aten::baddbmm": lambda d, c: _mat(d[1], d[2]),
-    "aten::addbmm": lambda d, c: _mat(d[1], d[2]),
+def _pair(i: int) -> Any:
+    return lambda d, c: _mat(d[i], d[i + 1])
+
+
+_F: dict[str, Any] = {f"aten::{n}": _pair(0) for n in ("mm", "bmm", "_scaled_mm", "_int_mm")}
+_F.update({f"aten::{n}": _pair(1) for n in ("addmm", "_addmm_activation", "baddbmm", "addbmm")})
+_F.update({
     "aten::mv": lambda d, c: 2.0 * d[0][0] * d[0][1] if len(d[0]) == 2 else None,
     "aten::addmv": lambda d, c: 2.0 * d[1][0] * d[1][1] if len(d[1]) == 2 else None,
     "aten::dot": lambda d, c: 2.0 * d[0][0] if len(d[0]) == 1 else None,
@@ -107,7 +105,7 @@ _F: dict[str, Any] = {
     "aten::_flash_attention_backward": lambda d, c: _attn(d[1], d[2], d[3], False, True),
     "aten::_efficient_attention_forward": lambda d, c: _attn(d[0], d[1], d[2], False, False),
     "aten::_efficient_attention_backward": lambda d, c: _attn(d[1], d[2], d[3], False, True),
-}
+})
 _F["aten::convolution_backward_overrideable"] = _F["aten::convolution_backward"]
 for _s in ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu",
            "fused_attention_overrideable"):

@@ -39,15 +39,19 @@ def ids(hints: tuple) -> list[tuple[str, str]]:
 
 
 def test_order_is_severity_then_impact() -> None:
-    from test_hints_factories import ADD, NCCL
-    stalled = rank(0, step=10, hist=history(10, 0.1, t0=-3.0))  # no step for 2 s: hang
-    waiting = rank(1, hist=history(10, 0.1, wait_s=0.012))  # input wait 12 %
-    comm = rank(2, hist=history(10, 0.1), kernels=kwin([(NCCL, 4, 2000.0), (ADD, 10, 3000.0)]))  # 20 % comm
-    full = rank(3, hist=history(10, 0.1), tel=telemetry(mem_used=95.0, mem_total=100.0))
-    snap = job(stalled, waiting, comm, full)
+    from test_hints_factories import GEMM_H, NCCL
+
+    def snap(now: float) -> JobSnapshot:
+        t0 = now - 1.05  # the last of 10 steps of 0.1 s arrived 50 ms ago
+        stalled = rank(0, step=10, hist=history(10, 0.1, t0=t0 - 2.0))  # no step for 2 s: hang
+        waiting = rank(1, hist=history(10, 0.1, wait_s=0.012, t0=t0))  # input wait 12 %
+        comm = rank(2, hist=history(10, 0.1, t0=t0), kernels=kwin([(NCCL, 4, 2000.0), (GEMM_H, 10, 3000.0)]))
+        full = rank(3, hist=history(10, 0.1, t0=t0), tel=telemetry(mem_used=95.0, mem_total=100.0))
+        return job(stalled, waiting, comm, full)
+
     engine = HintEngine(small_hang_rules())
-    engine.evaluate(snap, 0.0)
-    hints = engine.evaluate(snap, 6.0)
+    engine.evaluate(snap(0.0), 0.0)
+    hints = engine.evaluate(snap(6.0), 6.0)
     assert ids(hints) == [
         ("hang_rank", "rank 0"),  # critical, impact 1
         ("comm_exposed", "rank 2"),  # warning, impact 0.20

@@ -191,3 +191,49 @@ def test_monitor_side_imports_no_torch() -> None:
             "bad = [m for m in ('torch', 'textual') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+class _FakeKinetoEvent:
+    """The accessors of torch's ``_KinetoEvent`` that the probe reads, fed from a Chrome event.
+
+    In the profiler API an operator's ``correlation_id()`` is its External id; a kernel's or a
+    runtime call's ``correlation_id()`` is the CUPTI correlation and ``linked_correlation_id()``
+    the External id of its operator; ``device_resource_id()`` is the stream.
+    """
+
+    def __init__(self, e: dict[str, Any]) -> None:
+        from flowtop.kernels.opflops import parse_concrete
+
+        self.e, args = e, e.get("args", {})
+        self._start = round(e["ts"] * 1000)
+        self._end = self._start + round(e["dur"] * 1000)
+        op = e["cat"] == "cpu_op"
+        self._corr = args.get("External id", 0) if op else args.get("correlation", 0)
+        self._linked = 0 if op else args.get("External id", 0)
+        self._concrete = [parse_concrete(v) for v in args.get("Concrete Inputs", [])]
+        self._args = args
+
+    def activity_type(self) -> str: return self.e["cat"]
+    def name(self) -> str: return self.e["name"]
+    def start_ns(self) -> int: return self._start
+    def end_ns(self) -> int: return self._end
+    def start_thread_id(self) -> int: return self.e["tid"]
+    def correlation_id(self) -> int: return self._corr
+    def linked_correlation_id(self) -> int: return self._linked
+    def device_resource_id(self) -> int: return self._args.get("stream", self.e["tid"])
+    def shapes(self) -> list: return self._args.get("Input Dims", [])
+    def concrete_inputs(self) -> list: return self._concrete
+
+
+def test_probe_producer_agrees_on_the_h200_trace(h200: Any) -> None:
+    """The probe's kineto path (GPU kinds included) and the Chrome loader give the same window."""
+    from probe.kernels import window_from_kineto
+
+    raw = json.loads(gzip.decompress(FIXTURE.read_bytes()))["traceEvents"]
+    events = [_FakeKinetoEvent(e) for e in raw if e.get("ph") == "X" and "dur" in e]
+    t0 = min(ev._start for ev in events if ev.e["cat"] in ("cpu_op", "kernel", "gpu_memset", "cuda_runtime", "cuda_driver"))
+    probe_w = window_from_wire(window_from_kineto(events, t0, h200.step_dur_us, "cuda"))
+    assert probe_w.names == h200.names and len(probe_w.events) == len(h200.events)
+    for a, b in zip(probe_w.events, h200.events):
+        assert (a.name, a.kind, a.stream, a.op, a.flops) == (b.name, b.kind, b.stream, b.op, b.flops)
+        assert a.ts_us == pytest.approx(b.ts_us, abs=2e-3) and a.dur_us == pytest.approx(b.dur_us, abs=2e-3)

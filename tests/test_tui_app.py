@@ -8,13 +8,15 @@ import pytest
 
 from flowtop.app import FlowtopApp, SnapshotSource
 from flowtop.replay import ReplaySource, synthetic_snapshot, synthetic_stream
-from textual.widgets import Sparkline, Static
+from flowtop.snapshot import History
+from textual.widgets import Label, Sparkline, Static
 
 from flowtop.screens.help_screen import HelpScreen
 from flowtop.screens.job_kernel_screen import JobKernelScreen
 from flowtop.screens.kernel_screen import KernelScreen
 from flowtop.screens.main_screen import MainScreen
 from flowtop.screens.rank_detail_screen import RankDetailScreen
+from flowtop.widgets.category_bar import CategoryBar
 from flowtop.widgets.flops_panel import FlopsPanel
 from flowtop.widgets.hints_panel import HintsPanel
 from flowtop.widgets.job_header import JobHeader
@@ -302,6 +304,25 @@ async def test_rank_detail_sparklines_and_throttle() -> None:
         assert "uncounted   aten::_fused_rms_norm ×8" in flops
 
 
+@pytest.mark.asyncio
+async def test_rank_detail_without_history_or_flops() -> None:
+    snap = synthetic_snapshot(120, with_kernels=False)
+    job = snap.jobs[0]
+    bare = dataclasses.replace(job.ranks[0], history=History(), flops=None, telemetry=None)
+    snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(bare,)),))
+    app, _ = _app([snap])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("d")
+        await pilot.pause()
+        spark = app.screen.query_one("#spark-power", MetricSparkline)
+        assert str(spark.query_one(".spark-value", Label).render()) == "n/a (no samples yet)"
+        assert spark.query_one(Sparkline).display is False
+        assert str(app.screen.query_one("#throttle", Static).render()) == "throttling: n/a (no telemetry yet)"
+        assert str(app.screen.query_one(FlopsPanel).render()).startswith("no FLOP count yet")
+        assert str(app.screen.query_one(TelemetryPanel).render()) == "no telemetry yet"
+
+
 def _cpu_window() -> object:
     from flowtop.kernels.aggregate import aggregate
     from flowtop.kernels.trace import KernelEvent, KernelWindow
@@ -320,15 +341,24 @@ def _cpu_window() -> object:
 async def test_cpu_window_is_labelled_as_cpu_operators() -> None:
     snap = synthetic_snapshot(120, (0.004,), statuses=("live",), with_kernels=False)
     job = snap.jobs[0]
-    rank = dataclasses.replace(job.ranks[0], device="cpu", kernels=_cpu_window())
+    # A rank's device string may carry detail; the window's device is plain "cpu".
+    rank = dataclasses.replace(job.ranks[0], device="cpu (x86_64)", kernels=_cpu_window())
     snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(rank,)),))
-    app, _ = _app([snap])
+    no_window = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(dataclasses.replace(rank, kernels=None),)),))
+    app, source = _app([no_window, snap])
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("enter")
         await pilot.pause()
         title = str(app.screen.query_one("#kernel-title", Static).render())
+        assert title == "CPU operators · rank 0 gpu-node-00 · device cpu (no GPU: host operator times) · no window yet"
+        assert str(app.screen.query_one(CategoryBar).render()) == "no kernel window yet (k asks the rank for one)"
+        source.advance()
+        app.refresh_snapshot()
+        await pilot.pause()
+        title = str(app.screen.query_one("#kernel-title", Static).render())
         assert title.startswith("CPU operators · rank 0 gpu-node-00 · device cpu")
+        assert title.endswith("· window 1 @ step 7 · step 1.00ms")
         assert [r.name for r in app.screen.query_one(KernelTable).order] == ["aten::mm", "aten::add"]
         anatomy = str(app.screen.query_one(KernelAnatomy).render())
         assert anatomy.splitlines()[0] == "busy 360µs 36%  idle 640µs 64%  comm none"

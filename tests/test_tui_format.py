@@ -8,7 +8,7 @@ import pytest
 
 from flowtop.kernels.aggregate import CumulativeKernels
 from flowtop.replay import synthetic_hints, synthetic_snapshot, synthetic_window
-from flowtop.screens._base import pick_rank
+from flowtop.screens.snapshot_screen import pick_rank
 from flowtop.widgets import _telemetry as tm
 from flowtop.widgets._format import fmt_pct, fmt_si, fmt_time, mfu_style
 from flowtop.widgets._kernels import display_name, job_view, window_view

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from flowtop.hints.rules import Rule
-from flowtop.snapshot import JobSnapshot, RankSnapshot
+from flowtop.snapshot import History, JobSnapshot, RankSnapshot
 
 
 @dataclass(frozen=True)
@@ -60,13 +60,48 @@ def is_cuda(r: RankSnapshot) -> bool:
     return bool(name) and not name.startswith("cpu") and name != "unknown"
 
 
+class IdentityMemo:
+    """Memo of a function of immutable objects (snapshot records, rules), keyed by identity.
+
+    Snapshot records are rebuilt every ~0.5 s but the heavy parts (a rank's kernel window) stay the
+    same object until new data arrives, and several rules read the same thing. The memo keeps a
+    reference to its key objects so that their ids cannot be reused while the entry lives.
+    """
+
+    def __init__(self, fn: Callable[..., Any], max_entries: int = 8192) -> None:
+        self._fn = fn
+        self._max = max_entries
+        self._memo: dict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = {}
+
+    def __call__(self, *objs: Any) -> Any:
+        key = tuple(id(o) for o in objs)
+        hit = self._memo.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], objs)):
+            return hit[1]
+        if len(self._memo) >= self._max:
+            self._memo.clear()  # crude but bounded; refilled within one evaluation
+        value = self._fn(*objs)
+        self._memo[key] = (objs, value)
+        return value
+
+
+def _median_history(h: History) -> float | None:
+    times = [t for t in h.step_time_s if t > 0 and math.isfinite(t)]
+    return float(statistics.median(times)) if times else None
+
+
+_median_history_memo = IdentityMemo(_median_history)
+
+
 def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
     """Median wall time per step from history (last ``last`` steps; all when 0), else the rank's."""
-    times = [t for t in r.history.step_time_s if finite(t) and t > 0]
     if last:
-        times = times[-last:]
-    if times:
-        return float(statistics.median(times))
+        times = [t for t in r.history.step_time_s[-last:] if t > 0 and math.isfinite(t)]
+        med = float(statistics.median(times)) if times else None
+    else:
+        med = _median_history_memo(r.history)
+    if med is not None:
+        return med
     return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None  # type: ignore[operator]
 
 

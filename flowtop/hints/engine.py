@@ -59,13 +59,15 @@ class _NA:
         return "n/a"
 
 
+class _Fields(dict):  # type: ignore[type-arg]
+    """Template fields; an unknown name reads "n/a"."""
+
+    def __missing__(self, key: str) -> Any:
+        return _NA()
+
+
 def _render(template: str, fields: Mapping[str, Any]) -> str:
     """Format a template; missing or None fields read "n/a" instead of raising."""
-
-    class _Fields(dict):  # type: ignore[type-arg]
-        def __missing__(self, key: str) -> Any:
-            return _NA()
-
     safe = _Fields({k: (_NA() if v is None else v) for k, v in fields.items()})
     try:
         return template.format_map(safe)
@@ -150,8 +152,10 @@ class HintEngine:
             st = self._state[key] = _State()
         if st.active:
             if _beyond(rule, m, keep=True):
-                steps = max(m.steps_covered, m.step - (st.pending_step or m.step))
-                secs = max(m.seconds_covered, now - (st.pending_t if st.pending_t is not None else now))
+                start_step = m.step if st.pending_step is None else st.pending_step
+                start_t = now if st.pending_t is None else st.pending_t
+                steps = max(m.steps_covered, m.step - start_step)
+                secs = max(m.seconds_covered, now - start_t)
                 st.hint = self._hint(rule, key[2], m, st, steps, secs)
                 return st.hint
             del self._state[key]  # back past the clear value (or a gate failed): cleared

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from flowtop.hints.base import IdentityMemo
+
 
 @dataclass(frozen=True)
 class KernelRow:
@@ -21,6 +23,7 @@ class KernelRow:
     calls: int
     total_us: float
     op: str  # launching host operator ("" when unknown)
+    low: str  # name, lower-cased (for pattern tests)
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,12 @@ class UnevenRow:
 
 
 def kernel_facts(stats: Any) -> KernelFacts | None:
+    """:class:`KernelFacts` of a rank's latest window (None without one); memoized per window."""
+    return None if stats is None else _facts_memo(stats)
+
+
+def _adapt_window(stats: Any) -> KernelFacts:
     """Adapter: ``flowtop.kernels.aggregate.KernelWindowStats`` -> :class:`KernelFacts`."""
-    if stats is None:
-        return None
     a = stats.anatomy
     return KernelFacts(
         device=str(stats.device),
@@ -76,9 +82,12 @@ def kernel_facts(stats: Any) -> KernelFacts | None:
         launches=a.launches,
         short_kernels=a.short_kernels,
         category_us={c.category: float(c.total_us) for c in stats.categories},
-        rows=tuple(KernelRow(k.name, k.short, k.category, int(k.calls), float(k.total_us), k.op or "")
-                   for k in stats.kernels),
+        rows=tuple(KernelRow(k.name, k.short, k.category, int(k.calls), float(k.total_us), k.op or "",
+                             k.name.lower()) for k in stats.kernels),
     )
+
+
+_facts_memo = IdentityMemo(_adapt_window)
 
 
 def uneven_rows(merged: Any) -> tuple[UnevenRow, ...]:

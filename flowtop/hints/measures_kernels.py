@@ -23,8 +23,8 @@ def _windows(job: JobSnapshot, cuda_only: bool = True) -> Iterable[tuple[RankSna
         yield r, f
 
 
-def _has(text: str, patterns: Iterable[str]) -> bool:
-    low = text.lower()
+def _has(low: str, patterns: Iterable[str]) -> bool:
+    """Whether a lower-cased name contains any of the (lower-case) patterns."""
     return any(p in low for p in patterns)
 
 
@@ -97,7 +97,7 @@ def memory_bound(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
 
 
 def _fp32_gemm(row: KernelRow, params: Any) -> bool:
-    return _has(row.name, params["fp32_patterns"]) and not _has(row.name, params["tensor_patterns"])
+    return _has(row.low, params["fp32_patterns"]) and not _has(row.low, params["tensor_patterns"])
 
 
 def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -150,8 +150,8 @@ def attention_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
         if f is None:
             out[rank_target(r)] = None
             continue
-        soft = [k for k in f.rows if _has(k.name, p["softmax_patterns"])
-                and not _has(k.name, p["exclude_patterns"]) and not _has(k.name, p["backward_patterns"])]
+        soft = [k for k in f.rows if _has(k.low, p["softmax_patterns"])
+                and not _has(k.low, p["exclude_patterns"]) and not _has(k.low, p["backward_patterns"])]
         soft_calls = sum(k.calls for k in soft) / f.steps
         gemm_calls = sum(k.calls for k in f.rows if k.category == "gemm") / f.steps
         attn_calls = sum(k.calls for k in f.rows if k.category == "attention") / f.steps
@@ -181,7 +181,7 @@ def optimizer_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
             continue
         per_tensor = [k for k in f.rows if k.category != "optimizer"
                       and (k.op in p["per_tensor_ops"] or k.name in p["per_tensor_ops"])]
-        fused = [k for k in f.rows if k.category == "optimizer" and _has(k.name, p["fused_patterns"])]
+        fused = [k for k in f.rows if k.category == "optimizer" and _has(k.low, p["fused_patterns"])]
         opt_us = sum(k.total_us for k in per_tensor)
         ev = {
             "optimizer_pct": _pct(opt_us, f.step_us),
@@ -228,7 +228,7 @@ def attention_flops_note(rule: Rule, job: JobSnapshot, now: float) -> dict[str, 
     flops = job.flops
     uncounted = dict(flops.uncounted_ops) if flops is not None else {}
     words = ("attention", "sdpa", "flash")
-    if any(_has(name, words) for name in uncounted):
+    if any(_has(name.lower(), words) for name in uncounted):
         return {"": Measurement(0.0, {"attention_pct": 0.0}, 0.0, job.step)}  # uncounted_ops says it
     shares = [facts.category_share_of_busy(f, "attention") for _, f in _windows(job)]
     known = [s for s in shares if s is not None]

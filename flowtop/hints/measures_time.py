@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import statistics
 from typing import Any
 
@@ -77,8 +79,8 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
         if n:
             steps = h.step_time_s[-n:]
             waits = h.input_wait_s[-n:]
-            total = sum(t for t in steps if finite(t))
-            wait = sum(w for w in waits if finite(w))
+            total = sum(t for t in steps if math.isfinite(t))
+            wait = sum(w for w in waits if math.isfinite(w))
             frac = safe_div(wait, total)
             covered = n
         elif finite(r.input_wait_frac):
@@ -108,11 +110,11 @@ def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float]
     return {r.rank: float(statistics.median(s[i] for i in common)) for r, s in zip(ranks, series)}, len(common)
 
 
-def _by_reach(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int, list[int], list[dict[int, float]]]:
+def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, list[int], list[dict[int, float]]]:
     """Per rank: time per step to go from the first to the last of the last ``window`` + 1
     step indices every rank reached (monitor receive times, so ranks share one clock); also the
-    steps that window spans and all common step indices with each rank's reach times."""
-    series = [dict(r.history.reached) for r in ranks]
+    steps that window spans and the last ``keep`` common step indices with each rank's reach times."""
+    series = [dict(r.history.reached[-keep:]) for r in ranks]
     common = sorted(set.intersection(*(set(s) for s in series)))
     recent = common[-(window + 1):]
     if len(recent) < 2:
@@ -129,22 +131,23 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         return {}
     window = max(rule.window_steps, 1)
     med, n_med = _by_median(ranks, window)
-    pace, n_pace, common, reach_series = _by_reach(ranks, window)
+    keep = max(int(rule.params["since_steps"]), window + 1)
+    pace, n_pace, common, reach_series = _by_reach(ranks, window, keep)
+    tables = [(table, sorted(table.values()), n) for table, n in ((med, n_med), (pace, n_pace)) if table]
     out: dict[str, Measurement | None] = {}
     for idx, r in enumerate(ranks):
         candidates: list[tuple[float, float, float, int]] = []  # (slower, mine, others, steps)
-        for table, n in ((med, n_med), (pace, n_pace)):
-            if r.rank not in table:
-                continue
-            others = [v for k, v in table.items() if k != r.rank]
-            other = float(statistics.median(others))
+        for table, ordered, n in tables:
+            other = _median_without(ordered, table[r.rank])
             if other > 0:
                 candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n))
         if not candidates:
             out[rank_target(r)] = None
             continue
         slower, mine, other, n = max(candidates)
-        since, lag = _falling_behind_since(idx, common, reach_series, 0.1 * other)
+        since = lag = None
+        if 100.0 * slower >= rule.clear:  # only a rank that may show the hint needs "since when"
+            since, lag = _falling_behind_since(idx, common, reach_series, 0.1 * other)
         ev = {
             "slower_pct": 100.0 * slower,
             "step_time_s": mine,
@@ -163,13 +166,21 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     return out
 
 
+def _median_without(ordered: list[float], value: float) -> float:
+    """Median of ``ordered`` (sorted) with one occurrence of ``value`` removed: the other ranks'
+    median in O(n) per rank instead of a sort per rank (a job may have a thousand ranks)."""
+    i = bisect.bisect_left(ordered, value)
+    rest = ordered[:i] + ordered[i + 1:]
+    return float(statistics.median(rest)) if rest else 0.0
+
+
 def _falling_behind_since(
     idx: int, common: list[int], series: list[dict[int, float]], tol_s: float
 ) -> tuple[int | None, float | None]:
     """(step from which the rank has been falling behind, its lag now in s).
 
     Lag at step s = the rank's time to reach s − the other ranks' median time to reach s, over
-    every step all ranks reached (the ring, not just the window). The rank has been falling behind
+    the recent steps all ranks reached (``since_steps`` of them, not just the window). The rank has been falling behind
     since the last step where the lag was within ``tol_s`` of its smallest value (the tolerance
     keeps receive-time jitter from picking a random step of a flat stretch).
     """

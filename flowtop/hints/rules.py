@@ -12,48 +12,11 @@ fields the measure supplies (``str.format`` syntax). README_SECTION.md documents
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
-SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
-SCOPES: tuple[str, ...] = ("job", "rank", "kernel")
+from flowtop.hints.schema import SCOPES, SEVERITIES, Gate, Rule, validate
 
-
-@dataclass(frozen=True)
-class Gate:
-    """A secondary condition on another evidence value, with its own hysteresis.
-
-    ``op`` is ``"<"`` or ``">="``. To fire, ``evidence[key] op threshold`` must hold; to stay
-    active, ``evidence[key] op clear`` (the looser value). A missing value fails the gate.
-    """
-
-    key: str
-    op: str
-    threshold: float
-    clear: float
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of the rules table."""
-
-    id: str
-    scope: str  # "job" | "rank" | "kernel"
-    severity: str  # "critical" | "warning" | "info"
-    measure: str  # evidence key of the measured value (unit in the name)
-    unit: str  # unit suffix for the threshold evidence key: "pct", "x", "calls", ...
-    direction: str  # "above": fires when measure > threshold; "below": when measure < threshold
-    threshold: float
-    clear: float  # looser value: "above" clears when measure < clear, "below" when > clear
-    window_steps: int  # minimum evidence window in steps (0: none)
-    window_s: float  # minimum evidence window in seconds of monitor time (0: none)
-    summary: str  # one line, plain words, with the number
-    action: str  # a concrete next step
-    gates: tuple[Gate, ...] = ()
-    critical_at: float | None = None  # escalate to "critical" beyond this measure value
-    params: Mapping[str, Any] = field(default_factory=dict)  # rule-specific constants
-    doc: str = ""  # what the measure is, for the README table
-
+__all__ = ["RULES", "RULES_BY_ID", "MEMORY_CATEGORIES", "SCOPES", "SEVERITIES", "Gate", "Rule", "validate"]
 
 # Kernel categories whose time is bound by memory bandwidth rather than math.
 # Names follow flowtop.kernels.classify.CATEGORIES.
@@ -134,6 +97,7 @@ RULES: tuple[Rule, ...] = (
         "processes on its GPU or host (nvidia-smi, top), its share of the data (sequence "
         "lengths) and its host's network.",
         critical_at=50.0,
+        params={"since_steps": 256},  # how far back "since step N" looks (reach times)
         doc="rank's step time over the last window_steps common step indices (median step time, "
         "and time to go from the first to the last of those indices, aligned by step) ÷ the "
         "other ranks' median − 1; the larger of the two",
@@ -430,28 +394,6 @@ RULES: tuple[Rule, ...] = (
 
 #: Rules by id.
 RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}
-
-
-def validate(rules: tuple[Rule, ...]) -> None:
-    """Raise ValueError when a table row is inconsistent (clear on the wrong side, bad names)."""
-    seen: set[str] = set()
-    for r in rules:
-        if r.id in seen:
-            raise ValueError(f"duplicate rule id {r.id}")
-        seen.add(r.id)
-        if r.severity not in SEVERITIES or r.scope not in SCOPES:
-            raise ValueError(f"{r.id}: bad severity or scope")
-        if r.direction == "above" and r.clear > r.threshold:
-            raise ValueError(f"{r.id}: clear must be <= threshold for an 'above' rule")
-        if r.direction == "below" and r.clear < r.threshold:
-            raise ValueError(f"{r.id}: clear must be >= threshold for a 'below' rule")
-        if r.direction not in ("above", "below"):
-            raise ValueError(f"{r.id}: direction must be 'above' or 'below'")
-        for g in r.gates:
-            if g.op == "<" and g.clear < g.threshold or g.op == ">=" and g.clear > g.threshold:
-                raise ValueError(f"{r.id}: gate {g.key} clear is tighter than its threshold")
-            if g.op not in ("<", ">="):
-                raise ValueError(f"{r.id}: gate op must be '<' or '>='")
 
 
 validate(RULES)

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from flowtop.screens._base import SnapshotScreen, find_job
+from flowtop.screens.snapshot_screen import SnapshotScreen, find_job
 from flowtop.snapshot import MonitorSnapshot
 from flowtop.widgets._kernels import JobKernelView, job_view
 from flowtop.widgets.job_kernel_table import JobKernelTable

@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from flowtop.screens._base import SnapshotScreen, find_job, pick_rank
+from flowtop.screens.snapshot_screen import SnapshotScreen, find_job, pick_rank
 from flowtop.snapshot import MonitorSnapshot, RankSnapshot
 from flowtop.widgets._format import fmt_int, fmt_us
 from flowtop.widgets._kernels import WindowView, window_view
@@ -25,7 +25,8 @@ def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank
     if r is None:
         out.append(f"rank {rank} of {job}: not seen in the latest snapshot", style="yellow")
         return out
-    cpu = (view.device if view else r.device) == "cpu"
+    # The window says "cpu"; a rank's device string may carry detail ("cpu (x86_64)").
+    cpu = (view.device if view else r.device).startswith("cpu")
     out.append("CPU operators" if cpu else "GPU kernels", style="bold")
     out.append(f" · rank {r.rank} {r.host.split('.')[0]}")
     if cpu:

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer
 
-from flowtop.screens._base import SnapshotScreen, find_job
+from flowtop.screens.snapshot_screen import SnapshotScreen, find_job
 from flowtop.snapshot import JobSnapshot, MonitorSnapshot
 from flowtop.widgets.hints_panel import HintsPanel
 from flowtop.widgets.job_header import JobHeader

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
-from flowtop.screens._base import SnapshotScreen, find_job, pick_rank
+from flowtop.screens.snapshot_screen import SnapshotScreen, find_job, pick_rank
 from flowtop.snapshot import MonitorSnapshot, RankSnapshot
 from flowtop.widgets import _telemetry as tm
 from flowtop.widgets._format import STATUS_STYLE, fmt_int, fmt_pct, fmt_time

@@ -42,4 +42,7 @@ class MetricSparkline(Horizontal):
             value.update(f"{self.fmt(values[-1])} ({self.fmt(lo)}–{self.fmt(hi)})")
         else:
             value.update("n/a (no samples yet)")
-        self.query_one(Sparkline).data = values
+        spark = self.query_one(Sparkline)
+        spark.data = values
+        # An empty Sparkline still draws a flat row of bars, which reads as "zero".
+        spark.display = bool(values)

@@ -1,0 +1,172 @@
+"""Probe side: window scheduling arithmetic, a real sampled CPU window, and agreement with the
+monitor's Chrome-trace loader on the same profiled step."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flowtop.kernels.aggregate import aggregate  # noqa: E402
+from flowtop.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402
+from probe import wire  # noqa: E402
+from probe.kernels import KernelWindowSampler, WindowScheduler, window_from_kineto  # noqa: E402
+
+# --- scheduling arithmetic ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cost_s", "typical_s", "interval"), [
+    (0.05, 0.2, 50),  # large step: 0.05 / (0.005 × 0.2)
+    (0.0068 * 1.8, 0.0068, 90),  # small step at +180 % (design §7): 1.8 / 0.02
+    (0.01, 0.1, 20),  # exactly 100 ms is "large": 0.01 / (0.005 × 0.1)
+    (0.01, 0.0999, 6),  # just below: 0.01 / (0.02 × 0.0999) = 5.005 → 6 → clamped to 10
+    (0.0, 0.2, 10),  # free windows still wait the minimum
+    (-0.3, 0.2, 10),  # a window faster than typical counts as free
+    (500.0, 0.2, 10_000),  # clamped to the maximum
+    (0.05, None, 10_000),  # no step time: only the wall-clock cap brings the next window
+])
+def test_next_interval(cost_s: float, typical_s: float | None, interval: int) -> None:
+    s = WindowScheduler()
+    assert s.record(7, 100.0, cost_s, typical_s) == max(10, interval)
+    assert s.interval_steps == max(10, interval)
+
+
+def test_interval_keeps_amortised_cost_in_budget() -> None:
+    s = WindowScheduler(min_interval_steps=1)
+    for cost, typical in [(0.05, 0.2), (0.013, 0.0068), (1.0, 0.5), (0.0007, 0.001)]:
+        n = s.record(0, 0.0, cost, typical)
+        assert cost / (n * typical) <= s.budget(typical)
+        assert cost / ((n - 1) * typical) > s.budget(typical)  # and is the shortest such interval
+
+
+def test_due() -> None:
+    s = WindowScheduler(min_interval_steps=10, max_interval_s=60.0)
+    assert not s.due(100, 0.0)  # first step seen: anchor
+    assert not s.due(109, 1.0) and s.due(110, 1.0)  # interval starts at the minimum
+    s.record(110, 2.0, 0.05, 0.2)  # next in 50 steps
+    assert not s.due(159, 10.0) and s.due(160, 10.0)
+    assert not s.due(115, 62.0)  # wall cap reached, but fewer than min_interval_steps
+    assert s.due(120, 62.0)  # wall cap: 60 s since the last window
+    s.request_now()
+    assert s.due(111, 2.5)  # manual trigger: the next step, whatever the interval
+    s.record(111, 2.6, 0.05, 0.2)
+    assert not s.requested and not s.due(112, 2.7)
+
+
+# --- a real sampled window on CPU ---------------------------------------------------------------
+
+
+def _train(sampler: KernelWindowSampler, steps: int, typical: float | None = None) -> list[dict]:
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 16, bias=False)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = torch.randn(32, 64)
+    windows = []
+    for step in range(steps):
+        sampler.begin_step(step)
+        opt.zero_grad()
+        layer(x).square().mean().backward()
+        opt.step()
+        w = sampler.end_step(step, typical)
+        if w is not None:
+            windows.append(w)
+    return windows
+
+
+def test_sampled_cpu_window_reaches_the_operator_table() -> None:
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=2, max_interval_steps=3), cuda=False)
+    windows = _train(sampler, 6, typical=1.0)
+    # anchored at step 0: windows at 2, then 2 + max(2, ceil(cost / (0.02 × 1 s))) = 4 for cost < 40 ms
+    assert [w["step"] for w in windows] == [2, 4] and [w["window"] for w in windows] == [1, 2]
+    w = windows[0]
+    assert w["device"] == "cpu" and w["step_dur_us"] > 0 and w["cost_s"] >= 0
+    # what the lead's wire accepts, end to end
+    frame = wire.encode("kernels", wire.RankKey("j", "h", 1, 0, 0), 1, 1.0, w)
+    stats = aggregate(window_from_wire(wire.decode(frame).fields))
+    mm = [k for k in stats.kernels if k.name == "aten::mm"]
+    # forward x·Wᵀ (32×64)·(64×16) and the weight gradient (16×32)·(32×64): 2·32·64·16 each
+    assert len(mm) == 1 and mm[0].calls == 2 and mm[0].flops == 2 * 2 * 32 * 64 * 16
+    assert mm[0].category == "gemm" and mm[0].tflops > 0
+    names = {k.name for k in stats.kernels}
+    assert {"aten::linear", "aten::mean", "aten::pow"} & names
+    # exclusive times of the operators add up to the busy time of the top-level operators
+    total = sum(k.total_us for k in stats.kernels)
+    assert total == pytest.approx(stats.anatomy.busy_us, rel=1e-6)
+    assert sampler.windows == 2 and sampler.last_convert_s is not None
+
+
+def test_request_now_and_failures_never_raise(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1000), cuda=False)
+    assert _train(sampler, 3) == []
+    sampler.request_now()
+    assert [w["step"] for w in _train(sampler, 1)] == [0]
+    assert sampler.typical_step_s is not None and sampler.typical_step_s > 0  # its own EWMA
+
+    def broken(*args: object, **kwargs: object) -> dict:
+        raise RuntimeError("kineto changed")
+
+    monkeypatch.setattr("probe.kernels.window_from_kineto", broken)
+    sampler.request_now()
+    assert _train(sampler, 2) == []
+    assert not sampler.enabled and not torch.autograd.profiler._is_profiler_enabled
+    assert "kernel windows disabled" in capsys.readouterr().err
+    sampler.request_now()
+    assert _train(sampler, 1) == []  # stays off
+
+
+def test_another_profiler_session_is_left_alone() -> None:
+    sampler = KernelWindowSampler(WindowScheduler(), cuda=False)
+    sampler.request_now()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert _train(sampler, 1) == []
+    assert sampler.enabled and sampler.scheduler.requested  # still wanted: taken when free
+    assert [w["step"] for w in _train(sampler, 1)] == [0]
+
+
+# --- probe and monitor producers agree ----------------------------------------------------------
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32)
+        self.proj = torch.nn.Linear(32, 96)
+        self.conv = torch.nn.Conv1d(8, 8, 3, padding=1, stride=1)
+        self.out = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.proj(self.norm(x)).view(2, 8, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = self.out(a.transpose(1, 2).reshape(2, 8, 32))
+        return self.conv(h).relu().sum()
+
+
+def test_probe_window_equals_chrome_trace_window(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(2, 8, 32)
+    net(x).backward()  # warm up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        net(x).backward()
+    results = prof.profiler.kineto_results
+    probe_w = window_from_wire(window_from_kineto(results.events(), results.trace_start_ns(), 1.0, "cpu"))
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    chrome_w = load_trace(tmp_path / "t.json")
+
+    assert probe_w.names == chrome_w.names and len(probe_w.events) == len(chrome_w.events)
+    shift = probe_w.events[0].ts_us - chrome_w.events[0].ts_us  # different origins, same clock
+    for a, b in zip(probe_w.events, chrome_w.events):
+        assert (a.name, a.kind, a.stream, a.op, a.flops) == (b.name, b.kind, b.stream, b.op, b.flops)
+        assert a.dur_us == pytest.approx(b.dur_us, abs=2e-3)  # the trace keeps ns, as µs floats
+        assert a.ts_us - shift == pytest.approx(b.ts_us, abs=2e-3)
+    flops = Counter()
+    for e in probe_w.events:
+        if e.kind == KERNEL and e.flops > 0:
+            flops[probe_w.names[e.name]] += e.flops
+    # conv forward lands on the MKLDNN call that does the work, below aten::_convolution
+    assert set(flops) >= {"aten::addmm", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                          "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::convolution_backward"}
+    assert sum(1 for e in probe_w.events if e.kind == CPU_OP) >= 2
