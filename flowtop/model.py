@@ -189,7 +189,8 @@ class Model:
             flops=self._rank_flops(st) if st.flops else None,
             telemetry=tel,
             kernels=st.kernels,
-            kernels_cumulative=st.kernels_cumulative,
+            # The accumulator is mutable: hand the UI an immutable copy of its rows.
+            kernels_cumulative=st.kernels_cumulative.rows() if st.kernels_cumulative is not None else None,
             history=history,
             bye_reason=st.bye,
         )

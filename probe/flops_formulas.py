@@ -208,7 +208,7 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
             cum_q = b.get("cum_seq_q", b.get("cu_seqlens_q"))
             cum_k = b.get("cum_seq_k", b.get("cu_seqlens_k"))
             heads, d_qk, d_v = qd[-2], qd[-1], vd[-1]
-            if cum_q is not None and cum_k is not None:
+            if cum_q is not None and cum_k is not None and cum_q.numel() > 1:  # dense calls pass none/empty
                 lq = _seq_lengths(cum_q, b.get("max_q", b.get("max_seqlen_q")))
                 lk = _seq_lengths(cum_k, b.get("max_k", b.get("max_seqlen_k")))
                 pairs = sum(a * c for a, c in zip(lq, lk))

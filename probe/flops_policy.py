@@ -66,9 +66,10 @@ class CountPolicy:
 
     The signature passed is the one the caller knows when it decides: deciding in the root
     module's forward pre-hook, it is the coming step's own; deciding at the optimizer step,
-    it is the previous step's, so a shape change is counted one step after it was seen.  A signature that comes back (e.g. alternating bucket lengths)
-    is not counted again: its carried count is still valid.  At most ``max_signatures`` counts
-    are kept (least recently used dropped).  ``should_count`` returning True commits the
+    it is the previous step's, so a shape change is counted one step after it was seen.
+    A signature that comes back (e.g. alternating bucket lengths) is not counted again: its
+    carried count is still valid.  At most ``max_signatures`` counts are kept (least
+    recently used dropped).  ``should_count`` returning True commits the
     decision (it counts as "last count"); report the outcome with :meth:`record`.
     """
 

@@ -49,6 +49,7 @@ class Probe:
         self._flops: Any = None  # flowtop FLOP counting (probe.flops), lazily built
         self._counter: Any = None  # the StepFlopCounter of the step being counted
         self._last_count: Any = None
+        self._published_signature: tuple[Any, ...] | None = None
         self._kernels: Any = None  # probe.kernels.KernelWindowSampler
         self._kernels_active = False
         self._nvtx_open = False
@@ -178,24 +179,32 @@ class Probe:
         policy = self._flops
         if policy is None or self._counter is not None or self._kernels_active:
             return
-        step = self.tracker.step + 1
+        step = self.tracker.step  # 0-based index of the coming step (the policy's convention)
+        if signature != self._published_signature:
+            # Shapes changed back to ones counted before: the monitor gets that count again.
+            carried = policy.carried(signature)
+            if carried is not None:
+                self._last_count = carried
+                self._published_signature = signature
+                self.publisher.publish("flops", self._flops_fields(carried))
         if policy.should_count(step, signature):
             from probe import flops
 
-            self._counter = flops.StepFlopCounter(attention=self.cfg.attention)
-            self._counter.start()
-            self._note_sampled(step, "flops")
+            self._counter = flops.StepFlopCounter(root=self.tracker.root, attention=self.cfg.attention)
+            self._counter.start(in_forward=True)
+            self._note_sampled(step + 1, "flops")  # 1-based, like the step messages
 
     def _finish_count(self) -> None:
         counter, self._counter = self._counter, None
         if counter is None:
             return
         result = counter.stop()
+        if self._flops is not None:
+            self._flops.record(self.tracker.signature, result)
         if result is None:
             return
         self._last_count = result
-        if self._flops is not None and hasattr(self._flops, "record"):
-            self._flops.record(self.tracker.signature, result)
+        self._published_signature = self.tracker.signature
         self.publisher.publish("flops", self._flops_fields(result))
 
     def _flops_fields(self, count: Any) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from flowtop.demo.launch import training_command
 from flowtop.snapshot import to_json
 
@@ -54,3 +56,14 @@ def test_demo_headless_prints_both_ranks() -> None:
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     assert all(r["step"] >= 20 for r in ranks)
     assert all(r["step_time_s"] > 0 for r in ranks)
+    # FLOP accounting end to end (issue 3): a finite CPU MFU against an estimated peak.
+    job = data["jobs"][0]
+    for r in ranks:
+        assert 0 < r["mfu"] < 1 and r["peak_source"].startswith("estimated")
+        assert r["attention_convention"] == "full" and r["dtype"] == "fp32"
+        assert r["executed_flops_per_step"] >= r["flops_per_step"] > 0
+        # The demo GPT (d=128, L=2, T=128, batch 8): counted and 6N+12LdT agree closely.
+        assert 0.97 < r["estimate_ratio"] < 1.03
+        assert r["flops_per_s"] == pytest.approx(r["flops_per_step"] / r["step_time_s"])
+    assert job["flops_per_s"] == pytest.approx(sum(r["flops_per_s"] for r in ranks))
+    assert job["mfu"] == pytest.approx(job["flops_per_s"] / sum(r["peak_flops"] for r in ranks))

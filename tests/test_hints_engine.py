@@ -112,6 +112,18 @@ def test_a_failing_measure_is_logged_once_and_its_hints_held(caplog: pytest.LogC
     assert sum("input_wait failed" in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.parametrize("values", [[1.0], [1.0, 2.0], [3.0, 1.0, 2.0], [1.0, 1.0, 2.0, 5.0], [4.0, 4.0, 4.0, 1.0, 9.0]])
+def test_median_of_the_other_ranks(values: list[float]) -> None:
+    import statistics
+
+    from flowtop.hints.measures_time import _median_without
+
+    ordered = sorted(values)
+    for i, v in enumerate(values):
+        others = values[:i] + values[i + 1:]
+        assert _median_without(ordered, v) == (statistics.median(others) if others else 0.0)
+
+
 def test_table_validation() -> None:
     base = RULES_BY_ID["input_wait"]
     with pytest.raises(ValueError, match="clear must be <="):

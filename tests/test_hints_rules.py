@@ -274,6 +274,14 @@ def test_uncounted_attention_is_a_warning_with_its_time_share() -> None:
     assert find(settle(HintEngine(), b_uncounted(2.0, 0.0), 0.0), "uncounted_ops").severity == "info"
 
 
+def test_uncounted_calls_are_per_rank_not_summed_over_ranks() -> None:
+    per_rank = flops(uncounted={"aten::my_custom_op": 3})
+    summed = flops(uncounted={"aten::my_custom_op": 6})  # what the job's aggregate view holds
+    snap = job(rank(0, fl=per_rank), rank(1, fl=per_rank), fl=summed)
+    hint = find(settle(HintEngine(), snap, 0.0), "uncounted_ops")
+    assert hint.evidence["uncounted_calls"] == 3.0
+
+
 def test_comm_escalates_beyond_thirty_percent() -> None:
     assert find(settle(HintEngine(), b_comm(31.0, 0.0), 0.0), "comm_exposed").severity == "critical"
     hint = find(settle(HintEngine(), b_comm(20.0, 0.0), 0.0), "comm_exposed")

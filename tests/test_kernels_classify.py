@@ -51,6 +51,10 @@ OPERATORS = [
     ("aten::_foreach_mul_", "optimizer"), ("aten::_fused_adamw_", "optimizer"),
     ("c10d::allreduce_", "communication"), ("nccl:all_reduce", "communication"),
     ("aten::view", "other"), ("aten::empty_strided", "other"),
+    # autograd wrappers are bookkeeping whatever their name says
+    ("NativeLayerNormBackward0", "other"), ("ScaledDotProductCudnnAttentionBackward0", "other"),
+    ("autograd::engine::evaluate_function: LogSoftmaxBackward0", "other"),
+    ("torch::autograd::AccumulateGrad", "other"),
 ]
 
 

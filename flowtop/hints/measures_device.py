@@ -108,12 +108,25 @@ def _job_flops(job: JobSnapshot) -> FlopsView | None:
     return None
 
 
+def uncounted_by_op(job: JobSnapshot) -> dict[str, int] | None:
+    """Uncounted op -> calls in one counted step, the largest over the ranks (the job's FlopsView
+    sums ranks); None while no rank has a FLOP count."""
+    views = [r.flops for r in latest_ranks(job) if r.flops is not None] or ([job.flops] if job.flops else [])
+    if not views:
+        return None
+    out: dict[str, int] = {}
+    for v in views:
+        for name, n in dict(v.uncounted_ops).items():
+            if finite(n) and n > 0:
+                out[str(name)] = max(out.get(str(name), 0), int(n))
+    return out
+
+
 def uncounted_ops(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Job: calls of ops the FLOP counter had no formula for (per counted step)."""
-    flops = _job_flops(job)
-    if flops is None:
+    ops = uncounted_by_op(job)
+    if ops is None:
         return {"": None}
-    ops = {str(k): int(v) for k, v in dict(flops.uncounted_ops).items() if finite(v) and v > 0}
     calls = sum(ops.values())
     top = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
     ev: dict[str, Any] = {

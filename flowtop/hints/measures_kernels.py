@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from flowtop.hints import facts
-from flowtop.hints.base import Measurement, clamp01, is_cuda, latest_ranks, rank_target, safe_div
+from flowtop.hints.base import IdentityMemo, Measurement, clamp01, is_cuda, latest_ranks, rank_target, safe_div
 from flowtop.hints.facts import KernelFacts, KernelRow
+from flowtop.hints.measures_device import uncounted_by_op
 from flowtop.hints.rules import Rule
 from flowtop.snapshot import JobSnapshot, RankSnapshot
 
@@ -100,6 +101,40 @@ def _fp32_gemm(row: KernelRow, params: Any) -> bool:
     return _has(row.low, params["fp32_patterns"]) and not _has(row.low, params["tensor_patterns"])
 
 
+# Row scans depend only on (rule, window): memoized, since a window stays the same object for
+# many snapshots and a job may have a thousand ranks.
+
+def _scan_fp32(rule: Rule, f: KernelFacts) -> tuple[float, float, str | None]:
+    """(matmul µs, fp32 non-tensor-core matmul µs, the largest such kernel's short name)."""
+    gemm = [k for k in f.rows if k.category == "gemm"]
+    fp32 = [k for k in gemm if _fp32_gemm(k, rule.params)]
+    top = max(fp32, key=lambda k: k.total_us).short if fp32 else None
+    return sum(k.total_us for k in gemm), sum(k.total_us for k in fp32), top
+
+
+def _scan_attention(rule: Rule, f: KernelFacts) -> tuple[int, int, int, float]:
+    """(forward softmax calls, matmul calls, attention calls, forward softmax µs)."""
+    p = rule.params
+    soft = [k for k in f.rows if _has(k.low, p["softmax_patterns"])
+            and not _has(k.low, p["exclude_patterns"]) and not _has(k.low, p["backward_patterns"])]
+    return (sum(k.calls for k in soft), sum(k.calls for k in f.rows if k.category == "gemm"),
+            sum(k.calls for k in f.rows if k.category == "attention"), sum(k.total_us for k in soft))
+
+
+def _scan_optimizer(rule: Rule, f: KernelFacts) -> tuple[float, int, int]:
+    """(per-tensor optimizer µs, their calls, fused/multi-tensor optimizer calls)."""
+    p = rule.params
+    per_tensor = [k for k in f.rows if k.category != "optimizer"
+                  and (k.op in p["per_tensor_ops"] or k.name in p["per_tensor_ops"])]
+    fused = [k for k in f.rows if k.category == "optimizer" and _has(k.low, p["fused_patterns"])]
+    return sum(k.total_us for k in per_tensor), sum(k.calls for k in per_tensor), sum(k.calls for k in fused)
+
+
+_fp32_memo = IdentityMemo(_scan_fp32)
+_attention_memo = IdentityMemo(_scan_attention)
+_optimizer_memo = IdentityMemo(_scan_optimizer)
+
+
 def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per GPU rank: share of matmul time in fp32 non-tensor-core kernels (or an fp32 FLOP dtype)."""
     p = rule.params
@@ -113,9 +148,7 @@ def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
         if f is None and dtype is None:
             out[rank_target(r)] = None
             continue
-        gemm_us = sum(k.total_us for k in f.rows if k.category == "gemm") if f else 0.0
-        fp32 = [k for k in f.rows if k.category == "gemm" and _fp32_gemm(k, p)] if f else []
-        fp32_us = sum(k.total_us for k in fp32)
+        gemm_us, fp32_us, fp32_top = _fp32_memo(rule, f) if f else (0.0, 0.0, None)
         by_kernels = _pct(fp32_us, gemm_us)
         by_dtype = 100.0 if dtype == "fp32" else 0.0
         ev = {
@@ -124,7 +157,7 @@ def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
             "fp32_gemm_us_per_step": fp32_us / f.steps if f else None,
             "gemm_us_per_step": gemm_us / f.steps if f else None,
             "dtype": dtype,
-            "fp32_kernel": max(fp32, key=lambda k: k.total_us).short if fp32 else None,
+            "fp32_kernel": fp32_top,
         }
         if f and gemm_us > 0:
             impact = safe_div(max(fp32_us, gemm_us * by_dtype / 100.0), f.step_us) * float(p["saving"])
@@ -150,12 +183,8 @@ def attention_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
         if f is None:
             out[rank_target(r)] = None
             continue
-        soft = [k for k in f.rows if _has(k.low, p["softmax_patterns"])
-                and not _has(k.low, p["exclude_patterns"]) and not _has(k.low, p["backward_patterns"])]
-        soft_calls = sum(k.calls for k in soft) / f.steps
-        gemm_calls = sum(k.calls for k in f.rows if k.category == "gemm") / f.steps
-        attn_calls = sum(k.calls for k in f.rows if k.category == "attention") / f.steps
-        soft_us = sum(k.total_us for k in soft)
+        soft_n, gemm_n, attn_n, soft_us = _attention_memo(rule, f)
+        soft_calls, gemm_calls, attn_calls = soft_n / f.steps, gemm_n / f.steps, attn_n / f.steps
         ev = {
             "softmax_calls_per_step": soft_calls,
             "gemm_calls_per_step": gemm_calls,
@@ -179,14 +208,11 @@ def optimizer_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
         if f is None or f.step_us <= 0:
             out[rank_target(r)] = None
             continue
-        per_tensor = [k for k in f.rows if k.category != "optimizer"
-                      and (k.op in p["per_tensor_ops"] or k.name in p["per_tensor_ops"])]
-        fused = [k for k in f.rows if k.category == "optimizer" and _has(k.low, p["fused_patterns"])]
-        opt_us = sum(k.total_us for k in per_tensor)
+        opt_us, opt_calls, fused_calls = _optimizer_memo(rule, f)
         ev = {
             "optimizer_pct": _pct(opt_us, f.step_us),
-            "optimizer_calls_per_step": sum(k.calls for k in per_tensor) / f.steps,
-            "fused_calls_per_step": sum(k.calls for k in fused) / f.steps,
+            "optimizer_calls_per_step": opt_calls / f.steps,
+            "fused_calls_per_step": fused_calls / f.steps,
             "optimizer_us_per_step": opt_us / f.steps,
             "window_steps": f.steps,
         }
@@ -225,8 +251,7 @@ def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measure
 
 def attention_flops_note(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Job: the largest share of kernel time in fused attention among the ranks' windows."""
-    flops = job.flops
-    uncounted = dict(flops.uncounted_ops) if flops is not None else {}
+    uncounted = uncounted_by_op(job) or {}
     words = ("attention", "sdpa", "flash")
     if any(_has(name.lower(), words) for name in uncounted):
         return {"": Measurement(0.0, {"attention_pct": 0.0}, 0.0, job.step)}  # uncounted_ops says it

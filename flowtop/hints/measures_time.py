@@ -134,20 +134,25 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, common, reach_series = _by_reach(ranks, window, keep)
     tables = [(table, sorted(table.values()), n) for table, n in ((med, n_med), (pace, n_pace)) if table]
-    out: dict[str, Measurement | None] = {}
+    best: dict[int, tuple[float, float, float, int]] = {}  # rank index -> (slower, mine, others, steps)
     for idx, r in enumerate(ranks):
-        candidates: list[tuple[float, float, float, int]] = []  # (slower, mine, others, steps)
+        candidates = []
         for table, ordered, n in tables:
             other = _median_without(ordered, table[r.rank])
             if other > 0:
                 candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n))
-        if not candidates:
+        if candidates:
+            best[idx] = max(candidates)
+    # Only ranks that may show the hint need "since when".
+    slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
+    since_of = _falling_behind_since(slow, common, reach_series, {i: 0.1 * best[i][2] for i in slow})
+    out: dict[str, Measurement | None] = {}
+    for idx, r in enumerate(ranks):
+        if idx not in best:
             out[rank_target(r)] = None
             continue
-        slower, mine, other, n = max(candidates)
-        since = lag = None
-        if 100.0 * slower >= rule.clear:  # only a rank that may show the hint needs "since when"
-            since, lag = _falling_behind_since(idx, common, reach_series, 0.1 * other)
+        slower, mine, other, n = best[idx]
+        since, lag = since_of.get(idx, (None, None))
         ev = {
             "slower_pct": 100.0 * slower,
             "step_time_s": mine,
@@ -167,29 +172,41 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
 
 
 def _median_without(ordered: list[float], value: float) -> float:
-    """Median of ``ordered`` (sorted) with one occurrence of ``value`` removed: the other ranks'
-    median in O(n) per rank instead of a sort per rank (a job may have a thousand ranks)."""
+    """Median of ``ordered`` (sorted) with one occurrence of ``value`` removed, in O(log n): the
+    other ranks' median without a sort per rank (a job may have a thousand ranks)."""
+    n = len(ordered) - 1
+    if n <= 0:
+        return 0.0
     i = bisect.bisect_left(ordered, value)
-    rest = ordered[:i] + ordered[i + 1:]
-    return float(statistics.median(rest)) if rest else 0.0
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    if n % 2:
+        return float(at(n // 2))
+    return (at(n // 2 - 1) + at(n // 2)) / 2.0
 
 
 def _falling_behind_since(
-    idx: int, common: list[int], series: list[dict[int, float]], tol_s: float
-) -> tuple[int | None, float | None]:
-    """(step from which the rank has been falling behind, its lag now in s).
+    ranks_idx: list[int], common: list[int], series: list[dict[int, float]], tol_s: dict[int, float]
+) -> dict[int, tuple[int | None, float | None]]:
+    """Per rank index: (step from which it has been falling behind, its lag now in s).
 
     Lag at step s = the rank's time to reach s − the other ranks' median time to reach s, over
-    the recent steps all ranks reached (``since_steps`` of them, not just the window). The rank has been falling behind
-    since the last step where the lag was within ``tol_s`` of its smallest value (the tolerance
-    keeps receive-time jitter from picking a random step of a flat stretch).
+    the recent steps all ranks reached (``since_steps`` of them, not just the window). The rank
+    has been falling behind since the last step where the lag was within ``tol_s`` of its smallest
+    value (the tolerance keeps receive-time jitter from picking a random step of a flat stretch).
     """
-    if not common:
-        return None, None
-    lags = []
+    if not common or not ranks_idx:
+        return {i: (None, None) for i in ranks_idx}
+    lags: dict[int, list[float]] = {i: [] for i in ranks_idx}
     for s in common:
-        others = [ser[s] for j, ser in enumerate(series) if j != idx]
-        lags.append(series[idx][s] - float(statistics.median(others)))
-    low = min(lags)
-    since = max(s for s, lag in zip(common, lags) if lag <= low + tol_s)
-    return since, lags[-1]
+        ordered = sorted(ser[s] for ser in series)  # one sort per step, shared by every rank
+        for i in ranks_idx:
+            mine = series[i][s]
+            lags[i].append(mine - _median_without(ordered, mine))
+    out: dict[int, tuple[int | None, float | None]] = {}
+    for i, lag in lags.items():
+        low = min(lag)
+        out[i] = (max(s for s, x in zip(common, lag) if x <= low + tol_s[i]), lag[-1])
+    return out

@@ -349,7 +349,8 @@ RULES: tuple[Rule, ...] = (
         "(custom/Triton kernels, unusual attention), read MFU as a lower bound and compare with "
         "the 6·N + 12·L·d·T estimate.",
         params={"significant_pct": 5.0, "attention_words": ("attention", "sdpa", "flash")},
-        doc="calls, in the counted step, of ops the FLOP counter has no formula for; severity "
+        doc="calls, in a rank's counted step (largest over ranks), of ops the FLOP counter has no "
+        "formula for; severity "
         "warning when they are attention ops whose kernels take ≥ significant_pct of kernel time",
     ),
     Rule(

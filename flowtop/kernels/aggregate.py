@@ -148,20 +148,20 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
     """Top list, categories and anatomy of one window."""
     names, events, step = window.names, window.events, window.step_dur_us
     work = [e for e in events if e.kind in DEVICE_KINDS]
-    per: dict[int, list] = {}  # name -> [calls, total, flops, flops_us, Counter(op -> us)]
+    per: dict[int, list] = {}  # name -> [calls, total, flops, flops_us, Counter(op -> us), calls with flops]
     for e in work:
-        row = per.setdefault(e.name, [0, 0.0, 0.0, 0.0, Counter()])
+        row = per.setdefault(e.name, [0, 0.0, 0.0, 0.0, Counter(), 0])
         row[0] += 1
         row[1] += e.dur_us
         if e.flops >= 0:
             row[2] += e.flops
             row[3] += e.dur_us
+            row[5] += 1
         if e.op >= 0:
             row[4][e.op] += e.dur_us
     kernels = []
-    for idx, (calls, total, flops, flops_us, ops) in per.items():
+    for idx, (calls, total, flops, flops_us, ops, with_flops) in per.items():
         name = names[idx]
-        known = flops_us > 0 or flops > 0
         kernels.append(KernelStat(
             name=name,
             short=short_name(name),
@@ -170,7 +170,7 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
             total_us=total,
             mean_us=total / calls,
             share=total / step if step > 0 else 0.0,
-            flops=flops if known else None,
+            flops=flops if with_flops else None,
             tflops=flops / flops_us / 1e6 if flops_us > 0 else None,
             op=names[max(sorted(ops), key=lambda o: ops[o])] if ops else "",
         ))

@@ -105,6 +105,8 @@ def _strip_op_suffixes(base: str) -> str:
 
 def classify(name: str) -> str:
     """Category of a kernel or operator name: one of :data:`CATEGORIES`."""
+    if name.startswith("autograd::") or _is_autograd_node(name):
+        return "other"  # engine wrappers: their own time is bookkeeping, the math is in their children
     if name.startswith("aten::"):
         base = name[6:].split(".")[0]
         if base.startswith("_foreach_") or base.startswith("_fused_adam") or base.startswith("_fused_sgd"):
@@ -118,6 +120,12 @@ def classify(name: str) -> str:
             if pattern in head:
                 return category
     return "other"
+
+
+def _is_autograd_node(name: str) -> bool:
+    """``MmBackward0``, ``torch::autograd::AccumulateGrad`` ..."""
+    stem = name.rstrip("0123456789")
+    return (stem.endswith("Backward") and stem != name and name.isidentifier()) or name.startswith("torch::autograd::")
 
 
 def _close(s: str, i: int) -> int:

@@ -31,7 +31,12 @@ unknown.  The meaning of ``op`` depends on the kind:
 On a CPU-only window there is no device queue: the operators are the work.  Each operator call
 then yields one kind-0 event on stream −1 whose duration is its *exclusive* (self) time, so the
 table adds up without double counting (``aten::linear`` does not also count its ``aten::addmm``);
+attribution and FLOPs follow the rules above (the convolution's FLOPs land on the
+``aten::mkldnn_convolution`` call doing the work below ``aten::_convolution``, its longest slice);
 kind 3 holds the top-level operators only, whose union is the busy time.
+
+Events are ordered by (ts, kind, name).  The window starts at the profiler start (probe) or at
+the first kept event or ``ProfilerStep#`` annotation (Chrome trace).
 
 The probe produces windows with :class:`probe.kernels.KernelWindowSampler`; both producers follow
 the rules above, and a test runs the same profiled step through both.

@@ -1,0 +1,77 @@
+"""Builds the ``flops`` wire message: counted FLOPs, transformer estimate and the dense peak."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from probe import estimate, peaks
+from probe.flops import FlopCount
+
+
+def unwrap(module: Any) -> Any:
+    """The user's model inside DDP/FSDP (``.module``) and torch.compile (``._orig_mod``)."""
+    for _ in range(4):
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        module = inner
+    return module
+
+
+def seq_len_of(signature: tuple[Any, ...]) -> int | None:
+    """Sequence length: the last dim of the first integer (token index) input of rank ≥ 2."""
+    for entry in signature:
+        try:
+            shape, dtype = entry
+        except (TypeError, ValueError):
+            continue
+        if isinstance(shape, tuple) and len(shape) >= 2 and "int" in str(dtype):
+            return int(shape[-1])
+    return None
+
+
+def flops_message(
+    count: FlopCount,
+    *,
+    step: int,
+    tokens: int,
+    root: Any,
+    signature: tuple[Any, ...],
+    device: torch.device | None,
+    device_name: str,
+    flops_per_token: float | None,
+    attention: str,
+) -> dict[str, Any]:
+    """Fields of one ``flops`` message (see probe.wire)."""
+    estimated = None
+    source = None
+    seq = seq_len_of(signature)
+    est = None
+    if root is not None and (seq or flops_per_token):
+        est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention, flops_per_token=flops_per_token)
+    elif flops_per_token:
+        est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
+    if est is not None and tokens:
+        estimated = est.flops_per_token * tokens
+        source = f"{est.source}: 6N+{6 if attention == 'causal' else 12}LdT, N={est.n_params}, L={est.n_layers}, d={est.d_model}, T={est.seq_len}"
+        if est.source == "override":
+            source = "override (flops_per_token)"
+    on_cpu = device is None or device.type != "cuda"
+    peak, reason = peaks.resolve_peak("cpu" if on_cpu else device_name, count.dtype)
+    return {
+        "step": step,
+        "model_flops": float(count.model_flops),
+        "executed_flops": float(count.executed_flops),
+        "estimated_flops": estimated,
+        "estimate_source": source,
+        "attention": count.attention_convention,
+        "dtype": count.dtype,
+        "peak_flops": peak.flops if peak else None,
+        "peak_source": peak.source if peak else f"unknown: {reason}",
+        "uncounted": {k[:256]: int(v) for k, v in list(count.uncounted.items())[:200]},
+        "tokens": int(tokens),
+        "signature": str(signature)[:4096],
+        "cost_s": float(count.cost_s),
+    }
