@@ -363,26 +363,37 @@ class KernelWindowSampler:
         """Profile the next step (the monitor's ``kernels_now`` command)."""
         self.scheduler.request_now()
 
-    def begin_step(self, step: int) -> None:
-        """Step ``step`` starts: start the profiler if a window is due."""
+    def due(self, step: int, typical_step_s: float | None = None) -> bool:
+        """Whether :meth:`begin_step` would profile step ``step``.
+
+        Optional: callers that keep some steps from the sampler (a FLOP-counted one) ask first.
+        ``typical_step_s``, when given, becomes the sampler's typical step time (what
+        :meth:`end_step` measures the window's cost against when it is given none).
+        """
+        if typical_step_s is not None and typical_step_s > 0:
+            self.typical_step_s = typical_step_s
+        return self.enabled and self._prof is None and self.scheduler.due(step, time.monotonic())
+
+    def begin_step(self, step: int) -> bool:
+        """Step ``step`` starts: start the profiler if a window is due; True when it started."""
         self._begin_step, self._begin_s = step, time.perf_counter()
-        if not self.enabled or self._prof is not None:
-            return
         try:
-            if not self.scheduler.due(step, time.monotonic()):
-                return
+            if not self.due(step):
+                return False
             import torch
             from torch.profiler import ProfilerActivity, profile
 
             if getattr(torch._C._autograd, "_profiler_enabled", lambda: False)():
                 warn_once("kernels-busy", "kernel window skipped: another torch.profiler session is active")
-                return
+                return False
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             prof = profile(activities=activities, record_shapes=True)
             prof.start()
             self._prof, self._prof_step, self._started_s = prof, step, time.perf_counter()
+            return True
         except Exception as exc:  # never into training
             self._fail(exc)
+            return False
 
     def end_step(self, step: int, typical_step_s: float | None = None) -> dict[str, Any] | None:
         """Step ``step`` ended: the compact window if this step was profiled, else None.

@@ -31,7 +31,7 @@ from test_hints_factories import (
 )
 
 FIXTURE = Path("/work/shared/fixtures/h200-gpt-small-step.trace.json.gz")
-README_SECTION = Path(__file__).resolve().parent.parent / "flowtop" / "hints" / "README_SECTION.md"
+README_SECTION = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def ids(hints: tuple) -> list[tuple[str, str]]:
@@ -122,6 +122,21 @@ def test_median_of_the_other_ranks(values: list[float]) -> None:
     for i, v in enumerate(values):
         others = values[:i] + values[i + 1:]
         assert _median_without(ordered, v) == (statistics.median(others) if others else 0.0)
+
+
+def test_identity_memo_forgets_dead_objects() -> None:
+    import gc
+
+    from flowtop.hints.base import IdentityMemo
+
+    calls: list[int] = []
+    memo = IdentityMemo(lambda h: calls.append(1) or len(h.steps))
+    h = history(7)
+    assert (memo(h), memo(h), len(calls), len(memo)) == (7, 7, 1, 1)
+    assert memo(history(7)) == 7 and len(calls) == 2  # an equal but different object is computed
+    del h
+    gc.collect()
+    assert len(memo) == 0  # no entry keeps an old snapshot record alive
 
 
 def test_table_validation() -> None:

@@ -99,6 +99,18 @@ def test_sampled_cpu_window_reaches_the_operator_table() -> None:
     assert sampler.windows == 2 and sampler.last_convert_s is not None
 
 
+def test_caller_driven_protocol() -> None:
+    """The probe runtime asks ``due`` first and calls begin/end only around sampled steps."""
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=2), cuda=False)
+    assert not sampler.due(0, typical_step_s=0.5)  # anchors the schedule
+    assert sampler.typical_step_s == 0.5
+    assert not sampler.due(1) and sampler.due(2)
+    assert sampler.begin_step(2) is True and not sampler.due(3)  # one window at a time
+    torch.ones(4).sum()
+    window = sampler.end_step(2, typical_step_s=0.5)
+    assert window is not None and window["step"] == 2 and sampler.begin_step(3) is False
+
+
 def test_first_window_is_a_warm_up() -> None:
     # a 1 ns "typical" step makes any window cost the maximum interval — except the first one,
     # whose cost includes the profiler's one-off initialisation: the second follows at the minimum

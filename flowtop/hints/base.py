@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -64,24 +65,32 @@ class IdentityMemo:
     """Memo of a function of immutable objects (snapshot records, rules), keyed by identity.
 
     Snapshot records are rebuilt every ~0.5 s but the heavy parts (a rank's kernel window) stay the
-    same object until new data arrives, and several rules read the same thing. The memo keeps a
-    reference to its key objects so that their ids cannot be reused while the entry lives.
+    same object until new data arrives, and several rules read the same thing. Entries hold weak
+    references: an entry goes when one of its objects does, so old windows are not kept alive
+    (and an id cannot be reused while its entry exists).
     """
 
-    def __init__(self, fn: Callable[..., Any], max_entries: int = 8192) -> None:
+    def __init__(self, fn: Callable[..., Any], max_entries: int = 65536) -> None:
         self._fn = fn
-        self._max = max_entries
-        self._memo: dict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = {}
+        self._max = max_entries  # a backstop only; entries normally leave with their objects
+        self._memo: dict[tuple[int, ...], tuple[tuple[weakref.ref[Any], ...], Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._memo)
 
     def __call__(self, *objs: Any) -> Any:
         key = tuple(id(o) for o in objs)
         hit = self._memo.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], objs)):
+        if hit is not None and all(ref() is o for ref, o in zip(hit[0], objs)):
             return hit[1]
-        if len(self._memo) >= self._max:
-            self._memo.clear()  # crude but bounded; refilled within one evaluation
         value = self._fn(*objs)
-        self._memo[key] = (objs, value)
+        if len(self._memo) >= self._max:
+            self._memo.clear()
+        try:
+            refs = tuple(weakref.ref(o, lambda _r, k=key: self._memo.pop(k, None)) for o in objs)
+        except TypeError:  # not weak-referenceable: compute every time
+            return value
+        self._memo[key] = (refs, value)
         return value
 
 

@@ -1,6 +1,6 @@
 """Markdown rendering of the rules table, so the README cannot drift from the code.
 
-``python -m flowtop.hints.doc`` prints the table; a test checks that README_SECTION.md holds it.
+``python -m flowtop.hints.doc`` prints the table; a test checks that README.md holds it.
 """
 
 from __future__ import annotations

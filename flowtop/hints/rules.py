@@ -7,7 +7,7 @@ gate fails even at its looser value). Thresholds start from the values establish
 (design.md §5) and are meant to be tuned with evidence: change them here, nowhere else.
 
 The summary templates are formatted with the hint's evidence plus ``target`` and a few text
-fields the measure supplies (``str.format`` syntax). README_SECTION.md documents this table.
+fields the measure supplies (``str.format`` syntax). README.md ("Bottleneck hints") documents this table.
 """
 
 from __future__ import annotations

@@ -109,8 +109,6 @@ def classify(name: str) -> str:
         return "other"  # engine wrappers: their own time is bookkeeping, the math is in their children
     if name.startswith("aten::"):
         base = name[6:].split(".")[0]
-        if base.startswith("_foreach_") or base.startswith("_fused_adam") or base.startswith("_fused_sgd"):
-            return "optimizer"
         hit = _ATEN.get(base) or _ATEN.get(base.rstrip("_")) or _ATEN.get(_strip_op_suffixes(base))
         if hit is not None:
             return hit
