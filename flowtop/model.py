@@ -31,9 +31,9 @@ class RankState:
     last_recv: float
     hello: dict[str, Any] = field(default_factory=dict)
     step: int = 0
-    steps: Deque[tuple[int, float, int, float | None, float]] = field(
+    steps: Deque[tuple[int, float, int, float | None, float, float | None]] = field(
         default_factory=lambda: collections.deque(maxlen=RING)
-    )  # (step, wall_s, tokens, input_wait_s, recv_time)
+    )  # (step, wall_s, tokens, input_wait_s, recv_time, lead_s)
     device_s: float | None = None
     probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=64))
     last_seq: int = -1
@@ -119,7 +119,7 @@ class Model:
         if step <= st.step and st.steps:
             return  # duplicate or reordered: keep steps monotonic
         st.step = step
-        st.steps.append((step, float(f["wall_s"]), int(f["tokens"]), f.get("input_wait_s"), now))
+        st.steps.append((step, float(f["wall_s"]), int(f["tokens"]), f.get("input_wait_s"), now, f.get("lead_s")))
         st.drops = max(st.drops, int(f.get("drops", 0)))
         if f.get("device_s") is not None:
             st.device_s = float(f["device_s"])
@@ -162,6 +162,7 @@ class Model:
             steps=tuple(r[0] for r in hist_steps),
             step_time_s=tuple(r[1] for r in hist_steps),
             input_wait_s=tuple(r[3] or 0.0 for r in hist_steps),
+            lead_s=tuple(r[5] or 0.0 for r in hist_steps),
             mfu=tuple(st.series.get("mfu", ())),
             tensor_active=tuple(st.series.get("tensor_active", ())),
             power_w=tuple(st.series.get("power_w", ())),

@@ -66,6 +66,8 @@ class History:
     steps: tuple[int, ...] = ()
     step_time_s: tuple[float, ...] = ()
     input_wait_s: tuple[float, ...] = ()
+    #: Step boundary → end of the step's last forward (0.0 where unknown).
+    lead_s: tuple[float, ...] = ()
     mfu: tuple[float, ...] = ()  # one value per telemetry/flops refresh
     tensor_active: tuple[float, ...] = ()
     power_w: tuple[float, ...] = ()

@@ -13,6 +13,9 @@ first ``nn.Embedding`` fed integer indices counts tokens. The global hooks are
 then removed, so steady-state cost is two small hooks per micro-batch plus one
 per step.
 
+A forward hook on the root also marks when the last forward of the step ended
+(``lead_s``), which tells which rank the others wait for in synchronous training.
+
 Timing: wall time per step on the host, and a CUDA event recorded at each
 boundary; events are only ever *queried*, never synchronised, so device times
 arrive a few steps late (``dstep`` says which step they belong to).
@@ -50,6 +53,7 @@ class StepTracker:
         self.listeners_forward: list[Callable[[tuple[Any, ...]], None]] = []
         self._last_boundary = time.perf_counter()
         self._input_wait: float | None = None
+        self._forward_end: float | None = None
         self._probe_s = 0.0
         self._depth = 0
         self._candidates: dict[int, tuple[int, torch.nn.Module]] = {}
@@ -121,6 +125,7 @@ class StepTracker:
             _, root = max(self._candidates.values(), key=lambda c: c[0])
             self.root = root
             self._handles.append(root.register_forward_pre_hook(self._root_pre))
+            self._handles.append(root.register_forward_hook(self._root_post))
             for p in root.parameters():
                 self.device = p.device
                 break
@@ -143,6 +148,9 @@ class StepTracker:
                 listener(self.signature)
         self._forward_since_boundary += 1
         self._probe_s += time.perf_counter() - t0
+
+    def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        self._forward_end = time.perf_counter()
 
     def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         idx = args[0] if args else None
@@ -186,6 +194,12 @@ class StepTracker:
             "wall_s": wall,
             "tokens": self.tokens,
             "input_wait_s": self._input_wait,
+            # Lead: boundary → end of the last forward. In synchronous data parallelism every
+            # rank leaves the step together (the gradient all-reduce aligns them), so the rank
+            # that finishes its forward last is the one the others wait for.
+            "lead_s": (self._forward_end - self._last_boundary)
+            if self._forward_end is not None and self._forward_end > self._last_boundary
+            else None,
             "device_s": device_s,
             "dstep": dstep,
             "micro_batches": self._forward_since_boundary,
@@ -198,6 +212,7 @@ class StepTracker:
         self.micro_batches = self._forward_since_boundary
         self.tokens = 0
         self._input_wait = None
+        self._forward_end = None
         self._forward_since_boundary = 0
         self._probe_s += time.perf_counter() - t0
         fields["probe_s"] = self._probe_s

@@ -157,6 +157,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "dstep": (False, _opt(_int())),
         "tokens": (True, _int()),
         "input_wait_s": (False, _opt(_num(0, 1e7))),
+        "lead_s": (False, _opt(_num(0, 1e7))),
+        "micro_batches": (False, _int(0, 1 << 20)),
         "probe_s": (False, _opt(_num(0, 1e7))),
         "drops": (True, _int()),
     },
