@@ -128,10 +128,19 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
     """Run ``collector`` for up to ``timeout`` seconds; return the last snapshot."""
     import time
 
+    import signal
+
     await collector.start()
     deadline = time.monotonic() + timeout
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:  # Ctrl-C / SIGTERM end the collection early and still print the result
+            loop.add_signal_handler(sig, interrupted.set)
+        except (RuntimeError, ValueError, NotImplementedError):
+            pass
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not interrupted.is_set():
             await asyncio.sleep(0.1)
             if until_done:
                 snap = collector.snapshot()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import math
+import os
+from typing import Any, Mapping
 
 from flowtop.model import Model, RankState
+
+_log = logging.getLogger("flowtop.wiring")
 
 
 def _aggregate_kernels(st: RankState, fields: dict[str, Any]) -> None:
@@ -25,14 +30,48 @@ def _merge(windows: dict[int, Any]) -> Any:
     return aggregate.merge_ranks(windows)
 
 
-def make_model(peak_override_flops: float | None = None) -> Model:
-    """A :class:`Model` wired to kernel aggregation and the hints engine."""
+#: Environment variable: the hang rules' floor in seconds (default 30 s).
+HANG_ENV = "FLOWTOP_HANG_S"
+
+
+def hint_overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Hint rule overrides the user set in the environment (``FLOWTOP_HANG_S``).
+
+    A value that is not a positive number is ignored with a warning: a typo in an environment
+    variable must not keep the monitor from starting.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(HANG_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        hang_s = float(raw)
+    except ValueError:
+        hang_s = float("nan")
+    if not (math.isfinite(hang_s) and hang_s > 0):
+        _log.warning("ignoring %s=%r: not a positive number of seconds", HANG_ENV, raw)
+        return {}
+    return {"hang": {"floor_s": hang_s}}
+
+
+def make_model(
+    peak_override_flops: float | None = None,
+    hint_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Model:
+    """A :class:`Model` wired to kernel aggregation and the hints engine.
+
+    ``hint_overrides`` tunes hint rules (see :class:`flowtop.hints.HintEngine`); they apply on top
+    of those from the environment (``FLOWTOP_HANG_S``).
+    """
+    overrides: dict[str, dict[str, Any]] = hint_overrides_from_env()
+    for key, values in (hint_overrides or {}).items():
+        overrides[key] = {**overrides.get(key, {}), **values}
     try:
         from flowtop.hints.engine import HintEngine
-
-        engine: Any = HintEngine()
     except ImportError:
-        engine = None
+        engine: Any = None
+    else:
+        engine = HintEngine(overrides=overrides or None)
     return Model(
         peak_override_flops=peak_override_flops,
         kernel_aggregator=_aggregate_kernels,

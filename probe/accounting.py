@@ -55,7 +55,10 @@ def flops_message(
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:
         estimated = est.flops_per_token * tokens
-        source = f"{est.source}: 6N+{6 if attention == 'causal' else 12}LdT, N={est.n_params}, L={est.n_layers}, d={est.d_model}, T={est.seq_len}"
+        attn = 6 if attention == "causal" else 12
+        source = (
+            f"6N+{attn}LdT from {est.source}: N={est.n_params}, L={est.n_layers}, d={est.d_model}, T={est.seq_len}"
+        )
         if est.source == "override":
             source = "override (flops_per_token)"
     on_cpu = device is None or device.type != "cuda"

@@ -5,8 +5,12 @@ due (or the monitor asked with ``request_now``), reads the profiler's raw event 
 ``FunctionEvent`` tree, no trace file) and returns the compact window of
 ``flowtop.kernels.trace`` — that module's docstring is the format's specification.  The probe may
 not import flowtop, so the pure parts the format needs (FLOP formulas, operator attribution) are
-mirrored here; ``tests/test_kernels_probe.py`` runs one profiled step through both producers and
-through both formula tables and requires identical results.
+mirrored here, and tests hold the two copies equal: the same profiled CPU step and the H200 trace
+through both producers (``test_kernels_probe``, ``test_kernels_trace``), every formula case and
+every operator of the H200 trace through both formula tables (``test_kernels_opflops``).
+
+Protocol (training thread, at step boundaries): optionally ``due(step)``, then
+``begin_step(step)`` (True when profiling started) and, at the step's end, ``end_step(step)``.
 
 Everything here runs on the training thread and never raises into training: a failure is logged
 once and switches the sampler off.

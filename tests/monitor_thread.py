@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from flowtop.collector import Collector
 from flowtop.demo.launch import free_port_pair
@@ -16,9 +16,10 @@ from flowtop.wiring import make_model
 class MonitorThread:
     """Runs ``Collector`` (real zmq.asyncio sockets) until ``close()``."""
 
-    def __init__(self, listen: str | None = None, peak_override_flops: float | None = None) -> None:
+    def __init__(self, listen: str | None = None, peak_override_flops: float | None = None,
+                 hint_overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.listen = listen or f"tcp://127.0.0.1:{free_port_pair()}"
-        self.collector = Collector(make_model(peak_override_flops), self.listen)
+        self.collector = Collector(make_model(peak_override_flops, hint_overrides), self.listen)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

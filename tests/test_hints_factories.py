@@ -32,10 +32,12 @@ FLASH = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x1
 # --- records -----------------------------------------------------------------------------------
 
 def history(n: int, step_s: float = 0.1, wait_s: float = 0.0, first: int = 1, t0: float = 0.0,
-            slow_from: int | None = None, slow_step_s: float | None = None) -> History:
+            slow_from: int | None = None, slow_step_s: float | None = None,
+            lead_s: float = 0.0, late_from: int | None = None, late_lead_s: float | None = None) -> History:
     """n steps from ``first``; reach times accumulate step times from t0 (monitor clock).
-    From step ``slow_from`` on, steps take ``slow_step_s``."""
-    steps, times, reached = [], [], []
+    From step ``slow_from`` on, steps take ``slow_step_s``; each step's lead (boundary → end of
+    forward) is ``lead_s`` (0: unknown), and ``late_lead_s`` from step ``late_from`` on."""
+    steps, times, reached, leads = [], [], [], []
     t = t0
     for s in range(first, first + n):
         dt = slow_step_s if slow_from is not None and s >= slow_from and slow_step_s else step_s
@@ -43,8 +45,9 @@ def history(n: int, step_s: float = 0.1, wait_s: float = 0.0, first: int = 1, t0
         steps.append(s)
         times.append(dt)
         reached.append((s, t))
+        leads.append(late_lead_s if late_from is not None and s >= late_from and late_lead_s else lead_s)
     return History(steps=tuple(steps), step_time_s=tuple(times), input_wait_s=tuple([wait_s] * n),
-                   reached=tuple(reached))
+                   lead_s=tuple(leads), reached=tuple(reached))
 
 
 def flops(mfu: float | None = 0.4, dtype: str = "bf16", uncounted: dict[str, int] | None = None,
@@ -126,6 +129,13 @@ def b_input_wait(v: float, now: float) -> JobSnapshot:
 def b_straggler(v: float, now: float) -> JobSnapshot:
     ranks = [rank(r, hist=history(30, 0.1 * (1 + v / 100) if r == 2 else 0.1)) for r in range(4)]
     return job(*ranks)
+
+
+def b_straggler_lead(v: float, now: float) -> JobSnapshot:
+    """Synchronous DDP: equal step times and reach times, rank 2 ends its forward v % of the
+    step (0.1 s) later than the others (whose leads are 10 ms and 11 ms)."""
+    leads = {0: 0.010, 1: 0.011, 2: 0.0105 + v / 100 * 0.1, 3: 0.0105}
+    return job(*(rank(r, hist=history(30, 0.1, lead_s=leads[r])) for r in range(4)))
 
 
 def _stalled(r: int, stalled_s: float, now: float) -> RankSnapshot:
@@ -292,4 +302,14 @@ CASES: tuple[Case, ...] = (
          "fused attention kernels take 2 % of GPU time; profiler-based FLOP counts (torch.profiler "
          "with_flops) count them as 0 FLOPs, flowtop counts them by formula",
          {"attention_pct": 2.0}),
+)
+
+#: Cases of a rule's alternative summary (Rule.variants): same tests, not one per rule.
+VARIANT_CASES: tuple[Case, ...] = (
+    Case("straggler", b_straggler_lead, 12.0, 7.0, 3.0, "rank 2",
+         "rank 2 finishes its forward 12 ms after the others each step (12 % of the step); they wait "
+         "for it in the gradient all-reduce",
+         {"slower_pct": 12.0, "basis": "lead", "lead_s": 0.0225, "others_lead_s": 0.0105,
+          "lead_lag_s": 0.012, "lag_pct_of_step": 12.0, "step_time_s": 0.1, "others_step_time_s": 0.1,
+          "window_steps": 20, "since_step": 1, "threshold_pct": 10.0}),
 )

@@ -11,6 +11,7 @@ from flowtop.snapshot import Hint, JobSnapshot
 from test_hints_factories import (
     CASES,
     FLASH,
+    VARIANT_CASES,
     FUSED_ADAM,
     GEMM_H,
     LOG_SOFTMAX,
@@ -57,7 +58,7 @@ def test_every_rule_has_a_case() -> None:
     assert sorted(c.rule for c in CASES) == sorted(r.id for r in RULES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
+@pytest.mark.parametrize("case", CASES + VARIANT_CASES, ids=lambda c: c.rule + "-" + c.build.__name__)
 def test_fires_just_above_threshold(case: Case) -> None:
     hint = at(case, case.above, 0.0, case.engine())
     assert hint is not None
@@ -69,14 +70,14 @@ def test_fires_just_above_threshold(case: Case) -> None:
     assert hint.action and 0.0 <= hint.impact <= 1.0
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
+@pytest.mark.parametrize("case", CASES + VARIANT_CASES, ids=lambda c: c.rule + "-" + c.build.__name__)
 def test_quiet_below_threshold(case: Case) -> None:
     for value in (case.mid, case.low):
         if value is not None:
             assert at(case, value, 0.0, case.engine()) is None, value
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.rule)
+@pytest.mark.parametrize("case", CASES + VARIANT_CASES, ids=lambda c: c.rule + "-" + c.build.__name__)
 def test_hysteresis(case: Case) -> None:
     engine = case.engine()
     assert at(case, case.above, 0.0, engine) is not None

@@ -29,6 +29,7 @@ class Measurement:
     seconds_covered: float = 0.0
     text: Mapping[str, str] = field(default_factory=dict)  # extra words for the summary template
     severity: str | None = None  # override of the rule's severity (escalation)
+    variant: str = ""  # key of the rule's alternative summary (Rule.variants); "" for the main one
 
 
 #: A measure: (rule, job, now) -> {target: Measurement, or None when the target has no data now}.

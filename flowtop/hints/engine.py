@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from flowtop.hints import measures_device, measures_kernels, measures_time
 from flowtop.hints.base import Measurement, MeasureFn, finite
-from flowtop.hints.rules import RULES, SEVERITIES, Gate, Rule, validate
+from flowtop.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
 from flowtop.snapshot import Hint, JobSnapshot
 
 _log = logging.getLogger("flowtop.hints")
@@ -100,11 +100,19 @@ class HintEngine:
     """Evaluates the rules table against job snapshots, with per-hint hysteresis.
 
     ``rules`` defaults to :data:`flowtop.hints.rules.RULES`; pass a modified copy (e.g. with
-    ``dataclasses.replace``) to tune thresholds. One engine serves any number of jobs.
+    ``dataclasses.replace``) to tune thresholds, or ``overrides`` — rule id or group name (see
+    :data:`flowtop.hints.rules.GROUPS`) -> {field or param: value}, e.g.
+    ``HintEngine(overrides={"hang": {"floor_s": 5.0}})``; unknown names raise ValueError.
+    One engine serves any number of jobs.
     """
 
-    def __init__(self, rules: Sequence[Rule] = RULES, measures: Mapping[str, MeasureFn] | None = None) -> None:
-        self.rules: tuple[Rule, ...] = tuple(rules)
+    def __init__(
+        self,
+        rules: Sequence[Rule] = RULES,
+        measures: Mapping[str, MeasureFn] | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.rules: tuple[Rule, ...] = apply_overrides(rules, overrides, GROUPS) if overrides else tuple(rules)
         validate(self.rules)
         self._measures = dict(MEASURES if measures is None else measures)
         missing = [r.id for r in self.rules if r.id not in self._measures]
@@ -196,7 +204,7 @@ class HintEngine:
             severity=severity,
             scope=rule.scope,
             target=target,
-            summary=_render(rule.summary, fields),
+            summary=_render(rule.variants.get(m.variant, rule.summary) if m.variant else rule.summary, fields),
             evidence=ev,
             action=_render(rule.action, fields),
             impact=max(0.0, min(1.0, m.impact)),

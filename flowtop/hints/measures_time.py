@@ -65,7 +65,17 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         "last_step": max(e["last_step"] for e in stalls),
         "ranks_n": len(ranks),
     }
-    return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step)}
+    # A rank blocked in a collective still sends heartbeats; one that is stopped, dead or cut off
+    # goes stale. When only some ranks are silent, they are the ones the others wait for.
+    silent = [r for r in ranks if r.status == "stale"]
+    ev["silent_ranks"] = [r.rank for r in silent]
+    text: dict[str, str] = {}
+    if 0 < len(silent) < len(ranks):
+        ev["silent_s"] = max(r.age_s for r in silent)
+        names = ", ".join(str(r.rank) for r in silent[:8]) + (" …" if len(silent) > 8 else "")
+        text["silent"] = ("rank " if len(silent) == 1 else "ranks ") + names
+    return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step, text=text,
+                            variant="silent" if text else "")}
 
 
 def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -124,8 +134,57 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[i
     return per_step, len(recent) - 1, common, series
 
 
+def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[float, float, float, float]], int]:
+    """Per rank index: (its median lead, the others' median lead, median of its per-step lag
+    behind the others' median lead, its median step time) over the last ``window`` step indices
+    where every rank reported a lead (0.0 means unknown); also the number of those steps.
+
+    In synchronous data parallelism the gradient all-reduce makes every rank leave the step
+    together, so step times and reach times are equal; the lead (boundary → end of the step's last
+    forward) still differs: the rank that finishes its forward last is the one the others wait for.
+    """
+    leads = [{s: x for s, x in zip(r.history.steps, r.history.lead_s) if x > 0 and math.isfinite(x)}
+             for r in ranks]
+    common = sorted(set.intersection(*(set(d) for d in leads)))[-window:]
+    if not common:
+        return {}, 0
+    step_times = [dict(zip(r.history.steps, r.history.step_time_s)) for r in ranks]
+    lags: list[list[float]] = [[] for _ in ranks]
+    others: list[list[float]] = [[] for _ in ranks]
+    for s in common:
+        ordered = sorted(d[s] for d in leads)  # one sort per step, shared by every rank
+        for i, d in enumerate(leads):
+            other = _median_without(ordered, d[s])
+            others[i].append(other)
+            lags[i].append(d[s] - other)
+    out: dict[int, tuple[float, float, float, float]] = {}
+    for i, d in enumerate(leads):
+        times = [step_times[i][s] for s in common if step_times[i].get(s, 0.0) > 0]
+        step = float(statistics.median(times)) if times else 0.0
+        out[i] = (float(statistics.median(d[s] for s in common)), float(statistics.median(others[i])),
+                  float(statistics.median(lags[i])), step)
+    return out, len(common)
+
+
+def _lead_since(i: int, ranks: list[RankSnapshot], keep: int, clear_frac: float) -> int | None:
+    """Last step (of the last ``keep`` with known leads) at which rank index ``i`` lagged the
+    others' median lead by at most ``clear_frac`` of its step time; the first such step if it
+    lagged at all of them."""
+    leads = [{s: x for s, x in zip(r.history.steps[-keep:], r.history.lead_s[-keep:]) if x > 0} for r in ranks]
+    common = sorted(set.intersection(*(set(d) for d in leads)))
+    if not common:
+        return None
+    times = dict(zip(ranks[i].history.steps, ranks[i].history.step_time_s))
+    on_time = [s for s in common
+               if leads[i][s] - _median_without(sorted(d[s] for d in leads), leads[i][s])
+               <= clear_frac * times.get(s, 0.0)]
+    return on_time[-1] if on_time else common[0]
+
+
 def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
-    """Per rank: how much slower than the other ranks' median it is, by step time or by pace."""
+    """Per rank: how much it holds the others up, the largest of three measures — step time and
+    pace (time to reach steps) against the other ranks' median, and lead-time lag as a share of
+    the step (the one that sees a straggler of synchronous data parallelism)."""
     ranks = [r for r in _running(job) if r.history.steps or r.history.reached]
     if len(ranks) < 2:
         return {}
@@ -133,16 +192,24 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     med, n_med = _by_median(ranks, window)
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, common, reach_series = _by_reach(ranks, window, keep)
+    lead, n_lead = _by_lead(ranks, window)
     tables = [(table, sorted(table.values()), n) for table, n in ((med, n_med), (pace, n_pace)) if table]
-    best: dict[int, tuple[float, float, float, int]] = {}  # rank index -> (slower, mine, others, steps)
+    # rank index -> (slower, mine, others, steps, basis)
+    best: dict[int, tuple[float, float, float, int, str]] = {}
     for idx, r in enumerate(ranks):
         candidates = []
-        for table, ordered, n in tables:
+        for (table, ordered, n), basis in zip(tables, ("step_time", "pace")):
             other = _median_without(ordered, table[r.rank])
             if other > 0:
-                candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n))
+                candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n, basis))
+        if idx in lead and lead[idx][3] > 0:
+            _, _, lag, step = lead[idx]
+            # Step times for context (in lockstep they are about equal).
+            mine_t = med.get(r.rank, step)
+            others_t = _median_without(sorted(med.values()), mine_t) if r.rank in med else step
+            candidates.append((lag / step, mine_t, others_t, n_lead, "lead"))
         if candidates:
-            best[idx] = max(candidates)
+            best[idx] = max(candidates, key=lambda c: c[0])
     # Only ranks that may show the hint need "since when".
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
     since_of = _falling_behind_since(slow, common, reach_series, {i: 0.1 * best[i][2] for i in slow})
@@ -151,22 +218,35 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         if idx not in best:
             out[rank_target(r)] = None
             continue
-        slower, mine, other, n = best[idx]
-        since, lag = since_of.get(idx, (None, None))
-        ev = {
+        slower, mine, other, n, basis = best[idx]
+        since, lag_s = since_of.get(idx, (None, None))
+        if basis == "lead" and idx in slow:
+            since = _lead_since(idx, ranks, keep, rule.clear / 100.0)
+        ev: dict[str, Any] = {
             "slower_pct": 100.0 * slower,
+            "basis": basis,
             "step_time_s": mine,
             "others_step_time_s": other,
             "window_steps": n,
             "since_step": since if since is not None else r.step,
-            "lag_s": lag,
+            "lag_s": lag_s,
         }
+        text: dict[str, str] = {}
+        if idx in lead:
+            my_lead, others_lead, lead_lag, step = lead[idx]
+            ev.update(lead_s=my_lead, others_lead_s=others_lead, lead_lag_s=lead_lag,
+                      lag_pct_of_step=100.0 * safe_div(lead_lag, step))
+            text["lead_lag_ms"] = f"{1000.0 * lead_lag:.0f}"
+        # Impact: the share of the step the others spend waiting for this rank.
+        impact = slower if basis == "lead" else safe_div(mine - other, mine)
         out[rank_target(r)] = Measurement(
             value=ev["slower_pct"],
             evidence=ev,
-            impact=clamp01(safe_div(mine - other, mine)),
+            impact=clamp01(impact),
             step=r.step,
             steps_covered=n,
+            text=text,
+            variant="lead" if basis == "lead" else "",
         )
     return out
 

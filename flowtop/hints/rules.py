@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from flowtop.hints.schema import SCOPES, SEVERITIES, Gate, Rule, validate
+from flowtop.hints.schema import SCOPES, SEVERITIES, TUNABLE, Gate, Rule, apply_overrides, validate
 
-__all__ = ["RULES", "RULES_BY_ID", "MEMORY_CATEGORIES", "SCOPES", "SEVERITIES", "Gate", "Rule", "validate"]
+__all__ = ["RULES", "RULES_BY_ID", "GROUPS", "MEMORY_CATEGORIES", "SCOPES", "SEVERITIES", "TUNABLE", "Gate",
+           "Rule", "apply_overrides", "validate"]
 
 # Kernel categories whose time is bound by memory bandwidth rather than math.
 # Names follow flowtop.kernels.classify.CATEGORIES.
@@ -36,12 +37,18 @@ RULES: tuple[Rule, ...] = (
         window_s=0.0,
         summary="all {ranks_n} ranks stopped at step {last_step}: no step for {stalled_s:.0f} s "
         "(a step usually takes {median_step_time_s:.3g} s)",
+        variants={
+            # Blocked ranks keep sending heartbeats; a stopped or dead one falls silent.
+            "silent": "all {ranks_n} ranks stopped at step {last_step}: no step for {stalled_s:.0f} s; "
+            "nothing heard from {silent} for {silent_s:.0f} s (stopped, dead or its host is down) "
+            "while the others wait",
+        },
         action="Dump the stacks of all ranks (py-spy dump --pid PID); look for a rank that left a "
         "collective (exception, OOM, uneven batch count); rerun with NCCL_DEBUG=INFO and "
         "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 so a stuck collective times out.",
         params={"factor": 10.0, "floor_s": 30.0},
         doc="time since the last step of the least-stalled running rank ÷ max(factor × median "
-        "step time, floor_s)",
+        "step time, floor_s); names the ranks that went silent (stale) while others still talk",
     ),
     Rule(
         id="hang_rank",
@@ -93,14 +100,21 @@ RULES: tuple[Rule, ...] = (
         window_s=0.0,
         summary="{target} is {slower_pct:.0f} % slower than the other ranks ({step_time_s:.3g} s "
         "vs {others_step_time_s:.3g} s per step) since step {since_step}",
+        variants={
+            # Synchronous data parallelism: step times are equal, the others wait for this rank.
+            "lead": "{target} finishes its forward {lead_lag_ms} ms after the others each step "
+            "({lag_pct_of_step:.0f} % of the step); they wait for it in the gradient all-reduce",
+        },
         action="Compare that rank with the others: its input wait and GPU clock/throttling, other "
         "processes on its GPU or host (nvidia-smi, top), its share of the data (sequence "
         "lengths) and its host's network.",
         critical_at=50.0,
-        params={"since_steps": 256},  # how far back "since step N" looks (reach times)
-        doc="rank's step time over the last window_steps common step indices (median step time, "
-        "and time to go from the first to the last of those indices, aligned by step) ÷ the "
-        "other ranks' median − 1; the larger of the two",
+        params={"since_steps": 256},  # how far back "since step N" looks
+        doc="the largest of three ways a rank lags over the last window_steps step indices all ranks "
+        "reported: its median step time, and its time to go from the first to the last of those "
+        "indices (aligned by step), ÷ the other ranks' median − 1; and its lead (step boundary → end "
+        "of its last forward) minus the other ranks' median lead, as a share of its step time "
+        "(median over the steps)",
     ),
     Rule(
         id="comm_exposed",
@@ -395,6 +409,9 @@ RULES: tuple[Rule, ...] = (
 
 #: Rules by id.
 RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}
+
+#: Names for several rules at once in overrides (``HintEngine(overrides={"hang": {...}})``).
+GROUPS: Mapping[str, tuple[str, ...]] = {"hang": ("hang_all", "hang_rank")}
 
 
 validate(RULES)

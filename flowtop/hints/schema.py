@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 SCOPES: tuple[str, ...] = ("job", "rank", "kernel")
@@ -43,6 +44,51 @@ class Rule:
     critical_at: float | None = None  # escalate to "critical" beyond this measure value
     params: Mapping[str, Any] = field(default_factory=dict)  # rule-specific constants
     doc: str = ""  # what the measure is, for the README table
+    #: Alternative summary templates, chosen by the measure (``Measurement.variant``) when one
+    #: rule sees a problem in more than one way (the straggler: by step time or by lead time).
+    variants: Mapping[str, str] = field(default_factory=dict)
+
+
+#: Rule fields an override may set (the rest describe what the rule *is*, not how it is tuned).
+TUNABLE: tuple[str, ...] = ("severity", "threshold", "clear", "window_steps", "window_s", "critical_at")
+
+
+def apply_overrides(
+    rules: Iterable[Rule],
+    overrides: Mapping[str, Mapping[str, Any]],
+    groups: Mapping[str, tuple[str, ...]] | None = None,
+) -> tuple[Rule, ...]:
+    """A copy of ``rules`` with some values changed, e.g. ``{"hang": {"floor_s": 5.0}}``.
+
+    A key is a rule id or a group name of ``groups`` (every rule of the group). A value's keys
+    are fields of :data:`TUNABLE` or existing keys of the rule's ``params``. Unknown rule ids,
+    groups or keys raise ValueError (a misspelt override would otherwise do nothing quietly);
+    the result is validated like the table itself.
+    """
+    rules = tuple(rules)
+    ids = {r.id for r in rules}
+    per_rule: dict[str, dict[str, Any]] = {}
+    for key, values in overrides.items():
+        targets = (groups or {}).get(key, (key,))
+        for rid in targets:
+            if rid not in ids:
+                raise ValueError(f"override for unknown rule or group {key!r}")
+            per_rule.setdefault(rid, {}).update(values)
+    out = []
+    for r in rules:
+        values = per_rule.get(r.id)
+        if not values:
+            out.append(r)
+            continue
+        fields = {k: v for k, v in values.items() if k in TUNABLE}
+        params = {k: v for k, v in values.items() if k not in TUNABLE}
+        unknown = sorted(set(params) - set(r.params))
+        if unknown:
+            raise ValueError(f"{r.id}: no field or parameter {unknown}")
+        out.append(dataclasses.replace(r, **fields, params={**r.params, **params}))
+    result = tuple(out)
+    validate(result)
+    return result
 
 
 def validate(rules: tuple[Rule, ...]) -> None:
