@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--top", type=int, default=None, metavar="N",
                     help=f"show the first N kernels (default {DEFAULT_TOP} in the table, all in JSON; 0: all)")
     ap.add_argument("--sort", choices=SORT_KEYS, default="time", help="kernel order (default: time)")
+    ap.add_argument("--step-ms", type=float, default=None, metavar="MS",
+                    help="the step's wall time WITHOUT the profiler (it stretches host time): busy %% is also "
+                         "given against it")
     return ap
 
 
@@ -57,6 +61,8 @@ def render_text(stats: KernelWindowStats, source: str, kernels: list[KernelStat]
         f"device {stats.device}   step {a.step_us:.1f} us   busy {a.busy_us:.1f} us ({_pct(a.busy_frac)})"
         f"   idle {a.idle_us:.1f} us",
     ]
+    if a.busy_frac_typical is not None and a.typical_step_us is not None:
+        lines.append(f"unprofiled step {a.typical_step_us:.1f} us: device busy {_pct(a.busy_frac_typical)} of it")
     if a.flops is not None:
         lines.append(f"FLOPs attributed to kernels {a.flops / 1e9:.3f} G ({a.tflops or 0.0:.3f} TFLOP/s over the step)")
     if a.launches is not None:
@@ -106,11 +112,17 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage or help
         return int(exc.code or 0)
+    if args.step_ms is not None and not args.step_ms > 0:
+        print("flowtop analyze: --step-ms must be a positive number", file=sys.stderr)
+        return 2
     if args.top is not None and args.top < 0:
         print("flowtop analyze: --top must be 0 or more", file=sys.stderr)
         return 2
     try:
-        stats = aggregate(load_trace(args.trace))
+        window = load_trace(args.trace)
+        if args.step_ms is not None:
+            window = dataclasses.replace(window, typical_step_us=args.step_ms * 1e3)
+        stats = aggregate(window)
     except TraceError as exc:
         print(f"flowtop analyze: {exc}", file=sys.stderr)
         return 2

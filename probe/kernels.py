@@ -437,6 +437,10 @@ class KernelWindowSampler:
                 return None
             self.windows += 1
             window.update(step=step, window=self.windows, cost_s=self.last_cost_s)
+            if typical:
+                # The profiler stretches host time (design.md §7), not kernel time: shares of
+                # the step are better taken against the unprofiled step.
+                window["typical_step_us"] = typical * 1e6
             return window
         except Exception as exc:
             self._fail(exc)

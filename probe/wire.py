@@ -187,6 +187,7 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "step": (True, _int()),
         "device": (True, lambda v: v in ("cuda", "cpu")),
         "step_dur_us": (True, _num(0, 1e13)),
+        "typical_step_us": (False, _num(0, 1e13)),
         "names": (True, _str_list(100_000, 8192)),
         "events": (True, _events()),
         "cost_s": (False, _opt(_num(0, 1e7))),

@@ -72,3 +72,15 @@ def test_invalid_file_message(capsys: pytest.CaptureFixture[str], tmp_path: Path
     bad.write_text('{"traceEvents": [', encoding="utf-8")
     code, out, err = _run(capsys, str(bad))
     assert code == 2 and out == "" and err.startswith("flowtop analyze: cannot read ")
+
+
+def test_step_ms_gives_busy_share_of_the_unprofiled_step(capsys: pytest.CaptureFixture[str]) -> None:
+    # Busy kernel + memset time on the fixture is 890.8 µs; against the 6.8 ms unprofiled step
+    # of design.md §5 that is 13.1 %, against the 12,995 µs profiled span 6.9 %.
+    assert main([str(TRACE), "--step-ms", "6.8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    anatomy = data["anatomy"]
+    assert anatomy["typical_step_us"] == 6800.0
+    assert anatomy["busy_frac_typical"] == pytest.approx(anatomy["busy_us"] / 6800.0, abs=1e-6)  # JSON rounds
+    assert round(100 * anatomy["busy_frac_typical"], 1) == 13.1
+    assert main([str(TRACE), "--step-ms", "0"]) == 2

@@ -210,3 +210,64 @@ def test_h200_fixture_is_launch_bound() -> None:
     assert "attention_unfused" not in hints and "optimizer_unfused" not in hints
     assert "fp32_matmul" not in hints
     assert hints["attention_flops_note"].evidence["attention_pct"] == pytest.approx(100 * 87.7148 / 890.8105, rel=1e-4)
+
+
+# --- overrides -------------------------------------------------------------------------------------
+
+def test_overrides_by_group_rule_field_and_param() -> None:
+    engine = HintEngine(overrides={"hang": {"floor_s": 0.5}, "input_wait": {"threshold": 7.0, "clear": 6.0}})
+    by_id = {r.id: r for r in engine.rules}
+    assert by_id["hang_all"].params == {"factor": 10.0, "floor_s": 0.5}
+    assert by_id["hang_rank"].params == {"factor": 10.0, "floor_s": 0.5, "hidden_by": "hang_all"}
+    assert (by_id["input_wait"].threshold, by_id["input_wait"].clear) == (7.0, 6.0)
+    assert by_id["straggler"] is RULES_BY_ID["straggler"]  # untouched rows are the table's own
+    assert RULES_BY_ID["hang_all"].params["floor_s"] == 30.0  # the table itself is not changed
+    assert [r.id for r in engine.rules] == [r.id for r in RULES]
+    assert HintEngine(overrides={"hang": {"floor_s": 0.5}}).rules == small_hang_rules()  # = a hand-made copy
+    # A rule's own key wins over its group's, whatever the order.
+    for order in ({"hang_rank": {"floor_s": 1.0}, "hang": {"floor_s": 4.0}},
+                  {"hang": {"floor_s": 4.0}, "hang_rank": {"floor_s": 1.0}}):
+        assert [r.params.get("floor_s") for r in HintEngine(overrides=order).rules[:2]] == [4.0, 1.0]
+    assert find_hang(HintEngine(overrides={"hang_rank": {"floor_s": 2.0}}), 2.5) == 2.0
+    assert find_hang(HintEngine(overrides={"hang_rank": {"floor_s": 2.0}}), 1.5) is None
+
+
+def find_hang(engine: HintEngine, stalled_s: float) -> float | None:
+    """limit_s of rank 1's hang hint after ``stalled_s`` without a step (None: no hint)."""
+    from test_hints_factories import b_hang_rank
+
+    hits = [h for h in engine.evaluate(b_hang_rank(stalled_s, 0.0), 0.0) if h.id == "hang_rank"]
+    return hits[0].evidence["limit_s"] if hits else None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"hangs": {"floor_s": 1.0}}, "unknown rule or group 'hangs'"),
+        ({"hang_all": {"floor": 1.0}}, "hang_all: no field or parameter ['floor']"),
+        ({"input_wait": {"clear": 9.0}}, "input_wait: clear must be <= threshold"),
+    ],
+)
+def test_bad_overrides_raise(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        HintEngine(overrides=overrides)
+
+
+def test_hang_floor_from_the_environment(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from flowtop.wiring import hint_overrides_from_env, make_model
+
+    assert hint_overrides_from_env({}) == {}
+    assert hint_overrides_from_env({"FLOWTOP_HANG_S": " 5 "}) == {"hang": {"floor_s": 5.0}}
+    with caplog.at_level(logging.WARNING, logger="flowtop.wiring"):
+        for bad in ("soon", "0", "-3", "nan", "inf"):
+            assert hint_overrides_from_env({"FLOWTOP_HANG_S": bad}) == {}
+    assert caplog.text.count("ignoring FLOWTOP_HANG_S") == 5
+    monkeypatch.setenv("FLOWTOP_HANG_S", "5")
+    # The model's engine gets the environment's floor; explicit overrides win per key.
+    engine = make_model()._hint_engine
+    assert {r.id: r.params.get("floor_s") for r in engine.rules if r.id.startswith("hang")} == {
+        "hang_all": 5.0, "hang_rank": 5.0}
+    engine = make_model(hint_overrides={"hang_rank": {"floor_s": 1.0}, "hang": {"factor": 3.0}})._hint_engine
+    rules = {r.id: r for r in engine.rules}
+    assert rules["hang_all"].params["floor_s"] == 5.0 and rules["hang_rank"].params["floor_s"] == 1.0
+    assert rules["hang_all"].params["factor"] == 3.0 and rules["hang_rank"].params["factor"] == 3.0

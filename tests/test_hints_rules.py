@@ -292,3 +292,69 @@ def test_comm_escalates_beyond_thirty_percent() -> None:
 def test_hang_rank_action_names_the_pid() -> None:
     hint = find(HintEngine(small_hang_rules()).evaluate(b_hang_rank(3.0, 0.0), 0.0), "hang_rank")
     assert "py-spy dump --pid 4001" in hint.action
+
+
+# --- straggler by lead time (synchronous data parallelism) -------------------------------------
+
+def _lead_job(leads: dict[int, float], late: dict[int, tuple[int, float]] | None = None, n: int = 30) -> JobSnapshot:
+    """Four ranks in lockstep (equal step and reach times, 0.1 s), with the given leads."""
+    late = late or {}
+    return job(*(rank(r, step=n, hist=history(n, 0.1, lead_s=leads[r], late_from=late.get(r, (None, None))[0],
+                                              late_lead_s=late.get(r, (None, None))[1])) for r in range(4)))
+
+
+def test_lead_straggler_says_since_when_its_forward_ends_late() -> None:
+    snap = _lead_job({0: 0.01, 1: 0.01, 2: 0.01, 3: 0.01}, late={1: (12, 0.05)})
+    hint = find(settle(HintEngine(), snap, 0.0), "straggler")
+    assert hint.target == "rank 1" and hint.severity == "warning"
+    assert hint.evidence["basis"] == "lead"
+    assert hint.evidence["lag_pct_of_step"] == pytest.approx(40.0)
+    assert hint.evidence["since_step"] == 11  # steps 1..11 on time, step 12 the first late one
+    assert hint.impact == pytest.approx(0.4)
+    assert hint.summary.startswith("rank 1 finishes its forward 40 ms after the others each step (40 % ")
+
+
+def test_lead_straggler_escalates_past_half_the_step() -> None:
+    hint = find(settle(HintEngine(), _lead_job({0: 0.01, 1: 0.01, 2: 0.07, 3: 0.01}), 0.0), "straggler")
+    assert hint.target == "rank 2" and hint.severity == "critical"
+    assert hint.evidence["slower_pct"] == pytest.approx(60.0)
+
+
+def test_lead_uses_the_median_step_not_a_spike() -> None:
+    """One step where rank 3's forward ended 90 ms late is not a straggler; 11 of 20 steps are."""
+    spike = _lead_job({0: 0.01, 1: 0.01, 2: 0.01, 3: 0.01}, late={3: (30, 0.1)})
+    assert find(settle(HintEngine(), spike, 0.0), "straggler") is None
+    most = _lead_job({0: 0.01, 1: 0.01, 2: 0.01, 3: 0.01}, late={3: (20, 0.1)})
+    assert find(settle(HintEngine(), most, 0.0), "straggler").target == "rank 3"
+
+
+def test_lead_unknown_on_one_rank_is_no_evidence() -> None:
+    """A rank whose probe sends no lead (0.0) leaves the lead measure out; lockstep ranks with
+    equal step times then show no straggler."""
+    snap = _lead_job({0: 0.0, 1: 0.01, 2: 0.09, 3: 0.01})
+    assert find(settle(HintEngine(), snap, 0.0), "straggler") is None
+
+
+def test_step_time_basis_wins_when_larger() -> None:
+    ranks = [rank(r, hist=history(30, 0.13 if r == 0 else 0.1, lead_s=0.03 if r == 0 else 0.01)) for r in range(4)]
+    hint = find(settle(HintEngine(), job(*ranks), 0.0), "straggler")
+    assert hint.target == "rank 0" and hint.evidence["basis"] in ("step_time", "pace")
+    assert hint.evidence["slower_pct"] == pytest.approx(30.0)
+    assert hint.evidence["lag_pct_of_step"] == pytest.approx(100 * 0.02 / 0.13)  # lead still reported
+    assert hint.summary.startswith("rank 0 is 30 % slower than the other ranks")
+
+
+# --- hang: who went silent -----------------------------------------------------------------------
+
+def test_hang_all_names_the_silent_rank() -> None:
+    """Rank 1 was stopped (no message for 6 s, stale); rank 0 waits in a collective and still
+    sends heartbeats."""
+    waiting = rank(0, step=10, age_s=0.4, hist=history(10, 0.1, t0=-7.0))
+    stopped = rank(1, step=10, status="stale", age_s=6.0, hist=history(10, 0.1, t0=-7.0))
+    hint = find(HintEngine(small_hang_rules()).evaluate(job(waiting, stopped), 0.0), "hang_all")
+    assert hint.evidence["silent_ranks"] == [1] and hint.evidence["silent_s"] == 6.0
+    assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from rank 1 for "
+                            "6 s (stopped, dead or its host is down) while the others wait")
+    both = job(dataclasses.replace(waiting, status="stale", age_s=6.0), stopped)
+    hint = find(HintEngine(small_hang_rules()).evaluate(both, 0.0), "hang_all")
+    assert hint.evidence["silent_ranks"] == [0, 1] and "nothing heard" not in hint.summary

@@ -60,16 +60,18 @@ def apply_overrides(
 ) -> tuple[Rule, ...]:
     """A copy of ``rules`` with some values changed, e.g. ``{"hang": {"floor_s": 5.0}}``.
 
-    A key is a rule id or a group name of ``groups`` (every rule of the group). A value's keys
-    are fields of :data:`TUNABLE` or existing keys of the rule's ``params``. Unknown rule ids,
+    A key is a rule id or a group name of ``groups`` (every rule of the group; a rule's own key
+    wins over its group's, whatever the order). A value's keys are fields of :data:`TUNABLE` or
+    existing keys of the rule's ``params``. Unknown rule ids,
     groups or keys raise ValueError (a misspelt override would otherwise do nothing quietly);
     the result is validated like the table itself.
     """
     rules = tuple(rules)
     ids = {r.id for r in rules}
     per_rule: dict[str, dict[str, Any]] = {}
-    for key, values in overrides.items():
-        targets = (groups or {}).get(key, (key,))
+    groups = groups or {}
+    for key, values in sorted(overrides.items(), key=lambda kv: kv[0] not in groups):  # groups first
+        targets = groups.get(key, (key,))
         for rid in targets:
             if rid not in ids:
                 raise ValueError(f"override for unknown rule or group {key!r}")

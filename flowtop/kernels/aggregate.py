@@ -92,6 +92,11 @@ class StepAnatomy:
     gaps: tuple[IdleGap, ...]
     flops: float | None
     tflops: float | None  # attributed FLOPs ÷ step wall time
+    #: Typical unprofiled step (when the probe knows it) and the busy share against it:
+    #: the profiler stretches host time, not kernel time, so this is the better estimate
+    #: of how busy the device is in steps nobody profiles.
+    typical_step_us: float | None = None
+    busy_frac_typical: float | None = None
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,8 @@ def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat]) -> Ste
         gaps=_gaps(window, busy),
         flops=total_flops,
         tflops=total_flops / step / 1e6 if total_flops is not None and step > 0 else None,
+        typical_step_us=window.typical_step_us,
+        busy_frac_typical=min(1.0, busy_us / window.typical_step_us) if window.typical_step_us else None,
     )
 
 

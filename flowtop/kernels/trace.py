@@ -88,6 +88,8 @@ class KernelWindow:
     step: int | None = None
     window: int | None = None
     cost_s: float | None = None
+    #: Typical *unprofiled* step wall time, when known (the profiler inflates host time).
+    typical_step_us: float | None = None
 
 
 def window_to_wire(w: KernelWindow) -> dict[str, Any]:
@@ -98,7 +100,7 @@ def window_to_wire(w: KernelWindow) -> dict[str, Any]:
         "step_dur_us": w.step_dur_us,
         "device": w.device,
     }
-    for key in ("step", "window", "cost_s"):
+    for key in ("step", "window", "cost_s", "typical_step_us"):
         if getattr(w, key) is not None:
             out[key] = getattr(w, key)
     return out
@@ -132,6 +134,7 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
         step=int(step) if step is not None else None,
         window=int(window) if window is not None else None,
         cost_s=float(cost) if cost is not None else None,
+        typical_step_us=float(fields["typical_step_us"]) if fields.get("typical_step_us") else None,
     )
 
 
