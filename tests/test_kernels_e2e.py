@@ -1,0 +1,68 @@
+"""Kernel windows end to end: a real CPU training sends operator windows; `k` asks for one now."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline:
+        model(torch.randn(32, 64)).pow(2).mean().backward()
+        opt.step(); opt.zero_grad()
+        time.sleep(0.01)
+    """
+)
+
+
+def _windows(snap) -> tuple[int | None, object]:  # type: ignore[no-untyped-def]
+    if not snap.jobs:
+        return None, None
+    r = snap.jobs[0].ranks[0]
+    return (r.kernels.window if r.kernels is not None else None), r
+
+
+def test_operator_windows_arrive_and_manual_trigger_works(monitor, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    from conftest import probed_env
+
+    proc = subprocess.Popen([sys.executable, str(script), "40"], env=probed_env(monitor.listen),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        snap = monitor.wait_for(lambda s: _windows(s)[0] is not None, 30)
+        window, rank = _windows(snap)
+        assert window is not None, "no kernel window arrived"
+        stats = rank.kernels
+        assert stats.device == "cpu"
+        names = {k.name for k in stats.kernels}
+        assert "aten::addmm" in names or "aten::mm" in names
+        by_name = {k.name: k for k in stats.kernels}
+        # Forward: two Linear layers on a 32-row batch, 2·32·64·128 FLOPs each (addmm).
+        assert by_name["aten::addmm"].calls == 2
+        assert by_name["aten::addmm"].flops == 2 * (2 * 32 * 64 * 128)
+        # Backward: grad input + grad weight of layer 2, grad weight only of layer 1
+        # (its input needs no gradient): three mm of 2·32·64·128 each.
+        assert by_name["aten::mm"].calls == 3
+        assert by_name["aten::mm"].flops == 3 * (2 * 32 * 64 * 128)
+        # The scheduler spaces windows out (tens of steps at least); a request from the
+        # monitor (TUI key `k`) brings the next one within a few steps.
+        step_before = rank.step
+        monitor.call(lambda: monitor.collector.request_kernels(snap.jobs[0].job, rank.rank))
+        t0 = time.monotonic()
+        snap = monitor.wait_for(lambda s: (_windows(s)[0] or 0) > window, 20)
+        new_window, new_rank = _windows(snap)
+        assert new_window == window + 1
+        assert new_rank.kernels.step - step_before < 60  # well before the scheduler's spacing
+        assert time.monotonic() - t0 < 20
+        assert new_rank.kernels_cumulative is not None and len(new_rank.kernels_cumulative) > 0
+    finally:
+        proc.kill()
+        proc.wait(10)
