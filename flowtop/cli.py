@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from probe import wire
 
-SUBCOMMANDS = ("top", "run", "snapshot", "demo", "analyze", "calibrate")
+SUBCOMMANDS = ("top", "run", "snapshot", "replay", "demo", "analyze", "calibrate")
 
 
 def _positive_float(raw: str) -> float:
@@ -42,6 +42,7 @@ def _monitor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env FLOWTOP_ADDR)")
     p.add_argument("--insecure-bind", action="store_true", help="allow binding a non-loopback address without authentication")
     p.add_argument("--peak-tflops", type=_positive_float, default=None, help="dense peak per rank in TFLOP/s (overrides the table)")
+    p.add_argument("--record", default=None, metavar="FILE", help="also write every received frame to FILE (flowtop replay FILE)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to collect (default 5)")
     snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout)")
     snap.add_argument("--json", action="store_true", help="print JSON (schema in README)")
+    snap.add_argument("--replay", default=None, metavar="FILE", help="read a recording instead of listening")
+    rep = sub.add_parser("replay", help="play a recording back in the TUI")
+    rep.add_argument("recording", help="file written by --record")
+    rep.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
+    rep.add_argument("--peak-tflops", type=_positive_float, default=None)
     demo = sub.add_parser("demo", help="live demo: N-rank DDP training of a small GPT on CPU")
     demo.add_argument("--ranks", type=_positive_int, default=2)
     demo.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 20 headless, 2000 live)")
@@ -90,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return runner.run(command, connect=args.connect, job=args.job)
     if args.cmd == "snapshot":
         return _snapshot(args)
+    if args.cmd == "replay":
+        return _replay(args)
     if args.cmd == "demo":
         from flowtop.demo import launch
 
@@ -106,12 +114,27 @@ def make_model(peak_tflops: float | None = None) -> Any:
 
 def _collector(args: argparse.Namespace) -> Any:
     from flowtop.collector import AddressError, Collector
+    from flowtop.recording import Recorder, RecordingError
 
     try:
-        return Collector(make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind)
-    except AddressError as exc:
+        recorder = Recorder(args.record) if args.record else None
+        return Collector(make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder)
+    except (AddressError, RecordingError) as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
         return None
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from flowtop.app import FlowtopApp
+    from flowtop.recording import RecordingError, RecordingSource, read_recording
+
+    try:
+        next(iter(read_recording(args.recording)), None)  # fail before the UI starts
+    except RecordingError as exc:
+        print(f"flowtop: {exc}", file=sys.stderr)
+        return 2
+    FlowtopApp(RecordingSource(args.recording, make_model(args.peak_tflops), args.speed)).run()
+    return 0
 
 
 def _top(args: argparse.Namespace) -> int:
@@ -155,17 +178,27 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    collector = _collector(args)
-    if collector is None:
-        return 2
-    from flowtop.collector import AddressError
     from flowtop.snapshot import to_json
 
-    try:
-        snap = asyncio.run(collect(collector, args.timeout, args.until_done))
-    except AddressError as exc:
-        print(f"flowtop: {exc}", file=sys.stderr)
-        return 2
+    if args.replay:
+        from flowtop.recording import RecordingError, replay_all
+
+        try:
+            snap = replay_all(args.replay, make_model(args.peak_tflops))
+        except RecordingError as exc:
+            print(f"flowtop: {exc}", file=sys.stderr)
+            return 2
+    else:
+        collector = _collector(args)
+        if collector is None:
+            return 2
+        from flowtop.collector import AddressError
+
+        try:
+            snap = asyncio.run(collect(collector, args.timeout, args.until_done))
+        except AddressError as exc:
+            print(f"flowtop: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(to_json(snap), indent=2))
     else:

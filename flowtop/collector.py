@@ -83,8 +83,10 @@ class Collector:
         listen: str = wire.DEFAULT_ADDR,
         control: str | None = None,
         allow_remote: bool = False,
+        recorder: Any = None,
     ) -> None:
         self.model = model
+        self.recorder = recorder  # flowtop.recording.Recorder: raw frames to replay later
         self.listen = check_listen(listen, allow_remote)
         self.control = control or control_addr_for(listen)
         self._ctx: zmq.asyncio.Context | None = None
@@ -144,6 +146,8 @@ class Collector:
 
     def handle_frame(self, frame: bytes, now: float) -> None:
         """Decode one frame and apply it; a bad frame is counted, never raised."""
+        if self.recorder is not None:
+            self.recorder.write(now, frame)
         try:
             msg = wire.decode(frame)
         except wire.WireError as exc:
@@ -182,3 +186,5 @@ class Collector:
             self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
+        if self.recorder is not None:
+            self.recorder.close()

@@ -1,0 +1,107 @@
+"""Recordings: write, read back, replay through the model, and drive the TUI from one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowtop.app import FlowtopApp
+from flowtop.recording import MAGIC, Recorder, RecordingError, RecordingSource, read_recording, replay_all
+from flowtop.replay import ReplaySource
+from flowtop.wiring import make_model
+from probe import wire
+
+HERE = Path(__file__).resolve().parent
+REC = HERE / "data" / "demo-2rank.rec"  # a real 2-rank CPU DDP run (tests/data/make_recording.py)
+GOLDEN = HERE / "snapshots" / "kernels-recording.txt"
+
+
+def _frame(seq: int, step: int) -> bytes:
+    key = wire.RankKey("j", "h", 1, 0, 0)
+    fields = {"step": step, "wall_s": 0.1, "tokens": 10, "drops": 0}
+    return wire.encode("step", key, seq, 1.0, fields)
+
+
+def test_round_trip_and_truncated_tail(tmp_path: Path) -> None:
+    path = tmp_path / "x.rec"
+    rec = Recorder(path)
+    for i in range(3):
+        rec.write(10.0 + i, _frame(i, i + 1))
+    rec.close()
+    got = list(read_recording(path))
+    assert [t for t, _ in got] == [0.0, 1.0, 2.0]
+    assert [wire.decode(f).fields["step"] for _, f in got] == [1, 2, 3]
+    # A monitor killed mid-write leaves a partial record: what came before still reads.
+    data = path.read_bytes()
+    path.write_bytes(data[:-5])
+    assert len(list(read_recording(path))) == 2
+
+
+def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.rec"
+    bad.write_bytes(b"not a recording")
+    with pytest.raises(RecordingError, match="bad header"):
+        list(read_recording(bad))
+    huge = tmp_path / "huge.rec"
+    huge.write_bytes(MAGIC + (2**31).to_bytes(4, "big"))
+    with pytest.raises(RecordingError, match="larger than any frame"):
+        list(read_recording(huge))
+    with pytest.raises(RecordingError, match="cannot read"):
+        list(read_recording(tmp_path / "missing.rec"))
+
+
+def test_replay_of_a_real_run() -> None:
+    snap = replay_all(REC, make_model())
+    job = snap.jobs[0]
+    assert job.status == "done" and job.ranks_seen == 2 and job.world_size == 2
+    assert [r.step for r in job.ranks] == [60, 60]
+    assert all(r.tokens_per_step == 256 for r in job.ranks)
+    assert job.flops is not None and job.flops.mfu is not None
+    assert all(r.kernels is not None and r.kernels.device == "cpu" for r in job.ranks)
+
+
+def test_snapshot_replay_cli_and_bad_file(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(REC), "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["step"] for r in data["jobs"][0]["ranks"]] == [60, 60]
+    bad = tmp_path / "bad.rec"
+    bad.write_bytes(b"xx")
+    for args in (["snapshot", "--replay", str(bad)], ["replay", str(bad)]):
+        out = subprocess.run([sys.executable, "-m", "flowtop.cli", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "not a flowtop recording" in out.stderr
+
+
+@pytest.mark.asyncio
+async def test_tui_plays_a_recording() -> None:
+    source = RecordingSource(REC, make_model(), speed=1e6)  # everything due at once
+    app = FlowtopApp(source, refresh_s=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.refresh_snapshot()
+        await pilot.pause()
+        snap = app.latest
+        assert snap is not None and [r.step for r in snap.jobs[0].ranks] == [60, 60]
+        await pilot.press("q")
+
+
+@pytest.mark.asyncio
+async def test_kernel_screen_from_recording_matches_golden() -> None:
+    from test_tui_snapshots import screen_text
+
+    snap = replay_all(REC, make_model())
+    app = FlowtopApp(ReplaySource([snap], advance=False), refresh_s=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        text = screen_text(app)
+    assert "CPU operators" in text and "aten::mm" in text
+    if os.environ.get("FLOWTOP_UPDATE_SNAPSHOTS") == "1":
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8")
