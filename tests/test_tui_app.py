@@ -88,7 +88,7 @@ async def test_header_states_mfu_conventions() -> None:
         text = JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain.splitlines()
         assert text[0] == "job gpt-demo  ranks 2/2  step 119  running  rx 4,120"
         assert text[1] == "step time 4.60ms  tokens/s 1.91M  model FLOP/s 870T  executed 974T"
-        assert text[2] == "MFU 43.9 % (model FLOPs, attn full, peak bf16 989TF/GPU, datasheet H200 SXM)"
+        assert text[2] == "MFU 43.9 % (model FLOPs, attn full, peak bf16 989TF/rank, datasheet H200 SXM)"
         assert text[3].startswith("HFU 49.2 % (executed FLOPs")
 
 

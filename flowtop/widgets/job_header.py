@@ -23,10 +23,10 @@ def _peak_per_gpu(job: JobSnapshot) -> FlopsView | None:
 
 
 def convention_note(flops: FlopsView, per_gpu: FlopsView | None) -> str:
-    """'model FLOPs, attn full, peak bf16 989TF/GPU, datasheet ...' (the MFU line)."""
+    """'model FLOPs, attn full, peak bf16 989TF/rank, datasheet ...' (the MFU line)."""
     source = per_gpu or flops
     peak = fmt_si(source.peak_flops, "F", 0) if source.peak_flops else "peak n/a"
-    parts = ["model FLOPs", f"attn {flops.attention_convention}", f"peak {flops.dtype} {peak}/GPU"]
+    parts = ["model FLOPs", f"attn {flops.attention_convention}", f"peak {flops.dtype} {peak}/rank"]
     if source.peak_source:
         parts.append(source.peak_source)
     return ", ".join(parts)
