@@ -28,6 +28,8 @@ class ProbeConfig:
     attention: str = "full"  # FLOWTOP_ATTENTION: full | causal
     recheck_steps: int = 500  # FLOWTOP_RECHECK_STEPS: periodic re-count
     kernels: bool = True  # FLOWTOP_KERNELS: sampled profiler windows
+    kernels_min_steps: int = 10  # FLOWTOP_KERNELS_MIN_STEPS: fewest steps between windows
+    kernels_max_s: float = 600.0  # FLOWTOP_KERNELS_MAX_S: a window at least this often (s)
     telemetry: bool = True  # FLOWTOP_TELEMETRY: NVML + psutil on the sender thread
     telemetry_interval_s: float = 1.0  # FLOWTOP_TELEMETRY_INTERVAL (>= 1 s)
     flops_per_token: float | None = None  # FLOWTOP_FLOPS_PER_TOKEN: explicit estimate
@@ -100,6 +102,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         attention=_parse(e, "FLOWTOP_ATTENTION", _attention, d.attention),
         recheck_steps=_parse(e, "FLOWTOP_RECHECK_STEPS", _positive_int, d.recheck_steps),
         kernels=_parse(e, "FLOWTOP_KERNELS", _bool, d.kernels),
+        kernels_min_steps=_parse(e, "FLOWTOP_KERNELS_MIN_STEPS", _positive_int, d.kernels_min_steps),
+        kernels_max_s=_parse(e, "FLOWTOP_KERNELS_MAX_S", _positive_float, d.kernels_max_s),
         telemetry=_parse(e, "FLOWTOP_TELEMETRY", _bool, d.telemetry),
         telemetry_interval_s=max(1.0, _parse(e, "FLOWTOP_TELEMETRY_INTERVAL", _positive_float, 1.0)),
         flops_per_token=_parse(e, "FLOWTOP_FLOPS_PER_TOKEN", _positive_float, None),  # type: ignore[arg-type]

@@ -91,7 +91,12 @@ class Probe:
         try:
             from probe import kernels
 
-            self._kernels = kernels.KernelWindowSampler()
+            scheduler = kernels.WindowScheduler(
+                min_interval_steps=self.cfg.kernels_min_steps,
+                max_interval_steps=max(10_000, self.cfg.kernels_min_steps),
+                max_interval_s=self.cfg.kernels_max_s,
+            )
+            self._kernels = kernels.KernelWindowSampler(scheduler)
         except Exception as exc:
             warn_once("kernels-setup", f"kernel windows unavailable: {exc}")
             return
