@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from flowtop.format import si
+from flowtop.format import fmt_sig
 from flowtop.ncu import FP_METRICS, TENSOR_METRICS, NcuKernel, NcuParseError, parse_raw_csv
 
 NVTX_STEP_PREFIX = "flowtop_step_"
@@ -281,7 +281,7 @@ def compare_steps(kernels: Sequence[NcuKernel], records: Sequence[ProbeRecord],
 
 def format_flops(value: float | None) -> str:
     """``137.44G`` style (five significant digits), or ``-``."""
-    return si(value, digits=5)
+    return fmt_sig(value, 5, na="-")
 
 
 def _ratio(value: float | None) -> str:

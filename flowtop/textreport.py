@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from flowtop.format import flops_rate, pct, seconds, si
+from flowtop.format import fmt_pct as pct
+from flowtop.format import fmt_si, fmt_time as seconds
+
+
+def si(value: float | None) -> str:
+    """A plain count with an SI prefix."""
+    return fmt_si(value)
+
+
+def flops_rate(value: float | None) -> str:
+    """FLOP/s with prefix."""
+    return fmt_si(value, "FLOP/s")
 from flowtop.snapshot import MonitorSnapshot
 
 

@@ -134,21 +134,27 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[i
     return per_step, len(recent) - 1, common, series
 
 
+def _leads(r: RankSnapshot, last: int = 0) -> dict[int, float]:
+    """Step -> lead (boundary → end of the step's last forward) of the known ones (the model
+    writes 0.0 where the probe sent none); the last ``last`` steps of history, all when 0."""
+    h = r.history
+    return {s: x for s, x in zip(h.steps[-last:], h.lead_s[-last:]) if x > 0 and math.isfinite(x)}
+
+
 def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[float, float, float, float]], int]:
     """Per rank index: (its median lead, the others' median lead, median of its per-step lag
     behind the others' median lead, its median step time) over the last ``window`` step indices
-    where every rank reported a lead (0.0 means unknown); also the number of those steps.
+    where every rank reported a lead; also the number of those steps.
 
     In synchronous data parallelism the gradient all-reduce makes every rank leave the step
-    together, so step times and reach times are equal; the lead (boundary → end of the step's last
-    forward) still differs: the rank that finishes its forward last is the one the others wait for.
+    together, so step times and reach times are equal; the lead still differs: the rank that
+    finishes its forward last is the one the others wait for. The per-step lag's median keeps a
+    single slow step (a sampled FLOP count, a kernel window) from making a straggler.
     """
-    leads = [{s: x for s, x in zip(r.history.steps, r.history.lead_s) if x > 0 and math.isfinite(x)}
-             for r in ranks]
+    leads = [_leads(r) for r in ranks]
     common = sorted(set.intersection(*(set(d) for d in leads)))[-window:]
     if not common:
         return {}, 0
-    step_times = [dict(zip(r.history.steps, r.history.step_time_s)) for r in ranks]
     lags: list[list[float]] = [[] for _ in ranks]
     others: list[list[float]] = [[] for _ in ranks]
     for s in common:
@@ -158,27 +164,33 @@ def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[fl
             others[i].append(other)
             lags[i].append(d[s] - other)
     out: dict[int, tuple[float, float, float, float]] = {}
-    for i, d in enumerate(leads):
-        times = [step_times[i][s] for s in common if step_times[i].get(s, 0.0) > 0]
+    for i, (r, d) in enumerate(zip(ranks, leads)):
+        step_times = dict(zip(r.history.steps, r.history.step_time_s))
+        times = [step_times[s] for s in common if step_times.get(s, 0.0) > 0]
         step = float(statistics.median(times)) if times else 0.0
         out[i] = (float(statistics.median(d[s] for s in common)), float(statistics.median(others[i])),
                   float(statistics.median(lags[i])), step)
     return out, len(common)
 
 
-def _lead_since(i: int, ranks: list[RankSnapshot], keep: int, clear_frac: float) -> int | None:
-    """Last step (of the last ``keep`` with known leads) at which rank index ``i`` lagged the
-    others' median lead by at most ``clear_frac`` of its step time; the first such step if it
-    lagged at all of them."""
-    leads = [{s: x for s, x in zip(r.history.steps[-keep:], r.history.lead_s[-keep:]) if x > 0} for r in ranks]
+def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_frac: float) -> dict[int, int]:
+    """Per rank index in ``slow``: the last step (of the last ``keep`` with known leads on every
+    rank) at which it lagged the others' median lead by at most ``clear_frac`` of its step time;
+    the first of those steps if it lagged at all of them."""
+    if not slow:
+        return {}
+    leads = [_leads(r, keep) for r in ranks]
     common = sorted(set.intersection(*(set(d) for d in leads)))
     if not common:
-        return None
-    times = dict(zip(ranks[i].history.steps, ranks[i].history.step_time_s))
-    on_time = [s for s in common
-               if leads[i][s] - _median_without(sorted(d[s] for d in leads), leads[i][s])
-               <= clear_frac * times.get(s, 0.0)]
-    return on_time[-1] if on_time else common[0]
+        return {}
+    ordered = {s: sorted(d[s] for d in leads) for s in common}  # shared by every slow rank
+    out: dict[int, int] = {}
+    for i in slow:
+        times = dict(zip(ranks[i].history.steps, ranks[i].history.step_time_s))
+        on_time = [s for s in common
+                   if leads[i][s] - _median_without(ordered[s], leads[i][s]) <= clear_frac * times.get(s, 0.0)]
+        out[i] = on_time[-1] if on_time else common[0]
+    return out
 
 
 def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -194,6 +206,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     pace, n_pace, common, reach_series = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)
     tables = [(table, sorted(table.values()), n) for table, n in ((med, n_med), (pace, n_pace)) if table]
+    med_sorted = sorted(med.values())
     # rank index -> (slower, mine, others, steps, basis)
     best: dict[int, tuple[float, float, float, int, str]] = {}
     for idx, r in enumerate(ranks):
@@ -206,13 +219,14 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             _, _, lag, step = lead[idx]
             # Step times for context (in lockstep they are about equal).
             mine_t = med.get(r.rank, step)
-            others_t = _median_without(sorted(med.values()), mine_t) if r.rank in med else step
+            others_t = _median_without(med_sorted, mine_t) if r.rank in med else step
             candidates.append((lag / step, mine_t, others_t, n_lead, "lead"))
         if candidates:
             best[idx] = max(candidates, key=lambda c: c[0])
     # Only ranks that may show the hint need "since when".
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
     since_of = _falling_behind_since(slow, common, reach_series, {i: 0.1 * best[i][2] for i in slow})
+    lead_since = _lead_since([i for i in slow if best[i][4] == "lead"], ranks, keep, rule.clear / 100.0)
     out: dict[str, Measurement | None] = {}
     for idx, r in enumerate(ranks):
         if idx not in best:
@@ -220,8 +234,8 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             continue
         slower, mine, other, n, basis = best[idx]
         since, lag_s = since_of.get(idx, (None, None))
-        if basis == "lead" and idx in slow:
-            since = _lead_since(idx, ranks, keep, rule.clear / 100.0)
+        if idx in lead_since:
+            since = lead_since[idx]
         ev: dict[str, Any] = {
             "slower_pct": 100.0 * slower,
             "basis": basis,

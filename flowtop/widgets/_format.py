@@ -1,18 +1,19 @@
-"""Number formatting and colour rules shared by the widgets (no Textual imports).
-
-Every figure on screen goes through these helpers so that units, rounding and the
-"higher MFU is better" colouring are the same everywhere.
-"""
+"""Colour rules shared by the widgets; number formats come from :mod:`flowtop.format`."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Mapping
 
 from rich.text import Text
 
-#: Shown for a value the monitor does not have.
-NA = "–"
+from flowtop.format import NA, _finite, evidence_text, fmt_int, fmt_pct, fmt_si, fmt_time, fmt_us, fmt_value
+
+__all__ = [
+    "NA", "fmt_int", "fmt_pct", "fmt_si", "fmt_time", "fmt_us", "fmt_value", "evidence_text",
+    "mfu_style", "activity_style", "status_text", "styled", "STATUS_STYLE", "SEVERITY_ORDER",
+    "SEVERITY_STYLE", "SEVERITY_TAG", "MFU_GOOD", "MFU_FAIR",
+]  # fmt: skip
 
 # MFU colour bands. Dense-peak MFU of well-tuned LLM training sits around 35-55 %;
 # under 20 % usually means a host, input or communication bottleneck. Above 100 %
@@ -20,72 +21,6 @@ NA = "–"
 # bf16 peak, recompute counted as model FLOPs).
 MFU_GOOD = 0.40
 MFU_FAIR = 0.20
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def fmt_time(seconds: float | None) -> str:
-    """Duration in at most 6 characters, 3 significant digits: 830µs, 4.20ms, 12.3ms, 236ms, 1.20s."""
-    if not _finite(seconds):
-        return NA
-    s = float(seconds)  # type: ignore[arg-type]
-    if s < 0.9995e-3:
-        return f"{s * 1e6:.0f}µs"
-    if s < 0.9995e-2:
-        return f"{s * 1e3:.2f}ms"
-    if s < 0.9995e-1:
-        return f"{s * 1e3:.1f}ms"
-    if s < 0.9995:
-        return f"{s * 1e3:.0f}ms"
-    if s < 99.95:
-        return f"{s:.2f}s" if s < 9.995 else f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.1f}m"
-    return f"{s / 3600:.1f}h"
-
-
-def fmt_us(us: float | None) -> str:
-    """Duration given in microseconds."""
-    return fmt_time(None if not _finite(us) else float(us) * 1e-6)  # type: ignore[arg-type]
-
-
-_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
-def _sig3(m: float) -> int:
-    """Decimals that give ``m`` three significant digits (at most 5 characters)."""
-    a = abs(m)
-    return 0 if a >= 99.95 else 1 if a >= 9.995 else 2
-
-
-def fmt_si(x: float | None, unit: str = "", digits: int | None = None) -> str:
-    """Decimal SI prefix, three significant digits unless ``digits`` is given:
-    4.12e14 -> '412T', 1.02e6 -> '1.02M', 989.4e12 with digits=1 -> '989.4T' (+unit)."""
-    if not _finite(x):
-        return NA
-    v = float(x)  # type: ignore[arg-type]
-    for scale, prefix in _SI:
-        # Promote when rounding would print 1000 of the smaller prefix ('1000k' -> '1.00M').
-        if abs(v) >= scale * (0.9995 if digits is None else 1.0):
-            m = v / scale
-            return f"{m:.{_sig3(m) if digits is None else digits}f}{prefix}{unit}"
-    if v == int(v):
-        return f"{int(v)}{unit}"
-    return f"{v:.{_sig3(v) if digits is None else digits}f}{unit}"
-
-
-def fmt_pct(frac: float | None, digits: int = 1) -> str:
-    """A fraction 0..1 as a percentage."""
-    if not _finite(frac):
-        return NA
-    return f"{float(frac) * 100:.{digits}f}%"  # type: ignore[arg-type]
-
-
-def fmt_int(n: int | None) -> str:
-    """Integer with thousands separators."""
-    return NA if n is None else f"{n:,}"
 
 
 def mfu_style(frac: float | None) -> str:
@@ -130,25 +65,3 @@ def status_text(status: str) -> Text:
 def styled(value: str, style: str, justify: str = "right") -> Text:
     """A table cell: text with a style, right-justified for numbers."""
     return Text(value, style=style, justify=justify)  # type: ignore[arg-type]
-
-
-def fmt_value(value: Any) -> str:
-    """A telemetry or evidence value of unknown type, compact."""
-    if value is None:
-        return NA
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return NA
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(fmt_value(v) for v in value) or "none"
-    return str(value)
-
-
-def evidence_text(evidence: Mapping[str, Any]) -> str:
-    """Hint evidence as 'key=value, key=value' in the order the hint gave."""
-    return ", ".join(f"{k}={fmt_value(v)}" for k, v in evidence.items())
