@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from probe import wire
 
-SUBCOMMANDS = ("top", "run", "snapshot", "replay", "demo", "analyze", "calibrate")
+SUBCOMMANDS = ("top", "run", "snapshot", "replay", "demo", "keys", "analyze", "calibrate")
 
 
 def _positive_float(raw: str) -> float:
@@ -41,6 +41,7 @@ def _monitor_args(p: argparse.ArgumentParser) -> None:
     default = os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
     p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env FLOWTOP_ADDR)")
     p.add_argument("--insecure-bind", action="store_true", help="allow binding a non-loopback address without authentication")
+    p.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys (flowtop keys DIR): encrypted, only admitted probes")
     p.add_argument("--peak-tflops", type=_positive_float, default=None, help="dense peak per rank in TFLOP/s (overrides the table)")
     p.add_argument("--record", default=None, metavar="FILE", help="also write every received frame to FILE (flowtop replay FILE)")
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
     run.add_argument("--connect", default=None, help="monitor address the probe connects to (env FLOWTOP_ADDR)")
     run.add_argument("--job", default=None, help="job id (default: from torchrun's environment)")
+    run.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
     run.add_argument("command", nargs=argparse.REMAINDER)
     snap = sub.add_parser("snapshot", help="collect for a while and print the model")
     _monitor_args(snap)
@@ -65,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("recording", help="file written by --record")
     rep.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
     rep.add_argument("--peak-tflops", type=_positive_float, default=None)
+    keys = sub.add_parser("keys", help="create CURVE keys for a monitor listening beyond loopback")
+    keys.add_argument("directory")
     demo = sub.add_parser("demo", help="live demo: N-rank DDP training of a small GPT on CPU")
     demo.add_argument("--ranks", type=_positive_int, default=2)
     demo.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 20 headless, 2000 live)")
@@ -93,7 +97,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flowtop import runner
 
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        return runner.run(command, connect=args.connect, job=args.job)
+        return runner.run(command, connect=args.connect, job=args.job, curve_dir=args.curve_dir)
+    if args.cmd == "keys":
+        from flowtop import keys
+
+        try:
+            where = keys.create(args.directory)
+        except (keys.KeyError_, OSError) as exc:
+            print(f"flowtop: {exc}", file=sys.stderr)
+            return 2
+        print(f"keys in {where}: start the monitor with --curve-dir {where}; probes need "
+              f"FLOWTOP_CURVE_DIR={where} (server.key, client.key_secret) or flowtop run --curve-dir {where}")
+        return 0
     if args.cmd == "snapshot":
         return _snapshot(args)
     if args.cmd == "replay":
@@ -114,12 +129,16 @@ def make_model(peak_tflops: float | None = None) -> Any:
 
 def _collector(args: argparse.Namespace) -> Any:
     from flowtop.collector import AddressError, Collector
+    from flowtop.keys import KeyError_, load_server
     from flowtop.recording import Recorder, RecordingError
 
     try:
+        curve = load_server(args.curve_dir) if args.curve_dir else None
         recorder = Recorder(args.record) if args.record else None
-        return Collector(make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder)
-    except (AddressError, RecordingError) as exc:
+        return Collector(
+            make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder, curve=curve
+        )
+    except (AddressError, RecordingError, KeyError_) as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
         return None
 

@@ -5,10 +5,11 @@ synchronous shadow of the same socket — an await per message halves the rate),
 decoded and validated by :mod:`probe.wire`, and applied to the :class:`Model`.
 A PUB socket on the control address sends commands (``kernels_now``) back.
 
-Security (design.md §8): binding anything but loopback needs an explicit
-``allow_remote=True`` (CLI ``--insecure-bind``); a ZAP handler is always running
-so the connection handshake is authenticated, MAXMSGSIZE caps frames, and
-messages are msgpack only (never pickle).
+Security (design.md §8): binding anything but loopback needs CURVE keys
+(``curve=``, CLI ``--curve-dir``; only probes whose public key is admitted get in,
+traffic encrypted) or an explicit ``allow_remote=True`` (CLI ``--insecure-bind``).
+A ZAP handler always runs (loopback only, when unauthenticated), MAXMSGSIZE caps
+frames, and messages are msgpack only (never pickle).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flowtop.model import Model
 from flowtop.snapshot import MonitorSnapshot
 from probe import wire
 
+ZAP_DOMAIN = "flowtop"
 #: Most frames handled per drain before yielding to the event loop (UI stays responsive).
 BATCH = 5000
 
@@ -56,7 +58,7 @@ def check_listen(listen: str, allow_remote: bool) -> str:
     if not loopback and not allow_remote:
         raise AddressError(
             f"refusing to bind {listen}: only loopback is safe without authentication; "
-            "pass --insecure-bind to accept unauthenticated probes from the network"
+            "use --curve-dir DIR (keys from 'flowtop keys DIR') or pass --insecure-bind"
         )
     return listen
 
@@ -84,10 +86,12 @@ class Collector:
         control: str | None = None,
         allow_remote: bool = False,
         recorder: Any = None,
+        curve: Any = None,
     ) -> None:
         self.model = model
         self.recorder = recorder  # flowtop.recording.Recorder: raw frames to replay later
-        self.listen = check_listen(listen, allow_remote)
+        self.curve = curve  # flowtop.keys.ServerKeys: encrypted, only admitted probes
+        self.listen = check_listen(listen, allow_remote or curve is not None)
         self.control = control or control_addr_for(listen)
         self._ctx: zmq.asyncio.Context | None = None
         self._sub: Any = None
@@ -104,13 +108,17 @@ class Collector:
 
         self._auth = AsyncioAuthenticator(ctx)
         self._auth.start()
-        if not self._allow_remote:
+        if self.curve is not None:
+            # The certificates are looked up by the sockets' ZAP domain, not a wildcard.
+            self._auth.configure_curve(domain=ZAP_DOMAIN, location=str(self.curve.clients_dir))
+        elif not self._allow_remote:
             self._auth.allow("127.0.0.1", "::1")
         sub = ctx.socket(zmq.SUB)
+        self._secure(sub)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt_string(zmq.ZAP_DOMAIN, "flowtop")
+        sub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             sub.bind(self.listen)
@@ -120,8 +128,9 @@ class Collector:
             ctx.term()
             raise AddressError(f"cannot bind {self.listen}: {exc} (is another flowtop running?)") from None
         pub = ctx.socket(zmq.PUB)
+        self._secure(pub)
         pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt_string(zmq.ZAP_DOMAIN, "flowtop")
+        pub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         try:
             pub.bind(self.control)
         except zmq.ZMQError:
@@ -129,6 +138,12 @@ class Collector:
             pub = None  # the control channel is optional: kernels on demand just won't work
         self._sub, self._pub = sub, pub
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _secure(self, sock: Any) -> None:
+        if self.curve is not None:
+            sock.curve_secretkey = self.curve.secret
+            sock.curve_publickey = self.curve.public
+            sock.curve_server = True
 
     async def _run(self) -> None:
         sub = self._sub

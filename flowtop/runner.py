@@ -14,7 +14,9 @@ import probe.wire as wire
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "probe" / "bootstrap"
 
 
-def probe_env(base: Mapping[str, str], connect: str | None = None, job: str | None = None) -> dict[str, str]:
+def probe_env(
+    base: Mapping[str, str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None
+) -> dict[str, str]:
     """The environment CMD runs in: bootstrap first on PYTHONPATH, probe importable."""
     env = dict(base)
     package_root = str(BOOTSTRAP_DIR.parent.parent)
@@ -27,16 +29,18 @@ def probe_env(base: Mapping[str, str], connect: str | None = None, job: str | No
     env.setdefault("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
     if job:
         env["FLOWTOP_JOB"] = job
+    if curve_dir:
+        env["FLOWTOP_CURVE_DIR"] = os.path.abspath(curve_dir)
     return env
 
 
-def run(cmd: list[str], connect: str | None = None, job: str | None = None) -> int:
+def run(cmd: list[str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None) -> int:
     """Run ``cmd`` to completion; forward SIGINT/SIGTERM/SIGHUP; return its exit code."""
     if not cmd:
         print("flowtop run: no command given (usage: flowtop run [--connect ADDR] -- CMD ARGS...)", file=sys.stderr)
         return 2
     try:
-        child = subprocess.Popen(cmd, env=probe_env(os.environ, connect, job))
+        child = subprocess.Popen(cmd, env=probe_env(os.environ, connect, job, curve_dir))
     except OSError as exc:
         print(f"flowtop run: cannot start {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127

@@ -36,6 +36,7 @@ class ProbeConfig:
     nvtx: bool = False  # FLOWTOP_NVTX: NVTX range per step (flowtop calibrate)
     calibrate_out: str | None = None  # FLOWTOP_CALIBRATE_OUT: JSON lines per step
     job: str | None = None  # FLOWTOP_JOB: explicit job id
+    curve_dir: str | None = None  # FLOWTOP_CURVE_DIR: CURVE keys (flowtop keys DIR)
 
 
 def _parse(env: Mapping[str, str], name: str, conv: Callable[[str], T], default: T) -> T:
@@ -110,4 +111,5 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         nvtx=_parse(e, "FLOWTOP_NVTX", _bool, False),
         calibrate_out=e.get("FLOWTOP_CALIBRATE_OUT") or None,
         job=e.get("FLOWTOP_JOB") or None,
+        curve_dir=e.get("FLOWTOP_CURVE_DIR") or None,
     )

@@ -42,11 +42,13 @@ class Publisher:
         control_addr: str | None = None,
         queue_size: int = 10_000,
         max_age_s: float = 2.0,
+        curve_dir: str | None = None,
     ) -> None:
         self.key = key
         self.addr = addr
         self.control_addr = control_addr
         self.max_age_s = max_age_s
+        self.curve_dir = curve_dir
         self._queue: Deque[tuple[str, float, dict[str, Any]]] = collections.deque(maxlen=queue_size)
         self._queue_size = queue_size
         self._appended = 0  # training thread only
@@ -120,6 +122,7 @@ class Publisher:
         sock = ctx.socket(zmq.XPUB)
         ctl = None
         try:
+            curve = self._curve_keys()
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 1000)
             sock.setsockopt(zmq.IMMEDIATE, 1)
@@ -129,12 +132,14 @@ class Publisher:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
             sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            _apply_curve(sock, curve)
             sock.connect(self.addr)
             if self.control_addr:
                 ctl = ctx.socket(zmq.SUB)
                 ctl.setsockopt(zmq.LINGER, 0)
                 ctl.setsockopt(zmq.MAXMSGSIZE, 4096)
                 ctl.setsockopt(zmq.SUBSCRIBE, b"")
+                _apply_curve(ctl, curve)
                 ctl.connect(self.control_addr)
             self._loop(zmq, sock, ctl)
         except Exception as exc:  # the probe never takes training down
@@ -197,6 +202,23 @@ class Publisher:
                 self._poll_control(zmq, ctl)
             time.sleep(0.05)  # 20 Hz: fresh enough for a 2 Hz UI, cheap for training
 
+    def _curve_keys(self) -> tuple[bytes, bytes, bytes] | None:
+        """(monitor public, own public, own secret) from the key directory, if one is set.
+
+        A key directory that cannot be read stops the sender (never a silent fallback to
+        plain text): the exception is logged once by the caller."""
+        if not self.curve_dir:
+            return None
+        import os
+
+        import zmq.auth
+
+        server_public, _ = zmq.auth.load_certificate(os.path.join(self.curve_dir, "server.key"))
+        public, secret = zmq.auth.load_certificate(os.path.join(self.curve_dir, "client.key_secret"))
+        if secret is None:
+            raise ValueError(f"{self.curve_dir}/client.key_secret holds no secret key")
+        return server_public, public, secret
+
     @staticmethod
     def _read_subscriptions(zmq: Any, sock: Any, count: int) -> int:
         """Track (un)subscriptions arriving on the XPUB: 1 = subscribe, 0 = unsubscribe."""
@@ -227,3 +249,9 @@ class Publisher:
                         handler(cmd)
                     except Exception as exc:
                         warn_once("control", f"control command {cmd} failed: {exc}")
+
+
+def _apply_curve(sock: Any, keys: tuple[bytes, bytes, bytes] | None) -> None:
+    """Make ``sock`` a CURVE client of the monitor (no-op without keys)."""
+    if keys is not None:
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys

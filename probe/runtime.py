@@ -43,7 +43,7 @@ class Probe:
         self.cfg = cfg
         self.ident = ident
         self.flops_per_token = flops_per_token if flops_per_token is not None else cfg.flops_per_token
-        self.publisher = Publisher(ident.key, cfg.addr, cfg.control_addr, cfg.queue_size)
+        self.publisher = Publisher(ident.key, cfg.addr, cfg.control_addr, cfg.queue_size, curve_dir=cfg.curve_dir)
         self.tracker = StepTracker(self._on_step)
         self._started = False
         self._flops: Any = None  # flowtop FLOP counting (probe.flops), lazily built

@@ -17,9 +17,10 @@ class MonitorThread:
     """Runs ``Collector`` (real zmq.asyncio sockets) until ``close()``."""
 
     def __init__(self, listen: str | None = None, peak_override_flops: float | None = None,
-                 hint_overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 hint_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                 collector: Collector | None = None) -> None:
         self.listen = listen or f"tcp://127.0.0.1:{free_port_pair()}"
-        self.collector = Collector(make_model(peak_override_flops, hint_overrides), self.listen)
+        self.collector = collector or Collector(make_model(peak_override_flops, hint_overrides), self.listen)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -1,0 +1,73 @@
+"""CURVE: a monitor with keys admits probes holding the client key and nobody else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flowtop import keys
+from flowtop.collector import AddressError, check_listen
+
+SCRIPT = textwrap.dedent(
+    """
+    import torch
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(5):
+        m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    """
+)
+
+
+def test_keys_created_once_and_loadable(tmp_path: Path) -> None:
+    d = keys.create(tmp_path / "k")
+    server = keys.load_server(d)
+    assert len(server.public) == 40 and len(server.secret) == 40
+    assert (d / "clients" / "client.key").exists()
+    assert (d / "client.key_secret").stat().st_mode & 0o077 == 0
+    with pytest.raises(keys.KeyError_, match="refusing to overwrite"):
+        keys.create(d)
+    with pytest.raises(keys.KeyError_, match="flowtop keys"):
+        keys.load_server(tmp_path / "nothing")
+
+
+def test_remote_bind_needs_keys_or_explicit_opt_out() -> None:
+    with pytest.raises(AddressError, match="--curve-dir"):
+        check_listen("tcp://0.0.0.0:5999", allow_remote=False)
+    assert check_listen("tcp://0.0.0.0:5999", allow_remote=True)
+
+
+def test_only_probes_with_the_client_key_get_in(tmp_path: Path) -> None:
+    from monitor_thread import MonitorThread
+
+    from conftest import probed_env
+    from flowtop.collector import Collector
+    from flowtop.wiring import make_model
+
+    d = keys.create(tmp_path / "k")
+    mon = MonitorThread.__new__(MonitorThread)  # same thread harness, CURVE collector
+    listen = MonitorThread().listen if False else None
+    from flowtop.demo.launch import free_port_pair
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    try:
+        script = tmp_path / "t.py"
+        script.write_text(SCRIPT)
+        # Without keys: the handshake fails, nothing arrives.
+        out = subprocess.run([sys.executable, str(script)], env=probed_env(listen, FLOWTOP_JOB="plain"),
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        # With keys: admitted and decrypted.
+        env = probed_env(listen, FLOWTOP_JOB="keyed", FLOWTOP_CURVE_DIR=str(d))
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        snap = mon.wait_for(lambda s: any(j.job == "keyed" and j.ranks[0].status == "done" for j in s.jobs), 10)
+        assert [j.job for j in snap.jobs] == ["keyed"]
+        assert snap.jobs[0].ranks[0].step == 5
+    finally:
+        mon.close()
