@@ -234,8 +234,8 @@ class Model:
         tps = [r.tokens_per_s for r in counted if r.tokens_per_s]
         merged = None
         if self._job_kernels is not None:
-            windows = {r.rank: r.kernels for r in ranks if r.kernels is not None}
-            merged = self._job_kernels(windows) if len(windows) > 1 else None
+            tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
+            merged = self._job_kernels(tables) if len(tables) > 1 else None
         snap = JobSnapshot(
             job=job,
             world_size=world,

@@ -24,10 +24,10 @@ def _aggregate_kernels(st: RankState, fields: dict[str, Any]) -> None:
     st.kernels_cumulative.add(stats)
 
 
-def _merge(windows: dict[int, Any]) -> Any:
+def _merge(tables: dict[int, Any]) -> Any:
     from flowtop.kernels import aggregate
 
-    return aggregate.merge_ranks(windows)
+    return aggregate.merge_cumulative(tables)
 
 
 #: Environment variable: the hang rules' floor in seconds (default 30 s).

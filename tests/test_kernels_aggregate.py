@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from flowtop.kernels.aggregate import (
-    CumulativeKernels, IdleGap, aggregate, intersection_length, merge_intervals, merge_ranks, union_length,
+    CumulativeKernels, IdleGap, aggregate, intersection_length, merge_cumulative, merge_intervals, merge_ranks,
+    union_length,
 )
 from flowtop.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow, load_trace
 
@@ -108,6 +109,22 @@ def test_merge_ranks() -> None:
     ]
     gemm = merged.kernels[0]
     assert (gemm.mean_us, gemm.min_us, gemm.max_us, gemm.spread) == (450.0, 300.0, 600.0, pytest.approx(2 / 3))
+
+
+def test_merge_cumulative_compares_mean_windows() -> None:
+    # Rank 1 had one slow window (second gemm 400 µs instead of 100) among three; rank 0 none.
+    # Per-window means: rank 0 gemm 300 µs, rank 1 (300 + 300 + 600) / 3 = 400 µs.
+    steady, slow = CumulativeKernels(), CumulativeKernels()
+    for _ in range(3):
+        steady.add(aggregate(_window()))
+    for g in (100.0, 100.0, 400.0):
+        slow.add(aggregate(_window(gemm_second_us=g)))
+    merged = merge_cumulative({0: steady, 1: slow})
+    gemm = next(r for r in merged.kernels if r.name == "gemm_a")
+    assert gemm.per_rank_us == ((0, 300.0), (1, 400.0))
+    assert gemm.spread == pytest.approx(100.0 / 350.0)  # the latest windows alone would say 2/3
+    assert merged.mean_step_us == 1000.0
+    assert merge_cumulative({0: CumulativeKernels()}).ranks == ()
 
 
 def test_cumulative() -> None:

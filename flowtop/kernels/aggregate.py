@@ -309,14 +309,35 @@ class JobKernelStats:
 
 def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
     """Compare one window per rank: a kernel absent from a rank counts 0 µs there."""
-    ranks = tuple(sorted(windows))
-    mean_step = sum(windows[r].step_us for r in ranks) / len(ranks) if ranks else 0.0
-    info: dict[str, KernelStat] = {}
+    steps = {r: w.step_us for r, w in windows.items()}
+    return _merge(steps, {r: [(k.name, k.short, k.category, k.total_us) for k in w.kernels] for r, w in windows.items()})
+
+
+def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStats:
+    """Compare ranks by their *mean window* over every window seen.
+
+    Ranks are sampled at different steps; one window per rank lets a passing hiccup
+    (another process on the core, a page fault storm) look like uneven work. Means
+    over all windows keep what is systematic."""
+    steps: dict[int, float] = {}
+    rows: dict[int, list[tuple[str, str, str, float]]] = {}
+    for r, t in tables.items():
+        if t.windows <= 0:
+            continue
+        steps[r] = t.step_us / t.windows
+        rows[r] = [(c.name, c.short, c.category, c.cum_us / t.windows) for c in t.rows()]
+    return _merge(steps, rows)
+
+
+def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, str, str, float]]]) -> JobKernelStats:
+    ranks = tuple(sorted(per_rank))
+    mean_step = sum(steps[r] for r in ranks) / len(ranks) if ranks else 0.0
+    info: dict[str, tuple[str, str, str, float]] = {}
     times: dict[str, dict[int, float]] = defaultdict(dict)
     for r in ranks:
-        for k in windows[r].kernels:
-            info.setdefault(k.name, k)
-            times[k.name][r] = k.total_us
+        for row in per_rank[r]:
+            info.setdefault(row[0], row)
+            times[row[0]][r] = row[3]
     rows = []
     for name, k in info.items():
         per = tuple((r, times[name].get(r, 0.0)) for r in ranks)
@@ -325,7 +346,7 @@ def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
         mean = sum(t for _, t in per) / len(per)
         spread = (hi[1] - lo[1]) / mean if mean > 0 else 0.0
         rows.append(RankSpread(
-            name=name, short=k.short, category=k.category, per_rank_us=per, mean_us=mean,
+            name=name, short=k[1], category=k[2], per_rank_us=per, mean_us=mean,
             min_us=lo[1], max_us=hi[1], min_rank=lo[0], max_rank=hi[0],
             ratio=hi[1] / lo[1] if lo[1] > 0 else None, spread=spread,
             flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi[1] - lo[1] >= FLAG_STEP_FRACTION * mean_step,
