@@ -61,6 +61,7 @@ class Publisher:
         self._control_handlers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
         self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
+        self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
 
     # --- training thread ------------------------------------------------------------
 
@@ -121,6 +122,7 @@ class Publisher:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.XPUB)
         ctl = None
+        link: _Link | None = None
         try:
             curve = self._curve_keys()
             sock.setsockopt(zmq.LINGER, 0)
@@ -133,6 +135,7 @@ class Publisher:
             sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
             _apply_curve(sock, curve)
+            link = _Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
             if self.control_addr:
                 ctl = ctx.socket(zmq.SUB)
@@ -141,22 +144,27 @@ class Publisher:
                 ctl.setsockopt(zmq.SUBSCRIBE, b"")
                 _apply_curve(ctl, curve)
                 ctl.connect(self.control_addr)
-            self._loop(zmq, sock, ctl)
+            self._loop(zmq, sock, ctl, link)
         except Exception as exc:  # the probe never takes training down
             warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")
         finally:
+            if link is not None:
+                link.close()
             sock.close(0)
             if ctl is not None:
                 ctl.close(0)
 
-    def _loop(self, zmq: Any, sock: Any, ctl: Any) -> None:
+    def _loop(self, zmq: Any, sock: Any, ctl: Any, link: "_Link") -> None:
         pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
         next_tick = [0.0] * len(self._ticks)
         next_hello = 0.0
-        subscriptions = 0
+        listening = False
         while True:
             stopping = self._stop
-            subscriptions = self._read_subscriptions(zmq, sock, subscriptions)
+            subscriptions = self.subscribers = link.poll()
+            if subscriptions > 0 and not listening:
+                next_hello = 0.0  # a monitor (re)appeared: introduce ourselves at once
+            listening = subscriptions > 0
             while True:
                 try:
                     pending.append(self._queue.popleft())
@@ -164,30 +172,24 @@ class Publisher:
                 except IndexError:
                     break
             now = time.time()
-            if self.hello_fields is not None and now >= next_hello:
+            if listening and self.hello_fields is not None and now >= next_hello:
                 pending.appendleft(("hello", now, self.hello_fields))
                 next_hello = now + 2.0
-            if subscriptions <= 0:
-                # Nobody listens (yet): keep recent messages, drop and count old ones.
-                while pending and now - pending[0][1] > self.max_age_s:
-                    pending.popleft()
-                    self._send_drops += 1
-            while pending and subscriptions > 0:
+            sent_all = True
+            while pending and listening:
                 kind, t, fields = pending[0]
                 if kind == "step":
                     fields = dict(fields, drops=self.drops)
-                frame = wire.encode(kind, self.key, self._seq, t, fields)
                 try:
-                    sock.send(frame, zmq.NOBLOCK)
+                    sock.send(wire.encode(kind, self.key, self._seq, t, fields), zmq.NOBLOCK)
                 except zmq.Again:
-                    # Not connected yet (IMMEDIATE) or HWM reached: keep for a while.
-                    while pending and now - pending[0][1] > self.max_age_s:
-                        pending.popleft()
-                        self._send_drops += 1
+                    sent_all = False  # high-water mark reached (XPUB_NODROP): retry next round
                     break
                 pending.popleft()
                 self._seq += 1
                 self._sent += 1
+            if not sent_all or not listening:
+                self._expire(pending, now)
             if stopping:
                 self._send_drops += len(pending)
                 return
@@ -201,6 +203,14 @@ class Publisher:
             if ctl is not None:
                 self._poll_control(zmq, ctl)
             time.sleep(0.05)  # 20 Hz: fresh enough for a 2 Hz UI, cheap for training
+
+    def _expire(self, pending: Deque[tuple[str, float, dict[str, Any]]], now: float) -> None:
+        """Drop (and count) what waited longer than ``max_age_s``, wherever it sits."""
+        if pending and now - min(item[1] for item in pending) > self.max_age_s:
+            fresh = [item for item in pending if now - item[1] <= self.max_age_s]
+            self._send_drops += len(pending) - len(fresh)
+            pending.clear()
+            pending.extend(fresh)
 
     def _curve_keys(self) -> tuple[bytes, bytes, bytes] | None:
         """(monitor public, own public, own secret) from the key directory, if one is set.
@@ -218,20 +228,6 @@ class Publisher:
         if secret is None:
             raise ValueError(f"{self.curve_dir}/client.key_secret holds no secret key")
         return server_public, public, secret
-
-    @staticmethod
-    def _read_subscriptions(zmq: Any, sock: Any, count: int) -> int:
-        """Track (un)subscriptions arriving on the XPUB: 1 = subscribe, 0 = unsubscribe."""
-        for _ in range(64):
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if frame[:1] == b"\x01":
-                count += 1
-            elif frame[:1] == b"\x00":
-                count = max(0, count - 1)
-        return count
 
     def _poll_control(self, zmq: Any, ctl: Any) -> None:
         for _ in range(16):
@@ -255,3 +251,54 @@ def _apply_curve(sock: Any, keys: tuple[bytes, bytes, bytes] | None) -> None:
     """Make ``sock`` a CURVE client of the monitor (no-op without keys)."""
     if keys is not None:
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
+
+
+class _Link:
+    """Whether a monitor listens: connections from the socket monitor, subscriptions from the XPUB.
+
+    An XPUB reports an unsubscription when a subscriber's pipe ends, but not reliably
+    when the peer vanishes mid-handshake or is replaced on the same port; the socket
+    monitor's DISCONNECTED event is the ground truth that resets the count.
+    """
+
+    def __init__(self, zmq: Any, sock: Any) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        self._zmq = zmq
+        self._sock = sock
+        self._recv_event = recv_monitor_message
+        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.connections = 0
+        self.subscriptions = 0
+
+    def close(self) -> None:
+        """Stop monitoring and close the event socket (no linger)."""
+        try:
+            self._sock.disable_monitor()
+        finally:
+            self._events.close(0)
+
+    def poll(self) -> int:
+        """Drain pending events and (un)subscriptions; return the live subscription count."""
+        zmq = self._zmq
+        for _ in range(64):
+            try:
+                event = self._recv_event(self._events, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connections += 1
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.connections = max(0, self.connections - 1)
+                if self.connections == 0:
+                    self.subscriptions = 0
+        for _ in range(64):
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":
+                self.subscriptions += 1
+            elif frame[:1] == b"\x00":
+                self.subscriptions = max(0, self.subscriptions - 1)
+        return self.subscriptions if self.connections > 0 else 0

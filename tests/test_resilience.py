@@ -1,0 +1,77 @@
+"""A dead monitor, a restarted monitor and a dead rank: nothing hangs, nothing is lost silently."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from conftest import probed_env
+from monitor_thread import MonitorThread
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time, torch
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline:
+        model(torch.randn(8, 16)).sum().backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.02)
+    print("trained", flush=True)
+    """
+)
+
+
+def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    first = MonitorThread()
+    listen = first.listen
+    env = probed_env(listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0")
+    proc = subprocess.Popen([sys.executable, str(script), "12"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        snap = first.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step >= 20, 30)
+        assert snap.jobs[0].ranks[0].step >= 20
+        last_seen_by_first = first.snapshot().jobs[0].ranks[0].step
+    finally:
+        first.close()  # the monitor dies; training must not notice
+    time.sleep(2.5)  # > the probe's 2 s retention: messages of this gap are dropped and counted
+    second = MonitorThread(listen=listen)
+    try:
+        snap = second.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].status == "done", 30)
+        rank = snap.jobs[0].ranks[0]
+        assert rank.device.startswith("cpu")  # the hello is repeated, so a new monitor knows the rank
+        assert rank.step > 20
+        # The bye carries the probe's drop count: the steps sent while nobody listened.
+        assert rank.dropped_messages > 0
+        # No stale flood: what waited more than 2 s was dropped, so the new monitor's first
+        # step is well past the last one the old monitor saw (at ~50 steps/s, 2.5 s gap).
+        first_seen_by_second = min(step for step, _ in rank.history.reached)
+        assert first_seen_by_second > last_seen_by_first + 10
+    finally:
+        second.close()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "trained" in out
+
+
+def test_dead_rank_goes_stale_without_bye(monitor, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = probed_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0")
+    proc = subprocess.Popen([sys.executable, str(script), "60"], env=env, stdout=subprocess.DEVNULL)
+    try:
+        monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step >= 5, 30)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "stale", 15)
+        rank = snap.jobs[0].ranks[0]
+        assert rank.status == "stale" and rank.bye_reason is None
+        assert snap.jobs[0].status == "stale"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
