@@ -1,0 +1,60 @@
+"""Probe configuration and job identity from the environment."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from probe import config, identity
+from probe.wire import DEFAULT_ADDR, DEFAULT_CONTROL_ADDR
+
+
+def test_defaults() -> None:
+    cfg = config.from_env({})
+    assert cfg.enabled and cfg.addr == DEFAULT_ADDR and cfg.control_addr == DEFAULT_CONTROL_ADDR
+    assert (cfg.flops, cfg.kernels, cfg.telemetry, cfg.attention) == (True, True, True, "full")
+
+
+def test_values_and_derived_control_address() -> None:
+    cfg = config.from_env({
+        "FLOWTOP_ADDR": "tcp://10.0.0.5:7000", "FLOWTOP_ATTENTION": "causal", "FLOWTOP_QUEUE": "50",
+        "FLOWTOP_FLOPS": "off", "FLOWTOP_DISABLE": "no", "FLOWTOP_TELEMETRY_INTERVAL": "0.1",
+        "FLOWTOP_KERNELS_MIN_STEPS": "25", "FLOWTOP_FLOPS_PER_TOKEN": "1.5e9",
+    })  # fmt: skip
+    assert cfg.addr == "tcp://10.0.0.5:7000" and cfg.control_addr == "tcp://10.0.0.5:7001"
+    assert (cfg.attention, cfg.queue_size, cfg.flops, cfg.enabled) == ("causal", 50, False, True)
+    assert cfg.telemetry_interval_s == 1.0  # at most 1 Hz, whatever is asked
+    assert cfg.kernels_min_steps == 25 and cfg.flops_per_token == 1.5e9
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "default"),
+    [
+        ("FLOWTOP_ATTENTION", "half", "attention", "full"),
+        ("FLOWTOP_QUEUE", "-3", "queue_size", 10_000),
+        ("FLOWTOP_FLOPS", "maybe", "flops", True),
+        ("FLOWTOP_ADDR", "localhost:1", "addr", DEFAULT_ADDR),
+        ("FLOWTOP_FLOPS_PER_TOKEN", "nan", "flops_per_token", None),
+    ],
+)
+def test_bad_values_fall_back_and_warn(name: str, value: str, field: str, default: object, capsys) -> None:  # type: ignore[no-untyped-def]
+    cfg = config.from_env({name: value})
+    assert getattr(cfg, field) == default
+    assert f"ignoring {name}={value!r}" in capsys.readouterr().err
+
+
+def test_identity_from_torchrun() -> None:
+    ident = identity.from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "abc",
+                               "TORCHELASTIC_RESTART_COUNT": "2"})  # fmt: skip
+    assert (ident.job, ident.rank, ident.local_rank, ident.world_size, ident.incarnation) == ("abc", 3, 1, 8, 2)
+    assert ident.key.job == "abc" and ident.host == socket.gethostname()
+
+
+def test_identity_fallbacks_and_explicit() -> None:
+    assert identity.from_env({"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none"}).job == "n1:29500"
+    solo = identity.from_env({})
+    assert solo.job == f"{solo.host}:{solo.pid}" and (solo.rank, solo.world_size) == (0, 1)
+    explicit = identity.from_env({"RANK": "1", "WORLD_SIZE": "2"}, job="mine", rank=5)
+    assert (explicit.job, explicit.rank, explicit.world_size) == ("mine", 5, 6)  # world grows to fit the rank
+    assert identity.from_env({"RANK": "x", "WORLD_SIZE": "-2"}).rank == 0
