@@ -180,8 +180,15 @@ class Publisher:
                 kind, t, fields = pending[0]
                 if kind == "step":
                     fields = dict(fields, drops=self.drops)
+                frame = wire.encode(kind, self.key, self._seq, t, fields)
+                if len(frame) > wire.MAX_FRAME_BYTES:
+                    # The monitor's MAXMSGSIZE would drop the whole connection for this one.
+                    warn_once(f"oversize:{kind}", f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
+                    pending.popleft()
+                    self._send_drops += 1
+                    continue
                 try:
-                    sock.send(wire.encode(kind, self.key, self._seq, t, fields), zmq.NOBLOCK)
+                    sock.send(frame, zmq.NOBLOCK)
                 except zmq.Again:
                     sent_all = False  # high-water mark reached (XPUB_NODROP): retry next round
                     break

@@ -1,5 +1,5 @@
-"""Probe side: window scheduling arithmetic, a real sampled CPU window, and agreement with the
-monitor's Chrome-trace loader on the same profiled step."""
+"""Probe side: window scheduling arithmetic, a real sampled CPU window, and its raw records giving
+the same window as the monitor's Chrome-trace loader on the same profiled step."""
 
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ torch = pytest.importorskip("torch")
 
 from flowtop.kernels.aggregate import aggregate  # noqa: E402
 from flowtop.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402
-from probe import wire  # noqa: E402
-from probe.kernels import KernelWindowSampler, WindowScheduler, window_from_kineto  # noqa: E402
+from probe import kernel_schedule, wire  # noqa: E402
+from probe.kernels import KernelWindowSampler, WindowScheduler, records_from_kineto  # noqa: E402
+
+KEY = wire.RankKey("j", "h", 1, 0, 0)
+
+
+def _through_wire(fields: dict) -> dict:
+    """What the monitor receives: the fields after encode and a validating decode."""
+    return dict(wire.decode(wire.encode("kernels", KEY, 1, 1.0, fields)).fields)
 
 # --- scheduling arithmetic ----------------------------------------------------------------------
 
@@ -29,6 +36,7 @@ from probe.kernels import KernelWindowSampler, WindowScheduler, window_from_kine
     (0.05, None, 10_000),  # no step time: only the wall-clock cap brings the next window
 ])
 def test_next_interval(cost_s: float, typical_s: float | None, interval: int) -> None:
+    assert WindowScheduler is kernel_schedule.WindowScheduler  # re-exported by probe.kernels
     s = WindowScheduler()
     assert s.record(7, 100.0, cost_s, typical_s) == max(10, interval)
     assert s.interval_steps == max(10, interval)
@@ -83,15 +91,20 @@ def test_sampled_cpu_window_reaches_the_operator_table() -> None:
     assert [w["step"] for w in windows] == [2, 4] and [w["window"] for w in windows] == [1, 2]
     w = windows[0]
     assert w["device"] == "cpu" and w["step_dur_us"] > 0 and w["cost_s"] >= 0
-    # what the lead's wire accepts, end to end
-    frame = wire.encode("kernels", wire.RankKey("j", "h", 1, 0, 0), 1, 1.0, w)
-    stats = aggregate(window_from_wire(wire.decode(frame).fields))
+    assert set(w) == {"names", "ops", "acts", "window", "step", "device", "step_dur_us", "cost_s", "typical_step_us"}
+    assert w["acts"] == [] and w["typical_step_us"] == 1e6  # no device activities on a CPU window
+    # what the wire accepts, end to end
+    received = _through_wire(w)
+    assert received == w
+    window = window_from_wire(received)
+    assert (window.step, window.window, window.device) == (2, 1, "cpu")
+    stats = aggregate(window)
     mm = [k for k in stats.kernels if k.name == "aten::mm"]
     # forward x·Wᵀ (32×64)·(64×16) and the weight gradient (16×32)·(32×64): 2·32·64·16 each
     assert len(mm) == 1 and mm[0].calls == 2 and mm[0].flops == 2 * 2 * 32 * 64 * 16
     assert mm[0].category == "gemm" and mm[0].tflops > 0
     assert [k.name for k in stats.kernels if k.flops is not None] == ["aten::mm"]  # linear → matmul → mm
-    top_level = {w["names"][e[0]] for e in w["events"] if e[1] == CPU_OP}
+    top_level = {window.names[e.name] for e in window.events if e.kind == CPU_OP}
     assert {"aten::linear", "aten::square", "aten::mean", "aten::add_"} <= top_level  # add_: SGD's update
     # exclusive times of the operators add up to the busy time of the top-level operators
     total = sum(k.total_us for k in stats.kernels)
@@ -129,13 +142,33 @@ def test_request_now_and_failures_never_raise(monkeypatch: pytest.MonkeyPatch, c
     def broken(*args: object, **kwargs: object) -> dict:
         raise RuntimeError("kineto changed")
 
-    monkeypatch.setattr("probe.kernels.window_from_kineto", broken)
+    monkeypatch.setattr("probe.kernels.records_from_kineto", broken)
     sampler.request_now()
     assert _train(sampler, 2) == []
     assert not sampler.enabled and not torch.autograd.profiler._is_profiler_enabled
     assert "kernel windows disabled" in capsys.readouterr().err
     sampler.request_now()
     assert _train(sampler, 1) == []  # stays off
+
+
+def test_windows_too_large_to_send_are_dropped(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("probe._log._seen", set())  # the warning is printed once per process
+    # by record count
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=False, max_events=5)
+    sampler.request_now()
+    assert _train(sampler, 1) == [] and sampler.enabled and sampler.windows == 0
+    # by packed size: every window measured, against a 2 kB frame, then an ample one
+    monkeypatch.setattr("probe.kernels._MEASURE_ABOVE", 0)
+    monkeypatch.setattr("probe.kernels._FRAME_ROOM", 2000)
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=False)
+    sampler.request_now()
+    assert _train(sampler, 1) == [] and sampler.enabled
+    monkeypatch.setattr("probe.kernels._FRAME_ROOM", wire.MAX_FRAME_BYTES)
+    sampler.request_now()
+    (w,) = _train(sampler, 1)
+    assert 2000 < len(wire.encode("kernels", KEY, 1, 1.0, w)) < wire.MAX_FRAME_BYTES
+    assert "too large to send" in capsys.readouterr().err
 
 
 def test_another_profiler_session_is_left_alone() -> None:
@@ -147,7 +180,7 @@ def test_another_profiler_session_is_left_alone() -> None:
     assert [w["step"] for w in _train(sampler, 1)] == [0]
 
 
-# --- probe and monitor producers agree ----------------------------------------------------------
+# --- the probe's raw records and the Chrome trace of the same step give one window ---------------
 
 
 class _Net(torch.nn.Module):
@@ -165,18 +198,20 @@ class _Net(torch.nn.Module):
         return self.conv(h).relu().sum()
 
 
-def test_probe_window_equals_chrome_trace_window(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    net = _Net()
-    x = torch.randn(2, 8, 32)
-    net(x).backward()  # warm up
+def _profiled(tmp_path: Path, model: torch.nn.Module, x: torch.Tensor) -> tuple:
+    """The probe's window (raw records → wire → monitor) and the Chrome-trace window of one step."""
+    model(x).sum().backward()  # warm up
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-        net(x).backward()
+        model(x).sum().backward()
     results = prof.profiler.kineto_results
-    probe_w = window_from_wire(window_from_kineto(results.events(), results.trace_start_ns(), 1.0, "cpu"))
+    fields = records_from_kineto(results.events(), results.trace_start_ns())
+    fields.update(window=1, step=0, device="cpu", step_dur_us=1.0, cost_s=0.0)
+    probe_w = window_from_wire(_through_wire(fields))
     prof.export_chrome_trace(str(tmp_path / "t.json"))
-    chrome_w = load_trace(tmp_path / "t.json")
+    return fields, probe_w, load_trace(tmp_path / "t.json")
 
+
+def _assert_same_window(probe_w: object, chrome_w: object) -> None:
     assert probe_w.names == chrome_w.names and len(probe_w.events) == len(chrome_w.events)
     shift = probe_w.events[0].ts_us - chrome_w.events[0].ts_us  # different origins, same clock
     for a, b in zip(probe_w.events, chrome_w.events):
@@ -184,6 +219,17 @@ def test_probe_window_equals_chrome_trace_window(tmp_path: Path) -> None:
         # the trace keeps ns as µs floats near 5e12 (1 ns steps): a few ns of rounding
         assert a.dur_us == pytest.approx(b.dur_us, abs=5e-3)
         assert a.ts_us - shift == pytest.approx(b.ts_us, abs=5e-3)
+
+
+def test_probe_records_give_the_chrome_trace_window(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    fields, probe_w, chrome_w = _profiled(tmp_path, _Net(), torch.randn(2, 8, 32))
+    _assert_same_window(probe_w, chrome_w)
+    # shapes travel only for operators that may have a formula
+    names = fields["names"]
+    shaped = {names[o[0]] for o in fields["ops"] if o[5] is not None}
+    assert {"aten::addmm", "aten::mm", "aten::convolution", "aten::linear"} <= shaped
+    assert not shaped & {"aten::layer_norm", "aten::relu", "aten::sum", "aten::view", "aten::copy_"}
     flops = Counter()
     for e in probe_w.events:
         if e.kind == KERNEL and e.flops > 0:
@@ -191,4 +237,21 @@ def test_probe_window_equals_chrome_trace_window(tmp_path: Path) -> None:
     # conv forward lands on the MKLDNN call that does the work, below aten::_convolution
     assert set(flops) >= {"aten::addmm", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu",
                           "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::convolution_backward"}
+    assert flops["aten::_scaled_dot_product_flash_attention_for_cpu"] == 4 * 2 * 2 * 8 * 8 * 16  # 4·B·H·S²·D
     assert sum(1 for e in probe_w.events if e.kind == CPU_OP) >= 2
+
+
+def test_exact_linear_flops_from_probe_records(tmp_path: Path) -> None:
+    """Two Linear layers (bias: addmm forward) on a 32-row batch, through the probe's records."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 48))
+    _, probe_w, chrome_w = _profiled(tmp_path, model, torch.randn(32, 64))
+    _assert_same_window(probe_w, chrome_w)
+    stats = {k.name: k for k in aggregate(probe_w).kernels}
+    # forward: 2·32·64·128 + 2·32·128·48; backward: grad input of layer 2 (32×48)·(48×128), grad
+    # weights of both (128×32)·(32×64) and (48×32)·(32×128) — the input of layer 1 needs no grad
+    assert stats["aten::addmm"].calls == 2
+    assert stats["aten::addmm"].flops == 2 * 32 * 64 * 128 + 2 * 32 * 128 * 48
+    assert stats["aten::mm"].calls == 3
+    assert stats["aten::mm"].flops == 2 * 32 * 48 * 128 + 2 * 128 * 32 * 64 + 2 * 48 * 32 * 128
+    assert {k for k, s in stats.items() if s.flops is not None} == {"aten::mm", "aten::addmm"}

@@ -1,4 +1,4 @@
-"""Chrome-trace loader and the compact window format (monitor side)."""
+"""Chrome-trace loader, the compact window, and the window built from a probe's raw records (monitor side)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
 
 from flowtop.kernels.trace import (
-    CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, TraceError, load_trace, window_from_chrome,
-    window_from_wire, window_to_wire,
+    CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, TraceError, load_trace, window_from_chrome, window_from_wire,
 )
+from flowtop.recording import feed
+from flowtop.wiring import make_model
+from probe import wire
+from probe.kernels import records_from_kineto
 
 FIXTURE = Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz"
 
@@ -75,25 +77,6 @@ def test_h200_runtime_links(h200: Any) -> None:
         assert target.kind in (KERNEL, MEMSET) and target.ts_us >= r.ts_us
     assert {h200.names[r.name] for r in linked} == {
         "cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemsetAsync"}
-
-
-def test_wire_round_trip(h200: Any) -> None:
-    fields = window_to_wire(h200)
-    packed = msgpack.unpackb(msgpack.packb(fields), raw=False)
-    assert window_from_wire(packed) == h200
-
-
-@pytest.mark.parametrize("mutate", [
-    lambda f: f["events"][0].__setitem__(0, 10_000),  # name index out of range
-    lambda f: f["events"][0].__setitem__(1, 7),  # unknown kind
-    lambda f: f.pop("device"),
-    lambda f: f["events"].append([0, 0, 1.0]),
-])
-def test_wire_rejects_malformed(h200: Any, mutate: Any) -> None:
-    fields = window_to_wire(h200)
-    mutate(fields)
-    with pytest.raises(TraceError):
-        window_from_wire(fields)
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
@@ -225,15 +208,109 @@ class _FakeKinetoEvent:
     def concrete_inputs(self) -> list: return self._concrete
 
 
-def test_probe_producer_agrees_on_the_h200_trace(h200: Any) -> None:
-    """The probe's kineto path (GPU kinds included) and the Chrome loader give the same window."""
-    from probe.kernels import window_from_kineto
+KEY = wire.RankKey("j", "h", 1, 0, 0)
 
+
+@pytest.fixture(scope="module")
+def h200_fields(h200: Any) -> dict[str, Any]:
+    """The probe's raw records of the H200 step (its kineto path, GPU kinds included), as sent."""
     raw = json.loads(gzip.decompress(FIXTURE.read_bytes()))["traceEvents"]
     events = [_FakeKinetoEvent(e) for e in raw if e.get("ph") == "X" and "dur" in e]
     t0 = min(ev._start for ev in events if ev.e["cat"] in ("cpu_op", "kernel", "gpu_memset", "cuda_runtime", "cuda_driver"))
-    probe_w = window_from_wire(window_from_kineto(events, t0, h200.step_dur_us, "cuda"))
-    assert probe_w.names == h200.names and len(probe_w.events) == len(h200.events)
-    for a, b in zip(probe_w.events, h200.events):
+    fields = records_from_kineto(events, t0)
+    fields.update(window=3, step=40, device="cuda", step_dur_us=h200.step_dur_us, cost_s=0.01, typical_step_us=6800.0)
+    return dict(wire.decode(wire.encode("kernels", KEY, 1, 1.0, fields)).fields)
+
+
+def test_probe_records_through_the_wire_give_the_chrome_window(h200: Any, h200_fields: dict[str, Any]) -> None:
+    """Raw records → wire → monitor builds the same window as the Chrome loader, GPU kinds included."""
+    w = window_from_wire(h200_fields)
+    assert (w.step, w.window, w.cost_s, w.typical_step_us, w.device) == (40, 3, 0.01, 6800.0, "cuda")
+    assert w.step_dur_us == h200.step_dur_us
+    assert w.names == h200.names and len(w.events) == len(h200.events)
+    for a, b in zip(w.events, h200.events):
         assert (a.name, a.kind, a.stream, a.op, a.flops) == (b.name, b.kind, b.stream, b.op, b.flops)
         assert a.ts_us == pytest.approx(b.ts_us, abs=2e-3) and a.dur_us == pytest.approx(b.dur_us, abs=2e-3)
+    # what was sent: every kept record, shapes only for operators that may have a formula
+    ops, acts = h200_fields["ops"], h200_fields["acts"]
+    assert Counter(a[1] for a in acts) == {KERNEL: 200, MEMSET: 8, RUNTIME: 247}
+    shaped = Counter(h200_fields["names"][o[0]] for o in ops if o[5] is not None)
+    assert shaped["aten::mm"] == 51 and shaped["aten::linear"] == 34 and "aten::copy_" not in shaped
+
+
+def _bad_name(records: list, i: int) -> None:
+    records[i] = [10_000, *records[i][1:]]
+
+
+@pytest.mark.parametrize(("mutate", "reason"), [
+    (lambda f: _bad_name(f["ops"], 5), "op 5: name index 10000 out of range"),
+    (lambda f: _bad_name(f["acts"], 0), "activity 0: name index 10000 out of range"),
+    (lambda f: f["ops"][0].__setitem__(0, -1), "op 0: name index -1 out of range"),  # never read from the end
+    (lambda f: f["acts"][0].__setitem__(1, 3), "unknown kind 3"),  # host ops are not activities
+    (lambda f: f["acts"][0].__setitem__(1, True), "unknown kind True"),
+    (lambda f: f["ops"][0].__setitem__(1, [1]), "thread and ext must be integers"),  # unhashable thread
+    (lambda f: f["ops"][0].__setitem__(2, float("nan")), "not a finite number"),
+    (lambda f: f["ops"].append([0, 0, 1.0]), "not a list of 7 fields"),
+    (lambda f: f["acts"].append(None), "not a list of 7 fields"),
+    (lambda f: f.__setitem__("names", [1, 2]), "names is not a list of strings"),
+    (lambda f: f.__setitem__("device", "tpu"), "unknown device"),
+    (lambda f: f.pop("device"), "device"),
+    (lambda f: f.pop("ops"), "ops"),
+])
+def test_window_from_wire_rejects_inconsistent_records(h200_fields: dict[str, Any], mutate: Any, reason: str) -> None:
+    fields = {k: ([list(r) for r in v] if k in ("ops", "acts") else v) for k, v in h200_fields.items()}
+    mutate(fields)
+    with pytest.raises(TraceError, match="malformed kernel window") as err:
+        window_from_wire(fields)
+    assert reason in str(err.value)
+
+
+def test_inconsistent_window_becomes_a_rejected_message() -> None:
+    """Valid on the wire, inconsistent for the monitor: counted as rejected, the monitor goes on."""
+    model = make_model()
+    fields = {"window": 1, "step": 5, "device": "cpu", "step_dur_us": 10.0, "names": ["aten::mm"],
+              "ops": [[0, 1, 0.0, 5.0, 1, [[2, 3], [3, 4]], None], [1, 1, 6.0, 8.0, 2, None, None]], "acts": []}
+    feed(model, wire.encode("kernels", KEY, 0, 1.0, fields), 1.0)
+    assert model.rejected == 1
+    (reason,) = model.rejected_reasons
+    assert "TraceError" in reason and "op 1: name index 1 out of range" in reason
+    fields["names"].append("aten::relu")  # now consistent: accepted and aggregated
+    feed(model, wire.encode("kernels", KEY, 1, 2.0, fields), 2.0)
+    assert model.rejected == 1
+    stats = model.snapshot(3.0, "test").jobs[0].ranks[0].kernels
+    assert {k.name: k.flops for k in stats.kernels} == {"aten::mm": 2 * 2 * 3 * 4, "aten::relu": None}
+
+
+def test_wire_valid_garbage_never_crashes_the_builder() -> None:
+    """Records that pass the wire's checks but make no sense give a window or a TraceError."""
+    import random
+
+    rng = random.Random(7)
+    names = ["aten::mm", "aten::linear", "aten::convolution", "aten::_scaled_dot_product_cudnn_attention",
+             "cudaLaunchKernel", "k"]
+    outcomes: Counter[str] = Counter()
+    for _ in range(200):
+        def dims() -> list | None:
+            return rng.choice([None, [], [[rng.randrange(0, 2**62) for _ in range(rng.randrange(0, 9))]
+                                          for _ in range(rng.randrange(0, 17))]])
+
+        def concrete() -> list | None:
+            pool = [None, True, 0, -1, 2**63 - 1, 0.5, "", "x", [0, 0], [], [True, False]]
+            return rng.choice([None, [rng.choice(pool) for _ in range(rng.randrange(0, 17))]])
+
+        n = len(names) - rng.choice([0, 0, 0, 2])  # sometimes indices point past the table
+        ops = [[rng.randrange(len(names)), rng.randrange(3), rng.uniform(-10, 50), rng.uniform(-10, 50), rng.randrange(4),
+                dims(), concrete()] for _ in range(rng.randrange(0, 30))]
+        acts = [[rng.randrange(len(names)), rng.choice([0, 1, 2, 4]), rng.uniform(0, 50), rng.uniform(0, 50),
+                 rng.randrange(-1, 3), rng.randrange(4), rng.randrange(4)] for _ in range(rng.randrange(0, 30))]
+        fields = {"window": 1, "step": 1, "device": rng.choice(["cpu", "cuda"]), "step_dur_us": 50.0,
+                  "names": names[:n], "ops": ops, "acts": acts}
+        fields = dict(wire.decode(wire.encode("kernels", KEY, 0, 1.0, fields)).fields)  # wire-valid
+        try:
+            w = window_from_wire(fields)
+        except TraceError:
+            outcomes["rejected"] += 1
+            continue
+        outcomes["built"] += 1
+        assert all(e.flops == -1.0 or 0 <= e.flops < float("inf") for e in w.events)
+    assert outcomes["built"] > 100 and outcomes["rejected"] > 10

@@ -81,3 +81,19 @@ def test_no_monitor_training_speed_and_prompt_exit(tmp_path) -> None:
     # "Unchanged within noise" on a shared 2-core box: a generous bound that a
     # blocking send (seconds per step) or a per-step sync would still break.
     assert ratio < 1.5, medians
+
+
+def test_oversized_message_is_dropped_not_sent(monitor) -> None:
+    from probe import wire
+
+    pub = Publisher(RankKey("big", "h", 1, 0, 0), monitor.listen, None)
+    pub.start()
+    try:
+        pub.publish("step", {"step": 1, "wall_s": 0.1, "tokens": 1, "drops": 0, "pad": "x" * (wire.MAX_FRAME_BYTES + 1)})
+        pub.publish("step", {"step": 2, "wall_s": 0.1, "tokens": 1, "drops": 0})
+        snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == 2, 10)
+        # The connection survived (the monitor would cut it on a frame over MAXMSGSIZE).
+        assert snap.jobs[0].ranks[0].step == 2
+        assert pub.drops == 1 and snap.rejected == 0
+    finally:
+        pub.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -21,8 +22,13 @@ GOOD = {
     "flops": {"step": 2, "model_flops": 1.5e12, "executed_flops": 1.6e12, "estimated_flops": 1.4e12,
               "estimate_source": "6N+12LdT", "attention": "full", "dtype": "bf16", "peak_flops": 989.4e12,
               "peak_source": "NVIDIA H200 datasheet", "uncounted": {"aten::foo": 3}, "tokens": 4096},
-    "kernels": {"window": 1, "step": 40, "device": "cuda", "step_dur_us": 6800.0, "names": ["k0", "aten::mm"],
-                "events": [[0, 0, 1.0, 2.5, 7, 1, 1e6], [1, 3, 0.0, 10.0, -1, -1, -1]]},
+    "kernels": {"window": 1, "step": 40, "device": "cuda", "step_dur_us": 6800.0, "typical_step_us": 6500.0,
+                "cost_s": 0.002, "names": ["aten::mm", "cudaLaunchKernel", "nvjet_gemm", "aten::conv2d"],
+                "ops": [[0, 7, 0.0, 10.0, 5, [[32, 64], [64, 16]], [None, None]],
+                        [3, 7, 11.0, 20.0, 6, [[1, 3, 8, 8], [4, 3, 3, 3], [], [], [], [], []],
+                         [None, None, None, [1, 1], [0], [1, 1], 1, 0.5, True, "same", [True, False]]],
+                        [0, 7, 21.0, 22.0, 0, None, None]],
+                "acts": [[1, 4, 1.0, 3.0, -1, 5, 11], [2, 0, 4.0, 9.5, 7, 5, 11], [2, 2, 9.5, 9.6, 7, 0, 12]]},
     "telemetry": {"gpu": {"gpu_util": 100, "throttle": ["sw_power_cap"], "tensor_active": None},
                   "proc": {"rss_bytes": 123}, "reasons": {"tensor_active": "GPM unsupported"}},
 }  # fmt: skip
@@ -108,3 +114,83 @@ def test_collector_survives_hostile_traffic(monitor) -> None:
     assert snap.received == 1
     assert snap.jobs[0].ranks[0].step == 10
     assert any("unsupported major version" in r for r in snap.rejected_reasons)
+
+
+# --- kernels: raw profiler records, strictly validated ----------------------------------------------
+
+
+def _kernels(**over: object) -> bytes:
+    body = {"v": [wire.MAJOR, wire.MINOR], "k": "kernels", "job": "j", "rank": 0, "host": "h", "pid": 1, "inc": 0,
+            "seq": 0, "t": 1.0, **GOOD["kernels"]}  # fmt: skip
+    body.update(over)
+    return msgpack.packb({k: v for k, v in body.items() if v is not ...})
+
+
+def _op(**over: object) -> list:
+    fields = dict(zip(("name", "thread", "start", "end", "ext", "dims", "concrete"), GOOD["kernels"]["ops"][1]))
+    fields.update(over)
+    return [GOOD["kernels"]["ops"][0], list(fields.values())]
+
+
+def _act(**over: object) -> list:
+    fields = dict(zip(("name", "kind", "start", "end", "stream", "ext", "corr"), GOOD["kernels"]["acts"][1]))
+    fields.update(over)
+    return [GOOD["kernels"]["acts"][0], list(fields.values())]
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda: _kernels(events=..., ops=...), "missing field 'ops'"),
+        (lambda: _kernels(acts={"0": 1}), "'acts': not a list"),
+        (lambda: _kernels(ops=[(0, 7, 0, 1, 5, None, None)] * (wire.KERNEL_MAX_RECORDS + 1)), "records exceed 500000"),
+        (lambda: _kernels(names=[""] * (wire.KERNEL_MAX_NAMES + 1)), "bad value for 'names'"),
+        (lambda: _kernels(names=["x" * (wire.KERNEL_MAX_NAME + 1)]), "bad value for 'names'"),
+        (lambda: _kernels(ops=[[0, 7, 0.0, 1.0, 5, None]]), "'ops': record 0: not a list of 7 fields"),
+        (lambda: _kernels(ops=[7]), "'ops': record 0: not a list of 7 fields"),
+        (lambda: _kernels(ops=_op(name=-1)), "'ops': record 1: name, thread and ext"),
+        (lambda: _kernels(ops=_op(name="aten::mm")), "'ops': record 1: name, thread and ext"),
+        (lambda: _kernels(ops=_op(thread=1.5)), "'ops': record 1: name, thread and ext"),
+        (lambda: _kernels(ops=_op(ext=True)), "'ops': record 1: name, thread and ext"),
+        (lambda: _kernels(ops=_op(start=float("inf"))), "'ops': record 1: start/end"),
+        (lambda: _kernels(ops=_op(end="10")), "'ops': record 1: start/end"),
+        (lambda: _kernels(ops=_op(dims=[[[1, 2]]])), "'ops': record 1: dims"),  # nested a level too deep
+        (lambda: _kernels(ops=_op(dims=[[1, 2]] * 17)), "'ops': record 1: dims"),  # too many inputs
+        (lambda: _kernels(ops=_op(dims=[[1] * 9])), "'ops': record 1: dims"),  # too many dims
+        (lambda: _kernels(ops=_op(dims=[[2, -3]])), "'ops': record 1: dims"),
+        (lambda: _kernels(ops=_op(dims=[[2, 1.0]])), "'ops': record 1: dims"),
+        (lambda: _kernels(ops=_op(dims=[[2, 2**63]])), "'ops': record 1: dims"),
+        (lambda: _kernels(ops=_op(dims={"a": [1]})), "'ops': record 1: dims"),
+        (lambda: _kernels(ops=_op(concrete=[[[1]]])), "'ops': record 1: concrete"),  # nested a level too deep
+        (lambda: _kernels(ops=_op(concrete=[[1.5, 2.0]])), "'ops': record 1: concrete"),  # float lists are not sent
+        (lambda: _kernels(ops=_op(concrete=[list(range(17))])), "'ops': record 1: concrete"),
+        (lambda: _kernels(ops=_op(concrete=[None] * 17)), "'ops': record 1: concrete"),
+        (lambda: _kernels(ops=_op(concrete=["x" * 65])), "'ops': record 1: concrete"),
+        (lambda: _kernels(ops=_op(concrete=[float("nan")])), "'ops': record 1: concrete"),
+        (lambda: _kernels(ops=_op(concrete=[{"a": 1}])), "'ops': record 1: concrete"),
+        (lambda: _kernels(ops=_op(concrete="[1, 1]")), "'ops': record 1: concrete"),
+        (lambda: _kernels(acts=_act(kind=3)), "'acts': record 1: kind must be one of (0, 1, 2, 4)"),
+        (lambda: _kernels(acts=_act(kind=1.0)), "'acts': record 1: kind"),
+        (lambda: _kernels(acts=_act(kind=False)), "'acts': record 1: kind"),
+        (lambda: _kernels(acts=_act(stream=-2)), "'acts': record 1: name, stream, ext and corr"),
+        (lambda: _kernels(acts=_act(corr=-1)), "'acts': record 1: name, stream, ext and corr"),
+        (lambda: _kernels(acts=_act(name=None)), "'acts': record 1: name, stream, ext and corr"),
+        (lambda: _kernels(acts=_act(start=2e12)), "'acts': record 1: start/end"),
+        (lambda: _kernels(acts=[[0, 0, 1.0, 2.0, 7, 0, 0, "extra"]]), "'acts': record 0: not a list of 7 fields"),
+        (lambda: _kernels(device="tpu"), "bad value for 'device'"),
+        (lambda: _kernels(step_dur_us=-1.0), "bad value for 'step_dur_us'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_bad_kernel_windows_rejected_with_reason(make: Callable[[], bytes], reason: str) -> None:
+    with pytest.raises(WireError) as err:
+        wire.decode(make())
+    assert reason in str(err.value)
+
+
+def test_kernel_record_limits_are_inclusive() -> None:
+    """The largest shapes, inputs and strings the probe may send are accepted."""
+    op = [0, 2**63 - 1, -5.0, 1e12, 2**63 - 1, [[2**62] * wire.KERNEL_MAX_DIMS] * wire.KERNEL_MAX_INPUTS,
+          [list(range(wire.KERNEL_MAX_LIST)), "x" * wire.KERNEL_MAX_STR, -(2**63)] + [0.5] * 13]  # fmt: skip
+    fields = wire.decode(_kernels(ops=[op], acts=[], names=["y" * wire.KERNEL_MAX_NAME])).fields
+    assert fields["ops"] == [op] and fields["acts"] == []

@@ -2,8 +2,8 @@
 
 Pure Python (no torch, no textual): ``flowtop analyze`` and the live monitor both use it.
 
-* :mod:`flowtop.kernels.trace` — the compact window format (spec in its docstring), wire
-  encode/decode, and the torch.profiler Chrome-trace loader;
+* :mod:`flowtop.kernels.trace` — the compact window format (spec in its docstring), built by
+  one builder from the probe's raw records (wire decode) or from a torch.profiler Chrome trace;
 * :mod:`flowtop.kernels.opflops` — FLOPs of an operator call from its name and input shapes;
 * :mod:`flowtop.kernels.classify` — kernel/operator categories and short display names;
 * :mod:`flowtop.kernels.aggregate` — top list, step anatomy, rank merge, cumulative table.

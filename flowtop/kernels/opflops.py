@@ -238,6 +238,6 @@ def op_flops(name: str, dims: Dims, concrete: Concrete = None) -> float | None:
         return None
     try:
         flops = formula(dims, concrete)
-    except (TypeError, ValueError, IndexError):  # malformed shapes in a foreign trace
+    except (TypeError, ValueError, LookupError, ArithmeticError):  # malformed shapes, stride 0, 2**600
         return None
-    return flops if flops is not None and flops >= 0 else None
+    return flops if flops is not None and 0 <= flops < math.inf else None

@@ -1,11 +1,23 @@
-"""The compact kernel-window format, and a loader for torch.profiler Chrome traces.
+"""Kernel windows: the compact window, built from profiler records (probe wire or Chrome trace).
 
-A *window* is one profiled training step.  On the wire (message kind ``kernels``) it is::
+A *window* is one profiled training step.  The probe sends the profiler's *raw records* (message
+kind ``kernels``, validated by :mod:`probe.wire`), times in µs from the window start::
 
-    names:       list[str]      string table; every name below is an index into it
-    events:      list[list]     [name, kind, ts_us, dur_us, stream, op, flops]
-    step_dur_us: float          wall time of the profiled step
-    device:      "cuda" | "cpu"
+    names: list[str]     string table; every ``name`` below is an index into it
+    ops:   list[list]    host operator calls [name, thread, start_us, end_us, ext, dims, concrete]
+    acts:  list[list]    device activities and runtime calls
+                         [name, kind, start_us, end_us, stream, ext, corr]
+    step_dur_us, device ("cuda" | "cpu"), window, step, cost_s, typical_step_us (optional)
+
+``ext`` is the External id linking an operator to what it launched (0: none), ``corr`` the CUPTI
+correlation of a launch call and its device activity; ``dims``/``concrete`` are the recorded input
+shapes and concrete inputs, present only on operators that may have a FLOP formula.
+:func:`window_from_wire` turns them into a :class:`KernelWindow` with :func:`build_window` — the
+same builder :func:`load_trace` uses for a torch.profiler Chrome trace (``flowtop analyze``), so
+linking, attribution and FLOP formulas (:mod:`flowtop.kernels.opflops`) live in one place.
+
+The compact window (:class:`KernelWindow`) holds ``names`` (string table) and ``events``, each
+``(name, kind, ts_us, dur_us, stream, op, flops)``.
 
 ``kind``: 0 kernel, 1 memcpy, 2 memset, 3 cpu_op (host operator), 4 runtime (``cudaLaunchKernel``,
 ``cuLaunchKernelEx``, ``cudaMemsetAsync``, ``cudaDeviceSynchronize`` ...).  ``ts_us`` is relative
@@ -23,10 +35,10 @@ unknown.  The meaning of ``op`` depends on the kind:
   attention backward, not the small ``dot(dO, O)`` and ``dQ`` conversion kernels it also
   launches; the GEMM of a split-K matmul, not its reduction.  Its other kernels get −1.
 * cpu_op (3): −1; ``flops`` is the call's FLOPs when it counts (see opflops), else −1.  Only the
-  operators needed are sent: top-level operators (per thread) and operators named by a device
+  operators needed are kept: top-level operators (per thread) and operators named by a device
   event's ``op``.
 * runtime (4): the *event index* of the device event this call launched (same CUPTI
-  correlation), −1 for calls that launched nothing.  Kind 4 is optional.
+  correlation), −1 for calls that launched nothing.
 
 On a CPU-only window there is no device queue: the operators are the work.  Each operator call
 then yields one kind-0 event on stream −1 whose duration is its *exclusive* (self) time, so the
@@ -37,18 +49,16 @@ kind 3 holds the top-level operators only, whose union is the busy time.
 
 Events are ordered by (ts, kind, name).  The window starts at the profiler start (probe) or at
 the first kept event or ``ProfilerStep#`` annotation (Chrome trace).
-
-The probe produces windows with :class:`probe.kernels.KernelWindowSampler`; both producers follow
-the rules above, and a test runs the same profiled step through both.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,50 +102,67 @@ class KernelWindow:
     typical_step_us: float | None = None
 
 
-def window_to_wire(w: KernelWindow) -> dict[str, Any]:
-    """The wire fields of a window (plain lists, msgpack-ready)."""
-    out: dict[str, Any] = {
-        "names": list(w.names),
-        "events": [[e.name, e.kind, e.ts_us, e.dur_us, e.stream, e.op, e.flops] for e in w.events],
-        "step_dur_us": w.step_dur_us,
-        "device": w.device,
-    }
-    for key in ("step", "window", "cost_s", "typical_step_us"):
-        if getattr(w, key) is not None:
-            out[key] = getattr(w, key)
-    return out
-
-
 def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
-    """A window from wire fields; raises :class:`TraceError` when an index points nowhere."""
+    """The window of a probe's ``kernels`` message (its raw records, see the module docstring).
+
+    Raises :class:`TraceError` for fields that do not hold together — an index that points
+    nowhere, an unknown kind — even when each field passed the wire's own checks.
+    """
     try:
-        names = tuple(str(n) for n in fields["names"])
-        events = tuple(
-            KernelEvent(int(n), int(k), float(t), float(d), int(s), int(o), float(f))
-            for n, k, t, d, s, o, f in fields["events"]
-        )
-        step_dur = float(fields["step_dur_us"])
-        device = str(fields["device"])
+        names = fields["names"]
+        if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
+            raise ValueError("names is not a list of strings")
+        device = fields["device"]
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f"unknown device {device!r:.20}")
+        step_dur = _finite(fields["step_dur_us"])
+        ops = [_op_record(names, i, o) for i, o in enumerate(fields["ops"])]
+        acts = [_act_record(names, i, a) for i, a in enumerate(fields["acts"])]
+        step, window, cost = fields.get("step"), fields.get("window"), fields.get("cost_s")
+        typical = fields.get("typical_step_us")
+        extra = {
+            "step": int(step) if step is not None else None,
+            "window": int(window) if window is not None else None,
+            "cost_s": float(cost) if cost is not None else None,
+            "typical_step_us": float(typical) if typical else None,
+        }
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceError(f"malformed kernel window: {exc}") from None
-    for i, e in enumerate(events):
-        bad = not 0 <= e.name < len(names) or not 0 <= e.kind <= RUNTIME
-        if e.kind == RUNTIME:
-            bad = bad or not -1 <= e.op < len(events)
-        else:
-            bad = bad or not -1 <= e.op < len(names)
-        if bad:
-            raise TraceError(f"kernel window event {i} has an index out of range")
-    step = fields.get("step")
-    window = fields.get("window")
-    cost = fields.get("cost_s")
-    return KernelWindow(
-        names, events, step_dur, device,
-        step=int(step) if step is not None else None,
-        window=int(window) if window is not None else None,
-        cost_s=float(cost) if cost is not None else None,
-        typical_step_us=float(fields["typical_step_us"]) if fields.get("typical_step_us") else None,
-    )
+    return replace(build_window(ops, acts, origin=0.0, step_dur_us=step_dur, device=device), **extra)
+
+
+def _finite(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{v!r:.20} is not a finite number")
+    return float(v)
+
+
+def _index(v: Any, size: int, what: str) -> int:
+    if type(v) is not int or not 0 <= v < size:  # a negative index would read from the end
+        raise ValueError(f"{what} {v!r:.20} out of range (0..{size - 1})")
+    return v
+
+
+def _op_record(names: list[str], i: int, o: Any) -> OpRecord:
+    if not isinstance(o, (list, tuple)) or len(o) != 7:
+        raise ValueError(f"op {i} is not a list of 7 fields")
+    name, thread, start, end, ext, dims, concrete = o
+    if type(thread) is not int or type(ext) is not int:
+        raise ValueError(f"op {i}: thread and ext must be integers")
+    return OpRecord(names[_index(name, len(names), f"op {i}: name index")], thread,
+                    _finite(start), _finite(end), ext, dims, concrete)
+
+
+def _act_record(names: list[str], i: int, a: Any) -> ActivityRecord:
+    if not isinstance(a, (list, tuple)) or len(a) != 7:
+        raise ValueError(f"activity {i} is not a list of 7 fields")
+    name, kind, start, end, stream, ext, corr = a
+    if kind not in (*DEVICE_KINDS, RUNTIME) or type(kind) is not int:
+        raise ValueError(f"activity {i}: unknown kind {kind!r:.20}")
+    if type(stream) is not int or type(ext) is not int or type(corr) is not int:
+        raise ValueError(f"activity {i}: stream, ext and corr must be integers")
+    return ActivityRecord(names[_index(name, len(names), f"activity {i}: name index")], kind,
+                          _finite(start), _finite(end), stream, ext, corr)
 
 
 # --- building a window from profiler records ---------------------------------------------------
@@ -193,26 +220,22 @@ def build_window(
                 below_formula[p] = True
                 p = parent[p]
 
-    def counts(i: int) -> bool:
-        name = ops[i].name
-        return name in FORMULA_OPS or (name in COMPOSITE_OPS and not below_formula[i])
+    counts = [o.name in FORMULA_OPS or (o.name in COMPOSITE_OPS and not below_formula[i]) for i, o in enumerate(ops)]
+    # The innermost counting operator enclosing each call (itself included), -1 when none; a
+    # parent sorts before its children, so one pass suffices (hostile nesting stays linear).
+    counting = [-1] * n
+    for i in range(n):
+        counting[i] = i if counts[i] else (counting[parent[i]] if parent[i] != -1 else -1)
 
     flops_of: dict[int, float | None] = {}
 
     def op_flops_of(i: int) -> float | None:
         if i not in flops_of:
-            flops_of[i] = op_flops(ops[i].name, ops[i].dims or [], ops[i].concrete) if counts(i) else None
+            flops_of[i] = op_flops(ops[i].name, ops[i].dims or [], ops[i].concrete) if counts[i] else None
         return flops_of[i]
 
-    attributed: dict[int, int] = {}
-
     def attribute(i: int) -> int:
-        if i not in attributed:
-            j = i
-            while j != -1 and not counts(j):
-                j = parent[j]
-            attributed[i] = j if j != -1 else i
-        return attributed[i]
+        return counting[i] if counting[i] != -1 else i
 
     # (name, kind, start, dur, stream, op index or -1, corr)
     work: list[tuple[str, int, float, float, int, int, int]] = []

@@ -1,0 +1,76 @@
+"""When to take a kernel window: spacing sampled steps so their amortised cost stays in budget.
+
+Pure arithmetic on step numbers and monotonic times (no torch); :class:`probe.kernels.
+KernelWindowSampler` asks it before each step and reports each window's cost back.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class WindowScheduler:
+    """Spaces profiled windows so that their amortised cost stays inside a budget.
+
+    After each window the caller reports what it cost the training thread (the profiled step's
+    wall time beyond a typical step, extraction of the records included); the next window comes
+    ``ceil(cost / (budget × typical step))`` steps later — so ``cost / (interval × step)`` ≤
+    budget — clamped to ``[min_interval_steps, max_interval_steps]``.  The budget is
+    ``budget_large`` for steps ≥ ``large_step_s`` and ``budget_small`` below (design.md §7: small
+    steps pay a far larger relative profiler overhead).  A window is also due after
+    ``max_interval_s`` of wall time (at least ``min_interval_steps`` steps), so tables stay fresh
+    on slow jobs; :meth:`request_now` makes the next step a window whatever the interval.
+    """
+
+    def __init__(
+        self,
+        *,
+        budget_large: float = 0.005,
+        budget_small: float = 0.02,
+        large_step_s: float = 0.1,
+        min_interval_steps: int = 10,
+        max_interval_steps: int = 10_000,
+        max_interval_s: float = 600.0,
+    ) -> None:
+        self.budget_large = budget_large
+        self.budget_small = budget_small
+        self.large_step_s = large_step_s
+        self.min_interval_steps = min_interval_steps
+        self.max_interval_steps = max_interval_steps
+        self.max_interval_s = max_interval_s
+        self.interval_steps = min_interval_steps
+        self.requested = False
+        self._anchor_step: int | None = None  # the last window's step (or the first step seen)
+        self._anchor_s = 0.0
+
+    def request_now(self) -> None:
+        """Sample the next step (the monitor's manual trigger)."""
+        self.requested = True
+
+    def due(self, step: int, now_s: float) -> bool:
+        """Whether step ``step`` (starting at monotonic time ``now_s``) should be profiled."""
+        if self.requested:
+            return True
+        if self._anchor_step is None:
+            self._anchor_step, self._anchor_s = step, now_s
+            return False
+        since = step - self._anchor_step
+        if since < self.min_interval_steps:
+            return False
+        return since >= self.interval_steps or now_s - self._anchor_s >= self.max_interval_s
+
+    def budget(self, typical_step_s: float) -> float:
+        """The amortised-cost budget for steps of this length."""
+        return self.budget_large if typical_step_s >= self.large_step_s else self.budget_small
+
+    def record(self, step: int, now_s: float, cost_s: float, typical_step_s: float | None) -> int:
+        """Account a window taken at ``step``; returns (and keeps) the next interval in steps."""
+        self.requested = False
+        self._anchor_step, self._anchor_s = step, now_s
+        if typical_step_s is None or typical_step_s <= 0:
+            steps = self.max_interval_steps  # cannot amortise without a step time: the wall cap rules
+        else:
+            # The small epsilon keeps an exact quotient (50.000000000000001) from adding a step.
+            steps = math.ceil(max(0.0, cost_s) / (self.budget(typical_step_s) * typical_step_s) - 1e-9)
+        self.interval_steps = max(self.min_interval_steps, min(self.max_interval_steps, steps))
+        return self.interval_steps
