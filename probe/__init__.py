@@ -43,8 +43,14 @@ def attach(
     """
     global _probe, _fork_hook_installed
     if _probe is not None:
+        if any(v is not None for v in (job, rank, world_size, local_rank, addr, flops_per_token)):
+            warn_once("reattach", "probe.attach(...) arguments ignored: the probe was already attached "
+                      "(by flowtop run at the first optimizer); set FLOWTOP_* variables instead")
         return True
+    p = None
     try:
+        import zmq  # noqa: F401  (without a transport there is nothing to attach for)
+
         from probe import config, identity
         from probe.runtime import Probe
 
@@ -53,18 +59,23 @@ def attach(
             return False
         if addr is not None:
             cfg = config.from_env({**os.environ, "FLOWTOP_ADDR": addr})
-        ident = identity.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank)
-        p = Probe(cfg, ident, flops_per_token)
-        p.install()
-        _probe = p
-        atexit.register(_at_exit)
         if not _fork_hook_installed:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _fork_hook_installed = True
+        ident = identity.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank)
+        p = Probe(cfg, ident, flops_per_token)
+        _probe = p
+        p.install()
+        atexit.register(_at_exit)
         return True
     except Exception as exc:
         warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
         _probe = None
+        if p is not None:  # half-installed: take the hooks and the sender down again
+            try:
+                p.close("attach failed")
+            except Exception:
+                pass
         return False
 
 

@@ -21,12 +21,13 @@ def unwrap(module: Any) -> Any:
 
 
 def seq_len_of(signature: tuple[Any, ...]) -> int | None:
-    """Sequence length: the last dim of the first integer (token index) input of rank ≥ 2."""
+    """Sequence length: the last dim of the first integer (token index) input of rank ≥ 2.
+
+    Signature entries are ``(path, shape, dtype)`` (probe.flops_policy.signature_of)."""
     for entry in signature:
-        try:
-            shape, dtype = entry
-        except (TypeError, ValueError):
+        if not isinstance(entry, tuple) or len(entry) != 3:
             continue
+        _, shape, dtype = entry
         if isinstance(shape, tuple) and len(shape) >= 2 and "int" in str(dtype):
             return int(shape[-1])
     return None
@@ -58,11 +59,21 @@ def flops_message(
         attn = 6 if attention == "causal" else 12
         source = (
             f"6N+{attn}LdT from {est.source}: N={est.n_params}, L={est.n_layers}, d={est.d_model}, T={est.seq_len}"
-        )
+        )[:256]  # the wire's limit: a long module path must not cost the whole message
         if est.source == "override":
             source = "override (flops_per_token)"
     on_cpu = device is None or device.type != "cuda"
-    peak, reason = peaks.resolve_peak("cpu" if on_cpu else device_name, count.dtype)
+    if on_cpu:
+        # A CPU rank's peak is the cores it computes on (its torch threads), not the host:
+        # two ranks sharing a host must not each claim all of it.
+        import os
+
+        peak, reason = peaks.resolve_peak("cpu", count.dtype)
+        if peak is not None and not peak.source.startswith("override"):
+            cores = max(1, min(os.cpu_count() or 1, torch.get_num_threads()))
+            peak = peaks.cpu_peak(count.dtype, cores=cores)
+    else:
+        peak, reason = peaks.resolve_peak(device_name, count.dtype)
     return {
         "step": step,
         "model_flops": float(count.model_flops),

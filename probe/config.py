@@ -27,6 +27,7 @@ class ProbeConfig:
     flops: bool = True  # FLOWTOP_FLOPS: sampled FLOP counting
     attention: str = "full"  # FLOWTOP_ATTENTION: full | causal
     recheck_steps: int = 500  # FLOWTOP_RECHECK_STEPS: periodic re-count
+    flops_budget: float | None = None  # FLOWTOP_FLOPS_BUDGET: share of time counting may cost
     kernels: bool = True  # FLOWTOP_KERNELS: sampled profiler windows
     kernels_min_steps: int = 10  # FLOWTOP_KERNELS_MIN_STEPS: fewest steps between windows
     kernels_max_s: float = 600.0  # FLOWTOP_KERNELS_MAX_S: a window at least this often (s)
@@ -66,10 +67,24 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be 0 (off) or a positive integer")
+    return value
+
+
 def _positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a positive number")
+    return value
+
+
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1000:
+        raise ValueError("must be a positive share such as 0.02 (2 %); above 1 lets counting cost more than training")
     return value
 
 
@@ -101,7 +116,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         queue_size=_parse(e, "FLOWTOP_QUEUE", _positive_int, d.queue_size),
         flops=_parse(e, "FLOWTOP_FLOPS", _bool, d.flops),
         attention=_parse(e, "FLOWTOP_ATTENTION", _attention, d.attention),
-        recheck_steps=_parse(e, "FLOWTOP_RECHECK_STEPS", _positive_int, d.recheck_steps),
+        recheck_steps=_parse(e, "FLOWTOP_RECHECK_STEPS", _non_negative_int, d.recheck_steps),
+        flops_budget=_parse(e, "FLOWTOP_FLOPS_BUDGET", _fraction, None),  # type: ignore[arg-type]
         kernels=_parse(e, "FLOWTOP_KERNELS", _bool, d.kernels),
         kernels_min_steps=_parse(e, "FLOWTOP_KERNELS_MIN_STEPS", _positive_int, d.kernels_min_steps),
         kernels_max_s=_parse(e, "FLOWTOP_KERNELS_MAX_S", _positive_float, d.kernels_max_s),

@@ -53,11 +53,12 @@ class Publisher:
         self._queue_size = queue_size
         self._appended = 0  # training thread only
         self._popped = 0  # sender thread only
+        self._local: list[tuple[str, float, dict[str, Any]]] = []  # sender thread only
         self._sent = 0  # sender thread only
         self._send_drops = 0  # sender thread only
         self._seq = 0
         self._stop = False
-        self._ticks: list[tuple[float, Tick]] = []
+        self._ticks: list[tuple[float, Tick]] = []  # may grow while the sender runs
         self._control_handlers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
         self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
@@ -66,9 +67,13 @@ class Publisher:
     # --- training thread ------------------------------------------------------------
 
     def publish(self, kind: str, fields: dict[str, Any]) -> None:
-        """Queue one message. O(1), never blocks, never raises."""
-        self._appended += 1
+        """Queue one message from the training thread. O(1), never blocks, never raises."""
         self._queue.append((kind, time.time(), fields))
+        self._appended += 1  # after the append: the sender never sees a phantom drop
+
+    def publish_local(self, kind: str, fields: dict[str, Any]) -> None:
+        """Queue one message from the sender thread itself (its periodic jobs)."""
+        self._local.append((kind, time.time(), fields))
 
     @property
     def drops(self) -> int:
@@ -119,8 +124,12 @@ class Publisher:
         except Exception as exc:
             warn_once("zmq-import", f"pyzmq unavailable ({exc}); probe publishes nothing")
             return
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.XPUB)
+        try:
+            sock = zmq.Context.instance().socket(zmq.XPUB)
+        except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
+            warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
+            return
+        ctx = sock.context
         ctl = None
         link: _Link | None = None
         try:
@@ -156,14 +165,16 @@ class Publisher:
 
     def _loop(self, zmq: Any, sock: Any, ctl: Any, link: "_Link") -> None:
         pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
-        next_tick = [0.0] * len(self._ticks)
+        next_tick: list[float] = []
         next_hello = 0.0
         listening = False
+        last_hello = self.hello_fields
         while True:
             stopping = self._stop
             subscriptions = self.subscribers = link.poll()
-            if subscriptions > 0 and not listening:
-                next_hello = 0.0  # a monitor (re)appeared: introduce ourselves at once
+            if (subscriptions > 0 and not listening) or self.hello_fields is not last_hello:
+                next_hello = 0.0  # a monitor (re)appeared or the hello changed: send it now
+                last_hello = self.hello_fields
             listening = subscriptions > 0
             while True:
                 try:
@@ -171,6 +182,9 @@ class Publisher:
                     self._popped += 1
                 except IndexError:
                     break
+            if self._local:
+                pending.extend(self._local)
+                self._local.clear()
             now = time.time()
             if listening and self.hello_fields is not None and now >= next_hello:
                 pending.appendleft(("hello", now, self.hello_fields))
@@ -200,7 +214,9 @@ class Publisher:
             if stopping:
                 self._send_drops += len(pending)
                 return
-            for i, (interval, fn) in enumerate(self._ticks):
+            ticks = list(self._ticks)
+            next_tick.extend([0.0] * (len(ticks) - len(next_tick)))
+            for i, (interval, fn) in enumerate(ticks):
                 if now >= next_tick[i]:
                     next_tick[i] = now + interval
                     try:

@@ -44,17 +44,16 @@ class Probe:
         self.ident = ident
         self.flops_per_token = flops_per_token if flops_per_token is not None else cfg.flops_per_token
         self.publisher = Publisher(ident.key, cfg.addr, cfg.control_addr, cfg.queue_size, curve_dir=cfg.curve_dir)
-        self.tracker = StepTracker(self._on_step)
+        self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
         self._started = False
-        self._flops: Any = None  # flowtop FLOP counting (probe.flops), lazily built
-        self._counter: Any = None  # the StepFlopCounter of the step being counted
-        self._last_count: Any = None
-        self._published_signature: tuple[Any, ...] | None = None
+        self._flops: Any = None  # probe.flop_sampling.FlopSampler
         self._kernels: Any = None  # probe.kernels.KernelWindowSampler
         self._kernels_active = False
         self._nvtx_open = False
         self._nvtx_disabled = False
         self._ewma_step_s: float | None = None
+        self._count_wall_s: float | None = None  # wall time of the last FLOP-counted step
+        self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
         #: so benchmarks can separate steady-state cost from sampled cost.
         self.sampled_steps: dict[int, str] = {}
@@ -62,8 +61,13 @@ class Probe:
     # --- setup ----------------------------------------------------------------------
 
     def install(self) -> None:
-        """Install hooks; the sender thread starts at the first step."""
+        """Install hooks and start the sender with a first hello.
+
+        Starting now (not at the first step) makes a rank that hangs in its first
+        collective, or compiles for minutes, visible to the monitor at step 0."""
         self.tracker.install()
+        self.publisher.hello_fields = self._hello("unknown (before the first step)")
+        self.publisher.start()
         if self.cfg.flops:
             self._setup_flops()
         if self.cfg.kernels:
@@ -73,19 +77,25 @@ class Probe:
 
     def _setup_flops(self) -> None:
         try:
-            from probe import flops
+            from probe.flop_sampling import FlopSampler
 
-            self._flops = flops.CountPolicy(recheck_every=self.cfg.recheck_steps)
+            self._flops = FlopSampler(
+                lambda fields: self.publisher.publish("flops", fields),
+                self.cfg.attention,
+                self.cfg.recheck_steps,
+                self.cfg.flops_budget,
+            )
         except Exception as exc:
             warn_once("flops-setup", f"FLOP counting unavailable: {exc}")
             return
+        self.tracker.listeners_forward.append(_guard("flop counting", self._maybe_start_count, self._flops_off))
+        self.tracker.listeners_pre_opt.append(_guard("flop counting", self._finish_count, self._flops_off))
+        self.tracker.listeners_boundary.append(_guard("flop counting", self._finish_at_boundary, self._flops_off))
 
-        def off() -> None:
-            self._flops = None
-            self._counter = None
-
-        self.tracker.listeners_forward.append(_guard("flop counting", self._maybe_start_count, off))
-        self.tracker.listeners_pre_opt.append(_guard("flop counting", self._finish_count, off))
+    def _flops_off(self) -> None:
+        sampler, self._flops = self._flops, None
+        if sampler is not None:
+            sampler.close()
 
     def _setup_kernels(self) -> None:
         try:
@@ -101,11 +111,14 @@ class Probe:
             warn_once("kernels-setup", f"kernel windows unavailable: {exc}")
             return
 
-        def off() -> None:
-            self._kernels = None
-
-        self.tracker.listeners_boundary.append(_guard("kernel windows", self._kernel_boundary, off))
+        self.tracker.listeners_boundary.append(_guard("kernel windows", self._kernel_boundary, self._kernels_off))
         self.publisher.on_control(self._control)
+
+    def _kernels_off(self) -> None:
+        sampler, self._kernels = self._kernels, None
+        self._kernels_active = False
+        if sampler is not None:
+            sampler.close()  # an open profiler session must not keep recording
 
     def _setup_telemetry(self) -> None:
         try:
@@ -135,7 +148,7 @@ class Probe:
             proc = host.sample()
             for name, why in (proc.pop("reasons", None) or {}).items():
                 reasons[f"host.{name}"] = why
-            self.publisher.publish("telemetry", {"gpu": device, "proc": proc, "reasons": reasons})
+            self.publisher.publish_local("telemetry", {"gpu": device, "proc": proc, "reasons": reasons})
 
         self.publisher.add_tick(self.cfg.telemetry_interval_s, tick)
 
@@ -148,26 +161,35 @@ class Probe:
     def _on_step(self, fields: dict[str, Any]) -> None:
         if not self._started:
             self._first_step()
-        wall = fields["wall_s"]
-        if not self._kernels_active:
+        step, wall = fields["step"], fields["wall_s"]
+        sampled = self.sampled_steps.get(step)
+        if sampled == "flops":
+            self._count_wall_s = wall  # charged once a steady step time is known
+        elif sampled is None and step > 1:  # step 1 pays warm-up and model discovery
             prev = self._ewma_step_s
             self._ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
-        if self.cfg.calibrate_out and self._last_count is not None:
-            self._write_calibration(fields["step"])
+            if self._count_wall_s is not None and self._flops is not None:
+                self._flops.charge(self._count_wall_s - self._ewma_step_s, self._ewma_step_s)
+                self._count_wall_s = None
+        if self.cfg.calibrate_out and self._flops is not None and self._flops.last is not None:
+            self._write_calibration(step)
         self.publisher.publish("step", fields)
+
+    def _hello(self, device: str) -> dict[str, Any]:
+        return {
+            "local_rank": self.ident.local_rank,
+            "world_size": self.ident.world_size,
+            "device": device,
+            "probe_version": VERSION,
+            "argv": [a[:1024] for a in getattr(sys, "argv", [])[:64]],
+        }
 
     def _first_step(self) -> None:
         self._started = True
-        self.publisher.hello_fields = {
-            "local_rank": self.ident.local_rank,
-            "world_size": self.ident.world_size,
-            "device": self._device_name(),
-            "probe_version": VERSION,
-            "argv": [a[:1024] for a in sys.argv[:64]],
-        }
+        self._context["device_name"] = self._device_name()
+        self.publisher.hello_fields = self._hello(self._context["device_name"])
         if self.cfg.telemetry:
             self._setup_telemetry()
-        self.publisher.start()
 
     def _device_name(self) -> str:
         dev = self.tracker.device
@@ -181,51 +203,21 @@ class Probe:
         return f"cpu ({platform.processor() or platform.machine()})"
 
     def _maybe_start_count(self, signature: tuple[Any, ...]) -> None:
-        policy = self._flops
-        if policy is None or self._counter is not None or self._kernels_active:
+        # Never count a step that is also being profiled (each distorts the other).
+        if self._flops is None or self._kernels_active:
             return
-        step = self.tracker.step  # 0-based index of the coming step (the policy's convention)
-        if signature != self._published_signature:
-            # Shapes changed back to ones counted before: the monitor gets that count again.
-            carried = policy.carried(signature)
-            if carried is not None:
-                self._last_count = carried
-                self._published_signature = signature
-                self.publisher.publish("flops", self._flops_fields(carried))
-        if policy.should_count(step, signature):
-            from probe import flops
-
-            self._counter = flops.StepFlopCounter(root=self.tracker.root, attention=self.cfg.attention)
-            self._counter.start(in_forward=True)
-            self._note_sampled(step + 1, "flops")  # 1-based, like the step messages
+        if self._flops.on_forward(self.tracker, signature, self._context):
+            self._note_sampled(self.tracker.step + 1, "flops")  # 1-based, like the step messages
 
     def _finish_count(self) -> None:
-        counter, self._counter = self._counter, None
-        if counter is None:
-            return
-        result = counter.stop()
-        if self._flops is not None:
-            self._flops.record(self.tracker.signature, result)
-        if result is None:
-            return
-        self._last_count = result
-        self._published_signature = self.tracker.signature
-        self.publisher.publish("flops", self._flops_fields(result))
+        if self._flops is not None and self._flops.counting:
+            self._flops.finish(self.tracker, self._context, self.tracker.micro_batches)
 
-    def _flops_fields(self, count: Any) -> dict[str, Any]:
-        from probe import accounting
-
-        return accounting.flops_message(
-            count,
-            step=self.tracker.step + 1,
-            tokens=self.tracker.tokens,
-            root=self.tracker.root,
-            signature=self.tracker.signature,
-            device=self.tracker.device,
-            device_name=self._device_name(),
-            flops_per_token=self.flops_per_token,
-            attention=self.cfg.attention,
-        )
+    def _finish_at_boundary(self, step: int, wall_s: float) -> None:
+        if self._flops is not None and self._flops.counting:
+            # The pre-hook did not close the window (a closure optimizer such as LBFGS):
+            # close it here, optimizer FLOPs included, rather than leave it open.
+            self._flops.finish(self.tracker, self._context, 0)
 
     def _kernel_boundary(self, step: int, wall_s: float) -> None:
         sampler = self._kernels
@@ -238,7 +230,7 @@ class Probe:
                 window.setdefault("step", step)
                 self.publisher.publish("kernels", window)
         # Never profile a step that is also being FLOP-counted (each distorts the other).
-        if self._counter is None and sampler.due(step + 1, typical_step_s=self._ewma_step_s):
+        if sampler.due(step + 1, typical_step_s=self._ewma_step_s):
             self._kernels_active = bool(sampler.begin_step(step + 1))
             if self._kernels_active:
                 self._note_sampled(step + 1, "kernels")
@@ -264,7 +256,7 @@ class Probe:
         self._nvtx_open = True
 
     def _write_calibration(self, step: int) -> None:
-        c = self._last_count
+        c = self._flops.last
         line = {"step": step, "executed_flops": c.executed_flops, "model_flops": c.model_flops}
         try:
             with open(self.cfg.calibrate_out, "a", encoding="utf-8") as fh:  # type: ignore[arg-type]
@@ -275,11 +267,18 @@ class Probe:
     # --- shutdown ----------------------------------------------------------------------
 
     def close(self, reason: str = "exit") -> None:
-        """Say bye (if anything was ever sent) and stop the sender within ~0.5 s."""
+        """Stop counting and profiling, say bye and stop the sender within ~0.5 s."""
         self.tracker.uninstall()
-        if self._started:
-            self.publisher.publish("bye", {"reason": reason, "steps": self.tracker.step, "drops": self.publisher.drops})
-            self.publisher.close(timeout_s=0.5)
+        self._flops_off()
+        self._kernels_off()
+        self.publisher.publish("bye", {"reason": reason, "steps": self.tracker.step, "drops": self.publisher.drops})
+        self.publisher.close(timeout_s=0.5)
+
+    def _tracking_failed(self) -> None:
+        """Step tracking broke: the whole probe steps aside (training goes on)."""
+        import probe
+
+        probe.detach("probe error")
 
     def abandon_in_child(self) -> None:
         """After fork in a child (DataLoader worker): go silent, touch no socket."""

@@ -4,21 +4,27 @@ Boundaries come from torch's global optimizer step hooks (every framework built
 on ``torch.optim``) or from explicit :func:`probe.mark_step` calls; once the
 explicit marker is used, optimizer hooks stop counting steps so nothing is
 counted twice. Several optimizers stepping with no forward in between are one
-training step; all micro-batches between two boundaries belong to one step.
+training step — unless the *same* optimizer steps again, which is a new step
+(functional loops without modules; the zero-gradient ``step()`` that
+``torch.distributed.checkpoint`` runs when it restores an optimizer). All
+micro-batches between two boundaries belong to one step.
 
-To find the model without code changes, global module hooks watch the first
-step: the top-level module with the most parameters becomes the *root* (its
-forward pre-hook measures input wait and collects the input signature), and the
-first ``nn.Embedding`` fed integer indices counts tokens. The global hooks are
-then removed, so steady-state cost is two small hooks per micro-batch plus one
-per step.
-
-A forward hook on the root also marks when the last forward of the step ended
-(``lead_s``), which tells which rank the others wait for in synchronous training.
+To find the model without code changes, global module hooks watch until a
+boundary has seen a top-level module: the one holding most of the optimizer's
+parameters becomes the *root* (its forward pre-hook measures input wait and the
+input signature; its forward hook marks when the step's last forward ended,
+``lead_s``, which tells which rank the others wait for in synchronous training),
+and the first ``nn.Embedding`` fed integer indices counts tokens. The global
+hooks are then removed, so steady-state cost is two small hooks per micro-batch
+plus one per step. Forwards run without autograd (evaluation, generation) are
+not part of a training step and are ignored.
 
 Timing: wall time per step on the host, and a CUDA event recorded at each
 boundary; events are only ever *queried*, never synchronised, so device times
 arrive a few steps late (``dstep`` says which step they belong to).
+
+Any failure in these hooks disables the probe (``on_fail``) — the user's
+``optimizer.step()`` and ``forward()`` never see an exception from here.
 """
 
 from __future__ import annotations
@@ -30,16 +36,23 @@ from typing import Any, Callable, Deque
 import torch
 
 from probe._log import warn_once
+from probe.flops_policy import signature_of
 
 #: Called at every boundary with (step index, wall seconds of the step).
 BoundaryListener = Callable[[int, float], None]
 
 
+def _training_forward() -> bool:
+    """Whether a forward now is part of training (autograd on, not inference mode)."""
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
 class StepTracker:
     """Detects step boundaries and measures each step; owns the torch hooks."""
 
-    def __init__(self, on_step: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
+        self._on_fail = on_fail
         self.step = 0
         self.explicit = False
         self.root: torch.nn.Module | None = None
@@ -48,17 +61,21 @@ class StepTracker:
         self.micro_batches = 0
         self.tokens = 0
         self.device: torch.device | None = None
+        self.in_optimizer = False
         self.listeners_pre_opt: list[Callable[[], None]] = []
         self.listeners_boundary: list[BoundaryListener] = []
         self.listeners_forward: list[Callable[[tuple[Any, ...]], None]] = []
         self._last_boundary = time.perf_counter()
+        self._input_origin = self._last_boundary  # last optimizer post-hook of the step
         self._input_wait: float | None = None
         self._forward_end: float | None = None
         self._probe_s = 0.0
         self._depth = 0
-        self._candidates: dict[int, tuple[int, torch.nn.Module]] = {}
+        self._candidates: dict[int, torch.nn.Module] = {}
+        self._stepped: set[int] = set()  # optimizers that stepped since the last boundary
         self._global_handles: list[Any] = []
         self._handles: list[Any] = []
+        self._root_handles: list[Any] = []
         self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
         self._forward_since_boundary = 0
         self._idle_calls = 0
@@ -80,24 +97,33 @@ class StepTracker:
 
     def uninstall(self) -> None:
         """Remove every hook this tracker registered."""
-        for h in self._handles + self._global_handles:
+        for h in self._handles + self._global_handles + self._root_handles:
             try:
                 h.remove()
             except Exception:
                 pass
         self._handles.clear()
         self._global_handles.clear()
+        self._root_handles.clear()
 
-    # --- discovery (first step only) ------------------------------------------------
+    def _fail(self, where: str, exc: BaseException) -> None:
+        warn_once(f"steps:{where}", f"step tracking failed in {where} ({type(exc).__name__}: {exc}); probe disabled")
+        self.uninstall()
+        if self._on_fail is not None:
+            try:
+                self._on_fail()
+            except Exception:
+                pass
+
+    # --- discovery (until the root is known) -------------------------------------------
 
     def _global_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         try:
-            if self._depth == 0:
+            # Top-level modules with parameters are root candidates (a loss module is not).
+            if self._depth == 0 and next(module.parameters(), None) is not None:
                 self._idle_calls += 1
-                if id(module) not in self._candidates:
-                    n = sum(p.numel() for p in module.parameters())
-                    self._candidates[id(module)] = (n, module)
-                self._root_pre(module, args)
+                self._candidates.setdefault(id(module), module)
+                self._root_pre(module, args, {})
             if self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
                 idx = args[0]
                 if isinstance(idx, torch.Tensor) and not idx.is_floating_point():
@@ -112,94 +138,146 @@ class StepTracker:
 
     def _global_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._forward_end = time.perf_counter()
 
     def _drop_global_hooks(self) -> None:
         for h in self._global_handles:
             h.remove()
         self._global_handles.clear()
 
-    def _settle_root(self) -> None:
-        """After the first step: keep hooks on the root and the embedding only."""
-        self._drop_global_hooks()
-        if self._candidates:
-            _, root = max(self._candidates.values(), key=lambda c: c[0])
-            self.root = root
-            self._handles.append(root.register_forward_pre_hook(self._root_pre))
-            self._handles.append(root.register_forward_hook(self._root_post))
-            for p in root.parameters():
-                self.device = p.device
-                break
-        if self.embedding is not None:
-            self._handles.append(self.embedding.register_forward_pre_hook(self._embedding_pre))
+    def _settle_root(self, optimizer: Any) -> None:
+        """At a boundary: pick the root among the top-level modules seen, hook it alone.
+
+        The root is the module holding most of the optimizer's parameters (a frozen
+        teacher or reference model, though larger, is not what is trained). With no
+        candidate yet (a step before any forward), discovery simply goes on.
+        """
+        if not self._candidates:
+            return
+        trained: set[int] = set()
+        for group in getattr(optimizer, "param_groups", ()):
+            trained.update(id(p) for p in group.get("params", ()))
+
+        def score(m: torch.nn.Module) -> tuple[int, int]:
+            owned = total = 0
+            for p in m.parameters():
+                total += p.numel()
+                owned += p.numel() if id(p) in trained else 0
+            return owned, total
+
+        root = max(self._candidates.values(), key=score)
         self._candidates.clear()
+        self._drop_global_hooks()
+        self.root = root
+        try:
+            self._root_handles.append(root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+            self._root_handles.append(root.register_forward_hook(self._root_post))
+            if self.embedding is not None:
+                self._root_handles.append(self.embedding.register_forward_pre_hook(self._embedding_pre))
+        except Exception as exc:  # e.g. ScriptModules refuse hooks: go on without a root
+            warn_once("root-hooks", f"cannot hook {type(root).__name__} ({exc}); input wait and tokens unavailable")
+            for h in self._root_handles:
+                h.remove()
+            self._root_handles.clear()
+        self.device = self._pick_device(root)
+
+    @staticmethod
+    def _pick_device(root: torch.nn.Module) -> torch.device:
+        for p in root.parameters():
+            if p.device.type == "cuda":
+                return p.device
+            break
+        # CPU-offloaded parameters (FSDP CPUOffload) still compute on the current GPU.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     # --- steady-state hooks ---------------------------------------------------------
 
-    def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self.root is not None and module is not self.root:
+    def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if (self.root is not None and module is not self.root) or not _training_forward():
             return
         t0 = time.perf_counter()
-        if self._forward_since_boundary == 0:
-            self._input_wait = t0 - self._last_boundary
-            self.signature = tuple(
-                (tuple(a.shape), str(a.dtype)) for a in args if isinstance(a, torch.Tensor)
-            )
-            for listener in self.listeners_forward:
-                listener(self.signature)
-        self._forward_since_boundary += 1
+        try:
+            if self._forward_since_boundary == 0:
+                self._input_wait = t0 - self._input_origin
+                self.signature = signature_of(args, kwargs or {})
+                if not self.in_optimizer:  # closures (LBFGS) run forwards inside step()
+                    for listener in self.listeners_forward:
+                        listener(self.signature)
+            self._forward_since_boundary += 1
+        except Exception as exc:
+            self._fail("forward", exc)
         self._probe_s += time.perf_counter() - t0
 
     def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        self._forward_end = time.perf_counter()
+        if _training_forward():
+            self._forward_end = time.perf_counter()
 
     def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         idx = args[0] if args else None
-        if isinstance(idx, torch.Tensor):
+        if isinstance(idx, torch.Tensor) and _training_forward():
             self.tokens += idx.numel()
 
+    @property
+    def forwards_this_step(self) -> int:
+        """Root forwards (micro-batches) since the last boundary."""
+        return self._forward_since_boundary
+
+    def _is_new_step(self, optimizer: Any) -> bool:
+        """A new step, unless another optimizer of this step steps with no forward between."""
+        return self._forward_since_boundary > 0 or self.step == 0 or id(optimizer) in self._stepped
+
     def _opt_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.explicit or self._forward_since_boundary == 0 and self.step > 0:
-            return
-        for listener in self.listeners_pre_opt:
-            listener()
+        try:
+            self.in_optimizer = True
+            if not self.explicit and self._is_new_step(optimizer):
+                for listener in self.listeners_pre_opt:
+                    listener()
+        except Exception as exc:
+            self._fail("optimizer pre-hook", exc)
 
     def _opt_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.explicit:
-            return
-        # A second optimizer stepping right after the first belongs to the same step.
-        if self._forward_since_boundary == 0 and self.step > 0:
-            return
-        self.boundary()
+        try:
+            self.in_optimizer = False
+            if self.explicit:
+                return
+            if self._is_new_step(optimizer):
+                self.boundary(optimizer)
+            self._stepped.add(id(optimizer))
+            self._input_origin = time.perf_counter()
+        except Exception as exc:
+            self._fail("optimizer post-hook", exc)
 
     def mark(self) -> None:
         """Explicit boundary for loops without torch.optim."""
-        if not self.explicit:
+        try:
             self.explicit = True
-        for listener in self.listeners_pre_opt:
-            listener()
-        self.boundary()
+            for listener in self.listeners_pre_opt:
+                listener()
+            self.boundary(None)
+            self._input_origin = time.perf_counter()
+        except Exception as exc:
+            self._fail("mark_step", exc)
 
     # --- boundary -------------------------------------------------------------------
 
-    def boundary(self) -> None:
+    def boundary(self, optimizer: Any) -> None:
         """Close the current step and open the next one."""
         t0 = time.perf_counter()
         wall = t0 - self._last_boundary
-        if self.step == 0:
-            self._settle_root()
+        if self.root is None:
+            self._settle_root(optimizer)
         self.step += 1
         device_s, dstep = self._device_time()
+        lead = self._forward_end - self._last_boundary if self._forward_end is not None else None
         fields: dict[str, Any] = {
             "step": self.step,
             "wall_s": wall,
             "tokens": self.tokens,
             "input_wait_s": self._input_wait,
-            # Lead: boundary → end of the last forward. In synchronous data parallelism every
-            # rank leaves the step together (the gradient all-reduce aligns them), so the rank
-            # that finishes its forward last is the one the others wait for.
-            "lead_s": (self._forward_end - self._last_boundary)
-            if self._forward_end is not None and self._forward_end > self._last_boundary
-            else None,
+            "lead_s": lead if lead is not None and lead > 0 else None,
             "device_s": device_s,
             "dstep": dstep,
             "micro_batches": self._forward_since_boundary,
@@ -214,6 +292,7 @@ class StepTracker:
         self._input_wait = None
         self._forward_end = None
         self._forward_since_boundary = 0
+        self._stepped.clear()
         self._probe_s += time.perf_counter() - t0
         fields["probe_s"] = self._probe_s
         self._probe_s = 0.0

@@ -58,3 +58,19 @@ def test_identity_fallbacks_and_explicit() -> None:
     explicit = identity.from_env({"RANK": "1", "WORLD_SIZE": "2"}, job="mine", rank=5)
     assert (explicit.job, explicit.rank, explicit.world_size) == ("mine", 5, 6)  # world grows to fit the rank
     assert identity.from_env({"RANK": "x", "WORLD_SIZE": "-2"}).rank == 0
+
+
+def test_identity_from_slurm_and_mpi() -> None:
+    slurm = identity.from_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
+                               "SLURM_JOB_ID": "777", "SLURM_STEP_ID": "2"})  # fmt: skip
+    assert (slurm.job, slurm.rank, slurm.world_size, slurm.local_rank) == ("slurm-777.2", 5, 16, 1)
+    mpi = identity.from_env({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
+                             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "MASTER_ADDR": "n1", "MASTER_PORT": "1"})  # fmt: skip
+    assert (mpi.job, mpi.rank, mpi.world_size) == ("n1:1", 2, 4)
+    # torchrun's variables win over the launcher's when both are present.
+    both = identity.from_env({"RANK": "1", "SLURM_PROCID": "9", "WORLD_SIZE": "2", "SLURM_NTASKS": "10"})
+    assert (both.rank, both.world_size) == (1, 2)
+
+
+def test_recheck_zero_turns_rechecks_off() -> None:
+    assert config.from_env({"FLOWTOP_RECHECK_STEPS": "0"}).recheck_steps == 0

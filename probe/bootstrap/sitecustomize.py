@@ -36,19 +36,22 @@ try:
         def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
             if name != "torch.optim":
                 return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            if spec is None or spec.loader is None:
+            try:
+                sys.meta_path.remove(self)
+                spec = importlib.util.find_spec(name)
+                if spec is None or spec.loader is None:
+                    return spec
+                loader = spec.loader
+                original = loader.exec_module
+
+                def exec_module(module):  # type: ignore[no-untyped-def]
+                    original(module)  # the user's import: its errors are the user's
+                    _attach_on_first_optimizer(module)
+
+                loader.exec_module = exec_module  # type: ignore[method-assign]
                 return spec
-            loader = spec.loader
-            original = loader.exec_module
-
-            def exec_module(module):  # type: ignore[no-untyped-def]
-                original(module)
-                _attach_on_first_optimizer(module)
-
-            loader.exec_module = exec_module  # type: ignore[method-assign]
-            return spec
+            except Exception:  # runs inside the user's `import torch`: never break it
+                return None
 
     def _attach_on_first_optimizer(optim_module) -> None:  # type: ignore[no-untyped-def]
         """Attach when the first optimizer is built: torch is fully imported by then,

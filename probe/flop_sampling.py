@@ -1,0 +1,122 @@
+"""When and how the probe counts FLOPs on the training thread (sampled steps only).
+
+:class:`FlopSampler` owns the sampling policy (:class:`probe.flops.CountPolicy`),
+the open counting window, the counts carried per input signature, and the cost
+budget: after each count, the extra time of the counted step sets how many steps
+must pass before a *new* signature may be counted again, so jobs whose shapes
+change every step (padding to the longest sequence) stay inside the same budget
+as the kernel windows (design.md §7: 0.5 % of large steps, 2 % of small ones).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from probe import accounting, flops
+from probe._log import warn_once
+
+#: Amortized budget of the FLOP counts: large steps (>= 100 ms) and small ones.
+BUDGET_LARGE, BUDGET_SMALL, LARGE_STEP_S = 0.005, 0.02, 0.1
+
+
+class FlopSampler:
+    """Opens a counting window on the first training forward of a due step, closes it
+    before the optimizer runs, and publishes ``flops`` messages."""
+
+    def __init__(
+        self,
+        publish: Callable[[dict[str, Any]], None],
+        attention: str,
+        recheck_steps: int,
+        budget: float | None = None,
+    ) -> None:
+        self.policy = flops.CountPolicy(recheck_every=recheck_steps)
+        self.budget = budget  # one budget for all step sizes (FLOWTOP_FLOPS_BUDGET), else the defaults
+        self.attention = attention
+        self._publish = publish
+        self._counter: Any = None
+        self._counted_step: int | None = None
+        self._tokens: dict[tuple[Any, ...], int] = {}  # tokens of the counted step, per signature
+        self._published: tuple[Any, ...] | None = None
+        self.last: Any = None  # the FlopCount in force
+        self.broken = False
+
+    @property
+    def counting(self) -> bool:
+        """Whether a counting window is open now."""
+        return self._counter is not None
+
+    def on_forward(self, tracker: Any, signature: tuple[Any, ...], context: dict[str, Any]) -> bool:
+        """First training forward of a step: re-send a carried count, maybe open a window.
+
+        Returns True when a window was opened (the caller marks the step as sampled)."""
+        if self._counter is not None or self.broken:
+            return False
+        if signature != self._published:
+            carried = self.policy.carried(signature)
+            if carried is not None:
+                self.last = carried
+                self._published = signature
+                self._publish(self._message(carried, tracker, signature, self._tokens.get(signature, 0), context))
+        if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
+            return False
+        self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
+        self._counter.start(in_forward=True)
+        self._counted_step = tracker.step + 1
+        return True
+
+    def finish(self, tracker: Any, context: dict[str, Any], prev_micro_batches: int) -> None:
+        """Close the window before the optimizer runs (or at the boundary, as a fallback)."""
+        counter, self._counter = self._counter, None
+        if counter is None:
+            return
+        result = counter.stop()
+        forwards = tracker.forwards_this_step
+        if result is not None and prev_micro_batches > 0 and forwards > prev_micro_batches:
+            # A step skipped by the GradScaler (inf/NaN gradients) merges two iterations
+            # into one window: throw the count away rather than carry a doubled figure.
+            warn_once("flops-merged", "a FLOP count spanning more forwards than a step was discarded")
+            return
+        signature = tracker.signature
+        self.policy.record(signature, result)
+        if result is None:
+            return
+        self.last = result
+        # Until the counted step's cost is known (charge() needs a steady step after it),
+        # the next step is never counted: that step is the one that measures the cost.
+        self.policy.min_gap = max(self.policy.min_gap, 2)
+        self._published = signature
+        self._tokens[signature] = tracker.tokens
+        self._publish(self._message(result, tracker, signature, tracker.tokens, context))
+
+    def charge(self, extra_s: float, typical_step_s: float | None) -> None:
+        """Space the next new-signature count so the counting cost stays in budget."""
+        if not typical_step_s or typical_step_s <= 0:
+            return
+        budget = self.budget or (BUDGET_LARGE if typical_step_s >= LARGE_STEP_S else BUDGET_SMALL)
+        self.policy.min_gap = max(0, math.ceil(max(0.0, extra_s) / (budget * typical_step_s)))
+
+    def close(self) -> None:
+        """Stop an open window (detach, failure): the dispatch mode must not outlive us."""
+        counter, self._counter = self._counter, None
+        if counter is not None:
+            try:
+                counter.stop()
+            except Exception:
+                pass
+
+    def _message(
+        self, count: Any, tracker: Any, signature: tuple[Any, ...], tokens: int, context: dict[str, Any]
+    ) -> dict[str, Any]:
+        return accounting.flops_message(
+            count,
+            step=self._counted_step or tracker.step + 1,
+            tokens=tokens,
+            root=tracker.root,
+            signature=signature,
+            device=tracker.device,
+            device_name=context["device_name"],
+            flops_per_token=context["flops_per_token"],
+            attention=self.attention,
+        )

@@ -1,0 +1,224 @@
+"""Step detection and sampled counting in awkward training loops (in-process, real torch).
+
+The probe's own publisher is the boundary here: messages are captured from it instead of
+going to a socket, so each test can read exactly what the probe would have sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import probe
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")  # nothing listens
+    out: list[tuple[str, dict[str, Any]]] = []
+    assert probe.attach(job="t")
+    p = probe._current()
+    p.publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    try:
+        yield out
+    finally:
+        probe.detach()
+
+
+def steps(out: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [f for k, f in out if k == "step"]
+
+
+def flops(out: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [f for k, f in out if k == "flops"]
+
+
+def test_scripted_model_disables_the_probe_not_training(captured) -> None:  # type: ignore[no-untyped-def]
+    model = torch.jit.script(nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()  # must not raise, whatever the probe thinks of ScriptModules
+        opt.zero_grad()
+
+
+def test_step_before_any_forward_does_not_stop_detection(captured) -> None:  # type: ignore[no-untyped-def]
+    model = nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters())
+    opt.step()  # what torch.distributed.checkpoint does when it restores an optimizer
+    for _ in range(5):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    got = steps(captured)
+    assert [s["step"] for s in got] == [1, 2, 3, 4, 5, 6]
+    assert probe._current().tracker.root is model
+    assert [s["micro_batches"] for s in got[1:]] == [1] * 5
+
+
+def test_functional_loop_without_modules(captured) -> None:  # type: ignore[no-untyped-def]
+    w = torch.randn(8, 8, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.01)
+    for _ in range(4):
+        (torch.randn(2, 8) @ w).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert [s["step"] for s in steps(captured)] == [1, 2, 3, 4]
+
+
+def test_two_optimizers_are_one_step(captured) -> None:  # type: ignore[no-untyped-def]
+    a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    for _ in range(3):
+        b(a(torch.randn(2, 4))).sum().backward()
+        oa.step()
+        ob.step()
+    assert [s["step"] for s in steps(captured)] == [1, 2, 3]
+
+
+def test_eval_forwards_between_steps_are_not_training(captured) -> None:  # type: ignore[no-untyped-def]
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 6, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(6):
+        model(torch.randint(0, 50, (4, 6))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if i == 3:
+            with torch.no_grad():
+                for _ in range(20):
+                    model(torch.randint(0, 50, (16, 6)))
+    got = steps(captured)
+    assert all(s["micro_batches"] == 1 and s["tokens"] == 24 for s in got[1:])
+    f = flops(captured)
+    assert len(f) == 1 and f[0]["tokens"] == 24  # counted once, on a training step
+
+
+def test_lbfgs_closure_window_is_closed(captured) -> None:  # type: ignore[no-untyped-def]
+    model = nn.Linear(4, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=2)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        return loss
+
+    for _ in range(4):
+        opt.step(closure)
+    p = probe._current()
+    assert not p._flops.counting  # no window left open
+    assert [s["step"] for s in steps(captured)] == [1, 2, 3, 4]
+
+
+def test_detach_closes_an_open_window(captured) -> None:  # type: ignore[no-untyped-def]
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()  # step 1: warm-up, never counted
+    model(torch.randn(2, 4)).sum()  # the forward of step 2 (first steady step) opens a window ...
+    assert probe._current()._flops.counting
+    probe.detach()  # ... and the user detaches mid-step
+    assert _get_current_dispatch_mode_stack() == []
+
+
+@pytest.fixture
+def unbudgeted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting may cost any share of these tiny steps (so every new shape is counted)."""
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "1000")
+
+
+def test_kwargs_only_model_signature_and_recount(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    class KwModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 8)
+            self.out = nn.Linear(8, 50)
+
+        def forward(self, *, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.out(self.emb(input_ids))
+
+    model = KwModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for seq in (8, 8, 8, 16, 16):
+        model(input_ids=torch.randint(0, 50, (2, seq))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    f = flops(captured)
+    # Counted at T=8 (first steady step) and again when T became 16 (the step after a count
+    # is never counted: it measures the count's cost).
+    assert [m["tokens"] for m in f] == [16, 32]
+    assert f[1]["model_flops"] == 2 * f[0]["model_flops"]
+
+
+def test_carried_count_keeps_its_tokens(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for seq in (8, 8, 8, 16, 8):  # the step after a count measures its cost: never counted
+        model(torch.randint(0, 50, (2, seq))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    f = flops(captured)
+    assert [m["tokens"] for m in f] == [16, 32, 16]  # the T=8 count comes back with its tokens
+
+
+def test_shapes_changing_every_step_stay_in_budget(captured) -> None:  # type: ignore[no-untyped-def]
+    model = nn.Sequential(nn.Embedding(50, 32), nn.Linear(32, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(60):
+        model(torch.randint(0, 50, (2, 8 + i))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    counted = len(flops(captured))
+    sampler = probe._current()._flops
+    # After the first count the gap is ceil(extra / (2 % × step)); counting costs far more
+    # than 2 % of these tiny steps, so new shapes wait many steps between counts.
+    assert sampler.policy.min_gap >= 5
+    assert counted <= 1 + 60 // sampler.policy.min_gap + 1
+
+
+def test_scaler_skipped_step_does_not_double_the_count(captured) -> None:  # type: ignore[no-untyped-def]
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(5):
+        model(torch.randn(4, 8)).sum().backward()
+        if i != 1:  # iteration 1 (the first counted one) is skipped, as GradScaler does on inf
+            opt.step()
+        opt.zero_grad()
+    f = flops(captured)
+    one_step = 2 * 4 * 8 * 8 * 3 - 2 * 4 * 8 * 8  # fwd + weight grad (input needs no grad)
+    assert f and all(m["model_flops"] == one_step for m in f)
+
+
+def test_root_is_the_trained_model_not_a_bigger_frozen_one(captured) -> None:  # type: ignore[no-untyped-def]
+    teacher = nn.Linear(64, 64).requires_grad_(False)
+    student = nn.Linear(64, 4)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    for _ in range(3):
+        with torch.no_grad():
+            target = teacher(torch.randn(2, 64))[:, :4]
+        (student(torch.randn(2, 64)) - target).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert probe._current().tracker.root is student
+
+
+def test_cpu_peak_counts_the_ranks_threads(captured) -> None:  # type: ignore[no-untyped-def]
+    from probe import peaks
+
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    f = flops(captured)[0]
+    threads = torch.get_num_threads()
+    assert f["peak_flops"] == pytest.approx(peaks.cpu_peak("fp32", cores=threads).flops)
+    assert f["peak_source"].startswith("estimated")
