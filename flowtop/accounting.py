@@ -2,7 +2,15 @@
 
 Conventions (also in the JSON ``conventions`` block):
 
-* model FLOP/s  = model FLOPs per step ÷ median step wall time;
+* model FLOP/s  = model FLOPs per token of the counted step × the rank's tokens/s, when the
+  count knows its tokens and the rank's tokens/s is known: steps whose batch or sequence
+  shape differs from the counted one are scaled by their tokens (a counted step with twice
+  the tokens of most steps would otherwise double the rate). Otherwise model FLOPs of the
+  counted step ÷ median step wall time. FLOPs per token are taken as constant across shapes
+  (attention's growth with sequence length is not rescaled); executed FLOP/s likewise;
+* a *stalled* rank (no step for a while, though it still talks; see
+  :mod:`flowtop.model`) has FLOP/s, MFU and HFU of 0, with ``mfu_reason`` saying for how
+  long it has made no step: medians of past steps would keep showing full speed;
 * MFU           = model FLOP/s ÷ dense peak of the dtype in use;
 * HFU           = executed FLOP/s ÷ the same peak;
 * job MFU       = Σ model FLOP/s ÷ Σ peaks of the ranks (the same time window),
@@ -16,26 +24,53 @@ from typing import Any, Mapping, Sequence
 from flowtop.snapshot import FlopsView
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
+#: ``mfu_reason`` of a stalled rank (seconds since its last step).
+STALLED_REASON = "no step for {:.0f} s"
 
 
 def rank_flops(
-    msg: Mapping[str, Any] | None, step_time_s: float | None, peak_override: float | None = None
+    msg: Mapping[str, Any] | None,
+    step_time_s: float | None,
+    peak_override: float | None = None,
+    tokens_per_s: float | None = None,
+    stalled_s: float | None = None,
 ) -> FlopsView | None:
-    """Build a rank's :class:`FlopsView` from its latest ``flops`` message."""
+    """Build a rank's :class:`FlopsView` from its latest ``flops`` message.
+
+    Args:
+        msg: The rank's latest ``flops`` message (None: no count yet).
+        step_time_s: Median step wall time of recent steps.
+        peak_override: Dense peak per rank (FLOP/s) that replaces the message's.
+        tokens_per_s: The rank's recent tokens/s; with the count's tokens it gives FLOP/s.
+        stalled_s: Seconds since the rank's last step when it counts as stalled (FLOP/s,
+            MFU and HFU are then 0), else None.
+    """
     if msg is None:
         return None
     model = float(msg["model_flops"])
     executed = float(msg["executed_flops"])
     peak = peak_override if peak_override else msg.get("peak_flops")
     source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
-    fps = model / step_time_s if step_time_s else None
-    efps = executed / step_time_s if step_time_s else None
+    tokens = int(msg.get("tokens", 0))
+    fps: float | None
+    efps: float | None
+    if stalled_s is not None:
+        fps = efps = 0.0
+    elif tokens > 0 and tokens_per_s:
+        # Per token of the counted step × tokens/s: a step of another shape counts by its tokens.
+        fps = model / tokens * tokens_per_s
+        efps = executed / tokens * tokens_per_s
+    elif step_time_s:
+        fps, efps = model / step_time_s, executed / step_time_s
+    else:
+        fps = efps = None
     reason = ""
-    if not peak:
+    if stalled_s is not None:
+        reason = STALLED_REASON.format(stalled_s)
+    elif not peak:
         reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
     elif fps is None:
         reason = "no steady step time yet"
-    tokens = int(msg.get("tokens", 0))
     estimated = msg.get("estimated_flops")
     return FlopsView(
         model_flops_per_step=model,
@@ -44,8 +79,9 @@ def rank_flops(
         estimate_source=msg.get("estimate_source"),
         flops_per_s=fps,
         executed_flops_per_s=efps,
-        mfu=fps / peak if (fps is not None and peak) else None,
-        hfu=efps / peak if (efps is not None and peak) else None,
+        # A stalled rank runs at 0 % of any peak, known or not.
+        mfu=0.0 if stalled_s is not None else (fps / peak if (fps is not None and peak) else None),
+        hfu=0.0 if stalled_s is not None else (efps / peak if (efps is not None and peak) else None),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
         dtype=str(msg.get("dtype", "?")),
@@ -78,6 +114,10 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
     conventions = sorted({v.attention_convention for v in vs})
     tokens_flops = [v.flops_per_token for v in vs if v.flops_per_token]
     reason = "" if peaks else "peak unknown on at least one rank"
+    stalled = [v.mfu_reason for v in vs if _stalled(v)]
+    if stalled and len(stalled) == len(vs):
+        # Every rank stalled: the job makes no step either, for as long as the least-stalled rank.
+        reason = min(stalled, key=lambda r: float(r.split()[3]))
     return FlopsView(
         model_flops_per_step=total("model_flops_per_step"),
         executed_flops_per_step=total("executed_flops_per_step"),
@@ -85,8 +125,8 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         estimate_source=vs[0].estimate_source,
         flops_per_s=fps,
         executed_flops_per_s=efps,
-        mfu=fps / peaks if (fps is not None and peaks) else None,
-        hfu=efps / peaks if (efps is not None and peaks) else None,
+        mfu=fps / peaks if (fps is not None and peaks) else (0.0 if fps == 0.0 and stalled else None),
+        hfu=efps / peaks if (efps is not None and peaks) else (0.0 if efps == 0.0 and stalled else None),
         peak_flops=peaks,
         peak_source="; ".join(sources),
         dtype="/".join(dtypes),
@@ -96,3 +136,9 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
         mfu_reason=reason,
     )
+
+
+def _stalled(v: FlopsView) -> bool:
+    """Whether ``v`` is a stalled rank's view (see :func:`rank_flops`)."""
+    prefix = STALLED_REASON.split("{")[0]
+    return v.flops_per_s == 0.0 and v.mfu_reason.startswith(prefix)

@@ -128,11 +128,14 @@ def make_model(peak_tflops: float | None = None) -> Any:
 
 
 def _collector(args: argparse.Namespace) -> Any:
-    from flowtop.collector import AddressError, Collector
+    from flowtop.collector import AddressError, Collector, check_listen, control_addr_for
     from flowtop.keys import KeyError_, load_server
     from flowtop.recording import Recorder, RecordingError
 
     try:
+        # Everything that can be checked before the recording file is created (and truncated).
+        check_listen(args.listen, args.insecure_bind or bool(args.curve_dir))
+        control_addr_for(args.listen)
         curve = load_server(args.curve_dir) if args.curve_dir else None
         recorder = Recorder(args.record) if args.record else None
         return Collector(
@@ -163,6 +166,19 @@ def _top(args: argparse.Namespace) -> int:
     from flowtop.app import FlowtopApp
 
     FlowtopApp(collector).run()
+    return start_failed(collector)
+
+
+def start_failed(source: Any) -> int:
+    """After the TUI closed: 2 with the reason on stderr if ``source`` never started, else 0.
+
+    The app shows a start failure (a busy port) in the UI and stays up so it can be read;
+    the exit status must still say the monitor did not run.
+    """
+    error = getattr(source, "start_error", "")
+    if error:
+        print(f"flowtop: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import resource
+import sys
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -37,25 +38,54 @@ class AddressError(ValueError):
     """A listen address that cannot or must not be bound."""
 
 
+def parse_tcp(addr: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` → (host, port); an IPv6 host is written ``[::1]`` and returned bare.
+
+    Raises :class:`AddressError` for anything else, including a port outside 1..65535.
+    """
+    parsed = urlparse(addr)
+    try:
+        port = parsed.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        port = None
+    if parsed.scheme != "tcp" or not parsed.hostname or port is None or not 0 < port < 65536:
+        raise AddressError(f"bad address {addr!r}: expected tcp://HOST:PORT (PORT 1-65535, IPv6 as [::1])")
+    return parsed.hostname, port
+
+
+def is_ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 literal (the zmq sockets then need ``zmq.IPV6``)."""
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def tcp_addr(host: str, port: int) -> str:
+    """The zmq address of ``host``:``port``, brackets around an IPv6 literal."""
+    return f"tcp://[{host}]:{port}" if is_ipv6(host) else f"tcp://{host}:{port}"
+
+
 def control_addr_for(listen: str) -> str:
     """Default control address: the data port + 1 on the same interface."""
-    parsed = urlparse(listen)
-    if parsed.scheme != "tcp" or parsed.port is None:
-        raise AddressError(f"expected tcp://HOST:PORT, got {listen!r}")
-    return f"tcp://{parsed.hostname}:{parsed.port + 1}"
+    host, port = parse_tcp(listen)
+    if port >= 65535:
+        raise AddressError(f"bad address {listen!r}: the control channel needs port {port + 1}, above 65535")
+    return tcp_addr(host, port + 1)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names the loopback interface (``localhost``, 127.0.0.0/8, ``::1``)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_listen(listen: str, allow_remote: bool) -> str:
     """Validate a listen address; loopback only unless ``allow_remote``."""
-    parsed = urlparse(listen)
-    if parsed.scheme != "tcp" or not parsed.hostname or parsed.port is None:
-        raise AddressError(f"bad listen address {listen!r}: expected tcp://HOST:PORT")
-    host = parsed.hostname
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
+    host, _ = parse_tcp(listen)
+    if not is_loopback(host) and not allow_remote:
         raise AddressError(
             f"refusing to bind {listen}: only loopback is safe without authentication; "
             "use --curve-dir DIR (keys from 'flowtop keys DIR') or pass --insecure-bind"
@@ -99,9 +129,22 @@ class Collector:
         self._task: asyncio.Task[None] | None = None
         self._auth: Any = None
         self._allow_remote = allow_remote
+        #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
+        self.start_error = ""
 
     async def start(self) -> None:
-        """Bind the sockets (inside the running loop) and start receiving."""
+        """Bind the sockets (inside the running loop) and start receiving.
+
+        Raises :class:`AddressError` when the address cannot be bound; any failure is also
+        kept in :attr:`start_error`.
+        """
+        try:
+            await self._start()
+        except Exception as exc:
+            self.start_error = self.start_error or f"{type(exc).__name__}: {exc}"
+            raise
+
+    async def _start(self) -> None:
         raise_fd_limit()
         ctx = self._ctx = zmq.asyncio.Context()
         from zmq.auth.asyncio import AsyncioAuthenticator
@@ -115,6 +158,7 @@ class Collector:
             self._auth.allow("127.0.0.1", "::1")
         sub = ctx.socket(zmq.SUB)
         self._secure(sub)
+        self._ipv6(sub, self.listen)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         sub.setsockopt(zmq.RCVHWM, 100_000)
@@ -126,9 +170,11 @@ class Collector:
             sub.close(0)
             self._auth.stop()
             ctx.term()
-            raise AddressError(f"cannot bind {self.listen}: {exc} (is another flowtop running?)") from None
+            self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
+            raise AddressError(self.start_error) from None
         pub = ctx.socket(zmq.PUB)
         self._secure(pub)
+        self._ipv6(pub, self.control)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         try:
@@ -144,6 +190,16 @@ class Collector:
             sock.curve_secretkey = self.curve.secret
             sock.curve_publickey = self.curve.public
             sock.curve_server = True
+
+    @staticmethod
+    def _ipv6(sock: Any, addr: str) -> None:
+        # zmq sockets are IPv4-only unless told otherwise; an IPv6 literal would not bind.
+        try:
+            host, _ = parse_tcp(addr)
+        except AddressError:
+            return
+        if is_ipv6(host):
+            sock.setsockopt(zmq.IPV6, 1)
 
     async def _run(self) -> None:
         sub = self._sub
@@ -162,7 +218,10 @@ class Collector:
     def handle_frame(self, frame: bytes, now: float) -> None:
         """Decode one frame and apply it; a bad frame is counted, never raised."""
         if self.recorder is not None:
-            self.recorder.write(now, frame)
+            try:
+                self.recorder.write(now, frame)
+            except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
+                self._stop_recording(exc)
         try:
             msg = wire.decode(frame)
         except wire.WireError as exc:
@@ -172,6 +231,20 @@ class Collector:
             self.model.ingest(msg, now)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
+
+    def _stop_recording(self, exc: Exception) -> None:
+        recorder, self.recorder = self.recorder, None
+        path = getattr(recorder, "path", "?")
+        frames = getattr(recorder, "frames", 0)
+        print(
+            f"flowtop: recording to {path} stopped after {frames} frames: {type(exc).__name__}: {exc}; "
+            "monitoring goes on",
+            file=sys.stderr,
+        )
+        try:
+            recorder.close()
+        except Exception:
+            pass
 
     def snapshot(self) -> MonitorSnapshot:
         """An immutable snapshot of the model now."""

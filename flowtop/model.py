@@ -3,11 +3,20 @@
 Ranks are keyed by (job, host, pid, rank, incarnation) as the wire sends them;
 a job's view shows the newest incarnation of each rank number. Liveness uses the
 monitor's receive clock (``now`` passed in), never the sender's clock.
+
+Rank status: ``done`` (said bye), ``stale`` (silent for max(5 s, 5 median steps)),
+``stalled`` (still talking — the probe's sender thread heartbeats while training is
+stuck, e.g. in a collective — but no step for as long), else ``live``. A stale or
+stalled rank reports tokens/s, FLOP/s, MFU and HFU of 0: the medians of its past steps
+would keep showing full speed. Job status: ``done`` when every rank is, ``running``
+while any rank is live, ``stalled`` while any is stalled, else ``stale``. A job whose
+ranks have all been done or stale for :data:`EVICT_AFTER_S` is dropped.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque
@@ -18,8 +27,15 @@ from probe.wire import Message, RankKey
 
 #: Steps kept per rank for medians, sparklines and step alignment.
 RING = 512
-#: A rank is stale after this many seconds of silence (or 5 median steps, if longer).
+#: A rank is stale after this many seconds of silence (or 5 median steps, if longer),
+#: and stalled after as long without a step.
 STALE_AFTER_S = 5.0
+#: ... the "5 median steps" of that limit.
+STALE_AFTER_STEPS = 5.0
+#: A job whose ranks have all been done or stale (and silent) this long is forgotten.
+EVICT_AFTER_S = 600.0
+
+_log = logging.getLogger("flowtop.model")
 
 
 @dataclass
@@ -71,6 +87,9 @@ class Model:
         self._kernel_aggregator = kernel_aggregator
         self._hint_engine = hint_engine
         self._job_kernels = job_kernels
+        self._hints_failed = False
+        #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
+        self.evicted_jobs = 0
 
     # --- ingest ---------------------------------------------------------------------
 
@@ -105,8 +124,8 @@ class Model:
             st.push_series("tensor_active", dev.get("tensor_active"))
             st.push_series("power_w", dev.get("power_w"))
             st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
-            mfu = self._rank_flops(st).mfu if st.flops else None
-            st.push_series("mfu", mfu)
+            flops = self._rank_flops(st, now)
+            st.push_series("mfu", flops.mfu if flops is not None else None)
         elif msg.kind == "kernels":
             if self._kernel_aggregator is not None:
                 self._kernel_aggregator(st, dict(f))
@@ -128,22 +147,27 @@ class Model:
 
     # --- snapshot -------------------------------------------------------------------
 
-    def _rank_flops(self, st: RankState) -> Any:
-        return accounting.rank_flops(st.flops, _median_step(st), self.peak_override_flops)
+    def _rank_flops(self, st: RankState, now: float) -> Any:
+        med = _median_step(st)
+        stalled = _stalled_for(st, now, med)
+        return accounting.rank_flops(
+            st.flops, med, self.peak_override_flops, _tokens_per_s(st, med, stalled), stalled
+        )
 
     def _rank_snapshot(self, st: RankState, now: float) -> RankSnapshot:
         med = _median_step(st)
         recent = list(st.steps)[-32:]
         tokens_per_step = recent[-1][2] if recent else 0
-        tokens_per_s = None
-        if recent and med and tokens_per_step:
-            tokens_per_s = statistics.median(r[2] for r in recent) / med
+        stalled = _stalled_for(st, now, med)
+        tokens_per_s = _tokens_per_s(st, med, stalled)
         waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
         age = now - st.last_recv
         if st.bye is not None:
             status = "done"
-        elif age > max(STALE_AFTER_S, 5 * (med or 0.0)):
+        elif age > _limit(med):
             status = "stale"
+        elif stalled is not None:
+            status = "stalled"  # heartbeats, but no step: hung (in a collective, I/O, a deadlock)
         else:
             status = "live"
         overhead = None
@@ -187,7 +211,7 @@ class Model:
             lost_messages=st.lost,
             dropped_messages=st.drops,
             probe_overhead_frac=overhead,
-            flops=self._rank_flops(st) if st.flops else None,
+            flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s, stalled),
             telemetry=tel,
             kernels=st.kernels,
             # The accumulator is mutable: hand the UI an immutable copy of its rows.
@@ -198,6 +222,7 @@ class Model:
 
     def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:
         """An immutable view of everything, at monitor time ``now``."""
+        self._evict(now)
         newest: dict[tuple[str, int], RankState] = {}
         for st in self.ranks.values():
             k = (st.key.job, st.key.rank)
@@ -226,12 +251,14 @@ class Model:
             status = "done"
         elif any(r.status == "live" for r in ranks):
             status = "running"
+        elif any(r.status == "stalled" for r in ranks):
+            status = "stalled"
         else:
             status = "stale"
         # While running, ranks that finished no longer add throughput; once the job is
-        # done, the totals describe its last steady state.
+        # done, the totals describe its last steady state. Stalled and stale ranks add 0.
         counted = [r for r in ranks if r.status != "done" or status == "done"]
-        tps = [r.tokens_per_s for r in counted if r.tokens_per_s]
+        tps = [r.tokens_per_s for r in counted if r.tokens_per_s is not None]
         merged = None
         if self._job_kernels is not None:
             tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
@@ -250,8 +277,64 @@ class Model:
         if self._hint_engine is not None:
             from dataclasses import replace
 
-            snap = replace(snap, hints=tuple(self._hint_engine.evaluate(snap, now)))
+            try:
+                hints = tuple(self._hint_engine.evaluate(snap, now))
+            except Exception:  # a hints bug must not cost the user every snapshot
+                if not self._hints_failed:
+                    self._hints_failed = True
+                    _log.exception("hint engine failed; snapshots go on without hints")
+            else:
+                snap = replace(snap, hints=hints)
         return snap
+
+    def _evict(self, now: float) -> None:
+        """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
+        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
+        for st in self.ranks.values():
+            by_job[st.key.job].append(st)
+        for states in by_job.values():
+            gone = [st for st in states if _gone(st, now)]
+            if len(gone) == len(states):
+                self.evicted_jobs += 1
+            else:
+                # Only old incarnations the view no longer shows (a newer one of the rank exists).
+                newest: dict[int, int] = {}
+                for st in states:
+                    newest[st.key.rank] = max(newest.get(st.key.rank, st.key.inc), st.key.inc)
+                gone = [st for st in gone if st.key.inc < newest[st.key.rank]]
+            for st in gone:
+                del self.ranks[st.key]
+
+
+def _limit(med: float | None) -> float:
+    """Seconds of silence (or without a step) after which a rank is stale (or stalled)."""
+    return max(STALE_AFTER_S, STALE_AFTER_STEPS * (med or 0.0))
+
+
+def _stalled_for(st: RankState, now: float, med: float | None) -> float | None:
+    """Seconds since the rank's last step (monitor clock) when beyond the limit, else None.
+
+    A finished rank is never stalled; a rank with no step yet (warming up) neither.
+    """
+    if st.bye is not None or not st.steps:
+        return None
+    since = now - st.steps[-1][4]
+    return since if since > _limit(med) else None
+
+
+def _tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> float | None:
+    """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
+    if stalled is not None:
+        return 0.0
+    recent = list(st.steps)[-32:]
+    if recent and med and recent[-1][2]:
+        return statistics.median(r[2] for r in recent) / med
+    return None
+
+
+def _gone(st: RankState, now: float) -> bool:
+    """Done or stale, and silent for at least EVICT_AFTER_S."""
+    return now - st.last_recv > max(EVICT_AFTER_S, _limit(_median_step(st)))
 
 
 def _median_step(st: RankState) -> float | None:

@@ -1,4 +1,13 @@
-"""``flowtop run -- CMD``: run a command with the probe injected through sitecustomize."""
+"""``flowtop run -- CMD``: run a command with the probe injected through sitecustomize.
+
+Signals, the way a shell treats its foreground job: SIGINT and SIGQUIT (Ctrl-C,
+Ctrl-\\) reach the whole foreground process group from the terminal, CMD included,
+so ``flowtop run`` ignores them while CMD runs instead of forwarding a second copy;
+SIGHUP (the terminal closed) also reaches the whole group, so it is ignored too and
+``flowtop run`` returns CMD's status once CMD has reacted. SIGTERM, which is sent to
+one process, is forwarded to CMD. To interrupt CMD from a script, signal the process
+group (``kill -INT -PGID``) or send SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +21,28 @@ from typing import Mapping
 import probe.wire as wire
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "probe" / "bootstrap"
+#: Signals the terminal delivers to the whole foreground group: CMD gets them itself.
+GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+#: Signals sent to ``flowtop run`` alone: passed on to CMD.
+FORWARDED_SIGNALS = (signal.SIGTERM,)
 
 
 def probe_env(
     base: Mapping[str, str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None
 ) -> dict[str, str]:
-    """The environment CMD runs in: bootstrap first on PYTHONPATH, probe importable."""
+    """The environment CMD runs in.
+
+    PYTHONPATH becomes: the bootstrap directory (its ``sitecustomize`` must come first),
+    the user's PYTHONPATH, then the directory holding the ``probe`` package (site-packages,
+    or the source tree of an editable install) — last, so that a child interpreter that
+    lacks ``probe`` can still import it but it never shadows the user's own modules.
+    """
     env = dict(base)
     package_root = str(BOOTSTRAP_DIR.parent.parent)
-    parts = [str(BOOTSTRAP_DIR), package_root]
+    parts = [str(BOOTSTRAP_DIR)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
+    parts.append(package_root)
     env["PYTHONPATH"] = os.pathsep.join(parts)
     if connect:
         env["FLOWTOP_ADDR"] = connect
@@ -35,7 +55,7 @@ def probe_env(
 
 
 def run(cmd: list[str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None) -> int:
-    """Run ``cmd`` to completion; forward SIGINT/SIGTERM/SIGHUP; return its exit code."""
+    """Run ``cmd`` to completion and return its exit code (signals: see the module docstring)."""
     if not cmd:
         print("flowtop run: no command given (usage: flowtop run [--connect ADDR] -- CMD ARGS...)", file=sys.stderr)
         return 2
@@ -51,7 +71,9 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
         except ProcessLookupError:
             pass
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # Installed only now: a signal ignored before the fork would stay ignored in CMD.
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in GROUP_SIGNALS}
+    previous.update({s: signal.signal(s, forward) for s in FORWARDED_SIGNALS})
     try:
         code = child.wait()
     finally:

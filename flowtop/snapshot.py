@@ -18,6 +18,10 @@ SCHEMA = "flowtop.snapshot/1.0"
 #: Conventions printed beside every FLOP figure.
 MODEL_FLOPS_NOTE = "model FLOPs: forward + backward as the math requires (attention backward = 2x forward), no recomputation"
 EXECUTED_FLOPS_NOTE = "executed FLOPs: what ran, incl. activation-checkpoint recompute and flash-attention backward (2.5x forward)"
+FLOPS_PER_S_NOTE = (
+    "FLOP/s: FLOPs per token of the counted step x tokens/s (else FLOPs per step / median step time); "
+    "0 while a rank is stalled or stale"
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class FlopsView:
     flops_per_token: float | None  # model FLOPs per token
     uncounted_ops: Mapping[str, int] = field(default_factory=dict)
     counted_at_step: int | None = None
-    mfu_reason: str = ""  # why mfu is None, when it is
+    mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
 
     @property
     def estimate_ratio(self) -> float | None:
@@ -86,12 +90,12 @@ class RankSnapshot:
     local_rank: int
     incarnation: int
     device: str
-    status: str  # "live" | "stale" | "done"
+    status: str  # "live" | "stalled" (talks, no step) | "stale" (silent) | "done"
     step: int
     step_time_s: float | None  # median wall time of recent steps
     device_time_s: float | None  # latest device (CUDA event) time of a step
     tokens_per_step: int
-    tokens_per_s: float | None
+    tokens_per_s: float | None  # 0 while stalled or stale
     input_wait_frac: float | None  # share of the step spent waiting for input
     age_s: float  # seconds since the monitor last heard from this rank
     lost_messages: int  # gaps in sequence numbers
@@ -130,7 +134,7 @@ class JobSnapshot:
     step_time_s: float | None  # slowest rank's median step time
     tokens_per_s: float | None  # sum over ranks
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
-    status: str  # "running" | "done" | "stale"
+    status: str  # "running" | "stalled" | "stale" | "done"
     hints: tuple[Hint, ...] = ()
     kernels_merged: Any = None  # flowtop.kernels.aggregate.JobKernelStats
 
@@ -226,7 +230,11 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "schema": SCHEMA,
             "taken_at": snap.taken_at,
             "listen": snap.listen,
-            "conventions": {"model_flops": MODEL_FLOPS_NOTE, "executed_flops": EXECUTED_FLOPS_NOTE},
+            "conventions": {
+                "model_flops": MODEL_FLOPS_NOTE,
+                "executed_flops": EXECUTED_FLOPS_NOTE,
+                "flops_per_s": FLOPS_PER_S_NOTE,
+            },
             "received": snap.received,
             "rejected": snap.rejected,
             "rejected_reasons": dict(snap.rejected_reasons),

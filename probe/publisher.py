@@ -144,6 +144,8 @@ class Publisher:
             sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
             _apply_curve(sock, curve)
+            if "[" in self.addr:  # an IPv6 literal such as tcp://[::1]:5759
+                sock.setsockopt(zmq.IPV6, 1)
             link = _Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
             if self.control_addr:
@@ -152,6 +154,8 @@ class Publisher:
                 ctl.setsockopt(zmq.MAXMSGSIZE, 4096)
                 ctl.setsockopt(zmq.SUBSCRIBE, b"")
                 _apply_curve(ctl, curve)
+                if "[" in self.control_addr:
+                    ctl.setsockopt(zmq.IPV6, 1)
                 ctl.connect(self.control_addr)
             self._loop(zmq, sock, ctl, link)
         except Exception as exc:  # the probe never takes training down

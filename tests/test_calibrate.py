@@ -94,10 +94,12 @@ def test_env_for_the_probe() -> None:
     assert (env["FLOWTOP_NVTX"], env["FLOWTOP_CALIBRATE_OUT"], env["FLOWTOP_CALIBRATE_STEPS"]) == (
         "1", "/tmp/out.jsonl", "5,6,7")
     assert env["PATH"] == "/bin"
-    # the probe is injected like `flowtop run` does: its bootstrap first, the user's path kept
-    bootstrap, *_, user = env["PYTHONPATH"].split(os.pathsep)
+    # the probe is injected like `flowtop run` does: its bootstrap first, the user's path next,
+    # the probe's package root last
+    bootstrap, user, root = env["PYTHONPATH"].split(os.pathsep)
     assert bootstrap == str(Path(cal.__file__).resolve().parent.parent / "probe" / "bootstrap")
     assert user == "/mine"
+    assert root == str(Path(cal.__file__).resolve().parent.parent)
 
 
 def test_no_ncu_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

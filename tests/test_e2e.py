@@ -64,6 +64,7 @@ def test_demo_headless_prints_both_ranks() -> None:
         assert r["executed_flops_per_step"] >= r["flops_per_step"] > 0
         # The demo GPT (d=128, L=2, T=128, batch 8): counted and 6N+12LdT agree closely.
         assert 0.97 < r["estimate_ratio"] < 1.03
-        assert r["flops_per_s"] == pytest.approx(r["flops_per_step"] / r["step_time_s"])
+        # FLOP/s = counted FLOPs per token × tokens/s (README "FLOP conventions").
+        assert r["flops_per_s"] == pytest.approx(r["flops_per_token"] * r["tokens_per_s"])
     assert job["flops_per_s"] == pytest.approx(sum(r["flops_per_s"] for r in ranks))
     assert job["mfu"] == pytest.approx(job["flops_per_s"] / sum(r["peak_flops"] for r in ranks))

@@ -190,7 +190,10 @@ def test_stopped_rank_triggers_hang_then_clears() -> None:
             (hint,) = hints_of(snap, "hang_all")
             assert hint.evidence["silent_ranks"] == [1]
             assert "nothing heard from rank 1 for" in hint.summary
-            assert {r.rank: r.status for r in the_job(snap).ranks} == {0: "live", 1: "stale"}
+            status = {r.rank: r.status for r in the_job(snap).ranks}
+            # Rank 0 still sends heartbeats: "live", then "stalled" once it has made no step for
+            # max(5 median steps, 5 s) — about when rank 1's silence makes it "stale".
+            assert status[0] in ("live", "stalled") and status[1] == "stale"
             assert {r.rank: r.step for r in the_job(snap).ranks} == stopped_at
             psutil.Process(pid).resume()  # SIGCONT: training goes on and the hint clears
             snap = monitor.wait_for(lambda s: not hints_of(s, "hang_all")

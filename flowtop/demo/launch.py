@@ -16,6 +16,9 @@ from typing import Any
 
 from probe import wire
 
+#: After the training exits, how long to wait for its ranks' last (bye) messages.
+BYE_GRACE_S = 3.0
+
 
 def free_port_pair() -> int:
     """A loopback port p such that p and p+1 were both free just now."""
@@ -51,13 +54,24 @@ class DemoSource:
         self.env = env
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
+        self._error = ""
+
+    @property
+    def start_error(self) -> str:
+        """Why :meth:`start` failed ("" until it does)."""
+        return self._error or getattr(self.collector, "start_error", "")
 
     async def start(self) -> None:
         """Bind the monitor first, then start the training."""
         await self.collector.start()
         # The training's output goes to a log file: it would tear the TUI or the JSON.
-        with open(self.log_path, "wb") as log:
-            self.proc = await asyncio.create_subprocess_exec(*self.cmd, env=self.env, stdout=log, stderr=log)
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = await asyncio.create_subprocess_exec(*self.cmd, env=self.env, stdout=log, stderr=log)
+        except OSError as exc:
+            self._error = f"cannot start the demo training: {exc}"
+            await self.collector.stop()  # the app never calls stop() on a source that did not start
+            raise
 
     def snapshot(self) -> Any:
         """The collector's snapshot."""
@@ -85,7 +99,9 @@ async def _headless(source: DemoSource, timeout_s: float) -> tuple[Any, int]:
     code = -1
     try:
         code = await asyncio.wait_for(source.proc.wait(), timeout_s)
-        # Give the last bye messages a moment to arrive.
+        # Give the last bye messages a moment to arrive — only a moment: a training that
+        # failed before any rank reported will never send one.
+        deadline = min(deadline, time.monotonic() + BYE_GRACE_S)
         while time.monotonic() < deadline:
             snap = source.snapshot()
             ranks = [r for j in snap.jobs for r in j.ranks]
@@ -104,16 +120,21 @@ def main(args: argparse.Namespace) -> int:
     import os
 
     from flowtop import runner
-    from flowtop.cli import make_model
-    from flowtop.collector import Collector
+    from flowtop.cli import make_model, start_failed
+    from flowtop.collector import AddressError, Collector, is_loopback, parse_tcp
 
-    port = free_port_pair()
-    listen = args.listen or f"tcp://127.0.0.1:{port}"
+    listen = args.listen or f"tcp://127.0.0.1:{free_port_pair()}"
+    try:
+        if not is_loopback(parse_tcp(listen)[0]):  # the demo has no authentication to offer
+            raise AddressError(f"refusing to bind {listen}: the demo listens on a loopback address only")
+        collector = Collector(make_model(), listen)
+    except AddressError as exc:
+        print(f"flowtop demo: {exc}", file=sys.stderr)
+        return 2
     steps = args.steps or (20 if args.headless else 2000)
     env = runner.probe_env(os.environ, connect=listen)
     # Kernel windows often on the demo so the drill-down fills quickly.
     env.setdefault("FLOWTOP_DEMO", "1")
-    collector = Collector(make_model(), listen)
     import tempfile
 
     log_path = os.path.join(tempfile.gettempdir(), f"flowtop-demo-{os.getpid()}.log")
@@ -121,7 +142,11 @@ def main(args: argparse.Namespace) -> int:
     if args.headless:
         from flowtop.snapshot import to_json
 
-        snap, code = asyncio.run(_headless(source, timeout_s=60.0 + steps * 2.0))
+        try:
+            snap, code = asyncio.run(_headless(source, timeout_s=60.0 + steps * 2.0))
+        except AddressError as exc:  # the port is taken
+            print(f"flowtop demo: {exc}", file=sys.stderr)
+            return 2
         print(json.dumps(to_json(snap, with_kernels=False), indent=2))
         if code != 0:
             with open(log_path, encoding="utf-8", errors="replace") as fh:
@@ -131,4 +156,4 @@ def main(args: argparse.Namespace) -> int:
     from flowtop.app import FlowtopApp
 
     FlowtopApp(source).run()
-    return 0
+    return start_failed(source)

@@ -59,6 +59,9 @@ def util_vs_mfu(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
     """Per rank: MFU in percent while NVML's GPU-Util reads high."""
     out: dict[str, Measurement | None] = {}
     for r in _live(job):
+        if r.status != "live":  # a stalled or silent rank has MFU 0 by definition: the hang hints speak
+            out[rank_target(r)] = None
+            continue
         util = telemetry_number(r, "gpu_util")  # NVML percent
         mfu = r.flops.mfu if r.flops is not None else None
         if util is None or not finite(mfu):

@@ -22,7 +22,7 @@ def find_job(snap: MonitorSnapshot | None, job: str | None) -> JobSnapshot | Non
     return next((j for j in snap.jobs if j.job == job), None)
 
 
-_STATUS_RANK = {"live": 0, "stale": 1, "done": 2}
+_STATUS_RANK = {"live": 0, "stalled": 1, "stale": 2, "done": 3}
 
 
 def pick_rank(job: JobSnapshot | None, rank: int) -> RankSnapshot | None:
@@ -36,7 +36,7 @@ def pick_rank(job: JobSnapshot | None, rank: int) -> RankSnapshot | None:
     found = [r for r in job.ranks if r.rank == rank]
     if not found:
         return None
-    return min(found, key=lambda r: (_STATUS_RANK.get(r.status, 3), -r.incarnation, r.age_s))
+    return min(found, key=lambda r: (_STATUS_RANK.get(r.status, 4), -r.incarnation, r.age_s))
 
 
 class SnapshotScreen(Screen[None]):

@@ -49,6 +49,7 @@ STATUS_STYLE: Mapping[str, str] = {
     "live": "green",
     "running": "green",
     "stale": "bold red",
+    "stalled": "bold yellow",
     "done": "dim",
 }
 
