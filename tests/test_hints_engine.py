@@ -271,3 +271,10 @@ def test_hang_floor_from_the_environment(monkeypatch: pytest.MonkeyPatch, caplog
     rules = {r.id: r for r in engine.rules}
     assert rules["hang_all"].params["floor_s"] == 5.0 and rules["hang_rank"].params["floor_s"] == 1.0
     assert rules["hang_all"].params["factor"] == 3.0 and rules["hang_rank"].params["factor"] == 3.0
+
+
+def test_uneven_kernel_waits_for_several_windows_per_rank() -> None:
+    snap = b_uneven(30.0, 0.0)
+    few = dataclasses.replace(snap, kernels_merged=dataclasses.replace(snap.kernels_merged, min_windows=2))
+    assert not [h for h in HintEngine().evaluate(few, 0.0) if h.id == "uneven_kernel"]
+    assert [h for h in HintEngine().evaluate(snap, 0.0) if h.id == "uneven_kernel"]

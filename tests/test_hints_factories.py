@@ -189,7 +189,9 @@ def b_uneven(v: float, now: float) -> JobSnapshot:
     d = _spread_to_ratio(v)
     w0 = kwin([(GEMM_H, 10, 1000.0), (ADD, 10, 500.0)])
     w1 = kwin([(GEMM_H, 10, 1000.0 * (1 + d)), (ADD, 10, 500.0)])
-    return job(rank(0, kernels=w0), rank(1, kernels=w1), merged=merge_ranks({0: w0, 1: w1}))
+    # As merged from the ranks' cumulative tables after three windows each.
+    merged = dataclasses.replace(merge_ranks({0: w0, 1: w1}), min_windows=3)
+    return job(rank(0, kernels=w0), rank(1, kernels=w1), merged=merged)
 
 
 def b_throttle(v: float, now: float) -> JobSnapshot:

@@ -224,6 +224,9 @@ def optimizer_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
 
 def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per kernel (ranks merged): (max − min) ÷ mean of its time across ranks."""
+    # One window per rank is one moment per rank, taken at different steps: wait for a few.
+    if getattr(job.kernels_merged, "min_windows", 0) < int(rule.params["min_windows"]):
+        return {}
     rows = facts.uneven_rows(job.kernels_merged)[: int(rule.params["max_rows"])]
     out: dict[str, Measurement | None] = {}
     for k in rows:

@@ -283,9 +283,10 @@ RULES: tuple[Rule, ...] = (
         "rank (bucket/pack batches), MoE routing imbalance, or a slower GPU on that rank "
         "(clocks, throttling).",
         gates=(Gate("step_share_pct", ">=", 1.0, 0.5),),
-        params={"max_rows": 50},
-        doc="(max − min) ÷ mean of the kernel's time across the ranks' windows; gate: max − min as "
-        "a share of the mean step; the max_rows most uneven kernels (µs) are examined",
+        params={"max_rows": 50, "min_windows": 3},
+        doc="(max − min) ÷ mean of the kernel's mean time per window across the ranks (at least "
+        "min_windows windows each); gate: max − min as a share of the mean step; the max_rows most "
+        "uneven kernels (µs) are examined",
     ),
     Rule(
         id="throttling",

@@ -22,6 +22,8 @@ Definitions (the UI and ``flowtop analyze`` show these numbers; see also design.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -305,6 +307,8 @@ class JobKernelStats:
     ranks: tuple[int, ...]
     mean_step_us: float
     kernels: tuple[RankSpread, ...]
+    #: Fewest windows behind any rank's figures (1 for a single-window merge).
+    min_windows: int = 1
 
 
 def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
@@ -326,7 +330,9 @@ def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStat
             continue
         steps[r] = t.step_us / t.windows
         rows[r] = [(c.name, c.short, c.category, c.cum_us / t.windows) for c in t.rows()]
-    return _merge(steps, rows)
+    merged = _merge(steps, rows)
+    counts = [t.windows for t in tables.values() if t.windows > 0]
+    return dataclasses.replace(merged, min_windows=min(counts) if counts else 0)
 
 
 def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, str, str, float]]]) -> JobKernelStats:
