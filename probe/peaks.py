@@ -244,7 +244,7 @@ def cpu_peak(
         clock, clock_note = 2000.0, " (clock unknown: 2.0 GHz assumed)"
     per_cycle, isa = _flops_per_cycle(_cpu_flags(info), want)
     flops = n_cores * clock * 1e6 * per_cycle
-    source = (f"estimated: {n_cores} cores × {clock / 1000:.2f} GHz{clock_note} × "
+    source = (f"estimated: {n_cores} core{'' if n_cores == 1 else 's'} × {clock / 1000:.2f} GHz{clock_note} × "
               f"{per_cycle} FLOPs/cycle ({isa})")
     return Peak(flops, source, want)
 
