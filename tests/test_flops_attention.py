@@ -15,17 +15,11 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from probe.flops import FlopCount, StepFlopCounter
+from flop_helpers import count  # noqa: E402  (tests/ is on sys.path via conftest)
 
 aten = torch.ops.aten
 
 
-def count(fn, **kw) -> FlopCount:
-    counter = StepFlopCounter(**kw)
-    counter.start()
-    fn()
-    result = counter.stop()
-    assert result is not None
-    return result
 
 
 class Block(nn.Module):

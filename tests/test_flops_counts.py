@@ -12,15 +12,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from probe import flops as flops_mod
 from probe.flops import FlopCount, StepFlopCounter, dtype_label
 from probe.flops_formulas import is_heavy_op_name
+from flop_helpers import count  # noqa: E402  (tests/ is on sys.path via conftest)
 
 
-def count(fn, **kw) -> FlopCount:
-    counter = StepFlopCounter(**kw)
-    counter.start()
-    fn()
-    result = counter.stop()
-    assert result is not None
-    return result
 
 
 def test_mlp_exact_and_matches_torch_flop_counter() -> None:
