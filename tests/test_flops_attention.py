@@ -14,7 +14,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from probe.flops import FlopCount, StepFlopCounter
 from flop_helpers import count  # noqa: E402  (tests/ is on sys.path via conftest)
 
 aten = torch.ops.aten
