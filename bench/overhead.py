@@ -38,14 +38,11 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _window_interval() -> int:
-    """The kernel-window spacing the scheduler would choose (its minimum if unknown)."""
-    try:
-        from probe import kernels
+def _window_interval(extra_s: float, typical_s: float) -> int:
+    """The spacing the probe's scheduler picks for windows costing ``extra_s`` each."""
+    from probe.kernel_schedule import WindowScheduler
 
-        return int(getattr(kernels, "DEFAULT_MIN_INTERVAL_STEPS", 10))
-    except Exception:
-        return 10
+    return WindowScheduler().record(0, 0.0, extra_s, typical_s)
 
 
 def main() -> int:
@@ -132,7 +129,7 @@ def main() -> int:
     recheck = ProbeConfig().recheck_steps
     count_extra = (statistics.median(sampled["flops"]) - off) if sampled["flops"] else 0.0
     window_extra = (statistics.median(sampled["kernels"]) - off) if sampled["kernels"] else 0.0
-    window_interval = _window_interval()
+    window_interval = _window_interval(window_extra, off)
     amortized = (on - off) + count_extra / recheck + window_extra / window_interval
     flops = next((r for r in ranks if r.get("flops_per_step") is not None), None)
     print(
