@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -112,7 +111,7 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage or help
         return int(exc.code or 0)
-    if args.step_ms is not None and not args.step_ms > 0:
+    if args.step_ms is not None and not 0 < args.step_ms < float("inf"):
         print("flowtop analyze: --step-ms must be a positive number", file=sys.stderr)
         return 2
     if args.top is not None and args.top < 0:

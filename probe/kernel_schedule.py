@@ -20,6 +20,10 @@ class WindowScheduler:
     steps pay a far larger relative profiler overhead).  A window is also due after
     ``max_interval_s`` of wall time (at least ``min_interval_steps`` steps), so tables stay fresh
     on slow jobs; :meth:`request_now` makes the next step a window whatever the interval.
+
+    With ``align_steps`` (the default) a due window waits for the next step index that is a
+    multiple of the interval rounded up to a power of two, so every rank of a synchronous job
+    profiles the same steps (a window on one rank would otherwise stall all of them).
     """
 
     def __init__(
@@ -31,6 +35,7 @@ class WindowScheduler:
         min_interval_steps: int = 10,
         max_interval_steps: int = 10_000,
         max_interval_s: float = 600.0,
+        align_steps: bool = True,
     ) -> None:
         self.budget_large = budget_large
         self.budget_small = budget_small
@@ -38,6 +43,7 @@ class WindowScheduler:
         self.min_interval_steps = min_interval_steps
         self.max_interval_steps = max_interval_steps
         self.max_interval_s = max_interval_s
+        self.align_steps = align_steps
         self.interval_steps = min_interval_steps
         self.requested = False
         self._anchor_step: int | None = None  # the last window's step (or the first step seen)
@@ -57,7 +63,15 @@ class WindowScheduler:
         since = step - self._anchor_step
         if since < self.min_interval_steps:
             return False
-        return since >= self.interval_steps or now_s - self._anchor_s >= self.max_interval_s
+        wall_due = now_s - self._anchor_s >= self.max_interval_s
+        if self.align_steps:
+            # In synchronous training one rank's profiled step stalls every rank at the next
+            # collective: windows must fall on the *same* steps everywhere. Periods are powers
+            # of two of the step index, so ranks that chose different intervals still meet.
+            if step % _pow2_at_least(self.interval_steps) == 0:
+                return True
+            return wall_due and step % _pow2_at_least(self.min_interval_steps) == 0
+        return since >= self.interval_steps or wall_due
 
     def budget(self, typical_step_s: float) -> float:
         """The amortised-cost budget for steps of this length."""
@@ -74,3 +88,8 @@ class WindowScheduler:
             steps = math.ceil(max(0.0, cost_s) / (self.budget(typical_step_s) * typical_step_s) - 1e-9)
         self.interval_steps = max(self.min_interval_steps, min(self.max_interval_steps, steps))
         return self.interval_steps
+
+
+def _pow2_at_least(n: int) -> int:
+    """The smallest power of two ≥ ``n`` (1 for n ≤ 1)."""
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))

@@ -229,7 +229,14 @@ class KernelWindowSampler:
                 return None  # boundaries out of order: not one whole step
             results = prof.profiler.kineto_results
             t_conv = time.perf_counter()
-            window = records_from_kineto(results.events(), results.trace_start_ns())
+            events = results.events()
+            if len(events) > self._max_events:
+                # A window that ran through an evaluation or a checkpoint: too big to be one
+                # step's table. Drop it before paying for the conversion on the training thread.
+                self.scheduler.record(step, time.monotonic(), time.perf_counter() - self._begin_s, typical_step_s)
+                warn_once("kernels-large", f"kernel window of {len(events)} records dropped (too large to send)")
+                return None
+            window = records_from_kineto(events, results.trace_start_ns())
             done = time.perf_counter()
             typical = typical_step_s if typical_step_s is not None else self.typical_step_s
             cost = (done - self._begin_s) - typical if typical else done - t_end

@@ -188,6 +188,10 @@ class Probe:
         self._started = True
         self._context["device_name"] = self._device_name()
         self.publisher.hello_fields = self._hello(self._context["device_name"])
+        if self._kernels is not None:
+            # Record device activity only if this rank trains on a GPU (a CPU rank on a GPU
+            # host would otherwise send empty "cuda" windows).
+            self._kernels._cuda = self._on_cuda()
         if self.cfg.telemetry:
             self._setup_telemetry()
 

@@ -278,3 +278,20 @@ def test_uneven_kernel_waits_for_several_windows_per_rank() -> None:
     few = dataclasses.replace(snap, kernels_merged=dataclasses.replace(snap.kernels_merged, min_windows=2))
     assert not [h for h in HintEngine().evaluate(few, 0.0) if h.id == "uneven_kernel"]
     assert [h for h in HintEngine().evaluate(snap, 0.0) if h.id == "uneven_kernel"]
+
+
+def test_kernel_hints_use_the_unprofiled_step() -> None:
+    # The H200 fixture: busy 890.8 µs of a 12,995 µs profiled span (6.9 %); the real step was
+    # 6.8 ms (design.md §5), so the device was busy 13.1 % of it — the figure the hint must use.
+    from pathlib import Path
+
+    from flowtop.hints.facts import kernel_facts
+    from flowtop.kernels.aggregate import aggregate
+    from flowtop.kernels.trace import load_trace
+
+    window = load_trace(Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz")
+    profiled = kernel_facts(aggregate(window))
+    real = kernel_facts(aggregate(dataclasses.replace(window, typical_step_us=6800.0)))
+    assert profiled.step_us == pytest.approx(window.step_dur_us)
+    assert real.step_us == 6800.0
+    assert 100 * real.busy_us / real.step_us == pytest.approx(13.1, abs=0.05)

@@ -72,11 +72,14 @@ def kernel_facts(stats: Any) -> KernelFacts | None:
 def _adapt_window(stats: Any) -> KernelFacts:
     """Adapter: ``flowtop.kernels.aggregate.KernelWindowStats`` -> :class:`KernelFacts`."""
     a = stats.anatomy
+    # The profiler stretches host time (design.md §7), not device time: shares of the step
+    # are taken against the unprofiled step when the probe measured one.
+    step_us = float(getattr(a, "typical_step_us", None) or stats.step_us)
     return KernelFacts(
         device=str(stats.device),
         steps=1,  # a window is one profiled step
-        step_us=float(stats.step_us),
-        busy_us=float(a.busy_us),
+        step_us=step_us,
+        busy_us=min(float(a.busy_us), step_us),
         comm_us=float(a.comm_us),
         comm_overlap_us=float(a.comm_overlap_us),
         launches=a.launches,

@@ -212,7 +212,7 @@ def build_window(
             stack.pop()
         parent[i] = stack[-1] if stack else -1
         stack.append(i)
-    below_formula = [False] * n  # some descendant has a formula: a composite above it must not count
+    below_formula = [False] * n  # some descendant has a formula: an operator above it must not count
     for i, o in enumerate(ops):
         if o.name in FORMULA_OPS:
             p = parent[i]
@@ -220,7 +220,9 @@ def build_window(
                 below_formula[p] = True
                 p = parent[p]
 
-    counts = [o.name in FORMULA_OPS or (o.name in COMPOSITE_OPS and not below_formula[i]) for i, o in enumerate(ops)]
+    # Only the innermost operator with a formula counts: aten::convolution over
+    # aten::_convolution (both with formulas) must not count the same work twice.
+    counts = [(o.name in FORMULA_OPS or o.name in COMPOSITE_OPS) and not below_formula[i] for i, o in enumerate(ops)]
     # The innermost counting operator enclosing each call (itself included), -1 when none; a
     # parent sorts before its children, so one pass suffices (hostile nesting stays linear).
     counting = [-1] * n

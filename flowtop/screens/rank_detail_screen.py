@@ -62,7 +62,8 @@ def throttle_text(r: RankSnapshot | None) -> Text:
     tel = r.telemetry if r else None
     reasons = tm.throttle_reasons(tel)
     clock, clock_max = tm.number(tel, tm.SM_CLOCK), tm.number(tel, tm.SM_CLOCK_MAX)
-    if clock and clock_max and clock < 0.9 * clock_max:
+    if reasons and clock and clock_max and clock < 0.9 * clock_max:
+        # A low clock alone is idle downclocking; only with a power/thermal reason is it throttling.
         reasons.append(f"SM clock {clock:.0f}/{clock_max:.0f} MHz")
     if reasons:
         return Text("THROTTLED: " + ", ".join(reasons), style="bold red")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Sequence
 
 from textual.app import ComposeResult
@@ -35,7 +37,8 @@ class MetricSparkline(Horizontal):
 
     def show(self, series: Sequence[float]) -> None:
         """Render ``series`` (oldest first); an empty series shows 'n/a'."""
-        values = [float(v) for v in series if v is not None]
+        # Textual's Sparkline cannot draw NaN or inf: such points are left out.
+        values = [float(v) for v in series if v is not None and math.isfinite(float(v))]
         value = self.query_one(".spark-value", Label)
         if values:
             lo, hi = min(values), max(values)

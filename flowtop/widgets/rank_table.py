@@ -53,7 +53,7 @@ def rank_cells(r: RankSnapshot) -> list[Text]:
     return [
         styled(rank, "bold" if not stale else dim),
         # The first label of a host name tells nodes apart; the domain rarely does.
-        Text(r.host.split(".")[0], style=dim, no_wrap=True, overflow="ellipsis"),
+        Text(_short_host(r.host), style=dim, no_wrap=True, overflow="ellipsis"),
         styled(fmt_int(r.step), step_style),
         styled(fmt_time(r.step_time_s), dim),
         styled(fmt_si(r.tokens_per_s), dim),
@@ -107,3 +107,14 @@ class RankTable(DataTable):
         self._order = order
         if selected in order:
             self.move_cursor(row=order.index(selected), animate=False, scroll=True)
+
+
+def _short_host(host: str) -> str:
+    """The first label of a host name (nodes differ there); IP addresses stay whole."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return host.split(".")[0]

@@ -46,8 +46,9 @@ def telemetry_text(tel: TelemetryView | None) -> Text:
         out.append("no telemetry yet", style="dim")
         return out
     # One reasons map covers both sides: a reason belongs where its key is (device by default).
-    host_reasons = {k: v for k, v in tel.reasons.items() if k in tel.host}
-    device_reasons = {k: v for k, v in tel.reasons.items() if k not in tel.host}
+    # The probe files host reasons under "host.<key>".
+    host_reasons = {k.removeprefix("host."): v for k, v in tel.reasons.items() if k.startswith("host.") or k in tel.host}
+    device_reasons = {k: v for k, v in tel.reasons.items() if not k.startswith("host.") and k not in tel.host}
     name = tm.device_name(tel)
     _section(out, f"device {name}".strip(), tel.device, device_reasons)
     _section(out, "process and host", tel.host, host_reasons)

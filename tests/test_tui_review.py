@@ -1,0 +1,52 @@
+"""UI details found in review: host reasons, throttling vs idle clocks, IP hosts, NaN sparklines."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flowtop.app import FlowtopApp
+from flowtop.replay import ReplaySource, synthetic_snapshot
+from flowtop.screens.rank_detail_screen import throttle_text
+from flowtop.snapshot import History, TelemetryView
+from flowtop.widgets.rank_table import _short_host
+from flowtop.widgets.telemetry_panel import telemetry_text
+
+
+def test_host_reasons_go_to_the_host_section() -> None:
+    tel = TelemetryView(device={"gpu_util": 50}, host={"rss_bytes": 10, "proc_cpu_pct": None},
+                        reasons={"host.proc_cpu_pct": "process not readable"}, age_s=0.1)  # fmt: skip
+    text = telemetry_text(tel).plain
+    device_part, host_part = text.split("process and host")
+    assert "host.proc_cpu_pct" not in text
+    assert "process not readable" in host_part and "process not readable" not in device_part
+
+
+def test_low_clock_without_a_reason_is_not_throttling() -> None:
+    rank = synthetic_snapshot().jobs[0].ranks[0]
+    idle = TelemetryView(device={"sm_clock_mhz": 800, "sm_clock_max_mhz": 1980, "throttle": []}, host={},
+                         reasons={}, age_s=0.1)  # fmt: skip
+    assert "THROTTLED" not in throttle_text(dataclasses.replace(rank, telemetry=idle)).plain
+    hot = dataclasses.replace(idle, device={**idle.device, "throttle": ["hw_thermal"]})
+    assert "THROTTLED" in throttle_text(dataclasses.replace(rank, telemetry=hot)).plain
+
+
+def test_ip_hosts_are_not_cut() -> None:
+    assert _short_host("10.0.0.5") == "10.0.0.5"
+    assert _short_host("gpu-node-01.cluster.example") == "gpu-node-01"
+
+
+@pytest.mark.asyncio
+async def test_detail_screen_survives_non_finite_history() -> None:
+    snap = synthetic_snapshot()
+    job = snap.jobs[0]
+    bad = dataclasses.replace(job.ranks[0], history=History(steps=(1, 2), step_time_s=(0.1, float("nan")),
+                                                            mfu=(float("inf"), 0.4)))  # fmt: skip
+    snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(bad, *job.ranks[1:])),))
+    app = FlowtopApp(ReplaySource([snap], advance=False), refresh_s=0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("d")
+        await pilot.pause()
+        assert app.screen.__class__.__name__ == "RankDetailScreen"
