@@ -295,3 +295,21 @@ def test_kernel_hints_use_the_unprofiled_step() -> None:
     assert profiled.step_us == pytest.approx(window.step_dur_us)
     assert real.step_us == 6800.0
     assert 100 * real.busy_us / real.step_us == pytest.approx(13.1, abs=0.05)
+
+
+def test_a_flickering_reason_does_not_make_the_hint_blink() -> None:
+    from test_hints_factories import job, rank, telemetry
+
+    def snap(reasons: list[str]):  # type: ignore[no-untyped-def]
+        return job(rank(0, tel=telemetry(sm_clock_mhz=1600.0, sm_clock_max_mhz=2000.0, throttle=reasons,
+                                         temp_c=84.0, power_w=700.0, power_limit_w=700.0)))  # fmt: skip
+
+    engine = HintEngine()
+    shown = [t for t in range(0, 8) if any(h.id == "throttling" for h in engine.evaluate(snap(["sw_power_cap"]), t))]
+    assert shown  # fired once its window was covered
+    # The power-cap reason comes and goes each second: the hint stays up ...
+    for t in range(8, 16):
+        reasons = ["sw_power_cap"] if t % 2 else []
+        assert any(h.id == "throttling" for h in engine.evaluate(snap(reasons), float(t)))
+    # ... and clears once the reason has been gone for longer than the hold time.
+    assert not any(h.id == "throttling" for h in engine.evaluate(snap([]), 15.0 + 10.5))

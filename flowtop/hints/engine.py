@@ -41,6 +41,10 @@ MEASURES: Mapping[str, MeasureFn] = {
 }
 
 
+#: Seconds an active hint stays shown after its measure last held (no blinking).
+HOLD_S = 10.0
+
+
 @dataclass
 class _State:
     """Hysteresis state of one (job, rule, target)."""
@@ -50,6 +54,7 @@ class _State:
     pending_t: float | None = None  # monitor time of that crossing
     since_step: int | None = None
     hint: Hint | None = None
+    beyond_t: float = 0.0  # monitor time the measure was last beyond the clear value
 
 
 class _NA:
@@ -165,6 +170,11 @@ class HintEngine:
                 steps = max(m.steps_covered, m.step - start_step)
                 secs = max(m.seconds_covered, now - start_t)
                 st.hint = self._hint(rule, key[2], m, st, steps, secs)
+                st.beyond_t = now
+                return st.hint
+            if now - st.beyond_t < HOLD_S:
+                # A gate with no room between threshold and clear (a throttle reason that
+                # comes and goes) would otherwise make the hint blink: hold it a little.
                 return st.hint
             del self._state[key]  # back past the clear value (or a gate failed): cleared
             return None
@@ -179,6 +189,7 @@ class HintEngine:
         if steps < rule.window_steps or secs < rule.window_s:
             return None
         st.active = True
+        st.beyond_t = now
         st.since_step = st.pending_step
         st.hint = self._hint(rule, key[2], m, st, steps, secs)
         return st.hint
