@@ -237,7 +237,9 @@ def test_probe_records_give_the_chrome_trace_window(tmp_path: Path) -> None:
     # conv forward lands on the MKLDNN call that does the work, below aten::_convolution
     assert set(flops) >= {"aten::addmm", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu",
                           "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::convolution_backward"}
-    assert flops["aten::_scaled_dot_product_flash_attention_for_cpu"] == 4 * 2 * 2 * 8 * 8 * 16  # 4·B·H·S²·D
+    # 4·B·H·S²·D, halved: the call is causal and the fused kernel skips the masked half.
+    assert flops["aten::_scaled_dot_product_flash_attention_for_cpu"] == 4 * 2 * 2 * 8 * 8 * 16 / 2
+    assert flops["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == 2.5 * 4 * 2 * 2 * 8 * 8 * 16 / 2
     assert sum(1 for e in probe_w.events if e.kind == CPU_OP) >= 2
 
 

@@ -12,8 +12,10 @@ formulas turn them into FLOPs with the conventions of design.md §3 and ``probe.
 * attention with query heads H, Sq queries, Sk keys, widths D (q/k) and Dv (v): forward
   2·B·H·Sq·Sk·(D + Dv) (= 4·B·H·Sq·Sk·D); the fused backward ops *execute* 2 × forward plus the
   recomputed scores 2·B·H·Sq·Sk·D (= 2.5 × forward when D == Dv).  These are executed FLOPs,
-  because they are divided by kernel time to give an achieved rate.  Causal masking is counted
-  as the full square (the "full" convention, the default of design.md §3).
+  because they are divided by kernel time to give an achieved rate.  For the same reason a fused
+  call made with ``is_causal`` counts half of that (its kernel skips the masked scores), whatever
+  convention the rank's model FLOPs use; ``aten::scaled_dot_product_attention`` as a composite
+  and hand-written attention count the full square.
 
 Two kinds of operators have formulas.  :data:`FORMULA_OPS` do the arithmetic themselves (their
 kernels run inside them).  :data:`COMPOSITE_OPS` (``aten::matmul``, ``aten::linear``,
@@ -169,11 +171,14 @@ def attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], *, lay
     return 2.0 * fwd + 2.0 * pairs * d if backward else fwd
 
 
-def _attention(first: int, layout: str, backward: bool) -> _Formula:
+def _attention(first: int, layout: str, backward: bool, causal_at: int | None = None) -> _Formula:
     def formula(dims: Dims, concrete: Concrete) -> float | None:
         if len(dims) < first + 3:
             return None
-        return attention_flops(dims[first], dims[first + 1], dims[first + 2], layout=layout, backward=backward)
+        f = attention_flops(dims[first], dims[first + 1], dims[first + 2], layout=layout, backward=backward)
+        if f is not None and causal_at is not None and _concrete_at(concrete, causal_at) is True:
+            f *= 0.5  # a causal kernel skips the masked half of the scores (design.md §3)
+        return f
     return formula
 
 
@@ -203,15 +208,23 @@ _FORMULAS: dict[str, _Formula] = {
     "aten::convolution_overrideable": _conv,
     "aten::convolution_backward": _conv_backward,
     "aten::convolution_backward_overrideable": _conv_backward,
-    "aten::_flash_attention_forward": _attention(0, "bshd", False),
-    "aten::_flash_attention_backward": _attention(1, "bshd", True),
+    "aten::_flash_attention_forward": _attention(0, "bshd", False, causal_at=8),
+    "aten::_flash_attention_backward": _attention(1, "bshd", True, causal_at=11),
     "aten::_efficient_attention_forward": _attention(0, "bshd", False),
     "aten::_efficient_attention_backward": _attention(1, "bshd", True),
 }
-for _sdpa in ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu",
-              "fused_attention_overrideable"):
-    _FORMULAS[f"aten::_scaled_dot_product_{_sdpa}"] = _attention(0, "bhsd", False)
-    _FORMULAS[f"aten::_scaled_dot_product_{_sdpa}_backward"] = _attention(1, "bhsd", True)
+# Position of ``is_causal`` among each op's arguments (forward, backward), from the aten
+# signatures; the cuDNN pair is checked on the H200 fixture, the CPU pair on a real profile.
+_CAUSAL_AT: dict[str, tuple[int | None, int | None]] = {
+    "flash_attention": (4, 11),
+    "efficient_attention": (6, 11),
+    "cudnn_attention": (6, 14),
+    "flash_attention_for_cpu": (4, 7),
+    "fused_attention_overrideable": (None, None),
+}
+for _sdpa, (_fwd_at, _bwd_at) in _CAUSAL_AT.items():
+    _FORMULAS[f"aten::_scaled_dot_product_{_sdpa}"] = _attention(0, "bhsd", False, _fwd_at)
+    _FORMULAS[f"aten::_scaled_dot_product_{_sdpa}_backward"] = _attention(1, "bhsd", True, _bwd_at)
 
 _COMPOSITES: dict[str, _Formula] = {
     "aten::matmul": _pair(0, 1),
