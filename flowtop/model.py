@@ -87,6 +87,7 @@ class Model:
         self._kernel_aggregator = kernel_aggregator
         self._hint_engine = hint_engine
         self._job_kernels = job_kernels
+        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], Any]] = {}  # job -> (windows seen, merge)
         self._hints_failed = False
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
@@ -262,7 +263,15 @@ class Model:
         merged = None
         if self._job_kernels is not None:
             tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
-            merged = self._job_kernels(tables) if len(tables) > 1 else None
+            # Merging only changes when some rank gets a new window: reuse it between windows
+            # instead of recomputing it for every 2 Hz snapshot.
+            version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
+            cached = self._merged.get(job)
+            if cached is not None and cached[0] == version:
+                merged = cached[1]
+            else:
+                merged = self._job_kernels(tables) if len(tables) > 1 else None
+                self._merged[job] = (version, merged)
         snap = JobSnapshot(
             job=job,
             world_size=world,
@@ -296,6 +305,7 @@ class Model:
             gone = [st for st in states if _gone(st, now)]
             if len(gone) == len(states):
                 self.evicted_jobs += 1
+                self._merged.pop(states[0].key.job, None)
             else:
                 # Only old incarnations the view no longer shows (a newer one of the rank exists).
                 newest: dict[int, int] = {}

@@ -419,3 +419,25 @@ def test_monitor_binds_and_receives_on_ipv6_loopback() -> None:
 
     received, control_bound = asyncio.run(main())
     assert received > 0 and control_bound
+
+
+def test_job_kernel_merge_is_reused_until_a_new_window_arrives() -> None:
+    from flowtop.kernels.aggregate import CumulativeKernels
+    from flowtop.model import Model
+
+    calls: list[int] = []
+
+    def merge(tables):  # type: ignore[no-untyped-def]
+        calls.append(len(tables))
+        return object()
+
+    model = Model(job_kernels=merge)
+    feed = Feeder(model)
+    for rank in (0, 1):
+        feed.hello(_key(rank), world=2)
+        model.ranks[_key(rank)].kernels_cumulative = CumulativeKernels()
+        model.ranks[_key(rank)].kernels_cumulative.windows = 1
+    first = model.snapshot(1.0).jobs[0].kernels_merged
+    assert model.snapshot(1.5).jobs[0].kernels_merged is first and calls == [2]
+    model.ranks[_key(1)].kernels_cumulative.windows = 2  # a new window on rank 1
+    assert model.snapshot(2.0).jobs[0].kernels_merged is not first and calls == [2, 2]
