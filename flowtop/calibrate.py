@@ -11,6 +11,7 @@ Contract with the probe (set in the command's environment):
   range, as it starts before the probe has seen a step boundary).
 - ``FLOWTOP_CALIBRATE_STEPS="5,6,7"``: the steps being calibrated (informational: a probe may
   count FLOPs on exactly these; lines for other steps are ignored).
+- ``FLOWTOP_KERNELS=0``: no torch.profiler windows (two CUPTI clients would disturb each other).
 - ``FLOWTOP_CALIBRATE_OUT=<path>``: append one JSON line per counted step,
   ``{"step": k, "executed_flops": ..., "model_flops": ...}`` (several ranks may append to one file;
   their lines for the same step are summed, as are the kernels of all processes).
@@ -166,6 +167,9 @@ def build_env(base: Mapping[str, str], out_path: str, steps: Iterable[int]) -> d
     env[ENV_NVTX] = "1"
     env[ENV_OUT] = out_path
     env[ENV_STEPS] = ",".join(str(k) for k in steps)
+    # Kernel windows would start torch.profiler, whose CUPTI session competes with the one
+    # ncu injects (and would profile the profiler's own buffer flushes).
+    env["FLOWTOP_KERNELS"] = "0"
     return env
 
 

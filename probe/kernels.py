@@ -33,6 +33,13 @@ __all__ = ["KernelWindowSampler", "WindowScheduler", "might_have_formula", "reco
 KERNEL, MEMCPY, MEMSET, RUNTIME = 0, 1, 2, 4
 _DEVICE = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _RUNTIME = ("cuda_runtime", "cuda_driver")
+try:
+    from torch._C._autograd import DeviceType as _DeviceType
+
+    _CPU: Any = _DeviceType.CPU
+except Exception:  # a torch without it has no Kineto events to read either
+    _CPU = None
+
 #: Substrings of every operator name with a FLOP formula on the monitor (mm, bmm, addmm, mv, dot,
 #: linear, matmul, convolution, the fused attentions).  A cheap superset test instead of a copy of
 #: the table: an operator that passes only costs the probe its shapes; one that fails loses FLOPs,
@@ -85,6 +92,30 @@ def _packed_size(window: dict[str, Any]) -> int:
     return len(msgpack.packb(window, use_bin_type=True))
 
 
+def _activity_type(e: Any) -> str:
+    return str(e.activity_type())
+
+
+def _activity_type_compat(e: Any) -> str:
+    """Kineto's activity category for torch releases whose events lack ``activity_type()``
+    (torch ≤ 2.11), from what those events do expose — the rules torch's own parser uses there:
+    a device event is a kernel unless its name says memcpy/memset; on the host, a user annotation
+    says so, and an event linked to an operator (``linked_correlation_id() > 0``) is a runtime or
+    driver call, the rest are operators."""
+    if e.device_type() != _CPU:
+        name = e.name()
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        if name.startswith("Memset"):
+            return "gpu_memset"
+        return "kernel"
+    if e.is_user_annotation():
+        return "user_annotation"
+    if e.linked_correlation_id() > 0:
+        return "cuda_runtime"
+    return "cpu_op"
+
+
 def records_from_kineto(events: Any, trace_start_ns: int) -> dict[str, Any]:
     """The ``names``/``ops``/``acts`` wire fields from ``prof.profiler.kineto_results.events()``.
 
@@ -98,8 +129,11 @@ def records_from_kineto(events: Any, trace_start_ns: int) -> dict[str, Any]:
     ops: list[list[Any]] = []
     acts: list[list[Any]] = []
     t0 = trace_start_ns  # subtract in integer ns: epoch ns as a float is only good to ~256 ns
+    activity = None
     for e in events:
-        cat = e.activity_type()
+        if activity is None:
+            activity = _activity_type if hasattr(e, "activity_type") else _activity_type_compat
+        cat = activity(e)
         if cat == "cpu_op":
             name = e.name()
             idx = names.setdefault(name, len(names))

@@ -93,6 +93,7 @@ def test_env_for_the_probe() -> None:
                         "/tmp/out.jsonl", [5, 6, 7])
     assert (env["FLOWTOP_NVTX"], env["FLOWTOP_CALIBRATE_OUT"], env["FLOWTOP_CALIBRATE_STEPS"]) == (
         "1", "/tmp/out.jsonl", "5,6,7")
+    assert env["FLOWTOP_KERNELS"] == "0"  # torch.profiler's CUPTI session would fight ncu's
     assert env["PATH"] == "/bin"
     # the probe is injected like `flowtop run` does: its bootstrap first, the user's path next,
     # the probe's package root last

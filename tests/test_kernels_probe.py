@@ -301,3 +301,98 @@ def test_cpu_convolution_is_counted_once(tmp_path: Path) -> None:
     # Forward 2·B·Cout·Hout·Wout·Cin·k·k = 2·2·16·14·14·8·9; backward: weight gradient only, as much.
     forward = 2 * 2 * 16 * 14 * 14 * 8 * 9
     assert aggregate(probe_w).anatomy.flops == pytest.approx(2 * forward)
+
+
+class _WithoutActivityType:
+    """A Kineto event as torch ≤ 2.11 exposes it: everything but ``activity_type()``."""
+
+    def __init__(self, event: object) -> None:
+        self._e = event
+
+    def __getattr__(self, name: str) -> object:
+        if name == "activity_type":
+            raise AttributeError(name)
+        return getattr(self._e, name)
+
+
+def test_records_without_activity_type_match_the_current_api() -> None:
+    """torch 2.11 (the GPU machine's) has no ``activity_type()``: the compat rules give the same
+    records for operators, and drop user annotations like the current API's category does."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.profiler.record_function("my_annotation"):
+            model(x).sum().backward()
+    results = prof.profiler.kineto_results
+    events = results.events()
+    if not hasattr(events[0], "activity_type"):
+        pytest.skip("this torch has no activity_type(): the compat rules are the only path")
+    current = records_from_kineto(events, results.trace_start_ns())
+    compat = records_from_kineto([_WithoutActivityType(e) for e in events], results.trace_start_ns())
+    assert compat == current
+    assert "my_annotation" not in compat["names"] and "aten::addmm" in compat["names"]
+
+
+class _Event:
+    """A torch ≤ 2.11 Kineto event of a CUDA step (fake: this machine has no GPU)."""
+
+    def __init__(self, name: str, device: object, linked: int, corr: int, resource: int = 7) -> None:
+        self._args = (name, device, linked, corr, resource)
+
+    def name(self) -> str:
+        return self._args[0]
+
+    def device_type(self) -> object:
+        return self._args[1]
+
+    def linked_correlation_id(self) -> int:
+        return self._args[2]
+
+    def correlation_id(self) -> int:
+        return self._args[3]
+
+    def device_resource_id(self) -> int:
+        return self._args[4]
+
+    def is_user_annotation(self) -> bool:
+        return self._args[0].startswith("##")
+
+    def start_ns(self) -> int:
+        return 1_000_000 + 1000 * self._args[3]
+
+    def end_ns(self) -> int:
+        return self.start_ns() + 500
+
+    def start_thread_id(self) -> int:
+        return 1
+
+    def shapes(self) -> list:
+        return [[8, 16], [16, 32]]
+
+    def concrete_inputs(self) -> list:
+        return [None, None]
+
+
+def test_compat_rules_classify_cuda_kernels_copies_and_runtime_calls() -> None:
+    from torch._C._autograd import DeviceType
+
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        _Event("aten::mm", cpu, 0, 11),  # operator: External id 11
+        _Event("##step##", cpu, 0, 12),  # user annotation: not a record
+        _Event("cudaLaunchKernel", cpu, 11, 501),  # runtime call of op 11, CUPTI correlation 501
+        _Event("nvjet_tst_128x64_64x4", cuda, 11, 501),  # its kernel
+        _Event("Memcpy HtoD (Pageable -> Device)", cuda, 11, 502),
+        _Event("Memset (Device)", cuda, 11, 503),
+    ]
+    rec = records_from_kineto(events, 1_000_000)
+    names = rec["names"]
+    assert [names[o[0]] for o in rec["ops"]] == ["aten::mm"]
+    assert rec["ops"][0][4] == 11 and rec["ops"][0][5] == [[8, 16], [16, 32]]
+    kinds = {names[a[0]]: (a[1], a[4], a[5], a[6]) for a in rec["acts"]}
+    assert kinds == {
+        "cudaLaunchKernel": (4, -1, 11, 501),  # RUNTIME, no stream
+        "nvjet_tst_128x64_64x4": (0, 7, 11, 501),  # KERNEL on stream 7
+        "Memcpy HtoD (Pageable -> Device)": (1, 7, 11, 502),
+        "Memset (Device)": (2, 7, 11, 503),
+    }
