@@ -1,16 +1,27 @@
 #!/usr/bin/env python
-"""GPU check: train a small and a large GPT on one CUDA device and print ONE JSON document.
+"""GPU check: train a small and a large GPT on one CUDA device under the probe; print ONE JSON.
 
-For each model: step time without and with the probe (and their ratio), FLOPs per step counted by
-torch's FlopCounterMode next to the PaLM estimate, MFU/HFU against the dense peak, NVML GPU-Util and
-GPM activity (SM, tensor pipes, DRAM) while training, and the top kernels of a profiled step.
+For each model, all in one process:
 
-    python bench/gpu_check.py            # both models, < 5 min on one H200
-    python bench/gpu_check.py --small    # the small model only
-    python bench/gpu_check.py --cpu-dry-run   # tiny models on the CPU: exercises every section
+* step time (CUDA events between steps) without the probe, with it, and without it again; the
+  ratio leaves out the steps the probe sampled (FLOP count, kernel window), which are reported
+  apart;
+* what a real monitor (``flowtop snapshot`` in a child process, recording every frame) showed
+  while the probe was attached: counted model/executed FLOPs per step, MFU/HFU against the
+  table's peak with its source, NVML GPU-Util and GPM SM/tensor/DRAM activity, power and clocks,
+  the kernel window's top kernels and step anatomy, and the hints;
+* cross-checks: torch's own FlopCounterMode and the 6N+12LdT estimate beside the probe's count,
+  and a direct torch.profiler top-kernel list beside the probe's window.
 
-Without CUDA it prints {"skipped": "no CUDA"} and exits 0. Every section runs in its own try/except
-and records failures under "errors", so one broken part never hides the others' numbers.
+    python bench/gpu_check.py                  # both models, < 5 min on one H200
+    python bench/gpu_check.py --small          # the small model only
+    python bench/gpu_check.py --out DIR        # also keep DIR/<model>.rec (flowtop replay)
+    python bench/gpu_check.py --json FILE      # also write the JSON to FILE after every section,
+                                               # so a run cut short still leaves its figures
+    python bench/gpu_check.py --cpu-dry-run    # tiny models on the CPU: exercises every section
+
+Without CUDA it prints {"skipped": "no CUDA"} and exits 0. Every section runs in its own
+try/except and records failures under "errors", so one broken part never hides the others.
 bf16 autocast, fused AdamW, random tokens generated on the device (no input pipeline).
 """
 
@@ -21,31 +32,46 @@ import math
 import os
 import statistics
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)  # run from anywhere: import flowtop/probe from this checkout
+for _p in (ROOT, os.path.join(ROOT, "bench")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)  # run from anywhere: flowtop/probe from this checkout
 
-BUDGET_S = 240.0  # no new section starts after this; the slowest section fits in the remaining minute
-# name, GPTConfig kwargs, batch, timed steps. "large" is ≈940 M parameters at 16 k tokens per step,
-# "small" ≈7 M parameters at 1 k tokens (the shapes of design.md §7).
-MODELS: tuple[tuple[str, dict[str, int], int, int], ...] = (
-    ("small", dict(vocab_size=8192, n_layer=4, n_head=4, n_embd=256, block_size=256), 4, 100),
-    ("large", dict(vocab_size=32768, n_layer=16, n_head=16, n_embd=2048, block_size=1024), 16, 20),
+BUDGET_S = 170.0  # no new section starts after this: the slowest (≈30 s) fits well within 5 min
+# name, GPTConfig kwargs, batch, timed steps, seconds with the probe (telemetry needs a few).
+# "large" ≈ 940 M parameters at 16 k tokens per step, "small" ≈ 7 M at 1 k tokens (design.md §7).
+MODELS: tuple[tuple[str, dict[str, int], int, int, float], ...] = (
+    ("small", dict(vocab_size=8192, n_layer=4, n_head=4, n_embd=256, block_size=256), 4, 200, 8.0),
+    ("large", dict(vocab_size=32768, n_layer=16, n_head=16, n_embd=2048, block_size=1024), 16, 20, 10.0),
 )
 # --cpu-dry-run: the same code path with tiny shapes on the CPU (host timers, no NVML), so the
 # script can be checked on a machine without a GPU before it is spent on one.
-DRY_MODELS: tuple[tuple[str, dict[str, int], int, int], ...] = (
-    ("small", dict(vocab_size=512, n_layer=2, n_head=2, n_embd=64, block_size=64), 2, 5),
-    ("large", dict(vocab_size=1024, n_layer=2, n_head=4, n_embd=128, block_size=128), 2, 3),
+DRY_MODELS: tuple[tuple[str, dict[str, int], int, int, float], ...] = (
+    ("small", dict(vocab_size=512, n_layer=2, n_head=2, n_embd=64, block_size=64), 2, 10, 3.0),
+    ("large", dict(vocab_size=1024, n_layer=2, n_head=4, n_embd=128, block_size=128), 2, 5, 3.0),
 )
 DEV = "cuda"
 T0 = time.monotonic()
+RESULT: dict[str, Any] = {}  # the whole document, rewritten to JSON_PATH after every section
+JSON_PATH: str | None = None
+
+
+def checkpoint() -> None:
+    """Write the document so far (``--json``); a run killed later keeps what it measured."""
+    if JSON_PATH is None:
+        return
+    try:
+        tmp = JSON_PATH + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(_clean(RESULT), fh, indent=2, default=str, allow_nan=False)
+        os.replace(tmp, JSON_PATH)
+    except (OSError, TypeError, ValueError) as exc:
+        log(f"cannot write {JSON_PATH}: {exc}")
 
 
 def log(msg: str) -> None:
@@ -64,75 +90,13 @@ def section(result: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
         value = fn()
     except Exception as exc:
         result.setdefault("errors", {})[key] = f"{type(exc).__name__}: {exc}\n" + "".join(
-            traceback.format_exc(limit=4))[-1500:]
+            traceback.format_exc(limit=6))[-2000:]
+        log(f"{key} failed: {exc!r}")
         return None
     if value is not None:
         result[key] = value
+    checkpoint()
     return value
-
-
-def load_gpt() -> tuple[Any, Any, str]:
-    """The lead's demo GPT; a marked stand-in only if it cannot be imported."""
-    try:
-        from flowtop.demo.gpt import GPT, GPTConfig
-
-        return GPT, GPTConfig, "flowtop.demo.gpt"
-    except Exception:
-        return _StandInGPT, _StandInConfig, "STAND-IN (flowtop.demo.gpt not importable)"
-
-
-# ----- STAND-IN model: used only when flowtop.demo.gpt cannot be imported ------------------------
-class _StandInConfig(dict):  # type: ignore[type-arg]
-    """STAND-IN for flowtop.demo.gpt.GPTConfig."""
-
-    def __init__(self, **kw: int) -> None:
-        super().__init__(**kw)
-        self.__dict__.update(kw)
-
-
-def _StandInGPT(cfg: Any) -> Any:  # noqa: N802 - mirrors the class name it replaces
-    """STAND-IN for flowtop.demo.gpt.GPT: pre-LN decoder, causal SDPA, GELU MLP, untied head."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            d = cfg.n_embd
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-        def forward(self, x: Any) -> Any:
-            b, t, c = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-            q, k, v = (z.view(b, t, cfg.n_head, c // cfg.n_head).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-            return x + self.mlp(self.ln2(x))
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.config = cfg
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-            self.blocks = nn.ModuleList(Block() for _ in range(cfg.n_layer))
-            self.ln_f = nn.LayerNorm(cfg.n_embd)
-            self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-
-        def forward(self, idx: Any, targets: Any = None) -> Any:
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-            for blk in self.blocks:
-                x = blk(x)
-            logits = self.lm_head(self.ln_f(x))
-            loss = None if targets is None else F.cross_entropy(
-                logits.view(-1, logits.size(-1)), targets.view(-1))
-            return logits, loss
-
-    return Model()
-# ----- end of STAND-IN ---------------------------------------------------------------------------
 
 
 def sync() -> None:
@@ -142,74 +106,49 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+class StepTimer:
+    """Per-step device times from CUDA events recorded between steps (host clock on the CPU)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = DEV == "cuda"
+        self._marks: list[Any] = []
+        self._new = (lambda: torch.cuda.Event(enable_timing=True)) if self._cuda else None
+
+    def mark(self) -> None:
+        if self._cuda:
+            ev = self._new()  # type: ignore[misc]
+            ev.record()
+            self._marks.append(ev)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def times_ms(self) -> list[float]:
+        sync()
+        m = self._marks
+        if self._cuda:
+            return [m[i].elapsed_time(m[i + 1]) for i in range(len(m) - 1)]
+        return [(m[i + 1] - m[i]) * 1e3 for i in range(len(m) - 1)]
+
+
+def summary(per: list[float]) -> dict[str, float]:
+    return {"median_ms": statistics.median(per), "mean_ms": statistics.fmean(per), "min_ms": min(per),
+            "max_ms": max(per), "steps": len(per)}
+
+
 def time_steps(step: Callable[[], None], n: int) -> dict[str, float]:
-    """Per-step device times from CUDA events between consecutive steps (ms)."""
-    import torch
-
+    timer = StepTimer()
     sync()
-    wall0 = time.perf_counter()
-    if DEV == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-        events[0].record()
-        for i in range(n):
-            step()
-            events[i + 1].record()
-        events[-1].synchronize()
-        per = [events[i].elapsed_time(events[i + 1]) for i in range(n)]
-    else:
-        marks = [time.perf_counter()]
-        for _ in range(n):
-            step()
-            marks.append(time.perf_counter())
-        per = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
-    wall = (time.perf_counter() - wall0) * 1e3 / n
-    return {"median_ms": statistics.median(per), "mean_ms": statistics.fmean(per),
-            "min_ms": min(per), "max_ms": max(per), "wall_ms": wall, "steps": n}
-
-
-def telemetry_while(step: Callable[[], None], seconds: float) -> dict[str, Any]:
-    """NVML/GPM readings (1 Hz, on a thread like the probe's sender) while training ``seconds``."""
-    import torch
-
-    from probe.telemetry import DeviceTelemetry
-
-    tel = DeviceTelemetry(cuda_device_index=torch.cuda.current_device() if DEV == "cuda" else 0)
-    samples: list[dict[str, Any]] = []
-    stop = threading.Event()
-
-    def sampler() -> None:
-        while not stop.is_set():
-            samples.append(tel.sample())
-            stop.wait(1.0)
-
-    thread = threading.Thread(target=sampler, daemon=True)
-    thread.start()
-    t_end = time.monotonic() + seconds
-    steps = 0
-    while time.monotonic() < t_end or steps == 0:
+    timer.mark()
+    for _ in range(n):
         step()
-        steps += 1
-        if steps % 10 == 0:
-            sync()  # keep the CPU from queueing far ahead of the samples
-    sync()
-    stop.set()
-    thread.join(timeout=5)
-    tel.close()
-    keys = ("gpu_util", "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma",
-            "dram_bw_util", "power_w", "sm_clock_mhz", "temp_c", "nvlink_tx_bytes_s")
-    out: dict[str, Any] = {"samples": len(samples), "steps": steps}
-    for key in keys:
-        vals = [s[key] for s in samples[1:] if s.get(key) is not None]  # first: GPM not ready
-        out[key] = statistics.fmean(vals) if vals else None
-        if not vals and samples:
-            out.setdefault("reasons", {})[key] = samples[-1]["reasons"].get(key)
-    out["throttle"] = sorted({r for s in samples for r in (s.get("throttle") or [])})
-    out["device_name"] = samples[-1].get("name") if samples else None
-    return out
+        timer.mark()
+    return summary(timer.times_ms())
 
 
-def top_kernels(step: Callable[[], None], steps: int = 3, top: int = 10) -> dict[str, Any]:
-    """Kernels of ``steps`` profiled steps (CUDA activity only), by device time per step."""
+def top_kernels(step: Callable[[], None], steps: int = 2, top: int = 10) -> dict[str, Any]:
+    """Cross-check: torch.profiler's own key averages over ``steps`` steps (device time)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync()
@@ -233,18 +172,62 @@ def top_kernels(step: Callable[[], None], steps: int = 3, top: int = 10) -> dict
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
     return {"kernel_us_per_step": total, "kernels_per_step": sum(r[1] for r in rows),
-            "top": [{"name": n[:160], "us_per_step": us, "calls_per_step": c,
-                     "share": us / total if total else None} for us, c, n in rows[:top]]}
+            "top": [{"name": n[:120], "us_per_step": round(us, 1), "calls_per_step": c}
+                    for us, c, n in rows[:top]]}
 
 
-def bench_model(name: str, cfg_kw: dict[str, int], batch: int, timed: int) -> dict[str, Any]:
-    """All sections for one model size."""
+def monitor_view(snap: dict[str, Any], job: str) -> dict[str, Any]:
+    """The figures the monitor showed for ``job`` (its only rank)."""
+    if "error" in snap:
+        raise RuntimeError(snap["error"])
+    jobs = [j for j in snap.get("jobs", []) if j["job"] == job]
+    if not jobs:
+        raise RuntimeError(f"the monitor saw no job {job!r} (received {snap.get('received')})")
+    j = jobs[0]
+    r = j["ranks"][0]
+    keys = ("status", "step", "device", "step_time_s", "device_time_s", "tokens_per_s",
+            "probe_overhead_frac", "lost_messages", "dropped_messages", "flops_per_step",
+            "executed_flops_per_step", "estimated_flops_per_step", "estimate_ratio", "flops_per_s",
+            "mfu", "hfu", "peak_flops", "peak_source", "dtype", "attention_convention", "mfu_reason",
+            "uncounted_ops")
+    out: dict[str, Any] = {k: r.get(k) for k in keys}
+    tel = r.get("telemetry") or {}
+    dev = tel.get("device") or {}
+    out["telemetry"] = {k: dev.get(k) for k in (
+        "gpu_util", "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma", "dram_bw_util",
+        "power_w", "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle",
+        "mem_used", "mem_total", "nvlink_tx_bytes_s", "uuid")}
+    out["telemetry"]["host"] = {k: (tel.get("host") or {}).get(k) for k in (
+        "cpu_pct", "rss_bytes", "threads", "workers", "host_cpu_pct")}
+    out["telemetry"]["reasons"] = tel.get("reasons")
+    k = r.get("kernels")
+    if k:
+        a = k["anatomy"]
+        out["kernel_window"] = {
+            "device": k["device"], "step": k["step"], "cost_s": k["cost_s"],
+            "step_us": k["step_us"], "typical_step_us": a.get("typical_step_us"),
+            "busy_frac": a["busy_frac"], "busy_frac_typical": a.get("busy_frac_typical"),
+            "launches": a["launches"], "short_kernels": a["short_kernels"],
+            "attributed_flops": a["flops"], "attributed_tflops": a["tflops"],
+            "kernels": len(k["kernels"]),
+            "categories": {c["category"]: round(c["share"], 4) for c in k["categories"]},
+            "top": [{"kernel": x["short"], "category": x["category"], "op": x["op"],
+                     "calls": x["calls"], "total_us": round(x["total_us"], 1),
+                     "tflops": x["tflops"] and round(x["tflops"], 1)} for x in k["kernels"][:10]],
+        }
+    out["hints"] = [{"id": h["id"], "severity": h["severity"], "summary": h["summary"]}
+                    for h in j.get("hints", [])]
+    return out
+
+
+def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: int, timed: int,
+                probe_s: float, out_dir: str | None) -> dict[str, Any]:
+    """All sections for one model size, filled into ``res`` as they finish."""
     import torch
 
-    res: dict[str, Any] = {"config": dict(cfg_kw), "batch": batch,
-                           "tokens_per_step": batch * cfg_kw["block_size"]}
-    GPT, GPTConfig, source = load_gpt()
-    res["model_source"] = source
+    from flowtop.demo.gpt import GPT, GPTConfig
+
+    res.update(config=dict(cfg_kw), batch=batch, tokens_per_step=batch * cfg_kw["block_size"])
     state: dict[str, Any] = {}
 
     def build() -> dict[str, Any]:
@@ -264,7 +247,7 @@ def bench_model(name: str, cfg_kw: dict[str, int], batch: int, timed: int) -> di
 
         from probe.estimate import non_embedding_params
 
-        state.update(model=model, opt=opt, step=step)
+        state.update(model=model, step=step)
         return {"params": sum(p.numel() for p in model.parameters()),
                 "non_embedding_params": non_embedding_params(model)}
 
@@ -275,35 +258,66 @@ def bench_model(name: str, cfg_kw: dict[str, int], batch: int, timed: int) -> di
     section(res, "warmup", lambda: time_steps(step, 10 if name == "small" else 5))
     base1 = section(res, "time_without_probe", lambda: time_steps(step, timed))
 
-    def count() -> dict[str, Any]:
+    def reference_flops() -> dict[str, Any]:
         from torch.utils.flop_counter import FlopCounterMode
 
         with FlopCounterMode(display=False) as counter:
             step()
         sync()
-        counted = float(counter.get_total_flops())
-        out: dict[str, Any] = {"counted_flops_per_step": counted}
-        if info:  # PaLM model FLOPs (full attention), the figure MFU uses
+        out: dict[str, Any] = {"torch_flop_counter_per_step": float(counter.get_total_flops())}
+        if info:
             from probe.estimate import transformer_flops_per_token
 
             per_token = transformer_flops_per_token(info["non_embedding_params"], cfg_kw["n_layer"],
                                                     cfg_kw["n_embd"], cfg_kw["block_size"])
-            out["palm_flops_per_step"] = float(per_token * res["tokens_per_step"])
-            out["counted_over_palm"] = counted / out["palm_flops_per_step"]
+            out["estimate_6n_12ldt_per_step"] = float(per_token * res["tokens_per_step"])
         return out
 
-    flops = section(res, "flops", count)
+    ref = section(res, "reference_flops", reference_flops)
+    job = f"gpu_check-{name}"
 
     def with_probe() -> dict[str, Any]:
         import probe
+        from monitor_proc import MonitorProcess
 
-        attached = probe.attach(job="gpu_check")
+        record = os.path.join(out_dir, f"{name}.rec") if out_dir else None
+        mon = MonitorProcess(record=record)
+        os.environ["FLOWTOP_KERNELS_MIN_STEPS"] = "8"  # a window within the first seconds
         try:
-            warm = time_steps(step, 10 if name == "small" else 5)  # first steps count FLOPs
-            timed_res = time_steps(step, timed)
+            attached = probe.attach(addr=mon.listen, job=job)
+            if not attached:
+                raise RuntimeError("probe.attach returned False (is pyzmq installed?)")
+            timer = StepTimer()
+            sync()
+            timer.mark()
+            t_end = time.monotonic() + probe_s
+            n = 0
+            while n < timed or time.monotonic() < t_end:
+                step()
+                timer.mark()
+                n += 1
+                p = probe._current()
+                if n >= 2 * timed and "kernels" in p.sampled_steps.values() and time.monotonic() > t_end:
+                    break
+                if n > 20_000:
+                    break
+            times = timer.times_ms()
+            marks = dict(probe._current().sampled_steps)
+            time.sleep(1.2)  # one more telemetry tick and the last step messages reach the monitor
+            snap = mon.snapshot()
         finally:
             probe.detach()
-        return {"attached": attached, "warmup": warm, **timed_res}
+            os.environ.pop("FLOWTOP_KERNELS_MIN_STEPS", None)
+            mon.close()
+        # times[i] is probe step i + 1; step 1 pays attach and model discovery (once per run)
+        steady = [t for i, t in enumerate(times, start=1) if i > 1 and i not in marks]
+        sampled = {what: [round(times[i - 1], 3) for i, w in sorted(marks.items()) if w == what
+                          and i <= len(times)] for what in ("flops", "kernels")}
+        out = {"attached": attached, **summary(steady), "sampled_step_ms": sampled,
+               "first_step_ms": round(times[0], 3), "monitor": monitor_view(snap, job)}
+        if record:
+            out["recording"] = record
+        return out
 
     probed = section(res, "time_with_probe", with_probe)
     base2 = section(res, "time_without_probe_again", lambda: time_steps(step, timed))
@@ -314,34 +328,32 @@ def bench_model(name: str, cfg_kw: dict[str, int], batch: int, timed: int) -> di
             raise RuntimeError("missing timings")
         med = statistics.fmean(b["median_ms"] for b in bases)
         mean = statistics.fmean(b["mean_ms"] for b in bases)
-        return {"median_ratio": probed["median_ms"] / med, "mean_ratio": probed["mean_ms"] / mean,
-                "without_median_ms": med, "with_median_ms": probed["median_ms"]}
+        out = {"median_ratio": probed["median_ms"] / med, "mean_ratio": probed["mean_ms"] / mean,
+               "without_median_ms": med, "with_median_ms": probed["median_ms"],
+               "note": "steady steps; sampled steps (FLOP count, kernel window) listed apart"}
+        for what, times in probed["sampled_step_ms"].items():
+            if times:
+                out[f"{what}_step_extra_ms"] = statistics.median(times) - med
+        return out
 
     section(res, "probe_overhead", overhead)
 
-    def mfu() -> dict[str, Any]:
-        if not flops or not base1:
-            raise RuntimeError("missing FLOPs or timing")
-        from probe.peaks import lookup_peak
-
-        name_ = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)"
-        found, why = lookup_peak(name_, "bf16")  # dense bf16 peak, design.md §4
-        peak = found.flops if found else None
-        step_s = base1["median_ms"] / 1e3
-        out: dict[str, Any] = {"device": name_, "peak_bf16_flops": peak,
-                               "peak_source": found.source if found else why,
-                               "counted_flops_per_s": flops["counted_flops_per_step"] / step_s}
-        if peak:
-            # the counter's figure is executed FLOPs (flash backward = 2.5× forward): HFU-like
-            out["hfu_counted"] = out["counted_flops_per_s"] / peak
-            if "palm_flops_per_step" in flops:
-                out["mfu_palm"] = flops["palm_flops_per_step"] / step_s / peak
+    def crosscheck() -> dict[str, Any]:
+        mon = (probed or {}).get("monitor") or {}
+        out: dict[str, Any] = {}
+        if ref and mon.get("executed_flops_per_step"):
+            out["probe_executed_over_torch_counter"] = mon["executed_flops_per_step"] / ref[
+                "torch_flop_counter_per_step"]
+        if ref and mon.get("flops_per_step") and ref.get("estimate_6n_12ldt_per_step"):
+            out["probe_model_over_estimate"] = mon["flops_per_step"] / ref["estimate_6n_12ldt_per_step"]
+        if mon.get("flops_per_step") and mon.get("peak_flops") and base1:
+            # MFU from this script's own event timing, against the monitor's figure
+            out["mfu_from_event_timing"] = mon["flops_per_step"] / (base1["median_ms"] / 1e3) / mon["peak_flops"]
+            out["mfu_monitor"] = mon.get("mfu")
         return out
 
-    section(res, "utilisation", mfu)
-    step_s = (base1 or {}).get("median_ms", 10.0) / 1e3
-    section(res, "telemetry", lambda: telemetry_while(step, max(4.0, min(8.0, 40 * step_s))))
-    kern = section(res, "kernels", lambda: top_kernels(step))
+    section(res, "crosscheck", crosscheck)
+    kern = section(res, "profiler_top_kernels", lambda: top_kernels(step))
     if kern and base1:
         kern["gpu_busy_fraction"] = kern["kernel_us_per_step"] / 1e3 / base1["median_ms"]
     state.clear()
@@ -352,41 +364,48 @@ def bench_model(name: str, cfg_kw: dict[str, int], batch: int, timed: int) -> di
 
 
 def main(argv: list[str]) -> int:
-    global DEV
+    global DEV, JSON_PATH
     try:
         import torch
     except Exception as exc:
         print(json.dumps({"skipped": f"no torch: {exc}"}))
         return 0
     models = MODELS
-    result: dict[str, Any] = {}
+    result = RESULT
+    out_dir = argv[argv.index("--out") + 1] if "--out" in argv[:-1] else None
+    JSON_PATH = argv[argv.index("--json") + 1] if "--json" in argv[:-1] else None
     if "--cpu-dry-run" in argv:
         DEV, models = "cpu", DRY_MODELS
         result["dry_run"] = "tiny models on the CPU; numbers mean nothing"
     elif not torch.cuda.is_available():
         print(json.dumps({"skipped": "no CUDA"}))
         return 0
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
     try:
         if DEV != "cuda":
             raise RuntimeError("dry run: no CUDA device")
         props = torch.cuda.get_device_properties(0)
         result["device"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
+                            "sms": props.multi_processor_count,
                             "memory_gb": round(props.total_memory / 2**30, 1),
                             "torch": torch.__version__, "cuda": torch.version.cuda}
     except Exception as exc:
         result["device"] = {"error": repr(exc)}
     torch.backends.cuda.matmul.allow_tf32 = True
-    for name, cfg_kw, batch, timed in models:
+    for name, cfg_kw, batch, timed, probe_s in models:
         if "--small" in argv and name != "small":
             continue
         if time.monotonic() - T0 > BUDGET_S:
             result[name] = {"skipped": "time budget"}
             continue
         try:
-            result[name] = bench_model(name, cfg_kw, batch, timed)
+            result[name] = {}
+            bench_model(result[name], name, cfg_kw, batch, timed, probe_s, out_dir)
         except Exception as exc:  # bench_model guards its sections; this is the last net
             result[name] = {"error": f"{type(exc).__name__}: {exc}"}
     result["elapsed_s"] = round(time.monotonic() - T0, 1)
+    checkpoint()
     print(json.dumps(_clean(result), indent=2, default=str, allow_nan=False))
     return 0
 

@@ -26,7 +26,8 @@ import io
 import re
 from dataclasses import dataclass
 
-__all__ = ["NcuKernel", "NcuParseError", "parse_raw_csv", "TENSOR_METRICS", "FP_METRICS"]
+__all__ = ["NcuKernel", "NcuParseError", "parse_raw_csv", "parse_query_metrics", "usable_metrics",
+           "TENSOR_METRICS", "FP_METRICS"]
 
 # The counters calibrate asks ncu for (names as Nsight Compute 2025.3 reports them on Hopper).
 TENSOR_METRICS: tuple[str, ...] = (
@@ -204,3 +205,27 @@ def parse_raw_csv(text: str) -> list[NcuKernel]:
 
 def _int_or_none(value: float | int | None) -> int | None:
     return None if value is None else int(value)
+
+
+_QUERY_NAME = re.compile(r"^([a-z0-9]+__[A-Za-z0-9_]+)\b")
+
+
+def parse_query_metrics(text: str) -> set[str]:
+    """Base metric names (no ``.sum`` rollup) listed by ``ncu --query-metrics`` for this GPU."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        m = _QUERY_NAME.match(line.strip())
+        if m:
+            names.add(m.group(1))
+    return names
+
+
+def usable_metrics(wanted: tuple[str, ...], available: set[str]) -> tuple[list[str], list[str]]:
+    """``wanted`` split into (kept, dropped) by whether the GPU/ncu version knows the base name.
+
+    One unknown metric makes ncu refuse the whole run, and the counter families differ between
+    chips and ncu releases; calibrating with fewer counters beats not calibrating."""
+    kept, dropped = [], []
+    for metric in wanted:
+        (kept if metric.split(".", 1)[0] in available else dropped).append(metric)
+    return kept, dropped

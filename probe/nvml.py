@@ -32,6 +32,7 @@ DEVICE_FIELDS: tuple[str, ...] = (
 ALL_FIELDS: tuple[str, ...] = DEVICE_FIELDS + GPM_FIELDS
 
 # NVML return codes we branch on (ABI-stable values from nvml.h).
+_INVALID_ARGUMENT = 2
 _NOT_FOUND = 6
 _LIBRARY_NOT_FOUND = 12
 _DRIVER_NOT_LOADED = 9
@@ -210,7 +211,8 @@ class DeviceTelemetry:
         try:
             return nv.nvmlDeviceGetHandleByUUID(uuid)
         except Exception as exc:
-            if nvml_error_code(exc) != _NOT_FOUND or not uuid.upper().startswith("GPU-"):
+            # NVML answers a partial UUID with NOT_FOUND or INVALID_ARGUMENT (drivers differ)
+            if nvml_error_code(exc) not in (_NOT_FOUND, _INVALID_ARGUMENT) or not uuid.upper().startswith("GPU-"):
                 raise
         # CUDA accepts a unique UUID prefix; NVML wants the whole UUID.
         for i in range(nvml_int(nv.nvmlDeviceGetCount())):

@@ -154,6 +154,8 @@ class StepTracker:
         candidate yet (a step before any forward), discovery simply goes on.
         """
         if not self._candidates:
+            if self.device is None:  # no module forward yet: time the device the parameters live on
+                self.device = self._params_device(optimizer)
             return
         trained: set[int] = set()
         for group in getattr(optimizer, "param_groups", ()):
@@ -181,6 +183,14 @@ class StepTracker:
                 h.remove()
             self._root_handles.clear()
         self.device = self._pick_device(root)
+
+    @staticmethod
+    def _params_device(optimizer: Any) -> torch.device | None:
+        for group in getattr(optimizer, "param_groups", ()):
+            for p in group.get("params", ()):
+                if isinstance(p, torch.Tensor):
+                    return p.device
+        return None
 
     @staticmethod
     def _pick_device(root: torch.nn.Module) -> torch.device:

@@ -211,6 +211,11 @@ def test_run_calibration_end_to_end_with_fake_runner(tmp_path: Path) -> None:
 
     def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         calls.append((cmd, kw))
+        if "--query-metrics" in cmd:  # this ncu knows every counter but the fp64 tensor one
+            known = [m.split(".")[0] for m in cal.METRICS if "tensor_src_fp64" not in m]
+            listing = "Device NVIDIA H200 (GH100)\n---- ----\nMetric Name   Metric Description\n"
+            return subprocess.CompletedProcess(cmd, 0, stdout=listing + "\n".join(
+                f"{m}   some description" for m in known), stderr="")
         if "--import" in cmd:
             return subprocess.CompletedProcess(cmd, 0, stdout=synthetic_csv(), stderr="")
         env = kw["env"]
@@ -228,14 +233,18 @@ def test_run_calibration_end_to_end_with_fake_runner(tmp_path: Path) -> None:
     opts = cal.parse_args(["--ncu", str(ncu), "--steps", "2", "--export", str(export), "--",
                            "python", "train.py"])
     assert cal.run_calibration(opts, run=run, gpu_check=lambda: None, out=out, err=err) == 0
-    profile, imp = calls
+    query, profile, imp = calls
+    assert query[0] == [str(ncu), "--query-metrics"]
     assert profile[0][-2:] == ["python", "train.py"]
+    metrics = profile[0][profile[0].index("--metrics") + 1].split(",")
+    assert metrics == [m for m in cal.METRICS if "tensor_src_fp64" not in m]
     assert profile[0][profile[0].index("--export") + 1] == str(tmp_path / "keep" / "calib")
     assert imp[0] == cal.build_import_command(str(ncu), str(export))
     report = [cells(line) for line in out.getvalue().splitlines()[2:5]]
     assert [(r[0], r[1], r[6]) for r in report] == [("5", "3", "1.000"), ("6", "1", "1.000"),
                                                      ("all", "4", "1.000")]
     assert "profiling steps [5, 6]" in err.getvalue()
+    assert "lacks sm__ops_path_tensor_src_fp64.sum; calibrating without them" in err.getvalue()
 
 
 def test_run_calibration_fails_without_report(tmp_path: Path) -> None:
@@ -257,3 +266,28 @@ def test_format_flops() -> None:
     assert cal.format_flops(137_438_953_472) == "137.44G"
     assert cal.format_flops(1.5e15) == "1.5P"
     assert cal.format_flops(999) == "999"
+
+
+def test_metric_listing_parse_and_selection() -> None:
+    from flowtop.ncu import parse_query_metrics, usable_metrics
+
+    listing = ("Device NVIDIA H200 (GH100)\n"
+               "------------------------------------ ---------------------------\n"
+               "Metric Name                          Metric Description\n"
+               "------------------------------------ ---------------------------\n"
+               "dram__bytes                          # of bytes accessed in DRAM\n"
+               "sm__ops_path_tensor_src_bf16_dst_fp32  # of tensor ops, bf16 sources\n"
+               "==PROF== done\n")
+    names = parse_query_metrics(listing)
+    assert names == {"dram__bytes", "sm__ops_path_tensor_src_bf16_dst_fp32"}
+    kept, dropped = usable_metrics(("sm__ops_path_tensor_src_bf16_dst_fp32.sum", "x__y.sum"), names)
+    assert (kept, dropped) == (["sm__ops_path_tensor_src_bf16_dst_fp32.sum"], ["x__y.sum"])
+
+
+def test_unlistable_metrics_fall_back_to_all() -> None:
+    def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="==ERROR== no device")
+
+    err = io.StringIO()
+    assert cal.select_metrics("ncu", run, err) == list(cal.METRICS)
+    assert err.getvalue() == ""

@@ -55,9 +55,8 @@ def test_real_nvml_and_gpm_under_bf16_gemm_load() -> None:
 
     torch.cuda.init()
     tel = DeviceTelemetry(cuda_device_index=0)
-    first = tel.sample()  # GPM baseline sample
-    assert "two samples" in first["reasons"].get("tensor_active", "") or first["reasons"].get(
-        "tensor_active"), first["reasons"]
+    first = tel.sample()  # GPM baseline sample: no rates yet
+    assert first["tensor_active"] is None and first["reasons"].get("tensor_active")
     _gemm_load(2.0)
     t0 = time.perf_counter()
     s = tel.sample()
@@ -104,7 +103,8 @@ def test_cuda_visible_devices_uuid_prefix_resolves_the_same_gpu() -> None:
 
 
 # ---------------------------------------------------------------------------------- FLOPs
-B, T, D, H, L, V = 4, 256, 256, 4, 2, 1024  # head dim 64: every fused backend accepts it
+# flowtop.demo.train's GPT (vocab 2048, 4 heads) at these sizes; head dim 64 suits every backend
+B, T, D, H, L, V = 4, 256, 256, 4, 2, 2048
 N = B * T
 LINEARS = 24 * N * D * D  # per block: 2·N·(3d² + d² + 4d² + 4d²), biases not counted
 HEAD = 2 * N * D * V
@@ -161,8 +161,9 @@ def test_cuda_events_give_device_step_time_while_the_host_runs_ahead(monitor) ->
     than 40 × 20 ms, and the step messages still carry each step's device time."""
     import probe
 
-    w = torch.zeros(16, device="cuda", requires_grad=True)
-    opt = torch.optim.SGD([w], lr=0.0)
+    model = torch.nn.Linear(16, 16, device="cuda")
+    x = torch.randn(4, 16, device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
     # Calibrate torch.cuda._sleep to about 20 ms of device time.
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles = 20_000_000
@@ -180,7 +181,7 @@ def test_cuda_events_give_device_step_time_while_the_host_runs_ahead(monitor) ->
 
     def step() -> None:
         torch.cuda._sleep(cycles)
-        (w * 2).sum().backward()
+        model(x).sum().backward()
         opt.step()
         opt.zero_grad()
 
@@ -253,11 +254,14 @@ def test_cuda_training_through_a_real_collector(monitor) -> None:
     assert r.device == torch.cuda.get_device_name(0)
     assert f.model_flops_per_step == MODEL and f.executed_flops_per_step == MODEL + L * ATTN // 2
     assert f.dtype == "bf16"
-    if "H200" in r.device or "H100" in r.device:
-        assert "H" in f.peak_source and f.peak_flops and f.peak_flops > 5e14, f.peak_source
+    from probe.peaks import lookup_peak
+
+    table, _ = lookup_peak(r.device, "bf16")  # the monitor's peak is the table's row for this GPU
+    if table is not None:
+        assert f.peak_flops == table.flops and table.source in f.peak_source, f.peak_source
     assert 0 < f.mfu < 1 and 0 < f.hfu < 1
-    # device time (CUDA events) and host wall time of the same steady steps agree
-    assert abs(r.device_time_s - r.step_time_s) / r.step_time_s < 0.5
+    # device time (CUDA events, the latest complete step, maybe a sampled one) is a step's time
+    assert 0 < r.device_time_s < 5 * r.step_time_s
     assert tel["gpu_util"] is not None and tel["sm_clock_mhz"] and tel["power_w"]
     assert k.device == "cuda"
     cats = {c.category for c in k.categories}

@@ -69,6 +69,8 @@ def test_functional_loop_without_modules(captured) -> None:  # type: ignore[no-u
         opt.step()
         opt.zero_grad()
     assert [s["step"] for s in steps(captured)] == [1, 2, 3, 4]
+    # no module ever ran: the device to time is the one the optimizer's parameters live on
+    assert probe._current().tracker.device == torch.device("cpu")
 
 
 def test_two_optimizers_are_one_step(captured) -> None:  # type: ignore[no-untyped-def]

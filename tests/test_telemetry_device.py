@@ -137,7 +137,7 @@ class FakeNVML:
         for dev in self.devices + self.migs:
             if dev.uuid == uuid:
                 return dev
-        raise FakeNVMLError(NOT_FOUND)
+        raise FakeNVMLError(getattr(self, "unknown_uuid_code", NOT_FOUND))
 
     def nvmlDeviceGetUUID(self, dev: FakeDevice) -> str:
         return dev.uuid
@@ -329,6 +329,10 @@ def test_cuda_visible_devices_uuids_and_prefix() -> None:
     nv = FakeNVML(devs)
     s = DeviceTelemetry(nvml=nv, env={"CUDA_VISIBLE_DEVICES": "GPU-bbbb"}).sample()
     assert s["uuid"] == "GPU-bbbb-2222"  # CUDA accepts a unique prefix
+    nv = FakeNVML(devs)
+    nv.unknown_uuid_code = 2  # some drivers call a partial UUID an INVALID_ARGUMENT
+    s = DeviceTelemetry(nvml=nv, env={"CUDA_VISIBLE_DEVICES": "GPU-aaaa"}).sample()
+    assert s["uuid"] == "GPU-aaaa-1111"
     nv = FakeNVML(devs)
     s = DeviceTelemetry(nvml=nv, env={"CUDA_VISIBLE_DEVICES": "GPU-cccc"}).sample()
     assert s["gpu_util"] is None
