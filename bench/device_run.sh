@@ -2,6 +2,7 @@
 # Every GPU check of issue 5 in one command, for one short lease of a GPU machine.
 #
 #   bash bench/device_run.sh            # results under $OUT (default /tmp/flowtop-gpu)
+#   STAGES="pytest gpu_check" bash bench/device_run.sh    # some stages only
 #
 # The machine has torch, nvidia-ml-py, psutil and msgpack but no pyzmq: wheels in .whl/ (see
 # README "Benchmarks") are installed into /tmp/site first. Each stage has its own time limit and
@@ -9,7 +10,9 @@
 #   run.log          this script's log (versions, nvidia-smi, stage timings, stderr of every stage)
 #   pytest_gpu.log   tests/test_gpu.py with -s: the real NVML/GPM, CUDA FLOP, event and e2e tests
 #   gpu_check.json   bench/gpu_check.py (small and large GPT, probe vs no probe, monitor's view)
-#   overhead.json    bench/overhead.py --device cuda on a mid-size GPT (A/B blocks)
+#   teardown.json    bench/cupti_teardown.py: steps after a profiler window, TEARDOWN_CUPTI unset/1
+#   costs.json       bench/probe_costs.py: the probe's training-thread time per step, by feature
+#   overhead.json    bench/overhead.py --device cuda, mid-size and small GPT (A/B blocks)
 #   calibrate.txt    flowtop calibrate: ncu hardware FLOPs vs the probe's executed FLOPs
 #   small.rec.gz, large.rec.gz   the monitor's recordings of gpu_check (flowtop replay FILE)
 set -u
@@ -19,6 +22,7 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stage() { echo "=== $1 (t=$(( $(date +%s) - T0 )) s)"; }
+want() { [[ " ${STAGES:-pytest teardown costs gpu_check calibrate overhead} " == *" $1 "* ]]; }
 
 stage setup
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -32,11 +36,26 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm,power.dr
 python3 -c "import sys, torch, zmq, pynvml, msgpack, psutil; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyzmq', zmq.__version__, 'nvml-py', getattr(pynvml, '__version__', '?'))"
 command -v ncu && ncu --version | tail -1
 
+if want pytest; then
 stage "pytest tests/test_gpu.py"
 timeout 120 python3 -m pytest tests/test_gpu.py -p no:cacheprovider -p no:asyncio -s -q -rs \
   > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$?"; grep -E "^\[gpu\]|passed|failed|skipped|FAILED|Error" "$OUT/pytest_gpu.log" | cut -c1-400
+fi
 
+if want teardown; then
+stage "bench/cupti_teardown.py"
+timeout 100 python3 bench/cupti_teardown.py > "$OUT/teardown.json"
+echo "teardown rc=$?"; cat "$OUT/teardown.json"
+fi
+
+if want costs; then
+stage "bench/probe_costs.py"
+timeout 90 python3 bench/probe_costs.py > "$OUT/costs.json"
+echo "costs rc=$?"; cat "$OUT/costs.json"
+fi
+
+if want gpu_check; then
 stage "bench/gpu_check.py"
 timeout 240 python3 bench/gpu_check.py --out "$OUT/rec" --json "$OUT/gpu_check.json" > /dev/null
 echo "gpu_check rc=$?"
@@ -52,15 +71,23 @@ for m in ("small", "large"):
 EOF
 for f in "$OUT"/rec/*.rec; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f").gz"; done
 rm -rf "$OUT/rec"
+fi
 
+if want calibrate; then
 stage "flowtop calibrate"
 timeout 120 python3 -m flowtop.cli calibrate --steps 2 --skip 5 -- \
   python3 -m flowtop.demo.train --device cuda --dtype bf16 --steps 8 --layers 2 --width 256 \
   --seq 256 --batch 4 > "$OUT/calibrate.txt"
 echo "calibrate rc=$?"; tail -22 "$OUT/calibrate.txt"
+fi
 
+if want overhead; then
 stage "bench/overhead.py --device cuda"
-timeout 60 python3 bench/overhead.py --device cuda --layers 12 --width 1024 --seq 1024 --batch 8 \
-  --rounds 4 > "$OUT/overhead.json"
+{
+  timeout 60 python3 bench/overhead.py --device cuda --layers 12 --width 1024 --seq 1024 \
+    --batch 8 --rounds 4
+  timeout 60 python3 bench/overhead.py --device cuda --rounds 6
+} > "$OUT/overhead.json"
 echo "overhead rc=$?"; cat "$OUT/overhead.json"
+fi
 stage done

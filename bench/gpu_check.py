@@ -303,7 +303,12 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
                     break
             times = timer.times_ms()
             marks = dict(probe._current().sampled_steps)
-            time.sleep(1.2)  # one more telemetry tick and the last step messages reach the monitor
+            # The snapshot is taken while training goes on: the telemetry it shows (sampled each
+            # second) is then of training, not of a pause.
+            mon.interrupt()
+            t_end = time.monotonic() + 1.0
+            while time.monotonic() < t_end:
+                step()
             snap = mon.snapshot()
         finally:
             probe.detach()
@@ -311,9 +316,16 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
             mon.close()
         # times[i] is probe step i + 1; step 1 pays attach and model discovery (once per run)
         steady = [t for i, t in enumerate(times, start=1) if i > 1 and i not in marks]
+        first_window = min((i for i, w in marks.items() if w == "kernels"), default=len(times) + 1)
+        # Steps after a kernel window pay for a CUPTI left attached (bench/cupti_teardown.py)
+        before = [t for i, t in enumerate(times, start=1) if 1 < i < first_window and i not in marks]
+        after = [t for i, t in enumerate(times, start=1) if i > first_window and i not in marks]
         sampled = {what: [round(times[i - 1], 3) for i, w in sorted(marks.items()) if w == what
                           and i <= len(times)] for what in ("flops", "kernels")}
         out = {"attached": attached, **summary(steady), "sampled_step_ms": sampled,
+               "median_before_first_window_ms": statistics.median(before) if before else None,
+               "median_after_first_window_ms": statistics.median(after) if after else None,
+               "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
                "first_step_ms": round(times[0], 3), "monitor": monitor_view(snap, job)}
         if record:
             out["recording"] = record

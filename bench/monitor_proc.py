@@ -39,10 +39,15 @@ class MonitorProcess:
         if self._proc.poll() is not None:
             raise RuntimeError(f"monitor exited at start: {self._proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
 
-    def snapshot(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """Stop the monitor and return its JSON snapshot (``{"error": ...}`` if it printed none)."""
+    def interrupt(self) -> None:
+        """Ask the monitor for its snapshot now (it takes it within 0.1 s); read it with
+        :meth:`snapshot`. Training can go on meanwhile, so the telemetry it shows is live."""
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGINT)
+
+    def snapshot(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Stop the monitor and return its JSON snapshot (``{"error": ...}`` if it printed none)."""
+        self.interrupt()
         try:
             out, err = self._proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

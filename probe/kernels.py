@@ -19,6 +19,7 @@ once and switches the sampler off.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
@@ -33,6 +34,12 @@ __all__ = ["KernelWindowSampler", "WindowScheduler", "might_have_formula", "reco
 KERNEL, MEMCPY, MEMSET, RUNTIME = 0, 1, 2, 4
 _DEVICE = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _RUNTIME = ("cuda_runtime", "cuda_driver")
+#: Names of CUPTI overhead records (CUpti_ActivityOverheadKind as Kineto names them).
+_CUPTI_OVERHEAD = frozenset((
+    "Command Buffer Full", "Activity Buffer Request", "Buffer Flush", "CUPTI Buffer Flush",
+    "Driver Compiler", "CUPTI Instrumentation", "Instrumentation", "Lazy Function Loading",
+    "Runtime Triggered Module Loading", "UVM Activity Init",
+))
 try:
     from torch._C._autograd import DeviceType as _DeviceType
 
@@ -98,21 +105,28 @@ def _activity_type(e: Any) -> str:
 
 def _activity_type_compat(e: Any) -> str:
     """Kineto's activity category for torch releases whose events lack ``activity_type()``
-    (torch ≤ 2.11), from what those events do expose — the rules torch's own parser uses there:
-    a device event is a kernel unless its name says memcpy/memset; on the host, a user annotation
-    says so, and an event linked to an operator (``linked_correlation_id() > 0``) is a runtime or
-    driver call, the rest are operators."""
+    (torch ≤ 2.11), from what those events do expose — the rules torch's own parser uses there.
+
+    Annotations first: a ``record_function`` range ("Optimizer.step#AdamW.step") also appears on
+    the device as a ``gpu_user_annotation`` spanning its kernels, and counting it as a kernel
+    would double their time (seen on an H200 with torch 2.11). A device event is then a kernel
+    unless its name says memcpy/memset. On the host, an event linked to an operator
+    (``linked_correlation_id() > 0``) is a runtime or driver call; CUPTI's own overhead records
+    ("Command Buffer Full", "Activity Buffer Request") carry no id at all; the rest are operators.
+    """
+    if e.is_user_annotation():
+        return "user_annotation"
+    name = e.name()
     if e.device_type() != _CPU:
-        name = e.name()
         if name.startswith("Memcpy"):
             return "gpu_memcpy"
         if name.startswith("Memset"):
             return "gpu_memset"
         return "kernel"
-    if e.is_user_annotation():
-        return "user_annotation"
     if e.linked_correlation_id() > 0:
         return "cuda_runtime"
+    if e.correlation_id() == 0 or name in _CUPTI_OVERHEAD:
+        return "overhead"
     return "cpu_op"
 
 
@@ -230,6 +244,12 @@ class KernelWindowSampler:
             if getattr(torch._C._autograd, "_profiler_enabled", lambda: False)():
                 warn_once("kernels-busy", "kernel window skipped: another torch.profiler session is active")
                 return False
+            if self.device == "cuda":
+                # Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1, and an
+                # attached CUPTI taxes every later kernel launch (on an H200, a launch-bound
+                # step stayed ~30 % slower after one window). A user's own setting wins, and
+                # torch sets it to 0 itself where CUDA graphs cannot survive a teardown.
+                os.environ.setdefault("TEARDOWN_CUPTI", "1")
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             prof = profile(activities=activities, record_shapes=True)
             prof.start()

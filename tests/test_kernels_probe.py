@@ -384,6 +384,8 @@ def test_compat_rules_classify_cuda_kernels_copies_and_runtime_calls() -> None:
         _Event("nvjet_tst_128x64_64x4", cuda, 11, 501),  # its kernel
         _Event("Memcpy HtoD (Pageable -> Device)", cuda, 11, 502),
         _Event("Memset (Device)", cuda, 11, 503),
+        _Event("##Optimizer.step#AdamW.step##", cuda, 12, 0),  # gpu_user_annotation: a range
+        _Event("Command Buffer Full", cpu, 0, 0),  # CUPTI overhead record: no ids
     ]
     rec = records_from_kineto(events, 1_000_000)
     names = rec["names"]
