@@ -84,9 +84,10 @@ fi
 if want overhead; then
 stage "bench/overhead.py --device cuda"
 {
+  # blocks of 40 steps: each attached block has a FLOP count and kernel windows to amortize
   timeout 60 python3 bench/overhead.py --device cuda --layers 12 --width 1024 --seq 1024 \
-    --batch 8 --rounds 4
-  timeout 60 python3 bench/overhead.py --device cuda --rounds 6
+    --batch 8 --block 40 --rounds 3
+  timeout 60 python3 bench/overhead.py --device cuda --block 40 --rounds 4
 } > "$OUT/overhead.json"
 echo "overhead rc=$?"; cat "$OUT/overhead.json"
 fi

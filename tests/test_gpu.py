@@ -266,7 +266,7 @@ def test_cuda_training_through_a_real_collector(monitor) -> None:
     assert k.device == "cuda"
     # record_function ranges reach the device as annotations, CUPTI adds overhead records:
     # neither is a kernel nor an operator (torch 2.11 exposes no activity_type() to tell them)
-    assert not [x.name for x in k.kernels if "#" in x.name], [x.name for x in k.kernels]
+    assert not [x.name for x in k.kernels if x.name.startswith("Optimizer.")], [x.name for x in k.kernels]
     assert not [x.op for x in k.kernels if x.op and not x.op.startswith("aten::")]
     cats = {c.category for c in k.categories}
     assert "gemm" in cats and "attention" in cats, cats

@@ -100,7 +100,8 @@ def test_a_failing_measure_is_logged_once_and_its_hints_held(caplog: pytest.LogC
         calls["n"] += 1
         if calls["n"] > 1:
             raise RuntimeError("boom")
-        return {"rank 0": Measurement(9.0, {"input_wait_pct": 9.0}, 0.09, 100, steps_covered=10)}
+        return {"rank 0": Measurement(9.0, {"input_wait_pct": 9.0, "device_idle_pct": 50.0}, 0.09, 100,
+                                      steps_covered=10)}
 
     engine = HintEngine(rules=(rule, RULES_BY_ID["comm_exposed"]),
                         measures={"input_wait": flaky, "comm_exposed": MEASURES["comm_exposed"]})

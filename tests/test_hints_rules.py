@@ -183,6 +183,39 @@ def test_throttling_gate_on_reason() -> None:
     assert find(settle(engine, gone, 100.0), "throttling") is None
 
 
+def test_power_cap_at_the_power_limit_is_information() -> None:
+    """An H200 under bf16 GEMMs: 701 of 700 W, 1575 of 1980 MHz, sw_power_cap (measured)."""
+    at_limit = job(rank(0, tel=telemetry(sm_clock_mhz=1575.0, sm_clock_max_mhz=1980.0, throttle=["sw_power_cap"],
+                                         power_w=701.0, power_limit_w=700.0)))
+    hint = find(settle(HintEngine(), at_limit, 0.0), "throttling")
+    assert hint is not None and hint.severity == "info"
+    assert hint.summary == ("rank 0 runs at its power limit (701 of 700 W), SM clock 1575 of 1980 MHz: usual "
+                            "under dense tensor-core work, and the datasheet peak behind MFU assumes the boost clock")
+    # just below 95 % of the limit, or a thermal reason too: a warning about a slowed GPU
+    below = job(rank(0, tel=telemetry(sm_clock_mhz=1575.0, sm_clock_max_mhz=1980.0, throttle=["sw_power_cap"],
+                                      power_w=664.0, power_limit_w=700.0)))
+    assert find(settle(HintEngine(), below, 0.0), "throttling").severity == "warning"
+    hot = job(rank(0, tel=telemetry(sm_clock_mhz=1575.0, sm_clock_max_mhz=1980.0,
+                                    throttle=["sw_power_cap", "sw_thermal"], power_w=701.0, power_limit_w=700.0)))
+    assert find(settle(HintEngine(), hot, 0.0), "throttling").severity == "warning"
+
+
+def test_input_wait_is_silent_while_the_gpu_is_busy() -> None:
+    """A GPU-bound job's host blocks wherever the launch queue fills — between steps too (seen on
+    an H200: 9 % "input wait" at GPU-Util 100 %). That wait costs nothing; 10 % idle re-arms it."""
+    busy = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=telemetry(gpu_util=100.0)))
+    assert find(settle(HintEngine(), busy, 0.0), "input_wait") is None
+    idle = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=telemetry(gpu_util=89.0)))
+    hint = find(settle(HintEngine(), idle, 0.0), "input_wait")
+    assert hint is not None and hint.evidence["device_idle_pct"] == pytest.approx(11.0)
+    assert hint.impact == pytest.approx(0.11)  # no more than the device's idle share is at stake
+    # no telemetry: the kernel window's busy share decides; a CPU rank always counts as idle
+    gpu_window = job(rank(0, hist=history(20, 0.1, wait_s=0.02), kernels=kwin([(GEMM_H, 1, 9_600.0)])))
+    assert find(settle(HintEngine(), gpu_window, 0.0), "input_wait") is None
+    cpu = job(rank(0, device="cpu (x86_64)", hist=history(20, 0.1, wait_s=0.02), tel=telemetry(gpu_util=100.0)))
+    assert find(settle(HintEngine(), cpu, 0.0), "input_wait") is not None
+
+
 def test_util_vs_mfu_gate_and_wording_without_tensor_data() -> None:
     low_util = job(rank(0, fl=flops(mfu=0.1), tel=telemetry(gpu_util=80.0)))
     assert find(settle(HintEngine(), low_util, 0.0), "util_vs_mfu") is None

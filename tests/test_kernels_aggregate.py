@@ -157,3 +157,25 @@ def test_h200_anatomy() -> None:
     assert sum(k.calls for k in s.kernels) == 208
     assert {c.category for c in s.categories} == {
         "elementwise", "gemm", "norm_softmax", "attention", "optimizer", "reduction", "memory"}
+
+
+def test_gpu_bound_window_takes_the_device_span_as_its_step() -> None:
+    """Seen on an H200: a 180 ms step queued by the host in 75 ms. Shares and busy are taken
+    against the device work's span (this step's first kernel to its last), not the host time."""
+    ev = (
+        KernelEvent(MM, CPU_OP, 0, 50, -1, -1, -1),
+        KernelEvent(G, KERNEL, 20_000, 100_000, 7, MM, 4e12),  # starts after the previous step's work
+        KernelEvent(EL, KERNEL, 120_000, 50_000, 7, -1, -1),
+        KernelEvent(EL, KERNEL, 180_000, 20_000, 7, -1, -1),  # 10 ms idle before it
+    )
+    s = aggregate(KernelWindow(NAMES, ev, 75_000.0, "cuda"))
+    a = s.anatomy
+    assert (a.step_basis, a.step_us, s.step_us) == ("device", 180_000.0, 180_000.0)
+    assert a.busy_us == 170_000 and a.busy_frac == pytest.approx(170 / 180)
+    assert [(k.name, k.share) for k in s.kernels] == [("gemm_a", pytest.approx(100 / 180)),
+                                                      ("elementwise_b", pytest.approx(70 / 180))]
+    assert a.tflops == pytest.approx(4e12 / 180_000 / 1e6)
+    assert [(g.start_us, g.dur_us) for g in a.gaps] == [(170_000, 10_000)]  # none before the first kernel
+    # a launch-bound window keeps the host step (device work inside it)
+    host = aggregate(_window())
+    assert (host.anatomy.step_basis, host.step_us) == ("host", 1000.0)

@@ -45,12 +45,17 @@ def throttling(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             "power_w": telemetry_number(r, "power_w"),
             "power_limit_w": telemetry_number(r, "power_limit_w"),
         }
+        power, limit = ev["power_w"], ev["power_limit_w"]
+        at_limit = (hits == ["sw_power_cap"] and power is not None and bool(limit)
+                    and power >= rule.params["power_limit_frac"] * limit)
         out[rank_target(r)] = Measurement(
             value=ev["clock_pct"],
             evidence=ev,
             impact=clamp01(1.0 - clock / top),
             step=r.step,
             text={"reasons": ", ".join(hits) or "no power/thermal reason"},
+            severity="info" if at_limit else None,
+            variant="power_limit" if at_limit else "",
         )
     return out
 

@@ -7,7 +7,8 @@ import math
 import statistics
 from typing import Any
 
-from flowtop.hints.base import Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target, safe_div
+from flowtop.hints.base import (Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target, safe_div,
+                                telemetry_number)
 from flowtop.hints.rules import Rule
 from flowtop.snapshot import JobSnapshot, RankSnapshot
 
@@ -78,8 +79,28 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
                             variant="silent" if text else "")}
 
 
+def device_idle_pct(r: RankSnapshot) -> float:
+    """How much of the time the rank's compute device idles, in percent.
+
+    A GPU rank: 100 − NVML GPU-Util (the share of time no kernel ran — the one thing GPU-Util
+    measures well), else 1 − busy of its latest CUDA kernel window; a CPU rank, or a GPU rank with
+    neither: 100 (the training thread is the device, or nothing says it is busy)."""
+    if r.device.startswith("cpu"):
+        return 100.0
+    util = telemetry_number(r, "gpu_util")
+    if util is not None:
+        return max(0.0, 100.0 - util)
+    k = r.kernels
+    if k is not None and k.device == "cuda":
+        busy = k.anatomy.busy_frac_typical if k.anatomy.busy_frac_typical is not None else k.anatomy.busy_frac
+        if busy is not None and math.isfinite(busy):
+            return 100.0 * (1.0 - min(max(busy, 0.0), 1.0))
+    return 100.0
+
+
 def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
-    """Per rank: Σ input wait ÷ Σ step time over the last ``window_steps`` steps."""
+    """Per rank: Σ input wait ÷ Σ step time over the last ``window_steps`` steps, and how much
+    the device idles (a wait costs nothing while the GPU still works through queued kernels)."""
     out: dict[str, Measurement | None] = {}
     for r in latest_ranks(job):
         if r.status == "done":
@@ -104,9 +125,11 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             "window_steps": covered,
             "input_wait_s_per_step": wait / n if n and wait is not None else None,
             "step_time_s": median_step_s(r, n) if n else r.step_time_s,
+            "device_idle_pct": device_idle_pct(r),
         }
         out[rank_target(r)] = Measurement(
-            value=ev["input_wait_pct"], evidence=ev, impact=clamp01(frac), step=r.step, steps_covered=covered
+            value=ev["input_wait_pct"], evidence=ev, impact=clamp01(min(frac, ev["device_idle_pct"] / 100.0)),
+            step=r.step, steps_covered=covered,
         )
     return out
 

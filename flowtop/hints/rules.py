@@ -84,8 +84,11 @@ RULES: tuple[Rule, ...] = (
         action="Feed the GPU faster: raise DataLoader num_workers, set pin_memory=True and "
         "persistent_workers=True, raise prefetch_factor; move decoding/augmentation off the "
         "training process or pre-tokenize the data.",
+        gates=(Gate("device_idle_pct", ">=", 10.0, 5.0),),
         critical_at=25.0,
-        doc="Σ input wait ÷ Σ step time over the last window_steps steps",
+        doc="Σ input wait ÷ Σ step time over the last window_steps steps; gate: the device idles "
+        "(100 − NVML GPU-Util, else 1 − busy of the kernel window; a CPU rank counts as idle) — a "
+        "GPU-bound job's host waits wherever the launch queue fills, and that costs nothing",
     ),
     Rule(
         id="straggler",
@@ -301,13 +304,21 @@ RULES: tuple[Rule, ...] = (
         window_s=5.0,
         summary="{target} GPU is throttled to {clock_pct:.0f} % of its max SM clock "
         "({sm_clock_mhz:.0f} of {sm_clock_max_mhz:.0f} MHz) by {reasons}",
+        variants={
+            # Seen on an H200 under bf16 GEMMs: 689-701 W of 700 W, SM clock 1440-1575 MHz.
+            "power_limit": "{target} runs at its power limit ({power_w:.0f} of {power_limit_w:.0f} W), "
+            "SM clock {sm_clock_mhz:.0f} of {sm_clock_max_mhz:.0f} MHz: usual under dense tensor-core "
+            "work, and the datasheet peak behind MFU assumes the boost clock",
+        },
         action="Check cooling and power: nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER; airflow, "
         "power limit (nvidia-smi -pl), other jobs on the node; one throttled GPU slows the "
         "whole synchronous job.",
         gates=(Gate("power_thermal_reasons", ">=", 1.0, 1.0),),
         params={"reasons": ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal",
-                            "hw_power_brake")},
-        doc="SM clock ÷ max SM clock; gate: a power or thermal clock-event reason is active",
+                            "hw_power_brake"), "power_limit_frac": 0.95},
+        doc="SM clock ÷ max SM clock; gate: a power or thermal clock-event reason is active; only "
+        "the software power cap, at ≥ power_limit_frac of the power limit: info severity (power-"
+        "limited, not faulty)",
     ),
     Rule(
         id="util_vs_mfu",

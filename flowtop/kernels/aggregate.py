@@ -4,7 +4,10 @@ Definitions (the UI and ``flowtop analyze`` show these numbers; see also design.
 
 * *device work*: kernels, memcpy and memset (kinds 0–2).  On a CPU window the work is the
   operators' exclusive time (see :mod:`flowtop.kernels.trace`).
-* *share*: a kernel's summed device time ÷ the step's wall time.
+* *step*: the profiled step's host wall time — unless the device work of the window spans
+  longer (a GPU-bound job: the host queues the step and moves on, on an H200 a 180 ms step was
+  queued in 75 ms), then the span from its first start to its last end. ``step_basis`` says which.
+* *share*: a kernel's summed device time ÷ the step.
 * *busy*: the length of the UNION of device-work intervals over all streams (two streams running
   at once count once); on a CPU window the union of the top-level operators.  *idle* = step − busy
   (never negative: the device queue can run past the host's step end).
@@ -99,6 +102,9 @@ class StepAnatomy:
     #: of how busy the device is in steps nobody profiles.
     typical_step_us: float | None = None
     busy_frac_typical: float | None = None
+    #: "host": the step is the profiled step's host wall time; "device": its device work
+    #: spanned longer than that (the GPU ran behind the host), so the step is that span.
+    step_basis: str = "host"
 
 
 @dataclass(frozen=True)
@@ -151,9 +157,27 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def step_span(window: KernelWindow) -> tuple[float, float, str]:
+    """``(origin, length, basis)`` of the step a window's shares are taken against.
+
+    The host wall time of the profiled step from the window's start — unless the device work
+    spans longer (the GPU ran behind the host), then from the first device work to the last.
+    Kernels the previous step had queued are not in the window (they were launched before the
+    profiler started), so the span starts with this step's first kernel."""
+    if window.device != "cpu":
+        work = [(e.ts_us, e.ts_us + e.dur_us) for e in window.events if e.kind in DEVICE_KINDS]
+        if work:
+            first = min(s for s, _ in work)
+            last = max(e for _, e in work)
+            if last - first > window.step_dur_us:
+                return first, last - first, "device"
+    return 0.0, window.step_dur_us, "host"
+
+
 def aggregate(window: KernelWindow) -> KernelWindowStats:
     """Top list, categories and anatomy of one window."""
-    names, events, step = window.names, window.events, window.step_dur_us
+    names, events = window.names, window.events
+    _, step, _ = step_span(window)
     work = [e for e in events if e.kind in DEVICE_KINDS]
     per: dict[int, list] = {}  # name -> [calls, total, flops, flops_us, Counter(op -> us), calls with flops]
     for e in work:
@@ -209,7 +233,8 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
 
 
 def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat]) -> StepAnatomy:
-    names, events, step = window.names, window.events, window.step_dur_us
+    names, events = window.names, window.events
+    origin, step, basis = step_span(window)
     on_cpu = window.device == "cpu"
     busy_src = [e for e in events if e.kind == CPU_OP] if on_cpu else work
     busy = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in busy_src)
@@ -254,17 +279,19 @@ def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat]) -> Ste
         short_kernels=short,
         short_kernel_us=short_us,
         short_note=note,
-        gaps=_gaps(window, busy),
+        gaps=_gaps(window, busy, origin, step),
         flops=total_flops,
         tflops=total_flops / step / 1e6 if total_flops is not None and step > 0 else None,
         typical_step_us=window.typical_step_us,
         busy_frac_typical=min(1.0, busy_us / window.typical_step_us) if window.typical_step_us else None,
+        step_basis=basis,
     )
 
 
-def _gaps(window: KernelWindow, busy: list[tuple[float, float]]) -> tuple[IdleGap, ...]:
-    end = max([window.step_dur_us] + [e for _, e in busy])
-    edges = [0.0] + [x for s, e in busy for x in (s, e)] + [end]
+def _gaps(window: KernelWindow, busy: list[tuple[float, float]], origin: float,
+          step: float) -> tuple[IdleGap, ...]:
+    end = max([origin + step] + [e for _, e in busy])
+    edges = [origin] + [x for s, e in busy for x in (s, e)] + [end]
     holes = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2) if edges[i + 1] > edges[i]]
     holes.sort(key=lambda h: (-(h[1] - h[0]), h[0]))
     host = [e for e in window.events if e.kind in (CPU_OP, RUNTIME)]
