@@ -10,6 +10,7 @@ it is rejected again, never trusted). No Textual here.
 
 from __future__ import annotations
 
+import gzip
 import struct
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from probe import wire
 
 MAGIC = b"FLOWTOP-REC 1\n"
 _LEN = struct.Struct(">I")
+_GZIP_MAGIC = b"\x1f\x8b"
 #: A record is a wire frame plus a few bytes.
 MAX_RECORD = wire.MAX_FRAME_BYTES + 64
 
@@ -65,23 +67,36 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
     """Yield ``(t, frame)`` pairs; raise :class:`RecordingError` on a damaged file.
 
     A file cut short in its last record (the monitor was killed) ends the
-    iteration quietly: everything before it is still good.
+    iteration quietly: everything before it is still good. A gzip-compressed
+    recording (``gzip run.rec``) is read as it is.
     """
     try:
-        fh = open(path, "rb")
+        fh: BinaryIO = open(path, "rb")
+        if fh.read(2) == _GZIP_MAGIC:
+            fh.close()
+            fh = gzip.open(path, "rb")  # type: ignore[assignment]
+        else:
+            fh.seek(0)
     except OSError as exc:
         raise RecordingError(f"cannot read recording {path}: {exc.strerror}") from None
     with fh:
-        if fh.read(len(MAGIC)) != MAGIC:
+        try:
+            header = fh.read(len(MAGIC))
+        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+            raise RecordingError(f"{path} is not a readable recording ({exc})") from None
+        if header != MAGIC:
             raise RecordingError(f"{path} is not a flowtop recording (bad header)")
         while True:
-            head = fh.read(_LEN.size)
-            if len(head) < _LEN.size:
+            try:
+                head = fh.read(_LEN.size)
+                if len(head) < _LEN.size:
+                    return
+                (size,) = _LEN.unpack(head)
+                if size > MAX_RECORD:
+                    raise RecordingError(f"{path}: record of {size} bytes is larger than any frame")
+                body = fh.read(size)
+            except (OSError, EOFError):  # a compressed file cut short: what came before stands
                 return
-            (size,) = _LEN.unpack(head)
-            if size > MAX_RECORD:
-                raise RecordingError(f"{path}: record of {size} bytes is larger than any frame")
-            body = fh.read(size)
             if len(body) < size:
                 return
             try:

@@ -23,7 +23,9 @@ import pytest
 from rich.console import Console
 
 from flowtop.app import FlowtopApp
+from flowtop.recording import replay_all
 from flowtop.replay import ReplaySource, synthetic_stream
+from flowtop.wiring import make_model
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "snapshots"
@@ -55,9 +57,24 @@ def normalise_svg(svg: str) -> str:
     return re.sub(r"terminal-\d+", "terminal", svg)
 
 
-async def capture(keys: tuple[str, ...]) -> tuple[str, str]:
-    app = FlowtopApp(ReplaySource(synthetic_stream(), advance=False), refresh_s=0)
-    async with app.run_test(size=SIZE) as pilot:
+# Real data: the end of a recording made on an H200 by bench/gpu_check.py (940 M-parameter GPT,
+# bf16, MFU 51 %), at a size that shows the whole kernel table.
+RECORDED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "h200-large": ("h200-gpt-large.rec.gz", ()),
+    "h200-large-kernels": ("h200-gpt-large.rec.gz", ("enter",)),
+    "h200-small": ("h200-gpt-small.rec.gz", ()),
+}
+RECORDED_SIZE = (110, 30)
+
+
+async def capture(keys: tuple[str, ...], recording: str | None = None) -> tuple[str, str]:
+    if recording is None:
+        source, size = ReplaySource(synthetic_stream(), advance=False), SIZE
+    else:
+        snap = replay_all(HERE / "data" / recording, make_model())
+        source, size = ReplaySource([snap], advance=False), RECORDED_SIZE
+    app = FlowtopApp(source, refresh_s=0)
+    async with app.run_test(size=size) as pilot:
         await pilot.pause()
         for key in keys:
             await pilot.press(key)
@@ -66,9 +83,13 @@ async def capture(keys: tuple[str, ...]) -> tuple[str, str]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("name", [*SCENARIOS, *RECORDED])
 async def test_screen_matches_golden(name: str) -> None:
-    text, svg = await capture(SCENARIOS[name])
+    if name in RECORDED:
+        recording, keys = RECORDED[name]
+        text, svg = await capture(keys, recording)
+    else:
+        text, svg = await capture(SCENARIOS[name])
     txt_path, svg_path = GOLDEN / f"{name}.txt", GOLDEN / f"{name}.svg"
     versions_path = GOLDEN / "VERSIONS"
     if UPDATE:

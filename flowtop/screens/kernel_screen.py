@@ -37,6 +37,9 @@ def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank
     window = f"window {view.window}" if view.window is not None else "window"
     at = f" @ step {fmt_int(view.step)}" if view.step is not None else ""
     out.append(f" · {window}{at} · step {fmt_us(view.step_us)}")
+    if view.step_basis == "device":
+        # the host queued the step faster than the GPU ran it: shares are of the device's span
+        out.append(" (device span: the GPU ran behind the host)", style="dim")
     return out
 
 

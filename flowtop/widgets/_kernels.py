@@ -60,6 +60,7 @@ class WindowView:
     short_kernels: int | None
     short_note: str
     idle_gaps: tuple[tuple[float, float, tuple[str, ...]], ...]  # (start µs, length µs, host ops meanwhile)
+    step_basis: str = "host"  # "device": the step is the device work's span (GPU behind the host)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
         short_kernels=a.short_kernels,
         short_note=a.short_note,
         idle_gaps=tuple((g.start_us, g.dur_us, tuple(g.host_ops)) for g in a.gaps),
+        step_basis=getattr(a, "step_basis", "host"),
     )
 
 
