@@ -246,9 +246,10 @@ class KernelWindowSampler:
                 return False
             if self.device == "cuda":
                 # Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1, and an
-                # attached CUPTI taxes every later kernel launch (on an H200, a launch-bound
-                # step stayed ~30 % slower after one window). A user's own setting wins, and
-                # torch sets it to 0 itself where CUDA graphs cannot survive a teardown.
+                # attached CUPTI taxes every later kernel launch (on an H200, launch-bound steps
+                # stayed 1.33-1.36x slower after one window; bench/cupti_teardown.py). A user's
+                # own setting wins, and torch sets it to 0 itself where CUDA graphs cannot
+                # survive a teardown.
                 os.environ.setdefault("TEARDOWN_CUPTI", "1")
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             prof = profile(activities=activities, record_shapes=True)
