@@ -197,8 +197,9 @@ def monitor_view(snap: dict[str, Any], job: str) -> dict[str, Any]:
         "gpu_util", "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma", "dram_bw_util",
         "power_w", "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle",
         "mem_used", "mem_total", "nvlink_tx_bytes_s", "uuid")}
-    out["telemetry"]["host"] = {k: (tel.get("host") or {}).get(k) for k in (
-        "cpu_pct", "rss_bytes", "threads", "workers", "host_cpu_pct")}
+    from probe.hostinfo import HOST_FIELDS
+
+    out["telemetry"]["host"] = {k: (tel.get("host") or {}).get(k) for k in HOST_FIELDS}
     out["telemetry"]["reasons"] = tel.get("reasons")
     k = r.get("kernels")
     if k:

@@ -1,7 +1,7 @@
 """Host telemetry (psutil) for one training process: its CPU, memory, threads and child processes.
 
 Child processes are where DataLoader workers run, so their number and CPU use show whether input
-loading keeps up. Runs on the probe's sender thread at most once a second; ``sample()`` never raises.
+loading keeps up; children that are not multiprocessing workers are counted apart. Runs on the probe's sender thread at most once a second; ``sample()`` never raises.
 
 CPU percentages come from CPU-time deltas between calls. psutil's own ``cpu_percent()`` answers 0.0
 on its first call; instead, the first reading of a process (or of the host) is its average since it
@@ -21,9 +21,21 @@ from probe._log import warn_once
 MIN_WINDOW_S = 0.25
 
 HOST_FIELDS: tuple[str, ...] = (
-    "proc_cpu_pct", "rss_bytes", "threads", "workers", "workers_cpu_pct",
+    "proc_cpu_pct", "rss_bytes", "threads", "workers", "workers_cpu_pct", "children",
     "host_cpu_pct", "host_mem_used", "host_mem_total",
 )
+
+
+def is_worker(child_cmdline: list[str], parent_cmdline: list[str]) -> bool:
+    """Whether a child process is a multiprocessing worker (DataLoader workers are): a forked one
+    keeps its parent's argv, a spawned or forkserver one runs multiprocessing's bootstrap. Other
+    children — a compile-worker pool, a logger's service process, a monitor the script started —
+    are not input workers (on an H200 run the script's own monitor counted as a "worker")."""
+    if child_cmdline and child_cmdline == parent_cmdline:
+        return True
+    joined = " ".join(child_cmdline)
+    return "multiprocessing" in joined and any(
+        mark in joined for mark in ("spawn_main", "forkserver", "--multiprocessing-fork"))
 
 
 def _cpu_seconds(times: Any) -> float:
@@ -43,6 +55,8 @@ class HostTelemetry:
         # includes create_time so a recycled pid starts fresh.
         self._prev: dict[tuple[int, float], tuple[float, float, float]] = {}
         self._host_prev: tuple[float, float, float] | None = None  # (busy s, total s, last %)
+        self._cmdline: list[str] | None = None  # this process's argv (forked workers share it)
+        self._workers: dict[tuple[int, float], bool] = {}  # (pid, create_time) -> is a worker
 
     def _init(self) -> None:
         try:
@@ -73,6 +87,22 @@ class HostTelemetry:
         self._prev[key] = (now, cpu, pct)
         return pct
 
+    def _is_worker(self, child: Any) -> bool:
+        # cmdlines are read once per process: a worker's does not change while it lives
+        key = (int(child.pid), float(child.create_time()))
+        known = self._workers.get(key)
+        if known is None:
+            if self._cmdline is None:
+                self._cmdline = list(self._proc.cmdline())
+            try:
+                cmd = list(child.cmdline())
+            except Exception:  # unreadable: not counted as an input worker
+                cmd = []
+            known = self._workers[key] = is_worker(cmd, self._cmdline)
+            if len(self._workers) > 4096:  # children come and go; keep the memo bounded
+                self._workers = {key: known}
+        return known
+
     def _host_pct(self) -> float:
         times = self._psutil.cpu_times()
         prev = self._host_prev
@@ -94,7 +124,8 @@ class HostTelemetry:
         """One reading of ``HOST_FIELDS`` (``None`` when n/a) plus ``reasons`` for each n/a.
 
         ``proc_cpu_pct`` and ``workers_cpu_pct`` are % of one core (top's convention, may exceed
-        100); ``host_cpu_pct`` is % of all cores; ``workers`` counts live direct children."""
+        100); ``host_cpu_pct`` is % of all cores; ``workers`` counts live multiprocessing children
+        (:func:`is_worker`), ``children`` all live direct children."""
         out: dict[str, Any] = {key: None for key in HOST_FIELDS}
         reasons: dict[str, str] = {}
         try:
@@ -126,12 +157,15 @@ class HostTelemetry:
             for key in ("proc_cpu_pct", "rss_bytes", "threads"):
                 reasons[key] = f"process not readable: {exc}"
         try:
-            workers = 0
+            workers = children = 0
             workers_pct = 0.0
             for child in self._proc.children(recursive=False):
                 try:
                     with child.oneshot():
                         if child.status() == psutil.STATUS_ZOMBIE:
+                            continue
+                        children += 1
+                        if not self._is_worker(child):
                             continue
                         workers_pct += self._proc_pct(child, now, seen)
                     workers += 1
@@ -139,9 +173,10 @@ class HostTelemetry:
                     continue  # exited between listing and reading
             out["workers"] = workers
             out["workers_cpu_pct"] = workers_pct
+            out["children"] = children
         except Exception as exc:
             warn_once("host.children", f"child-process telemetry failed: {exc!r}")
-            for key in ("workers", "workers_cpu_pct"):
+            for key in ("workers", "workers_cpu_pct", "children"):
                 reasons[key] = f"children not readable: {exc}"
         # forget processes that are gone so the table does not grow forever
         for key in [k for k in self._prev if k not in seen]:

@@ -98,3 +98,30 @@ def test_unreadable_process_gives_reasons() -> None:
     for key in HOST_FIELDS:
         assert s[key] is None
         assert s["reasons"][key].startswith(f"process {gone.pid} not readable")
+
+
+def test_only_multiprocessing_children_are_workers() -> None:
+    """A child that is not a multiprocessing worker (here a plain subprocess, like the monitor a
+    benchmark starts) is a child, not an input worker."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        s = HostTelemetry().sample()
+        assert (s["workers"], s["children"]) == (0, 1)
+        assert s["workers_cpu_pct"] == 0.0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_worker_recognition_by_command_line() -> None:
+    from probe.hostinfo import is_worker
+
+    parent = ["python", "train.py", "--lr", "3e-4"]
+    assert is_worker(parent, parent)  # forked: same argv
+    spawned = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
+               "pipe_handle=11)", "--multiprocessing-fork"]
+    assert is_worker(spawned, parent)
+    assert is_worker(["python", "-c", "from multiprocessing.forkserver import main; main(...)"], parent)
+    assert not is_worker(["python", "-m", "flowtop.cli", "snapshot"], parent)
+    assert not is_worker(["python", "/site-packages/torch/_inductor/compile_worker/__main__.py"], parent)
+    assert not is_worker([], parent)
