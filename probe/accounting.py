@@ -10,6 +10,16 @@ from probe import estimate, peaks
 from probe.flops import FlopCount
 
 
+def _where(source: str) -> str:
+    """Where the estimate found the model's shape, in words: "config:config" -> "model.config"."""
+    kind, _, path = source.partition(":")
+    if kind == "config":
+        return f"model.{path}"
+    if kind == "blocks":
+        return "the model's blocks" if path == "<root>" else f"the blocks of model.{path}"
+    return source
+
+
 def unwrap(module: Any) -> Any:
     """The user's model inside DDP/FSDP (``.module``) and torch.compile (``._orig_mod``)."""
     for _ in range(4):
@@ -58,7 +68,8 @@ def flops_message(
         estimated = est.flops_per_token * tokens
         attn = 6 if attention == "causal" else 12
         source = (
-            f"6N+{attn}LdT from {est.source}: N={est.n_params}, L={est.n_layers}, d={est.d_model}, T={est.seq_len}"
+            f"6N+{attn}LdT, shape from {_where(est.source)}: N={est.n_params}, L={est.n_layers}, "
+            f"d={est.d_model}, T={est.seq_len}"
         )[:256]  # the wire's limit: a long module path must not cost the whole message
         if est.source == "override":
             source = "override (flops_per_token)"

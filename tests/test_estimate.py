@@ -112,3 +112,23 @@ def test_never_raises() -> None:
             raise RuntimeError("sharded")
 
     assert estimate_from_model(Broken(), seq_len=8) is None
+
+
+def test_flops_message_says_where_the_shape_came_from() -> None:
+    """The estimate's source reads as words a user can check: the config attribute or the block
+    list the shape was read from, then N, L, d and T."""
+    import torch
+
+    from flop_helpers import count
+    from flowtop.demo.gpt import GPT, GPTConfig
+    from probe.accounting import flops_message
+    from probe.flops_policy import signature_of
+
+    model = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8))
+    idx = torch.randint(0, 64, (2, 8))
+    c = count(lambda: model(idx, idx)[1].backward(), root=model)
+    fields = flops_message(c, step=1, tokens=16, root=model, signature=signature_of((idx, idx), {}),
+                           device=torch.device("cpu"), device_name="cpu", flops_per_token=None,
+                           attention="full")
+    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte", "wpe")))
+    assert fields["estimate_source"] == f"6N+12LdT, shape from model.config: N={n}, L=2, d=16, T=8"

@@ -32,6 +32,17 @@ def test_low_clock_without_a_reason_is_not_throttling() -> None:
     assert "THROTTLED" in throttle_text(dataclasses.replace(rank, telemetry=hot)).plain
 
 
+def test_power_cap_at_the_limit_is_not_shown_as_a_fault() -> None:
+    rank = synthetic_snapshot().jobs[0].ranks[0]
+    capped = TelemetryView(device={"sm_clock_mhz": 1695, "sm_clock_max_mhz": 1980, "throttle": ["sw_power_cap"],
+                                   "power_w": 698.1, "power_limit_w": 700.0}, host={}, reasons={}, age_s=0.1)
+    text = throttle_text(dataclasses.replace(rank, telemetry=capped))
+    assert text.plain == "at its power limit (698/700 W), SM clock 1695/1980 MHz" and text.style == "yellow"
+    # under the limit, the same reason is a slowdown worth a red flag
+    low = dataclasses.replace(capped, device={**capped.device, "power_w": 600.0})
+    assert throttle_text(dataclasses.replace(rank, telemetry=low)).plain.startswith("THROTTLED: sw_power_cap")
+
+
 def test_ip_hosts_are_not_cut() -> None:
     assert _short_host("10.0.0.5") == "10.0.0.5"
     assert _short_host("gpu-node-01.cluster.example") == "gpu-node-01"

@@ -62,6 +62,7 @@ def normalise_svg(svg: str) -> str:
 RECORDED: dict[str, tuple[str, tuple[str, ...]]] = {
     "h200-large": ("h200-gpt-large.rec.gz", ()),
     "h200-large-kernels": ("h200-gpt-large.rec.gz", ("enter",)),
+    "h200-large-detail": ("h200-gpt-large.rec.gz", ("d",)),
     "h200-small": ("h200-gpt-small.rec.gz", ()),
 }
 RECORDED_SIZE = (110, 30)

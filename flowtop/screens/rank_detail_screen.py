@@ -62,6 +62,12 @@ def throttle_text(r: RankSnapshot | None) -> Text:
     tel = r.telemetry if r else None
     reasons = tm.throttle_reasons(tel)
     clock, clock_max = tm.number(tel, tm.SM_CLOCK), tm.number(tel, tm.SM_CLOCK_MAX)
+    power, limit = tm.number(tel, tm.POWER_W), tm.number(tel, tm.POWER_LIMIT_W)
+    if reasons == ["sw_power_cap"] and power and limit and power >= 0.95 * limit:
+        # Power-limited, not faulty: dense tensor-core work runs into the cap (seen on an H200
+        # at 698 of 700 W and 1695 of 1980 MHz); the throttling hint files it as information.
+        clocks = f", SM clock {clock:.0f}/{clock_max:.0f} MHz" if clock and clock_max else ""
+        return Text(f"at its power limit ({power:.0f}/{limit:.0f} W){clocks}", style="yellow")
     if reasons and clock and clock_max and clock < 0.9 * clock_max:
         # A low clock alone is idle downclocking; only with a power/thermal reason is it throttling.
         reasons.append(f"SM clock {clock:.0f}/{clock_max:.0f} MHz")
