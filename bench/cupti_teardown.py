@@ -20,7 +20,6 @@ import subprocess
 import sys
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 300
 
 
@@ -29,22 +28,10 @@ def child() -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    sys.path.insert(0, ROOT)
-    from flowtop.demo.gpt import GPT, GPTConfig
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: gpt_step
+    from gpt_step import SMALL, gpt_step
 
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=8192, n_layer=4, n_head=4, n_embd=256, block_size=256)
-    with torch.device("cuda"):
-        model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), device="cuda")
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = model(x, x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    _, step = gpt_step(SMALL, 4, "cuda")
 
     def steps(n: int) -> float:
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]

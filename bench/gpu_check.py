@@ -226,26 +226,13 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
     """All sections for one model size, filled into ``res`` as they finish."""
     import torch
 
-    from flowtop.demo.gpt import GPT, GPTConfig
-
     res.update(config=dict(cfg_kw), batch=batch, tokens_per_step=batch * cfg_kw["block_size"])
     state: dict[str, Any] = {}
 
     def build() -> dict[str, Any]:
-        torch.manual_seed(0)
-        with torch.device(DEV):  # initialise on the GPU: a 940 M model is slow to init on CPU
-            model = GPT(GPTConfig(**cfg_kw))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEV == "cuda")
-        x = torch.randint(0, cfg_kw["vocab_size"], (batch, cfg_kw["block_size"]), device=DEV)
-        y = torch.randint(0, cfg_kw["vocab_size"], (batch, cfg_kw["block_size"]), device=DEV)
+        from gpt_step import gpt_step
 
-        def step() -> None:
-            with torch.autocast(DEV, dtype=torch.bfloat16):
-                _, loss = model(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+        model, step = gpt_step(cfg_kw, batch, DEV)
         from probe.estimate import non_embedding_params
 
         state.update(model=model, step=step)

@@ -18,8 +18,7 @@ import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: gpt_step
 
 STEPS = 300
 CONFIGS: tuple[tuple[str, dict[str, str]], ...] = (
@@ -50,23 +49,12 @@ def event_costs(n: int = 2000) -> dict[str, float]:
 
 def main() -> int:
     import torch
+    from gpt_step import SMALL, gpt_step  # puts the checkout on sys.path
 
     import probe
-    from flowtop.demo.gpt import GPT, GPTConfig
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=8192, n_layer=4, n_head=4, n_embd=256, block_size=256)
-    model = GPT(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev == "cuda")
-    x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), device=dev)
-
-    def step() -> None:
-        with torch.autocast(dev, dtype=torch.bfloat16):
-            _, loss = model(x, x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    _, step = gpt_step(SMALL, 4, dev)
 
     for _ in range(20):
         step()
