@@ -18,6 +18,9 @@ from probe._log import warn_once
 
 #: Amortized budget of the FLOP counts: large steps (>= 100 ms) and small ones.
 BUDGET_LARGE, BUDGET_SMALL, LARGE_STEP_S = 0.005, 0.02, 0.1
+#: Steps from a count to the next one at the least until its cost is charged: the counted step
+#: plus the three steady steps the runtime measures it against (probe.runtime.CHARGE_AFTER_STEPS).
+CHARGE_GAP = 4
 
 
 class FlopSampler:
@@ -83,9 +86,9 @@ class FlopSampler:
         if result is None:
             return
         self.last = result
-        # Until the counted step's cost is known (charge() needs a steady step after it),
-        # the next step is never counted: that step is the one that measures the cost.
-        self.policy.min_gap = max(self.policy.min_gap, 2)
+        # Until the counted step's cost is known (charge() needs steady steps after it), the
+        # next steps are never counted: they are the ones that measure the cost.
+        self.policy.min_gap = max(self.policy.min_gap, CHARGE_GAP)
         self._published = signature
         self._tokens[signature] = tracker.tokens
         self._publish(self._message(result, tracker, signature, tracker.tokens, context))

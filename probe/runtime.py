@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -21,6 +23,8 @@ from probe.publisher import Publisher
 from probe.steps import StepTracker
 
 VERSION = "0.1.0"
+#: Steady steps after a FLOP count whose median sets what the count cost (see FlopSampler.charge).
+CHARGE_AFTER_STEPS = 3
 
 
 def _guard(name: str, fn: Callable[..., None], on_fail: Callable[[], None]) -> Callable[..., None]:
@@ -53,6 +57,8 @@ class Probe:
         self._nvtx_disabled = False
         self._ewma_step_s: float | None = None
         self._count_wall_s: float | None = None  # wall time of the last FLOP-counted step
+        self._recent_walls: deque[float] = deque(maxlen=5)  # unsampled steps, for the charge
+        self._since_count = 0  # unsampled steps since the last count
         self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
         #: so benchmarks can separate steady-state cost from sampled cost.
@@ -165,11 +171,18 @@ class Probe:
         sampled = self.sampled_steps.get(step)
         if sampled == "flops":
             self._count_wall_s = wall  # charged once a steady step time is known
+            self._since_count = 0
         elif sampled is None and step > 1:  # step 1 pays warm-up and model discovery
             prev = self._ewma_step_s
             self._ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
-            if self._count_wall_s is not None and self._flops is not None:
-                self._flops.charge(self._count_wall_s - self._ewma_step_s, self._ewma_step_s)
+            self._recent_walls.append(wall)
+            self._since_count += 1
+            if (self._count_wall_s is not None and self._flops is not None
+                    and self._since_count >= CHARGE_AFTER_STEPS):
+                # The median of the last few steady steps: one slow step (a host hiccup) right
+                # after a count must not make the count look free and let counts crowd in.
+                typical = statistics.median(self._recent_walls)
+                self._flops.charge(self._count_wall_s - typical, typical)
                 self._count_wall_s = None
         if self.cfg.calibrate_out and self._flops is not None and self._flops.last is not None:
             self._write_calibration(step)
