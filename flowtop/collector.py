@@ -127,6 +127,8 @@ class Collector:
         self._sub: Any = None
         self._pub: Any = None
         self._task: asyncio.Task[None] | None = None
+        #: Builds kernel windows off the loop (flowtop.kernel_worker), when the model has them.
+        self.kernel_worker: Any = None
         self._auth: Any = None
         self._allow_remote = allow_remote
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
@@ -183,6 +185,12 @@ class Collector:
             pub.close(0)
             pub = None  # the control channel is optional: kernels on demand just won't work
         self._sub, self._pub = sub, pub
+        if self.model.builds_kernels:
+            from flowtop.kernel_worker import KernelWorker
+            from flowtop.wiring import apply_kernel_stats, build_kernel_stats
+
+            self.kernel_worker = KernelWorker(self.model, build_kernel_stats)
+            self.model.offload_kernels(self.kernel_worker.submit, apply_kernel_stats)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def _secure(self, sock: Any) -> None:
@@ -261,6 +269,10 @@ class Collector:
 
     async def stop(self) -> None:
         """Stop receiving and close the sockets."""
+        if self.kernel_worker is not None:
+            self.kernel_worker.close()
+            self.kernel_worker = None
+            self.model.kernel_offload = None  # a later replay into this model builds inline
         if self._task is not None:
             self._task.cancel()
             try:

@@ -85,6 +85,10 @@ class Model:
         self.rejected_reasons: collections.Counter[str] = collections.Counter()
         self.peak_override_flops = peak_override_flops
         self._kernel_aggregator = kernel_aggregator
+        #: When set (a live collector), kernel windows go to it instead of being built here;
+        #: it calls :meth:`apply_kernels` with the result (see flowtop.kernel_worker).
+        self.kernel_offload: Callable[[RankKey, dict[str, Any]], None] | None = None
+        self._kernel_apply: Callable[[RankState, Any], None] | None = None
         self._hint_engine = hint_engine
         self._job_kernels = job_kernels
         self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], Any]] = {}  # job -> (windows seen, merge)
@@ -93,6 +97,30 @@ class Model:
         self.evicted_jobs = 0
 
     # --- ingest ---------------------------------------------------------------------
+
+    @property
+    def builds_kernels(self) -> bool:
+        """Whether this model turns kernel windows into tables (it was given an aggregator)."""
+        return self._kernel_aggregator is not None
+
+    def offload_kernels(self, submit: Callable[[RankKey, dict[str, Any]], None],
+                        apply: Callable[[RankState, Any], None]) -> None:
+        """Send kernel windows to ``submit`` (which builds them elsewhere) and apply the built
+        tables with ``apply`` when :meth:`apply_kernels` hands them back."""
+        self.kernel_offload = submit
+        self._kernel_apply = apply
+
+    def apply_kernels(self, key: RankKey, stats: Any) -> None:
+        """A window built off the loop: apply it unless its rank is gone or already holds a
+        later window (a rank may send two before the first is built)."""
+        st = self.ranks.get(key)
+        if st is None or self._kernel_apply is None:
+            return
+        current = getattr(st.kernels, "window", None)
+        new = getattr(stats, "window", None)
+        if current is not None and new is not None and new <= current:
+            return
+        self._kernel_apply(st, stats)
 
     def reject(self, reason: str) -> None:
         """Count a frame that failed validation (reasons are bucketed by prefix)."""
@@ -128,7 +156,9 @@ class Model:
             flops = self._rank_flops(st, now)
             st.push_series("mfu", flops.mfu if flops is not None else None)
         elif msg.kind == "kernels":
-            if self._kernel_aggregator is not None:
+            if self.kernel_offload is not None:
+                self.kernel_offload(msg.key, dict(f))
+            elif self._kernel_aggregator is not None:
                 self._kernel_aggregator(st, dict(f))
         elif msg.kind == "bye":
             st.bye = str(f.get("reason", "exit"))
