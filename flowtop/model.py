@@ -336,6 +336,9 @@ class Model:
             if len(gone) == len(states):
                 self.evicted_jobs += 1
                 self._merged.pop(states[0].key.job, None)
+                forget = getattr(self._hint_engine, "forget", None)
+                if forget is not None:
+                    forget(states[0].key.job)
             else:
                 # Only old incarnations the view no longer shows (a newer one of the rank exists).
                 newest: dict[int, int] = {}

@@ -314,3 +314,14 @@ def test_a_flickering_reason_does_not_make_the_hint_blink() -> None:
         assert any(h.id == "throttling" for h in engine.evaluate(snap(reasons), float(t)))
     # ... and clears once the reason has been gone for longer than the hold time.
     assert not any(h.id == "throttling" for h in engine.evaluate(snap([]), 15.0 + 10.5))
+
+
+def test_forget_drops_one_jobs_state() -> None:
+    engine = HintEngine()
+    a = b_throttle(80.0, 0.0)
+    b = dataclasses.replace(a, job="job2")
+    engine.evaluate(a, 0.0)
+    engine.evaluate(b, 0.0)
+    engine.forget("job1")
+    # job1 starts its 5 s evidence window again; job2 keeps its own
+    assert ids(engine.evaluate(a, 5.0)) == [] and ids(engine.evaluate(b, 5.0)) == [("throttling", "rank 0")]

@@ -297,7 +297,16 @@ def test_a_failing_hint_engine_costs_only_the_hints(caplog: pytest.LogCaptureFix
 
 
 def test_finished_and_silent_jobs_are_evicted_after_ten_minutes() -> None:
-    model = Model()
+    forgotten: list[str] = []
+
+    class Engine:  # records what the model tells the hint engine to forget
+        def evaluate(self, job, now):  # type: ignore[no-untyped-def]
+            return ()
+
+        def forget(self, job: str) -> None:
+            forgotten.append(job)
+
+    model = Model(hint_engine=Engine())
     f = Feeder(model)
     done, silent, alive = _key(job="done"), _key(job="silent"), _key(job="alive")
     old, new = _key(job="alive", rank=1, inc=0), _key(job="alive", rank=1, inc=1)
@@ -312,6 +321,7 @@ def test_finished_and_silent_jobs_are_evicted_after_ten_minutes() -> None:
     f.steps(alive, 5, 5, EVICT_AFTER_S + 5)
     snap = model.snapshot(EVICT_AFTER_S + 5)
     assert [j.job for j in snap.jobs] == ["alive"] and model.evicted_jobs == 2
+    assert sorted(forgotten) == ["done", "silent"]  # their hint state goes with them
     # The superseded incarnation of rank 1 went too; the live ones stay.
     assert set(model.ranks) == {alive, new}
 

@@ -157,6 +157,12 @@ class HintEngine:
         """Forget all hysteresis state."""
         self._state.clear()
 
+    def forget(self, job: str) -> None:
+        """Drop the state of a job the monitor no longer shows (it was evicted): a monitor that
+        runs for weeks across many jobs must not keep every job's hint state."""
+        for key in [k for k in self._state if k[0] == job]:
+            del self._state[key]
+
     def _update(self, rule: Rule, key: tuple[str, str, str], m: Measurement | None, now: float) -> Hint | None:
         st = self._state.get(key)
         if m is None:  # no data for this target now: keep what was shown
