@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import struct
 import time
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -82,7 +83,7 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
     with fh:
         try:
             header = fh.read(len(MAGIC))
-        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
             raise RecordingError(f"{path} is not a readable recording ({exc})") from None
         if header != MAGIC:
             raise RecordingError(f"{path} is not a flowtop recording (bad header)")
@@ -95,8 +96,10 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
                 if size > MAX_RECORD:
                     raise RecordingError(f"{path}: record of {size} bytes is larger than any frame")
                 body = fh.read(size)
-            except (OSError, EOFError):  # a compressed file cut short: what came before stands
+            except EOFError:  # a compressed file cut short: what came before stands
                 return
+            except (OSError, zlib.error) as exc:  # bad gzip data or CRC, or a read error
+                raise RecordingError(f"{path}: damaged recording ({exc})") from None
             if len(body) < size:
                 return
             try:
@@ -121,13 +124,25 @@ def feed(model: Model, frame: bytes, now: float) -> None:
         model.reject(f"ingest: {type(exc).__name__}: {exc}")
 
 
+#: Recording seconds between the snapshots a replay takes on the way (the live monitor takes
+#: two a second): hints need evidence held over time (throttling for 5 s), and only snapshots
+#: taken along the way let their hysteresis see it.
+REPLAY_EVAL_S = 1.0
+
+
 def replay_all(path: str | Path, model: Model) -> MonitorSnapshot:
-    """Feed a whole recording and return the snapshot at its last frame."""
+    """Feed a whole recording and return the snapshot at its last frame, taking snapshots every
+    :data:`REPLAY_EVAL_S` of recorded time so the hints evolve as they did live."""
     last = 0.0
+    next_eval = REPLAY_EVAL_S
+    where = f"replay:{path}"
     for t, frame in read_recording(path):
+        while t >= next_eval:
+            model.snapshot(next_eval, where)
+            next_eval += REPLAY_EVAL_S
         feed(model, frame, t)
         last = t
-    return model.snapshot(last, f"replay:{path}")
+    return model.snapshot(last, where)
 
 
 class RecordingSource:

@@ -196,7 +196,7 @@ def b_uneven(v: float, now: float) -> JobSnapshot:
 
 def b_throttle(v: float, now: float) -> JobSnapshot:
     return job(rank(0, tel=telemetry(sm_clock_mhz=v * 20, sm_clock_max_mhz=2000.0, throttle=["sw_power_cap"],
-                                     temp_c=84.0, power_w=600.0, power_limit_w=700.0)))
+                                     temp_c=84.0, power_w=500.0, power_limit_w=700.0)))
 
 
 def b_util(v: float, now: float) -> JobSnapshot:

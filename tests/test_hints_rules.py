@@ -191,9 +191,13 @@ def test_power_cap_at_the_power_limit_is_information() -> None:
     assert hint is not None and hint.severity == "info"
     assert hint.summary == ("rank 0 runs at its power limit (701 of 700 W), SM clock 1575 of 1980 MHz: usual "
                             "under dense tensor-core work, and the datasheet peak behind MFU assumes the boost clock")
-    # just below 95 % of the limit, or a thermal reason too: a warning about a slowed GPU
+    # an instant reading swings around the capped average (629-706 W measured): 85 % of the limit
+    # still counts; just below it, or with a thermal reason too, a slowed GPU is a warning
+    swing = job(rank(0, tel=telemetry(sm_clock_mhz=1575.0, sm_clock_max_mhz=1980.0, throttle=["sw_power_cap"],
+                                      power_w=629.0, power_limit_w=700.0)))
+    assert find(settle(HintEngine(), swing, 0.0), "throttling").severity == "info"
     below = job(rank(0, tel=telemetry(sm_clock_mhz=1575.0, sm_clock_max_mhz=1980.0, throttle=["sw_power_cap"],
-                                      power_w=664.0, power_limit_w=700.0)))
+                                      power_w=590.0, power_limit_w=700.0)))
     assert find(settle(HintEngine(), below, 0.0), "throttling").severity == "warning"
     hot = job(rank(0, tel=telemetry(sm_clock_mhz=1575.0, sm_clock_max_mhz=1980.0,
                                     throttle=["sw_power_cap", "sw_thermal"], power_w=701.0, power_limit_w=700.0)))

@@ -38,9 +38,14 @@ def test_power_cap_at_the_limit_is_not_shown_as_a_fault() -> None:
                                    "power_w": 698.1, "power_limit_w": 700.0}, host={}, reasons={}, age_s=0.1)
     text = throttle_text(dataclasses.replace(rank, telemetry=capped))
     assert text.plain == "at its power limit (698/700 W), SM clock 1695/1980 MHz" and text.style == "yellow"
-    # under the limit, the same reason is a slowdown worth a red flag
-    low = dataclasses.replace(capped, device={**capped.device, "power_w": 600.0})
+    # under the limit, or with another power/thermal reason, it is a slowdown worth a red flag
+    low = dataclasses.replace(capped, device={**capped.device, "power_w": 500.0})
     assert throttle_text(dataclasses.replace(rank, telemetry=low)).plain.startswith("THROTTLED: sw_power_cap")
+    hot = dataclasses.replace(capped, device={**capped.device, "throttle": ["sw_power_cap", "hw_thermal"]})
+    assert throttle_text(dataclasses.replace(rank, telemetry=hot)).plain.startswith("THROTTLED")
+    # sync_boost is not a power/thermal reason: the screen and the hint agree it is power-limited
+    synced = dataclasses.replace(capped, device={**capped.device, "throttle": ["sw_power_cap", "sync_boost"]})
+    assert throttle_text(dataclasses.replace(rank, telemetry=synced)).plain.startswith("at its power limit")
 
 
 def test_ip_hosts_are_not_cut() -> None:

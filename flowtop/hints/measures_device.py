@@ -6,7 +6,7 @@ from typing import Any
 
 from flowtop.hints import facts
 from flowtop.hints.base import Measurement, clamp01, finite, latest_ranks, rank_target, safe_div, telemetry_number
-from flowtop.hints.rules import Rule
+from flowtop.hints.rules import RULES_BY_ID, Rule
 from flowtop.snapshot import FlopsView, JobSnapshot, RankSnapshot
 
 _GIB = float(1 << 30)
@@ -22,6 +22,24 @@ def _reasons(r: RankSnapshot) -> list[str]:
     if isinstance(value, str):
         value = [value]
     return [str(v) for v in value or () if v]
+
+
+def power_limited(hits: list[str], power_w: float | None, limit_w: float | None,
+                  frac: float | None = None) -> bool:
+    """Only the software power cap holds the clocks down, and the GPU draws near its limit
+    (``frac`` of it; the throttling rule's ``power_limit_frac`` by default): power-limited, as
+    dense tensor-core work makes a GPU, not a cooling problem or a fault. ``hits``: the active
+    reasons the rule watches (:func:`watched_reasons`)."""
+    if frac is None:
+        frac = RULES_BY_ID["throttling"].params["power_limit_frac"]
+    return hits == ["sw_power_cap"] and power_w is not None and bool(limit_w) and power_w >= frac * limit_w
+
+
+def watched_reasons(r: RankSnapshot, watched: Any = None) -> list[str]:
+    """The rank's active clock-event reasons that the throttling rule counts (power/thermal)."""
+    if watched is None:
+        watched = RULES_BY_ID["throttling"].params["reasons"]
+    return [x for x in _reasons(r) if x in watched]
 
 
 def throttling(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -45,9 +63,7 @@ def throttling(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             "power_w": telemetry_number(r, "power_w"),
             "power_limit_w": telemetry_number(r, "power_limit_w"),
         }
-        power, limit = ev["power_w"], ev["power_limit_w"]
-        at_limit = (hits == ["sw_power_cap"] and power is not None and bool(limit)
-                    and power >= rule.params["power_limit_frac"] * limit)
+        at_limit = power_limited(hits, ev["power_w"], ev["power_limit_w"], rule.params["power_limit_frac"])
         out[rank_target(r)] = Measurement(
             value=ev["clock_pct"],
             evidence=ev,

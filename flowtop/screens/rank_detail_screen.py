@@ -8,6 +8,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Static
 
+from flowtop.hints.measures_device import power_limited, watched_reasons
 from flowtop.screens.snapshot_screen import SnapshotScreen, find_job, pick_rank
 from flowtop.snapshot import MonitorSnapshot, RankSnapshot
 from flowtop.widgets import _telemetry as tm
@@ -63,7 +64,7 @@ def throttle_text(r: RankSnapshot | None) -> Text:
     reasons = tm.throttle_reasons(tel)
     clock, clock_max = tm.number(tel, tm.SM_CLOCK), tm.number(tel, tm.SM_CLOCK_MAX)
     power, limit = tm.number(tel, tm.POWER_W), tm.number(tel, tm.POWER_LIMIT_W)
-    if reasons == ["sw_power_cap"] and power and limit and power >= 0.95 * limit:
+    if r is not None and power and limit and power_limited(watched_reasons(r), power, limit):
         # Power-limited, not faulty: dense tensor-core work runs into the cap (seen on an H200
         # at 698 of 700 W and 1695 of 1980 MHz); the throttling hint files it as information.
         clocks = f", SM clock {clock:.0f}/{clock_max:.0f} MHz" if clock and clock_max else ""
