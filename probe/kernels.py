@@ -27,6 +27,7 @@ from probe._log import warn_once
 from probe.kernel_schedule import WindowScheduler
 from probe.wire import (
     KERNEL_MAX_DIMS, KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_STR, MAX_FRAME_BYTES,
+    is_runtime_call,
 )
 
 __all__ = ["KernelWindowSampler", "WindowScheduler", "might_have_formula", "records_from_kineto"]
@@ -34,12 +35,6 @@ __all__ = ["KernelWindowSampler", "WindowScheduler", "might_have_formula", "reco
 KERNEL, MEMCPY, MEMSET, RUNTIME = 0, 1, 2, 4
 _DEVICE = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _RUNTIME = ("cuda_runtime", "cuda_driver")
-#: Names of CUPTI overhead records (CUpti_ActivityOverheadKind as Kineto names them).
-_CUPTI_OVERHEAD = frozenset((
-    "Command Buffer Full", "Activity Buffer Request", "Buffer Flush", "CUPTI Buffer Flush",
-    "Driver Compiler", "CUPTI Instrumentation", "Instrumentation", "Lazy Function Loading",
-    "Runtime Triggered Module Loading", "UVM Activity Init",
-))
 try:
     from torch._C._autograd import DeviceType as _DeviceType
 
@@ -99,22 +94,35 @@ def _packed_size(window: dict[str, Any]) -> int:
     return len(msgpack.packb(window, use_bin_type=True))
 
 
+def cupti_teardown_safe(cuda_version: str | None) -> bool:
+    """Whether CUPTI may be torn down after a window: CUDA graphs crash on CUPTI's re-init after a
+    teardown before CUDA 12.6 (torch keeps TEARDOWN_CUPTI=0 there for compiled graphs; graphs
+    captured by hand get no such care), so older CUDA keeps CUPTI attached."""
+    try:
+        major, minor = (int(x) for x in (cuda_version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (12, 6)
+
+
 def _activity_type(e: Any) -> str:
     return str(e.activity_type())
 
 
 def _activity_type_compat(e: Any) -> str:
     """Kineto's activity category for torch releases whose events lack ``activity_type()``
-    (torch ≤ 2.11), from what those events do expose — the rules torch's own parser uses there.
+    (torch ≤ 2.11), from what those events do expose (seen on an H200 with torch 2.11).
 
     Annotations first: a ``record_function`` range ("Optimizer.step#AdamW.step") also appears on
     the device as a ``gpu_user_annotation`` spanning its kernels, and counting it as a kernel
-    would double their time (seen on an H200 with torch 2.11). A device event is then a kernel
-    unless its name says memcpy/memset. On the host, an event linked to an operator
-    (``linked_correlation_id() > 0``) is a runtime or driver call; CUPTI's own overhead records
-    ("Command Buffer Full", "Activity Buffer Request") carry no id at all; the rest are operators.
+    would double their time. A device event is then a kernel unless its name says memcpy/memset.
+    On the host, an event linked to an operator is a runtime or driver call, and so is one named
+    like a CUDA API call even without a link (``cudaEventQuery`` inside a ``record_function``
+    range, ``cudaDeviceSynchronize``): sent as an operator, its CUPTI correlation id would pass
+    for an operator's id and collide with a real one. CUPTI's own overhead records ("Command
+    Buffer Full") carry no id at all. The rest are operators.
     """
-    if e.is_user_annotation():
+    if getattr(e, "is_user_annotation", lambda: False)():
         return "user_annotation"
     name = e.name()
     if e.device_type() != _CPU:
@@ -123,9 +131,9 @@ def _activity_type_compat(e: Any) -> str:
         if name.startswith("Memset"):
             return "gpu_memset"
         return "kernel"
-    if e.linked_correlation_id() > 0:
+    if e.linked_correlation_id() > 0 or is_runtime_call(name):
         return "cuda_runtime"
-    if e.correlation_id() == 0 or name in _CUPTI_OVERHEAD:
+    if e.correlation_id() == 0:
         return "overhead"
     return "cpu_op"
 
@@ -244,12 +252,11 @@ class KernelWindowSampler:
             if getattr(torch._C._autograd, "_profiler_enabled", lambda: False)():
                 warn_once("kernels-busy", "kernel window skipped: another torch.profiler session is active")
                 return False
-            if self.device == "cuda":
+            if self.device == "cuda" and cupti_teardown_safe(torch.version.cuda):
                 # Kineto leaves CUPTI attached after a session unless TEARDOWN_CUPTI=1, and an
                 # attached CUPTI taxes every later kernel launch (on an H200, launch-bound steps
                 # stayed 1.33-1.36x slower after one window; bench/cupti_teardown.py). A user's
-                # own setting wins, and torch sets it to 0 itself where CUDA graphs cannot
-                # survive a teardown.
+                # own setting wins.
                 os.environ.setdefault("TEARDOWN_CUPTI", "1")
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             prof = profile(activities=activities, record_shapes=True)

@@ -136,6 +136,15 @@ KERNEL_MAX_STR = 64
 #: Activity kinds on the wire: 0 kernel, 1 memcpy, 2 memset, 4 runtime call (3 is a host op).
 KERNEL_ACT_KINDS = (0, 1, 2, 4)
 
+
+def is_runtime_call(name: str) -> bool:
+    """Whether a host record's name is a CUDA runtime or driver API call (``cudaEventQuery``,
+    ``cuLaunchKernelEx``) or CUPTI's ``INVALID`` callback, never an operator. torch ≤ 2.11 does
+    not say which a Kineto event is, and such a call made outside any operator carries no link
+    to one (a probe of that torch sent them as operators; see probe.kernels)."""
+    return name.startswith("cuda") or name == "INVALID" or (
+        len(name) > 2 and name[:2] == "cu" and name[2].isupper())
+
 _index = _int(0)
 _time = _num(-1e12, 1e12)
 _size = _int(0, 2**62)

@@ -414,25 +414,38 @@ class _FakeProfile:
         pass
 
 
-@pytest.mark.parametrize(("user", "expected"), [(None, "1"), ("0", "0"), ("1", "1")])
+@pytest.mark.parametrize(("user", "cuda", "expected"), [
+    (None, "13.0", "1"), ("0", "13.0", "0"), ("1", "13.0", "1"), (None, "12.6", "1"),
+    (None, "12.4", None),  # CUDA graphs crash on CUPTI's re-init after a teardown before 12.6
+])
 def test_cuda_windows_detach_cupti_afterwards_unless_told_otherwise(
-        monkeypatch: pytest.MonkeyPatch, user: str | None, expected: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, user: str | None, cuda: str, expected: str | None) -> None:
     """Measured on an H200: with CUPTI left attached after a window, launch-bound steps ran
     1.33-1.36x slower for good. The probe asks Kineto to tear CUPTI down; a user's value wins."""
+    monkeypatch.setenv("TEARDOWN_CUPTI", "placeholder")  # so monkeypatch restores the original
     if user is None:
-        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+        monkeypatch.delenv("TEARDOWN_CUPTI")
     else:
         monkeypatch.setenv("TEARDOWN_CUPTI", user)
     monkeypatch.setattr("torch.profiler.profile", _FakeProfile)
+    monkeypatch.setattr("torch.version.cuda", cuda)
     sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=True)
     sampler.request_now()
     assert sampler.begin_step(5)
-    assert os.environ["TEARDOWN_CUPTI"] == expected
+    assert os.environ.get("TEARDOWN_CUPTI") == expected
     sampler.close()
 
 
+def test_cupti_teardown_needs_cuda_12_6() -> None:
+    from probe.kernels import cupti_teardown_safe
+
+    assert [cupti_teardown_safe(v) for v in ("12.6", "12.10", "13.0", "12.4", "11.8", None, "", "x")] == [
+        True, True, True, False, False, False, False, False]
+
+
 def test_cpu_windows_leave_cupti_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch.setenv("TEARDOWN_CUPTI", "placeholder")  # so monkeypatch restores the original
+    monkeypatch.delenv("TEARDOWN_CUPTI")
     sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=False)
     sampler.request_now()
     assert sampler.begin_step(5)

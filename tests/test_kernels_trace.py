@@ -316,3 +316,65 @@ def test_wire_valid_garbage_never_crashes_the_builder() -> None:
         outcomes["built"] += 1
         assert all(e.flops == -1.0 or 0 <= e.flops < float("inf") for e in w.events)
     assert outcomes["built"] > 100 and outcomes["rejected"] > 10
+
+
+class _Torch211Event(_FakeKinetoEvent):
+    """The same event as torch 2.11 exposes it: no ``activity_type()``; a device type, a user
+    annotation flag, and no correlation at all on CUPTI's overhead records."""
+
+    _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "activity_type":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+    def device_type(self) -> Any:
+        from torch._C._autograd import DeviceType
+
+        return DeviceType.CUDA if self.e["cat"] in self._DEVICE_CATS else DeviceType.CPU
+
+    def is_user_annotation(self) -> bool:
+        return self.e["cat"] in ("user_annotation", "gpu_user_annotation")
+
+
+def test_torch_211_events_of_the_h200_step_give_the_same_records(h200: Any) -> None:
+    """The compat rules (torch ≤ 2.11 has no activity_type()) on the H200 GPU step's events: the
+    same records as the category API — kernels, memsets, runtime and driver calls; annotations
+    (host and device) and CUPTI's overhead record dropped — and a CUDA call made outside any
+    operator stays a runtime call, never an operator (it has no External id to offer)."""
+    pytest.importorskip("torch")
+    raw = json.loads(gzip.decompress(FIXTURE.read_bytes()))["traceEvents"]
+    raw = [e for e in raw if e.get("ph") == "X" and "dur" in e]
+    unlinked = {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "tid": raw[0]["tid"],
+                "ts": raw[-1]["ts"], "dur": 5.0, "args": {"correlation": 999_999}}
+    current = [_FakeKinetoEvent(e) for e in raw + [unlinked]]
+    compat = [_Torch211Event(e) for e in raw + [unlinked]]
+    t0 = min(ev._start for ev in current)
+    a, b = records_from_kineto(current, t0), records_from_kineto(compat, t0)
+    assert a == b
+    names = b["names"]
+    assert "cudaDeviceSynchronize" not in {names[o[0]] for o in b["ops"]}
+    assert [x for x in b["acts"] if names[x[0]] == "cudaDeviceSynchronize"][0][1] == RUNTIME
+    assert not any(names[x[0]].startswith("Optimizer.") for x in b["acts"])
+
+
+def test_runtime_call_names() -> None:
+    for name in ("cudaLaunchKernel", "cudaEventQuery", "cuLaunchKernelEx", "cuModuleLoadData", "INVALID"):
+        assert wire.is_runtime_call(name), name
+    for name in ("aten::mm", "cudnn_convolution", "cutlass_kernel", "custom_op", "cu", "Optimizer.step#AdamW.step"):
+        assert not wire.is_runtime_call(name), name
+
+
+def test_monitor_drops_runtime_calls_sent_as_operators() -> None:
+    """Recordings from probes on torch 2.11 before the fix carry "cudaStreamIsCapturing" as an
+    operator whose CUPTI correlation id equals a real operator's External id; the monitor must
+    keep the kernel on the real operator."""
+    names = ["aten::native_layer_norm", "cudaStreamIsCapturing", "vectorized_layer_norm_kernel", "cudaLaunchKernel"]
+    fields = {"window": 1, "step": 1, "device": "cuda", "step_dur_us": 100.0, "names": names,
+              "ops": [[0, 1, 0.0, 20.0, 5228, None, None], [1, 1, 30.0, 31.0, 5228, None, None]],
+              "acts": [[3, 4, 5.0, 8.0, -1, 5228, 77], [2, 0, 10.0, 40.0, 7, 5228, 77]]}
+    w = window_from_wire(dict(wire.decode(wire.encode("kernels", KEY, 0, 1.0, fields)).fields))
+    (kernel,) = [e for e in w.events if e.kind == KERNEL]
+    assert w.names[kernel.op] == "aten::native_layer_norm"
+    assert "cudaStreamIsCapturing" not in {w.names[e.name] for e in w.events if e.kind == CPU_OP}

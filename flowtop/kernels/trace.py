@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtop.kernels.opflops import COMPOSITE_OPS, FORMULA_OPS, op_flops
+from probe.wire import is_runtime_call
 
 KERNEL, MEMCPY, MEMSET, CPU_OP, RUNTIME = 0, 1, 2, 3, 4
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
@@ -117,6 +118,10 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
             raise ValueError(f"unknown device {device!r:.20}")
         step_dur = _finite(fields["step_dur_us"])
         ops = [_op_record(names, i, o) for i, o in enumerate(fields["ops"])]
+        # A probe on torch ≤ 2.11 sent CUDA API calls made outside any operator as operators,
+        # with their CUPTI correlation id where an operator's id belongs (probe.kernels): drop
+        # them, or a kernel could be attributed to "cudaStreamIsCapturing".
+        ops = [o for o in ops if not is_runtime_call(o.name)]
         acts = [_act_record(names, i, a) for i, a in enumerate(fields["acts"])]
         step, window, cost = fields.get("step"), fields.get("window"), fields.get("cost_s")
         typical = fields.get("typical_step_us")
