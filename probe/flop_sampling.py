@@ -18,9 +18,10 @@ from probe._log import warn_once
 
 #: Amortized budget of the FLOP counts: large steps (>= 100 ms) and small ones.
 BUDGET_LARGE, BUDGET_SMALL, LARGE_STEP_S = 0.005, 0.02, 0.1
-#: Steps from a count to the next one at the least until its cost is charged: the counted step
-#: plus the three steady steps the runtime measures it against (probe.runtime.CHARGE_AFTER_STEPS).
-CHARGE_GAP = 4
+#: Steps after a count before the runtime charges its cost (against the median of the last five
+#: unsampled steps, which then include these); until then no new count may start.
+CHARGE_AFTER_STEPS = 3
+CHARGE_GAP = CHARGE_AFTER_STEPS + 1
 
 
 class FlopSampler:

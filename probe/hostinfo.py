@@ -1,7 +1,8 @@
 """Host telemetry (psutil) for one training process: its CPU, memory, threads and child processes.
 
 Child processes are where DataLoader workers run, so their number and CPU use show whether input
-loading keeps up; children that are not multiprocessing workers are counted apart. Runs on the probe's sender thread at most once a second; ``sample()`` never raises.
+loading keeps up; children that are not multiprocessing workers are counted apart, and the
+workers of a fork server (its children) are counted as the job's. Runs on the probe's sender thread at most once a second; ``sample()`` never raises.
 
 CPU percentages come from CPU-time deltas between calls. psutil's own ``cpu_percent()`` answers 0.0
 on its first call; instead, the first reading of a process (or of the host) is its average since it
@@ -26,16 +27,26 @@ HOST_FIELDS: tuple[str, ...] = (
 )
 
 
+#: A child younger than this may not have exec'd yet and still shows its parent's argv: its
+#: worker verdict is not remembered until it is older.
+SETTLED_S = 1.0
+
+
+def is_forkserver(cmdline: list[str]) -> bool:
+    """Whether a process is multiprocessing's fork server (its workers are *its* children)."""
+    return "multiprocessing.forkserver" in " ".join(cmdline)
+
+
 def is_worker(child_cmdline: list[str], parent_cmdline: list[str]) -> bool:
     """Whether a child process is a multiprocessing worker (DataLoader workers are): a forked one
-    keeps its parent's argv, a spawned or forkserver one runs multiprocessing's bootstrap. Other
-    children — a compile-worker pool, a logger's service process, a monitor the script started —
-    are not input workers (on an H200 run the script's own monitor counted as a "worker")."""
+    keeps its parent's argv, a spawned one runs multiprocessing's bootstrap (forkserver workers
+    are children of the fork server: see :func:`is_forkserver`). Other children — a compile-worker
+    pool, a logger's service process, a monitor the script started — are not input workers (on
+    an H200 run the script's own monitor counted as a "worker")."""
     if child_cmdline and child_cmdline == parent_cmdline:
         return True
     joined = " ".join(child_cmdline)
-    return "multiprocessing" in joined and any(
-        mark in joined for mark in ("spawn_main", "forkserver", "--multiprocessing-fork"))
+    return "multiprocessing" in joined and ("spawn_main" in joined or "--multiprocessing-fork" in joined)
 
 
 def _cpu_seconds(times: Any) -> float:
@@ -56,7 +67,7 @@ class HostTelemetry:
         self._prev: dict[tuple[int, float], tuple[float, float, float]] = {}
         self._host_prev: tuple[float, float, float] | None = None  # (busy s, total s, last %)
         self._cmdline: list[str] | None = None  # this process's argv (forked workers share it)
-        self._workers: dict[tuple[int, float], bool] = {}  # (pid, create_time) -> is a worker
+        self._kinds: dict[tuple[int, float], str] = {}  # (pid, create_time) -> kind of child
 
     def _init(self) -> None:
         try:
@@ -87,21 +98,33 @@ class HostTelemetry:
         self._prev[key] = (now, cpu, pct)
         return pct
 
-    def _is_worker(self, child: Any) -> bool:
-        # cmdlines are read once per process: a worker's does not change while it lives
-        key = (int(child.pid), float(child.create_time()))
-        known = self._workers.get(key)
-        if known is None:
-            if self._cmdline is None:
-                self._cmdline = list(self._proc.cmdline())
-            try:
-                cmd = list(child.cmdline())
-            except Exception:  # unreadable: not counted as an input worker
-                cmd = []
-            known = self._workers[key] = is_worker(cmd, self._cmdline)
-            if len(self._workers) > 4096:  # children come and go; keep the memo bounded
-                self._workers = {key: known}
-        return known
+    def _kind(self, child: Any, now: float) -> str:
+        """"worker", "forkserver" or "other"; remembered per process once it is settled (its
+        command line no longer changes), so each child's is read about once."""
+        create = float(child.create_time())
+        key = (int(child.pid), create)
+        known = self._kinds.get(key)
+        if known is not None:
+            return known
+        if self._cmdline is None:
+            self._cmdline = list(self._proc.cmdline())
+        try:
+            cmd = list(child.cmdline())
+        except Exception:  # unreadable: not counted as an input worker
+            cmd = []
+        kind = "forkserver" if is_forkserver(cmd) else "worker" if is_worker(cmd, self._cmdline) else "other"
+        if now - create >= SETTLED_S:  # before that it may still be between fork and exec
+            if len(self._kinds) > 4096:  # children come and go; keep the memo bounded
+                self._kinds.clear()
+            self._kinds[key] = kind
+        return kind
+
+    def _worker_cpu(self, worker: Any, now: float, seen: set[tuple[int, float]]) -> tuple[int, float]:
+        """(1, its CPU %) for a live worker, (0, 0.0) for a zombie."""
+        with worker.oneshot():
+            if worker.status() == self._psutil.STATUS_ZOMBIE:
+                return 0, 0.0
+            return 1, self._proc_pct(worker, now, seen)
 
     def _host_pct(self) -> float:
         times = self._psutil.cpu_times()
@@ -165,10 +188,16 @@ class HostTelemetry:
                         if child.status() == psutil.STATUS_ZOMBIE:
                             continue
                         children += 1
-                        if not self._is_worker(child):
-                            continue
-                        workers_pct += self._proc_pct(child, now, seen)
-                    workers += 1
+                        kind = self._kind(child, now)
+                    if kind == "forkserver":  # DataLoader workers started by the fork server
+                        for worker in child.children(recursive=False):
+                            n, pct = self._worker_cpu(worker, now, seen)
+                            workers += n
+                            workers_pct += pct
+                    elif kind == "worker":
+                        n, pct = self._worker_cpu(child, now, seen)
+                        workers += n
+                        workers_pct += pct
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue  # exited between listing and reading
             out["workers"] = workers

@@ -23,8 +23,6 @@ from probe.publisher import Publisher
 from probe.steps import StepTracker
 
 VERSION = "0.1.0"
-#: Steady steps after a FLOP count whose median sets what the count cost (see FlopSampler.charge).
-CHARGE_AFTER_STEPS = 3
 
 
 def _guard(name: str, fn: Callable[..., None], on_fail: Callable[[], None]) -> Callable[..., None]:
@@ -57,8 +55,9 @@ class Probe:
         self._nvtx_disabled = False
         self._ewma_step_s: float | None = None
         self._count_wall_s: float | None = None  # wall time of the last FLOP-counted step
-        self._recent_walls: deque[float] = deque(maxlen=5)  # unsampled steps, for the charge
-        self._since_count = 0  # unsampled steps since the last count
+        self._recent_walls: deque[float] = deque(maxlen=5)  # last unsampled steps: the charge's baseline
+        self._since_count = 0  # steps since the last count
+        self._charge_after = 0  # steps after a count before its cost is charged (set with FLOPs on)
         self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
         #: so benchmarks can separate steady-state cost from sampled cost.
@@ -83,7 +82,7 @@ class Probe:
 
     def _setup_flops(self) -> None:
         try:
-            from probe.flop_sampling import FlopSampler
+            from probe.flop_sampling import CHARGE_AFTER_STEPS, FlopSampler
 
             self._flops = FlopSampler(
                 lambda fields: self.publisher.publish("flops", fields),
@@ -94,6 +93,7 @@ class Probe:
         except Exception as exc:
             warn_once("flops-setup", f"FLOP counting unavailable: {exc}")
             return
+        self._charge_after = CHARGE_AFTER_STEPS
         self.tracker.listeners_forward.append(_guard("flop counting", self._maybe_start_count, self._flops_off))
         self.tracker.listeners_pre_opt.append(_guard("flop counting", self._finish_count, self._flops_off))
         self.tracker.listeners_boundary.append(_guard("flop counting", self._finish_at_boundary, self._flops_off))
@@ -172,15 +172,18 @@ class Probe:
         if sampled == "flops":
             self._count_wall_s = wall  # charged once a steady step time is known
             self._since_count = 0
-        elif sampled is None and step > 1:  # step 1 pays warm-up and model discovery
-            prev = self._ewma_step_s
-            self._ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
-            self._recent_walls.append(wall)
+        else:
+            # Every later step counts towards the charge (a kernel window among them must not
+            # let the next count come first and overwrite this one's cost).
             self._since_count += 1
-            if (self._count_wall_s is not None and self._flops is not None
-                    and self._since_count >= CHARGE_AFTER_STEPS):
-                # The median of the last few steady steps: one slow step (a host hiccup) right
-                # after a count must not make the count look free and let counts crowd in.
+            if sampled is None and step > 1:  # step 1 pays warm-up and model discovery
+                prev = self._ewma_step_s
+                self._ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
+                self._recent_walls.append(wall)
+            if (self._count_wall_s is not None and self._flops is not None and self._recent_walls
+                    and self._since_count >= self._charge_after):
+                # Against the median of the last few steady steps: one slow step (a host hiccup)
+                # right after a count must not make the count look free and let counts crowd in.
                 typical = statistics.median(self._recent_walls)
                 self._flops.charge(self._count_wall_s - typical, typical)
                 self._count_wall_s = None

@@ -184,17 +184,19 @@ class StepTracker:
             self._root_handles.clear()
         self.device = self._pick_device(root)
 
-    @staticmethod
-    def _params_device(optimizer: Any) -> torch.device | None:
-        for group in getattr(optimizer, "param_groups", ()):
-            for p in group.get("params", ()):
-                if isinstance(p, torch.Tensor):
-                    return p.device
-        return None
+    @classmethod
+    def _params_device(cls, optimizer: Any) -> torch.device:
+        params = (p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())
+                  if isinstance(p, torch.Tensor))
+        return cls._device_of(params)
+
+    @classmethod
+    def _pick_device(cls, root: torch.nn.Module) -> torch.device:
+        return cls._device_of(root.parameters())
 
     @staticmethod
-    def _pick_device(root: torch.nn.Module) -> torch.device:
-        for p in root.parameters():
+    def _device_of(params: Any) -> torch.device:
+        for p in params:
             if p.device.type == "cuda":
                 return p.device
             break
@@ -315,7 +317,7 @@ class StepTracker:
             return None, None
         try:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(torch.cuda.current_stream(self.device))  # the rank's GPU, not whatever is current
             self._events.append((self.step, ev))
             result: tuple[float | None, int | None] = (None, None)
             # Pop completed pairs from the front; query() never blocks.

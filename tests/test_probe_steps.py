@@ -240,3 +240,16 @@ def test_a_slow_step_right_after_a_count_does_not_make_counting_look_free(captur
     p._on_step({**base, "step": 5, "wall_s": 0.010})
     # 20 ms over a 10 ms step, 2 % budget for small steps: ceil(0.020 / (0.02 × 0.010)) = 100
     assert p._flops.policy.min_gap == 100 and p._count_wall_s is None
+
+
+def test_a_kernel_window_after_a_count_does_not_delay_its_charge(captured) -> None:  # type: ignore[no-untyped-def]
+    """A window among the three steps after a count still counts towards them: the charge lands
+    before the next count may start (else that count would overwrite this one's cost)."""
+    p = probe._current()
+    p.sampled_steps.update({2: "flops", 3: "kernels"})
+    base = {"tokens": 0, "input_wait_s": None, "lead_s": None, "device_s": None, "dstep": None,
+            "micro_batches": 1, "probe_s": 0.0}
+    for step, wall in [(1, 0.5), (2, 0.030), (3, 0.090), (4, 0.010), (5, 0.010)]:
+        p._on_step({**base, "step": step, "wall_s": wall})
+    # charged at step 5 (three steps after the count), against the steady steps only: 20 ms extra
+    assert p._count_wall_s is None and p._flops.policy.min_gap == 100
