@@ -233,7 +233,7 @@ def synthetic_snapshot(
     )
     merged = None
     if with_kernels:
-        from flowtop.kernels.aggregate import merge_ranks
+        from flowtop.kernels.merge import merge_ranks
 
         merged = merge_ranks({r.rank: r.kernels for r in ranks})
     live = [r.step for r in ranks if r.status == "live"] or [r.step for r in ranks]
@@ -325,7 +325,8 @@ def synthetic_window(rank: int, step: int, step_us: float) -> "KernelWindow":
 
 def synthetic_kernel_stats(rank: int, step: int, step_us: float) -> tuple[object, object]:
     """(KernelWindowStats, cumulative table of 12 such windows) for one synthetic rank."""
-    from flowtop.kernels.aggregate import CumulativeKernels, aggregate
+    from flowtop.kernels.aggregate import aggregate
+    from flowtop.kernels.merge import CumulativeKernels
 
     stats = aggregate(synthetic_window(rank, step, step_us))
     cumulative = CumulativeKernels()

@@ -136,7 +136,7 @@ class JobSnapshot:
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
     status: str  # "running" | "stalled" | "stale" | "done"
     hints: tuple[Hint, ...] = ()
-    kernels_merged: Any = None  # flowtop.kernels.aggregate.JobKernelStats
+    kernels_merged: Any = None  # flowtop.kernels.merge.JobKernelStats
 
     @property
     def ranks_seen(self) -> int:

@@ -22,11 +22,11 @@ def build_kernel_stats(fields: Mapping[str, Any]) -> Any:
 
 def apply_kernel_stats(st: RankState, stats: Any) -> None:
     """Make ``stats`` the rank's latest window and add it to its cumulative table."""
-    from flowtop.kernels import aggregate
+    from flowtop.kernels import merge
 
     st.kernels = stats
     if st.kernels_cumulative is None:
-        st.kernels_cumulative = aggregate.CumulativeKernels()
+        st.kernels_cumulative = merge.CumulativeKernels()
     st.kernels_cumulative.add(stats)
 
 
@@ -36,9 +36,9 @@ def _aggregate_kernels(st: RankState, fields: dict[str, Any]) -> None:
 
 
 def _merge(tables: dict[int, Any]) -> Any:
-    from flowtop.kernels import aggregate
+    from flowtop.kernels import merge
 
-    return aggregate.merge_cumulative(tables)
+    return merge.merge_cumulative(tables)
 
 
 #: Environment variable: the hang rules' floor in seconds (default 30 s).

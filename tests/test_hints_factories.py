@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 
 from flowtop.hints import RULES, HintEngine
 from flowtop.hints.rules import Rule
-from flowtop.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy, merge_ranks
+from flowtop.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy
+from flowtop.kernels.merge import merge_ranks
 from flowtop.kernels.classify import classify, short_name
 from flowtop.snapshot import FlopsView, History, JobSnapshot, RankSnapshot, TelemetryView
 

@@ -432,7 +432,7 @@ def test_monitor_binds_and_receives_on_ipv6_loopback() -> None:
 
 
 def test_job_kernel_merge_is_reused_until_a_new_window_arrives() -> None:
-    from flowtop.kernels.aggregate import CumulativeKernels
+    from flowtop.kernels.merge import CumulativeKernels
     from flowtop.model import Model
 
     calls: list[int] = []

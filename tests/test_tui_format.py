@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from flowtop.kernels.aggregate import CumulativeKernels
+from flowtop.kernels.merge import CumulativeKernels
 from flowtop.replay import synthetic_hints, synthetic_snapshot, synthetic_window
 from flowtop.screens.snapshot_screen import pick_rank
 from flowtop.widgets import _telemetry as tm

@@ -90,7 +90,7 @@ class JobKernelView:
 def _cumulative_lookup(cumulative: Any) -> Callable[[str], Any]:
     """name -> cumulative row, whatever container the model hands over.
 
-    Accepts ``aggregate.CumulativeKernels`` (``get(name)``), a mapping by name, or an
+    Accepts ``merge.CumulativeKernels`` (``get(name)``), a mapping by name, or an
     iterable of ``CumulativeRow`` (e.g. ``CumulativeKernels.rows()``).
     """
     if cumulative is None:
@@ -143,7 +143,7 @@ def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
 
 
 def job_view(merged: Any) -> JobKernelView | None:
-    """View of an ``aggregate.JobKernelStats``."""
+    """View of an ``merge.JobKernelStats``."""
     if merged is None or isinstance(merged, JobKernelView):
         return merged
     rows = tuple(
