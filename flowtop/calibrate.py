@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flowtop.calibrate_report import (  # noqa: F401  (re-exported: the report's public names)
-    ENV_OUT, NVTX_STEP_PREFIX, ProbeRecord, StepComparison, _notes, compare_steps, format_flops,
+    ENV_OUT, NVTX_STEP_PREFIX, ProbeRecord, StepComparison, report_notes, compare_steps, format_flops,
     kernel_step, read_probe_records, render_report)
 from flowtop.ncu import (FP_METRICS, TENSOR_METRICS, NcuParseError, parse_query_metrics,
                          parse_raw_csv, usable_metrics)
@@ -145,6 +145,8 @@ def select_metrics(ncu: str, run: Runner, err: TextIO) -> list[str]:
     if not available:
         return list(METRICS)
     kept, dropped = usable_metrics(METRICS, available)
+    if not kept:  # a listing in a form we do not read: let ncu itself name what it lacks
+        return list(METRICS)
     if dropped:
         err.write(f"flowtop calibrate: this GPU/ncu lacks {', '.join(dropped)}; calibrating "
                   "without them\n")
@@ -242,7 +244,7 @@ def run_calibration(opts: CalibrateOptions, *, run: Runner = subprocess.run,
                   f"{steps}; is the probe attached and does training run that long?\n")
         return EXIT_FAILED
     rows, unassigned = compare_steps(kernels, records, steps)
-    out.write(render_report(rows, unassigned, _notes(kernels, rows)))
+    out.write(render_report(rows, unassigned, report_notes(kernels, rows)))
     return EXIT_OK
 
 

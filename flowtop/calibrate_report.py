@@ -180,7 +180,7 @@ def render_report(rows: Sequence[StepComparison], unassigned: int = 0,
     return "\n".join([*lines, *notes, "", EXPLANATION]) + "\n"
 
 
-def _notes(kernels: Sequence[NcuKernel], rows: Sequence[StepComparison]) -> list[str]:
+def report_notes(kernels: Sequence[NcuKernel], rows: Sequence[StepComparison]) -> list[str]:
     notes: list[str] = []
     if kernels and all(k.fp_flops is None for k in kernels):
         notes.append("note: non-tensor FP counters were not collected; hardware = tensor only.")

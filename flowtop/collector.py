@@ -19,7 +19,7 @@ import ipaddress
 import resource
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import zmq
@@ -28,6 +28,9 @@ import zmq.asyncio
 from flowtop.model import Model
 from flowtop.snapshot import MonitorSnapshot
 from probe import wire
+
+if TYPE_CHECKING:
+    from flowtop.kernel_worker import KernelWorker
 
 ZAP_DOMAIN = "flowtop"
 #: Most frames handled per drain before yielding to the event loop (UI stays responsive).
@@ -127,8 +130,8 @@ class Collector:
         self._sub: Any = None
         self._pub: Any = None
         self._task: asyncio.Task[None] | None = None
-        #: Builds kernel windows off the loop (flowtop.kernel_worker), when the model has them.
-        self.kernel_worker: Any = None
+        #: Builds kernel windows off the loop, when the model has them.
+        self.kernel_worker: KernelWorker | None = None
         self._auth: Any = None
         self._allow_remote = allow_remote
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
@@ -272,7 +275,7 @@ class Collector:
         if self.kernel_worker is not None:
             self.kernel_worker.close()
             self.kernel_worker = None
-            self.model.kernel_offload = None  # a later replay into this model builds inline
+            self.model.build_kernels_here()  # a later replay into this model builds inline
         if self._task is not None:
             self._task.cancel()
             try:

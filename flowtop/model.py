@@ -111,16 +111,15 @@ class Model:
         self._kernel_apply = apply
 
     def apply_kernels(self, key: RankKey, stats: Any) -> None:
-        """A window built off the loop: apply it unless its rank is gone or already holds a
-        later window (a rank may send two before the first is built)."""
+        """A window built off the loop: into the rank's tables, unless the rank is gone."""
         st = self.ranks.get(key)
-        if st is None or self._kernel_apply is None:
-            return
-        current = getattr(st.kernels, "window", None)
-        new = getattr(stats, "window", None)
-        if current is not None and new is not None and new <= current:
-            return
-        self._kernel_apply(st, stats)
+        if st is not None and self._kernel_apply is not None:
+            self._kernel_apply(st, stats)
+
+    def build_kernels_here(self) -> None:
+        """Build kernel windows inline again (the collector that built them elsewhere stopped)."""
+        self.kernel_offload = None
+        self._kernel_apply = None
 
     def reject(self, reason: str) -> None:
         """Count a frame that failed validation (reasons are bucketed by prefix)."""

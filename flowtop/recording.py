@@ -15,7 +15,7 @@ import struct
 import time
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import msgpack
 
@@ -155,11 +155,19 @@ class RecordingSource:
         self._records: list[tuple[float, bytes]] = []
         self._next = 0
         self._start: float | None = None
+        self._worker: Any = None  # flowtop.kernel_worker.KernelWorker while playing
 
     async def start(self) -> None:
-        """Load the recording (errors surface here, before the UI shows anything)."""
+        """Load the recording (errors surface here, before the UI shows anything); kernel windows
+        are then built off the UI's loop, as the live collector builds them."""
         self._records = list(read_recording(self.path))
         self._start = time.monotonic()
+        if self.model.builds_kernels:
+            from flowtop.kernel_worker import KernelWorker
+            from flowtop.wiring import apply_kernel_stats, build_kernel_stats
+
+            self._worker = KernelWorker(self.model, build_kernel_stats)
+            self.model.offload_kernels(self._worker.submit, apply_kernel_stats)
 
     def snapshot(self) -> MonitorSnapshot:
         """Feed every frame due by now (scaled by speed) and snapshot at that virtual time."""
@@ -177,4 +185,8 @@ class RecordingSource:
         """A recording cannot be asked for anything."""
 
     async def stop(self) -> None:
-        """Nothing to release."""
+        """Stop building kernel windows."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+            self.model.build_kernels_here()

@@ -176,7 +176,7 @@ def test_report_from_csv_and_jsonl(tmp_path: Path) -> None:
     assert (r6.kernels, r6.hw_flops, r6.ratio, r6.probe_model) == (1, GEMM, 1.5, GEMM)
     assert (r7.kernels, r7.hw_flops, r7.probe_executed, r7.ratio) == (0, None, None, None)
 
-    text = cal.render_report(rows, unassigned, cal._notes(kernels, rows))
+    text = cal.render_report(rows, unassigned, cal.report_notes(kernels, rows))
     table = [cells(line) for line in text.splitlines()[1:6]]
     assert table == [
         ["step", "kernels", "tensor", "non-tensor FP", "hardware", "probe executed", "ratio",
@@ -196,7 +196,7 @@ def test_report_notes_missing_counters_and_probe() -> None:
                             .replace(BF16, "x_bf16"))
     assert all(k.hw_flops is None for k in kernels)
     rows, _ = cal.compare_steps(kernels, [], [5])
-    notes = cal._notes(kernels, rows)
+    notes = cal.report_notes(kernels, rows)
     assert notes == [
         "note: non-tensor FP counters were not collected; hardware = tensor only.",
         "note: tensor-core counters were not collected on this GPU/ncu version.",
@@ -291,3 +291,9 @@ def test_unlistable_metrics_fall_back_to_all() -> None:
     err = io.StringIO()
     assert cal.select_metrics("ncu", run, err) == list(cal.METRICS)
     assert err.getvalue() == ""
+
+    def unrelated(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(cmd, 0, stdout="dram__bytes  bytes\nsm__cycles  cycles\n", stderr="")
+
+    # a listing that knows none of ours: no empty --metrics, ncu names what it lacks itself
+    assert cal.select_metrics("ncu", unrelated, err) == list(cal.METRICS)

@@ -218,6 +218,10 @@ def test_input_wait_is_silent_while_the_gpu_is_busy() -> None:
     assert find(settle(HintEngine(), gpu_window, 0.0), "input_wait") is None
     cpu = job(rank(0, device="cpu (x86_64)", hist=history(20, 0.1, wait_s=0.02), tel=telemetry(gpu_util=100.0)))
     assert find(settle(HintEngine(), cpu, 0.0), "input_wait") is not None
+    # a reading that stopped coming (NVML died) does not keep the hint silent
+    stale = dataclasses.replace(telemetry(gpu_util=100.0), age_s=30.0)
+    dead = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=stale))
+    assert find(settle(HintEngine(), dead, 0.0), "input_wait").evidence["device_idle_pct"] == 100.0
 
 
 def test_util_vs_mfu_gate_and_wording_without_tensor_data() -> None:

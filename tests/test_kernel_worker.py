@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtop.kernel_worker import KernelWorker
-from flowtop.recording import read_recording
+from flowtop.recording import read_recording, replay_all
 from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
 from probe import wire
 
@@ -71,7 +71,9 @@ def test_windows_are_built_on_a_worker_thread_and_applied_on_the_loop() -> None:
     assert _rank(model).kernels_cumulative.windows == 1
 
 
-def test_the_newest_window_of_a_rank_wins() -> None:
+def test_every_window_is_built_in_order_into_the_cumulative_table() -> None:
+    """Two windows of a rank queued before the first is built: both are built, in order, so the
+    cumulative table holds what a replay of the same frames holds."""
     before, (first, second) = _messages()
     built: list[int] = []
 
@@ -86,15 +88,40 @@ def test_the_newest_window_of_a_rank_wins() -> None:
         for msg in before:
             model.ingest(msg, 0.0)
         model.ingest(first, 1.0)
-        model.ingest(second, 1.1)  # arrives before the drain task first runs: replaces the first
+        model.ingest(second, 1.1)  # arrives before the drain task first runs
         await worker.idle()
-        # an older window built late must not overwrite a newer one already shown
-        model.apply_kernels(first.key, build_kernel_stats(first.fields))
         worker.close()
         return model, worker
 
     model, worker = asyncio.run(main())
-    assert built == [second.fields["window"]] and worker.replaced == 1 and worker.built == 1
+    assert built == [first.fields["window"], second.fields["window"]] and worker.built == 2
+    st = _rank(model)
+    assert st.kernels.window == second.fields["window"] and st.kernels_cumulative.windows == 2
+    replayed = replay_all(DATA / "h200-gpt-large.rec.gz", make_model()).jobs[0].ranks[0]
+    assert st.kernels_cumulative.rows() == replayed.kernels_cumulative
+
+
+def test_a_flood_drops_the_oldest_windows_and_counts_them(monkeypatch: Any) -> None:
+    before, (first, second) = _messages()
+    monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 1)
+
+    async def main() -> Any:
+        model = make_model()
+        worker = KernelWorker(model, build_kernel_stats)
+        model.offload_kernels(worker.submit, apply_kernel_stats)
+        for msg in before:
+            model.ingest(msg, 0.0)
+        model.ingest(first, 1.0)
+        model.ingest(second, 1.1)  # the queue holds one: the first is dropped
+        await worker.idle()
+        model.ingest(first, 2.0)
+        worker.close()  # queued, never built: dropped too
+        await worker.idle()  # returns at once after close
+        worker.submit(first.key, dict(first.fields))  # after close: dropped, nothing scheduled
+        return model, worker
+
+    model, worker = asyncio.run(main())
+    assert (worker.built, worker.dropped) == (1, 3)
     assert _rank(model).kernels.window == second.fields["window"]
 
 
@@ -144,14 +171,30 @@ def test_a_window_for_a_rank_gone_meanwhile_is_dropped() -> None:
 
 
 def test_a_live_collector_builds_windows_off_its_loop() -> None:
-    """The real collector wires the worker in at start and takes it out at stop (a replay into
-    the same model afterwards builds inline again)."""
+    """Real frames from the H200 recording over a real socket into a real collector: the window
+    is built by its worker; at stop the model goes back to building inline."""
+    import time
+
+    import zmq
+
     from monitor_thread import MonitorThread
 
+    frames = [f for _, f in read_recording(DATA / "h200-gpt-large.rec.gz")]
     m = MonitorThread()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
     try:
         assert m.call(lambda: m.collector.model.kernel_offload is not None)
-        assert m.collector.kernel_worker is not None
+        pub.connect(m.listen)
+        time.sleep(0.5)  # the subscription reaches the publisher (a late joiner loses frames)
+        for frame in frames:
+            pub.send(frame)
+        snap = m.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].kernels is not None, 20)
+        assert snap.jobs[0].ranks[0].kernels.anatomy.step_basis == "device"
+        assert m.collector.kernel_worker is not None and m.collector.kernel_worker.built >= 1
     finally:
+        pub.close()
+        ctx.term()
         m.close()
     assert m.collector.model.kernel_offload is None and m.collector.kernel_worker is None

@@ -79,16 +79,22 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
                             variant="silent" if text else "")}
 
 
+#: A telemetry reading older than this says nothing about the device now (the probe samples
+#: every second; a dead NVML must not keep the input-wait hint silent for good).
+FRESH_TELEMETRY_S = 10.0
+
+
 def device_idle_pct(r: RankSnapshot) -> float:
     """How much of the time the rank's compute device idles, in percent.
 
     A GPU rank: 100 − NVML GPU-Util (the share of time no kernel ran — the one thing GPU-Util
-    measures well), else 1 − busy of its latest CUDA kernel window; a CPU rank, or a GPU rank with
-    neither: 100 (the training thread is the device, or nothing says it is busy)."""
+    measures well) while the reading is fresh, else 1 − busy of its latest CUDA kernel window; a
+    CPU rank, or a GPU rank with neither: 100 (the training thread is the device, or nothing says
+    it is busy)."""
     if r.device.startswith("cpu"):
         return 100.0
     util = telemetry_number(r, "gpu_util")
-    if util is not None:
+    if util is not None and r.telemetry is not None and r.telemetry.age_s <= FRESH_TELEMETRY_S:
         return max(0.0, 100.0 - util)
     k = r.kernels
     if k is not None and k.device == "cuda":
