@@ -5,7 +5,7 @@ Kineto keeps CUPTI attached after a profiling session unless ``TEARDOWN_CUPTI=1`
 CUPTI adds a callback to every CUDA API call, which a launch-bound step feels. The probe's kernel
 windows are such sessions, so the probe sets ``TEARDOWN_CUPTI=1`` unless the user set it. This
 benchmark measures both settings, each in a fresh process (the variable is read by Kineto):
-the small GPT of ``bench/gpu_check.py`` (launch-bound on an H200), median step time before any
+the small GPT of ``bench/gpt_step.py`` (launch-bound on an H200), median step time before any
 profiling, after a first one-step window and after a second, and what each window step cost.
 
     python bench/cupti_teardown.py          # prints one JSON object
@@ -83,8 +83,12 @@ def main() -> int:
         env = {k: v for k, v in os.environ.items() if k != "TEARDOWN_CUPTI"}
         if setting is not None:
             env["TEARDOWN_CUPTI"] = setting
-        res = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                             text=True, timeout=240)
+        try:
+            res = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
+                                 text=True, timeout=45)  # two children within the script's 100 s
+        except subprocess.TimeoutExpired:
+            results.append({"TEARDOWN_CUPTI": setting, "error": "timed out after 45 s"})
+            continue
         try:
             results.append(json.loads(res.stdout.strip().splitlines()[-1]))
         except (IndexError, ValueError):

@@ -22,7 +22,14 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 stage() { echo "=== $1 (t=$(( $(date +%s) - T0 )) s)"; }
-want() { [[ " ${STAGES:-pytest teardown costs gpu_check calibrate overhead} " == *" $1 "* ]]; }
+# A stage runs if STAGES names it (all by default) and its own limit still fits in the run's
+# budget (the device tool allows 600 s a command): a late stage is skipped, never cut off.
+BUDGET=${BUDGET:-570}
+want() {
+  [[ " ${STAGES:-pytest teardown costs gpu_check calibrate overhead} " == *" $1 "* ]] || return 1
+  local used=$(( $(date +%s) - T0 ))
+  if (( used + $2 > BUDGET )); then echo "=== $1 skipped: ${used} s used, needs up to $2 s of ${BUDGET}"; return 1; fi
+}
 
 stage setup
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -36,26 +43,26 @@ nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm,power.dr
 python3 -c "import sys, torch, zmq, pynvml, msgpack, psutil; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'pyzmq', zmq.__version__, 'nvml-py', getattr(pynvml, '__version__', '?'))"
 command -v ncu && ncu --version | tail -1
 
-if want pytest; then
+if want pytest 120; then
 stage "pytest tests/test_gpu.py"
 timeout 120 python3 -m pytest tests/test_gpu.py -p no:cacheprovider -p no:asyncio -s -q -rs \
   > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$?"; grep -E "^\[gpu\]|passed|failed|skipped|FAILED|Error" "$OUT/pytest_gpu.log" | cut -c1-400
 fi
 
-if want teardown; then
+if want teardown 100; then
 stage "bench/cupti_teardown.py"
 timeout 100 python3 bench/cupti_teardown.py > "$OUT/teardown.json"
 echo "teardown rc=$?"; cat "$OUT/teardown.json"
 fi
 
-if want costs; then
+if want costs 90; then
 stage "bench/probe_costs.py"
 timeout 90 python3 bench/probe_costs.py > "$OUT/costs.json"
 echo "costs rc=$?"; cat "$OUT/costs.json"
 fi
 
-if want gpu_check; then
+if want gpu_check 240; then
 stage "bench/gpu_check.py"
 timeout 240 python3 bench/gpu_check.py --out "$OUT/rec" --json "$OUT/gpu_check.json" > /dev/null
 echo "gpu_check rc=$?"
@@ -73,7 +80,7 @@ for f in "$OUT"/rec/*.rec; do [ -f "$f" ] && gzip -c "$f" > "$OUT/$(basename "$f
 rm -rf "$OUT/rec"
 fi
 
-if want calibrate; then
+if want calibrate 120; then
 stage "flowtop calibrate"
 timeout 120 python3 -m flowtop.cli calibrate --steps 2 --skip 5 -- \
   python3 -m flowtop.demo.train --device cuda --dtype bf16 --steps 8 --layers 2 --width 256 \
@@ -81,7 +88,7 @@ timeout 120 python3 -m flowtop.cli calibrate --steps 2 --skip 5 -- \
 echo "calibrate rc=$?"; tail -22 "$OUT/calibrate.txt"
 fi
 
-if want overhead; then
+if want overhead 120; then
 stage "bench/overhead.py --device cuda"
 {
   # blocks of 40 steps: each attached block has a FLOP count and kernel windows to amortize

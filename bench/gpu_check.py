@@ -176,51 +176,6 @@ def top_kernels(step: Callable[[], None], steps: int = 2, top: int = 10) -> dict
                     for us, c, n in rows[:top]]}
 
 
-def monitor_view(snap: dict[str, Any], job: str) -> dict[str, Any]:
-    """The figures the monitor showed for ``job`` (its only rank)."""
-    if "error" in snap:
-        raise RuntimeError(snap["error"])
-    jobs = [j for j in snap.get("jobs", []) if j["job"] == job]
-    if not jobs:
-        raise RuntimeError(f"the monitor saw no job {job!r} (received {snap.get('received')})")
-    j = jobs[0]
-    r = j["ranks"][0]
-    keys = ("status", "step", "device", "step_time_s", "device_time_s", "tokens_per_s",
-            "probe_overhead_frac", "lost_messages", "dropped_messages", "flops_per_step",
-            "executed_flops_per_step", "estimated_flops_per_step", "estimate_ratio", "flops_per_s",
-            "mfu", "hfu", "peak_flops", "peak_source", "dtype", "attention_convention", "mfu_reason",
-            "uncounted_ops")
-    out: dict[str, Any] = {k: r.get(k) for k in keys}
-    tel = r.get("telemetry") or {}
-    dev = tel.get("device") or {}
-    out["telemetry"] = {k: dev.get(k) for k in (
-        "gpu_util", "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma", "dram_bw_util",
-        "power_w", "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle",
-        "mem_used", "mem_total", "nvlink_tx_bytes_s", "uuid")}
-    from probe.hostinfo import HOST_FIELDS
-
-    out["telemetry"]["host"] = {k: (tel.get("host") or {}).get(k) for k in HOST_FIELDS}
-    out["telemetry"]["reasons"] = tel.get("reasons")
-    k = r.get("kernels")
-    if k:
-        a = k["anatomy"]
-        out["kernel_window"] = {
-            "device": k["device"], "step": k["step"], "cost_s": k["cost_s"],
-            "step_us": k["step_us"], "typical_step_us": a.get("typical_step_us"),
-            "busy_frac": a["busy_frac"], "busy_frac_typical": a.get("busy_frac_typical"),
-            "launches": a["launches"], "short_kernels": a["short_kernels"],
-            "attributed_flops": a["flops"], "attributed_tflops": a["tflops"],
-            "kernels": len(k["kernels"]),
-            "categories": {c["category"]: round(c["share"], 4) for c in k["categories"]},
-            "top": [{"kernel": x["short"], "category": x["category"], "op": x["op"],
-                     "calls": x["calls"], "total_us": round(x["total_us"], 1),
-                     "tflops": x["tflops"] and round(x["tflops"], 1)} for x in k["kernels"][:10]],
-        }
-    out["hints"] = [{"id": h["id"], "severity": h["severity"], "summary": h["summary"]}
-                    for h in j.get("hints", [])]
-    return out
-
-
 def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: int, timed: int,
                 probe_s: float, out_dir: str | None) -> dict[str, Any]:
     """All sections for one model size, filled into ``res`` as they finish."""
@@ -266,10 +221,11 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
 
     def with_probe() -> dict[str, Any]:
         import probe
-        from monitor_proc import MonitorProcess
+        from monitor_proc import MonitorProcess, monitor_view
 
         record = os.path.join(out_dir, f"{name}.rec") if out_dir else None
         mon = MonitorProcess(record=record)
+        saved = os.environ.get("FLOWTOP_KERNELS_MIN_STEPS")
         os.environ["FLOWTOP_KERNELS_MIN_STEPS"] = "8"  # a window within the first seconds
         try:
             attached = probe.attach(addr=mon.listen, job=job)
@@ -300,7 +256,10 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
             snap = mon.snapshot()
         finally:
             probe.detach()
-            os.environ.pop("FLOWTOP_KERNELS_MIN_STEPS", None)
+            if saved is None:
+                os.environ.pop("FLOWTOP_KERNELS_MIN_STEPS", None)
+            else:
+                os.environ["FLOWTOP_KERNELS_MIN_STEPS"] = saved
             mon.close()
         # times[i] is probe step i + 1; step 1 pays attach and model discovery (once per run)
         steady = [t for i, t in enumerate(times, start=1) if i > 1 and i not in marks]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where the probe's training-thread time goes, per step (CUDA if present, else CPU).
 
-The small GPT of ``bench/gpu_check.py`` trains under the probe with its features switched on one
+The small GPT of ``bench/gpt_step.py`` trains under the probe with its features switched on one
 by one (steps only; + telemetry; + FLOP counting; + kernel windows). For each, the median of the
 ``probe_s`` field the step messages carry (the probe's own time on the training thread in its
 hooks) and the median step time; plus the unit costs of the CUDA event calls each step makes.

@@ -2,7 +2,8 @@
 
 Child processes are where DataLoader workers run, so their number and CPU use show whether input
 loading keeps up; children that are not multiprocessing workers are counted apart, and the
-workers of a fork server (its children) are counted as the job's. Runs on the probe's sender thread at most once a second; ``sample()`` never raises.
+workers of a fork server (its children) are counted as the job's. Runs on the probe's sender
+thread at most once a second; ``sample()`` never raises.
 
 CPU percentages come from CPU-time deltas between calls. psutil's own ``cpu_percent()`` answers 0.0
 on its first call; instead, the first reading of a process (or of the host) is its average since it
