@@ -9,8 +9,8 @@ Definitions (the UI and ``flowtop analyze`` show these numbers; see also design.
   queued in 75 ms), then the span from its first start to its last end. ``step_basis`` says which.
 * *share*: a kernel's summed device time ÷ the step.
 * *busy*: the length of the UNION of device-work intervals over all streams (two streams running
-  at once count once) inside the step; on a CPU window the union of the top-level operators.
-  *idle* = step − busy, the sum of the gaps.
+  at once count once); on a CPU window the union of the top-level operators. *idle* = step −
+  busy, the sum of the gaps (the step span covers all of the window's work).
 * *communication*: union of communication kernels; *overlap*: its intersection with the union of
   all other kernels (compute hiding the transfer).
 * *launches*: device events in the window (each one is one launch call).
@@ -154,18 +154,21 @@ def _ratio(num: float, den: float) -> float | None:
 def step_span(window: KernelWindow) -> tuple[float, float, str]:
     """``(origin, length, basis)`` of the step a window's shares are taken against.
 
-    The host wall time of the profiled step from the window's start — unless the device work
-    spans longer (the GPU ran behind the host), then from the first device work to the last.
-    Kernels the previous step had queued are not in the window (they were launched before the
-    profiler started), so the span starts with this step's first kernel."""
-    if window.device != "cpu":
-        work = [(e.ts_us, e.ts_us + e.dur_us) for e in window.events if e.kind in DEVICE_KINDS]
-        if work:
-            first = min(s for s, _ in work)
-            last = max(e for _, e in work)
-            if last - first > window.step_dur_us:
-                return first, last - first, "device"
-    return 0.0, window.step_dur_us, "host"
+    The host wall time of the profiled step from the window's start, stretched to the end of its
+    last work (a kernel launched last runs past the host's end; a CPU window's last operator may
+    end after the host clock stopped) — unless the device work spans longer than the host step
+    (the GPU ran behind the host), then from the first device work to the last. Kernels the
+    previous step had queued are not in the window (they were launched before the profiler
+    started), so that span starts with this step's first kernel."""
+    kinds = (CPU_OP,) if window.device == "cpu" else DEVICE_KINDS
+    work = [(e.ts_us, e.ts_us + e.dur_us) for e in window.events if e.kind in kinds]
+    if not work:
+        return 0.0, window.step_dur_us, "host"
+    first = min(s for s, _ in work)
+    last = max(e for _, e in work)
+    if window.device != "cpu" and last - first > window.step_dur_us:
+        return first, last - first, "device"
+    return 0.0, max(window.step_dur_us, last), "host"
 
 
 def aggregate(window: KernelWindow) -> KernelWindowStats:
@@ -233,14 +236,8 @@ def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat],
     origin, step, basis = span
     on_cpu = window.device == "cpu"
     busy_src = [e for e in events if e.kind == CPU_OP] if on_cpu else work
-    # Busy and idle are counted inside the step: a tail of device work past the host's step end
-    # (a kernel launched last) would otherwise make idle and the idle gaps disagree.
-    end = origin + step
-    all_busy = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in busy_src)
-    busy = [(max(s, origin), min(e, end)) for s, e in all_busy if e > origin and s < end]
+    busy = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in busy_src)  # inside the step span
     busy_us = sum((e - s for s, e in busy), 0.0)
-    # Against the typical unprofiled step, all of this step's device work counts, tail included.
-    step_work_us = sum((e - s for s, e in all_busy), 0.0)
     category = {k.name: k.category for k in kernels}
     comm = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in work if category[names[e.name]] == "communication")
     compute = merge_intervals((e.ts_us, e.ts_us + e.dur_us) for e in work
@@ -285,7 +282,7 @@ def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat],
         flops=total_flops,
         tflops=total_flops / step / 1e6 if total_flops is not None and step > 0 else None,
         typical_step_us=window.typical_step_us,
-        busy_frac_typical=min(1.0, step_work_us / window.typical_step_us) if window.typical_step_us else None,
+        busy_frac_typical=min(1.0, busy_us / window.typical_step_us) if window.typical_step_us else None,
         step_basis=basis,
     )
 
