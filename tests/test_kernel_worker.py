@@ -33,6 +33,17 @@ def _messages() -> tuple[list[wire.Message], list[wire.Message]]:
     return before, windows
 
 
+def _offloaded(build: Any, before: list[wire.Message], apply: Any = apply_kernel_stats) -> tuple[Any, KernelWorker]:
+    """A monitor model whose kernel windows go to a worker with ``build``, fed ``before``
+    (call on a running loop)."""
+    model = make_model()
+    worker = KernelWorker(model, build)
+    model.offload_kernels(worker.submit, apply)
+    for msg in before:
+        model.ingest(msg, 0.0)
+    return model, worker
+
+
 def _rank(model: Any) -> Any:
     (st,) = model.ranks.values()
     return st
@@ -47,17 +58,13 @@ def test_windows_are_built_on_a_worker_thread_and_applied_on_the_loop() -> None:
         return build_kernel_stats(fields)
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build)
         applied: list[int] = []
 
         def apply(st: Any, stats: Any) -> None:
             applied.append(threading.get_ident())
             apply_kernel_stats(st, stats)
 
-        model.offload_kernels(worker.submit, apply)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build, before, apply)
         model.ingest(windows[0], 1.0)
         assert _rank(model).kernels is None  # queued, not built on the loop
         await worker.idle()
@@ -82,11 +89,7 @@ def test_every_window_is_built_in_order_into_the_cumulative_table() -> None:
         return build_kernel_stats(fields)
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build)
-        model.offload_kernels(worker.submit, apply_kernel_stats)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build, before)
         model.ingest(first, 1.0)
         model.ingest(second, 1.1)  # arrives before the drain task first runs
         await worker.idle()
@@ -106,11 +109,7 @@ def test_a_flood_drops_the_oldest_windows_and_counts_them(monkeypatch: Any) -> N
     monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 1)
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build_kernel_stats)
-        model.offload_kernels(worker.submit, apply_kernel_stats)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build_kernel_stats, before)
         model.ingest(first, 1.0)
         model.ingest(second, 1.1)  # the queue holds one: the first is dropped
         await worker.idle()
@@ -134,11 +133,7 @@ def test_a_window_that_fails_to_build_is_a_rejection_and_the_next_still_builds()
         return build_kernel_stats(fields)
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build)
-        model.offload_kernels(worker.submit, apply_kernel_stats)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build, before)
         model.ingest(first, 1.0)
         await worker.idle()
         model.ingest(second, 2.0)
@@ -155,11 +150,7 @@ def test_a_window_for_a_rank_gone_meanwhile_is_dropped() -> None:
     before, (first, _) = _messages()
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build_kernel_stats)
-        model.offload_kernels(worker.submit, apply_kernel_stats)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build_kernel_stats, before)
         model.ingest(first, 1.0)
         model.ranks.clear()  # evicted while the window was being built
         await worker.idle()
