@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import time
+import warnings
 from typing import Any, Callable, Deque
 
 import torch
@@ -40,6 +41,19 @@ from probe.flops_policy import signature_of
 
 #: Called at every boundary with (step index, wall seconds of the step).
 BoundaryListener = Callable[[int, float], None]
+
+
+def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` as torch.compile must run it: eagerly, never traced. A hook that runs inside a
+    compiled region (``module.compile()``, a compiled optimizer step) would otherwise be traced
+    into the graph and break it at every clock read (seen: 15 graph breaks in 8 steps)."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(hook) if disable is not None else hook
+
+
+def _is_compiled(module: torch.nn.Module) -> bool:
+    """``torch.compile(module)`` (an OptimizedModule) or ``module.compile()``."""
+    return type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
 
 
 def _training_forward() -> bool:
@@ -57,6 +71,7 @@ class StepTracker:
         self.explicit = False
         self.root: torch.nn.Module | None = None
         self.embedding: torch.nn.Module | None = None
+        self.compiled = False  # the root is a torch.compile'd module
         self.signature: tuple[Any, ...] = ()
         self.micro_batches = 0
         self.tokens = 0
@@ -89,11 +104,14 @@ class StepTracker:
             register_optimizer_step_pre_hook,
         )
 
-        self._handles.append(register_optimizer_step_pre_hook(self._opt_pre_hook))
-        self._handles.append(register_optimizer_step_post_hook(self._opt_post_hook))
+        self._handles.append(register_optimizer_step_pre_hook(_eager(self._opt_pre_hook)))
+        self._handles.append(register_optimizer_step_post_hook(_eager(self._opt_post_hook)))
+        # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
+        # ours are gone before it traces (see _global_pre), so the warning would only mislead.
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
         mod = torch.nn.modules.module
-        self._global_handles.append(mod.register_module_forward_pre_hook(self._global_pre))
-        self._global_handles.append(mod.register_module_forward_hook(self._global_post))
+        self._global_handles.append(mod.register_module_forward_pre_hook(_eager(self._global_pre)))
+        self._global_handles.append(mod.register_module_forward_hook(_eager(self._global_post)))
 
     def uninstall(self) -> None:
         """Remove every hook this tracker registered."""
@@ -119,6 +137,17 @@ class StepTracker:
 
     def _global_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         try:
+            if _is_compiled(module):
+                # torch.compile traces what runs inside this module, global hooks included, and
+                # guards on them: gone by the time it traces (it traces after this hook), they
+                # cost it neither graph breaks nor a recompile when discovery ends. The compiled
+                # module is the root candidate; tokens then come from its integer input.
+                self.compiled = True
+                self._candidates.setdefault(id(module), module)
+                self._drop_global_hooks()
+                self._root_pre(module, args, {})
+                self._count_input_tokens(args)
+                return
             # Top-level modules with parameters are root candidates (a loss module is not).
             if self._depth == 0 and next(module.parameters(), None) is not None:
                 self._idle_calls += 1
@@ -173,10 +202,14 @@ class StepTracker:
         self._drop_global_hooks()
         self.root = root
         try:
-            self._root_handles.append(root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-            self._root_handles.append(root.register_forward_hook(self._root_post))
-            if self.embedding is not None:
-                self._root_handles.append(self.embedding.register_forward_pre_hook(self._embedding_pre))
+            self._root_handles.append(root.register_forward_pre_hook(_eager(self._root_pre), with_kwargs=True))
+            self._root_handles.append(root.register_forward_hook(_eager(self._root_post)))
+            if self.compiled:
+                # A hook on a module inside the compiled region would make torch.compile
+                # recompile: count the root's integer input instead.
+                self._root_handles.append(root.register_forward_pre_hook(_eager(self._tokens_pre)))
+            elif self.embedding is not None:
+                self._root_handles.append(self.embedding.register_forward_pre_hook(_eager(self._embedding_pre)))
         except Exception as exc:  # e.g. ScriptModules refuse hooks: go on without a root
             warn_once("root-hooks", f"cannot hook {type(root).__name__} ({exc}); input wait and tokens unavailable")
             for h in self._root_handles:
@@ -226,6 +259,19 @@ class StepTracker:
     def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if _training_forward():
             self._forward_end = time.perf_counter()
+
+    def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        self._count_input_tokens(args)
+
+    def _count_input_tokens(self, args: tuple[Any, ...]) -> None:
+        """Tokens of a training forward: the elements of its first integer tensor argument
+        (token ids), for a compiled model whose embedding cannot be hooked."""
+        if not _training_forward():
+            return
+        for a in args:
+            if isinstance(a, torch.Tensor) and not a.is_floating_point() and not a.is_complex():
+                self.tokens += a.numel()
+                return
 
     def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         idx = args[0] if args else None

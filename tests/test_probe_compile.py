@@ -1,0 +1,106 @@
+"""The probe and torch.compile: no extra compilation, no graph breaks, no misleading warning.
+
+The probe finds the model with global module hooks until the first optimizer step. torch.compile
+traces what runs inside a compiled module — hooks included — and guards on the global hooks, so
+they used to cost a second compilation of the whole model when discovery ended (minutes, for a
+large model), and hooks inside ``module.compile()``'s region broke its graph at every clock read.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+import probe
+
+pytest.importorskip("torch._dynamo")
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """The probe attached (nothing listens), its messages captured; Dynamo state reset."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    out: list[tuple[str, dict[str, Any]]] = []
+    yield out
+    probe.detach()
+    torch._dynamo.reset()
+
+
+def _attach(out: list[tuple[str, dict[str, Any]]]) -> None:
+    assert probe.attach(addr="tcp://127.0.0.1:9", job="compile")
+    p = probe._current()
+    publish = p.publisher.publish
+    p.publisher.publish = lambda kind, fields: (out.append((kind, fields)), publish(kind, fields))  # type: ignore[method-assign]
+
+
+def _train(model: torch.nn.Module, call: Any, steps: int = 6) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randint(0, 100, (4, 8))
+    for _ in range(steps):
+        call(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 4))
+
+
+def test_compiled_module_compiles_once_under_the_probe(sent: list[tuple[str, dict[str, Any]]]) -> None:
+    from torch._dynamo.utils import counters
+
+    _attach(sent)
+    model = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", append=True)  # after the probe's own filter
+        compiled = torch.compile(model)
+        _train(model, compiled)
+    assert counters["stats"]["unique_graphs"] == 1  # as without the probe: no recompile
+    assert sum(counters["graph_break"].values()) == 0
+    assert not [w for w in caught if "global hooks" in str(w.message)]
+    tracker = probe._current().tracker
+    assert type(tracker.root).__name__ == "OptimizedModule" and tracker.compiled
+    steps = [f for k, f in sent if k == "step"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    # tokens from the compiled root's integer input (its embedding cannot be hooked)
+    assert [s["tokens"] for s in steps[1:]] == [4 * 8] * 5
+    flops = [f for k, f in sent if k == "flops"]
+    # counted on the compiled model: 3 × (2·32·16·32 + 2·32·32·4) for the two Linear layers
+    # (every matmul needs its input and weight grads but the first's input, the embedding
+    # output, needs one too) — the same count as the eager model's
+    assert flops and flops[0]["model_flops"] == 3 * (2 * 32 * 16 * 32 + 2 * 32 * 32 * 4)
+
+
+def test_hooks_inside_a_compiled_region_do_not_break_its_graph(sent: list[tuple[str, dict[str, Any]]]) -> None:
+    """``module.compile()`` compiles the module's call with its hooks: the probe's must run
+    eagerly, not be traced (before: 15 graph breaks in 8 steps)."""
+    from torch._dynamo.utils import counters
+
+    _attach(sent)
+    model = _model()
+    model.compile()
+    _train(model, model, steps=8)
+    assert sum(counters["graph_break"].values()) == 0
+    steps = [f for k, f in sent if k == "step"]
+    assert len(steps) == 8 and probe._current().tracker.compiled
+    assert [s["tokens"] for s in steps[1:]] == [4 * 8] * 7
+
+
+def test_eager_model_still_counts_tokens_at_its_embedding(sent: list[tuple[str, dict[str, Any]]]) -> None:
+    _attach(sent)
+    model = _model()
+    _train(model, model)
+    tracker = probe._current().tracker
+    assert not tracker.compiled and tracker.embedding is model[0]
+    assert [f["tokens"] for k, f in sent if k == "step"][1:] == [4 * 8] * 5
+    assert os.environ.get("FLOWTOP_KERNELS") == "0"
