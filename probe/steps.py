@@ -30,6 +30,7 @@ Any failure in these hooks disables the probe (``on_fail``) — the user's
 from __future__ import annotations
 
 import collections
+import sys
 import time
 import warnings
 from typing import Any, Callable, Deque
@@ -46,7 +47,13 @@ BoundaryListener = Callable[[int, float], None]
 def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
     """``hook`` as torch.compile must run it: eagerly, never traced. A hook that runs inside a
     compiled region (``module.compile()``, a compiled optimizer step) would otherwise be traced
-    into the graph and break it at every clock read (seen: 15 graph breaks in 8 steps)."""
+    into the graph and break it at every clock read (seen: 15 graph breaks in 8 steps).
+
+    Only where Dynamo is loaded (creating a torch.optim optimizer loads it): marking a function
+    would load it, about a second, in a process that has no optimizer yet (nothing to compile
+    either)."""
+    if "torch._dynamo" not in sys.modules:
+        return hook
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(hook) if disable is not None else hook
 

@@ -25,7 +25,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, 
     """The probe attached (nothing listens), its messages captured; Dynamo state reset."""
     import torch._dynamo
 
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()  # earlier tests of the session may have compiled something
     monkeypatch.setenv("FLOWTOP_KERNELS", "0")
     monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
     out: list[tuple[str, dict[str, Any]]] = []
@@ -104,3 +107,4 @@ def test_eager_model_still_counts_tokens_at_its_embedding(sent: list[tuple[str, 
     assert not tracker.compiled and tracker.embedding is model[0]
     assert [f["tokens"] for k, f in sent if k == "step"][1:] == [4 * 8] * 5
     assert os.environ.get("FLOWTOP_KERNELS") == "0"
+
