@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from probe import accounting, flops
 from probe._log import warn_once
+from probe.steps import in_compiled_call
 
 #: Amortized budget of the FLOP counts: large steps (>= 100 ms) and small ones.
 BUDGET_LARGE, BUDGET_SMALL, LARGE_STEP_S = 0.005, 0.02, 0.1
@@ -64,6 +65,14 @@ class FlopSampler:
                 self._published = signature
                 self._publish(self._message(carried, tracker, signature, self._tokens.get(signature, 0), context))
         if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
+            return False
+        if in_compiled_call():
+            # The forward runs inside a compiled region (module.compile()): a counting window
+            # cannot be opened there safely (see probe.steps.in_compiled_call).
+            self.broken = True
+            warn_once("flops-compiled", "FLOP counting off: the model's forward hooks run inside a "
+                      "torch.compile region (module.compile()); use torch.compile(module), or set "
+                      "FLOWTOP_FLOPS_PER_TOKEN for MFU")
             return False
         self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
         self._counter.start(in_forward=True)

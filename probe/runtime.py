@@ -58,6 +58,7 @@ class Probe:
         self._recent_walls: deque[float] = deque(maxlen=5)  # last unsampled steps: the charge's baseline
         self._since_count = 0  # steps since the last count
         self._charge_after = 0  # steps after a count before its cost is charged (set with FLOPs on)
+        self._flops_close_pending = False  # a window to close outside a compiled optimizer step
         self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
         #: so benchmarks can separate steady-state cost from sampled cost.
@@ -223,6 +224,12 @@ class Probe:
         return f"cpu ({platform.processor() or platform.machine()})"
 
     def _maybe_start_count(self, signature: tuple[Any, ...]) -> None:
+        if self._flops_close_pending:
+            self._flops_close_pending = False
+            warn_once("flops-compiled-opt", "FLOP counting off: optimizer.step runs under torch.compile, "
+                      "where the counting window cannot close; set FLOWTOP_FLOPS_PER_TOKEN for MFU")
+            self._flops_off()  # closes the open window here, outside the compiled call
+            return
         # Never count a step that is also being profiled (each distorts the other).
         if self._flops is None or self._kernels_active:
             return
@@ -231,10 +238,25 @@ class Probe:
 
     def _finish_count(self) -> None:
         if self._flops is not None and self._flops.counting:
+            if self._compiled_optimizer():
+                return
             self._flops.finish(self.tracker, self._context, self.tracker.micro_batches)
+
+    def _compiled_optimizer(self) -> bool:
+        """The optimizer step runs compiled (``torch.compile(opt.step)``): the counting window
+        must not close inside it (probe.steps.in_compiled_call). It is closed, and FLOP counting
+        turned off, at the next forward, outside the compiled call."""
+        from probe.steps import in_compiled_call
+
+        if not in_compiled_call():
+            return False
+        self._flops_close_pending = True
+        return True
 
     def _finish_at_boundary(self, step: int, wall_s: float) -> None:
         if self._flops is not None and self._flops.counting:
+            if self._compiled_optimizer():
+                return
             # The pre-hook did not close the window (a closure optimizer such as LBFGS):
             # close it here, optimizer FLOPs included, rather than leave it open.
             self._flops.finish(self.tracker, self._context, 0)

@@ -49,13 +49,33 @@ def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
     compiled region (``module.compile()``, a compiled optimizer step) would otherwise be traced
     into the graph and break it at every clock read (seen: 15 graph breaks in 8 steps).
 
-    Only where Dynamo is loaded (creating a torch.optim optimizer loads it): marking a function
-    would load it, about a second, in a process that has no optimizer yet (nothing to compile
-    either)."""
-    if "torch._dynamo" not in sys.modules:
-        return hook
+    Marking loads Dynamo (about a second) if nothing has yet; creating a torch.optim optimizer
+    loads it anyway, so a training process pays nothing extra."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return disable(hook) if disable is not None else hook
+
+
+def in_compiled_call() -> bool:
+    """Whether the caller runs inside a call compiled by torch.compile (a hook at a graph break
+    of a compiled ``optimizer.step`` or ``module.compile()`` region). Entering or leaving a
+    dispatch mode there is unsafe: leaving the compiled frame restores torch's dispatch state as
+    it found it, which then disagrees with the mode stack (an internal assert in the next op).
+    Our hooks are wrapped by one Dynamo "disable" frame; a compiled call adds its own."""
+    wrappers = 0
+    f: Any = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        # The function wrappers only (OptimizedModule.__call__ lives in the same file: a hook of
+        # a torch.compile'd module runs outside its compiled forward).
+        if code.co_name in ("_fn", "compile_wrapper") and code.co_filename.endswith(_EVAL_FRAME):
+            wrappers += 1
+            if wrappers > 1 or code.co_name == "compile_wrapper":
+                return True
+        f = f.f_back
+    return False
+
+
+_EVAL_FRAME = "_dynamo" + ("\\" if sys.platform == "win32" else "/") + "eval_frame.py"
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:
@@ -144,16 +164,18 @@ class StepTracker:
 
     def _global_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         try:
-            if _is_compiled(module):
+            if (_is_compiled(module) and _training_forward()
+                    and any(p.requires_grad for p in module.parameters())):
                 # torch.compile traces what runs inside this module, global hooks included, and
                 # guards on them: gone by the time it traces (it traces after this hook), they
-                # cost it neither graph breaks nor a recompile when discovery ends. The compiled
-                # module is the root candidate; tokens then come from its integer input.
-                self.compiled = True
+                # cost it neither graph breaks nor a recompile when discovery ends. A trained
+                # compiled module (not a frozen teacher under no_grad) is the root candidate;
+                # its tokens then come from its integer input (see _settle_root).
                 self._candidates.setdefault(id(module), module)
                 self._drop_global_hooks()
-                self._root_pre(module, args, {})
-                self._count_input_tokens(args)
+                if self._depth == 0:  # a compiled module inside a wrapper: the wrapper counted
+                    self._root_pre(module, args, {})
+                    self._count_input_tokens(args, {})
                 return
             # Top-level modules with parameters are root candidates (a loss module is not).
             if self._depth == 0 and next(module.parameters(), None) is not None:
@@ -211,10 +233,11 @@ class StepTracker:
         try:
             self._root_handles.append(root.register_forward_pre_hook(_eager(self._root_pre), with_kwargs=True))
             self._root_handles.append(root.register_forward_hook(_eager(self._root_post)))
+            self.compiled = _is_compiled(root) or any(_is_compiled(m) for m in root.children())
             if self.compiled:
                 # A hook on a module inside the compiled region would make torch.compile
-                # recompile: count the root's integer input instead.
-                self._root_handles.append(root.register_forward_pre_hook(_eager(self._tokens_pre)))
+                # recompile: count the root's token-id input instead.
+                self._root_handles.append(root.register_forward_pre_hook(_eager(self._tokens_pre), with_kwargs=True))
             elif self.embedding is not None:
                 self._root_handles.append(self.embedding.register_forward_pre_hook(_eager(self._embedding_pre)))
         except Exception as exc:  # e.g. ScriptModules refuse hooks: go on without a root
@@ -267,16 +290,19 @@ class StepTracker:
         if _training_forward():
             self._forward_end = time.perf_counter()
 
-    def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        self._count_input_tokens(args)
+    def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._count_input_tokens(args, kwargs)
 
-    def _count_input_tokens(self, args: tuple[Any, ...]) -> None:
-        """Tokens of a training forward: the elements of its first integer tensor argument
-        (token ids), for a compiled model whose embedding cannot be hooked."""
+    def _count_input_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Tokens of a training forward, for a compiled model whose embedding cannot be hooked:
+        ``input_ids=`` when given, else the first int32/int64 tensor of at least two dimensions
+        (batch × sequence; class labels and masks are not token ids)."""
         if not _training_forward():
             return
-        for a in args:
-            if isinstance(a, torch.Tensor) and not a.is_floating_point() and not a.is_complex():
+        ids = kwargs.get("input_ids") if kwargs else None
+        candidates = [ids] if isinstance(ids, torch.Tensor) else list(args)
+        for a in candidates:
+            if isinstance(a, torch.Tensor) and a.dtype in (torch.int64, torch.int32) and a.dim() >= 2:
                 self.tokens += a.numel()
                 return
 

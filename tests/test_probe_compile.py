@@ -108,3 +108,98 @@ def test_eager_model_still_counts_tokens_at_its_embedding(sent: list[tuple[str, 
     assert [f["tokens"] for k, f in sent if k == "step"][1:] == [4 * 8] * 5
     assert os.environ.get("FLOWTOP_KERNELS") == "0"
 
+
+
+def test_a_compiled_optimizer_step_turns_flop_counting_off_without_hurting_training(
+        sent: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.compile(opt.step): closing the counting window inside the compiled call left torch's
+    dispatch state inconsistent and the next op raised an internal assert (training crashed)."""
+    monkeypatch.setenv("FLOWTOP_FLOPS", "1")
+    _attach(sent)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    step = torch.compile(opt.step)
+    x = torch.randint(0, 100, (4, 8))
+    for _ in range(6):
+        model(x).sum().backward()
+        step()
+        opt.zero_grad()  # raised "INTERNAL ASSERT FAILED ... PythonFallbackKernel" before
+    assert len([f for k, f in sent if k == "step"]) == 6
+    assert probe._current()._flops is None  # off, its window closed outside the compiled call
+    assert "optimizer.step runs under torch.compile" in capsys.readouterr().err
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + torch.relu(self.fc(h))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, compiled_blocks: bool = False) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 16)
+        blocks = [_Block() for _ in range(2)]
+        self.blocks = torch.nn.ModuleList(torch.compile(b) if compiled_blocks else b for b in blocks)
+        self.out = torch.nn.Linear(16, 4)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.emb(input_ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+
+def test_a_frozen_compiled_teacher_does_not_become_the_root(sent: list[tuple[str, dict[str, Any]]]) -> None:
+    _attach(sent)
+    teacher = torch.compile(_Net())
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    student = _Net()
+    opt = torch.optim.SGD(student.parameters(), lr=0.01)
+    x = torch.randint(0, 100, (4, 8))
+    for _ in range(4):
+        with torch.no_grad():
+            target = teacher(x)
+        (student(x) - target).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert probe._current().tracker.root is student
+    assert [f["micro_batches"] for k, f in sent if k == "step"][1:] == [1, 1, 1]
+
+
+def test_compiled_blocks_in_an_eager_model_keep_its_embedding_and_keyword_ids_count(
+        sent: list[tuple[str, dict[str, Any]]]) -> None:
+    """Only some blocks compiled: the eager root's embedding still counts tokens. A compiled root
+    called with ``input_ids=`` counts those, not the class labels beside them."""
+    from torch._dynamo.utils import counters
+
+    _attach(sent)
+    model = _Net(compiled_blocks=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randint(0, 100, (4, 8))
+    for _ in range(4):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert not probe._current().tracker.compiled
+    assert [f["tokens"] for k, f in sent if k == "step"][1:] == [32, 32, 32]
+    assert sum(counters["graph_break"].values()) == 0
+    probe.detach()
+    sent.clear()
+
+    _attach(sent)
+    model = _Net()
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    labels = torch.randint(0, 4, (4,))
+    for _ in range(4):
+        compiled(input_ids=x, labels=labels).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert probe._current().tracker.compiled
+    assert [f["tokens"] for k, f in sent if k == "step"][1:] == [32, 32, 32]
