@@ -6,7 +6,8 @@ windows of a synchronous job arrive at the same step from every rank. Built on t
 windows stalled it for 542 ms (``bench/kernel_windows.py``); here one thread builds them in
 arrival order while the loop keeps its turn (the GIL switches every few milliseconds): 14 ms.
 Every window reaches the rank's cumulative table, as in a replay; only a flood beyond
-:data:`MAX_PENDING` queued windows drops the oldest, and counts it. No Textual here.
+:data:`MAX_PENDING` queued windows drops one — the oldest of a rank with another queued, so no
+rank loses all of its windows — and counts it. No Textual here.
 """
 
 from __future__ import annotations
@@ -45,11 +46,26 @@ class KernelWorker:
             self.dropped += 1
             return
         if len(self._pending) >= MAX_PENDING:
-            self._pending.popleft()
-            self.dropped += 1
+            self._drop_one(key)
         self._pending.append((key, fields))
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    def _drop_one(self, incoming: RankKey) -> None:
+        """Make room for a window of ``incoming``: the oldest window of a rank that will still
+        have another one queued, so no rank loses all its windows to a flood from the others;
+        else the oldest of all."""
+        counts = collections.Counter(k for k, _ in self._pending)
+        counts[incoming] += 1
+        for i, (k, _) in enumerate(self._pending):
+            if counts[k] > 1:
+                del self._pending[i]
+                break
+        else:
+            self._pending.popleft()
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            _log.warning("kernel windows arrive faster than they are built: %d dropped so far", self.dropped)
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ The windows are the real ones the probe sent from an H200 (tests/data/h200-gpt-l
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,32 @@ def test_a_live_collector_builds_windows_off_its_loop() -> None:
         ctx.term()
         m.close()
     assert m.collector.model.kernel_offload is None and m.collector.kernel_worker is None
+
+
+def test_a_flood_never_takes_all_of_one_ranks_windows(monkeypatch: Any) -> None:
+    """256+ ranks send windows at the same step: when the queue is full, a rank with another
+    window queued gives one up, not the rank whose only window is oldest."""
+    before, (first, second) = _messages()
+    monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 2)
+    other = dataclasses.replace(first, key=dataclasses.replace(first.key, rank=1))
+    built: list[tuple[int, int]] = []
+
+    def build(fields: dict[str, Any]) -> Any:
+        return build_kernel_stats(fields)
+
+    async def main() -> Any:
+        model, worker = _offloaded(build, before)
+
+        def apply(key: Any, stats: Any) -> None:
+            built.append((key.rank, stats.window))
+
+        model.apply_kernels = apply  # type: ignore[method-assign]
+        worker.submit(other.key, dict(other.fields))  # rank 1: its only window, the oldest
+        worker.submit(first.key, dict(first.fields))
+        worker.submit(second.key, dict(second.fields))  # full: rank 0's older window goes
+        await worker.idle()
+        worker.close()
+        return worker
+
+    worker = asyncio.run(main())
+    assert built == [(1, first.fields["window"]), (0, second.fields["window"])] and worker.dropped == 1

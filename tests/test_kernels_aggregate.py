@@ -179,12 +179,25 @@ def test_gpu_bound_window_takes_the_device_span_as_its_step() -> None:
     assert (host.anatomy.step_basis, host.step_us) == ("host", 1000.0)
 
 
-def test_work_past_the_host_step_end_stretches_the_step() -> None:
+def test_work_past_the_host_step_end_moves_the_step_to_end_with_it() -> None:
     """Host step 1000 µs, one kernel from 100 to 1050 µs (launched last, it ran past the host's
-    end; the span is not longer than the host step, so the GPU was not behind): the step runs
-    to 1050 µs, busy 950, idle 100 — exactly the one gap, at its start."""
+    end, but its span is within a host step, so the GPU was not behind): the step is the 1000 µs
+    ending at 1050 — busy 950, idle 50, the one gap at its start."""
     ev = (KernelEvent(G, KERNEL, 100, 950, 7, -1, -1),)
     a = aggregate(KernelWindow(NAMES, ev, 1000.0, "cuda", typical_step_us=1000.0)).anatomy
-    assert (a.step_basis, a.step_us, a.busy_us, a.idle_us) == ("host", 1050.0, 950.0, 100.0)
-    assert [(g.start_us, g.dur_us) for g in a.gaps] == [(0.0, 100.0)]
-    assert a.busy_frac == pytest.approx(950 / 1050) and a.busy_frac_typical == 0.95
+    assert (a.step_basis, a.step_us, a.busy_us, a.idle_us) == ("host", 1000.0, 950.0, 50.0)
+    assert [(g.start_us, g.dur_us) for g in a.gaps] == [(50.0, 50.0)]
+    assert a.busy_frac == 0.95 and a.busy_frac_typical == 0.95
+
+
+def test_the_step_span_is_continuous_as_device_work_grows() -> None:
+    """No jump between bases: with a 100 µs host step, work from 30 to 129 µs and from 30 to
+    131 µs give a step of 100 and 101 µs (busy 99 %, then 100 %)."""
+    def span(last: float) -> tuple[float, str, float]:
+        ev = (KernelEvent(G, KERNEL, 30, last - 30, 7, -1, -1),)
+        a = aggregate(KernelWindow(NAMES, ev, 100.0, "cuda")).anatomy
+        return a.step_us, a.step_basis, round(a.busy_frac, 3)
+
+    assert span(129.0) == (100.0, "host", 0.99)
+    assert span(130.0) == (100.0, "host", 1.0)
+    assert span(131.0) == (101.0, "device", 1.0)

@@ -154,21 +154,25 @@ def _ratio(num: float, den: float) -> float | None:
 def step_span(window: KernelWindow) -> tuple[float, float, str]:
     """``(origin, length, basis)`` of the step a window's shares are taken against.
 
-    The host wall time of the profiled step from the window's start, stretched to the end of its
-    last work (a kernel launched last runs past the host's end; a CPU window's last operator may
-    end after the host clock stopped) — unless the device work spans longer than the host step
-    (the GPU ran behind the host), then from the first device work to the last. Kernels the
-    previous step had queued are not in the window (they were launched before the profiler
-    started), so that span starts with this step's first kernel."""
+    The host wall time of the profiled step from the window's start. A CPU window's last operator
+    may end after the host clock stopped: the step stretches to it. Device work that runs past the
+    host's end moves the step to end with it, still lasting the host time — or the device span,
+    from the first device work to the last, when that is longer (the GPU ran behind the host;
+    basis "device"). Kernels the previous step had queued are not in the window (launched before
+    the profiler started), so that span starts with this step's first kernel."""
     kinds = (CPU_OP,) if window.device == "cpu" else DEVICE_KINDS
     work = [(e.ts_us, e.ts_us + e.dur_us) for e in window.events if e.kind in kinds]
+    host = window.step_dur_us
     if not work:
-        return 0.0, window.step_dur_us, "host"
+        return 0.0, host, "host"
     first = min(s for s, _ in work)
     last = max(e for _, e in work)
-    if window.device != "cpu" and last - first > window.step_dur_us:
-        return first, last - first, "device"
-    return 0.0, max(window.step_dur_us, last), "host"
+    if window.device == "cpu" or last <= host:
+        return 0.0, max(host, last), "host"
+    # Device work ran past the host's end: the step ends with it and lasts the host time, or the
+    # device span when that is longer (a GPU behind the host). Continuous as the tail grows.
+    length = max(host, last - first)
+    return last - length, length, "device" if last - first > host else "host"
 
 
 def aggregate(window: KernelWindow) -> KernelWindowStats:
