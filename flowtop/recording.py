@@ -11,6 +11,7 @@ it is rejected again, never trusted). No Textual here.
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 import time
 import zlib
@@ -106,7 +107,8 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
                 t, frame = msgpack.unpackb(body, raw=False)
             except Exception:
                 raise RecordingError(f"{path}: damaged record") from None
-            if not isinstance(t, (int, float)) or not isinstance(frame, bytes):
+            if (not isinstance(t, (int, float)) or not isinstance(frame, bytes)
+                    or not math.isfinite(t) or t < 0):
                 raise RecordingError(f"{path}: damaged record")
             yield float(t), frame
 

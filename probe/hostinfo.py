@@ -192,7 +192,10 @@ class HostTelemetry:
                         kind = self._kind(child, now)
                     if kind == "forkserver":  # DataLoader workers started by the fork server
                         for worker in child.children(recursive=False):
-                            n, pct = self._worker_cpu(worker, now, seen)
+                            try:
+                                n, pct = self._worker_cpu(worker, now, seen)
+                            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                                continue  # one worker exiting must not hide its siblings
                             workers += n
                             workers_pct += pct
                     elif kind == "worker":

@@ -121,3 +121,16 @@ async def test_tui_replay_builds_kernel_windows_off_its_loop() -> None:
     finally:
         await source.stop()
     assert source.model.kernel_offload is None
+
+
+def test_a_record_with_an_impossible_time_is_damage(tmp_path: Path) -> None:
+    """A replay takes a snapshot every recorded second up to each record's time: t = inf (or a
+    negative time) would never end it."""
+    import msgpack
+
+    for t in (float("inf"), float("nan"), -1.0):
+        bad = tmp_path / "t.rec"
+        rec = msgpack.packb([t, b"frame"], use_bin_type=True)
+        bad.write_bytes(MAGIC + len(rec).to_bytes(4, "big") + rec)
+        with pytest.raises(RecordingError, match="damaged record"):
+            list(read_recording(bad))

@@ -74,17 +74,12 @@ def _adapt_window(stats: Any) -> KernelFacts:
     a = stats.anatomy
     # The profiler stretches host time (design.md §7), not device time: shares of the step
     # are taken against the unprofiled step when the probe measured one.
-    typical = getattr(a, "typical_step_us", None)
-    step_us = float(typical or stats.step_us)
-    typical_frac = getattr(a, "busy_frac_typical", None)
-    # Against the typical step, all of the step's device work counts (busy_us is clipped to the
-    # profiled step's span, a tail of work past its end left out).
-    busy_us = typical_frac * step_us if typical and typical_frac is not None else float(a.busy_us)
+    step_us = float(getattr(a, "typical_step_us", None) or stats.step_us)
     return KernelFacts(
         device=str(stats.device),
         steps=1,  # a window is one profiled step
         step_us=step_us,
-        busy_us=min(busy_us, step_us),
+        busy_us=min(float(a.busy_us), step_us),
         comm_us=float(a.comm_us),
         comm_overlap_us=float(a.comm_overlap_us),
         launches=a.launches,

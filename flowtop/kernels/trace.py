@@ -121,7 +121,8 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
         # A probe on torch ≤ 2.11 sent CUDA API calls made outside any operator as operators,
         # with their CUPTI correlation id where an operator's id belongs (probe.kernels): drop
         # them, or a kernel could be attributed to "cudaStreamIsCapturing".
-        ops = [o for o in ops if not is_runtime_call(o.name)]
+        if device == "cuda":
+            ops = [o for o in ops if not is_runtime_call(o.name)]
         acts = [_act_record(names, i, a) for i, a in enumerate(fields["acts"])]
         step, window, cost = fields.get("step"), fields.get("window"), fields.get("cost_s")
         typical = fields.get("typical_step_us")
