@@ -70,9 +70,8 @@ class FlopSampler:
             # The forward runs inside a compiled region (module.compile()): a counting window
             # cannot be opened there safely (see probe.steps.in_compiled_call).
             self.broken = True
-            warn_once("flops-compiled", "FLOP counting off: the model's forward hooks run inside a "
-                      "torch.compile region (module.compile()); use torch.compile(module), or set "
-                      "FLOWTOP_FLOPS_PER_TOKEN for MFU")
+            warn_once("flops-compiled", "FLOP counting off, so no MFU: the model's forward hooks run "
+                      "inside a torch.compile region (module.compile()); torch.compile(module) is counted")
             return False
         self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
         self._counter.start(in_forward=True)

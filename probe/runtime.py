@@ -226,8 +226,8 @@ class Probe:
     def _maybe_start_count(self, signature: tuple[Any, ...]) -> None:
         if self._flops_close_pending:
             self._flops_close_pending = False
-            warn_once("flops-compiled-opt", "FLOP counting off: optimizer.step runs under torch.compile, "
-                      "where the counting window cannot close; set FLOWTOP_FLOPS_PER_TOKEN for MFU")
+            warn_once("flops-compiled-opt", "FLOP counting off, so no MFU: optimizer.step runs under "
+                      "torch.compile, where the counting window cannot close")
             self._flops_off()  # closes the open window here, outside the compiled call
             return
         # Never count a step that is also being profiled (each distorts the other).
