@@ -90,6 +90,7 @@ def rank_flops(
         uncounted_ops=dict(msg.get("uncounted", {})),
         counted_at_step=int(msg["step"]) if "step" in msg else None,
         mfu_reason=reason,
+        counted=msg.get("counted", True) is not False,
     )
 
 
@@ -135,6 +136,7 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         uncounted_ops=uncounted,
         counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
         mfu_reason=reason,
+        counted=all(v.counted for v in vs),
     )
 
 

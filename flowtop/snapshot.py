@@ -44,6 +44,7 @@ class FlopsView:
     uncounted_ops: Mapping[str, int] = field(default_factory=dict)
     counted_at_step: int | None = None
     mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
+    counted: bool = True  # False: the FLOPs are the 6N+12LdT estimate (counting impossible there)
 
     @property
     def estimate_ratio(self) -> float | None:

@@ -46,6 +46,10 @@ class FlopSampler:
         self._published: tuple[Any, ...] | None = None
         self.last: Any = None  # the FlopCount in force
         self.broken = False
+        #: Counting is impossible here (compiled code): publish the model-shape estimate instead.
+        self.estimate_only = False
+        self._estimated_for: tuple[Any, ...] | None = None
+        self._dtype: str | None = None  # compute dtype seen at the last training forward
 
     @property
     def counting(self) -> bool:
@@ -56,6 +60,7 @@ class FlopSampler:
         """First training forward of a step: re-send a carried count, maybe open a window.
 
         Returns True when a window was opened (the caller marks the step as sampled)."""
+        self._dtype = _compute_dtype(tracker.root)
         if self._counter is not None or self.broken:
             return False
         if signature != self._published:
@@ -69,9 +74,8 @@ class FlopSampler:
         if in_compiled_call():
             # The forward runs inside a compiled region (module.compile()): a counting window
             # cannot be opened there safely (see probe.steps.in_compiled_call).
-            self.broken = True
-            warn_once("flops-compiled", "FLOP counting off, so no MFU: the model's forward hooks run "
-                      "inside a torch.compile region (module.compile()); torch.compile(module) is counted")
+            self.stop_counting("the model's forward hooks run inside a torch.compile region "
+                               "(module.compile()); torch.compile(module) is counted")
             return False
         self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
         self._counter.start(in_forward=True)
@@ -109,6 +113,33 @@ class FlopSampler:
         budget = self.budget or (BUDGET_LARGE if typical_step_s >= LARGE_STEP_S else BUDGET_SMALL)
         self.policy.min_gap = max(0, math.ceil(max(0.0, extra_s) / (budget * typical_step_s)))
 
+    def stop_counting(self, why: str) -> None:
+        """Counting cannot work here (compiled code): close any window, and from now on publish
+        the model-shape estimate (6N+12LdT) instead, labelled as not counted."""
+        self.close()
+        self.broken = True
+        self.estimate_only = True
+        warn_once("flops-compiled", f"FLOP counting off: {why}; MFU is taken from the 6N+12LdT "
+                  "estimate of the model's shape (labelled as such)")
+
+    def publish_estimate(self, tracker: Any, context: dict[str, Any], tokens: int) -> None:
+        """After a step, when counting is impossible: the estimate as this rank's FLOPs, once
+        per input signature (``counted`` False on the wire; nothing when no estimate exists)."""
+        signature = tracker.signature
+        if not self.estimate_only or not tokens or signature == self._estimated_for:
+            return
+        self._estimated_for = signature
+        count = flops.FlopCount(0, 0, self.attention, self._dtype or "fp32")
+        fields = self._message(count, tracker, signature, tokens, context)
+        estimated = fields.get("estimated_flops")
+        if not estimated:
+            warn_once("flops-estimate", "no FLOP estimate either (the model's shape is unknown): "
+                      "set FLOWTOP_FLOPS_PER_TOKEN for MFU")
+            return
+        fields.update(model_flops=estimated, executed_flops=estimated, counted=False, step=tracker.step,
+                      tokens=int(tokens))
+        self._publish(fields)
+
     def close(self) -> None:
         """Stop an open window (detach, failure): the dispatch mode must not outlive us."""
         counter, self._counter = self._counter, None
@@ -132,3 +163,21 @@ class FlopSampler:
             flops_per_token=context["flops_per_token"],
             attention=self.attention,
         )
+
+
+def _compute_dtype(root: Any) -> str | None:
+    """The compute precision of a forward about to run: autocast's dtype when it is on, else the
+    root's parameter dtype (with TF32 for fp32 CUDA matmuls) — what the estimate's peak needs."""
+    import torch
+
+    try:
+        for dev in ("cuda", "cpu"):
+            if torch.is_autocast_enabled(dev):
+                return flops.dtype_label(torch.get_autocast_dtype(dev), dev, flops.MATMUL, False, False)
+        p = next(root.parameters(), None) if root is not None else None
+        if p is None:
+            return None
+        tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+        return flops.dtype_label(p.dtype, p.device.type, flops.MATMUL, tf32, False)
+    except Exception:  # noqa: BLE001 - a label must never hurt training
+        return None

@@ -188,6 +188,8 @@ class Probe:
                 typical = statistics.median(self._recent_walls)
                 self._flops.charge(self._count_wall_s - typical, typical)
                 self._count_wall_s = None
+        if self._flops is not None and self._flops.estimate_only:
+            self._flops.publish_estimate(self.tracker, self._context, fields["tokens"])
         if self.cfg.calibrate_out and self._flops is not None and self._flops.last is not None:
             self._write_calibration(step)
         self.publisher.publish("step", fields)
@@ -226,9 +228,9 @@ class Probe:
     def _maybe_start_count(self, signature: tuple[Any, ...]) -> None:
         if self._flops_close_pending:
             self._flops_close_pending = False
-            warn_once("flops-compiled-opt", "FLOP counting off, so no MFU: optimizer.step runs under "
-                      "torch.compile, where the counting window cannot close")
-            self._flops_off()  # closes the open window here, outside the compiled call
+            if self._flops is not None:  # closes the open window here, outside the compiled call
+                self._flops.stop_counting("optimizer.step runs under torch.compile, where the "
+                                          "counting window cannot close")
             return
         # Never count a step that is also being profiled (each distorts the other).
         if self._flops is None or self._kernels_active:

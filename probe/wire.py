@@ -270,6 +270,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "tokens": (True, _int()),
         "signature": (False, _str(4096)),
         "cost_s": (False, _opt(_num(0, 1e7))),
+        # False: the figures are the model-shape estimate, not a count (compiled code forbids one)
+        "counted": (False, lambda v: isinstance(v, bool)),
     },
     "kernels": {
         "window": (True, _int()),

@@ -31,6 +31,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, 
     counters.clear()  # earlier tests of the session may have compiled something
     monkeypatch.setenv("FLOWTOP_KERNELS", "0")
     monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setattr("probe._log._seen", set())  # each test sees the probe's warnings afresh
     out: list[tuple[str, dict[str, Any]]] = []
     yield out
     probe.detach()
@@ -126,8 +127,40 @@ def test_a_compiled_optimizer_step_turns_flop_counting_off_without_hurting_train
         step()
         opt.zero_grad()  # raised "INTERNAL ASSERT FAILED ... PythonFallbackKernel" before
     assert len([f for k, f in sent if k == "step"]) == 6
-    assert probe._current()._flops is None  # off, its window closed outside the compiled call
+    sampler = probe._current()._flops
+    assert sampler.estimate_only and not sampler.counting  # its window closed outside the call
     assert "optimizer.step runs under torch.compile" in capsys.readouterr().err
+
+
+def test_without_a_count_the_estimate_stands_in_labelled(sent: list[tuple[str, dict[str, Any]]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting turned off by compiled code: the 6N+12LdT estimate of a transformer is sent as its
+    FLOPs, once per input shape, marked ``counted: False``, and the monitor says "estimated"."""
+    from flowtop.accounting import rank_flops
+    from flowtop.demo.gpt import GPT, GPTConfig
+    from flowtop.widgets.job_header import convention_note
+    from probe.estimate import non_embedding_params, transformer_flops_per_token
+
+    monkeypatch.setenv("FLOWTOP_FLOPS", "1")
+    _attach(sent)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = torch.compile(opt.step)
+    x = torch.randint(0, 64, (2, 8))
+    for _ in range(5):
+        model(x, x)[1].backward()
+        step()
+        opt.zero_grad()
+    estimates = [f for k, f in sent if k == "flops" and f.get("counted") is False]
+    expected = transformer_flops_per_token(non_embedding_params(model), 2, 16, 8) * 2 * 8
+    assert len(estimates) == 1  # one input shape
+    e = estimates[0]
+    assert e["model_flops"] == e["executed_flops"] == e["estimated_flops"] == expected
+    assert e["dtype"] == "fp32" and e["tokens"] == 16
+    view = rank_flops(e, 0.1)
+    assert view.counted is False and view.mfu is not None
+    assert convention_note(view, None).startswith("estimated 6N+12LdT, not counted")
 
 
 class _Block(torch.nn.Module):

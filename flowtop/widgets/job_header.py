@@ -26,7 +26,8 @@ def convention_note(flops: FlopsView, per_gpu: FlopsView | None) -> str:
     """'model FLOPs, attn full, peak bf16 989TF/rank, datasheet ...' (the MFU line)."""
     source = per_gpu or flops
     peak = fmt_si(source.peak_flops, "F", 0) if source.peak_flops else "peak n/a"
-    parts = ["model FLOPs", f"attn {flops.attention_convention}", f"peak {flops.dtype} {peak}/rank"]
+    what = "model FLOPs" if flops.counted else "estimated 6N+12LdT, not counted"
+    parts = [what, f"attn {flops.attention_convention}", f"peak {flops.dtype} {peak}/rank"]
     if source.peak_source:
         parts.append(source.peak_source)
     return ", ".join(parts)
