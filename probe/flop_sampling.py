@@ -60,7 +60,8 @@ class FlopSampler:
         """First training forward of a step: re-send a carried count, maybe open a window.
 
         Returns True when a window was opened (the caller marks the step as sampled)."""
-        self._dtype = _compute_dtype(tracker.root)
+        if self.estimate_only:  # the estimate's peak needs the compute dtype, only known now
+            self._dtype = _compute_dtype(tracker.root)
         if self._counter is not None or self.broken:
             return False
         if signature != self._published:
@@ -75,7 +76,7 @@ class FlopSampler:
             # The forward runs inside a compiled region (module.compile()): a counting window
             # cannot be opened there safely (see probe.steps.in_compiled_call).
             self.stop_counting("the model's forward hooks run inside a torch.compile region "
-                               "(module.compile()); torch.compile(module) is counted")
+                               "(module.compile()); torch.compile(module) is counted", tracker.root)
             return False
         self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
         self._counter.start(in_forward=True)
@@ -113,10 +114,12 @@ class FlopSampler:
         budget = self.budget or (BUDGET_LARGE if typical_step_s >= LARGE_STEP_S else BUDGET_SMALL)
         self.policy.min_gap = max(0, math.ceil(max(0.0, extra_s) / (budget * typical_step_s)))
 
-    def stop_counting(self, why: str) -> None:
+    def stop_counting(self, why: str, root: Any) -> None:
         """Counting cannot work here (compiled code): close any window, and from now on publish
-        the model-shape estimate (6N+12LdT) instead, labelled as not counted."""
+        the model-shape estimate (6N+12LdT) instead, labelled as not counted. Called at a
+        forward's start, where the compute dtype (autocast's) is known."""
         self.close()
+        self._dtype = _compute_dtype(root)
         self.broken = True
         self.estimate_only = True
         warn_once("flops-compiled", f"FLOP counting off: {why}; MFU is taken from the 6N+12LdT "

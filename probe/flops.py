@@ -236,9 +236,9 @@ class StepFlopCounter:
             self._tf32_conv = bool(torch.backends.cudnn.allow_tf32) and bool(torch.backends.cudnn.enabled)
             self._autocast = self._autocast_label()
             if self.root is not None:
-                from probe.steps import _eager  # runs eagerly inside a compiled region
+                from probe.steps import eager  # runs eagerly inside a compiled region
 
-                self._hook = self.root.register_forward_pre_hook(_eager(self._on_root_forward))
+                self._hook = self.root.register_forward_pre_hook(eager(self._on_root_forward))
             self._thread = threading.get_ident()
             self._dispatch_mode = _CountingMode(self)
             self._dispatch_mode.__enter__()

@@ -230,7 +230,7 @@ class Probe:
             self._flops_close_pending = False
             if self._flops is not None:  # closes the open window here, outside the compiled call
                 self._flops.stop_counting("optimizer.step runs under torch.compile, where the "
-                                          "counting window cannot close")
+                                          "counting window cannot close", self.tracker.root)
             return
         # Never count a step that is also being profiled (each distorts the other).
         if self._flops is None or self._kernels_active:

@@ -44,7 +44,7 @@ from probe.flops_policy import signature_of
 BoundaryListener = Callable[[int, float], None]
 
 
-def _eager(hook: Callable[..., Any]) -> Callable[..., Any]:
+def eager(hook: Callable[..., Any]) -> Callable[..., Any]:
     """``hook`` as torch.compile must run it: eagerly, never traced. A hook that runs inside a
     compiled region (``module.compile()``, a compiled optimizer step) would otherwise be traced
     into the graph and break it at every clock read (seen: 15 graph breaks in 8 steps).
@@ -131,14 +131,14 @@ class StepTracker:
             register_optimizer_step_pre_hook,
         )
 
-        self._handles.append(register_optimizer_step_pre_hook(_eager(self._opt_pre_hook)))
-        self._handles.append(register_optimizer_step_post_hook(_eager(self._opt_post_hook)))
+        self._handles.append(register_optimizer_step_pre_hook(eager(self._opt_pre_hook)))
+        self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
         # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
         # ours are gone before it traces (see _global_pre), so the warning would only mislead.
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
         mod = torch.nn.modules.module
-        self._global_handles.append(mod.register_module_forward_pre_hook(_eager(self._global_pre)))
-        self._global_handles.append(mod.register_module_forward_hook(_eager(self._global_post)))
+        self._global_handles.append(mod.register_module_forward_pre_hook(eager(self._global_pre)))
+        self._global_handles.append(mod.register_module_forward_hook(eager(self._global_post)))
 
     def uninstall(self) -> None:
         """Remove every hook this tracker registered."""
@@ -231,15 +231,15 @@ class StepTracker:
         self._drop_global_hooks()
         self.root = root
         try:
-            self._root_handles.append(root.register_forward_pre_hook(_eager(self._root_pre), with_kwargs=True))
-            self._root_handles.append(root.register_forward_hook(_eager(self._root_post)))
+            self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True))
+            self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
             self.compiled = _is_compiled(root) or any(_is_compiled(m) for m in root.children())
             if self.compiled:
                 # A hook on a module inside the compiled region would make torch.compile
                 # recompile: count the root's token-id input instead.
-                self._root_handles.append(root.register_forward_pre_hook(_eager(self._tokens_pre), with_kwargs=True))
+                self._root_handles.append(root.register_forward_pre_hook(eager(self._tokens_pre), with_kwargs=True))
             elif self.embedding is not None:
-                self._root_handles.append(self.embedding.register_forward_pre_hook(_eager(self._embedding_pre)))
+                self._root_handles.append(self.embedding.register_forward_pre_hook(eager(self._embedding_pre)))
         except Exception as exc:  # e.g. ScriptModules refuse hooks: go on without a root
             warn_once("root-hooks", f"cannot hook {type(root).__name__} ({exc}); input wait and tokens unavailable")
             for h in self._root_handles:

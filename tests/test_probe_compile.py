@@ -236,3 +236,26 @@ def test_compiled_blocks_in_an_eager_model_keep_its_embedding_and_keyword_ids_co
         opt.zero_grad()
     assert probe._current().tracker.compiled
     assert [f["tokens"] for k, f in sent if k == "step"][1:] == [32, 32, 32]
+
+
+def test_the_estimate_takes_autocasts_dtype_for_its_peak(sent: list[tuple[str, dict[str, Any]]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate's peak is the dense peak of the compute dtype: bf16 under autocast, even
+    though the weights are fp32 (an fp32 peak would inflate MFU ~15× on an H100)."""
+    from flowtop.demo.gpt import GPT, GPTConfig
+
+    monkeypatch.setenv("FLOWTOP_FLOPS", "1")
+    _attach(sent)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = torch.compile(opt.step)
+    x = torch.randint(0, 64, (2, 8))
+    for _ in range(5):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x, x)[1]
+        loss.backward()
+        step()
+        opt.zero_grad()
+    (e,) = [f for k, f in sent if k == "flops" and f.get("counted") is False]
+    assert e["dtype"] == "bf16"

@@ -138,7 +138,7 @@ def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
         short_kernels=a.short_kernels,
         short_note=a.short_note,
         idle_gaps=tuple((g.start_us, g.dur_us, tuple(g.host_ops)) for g in a.gaps),
-        step_basis=getattr(a, "step_basis", "host"),
+        step_basis=a.step_basis,
     )
 
 
