@@ -128,14 +128,13 @@ def make_model(peak_tflops: float | None = None) -> Any:
 
 
 def _collector(args: argparse.Namespace) -> Any:
-    from flowtop.collector import AddressError, Collector, check_listen, control_addr_for
+    from flowtop.collector import AddressError, Collector, check_listen
     from flowtop.keys import KeyError_, load_server
     from flowtop.recording import Recorder, RecordingError
 
     try:
         # Everything that can be checked before the recording file is created (and truncated).
         check_listen(args.listen, args.insecure_bind or bool(args.curve_dir))
-        control_addr_for(args.listen)
         curve = load_server(args.curve_dir) if args.curve_dir else None
         recorder = Recorder(args.record) if args.record else None
         return Collector(

@@ -1,9 +1,11 @@
-"""The collector: a zmq.asyncio SUB bound where probes connect. No Textual.
+"""The collector: a zmq.asyncio XSUB bound where probes connect. No Textual.
 
 Frames are drained in batches (one poll, then non-blocking receives on a
 synchronous shadow of the same socket — an await per message halves the rate),
 decoded and validated by :mod:`probe.wire`, and applied to the :class:`Model`.
-A PUB socket on the control address sends commands (``kernels_now``) back.
+Commands (``kernels_now``) go back upstream on the same XSUB socket, so only probes that
+connected to this monitor (CURVE-admitted where keys are set) ever hear them, and a probe
+listens on no port that anyone else could reach.
 
 Security (design.md §8): binding anything but loopback needs CURVE keys
 (``curve=``, CLI ``--curve-dir``; only probes whose public key is admitted get in,
@@ -69,14 +71,6 @@ def tcp_addr(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if is_ipv6(host) else f"tcp://{host}:{port}"
 
 
-def control_addr_for(listen: str) -> str:
-    """Default control address: the data port + 1 on the same interface."""
-    host, port = parse_tcp(listen)
-    if port >= 65535:
-        raise AddressError(f"bad address {listen!r}: the control channel needs port {port + 1}, above 65535")
-    return tcp_addr(host, port + 1)
-
-
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names the loopback interface (``localhost``, 127.0.0.0/8, ``::1``)."""
     try:
@@ -116,7 +110,6 @@ class Collector:
         self,
         model: Model,
         listen: str = wire.DEFAULT_ADDR,
-        control: str | None = None,
         allow_remote: bool = False,
         recorder: Any = None,
         curve: Any = None,
@@ -125,10 +118,9 @@ class Collector:
         self.recorder = recorder  # flowtop.recording.Recorder: raw frames to replay later
         self.curve = curve  # flowtop.keys.ServerKeys: encrypted, only admitted probes
         self.listen = check_listen(listen, allow_remote or curve is not None)
-        self.control = control or control_addr_for(listen)
         self._ctx: zmq.asyncio.Context | None = None
         self._sub: Any = None
-        self._pub: Any = None
+        self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
         self._task: asyncio.Task[None] | None = None
         #: Builds kernel windows off the loop, when the model has them.
         self.kernel_worker: KernelWorker | None = None
@@ -161,14 +153,15 @@ class Collector:
             self._auth.configure_curve(domain=ZAP_DOMAIN, location=str(self.curve.clients_dir))
         elif not self._allow_remote:
             self._auth.allow("127.0.0.1", "::1")
-        sub = ctx.socket(zmq.SUB)
+        # XSUB, not SUB: it can also send upstream, which is how commands reach the probes.
+        sub = ctx.socket(zmq.XSUB)
         self._secure(sub)
         self._ipv6(sub, self.listen)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.SNDHWM, 1000)
         try:
             sub.bind(self.listen)
         except zmq.ZMQError as exc:
@@ -177,17 +170,9 @@ class Collector:
             ctx.term()
             self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
             raise AddressError(self.start_error) from None
-        pub = ctx.socket(zmq.PUB)
-        self._secure(pub)
-        self._ipv6(pub, self.control)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-        try:
-            pub.bind(self.control)
-        except zmq.ZMQError:
-            pub.close(0)
-            pub = None  # the control channel is optional: kernels on demand just won't work
-        self._sub, self._pub = sub, pub
+        self._sub = sub
+        self._send = zmq.Socket.shadow(sub.underlying)
+        self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
         if self.model.builds_kernels:
             from flowtop.kernel_worker import KernelWorker
             from flowtop.wiring import apply_kernel_stats, build_kernel_stats
@@ -263,10 +248,10 @@ class Collector:
 
     def request_kernels(self, job: str, rank: int) -> None:
         """Ask one rank's probe for a kernel window at its next step (never blocks)."""
-        if self._pub is None:
+        if self._send is None:
             return
         try:
-            self._pub.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
+            self._send.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
@@ -282,9 +267,8 @@ class Collector:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        for s in (self._sub, self._pub):
-            if s is not None:
-                s.close(0)
+        if self._sub is not None:
+            self._sub.close(0)
         if self._auth is not None:
             self._auth.stop()
         if self._ctx is not None:

@@ -62,6 +62,7 @@ class RankState:
     kernels: Any = None
     kernels_cumulative: Any = None
     bye: str | None = None
+    commands_refused: int = 0
 
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""
@@ -170,6 +171,7 @@ class Model:
         st.step = step
         st.steps.append((step, float(f["wall_s"]), int(f["tokens"]), f.get("input_wait_s"), now, f.get("lead_s")))
         st.drops = max(st.drops, int(f.get("drops", 0)))
+        st.commands_refused = max(st.commands_refused, int(f.get("commands_refused", 0)))
         if f.get("device_s") is not None:
             st.device_s = float(f["device_s"])
         if f.get("probe_s") is not None:
@@ -248,6 +250,7 @@ class Model:
             kernels_cumulative=st.kernels_cumulative.rows() if st.kernels_cumulative is not None else None,
             history=history,
             bye_reason=st.bye,
+            commands_refused=st.commands_refused,
         )
 
     def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:

@@ -108,6 +108,7 @@ class RankSnapshot:
     kernels_cumulative: Any = None  # flowtop.kernels.aggregate cumulative table
     history: History = field(default_factory=History)
     bye_reason: str | None = None
+    commands_refused: int = 0  # monitor commands the probe refused (its rate limit)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         "dropped_messages": r.dropped_messages,
         "probe_overhead_frac": r.probe_overhead_frac,
         "bye_reason": r.bye_reason,
+        "commands_refused": r.commands_refused,
     }
     d.update(_flops_json(r.flops))
     d["telemetry"] = _clean(r.telemetry)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
 from probe._log import warn_once
-from probe.wire import DEFAULT_ADDR, DEFAULT_CONTROL_ADDR
+from probe.wire import DEFAULT_ADDR
 
 T = TypeVar("T")
 
@@ -22,7 +22,6 @@ class ProbeConfig:
 
     enabled: bool = True
     addr: str = DEFAULT_ADDR  # FLOWTOP_ADDR: where the monitor's SUB is bound
-    control_addr: str = DEFAULT_CONTROL_ADDR  # FLOWTOP_CONTROL_ADDR
     queue_size: int = 10_000  # FLOWTOP_QUEUE: bounded deque, oldest dropped
     flops: bool = True  # FLOWTOP_FLOPS: sampled FLOP counting
     attention: str = "full"  # FLOWTOP_ATTENTION: full | causal
@@ -105,14 +104,12 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
     e = os.environ if env is None else env
     d = ProbeConfig()
     addr = _parse(e, "FLOWTOP_ADDR", _addr, d.addr)
-    default_control = d.control_addr
-    if addr != d.addr and addr.startswith("tcp://") and addr.rsplit(":", 1)[-1].isdigit():
-        host, port = addr.rsplit(":", 1)
-        default_control = f"{host}:{int(port) + 1}"
+    if e.get("FLOWTOP_CONTROL_ADDR"):
+        warn_once("env:FLOWTOP_CONTROL_ADDR", "FLOWTOP_CONTROL_ADDR is ignored: the monitor's commands "
+                  "now travel on the data connection (FLOWTOP_ADDR)")
     return ProbeConfig(
         enabled=not _parse(e, "FLOWTOP_DISABLE", _bool, False),
         addr=addr,
-        control_addr=_parse(e, "FLOWTOP_CONTROL_ADDR", _addr, default_control),
         queue_size=_parse(e, "FLOWTOP_QUEUE", _positive_int, d.queue_size),
         flops=_parse(e, "FLOWTOP_FLOPS", _bool, d.flops),
         attention=_parse(e, "FLOWTOP_ATTENTION", _attention, d.attention),

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+#: Fewest seconds between two windows when the second was requested by the monitor.
+MIN_REQUEST_S = 1.0
+
 
 class WindowScheduler:
     """Spaces profiled windows so that their amortised cost stays inside a budget.
@@ -36,6 +39,7 @@ class WindowScheduler:
         max_interval_steps: int = 10_000,
         max_interval_s: float = 600.0,
         align_steps: bool = True,
+        min_request_s: float = MIN_REQUEST_S,
     ) -> None:
         self.budget_large = budget_large
         self.budget_small = budget_small
@@ -44,14 +48,39 @@ class WindowScheduler:
         self.max_interval_steps = max_interval_steps
         self.max_interval_s = max_interval_s
         self.align_steps = align_steps
+        self.min_request_s = min_request_s
         self.interval_steps = min_interval_steps
         self.requested = False
+        self.refused = 0  # requests turned down by the rate limit (sent to the monitor)
+        self._last_cost_s = 0.0
+        self._last_typical_s: float | None = None
+        self._last_window_s: float | None = None
         self._anchor_step: int | None = None  # the last window's step (or the first step seen)
         self._anchor_s = 0.0
 
-    def request_now(self) -> None:
-        """Sample the next step (the monitor's manual trigger)."""
+    def request_now(self, now_s: float) -> bool:
+        """Sample the next step (the monitor's manual trigger); False when refused.
+
+        Whoever asks, requested windows stay inside the same budget as scheduled ones: a
+        request within ``max(MIN_REQUEST_S, last window's cost / budget)`` of the last window
+        is refused and counted (a flood of requests costs at most one window per that time, on top
+        of the scheduled ones).
+        A request while one is pending is merged into it."""
+        if self.requested:
+            return True
+        last = self._last_window_s
+        if last is not None and now_s - last < self.request_interval_s():
+            self.refused += 1
+            return False
         self.requested = True
+        return True
+
+    def request_interval_s(self) -> float:
+        """Fewest seconds between the last window and a requested one."""
+        typical = self._last_typical_s
+        if not typical or typical <= 0:
+            return self.min_request_s
+        return max(self.min_request_s, self._last_cost_s / self.budget(typical))
 
     def due(self, step: int, now_s: float) -> bool:
         """Whether step ``step`` (starting at monotonic time ``now_s``) should be profiled."""
@@ -81,6 +110,8 @@ class WindowScheduler:
         """Account a window taken at ``step``; returns (and keeps) the next interval in steps."""
         self.requested = False
         self._anchor_step, self._anchor_s = step, now_s
+        self._last_cost_s, self._last_typical_s = max(0.0, cost_s), typical_step_s
+        self._last_window_s = now_s
         if typical_step_s is None or typical_step_s <= 0:
             steps = self.max_interval_steps  # cannot amortise without a step time: the wall cap rules
         else:

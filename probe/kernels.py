@@ -23,6 +23,7 @@ import os
 import time
 from typing import Any
 
+from probe import heap
 from probe._log import warn_once
 from probe.kernel_schedule import WindowScheduler
 from probe.wire import (
@@ -197,6 +198,7 @@ class KernelWindowSampler:
         *,
         cuda: bool | None = None,
         max_events: int = 200_000,  # records (ops + acts): ~38 B each on a GPU step, so ≤ ~7.5 MB
+        max_retained_bytes: int = 256 << 20,
         ewma_alpha: float = 0.1,
     ) -> None:
         self.scheduler = scheduler or WindowScheduler()
@@ -215,6 +217,13 @@ class KernelWindowSampler:
         self._begin_s = 0.0
         self._started_s = 0.0
         self._warm = False  # a first window (with the profiler's one-off start-up) was taken
+        #: Resident memory the windows kept (grown during windows, less what was given back
+        #: between them); past ``max_retained_bytes`` windows turn off for good.
+        self.retained_bytes = 0
+        self._max_retained = max_retained_bytes
+        self._rss_begin: int | None = None
+        self._rss_after: int | None = None
+        self._stopped_step: int | None = None  # the step whose end stopped the last session (see due)
 
     @property
     def device(self) -> str:
@@ -225,9 +234,10 @@ class KernelWindowSampler:
             self._cuda = bool(torch.cuda.is_available())
         return "cuda" if self._cuda else "cpu"
 
-    def request_now(self) -> None:
-        """Profile the next step (the monitor's ``kernels_now`` command)."""
-        self.scheduler.request_now()
+    def request_now(self) -> bool:
+        """Profile the next step (the monitor's ``kernels_now`` command); False when the
+        scheduler's rate limit refused it (counted in ``scheduler.refused``)."""
+        return self.scheduler.request_now(time.monotonic())
 
     def due(self, step: int, typical_step_s: float | None = None) -> bool:
         """Whether :meth:`begin_step` would profile step ``step``.
@@ -238,6 +248,14 @@ class KernelWindowSampler:
         """
         if typical_step_s is not None and typical_step_s > 0:
             self.typical_step_s = typical_step_s
+        if self._stopped_step is not None and step == self._stopped_step + 1:
+            # Boundaries run inside torch's "Optimizer.step#..." record_function range (and maybe
+            # ranges of the user's), opened while the last session recorded. A range that ends
+            # after a *new* session has started writes its end into the old session's freed
+            # event storage: heap corruption, then SIGSEGV/SIGABRT at a later GC. So a session
+            # never starts at the boundary where one stopped; one unprofiled step lets those
+            # ranges close while no session is active, where their end is a no-op.
+            return False
         return self.enabled and self._prof is None and self.scheduler.due(step, time.monotonic())
 
     def begin_step(self, step: int) -> bool:
@@ -258,8 +276,15 @@ class KernelWindowSampler:
                 # stayed 1.33-1.36x slower after one window; bench/cupti_teardown.py). A user's
                 # own setting wins.
                 os.environ.setdefault("TEARDOWN_CUPTI", "1")
+            # Kineto prints "USDT ... profiler_start/stop" on stderr for every session unless its
+            # log level is above its USDT level (5); the training's log is not ours to fill.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             prof = profile(activities=activities, record_shapes=True)
+            self._rss_begin = rss = heap.rss_bytes()
+            if rss is not None and self._rss_after is not None:
+                # What the last window's payload (sent and freed since) gave back is not kept.
+                self.retained_bytes = max(0, self.retained_bytes - max(0, self._rss_after - rss))
             prof.start()
             self._prof, self._prof_step, self._started_s = prof, step, time.perf_counter()
             return True
@@ -285,6 +310,7 @@ class KernelWindowSampler:
                     self.typical_step_s + self._alpha * (dt - self.typical_step_s))
             return None
         self._prof = None
+        self._stopped_step = step
         try:
             prof.stop()
             if step != self._prof_step:
@@ -299,6 +325,8 @@ class KernelWindowSampler:
                 warn_once("kernels-large", f"kernel window of {len(events)} records dropped (too large to send)")
                 return None
             window = records_from_kineto(events, results.trace_start_ns())
+            del events, results
+            self._account_memory()
             done = time.perf_counter()
             typical = typical_step_s if typical_step_s is not None else self.typical_step_s
             cost = (done - self._begin_s) - typical if typical else done - t_end
@@ -326,10 +354,27 @@ class KernelWindowSampler:
             self._fail(exc)
             return None
 
+    def _account_memory(self) -> None:
+        """Trim the heap the session left and count what stays; too much turns windows off.
+
+        Kineto keeps some memory per session (a long run with windows grew without bound:
+        1.07 GB after 1,500 steps), so windows stop once they have kept ``max_retained_bytes``.
+        """
+        heap.trim()
+        rss = self._rss_after = heap.rss_bytes()
+        if rss is None or self._rss_begin is None:
+            return
+        self.retained_bytes += max(0, rss - self._rss_begin)
+        if self.retained_bytes > self._max_retained:
+            self.enabled = False
+            warn_once("kernels-memory", f"kernel windows turned off: {self.windows + 1} windows kept "
+                      f"{self.retained_bytes / 2**20:.0f} MB of memory (limit {self._max_retained / 2**20:.0f} MB)")
+
     def close(self) -> None:
         """Stop a running profiler (training ended mid-window)."""
         prof, self._prof = self._prof, None
         if prof is not None:
+            self._stopped_step = self._prof_step
             try:
                 prof.stop()
             except Exception as exc:

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Deque
 
-from probe import wire
+from probe import heap, wire
 from probe._log import warn_once
 
 #: A sender-side periodic job (telemetry), called about once a second.
@@ -39,14 +39,12 @@ class Publisher:
         self,
         key: wire.RankKey,
         addr: str,
-        control_addr: str | None = None,
         queue_size: int = 10_000,
         max_age_s: float = 2.0,
         curve_dir: str | None = None,
     ) -> None:
         self.key = key
         self.addr = addr
-        self.control_addr = control_addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
         self._queue: Deque[tuple[str, float, dict[str, Any]]] = collections.deque(maxlen=queue_size)
@@ -63,6 +61,7 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
+        self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
 
     # --- training thread ------------------------------------------------------------
 
@@ -90,7 +89,11 @@ class Publisher:
         self._ticks.append((interval_s, fn))
 
     def on_control(self, handler: Callable[[str], None]) -> None:
-        """Call ``handler(command)`` on the sender thread for commands aimed at this rank."""
+        """Call ``handler(command)`` on the sender thread for commands aimed at this rank.
+
+        Commands come only from the monitor this probe connected to, upstream on the data
+        connection itself (CURVE-authenticated where keys are set): nobody else can reach
+        the probe, since it binds no port."""
         self._control_handlers.append(handler)
 
     def start(self) -> None:
@@ -129,8 +132,6 @@ class Publisher:
         except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
             warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
             return
-        ctx = sock.context
-        ctl = None
         link: _Link | None = None
         try:
             curve = self._curve_keys()
@@ -148,26 +149,15 @@ class Publisher:
                 sock.setsockopt(zmq.IPV6, 1)
             link = _Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
-            if self.control_addr:
-                ctl = ctx.socket(zmq.SUB)
-                ctl.setsockopt(zmq.LINGER, 0)
-                ctl.setsockopt(zmq.MAXMSGSIZE, 4096)
-                ctl.setsockopt(zmq.SUBSCRIBE, b"")
-                _apply_curve(ctl, curve)
-                if "[" in self.control_addr:
-                    ctl.setsockopt(zmq.IPV6, 1)
-                ctl.connect(self.control_addr)
-            self._loop(zmq, sock, ctl, link)
+            self._loop(zmq, sock, link)
         except Exception as exc:  # the probe never takes training down
             warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")
         finally:
             if link is not None:
                 link.close()
             sock.close(0)
-            if ctl is not None:
-                ctl.close(0)
 
-    def _loop(self, zmq: Any, sock: Any, ctl: Any, link: "_Link") -> None:
+    def _loop(self, zmq: Any, sock: Any, link: "_Link") -> None:
         pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
         next_tick: list[float] = []
         next_hello = 0.0
@@ -213,6 +203,9 @@ class Publisher:
                 pending.popleft()
                 self._seq += 1
                 self._sent += 1
+                if kind == "kernels":
+                    del fields
+                    heap.trim()  # the window's records are freed: hand their pages back
             if not sent_all or not listening:
                 self._expire(pending, now)
             if stopping:
@@ -227,8 +220,7 @@ class Publisher:
                         fn()
                     except Exception as exc:
                         warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
-            if ctl is not None:
-                self._poll_control(zmq, ctl)
+            self._handle_control(link.take_commands())
             time.sleep(0.05)  # 20 Hz: fresh enough for a 2 Hz UI, cheap for training
 
     def _expire(self, pending: Deque[tuple[str, float, dict[str, Any]]], now: float) -> None:
@@ -256,22 +248,21 @@ class Publisher:
             raise ValueError(f"{self.curve_dir}/client.key_secret holds no secret key")
         return server_public, public, secret
 
-    def _poll_control(self, zmq: Any, ctl: Any) -> None:
-        for _ in range(16):
-            try:
-                frame = ctl.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+    def _handle_control(self, frames: list[bytes]) -> None:
+        """Commands the monitor sent upstream on the data connection (see :class:`_Link`)."""
+        for frame in frames:
             try:
                 cmd, job, rank = wire.decode_control(frame)
             except wire.WireError:
+                self.control_rejected += 1
                 continue
-            if job == self.key.job and (rank is None or rank == self.key.rank):
-                for handler in self._control_handlers:
-                    try:
-                        handler(cmd)
-                    except Exception as exc:
-                        warn_once("control", f"control command {cmd} failed: {exc}")
+            if job != self.key.job or (rank is not None and rank != self.key.rank):
+                continue  # for another rank: every rank of the monitor's connection sees it
+            for handler in self._control_handlers:
+                try:
+                    handler(cmd)
+                except Exception as exc:
+                    warn_once("control", f"control command {cmd} failed: {exc}")
 
 
 def _apply_curve(sock: Any, keys: tuple[bytes, bytes, bytes] | None) -> None:
@@ -297,6 +288,12 @@ class _Link:
         self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.connections = 0
         self.subscriptions = 0
+        self._commands: list[bytes] = []
+
+    def take_commands(self) -> list[bytes]:
+        """Command frames received since the last call (at most 16 per poll; more are dropped)."""
+        out, self._commands = self._commands, []
+        return out
 
     def close(self) -> None:
         """Stop monitoring and close the event socket (no linger)."""
@@ -328,4 +325,6 @@ class _Link:
                 self.subscriptions += 1
             elif frame[:1] == b"\x00":
                 self.subscriptions = max(0, self.subscriptions - 1)
+            elif len(self._commands) < 16:  # an XSUB's upstream message: a monitor's command
+                self._commands.append(frame)
         return self.subscriptions if self.connections > 0 else 0

@@ -45,7 +45,7 @@ class Probe:
         self.cfg = cfg
         self.ident = ident
         self.flops_per_token = flops_per_token if flops_per_token is not None else cfg.flops_per_token
-        self.publisher = Publisher(ident.key, cfg.addr, cfg.control_addr, cfg.queue_size, curve_dir=cfg.curve_dir)
+        self.publisher = Publisher(ident.key, cfg.addr, cfg.queue_size, curve_dir=cfg.curve_dir)
         self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
         self._started = False
         self._flops: Any = None  # probe.flop_sampling.FlopSampler
@@ -192,6 +192,9 @@ class Probe:
             self._flops.publish_estimate(self.tracker, self._context, fields["tokens"])
         if self.cfg.calibrate_out and self._flops is not None and self._flops.last is not None:
             self._write_calibration(step)
+        refused = self.publisher.control_rejected + (self._kernels.scheduler.refused if self._kernels else 0)
+        if refused:
+            fields = dict(fields, commands_refused=refused)
         self.publisher.publish("step", fields)
 
     def _hello(self, device: str) -> dict[str, Any]:
@@ -273,7 +276,10 @@ class Probe:
             if window is not None:
                 window.setdefault("step", step)
                 self.publisher.publish("kernels", window)
-        # Never profile a step that is also being FLOP-counted (each distorts the other).
+        # A window only while a monitor listens: nobody would see it, and each profiler session
+        # costs memory that Kineto keeps. The due window waits until a monitor subscribes.
+        if self.publisher.subscribers <= 0:
+            return
         if sampler.due(step + 1, typical_step_s=self._ewma_step_s):
             self._kernels_active = bool(sampler.begin_step(step + 1))
             if self._kernels_active:
@@ -285,6 +291,8 @@ class Probe:
         self.sampled_steps[step] = what
 
     def _control(self, command: str) -> None:
+        """A command from the monitor (sender thread). A refused request is counted by the
+        sampler's scheduler and reaches the monitor with the next step."""
         if command == "kernels_now" and self._kernels is not None:
             self._kernels.request_now()
 

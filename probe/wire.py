@@ -33,8 +33,6 @@ MAX_FRAME_BYTES = 8 * 1024 * 1024
 #: Default address: the monitor binds it, the probe connects to it.
 DEFAULT_PORT = 5759
 DEFAULT_ADDR = f"tcp://127.0.0.1:{DEFAULT_PORT}"
-#: Control channel (monitor PUB → probe SUB): the data port + 1 by default.
-DEFAULT_CONTROL_ADDR = f"tcp://127.0.0.1:{DEFAULT_PORT + 1}"
 
 _I64 = 2**63 - 1
 
@@ -250,6 +248,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "micro_batches": (False, _int(0, 1 << 20)),
         "probe_s": (False, _opt(_num(0, 1e7))),
         "drops": (True, _int()),
+        # Monitor commands this rank refused so far (rate limit or malformed).
+        "commands_refused": (False, _int()),
     },
     "bye": {
         "reason": (True, _str(256)),
@@ -368,6 +368,9 @@ def decode(frame: bytes) -> Message:
 
 
 # --- control channel (monitor → probe) -------------------------------------------
+# Commands travel upstream on the data connection itself: the monitor's XSUB sends them to
+# every probe connected to it, and each probe's XPUB receives them. A probe binds nothing,
+# so only the monitor it reports to (authenticated by CURVE where keys are set) can reach it.
 
 CONTROL_COMMANDS = ("kernels_now",)
 

@@ -7,22 +7,22 @@ import socket
 import pytest
 
 from probe import config, identity
-from probe.wire import DEFAULT_ADDR, DEFAULT_CONTROL_ADDR
+from probe.wire import DEFAULT_ADDR
 
 
 def test_defaults() -> None:
     cfg = config.from_env({})
-    assert cfg.enabled and cfg.addr == DEFAULT_ADDR and cfg.control_addr == DEFAULT_CONTROL_ADDR
+    assert cfg.enabled and cfg.addr == DEFAULT_ADDR
     assert (cfg.flops, cfg.kernels, cfg.telemetry, cfg.attention) == (True, True, True, "full")
 
 
-def test_values_and_derived_control_address() -> None:
+def test_values() -> None:
     cfg = config.from_env({
         "FLOWTOP_ADDR": "tcp://10.0.0.5:7000", "FLOWTOP_ATTENTION": "causal", "FLOWTOP_QUEUE": "50",
         "FLOWTOP_FLOPS": "off", "FLOWTOP_DISABLE": "no", "FLOWTOP_TELEMETRY_INTERVAL": "0.1",
         "FLOWTOP_KERNELS_MIN_STEPS": "25", "FLOWTOP_FLOPS_PER_TOKEN": "1.5e9",
     })  # fmt: skip
-    assert cfg.addr == "tcp://10.0.0.5:7000" and cfg.control_addr == "tcp://10.0.0.5:7001"
+    assert cfg.addr == "tcp://10.0.0.5:7000"
     assert (cfg.attention, cfg.queue_size, cfg.flops, cfg.enabled) == ("causal", 50, False, True)
     assert cfg.telemetry_interval_s == 1.0  # at most 1 Hz, whatever is asked
     assert cfg.kernels_min_steps == 25 and cfg.flops_per_token == 1.5e9

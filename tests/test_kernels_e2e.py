@@ -57,8 +57,15 @@ def test_operator_windows_arrive_and_manual_trigger_works(monitor, tmp_path: Pat
         # (its input needs no gradient): three mm of 2·32·64·128 each.
         assert by_name["aten::mm"].calls == 3
         assert by_name["aten::mm"].flops == 3 * (2 * 32 * 64 * 128)
-        # A second request (TUI key `k`) brings the next window within a few steps.
-        step_before = rank.step
+        # A request right after a window is refused by the probe's rate limit (a window at most
+        # every max(1 s, cost / budget)), and the refusal reaches the monitor.
+        assert rank.commands_refused == 0
+        monitor.call(lambda: monitor.collector.request_kernels(snap.jobs[0].job, rank.rank))
+        snap = monitor.wait_for(lambda s: _windows(s)[1].commands_refused == 1, 20)
+        assert _windows(snap)[0] == window and _windows(snap)[1].commands_refused == 1
+        time.sleep(1.5)
+        # A later request (TUI key `k`) brings the next window within a few steps.
+        step_before = _windows(monitor.snapshot())[1].step
         monitor.call(lambda: monitor.collector.request_kernels(snap.jobs[0].job, rank.rank))
         t0 = time.monotonic()
         snap = monitor.wait_for(lambda s: (_windows(s)[0] or 0) > window, 20)

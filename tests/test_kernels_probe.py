@@ -44,7 +44,7 @@ def test_next_interval(cost_s: float, typical_s: float | None, interval: int) ->
 
 
 def test_interval_keeps_amortised_cost_in_budget() -> None:
-    s = WindowScheduler(min_interval_steps=1)
+    s = WindowScheduler(min_interval_steps=1, min_request_s=0)
     for cost, typical in [(0.05, 0.2), (0.013, 0.0068), (1.0, 0.5), (0.0007, 0.001)]:
         n = s.record(0, 0.0, cost, typical)
         assert cost / (n * typical) <= s.budget(typical)
@@ -59,10 +59,12 @@ def test_due() -> None:
     assert not s.due(159, 10.0) and s.due(160, 10.0)
     assert not s.due(115, 62.0)  # wall cap reached, but fewer than min_interval_steps
     assert s.due(120, 62.0)  # wall cap: 60 s since the last window
-    s.request_now()
-    assert s.due(111, 2.5)  # manual trigger: the next step, whatever the interval
-    s.record(111, 2.6, 0.05, 0.2)
-    assert not s.requested and not s.due(112, 2.7)
+    # A request within cost / budget = 0.05 / 0.005 = 10 s of the last window is refused.
+    assert not s.request_now(11.9) and s.refused == 1 and not s.requested
+    assert s.request_now(12.1) and s.request_now(12.2) and s.refused == 1  # pending: merged
+    assert s.due(111, 12.3)  # manual trigger: the next step, whatever the interval
+    s.record(111, 12.4, 0.05, 0.2)
+    assert not s.requested and not s.due(112, 12.5)
 
 
 # --- a real sampled window on CPU ---------------------------------------------------------------
@@ -134,7 +136,7 @@ def test_first_window_is_a_warm_up() -> None:
 
 
 def test_request_now_and_failures_never_raise(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1000), cuda=False)
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1000, min_request_s=0), cuda=False)
     assert _train(sampler, 3) == []
     sampler.request_now()
     assert [w["step"] for w in _train(sampler, 1)] == [0]
@@ -156,18 +158,18 @@ def test_windows_too_large_to_send_are_dropped(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("probe._log._seen", set())  # the warning is printed once per process
     # by record count
-    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=False, max_events=5)
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1, min_request_s=0), cuda=False, max_events=5)
     sampler.request_now()
     assert _train(sampler, 1) == [] and sampler.enabled and sampler.windows == 0
     # by packed size: every window measured, against a 2 kB frame, then an ample one
     monkeypatch.setattr("probe.kernels._MEASURE_ABOVE", 0)
     monkeypatch.setattr("probe.kernels._FRAME_ROOM", 2000)
-    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=False)
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1, min_request_s=0), cuda=False)
     sampler.request_now()
     assert _train(sampler, 1) == [] and sampler.enabled
     monkeypatch.setattr("probe.kernels._FRAME_ROOM", wire.MAX_FRAME_BYTES)
     sampler.request_now()
-    (w,) = _train(sampler, 1)
+    (w,) = _train(sampler, 2)  # never at the boundary where the last session stopped: step 1
     assert 2000 < len(wire.encode("kernels", KEY, 1, 1.0, w)) < wire.MAX_FRAME_BYTES
     assert "too large to send" in capsys.readouterr().err
 
@@ -429,7 +431,7 @@ def test_cuda_windows_detach_cupti_afterwards_unless_told_otherwise(
         monkeypatch.setenv("TEARDOWN_CUPTI", user)
     monkeypatch.setattr("torch.profiler.profile", _FakeProfile)
     monkeypatch.setattr("torch.version.cuda", cuda)
-    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=True)
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1, min_request_s=0), cuda=True)
     sampler.request_now()
     assert sampler.begin_step(5)
     assert os.environ.get("TEARDOWN_CUPTI") == expected
@@ -446,7 +448,7 @@ def test_cupti_teardown_needs_cuda_12_6() -> None:
 def test_cpu_windows_leave_cupti_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEARDOWN_CUPTI", "placeholder")  # so monkeypatch restores the original
     monkeypatch.delenv("TEARDOWN_CUPTI")
-    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1), cuda=False)
+    sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1, min_request_s=0), cuda=False)
     sampler.request_now()
     assert sampler.begin_step(5)
     sampler.end_step(5)

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from flowtop import accounting
-from flowtop.collector import AddressError, Collector, check_listen, control_addr_for, parse_tcp
+from flowtop.collector import AddressError, Collector, check_listen, parse_tcp
 from flowtop.demo.launch import DemoSource, _headless, free_port_pair
 from flowtop.model import EVICT_AFTER_S, Model
 from flowtop.recording import Recorder
@@ -195,8 +195,7 @@ def test_parse_tcp_rejects_bad_ports_with_address_error() -> None:
     for bad in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:abc", "tcp://127.0.0.1:0", "tcp://127.0.0.1", "garbage"):
         with pytest.raises(AddressError, match="expected tcp://HOST:PORT"):
             check_listen(bad, allow_remote=False)
-    with pytest.raises(AddressError, match="above 65535"):
-        control_addr_for("tcp://127.0.0.1:65535")
+    check_listen("tcp://127.0.0.1:65535", allow_remote=False)  # no second port is needed any more
     assert parse_tcp("tcp://[::1]:5759") == ("::1", 5759)
 
 
@@ -382,12 +381,6 @@ def test_package_root_does_not_shadow_user_modules(tmp_path: Path) -> None:
 # --- 6. IPv6 --------------------------------------------------------------------------------
 
 
-def test_control_address_keeps_ipv6_brackets() -> None:
-    assert control_addr_for("tcp://[::1]:5759") == "tcp://[::1]:5760"
-    assert control_addr_for("tcp://127.0.0.1:5759") == "tcp://127.0.0.1:5760"
-    assert check_listen("tcp://[::1]:5759", allow_remote=False) == "tcp://[::1]:5759"
-
-
 def _ipv6_loopback_port() -> int | None:
     try:
         with socket.socket(socket.AF_INET6) as s:
@@ -421,7 +414,7 @@ def test_monitor_binds_and_receives_on_ipv6_loopback() -> None:
                 pub.send(_step_frame(seq))  # PUB drops until the connection is up: resend
                 seq += 1
                 await asyncio.sleep(0.05)
-            return collector.model.received, collector._pub is not None
+            return collector.model.received, collector._send is not None
         finally:
             pub.close(0)
             ctx.term()

@@ -55,6 +55,9 @@ def detail_title(r: RankSnapshot | None, job: str, rank: int) -> Text:
     out.append(str(r.lost_messages), style="red" if r.lost_messages else "")
     out.append(" dropped ", style="dim")
     out.append(str(r.dropped_messages), style="red" if r.dropped_messages else "")
+    if r.commands_refused:
+        out.append(" commands refused ", style="dim")
+        out.append(str(r.commands_refused), style="yellow")
     return out
 
 
