@@ -42,6 +42,29 @@ def attach(
     when the model's structure does not reveal it.
     """
     global _probe, _fork_hook_installed
+    if _probe is None and _in_multiprocessing_child():
+        # A spawn/forkserver child re-runs the parent's main module, so a top-level attach()
+        # runs in every DataLoader worker too, which would then say hello as a rank of its
+        # own. Here attach waits for this process to build an optimizer: workers never do,
+        # and an mp.spawn training rank does before its first step.
+        _defer_to_first_optimizer(dict(job=job, rank=rank, world_size=world_size, local_rank=local_rank,
+                                       addr=addr, flops_per_token=flops_per_token))
+        return False
+    return _attach_now(job=job, rank=rank, world_size=world_size, local_rank=local_rank, addr=addr,
+                       flops_per_token=flops_per_token)
+
+
+def _attach_now(
+    *,
+    job: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    addr: str | None = None,
+    flops_per_token: float | None = None,
+) -> bool:
+    """:func:`attach` without the multiprocessing-child check (the first optimizer was built)."""
+    global _probe, _fork_hook_installed
     if _probe is not None:
         if any(v is not None for v in (job, rank, world_size, local_rank, addr, flops_per_token)):
             warn_once("reattach", "probe.attach(...) arguments ignored: the probe was already attached "
@@ -77,6 +100,56 @@ def attach(
             except Exception:
                 pass
         return False
+
+
+def _in_multiprocessing_child() -> bool:
+    try:
+        import multiprocessing
+
+        # While a spawn/forkserver child re-imports the main module, parent_process() is still
+        # None; the child's process object says it is inheriting from its parent then.
+        return (multiprocessing.parent_process() is not None
+                or bool(getattr(multiprocessing.current_process(), "_inheriting", False)))
+    except Exception:
+        return False
+
+
+_deferred: dict[str, Any] | None = None
+
+
+def _defer_to_first_optimizer(kwargs: dict[str, Any]) -> None:
+    """Attach (with ``kwargs``) when this process builds its first torch optimizer."""
+    global _deferred
+    first = _deferred is None
+    _deferred = kwargs
+    if not first:
+        return
+    try:
+        import torch.optim
+
+        cls = torch.optim.Optimizer
+        original = cls.__init__
+
+        def __init__(self: Any, *args: Any, **kw: Any) -> None:
+            original(self, *args, **kw)
+            if cls.__init__ is __init__:
+                cls.__init__ = original  # type: ignore[method-assign]
+            _attach_deferred()
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+    except Exception as exc:
+        warn_once("attach-deferred", f"probe not attached in this child process: {exc}")
+
+
+def _attach_deferred() -> None:
+    if _probe is not None or _deferred is None:
+        return
+    kwargs = _deferred
+    try:
+        # A training rank (it builds an optimizer), not a worker: attach for real.
+        _attach_now(**kwargs)
+    except Exception as exc:
+        warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
 
 
 def mark_step() -> None:

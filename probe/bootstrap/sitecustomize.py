@@ -75,7 +75,8 @@ try:
         try:
             import probe
 
-            probe.attach()
+            # Called at the first optimizer: attach now, also in a multiprocessing child.
+            getattr(probe, "_attach_now", probe.attach)()
         except Exception:
             pass
 

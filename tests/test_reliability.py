@@ -1,0 +1,210 @@
+"""Reliability: nothing sent to the probe may hurt training, and top-level attach() stays one rank.
+
+Real processes on loopback: a training subprocess with the probe, a real monitor, hostile peers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from conftest import ROOT
+from monitor_thread import MonitorThread
+from probe import wire
+
+#: A training whose boundaries sit inside the user's own record_function ranges too (the ranges
+#: that outlived a profiler session were the crash), with windows forced as often as allowed.
+STRESS = textwrap.dedent(
+    """
+    import gc, sys, time, torch, probe
+    from torch.autograd.profiler import record_function
+    from probe.kernel_schedule import WindowScheduler
+    torch.set_num_threads(1)
+    probe.attach()
+    p = probe._current()
+    p._kernels.scheduler = WindowScheduler(min_interval_steps=1, max_interval_steps=1, align_steps=False)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    deadline = time.monotonic() + 30
+    while p.publisher.subscribers == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # windows are taken only while a monitor listens
+    steps = int(sys.argv[1])
+    for i in range(steps):
+        with record_function("user_step"):
+            model(torch.randn(16, 32)).pow(2).mean().backward()
+            with record_function("user_opt"):
+                opt.step()
+            opt.zero_grad()
+        if i % 50 == 0:
+            gc.collect()  # heap corruption shows up as a crash inside the collector
+    print("windows", p._kernels.windows, flush=True)
+    """
+)
+
+
+def _plain_env(listen: str, **extra: str) -> dict[str, str]:
+    """Explicit ``probe.attach()`` in the script (no flowtop run bootstrap)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTOP_")}
+    env.update(FLOWTOP_ADDR=listen, PYTHONPATH=str(ROOT), PYTHONFAULTHANDLER="1", **extra)
+    return env
+
+
+def test_thousand_back_to_back_windows_never_crash(tmp_path: Path) -> None:
+    script = tmp_path / "stress.py"
+    script.write_text(STRESS)
+    monitor = MonitorThread()
+    try:
+        proc = subprocess.run([sys.executable, str(script), "2000"], env=_plain_env(monitor.listen, FLOWTOP_FLOPS="0"),
+                              capture_output=True, text=True, timeout=240)
+    finally:
+        monitor.close()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    windows = int(proc.stdout.split("windows")[1])
+    # One unprofiled step after each window (a session never starts where one stopped).
+    assert windows == 999  # the first step only anchors the schedule: windows on steps 3, 5, ..., 1999
+    assert "USDT" not in proc.stderr  # Kineto's per-session lines stay out of the training's log
+
+
+HIJACKED = textwrap.dedent(
+    """
+    import sys, time, torch, probe
+    torch.set_num_threads(1)
+    probe.attach()
+    p = probe._current()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        model(torch.randn(16, 32)).pow(2).mean().backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.005)
+    print("windows", p._kernels.windows, "refused", p._kernels.scheduler.refused, flush=True)
+    """
+)
+
+
+def _flood(sock: zmq.Socket, frame: bytes, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        time.sleep(0.02)
+
+
+def _free_port_pair() -> int:
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                with socket.socket() as b:
+                    b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair")
+
+
+def test_a_stranger_on_the_old_control_port_cannot_steer_the_probe(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(HIJACKED)
+    port = _free_port_pair()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)  # what an attacker bound before: data port + 1, no auth
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(f"tcp://127.0.0.1:{port + 1}")
+    stop = threading.Event()
+    flood = threading.Thread(target=_flood, args=(pub, wire.encode_control("kernels_now", "hj", None), stop))
+    flood.start()
+    try:
+        proc = subprocess.run([sys.executable, str(script), "4"], env=_plain_env(f"tcp://127.0.0.1:{port}", FLOWTOP_JOB="hj"),
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        stop.set()
+        flood.join()
+        pub.close(0)
+        ctx.term()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["windows", "0", "refused", "0"]  # the probe never hears it
+
+
+def test_even_the_monitor_gets_windows_only_within_the_budget(tmp_path: Path) -> None:
+    """A peer at the data address is the monitor; its flood of requests is rate-limited."""
+    script = tmp_path / "train.py"
+    script.write_text(HIJACKED)
+    port = _free_port_pair()
+    ctx = zmq.Context()
+    xsub = ctx.socket(zmq.XSUB)
+    xsub.setsockopt(zmq.LINGER, 0)
+    xsub.bind(f"tcp://127.0.0.1:{port}")
+    xsub.send(b"\x01")
+    stop = threading.Event()
+    flood = threading.Thread(target=_flood, args=(xsub, wire.encode_control("kernels_now", "hj", None), stop))
+    flood.start()
+    seconds = 5.0
+    try:
+        proc = subprocess.run([sys.executable, str(script), str(seconds)],
+                              env=_plain_env(f"tcp://127.0.0.1:{port}", FLOWTOP_JOB="hj",
+                                             FLOWTOP_KERNELS_MIN_STEPS="1000000"),  # requested windows only
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        stop.set()
+        flood.join()
+        xsub.close(0)
+        ctx.term()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.split()
+    windows, refused = int(out[1]), int(out[3])
+    # 50 requests/s for 5 s: at most one window per second (the floor of the rate limit), the
+    # rest refused and counted.
+    assert 1 <= windows <= seconds + 1
+    assert refused > 100
+
+
+WORKERS = textwrap.dedent(
+    """
+    import sys, torch, probe
+    probe.attach()  # at the top, as the README shows: re-run in every spawned worker
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            return torch.randn(16)
+
+    if __name__ == "__main__":
+        model = torch.nn.Linear(16, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        dl = torch.utils.data.DataLoader(DS(), batch_size=8, num_workers=2, multiprocessing_context=sys.argv[1],
+                                         persistent_workers=True)
+        for epoch in range(3):
+            for x in dl:
+                model(x).sum().backward(); opt.step(); opt.zero_grad()
+        print("attached", probe.is_attached(), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_top_level_attach_in_dataloader_workers_is_no_rank(monitor: MonitorThread, tmp_path: Path, method: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(WORKERS)
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
+    proc = subprocess.run([sys.executable, str(script), method], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "attached True" in proc.stdout
+    snap = monitor.wait_for(lambda s: bool(s.jobs) and all(r.status == "done" for r in s.jobs[0].ranks), 30)
+    (job,) = snap.jobs
+    # One rank, the trainer's pid, at its last step: no worker said hello as rank 0.
+    assert [(r.pid, r.step) for r in job.ranks] == [(job.ranks[0].pid, 24)]
+    assert job.ranks[0].bye_reason == "exit"
