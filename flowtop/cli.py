@@ -214,6 +214,7 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
 def _snapshot(args: argparse.Namespace) -> int:
     from flowtop.snapshot import to_json
 
+    failed = ""
     if args.replay:
         from flowtop.recording import RecordingError, replay_all
 
@@ -233,13 +234,28 @@ def _snapshot(args: argparse.Namespace) -> int:
         except AddressError as exc:
             print(f"flowtop: {exc}", file=sys.stderr)
             return 2
+        recorder = collector.last_recorder
+        failed = recorder.error if recorder is not None else ""
+        if failed:
+            print(f"flowtop: {failed}", file=sys.stderr)
     if args.json:
-        print(json.dumps(to_json(snap), indent=2))
+        text = json.dumps(to_json(snap), indent=2)
     else:
         from flowtop.textreport import render
 
-        print(render(snap))
-    return 0
+        text = render(snap)
+    return _print_out(text, 1 if not args.replay and failed else 0)
+
+
+def _print_out(text: str, rc: int) -> int:
+    """Print the snapshot; a reader that went away (``| head``) is no error and no traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's own flush at exit is quiet
+        return rc
+    return rc
 
 
 if __name__ == "__main__":

@@ -116,6 +116,7 @@ class Collector:
     ) -> None:
         self.model = model
         self.recorder = recorder  # flowtop.recording.Recorder: raw frames to replay later
+        self.last_recorder = recorder  # kept after stop, for its error
         self.curve = curve  # flowtop.keys.ServerKeys: encrypted, only admitted probes
         self.listen = check_listen(listen, allow_remote or curve is not None)
         self._ctx: zmq.asyncio.Context | None = None
@@ -237,10 +238,8 @@ class Collector:
             "monitoring goes on",
             file=sys.stderr,
         )
-        try:
-            recorder.close()
-        except Exception:
-            pass
+        recorder.close()
+        recorder.error = recorder.error or f"recording {path} stopped after {frames} frames: {exc}"
 
     def snapshot(self) -> MonitorSnapshot:
         """An immutable snapshot of the model now."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque
 
 from flowtop import accounting
+from flowtop.sanitize import deep
 from flowtop.snapshot import History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
 from probe.wire import Message, RankKey
 
@@ -34,6 +35,12 @@ STALE_AFTER_S = 5.0
 STALE_AFTER_STEPS = 5.0
 #: A job whose ranks have all been done or stale (and silent) this long is forgotten.
 EVICT_AFTER_S = 600.0
+#: Fastest plausible advance of a rank between two of its frames: a forged step or sequence
+#: number far ahead would freeze the real rank's view (later, true values look like replays).
+#: The allowance grows with the silence since the rank's last frame (a monitor that was away,
+#: a probe queue that dropped): 10 k steps/s and 100 k frames/s, never under the floors.
+MAX_STEPS_PER_S, MIN_STEP_JUMP = 10_000, 1_000
+MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
 
 _log = logging.getLogger("flowtop.model")
 
@@ -131,8 +138,13 @@ class Model:
 
     def ingest(self, msg: Message, now: float) -> None:
         """Apply one validated message received at monitor time ``now``."""
-        self.received += 1
         st = self.ranks.get(msg.key)
+        if st is not None:
+            why = _implausible(st, msg, now)
+            if why:
+                self.reject(why)
+                return
+        self.received += 1
         if st is None:
             st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
         st.last_recv = now
@@ -140,6 +152,8 @@ class Model:
             st.lost += msg.seq - st.last_seq - 1
         st.last_seq = max(st.last_seq, msg.seq)
         f = msg.fields
+        if msg.kind in ("hello", "bye", "flops", "telemetry"):
+            f = deep(dict(f))  # remote text is shown in terminals: no control sequences
         if msg.kind == "hello":
             st.hello = dict(f)
         elif msg.kind == "step":
@@ -349,6 +363,17 @@ class Model:
                 gone = [st for st in gone if st.key.inc < newest[st.key.rank]]
             for st in gone:
                 del self.ranks[st.key]
+
+
+def _implausible(st: RankState, msg: Message, now: float) -> str:
+    """Why ``msg`` cannot come from the rank ``st`` has heard so far ("" when it can)."""
+    silent = max(0.0, now - st.last_recv)
+    if st.last_seq >= 0 and msg.seq - st.last_seq > max(MIN_SEQ_JUMP, silent * MAX_FRAMES_PER_S):
+        return "implausible seq jump for a known rank (forged or corrupt frame)"
+    step = msg.fields.get("step") if msg.kind == "step" else None
+    if st.steps and isinstance(step, int) and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
+        return "implausible step jump for a known rank (forged or corrupt frame)"
+    return ""
 
 
 def _limit(med: float | None) -> float:

@@ -47,6 +47,8 @@ class Recorder:
         self._fh.write(MAGIC)
         self._t0: float | None = None
         self.frames = 0
+        #: Why the recording ended short ("" while it is whole); set by :meth:`close`.
+        self.error = ""
 
     def write(self, now: float, frame: bytes) -> None:
         """Record one frame received at monitor time ``now``."""
@@ -59,10 +61,20 @@ class Recorder:
         self.frames += 1
 
     def close(self) -> None:
-        """Flush and close the file."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Flush and close the file; never raises (a full disk must not cost the snapshot).
+
+        A failed flush leaves :attr:`error` set: the frames before it are on disk and replay."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        try:
+            fh.close()
+        except OSError as exc:
+            self.error = f"recording {self.path} is incomplete: {exc.strerror or exc}"
+            try:
+                fh.close()  # the buffer is dropped; the descriptor must still go
+            except OSError:
+                pass
 
 
 def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:

@@ -295,10 +295,15 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
 
 KINDS = tuple(_SCHEMA)
 
+def _name(max_len: int) -> Check:
+    """An identifier printed everywhere (job, host): no control characters at all."""
+    return lambda v: isinstance(v, str) and len(v) <= max_len and v.isprintable()
+
+
 _ENVELOPE: dict[str, Check] = {
-    "job": _str(256),
+    "job": _name(256),
     "rank": _int(0, 1 << 24),
-    "host": _str(256),
+    "host": _name(256),
     "pid": _int(0, 1 << 31),
     "inc": _int(0, 1 << 20),
     "seq": _int(),

@@ -208,3 +208,82 @@ def test_top_level_attach_in_dataloader_workers_is_no_rank(monitor: MonitorThrea
     # One rank, the trainer's pid, at its last step: no worker said hello as rank 0.
     assert [(r.pid, r.step) for r in job.ranks] == [(job.ranks[0].pid, 24)]
     assert job.ranks[0].bye_reason == "exit"
+
+
+def _frame(kind: str, key: wire.RankKey, seq: int, **fields: object) -> bytes:
+    return wire.encode(kind, key, seq, time.time(), fields)
+
+
+def _step_fields(step: int) -> dict[str, object]:
+    return {"step": step, "wall_s": 0.01, "tokens": 16, "drops": 0}
+
+
+def test_a_forged_step_far_ahead_is_rejected_and_the_real_rank_goes_on(monitor: MonitorThread, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(HIJACKED)
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
+    proc = subprocess.Popen([sys.executable, str(script), "8"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(monitor.listen)
+    try:
+        snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > 20, 60)
+        r = snap.jobs[0].ranks[0]
+        key = wire.RankKey(snap.jobs[0].job, r.host, r.pid, r.rank, r.incarnation)
+        rejected = snap.rejected
+        forged = [_frame("step", key, 10**12, **_step_fields(5)),  # seq far ahead
+                  _frame("step", key, 0, **_step_fields(2**63 - 1))]  # step far ahead
+        deadline = time.monotonic() + 20
+        while monitor.snapshot().rejected < rejected + 2 and time.monotonic() < deadline:
+            for f in forged:  # a PUB drops until its connection is up: resend (duplicates are fine)
+                pub.send(f)
+            time.sleep(0.1)
+        snap = monitor.snapshot()
+        assert snap.rejected >= rejected + 2
+        assert sum(n for why, n in snap.rejected_reasons.items() if why.startswith("implausible")) >= 2
+        before = snap.jobs[0].ranks[0].step
+        assert before < 10**6
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].step > before + 20, 30)
+        assert snap.jobs[0].ranks[0].status == "live"  # its view still moves: no false hang
+    finally:
+        pub.close(0)
+        ctx.term()
+        proc.kill()
+        proc.wait(10)
+
+
+def test_terminal_escapes_from_the_wire_never_reach_the_output() -> None:
+    from flowtop.model import Model
+    from flowtop.snapshot import to_json
+    from flowtop.textreport import render
+
+    model = Model()
+    bad_host = wire.RankKey("job\x1b]0;pwned\x07", "host", 1, 0, 0)
+    with pytest.raises(wire.WireError, match="job"):
+        wire.decode(_frame("step", bad_host, 0, **_step_fields(1)))
+    key = wire.RankKey("j", "h", 1, 0, 0)
+    hello = {"local_rank": 0, "world_size": 1, "device": "\x1b[31mGPU\x07", "probe_version": "1", "argv": ["a\nb"]}
+    model.ingest(wire.decode(_frame("hello", key, 0, **hello)), 1.0)
+    model.ingest(wire.decode(_frame("step", key, 1, **_step_fields(1))), 1.0)
+    model.ingest(wire.decode(_frame("bye", key, 2, reason="\x9b2J gone", steps=1, drops=0)), 1.0)
+    snap = model.snapshot(2.0)
+    text = render(snap) + repr(snap) + str(to_json(snap))
+    assert snap.jobs[0].ranks[0].device == "\\x1b[31mGPU\\x07"
+    assert snap.jobs[0].ranks[0].bye_reason == "\\x9b2J gone"
+    assert not any(c in text for c in ("\x1b", "\x07", "\x9b"))
+
+
+def test_a_full_disk_at_exit_still_prints_the_snapshot(tmp_path: Path) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    port = _free_port_pair()
+    proc = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--record", "/dev/full", "--timeout", "1",
+                           "--json", "--listen", f"tcp://127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    import json
+
+    assert json.loads(proc.stdout)["schema"].startswith("flowtop.snapshot/")
+    assert "Traceback" not in proc.stderr
+    assert "recording /dev/full is incomplete: No space left on device" in proc.stderr
+    assert proc.returncode == 1  # the recording asked for is not whole

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from flowtop.kernels.opflops import COMPOSITE_OPS, FORMULA_OPS, op_flops
+from flowtop.sanitize import printable
 from probe.wire import is_runtime_call
 
 KERNEL, MEMCPY, MEMSET, CPU_OP, RUNTIME = 0, 1, 2, 3, 4
@@ -113,6 +114,7 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
         names = fields["names"]
         if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
             raise ValueError("names is not a list of strings")
+        names = [printable(s) for s in names]  # kernel names reach the terminal
         device = fields["device"]
         if device not in ("cuda", "cpu"):
             raise ValueError(f"unknown device {device!r:.20}")
