@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque
 
 from flowtop import accounting
+from flowtop.limits import Limits, NewRankBucket
 from flowtop.sanitize import deep
 from flowtop.snapshot import History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
 from probe.wire import Message, RankKey
@@ -86,8 +87,14 @@ class Model:
         kernel_aggregator: Callable[[RankState, dict[str, Any]], None] | None = None,
         hint_engine: Any = None,
         job_kernels: Callable[[dict[int, Any]], Any] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.ranks: dict[RankKey, RankState] = {}
+        self.limits = limits or Limits()
+        self._new_ranks = NewRankBucket(self.limits.new_ranks_per_s, self.limits.new_ranks_burst)
+        self._job_sizes: collections.Counter[str] = collections.Counter()
+        #: Ranks forgotten early to make room for new ones at a cap (the longest silent first).
+        self.ranks_evicted_for_room = 0
         self.received = 0
         self.rejected = 0
         self.rejected_reasons: collections.Counter[str] = collections.Counter()
@@ -144,9 +151,12 @@ class Model:
             if why:
                 self.reject(why)
                 return
+        elif not self._admit(msg.key, now):
+            return
         self.received += 1
         if st is None:
             st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
+            self._job_sizes[msg.key.job] += 1
         st.last_recv = now
         if st.last_seq >= 0 and msg.seq > st.last_seq + 1:
             st.lost += msg.seq - st.last_seq - 1
@@ -177,6 +187,39 @@ class Model:
         elif msg.kind == "bye":
             st.bye = str(f.get("reason", "exit"))
             st.drops = max(st.drops, int(f.get("drops", 0)))
+
+    def _admit(self, key: RankKey, now: float) -> bool:
+        """Whether a frame of a rank key never seen may create it (see flowtop.limits)."""
+        lim = self.limits
+        if not self._new_ranks.take(now):
+            self.reject("new rank refused: more new ranks per second than the monitor admits")
+            return False
+        job_full = self._job_sizes[key.job] >= lim.max_ranks_per_job
+        new_job = key.job not in self._job_sizes
+        if job_full or len(self.ranks) >= lim.max_ranks or (new_job and len(self._job_sizes) >= lim.max_jobs):
+            if not self._make_room(key.job if job_full else None, now):
+                self.reject("new rank refused: the monitor's rank or job limit is reached")
+                return False
+            if new_job and len(self._job_sizes) >= lim.max_jobs:
+                self.reject("new rank refused: the monitor's job limit is reached")
+                return False
+        return True
+
+    def _make_room(self, job: str | None, now: float) -> bool:
+        """Forget the longest-silent ended rank (of ``job`` when given); False when none."""
+        ended = [st for st in self.ranks.values() if (job is None or st.key.job == job)
+                 and (st.bye is not None or now - st.last_recv > _limit(_median_step(st)))]
+        if not ended:
+            return False
+        self._forget(min(ended, key=lambda st: st.last_recv))
+        self.ranks_evicted_for_room += 1
+        return True
+
+    def _forget(self, st: RankState) -> None:
+        del self.ranks[st.key]
+        self._job_sizes[st.key.job] -= 1
+        if self._job_sizes[st.key.job] <= 0:
+            del self._job_sizes[st.key.job]
 
     def _on_step(self, st: RankState, f: Any, now: float) -> None:
         step = int(f["step"])
@@ -287,6 +330,7 @@ class Model:
             received=self.received,
             rejected=self.rejected,
             rejected_reasons=dict(self.rejected_reasons),
+            ranks_evicted_for_room=self.ranks_evicted_for_room,
         )
 
     def _job_snapshot(self, job: str, states: list[RankState], now: float) -> JobSnapshot:
@@ -362,7 +406,7 @@ class Model:
                     newest[st.key.rank] = max(newest.get(st.key.rank, st.key.inc), st.key.inc)
                 gone = [st for st in gone if st.key.inc < newest[st.key.rank]]
             for st in gone:
-                del self.ranks[st.key]
+                self._forget(st)
 
 
 def _implausible(st: RankState, msg: Message, now: float) -> str:

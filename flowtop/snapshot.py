@@ -156,6 +156,8 @@ class MonitorSnapshot:
     received: int
     rejected: int
     rejected_reasons: Mapping[str, int] = field(default_factory=dict)
+    #: Ended ranks forgotten early to admit new ones at the monitor's caps (flowtop.limits).
+    ranks_evicted_for_room: int = 0
 
 
 def _clean(obj: Any) -> Any:
@@ -241,6 +243,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "received": snap.received,
             "rejected": snap.rejected,
             "rejected_reasons": dict(snap.rejected_reasons),
+            "ranks_evicted_for_room": snap.ranks_evicted_for_room,
             "jobs": jobs,
         }
     )

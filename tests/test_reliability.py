@@ -287,3 +287,36 @@ def test_a_full_disk_at_exit_still_prints_the_snapshot(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert "recording /dev/full is incomplete: No space left on device" in proc.stderr
     assert proc.returncode == 1  # the recording asked for is not whole
+
+
+def test_forged_rank_floods_are_capped_and_counted() -> None:
+    from flowtop.limits import Limits
+    from flowtop.model import Model
+
+    model = Model(limits=Limits(max_jobs=3, max_ranks_per_job=50, max_ranks=120, new_ranks_per_s=100, new_ranks_burst=200))
+    t = 1000.0
+
+    def hello(job: str, rank: int, now: float) -> None:
+        key = wire.RankKey(job, "h", 1000 + rank, rank, 0)
+        model.ingest(wire.decode(_frame("step", key, 0, **_step_fields(1))), now)
+
+    for r in range(80):  # one job: 50 admitted, 30 refused (per-job cap, nobody has ended)
+        hello("a", r, t)
+    assert len(model.ranks) == 50 and model.rejected == 30
+    for j in ("b", "c", "d"):  # a fourth job is over the job cap
+        hello(j, 0, t)
+    assert {k.job for k in model.ranks} == {"a", "b", "c"} and model.rejected == 31
+    # The bucket held 200 and 83 were taken (every new key takes one, admitted or not): of 200
+    # more in the same instant, 117 pass the rate (49 admitted to b, 68 over b's cap), 83 do not.
+    for r in range(200):
+        hello("b", 1000 + r, t)
+    assert model.rejected_reasons["new rank refused: more new ranks per second than the monitor admits"] == 83
+    assert model.rejected_reasons["new rank refused: the monitor's rank or job limit is reached"] == 30 + 1 + 68  # a, d, b
+    # Later, job a's ranks have gone silent (stale): a new rank of a takes the longest-silent one's place.
+    key0 = wire.RankKey("a", "h", 1000, 0, 0)
+    before = model.ranks[key0].last_recv
+    hello("a", 999, t + 60)
+    assert len([k for k in model.ranks if k.job == "a"]) == 50 and model.ranks_evicted_for_room == 1
+    assert before == t and key0 not in model.ranks  # the oldest silent one went first
+    snap = model.snapshot(t + 60)
+    assert snap.ranks_evicted_for_room == 1 and snap.rejected == model.rejected
