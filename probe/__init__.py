@@ -90,6 +90,7 @@ def _attach_now(
         _probe = p
         p.install()
         atexit.register(_at_exit)
+        _say_bye_on_sigterm()
         return True
     except Exception as exc:
         warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
@@ -188,6 +189,31 @@ def _current() -> Any:
 
 def _at_exit() -> None:
     detach("exit")
+
+
+def _say_bye_on_sigterm() -> None:
+    """SIGTERM (torchrun tearing a job down, Slurm's scancel) ends Python without atexit, so the
+    rank would only ever look stale. Where nobody handles SIGTERM, say bye first, then die of
+    the signal as before (same exit status). A handler of the user's is left alone."""
+    import signal
+    import threading
+
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def on_term(signum: int, frame: Any) -> None:
+            try:
+                detach("SIGTERM")
+            finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_term)
+    except Exception as exc:  # never into training
+        warn_once("sigterm", f"no bye on SIGTERM: {exc}")
 
 
 def _after_fork_in_child() -> None:

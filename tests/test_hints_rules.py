@@ -398,4 +398,11 @@ def test_hang_all_names_the_silent_rank() -> None:
                             "6 s (stopped, dead or its host is down) while the others wait")
     both = job(dataclasses.replace(waiting, status="stale", age_s=6.0), stopped)
     hint = find(HintEngine(small_hang_rules()).evaluate(both, 0.0), "hang_all")
-    assert hint.evidence["silent_ranks"] == [0, 1] and "nothing heard" not in hint.summary
+    assert hint.evidence["silent_ranks"] == [0, 1]
+    assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from ranks 0, 1 for "
+                            "6 s (stopped, dead or its host is down)")  # nobody waits: no "others"
+    # A SIGKILLed rank whose peer already ended: named, and not "all 1 ranks".
+    done = dataclasses.replace(waiting, status="done")
+    hint = find(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), "hang_all")
+    assert hint.summary == ("the 1 running rank (of 2; the others ended) stopped at step 10: no step for 6 s; "
+                            "nothing heard from rank 1 for 6 s (stopped, dead or its host is down)")

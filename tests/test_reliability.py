@@ -320,3 +320,22 @@ def test_forged_rank_floods_are_capped_and_counted() -> None:
     assert before == t and key0 not in model.ranks  # the oldest silent one went first
     snap = model.snapshot(t + 60)
     assert snap.ranks_evicted_for_room == 1 and snap.rejected == model.rejected
+
+
+def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path: Path) -> None:
+    import signal
+
+    script = tmp_path / "train.py"
+    script.write_text(HIJACKED)
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
+    proc = subprocess.Popen([sys.executable, str(script), "60"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > 10, 60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == -signal.SIGTERM  # it still dies of the signal, as without the probe
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "done", 10)
+        assert snap.jobs[0].ranks[0].bye_reason == "SIGTERM" and snap.jobs[0].status == "done"
+    finally:
+        proc.kill()
+        proc.wait(10)

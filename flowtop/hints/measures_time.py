@@ -70,13 +70,21 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     # goes stale. When only some ranks are silent, they are the ones the others wait for.
     silent = [r for r in ranks if r.status == "stale"]
     ev["silent_ranks"] = [r.rank for r in silent]
-    text: dict[str, str] = {}
-    if 0 < len(silent) < len(ranks):
+    text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(latest_ranks(job)))}
+    if silent:  # a dead rank is named even when it is the only one left
         ev["silent_s"] = max(r.age_s for r in silent)
         names = ", ".join(str(r.rank) for r in silent[:8]) + (" …" if len(silent) > 8 else "")
         text["silent"] = ("rank " if len(silent) == 1 else "ranks ") + names
+        text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
     return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step, text=text,
-                            variant="silent" if text else "")}
+                            variant="silent" if silent else "")}
+
+
+def _ranks_phrase(running: int, shown: int) -> str:
+    """Who stopped, counted truthfully: "all 4 ranks", "the only rank", "the 1 running rank (of 2)"."""
+    if running == shown:
+        return "the only rank" if running == 1 else f"all {running} ranks"
+    return f"the {running} running rank{'s' if running != 1 else ''} (of {shown}; the others ended)"
 
 
 #: A telemetry reading older than this says nothing about the device now (the probe samples

@@ -32,13 +32,13 @@ RULES: tuple[Rule, ...] = (
         clear=0.5,
         window_steps=0,
         window_s=0.0,
-        summary="all {ranks_n} ranks stopped at step {last_step}: no step for {stalled_s:.0f} s "
+        summary="{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s "
         "(a step usually takes {median_step_time_s:.3g} s)",
         variants={
             # Blocked ranks keep sending heartbeats; a stopped or dead one falls silent.
-            "silent": "all {ranks_n} ranks stopped at step {last_step}: no step for {stalled_s:.0f} s; "
-            "nothing heard from {silent} for {silent_s:.0f} s (stopped, dead or its host is down) "
-            "while the others wait",
+            "silent": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; "
+            "nothing heard from {silent} for {silent_s:.0f} s (stopped, dead or its host is down)"
+            "{others_wait}",
         },
         action="Dump the stacks of all ranks (py-spy dump --pid PID); look for a rank that left a "
         "collective (exception, OOM, uneven batch count); rerun with NCCL_DEBUG=INFO and "
