@@ -127,6 +127,9 @@ class Collector:
         self.kernel_worker: KernelWorker | None = None
         self._auth: Any = None
         self._allow_remote = allow_remote
+        from flowtop.limits import KernelBudget
+
+        self._kernel_budget = KernelBudget(model.limits, time.monotonic)
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
         self.start_error = ""
 
@@ -220,7 +223,7 @@ class Collector:
             except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
                 self._stop_recording(exc)
         try:
-            msg = wire.decode(frame)
+            msg = wire.decode(frame, self._kernel_budget)
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return

@@ -9,6 +9,7 @@ that has already ended (done or stale) makes room, else the frame is refused and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -20,22 +21,54 @@ class Limits:
     max_ranks: int = 65_536
     new_ranks_per_s: float = 1_000.0
     new_ranks_burst: int = 8_192  # a whole large job says hello within a few seconds
+    #: Kernel windows are the only large frames, and validating one costs the monitor's loop
+    #: ~0.2 s per MB: bytes of them per second, per rank and in all, with a burst of a few.
+    kernel_bytes_per_s_rank: float = 1 << 20
+    kernel_burst_rank: int = 20 << 20
+    kernel_bytes_per_s: float = 16 << 20
+    kernel_burst: int = 64 << 20
 
 
 class NewRankBucket:
-    """A token bucket of new rank keys: ``burst`` at once, ``rate`` per second after."""
+    """A token bucket (of new rank keys, of bytes): ``burst`` at once, ``rate`` per second after."""
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate, self.burst = rate, burst
         self._tokens = float(burst)
         self._at: float | None = None
 
-    def take(self, now: float) -> bool:
-        """One new rank at monitor time ``now``; False when over the rate."""
+    def take(self, now: float, amount: float = 1.0) -> bool:
+        """``amount`` at monitor time ``now``; False (nothing taken) when over the rate."""
         if self._at is not None:
             self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
         self._at = now
-        if self._tokens < 1.0:
+        if self._tokens < amount:
             return False
-        self._tokens -= 1.0
+        self._tokens -= amount
         return True
+
+
+class KernelBudget:
+    """Admits kernels frames within per-rank and overall byte rates (a ``probe.wire.Admit``)."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
+        self._limits = limits
+        self._clock = clock
+        self._all = NewRankBucket(limits.kernel_bytes_per_s, limits.kernel_burst)
+        self._ranks: dict[object, NewRankBucket] = {}
+
+    def __call__(self, key: object, kind: str, size: int) -> str:
+        if kind != "kernels":
+            return ""
+        now = self._clock()
+        lim = self._limits
+        bucket = self._ranks.get(key)
+        if bucket is None:
+            if len(self._ranks) >= lim.max_ranks:
+                self._ranks.clear()  # forged keys must not grow this map: start afresh
+            bucket = self._ranks[key] = NewRankBucket(lim.kernel_bytes_per_s_rank, lim.kernel_burst_rank)
+        if not bucket.take(now, size):
+            return "kernel window refused: over the per-rank kernel byte rate"
+        if not self._all.take(now, size):
+            return "kernel window refused: over the monitor's kernel byte rate"
+        return ""

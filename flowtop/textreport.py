@@ -40,6 +40,10 @@ def render(snap: MonitorSnapshot) -> str:
                 f"  {r.rank:>4} {r.host[:16]:<16} {r.step:>7} {seconds(r.step_time_s):>9} {si(r.tokens_per_s):>8} "
                 f"{flops_rate(rf.flops_per_s if rf else None):>10} {pct(rf.mfu if rf else None):>6}  {r.status}"
             )
+        lost = sum(r.lost_messages for r in job.ranks)
+        dropped = sum(r.dropped_messages for r in job.ranks)
+        if lost or dropped:
+            lines.append(f"  messages: {lost} lost in transit (sequence gaps), {dropped} dropped by the probes' queues")
         for h in job.hints:
             lines.append(f"  [{h.severity}] {h.summary} -> {h.action}")
     return "\n".join(lines)

@@ -183,6 +183,24 @@ def records_from_kineto(events: Any, trace_start_ns: int) -> dict[str, Any]:
 # --- the sampler -------------------------------------------------------------------------------
 
 
+def _release(prof: Any) -> None:
+    """Drop the session's results now: torch's profile objects sit in reference cycles, so
+    without this a session's event storage (MBs) stays until the next full GC (the RSS of a
+    long run rose ~90 MB per 100 windowed steps between collections)."""
+    inner = getattr(prof, "profiler", None)
+    if inner is not None:
+        for name in ("kineto_results", "function_events", "_function_events"):
+            if hasattr(inner, name):
+                try:
+                    setattr(inner, name, None)
+                except Exception:
+                    pass
+    try:
+        prof.profiler = None
+    except Exception:
+        pass
+
+
 class KernelWindowSampler:
     """Profiles one whole step when due; call :meth:`begin_step`/:meth:`end_step` at boundaries.
 
@@ -326,6 +344,7 @@ class KernelWindowSampler:
                 return None
             window = records_from_kineto(events, results.trace_start_ns())
             del events, results
+            _release(prof)
             self._account_memory()
             done = time.perf_counter()
             typical = typical_step_s if typical_step_s is not None else self.typical_step_s

@@ -329,7 +329,12 @@ def encode(kind: str, key: RankKey, seq: int, sent_at: float, fields: Mapping[st
     return msgpack.packb(body, use_bin_type=True)
 
 
-def decode(frame: bytes) -> Message:
+#: Asked before a frame's fields are validated: (key, kind, frame bytes) -> "" to go on, or why
+#: the frame is refused (validating a large kernels frame is the costly part of a decode).
+Admit = Callable[[RankKey, str, int], str]
+
+
+def decode(frame: bytes, admit: Admit | None = None) -> Message:
     """Unpack and validate one frame; raise :class:`WireError` with a reason."""
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise WireError("frame is not bytes")
@@ -359,6 +364,11 @@ def decode(frame: bytes) -> Message:
             raise WireError(f"{kind}: missing envelope field {name!r}")
         if not check(obj[name]):
             raise WireError(f"{kind}: bad envelope field {name!r}")
+    key = RankKey(obj["job"], obj["host"], obj["pid"], obj["rank"], obj["inc"])
+    if admit is not None:
+        why = admit(key, kind, len(frame))
+        if why:
+            raise WireError(why)
     fields: dict[str, Any] = {}
     for name, (required, check) in schema.items():
         if name not in obj:
@@ -368,7 +378,6 @@ def decode(frame: bytes) -> Message:
         if not check(obj[name]):
             raise WireError(f"{kind}: bad value for {name!r}")
         fields[name] = obj[name]
-    key = RankKey(obj["job"], obj["host"], obj["pid"], obj["rank"], obj["inc"])
     return Message(kind=kind, key=key, seq=obj["seq"], sent_at=float(obj["t"]), fields=fields)
 
 

@@ -339,3 +339,43 @@ def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_frames_lost_in_transit_are_counted_and_shown() -> None:
+    """Frames queued in a pipe that dropped (a slow monitor reconnected) never arrive; the probe
+    cannot know, so the monitor counts its sequence gaps and says so with the probe's drops."""
+    from flowtop.model import Model
+    from flowtop.textreport import render
+    from flowtop.widgets.job_header import JobHeader
+
+    model = Model()
+    key = wire.RankKey("j", "h", 1, 0, 0)
+    for seq, step in ((0, 1), (1, 2), (77, 3), (78, 4)):  # 75 frames vanished with the old pipe
+        fields = dict(_step_fields(step), drops=3)
+        model.ingest(wire.decode(_frame("step", key, seq, **fields)), 1.0 + step * 0.01)
+    snap = model.snapshot(1.1)
+    r = snap.jobs[0].ranks[0]
+    assert (r.lost_messages, r.dropped_messages) == (75, 3)
+    assert "messages: 75 lost in transit (sequence gaps), 3 dropped by the probes' queues" in render(snap)
+    assert " lost 78" in JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain
+
+
+def test_kernel_frames_beyond_the_byte_rate_are_refused_before_validation() -> None:
+    from flowtop.limits import KernelBudget, Limits
+
+    t = [0.0]
+    budget = KernelBudget(Limits(kernel_bytes_per_s_rank=1000, kernel_burst_rank=5000, kernel_bytes_per_s=1500,
+                                 kernel_burst=8000), lambda: t[0])
+    a, b = wire.RankKey("j", "h", 1, 0, 0), wire.RankKey("j", "h", 2, 1, 0)
+    assert budget(a, "step", 10**9) == ""  # only kernels frames are metered
+    assert budget(a, "kernels", 4000) == "" and "per-rank" in budget(a, "kernels", 2000)
+    assert budget(b, "kernels", 4000) == "" and "monitor's" in budget(b, "kernels", 1000)  # 8000 - 8000
+    t[0] = 2.0  # 2 s later: a has 1000 + 2000 = 3000 of its own, the monitor 3000
+    assert budget(a, "kernels", 3000) == "" and budget(b, "kernels", 1) != ""
+    # Through a real decode: refused before the (costly) record validation, with the reason.
+    frame = wire.encode("kernels", a, 0, 1.0, {"window": 1, "step": 1, "device": "cpu", "step_dur_us": 1.0,
+                                              "names": [], "ops": "not even valid", "acts": []})
+    with pytest.raises(wire.WireError, match="per-rank kernel byte rate"):
+        wire.decode(frame, budget)
+    with pytest.raises(wire.WireError, match="ops"):
+        wire.decode(frame)

@@ -79,6 +79,9 @@ class JobHeader(Static):
         out.append(job.status, style=STATUS_STYLE.get(job.status, "yellow"))
         rejected = f" rej {snap.rejected}" if snap.rejected else ""
         out.append(f"  rx {fmt_int(snap.received)}{rejected}", style="dim")
+        lost = sum(r.lost_messages + r.dropped_messages for r in job.ranks)
+        if lost:  # gaps in sequence numbers (lost in transit) + the probes' own queue drops
+            out.append(f" lost {fmt_int(lost)}", style="red")
         out.append("\n")
         out.append("step time ", style="dim")
         out.append(fmt_time(job.step_time_s))
