@@ -24,9 +24,9 @@ class Limits:
     #: Kernel windows are the only large frames, and validating one costs the monitor's loop
     #: ~0.2 s per MB: bytes of them per second, per rank and in all, with a burst of a few.
     kernel_bytes_per_s_rank: float = 1 << 20
-    kernel_burst_rank: int = 20 << 20
-    kernel_bytes_per_s: float = 16 << 20
-    kernel_burst: int = 64 << 20
+    kernel_burst_rank: int = 10 << 20  # one frame of the largest size (8 MB) fits
+    kernel_bytes_per_s: float = 2 << 20  # ≤ ~0.4 s of validation per second on the loop
+    kernel_burst: int = 32 << 20
 
 
 class NewRankBucket:

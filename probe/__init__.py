@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from probe._log import warn_once
@@ -41,32 +42,34 @@ def attach(
     ``FLOWTOP_*``); ``flops_per_token`` gives the model-FLOPs estimate per token
     when the model's structure does not reveal it.
     """
-    global _probe, _fork_hook_installed
+    args = _AttachArgs(job, rank, world_size, local_rank, addr, flops_per_token)
     if _probe is None and _in_multiprocessing_child():
         # A spawn/forkserver child re-runs the parent's main module, so a top-level attach()
         # runs in every DataLoader worker too, which would then say hello as a rank of its
         # own. Here attach waits for this process to build an optimizer: workers never do,
         # and an mp.spawn training rank does before its first step.
-        _defer_to_first_optimizer(dict(job=job, rank=rank, world_size=world_size, local_rank=local_rank,
-                                       addr=addr, flops_per_token=flops_per_token))
+        _defer_to_first_optimizer(args)
         return False
-    return _attach_now(job=job, rank=rank, world_size=world_size, local_rank=local_rank, addr=addr,
-                       flops_per_token=flops_per_token)
+    return _attach_now(args)
 
 
-def _attach_now(
-    *,
-    job: str | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    local_rank: int | None = None,
-    addr: str | None = None,
-    flops_per_token: float | None = None,
-) -> bool:
+@dataclass(frozen=True)
+class _AttachArgs:
+    """What :func:`attach` was told (kept for a deferred attach)."""
+
+    job: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    addr: str | None = None
+    flops_per_token: float | None = None
+
+
+def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
     """:func:`attach` without the multiprocessing-child check (the first optimizer was built)."""
     global _probe, _fork_hook_installed
     if _probe is not None:
-        if any(v is not None for v in (job, rank, world_size, local_rank, addr, flops_per_token)):
+        if args != _AttachArgs():
             warn_once("reattach", "probe.attach(...) arguments ignored: the probe was already attached "
                       "(by flowtop run at the first optimizer); set FLOWTOP_* variables instead")
         return True
@@ -80,13 +83,14 @@ def _attach_now(
         cfg = config.from_env()
         if not cfg.enabled:
             return False
-        if addr is not None:
-            cfg = config.from_env({**os.environ, "FLOWTOP_ADDR": addr})
+        if args.addr is not None:
+            cfg = config.from_env({**os.environ, "FLOWTOP_ADDR": args.addr})
         if not _fork_hook_installed:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _fork_hook_installed = True
-        ident = identity.from_env(job=job, rank=rank, world_size=world_size, local_rank=local_rank)
-        p = Probe(cfg, ident, flops_per_token)
+        ident = identity.from_env(job=args.job, rank=args.rank, world_size=args.world_size,
+                                  local_rank=args.local_rank)
+        p = Probe(cfg, ident, args.flops_per_token)
         _probe = p
         p.install()
         atexit.register(_at_exit)
@@ -115,14 +119,14 @@ def _in_multiprocessing_child() -> bool:
         return False
 
 
-_deferred: dict[str, Any] | None = None
+_deferred: _AttachArgs | None = None
 
 
-def _defer_to_first_optimizer(kwargs: dict[str, Any]) -> None:
-    """Attach (with ``kwargs``) when this process builds its first torch optimizer."""
+def _defer_to_first_optimizer(args: _AttachArgs) -> None:
+    """Attach (with ``args``) when this process builds its first torch optimizer."""
     global _deferred
     first = _deferred is None
-    _deferred = kwargs
+    _deferred = args
     if not first:
         return
     try:
@@ -145,10 +149,9 @@ def _defer_to_first_optimizer(kwargs: dict[str, Any]) -> None:
 def _attach_deferred() -> None:
     if _probe is not None or _deferred is None:
         return
-    kwargs = _deferred
     try:
         # A training rank (it builds an optimizer), not a worker: attach for real.
-        _attach_now(**kwargs)
+        _attach_now(_deferred)
     except Exception as exc:
         warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
 

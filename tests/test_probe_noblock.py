@@ -15,7 +15,7 @@ from probe.wire import RankKey
 
 def test_publish_is_constant_time_and_bounded_when_nobody_listens() -> None:
     port = free_port_pair()
-    pub = Publisher(RankKey("j", "h", 1, 0, 0), f"tcp://127.0.0.1:{port}", None, queue_size=100, max_age_s=0.2)
+    pub = Publisher(RankKey("j", "h", 1, 0, 0), f"tcp://127.0.0.1:{port}", queue_size=100, max_age_s=0.2)
     pub.start()
     try:
         n = 20_000
@@ -86,7 +86,7 @@ def test_no_monitor_training_speed_and_prompt_exit(tmp_path) -> None:
 def test_oversized_message_is_dropped_not_sent(monitor) -> None:
     from probe import wire
 
-    pub = Publisher(RankKey("big", "h", 1, 0, 0), monitor.listen, None)
+    pub = Publisher(RankKey("big", "h", 1, 0, 0), monitor.listen)
     pub.start()
     try:
         pub.publish("step", {"step": 1, "wall_s": 0.1, "tokens": 1, "drops": 0, "pad": "x" * (wire.MAX_FRAME_BYTES + 1)})

@@ -214,16 +214,21 @@ def _frame(kind: str, key: wire.RankKey, seq: int, **fields: object) -> bytes:
     return wire.encode(kind, key, seq, time.time(), fields)
 
 
+def _quiet_training(monitor: MonitorThread, tmp_path: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """A probed training of ``seconds`` with steps only (no windows, counts or telemetry)."""
+    script = tmp_path / "train.py"
+    script.write_text(HIJACKED)
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
+    return subprocess.Popen([sys.executable, str(script), str(seconds)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
 def _step_fields(step: int) -> dict[str, object]:
     return {"step": step, "wall_s": 0.01, "tokens": 16, "drops": 0}
 
 
 def test_a_forged_step_far_ahead_is_rejected_and_the_real_rank_goes_on(monitor: MonitorThread, tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(HIJACKED)
-    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
-    proc = subprocess.Popen([sys.executable, str(script), "8"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = _quiet_training(monitor, tmp_path, 8)
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
@@ -325,11 +330,7 @@ def test_forged_rank_floods_are_capped_and_counted() -> None:
 def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path: Path) -> None:
     import signal
 
-    script = tmp_path / "train.py"
-    script.write_text(HIJACKED)
-    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
-    proc = subprocess.Popen([sys.executable, str(script), "60"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = _quiet_training(monitor, tmp_path, 60)
     try:
         monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > 10, 60)
         proc.send_signal(signal.SIGTERM)
