@@ -122,6 +122,8 @@ class Collector:
         self._ctx: zmq.asyncio.Context | None = None
         self._sub: Any = None
         self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
+        self._events: Any = None  # the XSUB's socket monitor (failed handshakes), synchronous
+        self._events_async: Any = None
         self._task: asyncio.Task[None] | None = None
         #: Builds kernel windows off the loop, when the model has them.
         self.kernel_worker: KernelWorker | None = None
@@ -175,6 +177,10 @@ class Collector:
             self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
             raise AddressError(self.start_error) from None
         self._sub = sub
+        # Failed handshakes (a wrong CURVE key) are counted like rejected frames, not lost.
+        events = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self._events_async = events  # owns the socket; read through a synchronous shadow
+        self._events = zmq.Socket.shadow(events.underlying)
         self._send = zmq.Socket.shadow(sub.underlying)
         self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
         if self.model.builds_kernels:
@@ -213,7 +219,23 @@ class Collector:
                 except zmq.Again:
                     break
                 self.handle_frame(frame, now)
+            self._handshake_failures()
             await asyncio.sleep(0)
+
+    def _handshake_failures(self) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        for _ in range(64):
+            try:
+                event = parse_monitor_message(self._events.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except Exception:  # a malformed monitor message: nothing to count
+                continue
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.model.reject("handshake refused: a probe's CURVE key is not in the monitor's clients/")
+            else:
+                self.model.reject("handshake failed: a probe without CURVE keys, or with mismatched ones")
 
     def handle_frame(self, frame: bytes, now: float) -> None:
         """Decode one frame and apply it; a bad frame is counted, never raised."""
@@ -269,6 +291,9 @@ class Collector:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._events is not None:
+            self._sub.disable_monitor()
+            self._events_async.close(0)
         if self._sub is not None:
             self._sub.close(0)
         if self._auth is not None:

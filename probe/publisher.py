@@ -285,7 +285,8 @@ class _Link:
         self._zmq = zmq
         self._sock = sock
         self._recv_event = recv_monitor_message
-        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | self._failed)
         self.connections = 0
         self.subscriptions = 0
         self._commands: list[bytes] = []
@@ -312,6 +313,12 @@ class _Link:
                 break
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connections += 1
+            elif event["event"] & self._failed:
+                # Otherwise a wrong or missing CURVE key looks exactly like "no monitor there".
+                why = ("refused this probe's CURVE key: add its client.key to the monitor's clients/ directory"
+                       if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
+                       "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
+                warn_once("handshake", f"the monitor at {event.get('endpoint', b'')!r:.80} {why}; nothing is sent")
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.connections = max(0, self.connections - 1)
                 if self.connections == 0:

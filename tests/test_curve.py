@@ -71,3 +71,35 @@ def test_only_probes_with_the_client_key_get_in(tmp_path: Path) -> None:
         assert snap.jobs[0].ranks[0].step == 5
     finally:
         mon.close()
+
+
+def test_a_wrong_client_key_is_said_on_both_sides(tmp_path: Path) -> None:
+    import shutil
+
+    import zmq.auth
+    from monitor_thread import MonitorThread
+
+    from conftest import probed_env
+    from flowtop.collector import Collector
+    from flowtop.demo.launch import free_port_pair
+    from flowtop.wiring import make_model
+
+    d = keys.create(tmp_path / "k")
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    shutil.copy(d / "server.key", stranger / "server.key")  # the right monitor, an unknown client key
+    zmq.auth.create_certificates(str(stranger), "client")
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    try:
+        script = tmp_path / "t.py"
+        script.write_text(SCRIPT + "\nimport time\ntime.sleep(1.5)  # the handshake is tried meanwhile\n")
+        env = probed_env(listen, FLOWTOP_JOB="stranger", FLOWTOP_CURVE_DIR=str(stranger))
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "refused this probe's CURVE key" in out.stderr
+        snap = mon.wait_for(lambda s: s.rejected > 0, 10)
+        assert not snap.jobs
+        assert any(why.startswith("handshake refused") for why in snap.rejected_reasons)
+    finally:
+        mon.close()
