@@ -291,6 +291,7 @@ class Collector:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        self._send = None  # a shadow of the socket closed below
         if self._events is not None:
             self._sub.disable_monitor()
             self._events_async.close(0)

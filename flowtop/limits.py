@@ -14,7 +14,9 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class Limits:
-    """The monitor's caps (defaults fit one 4,096-rank job with restarts, and many small ones)."""
+    """The monitor's caps. Rank caps fit one 4,096-rank job with restarts and many small ones;
+    the overall kernel byte rate fits about 30 ranks' windows at once (validation still runs on
+    the event loop), so larger jobs get some ranks' tables per aligned window, not all."""
 
     max_jobs: int = 256
     max_ranks_per_job: int = 16_384
@@ -70,5 +72,6 @@ class KernelBudget:
         if not bucket.take(now, size):
             return "kernel window refused: over the per-rank kernel byte rate"
         if not self._all.take(now, size):
+            bucket.take(now, -size)  # not spent: the rank's own allowance is given back
             return "kernel window refused: over the monitor's kernel byte rate"
         return ""

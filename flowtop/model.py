@@ -92,6 +92,7 @@ class Model:
         self.ranks: dict[RankKey, RankState] = {}
         self.limits = limits or Limits()
         self._new_ranks = NewRankBucket(self.limits.new_ranks_per_s, self.limits.new_ranks_burst)
+        self._room_scans = NewRankBucket(10.0, 10)
         self._job_sizes: collections.Counter[str] = collections.Counter()
         #: Ranks forgotten early to make room for new ones at a cap (the longest silent first).
         self.ranks_evicted_for_room = 0
@@ -194,32 +195,58 @@ class Model:
         if not self._new_ranks.take(now):
             self.reject("new rank refused: more new ranks per second than the monitor admits")
             return False
-        job_full = self._job_sizes[key.job] >= lim.max_ranks_per_job
-        new_job = key.job not in self._job_sizes
-        if job_full or len(self.ranks) >= lim.max_ranks or (new_job and len(self._job_sizes) >= lim.max_jobs):
-            if not self._make_room(key.job if job_full else None, now):
-                self.reject("new rank refused: the monitor's rank or job limit is reached")
-                return False
-            if new_job and len(self._job_sizes) >= lim.max_jobs:
+        if key.job not in self._job_sizes and len(self._job_sizes) >= lim.max_jobs:
+            if not self._make_room(now, whole_job=True):
                 self.reject("new rank refused: the monitor's job limit is reached")
                 return False
+        if self._job_sizes[key.job] >= lim.max_ranks_per_job:
+            if not self._make_room(now, job=key.job):
+                self.reject("new rank refused: the job's rank limit is reached")
+                return False
+        elif len(self.ranks) >= lim.max_ranks and not self._make_room(now):
+            self.reject("new rank refused: the monitor's rank limit is reached")
+            return False
         return True
 
-    def _make_room(self, job: str | None, now: float) -> bool:
-        """Forget the longest-silent ended rank (of ``job`` when given); False when none."""
-        ended = [st for st in self.ranks.values() if (job is None or st.key.job == job)
-                 and (st.bye is not None or now - st.last_recv > _limit(_median_step(st)))]
-        if not ended:
+    def _make_room(self, now: float, job: str | None = None, whole_job: bool = False) -> bool:
+        """Forget the longest-silent ended rank (of ``job`` when given), or with ``whole_job`` the
+        longest-silent job whose ranks have all ended; False when there is none.
+
+        A scan of every rank costs ~60 ms at 65 k ranks: scans are rate-limited too, so a flood
+        at a cap is refused without one."""
+        if not self._room_scans.take(now):
             return False
-        self._forget(min(ended, key=lambda st: st.last_recv))
+        def ended(st: RankState) -> bool:
+            return st.bye is not None or now - st.last_recv > _limit(_median_step(st))
+
+        if whole_job:
+            by_job: dict[str, list[RankState]] = collections.defaultdict(list)
+            for st in self.ranks.values():
+                by_job[st.key.job].append(st)
+            done = [states for states in by_job.values() if all(ended(st) for st in states)]
+            if not done:
+                return False
+            for st in max(done, key=lambda states: now - max(st.last_recv for st in states)):
+                self._forget(st)
+                self.ranks_evicted_for_room += 1
+            return True
+        candidates = [st for st in self.ranks.values() if (job is None or st.key.job == job) and ended(st)]
+        if not candidates:
+            return False
+        self._forget(min(candidates, key=lambda st: st.last_recv))
         self.ranks_evicted_for_room += 1
         return True
 
     def _forget(self, st: RankState) -> None:
         del self.ranks[st.key]
-        self._job_sizes[st.key.job] -= 1
-        if self._job_sizes[st.key.job] <= 0:
-            del self._job_sizes[st.key.job]
+        job = st.key.job
+        self._job_sizes[job] -= 1
+        if self._job_sizes[job] <= 0:
+            del self._job_sizes[job]
+            self._merged.pop(job, None)
+            forget = getattr(self._hint_engine, "forget", None)
+            if forget is not None:
+                forget(job)
 
     def _on_step(self, st: RankState, f: Any, now: float) -> None:
         step = int(f["step"])
@@ -394,11 +421,7 @@ class Model:
         for states in by_job.values():
             gone = [st for st in states if _gone(st, now)]
             if len(gone) == len(states):
-                self.evicted_jobs += 1
-                self._merged.pop(states[0].key.job, None)
-                forget = getattr(self._hint_engine, "forget", None)
-                if forget is not None:
-                    forget(states[0].key.job)
+                self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
             else:
                 # Only old incarnations the view no longer shows (a newer one of the rank exists).
                 newest: dict[int, int] = {}

@@ -43,7 +43,8 @@ def render(snap: MonitorSnapshot) -> str:
         lost = sum(r.lost_messages for r in job.ranks)
         dropped = sum(r.dropped_messages for r in job.ranks)
         if lost or dropped:
-            lines.append(f"  messages: {lost} lost in transit (sequence gaps), {dropped} dropped by the probes' queues")
+            lines.append(f"  messages: {lost} missing (sequence gaps: lost in transit or refused here), "
+                         f"{dropped} dropped by the probes' queues")
         for h in job.hints:
             lines.append(f"  [{h.severity}] {h.summary} -> {h.action}")
     return "\n".join(lines)

@@ -43,7 +43,7 @@ def attach(
     when the model's structure does not reveal it.
     """
     args = _AttachArgs(job, rank, world_size, local_rank, addr, flops_per_token)
-    if _probe is None and _in_multiprocessing_child():
+    if _probe is None and _reimporting_main_in_child():
         # A spawn/forkserver child re-runs the parent's main module, so a top-level attach()
         # runs in every DataLoader worker too, which would then say hello as a rank of its
         # own. Here attach waits for this process to build an optimizer: workers never do,
@@ -94,7 +94,8 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
         _probe = p
         p.install()
         atexit.register(_at_exit)
-        _say_bye_on_sigterm()
+        if cfg.bye_on_sigterm:
+            _say_bye_on_sigterm()
         return True
     except Exception as exc:
         warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
@@ -107,14 +108,14 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
         return False
 
 
-def _in_multiprocessing_child() -> bool:
+def _reimporting_main_in_child() -> bool:
     try:
         import multiprocessing
 
-        # While a spawn/forkserver child re-imports the main module, parent_process() is still
-        # None; the child's process object says it is inheriting from its parent then.
-        return (multiprocessing.parent_process() is not None
-                or bool(getattr(multiprocessing.current_process(), "_inheriting", False)))
+        # Only while a spawn/forkserver child re-imports the parent's main module (its process
+        # object says it is inheriting then): an attach() inside an mp.spawn rank's function
+        # attaches at once.
+        return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
     except Exception:
         return False
 
@@ -147,11 +148,13 @@ def _defer_to_first_optimizer(args: _AttachArgs) -> None:
 
 
 def _attach_deferred() -> None:
-    if _probe is not None or _deferred is None:
+    global _deferred
+    args, _deferred = _deferred, None
+    if _probe is not None or args is None:
         return
     try:
         # A training rank (it builds an optimizer), not a worker: attach for real.
-        _attach_now(_deferred)
+        _attach_now(args)
     except Exception as exc:
         warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
 
@@ -197,7 +200,10 @@ def _at_exit() -> None:
 def _say_bye_on_sigterm() -> None:
     """SIGTERM (torchrun tearing a job down, Slurm's scancel) ends Python without atexit, so the
     rank would only ever look stale. Where nobody handles SIGTERM, say bye first, then die of
-    the signal as before (same exit status). A handler of the user's is left alone."""
+    the signal as before (same exit status). A handler of the user's is left alone.
+
+    Opt-in (FLOWTOP_BYE_ON_SIGTERM=1): a Python handler runs only when the main thread is back
+    in Python, so a rank hung inside a collective would no longer die of SIGTERM at once."""
     import signal
     import threading
 

@@ -108,10 +108,11 @@ class WindowScheduler:
 
     def record(self, step: int, now_s: float, cost_s: float, typical_step_s: float | None) -> int:
         """Account a window taken at ``step``; returns (and keeps) the next interval in steps."""
-        self.requested = False
-        self._anchor_step, self._anchor_s = step, now_s
+        # The rate limit's inputs first: the sender thread may test a request in between.
         self._last_cost_s, self._last_typical_s = max(0.0, cost_s), typical_step_s
         self._last_window_s = now_s
+        self.requested = False
+        self._anchor_step, self._anchor_s = step, now_s
         if typical_step_s is None or typical_step_s <= 0:
             steps = self.max_interval_steps  # cannot amortise without a step time: the wall cap rules
         else:

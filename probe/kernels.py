@@ -332,6 +332,7 @@ class KernelWindowSampler:
         try:
             prof.stop()
             if step != self._prof_step:
+                self._drop(prof)
                 return None  # boundaries out of order: not one whole step
             results = prof.profiler.kineto_results
             t_conv = time.perf_counter()
@@ -341,11 +342,12 @@ class KernelWindowSampler:
                 # step's table. Drop it before paying for the conversion on the training thread.
                 self.scheduler.record(step, time.monotonic(), time.perf_counter() - self._begin_s, typical_step_s)
                 warn_once("kernels-large", f"kernel window of {len(events)} records dropped (too large to send)")
+                del events, results
+                self._drop(prof)
                 return None
             window = records_from_kineto(events, results.trace_start_ns())
             del events, results
-            _release(prof)
-            self._account_memory()
+            self._drop(prof)
             done = time.perf_counter()
             typical = typical_step_s if typical_step_s is not None else self.typical_step_s
             cost = (done - self._begin_s) - typical if typical else done - t_end
@@ -372,6 +374,11 @@ class KernelWindowSampler:
         except Exception as exc:
             self._fail(exc)
             return None
+
+    def _drop(self, prof: Any) -> None:
+        """Free a stopped session now and count the memory it kept (on every path)."""
+        _release(prof)
+        self._account_memory()
 
     def _account_memory(self) -> None:
         """Trim the heap the session left and count what stays; too much turns windows off.

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Deque
 
-from probe import heap, wire
+from probe import wire
 from probe._log import warn_once
 
 #: A sender-side periodic job (telemetry), called about once a second.
@@ -203,9 +203,6 @@ class Publisher:
                 pending.popleft()
                 self._seq += 1
                 self._sent += 1
-                if kind == "kernels":
-                    del fields
-                    heap.trim()  # the window's records are freed: hand their pages back
             if not sent_all or not listening:
                 self._expire(pending, now)
             if stopping:
@@ -221,6 +218,8 @@ class Publisher:
                     except Exception as exc:
                         warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
             self._handle_control(link.take_commands())
+            self.control_rejected += link.overflow
+            link.overflow = 0
             time.sleep(0.05)  # 20 Hz: fresh enough for a 2 Hz UI, cheap for training
 
     def _expire(self, pending: Deque[tuple[str, float, dict[str, Any]]], now: float) -> None:
@@ -290,6 +289,7 @@ class _Link:
         self.connections = 0
         self.subscriptions = 0
         self._commands: list[bytes] = []
+        self.overflow = 0
 
     def take_commands(self) -> list[bytes]:
         """Command frames received since the last call (at most 16 per poll; more are dropped)."""
@@ -334,4 +334,6 @@ class _Link:
                 self.subscriptions = max(0, self.subscriptions - 1)
             elif len(self._commands) < 16:  # an XSUB's upstream message: a monitor's command
                 self._commands.append(frame)
+            else:
+                self.overflow += 1  # more commands in one poll than anyone needs: counted
         return self.subscriptions if self.connections > 0 else 0

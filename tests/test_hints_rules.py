@@ -404,5 +404,5 @@ def test_hang_all_names_the_silent_rank() -> None:
     # A SIGKILLed rank whose peer already ended: named, and not "all 1 ranks".
     done = dataclasses.replace(waiting, status="done")
     hint = find(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), "hang_all")
-    assert hint.summary == ("the 1 running rank (of 2; the others ended) stopped at step 10: no step for 6 s; "
+    assert hint.summary == ("the 1 running rank (of 2; the other ended) stopped at step 10: no step for 6 s; "
                             "nothing heard from rank 1 for 6 s (stopped, dead or its host is down)")

@@ -214,11 +214,11 @@ def _frame(kind: str, key: wire.RankKey, seq: int, **fields: object) -> bytes:
     return wire.encode(kind, key, seq, time.time(), fields)
 
 
-def _quiet_training(monitor: MonitorThread, tmp_path: Path, seconds: float) -> subprocess.Popen[bytes]:
+def _quiet_training(monitor: MonitorThread, tmp_path: Path, seconds: float, **extra: str) -> subprocess.Popen[bytes]:
     """A probed training of ``seconds`` with steps only (no windows, counts or telemetry)."""
     script = tmp_path / "train.py"
     script.write_text(HIJACKED)
-    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0", **extra)
     return subprocess.Popen([sys.executable, str(script), str(seconds)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -316,7 +316,8 @@ def test_forged_rank_floods_are_capped_and_counted() -> None:
     for r in range(200):
         hello("b", 1000 + r, t)
     assert model.rejected_reasons["new rank refused: more new ranks per second than the monitor admits"] == 83
-    assert model.rejected_reasons["new rank refused: the monitor's rank or job limit is reached"] == 30 + 1 + 68  # a, d, b
+    assert model.rejected_reasons["new rank refused: the job's rank limit is reached"] == 30 + 68  # a, then b
+    assert model.rejected_reasons["new rank refused: the monitor's job limit is reached"] == 1  # d
     # Later, job a's ranks have gone silent (stale): a new rank of a takes the longest-silent one's place.
     key0 = wire.RankKey("a", "h", 1000, 0, 0)
     before = model.ranks[key0].last_recv
@@ -325,12 +326,17 @@ def test_forged_rank_floods_are_capped_and_counted() -> None:
     assert before == t and key0 not in model.ranks  # the oldest silent one went first
     snap = model.snapshot(t + 60)
     assert snap.ranks_evicted_for_room == 1 and snap.rejected == model.rejected
+    # A new job at the job cap takes the place of a job whose ranks have all ended (c, silent the
+    # longest with b), never of a few ended ranks of a job that goes on.
+    hello("b", 5000, t + 61)  # b is heard again (taking a silent b rank's place: full): c is now
+    hello("e", 0, t + 62)      # the longest-silent job whose ranks all ended
+    assert {k.job for k in model.ranks} == {"a", "b", "e"} and model.ranks_evicted_for_room == 3
 
 
 def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path: Path) -> None:
     import signal
 
-    proc = _quiet_training(monitor, tmp_path, 60)
+    proc = _quiet_training(monitor, tmp_path, 60, FLOWTOP_BYE_ON_SIGTERM="1")
     try:
         monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > 10, 60)
         proc.send_signal(signal.SIGTERM)
@@ -357,7 +363,7 @@ def test_frames_lost_in_transit_are_counted_and_shown() -> None:
     snap = model.snapshot(1.1)
     r = snap.jobs[0].ranks[0]
     assert (r.lost_messages, r.dropped_messages) == (75, 3)
-    assert "messages: 75 lost in transit (sequence gaps), 3 dropped by the probes' queues" in render(snap)
+    assert "messages: 75 missing (sequence gaps: lost in transit or refused here), 3 dropped by the probes' queues" in render(snap)
     assert " lost 78" in JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain
 
 

@@ -81,10 +81,12 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
 
 
 def _ranks_phrase(running: int, shown: int) -> str:
-    """Who stopped, counted truthfully: "all 4 ranks", "the only rank", "the 1 running rank (of 2)"."""
+    """Who stopped, counted truthfully: "all 4 ranks", "the only rank", "the 1 running rank (of 2;
+    the other ended)"."""
     if running == shown:
         return "the only rank" if running == 1 else f"all {running} ranks"
-    return f"the {running} running rank{'s' if running != 1 else ''} (of {shown}; the others ended)"
+    others = "the other ended" if shown - running == 1 else "the others ended"
+    return f"the {running} running rank{'s' if running != 1 else ''} (of {shown}; {others})"
 
 
 #: A telemetry reading older than this says nothing about the device now (the probe samples
