@@ -411,3 +411,29 @@ def test_a_window_frees_its_profiler_session_without_waiting_for_gc() -> None:
         assert session() is None  # freed by reference counting, with the collector off
     finally:
         gc.enable()
+
+
+SPAWNED_RANK = textwrap.dedent(
+    """
+    import torch, torch.multiprocessing as mp, probe
+
+    def rank_main(rank):
+        print("attached", probe.attach(job="sp", rank=rank, world_size=1), flush=True)  # at once
+
+    if __name__ == "__main__":
+        mp.spawn(rank_main, nprocs=1)
+    """
+)
+
+
+def test_attach_inside_an_mp_spawn_rank_is_immediate(tmp_path: Path) -> None:
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED_RANK)
+    monitor = MonitorThread()
+    try:
+        proc = subprocess.run([sys.executable, str(script)], env=_plain_env(monitor.listen, FLOWTOP_TELEMETRY="0"),
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        monitor.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "attached True" in proc.stdout
