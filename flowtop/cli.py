@@ -254,7 +254,6 @@ def _print_out(text: str, rc: int) -> int:
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's own flush at exit is quiet
-        return rc
     return rc
 
 

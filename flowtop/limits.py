@@ -31,7 +31,7 @@ class Limits:
     kernel_burst: int = 32 << 20
 
 
-class NewRankBucket:
+class TokenBucket:
     """A token bucket (of new rank keys, of bytes): ``burst`` at once, ``rate`` per second after."""
 
     def __init__(self, rate: float, burst: int) -> None:
@@ -49,6 +49,10 @@ class NewRankBucket:
         self._tokens -= amount
         return True
 
+    def give_back(self, amount: float) -> None:
+        """Return ``amount`` taken for something that was refused elsewhere."""
+        self._tokens = min(self.burst, self._tokens + amount)
+
 
 class KernelBudget:
     """Admits kernels frames within per-rank and overall byte rates (a ``probe.wire.Admit``)."""
@@ -56,8 +60,8 @@ class KernelBudget:
     def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
         self._limits = limits
         self._clock = clock
-        self._all = NewRankBucket(limits.kernel_bytes_per_s, limits.kernel_burst)
-        self._ranks: dict[object, NewRankBucket] = {}
+        self._all = TokenBucket(limits.kernel_bytes_per_s, limits.kernel_burst)
+        self._ranks: dict[object, TokenBucket] = {}
 
     def __call__(self, key: object, kind: str, size: int) -> str:
         if kind != "kernels":
@@ -68,10 +72,10 @@ class KernelBudget:
         if bucket is None:
             if len(self._ranks) >= lim.max_ranks:
                 self._ranks.clear()  # forged keys must not grow this map: start afresh
-            bucket = self._ranks[key] = NewRankBucket(lim.kernel_bytes_per_s_rank, lim.kernel_burst_rank)
+            bucket = self._ranks[key] = TokenBucket(lim.kernel_bytes_per_s_rank, lim.kernel_burst_rank)
         if not bucket.take(now, size):
             return "kernel window refused: over the per-rank kernel byte rate"
         if not self._all.take(now, size):
-            bucket.take(now, -size)  # not spent: the rank's own allowance is given back
+            bucket.give_back(size)  # not spent: the rank's own allowance is given back
             return "kernel window refused: over the monitor's kernel byte rate"
         return ""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque
 
 from flowtop import accounting
-from flowtop.limits import Limits, NewRankBucket
+from flowtop.limits import Limits, TokenBucket
 from flowtop.sanitize import deep
 from flowtop.snapshot import History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
 from probe.wire import Message, RankKey
@@ -91,8 +91,8 @@ class Model:
     ) -> None:
         self.ranks: dict[RankKey, RankState] = {}
         self.limits = limits or Limits()
-        self._new_ranks = NewRankBucket(self.limits.new_ranks_per_s, self.limits.new_ranks_burst)
-        self._room_scans = NewRankBucket(10.0, 10)
+        self._new_ranks = TokenBucket(self.limits.new_ranks_per_s, self.limits.new_ranks_burst)
+        self._room_scans = TokenBucket(10.0, 10)
         self._job_sizes: collections.Counter[str] = collections.Counter()
         #: Ranks forgotten early to make room for new ones at a cap (the longest silent first).
         self.ranks_evicted_for_room = 0
@@ -220,10 +220,7 @@ class Model:
             return st.bye is not None or now - st.last_recv > _limit(_median_step(st))
 
         if whole_job:
-            by_job: dict[str, list[RankState]] = collections.defaultdict(list)
-            for st in self.ranks.values():
-                by_job[st.key.job].append(st)
-            done = [states for states in by_job.values() if all(ended(st) for st in states)]
+            done = [states for states in self._by_job().values() if all(ended(st) for st in states)]
             if not done:
                 return False
             for st in max(done, key=lambda states: now - max(st.last_recv for st in states)):
@@ -236,6 +233,12 @@ class Model:
         self._forget(min(candidates, key=lambda st: st.last_recv))
         self.ranks_evicted_for_room += 1
         return True
+
+    def _by_job(self) -> dict[str, list[RankState]]:
+        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
+        for st in self.ranks.values():
+            by_job[st.key.job].append(st)
+        return by_job
 
     def _forget(self, st: RankState) -> None:
         del self.ranks[st.key]
@@ -415,10 +418,7 @@ class Model:
 
     def _evict(self, now: float) -> None:
         """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
-        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
-        for st in self.ranks.values():
-            by_job[st.key.job].append(st)
-        for states in by_job.values():
+        for states in self._by_job().values():
             gone = [st for st in states if _gone(st, now)]
             if len(gone) == len(states):
                 self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)

@@ -123,17 +123,24 @@ def _reimporting_main_in_child() -> bool:
 _deferred: _AttachArgs | None = None
 
 
-def _defer_to_first_optimizer(args: _AttachArgs) -> None:
-    """Attach (with ``args``) when this process builds its first torch optimizer."""
+def _defer_to_first_optimizer(args: _AttachArgs, optimizer_cls: Any = None) -> None:
+    """Attach (with ``args``) when this process builds its first torch optimizer.
+
+    Also how ``flowtop run``'s bootstrap attaches, passing ``torch.optim.Optimizer`` while
+    ``torch.optim`` is still being imported. A second call before the first optimizer only
+    replaces the arguments (an explicit attach()'s win over the bootstrap's defaults)."""
     global _deferred
     first = _deferred is None
-    _deferred = args
+    if first or args != _AttachArgs():
+        _deferred = args
     if not first:
         return
     try:
-        import torch.optim
+        if optimizer_cls is None:
+            import torch.optim
 
-        cls = torch.optim.Optimizer
+            optimizer_cls = torch.optim.Optimizer
+        cls = optimizer_cls
         original = cls.__init__
 
         def __init__(self: Any, *args: Any, **kw: Any) -> None:

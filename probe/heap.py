@@ -1,8 +1,9 @@
 """The process's resident memory and glibc's heap trim, for kernel windows' memory accounting.
 
-Each torch.profiler session leaves the heap larger: glibc keeps the freed pages of the session's
-event storage (most of the growth; ``malloc_trim`` returns them) and Kineto keeps a little per
-session for good. Both calls here are cheap (a /proc read, one libc call) and never raise.
+A profiler session's event storage is freed when the window ends (probe.kernels._release), but
+glibc keeps freed pages in its arenas; ``malloc_trim`` hands them back, so that the RSS measured
+after a window shows what the session really kept. Both calls are cheap (a /proc read, one libc
+call, on sampled window steps only) and never raise.
 """
 
 from __future__ import annotations

@@ -56,27 +56,12 @@ try:
     def _attach_on_first_optimizer(optim_module) -> None:  # type: ignore[no-untyped-def]
         """Attach when the first optimizer is built: torch is fully imported by then,
         the model exists, its first forward is still ahead, and processes that never
-        train (torchrun's agent, tools) never attach."""
-        try:
-            cls = optim_module.Optimizer
-            original_init = cls.__init__
-
-            def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-                original_init(self, *args, **kwargs)
-                if cls.__init__ is __init__:
-                    cls.__init__ = original_init
-                _attach_later()
-
-            cls.__init__ = __init__
-        except Exception:
-            pass
-
-    def _attach_later() -> None:
+        train (torchrun's agent, tools) never attach. The probe's own deferred attach does it
+        (the one an explicit attach() in a spawn child uses too: one patch, not two)."""
         try:
             import probe
 
-            # Called at the first optimizer: attach now, also in a multiprocessing child.
-            getattr(probe, "_attach_now", probe.attach)()
+            probe._defer_to_first_optimizer(probe._AttachArgs(), optim_module.Optimizer)
         except Exception:
             pass
 
