@@ -203,13 +203,47 @@ def _cpu_cores() -> int:
     return max(1, round(physical * min(allowed, logical) / logical))
 
 
-def _flops_per_cycle(flags: set[str], dtype: str) -> tuple[int, str]:
-    if "avx512f" in flags:
-        fp32, isa = 32 * 2, "AVX-512: 16 fp32 lanes × FMA(2) × 2 units"
+def _cpuinfo_field(cpuinfo: str, name: str) -> str:
+    """The first value of ``name`` in /proc/cpuinfo text ("" when absent)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name:
+            return value.strip()
+    return ""
+
+
+def _avx512_halved(cpuinfo: str) -> str:
+    """Why this CPU executes AVX-512 on 256-bit FMA units ("" when it has the full width).
+
+    AMD Zen 4 (family 0x19; its Zen 3 parts have no AVX-512 at all) splits each 512-bit FMA
+    over two 256-bit units: 2 units × 8 fp32 lanes × 2 = 32 FLOPs/cycle, as AVX2. Zen 5
+    (family 0x1A) has the full 512-bit datapath on desktop and server parts (EPYC 9xx5,
+    Ryzen 9000) but not on the mobile Ryzen AI 300 series (Strix Point, Krackan Point),
+    which keep 256-bit units; the Ryzen AI Max (Strix Halo) has the full width."""
+    if _cpuinfo_field(cpuinfo, "vendor_id") != "AuthenticAMD":
+        return ""
+    try:
+        family = int(_cpuinfo_field(cpuinfo, "cpu family"))
+    except ValueError:
+        return ""
+    name = _cpuinfo_field(cpuinfo, "model name").upper()  # "Ryzen AI 9 HX 370", "RYZEN AI MAX+ 395"
+    if family == 0x19:
+        return "Zen 4"
+    if family == 0x1A and "RYZEN AI" in name and "MAX" not in name:
+        return "Zen 5 mobile"
+    return ""
+
+
+def _flops_per_cycle(flags: set[str], dtype: str, cpuinfo: str = "") -> tuple[int, str]:
+    halved = _avx512_halved(cpuinfo) if "avx512f" in flags else ""
+    if halved:
+        fp32, isa = 8 * 2 * 2, f"{halved} AVX-512 on 256-bit units: 8 fp32 lanes × FMA(2) × 2 units"
+    elif "avx512f" in flags:
+        fp32, isa = 16 * 2 * 2, "AVX-512: 16 fp32 lanes × FMA(2) × 2 units"
     elif "avx2" in flags and "fma" in flags:
-        fp32, isa = 16 * 2, "AVX2: 8 fp32 lanes × FMA(2) × 2 units"
+        fp32, isa = 8 * 2 * 2, "AVX2: 8 fp32 lanes × FMA(2) × 2 units"
     elif "asimd" in flags or "neon" in flags:
-        fp32, isa = 8 * 2, "NEON: 4 fp32 lanes × FMA(2) × 2 units"
+        fp32, isa = 4 * 2 * 2, "NEON: 4 fp32 lanes × FMA(2) × 2 units"
     else:
         fp32, isa = 8, "SSE: 4 fp32 lanes × (add + mul)"
     if dtype == "fp64":
@@ -232,9 +266,10 @@ def cpu_peak(
 ) -> Peak:
     """Estimated CPU peak: cores × clock × FLOPs/cycle for the ISA found in /proc/cpuinfo.
 
-    Assumes two FMA units per core at full vector width (Zen 4 executes AVX-512 on 256-bit
-    units, so it gets half of this) and the maximum clock (all-core AVX clocks are lower):
-    an upper bound, labelled "estimated".  Inputs can be injected for tests."""
+    Assumes two FMA units per core at full vector width — except where AVX-512 runs on
+    256-bit units (AMD Zen 4, mobile Zen 5: half the AVX-512 figure, see
+    :func:`_avx512_halved`) — and the maximum clock (all-core AVX clocks are lower): an upper
+    bound, labelled "estimated".  Inputs can be injected for tests."""
     want = normalise_dtype(dtype)
     info = _read_cpuinfo() if cpuinfo is None else cpuinfo
     n_cores = _cpu_cores() if cores is None else cores
@@ -242,7 +277,7 @@ def cpu_peak(
     clock_note = ""
     if clock is None or clock <= 0:
         clock, clock_note = 2000.0, " (clock unknown: 2.0 GHz assumed)"
-    per_cycle, isa = _flops_per_cycle(_cpu_flags(info), want)
+    per_cycle, isa = _flops_per_cycle(_cpu_flags(info), want, info)
     flops = n_cores * clock * 1e6 * per_cycle
     source = (f"estimated: {n_cores} core{'' if n_cores == 1 else 's'} × {clock / 1000:.2f} GHz{clock_note} × "
               f"{per_cycle} FLOPs/cycle ({isa})")

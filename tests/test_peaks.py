@@ -135,3 +135,48 @@ def test_cpu_clock_sources(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cpu_peak_on_this_machine_is_labelled() -> None:
     peak = cpu_peak("fp32")
     assert peak.flops > 0 and "estimated" in peak.source
+
+
+def _amd(family: int, model: int, name: str, flags: str = "fpu sse2 avx2 fma avx512f avx512_bf16") -> str:
+    """/proc/cpuinfo of one AMD logical CPU (the fields the estimate reads)."""
+    return (f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+            f"model name\t: {name}\ncpu MHz\t\t: 2400.000\nflags\t\t: {flags}\n")
+
+
+ZEN4_GENOA = _amd(25, 17, "AMD EPYC 9654 96-Core Processor")
+ZEN4_RAPHAEL = _amd(25, 97, "AMD Ryzen 9 7950X 16-Core Processor")
+ZEN3_MILAN = _amd(25, 1, "AMD EPYC 7763 64-Core Processor", flags="fpu sse2 avx avx2 fma")
+ZEN5_TURIN = _amd(26, 2, "AMD EPYC 9575F 64-Core Processor")
+ZEN5_STRIX = _amd(26, 36, "AMD Ryzen AI 9 HX 370 w/ Radeon 890M")
+ZEN5_STRIX_HALO = _amd(26, 112, "AMD RYZEN AI MAX+ 395 w/ Radeon 8060S")
+
+
+@pytest.mark.parametrize(("cpuinfo", "fp32_per_cycle"), [
+    # Zen 4: AVX-512 on 2 × 256-bit FMA units = 2 units × 8 lanes × 2 (FMA), not 64.
+    (ZEN4_GENOA, 32), (ZEN4_RAPHAEL, 32),
+    (ZEN3_MILAN, 32),  # family 0x19 too, but AVX2 only: 2 × 8 × 2
+    (ZEN5_TURIN, 64),  # full 512-bit datapath: 2 × 16 × 2
+    (ZEN5_STRIX, 32),  # mobile Zen 5 keeps 256-bit units
+])
+def test_amd_cpu_peaks_by_generation(cpuinfo: str, fp32_per_cycle: int) -> None:
+    # Hand-derived: cores × GHz × FLOPs/cycle. 96 cores × 2.4 GHz × 32 = 7.3728 TFLOP/s on Genoa.
+    fp32 = cpu_peak("fp32", cpuinfo=cpuinfo, cores=96, mhz=2400.0)
+    assert fp32.flops == 96 * 2.4e9 * fp32_per_cycle
+    assert f"× {fp32_per_cycle} FLOPs/cycle" in fp32.source
+    # fp64 at half the fp32 rate; bf16 dot products (avx512_bf16) at twice it, where present.
+    assert cpu_peak("fp64", cpuinfo=cpuinfo, cores=96, mhz=2400.0).flops == 96 * 2.4e9 * fp32_per_cycle // 2
+    bf16 = cpu_peak("bf16", cpuinfo=cpuinfo, cores=96, mhz=2400.0).flops
+    assert bf16 == 96 * 2.4e9 * fp32_per_cycle * (2 if "avx512_bf16" in cpuinfo else 1)
+
+
+def test_zen4_peak_figures_and_label() -> None:
+    genoa = cpu_peak("fp32", cpuinfo=ZEN4_GENOA, cores=96, mhz=2400.0)
+    assert genoa.flops == pytest.approx(7.3728e12)  # 96 × 2.4e9 × 32
+    assert "Zen 4 AVX-512 on 256-bit units" in genoa.source
+    assert cpu_peak("bf16", cpuinfo=ZEN4_GENOA, cores=96, mhz=2400.0).flops == pytest.approx(14.7456e12)
+    assert cpu_peak("fp64", cpuinfo=ZEN4_GENOA, cores=96, mhz=2400.0).flops == pytest.approx(3.6864e12)
+    # Strix Halo (Ryzen AI Max) has the desktop 512-bit FPU: the mobile exception does not apply.
+    assert cpu_peak("fp32", cpuinfo=ZEN5_STRIX_HALO, cores=16, mhz=5100.0).flops == 16 * 5.1e9 * 64
+    # An Intel AVX-512 part keeps the full width whatever its family number.
+    intel = X86_AVX512.replace("model name", "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel name")
+    assert cpu_peak("fp32", cpuinfo=intel, cores=8, mhz=2000.0).flops == 8 * 2.0e9 * 64
