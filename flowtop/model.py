@@ -1,8 +1,9 @@
 """The job/rank model: validated messages in, immutable snapshots out. No Textual.
 
 Ranks are keyed by (job, host, pid, rank, incarnation) as the wire sends them;
-a job's view shows the newest incarnation of each rank number. Liveness uses the
-monitor's receive clock (``now`` passed in), never the sender's clock.
+a job's view shows the newest incarnation of each rank number, or every process of a
+rank number that several running processes claim (a conflict, see flowtop.claims).
+Liveness uses the monitor's receive clock (``now`` passed in), never the sender's clock.
 
 Rank status: ``done`` (said bye), ``stale`` (silent for max(5 s, 5 median steps)),
 ``stalled`` (still talking — the probe's sender thread heartbeats while training is
@@ -18,64 +19,23 @@ from __future__ import annotations
 import collections
 import logging
 import statistics
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque
+from typing import Any, Callable
 
 from flowtop import accounting
+from flowtop import rankstate as rs
+from flowtop.claims import Claims, Seen
 from flowtop.limits import Limits, TokenBucket
+from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.sanitize import deep
-from flowtop.snapshot import History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
+from flowtop.snapshot import Claimant, History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
 from probe.wire import Message, RankKey
-
-#: Steps kept per rank for medians, sparklines and step alignment.
-RING = 512
-#: A rank is stale after this many seconds of silence (or 5 median steps, if longer),
-#: and stalled after as long without a step.
-STALE_AFTER_S = 5.0
-#: ... the "5 median steps" of that limit.
-STALE_AFTER_STEPS = 5.0
-#: A job whose ranks have all been done or stale (and silent) this long is forgotten.
-EVICT_AFTER_S = 600.0
-#: Fastest plausible advance of a rank between two of its frames: a forged step or sequence
-#: number far ahead would freeze the real rank's view (later, true values look like replays).
-#: The allowance grows with the silence since the rank's last frame (a monitor that was away,
-#: a probe queue that dropped): 10 k steps/s and 100 k frames/s, never under the floors.
-MAX_STEPS_PER_S, MIN_STEP_JUMP = 10_000, 1_000
-MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
 
 _log = logging.getLogger("flowtop.model")
 
-
-@dataclass
-class RankState:
-    """Mutable per-rank state; only the model touches it."""
-
-    key: RankKey
-    first_seen: float
-    last_recv: float
-    hello: dict[str, Any] = field(default_factory=dict)
-    step: int = 0
-    steps: Deque[tuple[int, float, int, float | None, float, float | None]] = field(
-        default_factory=lambda: collections.deque(maxlen=RING)
-    )  # (step, wall_s, tokens, input_wait_s, recv_time, lead_s)
-    device_s: float | None = None
-    probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=64))
-    last_seq: int = -1
-    lost: int = 0
-    drops: int = 0
-    flops: dict[str, Any] | None = None
-    telemetry: dict[str, Any] | None = None
-    telemetry_at: float = 0.0
-    series: dict[str, Deque[float]] = field(default_factory=dict)
-    kernels: Any = None
-    kernels_cumulative: Any = None
-    bye: str | None = None
-    commands_refused: int = 0
-
-    def push_series(self, name: str, value: Any) -> None:
-        """Append a numeric value to a sparkline series (None is skipped)."""
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            self.series.setdefault(name, collections.deque(maxlen=300)).append(float(value))
+#: A rank's bye makes the model evaluate its job's hints once more, while the rank still
+#: runs, unless they were evaluated this recently (seconds): the last look of a rank that
+#: leaves is what its job's final hints say (see HintEngine's ended hints).
+LAST_LOOK_S = 0.5
 
 
 class Model:
@@ -109,6 +69,8 @@ class Model:
         self._job_kernels = job_kernels
         self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], Any]] = {}  # job -> (windows seen, merge)
         self._hints_failed = False
+        self._hints_at: dict[str, float] = {}  # job -> monitor time its hints were last evaluated
+        self._claims = Claims()
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
 
@@ -148,7 +110,7 @@ class Model:
         """Apply one validated message received at monitor time ``now``."""
         st = self.ranks.get(msg.key)
         if st is not None:
-            why = _implausible(st, msg, now)
+            why = rs.implausible(st, msg, now)
             if why:
                 self.reject(why)
                 return
@@ -186,6 +148,7 @@ class Model:
             elif self._kernel_aggregator is not None:
                 self._kernel_aggregator(st, dict(f))
         elif msg.kind == "bye":
+            self._last_look(st.key.job, now)
             st.bye = str(f.get("reason", "exit"))
             st.drops = max(st.drops, int(f.get("drops", 0)))
 
@@ -217,7 +180,7 @@ class Model:
         if not self._room_scans.take(now):
             return False
         def ended(st: RankState) -> bool:
-            return st.bye is not None or now - st.last_recv > _limit(_median_step(st))
+            return st.bye is not None or now - st.last_recv > rs.limit(rs.median_step(st))
 
         if whole_job:
             done = [states for states in self._by_job().values() if all(ended(st) for st in states)]
@@ -247,6 +210,8 @@ class Model:
         if self._job_sizes[job] <= 0:
             del self._job_sizes[job]
             self._merged.pop(job, None)
+            self._hints_at.pop(job, None)
+            self._claims.forget_job(job)
             forget = getattr(self._hint_engine, "forget", None)
             if forget is not None:
                 forget(job)
@@ -267,23 +232,23 @@ class Model:
     # --- snapshot -------------------------------------------------------------------
 
     def _rank_flops(self, st: RankState, now: float) -> Any:
-        med = _median_step(st)
-        stalled = _stalled_for(st, now, med)
+        med = rs.median_step(st)
+        stalled = rs.stalled_for(st, now, med)
         return accounting.rank_flops(
-            st.flops, med, self.peak_override_flops, _tokens_per_s(st, med, stalled), stalled
+            st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled
         )
 
-    def _rank_snapshot(self, st: RankState, now: float) -> RankSnapshot:
-        med = _median_step(st)
+    def _rank_snapshot(self, st: RankState, now: float, others: tuple[RankKey, ...] = ()) -> RankSnapshot:
+        med = rs.median_step(st)
         recent = list(st.steps)[-32:]
         tokens_per_step = recent[-1][2] if recent else 0
-        stalled = _stalled_for(st, now, med)
-        tokens_per_s = _tokens_per_s(st, med, stalled)
+        stalled = rs.stalled_for(st, now, med)
+        tokens_per_s = rs.tokens_per_s(st, med, stalled)
         waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
         age = now - st.last_recv
         if st.bye is not None:
             status = "done"
-        elif age > _limit(med):
+        elif age > rs.limit(med):
             status = "stale"
         elif stalled is not None:
             status = "stalled"  # heartbeats, but no step: hung (in a collective, I/O, a deadlock)
@@ -338,21 +303,14 @@ class Model:
             history=history,
             bye_reason=st.bye,
             commands_refused=st.commands_refused,
+            conflict=tuple(Claimant(k.host, k.pid) for k in others),
         )
 
     def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:
         """An immutable view of everything, at monitor time ``now``."""
         self._evict(now)
-        newest: dict[tuple[str, int], RankState] = {}
-        for st in self.ranks.values():
-            k = (st.key.job, st.key.rank)
-            cur = newest.get(k)
-            if cur is None or (st.key.inc, st.last_recv) > (cur.key.inc, cur.last_recv):
-                newest[k] = st
-        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
-        for (job, _), st in sorted(newest.items()):
-            by_job[job].append(st)
-        jobs = tuple(self._job_snapshot(job, states, now) for job, states in sorted(by_job.items()))
+        by_job = self._view(self.ranks.values(), now)
+        jobs = tuple(self._job_snapshot(job, shown, now) for job, shown in sorted(by_job.items()))
         return MonitorSnapshot(
             taken_at=now,
             listen=listen,
@@ -363,8 +321,29 @@ class Model:
             ranks_evicted_for_room=self.ranks_evicted_for_room,
         )
 
-    def _job_snapshot(self, job: str, states: list[RankState], now: float) -> JobSnapshot:
-        ranks = tuple(self._rank_snapshot(st, now) for st in states)
+    def _view(self, states: Any, now: float) -> dict[str, list[tuple[RankState, tuple[RankKey, ...]]]]:
+        """Per job, the rank processes it shows (by rank, host, pid), each with the other
+        processes that claim its rank number (see flowtop.claims)."""
+        states = list(states)
+        seen = [Seen(st.key, rs.running(st, now), bool(st.steps), st.last_recv) for st in states]
+        shown = self._claims.shown(seen)
+        by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
+        for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
+            if st.key in shown:
+                by_job[st.key.job].append((st, shown[st.key]))
+        return by_job
+
+    def _last_look(self, job: str, now: float) -> None:
+        """Evaluate ``job``'s hints once more before a rank of it ends (see LAST_LOOK_S)."""
+        if self._hint_engine is None or now - self._hints_at.get(job, float("-inf")) < LAST_LOOK_S:
+            return
+        shown = self._view((st for st in self.ranks.values() if st.key.job == job), now).get(job)
+        if shown:
+            self._job_snapshot(job, shown, now)
+
+    def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float) -> JobSnapshot:
+        states = [st for st, _ in shown]
+        ranks = tuple(self._rank_snapshot(st, now, others) for st, others in shown)
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
         times = [r.step_time_s for r in live if r.step_time_s]
@@ -402,10 +381,12 @@ class Model:
             flops=accounting.job_flops([r.flops for r in counted]),
             status=status,
             kernels_merged=merged,
+            rank_conflicts=len({r.rank for r in ranks if r.conflict}),
         )
         if self._hint_engine is not None:
             from dataclasses import replace
 
+            self._hints_at[job] = now
             try:
                 hints = tuple(self._hint_engine.evaluate(snap, now))
             except Exception:  # a hints bug must not cost the user every snapshot
@@ -419,7 +400,7 @@ class Model:
     def _evict(self, now: float) -> None:
         """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
         for states in self._by_job().values():
-            gone = [st for st in states if _gone(st, now)]
+            gone = [st for st in states if rs.gone(st, now)]
             if len(gone) == len(states):
                 self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
             else:
@@ -430,50 +411,3 @@ class Model:
                 gone = [st for st in gone if st.key.inc < newest[st.key.rank]]
             for st in gone:
                 self._forget(st)
-
-
-def _implausible(st: RankState, msg: Message, now: float) -> str:
-    """Why ``msg`` cannot come from the rank ``st`` has heard so far ("" when it can)."""
-    silent = max(0.0, now - st.last_recv)
-    if st.last_seq >= 0 and msg.seq - st.last_seq > max(MIN_SEQ_JUMP, silent * MAX_FRAMES_PER_S):
-        return "implausible seq jump for a known rank (forged or corrupt frame)"
-    step = msg.fields.get("step") if msg.kind == "step" else None
-    if st.steps and isinstance(step, int) and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
-        return "implausible step jump for a known rank (forged or corrupt frame)"
-    return ""
-
-
-def _limit(med: float | None) -> float:
-    """Seconds of silence (or without a step) after which a rank is stale (or stalled)."""
-    return max(STALE_AFTER_S, STALE_AFTER_STEPS * (med or 0.0))
-
-
-def _stalled_for(st: RankState, now: float, med: float | None) -> float | None:
-    """Seconds since the rank's last step (monitor clock) when beyond the limit, else None.
-
-    A finished rank is never stalled; a rank with no step yet (warming up) neither.
-    """
-    if st.bye is not None or not st.steps:
-        return None
-    since = now - st.steps[-1][4]
-    return since if since > _limit(med) else None
-
-
-def _tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> float | None:
-    """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
-    if stalled is not None:
-        return 0.0
-    recent = list(st.steps)[-32:]
-    if recent and med and recent[-1][2]:
-        return statistics.median(r[2] for r in recent) / med
-    return None
-
-
-def _gone(st: RankState, now: float) -> bool:
-    """Done or stale, and silent for at least EVICT_AFTER_S."""
-    return now - st.last_recv > max(EVICT_AFTER_S, _limit(_median_step(st)))
-
-
-def _median_step(st: RankState) -> float | None:
-    recent = [r[1] for r in list(st.steps)[-32:] if r[0] > 1]  # step 1 includes warm-up
-    return statistics.median(recent) if recent else None

@@ -109,6 +109,17 @@ class RankSnapshot:
     history: History = field(default_factory=History)
     bye_reason: str | None = None
     commands_refused: int = 0  # monitor commands the probe refused (its rate limit)
+    #: Other live processes that claimed the same (job, rank, incarnation): shown as rows of
+    #: their own, never merged (a launcher that set no RANK makes every process "rank 0").
+    conflict: tuple["Claimant", ...] = ()
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """One process (host, pid) claiming a rank number another process claims too."""
+
+    host: str
+    pid: int
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,11 @@ class Hint:
     evidence: Mapping[str, Any]
     action: str
     impact: float  # estimated share of step time at stake (0..1)
+    #: The rank or job it was about ended while it was shown: kept, frozen, until the job is
+    #: evicted, so the final snapshot of a finished job still holds its diagnosis.
+    ended: bool = False
+    first_step: int | None = None  # first step of the evidence (target's step index)
+    last_step: int | None = None  # last step at which the measure still held
 
 
 @dataclass(frozen=True)
@@ -139,6 +155,8 @@ class JobSnapshot:
     status: str  # "running" | "stalled" | "stale" | "done"
     hints: tuple[Hint, ...] = ()
     kernels_merged: Any = None  # flowtop.kernels.merge.JobKernelStats
+    #: Rank numbers claimed by more than one live process (see RankSnapshot.conflict).
+    rank_conflicts: int = 0
 
     @property
     def ranks_seen(self) -> int:
@@ -173,14 +191,27 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+#: FLOP fields of a rank and of a job in the JSON, in this order (README "Snapshot JSON").
+FLOP_FIELDS: tuple[str, ...] = (
+    "flops_per_step", "executed_flops_per_step", "estimated_flops_per_step", "estimate_source",
+    "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
+    "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
+    "counted",
+)
+#: ``mfu_reason`` of a rank (or job) with no FLOP count.
+NO_COUNT_REASON = "no FLOP count yet"
+
+
 def _flops_json(f: FlopsView | None) -> dict[str, Any]:
+    """Every FLOP field, always: ``null`` where unknown (a reader must not guess at absences)."""
     if f is None:
-        return {"flops_per_step": None, "mfu": None, "mfu_reason": "no FLOP count yet"}
+        d: dict[str, Any] = dict.fromkeys(FLOP_FIELDS)
+        d["mfu_reason"] = NO_COUNT_REASON
+        return d
     d = _clean(f)
     d["flops_per_step"] = d.pop("model_flops_per_step")
-    d["executed_flops_per_step"] = d.pop("executed_flops_per_step")
     d["estimate_ratio"] = f.estimate_ratio
-    return d
+    return {k: d[k] for k in FLOP_FIELDS}
 
 
 def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
@@ -205,9 +236,11 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         "probe_overhead_frac": r.probe_overhead_frac,
         "bye_reason": r.bye_reason,
         "commands_refused": r.commands_refused,
+        "conflict": _clean(r.conflict),
     }
     d.update(_flops_json(r.flops))
     d["telemetry"] = _clean(r.telemetry)
+    # Left out on request (the demo's JSON); when asked for, present even when null.
     if with_kernels:
         d["kernels"] = _clean(r.kernels)
     return _clean(d)
@@ -225,6 +258,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "step": j.step,
             "step_time_s": j.step_time_s,
             "tokens_per_s": j.tokens_per_s,
+            "rank_conflicts": j.rank_conflicts,
         }
         job.update(_flops_json(j.flops))
         job["ranks"] = [rank_json(r, with_kernels) for r in j.ranks]

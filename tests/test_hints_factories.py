@@ -16,7 +16,7 @@ from flowtop.hints.rules import Rule
 from flowtop.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy
 from flowtop.kernels.merge import merge_ranks
 from flowtop.kernels.classify import classify, short_name
-from flowtop.snapshot import FlopsView, History, JobSnapshot, RankSnapshot, TelemetryView
+from flowtop.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, TelemetryView
 
 GIB = float(1 << 30)
 GEMM_H = "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"
@@ -222,6 +222,18 @@ def b_attn_note(v: float, now: float) -> JobSnapshot:
     return job(rank(0, kernels=kwin([(FLASH, 4, v * 10), (GEMM_H, 10, (100 - v) * 10)])), fl=flops())
 
 
+def b_rank_conflict(v: float, now: float) -> JobSnapshot:
+    """``v`` other processes (on node2) claiming rank 0 besides node1's pid 4000."""
+    r0 = rank(0, step=12, hist=history(12))
+    others = [dataclasses.replace(r0, host="node2", pid=4100 + i, step=10) for i in range(int(v))]
+    if not others:
+        return job(r0)
+    rows = [r0, *others]
+    rows = [dataclasses.replace(r, conflict=tuple(Claimant(o.host, o.pid) for o in rows if o is not r))
+            for r in rows]
+    return job(*rows)
+
+
 def small_hang_rules() -> tuple[Rule, ...]:
     """The table with a 0.5 s hang floor, so tests use small times."""
     out = []
@@ -248,6 +260,11 @@ class Case:
 
 
 CASES: tuple[Case, ...] = (
+    Case("rank_conflict", b_rank_conflict, 1.0, None, 0.0, "rank 0",
+         "2 processes claim rank 0 of job job1 (node1 pid 4000, node2 pid 4100): shown as separate "
+         "rows, each counted in the job's totals",
+         {"other_processes": 1.0, "processes_n": 2, "pids": [4000, 4100], "hosts": ["node1", "node2"],
+          "threshold_n": 0.5, "window_steps": 10}),
     Case("input_wait", b_input_wait, 6.0, 4.0, 2.0, "rank 0", "rank 0 waits for input 6 % of each step",
          {"input_wait_pct": 6.0, "threshold_pct": 5.0, "window_steps": 10, "input_wait_s_per_step": 0.006}),
     Case("straggler", b_straggler, 12.0, 7.0, 3.0, "rank 2",

@@ -9,10 +9,10 @@ that wobbles around the threshold does not make the hint flicker.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from flowtop.hints import measures_device, measures_kernels, measures_time
+from flowtop.hints import measures_device, measures_identity, measures_kernels, measures_time
 from flowtop.hints.base import Measurement, MeasureFn, finite
 from flowtop.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
 from flowtop.snapshot import Hint, JobSnapshot
@@ -23,6 +23,7 @@ _log = logging.getLogger("flowtop.hints")
 MEASURES: Mapping[str, MeasureFn] = {
     "hang_all": measures_time.hang_all,
     "hang_rank": measures_time.hang_rank,
+    "rank_conflict": measures_identity.rank_conflict,
     "input_wait": measures_time.input_wait,
     "straggler": measures_time.straggler,
     "comm_exposed": measures_kernels.comm_exposed,
@@ -55,6 +56,7 @@ class _State:
     since_step: int | None = None
     hint: Hint | None = None
     beyond_t: float = 0.0  # monitor time the measure was last beyond the clear value
+    first_step: int | None = None  # first step the evidence covers (Hint.first_step)
 
 
 class _NA:
@@ -124,10 +126,17 @@ class HintEngine:
         if missing:
             raise ValueError(f"no measure for rules {missing}")
         self._state: dict[tuple[str, str, str], _State] = {}
+        #: job -> (rule id, target) -> the hint as last shown, marked ended (see _end_hints).
+        self._ended: dict[str, dict[tuple[str, str], Hint]] = {}
+        self._scope = {r.id: r.scope for r in self.rules}
         self._failed: set[str] = set()
 
     def evaluate(self, job: JobSnapshot, now: float) -> tuple[Hint, ...]:
-        """Active hints of ``job`` at monitor time ``now``, most severe first, then by impact."""
+        """Hints of ``job`` at monitor time ``now``: the active ones, most severe first, then by
+        impact; after them the ended ones (their rank or job finished while they were shown)."""
+        self._end_hints(job)
+        if job.status == "done":
+            return self._ended_hints(job.job, set())  # nothing runs: the diagnosis stands as it was
         out: list[tuple[Rule, Hint]] = []
         for rule in self.rules:
             try:
@@ -150,18 +159,44 @@ class HintEngine:
         shown = {h.id for _, h in out}
         order = {r.id: i for i, r in enumerate(self.rules)}
         kept = [h for r, h in out if r.params.get("hidden_by") not in shown]
-        kept.sort(key=lambda h: (SEVERITIES.index(h.severity), -h.impact, order[h.id], h.target))
-        return tuple(kept)
+        kept.sort(key=_order_key(order))
+        return tuple(kept) + self._ended_hints(job.job, {(h.id, h.target) for h in kept})
 
     def reset(self) -> None:
-        """Forget all hysteresis state."""
+        """Forget all hysteresis state and ended hints."""
         self._state.clear()
+        self._ended.clear()
 
     def forget(self, job: str) -> None:
         """Drop the state of a job the monitor no longer shows (it was evicted): a monitor that
         runs for weeks across many jobs must not keep every job's hint state."""
         for key in [k for k in self._state if k[0] == job]:
             del self._state[key]
+        self._ended.pop(job, None)
+
+    def _end_hints(self, job: JobSnapshot) -> None:
+        """Freeze, marked ended, the shown hints whose subject finished: every hint of a done job,
+        and the rank hints of a rank whose every process said bye. Left to the measures, they
+        would vanish with their rank (a finished rank is measured no more), and the final
+        snapshot that a script reads would say nothing about the run."""
+        done = {f"rank {n}" for n in {r.rank for r in job.ranks}
+                if all(r.status == "done" for r in job.ranks if r.rank == n)}
+        for key in [k for k in self._state if k[0] == job.job]:
+            if job.status != "done" and not (self._scope.get(key[1]) == "rank" and key[2] in done):
+                continue
+            st = self._state.pop(key)
+            if st.active and st.hint is not None:
+                self._ended.setdefault(job.job, {})[(key[1], key[2])] = replace(st.hint, ended=True)
+
+    def _ended_hints(self, job: str, live: set[tuple[str, str]]) -> tuple[Hint, ...]:
+        """The ended hints of ``job`` not superseded by a live one (a restarted rank's)."""
+        ended = self._ended.get(job)
+        if not ended:
+            return ()
+        for key in live & ended.keys():
+            del ended[key]
+        order = {r.id: i for i, r in enumerate(self.rules)}
+        return tuple(sorted(ended.values(), key=_order_key(order)))
 
     def _update(self, rule: Rule, key: tuple[str, str, str], m: Measurement | None, now: float) -> Hint | None:
         st = self._state.get(key)
@@ -190,6 +225,8 @@ class HintEngine:
         if st.pending_step is None or st.pending_t is None:
             # The evidence starts where the measure's own window starts (history it embodies).
             st.pending_step, st.pending_t = m.step - m.steps_covered, now - m.seconds_covered
+            # A window of n steps ending at step s covers steps s-n+1 .. s.
+            st.first_step = max(0, st.pending_step + (1 if m.steps_covered else 0))
         steps = max(m.steps_covered, m.step - st.pending_step)
         secs = max(m.seconds_covered, now - st.pending_t)
         if steps < rule.window_steps or secs < rule.window_s:
@@ -225,4 +262,11 @@ class HintEngine:
             evidence=ev,
             action=_render(rule.action, fields),
             impact=max(0.0, min(1.0, m.impact)),
+            first_step=st.first_step,
+            last_step=m.step,
         )
+
+
+def _order_key(order: Mapping[str, int]) -> Any:
+    """Sort key of hints: most severe first, then the largest impact, then table order."""
+    return lambda h: (SEVERITIES.index(h.severity), -h.impact, order.get(h.id, len(order)), h.target)

@@ -67,6 +67,25 @@ RULES: tuple[Rule, ...] = (
         "step time, floor_s); hidden while hang_all is shown",
     ),
     Rule(
+        id="rank_conflict",
+        scope="rank",
+        severity="critical",
+        measure="other_processes",
+        unit="n",
+        direction="above",
+        threshold=0.5,
+        clear=0.5,
+        window_steps=1,
+        window_s=0.0,
+        summary="{processes_n} processes claim {target} of job {job} ({claimants}): shown as "
+        "separate rows, each counted in the job's totals",
+        action="The launcher set no RANK and the probe could not read the process group: pass "
+        "rank= (and world_size=) to probe.attach, or set RANK and WORLD_SIZE for each process.",
+        doc="processes other than one that claim the same (job, rank, incarnation) while running "
+        "at the same time (kept apart, never merged); the evidence starts once every claimant "
+        "has made a step",
+    ),
+    Rule(
         id="input_wait",
         scope="rank",
         severity="warning",

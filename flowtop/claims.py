@@ -1,0 +1,82 @@
+"""Which rank processes a job shows: one per rank number, unless several processes claim it.
+
+The wire keys a rank by (job, host, pid, rank, incarnation). A job normally shows the newest
+incarnation of each rank number (a restart replaces the row). But when the launcher sets no
+``RANK`` and the probe cannot read the process group, every process of the job says "rank 0";
+picking one of them would halve the job's tokens/s and FLOP/s and hide the others. So two or
+more processes that claim the same (job, rank, incarnation) while running at the same time are
+a *conflict*: each keeps a row of its own, and each row names the others. No Textual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from probe.wire import RankKey
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the view needs to know of one rank process at a snapshot."""
+
+    key: RankKey
+    running: bool  # neither said bye nor went stale
+    stepped: bool  # made at least one step
+    last_recv: float  # monitor time it was last heard from
+
+
+class Claims:
+    """Remembers conflicts, so that rows stay apart after the processes end.
+
+    A process joins a conflict when it runs at the same time as another process claiming its
+    (job, rank, incarnation). It stays in it while it runs, and after it ended if it made a
+    step: the final snapshot of a finished job must not merge the rows back into one. A process
+    that ended without a step leaves it (a probe's provisional identity, replaced by the
+    process group's rank before the first step, or a process that died at start-up)."""
+
+    def __init__(self) -> None:
+        #: (job, rank) -> (incarnation, keys of the processes in conflict)
+        self._groups: dict[tuple[str, int], tuple[int, set[RankKey]]] = {}
+
+    def shown(self, seen: Iterable[Seen]) -> dict[RankKey, tuple[RankKey, ...]]:
+        """The keys to show, each with the other keys claiming its rank (() when none)."""
+        by_rank: dict[tuple[str, int], list[Seen]] = {}
+        for s in seen:
+            by_rank.setdefault((s.key.job, s.key.rank), []).append(s)
+        out: dict[RankKey, tuple[RankKey, ...]] = {}
+        for where, group in by_rank.items():
+            members = self._members(where, group)
+            if len(members) >= 2:
+                keys = [s.key for s in members]
+                for k in keys:
+                    out[k] = tuple(o for o in keys if o != k)
+            else:
+                newest = max(group, key=lambda s: (s.key.inc, s.last_recv))
+                out[newest.key] = ()
+        return out
+
+    def _members(self, where: tuple[str, int], group: list[Seen]) -> list[Seen]:
+        """The processes of one rank number in conflict now (updates the remembered group)."""
+        inc = max(s.key.inc for s in group)
+        newest = [s for s in group if s.key.inc == inc]
+        held = self._groups.get(where)
+        keys = held[1] if held is not None and held[0] == inc else set()
+        running = [s for s in newest if s.running]
+        if len({(s.key.host, s.key.pid) for s in running}) >= 2:
+            keys |= {s.key for s in running}
+        members = sorted((s for s in newest if s.key in keys and (s.running or s.stepped)),
+                         key=lambda s: (s.key.host, s.key.pid))
+        if len(members) >= 2:
+            self._groups[where] = (inc, {s.key for s in members})
+        else:
+            self._groups.pop(where, None)
+        return members
+
+    def forget_job(self, job: str) -> None:
+        """Drop what is remembered of a job the monitor forgot."""
+        for where in [w for w in self._groups if w[0] == job]:
+            del self._groups[where]
+
+    def __len__(self) -> int:
+        return len(self._groups)

@@ -1,0 +1,114 @@
+"""Per-rank state of the monitor's model and the clock rules over it. No Textual.
+
+Liveness uses the monitor's receive clock (``now`` passed in), never the sender's clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Deque
+
+from probe.wire import Message, RankKey
+
+#: Steps kept per rank for medians, sparklines and step alignment.
+RING = 512
+#: A rank is stale after this many seconds of silence (or 5 median steps, if longer),
+#: and stalled after as long without a step.
+STALE_AFTER_S = 5.0
+#: ... the "5 median steps" of that limit.
+STALE_AFTER_STEPS = 5.0
+#: A job whose ranks have all been done or stale (and silent) this long is forgotten.
+EVICT_AFTER_S = 600.0
+#: Fastest plausible advance of a rank between two of its frames: a forged step or sequence
+#: number far ahead would freeze the real rank's view (later, true values look like replays).
+#: The allowance grows with the silence since the rank's last frame (a monitor that was away,
+#: a probe queue that dropped): 10 k steps/s and 100 k frames/s, never under the floors.
+MAX_STEPS_PER_S, MIN_STEP_JUMP = 10_000, 1_000
+MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
+
+
+@dataclass
+class RankState:
+    """Mutable per-rank state; only the model touches it."""
+
+    key: RankKey
+    first_seen: float
+    last_recv: float
+    hello: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    steps: Deque[tuple[int, float, int, float | None, float, float | None]] = field(
+        default_factory=lambda: collections.deque(maxlen=RING)
+    )  # (step, wall_s, tokens, input_wait_s, recv_time, lead_s)
+    device_s: float | None = None
+    probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=64))
+    last_seq: int = -1
+    lost: int = 0
+    drops: int = 0
+    flops: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    telemetry_at: float = 0.0
+    series: dict[str, Deque[float]] = field(default_factory=dict)
+    kernels: Any = None
+    kernels_cumulative: Any = None
+    bye: str | None = None
+    commands_refused: int = 0
+
+    def push_series(self, name: str, value: Any) -> None:
+        """Append a numeric value to a sparkline series (None is skipped)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.series.setdefault(name, collections.deque(maxlen=300)).append(float(value))
+
+
+def implausible(st: RankState, msg: Message, now: float) -> str:
+    """Why ``msg`` cannot come from the rank ``st`` has heard so far ("" when it can)."""
+    silent = max(0.0, now - st.last_recv)
+    if st.last_seq >= 0 and msg.seq - st.last_seq > max(MIN_SEQ_JUMP, silent * MAX_FRAMES_PER_S):
+        return "implausible seq jump for a known rank (forged or corrupt frame)"
+    step = msg.fields.get("step") if msg.kind == "step" else None
+    if st.steps and isinstance(step, int) and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
+        return "implausible step jump for a known rank (forged or corrupt frame)"
+    return ""
+
+
+def limit(med: float | None) -> float:
+    """Seconds of silence (or without a step) after which a rank is stale (or stalled)."""
+    return max(STALE_AFTER_S, STALE_AFTER_STEPS * (med or 0.0))
+
+
+def stalled_for(st: RankState, now: float, med: float | None) -> float | None:
+    """Seconds since the rank's last step (monitor clock) when beyond the limit, else None.
+
+    A finished rank is never stalled; a rank with no step yet (warming up) neither.
+    """
+    if st.bye is not None or not st.steps:
+        return None
+    since = now - st.steps[-1][4]
+    return since if since > limit(med) else None
+
+
+def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> float | None:
+    """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
+    if stalled is not None:
+        return 0.0
+    recent = list(st.steps)[-32:]
+    if recent and med and recent[-1][2]:
+        return statistics.median(r[2] for r in recent) / med
+    return None
+
+
+def running(st: RankState, now: float) -> bool:
+    """Neither said bye nor silent past the stale limit (a stalled rank still runs)."""
+    return st.bye is None and now - st.last_recv <= limit(median_step(st))
+
+
+def gone(st: RankState, now: float) -> bool:
+    """Done or stale, and silent for at least EVICT_AFTER_S."""
+    return now - st.last_recv > max(EVICT_AFTER_S, limit(median_step(st)))
+
+
+def median_step(st: RankState) -> float | None:
+    """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
+    recent = [r[1] for r in list(st.steps)[-32:] if r[0] > 1]  # step 1 includes warm-up
+    return statistics.median(recent) if recent else None
