@@ -90,7 +90,7 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
             _fork_hook_installed = True
         ident = identity.from_env(job=args.job, rank=args.rank, world_size=args.world_size,
                                   local_rank=args.local_rank)
-        p = Probe(cfg, ident, args.flops_per_token)
+        p = Probe(cfg, ident, args.flops_per_token, args)
         _probe = p
         p.install()
         atexit.register(_at_exit)

@@ -30,6 +30,21 @@ def unwrap(module: Any) -> Any:
     return module
 
 
+def cpu_cores_of_rank(local_ranks: int) -> int:
+    """Cores a CPU rank computes on: its torch threads, at most its share of the cores it may run
+    on. Ranks sharing a host must not each claim all of it: a rank pinned to a CPU set (taskset,
+    numactl, Slurm's binding) owns that set; an unpinned one owns 1/``local_ranks`` of the host."""
+    import os
+
+    host = os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = host
+    share = allowed if allowed < host else max(1, host // max(1, local_ranks))
+    return max(1, min(share, torch.get_num_threads()))
+
+
 def seq_len_of(signature: tuple[Any, ...]) -> int | None:
     """Sequence length: the last dim of the first integer (token index) input of rank ≥ 2.
 
@@ -54,8 +69,10 @@ def flops_message(
     device_name: str,
     flops_per_token: float | None,
     attention: str,
+    local_ranks: int = 1,
 ) -> dict[str, Any]:
-    """Fields of one ``flops`` message (see probe.wire)."""
+    """Fields of one ``flops`` message (see probe.wire). ``local_ranks``: training processes
+    sharing this host (a CPU rank's peak is its share of the cores)."""
     estimated = None
     source = None
     seq = seq_len_of(signature)
@@ -75,14 +92,9 @@ def flops_message(
             source = "override (flops_per_token)"
     on_cpu = device is None or device.type != "cuda"
     if on_cpu:
-        # A CPU rank's peak is the cores it computes on (its torch threads), not the host:
-        # two ranks sharing a host must not each claim all of it.
-        import os
-
         peak, reason = peaks.resolve_peak("cpu", count.dtype)
         if peak is not None and not peak.source.startswith("override"):
-            cores = max(1, min(os.cpu_count() or 1, torch.get_num_threads()))
-            peak = peaks.cpu_peak(count.dtype, cores=cores)
+            peak = peaks.cpu_peak(count.dtype, cores=cpu_cores_of_rank(local_ranks))
     else:
         peak, reason = peaks.resolve_peak(device_name, count.dtype)
     return {
@@ -99,4 +111,5 @@ def flops_message(
         "tokens": int(tokens),
         "signature": str(signature)[:4096],
         "cost_s": float(count.cost_s),
+        "model_note": count.model_note[:256],
     }

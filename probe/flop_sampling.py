@@ -165,6 +165,7 @@ class FlopSampler:
             device_name=context["device_name"],
             flops_per_token=context["flops_per_token"],
             attention=self.attention,
+            local_ranks=context.get("local_ranks", 1),
         )
 
 

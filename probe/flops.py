@@ -63,7 +63,12 @@ from probe.flops_policy import CountPolicy, signature_of
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
 
 ATTENTION_CONVENTIONS = ("full", "causal")
-_HOP_FORMULAS = frozenset("higher_order." + n for n in HOP_ATTENTION_OPS)
+#: Higher-order ops that wrap one aten op to preserve its random state (AOT autograd's
+#: functionalised RNG, e.g. SDPA under torch.compile + activation checkpointing): name -> where
+#: the wrapped op sits in the arguments. ``run_with_rng_state`` replays a forward op in the
+#: backward, i.e. it is recomputation (executed, not model FLOPs).
+_RNG_HOPS = {"run_and_save_rng_state": 0, "run_with_rng_state": 1}
+_HOP_FORMULAS = frozenset("higher_order." + n for n in (*HOP_ATTENTION_OPS, *_RNG_HOPS))
 _DTYPE_LABELS = {
     torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
     torch.int8: "int8", torch.uint8: "int8",
@@ -87,6 +92,8 @@ class FlopCount:
     uncounted: dict[str, int] = field(default_factory=dict)
     micro_batches: int = 0
     cost_s: float = 0.0
+    #: How model FLOPs were derived where they are not a plain count ("" when they are).
+    model_note: str = ""
 
 
 def dtype_label(dtype: torch.dtype, device_type: str, kind: str, tf32_matmul: bool, tf32_conv: bool) -> str:
@@ -112,6 +119,8 @@ class _Window:
         self.uncounted: defaultdict[str, int] = defaultdict(int)
         self.overhead = 0.0
         self.micro_batches = 0
+        self.forward_model = 0  # model FLOPs of ops run outside the autograd engine
+        self.backward_model = 0  # ... and inside it (gradients)
 
 
 _SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
@@ -125,6 +134,22 @@ class _Plan:
     name: str
     formula: Any = None
     fallback: str = _SKIP  # for composites whose decomposition is unavailable
+
+
+def _cap_backward(win: _Window) -> tuple[int, str]:
+    """Model FLOPs of a window, and a note when they had to be bounded.
+
+    No op's gradients cost more than twice its forward (a matmul's input and weight gradients
+    are one forward each; attention's model backward is 2x). A backward that counted more ran
+    forward ops again where we cannot see it: recomputation inside a torch.compile'd backward
+    (activation checkpointing), where grad mode is off. Its excess is not model FLOPs; the
+    bound is exact when every matmul input needs a gradient and an upper bound otherwise."""
+    excess = win.backward_model - 2 * win.forward_model
+    if win.forward_model <= 0 or excess <= 0:
+        return win.model, ""
+    return win.model - excess, ("backward bounded at 2x the forward: recompute inside a compiled backward "
+                                f"({excess / max(1, win.model):.1%} of the counted model FLOPs) cannot be told "
+                                "from gradients")
 
 
 class _CountingMode(TorchDispatchMode):
@@ -261,8 +286,9 @@ class StepFlopCounter:
             if self.broken or expired:
                 return None
             win = self._window
+            model, note = _cap_backward(win)
             return FlopCount(
-                model_flops=win.model,
+                model_flops=model,
                 executed_flops=win.executed,
                 attention_convention=self.attention,
                 dtype=self._compute_dtype(win),
@@ -270,6 +296,7 @@ class StepFlopCounter:
                 uncounted=dict(win.uncounted),
                 micro_batches=win.micro_batches,
                 cost_s=win.overhead,
+                model_note=note,
             )
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -356,16 +383,33 @@ class StepFlopCounter:
             win.uncounted[plan.name] += 1
             return
         causal = self.attention == "causal"
-        if plan.formula is None:  # higher-order attention op
-            cost = hop_attention_cost(func.name(), args, causal)
-        else:
+        name, recompute = plan.name, False
+        if plan.formula is not None:
             cost = plan.formula(bind_arguments(func, args, kwargs), out, causal)
-        self._add(win, plan.name, cost)
+        elif func.name() in _RNG_HOPS:
+            at = _RNG_HOPS[func.name()]
+            op, recompute = args[at], func.name() == "run_with_rng_state"
+            name = op._schema.name.replace("::", ".")
+            formula = FORMULAS.get(op._schema.name)
+            if formula is None:
+                if is_heavy_op_name(op._schema.name):
+                    win.uncounted[name] += 1
+                return
+            inner_out = out if recompute else out[1]  # run_and_save returns (state, output)
+            cost = formula(bind_arguments(op, args[at + 1:], kwargs), inner_out, causal)
+        else:  # higher-order attention op
+            cost = hop_attention_cost(func.name(), args, causal)
+        self._add(win, name, cost, recompute)
 
-    def _add(self, win: _Window, name: str, cost: Any) -> None:
+    def _add(self, win: _Window, name: str, cost: Any, recompute: bool = False) -> None:
         model, executed = cost.model, cost.executed
-        if torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled():
+        in_backward = torch._C._current_graph_task_id() != -1
+        if recompute or (in_backward and torch.is_grad_enabled()):
             model = 0  # a forward op run by the autograd engine: activation-checkpoint recompute
+        elif in_backward:
+            win.backward_model += model
+        else:
+            win.forward_model += model
         if time.perf_counter() - self._started > self.max_window_s:
             self._passthrough = True
             return

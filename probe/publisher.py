@@ -28,6 +28,9 @@ from typing import Any, Callable, Deque
 from probe import wire
 from probe._log import warn_once
 
+#: Queue marker (never sent): frames after it go out under a new rank key.
+_REKEY = "_rekey"
+
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
 
@@ -69,6 +72,11 @@ class Publisher:
         """Queue one message from the training thread. O(1), never blocks, never raises."""
         self._queue.append((kind, time.time(), fields))
         self._appended += 1  # after the append: the sender never sees a phantom drop
+
+    def rekey(self, key: wire.RankKey, why: str) -> None:
+        """Training thread: frames queued from now on go out as ``key``; the old key says bye
+        (``why``) first, so a monitor that saw it does not keep a second, silent rank."""
+        self.publish(_REKEY, {"key": key, "why": why})
 
     def publish_local(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue one message from the sender thread itself (its periodic jobs)."""
@@ -184,8 +192,14 @@ class Publisher:
                 pending.appendleft(("hello", now, self.hello_fields))
                 next_hello = now + 2.0
             sent_all = True
-            while pending and listening:
+            while pending and (listening or pending[0][0] == _REKEY):
                 kind, t, fields = pending[0]
+                if kind == _REKEY:
+                    pending.popleft()
+                    self._switch_key(zmq, sock, fields, t, listening)
+                    if listening and self.hello_fields is not None:
+                        pending.appendleft(("hello", t, self.hello_fields))  # the new key's hello
+                    continue
                 if kind == "step":
                     fields = dict(fields, drops=self.drops)
                 frame = wire.encode(kind, self.key, self._seq, t, fields)
@@ -222,10 +236,22 @@ class Publisher:
             link.overflow = 0
             time.sleep(0.05)  # 20 Hz: fresh enough for a 2 Hz UI, cheap for training
 
+    def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
+        """Say bye under the old key (if a monitor listens), then speak under the new one."""
+        if listening:
+            bye = {"reason": str(fields["why"])[:256], "steps": 0, "drops": self.drops}
+            try:
+                sock.send(wire.encode("bye", self.key, self._seq, t, bye), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the old key then just goes stale
+        self.key = fields["key"]
+        self._seq = 0
+
     def _expire(self, pending: Deque[tuple[str, float, dict[str, Any]]], now: float) -> None:
-        """Drop (and count) what waited longer than ``max_age_s``, wherever it sits."""
+        """Drop (and count) what waited longer than ``max_age_s``, wherever it sits (a key
+        switch is never dropped: what follows it must go out under the new key)."""
         if pending and now - min(item[1] for item in pending) > self.max_age_s:
-            fresh = [item for item in pending if now - item[1] <= self.max_age_s]
+            fresh = [item for item in pending if now - item[1] <= self.max_age_s or item[0] == _REKEY]
             self._send_drops += len(pending) - len(fresh)
             pending.clear()
             pending.extend(fresh)

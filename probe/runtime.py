@@ -41,9 +41,11 @@ def _guard(name: str, fn: Callable[..., None], on_fail: Callable[[], None]) -> C
 class Probe:
     """Everything the probe does inside one training process."""
 
-    def __init__(self, cfg: config_mod.ProbeConfig, ident: Identity, flops_per_token: float | None) -> None:
+    def __init__(self, cfg: config_mod.ProbeConfig, ident: Identity, flops_per_token: float | None,
+                 ident_args: Any = None) -> None:
         self.cfg = cfg
         self.ident = ident
+        self._ident_args = ident_args  # probe._AttachArgs: what attach() was told (re-identify)
         self.flops_per_token = flops_per_token if flops_per_token is not None else cfg.flops_per_token
         self.publisher = Publisher(ident.key, cfg.addr, cfg.queue_size, curve_dir=cfg.curve_dir)
         self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
@@ -59,7 +61,8 @@ class Probe:
         self._since_count = 0  # steps since the last count
         self._charge_after = 0  # steps after a count before its cost is charged (set with FLOPs on)
         self._flops_close_pending = False  # a window to close outside a compiled optimizer step
-        self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token}
+        self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token,
+                                         "local_ranks": ident.local_world_size}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
         #: so benchmarks can separate steady-state cost from sampled cost.
         self.sampled_steps: dict[int, str] = {}
@@ -204,10 +207,12 @@ class Probe:
             "device": device,
             "probe_version": VERSION,
             "argv": [a[:1024] for a in getattr(sys, "argv", [])[:64]],
+            "rank_source": self.ident.rank_source,
         }
 
     def _first_step(self) -> None:
         self._started = True
+        self._reidentify()
         self._context["device_name"] = self._device_name()
         self.publisher.hello_fields = self._hello(self._context["device_name"])
         if self._kernels is not None:
@@ -216,6 +221,25 @@ class Probe:
             self._kernels._cuda = self._on_cuda()
         if self.cfg.telemetry:
             self._setup_telemetry()
+
+    def _reidentify(self) -> None:
+        """Attached before ``init_process_group`` with no launcher variable (an ``attach()`` at
+        the top of a script that Lightning's DDP launcher or ``mp.spawn`` runs): by the first
+        step the process group knows the rank. From then on this process speaks under that
+        identity; its provisional rank-0 key says bye, so no two processes stay merged as one."""
+        if self.ident.rank_source != "none":
+            return
+        from probe import identity
+
+        args = self._ident_args
+        ident = identity.from_env(job=getattr(args, "job", None), world_size=getattr(args, "world_size", None),
+                                  local_rank=getattr(args, "local_rank", None))
+        if ident.rank_source != "process group" or ident.key == self.ident.key:
+            return
+        self.ident = ident
+        self._context["local_ranks"] = ident.local_world_size
+        self.publisher.rekey(ident.key, f"re-identified as rank {ident.rank} of {ident.job} "
+                                        "(from the process group)")
 
     def _device_name(self) -> str:
         dev = self.tracker.device

@@ -83,6 +83,18 @@ def _is_compiled(module: torch.nn.Module) -> bool:
     return type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
 
 
+def _has_closure(optimizer: Any, args: Any, kwargs: Any) -> bool:
+    """Whether ``optimizer.step`` was called with a closure (positional or ``closure=``).
+    torch hands the hooks the step's positional arguments with the optimizer itself first."""
+    closure = (kwargs or {}).get("closure")
+    rest = tuple(args or ())
+    if rest and rest[0] is optimizer:
+        rest = rest[1:]
+    if closure is None and rest:
+        closure = rest[0]
+    return callable(closure)
+
+
 def _training_forward() -> bool:
     """Whether a forward now is part of training (autograd on, not inference mode)."""
     return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -104,6 +116,8 @@ class StepTracker:
         self.tokens = 0
         self.device: torch.device | None = None
         self.in_optimizer = False
+        #: The running optimizer step was given a closure: forward and backward run inside it.
+        self.closure_step = False
         self.listeners_pre_opt: list[Callable[[], None]] = []
         self.listeners_boundary: list[BoundaryListener] = []
         self.listeners_forward: list[Callable[[tuple[Any, ...]], None]] = []
@@ -182,7 +196,9 @@ class StepTracker:
                 self._idle_calls += 1
                 self._candidates.setdefault(id(module), module)
                 self._root_pre(module, args, {})
-            if self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
+            if module is self.embedding:  # every micro-batch of step 1, not just the first
+                self._embedding_pre(module, args)
+            elif self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
                 idx = args[0]
                 if isinstance(idx, torch.Tensor) and not idx.is_floating_point():
                     self.embedding = module
@@ -278,7 +294,9 @@ class StepTracker:
             if self._forward_since_boundary == 0:
                 self._input_wait = t0 - self._input_origin
                 self.signature = signature_of(args, kwargs or {})
-                if not self.in_optimizer:  # closures (LBFGS) run forwards inside step()
+                # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
+                # step's forward inside step(): that forward is the step's forward too.
+                if not self.in_optimizer or self.closure_step:
                     for listener in self.listeners_forward:
                         listener(self.signature)
             self._forward_since_boundary += 1
@@ -323,7 +341,10 @@ class StepTracker:
     def _opt_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             self.in_optimizer = True
-            if not self.explicit and self._is_new_step(optimizer):
+            self.closure_step = _has_closure(optimizer, args, kwargs)
+            # With a closure the step's (last) forward and backward are still to come, inside
+            # step(): pre-optimizer work waits for the boundary (listeners see closure_step).
+            if not self.explicit and not self.closure_step and self._is_new_step(optimizer):
                 for listener in self.listeners_pre_opt:
                     listener()
         except Exception as exc:
@@ -332,6 +353,7 @@ class StepTracker:
     def _opt_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             self.in_optimizer = False
+            self.closure_step = False
             if self.explicit:
                 return
             if self._is_new_step(optimizer):

@@ -235,6 +235,9 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "device": (True, _str(256)),
         "probe_version": (True, _str(64)),
         "argv": (False, _str_list(64, 1024)),
+        # Where the rank came from: "argument", a launcher variable ("RANK", ...), "process
+        # group" or "none" (nothing said: rank 0 by default, which several processes may claim).
+        "rank_source": (False, _str(32)),
     },
     "step": {
         "step": (True, _int()),
@@ -272,6 +275,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "cost_s": (False, _opt(_num(0, 1e7))),
         # False: the figures are the model-shape estimate, not a count (compiled code forbids one)
         "counted": (False, lambda v: isinstance(v, bool)),
+        # How model FLOPs were derived where they are not a plain count (e.g. a bounded backward)
+        "model_note": (False, _str(256)),
     },
     "kernels": {
         "window": (True, _int()),

@@ -57,6 +57,35 @@ def test_exit_code_and_existing_sitecustomize_chained(monitor, tmp_path: Path) -
     assert snap.jobs[0].ranks[0].step == 3
 
 
+def test_a_users_sitecustomize_stays_alive_with_what_it_registered(monitor, tmp_path: Path) -> None:
+    # torch.library registrations live as long as the Library object in the module's globals:
+    # flowtop run used to drop the user's module right after importing it (ops gone, imports
+    # such as transformers then failing only under flowtop).
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text(textwrap.dedent("""
+        import torch
+        LIB = torch.library.Library("flowtop_user", "DEF")
+        LIB.define("twice(Tensor x) -> Tensor")
+        LIB.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+        MARK = "user"
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import gc, sys, torch
+        gc.collect()
+        import sitecustomize
+        assert sitecustomize.MARK == "user", sitecustomize
+        assert torch.ops.flowtop_user.twice(torch.ones(2)).tolist() == [2.0, 2.0]
+        assert "_flowtop_sitecustomize" in sys.modules
+    """) + SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(user_site))
+    proc = _flowtop_run(monitor.listen, sys.executable, str(script), "3", "0", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == 3, 10)
+    assert snap.jobs[0].ranks[0].step == 3  # and the probe still attached
+
+
 def test_broken_sitecustomize_environment_never_breaks_training(tmp_path: Path) -> None:
     # An unusable address: the guest must swallow it and training must succeed.
     script = tmp_path / "train.py"

@@ -259,3 +259,80 @@ def test_the_estimate_takes_autocasts_dtype_for_its_peak(sent: list[tuple[str, d
         opt.zero_grad()
     (e,) = [f for k, f in sent if k == "flops" and f.get("counted") is False]
     assert e["dtype"] == "bf16"
+
+
+class _CheckpointedGPT(torch.nn.Module):
+    """Two pre-norm-free transformer blocks, each under activation checkpointing."""
+
+    D, T, B, V, H = 32, 16, 2, 64, 2
+
+    def __init__(self, checkpointed: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        d = self.D
+        self.checkpointed = checkpointed
+        self.emb = torch.nn.Embedding(self.V, d)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict({
+            "qkv": torch.nn.Linear(d, 3 * d), "proj": torch.nn.Linear(d, d),
+            "fc": torch.nn.Linear(d, 4 * d), "out": torch.nn.Linear(4 * d, d)}) for _ in range(2))
+        self.head = torch.nn.Linear(d, self.V)
+
+    def _block(self, blk: Any, x: torch.Tensor) -> torch.Tensor:
+        b, t, d, h = self.B, self.T, self.D, self.H
+        q, k, v = blk["qkv"](x).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, d))
+        return x + blk["out"](torch.nn.functional.gelu(blk["fc"](x)))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.emb(idx)
+        for blk in self.blocks:
+            x = checkpoint(self._block, blk, x, use_reentrant=False) if self.checkpointed else self._block(blk, x)
+        return self.head(x)
+
+
+def _gpt_model_flops() -> int:
+    # Hand count, full-attention convention: forward = 2·tokens·(linear weights) + per layer
+    # 2·(2·B·H·T²·dh) for QKᵀ and AV; training = 3 × forward (gradients of input and weight).
+    m = _CheckpointedGPT
+    tokens, d = m.B * m.T, m.D
+    weights = 2 * (3 * d * d + d * d + 4 * d * d + 4 * d * d) + d * m.V
+    attention = 2 * 2 * (2 * m.B * m.H * m.T * m.T * (d // m.H))
+    return 3 * (2 * tokens * weights + attention)
+
+
+def test_compiled_checkpointed_model_counts_no_recompute_as_model_flops(sent, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # torch.compile + checkpointing recomputes the blocks inside the compiled backward, where grad
+    # mode is off: without a bound those matmuls counted as model FLOPs (+21 % here) and the SDPA
+    # forwards wrapped in run_and_save_rng_state/run_with_rng_state were not counted at all.
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "1000")
+    _attach(sent)
+    model = _CheckpointedGPT()
+    compiled = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(4):
+        compiled(torch.randint(0, model.V, (model.B, model.T))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    counts = [f for k, f in sent if k == "flops"]
+    assert counts, "the compiled model must be counted"
+    c = counts[0]
+    assert c["model_flops"] == _gpt_model_flops()
+    assert c["executed_flops"] > c["model_flops"] * 1.15  # the recomputed blocks did run
+    assert c["uncounted"] == {}  # the RNG-preserving wrappers are costed (no "MFU understated")
+    assert c["model_note"].startswith("backward bounded at 2x the forward")
+
+
+def test_eager_checkpointing_needs_no_bound(sent, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "1000")
+    _attach(sent)
+    model = _CheckpointedGPT()
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(4):
+        model(torch.randint(0, model.V, (model.B, model.T))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    c = next(f for k, f in sent if k == "flops")
+    assert c["model_flops"] == _gpt_model_flops() and c["model_note"] == ""

@@ -253,3 +253,73 @@ def test_a_kernel_window_after_a_count_does_not_delay_its_charge(captured) -> No
         p._on_step({**base, "step": step, "wall_s": wall})
     # charged at step 5 (three steps after the count), against the steady steps only: 20 ms extra
     assert p._count_wall_s is None and p._flops.policy.min_gap == 100
+
+
+def _lm(vocab: int = 50, d: int = 16) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(vocab, d), nn.Linear(d, d), nn.Linear(d, vocab))
+
+
+def _lm_step_flops(batch: int, seq: int, d: int = 16, vocab: int = 50) -> int:
+    # Hand count: two linears (d×d, d×vocab) on batch·seq tokens, forward 2·in·out per token;
+    # backward twice that (weight and input gradients: the embedding's output needs a gradient
+    # for its trainable table). The embedding lookup is not a FLOP.
+    return 3 * 2 * batch * seq * (d * d + d * vocab)
+
+
+def test_closure_optimizer_step_is_counted(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    # Lightning's automatic optimization: training_step and backward run inside step(closure).
+    model = _lm()
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(6):
+        x = torch.randint(0, 50, (2, 8))
+
+        def closure() -> torch.Tensor:
+            loss = model(x).logsumexp(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            return loss
+
+        opt.step(closure=closure)
+    got = steps(captured)
+    assert [s["tokens"] for s in got] == [16] * 6
+    assert [s["micro_batches"] for s in got] == [1] * 6
+    f = flops(captured)
+    assert f, "a closure optimizer's step must get a FLOP count"
+    assert f[0]["model_flops"] == _lm_step_flops(2, 8)
+    assert f[0]["tokens"] == 16
+
+
+def test_accumulation_outside_then_closure(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    # Lightning with accumulate_grad_batches=3: two closures run outside step(), the third inside.
+    model = _lm()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def closure() -> torch.Tensor:
+        loss = model(torch.randint(0, 50, (2, 8))).logsumexp(-1).mean()
+        loss.backward()
+        return loss
+
+    for _ in range(5):
+        closure()
+        closure()
+        opt.step(closure)
+        opt.zero_grad()
+    got = steps(captured)
+    assert [(s["tokens"], s["micro_batches"]) for s in got] == [(48, 3)] * 5  # step 1 included
+    f = flops(captured)
+    assert f and f[0]["model_flops"] == 3 * _lm_step_flops(2, 8) and f[0]["tokens"] == 48
+
+
+def test_accumulation_step_one_counts_every_micro_batch(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    model = _lm()
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(4):
+        for _ in range(4):
+            model(torch.randint(0, 50, (2, 8))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    got = steps(captured)
+    assert [(s["tokens"], s["micro_batches"]) for s in got] == [(64, 4)] * 4
+    f = flops(captured)
+    assert f and f[0]["model_flops"] == 4 * _lm_step_flops(2, 8)

@@ -3,7 +3,8 @@
 ``flowtop run`` puts this directory first on PYTHONPATH. This file must never
 raise: any error is swallowed and training runs without the probe. It chains a
 ``sitecustomize`` that was already on the path (it is imported after ours is
-removed from the module cache, so its own imports work as before).
+removed from the module cache, so its own imports work as before, and it stays
+imported as ``sitecustomize``).
 """
 
 try:
@@ -15,20 +16,27 @@ try:
     _here = os.path.dirname(os.path.abspath(__file__))
 
     def _chain_previous() -> None:
-        """Import the sitecustomize that ours shadows, if there is one."""
+        """Import the sitecustomize that ours shadows, if there is one, and leave it in place.
+
+        The user's module stays ``sys.modules["sitecustomize"]``: it must outlive this call
+        (what it registered, e.g. ``torch.library`` ops held in its globals, dies with it) and
+        be what ``import sitecustomize`` finds. Ours is kept under a name of its own."""
         saved_path = list(sys.path)
-        saved_mod = sys.modules.pop("sitecustomize", None)
+        ours = sys.modules.pop("sitecustomize", None)
+        theirs = None
         try:
             sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
             spec = importlib.util.find_spec("sitecustomize")
             if spec is not None and spec.origin and os.path.dirname(os.path.abspath(spec.origin)) != _here:
-                import sitecustomize  # noqa: F401  (the user's own)
+                import sitecustomize as theirs  # noqa: F401  (the user's own; its errors are its own)
         except Exception:
-            pass
+            theirs = sys.modules.get("sitecustomize")  # half-run: keep what it did
         finally:
             sys.path[:] = saved_path
-            if saved_mod is not None:
-                sys.modules["sitecustomize"] = saved_mod
+            if ours is not None:
+                sys.modules["_flowtop_sitecustomize"] = ours
+                if theirs is None:
+                    sys.modules["sitecustomize"] = ours
 
     class _AttachAfterOptim(importlib.abc.MetaPathFinder):
         """Waits for ``torch.optim`` to finish importing, then attaches the probe."""
