@@ -84,3 +84,24 @@ def test_attach_before_init_process_group_reidentifies_each_rank(monitor: Monito
     provisional = [r for j in snap.jobs if j is not job for r in j.ranks]
     assert all(r.status == "done" and (r.bye_reason or "").startswith("re-identified as rank")
                for r in provisional), [(r.status, r.bye_reason) for r in provisional]
+
+
+def test_a_cpu_ranks_peak_counts_its_share_of_the_host(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    import torch
+
+    from probe import accounting
+
+    # A 16-core host, unpinned, torch using 16 threads in each of two spawned ranks.
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert accounting.cpu_cores_of_rank(1) == 16
+    assert accounting.cpu_cores_of_rank(2) == 8  # two ranks never both claim all 16 cores
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # torchrun's OMP_NUM_THREADS=1
+    assert accounting.cpu_cores_of_rank(2) == 1
+    # Pinned to 4 cores (taskset/numactl/Slurm binding): the set is the rank's own.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert accounting.cpu_cores_of_rank(8) == 4
