@@ -108,3 +108,11 @@ def fmt_sig(x: float | None, sig: int = 5, unit: str = "", na: str = NA) -> str:
         if abs(v) >= scale:
             return f"{v / scale:.{sig}g}{prefix}{unit}"
     return f"{v:.{sig}g}{unit}"
+
+
+def ended_note(first_step: int | None, last_step: int | None) -> str:
+    """"(ended, steps 7–16)": a hint whose rank or job finished while it was shown."""
+    if first_step is None or last_step is None:
+        return "(ended)"
+    steps = f"step {last_step}" if first_step >= last_step else f"steps {first_step}–{last_step}"
+    return f"(ended, {steps})"

@@ -27,15 +27,16 @@ from flowtop.claims import Claims, Seen
 from flowtop.limits import Limits, TokenBucket
 from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.sanitize import deep
-from flowtop.snapshot import Claimant, History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
+from flowtop.snapshot import Claimant, JobSnapshot, MonitorSnapshot, RankSnapshot
 from probe.wire import Message, RankKey
 
 _log = logging.getLogger("flowtop.model")
 
-#: A rank's bye makes the model evaluate its job's hints once more, while the rank still
-#: runs, unless they were evaluated this recently (seconds): the last look of a rank that
-#: leaves is what its job's final hints say (see HintEngine's ended hints).
-LAST_LOOK_S = 0.5
+#: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
+#: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the
+#: hints were evaluated since its last step arrived. Looks per job are rate-limited (per
+#: second, burst): at the end of a thousand-rank job each look costs a job snapshot.
+LAST_LOOKS_PER_S, LAST_LOOK_BURST = 4.0, 8
 
 
 class Model:
@@ -70,6 +71,7 @@ class Model:
         self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], Any]] = {}  # job -> (windows seen, merge)
         self._hints_failed = False
         self._hints_at: dict[str, float] = {}  # job -> monitor time its hints were last evaluated
+        self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
@@ -148,7 +150,7 @@ class Model:
             elif self._kernel_aggregator is not None:
                 self._kernel_aggregator(st, dict(f))
         elif msg.kind == "bye":
-            self._last_look(st.key.job, now)
+            self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
             st.drops = max(st.drops, int(f.get("drops", 0)))
 
@@ -211,6 +213,7 @@ class Model:
             del self._job_sizes[job]
             self._merged.pop(job, None)
             self._hints_at.pop(job, None)
+            self._looks.pop(job, None)
             self._claims.forget_job(job)
             forget = getattr(self._hint_engine, "forget", None)
             if forget is not None:
@@ -246,37 +249,9 @@ class Model:
         tokens_per_s = rs.tokens_per_s(st, med, stalled)
         waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
         age = now - st.last_recv
-        if st.bye is not None:
-            status = "done"
-        elif age > rs.limit(med):
-            status = "stale"
-        elif stalled is not None:
-            status = "stalled"  # heartbeats, but no step: hung (in a collective, I/O, a deadlock)
-        else:
-            status = "live"
         overhead = None
         if st.probe_s and med:
             overhead = statistics.median(st.probe_s) / med
-        tel = None
-        if st.telemetry is not None:
-            tel = TelemetryView(
-                device=st.telemetry.get("gpu", {}),
-                host=st.telemetry.get("proc", {}),
-                reasons=st.telemetry.get("reasons", {}),
-                age_s=now - st.telemetry_at,
-            )
-        hist_steps = list(st.steps)[-120:]
-        history = History(
-            steps=tuple(r[0] for r in hist_steps),
-            step_time_s=tuple(r[1] for r in hist_steps),
-            input_wait_s=tuple(r[3] or 0.0 for r in hist_steps),
-            lead_s=tuple(r[5] or 0.0 for r in hist_steps),
-            mfu=tuple(st.series.get("mfu", ())),
-            tensor_active=tuple(st.series.get("tensor_active", ())),
-            power_w=tuple(st.series.get("power_w", ())),
-            sm_clock_mhz=tuple(st.series.get("sm_clock_mhz", ())),
-            reached=tuple((r[0], r[4]) for r in st.steps),
-        )
         return RankSnapshot(
             rank=st.key.rank,
             host=st.key.host,
@@ -284,7 +259,7 @@ class Model:
             local_rank=int(st.hello.get("local_rank", 0)),
             incarnation=st.key.inc,
             device=str(st.hello.get("device", "unknown")),
-            status=status,
+            status=rs.status(st, now, med, stalled),
             step=st.step,
             step_time_s=med,
             device_time_s=st.device_s,
@@ -296,11 +271,11 @@ class Model:
             dropped_messages=st.drops,
             probe_overhead_frac=overhead,
             flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s, stalled),
-            telemetry=tel,
+            telemetry=rs.telemetry_view(st, now),
             kernels=st.kernels,
             # The accumulator is mutable: hand the UI an immutable copy of its rows.
             kernels_cumulative=st.kernels_cumulative.rows() if st.kernels_cumulative is not None else None,
-            history=history,
+            history=rs.history(st),
             bye_reason=st.bye,
             commands_refused=st.commands_refused,
             conflict=tuple(Claimant(k.host, k.pid) for k in others),
@@ -333,9 +308,14 @@ class Model:
                 by_job[st.key.job].append((st, shown[st.key]))
         return by_job
 
-    def _last_look(self, job: str, now: float) -> None:
-        """Evaluate ``job``'s hints once more before a rank of it ends (see LAST_LOOK_S)."""
-        if self._hint_engine is None or now - self._hints_at.get(job, float("-inf")) < LAST_LOOK_S:
+    def _last_look(self, leaving: RankState, now: float) -> None:
+        """Evaluate the hints of the job of ``leaving`` once more before it ends (LAST_LOOKS_PER_S)."""
+        job = leaving.key.job
+        if self._hint_engine is None or not leaving.steps:
+            return
+        if leaving.steps[-1][4] <= self._hints_at.get(job, float("-inf")):
+            return  # the hints have seen its last step already
+        if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
             return
         shown = self._view((st for st in self.ranks.values() if st.key.job == job), now).get(job)
         if shown:

@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Deque
 
+from flowtop.snapshot import History, TelemetryView
 from probe.wire import Message, RankKey
 
 #: Steps kept per rank for medians, sparklines and step alignment.
@@ -100,7 +101,7 @@ def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> flo
 
 def running(st: RankState, now: float) -> bool:
     """Neither said bye nor silent past the stale limit (a stalled rank still runs)."""
-    return st.bye is None and now - st.last_recv <= limit(median_step(st))
+    return status(st, now, median_step(st), None) not in ("done", "stale")
 
 
 def gone(st: RankState, now: float) -> bool:
@@ -112,3 +113,42 @@ def median_step(st: RankState) -> float | None:
     """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
     recent = [r[1] for r in list(st.steps)[-32:] if r[0] > 1]  # step 1 includes warm-up
     return statistics.median(recent) if recent else None
+
+
+def status(st: RankState, now: float, med: float | None, stalled: float | None) -> str:
+    """"done" (said bye), "stale" (silent past the limit), "stalled" (talks, no step), "live"."""
+    if st.bye is not None:
+        return "done"
+    if now - st.last_recv > limit(med):
+        return "stale"
+    if stalled is not None:
+        return "stalled"  # heartbeats, but no step: hung (in a collective, I/O, a deadlock)
+    return "live"
+
+
+def telemetry_view(st: RankState, now: float) -> TelemetryView | None:
+    """The rank's latest telemetry as an immutable view (None before any arrived)."""
+    if st.telemetry is None:
+        return None
+    return TelemetryView(
+        device=st.telemetry.get("gpu", {}),
+        host=st.telemetry.get("proc", {}),
+        reasons=st.telemetry.get("reasons", {}),
+        age_s=now - st.telemetry_at,
+    )
+
+
+def history(st: RankState) -> History:
+    """The last 120 steps and the sparkline series, oldest first."""
+    hist_steps = list(st.steps)[-120:]
+    return History(
+        steps=tuple(r[0] for r in hist_steps),
+        step_time_s=tuple(r[1] for r in hist_steps),
+        input_wait_s=tuple(r[3] or 0.0 for r in hist_steps),
+        lead_s=tuple(r[5] or 0.0 for r in hist_steps),
+        mfu=tuple(st.series.get("mfu", ())),
+        tensor_active=tuple(st.series.get("tensor_active", ())),
+        power_w=tuple(st.series.get("power_w", ())),
+        sm_clock_mhz=tuple(st.series.get("sm_clock_mhz", ())),
+        reached=tuple((r[0], r[4]) for r in st.steps),
+    )

@@ -8,12 +8,22 @@ documented, versioned JSON form (see README "Snapshot JSON").
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, Mapping
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
 SCHEMA = "flowtop.snapshot/1.0"
+#: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
+SCHEMA_FILE = "schema/snapshot.schema.json"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema every ``to_json`` result satisfies (every field required, null where a
+    value can be unknown, no field it does not name)."""
+    return json.loads(resources.files("flowtop").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 #: Conventions printed beside every FLOP figure.
 MODEL_FLOPS_NOTE = "model FLOPs: forward + backward as the math requires (attention backward = 2x forward), no recomputation"
@@ -240,9 +250,8 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
     }
     d.update(_flops_json(r.flops))
     d["telemetry"] = _clean(r.telemetry)
-    # Left out on request (the demo's JSON); when asked for, present even when null.
-    if with_kernels:
-        d["kernels"] = _clean(r.kernels)
+    # Present always; null before a window arrives and where left out (the demo's compact JSON).
+    d["kernels"] = _clean(r.kernels) if with_kernels else None
     return _clean(d)
 
 

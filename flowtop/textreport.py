@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from flowtop.format import ended_note, fmt_si
 from flowtop.format import fmt_pct as pct
-from flowtop.format import fmt_si, fmt_time as seconds
+from flowtop.format import fmt_time as seconds
+from flowtop.snapshot import MonitorSnapshot
 
 
 def si(value: float | None) -> str:
@@ -14,7 +16,6 @@ def si(value: float | None) -> str:
 def flops_rate(value: float | None) -> str:
     """FLOP/s with prefix."""
     return fmt_si(value, "FLOP/s")
-from flowtop.snapshot import MonitorSnapshot
 
 
 def render(snap: MonitorSnapshot) -> str:
@@ -46,5 +47,6 @@ def render(snap: MonitorSnapshot) -> str:
             lines.append(f"  messages: {lost} missing (sequence gaps: lost in transit or refused here), "
                          f"{dropped} dropped by the probes' queues")
         for h in job.hints:
-            lines.append(f"  [{h.severity}] {h.summary} -> {h.action}")
+            ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
+            lines.append(f"  [{h.severity}]{ended} {h.summary} -> {h.action}")
     return "\n".join(lines)

@@ -323,6 +323,51 @@ async def test_rank_detail_without_history_or_flops() -> None:
         assert str(app.screen.query_one(TelemetryPanel).render()) == "no telemetry yet"
 
 
+@pytest.mark.asyncio
+async def test_rank_detail_of_a_cpu_rank_says_gpu_measures_do_not_apply() -> None:
+    """A CPU rank has no tensor activity, power or SM clock, and nothing says whether its clocks
+    are throttled: 'n/a on CPU', not 'no samples yet' (which would wait for ever) nor 'not
+    throttled' (which it cannot know). A GPU rank without samples yet still says so."""
+    from flowtop.snapshot import TelemetryView
+
+    snap = synthetic_snapshot(120, with_kernels=False)
+    job = snap.jobs[0]
+    cpu_tel = TelemetryView(device={}, host={"proc_cpu_pct": 99.0, "rss_bytes": 2 << 30},
+                            reasons={"device": "no CUDA device in this rank"}, age_s=0.4)
+    cpu = dataclasses.replace(job.ranks[0], device="cpu (2 threads)", telemetry=cpu_tel,
+                              history=dataclasses.replace(job.ranks[0].history, tensor_active=(), power_w=(),
+                                                          sm_clock_mhz=()))
+    gpu = dataclasses.replace(job.ranks[1], history=History(), telemetry=TelemetryView(
+        device={"gpu_util": 97.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0, "throttle": []},
+        host={}, reasons={}, age_s=0.4))
+    snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(cpu, gpu)),))
+    app, _ = _app([snap])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("d")  # rank 0: the CPU rank
+        await pilot.pause()
+        screen = app.screen
+        for spark_id in ("#spark-tensor", "#spark-power", "#spark-clock"):
+            spark = screen.query_one(spark_id, MetricSparkline)
+            assert str(spark.query_one(".spark-value", Label).render()) == "n/a on CPU", spark_id
+            assert spark.query_one(Sparkline).display is False
+        mfu = screen.query_one("#spark-mfu", MetricSparkline)  # MFU applies on a CPU
+        assert str(mfu.query_one(".spark-value", Label).render()) != "n/a on CPU"
+        throttle = str(screen.query_one("#throttle", Static).render())
+        assert throttle == "clocks: not measured on CPU"
+        assert "not throttled" not in throttle
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("down", "d")  # rank 1: a GPU rank with no samples yet
+        await pilot.pause()
+        screen = app.screen
+        assert str(screen.query_one("#detail-title", Static).render()).startswith("rank 1 · gpu-node-00 pid 4101 · cuda")
+        for spark_id in ("#spark-tensor", "#spark-power", "#spark-clock"):
+            spark = screen.query_one(spark_id, MetricSparkline)
+            assert str(spark.query_one(".spark-value", Label).render()) == "n/a (no samples yet)", spark_id
+        assert str(screen.query_one("#throttle", Static).render()) == "clocks: not throttled"
+
+
 def _cpu_window() -> object:
     from flowtop.kernels.aggregate import aggregate
     from flowtop.kernels.trace import KernelEvent, KernelWindow

@@ -61,8 +61,20 @@ def detail_title(r: RankSnapshot | None, job: str, rank: int) -> Text:
     return out
 
 
+#: What a GPU-only measure of a CPU rank reads: it does not apply, rather than "not yet".
+NOT_ON_CPU = "n/a on CPU"
+
+
+def on_cpu(r: RankSnapshot | None) -> bool:
+    """Whether the rank trains on the CPU (the probe names CPU devices "cpu (...)")."""
+    return r is not None and r.device.strip().lower().startswith("cpu")
+
+
 def throttle_text(r: RankSnapshot | None) -> Text:
-    """'throttled: …' in red, or a quiet 'clocks: not throttled'."""
+    """'throttled: …' in red, or a quiet 'clocks: not throttled'; on a CPU rank, which reports
+    no clocks or throttle reasons, 'clocks: not measured on CPU'."""
+    if on_cpu(r):
+        return Text("clocks: not measured on CPU", style="dim")
     tel = r.telemetry if r else None
     reasons = tm.throttle_reasons(tel)
     clock, clock_max = tm.number(tel, tm.SM_CLOCK), tm.number(tel, tm.SM_CLOCK_MAX)
@@ -118,11 +130,14 @@ class RankDetailScreen(SnapshotScreen):
         r = pick_rank(find_job(snap, self.job_name), self.rank)
         self.query_one("#detail-title", Static).update(detail_title(r, self.job_name, self.rank))
         h = r.history if r else None
+        # Tensor activity, power and SM clock come from NVML/GPM: a CPU rank never has them.
+        gpu_only = {"empty": NOT_ON_CPU} if on_cpu(r) else {}
         self.query_one("#spark-step", MetricSparkline).show(h.step_time_s if h else ())
         self.query_one("#spark-mfu", MetricSparkline).show(h.mfu if h else ())
-        self.query_one("#spark-tensor", MetricSparkline).show(tm.series_fraction(tm.TENSOR, h.tensor_active) if h else ())
-        self.query_one("#spark-power", MetricSparkline).show(h.power_w if h else ())
-        self.query_one("#spark-clock", MetricSparkline).show(h.sm_clock_mhz if h else ())
+        self.query_one("#spark-tensor", MetricSparkline).show(
+            tm.series_fraction(tm.TENSOR, h.tensor_active) if h else (), **gpu_only)
+        self.query_one("#spark-power", MetricSparkline).show(h.power_w if h else (), **gpu_only)
+        self.query_one("#spark-clock", MetricSparkline).show(h.sm_clock_mhz if h else (), **gpu_only)
         self.query_one("#throttle", Static).update(throttle_text(r))
         self.query_one(FlopsPanel).show(r.flops if r else None)
         self.query_one(TelemetryPanel).show(r.telemetry if r else None)

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from flowtop.format import ended_note
 from flowtop.snapshot import Hint
 from flowtop.widgets._format import (
     SEVERITY_ORDER,
@@ -24,8 +25,8 @@ def hint_key(h: Hint) -> str:
 
 
 def ordered(hints: Iterable[Hint]) -> list[Hint]:
-    """Most severe first, then largest share of step time at stake."""
-    return sorted(hints, key=lambda h: (SEVERITY_ORDER.get(h.severity, 9), -h.impact, h.target, h.id))
+    """Active before ended, then most severe first, then largest share of step time at stake."""
+    return sorted(hints, key=lambda h: (h.ended, SEVERITY_ORDER.get(h.severity, 9), -h.impact, h.target, h.id))
 
 
 def hint_prompt(h: Hint, expanded: bool) -> Text:
@@ -43,6 +44,10 @@ def hint_prompt(h: Hint, expanded: bool) -> Text:
         text.append(evidence_text(h.evidence) or "–")
         text.append("\n    fix: ", style="dim")
         text.append(h.action, style="green")
+    if h.ended:
+        # Its rank or job finished: kept as the run's diagnosis, dimmed so it reads as history.
+        text.append(f" {ended_note(h.first_step, h.last_step)}", style="italic")
+        text.stylize("dim")
     return text
 
 
@@ -67,7 +72,9 @@ class HintsPanel(OptionList):
             return  # nothing changed: keep the list (and the terminal) quiet
         self._shown = state
         current = self.highlighted_option.id if self.highlighted_option is not None else None
-        self.border_title = f"hints ({len(keys)})" if keys else "hints"
+        ended = sum(h.ended for h in self._hints)
+        count = f"{len(keys) - ended} + {ended} ended" if ended else str(len(keys))
+        self.border_title = f"hints ({count})" if keys else "hints"
         if not self._hints:
             self.set_options([Option(Text("no hints: nothing stands out", style="dim"), id="none", disabled=True)])
             return

@@ -35,8 +35,8 @@ class MetricSparkline(Horizontal):
         spark.add_class("good-high" if self.higher_is_better else "good-low")
         yield spark
 
-    def show(self, series: Sequence[float]) -> None:
-        """Render ``series`` (oldest first); an empty series shows 'n/a'."""
+    def show(self, series: Sequence[float], empty: str = "n/a (no samples yet)") -> None:
+        """Render ``series`` (oldest first); an empty series shows ``empty`` (why there is none)."""
         # Textual's Sparkline cannot draw NaN or inf: such points are left out.
         values = [float(v) for v in series if v is not None and math.isfinite(float(v))]
         value = self.query_one(".spark-value", Label)
@@ -44,7 +44,7 @@ class MetricSparkline(Horizontal):
             lo, hi = min(values), max(values)
             value.update(f"{self.fmt(values[-1])} ({self.fmt(lo)}–{self.fmt(hi)})")
         else:
-            value.update("n/a (no samples yet)")
+            value.update(empty)
         spark = self.query_one(Sparkline)
         spark.data = values
         # An empty Sparkline still draws a flat row of bars, which reads as "zero".

@@ -50,8 +50,10 @@ def rank_cells(r: RankSnapshot) -> list[Text]:
     gpu = tm.fraction(r.telemetry, tm.GPU_UTIL)
     rank = str(r.rank) if r.incarnation == 0 else f"{r.rank}.{r.incarnation}"
     step_style = "yellow" if r.status == "stale" else dim
+    # Another process claims this rank too (see the rank_conflict hint): mark both rows.
+    rank_cell = styled(rank + "!", "bold red") if r.conflict else styled(rank, "bold" if not stale else dim)
     return [
-        styled(rank, "bold" if not stale else dim),
+        rank_cell,
         # The first label of a host name tells nodes apart; the domain rarely does.
         Text(_short_host(r.host), style=dim, no_wrap=True, overflow="ellipsis"),
         styled(fmt_int(r.step), step_style),
