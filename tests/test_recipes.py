@@ -100,3 +100,139 @@ def test_mp_spawn_without_rank_env(monitor) -> None:
     for r in run.ranks:
         assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=tiny_gpt_flops_per_token() * tokens)
     assert_job_sums(run)
+
+
+# ---------------------------------------------------------------------------------------------- HF transformers
+
+#: The framework-throughput comparisons run without the probe's sampled profiler windows: each costs
+#: ≈45 ms at a step boundary on this CPU (twice in 40 tiny steps), time that flowtop keeps out of
+#: its step times but that a framework's wall-clock mean includes (0.6 instead of 0.95 measured):
+#: a probe cost, not a convention, so it is taken out of the comparison (see the report, issue 13).
+NO_KERNEL_WINDOWS = {"FLOWTOP_KERNELS": "0"}
+
+# hf_trainer.py's GPT2Config(vocab_size=512, n_positions=32, n_embd=64, n_layer=2, n_head=4)
+HF_GPT2 = dict(vocab=512, n_layer=2, d=64, seq=32)
+#: HF Trainer clips gradients (max_grad_norm=1.0): one aten.linalg_vector_norm in the counted window,
+#: which flowtop lists as an uncounted heavy op (see test_gradient_clipping_norm_is_not_an_uncounted_op).
+GRAD_CLIP_NORM = frozenset({"aten.linalg_vector_norm"})
+
+
+def hf_gpt2_non_embedding_params(d: int, n_layer: int) -> int:
+    """What HF's ``num_parameters(exclude_embeddings=True)`` counts on GPT2LMHeadModel: per layer
+    ln_1 (2d) + c_attn (3d² + 3d) + c_proj (d² + d) + ln_2 (2d) + c_fc (4d² + 4d) + mlp c_proj (4d² + d)
+    = 12d² + 13d, plus ln_f (2d); wte/wpe are embeddings and the LM head is tied to wte."""
+    return n_layer * (12 * d * d + 13 * d) + 2 * d
+
+
+def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    steps, batch, accum = 40, 4, 2
+    run = run_recipe(monitor, [sys.executable, str(RECIPES / "hf_trainer.py"), f"--steps={steps}", f"--batch={batch}",
+                               f"--accum={accum}"], n_ranks=1, env={"HF_HOME": str(tmp_path), **NO_KERNEL_WINDOWS})
+    assert_ranks(run, 1)
+    h = HF_GPT2
+    linear = gpt2_linear_weights(h["d"], h["n_layer"], h["vocab"])  # Conv1D weights + the tied LM head
+    fpt = decoder_train_flops_per_token(linear, h["n_layer"], h["d"], h["seq"])
+    assert fpt == 835_584  # same layout and shape as TinyGPT
+    tokens = batch * h["seq"] * accum  # micro-batches of a step all count
+    r = run.ranks[0]
+    assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=fpt * tokens,  # 213,909,504
+                       allowed_uncounted=GRAD_CLIP_NORM)
+    assert "discarded" not in run.proc.stderr  # no count thrown away (issue 13 item 6)
+
+    hf = run.framework_metrics()
+    # HF's total_flos is 6 · N · tokens with N = non-embedding parameters (no LM head: tied to the
+    # embedding; no attention term): 6 · 100,096 = 600,576 per token, 1.391 × below flowtop's count.
+    n_hf = hf_gpt2_non_embedding_params(h["d"], h["n_layer"])
+    assert n_hf == 100_096
+    assert hf["total_flos"] == 6 * n_hf * tokens * steps
+    assert r["flops_per_token"] / (6 * n_hf) == pytest.approx(1.3913, abs=1e-4)
+    # Throughput: HF divides all samples by the whole train() wall time (data loader start, the
+    # warm-up and FLOP-counted steps, the end of training), flowtop takes the median step time: HF
+    # reads a little lower (0.91–0.95 measured over 40 steps of ~20 ms on 2 shared cores). The band
+    # catches a per-sample/per-token or world-size mix-up (2× either way).
+    hf_tokens_per_s = hf["train_samples_per_second"] * h["seq"]
+    assert 0.7 < hf_tokens_per_s / r["tokens_per_s"] < 1.25, (hf_tokens_per_s, r["tokens_per_s"])
+
+
+def test_hf_accelerate_llama_two_processes(monitor, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    steps, batch, accum, seq = 15, 2, 2, 32
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2",
+              "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", f"--main_process_port={free_port()}"]
+    run = run_recipe(monitor, [*launch, str(RECIPES / "hf_accelerate.py"), f"--steps={steps}", f"--batch={batch}",
+                               f"--accum={accum}", f"--seq={seq}"], n_ranks=2, env={"HF_HOME": str(tmp_path)})
+    assert_ranks(run, 2)
+    # LlamaConfig(vocab 512, hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads), untied head:
+    # per layer q 64² + k,v 2·64·32 + o 64² + SwiGLU 3·64·128 = 36,864; ×2 + head 64·512 = 106,496.
+    # Attention counts the 4 query heads (GQA shares K/V, not the score matmuls): 4·T·d per layer.
+    linear = llama_linear_weights(d=64, n_layer=2, vocab=512, n_head=4, n_kv_head=2, d_ff=128)
+    assert linear == 106_496
+    fpt = decoder_train_flops_per_token(linear, 2, 64, seq)
+    assert fpt == 688_128
+    tokens = batch * seq * accum
+    for r in run.ranks:
+        assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=fpt * tokens)  # 88,080,384
+    assert_job_sums(run)
+    assert "discarded" not in run.proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- Lightning
+
+
+def _lightning(monitor, tmp_path, devices: int):
+    pytest.importorskip("lightning")
+    steps, batch = 40, 4
+    run = run_recipe(monitor, [sys.executable, str(RECIPES / "lightning_trainer.py"), f"--steps={steps}",
+                               f"--batch={batch}", f"--devices={devices}"], n_ranks=devices,
+                     env={"MASTER_PORT": str(free_port()), **NO_KERNEL_WINDOWS})
+    assert_ranks(run, devices)
+    tokens = batch * TINY["seq"]
+    for r in run.ranks:
+        # Automatic optimization runs training_step and backward inside optimizer.step(closure):
+        # that forward is the step's forward, counted like any other (issue 13 item 1).
+        assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=tiny_gpt_flops_per_token() * tokens)
+    pl = run.framework_metrics()
+    # ThroughputMonitor: tokens (length_fn = batch × seq) over the last 30 batches, rank 0's own
+    # figure (device/): a wall-time mean between batch ends; flowtop's is tokens per step ÷ the
+    # median step time. On 2 shared cores the mean takes in the odd slow step: 0.92–1.03 measured.
+    # The band catches a 2× (world size) or per-sample/per-token mix-up.
+    ratio = pl["train/device/items_per_sec"] / run.ranks[0]["tokens_per_s"]
+    assert 0.75 < ratio < 1.25, (pl, run.ranks[0]["tokens_per_s"])
+    if devices > 1:  # Lightning's global figure is device × world size; flowtop's job figure sums ranks
+        assert pl["train/items_per_sec"] == pytest.approx(devices * pl["train/device/items_per_sec"])
+        assert 0.75 < pl["train/items_per_sec"] / run.job["tokens_per_s"] < 1.25
+        assert_job_sums(run)
+    return run
+
+
+def test_lightning_trainer_single_process(monitor, tmp_path) -> None:
+    _lightning(monitor, tmp_path, devices=1)
+
+
+def test_lightning_trainer_ddp_two_cpu_processes(monitor, tmp_path) -> None:
+    # Lightning's launcher re-runs the script with LOCAL_RANK/NODE_RANK/WORLD_SIZE but no RANK:
+    # the probe takes the rank from the process group (issue 13 item 2).
+    _lightning(monitor, tmp_path, devices=2)
+
+
+# ---------------------------------------------------------------------------------------------- found on the way
+
+
+@pytest.mark.xfail(strict=True, reason="found while writing the recipes (issue 13): a vector norm "
+                   "(clip_grad_norm_, on by default in the HF Trainer) is listed as an uncounted heavy op "
+                   "and fires the 'MFU is understated' hint")
+def test_gradient_clipping_norm_is_not_an_uncounted_op() -> None:
+    torch = pytest.importorskip("torch")
+    from flop_helpers import count
+
+    lin = torch.nn.Linear(8, 8)
+
+    def step() -> None:
+        lin(torch.randn(4, 8)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(lin.parameters(), 1.0)
+
+    result = count(step)
+    assert result.model_flops == 3 * 2 * 4 * 8 * 8 - 2 * 4 * 8 * 8  # forward + weight grad (input needs none)
+    assert result.uncounted == {}
