@@ -202,8 +202,9 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
             if until_done:
                 snap = collector.snapshot()
                 ranks = [r for j in snap.jobs for r in j.ranks]
+                # Rows, not rank numbers: two processes claiming one rank are two rows (a conflict).
                 if ranks and all(r.status == "done" for r in ranks) and all(
-                    j.ranks_seen >= j.world_size for j in snap.jobs
+                    len(j.ranks) >= j.world_size for j in snap.jobs
                 ):
                     break
         return collector.snapshot()

@@ -29,7 +29,7 @@ def test_probe_imports_neither_textual_nor_flowtop() -> None:
 @pytest.mark.parametrize(
     "module",
     ["flowtop.collector", "flowtop.model", "flowtop.accounting", "flowtop.snapshot", "flowtop.wiring",
-     "flowtop.textreport", "flowtop.runner", "flowtop.cli"],
+     "flowtop.textreport", "flowtop.runner", "flowtop.cli", "flowtop.claims", "flowtop.rankstate"],
 )  # fmt: skip
 def test_monitor_data_side_imports_without_textual_or_torch(module: str) -> None:
     mods = _top(_modules_after(f"import {module}"))

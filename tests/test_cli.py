@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowtop.demo.launch import free_port_pair
+from snapshot_schema import assert_valid_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +43,7 @@ def test_snapshot_json_with_no_probes() -> None:
     out = _flowtop("snapshot", "--listen", f"tcp://127.0.0.1:{port}", "--timeout", "0.3", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
+    assert_valid_snapshot(data)
     assert data["schema"] == "flowtop.snapshot/1.0"
     assert data["jobs"] == [] and data["received"] == 0
 

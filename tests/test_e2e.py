@@ -10,6 +10,7 @@ import pytest
 
 from flowtop.demo.launch import training_command
 from flowtop.snapshot import to_json
+from snapshot_schema import assert_valid_snapshot
 
 
 def test_two_rank_ddp_under_flowtop_run(monitor) -> None:
@@ -38,6 +39,7 @@ def test_two_rank_ddp_under_flowtop_run(monitor) -> None:
         assert r.device.startswith("cpu")
         assert r.bye_reason == "exit"
     data = to_json(snap)
+    assert_valid_snapshot(data)
     assert data["schema"].startswith("flowtop.snapshot/1")
     assert {r["rank"] for r in data["jobs"][0]["ranks"]} == {0, 1}
 
@@ -52,6 +54,7 @@ def test_demo_headless_prints_both_ranks() -> None:
     import json
 
     data = json.loads(proc.stdout)
+    assert_valid_snapshot(data)
     ranks = data["jobs"][0]["ranks"]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     assert all(r["step"] >= 20 for r in ranks)

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from flowtop.recording import RecordingError, read_recording, replay_all
+from flowtop.snapshot import to_json
 from flowtop.wiring import make_model
+from snapshot_schema import assert_valid_snapshot
 
 DATA = Path(__file__).parent / "data"
 H200_BF16_PEAK = 989.4e12
@@ -33,6 +35,7 @@ def gpt_model_flops(batch: int, seq: int, layers: int, width: int, vocab: int) -
 def replay(name: str):  # type: ignore[no-untyped-def]
     snap = replay_all(DATA / f"h200-gpt-{name}.rec.gz", make_model())
     assert snap.rejected == 0
+    assert_valid_snapshot(to_json(snap))  # real H200 kernel windows and NVML/GPM telemetry
     (job,) = snap.jobs
     (rank,) = job.ranks
     return snap, job, rank

@@ -9,19 +9,22 @@ snapshot's history, recomputed here independently.
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Iterator
 
 import psutil
 import pytest
 
-from flowtop.demo.launch import training_command
-from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from flowtop.demo.launch import free_port_pair, training_command
+from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot, to_json
 from monitor_thread import MonitorThread
+from snapshot_schema import assert_valid_snapshot
 
 INPUT_SCRIPT = textwrap.dedent(
     """
@@ -112,6 +115,41 @@ def test_slow_dataloader_triggers_input_wait(monitor: MonitorThread, tmp_path: P
     assert r.input_wait_frac is not None and abs(100.0 * r.input_wait_frac - pct) < 10.0
     assert hint.severity == ("critical" if pct > 25.0 else "warning")
     assert hint.impact == pytest.approx(pct / 100.0)
+    assert_valid_snapshot(to_json(snap))
+
+
+def test_finished_run_keeps_its_input_wait_hint_in_the_final_json(tmp_path: Path) -> None:
+    """`flowtop snapshot --until-done --json` over a 16-step run that waits on its DataLoader: the
+    final snapshot, taken after the rank said bye, still holds the hint, marked ended."""
+    script = tmp_path / "slow_loader.py"
+    script.write_text(INPUT_SCRIPT)
+    addr = f"tcp://127.0.0.1:{free_port_pair()}"
+    monitor = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "snapshot", "--listen", addr, "--until-done",
+                                "--timeout", "150", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # the monitor binds before the probe's first frames (they are not kept long)
+        run = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", "--connect", addr, "--",
+                              sys.executable, str(script), "16"], capture_output=True, text=True, timeout=150)
+        assert run.returncode == 0, run.stderr[-3000:]
+        out, err = monitor.communicate(timeout=60)
+    finally:
+        if monitor.poll() is None:
+            monitor.kill()
+            monitor.wait(5)
+    assert monitor.returncode == 0, err
+    data = json.loads(out)
+    assert_valid_snapshot(data)
+    (job,) = data["jobs"]
+    (r,) = job["ranks"]
+    assert job["status"] == "done" and r["status"] == "done" and r["step"] == 16
+    (hint,) = [h for h in job["hints"] if h["id"] == "input_wait"]
+    assert hint["ended"] is True and hint["target"] == "rank 0"
+    # It held over the steps the monitor saw it hold: from the start of its 10-step window to the
+    # last step (the bye's last look sees every step), with the share it had then.
+    assert hint["last_step"] == 16
+    assert 1 <= hint["first_step"] <= hint["last_step"] - 9
+    assert hint["evidence"]["input_wait_pct"] > 5.0 and hint["evidence"]["window_steps"] >= 10
+    assert hint["summary"] == f"rank 0 waits for input {hint['evidence']['input_wait_pct']:.0f} % of each step"
 
 
 def _lead_lag(job: JobSnapshot, slow: int, window: int = 20) -> tuple[float, float]:

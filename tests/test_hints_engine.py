@@ -16,6 +16,7 @@ from flowtop.hints.base import Measurement
 from flowtop.hints.doc import rules_markdown
 from flowtop.hints.engine import MEASURES
 from flowtop.snapshot import JobSnapshot, MonitorSnapshot, to_json
+from snapshot_schema import assert_valid_snapshot
 from test_hints_factories import (
     b_comm,
     b_input_wait,
@@ -173,6 +174,7 @@ def test_hints_survive_the_json_snapshot() -> None:
     hints = engine.evaluate(snap, 6.0)
     doc = to_json(MonitorSnapshot(6.0, "tcp://127.0.0.1:5555", (dataclasses.replace(snap, hints=hints),), 1, 0))
     back = json.loads(json.dumps(doc, allow_nan=False))
+    assert_valid_snapshot(back)
     (h,) = back["jobs"][0]["hints"]
     assert h["id"] == "throttling" and h["evidence"]["reasons"] == ["sw_power_cap"]
     assert h["evidence"]["clock_pct"] == pytest.approx(80.0)

@@ -8,6 +8,9 @@ import textwrap
 import time
 from pathlib import Path
 
+from flowtop.snapshot import to_json
+from snapshot_schema import assert_valid_snapshot
+
 SCRIPT = textwrap.dedent(
     """
     import sys, time, torch
@@ -74,6 +77,7 @@ def test_operator_windows_arrive_and_manual_trigger_works(monitor, tmp_path: Pat
         assert new_rank.kernels.step - step_before < 60
         assert time.monotonic() - t0 < 20
         assert new_rank.kernels_cumulative is not None and len(new_rank.kernels_cumulative) > 0
+        assert_valid_snapshot(to_json(snap))  # a real CPU operator window in the JSON
     finally:
         proc.kill()
         proc.wait(10)

@@ -15,6 +15,7 @@ from flowtop.recording import MAGIC, Recorder, RecordingError, RecordingSource, 
 from flowtop.replay import ReplaySource
 from flowtop.wiring import make_model
 from probe import wire
+from snapshot_schema import assert_valid_snapshot
 
 HERE = Path(__file__).resolve().parent
 REC = HERE / "data" / "demo-2rank.rec"  # a real 2-rank CPU DDP run (tests/data/make_recording.py)
@@ -70,6 +71,7 @@ def test_snapshot_replay_cli_and_bad_file(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
+    assert_valid_snapshot(data)
     assert [r["step"] for r in data["jobs"][0]["ranks"]] == [60, 60]
     bad = tmp_path / "bad.rec"
     bad.write_bytes(b"xx")

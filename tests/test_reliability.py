@@ -19,6 +19,7 @@ import zmq
 from conftest import ROOT
 from monitor_thread import MonitorThread
 from probe import wire
+from snapshot_schema import assert_valid_snapshot
 
 #: A training whose boundaries sit inside the user's own record_function ranges too (the ranges
 #: that outlived a profiler session were the crash), with windows forced as often as allowed.
@@ -274,6 +275,7 @@ def test_terminal_escapes_from_the_wire_never_reach_the_output() -> None:
     model.ingest(wire.decode(_frame("step", key, 1, **_step_fields(1))), 1.0)
     model.ingest(wire.decode(_frame("bye", key, 2, reason="\x9b2J gone", steps=1, drops=0)), 1.0)
     snap = model.snapshot(2.0)
+    assert_valid_snapshot(to_json(snap))
     text = render(snap) + repr(snap) + str(to_json(snap))
     assert snap.jobs[0].ranks[0].device == "\\x1b[31mGPU\\x07"
     assert snap.jobs[0].ranks[0].bye_reason == "\\x9b2J gone"
@@ -289,6 +291,7 @@ def test_a_full_disk_at_exit_still_prints_the_snapshot(tmp_path: Path) -> None:
     import json
 
     assert json.loads(proc.stdout)["schema"].startswith("flowtop.snapshot/")
+    assert_valid_snapshot(json.loads(proc.stdout))
     assert "Traceback" not in proc.stderr
     assert "recording /dev/full is incomplete: No space left on device" in proc.stderr
     assert proc.returncode == 1  # the recording asked for is not whole

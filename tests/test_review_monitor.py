@@ -26,6 +26,7 @@ from flowtop.runner import BOOTSTRAP_DIR, probe_env
 from flowtop.snapshot import to_json
 from flowtop.wiring import make_model
 from probe import wire
+from snapshot_schema import assert_valid_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAK = 1e12  # FLOP/s
@@ -101,6 +102,7 @@ def test_stalled_rank_has_zero_throughput_and_mfu() -> None:
     assert (job.status, job.tokens_per_s, job.flops.flops_per_s, job.flops.mfu) == ("stalled", 0.0, 0.0, 0.0)
     assert job.flops.mfu_reason == "no step for 6 s"
     data = to_json(snap)
+    assert_valid_snapshot(data)
     assert data["jobs"][0]["status"] == "stalled" and data["jobs"][0]["ranks"][0]["status"] == "stalled"
     assert data["jobs"][0]["ranks"][0]["mfu"] == 0.0 and data["jobs"][0]["tokens_per_s"] == 0.0
     # A step again: live, and the throughput of the recent steps is back.

@@ -92,13 +92,28 @@ class DemoSource:
         await self.collector.stop()
 
 
+async def _watch(source: DemoSource, every_s: float = 0.5) -> int:
+    """Wait for the training, taking a snapshot every ``every_s`` as the TUI would: hints whose
+    evidence is a time window only form over snapshots taken while the job runs."""
+    assert source.proc is not None
+    waiter = asyncio.ensure_future(source.proc.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=every_s)
+            if done:
+                return waiter.result()
+            source.snapshot()
+    finally:
+        waiter.cancel()  # no-op once it finished; on a timeout, stop waiting
+
+
 async def _headless(source: DemoSource, timeout_s: float) -> tuple[Any, int]:
     await source.start()
     assert source.proc is not None
     deadline = time.monotonic() + timeout_s
     code = -1
     try:
-        code = await asyncio.wait_for(source.proc.wait(), timeout_s)
+        code = await asyncio.wait_for(_watch(source), timeout_s)
         # Give the last bye messages a moment to arrive — only a moment: a training that
         # failed before any rank reported will never send one.
         deadline = min(deadline, time.monotonic() + BYE_GRACE_S)
