@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from flowtop.hints import measures_device, measures_identity, measures_kernels, measures_time
-from flowtop.hints.base import Measurement, MeasureFn, finite
+from flowtop.hints.base import Measurement, MeasureFn, finite, rank_target
 from flowtop.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
 from flowtop.snapshot import Hint, JobSnapshot
 
@@ -179,8 +179,8 @@ class HintEngine:
         and the rank hints of a rank whose every process said bye. Left to the measures, they
         would vanish with their rank (a finished rank is measured no more), and the final
         snapshot that a script reads would say nothing about the run."""
-        done = {f"rank {n}" for n in {r.rank for r in job.ranks}
-                if all(r.status == "done" for r in job.ranks if r.rank == n)}
+        running = {rank_target(r) for r in job.ranks if r.status != "done"}  # a rank number may have 2 rows
+        done = {rank_target(r) for r in job.ranks} - running
         for key in [k for k in self._state if k[0] == job.job]:
             if job.status != "done" and not (self._scope.get(key[1]) == "rank" and key[2] in done):
                 continue
