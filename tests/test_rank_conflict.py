@@ -25,8 +25,9 @@ WALL_S, TOKENS = 0.05, 256  # per step, as the probe reports them: tokens/s = 51
 MODEL_FLOPS = 1e9  # per counted step of TOKENS tokens
 
 
-def _publisher(monitor: MonitorThread, key: RankKey, world: int = 2) -> Publisher:
-    pub = Publisher(key, monitor.listen)
+def _publisher(addr: str, key: RankKey, world: int = 2) -> Publisher:
+    """A started probe publisher of ``key`` that a monitor at ``addr`` subscribed to."""
+    pub = Publisher(key, addr)
     pub.hello_fields = {"local_rank": 0, "world_size": world, "device": "cpu (test)", "probe_version": "test"}
     pub.start()
     deadline = time.monotonic() + 10
@@ -63,7 +64,7 @@ def test_two_pids_claiming_rank_0_are_two_rows_a_critical_hint_and_summed_work(
         monitor: MonitorThread, pubs: list[Publisher]) -> None:
     a = RankKey("lightning", "node-a", 1001, 0, 0)
     b = RankKey("lightning", "node-b", 2002, 0, 0)
-    pubs += [_publisher(monitor, a), _publisher(monitor, b)]
+    pubs += [_publisher(monitor.listen, a), _publisher(monitor.listen, b)]
     for p in pubs:
         _flops(p)
         _steps(p, 1, 12)
@@ -113,13 +114,13 @@ def test_a_provisional_rank_0_that_ends_before_its_first_step_is_no_conflict(
         monitor: MonitorThread, pubs: list[Publisher]) -> None:
     """The probe's own fix: a process first says rank 0, then reads rank 1 from the process group
     and says bye under the provisional key before its first step."""
-    real0 = _publisher(monitor, RankKey("spawn", "h", 10, 0, 0))
-    provisional = _publisher(monitor, RankKey("spawn", "h", 11, 0, 0))
+    real0 = _publisher(monitor.listen, RankKey("spawn", "h", 10, 0, 0))
+    provisional = _publisher(monitor.listen, RankKey("spawn", "h", 11, 0, 0))
     pubs += [real0, provisional]
     _steps(real0, 1, 3)
     monitor.wait_for(lambda s: (j := _job(s, "spawn")) is not None and len(j.ranks) == 2, 10)
     provisional.publish("bye", {"reason": "re-identified as rank 1", "steps": 0, "drops": 0})
-    rank1 = _publisher(monitor, RankKey("spawn", "h", 11, 1, 0))
+    rank1 = _publisher(monitor.listen, RankKey("spawn", "h", 11, 1, 0))
     pubs.append(rank1)
     _steps(real0, 4, 12)
     _steps(rank1, 1, 12)
@@ -131,6 +132,44 @@ def test_a_provisional_rank_0_that_ends_before_its_first_step_is_no_conflict(
     assert job.rank_conflicts == 0 and all(r.conflict == () for r in job.ranks)
     assert not [h for h in job.hints if h.id == "rank_conflict"]
     assert job.tokens_per_s == pytest.approx(2 * TOKENS / WALL_S)
+
+
+def test_snapshot_until_done_ends_on_a_conflict_and_prints_both_rows(pubs: list[Publisher]) -> None:
+    """`flowtop snapshot --until-done --json`: world size 2, both processes say rank 0. The job
+    has two rows when both are done, so the collection ends then (not at the timeout)."""
+    import json
+    import subprocess
+    import sys
+
+    from flowtop.demo.launch import free_port_pair
+
+    addr = f"tcp://127.0.0.1:{free_port_pair()}"
+    t0 = time.monotonic()
+    cli = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "snapshot", "--listen", addr, "--until-done",
+                            "--timeout", "60", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for pid in (31, 32):
+            pubs.append(_publisher(addr, RankKey("cli", "h", pid, 0, 0)))
+        for p in pubs:
+            _steps(p, 1, 12)
+        time.sleep(1.0)  # both seen running together (the monitor polls at 10 Hz)
+        for p in pubs:
+            p.publish("bye", {"reason": "exit", "steps": 12, "drops": 0})
+        out, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(5)
+    assert cli.returncode == 0, err
+    assert time.monotonic() - t0 < 45  # ended when both were done, not at the 60 s timeout
+    data = json.loads(out)
+    assert_valid_snapshot(data)
+    (job,) = data["jobs"]
+    assert job["status"] == "done" and job["rank_conflicts"] == 1 and job["world_size"] == 2
+    assert sorted((r["pid"], [c["pid"] for c in r["conflict"]]) for r in job["ranks"]) == [(31, [32]), (32, [31])]
+    assert job["tokens_per_s"] == pytest.approx(2 * TOKENS / WALL_S)
+    (hint,) = [h for h in job["hints"] if h["id"] == "rank_conflict"]
+    assert hint["ended"] and hint["severity"] == "critical" and hint["last_step"] == 12
 
 
 class _Feeder:
