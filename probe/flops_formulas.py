@@ -306,7 +306,10 @@ def is_heavy_op_name(name: str) -> bool:
 
     Used only for ops without a formula, to report them as "uncounted" instead of zero."""
     base = name.split("::")[-1].split(".")[0]
-    for token in base.lower().split("_"):
+    tokens = base.lower().split("_")
+    if "norm" in tokens:  # a norm (gradient clipping's linalg_vector_norm) is a reduction, no matmul
+        return False
+    for token in tokens:
         if token in _HEAVY_TOKENS or _CONV_TOKEN.fullmatch(token):
             return True
     return False

@@ -121,7 +121,7 @@ class StepTracker:
         self.listeners_pre_opt: list[Callable[[], None]] = []
         self.listeners_boundary: list[BoundaryListener] = []
         self.listeners_forward: list[Callable[[tuple[Any, ...]], None]] = []
-        self._last_boundary = time.perf_counter()
+        self._last_boundary = t0
         self._input_origin = self._last_boundary  # last optimizer post-hook of the step
         self._input_wait: float | None = None
         self._forward_end: float | None = None
@@ -410,7 +410,10 @@ class StepTracker:
         fields["probe_s"] = self._probe_s
         self._probe_s = 0.0
         self._on_step(fields)
-        self._last_boundary = time.perf_counter()
+        # Steps are the intervals between boundary instants: what the probe does here (a kernel
+        # window starting or ending, a count closing) belongs to the next step's wall time, so
+        # step times add up to the run's wall time, as the framework's own clocks see it.
+        self._last_boundary = t0
 
     def _device_time(self) -> tuple[float | None, int | None]:
         """Record this boundary's CUDA event; return the newest completed step's time."""

@@ -323,3 +323,23 @@ def test_accumulation_step_one_counts_every_micro_batch(unbudgeted, captured) ->
     assert [(s["tokens"], s["micro_batches"]) for s in got] == [(64, 4)] * 4
     f = flops(captured)
     assert f and f[0]["model_flops"] == 4 * _lm_step_flops(2, 8)
+
+
+def test_step_times_add_up_to_the_wall_time(captured) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    # The probe's own work at a boundary (a kernel window starting or ending: 10-45 ms on a
+    # CPU) belongs to a step: the steps' wall times must add up to the loop's wall time, as a
+    # framework's own clock sees it. A 5 ms listener stands in for that work here.
+    probe._current().tracker.listeners_boundary.append(lambda step, wall: time.sleep(0.005))
+    model = _lm()
+    opt = torch.optim.AdamW(model.parameters())
+    marks = []
+    for _ in range(12):
+        model(torch.randint(0, 50, (2, 8))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        marks.append(time.perf_counter())
+    walls = [s["wall_s"] for s in steps(captured)]
+    loop = marks[-1] - marks[1]  # from after boundary 2 to after boundary 12
+    assert sum(walls[2:]) == pytest.approx(loop, abs=3e-3)  # 10 × 5 ms would be missing before

@@ -112,9 +112,6 @@ NO_KERNEL_WINDOWS = {"FLOWTOP_KERNELS": "0"}
 
 # hf_trainer.py's GPT2Config(vocab_size=512, n_positions=32, n_embd=64, n_layer=2, n_head=4)
 HF_GPT2 = dict(vocab=512, n_layer=2, d=64, seq=32)
-#: HF Trainer clips gradients (max_grad_norm=1.0): one aten.linalg_vector_norm in the counted window,
-#: which flowtop lists as an uncounted heavy op (see test_gradient_clipping_norm_is_not_an_uncounted_op).
-GRAD_CLIP_NORM = frozenset({"aten.linalg_vector_norm"})
 
 
 def hf_gpt2_non_embedding_params(d: int, n_layer: int) -> int:
@@ -136,8 +133,8 @@ def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
     assert fpt == 835_584  # same layout and shape as TinyGPT
     tokens = batch * h["seq"] * accum  # micro-batches of a step all count
     r = run.ranks[0]
-    assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=fpt * tokens,  # 213,909,504
-                       allowed_uncounted=GRAD_CLIP_NORM)
+    assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=fpt * tokens)  # 213,909,504
+    # (HF clips gradients by default: its linalg_vector_norm is no uncounted heavy op)
     assert "discarded" not in run.proc.stderr  # no count thrown away (issue 13 item 6)
 
     hf = run.framework_metrics()
@@ -220,9 +217,6 @@ def test_lightning_trainer_ddp_two_cpu_processes(monitor, tmp_path) -> None:
 # ---------------------------------------------------------------------------------------------- found on the way
 
 
-@pytest.mark.xfail(strict=True, reason="found while writing the recipes (issue 13): a vector norm "
-                   "(clip_grad_norm_, on by default in the HF Trainer) is listed as an uncounted heavy op "
-                   "and fires the 'MFU is understated' hint")
 def test_gradient_clipping_norm_is_not_an_uncounted_op() -> None:
     torch = pytest.importorskip("torch")
     from flop_helpers import count
