@@ -91,6 +91,7 @@ def rank_flops(
         counted_at_step=int(msg["step"]) if "step" in msg else None,
         mfu_reason=reason,
         counted=msg.get("counted", True) is not False,
+        model_note=str(msg.get("model_note", "")),
     )
 
 
@@ -137,6 +138,7 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
         mfu_reason=reason,
         counted=all(v.counted for v in vs),
+        model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
     )
 
 

@@ -55,6 +55,7 @@ class FlopsView:
     counted_at_step: int | None = None
     mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
     counted: bool = True  # False: the FLOPs are the 6N+12LdT estimate (counting impossible there)
+    model_note: str = ""  # how model FLOPs were derived where they are not a plain count
 
     @property
     def estimate_ratio(self) -> float | None:
@@ -206,7 +207,7 @@ FLOP_FIELDS: tuple[str, ...] = (
     "flops_per_step", "executed_flops_per_step", "estimated_flops_per_step", "estimate_source",
     "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
     "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
-    "counted",
+    "counted", "model_note",
 )
 #: ``mfu_reason`` of a rank (or job) with no FLOP count.
 NO_COUNT_REASON = "no FLOP count yet"

@@ -155,3 +155,16 @@ def test_schema_is_shipped_as_package_data() -> None:
     assert re.search(r'dev = \[[^\]]*"jsonschema', pyproject)
     assert (ROOT / "flowtop" / "schema" / "snapshot.schema.json").is_file()
     assert json_schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+def test_a_bounded_backward_travels_as_model_note() -> None:
+    from flowtop.accounting import job_flops, rank_flops
+
+    note = "backward bounded at 2x the forward: recompute inside a compiled backward (18.0% ...)"
+    base = {"step": 2, "model_flops": 3e9, "executed_flops": 3.6e9, "attention": "full", "dtype": "fp32",
+            "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 1000}
+    bounded = rank_flops({**base, "model_note": note}, 0.1)
+    plain = rank_flops(base, 0.1)
+    assert bounded is not None and plain is not None
+    assert (bounded.model_note, plain.model_note) == (note, "")
+    assert job_flops([bounded, plain]).model_note == note  # the job says one of its ranks is bounded

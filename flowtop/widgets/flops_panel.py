@@ -25,6 +25,8 @@ def flops_text(f: FlopsView | None) -> Text:
         out.append("\n")
 
     row("model/step", fmt_si(f.model_flops_per_step, "F"), "no recompute")
+    if f.model_note:
+        row("", f.model_note[:120], "", "yellow")
     ratio = (
         f"{f.executed_flops_per_step / f.model_flops_per_step:.2f}× model"
         if f.executed_flops_per_step and f.model_flops_per_step
