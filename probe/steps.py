@@ -121,7 +121,7 @@ class StepTracker:
         self.listeners_pre_opt: list[Callable[[], None]] = []
         self.listeners_boundary: list[BoundaryListener] = []
         self.listeners_forward: list[Callable[[tuple[Any, ...]], None]] = []
-        self._last_boundary = t0
+        self._last_boundary = time.perf_counter()
         self._input_origin = self._last_boundary  # last optimizer post-hook of the step
         self._input_wait: float | None = None
         self._forward_end: float | None = None
