@@ -296,6 +296,26 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "proc": (True, _flat_map()),
         "reasons": (False, _flat_map()),
     },
+    # A node relay's own figures (flowtop.relay), about once a second beside the rank frames it
+    # forwards. Not a rank: the monitor keeps relays apart (flowtop.relays). Envelope: job "",
+    # rank 0, the relay's host and pid.
+    "relay": {
+        "relay": (True, _str(300)),  # relay id "host:pid:nonce" (its batches' stamps name it)
+        "listen": (True, _str(1024)),  # where its ranks connect
+        "upstream": (True, _str(1024)),
+        "ranks": (True, _int(0, 1 << 20)),  # rank connections now
+        "frames_in": (True, _int()),
+        "frames_out": (True, _int()),
+        "bytes_in": (True, _int()),
+        "bytes_out": (True, _int()),
+        "drops": (True, _int()),  # frames it dropped (upstream away past the age limit, queue full)
+        "queued": (True, _int()),
+        "commands": (True, _int()),  # monitor commands carried down
+        "link_ups": (True, _int()),  # upstream connections made (1 + reconnects)
+        "uptime_s": (True, _num(0, 1e10)),
+        "closing": (False, lambda v: isinstance(v, bool)),  # its last report: it hands over or ends
+        "hosted_by": (False, _str(64)),  # "flowtop relay" or "flowtop run"
+    },
 }
 
 KINDS = tuple(_SCHEMA)

@@ -31,6 +31,10 @@ GOOD = {
                 "acts": [[1, 4, 1.0, 3.0, -1, 5, 11], [2, 0, 4.0, 9.5, 7, 5, 11], [2, 2, 9.5, 9.6, 7, 0, 12]]},
     "telemetry": {"gpu": {"gpu_util": 100, "throttle": ["sw_power_cap"], "tensor_active": None},
                   "proc": {"rss_bytes": 123}, "reasons": {"tensor_active": "GPM unsupported"}},
+    "relay": {"relay": "node-3:77:1a2b3c4d", "listen": "ipc:///tmp/flowtop-1000/relay.sock",
+              "upstream": "tcp://login:5759", "ranks": 8, "frames_in": 900, "frames_out": 890, "bytes_in": 10**6,
+              "bytes_out": 10**6, "drops": 10, "queued": 0, "commands": 1, "link_ups": 2, "uptime_s": 90.5,
+              "closing": False, "hosted_by": "flowtop run"},
 }  # fmt: skip
 
 
