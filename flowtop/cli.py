@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from probe import wire
 
-SUBCOMMANDS = ("top", "run", "snapshot", "replay", "demo", "keys", "analyze", "calibrate")
+SUBCOMMANDS = ("top", "run", "relay", "snapshot", "replay", "demo", "keys", "analyze", "calibrate")
 
 
 def _positive_float(raw: str) -> float:
@@ -56,7 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--connect", default=None, help="monitor address the probe connects to (env FLOWTOP_ADDR)")
     run.add_argument("--job", default=None, help="job id (default: from torchrun's environment)")
     run.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
+    run.add_argument("--relay", choices=("auto", "on", "off"), default="auto",
+                     help="share one upstream connection per node through a node relay (auto: when the monitor is on another host)")
     run.add_argument("command", nargs=argparse.REMAINDER)
+    relay = sub.add_parser("relay", help="node relay: this node's ranks connect to it, it to the monitor")
+    relay.add_argument("--listen", default=None, help="where the ranks connect: ipc:///PATH or tcp://127.0.0.1:PORT "
+                       "(default: the node's well-known ipc path for --connect, which flowtop run --relay uses)")
+    relay.add_argument("--connect", default=os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR),
+                       help="the monitor (tcp://HOST:PORT; env FLOWTOP_ADDR)")
+    relay.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
     snap = sub.add_parser("snapshot", help="collect for a while and print the model")
     _monitor_args(snap)
     snap.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to collect (default 5)")
@@ -97,7 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flowtop import runner
 
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        return runner.run(command, connect=args.connect, job=args.job, curve_dir=args.curve_dir)
+        return runner.run(command, connect=args.connect, job=args.job, curve_dir=args.curve_dir, relay=args.relay)
+    if args.cmd == "relay":
+        from flowtop import relay_host
+
+        return relay_host.serve(args.listen, args.connect, args.curve_dir)
     if args.cmd == "keys":
         from flowtop import keys
 

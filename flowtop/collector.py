@@ -215,10 +215,13 @@ class Collector:
             now = time.monotonic()
             for _ in range(BATCH):
                 try:
-                    frame = sync.recv(zmq.NOBLOCK, copy=True)
+                    parts = sync.recv_multipart(zmq.NOBLOCK, copy=True)
                 except zmq.Again:
                     break
-                self.handle_frame(frame, now)
+                if len(parts) == 1:
+                    self.handle_frame(parts[0], now)
+                else:  # a node relay's batch (flowtop.relays)
+                    self.handle_batch(parts, now)
             self._handshake_failures()
             await asyncio.sleep(0)
 
@@ -237,7 +240,17 @@ class Collector:
             else:
                 self.model.reject("handshake failed: a probe without CURVE keys, or with mismatched ones")
 
-    def handle_frame(self, frame: bytes, now: float) -> None:
+    def handle_batch(self, parts: list[bytes], now: float) -> None:
+        """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it."""
+        try:
+            via, times = self.model.relays.unstamp(parts, now)
+        except wire.WireError as exc:
+            self.model.reject(str(exc))
+            return
+        for frame, t in zip(parts[1:], times):
+            self.handle_frame(frame, t, via)
+
+    def handle_frame(self, frame: bytes, now: float, via: str | None = None) -> None:
         """Decode one frame and apply it; a bad frame is counted, never raised."""
         if self.recorder is not None:
             try:
@@ -250,7 +263,7 @@ class Collector:
             self.model.reject(str(exc))
             return
         try:
-            self.model.ingest(msg, now)
+            self.model.ingest(msg, now, via)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
 

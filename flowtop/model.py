@@ -25,6 +25,7 @@ from flowtop import accounting
 from flowtop import rankstate as rs
 from flowtop.claims import Claims, Seen
 from flowtop.limits import Limits, TokenBucket
+from flowtop.relays import Relays
 from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.sanitize import deep
 from flowtop.snapshot import Claimant, JobSnapshot, MonitorSnapshot, RankSnapshot
@@ -75,6 +76,8 @@ class Model:
         self._claims = Claims()
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
+        #: Node relays heard of, and which relay each rank's frames come through (flowtop.relays).
+        self.relays = Relays()
 
     # --- ingest ---------------------------------------------------------------------
 
@@ -108,8 +111,12 @@ class Model:
         if len(self.rejected_reasons) < 100 or bucket in self.rejected_reasons:
             self.rejected_reasons[bucket] += 1
 
-    def ingest(self, msg: Message, now: float) -> None:
-        """Apply one validated message received at monitor time ``now``."""
+    def ingest(self, msg: Message, now: float, via: str | None = None) -> None:
+        """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""
+        if msg.kind == "relay":  # a relay's own figures: no rank
+            self.received += 1
+            self.relays.report(msg, now)
+            return
         st = self.ranks.get(msg.key)
         if st is not None:
             why = rs.implausible(st, msg, now)
@@ -123,6 +130,7 @@ class Model:
             st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
             self._job_sizes[msg.key.job] += 1
         st.last_recv = now
+        self.relays.saw(msg.key, via)
         if st.last_seq >= 0 and msg.seq > st.last_seq + 1:
             st.lost += msg.seq - st.last_seq - 1
         st.last_seq = max(st.last_seq, msg.seq)
@@ -207,6 +215,7 @@ class Model:
 
     def _forget(self, st: RankState) -> None:
         del self.ranks[st.key]
+        self.relays.forget(st.key)
         job = st.key.job
         self._job_sizes[job] -= 1
         if self._job_sizes[job] <= 0:
@@ -294,6 +303,7 @@ class Model:
             rejected=self.rejected,
             rejected_reasons=dict(self.rejected_reasons),
             ranks_evicted_for_room=self.ranks_evicted_for_room,
+            relays=self.relays.snapshot(now),
         )
 
     def _view(self, states: Any, now: float) -> dict[str, list[tuple[RankState, tuple[RankKey, ...]]]]:
@@ -324,6 +334,7 @@ class Model:
     def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float) -> JobSnapshot:
         states = [st for st, _ in shown]
         ranks = tuple(self._rank_snapshot(st, now, others) for st, others in shown)
+        ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
         times = [r.step_time_s for r in live if r.step_time_s]

@@ -54,13 +54,32 @@ def probe_env(
     return env
 
 
-def run(cmd: list[str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None) -> int:
-    """Run ``cmd`` to completion and return its exit code (signals: see the module docstring)."""
+def run(cmd: list[str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None,
+        relay: str = "auto") -> int:
+    """Run ``cmd`` to completion and return its exit code (signals: see the module docstring).
+
+    ``relay`` (auto/on/off): the ranks reach the monitor through the node's relay, hosted by
+    whichever ``flowtop run`` of the node holds its lock (flowtop.relay_host)."""
     if not cmd:
         print("flowtop run: no command given (usage: flowtop run [--connect ADDR] -- CMD ARGS...)", file=sys.stderr)
         return 2
+    from flowtop import relay_host
+
+    upstream = connect or os.environ.get("FLOWTOP_ADDR") or wire.DEFAULT_ADDR
+    node = relay_host.for_run(relay, upstream, curve_dir or os.environ.get("FLOWTOP_CURVE_DIR") or None)
+    env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
+    if node is not None:
+        env.pop("FLOWTOP_CURVE_DIR", None)  # the relay holds the keys upstream; its ranks talk over ipc
     try:
-        child = subprocess.Popen(cmd, env=probe_env(os.environ, connect, job, curve_dir))
+        return _run_child(cmd, env)
+    finally:
+        if node is not None:
+            node.stop()  # hand the node's relay to another flowtop run, if one still runs
+
+
+def _run_child(cmd: list[str], env: dict[str, str]) -> int:
+    try:
+        child = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         print(f"flowtop run: cannot start {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.0"
+SCHEMA = "flowtop.snapshot/1.1"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -123,6 +123,10 @@ class RankSnapshot:
     #: Other live processes that claimed the same (job, rank, incarnation): shown as rows of
     #: their own, never merged (a launcher that set no RANK makes every process "rank 0").
     conflict: tuple["Claimant", ...] = ()
+    #: The relay (its id) this rank's frames last came through; None when it connects directly.
+    relay: str | None = None
+    #: Why the rank counts as stale though it may still run ("relay HOST silent for N s"), else "".
+    status_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,8 @@ class MonitorSnapshot:
     rejected_reasons: Mapping[str, int] = field(default_factory=dict)
     #: Ended ranks forgotten early to admit new ones at the monitor's caps (flowtop.limits).
     ranks_evicted_for_room: int = 0
+    #: Node relays (flowtop.relays.RelaySnapshot), by host.
+    relays: tuple[Any, ...] = ()
 
 
 def _clean(obj: Any) -> Any:
@@ -248,6 +254,8 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         "bye_reason": r.bye_reason,
         "commands_refused": r.commands_refused,
         "conflict": _clean(r.conflict),
+        "relay": r.relay,
+        "status_reason": r.status_reason,
     }
     d.update(_flops_json(r.flops))
     d["telemetry"] = _clean(r.telemetry)
@@ -258,6 +266,8 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
 
 def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
     """The documented JSON snapshot (``schema`` names its version)."""
+    from flowtop.relays import relay_json
+
     jobs = []
     for j in snap.jobs:
         job: dict[str, Any] = {
@@ -288,6 +298,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "rejected": snap.rejected,
             "rejected_reasons": dict(snap.rejected_reasons),
             "ranks_evicted_for_room": snap.ranks_evicted_for_room,
+            "relays": [relay_json(r) for r in snap.relays],
             "jobs": jobs,
         }
     )
