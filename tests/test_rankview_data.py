@@ -1,0 +1,150 @@
+"""The rank view's data side (flowtop.rankview, rankfilter, rankstats): order, groups, filter,
+percentiles, map cells — over real snapshot dataclasses, no Textual."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flowtop.rankfilter import FilterError, parse_filter
+from flowtop.rankstats import MISSING, NO_VALUE, STATUS_BINS, job_percentiles, map_layout, percentiles, rank_grid
+from flowtop.rankview import NodeRow, RankRow, ViewSpec, build_view, job_context, node_group, sort_ranks
+from flowtop.synthetic_cluster import Troubles, cluster_job, cluster_rank
+
+
+@pytest.mark.parametrize("module", ["flowtop.rankview", "flowtop.rankfilter", "flowtop.rankstats",
+                                    "flowtop.synthetic_cluster"])
+def test_rank_view_data_side_imports_without_textual(module: str) -> None:
+    code = f"import {module}, sys, json; print(json.dumps(sorted(sys.modules)))"
+    mods = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                     check=True).stdout.splitlines()[-1])
+    assert not [m for m in mods if m.split(".")[0] in ("textual", "torch")]
+
+
+def _small_job(**troubles: object):
+    return cluster_job(64, troubles=Troubles(**{"slow_node": 2, "stalled_rank": 5, "dead_nodes": (6,),
+                                                "input_wait_ranks": (40,), "conflict_rank": 99, **troubles}))
+
+
+def test_worst_first_puts_stuck_then_stragglers_then_low_mfu() -> None:
+    job = _small_job()
+    order = [r.rank for r in sort_ranks(job.ranks, job_context(job.ranks))]
+    # stalled rank 5, then the silent node 6 (ranks 48-55), then the slow node 2 (3 steps
+    # behind), then rank 40 (27 % slower than the median, no lag), then everyone by MFU.
+    assert order[:1] == [5]
+    assert order[1:9] == list(range(48, 56))
+    assert order[9:17] == list(range(16, 24))
+    assert order[17] == 40
+    rest = [r for r in sort_ranks(job.ranks, job_context(job.ranks))][18:]
+    mfus = [r.flops.mfu for r in rest]
+    assert mfus == sorted(mfus) and len(rest) == 64 - 18
+
+
+def test_column_sort_worst_values_first_and_missing_last() -> None:
+    job = _small_job()
+    ctx = job_context(job.ranks)
+    no_flops = dataclasses.replace(job.ranks[7], flops=None)
+    ranks = [*job.ranks[:7], no_flops, *job.ranks[8:]]
+    by_mfu = sort_ranks(ranks, ctx, "mfu")
+    assert by_mfu[0].flops.mfu == 0.0 and by_mfu[-1] is no_flops  # lowest first, unknown last
+    assert sort_ranks(ranks, ctx, "mfu", reverse=True)[-1] is no_flops  # reversed: still last
+    assert [r.rank for r in sort_ranks(ranks, ctx, "rank")][:3] == [0, 1, 2]
+    lags = [ctx.lag(r) for r in sort_ranks(ranks, ctx, "lag")]
+    assert lags == sorted(lags, reverse=True) and lags[0] == 10  # the stalled rank, 10 steps behind
+
+
+def test_node_rows_aggregate_their_ranks() -> None:
+    job = _small_job()
+    view = build_view(job, ViewSpec())
+    assert view.grouped and view.nodes == 8 and view.total == 64
+    assert all(isinstance(r, NodeRow) for r in view.rows[:1])
+    first = view.rows[0]
+    assert isinstance(first, NodeRow) and first.host == "node000" and first.open  # 64 ranks: open
+    g = first.group
+    assert (len(g.ranks), g.worst_status, g.max_lag) == (8, "stalled", 10)
+    assert g.mfu_min == 0.0 and g.mfu_median == pytest.approx(0.45, abs=0.02)
+    assert [r.rank for r in first.ranks][0] == 5  # the node's worst rank leads it
+    assert isinstance(view.rows[1], RankRow) and view.rows[1].nested
+
+
+def test_nodes_start_closed_beyond_a_screenful_and_toggle_by_hand() -> None:
+    job = cluster_job(4096)
+    spec = ViewSpec()
+    view = build_view(job, spec)
+    assert len(view.rows) == 512 and not view.open_default
+    assert [r.host for r in view.rows[:6]] == ["node154", "node300", "node301", "node302", "node303", "node375"]
+    spec = spec.toggled("node154", view.open_default)
+    view = build_view(job, spec)
+    assert len(view.rows) == 520 and [r.rank.rank for r in view.rows[1:2]] == [1234]
+    flat = build_view(job, dataclasses.replace(spec, grouped=False))
+    assert len(flat.rows) == 4097 and not flat.grouped
+
+
+def test_one_host_is_not_grouped() -> None:
+    job = cluster_job(8)
+    assert not build_view(job, ViewSpec()).grouped
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [("node01*", 80), ("128-255", 128), ("stalled", 1), ("hung", 1), ("input_wait", 2), ("stale", 32),
+     ("stale stalled", 33), ("node30* stale", 32), ("rank:4000-", 96), ("host:node000,node001", 16),
+     ("conflict", 2), ("straggler", 8), ("hint:hang_rank", 1), ("", 4097)],
+)  # fmt: skip
+def test_filter_terms(text: str, shown: int) -> None:
+    job = cluster_job(4096)
+    flt = parse_filter(text)
+    view = build_view(job, ViewSpec(filter=flt))
+    assert view.shown == shown
+    assert flt.active == bool(text)
+
+
+@pytest.mark.parametrize("text", ["rank:9-1", "status:sleepy", "colour:red", "rank:x"])
+def test_filter_errors_say_what_is_wrong(text: str) -> None:
+    with pytest.raises(FilterError):
+        parse_filter(text)
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    assert percentiles([4.0, 1.0, 3.0, 2.0]) == (1.0, 2.5, pytest.approx(3.85), 4.0)
+    assert percentiles([]) is None
+    job = _small_job()
+    done = dataclasses.replace(job.ranks[63], status="done", input_wait_frac=0.9)
+    p = job_percentiles(dataclasses.replace(job, ranks=(*job.ranks[:63], done)))
+    assert p.ranks == 63  # stalled and stale ranks count (MFU 0), a finished one does not
+    assert p.mfu is not None and p.mfu[0] == 0.0 and p.mfu[-1] == pytest.approx(0.4639, abs=1e-3)
+    assert p.input_wait_frac == (0.01, 0.01, 0.01, 0.3)
+
+
+def test_map_layout_fits_4096_ranks_in_a_64x64_block_or_several_per_cell() -> None:
+    full = map_layout(4096, 64, 32)
+    assert (full.per_cell, full.width, full.cell_rows, full.half, full.text_size) == (1, 64, 64, True, (64, 32))
+    short = map_layout(4096, 64, 4)  # the 80x24 band
+    assert (short.per_cell, short.width, short.text_size) == (8, 64, (64, 4))
+    small = map_layout(24, 64, 4)  # few ranks: two characters a cell, a node a row
+    assert (small.per_cell, small.width, small.half, small.text_size) == (1, 8, False, (16, 3))
+
+
+def test_map_cells_show_the_worst_rank_and_unseen_ranks() -> None:
+    job = _small_job()
+    grid = rank_grid(job, "mfu", map_layout(64, 64, 32))
+    assert grid.ranks[5] is not None and grid.ranks[5].rank == 5
+    assert grid.bins[5] == 4 and grid.bins[0] == 0  # MFU 0 (stalled) vs 45 %
+    coarse = rank_grid(job, "mfu", map_layout(64, 4, 1))  # 8 cells of 8 ranks
+    assert coarse.layout.per_cell == 8 and coarse.ranks[0].rank == 5  # the stalled one speaks for its cell
+    missing = dataclasses.replace(job, ranks=tuple(r for r in job.ranks if r.rank != 9), world_size=64)
+    status = rank_grid(missing, "status", map_layout(64, 64, 32))
+    assert status.bins[9] == STATUS_BINS["missing"] and status.bins[5] == STATUS_BINS["stalled"]
+    assert rank_grid(missing, "mfu", map_layout(64, 64, 32)).bins[9] == MISSING
+    no_count = dataclasses.replace(job, ranks=(dataclasses.replace(cluster_rank(0), flops=None),))
+    assert rank_grid(no_count, "mfu", map_layout(1, 64, 32)).bins[0] == NO_VALUE
+
+
+def test_node_group_of_a_node_with_no_flop_count() -> None:
+    ranks = [dataclasses.replace(cluster_rank(r), flops=None) for r in range(8)]
+    g = node_group("node000", ranks, job_context(ranks))
+    assert g.mfu_min is None and g.mfu_median is None and g.worst_status == "live"
