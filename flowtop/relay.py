@@ -274,12 +274,19 @@ class Relay:
         while True:
             stopping = self._stop.is_set()
             now = time.monotonic()
-            wait = cfg.report_s if not self._queue else self._queue[0][1] + cfg.flush_s - now
-            poller.poll(max(0, min(100, int(wait * 1000) + 1)) if not stopping else 0)
+            if not self._queue:
+                wait = cfg.report_s
+            else:  # its batch is due, or (nobody listening) its expiry
+                wait = self._queue[0][1] + (cfg.flush_s if self.listening else cfg.max_age_s) - now
+            ready = dict(poller.poll(max(0, min(100, int(wait * 1000) + 1)) if not stopping else 0))
             now = time.monotonic()
-            self._drain_down(down, now)
-            self._drain_up(up, down)
-            self._link_events(up_events, down_events)
+            # Only the sockets that have something: each empty receive costs an exception.
+            if down in ready or stopping:
+                self._drain_down(down, now)
+            if up in ready:
+                self._drain_up(up, down)
+            if up_events in ready or down_events in ready:
+                self._link_events(up_events, down_events)
             if self.listening != self._subscribed:
                 # Mirror the monitor's presence: ranks send only while someone listens.
                 self._subscribed = self.listening
@@ -305,7 +312,7 @@ class Relay:
         q, limit = self._queue, self.cfg.queue
         for _ in range(DRAIN):
             try:
-                frame = down.recv(zmq.NOBLOCK, copy=False)  # zero copy: the bytes go out as they came
+                frame = down.recv(zmq.NOBLOCK)  # bytes as the probe sent them (copy=False costs more below 64 KB)
             except zmq.Again:
                 return
             q.append((frame, now))

@@ -1,0 +1,414 @@
+"""Node relays (flowtop relay, and the one flowtop run hosts), with real sockets and processes:
+ranks behind two relays reach one collector, commands reach the right rank, a dead relay marks
+its ranks only, a restarted one brings them back, frames keep the relay's receive times, step
+times are the same through a relay, and two flowtop run processes of a node share one upstream
+connection, handing the relay over when the first ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgpack
+import psutil
+import pytest
+import zmq
+
+from flowtop import keys
+from flowtop.cli import main as cli_main
+from flowtop.collector import Collector
+from flowtop.demo.launch import free_port_pair
+from flowtop.relay import PathLock
+from flowtop.relays import encode_stamp
+from flowtop.snapshot import to_json
+from flowtop.wiring import make_model
+from monitor_thread import MonitorThread
+from probe import wire
+from probe.publisher import Publisher
+from probe.wire import RankKey
+from snapshot_schema import assert_valid_snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+HELLO = {"local_rank": 0, "world_size": 4, "device": "cpu (test)", "probe_version": "test"}
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short private directory: ipc paths are limited to ~100 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="ftr"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _relay(listen: str, upstream: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--listen", listen, "--connect", upstream,
+                             *extra], stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+class _Ranks:
+    """Real probe publishers stepping every 20 ms on a thread; commands they obey are kept."""
+
+    def __init__(self, job: str, addrs: dict[int, str]) -> None:
+        self.pubs: dict[int, Publisher] = {}
+        self.commands: list[tuple[int, str]] = []
+        for rank, addr in addrs.items():
+            pub = Publisher(RankKey(job, "node-a" if rank < 2 else "node-b", 5000 + rank, rank, 0), addr)
+            pub.hello_fields = dict(HELLO, local_rank=rank % 2)
+            pub.on_control(lambda cmd, rank=rank: self.commands.append((rank, cmd)))
+            pub.start()
+            self.pubs[rank] = pub
+        self._stop = False
+        self._thread = threading.Thread(target=self._step, daemon=True)
+        self._thread.start()
+
+    def _step(self) -> None:
+        step = 0
+        while not self._stop:
+            step += 1
+            for pub in self.pubs.values():
+                pub.publish("step", {"step": step, "wall_s": 0.02, "tokens": 64, "drops": 0})
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(2)
+        for pub in self.pubs.values():
+            pub.close()
+
+
+def _ranks(snap: Any) -> dict[int, Any]:
+    return {r.rank: r for j in snap.jobs for r in j.ranks}
+
+
+def test_two_relays_every_rank_commands_and_a_dead_relay_marks_only_its_ranks(short_dir: Path) -> None:
+    mon = MonitorThread()
+    a, b = f"ipc://{short_dir}/a.sock", f"ipc://{short_dir}/b.sock"
+    relays = {"a": _relay(a, mon.listen), "b": _relay(b, mon.listen)}
+    ranks = _Ranks("two-relays", {0: a, 1: a, 2: b, 3: b})
+    try:
+        t0 = time.monotonic()
+        snap = mon.wait_for(lambda s: len(_ranks(s)) == 4 and all(r.step > 5 for r in _ranks(s).values())
+                            and len(s.relays) == 2 and all(r.ranks_connected == 2 for r in s.relays), 15)
+        print(f"4 ranks through 2 relays seen after {time.monotonic() - t0:.2f} s")
+        by_listen = {r.listen: r for r in snap.relays}
+        assert set(by_listen) == {a, b} and all(r.status == "live" and r.hosted_by == "flowtop relay" for r in snap.relays)
+        first_a = by_listen[a].relay
+        assert [_ranks(snap)[i].relay for i in range(4)] == [first_a, first_a, by_listen[b].relay, by_listen[b].relay]
+        assert all(r.status == "live" and r.status_reason == "" for r in _ranks(snap).values())
+        assert all(r.ranks == 2 and r.drops == 0 and r.frames_out <= r.frames_in for r in snap.relays)
+        assert_valid_snapshot(to_json(snap))
+
+        # A command for rank 3 travels monitor -> relay b -> its two ranks; only rank 3 obeys.
+        mon.call(lambda: mon.collector.request_kernels("two-relays", 3))
+        mon.call(lambda: mon.collector.request_kernels("two-relays", 0))
+        deadline = time.monotonic() + 5
+        while len(ranks.commands) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # nobody else obeys late either
+        assert sorted(ranks.commands) == [(0, "kernels_now"), (3, "kernels_now")]
+        # The monitor sends a command on every connection and each relay carries it down (the
+        # figure arrives with their next report): the probes' filter is what picks the rank.
+        snap = mon.wait_for(lambda s: all(r.commands == 2 for r in s.relays), 3)
+        assert {r.listen: r.commands for r in snap.relays} == {a: 2, b: 2}
+
+        # Relay a dies without a word: its ranks are marked, the job still runs on relay b's.
+        relays["a"].kill()
+        relays["a"].wait()
+        killed = time.monotonic()
+        snap = mon.wait_for(lambda s: all(_ranks(s)[i].status == "stale" for i in (0, 1)), 10)
+        print(f"ranks of the killed relay marked after {time.monotonic() - killed:.2f} s")
+        r = _ranks(snap)
+        assert [r[i].status for i in range(4)] == ["stale", "stale", "live", "live"]
+        assert r[0].status_reason.startswith(f"relay {by_listen[a].host} silent for ")
+        assert r[2].status_reason == "" and snap.jobs[0].status == "running"
+        assert r[0].tokens_per_s == 0.0  # no rate for a rank nobody can see
+        assert {x.listen: x.status for x in snap.relays} == {a: "silent", b: "live"}
+        assert_valid_snapshot(to_json(snap))
+
+        # A relay on the same path again: the ranks come back through it, as after a monitor restart.
+        relays["a"] = _relay(a, mon.listen)
+        restarted = time.monotonic()
+        snap = mon.wait_for(lambda s: all(_ranks(s)[i].status == "live" and _ranks(s)[i].relay != first_a
+                                          for i in (0, 1)), 15)
+        print(f"ranks back through the restarted relay after {time.monotonic() - restarted:.2f} s")
+        r = _ranks(snap)
+        assert all(r[i].status == "live" and r[i].status_reason == "" for i in range(4))
+        assert r[0].relay == r[1].relay != first_a
+        # The probes held or dropped (and counted) while nobody listened; nothing blocked.
+        print("probe drops while relay a was away:", {i: ranks.pubs[i].drops for i in range(4)})
+    finally:
+        ranks.close()
+        for p in relays.values():
+            p.terminate()
+            p.wait(10)
+        mon.close()
+
+
+def _batch(sock: Any, relay: str, clock: float, frames: list[bytes], ages_us: list[int]) -> None:
+    sock.send_multipart([encode_stamp(relay, clock, ages_us), *frames])
+
+
+def test_frames_count_as_received_when_the_relay_received_them() -> None:
+    """A frame held 1.5 s in the relay, and a batch delayed 1 s on the upstream link, count at the
+    relay's receive time; a batch without a valid stamp is refused and counted."""
+    mon = MonitorThread()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XPUB)  # what a relay's upstream side is
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(mon.listen)
+    key = RankKey("stamped", "node-s", 9, 0, 0)
+    try:
+        assert sock.recv() == b"\x01"  # the collector's subscription
+        hello = wire.encode("hello", key, 0, time.time(), dict(HELLO, world_size=1))
+
+        def step(n: int) -> bytes:
+            return wire.encode("step", key, n, time.time(), {"step": n, "wall_s": 0.1, "tokens": 8, "drops": 0})
+
+        # A prompt batch (the offset between the clocks is learnt from it) whose frames the relay
+        # held 1.5 s: they count 1.5 s before it arrived.
+        t0 = time.monotonic()
+        _batch(sock, "node-s:1:00000001", t0, [hello, step(1)], [1_500_000, 1_500_000])
+        # A batch sent now that the upstream link delays by 1 s: it counts now, not on arrival.
+        t1 = time.monotonic()
+        frames = [encode_stamp("node-s:1:00000001", t1, [0]), step(2)]
+        time.sleep(1.0)
+        sock.send_multipart(frames)
+        snap = mon.wait_for(lambda s: any(r.step == 2 for r in _ranks(s).values()), 5)
+        reached = dict(_ranks(snap)[0].history.reached)
+        print(f"step 1 counted at {reached[1] - t0:+.3f} s (held 1.5 s), step 2 at {reached[2] - t1:+.3f} s "
+              f"(arrived 1 s late)")
+        assert abs(reached[1] - (t0 - 1.5)) < 0.1 and abs(reached[2] - t1) < 0.1
+        relay = snap.relays[0]
+        assert relay.relay == "node-s:1:00000001" and relay.batches == 2 and 0.9 < relay.link_lag_s < 1.3
+        assert relay.ranks == 1 and _ranks(snap)[0].relay == relay.relay
+
+        sock.send_multipart([b"not a stamp", step(3)])
+        _batch(sock, "node-s:1:00000001", time.monotonic(), [step(3), step(4)], [0])  # ages for 1 of 2
+        snap = mon.wait_for(lambda s: s.rejected >= 2, 5)
+        assert _ranks(snap)[0].step == 2
+        assert any("relay stamp" in why for why in snap.rejected_reasons), snap.rejected_reasons
+    finally:
+        sock.close(0)
+        ctx.term()
+        mon.close()
+
+
+def test_a_curve_monitor_admits_the_relay_and_its_keyless_ranks(short_dir: Path) -> None:
+    d = keys.create(short_dir / "k")
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    addr = f"ipc://{short_dir}/c.sock"
+    relay = _relay(addr, listen, "--curve-dir", str(d))
+    ranks = _Ranks("curve", {0: addr})
+    try:
+        snap = mon.wait_for(lambda s: any(r.step > 3 for r in _ranks(s).values()), 15)
+        assert _ranks(snap)[0].status == "live" and snap.relays[0].status == "live" and snap.rejected == 0
+    finally:
+        ranks.close()
+        relay.terminate()
+        relay.wait(10)
+        mon.close()
+
+
+def test_bad_relay_input_is_refused_clearly(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    up = "tcp://127.0.0.1:5999"
+    cases = [
+        (["relay", "--listen", "tcp://0.0.0.0:6001", "--connect", up], "a relay serves the ranks of its own node"),
+        (["relay", "--listen", "ipc://relative.sock", "--connect", up], "expected ipc:///ABSOLUTE/PATH"),
+        (["relay", "--listen", f"ipc://{short_dir}/x.sock", "--connect", "login:5759"], "expected tcp://HOST:PORT"),
+        (["relay", "--listen", f"ipc://{short_dir}/x.sock", "--connect", up, "--curve-dir", str(short_dir / "none")],
+         "cannot load CURVE keys"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert cli_main(argv) == 2
+        assert message in capsys.readouterr().err
+    lock = PathLock(f"{short_dir}/held.sock")
+    assert lock.acquire(blocking=False)  # as a running relay holds it
+    try:
+        assert cli_main(["relay", "--listen", f"ipc://{short_dir}/held.sock", "--connect", up]) == 2
+        assert "another relay serves" in capsys.readouterr().err
+    finally:
+        lock.release()
+
+
+TRAIN = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    steps, extra_s = int(sys.argv[1]), float(sys.argv[2])
+    after = sys.argv[3] if len(sys.argv) > 3 else None  # step on until this file exists, then `steps` more
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    emb, lin = torch.nn.Embedding(512, 64), torch.nn.Linear(64, 512)
+    opt = torch.optim.SGD(list(emb.parameters()) + list(lin.parameters()), lr=0.01)
+    x = torch.randint(0, 512, (16, 32))
+
+    def step():
+        for _ in range(3):
+            lin(emb(x)).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(extra_s)
+
+    done = 0
+    while after and not os.path.exists(after):
+        step()
+        done += 1
+    print(f"steps {done + steps}", flush=True)
+    for _ in range(steps):
+        step()
+    """
+)
+
+
+def _run(listen: str, relay: str, script: Path, steps: int, extra_s: float, *after: str,
+         **env: str) -> subprocess.Popen[str]:
+    e = dict(os.environ, FLOWTOP_KERNELS="0", FLOWTOP_TELEMETRY="0", **env)
+    cmd = [sys.executable, "-m", "flowtop.cli", "run", "--connect", listen, "--relay", relay, "--",
+           sys.executable, str(script), str(steps), str(extra_s), *after]  # fmt: skip
+    return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Wait for each; their stdout."""
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(out)
+    return outs
+
+
+def test_step_times_are_the_same_through_a_relay(short_dir: Path) -> None:
+    """The same short CPU training, at once, directly and through flowtop run's relay."""
+    mon = MonitorThread()
+    script = short_dir / "train.py"
+    script.write_text(TRAIN)
+    try:
+        steps = 30
+        direct = _run(mon.listen, "off", script, steps, 0.0, FLOWTOP_JOB="direct", XDG_RUNTIME_DIR=str(short_dir))
+        relayed = _run(mon.listen, "on", script, steps, 0.0, FLOWTOP_JOB="relayed", XDG_RUNTIME_DIR=str(short_dir))
+        _finish([direct, relayed])
+        snap = mon.wait_for(lambda s: sum(r.status == "done" for j in s.jobs for r in j.ranks) == 2, 10)
+        jobs = {j.job: j.ranks[0] for j in snap.jobs}
+        d, r = jobs["direct"], jobs["relayed"]
+        assert (d.step, r.step) == (steps, steps) and d.tokens_per_step == r.tokens_per_step == 16 * 32 * 3
+        assert d.relay is None and r.relay == snap.relays[0].relay and snap.relays[0].status == "closed"
+        assert snap.relays[0].drops == 0 and snap.relays[0].frames_in == snap.relays[0].frames_out
+        assert d.dropped_messages == r.dropped_messages == d.lost_messages == r.lost_messages == 0
+        med_d = statistics.median(d.history.step_time_s[1:])
+        med_r = statistics.median(r.history.step_time_s[1:])
+        print(f"median step time: direct {med_d * 1e3:.2f} ms, through the relay {med_r * 1e3:.2f} ms "
+              f"(ratio {med_r / med_d:.3f}); relay frames {snap.relays[0].frames_in}, "
+              f"batches {snap.relays[0].batches}")
+        assert_valid_snapshot(to_json(snap))
+    finally:
+        mon.close()
+
+
+def _upstream_connections(port: int) -> int:
+    """Established TCP connections into the collector's port (it runs in this process)."""
+    return sum(1 for c in psutil.Process().net_connections(kind="tcp")
+               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_two_flowtop_runs_of_a_node_share_one_upstream_connection(short_dir: Path) -> None:
+    """srun of the script itself: one flowtop run per rank. The first hosts the node's relay, the
+    second joins it; when the first ends, the second takes the relay over and its rank goes on."""
+    mon = MonitorThread()
+    port = int(mon.listen.rsplit(":", 1)[1])
+    script = short_dir / "train.py"
+    script.write_text(TRAIN)
+    counts: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            counts.append(_upstream_connections(port))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    env = {"FLOWTOP_JOB": "srun", "WORLD_SIZE": "2", "XDG_RUNTIME_DIR": str(short_dir)}
+    try:
+        first = _run(mon.listen, "on", script, 5, 0.1, RANK="0", LOCAL_RANK="0", **env)
+        mon.wait_for(lambda s: bool(s.relays), 15)  # it hosts: its relay reports before its rank says hello
+        ended = short_dir / "first-ended"
+        second = _run(mon.listen, "on", script, 10, 0.1, str(ended), RANK="1", LOCAL_RANK="1", **env)
+        _finish([first])
+        ended.touch()  # rank 1 makes 10 more steps once the relay's first host is gone
+        steps_1 = int(_finish([second])[0].split()[-1])
+        snap = mon.wait_for(lambda s: sum(r.status == "done" for j in s.jobs for r in j.ranks) == 2, 10)
+    finally:
+        stop.set()
+        watcher.join(2)
+        mon.close()
+    r = _ranks(snap)
+    hosts = [x for x in snap.relays]
+    print(f"upstream connections seen: max {max(counts)}, samples {len(counts)}; relays: "
+          + ", ".join(f"{x.relay} {x.status} frames {x.frames_in}/{x.frames_out} drops {x.drops}" for x in hosts)
+          + f"; rank 1 lost {r[1].lost_messages}, dropped {r[1].dropped_messages}")
+    assert max(counts) == 1 and counts.count(1) > len(counts) // 2
+    assert (r[0].step, r[1].step) == (5, steps_1) and r[0].status == r[1].status == "done"
+    assert len(hosts) == 2 and all(x.status == "closed" and x.hosted_by == "flowtop run" for x in hosts)
+    first_relay = next(x for x in hosts if x.relay.split(":")[1] == str(first.pid))
+    assert r[0].relay == first_relay.relay != r[1].relay  # rank 1 ended through the relay it took over
+    assert_valid_snapshot(to_json(snap))
+
+
+def test_a_lock_holder_that_dies_hands_the_path_over(short_dir: Path) -> None:
+    """The relay's path lock is the kernel's: a holder killed with SIGKILL releases it."""
+    path = f"{short_dir}/dies.sock"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from flowtop.relay import PathLock
+        assert PathLock({path!r}).acquire(blocking=False)
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        lock = PathLock(path)
+        assert not lock.acquire(blocking=False)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(5)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        holder.kill()
+        holder.wait(5)
+
+
+def test_relay_report_is_a_wire_message() -> None:
+    frame = wire.encode("relay", RankKey("", "n", 1, 0, 0), 0, time.time(), {
+        "relay": "n:1:0", "listen": "ipc:///x", "upstream": "tcp://m:1", "ranks": 1, "frames_in": 1,
+        "frames_out": 1, "bytes_in": 1, "bytes_out": 1, "drops": 0, "queued": 0, "commands": 0,
+        "link_ups": 1, "uptime_s": 1.0})  # fmt: skip
+    assert wire.decode(frame).kind == "relay"
+    assert msgpack.unpackb(encode_stamp("n:1:0", 1.0, [5]))["a"] == [5]
+
+
+def test_readme_lists_the_relay_fields_of_the_schema() -> None:
+    import re
+
+    from flowtop.relays import RELAY_FIELDS
+    from flowtop.snapshot import json_schema
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = readme[readme.index("Relays (`relays[]`"):]
+    text = text[:text.index("\n\n")]
+    named = re.findall(r"`(\w+)`", text)
+    assert [n for n in named if n in RELAY_FIELDS] == list(RELAY_FIELDS)
+    assert list(json_schema()["$defs"]["relay"]["properties"]) == list(RELAY_FIELDS)
