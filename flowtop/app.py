@@ -1,51 +1,44 @@
-"""The Textual monitor: takes snapshots from a source and hands them to the screens.
+"""The Textual monitor: renders the snapshots its data thread hands over.
 
-The app never touches sockets or the monitor's model. It is given a
-:class:`SnapshotSource`; a timer (about 2 Hz) takes ``source.snapshot()`` and posts
-it as a :class:`SnapshotUpdated` message to the active screen. Screens hand the
-parts to their widgets, which only render what they are given.
+The app never touches sockets or the monitor's model. It is given a data source (the live
+collector, a recording, a prepared list) and hosts it on a :class:`~flowtop.datathread.DataThread`
+— its own thread and asyncio loop — which ticks the model at a fixed cadence (about 2 Hz) and
+leaves each snapshot in a latest-wins mailbox. A :class:`DataReady` message wakes the app, which
+takes the newest snapshot and posts it as :class:`SnapshotUpdated` to the active screen; screens
+hand the parts to their widgets, which only render what they are given. Monitor-side errors come
+the same way and are shown as notifications. Commands (``k``) go to the data thread as callables.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import asyncio
 
 from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
+from flowtop.datathread import DataSource, DataThread, Delivery
 from flowtop.screens.help_screen import HelpScreen
 from flowtop.screens.main_screen import MainScreen
 from flowtop.snapshot import MonitorSnapshot
-from flowtop.widgets._messages import SnapshotUpdated
+from flowtop.widgets._messages import DataReady, SnapshotUpdated
 
 __all__ = ["FlowtopApp", "SnapshotSource", "SnapshotUpdated"]
 
-
-@runtime_checkable
-class SnapshotSource(Protocol):
-    """Where the UI gets its data from (the live collector, or a replay)."""
-
-    async def start(self) -> None:
-        """Start receiving; called once inside the running event loop (``on_mount``)."""
-
-    def snapshot(self) -> MonitorSnapshot:
-        """The latest immutable snapshot (cheap; called about twice a second)."""
-
-    def request_kernels(self, job: str, rank: int) -> None:
-        """Ask rank ``rank`` of ``job`` to capture a kernel window now."""
-
-    async def stop(self) -> None:
-        """Stop receiving and release sockets; called once when the app closes."""
+#: The data source protocol (kept under its old name: sources written for it still fit).
+SnapshotSource = DataSource
+#: Seconds a notification of an error stays on screen.
+ERROR_TIMEOUT_S = 15
 
 
 class FlowtopApp(App[None]):
     """flowtop's terminal UI.
 
     Args:
-        source: Provider of snapshots (see :class:`SnapshotSource`).
-        refresh_s: Seconds between two snapshots (0 disables the timer; tests then
-            call :meth:`refresh_snapshot` themselves).
+        source: Provider of snapshots (see :class:`~flowtop.datathread.DataSource`), hosted on
+            the data thread.
+        refresh_s: Seconds between two snapshots (0 disables the cadence; tests then call
+            :meth:`refresh_snapshot` themselves).
     """
 
     CSS_PATH = "flowtop.tcss"
@@ -57,53 +50,73 @@ class FlowtopApp(App[None]):
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
-    def __init__(self, source: SnapshotSource, *, refresh_s: float = 0.5) -> None:
+    def __init__(self, source: DataSource, *, refresh_s: float = 0.5) -> None:
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
+        #: The thread that hosts the source; only it calls into the source.
+        self.data = DataThread(source, cadence_s=refresh_s, wake=self._wake)
         #: The snapshot shown now (None until the first one arrives).
         self.latest: MonitorSnapshot | None = None
-        #: Why the last ``snapshot()`` call failed ("" when it did not).
+        #: Why the source failed to start or the last snapshot failed ("" when it did not).
         self.source_error = ""
-        self._started = False
+        #: Snapshots rendered (the mailbox counts those dropped because a newer one came first).
+        self.delivered = 0
         self._stopped = False
 
     def get_default_screen(self) -> Screen:
         return MainScreen()
 
+    def _wake(self) -> None:
+        """Called on the data thread: post_message is thread-safe."""
+        self.post_message(DataReady())
+
     async def on_mount(self) -> None:
         try:
-            await self.source.start()
-            self._started = True
+            await asyncio.wrap_future(self.data.start())
         except Exception as exc:  # show it; the UI stays up so the user can read it
             self.source_error = f"source failed to start: {type(exc).__name__}: {exc}"
             self.notify(self.source_error, severity="error", timeout=30)
-        self.refresh_snapshot()
-        if self.refresh_s > 0:
-            self.set_interval(self.refresh_s, self.refresh_snapshot, name="snapshot")
+            return
+        try:
+            await asyncio.wrap_future(self.data.refresh())  # the first snapshot at once
+        except Exception as exc:
+            self._snapshot_failed(exc)
+        self._deliver(self.data.mailbox.take())
+
+    def on_data_ready(self, message: DataReady) -> None:
+        self._deliver(self.data.mailbox.take())
+
+    def _deliver(self, delivery: Delivery) -> None:
+        for n in delivery.notices:
+            self.notify(n.text, severity=n.severity, timeout=ERROR_TIMEOUT_S if n.severity == "error" else 6)  # type: ignore[arg-type]
+        if delivery.snapshot is not None:
+            self.source_error = ""
+            self.latest = delivery.snapshot
+            self.delivered += 1
+            self.screen.post_message(SnapshotUpdated(delivery.snapshot))
 
     def refresh_snapshot(self) -> MonitorSnapshot | None:
-        """Take one snapshot from the source and post it to the active screen."""
+        """Have the data thread take a snapshot now and show it (tests, with ``refresh_s=0``).
+
+        Waits for the data thread; the live UI never calls it (its snapshots come by message)."""
         try:
-            snap = self.source.snapshot()
+            self.data.refresh().result(30)
         except Exception as exc:  # a broken source must not kill the UI
-            error = f"{type(exc).__name__}: {exc}"
-            if error != self.source_error:
-                self.source_error = error
-                self.notify(f"snapshot failed: {error}", severity="error", timeout=10)
+            self._snapshot_failed(exc)
             return None
-        self.source_error = ""
-        self.latest = snap
-        self.screen.post_message(SnapshotUpdated(snap))
-        return snap
+        self._deliver(self.data.mailbox.take())
+        return self.latest
+
+    def _snapshot_failed(self, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if error != self.source_error:
+            self.source_error = error
+            self.notify(f"snapshot failed: {error}", severity="error", timeout=10)
 
     def request_kernels(self, job: str, rank: int) -> None:
-        """Ask one rank for a kernel window now (the ``k`` key)."""
-        try:
-            self.source.request_kernels(job, rank)
-        except Exception as exc:
-            self.notify(f"kernel request failed: {type(exc).__name__}: {exc}", severity="error")
-            return
+        """Ask one rank for a kernel window now (the ``k`` key); the data thread sends it."""
+        self.data.request_kernels(job, rank)
         self.notify(f"asked rank {rank} of {job} for a kernel window", timeout=3)
 
     def action_help(self) -> None:
@@ -121,10 +134,7 @@ class FlowtopApp(App[None]):
         await self._stop_source()
 
     async def _stop_source(self) -> None:
-        if self._stopped or not self._started:
+        if self._stopped:
             return
         self._stopped = True
-        try:
-            await self.source.stop()
-        except Exception:  # closing anyway; nothing useful to show on a dying screen
-            pass
+        await self.data.stopped()

@@ -39,14 +39,17 @@ class Claims:
         #: (job, rank) -> (incarnation, keys of the processes in conflict)
         self._groups: dict[tuple[str, int], tuple[int, set[RankKey]]] = {}
 
-    def shown(self, seen: Iterable[Seen]) -> dict[RankKey, tuple[RankKey, ...]]:
-        """The keys to show, each with the other keys claiming its rank (() when none)."""
+    def shown(self, seen: Iterable[Seen], remember: bool = True) -> dict[RankKey, tuple[RankKey, ...]]:
+        """The keys to show, each with the other keys claiming its rank (() when none).
+
+        ``remember`` (a tick) updates the conflicts remembered; without it (a snapshot, a pure
+        read) the answer is the same but nothing is kept."""
         by_rank: dict[tuple[str, int], list[Seen]] = {}
         for s in seen:
             by_rank.setdefault((s.key.job, s.key.rank), []).append(s)
         out: dict[RankKey, tuple[RankKey, ...]] = {}
         for where, group in by_rank.items():
-            members = self._members(where, group)
+            members = self._members(where, group, remember)
             if len(members) >= 2:
                 keys = [s.key for s in members]
                 for k in keys:
@@ -56,7 +59,7 @@ class Claims:
                 out[newest.key] = ()
         return out
 
-    def _members(self, where: tuple[str, int], group: list[Seen]) -> list[Seen]:
+    def _members(self, where: tuple[str, int], group: list[Seen], remember: bool) -> list[Seen]:
         """The processes of one rank number in conflict now (updates the remembered group)."""
         inc = max(s.key.inc for s in group)
         newest = [s for s in group if s.key.inc == inc]
@@ -67,6 +70,8 @@ class Claims:
             keys |= {s.key for s in running}
         members = sorted((s for s in newest if s.key in keys and (s.running or s.stepped)),
                          key=lambda s: (s.key.host, s.key.pid))
+        if not remember:
+            return members
         if len(members) >= 2:
             self._groups[where] = (inc, {s.key for s in members})
         else:

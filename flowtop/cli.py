@@ -193,35 +193,51 @@ def start_failed(source: Any) -> int:
     return 0
 
 
-async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
-    """Run ``collector`` for up to ``timeout`` seconds; return the last snapshot."""
-    import time
+def all_done(snap: Any) -> bool:
+    """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
+    rank numbers: two processes claiming one rank are two rows, a conflict)."""
+    ranks = [r for j in snap.jobs for r in j.ranks]
+    return bool(ranks) and all(r.status == "done" for r in ranks) and all(len(j.ranks) >= j.world_size for j in snap.jobs)
 
+
+def print_notices(board: Any) -> None:
+    """Headless, monitor-side errors (flowtop.notices) go to stderr; the TUI shows them instead."""
+    for n in board.take():
+        print(f"flowtop: {n.text}", file=sys.stderr, flush=True)
+
+
+async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
+    """Run ``collector`` for up to ``timeout`` seconds (or, ``until_done``, until a tick finds
+    every rank done: that tick's hints are the final ones); return the last snapshot."""
     import signal
 
     await collector.start()
-    deadline = time.monotonic() + timeout
-    interrupted = asyncio.Event()
+    finished = asyncio.Event()
+
+    def on_tick(snap: Any) -> None:
+        print_notices(collector.notices)
+        if until_done and all_done(snap):
+            finished.set()
+
+    collector.on_tick = on_tick
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:  # Ctrl-C / SIGTERM end the collection early and still print the result
-            loop.add_signal_handler(sig, interrupted.set)
+            loop.add_signal_handler(sig, finished.set)
         except (RuntimeError, ValueError, NotImplementedError):
             pass
     try:
-        while time.monotonic() < deadline and not interrupted.is_set():
-            await asyncio.sleep(0.1)
-            if until_done:
-                snap = collector.snapshot()
-                ranks = [r for j in snap.jobs for r in j.ranks]
-                # Rows, not rank numbers: two processes claiming one rank are two rows (a conflict).
-                if ranks and all(r.status == "done" for r in ranks) and all(
-                    len(j.ranks) >= j.world_size for j in snap.jobs
-                ):
-                    break
+        try:
+            await asyncio.wait_for(finished.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        published = collector.published
+        if until_done and published is not None and all_done(published):
+            return published
         return collector.snapshot()
     finally:
         await collector.stop()
+        print_notices(collector.notices)
 
 
 def _snapshot(args: argparse.Namespace) -> int:

@@ -7,6 +7,12 @@ Commands (``kernels_now``) go back upstream on the same XSUB socket, so only pro
 connected to this monitor (CURVE-admitted where keys are set) ever hear them, and a probe
 listens on no port that anyone else could reach.
 
+It runs on the monitor's data thread (flowtop.datathread; never on the UI's loop): the drain
+loop also ticks the model at the fixed cadence of flowtop.ticker, on the pause-free monitor
+clock of flowtop.clock, and hands each tick's snapshot to :attr:`Collector.on_tick`. Errors the
+user must hear of (a recording that stopped, a listener that cannot accept) become notices
+(flowtop.notices), not stderr lines.
+
 Security (design.md §8): binding anything but loopback needs CURVE keys
 (``curve=``, CLI ``--curve-dir``; only probes whose public key is admitted get in,
 traffic encrypted) or an explicit ``allow_remote=True`` (CLI ``--insecure-bind``).
@@ -18,25 +24,34 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import resource
-import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 import zmq
 import zmq.asyncio
 
+from flowtop.clock import TICK_S, MonitorClock
 from flowtop.model import Model
 from flowtop.snapshot import MonitorSnapshot
+from flowtop.ticker import Ticker
 from probe import wire
 
 if TYPE_CHECKING:
     from flowtop.kernel_worker import KernelWorker
+    from flowtop.notices import Notices
 
 ZAP_DOMAIN = "flowtop"
-#: Most frames handled per drain before yielding to the event loop (UI stays responsive).
+#: Most frames handled per drain, and most seconds a drain takes, before the loop gets its turn
+#: again (ticks stay on time; commands from the UI are served).
 BATCH = 5000
+DRAIN_S = 0.05
+#: Ticks due at once beyond which the older are skipped (a tick longer than the cadence).
+MAX_BEHIND = 4
+#: Events of the listening socket that the user must hear of (the rest are routine).
+_LISTENER_EVENTS = zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_CLOSED | zmq.EVENT_BIND_FAILED
 
 
 class AddressError(ValueError):
@@ -113,8 +128,17 @@ class Collector:
         allow_remote: bool = False,
         recorder: Any = None,
         curve: Any = None,
+        clock: MonitorClock | None = None,
+        tick_s: float = TICK_S,
     ) -> None:
         self.model = model
+        #: The monitor clock every receive stamp, tick and snapshot reads (pauses taken out).
+        self.clock = clock or MonitorClock()
+        self.tick_s = tick_s
+        self.ticker: Ticker | None = None  # from start(): ticks on the clock from then on
+        #: Called on the loop with each tick's snapshot (the data thread hands it to the UI).
+        self.on_tick: Callable[[MonitorSnapshot], None] | None = None
+        self._pauses_told = 0
         self.recorder = recorder  # flowtop.recording.Recorder: raw frames to replay later
         self.last_recorder = recorder  # kept after stop, for its error
         self.curve = curve  # flowtop.keys.ServerKeys: encrypted, only admitted probes
@@ -131,7 +155,9 @@ class Collector:
         self._allow_remote = allow_remote
         from flowtop.limits import KernelBudget
 
-        self._kernel_budget = KernelBudget(model.limits, time.monotonic)
+        self._frame_at = 0.0  # receive time of the frame being decoded (its batch's)
+        # On the frame's receive time, not the clock's: a replay then refuses the same windows.
+        self._kernel_budget = KernelBudget(model.limits, lambda: self._frame_at)
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
         self.start_error = ""
 
@@ -178,7 +204,9 @@ class Collector:
             raise AddressError(self.start_error) from None
         self._sub = sub
         # Failed handshakes (a wrong CURVE key) are counted like rejected frames, not lost.
-        events = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        events = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | _LISTENER_EVENTS
+        )
         self._events_async = events  # owns the socket; read through a synchronous shadow
         self._events = zmq.Socket.shadow(events.underlying)
         self._send = zmq.Socket.shadow(sub.underlying)
@@ -189,6 +217,10 @@ class Collector:
 
             self.kernel_worker = KernelWorker(self.model, build_kernel_stats)
             self.model.offload_kernels(self.kernel_worker.submit, apply_kernel_stats)
+        t0 = self.clock.now()
+        self.ticker = Ticker(lambda at: self.model.tick(at, self.listen), t0, self.tick_s, max_behind=MAX_BEHIND)
+        if self.recorder is not None:
+            self.recorder.start(t0)  # recorded times count from the tick schedule's origin
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def _secure(self, sock: Any) -> None:
@@ -208,12 +240,27 @@ class Collector:
             sock.setsockopt(zmq.IPV6, 1)
 
     async def _run(self) -> None:
+        try:
+            await self._drain_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the listener is lost: say so, the UI stays up to read it
+            self.model.notices.error(f"stopped receiving on {self.listen}: {type(exc).__name__}: {exc}",
+                                     self.clock.now())
+            self.catch_up()
+
+    async def _drain_forever(self) -> None:
         sub = self._sub
         sync = zmq.Socket.shadow(sub.underlying)  # non-blocking drain without awaits
+        assert self.ticker is not None
         while True:
-            await sub.poll(500, zmq.POLLIN)
-            now = time.monotonic()
-            for _ in range(BATCH):
+            # Never wait past the next tick: ticks keep their cadence, and the clock is read at
+            # least that often (a longer gap between reads is a pause of the monitor itself).
+            wait_ms = 1000 * (self.ticker.next_at - self.clock.now())
+            await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
+            now = self.catch_up()  # every tick due before this batch's receive time runs first
+            deadline = time.perf_counter() + DRAIN_S
+            for i in range(BATCH):
                 try:
                     parts = sync.recv_multipart(zmq.NOBLOCK, copy=True)
                 except zmq.Again:
@@ -222,10 +269,41 @@ class Collector:
                     self.handle_frame(parts[0], now)
                 else:  # a node relay's batch (flowtop.relays)
                     self.handle_batch(parts, now)
-            self._handshake_failures()
+                if i % 64 == 63 and time.perf_counter() > deadline:
+                    break
+            self._socket_events()
             await asyncio.sleep(0)
 
-    def _handshake_failures(self) -> None:
+    def catch_up(self) -> float:
+        """Run the ticks due by the clock now (handing each batch's last snapshot to
+        :attr:`on_tick`) and return that time; called by the drain loop and by the data thread."""
+        now = self.clock.now()
+        self._tell_pauses(now)
+        if self.ticker is not None:
+            snap = self.ticker.catch_up(now)
+            if snap is not None and self.on_tick is not None:
+                self.on_tick(snap)
+        return now
+
+    def _tell_pauses(self, now: float) -> None:
+        pauses = self.clock.pauses
+        if len(pauses) > self._pauses_told:
+            self._pauses_told = len(pauses)
+            self.model.notices.add(
+                "information", f"the monitor did not run for {pauses[-1].length_s:.0f} s (paused or starved); "
+                "ranks' silence is counted without that time", now)
+
+    @property
+    def notices(self) -> "Notices":
+        """Monitor-side errors for the user (the model's board)."""
+        return self.model.notices
+
+    @property
+    def published(self) -> MonitorSnapshot | None:
+        """The snapshot of the latest tick (None before the first)."""
+        return self.ticker.last if self.ticker is not None else None
+
+    def _socket_events(self) -> None:
         from zmq.utils.monitor import parse_monitor_message
 
         for _ in range(64):
@@ -235,10 +313,26 @@ class Collector:
                 return
             except Exception:  # a malformed monitor message: nothing to count
                 continue
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.model.reject("handshake refused: a probe's CURVE key is not in the monitor's clients/")
-            else:
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 self.model.reject("handshake failed: a probe without CURVE keys, or with mismatched ones")
+            else:
+                self._listener_event(kind, int(event.get("value") or 0))
+
+    def _listener_event(self, kind: int, value: int) -> None:
+        """The listening socket could not accept a connection, or was closed: the user must know
+        (ranks that cannot connect are invisible otherwise)."""
+        if kind == zmq.EVENT_ACCEPT_FAILED:
+            why = os.strerror(value) if value else "unknown error"
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            text = f"cannot accept probe connections on {self.listen}: {why} (open-file limit {soft})"
+        elif kind == zmq.EVENT_CLOSED:
+            text = f"the listening socket {self.listen} was closed: no new probe can connect"
+        else:
+            text = f"cannot bind {self.listen} again: {os.strerror(value) if value else 'unknown error'}"
+        self.model.notices.error(text, self.clock.now())
 
     def handle_batch(self, parts: list[bytes], now: float) -> None:
         """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it."""
@@ -248,22 +342,25 @@ class Collector:
             self.model.reject(str(exc))
             return
         for frame, t in zip(parts[1:], times):
-            self.handle_frame(frame, t, via)
+            self.handle_frame(frame, now, via, t)
 
-    def handle_frame(self, frame: bytes, now: float, via: str | None = None) -> None:
-        """Decode one frame and apply it; a bad frame is counted, never raised."""
+    def handle_frame(self, frame: bytes, now: float, via: str | None = None, at: float | None = None) -> None:
+        """Decode one frame and apply it; a bad frame is counted, never raised. A relayed frame
+        (``via``) counts at ``at``, when its relay received it, but is recorded at ``now``, its
+        arrival, so that a replay feeds frames in the order the live monitor saw them."""
         if self.recorder is not None:
             try:
                 self.recorder.write(now, frame)
             except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
                 self._stop_recording(exc)
+        self._frame_at = now
         try:
             msg = wire.decode(frame, self._kernel_budget)
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return
         try:
-            self.model.ingest(msg, now, via)
+            self.model.ingest(msg, now if at is None else at, via)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
 
@@ -271,17 +368,16 @@ class Collector:
         recorder, self.recorder = self.recorder, None
         path = getattr(recorder, "path", "?")
         frames = getattr(recorder, "frames", 0)
-        print(
-            f"flowtop: recording to {path} stopped after {frames} frames: {type(exc).__name__}: {exc}; "
-            "monitoring goes on",
-            file=sys.stderr,
+        self.model.notices.error(
+            f"recording to {path} stopped after {frames} frames: {type(exc).__name__}: {exc}; monitoring goes on",
+            self.clock.now(),
         )
         recorder.close()
         recorder.error = recorder.error or f"recording {path} stopped after {frames} frames: {exc}"
 
     def snapshot(self) -> MonitorSnapshot:
-        """An immutable snapshot of the model now."""
-        return self.model.snapshot(time.monotonic(), self.listen)
+        """An immutable snapshot of the model now (a pure read; the ticks advance the model)."""
+        return self.model.snapshot(self.clock.now(), self.listen)
 
     def request_kernels(self, job: str, rank: int) -> None:
         """Ask one rank's probe for a kernel window at its next step (never blocks)."""

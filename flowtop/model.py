@@ -12,13 +12,18 @@ stalled rank reports tokens/s, FLOP/s, MFU and HFU of 0: the medians of its past
 would keep showing full speed. Job status: ``done`` when every rank is, ``running``
 while any rank is live, ``stalled`` while any is stalled, else ``stale``. A job whose
 ranks have all been done or stale for :data:`EVICT_AFTER_S` is dropped.
+
+Reading and advancing are apart: :meth:`snapshot` is a pure read (the same state gives the
+same snapshot, whenever and however often it is taken), while :meth:`tick`, called at a fixed
+cadence on the monitor clock (flowtop.ticker), evicts and advances the hints' hysteresis —
+live and in replay alike, so a replay reproduces the hints without taking snapshots.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import statistics
+from dataclasses import replace
 from typing import Any, Callable
 
 from flowtop import accounting
@@ -26,9 +31,11 @@ from flowtop import rankstate as rs
 from flowtop.claims import Claims, Seen
 from flowtop.limits import Limits, TokenBucket
 from flowtop.relays import Relays
+from flowtop.notices import Notices
 from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
+from flowtop.rankviews import RankViews
 from flowtop.sanitize import deep
-from flowtop.snapshot import Claimant, JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import Message, RankKey
 
 _log = logging.getLogger("flowtop.model")
@@ -78,6 +85,13 @@ class Model:
         self.evicted_jobs = 0
         #: Node relays heard of, and which relay each rank's frames come through (flowtop.relays).
         self.relays = Relays()
+        self.views = RankViews(peak_override_flops)
+        self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
+        #: Monitor-side errors for the user (the UI shows them as notifications).
+        self.notices = Notices()
+        self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
+        if hint_engine is not None and hasattr(hint_engine, "report"):
+            hint_engine.report = self._hint_failed
 
     # --- ingest ---------------------------------------------------------------------
 
@@ -98,6 +112,7 @@ class Model:
         st = self.ranks.get(key)
         if st is not None and self._kernel_apply is not None:
             self._kernel_apply(st, stats)
+            st.version += 1
 
     def build_kernels_here(self) -> None:
         """Build kernel windows inline again (the collector that built them elsewhere stopped)."""
@@ -126,11 +141,13 @@ class Model:
         elif not self._admit(msg.key, now):
             return
         self.received += 1
+        self._now = max(self._now, now)
         if st is None:
             st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
             self._job_sizes[msg.key.job] += 1
         st.last_recv = now
         self.relays.saw(msg.key, via)
+        st.version += 1
         if st.last_seq >= 0 and msg.seq > st.last_seq + 1:
             st.lost += msg.seq - st.last_seq - 1
         st.last_seq = max(st.last_seq, msg.seq)
@@ -157,6 +174,7 @@ class Model:
                 self.kernel_offload(msg.key, dict(f))
             elif self._kernel_aggregator is not None:
                 self._kernel_aggregator(st, dict(f))
+                st.version += 1
         elif msg.kind == "bye":
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
@@ -216,6 +234,7 @@ class Model:
     def _forget(self, st: RankState) -> None:
         del self.ranks[st.key]
         self.relays.forget(st.key)
+        self.views.forget(st.key)
         job = st.key.job
         self._job_sizes[job] -= 1
         if self._job_sizes[job] <= 0:
@@ -223,6 +242,7 @@ class Model:
             self._merged.pop(job, None)
             self._hints_at.pop(job, None)
             self._looks.pop(job, None)
+            self._hints.pop(job, None)
             self._claims.forget_job(job)
             forget = getattr(self._hint_engine, "forget", None)
             if forget is not None:
@@ -241,7 +261,7 @@ class Model:
         if f.get("probe_s") is not None:
             st.probe_s.append(float(f["probe_s"]))
 
-    # --- snapshot -------------------------------------------------------------------
+    # --- ticks and snapshots -----------------------------------------------------------
 
     def _rank_flops(self, st: RankState, now: float) -> Any:
         med = rs.median_step(st)
@@ -250,51 +270,25 @@ class Model:
             st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled
         )
 
-    def _rank_snapshot(self, st: RankState, now: float, others: tuple[RankKey, ...] = ()) -> RankSnapshot:
-        med = rs.median_step(st)
-        recent = list(st.steps)[-32:]
-        tokens_per_step = recent[-1][2] if recent else 0
-        stalled = rs.stalled_for(st, now, med)
-        tokens_per_s = rs.tokens_per_s(st, med, stalled)
-        waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
-        age = now - st.last_recv
-        overhead = None
-        if st.probe_s and med:
-            overhead = statistics.median(st.probe_s) / med
-        return RankSnapshot(
-            rank=st.key.rank,
-            host=st.key.host,
-            pid=st.key.pid,
-            local_rank=int(st.hello.get("local_rank", 0)),
-            incarnation=st.key.inc,
-            device=str(st.hello.get("device", "unknown")),
-            status=rs.status(st, now, med, stalled),
-            step=st.step,
-            step_time_s=med,
-            device_time_s=st.device_s,
-            tokens_per_step=tokens_per_step,
-            tokens_per_s=tokens_per_s,
-            input_wait_frac=statistics.median(waits) if waits else None,
-            age_s=age,
-            lost_messages=st.lost,
-            dropped_messages=st.drops,
-            probe_overhead_frac=overhead,
-            flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s, stalled),
-            telemetry=rs.telemetry_view(st, now),
-            kernels=st.kernels,
-            # The accumulator is mutable: hand the UI an immutable copy of its rows.
-            kernels_cumulative=st.kernels_cumulative.rows() if st.kernels_cumulative is not None else None,
-            history=rs.history(st),
-            bye_reason=st.bye,
-            commands_refused=st.commands_refused,
-            conflict=tuple(Claimant(k.host, k.pid) for k in others),
-        )
+    def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
+        """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate
+        every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
+        return the snapshot of that instant. Called at a fixed cadence (flowtop.ticker)."""
+        self._now = max(self._now, now)
+        self._evict(now)
+        by_job = self._view(self.ranks.values(), now, remember=True)
+        jobs = tuple(self._evaluate(self._job_snapshot(job, shown, now), now) for job, shown in sorted(by_job.items()))
+        return self._monitor_snapshot(now, listen, jobs)
 
     def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:
-        """An immutable view of everything, at monitor time ``now``."""
-        self._evict(now)
-        by_job = self._view(self.ranks.values(), now)
-        jobs = tuple(self._job_snapshot(job, shown, now) for job, shown in sorted(by_job.items()))
+        """An immutable view of everything at monitor time ``now``, with the hints of the last
+        tick. A pure read: nothing is evicted, no hint advances, taking it changes nothing."""
+        by_job = self._view(self.ranks.values(), now, remember=False)
+        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()))
+                     for job, shown in sorted(by_job.items()))
+        return self._monitor_snapshot(now, listen, jobs)
+
+    def _monitor_snapshot(self, now: float, listen: str, jobs: tuple[JobSnapshot, ...]) -> MonitorSnapshot:
         return MonitorSnapshot(
             taken_at=now,
             listen=listen,
@@ -306,12 +300,13 @@ class Model:
             relays=self.relays.snapshot(now),
         )
 
-    def _view(self, states: Any, now: float) -> dict[str, list[tuple[RankState, tuple[RankKey, ...]]]]:
+    def _view(self, states: Any, now: float, remember: bool) -> dict[str, list[tuple[RankState, tuple[RankKey, ...]]]]:
         """Per job, the rank processes it shows (by rank, host, pid), each with the other
-        processes that claim its rank number (see flowtop.claims)."""
+        processes that claim its rank number (see flowtop.claims; ``remember``: a tick's view,
+        which updates the conflicts remembered)."""
         states = list(states)
         seen = [Seen(st.key, rs.running(st, now), bool(st.steps), st.last_recv) for st in states]
-        shown = self._claims.shown(seen)
+        shown = self._claims.shown(seen, remember)
         by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
         for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
             if st.key in shown:
@@ -327,13 +322,14 @@ class Model:
             return  # the hints have seen its last step already
         if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
             return
-        shown = self._view((st for st in self.ranks.values() if st.key.job == job), now).get(job)
+        shown = self._view((st for st in self.ranks.values() if st.key.job == job), now, remember=True).get(job)
         if shown:
-            self._job_snapshot(job, shown, now)
+            self._evaluate(self._job_snapshot(job, shown, now), now)
 
-    def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float) -> JobSnapshot:
+    def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
+                      hints: tuple[Hint, ...] = ()) -> JobSnapshot:
         states = [st for st, _ in shown]
-        ranks = tuple(self._rank_snapshot(st, now, others) for st, others in shown)
+        ranks = tuple(self.views.view(st, now, others) for st, others in shown)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
@@ -362,7 +358,7 @@ class Model:
             else:
                 merged = self._job_kernels(tables) if len(tables) > 1 else None
                 self._merged[job] = (version, merged)
-        snap = JobSnapshot(
+        return JobSnapshot(
             job=job,
             world_size=world,
             ranks=ranks,
@@ -373,20 +369,29 @@ class Model:
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),
+            hints=hints,
         )
-        if self._hint_engine is not None:
-            from dataclasses import replace
 
-            self._hints_at[job] = now
-            try:
-                hints = tuple(self._hint_engine.evaluate(snap, now))
-            except Exception:  # a hints bug must not cost the user every snapshot
-                if not self._hints_failed:
-                    self._hints_failed = True
-                    _log.exception("hint engine failed; snapshots go on without hints")
-            else:
-                snap = replace(snap, hints=hints)
-        return snap
+    def _evaluate(self, snap: JobSnapshot, now: float) -> JobSnapshot:
+        """Evaluate the job's hints at ``now`` (advancing their hysteresis) and keep them for the
+        snapshots until the next evaluation."""
+        if self._hint_engine is None:
+            return snap
+        self._hints_at[snap.job] = now
+        try:
+            hints = tuple(self._hint_engine.evaluate(snap, now))
+        except Exception as exc:  # a hints bug must not cost the user every snapshot
+            if not self._hints_failed:
+                self._hints_failed = True
+                _log.exception("hint engine failed; snapshots go on without hints")
+                self.notices.error(f"hints stopped: the hint engine raised {type(exc).__name__}: {exc}", now)
+            return replace(snap, hints=self._hints.get(snap.job, ()))
+        self._hints[snap.job] = hints
+        return replace(snap, hints=hints)
+
+    def _hint_failed(self, text: str) -> None:
+        """The hint engine's report of a rule that raised (its hints are held)."""
+        self.notices.warning(text, self._now)
 
     def _evict(self, now: float) -> None:
         """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""

@@ -6,8 +6,10 @@ Liveness uses the monitor's receive clock (``now`` passed in), never the sender'
 from __future__ import annotations
 
 import collections
+import itertools
 import statistics
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Deque
 
 from flowtop.snapshot import History, TelemetryView
@@ -55,6 +57,12 @@ class RankState:
     kernels_cumulative: Any = None
     bye: str | None = None
     commands_refused: int = 0
+    #: Bumped whenever anything above changes (a frame, a built kernel window): a view built
+    #: from the same version shows the same data (flowtop.rankviews).
+    version: int = 0
+    #: (version, step, steps held) -> median step time: every status check needs the median, a
+    #: sort of 32 values, thousands of ranks twice a second.
+    med_cache: tuple[tuple[int, int, int], float | None] = ((-1, 0, 0), None)
 
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""
@@ -111,8 +119,14 @@ def gone(st: RankState, now: float) -> bool:
 
 def median_step(st: RankState) -> float | None:
     """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
-    recent = [r[1] for r in list(st.steps)[-32:] if r[0] > 1]  # step 1 includes warm-up
-    return statistics.median(recent) if recent else None
+    key = (st.version, st.step, len(st.steps))
+    if st.med_cache[0] == key:
+        return st.med_cache[1]
+    start = max(0, len(st.steps) - 32)
+    recent = [r[1] for r in itertools.islice(st.steps, start, None) if r[0] > 1]  # step 1 includes warm-up
+    med = statistics.median(recent) if recent else None
+    st.med_cache = (key, med)
+    return med
 
 
 def status(st: RankState, now: float, med: float | None, stalled: float | None) -> str:
@@ -126,7 +140,7 @@ def status(st: RankState, now: float, med: float | None, stalled: float | None) 
     return "live"
 
 
-def telemetry_view(st: RankState, now: float) -> TelemetryView | None:
+def telemetry_view(st: RankState) -> TelemetryView | None:
     """The rank's latest telemetry as an immutable view (None before any arrived)."""
     if st.telemetry is None:
         return None
@@ -134,21 +148,21 @@ def telemetry_view(st: RankState, now: float) -> TelemetryView | None:
         device=st.telemetry.get("gpu", {}),
         host=st.telemetry.get("proc", {}),
         reasons=st.telemetry.get("reasons", {}),
-        age_s=now - st.telemetry_at,
+        received_at=st.telemetry_at,
     )
 
 
 def history(st: RankState) -> History:
     """The last 120 steps and the sparkline series, oldest first."""
-    hist_steps = list(st.steps)[-120:]
+    hist_steps = list(itertools.islice(st.steps, max(0, len(st.steps) - 120), None))
     return History(
-        steps=tuple(r[0] for r in hist_steps),
-        step_time_s=tuple(r[1] for r in hist_steps),
+        steps=tuple(map(itemgetter(0), hist_steps)),
+        step_time_s=tuple(map(itemgetter(1), hist_steps)),
         input_wait_s=tuple(r[3] or 0.0 for r in hist_steps),
         lead_s=tuple(r[5] or 0.0 for r in hist_steps),
         mfu=tuple(st.series.get("mfu", ())),
         tensor_active=tuple(st.series.get("tensor_active", ())),
         power_w=tuple(st.series.get("power_w", ())),
         sm_clock_mhz=tuple(st.series.get("sm_clock_mhz", ())),
-        reached=tuple((r[0], r[4]) for r in st.steps),
+        reached=tuple(map(itemgetter(0, 4), st.steps)),
     )

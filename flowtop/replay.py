@@ -101,8 +101,11 @@ def synthetic_rank(
     tensor: float = 50.0,
     kernels: object = None,
     kernels_cumulative: object = None,
+    now: float | None = None,
 ) -> RankSnapshot:
-    """One made-up rank of the synthetic job (values depend only on the arguments)."""
+    """One made-up rank of the synthetic job (values depend only on the arguments): heard from
+    0.3 s (14 s when not live) before ``now``, the snapshot's time (default 1000 + step)."""
+    now = 1000.0 + step if now is None else now
 
     tokens = 4096
     model = 2.0e12  # FLOPs per step
@@ -130,7 +133,7 @@ def synthetic_rank(
         },
         host={"proc_cpu_pct": 104.0, "rss_bytes": 9_800_000_000, "threads": 41, "workers": 4, "host_cpu_pct": 23.5},
         reasons={"nvlink_tx_bytes_s": "GPM metric not supported on this device"},
-        age_s=0.4,
+        received_at=now - 0.4,
     )
     return RankSnapshot(
         rank=rank,
@@ -146,7 +149,7 @@ def synthetic_rank(
         tokens_per_step=tokens,
         tokens_per_s=tokens / step_time_s,
         input_wait_frac=0.012,
-        age_s=0.3 if status == "live" else 14.0,
+        heard_at=now - (0.3 if status == "live" else 14.0),
         lost_messages=0,
         dropped_messages=0,
         probe_overhead_frac=0.0021,
@@ -210,7 +213,8 @@ def synthetic_snapshot(
         kernels = cumulative = None
         if with_kernels:
             kernels, cumulative = synthetic_kernel_stats(i, step, t * 1e6)
-        ranks.append(synthetic_rank(i, step - i, t, status=st, tensor=50.0 - 8.0 * i, kernels=kernels, kernels_cumulative=cumulative))
+        ranks.append(synthetic_rank(i, step - i, t, status=st, tensor=50.0 - 8.0 * i, kernels=kernels,
+                                    kernels_cumulative=cumulative, now=1000.0 + step))
     rf = [r.flops for r in ranks if r.flops is not None]
     slowest = max(step_times)
     model = sum(f.model_flops_per_step or 0.0 for f in rf)

@@ -72,7 +72,13 @@ class TelemetryView:
     device: Mapping[str, Any]
     host: Mapping[str, Any]
     reasons: Mapping[str, Any]
-    age_s: float
+    #: Monitor time the telemetry arrived (its age is ``taken_at`` of the snapshot minus this:
+    #: a time-invariant view can be reused by the next snapshot while nothing new arrives).
+    received_at: float
+
+    def age_s(self, now: float) -> float:
+        """Seconds since it arrived, at monitor time ``now`` (a snapshot's ``taken_at``)."""
+        return max(0.0, now - self.received_at)
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,9 @@ class RankSnapshot:
     tokens_per_step: int
     tokens_per_s: float | None  # 0 while stalled or stale
     input_wait_frac: float | None  # share of the step spent waiting for input
-    age_s: float  # seconds since the monitor last heard from this rank
+    #: Monitor time the rank was last heard from: its age is the snapshot's ``taken_at`` minus
+    #: this (see :meth:`age_s`), so the view of a rank that sent nothing new stays the same object.
+    heard_at: float
     lost_messages: int  # gaps in sequence numbers
     dropped_messages: int  # dropped by the probe's bounded queue
     probe_overhead_frac: float | None  # probe's own training-thread time / step
@@ -127,6 +135,11 @@ class RankSnapshot:
     relay: str | None = None
     #: Why the rank counts as stale though it may still run ("relay HOST silent for N s"), else "".
     status_reason: str = ""
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the
+        ``taken_at`` of the snapshot holding it)."""
+        return max(0.0, now - self.heard_at)
 
 
 @dataclass(frozen=True)
@@ -231,8 +244,8 @@ def _flops_json(f: FlopsView | None) -> dict[str, Any]:
     return {k: d[k] for k in FLOP_FIELDS}
 
 
-def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
-    """JSON form of one rank."""
+def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> dict[str, Any]:
+    """JSON form of one rank of a snapshot taken at ``taken_at`` (ages are relative to it)."""
     d: dict[str, Any] = {
         "rank": r.rank,
         "host": r.host,
@@ -247,7 +260,7 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         "tokens_per_step": r.tokens_per_step,
         "tokens_per_s": r.tokens_per_s,
         "input_wait_frac": r.input_wait_frac,
-        "age_s": r.age_s,
+        "age_s": r.age_s(taken_at),
         "lost_messages": r.lost_messages,
         "dropped_messages": r.dropped_messages,
         "probe_overhead_frac": r.probe_overhead_frac,
@@ -258,10 +271,16 @@ def rank_json(r: RankSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         "status_reason": r.status_reason,
     }
     d.update(_flops_json(r.flops))
-    d["telemetry"] = _clean(r.telemetry)
+    d["telemetry"] = _telemetry_json(r.telemetry, taken_at)
     # Present always; null before a window arrives and where left out (the demo's compact JSON).
     d["kernels"] = _clean(r.kernels) if with_kernels else None
     return _clean(d)
+
+
+def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {"device": _clean(t.device), "host": _clean(t.host), "reasons": _clean(t.reasons), "age_s": t.age_s(taken_at)}
 
 
 def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
@@ -281,7 +300,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "rank_conflicts": j.rank_conflicts,
         }
         job.update(_flops_json(j.flops))
-        job["ranks"] = [rank_json(r, with_kernels) for r in j.ranks]
+        job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
         job["hints"] = _clean(j.hints)
         jobs.append(job)
     return _clean(

@@ -123,8 +123,9 @@ class _Feeder:
 
 
 def test_a_bye_takes_a_last_look_so_a_snapshot_taken_only_at_the_end_keeps_the_hint() -> None:
-    """`flowtop demo --headless` and `flowtop snapshot` without --until-done take their first
-    snapshot after the training ended: the hints come from the look the model takes at a bye."""
+    """No tick ran while the rank trained (a training shorter than the tick cadence, a monitor
+    started late): the hints come from the look the model takes at a bye, and the first tick
+    after it marks them ended."""
     model = make_model()
     f = _Feeder(model)
     key = RankKey("headless", "h", 7, 0, 0)
@@ -132,7 +133,10 @@ def test_a_bye_takes_a_last_look_so_a_snapshot_taken_only_at_the_end_keeps_the_h
     for step in range(1, 17):
         f.send(key, "step", 0.1 * step, step=step, wall_s=0.1, tokens=64, drops=0, input_wait_s=0.033)
     f.send(key, "bye", 1.7, reason="exit", steps=16, drops=0)
-    snap = model.snapshot(2.0)  # the first snapshot ever taken
+    before = model.snapshot(2.0)  # a pure read: the last look's hint, not ended yet (no tick)
+    assert _only(before.jobs[0].hints, "input_wait").ended is False
+    snap = model.tick(2.0)  # the first tick ever
+    assert model.snapshot(2.1).jobs[0].hints == snap.jobs[0].hints  # snapshots read the tick's hints
     (j,) = snap.jobs
     assert j.status == "done"
     h = _only(j.hints, "input_wait")

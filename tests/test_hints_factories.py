@@ -19,6 +19,8 @@ from flowtop.kernels.classify import classify, short_name
 from flowtop.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, TelemetryView
 
 GIB = float(1 << 30)
+#: ``heard_at``/``received_at`` of a record that is fresh at any evaluation time (age 0).
+FRESH = float("inf")
 GEMM_H = "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"
 SGEMM = "ampere_sgemm_128x64_tn"
 ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)"
@@ -63,20 +65,23 @@ def flops(mfu: float | None = 0.4, dtype: str = "bf16", uncounted: dict[str, int
 
 
 def telemetry(**device: Any) -> TelemetryView:
-    """Device telemetry with the probe's key names."""
-    return TelemetryView(device=device, host={}, reasons={}, age_s=0.2)
+    """Device telemetry with the probe's key names, fresh whenever it is evaluated."""
+    return TelemetryView(device=device, host={}, reasons={}, received_at=FRESH)
 
 
 def rank(r: int = 0, *, step: int = 100, status: str = "live", device: str = "NVIDIA H200",
-         age_s: float = 0.1, hist: History | None = None, fl: FlopsView | None = None,
+         age_s: float | None = None, hist: History | None = None, fl: FlopsView | None = None,
          tel: TelemetryView | None = None, kernels: KernelWindowStats | None = None,
          incarnation: int = 0, input_wait_frac: float | None = None) -> RankSnapshot:
-    """A rank snapshot; the median step time comes from its history (0.1 s by default)."""
+    """A rank snapshot; the median step time comes from its history (0.1 s by default). It was
+    heard from ``age_s`` before monitor time 0 (where the tests evaluate), or — by default —
+    just now whenever it is evaluated."""
     hist = hist if hist is not None else History()
     return RankSnapshot(
         rank=r, host="node1", pid=4000 + r, local_rank=r, incarnation=incarnation, device=device,
         status=status, step=step, step_time_s=0.1, device_time_s=None, tokens_per_step=4096,
-        tokens_per_s=None, input_wait_frac=input_wait_frac, age_s=age_s, lost_messages=0,
+        tokens_per_s=None, input_wait_frac=input_wait_frac,
+        heard_at=FRESH if age_s is None else -age_s, lost_messages=0,
         dropped_messages=0, probe_overhead_frac=None, flops=fl, telemetry=tel, kernels=kernels,
         history=hist,
     )

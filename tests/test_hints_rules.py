@@ -219,7 +219,7 @@ def test_input_wait_is_silent_while_the_gpu_is_busy() -> None:
     cpu = job(rank(0, device="cpu (x86_64)", hist=history(20, 0.1, wait_s=0.02), tel=telemetry(gpu_util=100.0)))
     assert find(settle(HintEngine(), cpu, 0.0), "input_wait") is not None
     # a reading that stopped coming (NVML died) does not keep the hint silent
-    stale = dataclasses.replace(telemetry(gpu_util=100.0), age_s=30.0)
+    stale = dataclasses.replace(telemetry(gpu_util=100.0), received_at=-30.0)
     dead = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=stale))
     assert find(settle(HintEngine(), dead, 0.0), "input_wait").evidence["device_idle_pct"] == 100.0
 
@@ -396,7 +396,7 @@ def test_hang_all_names_the_silent_rank() -> None:
     assert hint.evidence["silent_ranks"] == [1] and hint.evidence["silent_s"] == 6.0
     assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from rank 1 for "
                             "6 s (stopped, dead or its host is down) while the others wait")
-    both = job(dataclasses.replace(waiting, status="stale", age_s=6.0), stopped)
+    both = job(dataclasses.replace(waiting, status="stale", heard_at=-6.0), stopped)
     hint = find(HintEngine(small_hang_rules()).evaluate(both, 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == [0, 1]
     assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from ranks 0, 1 for "

@@ -98,7 +98,9 @@ def test_two_pids_claiming_rank_0_are_two_rows_a_critical_hint_and_summed_work(
     # hint stays, ended.
     for p in pubs:
         p.publish("bye", {"reason": "exit", "steps": 12, "drops": 0})
-    snap = monitor.wait_for(lambda s: (j := _job(s, "lightning")) is not None and j.status == "done", 10)
+    # The hints end at the first tick that sees the job done (snapshots read the last tick's).
+    snap = monitor.wait_for(lambda s: (j := _job(s, "lightning")) is not None and j.status == "done"
+                            and all(h.ended for h in j.hints), 10)
     job = _job(snap, "lightning")
     assert job is not None and job.status == "done" and len(job.ranks) == 2 and job.rank_conflicts == 1
     assert job.tokens_per_s == pytest.approx(2 * TOKENS / WALL_S)
@@ -215,14 +217,14 @@ def test_a_conflict_stays_while_one_claimant_goes_stale_and_goes_with_its_job() 
     a, b = RankKey("j", "h", 1, 0, 0), RankKey("j", "h", 2, 0, 0)
     f.run(a, 0.0, 10, bye=False)
     t = f.run(b, 0.0, 10, bye=False)
-    assert len(model.snapshot(t).jobs[0].ranks) == 2 and len(model._claims) == 1
+    assert len(model.tick(t).jobs[0].ranks) == 2 and len(model._claims) == 1  # ticks remember conflicts
     # Only one of them goes on; the other falls silent (stale) after its steps: still two rows.
     for step in range(11, 200):
         f.send(a, "step", t + (step - 10) * WALL_S, step=step, wall_s=WALL_S, tokens=TOKENS, drops=0)
-    snap = model.snapshot(t + 190 * WALL_S)
+    snap = model.tick(t + 190 * WALL_S)
     statuses = sorted((r.pid, r.status) for r in snap.jobs[0].ranks)
     assert statuses == [(1, "live"), (2, "stale")] and snap.jobs[0].rank_conflicts == 1
     # The stale one adds 0 tokens/s (README: stale ranks report 0), the live one its own.
     assert snap.jobs[0].tokens_per_s == pytest.approx(TOKENS / WALL_S)
-    model.snapshot(t + 10_000.0)  # both silent past the eviction limit: the job is dropped
+    model.tick(t + 10_000.0)  # both silent past the eviction limit: the job is dropped
     assert not model.ranks and len(model._claims) == 0

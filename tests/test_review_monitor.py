@@ -92,7 +92,7 @@ def test_stalled_rank_has_zero_throughput_and_mfu() -> None:
         f.heartbeat(k, t)
     snap = model.snapshot(7.0)
     r = _rank(snap)
-    assert r.status == "stalled" and r.age_s == 0.0
+    assert r.status == "stalled" and r.age_s(snap.taken_at) == 0.0
     assert r.tokens_per_s == 0.0
     assert (r.flops.flops_per_s, r.flops.executed_flops_per_s, r.flops.mfu, r.flops.hfu) == (0.0, 0.0, 0.0, 0.0)
     assert r.flops.mfu_reason == "no step for 6 s"
@@ -150,7 +150,7 @@ def test_stalled_rank_still_gets_the_hang_hint() -> None:
     for t in range(3, 10):
         for k in ranks:
             f.heartbeat(k, float(t))
-    snap = model.snapshot(9.0)
+    snap = model.tick(9.0)  # hints advance in ticks (flowtop.ticker), not in snapshots
     assert [r.status for r in snap.jobs[0].ranks] == ["stalled", "stalled"]
     hang = [h for h in snap.jobs[0].hints if h.id == "hang_all"]
     assert len(hang) == 1 and hang[0].evidence["stalled_s"] == pytest.approx(7.0)
@@ -273,13 +273,16 @@ def _step_frame(seq: int) -> bytes:
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_recording_to_a_full_disk_stops_recording_and_keeps_receiving(capsys: pytest.CaptureFixture[str]) -> None:
+    """One notice for the user (the TUI shows it; stderr belongs to the TUI), monitoring goes on."""
     collector = Collector(Model(), f"tcp://127.0.0.1:{free_port_pair()}", recorder=Recorder("/dev/full"))
     for seq in range(400):  # > the file buffer: the write fails with ENOSPC on a flush
         collector.handle_frame(_step_frame(seq), 1.0 + seq * 0.01)
     assert collector.recorder is None
     assert collector.model.received == 400 and _rank(collector.model.snapshot(5.0)).step == 400
-    err = capsys.readouterr().err
-    assert err.count("recording to /dev/full stopped") == 1 and "No space left" in err
+    notices = collector.notices.take()
+    assert [n.severity for n in notices] == ["error"]
+    assert "recording to /dev/full stopped" in notices[0].text and "No space left" in notices[0].text
+    assert capsys.readouterr().err == ""
 
 
 def test_a_failing_hint_engine_costs_only_the_hints(caplog: pytest.LogCaptureFixture) -> None:
@@ -292,9 +295,11 @@ def test_a_failing_hint_engine_costs_only_the_hints(caplog: pytest.LogCaptureFix
     f.hello(_key())
     f.steps(_key(), 1, 5, 0.1)
     with caplog.at_level(logging.ERROR, logger="flowtop.model"):
-        first, second = model.snapshot(1.0), model.snapshot(1.5)
+        first, second = model.tick(1.0), model.tick(1.5)
     assert first.jobs[0].hints == () and second.jobs[0].step == 5
     assert sum("hint engine failed" in r.getMessage() for r in caplog.records) == 1
+    (notice,) = model.notices.take()  # once, for the user: the TUI shows it
+    assert notice.severity == "error" and "RuntimeError: bug" in notice.text
 
 
 def test_finished_and_silent_jobs_are_evicted_after_ten_minutes() -> None:
@@ -320,7 +325,9 @@ def test_finished_and_silent_jobs_are_evicted_after_ten_minutes() -> None:
     f.steps(new, 1, 1, EVICT_AFTER_S - 10)
     assert [j.job for j in model.snapshot(EVICT_AFTER_S).jobs] == ["alive", "done", "silent"]
     f.steps(alive, 5, 5, EVICT_AFTER_S + 5)
-    snap = model.snapshot(EVICT_AFTER_S + 5)
+    # A snapshot only reads: eviction is a tick's.
+    assert len(model.snapshot(EVICT_AFTER_S + 5).jobs) == 3 and model.evicted_jobs == 0
+    snap = model.tick(EVICT_AFTER_S + 5)
     assert [j.job for j in snap.jobs] == ["alive"] and model.evicted_jobs == 2
     assert sorted(forgotten) == ["done", "silent"]  # their hint state goes with them
     # The superseded incarnation of rank 1 went too; the live ones stay.

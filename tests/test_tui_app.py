@@ -128,8 +128,10 @@ async def test_k_requests_kernels_of_selected_rank() -> None:
         await pilot.pause()
         await pilot.press("down", "k")
         await pilot.pause()
+        app.data.flush()  # the request runs on the data thread
         assert source.kernel_requests == [("gpt-demo", 1)]
         await pilot.press("up", "k")
+        app.data.flush()
         assert source.kernel_requests == [("gpt-demo", 1), ("gpt-demo", 0)]
 
 
@@ -333,13 +335,13 @@ async def test_rank_detail_of_a_cpu_rank_says_gpu_measures_do_not_apply() -> Non
     snap = synthetic_snapshot(120, with_kernels=False)
     job = snap.jobs[0]
     cpu_tel = TelemetryView(device={}, host={"proc_cpu_pct": 99.0, "rss_bytes": 2 << 30},
-                            reasons={"device": "no CUDA device in this rank"}, age_s=0.4)
+                            reasons={"device": "no CUDA device in this rank"}, received_at=snap.taken_at - 0.4)
     cpu = dataclasses.replace(job.ranks[0], device="cpu (2 threads)", telemetry=cpu_tel,
                               history=dataclasses.replace(job.ranks[0].history, tensor_active=(), power_w=(),
                                                           sm_clock_mhz=()))
     gpu = dataclasses.replace(job.ranks[1], history=History(), telemetry=TelemetryView(
         device={"gpu_util": 97.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0, "throttle": []},
-        host={}, reasons={}, age_s=0.4))
+        host={}, reasons={}, received_at=snap.taken_at - 0.4))
     snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(cpu, gpu)),))
     app, _ = _app([snap])
     async with app.run_test(size=SIZE) as pilot:

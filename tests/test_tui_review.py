@@ -16,8 +16,8 @@ from flowtop.widgets.telemetry_panel import telemetry_text
 
 def test_host_reasons_go_to_the_host_section() -> None:
     tel = TelemetryView(device={"gpu_util": 50}, host={"rss_bytes": 10, "proc_cpu_pct": None},
-                        reasons={"host.proc_cpu_pct": "process not readable"}, age_s=0.1)  # fmt: skip
-    text = telemetry_text(tel).plain
+                        reasons={"host.proc_cpu_pct": "process not readable"}, received_at=0.0)  # fmt: skip
+    text = telemetry_text(tel, 0.1).plain
     device_part, host_part = text.split("process and host")
     assert "host.proc_cpu_pct" not in text
     assert "process not readable" in host_part and "process not readable" not in device_part
@@ -26,7 +26,7 @@ def test_host_reasons_go_to_the_host_section() -> None:
 def test_low_clock_without_a_reason_is_not_throttling() -> None:
     rank = synthetic_snapshot().jobs[0].ranks[0]
     idle = TelemetryView(device={"sm_clock_mhz": 800, "sm_clock_max_mhz": 1980, "throttle": []}, host={},
-                         reasons={}, age_s=0.1)  # fmt: skip
+                         reasons={}, received_at=0.0)  # fmt: skip
     assert "THROTTLED" not in throttle_text(dataclasses.replace(rank, telemetry=idle)).plain
     hot = dataclasses.replace(idle, device={**idle.device, "throttle": ["hw_thermal"]})
     assert "THROTTLED" in throttle_text(dataclasses.replace(rank, telemetry=hot)).plain
@@ -35,7 +35,7 @@ def test_low_clock_without_a_reason_is_not_throttling() -> None:
 def test_power_cap_at_the_limit_is_not_shown_as_a_fault() -> None:
     rank = synthetic_snapshot().jobs[0].ranks[0]
     capped = TelemetryView(device={"sm_clock_mhz": 1695, "sm_clock_max_mhz": 1980, "throttle": ["sw_power_cap"],
-                                   "power_w": 698.1, "power_limit_w": 700.0}, host={}, reasons={}, age_s=0.1)
+                                   "power_w": 698.1, "power_limit_w": 700.0}, host={}, reasons={}, received_at=0.0)
     text = throttle_text(dataclasses.replace(rank, telemetry=capped))
     assert text.plain == "at its power limit (698/700 W), SM clock 1695/1980 MHz" and text.style == "yellow"
     # under the limit, or with another power/thermal reason, it is a slowdown worth a red flag

@@ -77,6 +77,24 @@ class DemoSource:
         """The collector's snapshot."""
         return self.collector.snapshot()
 
+    @property
+    def on_tick(self) -> Any:
+        """The collector's tick listener (the data thread sets it)."""
+        return self.collector.on_tick
+
+    @on_tick.setter
+    def on_tick(self, listener: Any) -> None:
+        self.collector.on_tick = listener
+
+    def catch_up(self) -> float:
+        """The collector's ticks due now."""
+        return self.collector.catch_up()
+
+    @property
+    def notices(self) -> Any:
+        """The collector's monitor-side errors."""
+        return self.collector.notices
+
     def request_kernels(self, job: str, rank: int) -> None:
         """Forwarded to the collector."""
         self.collector.request_kernels(job, rank)
@@ -92,38 +110,30 @@ class DemoSource:
         await self.collector.stop()
 
 
-async def _watch(source: DemoSource, every_s: float = 0.5) -> int:
-    """Wait for the training, taking a snapshot every ``every_s`` as the TUI would: hints whose
-    evidence is a time window only form over snapshots taken while the job runs."""
-    assert source.proc is not None
-    waiter = asyncio.ensure_future(source.proc.wait())
-    try:
-        while True:
-            done, _ = await asyncio.wait({waiter}, timeout=every_s)
-            if done:
-                return waiter.result()
-            source.snapshot()
-    finally:
-        waiter.cancel()  # no-op once it finished; on a timeout, stop waiting
-
-
 async def _headless(source: DemoSource, timeout_s: float) -> tuple[Any, int]:
+    """Run the training to its end (the collector ticks meanwhile: hints form as in the TUI) and
+    return the snapshot of the first tick that found every rank done, or the last one."""
     await source.start()
     assert source.proc is not None
     deadline = time.monotonic() + timeout_s
-    code = -1
+    done = asyncio.Event()
+
+    def on_tick(snap: Any) -> None:
+        ranks = [r for j in snap.jobs for r in j.ranks]
+        if ranks and all(r.status == "done" for r in ranks):
+            done.set()
+
+    source.on_tick = on_tick
     try:
-        code = await asyncio.wait_for(_watch(source), timeout_s)
+        code = await asyncio.wait_for(source.proc.wait(), timeout_s)
         # Give the last bye messages a moment to arrive — only a moment: a training that
         # failed before any rank reported will never send one.
-        deadline = min(deadline, time.monotonic() + BYE_GRACE_S)
-        while time.monotonic() < deadline:
-            snap = source.snapshot()
-            ranks = [r for j in snap.jobs for r in j.ranks]
-            if ranks and all(r.status == "done" for r in ranks):
-                break
-            await asyncio.sleep(0.05)
-        return source.snapshot(), code
+        try:
+            await asyncio.wait_for(done.wait(), max(0.0, min(deadline - time.monotonic(), BYE_GRACE_S)))
+        except asyncio.TimeoutError:
+            return source.snapshot(), code
+        published = source.collector.published
+        return (published if published is not None else source.snapshot()), code
     except asyncio.TimeoutError:
         return source.snapshot(), 124
     finally:

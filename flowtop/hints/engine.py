@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from flowtop.hints import measures_device, measures_identity, measures_kernels, measures_time
 from flowtop.hints.base import Measurement, MeasureFn, finite, rank_target
@@ -130,6 +130,9 @@ class HintEngine:
         self._ended: dict[str, dict[tuple[str, str], Hint]] = {}
         self._scope = {r.id: r.scope for r in self.rules}
         self._failed: set[str] = set()
+        #: Told (once per rule) when a rule raised, so the user hears of it (the model sets it
+        #: to its notices: the TUI owns stderr).
+        self.report: Callable[[str], None] | None = None
 
     def evaluate(self, job: JobSnapshot, now: float) -> tuple[Hint, ...]:
         """Hints of ``job`` at monitor time ``now``: the active ones, most severe first, then by
@@ -141,10 +144,12 @@ class HintEngine:
         for rule in self.rules:
             try:
                 results = self._measures[rule.id](rule, job, now)
-            except Exception:  # a bug in one measure must not take the monitor down
+            except Exception as exc:  # a bug in one measure must not take the monitor down
                 if rule.id not in self._failed:
                     self._failed.add(rule.id)
                     _log.exception("hint rule %s failed; its hints are held", rule.id)
+                    if self.report is not None:
+                        self.report(f"hint rule {rule.id} raised {type(exc).__name__}: {exc}; its hints are held")
                 results = None
             if results is None:  # hold every state of this rule as it is
                 out.extend((rule, s.hint) for k, s in self._state.items()

@@ -26,7 +26,7 @@ def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
     since_last = now - reached[-1][1] if reached else 0.0
     # The sender thread keeps heartbeating while training is stuck in a collective, so the time
     # since the last *step* matters; a silent rank (age) counts too.
-    stalled = max(r.age_s, since_last)
+    stalled = max(r.age_s(now), since_last)
     med = median_step_s(r)
     limit = max(float(rule.params["factor"]) * (med or 0.0), float(rule.params["floor_s"]))
     return {
@@ -72,7 +72,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     ev["silent_ranks"] = [r.rank for r in silent]
     text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(latest_ranks(job)))}
     if silent:  # a dead rank is named even when it is the only one left
-        ev["silent_s"] = max(r.age_s for r in silent)
+        ev["silent_s"] = max(r.age_s(now) for r in silent)
         names = ", ".join(str(r.rank) for r in silent[:8]) + (" …" if len(silent) > 8 else "")
         text["silent"] = ("rank " if len(silent) == 1 else "ranks ") + names
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
@@ -94,17 +94,17 @@ def _ranks_phrase(running: int, shown: int) -> str:
 FRESH_TELEMETRY_S = 10.0
 
 
-def device_idle_pct(r: RankSnapshot) -> float:
+def device_idle_pct(r: RankSnapshot, now: float) -> float:
     """How much of the time the rank's compute device idles, in percent.
 
     A GPU rank: 100 − NVML GPU-Util (the share of time no kernel ran — the one thing GPU-Util
-    measures well) while the reading is fresh, else 1 − busy of its latest CUDA kernel window; a
+    measures well) while the reading is fresh at ``now``, else 1 − busy of its latest CUDA kernel window; a
     CPU rank, or a GPU rank with neither: 100 (the training thread is the device, or nothing says
     it is busy)."""
     if r.device.startswith("cpu"):
         return 100.0
     util = telemetry_number(r, "gpu_util")
-    if util is not None and r.telemetry is not None and r.telemetry.age_s <= FRESH_TELEMETRY_S:
+    if util is not None and r.telemetry is not None and r.telemetry.age_s(now) <= FRESH_TELEMETRY_S:
         return max(0.0, 100.0 - util)
     k = r.kernels
     if k is not None and k.device == "cuda":
@@ -141,7 +141,7 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             "window_steps": covered,
             "input_wait_s_per_step": wait / n if n and wait is not None else None,
             "step_time_s": median_step_s(r, n) if n else r.step_time_s,
-            "device_idle_pct": device_idle_pct(r),
+            "device_idle_pct": device_idle_pct(r, now),
         }
         out[rank_target(r)] = Measurement(
             value=ev["input_wait_pct"], evidence=ev, impact=clamp01(min(frac, ev["device_idle_pct"] / 100.0)),

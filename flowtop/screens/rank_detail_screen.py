@@ -30,8 +30,9 @@ def _mhz(v: float | None) -> str:
     return "–" if v is None else f"{v:.0f}MHz"
 
 
-def detail_title(r: RankSnapshot | None, job: str, rank: int) -> Text:
-    """Two lines: who the rank is, then its health figures."""
+def detail_title(r: RankSnapshot | None, job: str, rank: int, now: float = 0.0) -> Text:
+    """Two lines: who the rank is, then its health figures (its age at ``now``, the snapshot's
+    ``taken_at``)."""
     out = Text(no_wrap=True, overflow="ellipsis")
     if r is None:
         out.append(f"rank {rank} of {job}: not seen in the latest snapshot", style="yellow")
@@ -40,7 +41,7 @@ def detail_title(r: RankSnapshot | None, job: str, rank: int) -> Text:
     restart = f" restart {r.incarnation}" if r.incarnation else ""
     out.append(f" · {r.host} pid {r.pid}{restart} · {r.device} · ")
     out.append(r.status, style=STATUS_STYLE.get(r.status, "yellow"))
-    out.append(f" · step {fmt_int(r.step)} · {fmt_time(r.age_s)} ago")
+    out.append(f" · step {fmt_int(r.step)} · {fmt_time(r.age_s(now))} ago")
     if r.bye_reason:
         out.append(f" · bye: {r.bye_reason}", style="dim")
     out.append("\n")
@@ -128,7 +129,8 @@ class RankDetailScreen(SnapshotScreen):
 
     def show(self, snap: MonitorSnapshot | None) -> None:
         r = pick_rank(find_job(snap, self.job_name), self.rank)
-        self.query_one("#detail-title", Static).update(detail_title(r, self.job_name, self.rank))
+        now = snap.taken_at if snap is not None else 0.0
+        self.query_one("#detail-title", Static).update(detail_title(r, self.job_name, self.rank, now))
         h = r.history if r else None
         # Tensor activity, power and SM clock come from NVML/GPM: a CPU rank never has them.
         gpu_only = {"empty": NOT_ON_CPU} if on_cpu(r) else {}
@@ -140,7 +142,7 @@ class RankDetailScreen(SnapshotScreen):
         self.query_one("#spark-clock", MetricSparkline).show(h.sm_clock_mhz if h else (), **gpu_only)
         self.query_one("#throttle", Static).update(throttle_text(r))
         self.query_one(FlopsPanel).show(r.flops if r else None)
-        self.query_one(TelemetryPanel).show(r.telemetry if r else None)
+        self.query_one(TelemetryPanel).show(r.telemetry if r else None, now)
 
     def action_kernels_now(self) -> None:
         """Ask this rank for a kernel window now."""

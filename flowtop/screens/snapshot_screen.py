@@ -36,7 +36,7 @@ def pick_rank(job: JobSnapshot | None, rank: int) -> RankSnapshot | None:
     found = [r for r in job.ranks if r.rank == rank]
     if not found:
         return None
-    return min(found, key=lambda r: (_STATUS_RANK.get(r.status, 4), -r.incarnation, r.age_s))
+    return min(found, key=lambda r: (_STATUS_RANK.get(r.status, 4), -r.incarnation, -r.heard_at))
 
 
 class SnapshotScreen(Screen[None]):
@@ -62,4 +62,7 @@ class SnapshotScreen(Screen[None]):
         self.show(getattr(self.app, "latest", None))
 
     def on_snapshot_updated(self, message: SnapshotUpdated) -> None:
+        latest = getattr(self.app, "latest", None)
+        if latest is not None and message.snapshot is not latest:
+            return  # a newer snapshot arrived while this one waited: its own message follows
         self.show(message.snapshot)

@@ -17,3 +17,11 @@ class SnapshotUpdated(Message):
     def __init__(self, snapshot: MonitorSnapshot) -> None:
         self.snapshot = snapshot
         super().__init__()
+
+
+class DataReady(Message):
+    """The data thread left something in the app's mailbox (a snapshot, notices).
+
+    Posted from the data thread only when the mailbox goes from empty to full, so at most one
+    waits in the app's queue; the handler takes the newest snapshot, whatever came meanwhile.
+    """

@@ -39,8 +39,9 @@ def _section(out: Text, title: str, table: Mapping[str, Any], reasons: Mapping[s
             out.append(f"{_value(key, value)}\n")
 
 
-def telemetry_text(tel: TelemetryView | None) -> Text:
-    """Device and host maps, each value with its unit or 'n/a (reason)'."""
+def telemetry_text(tel: TelemetryView | None, now: float) -> Text:
+    """Device and host maps, each value with its unit or 'n/a (reason)'; its age at ``now``
+    (the snapshot's ``taken_at``)."""
     out = Text()
     if tel is None:
         out.append("no telemetry yet", style="dim")
@@ -52,13 +53,13 @@ def telemetry_text(tel: TelemetryView | None) -> Text:
     name = tm.device_name(tel)
     _section(out, f"device {name}".strip(), tel.device, device_reasons)
     _section(out, "process and host", tel.host, host_reasons)
-    out.append(f"age {fmt_time(tel.age_s)}", style="dim")
+    out.append(f"age {fmt_time(tel.age_s(now))}", style="dim")
     return out
 
 
 class TelemetryPanel(Static):
     """Device and host telemetry of one rank."""
 
-    def show(self, tel: TelemetryView | None) -> None:
-        """Render ``tel`` (None: nothing received yet)."""
-        self.update(telemetry_text(tel))
+    def show(self, tel: TelemetryView | None, now: float = 0.0) -> None:
+        """Render ``tel`` (None: nothing received yet) as of monitor time ``now``."""
+        self.update(telemetry_text(tel, now))

@@ -1,0 +1,110 @@
+"""Immutable views of the model's ranks, rebuilt only when something they show changed. No Textual.
+
+A snapshot of 1,024 ranks rebuilt every rank's view (its history, kernel rows, FLOP view) twice
+a second. A view holds no ages — it says when the rank was heard from (``heard_at``) and the
+snapshot says when it was taken — so a rank that received nothing since the last snapshot and
+whose clock-driven state (status, and the "no step for N s" of a stalled rank) reads the same
+keeps the very same :class:`RankSnapshot` object: the UI can skip it by identity, and the
+snapshot costs nothing for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from flowtop import accounting
+from flowtop import rankstate as rs
+from flowtop.rankstate import RankState
+from flowtop.snapshot import Claimant, RankSnapshot
+from probe.wire import RankKey
+
+
+@dataclass
+class _Entry:
+    version: int  # RankState.version the view was built from
+    med: float | None  # the median step time of that version (costs a sort to recompute)
+    key: tuple[Any, ...]  # everything the view depends on
+    view: RankSnapshot
+
+
+class RankViews:
+    """The latest view of each rank, and the rule for reusing it (see module doc)."""
+
+    def __init__(self, peak_override_flops: float | None = None) -> None:
+        self.peak_override_flops = peak_override_flops
+        self._entries: dict[RankKey, _Entry] = {}
+        self._rows: dict[RankKey, tuple[int, int, Any]] = {}  # key -> (id(table), windows, rows)
+        #: Views built and views reused since the start (the bench reads them).
+        self.built = 0
+        self.reused = 0
+
+    def view(self, st: RankState, now: float, others: tuple[RankKey, ...] = ()) -> RankSnapshot:
+        """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank)."""
+        entry = self._entries.get(st.key)
+        med = entry.med if entry is not None and entry.version == st.version else rs.median_step(st)
+        stalled = rs.stalled_for(st, now, med)
+        status = rs.status(st, now, med, stalled)
+        # A stalled rank's FLOP view says for how long (whole seconds): part of what it shows.
+        stall = accounting.STALLED_REASON.format(stalled) if stalled is not None else None
+        key = (st.version, status, stall, others)
+        if entry is not None and entry.key == key:
+            self.reused += 1
+            return entry.view
+        view = self._build(st, med, stalled, status, others)
+        self._entries[st.key] = _Entry(st.version, med, key, view)
+        self.built += 1
+        return view
+
+    def forget(self, key: RankKey) -> None:
+        """Drop the views of a rank the model forgot."""
+        self._entries.pop(key, None)
+        self._rows.pop(key, None)
+
+    def _kernel_rows(self, st: RankState) -> Any:
+        """An immutable copy of the rank's cumulative kernel table, copied again only after a
+        new window (the copy was half the cost of a view)."""
+        table = st.kernels_cumulative
+        if table is None:
+            return None
+        held = self._rows.get(st.key)
+        if held is not None and held[0] == id(table) and held[1] == table.windows:
+            return held[2]
+        rows = table.rows()
+        self._rows[st.key] = (id(table), table.windows, rows)
+        return rows
+
+    def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
+               others: tuple[RankKey, ...]) -> RankSnapshot:
+        recent = list(st.steps)[-32:]
+        tokens_per_s = rs.tokens_per_s(st, med, stalled)
+        waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
+        overhead = statistics.median(st.probe_s) / med if st.probe_s and med else None
+        return RankSnapshot(
+            rank=st.key.rank,
+            host=st.key.host,
+            pid=st.key.pid,
+            local_rank=int(st.hello.get("local_rank", 0)),
+            incarnation=st.key.inc,
+            device=str(st.hello.get("device", "unknown")),
+            status=status,
+            step=st.step,
+            step_time_s=med,
+            device_time_s=st.device_s,
+            tokens_per_step=recent[-1][2] if recent else 0,
+            tokens_per_s=tokens_per_s,
+            input_wait_frac=statistics.median(waits) if waits else None,
+            heard_at=st.last_recv,
+            lost_messages=st.lost,
+            dropped_messages=st.drops,
+            probe_overhead_frac=overhead,
+            flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s, stalled),
+            telemetry=rs.telemetry_view(st),
+            kernels=st.kernels,
+            kernels_cumulative=self._kernel_rows(st),
+            history=rs.history(st),
+            bye_reason=st.bye,
+            commands_refused=st.commands_refused,
+            conflict=tuple(Claimant(k.host, k.pid) for k in others),
+        )
