@@ -36,7 +36,7 @@ def _app(snaps: list | None = None) -> tuple[FlowtopApp, ReplaySource]:
 
 
 def _cells(table: RankTable, row: int) -> list[str]:
-    return [str(getattr(c, "plain", c)) for c in table.get_row_at(row)]
+    return table.row_text(row)
 
 
 def test_replay_source_is_a_snapshot_source() -> None:
@@ -60,20 +60,21 @@ async def test_rows_appear_for_two_ranks_and_update() -> None:
         assert source.started
         table = app.screen.query_one(RankTable)
         assert table.row_count == 2
-        assert _cells(table, 0) == ["0", "gpu-node-00", "120", "4.00ms", "1.02M", "500T", "50.5%", "100", "50", "live"]
-        assert _cells(table, 1) == ["1", "gpu-node-00", "119", "4.60ms", "890k", "435T", "43.9%", "100", "42", "live"]
+        # Worst first: rank 1 (one step behind, lower MFU) above rank 0.
+        assert _cells(table, 0) == ["1", "gpu-node-00", "119", "1", "4.60ms", "1.2%", "890k", "435T", "43.9%", "42", "live"]
+        assert _cells(table, 1) == ["0", "gpu-node-00", "120", "0", "4.00ms", "1.2%", "1.02M", "500T", "50.5%", "50", "live"]
         table.move_cursor(row=1)
         source.advance()
         app.refresh_snapshot()
         await pilot.pause()
-        # Next snapshot: values change in place, the cursor stays on rank 1.
-        assert _cells(table, 0)[2:4] == ["121", "3.90ms"]
-        assert _cells(table, 1)[2:4] == ["120", "4.80ms"]
-        assert table.cursor_row == 1
+        # Next snapshot: values change in place, the cursor stays on rank 0.
+        assert _cells(table, 1)[2:5] == ["121", "0", "3.90ms"]
+        assert _cells(table, 0)[2:5] == ["120", "1", "4.80ms"]
+        assert table.cursor_row == 1 and table.selected is not None and table.selected.rank == 0
         source.advance()
         app.refresh_snapshot()
         await pilot.pause()
-        assert _cells(table, 1)[-1] == "stale"
+        assert _cells(table, 0)[0] == "1" and _cells(table, 0)[-1] == "stale"
     # Leaving the app any way (not only q) closes the source once.
     assert source.stopped
 
@@ -126,13 +127,13 @@ async def test_k_requests_kernels_of_selected_rank() -> None:
     app, source = _app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("down", "k")
+        await pilot.press("down", "k")  # worst first: rank 1, then rank 0
         await pilot.pause()
         app.data.flush()  # the request runs on the data thread
-        assert source.kernel_requests == [("gpt-demo", 1)]
+        assert source.kernel_requests == [("gpt-demo", 0)]
         await pilot.press("up", "k")
         app.data.flush()
-        assert source.kernel_requests == [("gpt-demo", 1), ("gpt-demo", 0)]
+        assert source.kernel_requests == [("gpt-demo", 0), ("gpt-demo", 1)]
 
 
 @pytest.mark.asyncio
@@ -140,7 +141,7 @@ async def test_enter_opens_kernel_screen_and_escape_returns() -> None:
     app, _ = _app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("down", "enter")
+        await pilot.press("enter")  # the first row: rank 1 (worst first)
         await pilot.pause()
         assert isinstance(app.screen, KernelScreen)
         assert (app.screen.job_name, app.screen.rank) == ("gpt-demo", 1)
@@ -154,7 +155,7 @@ async def test_d_opens_rank_detail() -> None:
     app, _ = _app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("d")
+        await pilot.press("down", "d")  # the second row: rank 0 (worst first)
         await pilot.pause()
         assert isinstance(app.screen, RankDetailScreen)
         assert app.screen.rank == 0
@@ -224,7 +225,7 @@ async def test_kernel_screen_sorts_and_shows_window() -> None:
     app, source = _app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("down", "enter")
+        await pilot.press("enter")  # rank 1, first worst first
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, KernelScreen)
@@ -288,7 +289,7 @@ async def test_rank_detail_sparklines_and_throttle() -> None:
     app, _ = _app([snap])
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("down", "d")
+        await pilot.press("d")  # rank 1, first worst first
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, RankDetailScreen) and screen.rank == 1
@@ -346,7 +347,7 @@ async def test_rank_detail_of_a_cpu_rank_says_gpu_measures_do_not_apply() -> Non
     app, _ = _app([snap])
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await pilot.press("d")  # rank 0: the CPU rank
+        await pilot.press("down", "d")  # rank 0 (second, worst first): the CPU rank
         await pilot.pause()
         screen = app.screen
         for spark_id in ("#spark-tensor", "#spark-power", "#spark-clock"):
@@ -360,7 +361,7 @@ async def test_rank_detail_of_a_cpu_rank_says_gpu_measures_do_not_apply() -> Non
         assert "not throttled" not in throttle
         await pilot.press("escape")
         await pilot.pause()
-        await pilot.press("down", "d")  # rank 1: a GPU rank with no samples yet
+        await pilot.press("up", "d")  # rank 1: a GPU rank with no samples yet
         await pilot.pause()
         screen = app.screen
         assert str(screen.query_one("#detail-title", Static).render()).startswith("rank 1 · gpu-node-00 pid 4101 · cuda")

@@ -37,8 +37,8 @@ VERSIONS = f"textual {version('textual')}, rich {version('rich')}"
 # name -> keys pressed on the main screen before the capture
 SCENARIOS: dict[str, tuple[str, ...]] = {
     "main": ("tab", "enter", "shift+tab"),  # first hint expanded, cursor back on the ranks
-    "kernels": ("down", "enter"),  # rank 1's kernel window
-    "detail": ("down", "d"),
+    "kernels": ("enter",),  # rank 1's kernel window (the first row: worst first)
+    "detail": ("d",),
     "job-kernels": ("j",),
 }
 

@@ -55,9 +55,16 @@ class JobHeader(Static):
     FLOP/s; MFU with its conventions; HFU with its conventions.
     """
 
+    _lines = -1  # line count of the text shown
+
     def show(self, snap: MonitorSnapshot | None, job: JobSnapshot | None, index: int, count: int, error: str = "") -> None:
         """Render ``job`` (``index`` of ``count`` jobs in ``snap``)."""
-        self.update(self.render_text(snap, job, index, count, error))
+        text = self.render_text(snap, job, index, count, error)
+        # A layout pass re-lays and repaints the whole screen (tens of ms beside a 4,096-rank
+        # table): only when the header's height may change, i.e. its line count did.
+        lines = text.plain.count("\n")
+        self.update(text, layout=lines != self._lines)
+        self._lines = lines
 
     @staticmethod
     def render_text(snap: MonitorSnapshot | None, job: JobSnapshot | None, index: int, count: int, error: str = "") -> Text:

@@ -1,0 +1,209 @@
+"""Pilot tests of the rank view at 4,096 synthetic ranks: node rows, filter, sorts (keys and a
+header click), the rank map's cursor, the selection staying on its rank while rows move, and
+only changed lines refreshed. Snapshots come from flowtop.synthetic_cluster (real dataclasses)
+and are handed to the screen's ``show`` as the app hands it each snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flowtop.app import FlowtopApp
+from flowtop.replay import ReplaySource
+from flowtop.rankview import NodeRow, RankRow, node_key
+from flowtop.synthetic_cluster import cluster_snapshot
+from flowtop.widgets.rank_map import RankMap
+from flowtop.widgets.rank_summary import RankSummary
+from flowtop.widgets.rank_table import COLUMNS, RankTable
+from textual.widgets import Input
+
+NARROW, WIDE = (80, 24), (200, 50)
+SNAPS = [cluster_snapshot(t) for t in range(3)]
+
+
+def _app(snaps: list | None = None) -> FlowtopApp:
+    return FlowtopApp(ReplaySource(snaps or SNAPS[:1], advance=False), refresh_s=0)
+
+
+async def _deliver(app: FlowtopApp, pilot, snap) -> None:
+    """Render ``snap`` as the screen renders every snapshot it is handed."""
+    app.screen.show(snap)  # type: ignore[attr-defined]
+    await pilot.pause()
+
+
+def _hosts(table: RankTable, n: int) -> list[str]:
+    return [row.host if isinstance(row, NodeRow) else row.rank.host for row in table.view.rows[:n]]
+
+
+@pytest.mark.asyncio
+async def test_grouped_view_opens_and_closes_nodes() -> None:
+    app = _app()
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        # 512 node rows, closed, worst first: the hung rank's node, the dead rack, the node
+        # whose rank is claimed twice, the slow node.
+        assert table.row_count == 512
+        assert _hosts(table, 7) == ["node154", "node300", "node301", "node302", "node303", "node375", "node037"]
+        # A node row: rank count, lowest step, largest lag, slowest step, worst input wait, sums,
+        # min/median MFU, worst status.
+        assert table.row_text(0) == ["▸ 8", "node154", "990", "10", "205ms", "1.0%", "573k", "3.11P", "0/45%", "",
+                                     "stalled"]  # fmt: skip
+        assert table.row_text(6) == ["▸ 8", "node037", "997", "3", "260ms", "1.0%", "504k", "2.74P", "35/35%", "",
+                                     "live"]  # fmt: skip
+        assert "4,097 ranks · 512 nodes · worst first" in str(table.border_title)
+        await pilot.press("enter")  # open node154: its ranks follow, the hung one first
+        assert table.row_count == 520
+        assert isinstance(table.view.rows[1], RankRow) and table.view.rows[1].rank.rank == 1234
+        assert table.row_text(0)[0] == "▾ 8"
+        await pilot.press("down", "left")  # from one of its ranks, ← closes the node
+        assert table.row_count == 512 and table.cursor_key == node_key("llm-4k", "node154")
+        await pilot.press("plus")  # every node open
+        assert table.row_count == 512 + 4097
+        await pilot.press("minus", "g")  # flat: one row per rank process
+        assert table.row_count == 4097 and table.selected is not None and table.selected.rank == 1234
+        assert "flat" in str(table.border_title)
+
+
+@pytest.mark.asyncio
+async def test_filter_by_glob_range_status_and_hint_then_escape() -> None:
+    app = _app()
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        await pilot.press("slash")
+        box = app.screen.query_one("#rank-filter", Input)
+        assert box.display and box.has_focus
+        await pilot.press(*"node01*")
+        assert _hosts(table, 20) == [f"node0{n}" for n in range(10, 20)][: table.row_count] or table.row_count == 10
+        assert sorted(_hosts(table, 10)) == [f"node0{n}" for n in range(10, 20)]
+        assert "80 of 4,097 ranks" in str(table.border_title) and "filter: node01*" in str(table.border_title)
+        await pilot.press("enter")  # close the line, keep the filter, back to the table
+        assert not box.display and table.has_focus and table.row_count == 10
+        for text, rows in (("128-255", 16), ("stalled", 1), ("input_wait", 2), ("stale stalled", 5 + 33)):
+            await pilot.press("slash", *["backspace"] * 12, *text, "enter")
+            assert table.row_count == rows, text
+        assert [r.rank.rank for r in table.view.rows[:2] if isinstance(r, RankRow)] == [1234]  # open nodes
+        await pilot.press("slash")
+        box.value = "rank:9-1"  # no such range: the filter stays as it was
+        await pilot.pause()
+        assert box.has_class("-invalid") and table.spec.filter.text == "stale stalled"
+        await pilot.press("escape")  # clears the filter and closes the line
+        assert not box.display and not table.spec.filter.active and table.row_count == 512
+
+
+@pytest.mark.asyncio
+async def test_sort_by_keys_and_by_clicking_a_header() -> None:
+    app = _app()
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        await pilot.press("g", "s")  # flat, then the first column: rank
+        assert table.spec.sort == "rank" and [table.row_text(i)[0] for i in range(3)] == ["0", "1", "2"]
+        await pilot.press("r")
+        assert table.row_text(0)[0] == "4095"
+        await pilot.press("s")  # host
+        assert table.row_text(0)[1] == "node000" and "by host ▲" in str(table.border_title)
+        await pilot.press("w")
+        assert table.spec.sort == "worst" and table.row_text(0)[0] == "1234"
+        x = 1 + sum(c.width + 1 for c in COLUMNS[: [c.key for c in COLUMNS].index("mfu")])
+        await pilot.click(RankTable, offset=(x + 2, 1))  # the header line, under the border
+        assert table.spec.sort == "mfu" and not table.spec.reverse
+        assert table.row_text(0)[8] == "0.0%"  # lowest MFU first
+        await pilot.click(RankTable, offset=(x + 2, 1))  # again: reversed
+        assert table.spec.reverse and table.row_text(0)[8] == "46.4%"
+        assert "▼MFU" in "".join(s.text for s in table.render_line(0)._segments)
+        await pilot.click(RankTable, offset=(3, 1))  # the rank column
+        assert table.spec.sort == "rank"
+
+
+@pytest.mark.asyncio
+async def test_selection_stays_on_its_rank_while_rows_move() -> None:
+    app = _app()
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        await pilot.press("g")  # flat, worst first: healthy ranks are ordered by MFU
+        table.move_cursor(300)
+        key = table.cursor_key
+        moved = 0
+        for snap in SNAPS[1:]:
+            before = table.cursor_row
+            await _deliver(app, pilot, snap)
+            assert table.cursor_key == key and table.view.rows[table.cursor_row].key == key
+            moved += table.cursor_row != before
+        assert moved  # the rank changed rows, the cursor went with it
+        await pilot.press("g")  # grouped: the cursor lands on the rank's node row
+        assert table.cursor_key == node_key("llm-4k", key[1])
+        await _deliver(app, pilot, SNAPS[0])
+        assert table.cursor_key == node_key("llm-4k", key[1])
+
+
+@pytest.mark.asyncio
+async def test_rank_map_cursor_selects_a_rank() -> None:
+    app = _app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        table, rank_map = app.screen.query_one(RankTable), app.screen.query_one(RankMap)
+        layout = rank_map.grid.layout
+        assert (layout.per_cell, layout.width, layout.text_size) == (1, 64, (64, 32))  # 4,096 in 64x64
+        assert rank_map.cursor_rank == 1234  # the table's selection (the hung rank's node)
+        # Click the character holding ranks 1170 (top) and 1234 (bottom): the worse one wins.
+        await pilot.click(RankMap, offset=(1 + 1234 % 64, 1 + 1234 // 128))
+        assert table.selected is not None and table.selected.rank == 1234 and table.has_focus
+        assert isinstance(table.view.rows[table.cursor_row], RankRow)  # its node was opened
+        await pilot.press("tab", "tab")  # table -> hints -> map
+        assert rank_map.has_focus
+        await pilot.press("home", "right", "right", "down")  # rank 66: moving selects it...
+        assert rank_map.cursor_rank == 66
+        assert table.cursor_key == node_key("llm-4k", "node008")  # ...on its (closed) node row
+        await pilot.press("enter")  # ...and Enter opens it there
+        assert table.has_focus and table.selected.rank == 66 and table.cursor_key[3] == 66  # type: ignore[index]
+        await pilot.press("m", "m", "m")  # MFU -> step time -> input wait -> status
+        assert rank_map.metric == "status" and "status" in str(rank_map.border_title)
+
+
+@pytest.mark.asyncio
+async def test_rank_map_on_80x24_takes_8_ranks_a_cell() -> None:
+    app = _app()
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        rank_map = app.screen.query_one(RankMap)
+        assert rank_map.display and rank_map.grid.layout.per_cell == 8 and rank_map.size.height == 4
+        rank_map.focus()
+        await pilot.press("home", "down", "enter")  # one cell row down: ranks 512-519
+        table = app.screen.query_one(RankTable)
+        assert table.selected is not None and 512 <= table.selected.rank < 520
+        await pilot.press("M")  # hide the map: room for the table
+        assert not rank_map.display and table.size.height > 6
+
+
+@pytest.mark.asyncio
+async def test_only_changed_lines_are_refreshed() -> None:
+    app = _app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        table, rank_map = app.screen.query_one(RankTable), app.screen.query_one(RankMap)
+        await pilot.press("g", "s", "home")  # flat, by rank (rows keep their places), at the top
+        await _deliver(app, pilot, cluster_snapshot(0))  # equal values, new objects
+        assert (table.lines_refreshed, rank_map.lines_refreshed) == (0, 0)
+        job = SNAPS[0].jobs[0]
+        ranks = list(job.ranks)
+        ranks[2] = dataclasses.replace(ranks[2], status="stale", tokens_per_s=0.0)
+        changed = dataclasses.replace(SNAPS[0], jobs=(dataclasses.replace(job, ranks=tuple(ranks)),))
+        await _deliver(app, pilot, changed)
+        assert table.lines_refreshed == 1 and table.row_text(2)[-1] == "stale"
+        assert rank_map.lines_refreshed == 0  # MFU map: rank 2's MFU did not change
+        await pilot.press("m", "m", "m")  # status map
+        await _deliver(app, pilot, SNAPS[0])
+        assert rank_map.lines_refreshed == 1  # one ▀ line holds rank 2
+
+
+@pytest.mark.asyncio
+async def test_summary_line_gives_percentiles_across_ranks() -> None:
+    app = _app()
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        text = app.screen.query_one(RankSummary).text.plain
+        assert text == "p0/50/95/100  step 194/200/205/270ms  MFU 0.0/45/46/46%  wait 1.0/1.0/1.0/30%"
