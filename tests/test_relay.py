@@ -412,3 +412,39 @@ def test_readme_lists_the_relay_fields_of_the_schema() -> None:
     named = re.findall(r"`(\w+)`", text)
     assert [n for n in named if n in RELAY_FIELDS] == list(RELAY_FIELDS)
     assert list(json_schema()["$defs"]["relay"]["properties"]) == list(RELAY_FIELDS)
+
+
+def test_a_recording_of_relayed_frames_replays(tmp_path: Path) -> None:
+    """Relayed frames are recorded at their arrival (live order, never before the recording's
+    start), and the relay's reports replay as its record."""
+    from flowtop.recording import Recorder, replay_all
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    rec = Recorder(tmp_path / "relayed.rec")
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, recorder=rec))
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XPUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(listen)
+    key = RankKey("recorded", "node-r", 7, 0, 0)
+    relay = "node-r:3:0000000a"
+    report = wire.encode("relay", RankKey("", "node-r", 3, 0, 0), 0, time.time(), {
+        "relay": relay, "listen": "ipc:///tmp/x.sock", "upstream": listen, "ranks": 1, "frames_in": 4,
+        "frames_out": 4, "bytes_in": 400, "bytes_out": 400, "drops": 0, "queued": 0, "commands": 0,
+        "link_ups": 1, "uptime_s": 3.0, "hosted_by": "flowtop relay"})  # fmt: skip
+    try:
+        assert sock.recv() == b"\x01"
+        frames = [wire.encode("hello", key, 0, time.time(), dict(HELLO, world_size=1))]
+        frames += [wire.encode("step", key, n, time.time(), {"step": n, "wall_s": 0.1, "tokens": 8, "drops": 0})
+                   for n in (1, 2, 3)]  # fmt: skip
+        # Held up to 2.5 s in the relay: before the recording's first frame arrived.
+        _batch(sock, relay, time.monotonic(), [*frames, report], [2_500_000, 2_400_000, 2_300_000, 2_200_000, 0])
+        mon.wait_for(lambda s: any(r.step == 3 for r in _ranks(s).values()), 5)
+    finally:
+        sock.close(0)
+        ctx.term()
+        mon.close()
+    snap = replay_all(tmp_path / "relayed.rec", make_model())
+    assert snap.rejected == 0 and _ranks(snap)[0].step == 3
+    assert [(r.relay, r.ranks_connected, r.hosted_by) for r in snap.relays] == [(relay, 1, "flowtop relay")]
