@@ -28,30 +28,39 @@ def signature_of(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
     Walks (nested) tuples, lists and mappings — HF ``BatchEncoding`` included — up to a
     small depth and leaf count.  Non-tensor values are ignored: they change freely (step
     counters, flags) without changing the FLOPs.  Never raises; returns ``("?",)`` on error.
+    Runs at every step's first forward: kept to plain loops and cached dtype names.
     """
     leaves: list[tuple] = []
-
-    def walk(path: str, value: Any, depth: int) -> None:
-        if len(leaves) >= _MAX_LEAVES:
-            return
-        if isinstance(value, torch.Tensor):
-            leaves.append((path, tuple(int(s) for s in value.shape), str(value.dtype).replace("torch.", "")))
-        elif depth < _MAX_DEPTH and isinstance(value, (tuple, list)):
-            for i, item in enumerate(value):
-                walk(f"{path}.{i}", item, depth + 1)
-        elif depth < _MAX_DEPTH and isinstance(value, Mapping):
-            for key, item in value.items():
-                walk(f"{path}.{key}", item, depth + 1)
-
     try:
         for i, arg in enumerate(args):
-            walk(str(i), arg, 0)
+            _walk(leaves, _INDEX[i] if i < len(_INDEX) else str(i), arg, 0)
         for key, arg in kwargs.items():
-            walk(str(key), arg, 0)
+            _walk(leaves, str(key), arg, 0)
         return tuple(leaves)
     except Exception as exc:  # noqa: BLE001 - never into training
         warn_once("flops.signature", f"input signature unavailable: {type(exc).__name__}: {exc}")
         return ("?",)
+
+
+_INDEX = tuple(str(i) for i in range(16))
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _walk(leaves: list[tuple], path: str, value: Any, depth: int) -> None:
+    if len(leaves) >= _MAX_LEAVES:
+        return
+    if isinstance(value, torch.Tensor):
+        dtype = value.dtype
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        leaves.append((path, tuple(value.shape), name))
+    elif depth < _MAX_DEPTH and isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            _walk(leaves, f"{path}.{i}", item, depth + 1)
+    elif depth < _MAX_DEPTH and isinstance(value, Mapping):
+        for key, item in value.items():
+            _walk(leaves, f"{path}.{key}", item, depth + 1)
 
 
 class CountPolicy:
