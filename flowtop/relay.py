@@ -61,6 +61,7 @@ class RelayConfig:
     max_batch_bytes: int = 16 << 20
     max_age_s: float = 2.0  # frames older than this are dropped while no monitor listens
     queue: int = 20_000  # frames held at most (oldest dropped, counted)
+    queue_bytes: int = 256 << 20  # ... and bytes (kernel windows are up to 8 MB each)
     report_s: float = 1.0
 
 
@@ -185,6 +186,7 @@ class Relay:
         self._up_conns = self._up_subs = 0
         self._subscribed = False  # whether we subscribed downstream (a monitor listens)
         self._queue: Deque[tuple[Any, float]] = collections.deque()
+        self._queued_bytes = 0
 
     @property
     def ranks(self) -> int:
@@ -299,17 +301,20 @@ class Relay:
                 if now >= next_report or stopping:
                     if self._send_report(up, now, closing=stopping):
                         next_report = now + cfg.report_s
-            if q and now - q[0][1] > cfg.max_age_s:
-                while q and now - q[0][1] > cfg.max_age_s:  # no monitor, or upstream full
-                    q.popleft()
-                    self.drops += 1
+            while q and now - q[0][1] > cfg.max_age_s:  # no monitor, or upstream full
+                self._drop_oldest()
             if stopping:
                 self.drops += len(q)
                 q.clear()
                 return
 
+    def _drop_oldest(self) -> None:
+        frame, _ = self._queue.popleft()
+        self._queued_bytes -= len(frame)
+        self.drops += 1
+
     def _drain_down(self, down: Any, now: float) -> None:
-        q, limit = self._queue, self.cfg.queue
+        q, limit, limit_bytes = self._queue, self.cfg.queue, self.cfg.queue_bytes
         for _ in range(DRAIN):
             try:
                 frame = down.recv(zmq.NOBLOCK)  # bytes as the probe sent them (copy=False costs more below 64 KB)
@@ -318,9 +323,9 @@ class Relay:
             q.append((frame, now))
             self.frames_in += 1
             self.bytes_in += len(frame)
-            if len(q) > limit:
-                q.popleft()
-                self.drops += 1
+            self._queued_bytes += len(frame)
+            while len(q) > limit or (self._queued_bytes > limit_bytes and len(q) > 1):
+                self._drop_oldest()
 
     def _drain_up(self, up: Any, down: Any) -> None:
         for _ in range(256):
@@ -388,6 +393,7 @@ class Relay:
             return False
         for _ in parts:
             self._queue.popleft()
+        self._queued_bytes -= size
         self.frames_out += len(parts)
         self.bytes_out += size
         self.batches += 1

@@ -448,3 +448,34 @@ def test_a_recording_of_relayed_frames_replays(tmp_path: Path) -> None:
     snap = replay_all(tmp_path / "relayed.rec", make_model())
     assert snap.rejected == 0 and _ranks(snap)[0].step == 3
     assert [(r.relay, r.ranks_connected, r.hosted_by) for r in snap.relays] == [(relay, 1, "flowtop relay")]
+
+
+def test_a_monitor_restart_behind_a_relay_looks_like_one_to_the_ranks(short_dir: Path) -> None:
+    """The relay mirrors the monitor's presence: while it is away the ranks hold and drop (counted),
+    and a new monitor on the same port gets their hello at once, through the relay's new link."""
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    addr = f"ipc://{short_dir}/m.sock"
+    mon = MonitorThread(listen=listen)
+    relay = _relay(addr, listen)
+    ranks = _Ranks("restart", {0: addr})
+    try:
+        mon.wait_for(lambda s: any(r.step > 3 for r in _ranks(s).values()), 15)
+        mon.close()
+        pub = ranks.pubs[0]
+        deadline = time.monotonic() + 10
+        while pub.subscribers and time.monotonic() < deadline:  # the relay unsubscribed its ranks
+            time.sleep(0.05)
+        assert pub.subscribers == 0
+        time.sleep(2.5)  # longer than the probe holds frames
+        mon = MonitorThread(listen=listen)
+        back = time.monotonic()
+        snap = mon.wait_for(lambda s: any(r.device == "cpu (test)" and r.status == "live" for r in _ranks(s).values())
+                            and any(x.link_ups == 2 for x in s.relays), 15)
+        print(f"rank and relay back {time.monotonic() - back:.2f} s after the monitor restarted; "
+              f"probe drops meanwhile {pub.drops}")
+        assert _ranks(snap)[0].status == "live" and snap.relays[0].link_ups == 2 and pub.drops > 0
+    finally:
+        ranks.close()
+        relay.terminate()
+        relay.wait(10)
+        mon.close()
