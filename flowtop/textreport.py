@@ -40,6 +40,7 @@ def render(snap: MonitorSnapshot) -> str:
             lines.append(
                 f"  {r.rank:>4} {r.host[:16]:<16} {r.step:>7} {seconds(r.step_time_s):>9} {si(r.tokens_per_s):>8} "
                 f"{flops_rate(rf.flops_per_s if rf else None):>10} {pct(rf.mfu if rf else None):>6}  {r.status}"
+                + (f" ({r.status_reason})" if r.status_reason else "")
             )
         lost = sum(r.lost_messages for r in job.ranks)
         dropped = sum(r.dropped_messages for r in job.ranks)
@@ -49,4 +50,11 @@ def render(snap: MonitorSnapshot) -> str:
         for h in job.hints:
             ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
             lines.append(f"  [{h.severity}]{ended} {h.summary} -> {h.action}")
+    if snap.relays:
+        states = ", ".join(f"{sum(x.status == st for x in snap.relays)} {st}" for st in ("live", "silent", "closed")
+                           if any(x.status == st for x in snap.relays))
+        lines.append(f"relays: {len(snap.relays)} ({states})")
+        for x in snap.relays:
+            lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks_connected:>3}  "
+                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}  heard {seconds(x.age_s)} ago")
     return "\n".join(lines)

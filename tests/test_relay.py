@@ -31,6 +31,7 @@ from flowtop.demo.launch import free_port_pair
 from flowtop.relay import PathLock
 from flowtop.relays import encode_stamp
 from flowtop.snapshot import to_json
+from flowtop.textreport import render
 from flowtop.wiring import make_model
 from monitor_thread import MonitorThread
 from probe import wire
@@ -136,6 +137,8 @@ def test_two_relays_every_rank_commands_and_a_dead_relay_marks_only_its_ranks(sh
         assert r[0].tokens_per_s == 0.0  # no rate for a rank nobody can see
         assert {x.listen: x.status for x in snap.relays} == {a: "silent", b: "live"}
         assert_valid_snapshot(to_json(snap))
+        text = render(snap)  # flowtop snapshot's text says it too
+        assert "relays: 2 (1 live, 1 silent)" in text and f"stale ({r[0].status_reason})" in text
 
         # A relay on the same path again: the ranks come back through it, as after a monitor restart.
         relays["a"] = _relay(a, mon.listen)
