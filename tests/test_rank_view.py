@@ -36,6 +36,16 @@ def _hosts(table: RankTable, n: int) -> list[str]:
     return [row.host if isinstance(row, NodeRow) else row.rank.host for row in table.view.rows[:n]]
 
 
+def _map_cell(rank_map: RankMap, x: int, y: int):
+    """The segment drawing character (x, y) of the map."""
+    left = 0
+    for seg in rank_map.render_line(y)._segments:
+        if left <= x < left + len(seg.text):
+            return seg
+        left += len(seg.text)
+    raise AssertionError(f"no character at {x}")
+
+
 @pytest.mark.asyncio
 async def test_grouped_view_opens_and_closes_nodes() -> None:
     app = _app()
@@ -152,6 +162,7 @@ async def test_rank_map_cursor_selects_a_rank() -> None:
         # Click the character holding ranks 1170 (top) and 1234 (bottom): the worse one wins.
         await pilot.click(RankMap, offset=(1 + 1234 % 64, 1 + 1234 // 128))
         assert table.selected is not None and table.selected.rank == 1234 and table.has_focus
+        assert _map_cell(rank_map, 1234 % 64, 1234 // 128).style.bgcolor.name == "#ffffff"  # the lower half
         assert isinstance(table.view.rows[table.cursor_row], RankRow)  # its node was opened
         await pilot.press("tab", "tab")  # table -> hints -> map
         assert rank_map.has_focus
@@ -206,4 +217,4 @@ async def test_summary_line_gives_percentiles_across_ranks() -> None:
     async with app.run_test(size=NARROW) as pilot:
         await pilot.pause()
         text = app.screen.query_one(RankSummary).text.plain
-        assert text == "p0/50/95/100  step 194/200/205/270ms  MFU 0.0/45/46/46%  wait 1.0/1.0/1.0/30%"
+        assert text == "p0/50/95/100 step 194/200/205/270ms MFU 0.0/45/46/46% wait 1.0/1.0/1.0/30%"

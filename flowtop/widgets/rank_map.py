@@ -234,7 +234,8 @@ class RankMap(Widget, can_focus=True):
         lay, bins = self.grid.layout, self.grid.bins
         rows = (2 * y, 2 * y + 1) if lay.half else (y,)
         cells = tuple(tuple(bins[r * lay.width:(r + 1) * lay.width]) for r in rows)
-        cursor = next((self.cursor - r * lay.width for r in rows
+        # The cursor as (which of this line's cell rows, column), None when not on this line.
+        cursor = next(((i, self.cursor - r * lay.width) for i, r in enumerate(rows)
                        if r * lay.width <= self.cursor < (r + 1) * lay.width), None)
         return (cells, cursor, self.metric, lay, self.size.width)
 
@@ -269,14 +270,14 @@ class RankMap(Widget, can_focus=True):
         if lay.half:
             top, bottom = cells
             for x, b in enumerate(top):
-                fg = CURSOR_COLOUR if cursor == x else bin_colour(self.metric, b)
+                fg = CURSOR_COLOUR if cursor == (0, x) else bin_colour(self.metric, b)
                 bg = None
                 if x < len(bottom):
-                    bg = CURSOR_COLOUR if cursor == lay.width + x else bin_colour(self.metric, bottom[x])
+                    bg = CURSOR_COLOUR if cursor == (1, x) else bin_colour(self.metric, bottom[x])
                 segments.append(Segment("▀", base + Style(color=fg, bgcolor=bg)))
         else:
             for x, b in enumerate(cells[0]):
-                colour = CURSOR_COLOUR if cursor == x else bin_colour(self.metric, b)
+                colour = CURSOR_COLOUR if cursor == (0, x) else bin_colour(self.metric, b)
                 segments.append(Segment("██", base + Style(color=colour)))
         strip = Strip(segments).simplify()
         grid_cols = self._grid_cols()

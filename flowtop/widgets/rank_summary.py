@@ -29,7 +29,8 @@ def fmt_fracs(values: tuple[float, ...]) -> str:
 
 
 def summary_text(p: JobPercentiles) -> Text:
-    """'p0/50/95/100  step 194/200/205/270ms  MFU 0/45/46/46%  wait 1.0/1.0/1.0/30%'."""
+    """'p0/50/95/100 step 194/200/205/270ms MFU 0.0/45/46/46% wait 1.0/1.0/1.0/30%' (single
+    spaces: the four figures of three measures fit 78 columns)."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append("p" + "/".join(f"{q:g}" for q in PERCENTILES), style="dim")
     for label, values, fmt in (
@@ -37,7 +38,7 @@ def summary_text(p: JobPercentiles) -> Text:
         ("MFU", p.mfu, fmt_fracs),
         ("wait", p.input_wait_frac, fmt_fracs),
     ):
-        text.append(f"  {label} ", style="dim")
+        text.append(f" {label} ", style="dim")
         text.append(fmt(values) if values else NA, style="bold" if values else "dim")
     return text
 

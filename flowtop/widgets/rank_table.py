@@ -148,7 +148,8 @@ def row_cells(row: Row) -> tuple[Cell, ...]:
 
 def view_title(view: RankView, spec: ViewSpec) -> str:
     """The table's title: what is shown, how it is ordered, and the filter in force."""
-    parts = [f"{view.shown:,} of {view.total:,} ranks" if spec.filter.active else f"{view.total:,} ranks"]
+    noun = "rank" if view.total == 1 else "ranks"
+    parts = [f"{view.shown:,} of {view.total:,} {noun}" if spec.filter.active else f"{view.total:,} {noun}"]
     if view.grouped:
         parts.append(f"{view.nodes:,} nodes")
     elif spec.grouped is False and view.nodes > 1:
