@@ -88,6 +88,8 @@ class FlowtopApp(App[None]):
         self._deliver(self.data.mailbox.take())
 
     def _deliver(self, delivery: Delivery) -> None:
+        if self._stopped or not self.screen_stack:
+            return  # closing: nothing left to render on
         for n in delivery.notices:
             self.notify(n.text, severity=n.severity, timeout=ERROR_TIMEOUT_S if n.severity == "error" else 6)  # type: ignore[arg-type]
         if delivery.snapshot is not None:

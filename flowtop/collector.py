@@ -32,8 +32,10 @@ from urllib.parse import urlparse
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from flowtop.clock import TICK_S, MonitorClock
+from flowtop.fdwatch import FdHeadroom
 from flowtop.model import Model
 from flowtop.snapshot import MonitorSnapshot
 from flowtop.ticker import Ticker
@@ -50,8 +52,9 @@ BATCH = 5000
 DRAIN_S = 0.05
 #: Ticks due at once beyond which the older are skipped (a tick longer than the cadence).
 MAX_BEHIND = 4
-#: Events of the listening socket that the user must hear of (the rest are routine).
-_LISTENER_EVENTS = zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_CLOSED | zmq.EVENT_BIND_FAILED
+#: Events of the listening socket that the user must hear of (a failed accept is not one of
+#: them: libzmq retries it at once, for ever — see flowtop.fdwatch).
+_LISTENER_EVENTS = zmq.EVENT_CLOSED | zmq.EVENT_BIND_FAILED
 
 
 class AddressError(ValueError):
@@ -143,6 +146,7 @@ class Collector:
         self.last_recorder = recorder  # kept after stop, for its error
         self.curve = curve  # flowtop.keys.ServerKeys: encrypted, only admitted probes
         self.listen = check_listen(listen, allow_remote or curve is not None)
+        self._fds = FdHeadroom(self.listen)
         self._ctx: zmq.asyncio.Context | None = None
         self._sub: Any = None
         self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
@@ -279,6 +283,9 @@ class Collector:
         :attr:`on_tick`) and return that time; called by the drain loop and by the data thread."""
         now = self.clock.now()
         self._tell_pauses(now)
+        full = self._fds.check(now)
+        if full:
+            self.model.notices.error(full, now)
         if self.ticker is not None:
             snap = self.ticker.catch_up(now)
             if snap is not None and self.on_tick is not None:
@@ -304,9 +311,8 @@ class Collector:
         return self.ticker.last if self.ticker is not None else None
 
     def _socket_events(self) -> None:
-        from zmq.utils.monitor import parse_monitor_message
-
-        for _ in range(64):
+        # All of them: a full monitor pipe would block libzmq's I/O thread (see flowtop.fdwatch).
+        for _ in range(10_000):
             try:
                 event = parse_monitor_message(self._events.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
@@ -322,13 +328,9 @@ class Collector:
                 self._listener_event(kind, int(event.get("value") or 0))
 
     def _listener_event(self, kind: int, value: int) -> None:
-        """The listening socket could not accept a connection, or was closed: the user must know
-        (ranks that cannot connect are invisible otherwise)."""
-        if kind == zmq.EVENT_ACCEPT_FAILED:
-            why = os.strerror(value) if value else "unknown error"
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            text = f"cannot accept probe connections on {self.listen}: {why} (open-file limit {soft})"
-        elif kind == zmq.EVENT_CLOSED:
+        """The listening socket was closed or could not be bound again: the user must know (ranks
+        that cannot connect are invisible otherwise)."""
+        if kind == zmq.EVENT_CLOSED:
             text = f"the listening socket {self.listen} was closed: no new probe can connect"
         else:
             text = f"cannot bind {self.listen} again: {os.strerror(value) if value else 'unknown error'}"
@@ -402,6 +404,7 @@ class Collector:
                 pass
         self._send = None  # a shadow of the socket closed below
         if self._events is not None:
+            self._socket_events()  # a full monitor pipe would block disable_monitor
             self._sub.disable_monitor()
             self._events_async.close(0)
         if self._sub is not None:
