@@ -158,6 +158,9 @@ class Model:
             st.hello = dict(f)
         elif msg.kind == "step":
             self._on_step(st, f, now)
+        elif msg.kind == "steps":  # a batch (wire MINOR 2): the same, record by record
+            for rec in f["records"]:
+                self._on_step(st, rec, now)
         elif msg.kind == "flops":
             st.flops = dict(f)
         elif msg.kind == "telemetry":

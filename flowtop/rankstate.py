@@ -13,7 +13,7 @@ from operator import itemgetter
 from typing import Any, Deque
 
 from flowtop.snapshot import History, TelemetryView
-from probe.wire import Message, RankKey
+from probe.wire import Message, RankKey, records
 
 #: Steps kept per rank for medians, sparklines and step alignment.
 RING = 512
@@ -75,7 +75,8 @@ def implausible(st: RankState, msg: Message, now: float) -> str:
     silent = max(0.0, now - st.last_recv)
     if st.last_seq >= 0 and msg.seq - st.last_seq > max(MIN_SEQ_JUMP, silent * MAX_FRAMES_PER_S):
         return "implausible seq jump for a known rank (forged or corrupt frame)"
-    step = msg.fields.get("step") if msg.kind == "step" else None
+    recs = records(msg)
+    step = recs[-1].get("step") if recs else None
     if st.steps and isinstance(step, int) and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
         return "implausible step jump for a known rank (forged or corrupt frame)"
     return ""

@@ -23,6 +23,7 @@ class ProbeConfig:
     enabled: bool = True
     addr: str = DEFAULT_ADDR  # FLOWTOP_ADDR: where the monitor's SUB is bound
     queue_size: int = 10_000  # FLOWTOP_QUEUE: bounded deque, oldest dropped
+    flush_s: float = 0.1  # FLOWTOP_FLUSH_S: step records wait at most this long, one frame each
     flops: bool = True  # FLOWTOP_FLOPS: sampled FLOP counting
     attention: str = "full"  # FLOWTOP_ATTENTION: full | causal
     recheck_steps: int = 500  # FLOWTOP_RECHECK_STEPS: periodic re-count
@@ -112,6 +113,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         enabled=not _parse(e, "FLOWTOP_DISABLE", _bool, False),
         addr=addr,
         queue_size=_parse(e, "FLOWTOP_QUEUE", _positive_int, d.queue_size),
+        flush_s=min(10.0, _parse(e, "FLOWTOP_FLUSH_S", _positive_float, d.flush_s)),
         flops=_parse(e, "FLOWTOP_FLOPS", _bool, d.flops),
         attention=_parse(e, "FLOWTOP_ATTENTION", _attention, d.attention),
         recheck_steps=_parse(e, "FLOWTOP_RECHECK_STEPS", _non_negative_int, d.recheck_steps),

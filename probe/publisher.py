@@ -31,6 +31,20 @@ from probe._log import warn_once
 #: Queue marker (never sent): frames after it go out under a new rank key.
 _REKEY = "_rekey"
 
+def _flush(pending: Deque[tuple[str, float, dict[str, Any]]], batch: list[tuple[str, float, dict[str, Any]]]) -> None:
+    """Queue the step records of ``batch`` as one frame: a lone record as a plain "step"."""
+    if len(batch) == 1:
+        pending.append(batch[0])
+    elif batch:
+        pending.append(("steps", batch[0][1], {"records": [f for _, _, f in batch]}))
+    batch.clear()
+
+
+def _weight(kind: str, fields: dict[str, Any]) -> int:
+    """Messages one pending entry stands for (a batch: its step records), for drop counts."""
+    return len(fields["records"]) if kind == "steps" else (0 if kind == _REKEY else 1)
+
+
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
 
@@ -45,8 +59,12 @@ class Publisher:
         queue_size: int = 10_000,
         max_age_s: float = 2.0,
         curve_dir: str | None = None,
+        flush_s: float = 0.1,
     ) -> None:
         self.key = key
+        #: Step records wait at most this long and leave as one "steps" frame (wire MINOR 2), so a
+        #: rank sends ~1/flush_s frames per second whatever its step rate; other kinds go at once.
+        self.flush_s = flush_s
         self.addr = addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
@@ -167,6 +185,7 @@ class Publisher:
 
     def _loop(self, zmq: Any, sock: Any, link: "_Link") -> None:
         pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
+        batch: list[tuple[str, float, dict[str, Any]]] = []  # step records not yet flushed
         next_tick: list[float] = []
         next_hello = 0.0
         listening = False
@@ -178,12 +197,7 @@ class Publisher:
                 next_hello = 0.0  # a monitor (re)appeared or the hello changed: send it now
                 last_hello = self.hello_fields
             listening = subscriptions > 0
-            while True:
-                try:
-                    pending.append(self._queue.popleft())
-                    self._popped += 1
-                except IndexError:
-                    break
+            self._take(pending, batch, stopping)
             if self._local:
                 pending.extend(self._local)
                 self._local.clear()
@@ -202,12 +216,19 @@ class Publisher:
                     continue
                 if kind == "step":
                     fields = dict(fields, drops=self.drops)
+                elif kind == "steps":
+                    drops = self.drops
+                    fields = {"records": [dict(r, drops=drops) for r in fields["records"]]}
                 frame = wire.encode(kind, self.key, self._seq, t, fields)
+                if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
+                    pending.popleft()  # too big together: one by one, so only an oversized record is lost
+                    pending.extendleft(reversed([("step", t, dict(r)) for r in fields["records"]]))
+                    continue
                 if len(frame) > wire.MAX_FRAME_BYTES:
                     # The monitor's MAXMSGSIZE would drop the whole connection for this one.
                     warn_once(f"oversize:{kind}", f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
                     pending.popleft()
-                    self._send_drops += 1
+                    self._send_drops += _weight(kind, fields)
                     continue
                 try:
                     sock.send(frame, zmq.NOBLOCK)
@@ -220,7 +241,7 @@ class Publisher:
             if not sent_all or not listening:
                 self._expire(pending, now)
             if stopping:
-                self._send_drops += len(pending)
+                self._send_drops += sum(_weight(k, f) for k, _, f in pending)
                 return
             ticks = list(self._ticks)
             next_tick.extend([0.0] * (len(ticks) - len(next_tick)))
@@ -234,7 +255,30 @@ class Publisher:
             self._handle_control(link.take_commands())
             self.control_rejected += link.overflow
             link.overflow = 0
-            time.sleep(0.05)  # 20 Hz: fresh enough for a 2 Hz UI, cheap for training
+            # 20 Hz: fresh enough for a 2 Hz UI, cheap for training; sooner when a batch is due.
+            due = batch[0][1] + self.flush_s - time.time() if batch else 0.05
+            time.sleep(min(0.05, max(0.001, due)))
+
+    def _take(self, pending: Deque[tuple[str, float, dict[str, Any]]],
+              batch: list[tuple[str, float, dict[str, Any]]], stopping: bool) -> None:
+        """Move the training thread's queue to ``pending``, step records through ``batch``:
+        flushed when the oldest is ``flush_s`` old, when it is full, and before any other
+        message (order is kept: a count or a bye never overtakes the steps before it)."""
+        while True:
+            try:
+                item = self._queue.popleft()
+            except IndexError:
+                break
+            self._popped += 1
+            if item[0] == "step":
+                batch.append(item)
+                if len(batch) >= wire.MAX_BATCH:
+                    _flush(pending, batch)
+            else:
+                _flush(pending, batch)
+                pending.append(item)
+        if batch and (stopping or time.time() - batch[0][1] >= self.flush_s):
+            _flush(pending, batch)
 
     def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
         """Say bye under the old key (if a monitor listens), then speak under the new one."""
@@ -252,7 +296,7 @@ class Publisher:
         switch is never dropped: what follows it must go out under the new key)."""
         if pending and now - min(item[1] for item in pending) > self.max_age_s:
             fresh = [item for item in pending if now - item[1] <= self.max_age_s or item[0] == _REKEY]
-            self._send_drops += len(pending) - len(fresh)
+            self._send_drops += sum(_weight(k, f) for k, _, f in pending) - sum(_weight(k, f) for k, _, f in fresh)
             pending.clear()
             pending.extend(fresh)
 

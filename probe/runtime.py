@@ -47,7 +47,8 @@ class Probe:
         self.ident = ident
         self._ident_args = ident_args  # probe._AttachArgs: what attach() was told (re-identify)
         self.flops_per_token = flops_per_token if flops_per_token is not None else cfg.flops_per_token
-        self.publisher = Publisher(ident.key, cfg.addr, cfg.queue_size, curve_dir=cfg.curve_dir)
+        self.publisher = Publisher(ident.key, cfg.addr, cfg.queue_size, curve_dir=cfg.curve_dir,
+                                   flush_s=cfg.flush_s)
         self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
         self._started = False
         self._flops: Any = None  # probe.flop_sampling.FlopSampler

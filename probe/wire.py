@@ -27,7 +27,9 @@ from typing import Any, Callable, Mapping
 import msgpack
 
 MAJOR = 1
-MINOR = 1  # 1: kernels carry raw records (names, ops, acts), not a built window
+MINOR = 2  # 1: kernels carry raw records (names, ops, acts); 2: "steps" batches, "relay" figures
+#: Most step records one "steps" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
+MAX_BATCH = 512
 #: Largest frame either side accepts (the collector also sets ZMQ MAXMSGSIZE).
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 #: Default address: the monitor binds it, the probe connects to it.
@@ -227,6 +229,23 @@ def _kernel_acts(v: Any) -> bool:
     return True
 
 
+def _step_records(v: Any) -> bool:
+    """A "steps" batch: 1..MAX_BATCH maps, each a valid "step" message's fields."""
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_BATCH:
+        return False
+    schema = _SCHEMA["step"]
+    for rec in v:
+        if not isinstance(rec, dict):
+            return False
+        for name, (required, check) in schema.items():
+            if name in rec:
+                if not check(rec[name]):
+                    return False
+            elif required:
+                return False
+    return True
+
+
 # kind -> {field: (required, check)}
 _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
     "hello": {
@@ -253,6 +272,11 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "drops": (True, _int()),
         # Monitor commands this rank refused so far (rate limit or malformed).
         "commands_refused": (False, _int()),
+    },
+    # Several step records of one rank in one frame (MINOR 2): a rank sends at most one frame
+    # per flush interval whatever its step rate. Each record has the "step" fields.
+    "steps": {
+        "records": (True, _step_records),
     },
     "bye": {
         "reason": (True, _str(256)),
@@ -403,7 +427,17 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         if not check(obj[name]):
             raise WireError(f"{kind}: bad value for {name!r}")
         fields[name] = obj[name]
+    if kind == "steps":  # only the known fields of each record, like any single message
+        step_fields = _SCHEMA["step"]
+        fields["records"] = [{n: r[n] for n in step_fields if n in r} for r in fields["records"]]
     return Message(kind=kind, key=key, seq=obj["seq"], sent_at=float(obj["t"]), fields=fields)
+
+
+def records(msg: Message) -> list[dict[str, Any]]:
+    """The step records of a "step" or "steps" message, oldest first."""
+    if msg.kind == "steps":
+        return list(msg.fields["records"])
+    return [msg.fields] if msg.kind == "step" else []
 
 
 # --- control channel (monitor → probe) -------------------------------------------

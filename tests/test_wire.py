@@ -18,6 +18,10 @@ GOOD = {
     "hello": {"local_rank": 1, "world_size": 8, "device": "NVIDIA H200", "probe_version": "0.1.0", "argv": ["train.py"]},
     "step": {"step": 10, "wall_s": 0.2, "device_s": 0.19, "dstep": 8, "tokens": 4096, "input_wait_s": 0.01,
              "probe_s": 1e-5, "drops": 0},
+    "steps": {"records": [
+        {"step": 11, "wall_s": 0.001, "tokens": 64, "drops": 0},
+        {"step": 12, "wall_s": 0.0012, "device_s": None, "tokens": 64, "input_wait_s": 1e-4, "lead_s": 8e-4,
+         "micro_batches": 1, "probe_s": 1e-5, "drops": 0, "commands_refused": 1}]},
     "bye": {"reason": "exit", "steps": 10, "drops": 2},
     "flops": {"step": 2, "model_flops": 1.5e12, "executed_flops": 1.6e12, "estimated_flops": 1.4e12,
               "estimate_source": "6N+12LdT", "attention": "full", "dtype": "bf16", "peak_flops": 989.4e12,
@@ -198,3 +202,23 @@ def test_kernel_record_limits_are_inclusive() -> None:
           [list(range(wire.KERNEL_MAX_LIST)), "x" * wire.KERNEL_MAX_STR, -(2**63)] + [0.5] * 13]  # fmt: skip
     fields = wire.decode(_kernels(ops=[op], acts=[], names=["y" * wire.KERNEL_MAX_NAME])).fields
     assert fields["ops"] == [op] and fields["acts"] == []
+
+
+def test_a_batch_is_validated_record_by_record() -> None:
+    ok = GOOD["steps"]["records"]
+    for bad, why in (([], "empty"), ([{"step": 1}], "missing wall_s/tokens/drops"),
+                     ([ok[0], {**ok[1], "wall_s": -1.0}], "negative wall time"),
+                     ([ok[0]] * (wire.MAX_BATCH + 1), "over MAX_BATCH"), ([ok[0], 3], "not a map")):
+        with pytest.raises(WireError, match="steps: bad value for 'records'"):
+            wire.decode(wire.encode("steps", KEY, 1, 1.0, {"records": bad}))
+        assert why
+    # unknown fields of a record are dropped, like those of a single message
+    msg = wire.decode(wire.encode("steps", KEY, 1, 1.0, {"records": [{**ok[0], "extra": 1}]}))
+    assert wire.records(msg) == [ok[0]]
+
+
+def test_an_old_single_step_frame_still_decodes() -> None:
+    old = msgpack.packb({"v": [wire.MAJOR, 1], "k": "step", "job": "j", "rank": 0, "host": "h", "pid": 1,
+                         "inc": 0, "seq": 0, "t": 1.0, **GOOD["step"]})
+    msg = wire.decode(old)
+    assert msg.kind == "step" and wire.records(msg) == [GOOD["step"]]

@@ -1,0 +1,63 @@
+"""Bounded frames per rank: step records leave in batches (wire MINOR 2), at most one frame per
+``FLOWTOP_FLUSH_S``, and the monitor's figures equal what the training loop itself saw."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import probed_env
+from monitor_thread import MonitorThread
+
+_LOOP = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    torch.set_num_threads(1)
+    w = torch.zeros(4, requires_grad=True)
+    emb = torch.nn.Embedding(10, 4)
+    opt = torch.optim.SGD([w, *emb.parameters()], lr=0.0)
+    walls, last = [], None
+    end = time.perf_counter() + float(sys.argv[2])
+    while time.perf_counter() < end:
+        t = time.perf_counter() + 0.001
+        while time.perf_counter() < t:  # a 1 ms step, on the host
+            pass
+        (emb(torch.zeros(2, 3, dtype=torch.long)).sum() + w.sum()).backward()
+        opt.step()
+        now = time.perf_counter()
+        if last is not None:
+            walls.append(now - last)
+        last = now
+    json.dump({"steps": len(walls) + 1, "walls": walls}, open(sys.argv[1], "w"))
+""")
+
+
+def test_a_one_ms_loop_sends_about_ten_frames_a_second_and_loses_nothing(monitor: MonitorThread,
+                                                                         tmp_path: Path) -> None:
+    script, truth_file = tmp_path / "loop.py", tmp_path / "truth.json"
+    script.write_text(_LOOP)
+    env = probed_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_TELEMETRY="0", FLOWTOP_FLOPS="0")
+    before = monitor.snapshot().received
+    run_s = 3.0
+    proc = subprocess.run([sys.executable, str(script), str(truth_file), str(run_s)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    truth = json.loads(truth_file.read_text())
+    snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].status == "done", 10)
+    r = snap.jobs[0].ranks[0]
+    frames = snap.received - before
+    # ~1/FLUSH_S step frames per second plus a hello every 2 s and the bye, for thousands of steps
+    assert truth["steps"] > 1000
+    print(f"{truth['steps']} steps in {run_s} s -> {frames} frames")
+    assert frames <= 12 * (run_s + 1.5), frames
+    assert r.step == truth["steps"] and r.lost_messages == 0 and r.dropped_messages == 0
+    assert r.tokens_per_step == 6
+    hist = r.history.step_time_s  # the last steps the monitor keeps, one by one
+    assert len(hist) >= 100 and len(set(r.history.steps)) == len(r.history.steps)
+    assert list(r.history.steps) == list(range(truth["steps"] - len(hist) + 1, truth["steps"] + 1))
+    theirs = statistics.median(truth["walls"][-len(hist):])
+    assert abs(statistics.median(hist) - theirs) / theirs < 0.2
