@@ -301,6 +301,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "counted": (False, lambda v: isinstance(v, bool)),
         # How model FLOPs were derived where they are not a plain count (e.g. a bounded backward)
         "model_note": (False, _str(256)),
+        # Mesh and placements under DTensor parallelism; the figures are then this rank's local ones
+        "parallel": (False, _str(256)),
     },
     "kernels": {
         "window": (True, _int()),
