@@ -1,0 +1,778 @@
+"""Ingest at scale: simulated ranks into one real monitor, directly and through node relays.
+
+    python bench/ingest.py                                   # 256, 1,024, 4,096 ranks × 10, 200 ms × direct, relay
+    python bench/ingest.py --ranks 256 --step-ms 200 --paths direct --seconds 10   # one quick configuration
+    python bench/ingest.py --memory 4096                     # the model's memory per rank (tracemalloc)
+
+A lean simulator: ``--workers`` processes each own hundreds of bare XPUB sockets (one per rank,
+the probe's socket options) driven by one loop, no thread per rank. Each rank sends real wire
+frames (probe.wire.encode) in the probe's pattern: its step records leave as one ``steps`` frame
+when the oldest is ``FLOWTOP_FLUSH_S`` (0.1 s) old (a lone record as a plain ``step`` frame;
+``--single``: a ``step`` frame per step, the pre-batching wire), a hello every 2 s, telemetry every
+second (the H200 recording's fields), a FLOP count after step 2 and every ``--flops-every-s``, and a
+kernel window (80 KB, the H200 recording's) every ``--kernel-every-s`` at a random phase. ``relay``
+puts every 8 ranks behind a node relay: ``flowtop relay`` subprocesses (``--relay-host cli``) or, for
+hundreds of relays, real :class:`flowtop.relay.Relay` instances hosted ``--relays-per-proc`` to a
+process (``threads``; ``auto``: cli up to 128 relays). The monitor is the real thing in a child
+process: the collector on its data thread (flowtop.datathread) and, with ``--ui textual`` (the
+default), the real Textual app headless at 200×50 on the main thread.
+
+Printed per configuration (measured over ``--seconds`` after ``--warmup``):
+
+* delivered: frames that reached the monitor ÷ frames the ranks sent (seq numbers per rank; a
+  kernel window the monitor's byte budget refused counts as delivered: it arrived);
+* CPU % of one core of the monitor's threads: data (collector, decode, model, ticks), ui (Textual),
+  zmq (libzmq's I/O thread), total; from /proc/self/task/TID/stat;
+* latency p50/p99: from a step's publish (the probe's timestamp of a frame's oldest record) to the
+  UI receiving the first snapshot that shows the rank at that step (every 16th frame sampled);
+  ``arrival`` in the JSON: frame send to the collector's receive;
+* tick ms p50/p99: ``Model.tick`` (eviction, hints, the snapshot it builds) at 2 Hz;
+* ui show ms p50/p99: ``MainScreen.show`` of each delivered snapshot (the paint is not included:
+  ``bench/rank_view.py`` measures a whole refresh);
+* RSS/rank: the monitor's resident memory growth from before the first rank to the end, ÷ ranks;
+* the load it ran under: the simulator's and relays' CPU, the 1-minute load average.
+
+File descriptors: every simulated rank costs its worker 2 (the socket's mailbox and its
+connection), the monitor 1 per connection (rank or relay), a relay ~12 + 1 per rank. Every process
+raises its soft RLIMIT_NOFILE to the hard limit; the bench says what it needs and stops a
+configuration whose need exceeds the hard limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
+JOB = "ingest"
+SAMPLE_EVERY = 16
+#: Descriptors per rank socket in a simulator worker, per relay (besides its ranks), fixed costs.
+FD_PER_SIM_RANK, FD_PER_RELAY, FD_BASE = 2, 12, 64
+
+
+def raise_nofile() -> tuple[int, int]:
+    """Soft RLIMIT_NOFILE up to the hard limit; (soft, hard) after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def fd_needs(ranks: int, workers: int, path: str, per_relay: int, relays_per_proc: int) -> dict[str, int]:
+    """Descriptors each kind of process needs (the largest of its kind)."""
+    relays = -(-ranks // per_relay)
+    out = {"simulator worker": FD_PER_SIM_RANK * -(-ranks // workers) + FD_BASE,
+           "monitor": (relays if path == "relay" else ranks) + FD_BASE}
+    if path == "relay":
+        out["relay process"] = min(relays, relays_per_proc) * (FD_PER_RELAY + per_relay) + FD_BASE
+    return out
+
+
+# --- templates: what a real probe sends (the H200 recording) ----------------------------------------
+
+
+def _templates() -> dict[str, dict[str, Any]]:
+    from flowtop.recording import read_recording
+    from probe import wire
+
+    out: dict[str, dict[str, Any]] = {}
+    for _, frame in read_recording(REC):
+        msg = wire.decode(frame)
+        out.setdefault(msg.kind, dict(msg.fields))
+    return out
+
+
+def _record(step: int, step_s: float, rng: random.Random) -> dict[str, Any]:
+    wall = step_s * (1.0 + 0.02 * rng.random())
+    return {"step": step, "wall_s": wall, "device_s": wall * 0.97, "dstep": max(1, step - 2), "tokens": 4096,
+            "input_wait_s": step_s * 0.01, "lead_s": wall * 0.6, "micro_batches": 1, "probe_s": 1.5e-5, "drops": 0}
+
+
+# --- the simulator ---------------------------------------------------------------------------------
+
+
+def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: dict[str, Any],
+                ready: "mp.Queue[Any]", go: Any, stop: Any, close: Any, out: "mp.Queue[Any]") -> None:
+    import zmq
+
+    from probe import wire
+
+    raise_nofile()
+    rng = random.Random(idx)
+    tpl = _templates()
+    ctx = zmq.Context(io_threads=1)
+    ctx.setsockopt(zmq.MAX_SOCKETS, len(ranks) + 64)
+    socks = []
+    for addr in addrs:
+        s = ctx.socket(zmq.XPUB)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 1000)
+        s.setsockopt(zmq.IMMEDIATE, 1)
+        s.setsockopt(zmq.XPUB_NODROP, 1)
+        s.setsockopt(zmq.RECONNECT_IVL, rng.randint(100, 400))
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
+        s.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        s.connect(addr)
+        socks.append(s)
+    keys = [wire.RankKey(JOB, f"node{r // 8:04d}", 10_000 + r, r, 0) for r in ranks]
+    n = len(socks)
+    subscribed = [False] * n
+    deadline = time.monotonic() + cfg["connect_timeout_s"]
+    while not all(subscribed) and time.monotonic() < deadline:
+        for i, s in enumerate(socks):
+            if not subscribed[i]:
+                try:
+                    subscribed[i] = s.recv(zmq.NOBLOCK)[:1] == b"\x01"
+                except zmq.Again:
+                    pass
+        time.sleep(0.05)
+    ready.put((idx, sum(subscribed)))
+    go.wait()
+    step_s, flush_s, single = cfg["step_s"], cfg["flush_s"], cfg["single"]
+    t_go = time.time()
+    t0 = [t_go + rng.random() * step_s for _ in range(n)]
+    last = [0] * n  # last step number sent
+    seq = [0] * n
+    drops = [0]
+    kinds: dict[str, int] = {}
+    hello = {**tpl["hello"], "world_size": world, "argv": ["train.py"]}
+    tel, flops, kern = tpl["telemetry"], tpl["flops"], tpl["kernels"]
+    heap: list[tuple[float, int, str]] = []
+    for i in range(n):
+        heap.append((t_go, i, "hello"))
+        heap.append((t0[i] + step_s + (0.0 if single else flush_s), i, "flush"))
+        heap.append((t_go + rng.random() * cfg["telemetry_s"], i, "telemetry"))
+        heap.append((t0[i] + 2 * step_s, i, "flops"))
+        if cfg["kernel_every_s"] > 0:
+            heap.append((t_go + rng.random() * cfg["kernel_every_s"], i, "kernels"))
+    heapq.heapify(heap)
+
+    def send(i: int, kind: str, t: float, fields: dict[str, Any]) -> None:
+        frame = wire.encode(kind, keys[i], seq[i], t, fields)
+        seq[i] += 1
+        kinds[kind] = kinds.get(kind, 0) + 1
+        try:
+            socks[i].send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            drops[0] += 1
+
+    c0 = time.process_time()
+    while not stop.is_set():
+        now = time.time()
+        while heap and heap[0][0] <= now:
+            due, i, what = heapq.heappop(heap)
+            if what == "flush":
+                k_now = min(int((now - t0[i]) / step_s), last[i] + wire.MAX_BATCH)
+                if k_now > last[i]:
+                    first = t0[i] + (last[i] + 1) * step_s
+                    recs = [_record(k, step_s, rng) for k in range(last[i] + 1, k_now + 1)]
+                    if len(recs) == 1:
+                        send(i, "step", first, {**recs[0], "_sent": now})
+                    else:
+                        send(i, "steps", first, {"records": recs, "_sent": now})
+                    last[i] = k_now
+                nxt = t0[i] + (last[i] + 1) * step_s + (0.0 if single else flush_s)
+                heapq.heappush(heap, (max(nxt, now + 1e-4), i, "flush"))
+            elif what == "telemetry":
+                gpu = {**tel["gpu"], "power_w": 500.0 + 100 * rng.random(), "gpu_util": 100.0}
+                send(i, "telemetry", now, {**tel, "gpu": gpu})
+                heapq.heappush(heap, (due + cfg["telemetry_s"], i, "telemetry"))
+            elif what == "hello":
+                send(i, "hello", now, {**hello, "local_rank": ranks[i] % 8})
+                heapq.heappush(heap, (due + 2.0, i, "hello"))
+            elif what == "flops":
+                send(i, "flops", now, {**flops, "step": max(1, last[i])})
+                heapq.heappush(heap, (due + cfg["flops_every_s"], i, "flops"))
+            elif what == "kernels":
+                send(i, "kernels", now, {**kern, "step": max(1, last[i]), "window": kinds.get("kernels", 0)})
+                heapq.heappush(heap, (due + cfg["kernel_every_s"], i, "kernels"))
+        wait = (heap[0][0] - time.time()) if heap else 0.01
+        if wait > 0:
+            time.sleep(min(wait, 0.01))
+    cpu = time.process_time() - c0
+    out.put({"worker": idx, "frames": sum(seq), "send_drops": drops[0], "kinds": kinds, "cpu_s": cpu,
+             "steps": sum(last)})
+    close.wait()
+    for s in socks:
+        s.close(0)
+    ctx.term()
+
+
+# --- relays ----------------------------------------------------------------------------------------
+
+
+def _relay_proc(listens: list[str], upstream: str, stop: Any) -> None:
+    from flowtop.relay import Relay, RelayConfig
+
+    raise_nofile()
+    relays = [Relay(RelayConfig(addr, upstream, hosted_by="bench")) for addr in listens]
+    threads = [threading.Thread(target=r.run, daemon=True) for r in relays]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for r in relays:
+        r.stop()
+    for t in threads:
+        t.join(5)
+
+
+class Relays:
+    """The configuration's relays, as ``flowtop relay`` subprocesses or hosted in a few processes."""
+
+    def __init__(self, n: int, upstream: str, host: str, per_proc: int, tmp: str) -> None:
+        self.listens = [f"ipc://{tmp}/r{i}.sock" for i in range(n)]
+        self.host = host
+        self._stop = mp.Event()
+        self.pids: list[int] = []
+        self._procs: list[Any] = []
+        if host == "cli":
+            for addr in self.listens:
+                p = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--listen", addr, "--connect", upstream],
+                                     cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=raise_nofile)
+                self._procs.append(p)
+                self.pids.append(p.pid)
+        else:
+            for i in range(0, n, per_proc):
+                p = mp.Process(target=_relay_proc, args=(self.listens[i:i + per_proc], upstream, self._stop))
+                p.start()
+                self._procs.append(p)
+                self.pids.append(p.pid)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._stop.set()
+        for p in self._procs:
+            if isinstance(p, subprocess.Popen):
+                p.terminate()
+        for p in self._procs:
+            try:
+                p.wait(10) if isinstance(p, subprocess.Popen) else p.join(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _cpu_of(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+# --- the monitor (a child process) -----------------------------------------------------------------
+
+
+def _threads_cpu() -> dict[int, tuple[str, float]]:
+    """tid -> (name, CPU seconds) of this process's threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+
+
+def _monitor_main(listen: str, ui: str, outdir: str) -> int:
+    import collections
+
+    import msgpack
+
+    from flowtop.collector import Collector
+    from flowtop.datathread import DataThread
+    from flowtop.wiring import make_model
+
+    raise_nofile()
+    model = make_model()
+    col = Collector(model, listen)
+    samples: "collections.deque[tuple[int, int, float, float, float]]" = collections.deque()
+    arrivals: list[float] = []
+    counter = [0]
+    handle = col.handle_frame
+
+    def sampled(frame: bytes, now: float, *rest: Any) -> None:
+        counter[0] += 1
+        if counter[0] % SAMPLE_EVERY == 0:
+            try:
+                obj = msgpack.unpackb(frame, raw=False)
+                if obj.get("k") in ("step", "steps") and obj.get("job") == JOB:
+                    step = obj["records"][-1]["step"] if obj["k"] == "steps" else obj["step"]
+                    recv = time.time()
+                    samples.append((obj["rank"], step, obj["t"], obj.get("_sent", obj["t"]), recv))
+                    arrivals.append(recv - obj.get("_sent", obj["t"]))
+            except Exception:
+                pass
+        handle(frame, now, *rest)
+
+    col.handle_frame = sampled  # type: ignore[method-assign]
+    ticks: list[float] = []
+    tick_cpu: list[float] = []
+    tick = model.tick
+
+    def timed_tick(now: float, listen: str = "") -> Any:
+        c, t = time.thread_time(), time.perf_counter()
+        snap = tick(now, listen)
+        ticks.append(1e3 * (time.perf_counter() - t))
+        tick_cpu.append(1e3 * (time.thread_time() - c))
+        return snap
+
+    model.tick = timed_tick  # type: ignore[method-assign]
+    pending: dict[int, list[tuple[int, float, float]]] = collections.defaultdict(list)
+    latency: list[float] = []
+    latency_sent: list[float] = []
+    shows: list[float] = []
+
+    def delivered(snap: Any) -> None:
+        """On the UI thread: the snapshot the UI got now; the samples whose step it shows."""
+        now = time.time()
+        while samples:
+            rank, step, t, sent, _ = samples.popleft()
+            pending[rank].append((step, t, sent))
+        if not pending:
+            return
+        steps = {}
+        for job in snap.jobs:
+            if job.job == JOB:
+                steps = {r.rank: r.step for r in job.ranks if r.rank in pending}
+        for rank in list(pending):
+            shown = steps.get(rank)
+            if shown is None:
+                continue
+            left = []
+            for step, t, sent in pending[rank]:
+                if shown >= step:
+                    latency.append(now - t)
+                    latency_sent.append(now - sent)
+                else:
+                    left.append((step, t, sent))
+            if left:
+                pending[rank] = left
+            else:
+                del pending[rank]
+
+    marks: dict[str, Any] = {}
+
+    def mark(name: str) -> None:
+        marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "ticks": len(ticks), "lat": len(latency),
+                       "shows": len(shows), "arr": len(arrivals)}
+
+    def figures(data: Any) -> dict[str, Any]:
+        def count() -> dict[str, Any]:
+            ranks = [st for st in model.ranks.values() if st.key.job == JOB]
+            refused = sum(n for why, n in model.rejected_reasons.items() if why.startswith("kernel window refused"))
+            return {"ranks_seen": len(ranks), "frames_got": sum(st.last_seq + 1 - st.lost for st in ranks),
+                    "kernels_refused": refused, "rejected": model.rejected, "relays": len(model.relays.snapshot(col.clock.now())),
+                    "rejected_reasons": dict(model.rejected_reasons.most_common(5))}
+
+        got = data.call(count, tell=False).result(60)
+        a, b = marks["start"], marks["end"]
+        wall = b["t"] - a["t"]
+        groups: dict[str, float] = collections.defaultdict(float)
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for tid, (comm, cpu) in b["threads"].items():
+            used = cpu - a["threads"].get(tid, (comm, 0.0))[1]
+            name = names.get(tid, comm)
+            if name == "flowtop-data":
+                group = "data"
+            elif tid == os.getpid():
+                group = "ui"
+            elif comm.startswith("ZMQbg"):
+                group = "zmq"
+            else:
+                group = "other"
+            groups[group] += used
+        win_ticks = ticks[a["ticks"]:b["ticks"]]
+        win_lat = latency[a["lat"]:b["lat"]]
+        win_lat_sent = latency_sent[a["lat"]:b["lat"]]
+        win_shows = shows[a["shows"]:b["shows"]]
+        win_arr = arrivals[a["arr"]:b["arr"]]
+        return {
+            **got, "window_s": wall,
+            "cpu_pct": {g: round(100 * v / wall, 1) for g, v in sorted(groups.items())},
+            "cpu_pct_total": round(100 * sum(groups.values()) / wall, 1),
+            "tick_ms_p50": _pct(win_ticks, 0.5), "tick_ms_p99": _pct(win_ticks, 0.99),
+            "tick_cpu_ms_p50": _pct(tick_cpu[a["ticks"]:b["ticks"]], 0.5), "ticks": len(win_ticks),
+            "latency_ms_p50": _pct([1e3 * x for x in win_lat], 0.5), "latency_ms_p99": _pct([1e3 * x for x in win_lat], 0.99),
+            "latency_from_send_ms_p50": _pct([1e3 * x for x in win_lat_sent], 0.5),
+            "latency_from_send_ms_p99": _pct([1e3 * x for x in win_lat_sent], 0.99),
+            "latency_samples": len(win_lat),
+            "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
+            "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
+            "rss_base": marks["base_rss"], "rss_end": _rss_bytes(),
+            "skipped_ticks": col.ticker.skipped if col.ticker else None,
+        }
+
+    def control(data: Any, finish: Any) -> None:
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd in ("start", "end"):
+                mark(cmd)
+            elif cmd == "stop":
+                with open(os.path.join(outdir, "monitor.json"), "w") as f:
+                    json.dump(figures(data), f)
+                finish()
+                return
+
+    def ready(data: Any) -> None:
+        marks["base_rss"] = _rss_bytes()
+        with open(os.path.join(outdir, "ready"), "w") as f:
+            f.write(str(os.getpid()))
+        threading.Thread(target=control, args=(data, done), daemon=True).start()
+
+    if ui == "textual":
+        from flowtop.app import FlowtopApp
+        from flowtop.screens.main_screen import MainScreen
+
+        show = MainScreen.show
+
+        def timed_show(self: Any, snap: Any) -> None:
+            t = time.perf_counter()
+            show(self, snap)
+            shows.append(1e3 * (time.perf_counter() - t))
+
+        MainScreen.show = timed_show  # type: ignore[method-assign]
+
+        class BenchApp(FlowtopApp):
+            CSS_PATH = str(ROOT / "flowtop" / "flowtop.tcss")  # relative paths are the subclass module's
+
+            async def on_mount(self) -> None:
+                await super().on_mount()
+                ready(self.data)
+
+            def _deliver(self, delivery: Any) -> None:
+                if delivery.snapshot is not None:
+                    delivered(delivery.snapshot)
+                super()._deliver(delivery)
+
+        app = BenchApp(col)
+
+        def done() -> None:
+            app.call_from_thread(app.exit)
+
+        app.run(headless=True, size=(200, 50))
+        return 0
+    wake = threading.Event()
+    data = DataThread(col, wake=wake.set)
+    finished = threading.Event()
+
+    def done() -> None:  # noqa: F811 (the headless variant)
+        finished.set()
+        wake.set()
+
+    data.start().result(30)
+    ready(data)
+    while not finished.is_set():
+        wake.wait(1.0)
+        wake.clear()
+        got = data.mailbox.take()
+        if got.snapshot is not None:
+            delivered(got.snapshot)
+    data.stop()
+    return 0
+
+
+class Monitor:
+    """The monitor child process (``--_monitor``), driven over its stdin."""
+
+    def __init__(self, ui: str, tmp: str) -> None:
+        from flowtop.demo.launch import free_port_pair
+
+        self.listen = f"tcp://127.0.0.1:{free_port_pair()}"
+        self.dir = tmp
+        self.proc = subprocess.Popen([sys.executable, __file__, "--_monitor", self.listen, "--ui", ui, "--_dir", tmp],
+                                     cwd=str(ROOT), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=open(os.path.join(tmp, "monitor.err"), "w"), text=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(tmp, "ready")):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"monitor did not start: {self._err()}")
+            time.sleep(0.1)
+
+    def _err(self) -> str:
+        try:
+            return Path(self.dir, "monitor.err").read_text()[-3000:]
+        except OSError:
+            return ""
+
+    def tell(self, cmd: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        self.tell("stop")
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        try:
+            return json.loads(Path(self.dir, "monitor.json").read_text())
+        except (OSError, ValueError):
+            raise RuntimeError(f"monitor gave no figures: {self._err()}") from None
+
+
+# --- one configuration -----------------------------------------------------------------------------
+
+
+def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    soft, hard = raise_nofile()
+    relays_n = -(-ranks // args.per_relay) if path == "relay" else 0
+    host = args.relay_host if args.relay_host != "auto" else ("cli" if relays_n <= 128 else "threads")
+    needs = fd_needs(ranks, args.workers, path, args.per_relay, relays_n if host == "cli" else args.relays_per_proc)
+    row: dict[str, Any] = {"ranks": ranks, "step_ms": step_ms, "path": path, "relays": relays_n,
+                           "relay_host": host if relays_n else None, "single": args.single,
+                           "fd_needs": needs, "fd_hard_limit": hard}
+    short = {k: v for k, v in needs.items() if hard != resource.RLIM_INFINITY and v > hard}
+    if short:
+        row["error"] = ("open-file hard limit " + str(hard) + " too low: needs " +
+                        ", ".join(f"{k} {v}" for k, v in short.items()) + " (raise ulimit -Hn or add --workers)")
+        return row
+    tmp = tempfile.mkdtemp(prefix="ftingest")
+    load0 = os.getloadavg()[0]
+    mon = Monitor(args.ui, tmp)
+    relays = None
+    workers: list[Any] = []
+    close = mp.Event()
+    try:
+        addrs = [mon.listen] * ranks
+        if path == "relay":
+            relays = Relays(relays_n, mon.listen, host, args.relays_per_proc, tmp)
+            addrs = [relays.listens[r // args.per_relay] for r in range(ranks)]
+            time.sleep(2.0 + relays_n * (0.05 if host == "cli" else 0.005))
+        cfg = {"step_s": step_ms / 1e3, "flush_s": args.flush_s, "single": args.single, "telemetry_s": 1.0,
+               "flops_every_s": args.flops_every_s, "kernel_every_s": args.kernel_every_s,
+               "connect_timeout_s": 30.0 + ranks / 100}
+        ready: "mp.Queue[Any]" = mp.Queue()
+        out: "mp.Queue[Any]" = mp.Queue()
+        go, stop = mp.Event(), mp.Event()
+        chunk = -(-ranks // args.workers)
+        for w, i in enumerate(range(0, ranks, chunk)):
+            ids = list(range(i, min(ranks, i + chunk)))
+            p = mp.Process(target=_sim_worker, args=(w, ids, [addrs[r] for r in ids], ranks, cfg, ready, go, stop, close, out))
+            p.start()
+            workers.append(p)
+        subscribed = sum(ready.get(timeout=cfg["connect_timeout_s"] + 60)[1] for _ in workers)
+        row["subscribed"] = subscribed
+        go.set()
+        time.sleep(args.warmup)
+        sim_pids = [p.pid for p in workers]
+        relay_pids = relays.pids if relays else []
+        c_sim, c_rel = _cpu_of(sim_pids), _cpu_of(relay_pids)
+        t0 = time.monotonic()
+        mon.tell("start")
+        time.sleep(args.seconds)
+        mon.tell("end")
+        wall = time.monotonic() - t0
+        c_sim, c_rel = _cpu_of(sim_pids) - c_sim, _cpu_of(relay_pids) - c_rel
+        stop.set()
+        sims = [out.get(timeout=60) for _ in workers]
+        time.sleep(args.drain_s)  # the relays' last batches, the monitor's backlog
+        fig = mon.result()
+    finally:
+        close.set()
+        for p in workers:
+            p.join(30)
+        if relays is not None:
+            relays.close()
+        if mon.proc.poll() is None:
+            mon.proc.kill()
+    sent = sum(s["frames"] for s in sims)
+    got = fig["frames_got"] + fig["kernels_refused"]
+    row.update({
+        "frames_sent": sent, "sim_send_drops": sum(s["send_drops"] for s in sims),
+        "delivered_pct": round(100.0 * min(got, sent) / max(1, sent), 3),
+        "frames_per_s": round(sent / (args.warmup + args.seconds)),
+        "kinds": {k: sum(s["kinds"].get(k, 0) for s in sims) for k in ("steps", "step", "hello", "telemetry", "flops", "kernels")},
+        "sim_cpu_pct": round(100 * c_sim / wall, 1), "relay_cpu_pct": round(100 * c_rel / wall, 1) if relays else None,
+        "load_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "rss_per_rank_kb": round((fig["rss_end"] - fig["rss_base"]) / ranks / 1024, 1),
+        **{k: v for k, v in fig.items() if k not in ("rss_base",)},
+    })
+    return row
+
+
+# --- memory of the model per rank (tracemalloc) -----------------------------------------------------
+
+
+def memory(ranks: int) -> dict[str, Any]:
+    """The model's Python memory per rank in steady state: the step ring full (RING steps), the
+    sparkline series full (300 telemetry samples), hello, a FLOP count, two kernel windows (latest
+    and cumulative table), the views of two ticks; traced by tracemalloc, ÷ ranks."""
+    import gc
+    import tracemalloc
+
+    from flowtop import rankstate
+    from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
+    from probe.wire import Message, RankKey
+
+    tpl = _templates()
+    rng = random.Random(0)
+    model = make_model()
+    keys = [RankKey(JOB, f"node{r // 8:04d}", 10_000 + r, r, 0) for r in range(ranks)]
+    seq = dict.fromkeys(keys, 0)
+    now = 1000.0
+
+    def ingest(key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+        seq[key] += 1
+        model.ingest(Message(kind, key, seq[key], now, fields), now)
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    parts: dict[str, float] = {}
+    mark = base
+
+    def part(name: str) -> None:
+        nonlocal mark
+        gc.collect()
+        cur = tracemalloc.get_traced_memory()[0]
+        parts[name] = round((cur - mark) / ranks / 1024, 1)
+        mark = cur
+
+    for key in keys:
+        ingest(key, "hello", {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8})
+        ingest(key, "flops", dict(tpl["flops"]))
+    part("hello+flops")
+    batches = -(-rankstate.RING // 10) + 2
+    for b in range(batches):
+        now += 0.1
+        for key in keys:
+            ingest(key, "steps", {"records": [_record(b * 10 + i + 1, 0.01, rng) for i in range(10)]})
+    part(f"steps ({batches * 10} steps, ring {rankstate.RING})")
+    for _ in range(300):
+        now += 0.01
+        for key in keys:
+            gpu = {**tpl["telemetry"]["gpu"], "power_w": 500.0 + rng.random(), "tensor_active": rng.random()}
+            ingest(key, "telemetry", {**tpl["telemetry"], "gpu": gpu})
+    part("telemetry (300 samples)")
+    stats = [build_kernel_stats(tpl["kernels"]) for _ in range(2)]
+    for key in keys:
+        for s in stats:  # the windows' tables are shared here; each rank's cumulative table is its own
+            apply_kernel_stats(model.ranks[key], s)
+    part("kernel tables (cumulative; the window itself shared)")
+    model.tick(now)
+    now += 0.5
+    for key in keys:  # every rank changes: the next tick rebuilds every view
+        ingest(key, "steps", {"records": [_record(batches * 10 + 1, 0.01, rng)]})
+    snap = model.tick(now)
+    part("views of two ticks")
+    total = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    del snap
+    return {"ranks": ranks, "kb_per_rank": round(total / ranks / 1024, 1), "parts_kb_per_rank": parts}
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any, spec: str = ".0f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def print_row(r: dict[str, Any]) -> None:
+    head = f"{r['ranks']:>5} {r['step_ms']:>4.0f} ms {r['path'] + (' (%d, %s)' % (r['relays'], r['relay_host']) if r['relays'] else ''):<20}"
+    if "error" in r:
+        print(f"{head} {r['error']}", flush=True)
+        return
+    cpu = r["cpu_pct"]
+    print(f"{head} {r['delivered_pct']:>7.2f} %  data {_fmt(cpu.get('data'))} ui {_fmt(cpu.get('ui'))} "
+          f"zmq {_fmt(cpu.get('zmq'))} all {_fmt(r['cpu_pct_total'])} %  "
+          f"lat {_fmt(r['latency_ms_p50'])}/{_fmt(r['latency_ms_p99'])} ms  "
+          f"tick {_fmt(r['tick_ms_p50'])}/{_fmt(r['tick_ms_p99'])} ms  show {_fmt(r['ui_show_ms_p50'])}/{_fmt(r['ui_show_ms_p99'])} ms  "
+          f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
+          f"load {r['load_1m'][0]:.1f}-{r['load_1m'][1]:.1f}  seen {r['ranks_seen']}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="256,1024,4096", help="comma-separated rank counts")
+    ap.add_argument("--step-ms", default="10,200", help="comma-separated step times in ms")
+    ap.add_argument("--paths", default="direct,relay", help="direct, relay or both")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per configuration")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the ranks start before measuring")
+    ap.add_argument("--drain-s", type=float, default=3.0, help="seconds between the ranks' stop and the count")
+    ap.add_argument("--workers", type=int, default=4, help="simulator processes")
+    ap.add_argument("--per-relay", type=int, default=8)
+    ap.add_argument("--relay-host", choices=("auto", "cli", "threads"), default="auto")
+    ap.add_argument("--relays-per-proc", type=int, default=32)
+    ap.add_argument("--flush-s", type=float, default=float(os.environ.get("FLOWTOP_FLUSH_S", 0.1)))
+    ap.add_argument("--single", action="store_true", help="one 'step' frame per step (the pre-batching wire)")
+    ap.add_argument("--flops-every-s", type=float, default=30.0)
+    ap.add_argument("--kernel-every-s", type=float, default=120.0, help="per rank, random phase (0: none)")
+    ap.add_argument("--ui", choices=("textual", "none"), default="textual")
+    ap.add_argument("--memory", type=int, default=0, metavar="RANKS", help="only measure the model's memory per rank")
+    ap.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per configuration")
+    ap.add_argument("--_monitor", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_dir", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._monitor:
+        return _monitor_main(args._monitor, args.ui, args._dir)
+    os.environ.setdefault("FLOWTOP_DISABLE", "1")
+    if args.memory:
+        print(json.dumps(memory(args.memory)), flush=True)
+        return 0
+    soft, hard = raise_nofile()
+    print(f"open files: soft {soft}, hard {hard}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}; "
+          f"flush {args.flush_s} s; ui {args.ui}; {'single step frames' if args.single else 'batched steps'}", flush=True)
+    print("ranks step  path                 delivered  monitor CPU % of a core         publish→snapshot  "
+          "tick p50/p99  ui show     memory        | load", flush=True)
+    for ranks in (int(x) for x in args.ranks.split(",")):
+        for step_ms in (float(x) for x in args.step_ms.split(",")):
+            for path in args.paths.split(","):
+                try:
+                    row = run_config(ranks, step_ms, path, args)
+                except Exception as exc:  # one configuration failing must not lose the others
+                    row = {"ranks": ranks, "step_ms": step_ms, "path": path, "relays": 0,
+                           "error": f"{type(exc).__name__}: {exc}"[:600]}
+                print_row(row)
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
