@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from probe import estimate, peaks
+from probe import estimate, flops_dtensor, peaks
 from probe.flops import FlopCount
 
 
@@ -77,15 +77,18 @@ def flops_message(
     source = None
     seq = seq_len_of(signature)
     est = None
+    layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
     if root is not None and (seq or flops_per_token):
-        est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention, flops_per_token=flops_per_token)
+        est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention,
+                                           flops_per_token=flops_per_token, layout=layout)
     elif flops_per_token:
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:
         estimated = est.flops_per_token * tokens
         attn = 6 if attention == "causal" else 12
+        local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
         source = (
-            f"6N+{attn}LdT, shape from {_where(est.source)}: N={est.n_params}, L={est.n_layers}, "
+            f"6N+{attn}LdT{local}, shape from {_where(est.source)}: N={est.n_params}, L={est.n_layers}, "
             f"d={est.d_model}, T={est.seq_len}"
         )[:256]  # the wire's limit: a long module path must not cost the whole message
         if est.source == "override":
@@ -112,4 +115,6 @@ def flops_message(
         "signature": str(signature)[:4096],
         "cost_s": float(count.cost_s),
         "model_note": count.model_note[:256],
+        # Under DTensor parallelism: the mesh and placements; the figures above are this rank's own
+        **({"parallel": layout.describe()} if layout is not None else {}),
     }

@@ -8,13 +8,16 @@ sum, full square).  Under the "causal" convention attention is halved: ``6·N + 
 Shown beside the counted figure (probe.flops) as a plausibility check, so it stays simple:
 frozen parameters are counted like trainable ones (they skip the weight-gradient 2·N_frozen,
 so the estimate overstates fine-tuning runs such as LoRA), positional parameters that are
-not ``nn.Embedding`` modules count as non-embedding, and sharded (FSDP) parameters count
-only the local shard.
+not ``nn.Embedding`` modules count as non-embedding. Under DTensor parallelism the estimate is
+local like the count (probe.flops_dtensor): FSDP2's dims are gathered before compute (a
+parameter counts whole), a parameter split k ways by tensor parallelism counts 1/k, and the
+attention term is divided by the split of the matmuls (heads are split with them). FSDP1's
+flat parameters count only the local shard (an under-estimate).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ import torch
 from torch import nn
 
 from probe._log import warn_once
+from probe.flops_dtensor import ParallelLayout
 
 _CONFIG_ATTRS = ("config", "cfg", "args", "model_args", "params", "hparams")
 _LAYER_KEYS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
@@ -33,6 +37,8 @@ class Estimate:
     """Analytic training FLOPs per token and the figures it came from.
 
     ``source`` says how the shape was found: "override", "config:<attr>" or "blocks:<path>".
+    ``split``: the tensor-parallel split the attention term was divided by (1: none);
+    ``n_params`` is then the elements this rank computes with.
     """
 
     flops_per_token: float
@@ -41,24 +47,33 @@ class Estimate:
     d_model: int
     seq_len: int
     source: str
+    split: int = 1
 
 
 def transformer_flops_per_token(
-    n_params: int, n_layers: int, d_model: int, seq_len: int, attention: str = "full"
+    n_params: int, n_layers: int, d_model: int, seq_len: int, attention: str = "full", split: int = 1
 ) -> float:
-    """``6·N + 12·L·d·T`` (full attention) or ``6·N + 6·L·d·T`` (causal convention)."""
+    """``6·N + 12·L·d·T`` (full attention) or ``6·N + 6·L·d·T`` (causal convention); with a
+    tensor-parallel ``split`` the attention term is ``12·L·d·T / split`` (N already local)."""
     attn = 6 if attention == "causal" else 12
-    return float(6 * n_params + attn * n_layers * d_model * seq_len)
+    return float(6 * n_params + attn * n_layers * d_model * seq_len / max(1, split))
 
 
-def non_embedding_params(model: nn.Module) -> int:
+def non_embedding_params(model: nn.Module, splits: Mapping[int, int] | None = None) -> int:
     """Parameters outside ``nn.Embedding`` tables, plus any head weight tied to one.
 
-    Counting is by tensor identity, so a weight shared by several modules counts once."""
+    Counting is by tensor identity, so a weight shared by several modules counts once.
+    ``splits`` (id(parameter) -> k, probe.flops_dtensor) counts a parameter computed on in k
+    tensor-parallel shards as 1/k of its global elements."""
+    splits = splits or {}
+
+    def size(p: torch.Tensor) -> int:
+        return p.numel() // splits.get(id(p), 1)
+
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    total = sum(p.numel() for p in model.parameters() if id(p) not in embedding_ids)
+    total = sum(size(p) for p in model.parameters() if id(p) not in embedding_ids)
     tied_heads = {
-        id(m.weight): m.weight.numel()
+        id(m.weight): size(m.weight)
         for m in model.modules()
         if isinstance(m, nn.Linear) and id(m.weight) in embedding_ids
     }
@@ -122,25 +137,31 @@ def _from_blocks(model: nn.Module) -> tuple[int, int, str] | None:
 
 
 def estimate_from_model(
-    model: nn.Module, seq_len: int, attention: str = "full", flops_per_token: float | None = None
+    model: nn.Module,
+    seq_len: int,
+    attention: str = "full",
+    flops_per_token: float | None = None,
+    layout: ParallelLayout | None = None,
 ) -> Estimate | None:
     """Estimate training FLOPs per token of a transformer, or ``None`` if its shape is unknown.
 
     ``flops_per_token`` overrides the analytic figure (the user knows better); the shape is
-    then still reported when it can be found.  Never raises.
+    then still reported when it can be found. ``layout`` (probe.flops_dtensor.layout_of) makes
+    the figure local to this rank under tensor parallelism.  Never raises.
     """
     try:
         model = _unwrap(model)
         shape = _from_config(model) or _from_blocks(model)
-        n_params = non_embedding_params(model)
+        split = layout.compute_degree if layout is not None else 1
+        n_params = non_embedding_params(model, layout.splits if layout is not None else None)
         if flops_per_token is not None:
             layers, width = (shape[0], shape[1]) if shape else (0, 0)
             return Estimate(float(flops_per_token), n_params, layers, width, int(seq_len), "override")
         if shape is None or seq_len <= 0:
             return None
         layers, width, source = shape
-        fpt = transformer_flops_per_token(n_params, layers, width, int(seq_len), attention)
-        return Estimate(fpt, n_params, layers, width, int(seq_len), source)
+        fpt = transformer_flops_per_token(n_params, layers, width, int(seq_len), attention, split)
+        return Estimate(fpt, n_params, layers, width, int(seq_len), source, split)
     except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
         warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
         return None

@@ -25,9 +25,9 @@ recompute: a known limitation.
 Nothing is derived by formula from the forward ("3 × forward"): frozen parameters and inputs
 that need no gradient simply do not dispatch the corresponding backward matmuls.
 
-Tensor subclasses (DTensor tensor parallelism) are costed at the subclass level, i.e. with
-global shapes: divide by the tensor-parallel degree.  FSDP computes on gathered plain tensors
-and is counted per rank as it should be.
+Counts are local to the rank: a DTensor op is handed back to DTensor (``NotImplemented``) and
+its ops on the local shards are costed (TP, sequence parallel, FSDP2 + TP; probe.flops_dtensor).
+FSDP computes on gathered plain tensors and is counted per rank as it should be.
 
 Not covered: kernels that bypass the dispatcher — torch.compile/Inductor generated kernels
 (we see only the extern matmuls a compiled region dispatches; its fused attention or
@@ -49,6 +49,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from probe._log import warn_once
+from probe.flops_dtensor import DEFER, RUN, route
 from probe.flops_formulas import (
     CONV,
     FORMULAS,
@@ -173,6 +174,12 @@ class _CountingMode(TorchDispatchMode):
         owner = self.owner
         if owner._passthrough:
             return func(*args, **kwargs)
+        if types:  # subclass arguments: DTensor's global shapes are no rank's work
+            how = route(types)
+            if how == DEFER:
+                return NotImplemented  # DTensor runs the local ops, which come back to us
+            if how == RUN:
+                return func(*args, **kwargs)  # fake tensors (sharding propagation) compute nothing
         t0 = time.perf_counter()
         try:
             plan = owner._plan(func)
