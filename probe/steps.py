@@ -335,11 +335,13 @@ class StepTracker:
         try:
             if self._forward_since_boundary == 0:
                 self._input_wait = t0 - self._input_origin
-                self.signature = signature_of(args, kwargs or {})
+                listeners = self.listeners_forward
+                if listeners:  # the input signature serves FLOP counting only
+                    self.signature = signature_of(args, kwargs or {})
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
-                if not self.in_optimizer or self.closure_step:
-                    for listener in self.listeners_forward:
+                if listeners and (not self.in_optimizer or self.closure_step):
+                    for listener in listeners:
                         listener(self.signature)
             self._forward_since_boundary += 1
         except Exception as exc:
@@ -450,7 +452,9 @@ class StepTracker:
         self._probe_s += time.perf_counter() - t0
         fields["probe_s"] = self._probe_s
         self._probe_s = 0.0
+        t1 = time.perf_counter()
         self._on_step(fields)
+        self._probe_s += time.perf_counter() - t1  # the runtime's share: reported with the next step
         # Steps are the intervals between boundary instants: what the probe does here (a kernel
         # window starting or ending, a count closing) belongs to the next step's wall time, so
         # step times add up to the run's wall time, as the framework's own clocks see it.
