@@ -17,6 +17,9 @@ def _where(source: str) -> str:
         return f"model.{path}"
     if kind == "blocks":
         return "the model's blocks" if path == "<root>" else f"the blocks of model.{path}"
+    if kind == "attention":
+        calls, _, batches = path.partition("/")
+        return f"the counted step's attention calls ({calls} in {batches} micro-batch{'es' if batches != '1' else ''})"
     return source
 
 
@@ -78,9 +81,10 @@ def flops_message(
     seq = seq_len_of(signature)
     est = None
     layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
-    if root is not None and (seq or flops_per_token):
+    if root is not None and (seq or flops_per_token or count.attention_shapes):
         est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention,
-                                           flops_per_token=flops_per_token, layout=layout)
+                                           flops_per_token=flops_per_token, layout=layout,
+                                           seen=count.attention_shapes, micro_batches=count.micro_batches)
     elif flops_per_token:
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:

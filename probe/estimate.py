@@ -26,6 +26,7 @@ from torch import nn
 
 from probe._log import warn_once
 from probe.flops_dtensor import ParallelLayout
+from probe.flops_formulas import AttentionShape
 
 _CONFIG_ATTRS = ("config", "cfg", "args", "model_args", "params", "hparams")
 _LAYER_KEYS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
@@ -36,7 +37,8 @@ _WIDTH_KEYS = ("n_embd", "hidden_size", "d_model", "dim")
 class Estimate:
     """Analytic training FLOPs per token and the figures it came from.
 
-    ``source`` says how the shape was found: "override", "config:<attr>" or "blocks:<path>".
+    ``source`` says how the shape was found: "override", "config:<attr>", "blocks:<path>" or
+    "attention:<calls>/<micro-batches>" (the counted step's attention calls).
     ``split``: the tensor-parallel split the attention term was divided by (1: none);
     ``n_params`` is then the elements this rank computes with.
     """
@@ -136,23 +138,50 @@ def _from_blocks(model: nn.Module) -> tuple[int, int, str] | None:
     return best
 
 
+def _from_attention(
+    seen: Mapping[AttentionShape, int] | None, micro_batches: int
+) -> tuple[int, int, int, str] | None:
+    """(L, d, T, source) from the forward attention calls the counted step ran, for models whose
+    config and module names say nothing (blocks with ``qkv``/``proj`` and no ``attn`` module).
+
+    L = attention calls per micro-batch; d = query heads × head width and T = keys per query of
+    the most frequent call shape (under tensor parallelism the heads are this rank's: d is
+    local, and so is the attention term). Hand-written attention (plain matmuls) is not seen."""
+    if not seen:
+        return None
+    calls = sum(seen.values())
+    per_batch = max(1, micro_batches)
+    layers = round(calls / per_batch)
+    top = max(seen.items(), key=lambda kv: (kv[1], kv[0].heads * kv[0].head_dim))[0]
+    if layers < 1 or top.seq_k < 1:
+        return None
+    return layers, top.heads * top.head_dim, top.seq_k, f"attention:{calls}/{per_batch}"
+
+
 def estimate_from_model(
     model: nn.Module,
     seq_len: int,
     attention: str = "full",
     flops_per_token: float | None = None,
     layout: ParallelLayout | None = None,
+    seen: Mapping[AttentionShape, int] | None = None,
+    micro_batches: int = 1,
 ) -> Estimate | None:
     """Estimate training FLOPs per token of a transformer, or ``None`` if its shape is unknown.
 
     ``flops_per_token`` overrides the analytic figure (the user knows better); the shape is
     then still reported when it can be found. ``layout`` (probe.flops_dtensor.layout_of) makes
-    the figure local to this rank under tensor parallelism.  Never raises.
+    the figure local to this rank under tensor parallelism. The shape comes from the model's
+    config, else its blocks, else ``seen`` (forward attention calls by shape in the counted
+    step of ``micro_batches`` forwards; then T is the calls' key length).  Never raises.
     """
     try:
         model = _unwrap(model)
         shape = _from_config(model) or _from_blocks(model)
         split = layout.compute_degree if layout is not None else 1
+        if shape is None and (found := _from_attention(seen, micro_batches)) is not None:
+            layers, width, seq_len, source = found
+            shape, split = (layers, width, source), 1  # the heads seen are local already
         n_params = non_embedding_params(model, layout.splits if layout is not None else None)
         if flops_per_token is not None:
             layers, width = (shape[0], shape[1]) if shape else (0, 0)

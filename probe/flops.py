@@ -55,6 +55,7 @@ from probe.flops_formulas import (
     FORMULAS,
     HOP_ATTENTION_OPS,
     MATMUL,
+    AttentionShape,
     bind_arguments,
     hop_attention_cost,
     is_heavy_op_name,
@@ -95,6 +96,8 @@ class FlopCount:
     cost_s: float = 0.0
     #: How model FLOPs were derived where they are not a plain count ("" when they are).
     model_note: str = ""
+    #: Forward attention calls by shape (the estimate reads the model's L, d, T from them).
+    attention_shapes: dict[AttentionShape, int] = field(default_factory=dict)
 
 
 def dtype_label(dtype: torch.dtype, device_type: str, kind: str, tf32_matmul: bool, tf32_conv: bool) -> str:
@@ -122,6 +125,7 @@ class _Window:
         self.micro_batches = 0
         self.forward_model = 0  # model FLOPs of ops run outside the autograd engine
         self.backward_model = 0  # ... and inside it (gradients)
+        self.attention_shapes: defaultdict[AttentionShape, int] = defaultdict(int)
 
 
 _SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
@@ -304,6 +308,7 @@ class StepFlopCounter:
                 micro_batches=win.micro_batches,
                 cost_s=win.overhead,
                 model_note=note,
+                attention_shapes=dict(win.attention_shapes),
             )
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -417,6 +422,8 @@ class StepFlopCounter:
             win.backward_model += model
         else:
             win.forward_model += model
+            if cost.shape is not None:
+                win.attention_shapes[cost.shape] += 1
         if time.perf_counter() - self._started > self.max_window_s:
             self._passthrough = True
             return

@@ -54,6 +54,19 @@ class OpCost:
     executed: int
     kind: str
     tensor: torch.Tensor | None
+    #: Attention calls only: the call's dense shape (the estimate reads L, d, T from them).
+    shape: AttentionShape | None = None
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Shape of one dense attention call: batch, query heads, queries, keys, query head width."""
+
+    batch: int
+    heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
 
 
 Formula = Callable[[Mapping[str, Any], Any, bool], OpCost]
@@ -204,6 +217,7 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
         if layout == "bhsd":
             heads, d_qk, d_v = qd[1], qd[3], vd[3]
             pairs = qd[0] * qd[2] * kd[2]
+            shape = AttentionShape(qd[0], heads, qd[2], kd[2], d_qk)
         else:  # (B, S, H, D), or varlen: flash (total, H, D) / efficient (1, total, H, D)
             cum_q = b.get("cum_seq_q", b.get("cu_seqlens_q"))
             cum_k = b.get("cum_seq_k", b.get("cu_seqlens_k"))
@@ -212,11 +226,13 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
                 lq = _seq_lengths(cum_q, b.get("max_q", b.get("max_seqlen_q")))
                 lk = _seq_lengths(cum_k, b.get("max_k", b.get("max_seqlen_k")))
                 pairs = sum(a * c for a, c in zip(lq, lk))
+                shape = None  # packed sequences of several lengths: no one T
             else:
                 pairs = qd[0] * qd[1] * kd[1]
+                shape = AttentionShape(qd[0], heads, qd[1], kd[1], d_qk)
         causal = causal_convention and causal_of(b)
         model, executed = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal)
-        return OpCost(model, executed, ATTENTION, q)
+        return OpCost(model, executed, ATTENTION, q, shape)
     return formula
 
 

@@ -132,3 +132,77 @@ def test_flops_message_says_where_the_shape_came_from() -> None:
                            attention="full")
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte", "wpe")))
     assert fields["estimate_source"] == f"6N+12LdT, shape from model.config: N={n}, L=2, d=16, T=8"
+
+
+class PlainBlock(nn.Module):
+    """A block that names its projections ``qkv``/``proj``: no submodule says "attn"."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)  # 2d each
+        self.qkv = nn.Linear(d, 3 * d)  # 3d² + 3d
+        self.proj = nn.Linear(d, d)  # d² + d
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)  # 8d² + 5d
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        import torch.nn.functional as F
+
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, -1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class PlainGPT(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, block: int) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.blocks = nn.ModuleList(PlainBlock(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):  # type: ignore[no-untyped-def]
+        import torch
+
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def test_plain_qkv_gpt_gets_its_shape_from_the_attention_it_ran() -> None:
+    """No config, no module called attn: L, d and T come from the counted step's SDPA calls
+    (query (B, H, T, D): d = H·D; calls per micro-batch: L), with two accumulated micro-batches.
+    Hand: N = L·(12d² + 13d) + 2d (final norm) + d·V (head); per token 6·N + 12·L·d·T."""
+    import torch
+
+    from flop_helpers import count
+    from probe.accounting import flops_message
+    from probe.flops_policy import signature_of
+
+    vocab, d, layers, heads, seq, batch = 64, 32, 3, 4, 16, 2
+    torch.manual_seed(0)
+    model = PlainGPT(vocab, d, layers, heads, seq)
+    assert estimate_from_model(model, seq_len=seq) is None  # names and config reveal nothing
+    idx = torch.randint(0, vocab, (batch, seq))
+
+    def two_micro_batches() -> None:
+        for _ in range(2):
+            model(idx).sum().backward()
+
+    c = count(two_micro_batches, root=model)
+    assert c.micro_batches == 2 and sum(c.attention_shapes.values()) == 2 * layers
+    fields = flops_message(c, step=1, tokens=2 * batch * seq, root=model, signature=signature_of((idx,), {}),
+                           device=torch.device("cpu"), device_name="cpu", flops_per_token=None, attention="full")
+    n = layers * (12 * d * d + 13 * d) + 2 * d + d * vocab
+    assert n == 3 * (12_288 + 416) + 64 + 2_048 == 40_224
+    hand = (6 * n + 12 * layers * d * seq) * (2 * batch * seq)
+    assert abs(fields["estimated_flops"] / hand - 1) < 0.02
+    assert fields["estimated_flops"] == hand  # exactly, in fact: L, d and T are found exactly
+    assert fields["estimate_source"] == (
+        f"6N+12LdT, shape from the counted step's attention calls (6 in 2 micro-batches): "
+        f"N={n}, L={layers}, d={d}, T={seq}")
+    # the count agrees with it to within the terms 6N+12LdT leaves out (norms, biases, embedding)
+    assert abs(fields["model_flops"] / hand - 1) < 0.05
