@@ -294,6 +294,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "peak_flops": (False, _opt(_num(0, 1e30))),
         "peak_source": (True, _str(512)),
         "uncounted": (True, _counts()),
+        # FLOP-like size per uncounted op in the step (probe.flops_uncounted), to weigh them by
+        "uncounted_size": (False, _counts()),
         "tokens": (True, _int()),
         "signature": (False, _str(4096)),
         "cost_s": (False, _opt(_num(0, 1e7))),
