@@ -92,6 +92,8 @@ def rank_flops(
         mfu_reason=reason,
         counted=msg.get("counted", True) is not False,
         model_note=str(msg.get("model_note", "")),
+        uncounted_size=dict(msg.get("uncounted_size", {})),
+        parallel=str(msg.get("parallel", "")),
     )
 
 
@@ -108,9 +110,12 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
     fps, efps = total("flops_per_s"), total("executed_flops_per_s")
     peaks = total("peak_flops")
     uncounted: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     for v in vs:
         for k, n in v.uncounted_ops.items():
             uncounted[k] = uncounted.get(k, 0) + n
+        for k, n in v.uncounted_size.items():
+            sizes[k] = sizes.get(k, 0) + n
     sources = sorted({v.peak_source for v in vs})
     dtypes = sorted({v.dtype for v in vs})
     conventions = sorted({v.attention_convention for v in vs})
@@ -139,6 +144,8 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         mfu_reason=reason,
         counted=all(v.counted for v in vs),
         model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
+        uncounted_size=sizes,
+        parallel="; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512],
     )
 
 

@@ -56,6 +56,9 @@ class FlopsView:
     mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
     counted: bool = True  # False: the FLOPs are the 6N+12LdT estimate (counting impossible there)
     model_note: str = ""  # how model FLOPs were derived where they are not a plain count
+    #: FLOP-like size per uncounted op in the counted step (probe.flops_uncounted: a rough bound)
+    uncounted_size: Mapping[str, int] = field(default_factory=dict)
+    parallel: str = ""  # mesh and placements under DTensor parallelism (the figures are local)
 
     @property
     def estimate_ratio(self) -> float | None:

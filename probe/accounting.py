@@ -115,6 +115,8 @@ def flops_message(
         "peak_flops": peak.flops if peak else None,
         "peak_source": peak.source if peak else f"unknown: {reason}",
         "uncounted": {k[:256]: int(v) for k, v in list(count.uncounted.items())[:200]},
+        # FLOP-like size of those ops (a rough bound from shapes): the monitor weighs them by it
+        "uncounted_size": {k[:256]: min(int(v), 2**62) for k, v in list(count.uncounted_size.items())[:200]},
         "tokens": int(tokens),
         "signature": str(signature)[:4096],
         "cost_s": float(count.cost_s),

@@ -61,6 +61,7 @@ from probe.flops_formulas import (
     is_heavy_op_name,
 )
 from probe.flops_policy import CountPolicy, signature_of
+from probe.flops_uncounted import flop_like_size
 
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
 
@@ -92,6 +93,8 @@ class FlopCount:
     dtype: str
     by_op: dict[str, int] = field(default_factory=dict)
     uncounted: dict[str, int] = field(default_factory=dict)
+    #: FLOP-like size per uncounted op, summed over its calls (probe.flops_uncounted: a rough bound).
+    uncounted_size: dict[str, int] = field(default_factory=dict)
     micro_batches: int = 0
     cost_s: float = 0.0
     #: How model FLOPs were derived where they are not a plain count ("" when they are).
@@ -121,6 +124,7 @@ class _Window:
         self.by_op: defaultdict[str, int] = defaultdict(int)
         self.by_dtype: defaultdict[str, int] = defaultdict(int)
         self.uncounted: defaultdict[str, int] = defaultdict(int)
+        self.uncounted_size: defaultdict[str, int] = defaultdict(int)
         self.overhead = 0.0
         self.micro_batches = 0
         self.forward_model = 0  # model FLOPs of ops run outside the autograd engine
@@ -305,6 +309,7 @@ class StepFlopCounter:
                 dtype=self._compute_dtype(win),
                 by_op=dict(win.by_op),
                 uncounted=dict(win.uncounted),
+                uncounted_size=dict(win.uncounted_size),
                 micro_batches=win.micro_batches,
                 cost_s=win.overhead,
                 model_note=note,
@@ -393,6 +398,7 @@ class StepFlopCounter:
         win = self._window
         if action == _UNCOUNTED:
             win.uncounted[plan.name] += 1
+            win.uncounted_size[plan.name] += flop_like_size(plan.name, args, kwargs, out)
             return
         causal = self.attention == "causal"
         name, recompute = plan.name, False
@@ -406,6 +412,7 @@ class StepFlopCounter:
             if formula is None:
                 if is_heavy_op_name(op._schema.name):
                     win.uncounted[name] += 1
+                    win.uncounted_size[name] += flop_like_size(name, args[at + 1:], kwargs, out)
                 return
             inner_out = out if recompute else out[1]  # run_and_save returns (state, output)
             cost = formula(bind_arguments(op, args[at + 1:], kwargs), inner_out, causal)

@@ -54,13 +54,15 @@ def history(n: int, step_s: float = 0.1, wait_s: float = 0.0, first: int = 1, t0
 
 
 def flops(mfu: float | None = 0.4, dtype: str = "bf16", uncounted: dict[str, int] | None = None,
-          model: float | None = 1e12, estimated: float | None = None) -> FlopsView:
+          model: float | None = 1e12, estimated: float | None = None,
+          uncounted_size: dict[str, int] | None = None) -> FlopsView:
     """A FLOP view with the fields the hints read."""
     return FlopsView(
         model_flops_per_step=model, executed_flops_per_step=model, estimated_flops_per_step=estimated,
         estimate_source="6N+12LdT" if estimated else None, flops_per_s=None, executed_flops_per_s=None,
         mfu=mfu, hfu=mfu, peak_flops=989.4e12, peak_source="table", dtype=dtype,
         attention_convention="full", flops_per_token=None, uncounted_ops=uncounted or {},
+        uncounted_size=uncounted_size or {},
     )
 
 
@@ -214,7 +216,9 @@ def b_memfull(v: float, now: float) -> JobSnapshot:
 
 
 def b_uncounted(v: float, now: float) -> JobSnapshot:
-    fl = flops(uncounted={"aten::my_custom_op": int(v)} if v else {})
+    """An uncounted op (3 calls) whose FLOP-like size is ``v`` % of the step: size ÷ (1e12 + size)."""
+    size = round(1e12 * v / (100.0 - v))
+    fl = flops(uncounted={"aten::my_custom_op": 3}, uncounted_size={"aten::my_custom_op": size})
     return job(rank(0, fl=fl), fl=fl)
 
 
@@ -317,9 +321,11 @@ CASES: tuple[Case, ...] = (
     Case("memory_full", b_memfull, 91.0, 87.0, 80.0, "rank 0",
          "rank 0 GPU memory is 91 % full (72.8 of 80.0 GiB)",
          {"mem_used_pct": 91.0, "mem_total_gib": 80.0}),
-    Case("uncounted_ops", b_uncounted, 3.0, None, 0.0, "",
-         "the FLOP count misses 1 op type(s) (aten::my_custom_op ×3): MFU is understated",
-         {"uncounted_calls": 3.0, "uncounted_types_n": 1, "uncounted_ops": {"aten::my_custom_op": 3}}),
+    Case("uncounted_ops", b_uncounted, 2.0, 0.7, 0.3, "",
+         "the FLOP count misses 1 op type(s) (aten::my_custom_op ×3), ≈2.0 % of the step's FLOPs (a size "
+         "bound from shapes): MFU is understated",
+         {"uncounted_pct": 2.0, "share_basis": "flop_size", "uncounted_calls": 3.0, "uncounted_types_n": 1,
+          "uncounted_ops": {"aten::my_custom_op": 3}}),
     Case("estimate_mismatch", b_estimate, 12.0, 8.0, 5.0, "",
          "counted model FLOPs are 12 % below the transformer estimate (6N+12LdT)",
          {"estimate_gap_pct": 12.0, "estimate_ratio": 0.88, "estimated_flops_per_step": 1e12}),

@@ -146,14 +146,53 @@ def uncounted_by_op(job: JobSnapshot) -> dict[str, int] | None:
     return out
 
 
+def _op_key(name: str) -> str:
+    return str(name).replace("::", ".")  # the probe says "aten.x", profiler rows "aten::x"
+
+
+def uncounted_share(job: JobSnapshot, ops: dict[str, int]) -> tuple[float | None, str]:
+    """(percent, basis): the largest share over the ranks that the uncounted ops take of a step.
+
+    Basis "flop_size": the probe's FLOP-like size of those ops (probe.flops_uncounted, a rough
+    bound from shapes) ÷ (counted model FLOPs + that size). Else "kernel_time": the kernels those
+    ops launched ÷ all kernel time of the rank's latest kernel window. (None, "unknown") when
+    neither is known (a probe that sends no sizes, and no window)."""
+    names = {_op_key(k) for k in ops}
+    by_size: list[float] = []
+    by_time: list[float] = []
+    for r in latest_ranks(job):
+        f = r.flops
+        if f is not None and f.uncounted_ops:
+            sizes = {_op_key(k): v for k, v in dict(f.uncounted_size).items() if finite(v)}
+            if all(_op_key(k) in sizes for k in f.uncounted_ops):  # a probe that sizes them
+                size = sum(sizes.values())
+                total = size + (f.model_flops_per_step or 0.0)
+                by_size.append(100.0 * size / total if total > 0 else 0.0)
+        kf = facts.kernel_facts(r.kernels)
+        if kf is not None and kf.kernel_us > 0:
+            mine = sum(row.total_us for row in kf.rows if row.op and _op_key(row.op) in names)
+            if mine > 0:
+                by_time.append(100.0 * mine / kf.kernel_us)
+    if by_size:
+        return max(by_size), "flop_size"
+    if by_time:
+        return max(by_time), "kernel_time"
+    return None, "unknown"
+
+
 def uncounted_ops(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
-    """Job: calls of ops the FLOP counter had no formula for (per counted step)."""
+    """Job: the share of a step taken by ops the FLOP counter had no formula for, in percent
+    (largest over the ranks; see :func:`uncounted_share`). An unknown share counts as the whole
+    step (100): without a size the ops might be anything, as before sizes were sent."""
     ops = uncounted_by_op(job)
     if ops is None:
         return {"": None}
     calls = sum(ops.values())
     top = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    share, basis = uncounted_share(job, ops) if ops else (0.0, "flop_size")
     ev: dict[str, Any] = {
+        "uncounted_pct": share,
+        "share_basis": basis,
         "uncounted_calls": calls,
         "uncounted_types_n": len(ops),
         "uncounted_ops": dict(top[:10]),
@@ -171,8 +210,12 @@ def uncounted_ops(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measure
             note = f"; those attention ops run {ev['uncounted_time_pct']:.0f} % of GPU time"
             if ev["uncounted_time_pct"] >= float(rule.params["significant_pct"]):
                 severity = "warning"
-    text = {"ops": ", ".join(f"{k} ×{v}" for k, v in top[:3]) + (" …" if len(top) > 3 else ""), "share_note": note}
-    return {"": Measurement(value=float(calls), evidence=ev, impact=0.0, step=job.step, text=text, severity=severity)}
+    weight = {"flop_size": " of the step's FLOPs (a size bound from shapes)",
+              "kernel_time": " of kernel time"}.get(basis, "")
+    text = {"ops": ", ".join(f"{k} ×{v}" for k, v in top[:3]) + (" …" if len(top) > 3 else ""), "share_note": note,
+            "share": f", ≈{share:.1f} %{weight}" if share is not None else ""}
+    value = share if share is not None else (100.0 if calls else 0.0)
+    return {"": Measurement(value=float(value), evidence=ev, impact=0.0, step=job.step, text=text, severity=severity)}
 
 
 def estimate_mismatch(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:

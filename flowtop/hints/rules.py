@@ -209,22 +209,23 @@ RULES: tuple[Rule, ...] = (
         id="uncounted_ops",
         scope="job",
         severity="info",
-        measure="uncounted_calls",
-        unit="calls",
+        measure="uncounted_pct",
+        unit="pct",
         direction="above",
-        threshold=0.5,
+        threshold=1.0,
         clear=0.5,
         window_steps=0,
         window_s=0.0,
-        summary="the FLOP count misses {uncounted_types_n} op type(s) ({ops}): MFU is understated"
+        summary="the FLOP count misses {uncounted_types_n} op type(s) ({ops}){share}: MFU is understated"
         "{share_note}",
         action="flowtop counts 0 FLOPs for ops it has no formula for; if these ops do real math "
         "(custom/Triton kernels, unusual attention), read MFU as a lower bound and compare with "
         "the 6·N + 12·L·d·T estimate.",
         params={"significant_pct": 5.0, "attention_words": ("attention", "sdpa", "flash")},
-        doc="calls, in a rank's counted step (largest over ranks), of ops the FLOP counter has no "
-        "formula for; severity "
-        "warning when they are attention ops whose kernels take ≥ significant_pct of kernel time",
+        doc="share of a rank's counted step (largest over ranks) taken by ops the FLOP counter has "
+        "no formula for: their FLOP-like size from shapes ÷ (model FLOPs + it), else their kernels' "
+        "share of kernel time, else 100 (unknown); tiny or elementwise-sized ops stay below 1 %; "
+        "severity warning when they are attention ops whose kernels take ≥ significant_pct of kernel time",
     ),
     Rule(
         id="estimate_mismatch",
