@@ -225,6 +225,9 @@ class Collector:
         self.ticker = Ticker(lambda at: self.model.tick(at, self.listen), t0, self.tick_s, max_behind=MAX_BEHIND)
         if self.recorder is not None:
             self.recorder.start(t0)  # recorded times count from the tick schedule's origin
+        low = self._fds.at_start(self.model.limits.max_ranks_per_job)  # room for the largest job admitted?
+        if low:
+            self.model.notices.warning(low, t0)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def _secure(self, sock: Any) -> None:

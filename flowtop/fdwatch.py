@@ -29,12 +29,35 @@ def open_files(limit: int) -> int | None:
         return limit if exc.errno == errno.EMFILE else None
 
 
+def capacity(limit: int, used: int | None) -> int:
+    """Connections (probes or relays) the monitor can still accept: its soft open-file limit
+    less the descriptors open now and :data:`RESERVE`."""
+    return max(0, limit - (used or 0) - RESERVE)
+
+
 class FdHeadroom:
-    """Says, at most every :data:`EVERY_S`, when the monitor has run out of descriptors."""
+    """Says, at most every :data:`EVERY_S`, when the monitor has run out of descriptors, and at
+    start how many connections it can take when that is fewer than a large job needs."""
 
     def __init__(self, listen: str) -> None:
         self.listen = listen
         self._at = float("-inf")
+
+    def at_start(self, wanted: int) -> str:
+        """The notice text when the open-file limit (raised to the hard limit already) leaves
+        room for fewer than ``wanted`` connections, else ""."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return ""
+        used = open_files(soft)
+        room = capacity(soft, used)
+        if room >= wanted:
+            return ""
+        hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+        return (f"open-file limit {soft} (hard {hard_text}): this monitor can take about {room} probe or relay "
+                f"connections on {self.listen} ({used} descriptors in use); ranks beyond that are not "
+                f"seen: run node relays (one connection per node: flowtop run --relay on) or raise the hard limit "
+                f"(ulimit -Hn, limits.conf)")
 
     def check(self, now: float) -> str:
         """The notice text when the monitor is at its open-file limit, else ""."""
