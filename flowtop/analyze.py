@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flowtop.format import rate_prefix
 from flowtop.kernels.aggregate import KernelStat, KernelWindowStats, aggregate
 from flowtop.kernels.trace import TraceError, load_trace
 
@@ -63,15 +64,18 @@ def render_text(stats: KernelWindowStats, source: str, kernels: list[KernelStat]
     if a.busy_frac_typical is not None and a.typical_step_us is not None:
         lines.append(f"unprofiled step {a.typical_step_us:.1f} us: device busy {_pct(a.busy_frac_typical)} of it")
     if a.flops is not None:
-        lines.append(f"FLOPs attributed to kernels {a.flops / 1e9:.3f} G ({a.tflops or 0.0:.3f} TFLOP/s over the step)")
+        scale, prefix = rate_prefix([(a.tflops or 0.0) * 1e12])  # GFLOP/s on a CPU, not 0.000 TFLOP/s
+        rate = (a.tflops or 0.0) * 1e12 / scale
+        lines.append(f"FLOPs attributed to kernels {a.flops / 1e9:.3f} G ({rate:.3f} {prefix}FLOP/s over the step)")
     if a.launches is not None:
         lines.append(f"launches {a.launches}   short kernels {a.short_kernels} ({a.short_kernel_us or 0.0:.1f} us)"
                      f": {a.short_note}")
     lines.append(f"communication {a.comm_us:.1f} us   overlapped with compute {a.comm_overlap_us:.1f} us"
                  f" ({_pct(a.comm_overlap_frac)})")
-    lines += ["", f"{'TIME%':>6} {'TOTAL us':>10} {'CALLS':>6} {'MEAN us':>9} {'TFLOP/s':>8}  {'CATEGORY':<13} KERNEL"]
+    scale, prefix = rate_prefix(k.tflops * 1e12 for k in kernels if k.tflops is not None)  # GFLOP/s on a CPU
+    lines += ["", f"{'TIME%':>6} {'TOTAL us':>10} {'CALLS':>6} {'MEAN us':>9} {prefix + 'FLOP/s':>8}  {'CATEGORY':<13} KERNEL"]
     for k in kernels:
-        tf = "-" if k.tflops is None else f"{k.tflops:.1f}"
+        tf = "-" if k.tflops is None else f"{k.tflops * 1e12 / scale:.1f}"
         lines.append(f"{100 * k.share:6.2f} {k.total_us:10.1f} {k.calls:6d} {k.mean_us:9.2f} {tf:>8}  {k.category:<13} {k.short}")
     shown = len(kernels)
     if shown < len(stats.kernels):

@@ -65,6 +65,19 @@ def fmt_si(x: float | None, unit: str = "", digits: int | None = None) -> str:
     return f"{v:.{_sig3(v) if digits is None else digits}f}{unit}"
 
 
+def rate_prefix(values: Any) -> tuple[float, str]:
+    """(scale, prefix) for one column of FLOP/s figures: the largest prefix under which the column's
+    largest value is at least 1 (T on a GPU, G or M on a CPU), so no column reads 0.0 throughout;
+    "T" when the column has no value. Every cell of the column is then divided by the same scale."""
+    top = max((abs(float(v)) for v in values if _finite(v)), default=None)
+    if top is None:
+        return 1e12, "T"
+    for scale, prefix in _SI:
+        if top >= scale * 0.9995:
+            return scale, prefix
+    return 1.0, ""
+
+
 def fmt_pct(frac: float | None, digits: int = 1) -> str:
     """A fraction 0..1 as a percentage."""
     if not _finite(frac):

@@ -78,3 +78,27 @@ def test_a_large_fft_is_named_with_its_share() -> None:
     assert hint.evidence["uncounted_pct"] == share and hint.evidence["share_basis"] == "flop_size"
     assert hint.summary == ("the FLOP count misses 1 op type(s) (aten._fft_r2c ×1), ≈81.8 % of the step's "
                             "FLOPs (a size bound from shapes): MFU is understated")
+
+
+def test_without_sizes_the_kernel_time_of_their_operators_weighs_them() -> None:
+    """An older probe sends no sizes: the share is then the kernel time of the operators (profiler
+    rows "aten::x" vs the probe's "aten.x"), and unknown (100, fires as before) without a window."""
+    from test_hints_factories import flops, kwin
+
+    fl = flops(uncounted={"aten.my_custom_op": 2})
+    small = kwin([("gemm_kernel", 10, 9_960.0, "aten::mm"), ("custom_kernel", 2, 40.0, "aten::my_custom_op")])
+    big = kwin([("gemm_kernel", 10, 9_000.0, "aten::mm"), ("custom_kernel", 2, 1_000.0, "aten::my_custom_op")])
+
+    def hint(kernels):  # type: ignore[no-untyped-def]
+        snap = job(rank(0, fl=fl, kernels=kernels), fl=fl)
+        engine = HintEngine()
+        engine.evaluate(snap, 0.0)
+        return [h for h in engine.evaluate(snap, 30.0) if h.id == "uncounted_ops"]
+
+    assert hint(small) == []  # 40 of 10,000 µs: 0.4 %
+    (h,) = hint(big)
+    assert (h.evidence["uncounted_pct"], h.evidence["share_basis"]) == (10.0, "kernel_time")
+    assert "≈10.0 % of kernel time" in h.summary
+    (h,) = hint(None)
+    assert (h.evidence["uncounted_pct"], h.evidence["share_basis"]) == (100.0, "unknown")  # as before sizes
+    assert h.summary == "the FLOP count misses 1 op type(s) (aten.my_custom_op ×2): MFU is understated"

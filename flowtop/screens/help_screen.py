@@ -33,7 +33,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("main", "j", "job kernel view: ranks merged, divergence"),
     ("main", "n", "next job (several jobs)"),
     ("main", "Tab", "move between ranks, hints and the rank map"),
-    ("kernels", "1-6", "sort by time, calls, mean, TFLOP/s, cumulative, name"),
+    ("kernels", "1-6", "sort by time, calls, mean, FLOP/s, cumulative, name"),
     ("kernels", "s / r", "cycle sort column / reverse order"),
     ("kernels", "↑ ↓", "full name of the kernel under the cursor (bottom line)"),
     ("kernels", "k", "capture a new window"),

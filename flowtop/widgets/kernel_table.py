@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
+from flowtop.format import rate_prefix
 from flowtop.widgets._format import NA, fmt_pct, fmt_us, styled
 from flowtop.widgets._kernels import KernelRow, display_name
 
@@ -19,7 +20,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("time", "time", 6),
     ("mean", "mean", 6),
     ("share", "win%", 4),
-    ("tflops", "TF/s", 4),
+    ("tflops", "TF/s", 4),  # the prefix follows the window's magnitude (GF/s on a CPU): rate_label
     ("cum", "cum.", 6),
 )
 
@@ -28,7 +29,7 @@ SORTS: tuple[tuple[str, str, Callable[[KernelRow], object]], ...] = (
     ("time", "time", lambda r: -r.total_us),
     ("calls", "calls", lambda r: -r.calls),
     ("mean", "mean", lambda r: -r.mean_us),
-    ("tflops", "TFLOP/s", lambda r: -(r.tflops if r.tflops is not None else -1.0)),
+    ("tflops", "FLOP/s", lambda r: -(r.tflops if r.tflops is not None else -1.0)),
     ("cum", "cumulative", lambda r: -(r.cum_us if r.cum_us is not None else -1.0)),
     ("name", "name", lambda r: r.short.lower()),
 )
@@ -76,8 +77,21 @@ def sorted_rows(rows: tuple[KernelRow, ...], sort: int, reverse: bool) -> list[K
     return out[::-1] if reverse else out
 
 
-def kernel_cells(r: KernelRow) -> list[Text]:
-    """One row in :data:`COLUMNS` order."""
+def rate_scale(rows: tuple[KernelRow, ...] | list[KernelRow]) -> tuple[float, str]:
+    """(FLOP/s per displayed unit, column label) of the achieved-rate column for these rows."""
+    scale, prefix = rate_prefix(r.tflops * 1e12 for r in rows if r.tflops is not None)
+    return scale, f"{prefix}F/s"
+
+
+def _rate(tflops: float | None, scale: float) -> str:
+    if tflops is None:
+        return NA
+    v = tflops * 1e12 / scale
+    return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+
+
+def kernel_cells(r: KernelRow, scale: float = 1e12) -> list[Text]:
+    """One row in :data:`COLUMNS` order; achieved FLOP/s in units of ``scale`` (see rate_scale)."""
     return [
         Text(display_name(r.short), no_wrap=True, overflow="ellipsis"),
         Text(category_short(r.category), style=category_style(r.category)),
@@ -85,7 +99,7 @@ def kernel_cells(r: KernelRow) -> list[Text]:
         styled(fmt_us(r.total_us), "bold"),
         styled(fmt_us(r.mean_us), ""),
         styled(fmt_pct(r.share, 1 if (r.share or 0) < 0.095 else 0), ""),
-        styled(NA if r.tflops is None else f"{r.tflops:.0f}" if r.tflops >= 10 else f"{r.tflops:.1f}", ""),
+        styled(_rate(r.tflops, scale), ""),
         styled(fmt_us(r.cum_us), "dim"),
     ]
 
@@ -100,6 +114,7 @@ class KernelTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._rows: tuple[KernelRow, ...] = ()
         self.order: list[KernelRow] = []
+        self._scale, self._rate_label = 1e12, "TF/s"
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
@@ -119,6 +134,11 @@ class KernelTable(DataTable):
         if rows == self._rows and self.row_count == len(rows):
             return
         self._rows = rows
+        scale, label = rate_scale(rows)
+        if label != self._rate_label:
+            self._scale, self._rate_label = scale, label
+            if self.is_mounted:
+                self._label_sort()
         self._fill()
 
     def _fill(self) -> None:
@@ -126,7 +146,7 @@ class KernelTable(DataTable):
         self.order = sorted_rows(self._rows, self.sort_index, self.reverse)
         self.clear()
         for i, r in enumerate(self.order):
-            self.add_row(*kernel_cells(r), key=f"{i}:{r.name}")
+            self.add_row(*kernel_cells(r, self._scale), key=f"{i}:{r.name}")
         names = [r.name for r in self.order]
         if selected in names:
             self.move_cursor(row=names.index(selected), animate=False)
@@ -138,6 +158,7 @@ class KernelTable(DataTable):
             column = self.columns.get(key)  # type: ignore[call-overload]
             if column is None:
                 continue
+            label = self._rate_label if key == "tflops" else label
             arrow = ("▲" if self.reverse else "▼") if key == sort_key else ""
             justify = "left" if key in ("name", "category") else "right"
             column.label = Text(label + arrow, justify=justify, style="bold" if arrow else "")
