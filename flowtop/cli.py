@@ -166,6 +166,9 @@ def _replay(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
         return 2
+    from flowtop import gcpolicy
+
+    gcpolicy.for_monitor()
     FlowtopApp(RecordingSource(args.recording, make_model(args.peak_tflops), args.speed)).run()
     return 0
 
@@ -174,8 +177,10 @@ def _top(args: argparse.Namespace) -> int:
     collector = _collector(args)
     if collector is None:
         return 2
+    from flowtop import gcpolicy
     from flowtop.app import FlowtopApp
 
+    gcpolicy.for_monitor()
     FlowtopApp(collector).run()
     return start_failed(collector)
 

@@ -36,8 +36,8 @@ class DataSource(Protocol):
 
     A source that ticks by itself (the collector, a recording) also has an ``on_tick`` attribute
     that the data thread sets to receive each tick's snapshot, a ``catch_up()`` that runs the
-    ticks due now, and a ``notices`` board (flowtop.notices); a source without them is asked
-    for ``snapshot()`` once per cadence.
+    ticks due now (before a refresh), and a ``notices`` board (flowtop.notices); a source without
+    ``on_tick`` is asked for ``snapshot()`` once per cadence.
     """
 
     async def start(self) -> None:
@@ -222,17 +222,13 @@ class DataThread:
         self._started.set_result(None)
 
     async def _pulses(self) -> None:
-        """Every cadence: run the ticks due (a ticking source then publishes through on_tick) or
-        pull a snapshot; hand over notices that were raised meanwhile."""
+        """Every cadence: pull a snapshot from a source that does not tick by itself; hand over
+        notices that were raised meanwhile (a ticking source publishes through on_tick)."""
+        ticks = hasattr(self.source, "on_tick")
         while True:
             await asyncio.sleep(self.cadence_s)
             try:
-                catch_up = getattr(self.source, "catch_up", None)
-                if catch_up is not None:
-                    catch_up()
-                    self._publish(None)
-                else:
-                    self._publish(self.source.snapshot())
+                self._publish(None if ticks else self.source.snapshot())
             except Exception as exc:  # a broken source must not stop the pulses
                 self._tell(f"snapshot failed: {type(exc).__name__}: {exc}")
 

@@ -178,7 +178,9 @@ def main(args: argparse.Namespace) -> int:
                 tail = fh.read()[-3000:]
             print(f"flowtop demo: training exited with code {code}; log {log_path}:\n{tail}", file=sys.stderr)
         return 0 if code == 0 else 1
+    from flowtop import gcpolicy
     from flowtop.app import FlowtopApp
 
+    gcpolicy.for_monitor()
     FlowtopApp(source).run()
     return start_failed(source)
