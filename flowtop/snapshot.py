@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.1"
+SCHEMA = "flowtop.snapshot/1.2"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -229,7 +229,7 @@ FLOP_FIELDS: tuple[str, ...] = (
     "flops_per_step", "executed_flops_per_step", "estimated_flops_per_step", "estimate_source",
     "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
     "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
-    "counted", "model_note",
+    "counted", "model_note", "uncounted_size", "parallel",
 )
 #: ``mfu_reason`` of a rank (or job) with no FLOP count.
 NO_COUNT_REASON = "no FLOP count yet"

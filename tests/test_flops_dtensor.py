@@ -151,3 +151,20 @@ def test_fsdp2_times_tp_two_by_two(four_ranks: list[dict[str, Any]]) -> None:
     assert sorted(rank["fsdp_tp"]["data_rank"] for rank in four_ranks) == [0, 0, 1, 1]
     total = sum(rank["fsdp_tp"]["second"]["model"] for rank in four_ranks)
     assert total == one_rank_count([100, 101]) == hand_model(2 * w.BATCH)
+
+
+def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict[str, Any]]) -> None:
+    """The rank's real message through the monitor's FlopsView: JSON field and FLOP panel row."""
+    from flowtop.accounting import job_flops, rank_flops
+    from flowtop.snapshot import _flops_json
+    from flowtop.widgets.flops_panel import flops_text
+
+    msgs = [rank["fsdp_tp"]["second"]["message"] for rank in four_ranks]
+    views = [rank_flops(m, 0.1) for m in msgs]
+    assert views[0] is not None and views[0].parallel == msgs[0]["parallel"]
+    assert _flops_json(views[0])["parallel"].startswith("local FLOPs of this rank; mesh (dp=2, tp=2)")
+    job = job_flops(views)
+    assert job is not None and job.model_flops_per_step == hand_model(2 * w.BATCH)  # Σ local = global
+    assert job.parallel == msgs[0]["parallel"]  # the same layout on every rank: said once
+    text = flops_text(views[0]).plain
+    assert "parallel    mesh (dp=2, tp=2); fsdp over dp; matmuls split 2-way" in text

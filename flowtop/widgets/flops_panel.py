@@ -27,6 +27,8 @@ def flops_text(f: FlopsView | None) -> Text:
     row("model/step", fmt_si(f.model_flops_per_step, "F"), "no recompute")
     if f.model_note:
         row("", f.model_note[:120], "", "yellow")
+    if f.parallel:  # the figures are this rank's local share: say of which mesh
+        row("parallel", f.parallel.removeprefix("local FLOPs of this rank; ")[:160], "local")
     ratio = (
         f"{f.executed_flops_per_step / f.model_flops_per_step:.2f}× model"
         if f.executed_flops_per_step and f.model_flops_per_step
