@@ -1,4 +1,4 @@
-"""Builds kernel-window tables on a worker thread so the collector's event loop stays live.
+"""Builds kernel-window tables on a worker thread so the data thread's event loop stays live.
 
 A GPU window of a large model is thousands of records: building its table takes tens of
 milliseconds (≈50 ms for a 940 M-parameter GPT's step, measured on the H200 recording), and the

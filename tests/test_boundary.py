@@ -29,7 +29,9 @@ def test_probe_imports_neither_textual_nor_flowtop() -> None:
 @pytest.mark.parametrize(
     "module",
     ["flowtop.collector", "flowtop.model", "flowtop.accounting", "flowtop.snapshot", "flowtop.wiring",
-     "flowtop.textreport", "flowtop.runner", "flowtop.cli", "flowtop.claims", "flowtop.rankstate"],
+     "flowtop.textreport", "flowtop.runner", "flowtop.cli", "flowtop.claims", "flowtop.rankstate",
+     "flowtop.datathread", "flowtop.clock", "flowtop.ticker", "flowtop.notices", "flowtop.rankviews",
+     "flowtop.recording", "flowtop.fdwatch", "flowtop.gcpolicy"],
 )  # fmt: skip
 def test_monitor_data_side_imports_without_textual_or_torch(module: str) -> None:
     mods = _top(_modules_after(f"import {module}"))
@@ -41,5 +43,15 @@ def test_monitor_data_side_imports_without_textual_or_torch(module: str) -> None
 
 
 def test_snapshot_data_path_imports_without_textual() -> None:
-    mods = _top(_modules_after("from flowtop.wiring import make_model; m = make_model(); m.snapshot(0.0)"))
+    mods = _top(_modules_after("from flowtop.wiring import make_model; m = make_model(); m.tick(0.5); m.snapshot(0.0)"))
+    assert "textual" not in mods and "torch" not in mods
+
+
+def test_the_data_thread_runs_a_collector_without_textual() -> None:
+    """The data thread hosts the collector (sockets, ticks, hints) with no UI module loaded."""
+    code = ("from flowtop.collector import Collector; from flowtop.datathread import DataThread; "
+            "from flowtop.demo.launch import free_port_pair; from flowtop.wiring import make_model; "
+            "d = DataThread(Collector(make_model(), f'tcp://127.0.0.1:{free_port_pair()}'), cadence_s=0.05); "
+            "d.start().result(10); import time; time.sleep(0.3); d.refresh().result(10); d.stop()")
+    mods = _top(_modules_after(code))
     assert "textual" not in mods and "torch" not in mods
