@@ -91,6 +91,26 @@ def test_fsdp2(monitor) -> None:
     assert_job_sums(run)
 
 
+def test_tensor_parallel_ranks_count_their_shards(monitor) -> None:
+    """Issue 14 part 1 through the whole pipeline (flowtop run, torchrun, probe, wire, monitor):
+    each of 2 TP ranks computes half of every matmul and half of the heads of the same batch, so
+    its model FLOPs are half of TinyGPT's (835,584 / 2 = 417,792 per token), and the two ranks sum
+    to one unsharded step. Tokens are counted per rank (issue 14 part 3 will count a TP group once)."""
+    steps, batch = 20, 4
+    run = run_recipe(monitor, torchrun(str(RECIPES / "tensor_parallel.py"), f"--steps={steps}", f"--batch={batch}"),
+                     n_ranks=2)
+    assert_ranks(run, 2)
+    tokens = batch * TINY["seq"]
+    assert tiny_gpt_flops_per_token() % 2 == 0
+    for r in run.ranks:
+        assert_rank_basics(r, steps=steps, tokens_per_step=tokens, flops_per_step=tiny_gpt_flops_per_token() // 2 * tokens)
+        assert r["parallel"].startswith("local FLOPs of this rank; mesh (tp=2); matmuls split 2-way")
+        assert r["estimate_source"].startswith("6N+12LdT/2 (this rank's tensor-parallel share; N local)")
+        assert abs(r["estimate_ratio"] - 1) < 0.1, r["estimate_ratio"]  # the estimate is local too
+    assert sum(r["flops_per_step"] for r in run.ranks) == tiny_gpt_flops_per_token() * tokens
+    assert run.job["flops_per_s"] == pytest.approx(sum(r["flops_per_s"] for r in run.ranks))
+
+
 def test_mp_spawn_without_rank_env(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "mp_spawn.py"), f"--steps={steps}", f"--batch={batch}"],
