@@ -127,6 +127,13 @@ class DataThread:
         self._last: MonitorSnapshot | None = None
 
     @property
+    def latest(self) -> MonitorSnapshot | None:
+        """The newest snapshot published (None before the first); any thread may read it (a
+        reference to an immutable snapshot): a second reader, such as the Prometheus exporter,
+        takes it at its own pace without emptying the UI's mailbox."""
+        return self._last
+
+    @property
     def ident(self) -> int | None:
         """The data thread's ident (None before :meth:`start`)."""
         return self._thread.ident
