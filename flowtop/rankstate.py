@@ -6,17 +6,23 @@ Liveness uses the monitor's receive clock (``now`` passed in), never the sender'
 from __future__ import annotations
 
 import collections
-import itertools
 import statistics
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, Deque
 
+from flowtop.compact import Column, PairSeq, StepRing
 from flowtop.snapshot import History, TelemetryView
 from probe.wire import Message, RankKey, records
 
-#: Steps kept per rank for medians, sparklines and step alignment.
+#: Steps kept per rank for step alignment (step numbers and receive times) ...
 RING = 512
+#: ... and of those the last RECENT with all their fields (medians: 32, history: HISTORY).
+RECENT = 128
+HISTORY = 120
+#: Samples kept per sparkline series (one per telemetry or FLOP refresh).
+SERIES = 300
+#: Probe overhead samples kept per rank.
+PROBE_SAMPLES = 64
 #: A rank is stale after this many seconds of silence (or 5 median steps, if longer),
 #: and stalled after as long without a step.
 STALE_AFTER_S = 5.0
@@ -41,18 +47,16 @@ class RankState:
     last_recv: float
     hello: dict[str, Any] = field(default_factory=dict)
     step: int = 0
-    steps: Deque[tuple[int, float, int, float | None, float, float | None]] = field(
-        default_factory=lambda: collections.deque(maxlen=RING)
-    )  # (step, wall_s, tokens, input_wait_s, recv_time, lead_s)
+    steps: StepRing = field(default_factory=lambda: StepRing(RING, RECENT))
     device_s: float | None = None
-    probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=64))
+    probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=PROBE_SAMPLES))
     last_seq: int = -1
     lost: int = 0
     drops: int = 0
     flops: dict[str, Any] | None = None
     telemetry: dict[str, Any] | None = None
     telemetry_at: float = 0.0
-    series: dict[str, Deque[float]] = field(default_factory=dict)
+    series: dict[str, Column] = field(default_factory=dict)
     kernels: Any = None
     kernels_cumulative: Any = None
     bye: str | None = None
@@ -67,7 +71,10 @@ class RankState:
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            self.series.setdefault(name, collections.deque(maxlen=300)).append(float(value))
+            column = self.series.get(name)
+            if column is None:
+                column = self.series[name] = Column("f", SERIES)  # sparklines: float32 is plenty
+            column.append(float(value))
 
 
 def implausible(st: RankState, msg: Message, now: float) -> str:
@@ -102,9 +109,9 @@ def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> flo
     """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
     if stalled is not None:
         return 0.0
-    recent = list(st.steps)[-32:]
-    if recent and med and recent[-1][2]:
-        return statistics.median(r[2] for r in recent) / med
+    tokens = st.steps.values(StepRing.TOKENS, 32)
+    if tokens and med and tokens[-1]:
+        return statistics.median(tokens) / med
     return None
 
 
@@ -123,8 +130,8 @@ def median_step(st: RankState) -> float | None:
     key = (st.version, st.step, len(st.steps))
     if st.med_cache[0] == key:
         return st.med_cache[1]
-    start = max(0, len(st.steps) - 32)
-    recent = [r[1] for r in itertools.islice(st.steps, start, None) if r[0] > 1]  # step 1 includes warm-up
+    ring = st.steps
+    recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]  # step 1 includes warm-up
     med = statistics.median(recent) if recent else None
     st.med_cache = (key, med)
     return med
@@ -154,16 +161,19 @@ def telemetry_view(st: RankState) -> TelemetryView | None:
 
 
 def history(st: RankState) -> History:
-    """The last 120 steps and the sparkline series, oldest first."""
-    hist_steps = list(itertools.islice(st.steps, max(0, len(st.steps) - 120), None))
+    """The last HISTORY steps, the sparkline series and the steps' receive times, oldest first:
+    immutable views that share the rank's storage (flowtop.compact), not copies."""
+    ring = st.steps
+    n = min(HISTORY, len(ring.column(ring.WALL)))
+    series = st.series
     return History(
-        steps=tuple(map(itemgetter(0), hist_steps)),
-        step_time_s=tuple(map(itemgetter(1), hist_steps)),
-        input_wait_s=tuple(r[3] or 0.0 for r in hist_steps),
-        lead_s=tuple(r[5] or 0.0 for r in hist_steps),
-        mfu=tuple(st.series.get("mfu", ())),
-        tensor_active=tuple(st.series.get("tensor_active", ())),
-        power_w=tuple(st.series.get("power_w", ())),
-        sm_clock_mhz=tuple(st.series.get("sm_clock_mhz", ())),
-        reached=tuple(map(itemgetter(0, 4), st.steps)),
+        steps=ring.column(ring.STEP, n),
+        step_time_s=ring.column(ring.WALL, n),
+        input_wait_s=ring.column(ring.WAIT, n),
+        lead_s=ring.column(ring.LEAD, n),
+        mfu=series["mfu"].view() if "mfu" in series else (),
+        tensor_active=series["tensor_active"].view() if "tensor_active" in series else (),
+        power_w=series["power_w"].view() if "power_w" in series else (),
+        sm_clock_mhz=series["sm_clock_mhz"].view() if "sm_clock_mhz" in series else (),
+        reached=PairSeq(ring.column(ring.STEP), ring.column(ring.RECV)),
     )

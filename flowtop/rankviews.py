@@ -77,7 +77,7 @@ class RankViews:
 
     def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
                others: tuple[RankKey, ...]) -> RankSnapshot:
-        recent = list(st.steps)[-32:]
+        recent = st.steps.recent(32)
         tokens_per_s = rs.tokens_per_s(st, med, stalled)
         waits = [r[3] / r[1] for r in recent if r[3] is not None and r[1] > 0]
         overhead = statistics.median(st.probe_s) / med if st.probe_s and med else None

@@ -1,0 +1,331 @@
+"""Compact per-rank series: bounded columns of machine numbers whose frozen views share storage.
+
+A rank keeps hundreds of recent steps and sparkline samples. As a deque of tuples of Python
+numbers that costs ~180 bytes a step (a tuple, and a float object per field), and every snapshot
+copied it again into tuples for its immutable ``History`` (~100 KB a rank at 512 steps). Here a
+:class:`Column` holds values in ``array`` blocks of :data:`BLOCK` (8 bytes a value): a block that
+is full is never written again, so :meth:`Column.view` — an immutable, tuple-like
+:class:`ArraySeq` of the last values — shares the full blocks and copies only the part-filled last
+one, and is itself reused until the next append. Memory per column is at most
+``(cap + BLOCK) × 8`` bytes however long the rank lives. No Textual.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Sequence
+from typing import Any, Iterator
+
+#: Values per block.
+BLOCK = 64
+
+
+class ArraySeq(Sequence):
+    """An immutable sequence over ``array`` blocks (all but the last exactly :data:`BLOCK` long),
+    from index ``start`` of the first block, ``n`` values; behaves like a tuple of numbers (index,
+    slice, iterate, compare equal to a tuple or list with the same values, hash)."""
+
+    __slots__ = ("_blocks", "_start", "_n", "_hash")
+
+    def __init__(self, blocks: tuple[array, ...], start: int = 0, n: int | None = None) -> None:
+        skip = 0  # leading blocks wholly before ``start`` are left out (iteration skips no block)
+        while skip < len(blocks) - 1 and start >= len(blocks[skip]):
+            start -= len(blocks[skip])
+            skip += 1
+        self._blocks = blocks[skip:] if skip else blocks
+        self._start = start
+        total = sum(len(b) for b in self._blocks) - start
+        self._n = total if n is None else max(0, min(n, total))
+        self._hash: int | None = None
+
+    @classmethod
+    def of(cls, typecode: str, values: Any) -> "ArraySeq":
+        """A sequence of ``values`` in one block of its own."""
+        return cls((array(typecode, values),))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            lo, hi, stride = i.indices(self._n)
+            if stride != 1:
+                return tuple(self)[i]
+            return ArraySeq(self._blocks, self._start + lo, max(0, hi - lo)) if hi > lo else _EMPTY
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("ArraySeq index out of range")
+        j = self._start + i
+        first = len(self._blocks[0])
+        if j < first:
+            return self._blocks[0][j]
+        j -= first
+        return self._blocks[1 + j // BLOCK][j % BLOCK]
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(itertools.chain.from_iterable(self._blocks), self._start, self._start + self._n)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(tuple(self))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (ArraySeq, tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(tuple(self))
+        return self._hash
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the values this view can reach (shared blocks included)."""
+        return sum(b.itemsize * len(b) for b in self._blocks)
+
+
+_EMPTY = ArraySeq((array("d"),))
+
+
+class PairSeq(Sequence):
+    """An immutable sequence of ``(a[i], b[i])`` pairs over two equally long :class:`ArraySeq`."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: ArraySeq, b: ArraySeq) -> None:
+        self.a, self.b = a, b
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return PairSeq(self.a[i], self.b[i])
+        return (self.a[i], self.b[i])
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return zip(self.a, self.b)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PairSeq, tuple, list)):
+            return len(self) == len(other) and all(tuple(x) == tuple(y) for x, y in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+class Column:
+    """The last ``cap`` values appended, in blocks (see the module doc); ``typecode`` is an
+    ``array`` type code ('d' floats, 'q' 64-bit integers)."""
+
+    __slots__ = ("typecode", "cap", "_blocks", "_tail", "_n", "_view")
+
+    def __init__(self, typecode: str, cap: int) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be positive, got {cap!r}")
+        self.typecode = typecode
+        self.cap = cap
+        self._blocks: list[array] = []  # a few: a list is smaller than a deque
+        self._tail = array(typecode)
+        self._n = 0  # values in blocks and tail (≥ the cap kept: whole blocks are dropped)
+        self._view: tuple[int, ArraySeq] | None = None
+
+    def append(self, value: Any) -> None:
+        tail = self._tail
+        tail.append(value)
+        self._n += 1
+        self._view = None
+        if len(tail) == BLOCK:
+            self._blocks.append(tail)
+            self._tail = array(self.typecode)
+        blocks = self._blocks
+        while blocks and self._n - len(blocks[0]) >= self.cap:
+            self._n -= len(blocks.pop(0))
+
+    def __len__(self) -> int:
+        return min(self._n, self.cap)
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.view())
+
+    def last(self) -> Any:
+        """The newest value (IndexError when empty)."""
+        if self._tail:
+            return self._tail[-1]
+        if self._blocks:
+            return self._blocks[-1][-1]
+        raise IndexError("empty column")
+
+    def view(self, n: int | None = None) -> ArraySeq:
+        """The last ``n`` values (all kept when None), oldest first, as an immutable sequence that
+        shares the full blocks; the same object until the next append."""
+        held = len(self)
+        n = held if n is None else max(0, min(n, held))
+        if self._view is not None and self._view[0] == n:
+            return self._view[1]
+        blocks = tuple(self._blocks) + ((array(self.typecode, self._tail),) if self._tail else ())
+        total = self._n
+        if not blocks:
+            blocks = (array(self.typecode),)
+        seq = ArraySeq(blocks, total - n, n)
+        self._view = (n, seq)
+        return seq
+
+    def tail(self, n: int) -> list[Any]:
+        """The last ``n`` values as a list (a transient copy)."""
+        return list(self.view(n)) if n > 0 else []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the values (blocks and the part-filled one)."""
+        return (sum(len(b) for b in self._blocks) + len(self._tail)) * array(self.typecode).itemsize
+
+
+Record = tuple[int, float, int, "float | None", float, "float | None"]
+
+
+class StepRing:
+    """A rank's recent steps, records ``(step, wall_s, tokens, input_wait_s, recv_time, lead_s)``,
+    in columns (~40 bytes a step instead of ~180 as tuples of Python numbers): step numbers and
+    receive times of the last ``cap`` steps (aligning ranks by step), the other fields of the
+    last ``recent``. ``len`` counts the former; indexing, iteration and :meth:`recent` give whole
+    records of the latter (None where the probe sent no input wait or lead: stored as 0.0, the
+    history's convention, with a flag byte saying which were sent).
+
+    The columns are appended together in one call (the model's hot path: a step record), so the
+    ring keeps their blocks itself rather than as separate :class:`Column` objects."""
+
+    __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns", "_views", "_frozen")
+
+    #: Column numbers: step and recv (the last ``cap``), then those of the last ``recent``.
+    STEP, RECV, WALL, TOKENS, WAIT, LEAD, KNOWN = range(7)
+
+    def __init__(self, cap: int, recent: int) -> None:
+        if not 0 < recent <= cap:
+            raise ValueError(f"need 0 < recent <= cap, got {recent!r}, {cap!r}")
+        self.cap, self.recent_cap = cap, recent
+        self._long: list[tuple[array, ...]] = []  # full (step, recv) blocks (lists: smaller than deques)
+        self._short: list[tuple[array, ...]] = []  # full (wall, tokens, wait, lead, known) blocks
+        self._lt, self._st = self._tails()
+        self._nl = self._ns = 0
+        self._views: dict[tuple[int, int], ArraySeq] = {}  # (column, n) -> view, until the next append
+        self._frozen: dict[int, array] = {}  # column -> copy of its part-filled block, likewise
+
+    @staticmethod
+    def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
+        return (array("q"), array("d")), (array("d"), array("q"), array("d"), array("d"), array("b"))
+
+    def append(self, rec: Record) -> None:
+        step, wall, tokens, wait, recv, lead = rec
+        lt, st = self._lt, self._st
+        lt[0].append(step)
+        lt[1].append(recv)
+        st[0].append(wall)
+        st[1].append(tokens)
+        st[2].append(wait or 0.0)
+        st[3].append(lead or 0.0)
+        st[4].append((wait is not None) | (lead is not None) << 1)
+        self._nl += 1
+        self._ns += 1
+        if self._views:
+            self._views = {}
+            self._frozen = {}
+        if len(lt[0]) == BLOCK:  # both tails fill together
+            self._long.append(lt)
+            self._short.append(st)
+            self._lt, self._st = self._tails()
+            while self._nl - BLOCK >= self.cap:
+                del self._long[0]
+                self._nl -= BLOCK
+            while self._ns - BLOCK >= self.recent_cap:
+                del self._short[0]
+                self._ns -= BLOCK
+
+    def __len__(self) -> int:
+        return min(self._nl, self.cap)
+
+    def __bool__(self) -> bool:
+        return self._nl > 0
+
+    def _where(self, col: int) -> tuple[list[tuple[array, ...]], tuple[array, ...], int, int, int]:
+        """(blocks, tail, index in them, values held, values in blocks and tail) of a column."""
+        if col < 2:
+            return self._long, self._lt, col, min(self._nl, self.cap), self._nl
+        return self._short, self._st, col - 2, min(self._ns, self.recent_cap), self._ns
+
+    def column(self, col: int, n: int | None = None) -> ArraySeq:
+        """The last ``n`` values of a column (all it keeps when None), as an immutable view that
+        shares the full blocks; the same object until the next append. The wait and lead
+        columns read 0.0 where the probe sent none."""
+        blocks, tail, i, held, total = self._where(col)
+        n = held if n is None else max(0, min(n, held))
+        view = self._views.get((col, n))
+        if view is None:
+            parts = tuple(b[i] for b in blocks)
+            if tail[i]:
+                frozen = self._frozen.get(col)
+                if frozen is None:
+                    frozen = self._frozen[col] = array(tail[i].typecode, tail[i])
+                parts += (frozen,)
+            view = ArraySeq(parts or (array("d"),), total - n, n)
+            self._views[(col, n)] = view
+        return view
+
+    def values(self, col: int, n: int) -> list[Any]:
+        """The last ``n`` values of a column as a list (a transient copy; nothing is kept)."""
+        blocks, tail, i, held, _ = self._where(col)
+        n = min(n, held)
+        if n <= 0:
+            return []
+        out = list(tail[i][-n:])
+        b = len(blocks) - 1
+        while len(out) < n and b >= 0:
+            out[:0] = blocks[b][i][-(n - len(out)):]
+            b -= 1
+        return out
+
+    def last(self) -> Record:
+        """The newest record (IndexError when empty)."""
+        if not self._nl:
+            raise IndexError("no steps")
+        lt = self._lt if self._lt[0] else self._long[-1]
+        st = self._st if self._st[0] else self._short[-1]
+        known = st[4][-1]
+        return (lt[0][-1], st[0][-1], st[1][-1], st[2][-1] if known & 1 else None, lt[1][-1],
+                st[3][-1] if known & 2 else None)
+
+    def recent(self, n: int) -> list[Record]:
+        """The last ``n`` (at most ``recent``) records, oldest first."""
+        n = min(n, self._ns, self.recent_cap)
+        if n <= 0:
+            return []
+        c = self.values
+        return [(s, w, t, a if k & 1 else None, r, b if k & 2 else None)
+                for s, w, t, a, r, b, k in zip(c(0, n), c(2, n), c(3, n), c(4, n), c(1, n), c(5, n), c(6, n))]
+
+    def __getitem__(self, i: int) -> Record:
+        if i == -1:
+            return self.last()
+        return self.recent(self.recent_cap)[i]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.recent(self.recent_cap))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the columns' values."""
+        return sum(len(a) * a.itemsize for blk in (*self._long, *self._short, self._lt, self._st) for a in blk)
+
+

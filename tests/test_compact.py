@@ -1,0 +1,124 @@
+"""Bounded, compact per-rank memory (issue 15 part 5): the step ring and sparkline series keep
+machine numbers in blocks, their frozen views share storage and read like the tuples they
+replace, and a rank's state stays within a fixed size however long it runs."""
+
+from __future__ import annotations
+
+import collections
+import random
+import tracemalloc
+
+import pytest
+
+from flowtop import rankstate as rs
+from flowtop.compact import BLOCK, ArraySeq, Column, PairSeq, StepRing
+from flowtop.model import Model
+from probe.wire import Message, RankKey
+
+
+@pytest.mark.parametrize("cap", [1, 5, 63, 64, 65, 300])
+def test_a_column_keeps_the_last_cap_values_and_its_views_read_like_tuples(cap: int) -> None:
+    col, ref = Column("d", cap), []
+    for i in range(700):
+        col.append(i / 3)
+        ref = (ref + [i / 3])[-cap:]
+        if i % 23 and i > 140:
+            continue
+        assert len(col) == len(ref) and col.last() == ref[-1] and list(col) == ref
+        for n in (0, 1, 10, 120, 1000):
+            want = tuple(ref[-n:]) if n else ()
+            view = col.view(n)
+            assert view == want and len(view) == len(want) and hash(view) == hash(want)
+            assert [view[k] for k in range(-len(want), len(want))] == list(want + want)
+            for a, b in ((0, 5), (-5, None), (3, -2), (None, None), (10, 3)):
+                assert view[a:b] == want[a:b] and view[a:b][1:] == want[a:b][1:]
+            assert view[::2] == want[::2]
+    assert col.nbytes <= (cap + BLOCK) * 8
+
+
+def test_a_view_is_frozen_and_shares_the_full_blocks() -> None:
+    col = Column("d", 512)
+    for i in range(300):
+        col.append(float(i))
+    view = col.view()
+    assert col.view() is view  # reused until the next append
+    col.append(300.0)
+    assert tuple(view) == tuple(float(i) for i in range(300))  # the view did not move
+    again = col.view()
+    assert again is not view and again[-1] == 300.0
+    assert sum(a is b for a in view._blocks for b in again._blocks) == 300 // BLOCK  # full blocks shared
+
+
+def test_the_step_ring_reads_like_the_deque_of_records_it_replaces() -> None:
+    rng = random.Random(1)
+    for cap, recent in ((512, 128), (64, 64), (100, 7)):
+        ring, ref = StepRing(cap, recent), collections.deque(maxlen=cap)
+        for i in range(1500):
+            wait = None if rng.random() < 0.3 else rng.choice([0.0, rng.random()])
+            lead = None if rng.random() < 0.5 else rng.random()
+            rec = (i, rng.random(), rng.randint(0, 10**12), wait, 1e4 + i / 10, lead)
+            ring.append(rec)
+            ref.append(rec)
+            if i % 13 and i > 200:
+                continue
+            assert len(ring) == len(ref) and ring[-1] == ref[-1] and bool(ring)
+            assert list(ring) == list(ref)[-recent:]
+            for n in (1, 32, 120, 600):
+                assert ring.recent(n) == list(ref)[-min(n, recent):]
+                assert ring.values(StepRing.WALL, n) == [r[1] for r in list(ref)[-min(n, recent):]]
+                assert ring.values(StepRing.STEP, n) == [r[0] for r in list(ref)[-n:]]
+            m = min(120, recent, len(ref))
+            last = list(ref)[-m:]
+            assert ring.column(StepRing.WAIT, m) == tuple(r[3] or 0.0 for r in last)  # the history's 0.0
+            assert ring.column(StepRing.LEAD, m) == tuple(r[5] or 0.0 for r in last)
+            assert PairSeq(ring.column(StepRing.STEP), ring.column(StepRing.RECV)) == tuple((r[0], r[4]) for r in ref)
+    assert not StepRing(4, 2) and ArraySeq.of("q", [1, 2])[-1] == 2
+
+
+def _feed(model: Model, key: RankKey, steps: int, telemetry: int) -> float:
+    """Steps in batches of 10, then telemetry samples; returns the last frame's time."""
+    seq, now = 0, 100.0
+    for s in range(1, steps + 1, 10):
+        now += 0.1
+        recs = [{"step": k, "wall_s": 0.01, "tokens": 64, "drops": 0, "input_wait_s": 0.001, "lead_s": 0.005,
+                 "probe_s": 1e-5} for k in range(s, s + 10)]
+        model.ingest(Message("steps", key, seq, now, {"records": recs}), now)
+        seq += 1
+    for _ in range(telemetry):
+        now += 0.5
+        gpu = {"power_w": 500.0, "sm_clock_mhz": 1980, "tensor_active": 0.5}
+        model.ingest(Message("telemetry", key, seq, now, {"gpu": gpu, "proc": {}}), now)
+        seq += 1
+    return now
+
+
+def test_a_ranks_state_is_bounded_however_long_it_runs() -> None:
+    """10 k steps and 1,000 telemetry samples keep the last RING steps (RECENT with every
+    field) and SERIES samples; the ring and series hold at most their caps plus a block."""
+    model = Model()
+    key = RankKey("j", "h", 1, 0, 0)
+    _feed(model, key, 10_000, 1_000)
+    st = model.ranks[key]
+    assert len(st.steps) == rs.RING and len(st.steps.recent(10**6)) == rs.RECENT
+    assert st.steps.nbytes <= (rs.RING + BLOCK) * 16 + (rs.RECENT + BLOCK) * 33
+    assert all(len(c) == rs.SERIES and c.nbytes <= (rs.SERIES + BLOCK) * 4 for c in st.series.values())
+    h = rs.history(st)
+    assert h.steps == tuple(range(10_000 - rs.HISTORY + 1, 10_001)) and len(h.reached) == rs.RING
+    assert h.step_time_s[-1] == 0.01 and h.input_wait_s[-1] == 0.001 and h.power_w[-1] == 500.0
+
+
+def test_memory_per_rank_stays_small() -> None:
+    """A rank in steady state (full ring and series, its view built) costs the model a few
+    tens of KB (it was ~200 KB with deques of tuples); `bench/ingest.py --memory` measures the
+    full figure with kernel tables."""
+    model = Model()
+    keys = [RankKey("j", f"h{i // 8}", 100 + i, i, 0) for i in range(32)]
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for key in keys:
+        now = _feed(model, key, 600, 320)
+    snap = model.tick(now)
+    per_rank = (tracemalloc.get_traced_memory()[0] - base) / len(keys)
+    tracemalloc.stop()
+    assert len(snap.jobs[0].ranks) == len(keys)
+    assert per_rank < 40_000, per_rank
