@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from probe import wire
 
-SUBCOMMANDS = ("top", "run", "relay", "snapshot", "replay", "demo", "keys", "analyze", "calibrate")
+SUBCOMMANDS = ("top", "serve", "run", "relay", "snapshot", "replay", "demo", "keys", "doctor", "analyze", "calibrate")
 
 
 def _positive_float(raw: str) -> float:
@@ -37,6 +37,41 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _hostport(raw: str) -> Any:
+    from flowtop.metrics_http import MetricsAddressError, parse_hostport
+
+    try:
+        return parse_hostport(raw)
+    except MetricsAddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _non_negative_float(raw: str) -> float:
+    return 0.0 if raw.strip() in ("0", "0.0") else _positive_float(raw)
+
+
+def _prometheus_args(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument("--prometheus", type=_hostport, default=_hostport(default) if default else None, metavar="HOST:PORT",
+                   help="serve Prometheus/OpenMetrics at http://HOST:PORT/metrics" + (f" (default {default})" if default else ""))
+    p.add_argument("--prometheus-max-ranks", type=_positive_int, default=1024, metavar="N",
+                   help="jobs with more ranks get per-node series instead of per-rank ones (default 1024)")
+    p.add_argument("--prometheus-linger", type=_non_negative_float, default=60.0, metavar="S",
+                   help="seconds a finished job's series stay after its last bye (default 60)")
+
+
+def version_text() -> str:
+    """``flowtop --version``: the package, its wire and snapshot schema versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from flowtop.snapshot import SCHEMA
+
+    try:
+        mine = version("flowtop")
+    except PackageNotFoundError:
+        mine = "unknown (not installed)"
+    return f"flowtop {mine} (wire {wire.MAJOR}.{wire.MINOR}, snapshot {SCHEMA.split('/')[-1]})"
+
+
 def _monitor_args(p: argparse.ArgumentParser) -> None:
     default = os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
     p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env FLOWTOP_ADDR)")
@@ -49,9 +84,15 @@ def _monitor_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand except analyze/calibrate (which own theirs)."""
     ap = argparse.ArgumentParser(prog="flowtop", description="top for deep-learning training FLOPs")
+    ap.add_argument("--version", action="version", version=version_text())
     sub = ap.add_subparsers(dest="cmd")
     top = sub.add_parser("top", help="live monitor (the default)")
     _monitor_args(top)
+    _prometheus_args(top, None)
+    top.add_argument("--theme", choices=("dark", "light"), default="dark", help="colours (default dark)")
+    serve = sub.add_parser("serve", help="the monitor without a TUI, serving Prometheus metrics")
+    _monitor_args(serve)
+    _prometheus_args(serve, "127.0.0.1:9759")
     run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
     run.add_argument("--connect", default=None, help="monitor address the probe connects to (env FLOWTOP_ADDR)")
     run.add_argument("--job", default=None, help="job id (default: from torchrun's environment)")
@@ -67,10 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
     snap = sub.add_parser("snapshot", help="collect for a while and print the model")
     _monitor_args(snap)
-    snap.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to collect (default 5)")
+    snap.add_argument("--timeout", type=_positive_float, default=None, help="seconds to collect (default 5; --follow: none)")
     snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout)")
     snap.add_argument("--json", action="store_true", help="print JSON (schema in README)")
     snap.add_argument("--replay", default=None, metavar="FILE", help="read a recording instead of listening")
+    snap.add_argument("--follow", action="store_true", help="one snapshot JSON per line until interrupted (JSON Lines)")
+    snap.add_argument("--interval", type=_positive_float, default=1.0, metavar="S", help="--follow: seconds between lines (default 1)")
     rep = sub.add_parser("replay", help="play a recording back in the TUI")
     rep.add_argument("recording", help="file written by --record")
     rep.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
@@ -82,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 20 headless, 2000 live)")
     demo.add_argument("--headless", action="store_true", help="print the final JSON snapshot instead of the TUI")
     demo.add_argument("--listen", default=None, help="address for the demo's monitor (default: a free loopback port)")
+    from flowtop.doctor import add_arguments
+
+    add_arguments(sub.add_parser("doctor", help="check why nothing shows up: torch, NVML, the probe, address, keys, limits"))
     sub.add_parser("analyze", help="aggregate a torch.profiler Chrome trace (flowtop analyze -h)", add_help=False)
     sub.add_parser("calibrate", help="hardware FLOPs with Nsight Compute (flowtop calibrate -h)", add_help=False)
     return ap
@@ -98,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flowtop import calibrate
 
         return calibrate.main(args_list[1:])
-    if not args_list or args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help"):
+    if not args_list or args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version"):
         args_list = ["top", *args_list]
     args = build_parser().parse_args(args_list)
     if args.cmd == "run":
@@ -123,6 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.cmd == "snapshot":
         return _snapshot(args)
+    if args.cmd == "serve":
+        return _serve(args)
+    if args.cmd == "doctor":
+        from flowtop import doctor
+
+        return doctor.main(args)
     if args.cmd == "replay":
         return _replay(args)
     if args.cmd == "demo":
@@ -181,8 +233,44 @@ def _top(args: argparse.Namespace) -> int:
     from flowtop.app import FlowtopApp
 
     gcpolicy.for_monitor()
-    FlowtopApp(collector).run()
+    app = FlowtopApp(collector)
+    if args.theme == "light":
+        app.theme = "textual-light"
+    metrics = _metrics(args, lambda: app.data.latest)
+    if metrics is not None:
+        from flowtop.metrics_http import MetricsAddressError
+
+        try:
+            metrics.start()
+        except MetricsAddressError as exc:
+            print(f"flowtop: {exc}", file=sys.stderr)
+            return 2
+    try:
+        app.run()
+    finally:
+        if metrics is not None:
+            metrics.stop()
     return start_failed(collector)
+
+
+def _metrics(args: argparse.Namespace, latest: Any) -> Any:
+    """The ``--prometheus`` endpoint (not started), or None without the flag."""
+    if args.prometheus is None:
+        return None
+    from flowtop.exporter import ExportPolicy
+    from flowtop.metrics_http import MetricsServer
+
+    return MetricsServer(args.prometheus, latest, ExportPolicy(args.prometheus_max_ranks, args.prometheus_linger))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    collector = _collector(args)
+    if collector is None:
+        return 2
+    from flowtop import gcpolicy, serve
+
+    gcpolicy.for_monitor()
+    return serve.serve(collector, _metrics(args, lambda: None))
 
 
 def start_failed(source: Any) -> int:
@@ -249,6 +337,18 @@ def _snapshot(args: argparse.Namespace) -> int:
     from flowtop.snapshot import to_json
 
     failed = ""
+    if args.follow:
+        if args.replay:
+            print("flowtop: --follow reads a live monitor; use flowtop snapshot --replay FILE without it", file=sys.stderr)
+            return 2
+        collector = _collector(args)
+        if collector is None:
+            return 2
+        from flowtop import serve
+
+        return serve.follow(collector, args.interval, args.timeout, args.until_done)
+    if args.timeout is None:
+        args.timeout = 5.0
     if args.replay:
         from flowtop.recording import RecordingError, replay_all
 

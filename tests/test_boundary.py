@@ -31,7 +31,8 @@ def test_probe_imports_neither_textual_nor_flowtop() -> None:
     ["flowtop.collector", "flowtop.model", "flowtop.accounting", "flowtop.snapshot", "flowtop.wiring",
      "flowtop.textreport", "flowtop.runner", "flowtop.cli", "flowtop.claims", "flowtop.rankstate",
      "flowtop.datathread", "flowtop.clock", "flowtop.ticker", "flowtop.notices", "flowtop.rankviews",
-     "flowtop.recording", "flowtop.fdwatch", "flowtop.gcpolicy"],
+     "flowtop.recording", "flowtop.fdwatch", "flowtop.gcpolicy", "flowtop.exporter", "flowtop.metrics_http",
+     "flowtop.serve", "flowtop.selfload", "flowtop.doctor", "flowtop.doctor_checks"],
 )  # fmt: skip
 def test_monitor_data_side_imports_without_textual_or_torch(module: str) -> None:
     mods = _top(_modules_after(f"import {module}"))

@@ -1,0 +1,407 @@
+"""The Prometheus exporter: the latest snapshot as metric families, at scrape time. No Textual.
+
+:class:`SnapshotCollector` is a ``prometheus_client`` custom collector. At each scrape it reads
+the newest snapshot the data thread published (a reference to an immutable object) and turns its
+fields into samples; it computes no figure of its own — MFU, FLOP/s, step times, node aggregates
+(flowtop.rankview.node_group) and percentiles across ranks (flowtop.rankstats) all come from
+where the TUI gets them — and nothing runs between scrapes.
+
+Base units, ratios 0-1. Labels: ``job``, ``rank``, ``host``, ``local_rank``, ``relay`` (the host
+of the node relay the rank's frames came through, "" when direct), hints' ``id`` and
+``severity``, relays' ``relay``; never a step, a pid or any other value without a bound. Two
+bounds on the series:
+
+* A job of more than ``max_ranks`` rank rows gets per-node aggregates (``flowtop_node_*``,
+  labels ``job``, ``host``) instead of per-rank series.
+* A finished job (every rank said bye) is exported for ``linger_s`` seconds after its last bye,
+  then its series end; a job the model drops (done or silent for 10 minutes) ends at once.
+
+The metric list is in the README ("Prometheus"; a test holds it to a real scrape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    StateSetMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from flowtop.rankstats import job_percentiles
+from flowtop.rankview import job_context, node_group
+from flowtop.selfload import METER, LoadMeter
+from flowtop.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.widgets._telemetry import GPU_UTIL, TENSOR, fraction
+
+#: Jobs with more rank rows than this get per-node series instead of per-rank ones.
+DEFAULT_MAX_RANKS = 1024
+#: Seconds a finished job's series stay after its last bye.
+DEFAULT_LINGER_S = 60.0
+
+RANK_STATES = ("live", "stalled", "stale", "done")
+JOB_STATES = ("running", "stalled", "stale", "done")
+RELAY_STATES = ("live", "silent", "closed")
+#: Percentiles across ranks (flowtop.rankstats.PERCENTILES) as ``quantile`` label values.
+QUANTILES = ("0", "0.5", "0.95", "1")
+
+RANK_LABELS = ("job", "rank", "host", "local_rank", "relay")
+NODE_LABELS = ("job", "host")
+JOB_LABELS = ("job",)
+
+
+@dataclass(frozen=True)
+class ExportPolicy:
+    """What the exporter bounds: per-rank series up to ``max_ranks`` rank rows, a finished job
+    for ``linger_s`` seconds after its last bye."""
+
+    max_ranks: int = DEFAULT_MAX_RANKS
+    linger_s: float = DEFAULT_LINGER_S
+
+
+def _flops(attr: str) -> Callable[[Any], float | None]:
+    return lambda x: getattr(x.flops, attr) if x.flops is not None else None
+
+
+def _busy(r: RankSnapshot) -> float | None:
+    anatomy = getattr(r.kernels, "anatomy", None)
+    return getattr(anatomy, "busy_frac", None)
+
+
+# (name without the unit, unit, help, value of a rank); a None value leaves the sample out.
+RANK_GAUGES: tuple[tuple[str, str, str, Callable[[RankSnapshot], float | None]], ...] = (
+    ("flowtop_rank_model_flops_per_second", "", "Model FLOP/s of the rank (MFU's numerator)", _flops("flops_per_s")),
+    ("flowtop_rank_executed_flops_per_second", "", "Executed FLOP/s (HFU's numerator: recompute included)",
+     _flops("executed_flops_per_s")),
+    ("flowtop_rank_mfu", "ratio", "Model FLOP/s / dense peak of the dtype in use", _flops("mfu")),
+    ("flowtop_rank_hfu", "ratio", "Executed FLOP/s / dense peak of the dtype in use", _flops("hfu")),
+    ("flowtop_rank_peak_flops_per_second", "", "Dense peak FLOP/s the rank's MFU is against", _flops("peak_flops")),
+    ("flowtop_rank_step", "seconds", "Median wall time of the rank's recent steps", lambda r: r.step_time_s),
+    ("flowtop_rank_device_step", "seconds", "Device (CUDA event) time of the latest step", lambda r: r.device_time_s),
+    ("flowtop_rank_tokens_per_second", "", "Tokens per second (0 while stalled or stale)", lambda r: r.tokens_per_s),
+    ("flowtop_rank_tokens_per_step", "", "Tokens entering the first embedding per step", lambda r: r.tokens_per_step),
+    ("flowtop_rank_input_wait", "ratio", "Share of the step spent waiting for input", lambda r: r.input_wait_frac),
+    ("flowtop_rank_device_busy", "ratio", "Share of the last kernel window's step with device work", _busy),
+    ("flowtop_rank_gpu_utilization", "ratio", "NVML GPU utilisation", lambda r: fraction(r.telemetry, GPU_UTIL)),
+    ("flowtop_rank_tensor_active", "ratio", "GPM tensor-pipe activity", lambda r: fraction(r.telemetry, TENSOR)),
+    ("flowtop_rank_probe_overhead", "ratio", "The probe's own training-thread time / step",
+     lambda r: r.probe_overhead_frac),
+    ("flowtop_rank_step_index", "", "The rank's latest step", lambda r: r.step),
+)
+RANK_COUNTERS: tuple[tuple[str, str, Callable[[RankSnapshot], int]], ...] = (
+    ("flowtop_rank_lost_messages", "Probe messages lost on the way (sequence gaps)", lambda r: r.lost_messages),
+    ("flowtop_rank_dropped_messages", "Messages the probe's bounded queue dropped", lambda r: r.dropped_messages),
+)
+JOB_GAUGES: tuple[tuple[str, str, str, Callable[[JobSnapshot], float | None]], ...] = (
+    ("flowtop_job_model_flops_per_second", "", "Model FLOP/s summed over the job's ranks", _flops("flops_per_s")),
+    ("flowtop_job_executed_flops_per_second", "", "Executed FLOP/s summed over the job's ranks",
+     _flops("executed_flops_per_s")),
+    ("flowtop_job_mfu", "ratio", "Job MFU: sum of model FLOP/s / sum of peaks", _flops("mfu")),
+    ("flowtop_job_hfu", "ratio", "Job HFU: sum of executed FLOP/s / sum of peaks", _flops("hfu")),
+    ("flowtop_job_peak_flops_per_second", "", "Sum of the ranks' dense peaks", _flops("peak_flops")),
+    ("flowtop_job_step", "seconds", "The slowest rank's median step time", lambda j: j.step_time_s),
+    ("flowtop_job_tokens_per_second", "", "Tokens per second summed over the ranks", lambda j: j.tokens_per_s),
+    ("flowtop_job_step_index", "", "Lowest step among the live ranks", lambda j: j.step),
+    ("flowtop_job_world_size", "", "World size the ranks report", lambda j: j.world_size),
+    ("flowtop_job_ranks_seen", "", "Distinct rank numbers that said hello", lambda j: j.ranks_seen),
+    ("flowtop_job_rank_conflicts", "", "Rank numbers claimed by more than one live process",
+     lambda j: j.rank_conflicts),
+)
+#: Per-node aggregates (flowtop.rankview.NodeGroup) of a job above the rank cap.
+NODE_GAUGES: tuple[tuple[str, str, str, Callable[[Any], float | None]], ...] = (
+    ("flowtop_node_ranks", "", "Rank processes on the node", lambda g: len(g.ranks)),
+    ("flowtop_node_model_flops_per_second", "", "Model FLOP/s summed over the node's ranks", lambda g: g.flops_per_s),
+    ("flowtop_node_tokens_per_second", "", "Tokens per second summed over the node's ranks",
+     lambda g: g.tokens_per_s),
+    ("flowtop_node_mfu_min", "ratio", "Lowest MFU among the node's ranks", lambda g: g.mfu_min),
+    ("flowtop_node_mfu_median", "ratio", "Median MFU of the node's ranks", lambda g: g.mfu_median),
+    ("flowtop_node_step_max", "seconds", "Slowest median step time among the node's ranks",
+     lambda g: g.step_time_max),
+    ("flowtop_node_input_wait_max", "ratio", "Largest input-wait share among the node's ranks",
+     lambda g: g.input_wait_max),
+    ("flowtop_node_step_lag_max", "", "Most steps a rank of the node is behind the job's lead", lambda g: g.max_lag),
+    ("flowtop_node_step_index_min", "", "Lowest step among the node's ranks", lambda g: g.step_min),
+)
+#: (name, unit, help, JobPercentiles field): percentiles across the job's running ranks.
+JOB_QUANTILES = (
+    ("flowtop_job_rank_step", "seconds", "Percentiles of the ranks' median step times", "step_time_s"),
+    ("flowtop_job_rank_mfu", "ratio", "Percentiles of the ranks' MFU (stalled ranks count 0)", "mfu"),
+    ("flowtop_job_rank_input_wait", "ratio", "Percentiles of the ranks' input-wait shares", "input_wait_frac"),
+)
+
+
+def _full(name: str, unit: str) -> str:
+    return f"{name}_{unit}" if unit else name
+
+
+def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
+    """The host of a rank's relay ("" when it connects directly): relays serve their own node."""
+    if not relay_id:
+        return ""
+    for rel in snap.relays:
+        if rel.relay == relay_id:
+            return str(rel.host)
+    host = relay_id.rpartition(":")[0].rpartition(":")[0]  # id is host:pid:nonce
+    return host or relay_id
+
+
+def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapshot]:
+    """The jobs that have series: all but those finished more than ``linger_s`` ago."""
+    out = []
+    for j in snap.jobs:
+        if j.status == "done" and j.ranks:
+            since_bye = min(r.age_s(snap.taken_at) for r in j.ranks)
+            if since_bye >= policy.linger_s:
+                continue
+        out.append(j)
+    return out
+
+
+def _rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
+    """One rank row per label set: of two processes claiming one rank on one host (a conflict,
+    counted in flowtop_job_rank_conflicts) the newest incarnation, then the latest heard."""
+    best: dict[tuple[int, str, int], RankSnapshot] = {}
+    for r in job.ranks:
+        key = (r.rank, r.host, r.local_rank)
+        old = best.get(key)
+        if old is None or (r.incarnation, r.heard_at) > (old.incarnation, old.heard_at):
+            best[key] = r
+    return sorted(best.values(), key=lambda r: (r.rank, r.host))
+
+
+class _Families:
+    """Metric families of one scrape, created on first use (a family without samples is still
+    written, with its help: the names stay visible to a dashboard before the first job)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, Any] = {}
+
+    def gauge(self, name: str, unit: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
+        key = _full(name, unit)
+        if key not in self.items:
+            self.items[key] = GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+        return self.items[key]
+
+    def counter(self, name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
+        if name not in self.items:
+            self.items[name] = CounterMetricFamily(name, doc, labels=list(labels))
+        return self.items[name]
+
+    def states(self, name: str, doc: str, labels: Iterable[str]) -> StateSetMetricFamily:
+        if name not in self.items:
+            self.items[name] = StateSetMetricFamily(name, doc, labels=list(labels))
+        return self.items[name]
+
+
+def _states(current: str, states: tuple[str, ...]) -> dict[str, bool]:
+    return {s: s == current for s in states}
+
+
+def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy(),
+             meter: LoadMeter | None = METER) -> list[Any]:
+    """The metric families of ``snap`` (the monitor's own figures only, before the first)."""
+    fam = _Families()
+    _declare(fam)
+    load = meter.read(snap.taken_at if snap else None, snap.received if snap else None) if meter else None
+    if load is not None and load.cpu_ratio is not None:
+        fam.gauge("flowtop_monitor_cpu", "ratio", "", ()).add_metric([], load.cpu_ratio)
+    if load is not None and load.frames_per_s is not None:
+        fam.gauge("flowtop_monitor_frames_per_second", "", "", ()).add_metric([], load.frames_per_s)
+    if snap is None:
+        return list(fam.items.values())
+    info = InfoMetricFamily("flowtop_monitor", "The monitor: its listen address and version",
+                            value={"listen": snap.listen, "version": _version()})
+    fam.items["flowtop_monitor"] = info
+    fam.counter("flowtop_monitor_frames_received", "", ()).add_metric([], snap.received)
+    fam.counter("flowtop_monitor_frames_rejected", "", ()).add_metric([], snap.rejected)
+    fam.counter("flowtop_monitor_ranks_evicted_for_room", "", ()).add_metric([], snap.ranks_evicted_for_room)
+    fam.gauge("flowtop_monitor_snapshot_clock", "seconds", "", ()).add_metric([], snap.taken_at)
+    jobs = exported_jobs(snap, policy)
+    fam.gauge("flowtop_monitor_jobs", "", "", ()).add_metric([], len(jobs))
+    for job in jobs:
+        _job(fam, job, snap, policy)
+    _relays(fam, snap)
+    return list(fam.items.values())
+
+
+def _declare(fam: _Families) -> None:
+    """Create every family with its help text (samples are added as the snapshot has them)."""
+    monitor = (
+        ("flowtop_monitor_cpu", "ratio", "The monitor process's CPU seconds per second (1 = one core), last 5 s"),
+        ("flowtop_monitor_frames_per_second", "", "Frames the monitor received per second, last 5 s"),
+        ("flowtop_monitor_snapshot_clock", "seconds", "Monitor clock of the snapshot the values are from "
+         "(taken_at of the same snapshot's JSON)"),
+        ("flowtop_monitor_jobs", "", "Jobs exported"),
+    )
+    for name, unit, doc in monitor:
+        fam.gauge(name, unit, doc, ())
+    for name, doc in (("flowtop_monitor_frames_received", "Frames received"),
+                      ("flowtop_monitor_frames_rejected", "Frames rejected (malformed, refused handshakes, caps)"),
+                      ("flowtop_monitor_ranks_evicted_for_room", "Ended ranks forgotten early at the caps")):
+        fam.counter(name, doc, ())
+    for name, unit, doc, _ in RANK_GAUGES:
+        fam.gauge(name, unit, doc, RANK_LABELS)
+    fam.gauge("flowtop_rank_last_seen", "seconds", "Seconds since the monitor last heard from the rank",
+              RANK_LABELS)
+    for name, doc, _ in RANK_COUNTERS:
+        fam.counter(name, doc, RANK_LABELS)
+    fam.states("flowtop_rank_status", "Rank status: live, stalled (talks, no step), stale (silent), done",
+               RANK_LABELS)
+    for name, unit, doc, _ in JOB_GAUGES:
+        fam.gauge(name, unit, doc, JOB_LABELS)
+    for name, unit, doc, _ in JOB_QUANTILES:
+        fam.gauge(name, unit, doc + " (quantile 0, 0.5, 0.95, 1 across running ranks)", ("job", "quantile"))
+    fam.states("flowtop_job_status", "Job status: running, stalled, stale, done", JOB_LABELS)
+    fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", ("job", "status"))
+    fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
+              "(more ranks than --prometheus-max-ranks)", JOB_LABELS)
+    fam.gauge("flowtop_job_hints", "", "Active bottleneck hints by id and severity", ("job", "id", "severity"))
+    fam.gauge("flowtop_job_hint_impact", "ratio", "Largest estimated share of step time at stake among the "
+              "active hints of that id", ("job", "id", "severity"))
+    fam.counter("flowtop_job_lost_messages", "Lost messages summed over the job's ranks", JOB_LABELS)
+    fam.counter("flowtop_job_dropped_messages", "Dropped messages summed over the job's ranks", JOB_LABELS)
+    for name, unit, doc, _ in NODE_GAUGES:
+        fam.gauge(name, unit, doc + " (jobs above the rank cap)", NODE_LABELS)
+    fam.states("flowtop_node_status", "Worst rank status on the node (jobs above the rank cap)", NODE_LABELS)
+    fam.counter("flowtop_node_lost_messages", "Lost messages summed over the node's ranks", NODE_LABELS)
+    fam.counter("flowtop_node_dropped_messages", "Dropped messages summed over the node's ranks", NODE_LABELS)
+    fam.states("flowtop_relay_status", "Node relay status: live, silent (3 s), closed", ("relay",))
+    fam.gauge("flowtop_relay_ranks", "", "Ranks whose latest frame came through the relay", ("relay",))
+    fam.counter("flowtop_relay_frames_in", "Frames the relay received from its ranks", ("relay",))
+    fam.counter("flowtop_relay_frames_out", "Frames the relay sent upstream", ("relay",))
+    fam.counter("flowtop_relay_drops", "Frames the relay dropped", ("relay",))
+    fam.gauge("flowtop_relay_link_lag", "seconds", "How much later than its fastest path the relay's latest "
+              "batch arrived", ("relay",))
+
+
+def _job(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy) -> None:
+    name = job.job
+    for metric, unit, doc, get in JOB_GAUGES:
+        value = get(job)
+        if value is not None:
+            fam.gauge(metric, unit, doc, JOB_LABELS).add_metric([name], value)
+    fam.states("flowtop_job_status", "", JOB_LABELS).add_metric([name], _states(job.status, JOB_STATES))
+    by_status = dict.fromkeys(RANK_STATES, 0)
+    for r in job.ranks:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    ranks = fam.gauge("flowtop_job_ranks", "", "", ())
+    for status, n in by_status.items():
+        ranks.add_metric([name, status], n)
+    pct = job_percentiles(job)
+    for metric, unit, doc, attr in JOB_QUANTILES:
+        values = getattr(pct, attr)
+        if values is not None:
+            g = fam.gauge(metric, unit, doc, ())
+            for q, v in zip(QUANTILES, values):
+                g.add_metric([name, q], v)
+    _hints(fam, job)
+    fam.counter("flowtop_job_lost_messages", "", ()).add_metric([name], sum(r.lost_messages for r in job.ranks))
+    fam.counter("flowtop_job_dropped_messages", "", ()).add_metric(
+        [name], sum(r.dropped_messages for r in job.ranks))
+    per_rank = len(job.ranks) <= policy.max_ranks
+    fam.gauge("flowtop_job_rank_series", "", "", ()).add_metric([name], 1 if per_rank else 0)
+    if per_rank:
+        _ranks(fam, job, snap)
+    else:
+        _nodes(fam, job)
+
+
+def _hints(fam: _Families, job: JobSnapshot) -> None:
+    counts: dict[tuple[str, str], int] = {}
+    impact: dict[tuple[str, str], float] = {}
+    for h in job.hints:
+        if h.ended:
+            continue
+        key = (h.id, h.severity)
+        counts[key] = counts.get(key, 0) + 1
+        impact[key] = max(impact.get(key, 0.0), float(h.impact))
+    hints = fam.gauge("flowtop_job_hints", "", "", ())
+    share = fam.gauge("flowtop_job_hint_impact", "ratio", "", ())
+    for (hid, severity), n in sorted(counts.items()):
+        hints.add_metric([job.job, hid, severity], n)
+        share.add_metric([job.job, hid, severity], impact[(hid, severity)])
+
+
+def _ranks(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
+    gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in RANK_GAUGES]
+    counters = [(fam.counter(n, d, ()), get) for n, d, get in RANK_COUNTERS]
+    seen = fam.gauge("flowtop_rank_last_seen", "seconds", "", ())
+    status = fam.states("flowtop_rank_status", "", ())
+    for r in _rank_rows(job):
+        labels = [job.job, str(r.rank), r.host, str(r.local_rank), relay_host(r.relay, snap)]
+        for g, get in gauges:
+            value = get(r)
+            if value is not None:
+                g.add_metric(labels, value)
+        for c, get in counters:
+            c.add_metric(labels, get(r))
+        seen.add_metric(labels, r.age_s(snap.taken_at))
+        status.add_metric(labels, _states(r.status, RANK_STATES))
+
+
+def _nodes(fam: _Families, job: JobSnapshot) -> None:
+    ctx = job_context(job.ranks)
+    by_host: dict[str, list[RankSnapshot]] = {}
+    for r in job.ranks:
+        by_host.setdefault(r.host, []).append(r)
+    gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in NODE_GAUGES]
+    status = fam.states("flowtop_node_status", "", ())
+    lost = fam.counter("flowtop_node_lost_messages", "", ())
+    dropped = fam.counter("flowtop_node_dropped_messages", "", ())
+    for host in sorted(by_host):
+        members = by_host[host]
+        group = node_group(host, members, ctx)
+        labels = [job.job, host]
+        for g, get in gauges:
+            value = get(group)
+            if value is not None:
+                g.add_metric(labels, value)
+        status.add_metric(labels, _states(group.worst_status, RANK_STATES))
+        lost.add_metric(labels, sum(r.lost_messages for r in members))
+        dropped.add_metric(labels, sum(r.dropped_messages for r in members))
+
+
+def _relays(fam: _Families, snap: MonitorSnapshot) -> None:
+    newest: dict[str, Any] = {}  # one series per relay host: the most recently heard relay there
+    for rel in snap.relays:
+        old = newest.get(rel.host)
+        if old is None or rel.age_s < old.age_s:
+            newest[rel.host] = rel
+    for host in sorted(newest):
+        rel = newest[host]
+        fam.states("flowtop_relay_status", "", ()).add_metric([host], _states(rel.status, RELAY_STATES))
+        fam.gauge("flowtop_relay_ranks", "", "", ()).add_metric([host], rel.ranks)
+        fam.counter("flowtop_relay_frames_in", "", ()).add_metric([host], rel.frames_in)
+        fam.counter("flowtop_relay_frames_out", "", ()).add_metric([host], rel.frames_out)
+        fam.counter("flowtop_relay_drops", "", ()).add_metric([host], rel.drops)
+        fam.gauge("flowtop_relay_link_lag", "seconds", "", ()).add_metric([host], rel.link_lag_s)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("flowtop")
+    except Exception:  # a source tree that was never installed
+        return "unknown"
+
+
+class SnapshotCollector(Collector):
+    """A ``prometheus_client`` collector of the latest snapshot: ``latest()`` is called at each
+    scrape (on the HTTP server's thread) and must only return a reference."""
+
+    def __init__(self, latest: Callable[[], MonitorSnapshot | None], policy: ExportPolicy = ExportPolicy(),
+                 meter: LoadMeter | None = METER) -> None:
+        self._latest = latest
+        self.policy = policy
+        self._meter = meter
+
+    def describe(self) -> list[Any]:
+        return []  # no scrape at registration
+
+    def collect(self) -> Iterator[Any]:
+        yield from families(self._latest(), self.policy, self._meter)

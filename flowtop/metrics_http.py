@@ -1,0 +1,126 @@
+"""The exporter's HTTP endpoint (``--prometheus HOST:PORT``). No Textual.
+
+``/metrics`` is prometheus_client's own WSGI app over a registry holding the snapshot collector
+(flowtop.exporter) and the process collector (``process_cpu_seconds_total``, memory, open
+files): Prometheus text, or OpenMetrics when the scraper asks for it. ``/snapshot.json`` is the
+same latest snapshot as the documented JSON (flowtop.snapshot.to_json), so a script can read
+both at one moment (``flowtop_monitor_snapshot_clock_seconds`` = its ``taken_at``). The server
+runs on threads of its own; a scrape only reads the newest published snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from socketserver import ThreadingMixIn
+
+from flowtop.exporter import ExportPolicy, SnapshotCollector
+from flowtop.snapshot import MonitorSnapshot, to_json
+
+
+class MetricsAddressError(ValueError):
+    """A ``--prometheus`` value that is not HOST:PORT, or a port that cannot be bound."""
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def url(self, path: str = "/metrics") -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{path}"
+
+
+def parse_hostport(raw: str) -> HostPort:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``; PORT 0 takes a free one) → :class:`HostPort`."""
+    text = raw.strip()
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""  # an IPv6 literal without brackets is ambiguous
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+        raise MetricsAddressError(f"bad --prometheus {raw!r}: expected HOST:PORT (PORT 0-65535, "
+                                  "IPv6 as [::1]:PORT), e.g. 127.0.0.1:9759 or 0.0.0.0:9759")
+    return HostPort(host, int(port_text))
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        """No access log on stderr."""
+
+
+class MetricsServer:
+    """Serves ``/metrics`` and ``/snapshot.json`` of ``latest()`` at ``where``.
+
+    Args:
+        where: Address to bind.
+        latest: Returns the newest published snapshot (a reference; called per request).
+        policy: Rank cap and finished-job linger of the exporter.
+    """
+
+    def __init__(self, where: HostPort, latest: Callable[[], MonitorSnapshot | None],
+                 policy: ExportPolicy = ExportPolicy()) -> None:
+        self.where = where
+        self.latest = latest
+        self.registry = CollectorRegistry()
+        self.registry.register(SnapshotCollector(lambda: self.latest(), policy))  # latest may be replaced
+        ProcessCollector(registry=self.registry)
+        self._metrics = make_wsgi_app(self.registry)
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> HostPort:
+        """Bind and serve on a thread; returns the bound address (PORT 0 resolved).
+
+        Raises :class:`MetricsAddressError` when the address cannot be bound."""
+        try:
+            family = socket.getaddrinfo(self.where.host, self.where.port, type=socket.SOCK_STREAM)[0][0]
+        except socket.gaierror as exc:
+            raise MetricsAddressError(f"cannot serve metrics on {self.where.host}:{self.where.port}: {exc}") from None
+        server_cls = type("_FamilyServer", (_Server,), {"address_family": family})
+        try:
+            self._httpd = make_server(self.where.host, self.where.port, self._app, server_cls, _Quiet)
+        except OSError as exc:
+            raise MetricsAddressError(
+                f"cannot serve metrics on {self.where.host}:{self.where.port}: {exc.strerror or exc}"
+                " (is another flowtop serve running? pick another --prometheus port)") from None
+        self.where = HostPort(self.where.host, self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="flowtop-metrics", daemon=True)
+        self._thread.start()
+        return self.where
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/snapshot.json":
+            snap = self.latest()
+            body = json.dumps(to_json(snap) if snap is not None else None).encode()
+            start_response("200 OK" if snap is not None else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if path in ("/", ""):
+            body = (b"flowtop monitor: /metrics (Prometheus, OpenMetrics), /snapshot.json (the latest snapshot)\n")
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [body]
+        if path != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: try /metrics or /snapshot.json\n"]
+        return self._metrics(environ, start_response)
