@@ -97,6 +97,23 @@ def _str_list(max_items: int, max_len: int = 4096) -> Check:
     )
 
 
+#: Parallel roles a rank's coordinates name (hello ``coords``): data, tensor, pipeline, context
+#: and expert parallelism.
+PARALLEL_ROLES = ("dp", "tp", "pp", "cp", "ep")
+
+
+def _coords(v: Any) -> bool:
+    """Parallel coordinates: role -> [rank, size] with 0 <= rank < size (probe.parallel)."""
+    return isinstance(v, dict) and len(v) <= len(PARALLEL_ROLES) and all(
+        k in PARALLEL_ROLES and isinstance(rs, list) and len(rs) == 2 and _int(0, 1 << 24)(rs[0])
+        and _int(1, 1 << 24)(rs[1]) and rs[0] < rs[1] for k, rs in v.items()
+    )
+
+
+def _int_list(max_items: int, hi: int = 1 << 24) -> Check:
+    return lambda v: isinstance(v, list) and len(v) <= max_items and all(_int(0, hi)(x) for x in v)
+
+
 def _counts(max_items: int = 1000) -> Check:
     """A map of short names to non-negative integers (e.g. uncounted ops)."""
     return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
@@ -257,6 +274,12 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         # Where the rank came from: "argument", a launcher variable ("RANK", ...), "process
         # group" or "none" (nothing said: rank 0 by default, which several processes may claim).
         "rank_source": (False, _str(32)),
+        # Parallel coordinates of this rank (probe.parallel): role ("dp", "tp", "pp", "cp", "ep")
+        # -> [rank, size], read from the device mesh and the pipeline stage; where they came from;
+        # the pipeline stage indices this rank runs. Absent: not known (the monitor then sums tokens).
+        "coords": (False, _coords),
+        "coords_source": (False, _str(256)),
+        "pp_stages": (False, _int_list(64)),
     },
     "step": {
         "step": (True, _int()),
