@@ -292,6 +292,9 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "lead_s": (False, _opt(_num(0, 1e7))),
         "micro_batches": (False, _int(0, 1 << 20)),
         "probe_s": (False, _opt(_num(0, 1e7))),
+        # Compute time of this rank's pipeline stage(s) in a recent step: its forward and backward
+        # chunks, waits for neighbour stages excluded (probe.pipeline); absent outside pipelines.
+        "stage_s": (False, _opt(_num(0, 1e7))),
         "drops": (True, _int()),
         # Monitor commands this rank refused so far (rate limit or malformed).
         "commands_refused": (False, _int()),
