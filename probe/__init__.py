@@ -95,7 +95,7 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
         p.install()
         atexit.register(_at_exit)
         if cfg.bye_on_sigterm:
-            _say_bye_on_sigterm()
+            _say_bye_on_sigterm(p)
         return True
     except Exception as exc:
         warn_once("attach", f"probe disabled: {type(exc).__name__}: {exc}")
@@ -204,30 +204,15 @@ def _at_exit() -> None:
     detach("exit")
 
 
-def _say_bye_on_sigterm() -> None:
+def _say_bye_on_sigterm(p: Any) -> None:
     """SIGTERM (torchrun tearing a job down, Slurm's scancel) ends Python without atexit, so the
-    rank would only ever look stale. Where nobody handles SIGTERM, say bye first, then die of
-    the signal as before (same exit status). A handler of the user's is left alone.
-
-    Opt-in (FLOWTOP_BYE_ON_SIGTERM=1): a Python handler runs only when the main thread is back
-    in Python, so a rank hung inside a collective would no longer die of SIGTERM at once."""
-    import signal
-    import threading
-
+    rank would only ever look stale: say bye first, then die of the signal as before (same exit
+    status, as promptly), wherever the main thread is (probe.sigterm). A handler of the
+    user's is left alone."""
     try:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return
+        from probe import sigterm
 
-        def on_term(signum: int, frame: Any) -> None:
-            try:
-                detach("SIGTERM")
-            finally:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_term)
+        sigterm.install(p.on_sigterm, p.publisher.add_tick)
     except Exception as exc:  # never into training
         warn_once("sigterm", f"no bye on SIGTERM: {exc}")
 
@@ -236,6 +221,12 @@ def _after_fork_in_child() -> None:
     # DataLoader workers fork the rank: an inherited ZeroMQ socket must not be used.
     global _probe
     p, _probe = _probe, None
+    try:
+        from probe import sigterm
+
+        sigterm.after_fork_in_child()  # before anything else: its signals are its own
+    except Exception:
+        pass
     if p is not None:
         try:
             p.abandon_in_child()

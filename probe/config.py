@@ -38,7 +38,7 @@ class ProbeConfig:
     calibrate_out: str | None = None  # FLOWTOP_CALIBRATE_OUT: JSON lines per step
     job: str | None = None  # FLOWTOP_JOB: explicit job id
     curve_dir: str | None = None  # FLOWTOP_CURVE_DIR: CURVE keys (flowtop keys DIR)
-    bye_on_sigterm: bool = False  # FLOWTOP_BYE_ON_SIGTERM: say bye "SIGTERM" before dying of it
+    bye_on_sigterm: bool = True  # FLOWTOP_BYE_ON_SIGTERM: say bye "SIGTERM" before dying of it
 
 
 def _parse(env: Mapping[str, str], name: str, conv: Callable[[str], T], default: T) -> T:
@@ -128,5 +128,5 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         calibrate_out=e.get("FLOWTOP_CALIBRATE_OUT") or None,
         job=e.get("FLOWTOP_JOB") or None,
         curve_dir=e.get("FLOWTOP_CURVE_DIR") or None,
-        bye_on_sigterm=_parse(e, "FLOWTOP_BYE_ON_SIGTERM", _bool, False),
+        bye_on_sigterm=_parse(e, "FLOWTOP_BYE_ON_SIGTERM", _bool, d.bye_on_sigterm),
     )

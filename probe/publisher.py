@@ -80,6 +80,7 @@ class Publisher:
         self._ticks: list[tuple[float, Tick]] = []  # may grow while the sender runs
         self._control_handlers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
+        self._sock: Any = None  # the sender thread's socket, while it runs
         self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
         self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
@@ -139,6 +140,24 @@ class Publisher:
         self._stop = True
         thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
 
+    def on_sender_thread(self) -> bool:
+        """Whether the caller is the sender thread (the only one that may touch the socket)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def send_now(self, kind: str, fields: dict[str, Any]) -> None:
+        """Sender thread only: send one message at once, ahead of anything pending (a bye
+        just before the process dies). Never blocks; a full pipe loses it."""
+        sock = self._sock
+        if sock is None or not self.on_sender_thread():
+            return
+        import zmq
+
+        try:
+            sock.send(wire.encode(kind, self.key, self._seq, time.time(), fields), zmq.NOBLOCK)
+            self._seq += 1
+        except zmq.ZMQError:
+            pass
+
     def abandon(self) -> None:
         """Forget the thread and sockets without touching them (after fork in a child)."""
         self._thread = None
@@ -175,6 +194,7 @@ class Publisher:
                 sock.setsockopt(zmq.IPV6, 1)
             link = _Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
+            self._sock = sock
             self._loop(zmq, sock, link)
         except Exception as exc:  # the probe never takes training down
             warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")

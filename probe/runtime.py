@@ -351,6 +351,17 @@ class Probe:
         self.publisher.publish("bye", {"reason": reason, "steps": self.tracker.step, "drops": self.publisher.drops})
         self.publisher.close(timeout_s=0.5)
 
+    def on_sigterm(self, reason: str) -> None:
+        """Say bye before the process dies of SIGTERM (probe.sigterm): from the sender thread
+        straight onto its socket, from the main thread through a normal detach."""
+        if self.publisher.on_sender_thread():
+            self.publisher.send_now("bye", {"reason": reason, "steps": self.tracker.step,
+                                            "drops": self.publisher.drops})
+            return
+        import probe
+
+        probe.detach(reason)
+
     def _tracking_failed(self) -> None:
         """Step tracking broke: the whole probe steps aside (training goes on)."""
         import probe

@@ -1,0 +1,111 @@
+"""A bye on SIGTERM that never keeps a rank alive.
+
+torchrun tearing a job down and Slurm's ``scancel`` send SIGTERM, which ends Python without
+atexit: the rank would only ever look stale. A plain Python handler runs only when the main
+thread is back in Python, so a rank hung inside a collective would no longer die of SIGTERM
+at once. Here the signal is seen by the probe's sender thread instead, through Python's
+signal wakeup fd: it says bye, restores the default disposition (libc, callable from any
+thread) and re-raises, so the process dies of SIGTERM exactly as it would without the probe,
+within about 0.5 s, wherever its main thread is. A Python handler stays as the fallback for
+when the sender thread cannot act.
+
+Installed only where nobody handles SIGTERM and nobody uses the wakeup fd (asyncio does when a
+loop with signal handlers runs in the main thread); a forked child (DataLoader worker) drops
+the wakeup fd at once, or its signals would reach the parent's sender thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+from probe._log import warn_once
+
+_state: dict[str, Any] = {}
+
+
+def install(on_term: Callable[[str], None], add_tick: Callable[[float, Callable[[], None]], None]) -> bool:
+    """Watch for SIGTERM (main thread only). ``on_term(reason)`` says bye and returns within
+    ~0.5 s; ``add_tick`` schedules the sender thread's watch. True when the watch is set."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False  # the user's (or a framework's) handler decides
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    if previous != -1:  # somebody else reads signals this way: leave it to them
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        return False
+    _state.update(read=r, write=w, done=threading.Lock(), on_term=on_term)
+    signal.signal(signal.SIGTERM, _main_thread_handler)
+    add_tick(0.0, _watch)
+    return True
+
+
+def after_fork_in_child() -> None:
+    """A forked child must not write its signals into the parent's pipe."""
+    fds = (_state.get("read"), _state.get("write"))
+    if fds[0] is None:
+        return
+    _state.clear()
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+    for fd in fds:
+        try:
+            os.close(fd)  # type: ignore[arg-type]
+        except OSError:
+            pass
+
+
+def _watch() -> None:
+    """Sender thread: a SIGTERM byte in the wakeup pipe -> bye, then die of the signal."""
+    try:
+        data = os.read(_state["read"], 512)
+    except (BlockingIOError, KeyError, OSError):
+        return
+    if signal.SIGTERM in data:
+        _terminate()
+
+
+def _main_thread_handler(signum: int, frame: Any) -> None:
+    _terminate()
+
+
+def _terminate() -> None:
+    """Say bye once (whichever thread gets here first), then die of SIGTERM."""
+    lock = _state.get("done")
+    if lock is None or not lock.acquire(blocking=False):
+        return
+    try:
+        deadline = time.monotonic() + 0.5
+        _state["on_term"]("SIGTERM")
+        while time.monotonic() < deadline and _state.get("flushing", lambda: False)():
+            time.sleep(0.01)
+    except Exception as exc:  # noqa: BLE001 - dying must not depend on the bye
+        warn_once("sigterm-bye", f"no bye on SIGTERM: {exc}")
+    finally:
+        _die()
+
+
+def _die() -> None:
+    """Default disposition back, from any thread (libc), and the signal again."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(int(signal.SIGTERM), ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)  # delivery is asynchronous
+    finally:
+        os._exit(128 + int(signal.SIGTERM))  # only if the signal could not end us
