@@ -110,6 +110,7 @@ def train(pub: Publisher, steps: int, wait_s: float = 0.0) -> None:
     pub.publish("flops", {"step": 2, "model_flops": MODEL_FLOPS, "executed_flops": 1.25 * MODEL_FLOPS,
                           "attention": "full", "dtype": "fp32", "peak_flops": PEAK, "peak_source": "test",
                           "uncounted": {}, "tokens": TOKENS})
+    pub.publish("telemetry", {"gpu": {"gpu_util": 87.0, "tensor_active": 41.0}, "proc": {}})
 
 
 @pytest.fixture
@@ -135,8 +136,8 @@ def _start(made: list[Any], policy: ExportPolicy, layout: list[tuple[str, int]],
 
 def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
     mon, _ = _start(made, ExportPolicy(), [("node-a", 0), ("node-a", 1)], wait_s=0.01)
-    mon.wait(lambda s: s["jobs"] and all(r["mfu"] for r in s["jobs"][0]["ranks"]) and len(s["jobs"][0]["ranks"]) == 2
-             and any(h["id"] == "input_wait" for h in s["jobs"][0]["hints"]))
+    mon.wait(lambda s: s["jobs"] and all(r["mfu"] and r["telemetry"] for r in s["jobs"][0]["ranks"])
+             and len(s["jobs"][0]["ranks"]) == 2 and any(h["id"] == "input_wait" for h in s["jobs"][0]["hints"]))
     text, snap = mon.moment()
     assert_valid_snapshot(snap)
     job = snap["jobs"][0]
@@ -170,6 +171,12 @@ def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
     for name, field in job_fields.items():
         (s,) = by_name(text, name)
         assert s.labels == {"job": "job-a"} and s.value == pytest.approx(job[field], rel=1e-12), name
+    # NVML and GPM report percent: exported as ratios.
+    for name, key in (("flowtop_rank_gpu_utilization_ratio", "gpu_util"), ("flowtop_rank_tensor_active_ratio",
+                                                                           "tensor_active")):
+        got = by_name(text, name)
+        assert len(got) == 2 and all(s.value == ranks[s.labels["rank"]]["telemetry"]["device"][key] / 100 for s in got)
+        assert {s.value for s in got} == {0.87 if key == "gpu_util" else 0.41}
     active = {(h["id"], h["severity"]) for h in job["hints"] if not h["ended"]}
     assert ("input_wait", "warning") in active  # 20 % of each step waiting for input
     assert {(s.labels["id"], s.labels["severity"]) for s in by_name(text, "flowtop_job_hints")} == active

@@ -1,0 +1,96 @@
+"""contrib/grafana/flowtop.json: every metric its PromQL names is one a real exporter writes (with
+samples), scraped over HTTP from real publishers; the panels the README promises are there."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from flowtop.exporter import ExportPolicy
+from flowtop.metrics_http import HostPort, MetricsServer
+from test_prometheus import _start, http_get, made  # noqa: F401  (made: the fixture)
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "flowtop.json"
+#: Needs a kernel window (a profiled step): the scrape must declare it, samples come with windows.
+NEEDS_A_WINDOW = {"flowtop_rank_device_busy_ratio"}
+#: PromQL words that are not metric names.
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
+
+
+def expressions(dash: dict[str, Any]) -> Iterator[str]:
+    """Every PromQL expression of the dashboard: panel targets and the template queries."""
+    def walk(panels: list[dict[str, Any]]) -> Iterator[str]:
+        for p in panels:
+            for t in p.get("targets", []):
+                if t.get("expr"):
+                    yield t["expr"]
+            yield from walk(p.get("panels", []))
+
+    yield from walk(dash["panels"])
+    for var in dash["templating"]["list"]:
+        query = var.get("query")
+        if var.get("type") == "query":
+            text = query["query"] if isinstance(query, dict) else query
+            yield re.sub(r"label_values\((\w+),\s*\w+\)", r"\1", text)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in one PromQL expression (strings, label matchers, ranges, grouping
+    clauses, functions and keywords taken out)."""
+    text = re.sub(r'"(?:\\.|[^"\\])*"', "", expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        word = m.group(0)
+        after = text[m.end():].lstrip()
+        if word in KEYWORDS or after.startswith("(") or word.startswith("$"):
+            continue
+        names.add(word)
+    return names
+
+
+def test_metric_names_in_a_promql_expression() -> None:
+    assert metric_names('avg by (job) (flowtop_rank_mfu_ratio{job=~"$job"})') == {"flowtop_rank_mfu_ratio"}
+    assert metric_names("rate(flowtop_monitor_frames_rejected_total[$__rate_interval])") == {
+        "flowtop_monitor_frames_rejected_total"}
+    assert metric_names('topk(10, a_b{x="y"}) / on (job) c') == {"a_b", "c"}
+
+
+def test_every_dashboard_metric_is_exported(made: list[Any]) -> None:  # noqa: F811
+    dash = json.loads(DASHBOARD.read_text())
+    used: dict[str, str] = {}
+    for expr in expressions(dash):
+        names = metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        for n in names:
+            used.setdefault(n, expr)
+    # A real exporter: one job on two nodes, scraped per rank and (cap 1) per node.
+    layout = [("node-a", 0), ("node-b", 0)]
+    mon, _ = _start(made, ExportPolicy(), layout, job="dash", wait_s=0.01)
+    mon.wait(lambda s: s["jobs"] and all(r["mfu"] and r["telemetry"] for r in s["jobs"][0]["ranks"])
+             and len(s["jobs"][0]["ranks"]) == 2 and any(not h["ended"] for h in s["jobs"][0]["hints"]))
+    nodes = MetricsServer(HostPort("127.0.0.1", 0), lambda: mon.data.latest, ExportPolicy(max_ranks=1))
+    where = nodes.start()
+    try:
+        import time
+
+        scrapes = [mon.scrape()]
+        time.sleep(0.6)  # the monitor's CPU and frame rates need two readings
+        scrapes += [mon.scrape(), http_get(where.url())]
+    finally:
+        nodes.stop()
+    exported = {s.name for text in scrapes for fam in parse_text(text) for s in fam.samples}
+    declared = {f.name for f in parse_text(scrapes[0])}
+    exported |= NEEDS_A_WINDOW & declared
+    missing = {n: e for n, e in used.items() if n not in exported}
+    assert not missing, f"the dashboard queries metrics no scrape has: {missing}"
+    # What the README promises of the dashboard.
+    titles = " | ".join(p["title"] for p in dash["panels"])
+    for want in ("Job MFU", "Job FLOP/s", "heat map", "percentiles", "hints"):
+        assert want.lower() in titles.lower(), want
