@@ -35,6 +35,7 @@ def _guard(name: str, fn: Callable[..., None], on_fail: Callable[[], None]) -> C
             warn_once(name, f"{name} disabled after an error: {type(exc).__name__}: {exc}")
             on_fail()
 
+    wrapped.__wrapped_fn__ = fn  # type: ignore[attr-defined]  # to find it among the listeners
     return wrapped
 
 
@@ -62,6 +63,9 @@ class Probe:
         self._since_count = 0  # steps since the last count
         self._charge_after = 0  # steps after a count before its cost is charged (set with FLOPs on)
         self._flops_close_pending = False  # a window to close outside a compiled optimizer step
+        self._found: Any = None  # probe.parallel.Found: meshes and pipeline stages on the first forward's stack
+        self._coords: Any = None  # probe.parallel.Coordinates, from the first step on
+        self._stage_timer: Any = None  # probe.pipeline.StageTimer of this rank's pipeline stage(s)
         self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token,
                                          "local_ranks": ident.local_world_size}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
@@ -76,6 +80,7 @@ class Probe:
         Starting now (not at the first step) makes a rank that hangs in its first
         collective, or compiles for minutes, visible to the monitor at step 0."""
         self.tracker.install()
+        self.tracker.listeners_forward.append(_guard("parallel layout", self._scan_layout, self._layout_off))
         self.publisher.hello_fields = self._hello("unknown (before the first step)")
         self.publisher.start()
         if self.cfg.flops:
@@ -196,6 +201,10 @@ class Probe:
             self._flops.publish_estimate(self.tracker, self._context, fields["tokens"])
         if self.cfg.calibrate_out and self._flops is not None and self._flops.last is not None:
             self._write_calibration(step)
+        if self._stage_timer is not None:
+            stage_s = self._stage_timer.take()
+            if stage_s is not None:
+                fields = dict(fields, stage_s=stage_s)
         refused = self.publisher.control_rejected + (self._kernels.scheduler.refused if self._kernels else 0)
         if refused:
             fields = dict(fields, commands_refused=refused)
@@ -209,11 +218,45 @@ class Probe:
             "probe_version": VERSION,
             "argv": [a[:1024] for a in getattr(sys, "argv", [])[:64]],
             "rank_source": self.ident.rank_source,
+            **(self._coords.hello_fields() if self._coords is not None else {}),
         }
+
+    def _scan_layout(self, signature: tuple[Any, ...]) -> None:
+        """First training forward: the training loop is on the stack, and so is the pipeline
+        schedule calling this stage (probe.parallel); time the stages found (probe.pipeline)."""
+        if self._found is not None:
+            return
+        from probe import parallel
+
+        self._found = parallel.Found()  # set first: a scan that fails is not retried every step
+        parallel.scan_stack(sys._getframe(1), self._found)
+        if self._found.stages:
+            from probe.pipeline import StageTimer
+
+            cuda = any(getattr(getattr(s, "device", None), "type", "") == "cuda" for s in self._found.stages)
+            self._stage_timer = StageTimer(self._found.stages, cuda=cuda)
+
+    def _layout_off(self) -> None:
+        timer, self._stage_timer = self._stage_timer, None
+        if timer is not None:
+            timer.close()
+
+    def _read_layout(self) -> None:
+        """At the first boundary: the coordinates for the hello; the stack scan is done."""
+        scan = self._scan_layout
+        self.tracker.listeners_forward[:] = [f for f in self.tracker.listeners_forward
+                                             if getattr(f, "__wrapped_fn__", None) != scan]
+        from probe import parallel
+
+        self._coords = parallel.coordinates(self.tracker.root, self._found, self.ident.rank, self.ident.world_size)
 
     def _first_step(self) -> None:
         self._started = True
         self._reidentify()
+        try:
+            self._read_layout()
+        except Exception as exc:  # noqa: BLE001 - the layout is a label: training goes on
+            warn_once("parallel-layout", f"parallel coordinates unavailable: {type(exc).__name__}: {exc}")
         self._context["device_name"] = self._device_name()
         self.publisher.hello_fields = self._hello(self._context["device_name"])
         if self._kernels is not None:
@@ -348,6 +391,7 @@ class Probe:
         self.tracker.uninstall()
         self._flops_off()
         self._kernels_off()
+        self._layout_off()
         self.publisher.publish("bye", {"reason": reason, "steps": self.tracker.step, "drops": self.publisher.drops})
         self.publisher.close(timeout_s=0.5)
 
