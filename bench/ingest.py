@@ -13,7 +13,7 @@ second (the H200 recording's fields), a FLOP count after step 2 and every ``--fl
 kernel window (80 KB, the H200 recording's) every ``--kernel-every-s`` at a random phase. ``relay``
 puts every 8 ranks behind a node relay: ``flowtop relay`` subprocesses (``--relay-host cli``) or, for
 hundreds of relays, real :class:`flowtop.relay.Relay` instances hosted ``--relays-per-proc`` to a
-process (``threads``; ``auto``: cli up to 128 relays). The monitor is the real thing in a child
+process (``threads``; ``auto``: cli up to 32 relays, 30 MB each). The monitor is the real thing in a child
 process: the collector on its data thread (flowtop.datathread) and, with ``--ui textual`` (the
 default), the real Textual app headless at 200×50 on the main thread.
 
@@ -327,6 +327,12 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     from flowtop.wiring import make_model
 
     raise_nofile()
+    try:  # the GC policy `flowtop top` runs under, where the tree has one
+        from flowtop import gcpolicy  # type: ignore[attr-defined]
+    except ImportError:
+        gcpolicy = None
+    if gcpolicy is not None:
+        gcpolicy.for_monitor()
     model = make_model()
     col = Collector(model, listen)
     samples: "collections.deque[tuple[int, int, float, float, float]]" = collections.deque()
@@ -561,7 +567,7 @@ class Monitor:
 def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) -> dict[str, Any]:
     soft, hard = raise_nofile()
     relays_n = -(-ranks // args.per_relay) if path == "relay" else 0
-    host = args.relay_host if args.relay_host != "auto" else ("cli" if relays_n <= 128 else "threads")
+    host = args.relay_host if args.relay_host != "auto" else ("cli" if relays_n <= 32 else "threads")
     needs = fd_needs(ranks, args.workers, path, args.per_relay, relays_n if host == "cli" else args.relays_per_proc)
     row: dict[str, Any] = {"ranks": ranks, "step_ms": step_ms, "path": path, "relays": relays_n,
                            "relay_host": host if relays_n else None, "single": args.single,

@@ -25,6 +25,7 @@ Definitions (the UI and ``flowtop analyze`` show these numbers; see also design.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ TOP_GAPS = 5
 GAP_HOST_OPS = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class KernelStat:
     """One kernel name (or CPU operator) in a window."""
 
@@ -53,7 +54,7 @@ class KernelStat:
     op: str  # the launching operator with the most time ("" when unknown)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class CategoryStat:
     """Totals of one category in a window."""
 
@@ -64,7 +65,7 @@ class CategoryStat:
     flops: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class IdleGap:
     """A stretch of the step with no device work."""
 
@@ -197,7 +198,7 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
         name = names[idx]
         kernels.append(KernelStat(
             name=name,
-            short=short_name(name),
+            short=sys.intern(short_name(name)),
             category=classify(name),
             calls=calls,
             total_us=total,

@@ -102,7 +102,7 @@ def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, st
 
 # --- over time --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class CumulativeRow:
     """A kernel's totals over every window seen so far."""
 
@@ -119,39 +119,42 @@ class CumulativeKernels:
     """Accumulates windows like ``py-spy top``: the UI shows window % beside cumulative time.
 
     Distinct names are capped at :attr:`max_names`; past it the smallest totals are dropped
-    (a long job with generated kernel names must not grow the monitor without bound).
+    (a long job with generated kernel names must not grow the monitor without bound). The table
+    holds its rows as the immutable :class:`CumulativeRow` objects that :meth:`rows` hands out
+    (rebuilt at each window, which changes every row's share), so a snapshot's copy of the table
+    costs no memory of its own.
     """
 
     def __init__(self, max_names: int = 10_000) -> None:
         self.max_names = max_names
         self.windows = 0
         self.step_us = 0.0
-        self._rows: dict[str, list] = {}  # name -> [short, category, us, calls, windows]
+        self._rows: dict[str, CumulativeRow] = {}
+        self._sorted: tuple[CumulativeRow, ...] | None = None
 
     def add(self, stats: KernelWindowStats) -> None:
         """Fold one window in."""
         self.windows += 1
         self.step_us += stats.step_us
+        totals = {name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for name, r in self._rows.items()}
         for k in stats.kernels:
-            row = self._rows.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
+            row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
             row[2] += k.total_us
             row[3] += k.calls
             row[4] += 1
-        if len(self._rows) > self.max_names:
-            keep = sorted(self._rows.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5]
-            self._rows = dict(keep)
+        if len(totals) > self.max_names:
+            totals = dict(sorted(totals.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5])
+        step_us = self.step_us
+        self._rows = {name: CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0)
+                      for name, r in totals.items()}
+        self._sorted = None
 
     def get(self, name: str) -> CumulativeRow | None:
         """The row of one kernel name, if seen."""
-        row = self._rows.get(name)
-        return None if row is None else self._row(name, row)
+        return self._rows.get(name)
 
     def rows(self) -> tuple[CumulativeRow, ...]:
-        """All rows, largest cumulative time first."""
-        out = [self._row(n, r) for n, r in self._rows.items()]
-        out.sort(key=lambda r: (-r.cum_us, r.name))
-        return tuple(out)
-
-    def _row(self, name: str, row: list) -> CumulativeRow:
-        return CumulativeRow(name, row[0], row[1], row[2], row[3], row[4],
-                             row[2] / self.step_us if self.step_us > 0 else 0.0)
+        """All rows, largest cumulative time first (the same tuple until the next window)."""
+        if self._sorted is None:
+            self._sorted = tuple(sorted(self._rows.values(), key=lambda r: (-r.cum_us, r.name)))
+        return self._sorted

@@ -56,6 +56,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -114,7 +115,8 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
         names = fields["names"]
         if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
             raise ValueError("names is not a list of strings")
-        names = [printable(s) for s in names]  # kernel names reach the terminal
+        # Kernel names reach the terminal (printable); interned, the ranks' windows share them.
+        names = [sys.intern(printable(s)) for s in names]
         device = fields["device"]
         if device not in ("cuda", "cpu"):
             raise ValueError(f"unknown device {device!r:.20}")
