@@ -121,6 +121,21 @@ def _counts(max_items: int = 1000) -> Check:
     )
 
 
+def _num_map(max_items: int = 32, max_key: int = 16, width: int = 0) -> Check:
+    """A map of short names to non-negative finite numbers, or (``width`` > 0) to lists of
+    ``width`` of them (e.g. FLOPs per dtype label: [model, executed])."""
+    num = _num(0, 1e30)
+
+    def value(x: Any) -> bool:
+        if width:
+            return isinstance(x, list) and len(x) == width and all(num(n) for n in x)
+        return num(x)
+
+    return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
+        isinstance(k, str) and len(k) <= max_key and value(x) for k, x in v.items()
+    )
+
+
 def _flat_map(max_items: int = 200) -> Check:
     """A map of short names to scalars, short strings, lists of strings or None."""
 
@@ -331,6 +346,10 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "model_note": (False, _str(256)),
         # Mesh and placements under DTensor parallelism; the figures are then this rank's local ones
         "parallel": (False, _str(256)),
+        # Precision (probe.precision): [model, executed] FLOPs per operand dtype label, and the
+        # dense peak of each label on this device (a label without one is absent)
+        "flops_by_dtype": (False, _num_map(32, 16, width=2)),
+        "peak_by_dtype": (False, _num_map(32, 16)),
     },
     "kernels": {
         "window": (True, _int()),
