@@ -136,6 +136,15 @@ def _num_map(max_items: int = 32, max_key: int = 16, width: int = 0) -> Check:
     )
 
 
+def _int_lists(max_items: int = 256, max_key: int = 128, max_len: int = 4096) -> Check:
+    """A map of short names to lists of non-negative integers (e.g. tokens per expert per layer)."""
+    size = _int(0, 2**62)
+    return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
+        isinstance(k, str) and len(k) <= max_key and isinstance(x, list) and len(x) <= max_len
+        and all(size(n) for n in x) for k, x in v.items()
+    )
+
+
 def _flat_map(max_items: int = 200) -> Check:
     """A map of short names to scalars, short strings, lists of strings or None."""
 
@@ -350,6 +359,10 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         # dense peak of each label on this device (a label without one is absent)
         "flops_by_dtype": (False, _num_map(32, 16, width=2)),
         "peak_by_dtype": (False, _num_map(32, 16)),
+        # MoE (probe.moe): tokens per local expert of each MoE layer in the counted step
+        "expert_load": (False, _int_lists(256, 128, 4096)),
+        # Non-padding tokens of the counted step (the root's attention_mask), beside "tokens"
+        "nonpad_tokens": (False, _int()),
     },
     "kernels": {
         "window": (True, _int()),
