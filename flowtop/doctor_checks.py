@@ -216,14 +216,20 @@ def key_findings(curve_dir: str | None) -> list[Finding]:
     for name, who in wanted:
         path = d / name
         try:
+            with open(path, "rb"):  # missing or unreadable: OSError with its reason
+                pass
             public, secret = zmq.auth.load_certificate(str(path))
             if name.endswith("_secret") and secret is None:
                 raise ValueError("no secret key in it")
             out.append(Finding("keys", OK, f"{path} readable ({who})"))
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            fix = (f"create keys: flowtop keys {d}" if isinstance(exc, FileNotFoundError) else
-                   f"let the {who}' user read it (chmod/chown {path}); the directory needs x for them too")
+            if isinstance(exc, FileNotFoundError):
+                fix = f"create keys: flowtop keys {d} (a new directory), or copy {name} from the directory that has it"
+            elif isinstance(exc, OSError):
+                fix = f"let the {who}' user read it (chmod/chown {path}); the directory needs x for them too"
+            else:
+                fix = f"{path} is not a ZeroMQ key file: recreate the keys with flowtop keys DIR"
             out.append(Finding("keys", FAIL, f"{path} ({who}) cannot be read: {reason}", fix, {"path": str(path)}))
     clients = d / "clients"
     try:

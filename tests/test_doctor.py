@@ -1,0 +1,197 @@
+"""`flowtop doctor`: each check's pass and fail paths, with real child interpreters (flowtop run's
+environment), real sockets, real key files and real resource limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowtop import keys
+from flowtop.demo.launch import free_port_pair
+from flowtop.doctor_checks import address_findings, fd_findings, key_findings
+from monitor_thread import MonitorThread
+
+FLOWTOP = [sys.executable, "-m", "flowtop.cli"]
+
+
+def doctor(*args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None,
+           preexec: Any = None) -> tuple[int, dict[str, Any], str]:
+    """Run ``flowtop doctor --json ARGS``; (exit code, the JSON, stderr)."""
+    proc = subprocess.run([*(prefix or []), *FLOWTOP, "doctor", "--json", *args], capture_output=True, text=True,
+                          timeout=240, env=env if env is not None else dict(os.environ), preexec_fn=preexec)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def find(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["check"] == check]
+
+
+def one(report: dict[str, Any], check: str) -> dict[str, Any]:
+    (f,) = find(report, check)
+    return f
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWTOP_")}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def test_clean_environment_passes() -> None:
+    rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=_clean_env())
+    assert rc == 0 and report["ok"], report
+    for check in ("disable", "sitecustomize", "probe import", "attach", "torch", "security", "port"):
+        assert one(report, check)["status"] == "ok", one(report, check)
+    assert "attached when a torch.optim optimizer was built" in one(report, "attach")["summary"]
+    assert "is free" in one(report, "port")["summary"]
+    (peak,) = find(report, "peak")  # a CPU machine: one device, its estimated fp32 peak
+    assert peak["status"] == "ok" and peak["details"]["source"].startswith("estimated")
+    assert peak["details"]["flops"] > 0
+    assert one(report, "nvml")["status"] in ("ok", "info")  # no driver here: info, not a failure
+    text = subprocess.run([*FLOWTOP, "doctor", "--listen", f"tcp://127.0.0.1:{free_port_pair()}"],
+                          capture_output=True, text=True, timeout=240, env=_clean_env())
+    assert text.returncode == 0 and "nothing would stop monitoring" in text.stdout
+
+
+def test_flowtop_disable_fails_with_its_fix() -> None:
+    env = {**_clean_env(), "FLOWTOP_DISABLE": "1"}
+    rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=env)
+    assert rc == 1 and not report["ok"]
+    off = one(report, "disable")
+    assert off["status"] == "fail" and "FLOWTOP_DISABLE=1" in off["summary"] and "unset FLOWTOP_DISABLE" in off["fix"]
+    attach = one(report, "attach")
+    assert attach["status"] == "fail" and "did not attach" in attach["summary"]
+    text = subprocess.run([*FLOWTOP, "doctor", "--listen", f"tcp://127.0.0.1:{free_port_pair()}"],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert text.returncode == 1
+    assert "[FAIL] disable" in text.stdout and "fix: unset FLOWTOP_DISABLE" in text.stdout
+    assert "would stop monitoring: disable, attach" in text.stdout
+
+
+def test_busy_port_and_a_running_monitor() -> None:
+    with socket.socket() as s:  # a program that is not a monitor holds the port
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        rc, report, _ = doctor("--listen", busy, env=_clean_env())
+    assert rc == 1
+    port = one(report, "port")
+    assert port["status"] == "fail" and "not a flowtop monitor" in port["summary"]
+    assert "pick another port" in port["fix"]
+    monitor = MonitorThread()  # a real monitor: the port answers with a ZeroMQ greeting
+    try:
+        (f,) = [f for f in address_findings(monitor.listen, None, False) if f.check == "port"]
+        assert f.status == "ok" and "ZeroMQ listener" in f.summary
+        time.sleep(0.5)
+        assert monitor.snapshot().rejected == 0  # the doctor's look is no failed handshake
+    finally:
+        monitor.close()
+
+
+def test_addresses_beyond_loopback_and_malformed() -> None:
+    port = free_port_pair()
+    (sec,) = [f for f in address_findings(f"tcp://0.0.0.0:{port}", None, False) if f.check == "security"]
+    assert sec.status == "fail" and "flowtop keys DIR" in sec.fix
+    (sec,) = [f for f in address_findings(f"tcp://0.0.0.0:{port}", "/some/keys", False) if f.check == "security"]
+    assert sec.status == "ok"
+    (bad,) = address_findings("udp://x", None, False)
+    assert bad.status == "fail" and "tcp://HOST:PORT" in bad.summary
+    refused = [f for f in address_findings("tcp://no-such-host.invalid:5759", None, False) if f.check == "address"]
+    assert refused and refused[0].status == "fail" and "does not resolve" in refused[0].summary
+
+
+def test_keys_present_and_readable(tmp_path: Path) -> None:
+    d = keys.create(tmp_path / "k")
+    assert all(f.status == "ok" for f in key_findings(str(d)))
+    (d / "client.key_secret").unlink()
+    (missing,) = [f for f in key_findings(str(d)) if f.status == "fail"]
+    assert "client.key_secret" in missing.summary and "flowtop keys" in missing.fix
+    for p in (d / "clients").glob("*.key"):
+        p.unlink()
+    assert any("no client public keys" in f.summary for f in key_findings(str(d)))
+
+
+def _unprivileged() -> list[str]:
+    """A prefix that makes root obey file permissions (no DAC override), or [] for other users."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root without setpriv: file permissions cannot be made to apply")
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
+
+
+def test_unreadable_key_directory_fails_with_its_fix(tmp_path: Path) -> None:
+    d = keys.create(tmp_path / "k")
+    listen = f"tcp://0.0.0.0:{free_port_pair()}"
+    os.chmod(d / "server.key_secret", 0)
+    try:
+        rc, report, _ = doctor("--listen", listen, "--curve-dir", str(d), env=_clean_env(), prefix=_unprivileged())
+    finally:
+        os.chmod(d / "server.key_secret", stat.S_IRUSR | stat.S_IWUSR)
+    assert rc == 1
+    (bad,) = [f for f in find(report, "keys") if f["status"] == "fail"]
+    assert "server.key_secret (monitor) cannot be read: Permission denied" in bad["summary"]
+    assert "chmod" in bad["fix"]
+    assert one(report, "security")["status"] == "ok"  # keys are given: only their file is the problem
+    os.chmod(d, 0)
+    try:
+        rc, report, _ = doctor("--listen", listen, "--curve-dir", str(d), env=_clean_env(), prefix=_unprivileged())
+    finally:
+        os.chmod(d, stat.S_IRWXU)
+    assert rc == 1
+    assert len([f for f in find(report, "keys") if f["status"] == "fail"]) >= 3  # nothing in it can be read
+
+
+def test_a_user_sitecustomize_is_reported_as_chained(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    env = {**_clean_env(), "PYTHONPATH": str(tmp_path)}
+    rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=env)
+    assert rc == 0
+    user = one(report, "user sitecustomize")
+    assert user["details"]["file"] == str(tmp_path / "sitecustomize.py") and "chained" in user["summary"]
+    assert one(report, "attach")["status"] == "ok"
+
+
+def test_an_interpreter_that_ignores_pythonpath_fails(tmp_path: Path) -> None:
+    wrapper = tmp_path / "python-E"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -E \"$@\"\n")
+    wrapper.chmod(0o755)
+    rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--python", str(wrapper),
+                           env=_clean_env())
+    assert rc == 1
+    site = one(report, "sitecustomize")
+    assert site["status"] == "fail" and "ignores PYTHONPATH" in site["summary"] and "probe.attach()" in site["fix"]
+
+
+def test_open_file_limit_for_the_expected_ranks() -> None:
+    (ok,) = fd_findings(8)
+    assert ok.status == "ok" and "enough for 8 ranks" in ok.summary
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--ranks", "1000", env=_clean_env(),
+                           preexec=low)
+    assert rc == 1
+    files = one(report, "open files")
+    assert files["status"] == "fail" and files["details"]["hard"] == "64"
+    assert files["details"]["capacity"] < 64 and "relay" in files["fix"] and "ulimit -Hn" in files["fix"]
+
+
+def test_bad_doctor_arguments_exit_2() -> None:
+    out = subprocess.run([*FLOWTOP, "doctor", "--ranks", "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "must be positive" in out.stderr
