@@ -26,7 +26,7 @@ import logging
 from dataclasses import replace
 from typing import Any, Callable
 
-from flowtop import accounting
+from flowtop import accounting, parallelism
 from flowtop import rankstate as rs
 from flowtop.claims import Claims, Seen
 from flowtop.limits import Limits, TokenBucket
@@ -263,6 +263,8 @@ class Model:
             st.device_s = float(f["device_s"])
         if f.get("probe_s") is not None:
             st.probe_s.append(float(f["probe_s"]))
+        if f.get("stage_s") is not None:
+            st.stage_s.append(float(f["stage_s"]))
 
     # --- ticks and snapshots -----------------------------------------------------------
 
@@ -348,7 +350,8 @@ class Model:
         # While running, ranks that finished no longer add throughput; once the job is
         # done, the totals describe its last steady state. Stalled and stale ranks add 0.
         counted = [r for r in ranks if r.status != "done" or status == "done"]
-        tps = [r.tokens_per_s for r in counted if r.tokens_per_s is not None]
+        # Once per data-parallel replica where every rank's coordinates are known (flowtop.parallelism).
+        tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
         merged = None
         if self._job_kernels is not None:
             tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
@@ -367,12 +370,15 @@ class Model:
             ranks=ranks,
             step=min(r.step for r in live),
             step_time_s=max(times) if times else None,
-            tokens_per_s=sum(tps) if tps else None,
-            flops=accounting.job_flops([r.flops for r in counted]),
+            tokens_per_s=tokens_per_s,
+            flops=parallelism.job_flops_per_token(accounting.job_flops([r.flops for r in counted]),
+                                                  tokens_per_s, tokens_basis),
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),
             hints=hints,
+            tokens_basis=tokens_basis,
+            stages=parallelism.pipeline_stages(counted),
         )
 
     def _evaluate(self, snap: JobSnapshot, now: float) -> JobSnapshot:

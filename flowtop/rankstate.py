@@ -50,6 +50,8 @@ class RankState:
     steps: StepRing = field(default_factory=lambda: StepRing(RING, RECENT))
     device_s: float | None = None
     probe_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=PROBE_SAMPLES))
+    #: Compute time of the rank's pipeline stage(s) per step (the step records' ``stage_s``).
+    stage_s: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=32))
     last_seq: int = -1
     lost: int = 0
     drops: int = 0

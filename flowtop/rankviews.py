@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from flowtop import accounting
+from flowtop import accounting, parallelism
 from flowtop import rankstate as rs
 from flowtop.rankstate import RankState
 from flowtop.snapshot import Claimant, RankSnapshot
@@ -107,4 +107,8 @@ class RankViews:
             bye_reason=st.bye,
             commands_refused=st.commands_refused,
             conflict=tuple(Claimant(k.host, k.pid) for k in others),
+            coords=parallelism.coords_of(st.hello),
+            coords_source=str(st.hello.get("coords_source", "")),
+            pp_stages=tuple(int(s) for s in st.hello.get("pp_stages", ())),
+            stage_time_s=statistics.median(st.stage_s) if st.stage_s else None,
         )

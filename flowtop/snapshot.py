@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.2"
+SCHEMA = "flowtop.snapshot/1.3"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -138,6 +138,14 @@ class RankSnapshot:
     relay: str | None = None
     #: Why the rank counts as stale though it may still run ("relay HOST silent for N s"), else "".
     status_reason: str = ""
+    #: Parallel coordinates from its hello, role ("dp", "tp", "pp", "cp", "ep") -> (rank, size);
+    #: empty when the probe could not tell the layout (``coords_source`` says why).
+    coords: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    coords_source: str = ""
+    pp_stages: tuple[int, ...] = ()  # pipeline stage indices the rank runs
+    #: Median compute time of its pipeline stage(s) per step (forward and backward chunks,
+    #: neighbour waits excluded; probe.pipeline); None outside a pipeline.
+    stage_time_s: float | None = None
 
     def age_s(self, now: float) -> float:
         """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the
@@ -173,6 +181,24 @@ class Hint:
 
 
 @dataclass(frozen=True)
+class StageView:
+    """One pipeline stage (the ranks at one pp rank) of a job, per data-parallel replica.
+
+    ``model_flops_per_step``: Σ over the stage's ranks of their local model FLOPs per step ÷ the
+    data-parallel replicas (so, with tensor or context parallelism inside the stage, Σ over its
+    tp × cp ranks of one replica); ``flops_share``: of the summed stages. ``stage_time_s`` and
+    ``step_time_s``: medians over its ranks (compute time of the stage per step; step wall time)."""
+
+    pp_rank: int
+    stages: tuple[int, ...]  # pipeline stage indices run at this pp rank
+    ranks: tuple[int, ...]
+    model_flops_per_step: float | None
+    flops_share: float | None
+    stage_time_s: float | None
+    step_time_s: float | None
+
+
+@dataclass(frozen=True)
 class JobSnapshot:
     """One job (all ranks with the same job id) and its aggregates."""
 
@@ -181,13 +207,18 @@ class JobSnapshot:
     ranks: tuple[RankSnapshot, ...]
     step: int  # lowest step among live ranks (the job moves at its slowest rank)
     step_time_s: float | None  # slowest rank's median step time
-    tokens_per_s: float | None  # sum over ranks
+    tokens_per_s: float | None  # once per data-parallel replica where known, else Σ ranks (tokens_basis)
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
     status: str  # "running" | "stalled" | "stale" | "done"
     hints: tuple[Hint, ...] = ()
     kernels_merged: Any = None  # flowtop.kernels.merge.JobKernelStats
     #: Rank numbers claimed by more than one live process (see RankSnapshot.conflict).
     rank_conflicts: int = 0
+    #: How ``tokens_per_s`` counts (flowtop.parallelism): once per data-parallel replica, or
+    #: summed over all ranks where the layout is not known.
+    tokens_basis: str = ""
+    #: Pipeline stages in pp-rank order (empty outside pipeline parallelism).
+    stages: tuple[StageView, ...] = ()
 
     @property
     def ranks_seen(self) -> int:
@@ -272,6 +303,10 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "conflict": _clean(r.conflict),
         "relay": r.relay,
         "status_reason": r.status_reason,
+        "coords": {role: {"rank": rk, "size": sz} for role, (rk, sz) in r.coords.items()} if r.coords else None,
+        "coords_source": r.coords_source,
+        "pp_stages": list(r.pp_stages),
+        "stage_time_s": r.stage_time_s,
     }
     d.update(_flops_json(r.flops))
     d["telemetry"] = _telemetry_json(r.telemetry, taken_at)
@@ -284,6 +319,12 @@ def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] 
     if t is None:
         return None
     return {"device": _clean(t.device), "host": _clean(t.host), "reasons": _clean(t.reasons), "age_s": t.age_s(taken_at)}
+
+
+def _stage_json(s: StageView) -> dict[str, Any]:
+    return {"pp_rank": s.pp_rank, "stages": list(s.stages), "ranks": list(s.ranks),
+            "flops_per_step": s.model_flops_per_step, "flops_share": s.flops_share,
+            "stage_time_s": s.stage_time_s, "step_time_s": s.step_time_s}
 
 
 def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
@@ -300,7 +341,9 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "step": j.step,
             "step_time_s": j.step_time_s,
             "tokens_per_s": j.tokens_per_s,
+            "tokens_per_s_basis": j.tokens_basis,
             "rank_conflicts": j.rank_conflicts,
+            "pipeline_stages": [_stage_json(s) for s in j.stages],
         }
         job.update(_flops_json(j.flops))
         job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]

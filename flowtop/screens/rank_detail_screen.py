@@ -59,6 +59,30 @@ def detail_title(r: RankSnapshot | None, job: str, rank: int, now: float = 0.0) 
     if r.commands_refused:
         out.append(" commands refused ", style="dim")
         out.append(str(r.commands_refused), style="yellow")
+    coords = coords_text(r)
+    if coords.plain:
+        out.append("\n")
+        out.append_text(coords)
+    return out
+
+
+def coords_text(r: RankSnapshot) -> Text:
+    """The rank's parallel coordinates ("dp 0/2 · tp 1/2 · pp 0/2", ranks counted from 0), its
+    pipeline stages and their compute time; the reason when the layout is unknown; "" when the
+    probe said nothing (before its first step)."""
+    out = Text()
+    if r.coords:
+        out.append("parallel ", style="dim")
+        out.append(" · ".join(f"{role} {rk}/{sz}" for role, (rk, sz) in r.coords.items()))
+    elif r.coords_source:
+        out.append("parallel ", style="dim")
+        out.append(r.coords_source[:120], style="yellow")
+    if r.pp_stages:
+        out.append("  stage" + ("s " if len(r.pp_stages) > 1 else " "), style="dim")
+        out.append(", ".join(map(str, r.pp_stages)))
+    if r.stage_time_s is not None:
+        out.append("  stage compute/step ", style="dim")
+        out.append(fmt_time(r.stage_time_s))
     return out
 
 
