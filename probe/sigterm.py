@@ -9,7 +9,9 @@ thread) and re-raises, so the process dies of SIGTERM exactly as it would withou
 within about 0.5 s, wherever its main thread is. A Python handler stays as the fallback for
 when the sender thread cannot act.
 
-Installed only where nobody handles SIGTERM and nobody uses the wakeup fd (asyncio does when a
+Acts only while its handler is still the installed one: a handler set later (Lightning's
+graceful stop, a user's checkpoint-on-SIGTERM) decides, even if it calls ours as the previous
+one. Installed only where nobody handles SIGTERM and nobody uses the wakeup fd (asyncio does when a
 loop with signal handlers runs in the main thread); a forked child (DataLoader worker) drops
 the wakeup fd at once, or its signals would reach the parent's sender thread.
 """
@@ -45,6 +47,11 @@ def install(on_term: Callable[[str], None], add_tick: Callable[[float, Callable[
         return False
     _state.update(read=r, write=w, done=threading.Lock(), on_term=on_term)
     signal.signal(signal.SIGTERM, _main_thread_handler)
+    if not _state.get("fork_hooks"):
+        # A child signalled before its after-fork hook ran would write into the pipe it shares
+        # with us: SIGTERM stays blocked across fork until the child has dropped the pipe.
+        os.register_at_fork(before=_block, after_in_parent=_unblock)
+        _state["fork_hooks"] = True
     add_tick(0.0, _watch)
     return True
 
@@ -53,8 +60,11 @@ def after_fork_in_child() -> None:
     """A forked child must not write its signals into the parent's pipe."""
     fds = (_state.get("read"), _state.get("write"))
     if fds[0] is None:
+        _unblock()
         return
+    blocked = _state.get("blocked", False)
     _state.clear()
+    _state["blocked"] = blocked  # the mask came over with fork: undone below
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -65,6 +75,24 @@ def after_fork_in_child() -> None:
             os.close(fd)  # type: ignore[arg-type]
         except OSError:
             pass
+    _unblock()  # a SIGTERM that came meanwhile is delivered now, to this child, by default
+
+
+def _block() -> None:
+    if _state.get("read") is not None:
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            _state["blocked"] = True
+        except (OSError, ValueError):
+            pass
+
+
+def _unblock() -> None:
+    if _state.pop("blocked", False):
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        except (OSError, ValueError):
+            pass
 
 
 def _watch() -> None:
@@ -73,12 +101,23 @@ def _watch() -> None:
         data = os.read(_state["read"], 512)
     except (BlockingIOError, KeyError, OSError):
         return
-    if signal.SIGTERM in data:
+    if signal.SIGTERM in data and _still_ours():
         _terminate()
 
 
 def _main_thread_handler(signum: int, frame: Any) -> None:
-    _terminate()
+    if _still_ours():
+        _terminate()
+
+
+def _still_ours() -> bool:
+    """Whether SIGTERM is still ours alone. A handler installed later (Lightning's stops the
+    trainer gracefully and then calls the one it found: ours) or SIG_IGN decides instead: the
+    process is not dying, so neither a bye nor a kill may follow."""
+    try:
+        return signal.getsignal(signal.SIGTERM) is _main_thread_handler
+    except Exception:  # noqa: BLE001 - when in doubt, do nothing
+        return False
 
 
 def _terminate() -> None:

@@ -429,6 +429,52 @@ def test_a_forked_childs_sigterm_never_ends_the_rank(monitor: MonitorThread, tmp
     assert snap.jobs[0].ranks[0].step == 45 and snap.jobs[0].ranks[0].bye_reason == "exit"
 
 
+_LATER_HANDLER = """
+import signal, sys, time, torch
+import probe
+probe.attach()
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+previous = signal.getsignal(signal.SIGTERM)
+stop = []
+def graceful(signum, frame):  # what Lightning does: note it, call the handler it found, stop later
+    stop.append(signum)
+    if callable(previous):
+        previous(signum, frame)
+signal.signal(signal.SIGTERM, graceful)
+print("ready", flush=True)
+for _ in range(2000):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.005)
+    if stop:
+        break
+print("stopped gracefully" if stop else "no signal", flush=True)
+"""
+
+
+def test_a_handler_installed_later_keeps_its_graceful_stop(monitor: MonitorThread, tmp_path: Path) -> None:
+    import signal
+
+    script = tmp_path / "graceful.py"
+    script.write_text(_LATER_HANDLER)
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0")
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > 5, 30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0  # neither the probe's watch nor its chained handler killed it
+        assert proc.stdout.read().strip() == "stopped gracefully"
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "done", 10)
+        assert snap.jobs[0].ranks[0].bye_reason == "exit"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_frames_lost_in_transit_are_counted_and_shown() -> None:
     """Frames queued in a pipe that dropped (a slow monitor reconnected) never arrive; the probe
     cannot know, so the monitor counts its sequence gaps and says so with the probe's drops."""
