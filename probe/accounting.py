@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from probe import estimate, flops_dtensor, peaks
+from probe import estimate, flops_dtensor, peaks, precision
 from probe.flops import FlopCount
 
 
@@ -91,9 +91,10 @@ def flops_message(
         estimated = est.flops_per_token * tokens
         attn = 6 if attention == "causal" else 12
         local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
+        active = "_active" if est.moe else ""  # MoE: N counts top_k experts per token (probe.moe)
         source = (
-            f"6N+{attn}LdT{local}, shape from {_where(est.source)}: N={est.n_params}, L={est.n_layers}, "
-            f"d={est.d_model}, T={est.seq_len}"
+            f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
+            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}" + (f"; {est.moe}" if est.moe else "")
         )[:256]  # the wire's limit: a long module path must not cost the whole message
         if est.source == "override":
             source = "override (flops_per_token)"
@@ -123,4 +124,7 @@ def flops_message(
         "model_note": count.model_note[:256],
         # Under DTensor parallelism: the mesh and placements; the figures above are this rank's own
         **({"parallel": layout.describe()} if layout is not None else {}),
+        # FLOPs and dense peak per operand dtype: the monitor's MFU against each op's own peak
+        **precision.message_fields(count.model_by_dtype, count.executed_by_dtype, on_cpu=on_cpu,
+                                   device_name=device_name, cpu_cores=cpu_cores_of_rank(local_ranks)),
     }

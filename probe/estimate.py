@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from probe import moe
 from probe._log import warn_once
 from probe.flops_dtensor import ParallelLayout
 from probe.flops_formulas import AttentionShape
@@ -50,6 +51,8 @@ class Estimate:
     seq_len: int
     source: str
     split: int = 1
+    #: MoE models: how N became N_active (probe.moe), "" for dense ones.
+    moe: str = ""
 
 
 def transformer_flops_per_token(
@@ -183,6 +186,7 @@ def estimate_from_model(
             layers, width, seq_len, source = found
             shape, split = (layers, width, source), 1  # the heads seen are local already
         n_params = non_embedding_params(model, layout.splits if layout is not None else None)
+        n_params, moe_note = moe.active_params(model, n_params)  # MoE: routed experts at top_k of E
         if flops_per_token is not None:
             layers, width = (shape[0], shape[1]) if shape else (0, 0)
             return Estimate(float(flops_per_token), n_params, layers, width, int(seq_len), "override")
@@ -190,7 +194,7 @@ def estimate_from_model(
             return None
         layers, width, source = shape
         fpt = transformer_flops_per_token(n_params, layers, width, int(seq_len), attention, split)
-        return Estimate(fpt, n_params, layers, width, int(seq_len), source, split)
+        return Estimate(fpt, n_params, layers, width, int(seq_len), source, split, moe_note)
     except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
         warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from probe import accounting, flops
+from probe import accounting, flops, moe, padding
 from probe._log import warn_once
 from probe.steps import in_compiled_call
 
@@ -43,6 +43,10 @@ class FlopSampler:
         self._counter: Any = None
         self._counted_step: int | None = None
         self._tokens: dict[tuple[Any, ...], int] = {}  # tokens of the counted step, per signature
+        #: Per signature: the counted step's expert load and non-padding tokens (message fields).
+        self._extras: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._loads = moe.ExpertLoadRecorder()
+        self._nonpad = padding.NonPadTokens()
         self._published: tuple[Any, ...] | None = None
         self.last: Any = None  # the FlopCount in force
         self.broken = False
@@ -69,7 +73,8 @@ class FlopSampler:
             if carried is not None:
                 self.last = carried
                 self._published = signature
-                self._publish(self._message(carried, tracker, signature, self._tokens.get(signature, 0), context))
+                fields = self._message(carried, tracker, signature, self._tokens.get(signature, 0), context)
+                self._publish({**fields, **self._extras.get(signature, {})})
         if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
             return False
         if in_compiled_call():
@@ -80,6 +85,10 @@ class FlopSampler:
             return False
         self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
         self._counter.start(in_forward=True)
+        # MoE tokens per expert and non-padding tokens ride on the same window (probe.moe, .padding)
+        self._counter.on_groups = self._loads.on_groups
+        self._loads.start(tracker.root)
+        self._nonpad.start(tracker.root, getattr(tracker, "forward_inputs", None))
         self._counted_step = tracker.step + 1
         return True
 
@@ -89,6 +98,7 @@ class FlopSampler:
         if counter is None:
             return
         result = counter.stop()
+        extras = self._window_extras(result)
         forwards = tracker.forwards_this_step
         if result is not None and prev_micro_batches > 0 and forwards > prev_micro_batches:
             # A step skipped by the GradScaler (inf/NaN gradients) merges two iterations
@@ -105,7 +115,21 @@ class FlopSampler:
         self.policy.min_gap = max(self.policy.min_gap, CHARGE_GAP)
         self._published = signature
         self._tokens[signature] = tracker.tokens
-        self._publish(self._message(result, tracker, signature, tracker.tokens, context))
+        self._extras[signature] = extras
+        while len(self._extras) > 64:  # the policy carries at most 64 signatures' counts
+            self._extras.pop(next(iter(self._extras)))
+        self._publish({**self._message(result, tracker, signature, tracker.tokens, context), **extras})
+
+    def _window_extras(self, result: Any) -> dict[str, Any]:
+        """Close the MoE and padding recorders of the window; their optional message fields."""
+        loads = self._loads.stop()
+        nonpad = self._nonpad.stop(result.micro_batches if result is not None else 0)
+        extras: dict[str, Any] = {}
+        if loads:
+            extras["expert_load"] = moe.load_field(loads)
+        if nonpad is not None:
+            extras["nonpad_tokens"] = int(nonpad)
+        return extras
 
     def charge(self, extra_s: float, typical_step_s: float | None) -> None:
         """Space the next new-signature count so the counting cost stays in budget."""
@@ -149,6 +173,7 @@ class FlopSampler:
         if counter is not None:
             try:
                 counter.stop()
+                self._window_extras(None)
             except Exception:
                 pass
 

@@ -62,6 +62,7 @@ from probe.flops_formulas import (
 )
 from probe.flops_policy import CountPolicy, signature_of
 from probe.flops_uncounted import flop_like_size
+from probe.precision import dtype_label, scaled_to
 
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
 
@@ -72,10 +73,6 @@ ATTENTION_CONVENTIONS = ("full", "causal")
 #: backward, i.e. it is recomputation (executed, not model FLOPs).
 _RNG_HOPS = {"run_and_save_rng_state": 0, "run_with_rng_state": 1}
 _HOP_FORMULAS = frozenset("higher_order." + n for n in (*HOP_ATTENTION_OPS, *_RNG_HOPS))
-_DTYPE_LABELS = {
-    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-    torch.int8: "int8", torch.uint8: "int8",
-}
 
 
 @dataclass(frozen=True)
@@ -101,18 +98,9 @@ class FlopCount:
     model_note: str = ""
     #: Forward attention calls by shape (the estimate reads the model's L, d, T from them).
     attention_shapes: dict[AttentionShape, int] = field(default_factory=dict)
-
-
-def dtype_label(dtype: torch.dtype, device_type: str, kind: str, tf32_matmul: bool, tf32_conv: bool) -> str:
-    """Name the compute precision of an op: fp32 matmuls/convs on CUDA with TF32 allowed are "tf32"."""
-    if dtype == torch.float32 and device_type == "cuda":
-        if (kind == MATMUL and tf32_matmul) or (kind == CONV and tf32_conv):
-            return "tf32"
-    label = _DTYPE_LABELS.get(dtype)
-    if label is None:
-        text = str(dtype).replace("torch.", "")
-        label = "fp8" if text.startswith("float8") else text
-    return label
+    #: Model and executed FLOPs per operand dtype label (probe.precision): the mix MFU is taken over.
+    model_by_dtype: dict[str, int] = field(default_factory=dict)
+    executed_by_dtype: dict[str, int] = field(default_factory=dict)
 
 
 class _Window:
@@ -122,7 +110,8 @@ class _Window:
         self.model = 0
         self.executed = 0
         self.by_op: defaultdict[str, int] = defaultdict(int)
-        self.by_dtype: defaultdict[str, int] = defaultdict(int)
+        self.by_dtype: defaultdict[str, int] = defaultdict(int)  # executed FLOPs per dtype label
+        self.model_by_dtype: defaultdict[str, int] = defaultdict(int)
         self.uncounted: defaultdict[str, int] = defaultdict(int)
         self.uncounted_size: defaultdict[str, int] = defaultdict(int)
         self.overhead = 0.0
@@ -253,6 +242,8 @@ class StepFlopCounter:
         self._tf32_matmul = False
         self._tf32_conv = False
         self._autocast: str | None = None
+        #: Called with each forward op cost that carries group sizes (MoE grouped GEMMs; probe.moe).
+        self.on_groups: Any = None
 
     @property
     def active(self) -> bool:
@@ -314,6 +305,8 @@ class StepFlopCounter:
                 cost_s=win.overhead,
                 model_note=note,
                 attention_shapes=dict(win.attention_shapes),
+                model_by_dtype=scaled_to(win.model_by_dtype, model),
+                executed_by_dtype=dict(win.by_dtype),
             )
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -431,6 +424,8 @@ class StepFlopCounter:
             win.forward_model += model
             if cost.shape is not None:
                 win.attention_shapes[cost.shape] += 1
+            if cost.groups is not None and self.on_groups is not None:
+                self.on_groups(cost)
         if time.perf_counter() - self._started > self.max_window_s:
             self._passthrough = True
             return
@@ -439,7 +434,9 @@ class StepFlopCounter:
         win.by_op[name] += executed
         t = cost.tensor
         if t is not None and executed:
-            win.by_dtype[dtype_label(t.dtype, t.device.type, cost.kind, self._tf32_matmul, self._tf32_conv)] += executed
+            label = dtype_label(t.dtype, t.device.type, cost.kind, self._tf32_matmul, self._tf32_conv)
+            win.by_dtype[label] += executed
+            win.model_by_dtype[label] += model
 
     def _autocast_label(self) -> str | None:
         """Autocast dtype active at ``start`` (fallback when no costed op names a dtype)."""

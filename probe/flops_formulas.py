@@ -17,6 +17,9 @@ Conventions (design.md §3), stated once here and referenced by the UI/JSON:
   (``is_causal=True`` / a causal ``custom_mask_type``).  Explicit masks (``attn_mask``),
   sliding windows and flex block masks are counted as the full square, and so are
   hand-written attention and SDPA's math fallback, which arrive as plain bmm ops.
+  Packed documents are counted per document (Σ sᵢ²) where the op reveals them: varlen
+  offsets, or a block-diagonal ``attn_mask`` (model FLOPs only; see probe.flops_packed).
+* Grouped GEMMs (MoE experts) cost Σ_g 2·m_g·K·N from their offsets (probe.flops_grouped).
 * Elementwise ops, reductions, norms, softmax, embeddings/gathers are by convention *not*
   counted (they are bandwidth work, not FLOPs for MFU).  Ops that do heavy arithmetic but
   have no formula here are reported by name as "uncounted" (see :func:`is_heavy_op_name`),
@@ -35,6 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from probe.flops_grouped import grouped_mm_flops
+from probe.flops_packed import mask_documents
+from probe.precision import fp8_operand
 
 MATMUL = "matmul"
 CONV = "conv"
@@ -56,6 +63,9 @@ class OpCost:
     tensor: torch.Tensor | None
     #: Attention calls only: the call's dense shape (the estimate reads L, d, T from them).
     shape: AttentionShape | None = None
+    #: Grouped GEMMs over tokens only: rows per group (tokens per expert) and the offsets tensor.
+    groups: tuple[int, ...] | None = None
+    offsets: Any = None
 
 
 @dataclass(frozen=True)
@@ -141,16 +151,15 @@ def _dot(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
 
 
 def _grouped_mm(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
-    """MoE grouped GEMM: 2-D×3-D, 3-D×3-D, 3-D×2-D contract over self's last dim; 2-D×2-D
-    (the weight-gradient form, output (G, M, N)) contracts over the token dim once."""
-    a, w = b["self"], b["mat2"]
-    ad, wd = _dims(a), _dims(w)
-    if len(ad) == 2 and len(wd) == 2:
-        flops = 2 * ad[0] * ad[1] * wd[1]
-    else:
-        out_t = _first_tensor(out)
-        flops = 2 * out_t.numel() * ad[-1] if out_t is not None else 0
-    return _same(flops, MATMUL, a)
+    """MoE grouped GEMM from its group sizes (probe.flops_grouped); fp8 operands name the dtype."""
+    a, w, offs = b["self"], b["mat2"], b.get("offs")
+    flops, groups = grouped_mm_flops(a, w, offs)
+    return OpCost(flops, flops, MATMUL, fp8_operand(a, w), groups=groups, offsets=offs if groups else None)
+
+
+def _scaled_mm(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
+    """FP8 GEMM: 2·M·N·K, labelled by the e5m2 operand when the formats differ (probe.precision)."""
+    return _same(_mm_flops(b["self"], b["mat2"]), MATMUL, fp8_operand(b["self"], b["mat2"]))
 
 
 def _linear_backward(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
@@ -218,9 +227,18 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
             heads, d_qk, d_v = qd[1], qd[3], vd[3]
             pairs = qd[0] * qd[2] * kd[2]
             shape = AttentionShape(qd[0], heads, qd[2], kd[2], d_qk)
+            docs = mask_documents(b.get("attn_mask"), qd[2], kd[2]) if b.get("attn_mask") is not None else None
+            if docs is not None:  # packed documents: the math needs Σ sᵢ², the kernel ran S²
+                causal = causal_convention and (causal_of(b) or docs.causal)
+                model = attention_cost(heads, docs.pairs(qd[0]), d_qk, d_v, backward=backward, causal=causal)[0]
+                run = attention_cost(heads, pairs, d_qk, d_v, backward=backward,
+                                     causal=causal_convention and causal_of(b))[1]
+                return OpCost(model, run, ATTENTION, q, shape)  # the row length stays the estimate's T
         else:  # (B, S, H, D), or varlen: flash (total, H, D) / efficient (1, total, H, D)
-            cum_q = b.get("cum_seq_q", b.get("cu_seqlens_q"))
-            cum_k = b.get("cum_seq_k", b.get("cu_seqlens_k"))
+            cum_q = _first_given(b, "cum_seq_q", "cu_seqlens_q", "cu_seq_q")
+            cum_k = _first_given(b, "cum_seq_k", "cu_seqlens_k", "cu_seq_k")
+            if cum_k is None:  # torch.nn.attention.varlen: keys share the queries' offsets
+                cum_k = cum_q
             heads, d_qk, d_v = qd[-2], qd[-1], vd[-1]
             if cum_q is not None and cum_k is not None and cum_q.numel() > 1:  # dense calls pass none/empty
                 lq = _seq_lengths(cum_q, b.get("max_q", b.get("max_seqlen_q")))
@@ -234,6 +252,13 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
         model, executed = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal)
         return OpCost(model, executed, ATTENTION, q, shape)
     return formula
+
+
+def _first_given(b: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        if b.get(name) is not None:
+            return b[name]
+    return None
 
 
 def _is_causal(b: Mapping[str, Any]) -> bool:
@@ -256,8 +281,8 @@ FORMULAS: dict[str, Formula] = {
     "aten::baddbmm": _mm_pair("batch1", "batch2"),
     "aten::addbmm": _mm_pair("batch1", "batch2"),
     "aten::_int_mm": _mm_pair("self", "mat2"),
-    "aten::_scaled_mm": _mm_pair("self", "mat2"),
-    "aten::_scaled_mm_v2": _mm_pair("self", "mat2"),
+    "aten::_scaled_mm": _scaled_mm,
+    "aten::_scaled_mm_v2": _scaled_mm,
     "aten::_grouped_mm": _grouped_mm,
     "aten::_scaled_grouped_mm": _grouped_mm,
     "aten::mv": _mv,
@@ -292,6 +317,10 @@ FORMULAS["aten::_flash_attention_forward"] = _attention("bshd", False, _is_causa
 FORMULAS["aten::_flash_attention_backward"] = _attention("bshd", True, _is_causal)
 FORMULAS["aten::_efficient_attention_forward"] = _attention("bshd", False, _mask_type_causal)
 FORMULAS["aten::_efficient_attention_backward"] = _attention("bshd", True, _mask_type_causal)
+# torch.nn.attention.varlen (custom ops; on CUDA they run flash/cuDNN varlen kernels)
+FORMULAS["torch_attn::_varlen_attn"] = _attention("bshd", False, _is_causal)
+FORMULAS["torch_attn::_varlen_attn_out"] = _attention("bshd", False, _is_causal)
+FORMULAS["torch_attn::_varlen_attn_backward"] = _attention("bshd", True, _is_causal)
 
 
 HOP_ATTENTION_OPS = ("flex_attention", "flex_attention_backward")

@@ -5,7 +5,9 @@ datasheets, per GPU.  Datasheets print sparse figures (2× dense) with an asteri
 never used here.  Device names are matched explicitly against the name NVML reports (the H200
 reports a plain "NVIDIA H200", which loose substring tables miss).  A CPU peak is estimated
 from cores × clock × FLOPs per cycle and labelled "estimated".  An override in TFLOP/s comes
-from ``FLOWTOP_PEAK_TFLOPS`` (or a CLI flag, via :func:`parse_peak_tflops`).
+from ``FLOWTOP_PEAK_TFLOPS`` (or a CLI flag, via :func:`parse_peak_tflops`): one number for
+every dtype, or per dtype (``bf16=989.4,fp8=1978.9``; dtypes it does not name keep the table's
+or the CPU estimate's figure).
 
 Pure Python: no torch, importable anywhere.
 """
@@ -56,6 +58,14 @@ _TABLE: tuple[_Row, ...] = (
     _Row("A100", (r"A100(?:[- ](?:SXM4?|PCIE)[- ]\d+GB|[- ]\d+GB(?: PCIE)?)?",),
          {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
          "NVIDIA A100 datasheet (SXM and PCIe, 40 and 80 GB), sparse ÷ 2; no fp8"),
+    _Row("H800 SXM", (r"H800(?: SXM5?)?(?: \d+ ?GB(?: HBM3)?)?",), _HOPPER_SXM,
+         "NVIDIA H800 SXM5 datasheet, sparse ÷ 2 (the H100 SXM5's tensor rates; NVLink and FP64 cut)"),
+    _Row("GB200", (r"GB200(?: \d+ ?GB)?",),
+         {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 80.0, "fp8": 5000.0},
+         "NVIDIA GB200 NVL72 datasheet, 72-GPU figures ÷ 72, sparse ÷ 2"),
+    _Row("B100", (r"B100(?: \d+ ?GB)?",),
+         {"bf16": 1750.0, "fp16": 1750.0, "tf32": 875.0, "fp32": 60.0, "fp8": 3500.0},
+         "NVIDIA HGX B100 datasheet (Blackwell architecture brief), 8-GPU figures ÷ 8, sparse ÷ 2"),
     _Row("B200", (r"B200(?: \d+ ?GB)?",),
          {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1125.0, "fp32": 75.0, "fp8": 4500.0},
          "NVIDIA HGX B200 datasheet, 8-GPU figures ÷ 8, sparse ÷ 2"),
@@ -93,9 +103,10 @@ _DTYPE_ALIASES = {
 
 
 def normalise_dtype(dtype: str) -> str:
-    """"torch.bfloat16"/"bfloat16"/"BF16" -> "bf16"; float8 variants -> "fp8"."""
+    """"torch.bfloat16"/"bfloat16"/"BF16" -> "bf16"; float8 variants and the probe's labels
+    "fp8_e4m3"/"fp8_e5m2" -> "fp8" (both formats run at the one fp8 tensor rate)."""
     text = dtype.strip().lower().replace("torch.", "")
-    if text.startswith("float8"):
+    if text.startswith(("float8", "fp8")):
         return "fp8"
     return _DTYPE_ALIASES.get(text, text)
 
@@ -139,17 +150,27 @@ def parse_peak_tflops(text: str) -> float:
     return tflops * 1e12
 
 
-def peak_override(environ: dict[str, str] | None = None) -> float | None:
+def peak_override(environ: dict[str, str] | None = None, dtype: str | None = None) -> float | None:
     """Peak in FLOP/s from ``FLOWTOP_PEAK_TFLOPS`` (TFLOP/s), or None when unset/empty.
 
-    Raises ValueError for a malformed value (a configuration error, reported at start-up)."""
+    The value is one number (every dtype) or ``dtype=TFLOPS`` pairs separated by commas
+    (``bf16=989.4,fp32=66.9``): ``dtype`` picks its pair (None when the list does not name
+    it). Raises ValueError for a malformed value (a configuration error, reported at start-up)."""
     value = (os.environ if environ is None else environ).get(ENV_PEAK, "")
     if not value.strip():
         return None
     try:
-        return parse_peak_tflops(value)
+        if "=" not in value:
+            return parse_peak_tflops(value)
+        per_dtype: dict[str, float] = {}
+        for item in value.split(","):
+            name, sep, number = item.partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"expected dtype=TFLOPS pairs separated by commas, got {item.strip()!r}")
+            per_dtype[normalise_dtype(name)] = parse_peak_tflops(number)
     except ValueError as exc:
         raise ValueError(f"{ENV_PEAK}: {exc}") from None
+    return per_dtype.get(normalise_dtype(dtype)) if dtype is not None else None
 
 
 # --- CPU estimate ---------------------------------------------------------------------------
@@ -289,7 +310,7 @@ def resolve_peak(device_name: str, dtype: str, environ: dict[str, str] | None = 
 
     A malformed override is reported as the reason (never raised from here)."""
     try:
-        override = peak_override(environ)
+        override = peak_override(environ, dtype)
     except ValueError as exc:
         return None, str(exc)
     if override is not None:

@@ -137,6 +137,8 @@ class StepTracker:
         self.embedding: torch.nn.Module | None = None
         self.compiled = False  # the root is a torch.compile'd module
         self.signature: tuple[Any, ...] = ()
+        #: (args, kwargs) of the root forward whose forward listeners are being called, else None.
+        self.forward_inputs: tuple[Any, Any] | None = None
         self.micro_batches = 0
         self.tokens = 0
         self._device: torch.device | None = None
@@ -341,8 +343,10 @@ class StepTracker:
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
                 if listeners and (not self.in_optimizer or self.closure_step):
+                    self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.padding)
                     for listener in listeners:
                         listener(self.signature)
+                    self.forward_inputs = None
             self._forward_since_boundary += 1
         except Exception as exc:
             self._fail("forward", exc)

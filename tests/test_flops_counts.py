@@ -192,7 +192,8 @@ def test_dtype_labels_and_autocast() -> None:
     assert dtype_label(torch.float32, "cuda", "matmul", False, True) == "fp32"
     assert dtype_label(torch.float32, "cuda", "conv", False, True) == "tf32"
     assert dtype_label(torch.float32, "cpu", "matmul", True, True) == "fp32"
-    assert dtype_label(torch.float8_e4m3fn, "cuda", "matmul", False, False) == "fp8"
+    assert dtype_label(torch.float8_e4m3fn, "cuda", "matmul", False, False) == "fp8_e4m3"  # probe.precision
+    assert dtype_label(torch.float8_e5m2, "cuda", "matmul", False, False) == "fp8_e5m2"
     assert dtype_label(torch.float16, "cuda", "matmul", True, True) == "fp16"
 
     layer = nn.Linear(16, 16)
