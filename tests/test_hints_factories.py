@@ -16,7 +16,7 @@ from flowtop.hints.rules import Rule
 from flowtop.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy
 from flowtop.kernels.merge import merge_ranks
 from flowtop.kernels.classify import classify, short_name
-from flowtop.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, TelemetryView
+from flowtop.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, StageView, TelemetryView
 
 GIB = float(1 << 30)
 #: ``heard_at``/``received_at`` of a record that is fresh at any evaluation time (age 0).
@@ -231,6 +231,15 @@ def b_attn_note(v: float, now: float) -> JobSnapshot:
     return job(rank(0, kernels=kwin([(FLASH, 4, v * 10), (GEMM_H, 10, (100 - v) * 10)])), fl=flops())
 
 
+def b_pipeline(v: float, now: float) -> JobSnapshot:
+    """Two pipeline stages around a mean of 1 TFLOP and 0.1 s of compute per step: stage 1 does
+    ``v`` % more than the mean (and computes that much longer), stage 0 as much less."""
+    stages = tuple(StageView(pp_rank=p, stages=(p,), ranks=(p,), model_flops_per_step=1e12 * (1 + sign * v / 100),
+                             flops_share=(1 + sign * v / 100) / 2, stage_time_s=0.1 * (1 + sign * v / 100),
+                             step_time_s=0.2) for p, sign in ((0, -1), (1, 1)))
+    return dataclasses.replace(job(rank(0), rank(1)), stages=stages)
+
+
 def b_rank_conflict(v: float, now: float) -> JobSnapshot:
     """``v`` other processes (on node2) claiming rank 0 besides node1's pid 4000."""
     r0 = rank(0, step=12, hist=history(12))
@@ -329,6 +338,13 @@ CASES: tuple[Case, ...] = (
     Case("estimate_mismatch", b_estimate, 12.0, 8.0, 5.0, "",
          "counted model FLOPs are 12 % below the transformer estimate (6N+12LdT)",
          {"estimate_gap_pct": 12.0, "estimate_ratio": 0.88, "estimated_flops_per_step": 1e12}),
+    Case("pipeline_imbalance", b_pipeline, 21.0, 15.0, 5.0, "",
+         "pipeline stage 1 (pp rank 1, rank 1) computes 21 % more than the stages' mean (1.21TFLOP vs "
+         "1.00TFLOP per step); its compute takes 121ms per step, the stages' mean 100ms: the other stages "
+         "wait for it every micro-batch",
+         {"heavier_pct": 21.0, "heaviest_pp_rank": 1, "heaviest_stages": [1], "heaviest_ranks": [1],
+          "stage_flops_per_step": 1.21e12, "mean_stage_flops_per_step": 1e12, "stages_n": 2,
+          "stage_time_s": 0.121, "mean_stage_time_s": 0.1, "threshold_pct": 20.0}),
     Case("attention_flops_note", b_attn_note, 2.0, 0.7, 0.3, "",
          "fused attention kernels take 2 % of GPU time; profiler-based FLOP counts (torch.profiler "
          "with_flops) count them as 0 FLOPs, flowtop counts them by formula",

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from flowtop.hints import measures_device, measures_identity, measures_kernels, measures_time
+from flowtop.hints import measures_device, measures_identity, measures_kernels, measures_parallel, measures_time
 from flowtop.hints.base import Measurement, MeasureFn, finite, rank_target
 from flowtop.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
 from flowtop.snapshot import Hint, JobSnapshot
@@ -38,6 +38,7 @@ MEASURES: Mapping[str, MeasureFn] = {
     "memory_full": measures_device.memory_full,
     "uncounted_ops": measures_device.uncounted_ops,
     "estimate_mismatch": measures_device.estimate_mismatch,
+    "pipeline_imbalance": measures_parallel.pipeline_imbalance,
     "attention_flops_note": measures_kernels.attention_flops_note,
 }
 

@@ -247,6 +247,27 @@ RULES: tuple[Rule, ...] = (
         doc="abs(counted ÷ estimated − 1), from FlopsView.estimate_ratio",
     ),
     Rule(
+        id="pipeline_imbalance",
+        scope="job",
+        severity="warning",
+        measure="heavier_pct",
+        unit="pct",
+        direction="above",
+        threshold=20.0,
+        clear=10.0,
+        window_steps=0,
+        window_s=0.0,
+        summary="pipeline stage {stage} ({where}) computes {heavier_pct:.0f} % more than the stages' mean "
+        "({stage_flops} vs {mean_flops} per step){time_note}: the other stages wait for it every micro-batch",
+        action="Move layers from that stage to the lightest one (the LM head and loss sit on the last "
+        "stage, the embedding on the first costs almost no FLOPs): give the first and last stages "
+        "fewer blocks, e.g. torchtitan's pipeline_parallel_layers_per_stage or your split points.",
+        doc="model FLOPs per step of the heaviest pipeline stage (one data-parallel replica) ÷ the mean "
+        "over the stages − 1; impact 1 − mean ÷ max (the share of the pipeline's compute the other "
+        "stages spend waiting); the stages' compute times (forward and backward chunks, waits "
+        "excluded) are in the evidence",
+    ),
+    Rule(
         id="attention_flops_note",
         scope="job",
         severity="info",
