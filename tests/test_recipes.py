@@ -111,6 +111,54 @@ def test_tensor_parallel_ranks_count_their_shards(monitor) -> None:
     assert run.job["flops_per_s"] == pytest.approx(sum(r["flops_per_s"] for r in run.ranks))
 
 
+#: Per token, by hand (TinyGPT's d 64, V 512, T 32): a block's forward is 2·12·d² (qkv 3d², proj d²,
+#: MLP 4d² and 4d²) + 4·T·d (QKᵀ and AV, full square) = 98,304 + 8,192 = 106,496; the LM head's is
+#: 2·d·V = 65,536; training = 3 × forward (stage 0's input ids need no gradient, but the embedding
+#: output does, so every linear of block 0 still computes its input gradient).
+PP_STAGE0_PER_TOKEN = 3 * (2 * 12 * 64 * 64 + 4 * 32 * 64)  # embeddings + block 0: 319,488
+PP_STAGE1_PER_TOKEN = 3 * (2 * 12 * 64 * 64 + 4 * 32 * 64 + 2 * 64 * 512)  # block 1 + LM head: 516,096
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_parallel_stages_count_their_layers(monitor, schedule: str) -> None:
+    """Issue 14 part 2 through flowtop run -> torchrun -> probe -> monitor: a 2-stage pipeline
+    (torch.distributed.pipelining, 4 micro-batches of 2 sequences). Each stage counts only its
+    own layers over all its micro-batches; only stage 0 embeds tokens (8 × 32 = 256 per step), so
+    the job's tokens/s is stage 0's, once; the job's FLOPs are the sum of the stages, which is one
+    TinyGPT step; the per-stage figures and the imbalance hint name stage 1 (the LM head's)."""
+    steps, batch = 16, 8
+    run = run_recipe(monitor, torchrun(str(RECIPES / "pipeline_parallel.py"), f"--steps={steps}", f"--batch={batch}",
+                                       f"--schedule={schedule}"), n_ranks=2)
+    assert_ranks(run, 2)
+    tokens = batch * TINY["seq"]
+    assert PP_STAGE0_PER_TOKEN == 319_488 and PP_STAGE1_PER_TOKEN == 516_096
+    assert PP_STAGE0_PER_TOKEN + PP_STAGE1_PER_TOKEN == tiny_gpt_flops_per_token()
+    first, last = run.ranks
+    assert_rank_basics(first, steps=steps, tokens_per_step=tokens, flops_per_step=PP_STAGE0_PER_TOKEN * tokens)
+    assert last["step"] == steps and last["status"] == "done" and last["counted"] is True
+    assert last["tokens_per_step"] == 0 and last["tokens_per_s"] is None  # a later stage embeds nothing
+    assert last["flops_per_step"] == PP_STAGE1_PER_TOKEN * tokens  # 132,120,576
+    assert last["mfu"] is not None and 0 < last["mfu"] < 1  # FLOPs per step / median step time
+    for r in run.ranks:
+        assert r["coords"] == {"dp": {"rank": 0, "size": 1}, "pp": {"rank": r["rank"], "size": 2}}, r["coords_source"]
+        assert r["pp_stages"] == [r["rank"]] and r["coords_source"].startswith(f"pipeline stage {r['rank']} of 2")
+        assert 0 < r["stage_time_s"] < r["step_time_s"]  # compute only: the waits for the other stage are out
+    job = run.job
+    assert job["tokens_per_s_basis"].startswith("tokens once per data-parallel replica")
+    assert job["tokens_per_s"] == pytest.approx(first["tokens_per_s"])
+    assert job["flops_per_step"] == tiny_gpt_flops_per_token() * tokens  # Σ stages = one unsharded step
+    assert job["flops_per_s"] == pytest.approx(first["flops_per_s"] + last["flops_per_s"])
+    stages = job["pipeline_stages"]
+    assert [(s["pp_rank"], s["stages"], s["ranks"]) for s in stages] == [(0, [0], [0]), (1, [1], [1])]
+    assert [s["flops_per_step"] for s in stages] == [PP_STAGE0_PER_TOKEN * tokens, PP_STAGE1_PER_TOKEN * tokens]
+    assert stages[0]["flops_share"] == pytest.approx(319_488 / 835_584)  # 0.382
+    assert stages[0]["stage_time_s"] == first["stage_time_s"]
+    hint = next(h for h in job["hints"] if h["id"] == "pipeline_imbalance")
+    assert hint["evidence"]["heaviest_pp_rank"] == 1
+    assert hint["evidence"]["heavier_pct"] == pytest.approx(100 * (516_096 / ((319_488 + 516_096) / 2) - 1))  # 23.5
+    assert hint["summary"].startswith("pipeline stage 1 (pp rank 1, rank 1) computes 24 % more than the stages' mean")
+
+
 def test_mp_spawn_without_rank_env(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "mp_spawn.py"), f"--steps={steps}", f"--batch={batch}"],
