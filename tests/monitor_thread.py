@@ -40,16 +40,22 @@ class MonitorThread:
         return fut.result(10)
 
     def snapshot(self) -> MonitorSnapshot:
-        """A snapshot taken on the loop thread (the model is not thread-safe)."""
+        """A snapshot taken on the loop thread now (the model is not thread-safe): a pure read,
+        with the hints of the last tick."""
         return self.call(self.collector.snapshot)
 
+    def published(self) -> MonitorSnapshot:
+        """The latest tick's snapshot, what the TUI is shown: its hints were evaluated on exactly
+        its ranks' data (a later snapshot may hold steps the hints have not seen yet)."""
+        return self.call(lambda: self.collector.published or self.collector.snapshot())
+
     def wait_for(self, pred: Callable[[MonitorSnapshot], bool], timeout: float = 60.0) -> MonitorSnapshot:
-        """Poll snapshots until ``pred`` holds; return the last one either way."""
+        """Poll the ticks' snapshots until ``pred`` holds; return the last one either way."""
         deadline = time.monotonic() + timeout
-        snap = self.snapshot()
+        snap = self.published()
         while not pred(snap) and time.monotonic() < deadline:
             time.sleep(0.1)
-            snap = self.snapshot()
+            snap = self.published()
         return snap
 
     def close(self) -> None:
