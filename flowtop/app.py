@@ -48,6 +48,7 @@ class FlowtopApp(App[None]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "save_svg", "Screenshot", show=False),
     ]
 
     def __init__(self, source: DataSource, *, refresh_s: float = 0.5) -> None:
@@ -120,6 +121,25 @@ class FlowtopApp(App[None]):
         """Ask one rank for a kernel window now (the ``k`` key); the data thread sends it."""
         self.data.request_kernels(job, rank)
         self.notify(f"asked rank {rank} of {job} for a kernel window", timeout=3)
+
+    def action_save_svg(self) -> None:
+        """Save an SVG screenshot of the screen on show (``p``, for bug reports) and say where:
+        ``$FLOWTOP_SCREENSHOT_DIR`` or the current directory."""
+        import os
+        import time
+
+        directory = os.environ.get("FLOWTOP_SCREENSHOT_DIR") or os.getcwd()
+        stem = f"flowtop-{time.strftime('%Y%m%d-%H%M%S')}-{type(self.screen).__name__}"
+        name, n = f"{stem}.svg", 1
+        while os.path.exists(os.path.join(directory, name)):
+            n += 1
+            name = f"{stem}-{n}.svg"
+        try:
+            path = self.save_screenshot(name, directory)
+        except OSError as exc:
+            self.notify(f"screenshot not saved: {exc.strerror or exc} ({directory})", severity="error", timeout=8)
+            return
+        self.notify(f"screenshot saved to {os.path.abspath(path)}", timeout=8)
 
     def action_help(self) -> None:
         """Show the key help (toggle)."""

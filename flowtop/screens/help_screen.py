@@ -15,6 +15,7 @@ from flowtop.snapshot import EXECUTED_FLOPS_NOTE, MODEL_FLOPS_NOTE
 KEYS: tuple[tuple[str, str, str], ...] = (
     ("any", "q", "quit"),
     ("any", "?", "this help (again or Esc closes it)"),
+    ("any", "p", "save an SVG screenshot of the screen ($FLOWTOP_SCREENSHOT_DIR, else .)"),
     ("main", "↑ ↓", "select a rank or node (or a hint after Tab)"),
     ("main", "Enter", "kernel screen of the rank / open a node / expand the hint"),
     ("main", "→ ← space", "open / close the node (← from one of its ranks too)"),
@@ -35,6 +36,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("main", "Tab", "move between ranks, hints and the rank map"),
     ("kernels", "1-6", "sort by time, calls, mean, FLOP/s, cumulative, name"),
     ("kernels", "s / r", "cycle sort column / reverse order"),
+    ("kernels", "click", "a column header sorts by it (again: reversed)"),
     ("kernels", "↑ ↓", "full name of the kernel under the cursor (bottom line)"),
     ("kernels", "k", "capture a new window"),
     ("sub", "Esc", "back"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from flowtop.screens.snapshot_screen import SnapshotScreen, find_job
 from flowtop.snapshot import MonitorSnapshot
 from flowtop.widgets._kernels import JobKernelView, job_view
 from flowtop.widgets.job_kernel_table import JobKernelTable
+from flowtop.widgets.status_footer import StatusFooter
 
 
 def job_kernel_title(job: str, view: JobKernelView | None, ranks_total: int, by_mean: bool) -> Text:
@@ -49,7 +50,7 @@ class JobKernelScreen(SnapshotScreen):
     def compose(self) -> ComposeResult:
         yield Static(id="job-kernel-title")
         yield JobKernelTable(id="job-kernels")
-        yield Footer()
+        yield StatusFooter()
 
     def show(self, snap: MonitorSnapshot | None) -> None:
         job = find_job(snap, self.job_name)
@@ -63,6 +64,14 @@ class JobKernelScreen(SnapshotScreen):
         self.query_one("#job-kernel-title", Static).update(
             job_kernel_title(self.job_name, self.view, self._ranks_total, by_mean)
         )
+
+    def on_data_table_header_selected(self, event: JobKernelTable.HeaderSelected) -> None:
+        """A click on ``mean`` orders by mean time, on ``min``/``max``/``spread`` by max − min."""
+        key = str(event.column_key.value)
+        if key in ("mean", "min", "max", "spread"):
+            event.stop()
+            self.query_one(JobKernelTable).by_mean = key == "mean"
+            self._title()
 
     def action_toggle_sort(self) -> None:
         """Order by max − min or by mean time (``s``)."""

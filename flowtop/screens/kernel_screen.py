@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from flowtop.screens.snapshot_screen import SnapshotScreen, find_job, pick_rank
 from flowtop.snapshot import MonitorSnapshot, RankSnapshot
@@ -14,6 +14,7 @@ from flowtop.widgets._kernels import WindowView, window_view
 from flowtop.widgets.category_bar import CategoryBar
 from flowtop.widgets.kernel_anatomy import KernelAnatomy
 from flowtop.widgets.kernel_table import SORTS, KernelTable
+from flowtop.widgets.status_footer import StatusFooter
 
 
 def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank: int) -> Text:
@@ -43,6 +44,10 @@ def kernel_title(r: RankSnapshot | None, view: WindowView | None, job: str, rank
     return out
 
 
+#: Column key -> index into SORTS of the sort a click on its header picks.
+HEADER_SORTS = {**{key: i for i, (key, _, _) in enumerate(SORTS)}, "share": 0}
+
+
 class KernelScreen(SnapshotScreen):
     """Sortable kernel table, category bar and anatomy of one rank's window."""
 
@@ -67,7 +72,7 @@ class KernelScreen(SnapshotScreen):
         yield KernelAnatomy(id="anatomy")
         yield KernelTable(id="kernels")
         yield Static(id="kernel-full")
-        yield Footer()
+        yield StatusFooter()
 
     def show(self, snap: MonitorSnapshot | None) -> None:
         r = pick_rank(find_job(snap, self.job_name), self.rank)
@@ -94,6 +99,15 @@ class KernelScreen(SnapshotScreen):
 
     def _title(self) -> None:
         self.query_one("#kernel-title", Static).update(kernel_title(self._rank, self.view, self.job_name, self.rank))
+
+    def on_data_table_header_selected(self, event: KernelTable.HeaderSelected) -> None:
+        """A click on a column header sorts by that column (a second click reverses it); the
+        window share sorts as time does, the category not at all."""
+        key = str(event.column_key.value)
+        index = HEADER_SORTS.get(key)
+        if index is not None:
+            event.stop()
+            self.action_sort(index)
 
     def action_sort(self, index: int) -> None:
         """Sort by column ``index`` of :data:`SORTS` (keys 1-6)."""

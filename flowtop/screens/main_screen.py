@@ -7,7 +7,7 @@ from dataclasses import replace
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
 from flowtop.rankfilter import FilterError, RankFilter, known_hint_ids, parse_filter
 from flowtop.rankstats import map_slots
@@ -19,6 +19,7 @@ from flowtop.widgets.job_header import JobHeader
 from flowtop.widgets.rank_map import RankMap
 from flowtop.widgets.rank_summary import RankSummary
 from flowtop.widgets.rank_table import RankTable
+from flowtop.widgets.status_footer import StatusFooter
 
 #: Jobs with fewer rank numbers get no map unless asked for (``m``, ``M``): the table shows them all.
 MAP_MIN_RANKS = 16
@@ -70,7 +71,7 @@ class MainScreen(SnapshotScreen):
                 yield RankTable(id="ranks")
                 yield HintsPanel(id="hints")
             yield RankMap(id="rank-map")
-        yield Footer()
+        yield StatusFooter()
 
     @property
     def job(self) -> JobSnapshot | None:

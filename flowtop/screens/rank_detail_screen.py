@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from flowtop.hints.measures_device import power_limited, watched_reasons
 from flowtop.screens.snapshot_screen import SnapshotScreen, find_job, pick_rank
@@ -15,6 +15,7 @@ from flowtop.widgets import _telemetry as tm
 from flowtop.widgets._format import STATUS_STYLE, fmt_int, fmt_pct, fmt_time
 from flowtop.widgets.flops_panel import FlopsPanel
 from flowtop.widgets.metric_sparkline import MetricSparkline
+from flowtop.widgets.status_footer import StatusFooter
 from flowtop.widgets.telemetry_panel import TelemetryPanel
 
 
@@ -149,7 +150,7 @@ class RankDetailScreen(SnapshotScreen):
             with VerticalScroll(id="telemetry-box") as box:
                 box.border_title = "telemetry"
                 yield TelemetryPanel(id="telemetry")
-        yield Footer()
+        yield StatusFooter()
 
     def show(self, snap: MonitorSnapshot | None) -> None:
         r = pick_rank(find_job(snap, self.job_name), self.rank)

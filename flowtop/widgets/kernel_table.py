@@ -41,7 +41,7 @@ CATEGORY_STYLE: dict[str, str] = {
     "communication": "magenta",
     "memory": "yellow",
     "optimizer": "blue",
-    "elementwise": "white",
+    "elementwise": "default",  # the theme's text colour: "white" vanishes on a light background
     "norm_softmax": "bright_blue",
     "reduction": "bright_cyan",
     "other": "dim",
