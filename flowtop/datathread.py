@@ -119,7 +119,7 @@ class DataThread:
         self.mailbox = Mailbox()
         self.notices = Notices()  # the data thread's own (a command that raised)
         self._wake = wake or (lambda: None)
-        self._loop = asyncio.new_event_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None  # made by start(): an app never run holds none
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._pulse: asyncio.Task[None] | None = None
@@ -142,19 +142,21 @@ class DataThread:
 
     def start(self) -> concurrent.futures.Future[None]:
         """Start the thread and the source on it; the future fails with the source's start error."""
-        if not self._thread.is_alive() and not self._started.done():
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
             self._thread.start()
         return self._started
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the source (if it started) on its loop, then the loop and the thread. Blocks."""
-        if not self._thread.is_alive():
+        loop = self._loop
+        if loop is None or not self._thread.is_alive():
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout)
         except Exception:  # closing anyway
             pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        loop.call_soon_threadsafe(loop.stop)
         self._thread.join(timeout)
 
     async def stopped(self, timeout: float = 10.0) -> None:
@@ -178,6 +180,8 @@ class DataThread:
                 if tell:
                     self._tell(f"{getattr(fn, '__name__', 'command')} failed: {type(exc).__name__}: {exc}")
 
+        if self._loop is None:
+            raise RuntimeError("the data thread was not started")
         self._loop.call_soon_threadsafe(run)
         return fut
 
@@ -207,13 +211,15 @@ class DataThread:
     # --- the data loop ----------------------------------------------------------------------
 
     def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.create_task(self._begin())
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+        loop.create_task(self._begin())
         try:
-            self._loop.run_forever()
+            loop.run_forever()
         finally:
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
     async def _begin(self) -> None:
         try:
@@ -253,7 +259,7 @@ class DataThread:
             self._wake()
 
     def _tell(self, text: str) -> None:
-        self.notices.error(text, self._loop.time())
+        self.notices.error(text, asyncio.get_running_loop().time())
         self._publish(None)
 
     async def _shutdown(self) -> None:
