@@ -11,8 +11,11 @@ Conventions (also in the JSON ``conventions`` block):
 * a *stalled* rank (no step for a while, though it still talks; see
   :mod:`flowtop.model`) has FLOP/s, MFU and HFU of 0, with ``mfu_reason`` saying for how
   long it has made no step: medians of past steps would keep showing full speed;
-* MFU           = model FLOP/s ÷ dense peak of the dtype in use;
-* HFU           = executed FLOP/s ÷ the same peak;
+* MFU           = model FLOP/s ÷ dense peak of the dtype in use; when the probe sends FLOPs per
+  dtype, against each op's own dtype peak: ideal time Σ F_d/peak_d ÷ step time, i.e. model
+  FLOP/s ÷ the mix peak F / Σ F_d/peak_d (flowtop.precision), with the bf16-equivalent MFU
+  (model FLOP/s ÷ the bf16 peak) beside it;
+* HFU           = executed FLOP/s ÷ the same peak (the executed FLOPs' mix);
 * job MFU       = Σ model FLOP/s ÷ Σ peaks of the ranks (the same time window),
   so a job with one idle rank is not flattered.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from flowtop import moe_load, precision
 from flowtop.snapshot import FlopsView
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
@@ -52,6 +56,10 @@ def rank_flops(
     peak = peak_override if peak_override else msg.get("peak_flops")
     source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
     tokens = int(msg.get("tokens", 0))
+    mix = precision.mix_of(msg, peak_override)
+    hpeak = peak
+    if mix is not None:  # each dtype against its own dense peak (flowtop.precision)
+        peak, hpeak = mix.peak_flops, mix.executed_peak_flops
     fps: float | None
     efps: float | None
     if stalled_s is not None:
@@ -67,6 +75,8 @@ def rank_flops(
     reason = ""
     if stalled_s is not None:
         reason = STALLED_REASON.format(stalled_s)
+    elif not peak and mix is not None and mix.missing:
+        reason = precision.missing_reason(mix)
     elif not peak:
         reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
     elif fps is None:
@@ -81,7 +91,7 @@ def rank_flops(
         executed_flops_per_s=efps,
         # A stalled rank runs at 0 % of any peak, known or not.
         mfu=0.0 if stalled_s is not None else (fps / peak if (fps is not None and peak) else None),
-        hfu=0.0 if stalled_s is not None else (efps / peak if (efps is not None and peak) else None),
+        hfu=0.0 if stalled_s is not None else (efps / hpeak if (efps is not None and hpeak) else None),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
         dtype=str(msg.get("dtype", "?")),
@@ -94,7 +104,21 @@ def rank_flops(
         model_note=str(msg.get("model_note", "")),
         uncounted_size=dict(msg.get("uncounted_size", {})),
         parallel=str(msg.get("parallel", "")),
+        **_extras(msg, mix, fps, tokens),
     )
+
+
+def _extras(msg: Mapping[str, Any], mix: Any, fps: float | None, tokens: int) -> dict[str, Any]:
+    """Precision mix, bf16-equivalent MFU, MoE expert load and non-padding tokens of a rank."""
+    bf16 = mix.bf16_peak_flops if mix is not None else None
+    nonpad = msg.get("nonpad_tokens")
+    return {
+        "precision": mix,
+        "mfu_bf16": fps / bf16 if (fps is not None and bf16) else None,
+        "expert_load": moe_load.rank_load(msg),
+        "nonpad_tokens": int(nonpad) if nonpad is not None else None,
+        "nonpad_frac": nonpad / tokens if (nonpad is not None and tokens > 0) else None,
+    }
 
 
 def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
@@ -109,6 +133,8 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
 
     fps, efps = total("flops_per_s"), total("executed_flops_per_s")
     peaks = total("peak_flops")
+    mix = precision.job_mix([v.precision for v in vs])
+    hpeaks = mix.executed_peak_flops if mix is not None else peaks
     uncounted: dict[str, int] = {}
     sizes: dict[str, int] = {}
     for v in vs:
@@ -133,7 +159,7 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         flops_per_s=fps,
         executed_flops_per_s=efps,
         mfu=fps / peaks if (fps is not None and peaks) else (0.0 if fps == 0.0 and stalled else None),
-        hfu=efps / peaks if (efps is not None and peaks) else (0.0 if efps == 0.0 and stalled else None),
+        hfu=efps / hpeaks if (efps is not None and hpeaks) else (0.0 if efps == 0.0 and stalled else None),
         peak_flops=peaks,
         peak_source="; ".join(sources),
         dtype="/".join(dtypes),
@@ -146,7 +172,23 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
         uncounted_size=sizes,
         parallel="; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512],
+        **_job_extras(vs, mix, fps),
     )
+
+
+def _job_extras(vs: Sequence[FlopsView], mix: Any, fps: float | None) -> dict[str, Any]:
+    bf16 = mix.bf16_peak_flops if mix is not None else None
+    nonpad = [v.nonpad_tokens for v in vs]
+    fracs = [v.nonpad_frac for v in vs]
+    known = all(n is not None for n in nonpad) and all(f for f in fracs)
+    return {
+        "precision": mix,
+        "mfu_bf16": fps / bf16 if (fps is not None and bf16) else None,
+        "expert_load": moe_load.job_load([v.expert_load for v in vs]),
+        "nonpad_tokens": sum(nonpad) if known else None,  # type: ignore[arg-type]
+        "nonpad_frac": (sum(nonpad) / sum(n / f for n, f in zip(nonpad, fracs))  # type: ignore[operator]
+                        if known else None),
+    }
 
 
 def _stalled(v: FlopsView) -> bool:

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.3"
+SCHEMA = "flowtop.snapshot/1.4"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -59,6 +59,13 @@ class FlopsView:
     #: FLOP-like size per uncounted op in the counted step (probe.flops_uncounted: a rough bound)
     uncounted_size: Mapping[str, int] = field(default_factory=dict)
     parallel: str = ""  # mesh and placements under DTensor parallelism (the figures are local)
+    #: FLOPs per operand dtype and their peaks (flowtop.precision.DtypeMix); MFU/HFU are then
+    #: against each dtype's own peak and ``peak_flops`` is the mix peak. None from older probes.
+    precision: Any = None
+    mfu_bf16: float | None = None  # bf16-equivalent MFU: model FLOP/s / the bf16 dense peak
+    expert_load: Any = None  # MoE: tokens per expert summarised (flowtop.moe_load.ExpertLoad)
+    nonpad_tokens: int | None = None  # non-padding tokens of the counted step (attention_mask)
+    nonpad_frac: float | None = None  # ... ÷ its tokens (which count padding)
 
     @property
     def estimate_ratio(self) -> float | None:
@@ -260,7 +267,8 @@ FLOP_FIELDS: tuple[str, ...] = (
     "flops_per_step", "executed_flops_per_step", "estimated_flops_per_step", "estimate_source",
     "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
     "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
-    "counted", "model_note", "uncounted_size", "parallel",
+    "counted", "model_note", "uncounted_size", "parallel", "mfu_bf16", "precision", "expert_load",
+    "nonpad_tokens", "nonpad_frac",
 )
 #: ``mfu_reason`` of a rank (or job) with no FLOP count.
 NO_COUNT_REASON = "no FLOP count yet"
@@ -275,6 +283,9 @@ def _flops_json(f: FlopsView | None) -> dict[str, Any]:
     d = _clean(f)
     d["flops_per_step"] = d.pop("model_flops_per_step")
     d["estimate_ratio"] = f.estimate_ratio
+    from flowtop.moe_load import load_json
+
+    d["expert_load"] = load_json(f.expert_load)  # the summary; per-layer tables stay in memory
     return {k: d[k] for k in FLOP_FIELDS}
 
 

@@ -166,7 +166,8 @@ class RankDetailScreen(SnapshotScreen):
         self.query_one("#spark-power", MetricSparkline).show(h.power_w if h else (), **gpu_only)
         self.query_one("#spark-clock", MetricSparkline).show(h.sm_clock_mhz if h else (), **gpu_only)
         self.query_one("#throttle", Static).update(throttle_text(r))
-        self.query_one(FlopsPanel).show(r.flops if r else None)
+        job = find_job(snap, self.job_name)
+        self.query_one(FlopsPanel).show(r.flops if r else None, job.flops if job is not None else None)
         self.query_one(TelemetryPanel).show(r.telemetry if r else None, now)
 
     def action_kernels_now(self) -> None:
