@@ -112,7 +112,11 @@ def device_findings(child: dict[str, Any]) -> list[Finding]:
     for p in child.get("peaks", []):
         label = f"{p['device']} {p['dtype']}"
         if p.get("flops"):
-            out.append(Finding("peak", OK, f"{label}: {p['flops'] / 1e12:,.1f} TFLOP/s from {p['source']}", details=p))
+            from flowtop.format import rate_prefix
+
+            scale, prefix = rate_prefix([p["flops"]])
+            out.append(Finding("peak", OK, f"{label}: {p['flops'] / scale:,.1f} {prefix}FLOP/s from {p['source']}",
+                               details=p))
         else:
             bad_override = "FLOWTOP_PEAK_TFLOPS" in p.get("reason", "") and "peak must" in p.get("reason", "")
             out.append(Finding("peak", FAIL if bad_override else WARN, f"{label}: no peak ({p.get('reason')}): MFU n/a",

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from socketserver import ThreadingMixIn
 
 from flowtop.exporter import ExportPolicy, SnapshotCollector
+from flowtop.selfload import METER
 from flowtop.snapshot import MonitorSnapshot, to_json
 
 
@@ -97,6 +98,7 @@ class MetricsServer:
                 f"cannot serve metrics on {self.where.host}:{self.where.port}: {exc.strerror or exc}"
                 " (is another flowtop serve running? pick another --prometheus port)") from None
         self.where = HostPort(self.where.host, self._httpd.server_address[1])
+        METER.read()  # the base reading: the first scrape already has the monitor's CPU since now
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="flowtop-metrics", daemon=True)
         self._thread.start()
         return self.where

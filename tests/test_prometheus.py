@@ -280,3 +280,19 @@ def test_no_snapshot_yet_and_other_paths() -> None:
             assert err.value.code == code
     finally:
         metrics.stop()
+
+
+def test_the_readme_lists_exactly_the_exported_metrics(made: list[Any]) -> None:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Prometheus and Grafana", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `flowtop_")]
+    listed = {name for line in rows for name in re.findall(r"`(flowtop_[a-z_]+)`", line.split(" | ")[0])}
+    mon, _ = _start(made, ExportPolicy(), [("node-a", 0)])
+    mon.wait(lambda s: bool(s["jobs"]))
+    text = mon.scrape()
+    exported = {n for n in re.findall(r"^# TYPE (\S+) ", text, re.M) if n.startswith("flowtop_")}
+    assert listed == exported, (f"in the README only: {sorted(listed - exported)}; "
+                                f"exported only: {sorted(exported - listed)}")
