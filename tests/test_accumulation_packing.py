@@ -1,0 +1,171 @@
+"""Gradient accumulation, packed sequences and padding (issue 14 part 7), pinned by hand.
+
+* accumulation 1/4/8: FLOPs and tokens per step are k × one micro-batch's (the probe's real
+  publisher output, in-process);
+* packed documents: SDPA with a block-diagonal mask counts Σ sᵢ² in model FLOPs (executed stays
+  S² per row: the dense kernel computes the masked square); masks that are not block-diagonal
+  count the full square; varlen offsets (a CUDA-only op: its formula on real offsets);
+* padding: tokens count padding; ``nonpad_tokens`` comes from the root's ``attention_mask``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import probe
+from flop_helpers import count
+from probe.flops_formulas import FORMULAS, bind_arguments
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "1000")  # count every new shape on these tiny steps
+    out: list[tuple[str, dict[str, Any]]] = []
+    assert probe.attach(job="t")
+    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    try:
+        yield out
+    finally:
+        probe.detach()
+
+
+def _of(out: list[tuple[str, dict[str, Any]]], kind: str) -> list[dict[str, Any]]:
+    return [f for k, f in out if k == kind]
+
+
+V, D, B, S = 50, 16, 2, 8
+# One micro-batch of (B, S) tokens through Linear d→d and Linear d→V: forward 2·B·S·(d² + d·V),
+# backward 2 × that (the embedding's output needs a gradient: its table is trained) = 101,376.
+MICRO = 3 * 2 * B * S * (D * D + D * V)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_accumulation_flops_and_tokens_per_step(k: int, captured: list[tuple[str, dict[str, Any]]]) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(V, D), nn.Linear(D, D), nn.Linear(D, V))
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(3):
+        for _ in range(k):
+            model(torch.randint(0, V, (B, S))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert MICRO == 101_376
+    assert [(s["tokens"], s["micro_batches"]) for s in _of(captured, "step")] == [(B * S * k, k)] * 3
+    (f,) = _of(captured, "flops")
+    assert f["model_flops"] == f["executed_flops"] == k * MICRO
+    assert f["tokens"] == B * S * k
+    assert f["model_flops"] / f["tokens"] == MICRO / (B * S)  # per token: independent of k
+    assert "nonpad_tokens" not in f  # no attention_mask: nothing to say about padding
+
+
+H, T_ROW, HD = 4, 16, 8
+
+
+def _block_mask(*docs: int, causal: bool = False) -> torch.Tensor:
+    mask = torch.zeros(sum(docs), sum(docs), dtype=torch.bool)
+    start = 0
+    for n in docs:
+        block = torch.ones(n, n, dtype=torch.bool)
+        mask[start:start + n, start:start + n] = block.tril() if causal else block
+        start += n
+    return mask
+
+
+def _attend(mask: torch.Tensor, **kw: Any) -> Any:
+    q = torch.randn(B, H, T_ROW, HD, requires_grad=True)
+    return count(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=mask).sum().backward(), **kw)
+
+
+# Dense row: forward 4·B·H·S²·D = 4·2·4·256·8 = 65,536; fused CPU-flash backward executes
+# 2 × forward + the recomputed scores 2·B·H·S²·D = 32,768.
+DENSE_FWD = 4 * B * H * T_ROW**2 * HD
+DENSE_EXEC = DENSE_FWD + 2 * DENSE_FWD + DENSE_FWD // 2
+
+
+def test_packed_documents_count_the_sum_of_squares() -> None:
+    # Two documents of 5 and 11 tokens packed into each 16-token row: Σ sᵢ² = 25 + 121 = 146.
+    got = _attend(_block_mask(5, 11))
+    assert got.model_flops == 3 * 4 * B * H * 146 * HD == 112_128  # forward + backward 2×
+    assert got.executed_flops == DENSE_EXEC == 229_376  # the kernel ran the masked full square
+    # per-row documents, (B, 1, S, S): row 0 [5, 11], row 1 [8, 8] -> 146 + 128
+    rows = torch.stack([_block_mask(5, 11), _block_mask(8, 8)]).unsqueeze(1)
+    assert _attend(rows).model_flops == 3 * 4 * H * (146 + 128) * HD
+    # a float mask as SDPA builds it (-inf where masked) reads the same
+    additive = torch.zeros(T_ROW, T_ROW).masked_fill(~_block_mask(5, 11), float("-inf"))
+    assert _attend(additive).model_flops == 112_128
+
+
+def test_packed_causal_documents_and_the_causal_convention() -> None:
+    mask = _block_mask(5, 11, causal=True)
+    assert _attend(mask).model_flops == 112_128  # "full" counts each document's square
+    half = _attend(mask, attention="causal")
+    assert half.model_flops == 112_128 // 2  # causal within every document: halved like is_causal
+    assert half.executed_flops == DENSE_EXEC  # no is_causal flag: the kernel skipped nothing
+
+
+def test_masks_that_are_not_packed_documents_count_the_full_square() -> None:
+    full = 3 * DENSE_FWD
+    sliding = torch.ones(T_ROW, T_ROW, dtype=torch.bool).tril().triu(-3)  # a 4-token window
+    padding = torch.ones(T_ROW, T_ROW, dtype=torch.bool)
+    padding[:, 12:] = False  # key padding: one document with masked keys
+    per_head = _block_mask(5, 11).expand(B, H, T_ROW, T_ROW)  # per-head masks are not scanned
+    for mask in (sliding, padding, per_head, _block_mask(16)):
+        assert _attend(mask).model_flops == full
+
+
+def test_varlen_offsets_count_each_document() -> None:
+    import torch.nn.attention.varlen  # noqa: F401 - registers torch_attn::_varlen_attn
+
+    # Documents of 3 and 7 tokens, 2 heads of width 8 (total, H, D): Σ lq·lk = 9 + 49 = 58
+    q = torch.randn(10, 2, 8)
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+    op = torch.ops.torch_attn._varlen_attn.default
+    fwd = FORMULAS["torch_attn::_varlen_attn"](bind_arguments(op, (q, q, q, cu, None, 7, 7), {}), None, False)
+    assert fwd.model == fwd.executed == 4 * 2 * 58 * 8 == 3_712
+    causal = FORMULAS["torch_attn::_varlen_attn"](bind_arguments(op, (q, q, q, cu, cu, 7, 7, True), {}), None, True)
+    assert causal.model == 3_712 // 2
+    bop = torch.ops.torch_attn._varlen_attn_backward.default
+    args = (q, q, q, q, q, torch.zeros(2, 10), cu, cu, 7, 7, False, torch.zeros(2))
+    bwd = FORMULAS["torch_attn::_varlen_attn_backward"](bind_arguments(bop, args, {}), None, False)
+    assert bwd.model == 2 * 3_712 and bwd.executed == 2 * 3_712 + 2 * 2 * 58 * 8
+
+
+class Padded(nn.Module):
+    """HF-style: ``forward(input_ids, attention_mask=None)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.out = nn.Linear(D, V)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.out(self.emb(input_ids))
+
+
+def test_padding_is_counted_and_nonpad_tokens_are_reported(captured: list[tuple[str, dict[str, Any]]]) -> None:
+    model = Padded()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lengths = [[8, 3], [5, 6]]  # two micro-batches of two rows padded to 8 tokens
+    masks = [torch.tensor([[1] * n + [0] * (S - n) for n in row]) for row in lengths]
+    for _ in range(3):
+        for mask in masks:
+            model(torch.randint(0, V, (B, S)), attention_mask=mask).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    (f,) = _of(captured, "flops")
+    assert f["tokens"] == 2 * B * S == 32  # padding included: the GEMMs ran on it
+    assert f["model_flops"] == 2 * 3 * 2 * B * S * D * V  # one linear on every padded token
+    assert f["nonpad_tokens"] == 8 + 3 + 5 + 6 == 22
+    from flowtop.accounting import job_flops, rank_flops
+
+    view = rank_flops(f, step_time_s=0.01)
+    assert view.nonpad_tokens == 22 and view.nonpad_frac == pytest.approx(22 / 32)
+    assert job_flops([view, view]).nonpad_frac == pytest.approx(22 / 32)
