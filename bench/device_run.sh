@@ -14,6 +14,8 @@
 #   costs.json       bench/probe_costs.py: the probe's training-thread time per step, by feature
 #   overhead.json    bench/overhead.py --device cuda, mid-size and small GPT (A/B blocks)
 #   calibrate.txt    flowtop calibrate: ncu hardware FLOPs vs the probe's executed FLOPs
+#   moe_fp8.json     bench/gpu_moe_fp8.py: bf16 vs fp8 GEMM MFU per dtype, grouped-GEMM MoE step,
+#                    _scaled_grouped_mm and varlen attention counts vs hand and FlopCounterMode
 #   small.rec.gz, large.rec.gz   the monitor's recordings of gpu_check (flowtop replay FILE)
 set -u
 OUT=${OUT:-/tmp/flowtop-gpu}
@@ -26,7 +28,7 @@ stage() { echo "=== $1 (t=$(( $(date +%s) - T0 )) s)"; }
 # budget (the device tool allows 600 s a command): a late stage is skipped, never cut off.
 BUDGET=${BUDGET:-570}
 want() {
-  [[ " ${STAGES:-pytest teardown costs gpu_check calibrate overhead} " == *" $1 "* ]] || return 1
+  [[ " ${STAGES:-pytest moe_fp8 teardown costs gpu_check calibrate overhead} " == *" $1 "* ]] || return 1
   local used=$(( $(date +%s) - T0 ))
   if (( used + $2 > BUDGET )); then echo "=== $1 skipped: ${used} s used, needs up to $2 s of ${BUDGET}"; return 1; fi
 }
@@ -48,6 +50,12 @@ stage "pytest tests/test_gpu.py"
 timeout 120 python3 -m pytest tests/test_gpu.py -p no:cacheprovider -p no:asyncio -s -q -rs \
   > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$?"; grep -E "^\[gpu\]|passed|failed|skipped|FAILED|Error" "$OUT/pytest_gpu.log" | cut -c1-400
+fi
+
+if want moe_fp8 150; then
+stage "bench/gpu_moe_fp8.py"
+timeout 150 python3 bench/gpu_moe_fp8.py > "$OUT/moe_fp8.json"
+echo "moe_fp8 rc=$?"; head -c 6000 "$OUT/moe_fp8.json"; echo
 fi
 
 if want teardown 100; then
