@@ -296,3 +296,66 @@ def test_the_readme_lists_exactly_the_exported_metrics(made: list[Any]) -> None:
     exported = {n for n in re.findall(r"^# TYPE (\S+) ", text, re.M) if n.startswith("flowtop_")}
     assert listed == exported, (f"in the README only: {sorted(listed - exported)}; "
                                 f"exported only: {sorted(exported - listed)}")
+
+
+def test_ranks_behind_a_relay_carry_its_host_and_the_relay_its_series(made: list[Any]) -> None:
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    mon = Monitor(ExportPolicy())
+    made.append(mon)
+    d = tempfile.mkdtemp(prefix="ftx")  # ipc paths are short
+    listen = f"ipc://{d}/relay.sock"
+    relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--listen", listen, "--connect",
+                              mon.listen], stderr=subprocess.PIPE, text=True)
+    try:
+        pub = publisher(listen, RankKey("relayed", "node-r", 4242, 0, 0), 1, 0)
+        made.append(pub)
+        train(pub, 20)
+        snap = mon.wait(lambda s: s["jobs"] and s["jobs"][0]["ranks"][0]["relay"] and s["relays"]
+                        and s["relays"][0]["frames_in"], 30)
+        text, snap = mon.moment()
+        (rel,) = snap["relays"]
+        (step,) = by_name(text, "flowtop_rank_step_seconds")
+        assert step.labels["relay"] == rel["host"] and step.labels["host"] == "node-r"
+        status = [s for s in by_name(text, "flowtop_relay_status") if s.value == 1]
+        assert [(s.labels["relay"], s.labels["flowtop_relay_status"]) for s in status] == [(rel["host"], "live")]
+        (frames,) = by_name(text, "flowtop_relay_frames_in_total")
+        assert frames.value == rel["frames_in"] > 0
+        (ranks,) = by_name(text, "flowtop_relay_ranks")
+        assert ranks.value == rel["ranks"] == 1
+    finally:
+        relay.terminate()
+        relay.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.asyncio
+async def test_top_serves_metrics_while_the_tui_runs(made: list[Any]) -> None:
+    """flowtop top --prometheus: the UI takes the mailbox, the exporter still reads the newest
+    snapshot the data thread published (DataThread.latest), a second reader."""
+    import asyncio
+
+    from flowtop.app import FlowtopApp
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    app = FlowtopApp(Collector(make_model(), listen))
+    metrics = MetricsServer(HostPort("127.0.0.1", 0), lambda: app.data.latest)
+    where = metrics.start()
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            pub = publisher(listen, RankKey("tui-job", "node-t", 77, 0, 0), 1, 0)
+            made.append(pub)
+            train(pub, 20)
+            for _ in range(100):
+                await pilot.pause(0.1)
+                text = await asyncio.to_thread(http_get, where.url())
+                if by_name(text, "flowtop_rank_mfu_ratio") and app.latest is not None and app.latest.jobs:
+                    break
+            (mfu,) = by_name(text, "flowtop_rank_mfu_ratio")
+            assert mfu.labels["job"] == "tui-job" and mfu.value == pytest.approx(MODEL_FLOPS / WALL_S / PEAK, rel=0.01)
+            assert app.delivered > 0  # the UI got its snapshots too
+    finally:
+        metrics.stop()
