@@ -84,10 +84,13 @@ class Found:
 
     meshes: list[Any] = field(default_factory=list)
     stages: list[Any] = field(default_factory=list)
+    #: DDP / FSDP1 wrappers (the model the step tracker hooks may be the module inside one).
+    wrappers: list[Any] = field(default_factory=list)
 
     def add_mesh(self, mesh: Any) -> None:
         root = _root_mesh(mesh)
-        if all(m is not root for m in self.meshes):
+        # Equal, not only identical: FSDP2's sharded parameters carry a mesh equal to its own.
+        if not any(_same_mesh(m, root) for m in self.meshes):
             self.meshes.append(root)
 
     def add_stage(self, stage: Any) -> None:
@@ -95,13 +98,24 @@ class Found:
             self.stages.append(stage)
 
 
-def _classes() -> tuple[Any, Any, Any]:
-    """DeviceMesh, the pipeline stage base and the schedule base, where their modules are loaded
-    (nothing can be one of them otherwise, and importing them here would cost every process)."""
+def _classes() -> tuple[Any, Any, Any, tuple[type, ...]]:
+    """DeviceMesh, the pipeline stage base, the schedule base and the data-parallel wrappers (DDP,
+    FSDP1), where their modules are loaded (nothing can be one of them otherwise, and importing
+    them here would cost every process)."""
     mesh = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
     stage = getattr(sys.modules.get("torch.distributed.pipelining.stage"), "_PipelineStageBase", None)
     sched = getattr(sys.modules.get("torch.distributed.pipelining.schedules"), "_PipelineSchedule", None)
-    return mesh, stage, sched
+    ddp = getattr(sys.modules.get("torch.nn.parallel.distributed"), "DistributedDataParallel", None)
+    fsdp1 = getattr(sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel"),
+                    "FullyShardedDataParallel", None)
+    return mesh, stage, sched, tuple(c for c in (ddp, fsdp1) if c is not None)
+
+
+def _same_mesh(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _root_mesh(mesh: Any) -> Any:
@@ -115,10 +129,10 @@ def scan_stack(frame: Any, found: Found | None = None, max_frames: int = 64) -> 
     """Meshes and pipeline stages held by the frames from ``frame`` outwards: their locals (a
     module frame's are its globals) and, two levels down, attributes, dicts and lists of them."""
     found = found if found is not None else Found()
-    mesh_cls, stage_cls, sched_cls = _classes()
-    if mesh_cls is None and stage_cls is None:
+    mesh_cls, stage_cls, sched_cls, wrappers = _classes()
+    kinds = tuple(c for c in (mesh_cls, stage_cls, sched_cls) if c is not None) + wrappers
+    if not kinds:
         return found
-    kinds = tuple(c for c in (mesh_cls, stage_cls, sched_cls) if c is not None)
     budget = [SCAN_LIMIT]
     seen: set[int] = set()
 
@@ -132,6 +146,9 @@ def scan_stack(frame: Any, found: Found | None = None, max_frames: int = 64) -> 
                 found.add_mesh(v)
             elif stage_cls is not None and isinstance(v, stage_cls):
                 found.add_stage(v)
+            elif isinstance(v, wrappers):
+                if all(w is not v for w in found.wrappers):
+                    found.wrappers.append(v)
             else:  # a schedule: its stage, or its stages (interleaved schedules)
                 for s in [getattr(v, "_stage", None), *list(getattr(v, "_stages", None) or ())]:
                     if stage_cls is not None and isinstance(s, stage_cls):
@@ -224,6 +241,7 @@ def coordinates(root: Any, found: Found | None, rank: int, world_size: int) -> C
 
 def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordinates:
     fsdp = None
+    split: list[tuple[Any, int]] = []  # (root mesh, dim) some non-FSDP parameter is sharded on
     if root is not None:
         from probe.accounting import unwrap
         from probe.flops_dtensor import _fsdp_mesh
@@ -234,6 +252,9 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordin
             for p in model.parameters():
                 if isinstance(p, dtensor):
                     found.add_mesh(p.device_mesh)
+                    if _root_mesh(p.device_mesh) is p.device_mesh:  # an unsliced mesh: dims index it
+                        split += [(p.device_mesh, i) for i, pl in enumerate(p.placements)
+                                  if "Shard" in type(pl).__name__]
         fsdp = _fsdp_mesh(model)
         if fsdp is not None:
             found.add_mesh(fsdp)
@@ -244,9 +265,16 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordin
         dims = mesh_dims(mesh)
         if dims is None:
             continue
-        fsdp_root = fsdp is not None and _root_mesh(fsdp) is mesh
-        named = [(ROLE_OF.get(d.name) or ("dp" if fsdp_root and d.name.startswith("dim_") else None), d)
-                 for d in dims]
+        fsdp_root = fsdp is not None and _same_mesh(_root_mesh(fsdp), mesh)
+        sharded = {i for m, i in split if _same_mesh(m, mesh)}
+
+        def unnamed(i: int) -> str | None:
+            # A mesh without dim names: FSDP2's own mesh is data parallel; a dim other parameters
+            # are sharded on splits the matmuls (tensor parallel).
+            return "dp" if fsdp_root else ("tp" if i in sharded else None)
+
+        named = [(ROLE_OF.get(d.name) or (unnamed(i) if d.name == f"dim_{i}" else None), d)
+                 for i, d in enumerate(dims)]
         expert = any(role == "ep" for role, _ in named)
         notes.append("mesh (" + ", ".join(f"{d.name}={d.size}" for d in dims) + ")")
         by_role: dict[str, list[Dim]] = {}
@@ -276,12 +304,12 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordin
         roles["pp"] = (int(s.group_rank), int(s.group_size))
         notes.append(f"pipeline stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))} "
                      f"of {int(s.num_stages)}")
-    pg = _wrapper_group(root)
+    pg = next((g for g in (_wrapper_group(w) for w in [root, *found.wrappers]) if g is not None), None)
     if "dp" not in roles and pg is not None:
         import torch.distributed as dist
 
         roles["dp"] = (int(dist.get_rank(pg)), int(dist.get_world_size(pg)))
-        notes.append(f"{type(root).__name__} group")
+        notes.append("data-parallel wrapper's process group")
     if unknown:
         return Coordinates(roles, f"unknown: mesh dim {', '.join(map(repr, unknown))} has no known role "
                            f"({'; '.join(notes)})", False, tuple(stages))
