@@ -45,6 +45,7 @@ import heapq
 import json
 import multiprocessing as mp
 import os
+import queue
 import random
 import resource
 import statistics
@@ -122,7 +123,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     rng = random.Random(idx)
     tpl = _templates()
     ctx = zmq.Context(io_threads=1)
-    ctx.setsockopt(zmq.MAX_SOCKETS, len(ranks) + 64)
+    ctx.set(zmq.MAX_SOCKETS, len(ranks) + 64)  # a context option (setsockopt would set a socket default)
     socks = []
     for addr in addrs:
         s = ctx.socket(zmq.XPUB)
@@ -601,7 +602,15 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
             p = mp.Process(target=_sim_worker, args=(w, ids, [addrs[r] for r in ids], ranks, cfg, ready, go, stop, close, out))
             p.start()
             workers.append(p)
-        subscribed = sum(ready.get(timeout=cfg["connect_timeout_s"] + 60)[1] for _ in workers)
+        subscribed, waiting, deadline = 0, len(workers), time.monotonic() + cfg["connect_timeout_s"] + 60
+        while waiting:
+            try:
+                subscribed += ready.get(timeout=1.0)[1]
+                waiting -= 1
+            except queue.Empty:
+                dead = [p.exitcode for p in workers if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"simulator workers failed (exit codes {dead}) or never connected") from None
         row["subscribed"] = subscribed
         go.set()
         time.sleep(args.warmup)
@@ -722,6 +731,91 @@ def memory(ranks: int) -> dict[str, Any]:
             "ring_steps": rankstate.RING, "parts_kb_per_rank": parts}
 
 
+# --- the monitor's CPU cost per frame and per tick (one process, CPU time) ---------------------------
+
+
+def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flops_every_s: float) -> dict[str, Any]:
+    """What one rank's frames and one tick cost the data thread, in CPU time of this process (the
+    figure that does not change when other processes share the cores), and the share of a core
+    ``ranks`` ranks at ``step_ms`` need: frames/s × (decode + ingest) + ticks/s × tick."""
+    from flowtop.clock import TICK_S
+    from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
+    from probe import wire
+
+    tpl = _templates()
+    rng = random.Random(0)
+    model = make_model()
+    keys = [wire.RankKey(JOB, f"node{r // 8:04d}", 10_000 + r, r, 0) for r in range(ranks)]
+    seq = dict.fromkeys(keys, 0)
+    now = [1000.0]
+    step_s = step_ms / 1e3
+    per_frame = max(1, round(flush_s / step_s)) if step_s < flush_s else 1
+    spent: dict[str, list[float]] = {}
+
+    def send(key: wire.RankKey, kind: str, fields: dict[str, Any], timed: bool = True) -> None:
+        seq[key] += 1
+        frame = wire.encode(kind, key, seq[key], now[0], fields)
+        c = time.process_time()
+        model.ingest(wire.decode(frame), now[0])
+        if timed:
+            spent.setdefault(kind, []).append(time.process_time() - c)
+
+    step = [0]
+
+    def steps_frame(key: wire.RankKey) -> None:
+        recs = [_record(step[0] + i + 1, step_s, rng) for i in range(per_frame)]
+        if len(recs) == 1:
+            send(key, "step", recs[0])
+        else:
+            send(key, "steps", {"records": recs})
+
+    for key in keys:
+        send(key, "hello", {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8})
+        send(key, "flops", dict(tpl["flops"]))
+    window = build_kernel_stats(tpl["kernels"])
+    for b in range(40):
+        now[0] += flush_s
+        for key in keys:
+            steps_frame(key)
+        step[0] += per_frame
+    for key in keys:
+        send(key, "telemetry", dict(tpl["telemetry"]))
+        apply_kernel_stats(model.ranks[key], window)
+    ticks = []
+    for _ in range(5):
+        now[0] += TICK_S
+        for key in keys:  # every rank changed since the last tick (they all send ~10 frames/s)
+            steps_frame(key)
+        step[0] += per_frame
+        c = time.process_time()
+        model.tick(now[0])
+        ticks.append(time.process_time() - c)
+    kern = wire.encode("kernels", keys[0], 10**6, now[0], {**tpl["kernels"], "step": step[0], "window": 1})
+    c = time.process_time()
+    for _ in range(3):
+        wire.decode(kern)
+    kernel_decode = (time.process_time() - c) / 3
+    us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
+    frame_kind = "steps" if per_frame > 1 else "step"
+    rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
+             "telemetry": 1.0, "hello": 0.5, "flops": 1.0 / flops_every_s}
+    per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
+    tick_s = statistics.median(ticks)
+    return {
+        "ranks": ranks, "step_ms": step_ms, "records_per_frame": per_frame,
+        "decode_ingest_us": {k: round(v, 1) for k, v in us.items()},
+        "kernels_decode_ms": round(1e3 * kernel_decode, 1),
+        "frames_per_s": round(ranks * sum(rates.values())),
+        "tick_cpu_ms": round(1e3 * tick_s, 1),
+        "data_thread_core_pct": {
+            "frames": round(100 * ranks * per_rank_s, 1),
+            "ticks": round(100 * tick_s / TICK_S, 1),
+            "kernel_windows_admitted": round(100 * min(ranks / kernel_every_s, 2 * 2**20 / len(kern)) * kernel_decode, 1)
+            if kernel_every_s > 0 else 0.0,
+        },
+    }
+
+
 # --- output ----------------------------------------------------------------------------------------
 
 
@@ -761,6 +855,8 @@ def main() -> int:
     ap.add_argument("--kernel-every-s", type=float, default=120.0, help="per rank, random phase (0: none)")
     ap.add_argument("--ui", choices=("textual", "none"), default="textual")
     ap.add_argument("--memory", type=int, default=0, metavar="RANKS", help="only measure the model's memory per rank")
+    ap.add_argument("--costs", action="store_true", help="only measure the data thread's CPU per frame and tick "
+                    "(for --ranks × --step-ms) and the share of a core they add up to")
     ap.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per configuration")
     ap.add_argument("--_monitor", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_dir", default=None, help=argparse.SUPPRESS)
@@ -770,6 +866,15 @@ def main() -> int:
     os.environ.setdefault("FLOWTOP_DISABLE", "1")
     if args.memory:
         print(json.dumps(memory(args.memory)), flush=True)
+        return 0
+    if args.costs:
+        for ranks in (int(x) for x in args.ranks.split(",")):
+            for step_ms in (float(x) for x in args.step_ms.split(",")):
+                row = costs(ranks, step_ms, args.flush_s, args.kernel_every_s, args.flops_every_s)
+                print(json.dumps(row), flush=True)
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps({"costs": row}) + "\n")
         return 0
     soft, hard = raise_nofile()
     print(f"open files: soft {soft}, hard {hard}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}; "

@@ -22,20 +22,21 @@ BLOCK = 64
 
 
 class ArraySeq(Sequence):
-    """An immutable sequence over ``array`` blocks (all but the last exactly :data:`BLOCK` long),
-    from index ``start`` of the first block, ``n`` values; behaves like a tuple of numbers (index,
+    """An immutable sequence over ``array`` blocks (all but the last exactly :data:`BLOCK` long:
+    callers keep it so), from index ``start`` of the first block, ``n`` values; behaves like a tuple of numbers (index,
     slice, iterate, compare equal to a tuple or list with the same values, hash)."""
 
     __slots__ = ("_blocks", "_start", "_n", "_hash")
 
     def __init__(self, blocks: tuple[array, ...], start: int = 0, n: int | None = None) -> None:
-        skip = 0  # leading blocks wholly before ``start`` are left out (iteration skips no block)
-        while skip < len(blocks) - 1 and start >= len(blocks[skip]):
-            start -= len(blocks[skip])
-            skip += 1
-        self._blocks = blocks[skip:] if skip else blocks
+        # Every block but the last holds exactly BLOCK values (Column and StepRing keep it so).
+        skip = min(start // BLOCK, len(blocks) - 1)  # blocks wholly before ``start`` are left out
+        if skip:
+            blocks = blocks[skip:]
+            start -= skip * BLOCK
+        self._blocks = blocks
         self._start = start
-        total = sum(len(b) for b in self._blocks) - start
+        total = (len(blocks) - 1) * BLOCK + len(blocks[-1]) - start
         self._n = total if n is None else max(0, min(n, total))
         self._hash: int | None = None
 
@@ -58,11 +59,7 @@ class ArraySeq(Sequence):
         if not 0 <= i < self._n:
             raise IndexError("ArraySeq index out of range")
         j = self._start + i
-        first = len(self._blocks[0])
-        if j < first:
-            return self._blocks[0][j]
-        j -= first
-        return self._blocks[1 + j // BLOCK][j % BLOCK]
+        return self._blocks[j // BLOCK][j % BLOCK]
 
     def __iter__(self) -> Iterator[Any]:
         return itertools.islice(itertools.chain.from_iterable(self._blocks), self._start, self._start + self._n)
@@ -259,6 +256,11 @@ class StepRing:
     def __bool__(self) -> bool:
         return self._nl > 0
 
+    @property
+    def recent_len(self) -> int:
+        """Records held with every field (at most ``recent``)."""
+        return min(self._ns, self.recent_cap)
+
     def _where(self, col: int) -> tuple[list[tuple[array, ...]], tuple[array, ...], int, int, int]:
         """(blocks, tail, index in them, values held, values in blocks and tail) of a column."""
         if col < 2:
@@ -273,7 +275,7 @@ class StepRing:
         n = held if n is None else max(0, min(n, held))
         view = self._views.get((col, n))
         if view is None:
-            parts = tuple(b[i] for b in blocks)
+            parts = tuple([b[i] for b in blocks])
             if tail[i]:
                 frozen = self._frozen.get(col)
                 if frozen is None:

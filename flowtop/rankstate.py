@@ -166,7 +166,7 @@ def history(st: RankState) -> History:
     """The last HISTORY steps, the sparkline series and the steps' receive times, oldest first:
     immutable views that share the rank's storage (flowtop.compact), not copies."""
     ring = st.steps
-    n = min(HISTORY, len(ring.column(ring.WALL)))
+    n = min(HISTORY, ring.recent_len)
     series = st.series
     return History(
         steps=ring.column(ring.STEP, n),
