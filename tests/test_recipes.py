@@ -181,6 +181,36 @@ def test_pipeline_parallel_stages_count_their_layers(monitor, schedule: str) -> 
     assert hint["summary"].startswith("pipeline stage 1 (pp rank 1, rank 1) computes 24 % more than the stages' mean")
 
 
+def test_context_parallel_ranks_count_their_sequence_shard(monitor) -> None:
+    """Issue 14 part 3 through flowtop run -> probe -> monitor: 2 context-parallel ranks (a "cp" mesh,
+    hand-rolled CP: torch's context_parallel has no CPU attention rule) each hold 16 of the 32
+    positions of the same 4 sequences. By hand, per rank and step (B 4, S 32, S/cp 16, d 64, L 2,
+    W = 131,072 linear weights): linears on the local shard 2·W·B·S/cp = 16,777,216; attention of
+    the 16 local queries against all 32 keys L·4·B·(S/cp)·S·d = 1,048,576; model = 3 × their sum =
+    53,477,376 (835,584 per local token, as unsharded: each query still attends to T keys). The two
+    ranks sum to one unsharded TinyGPT step over 128 tokens, and the job's tokens are the sum of
+    the shards (64 + 64), counted once."""
+    steps, batch, cp = 20, 4, 2
+    run = run_recipe(monitor, torchrun(str(RECIPES / "context_parallel.py"), f"--steps={steps}", f"--batch={batch}"),
+                     n_ranks=2)
+    assert_ranks(run, 2)
+    seq, d, layers, w = TINY["seq"], TINY["d"], TINY["n_layer"], 131_072
+    local = batch * seq // cp  # 64 token ids embedded per rank and step
+    per_rank = 3 * (2 * w * local + layers * 4 * batch * (seq // cp) * seq * d)
+    assert per_rank == 53_477_376 == tiny_gpt_flops_per_token() * local
+    for r in run.ranks:
+        assert_rank_basics(r, steps=steps, tokens_per_step=local, flops_per_step=per_rank)
+        assert r["coords"] == {"dp": {"rank": 0, "size": 1}, "cp": {"rank": r["rank"], "size": 2}}, r["coords_source"]
+        assert r["coords_source"].startswith("mesh (cp=2)")  # the loop's mesh, found on the stack
+        # CPU flash attention's backward recomputes the scores: + L·2·B·(S/cp)·S·d executed
+        assert r["executed_flops_per_step"] == per_rank + layers * 2 * batch * (seq // cp) * seq * d
+    job = run.job
+    assert job["flops_per_step"] == tiny_gpt_flops_per_token() * batch * seq  # 106,954,752: one unsharded step
+    assert job["tokens_per_s_basis"].startswith("tokens once per data-parallel replica")
+    assert job["tokens_per_s"] == pytest.approx(sum(r["tokens_per_s"] for r in run.ranks))  # the shards, summed
+    assert job["pipeline_stages"] == []
+
+
 def test_mp_spawn_without_rank_env(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "mp_spawn.py"), f"--steps={steps}", f"--batch={batch}"],
