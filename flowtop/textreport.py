@@ -40,7 +40,7 @@ def render(snap: MonitorSnapshot) -> str:
             stages = ",".join(map(str, s.stages)) or "?"
             share = pct(s.flops_share)
             lines.append(f"  pp {s.pp_rank} (stage {stages}, ranks {','.join(map(str, s.ranks))}): "
-                         f"{si(s.model_flops_per_step)}FLOP/step ({share} of the job's)  "
+                         f"{si(s.model_flops_per_step)}FLOP/step ({share} of the pipeline)  "
                          f"compute {seconds(s.stage_time_s)}/step  step {seconds(s.step_time_s)}")
         lines.append(f"  {'rank':>4} {'host':<16} {'step':>7} {'time':>9} {'tok/s':>8} {'FLOP/s':>10} {'MFU':>6}  status")
         for r in job.ranks:

@@ -230,16 +230,18 @@ def _wrapper_group(root: Any) -> Any:
     return None
 
 
-def coordinates(root: Any, found: Found | None, rank: int, world_size: int) -> Coordinates:
-    """This rank's coordinates from what was found on the stack, the model and torch.distributed.
-    Never raises (an unexpected structure gives an unknown layout, with the reason)."""
+def coordinates(root: Any, found: Found | None, rank: int, world_size: int,
+                groups: list[Dim] | None = None) -> Coordinates:
+    """This rank's coordinates from what was found on the stack, the model and the process groups
+    (``groups``: :func:`group_dims` of ``rank`` when None). Never raises (an unexpected structure
+    gives an unknown layout, with the reason)."""
     try:
-        return _coordinates(root, found or Found(), rank, world_size)
+        return _coordinates(root, found or Found(), rank, world_size, group_dims(rank) if groups is None else groups)
     except Exception as exc:  # noqa: BLE001 - a label must never hurt training
         return Coordinates({}, f"unknown: {type(exc).__name__} while reading the mesh", False)
 
 
-def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordinates:
+def _coordinates(root: Any, found: Found, rank: int, world_size: int, groups: list[Dim]) -> Coordinates:
     fsdp = None
     split: list[tuple[Any, int]] = []  # (root mesh, dim) some non-FSDP parameter is sharded on
     if root is not None:
@@ -287,7 +289,7 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordin
             by_role.setdefault(role, []).append(d)
         for role, ds in by_role.items():
             roles.setdefault(role, _combine(ds))
-    group = [d for d in group_dims(rank) if d.name in ROLE_OF]
+    group = [d for d in groups if d.name in ROLE_OF]
     by_role = {}
     for d in group:
         by_role.setdefault(ROLE_OF[d.name], []).append(d)
@@ -308,8 +310,11 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordin
     if "dp" not in roles and pg is not None:
         import torch.distributed as dist
 
-        roles["dp"] = (int(dist.get_rank(pg)), int(dist.get_world_size(pg)))
-        notes.append("data-parallel wrapper's process group")
+        size = int(dist.get_world_size(pg))
+        # A wrapper that also spans the cp (or other) ranks is not one replica per rank: not dp.
+        if size * math.prod(roles[r][1] for r in ("tp", "pp", "cp") if r in roles) == world_size:
+            roles["dp"] = (int(dist.get_rank(pg)), size)
+            notes.append("data-parallel wrapper's process group")
     if unknown:
         return Coordinates(roles, f"unknown: mesh dim {', '.join(map(repr, unknown))} has no known role "
                            f"({'; '.join(notes)})", False, tuple(stages))
@@ -322,6 +327,9 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int) -> Coordin
     if world_size % split:
         return Coordinates(roles, f"unknown: tp·pp·cp = {split} does not divide the world size {world_size} "
                            f"({'; '.join(notes)})", False, tuple(stages))
+    if "dp" in roles and roles["dp"][1] * split != world_size:
+        return Coordinates(roles, f"unknown: dp·tp·pp·cp = {roles['dp'][1] * split} is not the world size "
+                           f"{world_size} ({'; '.join(notes)})", False, tuple(stages))
     if "dp" not in roles:
         dp = world_size // split
         if dp == 1:

@@ -1,0 +1,179 @@
+"""Parallel coordinates (issue 14 part 3): the probe reads dp/tp/pp/cp/ep rank and size from real
+CPU device meshes (4 gloo processes, tests/parallel_coords_worker.py), the hello carries them
+(validated on the wire), and the monitor counts a job's tokens once per data-parallel replica from
+them (real Model, real wire frames; the end-to-end runs are in tests/test_recipes.py: TP 2, PP 2,
+CP 2, DDP, FSDP2)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from flowtop import parallelism
+from flowtop.model import Model
+from flowtop.screens.rank_detail_screen import coords_text
+from flowtop.snapshot import to_json
+from flowtop.textreport import render
+from probe import wire
+from probe.wire import RankKey, WireError
+from snapshot_schema import assert_valid_snapshot
+
+if not torch.distributed.is_available():  # pragma: no cover - CPU wheels have gloo
+    pytest.skip("torch.distributed unavailable", allow_module_level=True)
+
+KEY = RankKey("j", "h", 1, 0, 0)
+HELLO = {"local_rank": 0, "world_size": 4, "device": "cpu", "probe_version": "x"}
+
+
+# --- wire --------------------------------------------------------------------------------------
+
+def test_hello_coordinates_round_trip() -> None:
+    fields = dict(HELLO, coords={"dp": [1, 2], "tp": [0, 2]}, coords_source="mesh (dp=2, tp=2)", pp_stages=[0, 2])
+    assert dict(wire.decode(wire.encode("hello", KEY, 0, 1.0, fields)).fields) == fields
+
+
+@pytest.mark.parametrize("bad", [{"xp": [0, 2]}, {"tp": [2, 2]}, {"tp": [0, 0]}, {"tp": [-1, 2]}, {"tp": [0]},
+                                 {"tp": "0/2"}, {"tp": [True, 2]}, [["tp", 0, 2]]])
+def test_bad_coordinates_are_refused(bad: Any) -> None:
+    with pytest.raises(WireError, match="coords"):
+        wire.decode(wire.encode("hello", KEY, 0, 1.0, dict(HELLO, coords=bad)))
+
+
+def test_stage_time_is_an_optional_step_field() -> None:
+    step = {"step": 1, "wall_s": 0.1, "tokens": 0, "drops": 0, "stage_s": 0.05}
+    assert wire.decode(wire.encode("steps", KEY, 0, 1.0, {"records": [step]})).fields["records"][0]["stage_s"] == 0.05
+    with pytest.raises(WireError, match="stage_s"):
+        wire.decode(wire.encode("step", KEY, 0, 1.0, dict(step, stage_s=-1.0)))
+
+
+# --- the probe on real meshes ------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    import parallel_coords_worker as w
+
+    out = tmp_path_factory.mktemp("coords")
+    mp.spawn(w.worker, args=(_free_port(), str(out)), nprocs=4, join=True)
+    return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def test_coordinates_from_the_process_groups_alone(four_ranks: list[dict[str, Any]]) -> None:
+    """A (pp 2, cp 2) mesh nobody holds: DeviceMesh's "mesh_pp"/"mesh_cp" groups say it all."""
+    for r, res in enumerate(four_ranks):
+        g = res["groups_only"]
+        assert g["dims"] == [["cp", r % 2, 2], ["pp", r // 2, 2]]
+        assert g["coords"] == {"dp": [0, 1], "pp": [r // 2, 2], "cp": [r % 2, 2]}, g["source"]
+
+
+@pytest.mark.parametrize(("scenario", "expect"), [
+    ("dp_tp", lambda r: {"dp": [r // 2, 2], "tp": [r % 2, 2]}),
+    ("hsdp", lambda r: {"dp": [r, 4]}),  # dp_replicate × dp_shard, major first: 2·(r // 2) + r % 2
+    ("pp_tp", lambda r: {"dp": [0, 1], "pp": [r // 2, 2], "tp": [r % 2, 2]}),
+    ("expert", lambda r: {"dp": [r, 4], "ep": [r % 2, 2]}),  # the expert mesh adds ep only
+])
+def test_coordinates_from_meshes(four_ranks: list[dict[str, Any]], scenario: str, expect: Any) -> None:
+    for r, res in enumerate(four_ranks):
+        got = res[scenario]
+        assert got["complete"] and got["coords"] == expect(r), got["source"]
+        if scenario != "expert":
+            assert got["meshes_found"] == 1  # held three levels down; a flattened view is the same root
+
+
+def test_a_dim_of_unknown_role_makes_the_layout_unknown(four_ranks: list[dict[str, Any]]) -> None:
+    for res in four_ranks:
+        got = res["unknown_dim"]
+        assert not got["complete"] and got["coords"] is None
+        assert got["source"].startswith("unknown: mesh dim 'foo' has no known role (mesh (dp=2, foo=2))")
+
+
+# --- the monitor: tokens once per data-parallel replica -----------------------------------------
+
+def _job(layout: list[dict[str, list[int]] | None], tokens: list[int], flops: list[float | None] | None = None,
+         stage_s: list[float] | None = None) -> tuple[Model, Any]:
+    """A job of len(layout) ranks fed real wire frames: hello (with coords where given), 10 steps of
+    0.5 s with ``tokens[r]`` tokens each, a flops message when ``flops[r]`` is given."""
+    m = Model()
+    n = len(layout)
+
+    def send(rank: int, kind: str, fields: dict[str, Any], seq: int, t: float) -> None:
+        m.ingest(wire.decode(wire.encode(kind, RankKey("job", "h", 100 + rank, rank, 0), seq, t, fields)), t)
+
+    for r, coords in enumerate(layout):
+        hello = dict(HELLO, local_rank=r, world_size=n)
+        if coords is not None:
+            hello.update(coords=coords, coords_source="test layout")
+            if "pp" in coords:
+                hello["pp_stages"] = [coords["pp"][0]]
+        send(r, "hello", hello, 0, 0.0)
+        for s in range(1, 11):
+            step = {"step": s, "wall_s": 0.5, "tokens": tokens[r], "drops": 0}
+            if stage_s is not None:
+                step["stage_s"] = stage_s[r]
+            send(r, "step", step, s, s * 0.5)
+        if flops is not None and flops[r] is not None:
+            send(r, "flops", {"step": 2, "model_flops": flops[r], "executed_flops": flops[r], "attention": "full",
+                              "dtype": "fp32", "peak_flops": 1e12, "peak_source": "test", "uncounted": {},
+                              "tokens": tokens[r]}, 11, 5.0)
+    return m, m.snapshot(5.2).jobs[0]
+
+
+def test_dp2_tp2_counts_each_replica_once() -> None:
+    """4 ranks, each 1,000 tokens per 0.5 s step (2,000 tokens/s): the two TP ranks of a replica
+    embed the same tokens, so the job has 2 replicas × 2,000 = 4,000 tokens/s, not 8,000."""
+    layout = [{"dp": [r // 2, 2], "tp": [r % 2, 2]} for r in range(4)]
+    m, job = _job(layout, [1000] * 4, flops=[4e9] * 4)
+    assert job.tokens_per_s == pytest.approx(4000.0) and job.tokens_basis == parallelism.TOKENS_ONCE
+    # FLOP/s are Σ over all ranks (each counts its local half): 4 × 4e9 / 1,000 × 2,000 tokens/s
+    assert job.flops.flops_per_s == pytest.approx(4 * 8e12 / 1000)
+    assert job.flops.flops_per_token == pytest.approx(8e6)  # Σ FLOP/s ÷ job tokens/s: 2 × 4e9 / 1,000
+    data = to_json(m.snapshot(5.2))
+    assert_valid_snapshot(data)
+    ranks = data["jobs"][0]["ranks"]
+    assert ranks[3]["coords"] == {"dp": {"rank": 1, "size": 2}, "tp": {"rank": 1, "size": 2}}
+    assert data["jobs"][0]["tokens_per_s_basis"] == parallelism.TOKENS_ONCE
+    assert coords_text(job.ranks[3]).plain == "parallel dp 1/2 · tp 1/2"
+
+
+def test_cp_shards_are_summed_and_pp_takes_the_first_stage() -> None:
+    """pp 2 × cp 2: stage 0's two cp ranks embed 500 tokens each (halves of the same sequences),
+    stage 1 embeds none: 2 × 1,000 tokens/s."""
+    layout = [{"dp": [0, 1], "pp": [r // 2, 2], "cp": [r % 2, 2]} for r in range(4)]
+    _, job = _job(layout, [500, 500, 0, 0])
+    assert job.tokens_per_s == pytest.approx(2000.0)
+
+
+def test_unknown_layout_sums_every_rank_and_says_so() -> None:
+    layout: list[Any] = [{"dp": [0, 1], "tp": [r, 2]} for r in range(2)] + [None, None]
+    _, job = _job(layout, [1000] * 4)
+    assert job.tokens_per_s == pytest.approx(8000.0)
+    assert job.tokens_basis == "tokens summed over all ranks (no mesh known on 2 of 4 ranks)"
+    _, job = _job([None, None], [1000, 1000])
+    assert job.tokens_basis == parallelism.TOKENS_SUMMED and job.tokens_per_s == pytest.approx(4000.0)
+
+
+def test_pipeline_stages_per_data_parallel_replica() -> None:
+    """dp 2 × pp 2 (ranks 0, 1 = stage 0 of replicas 0, 1; ranks 2, 3 = stage 1): a stage's FLOPs
+    per step are one replica's (Σ ÷ 2); its compute time the median over its ranks."""
+    layout = [{"dp": [r % 2, 2], "pp": [r // 2, 2]} for r in range(4)]
+    m, job = _job(layout, [1000, 1000, 0, 0], flops=[3e9, 3e9, 5e9, 5e9], stage_s=[0.2, 0.22, 0.3, 0.34])
+    assert job.tokens_per_s == pytest.approx(4000.0)
+    s0, s1 = job.stages
+    assert (s0.pp_rank, s0.stages, s0.ranks, s1.ranks) == (0, (0,), (0, 1), (2, 3))
+    assert (s0.model_flops_per_step, s1.model_flops_per_step) == (3e9, 5e9)
+    assert s0.flops_share == pytest.approx(3 / 8) and s1.stage_time_s == pytest.approx(0.32)
+    text = render(m.snapshot(5.2))
+    assert "  tokens/s: tokens once per data-parallel replica" in text
+    assert "  pp 1 (stage 1, ranks 2,3): 5.00GFLOP/step (62.5% of the pipeline)  compute 320ms/step  step 500ms" in text
+    assert_valid_snapshot(to_json(m.snapshot(5.2)))
