@@ -58,7 +58,11 @@ class NonPadTokens:
             return None
         return self._tokens
 
-    def _pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+        # kwargs may be missing: a hook removed by an earlier hook of the same forward (the window
+        # closing inside the step tracker's pre-hook) is still called, as a plain pre-hook.
+        if self._handle is None and module is not None:
+            return  # the window is closed
         if not torch.is_grad_enabled():
             return  # an evaluation forward inside the window is no micro-batch
         try:

@@ -44,7 +44,9 @@ def test_snapshot_json_with_no_probes() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert_valid_snapshot(data)
-    assert data["schema"] == "flowtop.snapshot/1.2"
+    from flowtop.snapshot import SCHEMA
+
+    assert data["schema"] == SCHEMA == "flowtop.snapshot/1.4"
     assert data["jobs"] == [] and data["received"] == 0
 
 
