@@ -108,6 +108,10 @@ def test_addresses_beyond_loopback_and_malformed() -> None:
     assert sec.status == "ok"
     (bad,) = address_findings("udp://x", None, False)
     assert bad.status == "fail" and "tcp://HOST:PORT" in bad.summary
+    # An address of no interface here, that nothing answers (no route, or a timeout): probes here
+    # could not reach a monitor there; a warning (the monitor may simply not run yet), not a failure.
+    (far,) = [f for f in address_findings("tcp://192.0.2.1:5759", None, True) if f.check == "port"]
+    assert far.status == "warn" and not far.details["local"] and "192.0.2.1" in far.summary
     refused = [f for f in address_findings("tcp://no-such-host.invalid:5759", None, False) if f.check == "address"]
     assert refused and refused[0].status == "fail" and "does not resolve" in refused[0].summary
 

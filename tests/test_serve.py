@@ -177,6 +177,8 @@ def test_follow_writes_json_lines_until_sigint() -> None:
         (["serve", "--prometheus-max-ranks", "0"], "must be positive"),
         (["snapshot", "--follow", "--interval", "0"], "must be a positive number"),
         (["snapshot", "--follow", "--replay", "x.rec"], "--follow reads a live monitor"),
+        (["serve", "--listen", "tcp://0.0.0.0:5999"], "--insecure-bind"),  # beyond loopback: keys first
+        (["serve", "--curve-dir", "/nonexistent-keys"], "cannot load"),
     ],
 )
 def test_bad_serve_and_follow_arguments(args: list[str], message: str) -> None:
