@@ -87,7 +87,7 @@ class FlopSampler:
         self._counter.start(in_forward=True)
         # MoE tokens per expert and non-padding tokens ride on the same window (probe.moe, .padding)
         self._counter.on_groups = self._loads.on_groups
-        self._loads.start(tracker.root)
+        self._loads.start(tracker.root, module_hooks=not getattr(tracker, "compiled", False))
         self._nonpad.start(tracker.root, getattr(tracker, "forward_inputs", None))
         self._counted_step = tracker.step + 1
         return True

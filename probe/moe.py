@@ -141,7 +141,10 @@ class ExpertLoadRecorder:
         self._layers: list[MoeLayer] | None = None
         self._root: Any = None
 
-    def start(self, root: nn.Module | None) -> None:
+    def start(self, root: nn.Module | None, module_hooks: bool = True) -> None:
+        """Hook ``root`` and its MoE layers. ``module_hooks`` False (a torch.compile'd model: a
+        hook inside the compiled region would make it recompile, twice per counted step) keeps
+        to the grouped GEMMs' offsets, their layers named by order."""
         try:
             self._loads.clear()
             if root is None:
@@ -150,7 +153,7 @@ class ExpertLoadRecorder:
                 self._layers = find_layers(root)
                 self._root = weakref.ref(root)
             self._handles.append(root.register_forward_pre_hook(self._on_root))
-            for layer in self._layers:
+            for layer in self._layers if module_hooks else ():
                 name = layer.path[-MAX_NAME:]
                 self._handles.append(layer.module.register_forward_pre_hook(self._enter(name)))
                 self._handles.append(layer.module.register_forward_hook(self._leave))

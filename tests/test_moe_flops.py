@@ -242,3 +242,34 @@ def test_flops_message_of_an_moe_model_carries_the_active_estimate() -> None:
     # the count: router and experts by the real routing, head 3·2·32·16·50 (no attention here)
     counts = model.moe.last_counts.tolist()
     assert msg["model_flops"] == hand_step_flops(32, D, F_, E, counts) + 3 * 2 * 32 * D * 50
+
+
+def test_the_probe_sends_expert_load_of_every_micro_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Through probe.attach and its publisher: 2 micro-batches per step, routing summed over both.
+    import probe
+
+    for k, v in (("FLOWTOP_KERNELS", "0"), ("FLOWTOP_TELEMETRY", "0"), ("FLOWTOP_ADDR", "tcp://127.0.0.1:1"),
+                 ("FLOWTOP_FLOPS_BUDGET", "1000")):
+        monkeypatch.setenv(k, v)
+    out: list[tuple[str, dict[str, Any]]] = []
+    assert probe.attach(job="moe")
+    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    try:
+        torch.manual_seed(0)
+        model = TinyMoELM()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the same routing every step
+        batches = [torch.randint(0, 50, (4, 8)) for _ in range(2)]
+        per_batch = []
+        for _ in range(3):
+            for idx in batches:
+                model(idx).logsumexp(-1).mean().backward()
+                per_batch.append(model.moe.last_counts.tolist())
+            opt.step()
+            opt.zero_grad()
+    finally:
+        probe.detach()
+    (f,) = [m for k, m in out if k == "flops"]
+    summed = [a + b for a, b in zip(per_batch[-2], per_batch[-1])]
+    assert f["expert_load"] == {"moe": summed} and sum(summed) == 2 * 32 * K
+    assert f["model_flops"] == sum(hand_step_flops(32, D, F_, E, c) + 3 * 2 * 32 * D * 50 for c in per_batch[-2:])
+    assert f["flops_by_dtype"] == {"fp32": [f["model_flops"], f["executed_flops"]]}
