@@ -51,7 +51,7 @@ def _non_negative_float(raw: str) -> float:
 
 
 def _prometheus_args(p: argparse.ArgumentParser, default: str | None) -> None:
-    p.add_argument("--prometheus", type=_hostport, default=_hostport(default) if default else None, metavar="HOST:PORT",
+    p.add_argument("--prometheus", type=_hostport, default=default, metavar="HOST:PORT",
                    help="serve Prometheus/OpenMetrics at http://HOST:PORT/metrics" + (f" (default {default})" if default else ""))
     p.add_argument("--prometheus-max-ranks", type=_positive_int, default=1024, metavar="N",
                    help="jobs with more ranks get per-node series instead of per-rank ones (default 1024)")
