@@ -15,6 +15,9 @@ Sections, each in its own try/except (failures under "errors", the others still 
   Σ_g 2·m_g·K·N and its dtype label.
 * ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` forward + backward on two documents: model
   FLOPs against 3 · 4·H·Σ s_i²·D.
+* ``packed_mask``: bf16 SDPA with a block-diagonal boolean mask (which CUDA kernel takes it, and
+  whether the probe reads the documents from the bias it gets): model FLOPs against
+  3 · 4·B·H·Σ s_i²·D, executed against the dense square.
 
     python bench/gpu_moe_fp8.py            # on the GPU machine (< 2 min on one H200)
     python bench/gpu_moe_fp8.py --cpu-dry-run   # the same code on small CPU shapes (bf16/fp8 on CPU)
@@ -244,10 +247,33 @@ def main(dev: str, dry: bool) -> None:
                 "dense_square_would_be": 3 * 4 * h * total * total * hd}
 
 
+def packed_mask(dev: str, dry: bool) -> dict[str, Any]:
+    import torch.nn.functional as F
+
+    b, h, hd, docs = (2, 4, 64, [5, 11]) if dry else (4, 16, 128, [1024, 3072])
+    s = sum(docs)
+    mask = torch.zeros(s, s, dtype=torch.bool, device=dev)
+    start = 0
+    for n in docs:
+        mask[start:start + n, start:start + n] = True
+        start += n
+    q = torch.randn(b, h, s, hd, device=dev, dtype=torch.bfloat16, requires_grad=True)
+
+    def run() -> None:
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask).float().sum().backward()
+
+    count = probe_count(run)
+    pairs = sum(n * n for n in docs)
+    return {"docs": docs, "probe_model": count.model_flops, "hand_model": 3 * 4 * b * h * pairs * hd,
+            "matches": count.model_flops == 3 * 4 * b * h * pairs * hd, "probe_executed": count.executed_flops,
+            "dense_square_model": 3 * 4 * b * h * s * s * hd, "by_op": count.by_op, "uncounted": count.uncounted}
+
+
 if __name__ == "__main__":
     dry = "--cpu-dry-run" in sys.argv
     if not dry and not torch.cuda.is_available():
         print(json.dumps({"skipped": "no CUDA"}))
         sys.exit(0)
     main("cpu" if dry else "cuda", dry)
+    section("packed_mask")(lambda: packed_mask("cpu" if dry else "cuda", dry))
     print(json.dumps(RESULT, indent=1, default=str))

@@ -227,7 +227,8 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
             heads, d_qk, d_v = qd[1], qd[3], vd[3]
             pairs = qd[0] * qd[2] * kd[2]
             shape = AttentionShape(qd[0], heads, qd[2], kd[2], d_qk)
-            docs = mask_documents(b.get("attn_mask"), qd[2], kd[2]) if b.get("attn_mask") is not None else None
+            mask = _first_given(b, "attn_mask", "attn_bias")  # CPU flash / efficient and cuDNN
+            docs = mask_documents(mask, qd[2], kd[2]) if mask is not None else None
             if docs is not None:  # packed documents: the math needs Σ sᵢ², the kernel ran S²
                 causal = causal_convention and (causal_of(b) or docs.causal)
                 model = attention_cost(heads, docs.pairs(qd[0]), d_qk, d_v, backward=backward, causal=causal)[0]

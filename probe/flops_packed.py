@@ -115,14 +115,18 @@ def mask_documents(mask: Any, seq_q: int, seq_k: int) -> Documents | None:
 def _scan(mask: torch.Tensor, size: int) -> Documents | None:
     if mask.dim() < 2 or tuple(mask.shape[-2:]) != (size, size):
         return None
-    # Masks broadcast right-aligned against (B, H, Sq, Sk): a 3-D mask's first dim is heads.
+    # Masks broadcast right-aligned against (B, H, Sq, Sk): a 3-D mask's first dim is heads. A
+    # dim expanded with stride 0 (SDPA expands the bias it hands the CUDA kernels) holds one mask.
     if mask.dim() == 4:
-        if int(mask.shape[1]) != 1:
+        if int(mask.shape[1]) != 1 and mask.stride(1) != 0:
             return None  # per-head masks: not scanned (every head would need its own pass)
         mask = mask[:, 0]
+        if int(mask.shape[0]) > 1 and mask.stride(0) == 0:
+            mask = mask[:1]
     elif mask.dim() == 3:
-        if int(mask.shape[0]) != 1:
+        if int(mask.shape[0]) != 1 and mask.stride(0) != 0:
             return None
+        mask = mask[:1]
     elif mask.dim() == 2:
         mask = mask.unsqueeze(0)
     else:

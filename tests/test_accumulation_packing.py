@@ -101,6 +101,9 @@ def test_packed_documents_count_the_sum_of_squares() -> None:
     # a float mask as SDPA builds it (-inf where masked) reads the same
     additive = torch.zeros(T_ROW, T_ROW).masked_fill(~_block_mask(5, 11), float("-inf"))
     assert _attend(additive).model_flops == 112_128
+    # expanded over batch and heads with stride 0 (as SDPA hands a bias to the CUDA kernels): one mask
+    expanded = additive.expand(B, H, T_ROW, T_ROW)
+    assert expanded.stride()[:2] == (0, 0) and _attend(expanded).model_flops == 112_128
 
 
 def test_packed_causal_documents_and_the_causal_convention() -> None:
@@ -116,7 +119,7 @@ def test_masks_that_are_not_packed_documents_count_the_full_square() -> None:
     sliding = torch.ones(T_ROW, T_ROW, dtype=torch.bool).tril().triu(-3)  # a 4-token window
     padding = torch.ones(T_ROW, T_ROW, dtype=torch.bool)
     padding[:, 12:] = False  # key padding: one document with masked keys
-    per_head = _block_mask(5, 11).expand(B, H, T_ROW, T_ROW)  # per-head masks are not scanned
+    per_head = _block_mask(5, 11).expand(B, H, T_ROW, T_ROW).contiguous()  # per-head masks: not scanned
     for mask in (sliding, padding, per_head, _block_mask(16)):
         assert _attend(mask).model_flops == full
 
