@@ -372,7 +372,7 @@ class Model:
             step_time_s=max(times) if times else None,
             tokens_per_s=tokens_per_s,
             flops=parallelism.job_flops_per_token(accounting.job_flops([r.flops for r in counted]),
-                                                  tokens_per_s, tokens_basis),
+                                                  counted, tokens_basis),
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),

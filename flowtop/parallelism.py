@@ -11,9 +11,9 @@ Conventions:
 * This needs every rank's coordinates (the hello's ``coords``, probe.parallel). Where one is
   missing the job keeps the plain sum over all ranks and says so in ``tokens_basis``.
 * **FLOPs are never deduplicated**: every rank's count is local (what its kernels compute), so
-  the job's FLOPs are Σ over ranks, pipeline stages included. Job FLOPs per token = Σ FLOP/s ÷ job
-  tokens/s (the mean of per-rank figures would halve it under TP 2, and a later pipeline stage
-  has no tokens of its own).
+  the job's FLOPs are Σ over ranks, pipeline stages included. Job FLOPs per token = Σ over ranks of
+  the counted step's FLOPs ÷ the representative ranks' tokens of that step (the mean of per-rank
+  figures would halve it under TP 2, and a later pipeline stage has no tokens of its own).
 * **Pipeline stages** (:func:`pipeline_stages`): the ranks at one pp rank form a stage; its FLOPs
   per step are Σ over its ranks ÷ the data-parallel replicas (one replica's stage: its tp × cp
   ranks together), its times the medians over its ranks.
@@ -66,12 +66,27 @@ def job_tokens(ranks: Sequence[RankSnapshot]) -> tuple[float | None, str]:
     return (sum(tps) if tps else None), basis
 
 
-def job_flops_per_token(flops: FlopsView | None, tokens_per_s: float | None, basis: str) -> FlopsView | None:
-    """The job view with FLOPs per token = Σ FLOP/s ÷ job tokens/s where the tokens are counted
-    once (else the view as it is)."""
-    if flops is None or basis != TOKENS_ONCE or not tokens_per_s or flops.flops_per_s is None:
+def job_flops_per_token(flops: FlopsView | None, ranks: Sequence[RankSnapshot], basis: str) -> FlopsView | None:
+    """The job view with FLOPs per token = Σ over all ranks of the counted step's model FLOPs ÷ the
+    tokens of those counted steps on the representative ranks, where tokens are counted once (else
+    the view as it is). Per step, not per second: a later pipeline stage has no tokens, and its
+    FLOP/s come from its own median step time, which a ratio of rates would mix with stage 0's."""
+    if flops is None or basis != TOKENS_ONCE:
         return flops
-    return replace(flops, flops_per_token=flops.flops_per_s / tokens_per_s)
+    views = [r.flops for r in ranks]
+    if not views or any(v is None or v.model_flops_per_step is None for v in views):
+        return flops
+    counted_tokens = 0.0
+    for r in ranks:
+        if is_representative(r):
+            v = r.flops
+            if v is None or not v.flops_per_token:
+                return flops  # a representative rank without a token count: no per-token figure
+            counted_tokens += v.model_flops_per_step / v.flops_per_token  # type: ignore[operator]
+    if counted_tokens <= 0:
+        return flops
+    total = sum(v.model_flops_per_step for v in views)  # type: ignore[union-attr, misc]
+    return replace(flops, flops_per_token=total / counted_tokens)
 
 
 def _median(xs: list[float]) -> float | None:

@@ -137,7 +137,7 @@ def test_dp2_tp2_counts_each_replica_once() -> None:
     assert job.tokens_per_s == pytest.approx(4000.0) and job.tokens_basis == parallelism.TOKENS_ONCE
     # FLOP/s are Σ over all ranks (each counts its local half): 4 × 4e9 / 1,000 × 2,000 tokens/s
     assert job.flops.flops_per_s == pytest.approx(4 * 8e12 / 1000)
-    assert job.flops.flops_per_token == pytest.approx(8e6)  # Σ FLOP/s ÷ job tokens/s: 2 × 4e9 / 1,000
+    assert job.flops.flops_per_token == pytest.approx(8e6)  # Σ 4 × 4e9 FLOPs ÷ 2 replicas × 1,000 tokens
     data = to_json(m.snapshot(5.2))
     assert_valid_snapshot(data)
     ranks = data["jobs"][0]["ranks"]
