@@ -177,3 +177,30 @@ def test_pipeline_stages_per_data_parallel_replica() -> None:
     assert "  tokens/s: tokens once per data-parallel replica" in text
     assert "  pp 1 (stage 1, ranks 2,3): 5.00GFLOP/step (62.5% of the pipeline)  compute 320ms/step  step 500ms" in text
     assert_valid_snapshot(to_json(m.snapshot(5.2)))
+
+
+@pytest.mark.asyncio
+async def test_rank_detail_shows_the_coordinates() -> None:
+    """The detail screen's title gains a third line with the rank's coordinates and stage figures
+    (synthetic ranks, which have none, keep their two lines: the goldens do not change)."""
+    import dataclasses
+
+    from flowtop.app import FlowtopApp
+    from flowtop.replay import ReplaySource, synthetic_stream
+    from flowtop.screens.rank_detail_screen import RankDetailScreen
+
+    def with_coords(snap: Any) -> Any:
+        job = snap.jobs[0]
+        ranks = tuple(dataclasses.replace(r, coords={"dp": (0, 1), "pp": (r.rank, 2)}, pp_stages=(r.rank,),
+                                          stage_time_s=0.00735) for r in job.ranks)
+        return dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=ranks),))
+
+    app = FlowtopApp(ReplaySource([with_coords(s) for s in synthetic_stream()], advance=False), refresh_s=0)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("down", "d")  # rank 0 (worst first)
+        await pilot.pause()
+        assert isinstance(app.screen, RankDetailScreen) and app.screen.rank == 0
+        title = app.screen.query_one("#detail-title")
+        assert title.size.height == 3
+        assert str(title.render()).splitlines()[2] == "parallel dp 0/1 · pp 0/2  stage 0  stage compute/step 7.35ms"
