@@ -323,15 +323,15 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int, groups: li
             return Coordinates({"dp": (0, 1)}, "a single process", True)
         return Coordinates({}, "unknown: no device mesh, pipeline stage or data-parallel wrapper found",
                            False, tuple(stages))
-    split = math.prod(roles[r][1] for r in ("tp", "pp", "cp") if r in roles)
-    if world_size % split:
-        return Coordinates(roles, f"unknown: tp·pp·cp = {split} does not divide the world size {world_size} "
+    degree = math.prod(roles[r][1] for r in ("tp", "pp", "cp") if r in roles)
+    if world_size % degree:
+        return Coordinates(roles, f"unknown: tp·pp·cp = {degree} does not divide the world size {world_size} "
                            f"({'; '.join(notes)})", False, tuple(stages))
-    if "dp" in roles and roles["dp"][1] * split != world_size:
-        return Coordinates(roles, f"unknown: dp·tp·pp·cp = {roles['dp'][1] * split} is not the world size "
+    if "dp" in roles and roles["dp"][1] * degree != world_size:
+        return Coordinates(roles, f"unknown: dp·tp·pp·cp = {roles['dp'][1] * degree} is not the world size "
                            f"{world_size} ({'; '.join(notes)})", False, tuple(stages))
     if "dp" not in roles:
-        dp = world_size // split
+        dp = world_size // degree
         if dp == 1:
             roles["dp"] = (0, 1)
         notes.append(f"dp = world {world_size} / (tp·pp·cp) = {dp}" + ("" if dp == 1 else " (rank not known)"))

@@ -74,3 +74,48 @@ def worker(rank: int, port: int, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def stage_timer_worker(rank: int, port: int, out: str) -> None:
+    """One process, one pipeline stage (first and last): probe.pipeline.StageTimer around a real
+    PipelineStage under ScheduleGPipe, then closed; and the stage found on the stack of its forward."""
+    import time
+
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from probe.pipeline import METHODS, StageTimer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.manual_seed(0)
+    seen: list[Any] = []
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not seen:  # what the probe's forward listener does at the first training forward
+                seen.append(parallel.scan_stack(sys._getframe()))
+            time.sleep(0.01)  # 10 ms per micro-batch forward: the timer must see at least that
+            return self.lin(x)
+
+    stage = PipelineStage(Slow(), 0, 1, torch.device("cpu"))
+    timer = StageTimer([stage])
+    sched = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda y, t: ((y - t) ** 2).mean())
+    x, t = torch.randn(4, 8), torch.randn(4, 8)
+    sched.step(x, target=t)
+    first = timer.take()
+    wrapped = sorted(n for n in METHODS if n in vars(stage))
+    timer.close()
+    restored = not any(n in vars(stage) for n in METHODS)
+    sched.step(x, target=t)  # after close: the class's own methods, nothing timed
+    found = seen[0]
+    coords = parallel.coordinates(stage.submod, found, 0, 1, groups=[])
+    Path(out, "stage_timer.json").write_text(json.dumps({
+        "first": first, "after_close": timer.take(), "wrapped": wrapped, "restored": restored,
+        "stages_found": [s is stage for s in found.stages], "coords": coords.hello_fields()}))
+    dist.destroy_process_group()

@@ -204,3 +204,20 @@ async def test_rank_detail_shows_the_coordinates() -> None:
         title = app.screen.query_one("#detail-title")
         assert title.size.height == 3
         assert str(title.render()).splitlines()[2] == "parallel dp 0/1 · pp 0/2  stage 0  stage compute/step 7.35ms"
+
+
+def test_stage_timer_on_a_real_pipeline_stage(tmp_path: Path) -> None:
+    """probe.pipeline.StageTimer wraps a real PipelineStage's chunk methods (one process, one stage,
+    GPipe over 2 micro-batches whose forwards sleep 10 ms each): the step's compute time is at least
+    the 20 ms slept, the stage is found on its forward's stack, and close() gives the stage its own
+    methods back."""
+    import parallel_coords_worker as w
+
+    mp.spawn(w.stage_timer_worker, args=(_free_port(), str(tmp_path)), nprocs=1, join=True)
+    res = json.loads((tmp_path / "stage_timer.json").read_text())
+    assert res["first"] >= 0.02
+    assert res["wrapped"] == ["backward_one_chunk", "backward_weight_one_chunk", "forward_one_chunk"]
+    assert res["restored"] and res["after_close"] is None
+    assert res["stages_found"] == [True]
+    assert res["coords"] == {"coords_source": "pipeline stage 0 of 1; dp = world 1 / (tp·pp·cp) = 1",
+                             "coords": {"dp": [0, 1]}, "pp_stages": [0]}  # pp of size 1 is not listed
