@@ -20,6 +20,7 @@ beyond dtype objects, never raises into training (callers guard).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +80,12 @@ def scaled_to(by_dtype: Mapping[str, int], total: int) -> dict[str, int]:
     return {k: int(round(v * total / tallied)) for k, v in by_dtype.items()}
 
 
+@functools.lru_cache(maxsize=64)
+def _cpu_peak(label: str, cores: int) -> peaks.Peak:
+    """The CPU estimate (reads /proc/cpuinfo and psutil: kept off every counted step after the first)."""
+    return peaks.cpu_peak(label, cores=cores)
+
+
 def message_fields(
     model_by_dtype: Mapping[str, int],
     executed_by_dtype: Mapping[str, int],
@@ -101,7 +108,7 @@ def message_fields(
     for label in (*labels, BF16):
         peak, _ = peaks.resolve_peak("cpu" if on_cpu else device_name, label, dict(environ) if environ else None)
         if peak is not None and on_cpu and not peak.source.startswith("override"):
-            peak = peaks.cpu_peak(label, cores=cpu_cores)
+            peak = _cpu_peak(label, cpu_cores)
         if peak is not None:
             peak_of[label[:16]] = float(peak.flops)
     return {"flops_by_dtype": flops, "peak_by_dtype": peak_of}
