@@ -653,10 +653,11 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
 # --- memory of the model per rank (tracemalloc) -----------------------------------------------------
 
 
-def memory(ranks: int) -> dict[str, Any]:
+def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
     """The model's Python memory per rank in steady state: the step ring full (RING steps), the
     sparkline series full (300 telemetry samples), hello, a FLOP count, two kernel windows (latest
-    and cumulative table), the views of two ticks; traced by tracemalloc, ÷ ranks."""
+    and cumulative table), the views of two ticks; traced by tracemalloc, ÷ ranks (``traced``
+    False: the process's RSS growth instead, allocator overheads included, ÷ ranks)."""
     import gc
     import tracemalloc
 
@@ -675,16 +676,20 @@ def memory(ranks: int) -> dict[str, Any]:
         seq[key] += 1
         model.ingest(Message(kind, key, seq[key], now, fields), now)
 
+    def used() -> int:
+        return tracemalloc.get_traced_memory()[0] if traced else _rss_bytes()
+
     gc.collect()
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
+    if traced:
+        tracemalloc.start()
+    base = used()
     parts: dict[str, float] = {}
     mark = base
 
     def part(name: str) -> None:
         nonlocal mark
         gc.collect()
-        cur = tracemalloc.get_traced_memory()[0]
+        cur = used()
         parts[name] = round((cur - mark) / ranks / 1024, 1)
         mark = cur
 
@@ -715,9 +720,11 @@ def memory(ranks: int) -> dict[str, Any]:
         ingest(key, "steps", {"records": [_record(batches * 10 + 1, 0.01, rng)]})
     snap = model.tick(now)
     part("views of two ticks")
-    total = tracemalloc.get_traced_memory()[0] - base
+    total = used() - base
     # Each rank's latest window is its own table: here they share one (building 4,096 takes
-    # minutes), so one window's size is measured apart and added.
+    # minutes), so one window's size is measured apart (traced) and added.
+    if not traced:
+        tracemalloc.start()
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
     own = build_kernel_stats(tpl["kernels"])
@@ -725,9 +732,9 @@ def memory(ranks: int) -> dict[str, Any]:
     window_kb = (tracemalloc.get_traced_memory()[0] - before) / 1024
     tracemalloc.stop()
     del snap, own
-    parts["latest kernel window (one rank's own, measured apart)"] = round(window_kb, 1)
-    return {"ranks": ranks, "kb_per_rank": round(total / ranks / 1024 + window_kb, 1),
-            "kb_per_rank_without_kernels": round(total / ranks / 1024 - parts[KERNELS], 1),
+    parts["latest kernel window (one rank's own, traced apart)"] = round(window_kb, 1)
+    return {"ranks": ranks, "measure": "tracemalloc" if traced else "RSS", "kb_per_rank": round(total / ranks / 1024 + window_kb, 1),
+            "kb_per_rank_without_kernel_data": round(total / ranks / 1024 - parts[KERNELS], 1),
             "ring_steps": rankstate.RING, "parts_kb_per_rank": parts}
 
 
@@ -855,6 +862,7 @@ def main() -> int:
     ap.add_argument("--kernel-every-s", type=float, default=120.0, help="per rank, random phase (0: none)")
     ap.add_argument("--ui", choices=("textual", "none"), default="textual")
     ap.add_argument("--memory", type=int, default=0, metavar="RANKS", help="only measure the model's memory per rank")
+    ap.add_argument("--rss", action="store_true", help="with --memory: RSS growth instead of tracemalloc")
     ap.add_argument("--costs", action="store_true", help="only measure the data thread's CPU per frame and tick "
                     "(for --ranks × --step-ms) and the share of a core they add up to")
     ap.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per configuration")
@@ -865,7 +873,7 @@ def main() -> int:
         return _monitor_main(args._monitor, args.ui, args._dir)
     os.environ.setdefault("FLOWTOP_DISABLE", "1")
     if args.memory:
-        print(json.dumps(memory(args.memory)), flush=True)
+        print(json.dumps(memory(args.memory, traced=not args.rss)), flush=True)
         return 0
     if args.costs:
         for ranks in (int(x) for x in args.ranks.split(",")):
