@@ -126,10 +126,10 @@ def _terminate() -> None:
     if lock is None or not lock.acquire(blocking=False):
         return
     try:
-        deadline = time.monotonic() + 0.5
         _state["on_term"]("SIGTERM")
-        while time.monotonic() < deadline and _state.get("flushing", lambda: False)():
-            time.sleep(0.01)
+        # libzmq's I/O thread writes the bye after send() returns: give it a moment before the
+        # process dies (a loaded machine lost the bye otherwise), well inside torchrun's grace.
+        time.sleep(0.3)
     except Exception as exc:  # noqa: BLE001 - dying must not depend on the bye
         warn_once("sigterm-bye", f"no bye on SIGTERM: {exc}")
     finally:
