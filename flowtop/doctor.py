@@ -41,6 +41,8 @@ _ICON = {"ok": "ok  ", "info": "info", "warn": "warn", "fail": "FAIL"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The doctor's options (cli.build_parser)."""
+    from flowtop.cli import _positive_int  # the CLI's one parser of counts (cli imports us lazily)
+
     default = os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
     p.add_argument("--listen", default=default, help=f"the monitor's address to check (default {default}; env FLOWTOP_ADDR)")
     p.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to check (default env FLOWTOP_CURVE_DIR)")
@@ -50,14 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
 
 
-def _positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {raw!r}")
-    return value
 
 
 def ask_child(python: str, env: dict[str, str]) -> tuple[dict[str, Any] | None, Finding | None]:
