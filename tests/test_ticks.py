@@ -79,7 +79,9 @@ def test_a_replay_reproduces_the_live_hints_tick_by_tick_without_snapshots(tmp_p
     finally:
         for p in pubs:
             p.close()
-        time.sleep(0.3)
+        # The recording ends with the byes; a replay runs the tick after them, so the live
+        # monitor must have run it too before it stops (a fixed sleep raced with the cadence).
+        monitor.wait_for(lambda s: any(j.job == "replayed" and j.status == "done" for j in s.jobs), 15)
         monitor.close()
     t0 = collector.ticker.t0
     shown = {round((s.taken_at - t0) / TICK_S): _hints(s) for s in live}
