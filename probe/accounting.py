@@ -73,9 +73,12 @@ def flops_message(
     flops_per_token: float | None,
     attention: str,
     local_ranks: int = 1,
+    cp: int = 1,
 ) -> dict[str, Any]:
     """Fields of one ``flops`` message (see probe.wire). ``local_ranks``: training processes
-    sharing this host (a CPU rank's peak is its share of the cores)."""
+    sharing this host (a CPU rank's peak is its share of the cores); ``cp``: this rank's
+    context-parallel degree (its token ids are a shard of each sequence: the estimate's
+    attention term takes the whole sequence, probe.estimate)."""
     estimated = None
     source = None
     seq = seq_len_of(signature)
@@ -84,7 +87,8 @@ def flops_message(
     if root is not None and (seq or flops_per_token or count.attention_shapes):
         est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention,
                                            flops_per_token=flops_per_token, layout=layout,
-                                           seen=count.attention_shapes, micro_batches=count.micro_batches)
+                                           seen=count.attention_shapes, micro_batches=count.micro_batches,
+                                           cp=cp)
     elif flops_per_token:
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:
@@ -92,9 +96,11 @@ def flops_message(
         attn = 6 if attention == "causal" else 12
         local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
         active = "_active" if est.moe else ""  # MoE: N counts top_k experts per token (probe.moe)
+        # context parallel: T is every key of the sequence, the rank's shard its queries and tokens
+        keys = f" (all keys; cp={est.cp}: this rank's {seq} queries)" if est.cp > 1 and seq else ""
         source = (
             f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
-            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}" + (f"; {est.moe}" if est.moe else "")
+            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}{keys}" + (f"; {est.moe}" if est.moe else "")
         )[:256]  # the wire's limit: a long module path must not cost the whole message
         if est.source == "override":
             source = "override (flops_per_token)"

@@ -13,6 +13,12 @@ local like the count (probe.flops_dtensor): FSDP2's dims are gathered before com
 parameter counts whole), a parameter split k ways by tensor parallelism counts 1/k, and the
 attention term is divided by the split of the matmuls (heads are split with them). FSDP1's
 flat parameters count only the local shard (an under-estimate).
+
+Under context parallelism of degree cp a rank embeds T/cp positions of each sequence: its
+linear layers run on those tokens (6·N per token, as ever), and its attention runs its T/cp
+local queries against all T keys, i.e. 12·L·d·T per *local* token, T the whole sequence. So the
+attention term takes T = cp × the rank's shard, and the estimate per rank is (6·N + 12·L·d·T) ×
+its local tokens; Σ over the cp ranks is the unsharded sequence's 6N+12LdT × B·T.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ class Estimate:
     ``source`` says how the shape was found: "override", "config:<attr>", "blocks:<path>" or
     "attention:<calls>/<micro-batches>" (the counted step's attention calls).
     ``split``: the tensor-parallel split the attention term was divided by (1: none);
-    ``n_params`` is then the elements this rank computes with.
+    ``n_params`` is then the elements this rank computes with. ``seq_len`` is the keys each query
+    attends to (the whole sequence); under context parallelism of degree ``cp`` > 1 the rank's
+    own shard is ``seq_len / cp`` (its queries and tokens).
     """
 
     flops_per_token: float
@@ -53,6 +61,7 @@ class Estimate:
     split: int = 1
     #: MoE models: how N became N_active (probe.moe), "" for dense ones.
     moe: str = ""
+    cp: int = 1
 
 
 def transformer_flops_per_token(
@@ -169,6 +178,7 @@ def estimate_from_model(
     layout: ParallelLayout | None = None,
     seen: Mapping[AttentionShape, int] | None = None,
     micro_batches: int = 1,
+    cp: int = 1,
 ) -> Estimate | None:
     """Estimate training FLOPs per token of a transformer, or ``None`` if its shape is unknown.
 
@@ -176,25 +186,30 @@ def estimate_from_model(
     then still reported when it can be found. ``layout`` (probe.flops_dtensor.layout_of) makes
     the figure local to this rank under tensor parallelism. The shape comes from the model's
     config, else its blocks, else ``seen`` (forward attention calls by shape in the counted
-    step of ``micro_batches`` forwards; then T is the calls' key length).  Never raises.
+    step of ``micro_batches`` forwards; then T is the calls' key length).  ``cp``: this rank's
+    context-parallel degree; ``seq_len`` (its token ids' length) is then its shard, and the
+    attention term takes the whole sequence, ``seq_len × cp`` keys (the key length read from
+    the attention calls is whole already).  Never raises.
     """
     try:
         model = _unwrap(model)
         shape = _from_config(model) or _from_blocks(model)
         split = layout.compute_degree if layout is not None else 1
+        cp = max(1, int(cp))
+        keys = int(seq_len) * cp  # local queries attend to every key of the sequence
         if shape is None and (found := _from_attention(seen, micro_batches)) is not None:
-            layers, width, seq_len, source = found
+            layers, width, keys, source = found
             shape, split = (layers, width, source), 1  # the heads seen are local already
         n_params = non_embedding_params(model, layout.splits if layout is not None else None)
         n_params, moe_note = moe.active_params(model, n_params)  # MoE: routed experts at top_k of E
         if flops_per_token is not None:
             layers, width = (shape[0], shape[1]) if shape else (0, 0)
-            return Estimate(float(flops_per_token), n_params, layers, width, int(seq_len), "override")
-        if shape is None or seq_len <= 0:
+            return Estimate(float(flops_per_token), n_params, layers, width, keys, "override", cp=cp)
+        if shape is None or keys <= 0:
             return None
         layers, width, source = shape
-        fpt = transformer_flops_per_token(n_params, layers, width, int(seq_len), attention, split)
-        return Estimate(fpt, n_params, layers, width, int(seq_len), source, split, moe_note)
+        fpt = transformer_flops_per_token(n_params, layers, width, keys, attention, split)
+        return Estimate(fpt, n_params, layers, width, keys, source, split, moe_note, cp)
     except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
         warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
         return None

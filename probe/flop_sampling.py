@@ -191,6 +191,7 @@ class FlopSampler:
             flops_per_token=context["flops_per_token"],
             attention=self.attention,
             local_ranks=context.get("local_ranks", 1),
+            cp=context.get("cp", 1),  # context-parallel degree (probe.parallel, at the first step)
         )
 
 

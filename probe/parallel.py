@@ -68,6 +68,11 @@ class Coordinates:
     complete: bool
     pp_stages: tuple[int, ...] = ()
 
+    def size(self, role: str) -> int:
+        """This rank's degree in ``role`` (1 where the role is absent). Known even where the
+        layout as a whole is not (a cp dim beside a dim of unknown role still says cp)."""
+        return self.roles.get(role, (0, 1))[1]
+
     def hello_fields(self) -> dict[str, Any]:
         """The hello's optional fields (probe.wire): ``coords`` only when complete."""
         out: dict[str, Any] = {"coords_source": self.source[:256]}

@@ -255,6 +255,8 @@ class Probe:
         self._reidentify()
         try:
             self._read_layout()
+            # the FLOP estimate's attention term spans every cp shard's keys (probe.estimate)
+            self._context["cp"] = self._coords.size("cp")
         except Exception as exc:  # noqa: BLE001 - the layout is a label: training goes on
             warn_once("parallel-layout", f"parallel coordinates unavailable: {type(exc).__name__}: {exc}")
         self._context["device_name"] = self._device_name()

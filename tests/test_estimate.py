@@ -206,3 +206,34 @@ def test_plain_qkv_gpt_gets_its_shape_from_the_attention_it_ran() -> None:
         f"N={n}, L={layers}, d={d}, T={seq}")
     # the count agrees with it to within the terms 6N+12LdT leaves out (norms, biases, embedding)
     assert abs(fields["model_flops"] / hand - 1) < 0.05
+
+
+def test_context_parallel_rank_attends_to_every_key() -> None:
+    """cp 2 (issue 14 part 3): a rank embeds T/cp = 4 of each sequence's T = 8 positions. By hand,
+    per local token: linears 6·N = 6·7,104 = 42,624 and attention of its query against all T keys
+    12·L·d·T = 12·2·16·8 = 3,072, i.e. 45,696 — the unsharded figure, not 6·N + 12·L·d·(T/cp) =
+    44,160. Per rank with B = 3 sequences (12 local tokens): 548,352; the two ranks together
+    1,096,704 = one unsharded step over 24 tokens."""
+    import torch
+
+    from flop_helpers import count
+    from probe.accounting import flops_message
+    from probe.flops_policy import signature_of
+
+    model, batch, cp, shard = GPT(Config(), tied=False), 3, 2, T // 2
+    est = estimate_from_model(model, seq_len=shard, cp=cp)
+    assert est is not None and (est.seq_len, est.cp) == (T, cp)
+    assert est.flops_per_token == 6 * 7_104 + 12 * L * D * T == 45_696
+    no_cp = estimate_from_model(model, seq_len=shard)
+    assert no_cp is not None and no_cp.flops_per_token == 6 * 7_104 + 12 * L * D * shard == 44_160  # the old figure
+
+    idx = torch.zeros(batch, shard, dtype=torch.long)  # this rank's shard of every sequence
+    fields = flops_message(count(lambda: None), step=1, tokens=batch * shard, root=model,
+                           signature=signature_of((idx,), {}), device=torch.device("cpu"), device_name="cpu",
+                           flops_per_token=None, attention="full", cp=cp)
+    assert fields["estimated_flops"] == 45_696 * 12 == 548_352
+    assert 2 * fields["estimated_flops"] == 45_696 * batch * T == 1_096_704  # Σ over the cp ranks
+    assert fields["estimate_source"] == ("6N+12LdT, shape from model.config: N=7104, L=2, d=16, T=8 "
+                                         "(all keys; cp=2: this rank's 4 queries)")
+    causal = estimate_from_model(model, seq_len=shard, attention="causal", cp=cp)
+    assert causal is not None and causal.flops_per_token == 6 * 7_104 + 6 * L * D * T == 44_160

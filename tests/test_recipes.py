@@ -189,7 +189,8 @@ def test_context_parallel_ranks_count_their_sequence_shard(monitor) -> None:
     the 16 local queries against all 32 keys L·4·B·(S/cp)·S·d = 1,048,576; model = 3 × their sum =
     53,477,376 (835,584 per local token, as unsharded: each query still attends to T keys). The two
     ranks sum to one unsharded TinyGPT step over 128 tokens, and the job's tokens are the sum of
-    the shards (64 + 64), counted once."""
+    the shards (64 + 64), counted once. The 6N+12LdT estimate beside it likewise: per local token
+    6·N + 12·L·d·S with all S = 32 keys (846,336), Σ over the ranks = the unsharded estimate."""
     steps, batch, cp = 20, 4, 2
     run = run_recipe(monitor, torchrun(str(RECIPES / "context_parallel.py"), f"--steps={steps}", f"--batch={batch}"),
                      n_ranks=2)
@@ -198,14 +199,23 @@ def test_context_parallel_ranks_count_their_sequence_shard(monitor) -> None:
     local = batch * seq // cp  # 64 token ids embedded per rank and step
     per_rank = 3 * (2 * w * local + layers * 4 * batch * (seq // cp) * seq * d)
     assert per_rank == 53_477_376 == tiny_gpt_flops_per_token() * local
+    # N (non-embedding): per block 12d² + 13d (weights; qkv, proj, fc, fc_out biases 9d; 2 norms 4d),
+    # final norm 2d, head d·V without bias
+    n = layers * (12 * d * d + 13 * d) + 2 * d + d * TINY["vocab"]
+    estimate_per_token = 6 * n + 12 * layers * d * seq
+    assert (n, estimate_per_token) == (132_864, 846_336)
     for r in run.ranks:
         assert_rank_basics(r, steps=steps, tokens_per_step=local, flops_per_step=per_rank)
         assert r["coords"] == {"dp": {"rank": 0, "size": 1}, "cp": {"rank": r["rank"], "size": 2}}, r["coords_source"]
         assert r["coords_source"].startswith("mesh (cp=2)")  # the loop's mesh, found on the stack
         # CPU flash attention's backward recomputes the scores: + L·2·B·(S/cp)·S·d executed
         assert r["executed_flops_per_step"] == per_rank + layers * 2 * batch * (seq // cp) * seq * d
+        # the estimate per local token takes all S keys: 6·N + 12·L·d·S (not S/cp)
+        assert r["estimated_flops_per_step"] == estimate_per_token * local == 54_165_504
+        assert r["estimate_source"].endswith(f"T={seq} (all keys; cp=2: this rank's {seq // cp} queries)")
     job = run.job
     assert job["flops_per_step"] == tiny_gpt_flops_per_token() * batch * seq  # 106,954,752: one unsharded step
+    assert job["estimated_flops_per_step"] == estimate_per_token * batch * seq  # 108,331,008: unsharded too
     assert job["flops_per_token"] == tiny_gpt_flops_per_token()  # Σ ÷ (64 + 64) tokens
     assert job["tokens_per_s_basis"].startswith("tokens once per data-parallel replica")
     assert job["tokens_per_s"] == pytest.approx(sum(r["tokens_per_s"] for r in run.ranks))  # the shards, summed
