@@ -60,17 +60,8 @@ def test_mixed_bf16_fp32_step_by_dtype() -> None:
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
-    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
-    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")
     monkeypatch.setenv("FLOWTOP_PEAK_TFLOPS", "bf16=2,fp32=0.5")  # a known peak per dtype
-    out: list[tuple[str, dict[str, Any]]] = []
-    assert probe.attach(job="t")
-    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
-    try:
-        yield out
-    finally:
-        probe.detach()
+    yield from _attached(monkeypatch)
 
 
 def test_mfu_against_each_dtypes_peak_override(captured: list[tuple[str, dict[str, Any]]]) -> None:
@@ -187,3 +178,95 @@ def test_peak_table_conventions_for_fp8_labels_and_new_rows() -> None:
     assert resolve_peak("NVIDIA H200", "bf16", env)[0].source.startswith("override")
     peak, reason = resolve_peak("NVIDIA H200", "bf16", {"FLOWTOP_PEAK_TFLOPS": "bf16=fast"})
     assert peak is None and "FLOWTOP_PEAK_TFLOPS" in reason
+
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+class Fp8Matmul(torch.autograd.Function):
+    """``x @ w.T`` the way torchao's Float8Linear trains it (the hybrid recipe), unit scales:
+    forward e4m3 × e4m3; both gradient GEMMs e5m2 (the gradient) × e4m3. ``_scaled_mm`` runs on
+    the CPU in torch 2.13 but has no autograd formula there, hence this Function."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        one = torch.tensor(1.0)
+        # _scaled_mm takes a row-major first and a column-major second operand
+        return torch._scaled_mm(x.to(E4M3), w.to(E4M3).t(), scale_a=one, scale_b=one, out_dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        one, g8 = torch.tensor(1.0), g.to(E5M2)
+        gx = None
+        if ctx.needs_input_grad[0]:  # (M, N) @ (N, K)
+            gx = torch._scaled_mm(g8, w.to(E4M3).t().contiguous().t(), scale_a=one, scale_b=one, out_dtype=x.dtype)
+        # (N, M) @ (M, K)
+        gw = torch._scaled_mm(g8.t().contiguous(), x.to(E4M3).t().contiguous().t(), scale_a=one, scale_b=one,
+                              out_dtype=w.dtype)
+        return gx, gw
+
+
+class Fp8Model(nn.Module):
+    """x (16, 16) -> a bf16-autocast linear -> 32 -> an fp8 linear -> 64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32, bias=False)
+        self.w = nn.Parameter(torch.randn(64, 32) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.a(x)
+        return Fp8Matmul.apply(h, self.w)
+
+
+# Hand count, M = 16 rows (x needs no gradient): a, bf16: forward 2·16·16·32 = 16,384 and its
+# weight gradient 16,384; the fp8 GEMM (K 32, N 64): forward 2·16·32·64 = 65,536 in e4m3, its input
+# and weight gradients 65,536 each in e5m2 (named by the e5m2 operand).
+FP8_BF16, FP8_E4M3, FP8_E5M2 = 2 * 16_384, 65_536, 2 * 65_536
+
+
+@pytest.fixture
+def captured_fp8(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    monkeypatch.setenv("FLOWTOP_PEAK_TFLOPS", "bf16=2,fp8=4")  # fp8 at twice bf16, as on Hopper
+    yield from _attached(monkeypatch)
+
+
+def _attached(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")
+    out: list[tuple[str, dict[str, Any]]] = []
+    assert probe.attach(job="t")
+    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    try:
+        yield out
+    finally:
+        probe.detach()
+
+
+def test_fp8_training_step_through_the_probe(captured_fp8: list[tuple[str, dict[str, Any]]]) -> None:
+    """Issue 14 part 5 on the CPU: a training loop under probe.attach whose step runs a float8
+    GEMM forward and backward beside a bf16 layer. The counted step carries each GEMM's operand
+    dtype, the peaks per dtype, and MFU = Σ F_d / peak_d over the step time, by hand."""
+    torch.manual_seed(0)
+    model = Fp8Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(16, 16)).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    (msg,) = [f for k, f in captured_fp8 if k == "flops"]
+    assert msg["flops_by_dtype"] == {"bf16": [FP8_BF16] * 2, "fp8_e4m3": [FP8_E4M3] * 2, "fp8_e5m2": [FP8_E5M2] * 2}
+    assert msg["model_flops"] == FP8_BF16 + FP8_E4M3 + FP8_E5M2 == 229_376
+    assert msg["dtype"] == "fp8_e5m2"  # the FLOP-weighted majority
+    assert msg["peak_by_dtype"] == {"bf16": 2 * T, "fp8_e4m3": 4 * T, "fp8_e5m2": 4 * T}
+    view = rank_flops(msg, step_time_s=1e-6)
+    # ideal time = 32,768 / 2e12 + 196,608 / 4e12 = 16.384 ns + 49.152 ns = 65.536 ns; over 1 µs
+    assert view.mfu == pytest.approx(0.065536, rel=1e-12)
+    # bf16-equivalent: 229,376 FLOPs / 1 µs / 2e12 = 11.4688 %: the fp8 work read at the bf16 rate
+    assert view.mfu_bf16 == pytest.approx(0.114688, rel=1e-12)
+    assert view.precision.shares == pytest.approx({"bf16": 1 / 7, "fp8_e4m3": 2 / 7, "fp8_e5m2": 4 / 7})
+    assert view.peak_flops == pytest.approx(229_376 / 65.536e-9)  # the mix peak F / Σ F_d/peak_d
