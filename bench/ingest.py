@@ -49,6 +49,7 @@ import queue
 import random
 import resource
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def fd_needs(ranks: int, workers: int, path: str, per_relay: int, relays_per_pro
 def _templates() -> dict[str, dict[str, Any]]:
     from flowtop.recording import read_recording
     from probe import wire
+    from probe.wire.steps import encode_fields
 
     out: dict[str, dict[str, Any]] = {}
     for _, frame in read_recording(REC):
@@ -118,6 +120,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     import zmq
 
     from probe import wire
+    from probe.wire.steps import encode_fields
 
     raise_nofile()
     rng = random.Random(idx)
@@ -189,10 +192,12 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                 if k_now > last[i]:
                     first = t0[i] + (last[i] + 1) * step_s
                     recs = [_record(k, step_s, rng) for k in range(last[i] + 1, k_now + 1)]
-                    if len(recs) == 1:
+                    if single:
                         send(i, "step", first, {**recs[0], "_sent": now})
-                    else:
+                    elif cfg["records"]:  # the MINOR 2 wire: a list of record maps
                         send(i, "steps", first, {"records": recs, "_sent": now})
+                    else:  # the probe's wire: columns (probe.wire.steps)
+                        send(i, "stepcols", first, {**encode_fields(recs, 0), "_sent": now})
                     last[i] = k_now
                 nxt = t0[i] + (last[i] + 1) * step_s + (0.0 if single else flush_s)
                 heapq.heappush(heap, (max(nxt, now + 1e-4), i, "flush"))
@@ -346,8 +351,9 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         if counter[0] % SAMPLE_EVERY == 0:
             try:
                 obj = msgpack.unpackb(frame, raw=False)
-                if obj.get("k") in ("step", "steps") and obj.get("job") == JOB:
-                    step = obj["records"][-1]["step"] if obj["k"] == "steps" else obj["step"]
+                if obj.get("k") in ("step", "steps", "stepcols") and obj.get("job") == JOB:
+                    step = (obj["records"][-1]["step"] if obj["k"] == "steps" else
+                            struct.unpack("<q", obj["step"][-8:])[0] if obj["k"] == "stepcols" else obj["step"])
                     recv = time.time()
                     samples.append((obj["rank"], step, obj["t"], obj.get("_sent", obj["t"]), recv))
                     arrivals.append(recv - obj.get("_sent", obj["t"]))
@@ -590,7 +596,8 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
             relays = Relays(relays_n, mon.listen, host, args.relays_per_proc, tmp)
             addrs = [relays.listens[r // args.per_relay] for r in range(ranks)]
             time.sleep(2.0 + relays_n * (0.05 if host == "cli" else 0.005))
-        cfg = {"step_s": step_ms / 1e3, "flush_s": args.flush_s, "single": args.single, "telemetry_s": 1.0,
+        cfg = {"step_s": step_ms / 1e3, "flush_s": args.flush_s, "single": args.single, "records": args.records,
+               "telemetry_s": 1.0,
                "flops_every_s": args.flops_every_s, "kernel_every_s": args.kernel_every_s,
                "connect_timeout_s": 30.0 + ranks / 100}
         ready: "mp.Queue[Any]" = mp.Queue()
@@ -741,13 +748,15 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
 # --- the monitor's CPU cost per frame and per tick (one process, CPU time) ---------------------------
 
 
-def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flops_every_s: float) -> dict[str, Any]:
+def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flops_every_s: float,
+          records: bool = False) -> dict[str, Any]:
     """What one rank's frames and one tick cost the data thread, in CPU time of this process (the
     figure that does not change when other processes share the cores), and the share of a core
     ``ranks`` ranks at ``step_ms`` need: frames/s × (decode + ingest) + ticks/s × tick."""
     from flowtop.clock import TICK_S
     from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
     from probe import wire
+    from probe.wire.steps import encode_fields
 
     tpl = _templates()
     rng = random.Random(0)
@@ -771,10 +780,10 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
 
     def steps_frame(key: wire.RankKey) -> None:
         recs = [_record(step[0] + i + 1, step_s, rng) for i in range(per_frame)]
-        if len(recs) == 1:
-            send(key, "step", recs[0])
+        if records:  # the MINOR 2 wire: a list of record maps (a lone record as a "step")
+            send(key, "steps", {"records": recs}) if len(recs) > 1 else send(key, "step", recs[0])
         else:
-            send(key, "steps", {"records": recs})
+            send(key, "stepcols", encode_fields(recs, 0))
 
     for key in keys:
         send(key, "hello", {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8})
@@ -803,7 +812,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
         wire.decode(kern)
     kernel_decode = (time.process_time() - c) / 3
     us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
-    frame_kind = "steps" if per_frame > 1 else "step"
+    frame_kind = ("steps" if per_frame > 1 else "step") if records else "stepcols"
     rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
              "telemetry": 1.0, "hello": 0.5, "flops": 1.0 / flops_every_s}
     per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
@@ -858,6 +867,8 @@ def main() -> int:
     ap.add_argument("--relays-per-proc", type=int, default=32)
     ap.add_argument("--flush-s", type=float, default=float(os.environ.get("FLOWTOP_FLUSH_S", 0.1)))
     ap.add_argument("--single", action="store_true", help="one 'step' frame per step (the pre-batching wire)")
+    ap.add_argument("--records", action="store_true", help="step batches as lists of record maps (wire MINOR 2) "
+                    "instead of columns (MINOR 3, what the probe sends)")
     ap.add_argument("--flops-every-s", type=float, default=30.0)
     ap.add_argument("--kernel-every-s", type=float, default=120.0, help="per rank, random phase (0: none)")
     ap.add_argument("--ui", choices=("textual", "none"), default="textual")
@@ -878,7 +889,7 @@ def main() -> int:
     if args.costs:
         for ranks in (int(x) for x in args.ranks.split(",")):
             for step_ms in (float(x) for x in args.step_ms.split(",")):
-                row = costs(ranks, step_ms, args.flush_s, args.kernel_every_s, args.flops_every_s)
+                row = costs(ranks, step_ms, args.flush_s, args.kernel_every_s, args.flops_every_s, args.records)
                 print(json.dumps(row), flush=True)
                 if args.json:
                     with open(args.json, "a") as f:

@@ -193,6 +193,23 @@ class Column:
 Record = tuple[int, float, int, "float | None", float, "float | None"]
 
 
+def _known(col: array | None, n: int) -> tuple[array, bytes]:
+    """An optional column as the ring stores it (0.0 where not sent) and one byte per record,
+    1 where it was sent (NaN on the wire: not sent). Whole columns sent or not in C."""
+    if col is None:
+        return array("d", bytes(8 * n)), bytes(n)
+    total = sum(col)
+    if total == total:  # no NaN: every record sent it
+        return col, b"\x01" * n
+    values, sent = array("d", col), bytearray(n)
+    for i, x in enumerate(col):
+        if x == x:
+            sent[i] = 1
+        else:
+            values[i] = 0.0
+    return values, bytes(sent)
+
+
 class StepRing:
     """A rank's recent steps, records ``(step, wall_s, tokens, input_wait_s, recv_time, lead_s)``,
     in columns (~40 bytes a step instead of ~180 as tuples of Python numbers): step numbers and
@@ -236,12 +253,45 @@ class StepRing:
         st[4].append((wait is not None) | (lead is not None) << 1)
         self._nl += 1
         self._ns += 1
+        self._appended()
+
+    def extend(self, steps: array, wall: array, tokens: array, wait: array | None, lead: array | None,
+               recv: float, start: int = 0) -> None:
+        """Append the records ``start:`` of a frame's columns (step records as columns, see
+        probe.wire.steps; NaN in ``wait``/``lead``: not sent), all received at ``recv``: a few
+        array extends per block instead of seven appends per record."""
+        if start:
+            steps, wall, tokens = steps[start:], wall[start:], tokens[start:]
+            wait = wait[start:] if wait is not None else None
+            lead = lead[start:] if lead is not None else None
+        n = len(steps)
+        wait, known_wait = _known(wait, n)
+        lead, known_lead = _known(lead, n)
+        # bit 0: input wait sent, bit 1: lead sent (see the "known" column), OR-ed in C
+        known = array("b", (int.from_bytes(known_wait, "little") | int.from_bytes(known_lead, "little") << 1)
+                      .to_bytes(n, "little"))
+        recvs = array("d", [recv]) * n
+        done = 0
+        while done < n:
+            lt, st = self._lt, self._st
+            end = min(n, done + BLOCK - len(lt[0]))
+            for out, col in ((lt[0], steps), (lt[1], recvs), (st[0], wall), (st[1], tokens), (st[2], wait),
+                             (st[3], lead), (st[4], known)):
+                out.extend(col[done:end] if done or end < n else col)
+            self._nl += end - done
+            self._ns += end - done
+            done = end
+            self._appended()
+
+    def _appended(self) -> None:
+        """After values were appended to the tails: drop cached views, roll a full block."""
         if self._views:
             self._views = {}
             self._frozen = {}
+        lt = self._lt
         if len(lt[0]) == BLOCK:  # both tails fill together
             self._long.append(lt)
-            self._short.append(st)
+            self._short.append(self._st)
             self._lt, self._st = self._tails()
             while self._nl - BLOCK >= self.cap:
                 del self._long[0]

@@ -21,6 +21,7 @@ live and in replay alike, so a replay reproduces the hints without taking snapsh
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 from dataclasses import replace
@@ -34,9 +35,9 @@ from flowtop.relays import Relays
 from flowtop.notices import Notices
 from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.rankviews import RankViews
-from flowtop.sanitize import deep
+from flowtop.sanitize import clean
 from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot
-from probe.wire import Message, RankKey
+from probe.wire import Message, RankKey, StepColumns, step_columns
 
 _log = logging.getLogger("flowtop.model")
 
@@ -153,14 +154,12 @@ class Model:
         st.last_seq = max(st.last_seq, msg.seq)
         f = msg.fields
         if msg.kind in ("hello", "bye", "flops", "telemetry"):
-            f = deep(dict(f))  # remote text is shown in terminals: no control sequences
+            f = clean(f)  # remote text is shown in terminals: no control sequences
         if msg.kind == "hello":
-            st.hello = dict(f)
-        elif msg.kind == "step":
-            self._on_step(st, f, now)
-        elif msg.kind == "steps":  # a batch (wire MINOR 2): the same, record by record
-            for rec in f["records"]:
-                self._on_step(st, rec, now)
+            if f != st.hello:  # re-sent every 2 s, nearly always the same
+                st.hello = dict(f)
+        elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
+            self._on_steps(st, cols, now)
         elif msg.kind == "flops":
             st.flops = dict(f)
         elif msg.kind == "telemetry":
@@ -251,20 +250,23 @@ class Model:
             if forget is not None:
                 forget(job)
 
-    def _on_step(self, st: RankState, f: Any, now: float) -> None:
-        step = int(f["step"])
-        if step <= st.step and st.steps:
-            return  # duplicate or reordered: keep steps monotonic
-        st.step = step
-        st.steps.append((step, float(f["wall_s"]), int(f["tokens"]), f.get("input_wait_s"), now, f.get("lead_s")))
-        st.drops = max(st.drops, int(f.get("drops", 0)))
-        st.commands_refused = max(st.commands_refused, int(f.get("commands_refused", 0)))
-        if f.get("device_s") is not None:
-            st.device_s = float(f["device_s"])
-        if f.get("probe_s") is not None:
-            st.probe_s.append(float(f["probe_s"]))
-        if f.get("stage_s") is not None:
-            st.stage_s.append(float(f["stage_s"]))
+    def _on_steps(self, st: RankState, cols: StepColumns, now: float) -> None:
+        """Append a frame's step records (columns, oldest first) received at ``now``; records at
+        or before the rank's newest step are duplicates or reordered: steps stay monotonic."""
+        steps = cols.step
+        first = bisect.bisect_right(steps, st.step) if st.steps else 0
+        if first < len(steps):
+            st.steps.extend(steps, cols.wall_s, cols.tokens, cols.input_wait_s, cols.lead_s, now, first)
+            st.step = steps[-1]
+            for column, into in ((cols.probe_s, st.probe_s), (cols.stage_s, st.stage_s)):
+                if column is not None:
+                    part = column[first:] if first else column
+                    total = sum(part)
+                    into.extend(part if total == total else [x for x in part if x == x])  # NaN: not sent
+        st.drops = max(st.drops, cols.drops)
+        st.commands_refused = max(st.commands_refused, cols.commands_refused)
+        if cols.device_s is not None:
+            st.device_s = cols.device_s
 
     # --- ticks and snapshots -----------------------------------------------------------
 

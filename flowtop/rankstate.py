@@ -12,7 +12,7 @@ from typing import Any, Deque
 
 from flowtop.compact import Column, PairSeq, StepRing
 from flowtop.snapshot import History, TelemetryView
-from probe.wire import Message, RankKey, records
+from probe.wire import Message, RankKey, step_columns
 
 #: Steps kept per rank for step alignment (step numbers and receive times) ...
 RING = 512
@@ -84,9 +84,9 @@ def implausible(st: RankState, msg: Message, now: float) -> str:
     silent = max(0.0, now - st.last_recv)
     if st.last_seq >= 0 and msg.seq - st.last_seq > max(MIN_SEQ_JUMP, silent * MAX_FRAMES_PER_S):
         return "implausible seq jump for a known rank (forged or corrupt frame)"
-    recs = records(msg)
-    step = recs[-1].get("step") if recs else None
-    if st.steps and isinstance(step, int) and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
+    cols = step_columns(msg)
+    step = cols.step[-1] if cols is not None and cols.step else None
+    if st.steps and step is not None and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
         return "implausible step jump for a known rank (forged or corrupt frame)"
     return ""
 

@@ -32,10 +32,9 @@ from probe._log import warn_once
 _REKEY = "_rekey"
 
 def _flush(pending: Deque[tuple[str, float, dict[str, Any]]], batch: list[tuple[str, float, dict[str, Any]]]) -> None:
-    """Queue the step records of ``batch`` as one frame: a lone record as a plain "step"."""
-    if len(batch) == 1:
-        pending.append(batch[0])
-    elif batch:
+    """Queue the step records of ``batch`` as one frame (a ``stepcols`` frame, a lone record too:
+    columns cost the monitor less to check than a plain "step" map)."""
+    if batch:
         pending.append(("steps", batch[0][1], {"records": [f for _, _, f in batch]}))
     batch.clear()
 
@@ -234,12 +233,10 @@ class Publisher:
                     if listening and self.hello_fields is not None:
                         pending.appendleft(("hello", t, self.hello_fields))  # the new key's hello
                     continue
-                if kind == "step":
-                    fields = dict(fields, drops=self.drops)
-                elif kind == "steps":
-                    drops = self.drops
-                    fields = {"records": [dict(r, drops=drops) for r in fields["records"]]}
-                frame = wire.encode(kind, self.key, self._seq, t, fields)
+                if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
+                    frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
+                else:
+                    frame = wire.encode(kind, self.key, self._seq, t, dict(fields, drops=self.drops) if kind == "step" else fields)
                 if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
                     pending.popleft()  # too big together: one by one, so only an oversized record is lost
                     pending.extendleft(reversed([("step", t, dict(r)) for r in fields["records"]]))

@@ -1,6 +1,6 @@
 """The one message schema between probe and monitor (versioned msgpack maps).
 
-Standard library + msgpack only: the monitor imports this module and nothing else
+Standard library + msgpack only: the monitor imports this package and nothing else
 from ``probe``.
 
 Every frame is a msgpack map with an envelope and kind-specific fields::
@@ -15,20 +15,42 @@ Every frame is a msgpack map with an envelope and kind-specific fields::
   monitor's receive time).
 
 Decoding validates types and ranges and raises :class:`WireError` with a reason.
-Unknown optional fields are ignored; unknown kinds are rejected.
+Unknown optional fields are ignored; unknown kinds are rejected. Field checkers live in
+:mod:`probe.wire.checks`, those of kernel windows in :mod:`probe.wire.kernels`, step columns in
+:mod:`probe.wire.steps`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import msgpack
 
+from probe.wire import steps as _steps
+from probe.wire.checks import (
+    PARALLEL_ROLES, Check, I64, _coords, _counts, _flat_map, _int, _int_list, _int_lists, _name, _num,
+    _num_map, _opt, _str, _str_list,
+)
+from probe.wire.errors import WireError
+from probe.wire.kernels import (
+    KERNEL_ACT_KINDS, KERNEL_MAX_DIMS, KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES,
+    KERNEL_MAX_RECORDS, KERNEL_MAX_STR, _kernel_acts, _kernel_ops, is_runtime_call,
+)
+from probe.wire.steps import StepColumns
+
+__all__ = [
+    "DEFAULT_ADDR", "DEFAULT_PORT", "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
+    "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
+    "MAX_FRAME_BYTES", "MINOR", "PARALLEL_ROLES", "Admit", "Message", "RankKey", "StepColumns", "WireError",
+    "decode", "decode_control", "encode", "encode_control", "encode_steps", "is_runtime_call", "records",
+    "step_columns",
+]
+
 MAJOR = 1
-MINOR = 2  # 1: kernels carry raw records (names, ops, acts); 2: "steps" batches, "relay" figures
-#: Most step records one "steps" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
+#: 1: kernels carry raw records (names, ops, acts); 2: "steps" batches, "relay" figures;
+#: 3: "stepcols" (step records as columns, probe.wire.steps)
+MINOR = 3
+#: Most step records one "steps"/"stepcols" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
 MAX_BATCH = 512
 #: Largest frame either side accepts (the collector also sets ZMQ MAXMSGSIZE).
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -36,15 +58,11 @@ MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_PORT = 5759
 DEFAULT_ADDR = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 
-_I64 = 2**63 - 1
 
-
-class WireError(ValueError):
-    """A frame that cannot be accepted; ``str(err)`` is the reason."""
-
-
-@dataclass(frozen=True)
-class RankKey:
+# Keys and messages are tuples with names, not dataclasses: the monitor makes one of each per
+# frame (tens of thousands a second at thousands of ranks) and hashes keys several times per
+# frame; a tuple's hash and construction run in C.
+class RankKey(NamedTuple):
     """Identity of one rank process: (job, host, pid, rank, incarnation)."""
 
     job: str
@@ -54,220 +72,16 @@ class RankKey:
     inc: int
 
 
-@dataclass(frozen=True)
-class Message:
-    """A decoded, validated message: envelope plus the kind's fields."""
+class Message(NamedTuple):
+    """A decoded, validated message: envelope plus the kind's fields; a step frame's records
+    (``step``, ``steps``, ``stepcols``) also as columns in ``steps``."""
 
     kind: str
     key: RankKey
     seq: int
     sent_at: float
     fields: Mapping[str, Any]
-
-
-# --- field checkers -------------------------------------------------------------
-
-Check = Callable[[Any], bool]
-
-
-def _int(lo: int = 0, hi: int = _I64) -> Check:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-
-def _num(lo: float = 0.0, hi: float = 1e30) -> Check:
-    def check(v: Any) -> bool:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return False
-        return math.isfinite(v) and lo <= v <= hi
-
-    return check
-
-
-def _str(max_len: int = 256) -> Check:
-    return lambda v: isinstance(v, str) and len(v) <= max_len
-
-
-def _opt(check: Check) -> Check:
-    return lambda v: v is None or check(v)
-
-
-def _str_list(max_items: int, max_len: int = 4096) -> Check:
-    return lambda v: isinstance(v, list) and len(v) <= max_items and all(
-        isinstance(s, str) and len(s) <= max_len for s in v
-    )
-
-
-#: Parallel roles a rank's coordinates name (hello ``coords``): data, tensor, pipeline, context
-#: and expert parallelism.
-PARALLEL_ROLES = ("dp", "tp", "pp", "cp", "ep")
-
-
-def _coords(v: Any) -> bool:
-    """Parallel coordinates: role -> [rank, size] with 0 <= rank < size (probe.parallel)."""
-    return isinstance(v, dict) and len(v) <= len(PARALLEL_ROLES) and all(
-        k in PARALLEL_ROLES and isinstance(rs, list) and len(rs) == 2 and _int(0, 1 << 24)(rs[0])
-        and _int(1, 1 << 24)(rs[1]) and rs[0] < rs[1] for k, rs in v.items()
-    )
-
-
-def _int_list(max_items: int, hi: int = 1 << 24) -> Check:
-    return lambda v: isinstance(v, list) and len(v) <= max_items and all(_int(0, hi)(x) for x in v)
-
-
-def _counts(max_items: int = 1000) -> Check:
-    """A map of short names to non-negative integers (e.g. uncounted ops)."""
-    return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
-        isinstance(k, str) and len(k) <= 256 and _int()(c) for k, c in v.items()
-    )
-
-
-def _num_map(max_items: int = 32, max_key: int = 16, width: int = 0) -> Check:
-    """A map of short names to non-negative finite numbers, or (``width`` > 0) to lists of
-    ``width`` of them (e.g. FLOPs per dtype label: [model, executed])."""
-    num = _num(0, 1e30)
-
-    def value(x: Any) -> bool:
-        if width:
-            return isinstance(x, list) and len(x) == width and all(num(n) for n in x)
-        return num(x)
-
-    return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
-        isinstance(k, str) and len(k) <= max_key and value(x) for k, x in v.items()
-    )
-
-
-def _int_lists(max_items: int = 256, max_key: int = 128, max_len: int = 4096) -> Check:
-    """A map of short names to lists of non-negative integers (e.g. tokens per expert per layer)."""
-    size = _int(0, 2**62)
-    return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
-        isinstance(k, str) and len(k) <= max_key and isinstance(x, list) and len(x) <= max_len
-        and all(size(n) for n in x) for k, x in v.items()
-    )
-
-
-def _flat_map(max_items: int = 200) -> Check:
-    """A map of short names to scalars, short strings, lists of strings or None."""
-
-    def scalar(x: Any) -> bool:
-        return (
-            x is None
-            or isinstance(x, (bool, int))
-            or (isinstance(x, float) and math.isfinite(x))
-            or (isinstance(x, str) and len(x) <= 512)
-            or (isinstance(x, list) and len(x) <= 64 and all(isinstance(s, str) and len(s) <= 64 for s in x))
-        )
-
-    return lambda v: isinstance(v, dict) and len(v) <= max_items and all(
-        isinstance(k, str) and len(k) <= 64 and scalar(x) for k, x in v.items()
-    )
-
-
-# --- kernel windows: raw profiler records (the monitor links and attributes them) --------------
-
-#: Limits of a ``kernels`` message.  An op's ``dims``/``concrete`` hold at most
-#: ``KERNEL_MAX_INPUTS`` inputs, a shape at most ``KERNEL_MAX_DIMS`` dims, an int list in
-#: ``concrete`` at most ``KERNEL_MAX_LIST`` items, a string there at most ``KERNEL_MAX_STR`` chars.
-KERNEL_MAX_RECORDS = 500_000
-KERNEL_MAX_NAMES = 100_000
-KERNEL_MAX_NAME = 8192
-KERNEL_MAX_INPUTS = 16
-KERNEL_MAX_DIMS = 8
-KERNEL_MAX_LIST = 16
-KERNEL_MAX_STR = 64
-#: Activity kinds on the wire: 0 kernel, 1 memcpy, 2 memset, 4 runtime call (3 is a host op).
-KERNEL_ACT_KINDS = (0, 1, 2, 4)
-
-
-def is_runtime_call(name: str) -> bool:
-    """Whether a host record's name is a CUDA runtime or driver API call (``cudaEventQuery``,
-    ``cuLaunchKernelEx``) or CUPTI's ``INVALID`` callback, never an operator. torch ≤ 2.11 does
-    not say which a Kineto event is, and such a call made outside any operator carries no link
-    to one (a probe of that torch sent them as operators; see probe.kernels)."""
-    return name.startswith("cuda") or name == "INVALID" or (
-        len(name) > 2 and name[:2] == "cu" and name[2].isupper())
-
-_index = _int(0)
-_time = _num(-1e12, 1e12)
-_size = _int(0, 2**62)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v <= _I64
-
-
-def _dims(v: Any) -> bool:
-    """None, or per input a list of dims (``[]`` for a non-tensor input)."""
-    if v is None:
-        return True
-    if not isinstance(v, list) or len(v) > KERNEL_MAX_INPUTS:
-        return False
-    return all(isinstance(d, list) and len(d) <= KERNEL_MAX_DIMS and all(_size(x) for x in d) for d in v)
-
-
-def _concrete_item(x: Any) -> bool:
-    if x is None or isinstance(x, bool) or _is_int(x):
-        return True
-    if isinstance(x, float):
-        return math.isfinite(x)
-    if isinstance(x, str):
-        return len(x) <= KERNEL_MAX_STR
-    # int lists: strides, paddings, output masks (bools)
-    return isinstance(x, list) and len(x) <= KERNEL_MAX_LIST and all(isinstance(i, bool) or _is_int(i) for i in x)
-
-
-def _concrete(v: Any) -> bool:
-    """None, or per input a scalar, a short string or a list of ints (the "Concrete Inputs")."""
-    if v is None:
-        return True
-    return isinstance(v, list) and len(v) <= KERNEL_MAX_INPUTS and all(_concrete_item(x) for x in v)
-
-
-def _records(field: str, v: Any) -> list[Any]:
-    if not isinstance(v, list):
-        raise WireError(f"kernels: bad value for {field!r}: not a list")
-    if len(v) > KERNEL_MAX_RECORDS:
-        raise WireError(f"kernels: bad value for {field!r}: {len(v)} records exceed {KERNEL_MAX_RECORDS}")
-    return v
-
-
-def _bad_record(field: str, i: int, what: str) -> WireError:
-    return WireError(f"kernels: bad value for {field!r}: record {i}: {what}")
-
-
-# The two record checkers raise WireError themselves (decode passes it on), so that the reason
-# names the record and what is wrong with it rather than only the field.
-
-
-def _kernel_ops(v: Any) -> bool:
-    """Host operator calls: ``[name, thread, start_us, end_us, ext, dims, concrete]``."""
-    for i, o in enumerate(_records("ops", v)):
-        if not isinstance(o, list) or len(o) != 7:
-            raise _bad_record("ops", i, "not a list of 7 fields")
-        name, thread, start, end, ext, dims, concrete = o
-        if not (_index(name) and _index(thread) and _index(ext)):
-            raise _bad_record("ops", i, "name, thread and ext must be non-negative integers")
-        if not (_time(start) and _time(end)):
-            raise _bad_record("ops", i, "start/end must be finite numbers")
-        if not _dims(dims):
-            raise _bad_record("ops", i, f"dims must be None or ≤ {KERNEL_MAX_INPUTS} lists of ≤ {KERNEL_MAX_DIMS} sizes")
-        if not _concrete(concrete):
-            raise _bad_record("ops", i, "concrete must be None or a short list of scalars and int lists")
-    return True
-
-
-def _kernel_acts(v: Any) -> bool:
-    """Device activities and runtime calls: ``[name, kind, start_us, end_us, stream, ext, corr]``."""
-    for i, a in enumerate(_records("acts", v)):
-        if not isinstance(a, list) or len(a) != 7:
-            raise _bad_record("acts", i, "not a list of 7 fields")
-        name, kind, start, end, stream, ext, corr = a
-        if not (_int(0, 4)(kind) and kind in KERNEL_ACT_KINDS):
-            raise _bad_record("acts", i, f"kind must be one of {KERNEL_ACT_KINDS}")
-        if not (_index(name) and _int(-1, 2**31)(stream) and _index(ext) and _index(corr)):
-            raise _bad_record("acts", i, "name, stream, ext and corr must be integers in range")
-        if not (_time(start) and _time(end)):
-            raise _bad_record("acts", i, "start/end must be finite numbers")
-    return True
+    steps: StepColumns | None = None
 
 
 def _step_records(v: Any) -> bool:
@@ -328,6 +142,9 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
     "steps": {
         "records": (True, _step_records),
     },
+    # Step records as columns (MINOR 3, probe.wire.steps): validated as a whole by
+    # probe.wire.steps.decode_fields, not field by field.
+    "stepcols": {},
     "bye": {
         "reason": (True, _str(256)),
         "steps": (True, _int()),
@@ -406,10 +223,6 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
 
 KINDS = tuple(_SCHEMA)
 
-def _name(max_len: int) -> Check:
-    """An identifier printed everywhere (job, host): no control characters at all."""
-    return lambda v: isinstance(v, str) and len(v) <= max_len and v.isprintable()
-
 
 _ENVELOPE: dict[str, Check] = {
     "job": _name(256),
@@ -420,6 +233,10 @@ _ENVELOPE: dict[str, Check] = {
     "seq": _int(),
     "t": _num(0, 1e11),
 }
+#: Keys decoded so far, by their fields: one RankKey object per rank (a dict hit instead of a
+#: construction per frame; cleared when a flood of forged keys makes it large).
+_KEYS: dict[tuple[Any, ...], RankKey] = {}
+_MAX_KEYS = 1 << 17
 
 
 def encode(kind: str, key: RankKey, seq: int, sent_at: float, fields: Mapping[str, Any]) -> bytes:
@@ -440,6 +257,11 @@ def encode(kind: str, key: RankKey, seq: int, sent_at: float, fields: Mapping[st
     return msgpack.packb(body, use_bin_type=True)
 
 
+def encode_steps(key: RankKey, seq: int, sent_at: float, records: list[Mapping[str, Any]], drops: int) -> bytes:
+    """Pack step records (oldest first, each with the "step" fields) as one ``stepcols`` frame."""
+    return encode("stepcols", key, seq, sent_at, _steps.encode_fields(records, drops))
+
+
 #: Asked before a frame's fields are validated: (key, kind, frame bytes) -> "" to go on, or why
 #: the frame is refused (validating a large kernels frame is the costly part of a decode).
 Admit = Callable[[RankKey, str, int], str]
@@ -455,31 +277,29 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise WireError(f"not msgpack: {type(exc).__name__}: {exc}"[:200]) from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise WireError("top level is not a map")
     version = obj.get("v")
     if (
-        not isinstance(version, list)
+        type(version) is not list
         or len(version) != 2
-        or not all(_int(0, 1 << 16)(x) for x in version)
+        or not all(type(x) is int and 0 <= x <= 1 << 16 for x in version)
     ):
         raise WireError("missing or malformed version 'v'")
     if version[0] != MAJOR:
         raise WireError(f"unsupported major version {version[0]} (this monitor speaks {MAJOR})")
     kind = obj.get("k")
-    schema = _SCHEMA.get(kind) if isinstance(kind, str) else None
+    schema = _SCHEMA.get(kind) if type(kind) is str else None
     if schema is None:
         raise WireError(f"unknown kind {kind!r:.40}")
-    for name, check in _ENVELOPE.items():
-        if name not in obj:
-            raise WireError(f"{kind}: missing envelope field {name!r}")
-        if not check(obj[name]):
-            raise WireError(f"{kind}: bad envelope field {name!r}")
-    key = RankKey(obj["job"], obj["host"], obj["pid"], obj["rank"], obj["inc"])
+    key = _key(obj, kind)
     if admit is not None:
         why = admit(key, kind, len(frame))
         if why:
             raise WireError(why)
+    if kind == "stepcols":
+        cols = _steps.decode_fields(obj, MAX_BATCH)
+        return Message(kind, key, obj["seq"], float(obj["t"]), {}, cols)
     fields: dict[str, Any] = {}
     for name, (required, check) in schema.items():
         if name not in obj:
@@ -489,17 +309,59 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         if not check(obj[name]):
             raise WireError(f"{kind}: bad value for {name!r}")
         fields[name] = obj[name]
+    cols = None
     if kind == "steps":  # only the known fields of each record, like any single message
         step_fields = _SCHEMA["step"]
         fields["records"] = [{n: r[n] for n in step_fields if n in r} for r in fields["records"]]
-    return Message(kind=kind, key=key, seq=obj["seq"], sent_at=float(obj["t"]), fields=fields)
+        cols = _steps.from_records(fields["records"])
+    elif kind == "step":
+        cols = _steps.from_records((fields,))
+    return Message(kind, key, obj["seq"], float(obj["t"]), fields, cols)
+
+
+def _key(obj: dict[str, Any], kind: str) -> RankKey:
+    """The envelope's rank key, validated (every frame: plain type and range tests first, the
+    checkers only to name what is wrong)."""
+    job, host, pid, rank, inc, seq, t = (obj.get(n) for n in ("job", "host", "pid", "rank", "inc", "seq", "t"))
+    fields = (job, host, pid, rank, inc)
+    # Exact types before the cache: True == 1 and 7.0 == 7 would find the key of a valid frame.
+    ints = type(pid) is int and type(rank) is int and type(inc) is int
+    key = _KEYS.get(fields) if ints and type(job) is str and type(host) is str else None
+    if (
+        (key is not None or (ints and _ENVELOPE["job"](job) and _ENVELOPE["host"](host)
+                             and 0 <= pid <= 1 << 31 and 0 <= rank <= 1 << 24 and 0 <= inc <= 1 << 20))
+        and type(seq) is int and 0 <= seq <= I64
+        and type(t) in (float, int) and 0 <= t <= 1e11
+    ):
+        if key is None:
+            if len(_KEYS) >= _MAX_KEYS:
+                _KEYS.clear()
+            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)  # type: ignore[arg-type]
+        return key
+    for name, check in _ENVELOPE.items():
+        if name not in obj:
+            raise WireError(f"{kind}: missing envelope field {name!r}")
+        if not check(obj[name]):
+            raise WireError(f"{kind}: bad envelope field {name!r}")
+    raise WireError(f"{kind}: bad envelope")  # not reached: some checker fails above
 
 
 def records(msg: Message) -> list[dict[str, Any]]:
-    """The step records of a "step" or "steps" message, oldest first."""
+    """The step records of a step frame (``step``, ``steps``, ``stepcols``), oldest first: as
+    sent for the record kinds, rebuilt from the columns for ``stepcols``."""
     if msg.kind == "steps":
         return list(msg.fields["records"])
-    return [msg.fields] if msg.kind == "step" else []
+    if msg.kind == "step":
+        return [dict(msg.fields)]
+    return msg.steps.records() if msg.steps is not None else []
+
+
+def step_columns(msg: Message) -> StepColumns | None:
+    """The step records of a message as columns (None when it holds none); a message built by
+    hand from a "step"/"steps" map (tests, tools) gets its columns here."""
+    if msg.steps is not None or msg.kind not in ("step", "steps"):
+        return msg.steps
+    return _steps.from_records(records(msg))
 
 
 # --- control channel (monitor → probe) -------------------------------------------

@@ -1,0 +1,115 @@
+"""Checkers of a ``kernels`` frame: the raw profiler records of one step (the monitor links and
+attributes them, flowtop.kernels.trace). They raise :class:`WireError` themselves, so that the
+reason names the record and what is wrong with it rather than only the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from probe.wire.checks import _int, _is_int, _num
+from probe.wire.errors import WireError
+
+
+#: Limits of a ``kernels`` message.  An op's ``dims``/``concrete`` hold at most
+#: ``KERNEL_MAX_INPUTS`` inputs, a shape at most ``KERNEL_MAX_DIMS`` dims, an int list in
+#: ``concrete`` at most ``KERNEL_MAX_LIST`` items, a string there at most ``KERNEL_MAX_STR`` chars.
+KERNEL_MAX_RECORDS = 500_000
+KERNEL_MAX_NAMES = 100_000
+KERNEL_MAX_NAME = 8192
+KERNEL_MAX_INPUTS = 16
+KERNEL_MAX_DIMS = 8
+KERNEL_MAX_LIST = 16
+KERNEL_MAX_STR = 64
+#: Activity kinds on the wire: 0 kernel, 1 memcpy, 2 memset, 4 runtime call (3 is a host op).
+KERNEL_ACT_KINDS = (0, 1, 2, 4)
+
+
+def is_runtime_call(name: str) -> bool:
+    """Whether a host record's name is a CUDA runtime or driver API call (``cudaEventQuery``,
+    ``cuLaunchKernelEx``) or CUPTI's ``INVALID`` callback, never an operator. torch ≤ 2.11 does
+    not say which a Kineto event is, and such a call made outside any operator carries no link
+    to one (a probe of that torch sent them as operators; see probe.kernels)."""
+    return name.startswith("cuda") or name == "INVALID" or (
+        len(name) > 2 and name[:2] == "cu" and name[2].isupper())
+
+
+_index = _int(0)
+_time = _num(-1e12, 1e12)
+_size = _int(0, 2**62)
+
+
+def _dims(v: Any) -> bool:
+    """None, or per input a list of dims (``[]`` for a non-tensor input)."""
+    if v is None:
+        return True
+    if not isinstance(v, list) or len(v) > KERNEL_MAX_INPUTS:
+        return False
+    return all(isinstance(d, list) and len(d) <= KERNEL_MAX_DIMS and all(_size(x) for x in d) for d in v)
+
+
+def _concrete_item(x: Any) -> bool:
+    if x is None or isinstance(x, bool) or _is_int(x):
+        return True
+    if isinstance(x, float):
+        return math.isfinite(x)
+    if isinstance(x, str):
+        return len(x) <= KERNEL_MAX_STR
+    # int lists: strides, paddings, output masks (bools)
+    return isinstance(x, list) and len(x) <= KERNEL_MAX_LIST and all(isinstance(i, bool) or _is_int(i) for i in x)
+
+
+def _concrete(v: Any) -> bool:
+    """None, or per input a scalar, a short string or a list of ints (the "Concrete Inputs")."""
+    if v is None:
+        return True
+    return isinstance(v, list) and len(v) <= KERNEL_MAX_INPUTS and all(_concrete_item(x) for x in v)
+
+
+
+def _records(field: str, v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise WireError(f"kernels: bad value for {field!r}: not a list")
+    if len(v) > KERNEL_MAX_RECORDS:
+        raise WireError(f"kernels: bad value for {field!r}: {len(v)} records exceed {KERNEL_MAX_RECORDS}")
+    return v
+
+
+def _bad_record(field: str, i: int, what: str) -> WireError:
+    return WireError(f"kernels: bad value for {field!r}: record {i}: {what}")
+
+
+# names the record and what is wrong with it rather than only the field.
+
+
+def _kernel_ops(v: Any) -> bool:
+    """Host operator calls: ``[name, thread, start_us, end_us, ext, dims, concrete]``."""
+    for i, o in enumerate(_records("ops", v)):
+        if not isinstance(o, list) or len(o) != 7:
+            raise _bad_record("ops", i, "not a list of 7 fields")
+        name, thread, start, end, ext, dims, concrete = o
+        if not (_index(name) and _index(thread) and _index(ext)):
+            raise _bad_record("ops", i, "name, thread and ext must be non-negative integers")
+        if not (_time(start) and _time(end)):
+            raise _bad_record("ops", i, "start/end must be finite numbers")
+        if not _dims(dims):
+            raise _bad_record("ops", i, f"dims must be None or ≤ {KERNEL_MAX_INPUTS} lists of ≤ {KERNEL_MAX_DIMS} sizes")
+        if not _concrete(concrete):
+            raise _bad_record("ops", i, "concrete must be None or a short list of scalars and int lists")
+    return True
+
+
+def _kernel_acts(v: Any) -> bool:
+    """Device activities and runtime calls: ``[name, kind, start_us, end_us, stream, ext, corr]``."""
+    for i, a in enumerate(_records("acts", v)):
+        if not isinstance(a, list) or len(a) != 7:
+            raise _bad_record("acts", i, "not a list of 7 fields")
+        name, kind, start, end, stream, ext, corr = a
+        if not (_int(0, 4)(kind) and kind in KERNEL_ACT_KINDS):
+            raise _bad_record("acts", i, f"kind must be one of {KERNEL_ACT_KINDS}")
+        if not (_index(name) and _int(-1, 2**31)(stream) and _index(ext) and _index(corr)):
+            raise _bad_record("acts", i, "name, stream, ext and corr must be integers in range")
+        if not (_time(start) and _time(end)):
+            raise _bad_record("acts", i, "start/end must be finite numbers")
+    return True
+

@@ -1,0 +1,177 @@
+"""Step records as columns: the ``stepcols`` frame (wire MINOR 3) and the typed record every step
+frame decodes to. Standard library + msgpack only.
+
+A rank sends its step records every FLOWTOP_FLUSH_S (0.1 s) as one frame. As a list of maps
+(``steps``, MINOR 2) a frame of ten 10 ms steps cost the monitor ~60 µs to validate and apply,
+record by record and field by field: 4,096 ranks at a 10 ms step send 41 k such frames a second,
+more than two cores. As columns — each field one little-endian array of machine numbers — the
+monitor checks a column with a few C-level passes (``sum``/``min``/``max`` over an ``array``) and
+appends it to the rank's ring in one ``extend``, whatever the number of records.
+
+Columns of a ``stepcols`` frame (``n`` records, oldest first):
+
+* ``step`` (int64, strictly increasing), ``wall_s`` (float64), ``tokens`` (int64): every record;
+* ``input_wait_s``, ``lead_s``, ``probe_s``, ``stage_s`` (float64, NaN where a record has none):
+  each present only when some record has one;
+* scalars: ``device_s`` (the newest device time sent, or absent), ``drops`` and
+  ``commands_refused`` (the rank's running totals when the frame left).
+
+Every step frame — ``step``, ``steps`` and ``stepcols`` — decodes to a :class:`StepColumns`
+(:attr:`probe.wire.Message.steps`), so the monitor has one way to apply steps.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from array import array
+from typing import Any, Mapping, NamedTuple, Sequence
+
+from probe.wire.checks import I64
+from probe.wire.errors import WireError
+
+#: Columns every record has, and their array type codes.
+REQUIRED = (("step", "q"), ("wall_s", "d"), ("tokens", "q"))
+#: Float columns a record may lack (NaN on the wire and in :class:`StepColumns`).
+OPTIONAL = ("input_wait_s", "lead_s", "probe_s", "stage_s")
+#: Largest plausible seconds in a step time field (as the single-record schema says).
+MAX_SECONDS = 1e7
+_SWAP = sys.byteorder != "little"  # the wire is little-endian
+_NAN = float("nan")
+
+
+class StepColumns(NamedTuple):
+    """Validated step records of one frame, oldest first, one array per field.
+
+    ``step``/``tokens`` are ``array('q')``, the others ``array('d')``; an optional column is None
+    when no record had the field, else NaN marks the records without it. (A tuple with names,
+    not a dataclass: one is made per step frame, tens of thousands a second at scale.)"""
+
+    step: array
+    wall_s: array
+    tokens: array
+    input_wait_s: array | None = None
+    lead_s: array | None = None
+    probe_s: array | None = None
+    stage_s: array | None = None
+    device_s: float | None = None
+    drops: int = 0
+    commands_refused: int = 0
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records as maps of the single-step schema (None where a field was not sent)."""
+        out = []
+        for i in range(len(self.step)):
+            rec: dict[str, Any] = {"step": self.step[i], "wall_s": self.wall_s[i], "tokens": self.tokens[i]}
+            for name in OPTIONAL:
+                col = getattr(self, name)
+                if col is not None and col[i] == col[i]:
+                    rec[name] = col[i]
+            out.append(rec)
+        return out
+
+
+def _column(values: Sequence[Any], code: str) -> bytes:
+    a = array(code, values)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def encode_fields(records: Sequence[Mapping[str, Any]], drops: int) -> dict[str, Any]:
+    """The ``stepcols`` fields of step records (the probe's sender thread; not validated here)."""
+    body: dict[str, Any] = {"n": len(records), "drops": drops}
+    for name, code in REQUIRED:
+        body[name] = _column([r[name] for r in records], code)
+    for name in OPTIONAL:
+        values = [r.get(name) for r in records]
+        if any(v is not None for v in values):
+            body[name] = _column([_NAN if v is None else v for v in values], "d")
+    device = [r.get("device_s") for r in records if r.get("device_s") is not None]
+    if device:
+        body["device_s"] = device[-1]
+    refused = max((r.get("commands_refused", 0) for r in records), default=0)
+    if refused:
+        body["commands_refused"] = refused
+    return body
+
+
+def _array(obj: Mapping[str, Any], name: str, code: str, n: int) -> array:
+    raw = obj.get(name)
+    if type(raw) is not bytes or len(raw) != 8 * n:
+        raise WireError(f"stepcols: bad column {name!r}: want {n} values of 8 bytes")
+    a = array(code)
+    a.frombytes(raw)
+    if _SWAP:
+        a.byteswap()
+    return a
+
+
+def _seconds(a: array, name: str) -> None:
+    """Every value a finite number of seconds in 0..MAX_SECONDS; NaN allowed (a record that did
+    not send the field) only in an optional column. C-level passes, not a check per value: a NaN or
+    an infinity makes the sum non-finite, and a frame's values cannot add up to more than the
+    limit unless one is past it (or the frame spans months of steps)."""
+    total = sum(a)
+    if total != total and name in OPTIONAL:  # some records did not send it: check the others
+        a = array("d", [x for x in a if x == x])
+        total = sum(a)
+    if a and not (math.isfinite(total) and total <= MAX_SECONDS and min(a) >= 0.0):
+        raise WireError(f"stepcols: bad column {name!r}: values must be finite seconds in 0..{MAX_SECONDS:g}")
+
+
+def _count(obj: Mapping[str, Any], name: str, required: bool) -> int:
+    v = obj.get(name, None if required else 0)
+    if type(v) is not int or not 0 <= v <= I64:
+        raise WireError(f"stepcols: bad value for {name!r}")
+    return v
+
+
+def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
+    """Validate the fields of a ``stepcols`` frame; raise :class:`WireError` with the reason."""
+    n = obj.get("n")
+    if type(n) is not int or not 1 <= n <= max_batch:
+        raise WireError(f"stepcols: bad value for 'n': 1..{max_batch} records")
+    step = _array(obj, "step", "q", n)
+    tokens = _array(obj, "tokens", "q", n)
+    wall = _array(obj, "wall_s", "d", n)
+    if min(step) < 0 or min(tokens) < 0:
+        raise WireError("stepcols: step and tokens must be non-negative")
+    if n > 1 and not all(map(operator.lt, step, step[1:])):
+        raise WireError("stepcols: step numbers must increase")
+    _seconds(wall, "wall_s")
+    optional: dict[str, array | None] = {}
+    for name in OPTIONAL:
+        if name in obj:
+            _seconds(optional.setdefault(name, _array(obj, name, "d", n)), name)
+    device = obj.get("device_s")
+    if device is not None and (type(device) not in (int, float) or not 0 <= device <= MAX_SECONDS):
+        raise WireError("stepcols: bad value for 'device_s'")
+    return StepColumns(step, wall, tokens, device_s=None if device is None else float(device),
+                       drops=_count(obj, "drops", True), commands_refused=_count(obj, "commands_refused", False),
+                       **optional)
+
+
+def from_records(records: Sequence[Mapping[str, Any]]) -> StepColumns:
+    """The columns of validated single-step records (``step`` and ``steps`` frames), in order; a
+    record whose step does not follow the one before is left out (a ``steps`` map list carries
+    no ordering guarantee of its own: the monitor's steps stay monotonic)."""
+    kept, last = [], -1
+    for r in records:
+        if r["step"] > last:
+            kept.append(r)
+            last = r["step"]
+    records = kept
+    cols: dict[str, Any] = {name: array(code, [r[name] for r in records]) for name, code in REQUIRED}
+    for name in OPTIONAL:
+        values = [r.get(name) for r in records]
+        if any(v is not None for v in values):
+            cols[name] = array("d", [_NAN if v is None else float(v) for v in values])
+    device = [r["device_s"] for r in records if r.get("device_s") is not None]
+    return StepColumns(
+        device_s=float(device[-1]) if device else None,
+        drops=max(int(r.get("drops", 0)) for r in records),
+        commands_refused=max(int(r.get("commands_refused", 0)) for r in records),
+        **cols,
+    )
