@@ -129,3 +129,31 @@ def ended_note(first_step: int | None, last_step: int | None) -> str:
         return "(ended)"
     steps = f"step {last_step}" if first_step >= last_step else f"steps {first_step}–{last_step}"
     return f"(ended, {steps})"
+
+
+#: Parallel roles in the order a coordinates label lists them (probe.parallel.ROLES).
+COORD_ROLES = ("dp", "tp", "pp", "cp", "ep")
+
+
+def fmt_coords(coords: Mapping[str, tuple[int, int]]) -> str:
+    """A rank's parallel coordinates, compact: "dp1 tp0 pp1" (the rank in each role of size > 1;
+    "dp0" for a job of one replica and nothing else; "" when unknown)."""
+    if not coords:
+        return ""
+    parts = [f"{role}{coords[role][0]}" for role in COORD_ROLES if role in coords and coords[role][1] > 1]
+    return " ".join(parts) or "dp0"
+
+
+def fmt_ranks(ranks: tuple[int, ...] | list[int], width: int = 40) -> str:
+    """Rank numbers with runs joined, "0-3,8-11", cut to ``width`` characters with "…"."""
+    runs: list[str] = []
+    xs = sorted(set(ranks))
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        runs.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    text = ",".join(runs)
+    return text if len(text) <= width else text[: width - 1] + "…"

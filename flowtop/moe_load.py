@@ -7,21 +7,27 @@ and precision"):
 * **max/mean** of a layer: its busiest expert's tokens ÷ the mean over its experts (1.0 is a
   perfectly even routing; with E experts it is at most E). A rank shows its worst layer and
   the mean over its layers.
-* **job**: the same over every rank's local experts of a layer (under expert parallelism these
-  are the layer's experts spread over the EP group; with experts replicated on every rank, each
-  rank's own routing), and **rank max/mean**: the busiest rank's routed tokens (Σ over its
-  experts and layers) ÷ the mean over ranks — the expert-parallel straggler figure: the all-to-all
-  waits for the rank whose experts got the most tokens.
+* **job, per expert-parallel group** (:func:`group_load`): the ranks of one EP group hold
+  disjoint experts of one layer set, so a layer's experts in a group are its ranks' local experts
+  together; the job shows the group with the worst layer (its ranks named) and how many groups
+  there are. Which ranks form a group comes from their coordinates (flowtop.parallelism); without
+  expert parallelism every rank holds every expert and is a group of its own; where the layout
+  is unknown every rank's experts are pooled (:func:`job_load`; exact for one EP group only), and
+  ``grouping`` says which. **rank max/mean**: the busiest rank's routed tokens (Σ over its
+  experts and layers) ÷ the mean over all ranks — the expert-parallel straggler figure: the
+  all-to-all waits for the rank whose experts got the most tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 CONVENTION = ("max/mean: busiest expert's tokens / mean over experts of a layer (1.0 = even); "
               "rank max/mean: busiest rank's routed tokens / mean over ranks")
+#: ``grouping`` of a job figure over every rank's experts (flowtop.parallelism says why).
+POOLED = "all ranks' experts pooled"
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class ExpertLoad:
     """Tokens per expert of the counted step, summarised."""
 
     layers: int
-    experts: int  # local experts per layer (largest layer); job: Σ over ranks
+    experts: int  # local experts per layer (largest layer); job: Σ over the worst group's ranks
     routed_tokens: int  # token-to-expert assignments, Σ over layers and experts
     max_over_mean: float | None  # worst layer
     worst_layer: str
@@ -37,6 +43,9 @@ class ExpertLoad:
     ranks: int = 1
     rank_max_over_mean: float | None = None  # job only
     convention: str = CONVENTION
+    groups: int | None = None  # job: expert-parallel groups compared (None: pooled, or a rank)
+    worst_group: tuple[int, ...] = ()  # job: ranks of the group whose layer is the worst
+    grouping: str = ""  # job: how ranks were grouped ("" for a rank)
     #: Per layer (max, sum, experts): for the job's aggregate; left out of the JSON.
     per_layer: Mapping[str, tuple[int, int, int]] = field(default_factory=dict, repr=False)
 
@@ -72,7 +81,8 @@ def rank_load(msg: Mapping[str, Any]) -> ExpertLoad | None:
 
 
 def job_load(loads: Sequence[ExpertLoad | None]) -> ExpertLoad | None:
-    """The job's :class:`ExpertLoad` over the ranks that sent one."""
+    """The :class:`ExpertLoad` over every expert of the ranks that sent one, pooled: a layer's
+    experts are all the ranks' local experts together (exact for the ranks of one EP group)."""
     ls = [x for x in loads if x is not None]
     if not ls:
         return None
@@ -83,7 +93,26 @@ def job_load(loads: Sequence[ExpertLoad | None]) -> ExpertLoad | None:
             per_layer[k] = (max(m0, mx), t0 + total, n0 + n)
     routed = [x.routed_tokens for x in ls]
     rank_ratio = _ratio(max(routed), sum(routed), len(routed)) if len(ls) > 1 else None
-    return _summary(per_layer, len(ls), rank_ratio)
+    return replace(_summary(per_layer, len(ls), rank_ratio), grouping=POOLED)
+
+
+def group_load(groups: Sequence[Sequence[tuple[int, ExpertLoad]]], grouping: str) -> ExpertLoad | None:
+    """The job's :class:`ExpertLoad` per expert-parallel group: ``groups`` lists each group's
+    (rank, load) pairs, whose local experts are disjoint parts of one layer set. The figures of
+    the group with the worst layer (ties: the first group), with routed tokens, ranks and rank
+    max/mean over every group."""
+    summaries = []
+    for g in groups:
+        s = job_load([x for _, x in g])
+        if s is not None:
+            summaries.append((tuple(sorted(r for r, _ in g)), s))
+    if not summaries:
+        return None
+    ranks, worst = max(summaries, key=lambda t: -1.0 if t[1].max_over_mean is None else t[1].max_over_mean)
+    routed = [x.routed_tokens for g in groups for _, x in g]
+    return replace(worst, routed_tokens=sum(routed), ranks=len(routed),
+                   rank_max_over_mean=_ratio(max(routed), sum(routed), len(routed)) if len(routed) > 1 else None,
+                   groups=len(summaries), worst_group=ranks, grouping=grouping)
 
 
 def load_json(x: ExpertLoad | None) -> dict[str, Any] | None:
@@ -100,4 +129,7 @@ def load_json(x: ExpertLoad | None) -> dict[str, Any] | None:
         "ranks": x.ranks,
         "rank_max_over_mean": x.rank_max_over_mean,
         "convention": x.convention,
+        "groups": x.groups,
+        "worst_group": list(x.worst_group),
+        "grouping": x.grouping,
     }

@@ -14,6 +14,14 @@ Conventions:
   the job's FLOPs are Σ over ranks, pipeline stages included. Job FLOPs per token = Σ over ranks of
   the counted step's FLOPs ÷ the representative ranks' tokens of that step (the mean of per-rank
   figures would halve it under TP 2, and a later pipeline stage has no tokens of its own).
+* **Expert load per expert-parallel group** (:func:`ep_groups`): an EP group's ranks hold disjoint
+  experts of one layer set, so a layer's max/mean is taken over the group's experts together
+  (flowtop.moe_load.group_load), and the job shows its worst group. The expert mesh re-splits the
+  data ranks (dp × cp, cp minor) with ep innermost, as torchtitan and DeviceMesh slicing do: the
+  group of a rank is (its pp rank, its tp rank, data index // ep) with data index = dp·cp_size +
+  cp, and its ep rank is data index % ep — which every rank must satisfy (else, with experts split
+  over tp too, the data index takes tp as its minor part and tp leaves the key). Coordinates that
+  fit neither, or a rank without coordinates, pool every rank's experts and say so.
 * **Pipeline stages** (:func:`pipeline_stages`): the ranks at one pp rank form a stage; its FLOPs
   per step are Σ over its ranks ÷ the data-parallel replicas (one replica's stage: its tp × cp
   ranks together), its times the medians over its ranks.
@@ -25,11 +33,14 @@ import statistics
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from flowtop import moe_load
 from flowtop.snapshot import FlopsView, RankSnapshot, StageView
 
 TOKENS_ONCE = ("tokens once per data-parallel replica: ranks at tp rank 0 on the first pipeline stage, "
                "context-parallel shards summed")
 TOKENS_SUMMED = "tokens summed over all ranks (no mesh known)"
+POOLED_UNKNOWN = f"{moe_load.POOLED} (parallel layout unknown)"
+POOLED_MISFIT = f"{moe_load.POOLED} (the ranks' ep coordinates fit no expert-parallel grouping)"
 ROLES = ("dp", "tp", "pp", "cp", "ep")
 
 
@@ -67,11 +78,15 @@ def job_tokens(ranks: Sequence[RankSnapshot]) -> tuple[float | None, str]:
 
 
 def job_flops_per_token(flops: FlopsView | None, ranks: Sequence[RankSnapshot], basis: str) -> FlopsView | None:
-    """The job view with FLOPs per token = Σ over all ranks of the counted step's model FLOPs ÷ the
-    tokens of those counted steps on the representative ranks, where tokens are counted once (else
-    the view as it is). Per step, not per second: a later pipeline stage has no tokens, and its
-    FLOP/s come from its own median step time, which a ratio of rates would mix with stage 0's."""
-    if flops is None or basis != TOKENS_ONCE:
+    """The job view completed with what needs the layout: its expert load per expert-parallel
+    group (:func:`job_expert_load`), and FLOPs per token = Σ over all ranks of the counted step's
+    model FLOPs ÷ the tokens of those counted steps on the representative ranks, where tokens are
+    counted once. Per step, not per second: a later pipeline stage has no tokens, and its FLOP/s
+    come from its own median step time, which a ratio of rates would mix with stage 0's."""
+    if flops is None:
+        return None
+    flops = job_expert_load(flops, ranks)
+    if basis != TOKENS_ONCE:
         return flops
     views = [r.flops for r in ranks]
     if not views or any(v is None or v.model_flops_per_step is None for v in views):
@@ -87,6 +102,49 @@ def job_flops_per_token(flops: FlopsView | None, ranks: Sequence[RankSnapshot], 
         return flops
     total = sum(v.model_flops_per_step for v in views)  # type: ignore[union-attr, misc]
     return replace(flops, flops_per_token=total / counted_tokens)
+
+
+def ep_groups(ranks: Sequence[RankSnapshot]) -> tuple[list[list[RankSnapshot]], str] | None:
+    """The ranks' expert-parallel groups (ordered by their key) and how they were formed; None
+    where a rank has no coordinates or the ep coordinates fit no grouping (see the module doc)."""
+    if not ranks or any(not r.coords for r in ranks):
+        return None
+    ep = _size_of(ranks[0], "ep")
+    if any(_size_of(r, "ep") != ep for r in ranks):
+        return None
+    for tp_in_ep in (False, True):
+        groups: dict[tuple[int, int, int], list[RankSnapshot]] = {}
+        for r in ranks:
+            index = _rank_of(r, "dp") * _size_of(r, "cp") + _rank_of(r, "cp")
+            if tp_in_ep:
+                index = index * _size_of(r, "tp") + _rank_of(r, "tp")
+            if _rank_of(r, "ep") != index % ep:
+                break
+            groups.setdefault((_rank_of(r, "pp"), 0 if tp_in_ep else _rank_of(r, "tp"), index // ep), []).append(r)
+        else:
+            ordered = [sorted(groups[k], key=lambda r: r.rank) for k in sorted(groups)]
+            if ep == 1:
+                return ordered, f"per rank ({len(ordered)}; no expert parallelism: each rank holds every expert)"
+            over = "dp·cp·tp" if tp_in_ep else "dp·cp"
+            return ordered, (f"per expert-parallel group ({len(ordered)} groups of ep {ep} over {over}: "
+                             "a group's ranks hold disjoint experts of one layer set)")
+    return None
+
+
+def job_expert_load(flops: FlopsView, ranks: Sequence[RankSnapshot]) -> FlopsView:
+    """``flops`` with its expert load taken per expert-parallel group (flowtop.moe_load), or the
+    pooled figure labelled as such where the groups are unknown; as it is for dense models."""
+    if flops.expert_load is None:
+        return flops
+    moe = [r for r in ranks if r.flops is not None and r.flops.expert_load is not None]
+    found = ep_groups(moe)
+    if found is None:
+        why = POOLED_UNKNOWN if any(not r.coords for r in moe) else POOLED_MISFIT
+        return replace(flops, expert_load=replace(flops.expert_load, grouping=why))
+    groups, grouping = found
+    load = moe_load.group_load([[(r.rank, r.flops.expert_load) for r in g] for g in groups],  # type: ignore[union-attr]
+                               grouping)
+    return replace(flops, expert_load=load)
 
 
 def _median(xs: list[float]) -> float | None:

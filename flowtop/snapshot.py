@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.4"
+SCHEMA = "flowtop.snapshot/1.5"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 

@@ -46,7 +46,7 @@ def test_snapshot_json_with_no_probes() -> None:
     assert_valid_snapshot(data)
     from flowtop.snapshot import SCHEMA
 
-    assert data["schema"] == SCHEMA == "flowtop.snapshot/1.4"
+    assert data["schema"] == SCHEMA == "flowtop.snapshot/1.5"
     assert data["jobs"] == [] and data["received"] == 0
 
 

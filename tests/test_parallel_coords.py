@@ -101,9 +101,10 @@ def test_a_dim_of_unknown_role_makes_the_layout_unknown(four_ranks: list[dict[st
 # --- the monitor: tokens once per data-parallel replica -----------------------------------------
 
 def _job(layout: list[dict[str, list[int]] | None], tokens: list[int], flops: list[float | None] | None = None,
-         stage_s: list[float] | None = None) -> tuple[Model, Any]:
+         stage_s: list[float] | None = None, extra: list[dict[str, Any]] | None = None) -> tuple[Model, Any]:
     """A job of len(layout) ranks fed real wire frames: hello (with coords where given), 10 steps of
-    0.5 s with ``tokens[r]`` tokens each, a flops message when ``flops[r]`` is given."""
+    0.5 s with ``tokens[r]`` tokens each, a flops message when ``flops[r]`` is given (with the
+    fields of ``extra[r]`` added)."""
     m = Model()
     n = len(layout)
 
@@ -125,7 +126,7 @@ def _job(layout: list[dict[str, list[int]] | None], tokens: list[int], flops: li
         if flops is not None and flops[r] is not None:
             send(r, "flops", {"step": 2, "model_flops": flops[r], "executed_flops": flops[r], "attention": "full",
                               "dtype": "fp32", "peak_flops": 1e12, "peak_source": "test", "uncounted": {},
-                              "tokens": tokens[r]}, 11, 5.0)
+                              "tokens": tokens[r], **(extra[r] if extra else {})}, 11, 5.0)
     return m, m.snapshot(5.2).jobs[0]
 
 
@@ -221,3 +222,73 @@ def test_stage_timer_on_a_real_pipeline_stage(tmp_path: Path) -> None:
     assert res["stages_found"] == [True]
     assert res["coords"] == {"coords_source": "pipeline stage 0 of 1; dp = world 1 / (tp·pp·cp) = 1",
                              "coords": {"dp": [0, 1]}, "pp_stages": [0]}  # pp of size 1 is not listed
+
+
+# --- expert load per expert-parallel group --------------------------------------------------------
+
+#: Tokens per local expert (2 local experts of one MoE layer per rank), chosen so that pooling
+#: the ranks and grouping them disagree: group {0, 1} is even, group {2, 3} is not.
+EP_LOADS = [[10, 10], [10, 10], [30, 2], [4, 4]]
+
+
+def test_expert_load_is_taken_per_expert_parallel_group() -> None:
+    """dp 4 × ep 2 (the expert mesh re-splits dp, ep innermost): ranks 0, 1 hold experts 0-3 of
+    the layer for replica group 0, ranks 2, 3 the same experts for group 1. By hand, group {0, 1}:
+    [10, 10, 10, 10], max/mean 10 / 10 = 1.0; group {2, 3}: [30, 2, 4, 4], 30 / (40 / 4) = 3.0 —
+    the job shows 3.0, names ranks 2, 3 and counts the layer's 4 experts (pooling would say 8).
+    Rank max/mean over all ranks: routed [20, 20, 32, 8], 32 / 20 = 1.6."""
+    layout = [{"dp": [r, 4], "ep": [r % 2, 2]} for r in range(4)]
+    extra = [{"expert_load": {"layers.0.moe": load}} for load in EP_LOADS]
+    m, job = _job(layout, [100] * 4, flops=[1e9] * 4, extra=extra)
+    x = job.flops.expert_load
+    assert (x.groups, x.worst_group, x.experts, x.layers) == (2, (2, 3), 4, 1)
+    assert x.max_over_mean == pytest.approx(3.0) and x.mean_max_over_mean == pytest.approx(3.0)
+    assert x.worst_layer == "layers.0.moe"
+    assert x.routed_tokens == 80 and x.ranks == 4 and x.rank_max_over_mean == pytest.approx(1.6)
+    assert x.grouping.startswith("per expert-parallel group (2 groups of ep 2 over dp·cp")
+    data = to_json(m.snapshot(5.2))
+    assert_valid_snapshot(data)
+    j = data["jobs"][0]["expert_load"]
+    assert (j["groups"], j["worst_group"], j["max_over_mean"]) == (2, [2, 3], pytest.approx(3.0))
+    r0 = data["jobs"][0]["ranks"][0]["expert_load"]  # a rank's own: no grouping
+    assert (r0["groups"], r0["worst_group"], r0["grouping"], r0["max_over_mean"]) == (None, [], "", 1.0)
+    from flowtop.widgets.flops_panel import flops_text
+
+    text = flops_text(job.ranks[2].flops, job.flops).plain  # the rank detail's FLOP panel
+    assert "experts job max/mean 3.00  worst of 2 EP groups: ranks 2-3; rank max/mean 1.60 (routed tokens)" in text
+
+
+def test_pooling_would_hide_an_uneven_group() -> None:
+    """The same ranks with rank 3 swapped for an even one: group {2, 3} is [30, 2, 16, 16] →
+    30 / 16 = 1.875 by hand, while pooling all 8 experts [10, 10, 10, 10, 30, 2, 16, 16] reads
+    30 / 13 = 2.31 (the even group's light experts lower the mean). Without coordinates the
+    job pools, and says so."""
+    loads = [[10, 10], [10, 10], [30, 2], [16, 16]]
+    extra = [{"expert_load": {"moe": load}} for load in loads]
+    _, job = _job([{"dp": [r, 4], "ep": [r % 2, 2]} for r in range(4)], [100] * 4, flops=[1e9] * 4, extra=extra)
+    assert job.flops.expert_load.max_over_mean == pytest.approx(30 / 16)
+    _, pooled = _job([None] * 4, [100] * 4, flops=[1e9] * 4, extra=extra)
+    x = pooled.flops.expert_load
+    assert x.max_over_mean == pytest.approx(30 / 13) and x.experts == 8
+    assert (x.groups, x.worst_group, x.grouping) == (None, (), parallelism.POOLED_UNKNOWN)
+
+
+def test_expert_groups_without_expert_parallelism_and_with_experts_over_tp() -> None:
+    """dp 2 with every expert on every rank (no ep): each rank is its own group, by hand
+    rank 1's [30, 2] → 30 / 16 = 1.875. dp 2 × tp 2 with ep 4 spanning dp and tp (experts split
+    over tp too): ep rank = 2·dp + tp, one group of all 4 ranks."""
+    extra = [{"expert_load": {"moe": load}} for load in ([10, 10], [30, 2])]
+    _, job = _job([{"dp": [r, 2]} for r in range(2)], [100] * 2, flops=[1e9] * 2, extra=extra)
+    x = job.flops.expert_load
+    assert (x.groups, x.worst_group, x.max_over_mean) == (2, (1,), pytest.approx(1.875))
+    assert x.grouping.startswith("per rank (2; no expert parallelism")
+    layout = [{"dp": [r // 2, 2], "tp": [r % 2, 2], "ep": [r, 4]} for r in range(4)]
+    extra = [{"expert_load": {"moe": load}} for load in EP_LOADS]
+    _, job = _job(layout, [100] * 4, flops=[1e9] * 4, extra=extra)
+    x = job.flops.expert_load
+    assert (x.groups, x.worst_group, x.experts) == (1, (0, 1, 2, 3), 8)
+    assert x.max_over_mean == pytest.approx(30 / 10) and "over dp·cp·tp" in x.grouping
+    # ep coordinates that fit neither grouping: pooled, and said so
+    misfit = [{"dp": [r, 4], "ep": [(r + 1) % 2, 2]} for r in range(4)]
+    _, job = _job(misfit, [100] * 4, flops=[1e9] * 4, extra=[{"expert_load": {"moe": load}} for load in EP_LOADS])
+    assert job.flops.expert_load.grouping == parallelism.POOLED_MISFIT

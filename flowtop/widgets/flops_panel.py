@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from flowtop import precision
+from flowtop.format import fmt_ranks
 from flowtop.snapshot import FlopsView
 from flowtop.widgets._format import NA, fmt_int, fmt_pct, fmt_si, mfu_style
 
@@ -87,7 +88,17 @@ def _moe_rows(row: Any, f: FlopsView, job: FlopsView | None) -> None:
     jx = job.expert_load if job is not None else None
     if jx is not None and jx.ranks > 1:
         row("experts job", f"max/mean {_ratio(jx.max_over_mean)}",
-            f"over {jx.ranks} ranks' experts; rank max/mean {_ratio(jx.rank_max_over_mean)} (routed tokens)")
+            f"{_where(jx)}; rank max/mean {_ratio(jx.rank_max_over_mean)} (routed tokens)")
+
+
+def _where(jx: Any) -> str:
+    """Which experts the job's max/mean compares (flowtop.parallelism.job_expert_load)."""
+    if not jx.groups:
+        return f"{jx.ranks} ranks' experts pooled"
+    ranks = fmt_ranks(jx.worst_group, 24)
+    if jx.grouping.startswith("per rank"):  # no expert parallelism: every rank holds every expert
+        return f"worst rank {ranks} of {jx.groups} (no EP)"
+    return f"worst of {jx.groups} EP groups: ranks {ranks}" if jx.groups > 1 else f"one EP group: ranks {ranks}"
 
 
 class FlopsPanel(Static):
