@@ -133,3 +133,11 @@ def label(mix: DtypeMix | None) -> str:
         return ""
     items = sorted(mix.shares.items(), key=lambda kv: -kv[1])
     return " · ".join(f"{k} {v:.0%}" if v >= 0.005 else f"{k} <1%" for k, v in items)
+
+
+def bf16_eq_differs(mix: DtypeMix | None, mfu_bf16: float | None) -> bool:
+    """Whether a rank's bf16-equivalent MFU says something its MFU does not: it has one, and
+    FLOPs in a dtype other than bf16 (fp8 work reads higher there, fp32 lower). The rank
+    table and ``flowtop snapshot`` show it beside MFU for a job with such a rank."""
+    return mix is not None and mfu_bf16 is not None and any(
+        share > 0 for name, share in mix.shares.items() if name != BF16)

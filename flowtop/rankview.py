@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable, Union
 
+from flowtop.format import COORD_ROLES
 from flowtop.rankfilter import RankFilter
 from flowtop.snapshot import JobSnapshot, RankSnapshot
 
@@ -137,6 +138,9 @@ def _value_getters(ctx: JobContext) -> dict[str, Callable[[RankSnapshot], object
         "mfu": _mfu,
         "tensor": lambda r: tel(r) if isinstance(tel(r), (int, float)) else None,
         "status": lambda r: STATUS_TIER.get(r.status, 1),
+        "mfu_bf16": lambda r: r.flops.mfu_bf16 if r.flops is not None else None,
+        # parallel coordinates in their label's order (dp, tp, pp, cp, ep ranks)
+        "coords": lambda r: tuple(r.coords.get(role, (0, 1))[0] for role in COORD_ROLES) if r.coords else None,
     }
 
 
@@ -147,6 +151,10 @@ SORT_COLUMNS: dict[str, bool] = {
     "input_wait": True, "tokens": False, "flops": False, "mfu": False, "tensor": False,
     "status": False,
 }  # fmt: skip
+#: Columns the table shows only for jobs that have them (bf16-equivalent MFU, coordinates):
+#: sorted by a click on their header, left out of the ``s`` cycle (they may be absent).
+OPTIONAL_SORTS: dict[str, bool] = {"mfu_bf16": False, "coords": False}
+ALL_SORTS: dict[str, bool] = {**SORT_COLUMNS, **OPTIONAL_SORTS}
 WORST = "worst"
 
 
@@ -156,7 +164,7 @@ def sort_ranks(ranks: Iterable[RankSnapshot], ctx: JobContext, column: str = WOR
     if column == WORST:
         return sorted(ranks, key=worst_first(ctx), reverse=reverse)
     get = _value_getters(ctx)[column]
-    desc = SORT_COLUMNS[column] != reverse
+    desc = ALL_SORTS[column] != reverse
     present, missing = [], []
     for r in ranks:
         v = get(r)

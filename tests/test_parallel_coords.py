@@ -292,3 +292,40 @@ def test_expert_groups_without_expert_parallelism_and_with_experts_over_tp() -> 
     misfit = [{"dp": [r, 4], "ep": [(r + 1) % 2, 2]} for r in range(4)]
     _, job = _job(misfit, [100] * 4, flops=[1e9] * 4, extra=[{"expert_load": {"moe": load}} for load in EP_LOADS])
     assert job.flops.expert_load.grouping == parallelism.POOLED_MISFIT
+
+
+def test_snapshot_text_shows_coordinates_mfu_bf16_and_expert_groups() -> None:
+    """`flowtop snapshot` text: a coords column and, for a job whose mix is not pure bf16, the
+    bf16-equivalent MFU beside MFU, job and ranks. dp 2 × tp 2, 1e9 model FLOPs per 0.5 s step
+    of 100 tokens = 2e9 FLOP/s per rank. Rank 0: 8e8 fp8 FLOPs at 10 GF/s + 2e8 bf16 at 5 GF/s,
+    ideal 0.08 + 0.04 = 0.12 s of 0.5 s = MFU 24.0 %, bf16-eq 2e9 / 5e9 = 40.0 %; ranks 1-3 all
+    bf16 at 5 GF/s: 40.0 % both. Job: Σ 8e9 FLOP/s ÷ Σ mix peaks (1e9 / 0.12 + 3 × 5e9 =
+    23.33e9) = 34.3 %; bf16-eq 8e9 / 20e9 = 40.0 %."""
+    layout = [{"dp": [r // 2, 2], "tp": [r % 2, 2]} for r in range(4)]
+    fp8 = {"flops_by_dtype": {"fp8_e4m3": [8e8, 8e8], "bf16": [2e8, 2e8]},
+           "peak_by_dtype": {"fp8_e4m3": 10e9, "bf16": 5e9}}
+    bf16 = {"flops_by_dtype": {"bf16": [1e9, 1e9]}, "peak_by_dtype": {"bf16": 5e9}}
+    m, job = _job(layout, [100] * 4, flops=[1e9] * 4, extra=[fp8, bf16, bf16, bf16])
+    assert job.ranks[0].flops.mfu == pytest.approx(0.24) and job.ranks[0].flops.mfu_bf16 == pytest.approx(0.4)
+    assert job.flops.mfu == pytest.approx(8e9 / (1e9 / 0.12 + 15e9)) and job.flops.mfu_bf16 == pytest.approx(0.4)
+    text = render(m.snapshot(5.2))
+    assert "  model 8.00GFLOP/s  MFU 34.3%  MFU bf16-eq 40.0%  HFU" in text
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("rank "))
+    assert lines[head].split() == ["rank", "host", "step", "time", "tok/s", "FLOP/s", "MFU", "bf16eq", "coords",
+                                   "status"]
+    assert lines[head + 1].split()[-5:] == ["24.0%", "40.0%", "dp0", "tp0", "live"]
+    assert lines[head + 4].split()[-5:] == ["40.0%", "40.0%", "dp1", "tp1", "live"]
+    # all bf16 and no mesh: the table as before
+    _, plain = _job([None, None], [100] * 2, flops=[1e9] * 2, extra=[bf16, bf16])
+    from flowtop.snapshot import MonitorSnapshot
+
+    bare = render(MonitorSnapshot(taken_at=0.0, listen="x", received=0, rejected=0, jobs=(plain,)))
+    assert "bf16" not in bare.split("]")[-1] and "coords" not in bare
+    # the expert load line: the worst EP group, by its ranks
+    ep = [{"dp": [r, 4], "ep": [r % 2, 2]} for r in range(4)]
+    m, _ = _job(ep, [100] * 4, flops=[1e9] * 4, extra=[{"expert_load": {"moe": load}} for load in EP_LOADS])
+    text = render(m.snapshot(5.2))
+    assert ("  experts: max/mean 3.00 tokens per expert (worst: ranks 2-3, layer moe); rank max/mean 1.60; "
+            "per expert-parallel group (2 groups of ep 2 over dp·cp") in text
+    assert "dp1 ep1" in text  # rank 1's coordinates

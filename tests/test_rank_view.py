@@ -218,3 +218,67 @@ async def test_summary_line_gives_percentiles_across_ranks() -> None:
         await pilot.pause()
         text = app.screen.query_one(RankSummary).text.plain
         assert text == "p0/50/95/100 step 194/200/205/270ms MFU 0.0/45/46/46% wait 1.0/1.0/1.0/30%"
+
+
+def _mixed_job_snaps(coords: bool, fp8: bool) -> list:
+    """The 2-rank synthetic demo job, its ranks given coordinates (as if ranks 5 and 7 of a
+    dp 2 × tp 2 × pp 2 job) and an fp8 + bf16 precision mix on rank 0 (bf16-eq MFU 80 %: fp8
+    work read at the bf16 rate) beside a pure-bf16 rank 1 (bf16-eq = MFU)."""
+    from flowtop.precision import DtypeMix
+    from flowtop.replay import synthetic_stream
+
+    def mix(shares: dict[str, float]) -> DtypeMix:
+        return DtypeMix(model_flops={}, executed_flops={}, peaks={}, peak_flops=None, executed_peak_flops=None,
+                        bf16_peak_flops=None, shares=shares)
+
+    def change(snap):  # type: ignore[no-untyped-def]
+        job = snap.jobs[0]
+        ranks = []
+        for r in job.ranks:
+            f = r.flops
+            if fp8 and r.rank == 0:
+                f = dataclasses.replace(f, precision=mix({"fp8_e4m3": 0.8, "bf16": 0.2}), mfu_bf16=0.8)
+            else:
+                f = dataclasses.replace(f, precision=mix({"bf16": 1.0}), mfu_bf16=f.mfu)
+            c = {"dp": (1, 2), "tp": (r.rank, 2), "pp": (1, 2)} if coords else {}
+            ranks.append(dataclasses.replace(r, flops=f, coords=c))
+        return dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=tuple(ranks)),))
+
+    return [change(s) for s in synthetic_stream()]
+
+
+@pytest.mark.asyncio
+async def test_coordinates_and_bf16_equivalent_columns_only_when_a_job_has_them() -> None:
+    """A job whose ranks have coordinates gets a `coords` cell ("dp1 tp0 pp1": the rank in each
+    role of size > 1), and one with a rank whose mix is not pure bf16 gets `bf16eq` (the
+    bf16-equivalent MFU) — both after `state`, so an 80-column terminal keeps the fixed columns
+    in view. A job without either keeps the 11 columns (and the goldens). The header of either
+    sorts by it."""
+    app = _app(_mixed_job_snaps(coords=True, fp8=True))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        assert [c.key for c in table.columns] == [c.key for c in COLUMNS] + ["mfu_bf16", "coords"]
+        assert table.columns[-1].width == len("dp1 tp1 pp1")
+        rows = {table.view.rows[i].rank.rank: table.row_text(i) for i in range(table.row_count)}
+        assert rows[0][8:] == ["50.5%", "50", "live", "80.0%", "dp1 tp0 pp1"]
+        assert rows[1][8:] == ["43.9%", "42", "live", "43.9%", "dp1 tp1 pp1"]
+        header = "".join(s.text for s in table.render_line(0)._segments)
+        assert header.rstrip().endswith("state   bf16eq coords")
+        widths = table._widths(table._view.width)
+        x = 1 + sum(w + 1 for w in widths[:-1])  # the coords header
+        await pilot.click(RankTable, offset=(x + 2, 1))
+        assert table.spec.sort == "coords" and "by coords ▲" in str(table.border_title)
+        assert [table.view.rows[i].rank.rank for i in range(2)] == [0, 1]  # tp0 before tp1
+        await pilot.click(RankTable, offset=(x + 2, 1))
+        assert [table.view.rows[i].rank.rank for i in range(2)] == [1, 0]
+        await _deliver(app, pilot, _mixed_job_snaps(coords=False, fp8=False)[0])  # pure bf16, no mesh
+        assert table.columns == COLUMNS and len(table.row_text(0)) == 11
+        assert "by coords" in str(table.border_title)  # the sort stays, named, until another is chosen
+    app = _app(_mixed_job_snaps(coords=True, fp8=False))
+    async with app.run_test(size=NARROW) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        assert [c.key for c in table.columns][-2:] == ["status", "coords"]  # all bf16: no bf16eq
+        header = "".join(s.text for s in table.render_line(0)._segments)
+        assert len(header) == 80 and header.rstrip().endswith("state")  # coords lie past the 80th column

@@ -11,7 +11,10 @@ from typing import NamedTuple
 from rich.cells import cell_len
 from rich.text import Text
 
-from flowtop.rankview import SORT_COLUMNS, STRAGGLER_LAG, WORST, NodeRow, RankRow, RankView, Row, ViewSpec
+from flowtop.format import fmt_coords
+from flowtop.precision import bf16_eq_differs
+from flowtop.rankview import ALL_SORTS, STRAGGLER_LAG, WORST, NodeRow, RankRow, RankView, Row, ViewSpec
+from flowtop.snapshot import JobSnapshot
 from flowtop.widgets import _telemetry as tm
 from flowtop.widgets._format import NA, STATUS_STYLE, activity_style, fmt_int, fmt_pct, fmt_si, fmt_time, mfu_style
 
@@ -38,7 +41,19 @@ COLUMNS: tuple[Column, ...] = (
     Column("tensor", "TC%", 4),
     Column("status", "state", 7, left=True),
 )
-ROW_WIDTH = 1 + sum(c.width for c in COLUMNS) + len(COLUMNS) - 1
+
+
+def row_width(columns: tuple[Column, ...]) -> int:
+    """Cells of a row: one space before the first column and between columns."""
+    return 1 + sum(c.width for c in columns) + len(columns) - 1
+
+
+ROW_WIDTH = row_width(COLUMNS)
+#: Columns a job adds after the fixed ones when it has something for them (after ``state``, so
+#: an 80-column terminal keeps the fixed ones in view; wider terminals show these too):
+#: the bf16-equivalent MFU when a rank's precision mix is not pure bf16, and the coordinates.
+MFU_BF16 = Column("mfu_bf16", "bf16eq", 6)
+COORDS_WIDTH = (6, 20)  # a coordinates cell's least and most width (the label "coords", "dp12 tp3 pp1 cp1")
 #: The host column takes spare width up to this (long host names on a wide terminal).
 HOST_MAX = 24
 
@@ -63,8 +78,24 @@ def _wait(frac: float | None) -> Cell:
     return fmt_pct(frac, 0 if frac >= 0.0995 else 1), style
 
 
-def rank_cells(row: RankRow) -> tuple[Cell, ...]:
-    """The cells of one rank row, in :data:`COLUMNS` order."""
+def columns_for(job: JobSnapshot | None) -> tuple[Column, ...]:
+    """:data:`COLUMNS` and the optional columns ``job`` has values for (see :data:`MFU_BF16`).
+    The coordinates column is as wide as the first rank's label (every rank has the same roles
+    and sizes; a longer label is cut with an ellipsis)."""
+    if job is None:
+        return COLUMNS
+    extra: list[Column] = []
+    if any(r.flops is not None and bf16_eq_differs(r.flops.precision, r.flops.mfu_bf16) for r in job.ranks):
+        extra.append(MFU_BF16)
+    first = next((r for r in job.ranks if r.coords), None)
+    if first is not None:
+        widest = fmt_coords({role: (size - 1, size) for role, (_, size) in first.coords.items()})
+        extra.append(Column("coords", "coords", max(COORDS_WIDTH[0], min(COORDS_WIDTH[1], len(widest))), left=True))
+    return COLUMNS + tuple(extra)
+
+
+def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cell, ...]:
+    """The cells of one rank row, in ``columns`` order (:func:`columns_for`)."""
     r = row.rank
     f = r.flops
     mfu = f.mfu if f else None
@@ -74,7 +105,7 @@ def rank_cells(row: RankRow) -> tuple[Cell, ...]:
     # Another process claims this rank too (see the rank_conflict hint): mark both rows.
     rank_cell = (rank + "!", "bold red") if r.conflict else (rank, dim or ("" if row.nested else "bold"))
     lag_style = "red" if row.lag >= 10 * STRAGGLER_LAG else "yellow" if row.lag >= STRAGGLER_LAG else "dim"
-    return (
+    cells = (
         rank_cell,
         (short_host(r.host), "dim" if (dim or row.nested) else ""),
         (fmt_int(r.step), "yellow" if r.status == "stale" else dim),
@@ -87,9 +118,16 @@ def rank_cells(row: RankRow) -> tuple[Cell, ...]:
         (NA if tensor is None else f"{tensor * 100:.0f}", dim or activity_style(tensor)),
         (r.status, STATUS_STYLE.get(r.status, "yellow")),
     )
+    if len(columns) == len(COLUMNS):
+        return cells
+    extra = {
+        "mfu_bf16": (fmt_pct(f.mfu_bf16 if f else None), dim),
+        "coords": (fmt_coords(r.coords), dim),
+    }
+    return cells + tuple(extra[c.key] for c in columns[len(COLUMNS):])
 
 
-def node_cells(row: NodeRow) -> tuple[Cell, ...]:
+def node_cells(row: NodeRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cell, ...]:
     """The cells of one node row: its rank count, and the aggregates a node is judged by."""
     g = row.group
     mfu = NA
@@ -108,11 +146,16 @@ def node_cells(row: NodeRow) -> tuple[Cell, ...]:
         (mfu, mfu_style(g.mfu_min)),
         ("", ""),
         (g.worst_status, STATUS_STYLE.get(g.worst_status, "yellow")),
-    )
+    ) + (("", ""),) * (len(columns) - len(COLUMNS))  # a node has no one bf16 figure or coordinate
 
 
-def row_cells(row: Row) -> tuple[Cell, ...]:
-    return node_cells(row) if isinstance(row, NodeRow) else rank_cells(row)
+def row_cells(row: Row, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cell, ...]:
+    return node_cells(row, columns) if isinstance(row, NodeRow) else rank_cells(row, columns)
+
+
+#: Header labels by sort key, the optional columns' included (the sort may name a column the
+#: job no longer shows).
+LABELS = {c.key: c.label for c in (*COLUMNS, MFU_BF16)} | {"coords": "coords"}
 
 
 def view_title(view: RankView, spec: ViewSpec) -> str:
@@ -126,7 +169,7 @@ def view_title(view: RankView, spec: ViewSpec) -> str:
     if spec.sort == WORST:
         parts.append("worst first" + (", reversed" if spec.reverse else ""))
     else:
-        label = next(c.label for c in COLUMNS if c.key == spec.sort)
+        label = LABELS[spec.sort]
         parts.append(f"by {label} {'▲' if ascending(spec) else '▼'}")
     if spec.filter.active:
         parts.append(f"filter: {spec.filter.text}")
@@ -135,7 +178,7 @@ def view_title(view: RankView, spec: ViewSpec) -> str:
 
 def ascending(spec: ViewSpec) -> bool:
     """Whether the spec's column sort runs from low to high values."""
-    return SORT_COLUMNS[spec.sort] == spec.reverse
+    return ALL_SORTS[spec.sort] == spec.reverse
 
 
 def fit(text: str, width: int, left: bool) -> str:

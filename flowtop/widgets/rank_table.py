@@ -26,12 +26,13 @@ from flowtop.snapshot import JobSnapshot, RankSnapshot
 from flowtop.widgets._rank_cells import (  # noqa: F401  (COLUMNS, row_cells, short_host: the table's API)
     COLUMNS,
     HOST_MAX,
-    ROW_WIDTH,
     Cell,
     Column,
     ascending,
+    columns_for,
     fit,
     row_cells,
+    row_width,
     short_host,
     view_title,
 )
@@ -96,6 +97,8 @@ class RankTable(ScrollView, can_focus=True):
         self.view = RankView()
         self.cursor_row = 0
         self._job: JobSnapshot | None = None
+        #: The columns shown: the fixed ones and those the job has values for (columns_for).
+        self.columns: tuple[Column, ...] = COLUMNS
         self._index: dict[RowKey, int] = {}
         self._cursor_key: RowKey | None = None
         self._drawn: dict[int, tuple] = {}  # screen line -> what was drawn there
@@ -138,8 +141,9 @@ class RankTable(ScrollView, can_focus=True):
         old_key = self._cursor_key
         self.view = build_view(self._job, self.spec)
         self._index = self.view.index()
+        self.columns = columns_for(self._job)
         rows = self.view.rows
-        self.virtual_size = Size(max(ROW_WIDTH, self._view.width), len(rows) + 1)
+        self.virtual_size = Size(max(row_width(self.columns), self._view.width), len(rows) + 1)
         self.border_title = Content(view_title(self.view, self.spec))
         row = self._row_of(old_key)
         self.cursor_row = max(0, min(len(rows) - 1, self.cursor_row if row is None else row))
@@ -180,7 +184,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def row_text(self, index: int) -> list[str]:
         """The plain text of row ``index``'s cells (tests read the table through it)."""
-        return [text for text, _ in row_cells(self.view.rows[index])]
+        return [text for text, _ in row_cells(self.view.rows[index], self.columns)]
 
     def move_cursor(self, row: int, *, scroll: bool = True) -> None:
         """Put the cursor on row ``row`` (clamped)."""
@@ -293,7 +297,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def _column_at(self, x: int) -> str | None:
         left = 1
-        for col, width in zip(COLUMNS, self._widths(self._view.width)):
+        for col, width in zip(self.columns, self._widths(self._view.width)):
             if left <= x < left + width + 1:
                 return col.key
             left += width + 1
@@ -307,19 +311,19 @@ class RankTable(ScrollView, can_focus=True):
         return self.scrollable_content_region.size
 
     def _widths(self, width: int) -> list[int]:
-        spare = max(0, width - ROW_WIDTH)
-        return [min(HOST_MAX, c.width + spare) if c.key == "host" else c.width for c in COLUMNS]
+        spare = max(0, width - row_width(self.columns))
+        return [min(HOST_MAX, c.width + spare) if c.key == "host" else c.width for c in self.columns]
 
     def _line_key(self, y: int, width: int, top: int) -> tuple:
         """What screen line ``y`` shows (``top``: the first row on screen): equal keys draw
         equal lines."""
         if y == 0:
-            return ("header", self.spec.sort, self.spec.reverse, width)
+            return ("header", self.spec.sort, self.spec.reverse, self.columns, width)
         i = top + y - 1
         if i >= len(self.view.rows):
             return ("blank", width)
         row = self.view.rows[i]
-        return (row_cells(row), isinstance(row, NodeRow), i == self.cursor_row, i % 2, width)
+        return (row_cells(row, self.columns), isinstance(row, NodeRow), i == self.cursor_row, i % 2, width)
 
     def _refresh_changed(self) -> None:
         """Refresh the screen lines whose content changed since they were last drawn."""
@@ -358,7 +362,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         self._drawn.clear()
-        self.virtual_size = Size(max(ROW_WIDTH, self._view.width), len(self.view.rows) + 1)
+        self.virtual_size = Size(max(row_width(self.columns), self._view.width), len(self.view.rows) + 1)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         # Styles walk the DOM (a fraction of a ms each): look them up once per paint.
@@ -386,11 +390,11 @@ class RankTable(ScrollView, can_focus=True):
 
     def _draw(self, y: int, key: tuple) -> Strip:
         styles = self._styles
-        width = max(ROW_WIDTH, key[-1])
+        width = max(row_width(self.columns), key[-1])
         if key[0] == "blank":
             return Strip.blank(width, styles["base"])
         if y == 0:
-            cells: tuple[Cell, ...] = tuple((self._header_label(c), "") for c in COLUMNS)
+            cells: tuple[Cell, ...] = tuple((self._header_label(c), "") for c in self.columns)
             line = styles["header"]
         else:
             cells, node, cursor, odd = key[0], key[1], key[2], key[3]
@@ -398,7 +402,7 @@ class RankTable(ScrollView, can_focus=True):
             line = styles[name]
         gap = Segment(" ", line)
         segments = [gap]
-        for (text, style), col, w in zip(cells, COLUMNS, self._widths(key[-1])):
+        for (text, style), col, w in zip(cells, self.columns, self._widths(key[-1])):
             segments.append(Segment(fit(text, w, col.left), line + Style.parse(style) if style else line))
             segments.append(gap)
         return Strip(segments).adjust_cell_length(width, line)
