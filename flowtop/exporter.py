@@ -6,10 +6,11 @@ fields into samples; it computes no figure of its own — MFU, FLOP/s, step time
 (flowtop.rankview.node_group) and percentiles across ranks (flowtop.rankstats) all come from
 where the TUI gets them — and nothing runs between scrapes.
 
-Base units, ratios 0-1. Labels: ``job``, ``rank``, ``host``, ``local_rank``, ``relay`` (the host
-of the node relay the rank's frames came through, "" when direct), hints' ``id`` and
-``severity``, relays' ``relay``; never a step, a pid or any other value without a bound. Two
-bounds on the series:
+Base units, ratios 0-1. Labels: ``train_job``, ``rank``, ``host``, ``local_rank``, ``relay`` (the
+host of the node relay the rank's frames came through, "" when direct), ``rank_quantile``, hints'
+``id`` and ``severity``, relays' ``relay``; never a step, a pid or any other value without a
+bound, and never a label Prometheus owns (``job``, ``instance``: it renames an exported one to
+``exported_job``) or reserves for a type (``quantile``, ``le``). Two bounds on the series:
 
 * A job of more than ``max_ranks`` rank rows gets per-node aggregates (``flowtop_node_*``,
   labels ``job``, ``host``) instead of per-rank series.
@@ -34,9 +35,9 @@ from prometheus_client.registry import Collector
 
 from flowtop.rankstats import job_percentiles
 from flowtop.rankview import job_context, node_group
+from flowtop.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
 from flowtop.selfload import METER, LoadMeter
 from flowtop.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
-from flowtop.widgets._telemetry import GPU_UTIL, TENSOR, fraction
 
 #: Jobs with more rank rows than this get per-node series instead of per-rank ones.
 DEFAULT_MAX_RANKS = 1024
@@ -46,12 +47,19 @@ DEFAULT_LINGER_S = 60.0
 RANK_STATES = ("live", "stalled", "stale", "done")
 JOB_STATES = ("running", "stalled", "stale", "done")
 RELAY_STATES = ("live", "silent", "closed")
-#: Percentiles across ranks (flowtop.rankstats.PERCENTILES) as ``quantile`` label values.
+#: Percentiles across ranks (flowtop.rankstats.PERCENTILES) as ``rank_quantile`` label values.
 QUANTILES = ("0", "0.5", "0.95", "1")
 
-RANK_LABELS = ("job", "rank", "host", "local_rank", "relay")
-NODE_LABELS = ("job", "host")
-JOB_LABELS = ("job",)
+#: The training job's label. Not ``job``: Prometheus gives every scraped series the scrape
+#: config's ``job`` (and ``instance``) and renames an exported ``job`` to ``exported_job``, so
+#: ``{job="..."}`` selectors and ``by (job)`` would see the scrape job, every training merged.
+JOB_LABEL = "train_job"
+#: Percentiles across ranks. Not ``quantile``: that label belongs to summaries (promtool's lint
+#: rejects it on a gauge); these are not quantiles of observations over time.
+QUANTILE_LABEL = "rank_quantile"
+RANK_LABELS = (JOB_LABEL, "rank", "host", "local_rank", "relay")
+NODE_LABELS = (JOB_LABEL, "host")
+JOB_LABELS = (JOB_LABEL,)
 
 
 @dataclass(frozen=True)
@@ -61,77 +69,6 @@ class ExportPolicy:
 
     max_ranks: int = DEFAULT_MAX_RANKS
     linger_s: float = DEFAULT_LINGER_S
-
-
-def _flops(attr: str) -> Callable[[Any], float | None]:
-    return lambda x: getattr(x.flops, attr) if x.flops is not None else None
-
-
-def _busy(r: RankSnapshot) -> float | None:
-    anatomy = getattr(r.kernels, "anatomy", None)
-    return getattr(anatomy, "busy_frac", None)
-
-
-# (name without the unit, unit, help, value of a rank); a None value leaves the sample out.
-RANK_GAUGES: tuple[tuple[str, str, str, Callable[[RankSnapshot], float | None]], ...] = (
-    ("flowtop_rank_model_flops_per_second", "", "Model FLOP/s of the rank (MFU's numerator)", _flops("flops_per_s")),
-    ("flowtop_rank_executed_flops_per_second", "", "Executed FLOP/s (HFU's numerator: recompute included)",
-     _flops("executed_flops_per_s")),
-    ("flowtop_rank_mfu", "ratio", "Model FLOP/s / dense peak of the dtype in use", _flops("mfu")),
-    ("flowtop_rank_hfu", "ratio", "Executed FLOP/s / dense peak of the dtype in use", _flops("hfu")),
-    ("flowtop_rank_peak_flops_per_second", "", "Dense peak FLOP/s the rank's MFU is against", _flops("peak_flops")),
-    ("flowtop_rank_step", "seconds", "Median wall time of the rank's recent steps", lambda r: r.step_time_s),
-    ("flowtop_rank_device_step", "seconds", "Device (CUDA event) time of the latest step", lambda r: r.device_time_s),
-    ("flowtop_rank_tokens_per_second", "", "Tokens per second (0 while stalled or stale)", lambda r: r.tokens_per_s),
-    ("flowtop_rank_tokens_per_step", "", "Tokens entering the first embedding per step", lambda r: r.tokens_per_step),
-    ("flowtop_rank_input_wait", "ratio", "Share of the step spent waiting for input", lambda r: r.input_wait_frac),
-    ("flowtop_rank_device_busy", "ratio", "Share of the last kernel window's step with device work", _busy),
-    ("flowtop_rank_gpu_utilization", "ratio", "NVML GPU utilisation", lambda r: fraction(r.telemetry, GPU_UTIL)),
-    ("flowtop_rank_tensor_active", "ratio", "GPM tensor-pipe activity", lambda r: fraction(r.telemetry, TENSOR)),
-    ("flowtop_rank_probe_overhead", "ratio", "The probe's own training-thread time / step",
-     lambda r: r.probe_overhead_frac),
-    ("flowtop_rank_step_index", "", "The rank's latest step", lambda r: r.step),
-)
-RANK_COUNTERS: tuple[tuple[str, str, Callable[[RankSnapshot], int]], ...] = (
-    ("flowtop_rank_lost_messages", "Probe messages lost on the way (sequence gaps)", lambda r: r.lost_messages),
-    ("flowtop_rank_dropped_messages", "Messages the probe's bounded queue dropped", lambda r: r.dropped_messages),
-)
-JOB_GAUGES: tuple[tuple[str, str, str, Callable[[JobSnapshot], float | None]], ...] = (
-    ("flowtop_job_model_flops_per_second", "", "Model FLOP/s summed over the job's ranks", _flops("flops_per_s")),
-    ("flowtop_job_executed_flops_per_second", "", "Executed FLOP/s summed over the job's ranks",
-     _flops("executed_flops_per_s")),
-    ("flowtop_job_mfu", "ratio", "Job MFU: sum of model FLOP/s / sum of peaks", _flops("mfu")),
-    ("flowtop_job_hfu", "ratio", "Job HFU: sum of executed FLOP/s / sum of peaks", _flops("hfu")),
-    ("flowtop_job_peak_flops_per_second", "", "Sum of the ranks' dense peaks", _flops("peak_flops")),
-    ("flowtop_job_step", "seconds", "The slowest rank's median step time", lambda j: j.step_time_s),
-    ("flowtop_job_tokens_per_second", "", "Tokens per second summed over the ranks", lambda j: j.tokens_per_s),
-    ("flowtop_job_step_index", "", "Lowest step among the live ranks", lambda j: j.step),
-    ("flowtop_job_world_size", "", "World size the ranks report", lambda j: j.world_size),
-    ("flowtop_job_ranks_seen", "", "Distinct rank numbers that said hello", lambda j: j.ranks_seen),
-    ("flowtop_job_rank_conflicts", "", "Rank numbers claimed by more than one live process",
-     lambda j: j.rank_conflicts),
-)
-#: Per-node aggregates (flowtop.rankview.NodeGroup) of a job above the rank cap.
-NODE_GAUGES: tuple[tuple[str, str, str, Callable[[Any], float | None]], ...] = (
-    ("flowtop_node_ranks", "", "Rank processes on the node", lambda g: len(g.ranks)),
-    ("flowtop_node_model_flops_per_second", "", "Model FLOP/s summed over the node's ranks", lambda g: g.flops_per_s),
-    ("flowtop_node_tokens_per_second", "", "Tokens per second summed over the node's ranks",
-     lambda g: g.tokens_per_s),
-    ("flowtop_node_mfu_min", "ratio", "Lowest MFU among the node's ranks", lambda g: g.mfu_min),
-    ("flowtop_node_mfu_median", "ratio", "Median MFU of the node's ranks", lambda g: g.mfu_median),
-    ("flowtop_node_step_max", "seconds", "Slowest median step time among the node's ranks",
-     lambda g: g.step_time_max),
-    ("flowtop_node_input_wait_max", "ratio", "Largest input-wait share among the node's ranks",
-     lambda g: g.input_wait_max),
-    ("flowtop_node_step_lag_max", "", "Most steps a rank of the node is behind the job's lead", lambda g: g.max_lag),
-    ("flowtop_node_step_index_min", "", "Lowest step among the node's ranks", lambda g: g.step_min),
-)
-#: (name, unit, help, JobPercentiles field): percentiles across the job's running ranks.
-JOB_QUANTILES = (
-    ("flowtop_job_rank_step", "seconds", "Percentiles of the ranks' median step times", "step_time_s"),
-    ("flowtop_job_rank_mfu", "ratio", "Percentiles of the ranks' MFU (stalled ranks count 0)", "mfu"),
-    ("flowtop_job_rank_input_wait", "ratio", "Percentiles of the ranks' input-wait shares", "input_wait_frac"),
-)
 
 
 def _full(name: str, unit: str) -> str:
@@ -204,13 +141,29 @@ def _states(current: str, states: tuple[str, ...]) -> dict[str, bool]:
 def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy(),
              meter: LoadMeter | None = METER) -> list[Any]:
     """The metric families of ``snap`` (the monitor's own figures only, before the first)."""
-    fam = _Families()
-    _declare(fam)
+    return load_families(snap, meter) + snapshot_families(snap, policy)
+
+
+def load_families(snap: MonitorSnapshot | None, meter: LoadMeter | None = METER) -> list[Any]:
+    """The monitor's own CPU and frame rate (flowtop.selfload), read at scrape time: the part of a
+    scrape that is never cached (a wedged data thread must still show its CPU)."""
+    # CPU seconds per second: 1 per core kept busy, above 1 with the ZeroMQ I/O thread or gzip
+    # running beside the interpreter; a _ratio would promise 0-1 (README: once flowtop_monitor_cpu_ratio).
+    cpu = GaugeMetricFamily("flowtop_monitor_cpu", "Cores the monitor process kept busy (CPU seconds per second, "
+                            "every thread), last 5 s", unit="cores")
+    frames = GaugeMetricFamily("flowtop_monitor_frames_per_second", "Frames the monitor received per second, last 5 s")
     load = meter.read(snap.taken_at if snap else None, snap.received if snap else None) if meter else None
     if load is not None and load.cpu_ratio is not None:
-        fam.gauge("flowtop_monitor_cpu", "ratio", "", ()).add_metric([], load.cpu_ratio)
+        cpu.add_metric([], load.cpu_ratio)
     if load is not None and load.frames_per_s is not None:
-        fam.gauge("flowtop_monitor_frames_per_second", "", "", ()).add_metric([], load.frames_per_s)
+        frames.add_metric([], load.frames_per_s)
+    return [cpu, frames]
+
+
+def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()) -> list[Any]:
+    """Every family that depends on ``snap`` and ``policy`` alone (what a scrape cache may keep)."""
+    fam = _Families()
+    _declare(fam)
     if snap is None:
         return list(fam.items.values())
     info = InfoMetricFamily("flowtop_monitor", "The monitor: its listen address and version",
@@ -231,8 +184,6 @@ def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()
 def _declare(fam: _Families) -> None:
     """Create every family with its help text (samples are added as the snapshot has them)."""
     monitor = (
-        ("flowtop_monitor_cpu", "ratio", "The monitor process's CPU seconds per second (1 = one core), last 5 s"),
-        ("flowtop_monitor_frames_per_second", "", "Frames the monitor received per second, last 5 s"),
         ("flowtop_monitor_snapshot_clock", "seconds", "Monitor clock of the snapshot the values are from "
          "(taken_at of the same snapshot's JSON)"),
         ("flowtop_monitor_jobs", "", "Jobs exported"),
@@ -254,14 +205,15 @@ def _declare(fam: _Families) -> None:
     for name, unit, doc, _ in JOB_GAUGES:
         fam.gauge(name, unit, doc, JOB_LABELS)
     for name, unit, doc, _ in JOB_QUANTILES:
-        fam.gauge(name, unit, doc + " (quantile 0, 0.5, 0.95, 1 across running ranks)", ("job", "quantile"))
+        fam.gauge(name, unit, doc + " (rank_quantile 0, 0.5, 0.95, 1 across running ranks)",
+                  (JOB_LABEL, QUANTILE_LABEL))
     fam.states("flowtop_job_status", "Job status: running, stalled, stale, done", JOB_LABELS)
-    fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", ("job", "status"))
+    fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", (JOB_LABEL, "status"))
     fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
               "(more ranks than --prometheus-max-ranks)", JOB_LABELS)
-    fam.gauge("flowtop_job_hints", "", "Active bottleneck hints by id and severity", ("job", "id", "severity"))
+    fam.gauge("flowtop_job_hints", "", "Active bottleneck hints by id and severity", (JOB_LABEL, "id", "severity"))
     fam.gauge("flowtop_job_hint_impact", "ratio", "Largest estimated share of step time at stake among the "
-              "active hints of that id", ("job", "id", "severity"))
+              "active hints of that id", (JOB_LABEL, "id", "severity"))
     fam.counter("flowtop_job_lost_messages", "Lost messages summed over the job's ranks", JOB_LABELS)
     fam.counter("flowtop_job_dropped_messages", "Dropped messages summed over the job's ranks", JOB_LABELS)
     for name, unit, doc, _ in NODE_GAUGES:
@@ -392,7 +344,9 @@ def _version() -> str:
 
 class SnapshotCollector(Collector):
     """A ``prometheus_client`` collector of the latest snapshot: ``latest()`` is called at each
-    scrape (on the HTTP server's thread) and must only return a reference."""
+    scrape (on the HTTP server's thread) and must only return a reference. With ``meter`` it
+    also writes the monitor's own load (:func:`load_families`); without, the snapshot's
+    families alone (flowtop.metrics_http caches those and adds :class:`LoadCollector`'s)."""
 
     def __init__(self, latest: Callable[[], MonitorSnapshot | None], policy: ExportPolicy = ExportPolicy(),
                  meter: LoadMeter | None = METER) -> None:
@@ -404,4 +358,21 @@ class SnapshotCollector(Collector):
         return []  # no scrape at registration
 
     def collect(self) -> Iterator[Any]:
-        yield from families(self._latest(), self.policy, self._meter)
+        snap = self._latest()
+        if self._meter is not None:
+            yield from load_families(snap, self._meter)
+        yield from snapshot_families(snap, self.policy)
+
+
+class LoadCollector(Collector):
+    """The monitor's own CPU and frames/s (:func:`load_families`) at each scrape."""
+
+    def __init__(self, latest: Callable[[], MonitorSnapshot | None], meter: LoadMeter = METER) -> None:
+        self._latest = latest
+        self._meter = meter
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield from load_families(self._latest(), self._meter)

@@ -6,6 +6,10 @@ files): Prometheus text, or OpenMetrics when the scraper asks for it. ``/snapsho
 same latest snapshot as the documented JSON (flowtop.snapshot.to_json), so a script can read
 both at one moment (``flowtop_monitor_snapshot_clock_seconds`` = its ``taken_at``). The server
 runs on threads of its own; a scrape only reads the newest published snapshot.
+
+A snapshot's families and JSON are rendered once per format (flowtop.scrape_cache): scrapes until
+the next snapshot reuse the bytes and only render the part that must be fresh — the monitor's
+own CPU and frames/s and ``process_*`` — which is appended (before OpenMetrics' ``# EOF``).
 """
 
 from __future__ import annotations
@@ -18,11 +22,16 @@ from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from socketserver import ThreadingMixIn
+from urllib.parse import parse_qs
 
-from flowtop.exporter import ExportPolicy, SnapshotCollector
+from flowtop.exporter import ExportPolicy, LoadCollector, SnapshotCollector, snapshot_families
+from flowtop.scrape_cache import ScrapeCache
 from flowtop.selfload import METER
 from flowtop.snapshot import MonitorSnapshot, to_json
+
+_EOF = b"# EOF\n"  # OpenMetrics' last line: once, after the fresh part
 
 
 class MetricsAddressError(ValueError):
@@ -62,6 +71,17 @@ class _Quiet(WSGIRequestHandler):
         """No access log on stderr."""
 
 
+class _Families:
+    """A registry-like source of one snapshot's families (what the exposition encoders read)."""
+
+    def __init__(self, snap: MonitorSnapshot | None, policy: ExportPolicy) -> None:
+        self.snap = snap
+        self.policy = policy
+
+    def collect(self) -> list[Any]:
+        return snapshot_families(self.snap, self.policy)
+
+
 class MetricsServer:
     """Serves ``/metrics`` and ``/snapshot.json`` of ``latest()`` at ``where``.
 
@@ -75,10 +95,18 @@ class MetricsServer:
                  policy: ExportPolicy = ExportPolicy()) -> None:
         self.where = where
         self.latest = latest
+        self.policy = policy
+        self.cache = ScrapeCache()
+        # Everything, rendered per request: for what the cache does not serve (name[] filters,
+        # methods other than GET: prometheus_client's own answers).
         self.registry = CollectorRegistry()
         self.registry.register(SnapshotCollector(lambda: self.latest(), policy))  # latest may be replaced
         ProcessCollector(registry=self.registry)
         self._metrics = make_wsgi_app(self.registry)
+        # The fresh part of a cached scrape.
+        self.live = CollectorRegistry()
+        self.live.register(LoadCollector(lambda: self.latest()))
+        ProcessCollector(registry=self.live)
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -114,7 +142,8 @@ class MetricsServer:
         path = environ.get("PATH_INFO", "")
         if path == "/snapshot.json":
             snap = self.latest()
-            body = json.dumps(to_json(snap) if snap is not None else None).encode()
+            body = self.cache.get(snap, "json", lambda: json.dumps(to_json(snap) if snap is not None else None)
+                                  .encode()).body
             start_response("200 OK" if snap is not None else "503 Service Unavailable",
                            [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
@@ -125,4 +154,27 @@ class MetricsServer:
         if path != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics or /snapshot.json\n"]
-        return self._metrics(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
+            return self._metrics(environ, start_response)
+        return self._cached_metrics(environ, start_response)
+
+    def _cached_metrics(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        """/metrics: the snapshot's families rendered once per snapshot and format, then the fresh part."""
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT") or "")
+        snap = self.latest()
+
+        def render() -> bytes:
+            body = encoder(_Families(snap, self.policy))
+            return body[:-len(_EOF)] if body.endswith(_EOF) else body
+
+        entry = self.cache.get(snap, content_type, render)
+        tail = encoder(self.live)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
+            body = entry.gzip(tail)
+            headers.append(("Content-Encoding", "gzip"))
+        else:
+            body = entry.body + tail
+        headers.append(("Content-Length", str(len(body))))
+        start_response("200 OK", headers)
+        return [body]

@@ -155,7 +155,7 @@ def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
         assert {s.labels["rank"] for s in got} == set(ranks), name
         for s in got:
             r = ranks[s.labels["rank"]]
-            assert s.labels == {"job": "job-a", "rank": str(r["rank"]), "host": "node-a",
+            assert s.labels == {"train_job": "job-a", "rank": str(r["rank"]), "host": "node-a",
                                 "local_rank": str(r["local_rank"]), "relay": ""}
             assert s.value == pytest.approx(r[field], rel=1e-12), (name, r[field])
     # The figures are the hand count: FLOPs per token x tokens/s, over the peak.
@@ -170,7 +170,7 @@ def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
                   "flowtop_job_world_size": "world_size", "flowtop_job_peak_flops_per_second": "peak_flops"}
     for name, field in job_fields.items():
         (s,) = by_name(text, name)
-        assert s.labels == {"job": "job-a"} and s.value == pytest.approx(job[field], rel=1e-12), name
+        assert s.labels == {"train_job": "job-a"} and s.value == pytest.approx(job[field], rel=1e-12), name
     # NVML and GPM report percent: exported as ratios.
     for name, key in (("flowtop_rank_gpu_utilization_ratio", "gpu_util"), ("flowtop_rank_tensor_active_ratio",
                                                                            "tensor_active")):
@@ -183,7 +183,7 @@ def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
     (received,) = by_name(text, "flowtop_monitor_frames_received_total")
     assert received.value == snap["received"]
     # No label carries a step, a pid or another unbounded value.
-    allowed = {"job", "rank", "host", "local_rank", "relay", "quantile", "status", "id", "severity",
+    allowed = {"train_job", "rank", "host", "local_rank", "relay", "rank_quantile", "status", "id", "severity",
                "listen", "version", "flowtop_rank_status", "flowtop_job_status"}
     for s in samples(text):
         assert set(s.labels) <= allowed, s
@@ -210,7 +210,7 @@ def test_openmetrics_units_and_process_cpu(made: list[Any]) -> None:
             assert fam.unit == "ratio", name
     assert fams["flowtop_rank_status"].type == "stateset"
     assert fams["flowtop_rank_lost_messages"].type == "counter"
-    (cpu,) = fams["flowtop_monitor_cpu_ratio"].samples
+    (cpu,) = fams["flowtop_monitor_cpu_cores"].samples
     assert 0 < cpu.value < 4  # this process's CPU per second (2 cores, a few threads)
     assert fams["process_cpu_seconds"].samples[0].value > 0
 
@@ -226,7 +226,7 @@ def test_jobs_above_the_cap_get_node_series(made: list[Any]) -> None:
     ranks = snap["jobs"][0]["ranks"]
     for host in ("node-a", "node-b"):
         mine = [r for r in ranks if r["host"] == host]
-        labels = {"job": "big", "host": host}
+        labels = {"train_job": "big", "host": host}
         got = {s.name: s.value for s in samples(text) if s.name.startswith("flowtop_node_") and s.labels == labels}
         assert got["flowtop_node_ranks"] == len(mine)
         assert got["flowtop_node_model_flops_per_second"] == pytest.approx(sum(r["flops_per_s"] for r in mine))
@@ -261,7 +261,7 @@ def test_a_finished_job_stops_its_series(made: list[Any]) -> None:
         assert [s.labels["flowtop_job_status"] for s in status] == ["done"]
     time.sleep(2.5)
     text = mon.scrape()
-    assert not [s for s in samples(text) if s.labels.get("job") == "ends"]
+    assert not [s for s in samples(text) if s.labels.get("train_job") == "ends"]
     snap = json.loads(http_get(mon.where.url("/snapshot.json")))
     assert [j["job"] for j in snap["jobs"]] == ["ends"]  # the model still holds it; only its series ended
     (jobs,) = by_name(text, "flowtop_monitor_jobs")
@@ -357,7 +357,7 @@ async def test_top_serves_metrics_while_the_tui_runs(made: list[Any]) -> None:
                 if by_name(text, "flowtop_rank_mfu_ratio") and app.latest is not None and app.latest.jobs:
                     break
             (mfu,) = by_name(text, "flowtop_rank_mfu_ratio")
-            assert mfu.labels["job"] == "tui-job" and mfu.value == pytest.approx(MODEL_FLOPS / WALL_S / PEAK, rel=0.01)
+            assert mfu.labels["train_job"] == "tui-job" and mfu.value == pytest.approx(MODEL_FLOPS / WALL_S / PEAK, rel=0.01)
             assert app.delivered > 0  # the UI got its snapshots too
     finally:
         metrics.stop()

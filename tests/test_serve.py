@@ -84,7 +84,7 @@ def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> No
         job = snap["jobs"][0]
         got = _samples(text)
         for r in job["ranks"]:
-            labels = {"job": job["job"], "rank": str(r["rank"]), "host": r["host"],
+            labels = {"train_job": job["job"], "rank": str(r["rank"]), "host": r["host"],
                       "local_rank": str(r["local_rank"]), "relay": ""}
             mine = {s.name: s.value for s in got if s.labels == labels}
             assert mine["flowtop_rank_mfu_ratio"] == r["mfu"] and 0 < r["mfu"] < 1
@@ -98,7 +98,7 @@ def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> No
                     and s.labels["rank"] == str(r["rank"])]
             assert [s.labels["flowtop_rank_status"] for s in live] == ["live"]
         (mfu,) = [s for s in got if s.name == "flowtop_job_mfu_ratio"]
-        assert mfu.labels == {"job": job["job"]} and mfu.value == job["mfu"]
+        assert mfu.labels == {"train_job": job["job"]} and mfu.value == job["mfu"]
         # The job ends: its series stay while it lingers, then go.
         assert training.wait(300) == 0, training.stdout.read()[-3000:] if training.stdout else ""
 
@@ -110,7 +110,7 @@ def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> No
 
         def gone() -> Any:
             text = _get(base + "/metrics") or ""
-            return text and not [s for s in _samples(text) if s.labels.get("job") == job["job"]]
+            return text and not [s for s in _samples(text) if s.labels.get("train_job") == job["job"]]
 
         _wait(gone, 15, "the finished job's series to end")
         serve.send_signal(signal.SIGINT)

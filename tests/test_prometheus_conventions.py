@@ -1,0 +1,99 @@
+"""The exporter's names, labels, units and help against Prometheus' conventions (design.md §12,
+prometheus.io "Metric and label naming", promtool's lint), on a real scrape of two jobs (one above
+the rank cap) over HTTP, in both exposition formats."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from flowtop.exporter import ExportPolicy
+from flowtop.metrics_http import HostPort, MetricsServer
+from flowtop.selfload import LoadMeter
+from flowtop.snapshot import MonitorSnapshot
+from flowtop.synthetic_cluster import cluster_job
+from test_prometheus import http_get
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+#: Labels Prometheus sets on every scraped series itself (it renames exported ones exported_*).
+TARGET_LABELS = {"job", "instance"}
+#: Units a name may end in, and the OpenMetrics UNIT that must come with them.
+UNITS = ("seconds", "ratio", "bytes", "cores")
+
+
+def scrapes() -> tuple[str, str]:
+    """Prometheus text and OpenMetrics of one snapshot: a job per rank, a job per node."""
+    jobs = (cluster_job(16, job="small"), cluster_job(24, job="big"))
+    snap = MonitorSnapshot(taken_at=5000.0, listen="tcp://127.0.0.1:5759", jobs=jobs, received=10, rejected=1)
+    server = MetricsServer(HostPort("127.0.0.1", 0), lambda: snap, ExportPolicy(max_ranks=20))
+    where = server.start()
+    try:
+        return http_get(where.url()), http_get(where.url(), OPENMETRICS)
+    finally:
+        server.stop()
+
+
+def test_labels_names_and_units() -> None:
+    text, om = scrapes()
+    problems: list[str] = []
+    fams = list(parse_openmetrics(om))
+    assert {f.name for f in fams} >= {"flowtop_rank_mfu_ratio", "flowtop_node_mfu_min_ratio", "flowtop_job_hints"}
+    for fam in fams:
+        if not fam.name.startswith("flowtop_"):
+            continue
+        if not re.fullmatch(r"flowtop_[a-z0-9_]+", fam.name):
+            problems.append(f"{fam.name}: not snake_case under the flowtop_ prefix")
+        if not fam.documentation:
+            problems.append(f"{fam.name}: no help text")
+        for unit in UNITS:
+            if fam.name.endswith("_" + unit) and fam.unit != unit:
+                problems.append(f"{fam.name}: ends in _{unit} without UNIT {unit}")
+        if fam.unit and not fam.name.endswith("_" + fam.unit):
+            problems.append(f"{fam.name}: UNIT {fam.unit} is not its suffix")
+        if fam.type != "counter" and fam.name.endswith("_total"):
+            problems.append(f"{fam.name}: a {fam.type} named _total")
+        for s in fam.samples:
+            if fam.type == "counter" and not s.name.endswith(("_total", "_created")):
+                problems.append(f"{s.name}: counter sample without _total")
+            for label in s.labels:
+                if label in TARGET_LABELS:
+                    problems.append(f"{fam.name}: label {label!r} is Prometheus' own (stored as exported_{label})")
+                if label.startswith("__"):
+                    problems.append(f"{fam.name}: label {label!r} is reserved")
+                if label == "quantile" and fam.type != "summary" or label == "le" and "histogram" not in fam.type:
+                    problems.append(f"{fam.name}: label {label!r} on a {fam.type}")
+            if fam.unit == "ratio" and not 0.0 <= s.value <= 1.0:
+                problems.append(f"{s.name}{s.labels}: ratio {s.value} outside 0-1")
+    # The text format says the same (it carries no UNIT lines: the names do).
+    assert {f.name for f in parse_text(text) if f.name.startswith("flowtop_")} >= {
+        f.name for f in fams if f.name.startswith("flowtop_") and f.type != "info"}
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_the_monitor_cpu_is_in_cores_not_a_ratio() -> None:
+    """CPU seconds per second passes 1 with the ZeroMQ I/O thread beside the interpreter: a
+    _ratio would promise 0-1."""
+    from flowtop.exporter import load_families
+
+    clock = iter([0.0, 0.0, 1.0, 1.5])  # wall, cpu; wall, cpu: 1.5 CPU-s in 1 s
+    meter = LoadMeter(wall=lambda: next(clock), cpu=lambda: next(clock))
+    meter.read()
+    cpu: Any = load_families(None, meter)[0]
+    assert [s.value for s in cpu.samples] == [1.5]
+    assert cpu.unit == "cores" and cpu.name == "flowtop_monitor_cpu_cores"
+
+
+def test_promtool_lint_passes() -> None:
+    """promtool (Prometheus' own linter) where installed: the Debian package prometheus has it."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    text, _ = scrapes()
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
