@@ -41,6 +41,13 @@ from probe.wire import Message, RankKey, StepColumns, step_columns
 
 _log = logging.getLogger("flowtop.model")
 
+#: Ranks of a job whose views a tick rebuilds in full and whose hints it evaluates: a larger
+#: job's views are rebuilt over ceil(ranks / RANKS_PER_TICK) ticks, staggered by rank (the others
+#: get their step and liveness only), and its hints are evaluated every that many ticks. At 4,096
+#: ranks a rank's figures and the job's hints then refresh every 2 s instead of 0.5 s; the tick
+#: stays within its budget (bench/ingest.py --costs).
+RANKS_PER_TICK = 1024
+
 #: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
 #: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the
 #: hints were evaluated since its last step arrived. Looks per job are rate-limited (per
@@ -84,6 +91,8 @@ class Model:
         self._claims = Claims()
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
+        #: Ticks run (the turn of a large job's ranks and hints, see RANKS_PER_TICK).
+        self.ticks = 0
         #: Node relays heard of, and which relay each rank's frames come through (flowtop.relays).
         self.relays = Relays()
         self.views = RankViews(peak_override_flops)
@@ -282,10 +291,18 @@ class Model:
         every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
         return the snapshot of that instant. Called at a fixed cadence (flowtop.ticker)."""
         self._now = max(self._now, now)
+        self.ticks += 1
         self._evict(now)
         by_job = self._view(self.ranks.values(), now, remember=True)
-        jobs = tuple(self._evaluate(self._job_snapshot(job, shown, now), now) for job, shown in sorted(by_job.items()))
-        return self._monitor_snapshot(now, listen, jobs)
+        jobs = []
+        for job, shown in sorted(by_job.items()):
+            spread = -(-len(shown) // RANKS_PER_TICK)  # ticks a large job's full refresh takes
+            snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
+            if spread > 1 and self.ticks % spread:
+                jobs.append(replace(snap, hints=self._hints.get(job, ())))  # evaluated every `spread` ticks
+            else:
+                jobs.append(self._evaluate(snap, now))
+        return self._monitor_snapshot(now, listen, tuple(jobs))
 
     def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:
         """An immutable view of everything at monitor time ``now``, with the hints of the last
@@ -334,9 +351,16 @@ class Model:
             self._evaluate(self._job_snapshot(job, shown, now), now)
 
     def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
-                      hints: tuple[Hint, ...] = ()) -> JobSnapshot:
+                      hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
+        """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
+        a full view (see RANKS_PER_TICK)."""
         states = [st for st, _ in shown]
-        ranks = tuple(self.views.view(st, now, others) for st, others in shown)
+        if rotation is None:
+            ranks = tuple(self.views.view(st, now, others) for st, others in shown)
+        else:
+            tick, spread = rotation
+            ranks = tuple(self.views.view(st, now, others, full=(i + tick) % spread == 0)
+                          for i, (st, others) in enumerate(shown))
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])

@@ -119,12 +119,15 @@ def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> flo
 
 def running(st: RankState, now: float) -> bool:
     """Neither said bye nor silent past the stale limit (a stalled rank still runs)."""
+    if st.bye is None and now - st.last_recv <= STALE_AFTER_S:
+        return True  # the limit is at least that: no median needed (every rank, every tick)
     return status(st, now, median_step(st), None) not in ("done", "stale")
 
 
 def gone(st: RankState, now: float) -> bool:
     """Done or stale, and silent for at least EVICT_AFTER_S."""
-    return now - st.last_recv > max(EVICT_AFTER_S, limit(median_step(st)))
+    silent = now - st.last_recv
+    return silent > EVICT_AFTER_S and silent > limit(median_step(st))
 
 
 def median_step(st: RankState) -> float | None:

@@ -5,20 +5,20 @@ from __future__ import annotations
 import math
 import statistics
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple
 
 from flowtop.hints.rules import Rule
 from flowtop.snapshot import History, JobSnapshot, RankSnapshot
 
 
-@dataclass(frozen=True)
-class Measurement:
+class Measurement(NamedTuple):
     """One rule's measure for one target at one evaluation.
 
     ``steps_covered``/``seconds_covered`` say how much evidence the value already embodies (a
     measure over the last 20 steps of history covers 20 steps), so a monitor that starts late can
-    fire at once; otherwise the engine accumulates the window across evaluations.
+    fire at once; otherwise the engine accumulates the window across evaluations. (A tuple with
+    names: a dozen rules measure every rank of a job at every evaluation, thousands of them.)
     """
 
     value: float
@@ -27,7 +27,7 @@ class Measurement:
     step: int  # the target's step index now (for step windows)
     steps_covered: int = 0
     seconds_covered: float = 0.0
-    text: Mapping[str, str] = field(default_factory=dict)  # extra words for the summary template
+    text: Mapping[str, str] = MappingProxyType({})  # extra words for the summary template
     severity: str | None = None  # override of the rule's severity (escalation)
     variant: str = ""  # key of the rule's alternative summary (Rule.variants); "" for the main one
 

@@ -209,6 +209,8 @@ class HintEngine:
         if m is None:  # no data for this target now: keep what was shown
             return st.hint if st is not None and st.active else None
         if st is None:
+            if not _beyond(rule, m, keep=False):
+                return None  # nothing pending, nothing to start (most targets, most of the time)
             st = self._state[key] = _State()
         if st.active:
             if _beyond(rule, m, keep=True):

@@ -9,6 +9,7 @@ from typing import Any
 
 from flowtop.hints.base import (Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target, safe_div,
                                 telemetry_number)
+from flowtop.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
 from flowtop.hints.rules import Rule
 from flowtop.snapshot import JobSnapshot, RankSnapshot
 
@@ -152,32 +153,31 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
 
 def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int]:
     """Per rank: median step time over the last ``window`` step indices all ranks reported."""
-    series = [dict(zip(r.history.steps, r.history.step_time_s)) for r in ranks]
-    common = sorted(set.intersection(*(set(s) for s in series)))[-window:]
-    if not common:
+    al = align([(r.history.steps, r.history.step_time_s) for r in ranks], window)
+    if not al.steps:
         return {}, 0
-    return {r.rank: float(statistics.median(s[i] for i in common)) for r, s in zip(ranks, series)}, len(common)
+    return {r.rank: float(statistics.median(row)) for r, row in zip(ranks, al.rows)}, len(al.steps)
 
 
-def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, list[int], list[dict[int, float]]]:
+def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, Aligned]:
     """Per rank: time per step to go from the first to the last of the last ``window`` + 1
     step indices every rank reached (monitor receive times, so ranks share one clock); also the
-    steps that window spans and the last ``keep`` common step indices with each rank's reach times."""
-    series = [dict(r.history.reached[-keep:]) for r in ranks]
-    common = sorted(set.intersection(*(set(s) for s in series)))
-    recent = common[-(window + 1):]
-    if len(recent) < 2:
-        return {}, 0, common, series
-    a, b = recent[0], recent[-1]
-    per_step = {r.rank: (s[b] - s[a]) / (b - a) for r, s in zip(ranks, series)}
-    return per_step, len(recent) - 1, common, series
+    reach times at the last ``keep`` step indices every rank reached."""
+    tails = [pairs_of(r.history.reached) for r in ranks]
+    reach = align([(steps[-keep:], times[-keep:]) for steps, times in tails])
+    n = min(len(reach.steps), window + 1)
+    if n < 2:
+        return {}, 0, reach
+    a, b = reach.steps[-n], reach.steps[-1]
+    per_step = {r.rank: (row[-1] - row[-n]) / (b - a) for r, row in zip(ranks, reach.rows)}
+    return per_step, n - 1, reach
 
 
-def _leads(r: RankSnapshot, last: int = 0) -> dict[int, float]:
-    """Step -> lead (boundary → end of the step's last forward) of the known ones (the model
-    writes 0.0 where the probe sent none); the last ``last`` steps of history, all when 0."""
-    h = r.history
-    return {s: x for s, x in zip(h.steps[-last:], h.lead_s[-last:]) if x > 0 and math.isfinite(x)}
+def _leads(ranks: list[RankSnapshot], last: int | None = None) -> Aligned:
+    """Leads (boundary → end of the step's last forward) at the step indices where every rank
+    has a known one (the model writes 0.0 where the probe sent none); the last ``last`` of them
+    (all when None)."""
+    return align([(r.history.steps, r.history.lead_s) for r in ranks], last, above=0.0)
 
 
 def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[float, float, float, float]], int]:
@@ -190,26 +190,23 @@ def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[fl
     finishes its forward last is the one the others wait for. The per-step lag's median keeps a
     single slow step (a sampled FLOP count, a kernel window) from making a straggler.
     """
-    leads = [_leads(r) for r in ranks]
-    common = sorted(set.intersection(*(set(d) for d in leads)))[-window:]
-    if not common:
+    leads = _leads(ranks, window)
+    if not leads.steps:
         return {}, 0
-    lags: list[list[float]] = [[] for _ in ranks]
-    others: list[list[float]] = [[] for _ in ranks]
-    for s in common:
-        ordered = sorted(d[s] for d in leads)  # one sort per step, shared by every rank
-        for i, d in enumerate(leads):
-            other = _median_without(ordered, d[s])
-            others[i].append(other)
-            lags[i].append(d[s] - other)
+    # Per step, every rank's lag behind the others' median lead (one sort per step, shared).
+    others: list[list[float]] = []
+    for column in leads.columns():
+        without = medians_without(sorted(column))
+        others.append([without(v) for v in column])
+    by_rank = list(zip(*others))
     out: dict[int, tuple[float, float, float, float]] = {}
-    for i, (r, d) in enumerate(zip(ranks, leads)):
-        step_times = dict(zip(r.history.steps, r.history.step_time_s))
-        times = [step_times[s] for s in common if step_times.get(s, 0.0) > 0]
+    for i, (r, mine) in enumerate(zip(ranks, leads.rows)):
+        times = [t for t in values_at(leads.steps, (r.history.steps, r.history.step_time_s)) if t > 0]
         step = float(statistics.median(times)) if times else 0.0
-        out[i] = (float(statistics.median(d[s] for s in common)), float(statistics.median(others[i])),
-                  float(statistics.median(lags[i])), step)
-    return out, len(common)
+        other = by_rank[i]
+        out[i] = (float(statistics.median(mine)), float(statistics.median(other)),
+                  float(statistics.median([v - o for v, o in zip(mine, other)])), step)
+    return out, len(leads.steps)
 
 
 def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_frac: float) -> dict[int, int]:
@@ -218,17 +215,15 @@ def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_fra
     the first of those steps if it lagged at all of them."""
     if not slow:
         return {}
-    leads = [_leads(r, keep) for r in ranks]
-    common = sorted(set.intersection(*(set(d) for d in leads)))
-    if not common:
+    leads = _leads(ranks, keep)
+    if not leads.steps:
         return {}
-    ordered = {s: sorted(d[s] for d in leads) for s in common}  # shared by every slow rank
+    without = [medians_without(sorted(column)) for column in leads.columns()]  # shared by every slow rank
     out: dict[int, int] = {}
     for i in slow:
-        times = dict(zip(ranks[i].history.steps, ranks[i].history.step_time_s))
-        on_time = [s for s in common
-                   if leads[i][s] - _median_without(ordered[s], leads[i][s]) <= clear_frac * times.get(s, 0.0)]
-        out[i] = on_time[-1] if on_time else common[0]
+        times = values_at(leads.steps, (ranks[i].history.steps, ranks[i].history.step_time_s))
+        on_time = [s for s, v, w, t in zip(leads.steps, leads.rows[i], without, times) if v - w(v) <= clear_frac * t]
+        out[i] = on_time[-1] if on_time else leads.steps[0]
     return out
 
 
@@ -242,7 +237,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     window = max(rule.window_steps, 1)
     med, n_med = _by_median(ranks, window)
     keep = max(int(rule.params["since_steps"]), window + 1)
-    pace, n_pace, common, reach_series = _by_reach(ranks, window, keep)
+    pace, n_pace, reach = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)
     tables = [(table, sorted(table.values()), n) for table, n in ((med, n_med), (pace, n_pace)) if table]
     med_sorted = sorted(med.values())
@@ -264,7 +259,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             best[idx] = max(candidates, key=lambda c: c[0])
     # Only ranks that may show the hint need "since when".
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
-    since_of = _falling_behind_since(slow, common, reach_series, {i: 0.1 * best[i][2] for i in slow})
+    since_of = _falling_behind_since(slow, reach, {i: 0.1 * best[i][2] for i in slow})
     lead_since = _lead_since([i for i in slow if best[i][4] == "lead"], ranks, keep, rule.clear / 100.0)
     out: dict[str, Measurement | None] = {}
     for idx, r in enumerate(ranks):
@@ -321,7 +316,7 @@ def _median_without(ordered: list[float], value: float) -> float:
 
 
 def _falling_behind_since(
-    ranks_idx: list[int], common: list[int], series: list[dict[int, float]], tol_s: dict[int, float]
+    ranks_idx: list[int], reach: Aligned, tol_s: dict[int, float]
 ) -> dict[int, tuple[int | None, float | None]]:
     """Per rank index: (step from which it has been falling behind, its lag now in s).
 
@@ -330,14 +325,14 @@ def _falling_behind_since(
     has been falling behind since the last step where the lag was within ``tol_s`` of its smallest
     value (the tolerance keeps receive-time jitter from picking a random step of a flat stretch).
     """
+    common = reach.steps
     if not common or not ranks_idx:
         return {i: (None, None) for i in ranks_idx}
     lags: dict[int, list[float]] = {i: [] for i in ranks_idx}
-    for s in common:
-        ordered = sorted(ser[s] for ser in series)  # one sort per step, shared by every rank
+    for column in reach.columns():
+        without = medians_without(sorted(column))  # one sort per step, shared by every rank
         for i in ranks_idx:
-            mine = series[i][s]
-            lags[i].append(mine - _median_without(ordered, mine))
+            lags[i].append(column[i] - without(column[i]))
     out: dict[int, tuple[int | None, float | None]] = {}
     for i, lag in lags.items():
         low = min(lag)

@@ -1,0 +1,52 @@
+"""Alignment by step index for the cross-rank measures (flowtop.hints.aligned): the index path
+for contiguous runs gives what the step maps give, and the O(1) "median without me" equals the
+median of the others."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+from flowtop.hints.aligned import align, medians_without, run_start, values_at
+
+
+def _values(aligned, n):  # every rank's values at the common steps
+    assert len(aligned.rows) == n and all(len(row) == len(aligned.steps) for row in aligned.rows)
+    return aligned.rows
+
+
+def test_contiguous_runs_take_the_index_path_and_agree_with_maps() -> None:
+    rng = random.Random(5)
+    pairs = []
+    for first, last in ((10, 130), (25, 128), (3, 140)):
+        steps = tuple(range(first, last + 1))
+        pairs.append((steps, tuple(rng.random() for _ in steps)))
+    fast = align(pairs, 20)
+    assert list(fast.steps) == list(range(109, 129)) and isinstance(fast.steps, range)
+    # the same data with one gap in an unrelated place forces the map path on every rank
+    gapped = [(tuple(s for s in steps if s != 12), tuple(v for s, v in zip(steps, vals) if s != 12))
+              for steps, vals in pairs]
+    slow = align(gapped, 20)
+    assert not isinstance(slow.steps, range) and list(slow.steps) == list(fast.steps)
+    assert _values(fast, 3) == _values(slow, 3) == [[vals[s - steps[0]] for s in range(109, 129)] for steps, vals in pairs]
+
+
+def test_a_gap_inside_the_window_is_left_out_and_keep_filters_values() -> None:
+    pairs = [((1, 2, 3, 4, 5), (1.0, 2.0, 3.0, 4.0, 5.0)), ((1, 2, 4, 5), (1.0, 2.0, 4.0, 5.0))]
+    assert run_start(pairs[0][0]) == 1 and run_start(pairs[1][0]) is None
+    assert list(align(pairs).steps) == [1, 2, 4, 5]
+    leads = [((1, 2, 3), (0.5, 0.0, 0.7)), ((1, 2, 3), (0.4, 0.3, 0.2))]  # 0.0: not known
+    known = align(leads, above=0.0)
+    assert list(known.steps) == [1, 3] and known.columns() == [(0.5, 0.4), (0.7, 0.2)]
+    assert values_at(range(2, 5), pairs[1]) == [2.0, 0.0, 4.0] and values_at(range(2, 5), pairs[0]) == [2.0, 3.0, 4.0]
+    assert list(align(pairs, 0).steps) == []
+
+
+def test_median_without_one_value_equals_the_median_of_the_others() -> None:
+    rng = random.Random(11)
+    for n in range(1, 40):
+        values = [rng.choice([0.1, 0.2, 0.3, rng.random()]) for _ in range(n)]  # duplicates too
+        without = medians_without(sorted(values))
+        for i, v in enumerate(values):
+            others = values[:i] + values[i + 1:]
+            assert without(v) == (float(statistics.median(others)) if others else 0.0)
