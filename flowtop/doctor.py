@@ -108,7 +108,11 @@ def render(findings: Sequence[Finding]) -> str:
     fails = [f for f in findings if f.status == FAIL]
     warns = sum(1 for f in findings if f.status == "warn")
     if fails:
-        lines.append(f"\n{len(fails)} problem(s) would stop monitoring: " + ", ".join(f.check for f in fails))
+        counts: dict[str, int] = {}
+        for f in fails:  # each check once, with how many findings it failed ("keys (3)")
+            counts[f.check] = counts.get(f.check, 0) + 1
+        names = ", ".join(check if n == 1 else f"{check} ({n})" for check, n in counts.items())
+        lines.append(f"\n{len(fails)} problem(s) would stop monitoring: {names}")
     else:
         lines.append(f"\nnothing would stop monitoring ({warns} warning(s))")
     return "\n".join(lines)

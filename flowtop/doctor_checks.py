@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,9 @@ def key_findings(curve_dir: str | None) -> list[Finding]:
     import zmq.auth
 
     d = Path(curve_dir)
+    unusable = _key_dir_finding(d)
+    if unusable is not None:  # one finding for the directory, not one per file it hides
+        return [unusable]
     wanted = (("server.key_secret", "monitor"), ("server.key", "probes"), ("client.key_secret", "probes"))
     out: list[Finding] = []
     for name, who in wanted:
@@ -241,7 +245,9 @@ def key_findings(curve_dir: str | None) -> list[Finding]:
         for p in admitted:
             zmq.auth.load_certificate(str(clients / p))
     except (OSError, ValueError) as exc:
-        out.append(Finding("keys", FAIL, f"{clients} cannot be read: {exc}", f"chmod/chown {clients} for the monitor's user"))
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        out.append(Finding("keys", FAIL, f"{clients} cannot be read: {reason}",
+                           f"chmod/chown {clients} for the monitor's user"))
         return out
     if admitted:
         out.append(Finding("keys", OK, f"{len(admitted)} admitted probe key(s) in {clients}"))
@@ -249,6 +255,42 @@ def key_findings(curve_dir: str | None) -> list[Finding]:
         out.append(Finding("keys", FAIL, f"{clients} holds no client public keys: no probe would be admitted",
                            f"copy a probe's client.key into {clients}/ (flowtop keys {d} does it)"))
     return out
+
+
+def _key_dir_finding(d: Path) -> Finding | None:
+    """Why ``d`` cannot be used as a key directory at all (missing, not a directory, not
+    searchable by this user), or None when its files can be looked at one by one."""
+    try:
+        st = d.stat()
+    except FileNotFoundError:
+        return Finding("keys", FAIL, f"{d} does not exist", f"create the keys: flowtop keys {d}", {"path": str(d)})
+    except OSError as exc:  # a parent directory this user cannot search
+        return Finding("keys", FAIL, f"{d} cannot be looked at: {exc.strerror or exc}",
+                       f"let this user search every directory above {d} (chmod o+x or g+x on them)", {"path": str(d)})
+    if not stat.S_ISDIR(st.st_mode):
+        return Finding("keys", FAIL, f"{d} is not a directory", f"give the directory flowtop keys DIR made (not {d})",
+                       {"path": str(d)})
+    try:
+        os.stat(d / "server.key")  # needs x on d: a missing file is fine here, the checks below say so
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        mode, owner = stat.S_IMODE(st.st_mode), _owner(st.st_uid)
+        return Finding("keys", FAIL, f"{d} cannot be entered by this user (mode {mode:04o}, owner {owner}): no key "
+                       "file in it can be read, by the monitor or the probes",
+                       f"chmod u+rx {d} (flowtop keys makes it 0700 for its owner); for other users who run the "
+                       f"monitor or the training, g+rx with a shared group: chgrp GROUP {d} && chmod g+rx {d}",
+                       {"path": str(d), "mode": f"{mode:04o}", "owner": owner})
+    return None
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
 
 
 def fd_findings(ranks: int | None) -> list[Finding]:

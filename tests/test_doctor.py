@@ -100,7 +100,7 @@ def test_busy_port_and_a_running_monitor() -> None:
         monitor.close()
 
 
-def test_addresses_beyond_loopback_and_malformed() -> None:
+def test_addresses_beyond_loopback_and_malformed(monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port_pair()
     (sec,) = [f for f in address_findings(f"tcp://0.0.0.0:{port}", None, False) if f.check == "security"]
     assert sec.status == "fail" and "flowtop keys DIR" in sec.fix
@@ -108,10 +108,28 @@ def test_addresses_beyond_loopback_and_malformed() -> None:
     assert sec.status == "ok"
     (bad,) = address_findings("udp://x", None, False)
     assert bad.status == "fail" and "tcp://HOST:PORT" in bad.summary
-    # An address of no interface here, that nothing answers (no route, or a timeout): probes here
-    # could not reach a monitor there; a warning (the monitor may simply not run yet), not a failure.
-    (far,) = [f for f in address_findings("tcp://192.0.2.1:5759", None, True) if f.check == "port"]
-    assert far.status == "warn" and not far.details["local"] and "192.0.2.1" in far.summary
+    # No packet may leave this machine (tests reach loopback only): the connection to an address
+    # of no interface here times out and the name does not resolve, both faked at the socket.
+    far_host = "192.0.2.1"  # TEST-NET-1: never contacted, the fake answers for it
+    real_connect, real_lookup = socket.socket.connect, socket.getaddrinfo
+
+    def connect(self: socket.socket, address: Any) -> None:
+        if address[0] == far_host:
+            raise socket.timeout("timed out")
+        assert address[0] in ("127.0.0.1", "0.0.0.0", "::1"), f"a test connected to {address}"
+        real_connect(self, address)
+
+    def lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "no-such-host.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real_lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    # Not reachable from here: probes here could not reach a monitor there; a warning (the monitor
+    # may simply not run yet), not a failure.
+    (far,) = [f for f in address_findings(f"tcp://{far_host}:5759", None, True) if f.check == "port"]
+    assert far.status == "warn" and not far.details["local"] and far_host in far.summary
     refused = [f for f in address_findings("tcp://no-such-host.invalid:5759", None, False) if f.check == "address"]
     assert refused and refused[0].status == "fail" and "does not resolve" in refused[0].summary
 
@@ -157,7 +175,23 @@ def test_unreadable_key_directory_fails_with_its_fix(tmp_path: Path) -> None:
     finally:
         os.chmod(d, stat.S_IRWXU)
     assert rc == 1
-    assert len([f for f in find(report, "keys") if f["status"] == "fail"]) >= 3  # nothing in it can be read
+    # The directory is the problem, said once with its own fix (it was one finding per file it
+    # hides, each telling to chmod that file, and one telling to chmod DIR/clients).
+    (bad,) = find(report, "keys")
+    assert bad["status"] == "fail" and f"{d} cannot be entered by this user (mode 0000" in bad["summary"]
+    assert f"chmod u+rx {d}" in bad["fix"]
+
+
+def test_a_missing_key_directory_and_the_verdict_line(tmp_path: Path) -> None:
+    from flowtop.doctor import render
+    from flowtop.doctor_checks import Finding
+
+    (gone,) = key_findings(str(tmp_path / "nowhere"))
+    assert gone.status == "fail" and "does not exist" in gone.summary and f"flowtop keys {tmp_path}" in gone.fix
+    (file_,) = key_findings(str(keys.create(tmp_path / "k") / "server.key"))
+    assert file_.status == "fail" and "is not a directory" in file_.summary
+    fails = [Finding("keys", "fail", f"k{i}", "fix") for i in range(3)] + [Finding("port", "fail", "p", "fix")]
+    assert render(fails).endswith("4 problem(s) would stop monitoring: keys (3), port")
 
 
 def test_a_user_sitecustomize_is_reported_as_chained(tmp_path: Path) -> None:
