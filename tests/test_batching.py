@@ -21,8 +21,9 @@ _LOOP = textwrap.dedent("""
     emb = torch.nn.Embedding(10, 4)
     opt = torch.optim.SGD([w, *emb.parameters()], lr=0.0)
     walls, last = [], None
-    end = time.perf_counter() + float(sys.argv[2])
-    while time.perf_counter() < end:
+    start = time.perf_counter()
+    # At least the seconds asked and 1,500 steps (a loaded machine runs a 1 ms step slower), at most 60 s.
+    while (time.perf_counter() - start < float(sys.argv[2]) or len(walls) < 1500) and time.perf_counter() - start < 60:
         t = time.perf_counter() + 0.001
         while time.perf_counter() < t:  # a 1 ms step, on the host
             pass
@@ -32,7 +33,7 @@ _LOOP = textwrap.dedent("""
         if last is not None:
             walls.append(now - last)
         last = now
-    json.dump({"steps": len(walls) + 1, "walls": walls}, open(sys.argv[1], "w"))
+    json.dump({"steps": len(walls) + 1, "walls": walls, "seconds": time.perf_counter() - start}, open(sys.argv[1], "w"))
 """)
 
 
@@ -44,7 +45,7 @@ def test_a_one_ms_loop_sends_about_ten_frames_a_second_and_loses_nothing(monitor
     before = monitor.snapshot().received
     run_s = 3.0
     proc = subprocess.run([sys.executable, str(script), str(truth_file), str(run_s)], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     truth = json.loads(truth_file.read_text())
     snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].status == "done", 10)
@@ -52,8 +53,8 @@ def test_a_one_ms_loop_sends_about_ten_frames_a_second_and_loses_nothing(monitor
     frames = snap.received - before
     # ~1/FLUSH_S step frames per second plus a hello every 2 s and the bye, for thousands of steps
     assert truth["steps"] > 1000
-    print(f"{truth['steps']} steps in {run_s} s -> {frames} frames")
-    assert frames <= 12 * (run_s + 1.5), frames
+    print(f"{truth['steps']} steps in {truth['seconds']:.1f} s -> {frames} frames")
+    assert frames <= 12 * (truth["seconds"] + 1.5), frames
     assert r.step == truth["steps"] and r.lost_messages == 0 and r.dropped_messages == 0
     assert r.tokens_per_step == 6
     hist = r.history.step_time_s  # the last steps the monitor keeps, one by one
