@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from textual.widgets import Label, Sparkline
 
 from flowtop.app import FlowtopApp
 from flowtop.replay import ReplaySource, synthetic_snapshot
-from flowtop.screens.rank_detail_screen import throttle_text
+from flowtop.screens.rank_detail_screen import RankDetailScreen, throttle_text
 from flowtop.snapshot import History, TelemetryView
+from flowtop.widgets.metric_sparkline import MetricSparkline
 from flowtop.widgets.rank_table import _short_host
 from flowtop.widgets.telemetry_panel import telemetry_text
 
@@ -54,15 +56,25 @@ def test_ip_hosts_are_not_cut() -> None:
 
 
 @pytest.mark.asyncio
-async def test_detail_screen_survives_non_finite_history() -> None:
+async def test_detail_screen_leaves_non_finite_history_points_out() -> None:
+    """Textual's Sparkline cannot draw NaN or inf: the detail screen draws the finite points and
+    states the latest and range over them only."""
     snap = synthetic_snapshot()
     job = snap.jobs[0]
-    bad = dataclasses.replace(job.ranks[0], history=History(steps=(1, 2), step_time_s=(0.1, float("nan")),
-                                                            mfu=(float("inf"), 0.4)))  # fmt: skip
+    bad = dataclasses.replace(job.ranks[0], history=History(steps=(1, 2, 3), step_time_s=(0.1, float("nan"), 0.2),
+                                                            mfu=(float("inf"), 0.4, float("-inf"))))  # fmt: skip
     snap = dataclasses.replace(snap, jobs=(dataclasses.replace(job, ranks=(bad, *job.ranks[1:])),))
     app = FlowtopApp(ReplaySource([snap], advance=False), refresh_s=0)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        await pilot.press("d")
+        await pilot.press("down", "d")  # rank 0 is the second row (worst first: rank 1 is behind)
         await pilot.pause()
-        assert app.screen.__class__.__name__ == "RankDetailScreen"
+        screen = app.screen
+        assert isinstance(screen, RankDetailScreen) and screen.rank == 0
+        step = screen.query_one("#spark-step", MetricSparkline)
+        assert list(step.query_one(Sparkline).data or []) == [0.1, 0.2]
+        assert str(step.query_one(".spark-value", Label).render()) == "200ms (100ms–200ms)"
+        mfu = screen.query_one("#spark-mfu", MetricSparkline)
+        assert list(mfu.query_one(Sparkline).data or []) == [0.4]
+        assert str(mfu.query_one(".spark-value", Label).render()) == "40.0% (40.0%–40.0%)"
+        assert mfu.query_one(Sparkline).display is True
