@@ -1,4 +1,5 @@
-"""Pilot tests of the Textual UI over a synthetic 2-rank stream (ReplaySource)."""
+"""Pilot tests of the Textual UI over a synthetic 2-rank stream (ReplaySource), its FLOP figures
+from flowtop.accounting (see _accounted) and checked against hand formulas."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import dataclasses
 
 import pytest
 
+from flowtop import accounting
 from flowtop.app import FlowtopApp, SnapshotSource
 from flowtop.replay import ReplaySource, synthetic_snapshot, synthetic_stream
-from flowtop.snapshot import History
+from flowtop.snapshot import History, MonitorSnapshot
 from textual.widgets import Label, Sparkline, Static
 
 from flowtop.screens.help_screen import HelpScreen
@@ -29,9 +31,36 @@ from flowtop.widgets.telemetry_panel import TelemetryPanel
 
 SIZE = (80, 24)
 
+# The synthetic job's inputs (flowtop/replay.py): per rank and step, 2.0e12 model FLOPs and
+# 1.12 x that executed over 4,096 tokens, bf16 against the H200's 989.4 TF/s dense peak; rank 0
+# steps in 4.0 ms, rank 1 in 4.6 ms. Its FLOP views are rebuilt below by flowtop.accounting from
+# a flops message with these figures (what the live monitor does), so the figures on screen are
+# the real accounting's; the expected ones are worked out by hand next to each assertion.
+MODEL, EXECUTED, PEAK, TOKENS = 2.0e12, 2.24e12, 989.4e12, 4096
+
+
+def _flops_message() -> dict[str, object]:
+    return {"step": 20, "model_flops": MODEL, "executed_flops": EXECUTED, "tokens": TOKENS,
+            "peak_flops": PEAK, "peak_source": "datasheet H200 SXM", "dtype": "bf16", "attention": "full",
+            "estimated_flops": MODEL * 0.97, "estimate_source": "6N+12LdT (PaLM)",
+            "uncounted": {"aten::_fused_rms_norm": 8}}  # fmt: skip
+
+
+def _accounted(snap: MonitorSnapshot) -> MonitorSnapshot:
+    """``snap`` with every rank's and job's FlopsView from flowtop.accounting, not replay's math."""
+    jobs = []
+    for job in snap.jobs:
+        ranks = tuple(
+            r if r.flops is None else dataclasses.replace(
+                r, flops=accounting.rank_flops(_flops_message(), r.step_time_s, tokens_per_s=r.tokens_per_s))
+            for r in job.ranks
+        )  # fmt: skip
+        jobs.append(dataclasses.replace(job, ranks=ranks, flops=accounting.job_flops([r.flops for r in ranks])))
+    return dataclasses.replace(snap, jobs=tuple(jobs))
+
 
 def _app(snaps: list | None = None) -> tuple[FlowtopApp, ReplaySource]:
-    source = ReplaySource(snaps or synthetic_stream(), advance=False)
+    source = ReplaySource([_accounted(s) for s in (snaps or synthetic_stream())], advance=False)
     return FlowtopApp(source, refresh_s=0), source
 
 
@@ -60,9 +89,15 @@ async def test_rows_appear_for_two_ranks_and_update() -> None:
         assert source.started
         table = app.screen.query_one(RankTable)
         assert table.row_count == 2
-        # Worst first: rank 1 (one step behind, lower MFU) above rank 0.
+        # Worst first: rank 1 (one step behind, lower MFU) above rank 0. By hand: tokens/s
+        # 4,096/4.6 ms = 890.4k and 4,096/4.0 ms = 1.024M; model FLOP/s 2e12/4,096 x tokens/s =
+        # 434.8T and 500.0T; MFU 434.8T/989.4T = 43.94 % and 500T/989.4T = 50.54 %; input wait
+        # 1.2 % and tensor activity 50 - 8 x rank are the replay's inputs.
         assert _cells(table, 0) == ["1", "gpu-node-00", "119", "1", "4.60ms", "1.2%", "890k", "435T", "43.9%", "42", "live"]
         assert _cells(table, 1) == ["0", "gpu-node-00", "120", "0", "4.00ms", "1.2%", "1.02M", "500T", "50.5%", "50", "live"]
+        shown = {r.rank: r.flops for r in app.latest.jobs[0].ranks}
+        assert shown[0].flops_per_s == pytest.approx(MODEL / 0.0040) and shown[0].mfu == pytest.approx(0.505357, abs=1e-6)
+        assert shown[1].flops_per_s == pytest.approx(MODEL / 0.0046) and shown[1].mfu == pytest.approx(0.439441, abs=1e-6)
         table.move_cursor(row=1)
         source.advance()
         app.refresh_snapshot()
@@ -87,10 +122,16 @@ async def test_header_states_mfu_conventions() -> None:
         snap = app.latest
         assert snap is not None
         text = JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain.splitlines()
+        # By hand (the job is the sum of its ranks, flowtop.accounting's convention): tokens/s
+        # 1.024M + 0.8904M = 1.914M; model FLOP/s 500.0T + 434.8T = 934.8T; executed x 1.12 =
+        # 1,047T; MFU 934.8T / (2 x 989.4T) = 47.24 %; HFU 1,047T / 1,978.8T = 52.91 %.
         assert text[0] == "job gpt-demo  ranks 2/2  step 119  running  rx 4,120"
-        assert text[1] == "step time 4.60ms  tokens/s 1.91M  model FLOP/s 870T  executed 974T"
-        assert text[2] == "MFU 43.9 % (model FLOPs, attn full, peak bf16 989TF/rank, datasheet H200 SXM)"
-        assert text[3].startswith("HFU 49.2 % (executed FLOPs")
+        assert text[1] == "step time 4.60ms  tokens/s 1.91M  model FLOP/s 935T  executed 1.05P"
+        assert text[2] == "MFU 47.2 % (model FLOPs, attn full, peak bf16 989TF/rank, datasheet H200 SXM)"
+        assert text[3].startswith("HFU 52.9 % (executed FLOPs")
+        job = snap.jobs[0].flops
+        assert job.flops_per_s == pytest.approx(MODEL / 0.0040 + MODEL / 0.0046)
+        assert job.mfu == pytest.approx(0.472399, abs=1e-6) and job.hfu == pytest.approx(0.529087, abs=1e-6)
 
 
 @pytest.mark.asyncio
@@ -231,7 +272,9 @@ async def test_kernel_screen_sorts_and_shows_window() -> None:
         assert isinstance(screen, KernelScreen)
         view = screen.view
         assert view is not None and view.device == "cuda" and view.window == 12
-        # Default: window time, largest first (aggregate's synthetic rank-1 window).
+        # Default: window time, largest first, from flowtop.kernels.aggregate over the synthetic
+        # rank-1 window: the big GEMM 4 x 62 + 4 x 118 = 720 µs, two all-reduces 2 x 340 = 680 µs,
+        # flash backward (1.5x slower on rank 1) 4 x 96 x 1.5 = 576 µs.
         assert [r.total_us for r in screen.query_one(KernelTable).order][:3] == [720.0, 680.0, 576.0]
         await pilot.press("2")  # calls
         await pilot.pause()
@@ -303,7 +346,7 @@ async def test_rank_detail_sparklines_and_throttle() -> None:
         assert "nvlink_tx_bytes_s n/a (GPM metric not supported on this device)" in telemetry
         assert "tensor_active     42%" in telemetry
         flops = str(screen.query_one(FlopsPanel).render())
-        assert "count/est.  1.031" in flops
+        assert "count/est.  1.031" in flops  # counted 2e12 / estimated 0.97 x 2e12 = 1/0.97
         assert "uncounted   aten::_fused_rms_norm ×8" in flops
 
 
