@@ -84,7 +84,7 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
         if not cfg.enabled:
             return False
         if args.addr is not None:
-            cfg = config.from_env({**os.environ, "FLOWTOP_ADDR": args.addr})
+            cfg = config.from_env({**os.environ, config.ADDR.name: args.addr})
         if not _fork_hook_installed:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _fork_hook_installed = True

@@ -1,44 +1,30 @@
-"""Probe configuration from ``FLOWTOP_*`` environment variables (documented in README).
+"""Probe configuration: every environment variable the probe reads (or sets), in one place.
 
-Parsing never raises into training: a bad value is reported once and the default
-is used instead.
+Each variable is a :class:`Var` record: its name, the kind of value it takes, its default and a
+one-line description. :func:`from_env` reads them all into a :class:`ProbeConfig`; the few
+modules that need one value on its own (``identity``: the job id, ``peaks``: the peak override)
+call that variable's :meth:`Var.read`. No other probe module names a ``FLOWTOP_*`` variable
+(``tests/test_config_tables.py`` checks it), except the bootstrap ``sitecustomize``, which must
+decide whether to hook ``torch.optim`` before anything of the probe is imported.
+
+Parsing never raises into training: a bad value is reported once on stderr and the default is
+used instead. README's "Probe configuration" table is :func:`markdown_table` (a test compares them).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 from probe._log import warn_once
 from probe.wire import DEFAULT_ADDR
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """Everything the probe can be told; defaults suit a monitor on the same host."""
-
-    enabled: bool = True
-    addr: str = DEFAULT_ADDR  # FLOWTOP_ADDR: where the monitor's SUB is bound
-    queue_size: int = 10_000  # FLOWTOP_QUEUE: bounded deque, oldest dropped
-    flush_s: float = 0.1  # FLOWTOP_FLUSH_S: step records wait at most this long, one frame each
-    flops: bool = True  # FLOWTOP_FLOPS: sampled FLOP counting
-    attention: str = "full"  # FLOWTOP_ATTENTION: full | causal
-    recheck_steps: int = 500  # FLOWTOP_RECHECK_STEPS: periodic re-count
-    flops_budget: float | None = None  # FLOWTOP_FLOPS_BUDGET: share of time counting may cost
-    kernels: bool = True  # FLOWTOP_KERNELS: sampled profiler windows
-    kernels_min_steps: int = 10  # FLOWTOP_KERNELS_MIN_STEPS: fewest steps between windows
-    kernels_max_s: float = 600.0  # FLOWTOP_KERNELS_MAX_S: a window at least this often (s)
-    telemetry: bool = True  # FLOWTOP_TELEMETRY: NVML + psutil on the sender thread
-    telemetry_interval_s: float = 1.0  # FLOWTOP_TELEMETRY_INTERVAL (>= 1 s)
-    flops_per_token: float | None = None  # FLOWTOP_FLOPS_PER_TOKEN: explicit estimate
-    nvtx: bool = False  # FLOWTOP_NVTX: NVTX range per step (flowtop calibrate)
-    calibrate_out: str | None = None  # FLOWTOP_CALIBRATE_OUT: JSON lines per step
-    job: str | None = None  # FLOWTOP_JOB: explicit job id
-    curve_dir: str | None = None  # FLOWTOP_CURVE_DIR: CURVE keys (flowtop keys DIR)
-    bye_on_sigterm: bool = True  # FLOWTOP_BYE_ON_SIGTERM: say bye "SIGTERM" before dying of it
+#: Spellings of "on" for boolean variables (any case); "off" is 0, false, no, off.
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def _parse(env: Mapping[str, str], name: str, conv: Callable[[str], T], default: T) -> T:
@@ -52,11 +38,15 @@ def _parse(env: Mapping[str, str], name: str, conv: Callable[[str], T], default:
         return default
 
 
+def _text(raw: str) -> str | None:
+    return raw
+
+
 def _bool(raw: str) -> bool:
     low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
+    if low in TRUE_WORDS:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in FALSE_WORDS:
         return False
     raise ValueError("expected 1/0, true/false, yes/no or on/off")
 
@@ -101,32 +91,167 @@ def _addr(raw: str) -> str:
     return raw
 
 
+@dataclass(frozen=True)
+class Var(Generic[T]):
+    """One environment variable: name, kind of value, default, and what it does (one line)."""
+
+    name: str
+    type: str  # the kind of value, as the README table shows it
+    default: T
+    doc: str
+    parse: Callable[[str], T]
+    shown_default: str = ""  # the table's default when the value alone does not say it
+    owner: str = ""  # "Kineto's": a variable of torch's profiler that the probe sets, never reads
+
+    def read(self, env: Mapping[str, str] | None = None) -> T:
+        """The value in ``env`` (default ``os.environ``); unset or empty gives the default, and a
+        bad value is reported once and gives the default too."""
+        return _parse(os.environ if env is None else env, self.name, self.parse, self.default)
+
+    def set_default(self, value: str, env: MutableMapping[str, str] | None = None) -> None:
+        """Set the variable unless the user already did (their setting wins)."""
+        (os.environ if env is None else env).setdefault(self.name, value)
+
+
+def _on(default: bool) -> str:
+    return "`1`" if default else "`0`"
+
+
+ADDR = Var("FLOWTOP_ADDR", "address", DEFAULT_ADDR, "monitor address (probe connects, monitor binds)", _addr)
+DISABLE = Var("FLOWTOP_DISABLE", "bool", False, "`1` turns the probe off", _bool)
+JOB = Var("FLOWTOP_JOB", "text", None, "job id (else `MASTER_ADDR:PORT`, Slurm job.step, else `host:pid`)", _text,
+          shown_default="torchrun run id")
+QUEUE = Var("FLOWTOP_QUEUE", "integer > 0", 10_000, "bounded queue length; oldest dropped and counted", _positive_int)
+FLUSH_S = Var("FLOWTOP_FLUSH_S", "seconds (≤ 10)", 0.1,
+              "step records wait at most this long and leave together as one frame (wire 1.2 `steps`), so a "
+              "rank sends ~10 frames/s whatever its step rate; FLOP counts, kernel windows and byes go at once",
+              _positive_float)
+FLOPS = Var("FLOWTOP_FLOPS", "bool", True, "sampled FLOP counting", _bool)
+ATTENTION = Var("FLOWTOP_ATTENTION", "`full` or `causal`", "full", "attention FLOP convention: `full` or `causal`",
+                _attention)
+RECHECK_STEPS = Var("FLOWTOP_RECHECK_STEPS", "integer ≥ 0", 500, "periodic re-count interval in steps (`0`: off)",
+                    _non_negative_int)
+FLOPS_BUDGET: Var[float | None] = Var(
+    "FLOWTOP_FLOPS_BUDGET", "share > 0", None, "share of time FLOP counting may cost (steps ≥100 ms / smaller)",
+    _fraction, shown_default="0.005 / 0.02")
+FLOPS_PER_TOKEN: Var[float | None] = Var(
+    "FLOWTOP_FLOPS_PER_TOKEN", "FLOPs > 0", None, "explicit model-FLOPs-per-token estimate", _positive_float)
+PEAK_TFLOPS = Var(
+    "FLOWTOP_PEAK_TFLOPS", "TFLOP/s, or dtype=TFLOP/s,…", None,
+    "dense peak per rank (TFLOP/s), overrides the table; or per dtype, `bf16=989.4,fp8=1978.9` (dtypes not named "
+    "keep the table's figure); a malformed value gives no MFU and says why (`probe.peaks`)", _text)
+KERNELS = Var("FLOWTOP_KERNELS", "bool", True, "sampled profiler windows", _bool)
+KERNELS_MIN_STEPS = Var("FLOWTOP_KERNELS_MIN_STEPS", "integer > 0", 10, "fewest steps between two scheduled windows",
+                        _positive_int)
+KERNELS_MAX_S = Var("FLOWTOP_KERNELS_MAX_S", "seconds > 0", 600.0,
+                    "a window at least this often (seconds), budget permitting", _positive_float, shown_default="`600`")
+TELEMETRY = Var("FLOWTOP_TELEMETRY", "bool", True, "NVML/GPM + psutil on the sender thread", _bool)
+TELEMETRY_INTERVAL = Var("FLOWTOP_TELEMETRY_INTERVAL", "seconds (≥ 1)", 1.0,
+                         "seconds between telemetry samples (≥ 1)", _positive_float, shown_default="`1`")
+NVTX = Var("FLOWTOP_NVTX", "bool", False, "NVTX range `flowtop_step_<k>` per step (set by `calibrate`)", _bool)
+CALIBRATE_OUT = Var("FLOWTOP_CALIBRATE_OUT", "path", None, "JSON lines of per-step FLOPs (set by `calibrate`)", _text)
+CURVE_DIR = Var("FLOWTOP_CURVE_DIR", "directory", None, "CURVE keys of a monitor started with `--curve-dir`", _text)
+BYE_ON_SIGTERM = Var(
+    "FLOWTOP_BYE_ON_SIGTERM", "bool", True,
+    "on SIGTERM (where no handler and no signal wakeup fd are installed) say bye `SIGTERM`, then die of it as "
+    "promptly and with the same status as without the probe: the probe's sender thread sees the signal (Python's "
+    "wakeup fd), so a rank hung in C (a collective) dies within ~0.5 s too; `0` leaves SIGTERM alone", _bool)
+CONTROL_ADDR = Var("FLOWTOP_CONTROL_ADDR", "address", None,
+                   "ignored (said once): the monitor's commands travel on the `FLOWTOP_ADDR` connection", _text)
+KINETO_LOG_LEVEL = Var("KINETO_LOG_LEVEL", "integer", None,
+                       "keeps Kineto's `USDT` lines out of the training's stderr", _text,
+                       shown_default="`6` from the first window", owner="Kineto's")
+TEARDOWN_CUPTI = Var("TEARDOWN_CUPTI", "bool", None,
+                     "CUPTI detaches after each window; `0` keeps it attached (later steps pay per launch)", _text,
+                     shown_default="`1` from the first CUDA window (CUDA ≥ 12.6)", owner="Kineto's")
+
+#: Every variable, in the README table's order.
+VARIABLES: tuple[Var[Any], ...] = (
+    ADDR, DISABLE, JOB, QUEUE, FLUSH_S, FLOPS, ATTENTION, RECHECK_STEPS, FLOPS_BUDGET, FLOPS_PER_TOKEN, PEAK_TFLOPS,
+    KERNELS, KERNELS_MIN_STEPS, KERNELS_MAX_S, TELEMETRY, TELEMETRY_INTERVAL, NVTX, CALIBRATE_OUT, CURVE_DIR,
+    BYE_ON_SIGTERM, CONTROL_ADDR, KINETO_LOG_LEVEL, TEARDOWN_CUPTI,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything the probe can be told; defaults suit a monitor on the same host."""
+
+    enabled: bool = not DISABLE.default
+    addr: str = ADDR.default
+    queue_size: int = QUEUE.default
+    flush_s: float = FLUSH_S.default
+    flops: bool = FLOPS.default
+    attention: str = ATTENTION.default
+    recheck_steps: int = RECHECK_STEPS.default
+    flops_budget: float | None = FLOPS_BUDGET.default  # None: 0.5 % of large steps, 2 % of small ones
+    kernels: bool = KERNELS.default
+    kernels_min_steps: int = KERNELS_MIN_STEPS.default
+    kernels_max_s: float = KERNELS_MAX_S.default
+    telemetry: bool = TELEMETRY.default
+    telemetry_interval_s: float = TELEMETRY_INTERVAL.default
+    flops_per_token: float | None = FLOPS_PER_TOKEN.default
+    nvtx: bool = NVTX.default
+    calibrate_out: str | None = CALIBRATE_OUT.default
+    job: str | None = JOB.default
+    curve_dir: str | None = CURVE_DIR.default
+    bye_on_sigterm: bool = BYE_ON_SIGTERM.default
+
+
 def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
     """Read the configuration from ``env`` (default ``os.environ``)."""
     e = os.environ if env is None else env
-    d = ProbeConfig()
-    addr = _parse(e, "FLOWTOP_ADDR", _addr, d.addr)
-    if e.get("FLOWTOP_CONTROL_ADDR"):
-        warn_once("env:FLOWTOP_CONTROL_ADDR", "FLOWTOP_CONTROL_ADDR is ignored: the monitor's commands "
-                  "now travel on the data connection (FLOWTOP_ADDR)")
+    addr = ADDR.read(e)
+    if e.get(CONTROL_ADDR.name):
+        warn_once(f"env:{CONTROL_ADDR.name}", f"{CONTROL_ADDR.name} is ignored: the monitor's commands "
+                  f"now travel on the data connection ({ADDR.name})")
     return ProbeConfig(
-        enabled=not _parse(e, "FLOWTOP_DISABLE", _bool, False),
+        enabled=not DISABLE.read(e),
         addr=addr,
-        queue_size=_parse(e, "FLOWTOP_QUEUE", _positive_int, d.queue_size),
-        flush_s=min(10.0, _parse(e, "FLOWTOP_FLUSH_S", _positive_float, d.flush_s)),
-        flops=_parse(e, "FLOWTOP_FLOPS", _bool, d.flops),
-        attention=_parse(e, "FLOWTOP_ATTENTION", _attention, d.attention),
-        recheck_steps=_parse(e, "FLOWTOP_RECHECK_STEPS", _non_negative_int, d.recheck_steps),
-        flops_budget=_parse(e, "FLOWTOP_FLOPS_BUDGET", _fraction, None),  # type: ignore[arg-type]
-        kernels=_parse(e, "FLOWTOP_KERNELS", _bool, d.kernels),
-        kernels_min_steps=_parse(e, "FLOWTOP_KERNELS_MIN_STEPS", _positive_int, d.kernels_min_steps),
-        kernels_max_s=_parse(e, "FLOWTOP_KERNELS_MAX_S", _positive_float, d.kernels_max_s),
-        telemetry=_parse(e, "FLOWTOP_TELEMETRY", _bool, d.telemetry),
-        telemetry_interval_s=max(1.0, _parse(e, "FLOWTOP_TELEMETRY_INTERVAL", _positive_float, 1.0)),
-        flops_per_token=_parse(e, "FLOWTOP_FLOPS_PER_TOKEN", _positive_float, None),  # type: ignore[arg-type]
-        nvtx=_parse(e, "FLOWTOP_NVTX", _bool, False),
-        calibrate_out=e.get("FLOWTOP_CALIBRATE_OUT") or None,
-        job=e.get("FLOWTOP_JOB") or None,
-        curve_dir=e.get("FLOWTOP_CURVE_DIR") or None,
-        bye_on_sigterm=_parse(e, "FLOWTOP_BYE_ON_SIGTERM", _bool, d.bye_on_sigterm),
+        queue_size=QUEUE.read(e),
+        flush_s=min(10.0, FLUSH_S.read(e)),
+        flops=FLOPS.read(e),
+        attention=ATTENTION.read(e),
+        recheck_steps=RECHECK_STEPS.read(e),
+        flops_budget=FLOPS_BUDGET.read(e),
+        kernels=KERNELS.read(e),
+        kernels_min_steps=KERNELS_MIN_STEPS.read(e),
+        kernels_max_s=KERNELS_MAX_S.read(e),
+        telemetry=TELEMETRY.read(e),
+        telemetry_interval_s=max(1.0, TELEMETRY_INTERVAL.read(e)),  # NVML and psutil at most once a second
+        flops_per_token=FLOPS_PER_TOKEN.read(e),
+        nvtx=NVTX.read(e),
+        calibrate_out=CALIBRATE_OUT.read(e),
+        job=JOB.read(e),
+        curve_dir=CURVE_DIR.read(e),
+        bye_on_sigterm=BYE_ON_SIGTERM.read(e),
     )
+
+
+def disable_in_children(env: MutableMapping[str, str] | None = None) -> None:
+    """Turn the probe off for every process this one starts from now on (a forked DataLoader
+    worker's own children never attach)."""
+    (os.environ if env is None else env)[DISABLE.name] = "1"
+
+
+def _shown_default(v: Var[Any]) -> str:
+    if v.shown_default:
+        return v.shown_default
+    if isinstance(v.default, bool):
+        return _on(v.default)
+    if v.default is None:
+        return "—"
+    return f"`{v.default}`"
+
+
+def markdown_table(variables: tuple[Var[Any], ...] = VARIABLES) -> str:
+    """README's "Probe configuration (environment)" table (``python -m probe.config`` prints it)."""
+    lines = ["| variable | value | default | meaning |", "|---|---|---|---|"]
+    for v in variables:
+        name = f"`{v.name}`" + (f" ({v.owner})" if v.owner else "")
+        lines.append(f"| {name} | {v.type} | {_shown_default(v)} | {v.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

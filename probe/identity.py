@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from probe import config
 from probe.wire import RankKey
 
 
@@ -115,7 +116,7 @@ def from_env(
     )
     run_id = e.get("TORCHELASTIC_RUN_ID", "")
     if job is None:
-        job = e.get("FLOWTOP_JOB") or None
+        job = config.JOB.read(e)
     if job is None and run_id and run_id.lower() != "none":
         job = run_id
     if job is None and e.get("MASTER_ADDR") and e.get("MASTER_PORT"):

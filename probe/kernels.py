@@ -19,11 +19,10 @@ once and switches the sampler off.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
-from probe import heap
+from probe import config, heap
 from probe._log import warn_once
 from probe.kernel_schedule import WindowScheduler
 from probe.wire import (
@@ -293,10 +292,10 @@ class KernelWindowSampler:
                 # attached CUPTI taxes every later kernel launch (on an H200, launch-bound steps
                 # stayed 1.33-1.36x slower after one window; bench/cupti_teardown.py). A user's
                 # own setting wins.
-                os.environ.setdefault("TEARDOWN_CUPTI", "1")
+                config.TEARDOWN_CUPTI.set_default("1")
             # Kineto prints "USDT ... profiler_start/stop" on stderr for every session unless its
             # log level is above its USDT level (5); the training's log is not ours to fill.
-            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+            config.KINETO_LOG_LEVEL.set_default("6")
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             prof = profile(activities=activities, record_shapes=True)
             self._rss_begin = rss = heap.rss_bytes()

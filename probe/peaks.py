@@ -18,7 +18,9 @@ import os
 import re
 from dataclasses import dataclass
 
-ENV_PEAK = "FLOWTOP_PEAK_TFLOPS"
+from probe import config
+
+ENV_PEAK = config.PEAK_TFLOPS.name
 _MAX_PLAUSIBLE_TFLOPS = 100_000.0  # above this the user almost surely gave FLOP/s
 
 
@@ -156,8 +158,8 @@ def peak_override(environ: dict[str, str] | None = None, dtype: str | None = Non
     The value is one number (every dtype) or ``dtype=TFLOPS`` pairs separated by commas
     (``bf16=989.4,fp32=66.9``): ``dtype`` picks its pair (None when the list does not name
     it). Raises ValueError for a malformed value (a configuration error, reported at start-up)."""
-    value = (os.environ if environ is None else environ).get(ENV_PEAK, "")
-    if not value.strip():
+    value = config.PEAK_TFLOPS.read(environ)
+    if value is None or not value.strip():
         return None
     try:
         if "=" not in value:

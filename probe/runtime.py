@@ -8,7 +8,6 @@ logs once and disables that feature — training goes on untouched.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 from collections import deque
@@ -419,4 +418,4 @@ class Probe:
         self.tracker.uninstall()
         self.publisher.abandon()
         self._started = True  # never start a sender in the child
-        os.environ["FLOWTOP_DISABLE"] = "1"
+        config_mod.disable_in_children()

@@ -73,7 +73,9 @@ try:
         except Exception:
             pass
 
-    if os.environ.get("FLOWTOP_DISABLE", "") not in ("1", "true", "yes", "on"):
+    # probe.config.DISABLE, read here without importing the probe: this runs at the start of
+    # every interpreter of the job (a test keeps these spellings equal to config.TRUE_WORDS).
+    if os.environ.get("FLOWTOP_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
         if "torch.optim" in sys.modules:
             _attach_on_first_optimizer(sys.modules["torch.optim"])
         else:
