@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -65,8 +66,26 @@ def parse_hostport(raw: str) -> HostPort:
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went silent (REQUEST_TIMEOUT_S) or away is its own business: no
+        traceback on the monitor's stderr (socketserver prints one by default); anything else
+        is one line."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # timeouts, resets, broken pipes
+            return
+        print(f"flowtop: metrics request from {client_address[0]} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+
+
+#: Seconds a connection may stay silent before its request line and headers are in. Each
+#: connection holds a thread: without a bound, clients that connect and send nothing (a port
+#: scanner, a half-open load balancer probe) would pile threads up on the monitor for ever.
+REQUEST_TIMEOUT_S = 10.0
+
 
 class _Quiet(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S  # socketserver.StreamRequestHandler: settimeout on the connection
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         """No access log on stderr."""
 
