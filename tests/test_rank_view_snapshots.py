@@ -1,7 +1,7 @@
 """Golden screens of the rank view at 4,096 synthetic ranks, 80x24 and 200x50.
 
-Same mechanism and policy as tests/test_tui_snapshots.py (text always, SVG only with the
-Textual and Rich versions the goldens were recorded with); regenerate with
+Same mechanism and policy as tests/test_tui_snapshots.py (text and SVG; any Textual or Rich
+other than the pinned ones the goldens were recorded with fails); regenerate with
 ``FLOWTOP_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_rank_view_snapshots.py``.
 """
 
@@ -12,7 +12,7 @@ import pytest
 from flowtop.app import FlowtopApp
 from flowtop.replay import ReplaySource
 from flowtop.synthetic_cluster import cluster_snapshot
-from test_tui_snapshots import GOLDEN, SCREENSHOTS, UPDATE, VERSIONS, normalise_svg, screen_text
+from test_tui_snapshots import GOLDEN, SCREENSHOTS, UPDATE, VERSIONS, normalise_svg, require_golden_versions, screen_text
 
 # name -> (terminal size, keys pressed on the main screen before the capture)
 SCENARIOS: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {
@@ -40,8 +40,7 @@ async def test_rank_view_matches_golden(name: str) -> None:
         txt_path.write_text(text, encoding="utf-8")
         svg_path.write_text(svg, encoding="utf-8")
         (SCREENSHOTS / f"{name}.svg").write_text(svg, encoding="utf-8")
+        versions_path.write_text(VERSIONS + "\n", encoding="utf-8")
     assert text == txt_path.read_text(encoding="utf-8"), f"{name}: screen text changed (see module docstring)"
-    recorded = versions_path.read_text(encoding="utf-8").strip()
-    if recorded != VERSIONS:
-        pytest.skip(f"SVG golden recorded with {recorded}, running {VERSIONS}; text compared only")
+    require_golden_versions(name)
     assert normalise_svg(svg) == normalise_svg(svg_path.read_text(encoding="utf-8")), f"{name}: SVG changed"

@@ -6,9 +6,10 @@ screenshots/ for the README. Regenerate both after an intended change with::
     FLOWTOP_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_tui_snapshots.py
 
 The text golden is the screen's characters (no colours), so it is stable across terminals and
-font metrics; the SVG adds colours and is compared only with the Textual and Rich versions it
-was recorded with (their SVG writers change between releases), with Rich's content-hash ids
-normalised.
+font metrics; the SVG adds colours, with Rich's content-hash ids normalised. Textual's and Rich's
+SVG writers change between releases, so pyproject.toml pins both exactly and
+tests/snapshots/VERSIONS records the versions the goldens were drawn with: any other version
+fails (it is never skipped), saying how to regenerate.
 """
 
 from __future__ import annotations
@@ -50,6 +51,19 @@ def screen_text(app: FlowtopApp) -> str:
                       color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def require_golden_versions(name: str) -> None:
+    """Fail unless the running Textual and Rich are those the SVG goldens were recorded with."""
+    recorded = (GOLDEN / "VERSIONS").read_text(encoding="utf-8").strip()
+    if recorded != VERSIONS:
+        pytest.fail(
+            f"{name}: SVG goldens were recorded with {recorded}, running {VERSIONS}. Install the pinned "
+            "versions (pip install -e .), or after an intended upgrade change the pins in pyproject.toml, "
+            "regenerate with FLOWTOP_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_tui_snapshots.py "
+            "tests/test_rank_view_snapshots.py and review the diff.",
+            pytrace=False,
+        )
 
 
 def normalise_svg(svg: str) -> str:
@@ -101,9 +115,7 @@ async def test_screen_matches_golden(name: str) -> None:
         (SCREENSHOTS / f"{name}.svg").write_text(svg, encoding="utf-8")
         versions_path.write_text(VERSIONS + "\n", encoding="utf-8")
     assert text == txt_path.read_text(encoding="utf-8"), f"{name}: screen text changed (see module docstring)"
-    recorded = versions_path.read_text(encoding="utf-8").strip()
-    if recorded != VERSIONS:
-        pytest.skip(f"SVG golden recorded with {recorded}, running {VERSIONS}; text compared only")
+    require_golden_versions(name)
     assert normalise_svg(svg) == normalise_svg(svg_path.read_text(encoding="utf-8")), f"{name}: SVG changed"
 
 
@@ -114,3 +126,14 @@ async def test_capture_is_deterministic() -> None:
     assert first[0] == second[0]
     assert normalise_svg(first[1]) == normalise_svg(second[1])
     assert "GPU kernels · rank 1" in first[0]
+
+
+def test_goldens_versions_are_the_ones_pyproject_pins() -> None:
+    """The project declares exactly the Textual and Rich that drew the goldens (no range a user
+    could install and then see different screens)."""
+    import tomllib
+
+    deps = tomllib.loads((HERE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    pins = {d.split("==")[0]: d.split("==")[1] for d in deps if d.split("==")[0] in ("textual", "rich")}
+    recorded = (GOLDEN / "VERSIONS").read_text(encoding="utf-8").strip()
+    assert recorded == f"textual {pins.get('textual')}, rich {pins.get('rich')}", (recorded, deps)
