@@ -20,13 +20,17 @@ from flowtop.kernels.trace import TraceError, load_trace
 
 SORT_KEYS = ("time", "calls", "mean", "tflops")
 DEFAULT_TOP = 20
+DESCRIPTION = "Kernel top list and step anatomy of a torch.profiler Chrome trace."
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="flowtop analyze",
-        description="Kernel top list and step anatomy of a torch.profiler Chrome trace.",
-    )
+    ap = argparse.ArgumentParser(prog="flowtop analyze", description=DESCRIPTION)
+    add_arguments(ap)
+    return ap
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``flowtop analyze`` (also the ``analyze`` subcommand of ``flowtop.cli``)."""
     ap.add_argument("trace", help="Chrome trace exported by torch.profiler (.json or .json.gz)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--top", type=int, default=None, metavar="N",
@@ -35,7 +39,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--step-ms", type=float, default=None, metavar="MS",
                     help="the step's wall time WITHOUT the profiler (it stretches host time): busy %% is also "
                          "given against it")
-    return ap
 
 
 def sort_kernels(kernels: tuple[KernelStat, ...], key: str) -> list[KernelStat]:
@@ -115,6 +118,11 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage or help
         return int(exc.code or 0)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``flowtop analyze`` with parsed arguments (:func:`add_arguments`); returns the exit status."""
     if args.step_ms is not None and not 0 < args.step_ms < float("inf"):
         print("flowtop analyze: --step-ms must be a positive number", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
+from flowtop import settings
 from flowtop.datathread import DataSource, DataThread, Delivery
 from flowtop.screens.help_screen import HelpScreen
 from flowtop.screens.main_screen import MainScreen
@@ -128,7 +129,7 @@ class FlowtopApp(App[None]):
         import os
         import time
 
-        directory = os.environ.get("FLOWTOP_SCREENSHOT_DIR") or os.getcwd()
+        directory = settings.SCREENSHOT_DIR.read() or os.getcwd()
         stem = f"flowtop-{time.strftime('%Y%m%d-%H%M%S')}-{type(self.screen).__name__}"
         name, n = f"{stem}.svg", 1
         while os.path.exists(os.path.join(directory, name)):

@@ -9,8 +9,8 @@ Contract with the probe (set in the command's environment):
 - ``FLOWTOP_NVTX=1``: wrap each training step ``k`` in an NVTX range named
   ``f"{NVTX_STEP_PREFIX}{k}"`` (k = the probe's step number; the first step is 1 and has no
   range, as it starts before the probe has seen a step boundary).
-- ``FLOWTOP_CALIBRATE_STEPS="5,6,7"``: the steps being calibrated (informational: a probe may
-  count FLOPs on exactly these; lines for other steps are ignored).
+- ``FLOWTOP_CALIBRATE_STEPS="5,6,7"``: the steps being calibrated, for the training's own use
+  (the probe does not read it; its lines for other steps are ignored here).
 - ``FLOWTOP_KERNELS=0``: no torch.profiler windows (two CUPTI clients would disturb each other).
 - ``FLOWTOP_CALIBRATE_OUT=<path>``: append one JSON line per counted step,
   ``{"step": k, "executed_flops": ..., "model_flops": ...}`` (several ranks may append to one file;
@@ -36,14 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from flowtop import settings
 from flowtop.calibrate_report import (  # noqa: F401  (re-exported: the report's public names)
     ENV_OUT, NVTX_STEP_PREFIX, ProbeRecord, StepComparison, report_notes, compare_steps, format_flops,
     kernel_step, read_probe_records, render_report)
 from flowtop.ncu import (FP_METRICS, TENSOR_METRICS, NcuParseError, parse_query_metrics,
                          parse_raw_csv, usable_metrics)
 
-ENV_NVTX = "FLOWTOP_NVTX"
-ENV_STEPS = "FLOWTOP_CALIBRATE_STEPS"
+ENV_NVTX = settings.PROBE_NVTX.name
+ENV_STEPS = settings.CALIBRATE_STEPS.name
 EXIT_OK, EXIT_USAGE, EXIT_NO_TOOLS, EXIT_FAILED = 0, 2, 3, 4
 METRICS: tuple[str, ...] = TENSOR_METRICS + FP_METRICS + ("gpu__time_duration.sum",)
 
@@ -63,10 +64,17 @@ class CalibrateOptions:
 
 
 # ------------------------------------------------------------------ command line
+DESCRIPTION = "Compare the probe's FLOP count with Nsight Compute's hardware counters."
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="flowtop calibrate",
-        description="Compare the probe's FLOP count with Nsight Compute's hardware counters.")
+    p = argparse.ArgumentParser(prog="flowtop calibrate", description=DESCRIPTION)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``flowtop calibrate`` (also the ``calibrate`` subcommand of ``flowtop.cli``)."""
     p.add_argument("--steps", type=int, default=3, help="steps to profile (default 3)")
     p.add_argument("--skip", type=int, default=5,
                    help="first profiled step number (the first step is 1); earlier steps warm up "
@@ -75,7 +83,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--export", default=None,
                    help="keep the Nsight Compute report at this path (.ncu-rep is appended)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    return p
 
 
 def parse_args(argv: Sequence[str]) -> CalibrateOptions:
@@ -89,10 +96,16 @@ def parse_args(argv: Sequence[str]) -> CalibrateOptions:
     else:
         ns = parser.parse_args(argv)
         command = list(ns.command)
+    return options(ns, command, parser.error)
+
+
+def options(ns: argparse.Namespace, command: Sequence[str], error: Callable[[str], Any]) -> CalibrateOptions:
+    """The parsed options (:func:`add_arguments`) with CMD; ``error`` (the parser's) reports a
+    usage error and exits 2."""
     if not command:
-        parser.error("no command given: flowtop calibrate [options] -- CMD ARGS...")
+        error("no command given: flowtop calibrate [options] -- CMD ARGS...")
     if ns.steps < 1 or ns.skip < 2:
-        parser.error("--steps must be >= 1 and --skip >= 2 (step 1 has no NVTX range)")
+        error("--steps must be >= 1 and --skip >= 2 (step 1 has no NVTX range)")
     return CalibrateOptions(steps=ns.steps, skip=ns.skip, ncu=ns.ncu, export=ns.export,
                             command=tuple(command))
 
@@ -129,7 +142,7 @@ def build_env(base: Mapping[str, str], out_path: str, steps: Iterable[int]) -> d
     env[ENV_STEPS] = ",".join(str(k) for k in steps)
     # Kernel windows would start torch.profiler, whose CUPTI session competes with the one
     # ncu injects (and would profile the profiler's own buffer flushes).
-    env["FLOWTOP_KERNELS"] = "0"
+    settings.PROBE_KERNELS.put(env, "0")
     return env
 
 

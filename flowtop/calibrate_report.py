@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flowtop import settings
 from flowtop.format import fmt_sig
 from flowtop.ncu import NcuKernel
 
 NVTX_STEP_PREFIX = "flowtop_step_"
-ENV_OUT = "FLOWTOP_CALIBRATE_OUT"
+ENV_OUT = settings.PROBE_CALIBRATE_OUT.name
 _STEP_RE = re.compile(re.escape(NVTX_STEP_PREFIX) + r"(\d+)$")
 
 

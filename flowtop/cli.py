@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from flowtop import settings
 from probe import wire
 
 SUBCOMMANDS = ("top", "serve", "run", "relay", "snapshot", "replay", "demo", "keys", "doctor", "analyze", "calibrate")
@@ -73,8 +74,8 @@ def version_text() -> str:
 
 
 def _monitor_args(p: argparse.ArgumentParser) -> None:
-    default = os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
-    p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env FLOWTOP_ADDR)")
+    default = settings.ADDR.read()
+    p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env {settings.ADDR.name})")
     p.add_argument("--insecure-bind", action="store_true", help="allow binding a non-loopback address without authentication")
     p.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys (flowtop keys DIR): encrypted, only admitted probes")
     p.add_argument("--peak-tflops", type=_positive_float, default=None, help="dense peak per rank in TFLOP/s (overrides the table)")
@@ -82,7 +83,7 @@ def _monitor_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand except analyze/calibrate (which own theirs)."""
+    """The argument parser of every subcommand (analyze's and calibrate's options come from their modules)."""
     ap = argparse.ArgumentParser(prog="flowtop", description="top for deep-learning training FLOPs")
     ap.add_argument("--version", action="version", version=version_text())
     sub = ap.add_subparsers(dest="cmd")
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     _monitor_args(serve)
     _prometheus_args(serve, "127.0.0.1:9759")
     run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
-    run.add_argument("--connect", default=None, help="monitor address the probe connects to (env FLOWTOP_ADDR)")
+    run.add_argument("--connect", default=None, help=f"monitor address the probe connects to (env {settings.ADDR.name})")
     run.add_argument("--job", default=None, help="job id (default: from torchrun's environment)")
     run.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
     run.add_argument("--relay", choices=("auto", "on", "off"), default="auto",
@@ -103,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     relay = sub.add_parser("relay", help="node relay: this node's ranks connect to it, it to the monitor")
     relay.add_argument("--listen", default=None, help="where the ranks connect: ipc:///PATH or tcp://127.0.0.1:PORT "
                        "(default: the node's well-known ipc path for --connect, which flowtop run --relay uses)")
-    relay.add_argument("--connect", default=os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR),
-                       help="the monitor (tcp://HOST:PORT; env FLOWTOP_ADDR)")
+    relay.add_argument("--connect", default=settings.ADDR.read(),
+                       help=f"the monitor (tcp://HOST:PORT; env {settings.ADDR.name})")
     relay.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
     snap = sub.add_parser("snapshot", help="collect for a while and print the model")
     _monitor_args(snap)
@@ -128,25 +129,32 @@ def build_parser() -> argparse.ArgumentParser:
     from flowtop.doctor import add_arguments
 
     add_arguments(sub.add_parser("doctor", help="check why nothing shows up: torch, NVML, the probe, address, keys, limits"))
-    sub.add_parser("analyze", help="aggregate a torch.profiler Chrome trace (flowtop analyze -h)", add_help=False)
-    sub.add_parser("calibrate", help="hardware FLOPs with Nsight Compute (flowtop calibrate -h)", add_help=False)
+    from flowtop import analyze, calibrate
+
+    analyze.add_arguments(sub.add_parser("analyze", help="aggregate a torch.profiler Chrome trace",
+                                         description=analyze.DESCRIPTION))
+    cal = sub.add_parser("calibrate", help="hardware FLOPs with Nsight Compute vs the probe's",
+                         description=calibrate.DESCRIPTION)
+    calibrate.add_arguments(cal)
+    cal.set_defaults(usage_error=cal.error)  # checks after parsing print calibrate's usage
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flowtop`` console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] == "analyze":
-        from flowtop import analyze
-
-        return analyze.main(args_list[1:])
-    if args_list and args_list[0] == "calibrate":
-        from flowtop import calibrate
-
-        return calibrate.main(args_list[1:])
     if not args_list or args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version"):
         args_list = ["top", *args_list]
     args = build_parser().parse_args(args_list)
+    if args.cmd == "analyze":
+        from flowtop import analyze
+
+        return analyze.run(args)
+    if args.cmd == "calibrate":
+        from flowtop import calibrate
+
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        return calibrate.run_calibration(calibrate.options(args, command, args.usage_error))
     if args.cmd == "run":
         from flowtop import runner
 

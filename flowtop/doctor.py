@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from flowtop import settings
 from flowtop.doctor_checks import (
     FAIL,
     Finding,
@@ -30,7 +31,6 @@ from flowtop.doctor_checks import (
     key_findings,
     probe_findings,
 )
-from probe import wire
 
 CHILD = Path(__file__).resolve().parent / "doctor_child.py"
 #: Seconds the child interpreter may take (importing torch on a loaded machine is slow).
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The doctor's options (cli.build_parser)."""
     from flowtop.cli import _positive_int  # the CLI's one parser of counts (cli imports us lazily)
 
-    default = os.environ.get("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
+    default = settings.ADDR.read()
     p.add_argument("--listen", default=default, help=f"the monitor's address to check (default {default}; env FLOWTOP_ADDR)")
     p.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to check (default env FLOWTOP_CURVE_DIR)")
     p.add_argument("--insecure-bind", action="store_true", help="the monitor will run with --insecure-bind")
@@ -59,9 +59,9 @@ def ask_child(python: str, env: dict[str, str]) -> tuple[dict[str, Any] | None, 
     with tempfile.TemporaryDirectory(prefix="flowtop-doctor-") as tmp:
         child_env = dict(env)
         # The attach test must never reach a real monitor: an ipc path nobody binds.
-        child_env["FLOWTOP_ADDR"] = f"ipc://{tmp}/nobody-listens"
-        child_env.setdefault("FLOWTOP_TELEMETRY", "0")
-        child_env["FLOWTOP_KERNELS"] = "0"
+        settings.PROBE_ADDR.put(child_env, f"ipc://{tmp}/nobody-listens")
+        child_env.setdefault(settings.PROBE_TELEMETRY.name, "0")
+        settings.PROBE_KERNELS.put(child_env, "0")
         try:
             proc = subprocess.run([python, str(CHILD)], env=child_env, capture_output=True, text=True,
                                   timeout=CHILD_TIMEOUT_S, cwd=tmp)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowtop import settings
+
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 #: A ZeroMQ (ZMTP 3) peer greets a new connection with 10 bytes: 0xff, 8 bytes, 0x7f.
 CONNECT_TIMEOUT_S = 1.0
@@ -322,4 +324,4 @@ def child_python_finding(python: str, rc: int, stderr: str) -> Finding:
 
 def env_keys() -> str | None:
     """FLOWTOP_CURVE_DIR of the environment ("" counts as unset)."""
-    return os.environ.get("FLOWTOP_CURVE_DIR") or None
+    return settings.CURVE_DIR.read()

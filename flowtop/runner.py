@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Mapping
 
 import probe.wire as wire
+from flowtop import settings
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "probe" / "bootstrap"
 #: Signals the terminal delivers to the whole foreground group: CMD gets them itself.
@@ -45,12 +46,12 @@ def probe_env(
     parts.append(package_root)
     env["PYTHONPATH"] = os.pathsep.join(parts)
     if connect:
-        env["FLOWTOP_ADDR"] = connect
-    env.setdefault("FLOWTOP_ADDR", wire.DEFAULT_ADDR)
+        settings.PROBE_ADDR.put(env, connect)
+    env.setdefault(settings.PROBE_ADDR.name, wire.DEFAULT_ADDR)
     if job:
-        env["FLOWTOP_JOB"] = job
+        settings.PROBE_JOB.put(env, job)
     if curve_dir:
-        env["FLOWTOP_CURVE_DIR"] = os.path.abspath(curve_dir)
+        settings.PROBE_CURVE_DIR.put(env, os.path.abspath(curve_dir))
     return env
 
 
@@ -65,11 +66,11 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
         return 2
     from flowtop import relay_host
 
-    upstream = connect or os.environ.get("FLOWTOP_ADDR") or wire.DEFAULT_ADDR
-    node = relay_host.for_run(relay, upstream, curve_dir or os.environ.get("FLOWTOP_CURVE_DIR") or None)
+    upstream = connect or settings.ADDR.read()
+    node = relay_host.for_run(relay, upstream, curve_dir or settings.CURVE_DIR.read())
     env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
     if node is not None:
-        env.pop("FLOWTOP_CURVE_DIR", None)  # the relay holds the keys upstream; its ranks talk over ipc
+        env.pop(settings.PROBE_CURVE_DIR.name, None)  # the relay holds the keys upstream; its ranks talk over ipc
     try:
         return _run_child(cmd, env)
     finally:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-import math
-import os
 from typing import Any, Mapping
 
+from flowtop import settings
 from flowtop.model import Model, RankState
-
-_log = logging.getLogger("flowtop.wiring")
 
 
 def build_kernel_stats(fields: Mapping[str, Any]) -> Any:
@@ -41,28 +37,11 @@ def _merge(tables: dict[int, Any]) -> Any:
     return merge.merge_cumulative(tables)
 
 
-#: Environment variable: the hang rules' floor in seconds (default 30 s).
-HANG_ENV = "FLOWTOP_HANG_S"
-
-
 def hint_overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
-    """Hint rule overrides the user set in the environment (``FLOWTOP_HANG_S``).
-
-    A value that is not a positive number is ignored with a warning: a typo in an environment
-    variable must not keep the monitor from starting.
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(HANG_ENV, "").strip()
-    if not raw:
-        return {}
-    try:
-        hang_s = float(raw)
-    except ValueError:
-        hang_s = float("nan")
-    if not (math.isfinite(hang_s) and hang_s > 0):
-        _log.warning("ignoring %s=%r: not a positive number of seconds", HANG_ENV, raw)
-        return {}
-    return {"hang": {"floor_s": hang_s}}
+    """Hint rule overrides the user set in the environment (``FLOWTOP_HANG_S``: :mod:`flowtop.settings`;
+    a bad value is ignored with a warning there)."""
+    hang_s = settings.HANG_S.read(environ)
+    return {} if hang_s is None else {"hang": {"floor_s": hang_s}}
 
 
 def make_model(

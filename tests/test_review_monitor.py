@@ -394,10 +394,7 @@ def _ipv6_loopback_port() -> int | None:
     try:
         with socket.socket(socket.AF_INET6) as s:
             s.bind(("::1", 0))
-            port = s.getsockname()[1]
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", port + 1))
-        return port
+            return int(s.getsockname()[1])
     except OSError:
         return None
 

@@ -20,21 +20,19 @@ from probe import wire
 BYE_GRACE_S = 3.0
 
 
-def free_port_pair() -> int:
-    """A loopback port p such that p and p+1 were both free just now."""
-    for _ in range(50):
-        with socket.socket() as s1:
-            s1.bind(("127.0.0.1", 0))
-            port = s1.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as s2:
-                try:
-                    s2.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    return wire.DEFAULT_PORT
+def free_port() -> int:
+    """A loopback TCP port that was free just now (the monitor needs one: probes reach it, and it
+    sends its commands back, on the same connection)."""
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    except OSError:
+        return wire.DEFAULT_PORT
+
+
+#: The name the tests and benchmarks import (it once reserved a second port, for commands).
+free_port_pair = free_port
 
 
 def training_command(ranks: int, steps: int, extra: list[str] | None = None) -> list[str]:
@@ -148,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
     from flowtop.cli import make_model, start_failed
     from flowtop.collector import AddressError, Collector, is_loopback, parse_tcp
 
-    listen = args.listen or f"tcp://127.0.0.1:{free_port_pair()}"
+    listen = args.listen or f"tcp://127.0.0.1:{free_port()}"
     try:
         if not is_loopback(parse_tcp(listen)[0]):  # the demo has no authentication to offer
             raise AddressError(f"refusing to bind {listen}: the demo listens on a loopback address only")
@@ -158,8 +156,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     steps = args.steps or (20 if args.headless else 2000)
     env = runner.probe_env(os.environ, connect=listen)
-    # Kernel windows often on the demo so the drill-down fills quickly.
-    env.setdefault("FLOWTOP_DEMO", "1")
     import tempfile
 
     log_path = os.path.join(tempfile.gettempdir(), f"flowtop-demo-{os.getpid()}.log")
