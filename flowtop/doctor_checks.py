@@ -46,6 +46,9 @@ def probe_findings(child: dict[str, Any], python: str) -> list[Finding]:
         out.append(Finding("disable", FAIL, f"FLOWTOP_DISABLE={child['flowtop_disable']} is set: the probe stays off "
                            "in every process", "unset FLOWTOP_DISABLE (or set it to 0) in the training's environment",
                            {"FLOWTOP_DISABLE": child["flowtop_disable"]}))
+    elif disable:  # set, to something that leaves the probe on: say so, not "not set"
+        out.append(Finding("disable", OK, f"FLOWTOP_DISABLE={child['flowtop_disable']}: the probe stays on",
+                           details={"FLOWTOP_DISABLE": child["flowtop_disable"]}))
     else:
         out.append(Finding("disable", OK, "FLOWTOP_DISABLE is not set", details={"FLOWTOP_DISABLE": disable}))
     if not site.get("ours_ran"):

@@ -233,3 +233,17 @@ def test_open_file_limit_for_the_expected_ranks() -> None:
 def test_bad_doctor_arguments_exit_2() -> None:
     out = subprocess.run([*FLOWTOP, "doctor", "--ranks", "0"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "must be positive" in out.stderr
+
+
+def test_flowtop_disable_set_to_off_is_named_not_called_unset() -> None:
+    from flowtop.doctor_checks import probe_findings
+
+    def disable(value: str) -> Any:
+        child = {"flowtop_disable": value, "site": {"ours_ran": True}, "probe": {"ok": True},
+                 "attach": {"tried": True, "attached": value in ("", "0")}}
+        (f,) = [f for f in probe_findings(child, "python") if f.check == "disable"]
+        return f
+
+    assert disable("").summary == "FLOWTOP_DISABLE is not set"
+    assert disable("0").status == "ok" and disable("0").summary == "FLOWTOP_DISABLE=0: the probe stays on"
+    assert disable("Yes").status == "fail"  # the probe reads it without case
