@@ -44,7 +44,7 @@ for _p in (ROOT, os.path.join(ROOT, "bench")):
 
 BUDGET_S = 170.0  # no new section starts after this: the slowest (≈30 s) fits well within 5 min
 # name, GPTConfig kwargs, batch, timed steps, seconds with the probe (telemetry needs a few).
-# "large" ≈ 940 M parameters at 16 k tokens per step, "small" ≈ 7 M at 1 k tokens (design.md §7).
+# "large" ≈ 940 M parameters at 16 k tokens per step, "small" ≈ 7 M at 1 k tokens (docs/design.md, "Overheads").
 MODELS: tuple[tuple[str, dict[str, int], int, int, float], ...] = (
     ("small", dict(vocab_size=8192, n_layer=4, n_head=4, n_embd=256, block_size=256), 4, 200, 8.0),
     ("large", dict(vocab_size=32768, n_layer=16, n_head=16, n_embd=2048, block_size=1024), 16, 20, 10.0),

@@ -13,7 +13,7 @@ clock of flowtop.clock, and hands each tick's snapshot to :attr:`Collector.on_ti
 user must hear of (a recording that stopped, a listener that cannot accept) become notices
 (flowtop.notices), not stderr lines.
 
-Security (design.md §8): binding anything but loopback needs CURVE keys
+Security (docs/design.md, "Transport"): binding anything but loopback needs CURVE keys
 (``curve=``, CLI ``--curve-dir``; only probes whose public key is admitted get in,
 traffic encrypted) or an explicit ``allow_remote=True`` (CLI ``--insecure-bind``).
 A ZAP handler always runs (loopback only, when unauthenticated), MAXMSGSIZE caps

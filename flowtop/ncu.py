@@ -4,7 +4,7 @@ Layout: a header row (identity columns, then metric names), a row of units, then
 kernel launch. Numbers carry thousands separators ("137,438,953,472"), so every cell is quoted.
 Tool chatter such as ``==PROF== ...`` lines before the header is skipped.
 
-FLOP definitions (design.md §6):
+FLOP definitions (docs/design.md, "Hardware cross-checks"):
 - tensor FLOPs: sum of the ``sm__ops_path_tensor_src_<type>.sum`` counters over floating-point source
   types (bf16, fp16, tf32, fp8, fp64). These count 2 per multiply-add: one 4096³ bf16 GEMM reads
   2·4096³. Integer types (int1/int4/int8) are not FLOPs and are left out. The

@@ -64,7 +64,7 @@ class ReplaySource:
 
 # --- synthetic data ------------------------------------------------------------------
 # A fixed, deterministic 2-rank job for tests, screenshots and ``--demo`` runs. The
-# numbers are shaped like the H200 reference step in the design notes (GPT, bf16,
+# numbers are shaped like the H200 reference step (docs/design.md; GPT, bf16,
 # peak 989.4 TF/s) but are made up: nothing here is a measurement.
 
 H200_PEAK_BF16 = 989.4e12
@@ -266,7 +266,7 @@ def synthetic_stream() -> list[MonitorSnapshot]:
 
 
 
-# Kernel names as torch 2.11 / cuDNN / NCCL print them on an H200 (design.md §5).
+# Kernel names as torch 2.11 / cuDNN / NCCL print them on an H200 (docs/design.md, "Kernel names").
 _NAMES: tuple[str, ...] = (
     "nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
     "nvjet_sm90_tst_64x48_64x15_2x4_h_bz_TNT",

@@ -5,7 +5,7 @@ the open counting window, the counts carried per input signature, and the cost
 budget: after each count, the extra time of the counted step sets how many steps
 must pass before a *new* signature may be counted again, so jobs whose shapes
 change every step (padding to the longest sequence) stay inside the same budget
-as the kernel windows (design.md §7: 0.5 % of large steps, 2 % of small ones).
+as the kernel windows (0.5 % of large steps, 2 % of small ones: docs/design.md, "Overheads").
 """
 
 from __future__ import annotations

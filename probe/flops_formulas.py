@@ -1,6 +1,6 @@
 """Shape formulas for the step FLOP counter (used by :mod:`probe.flops`).
 
-Conventions (design.md §3), stated once here and referenced by the UI/JSON:
+Conventions (docs/formulas.md), stated once here and referenced by the UI/JSON:
 
 * One fused multiply-add is 2 FLOPs: a matmul (M×K)·(K×N) costs ``2·M·N·K``.
 * Convolution: ``2 · (output elements) · (Cin/groups) · kh · kw`` forward; a transposed

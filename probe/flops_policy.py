@@ -1,4 +1,5 @@
-"""When to count a step's FLOPs, and which count to carry between counts (design.md §3, §7).
+"""When to count a step's FLOPs, and which count to carry between counts (docs/formulas.md,
+"How a step is counted").
 
 Counting costs from +1.8 % (large step) to +385 % (small step) of the counted step, so only
 sampled steps are counted: the first steady step, steps whose input signature has no count

@@ -19,8 +19,8 @@ class WindowScheduler:
     wall time beyond a typical step, extraction of the records included); the next window comes
     ``ceil(cost / (budget × typical step))`` steps later — so ``cost / (interval × step)`` ≤
     budget — clamped to ``[min_interval_steps, max_interval_steps]``.  The budget is
-    ``budget_large`` for steps ≥ ``large_step_s`` and ``budget_small`` below (design.md §7: small
-    steps pay a far larger relative profiler overhead).  A window is also due after
+    ``budget_large`` for steps ≥ ``large_step_s`` and ``budget_small`` below (small steps pay a far
+    larger relative profiler overhead: docs/design.md, "Overheads").  A window is also due after
     ``max_interval_s`` of wall time (at least ``min_interval_steps`` steps), so tables stay fresh
     on slow jobs; :meth:`request_now` makes the next step a window whatever the interval.
 

@@ -366,7 +366,7 @@ class KernelWindowSampler:
             window.update(step=step, window=self.windows, cost_s=self.last_cost_s, device=self.device,
                           step_dur_us=(t_end - self._started_s) * 1e6)
             if typical:
-                # The profiler stretches host time (design.md §7), not kernel time: shares of
+                # The profiler stretches host time (docs/design.md, "Overheads"), not kernel time: shares of
                 # the step are better taken against the unprofiled step.
                 window["typical_step_us"] = typical * 1e6
             return window

@@ -7,7 +7,7 @@ experts ``num_experts``/``num_local_experts``/``n_routed_experts``/``n_experts``
 top-k ``top_k``/``num_experts_per_tok``/``topk``/``n_activated_experts``/``moe_top_k``
 (HF Mixtral, Qwen-MoE, DeepSeek, torchtitan's ``MoE`` with its ``TokenChoiceTopKRouter``).
 
-**Active parameters** (the estimate beside the count, torchtitan's convention, design.md §11):
+**Active parameters** (the estimate beside the count, torchtitan's convention, docs/formulas.md "MoE"):
 ``N_active = N − E_params + top_k × E_params / E_local``, where ``E_params`` are the parameters of
 the layers' ``experts`` as this rank holds them and ``E_local`` the experts it holds (a
 ``ModuleList``'s length, else the leading dim of the 3-D expert weights). One expert's parameters

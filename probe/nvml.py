@@ -3,7 +3,7 @@
 Runs on the probe's sender thread at most once a second. ``DeviceTelemetry.sample()`` never raises:
 every field that cannot be read is ``None`` and ``reasons[field]`` says why.
 
-Why these choices (design.md §6):
+Why these choices (docs/design.md, "Hardware cross-checks"):
 - NVML's GPU-Util reads 100 % whenever any kernel runs, so the GPM metrics (SM activity, tensor-pipe
   activity, DRAM bandwidth; probe/gpm.py) are the honest cross-check.
 - The rank's GPU is the CUDA device it uses, mapped through ``CUDA_VISIBLE_DEVICES`` (indices or

@@ -1,4 +1,4 @@
-"""Dense peak FLOP/s per device and compute dtype (design.md §4), for MFU/HFU.
+"""Dense peak FLOP/s per device and compute dtype, for MFU/HFU (docs/design.md, "Peaks").
 
 All figures are *dense* tensor-core (or, for fp32, CUDA-core) rates from the vendors'
 datasheets, per GPU.  Datasheets print sparse figures (2× dense) with an asterisk: they are
@@ -320,3 +320,15 @@ def resolve_peak(device_name: str, dtype: str, environ: dict[str, str] | None = 
     if device_name.strip().lower().startswith("cpu"):
         return cpu_peak(dtype), ""
     return lookup_peak(device_name, dtype)
+
+
+def markdown_table() -> str:
+    """The GPU peak table as Markdown (docs/design.md, "Peaks", holds it; a test compares them)."""
+    lines = ["| device | bf16 / fp16 | tf32 | fp32 | fp8 | source |", "|---|---|---|---|---|---|"]
+    for row in _TABLE:
+        t = row.tflops
+        cells = [f"{t[d]:g}" if d in t else "—" for d in ("bf16", "tf32", "fp32", "fp8")]
+        if "bf16" not in t and "fp16" in t:
+            cells[0] = f"{t['fp16']:g} (fp16 only)"
+        lines.append(f"| {row.device} | {' | '.join(cells)} | {row.source} |")
+    return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events, no syscall
 Everything else — msgpack encoding, ZeroMQ sends, telemetry sampling, control
 messages from the monitor — happens on the sender thread.
 
-Socket choices (design.md §8): the publisher connects, LINGER 0, IMMEDIATE 1
+Socket choices (docs/design.md, "Transport"): the publisher connects, LINGER 0, IMMEDIATE 1
 (nothing is queued for a monitor that is not there, so a restarted monitor sees
 no stale flood), randomised reconnect interval, every send NOBLOCK. It is an
 XPUB rather than a PUB: a PUB silently discards what it sends before the

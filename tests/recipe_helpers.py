@@ -90,7 +90,7 @@ def validate_snapshot(data: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Hand counts (flowtop's conventions: README "FLOP conventions", design.md §3)
+# Hand counts (flowtop's conventions: README "FLOP conventions", docs/formulas.md)
 #
 # matmul (M×K)(K×N) = 2·M·N·K.  Per token, a linear layer with a K×N weight costs 2·K·N forward;
 # attention (QKᵀ and AV) costs 2·T·d each per token per layer, i.e. 4·T·d per layer, with the

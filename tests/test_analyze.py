@@ -77,7 +77,7 @@ def test_invalid_file_message(capsys: pytest.CaptureFixture[str], tmp_path: Path
 
 def test_step_ms_gives_busy_share_of_the_unprofiled_step(capsys: pytest.CaptureFixture[str]) -> None:
     # Busy kernel + memset time on the fixture is 890.8 µs; against the 6.8 ms unprofiled step
-    # of design.md §5 that is 13.1 %, against the 12,995 µs profiled span 6.9 %.
+    # of the reference step (docs/design.md) that is 13.1 %, against the 12,995 µs profiled span 6.9 %.
     assert main([str(TRACE), "--step-ms", "6.8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     anatomy = data["anatomy"]

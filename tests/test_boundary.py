@@ -1,4 +1,4 @@
-"""Import boundaries (design.md §1), checked in fresh interpreters via sys.modules."""
+"""Import boundaries (docs/design.md, "Data flow"), checked in fresh interpreters via sys.modules."""
 
 from __future__ import annotations
 

@@ -285,7 +285,8 @@ def test_uneven_kernel_waits_for_several_windows_per_rank() -> None:
 
 def test_kernel_hints_use_the_unprofiled_step() -> None:
     # The H200 fixture: busy 890.8 µs of a 12,995 µs profiled span (6.9 %); the real step was
-    # 6.8 ms (design.md §5), so the device was busy 13.1 % of it — the figure the hint must use.
+    # 6.8 ms (docs/design.md, "The H200 reference step"), so the device was busy 13.1 % of it — the
+    # figure the hint must use.
     from pathlib import Path
 
     from flowtop.hints.facts import kernel_facts

@@ -6,7 +6,7 @@ import pytest
 
 from flowtop.kernels.classify import CATEGORIES, classify, short_name, signature_head
 
-# Names as they appear on H200 (design.md §5 fixture) and in other common traces.
+# Names as they appear on H200 (the reference step fixture, docs/design.md) and in other common traces.
 KERNELS = [
     ("nvjet_sm90_tst_64x48_64x15_2x4_h_bz_NNT", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "gemm"),

@@ -28,7 +28,7 @@ def _through_wire(fields: dict) -> dict:
 
 @pytest.mark.parametrize(("cost_s", "typical_s", "interval"), [
     (0.05, 0.2, 50),  # large step: 0.05 / (0.005 × 0.2)
-    (0.0068 * 1.8, 0.0068, 90),  # small step at +180 % (design §7): 1.8 / 0.02
+    (0.0068 * 1.8, 0.0068, 90),  # small step at +180 % (docs/design.md, "Overheads"): 1.8 / 0.02
     (0.01, 0.1, 20),  # exactly 100 ms is "large": 0.01 / (0.005 × 0.1)
     (0.01, 0.0999, 6),  # just below: 0.01 / (0.02 × 0.0999) = 5.005 → 6 → clamped to 10
     (0.0, 0.2, 10),  # free windows still wait the minimum

@@ -1,4 +1,4 @@
-"""Dense peak table (design.md §4), dtype selection, override and CPU estimate."""
+"""Dense peak table (docs/design.md, "Peaks"), dtype selection, override and CPU estimate."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exporter's names, labels, units and help against Prometheus' conventions (design.md §12,
+"""The exporter's names, labels, units and help against Prometheus' conventions (docs/design.md "Export conventions",
 prometheus.io "Metric and label naming", promtool's lint), on a real scrape of two jobs (one above
 the rank cap) over HTTP, in both exposition formats."""
 

@@ -72,7 +72,7 @@ def kernel_facts(stats: Any) -> KernelFacts | None:
 def _adapt_window(stats: Any) -> KernelFacts:
     """Adapter: ``flowtop.kernels.aggregate.KernelWindowStats`` -> :class:`KernelFacts`."""
     a = stats.anatomy
-    # The profiler stretches host time (design.md §7), not device time: shares of the step
+    # The profiler stretches host time (docs/design.md, "Overheads"), not device time: shares of the step
     # are taken against the unprofiled step when the probe measured one.
     step_us = float(getattr(a, "typical_step_us", None) or stats.step_us)
     return KernelFacts(

@@ -4,7 +4,8 @@ Every rule watches one *measure* (a number named with its unit, e.g. ``input_wai
 target. It fires when the measure is beyond ``threshold`` (and every gate holds) for at least the
 evidence window, and clears only when the measure falls back past the looser ``clear`` value (or a
 gate fails even at its looser value). Thresholds start from the values established tools use
-(design.md §5) and are meant to be tuned with evidence: change them here, nowhere else.
+(docs/hints.md, "Where the thresholds come from") and are meant to be tuned with evidence: change
+them here, nowhere else.
 
 The summary templates are formatted with the hint's evidence plus ``target`` and a few text
 fields the measure supplies (``str.format`` syntax). README.md ("Bottleneck hints") documents this table.

@@ -1,6 +1,6 @@
 """Kernel top-list and step anatomy of one window, ranks merged, and a cumulative table.
 
-Definitions (the UI and ``flowtop analyze`` show these numbers; see also design.md §5):
+Definitions (the UI and ``flowtop analyze`` show these numbers; kernel names: docs/design.md):
 
 * *device work*: kernels, memcpy and memset (kinds 0–2).  On a CPU window the work is the
   operators' exclusive time (see :mod:`flowtop.kernels.trace`).

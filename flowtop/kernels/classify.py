@@ -1,4 +1,4 @@
-"""Kernel and operator categories, and short display names (design.md §5).
+"""Kernel and operator categories, and short display names (the names: docs/design.md, "Kernel names and categories").
 
 One ordered rule table maps a GPU kernel name (or a host operator name such as ``aten::mm``) to a
 category; the first matching rule wins, so the order encodes precedence: attention before GEMM

@@ -2,7 +2,7 @@
 
 The profiler's ``record_shapes`` gives, per host operator call, the dims of every positional input
 (``[]`` for non-tensors) and the values of scalar and int-list inputs ("Concrete Inputs").  These
-formulas turn them into FLOPs with the conventions of design.md §3 and ``probe.flops_formulas``:
+formulas turn them into FLOPs with the conventions of docs/formulas.md and ``probe.flops_formulas``:
 
 * a fused multiply-add is 2 FLOPs: (M×K)·(K×N) costs 2·M·N·K; batched operands multiply by the
   batch; bias adds are elementwise and not counted;
@@ -177,7 +177,7 @@ def _attention(first: int, layout: str, backward: bool, causal_at: int | None = 
             return None
         f = attention_flops(dims[first], dims[first + 1], dims[first + 2], layout=layout, backward=backward)
         if f is not None and causal_at is not None and _concrete_at(concrete, causal_at) is True:
-            f *= 0.5  # a causal kernel skips the masked half of the scores (design.md §3)
+            f *= 0.5  # a causal kernel skips the masked half of the scores (executed FLOPs)
         return f
     return formula
 

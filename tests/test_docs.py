@@ -1,0 +1,114 @@
+"""docs/ against the code: the wire schema page lists exactly the schema's kinds and fields, the
+peak table is the code's, links resolve, and no comment cites notes outside the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from probe import peaks, wire
+from probe.wire import steps as wire_steps
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+WIRE = DOCS / "wire.md"
+ROW = re.compile(r"^\| `([a-z_]+)` \| (yes|no) \|")
+
+
+def _tables(path: Path) -> dict[str, dict[str, bool]]:
+    """Heading (its first backticked word, else its text) -> {field: required} of the table under it."""
+    out: dict[str, dict[str, bool]] = {}
+    current = ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            m = re.search(r"`([a-z_]+)`", line)
+            current = m.group(1) if m else line.lstrip("# ").strip()
+        elif (m := ROW.match(line)) and current:
+            out.setdefault(current, {})[m.group(1)] = m.group(2) == "yes"
+    return out
+
+
+def test_wire_page_lists_every_kind_and_field() -> None:
+    tables = _tables(WIRE)
+    for kind, schema in wire._SCHEMA.items():
+        if kind == "stepcols":
+            continue  # validated as a whole: checked against probe.wire.steps below
+        assert tables.get(kind) == {name: required for name, (required, _) in schema.items()}, kind
+    documented_kinds = {k for k in tables if k in wire.KINDS}
+    assert documented_kinds == set(wire.KINDS)
+
+
+def test_wire_page_lists_the_stepcols_columns() -> None:
+    cols = _tables(WIRE)["stepcols"]
+    required = {name for name, _ in wire_steps.REQUIRED} | {"n", "drops"}
+    optional = set(wire_steps.OPTIONAL) | {"device_s", "commands_refused"}
+    assert {n for n, r in cols.items() if r} == required
+    assert {n for n, r in cols.items() if not r} == optional
+    # Every field a stepcols frame carries is one of those (the encoder is the reference).
+    rec = {"step": 1, "wall_s": 0.1, "tokens": 8, "input_wait_s": 0.0, "lead_s": 0.0, "probe_s": 0.0,
+           "stage_s": 0.0, "device_s": 0.05, "commands_refused": 1}
+    assert set(wire_steps.encode_fields([rec], 0)) == required | optional
+
+
+def test_wire_page_envelope_and_version() -> None:
+    text = WIRE.read_text(encoding="utf-8")
+    assert f"Schema version: **{wire.MAJOR}.{wire.MINOR}** (MAJOR {wire.MAJOR}, MINOR {wire.MINOR})" in text
+    envelope = _tables(WIRE)["Envelope (every kind)"]
+    assert set(envelope) == {"v", "k", *wire._ENVELOPE} and all(envelope.values())
+    assert f"`{wire.CONTROL_COMMANDS[0]}`" in text and len(wire.CONTROL_COMMANDS) == 1
+
+
+def test_the_table_parser_can_fail() -> None:
+    tables = _tables(WIRE)
+    assert tables["bye"] == {"reason": True, "steps": True, "drops": True}
+    assert tables["telemetry"]["reasons"] is False
+
+
+def test_design_page_holds_the_peak_table() -> None:
+    assert peaks.markdown_table() in (DOCS / "design.md").read_text(encoding="utf-8")
+
+
+def _slug(heading: str) -> str:
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return {_slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")) + ["../README.md"])
+def test_links_resolve(page: str) -> None:
+    path = (DOCS / page).resolve()
+    text = path.read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        assert dest.exists(), f"{page}: {target}"
+        if anchor and dest.suffix == ".md":
+            assert anchor in _anchors(dest), f"{page}: {target}"
+
+
+def test_readme_links_every_docs_page() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for page in DOCS.glob("*.md"):
+        assert f"(docs/{page.name})" in readme, page.name
+
+
+def test_no_comment_cites_notes_outside_the_repository() -> None:
+    cited = re.compile(r"(?<!docs/)design\.md|design §")
+    hits = []
+    for top in ("flowtop", "probe", "tests", "bench"):
+        for path in (ROOT / top).rglob("*.py"):
+            if path.name == "test_docs.py":
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if cited.search(line):
+                    hits.append(f"{path.relative_to(ROOT)}:{n}")
+    assert not hits, hits
