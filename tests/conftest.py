@@ -15,6 +15,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from monitor_thread import MonitorThread  # noqa: E402
 
 
+def _cuda_missing() -> str:
+    """Why CUDA tests cannot run here ('' when torch sees a CUDA device)."""
+    try:
+        import torch
+    except ImportError:
+        return "needs a CUDA device: torch is not installed"
+    if not torch.cuda.is_available():
+        return "needs a CUDA device: torch sees none (run on the GPU machine, e.g. bench/device_run.sh)"
+    return ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where there is no CUDA device; torch is imported only if any is."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    reason = _cuda_missing()
+    if reason:
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture
 def monitor() -> Iterator[MonitorThread]:
     """A real collector bound to a free loopback port."""

@@ -1,6 +1,6 @@
 """On a CUDA GPU: the code paths the CPU tests reach only through fakes.
 
-Skipped where torch sees no CUDA device (CI has none); run on the GPU machine with
+Marked ``gpu``: skipped where torch sees no CUDA device (CI has none); run on the GPU machine with
 ``python -m pytest tests/test_gpu.py -p no:cacheprovider -s`` (``-s`` shows the measured figures,
 which go into the issue notes). What each test pins:
 
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # skipped by tests/conftest.py where torch sees no CUDA device
 
 
 def _report(title: str, **figures: Any) -> None:
