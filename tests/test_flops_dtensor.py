@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import dtensor_worker as w
 from probe.flops import StepFlopCounter
 
-pytest.importorskip("torch.distributed.tensor.parallel")
+pytest.importorskip("torch.distributed.tensor.parallel", reason="DTensor tensor parallelism needs torch.distributed (absent from some torch builds)")
 if not torch.distributed.is_available():  # pragma: no cover - CPU wheels have gloo
     pytest.skip("torch.distributed unavailable", allow_module_level=True)
 

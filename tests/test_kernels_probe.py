@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
 
 from flowtop.kernels.aggregate import aggregate  # noqa: E402
 from flowtop.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402

@@ -343,7 +343,7 @@ def test_torch_211_events_of_the_h200_step_give_the_same_records(h200: Any) -> N
     same records as the category API — kernels, memsets, runtime and driver calls; annotations
     (host and device) and CUPTI's overhead record dropped — and a CUDA call made outside any
     operator stays a runtime call, never an operator (it has no External id to offer)."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
     raw = json.loads(gzip.decompress(FIXTURE.read_bytes()))["traceEvents"]
     raw = [e for e in raw if e.get("ph") == "X" and "dur" in e]
     unlinked = {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "tid": raw[0]["tid"],

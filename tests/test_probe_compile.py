@@ -17,7 +17,7 @@ import torch
 
 import probe
 
-pytest.importorskip("torch._dynamo")
+pytest.importorskip("torch._dynamo", reason="torch.compile needs torch._dynamo (torch >= 2.0 on a supported Python)")
 
 
 @pytest.fixture

@@ -253,7 +253,7 @@ def hf_gpt2_non_embedding_params(d: int, n_layer: int) -> int:
 
 
 def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
     steps, batch, accum = 40, 4, 2
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "hf_trainer.py"), f"--steps={steps}", f"--batch={batch}",
                                f"--accum={accum}"], n_ranks=1, env={"HF_HOME": str(tmp_path), **NO_KERNEL_WINDOWS})
@@ -284,8 +284,8 @@ def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
 
 
 def test_hf_accelerate_llama_two_processes(monitor, tmp_path) -> None:
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
+    pytest.importorskip("accelerate", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
     steps, batch, accum, seq = 15, 2, 2, 32
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2",
               "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", f"--main_process_port={free_port()}"]
@@ -312,7 +312,7 @@ def test_hf_accelerate_llama_two_processes(monitor, tmp_path) -> None:
 
 
 def _lightning(monitor, tmp_path, devices: int):
-    pytest.importorskip("lightning")
+    pytest.importorskip("lightning", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
     steps, batch = 40, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "lightning_trainer.py"), f"--steps={steps}",
                                f"--batch={batch}", f"--devices={devices}"], n_ranks=devices,
@@ -351,7 +351,7 @@ def test_lightning_trainer_ddp_two_cpu_processes(monitor, tmp_path) -> None:
 
 
 def test_gradient_clipping_norm_is_not_an_uncounted_op() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
     from flop_helpers import count
 
     lin = torch.nn.Linear(8, 8)

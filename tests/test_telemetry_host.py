@@ -13,7 +13,7 @@ import pytest
 
 from probe.hostinfo import HOST_FIELDS, HostTelemetry
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
 
 
 class BurnDataset(torch.utils.data.Dataset):  # type: ignore[misc]
