@@ -32,6 +32,10 @@ def _text(raw: str) -> str | None:
     return raw
 
 
+def _address(raw: str) -> str:
+    return raw  # checked where it is bound or connected to (flowtop.collector.check_listen)
+
+
 def _seconds(raw: str) -> float | None:
     try:
         value = float(raw)
@@ -81,7 +85,7 @@ class ProbeVariable:
 
 ADDR = Setting("FLOWTOP_ADDR", "address", DEFAULT_ADDR,
                "the default of `--listen` (`top`, `serve`, `snapshot`, `doctor`) and of `--connect` (`run`, `relay`); "
-               "the probe reads it too", _text)
+               "the probe reads it too", _address)
 CURVE_DIR: Setting[str | None] = Setting(
     "FLOWTOP_CURVE_DIR", "directory", None,
     "CURVE keys: `flowtop run` gives them to its node relay, `flowtop doctor` checks them (`--curve-dir` wins)", _text)
