@@ -596,7 +596,8 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
             relays = Relays(relays_n, mon.listen, host, args.relays_per_proc, tmp)
             addrs = [relays.listens[r // args.per_relay] for r in range(ranks)]
             time.sleep(2.0 + relays_n * (0.05 if host == "cli" else 0.005))
-        cfg = {"step_s": step_ms / 1e3, "flush_s": args.flush_s, "single": args.single, "records": args.records,
+        cfg = {"step_s": step_ms / 1e3, "flush_s": _flush_s(args.flush_s, ranks), "single": args.single,
+               "records": args.records,
                "telemetry_s": 1.0,
                "flops_every_s": args.flops_every_s, "kernel_every_s": args.kernel_every_s,
                "connect_timeout_s": 30.0 + ranks / 100}
@@ -824,7 +825,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
     tick_s = statistics.mean(ticks[1:])  # the first tick builds every view
     return {
-        "ranks": ranks, "step_ms": step_ms, "records_per_frame": per_frame,
+        "ranks": ranks, "step_ms": step_ms, "flush_s": flush_s, "records_per_frame": per_frame,
         "decode_ingest_us": {k: round(v, 1) for k, v in us.items()},
         "kernels_decode_ms": round(1e3 * kernel_decode, 1),
         "frames_per_s": round(ranks * sum(rates.values())),
@@ -859,6 +860,15 @@ def print_row(r: dict[str, Any]) -> None:
           f"load {r['load_1m'][0]:.1f}-{r['load_1m'][1]:.1f}  seen {r['ranks_seen']}", flush=True)
 
 
+def _flush_s(arg: str, ranks: int) -> float:
+    """A rank's flush interval: the number given, or (auto) what the monitor's pacing makes it."""
+    if arg != "auto":
+        return float(arg)
+    from flowtop.pacing import DEFAULT_FLUSH_S, pace_for
+
+    return pace_for(ranks) or DEFAULT_FLUSH_S
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="256,1024,4096", help="comma-separated rank counts")
@@ -871,7 +881,9 @@ def main() -> int:
     ap.add_argument("--per-relay", type=int, default=8)
     ap.add_argument("--relay-host", choices=("auto", "cli", "threads"), default="auto")
     ap.add_argument("--relays-per-proc", type=int, default=32)
-    ap.add_argument("--flush-s", type=float, default=float(os.environ.get("FLOWTOP_FLUSH_S", 0.1)))
+    ap.add_argument("--flush-s", default=os.environ.get("FLOWTOP_FLUSH_S", "auto"),
+                    help="seconds between a rank's step frames; 'auto' (default): the probes' 0.1 s, or the "
+                    "pace the monitor asks of that many ranks (flowtop.pacing)")
     ap.add_argument("--single", action="store_true", help="one 'step' frame per step (the pre-batching wire)")
     ap.add_argument("--records", action="store_true", help="step batches as lists of record maps (wire MINOR 2) "
                     "instead of columns (MINOR 3, what the probe sends)")
@@ -895,7 +907,8 @@ def main() -> int:
     if args.costs:
         for ranks in (int(x) for x in args.ranks.split(",")):
             for step_ms in (float(x) for x in args.step_ms.split(",")):
-                row = costs(ranks, step_ms, args.flush_s, args.kernel_every_s, args.flops_every_s, args.records)
+                row = costs(ranks, step_ms, _flush_s(args.flush_s, ranks), args.kernel_every_s, args.flops_every_s,
+                            args.records)
                 print(json.dumps(row), flush=True)
                 if args.json:
                     with open(args.json, "a") as f:

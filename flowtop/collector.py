@@ -37,6 +37,8 @@ from zmq.utils.monitor import parse_monitor_message
 from flowtop.clock import TICK_S, MonitorClock
 from flowtop.fdwatch import FdHeadroom
 from flowtop.model import Model
+from flowtop.pacing import RENEW_S, STEP_FRAMES_PER_S, Pacer
+from flowtop.rankstate import STALE_AFTER_S
 from flowtop.snapshot import MonitorSnapshot
 from flowtop.ticker import Ticker
 from probe import wire
@@ -164,6 +166,9 @@ class Collector:
         self._kernel_budget = KernelBudget(model.limits, lambda: self._frame_at)
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
         self.start_error = ""
+        #: The pace asked of the ranks (flowtop.pacing), checked every RENEW_S.
+        self.pacer = Pacer()
+        self._pace_check = 0.0
 
     async def start(self) -> None:
         """Bind the sockets (inside the running loop) and start receiving.
@@ -297,7 +302,27 @@ class Collector:
             snap = self.ticker.catch_up(now)
             if snap is not None and self.on_tick is not None:
                 self.on_tick(snap)
+        self._pace(now)
         return now
+
+    def _pace(self, now: float) -> None:
+        """Ask every rank to send its step records less often when too many talk (flowtop.pacing)."""
+        if now < self._pace_check:
+            return
+        self._pace_check = now + RENEW_S
+        live = sum(1 for st in self.model.ranks.values() if st.bye is None and now - st.last_recv <= STALE_AFTER_S)
+        before = self.pacer.current
+        pace = self.pacer.due(now, live)
+        if pace is not None and self._send is not None:
+            try:
+                self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        if pace != before:
+            self.model.notices.add(
+                "information", f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s "
+                f"(the monitor takes ~{STEP_FRAMES_PER_S:,} step frames a second)" if pace is not None
+                else f"{live} ranks talk: they send their steps at their own pace again", now)
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses

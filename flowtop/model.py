@@ -44,9 +44,9 @@ _log = logging.getLogger("flowtop.model")
 #: Ranks of a job whose views a tick rebuilds in full and whose hints it evaluates: a larger
 #: job's views are rebuilt over ceil(ranks / RANKS_PER_TICK) ticks, staggered by rank (the others
 #: get their step and liveness only), and its hints are evaluated every that many ticks. At 4,096
-#: ranks a rank's figures and the job's hints then refresh every 2 s instead of 0.5 s; the tick
-#: stays within its budget (bench/ingest.py --costs).
-RANKS_PER_TICK = 1024
+#: ranks a rank's figures and the job's hints then refresh every 4 s instead of 0.5 s; the tick
+#: stays within its budget (bench/ingest.py --costs: a full view and the hints cost ~0.3 ms a rank).
+RANKS_PER_TICK = 512
 
 #: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
 #: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the

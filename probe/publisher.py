@@ -64,6 +64,9 @@ class Publisher:
         #: Step records wait at most this long and leave as one "steps" frame (wire MINOR 2), so a
         #: rank sends ~1/flush_s frames per second whatever its step rate; other kinds go at once.
         self.flush_s = flush_s
+        #: (seconds, monotonic deadline) of the monitor's last "pace" command: step records then
+        #: wait up to that long (never less than flush_s) until the deadline (wire.PACE_TTL_S).
+        self._pace = (0.0, 0.0)
         self.addr = addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
@@ -273,8 +276,13 @@ class Publisher:
             self.control_rejected += link.overflow
             link.overflow = 0
             # 20 Hz: fresh enough for a 2 Hz UI, cheap for training; sooner when a batch is due.
-            due = batch[0][1] + self.flush_s - time.time() if batch else 0.05
+            due = batch[0][1] + self.current_flush_s() - time.time() if batch else 0.05
             time.sleep(min(0.05, max(0.001, due)))
+
+    def current_flush_s(self) -> float:
+        """How long step records wait now: flush_s, or longer while a monitor's pace holds."""
+        pace, until = self._pace
+        return max(self.flush_s, pace) if time.monotonic() < until else self.flush_s
 
     def _take(self, pending: Deque[tuple[str, float, dict[str, Any]]],
               batch: list[tuple[str, float, dict[str, Any]]], stopping: bool) -> None:
@@ -294,7 +302,7 @@ class Publisher:
             else:
                 _flush(pending, batch)
                 pending.append(item)
-        if batch and (stopping or time.time() - batch[0][1] >= self.flush_s):
+        if batch and (stopping or time.time() - batch[0][1] >= self.current_flush_s()):
             _flush(pending, batch)
 
     def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
@@ -338,12 +346,15 @@ class Publisher:
         """Commands the monitor sent upstream on the data connection (see :class:`_Link`)."""
         for frame in frames:
             try:
-                cmd, job, rank = wire.decode_control(frame)
+                cmd, job, rank, flush_s = wire.decode_control(frame)
             except wire.WireError:
                 self.control_rejected += 1
                 continue
-            if job != self.key.job or (rank is not None and rank != self.key.rank):
+            if (job is not None and job != self.key.job) or (rank is not None and rank != self.key.rank):
                 continue  # for another rank: every rank of the monitor's connection sees it
+            if cmd == "pace" and flush_s is not None:  # the sender's own business: no handler
+                self._pace = (flush_s, time.monotonic() + wire.PACE_TTL_S)
+                continue
             for handler in self._control_handlers:
                 try:
                     handler(cmd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import weakref
@@ -41,9 +42,17 @@ def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+_TARGETS: dict[int, str] = {}
+
+
 def rank_target(r: RankSnapshot) -> str:
-    """Target label of a rank-scope hint."""
-    return f"rank {r.rank}"
+    """Target label of a rank-scope hint (made once per rank number: every rule asks, every rank)."""
+    target = _TARGETS.get(r.rank)
+    if target is None:
+        if len(_TARGETS) > 1 << 16:
+            _TARGETS.clear()
+        target = _TARGETS[r.rank] = f"rank {r.rank}"
+    return target
 
 
 def latest_ranks(job: JobSnapshot) -> list[RankSnapshot]:
@@ -95,9 +104,21 @@ class IdentityMemo:
         return value
 
 
+def _positive_median(values: Any) -> float | None:
+    """Median of the positive, finite values (sorted once in C; the model's values are finite,
+    a history built by hand may hold NaN)."""
+    ordered = sorted(values)
+    if not math.isfinite(sum(ordered)):
+        ordered = [t for t in ordered if math.isfinite(t)]
+    times = ordered[bisect.bisect_right(ordered, 0.0):]
+    if not times:
+        return None
+    mid = len(times) // 2
+    return float(times[mid]) if len(times) % 2 else (times[mid - 1] + times[mid]) / 2.0
+
+
 def _median_history(h: History) -> float | None:
-    times = [t for t in h.step_time_s if t > 0 and math.isfinite(t)]
-    return float(statistics.median(times)) if times else None
+    return _positive_median(h.step_time_s)
 
 
 _median_history_memo = IdentityMemo(_median_history)
@@ -106,8 +127,7 @@ _median_history_memo = IdentityMemo(_median_history)
 def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
     """Median wall time per step from history (last ``last`` steps; all when 0), else the rank's."""
     if last:
-        times = [t for t in r.history.step_time_s[-last:] if t > 0 and math.isfinite(t)]
-        med = float(statistics.median(times)) if times else None
+        med = _positive_median(r.history.step_time_s[-last:])
     else:
         med = _median_history_memo(r.history)
     if med is not None:

@@ -41,7 +41,7 @@ from probe.wire.steps import StepColumns
 __all__ = [
     "DEFAULT_ADDR", "DEFAULT_PORT", "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
-    "MAX_FRAME_BYTES", "MINOR", "PARALLEL_ROLES", "Admit", "Message", "RankKey", "StepColumns", "WireError",
+    "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message", "RankKey", "StepColumns", "WireError",
     "decode", "decode_control", "encode", "encode_control", "encode_steps", "is_runtime_call", "records",
     "step_columns",
 ]
@@ -369,16 +369,37 @@ def step_columns(msg: Message) -> StepColumns | None:
 # every probe connected to it, and each probe's XPUB receives them. A probe binds nothing,
 # so only the monitor it reports to (authenticated by CURVE where keys are set) can reach it.
 
-CONTROL_COMMANDS = ("kernels_now",)
+#: "kernels_now": profile one step now; "pace": send step records at most every ``flush_s``
+#: (the monitor slows every rank down when it hears too many; it expires, see PACE_TTL_S).
+CONTROL_COMMANDS = ("kernels_now", "pace")
+#: Seconds a "pace" command holds: a monitor that stopped sending it (it restarted, or has fewer
+#: ranks now) no longer slows its ranks once this has passed.
+PACE_TTL_S = 10.0
+#: Longest flush interval a "pace" command may ask for.
+MAX_PACE_S = 2.0
 
 
-def encode_control(command: str, job: str, rank: int | None) -> bytes:
-    """A command for one rank (or every rank of ``job`` when ``rank`` is None)."""
-    return msgpack.packb({"v": [MAJOR, MINOR], "k": "control", "cmd": command, "job": job, "rank": rank})
+class Control(NamedTuple):
+    """A decoded monitor command: for the ranks of ``job`` (every job when None: only "pace"),
+    one rank of it or every rank (``rank`` None); ``flush_s`` for "pace"."""
+
+    cmd: str
+    job: str | None
+    rank: int | None
+    flush_s: float | None = None
 
 
-def decode_control(frame: bytes) -> tuple[str, str, int | None]:
-    """Return (command, job, rank); raise :class:`WireError` on anything else."""
+def encode_control(command: str, job: str | None, rank: int | None, flush_s: float | None = None) -> bytes:
+    """A command for one rank (or every rank of ``job`` when ``rank`` is None; every rank of every
+    job when ``job`` is None, for "pace")."""
+    body: dict[str, Any] = {"v": [MAJOR, MINOR], "k": "control", "cmd": command, "job": job, "rank": rank}
+    if flush_s is not None:
+        body["flush_s"] = flush_s
+    return msgpack.packb(body)
+
+
+def decode_control(frame: bytes) -> Control:
+    """The command of a control frame; raise :class:`WireError` on anything else."""
     if len(frame) > 4096:
         raise WireError("control frame too large")
     try:
@@ -390,7 +411,11 @@ def decode_control(frame: bytes) -> tuple[str, str, int | None]:
     v = obj.get("v")
     if not isinstance(v, list) or not v or v[0] != MAJOR:
         raise WireError("unsupported control version")
-    cmd, job, rank = obj.get("cmd"), obj.get("job"), obj.get("rank")
-    if cmd not in CONTROL_COMMANDS or not _str()(job) or not (rank is None or _int(0, 1 << 24)(rank)):
+    cmd, job, rank, flush = obj.get("cmd"), obj.get("job"), obj.get("rank"), obj.get("flush_s")
+    pace = cmd == "pace"
+    if (cmd not in CONTROL_COMMANDS or not (_str()(job) or (pace and job is None))
+            or not (rank is None or _int(0, 1 << 24)(rank))):
         raise WireError("malformed control message")
-    return cmd, job, rank
+    if pace != (flush is not None) or (pace and not _num(0.0, MAX_PACE_S)(flush)):
+        raise WireError(f"malformed control message: 'pace' needs flush_s in 0..{MAX_PACE_S:g} s, nothing else takes it")
+    return Control(cmd, job, rank, float(flush) if pace else None)

@@ -1,0 +1,66 @@
+"""The monitor paces its ranks when too many talk (flowtop.pacing): a "pace" command on the data
+connection makes a real probe publisher hold its step records longer, for a while."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flowtop import pacing
+from monitor_thread import MonitorThread
+from probe import wire
+from probe.publisher import Publisher
+from probe.wire import RankKey
+
+
+def test_the_pace_asked_follows_the_number_of_live_ranks() -> None:
+    # ranks / 10,000 step frames a second, in steps of 50 ms up, at most 2 s; none up to 1,000
+    assert pacing.pace_for(256) is None and pacing.pace_for(1000) is None
+    assert pacing.pace_for(1001) == 0.15  # 0.1001 s, up to the next 50 ms
+    assert pacing.pace_for(4096) == 0.45  # 0.4096 s: 4,096 / 0.45 = 9,102 step frames/s
+    assert pacing.pace_for(50_000) == wire.MAX_PACE_S
+
+
+def test_pace_commands_are_validated() -> None:
+    assert wire.decode_control(wire.encode_control("pace", None, None, 0.45)) == ("pace", None, None, 0.45)
+    for bad in (("pace", None, None, None), ("pace", "j", None, 2.5), ("pace", "j", None, -1.0),
+                ("kernels_now", None, 0, None), ("kernels_now", "j", 0, 0.3)):
+        with pytest.raises(wire.WireError):
+            wire.decode_control(wire.encode_control(*bad))
+
+
+def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 2)  # one live rank is "too many": pace 0.5 s
+    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.collector.RENEW_S", 0.5)
+    monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
+    monitor = MonitorThread()
+    pub = Publisher(RankKey("paced", "h", 4321, 0, 0), monitor.listen)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        deadline = time.monotonic() + 10
+        while pub.current_flush_s() < 0.5 and time.monotonic() < deadline:  # the first hello makes it live
+            time.sleep(0.05)
+        assert pub.current_flush_s() == 0.5
+        before = monitor.snapshot().received
+        for step in range(1, 301):  # 3 s of 10 ms steps
+            pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 8, "drops": 0})
+            time.sleep(0.01)
+        snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == 300, 10)
+        frames = snap.received - before
+        # ~3 s / 0.5 s = 6 step frames and a hello or two, not the ~30 of a 0.1 s flush
+        assert snap.jobs[0].ranks[0].step == 300 and snap.jobs[0].ranks[0].lost_messages == 0
+        assert frames <= 12, frames
+        texts = [n.text for n in monitor.call(lambda: monitor.collector.notices.take())]
+        assert any("asked to send its steps every 0.50 s" in t for t in texts), texts
+        # the monitor stops pacing; the probe's own pace is back once the last command lapsed
+        monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 10_000)
+        deadline = time.monotonic() + 10
+        while pub.current_flush_s() != 0.1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pub.current_flush_s() == 0.1
+    finally:
+        pub.close()
+        monitor.close()

@@ -1,0 +1,72 @@
+"""A job larger than RANKS_PER_TICK (flowtop.model): each tick rebuilds the full views of its
+share of the ranks, the others get their step and liveness, and its hints run every ``spread``
+ticks — with what the ranks sent all showing within one round."""
+
+from __future__ import annotations
+
+import pytest
+
+import flowtop.model as model_mod
+from flowtop.wiring import make_model
+from probe import wire
+from probe.wire import RankKey
+
+RANKS, PER_TICK = 10, 4  # spread: ceil(10 / 4) = 3 ticks
+
+
+@pytest.fixture
+def small_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", PER_TICK)
+
+
+def _feed(model, keys, first_step: int, now: float, wall: dict[int, float] | None = None) -> None:
+    for key in keys:
+        recs = [{"step": s, "wall_s": (wall or {}).get(key.rank, 0.1), "tokens": 32, "drops": 0}
+                for s in range(first_step, first_step + 5)]
+        model.ingest(wire.decode(wire.encode_steps(key, first_step, now, recs, 0)), now)
+
+
+def test_a_large_job_spreads_full_views_and_hints_over_ticks(small_ticks: None) -> None:
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for key in keys:
+        model.ingest(wire.decode(wire.encode("hello", key, 0, 1.0, {"local_rank": 0, "world_size": RANKS,
+                                                                      "device": "cpu (test)", "probe_version": "t"})), 1.0)
+    evaluated = []
+    evaluate = model._hint_engine.evaluate
+    model._hint_engine.evaluate = lambda job, now: (evaluated.append(model.ticks), evaluate(job, now))[1]
+    _feed(model, keys, 1, 2.0)
+    model.tick(2.0)  # the first tick builds every view (none existed)
+    assert model.views.built == RANKS
+    built, now = model.views.built, 2.0
+    for step in range(6, 36, 5):  # six ticks, every rank sends 5 new steps before each
+        now += 0.5
+        _feed(model, keys, step, now)
+        snap = model.tick(now)
+        ranks = snap.jobs[0].ranks
+        assert [r.step for r in ranks] == [step + 4] * RANKS  # every rank's step is current
+        assert all(r.heard_at == now for r in ranks)
+        # a third of the ranks (those whose turn it is) were rebuilt in full
+        assert model.views.built - built == len([i for i in range(RANKS) if (i + model.ticks) % 3 == 0])
+        built = model.views.built
+    assert model.views.refreshed >= 6 * (RANKS - 4)
+    assert evaluated == [3, 6]  # every third tick
+    # within one round (3 ticks) every rank's full figures are rebuilt: a rank whose steps got
+    # slower shows its new median step time (over its last 32 steps) within a round of it
+    for step in range(36, 66, 5):  # six more ticks, rank 3's steps now take 0.3 s
+        now += 0.5
+        _feed(model, keys, step, now, {3: 0.3})
+        snap = model.tick(now)
+    times = {r.rank: r.step_time_s for r in snap.jobs[0].ranks}
+    assert times[3] == pytest.approx(0.3) and times[2] == pytest.approx(0.1)  # 25+ of rank 3's last 32: 0.3 s
+
+
+def test_a_job_within_the_budget_is_rebuilt_and_evaluated_every_tick(small_ticks: None) -> None:
+    model = make_model()
+    keys = [RankKey("small", "h", 600 + r, r, 0) for r in range(PER_TICK)]
+    _feed(model, keys, 1, 2.0)
+    model.tick(2.0)
+    for i, step in enumerate(range(6, 21, 5)):
+        _feed(model, keys, step, 2.5 + i / 2)
+        model.tick(2.5 + i / 2)
+    assert model.views.built == PER_TICK * 4 and model.views.refreshed == 0
