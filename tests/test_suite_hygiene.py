@@ -12,7 +12,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: pytest functions that are themselves a check (a test that uses one can fail).
-CHECKS = {"raises", "fail", "warns", "approx"}
+CHECKS = {"raises", "fail", "warns"}
 
 
 @lru_cache(maxsize=None)
