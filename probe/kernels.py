@@ -26,14 +26,13 @@ from probe import config, heap
 from probe._log import warn_once
 from probe.kernel_schedule import WindowScheduler
 from probe.wire import (
-    KERNEL_MAX_DIMS, KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_STR, MAX_FRAME_BYTES,
-    is_runtime_call,
+    ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME, KERNEL_MAX_DIMS, KERNEL_MAX_INPUTS, KERNEL_MAX_LIST,
+    KERNEL_MAX_NAME, KERNEL_MAX_STR, MAX_FRAME_BYTES, is_runtime_call,
 )
 
 __all__ = ["KernelWindowSampler", "WindowScheduler", "might_have_formula", "records_from_kineto"]
 
-KERNEL, MEMCPY, MEMSET, RUNTIME = 0, 1, 2, 4
-_DEVICE = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
+_DEVICE = {"kernel": ACT_KERNEL, "gpu_memcpy": ACT_MEMCPY, "gpu_memset": ACT_MEMSET}
 _RUNTIME = ("cuda_runtime", "cuda_driver")
 try:
     from torch._C._autograd import DeviceType as _DeviceType
@@ -171,9 +170,9 @@ def records_from_kineto(events: Any, trace_start_ns: int) -> dict[str, Any]:
         elif cat in _DEVICE or cat in _RUNTIME:
             name = e.name()
             idx = names.setdefault(name, len(names))
-            kind = _DEVICE.get(cat, RUNTIME)
+            kind = _DEVICE.get(cat, ACT_RUNTIME)
             acts.append([idx, kind, (e.start_ns() - t0) / 1e3, (e.end_ns() - t0) / 1e3,
-                         e.device_resource_id() if kind != RUNTIME else -1, e.linked_correlation_id(),
+                         e.device_resource_id() if kind != ACT_RUNTIME else -1, e.linked_correlation_id(),
                          e.correlation_id()])
     # Long templated kernel names are cut to the wire's limit (two that then collide share a row).
     return {"names": [s[:KERNEL_MAX_NAME] for s in names], "ops": ops, "acts": acts}

@@ -65,9 +65,10 @@ from typing import Any
 
 from flowtop.kernels.opflops import COMPOSITE_OPS, FORMULA_OPS, op_flops
 from flowtop.sanitize import printable
-from probe.wire import is_runtime_call
+from probe.wire import ACT_CPU_OP, ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME, is_runtime_call
 
-KERNEL, MEMCPY, MEMSET, CPU_OP, RUNTIME = 0, 1, 2, 3, 4
+# The wire's record kinds (one definition, probe.wire.kernels), under the names this package reads.
+KERNEL, MEMCPY, MEMSET, CPU_OP, RUNTIME = ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_CPU_OP, ACT_RUNTIME
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
 _DEVICE_CATS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")

@@ -33,13 +33,14 @@ from probe.wire.checks import (
 )
 from probe.wire.errors import WireError
 from probe.wire.kernels import (
-    KERNEL_ACT_KINDS, KERNEL_MAX_DIMS, KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES,
-    KERNEL_MAX_RECORDS, KERNEL_MAX_STR, _kernel_acts, _kernel_ops, is_runtime_call,
+    ACT_CPU_OP, ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME, KERNEL_ACT_KINDS, KERNEL_MAX_DIMS,
+    KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES, KERNEL_MAX_RECORDS, KERNEL_MAX_STR, _kernel_acts, _kernel_ops, is_runtime_call,
 )
 from probe.wire.steps import StepColumns
 
 __all__ = [
-    "DEFAULT_ADDR", "DEFAULT_PORT", "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
+    "ACT_CPU_OP", "ACT_KERNEL", "ACT_MEMCPY", "ACT_MEMSET", "ACT_RUNTIME", "DEFAULT_ADDR", "DEFAULT_PORT",
+    "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message", "RankKey", "StepColumns", "WireError",
     "decode", "decode_control", "encode", "encode_control", "encode_steps", "is_runtime_call", "records",

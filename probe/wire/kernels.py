@@ -21,15 +21,26 @@ KERNEL_MAX_INPUTS = 16
 KERNEL_MAX_DIMS = 8
 KERNEL_MAX_LIST = 16
 KERNEL_MAX_STR = 64
-#: Activity kinds on the wire: 0 kernel, 1 memcpy, 2 memset, 4 runtime call (3 is a host op).
-KERNEL_ACT_KINDS = (0, 1, 2, 4)
+#: Kinds of a kernel window's records, the one definition both sides import (the probe writes
+#: them into ``acts``; the monitor's compact window, flowtop.kernels.trace, keeps them in its
+#: events): device work (kernel, memcpy, memset), a host operator (never in ``acts``: operators
+#: travel in ``ops``; the monitor's events use the code), a CUDA runtime or driver call.
+ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_CPU_OP, ACT_RUNTIME = 0, 1, 2, 3, 4
+#: Kinds an ``acts`` record may carry.
+KERNEL_ACT_KINDS = (ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME)
 
 
 def is_runtime_call(name: str) -> bool:
     """Whether a host record's name is a CUDA runtime or driver API call (``cudaEventQuery``,
     ``cuLaunchKernelEx``) or CUPTI's ``INVALID`` callback, never an operator. torch ≤ 2.11 does
     not say which a Kineto event is, and such a call made outside any operator carries no link
-    to one (a probe of that torch sent them as operators; see probe.kernels)."""
+    to one (a probe of that torch sent them as operators; see probe.kernels).
+
+    A classifier in the wire because both sides apply it and must agree: the probe, to send such
+    a call as a runtime record rather than an operator; the monitor, to drop the ones that
+    probes of older versions sent as operators (flowtop.kernels.trace). The probe cannot import
+    ``flowtop`` and the monitor imports nothing of ``probe`` but its wire, so the wire is the
+    one module both can read it from."""
     return name.startswith("cuda") or name == "INVALID" or (
         len(name) > 2 and name[:2] == "cu" and name[2].isupper())
 
@@ -105,7 +116,7 @@ def _kernel_acts(v: Any) -> bool:
         if not isinstance(a, list) or len(a) != 7:
             raise _bad_record("acts", i, "not a list of 7 fields")
         name, kind, start, end, stream, ext, corr = a
-        if not (_int(0, 4)(kind) and kind in KERNEL_ACT_KINDS):
+        if not (_int(0, ACT_RUNTIME)(kind) and kind in KERNEL_ACT_KINDS):
             raise _bad_record("acts", i, f"kind must be one of {KERNEL_ACT_KINDS}")
         if not (_index(name) and _int(-1, 2**31)(stream) and _index(ext) and _index(corr)):
             raise _bad_record("acts", i, "name, stream, ext and corr must be integers in range")
