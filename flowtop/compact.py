@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from array import array
 from collections.abc import Sequence
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 #: Values per block.
 BLOCK = 64
@@ -190,7 +190,20 @@ class Column:
         return (sum(len(b) for b in self._blocks) + len(self._tail)) * array(self.typecode).itemsize
 
 
-Record = tuple[int, float, int, "float | None", float, "float | None"]
+class StepRecord(NamedTuple):
+    """One step record of a rank as :class:`StepRing` hands it out (a NamedTuple: read by name,
+    and still equal to the plain tuple of its fields)."""
+
+    step: int
+    wall_s: float
+    tokens: int
+    input_wait_s: float | None  # None: the probe sent none
+    recv: float  # monitor time the record's frame arrived
+    lead_s: float | None  # step boundary -> end of its last forward; None: not sent
+
+
+# tuple.__new__ without the NamedTuple's argument parsing: StepRing builds one per status check.
+_record = StepRecord._make
 
 
 def _known(col: array | None, n: int) -> tuple[array, bytes]:
@@ -211,7 +224,7 @@ def _known(col: array | None, n: int) -> tuple[array, bytes]:
 
 
 class StepRing:
-    """A rank's recent steps, records ``(step, wall_s, tokens, input_wait_s, recv_time, lead_s)``,
+    """A rank's recent steps, :class:`StepRecord` ``(step, wall_s, tokens, input_wait_s, recv, lead_s)``,
     in columns (~40 bytes a step instead of ~180 as tuples of Python numbers): step numbers and
     receive times of the last ``cap`` steps (aligning ranks by step), the other fields of the
     last ``recent``. ``len`` counts the former; indexing, iteration and :meth:`recent` give whole
@@ -241,7 +254,7 @@ class StepRing:
     def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
         return (array("q"), array("d")), (array("d"), array("q"), array("d"), array("d"), array("b"))
 
-    def append(self, rec: Record) -> None:
+    def append(self, rec: tuple[int, float, int, float | None, float, float | None]) -> None:
         step, wall, tokens, wait, recv, lead = rec
         lt, st = self._lt, self._st
         lt[0].append(step)
@@ -348,31 +361,31 @@ class StepRing:
             b -= 1
         return out
 
-    def last(self) -> Record:
+    def last(self) -> StepRecord:
         """The newest record (IndexError when empty)."""
         if not self._nl:
             raise IndexError("no steps")
         lt = self._lt if self._lt[0] else self._long[-1]
         st = self._st if self._st[0] else self._short[-1]
         known = st[4][-1]
-        return (lt[0][-1], st[0][-1], st[1][-1], st[2][-1] if known & 1 else None, lt[1][-1],
-                st[3][-1] if known & 2 else None)
+        return _record((lt[0][-1], st[0][-1], st[1][-1], st[2][-1] if known & 1 else None, lt[1][-1],
+                        st[3][-1] if known & 2 else None))
 
-    def recent(self, n: int) -> list[Record]:
+    def recent(self, n: int) -> list[StepRecord]:
         """The last ``n`` (at most ``recent``) records, oldest first."""
         n = min(n, self._ns, self.recent_cap)
         if n <= 0:
             return []
         c = self.values
-        return [(s, w, t, a if k & 1 else None, r, b if k & 2 else None)
+        return [_record((s, w, t, a if k & 1 else None, r, b if k & 2 else None))
                 for s, w, t, a, r, b, k in zip(c(0, n), c(2, n), c(3, n), c(4, n), c(1, n), c(5, n), c(6, n))]
 
-    def __getitem__(self, i: int) -> Record:
+    def __getitem__(self, i: int) -> StepRecord:
         if i == -1:
             return self.last()
         return self.recent(self.recent_cap)[i]
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Iterator[StepRecord]:
         return iter(self.recent(self.recent_cap))
 
     @property
