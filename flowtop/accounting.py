@@ -28,8 +28,14 @@ from flowtop import moe_load, precision
 from flowtop.snapshot import FlopsView
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
-#: ``mfu_reason`` of a stalled rank (seconds since its last step).
+#: ``mfu_reason`` of a stalled rank (seconds since its last step): see :func:`stalled_reason`.
 STALLED_REASON = "no step for {:.0f} s"
+
+
+def stalled_reason(stalled_s: float) -> str:
+    """The ``mfu_reason`` of a rank (or job) that made no step for ``stalled_s`` seconds: the one
+    place the text is made from the number (FlopsView.stalled_s carries the number itself)."""
+    return STALLED_REASON.format(stalled_s)
 
 
 def rank_flops(
@@ -74,7 +80,7 @@ def rank_flops(
         fps = efps = None
     reason = ""
     if stalled_s is not None:
-        reason = STALLED_REASON.format(stalled_s)
+        reason = stalled_reason(stalled_s)
     elif not peak and mix is not None and mix.missing:
         reason = precision.missing_reason(mix)
     elif not peak:
@@ -100,6 +106,7 @@ def rank_flops(
         uncounted_ops=dict(msg.get("uncounted", {})),
         counted_at_step=int(msg["step"]) if "step" in msg else None,
         mfu_reason=reason,
+        stalled_s=stalled_s,
         counted=msg.get("counted", True) is not False,
         model_note=str(msg.get("model_note", "")),
         uncounted_size=dict(msg.get("uncounted_size", {})),
@@ -147,10 +154,12 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
     conventions = sorted({v.attention_convention for v in vs})
     tokens_flops = [v.flops_per_token for v in vs if v.flops_per_token]
     reason = "" if peaks else "peak unknown on at least one rank"
-    stalled = [v.mfu_reason for v in vs if _stalled(v)]
+    stalled = [v.stalled_s for v in vs if v.stalled_s is not None and v.flops_per_s == 0.0]
+    job_stalled = None
     if stalled and len(stalled) == len(vs):
         # Every rank stalled: the job makes no step either, for as long as the least-stalled rank.
-        reason = min(stalled, key=lambda r: float(r.split()[3]))
+        job_stalled = min(stalled)
+        reason = stalled_reason(job_stalled)
     return FlopsView(
         model_flops_per_step=total("model_flops_per_step"),
         executed_flops_per_step=total("executed_flops_per_step"),
@@ -168,6 +177,7 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         uncounted_ops=uncounted,
         counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
         mfu_reason=reason,
+        stalled_s=job_stalled,
         counted=all(v.counted for v in vs),
         model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
         uncounted_size=sizes,
@@ -189,9 +199,3 @@ def _job_extras(vs: Sequence[FlopsView], mix: Any, fps: float | None) -> dict[st
         "nonpad_frac": (sum(nonpad) / sum(n / f for n, f in zip(nonpad, fracs))  # type: ignore[operator]
                         if known else None),
     }
-
-
-def _stalled(v: FlopsView) -> bool:
-    """Whether ``v`` is a stalled rank's view (see :func:`rank_flops`)."""
-    prefix = STALLED_REASON.split("{")[0]
-    return v.flops_per_s == 0.0 and v.mfu_reason.startswith(prefix)

@@ -58,7 +58,7 @@ class RankViews:
         stalled = rs.stalled_for(st, now, med)
         status = rs.status(st, now, med, stalled)
         # A stalled rank's FLOP view says for how long (whole seconds): part of what it shows.
-        stall = accounting.STALLED_REASON.format(stalled) if stalled is not None else None
+        stall = accounting.stalled_reason(stalled) if stalled is not None else None
         key = (st.version, status, stall, others)
         if entry is not None and entry.key == key:
             self.reused += 1

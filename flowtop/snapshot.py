@@ -54,6 +54,10 @@ class FlopsView:
     uncounted_ops: Mapping[str, int] = field(default_factory=dict)
     counted_at_step: int | None = None
     mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
+    #: Seconds since the rank's last step while it counts as stalled (its FLOP/s, MFU and HFU
+    #: are then 0 and ``mfu_reason`` says so); for a job, the least-stalled rank's when every
+    #: rank is stalled. None otherwise. Not in the JSON (``mfu_reason`` carries it there).
+    stalled_s: float | None = None
     counted: bool = True  # False: the FLOPs are the 6N+12LdT estimate (counting impossible there)
     model_note: str = ""  # how model FLOPs were derived where they are not a plain count
     #: FLOP-like size per uncounted op in the counted step (probe.flops_uncounted: a rough bound)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from flowtop.accounting import stalled_reason
 from flowtop.snapshot import Claimant, FlopsView, Hint, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
 
 T0 = 5000.0  # monitor clock of tick 0
@@ -42,7 +43,8 @@ def _flops(step_s: float, stepping: bool) -> FlopsView:
         estimated_flops_per_step=None, estimate_source=None,
         flops_per_s=mfu * PEAK, executed_flops_per_s=mfu * PEAK * 1.1, mfu=mfu, hfu=mfu * 1.1,
         peak_flops=PEAK, peak_source="datasheet H200 SXM", dtype="bf16", attention_convention="full",
-        flops_per_token=FLOPS_PER_STEP / 16384, mfu_reason="" if stepping else "no step for 12 s",
+        flops_per_token=FLOPS_PER_STEP / 16384, mfu_reason="" if stepping else stalled_reason(12.0),
+        stalled_s=None if stepping else 12.0,
     )
 
 
