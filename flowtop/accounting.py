@@ -32,6 +32,12 @@ OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
 STALLED_REASON = "no step for {:.0f} s"
 
 
+def per_peak(rate: float | None, peak: float | None) -> float | None:
+    """A FLOP rate as a share of a peak (MFU, HFU, bf16-equivalent MFU, of a rank or a job):
+    None when either is unknown or the peak is 0. The one place these ratios are computed."""
+    return rate / peak if (rate is not None and peak) else None
+
+
 def stalled_reason(stalled_s: float) -> str:
     """The ``mfu_reason`` of a rank (or job) that made no step for ``stalled_s`` seconds: the one
     place the text is made from the number (FlopsView.stalled_s carries the number itself)."""
@@ -96,8 +102,8 @@ def rank_flops(
         flops_per_s=fps,
         executed_flops_per_s=efps,
         # A stalled rank runs at 0 % of any peak, known or not.
-        mfu=0.0 if stalled_s is not None else (fps / peak if (fps is not None and peak) else None),
-        hfu=0.0 if stalled_s is not None else (efps / hpeak if (efps is not None and hpeak) else None),
+        mfu=0.0 if stalled_s is not None else per_peak(fps, peak),
+        hfu=0.0 if stalled_s is not None else per_peak(efps, hpeak),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
         dtype=str(msg.get("dtype", "?")),
@@ -121,7 +127,7 @@ def _extras(msg: Mapping[str, Any], mix: Any, fps: float | None, tokens: int) ->
     nonpad = msg.get("nonpad_tokens")
     return {
         "precision": mix,
-        "mfu_bf16": fps / bf16 if (fps is not None and bf16) else None,
+        "mfu_bf16": per_peak(fps, bf16),
         "expert_load": moe_load.rank_load(msg),
         "nonpad_tokens": int(nonpad) if nonpad is not None else None,
         "nonpad_frac": nonpad / tokens if (nonpad is not None and tokens > 0) else None,
@@ -167,8 +173,8 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
         estimate_source=vs[0].estimate_source,
         flops_per_s=fps,
         executed_flops_per_s=efps,
-        mfu=fps / peaks if (fps is not None and peaks) else (0.0 if fps == 0.0 and stalled else None),
-        hfu=efps / hpeaks if (efps is not None and hpeaks) else (0.0 if efps == 0.0 and stalled else None),
+        mfu=per_peak(fps, peaks) if peaks else (0.0 if fps == 0.0 and stalled else None),
+        hfu=per_peak(efps, hpeaks) if hpeaks else (0.0 if efps == 0.0 and stalled else None),
         peak_flops=peaks,
         peak_source="; ".join(sources),
         dtype="/".join(dtypes),
@@ -193,7 +199,7 @@ def _job_extras(vs: Sequence[FlopsView], mix: Any, fps: float | None) -> dict[st
     known = all(n is not None for n in nonpad) and all(f for f in fracs)
     return {
         "precision": mix,
-        "mfu_bf16": fps / bf16 if (fps is not None and bf16) else None,
+        "mfu_bf16": per_peak(fps, bf16),
         "expert_load": moe_load.job_load([v.expert_load for v in vs]),
         "nonpad_tokens": sum(nonpad) if known else None,  # type: ignore[arg-type]
         "nonpad_frac": (sum(nonpad) / sum(n / f for n, f in zip(nonpad, fracs))  # type: ignore[operator]

@@ -53,7 +53,7 @@ def job_percentiles(job: JobSnapshot | None) -> JobPercentiles:
     return JobPercentiles(
         ranks=len(ranks),
         step_time_s=percentiles(r.step_time_s for r in ranks if r.step_time_s is not None),
-        mfu=percentiles(r.flops.mfu for r in ranks if r.flops is not None and r.flops.mfu is not None),
+        mfu=percentiles(r.mfu for r in ranks if r.mfu is not None),
         input_wait_frac=percentiles(r.input_wait_frac for r in ranks if r.input_wait_frac is not None),
     )
 
@@ -103,7 +103,10 @@ def _binner(metric: str, ctx: JobContext) -> Callable[[RankSnapshot], int]:
             return STATUS_BINS.get(r.status, STATUS_BINS["stale"])
         return status_bin
     if metric == "mfu":
-        return lambda r: NO_VALUE if r.flops is None or r.flops.mfu is None else _mfu_bin(r.flops.mfu)
+        def mfu_bin(r: RankSnapshot) -> int:
+            mfu = r.mfu
+            return NO_VALUE if mfu is None else _mfu_bin(mfu)
+        return mfu_bin
     if metric == "input_wait":
         def wait_bin(r: RankSnapshot) -> int:
             w = r.input_wait_frac

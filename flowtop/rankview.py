@@ -98,10 +98,6 @@ def median_sorted(xs: list[float]) -> float | None:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def _mfu(r: RankSnapshot) -> float | None:
-    return r.flops.mfu if r.flops is not None else None
-
-
 def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
     """Sort key: hung/stalled/stale, then stragglers (most steps behind, slowest step), then
     the lowest MFU; rank number and incarnation break ties so the order is deterministic."""
@@ -116,7 +112,7 @@ def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
             lag = ctx.lead_step - r.step
             if lag >= STRAGGLER_LAG or step_s >= limit:
                 return (3, 0, -lag, -step_s, r.rank, r.incarnation)
-            mfu = _mfu(r)
+            mfu = r.mfu
             return (3, 1, _INF if mfu is None else mfu, -step_s, r.rank, r.incarnation)
         return (4, 0, 0.0, 0.0, r.rank, r.incarnation)
 
@@ -135,7 +131,7 @@ def _value_getters(ctx: JobContext) -> dict[str, Callable[[RankSnapshot], object
         "input_wait": lambda r: r.input_wait_frac,
         "tokens": lambda r: r.tokens_per_s,
         "flops": lambda r: r.flops.flops_per_s if r.flops else None,
-        "mfu": _mfu,
+        "mfu": lambda r: r.mfu,
         "tensor": lambda r: tel(r) if isinstance(tel(r), (int, float)) else None,
         "status": lambda r: STATUS_TIER.get(r.status, 1),
         "mfu_bf16": lambda r: r.flops.mfu_bf16 if r.flops is not None else None,

@@ -163,6 +163,12 @@ class RankSnapshot:
         ``taken_at`` of the snapshot holding it)."""
         return max(0.0, now - self.heard_at)
 
+    @property
+    def mfu(self) -> float | None:
+        """The rank's MFU as flowtop.accounting computed it (None without a FLOP count): the one
+        reader the table's order and sort, the map, the percentiles and the hints share."""
+        return self.flops.mfu if self.flops is not None else None
+
 
 @dataclass(frozen=True)
 class Claimant:

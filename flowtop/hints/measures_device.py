@@ -84,7 +84,7 @@ def util_vs_mfu(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
             out[rank_target(r)] = None
             continue
         util = telemetry_number(r, "gpu_util")  # NVML percent
-        mfu = r.flops.mfu if r.flops is not None else None
+        mfu = r.mfu
         if util is None or not finite(mfu):
             out[rank_target(r)] = None
             continue

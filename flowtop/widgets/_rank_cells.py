@@ -98,7 +98,7 @@ def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
     """The cells of one rank row, in ``columns`` order (:func:`columns_for`)."""
     r = row.rank
     f = r.flops
-    mfu = f.mfu if f else None
+    mfu = r.mfu
     dim = "dim" if r.status == "done" else ""
     tensor = tm.fraction(r.telemetry, tm.TENSOR)
     rank = str(r.rank) if r.incarnation == 0 else f"{r.rank}.{r.incarnation}"
