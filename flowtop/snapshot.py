@@ -178,12 +178,17 @@ class Claimant:
     pid: int
 
 
+#: Hint severities, most severe first: the one order the rules' checks, the engine's ranking and
+#: the UI's hints list follow (here, beside :class:`Hint`, because the UI reads it too).
+SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+
+
 @dataclass(frozen=True)
 class Hint:
     """A bottleneck hint with the evidence that triggered it."""
 
     id: str
-    severity: str  # "critical" | "warning" | "info"
+    severity: str  # one of SEVERITIES
     scope: str  # "job" | "rank" | "kernel"
     target: str  # "" for job scope, "rank 3", a kernel name ...
     summary: str

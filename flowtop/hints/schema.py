@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+from flowtop.snapshot import SEVERITIES as SEVERITIES  # re-exported: the rules table names it
+
 SCOPES: tuple[str, ...] = ("job", "rank", "kernel")
 
 
@@ -30,7 +31,7 @@ class Rule:
 
     id: str
     scope: str  # "job" | "rank" | "kernel"
-    severity: str  # "critical" | "warning" | "info"
+    severity: str  # one of SEVERITIES
     measure: str  # evidence key of the measured value (unit in the name)
     unit: str  # unit suffix for the threshold evidence key: "pct", "x", "calls", ...
     direction: str  # "above": fires when measure > threshold; "below": when measure < threshold

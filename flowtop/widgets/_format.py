@@ -8,6 +8,7 @@ from typing import Mapping
 from rich.text import Text
 
 from flowtop.format import NA, _finite, evidence_text, fmt_int, fmt_pct, fmt_si, fmt_time, fmt_us, fmt_value
+from flowtop.snapshot import SEVERITIES
 
 __all__ = [
     "NA", "fmt_int", "fmt_pct", "fmt_si", "fmt_time", "fmt_us", "fmt_value", "evidence_text",
@@ -53,7 +54,7 @@ STATUS_STYLE: Mapping[str, str] = {
     "done": "dim",
 }
 
-SEVERITY_ORDER: Mapping[str, int] = {"critical": 0, "warning": 1, "info": 2}
+SEVERITY_ORDER: Mapping[str, int] = {s: i for i, s in enumerate(SEVERITIES)}  # most severe first
 SEVERITY_STYLE: Mapping[str, str] = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 SEVERITY_TAG: Mapping[str, str] = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
