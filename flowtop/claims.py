@@ -6,14 +6,51 @@ incarnation of each rank number (a restart replaces the row). But when the launc
 picking one of them would halve the job's tokens/s and FLOP/s and hide the others. So two or
 more processes that claim the same (job, rank, incarnation) while running at the same time are
 a *conflict*: each keeps a row of its own, and each row names the others. No Textual.
+
+"Newest" is one rule wherever a rank number has several processes (the model's view and
+eviction, the hints, the exporter, the screens): :func:`newest_per`, with each caller's grouping,
+order and tie-break named below.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from operator import attrgetter
+from typing import Any, Callable, Hashable, Iterable, TypeVar
 
+from flowtop.snapshot import RankSnapshot
 from probe.wire import RankKey
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+def newest_per(items: Iterable[T], group: Callable[[T], K], newness: Callable[[T], Any],
+               later_wins_ties: bool = False) -> dict[K, T]:
+    """Of each group of ``items``, the one whose ``newness`` is largest; of equally new ones the
+    first seen, or the last with ``later_wins_ties``. Groups in order of first appearance."""
+    best: dict[K, T] = {}
+    held: dict[K, Any] = {}
+    for item in items:
+        g = group(item)
+        n = newness(item)
+        if g not in best or n > held[g] or (later_wins_ties and n == held[g]):
+            best[g] = item
+            held[g] = n
+    return best
+
+
+#: A rank process's newness in a snapshot: its incarnation (a restart is newer), then when it
+#: was last heard (two processes claiming one incarnation: a conflict).
+rank_newness: Callable[[RankSnapshot], tuple[int, float]] = attrgetter("incarnation", "heard_at")
+
+
+def newest_ranks(ranks: Iterable[RankSnapshot]) -> list[RankSnapshot]:
+    """One view per rank number, sorted by rank: its highest incarnation, and of processes that
+    claim the same one (a conflict) the last in the job's order (host, pid) — the hints' reading
+    of a job, which counts each rank number once."""
+    best = newest_per(ranks, attrgetter("rank"), attrgetter("incarnation"), later_wins_ties=True)
+    return [best[k] for k in sorted(best)]
 
 
 @dataclass(frozen=True)
@@ -44,9 +81,12 @@ class Claims:
 
         ``remember`` (a tick) updates the conflicts remembered; without it (a snapshot, a pure
         read) the answer is the same but nothing is kept."""
+        seen = list(seen)
         by_rank: dict[tuple[str, int], list[Seen]] = {}
         for s in seen:
             by_rank.setdefault((s.key.job, s.key.rank), []).append(s)
+        # Outside a conflict: the newest incarnation, then the latest heard; the first of equals.
+        newest = newest_per(seen, lambda s: (s.key.job, s.key.rank), lambda s: (s.key.inc, s.last_recv))
         out: dict[RankKey, tuple[RankKey, ...]] = {}
         for where, group in by_rank.items():
             members = self._members(where, group, remember)
@@ -55,8 +95,7 @@ class Claims:
                 for k in keys:
                     out[k] = tuple(o for o in keys if o != k)
             else:
-                newest = max(group, key=lambda s: (s.key.inc, s.last_recv))
-                out[newest.key] = ()
+                out[newest[where].key] = ()
         return out
 
     def _members(self, where: tuple[str, int], group: list[Seen], remember: bool) -> list[Seen]:

@@ -33,6 +33,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from flowtop.claims import newest_per, rank_newness
 from flowtop.rankstats import job_percentiles
 from flowtop.rankview import job_context, node_group
 from flowtop.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
@@ -101,12 +102,7 @@ def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapsh
 def _rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
     """One rank row per label set: of two processes claiming one rank on one host (a conflict,
     counted in flowtop_job_rank_conflicts) the newest incarnation, then the latest heard."""
-    best: dict[tuple[int, str, int], RankSnapshot] = {}
-    for r in job.ranks:
-        key = (r.rank, r.host, r.local_rank)
-        old = best.get(key)
-        if old is None or (r.incarnation, r.heard_at) > (old.incarnation, old.heard_at):
-            best[key] = r
+    best = newest_per(job.ranks, lambda r: (r.rank, r.host, r.local_rank), rank_newness)  # first of equals
     return sorted(best.values(), key=lambda r: (r.rank, r.host))
 
 

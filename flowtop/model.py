@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from flowtop import accounting, parallelism
 from flowtop import rankstate as rs
-from flowtop.claims import Claims, Seen
+from flowtop.claims import Claims, Seen, newest_per
 from flowtop.limits import Limits, TokenBucket
 from flowtop.relays import Relays
 from flowtop.notices import Notices
@@ -436,9 +436,7 @@ class Model:
                 self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
             else:
                 # Only old incarnations the view no longer shows (a newer one of the rank exists).
-                newest: dict[int, int] = {}
-                for st in states:
-                    newest[st.key.rank] = max(newest.get(st.key.rank, st.key.inc), st.key.inc)
-                gone = [st for st in gone if st.key.inc < newest[st.key.rank]]
+                newest = newest_per(states, lambda st: st.key.rank, lambda st: st.key.inc)
+                gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc]
             for st in gone:
                 self._forget(st)

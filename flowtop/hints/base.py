@@ -9,6 +9,7 @@ import weakref
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
+from flowtop.claims import newest_ranks
 from flowtop.hints.rules import Rule
 from flowtop.snapshot import History, JobSnapshot, RankSnapshot
 
@@ -56,13 +57,9 @@ def rank_target(r: RankSnapshot) -> str:
 
 
 def latest_ranks(job: JobSnapshot) -> list[RankSnapshot]:
-    """One snapshot per rank number (the newest incarnation), sorted by rank."""
-    best: dict[int, RankSnapshot] = {}
-    for r in job.ranks:
-        cur = best.get(r.rank)
-        if cur is None or r.incarnation >= cur.incarnation:
-            best[r.rank] = r
-    return [best[k] for k in sorted(best)]
+    """One snapshot per rank number (the newest incarnation), sorted by rank: flowtop.claims'
+    :func:`~flowtop.claims.newest_ranks` (its tie-break is there)."""
+    return newest_ranks(job.ranks)
 
 
 def is_cuda(r: RankSnapshot) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from textual.screen import Screen
 
+from flowtop.claims import newest_per, rank_newness
 from flowtop.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
 from flowtop.widgets._messages import SnapshotUpdated
 
@@ -33,10 +35,12 @@ def pick_rank(job: JobSnapshot | None, rank: int) -> RankSnapshot | None:
     """
     if job is None:
         return None
-    found = [r for r in job.ranks if r.rank == rank]
-    if not found:
-        return None
-    return min(found, key=lambda r: (_STATUS_RANK.get(r.status, 4), -r.incarnation, -r.heard_at))
+
+    def live_then_newest(r: RankSnapshot) -> tuple[int, int, float]:
+        return (-_STATUS_RANK.get(r.status, 4), *rank_newness(r))
+
+    found = (r for r in job.ranks if r.rank == rank)
+    return newest_per(found, attrgetter("rank"), live_then_newest).get(rank)
 
 
 class SnapshotScreen(Screen[None]):
