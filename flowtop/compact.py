@@ -3,10 +3,10 @@
 A rank keeps hundreds of recent steps and sparkline samples. As a deque of tuples of Python
 numbers that costs ~180 bytes a step (a tuple, and a float object per field), and every snapshot
 copied it again into tuples for its immutable ``History`` (~100 KB a rank at 512 steps). Here a
-:class:`Column` holds values in ``array`` blocks of :data:`BLOCK` (8 bytes a value): a block that
-is full is never written again, so :meth:`Column.view` — an immutable, tuple-like
-:class:`ArraySeq` of the last values — shares the full blocks and copies only the part-filled last
-one, and is itself reused until the next append. Memory per column is at most
+:class:`Column` holds values in ``array`` blocks of :data:`BLOCK` (8 bytes a value): values are
+only ever appended, never rewritten, so :meth:`Column.view` — an immutable, tuple-like
+:class:`ArraySeq` of the last values — shares the blocks, the part-filled last one too (it reads
+no further than the length it was made with), and is itself reused until the next append. Memory per column is at most
 ``(cap + BLOCK) × 8`` bytes however long the rank lives. No Textual.
 """
 
@@ -172,7 +172,7 @@ class Column:
         n = held if n is None else max(0, min(n, held))
         if self._view is not None and self._view[0] == n:
             return self._view[1]
-        blocks = tuple(self._blocks) + ((array(self.typecode, self._tail),) if self._tail else ())
+        blocks = tuple(self._blocks) + ((self._tail,) if self._tail else ())  # appended to only: no copy
         total = self._n
         if not blocks:
             blocks = (array(self.typecode),)
@@ -234,7 +234,7 @@ class StepRing:
     The columns are appended together in one call (the model's hot path: a step record), so the
     ring keeps their blocks itself rather than as separate :class:`Column` objects."""
 
-    __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns", "_views", "_frozen")
+    __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns", "_views")
 
     #: Column numbers: step and recv (the last ``cap``), then those of the last ``recent``.
     STEP, RECV, WALL, TOKENS, WAIT, LEAD, KNOWN = range(7)
@@ -248,7 +248,6 @@ class StepRing:
         self._lt, self._st = self._tails()
         self._nl = self._ns = 0
         self._views: dict[tuple[int, int], ArraySeq] = {}  # (column, n) -> view, until the next append
-        self._frozen: dict[int, array] = {}  # column -> copy of its part-filled block, likewise
 
     @staticmethod
     def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
@@ -300,7 +299,6 @@ class StepRing:
         """After values were appended to the tails: drop cached views, roll a full block."""
         if self._views:
             self._views = {}
-            self._frozen = {}
         lt = self._lt
         if len(lt[0]) == BLOCK:  # both tails fill together
             self._long.append(lt)
@@ -340,10 +338,9 @@ class StepRing:
         if view is None:
             parts = tuple([b[i] for b in blocks])
             if tail[i]:
-                frozen = self._frozen.get(col)
-                if frozen is None:
-                    frozen = self._frozen[col] = array(tail[i].typecode, tail[i])
-                parts += (frozen,)
+                # The live tail itself, not a copy: values are only ever appended, and the view
+                # reads no further than the n it was made with (see ArraySeq).
+                parts += (tail[i],)
             view = ArraySeq(parts or (array("d"),), total - n, n)
             self._views[(col, n)] = view
         return view

@@ -35,7 +35,7 @@ from flowtop.relays import Relays
 from flowtop.notices import Notices
 from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.rankviews import RankViews
-from flowtop.sanitize import clean
+from flowtop.sanitize import clean, interned
 from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import Message, RankKey, StepColumns, step_columns
 
@@ -166,13 +166,13 @@ class Model:
             f = clean(f)  # remote text is shown in terminals: no control sequences
         if msg.kind == "hello":
             if f != st.hello:  # re-sent every 2 s, nearly always the same
-                st.hello = dict(f)
+                st.hello = interned(f)
         elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
             self._on_steps(st, cols, now)
         elif msg.kind == "flops":
-            st.flops = dict(f)
+            st.flops = interned(f)
         elif msg.kind == "telemetry":
-            st.telemetry = dict(f)
+            st.telemetry = interned(f)
             st.telemetry_at = now
             dev = f.get("gpu", {})
             st.push_series("tensor_active", dev.get("tensor_active"))

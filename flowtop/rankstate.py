@@ -14,8 +14,9 @@ from flowtop.compact import Column, PairSeq, StepRing
 from flowtop.snapshot import History, TelemetryView
 from probe.wire import Message, RankKey, step_columns
 
-#: Steps kept per rank for step alignment (step numbers and receive times) ...
-RING = 512
+#: Steps kept per rank for step alignment (step numbers and receive times; the straggler rule
+#: looks back 256 steps for "since when") ...
+RING = 256
 #: ... and of those the last RECENT with all their fields (medians: 32, history: HISTORY).
 RECENT = 128
 HISTORY = 120

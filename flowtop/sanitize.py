@@ -8,6 +8,7 @@ overrides) becomes ``\\xNN``/``\\uNNNN``, so the text stays readable and nothing
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
@@ -67,3 +68,17 @@ def printable_deep(obj: Any) -> bool:
 def clean(obj: Any) -> Any:
     """``obj`` itself when :func:`printable_deep`, else :func:`deep` of it."""
     return obj if printable_deep(obj) else deep(obj)
+
+
+def interned(obj: Any) -> Any:
+    """``obj`` with every map key and short string value interned: every rank sends the same
+    names (telemetry fields, reasons, the device) every second, and a decoded frame's strings
+    are new objects each time — thousands of ranks would keep thousands of copies of each."""
+    t = type(obj)
+    if t is dict:
+        return {(sys.intern(k) if type(k) is str else k): interned(v) for k, v in obj.items()}
+    if t is list:
+        return [interned(v) for v in obj]
+    if t is str and len(obj) <= 256:
+        return sys.intern(obj)
+    return obj

@@ -46,7 +46,12 @@ def test_a_view_is_frozen_and_shares_the_full_blocks() -> None:
     assert tuple(view) == tuple(float(i) for i in range(300))  # the view did not move
     again = col.view()
     assert again is not view and again[-1] == 300.0
-    assert sum(a is b for a in view._blocks for b in again._blocks) == 300 // BLOCK  # full blocks shared
+    # every block shared, the part-filled one too: values are only appended
+    assert sum(a is b for a in view._blocks for b in again._blocks) == -(-300 // BLOCK)
+    for i in range(301, 700):  # the shared tail fills, rolls, and old blocks leave the column
+        col.append(float(i))
+    assert tuple(view) == tuple(float(i) for i in range(300)) and view[-1] == 299.0 and len(view) == 300
+    assert tuple(col.view()) == tuple(float(i) for i in range(700 - 512, 700))
 
 
 def test_the_step_ring_reads_like_the_deque_of_records_it_replaces() -> None:
