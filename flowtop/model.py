@@ -304,11 +304,14 @@ class Model:
                 jobs.append(self._evaluate(snap, now))
         return self._monitor_snapshot(now, listen, tuple(jobs))
 
-    def snapshot(self, now: float, listen: str = "") -> MonitorSnapshot:
+    def snapshot(self, now: float, listen: str = "", light: bool = False) -> MonitorSnapshot:
         """An immutable view of everything at monitor time ``now``, with the hints of the last
-        tick. A pure read: nothing is evicted, no hint advances, taking it changes nothing."""
+        tick. A pure read: nothing is evicted, no hint advances, taking it changes nothing.
+
+        ``light``: a glance between two ticks (flowtop.collector): each rank's step and liveness
+        now, its figures from its last full view (a rank never shown gets one)."""
         by_job = self._view(self.ranks.values(), now, remember=False)
-        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()))
+        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()), rotation=(0, 0) if light else None)
                      for job, shown in sorted(by_job.items()))
         return self._monitor_snapshot(now, listen, jobs)
 
@@ -353,10 +356,12 @@ class Model:
     def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
                       hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
         """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
-        a full view (see RANKS_PER_TICK)."""
+        a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
         states = [st for st, _ in shown]
         if rotation is None:
             ranks = tuple(self.views.view(st, now, others) for st, others in shown)
+        elif rotation[1] == 0:  # a glance: nobody's turn
+            ranks = tuple(self.views.view(st, now, others, full=False) for st, others in shown)
         else:
             tick, spread = rotation
             ranks = tuple(self.views.view(st, now, others, full=(i + tick) % spread == 0)

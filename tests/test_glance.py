@@ -1,0 +1,62 @@
+"""Between two ticks the collector publishes a glance (flowtop.collector): each rank's step and
+liveness at that instant with the figures and hints of the last tick, so a step shows within a
+quarter second of arriving, for jobs up to RANKS_PER_TICK ranks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flowtop.clock import TICK_S
+from monitor_thread import MonitorThread
+from probe.publisher import Publisher
+from probe.wire import RankKey
+
+
+def _run(monitor: MonitorThread, seconds: float) -> list[tuple[float, int, tuple]]:
+    seen: list[tuple[float, int, tuple]] = []
+
+    def on_tick(snap) -> None:
+        ranks = snap.jobs[0].ranks if snap.jobs else ()
+        seen.append((snap.taken_at, ranks[0].step if ranks else -1, tuple(h.id for h in snap.jobs[0].hints) if snap.jobs else ()))
+
+    monitor.call(lambda: setattr(monitor.collector, "on_tick", on_tick))
+    pub = Publisher(RankKey("glance", "h", 77, 0, 0), monitor.listen)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        step, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            step += 1
+            pub.publish("step", {"step": step, "wall_s": 0.05, "tokens": 8, "drops": 0})
+            time.sleep(0.05)
+    finally:
+        pub.close()
+    return seen
+
+
+def test_a_small_job_is_published_every_half_tick() -> None:
+    monitor = MonitorThread()
+    try:
+        seen = _run(monitor, 3.0)
+    finally:
+        monitor.close()
+    times = [t for t, _, _ in seen]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    # ticks at t0 + k/2, glances at t0 + k/2 + 1/4: publications a quarter second apart
+    assert len(seen) >= 10 and max(abs(g - TICK_S / 2) for g in gaps) < 0.06, gaps
+    steps = [s for _, s, _ in seen if s > 0]
+    assert steps == sorted(steps) and len(set(steps)) >= 8  # every publication shows a newer step
+
+
+def test_a_large_job_is_published_at_ticks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("flowtop.collector.GLANCE_RANKS", 0)  # one rank is "large"
+    monitor = MonitorThread()
+    try:
+        seen = _run(monitor, 2.0)
+    finally:
+        monitor.close()
+    times = [t for t, _, _ in seen]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(seen) >= 3 and min(gaps) > TICK_S - 0.06, gaps
