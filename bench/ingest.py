@@ -670,7 +670,8 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
     import tracemalloc
 
     from flowtop import rankstate
-    from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
+    from flowtop.rankkernels import add_window, build_window
+    from flowtop.wiring import make_model
     from probe.wire import Message, RankKey
 
     tpl = _templates()
@@ -717,10 +718,10 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
             gpu = {**tpl["telemetry"]["gpu"], "power_w": 500.0 + rng.random(), "tensor_active": rng.random()}
             ingest(key, "telemetry", {**tpl["telemetry"], "gpu": gpu})
     part("telemetry (300 samples)")
-    stats = [build_kernel_stats(tpl["kernels"]) for _ in range(2)]
+    stats = [build_window(tpl["kernels"]) for _ in range(2)]
     for key in keys:
         for s in stats:  # the windows' tables are shared here; each rank's cumulative table is its own
-            apply_kernel_stats(model.ranks[key], s)
+            add_window(model.ranks[key], s)
     part(KERNELS)
     model.tick(now)
     now += 0.5
@@ -735,7 +736,7 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
         tracemalloc.start()
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
-    own = build_kernel_stats(tpl["kernels"])
+    own = build_window(tpl["kernels"])
     gc.collect()
     window_kb = (tracemalloc.get_traced_memory()[0] - before) / 1024
     tracemalloc.stop()
@@ -755,7 +756,8 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     figure that does not change when other processes share the cores), and the share of a core
     ``ranks`` ranks at ``step_ms`` need: frames/s × (decode + ingest) + ticks/s × tick."""
     from flowtop.clock import TICK_S
-    from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
+    from flowtop.rankkernels import add_window, build_window
+    from flowtop.wiring import make_model
     from probe import wire
     from probe.wire.steps import encode_fields
 
@@ -792,7 +794,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     for key in keys:
         send(key, "hello", {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8})
         send(key, "flops", dict(tpl["flops"]))
-    window = build_kernel_stats(tpl["kernels"])
+    window = build_window(tpl["kernels"])
     for b in range(40):
         now[0] += flush_s
         for key in keys:
@@ -800,7 +802,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
         step[0] += per_frame
     for key in keys:
         send(key, "telemetry", dict(tpl["telemetry"]))
-        apply_kernel_stats(model.ranks[key], window)
+        add_window(model.ranks[key], window)
     ticks = []
     # A job larger than RANKS_PER_TICK spreads its full refresh and its hints over several ticks:
     # the mean over whole rounds is what the data thread pays.

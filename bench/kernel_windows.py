@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import sys
 import time
@@ -26,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from flowtop.kernel_worker import KernelWorker  # noqa: E402
 from flowtop.recording import read_recording  # noqa: E402
-from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model  # noqa: E402
+from flowtop.rankkernels import build_window  # noqa: E402
+from flowtop.wiring import make_model  # noqa: E402
 from probe import wire  # noqa: E402
 
 RECORDING = ROOT / "tests" / "data" / "h200-gpt-large.rec.gz"
@@ -44,17 +44,17 @@ def _messages(ranks: int) -> tuple[list[wire.Message], list[wire.Message]]:
             window = msg
             break
     assert window is not None
-    keyed = [dataclasses.replace(window, key=dataclasses.replace(window.key, rank=r)) for r in range(ranks)]
-    prep = [dataclasses.replace(m, key=dataclasses.replace(m.key, rank=r)) for r in range(ranks) for m in setup]
+    keyed = [window._replace(key=window.key._replace(rank=r)) for r in range(ranks)]
+    prep = [m._replace(key=m.key._replace(rank=r)) for r in range(ranks) for m in setup]
     return prep, keyed
 
 
 async def _run(ranks: int, offload: bool) -> dict[str, Any]:
     prep, windows = _messages(ranks)
     model = make_model()
-    worker = KernelWorker(model, build_kernel_stats) if offload else None
+    worker = KernelWorker(model, build_window) if offload else None
     if worker is not None:
-        model.offload_kernels(worker.submit, apply_kernel_stats)
+        model.offload_kernels(worker.submit)
     for msg in prep:
         model.ingest(msg, 0.0)
     gaps: list[float] = []

@@ -35,7 +35,7 @@ REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
 def _template() -> tuple[dict[str, dict], list[dict], object]:
     """One rank's last fields per kind, its step records and a built kernel window."""
     from flowtop.recording import read_recording
-    from flowtop.wiring import build_kernel_stats
+    from flowtop.rankkernels import build_window
     from probe import wire
 
     last: dict[str, dict] = {}
@@ -47,7 +47,7 @@ def _template() -> tuple[dict[str, dict], list[dict], object]:
             steps.append(dict(msg.fields))
         elif msg.kind == "kernels":
             if stats is None:
-                stats = build_kernel_stats(msg.fields)
+                stats = build_window(msg.fields)
         else:
             last[msg.kind] = dict(msg.fields)
     return last, steps, stats
@@ -60,7 +60,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     from flowtop.recording import feed
-    from flowtop.wiring import apply_kernel_stats, make_model
+    from flowtop.rankkernels import add_window
+    from flowtop.wiring import make_model
     from probe import wire
 
     last, steps, stats = _template()
@@ -84,7 +85,7 @@ def main() -> int:
     for key in keys:
         send(key, "flops", last["flops"])
         send(key, "telemetry", last["telemetry"])
-        apply_kernel_stats(model.ranks[key], stats)
+        add_window(model.ranks[key], stats)
     has_tick = hasattr(model, "tick")
 
     def advance(share: float) -> None:

@@ -229,10 +229,10 @@ class Collector:
         self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
         if self.model.builds_kernels:
             from flowtop.kernel_worker import KernelWorker
-            from flowtop.wiring import apply_kernel_stats, build_kernel_stats
+            from flowtop.rankkernels import build_window
 
-            self.kernel_worker = KernelWorker(self.model, build_kernel_stats)
-            self.model.offload_kernels(self.kernel_worker.submit, apply_kernel_stats)
+            self.kernel_worker = KernelWorker(self.model, build_window)
+            self.model.offload_kernels(self.kernel_worker.submit)
         t0 = self.clock.now()
         self.ticker = Ticker(lambda at: self.model.tick(at, self.listen), t0, self.tick_s, max_behind=MAX_BEHIND)
         self._next_glance = t0 + self.tick_s / 2

@@ -18,6 +18,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from flowtop.kernels.aggregate import KernelWindowStats
 from flowtop.model import Model
 from probe.wire import RankKey
 
@@ -30,7 +31,7 @@ MAX_PENDING = 256
 class KernelWorker:
     """Queue of kernel windows to build, in arrival order, on one builder thread."""
 
-    def __init__(self, model: Model, build: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(self, model: Model, build: Callable[[dict[str, Any]], KernelWindowStats]) -> None:
         self.model = model
         self._build = build
         self._pending: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()

@@ -30,10 +30,13 @@ from typing import Any, Callable
 from flowtop import accounting, parallelism
 from flowtop import rankstate as rs
 from flowtop.claims import Claims, Seen, newest_per
+from flowtop.kernels.aggregate import KernelWindowStats
+from flowtop.kernels.merge import JobKernelStats
 from flowtop.limits import Limits, TokenBucket
 from flowtop.relays import Relays
 from flowtop.notices import Notices
 from flowtop.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
+from flowtop.rankkernels import KernelTables, Submit, add_window, build_window
 from flowtop.rankviews import RankViews
 from flowtop.sanitize import clean, interned
 from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot
@@ -61,9 +64,8 @@ class Model:
     def __init__(
         self,
         peak_override_flops: float | None = None,
-        kernel_aggregator: Callable[[RankState, dict[str, Any]], None] | None = None,
+        kernels: KernelTables | None = None,
         hint_engine: Any = None,
-        job_kernels: Callable[[dict[int, Any]], Any] | None = None,
         limits: Limits | None = None,
     ) -> None:
         self.ranks: dict[RankKey, RankState] = {}
@@ -77,14 +79,11 @@ class Model:
         self.rejected = 0
         self.rejected_reasons: collections.Counter[str] = collections.Counter()
         self.peak_override_flops = peak_override_flops
-        self._kernel_aggregator = kernel_aggregator
-        #: When set (a live collector), kernel windows go to it instead of being built here;
-        #: it calls :meth:`apply_kernels` with the result (see flowtop.kernel_worker).
-        self.kernel_offload: Callable[[RankKey, dict[str, Any]], None] | None = None
-        self._kernel_apply: Callable[[RankState, Any], None] | None = None
+        #: How kernel windows become tables (flowtop.rankkernels); None: they are ignored.
+        self.kernels = kernels
         self._hint_engine = hint_engine
-        self._job_kernels = job_kernels
-        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], Any]] = {}  # job -> (windows seen, merge)
+        # job -> (windows seen, their merge)
+        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]] = {}
         self._hints_failed = False
         self._hints_at: dict[str, float] = {}  # job -> monitor time its hints were last evaluated
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
@@ -107,27 +106,26 @@ class Model:
 
     @property
     def builds_kernels(self) -> bool:
-        """Whether this model turns kernel windows into tables (it was given an aggregator)."""
-        return self._kernel_aggregator is not None
+        """Whether this model turns kernel windows into tables (it was given KernelTables)."""
+        return self.kernels is not None
 
-    def offload_kernels(self, submit: Callable[[RankKey, dict[str, Any]], None],
-                        apply: Callable[[RankState, Any], None]) -> None:
-        """Send kernel windows to ``submit`` (which builds them elsewhere) and apply the built
-        tables with ``apply`` when :meth:`apply_kernels` hands them back."""
-        self.kernel_offload = submit
-        self._kernel_apply = apply
+    def offload_kernels(self, submit: Submit) -> None:
+        """Send kernel windows to ``submit``, which builds them elsewhere and hands them back
+        through :meth:`apply_kernels` (flowtop.kernel_worker)."""
+        if self.kernels is not None:
+            self.kernels = self.kernels.offloaded(submit)
 
-    def apply_kernels(self, key: RankKey, stats: Any) -> None:
-        """A window built off the loop: into the rank's tables, unless the rank is gone."""
+    def apply_kernels(self, key: RankKey, stats: KernelWindowStats) -> None:
+        """A built window: into the rank's tables, unless the rank is gone."""
         st = self.ranks.get(key)
-        if st is not None and self._kernel_apply is not None:
-            self._kernel_apply(st, stats)
+        if st is not None and self.kernels is not None:
+            add_window(st, stats)
             st.version += 1
 
     def build_kernels_here(self) -> None:
         """Build kernel windows inline again (the collector that built them elsewhere stopped)."""
-        self.kernel_offload = None
-        self._kernel_apply = None
+        if self.kernels is not None:
+            self.kernels = self.kernels.inline()
 
     def reject(self, reason: str) -> None:
         """Count a frame that failed validation (reasons are bucketed by prefix)."""
@@ -180,12 +178,11 @@ class Model:
             st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
             flops = self._rank_flops(st, now)
             st.push_series("mfu", flops.mfu if flops is not None else None)
-        elif msg.kind == "kernels":
-            if self.kernel_offload is not None:
-                self.kernel_offload(msg.key, dict(f))
-            elif self._kernel_aggregator is not None:
-                self._kernel_aggregator(st, dict(f))
-                st.version += 1
+        elif msg.kind == "kernels" and self.kernels is not None:
+            if self.kernels.submit is not None:
+                self.kernels.submit(msg.key, dict(f))
+            else:
+                self.apply_kernels(msg.key, build_window(f))
         elif msg.kind == "bye":
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
@@ -384,7 +381,7 @@ class Model:
         # Once per data-parallel replica where every rank's coordinates are known (flowtop.parallelism).
         tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
         merged = None
-        if self._job_kernels is not None:
+        if self.kernels is not None:
             tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
             # Merging only changes when some rank gets a new window: reuse it between windows
             # instead of recomputing it for every 2 Hz snapshot.
@@ -393,7 +390,7 @@ class Model:
             if cached is not None and cached[0] == version:
                 merged = cached[1]
             else:
-                merged = self._job_kernels(tables) if len(tables) > 1 else None
+                merged = self.kernels.merge(tables) if len(tables) > 1 else None
                 self._merged[job] = (version, merged)
         return JobSnapshot(
             job=job,

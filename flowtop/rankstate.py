@@ -8,11 +8,15 @@ from __future__ import annotations
 import collections
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Deque
+from typing import TYPE_CHECKING, Any, Deque
 
 from flowtop.compact import Column, PairSeq, StepRing
 from flowtop.snapshot import History, TelemetryView
 from probe.wire import Message, RankKey, step_columns
+
+if TYPE_CHECKING:  # built and added by flowtop.rankkernels
+    from flowtop.kernels.aggregate import KernelWindowStats
+    from flowtop.kernels.merge import CumulativeKernels
 
 #: Steps kept per rank for step alignment (step numbers and receive times; the straggler rule
 #: looks back 256 steps for "since when") ...
@@ -60,8 +64,8 @@ class RankState:
     telemetry: dict[str, Any] | None = None
     telemetry_at: float = 0.0
     series: dict[str, Column] = field(default_factory=dict)
-    kernels: Any = None
-    kernels_cumulative: Any = None
+    kernels: KernelWindowStats | None = None  # the latest window (flowtop.rankkernels)
+    kernels_cumulative: CumulativeKernels | None = None
     bye: str | None = None
     commands_refused: int = 0
     #: Bumped whenever anything above changes (a frame, a built kernel window): a view built

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowtop import accounting, parallelism
 from flowtop import rankstate as rs
 from flowtop.rankstate import RankState
 from flowtop.snapshot import Claimant, RankSnapshot
 from probe.wire import RankKey
+
+if TYPE_CHECKING:
+    from flowtop.kernels.merge import CumulativeRow
 
 
 @dataclass
@@ -35,7 +38,7 @@ class RankViews:
     def __init__(self, peak_override_flops: float | None = None) -> None:
         self.peak_override_flops = peak_override_flops
         self._entries: dict[RankKey, _Entry] = {}
-        self._rows: dict[RankKey, tuple[int, int, Any]] = {}  # key -> (id(table), windows, rows)
+        self._rows: dict[RankKey, tuple[int, int, tuple[CumulativeRow, ...]]] = {}  # key -> (id(table), windows, rows)
         self._hello: dict[RankKey, tuple[dict[str, Any], tuple[Any, ...]]] = {}  # key -> (hello, derived)
         #: Views built, reused, and refreshed in their step and liveness only, since the start
         #: (the bench reads them).
@@ -93,7 +96,7 @@ class RankViews:
         self._rows.pop(key, None)
         self._hello.pop(key, None)
 
-    def _kernel_rows(self, st: RankState) -> Any:
+    def _kernel_rows(self, st: RankState) -> tuple[CumulativeRow, ...] | None:
         """An immutable copy of the rank's cumulative kernel table, copied again only after a
         new window (the copy was half the cost of a view)."""
         table = st.kernels_cumulative

@@ -225,10 +225,10 @@ class RecordingSource:
         self._start = time.monotonic()
         if self.model.builds_kernels:
             from flowtop.kernel_worker import KernelWorker
-            from flowtop.wiring import apply_kernel_stats, build_kernel_stats
+            from flowtop.rankkernels import build_window
 
-            self._worker = KernelWorker(self.model, build_kernel_stats)
-            self.model.offload_kernels(self._worker.submit, apply_kernel_stats)
+            self._worker = KernelWorker(self.model, build_window)
+            self.model.offload_kernels(self._worker.submit)
         self._task = asyncio.get_running_loop().create_task(self._play())
 
     def _virtual(self) -> float:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Sequence
 from flowtop.snapshot import FlopsView, Hint, History, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
 
 if TYPE_CHECKING:
+    from flowtop.kernels.aggregate import KernelWindowStats
+    from flowtop.kernels.merge import CumulativeRow
     from flowtop.kernels.trace import KernelWindow
 
 
@@ -99,8 +101,8 @@ def synthetic_rank(
     *,
     status: str = "live",
     tensor: float = 50.0,
-    kernels: object = None,
-    kernels_cumulative: object = None,
+    kernels: KernelWindowStats | None = None,
+    kernels_cumulative: tuple[CumulativeRow, ...] | None = None,
     now: float | None = None,
 ) -> RankSnapshot:
     """One made-up rank of the synthetic job (values depend only on the arguments): heard from
@@ -239,7 +241,7 @@ def synthetic_snapshot(
     if with_kernels:
         from flowtop.kernels.merge import merge_ranks
 
-        merged = merge_ranks({r.rank: r.kernels for r in ranks})
+        merged = merge_ranks({r.rank: r.kernels for r in ranks if r.kernels is not None})
     live = [r.step for r in ranks if r.status == "live"] or [r.step for r in ranks]
     j = JobSnapshot(
         job=job,
@@ -327,7 +329,8 @@ def synthetic_window(rank: int, step: int, step_us: float) -> "KernelWindow":
     return KernelWindow(_NAMES, tuple(events), max(step_us, t + 100.0), "cuda", step=step - 3, window=12)
 
 
-def synthetic_kernel_stats(rank: int, step: int, step_us: float) -> tuple[object, object]:
+def synthetic_kernel_stats(rank: int, step: int,
+                           step_us: float) -> tuple[KernelWindowStats, tuple[CumulativeRow, ...]]:
     """(KernelWindowStats, cumulative table of 12 such windows) for one synthetic rank."""
     from flowtop.kernels.aggregate import aggregate
     from flowtop.kernels.merge import CumulativeKernels

@@ -12,7 +12,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
+    from flowtop.kernels.aggregate import KernelWindowStats
+    from flowtop.kernels.merge import CumulativeRow, JobKernelStats
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
 SCHEMA = "flowtop.snapshot/1.5"
@@ -137,8 +141,9 @@ class RankSnapshot:
     probe_overhead_frac: float | None  # probe's own training-thread time / step
     flops: FlopsView | None = None
     telemetry: TelemetryView | None = None
-    kernels: Any = None  # flowtop.kernels.aggregate.KernelWindowStats of the latest window
-    kernels_cumulative: Any = None  # flowtop.kernels.aggregate cumulative table
+    kernels: KernelWindowStats | None = None  # the latest kernel window
+    #: The rank's cumulative kernel table (CumulativeKernels.rows(): largest total first).
+    kernels_cumulative: tuple[CumulativeRow, ...] | None = None
     history: History = field(default_factory=History)
     bye_reason: str | None = None
     commands_refused: int = 0  # monitor commands the probe refused (its rate limit)
@@ -233,7 +238,7 @@ class JobSnapshot:
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
     status: str  # "running" | "stalled" | "stale" | "done"
     hints: tuple[Hint, ...] = ()
-    kernels_merged: Any = None  # flowtop.kernels.merge.JobKernelStats
+    kernels_merged: JobKernelStats | None = None  # the ranks' cumulative tables compared
     #: Rank numbers claimed by more than one live process (see RankSnapshot.conflict).
     rank_conflicts: int = 0
     #: How ``tokens_per_s`` counts (flowtop.parallelism): once per data-parallel replica, or

@@ -7,14 +7,14 @@ The windows are the real ones the probe sent from an H200 (tests/data/h200-gpt-l
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
 
 from flowtop.kernel_worker import KernelWorker
 from flowtop.recording import read_recording, replay_all
-from flowtop.wiring import apply_kernel_stats, build_kernel_stats, make_model
+from flowtop.rankkernels import build_window
+from flowtop.wiring import make_model
 from probe import wire
 
 DATA = Path(__file__).parent / "data"
@@ -34,12 +34,12 @@ def _messages() -> tuple[list[wire.Message], list[wire.Message]]:
     return before, windows
 
 
-def _offloaded(build: Any, before: list[wire.Message], apply: Any = apply_kernel_stats) -> tuple[Any, KernelWorker]:
+def _offloaded(build: Any, before: list[wire.Message]) -> tuple[Any, KernelWorker]:
     """A monitor model whose kernel windows go to a worker with ``build``, fed ``before``
     (call on a running loop)."""
     model = make_model()
     worker = KernelWorker(model, build)
-    model.offload_kernels(worker.submit, apply)
+    model.offload_kernels(worker.submit)
     for msg in before:
         model.ingest(msg, 0.0)
     return model, worker
@@ -56,16 +56,19 @@ def test_windows_are_built_on_a_worker_thread_and_applied_on_the_loop() -> None:
 
     def build(fields: dict[str, Any]) -> Any:
         threads["build"] = threading.get_ident()
-        return build_kernel_stats(fields)
+        return build_window(fields)
 
     async def main() -> Any:
         applied: list[int] = []
 
-        def apply(st: Any, stats: Any) -> None:
-            applied.append(threading.get_ident())
-            apply_kernel_stats(st, stats)
+        model, worker = _offloaded(build, before)
+        apply_kernels = model.apply_kernels
 
-        model, worker = _offloaded(build, before, apply)
+        def apply(key: Any, stats: Any) -> None:
+            applied.append(threading.get_ident())
+            apply_kernels(key, stats)
+
+        model.apply_kernels = apply  # type: ignore[method-assign]
         model.ingest(windows[0], 1.0)
         assert _rank(model).kernels is None  # queued, not built on the loop
         await worker.idle()
@@ -87,7 +90,7 @@ def test_every_window_is_built_in_order_into_the_cumulative_table() -> None:
 
     def build(fields: dict[str, Any]) -> Any:
         built.append(fields["window"])
-        return build_kernel_stats(fields)
+        return build_window(fields)
 
     async def main() -> Any:
         model, worker = _offloaded(build, before)
@@ -110,7 +113,7 @@ def test_a_flood_drops_the_oldest_windows_and_counts_them(monkeypatch: Any) -> N
     monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 1)
 
     async def main() -> Any:
-        model, worker = _offloaded(build_kernel_stats, before)
+        model, worker = _offloaded(build_window, before)
         model.ingest(first, 1.0)
         model.ingest(second, 1.1)  # the queue holds one: the first is dropped
         await worker.idle()
@@ -131,7 +134,7 @@ def test_a_window_that_fails_to_build_is_a_rejection_and_the_next_still_builds()
     def build(fields: dict[str, Any]) -> Any:
         if fields["window"] == first.fields["window"]:
             raise ValueError("bad window")
-        return build_kernel_stats(fields)
+        return build_window(fields)
 
     async def main() -> Any:
         model, worker = _offloaded(build, before)
@@ -151,7 +154,7 @@ def test_a_window_for_a_rank_gone_meanwhile_is_dropped() -> None:
     before, (first, _) = _messages()
 
     async def main() -> Any:
-        model, worker = _offloaded(build_kernel_stats, before)
+        model, worker = _offloaded(build_window, before)
         model.ingest(first, 1.0)
         model.ranks.clear()  # evicted while the window was being built
         await worker.idle()
@@ -177,7 +180,7 @@ def test_a_live_collector_builds_windows_off_its_loop() -> None:
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     try:
-        assert m.call(lambda: m.collector.model.kernel_offload is not None)
+        assert m.call(lambda: m.collector.model.kernels.submit is not None)
         pub.connect(m.listen)
         time.sleep(0.5)  # the subscription reaches the publisher (a late joiner loses frames)
         for frame in frames:
@@ -189,7 +192,7 @@ def test_a_live_collector_builds_windows_off_its_loop() -> None:
         pub.close()
         ctx.term()
         m.close()
-    assert m.collector.model.kernel_offload is None and m.collector.kernel_worker is None
+    assert m.collector.model.kernels.submit is None and m.collector.kernel_worker is None
 
 
 def test_a_flood_never_takes_all_of_one_ranks_windows(monkeypatch: Any) -> None:
@@ -197,11 +200,11 @@ def test_a_flood_never_takes_all_of_one_ranks_windows(monkeypatch: Any) -> None:
     window queued gives one up, not the rank whose only window is oldest."""
     before, (first, second) = _messages()
     monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 2)
-    other = dataclasses.replace(first, key=dataclasses.replace(first.key, rank=1))
+    other = first._replace(key=first.key._replace(rank=1))
     built: list[tuple[int, int]] = []
 
     def build(fields: dict[str, Any]) -> Any:
-        return build_kernel_stats(fields)
+        return build_window(fields)
 
     async def main() -> Any:
         model, worker = _offloaded(build, before)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from flowtop.format import rate_prefix
-from flowtop.widgets._kernels import KernelRow
+from flowtop.kernels.rows import KernelRow
 from flowtop.widgets.kernel_table import KernelTable, kernel_cells, rate_scale
 
 
 def row(name: str, tflops: float | None) -> KernelRow:
-    return KernelRow(name, name, "gemm", 1, 100.0, 100.0, 0.1, tflops, None, None, None)
+    return KernelRow(name, name, "gemm", 1, 100.0, 100.0, 0.1, tflops)
 
 
 def test_rate_prefix_by_the_column_maximum() -> None:

@@ -115,14 +115,14 @@ async def test_tui_replay_builds_kernel_windows_off_its_loop() -> None:
     source = RecordingSource(Path(__file__).parent / "data" / "h200-gpt-large.rec.gz", make_model(), speed=1e6)
     await source.start()
     try:
-        assert source.model.kernel_offload is not None
+        assert source.model.kernels is not None and source.model.kernels.submit is not None
         source.snapshot()  # feeds every frame: the windows are queued, not built here
         await source._worker.idle()
         snap = source.snapshot()
         assert snap.jobs[0].ranks[0].kernels.anatomy.step_basis == "device"
     finally:
         await source.stop()
-    assert source.model.kernel_offload is None
+    assert source.model.kernels is not None and source.model.kernels.submit is None
 
 
 def test_a_record_with_an_impossible_time_is_damage(tmp_path: Path) -> None:

@@ -433,6 +433,7 @@ def test_monitor_binds_and_receives_on_ipv6_loopback() -> None:
 def test_job_kernel_merge_is_reused_until_a_new_window_arrives() -> None:
     from flowtop.kernels.merge import CumulativeKernels
     from flowtop.model import Model
+    from flowtop.rankkernels import KernelTables
 
     calls: list[int] = []
 
@@ -440,7 +441,7 @@ def test_job_kernel_merge_is_reused_until_a_new_window_arrives() -> None:
         calls.append(len(tables))
         return object()
 
-    model = Model(job_kernels=merge)
+    model = Model(kernels=KernelTables(merge=merge))
     feed = Feeder(model)
     for rank in (0, 1):
         feed.hello(_key(rank), world=2)

@@ -1,29 +1,19 @@
-"""The one place that reads :mod:`flowtop.kernels.aggregate` records for the hints.
+"""The one place that reads :mod:`flowtop.kernels` records for the hints.
 
-The measures see only the small records below; if the aggregate module renames a field, the
-change is one line in :func:`kernel_facts` or :func:`uneven_rows`. Duck-typed on purpose: the
-hints package does not import the aggregate module (it may be absent, or built differently).
+The measures see only the small records below and the kernel rows of
+:mod:`flowtop.kernels.rows` (the type the kernel screen reads too); if the aggregate module
+renames a field, the change is one line in :func:`kernel_facts` or :func:`uneven_rows`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 from flowtop.hints.base import IdentityMemo
-
-
-@dataclass(frozen=True)
-class KernelRow:
-    """One kernel name in a window."""
-
-    name: str
-    short: str
-    category: str
-    calls: int
-    total_us: float
-    op: str  # launching host operator ("" when unknown)
-    low: str  # name, lower-cased (for pattern tests)
+from flowtop.kernels.aggregate import KernelWindowStats
+from flowtop.kernels.merge import JobKernelStats
+from flowtop.kernels.rows import KernelRow, kernel_rows
 
 
 @dataclass(frozen=True)
@@ -64,17 +54,17 @@ class UnevenRow:
     mean_step_us: float
 
 
-def kernel_facts(stats: Any) -> KernelFacts | None:
+def kernel_facts(stats: KernelWindowStats | None) -> KernelFacts | None:
     """:class:`KernelFacts` of a rank's latest window (None without one); memoized per window."""
     return None if stats is None else _facts_memo(stats)
 
 
-def _adapt_window(stats: Any) -> KernelFacts:
+def _adapt_window(stats: KernelWindowStats) -> KernelFacts:
     """Adapter: ``flowtop.kernels.aggregate.KernelWindowStats`` -> :class:`KernelFacts`."""
     a = stats.anatomy
     # The profiler stretches host time (docs/design.md, "Overheads"), not device time: shares of the step
     # are taken against the unprofiled step when the probe measured one.
-    step_us = float(getattr(a, "typical_step_us", None) or stats.step_us)
+    step_us = float(a.typical_step_us or stats.step_us)
     return KernelFacts(
         device=str(stats.device),
         steps=1,  # a window is one profiled step
@@ -85,15 +75,14 @@ def _adapt_window(stats: Any) -> KernelFacts:
         launches=a.launches,
         short_kernels=a.short_kernels,
         category_us={c.category: float(c.total_us) for c in stats.categories},
-        rows=tuple(KernelRow(k.name, k.short, k.category, int(k.calls), float(k.total_us), k.op or "",
-                             k.name.lower()) for k in stats.kernels),
+        rows=kernel_rows(stats),
     )
 
 
 _facts_memo = IdentityMemo(_adapt_window)
 
 
-def uneven_rows(merged: Any) -> tuple[UnevenRow, ...]:
+def uneven_rows(merged: JobKernelStats | None) -> tuple[UnevenRow, ...]:
     """Adapter: ``flowtop.kernels.merge.JobKernelStats`` -> rows, most uneven (µs) first."""
     if merged is None:
         return ()

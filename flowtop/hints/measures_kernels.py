@@ -7,9 +7,10 @@ from typing import Any, Iterable
 
 from flowtop.hints import facts
 from flowtop.hints.base import IdentityMemo, Measurement, clamp01, is_cuda, latest_ranks, rank_target, safe_div
-from flowtop.hints.facts import KernelFacts, KernelRow
+from flowtop.hints.facts import KernelFacts
 from flowtop.hints.measures_device import uncounted_by_op
 from flowtop.hints.rules import Rule
+from flowtop.kernels.rows import KernelRow
 from flowtop.snapshot import JobSnapshot, RankSnapshot
 
 
@@ -225,9 +226,10 @@ def optimizer_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
 def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per kernel (ranks merged): (max − min) ÷ mean of its time across ranks."""
     # One window per rank is one moment per rank, taken at different steps: wait for a few.
-    if getattr(job.kernels_merged, "min_windows", 0) < int(rule.params["min_windows"]):
+    merged = job.kernels_merged
+    if merged is None or merged.min_windows < int(rule.params["min_windows"]):
         return {}
-    rows = facts.uneven_rows(job.kernels_merged)[: int(rule.params["max_rows"])]
+    rows = facts.uneven_rows(merged)[: int(rule.params["max_rows"])]
     out: dict[str, Measurement | None] = {}
     for k in rows:
         if len(k.per_rank_us) < 2 or k.mean_us <= 0:

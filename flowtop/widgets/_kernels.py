@@ -1,14 +1,20 @@
-"""The one adapter between ``flowtop.kernels.aggregate`` and the kernel widgets.
+"""The one adapter between ``flowtop.kernels`` and the kernel widgets.
 
-Widgets render these small view records only; when the aggregate module renames
-a field, the change is one line here.
+Widgets render these small view records only (the kernel rows are the data side's
+:class:`~flowtop.kernels.rows.KernelRow`, the type the hints read too); when the aggregate
+module renames a field, the change is one line here or in :mod:`flowtop.kernels.rows`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Mapping
+
+from flowtop.kernels.aggregate import KernelWindowStats
+from flowtop.kernels.merge import CumulativeRow, JobKernelStats
+from flowtop.kernels.rows import KernelRow, kernel_rows
 
 # cuDNN's generated attention kernels put what they do (sdpa, flash fprop/bprop) between a long
 # prefix and a long tuning suffix; an 80-column table cut at the end would show only the prefix.
@@ -23,23 +29,6 @@ def display_name(short: str) -> str:
     for pattern, repl in _DISPLAY_RULES:
         short = pattern.sub(repl, short)
     return short
-
-
-@dataclass(frozen=True)
-class KernelRow:
-    """One kernel (or CPU operator) of a window, with its cumulative figures."""
-
-    name: str
-    short: str
-    category: str
-    calls: int
-    total_us: float
-    mean_us: float
-    share: float | None  # of the step's wall time (0..1)
-    tflops: float | None  # achieved TFLOP/s, when the window carries FLOPs
-    cum_us: float | None  # cumulative time over all windows
-    cum_calls: int | None
-    cum_windows: int | None
 
 
 @dataclass(frozen=True)
@@ -87,48 +76,19 @@ class JobKernelView:
     rows: tuple[JobKernelRow, ...]
 
 
-def _cumulative_lookup(cumulative: Any) -> Callable[[str], Any]:
-    """name -> cumulative row, whatever container the model hands over.
-
-    Accepts ``merge.CumulativeKernels`` (``get(name)``), a mapping by name, or an
-    iterable of ``CumulativeRow`` (e.g. ``CumulativeKernels.rows()``).
-    """
-    if cumulative is None:
-        return lambda name: None
-    if isinstance(cumulative, Mapping) or callable(getattr(cumulative, "get", None)):
-        return cumulative.get
-    by_name = {row.name: row for row in cumulative}
-    return by_name.get
-
-
-def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
-    """View of an ``aggregate.KernelWindowStats`` and the rank's cumulative table."""
-    if stats is None or isinstance(stats, WindowView):
-        return stats
-    cum = _cumulative_lookup(cumulative)
-    rows = []
-    for k in stats.kernels:
-        c = cum(k.name)
-        rows.append(KernelRow(
-            name=k.name,
-            short=k.short,
-            category=k.category,
-            calls=k.calls,
-            total_us=k.total_us,
-            mean_us=k.mean_us,
-            share=k.share,
-            tflops=k.tflops,
-            cum_us=None if c is None else c.cum_us,
-            cum_calls=None if c is None else c.cum_calls,
-            cum_windows=None if c is None else c.windows_seen,
-        ))
+def window_view(stats: KernelWindowStats | None,
+                cumulative: Sequence[CumulativeRow] | None = None) -> WindowView | None:
+    """View of a rank's latest window and its cumulative rows (``RankSnapshot.kernels`` and
+    ``kernels_cumulative``)."""
+    if stats is None:
+        return None
     a = stats.anatomy
     return WindowView(
         device=stats.device,
         window=stats.window,
         step=stats.step,
         step_us=stats.step_us,
-        rows=tuple(rows),
+        rows=kernel_rows(stats, cumulative),
         categories=tuple((c.category, c.total_us) for c in stats.categories),
         busy_us=a.busy_us,
         idle_us=a.idle_us,
@@ -142,10 +102,10 @@ def window_view(stats: Any, cumulative: Any = None) -> WindowView | None:
     )
 
 
-def job_view(merged: Any) -> JobKernelView | None:
-    """View of an ``merge.JobKernelStats``."""
-    if merged is None or isinstance(merged, JobKernelView):
-        return merged
+def job_view(merged: JobKernelStats | None) -> JobKernelView | None:
+    """View of a job's ``merge.JobKernelStats``."""
+    if merged is None:
+        return None
     rows = tuple(
         JobKernelRow(
             name=k.name,

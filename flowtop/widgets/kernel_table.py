@@ -9,8 +9,9 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from flowtop.format import rate_prefix
+from flowtop.kernels.rows import KernelRow
 from flowtop.widgets._format import NA, fmt_pct, fmt_us, styled
-from flowtop.widgets._kernels import KernelRow, display_name
+from flowtop.widgets._kernels import display_name
 
 # (key, label, width); widths sum to 63: with padding 79 columns (+ a 1-cell scrollbar).
 COLUMNS: tuple[tuple[str, str, int], ...] = (
