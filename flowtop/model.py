@@ -358,7 +358,7 @@ class Model:
         if rotation is None:
             ranks = tuple(self.views.view(st, now, others) for st, others in shown)
         elif rotation[1] == 0:  # a glance: nobody's turn
-            ranks = tuple(self.views.view(st, now, others, full=False) for st, others in shown)
+            ranks = tuple(self.views.view(st, now, others, glance=True) for st, others in shown)
         else:
             tick, spread = rotation
             ranks = tuple(self.views.view(st, now, others, full=(i + tick) % spread == 0)

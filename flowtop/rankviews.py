@@ -46,17 +46,22 @@ class RankViews:
         self.reused = 0
         self.refreshed = 0
 
-    def view(self, st: RankState, now: float, others: tuple[RankKey, ...] = (), full: bool = True) -> RankSnapshot:
+    def view(self, st: RankState, now: float, others: tuple[RankKey, ...] = (), full: bool = True,
+             glance: bool = False) -> RankSnapshot:
         """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank).
 
         ``full=False`` (a rank of a job too large to rebuild every view at every tick, see
         flowtop.model.RANKS_PER_TICK): only its step, when it was heard and its status are
-        brought up to date; its figures stay those of its last full view, a few ticks old."""
+        brought up to date; its figures stay those of its last full view, a few ticks old.
+        ``glance`` (between two ticks): only its step and when it was heard; a rank whose status
+        changed keeps its last view until the tick, so statuses change with the hints, at ticks."""
         entry = self._entries.get(st.key)
-        if not full and entry is not None:
+        if (glance or not full) and entry is not None:
             light = self._light(st, now, others, entry)
             if light is not None:
                 return light
+            if glance:
+                return entry.view
         med = entry.med if entry is not None and entry.version == st.version else rs.median_step(st)
         stalled = rs.stalled_for(st, now, med)
         status = rs.status(st, now, med, stalled)
