@@ -60,3 +60,23 @@ def test_a_large_job_is_published_at_ticks_only(monkeypatch: pytest.MonkeyPatch)
     times = [t for t, _, _ in seen]
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert len(seen) >= 3 and min(gaps) > TICK_S - 0.06, gaps
+
+
+def test_a_glance_moves_steps_but_statuses_and_hints_only_move_at_ticks() -> None:
+    from flowtop.wiring import make_model
+    from probe import wire
+
+    model = make_model()
+    key = RankKey("glance", "h", 78, 0, 0)
+    recs = [{"step": s, "wall_s": 0.05, "tokens": 8, "drops": 0} for s in range(1, 6)]
+    model.ingest(wire.decode(wire.encode_steps(key, 0, 1.0, recs, 0)), 1.0)
+    assert model.tick(1.0).jobs[0].ranks[0].status == "live"
+    recs = [{"step": s, "wall_s": 0.05, "tokens": 8, "drops": 0} for s in range(6, 9)]
+    model.ingest(wire.decode(wire.encode_steps(key, 1, 1.2, recs, 0)), 1.2)
+    glance = model.snapshot(1.25, light=True)
+    assert glance.jobs[0].ranks[0].step == 8 and glance.jobs[0].ranks[0].heard_at == 1.2  # the step moves
+    model.ingest(wire.decode(wire.encode("bye", key, 2, 1.3, {"reason": "exit", "steps": 8, "drops": 0})), 1.3)
+    glance = model.snapshot(1.35, light=True)
+    assert glance.jobs[0].ranks[0].status == "live" and glance.jobs[0].status == "running"  # not before the tick
+    snap = model.tick(1.5)
+    assert snap.jobs[0].ranks[0].status == "done" and snap.jobs[0].status == "done"
