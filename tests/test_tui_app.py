@@ -307,7 +307,7 @@ async def test_job_kernel_view_marks_uneven_kernel() -> None:
         order = screen.query_one(JobKernelTable).order
         # Rank 1's flash backward is 1.5x rank 0's: first, flagged, max on rank 1.
         assert order[0].short.startswith("cudnn_generated_fort_native_sdpa_sm90_flash_bprop")
-        assert (order[0].min_us, order[0].max_us, order[0].slowest_rank, order[0].flagged) == (384.0, 576.0, 1, True)
+        assert (order[0].min_us, order[0].max_us, order[0].max_rank, order[0].flagged) == (384.0, 576.0, 1, True)
         assert [r.flagged for r in order[1:]] == [False] * (len(order) - 1)
         await pilot.press("s")
         await pilot.pause()

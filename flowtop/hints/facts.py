@@ -1,8 +1,10 @@
 """The one place that reads :mod:`flowtop.kernels` records for the hints.
 
-The measures see only the small records below and the kernel rows of
+The measures see a window as the small :class:`KernelFacts` below, its kernels as the rows of
 :mod:`flowtop.kernels.rows` (the type the kernel screen reads too); if the aggregate module
-renames a field, the change is one line in :func:`kernel_facts` or :func:`uneven_rows`.
+renames a field, the change is one line in :func:`kernel_facts` or there. The job's comparison
+across ranks they read as it is (``JobKernelStats``, rows ``RankSpread``: the job kernel screen
+reads the same).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from typing import Mapping
 
 from flowtop.hints.base import IdentityMemo
 from flowtop.kernels.aggregate import KernelWindowStats
-from flowtop.kernels.merge import JobKernelStats
 from flowtop.kernels.rows import KernelRow, kernel_rows
 
 
@@ -35,23 +36,6 @@ class KernelFacts:
     def kernel_us(self) -> float:
         """Summed device time of all kernels (streams running at once both count)."""
         return sum(self.category_us.values())
-
-
-@dataclass(frozen=True)
-class UnevenRow:
-    """One kernel's time across ranks (from the merged job table)."""
-
-    name: str
-    short: str
-    category: str
-    per_rank_us: Mapping[int, float]
-    spread: float  # (max - min) / mean
-    min_rank: int
-    max_rank: int
-    min_us: float
-    max_us: float
-    mean_us: float
-    mean_step_us: float
 
 
 def kernel_facts(stats: KernelWindowStats | None) -> KernelFacts | None:
@@ -80,17 +64,6 @@ def _adapt_window(stats: KernelWindowStats) -> KernelFacts:
 
 
 _facts_memo = IdentityMemo(_adapt_window)
-
-
-def uneven_rows(merged: JobKernelStats | None) -> tuple[UnevenRow, ...]:
-    """Adapter: ``flowtop.kernels.merge.JobKernelStats`` -> rows, most uneven (µs) first."""
-    if merged is None:
-        return ()
-    return tuple(
-        UnevenRow(s.name, s.short, s.category, dict(s.per_rank_us), float(s.spread), s.min_rank,
-                  s.max_rank, float(s.min_us), float(s.max_us), float(s.mean_us), float(merged.mean_step_us))
-        for s in merged.kernels
-    )
 
 
 def category_share_of_busy(f: KernelFacts | None, category: str) -> float | None:

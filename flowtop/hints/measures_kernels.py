@@ -229,15 +229,15 @@ def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measure
     merged = job.kernels_merged
     if merged is None or merged.min_windows < int(rule.params["min_windows"]):
         return {}
-    rows = facts.uneven_rows(merged)[: int(rule.params["max_rows"])]
+    step_us = merged.mean_step_us
     out: dict[str, Measurement | None] = {}
-    for k in rows:
+    for k in merged.kernels[: int(rule.params["max_rows"])]:  # most uneven (max - min µs) first
         if len(k.per_rank_us) < 2 or k.mean_us <= 0:
             continue
         diff = k.max_us - k.min_us
         ev = {
             "spread_pct": 100.0 * k.spread,
-            "step_share_pct": _pct(diff, k.mean_step_us),
+            "step_share_pct": _pct(diff, step_us),
             "slowest_rank": k.max_rank,
             "fastest_rank": k.min_rank,
             "max_us": k.max_us,
@@ -247,7 +247,7 @@ def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measure
             "category": k.category,
             "window_steps": 1,
         }
-        m = Measurement(ev["spread_pct"], ev, clamp01(safe_div(diff, k.mean_step_us)), job.step, steps_covered=1)
+        m = Measurement(ev["spread_pct"], ev, clamp01(safe_div(diff, step_us)), job.step, steps_covered=1)
         prev = out.get(k.short)
         if prev is None or prev.impact < m.impact:  # two full names can share a short name
             out[k.short] = m

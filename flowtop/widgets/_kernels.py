@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Mapping
 
 from flowtop.kernels.aggregate import KernelWindowStats
-from flowtop.kernels.merge import CumulativeRow, JobKernelStats
+from flowtop.kernels.merge import CumulativeRow, JobKernelStats, RankSpread
 from flowtop.kernels.rows import KernelRow, kernel_rows
 
 # cuDNN's generated attention kernels put what they do (sdpa, flash fprop/bprop) between a long
@@ -53,27 +52,11 @@ class WindowView:
 
 
 @dataclass(frozen=True)
-class JobKernelRow:
-    """One kernel merged over the ranks of a job."""
-
-    name: str
-    short: str
-    category: str
-    per_rank_us: Mapping[int, float]
-    mean_us: float
-    min_us: float
-    max_us: float
-    spread: float  # (max - min) / mean
-    slowest_rank: int | None
-    flagged: bool  # the aggregate's verdict: uneven enough to matter
-
-
-@dataclass(frozen=True)
 class JobKernelView:
     """Kernels of a job, merged over the ranks that sent a window."""
 
     ranks: tuple[int, ...]
-    rows: tuple[JobKernelRow, ...]
+    rows: tuple[RankSpread, ...]  # the merge's rows as they are (max_rank: the slowest)
 
 
 def window_view(stats: KernelWindowStats | None,
@@ -106,19 +89,4 @@ def job_view(merged: JobKernelStats | None) -> JobKernelView | None:
     """View of a job's ``merge.JobKernelStats``."""
     if merged is None:
         return None
-    rows = tuple(
-        JobKernelRow(
-            name=k.name,
-            short=k.short,
-            category=k.category,
-            per_rank_us=dict(k.per_rank_us),
-            mean_us=k.mean_us,
-            min_us=k.min_us,
-            max_us=k.max_us,
-            spread=k.spread,
-            slowest_rank=k.max_rank,
-            flagged=k.flagged,
-        )
-        for k in merged.kernels
-    )
-    return JobKernelView(ranks=tuple(merged.ranks), rows=rows)
+    return JobKernelView(ranks=tuple(merged.ranks), rows=merged.kernels)

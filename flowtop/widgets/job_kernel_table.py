@@ -7,7 +7,8 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from flowtop.widgets._format import fmt_pct, fmt_us, styled
-from flowtop.widgets._kernels import JobKernelRow, display_name
+from flowtop.kernels.merge import RankSpread
+from flowtop.widgets._kernels import display_name
 from flowtop.widgets.kernel_table import category_short, category_style
 
 # (key, label, width); 63 + 16 padding = 79, plus a 1-cell scrollbar.
@@ -22,7 +23,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("slow", "max@", 4),
 )
 
-def job_kernel_cells(r: JobKernelRow) -> list[Text]:
+def job_kernel_cells(r: RankSpread) -> list[Text]:
     """One row in :data:`COLUMNS` order; kernels the aggregate flags as uneven in red."""
     level = "bold red" if r.flagged else ""
     return [
@@ -34,7 +35,7 @@ def job_kernel_cells(r: JobKernelRow) -> list[Text]:
         styled(fmt_us(r.max_us), ""),
         styled(fmt_pct(r.spread, 0), level or "dim"),
         # With no difference between ranks there is no slowest one to name.
-        styled("" if r.slowest_rank is None or r.max_us == r.min_us else str(r.slowest_rank), level or "dim"),
+        styled("" if r.max_us == r.min_us else str(r.max_rank), level or "dim"),
     ]
 
 
@@ -45,15 +46,15 @@ class JobKernelTable(DataTable):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
-        self._rows: tuple[JobKernelRow, ...] = ()
-        self.order: list[JobKernelRow] = []
+        self._rows: tuple[RankSpread, ...] = ()
+        self.order: list[RankSpread] = []
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
             justify = "left" if key in ("name", "category", "mark") else "right"
             self.add_column(Text(label, justify=justify), key=key, width=width)
 
-    def show(self, rows: tuple[JobKernelRow, ...]) -> None:
+    def show(self, rows: tuple[RankSpread, ...]) -> None:
         """Render ``rows`` (unchanged rows do not touch the table)."""
         if rows == self._rows and self.row_count == len(rows):
             return
