@@ -121,7 +121,7 @@ def rank_flops(
     )
 
 
-def _extras(msg: Mapping[str, Any], mix: Any, fps: float | None, tokens: int) -> dict[str, Any]:
+def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float | None, tokens: int) -> dict[str, Any]:
     """Precision mix, bf16-equivalent MFU, MoE expert load and non-padding tokens of a rank."""
     bf16 = mix.bf16_peak_flops if mix is not None else None
     nonpad = msg.get("nonpad_tokens")
@@ -192,7 +192,7 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
     )
 
 
-def _job_extras(vs: Sequence[FlopsView], mix: Any, fps: float | None) -> dict[str, Any]:
+def _job_extras(vs: Sequence[FlopsView], mix: precision.DtypeMix | None, fps: float | None) -> dict[str, Any]:
     bf16 = mix.bf16_peak_flops if mix is not None else None
     nonpad = [v.nonpad_tokens for v in vs]
     fracs = [v.nonpad_frac for v in vs]

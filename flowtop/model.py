@@ -25,7 +25,7 @@ import bisect
 import collections
 import logging
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from flowtop import accounting, parallelism
 from flowtop import rankstate as rs

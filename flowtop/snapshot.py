@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.kernels.aggregate import KernelWindowStats
     from flowtop.kernels.merge import CumulativeRow, JobKernelStats
+    from flowtop.precision import DtypeMix
+    from flowtop.relays import RelaySnapshot
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
 SCHEMA = "flowtop.snapshot/1.5"
@@ -69,7 +71,7 @@ class FlopsView:
     parallel: str = ""  # mesh and placements under DTensor parallelism (the figures are local)
     #: FLOPs per operand dtype and their peaks (flowtop.precision.DtypeMix); MFU/HFU are then
     #: against each dtype's own peak and ``peak_flops`` is the mix peak. None from older probes.
-    precision: Any = None
+    precision: DtypeMix | None = None
     mfu_bf16: float | None = None  # bf16-equivalent MFU: model FLOP/s / the bf16 dense peak
     expert_load: Any = None  # MoE: tokens per expert summarised (flowtop.moe_load.ExpertLoad)
     nonpad_tokens: int | None = None  # non-padding tokens of the counted step (attention_mask)
@@ -266,7 +268,7 @@ class MonitorSnapshot:
     #: Ended ranks forgotten early to admit new ones at the monitor's caps (flowtop.limits).
     ranks_evicted_for_room: int = 0
     #: Node relays (flowtop.relays.RelaySnapshot), by host.
-    relays: tuple[Any, ...] = ()
+    relays: tuple[RelaySnapshot, ...] = ()
 
 
 def _clean(obj: Any) -> Any:
