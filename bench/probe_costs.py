@@ -6,11 +6,19 @@ by one (steps only; + telemetry; + FLOP counting; + kernel windows). For each, t
 ``probe_s`` field the step messages carry (the probe's own time on the training thread in its
 hooks) and the median step time; plus the unit costs of the CUDA event calls each step makes.
 
-    python bench/probe_costs.py            # prints one JSON object
+``probe_s`` is timed by the probe itself, from inside its hooks: what it does not see is the
+entry into each hook (torch calling it) and its first lines. ``--hooks`` adds a second figure
+that sees all of it: every hook torch calls for the probe is wrapped in a timer, and the median
+per step of each hook's wall time is printed less the wrapper's own median (a timed no-op
+called the same way, right after a step: caches are as cold as the hooks find them).
+
+    python bench/probe_costs.py                              # prints one JSON object
+    python bench/probe_costs.py --steps 100 --config "+ kernels" --hooks
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -47,14 +55,68 @@ def event_costs(n: int = 2000) -> dict[str, float]:
             "query_us": (t3 - t2) / n * 1e6}
 
 
+class HookTimer:
+    """Wall time of every hook the probe registered with torch, per call (see the docstring)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, list[int]] = {}
+
+    def wrap(self, name: str, hook: Any) -> Any:
+        clock, out = time.perf_counter_ns, self.ns.setdefault(name, [])
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                out.append(clock() - t0)
+
+        return timed
+
+    def install(self, p: Any) -> None:
+        """Wrap the root's, the embedding's and the global optimizer hooks of probe ``p``."""
+        from torch.optim import optimizer
+
+        t = p.tracker
+        tables = [("root_pre", getattr(t.root, "_forward_pre_hooks", {})),
+                  ("root_post", getattr(t.root, "_forward_hooks", {})),
+                  ("embedding_pre", getattr(t.embedding, "_forward_pre_hooks", {}) if t.embedding is not None else {}),
+                  ("optimizer_pre", optimizer._global_optimizer_pre_hooks),
+                  ("optimizer_post", optimizer._global_optimizer_post_hooks)]
+        for name, table in tables:
+            for key in list(table):
+                table[key] = self.wrap(name, table[key])
+
+    def per_step_us(self, steps: int) -> dict[str, float]:
+        """Median µs per call of each hook less the no-op's median, and their sum per step."""
+        noop = statistics.median(self.ns.get("noop", [0]))
+        out: dict[str, float] = {}
+        for name, ns in self.ns.items():
+            if name != "noop" and ns:
+                calls = len(ns) / steps
+                out[name] = round(calls * (statistics.median(ns) - noop) / 1e3, 2)
+        out["sum"] = round(sum(out.values()), 2)
+        out["timer_noop"] = round(noop / 1e3, 2)
+        return out
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps per feature set")
+    ap.add_argument("--config", action="append", help="feature sets to run (default: all)")
+    ap.add_argument("--hooks", action="store_true", help="also time every hook from outside")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per step (256 tokens each)")
+    ap.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
+    args = ap.parse_args()
     import torch
     from gpt_step import SMALL, gpt_step  # puts the checkout on sys.path
 
     import probe
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    _, step = gpt_step(SMALL, 4, dev)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _, step = gpt_step(SMALL, args.batch, dev)
 
     for _ in range(20):
         step()
@@ -64,6 +126,8 @@ def main() -> int:
         out["cuda_event_us"] = event_costs()
     rows = []
     for name, env in CONFIGS:
+        if args.config and name not in args.config:
+            continue
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         probe_s: list[float] = []
@@ -79,10 +143,16 @@ def main() -> int:
 
             p.publisher.publish = spy  # type: ignore[method-assign]
             wall: list[float] = []
-            for _ in range(STEPS):
+            timer = HookTimer() if args.hooks else None
+            noop = timer.wrap("noop", lambda: None) if timer else None
+            for i in range(args.steps):
+                if timer is not None and i == 3:  # the root and its hooks are known from step 1
+                    timer.install(p)
                 t0 = time.perf_counter()
                 step()
                 wall.append(time.perf_counter() - t0)
+                if noop is not None:
+                    noop()
             marks = set(p.sampled_steps)
         finally:
             probe.detach()
@@ -96,6 +166,8 @@ def main() -> int:
                      "probe_us_p90": sorted(steady)[int(0.9 * len(steady))] * 1e6,
                      "host_step_ms_median": statistics.median(wall[2:]) * 1e3,
                      "sampled_steps": len(marks)})
+        if timer is not None:
+            rows[-1]["hooks_us"] = timer.per_step_us(args.steps - 3)
     out["per_step"] = rows
     print(json.dumps(out, indent=2))
     return 0

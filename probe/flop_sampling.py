@@ -11,6 +11,7 @@ as the kernel windows (0.5 % of large steps, 2 % of small ones: docs/design.md, 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable
 
 from probe import accounting, flops, moe, padding
@@ -54,6 +55,12 @@ class FlopSampler:
         self.estimate_only = False
         self._estimated_for: tuple[Any, ...] | None = None
         self._dtype: str | None = None  # compute dtype seen at the last training forward
+        self._decided: int | None = None  # the step the policy last chose to count
+        #: The steady state, for the caller to test before calling :meth:`on_forward` at all: the
+        #: step's signature equals ``quiet_signature`` (the count in force) and its 0-based index is
+        #: below ``quiet_until`` (the next re-check) -> nothing to do. None when that does not hold.
+        self.quiet_signature: tuple[Any, ...] | None = None
+        self.quiet_until = -1
 
     @property
     def counting(self) -> bool:
@@ -76,7 +83,10 @@ class FlopSampler:
                 fields = self._message(carried, tracker, signature, self._tokens.get(signature, 0), context)
                 self._publish({**fields, **self._extras.get(signature, {})})
         if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
+            self._set_quiet(signature)
             return False
+        self._decided = tracker.step
+        self.quiet_signature = None
         if in_compiled_call():
             # The forward runs inside a compiled region (module.compile()): a counting window
             # cannot be opened there safely (see probe.steps.in_compiled_call).
@@ -91,6 +101,17 @@ class FlopSampler:
         self._nonpad.start(tracker.root, getattr(tracker, "forward_inputs", None))
         self._counted_step = tracker.step + 1
         return True
+
+    def _set_quiet(self, signature: tuple[Any, ...]) -> None:
+        """After a step that needed nothing: until the next re-check, the same signature needs
+        nothing either (it is the one published, so the policy holds its count)."""
+        if (signature is not self._published and signature != self._published) or self._decided is None \
+                or self.estimate_only or self.broken or self._counter is not None:
+            self.quiet_signature = None
+            return
+        every = self.policy.recheck_every
+        self.quiet_signature = signature
+        self.quiet_until = self._decided + every if every > 0 else sys.maxsize
 
     def finish(self, tracker: Any, context: dict[str, Any], prev_micro_batches: int) -> None:
         """Close the window before the optimizer runs (or at the boundary, as a fallback)."""
@@ -143,6 +164,7 @@ class FlopSampler:
         the model-shape estimate (6N+12LdT) instead, labelled as not counted. Called at a
         forward's start, where the compute dtype (autocast's) is known."""
         self.close()
+        self.quiet_signature = None
         self._dtype = _compute_dtype(root)
         self.broken = True
         self.estimate_only = True

@@ -24,6 +24,14 @@ from probe.steps import StepTracker
 VERSION = "0.1.0"
 
 
+def _pow2_at_least(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1), as the kernel window scheduler aligns."""
+    p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
 def _guard(name: str, fn: Callable[..., None], on_fail: Callable[[], None]) -> Callable[..., None]:
     """Wrap a training-thread callback: the first exception disables the feature."""
 
@@ -54,6 +62,10 @@ class Probe:
         self._flops: Any = None  # probe.flop_sampling.FlopSampler
         self._kernels: Any = None  # probe.kernels.KernelWindowSampler
         self._kernels_active = False
+        self._kernels_next = 0  # the next step index a window may start at (see _at_boundary)
+        self._counting = False  # a FLOP counting window may be open (set when one opens)
+        self._rare = False  # per-step work few runs have is due (see _refresh_rare)
+        self._refused = 0  # commands refused so far: the sender thread keeps it (see _count_refused)
         self._nvtx_open = False
         self._nvtx_disabled = False
         self._ewma_step_s: float | None = None
@@ -81,6 +93,7 @@ class Probe:
         self.tracker.install()
         self.tracker.listeners_forward.append(_guard("parallel layout", self._scan_layout, self._layout_off))
         self.publisher.hello_fields = self._hello("unknown (before the first step)")
+        self.publisher.add_tick(0.0, self._count_refused)
         self.publisher.start()
         if self.cfg.flops:
             self._setup_flops()
@@ -103,12 +116,15 @@ class Probe:
             warn_once("flops-setup", f"FLOP counting unavailable: {exc}")
             return
         self._charge_after = CHARGE_AFTER_STEPS
-        self.tracker.listeners_forward.append(_guard("flop counting", self._maybe_start_count, self._flops_off))
-        self.tracker.listeners_pre_opt.append(_guard("flop counting", self._finish_count, self._flops_off))
-        self.tracker.listeners_boundary.append(_guard("flop counting", self._finish_at_boundary, self._flops_off))
+        # Not _guard()ed: these run every step and guard their own work (a frame less each).
+        self.tracker.listeners_forward.append(self._maybe_start_count)
+        self.tracker.listeners_pre_opt.append(self._finish_count)
+        self._add_boundary_listener()
 
     def _flops_off(self) -> None:
         sampler, self._flops = self._flops, None
+        self._counting = False
+        self._refresh_rare()
         if sampler is not None:
             sampler.close()
 
@@ -126,11 +142,38 @@ class Probe:
             warn_once("kernels-setup", f"kernel windows unavailable: {exc}")
             return
 
-        self.tracker.listeners_boundary.append(_guard("kernel windows", self._kernel_boundary, self._kernels_off))
+        self._add_boundary_listener()
         self.publisher.on_control(self._control)
+
+    def _add_boundary_listener(self) -> None:
+        if self._at_boundary not in self.tracker.listeners_boundary:
+            self.tracker.listeners_boundary.append(self._at_boundary)
+
+    def _at_boundary(self, step: int, wall_s: float) -> None:
+        """Every boundary, FLOP counting's and kernel windows' share, in that order; each does
+        nothing but a test or two unless a window is open or may be due."""
+        if self._counting:
+            try:
+                self._finish_at_boundary(step, wall_s)
+                self._counting = self._flops is not None and self._flops.counting
+            except Exception as exc:
+                self._feature_failed("flop counting", exc, self._flops_off)
+        if step + 1 < self._kernels_next:
+            return  # no window can start at the coming step, none is open
+        try:
+            self._kernel_boundary(step, wall_s)
+        except Exception as exc:
+            self._feature_failed("kernel windows", exc, self._kernels_off)
+
+    @staticmethod
+    def _feature_failed(name: str, exc: BaseException, off: Callable[[], None]) -> None:
+        """What :func:`_guard` does, for callbacks that guard themselves."""
+        warn_once(name, f"{name} disabled after an error: {type(exc).__name__}: {exc}")
+        off()
 
     def _kernels_off(self) -> None:
         sampler, self._kernels = self._kernels, None
+        self._kernels_next = sys.maxsize
         self._kernels_active = False
         if sampler is not None:
             sampler.close()  # an open profiler session must not keep recording
@@ -189,25 +232,49 @@ class Probe:
                 prev = self._ewma_step_s
                 self._ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
                 self._recent_walls.append(wall)
-            if (self._count_wall_s is not None and self._flops is not None and self._recent_walls
-                    and self._since_count >= self._charge_after):
-                # Against the median of the last few steady steps: one slow step (a host hiccup)
-                # right after a count must not make the count look free and let counts crowd in.
-                typical = statistics.median(self._recent_walls)
-                self._flops.charge(self._count_wall_s - typical, typical)
-                self._count_wall_s = None
+            if self._count_wall_s is not None:
+                self._charge_count()
+        if self._rare:
+            fields = self._rare_step_work(fields)
+        refused = self._refused
+        if refused:
+            fields = dict(fields, commands_refused=refused)
+        self.publisher.publish("step", fields)
+
+    def _refresh_rare(self) -> None:
+        """Whether :meth:`_rare_step_work` has anything to do, so that the common step tests one
+        flag; called wherever its inputs change (the first step, counting's slow path, the
+        features turning off)."""
+        flops = self._flops
+        self._rare = bool((flops is not None and flops.estimate_only) or self.cfg.calibrate_out
+                          or self._stage_timer is not None)
+
+    def _count_refused(self) -> None:
+        """Sender thread, each round: the commands refused so far (malformed ones, and requests
+        the window scheduler turned down), for the next step message to carry."""
+        sampler = self._kernels
+        self._refused = self.publisher.control_rejected + (sampler.scheduler.refused if sampler is not None else 0)
+
+    def _charge_count(self) -> None:
+        if self._flops is not None and self._recent_walls and self._since_count >= self._charge_after:
+            # Against the median of the last few steady steps: one slow step (a host hiccup)
+            # right after a count must not make the count look free and let counts crowd in.
+            typical = statistics.median(self._recent_walls)
+            self._flops.charge(self._count_wall_s - typical, typical)  # type: ignore[operator]
+            self._count_wall_s = None
+
+    def _rare_step_work(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The per-step work of setups that few runs have (compiled models' estimate,
+        ``flowtop calibrate``, pipeline stages): out of the common path."""
         if self._flops is not None and self._flops.estimate_only:
             self._flops.publish_estimate(self.tracker, self._context, fields["tokens"])
         if self.cfg.calibrate_out and self._flops is not None and self._flops.last is not None:
-            self._write_calibration(step)
+            self._write_calibration(fields["step"])
         if self._stage_timer is not None:
             stage_s = self._stage_timer.take()
             if stage_s is not None:
                 fields = dict(fields, stage_s=stage_s)
-        refused = self.publisher.control_rejected + (self._kernels.scheduler.refused if self._kernels else 0)
-        if refused:
-            fields = dict(fields, commands_refused=refused)
-        self.publisher.publish("step", fields)
+        return fields
 
     def _hello(self, device: str) -> dict[str, Any]:
         return {
@@ -234,9 +301,11 @@ class Probe:
 
             cuda = any(getattr(getattr(s, "device", None), "type", "") == "cuda" for s in self._found.stages)
             self._stage_timer = StageTimer(self._found.stages, cuda=cuda)
+            self._refresh_rare()
 
     def _layout_off(self) -> None:
         timer, self._stage_timer = self._stage_timer, None
+        self._refresh_rare()
         if timer is not None:
             timer.close()
 
@@ -266,6 +335,7 @@ class Probe:
             self._kernels._cuda = self._on_cuda()
         if self.cfg.telemetry:
             self._setup_telemetry()
+        self._refresh_rare()
 
     def _reidentify(self) -> None:
         """Attached before ``init_process_group`` with no launcher variable (an ``attach()`` at
@@ -298,23 +368,45 @@ class Probe:
         return f"cpu ({platform.processor() or platform.machine()})"
 
     def _maybe_start_count(self, signature: tuple[Any, ...]) -> None:
+        flops = self._flops
+        if flops is None:
+            return
+        if (signature is flops.quiet_signature or signature == flops.quiet_signature) \
+                and self.tracker.step < flops.quiet_until and not self._flops_close_pending:
+            return  # the steady state: the count in force holds (see FlopSampler.quiet_signature)
+        try:
+            self._start_count(flops, signature)
+            self._refresh_rare()  # counting may have turned to the estimate
+        except Exception as exc:
+            self._feature_failed("flop counting", exc, self._flops_off)
+
+    def _start_count(self, flops: Any, signature: tuple[Any, ...]) -> None:
         if self._flops_close_pending:
             self._flops_close_pending = False
-            if self._flops is not None:  # closes the open window here, outside the compiled call
-                self._flops.stop_counting("optimizer.step runs under torch.compile, where the "
-                                          "counting window cannot close", self.tracker.root)
+            # closes the open window here, outside the compiled call
+            flops.stop_counting("optimizer.step runs under torch.compile, where the "
+                                "counting window cannot close", self.tracker.root)
             return
         # Never count a step that is also being profiled (each distorts the other).
-        if self._flops is None or self._kernels_active:
+        if self._kernels_active:
             return
-        if self._flops.on_forward(self.tracker, signature, self._context):
+        if flops.on_forward(self.tracker, signature, self._context):
+            self._counting = True
             self._note_sampled(self.tracker.step + 1, "flops")  # 1-based, like the step messages
 
     def _finish_count(self) -> None:
-        if self._flops is not None and self._flops.counting:
-            if self._compiled_optimizer():
-                return
-            self._flops.finish(self.tracker, self._context, self.tracker.micro_batches)
+        if not self._counting:
+            return
+        flops = self._flops
+        if flops is None or not flops.counting:
+            self._counting = False
+            return
+        try:
+            if not self._compiled_optimizer():
+                flops.finish(self.tracker, self._context, self.tracker.micro_batches)
+                self._counting = flops.counting
+        except Exception as exc:
+            self._feature_failed("flop counting", exc, self._flops_off)
 
     def _compiled_optimizer(self) -> bool:
         """The optimizer step runs compiled (``torch.compile(opt.step)``): the counting window
@@ -338,7 +430,9 @@ class Probe:
     def _kernel_boundary(self, step: int, wall_s: float) -> None:
         sampler = self._kernels
         if sampler is None:
+            self._kernels_next = sys.maxsize
             return
+        self._kernels_next = 0  # until a due() said no, and when
         if self._kernels_active:
             self._kernels_active = False
             window = sampler.end_step(step, typical_step_s=self._ewma_step_s)
@@ -353,6 +447,14 @@ class Probe:
             self._kernels_active = bool(sampler.begin_step(step + 1))
             if self._kernels_active:
                 self._note_sampled(step + 1, "kernels")
+                return
+        # The sampler was asked (its schedule is anchored). With windows aligned to step indices
+        # (the scheduler's default), none can start before the next multiple of the power of two
+        # its shortest interval rounds up to, unless the monitor asks, which _control signals (a
+        # request landing between these lines waits for that step).
+        sched = sampler.scheduler
+        mask = _pow2_at_least(sched.min_interval_steps) - 1 if sched.align_steps else 0
+        self._kernels_next = 0 if sched.requested else ((step + 1) | mask) + 1
 
     def _note_sampled(self, step: int, what: str) -> None:
         if len(self.sampled_steps) > 256:
@@ -363,7 +465,8 @@ class Probe:
         """A command from the monitor (sender thread). A refused request is counted by the
         sampler's scheduler and reaches the monitor with the next step."""
         if command == "kernels_now" and self._kernels is not None:
-            self._kernels.request_now()
+            if self._kernels.request_now():
+                self._kernels_next = 0  # ask the sampler at the next boundary
 
     def _nvtx_off(self) -> None:
         self._nvtx_disabled = True

@@ -120,6 +120,13 @@ def _has_closure(optimizer: Any, args: Any, kwargs: Any) -> bool:
     return callable(closure)
 
 
+#: Read at every hook call: module globals, not attribute chains (cold caches after a long step
+#: make each lookup cost).
+_now = time.perf_counter
+_grad_on = torch.is_grad_enabled
+_inference_on = torch.is_inference_mode_enabled
+
+
 def _training_forward() -> bool:
     """Whether a forward now is part of training (autograd on, not inference mode)."""
     return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
@@ -157,13 +164,16 @@ class StepTracker:
         self._probe_s = 0.0
         self._depth = 0
         self._candidates: dict[int, torch.nn.Module] = {}
-        self._stepped: set[int] = set()  # optimizers that stepped since the last boundary
+        #: id(optimizer) -> self.step after its last step: it stepped since the last boundary when
+        #: that is the current step (no set to clear at each boundary).
+        self._stepped: dict[int, int] = {}
         self._global_handles: list[Any] = []
         self._handles: list[Any] = []
         self._root_handles: list[Any] = []
         self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
         self._forward_since_boundary = 0
         self._idle_calls = 0
+        self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see _signature
 
     @property
     def device(self) -> torch.device | None:
@@ -326,31 +336,59 @@ class StepTracker:
     # --- steady-state hooks ---------------------------------------------------------
 
     def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.root is not None and module is not self.root:
+        if module is not self.root and self.root is not None:
             return
         # Decided once per root forward: the embedding and the forward's end read the flag
         # (each torch call costs microseconds when the caches are cold after a long step).
-        self._training_now = training = _training_forward()
-        if not training:
+        if not _grad_on() or _inference_on():
+            self._training_now = False
             return
-        t0 = time.perf_counter()
-        try:
-            if self._forward_since_boundary == 0:
-                self._input_wait = t0 - self._input_origin
-                listeners = self.listeners_forward
-                if listeners:  # the input signature serves FLOP counting only
-                    self.signature = signature_of(args, kwargs or {})
+        self._training_now = True
+        if self._forward_since_boundary:  # a later micro-batch: only counted
+            self._forward_since_boundary += 1
+            return
+        t0 = _now()
+        self._input_wait = t0 - self._input_origin
+        listeners = self.listeners_forward
+        if listeners:  # the input signature serves FLOP counting only
+            try:
+                self.signature = self._signature(args, kwargs)
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
-                if listeners and (not self.in_optimizer or self.closure_step):
+                if not self.in_optimizer or self.closure_step:
                     self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.padding)
                     for listener in listeners:
                         listener(self.signature)
                     self.forward_inputs = None
-            self._forward_since_boundary += 1
-        except Exception as exc:
-            self._fail("forward", exc)
-        self._probe_s += time.perf_counter() - t0
+            except Exception as exc:
+                self._fail("forward", exc)
+        self._forward_since_boundary = 1
+        self._probe_s += _now() - t0
+
+    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
+        """:func:`signature_of` the root's inputs, looked up by their shapes and dtypes when they
+        are plain positional tensors (the common case): the same inputs give the very same
+        tuple, so the FLOP sampler's "new signature?" test is an identity check, and the walk
+        runs once per shape instead of once per step."""
+        if kwargs or len(args) > 4:
+            return signature_of(args, kwargs or {})
+        key = []
+        try:
+            for a in args:
+                if not isinstance(a, torch.Tensor):
+                    return signature_of(args, {})
+                key.append(a.shape)
+                key.append(a.dtype)
+            k = tuple(key)
+            cache = self._signatures
+            sig = cache.get(k)
+        except Exception:  # a tensor without a plain shape (nested): signature_of copes
+            return signature_of(args, {})
+        if sig is None:
+            if len(cache) >= 64:  # shapes changing every step: bounded, like the counts carried
+                cache.clear()
+            sig = cache[k] = signature_of(args, {})
+        return sig
 
     def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if self._training_now:
@@ -383,16 +421,18 @@ class StepTracker:
 
     def _is_new_step(self, optimizer: Any) -> bool:
         """A new step, unless another optimizer of this step steps with no forward between."""
-        return self._forward_since_boundary > 0 or self.step == 0 or id(optimizer) in self._stepped
+        return self._forward_since_boundary > 0 or self.step == 0 or self._stepped.get(id(optimizer)) == self.step
 
     def _opt_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             self.in_optimizer = True
-            self.closure_step = _has_closure(optimizer, args, kwargs)
+            # torch passes (optimizer,) and {} for a plain step(): no closure to look for.
+            closure = self.closure_step = (len(args) > 1 or bool(kwargs)) and _has_closure(optimizer, args, kwargs)
             # With a closure the step's (last) forward and backward are still to come, inside
             # step(): pre-optimizer work waits for the boundary (listeners see closure_step).
-            if not self.explicit and not self.closure_step and self._is_new_step(optimizer):
-                for listener in self.listeners_pre_opt:
+            listeners = self.listeners_pre_opt
+            if listeners and not self.explicit and not closure and self._is_new_step(optimizer):
+                for listener in listeners:
                     listener()
         except Exception as exc:
             self._fail("optimizer pre-hook", exc)
@@ -403,10 +443,15 @@ class StepTracker:
             self.closure_step = False
             if self.explicit:
                 return
-            if self._is_new_step(optimizer):
-                self.boundary(optimizer)
-            self._stepped.add(id(optimizer))
-            self._input_origin = time.perf_counter()
+            key = id(optimizer)
+            stepped = self._stepped
+            if self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:  # _is_new_step
+                self.boundary(optimizer)  # sets _input_origin
+            else:
+                self._input_origin = _now()
+            stepped[key] = self.step
+            if len(stepped) > 64:  # optimizers built and dropped over and over: keep this step's
+                self._stepped = {k: v for k, v in stepped.items() if v == self.step}
         except Exception as exc:
             self._fail("optimizer post-hook", exc)
 
@@ -417,7 +462,6 @@ class StepTracker:
             for listener in self.listeners_pre_opt:
                 listener()
             self.boundary(None)
-            self._input_origin = time.perf_counter()
         except Exception as exc:
             self._fail("mark_step", exc)
 
@@ -425,15 +469,16 @@ class StepTracker:
 
     def boundary(self, optimizer: Any) -> None:
         """Close the current step and open the next one."""
-        t0 = time.perf_counter()
+        t0 = _now()
         wall = t0 - self._last_boundary
         if self.root is None:
             self._settle_root(optimizer)
-        self.step += 1
-        device_s, dstep = self._device_time()
-        lead = self._forward_end - self._last_boundary if self._forward_end is not None else None
+        step = self.step = self.step + 1
+        device_s, dstep = self._device_time() if self._cuda else (None, None)
+        end = self._forward_end
+        lead = end - self._last_boundary if end is not None else None
         fields: dict[str, Any] = {
-            "step": self.step,
+            "step": step,
             "wall_s": wall,
             "tokens": self.tokens,
             "input_wait_s": self._input_wait,
@@ -444,7 +489,7 @@ class StepTracker:
         }
         for listener in self.listeners_boundary:
             try:
-                listener(self.step, wall)
+                listener(step, wall)
             except Exception as exc:
                 warn_once("boundary-listener", f"step listener failed: {exc}")
         self.micro_batches = self._forward_since_boundary
@@ -452,13 +497,11 @@ class StepTracker:
         self._input_wait = None
         self._forward_end = None
         self._forward_since_boundary = 0
-        self._stepped.clear()
-        self._probe_s += time.perf_counter() - t0
-        fields["probe_s"] = self._probe_s
-        self._probe_s = 0.0
-        t1 = time.perf_counter()
+        t1 = _now()
+        fields["probe_s"] = self._probe_s + (t1 - t0)
         self._on_step(fields)
-        self._probe_s += time.perf_counter() - t1  # the runtime's share: reported with the next step
+        t2 = self._input_origin = _now()  # the last optimizer post-hook (mark_step) of the step
+        self._probe_s = t2 - t1  # the runtime's share: reported with the next step
         # Steps are the intervals between boundary instants: what the probe does here (a kernel
         # window starting or ending, a count closing) belongs to the next step's wall time, so
         # step times add up to the run's wall time, as the framework's own clocks see it.
