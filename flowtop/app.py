@@ -56,6 +56,8 @@ class FlowtopApp(App[None]):
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
+        if hasattr(source, "glances"):
+            source.glances = True  # a person watching: steps between ticks too (flowtop.collector)
         #: The thread that hosts the source; only it calls into the source.
         self.data = DataThread(source, cadence_s=refresh_s, wake=self._wake)
         #: The snapshot shown now (None until the first one arrives).

@@ -170,9 +170,13 @@ class Collector:
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
         self.start_error = ""
         #: When the glance between two ticks is due: a snapshot of steps and liveness only (the
-        #: figures and hints of the last tick), so that a step shows within a quarter second plus
-        #: its flush, not half a second — for up to RANKS_PER_TICK ranks, where it costs little.
+        #: figures, statuses and hints of the last tick), so that a step shows on screen within a
+        #: quarter second plus its flush, not half a second — for up to GLANCE_RANKS ranks, where it
+        #: costs little.
         self._next_glance = float("inf")
+        #: Whether to publish glances at all: a TUI sets it (flowtop.app); a JSON stream, a scrape
+        #: or a final snapshot wants each tick's consistent view only.
+        self.glances = False
         #: The pace asked of the ranks (flowtop.pacing), checked every RENEW_S.
         self.pacer = Pacer()
         self._pace_check = 0.0
@@ -314,7 +318,7 @@ class Collector:
                     self.on_tick(snap)
             elif now >= self._next_glance:
                 self._next_glance = self.ticker.next_at  # one glance between two ticks
-                if self.on_tick is not None and 0 < len(self.model.ranks) <= GLANCE_RANKS:
+                if self.glances and self.on_tick is not None and 0 < len(self.model.ranks) <= GLANCE_RANKS:
                     self.on_tick(self.model.snapshot(now, self.listen, light=True))
         self._pace(now)
         return now

@@ -1,6 +1,6 @@
-"""Between two ticks the collector publishes a glance (flowtop.collector): each rank's step and
-liveness at that instant with the figures and hints of the last tick, so a step shows within a
-quarter second of arriving, for jobs up to RANKS_PER_TICK ranks."""
+"""Between two ticks a collector watched by a TUI publishes a glance (flowtop.collector): each
+rank's step at that instant with the figures, statuses and hints of the last tick, so a step shows
+within a quarter second of arriving, for jobs up to GLANCE_RANKS ranks."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def _run(monitor: MonitorThread, seconds: float) -> list[tuple[float, int, tuple
         seen.append((snap.taken_at, ranks[0].step if ranks else -1, tuple(h.id for h in snap.jobs[0].hints) if snap.jobs else ()))
 
     monitor.call(lambda: setattr(monitor.collector, "on_tick", on_tick))
+    monitor.call(lambda: setattr(monitor.collector, "glances", True))  # as the TUI sets it (flowtop.app)
     pub = Publisher(RankKey("glance", "h", 77, 0, 0), monitor.listen)
     pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
     pub.start()
@@ -80,3 +81,22 @@ def test_a_glance_moves_steps_but_statuses_and_hints_only_move_at_ticks() -> Non
     assert glance.jobs[0].ranks[0].status == "live" and glance.jobs[0].status == "running"  # not before the tick
     snap = model.tick(1.5)
     assert snap.jobs[0].ranks[0].status == "done" and snap.jobs[0].status == "done"
+
+
+def test_without_a_tui_only_ticks_are_published() -> None:
+    """A JSON stream or a scrape (flowtop serve, snapshot --follow) gets each tick's view only."""
+    monitor = MonitorThread()
+    try:
+        seen: list[float] = []
+        monitor.call(lambda: setattr(monitor.collector, "on_tick", lambda snap: seen.append(snap.taken_at)))
+        pub = Publisher(RankKey("glance", "h", 79, 0, 0), monitor.listen)
+        pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+        pub.start()
+        for step in range(1, 40):
+            pub.publish("step", {"step": step, "wall_s": 0.05, "tokens": 8, "drops": 0})
+            time.sleep(0.05)
+        pub.close()
+    finally:
+        monitor.close()
+    gaps = [b - a for a, b in zip(seen, seen[1:])]
+    assert len(seen) >= 3 and min(gaps) > TICK_S - 0.06, gaps
