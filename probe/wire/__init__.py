@@ -289,8 +289,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     if version[0] != MAJOR:
         raise WireError(f"unsupported major version {version[0]} (this monitor speaks {MAJOR})")
     kind = obj.get("k")
-    schema = _SCHEMA.get(kind) if type(kind) is str else None
-    if schema is None:
+    if type(kind) is not str or (schema := _SCHEMA.get(kind)) is None:
         raise WireError(f"unknown kind {kind!r:.40}")
     key = _key(obj, kind)
     if admit is not None:
@@ -298,8 +297,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         if why:
             raise WireError(why)
     if kind == "stepcols":
-        cols = _steps.decode_fields(obj, MAX_BATCH)
-        return Message(kind, key, obj["seq"], float(obj["t"]), {}, cols)
+        return Message(kind, key, obj["seq"], float(obj["t"]), {}, _steps.decode_fields(obj, MAX_BATCH))
     fields: dict[str, Any] = {}
     for name, (required, check) in schema.items():
         if name not in obj:
@@ -319,7 +317,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     return Message(kind, key, obj["seq"], float(obj["t"]), fields, cols)
 
 
-def _key(obj: dict[str, Any], kind: str) -> RankKey:
+def _key(obj: Any, kind: str) -> RankKey:
     """The envelope's rank key, validated (every frame: plain type and range tests first, the
     checkers only to name what is wrong)."""
     job, host, pid, rank, inc, seq, t = (obj.get(n) for n in ("job", "host", "pid", "rank", "inc", "seq", "t"))
@@ -336,7 +334,7 @@ def _key(obj: dict[str, Any], kind: str) -> RankKey:
         if key is None:
             if len(_KEYS) >= _MAX_KEYS:
                 _KEYS.clear()
-            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)  # type: ignore[arg-type]
+            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)
         return key
     for name, check in _ENVELOPE.items():
         if name not in obj:
@@ -391,6 +389,7 @@ def decode_control(frame: bytes) -> tuple[str, str, int | None]:
     if not isinstance(v, list) or not v or v[0] != MAJOR:
         raise WireError("unsupported control version")
     cmd, job, rank = obj.get("cmd"), obj.get("job"), obj.get("rank")
-    if cmd not in CONTROL_COMMANDS or not _str()(job) or not (rank is None or _int(0, 1 << 24)(rank)):
+    if (cmd not in CONTROL_COMMANDS or not isinstance(job, str) or not _str()(job)
+            or not (rank is None or _int(0, 1 << 24)(rank))):
         raise WireError("malformed control message")
     return cmd, job, rank
