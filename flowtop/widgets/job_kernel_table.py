@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
@@ -9,6 +11,9 @@ from textual.widgets import DataTable
 from flowtop.widgets._format import fmt_pct, fmt_us, styled
 from flowtop.widgets._kernels import JobKernelRow, display_name
 from flowtop.widgets.kernel_table import category_short, category_style
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 # (key, label, width); 63 + 16 padding = 79, plus a 1-cell scrollbar.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -43,14 +48,14 @@ class JobKernelTable(DataTable):
 
     by_mean: reactive[bool] = reactive(False)
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._rows: tuple[JobKernelRow, ...] = ()
         self.order: list[JobKernelRow] = []
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
-            justify = "left" if key in ("name", "category", "mark") else "right"
+            justify: JustifyMethod = "left" if key in ("name", "category", "mark") else "right"
             self.add_column(Text(label, justify=justify), key=key, width=width)
 
     def show(self, rows: tuple[JobKernelRow, ...]) -> None:

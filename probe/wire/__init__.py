@@ -290,8 +290,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     if version[0] != MAJOR:
         raise WireError(f"unsupported major version {version[0]} (this monitor speaks {MAJOR})")
     kind = obj.get("k")
-    schema = _SCHEMA.get(kind) if type(kind) is str else None
-    if schema is None:
+    if type(kind) is not str or (schema := _SCHEMA.get(kind)) is None:
         raise WireError(f"unknown kind {kind!r:.40}")
     key = _key(obj, kind)
     if admit is not None:
@@ -299,8 +298,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         if why:
             raise WireError(why)
     if kind == "stepcols":
-        cols = _steps.decode_fields(obj, MAX_BATCH)
-        return Message(kind, key, obj["seq"], float(obj["t"]), {}, cols)
+        return Message(kind, key, obj["seq"], float(obj["t"]), {}, _steps.decode_fields(obj, MAX_BATCH))
     fields: dict[str, Any] = {}
     for name, (required, check) in schema.items():
         if name not in obj:
@@ -320,7 +318,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     return Message(kind, key, obj["seq"], float(obj["t"]), fields, cols)
 
 
-def _key(obj: dict[str, Any], kind: str) -> RankKey:
+def _key(obj: Any, kind: str) -> RankKey:
     """The envelope's rank key, validated (every frame: plain type and range tests first, the
     checkers only to name what is wrong)."""
     job, host, pid, rank, inc, seq, t = (obj.get(n) for n in ("job", "host", "pid", "rank", "inc", "seq", "t"))
@@ -337,7 +335,7 @@ def _key(obj: dict[str, Any], kind: str) -> RankKey:
         if key is None:
             if len(_KEYS) >= _MAX_KEYS:
                 _KEYS.clear()
-            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)  # type: ignore[arg-type]
+            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)
         return key
     for name, check in _ENVELOPE.items():
         if name not in obj:
