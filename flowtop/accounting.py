@@ -194,14 +194,14 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
 
 def _job_extras(vs: Sequence[FlopsView], mix: precision.DtypeMix | None, fps: float | None) -> dict[str, Any]:
     bf16 = mix.bf16_peak_flops if mix is not None else None
-    nonpad = [v.nonpad_tokens for v in vs]
-    fracs = [v.nonpad_frac for v in vs]
-    known = all(n is not None for n in nonpad) and all(f for f in fracs)
+    nonpad = [v.nonpad_tokens for v in vs if v.nonpad_tokens is not None]
+    fracs = [v.nonpad_frac for v in vs if v.nonpad_frac]
+    known = len(nonpad) == len(fracs) == len(vs)  # every rank sent both (and a nonzero fraction)
     return {
         "precision": mix,
         "mfu_bf16": per_peak(fps, bf16),
         "expert_load": moe_load.job_load([v.expert_load for v in vs]),
-        "nonpad_tokens": sum(nonpad) if known else None,  # type: ignore[arg-type]
-        "nonpad_frac": (sum(nonpad) / sum(n / f for n, f in zip(nonpad, fracs))  # type: ignore[operator]
+        "nonpad_tokens": sum(nonpad) if known else None,
+        "nonpad_frac": (sum(nonpad) / sum(n / f for n, f in zip(nonpad, fracs))
                         if known else None),
     }

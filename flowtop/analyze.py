@@ -76,10 +76,12 @@ def render_text(stats: KernelWindowStats, source: str, kernels: list[KernelStat]
     lines.append(f"communication {a.comm_us:.1f} us   overlapped with compute {a.comm_overlap_us:.1f} us"
                  f" ({_pct(a.comm_overlap_frac)})")
     scale, prefix = rate_prefix(k.tflops * 1e12 for k in kernels if k.tflops is not None)  # GFLOP/s on a CPU
-    lines += ["", f"{'TIME%':>6} {'TOTAL us':>10} {'CALLS':>6} {'MEAN us':>9} {prefix + 'FLOP/s':>8}  {'CATEGORY':<13} KERNEL"]
+    lines += ["", f"{'TIME%':>6} {'TOTAL us':>10} {'CALLS':>6} {'MEAN us':>9} {prefix + 'FLOP/s':>8}  "
+                  f"{'CATEGORY':<13} KERNEL"]
     for k in kernels:
         tf = "-" if k.tflops is None else f"{k.tflops * 1e12 / scale:.1f}"
-        lines.append(f"{100 * k.share:6.2f} {k.total_us:10.1f} {k.calls:6d} {k.mean_us:9.2f} {tf:>8}  {k.category:<13} {k.short}")
+        lines.append(f"{100 * k.share:6.2f} {k.total_us:10.1f} {k.calls:6d} {k.mean_us:9.2f} {tf:>8}  "
+                     f"{k.category:<13} {k.short}")
     shown = len(kernels)
     if shown < len(stats.kernels):
         lines.append(f"... {len(stats.kernels) - shown} more (--top 0 shows all)")

@@ -53,7 +53,8 @@ def _non_negative_float(raw: str) -> float:
 
 def _prometheus_args(p: argparse.ArgumentParser, default: str | None) -> None:
     p.add_argument("--prometheus", type=_hostport, default=default, metavar="HOST:PORT",
-                   help="serve Prometheus/OpenMetrics at http://HOST:PORT/metrics" + (f" (default {default})" if default else ""))
+                   help="serve Prometheus/OpenMetrics at http://HOST:PORT/metrics"
+                   + (f" (default {default})" if default else ""))
     p.add_argument("--prometheus-max-ranks", type=_positive_int, default=1024, metavar="N",
                    help="jobs with more ranks get per-node series instead of per-rank ones (default 1024)")
     p.add_argument("--prometheus-linger", type=_non_negative_float, default=60.0, metavar="S",
@@ -76,10 +77,14 @@ def version_text() -> str:
 def _monitor_args(p: argparse.ArgumentParser) -> None:
     default = settings.ADDR.read()
     p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env {settings.ADDR.name})")
-    p.add_argument("--insecure-bind", action="store_true", help="allow binding a non-loopback address without authentication")
-    p.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys (flowtop keys DIR): encrypted, only admitted probes")
-    p.add_argument("--peak-tflops", type=_positive_float, default=None, help="dense peak per rank in TFLOP/s (overrides the table)")
-    p.add_argument("--record", default=None, metavar="FILE", help="also write every received frame to FILE (flowtop replay FILE)")
+    p.add_argument("--insecure-bind", action="store_true",
+                   help="allow binding a non-loopback address without authentication")
+    p.add_argument("--curve-dir", default=None, metavar="DIR",
+                   help="CURVE keys (flowtop keys DIR): encrypted, only admitted probes")
+    p.add_argument("--peak-tflops", type=_positive_float, default=None,
+                   help="dense peak per rank in TFLOP/s (overrides the table)")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="also write every received frame to FILE (flowtop replay FILE)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,26 +100,32 @@ def build_parser() -> argparse.ArgumentParser:
     _monitor_args(serve)
     _prometheus_args(serve, "127.0.0.1:9759")
     run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
-    run.add_argument("--connect", default=None, help=f"monitor address the probe connects to (env {settings.ADDR.name})")
+    run.add_argument("--connect", default=None,
+                     help=f"monitor address the probe connects to (env {settings.ADDR.name})")
     run.add_argument("--job", default=None, help="job id (default: from torchrun's environment)")
-    run.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
+    run.add_argument("--curve-dir", default=None, metavar="DIR",
+                     help="CURVE keys to reach a monitor started with --curve-dir")
     run.add_argument("--relay", choices=("auto", "on", "off"), default="auto",
-                     help="share one upstream connection per node through a node relay (auto: when the monitor is on another host)")
+                     help="share one upstream connection per node through a node relay "
+                     "(auto: when the monitor is on another host)")
     run.add_argument("command", nargs=argparse.REMAINDER)
     relay = sub.add_parser("relay", help="node relay: this node's ranks connect to it, it to the monitor")
     relay.add_argument("--listen", default=None, help="where the ranks connect: ipc:///PATH or tcp://127.0.0.1:PORT "
                        "(default: the node's well-known ipc path for --connect, which flowtop run --relay uses)")
     relay.add_argument("--connect", default=settings.ADDR.read(),
                        help=f"the monitor (tcp://HOST:PORT; env {settings.ADDR.name})")
-    relay.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to reach a monitor started with --curve-dir")
+    relay.add_argument("--curve-dir", default=None, metavar="DIR",
+                       help="CURVE keys to reach a monitor started with --curve-dir")
     snap = sub.add_parser("snapshot", help="collect for a while and print the model")
     _monitor_args(snap)
-    snap.add_argument("--timeout", type=_positive_float, default=None, help="seconds to collect (default 5; --follow: none)")
+    snap.add_argument("--timeout", type=_positive_float, default=None,
+                      help="seconds to collect (default 5; --follow: none)")
     snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout)")
     snap.add_argument("--json", action="store_true", help="print JSON (schema in README)")
     snap.add_argument("--replay", default=None, metavar="FILE", help="read a recording instead of listening")
     snap.add_argument("--follow", action="store_true", help="one snapshot JSON per line until interrupted (JSON Lines)")
-    snap.add_argument("--interval", type=_positive_float, default=1.0, metavar="S", help="--follow: seconds between lines (default 1)")
+    snap.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
+                      help="--follow: seconds between lines (default 1)")
     rep = sub.add_parser("replay", help="play a recording back in the TUI")
     rep.add_argument("recording", help="file written by --record")
     rep.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
@@ -123,12 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("directory")
     demo = sub.add_parser("demo", help="live demo: N-rank DDP training of a small GPT on CPU")
     demo.add_argument("--ranks", type=_positive_int, default=2)
-    demo.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default 20 headless, 2000 live)")
+    demo.add_argument("--steps", type=_positive_int, default=None,
+                      help="optimizer steps (default 20 headless, 2000 live)")
     demo.add_argument("--headless", action="store_true", help="print the final JSON snapshot instead of the TUI")
     demo.add_argument("--listen", default=None, help="address for the demo's monitor (default: a free loopback port)")
     from flowtop.doctor import add_arguments
 
-    add_arguments(sub.add_parser("doctor", help="check why nothing shows up: torch, NVML, the probe, address, keys, limits"))
+    add_arguments(sub.add_parser("doctor",
+                  help="check why nothing shows up: torch, NVML, the probe, address, keys, limits"))
     from flowtop import analyze, calibrate
 
     analyze.add_arguments(sub.add_parser("analyze", help="aggregate a torch.profiler Chrome trace",
@@ -298,7 +311,8 @@ def all_done(snap: Any) -> bool:
     """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
     rank numbers: two processes claiming one rank are two rows, a conflict)."""
     ranks = [r for j in snap.jobs for r in j.ranks]
-    return bool(ranks) and all(r.status == "done" for r in ranks) and all(len(j.ranks) >= j.world_size for j in snap.jobs)
+    return (bool(ranks) and all(r.status == "done" for r in ranks)
+            and all(len(j.ranks) >= j.world_size for j in snap.jobs))
 
 
 def print_notices(board: Any) -> None:
@@ -347,7 +361,8 @@ def _snapshot(args: argparse.Namespace) -> int:
     failed = ""
     if args.follow:
         if args.replay:
-            print("flowtop: --follow reads a live monitor; use flowtop snapshot --replay FILE without it", file=sys.stderr)
+            print("flowtop: --follow reads a live monitor; use flowtop snapshot --replay FILE without it",
+                  file=sys.stderr)
             return 2
         collector = _collector(args)
         if collector is None:

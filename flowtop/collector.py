@@ -275,7 +275,7 @@ class Collector:
 
     async def _drain_forever(self) -> None:
         sub = self._sub
-        sync = zmq.Socket.shadow(sub.underlying)  # non-blocking drain without awaits
+        sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)  # non-blocking drain without awaits
         assert self.ticker is not None
         while True:
             # Never wait past the next tick: ticks keep their cadence, and the clock is read at

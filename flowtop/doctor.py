@@ -44,11 +44,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from flowtop.cli import _positive_int  # the CLI's one parser of counts (cli imports us lazily)
 
     default = settings.ADDR.read()
-    p.add_argument("--listen", default=default, help=f"the monitor's address to check (default {default}; env FLOWTOP_ADDR)")
-    p.add_argument("--curve-dir", default=None, metavar="DIR", help="CURVE keys to check (default env FLOWTOP_CURVE_DIR)")
+    p.add_argument("--listen", default=default,
+                   help=f"the monitor's address to check (default {default}; env FLOWTOP_ADDR)")
+    p.add_argument("--curve-dir", default=None, metavar="DIR",
+                   help="CURVE keys to check (default env FLOWTOP_CURVE_DIR)")
     p.add_argument("--insecure-bind", action="store_true", help="the monitor will run with --insecure-bind")
-    p.add_argument("--ranks", type=_positive_int, default=None, metavar="N", help="ranks expected: check the open-file limit for them")
-    p.add_argument("--python", default=sys.executable, metavar="PATH", help="the training's interpreter (default: this one)")
+    p.add_argument("--ranks", type=_positive_int, default=None, metavar="N",
+                   help="ranks expected: check the open-file limit for them")
+    p.add_argument("--python", default=sys.executable, metavar="PATH",
+                   help="the training's interpreter (default: this one)")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
 
 

@@ -67,8 +67,8 @@ def probe_findings(child: dict[str, Any], python: str) -> list[Finding]:
     probe = child.get("probe", {})
     if not probe.get("ok"):
         out.append(Finding("probe import", FAIL, f"the probe package does not import in {python}: {probe.get('error')}",
-                           "install flowtop into the training's environment (pip install flowtop) or run from its source "
-                           "tree", probe))
+                           "install flowtop into the training's environment (pip install flowtop) or run from its "
+                           "source tree", probe))
     else:
         out.append(Finding("probe import", OK, f"probe {probe.get('version')} imports from {probe.get('file')}",
                            details=probe))
@@ -193,7 +193,8 @@ def _probe_port(listen: str, family: int, sockaddr: Any, local: bool) -> Finding
                            "start the monitor there (flowtop top/serve --listen ...), check firewalls", details)
     if greeting is None:
         if local:
-            return Finding("port", OK, f"{listen} is free: flowtop top / flowtop serve can bind it (no monitor there yet)",
+            return Finding("port", OK,
+                           f"{listen} is free: flowtop top / flowtop serve can bind it (no monitor there yet)",
                            "start the monitor: flowtop --listen " + listen, details)
         return Finding("port", WARN, f"nothing listens at {listen} (connection refused): no monitor there yet",
                        "start the monitor on that host with --listen " + listen, details)
@@ -308,12 +309,14 @@ def fd_findings(ranks: int | None) -> list[Finding]:
     room = capacity(limit, used)
     hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     details = {"soft": soft, "hard": hard_text, "used": used, "capacity": room, "ranks": ranks}
-    text = f"open-file limit {soft} (hard {hard_text}): a monitor here can take about {room:,} probe or relay connections"
+    text = (f"open-file limit {soft} (hard {hard_text}): a monitor here can take about {room:,} probe or relay "
+            "connections")
     if ranks is None:
         return [Finding("open files", INFO, text + " (give --ranks N to check a job size)", details=details)]
     if room >= ranks:
         return [Finding("open files", OK, f"{text}: enough for {ranks:,} ranks", details=details)]
-    return [Finding("open files", FAIL, f"{text}: fewer than the {ranks:,} ranks expected; the others would not be seen",
+    return [Finding("open files", FAIL,
+                    f"{text}: fewer than the {ranks:,} ranks expected; the others would not be seen",
                     f"run node relays (flowtop run --relay on: one connection per node, {-(-ranks // 8):,} for 8 ranks "
                     "a node) or raise the hard limit (ulimit -Hn, /etc/security/limits.conf)", details)]
 

@@ -225,7 +225,8 @@ def usable_metrics(wanted: tuple[str, ...], available: set[str]) -> tuple[list[s
 
     One unknown metric makes ncu refuse the whole run, and the counter families differ between
     chips and ncu releases; calibrating with fewer counters beats not calibrating."""
-    kept, dropped = [], []
+    kept: list[str] = []
+    dropped: list[str] = []
     for metric in wanted:
         (kept if metric.split(".", 1)[0] in available else dropped).append(metric)
     return kept, dropped

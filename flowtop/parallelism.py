@@ -88,19 +88,20 @@ def job_flops_per_token(flops: FlopsView | None, ranks: Sequence[RankSnapshot], 
     flops = job_expert_load(flops, ranks)
     if basis != TOKENS_ONCE:
         return flops
-    views = [r.flops for r in ranks]
-    if not views or any(v is None or v.model_flops_per_step is None for v in views):
+    per_step = [r.flops.model_flops_per_step for r in ranks
+                if r.flops is not None and r.flops.model_flops_per_step is not None]
+    if not ranks or len(per_step) < len(ranks):
         return flops
     counted_tokens = 0.0
     for r in ranks:
         if is_representative(r):
             v = r.flops
-            if v is None or not v.flops_per_token:
+            if v is None or v.model_flops_per_step is None or not v.flops_per_token:
                 return flops  # a representative rank without a token count: no per-token figure
-            counted_tokens += v.model_flops_per_step / v.flops_per_token  # type: ignore[operator]
+            counted_tokens += v.model_flops_per_step / v.flops_per_token
     if counted_tokens <= 0:
         return flops
-    total = sum(v.model_flops_per_step for v in views)  # type: ignore[union-attr, misc]
+    total = sum(per_step)
     return replace(flops, flops_per_token=total / counted_tokens)
 
 
@@ -142,7 +143,7 @@ def job_expert_load(flops: FlopsView, ranks: Sequence[RankSnapshot]) -> FlopsVie
         why = POOLED_UNKNOWN if any(not r.coords for r in moe) else POOLED_MISFIT
         return replace(flops, expert_load=replace(flops.expert_load, grouping=why))
     groups, grouping = found
-    load = moe_load.group_load([[(r.rank, r.flops.expert_load) for r in g] for g in groups],  # type: ignore[union-attr]
+    load = moe_load.group_load([[(r.rank, r.flops.expert_load) for r in g if r.flops is not None] for g in groups],
                                grouping)
     return replace(flops, expert_load=load)
 
@@ -161,11 +162,12 @@ def pipeline_stages(ranks: Sequence[RankSnapshot]) -> tuple[StageView, ...]:
         groups.setdefault(_rank_of(r, "pp"), []).append(r)
     flops: dict[int, float | None] = {}
     for pp, rs in groups.items():
-        counts = [r.flops.model_flops_per_step if r.flops is not None else None for r in rs]
+        counts = [r.flops.model_flops_per_step for r in rs
+                  if r.flops is not None and r.flops.model_flops_per_step is not None]
         # One replica of this stage holds tp × cp ranks: the stage's ranks ÷ that are its replicas.
         per_replica = max(1, _size_of(rs[0], "tp") * _size_of(rs[0], "cp"))
         replicas = max(1.0, len(rs) / per_replica)
-        flops[pp] = sum(counts) / replicas if all(c is not None for c in counts) else None  # type: ignore[arg-type]
+        flops[pp] = sum(counts) / replicas if len(counts) == len(rs) else None
     known = [f for f in flops.values() if f is not None]
     total = sum(known) if len(known) == len(flops) else None
     out = []

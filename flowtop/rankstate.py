@@ -141,7 +141,8 @@ def median_step(st: RankState) -> float | None:
     if st.med_cache[0] == key:
         return st.med_cache[1]
     ring = st.steps
-    recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]  # step 1 includes warm-up
+    # step 1 includes warm-up
+    recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]
     med = statistics.median(recent) if recent else None
     st.med_cache = (key, med)
     return med

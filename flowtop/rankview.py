@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
 from flowtop.format import COORD_ROLES
 from flowtop.rankfilter import RankFilter
@@ -161,7 +161,8 @@ def sort_ranks(ranks: Iterable[RankSnapshot], ctx: JobContext, column: str = WOR
         return sorted(ranks, key=worst_first(ctx), reverse=reverse)
     get = _value_getters(ctx)[column]
     desc = ALL_SORTS[column] != reverse
-    present, missing = [], []
+    present: list[tuple[Any, int, int, RankSnapshot]] = []  # (value, rank, incarnation, snapshot)
+    missing: list[tuple[Any, int, int, RankSnapshot]] = []
     for r in ranks:
         v = get(r)
         (missing if v is None else present).append((v, r.rank, r.incarnation, r))

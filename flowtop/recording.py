@@ -95,10 +95,10 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
     recording (``gzip run.rec``) is read as it is.
     """
     try:
-        fh: BinaryIO = open(path, "rb")
+        fh: BinaryIO | gzip.GzipFile = open(path, "rb")
         if fh.read(2) == _GZIP_MAGIC:
             fh.close()
-            fh = gzip.open(path, "rb")  # type: ignore[assignment]
+            fh = gzip.open(path, "rb")
         else:
             fh.seek(0)
     except OSError as exc:

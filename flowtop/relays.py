@@ -274,7 +274,7 @@ class Relays:
             f = rec.report
 
             def n(name: str) -> int:
-                v = f.get(name, 0)
+                v = f.get(name, 0)  # noqa: B023 - n() is called in this iteration only
                 return int(v) if isinstance(v, int) else 0
 
             out.append(RelaySnapshot(

@@ -255,7 +255,8 @@ def synthetic_snapshot(
         hints=synthetic_hints(),
         kernels_merged=merged,
     )
-    return MonitorSnapshot(taken_at=1000.0 + step, listen="tcp://127.0.0.1:5759", jobs=(j,), received=4000 + step, rejected=0)
+    return MonitorSnapshot(taken_at=1000.0 + step, listen="tcp://127.0.0.1:5759", jobs=(j,), received=4000 + step,
+                           rejected=0)
 
 
 def synthetic_stream() -> list[MonitorSnapshot]:

@@ -106,7 +106,8 @@ PROBE_KERNELS = ProbeVariable("FLOWTOP_KERNELS", "`calibrate`, `doctor` (`0`)",
                               "no profiler windows (a second CUPTI client would disturb Nsight Compute; the "
                               "doctor's test attach profiles nothing)")
 PROBE_TELEMETRY = ProbeVariable("FLOWTOP_TELEMETRY", "`doctor` (`0`, unless set)", "its test attach samples nothing")
-PROBE_NVTX = ProbeVariable("FLOWTOP_NVTX", "`calibrate` (`1`)", "an NVTX range per step for Nsight Compute to filter on")
+PROBE_NVTX = ProbeVariable("FLOWTOP_NVTX", "`calibrate` (`1`)",
+                           "an NVTX range per step for Nsight Compute to filter on")
 PROBE_CALIBRATE_OUT = ProbeVariable("FLOWTOP_CALIBRATE_OUT", "`calibrate`", "where the probe writes per-step FLOPs")
 PROBE_DISABLE = ProbeVariable("FLOWTOP_DISABLE", "(read by `doctor`'s child)", "reported when it keeps the probe off")
 #: Not a probe variable: ``calibrate`` names the profiled steps for the training's own log; the

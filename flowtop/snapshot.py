@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.kernels.aggregate import KernelWindowStats
@@ -32,8 +32,10 @@ def json_schema() -> dict[str, Any]:
     return json.loads(resources.files("flowtop").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 #: Conventions printed beside every FLOP figure.
-MODEL_FLOPS_NOTE = "model FLOPs: forward + backward as the math requires (attention backward = 2x forward), no recomputation"
-EXECUTED_FLOPS_NOTE = "executed FLOPs: what ran, incl. activation-checkpoint recompute and flash-attention backward (2.5x forward)"
+MODEL_FLOPS_NOTE = ("model FLOPs: forward + backward as the math requires (attention backward = 2x forward), "
+                    "no recomputation")
+EXECUTED_FLOPS_NOTE = ("executed FLOPs: what ran, incl. activation-checkpoint recompute and flash-attention backward "
+                       "(2.5x forward)")
 FLOPS_PER_S_NOTE = (
     "FLOP/s: FLOPs per token of the counted step x tokens/s (else FLOPs per step / median step time); "
     "0 while a rank is stalled or stale"
@@ -105,17 +107,17 @@ class TelemetryView:
 class History:
     """Recent per-step series for sparklines and hints (oldest first)."""
 
-    steps: tuple[int, ...] = ()
-    step_time_s: tuple[float, ...] = ()
-    input_wait_s: tuple[float, ...] = ()
+    steps: Sequence[int] = ()
+    step_time_s: Sequence[float] = ()
+    input_wait_s: Sequence[float] = ()
     #: Step boundary → end of the step's last forward (0.0 where unknown).
-    lead_s: tuple[float, ...] = ()
-    mfu: tuple[float, ...] = ()  # one value per telemetry/flops refresh
-    tensor_active: tuple[float, ...] = ()
-    power_w: tuple[float, ...] = ()
-    sm_clock_mhz: tuple[float, ...] = ()
+    lead_s: Sequence[float] = ()
+    mfu: Sequence[float] = ()  # one value per telemetry/flops refresh
+    tensor_active: Sequence[float] = ()
+    power_w: Sequence[float] = ()
+    sm_clock_mhz: Sequence[float] = ()
     #: (step, monitor receive time) pairs, to align ranks by step index.
-    reached: tuple[tuple[int, float], ...] = ()
+    reached: Sequence[tuple[int, float]] = ()
 
 
 @dataclass(frozen=True)
@@ -351,7 +353,8 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
 def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] | None:
     if t is None:
         return None
-    return {"device": _clean(t.device), "host": _clean(t.host), "reasons": _clean(t.reasons), "age_s": t.age_s(taken_at)}
+    return {"device": _clean(t.device), "host": _clean(t.host), "reasons": _clean(t.reasons),
+            "age_s": t.age_s(taken_at)}
 
 
 def _stage_json(s: StageView) -> dict[str, Any]:

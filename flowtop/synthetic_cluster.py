@@ -11,6 +11,7 @@ rows move between two snapshots.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from flowtop.accounting import stalled_reason
 from flowtop.snapshot import Claimant, FlopsView, Hint, JobSnapshot, MonitorSnapshot, RankSnapshot, TelemetryView
@@ -57,7 +58,8 @@ _TELEMETRY = {
 def cluster_rank(rank: int, tick: int = 0, per_node: int = 8, troubles: Troubles = Troubles()) -> RankSnapshot:
     """One rank of the synthetic job."""
     node = rank // per_node
-    step, step_s, status, age, wait, tensor = 1000 + tick, 0.200 * (1.0 + 0.03 * _wobble(rank, tick)), "live", 0.2, 0.01, 47.0
+    step, step_s = 1000 + tick, 0.200 * (1.0 + 0.03 * _wobble(rank, tick))
+    status, age, wait, tensor = "live", 0.2, 0.01, 47.0
     if node == troubles.slow_node:
         step, step_s, tensor = step - 3, 0.26, 31.0
     if rank in troubles.input_wait_ranks:
@@ -71,7 +73,8 @@ def cluster_rank(rank: int, tick: int = 0, per_node: int = 8, troubles: Troubles
         rank=rank, host=f"node{node:03d}", pid=20000 + rank % per_node, local_rank=rank % per_node,
         incarnation=0, device="cuda", status=status, step=step, step_time_s=step_s,
         device_time_s=step_s * 0.95, tokens_per_step=16384, tokens_per_s=16384 / step_s if stepping else 0.0,
-        input_wait_frac=wait, heard_at=_taken_at(tick) - age, lost_messages=0, dropped_messages=0, probe_overhead_frac=0.001,
+        input_wait_frac=wait, heard_at=_taken_at(tick) - age, lost_messages=0, dropped_messages=0,
+        probe_overhead_frac=0.001,
         flops=_flops(step_s, stepping), telemetry=_TELEMETRY[tensor],
         conflict=(Claimant("node375", 29999),) if rank == troubles.conflict_rank else (),
     )
@@ -84,7 +87,8 @@ def _hints(troubles: Troubles, per_node: int) -> tuple[Hint, ...]:
 
     slow = range(troubles.slow_node * per_node, (troubles.slow_node + 1) * per_node)
     return (
-        hint("hang_rank", "critical", troubles.stalled_rank, f"rank {troubles.stalled_rank} made no step for 12 s", 1.0),
+        hint("hang_rank", "critical", troubles.stalled_rank,
+             f"rank {troubles.stalled_rank} made no step for 12 s", 1.0),
         *(hint("straggler", "warning", r, f"rank {r} is 30 % slower than the fastest rank", 0.3) for r in slow),
         *(hint("input_wait", "warning", r, f"rank {r} waits for input 30 % of each step", 0.3)
           for r in troubles.input_wait_ranks),
@@ -112,8 +116,8 @@ def _taken_at(tick: int) -> float:
     return T0 + tick * 0.5  # 2 Hz
 
 
-def cluster_snapshot(tick: int = 0, n_ranks: int = 4096, **kwargs: object) -> MonitorSnapshot:
+def cluster_snapshot(tick: int = 0, n_ranks: int = 4096, **kwargs: Any) -> MonitorSnapshot:
     """A monitor snapshot holding the synthetic job at ``tick``."""
-    job = cluster_job(n_ranks, tick, **kwargs)  # type: ignore[arg-type]
+    job = cluster_job(n_ranks, tick, **kwargs)
     return MonitorSnapshot(taken_at=_taken_at(tick), listen="tcp://0.0.0.0:5759", jobs=(job,),
                            received=800_000 + tick * 8192, rejected=0)

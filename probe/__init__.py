@@ -146,10 +146,10 @@ def _defer_to_first_optimizer(args: _AttachArgs, optimizer_cls: Any = None) -> N
         def __init__(self: Any, *args: Any, **kw: Any) -> None:
             original(self, *args, **kw)
             if cls.__init__ is __init__:
-                cls.__init__ = original  # type: ignore[method-assign]
+                cls.__init__ = original
             _attach_deferred()
 
-        cls.__init__ = __init__  # type: ignore[method-assign]
+        cls.__init__ = __init__
     except Exception as exc:
         warn_once("attach-deferred", f"probe not attached in this child process: {exc}")
 

@@ -144,8 +144,8 @@ def _from_blocks(model: nn.Module) -> tuple[int, int, str] | None:
     for path, sub in model.named_modules():
         if not isinstance(sub, (nn.ModuleList, nn.Sequential)) or len(sub) == 0:
             continue
-        widths = [_attention_width(child) for child in sub]
-        if all(w is not None for w in widths) and (best is None or len(sub) > best[0]):
+        widths = [w for w in (_attention_width(child) for child in sub) if w is not None]
+        if len(widths) == len(sub) and (best is None or len(sub) > best[0]):
             best = (len(sub), int(widths[0]), f"blocks:{path or '<root>'}")
     return best
 

@@ -52,7 +52,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from probe._log import warn_once
 from probe.flops_dtensor import DEFER, RUN, route
 from probe.flops_formulas import (
-    CONV,
     FORMULAS,
     HOP_ATTENTION_OPS,
     MATMUL,

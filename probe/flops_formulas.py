@@ -178,7 +178,7 @@ def _conv(name: str) -> Formula:
         w = b["weight"]
         transposed = always_transposed or bool(b.get("transposed", False))
         per_elem = math.prod(_dims(w)[1:])  # (Cin/groups)·k… ; transposed: (Cout/groups)·k…
-        elems = x.numel() if transposed else _first_tensor(out).numel()
+        elems = x.numel() if transposed else math.prod(_dims(_first_tensor(out)))
         return _same(2 * elems * per_elem, CONV, x)
     return formula
 

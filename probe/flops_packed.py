@@ -70,12 +70,12 @@ def _row_documents(allowed: torch.Tensor) -> tuple[tuple[int, ...], bool] | None
         counts = chunk.sum(-1)
         if bool((counts == 0).any()):
             return None  # a fully masked row: not a packed layout we can read
-        first = chunk.argmax(-1)
-        last = size - 1 - chunk.flip(-1).argmax(-1)
-        if not bool((counts == last - first + 1).all()):
+        chunk_first = chunk.argmax(-1)
+        chunk_last = size - 1 - chunk.flip(-1).argmax(-1)
+        if not bool((counts == chunk_last - chunk_first + 1).all()):
             return None  # holes inside a row (strided or random masks)
-        firsts.append(first)
-        lasts.append(last)
+        firsts.append(chunk_first)
+        lasts.append(chunk_last)
     first = torch.cat(firsts).tolist()
     last = torch.cat(lasts).tolist()
     starts = [i for i in range(size) if first[i] == i]

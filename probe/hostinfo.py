@@ -260,8 +260,8 @@ class HostTelemetry:
             for key in ("workers", "workers_cpu_pct", "children"):
                 reasons[key] = f"children not readable: {exc}"
         # forget processes that are gone so the table does not grow forever
-        for key in [k for k in self._prev if k not in seen]:
-            del self._prev[key]
+        for gone in [k for k in self._prev if k not in seen]:
+            del self._prev[gone]
         try:
             out["host_cpu_pct"] = self._host_pct()
         except Exception as exc:

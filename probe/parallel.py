@@ -278,7 +278,7 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int, groups: li
         def unnamed(i: int) -> str | None:
             # A mesh without dim names: FSDP2's own mesh is data parallel; a dim other parameters
             # are sharded on splits the matmuls (tensor parallel).
-            return "dp" if fsdp_root else ("tp" if i in sharded else None)
+            return "dp" if fsdp_root else ("tp" if i in sharded else None)  # noqa: B023 - this iteration only
 
         named = [(ROLE_OF.get(d.name) or (unnamed(i) if d.name == f"dim_{i}" else None), d)
                  for i, d in enumerate(dims)]

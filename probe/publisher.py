@@ -175,7 +175,7 @@ class Publisher:
             warn_once("zmq-import", f"pyzmq unavailable ({exc}); probe publishes nothing")
             return
         try:
-            sock = zmq.Context.instance().socket(zmq.XPUB)
+            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
         except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
             warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
             return
@@ -239,14 +239,16 @@ class Publisher:
                 if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
                     frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
                 else:
-                    frame = wire.encode(kind, self.key, self._seq, t, dict(fields, drops=self.drops) if kind == "step" else fields)
+                    frame = wire.encode(kind, self.key, self._seq, t,
+                                        dict(fields, drops=self.drops) if kind == "step" else fields)
                 if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
                     pending.popleft()  # too big together: one by one, so only an oversized record is lost
                     pending.extendleft(reversed([("step", t, dict(r)) for r in fields["records"]]))
                     continue
                 if len(frame) > wire.MAX_FRAME_BYTES:
                     # The monitor's MAXMSGSIZE would drop the whole connection for this one.
-                    warn_once(f"oversize:{kind}", f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
+                    warn_once(f"oversize:{kind}",
+                              f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
                     pending.popleft()
                     self._send_drops += _weight(kind, fields)
                     continue

@@ -59,9 +59,9 @@ def align(series: list[Series], last: int | None = None, above: float | None = N
     None), and each rank's values there.
 
     Contiguous runs (whose values all pass ``above``) take the index path; else maps."""
-    starts = [run_start(steps) for steps, _ in series]
-    if None not in starts and (above is None or all(min(values) > above for _, values in series)):
-        lo = max(starts)  # type: ignore[type-var]
+    starts = [s for s in (run_start(steps) for steps, _ in series) if s is not None]
+    if len(starts) == len(series) and (above is None or all(min(values) > above for _, values in series)):
+        lo = max(starts)
         hi = min(steps[-1] for steps, _ in series)
         common: Sequence[int] = range(lo, hi + 1) if hi >= lo else range(0)
         if last is not None:
@@ -69,7 +69,7 @@ def align(series: list[Series], last: int | None = None, above: float | None = N
         if not common:
             return Aligned(common, [[] for _ in series])
         return Aligned(common, [list(values[common[0] - first:common[-1] - first + 1])
-                                for (_, values), first in zip(series, starts)])  # type: ignore[operator]
+                                for (_, values), first in zip(series, starts)])
     maps = [{s: v for s, v in zip(steps, values) if above is None or v > above} for steps, values in series]
     shared = sorted(set.intersection(*(set(m) for m in maps))) if maps else []
     if last is not None:

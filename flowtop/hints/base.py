@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
 import weakref
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, TypeGuard
 
 from flowtop.claims import newest_ranks
 from flowtop.hints.rules import Rule
@@ -38,7 +37,7 @@ class Measurement(NamedTuple):
 MeasureFn = Callable[[Rule, JobSnapshot, float], dict[str, "Measurement | None"]]
 
 
-def finite(x: Any) -> bool:
+def finite(x: Any) -> TypeGuard[float]:
     """True for a real, finite number (bools excluded)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -94,7 +93,7 @@ class IdentityMemo:
         if len(self._memo) >= self._max:
             self._memo.clear()
         try:
-            refs = tuple(weakref.ref(o, lambda _r, k=key: self._memo.pop(k, None)) for o in objs)
+            refs = tuple(weakref.ref(o, lambda _r: self._memo.pop(key, None)) for o in objs)
         except TypeError:  # not weak-referenceable: compute every time
             return value
         self._memo[key] = (refs, value)
@@ -129,7 +128,7 @@ def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
         med = _median_history_memo(r.history)
     if med is not None:
         return med
-    return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None  # type: ignore[operator]
+    return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None
 
 
 def telemetry_number(r: RankSnapshot, key: str) -> float | None:

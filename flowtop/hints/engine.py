@@ -67,7 +67,7 @@ class _NA:
         return "n/a"
 
 
-class _Fields(dict):  # type: ignore[type-arg]
+class _Fields(dict[str, Any]):
     """Template fields; an unknown name reads "n/a"."""
 
     def __missing__(self, key: str) -> Any:

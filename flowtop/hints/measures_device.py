@@ -32,7 +32,7 @@ def power_limited(hits: list[str], power_w: float | None, limit_w: float | None,
     reasons the rule watches (:func:`watched_reasons`)."""
     if frac is None:
         frac = RULES_BY_ID["throttling"].params["power_limit_frac"]
-    return hits == ["sw_power_cap"] and power_w is not None and bool(limit_w) and power_w >= frac * limit_w
+    return bool(hits == ["sw_power_cap"] and power_w is not None and limit_w and power_w >= frac * limit_w)
 
 
 def watched_reasons(r: RankSnapshot, watched: Any = None) -> list[str]:
@@ -53,7 +53,7 @@ def throttling(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             out[rank_target(r)] = None
             continue
         hits = [x for x in _reasons(r) if x in watched]
-        ev = {
+        ev: dict[str, Any] = {
             "clock_pct": 100.0 * clock / top,
             "sm_clock_mhz": clock,
             "sm_clock_max_mhz": top,
@@ -89,8 +89,8 @@ def util_vs_mfu(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
             out[rank_target(r)] = None
             continue
         tensor = telemetry_number(r, "tensor_active")  # GPM, percent of time
-        ev = {
-            "mfu_pct": 100.0 * float(mfu),  # type: ignore[arg-type]
+        ev: dict[str, Any] = {
+            "mfu_pct": 100.0 * float(mfu),
             "gpu_util_pct": util,
             "tensor_active_pct": tensor,
             "sm_active_pct": telemetry_number(r, "sm_active"),
@@ -224,7 +224,7 @@ def estimate_mismatch(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
     ratio = flops.estimate_ratio if flops is not None else None
     if flops is None or ratio is None:
         return {"": None}
-    ev = {
+    ev: dict[str, Any] = {
         "estimate_gap_pct": 100.0 * abs(ratio - 1.0),
         "estimate_ratio": ratio,
         "counted_flops_per_step": flops.model_flops_per_step,

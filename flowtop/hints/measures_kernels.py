@@ -41,7 +41,7 @@ def comm_exposed(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
         if f is None or f.step_us <= 0:
             out[rank_target(r)] = None
             continue
-        ev = {
+        ev: dict[str, Any] = {
             "comm_pct": _pct(f.comm_us, f.step_us),
             "overlap_pct": _pct(f.comm_overlap_us, f.comm_us) if f.comm_us > 0 else None,
             "comm_us_per_step": f.comm_us / f.steps,
@@ -152,7 +152,7 @@ def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
         gemm_us, fp32_us, fp32_top = _fp32_memo(rule, f) if f else (0.0, 0.0, None)
         by_kernels = _pct(fp32_us, gemm_us)
         by_dtype = 100.0 if dtype == "fp32" else 0.0
-        ev = {
+        ev: dict[str, Any] = {
             "fp32_gemm_pct": max(by_kernels, by_dtype),
             "fp32_gemm_by_kernels_pct": by_kernels if f else None,
             "fp32_gemm_us_per_step": fp32_us / f.steps if f else None,
@@ -178,7 +178,6 @@ def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
 
 def attention_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per rank: forward softmax kernels per step while no attention kernel ran."""
-    p = rule.params
     out: dict[str, Measurement | None] = {}
     for r, f in _windows(job, cuda_only=False):
         if f is None:
@@ -203,7 +202,6 @@ def attention_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Mea
 
 def optimizer_unfused(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per rank: time in per-tensor optimizer kernels, when no fused/multi-tensor kernel ran."""
-    p = rule.params
     out: dict[str, Measurement | None] = {}
     for r, f in _windows(job, cuda_only=False):
         if f is None or f.step_us <= 0:
@@ -235,7 +233,7 @@ def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measure
         if len(k.per_rank_us) < 2 or k.mean_us <= 0:
             continue
         diff = k.max_us - k.min_us
-        ev = {
+        ev: dict[str, Any] = {
             "spread_pct": 100.0 * k.spread,
             "step_share_pct": _pct(diff, step_us),
             "slowest_rank": k.max_rank,

@@ -18,10 +18,10 @@ def pipeline_imbalance(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Me
     1 − mean ÷ max of the pipeline's compute: that is the impact. The stages' compute times
     (forward and backward chunks, neighbour waits excluded) are evidence beside the FLOPs."""
     stages = job.stages
-    flops = [s.model_flops_per_step for s in stages]
-    if len(stages) < 2 or any(f is None for f in flops):
+    flops = [s.model_flops_per_step for s in stages if s.model_flops_per_step is not None]
+    if len(stages) < 2 or len(flops) < len(stages):
         return {"": None}
-    values = [float(f) for f in flops]  # type: ignore[arg-type]
+    values = [float(f) for f in flops]
     mean = sum(values) / len(values)
     if mean <= 0:
         return {"": None}
@@ -39,11 +39,12 @@ def pipeline_imbalance(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Me
         "stage_time_s": top.stage_time_s,
         "mean_stage_time_s": None,
     }
-    times = [s.stage_time_s for s in stages]
+    times = [s.stage_time_s for s in stages if s.stage_time_s is not None]
     note = ""
-    if all(t is not None for t in times):
-        ev["mean_stage_time_s"] = sum(times) / len(times)  # type: ignore[arg-type]
-        note = f"; its compute takes {fmt_time(top.stage_time_s)} per step, the stages' mean {fmt_time(ev['mean_stage_time_s'])}"
+    if len(times) == len(stages):
+        ev["mean_stage_time_s"] = sum(times) / len(times)
+        note = (f"; its compute takes {fmt_time(top.stage_time_s)} per step, "
+                f"the stages' mean {fmt_time(ev['mean_stage_time_s'])}")
     ranks = ", ".join(map(str, top.ranks))
     text = {
         "stage": ", ".join(map(str, top.stages)) if top.stages else f"at pp rank {top.pp_rank}",

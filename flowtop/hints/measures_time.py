@@ -124,6 +124,7 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             continue
         h = r.history
         n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
+        wait: float | None  # None: no history, only the probe's own fraction
         if n:
             steps = h.step_time_s[-n:]
             waits = h.input_wait_s[-n:]
@@ -132,12 +133,12 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             frac = safe_div(wait, total)
             covered = n
         elif finite(r.input_wait_frac):
-            frac, covered = float(r.input_wait_frac), 0  # type: ignore[arg-type]
-            wait = total = None  # type: ignore[assignment]
+            frac, covered = float(r.input_wait_frac), 0
+            wait = None
         else:
             out[rank_target(r)] = None
             continue
-        ev = {
+        ev: dict[str, Any] = {
             "input_wait_pct": 100.0 * frac,
             "window_steps": covered,
             "input_wait_s_per_step": wait / n if n and wait is not None else None,

@@ -71,12 +71,12 @@ def apply_overrides(
     ids = {r.id for r in rules}
     per_rule: dict[str, dict[str, Any]] = {}
     groups = groups or {}
-    for key, values in sorted(overrides.items(), key=lambda kv: kv[0] not in groups):  # groups first
+    for key, changes in sorted(overrides.items(), key=lambda kv: kv[0] not in groups):  # groups first
         targets = groups.get(key, (key,))
         for rid in targets:
             if rid not in ids:
                 raise ValueError(f"override for unknown rule or group {key!r}")
-            per_rule.setdefault(rid, {}).update(values)
+            per_rule.setdefault(rid, {}).update(changes)
     out = []
     for r in rules:
         values = per_rule.get(r.id)

@@ -301,7 +301,7 @@ def _gaps(window: KernelWindow, busy: list[tuple[float, float]], origin: float,
     host = [e for e in window.events if e.kind in (CPU_OP, RUNTIME)]
     out = []
     for s, e in holes[:TOP_GAPS]:
-        during: Counter[str] = Counter()
+        during: defaultdict[str, float] = defaultdict(float)
         for h in host:
             lo, hi = max(s, h.ts_us), min(e, h.ts_us + h.dur_us)
             if hi > lo:

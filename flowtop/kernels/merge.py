@@ -10,6 +10,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from flowtop.kernels.aggregate import KernelWindowStats
 
@@ -53,7 +54,8 @@ class JobKernelStats:
 def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
     """Compare one window per rank: a kernel absent from a rank counts 0 µs there."""
     steps = {r: w.step_us for r, w in windows.items()}
-    return _merge(steps, {r: [(k.name, k.short, k.category, k.total_us) for k in w.kernels] for r, w in windows.items()})
+    return _merge(steps, {r: [(k.name, k.short, k.category, k.total_us) for k in w.kernels]
+                          for r, w in windows.items()})
 
 
 def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStats:
@@ -136,7 +138,8 @@ class CumulativeKernels:
         """Fold one window in."""
         self.windows += 1
         self.step_us += stats.step_us
-        totals = {name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for name, r in self._rows.items()}
+        totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen]
+            name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for name, r in self._rows.items()}
         for k in stats.kernels:
             row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
             row[2] += k.total_us

@@ -156,7 +156,8 @@ def _conv_backward(dims: Dims, concrete: Concrete) -> float | None:
     return fwd * _masks(_concrete_at(concrete, 10), 2)
 
 
-def attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], *, layout: str, backward: bool) -> float | None:
+def attention_flops(q: Sequence[int], k: Sequence[int], v: Sequence[int], *, layout: str,
+                    backward: bool) -> float | None:
     """Executed FLOPs of one fused attention call (``layout`` "bhsd" or "bshd")."""
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
         return None  # varlen (packed) inputs: sequence lengths are not in the shapes

@@ -131,7 +131,7 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
         acts = [_act_record(names, i, a) for i, a in enumerate(fields["acts"])]
         step, window, cost = fields.get("step"), fields.get("window"), fields.get("cost_s")
         typical = fields.get("typical_step_us")
-        extra = {
+        extra: dict[str, Any] = {
             "step": int(step) if step is not None else None,
             "window": int(window) if window is not None else None,
             "cost_s": float(cost) if cost is not None else None,
@@ -278,8 +278,9 @@ def build_window(
         emitted.update(w[5] for w in work if w[5] != -1)
     for i in emitted:
         o = ops[i]
-        f = op_flops_of(i)
-        rows.append((o.start - origin, CPU_OP, o.name, max(0.0, o.end - o.start), -1, -1, -1.0 if f is None else f, -1))
+        fl = op_flops_of(i)
+        rows.append((o.start - origin, CPU_OP, o.name, max(0.0, o.end - o.start), -1, -1,
+                     -1.0 if fl is None else fl, -1))
     if device != "cpu":
         for a in activities:
             if a.kind == RUNTIME:
@@ -347,7 +348,8 @@ def window_from_chrome(trace: Mapping[str, Any]) -> KernelWindow:
                                 args.get("Input Dims"), args.get("Concrete Inputs")))
         elif cat in _DEVICE_CATS:
             stream = _int(args.get("stream", e.get("tid")), -1)
-            acts.append(ActivityRecord(e["name"], _DEVICE_CATS[cat], start, end, stream, ext, _int(args.get("correlation"))))
+            acts.append(ActivityRecord(e["name"], _DEVICE_CATS[cat], start, end, stream, ext,
+                                       _int(args.get("correlation"))))
         elif cat in _RUNTIME_CATS:
             acts.append(ActivityRecord(e["name"], RUNTIME, start, end, -1, ext, _int(args.get("correlation"))))
     if steps:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import math
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from rich.text import Text
 
 from flowtop.format import NA, _finite, evidence_text, fmt_int, fmt_pct, fmt_si, fmt_time, fmt_us, fmt_value
 from flowtop.snapshot import SEVERITIES
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 __all__ = [
     "NA", "fmt_int", "fmt_pct", "fmt_si", "fmt_time", "fmt_us", "fmt_value", "evidence_text",
@@ -64,6 +66,6 @@ def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, "yellow"))
 
 
-def styled(value: str, style: str, justify: str = "right") -> Text:
+def styled(value: str, style: str, justify: JustifyMethod = "right") -> Text:
     """A table cell: text with a style, right-justified for numbers."""
-    return Text(value, style=style, justify=justify)  # type: ignore[arg-type]
+    return Text(value, style=style, justify=justify)

@@ -5,7 +5,7 @@ and probe/hostinfo.py). A rename or unit change costs one line here.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from flowtop.snapshot import TelemetryView
 
@@ -57,7 +57,7 @@ def fraction(tel: TelemetryView | None, key: str) -> float | None:
     return value / 100.0 if is_percent(key) else value
 
 
-def series_fraction(key: str, values: tuple[float, ...]) -> tuple[float, ...]:
+def series_fraction(key: str, values: Sequence[float]) -> Sequence[float]:
     """A History series of ``key`` as fractions (History keeps the probe's unit)."""
     return tuple(v / 100.0 for v in values) if is_percent(key) else values
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.widget import Widget
 
@@ -56,8 +58,8 @@ class CategoryBar(Widget):
 
     DEFAULT_CSS = "CategoryBar { height: 2; }"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.view: WindowView | None = None
 
     def show(self, view: WindowView | None) -> None:

@@ -56,7 +56,8 @@ def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
     else:
         row("peak", fmt_si(f.peak_flops, "F/s", 1), f"{f.dtype} dense")
     row("peak source", f.peak_source or NA)
-    row("attention", f.attention_convention, "causal would halve it" if f.attention_convention == "full" else "half of full")
+    row("attention", f.attention_convention,
+        "causal would halve it" if f.attention_convention == "full" else "half of full")
     row("counted at", NA if f.counted_at_step is None else f"step {fmt_int(f.counted_at_step)}")
     _moe_rows(row, f, job)
     if f.nonpad_tokens is not None:

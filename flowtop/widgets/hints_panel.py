@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from rich.text import Text
 from textual.widgets import OptionList
@@ -56,8 +56,8 @@ class HintsPanel(OptionList):
 
     BORDER_TITLE = "hints"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.expanded: set[str] = set()
         self._hints: list[Hint] = []
         self._shown: tuple[object, ...] | None = None

@@ -57,7 +57,8 @@ class JobHeader(Static):
 
     _lines = -1  # line count of the text shown
 
-    def show(self, snap: MonitorSnapshot | None, job: JobSnapshot | None, index: int, count: int, error: str = "") -> None:
+    def show(self, snap: MonitorSnapshot | None, job: JobSnapshot | None, index: int, count: int,
+             error: str = "") -> None:
         """Render ``job`` (``index`` of ``count`` jobs in ``snap``)."""
         text = self.render_text(snap, job, index, count, error)
         # A layout pass re-lays and repaints the whole screen (tens of ms beside a 4,096-rank
@@ -67,7 +68,8 @@ class JobHeader(Static):
         self._lines = lines
 
     @staticmethod
-    def render_text(snap: MonitorSnapshot | None, job: JobSnapshot | None, index: int, count: int, error: str = "") -> Text:
+    def render_text(snap: MonitorSnapshot | None, job: JobSnapshot | None, index: int, count: int,
+                    error: str = "") -> Text:
         """The header as Rich text (also used by tests)."""
         out = Text(no_wrap=True, overflow="ellipsis")
         if snap is None or job is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import DataTable
@@ -10,6 +12,9 @@ from flowtop.widgets._format import fmt_pct, fmt_us, styled
 from flowtop.kernels.merge import RankSpread
 from flowtop.widgets._kernels import display_name
 from flowtop.widgets.kernel_table import category_short, category_style
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 # (key, label, width); 63 + 16 padding = 79, plus a 1-cell scrollbar.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -44,14 +49,14 @@ class JobKernelTable(DataTable):
 
     by_mean: reactive[bool] = reactive(False)
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._rows: tuple[RankSpread, ...] = ()
         self.order: list[RankSpread] = []
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
-            justify = "left" if key in ("name", "category", "mark") else "right"
+            justify: JustifyMethod = "left" if key in ("name", "category", "mark") else "right"
             self.add_column(Text(label, justify=justify), key=key, width=width)
 
     def show(self, rows: tuple[RankSpread, ...]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.text import Text
 from textual.reactive import reactive
@@ -12,6 +12,9 @@ from flowtop.format import rate_prefix
 from flowtop.kernels.rows import KernelRow
 from flowtop.widgets._format import NA, fmt_pct, fmt_us, styled
 from flowtop.widgets._kernels import display_name
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 # (key, label, width); widths sum to 63: with padding 79 columns (+ a 1-cell scrollbar).
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -111,15 +114,15 @@ class KernelTable(DataTable):
     sort_index: reactive[int] = reactive(0)
     reverse: reactive[bool] = reactive(False)
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._rows: tuple[KernelRow, ...] = ()
         self.order: list[KernelRow] = []
         self._scale, self._rate_label = 1e12, "TF/s"
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
-            justify = "left" if key in ("name", "category") else "right"
+            justify: JustifyMethod = "left" if key in ("name", "category") else "right"
             self.add_column(Text(label, justify=justify), key=key, width=width)
         self._label_sort()
 
@@ -161,7 +164,7 @@ class KernelTable(DataTable):
                 continue
             label = self._rate_label if key == "tflops" else label
             arrow = ("▲" if self.reverse else "▼") if key == sort_key else ""
-            justify = "left" if key in ("name", "category") else "right"
+            justify: JustifyMethod = "left" if key in ("name", "category") else "right"
             column.label = Text(label + arrow, justify=justify, style="bold" if arrow else "")
         self.refresh()
 

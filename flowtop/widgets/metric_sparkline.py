@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
@@ -22,8 +22,9 @@ class MetricSparkline(Horizontal):
         higher_is_better: Colours the tallest bars green (else the lowest ones).
     """
 
-    def __init__(self, label: str, fmt: Callable[[float | None], str], *, higher_is_better: bool = True, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, label: str, fmt: Callable[[float | None], str], *, higher_is_better: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.label = label
         self.fmt = fmt
         self.higher_is_better = higher_is_better

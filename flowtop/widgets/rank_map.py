@@ -8,6 +8,8 @@ legend sits to the right. Only lines whose cells changed are redrawn on a new sn
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -112,8 +114,8 @@ class RankMap(Widget, can_focus=True):
             self.rank = rank
             super().__init__()
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.metric = METRICS[0]
         #: The rank number under the cursor (a number, not a cell: cells change with the size).
         self.cursor_rank = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.widget import Widget
 
@@ -48,8 +50,8 @@ class RankSummary(Widget):
 
     One line, always (its height is fixed): a new text repaints the line, never the layout."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.text = Text("")
 
     def show(self, job: JobSnapshot | None) -> None:

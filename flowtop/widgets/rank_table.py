@@ -9,6 +9,7 @@ On a new snapshot only the screen lines whose text or style changed are refreshe
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from rich.segment import Segment
 from rich.style import Style
@@ -91,8 +92,8 @@ class RankTable(ScrollView, can_focus=True):
             self.rank = rank
             super().__init__()
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.spec = ViewSpec()
         self.view = RankView()
         self.cursor_row = 0
@@ -160,7 +161,7 @@ class RankTable(ScrollView, can_focus=True):
         if key in self._index:
             return self._index[key]
         if len(key) == 5:
-            return self._index.get(node_key(key[0], key[1]))  # type: ignore[misc]
+            return self._index.get(node_key(key[0], key[1]))
         return None
 
     # --- selection ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def recording_state(source: Any) -> Text:
     if getattr(source, "recorder", None) is not None:
         return Text("REC", style="bold red")
     last = getattr(source, "last_recorder", None)
-    if last is not None and getattr(last, "error", ""):
+    if last is not None and getattr(last, "error", None):
         return Text("REC stopped", style="bold yellow")
     return Text()
 

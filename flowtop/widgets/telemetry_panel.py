@@ -48,7 +48,8 @@ def telemetry_text(tel: TelemetryView | None, now: float) -> Text:
         return out
     # One reasons map covers both sides: a reason belongs where its key is (device by default).
     # The probe files host reasons under "host.<key>".
-    host_reasons = {k.removeprefix("host."): v for k, v in tel.reasons.items() if k.startswith("host.") or k in tel.host}
+    host_reasons = {k.removeprefix("host."): v for k, v in tel.reasons.items()
+                    if k.startswith("host.") or k in tel.host}
     device_reasons = {k: v for k, v in tel.reasons.items() if not k.startswith("host.") and k not in tel.host}
     name = tm.device_name(tel)
     _section(out, f"device {name}".strip(), tel.device, device_reasons)

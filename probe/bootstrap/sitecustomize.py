@@ -28,7 +28,8 @@ try:
             sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
             spec = importlib.util.find_spec("sitecustomize")
             if spec is not None and spec.origin and os.path.dirname(os.path.abspath(spec.origin)) != _here:
-                import sitecustomize as theirs  # noqa: F401  (the user's own; its errors are its own)
+                import sitecustomize  # the user's own; its errors are its own
+                theirs = sitecustomize
         except Exception:
             theirs = sys.modules.get("sitecustomize")  # half-run: keep what it did
         finally:
@@ -41,7 +42,7 @@ try:
     class _AttachAfterOptim(importlib.abc.MetaPathFinder):
         """Waits for ``torch.optim`` to finish importing, then attaches the probe."""
 
-        def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+        def find_spec(self, name, path=None, target=None):
             if name != "torch.optim":
                 return None
             try:
@@ -52,7 +53,7 @@ try:
                 loader = spec.loader
                 original = loader.exec_module
 
-                def exec_module(module):  # type: ignore[no-untyped-def]
+                def exec_module(module):
                     original(module)  # the user's import: its errors are the user's
                     _attach_on_first_optimizer(module)
 
@@ -61,7 +62,7 @@ try:
             except Exception:  # runs inside the user's `import torch`: never break it
                 return None
 
-    def _attach_on_first_optimizer(optim_module) -> None:  # type: ignore[no-untyped-def]
+    def _attach_on_first_optimizer(optim_module) -> None:
         """Attach when the first optimizer is built: torch is fully imported by then,
         the model exists, its first forward is still ahead, and processes that never
         train (torchrun's agent, tools) never attach. The probe's own deferred attach does it

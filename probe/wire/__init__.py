@@ -34,7 +34,8 @@ from probe.wire.checks import (
 from probe.wire.errors import WireError
 from probe.wire.kernels import (
     ACT_CPU_OP, ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME, KERNEL_ACT_KINDS, KERNEL_MAX_DIMS,
-    KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES, KERNEL_MAX_RECORDS, KERNEL_MAX_STR, _kernel_acts, _kernel_ops, is_runtime_call,
+    KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES, KERNEL_MAX_RECORDS, KERNEL_MAX_STR,
+    _kernel_acts, _kernel_ops, is_runtime_call,
 )
 from probe.wire.steps import StepColumns
 
@@ -42,7 +43,8 @@ __all__ = [
     "ACT_CPU_OP", "ACT_KERNEL", "ACT_MEMCPY", "ACT_MEMSET", "ACT_RUNTIME", "DEFAULT_ADDR", "DEFAULT_PORT",
     "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
-    "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message", "RankKey", "StepColumns", "WireError",
+    "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",
+    "RankKey", "StepColumns", "WireError",
     "decode", "decode_control", "encode", "encode_control", "encode_steps", "is_runtime_call", "records",
     "step_columns",
 ]
@@ -290,8 +292,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     if version[0] != MAJOR:
         raise WireError(f"unsupported major version {version[0]} (this monitor speaks {MAJOR})")
     kind = obj.get("k")
-    schema = _SCHEMA.get(kind) if type(kind) is str else None
-    if schema is None:
+    if type(kind) is not str or (schema := _SCHEMA.get(kind)) is None:
         raise WireError(f"unknown kind {kind!r:.40}")
     key = _key(obj, kind)
     if admit is not None:
@@ -299,8 +300,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         if why:
             raise WireError(why)
     if kind == "stepcols":
-        cols = _steps.decode_fields(obj, MAX_BATCH)
-        return Message(kind, key, obj["seq"], float(obj["t"]), {}, cols)
+        return Message(kind, key, obj["seq"], float(obj["t"]), {}, _steps.decode_fields(obj, MAX_BATCH))
     fields: dict[str, Any] = {}
     for name, (required, check) in schema.items():
         if name not in obj:
@@ -320,7 +320,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     return Message(kind, key, obj["seq"], float(obj["t"]), fields, cols)
 
 
-def _key(obj: dict[str, Any], kind: str) -> RankKey:
+def _key(obj: Any, kind: str) -> RankKey:
     """The envelope's rank key, validated (every frame: plain type and range tests first, the
     checkers only to name what is wrong)."""
     job, host, pid, rank, inc, seq, t = (obj.get(n) for n in ("job", "host", "pid", "rank", "inc", "seq", "t"))
@@ -337,7 +337,7 @@ def _key(obj: dict[str, Any], kind: str) -> RankKey:
         if key is None:
             if len(_KEYS) >= _MAX_KEYS:
                 _KEYS.clear()
-            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)  # type: ignore[arg-type]
+            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)
         return key
     for name, check in _ENVELOPE.items():
         if name not in obj:
@@ -418,5 +418,6 @@ def decode_control(frame: bytes) -> Control:
             or not (rank is None or _int(0, 1 << 24)(rank))):
         raise WireError("malformed control message")
     if pace != (flush is not None) or (pace and not _num(0.0, MAX_PACE_S)(flush)):
-        raise WireError(f"malformed control message: 'pace' needs flush_s in 0..{MAX_PACE_S:g} s, nothing else takes it")
-    return Control(cmd, job, rank, float(flush) if pace else None)
+        raise WireError(f"malformed control message: 'pace' needs flush_s in 0..{MAX_PACE_S:g} s, "
+                        "nothing else takes it")
+    return Control(cmd, job, rank, float(flush) if pace and flush is not None else None)

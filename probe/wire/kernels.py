@@ -104,7 +104,8 @@ def _kernel_ops(v: Any) -> bool:
         if not (_time(start) and _time(end)):
             raise _bad_record("ops", i, "start/end must be finite numbers")
         if not _dims(dims):
-            raise _bad_record("ops", i, f"dims must be None or ≤ {KERNEL_MAX_INPUTS} lists of ≤ {KERNEL_MAX_DIMS} sizes")
+            raise _bad_record("ops", i,
+                              f"dims must be None or ≤ {KERNEL_MAX_INPUTS} lists of ≤ {KERNEL_MAX_DIMS} sizes")
         if not _concrete(concrete):
             raise _bad_record("ops", i, "concrete must be None or a short list of scalars and int lists")
     return True

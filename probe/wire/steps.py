@@ -144,7 +144,8 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     optional: dict[str, array | None] = {}
     for name in OPTIONAL:
         if name in obj:
-            _seconds(optional.setdefault(name, _array(obj, name, "d", n)), name)
+            column = optional[name] = _array(obj, name, "d", n)
+            _seconds(column, name)
     device = obj.get("device_s")
     if device is not None and (type(device) not in (int, float) or not 0 <= device <= MAX_SECONDS):
         raise WireError("stepcols: bad value for 'device_s'")
