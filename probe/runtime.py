@@ -58,19 +58,19 @@ class Probe:
         self.publisher = Publisher(ident.key, cfg.addr, cfg.queue_size, curve_dir=cfg.curve_dir,
                                    flush_s=cfg.flush_s)
         self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
+        self.tracker.publisher = self.publisher  # its fast path publishes the common step itself
         self._started = False
         self._flops: Any = None  # probe.flop_sampling.FlopSampler
         self._kernels: Any = None  # probe.kernels.KernelWindowSampler
         self._kernels_active = False
-        self._kernels_next = 0  # the next step index a window may start at (see _at_boundary)
+        self._kernels_next = sys.maxsize  # the next step index a window may start at (see _at_boundary)
+        self._kernels_waiting = False  # a window waits for a monitor to listen (see _sender_round)
         self._counting = False  # a FLOP counting window may be open (set when one opens)
         self._rare = False  # per-step work few runs have is due (see _refresh_rare)
-        self._refused = 0  # commands refused so far: the sender thread keeps it (see _count_refused)
+        self._refused = 0  # commands refused so far: the sender thread keeps it (see _sender_round)
         self._nvtx_open = False
         self._nvtx_disabled = False
-        self._ewma_step_s: float | None = None
         self._count_wall_s: float | None = None  # wall time of the last FLOP-counted step
-        self._recent_walls: deque[float] = deque(maxlen=5)  # last unsampled steps: the charge's baseline
         self._since_count = 0  # steps since the last count
         self._charge_after = 0  # steps after a count before its cost is charged (set with FLOPs on)
         self._flops_close_pending = False  # a window to close outside a compiled optimizer step
@@ -93,7 +93,7 @@ class Probe:
         self.tracker.install()
         self.tracker.listeners_forward.append(_guard("parallel layout", self._scan_layout, self._layout_off))
         self.publisher.hello_fields = self._hello("unknown (before the first step)")
-        self.publisher.add_tick(0.0, self._count_refused)
+        self.publisher.add_tick(0.0, self._sender_round)
         self.publisher.start()
         if self.cfg.flops:
             self._setup_flops()
@@ -142,12 +142,22 @@ class Probe:
             warn_once("kernels-setup", f"kernel windows unavailable: {exc}")
             return
 
+        self._kernels_next = 0
         self._add_boundary_listener()
         self.publisher.on_control(self._control)
 
     def _add_boundary_listener(self) -> None:
-        if self._at_boundary not in self.tracker.listeners_boundary:
-            self.tracker.listeners_boundary.append(self._at_boundary)
+        self.tracker.on_boundary = self._at_boundary
+
+    @property
+    def _ewma_step_s(self) -> float | None:
+        """EWMA of the unsampled steps' wall times (the tracker keeps it on its fast path)."""
+        return self.tracker.ewma_step_s
+
+    @property
+    def _recent_walls(self) -> deque[float]:
+        """The last five unsampled steps' wall times: the count charge's baseline."""
+        return self.tracker.recent_walls
 
     def _at_boundary(self, step: int, wall_s: float) -> None:
         """Every boundary, FLOP counting's and kernel windows' share, in that order; each does
@@ -229,9 +239,10 @@ class Probe:
             # let the next count come first and overwrite this one's cost).
             self._since_count += 1
             if sampled is None and step > 1:  # step 1 pays warm-up and model discovery
-                prev = self._ewma_step_s
-                self._ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
-                self._recent_walls.append(wall)
+                t = self.tracker
+                prev = t.ewma_step_s
+                t.ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
+                t.recent_walls.append(wall)
             if self._count_wall_s is not None:
                 self._charge_count()
         if self._rare:
@@ -240,6 +251,24 @@ class Probe:
         if refused:
             fields = dict(fields, commands_refused=refused)
         self.publisher.publish("step", fields)
+        self._quiet_after(step)
+
+    def _quiet_after(self, step: int) -> None:
+        """Let the tracker publish the coming steps itself (its fast path) up to the first that
+        needs this runtime: a sampled step, a window that may start, a count to close or charge,
+        a field only the runtime adds. Anything that changes that calls :meth:`_wake`."""
+        if (self.tracker.publisher is None or self._count_wall_s is not None or self._rare or self._refused
+                or self._counting):
+            until = step + 1
+        else:
+            until = min(self._kernels_next - 1, min((s for s in self.sampled_steps if s > step), default=sys.maxsize))
+        self.tracker.quiet_until = max(step + 1, until)
+
+    def _wake(self) -> None:
+        """The next boundary goes through this runtime (any thread: the sender's ticks and
+        commands too; a lost race only delays it to the next round of the sender, which
+        repeats it while the cause lasts)."""
+        self.tracker.quiet_until = 0
 
     def _refresh_rare(self) -> None:
         """Whether :meth:`_rare_step_work` has anything to do, so that the common step tests one
@@ -248,12 +277,22 @@ class Probe:
         flops = self._flops
         self._rare = bool((flops is not None and flops.estimate_only) or self.cfg.calibrate_out
                           or self._stage_timer is not None)
+        if self._rare:
+            self._wake()
 
-    def _count_refused(self) -> None:
+    def _sender_round(self) -> None:
         """Sender thread, each round: the commands refused so far (malformed ones, and requests
-        the window scheduler turned down), for the next step message to carry."""
+        the window scheduler turned down), for the next step message to carry; and the next
+        boundary through this runtime while that field is due, a window was requested or a
+        due window waits for the monitor that now listens (repeated while so: see _wake)."""
         sampler = self._kernels
         self._refused = self.publisher.control_rejected + (sampler.scheduler.refused if sampler is not None else 0)
+        kernels = sampler is not None and (sampler.scheduler.requested
+                                           or (self._kernels_waiting and self.publisher.subscribers > 0))
+        if kernels:
+            self._kernels_next = 0
+        if kernels or self._refused:
+            self._wake()
 
     def _charge_count(self) -> None:
         if self._flops is not None and self._recent_walls and self._since_count >= self._charge_after:
@@ -392,6 +431,7 @@ class Probe:
             return
         if flops.on_forward(self.tracker, signature, self._context):
             self._counting = True
+            self._wake()
             self._note_sampled(self.tracker.step + 1, "flops")  # 1-based, like the step messages
 
     def _finish_count(self) -> None:
@@ -442,7 +482,10 @@ class Probe:
         # A window only while a monitor listens: nobody would see it, and each profiler session
         # costs memory that Kineto keeps. The due window waits until a monitor subscribes.
         if self.publisher.subscribers <= 0:
+            self._kernels_waiting = True  # the sender thread wakes us when one subscribes
+            self._kernels_next = sys.maxsize
             return
+        self._kernels_waiting = False
         if sampler.due(step + 1, typical_step_s=self._ewma_step_s):
             self._kernels_active = bool(sampler.begin_step(step + 1))
             if self._kernels_active:
@@ -457,6 +500,7 @@ class Probe:
         self._kernels_next = 0 if sched.requested else ((step + 1) | mask) + 1
 
     def _note_sampled(self, step: int, what: str) -> None:
+        self.tracker.quiet_until = min(self.tracker.quiet_until, step)
         if len(self.sampled_steps) > 256:
             self.sampled_steps.clear()
         self.sampled_steps[step] = what
@@ -467,6 +511,7 @@ class Probe:
         if command == "kernels_now" and self._kernels is not None:
             if self._kernels.request_now():
                 self._kernels_next = 0  # ask the sampler at the next boundary
+                self._wake()
 
     def _nvtx_off(self) -> None:
         self._nvtx_disabled = True

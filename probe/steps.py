@@ -30,7 +30,6 @@ Any failure in these hooks disables the probe (``on_fail``) — the user's
 from __future__ import annotations
 
 import collections
-import sys
 import time
 import warnings
 from typing import Any, Callable, Deque
@@ -39,85 +38,12 @@ import torch
 
 from probe._log import warn_once
 from probe.flops_policy import signature_of
+from probe.hookutil import _has_closure, _is_compiled, eager, in_compiled_call
+
+__all__ = ["StepTracker", "eager", "in_compiled_call"]
 
 #: Called at every boundary with (step index, wall seconds of the step).
 BoundaryListener = Callable[[int, float], None]
-
-
-def eager(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """``hook`` as torch.compile must run it: eagerly, never traced. A hook that runs inside a
-    compiled region (``module.compile()``, a compiled optimizer step) would otherwise be traced
-    into the graph and break it at every clock read (seen: 15 graph breaks in 8 steps).
-
-    The probe's package is put on Dynamo's skip list (:func:`_skipped_by_dynamo`): a call into
-    it is one graph break and runs eagerly, and our hooks need no wrapper, whose frame switching
-    cost ~2 µs per call, five calls per step. Where the skip list cannot be used, each hook is
-    wrapped in ``torch.compiler.disable`` instead. Either loads Dynamo (about a second) if
-    nothing has yet; creating a torch.optim optimizer loads it anyway."""
-    if _skipped_by_dynamo():
-        return hook
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return disable(hook) if disable is not None else hook
-
-
-_SKIPPED: list[bool] = []
-
-
-def _skipped_by_dynamo() -> bool:
-    """Put the probe's package on Dynamo's skip list, once; True when Dynamo confirms it."""
-    if not _SKIPPED:
-        ok = False
-        try:
-            from torch._dynamo import trace_rules
-
-            trace_rules.add("probe")
-            ok = bool(trace_rules.check_file(__file__).skipped)
-        except Exception:  # an older or newer Dynamo: fall back to wrapping each hook
-            ok = False
-        _SKIPPED.append(ok)
-    return _SKIPPED[0]
-
-
-def in_compiled_call() -> bool:
-    """Whether the caller runs inside a call compiled by torch.compile (a hook at a graph break
-    of a compiled ``optimizer.step`` or ``module.compile()`` region). Entering or leaving a
-    dispatch mode there is unsafe: leaving the compiled frame restores torch's dispatch state as
-    it found it, which then disagrees with the mode stack (an internal assert in the next op).
-    A compiled call leaves a Dynamo wrapper frame on the stack; so do our hooks' own wrappers
-    where the skip list was unavailable (see :func:`eager`)."""
-    ours = 0 if _SKIPPED and _SKIPPED[0] else 1
-    wrappers = 0
-    f: Any = sys._getframe(1)
-    while f is not None:
-        code = f.f_code
-        # The function wrappers only (OptimizedModule.__call__ lives in the same file: a hook of
-        # a torch.compile'd module runs outside its compiled forward).
-        if code.co_name in ("_fn", "compile_wrapper") and code.co_filename.endswith(_EVAL_FRAME):
-            wrappers += 1
-            if wrappers > ours or code.co_name == "compile_wrapper":
-                return True
-        f = f.f_back
-    return False
-
-
-_EVAL_FRAME = "_dynamo" + ("\\" if sys.platform == "win32" else "/") + "eval_frame.py"
-
-
-def _is_compiled(module: torch.nn.Module) -> bool:
-    """``torch.compile(module)`` (an OptimizedModule) or ``module.compile()``."""
-    return type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
-
-
-def _has_closure(optimizer: Any, args: Any, kwargs: Any) -> bool:
-    """Whether ``optimizer.step`` was called with a closure (positional or ``closure=``).
-    torch hands the hooks the step's positional arguments with the optimizer itself first."""
-    closure = (kwargs or {}).get("closure")
-    rest = tuple(args or ())
-    if rest and rest[0] is optimizer:
-        rest = rest[1:]
-    if closure is None and rest:
-        closure = rest[0]
-    return callable(closure)
 
 
 #: Read at every hook call: module globals, not attribute chains (cold caches after a long step
@@ -174,6 +100,16 @@ class StepTracker:
         self._forward_since_boundary = 0
         self._idle_calls = 0
         self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see _signature
+        # The common step's fast path (see boundary): steps below ``quiet_until`` are published
+        # here (``publisher.publish``) without calling ``on_boundary`` and ``_on_step``, which
+        # the owner (probe.runtime) sets up and keeps ``quiet_until`` for. Without it, or at
+        # and after that step, every boundary goes through them.
+        self.publisher: Any = None
+        self.on_boundary: BoundaryListener | None = None  # before the step's counters reset
+        self.quiet_until = 0
+        #: Unsampled steps' wall times, kept on the fast path too: EWMA, and the last five.
+        self.ewma_step_s: float | None = None
+        self.recent_walls: Deque[float] = collections.deque(maxlen=5)
 
     @property
     def device(self) -> torch.device | None:
@@ -487,6 +423,9 @@ class StepTracker:
             "dstep": dstep,
             "micro_batches": self._forward_since_boundary,
         }
+        quiet = step < self.quiet_until
+        if not quiet and self.on_boundary is not None:
+            self.on_boundary(step, wall)  # guards itself
         for listener in self.listeners_boundary:
             try:
                 listener(step, wall)
@@ -499,7 +438,13 @@ class StepTracker:
         self._forward_since_boundary = 0
         t1 = _now()
         fields["probe_s"] = self._probe_s + (t1 - t0)
-        self._on_step(fields)
+        if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
+            prev = self.ewma_step_s
+            self.ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
+            self.recent_walls.append(wall)
+            self.publisher.publish("step", fields)
+        else:
+            self._on_step(fields)
         t2 = self._input_origin = _now()  # the last optimizer post-hook (mark_step) of the step
         self._probe_s = t2 - t1  # the runtime's share: reported with the next step
         # Steps are the intervals between boundary instants: what the probe does here (a kernel
