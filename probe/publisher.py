@@ -277,9 +277,12 @@ class Publisher:
             self._handle_control(link.take_commands())
             self.control_rejected += link.overflow
             link.overflow = 0
-            # 20 Hz: fresh enough for a 2 Hz UI, cheap for training; sooner when a batch is due.
-            due = batch[0][1] + self.current_flush_s() - time.time() if batch else 0.05
-            time.sleep(min(0.05, max(0.001, due)))
+            # Each round costs this thread 0.1-0.4 ms of CPU (cold caches; bench/overhead.py), taken
+            # from training on a busy host: wake as seldom as a step record's wait allows (10 Hz
+            # with the default flush_s; 20 Hz at most), sooner when a batch is due.
+            idle = min(0.1, max(0.05, self.flush_s))
+            due = batch[0][1] + self.current_flush_s() - time.time() if batch else idle
+            time.sleep(min(idle, max(0.001, due)))
 
     def current_flush_s(self) -> float:
         """How long step records wait now: flush_s, or longer while a monitor's pace holds."""
@@ -406,7 +409,8 @@ class _Link:
     def poll(self) -> int:
         """Drain pending events and (un)subscriptions; return the live subscription count."""
         zmq = self._zmq
-        for _ in range(64):
+        # Mostly there is nothing to read: asking first spares two raised zmq.Again per round.
+        for _ in range(64 if self._events.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
             try:
                 event = self._recv_event(self._events, zmq.NOBLOCK)
             except zmq.Again:
@@ -423,7 +427,7 @@ class _Link:
                 self.connections = max(0, self.connections - 1)
                 if self.connections == 0:
                     self.subscriptions = 0
-        for _ in range(64):
+        for _ in range(64 if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
             try:
                 frame = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
