@@ -139,3 +139,27 @@ def test_forkserver_dataloader_workers_are_counted() -> None:
     during = [t.sample() for _ in loader]
     assert max(s["workers"] for s in during) == 2
     assert max(s["workers_cpu_pct"] for s in during) > 0.0
+
+
+def test_children_are_read_without_scanning_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil's children() reads the stat file of every process on the host (~8 ms a sample with
+    100 processes, every rank every second): the probe lists its children from its threads'
+    /proc children files instead, and finds them all the same."""
+    from probe.hostinfo import child_pids
+
+    if child_pids(os.getpid()) is None:
+        pytest.skip("this kernel has no /proc/<pid>/task/<tid>/children files")
+
+    def scan(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("psutil.Process.children scans the whole process table")
+
+    monkeypatch.setattr(psutil.Process, "children", scan)
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        assert set(child_pids(os.getpid()) or []) >= {k.pid for k in kids}
+        s = HostTelemetry().sample()
+        assert s["children"] >= 2 and "children" not in s["reasons"]
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
