@@ -308,7 +308,7 @@ class StepTracker:
         runs once per shape instead of once per step."""
         if kwargs or len(args) > 4:
             return signature_of(args, kwargs or {})
-        key = []
+        key: list[object] = []
         try:
             for a in args:
                 if not isinstance(a, torch.Tensor):
