@@ -366,8 +366,10 @@ class StepTracker:
             closure = self.closure_step = (len(args) > 1 or bool(kwargs)) and _has_closure(optimizer, args, kwargs)
             # With a closure the step's (last) forward and backward are still to come, inside
             # step(): pre-optimizer work waits for the boundary (listeners see closure_step).
+            # Pre-optimizer listeners (FLOP counting's) act on steps the owner marked as not quiet.
             listeners = self.listeners_pre_opt
-            if listeners and not self.explicit and not closure and self._is_new_step(optimizer):
+            if (listeners and self.step + 1 >= self.quiet_until and not self.explicit and not closure
+                    and self._is_new_step(optimizer)):
                 for listener in listeners:
                     listener()
         except Exception as exc:
