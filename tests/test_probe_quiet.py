@@ -1,0 +1,83 @@
+"""The probe's steady state costs little: the step tracker publishes the common step itself, the
+runtime is called only at steps that need it, and the sender thread wakes no more than needed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import probe
+from probe import publisher as publisher_mod
+
+torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
+nn = torch.nn
+
+
+@pytest.fixture
+def attached(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")  # nobody listens
+    monkeypatch.setenv("FLOWTOP_KERNELS_MIN_STEPS", "16")
+    assert probe.attach(job="quiet")
+    p = probe._current()
+    out: list[tuple[str, dict[str, Any]]] = []
+    p.publisher.publish = lambda kind, fields: out.append((kind, fields))
+    try:
+        yield p, out
+    finally:
+        probe.detach()
+
+
+def test_steady_steps_skip_the_runtime_and_publish_the_same_records(attached: Any) -> None:
+    p, out = attached
+    seen: list[int] = []
+    full = p.tracker._on_step
+
+    def spy(fields: dict[str, Any]) -> None:
+        seen.append(fields["step"])
+        full(fields)
+
+    p.tracker._on_step = spy
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(40):
+        model(torch.randint(0, 50, (2, 6))).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    steps = [f for k, f in out if k == "step"]
+    assert [s["step"] for s in steps] == list(range(1, 41))
+    assert all(s["tokens"] == 12 and s["micro_batches"] == 1 and s["probe_s"] > 0 for s in steps)
+    assert {frozenset(s) for s in steps[5:]} == {frozenset(steps[1])}  # same fields either way
+    # Step 1 (setup), the FLOP count (step 2) and the three steps that charge its cost go through
+    # the runtime (no monitor listens, so no kernel window is due); the tracker publishes the rest.
+    assert seen == [1, 2, 3, 4, 5]
+    assert p.tracker.ewma_step_s is not None and len(p.tracker.recent_walls) == 5
+
+
+def test_the_sender_wakes_at_most_about_ten_times_a_second_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round of the sender costs it 0.1-0.4 ms of CPU on a busy host: with the default
+    FLOWTOP_FLUSH_S (0.1 s) it wakes at 10 Hz, not 20 Hz."""
+    rounds: list[float] = []
+    real = time.sleep
+
+    class Clock:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(s: float) -> None:
+            if threading.current_thread().name == "flowtop-probe-sender":
+                rounds.append(s)
+            real(s)
+
+    monkeypatch.setattr(publisher_mod, "time", Clock())
+    pub = publisher_mod.Publisher(publisher_mod.wire.RankKey("j", "h", 1, 0, 0), "tcp://127.0.0.1:1")
+    pub.start()
+    try:
+        real(1.5)
+    finally:
+        pub.close(timeout_s=0.2)
+    assert rounds and min(rounds) >= 0.099 and len(rounds) <= 17
