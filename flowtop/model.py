@@ -170,7 +170,7 @@ class Model:
         elif msg.kind == "flops":
             st.flops = interned(f)
         elif msg.kind == "telemetry":
-            st.telemetry = interned(f)
+            st.telemetry = dict(f)  # not interned: replaced every second, the CPU would cost more (bench --costs)
             st.telemetry_at = now
             dev = f.get("gpu", {})
             st.push_series("tensor_active", dev.get("tensor_active"))
