@@ -792,7 +792,9 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
             send(key, "stepcols", encode_fields(recs, 0))
 
     for key in keys:
-        send(key, "hello", {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8})
+        hello = {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8}
+        send(key, "hello", hello, timed=False)  # the first makes the rank
+        send(key, "hello", dict(hello))  # timed: the one every 2 s after it, unchanged
         send(key, "flops", dict(tpl["flops"]))
     window = build_window(tpl["kernels"])
     for b in range(40):
@@ -801,7 +803,8 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
             steps_frame(key)
         step[0] += per_frame
     for key in keys:
-        send(key, "telemetry", dict(tpl["telemetry"]))
+        send(key, "telemetry", dict(tpl["telemetry"]), timed=False)  # the first sample makes the series
+        send(key, "telemetry", dict(tpl["telemetry"]))  # steady state: the one timed
         add_window(model.ranks[key], window)
     ticks = []
     # A job larger than RANKS_PER_TICK spreads its full refresh and its hints over several ticks:

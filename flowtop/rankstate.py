@@ -73,7 +73,7 @@ class RankState:
     version: int = 0
     #: (version, step, steps held) -> median step time: every status check needs the median, a
     #: sort of 32 values, thousands of ranks twice a second.
-    med_cache: tuple[tuple[int, int, int], float | None] = ((-1, 0, 0), None)
+    med_cache: tuple[tuple[int, int], float | None] = ((-1, 0), None)
 
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""
@@ -137,7 +137,9 @@ def gone(st: RankState, now: float) -> bool:
 
 def median_step(st: RankState) -> float | None:
     """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
-    key = (st.version, st.step, len(st.steps))
+    # The ring changes only with a new step (duplicates are dropped): the newest step number and
+    # the count say whether it did, whatever other frames (telemetry, hello) bumped the version.
+    key = (st.step, len(st.steps))
     if st.med_cache[0] == key:
         return st.med_cache[1]
     ring = st.steps
