@@ -59,6 +59,7 @@ class Probe(SampledFeatures):
         self._counting = False  # a FLOP counting window may be open (set when one opens)
         self._rare = False  # per-step work few runs have is due (see _refresh_rare)
         self._refused = 0  # commands refused so far: the sender thread keeps it (see _sender_round)
+        self._refused_sent = 0  # ... and the count the last step message carried
         self._nvtx_open = False
         self._nvtx_disabled = False
         self._count_wall_s: float | None = None  # wall time of the last FLOP-counted step
@@ -165,6 +166,7 @@ class Probe(SampledFeatures):
         refused = self._refused
         if refused:
             fields = dict(fields, commands_refused=refused)
+            self._refused_sent = refused  # the monitor keeps the largest: no need to repeat it
         self.publisher.publish("step", fields)
         self._quiet_after(step)
 
@@ -172,8 +174,8 @@ class Probe(SampledFeatures):
         """Let the tracker publish the coming steps itself (its fast path) up to the first that
         needs this runtime: a sampled step, a window that may start, a count to close or charge,
         a field only the runtime adds. Anything that changes that calls :meth:`_wake`."""
-        if (self.tracker.publisher is None or self._count_wall_s is not None or self._rare or self._refused
-                or self._counting):
+        if (self.tracker.publisher is None or self._count_wall_s is not None or self._rare
+                or self._refused != self._refused_sent or self._counting):
             until = step + 1
         else:
             until = min(self._kernels_next - 1, min((s for s in self.sampled_steps if s > step), default=sys.maxsize))
@@ -206,7 +208,7 @@ class Probe(SampledFeatures):
                                            or (self._kernels_waiting and self.publisher.subscribers > 0))
         if kernels:
             self._kernels_next = 0
-        if kernels or self._refused:
+        if kernels or self._refused != self._refused_sent:  # a new refusal to report, not every one so far
             self._wake()
 
     def _rare_step_work(self, fields: dict[str, Any]) -> dict[str, Any]:

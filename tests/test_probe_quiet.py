@@ -81,3 +81,37 @@ def test_the_sender_wakes_at_most_about_ten_times_a_second_when_idle(monkeypatch
     finally:
         pub.close(timeout_s=0.2)
     assert rounds and min(rounds) >= 0.099 and len(rounds) <= 17
+
+
+def test_a_refused_command_is_reported_once_and_steps_go_quiet_again(attached: Any) -> None:
+    """A refusal (a malformed command, a window request over the rate limit) goes out on the next
+    step message, through the runtime; after that the tracker's fast path resumes: a running total
+    that stays above 0 must not keep every later step on the slow path."""
+    p, out = attached
+    seen: list[int] = []
+    full = p.tracker._on_step
+
+    def spy(fields: dict[str, Any]) -> None:
+        seen.append(fields["step"])
+        full(fields)
+
+    p.tracker._on_step = spy
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            model(torch.randint(0, 50, (2, 6))).logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    train(10)  # steps 1-5 through the runtime, then quiet
+    p.publisher.control_rejected += 1  # what the sender thread counts for a malformed command
+    p._sender_round()
+    train(10)
+    steps = {f["step"]: f for k, f in out if k == "step"}
+    assert seen == [1, 2, 3, 4, 5, 11]  # the step after the refusal, then quiet again
+    assert steps[11]["commands_refused"] == 1 and "commands_refused" not in steps[12]
+    p._sender_round()  # nothing new: no wake-up
+    train(5)
+    assert seen == [1, 2, 3, 4, 5, 11]
