@@ -133,3 +133,17 @@ def test_a_frame_longer_than_a_block_rolls_the_ring() -> None:
     got = st.steps.recent(200)
     assert len(st.steps) == 150 and len(got) == 128  # RECENT keeps every field of the last 128
     assert got == [(s, s / 1000, s, None, 9.0, None if s % 3 else 0.5) for s in range(23, 151)]
+
+
+def test_frames_refused_after_their_envelope_leave_no_key_behind() -> None:
+    """The key cache holds keys of frames that decoded whole: 500 forged byes without a reason
+    (refused) add none; a valid frame's key is then the one object every later frame gets."""
+    before = len(wire._KEYS)
+    for i in range(500):
+        body = {"v": [wire.MAJOR, wire.MINOR], "k": "bye", "job": f"forged-{i}", "rank": 0, "host": "x" * 200,
+                "pid": 1, "inc": 0, "seq": 0, "t": 1.0, "steps": 0, "drops": 0}
+        with pytest.raises(WireError, match="missing field 'reason'"):
+            wire.decode(msgpack.packb(body))
+    assert len(wire._KEYS) == before
+    a = wire.decode(wire.encode_steps(RankKey("kept", "h", 9, 0, 0), 1, 1.0, RECORDS, 0)).key
+    assert wire.decode(wire.encode_steps(RankKey("kept", "h", 9, 0, 0), 2, 1.0, RECORDS, 0)).key is a

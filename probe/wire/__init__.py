@@ -236,10 +236,10 @@ _ENVELOPE: dict[str, Check] = {
     "seq": _int(),
     "t": _num(0, 1e11),
 }
-#: Keys decoded so far, by their fields: one RankKey object per rank (a dict hit instead of a
-#: construction per frame; cleared when a flood of forged keys makes it large).
+#: Keys of frames decoded whole, by their fields: one RankKey object per rank (a dict hit instead
+#: of a construction per frame; cleared when it holds as many keys as the monitor admits ranks).
 _KEYS: dict[tuple[Any, ...], RankKey] = {}
-_MAX_KEYS = 1 << 17
+_MAX_KEYS = 1 << 16
 
 
 def encode(kind: str, key: RankKey, seq: int, sent_at: float, fields: Mapping[str, Any]) -> bytes:
@@ -300,7 +300,8 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         if why:
             raise WireError(why)
     if kind == "stepcols":
-        return Message(kind, key, obj["seq"], float(obj["t"]), {}, _steps.decode_fields(obj, MAX_BATCH))
+        columns = _steps.decode_fields(obj, MAX_BATCH)
+        return Message(kind, _known(key), obj["seq"], float(obj["t"]), {}, columns)
     fields: dict[str, Any] = {}
     for name, (required, check) in schema.items():
         if name not in obj:
@@ -317,7 +318,18 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         cols = _steps.from_records(fields["records"])
     elif kind == "step":
         cols = _steps.from_records((fields,))
-    return Message(kind, key, obj["seq"], float(obj["t"]), fields, cols)
+    return Message(kind, _known(key), obj["seq"], float(obj["t"]), fields, cols)
+
+
+def _known(key: RankKey) -> RankKey:
+    """The one object of ``key``, interned once its frame decoded whole (a flood of frames that
+    are then refused must not fill the cache, nor push the real ranks' keys out of it)."""
+    held = _KEYS.get(key)
+    if held is None:
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        held = _KEYS[key] = key
+    return held
 
 
 def _key(obj: Any, kind: str) -> RankKey:
@@ -334,11 +346,7 @@ def _key(obj: Any, kind: str) -> RankKey:
         and type(seq) is int and 0 <= seq <= I64
         and type(t) in (float, int) and 0 <= t <= 1e11
     ):
-        if key is None:
-            if len(_KEYS) >= _MAX_KEYS:
-                _KEYS.clear()
-            key = _KEYS[fields] = RankKey(job, host, pid, rank, inc)
-        return key
+        return key if key is not None else RankKey(job, host, pid, rank, inc)
     for name, check in _ENVELOPE.items():
         if name not in obj:
             raise WireError(f"{kind}: missing envelope field {name!r}")
