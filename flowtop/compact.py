@@ -42,8 +42,10 @@ class ArraySeq(Sequence):
 
     @classmethod
     def of(cls, typecode: str, values: Any) -> "ArraySeq":
-        """A sequence of ``values`` in one block of its own."""
-        return cls((array(typecode, values),))
+        """A sequence of ``values`` in blocks of its own (BLOCK values each: indexing relies on it)."""
+        flat = array(typecode, values)
+        blocks = tuple(flat[i:i + BLOCK] for i in range(0, len(flat), BLOCK)) or (flat,)
+        return cls(blocks)
 
     def __len__(self) -> int:
         return self._n

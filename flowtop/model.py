@@ -261,14 +261,15 @@ class Model:
         or before the rank's newest step are duplicates or reordered: steps stay monotonic."""
         steps = cols.step
         first = bisect.bisect_right(steps, st.step) if st.steps else 0
-        if first < len(steps):
-            st.steps.extend(steps, cols.wall_s, cols.tokens, cols.input_wait_s, cols.lead_s, now, first)
-            st.step = steps[-1]
-            for column, into in ((cols.probe_s, st.probe_s), (cols.stage_s, st.stage_s)):
-                if column is not None:
-                    part = column[first:] if first else column
-                    total = sum(part)
-                    into.extend(part if total == total else [x for x in part if x == x])  # NaN: not sent
+        if first >= len(steps):
+            return  # every record seen already: a stale frame's totals and device time are old too
+        st.steps.extend(steps, cols.wall_s, cols.tokens, cols.input_wait_s, cols.lead_s, now, first)
+        st.step = steps[-1]
+        for column, into in ((cols.probe_s, st.probe_s), (cols.stage_s, st.stage_s)):
+            if column is not None:
+                part = column[first:] if first else column
+                total = sum(part)
+                into.extend(part if total == total else [x for x in part if x == x])  # NaN: not sent
         st.drops = max(st.drops, cols.drops)
         st.commands_refused = max(st.commands_refused, cols.commands_refused)
         if cols.device_s is not None:
@@ -348,7 +349,9 @@ class Model:
             return
         shown = self._view((st for st in self.ranks.values() if st.key.job == job), now, remember=True).get(job)
         if shown:
-            self._evaluate(self._job_snapshot(job, shown, now), now)
+            spread = -(-len(shown) // RANKS_PER_TICK)  # a large job's look rebuilds only this tick's share
+            self._evaluate(self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None),
+                           now)
 
     def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
                       hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
@@ -361,8 +364,10 @@ class Model:
             ranks = tuple(self.views.view(st, now, others, glance=True) for st, others in shown)
         else:
             tick, spread = rotation
-            ranks = tuple(self.views.view(st, now, others, full=(i + tick) % spread == 0)
-                          for i, (st, others) in enumerate(shown))
+            # The turn follows the rank number, not the row: a rank's turn comes every `spread`
+            # ticks whoever joins or leaves the job meanwhile.
+            ranks = tuple(self.views.view(st, now, others, full=(st.key.rank + tick) % spread == 0)
+                          for st, others in shown)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])

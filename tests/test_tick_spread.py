@@ -70,3 +70,19 @@ def test_a_job_within_the_budget_is_rebuilt_and_evaluated_every_tick(small_ticks
         _feed(model, keys, step, 2.5 + i / 2)
         model.tick(2.5 + i / 2)
     assert model.views.built == PER_TICK * 4 and model.views.refreshed == 0
+
+
+def test_a_bye_in_a_large_job_rebuilds_only_this_ticks_share(small_ticks: None) -> None:
+    """The last look a rank's bye takes at its job's hints rebuilds the views of the ranks whose
+    turn it is, not all of them (at 4,096 ranks that was a second of the data thread per bye)."""
+    model = make_model()
+    keys = [RankKey("big", "h", 700 + r, r, 0) for r in range(RANKS)]
+    now = 2.0
+    for step in range(1, 31, 5):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now += 0.5
+    _feed(model, keys, 31, now)
+    built = model.views.built
+    model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 35, "drops": 0})), now)
+    assert model.views.built - built <= -(-RANKS // 3) + 1  # a third of the job (and the rank leaving)

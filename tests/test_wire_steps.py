@@ -147,3 +147,26 @@ def test_frames_refused_after_their_envelope_leave_no_key_behind() -> None:
     assert len(wire._KEYS) == before
     a = wire.decode(wire.encode_steps(RankKey("kept", "h", 9, 0, 0), 1, 1.0, RECORDS, 0)).key
     assert wire.decode(wire.encode_steps(RankKey("kept", "h", 9, 0, 0), 2, 1.0, RECORDS, 0)).key is a
+
+
+def test_a_stale_frame_changes_nothing_and_the_limits_hold_per_value() -> None:
+    model = Model()
+    newer = [{**r, "step": r["step"] + 10, "device_s": 0.002} for r in RECORDS]
+    model.ingest(wire.decode(wire.encode_steps(KEY, 1, 1.0, newer, 3)), 50.0)
+    model.ingest(wire.decode(wire.encode_steps(KEY, 2, 1.0, RECORDS, 9)), 51.0)  # steps 11-13: all seen
+    (st,) = model.ranks.values()
+    assert st.step == 23 and st.device_s == 0.002 and st.drops == 3  # the stale frame's totals are old
+    # each value is held to the single-step schema's limit, not their sum
+    big = [{"step": s, "wall_s": 5e6, "tokens": 1, "drops": 0} for s in (1, 2, 3)]
+    assert list(wire.decode(wire.encode_steps(KEY, 3, 1.0, big, 0)).steps.wall_s) == [5e6] * 3
+    # a nil optional column is an absent one
+    msg = wire.decode(wire.encode("stepcols", KEY, 4, 1.0, {**encode_fields(RECORDS[:1], 0), "lead_s": None}))
+    assert msg.steps.lead_s is None
+
+
+def test_array_seq_of_many_values_indexes_across_blocks() -> None:
+    from flowtop.compact import ArraySeq
+
+    seq = ArraySeq.of("d", [float(i) for i in range(150)])
+    assert seq[70] == 70.0 and seq[-1] == 149.0 and list(seq[64:70]) == [64.0, 65.0, 66.0, 67.0, 68.0, 69.0]
+    assert len(seq) == 150 and tuple(seq) == tuple(float(i) for i in range(150))

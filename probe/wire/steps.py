@@ -111,13 +111,13 @@ def _array(obj: Mapping[str, Any], name: str, code: str, n: int) -> array:
 def _seconds(a: array, name: str) -> None:
     """Every value a finite number of seconds in 0..MAX_SECONDS; NaN allowed (a record that did
     not send the field) only in an optional column. C-level passes, not a check per value: a NaN or
-    an infinity makes the sum non-finite, and a frame's values cannot add up to more than the
-    limit unless one is past it (or the frame spans months of steps)."""
+    an infinity makes the sum non-finite (values within the limit never overflow it), then the
+    smallest and the largest value are checked."""
     total = sum(a)
     if total != total and name in OPTIONAL:  # some records did not send it: check the others
         a = array("d", [x for x in a if x == x])
         total = sum(a)
-    if a and not (math.isfinite(total) and total <= MAX_SECONDS and min(a) >= 0.0):
+    if a and not (math.isfinite(total) and min(a) >= 0.0 and max(a) <= MAX_SECONDS):
         raise WireError(f"stepcols: bad column {name!r}: values must be finite seconds in 0..{MAX_SECONDS:g}")
 
 
@@ -143,7 +143,7 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     _seconds(wall, "wall_s")
     optional: dict[str, array | None] = {}
     for name in OPTIONAL:
-        if name in obj:
+        if obj.get(name) is not None:  # nil: no record sent it, as if the column were absent
             column = optional[name] = _array(obj, name, "d", n)
             _seconds(column, name)
     device = obj.get("device_s")
