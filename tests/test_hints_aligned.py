@@ -50,3 +50,36 @@ def test_median_without_one_value_equals_the_median_of_the_others() -> None:
         for i, v in enumerate(values):
             others = values[:i] + values[i + 1:]
             assert without(v) == (float(statistics.median(others)) if others else 0.0)
+
+
+def _paced_rank(rank: int, step_s: float, flush_s: float, phase: float, until: float = 60.0):
+    """A rank's reach history as the monitor records it when its records leave in frames every
+    ``flush_s`` (phase ``phase``): every step of a frame carries that frame's receive time."""
+    from types import SimpleNamespace as NS
+
+    steps, recv, pending, s, t, due = [], [], [], 1, step_s, phase
+    while t <= until:
+        pending.append(s)
+        s, t = s + 1, t + step_s
+        if t >= due:
+            steps += pending
+            recv += [t + 0.001] * len(pending)
+            pending, due = [], due + flush_s
+    return NS(rank=rank, history=NS(reached=tuple(zip(steps[-256:], recv[-256:]))))
+
+
+def test_pace_from_frame_ends_is_exact_for_batched_ranks_and_still_sees_a_slow_one() -> None:
+    from flowtop.hints.measures_time import _by_reach
+
+    rng = random.Random(3)
+    for flush in (0.1, 0.15, 0.45):
+        ranks = [_paced_rank(r, 0.01, flush, rng.random() * flush) for r in range(9)]
+        pace, span, _ = _by_reach(ranks, 20, 256)
+        # every rank takes 10 ms a step: read within 1 %, whatever its flush phase (mid-frame
+        # steps gave 7.5-22 ms, and 100 % "stragglers" under a 0.15 s pace)
+        assert set(pace) == set(range(9)) and all(abs(p - 0.01) < 1e-4 for p in pace.values()), (flush, pace)
+        assert span >= 20
+    # a rank 30 % slower (3 s in: its last 256 steps still overlap the others')
+    slow = [_paced_rank(r, 0.013 if r == 4 else 0.01, 0.45, rng.random() * 0.45, until=3.0) for r in range(9)]
+    pace, _, _ = _by_reach(slow, 20, 256)
+    assert abs(pace[4] / 0.01 - 1.3) < 0.02 and all(abs(p - 0.01) < 1e-4 for r, p in pace.items() if r != 4)

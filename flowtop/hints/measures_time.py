@@ -161,17 +161,38 @@ def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float]
 
 
 def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, Aligned]:
-    """Per rank: time per step to go from the first to the last of the last ``window`` + 1
-    step indices every rank reached (monitor receive times, so ranks share one clock); also the
-    reach times at the last ``keep`` step indices every rank reached."""
+    """Per rank: time per step to reach, from a step at least ``window`` steps back to its newest,
+    among the last ``keep`` step indices every rank reached (monitor receive times, so ranks share
+    one clock); the fewest steps any rank's figure spans; and the reach times at those indices.
+
+    The steps of one frame share its receive time: only the last step of a frame was received
+    when it was made. A figure from a step in the middle of a frame would be off by up to a flush
+    interval (a rank paced to 0.45 s at 10 ms steps read 100 % slower or faster by its phase), so
+    both ends of each rank's span are ends of its frames: where its receive time changes."""
     tails = [pairs_of(r.history.reached) for r in ranks]
-    reach = align([(steps[-keep:], times[-keep:]) for steps, times in tails])
-    n = min(len(reach.steps), window + 1)
-    if n < 2:
+    tails = [(list(steps[-keep:]), list(times[-keep:])) for steps, times in tails]
+    reach = align(tails)
+    if not reach.steps:
         return {}, 0, reach
-    a, b = reach.steps[-n], reach.steps[-1]
-    per_step = {r.rank: (row[-1] - row[-n]) / (b - a) for r, row in zip(ranks, reach.rows)}
-    return per_step, n - 1, reach
+    lo, hi = reach.steps[0], reach.steps[-1]
+    per_step: dict[int, float] = {}
+    spans: list[int] = []
+    for r, (steps, times) in zip(ranks, tails):
+        # a frame ends where the rank's own receive time changes (or at its newest step): its own
+        # series, since the common window may stop in the middle of this rank's newest frame
+        ends = [j for j in range(len(times) - 1) if times[j] != times[j + 1] and lo <= steps[j] <= hi]
+        if steps and steps[-1] <= hi:
+            ends.append(len(steps) - 1)
+        if len(ends) < 2:
+            continue  # one frame in the window: no rate from its receive times
+        b = ends[-1]
+        starts = [j for j in ends[:-1] if steps[b] - steps[j] >= window]
+        a = starts[-1] if starts else ends[0]
+        per_step[r.rank] = (times[b] - times[a]) / (steps[b] - steps[a])
+        spans.append(steps[b] - steps[a])
+    if len(per_step) < 2:
+        return {}, 0, reach
+    return per_step, min(spans), reach
 
 
 def _leads(ranks: list[RankSnapshot], last: int | None = None) -> Aligned:
@@ -240,13 +261,16 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)
-    tables = [(table, sorted(table.values()), n) for table, n in ((med, n_med), (pace, n_pace)) if table]
+    tables = [(table, sorted(table.values()), n, basis)
+              for table, n, basis in ((med, n_med, "step_time"), (pace, n_pace, "pace")) if table]
     med_sorted = sorted(med.values())
     # rank index -> (slower, mine, others, steps, basis)
     best: dict[int, tuple[float, float, float, int, str]] = {}
     for idx, r in enumerate(ranks):
         candidates = []
-        for (table, ordered, n), basis in zip(tables, ("step_time", "pace")):
+        for table, ordered, n, basis in tables:
+            if r.rank not in table:
+                continue  # no figure of that kind for this rank (a single frame in its window)
             other = _median_without(ordered, table[r.rank])
             if other > 0:
                 candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n, basis))
