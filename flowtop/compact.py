@@ -150,6 +150,24 @@ class Column:
         while blocks and self._n - len(blocks[0]) >= self.cap:
             self._n -= len(blocks.pop(0))
 
+    def extend(self, values: Any) -> None:
+        """Append ``values`` (an array of this type code, or a list) block by block, in C."""
+        if not (isinstance(values, array) and values.typecode == self.typecode):
+            values = array(self.typecode, values)
+        done, n = 0, len(values)
+        while done < n:
+            take = min(n - done, BLOCK - len(self._tail))
+            self._tail.extend(values[done:done + take])
+            done += take
+            self._n += take
+            self._view = None
+            if len(self._tail) == BLOCK:
+                self._blocks.append(self._tail)
+                self._tail = array(self.typecode)
+        blocks = self._blocks
+        while blocks and self._n - len(blocks[0]) >= self.cap:
+            self._n -= len(blocks.pop(0))
+
     def __len__(self) -> int:
         return min(self._n, self.cap)
 

@@ -11,6 +11,8 @@ import tracemalloc
 import pytest
 
 from flowtop import rankstate as rs
+from array import array
+
 from flowtop.compact import BLOCK, ArraySeq, Column, PairSeq, StepRing
 from flowtop.model import Model
 from probe.wire import Message, RankKey
@@ -127,3 +129,11 @@ def test_memory_per_rank_stays_small() -> None:
     tracemalloc.stop()
     assert len(snap.jobs[0].ranks) == len(keys)
     assert per_rank < 40_000, per_rank
+
+
+def test_a_column_extends_block_by_block_and_keeps_its_cap() -> None:
+    col = Column("d", 100)
+    col.extend([float(i) for i in range(30)])
+    col.extend(array("d", [float(i) for i in range(30, 150)]))  # across blocks, past the cap
+    assert len(col) == 100 and tuple(col.view()) == tuple(float(i) for i in range(50, 150))
+    assert all(len(b) == BLOCK for b in col._blocks)  # full blocks stay exactly BLOCK long
