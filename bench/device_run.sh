@@ -91,7 +91,7 @@ fi
 if want calibrate 120; then
 stage "flowtop calibrate"
 timeout 120 python3 -m flowtop.cli calibrate --steps 2 --skip 5 -- \
-  python3 -m flowtop.demo.train --device cuda --dtype bf16 --steps 8 --layers 2 --width 256 \
+  python3 -m flowtop.tools.demo.train --device cuda --dtype bf16 --steps 8 --layers 2 --width 256 \
   --seq 256 --batch 4 > "$OUT/calibrate.txt"
 echo "calibrate rc=$?"; tail -22 "$OUT/calibrate.txt"
 fi

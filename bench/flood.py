@@ -12,7 +12,7 @@ object: key latency (p50/p99/max, ms) before and during the flood, keys handled 
 UI loop lag, the UI's render time per snapshot, the garbage collector's pauses (a collection
 stops every thread), what the monitor received and refused, and how many snapshots the data
 thread made, the UI rendered and the mailbox dropped (latest wins). Figures, no assertions.
-``--gc-default`` keeps CPython's GC thresholds instead of the monitor's (flowtop.gcpolicy). Run
+``--gc-default`` keeps CPython's GC thresholds instead of the monitor's (flowtop.monitor.gcpolicy). Run
 from a checkout of an older flowtop (before the data thread), it measures that monitor instead.
 
 ``--send ADDR`` runs only the flooder (tests/test_flood.py uses it).
@@ -117,12 +117,12 @@ async def _presses(app: Any, stamps: list[float], until: Any, every_s: float = 0
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from flowtop.app import FlowtopApp
-    from flowtop.collector import Collector
-    from flowtop.demo.launch import free_port_pair
-    from flowtop.wiring import make_model
+    from flowtop.tui.app import FlowtopApp
+    from flowtop.monitor.collector import Collector
+    from flowtop.tools.demo.launch import free_port_pair
+    from flowtop.monitor.wiring import make_model
 
-    from flowtop.screens.main_screen import MainScreen
+    from flowtop.tui.screens.main_screen import MainScreen
 
     renders: list[float] = []  # seconds the UI thread spent rendering each snapshot (main screen)
     show = MainScreen.show
@@ -149,7 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         gc.set_threshold(700, 10, 10)  # CPython's defaults, for comparison
     else:
         try:
-            from flowtop import gcpolicy
+            from flowtop.monitor import gcpolicy
         except ImportError:  # an older monitor
             gc.set_threshold(700, 10, 10)
         else:

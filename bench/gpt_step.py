@@ -20,7 +20,7 @@ def gpt_step(cfg_kw: dict[str, int], batch: int, device: str, seed: int = 0) -> 
     """``(model, step)``: one call of ``step`` is forward, backward, optimizer step, zero_grad."""
     import torch
 
-    from flowtop.demo.gpt import GPT, GPTConfig
+    from flowtop.tools.demo.gpt import GPT, GPTConfig
 
     torch.manual_seed(seed)
     with torch.device(device):  # initialise on the device: a 940 M model is slow to init on CPU

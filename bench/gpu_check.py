@@ -188,7 +188,7 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
         from gpt_step import gpt_step
 
         model, step = gpt_step(cfg_kw, batch, DEV)
-        from probe.estimate import non_embedding_params
+        from probe.flops.estimate import non_embedding_params
 
         state.update(model=model, step=step)
         return {"params": sum(p.numel() for p in model.parameters()),
@@ -209,7 +209,7 @@ def bench_model(res: dict[str, Any], name: str, cfg_kw: dict[str, int], batch: i
         sync()
         out: dict[str, Any] = {"torch_flop_counter_per_step": float(counter.get_total_flops())}
         if info:
-            from probe.estimate import transformer_flops_per_token
+            from probe.flops.estimate import transformer_flops_per_token
 
             per_token = transformer_flops_per_token(info["non_embedding_params"], cfg_kw["n_layer"],
                                                     cfg_kw["n_embd"], cfg_kw["block_size"])

@@ -77,7 +77,7 @@ def timed(fn: Callable[[], Any], dev: str, reps: int) -> float:
 
 
 def probe_count(fn: Callable[[], Any], root: Any = None) -> Any:
-    from probe.flops import StepFlopCounter
+    from probe.flops.counter import StepFlopCounter
 
     counter = StepFlopCounter(root=root)
     counter.start()
@@ -99,7 +99,7 @@ def torch_count(fn: Callable[[], Any]) -> int | str:
 
 
 def message(count: Any, dev: str, tokens: int = 0) -> dict[str, Any]:
-    from probe import accounting
+    from probe.flops import accounting
 
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     return accounting.flops_message(count, step=1, tokens=tokens, root=None, signature=(), device=torch.device(dev),
@@ -114,7 +114,7 @@ def main(dev: str, dry: bool) -> None:
 
     @section("gemm")
     def _gemm() -> dict[str, Any]:
-        from flowtop.accounting import rank_flops
+        from flowtop.monitor.accounting import rank_flops
 
         a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
@@ -154,8 +154,8 @@ def main(dev: str, dry: bool) -> None:
     @section("moe")
     def _moe() -> dict[str, Any]:
         from moe_helpers import hand_step_flops
-        from probe.moe import ExpertLoadRecorder
-        from probe.flops import StepFlopCounter
+        from probe.flops.moe import ExpertLoadRecorder
+        from probe.flops.counter import StepFlopCounter
         import torch.nn.functional as F
 
         d, f, e, k, t = (64, 128, 8, 2, 512) if dry else (2048, 4096, 8, 2, 8192)

@@ -12,9 +12,9 @@ when the oldest is ``FLOWTOP_FLUSH_S`` (0.1 s) old (a lone record as a plain ``s
 second (the H200 recording's fields), a FLOP count after step 2 and every ``--flops-every-s``, and a
 kernel window (80 KB, the H200 recording's) every ``--kernel-every-s`` at a random phase. ``relay``
 puts every 8 ranks behind a node relay: ``flowtop relay`` subprocesses (``--relay-host cli``) or, for
-hundreds of relays, real :class:`flowtop.relay.Relay` instances hosted ``--relays-per-proc`` to a
+hundreds of relays, real :class:`flowtop.tools.relay.Relay` instances hosted ``--relays-per-proc`` to a
 process (``threads``; ``auto``: cli up to 32 relays, 30 MB each). The monitor is the real thing in a child
-process: the collector on its data thread (flowtop.datathread) and, with ``--ui textual`` (the
+process: the collector on its data thread (flowtop.monitor.datathread) and, with ``--ui textual`` (the
 default), the real Textual app headless at 200×50 on the main thread.
 
 Printed per configuration (measured over ``--seconds`` after ``--warmup``):
@@ -95,7 +95,7 @@ def fd_needs(ranks: int, workers: int, path: str, per_relay: int, relays_per_pro
 
 
 def _templates() -> dict[str, dict[str, Any]]:
-    from flowtop.recording import read_recording
+    from flowtop.monitor.recording import read_recording
     from probe import wire
     from probe.wire.steps import encode_fields
 
@@ -230,7 +230,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
 
 
 def _relay_proc(listens: list[str], upstream: str, stop: Any) -> None:
-    from flowtop.relay import Relay, RelayConfig
+    from flowtop.tools.relay import Relay, RelayConfig
 
     raise_nofile()
     relays = [Relay(RelayConfig(addr, upstream, hosted_by="bench")) for addr in listens]
@@ -328,13 +328,13 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
 
     import msgpack
 
-    from flowtop.collector import Collector
-    from flowtop.datathread import DataThread
-    from flowtop.wiring import make_model
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.datathread import DataThread
+    from flowtop.monitor.wiring import make_model
 
     raise_nofile()
     try:  # the GC policy `flowtop top` runs under, where the tree has one
-        from flowtop import gcpolicy  # type: ignore[attr-defined]
+        from flowtop.monitor import gcpolicy  # type: ignore[attr-defined]
     except ImportError:
         gcpolicy = None
     if gcpolicy is not None:
@@ -477,8 +477,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         threading.Thread(target=control, args=(data, done), daemon=True).start()
 
     if ui == "textual":
-        from flowtop.app import FlowtopApp
-        from flowtop.screens.main_screen import MainScreen
+        from flowtop.tui.app import FlowtopApp
+        from flowtop.tui.screens.main_screen import MainScreen
 
         show = MainScreen.show
 
@@ -490,7 +490,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         MainScreen.show = timed_show  # type: ignore[method-assign]
 
         class BenchApp(FlowtopApp):
-            CSS_PATH = str(ROOT / "flowtop" / "flowtop.tcss")  # relative paths are the subclass module's
+            CSS_PATH = str(ROOT / "flowtop" / "tui" / "flowtop.tcss")  # relative paths are the subclass module's
 
             async def on_mount(self) -> None:
                 await super().on_mount()
@@ -532,7 +532,7 @@ class Monitor:
     """The monitor child process (``--_monitor``), driven over its stdin."""
 
     def __init__(self, ui: str, tmp: str) -> None:
-        from flowtop.demo.launch import free_port_pair
+        from flowtop.tools.demo.launch import free_port_pair
 
         self.listen = f"tcp://127.0.0.1:{free_port_pair()}"
         self.dir = tmp
@@ -669,9 +669,9 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
     import gc
     import tracemalloc
 
-    from flowtop import rankstate
-    from flowtop.rankkernels import add_window, build_window
-    from flowtop.wiring import make_model
+    from flowtop.monitor import rankstate
+    from flowtop.monitor.rankkernels import add_window, build_window
+    from flowtop.monitor.wiring import make_model
     from probe.wire import Message, RankKey
 
     tpl = _templates()
@@ -755,13 +755,13 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     """What one rank's frames and one tick cost the data thread, in CPU time of this process (the
     figure that does not change when other processes share the cores), and the share of a core
     ``ranks`` ranks at ``step_ms`` need: frames/s × (decode + ingest) + ticks/s × tick."""
-    from flowtop.clock import TICK_S
-    from flowtop.rankkernels import add_window, build_window
-    from flowtop.wiring import make_model
+    from flowtop.monitor.clock import TICK_S
+    from flowtop.monitor.rankkernels import add_window, build_window
+    from flowtop.monitor.wiring import make_model
     from probe import wire
     from probe.wire.steps import encode_fields
 
-    from flowtop import gcpolicy
+    from flowtop.monitor import gcpolicy
 
     gcpolicy.for_monitor()  # as the monitor's commands do
     tpl = _templates()
@@ -809,7 +809,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     ticks = []
     # A job larger than RANKS_PER_TICK spreads its full refresh and its hints over several ticks:
     # the mean over whole rounds is what the data thread pays.
-    from flowtop.model import RANKS_PER_TICK
+    from flowtop.monitor.model import RANKS_PER_TICK
     for _ in range(4 * -(-ranks // RANKS_PER_TICK) + 1):
         now[0] += TICK_S
         for key in keys:  # every rank changed since the last tick (they all send ~10 frames/s)
@@ -869,7 +869,7 @@ def _flush_s(arg: str, ranks: int) -> float:
     """A rank's flush interval: the number given, or (auto) what the monitor's pacing makes it."""
     if arg != "auto":
         return float(arg)
-    from flowtop.pacing import DEFAULT_FLUSH_S, pace_for
+    from flowtop.monitor.pacing import DEFAULT_FLUSH_S, pace_for
 
     return pace_for(ranks) or DEFAULT_FLUSH_S
 
@@ -888,7 +888,7 @@ def main() -> int:
     ap.add_argument("--relays-per-proc", type=int, default=32)
     ap.add_argument("--flush-s", default=os.environ.get("FLOWTOP_FLUSH_S", "auto"),
                     help="seconds between a rank's step frames; 'auto' (default): the probes' 0.1 s, or the "
-                    "pace the monitor asks of that many ranks (flowtop.pacing)")
+                    "pace the monitor asks of that many ranks (flowtop.monitor.pacing)")
     ap.add_argument("--single", action="store_true", help="one 'step' frame per step (the pre-batching wire)")
     ap.add_argument("--records", action="store_true", help="step batches as lists of record maps (wire MINOR 2) "
                     "instead of columns (MINOR 3, what the probe sends)")

@@ -23,10 +23,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flowtop.kernel_worker import KernelWorker  # noqa: E402
-from flowtop.recording import read_recording  # noqa: E402
-from flowtop.rankkernels import build_window  # noqa: E402
-from flowtop.wiring import make_model  # noqa: E402
+from flowtop.monitor.kernel_worker import KernelWorker  # noqa: E402
+from flowtop.monitor.recording import read_recording  # noqa: E402
+from flowtop.monitor.rankkernels import build_window  # noqa: E402
+from flowtop.monitor.wiring import make_model  # noqa: E402
 from probe import wire  # noqa: E402
 
 RECORDING = ROOT / "tests" / "data" / "h200-gpt-large.rec.gz"

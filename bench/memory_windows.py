@@ -28,11 +28,11 @@ CHILD = textwrap.dedent(
     probe.attach()
     p = probe._current()
     if mode == "windows":
-        from probe.kernel_schedule import WindowScheduler
+        from probe.kernels.schedule import WindowScheduler
         p._kernels.scheduler = WindowScheduler(min_interval_steps=1, max_interval_steps=1, align_steps=False)
     while p is not None and p.publisher.subscribers == 0:
         time.sleep(0.05)
-    from flowtop.demo.gpt import GPT, GPTConfig
+    from flowtop.tools.demo.gpt import GPT, GPTConfig
     cfg = GPTConfig(vocab_size=2048, n_layer=2, n_head=4, n_embd=128, block_size=128)
     model = GPT(cfg); opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     proc = psutil.Process()

@@ -25,7 +25,7 @@ class MonitorProcess:
     def __init__(self, record: str | Path | None = None, peak_tflops: float | None = None) -> None:
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
-        from flowtop.demo.launch import free_port_pair
+        from flowtop.tools.demo.launch import free_port_pair
 
         self.listen = f"tcp://127.0.0.1:{free_port_pair()}"
         cmd = [sys.executable, "-m", "flowtop.cli", "snapshot", "--listen", self.listen,
@@ -93,7 +93,7 @@ def monitor_view(snap: dict[str, Any], job: str) -> dict[str, Any]:
         "gpu_util", "sm_active", "sm_occupancy", "tensor_active", "tensor_hmma", "dram_bw_util",
         "power_w", "power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle",
         "mem_used", "mem_total", "nvlink_tx_bytes_s", "uuid")}
-    from probe.hostinfo import HOST_FIELDS
+    from probe.telemetry.hostinfo import HOST_FIELDS
 
     out["telemetry"]["host"] = {k: (tel.get("host") or {}).get(k) for k in HOST_FIELDS}
     out["telemetry"]["reasons"] = tel.get("reasons")

@@ -2,7 +2,7 @@
 
     python bench/monitor_scale.py --ranks 256 --rate 10 --seconds 10
 
-Each simulated rank is a real probe :class:`probe.publisher.Publisher` (its own XPUB
+Each simulated rank is a real probe :class:`probe.transport.publisher.Publisher` (its own XPUB
 connection, its own sender thread) sending ``step`` messages at ``--rate`` Hz; they
 live in ``--procs`` worker processes. The collector runs in this process on its own
 asyncio loop. Prints one JSON object: messages received vs sent (the ratio), rejected,
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def _worker(listen: str, first_rank: int, count: int, world: int, rate: float, seconds: float, out: "mp.Queue[int]") -> None:
-    from probe.publisher import Publisher
+    from probe.transport.publisher import Publisher
     from probe.wire import RankKey
 
     pubs = []

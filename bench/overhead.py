@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import probe  # noqa: E402
-from flowtop.demo.gpt import GPT, GPTConfig  # noqa: E402
+from flowtop.tools.demo.gpt import GPT, GPTConfig  # noqa: E402
 
 
 def sync(device: str) -> None:
@@ -48,7 +48,7 @@ def sync(device: str) -> None:
 
 def _window_interval(extra_s: float, typical_s: float) -> int:
     """The spacing the probe's scheduler picks for windows costing ``extra_s`` each."""
-    from probe.kernel_schedule import WindowScheduler
+    from probe.kernels.schedule import WindowScheduler
 
     return WindowScheduler().record(0, 0.0, extra_s, typical_s)
 
@@ -84,7 +84,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     import subprocess
 
-    from flowtop.demo.launch import free_port_pair
+    from flowtop.tools.demo.launch import free_port_pair
 
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     monitor = subprocess.Popen(

@@ -30,8 +30,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from flowtop.demo.launch import free_port_pair  # noqa: E402
-from probe.publisher import Publisher  # noqa: E402
+from flowtop.tools.demo.launch import free_port_pair  # noqa: E402
+from probe.transport.publisher import Publisher  # noqa: E402
 from probe.wire import RankKey  # noqa: E402
 
 SCRIPT = textwrap.dedent(

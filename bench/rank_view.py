@@ -1,7 +1,7 @@
 """Refresh time of the rank view (table + map + percentile line) at 4,096 ranks, headless.
 
 Drives the real Textual app (FlowtopApp, MainScreen) with synthetic snapshots of a 4,096-rank
-job (flowtop.synthetic_cluster: 512 nodes of 8, steps advancing, healthy ranks trading places
+job (synthetic.cluster: 512 nodes of 8, steps advancing, healthy ranks trading places
 every snapshot) and times, per snapshot:
 
 * ``show``: MainScreen.show(snapshot): building the rows (filter, worst-first sort, node
@@ -21,13 +21,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from flowtop.app import FlowtopApp
-from flowtop.replay import ReplaySource
-from flowtop.synthetic_cluster import cluster_snapshot
-from flowtop.widgets.rank_map import RankMap
-from flowtop.widgets.rank_table import RankTable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/synthetic
+
+from flowtop.tui.app import FlowtopApp  # noqa: E402
+from flowtop.tui.widgets.rank_map import RankMap
+from flowtop.tui.widgets.rank_table import RankTable
+from synthetic.cluster import cluster_snapshot
+from synthetic.replay import ReplaySource
 
 
 async def run(size: tuple[int, int], ranks: int, count: int, keys: tuple[str, ...]) -> dict[str, list[float]]:

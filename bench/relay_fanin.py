@@ -5,7 +5,7 @@
 A lean simulator: each worker process holds many ranks as bare XPUB sockets (no thread per
 rank) and sends each a ``step`` frame ``--rate`` times a second (10/s is a probe that batches
 its steps). ``direct`` connects every rank to the collector; ``relay`` puts them behind real
-:class:`flowtop.relay.Relay` instances of ``--per-relay`` ranks each, hosted ``--relays-per-proc``
+:class:`flowtop.tools.relay.Relay` instances of ``--per-relay`` ranks each, hosted ``--relays-per-proc``
 to a process. The collector runs in this process (which does nothing else), so this process's
 CPU time is the monitor's. Prints one JSON line per mode: frames delivered %, connections at the
 monitor, monitor CPU % of one core and µs per frame, relay CPU % (all relays), and the sampled
@@ -64,7 +64,7 @@ def _ranks(addrs: list[str], first: int, rate: float, seconds: float, out: "mp.Q
 
 
 def _relays(listens: list[str], upstream: str, seconds: float, out: "mp.Queue[tuple[int, int, float]]") -> None:
-    from flowtop.relay import Relay, RelayConfig
+    from flowtop.tools.relay import Relay, RelayConfig
 
     relays = [Relay(RelayConfig(addr, upstream)) for addr in listens]
     threads = [threading.Thread(target=r.run, daemon=True) for r in relays]

@@ -1,7 +1,7 @@
 """Cost of a Prometheus scrape of the exporter at thousands of ranks, over real HTTP.
 
-A real MetricsServer (flowtop.metrics_http) serves synthetic snapshots of one job
-(flowtop.synthetic_cluster: nodes of 8, one rank hung, a silent rack, a slow node ...) and a client
+A real MetricsServer (flowtop.export.metrics_http) serves synthetic snapshots of one job
+(synthetic.cluster: nodes of 8, one rank hung, a silent rack, a slow node ...) and a client
 scrapes /metrics; per scrape: wall time (request to last byte), the exporter's CPU time in this
 process (generating the text happens on the monitor's HTTP thread: CPU the data thread then
 shares), the bytes and the samples. Per rank (the cap raised above the job) and per node (the
@@ -22,12 +22,16 @@ import argparse
 import gzip
 import json
 import statistics
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
-from flowtop.exporter import ExportPolicy
-from flowtop.metrics_http import HostPort, MetricsServer
-from flowtop.synthetic_cluster import cluster_snapshot
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/synthetic
+
+from flowtop.export.exporter import ExportPolicy  # noqa: E402
+from flowtop.export.metrics_http import HostPort, MetricsServer
+from synthetic.cluster import cluster_snapshot
 
 #: What Prometheus 2.x sends (scrape.go: acceptHeader for the default protocols, gzip on).
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

@@ -34,8 +34,8 @@ REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
 
 def _template() -> tuple[dict[str, dict], list[dict], object]:
     """One rank's last fields per kind, its step records and a built kernel window."""
-    from flowtop.recording import read_recording
-    from flowtop.rankkernels import build_window
+    from flowtop.monitor.recording import read_recording
+    from flowtop.monitor.rankkernels import build_window
     from probe import wire
 
     last: dict[str, dict] = {}
@@ -59,9 +59,9 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
-    from flowtop.recording import feed
-    from flowtop.rankkernels import add_window
-    from flowtop.wiring import make_model
+    from flowtop.monitor.recording import feed
+    from flowtop.monitor.rankkernels import add_window
+    from flowtop.monitor.wiring import make_model
     from probe import wire
 
     last, steps, stats = _template()

@@ -13,42 +13,17 @@ import sys
 from typing import Any, Sequence
 
 from flowtop import settings
+from flowtop.monitor.snapshot import all_done
+from flowtop.tools.common import (
+    hostport as _hostport,
+    non_negative_float as _non_negative_float,
+    positive_float as _positive_float,
+    positive_int as _positive_int,
+    start_failed,
+)
 from probe import wire
 
 SUBCOMMANDS = ("top", "serve", "run", "relay", "snapshot", "replay", "demo", "keys", "doctor", "analyze", "calibrate")
-
-
-def _positive_float(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {raw!r}")
-    return value
-
-
-def _positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {raw!r}")
-    return value
-
-
-def _hostport(raw: str) -> Any:
-    from flowtop.metrics_http import MetricsAddressError, parse_hostport
-
-    try:
-        return parse_hostport(raw)
-    except MetricsAddressError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _non_negative_float(raw: str) -> float:
-    return 0.0 if raw.strip() in ("0", "0.0") else _positive_float(raw)
 
 
 def _prometheus_args(p: argparse.ArgumentParser, default: str | None) -> None:
@@ -65,7 +40,7 @@ def version_text() -> str:
     """``flowtop --version``: the package, its wire and snapshot schema versions."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from flowtop.snapshot import SCHEMA
+    from flowtop.monitor.snapshot import SCHEMA
 
     try:
         mine = version("flowtop")
@@ -138,11 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="optimizer steps (default 20 headless, 2000 live)")
     demo.add_argument("--headless", action="store_true", help="print the final JSON snapshot instead of the TUI")
     demo.add_argument("--listen", default=None, help="address for the demo's monitor (default: a free loopback port)")
-    from flowtop.doctor import add_arguments
+    from flowtop.tools.doctor import add_arguments
 
     add_arguments(sub.add_parser("doctor",
                   help="check why nothing shows up: torch, NVML, the probe, address, keys, limits"))
-    from flowtop import analyze, calibrate
+    from flowtop.tools import analyze, calibrate
 
     analyze.add_arguments(sub.add_parser("analyze", help="aggregate a torch.profiler Chrome trace",
                                          description=analyze.DESCRIPTION))
@@ -160,25 +135,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list = ["top", *args_list]
     args = build_parser().parse_args(args_list)
     if args.cmd == "analyze":
-        from flowtop import analyze
+        from flowtop.tools import analyze
 
         return analyze.run(args)
     if args.cmd == "calibrate":
-        from flowtop import calibrate
+        from flowtop.tools import calibrate
 
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return calibrate.run_calibration(calibrate.options(args, command, args.usage_error))
     if args.cmd == "run":
-        from flowtop import runner
+        from flowtop.tools import runner
 
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return runner.run(command, connect=args.connect, job=args.job, curve_dir=args.curve_dir, relay=args.relay)
     if args.cmd == "relay":
-        from flowtop import relay_host
+        from flowtop.tools import relay_host
 
         return relay_host.serve(args.listen, args.connect, args.curve_dir)
     if args.cmd == "keys":
-        from flowtop import keys
+        from flowtop.tools import keys
 
         try:
             where = keys.create(args.directory)
@@ -193,29 +168,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "serve":
         return _serve(args)
     if args.cmd == "doctor":
-        from flowtop import doctor
+        from flowtop.tools import doctor
 
         return doctor.main(args)
     if args.cmd == "replay":
         return _replay(args)
     if args.cmd == "demo":
-        from flowtop.demo import launch
+        from flowtop.tools.demo import launch
 
         return launch.main(args)
     return _top(args)
 
 
-def make_model(peak_tflops: float | None = None) -> Any:
-    """The monitor's model with kernel aggregation and hints wired in when available."""
-    from flowtop import wiring
+def _make_model(peak_tflops: float | None = None) -> Any:
+    """flowtop.monitor.wiring.make_model with ``--peak-tflops`` (TFLOP/s) as the FLOP/s it takes."""
+    from flowtop.monitor import wiring
 
     return wiring.make_model(peak_tflops * 1e12 if peak_tflops else None)
 
 
 def _collector(args: argparse.Namespace) -> Any:
-    from flowtop.collector import AddressError, Collector, check_listen
-    from flowtop.keys import KeyError_, load_server
-    from flowtop.recording import Recorder, RecordingError
+    from flowtop.monitor.collector import AddressError, Collector, check_listen
+    from flowtop.monitor.recording import Recorder, RecordingError
+    from flowtop.tools.keys import KeyError_, load_server
 
     try:
         # Everything that can be checked before the recording file is created (and truncated).
@@ -223,7 +198,7 @@ def _collector(args: argparse.Namespace) -> Any:
         curve = load_server(args.curve_dir) if args.curve_dir else None
         recorder = Recorder(args.record) if args.record else None
         return Collector(
-            make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder, curve=curve
+            _make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder, curve=curve
         )
     except (AddressError, RecordingError, KeyError_) as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
@@ -231,18 +206,18 @@ def _collector(args: argparse.Namespace) -> Any:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from flowtop.app import FlowtopApp
-    from flowtop.recording import RecordingError, RecordingSource, read_recording
+    from flowtop.monitor.recording import RecordingError, RecordingSource, read_recording
+    from flowtop.tui.app import FlowtopApp
 
     try:
         next(iter(read_recording(args.recording)), None)  # fail before the UI starts
     except RecordingError as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
         return 2
-    from flowtop import gcpolicy
+    from flowtop.monitor import gcpolicy
 
     gcpolicy.for_monitor()
-    FlowtopApp(RecordingSource(args.recording, make_model(args.peak_tflops), args.speed)).run()
+    FlowtopApp(RecordingSource(args.recording, _make_model(args.peak_tflops), args.speed)).run()
     return 0
 
 
@@ -250,8 +225,8 @@ def _top(args: argparse.Namespace) -> int:
     collector = _collector(args)
     if collector is None:
         return 2
-    from flowtop import gcpolicy
-    from flowtop.app import FlowtopApp
+    from flowtop.monitor import gcpolicy
+    from flowtop.tui.app import FlowtopApp
 
     gcpolicy.for_monitor()
     app = FlowtopApp(collector)
@@ -259,7 +234,7 @@ def _top(args: argparse.Namespace) -> int:
         app.theme = "textual-light"
     metrics = _metrics(args, lambda: app.data.latest)
     if metrics is not None:
-        from flowtop.metrics_http import MetricsAddressError
+        from flowtop.export.metrics_http import MetricsAddressError
 
         try:
             metrics.start()
@@ -278,8 +253,8 @@ def _metrics(args: argparse.Namespace, latest: Any) -> Any:
     """The ``--prometheus`` endpoint (not started), or None without the flag."""
     if args.prometheus is None:
         return None
-    from flowtop.exporter import ExportPolicy
-    from flowtop.metrics_http import MetricsServer
+    from flowtop.export.exporter import ExportPolicy
+    from flowtop.export.metrics_http import MetricsServer
 
     return MetricsServer(args.prometheus, latest, ExportPolicy(args.prometheus_max_ranks, args.prometheus_linger))
 
@@ -288,35 +263,15 @@ def _serve(args: argparse.Namespace) -> int:
     collector = _collector(args)
     if collector is None:
         return 2
-    from flowtop import gcpolicy, serve
+    from flowtop.export import serve
+    from flowtop.monitor import gcpolicy
 
     gcpolicy.for_monitor()
     return serve.serve(collector, _metrics(args, lambda: None))
 
 
-def start_failed(source: Any) -> int:
-    """After the TUI closed: 2 with the reason on stderr if ``source`` never started, else 0.
-
-    The app shows a start failure (a busy port) in the UI and stays up so it can be read;
-    the exit status must still say the monitor did not run.
-    """
-    error = getattr(source, "start_error", "")
-    if error:
-        print(f"flowtop: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def all_done(snap: Any) -> bool:
-    """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
-    rank numbers: two processes claiming one rank are two rows, a conflict)."""
-    ranks = [r for j in snap.jobs for r in j.ranks]
-    return (bool(ranks) and all(r.status == "done" for r in ranks)
-            and all(len(j.ranks) >= j.world_size for j in snap.jobs))
-
-
 def print_notices(board: Any) -> None:
-    """Headless, monitor-side errors (flowtop.notices) go to stderr; the TUI shows them instead."""
+    """Headless, monitor-side errors (flowtop.monitor.notices) go to stderr; the TUI shows them instead."""
     for n in board.take():
         print(f"flowtop: {n.text}", file=sys.stderr, flush=True)
 
@@ -356,7 +311,7 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from flowtop.snapshot import to_json
+    from flowtop.monitor.snapshot import to_json
 
     failed = ""
     if args.follow:
@@ -367,16 +322,16 @@ def _snapshot(args: argparse.Namespace) -> int:
         collector = _collector(args)
         if collector is None:
             return 2
-        from flowtop import serve
+        from flowtop.export import serve
 
         return serve.follow(collector, args.interval, args.timeout, args.until_done)
     if args.timeout is None:
         args.timeout = 5.0
     if args.replay:
-        from flowtop.recording import RecordingError, replay_all
+        from flowtop.monitor.recording import RecordingError, replay_all
 
         try:
-            snap = replay_all(args.replay, make_model(args.peak_tflops))
+            snap = replay_all(args.replay, _make_model(args.peak_tflops))
         except RecordingError as exc:
             print(f"flowtop: {exc}", file=sys.stderr)
             return 2
@@ -384,7 +339,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         collector = _collector(args)
         if collector is None:
             return 2
-        from flowtop.collector import AddressError
+        from flowtop.monitor.collector import AddressError
 
         try:
             snap = asyncio.run(collect(collector, args.timeout, args.until_done))
@@ -398,7 +353,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     if args.json:
         text = json.dumps(to_json(snap), indent=2)
     else:
-        from flowtop.textreport import render
+        from flowtop.export.textreport import render
 
         text = render(snap)
     return _print_out(text, 1 if not args.replay and failed else 0)

@@ -33,7 +33,7 @@ def _text(raw: str) -> str | None:
 
 
 def _address(raw: str) -> str:
-    return raw  # checked where it is bound or connected to (flowtop.collector.check_listen)
+    return raw  # checked where it is bound or connected to (flowtop.monitor.collector.check_listen)
 
 
 def _seconds(raw: str) -> float | None:

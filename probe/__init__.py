@@ -90,7 +90,7 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
             _fork_hook_installed = True
         ident = identity.from_env(job=args.job, rank=args.rank, world_size=args.world_size,
                                   local_rank=args.local_rank)
-        p = Probe(cfg, ident, args.flops_per_token, args)
+        p = Probe(cfg, ident, args.flops_per_token, args, detach=detach)
         _probe = p
         p.install()
         atexit.register(_at_exit)
@@ -207,10 +207,10 @@ def _at_exit() -> None:
 def _say_bye_on_sigterm(p: Any) -> None:
     """SIGTERM (torchrun tearing a job down, Slurm's scancel) ends Python without atexit, so the
     rank would only ever look stale: say bye first, then die of the signal as before (same exit
-    status, as promptly), wherever the main thread is (probe.sigterm). A handler of the
+    status, as promptly), wherever the main thread is (probe.transport.sigterm). A handler of the
     user's is left alone."""
     try:
-        from probe import sigterm
+        from probe.transport import sigterm
 
         sigterm.install(p.on_sigterm, p.publisher.add_tick)
     except Exception as exc:  # never into training
@@ -222,7 +222,7 @@ def _after_fork_in_child() -> None:
     global _probe
     p, _probe = _probe, None
     try:
-        from probe import sigterm
+        from probe.transport import sigterm
 
         sigterm.after_fork_in_child()  # before anything else: its signals are its own
     except Exception:

@@ -139,7 +139,7 @@ FLOPS_PER_TOKEN: Var[float | None] = Var(
 PEAK_TFLOPS = Var(
     "FLOWTOP_PEAK_TFLOPS", "TFLOP/s, or dtype=TFLOP/s,…", None,
     "dense peak per rank (TFLOP/s), overrides the table; or per dtype, `bf16=989.4,fp8=1978.9` (dtypes not named "
-    "keep the table's figure); a malformed value gives no MFU and says why (`probe.peaks`)", _text)
+    "keep the table's figure); a malformed value gives no MFU and says why (`probe.flops.peaks`)", _text)
 KERNELS = Var("FLOWTOP_KERNELS", "bool", True, "sampled profiler windows", _bool)
 KERNELS_MIN_STEPS = Var("FLOWTOP_KERNELS_MIN_STEPS", "integer > 0", 10, "fewest steps between two scheduled windows",
                         _positive_int)

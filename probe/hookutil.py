@@ -1,7 +1,7 @@
 """Helpers of the probe's torch hooks: running them eagerly under torch.compile, telling a
 compiled call from eager code, and reading an optimizer step's arguments.
 
-Kept apart from :mod:`probe.steps` (which re-exports them) so that module stays about the
+Kept apart from :mod:`probe.steps.tracker` (which re-exports them) so that module stays about the
 step tracker itself.
 """
 

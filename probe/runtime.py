@@ -16,9 +16,9 @@ import torch
 from probe import config as config_mod
 from probe._log import warn_once
 from probe.identity import Identity
-from probe.publisher import Publisher
 from probe.sampled import SampledFeatures
-from probe.steps import StepTracker
+from probe.steps.tracker import StepTracker
+from probe.transport.publisher import Publisher
 
 VERSION = "0.1.0"
 
@@ -41,7 +41,9 @@ class Probe(SampledFeatures):
     """Everything the probe does inside one training process."""
 
     def __init__(self, cfg: config_mod.ProbeConfig, ident: Identity, flops_per_token: float | None,
-                 ident_args: Any = None) -> None:
+                 ident_args: Any = None, detach: Callable[[str], None] | None = None) -> None:
+        #: probe.detach, handed over by probe.attach (the runtime does not import its package).
+        self._detach: Callable[[str], None] = detach if detach is not None else self.close
         self.cfg = cfg
         self.ident = ident
         self._ident_args = ident_args  # probe._AttachArgs: what attach() was told (re-identify)
@@ -51,8 +53,8 @@ class Probe(SampledFeatures):
         self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
         self.tracker.publisher = self.publisher  # its fast path publishes the common step itself
         self._started = False
-        self._flops: Any = None  # probe.flop_sampling.FlopSampler
-        self._kernels: Any = None  # probe.kernels.KernelWindowSampler
+        self._flops: Any = None  # probe.flops.sampling.FlopSampler
+        self._kernels: Any = None  # probe.kernels.windows.KernelWindowSampler
         self._kernels_active = False
         self._kernels_next = sys.maxsize  # the next step index a window may start at (see _at_boundary)
         self._kernels_waiting = False  # a window waits for a monitor to listen (see _sender_round)
@@ -66,9 +68,9 @@ class Probe(SampledFeatures):
         self._since_count = 0  # steps since the last count
         self._charge_after = 0  # steps after a count before its cost is charged (set with FLOPs on)
         self._flops_close_pending = False  # a window to close outside a compiled optimizer step
-        self._found: Any = None  # probe.parallel.Found: meshes and pipeline stages on the first forward's stack
-        self._coords: Any = None  # probe.parallel.Coordinates, from the first step on
-        self._stage_timer: Any = None  # probe.pipeline.StageTimer of this rank's pipeline stage(s)
+        self._found: Any = None  # probe.steps.parallel.Found: meshes and pipeline stages on the first forward's stack
+        self._coords: Any = None  # probe.steps.parallel.Coordinates, from the first step on
+        self._stage_timer: Any = None  # probe.steps.pipeline.StageTimer of this rank's pipeline stage(s)
         self._context: dict[str, Any] = {"device_name": "unknown", "flops_per_token": self.flops_per_token,
                                          "local_ranks": ident.local_world_size}
         #: Recent steps that carried a sampled instrument (step -> "flops"/"kernels"),
@@ -106,7 +108,7 @@ class Probe(SampledFeatures):
 
     def _setup_telemetry(self) -> None:
         try:
-            from probe import telemetry
+            from probe.telemetry import readers as telemetry
 
             # Built on the training thread: the current CUDA device is per thread.
             index = self.tracker.device.index if self._on_cuda() and self.tracker.device else None
@@ -237,15 +239,15 @@ class Probe(SampledFeatures):
 
     def _scan_layout(self, signature: tuple[Any, ...]) -> None:
         """First training forward: the training loop is on the stack, and so is the pipeline
-        schedule calling this stage (probe.parallel); time the stages found (probe.pipeline)."""
+        schedule calling this stage (probe.steps.parallel); time the stages found (probe.steps.pipeline)."""
         if self._found is not None:
             return
-        from probe import parallel
+        from probe.steps import parallel
 
         self._found = parallel.Found()  # set first: a scan that fails is not retried every step
         parallel.scan_stack(sys._getframe(1), self._found)
         if self._found.stages:
-            from probe.pipeline import StageTimer
+            from probe.steps.pipeline import StageTimer
 
             cuda = any(getattr(getattr(s, "device", None), "type", "") == "cuda" for s in self._found.stages)
             self._stage_timer = StageTimer(self._found.stages, cuda=cuda)
@@ -262,7 +264,7 @@ class Probe(SampledFeatures):
         scan = self._scan_layout
         self.tracker.listeners_forward[:] = [f for f in self.tracker.listeners_forward
                                              if getattr(f, "__wrapped_fn__", None) != scan]
-        from probe import parallel
+        from probe.steps import parallel
 
         self._coords = parallel.coordinates(self.tracker.root, self._found, self.ident.rank, self.ident.world_size)
 
@@ -271,7 +273,7 @@ class Probe(SampledFeatures):
         self._reidentify()
         try:
             self._read_layout()
-            # the FLOP estimate's attention term spans every cp shard's keys (probe.estimate)
+            # the FLOP estimate's attention term spans every cp shard's keys (probe.flops.estimate)
             self._context["cp"] = self._coords.size("cp")
         except Exception as exc:  # noqa: BLE001 - the layout is a label: training goes on
             warn_once("parallel-layout", f"parallel coordinates unavailable: {type(exc).__name__}: {exc}")
@@ -338,21 +340,17 @@ class Probe(SampledFeatures):
         self.publisher.close(timeout_s=0.5)
 
     def on_sigterm(self, reason: str) -> None:
-        """Say bye before the process dies of SIGTERM (probe.sigterm): from the sender thread
+        """Say bye before the process dies of SIGTERM (probe.transport.sigterm): from the sender thread
         straight onto its socket, from the main thread through a normal detach."""
         if self.publisher.on_sender_thread():
             self.publisher.send_now("bye", {"reason": reason, "steps": self.tracker.step,
                                             "drops": self.publisher.drops})
             return
-        import probe
-
-        probe.detach(reason)
+        self._detach(reason)
 
     def _tracking_failed(self) -> None:
         """Step tracking broke: the whole probe steps aside (training goes on)."""
-        import probe
-
-        probe.detach("probe error")
+        self._detach("probe error")
 
     def abandon_in_child(self) -> None:
         """After fork in a child (DataLoader worker): go silent, touch no socket."""

@@ -20,8 +20,8 @@ from probe._log import warn_once
 
 if TYPE_CHECKING:
     from probe.config import ProbeConfig
-    from probe.publisher import Publisher
-    from probe.steps import StepTracker
+    from probe.steps.tracker import StepTracker
+    from probe.transport.publisher import Publisher
 
 
 def _pow2_at_least(n: int) -> int:
@@ -65,7 +65,7 @@ class SampledFeatures:
 
     def _setup_flops(self) -> None:
         try:
-            from probe.flop_sampling import CHARGE_AFTER_STEPS, FlopSampler
+            from probe.flops.sampling import CHARGE_AFTER_STEPS, FlopSampler
 
             self._flops = FlopSampler(
                 lambda fields: self.publisher.publish("flops", fields),
@@ -91,7 +91,7 @@ class SampledFeatures:
 
     def _setup_kernels(self) -> None:
         try:
-            from probe import kernels
+            from probe.kernels import windows as kernels
 
             scheduler = kernels.WindowScheduler(
                 min_interval_steps=self.cfg.kernels_min_steps,
@@ -191,9 +191,9 @@ class SampledFeatures:
 
     def _compiled_optimizer(self) -> bool:
         """The optimizer step runs compiled (``torch.compile(opt.step)``): the counting window
-        must not close inside it (probe.steps.in_compiled_call). It is closed, and FLOP counting
+        must not close inside it (probe.hookutil.in_compiled_call). It is closed, and FLOP counting
         turned off, at the next forward, outside the compiled call."""
-        from probe.steps import in_compiled_call
+        from probe.hookutil import in_compiled_call
 
         if not in_compiled_call():
             return False

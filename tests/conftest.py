@@ -49,7 +49,7 @@ def monitor() -> Iterator[MonitorThread]:
 
 def probed_env(addr: str, **extra: str) -> dict[str, str]:
     """Environment of a training subprocess that should reach ``addr``."""
-    from flowtop.runner import probe_env
+    from flowtop.tools.runner import probe_env
 
     env = probe_env(os.environ, connect=addr)
     env.update(extra)

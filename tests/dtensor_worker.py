@@ -91,9 +91,10 @@ def batch(seed: int, n: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
 
 def counted_step(model: nn.Module, idx: torch.Tensor, tgt: torch.Tensor) -> dict[str, Any]:
     """One forward + backward inside the probe's counting window, and its flops message."""
-    from probe import accounting, wire
-    from probe.flops import StepFlopCounter
-    from probe.flops_policy import signature_of
+    from probe.flops import accounting
+    from probe import wire
+    from probe.flops.counter import StepFlopCounter
+    from probe.flops.policy import signature_of
 
     counter = StepFlopCounter(root=model)
     counter.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from probe.flops import FlopCount, StepFlopCounter
+from probe.flops.count import FlopCount
+from probe.flops.counter import StepFlopCounter
 
 
 def count(fn: Callable[[], Any], **kw: Any) -> FlopCount:

@@ -81,9 +81,9 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        from probe import accounting
-        from probe.flops import StepFlopCounter
-        from probe.moe import ExpertLoadRecorder, load_field
+        from probe.flops import accounting
+        from probe.flops.counter import StepFlopCounter
+        from probe.flops.moe import ExpertLoadRecorder, load_field
 
         torch.set_num_threads(1)
         model = EPMoE(world, rank)

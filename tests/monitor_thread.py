@@ -7,10 +7,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from flowtop.collector import Collector
-from flowtop.demo.launch import free_port_pair
-from flowtop.snapshot import MonitorSnapshot
-from flowtop.wiring import make_model
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.wiring import make_model
+from flowtop.tools.demo.launch import free_port_pair
 
 
 class MonitorThread:

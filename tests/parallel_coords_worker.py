@@ -1,5 +1,5 @@
 """Ranks of tests/test_parallel_coords.py: 4 gloo processes build real CPU device meshes (no training)
-and read their coordinates with probe.parallel, each scenario from one source alone (the stack, the
+and read their coordinates with probe.steps.parallel, each scenario from one source alone (the stack, the
 process groups), so that one scenario's groups do not leak into another's answer. Every rank writes
 ``rank<r>.json`` into ``out``: scenario name -> {"coords", "complete", "source"}."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from probe import parallel
+from probe.steps import parallel
 
 
 class ParallelDims:
@@ -77,7 +77,7 @@ def worker(rank: int, port: int, out: str) -> None:
 
 
 def stage_timer_worker(rank: int, port: int, out: str) -> None:
-    """One process, one pipeline stage (first and last): probe.pipeline.StageTimer around a real
+    """One process, one pipeline stage (first and last): probe.steps.pipeline.StageTimer around a real
     PipelineStage under ScheduleGPipe, then closed; and the stage found on the stack of its forward."""
     import time
 
@@ -85,7 +85,7 @@ def stage_timer_worker(rank: int, port: int, out: str) -> None:
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    from probe.pipeline import METHODS, StageTimer
+    from probe.steps.pipeline import METHODS, StageTimer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=0, world_size=1)

@@ -19,7 +19,7 @@ from torch import nn
 
 import probe
 from flop_helpers import count
-from probe.flops_formulas import FORMULAS, bind_arguments
+from probe.flops.formulas import FORMULAS, bind_arguments
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_padding_is_counted_and_nonpad_tokens_are_reported(captured: list[tuple[
     assert f["tokens"] == 2 * B * S == 32  # padding included: the GEMMs ran on it
     assert f["model_flops"] == 2 * 3 * 2 * B * S * D * V  # one linear on every padded token
     assert f["nonpad_tokens"] == 8 + 3 + 5 + 6 == 22
-    from flowtop.accounting import job_flops, rank_flops
+    from flowtop.monitor.accounting import job_flops, rank_flops
 
     view = rank_flops(f, step_time_s=0.01)
     assert view.nonpad_tokens == 22 and view.nonpad_frac == pytest.approx(22 / 32)

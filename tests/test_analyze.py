@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.analyze import main
+from flowtop.tools.analyze import main
 
 DATA = Path(__file__).parent / "data"
 TRACE = DATA / "h200-gpt-small-step.trace.json.gz"

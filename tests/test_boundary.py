@@ -11,13 +11,13 @@ Two checks of the same contracts:
 The modules are found by walking the packages, so a new module is checked without being listed.
 How they are classified (read from the code):
 
-* UI: ``flowtop/app.py``, ``flowtop/screens/``, ``flowtop/widgets/`` (Textual widgets and
+* UI: ``flowtop/tui/app.py``, ``flowtop/tui/screens/``, ``flowtop/tui/widgets/`` (Textual widgets and
   screens; they render snapshots and never own a socket);
-* UI entry points: ``flowtop/cli.py`` and ``flowtop/demo/launch.py`` start the app, importing it
+* UI entry points: ``flowtop/cli.py`` and ``flowtop/tools/demo/launch.py`` start the app, importing it
   inside the function that does (``import flowtop.cli`` loads no Textual);
-* guest side inside the flowtop package: ``flowtop/doctor_child.py`` (a script run in a training
+* guest side inside the flowtop package: ``flowtop/tools/doctor_child.py`` (a script run in a training
   interpreter to see what it sees: it imports ``probe`` and torch, never ``flowtop``) and
-  ``flowtop/demo/gpt.py``, ``flowtop/demo/train.py`` (the demo's training processes, torch);
+  ``flowtop/tools/demo/gpt.py``, ``flowtop/tools/demo/train.py`` (the demo's training processes, torch);
 * data side: every other module of ``flowtop/``.
 """
 
@@ -34,17 +34,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-UI_PACKAGES = ("flowtop.screens", "flowtop.widgets")
-UI_MODULES = {"flowtop.app"}
-ENTRY_POINTS = {"flowtop.cli", "flowtop.demo.launch"}
-GUEST_IN_FLOWTOP = {"flowtop.doctor_child", "flowtop.demo.gpt", "flowtop.demo.train"}
+UI_PACKAGES = ("flowtop.tui.screens", "flowtop.tui.widgets")
+UI_MODULES = {"flowtop.tui.app"}
+ENTRY_POINTS = {"flowtop.cli", "flowtop.tools.demo.launch"}
+GUEST_IN_FLOWTOP = {"flowtop.tools.doctor_child", "flowtop.tools.demo.gpt", "flowtop.tools.demo.train"}
 #: What the monitor may import from probe: the wire schema and the probe's logger.
 MONITOR_FROM_PROBE = ("probe.wire", "probe._log")
 #: Data-side imports of a UI module that are known and allowed, with why.
-UPWARD_ALLOWED = {
-    ("flowtop.exporter_metrics", "flowtop.widgets._telemetry"):
-        "a key/unit adapter with no Textual that lives in widgets/; moves with issue 12's layout",
-}
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {}  # none since issue 12's layout
 
 
 def _module_name(path: Path) -> str:
@@ -150,7 +147,7 @@ def test_the_walk_finds_and_classifies_every_module() -> None:
     assert len([m for m in mods if m.startswith("probe")]) > 20 and len(data_side()) > 50
     for named in (*UI_MODULES, *ENTRY_POINTS, *GUEST_IN_FLOWTOP, *UI_PACKAGES, *MONITOR_FROM_PROBE):
         assert named in mods, f"{named} is named in this test but is not a module any more"
-    assert "flowtop.collector" in data_side() and "flowtop.model" in data_side()
+    assert "flowtop.monitor.collector" in data_side() and "flowtop.monitor.model" in data_side()
     # Every module that imports textual is a UI module (checked below the other way round too).
     textual_users = {m for m in mods if any(_top(n) == "textual" for n, _ in imports(m))}
     assert textual_users and all(is_ui(m) for m in textual_users), sorted(textual_users)
@@ -167,7 +164,7 @@ def test_guest_modules_in_flowtop_never_import_flowtop_ui_or_textual() -> None:
            if _top(n) == "textual" or is_ui(n) or n in ENTRY_POINTS]  # fmt: skip
     assert not bad, bad
     # doctor_child stands for a training process: it must not import flowtop at all.
-    assert not [n for n, _ in imports("flowtop.doctor_child") if _top(n) == "flowtop"]
+    assert not [n for n, _ in imports("flowtop.tools.doctor_child") if _top(n) == "flowtop"]
 
 
 def test_data_side_never_imports_textual_nor_the_ui() -> None:
@@ -213,11 +210,11 @@ def test_ui_never_imports_zmq() -> None:
 def test_the_static_resolver_sees_lazy_relative_and_from_imports() -> None:
     """The checks above can fail: the resolver finds what they look for in known places."""
     cli = dict(imports("flowtop.cli"))
-    assert cli.get("flowtop.app") is False  # `from flowtop.app import FlowtopApp` inside a function
+    assert cli.get("flowtop.tui.app") is False  # `from flowtop.tui.app import FlowtopApp` inside a function
     assert cli.get("probe.wire") is True  # `from probe import wire`: the submodule, at module level
-    assert ("flowtop.widgets._telemetry", True) in imports("flowtop.exporter_metrics")
-    assert any(_top(n) == "zmq" for n, _ in imports("flowtop.collector"))
-    assert any(n == "probe" for n, _ in imports("flowtop.doctor_child"))
+    assert ("flowtop.monitor.telemetry", True) in imports("flowtop.export.exporter_metrics")
+    assert any(_top(n) == "zmq" for n, _ in imports("flowtop.monitor.collector"))
+    assert any(n == "probe" for n, _ in imports("flowtop.tools.doctor_child"))
 
 
 # ---------------------------------------------------------------------------- runtime checks
@@ -234,7 +231,8 @@ def _tops(mods: set[str]) -> set[str]:
 
 
 def test_probe_imports_neither_textual_nor_flowtop() -> None:
-    mods = _tops(_modules_after("import probe, probe.runtime, probe.steps, probe.publisher; probe.attach()"))
+    mods = _tops(_modules_after("import probe, probe.runtime, probe.steps.tracker, probe.transport.publisher; "
+                                "probe.attach()"))
     assert "textual" not in mods and "flowtop" not in mods
 
 
@@ -248,18 +246,19 @@ def test_monitor_module_imports_without_textual_or_torch(module: str) -> None:
     assert {m for m in probe_mods if not m.startswith("probe.wire.")} <= {"probe", "probe.wire", "probe._log"}
     # `probe` itself is in sys.modules as the parent package of probe.wire; its __init__ must
     # then not have imported torch (checked above) nor zmq's publisher side.
-    assert "probe.runtime" not in probe_mods and "probe.publisher" not in probe_mods
+    assert "probe.runtime" not in probe_mods and "probe.transport.publisher" not in probe_mods
 
 
 def test_snapshot_data_path_imports_without_textual() -> None:
-    mods = _tops(_modules_after("from flowtop.wiring import make_model; m = make_model(); m.tick(0.5); m.snapshot(0.0)"))
+    mods = _tops(_modules_after("from flowtop.monitor.wiring import make_model; m = make_model(); m.tick(0.5); "
+                                "m.snapshot(0.0)"))
     assert "textual" not in mods and "torch" not in mods
 
 
 def test_the_data_thread_runs_a_collector_without_textual() -> None:
     """The data thread hosts the collector (sockets, ticks, hints) with no UI module loaded."""
-    code = ("from flowtop.collector import Collector; from flowtop.datathread import DataThread; "
-            "from flowtop.demo.launch import free_port_pair; from flowtop.wiring import make_model; "
+    code = ("from flowtop.monitor.collector import Collector; from flowtop.monitor.datathread import DataThread; "
+            "from flowtop.tools.demo.launch import free_port_pair; from flowtop.monitor.wiring import make_model; "
             "d = DataThread(Collector(make_model(), f'tcp://127.0.0.1:{free_port_pair()}'), cadence_s=0.05); "
             "d.start().result(10); import time; time.sleep(0.3); d.refresh().result(10); d.stop()")
     mods = _tops(_modules_after(code))

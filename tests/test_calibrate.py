@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from flowtop import calibrate as cal
-from flowtop.ncu import parse_raw_csv
+from flowtop.tools import calibrate as cal
+from flowtop.tools.ncu import parse_raw_csv
 
 NVTX_COL = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
 BF16 = "sm__ops_path_tensor_src_bf16_dst_fp32.sum"
@@ -98,9 +98,9 @@ def test_env_for_the_probe() -> None:
     # the probe is injected like `flowtop run` does: its bootstrap first, the user's path next,
     # the probe's package root last
     bootstrap, user, root = env["PYTHONPATH"].split(os.pathsep)
-    assert bootstrap == str(Path(cal.__file__).resolve().parent.parent / "probe" / "bootstrap")
+    assert bootstrap == str(Path(cal.__file__).resolve().parents[2] / "probe" / "bootstrap")
     assert user == "/mine"
-    assert root == str(Path(cal.__file__).resolve().parent.parent)
+    assert root == str(Path(cal.__file__).resolve().parents[2])
 
 
 def test_no_ncu_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -269,7 +269,7 @@ def test_format_flops() -> None:
 
 
 def test_metric_listing_parse_and_selection() -> None:
-    from flowtop.ncu import parse_query_metrics, usable_metrics
+    from flowtop.tools.ncu import parse_query_metrics, usable_metrics
 
     listing = ("Device NVIDIA H200 (GH100)\n"
                "------------------------------------ ---------------------------\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.demo.launch import free_port_pair
+from flowtop.tools.demo.launch import free_port_pair
 from snapshot_schema import assert_valid_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def test_snapshot_json_with_no_probes() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert_valid_snapshot(data)
-    from flowtop.snapshot import SCHEMA
+    from flowtop.monitor.snapshot import SCHEMA
 
     assert data["schema"] == SCHEMA == "flowtop.snapshot/1.5"
     assert data["jobs"] == [] and data["received"] == 0

@@ -10,11 +10,11 @@ import tracemalloc
 
 import pytest
 
-from flowtop import rankstate as rs
+from flowtop.monitor import rankstate as rs
 from array import array
 
-from flowtop.compact import BLOCK, ArraySeq, Column, PairSeq, StepRing
-from flowtop.model import Model
+from flowtop.monitor.compact import BLOCK, ArraySeq, Column, PairSeq, StepRing
+from flowtop.monitor.model import Model
 from probe.wire import Message, RankKey
 
 

@@ -27,7 +27,7 @@ NAME = re.compile(r"FLOWTOP_[A-Z0-9_]+")
 #: probe may be imported; doctor's child reports the training's raw value and must not import flowtop.
 ALLOWED = {
     ("probe/bootstrap/sitecustomize.py", "FLOWTOP_DISABLE"),
-    ("flowtop/doctor_child.py", "FLOWTOP_DISABLE"),
+    ("flowtop/tools/doctor_child.py", "FLOWTOP_DISABLE"),
 }
 ENV_METHODS = {"get", "setdefault", "pop", "getenv", "putenv", "unsetenv"}
 
@@ -120,7 +120,7 @@ def test_the_bootstrap_spells_on_as_the_configuration_does() -> None:
 
 
 def test_hang_floor_default_shown_is_the_rules() -> None:
-    from flowtop.hints.rules import RULES
+    from flowtop.monitor.hints.rules import RULES
 
     floors = {r.params["floor_s"] for r in RULES if r.id.startswith("hang")}
     assert floors == {30.0} and settings.HANG_S.shown_default.startswith("`30`")
@@ -147,13 +147,13 @@ def test_the_monitor_reads_its_settings(monkeypatch: pytest.MonkeyPatch) -> None
     assert cli.build_parser().parse_args(["top"]).listen == "tcp://127.0.0.1:7001"
     assert cli.build_parser().parse_args(["relay"]).connect == "tcp://127.0.0.1:7001"
     monkeypatch.setenv("FLOWTOP_HANG_S", "7")
-    from flowtop.wiring import hint_overrides_from_env
+    from flowtop.monitor.wiring import hint_overrides_from_env
 
     assert hint_overrides_from_env() == {"hang": {"floor_s": 7.0}}
 
 
 def test_the_demo_sets_no_variable_nobody_reads() -> None:
-    text = (ROOT / "flowtop/demo/launch.py").read_text(encoding="utf-8")
+    text = (ROOT / "flowtop/tools/demo/launch.py").read_text(encoding="utf-8")
     assert "FLOWTOP_DEMO" not in text and "port + 1" not in text
 
 
@@ -172,7 +172,7 @@ def test_analyze_is_a_subcommand_of_the_parser() -> None:
 
 @pytest.mark.skipif(not TRACE.exists(), reason="H200 trace fixture not present")
 def test_flowtop_analyze_prints_what_analyze_main_prints() -> None:
-    from flowtop import analyze
+    from flowtop.tools import analyze
 
     outs = []
     for run in (lambda: cli.main(["analyze", str(TRACE), "--json", "--top", "3"]),
@@ -185,7 +185,7 @@ def test_flowtop_analyze_prints_what_analyze_main_prints() -> None:
 
 
 def test_calibrate_is_a_subcommand_of_the_parser(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flowtop import calibrate
+    from flowtop.tools import calibrate
 
     args = cli.build_parser().parse_args(["calibrate", "--steps", "2", "--skip", "10", "--", "python", "t.py",
                                           "--steps", "9"])

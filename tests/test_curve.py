@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flowtop import keys
-from flowtop.collector import AddressError, check_listen
+from flowtop.tools import keys
+from flowtop.monitor.collector import AddressError, check_listen
 
 SCRIPT = textwrap.dedent(
     """
@@ -45,13 +45,13 @@ def test_only_probes_with_the_client_key_get_in(tmp_path: Path) -> None:
     from monitor_thread import MonitorThread
 
     from conftest import probed_env
-    from flowtop.collector import Collector
-    from flowtop.wiring import make_model
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
 
     d = keys.create(tmp_path / "k")
     mon = MonitorThread.__new__(MonitorThread)  # same thread harness, CURVE collector
     listen = MonitorThread().listen if False else None
-    from flowtop.demo.launch import free_port_pair
+    from flowtop.tools.demo.launch import free_port_pair
 
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
@@ -80,9 +80,9 @@ def test_a_wrong_client_key_is_said_on_both_sides(tmp_path: Path) -> None:
     from monitor_thread import MonitorThread
 
     from conftest import probed_env
-    from flowtop.collector import Collector
-    from flowtop.demo.launch import free_port_pair
-    from flowtop.wiring import make_model
+    from flowtop.monitor.collector import Collector
+    from flowtop.tools.demo.launch import free_port_pair
+    from flowtop.monitor.wiring import make_model
 
     d = keys.create(tmp_path / "k")
     stranger = tmp_path / "stranger"

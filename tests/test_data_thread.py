@@ -25,18 +25,18 @@ import zmq
 import zmq._future
 import zmq.asyncio
 
-from flowtop.app import FlowtopApp
-from flowtop.collector import Collector
-from flowtop.datathread import DataThread, Mailbox
-from flowtop.demo.launch import free_port_pair
-from flowtop.hints.engine import MEASURES, HintEngine
-from flowtop.model import Model
-from flowtop.recording import Recorder
-from flowtop.replay import ReplaySource, synthetic_snapshot
-from flowtop.snapshot import MonitorSnapshot
-from flowtop.wiring import make_model
-from probe.publisher import Publisher
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.datathread import DataThread, Mailbox
+from flowtop.monitor.hints.engine import MEASURES, HintEngine
+from flowtop.monitor.model import Model
+from flowtop.monitor.recording import Recorder
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.wiring import make_model
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.tui.app import FlowtopApp
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
+from synthetic.replay import ReplaySource, synthetic_snapshot
 
 SIZE = (80, 24)
 ROOT = Path(__file__).resolve().parent.parent

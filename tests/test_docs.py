@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from probe import peaks, wire
+from probe import wire
+from probe.flops import peaks
 from probe.wire import steps as wire_steps
 
 ROOT = Path(__file__).resolve().parent.parent

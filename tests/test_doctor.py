@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from flowtop import keys
-from flowtop.demo.launch import free_port_pair
-from flowtop.doctor_checks import address_findings, fd_findings, key_findings
+from flowtop.tools import keys
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.tools.doctor_checks import address_findings, fd_findings, key_findings
 from monitor_thread import MonitorThread
 
 FLOWTOP = [sys.executable, "-m", "flowtop.cli"]
@@ -183,8 +183,8 @@ def test_unreadable_key_directory_fails_with_its_fix(tmp_path: Path) -> None:
 
 
 def test_a_missing_key_directory_and_the_verdict_line(tmp_path: Path) -> None:
-    from flowtop.doctor import render
-    from flowtop.doctor_checks import Finding
+    from flowtop.tools.doctor import render
+    from flowtop.tools.doctor_checks import Finding
 
     (gone,) = key_findings(str(tmp_path / "nowhere"))
     assert gone.status == "fail" and "does not exist" in gone.summary and f"flowtop keys {tmp_path}" in gone.fix
@@ -236,7 +236,7 @@ def test_bad_doctor_arguments_exit_2() -> None:
 
 
 def test_flowtop_disable_set_to_off_is_named_not_called_unset() -> None:
-    from flowtop.doctor_checks import probe_findings
+    from flowtop.tools.doctor_checks import probe_findings
 
     def disable(value: str) -> Any:
         child = {"flowtop_disable": value, "site": {"ours_ran": True}, "probe": {"ok": True},

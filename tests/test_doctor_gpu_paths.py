@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-import flowtop.doctor_child as child
-from flowtop.doctor_checks import device_findings
+import flowtop.tools.doctor_child as child
+from flowtop.tools.doctor_checks import device_findings
 
 
 class NVMLError(Exception):
@@ -91,10 +91,10 @@ def test_gpus_with_and_without_gpm_and_their_peaks(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_rank_without_gpu_telemetry_has_no_gpu_samples() -> None:
-    from flowtop.exporter import ExportPolicy
-    from flowtop.metrics_http import HostPort, MetricsServer
-    from flowtop.snapshot import MonitorSnapshot
-    from flowtop.synthetic_cluster import cluster_job
+    from flowtop.export.exporter import ExportPolicy
+    from flowtop.export.metrics_http import HostPort, MetricsServer
+    from flowtop.monitor.snapshot import MonitorSnapshot
+    from synthetic.cluster import cluster_job
     from test_prometheus import http_get
 
     job = cluster_job(4, job="cpu-and-gpu")

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from flowtop.demo.launch import training_command
-from flowtop.snapshot import to_json
+from flowtop.tools.demo.launch import training_command
+from flowtop.monitor.snapshot import to_json
 from snapshot_schema import assert_valid_snapshot
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from probe.estimate import estimate_from_model, non_embedding_params, transformer_flops_per_token
+from probe.flops.estimate import estimate_from_model, non_embedding_params, transformer_flops_per_token
 
 
 @dataclass
@@ -120,9 +120,9 @@ def test_flops_message_says_where_the_shape_came_from() -> None:
     import torch
 
     from flop_helpers import count
-    from flowtop.demo.gpt import GPT, GPTConfig
-    from probe.accounting import flops_message
-    from probe.flops_policy import signature_of
+    from flowtop.tools.demo.gpt import GPT, GPTConfig
+    from probe.flops.accounting import flops_message
+    from probe.flops.policy import signature_of
 
     model = GPT(GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_embd=16, block_size=8))
     idx = torch.randint(0, 64, (2, 8))
@@ -179,8 +179,8 @@ def test_plain_qkv_gpt_gets_its_shape_from_the_attention_it_ran() -> None:
     import torch
 
     from flop_helpers import count
-    from probe.accounting import flops_message
-    from probe.flops_policy import signature_of
+    from probe.flops.accounting import flops_message
+    from probe.flops.policy import signature_of
 
     vocab, d, layers, heads, seq, batch = 64, 32, 3, 4, 16, 2
     torch.manual_seed(0)
@@ -217,8 +217,8 @@ def test_context_parallel_rank_attends_to_every_key() -> None:
     import torch
 
     from flop_helpers import count
-    from probe.accounting import flops_message
-    from probe.flops_policy import signature_of
+    from probe.flops.accounting import flops_message
+    from probe.flops.policy import signature_of
 
     model, batch, cp, shard = GPT(Config(), tied=False), 3, 2, T // 2
     est = estimate_from_model(model, seq_len=shard, cp=cp)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.demo.launch import free_port_pair
-from flowtop.fdwatch import RESERVE, capacity
-from flowtop.limits import Limits
+from flowtop.monitor.fdwatch import RESERVE, capacity
+from flowtop.monitor.limits import Limits
+from flowtop.tools.demo.launch import free_port_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLD = re.compile(r"open-file limit (\d+) \(hard (\d+)\): this monitor can take about (\d+) probe or relay "

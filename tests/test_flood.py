@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from textual import events
 
-from flowtop.app import FlowtopApp
-from flowtop.collector import Collector
-from flowtop.demo.launch import free_port_pair
-from flowtop.wiring import make_model
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.wiring import make_model
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.tui.app import FlowtopApp
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -216,7 +216,7 @@ def test_varlen_flash_forward_sums_per_sequence() -> None:
 
 
 def test_varlen_formulas_read_real_offsets() -> None:
-    from probe.flops_formulas import FORMULAS
+    from probe.flops.formulas import FORMULAS
 
     h, dh = 2, 8
     cum = torch.tensor([0, 3, 8], dtype=torch.int32)  # sequences of 3 and 5 tokens

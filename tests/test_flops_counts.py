@@ -9,9 +9,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from probe import flops as flops_mod
-from probe.flops import FlopCount, StepFlopCounter, dtype_label
-from probe.flops_formulas import is_heavy_op_name
+from probe.flops import counter as flops_mod
+from probe.flops.count import FlopCount
+from probe.flops.counter import StepFlopCounter, dtype_label
+from probe.flops.formulas import is_heavy_op_name
 from flop_helpers import count  # noqa: E402  (tests/ is on sys.path via conftest)
 
 
@@ -192,7 +193,7 @@ def test_dtype_labels_and_autocast() -> None:
     assert dtype_label(torch.float32, "cuda", "matmul", False, True) == "fp32"
     assert dtype_label(torch.float32, "cuda", "conv", False, True) == "tf32"
     assert dtype_label(torch.float32, "cpu", "matmul", True, True) == "fp32"
-    assert dtype_label(torch.float8_e4m3fn, "cuda", "matmul", False, False) == "fp8_e4m3"  # probe.precision
+    assert dtype_label(torch.float8_e4m3fn, "cuda", "matmul", False, False) == "fp8_e4m3"  # probe.flops.precision
     assert dtype_label(torch.float8_e5m2, "cuda", "matmul", False, False) == "fp8_e5m2"
     assert dtype_label(torch.float16, "cuda", "matmul", True, True) == "fp16"
 

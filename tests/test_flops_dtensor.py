@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import dtensor_worker as w
-from probe.flops import StepFlopCounter
+from probe.flops.counter import StepFlopCounter
 
 pytest.importorskip("torch.distributed.tensor.parallel", reason="DTensor tensor parallelism needs torch.distributed (absent from some torch builds)")
 if not torch.distributed.is_available():  # pragma: no cover - CPU wheels have gloo
@@ -155,9 +155,9 @@ def test_fsdp2_times_tp_two_by_two(four_ranks: list[dict[str, Any]]) -> None:
 
 def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict[str, Any]]) -> None:
     """The rank's real message through the monitor's FlopsView: JSON field and FLOP panel row."""
-    from flowtop.accounting import job_flops, rank_flops
-    from flowtop.snapshot import _flops_json
-    from flowtop.widgets.flops_panel import flops_text
+    from flowtop.monitor.accounting import job_flops, rank_flops
+    from flowtop.monitor.snapshot import _flops_json
+    from flowtop.tui.widgets.flops_panel import flops_text
 
     msgs = [rank["fsdp_tp"]["second"]["message"] for rank in four_ranks]
     views = [rank_flops(m, 0.1) for m in msgs]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from probe.flops import CountPolicy, FlopCount, StepFlopCounter, signature_of
+from probe.flops.count import FlopCount
+from probe.flops.counter import CountPolicy, StepFlopCounter, signature_of
 
 
 def fake_count(model_flops: int) -> FlopCount:

@@ -1,5 +1,5 @@
 """Uncounted ops weighed by their share of the step (issue 14 part 6): FLOP-like sizes from shapes
-(probe/flops_uncounted.py), carried on the wire, and the ``uncounted_ops`` hint that fires only when
+(probe/flops/uncounted.py), carried on the wire, and the ``uncounted_ops`` hint that fires only when
 they matter. Real torch steps, the probe's counter and message, the monitor's FlopsView and hints."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from flop_helpers import count
-from flowtop.accounting import rank_flops
-from flowtop.hints import HintEngine
+from flowtop.monitor.accounting import rank_flops
+from flowtop.monitor.hints import HintEngine
 from probe import wire
-from probe.accounting import flops_message
-from probe.flops_uncounted import flop_like_size
+from probe.flops.accounting import flops_message
+from probe.flops.uncounted import flop_like_size
 from test_hints_factories import job, rank
 
 # MLP 64 -> 256 -> 64 on a (32, 64) input that needs no gradient. Forward 2·32·64·256 per layer;

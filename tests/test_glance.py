@@ -1,4 +1,4 @@
-"""Between two ticks a collector watched by a TUI publishes a glance (flowtop.collector): each
+"""Between two ticks a collector watched by a TUI publishes a glance (flowtop.monitor.collector): each
 rank's step at that instant with the figures, statuses and hints of the last tick, so a step shows
 within a quarter second of arriving, for jobs up to GLANCE_RANKS ranks."""
 
@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from flowtop.clock import TICK_S
+from flowtop.monitor.clock import TICK_S
 from monitor_thread import MonitorThread
-from probe.publisher import Publisher
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 
 
@@ -23,7 +23,7 @@ def _run(monitor: MonitorThread, seconds: float) -> list[tuple[float, int, tuple
         seen.append((snap.taken_at, ranks[0].step if ranks else -1, tuple(h.id for h in snap.jobs[0].hints) if snap.jobs else ()))
 
     monitor.call(lambda: setattr(monitor.collector, "on_tick", on_tick))
-    monitor.call(lambda: setattr(monitor.collector, "glances", True))  # as the TUI sets it (flowtop.app)
+    monitor.call(lambda: setattr(monitor.collector, "glances", True))  # as the TUI sets it (flowtop.tui.app)
     pub = Publisher(RankKey("glance", "h", 77, 0, 0), monitor.listen)
     pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
     pub.start()
@@ -54,7 +54,7 @@ def test_a_small_job_is_published_every_half_tick() -> None:
 
 
 def test_a_large_job_is_published_at_ticks_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("flowtop.collector.GLANCE_RANKS", 0)  # one rank is "large"
+    monkeypatch.setattr("flowtop.monitor.collector.GLANCE_RANKS", 0)  # one rank is "large"
     monitor = MonitorThread()
     try:
         seen = _run(monitor, 2.0)
@@ -66,7 +66,7 @@ def test_a_large_job_is_published_at_ticks_only(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_a_glance_moves_steps_but_statuses_and_hints_only_move_at_ticks() -> None:
-    from flowtop.wiring import make_model
+    from flowtop.monitor.wiring import make_model
     from probe import wire
 
     model = make_model()

@@ -51,7 +51,7 @@ def _gemm_load(seconds: float) -> int:
 
 # ---------------------------------------------------------------------------------- telemetry
 def test_real_nvml_and_gpm_under_bf16_gemm_load() -> None:
-    from probe.nvml import DeviceTelemetry
+    from probe.telemetry.nvml import DeviceTelemetry
 
     torch.cuda.init()
     tel = DeviceTelemetry(cuda_device_index=0)
@@ -90,7 +90,7 @@ def test_real_nvml_and_gpm_under_bf16_gemm_load() -> None:
 
 
 def test_cuda_visible_devices_uuid_prefix_resolves_the_same_gpu() -> None:
-    from probe.nvml import DeviceTelemetry
+    from probe.telemetry.nvml import DeviceTelemetry
 
     whole = DeviceTelemetry(cuda_device_index=0).sample()
     uuid = whole["uuid"]
@@ -103,7 +103,7 @@ def test_cuda_visible_devices_uuid_prefix_resolves_the_same_gpu() -> None:
 
 
 # ---------------------------------------------------------------------------------- FLOPs
-# flowtop.demo.train's GPT (vocab 2048, 4 heads) at these sizes; head dim 64 suits every backend
+# flowtop.tools.demo.train's GPT (vocab 2048, 4 heads) at these sizes; head dim 64 suits every backend
 B, T, D, H, L, V = 4, 256, 256, 4, 2, 2048
 N = B * T
 LINEARS = 24 * N * D * D  # per block: 2·N·(3d² + d² + 4d² + 4d²), biases not counted
@@ -113,7 +113,7 @@ MODEL = 3 * (L * LINEARS + HEAD) + 3 * L * ATTN  # every matmul needs input and 
 
 
 def _gpt_step(device: str, dtype: str) -> tuple[Any, Any]:
-    from flowtop.demo.gpt import GPT, GPTConfig
+    from flowtop.tools.demo.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=V, n_layer=L, n_head=H, n_embd=D, block_size=T)).to(device)
@@ -215,7 +215,7 @@ def test_cuda_training_through_a_real_collector(monitor) -> None:
     from conftest import probed_env
 
     env = probed_env(monitor.listen, FLOWTOP_KERNELS_MIN_STEPS="8", FLOWTOP_JOB="gpu-e2e")
-    cmd = [sys.executable, "-m", "flowtop.demo.train", "--device", "cuda", "--dtype", "bf16",
+    cmd = [sys.executable, "-m", "flowtop.tools.demo.train", "--device", "cuda", "--dtype", "bf16",
            "--steps", "100000", "--layers", str(L), "--width", str(D), "--seq", str(T),
            "--batch", str(B)]
     proc = subprocess.Popen(cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL,
@@ -254,7 +254,7 @@ def test_cuda_training_through_a_real_collector(monitor) -> None:
     assert r.device == torch.cuda.get_device_name(0)
     assert f.model_flops_per_step == MODEL and f.executed_flops_per_step == MODEL + L * ATTN // 2
     assert f.dtype == "bf16"
-    from probe.peaks import lookup_peak
+    from probe.flops.peaks import lookup_peak
 
     table, _ = lookup_peak(r.device, "bf16")  # the monitor's peak is the table's row for this GPU
     if table is not None:

@@ -10,8 +10,8 @@ from typing import Any, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from flowtop.exporter import ExportPolicy
-from flowtop.metrics_http import HostPort, MetricsServer
+from flowtop.export.exporter import ExportPolicy
+from flowtop.export.metrics_http import HostPort, MetricsServer
 from test_prometheus import _start, http_get, made  # noqa: F401  (made: the fixture)
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "flowtop.json"

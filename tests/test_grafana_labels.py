@@ -17,10 +17,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from flowtop.exporter import ExportPolicy
-from flowtop.metrics_http import HostPort, MetricsServer
-from flowtop.snapshot import MonitorSnapshot
-from flowtop.synthetic_cluster import cluster_job
+from flowtop.export.exporter import ExportPolicy
+from flowtop.export.metrics_http import HostPort, MetricsServer
+from flowtop.monitor.snapshot import MonitorSnapshot
+from synthetic.cluster import cluster_job
 from test_grafana import DASHBOARD, metric_names
 from test_prometheus import http_get
 

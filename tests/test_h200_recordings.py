@@ -3,7 +3,7 @@
 
 What the probe measured there is pinned here, so a change to the monitor's decoding, accounting,
 kernel aggregation or hints that alters what a user saw on real hardware fails on a CPU machine.
-Both are the demo GPT (``flowtop.demo.gpt``): "large" 16 layers × 2048 wide, vocab 32768,
+Both are the demo GPT (``flowtop.tools.demo.gpt``): "large" 16 layers × 2048 wide, vocab 32768,
 16 × 1024 tokens per step; "small" 4 × 256, vocab 8192, 4 × 256 tokens.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.recording import RecordingError, read_recording, replay_all
-from flowtop.snapshot import to_json
-from flowtop.wiring import make_model
+from flowtop.monitor.recording import RecordingError, read_recording, replay_all
+from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.wiring import make_model
 from snapshot_schema import assert_valid_snapshot
 
 DATA = Path(__file__).parent / "data"

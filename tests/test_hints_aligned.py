@@ -1,4 +1,4 @@
-"""Alignment by step index for the cross-rank measures (flowtop.hints.aligned): the index path
+"""Alignment by step index for the cross-rank measures (flowtop.monitor.hints.aligned): the index path
 for contiguous runs gives what the step maps give, and the O(1) "median without me" equals the
 median of the others."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from flowtop.hints.aligned import align, medians_without, run_start, values_at
+from flowtop.monitor.hints.aligned import align, medians_without, run_start, values_at
 
 
 def _values(aligned, n):  # every rank's values at the common steps
@@ -69,7 +69,7 @@ def _paced_rank(rank: int, step_s: float, flush_s: float, phase: float, until: f
 
 
 def test_pace_from_frame_ends_is_exact_for_batched_ranks_and_still_sees_a_slow_one() -> None:
-    from flowtop.hints.measures_time import _by_reach
+    from flowtop.monitor.hints.measures_time import _by_reach
 
     rng = random.Random(3)
     for flush in (0.1, 0.15, 0.45):

@@ -21,8 +21,8 @@ from typing import Iterator
 import psutil
 import pytest
 
-from flowtop.demo.launch import free_port_pair, training_command
-from flowtop.snapshot import Hint, JobSnapshot, MonitorSnapshot, to_json
+from flowtop.tools.demo.launch import free_port_pair, training_command
+from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot, to_json
 from monitor_thread import MonitorThread
 from snapshot_schema import assert_valid_snapshot
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from flowtop.hints import HintEngine
-from flowtop.replay import synthetic_snapshot
-from flowtop.snapshot import Hint, MonitorSnapshot, to_json
-from flowtop.textreport import render
-from flowtop.widgets.hints_panel import HintsPanel, hint_prompt
-from flowtop.wiring import make_model
+from flowtop.monitor.hints import HintEngine
+from synthetic.replay import synthetic_snapshot
+from flowtop.monitor.snapshot import Hint, MonitorSnapshot, to_json
+from flowtop.export.textreport import render
+from flowtop.tui.widgets.hints_panel import HintsPanel, hint_prompt
+from flowtop.monitor.wiring import make_model
 from probe.wire import RankKey, decode, encode
 from snapshot_schema import assert_valid_snapshot
 from test_hints_factories import flops, history, job, rank
@@ -85,15 +85,15 @@ def test_ended_hints_in_json_text_and_the_hints_panel() -> None:
 
 
 def _panel_order(hints: tuple[Hint, ...]) -> list[Hint]:
-    from flowtop.widgets.hints_panel import ordered
+    from flowtop.tui.widgets.hints_panel import ordered
 
     return ordered(hints)
 
 
 @pytest.mark.asyncio
 async def test_hints_panel_shows_ended_hints_dimmed_after_the_active_ones() -> None:
-    from flowtop.app import FlowtopApp
-    from flowtop.replay import ReplaySource
+    from flowtop.tui.app import FlowtopApp
+    from synthetic.replay import ReplaySource
 
     base = synthetic_snapshot(120, with_kernels=False)
     j = base.jobs[0]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.hints import RULES, RULES_BY_ID, Gate, HintEngine
-from flowtop.hints.base import Measurement
-from flowtop.hints.doc import rules_markdown
-from flowtop.hints.engine import MEASURES
-from flowtop.snapshot import JobSnapshot, MonitorSnapshot, to_json
+from flowtop.monitor.hints import RULES, RULES_BY_ID, Gate, HintEngine
+from flowtop.monitor.hints.base import Measurement
+from flowtop.monitor.hints.doc import rules_markdown
+from flowtop.monitor.hints.engine import MEASURES
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, to_json
 from snapshot_schema import assert_valid_snapshot
 from test_hints_factories import (
     b_comm,
@@ -118,7 +118,7 @@ def test_a_failing_measure_is_logged_once_and_its_hints_held(caplog: pytest.LogC
 def test_median_of_the_other_ranks(values: list[float]) -> None:
     import statistics
 
-    from flowtop.hints.measures_time import _median_without
+    from flowtop.monitor.hints.measures_time import _median_without
 
     ordered = sorted(values)
     for i, v in enumerate(values):
@@ -129,7 +129,7 @@ def test_median_of_the_other_ranks(values: list[float]) -> None:
 def test_identity_memo_forgets_dead_objects() -> None:
     import gc
 
-    from flowtop.hints.base import IdentityMemo
+    from flowtop.monitor.hints.base import IdentityMemo
 
     calls: list[int] = []
     memo = IdentityMemo(lambda h: calls.append(1) or len(h.steps))
@@ -185,7 +185,7 @@ def test_readme_section_holds_the_generated_table() -> None:
 
 
 def test_hints_import_neither_torch_nor_textual() -> None:
-    code = ("import sys, flowtop.hints; bad = [m for m in ('torch', 'textual') if m in sys.modules]; "
+    code = ("import sys, flowtop.monitor.hints; bad = [m for m in ('torch', 'textual') if m in sys.modules]; "
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)
@@ -194,8 +194,8 @@ def test_hints_import_neither_torch_nor_textual() -> None:
 
 @pytest.mark.skipif(not FIXTURE.exists(), reason="H200 fixture not present")
 def test_h200_fixture_is_launch_bound() -> None:
-    from flowtop.kernels.aggregate import aggregate
-    from flowtop.kernels.trace import load_trace
+    from flowtop.monitor.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.trace import load_trace
 
     stats = aggregate(load_trace(FIXTURE))
     snap: JobSnapshot = job(rank(0, kernels=stats, fl=flops(mfu=0.02)))
@@ -257,7 +257,7 @@ def test_bad_overrides_raise(overrides: dict, message: str) -> None:
 
 
 def test_hang_floor_from_the_environment(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from flowtop.wiring import hint_overrides_from_env, make_model
+    from flowtop.monitor.wiring import hint_overrides_from_env, make_model
 
     assert hint_overrides_from_env({}) == {}
     assert hint_overrides_from_env({"FLOWTOP_HANG_S": " 5 "}) == {"hang": {"floor_s": 5.0}}
@@ -289,9 +289,9 @@ def test_kernel_hints_use_the_unprofiled_step() -> None:
     # figure the hint must use.
     from pathlib import Path
 
-    from flowtop.hints.facts import kernel_facts
-    from flowtop.kernels.aggregate import aggregate
-    from flowtop.kernels.trace import load_trace
+    from flowtop.monitor.hints.facts import kernel_facts
+    from flowtop.monitor.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.trace import load_trace
 
     window = load_trace(Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz")
     profiled = kernel_facts(aggregate(window))

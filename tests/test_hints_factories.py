@@ -11,12 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from flowtop.hints import RULES, HintEngine
-from flowtop.hints.rules import Rule
-from flowtop.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy
-from flowtop.kernels.merge import merge_ranks
-from flowtop.kernels.classify import classify, short_name
-from flowtop.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, StageView, TelemetryView
+from flowtop.monitor.hints import RULES, HintEngine
+from flowtop.monitor.hints.rules import Rule
+from flowtop.monitor.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy
+from flowtop.monitor.kernels.merge import merge_ranks
+from flowtop.monitor.kernels.classify import classify, short_name
+from flowtop.monitor.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, StageView, TelemetryView
 
 GIB = float(1 << 30)
 #: ``heard_at``/``received_at`` of a record that is fresh at any evaluation time (age 0).

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from flowtop.hints import RULES, RULES_BY_ID, HintEngine
-from flowtop.snapshot import Hint, JobSnapshot
+from flowtop.monitor.hints import RULES, RULES_BY_ID, HintEngine
+from flowtop.monitor.snapshot import Hint, JobSnapshot
 from test_hints_factories import (
     CASES,
     FLASH,

@@ -1,4 +1,4 @@
-"""Kernel windows are built off the collector's event loop (flowtop.kernel_worker).
+"""Kernel windows are built off the collector's event loop (flowtop.monitor.kernel_worker).
 
 The windows are the real ones the probe sent from an H200 (tests/data/h200-gpt-large.rec.gz):
 4,672 records each, ≈50 ms to build on one core — the reason they leave the loop.
@@ -11,10 +11,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from flowtop.kernel_worker import KernelWorker
-from flowtop.recording import read_recording, replay_all
-from flowtop.rankkernels import build_window
-from flowtop.wiring import make_model
+from flowtop.monitor.kernel_worker import KernelWorker
+from flowtop.monitor.recording import read_recording, replay_all
+from flowtop.monitor.rankkernels import build_window
+from flowtop.monitor.wiring import make_model
 from probe import wire
 
 DATA = Path(__file__).parent / "data"
@@ -110,7 +110,7 @@ def test_every_window_is_built_in_order_into_the_cumulative_table() -> None:
 
 def test_a_flood_drops_the_oldest_windows_and_counts_them(monkeypatch: Any) -> None:
     before, (first, second) = _messages()
-    monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 1)
+    monkeypatch.setattr("flowtop.monitor.kernel_worker.MAX_PENDING", 1)
 
     async def main() -> Any:
         model, worker = _offloaded(build_window, before)
@@ -199,7 +199,7 @@ def test_a_flood_never_takes_all_of_one_ranks_windows(monkeypatch: Any) -> None:
     """256+ ranks send windows at the same step: when the queue is full, a rank with another
     window queued gives one up, not the rank whose only window is oldest."""
     before, (first, second) = _messages()
-    monkeypatch.setattr("flowtop.kernel_worker.MAX_PENDING", 2)
+    monkeypatch.setattr("flowtop.monitor.kernel_worker.MAX_PENDING", 2)
     other = first._replace(key=first.key._replace(rank=1))
     built: list[tuple[int, int]] = []
 

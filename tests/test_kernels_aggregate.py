@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.kernels.aggregate import IdleGap, aggregate, intersection_length, merge_intervals, union_length
-from flowtop.kernels.merge import CumulativeKernels, merge_cumulative, merge_ranks
-from flowtop.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow, load_trace
+from flowtop.monitor.kernels.aggregate import IdleGap, aggregate, intersection_length, merge_intervals, union_length
+from flowtop.monitor.kernels.merge import CumulativeKernels, merge_cumulative, merge_ranks
+from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow, load_trace
 
 NAMES = ("gemm_a", "nccl_allreduce", "elementwise_b", "cudaLaunchKernel", "aten::mm", "Memset (Device)")
 G, NC, EL, RT, MM, MS = range(6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowtop.kernels.classify import CATEGORIES, classify, short_name, signature_head
+from flowtop.monitor.kernels.classify import CATEGORIES, classify, short_name, signature_head
 
 # Names as they appear on H200 (the reference step fixture, docs/design.md) and in other common traces.
 KERNELS = [

@@ -8,7 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from flowtop.snapshot import to_json
+from flowtop.monitor.snapshot import to_json
 from snapshot_schema import assert_valid_snapshot
 
 SCRIPT = textwrap.dedent(

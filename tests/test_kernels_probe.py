@@ -11,10 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
 
-from flowtop.kernels.aggregate import aggregate  # noqa: E402
-from flowtop.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402
-from probe import kernel_schedule, wire  # noqa: E402
-from probe.kernels import KernelWindowSampler, WindowScheduler, records_from_kineto  # noqa: E402
+from flowtop.monitor.kernels.aggregate import aggregate  # noqa: E402
+from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402
+from probe import wire  # noqa: E402
+from probe.kernels import schedule as kernel_schedule
+from probe.kernels.windows import KernelWindowSampler, WindowScheduler, records_from_kineto  # noqa: E402
 
 KEY = wire.RankKey("j", "h", 1, 0, 0)
 
@@ -37,7 +38,7 @@ def _through_wire(fields: dict) -> dict:
     (0.05, None, 10_000),  # no step time: only the wall-clock cap brings the next window
 ])
 def test_next_interval(cost_s: float, typical_s: float | None, interval: int) -> None:
-    assert WindowScheduler is kernel_schedule.WindowScheduler  # re-exported by probe.kernels
+    assert WindowScheduler is kernel_schedule.WindowScheduler  # re-exported by probe.kernels.windows
     s = WindowScheduler()
     assert s.record(7, 100.0, cost_s, typical_s) == max(10, interval)
     assert s.interval_steps == max(10, interval)
@@ -145,7 +146,7 @@ def test_request_now_and_failures_never_raise(monkeypatch: pytest.MonkeyPatch, c
     def broken(*args: object, **kwargs: object) -> dict:
         raise RuntimeError("kineto changed")
 
-    monkeypatch.setattr("probe.kernels.records_from_kineto", broken)
+    monkeypatch.setattr("probe.kernels.windows.records_from_kineto", broken)
     sampler.request_now()
     assert _train(sampler, 2) == []
     assert not sampler.enabled and not torch.autograd.profiler._is_profiler_enabled
@@ -162,12 +163,12 @@ def test_windows_too_large_to_send_are_dropped(monkeypatch: pytest.MonkeyPatch,
     sampler.request_now()
     assert _train(sampler, 1) == [] and sampler.enabled and sampler.windows == 0
     # by packed size: every window measured, against a 2 kB frame, then an ample one
-    monkeypatch.setattr("probe.kernels._MEASURE_ABOVE", 0)
-    monkeypatch.setattr("probe.kernels._FRAME_ROOM", 2000)
+    monkeypatch.setattr("probe.kernels.windows._MEASURE_ABOVE", 0)
+    monkeypatch.setattr("probe.kernels.windows._FRAME_ROOM", 2000)
     sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1, min_request_s=0), cuda=False)
     sampler.request_now()
     assert _train(sampler, 1) == [] and sampler.enabled
-    monkeypatch.setattr("probe.kernels._FRAME_ROOM", wire.MAX_FRAME_BYTES)
+    monkeypatch.setattr("probe.kernels.windows._FRAME_ROOM", wire.MAX_FRAME_BYTES)
     sampler.request_now()
     (w,) = _train(sampler, 2)  # never at the boundary where the last session stopped: step 1
     assert 2000 < len(wire.encode("kernels", KEY, 1, 1.0, w)) < wire.MAX_FRAME_BYTES
@@ -295,7 +296,7 @@ def test_aligned_due_waits_for_a_multiple_of_the_period() -> None:
 
 
 def test_cpu_convolution_is_counted_once(tmp_path: Path) -> None:
-    from flowtop.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.aggregate import aggregate
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(8, 16, 3)
@@ -439,7 +440,7 @@ def test_cuda_windows_detach_cupti_afterwards_unless_told_otherwise(
 
 
 def test_cupti_teardown_needs_cuda_12_6() -> None:
-    from probe.kernels import cupti_teardown_safe
+    from probe.kernels.windows import cupti_teardown_safe
 
     assert [cupti_teardown_safe(v) for v in ("12.6", "12.10", "13.0", "12.4", "11.8", None, "", "x")] == [
         True, True, True, False, False, False, False, False]

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from flowtop.kernels.trace import (
+from flowtop.monitor.kernels.trace import (
     CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, TraceError, load_trace, window_from_chrome, window_from_wire,
 )
-from flowtop.recording import feed
-from flowtop.wiring import make_model
+from flowtop.monitor.recording import feed
+from flowtop.monitor.wiring import make_model
 from probe import wire
-from probe.kernels import records_from_kineto
+from probe.kernels.windows import records_from_kineto
 
 FIXTURE = Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz"
 
@@ -172,7 +172,7 @@ def test_plain_json_equals_gzip(tmp_path: Path, h200: Any) -> None:
 
 
 def test_monitor_side_imports_no_torch() -> None:
-    code = ("import sys, flowtop.kernels.aggregate, flowtop.kernels.trace, flowtop.analyze; "
+    code = ("import sys, flowtop.monitor.kernels.aggregate, flowtop.monitor.kernels.trace, flowtop.tools.analyze; "
             "bad = [m for m in ('torch', 'textual') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -187,7 +187,7 @@ class _FakeKinetoEvent:
     """
 
     def __init__(self, e: dict[str, Any]) -> None:
-        from flowtop.kernels.opflops import parse_concrete
+        from flowtop.monitor.kernels.opflops import parse_concrete
 
         self.e, args = e, e.get("args", {})
         self._start = round(e["ts"] * 1000)

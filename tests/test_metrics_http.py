@@ -11,14 +11,14 @@ import urllib.request
 
 import pytest
 
-import flowtop.metrics_http
-from flowtop.metrics_http import HostPort, MetricsServer
+import flowtop.export.metrics_http
+from flowtop.export.metrics_http import HostPort, MetricsServer
 
 
 def test_silent_clients_are_dropped_without_a_traceback(monkeypatch: pytest.MonkeyPatch,
                                                         capfd: pytest.CaptureFixture[str]) -> None:
-    assert 0 < (flowtop.metrics_http._Quiet.timeout or 0) <= 30  # the default bounds a silent connection
-    monkeypatch.setattr(flowtop.metrics_http._Quiet, "timeout", 0.5)  # REQUEST_TIMEOUT_S, shortened
+    assert 0 < (flowtop.export.metrics_http._Quiet.timeout or 0) <= 30  # the default bounds a silent connection
+    monkeypatch.setattr(flowtop.export.metrics_http._Quiet, "timeout", 0.5)  # REQUEST_TIMEOUT_S, shortened
     server = MetricsServer(HostPort("127.0.0.1", 0), lambda: None)
     where = server.start()
     base = threading.active_count()

@@ -20,9 +20,9 @@ import torch.multiprocessing as mp
 import moe_ep_worker as epw
 from flop_helpers import count
 from moe_helpers import MoE, hand_step_flops
-from probe import accounting, estimate, moe
-from probe.flops_formulas import FORMULAS, bind_arguments
-from probe.flops_grouped import total_flops
+from probe.flops import accounting, estimate, moe
+from probe.flops.formulas import FORMULAS, bind_arguments
+from probe.flops.grouped import total_flops
 from snapshot_schema import assert_valid_snapshot
 
 D, F_, E, K, T = 16, 24, 4, 2, 32
@@ -69,7 +69,7 @@ def test_scaled_grouped_mm_formula_on_real_offsets() -> None:
     cost = FORMULAS["aten::_scaled_grouped_mm"](bound, None, False)
     assert cost.model == total_flops((1, 8, 3), 32, 16) == 2 * 12 * 32 * 16
     assert cost.groups == (1, 8, 3)
-    assert cost.tensor.dtype == torch.float8_e4m3fn  # labelled fp8_e4m3 by probe.precision
+    assert cost.tensor.dtype == torch.float8_e4m3fn  # labelled fp8_e4m3 by probe.flops.precision
 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped_mm", "modulelist"])
@@ -78,7 +78,7 @@ def test_moe_layer_with_uneven_routing(grouped: bool) -> None:
     layer = MoE(D, F_, E, K, grouped=grouped)
     x = torch.randn(T, D, requires_grad=True)
     loads = moe.ExpertLoadRecorder()
-    from probe.flops import StepFlopCounter
+    from probe.flops.counter import StepFlopCounter
 
     counter = StepFlopCounter(root=layer)
     counter.start()
@@ -161,7 +161,7 @@ def test_expert_parallel_ranks_count_their_local_experts(ep_ranks: list[dict[str
 
 
 def test_the_monitor_shows_expert_load_per_rank_and_job(ep_ranks: list[dict[str, Any]]) -> None:
-    from flowtop.accounting import job_flops, rank_flops
+    from flowtop.monitor.accounting import job_flops, rank_flops
 
     views = [rank_flops(r["message"], step_time_s=0.1) for r in ep_ranks]
     for r, v in zip(ep_ranks, views):
@@ -176,7 +176,7 @@ def test_the_monitor_shows_expert_load_per_rank_and_job(ep_ranks: list[dict[str,
     per_rank = [sum(r["received"]) for r in ep_ranks]
     assert job.rank_max_over_mean == pytest.approx(max(per_rank) / (sum(per_rank) / 2))
     # JSON: the summary (not the per-layer table), schema-valid
-    from flowtop.snapshot import to_json
+    from flowtop.monitor.snapshot import to_json
 
     snap = _snapshot(views, job_flops(views))
     data = to_json(snap)
@@ -186,7 +186,7 @@ def test_the_monitor_shows_expert_load_per_rank_and_job(ep_ranks: list[dict[str,
     assert "per_layer" not in j["expert_load"]
     assert data["jobs"][0]["ranks"][1]["expert_load"]["routed_tokens"] == per_rank[1]
     # the detail screen's FLOP panel: the rank's and the job's max/mean
-    from flowtop.widgets.flops_panel import flops_text
+    from flowtop.tui.widgets.flops_panel import flops_text
 
     text = flops_text(views[0], job_flops(views)).plain
     assert f"max/mean {views[0].expert_load.max_over_mean:.2f}" in text
@@ -194,7 +194,7 @@ def test_the_monitor_shows_expert_load_per_rank_and_job(ep_ranks: list[dict[str,
 
 
 def _snapshot(views: list[Any], job: Any) -> Any:
-    from flowtop.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+    from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
 
     ranks = tuple(RankSnapshot(rank=i, host="h", pid=100 + i, local_rank=i, incarnation=0, device="cpu",
                                status="live", step=2, step_time_s=0.1, device_time_s=None, tokens_per_step=T,
@@ -221,8 +221,8 @@ class TinyMoELM(torch.nn.Module):
 
 
 def test_flops_message_of_an_moe_model_carries_the_active_estimate() -> None:
-    from probe.flops import StepFlopCounter
-    from probe.flops_policy import signature_of
+    from probe.flops.counter import StepFlopCounter
+    from probe.flops.policy import signature_of
 
     torch.manual_seed(0)
     model = TinyMoELM()

@@ -1,4 +1,4 @@
-"""flowtop.ncu: Nsight Compute raw CSV parsing and hardware FLOP arithmetic."""
+"""flowtop.tools.ncu: Nsight Compute raw CSV parsing and hardware FLOP arithmetic."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.ncu import FP_METRICS, TENSOR_METRICS, NcuParseError, parse_raw_csv
+from flowtop.tools.ncu import FP_METRICS, TENSOR_METRICS, NcuParseError, parse_raw_csv
 
 FIXTURE = Path(__file__).parent / "data" / "h200-ncu-gemm4096-bf16.raw.csv.gz"
 NVTX_COL = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"

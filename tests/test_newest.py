@@ -1,4 +1,4 @@
-"""One rule for "the newest process of a rank number" (flowtop.claims.newest_per) and its variants:
+"""One rule for "the newest process of a rank number" (flowtop.monitor.claims.newest_per) and its variants:
 the hints read the highest incarnation and, of equals, the last process in the job's order; the
 model's view, the exporter and the screens read the highest incarnation, then the latest heard,
 and of equals the first."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from flowtop.claims import newest_per, newest_ranks, rank_newness
-from flowtop.hints.base import latest_ranks
-from flowtop.replay import synthetic_snapshot
-from flowtop.screens.snapshot_screen import pick_rank
+from flowtop.monitor.claims import newest_per, newest_ranks, rank_newness
+from flowtop.monitor.hints.base import latest_ranks
+from flowtop.tui.screens.snapshot_screen import pick_rank
+from synthetic.replay import synthetic_snapshot
 
 
 def _ranks():  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""The monitor paces its ranks when too many talk (flowtop.pacing): a "pace" command on the data
+"""The monitor paces its ranks when too many talk (flowtop.monitor.pacing): a "pace" command on the data
 connection makes a real probe publisher hold its step records longer, for a while."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from flowtop import pacing
+from flowtop.monitor import pacing
 from monitor_thread import MonitorThread
 from probe import wire
-from probe.publisher import Publisher
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 
 
@@ -33,7 +33,7 @@ def test_pace_commands_are_validated() -> None:
 def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 2)  # one live rank is "too many": pace 0.5 s
     monkeypatch.setattr(pacing, "RENEW_S", 0.5)
-    monkeypatch.setattr("flowtop.collector.RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
     monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
     monitor = MonitorThread()
     pub = Publisher(RankKey("paced", "h", 4321, 0, 0), monitor.listen)

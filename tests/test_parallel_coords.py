@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from flowtop import parallelism
-from flowtop.model import Model
-from flowtop.screens.rank_detail_screen import coords_text
-from flowtop.snapshot import to_json
-from flowtop.textreport import render
+from flowtop.monitor import parallelism
+from flowtop.monitor.model import Model
+from flowtop.tui.screens.rank_detail_screen import coords_text
+from flowtop.monitor.snapshot import to_json
+from flowtop.export.textreport import render
 from probe import wire
 from probe.wire import RankKey, WireError
 from snapshot_schema import assert_valid_snapshot
@@ -186,9 +186,9 @@ async def test_rank_detail_shows_the_coordinates() -> None:
     (synthetic ranks, which have none, keep their two lines: the goldens do not change)."""
     import dataclasses
 
-    from flowtop.app import FlowtopApp
-    from flowtop.replay import ReplaySource, synthetic_stream
-    from flowtop.screens.rank_detail_screen import RankDetailScreen
+    from flowtop.tui.app import FlowtopApp
+    from synthetic.replay import ReplaySource, synthetic_stream
+    from flowtop.tui.screens.rank_detail_screen import RankDetailScreen
 
     def with_coords(snap: Any) -> Any:
         job = snap.jobs[0]
@@ -208,7 +208,7 @@ async def test_rank_detail_shows_the_coordinates() -> None:
 
 
 def test_stage_timer_on_a_real_pipeline_stage(tmp_path: Path) -> None:
-    """probe.pipeline.StageTimer wraps a real PipelineStage's chunk methods (one process, one stage,
+    """probe.steps.pipeline.StageTimer wraps a real PipelineStage's chunk methods (one process, one stage,
     GPipe over 2 micro-batches whose forwards sleep 10 ms each): the step's compute time is at least
     the 20 ms slept, the stage is found on its forward's stack, and close() gives the stage its own
     methods back."""
@@ -252,7 +252,7 @@ def test_expert_load_is_taken_per_expert_parallel_group() -> None:
     assert (j["groups"], j["worst_group"], j["max_over_mean"]) == (2, [2, 3], pytest.approx(3.0))
     r0 = data["jobs"][0]["ranks"][0]["expert_load"]  # a rank's own: no grouping
     assert (r0["groups"], r0["worst_group"], r0["grouping"], r0["max_over_mean"]) == (None, [], "", 1.0)
-    from flowtop.widgets.flops_panel import flops_text
+    from flowtop.tui.widgets.flops_panel import flops_text
 
     text = flops_text(job.ranks[2].flops, job.flops).plain  # the rank detail's FLOP panel
     assert "experts job max/mean 3.00  worst of 2 EP groups: ranks 2-3; rank max/mean 1.60 (routed tokens)" in text
@@ -318,7 +318,7 @@ def test_snapshot_text_shows_coordinates_mfu_bf16_and_expert_groups() -> None:
     assert lines[head + 4].split()[-5:] == ["40.0%", "40.0%", "dp1", "tp1", "live"]
     # all bf16 and no mesh: the table as before
     _, plain = _job([None, None], [100] * 2, flops=[1e9] * 2, extra=[bf16, bf16])
-    from flowtop.snapshot import MonitorSnapshot
+    from flowtop.monitor.snapshot import MonitorSnapshot
 
     bare = render(MonitorSnapshot(taken_at=0.0, listen="x", received=0, rejected=0, jobs=(plain,)))
     assert "bf16" not in bare.split("]")[-1] and "coords" not in bare

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probe.peaks import (
+from probe.flops.peaks import (
     ENV_PEAK,
     cpu_peak,
     lookup_peak,

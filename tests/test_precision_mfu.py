@@ -17,10 +17,10 @@ from torch import nn
 
 import probe
 from flop_helpers import count
-from flowtop.accounting import job_flops, rank_flops
-from probe import accounting
-from probe.flops import FlopCount
-from probe.peaks import lookup_peak, normalise_dtype, peak_override, resolve_peak
+from flowtop.monitor.accounting import job_flops, rank_flops
+from probe.flops import accounting
+from probe.flops.count import FlopCount
+from probe.flops.peaks import lookup_peak, normalise_dtype, peak_override, resolve_peak
 
 T = 1e12
 

@@ -136,10 +136,10 @@ def test_without_a_count_the_estimate_stands_in_labelled(sent: list[tuple[str, d
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Counting turned off by compiled code: the 6N+12LdT estimate of a transformer is sent as its
     FLOPs, once per input shape, marked ``counted: False``, and the monitor says "estimated"."""
-    from flowtop.accounting import rank_flops
-    from flowtop.demo.gpt import GPT, GPTConfig
-    from flowtop.widgets.job_header import convention_note
-    from probe.estimate import non_embedding_params, transformer_flops_per_token
+    from flowtop.monitor.accounting import rank_flops
+    from flowtop.tools.demo.gpt import GPT, GPTConfig
+    from flowtop.tui.widgets.job_header import convention_note
+    from probe.flops.estimate import non_embedding_params, transformer_flops_per_token
 
     monkeypatch.setenv("FLOWTOP_FLOPS", "1")
     _attach(sent)
@@ -242,7 +242,7 @@ def test_the_estimate_takes_autocasts_dtype_for_its_peak(sent: list[tuple[str, d
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The estimate's peak is the dense peak of the compute dtype: bf16 under autocast, even
     though the weights are fp32 (an fp32 peak would inflate MFU ~15× on an H100)."""
-    from flowtop.demo.gpt import GPT, GPTConfig
+    from flowtop.tools.demo.gpt import GPT, GPTConfig
 
     monkeypatch.setenv("FLOWTOP_FLOPS", "1")
     _attach(sent)

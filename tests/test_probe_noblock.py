@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from flowtop.demo.launch import free_port_pair
-from probe.publisher import Publisher
+from flowtop.tools.demo.launch import free_port_pair
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 
 HANG_S = 30.0  # far beyond any loaded box's time for the work below; a blocked call never ends

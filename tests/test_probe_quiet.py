@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import probe
-from probe import publisher as publisher_mod
+from probe.transport import publisher as publisher_mod
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
 nn = torch.nn

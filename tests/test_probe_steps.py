@@ -196,7 +196,7 @@ def test_shapes_changing_every_step_stay_in_budget(captured) -> None:  # type: i
     # than 2 % of these tiny steps, so new shapes wait many steps between counts.
     # (The gap in force changes with each count's measured cost, which varies with the machine's
     # load: bound the total by the smallest gap a count ever leaves, not by the last one.)
-    from probe.flop_sampling import CHARGE_GAP
+    from probe.flops.sampling import CHARGE_GAP
 
     assert sampler.policy.min_gap >= 5
     assert 1 <= counted <= 60 // CHARGE_GAP  # unbudgeted, nearly every one of the 60 shapes is counted
@@ -229,7 +229,7 @@ def test_root_is_the_trained_model_not_a_bigger_frozen_one(captured) -> None:  #
 
 
 def test_cpu_peak_counts_the_ranks_threads(captured) -> None:  # type: ignore[no-untyped-def]
-    from probe import peaks
+    from probe.flops import peaks
 
     model = nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

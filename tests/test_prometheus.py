@@ -14,13 +14,13 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from flowtop.collector import Collector
-from flowtop.datathread import DataThread
-from flowtop.demo.launch import free_port_pair
-from flowtop.exporter import ExportPolicy
-from flowtop.metrics_http import HostPort, MetricsServer
-from flowtop.wiring import make_model
-from probe.publisher import Publisher
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.datathread import DataThread
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.export.exporter import ExportPolicy
+from flowtop.export.metrics_http import HostPort, MetricsServer
+from flowtop.monitor.wiring import make_model
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 from snapshot_schema import assert_valid_snapshot
 
@@ -340,7 +340,7 @@ async def test_top_serves_metrics_while_the_tui_runs(made: list[Any]) -> None:
     snapshot the data thread published (DataThread.latest), a second reader."""
     import asyncio
 
-    from flowtop.app import FlowtopApp
+    from flowtop.tui.app import FlowtopApp
 
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     app = FlowtopApp(Collector(make_model(), listen))

@@ -13,11 +13,11 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from flowtop.exporter import ExportPolicy
-from flowtop.metrics_http import HostPort, MetricsServer
-from flowtop.selfload import LoadMeter
-from flowtop.snapshot import MonitorSnapshot
-from flowtop.synthetic_cluster import cluster_job
+from flowtop.export.exporter import ExportPolicy
+from flowtop.export.metrics_http import HostPort, MetricsServer
+from flowtop.monitor.selfload import LoadMeter
+from flowtop.monitor.snapshot import MonitorSnapshot
+from synthetic.cluster import cluster_job
 from test_prometheus import http_get
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -79,7 +79,7 @@ def test_labels_names_and_units() -> None:
 def test_the_monitor_cpu_is_in_cores_not_a_ratio() -> None:
     """CPU seconds per second passes 1 with the ZeroMQ I/O thread beside the interpreter: a
     _ratio would promise 0-1."""
-    from flowtop.exporter import load_families
+    from flowtop.export.exporter import load_families
 
     clock = iter([0.0, 0.0, 1.0, 1.5])  # wall, cpu; wall, cpu: 1.5 CPU-s in 1 s
     meter = LoadMeter(wall=lambda: next(clock), cpu=lambda: next(clock))

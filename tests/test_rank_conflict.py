@@ -13,11 +13,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from flowtop.model import Model
-from flowtop.snapshot import Claimant, JobSnapshot, MonitorSnapshot, to_json
-from flowtop.wiring import make_model
+from flowtop.monitor.model import Model
+from flowtop.monitor.snapshot import Claimant, JobSnapshot, MonitorSnapshot, to_json
+from flowtop.monitor.wiring import make_model
 from monitor_thread import MonitorThread
-from probe.publisher import Publisher
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey, decode, encode
 from snapshot_schema import assert_valid_snapshot
 
@@ -143,7 +143,7 @@ def test_snapshot_until_done_ends_on_a_conflict_and_prints_both_rows(pubs: list[
     import subprocess
     import sys
 
-    from flowtop.demo.launch import free_port_pair
+    from flowtop.tools.demo.launch import free_port_pair
 
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     t0 = time.monotonic()

@@ -64,7 +64,7 @@ _SPAWN = textwrap.dedent("""
 
 
 def test_attach_before_init_process_group_reidentifies_each_rank(monitor: MonitorThread, tmp_path: Path) -> None:
-    from flowtop.demo.launch import free_port_pair
+    from flowtop.tools.demo.launch import free_port_pair
 
     script = tmp_path / "spawn_train.py"
     script.write_text(_SPAWN)
@@ -91,7 +91,7 @@ def test_a_cpu_ranks_peak_counts_its_share_of_the_host(monkeypatch) -> None:  # 
 
     import torch
 
-    from probe import accounting
+    from probe.flops import accounting
 
     # A 16-core host, unpinned, torch using 16 threads in each of two spawned ranks.
     monkeypatch.setattr(os, "cpu_count", lambda: 16)

@@ -1,6 +1,6 @@
 """Pilot tests of the rank view at 4,096 synthetic ranks: node rows, filter, sorts (keys and a
 header click), the rank map's cursor, the selection staying on its rank while rows move, and
-only changed lines refreshed. Snapshots come from flowtop.synthetic_cluster (real dataclasses)
+only changed lines refreshed. Snapshots come from synthetic.cluster (real dataclasses)
 and are handed to the screen's ``show`` as the app hands it each snapshot."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import dataclasses
 
 import pytest
 
-from flowtop.app import FlowtopApp
-from flowtop.replay import ReplaySource
-from flowtop.rankview import NodeRow, RankRow, node_key
-from flowtop.synthetic_cluster import cluster_snapshot
-from flowtop.widgets.rank_map import RankMap
-from flowtop.widgets.rank_summary import RankSummary
-from flowtop.widgets.rank_table import COLUMNS, RankTable
+from flowtop.tui.app import FlowtopApp
+from synthetic.replay import ReplaySource
+from flowtop.monitor.rankview import NodeRow, RankRow, node_key
+from synthetic.cluster import cluster_snapshot
+from flowtop.tui.widgets.rank_map import RankMap
+from flowtop.tui.widgets.rank_summary import RankSummary
+from flowtop.tui.widgets.rank_table import COLUMNS, RankTable
 from textual.widgets import Input
 
 NARROW, WIDE = (80, 24), (200, 50)
@@ -224,8 +224,8 @@ def _mixed_job_snaps(coords: bool, fp8: bool) -> list:
     """The 2-rank synthetic demo job, its ranks given coordinates (as if ranks 5 and 7 of a
     dp 2 × tp 2 × pp 2 job) and an fp8 + bf16 precision mix on rank 0 (bf16-eq MFU 80 %: fp8
     work read at the bf16 rate) beside a pure-bf16 rank 1 (bf16-eq = MFU)."""
-    from flowtop.precision import DtypeMix
-    from flowtop.replay import synthetic_stream
+    from flowtop.monitor.precision import DtypeMix
+    from synthetic.replay import synthetic_stream
 
     def mix(shares: dict[str, float]) -> DtypeMix:
         return DtypeMix(model_flops={}, executed_flops={}, peaks={}, peak_flops=None, executed_peak_flops=None,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from flowtop.app import FlowtopApp
-from flowtop.replay import ReplaySource
-from flowtop.synthetic_cluster import cluster_snapshot
+from flowtop.tui.app import FlowtopApp
+from synthetic.replay import ReplaySource
+from synthetic.cluster import cluster_snapshot
 from test_tui_snapshots import GOLDEN, SCREENSHOTS, UPDATE, VERSIONS, normalise_svg, require_golden_versions, screen_text
 
 # name -> (terminal size, keys pressed on the main screen before the capture)

@@ -1,26 +1,37 @@
-"""The rank view's data side (flowtop.rankview, rankfilter, rankstats): order, groups, filter,
+"""The rank view's data side (flowtop.monitor.rankview, rankfilter, rankstats): order, groups, filter,
 percentiles, map cells — over real snapshot dataclasses, no Textual."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from flowtop.rankfilter import FilterError, parse_filter
-from flowtop.rankstats import MISSING, NO_VALUE, STATUS_BINS, job_percentiles, map_layout, percentiles, rank_grid
-from flowtop.rankview import NodeRow, RankRow, ViewSpec, build_view, job_context, node_group, sort_ranks
-from flowtop.synthetic_cluster import Troubles, cluster_job, cluster_rank
+from flowtop.monitor.rankfilter import FilterError, parse_filter
+from flowtop.monitor.rankstats import (
+    MISSING,
+    NO_VALUE,
+    STATUS_BINS,
+    job_percentiles,
+    map_layout,
+    percentiles,
+    rank_grid,
+)
+from flowtop.monitor.rankview import NodeRow, RankRow, ViewSpec, build_view, job_context, node_group, sort_ranks
+from synthetic.cluster import Troubles, cluster_job, cluster_rank
 
 
-@pytest.mark.parametrize("module", ["flowtop.rankview", "flowtop.rankfilter", "flowtop.rankstats",
-                                    "flowtop.synthetic_cluster"])
+@pytest.mark.parametrize("module", ["flowtop.monitor.rankview", "flowtop.monitor.rankfilter",
+                                    "flowtop.monitor.rankstats",
+                                    "synthetic.cluster"])
 def test_rank_view_data_side_imports_without_textual(module: str) -> None:
     code = f"import {module}, sys, json; print(json.dumps(sorted(sys.modules)))"
     mods = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                     cwd=os.path.dirname(__file__),
                                      check=True).stdout.splitlines()[-1])
     assert not [m for m in mods if m.split(".")[0] in ("textual", "torch")]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from flowtop.format import rate_prefix
-from flowtop.kernels.rows import KernelRow
-from flowtop.widgets.kernel_table import KernelTable, kernel_cells, rate_scale
+from flowtop.monitor.format import rate_prefix
+from flowtop.monitor.kernels.rows import KernelRow
+from flowtop.tui.widgets.kernel_table import KernelTable, kernel_cells, rate_scale
 
 
 def row(name: str, tflops: float | None) -> KernelRow:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.app import FlowtopApp
-from flowtop.recording import MAGIC, Recorder, RecordingError, RecordingSource, read_recording, replay_all
-from flowtop.replay import ReplaySource
-from flowtop.wiring import make_model
+from flowtop.tui.app import FlowtopApp
+from flowtop.monitor.recording import MAGIC, Recorder, RecordingError, RecordingSource, read_recording, replay_all
+from synthetic.replay import ReplaySource
+from flowtop.monitor.wiring import make_model
 from probe import wire
 from snapshot_schema import assert_valid_snapshot
 

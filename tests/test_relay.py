@@ -24,18 +24,18 @@ import psutil
 import pytest
 import zmq
 
-from flowtop import keys
+from flowtop.tools import keys
 from flowtop.cli import main as cli_main
-from flowtop.collector import Collector
-from flowtop.demo.launch import free_port_pair
-from flowtop.relay import PathLock
-from flowtop.relays import encode_stamp
-from flowtop.snapshot import to_json
-from flowtop.textreport import render
-from flowtop.wiring import make_model
+from flowtop.monitor.collector import Collector
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.tools.relay import PathLock
+from flowtop.monitor.relays import encode_stamp
+from flowtop.monitor.snapshot import to_json
+from flowtop.export.textreport import render
+from flowtop.monitor.wiring import make_model
 from monitor_thread import MonitorThread
 from probe import wire
-from probe.publisher import Publisher
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 from snapshot_schema import assert_valid_snapshot
 
@@ -379,7 +379,7 @@ def test_a_lock_holder_that_dies_hands_the_path_over(short_dir: Path) -> None:
     path = f"{short_dir}/dies.sock"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from flowtop.relay import PathLock
+        from flowtop.tools.relay import PathLock
         assert PathLock({path!r}).acquire(blocking=False)
         print("held", flush=True)
         time.sleep(60)
@@ -409,8 +409,8 @@ def test_relay_report_is_a_wire_message() -> None:
 def test_readme_lists_the_relay_fields_of_the_schema() -> None:
     import re
 
-    from flowtop.relays import RELAY_FIELDS
-    from flowtop.snapshot import json_schema
+    from flowtop.monitor.snapshot import RELAY_FIELDS
+    from flowtop.monitor.snapshot import json_schema
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     text = readme[readme.index("Relays (`relays[]`"):]
@@ -423,7 +423,7 @@ def test_readme_lists_the_relay_fields_of_the_schema() -> None:
 def test_a_recording_of_relayed_frames_replays(tmp_path: Path) -> None:
     """Relayed frames are recorded at their arrival (live order, never before the recording's
     start), and the relay's reports replay as its record."""
-    from flowtop.recording import Recorder, replay_all
+    from flowtop.monitor.recording import Recorder, replay_all
 
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     rec = Recorder(tmp_path / "relayed.rec")

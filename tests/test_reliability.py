@@ -27,7 +27,7 @@ STRESS = textwrap.dedent(
     """
     import gc, sys, time, torch, probe
     from torch.autograd.profiler import record_function
-    from probe.kernel_schedule import WindowScheduler
+    from probe.kernels.schedule import WindowScheduler
     torch.set_num_threads(1)
     probe.attach()
     p = probe._current()
@@ -261,9 +261,9 @@ def test_a_forged_step_far_ahead_is_rejected_and_the_real_rank_goes_on(monitor: 
 
 
 def test_terminal_escapes_from_the_wire_never_reach_the_output() -> None:
-    from flowtop.model import Model
-    from flowtop.snapshot import to_json
-    from flowtop.textreport import render
+    from flowtop.monitor.model import Model
+    from flowtop.monitor.snapshot import to_json
+    from flowtop.export.textreport import render
 
     model = Model()
     bad_host = wire.RankKey("job\x1b]0;pwned\x07", "host", 1, 0, 0)
@@ -298,8 +298,8 @@ def test_a_full_disk_at_exit_still_prints_the_snapshot(tmp_path: Path) -> None:
 
 
 def test_forged_rank_floods_are_capped_and_counted() -> None:
-    from flowtop.limits import Limits
-    from flowtop.model import Model
+    from flowtop.monitor.limits import Limits
+    from flowtop.monitor.model import Model
 
     model = Model(limits=Limits(max_jobs=3, max_ranks_per_job=50, max_ranks=120, new_ranks_per_s=100, new_ranks_burst=200))
     t = 1000.0
@@ -371,7 +371,7 @@ def test_a_rank_hung_in_c_still_dies_of_sigterm_at_once_and_says_bye(monitor: Mo
                                                                       tmp_path: Path) -> None:
     import signal
 
-    from flowtop.demo.launch import free_port_pair
+    from flowtop.tools.demo.launch import free_port_pair
 
     script = tmp_path / "hung.py"
     script.write_text(_HUNG_IN_C)
@@ -478,9 +478,9 @@ def test_a_handler_installed_later_keeps_its_graceful_stop(monitor: MonitorThrea
 def test_frames_lost_in_transit_are_counted_and_shown() -> None:
     """Frames queued in a pipe that dropped (a slow monitor reconnected) never arrive; the probe
     cannot know, so the monitor counts its sequence gaps and says so with the probe's drops."""
-    from flowtop.model import Model
-    from flowtop.textreport import render
-    from flowtop.widgets.job_header import JobHeader
+    from flowtop.monitor.model import Model
+    from flowtop.export.textreport import render
+    from flowtop.tui.widgets.job_header import JobHeader
 
     model = Model()
     key = wire.RankKey("j", "h", 1, 0, 0)
@@ -495,7 +495,7 @@ def test_frames_lost_in_transit_are_counted_and_shown() -> None:
 
 
 def test_kernel_frames_beyond_the_byte_rate_are_refused_before_validation() -> None:
-    from flowtop.limits import KernelBudget, Limits
+    from flowtop.monitor.limits import KernelBudget, Limits
 
     t = [0.0]
     budget = KernelBudget(Limits(kernel_bytes_per_s_rank=1000, kernel_burst_rank=5000, kernel_bytes_per_s=1500,
@@ -523,7 +523,7 @@ def test_a_window_frees_its_profiler_session_without_waiting_for_gc() -> None:
 
     import torch
 
-    from probe.kernels import KernelWindowSampler, WindowScheduler
+    from probe.kernels.windows import KernelWindowSampler, WindowScheduler
 
     sampler = KernelWindowSampler(WindowScheduler(min_interval_steps=1, min_request_s=0), cuda=False)
     layer = torch.nn.Linear(32, 32)

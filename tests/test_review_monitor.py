@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import zmq
 
-from flowtop import accounting
-from flowtop.collector import AddressError, Collector, check_listen, parse_tcp
-from flowtop.demo.launch import DemoSource, _headless, free_port_pair
-from flowtop.model import EVICT_AFTER_S, Model
-from flowtop.recording import Recorder
-from flowtop.runner import BOOTSTRAP_DIR, probe_env
-from flowtop.snapshot import to_json
-from flowtop.wiring import make_model
+from flowtop.monitor import accounting
+from flowtop.monitor.collector import AddressError, Collector, check_listen, parse_tcp
+from flowtop.tools.demo.launch import DemoSource, _headless, free_port_pair
+from flowtop.monitor.model import EVICT_AFTER_S, Model
+from flowtop.monitor.recording import Recorder
+from flowtop.tools.runner import BOOTSTRAP_DIR, probe_env
+from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.wiring import make_model
 from probe import wire
 from snapshot_schema import assert_valid_snapshot
 
@@ -150,7 +150,7 @@ def test_stalled_rank_still_gets_the_hang_hint() -> None:
     for t in range(3, 10):
         for k in ranks:
             f.heartbeat(k, float(t))
-    snap = model.tick(9.0)  # hints advance in ticks (flowtop.ticker), not in snapshots
+    snap = model.tick(9.0)  # hints advance in ticks (flowtop.monitor.ticker), not in snapshots
     assert [r.status for r in snap.jobs[0].ranks] == ["stalled", "stalled"]
     hang = [h for h in snap.jobs[0].hints if h.id == "hang_all"]
     assert len(hang) == 1 and hang[0].evidence["stalled_s"] == pytest.approx(7.0)
@@ -237,7 +237,7 @@ def test_bad_address_does_not_truncate_the_recording(tmp_path: Path) -> None:
 
 def test_top_exits_2_when_the_port_is_taken(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from flowtop import cli
-    from flowtop.app import FlowtopApp
+    from flowtop.tui.app import FlowtopApp
 
     async def quit_soon(pilot: Any) -> None:
         await pilot.pause()
@@ -431,9 +431,9 @@ def test_monitor_binds_and_receives_on_ipv6_loopback() -> None:
 
 
 def test_job_kernel_merge_is_reused_until_a_new_window_arrives() -> None:
-    from flowtop.kernels.merge import CumulativeKernels
-    from flowtop.model import Model
-    from flowtop.rankkernels import KernelTables
+    from flowtop.monitor.kernels.merge import CumulativeKernels
+    from flowtop.monitor.model import Model
+    from flowtop.monitor.rankkernels import KernelTables
 
     calls: list[int] = []
 

@@ -1,4 +1,4 @@
-"""Scrapes between two snapshots reuse the rendered body (flowtop.scrape_cache): several Prometheus
+"""Scrapes between two snapshots reuse the rendered body (flowtop.export.scrape_cache): several Prometheus
 servers scraping one monitor must not render its ~2 MB each. Over real HTTP, with a counter on the
 exporter's per-job rendering."""
 
@@ -13,11 +13,11 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-import flowtop.exporter
-from flowtop.exporter import ExportPolicy
-from flowtop.metrics_http import HostPort, MetricsServer
-from flowtop.scrape_cache import ScrapeCache
-from flowtop.synthetic_cluster import cluster_snapshot
+import flowtop.export.exporter
+from flowtop.export.exporter import ExportPolicy
+from flowtop.export.metrics_http import HostPort, MetricsServer
+from flowtop.export.scrape_cache import ScrapeCache
+from synthetic.cluster import cluster_snapshot
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 #: Families rendered at every scrape (the fresh part), not from the snapshot.
@@ -46,13 +46,13 @@ def snapshot_samples(text: str, openmetrics: bool = False) -> set[tuple[str, tup
 def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The jobs the exporter rendered, one entry per job per rendering."""
     calls: list[str] = []
-    real = flowtop.exporter._job
+    real = flowtop.export.exporter._job
 
     def counted(fam: Any, job: Any, *args: Any) -> None:
         calls.append(job.job)
         real(fam, job, *args)
 
-    monkeypatch.setattr(flowtop.exporter, "_job", counted)
+    monkeypatch.setattr(flowtop.export.exporter, "_job", counted)
     return calls
 
 
@@ -111,12 +111,12 @@ def test_concurrent_scrapers_of_a_new_snapshot_render_it_once(served: tuple[Metr
 
 def test_snapshot_json_is_rendered_once_per_snapshot(served: tuple[MetricsServer, dict[str, Any]],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import flowtop.metrics_http
+    import flowtop.export.metrics_http
 
     server, current = served
     calls: list[float] = []
-    real = flowtop.metrics_http.to_json
-    monkeypatch.setattr(flowtop.metrics_http, "to_json", lambda s: calls.append(s.taken_at) or real(s))
+    real = flowtop.export.metrics_http.to_json
+    monkeypatch.setattr(flowtop.export.metrics_http, "to_json", lambda s: calls.append(s.taken_at) or real(s))
     first = [get(server.where.url("/snapshot.json"))[0] for _ in range(3)]
     assert len(set(first)) == 1 and calls == [current["snap"].taken_at]
     current["snap"] = cluster_snapshot(3, n_ranks=64)

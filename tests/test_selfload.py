@@ -1,10 +1,10 @@
-"""The monitor's own load meter (flowtop.selfload): rates over a window, from injected clocks."""
+"""The monitor's own load meter (flowtop.monitor.selfload): rates over a window, from injected clocks."""
 
 from __future__ import annotations
 
 import pytest
 
-from flowtop.selfload import LoadMeter
+from flowtop.monitor.selfload import LoadMeter
 
 
 def test_cpu_and_frame_rates_over_the_window() -> None:

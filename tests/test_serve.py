@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from flowtop.demo.launch import free_port_pair, training_command
+from flowtop.tools.demo.launch import free_port_pair, training_command
 from snapshot_schema import assert_valid_snapshot
 
 FLOWTOP = [sys.executable, "-m", "flowtop.cli"]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from flowtop.demo.launch import free_port_pair
-from flowtop.hints import HintEngine
-from flowtop.snapshot import FLOP_FIELDS, NO_COUNT_REASON, MonitorSnapshot, json_schema, to_json
-from probe.publisher import Publisher
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.monitor.hints import HintEngine
+from flowtop.monitor.snapshot import FLOP_FIELDS, NO_COUNT_REASON, MonitorSnapshot, json_schema, to_json
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 from snapshot_schema import assert_valid_snapshot, snapshot_errors
 from test_hints_factories import GEMM_H, b_rank_conflict, flops, history, job, kwin, rank, telemetry
@@ -158,7 +158,7 @@ def test_schema_is_shipped_as_package_data() -> None:
 
 
 def test_a_bounded_backward_travels_as_model_note() -> None:
-    from flowtop.accounting import job_flops, rank_flops
+    from flowtop.monitor.accounting import job_flops, rank_flops
 
     note = "backward bounded at 2x the forward: recompute inside a compiled backward (18.0% ...)"
     base = {"step": 2, "model_flops": 3e9, "executed_flops": 3.6e9, "attention": "full", "dtype": "fp32",

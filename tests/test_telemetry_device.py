@@ -1,4 +1,4 @@
-"""DeviceTelemetry (probe/nvml.py) against a fake NVML.
+"""DeviceTelemetry (probe/telemetry/nvml.py) against a fake NVML.
 
 The fake stands in for the library only because this machine has no GPU; it mimics pynvml's
 function names, constants, error objects (``.value`` = NVML return code) and GPM structures.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import probe._log
-from probe.nvml import ALL_FIELDS, GPM_FIELDS, DeviceTelemetry, decode_clock_reasons, visible_device
+from probe.telemetry.nvml import ALL_FIELDS, GPM_FIELDS, DeviceTelemetry, decode_clock_reasons, visible_device
 
 NOT_SUPPORTED, NOT_FOUND, UNKNOWN = 3, 6, 999
 

@@ -1,4 +1,4 @@
-"""GPM (probe/gpm.py) through DeviceTelemetry, and MIG instances, against the fake NVML.
+"""GPM (probe/telemetry/gpm.py) through DeviceTelemetry, and MIG instances, against the fake NVML.
 
 The fake (tests/test_telemetry_device.py) stands in for the library only because this machine has
 no GPU.
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_telemetry_device import GPM_VALUES, UNKNOWN, FakeDevice, FakeNVML, h200
 
-from probe.nvml import ALL_FIELDS, GPM_FIELDS, DeviceTelemetry
+from probe.telemetry.nvml import ALL_FIELDS, GPM_FIELDS, DeviceTelemetry
 
 
 def test_gpm_two_sample_flow_uses_previous_and_latest() -> None:

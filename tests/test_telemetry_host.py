@@ -1,4 +1,4 @@
-"""HostTelemetry (probe/hostinfo.py) on this machine, with real DataLoader worker processes."""
+"""HostTelemetry (probe/telemetry/hostinfo.py) on this machine, with real DataLoader worker processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from probe.hostinfo import HOST_FIELDS, HostTelemetry
+from probe.telemetry.hostinfo import HOST_FIELDS, HostTelemetry
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
 
@@ -114,14 +114,14 @@ def test_only_multiprocessing_children_are_workers() -> None:
 
 
 def test_worker_recognition_by_command_line() -> None:
-    from probe.hostinfo import is_worker
+    from probe.telemetry.hostinfo import is_worker
 
     parent = ["python", "train.py", "--lr", "3e-4"]
     assert is_worker(parent, parent)  # forked: same argv
     spawned = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
                "pipe_handle=11)", "--multiprocessing-fork"]
     assert is_worker(spawned, parent)
-    from probe.hostinfo import is_forkserver
+    from probe.telemetry.hostinfo import is_forkserver
 
     server = ["python", "-c", "from multiprocessing.forkserver import main; main(10, 11, ['__main__'])"]
     assert is_forkserver(server) and not is_worker(server, parent)  # its children are the workers
@@ -145,7 +145,7 @@ def test_children_are_read_without_scanning_every_process(monkeypatch: pytest.Mo
     """psutil's children() reads the stat file of every process on the host (~8 ms a sample with
     100 processes, every rank every second): the probe lists its children from its threads'
     /proc children files instead, and finds them all the same."""
-    from probe.hostinfo import child_pids
+    from probe.telemetry.hostinfo import child_pids
 
     if child_pids(os.getpid()) is None:
         pytest.skip("this kernel has no /proc/<pid>/task/<tid>/children files")

@@ -1,4 +1,4 @@
-"""A job larger than RANKS_PER_TICK (flowtop.model): each tick rebuilds the full views of its
+"""A job larger than RANKS_PER_TICK (flowtop.monitor.model): each tick rebuilds the full views of its
 share of the ranks, the others get their step and liveness, and its hints run every ``spread``
 ticks — with what the ranks sent all showing within one round."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-import flowtop.model as model_mod
-from flowtop.wiring import make_model
+import flowtop.monitor.model as model_mod
+from flowtop.monitor.wiring import make_model
 from probe import wire
 from probe.wire import RankKey
 

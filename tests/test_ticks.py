@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 
-from flowtop.clock import TICK_S, MonitorClock
-from flowtop.collector import Collector
-from flowtop.demo.launch import free_port_pair
-from flowtop.hints.engine import HOLD_S
-from flowtop.recording import Recorder, replay_all
-from flowtop.snapshot import MonitorSnapshot
-from flowtop.ticker import Ticker
-from flowtop.wiring import make_model
+from flowtop.monitor.clock import TICK_S, MonitorClock
+from flowtop.monitor.collector import Collector
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.monitor.hints.engine import HOLD_S
+from flowtop.monitor.recording import Recorder, replay_all
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.ticker import Ticker
+from flowtop.monitor.wiring import make_model
 from monitor_thread import MonitorThread
 from probe import wire
-from probe.publisher import Publisher
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from flowtop.demo.launch import free_port_pair
+from flowtop.tools.demo.launch import free_port_pair
 from probe.wire import RankKey
 from test_prometheus import PEAK, MODEL_FLOPS, WALL_S, by_name, http_get, publisher, train
 

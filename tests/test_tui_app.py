@@ -1,5 +1,5 @@
 """Pilot tests of the Textual UI over a synthetic 2-rank stream (ReplaySource), its FLOP figures
-from flowtop.accounting (see _accounted) and checked against hand formulas."""
+from flowtop.monitor.accounting (see _accounted) and checked against hand formulas."""
 
 from __future__ import annotations
 
@@ -7,33 +7,33 @@ import dataclasses
 
 import pytest
 
-from flowtop import accounting
-from flowtop.app import FlowtopApp, SnapshotSource
-from flowtop.replay import ReplaySource, synthetic_snapshot, synthetic_stream
-from flowtop.snapshot import History, MonitorSnapshot
+from flowtop.monitor import accounting
+from flowtop.tui.app import FlowtopApp, SnapshotSource
+from synthetic.replay import ReplaySource, synthetic_snapshot, synthetic_stream
+from flowtop.monitor.snapshot import History, MonitorSnapshot
 from textual.widgets import Label, Sparkline, Static
 
-from flowtop.screens.help_screen import HelpScreen
-from flowtop.screens.job_kernel_screen import JobKernelScreen
-from flowtop.screens.kernel_screen import KernelScreen
-from flowtop.screens.main_screen import MainScreen
-from flowtop.screens.rank_detail_screen import RankDetailScreen
-from flowtop.widgets.category_bar import CategoryBar
-from flowtop.widgets.flops_panel import FlopsPanel
-from flowtop.widgets.hints_panel import HintsPanel
-from flowtop.widgets.job_header import JobHeader
-from flowtop.widgets.job_kernel_table import JobKernelTable
-from flowtop.widgets.kernel_anatomy import KernelAnatomy
-from flowtop.widgets.kernel_table import KernelTable
-from flowtop.widgets.metric_sparkline import MetricSparkline
-from flowtop.widgets.rank_table import RankTable
-from flowtop.widgets.telemetry_panel import TelemetryPanel
+from flowtop.tui.screens.help_screen import HelpScreen
+from flowtop.tui.screens.job_kernel_screen import JobKernelScreen
+from flowtop.tui.screens.kernel_screen import KernelScreen
+from flowtop.tui.screens.main_screen import MainScreen
+from flowtop.tui.screens.rank_detail_screen import RankDetailScreen
+from flowtop.tui.widgets.category_bar import CategoryBar
+from flowtop.tui.widgets.flops_panel import FlopsPanel
+from flowtop.tui.widgets.hints_panel import HintsPanel
+from flowtop.tui.widgets.job_header import JobHeader
+from flowtop.tui.widgets.job_kernel_table import JobKernelTable
+from flowtop.tui.widgets.kernel_anatomy import KernelAnatomy
+from flowtop.tui.widgets.kernel_table import KernelTable
+from flowtop.tui.widgets.metric_sparkline import MetricSparkline
+from flowtop.tui.widgets.rank_table import RankTable
+from flowtop.tui.widgets.telemetry_panel import TelemetryPanel
 
 SIZE = (80, 24)
 
-# The synthetic job's inputs (flowtop/replay.py): per rank and step, 2.0e12 model FLOPs and
+# The synthetic job's inputs (tests/synthetic/replay.py): per rank and step, 2.0e12 model FLOPs and
 # 1.12 x that executed over 4,096 tokens, bf16 against the H200's 989.4 TF/s dense peak; rank 0
-# steps in 4.0 ms, rank 1 in 4.6 ms. Its FLOP views are rebuilt below by flowtop.accounting from
+# steps in 4.0 ms, rank 1 in 4.6 ms. Its FLOP views are rebuilt below by flowtop.monitor.accounting from
 # a flops message with these figures (what the live monitor does), so the figures on screen are
 # the real accounting's; the expected ones are worked out by hand next to each assertion.
 MODEL, EXECUTED, PEAK, TOKENS = 2.0e12, 2.24e12, 989.4e12, 4096
@@ -47,7 +47,7 @@ def _flops_message() -> dict[str, object]:
 
 
 def _accounted(snap: MonitorSnapshot) -> MonitorSnapshot:
-    """``snap`` with every rank's and job's FlopsView from flowtop.accounting, not replay's math."""
+    """``snap`` with every rank's and job's FlopsView from flowtop.monitor.accounting, not replay's math."""
     jobs = []
     for job in snap.jobs:
         ranks = tuple(
@@ -122,7 +122,7 @@ async def test_header_states_mfu_conventions() -> None:
         snap = app.latest
         assert snap is not None
         text = JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain.splitlines()
-        # By hand (the job is the sum of its ranks, flowtop.accounting's convention): tokens/s
+        # By hand (the job is the sum of its ranks, flowtop.monitor.accounting's convention): tokens/s
         # 1.024M + 0.8904M = 1.914M; model FLOP/s 500.0T + 434.8T = 934.8T; executed x 1.12 =
         # 1,047T; MFU 934.8T / (2 x 989.4T) = 47.24 %; HFU 1,047T / 1,978.8T = 52.91 %.
         assert text[0] == "job gpt-demo  ranks 2/2  step 119  running  rx 4,120"
@@ -272,7 +272,7 @@ async def test_kernel_screen_sorts_and_shows_window() -> None:
         assert isinstance(screen, KernelScreen)
         view = screen.view
         assert view is not None and view.device == "cuda" and view.window == 12
-        # Default: window time, largest first, from flowtop.kernels.aggregate over the synthetic
+        # Default: window time, largest first, from flowtop.monitor.kernels.aggregate over the synthetic
         # rank-1 window: the big GEMM 4 x 62 + 4 x 118 = 720 µs, two all-reduces 2 x 340 = 680 µs,
         # flash backward (1.5x slower on rank 1) 4 x 96 x 1.5 = 576 µs.
         assert [r.total_us for r in screen.query_one(KernelTable).order][:3] == [720.0, 680.0, 576.0]
@@ -374,7 +374,7 @@ async def test_rank_detail_of_a_cpu_rank_says_gpu_measures_do_not_apply() -> Non
     """A CPU rank has no tensor activity, power or SM clock, and nothing says whether its clocks
     are throttled: 'n/a on CPU', not 'no samples yet' (which would wait for ever) nor 'not
     throttled' (which it cannot know). A GPU rank without samples yet still says so."""
-    from flowtop.snapshot import TelemetryView
+    from flowtop.monitor.snapshot import TelemetryView
 
     snap = synthetic_snapshot(120, with_kernels=False)
     job = snap.jobs[0]
@@ -415,8 +415,8 @@ async def test_rank_detail_of_a_cpu_rank_says_gpu_measures_do_not_apply() -> Non
 
 
 def _cpu_window() -> object:
-    from flowtop.kernels.aggregate import aggregate
-    from flowtop.kernels.trace import KernelEvent, KernelWindow
+    from flowtop.monitor.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.trace import KernelEvent, KernelWindow
 
     names = ("aten::mm", "aten::add", "aten::linear")
     events = (

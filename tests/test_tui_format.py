@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from flowtop.kernels.merge import CumulativeKernels
-from flowtop.replay import synthetic_hints, synthetic_snapshot, synthetic_window
-from flowtop.screens.snapshot_screen import pick_rank
-from flowtop.widgets import _telemetry as tm
-from flowtop.widgets._format import fmt_pct, fmt_si, fmt_time, mfu_style
-from flowtop.widgets._kernels import display_name, job_view, window_view
-from flowtop.widgets.category_bar import bar_segments
-from flowtop.widgets.hints_panel import hint_key, ordered
+from flowtop.monitor import telemetry as tm
+from flowtop.monitor.kernels.merge import CumulativeKernels
+from flowtop.tui.screens.snapshot_screen import pick_rank
+from flowtop.tui.widgets._format import fmt_pct, fmt_si, fmt_time, mfu_style
+from flowtop.tui.widgets._kernels import display_name, job_view, window_view
+from flowtop.tui.widgets.category_bar import bar_segments
+from flowtop.tui.widgets.hints_panel import hint_key, ordered
+from synthetic.replay import synthetic_hints, synthetic_snapshot, synthetic_window
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_display_name_keeps_what_a_cudnn_kernel_does() -> None:
 
 
 def test_window_view_reads_the_window_and_its_cumulative_rows() -> None:
-    from flowtop.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.aggregate import aggregate
 
     stats = aggregate(synthetic_window(0, 120, 4000.0))
     cum = CumulativeKernels()
@@ -115,7 +115,7 @@ def test_pick_rank_prefers_live_then_newest_incarnation() -> None:
 
 
 def test_header_without_flops_says_why() -> None:
-    from flowtop.widgets.job_header import JobHeader
+    from flowtop.tui.widgets.job_header import JobHeader
 
     snap = synthetic_snapshot(120, with_kernels=False)
     job = snap.jobs[0]
@@ -131,7 +131,7 @@ def test_header_without_flops_says_why() -> None:
 
 
 def test_job_kernel_title_without_merge() -> None:
-    from flowtop.screens.job_kernel_screen import job_kernel_title
+    from flowtop.tui.screens.job_kernel_screen import job_kernel_title
 
     assert job_kernel_title("gpt", None, 1, False).plain == (
         "job kernels · gpt · needs kernel windows from 2+ ranks (k on a rank asks for one)")

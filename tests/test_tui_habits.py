@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 from textual.widgets import Static
 
-from flowtop.app import FlowtopApp
-from flowtop.collector import Collector
-from flowtop.demo.launch import free_port_pair
-from flowtop.recording import Recorder, RecordingSource
-from flowtop.replay import ReplaySource, synthetic_stream
-from flowtop.screens.job_kernel_screen import JobKernelScreen
-from flowtop.screens.kernel_screen import KernelScreen
-from flowtop.selfload import LoadMeter
-from flowtop.widgets.job_kernel_table import JobKernelTable
-from flowtop.widgets.kernel_table import COLUMNS, KernelTable
-from flowtop.widgets.status_footer import StatusFooter
-from flowtop.wiring import make_model
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.recording import Recorder, RecordingSource
+from flowtop.monitor.selfload import LoadMeter
+from flowtop.monitor.wiring import make_model
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.tui.app import FlowtopApp
+from flowtop.tui.screens.job_kernel_screen import JobKernelScreen
+from flowtop.tui.screens.kernel_screen import KernelScreen
+from flowtop.tui.widgets.job_kernel_table import JobKernelTable
+from flowtop.tui.widgets.kernel_table import COLUMNS, KernelTable
+from flowtop.tui.widgets.status_footer import StatusFooter
+from synthetic.replay import ReplaySource, synthetic_stream
 
 SIZE = (80, 24)
 DATA = Path(__file__).resolve().parent / "data"

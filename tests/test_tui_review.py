@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 from textual.widgets import Label, Sparkline
 
-from flowtop.app import FlowtopApp
-from flowtop.replay import ReplaySource, synthetic_snapshot
-from flowtop.screens.rank_detail_screen import RankDetailScreen, throttle_text
-from flowtop.snapshot import History, TelemetryView
-from flowtop.widgets.metric_sparkline import MetricSparkline
-from flowtop.widgets.rank_table import _short_host
-from flowtop.widgets.telemetry_panel import telemetry_text
+from flowtop.monitor.snapshot import History, TelemetryView
+from flowtop.tui.app import FlowtopApp
+from flowtop.tui.screens.rank_detail_screen import RankDetailScreen, throttle_text
+from flowtop.tui.widgets.metric_sparkline import MetricSparkline
+from flowtop.tui.widgets.rank_table import _short_host
+from flowtop.tui.widgets.telemetry_panel import telemetry_text
+from synthetic.replay import ReplaySource, synthetic_snapshot
 
 
 def test_host_reasons_go_to_the_host_section() -> None:

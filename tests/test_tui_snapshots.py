@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flowtop.app import FlowtopApp
-from flowtop.recording import replay_all
-from flowtop.replay import ReplaySource, synthetic_stream
-from flowtop.wiring import make_model
+from flowtop.monitor.recording import replay_all
+from flowtop.monitor.wiring import make_model
+from flowtop.tui.app import FlowtopApp
+from synthetic.replay import ReplaySource, synthetic_stream
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "snapshots"

@@ -9,7 +9,7 @@ import struct
 import msgpack
 import pytest
 
-from flowtop.model import Model
+from flowtop.monitor.model import Model
 from probe import wire
 from probe.wire import RankKey, WireError
 from probe.wire.steps import encode_fields
@@ -165,7 +165,7 @@ def test_a_stale_frame_changes_nothing_and_the_limits_hold_per_value() -> None:
 
 
 def test_array_seq_of_many_values_indexes_across_blocks() -> None:
-    from flowtop.compact import ArraySeq
+    from flowtop.monitor.compact import ArraySeq
 
     seq = ArraySeq.of("d", [float(i) for i in range(150)])
     assert seq[70] == 70.0 and seq[-1] == 149.0 and list(seq[64:70]) == [64.0, 65.0, 66.0, 67.0, 68.0, 69.0]

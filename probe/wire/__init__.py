@@ -115,7 +115,7 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         # Where the rank came from: "argument", a launcher variable ("RANK", ...), "process
         # group" or "none" (nothing said: rank 0 by default, which several processes may claim).
         "rank_source": (False, _str(32)),
-        # Parallel coordinates of this rank (probe.parallel): role ("dp", "tp", "pp", "cp", "ep")
+        # Parallel coordinates of this rank (probe.steps.parallel): role ("dp", "tp", "pp", "cp", "ep")
         # -> [rank, size], read from the device mesh and the pipeline stage; where they came from;
         # the pipeline stage indices this rank runs. Absent: not known (the monitor then sums tokens).
         "coords": (False, _coords),
@@ -134,7 +134,7 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "micro_batches": (False, _int(0, 1 << 20)),
         "probe_s": (False, _opt(_num(0, 1e7))),
         # Compute time of this rank's pipeline stage(s) in a recent step: its forward and backward
-        # chunks, waits for neighbour stages excluded (probe.pipeline); absent outside pipelines.
+        # chunks, waits for neighbour stages excluded (probe.steps.pipeline); absent outside pipelines.
         "stage_s": (False, _opt(_num(0, 1e7))),
         "drops": (True, _int()),
         # Monitor commands this rank refused so far (rate limit or malformed).
@@ -164,7 +164,7 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "peak_flops": (False, _opt(_num(0, 1e30))),
         "peak_source": (True, _str(512)),
         "uncounted": (True, _counts()),
-        # FLOP-like size per uncounted op in the step (probe.flops_uncounted), to weigh them by
+        # FLOP-like size per uncounted op in the step (probe.flops.uncounted), to weigh them by
         "uncounted_size": (False, _counts()),
         "tokens": (True, _int()),
         "signature": (False, _str(4096)),
@@ -175,11 +175,11 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "model_note": (False, _str(256)),
         # Mesh and placements under DTensor parallelism; the figures are then this rank's local ones
         "parallel": (False, _str(256)),
-        # Precision (probe.precision): [model, executed] FLOPs per operand dtype label, and the
+        # Precision (probe.flops.precision): [model, executed] FLOPs per operand dtype label, and the
         # dense peak of each label on this device (a label without one is absent)
         "flops_by_dtype": (False, _num_map(32, 16, width=2)),
         "peak_by_dtype": (False, _num_map(32, 16)),
-        # MoE (probe.moe): tokens per local expert of each MoE layer in the counted step
+        # MoE (probe.flops.moe): tokens per local expert of each MoE layer in the counted step
         "expert_load": (False, _int_lists(256, 128, 4096)),
         # Non-padding tokens of the counted step (the root's attention_mask), beside "tokens"
         "nonpad_tokens": (False, _int()),
@@ -191,7 +191,7 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "step_dur_us": (True, _num(0, 1e13)),
         "typical_step_us": (False, _num(0, 1e13)),
         # Raw records of the profiled step, times in µs from the window start; the monitor
-        # links and attributes them (flowtop.kernels.trace.window_from_wire).
+        # links and attributes them (flowtop.monitor.kernels.trace.window_from_wire).
         "names": (True, _str_list(KERNEL_MAX_NAMES, KERNEL_MAX_NAME)),
         "ops": (True, _kernel_ops),
         "acts": (True, _kernel_acts),
@@ -202,8 +202,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "proc": (True, _flat_map()),
         "reasons": (False, _flat_map()),
     },
-    # A node relay's own figures (flowtop.relay), about once a second beside the rank frames it
-    # forwards. Not a rank: the monitor keeps relays apart (flowtop.relays). Envelope: job "",
+    # A node relay's own figures (flowtop.tools.relay), about once a second beside the rank frames it
+    # forwards. Not a rank: the monitor keeps relays apart (flowtop.monitor.relays). Envelope: job "",
     # rank 0, the relay's host and pid.
     "relay": {
         "relay": (True, _str(300)),  # relay id "host:pid:nonce" (its batches' stamps name it)

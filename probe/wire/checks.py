@@ -44,7 +44,7 @@ PARALLEL_ROLES = ("dp", "tp", "pp", "cp", "ep")
 
 
 def _coords(v: Any) -> bool:
-    """Parallel coordinates: role -> [rank, size] with 0 <= rank < size (probe.parallel)."""
+    """Parallel coordinates: role -> [rank, size] with 0 <= rank < size (probe.steps.parallel)."""
     return isinstance(v, dict) and len(v) <= len(PARALLEL_ROLES) and all(
         k in PARALLEL_ROLES and isinstance(rs, list) and len(rs) == 2 and _int(0, 1 << 24)(rs[0])
         and _int(1, 1 << 24)(rs[1]) and rs[0] < rs[1] for k, rs in v.items()

@@ -1,5 +1,5 @@
 """Checkers of a ``kernels`` frame: the raw profiler records of one step (the monitor links and
-attributes them, flowtop.kernels.trace). They raise :class:`WireError` themselves, so that the
+attributes them, flowtop.monitor.kernels.trace). They raise :class:`WireError` themselves, so that the
 reason names the record and what is wrong with it rather than only the field."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ KERNEL_MAX_DIMS = 8
 KERNEL_MAX_LIST = 16
 KERNEL_MAX_STR = 64
 #: Kinds of a kernel window's records, the one definition both sides import (the probe writes
-#: them into ``acts``; the monitor's compact window, flowtop.kernels.trace, keeps them in its
+#: them into ``acts``; the monitor's compact window, flowtop.monitor.kernels.trace, keeps them in its
 #: events): device work (kernel, memcpy, memset), a host operator (never in ``acts``: operators
 #: travel in ``ops``; the monitor's events use the code), a CUDA runtime or driver call.
 ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_CPU_OP, ACT_RUNTIME = 0, 1, 2, 3, 4
@@ -34,11 +34,11 @@ def is_runtime_call(name: str) -> bool:
     """Whether a host record's name is a CUDA runtime or driver API call (``cudaEventQuery``,
     ``cuLaunchKernelEx``) or CUPTI's ``INVALID`` callback, never an operator. torch ≤ 2.11 does
     not say which a Kineto event is, and such a call made outside any operator carries no link
-    to one (a probe of that torch sent them as operators; see probe.kernels).
+    to one (a probe of that torch sent them as operators; see probe.kernels.windows).
 
     A classifier in the wire because both sides apply it and must agree: the probe, to send such
     a call as a runtime record rather than an operator; the monitor, to drop the ones that
-    probes of older versions sent as operators (flowtop.kernels.trace). The probe cannot import
+    probes of older versions sent as operators (flowtop.monitor.kernels.trace). The probe cannot import
     ``flowtop`` and the monitor imports nothing of ``probe`` but its wire, so the wire is the
     one module both can read it from."""
     return name.startswith("cuda") or name == "INVALID" or (

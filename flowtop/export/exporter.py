@@ -1,0 +1,374 @@
+"""The Prometheus exporter: the latest snapshot as metric families, at scrape time. No Textual.
+
+:class:`SnapshotCollector` is a ``prometheus_client`` custom collector. At each scrape it reads
+the newest snapshot the data thread published (a reference to an immutable object) and turns its
+fields into samples; it computes no figure of its own — MFU, FLOP/s, step times, node aggregates
+(flowtop.monitor.rankview.node_group) and percentiles across ranks (flowtop.monitor.rankstats) all come from
+where the TUI gets them — and nothing runs between scrapes.
+
+Base units, ratios 0-1. Labels: ``train_job``, ``rank``, ``host``, ``local_rank``, ``relay`` (the
+host of the node relay the rank's frames came through, "" when direct), ``rank_quantile``, hints'
+``id`` and ``severity``, relays' ``relay``; never a step, a pid or any other value without a
+bound, and never a label Prometheus owns (``job``, ``instance``: it renames an exported one to
+``exported_job``) or reserves for a type (``quantile``, ``le``). Two bounds on the series:
+
+* A job of more than ``max_ranks`` rank rows gets per-node aggregates (``flowtop_node_*``,
+  labels ``job``, ``host``) instead of per-rank series.
+* A finished job (every rank said bye) is exported for ``linger_s`` seconds after its last bye,
+  then its series end; a job the model drops (done or silent for 10 minutes) ends at once.
+
+The metric list is in the README ("Prometheus"; a test holds it to a real scrape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    StateSetMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from flowtop.monitor.claims import newest_per, rank_newness
+from flowtop.monitor.rankstats import job_percentiles
+from flowtop.monitor.rankview import job_context, node_group
+from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
+from flowtop.monitor.selfload import METER, LoadMeter
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+
+#: Jobs with more rank rows than this get per-node series instead of per-rank ones.
+DEFAULT_MAX_RANKS = 1024
+#: Seconds a finished job's series stay after its last bye.
+DEFAULT_LINGER_S = 60.0
+
+RANK_STATES = ("live", "stalled", "stale", "done")
+JOB_STATES = ("running", "stalled", "stale", "done")
+RELAY_STATES = ("live", "silent", "closed")
+#: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
+QUANTILES = ("0", "0.5", "0.95", "1")
+
+#: The training job's label. Not ``job``: Prometheus gives every scraped series the scrape
+#: config's ``job`` (and ``instance``) and renames an exported ``job`` to ``exported_job``, so
+#: ``{job="..."}`` selectors and ``by (job)`` would see the scrape job, every training merged.
+JOB_LABEL = "train_job"
+#: Percentiles across ranks. Not ``quantile``: that label belongs to summaries (promtool's lint
+#: rejects it on a gauge); these are not quantiles of observations over time.
+QUANTILE_LABEL = "rank_quantile"
+RANK_LABELS = (JOB_LABEL, "rank", "host", "local_rank", "relay")
+NODE_LABELS = (JOB_LABEL, "host")
+JOB_LABELS = (JOB_LABEL,)
+
+
+@dataclass(frozen=True)
+class ExportPolicy:
+    """What the exporter bounds: per-rank series up to ``max_ranks`` rank rows, a finished job
+    for ``linger_s`` seconds after its last bye."""
+
+    max_ranks: int = DEFAULT_MAX_RANKS
+    linger_s: float = DEFAULT_LINGER_S
+
+
+def _full(name: str, unit: str) -> str:
+    return f"{name}_{unit}" if unit else name
+
+
+def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
+    """The host of a rank's relay ("" when it connects directly): relays serve their own node."""
+    if not relay_id:
+        return ""
+    for rel in snap.relays:
+        if rel.relay == relay_id:
+            return str(rel.host)
+    host = relay_id.rpartition(":")[0].rpartition(":")[0]  # id is host:pid:nonce
+    return host or relay_id
+
+
+def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapshot]:
+    """The jobs that have series: all but those finished more than ``linger_s`` ago."""
+    out = []
+    for j in snap.jobs:
+        if j.status == "done" and j.ranks:
+            since_bye = min(r.age_s(snap.taken_at) for r in j.ranks)
+            if since_bye >= policy.linger_s:
+                continue
+        out.append(j)
+    return out
+
+
+def _rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
+    """One rank row per label set: of two processes claiming one rank on one host (a conflict,
+    counted in flowtop_job_rank_conflicts) the newest incarnation, then the latest heard."""
+    best = newest_per(job.ranks, lambda r: (r.rank, r.host, r.local_rank), rank_newness)  # first of equals
+    return sorted(best.values(), key=lambda r: (r.rank, r.host))
+
+
+class _Families:
+    """Metric families of one scrape, created on first use (a family without samples is still
+    written, with its help: the names stay visible to a dashboard before the first job)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, Any] = {}
+
+    def gauge(self, name: str, unit: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
+        key = _full(name, unit)
+        if key not in self.items:
+            self.items[key] = GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+        return self.items[key]
+
+    def counter(self, name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
+        if name not in self.items:
+            self.items[name] = CounterMetricFamily(name, doc, labels=list(labels))
+        return self.items[name]
+
+    def states(self, name: str, doc: str, labels: Iterable[str]) -> StateSetMetricFamily:
+        if name not in self.items:
+            self.items[name] = StateSetMetricFamily(name, doc, labels=list(labels))
+        return self.items[name]
+
+
+def _states(current: str, states: tuple[str, ...]) -> dict[str, bool]:
+    return {s: s == current for s in states}
+
+
+def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy(),
+             meter: LoadMeter | None = METER) -> list[Any]:
+    """The metric families of ``snap`` (the monitor's own figures only, before the first)."""
+    return load_families(snap, meter) + snapshot_families(snap, policy)
+
+
+def load_families(snap: MonitorSnapshot | None, meter: LoadMeter | None = METER) -> list[Any]:
+    """The monitor's own CPU and frame rate (flowtop.monitor.selfload), read at scrape time: the part of a
+    scrape that is never cached (a wedged data thread must still show its CPU)."""
+    # CPU seconds per second: 1 per core kept busy, above 1 with the ZeroMQ I/O thread or gzip
+    # running beside the interpreter; a _ratio would promise 0-1 (README: once flowtop_monitor_cpu_ratio).
+    cpu = GaugeMetricFamily("flowtop_monitor_cpu", "Cores the monitor process kept busy (CPU seconds per second, "
+                            "every thread), last 5 s", unit="cores")
+    frames = GaugeMetricFamily("flowtop_monitor_frames_per_second", "Frames the monitor received per second, last 5 s")
+    load = meter.read(snap.taken_at if snap else None, snap.received if snap else None) if meter else None
+    if load is not None and load.cpu_ratio is not None:
+        cpu.add_metric([], load.cpu_ratio)
+    if load is not None and load.frames_per_s is not None:
+        frames.add_metric([], load.frames_per_s)
+    return [cpu, frames]
+
+
+def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()) -> list[Any]:
+    """Every family that depends on ``snap`` and ``policy`` alone (what a scrape cache may keep)."""
+    fam = _Families()
+    _declare(fam)
+    if snap is None:
+        return list(fam.items.values())
+    info = InfoMetricFamily("flowtop_monitor", "The monitor: its listen address and version",
+                            value={"listen": snap.listen, "version": _version()})
+    fam.items["flowtop_monitor"] = info
+    fam.counter("flowtop_monitor_frames_received", "", ()).add_metric([], snap.received)
+    fam.counter("flowtop_monitor_frames_rejected", "", ()).add_metric([], snap.rejected)
+    fam.counter("flowtop_monitor_ranks_evicted_for_room", "", ()).add_metric([], snap.ranks_evicted_for_room)
+    fam.gauge("flowtop_monitor_snapshot_clock", "seconds", "", ()).add_metric([], snap.taken_at)
+    jobs = exported_jobs(snap, policy)
+    fam.gauge("flowtop_monitor_jobs", "", "", ()).add_metric([], len(jobs))
+    for job in jobs:
+        _job(fam, job, snap, policy)
+    _relays(fam, snap)
+    return list(fam.items.values())
+
+
+def _declare(fam: _Families) -> None:
+    """Create every family with its help text (samples are added as the snapshot has them)."""
+    monitor = (
+        ("flowtop_monitor_snapshot_clock", "seconds", "Monitor clock of the snapshot the values are from "
+         "(taken_at of the same snapshot's JSON)"),
+        ("flowtop_monitor_jobs", "", "Jobs exported"),
+    )
+    for name, unit, doc in monitor:
+        fam.gauge(name, unit, doc, ())
+    for name, doc in (("flowtop_monitor_frames_received", "Frames received"),
+                      ("flowtop_monitor_frames_rejected", "Frames rejected (malformed, refused handshakes, caps)"),
+                      ("flowtop_monitor_ranks_evicted_for_room", "Ended ranks forgotten early at the caps")):
+        fam.counter(name, doc, ())
+    for name, unit, doc, _ in RANK_GAUGES:
+        fam.gauge(name, unit, doc, RANK_LABELS)
+    fam.gauge("flowtop_rank_last_seen", "seconds", "Seconds since the monitor last heard from the rank",
+              RANK_LABELS)
+    for name, doc, _ in RANK_COUNTERS:
+        fam.counter(name, doc, RANK_LABELS)
+    fam.states("flowtop_rank_status", "Rank status: live, stalled (talks, no step), stale (silent), done",
+               RANK_LABELS)
+    for name, unit, doc, _ in JOB_GAUGES:
+        fam.gauge(name, unit, doc, JOB_LABELS)
+    for name, unit, doc, _ in JOB_QUANTILES:
+        fam.gauge(name, unit, doc + " (rank_quantile 0, 0.5, 0.95, 1 across running ranks)",
+                  (JOB_LABEL, QUANTILE_LABEL))
+    fam.states("flowtop_job_status", "Job status: running, stalled, stale, done", JOB_LABELS)
+    fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", (JOB_LABEL, "status"))
+    fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
+              "(more ranks than --prometheus-max-ranks)", JOB_LABELS)
+    fam.gauge("flowtop_job_hints", "", "Active bottleneck hints by id and severity", (JOB_LABEL, "id", "severity"))
+    fam.gauge("flowtop_job_hint_impact", "ratio", "Largest estimated share of step time at stake among the "
+              "active hints of that id", (JOB_LABEL, "id", "severity"))
+    fam.counter("flowtop_job_lost_messages", "Lost messages summed over the job's ranks", JOB_LABELS)
+    fam.counter("flowtop_job_dropped_messages", "Dropped messages summed over the job's ranks", JOB_LABELS)
+    for name, unit, doc, _ in NODE_GAUGES:
+        fam.gauge(name, unit, doc + " (jobs above the rank cap)", NODE_LABELS)
+    fam.states("flowtop_node_status", "Worst rank status on the node (jobs above the rank cap)", NODE_LABELS)
+    fam.counter("flowtop_node_lost_messages", "Lost messages summed over the node's ranks", NODE_LABELS)
+    fam.counter("flowtop_node_dropped_messages", "Dropped messages summed over the node's ranks", NODE_LABELS)
+    fam.states("flowtop_relay_status", "Node relay status: live, silent (3 s), closed", ("relay",))
+    fam.gauge("flowtop_relay_ranks", "", "Ranks whose latest frame came through the relay", ("relay",))
+    fam.counter("flowtop_relay_frames_in", "Frames the relay received from its ranks", ("relay",))
+    fam.counter("flowtop_relay_frames_out", "Frames the relay sent upstream", ("relay",))
+    fam.counter("flowtop_relay_drops", "Frames the relay dropped", ("relay",))
+    fam.gauge("flowtop_relay_link_lag", "seconds", "How much later than its fastest path the relay's latest "
+              "batch arrived", ("relay",))
+
+
+def _job(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy) -> None:
+    name = job.job
+    for metric, unit, doc, get in JOB_GAUGES:
+        value = get(job)
+        if value is not None:
+            fam.gauge(metric, unit, doc, JOB_LABELS).add_metric([name], value)
+    fam.states("flowtop_job_status", "", JOB_LABELS).add_metric([name], _states(job.status, JOB_STATES))
+    by_status = dict.fromkeys(RANK_STATES, 0)
+    for r in job.ranks:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    ranks = fam.gauge("flowtop_job_ranks", "", "", ())
+    for status, n in by_status.items():
+        ranks.add_metric([name, status], n)
+    pct = job_percentiles(job)
+    for metric, unit, doc, attr in JOB_QUANTILES:
+        values = getattr(pct, attr)
+        if values is not None:
+            g = fam.gauge(metric, unit, doc, ())
+            for q, v in zip(QUANTILES, values):
+                g.add_metric([name, q], v)
+    _hints(fam, job)
+    fam.counter("flowtop_job_lost_messages", "", ()).add_metric([name], sum(r.lost_messages for r in job.ranks))
+    fam.counter("flowtop_job_dropped_messages", "", ()).add_metric(
+        [name], sum(r.dropped_messages for r in job.ranks))
+    per_rank = len(job.ranks) <= policy.max_ranks
+    fam.gauge("flowtop_job_rank_series", "", "", ()).add_metric([name], 1 if per_rank else 0)
+    if per_rank:
+        _ranks(fam, job, snap)
+    else:
+        _nodes(fam, job)
+
+
+def _hints(fam: _Families, job: JobSnapshot) -> None:
+    counts: dict[tuple[str, str], int] = {}
+    impact: dict[tuple[str, str], float] = {}
+    for h in job.hints:
+        if h.ended:
+            continue
+        key = (h.id, h.severity)
+        counts[key] = counts.get(key, 0) + 1
+        impact[key] = max(impact.get(key, 0.0), float(h.impact))
+    hints = fam.gauge("flowtop_job_hints", "", "", ())
+    share = fam.gauge("flowtop_job_hint_impact", "ratio", "", ())
+    for (hid, severity), n in sorted(counts.items()):
+        hints.add_metric([job.job, hid, severity], n)
+        share.add_metric([job.job, hid, severity], impact[(hid, severity)])
+
+
+def _ranks(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
+    gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in RANK_GAUGES]
+    counters = [(fam.counter(n, d, ()), get) for n, d, get in RANK_COUNTERS]
+    seen = fam.gauge("flowtop_rank_last_seen", "seconds", "", ())
+    status = fam.states("flowtop_rank_status", "", ())
+    for r in _rank_rows(job):
+        labels = [job.job, str(r.rank), r.host, str(r.local_rank), relay_host(r.relay, snap)]
+        for g, get in gauges:
+            value = get(r)
+            if value is not None:
+                g.add_metric(labels, value)
+        for c, get in counters:
+            c.add_metric(labels, get(r))
+        seen.add_metric(labels, r.age_s(snap.taken_at))
+        status.add_metric(labels, _states(r.status, RANK_STATES))
+
+
+def _nodes(fam: _Families, job: JobSnapshot) -> None:
+    ctx = job_context(job.ranks)
+    by_host: dict[str, list[RankSnapshot]] = {}
+    for r in job.ranks:
+        by_host.setdefault(r.host, []).append(r)
+    gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in NODE_GAUGES]
+    status = fam.states("flowtop_node_status", "", ())
+    lost = fam.counter("flowtop_node_lost_messages", "", ())
+    dropped = fam.counter("flowtop_node_dropped_messages", "", ())
+    for host in sorted(by_host):
+        members = by_host[host]
+        group = node_group(host, members, ctx)
+        labels = [job.job, host]
+        for g, get in gauges:
+            value = get(group)
+            if value is not None:
+                g.add_metric(labels, value)
+        status.add_metric(labels, _states(group.worst_status, RANK_STATES))
+        lost.add_metric(labels, sum(r.lost_messages for r in members))
+        dropped.add_metric(labels, sum(r.dropped_messages for r in members))
+
+
+def _relays(fam: _Families, snap: MonitorSnapshot) -> None:
+    newest: dict[str, Any] = {}  # one series per relay host: the most recently heard relay there
+    for rel in snap.relays:
+        old = newest.get(rel.host)
+        if old is None or rel.age_s < old.age_s:
+            newest[rel.host] = rel
+    for host in sorted(newest):
+        rel = newest[host]
+        fam.states("flowtop_relay_status", "", ()).add_metric([host], _states(rel.status, RELAY_STATES))
+        fam.gauge("flowtop_relay_ranks", "", "", ()).add_metric([host], rel.ranks)
+        fam.counter("flowtop_relay_frames_in", "", ()).add_metric([host], rel.frames_in)
+        fam.counter("flowtop_relay_frames_out", "", ()).add_metric([host], rel.frames_out)
+        fam.counter("flowtop_relay_drops", "", ()).add_metric([host], rel.drops)
+        fam.gauge("flowtop_relay_link_lag", "seconds", "", ()).add_metric([host], rel.link_lag_s)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("flowtop")
+    except Exception:  # a source tree that was never installed
+        return "unknown"
+
+
+class SnapshotCollector(Collector):
+    """A ``prometheus_client`` collector of the latest snapshot: ``latest()`` is called at each
+    scrape (on the HTTP server's thread) and must only return a reference. With ``meter`` it
+    also writes the monitor's own load (:func:`load_families`); without, the snapshot's
+    families alone (flowtop.export.metrics_http caches those and adds :class:`LoadCollector`'s)."""
+
+    def __init__(self, latest: Callable[[], MonitorSnapshot | None], policy: ExportPolicy = ExportPolicy(),
+                 meter: LoadMeter | None = METER) -> None:
+        self._latest = latest
+        self.policy = policy
+        self._meter = meter
+
+    def describe(self) -> list[Any]:
+        return []  # no scrape at registration
+
+    def collect(self) -> Iterator[Any]:
+        snap = self._latest()
+        if self._meter is not None:
+            yield from load_families(snap, self._meter)
+        yield from snapshot_families(snap, self.policy)
+
+
+class LoadCollector(Collector):
+    """The monitor's own CPU and frames/s (:func:`load_families`) at each scrape."""
+
+    def __init__(self, latest: Callable[[], MonitorSnapshot | None], meter: LoadMeter = METER) -> None:
+        self._latest = latest
+        self._meter = meter
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield from load_families(self._latest(), self._meter)

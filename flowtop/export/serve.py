@@ -1,0 +1,173 @@
+"""``flowtop serve`` and ``flowtop snapshot --follow``: the monitor without a TUI. No Textual.
+
+Both host the collector on the data thread (flowtop.monitor.datathread), exactly as the TUI does: the
+model, ticks and hints run there, and the main thread only reads the snapshots it publishes.
+``serve`` answers scrapes (flowtop.export.metrics_http) until SIGINT or SIGTERM; ``--follow`` writes
+one snapshot per line (JSON Lines) every ``--interval`` seconds until interrupted, each line
+whole. Monitor-side notices (a recording that stopped, the open-file limit) go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, TextIO
+
+from flowtop.monitor.clock import TICK_S
+from flowtop.monitor.datathread import DataThread
+from flowtop.monitor.snapshot import MonitorSnapshot, to_json
+
+#: Seconds to wait for the data thread to bind and start.
+START_TIMEOUT_S = 30.0
+
+
+def _say(text: str) -> None:
+    print(f"flowtop: {text}", file=sys.stderr, flush=True)
+
+
+def host(collector: Any) -> DataThread:
+    """A data thread for ``collector`` whose notices go to stderr (nobody takes its mailbox
+    otherwise: each wake-up empties it, so the next put wakes again)."""
+    data: DataThread
+
+    def wake() -> None:  # on the data thread
+        for n in data.mailbox.take().notices:
+            _say(n.text)
+
+    data = DataThread(collector, cadence_s=TICK_S, wake=wake)
+    return data
+
+
+def start(data: DataThread) -> str:
+    """Start the data thread; "" or why the collector could not start (a busy port)."""
+    try:
+        data.start().result(START_TIMEOUT_S)
+    except Exception as exc:
+        return getattr(data.source, "start_error", "") or f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+@contextmanager
+def interrupted() -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM while the block runs (the handlers only set it, so a
+    line being written is finished first); the previous handlers come back afterwards."""
+    stop = threading.Event()
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def recording_failed(collector: Any) -> str:
+    """Why the recording stopped ("" when it did not, or there was none)."""
+    recorder = getattr(collector, "last_recorder", None)
+    return recorder.error if recorder is not None else ""
+
+
+def serve(collector: Any, metrics: Any) -> int:
+    """Run ``collector`` on the data thread and ``metrics`` (a flowtop.export.metrics_http.MetricsServer
+    whose ``latest`` reads ``data.latest``) until interrupted. 0, 1 if the recording failed, 2
+    when the monitor or the metrics endpoint could not start."""
+    from flowtop.export.metrics_http import MetricsAddressError
+
+    data = host(collector)
+    metrics.latest = lambda: data.latest
+    with interrupted() as stop:
+        try:
+            where = metrics.start()
+        except MetricsAddressError as exc:
+            _say(str(exc))
+            return 2
+        try:
+            error = start(data)
+            if error:
+                _say(error)
+                return 2
+            _say(f"monitor on {collector.listen}; metrics at {where.url()} (and {where.url('/snapshot.json')}); "
+                 "Ctrl-C stops")
+            while not stop.wait(1.0):
+                pass
+        finally:
+            metrics.stop()
+            data.stop()
+    failed = recording_failed(collector)
+    if failed:
+        _say(failed)
+        return 1
+    return 0
+
+
+def follow(collector: Any, interval: float, timeout: float | None, until_done: bool,
+           out: TextIO | None = None) -> int:
+    """Write one snapshot JSON per line every ``interval`` seconds (a newer snapshot each time:
+    the data thread publishes one per tick) until SIGINT/SIGTERM, ``timeout`` or, with
+    ``until_done``, the first line on which every rank is done. 0; 1 if the recording failed;
+    2 when the monitor could not start."""
+    from flowtop.monitor.snapshot import all_done
+
+    stream = out or sys.stdout
+    data = host(collector)
+    with interrupted() as stop:
+        error = start(data)
+        if error:
+            _say(error)
+            return 2
+        try:
+            deadline = time.monotonic() + timeout if timeout else float("inf")
+            last: MonitorSnapshot | None = None
+            due = time.monotonic()
+            while not stop.is_set():
+                snap = _next(data, last, stop, min(due, deadline))
+                if snap is None:
+                    break
+                if not _write(stream, json.dumps(to_json(snap), separators=(",", ":"))):
+                    break  # the reader went away (| head): not an error
+                last = snap
+                if until_done and all_done(snap) or time.monotonic() >= deadline:
+                    break
+                due = max(due + interval, time.monotonic())
+        finally:
+            data.stop()
+    failed = recording_failed(collector)
+    if failed:
+        _say(failed)
+        return 1
+    return 0
+
+
+def _next(data: DataThread, last: MonitorSnapshot | None, stop: threading.Event,
+          due: float) -> MonitorSnapshot | None:
+    """Wait until ``due``, then for a snapshot newer than ``last``; None when stopped."""
+    if stop.wait(max(0.0, due - time.monotonic())):
+        return None
+    while True:
+        snap = data.latest
+        if snap is not None and snap is not last:
+            return snap
+        if stop.wait(0.02):
+            return None
+
+
+def _write(stream: TextIO, line: str) -> bool:
+    """One whole line, flushed; False when the reader has gone."""
+    try:
+        stream.write(line + "\n")
+        stream.flush()
+        return True
+    except BrokenPipeError:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())  # the interpreter's own flush at exit stays quiet
+        return False

@@ -1,0 +1,97 @@
+"""Plain-text rendering of a snapshot (``flowtop snapshot`` without ``--json``)."""
+
+from __future__ import annotations
+
+from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
+from flowtop.monitor.format import fmt_pct as pct
+from flowtop.monitor.format import fmt_time as seconds
+from flowtop.monitor.precision import bf16_eq_differs
+from flowtop.monitor.snapshot import FlopsView, JobSnapshot, MonitorSnapshot
+
+
+def si(value: float | None) -> str:
+    """A plain count with an SI prefix."""
+    return fmt_si(value)
+
+
+def flops_rate(value: float | None) -> str:
+    """FLOP/s with prefix."""
+    return fmt_si(value, "FLOP/s")
+
+
+def render(snap: MonitorSnapshot) -> str:
+    """A compact table per job, the same figures the TUI shows."""
+    lines: list[str] = []
+    if not snap.jobs:
+        lines.append(f"no probes heard on {snap.listen} (received {snap.received}, rejected {snap.rejected})")
+    for job in snap.jobs:
+        f = job.flops
+        lines.append(
+            f"job {job.job}  ranks {job.ranks_seen}/{job.world_size}  step {job.step}  "
+            f"step {seconds(job.step_time_s)}  tokens/s {si(job.tokens_per_s)}  {job.status}"
+        )
+        mixed = any(r.flops is not None and bf16_eq_differs(r.flops.precision, r.flops.mfu_bf16) for r in job.ranks)
+        if f is not None:
+            bf16 = f"  MFU bf16-eq {pct(f.mfu_bf16)}" if mixed else ""
+            lines.append(
+                f"  model {flops_rate(f.flops_per_s)}  MFU {pct(f.mfu)}{bf16}  HFU {pct(f.hfu)}  "
+                f"[{f.dtype}, attention {f.attention_convention}, peak {f.peak_source}]"
+            )
+            if f.expert_load is not None:
+                lines.append(f"  experts: {_experts(f)}")
+        if job.tokens_basis:
+            lines.append(f"  tokens/s: {job.tokens_basis}")
+        for s in job.stages:
+            stages = ",".join(map(str, s.stages)) or "?"
+            share = pct(s.flops_share)
+            lines.append(f"  pp {s.pp_rank} (stage {stages}, ranks {','.join(map(str, s.ranks))}): "
+                         f"{si(s.model_flops_per_step)}FLOP/step ({share} of the pipeline)  "
+                         f"compute {seconds(s.stage_time_s)}/step  step {seconds(s.step_time_s)}")
+        lines.extend(_rank_lines(job, mixed))
+        lost = sum(r.lost_messages for r in job.ranks)
+        dropped = sum(r.dropped_messages for r in job.ranks)
+        if lost or dropped:
+            lines.append(f"  messages: {lost} missing (sequence gaps: lost in transit or refused here), "
+                         f"{dropped} dropped by the probes' queues")
+        for h in job.hints:
+            ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
+            lines.append(f"  [{h.severity}]{ended} {h.summary} -> {h.action}")
+    if snap.relays:
+        states = ", ".join(f"{sum(x.status == st for x in snap.relays)} {st}" for st in ("live", "silent", "closed")
+                           if any(x.status == st for x in snap.relays))
+        lines.append(f"relays: {len(snap.relays)} ({states})")
+        for x in snap.relays:
+            lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks_connected:>3}  "
+                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}  heard {seconds(x.age_s)} ago")
+    return "\n".join(lines)
+
+
+
+def _rank_lines(job: JobSnapshot, mixed: bool) -> list[str]:
+    """The rank table: MFU with the bf16-equivalent beside it when the job's precision mix is not
+    pure bf16, and the parallel coordinates when the job has them (as in the TUI's rank table)."""
+    coords = any(r.coords for r in job.ranks)
+    width = max(6, max((len(fmt_coords(r.coords)) for r in job.ranks), default=0))
+    bf16 = f" {'bf16eq':>6}" if mixed else ""
+    out = [f"  {'rank':>4} {'host':<16} {'step':>7} {'time':>9} {'tok/s':>8} {'FLOP/s':>10} {'MFU':>6}{bf16}  "
+           + (f"{'coords':<{width}}  " if coords else "") + "status"]
+    for r in job.ranks:
+        rf = r.flops
+        place = f"{fmt_coords(r.coords) or '?':<{width}}  " if coords else ""
+        out.append(
+            f"  {r.rank:>4} {r.host[:16]:<16} {r.step:>7} {seconds(r.step_time_s):>9} {si(r.tokens_per_s):>8} "
+            f"{flops_rate(rf.flops_per_s if rf else None):>10} {pct(rf.mfu if rf else None):>6}"
+            + (f" {pct(rf.mfu_bf16 if rf else None):>6}" if mixed else "")
+            + f"  {place}{r.status}" + (f" ({r.status_reason})" if r.status_reason else "")
+        )
+    return out
+
+
+def _experts(f: FlopsView) -> str:
+    """The job's expert load: max/mean of its worst expert-parallel group (flowtop.monitor.parallelism)."""
+    x = f.expert_load
+    ratio = "n/a" if x.max_over_mean is None else f"{x.max_over_mean:.2f}"
+    rank_ratio = "n/a" if x.rank_max_over_mean is None else f"{x.rank_max_over_mean:.2f}"
+    worst = f" (worst: ranks {fmt_ranks(x.worst_group)}, layer {x.worst_layer})" if x.worst_group else ""
+    return (f"max/mean {ratio} tokens per expert{worst}; rank max/mean {rank_ratio}; "
+            f"{x.grouping or 'one rank'}")

@@ -1,0 +1,207 @@
+"""FLOP/s, MFU and HFU from the probe's counts and the measured step time. No Textual.
+
+Conventions (also in the JSON ``conventions`` block):
+
+* model FLOP/s  = model FLOPs per token of the counted step × the rank's tokens/s, when the
+  count knows its tokens and the rank's tokens/s is known: steps whose batch or sequence
+  shape differs from the counted one are scaled by their tokens (a counted step with twice
+  the tokens of most steps would otherwise double the rate). Otherwise model FLOPs of the
+  counted step ÷ median step wall time. FLOPs per token are taken as constant across shapes
+  (attention's growth with sequence length is not rescaled); executed FLOP/s likewise;
+* a *stalled* rank (no step for a while, though it still talks; see
+  :mod:`flowtop.monitor.model`) has FLOP/s, MFU and HFU of 0, with ``mfu_reason`` saying for how
+  long it has made no step: medians of past steps would keep showing full speed;
+* MFU           = model FLOP/s ÷ dense peak of the dtype in use; when the probe sends FLOPs per
+  dtype, against each op's own dtype peak: ideal time Σ F_d/peak_d ÷ step time, i.e. model
+  FLOP/s ÷ the mix peak F / Σ F_d/peak_d (flowtop.monitor.precision), with the bf16-equivalent MFU
+  (model FLOP/s ÷ the bf16 peak) beside it;
+* HFU           = executed FLOP/s ÷ the same peak (the executed FLOPs' mix);
+* job MFU       = Σ model FLOP/s ÷ Σ peaks of the ranks (the same time window),
+  so a job with one idle rank is not flattered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from flowtop.monitor import moe_load, precision
+from flowtop.monitor.snapshot import FlopsView
+
+OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
+#: ``mfu_reason`` of a stalled rank (seconds since its last step): see :func:`stalled_reason`.
+STALLED_REASON = "no step for {:.0f} s"
+
+
+def per_peak(rate: float | None, peak: float | None) -> float | None:
+    """A FLOP rate as a share of a peak (MFU, HFU, bf16-equivalent MFU, of a rank or a job):
+    None when either is unknown or the peak is 0. The one place these ratios are computed."""
+    return rate / peak if (rate is not None and peak) else None
+
+
+def stalled_reason(stalled_s: float) -> str:
+    """The ``mfu_reason`` of a rank (or job) that made no step for ``stalled_s`` seconds: the one
+    place the text is made from the number (FlopsView.stalled_s carries the number itself)."""
+    return STALLED_REASON.format(stalled_s)
+
+
+def rank_flops(
+    msg: Mapping[str, Any] | None,
+    step_time_s: float | None,
+    peak_override: float | None = None,
+    tokens_per_s: float | None = None,
+    stalled_s: float | None = None,
+) -> FlopsView | None:
+    """Build a rank's :class:`FlopsView` from its latest ``flops`` message.
+
+    Args:
+        msg: The rank's latest ``flops`` message (None: no count yet).
+        step_time_s: Median step wall time of recent steps.
+        peak_override: Dense peak per rank (FLOP/s) that replaces the message's.
+        tokens_per_s: The rank's recent tokens/s; with the count's tokens it gives FLOP/s.
+        stalled_s: Seconds since the rank's last step when it counts as stalled (FLOP/s,
+            MFU and HFU are then 0), else None.
+    """
+    if msg is None:
+        return None
+    model = float(msg["model_flops"])
+    executed = float(msg["executed_flops"])
+    peak = peak_override if peak_override else msg.get("peak_flops")
+    source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
+    tokens = int(msg.get("tokens", 0))
+    mix = precision.mix_of(msg, peak_override)
+    hpeak = peak
+    if mix is not None:  # each dtype against its own dense peak (flowtop.monitor.precision)
+        peak, hpeak = mix.peak_flops, mix.executed_peak_flops
+    fps: float | None
+    efps: float | None
+    if stalled_s is not None:
+        fps = efps = 0.0
+    elif tokens > 0 and tokens_per_s:
+        # Per token of the counted step × tokens/s: a step of another shape counts by its tokens.
+        fps = model / tokens * tokens_per_s
+        efps = executed / tokens * tokens_per_s
+    elif step_time_s:
+        fps, efps = model / step_time_s, executed / step_time_s
+    else:
+        fps = efps = None
+    reason = ""
+    if stalled_s is not None:
+        reason = stalled_reason(stalled_s)
+    elif not peak and mix is not None and mix.missing:
+        reason = precision.missing_reason(mix)
+    elif not peak:
+        reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
+    elif fps is None:
+        reason = "no steady step time yet"
+    estimated = msg.get("estimated_flops")
+    return FlopsView(
+        model_flops_per_step=model,
+        executed_flops_per_step=executed,
+        estimated_flops_per_step=float(estimated) if estimated is not None else None,
+        estimate_source=msg.get("estimate_source"),
+        flops_per_s=fps,
+        executed_flops_per_s=efps,
+        # A stalled rank runs at 0 % of any peak, known or not.
+        mfu=0.0 if stalled_s is not None else per_peak(fps, peak),
+        hfu=0.0 if stalled_s is not None else per_peak(efps, hpeak),
+        peak_flops=float(peak) if peak else None,
+        peak_source=source,
+        dtype=str(msg.get("dtype", "?")),
+        attention_convention=str(msg.get("attention", "full")),
+        flops_per_token=model / tokens if tokens else None,
+        uncounted_ops=dict(msg.get("uncounted", {})),
+        counted_at_step=int(msg["step"]) if "step" in msg else None,
+        mfu_reason=reason,
+        stalled_s=stalled_s,
+        counted=msg.get("counted", True) is not False,
+        model_note=str(msg.get("model_note", "")),
+        uncounted_size=dict(msg.get("uncounted_size", {})),
+        parallel=str(msg.get("parallel", "")),
+        **_extras(msg, mix, fps, tokens),
+    )
+
+
+def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float | None, tokens: int) -> dict[str, Any]:
+    """Precision mix, bf16-equivalent MFU, MoE expert load and non-padding tokens of a rank."""
+    bf16 = mix.bf16_peak_flops if mix is not None else None
+    nonpad = msg.get("nonpad_tokens")
+    return {
+        "precision": mix,
+        "mfu_bf16": per_peak(fps, bf16),
+        "expert_load": moe_load.rank_load(msg),
+        "nonpad_tokens": int(nonpad) if nonpad is not None else None,
+        "nonpad_frac": nonpad / tokens if (nonpad is not None and tokens > 0) else None,
+    }
+
+
+def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
+    """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks."""
+    vs = [v for v in views if v is not None]
+    if not vs:
+        return None
+
+    def total(name: str) -> float | None:
+        vals = [getattr(v, name) for v in vs]
+        return sum(vals) if all(x is not None for x in vals) else None
+
+    fps, efps = total("flops_per_s"), total("executed_flops_per_s")
+    peaks = total("peak_flops")
+    mix = precision.job_mix([v.precision for v in vs])
+    hpeaks = mix.executed_peak_flops if mix is not None else peaks
+    uncounted: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for v in vs:
+        for k, n in v.uncounted_ops.items():
+            uncounted[k] = uncounted.get(k, 0) + n
+        for k, n in v.uncounted_size.items():
+            sizes[k] = sizes.get(k, 0) + n
+    sources = sorted({v.peak_source for v in vs})
+    dtypes = sorted({v.dtype for v in vs})
+    conventions = sorted({v.attention_convention for v in vs})
+    tokens_flops = [v.flops_per_token for v in vs if v.flops_per_token]
+    reason = "" if peaks else "peak unknown on at least one rank"
+    stalled = [v.stalled_s for v in vs if v.stalled_s is not None and v.flops_per_s == 0.0]
+    job_stalled = None
+    if stalled and len(stalled) == len(vs):
+        # Every rank stalled: the job makes no step either, for as long as the least-stalled rank.
+        job_stalled = min(stalled)
+        reason = stalled_reason(job_stalled)
+    return FlopsView(
+        model_flops_per_step=total("model_flops_per_step"),
+        executed_flops_per_step=total("executed_flops_per_step"),
+        estimated_flops_per_step=total("estimated_flops_per_step"),
+        estimate_source=vs[0].estimate_source,
+        flops_per_s=fps,
+        executed_flops_per_s=efps,
+        mfu=per_peak(fps, peaks) if peaks else (0.0 if fps == 0.0 and stalled else None),
+        hfu=per_peak(efps, hpeaks) if hpeaks else (0.0 if efps == 0.0 and stalled else None),
+        peak_flops=peaks,
+        peak_source="; ".join(sources),
+        dtype="/".join(dtypes),
+        attention_convention="/".join(conventions),
+        flops_per_token=sum(tokens_flops) / len(tokens_flops) if tokens_flops else None,
+        uncounted_ops=uncounted,
+        counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
+        mfu_reason=reason,
+        stalled_s=job_stalled,
+        counted=all(v.counted for v in vs),
+        model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
+        uncounted_size=sizes,
+        parallel="; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512],
+        **_job_extras(vs, mix, fps),
+    )
+
+
+def _job_extras(vs: Sequence[FlopsView], mix: precision.DtypeMix | None, fps: float | None) -> dict[str, Any]:
+    bf16 = mix.bf16_peak_flops if mix is not None else None
+    nonpad = [v.nonpad_tokens for v in vs if v.nonpad_tokens is not None]
+    fracs = [v.nonpad_frac for v in vs if v.nonpad_frac]
+    known = len(nonpad) == len(fracs) == len(vs)  # every rank sent both (and a nonzero fraction)
+    return {
+        "precision": mix,
+        "mfu_bf16": per_peak(fps, bf16),
+        "expert_load": moe_load.job_load([v.expert_load for v in vs]),
+        "nonpad_tokens": sum(nonpad) if known else None,
+        "nonpad_frac": (sum(nonpad) / sum(n / f for n, f in zip(nonpad, fracs))
+                        if known else None),
+    }

@@ -1,0 +1,126 @@
+"""Which rank processes a job shows: one per rank number, unless several processes claim it.
+
+The wire keys a rank by (job, host, pid, rank, incarnation). A job normally shows the newest
+incarnation of each rank number (a restart replaces the row). But when the launcher sets no
+``RANK`` and the probe cannot read the process group, every process of the job says "rank 0";
+picking one of them would halve the job's tokens/s and FLOP/s and hide the others. So two or
+more processes that claim the same (job, rank, incarnation) while running at the same time are
+a *conflict*: each keeps a row of its own, and each row names the others. No Textual.
+
+"Newest" is one rule wherever a rank number has several processes (the model's view and
+eviction, the hints, the exporter, the screens): :func:`newest_per`, with each caller's grouping,
+order and tie-break named below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Hashable, Iterable, TypeVar
+
+from flowtop.monitor.snapshot import RankSnapshot
+from probe.wire import RankKey
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+def newest_per(items: Iterable[T], group: Callable[[T], K], newness: Callable[[T], Any],
+               later_wins_ties: bool = False) -> dict[K, T]:
+    """Of each group of ``items``, the one whose ``newness`` is largest; of equally new ones the
+    first seen, or the last with ``later_wins_ties``. Groups in order of first appearance."""
+    best: dict[K, T] = {}
+    held: dict[K, Any] = {}
+    for item in items:
+        g = group(item)
+        n = newness(item)
+        if g not in best or n > held[g] or (later_wins_ties and n == held[g]):
+            best[g] = item
+            held[g] = n
+    return best
+
+
+#: A rank process's newness in a snapshot: its incarnation (a restart is newer), then when it
+#: was last heard (two processes claiming one incarnation: a conflict).
+rank_newness: Callable[[RankSnapshot], tuple[int, float]] = attrgetter("incarnation", "heard_at")
+
+
+def newest_ranks(ranks: Iterable[RankSnapshot]) -> list[RankSnapshot]:
+    """One view per rank number, sorted by rank: its highest incarnation, and of processes that
+    claim the same one (a conflict) the last in the job's order (host, pid) — the hints' reading
+    of a job, which counts each rank number once."""
+    best = newest_per(ranks, attrgetter("rank"), attrgetter("incarnation"), later_wins_ties=True)
+    return [best[k] for k in sorted(best)]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the view needs to know of one rank process at a snapshot."""
+
+    key: RankKey
+    running: bool  # neither said bye nor went stale
+    stepped: bool  # made at least one step
+    last_recv: float  # monitor time it was last heard from
+
+
+class Claims:
+    """Remembers conflicts, so that rows stay apart after the processes end.
+
+    A process joins a conflict when it runs at the same time as another process claiming its
+    (job, rank, incarnation). It stays in it while it runs, and after it ended if it made a
+    step: the final snapshot of a finished job must not merge the rows back into one. A process
+    that ended without a step leaves it (a probe's provisional identity, replaced by the
+    process group's rank before the first step, or a process that died at start-up)."""
+
+    def __init__(self) -> None:
+        #: (job, rank) -> (incarnation, keys of the processes in conflict)
+        self._groups: dict[tuple[str, int], tuple[int, set[RankKey]]] = {}
+
+    def shown(self, seen: Iterable[Seen], remember: bool = True) -> dict[RankKey, tuple[RankKey, ...]]:
+        """The keys to show, each with the other keys claiming its rank (() when none).
+
+        ``remember`` (a tick) updates the conflicts remembered; without it (a snapshot, a pure
+        read) the answer is the same but nothing is kept."""
+        seen = list(seen)
+        by_rank: dict[tuple[str, int], list[Seen]] = {}
+        for s in seen:
+            by_rank.setdefault((s.key.job, s.key.rank), []).append(s)
+        # Outside a conflict: the newest incarnation, then the latest heard; the first of equals.
+        newest = newest_per(seen, lambda s: (s.key.job, s.key.rank), lambda s: (s.key.inc, s.last_recv))
+        out: dict[RankKey, tuple[RankKey, ...]] = {}
+        for where, group in by_rank.items():
+            members = self._members(where, group, remember)
+            if len(members) >= 2:
+                keys = [s.key for s in members]
+                for k in keys:
+                    out[k] = tuple(o for o in keys if o != k)
+            else:
+                out[newest[where].key] = ()
+        return out
+
+    def _members(self, where: tuple[str, int], group: list[Seen], remember: bool) -> list[Seen]:
+        """The processes of one rank number in conflict now (updates the remembered group)."""
+        inc = max(s.key.inc for s in group)
+        newest = [s for s in group if s.key.inc == inc]
+        held = self._groups.get(where)
+        keys = held[1] if held is not None and held[0] == inc else set()
+        running = [s for s in newest if s.running]
+        if len({(s.key.host, s.key.pid) for s in running}) >= 2:
+            keys |= {s.key for s in running}
+        members = sorted((s for s in newest if s.key in keys and (s.running or s.stepped)),
+                         key=lambda s: (s.key.host, s.key.pid))
+        if not remember:
+            return members
+        if len(members) >= 2:
+            self._groups[where] = (inc, {s.key for s in members})
+        else:
+            self._groups.pop(where, None)
+        return members
+
+    def forget_job(self, job: str) -> None:
+        """Drop what is remembered of a job the monitor forgot."""
+        for where in [w for w in self._groups if w[0] == job]:
+            del self._groups[where]
+
+    def __len__(self) -> int:
+        return len(self._groups)

@@ -1,0 +1,467 @@
+"""The collector: a zmq.asyncio XSUB bound where probes connect. No Textual.
+
+Frames are drained in batches (one poll, then non-blocking receives on a
+synchronous shadow of the same socket — an await per message halves the rate),
+decoded and validated by :mod:`probe.wire`, and applied to the :class:`Model`.
+Commands (``kernels_now``) go back upstream on the same XSUB socket, so only probes that
+connected to this monitor (CURVE-admitted where keys are set) ever hear them, and a probe
+listens on no port that anyone else could reach.
+
+It runs on the monitor's data thread (flowtop.monitor.datathread; never on the UI's loop): the drain
+loop also ticks the model at the fixed cadence of flowtop.monitor.ticker, on the pause-free monitor
+clock of flowtop.monitor.clock, and hands each tick's snapshot to :attr:`Collector.on_tick`. Errors the
+user must hear of (a recording that stopped, a listener that cannot accept) become notices
+(flowtop.monitor.notices), not stderr lines.
+
+Security (docs/design.md, "Transport"): binding anything but loopback needs CURVE keys
+(``curve=``, CLI ``--curve-dir``; only probes whose public key is admitted get in,
+traffic encrypted) or an explicit ``allow_remote=True`` (CLI ``--insecure-bind``).
+A ZAP handler always runs (loopback only, when unauthenticated), MAXMSGSIZE caps
+frames, and messages are msgpack only (never pickle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import resource
+import time
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlparse
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from flowtop.monitor.clock import TICK_S, MonitorClock
+from flowtop.monitor.fdwatch import FdHeadroom
+from flowtop.monitor.model import RANKS_PER_TICK, Model
+from flowtop.monitor.pacing import RENEW_S, STEP_FRAMES_PER_S, Pacer
+from flowtop.monitor.rankstate import STALE_AFTER_S
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.ticker import Ticker
+from probe import wire
+
+if TYPE_CHECKING:
+    from flowtop.monitor.kernel_worker import KernelWorker
+    from flowtop.monitor.notices import Notices
+
+ZAP_DOMAIN = "flowtop"
+#: Most frames handled per drain, and fewest seconds a drain may take (more after slow ticks),
+#: before the loop gets its turn again (ticks stay on time; commands from the UI are served).
+BATCH = 20_000
+DRAIN_S = 0.05
+#: Most ranks for which a glance is published between two ticks (see Collector._next_glance):
+#: as many as a tick rebuilds in full, so a glance costs at most what a tick does.
+GLANCE_RANKS = RANKS_PER_TICK
+#: Ticks due at once beyond which the older are skipped (a tick longer than the cadence).
+MAX_BEHIND = 4
+#: Events of the listening socket that the user must hear of (a failed accept is not one of
+#: them: libzmq retries it at once, for ever — see flowtop.monitor.fdwatch).
+_LISTENER_EVENTS = zmq.EVENT_CLOSED | zmq.EVENT_BIND_FAILED
+
+
+class AddressError(ValueError):
+    """A listen address that cannot or must not be bound."""
+
+
+def parse_tcp(addr: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` → (host, port); an IPv6 host is written ``[::1]`` and returned bare.
+
+    Raises :class:`AddressError` for anything else, including a port outside 1..65535.
+    """
+    parsed = urlparse(addr)
+    try:
+        port = parsed.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        port = None
+    if parsed.scheme != "tcp" or not parsed.hostname or port is None or not 0 < port < 65536:
+        raise AddressError(f"bad address {addr!r}: expected tcp://HOST:PORT (PORT 1-65535, IPv6 as [::1])")
+    return parsed.hostname, port
+
+
+def is_ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 literal (the zmq sockets then need ``zmq.IPV6``)."""
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def tcp_addr(host: str, port: int) -> str:
+    """The zmq address of ``host``:``port``, brackets around an IPv6 literal."""
+    return f"tcp://[{host}]:{port}" if is_ipv6(host) else f"tcp://{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names the loopback interface (``localhost``, 127.0.0.0/8, ``::1``)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(listen: str, allow_remote: bool) -> str:
+    """Validate a listen address; loopback only unless ``allow_remote``."""
+    host, _ = parse_tcp(listen)
+    if not is_loopback(host) and not allow_remote:
+        raise AddressError(
+            f"refusing to bind {listen}: only loopback is safe without authentication; "
+            "use --curve-dir DIR (keys from 'flowtop keys DIR') or pass --insecure-bind"
+        )
+    return listen
+
+
+def raise_fd_limit() -> int:
+    """Each probe connection costs a file descriptor: raise the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 16
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class Collector:
+    """Receives probe messages into a :class:`Model`; a ``SnapshotSource`` for the UI."""
+
+    def __init__(
+        self,
+        model: Model,
+        listen: str = wire.DEFAULT_ADDR,
+        allow_remote: bool = False,
+        recorder: Any = None,
+        curve: Any = None,
+        clock: MonitorClock | None = None,
+        tick_s: float = TICK_S,
+    ) -> None:
+        self.model = model
+        #: The monitor clock every receive stamp, tick and snapshot reads (pauses taken out).
+        self.clock = clock or MonitorClock()
+        self.tick_s = tick_s
+        self.ticker: Ticker | None = None  # from start(): ticks on the clock from then on
+        #: Called on the loop with each tick's snapshot (the data thread hands it to the UI).
+        self.on_tick: Callable[[MonitorSnapshot], None] | None = None
+        self._pauses_told = 0
+        self.recorder = recorder  # flowtop.monitor.recording.Recorder: raw frames to replay later
+        self.last_recorder = recorder  # kept after stop, for its error
+        self.curve = curve  # flowtop.tools.keys.ServerKeys: encrypted, only admitted probes
+        self.listen = check_listen(listen, allow_remote or curve is not None)
+        self._fds = FdHeadroom(self.listen)
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sub: Any = None
+        self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
+        self._events: Any = None  # the XSUB's socket monitor (failed handshakes), synchronous
+        self._events_async: Any = None
+        self._task: asyncio.Task[None] | None = None
+        #: Builds kernel windows off the loop, when the model has them.
+        self.kernel_worker: KernelWorker | None = None
+        self._auth: Any = None
+        self._allow_remote = allow_remote
+        from flowtop.monitor.limits import KernelBudget
+
+        self._frame_at = 0.0  # receive time of the frame being decoded (its batch's)
+        # On the frame's receive time, not the clock's: a replay then refuses the same windows.
+        self._kernel_budget = KernelBudget(model.limits, lambda: self._frame_at)
+        #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
+        self.start_error = ""
+        #: When the glance between two ticks is due: a snapshot of steps and liveness only (the
+        #: figures, statuses and hints of the last tick), so that a step shows on screen within a
+        #: quarter second plus its flush, not half a second — for up to GLANCE_RANKS ranks, where it
+        #: costs little.
+        self._next_glance = float("inf")
+        #: Whether to publish glances at all: a TUI sets it (flowtop.tui.app); a JSON stream, a scrape
+        #: or a final snapshot wants each tick's consistent view only.
+        self.glances = False
+        #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
+        self.pacer = Pacer()
+        self._pace_check = 0.0
+
+    async def start(self) -> None:
+        """Bind the sockets (inside the running loop) and start receiving.
+
+        Raises :class:`AddressError` when the address cannot be bound; any failure is also
+        kept in :attr:`start_error`.
+        """
+        try:
+            await self._start()
+        except Exception as exc:
+            self.start_error = self.start_error or f"{type(exc).__name__}: {exc}"
+            raise
+
+    async def _start(self) -> None:
+        raise_fd_limit()
+        ctx = self._ctx = zmq.asyncio.Context()
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        self._auth = AsyncioAuthenticator(ctx)
+        self._auth.start()
+        if self.curve is not None:
+            # The certificates are looked up by the sockets' ZAP domain, not a wildcard.
+            self._auth.configure_curve(domain=ZAP_DOMAIN, location=str(self.curve.clients_dir))
+        elif not self._allow_remote:
+            self._auth.allow("127.0.0.1", "::1")
+        # XSUB, not SUB: it can also send upstream, which is how commands reach the probes.
+        sub = ctx.socket(zmq.XSUB)
+        self._secure(sub)
+        self._ipv6(sub, self.listen)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sub.setsockopt(zmq.SNDHWM, 1000)
+        try:
+            sub.bind(self.listen)
+        except zmq.ZMQError as exc:
+            sub.close(0)
+            self._auth.stop()
+            ctx.term()
+            self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
+            raise AddressError(self.start_error) from None
+        self._sub = sub
+        # Failed handshakes (a wrong CURVE key) are counted like rejected frames, not lost.
+        events = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | _LISTENER_EVENTS
+        )
+        self._events_async = events  # owns the socket; read through a synchronous shadow
+        self._events = zmq.Socket.shadow(events.underlying)
+        self._send = zmq.Socket.shadow(sub.underlying)
+        self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
+        if self.model.builds_kernels:
+            from flowtop.monitor.kernel_worker import KernelWorker
+            from flowtop.monitor.rankkernels import build_window
+
+            self.kernel_worker = KernelWorker(self.model, build_window)
+            self.model.offload_kernels(self.kernel_worker.submit)
+        t0 = self.clock.now()
+        self.ticker = Ticker(lambda at: self.model.tick(at, self.listen), t0, self.tick_s, max_behind=MAX_BEHIND)
+        self._next_glance = t0 + self.tick_s / 2
+        if self.recorder is not None:
+            self.recorder.start(t0)  # recorded times count from the tick schedule's origin
+        low = self._fds.at_start(self.model.limits.max_ranks_per_job)  # room for the largest job admitted?
+        if low:
+            self.model.notices.warning(low, t0)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _secure(self, sock: Any) -> None:
+        if self.curve is not None:
+            sock.curve_secretkey = self.curve.secret
+            sock.curve_publickey = self.curve.public
+            sock.curve_server = True
+
+    @staticmethod
+    def _ipv6(sock: Any, addr: str) -> None:
+        # zmq sockets are IPv4-only unless told otherwise; an IPv6 literal would not bind.
+        try:
+            host, _ = parse_tcp(addr)
+        except AddressError:
+            return
+        if is_ipv6(host):
+            sock.setsockopt(zmq.IPV6, 1)
+
+    async def _run(self) -> None:
+        try:
+            await self._drain_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the listener is lost: say so, the UI stays up to read it
+            self.model.notices.error(f"stopped receiving on {self.listen}: {type(exc).__name__}: {exc}",
+                                     self.clock.now())
+            self.catch_up()
+
+    async def _drain_forever(self) -> None:
+        sub = self._sub
+        sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)  # non-blocking drain without awaits
+        assert self.ticker is not None
+        while True:
+            # Never wait past the next tick: ticks keep their cadence, and the clock is read at
+            # least that often (a longer gap between reads is a pause of the monitor itself).
+            wait_ms = 1000 * (min(self.ticker.next_at, self._next_glance) - self.clock.now())
+            await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
+            started = time.perf_counter()
+            now = self.catch_up()  # every tick due before this batch's receive time runs first
+            # Receiving gets at least as long as the ticks just took: a monitor whose ticks are
+            # slow (thousands of ranks, a flood of forged ones) still takes frames in at half speed.
+            ticked = time.perf_counter() - started
+            deadline = time.perf_counter() + max(DRAIN_S, ticked)
+            for i in range(BATCH):
+                try:
+                    parts = sync.recv_multipart(zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    break
+                if len(parts) == 1:
+                    self.handle_frame(parts[0], now)
+                else:  # a node relay's batch (flowtop.monitor.relays)
+                    self.handle_batch(parts, now)
+                if i % 64 == 63 and time.perf_counter() > deadline:
+                    break
+            self._socket_events()
+            await asyncio.sleep(0)
+
+    def catch_up(self) -> float:
+        """Run the ticks due by the clock now (handing each batch's last snapshot to
+        :attr:`on_tick`) and return that time; called by the drain loop and by the data thread."""
+        now = self.clock.now()
+        self._tell_pauses(now)
+        full = self._fds.check(now)
+        if full:
+            self.model.notices.error(full, now)
+        if self.ticker is not None:
+            snap = self.ticker.catch_up(now)
+            if snap is not None:
+                self._next_glance = self.ticker.next_at - self.tick_s / 2
+                if self.on_tick is not None:
+                    self.on_tick(snap)
+            elif now >= self._next_glance:
+                self._next_glance = self.ticker.next_at  # one glance between two ticks
+                if self.glances and self.on_tick is not None and 0 < len(self.model.ranks) <= GLANCE_RANKS:
+                    self.on_tick(self.model.snapshot(now, self.listen, light=True))
+        self._pace(now)
+        return now
+
+    def _pace(self, now: float) -> None:
+        """Ask every rank to send its step records less often when too many talk (flowtop.monitor.pacing)."""
+        if now < self._pace_check:
+            return
+        self._pace_check = now + RENEW_S
+        live = sum(1 for st in self.model.ranks.values() if st.bye is None and now - st.last_recv <= STALE_AFTER_S)
+        before = self.pacer.current
+        pace = self.pacer.due(now, live)
+        if pace is not None and self._send is not None:
+            try:
+                self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        if pace != before:
+            self.model.notices.add(
+                "information", f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s "
+                f"(the monitor takes ~{STEP_FRAMES_PER_S:,} step frames a second)" if pace is not None
+                else f"{live} ranks talk: they send their steps at their own pace again", now)
+
+    def _tell_pauses(self, now: float) -> None:
+        pauses = self.clock.pauses
+        if len(pauses) > self._pauses_told:
+            self._pauses_told = len(pauses)
+            self.model.notices.add(
+                "information", f"the monitor did not run for {pauses[-1].length_s:.0f} s (paused or starved); "
+                "ranks' silence is counted without that time", now)
+
+    @property
+    def notices(self) -> "Notices":
+        """Monitor-side errors for the user (the model's board)."""
+        return self.model.notices
+
+    @property
+    def published(self) -> MonitorSnapshot | None:
+        """The snapshot of the latest tick (None before the first)."""
+        return self.ticker.last if self.ticker is not None else None
+
+    def _socket_events(self) -> None:
+        # All of them: a full monitor pipe would block libzmq's I/O thread (see flowtop.monitor.fdwatch).
+        for _ in range(10_000):
+            try:
+                event = parse_monitor_message(self._events.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except Exception:  # a malformed monitor message: nothing to count
+                continue
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.model.reject("handshake refused: a probe's CURVE key is not in the monitor's clients/")
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                self.model.reject("handshake failed: a probe without CURVE keys, or with mismatched ones")
+            else:
+                self._listener_event(kind, int(event.get("value") or 0))
+
+    def _listener_event(self, kind: int, value: int) -> None:
+        """The listening socket was closed or could not be bound again: the user must know (ranks
+        that cannot connect are invisible otherwise)."""
+        if kind == zmq.EVENT_CLOSED:
+            text = f"the listening socket {self.listen} was closed: no new probe can connect"
+        else:
+            text = f"cannot bind {self.listen} again: {os.strerror(value) if value else 'unknown error'}"
+        self.model.notices.error(text, self.clock.now())
+
+    def handle_batch(self, parts: list[bytes], now: float) -> None:
+        """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it."""
+        try:
+            via, times = self.model.relays.unstamp(parts, now)
+        except wire.WireError as exc:
+            self.model.reject(str(exc))
+            return
+        for frame, t in zip(parts[1:], times):
+            self.handle_frame(frame, now, via, t)
+
+    def handle_frame(self, frame: bytes, now: float, via: str | None = None, at: float | None = None) -> None:
+        """Decode one frame and apply it; a bad frame is counted, never raised. A relayed frame
+        (``via``) counts at ``at``, when its relay received it, but is recorded at ``now``, its
+        arrival, so that a replay feeds frames in the order the live monitor saw them."""
+        if self.recorder is not None:
+            try:
+                self.recorder.write(now, frame)
+            except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
+                self._stop_recording(exc)
+        self._frame_at = now
+        try:
+            msg = wire.decode(frame, self._kernel_budget)
+        except wire.WireError as exc:
+            self.model.reject(str(exc))
+            return
+        try:
+            self.model.ingest(msg, now if at is None else at, via)
+        except Exception as exc:  # a hostile-but-valid message must not kill the monitor
+            self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
+
+    def _stop_recording(self, exc: Exception) -> None:
+        recorder, self.recorder = self.recorder, None
+        path = getattr(recorder, "path", "?")
+        frames = getattr(recorder, "frames", 0)
+        self.model.notices.error(
+            f"recording to {path} stopped after {frames} frames: {type(exc).__name__}: {exc}; monitoring goes on",
+            self.clock.now(),
+        )
+        recorder.close()
+        recorder.error = recorder.error or f"recording {path} stopped after {frames} frames: {exc}"
+
+    def snapshot(self) -> MonitorSnapshot:
+        """An immutable snapshot of the model now (a pure read; the ticks advance the model)."""
+        return self.model.snapshot(self.clock.now(), self.listen)
+
+    def request_kernels(self, job: str, rank: int) -> None:
+        """Ask one rank's probe for a kernel window at its next step (never blocks)."""
+        if self._send is None:
+            return
+        try:
+            self._send.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    async def stop(self) -> None:
+        """Stop receiving and close the sockets."""
+        if self.kernel_worker is not None:
+            self.kernel_worker.close()
+            self.kernel_worker = None
+            self.model.build_kernels_here()  # a later replay into this model builds inline
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._send = None  # a shadow of the socket closed below
+        if self._events is not None:
+            self._socket_events()  # a full monitor pipe would block disable_monitor
+            self._sub.disable_monitor()
+            self._events_async.close(0)
+        if self._sub is not None:
+            self._sub.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._ctx is not None:
+            self._ctx.term()
+        if self.recorder is not None:
+            self.recorder.close()

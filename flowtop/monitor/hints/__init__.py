@@ -1,0 +1,12 @@
+"""Bottleneck hints: a rules table (data), measures over snapshots, and a hysteresis engine.
+
+Use :class:`HintEngine` — ``HintEngine().evaluate(job_snapshot, now)`` returns the active hints,
+most severe first, then by impact. Thresholds live in :mod:`flowtop.monitor.hints.rules`.
+"""
+
+from flowtop.monitor.hints.engine import HintEngine
+from flowtop.monitor.hints.measures_device import power_limited, watched_reasons
+from flowtop.monitor.hints.rules import RULES, RULES_BY_ID, Gate, Rule
+
+# power_limited/watched_reasons: the throttling rule's reading of one rank (the UI shows it).
+__all__ = ["HintEngine", "RULES", "RULES_BY_ID", "Gate", "Rule", "power_limited", "watched_reasons"]

@@ -1,0 +1,149 @@
+"""Shared pieces of the hint measures: the Measurement record and small snapshot helpers."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import weakref
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple, TypeGuard
+
+from flowtop.monitor.claims import newest_ranks
+from flowtop.monitor.hints.rules import Rule
+from flowtop.monitor.snapshot import History, JobSnapshot, RankSnapshot
+
+
+class Measurement(NamedTuple):
+    """One rule's measure for one target at one evaluation.
+
+    ``steps_covered``/``seconds_covered`` say how much evidence the value already embodies (a
+    measure over the last 20 steps of history covers 20 steps), so a monitor that starts late can
+    fire at once; otherwise the engine accumulates the window across evaluations. (A tuple with
+    names: a dozen rules measure every rank of a job at every evaluation, thousands of them.)
+    """
+
+    value: float
+    evidence: Mapping[str, Any]
+    impact: float  # estimated share of step time at stake, 0..1
+    step: int  # the target's step index now (for step windows)
+    steps_covered: int = 0
+    seconds_covered: float = 0.0
+    text: Mapping[str, str] = MappingProxyType({})  # extra words for the summary template
+    severity: str | None = None  # override of the rule's severity (escalation)
+    variant: str = ""  # key of the rule's alternative summary (Rule.variants); "" for the main one
+
+
+#: A measure: (rule, job, now) -> {target: Measurement, or None when the target has no data now}.
+MeasureFn = Callable[[Rule, JobSnapshot, float], dict[str, "Measurement | None"]]
+
+
+def finite(x: Any) -> TypeGuard[float]:
+    """True for a real, finite number (bools excluded)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+_TARGETS: dict[int, str] = {}
+
+
+def rank_target(r: RankSnapshot) -> str:
+    """Target label of a rank-scope hint (made once per rank number: every rule asks, every rank)."""
+    target = _TARGETS.get(r.rank)
+    if target is None:
+        if len(_TARGETS) > 1 << 16:
+            _TARGETS.clear()
+        target = _TARGETS[r.rank] = f"rank {r.rank}"
+    return target
+
+
+def latest_ranks(job: JobSnapshot) -> list[RankSnapshot]:
+    """One snapshot per rank number (the newest incarnation), sorted by rank: flowtop.monitor.claims'
+    :func:`~flowtop.monitor.claims.newest_ranks` (its tie-break is there)."""
+    return newest_ranks(job.ranks)
+
+
+def is_cuda(r: RankSnapshot) -> bool:
+    """Whether the rank trains on a GPU (the probe names CPU devices "cpu (...)")."""
+    name = (r.device or "").strip().lower()
+    return bool(name) and not name.startswith("cpu") and name != "unknown"
+
+
+class IdentityMemo:
+    """Memo of a function of immutable objects (snapshot records, rules), keyed by identity.
+
+    Snapshot records are rebuilt every ~0.5 s but the heavy parts (a rank's kernel window) stay the
+    same object until new data arrives, and several rules read the same thing. Entries hold weak
+    references: an entry goes when one of its objects does, so old windows are not kept alive
+    (and an id cannot be reused while its entry exists).
+    """
+
+    def __init__(self, fn: Callable[..., Any], max_entries: int = 65536) -> None:
+        self._fn = fn
+        self._max = max_entries  # a backstop only; entries normally leave with their objects
+        self._memo: dict[tuple[int, ...], tuple[tuple[weakref.ref[Any], ...], Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def __call__(self, *objs: Any) -> Any:
+        key = tuple(id(o) for o in objs)
+        hit = self._memo.get(key)
+        if hit is not None and all(ref() is o for ref, o in zip(hit[0], objs)):
+            return hit[1]
+        value = self._fn(*objs)
+        if len(self._memo) >= self._max:
+            self._memo.clear()
+        try:
+            refs = tuple(weakref.ref(o, lambda _r: self._memo.pop(key, None)) for o in objs)
+        except TypeError:  # not weak-referenceable: compute every time
+            return value
+        self._memo[key] = (refs, value)
+        return value
+
+
+def _positive_median(values: Any) -> float | None:
+    """Median of the positive, finite values (sorted once in C; the model's values are finite,
+    a history built by hand may hold NaN)."""
+    ordered = sorted(values)
+    if not math.isfinite(sum(ordered)):
+        ordered = [t for t in ordered if math.isfinite(t)]
+    times = ordered[bisect.bisect_right(ordered, 0.0):]
+    if not times:
+        return None
+    mid = len(times) // 2
+    return float(times[mid]) if len(times) % 2 else (times[mid - 1] + times[mid]) / 2.0
+
+
+def _median_history(h: History) -> float | None:
+    return _positive_median(h.step_time_s)
+
+
+_median_history_memo = IdentityMemo(_median_history)
+
+
+def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
+    """Median wall time per step from history (last ``last`` steps; all when 0), else the rank's."""
+    if last:
+        med = _positive_median(r.history.step_time_s[-last:])
+    else:
+        med = _median_history_memo(r.history)
+    if med is not None:
+        return med
+    return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None
+
+
+def telemetry_number(r: RankSnapshot, key: str) -> float | None:
+    """A finite device telemetry value, or None."""
+    if r.telemetry is None:
+        return None
+    value = r.telemetry.device.get(key)
+    return float(value) if finite(value) else None
+
+
+def safe_div(a: float, b: float) -> float:
+    """a / b, 0 when b is 0."""
+    return a / b if b else 0.0
+
+
+def clamp01(x: float) -> float:
+    """x limited to 0..1 (impacts)."""
+    return max(0.0, min(1.0, x))

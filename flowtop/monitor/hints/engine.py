@@ -1,0 +1,280 @@
+"""Hint evaluation with hysteresis: measures in, ordered :class:`Hint` records out.
+
+The engine is the only stateful part of the hints package. It keeps, per (job, rule id, target),
+whether the hint is active and since when its measure has been beyond the threshold, so that a
+hint needs its full evidence window to appear and the looser clear value to disappear: a measure
+that wobbles around the threshold does not make the hint flicker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from flowtop.monitor.hints import measures_device, measures_identity, measures_kernels, measures_parallel, measures_time
+from flowtop.monitor.hints.base import Measurement, MeasureFn, finite, rank_target
+from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
+from flowtop.monitor.snapshot import Hint, JobSnapshot
+
+_log = logging.getLogger("flowtop.hints")
+
+#: Rule id -> measure function. Every rule in the table needs one.
+MEASURES: Mapping[str, MeasureFn] = {
+    "hang_all": measures_time.hang_all,
+    "hang_rank": measures_time.hang_rank,
+    "rank_conflict": measures_identity.rank_conflict,
+    "input_wait": measures_time.input_wait,
+    "straggler": measures_time.straggler,
+    "comm_exposed": measures_kernels.comm_exposed,
+    "launch_bound": measures_kernels.launch_bound,
+    "memory_bound": measures_kernels.memory_bound,
+    "fp32_matmul": measures_kernels.fp32_matmul,
+    "attention_unfused": measures_kernels.attention_unfused,
+    "optimizer_unfused": measures_kernels.optimizer_unfused,
+    "uneven_kernel": measures_kernels.uneven_kernel,
+    "throttling": measures_device.throttling,
+    "util_vs_mfu": measures_device.util_vs_mfu,
+    "memory_full": measures_device.memory_full,
+    "uncounted_ops": measures_device.uncounted_ops,
+    "estimate_mismatch": measures_device.estimate_mismatch,
+    "pipeline_imbalance": measures_parallel.pipeline_imbalance,
+    "attention_flops_note": measures_kernels.attention_flops_note,
+}
+
+
+#: Seconds an active hint stays shown after its measure last held (no blinking).
+HOLD_S = 10.0
+
+
+@dataclass
+class _State:
+    """Hysteresis state of one (job, rule, target)."""
+
+    active: bool = False
+    pending_step: int | None = None  # step index when the measure first crossed the threshold
+    pending_t: float | None = None  # monitor time of that crossing
+    since_step: int | None = None
+    hint: Hint | None = None
+    beyond_t: float = 0.0  # monitor time the measure was last beyond the clear value
+    first_step: int | None = None  # first step the evidence covers (Hint.first_step)
+
+
+class _NA:
+    """Stands in for a missing number in a summary template ("n/a" whatever the format spec)."""
+
+    def __format__(self, spec: str) -> str:
+        return "n/a"
+
+
+class _Fields(dict[str, Any]):
+    """Template fields; an unknown name reads "n/a"."""
+
+    def __missing__(self, key: str) -> Any:
+        return _NA()
+
+
+def _render(template: str, fields: Mapping[str, Any]) -> str:
+    """Format a template; missing or None fields read "n/a" instead of raising."""
+    safe = _Fields({k: (_NA() if v is None else v) for k, v in fields.items()})
+    try:
+        return template.format_map(safe)
+    except (ValueError, TypeError):  # a text value under a numeric format spec
+        return template.format_map(_Fields({k: str(v) for k, v in safe.items()}))
+
+
+def _gate_ok(gate: Gate, evidence: Mapping[str, Any], keep: bool) -> bool:
+    value = evidence.get(gate.key)
+    if not finite(value):
+        return False
+    limit = gate.clear if keep else gate.threshold
+    return value < limit if gate.op == "<" else value >= limit
+
+
+def _beyond(rule: Rule, m: Measurement, keep: bool) -> bool:
+    """To fire (keep=False): strictly beyond the threshold. To stay (keep=True): not yet back
+    past the clear value. Gates use their own threshold/clear the same way."""
+    v = m.value
+    if not finite(v):
+        return False
+    if rule.direction == "above":
+        ok = v >= rule.clear if keep else v > rule.threshold
+    else:
+        ok = v <= rule.clear if keep else v < rule.threshold
+    return ok and all(_gate_ok(g, m.evidence, keep) for g in rule.gates)
+
+
+class HintEngine:
+    """Evaluates the rules table against job snapshots, with per-hint hysteresis.
+
+    ``rules`` defaults to :data:`flowtop.monitor.hints.rules.RULES`; pass a modified copy (e.g. with
+    ``dataclasses.replace``) to tune thresholds, or ``overrides`` — rule id or group name (see
+    :data:`flowtop.monitor.hints.rules.GROUPS`) -> {field or param: value}, e.g.
+    ``HintEngine(overrides={"hang": {"floor_s": 5.0}})``; unknown names raise ValueError.
+    One engine serves any number of jobs.
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[Rule] = RULES,
+        measures: Mapping[str, MeasureFn] | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.rules: tuple[Rule, ...] = apply_overrides(rules, overrides, GROUPS) if overrides else tuple(rules)
+        validate(self.rules)
+        self._measures = dict(MEASURES if measures is None else measures)
+        missing = [r.id for r in self.rules if r.id not in self._measures]
+        if missing:
+            raise ValueError(f"no measure for rules {missing}")
+        self._state: dict[tuple[str, str, str], _State] = {}
+        #: job -> (rule id, target) -> the hint as last shown, marked ended (see _end_hints).
+        self._ended: dict[str, dict[tuple[str, str], Hint]] = {}
+        self._scope = {r.id: r.scope for r in self.rules}
+        self._failed: set[str] = set()
+        #: Told (once per rule) when a rule raised, so the user hears of it (the model sets it
+        #: to its notices: the TUI owns stderr).
+        self.report: Callable[[str], None] | None = None
+
+    def evaluate(self, job: JobSnapshot, now: float) -> tuple[Hint, ...]:
+        """Hints of ``job`` at monitor time ``now``: the active ones, most severe first, then by
+        impact; after them the ended ones (their rank or job finished while they were shown)."""
+        self._end_hints(job)
+        if job.status == "done":
+            return self._ended_hints(job.job, set())  # nothing runs: the diagnosis stands as it was
+        out: list[tuple[Rule, Hint]] = []
+        for rule in self.rules:
+            try:
+                results = self._measures[rule.id](rule, job, now)
+            except Exception as exc:  # a bug in one measure must not take the monitor down
+                if rule.id not in self._failed:
+                    self._failed.add(rule.id)
+                    _log.exception("hint rule %s failed; its hints are held", rule.id)
+                    if self.report is not None:
+                        self.report(f"hint rule {rule.id} raised {type(exc).__name__}: {exc}; its hints are held")
+                results = None
+            if results is None:  # hold every state of this rule as it is
+                out.extend((rule, s.hint) for k, s in self._state.items()
+                           if k[0] == job.job and k[1] == rule.id and s.active and s.hint)
+                continue
+            for key in [k for k in self._state if k[0] == job.job and k[1] == rule.id and k[2] not in results]:
+                del self._state[key]  # the target went away (rank gone, kernel no longer listed)
+            for target, m in results.items():
+                hint = self._update(rule, (job.job, rule.id, target), m, now)
+                if hint is not None:
+                    out.append((rule, hint))
+        shown = {h.id for _, h in out}
+        order = {r.id: i for i, r in enumerate(self.rules)}
+        kept = [h for r, h in out if r.params.get("hidden_by") not in shown]
+        kept.sort(key=_order_key(order))
+        return tuple(kept) + self._ended_hints(job.job, {(h.id, h.target) for h in kept})
+
+    def reset(self) -> None:
+        """Forget all hysteresis state and ended hints."""
+        self._state.clear()
+        self._ended.clear()
+
+    def forget(self, job: str) -> None:
+        """Drop the state of a job the monitor no longer shows (it was evicted): a monitor that
+        runs for weeks across many jobs must not keep every job's hint state."""
+        for key in [k for k in self._state if k[0] == job]:
+            del self._state[key]
+        self._ended.pop(job, None)
+
+    def _end_hints(self, job: JobSnapshot) -> None:
+        """Freeze, marked ended, the shown hints whose subject finished: every hint of a done job,
+        and the rank hints of a rank whose every process said bye. Left to the measures, they
+        would vanish with their rank (a finished rank is measured no more), and the final
+        snapshot that a script reads would say nothing about the run."""
+        running = {rank_target(r) for r in job.ranks if r.status != "done"}  # a rank number may have 2 rows
+        done = {rank_target(r) for r in job.ranks} - running
+        for key in [k for k in self._state if k[0] == job.job]:
+            if job.status != "done" and not (self._scope.get(key[1]) == "rank" and key[2] in done):
+                continue
+            st = self._state.pop(key)
+            if st.active and st.hint is not None:
+                self._ended.setdefault(job.job, {})[(key[1], key[2])] = replace(st.hint, ended=True)
+
+    def _ended_hints(self, job: str, live: set[tuple[str, str]]) -> tuple[Hint, ...]:
+        """The ended hints of ``job`` not superseded by a live one (a restarted rank's)."""
+        ended = self._ended.get(job)
+        if not ended:
+            return ()
+        for key in live & ended.keys():
+            del ended[key]
+        order = {r.id: i for i, r in enumerate(self.rules)}
+        return tuple(sorted(ended.values(), key=_order_key(order)))
+
+    def _update(self, rule: Rule, key: tuple[str, str, str], m: Measurement | None, now: float) -> Hint | None:
+        st = self._state.get(key)
+        if m is None:  # no data for this target now: keep what was shown
+            return st.hint if st is not None and st.active else None
+        if st is None:
+            if not _beyond(rule, m, keep=False):
+                return None  # nothing pending, nothing to start (most targets, most of the time)
+            st = self._state[key] = _State()
+        if st.active:
+            if _beyond(rule, m, keep=True):
+                start_step = m.step if st.pending_step is None else st.pending_step
+                start_t = now if st.pending_t is None else st.pending_t
+                steps = max(m.steps_covered, m.step - start_step)
+                secs = max(m.seconds_covered, now - start_t)
+                st.hint = self._hint(rule, key[2], m, st, steps, secs)
+                st.beyond_t = now
+                return st.hint
+            if now - st.beyond_t < HOLD_S:
+                # A gate with no room between threshold and clear (a throttle reason that
+                # comes and goes) would otherwise make the hint blink: hold it a little.
+                return st.hint
+            del self._state[key]  # back past the clear value (or a gate failed): cleared
+            return None
+        if not _beyond(rule, m, keep=False):
+            del self._state[key]
+            return None
+        if st.pending_step is None or st.pending_t is None:
+            # The evidence starts where the measure's own window starts (history it embodies).
+            st.pending_step, st.pending_t = m.step - m.steps_covered, now - m.seconds_covered
+            # A window of n steps ending at step s covers steps s-n+1 .. s.
+            st.first_step = max(0, st.pending_step + (1 if m.steps_covered else 0))
+        steps = max(m.steps_covered, m.step - st.pending_step)
+        secs = max(m.seconds_covered, now - st.pending_t)
+        if steps < rule.window_steps or secs < rule.window_s:
+            return None
+        st.active = True
+        st.beyond_t = now
+        st.since_step = st.pending_step
+        st.hint = self._hint(rule, key[2], m, st, steps, secs)
+        return st.hint
+
+    @staticmethod
+    def _hint(rule: Rule, target: str, m: Measurement, st: _State, steps: int, secs: float) -> Hint:
+        ev: dict[str, Any] = dict(m.evidence)
+        ev[rule.measure] = m.value
+        ev[f"threshold_{rule.unit}"] = rule.threshold
+        if rule.window_steps:
+            ev.setdefault("window_steps", steps)
+        if rule.window_s:
+            ev.setdefault("window_s", secs)
+        ev.setdefault("since_step", st.since_step)
+        severity = m.severity or rule.severity
+        if rule.critical_at is not None:
+            past = m.value > rule.critical_at if rule.direction == "above" else m.value < rule.critical_at
+            if past:
+                severity = "critical"
+        fields = {**ev, **m.text, "target": target}
+        return Hint(
+            id=rule.id,
+            severity=severity,
+            scope=rule.scope,
+            target=target,
+            summary=_render(rule.variants.get(m.variant, rule.summary) if m.variant else rule.summary, fields),
+            evidence=ev,
+            action=_render(rule.action, fields),
+            impact=max(0.0, min(1.0, m.impact)),
+            first_step=st.first_step,
+            last_step=m.step,
+        )
+
+
+def _order_key(order: Mapping[str, int]) -> Any:
+    """Sort key of hints: most severe first, then the largest impact, then table order."""
+    return lambda h: (SEVERITIES.index(h.severity), -h.impact, order.get(h.id, len(order)), h.target)

@@ -1,0 +1,73 @@
+"""The one place that reads :mod:`flowtop.monitor.kernels` records for the hints.
+
+The measures see a window as the small :class:`KernelFacts` below, its kernels as the rows of
+:mod:`flowtop.monitor.kernels.rows` (the type the kernel screen reads too); if the aggregate module
+renames a field, the change is one line in :func:`kernel_facts` or there. The job's comparison
+across ranks they read as it is (``JobKernelStats``, rows ``RankSpread``: the job kernel screen
+reads the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from flowtop.monitor.hints.base import IdentityMemo
+from flowtop.monitor.kernels.aggregate import KernelWindowStats
+from flowtop.monitor.kernels.rows import KernelRow, kernel_rows
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """What the hints need from one kernel window (totals over ``steps`` steps)."""
+
+    device: str  # "cuda" | "cpu"
+    steps: int
+    step_us: float  # wall time of the window
+    busy_us: float  # union of device-work intervals
+    comm_us: float
+    comm_overlap_us: float
+    launches: int | None  # None on a CPU window
+    short_kernels: int | None
+    category_us: Mapping[str, float]
+    rows: tuple[KernelRow, ...]
+
+    @property
+    def kernel_us(self) -> float:
+        """Summed device time of all kernels (streams running at once both count)."""
+        return sum(self.category_us.values())
+
+
+def kernel_facts(stats: KernelWindowStats | None) -> KernelFacts | None:
+    """:class:`KernelFacts` of a rank's latest window (None without one); memoized per window."""
+    return None if stats is None else _facts_memo(stats)
+
+
+def _adapt_window(stats: KernelWindowStats) -> KernelFacts:
+    """Adapter: ``flowtop.monitor.kernels.aggregate.KernelWindowStats`` -> :class:`KernelFacts`."""
+    a = stats.anatomy
+    # The profiler stretches host time (docs/design.md, "Overheads"), not device time: shares of the step
+    # are taken against the unprofiled step when the probe measured one.
+    step_us = float(a.typical_step_us or stats.step_us)
+    return KernelFacts(
+        device=str(stats.device),
+        steps=1,  # a window is one profiled step
+        step_us=step_us,
+        busy_us=min(float(a.busy_us), step_us),
+        comm_us=float(a.comm_us),
+        comm_overlap_us=float(a.comm_overlap_us),
+        launches=a.launches,
+        short_kernels=a.short_kernels,
+        category_us={c.category: float(c.total_us) for c in stats.categories},
+        rows=kernel_rows(stats),
+    )
+
+
+_facts_memo = IdentityMemo(_adapt_window)
+
+
+def category_share_of_busy(f: KernelFacts | None, category: str) -> float | None:
+    """A category's share of the summed kernel time (None without a window or kernels)."""
+    if f is None or f.kernel_us <= 0:
+        return None
+    return f.category_us.get(category, 0.0) / f.kernel_us

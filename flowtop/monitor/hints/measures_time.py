@@ -1,0 +1,365 @@
+"""Measures over step timing: hangs, input wait and stragglers (aligned by step index)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from typing import Any
+
+from flowtop.monitor.hints.base import (Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target,
+                                        safe_div, telemetry_number)
+from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
+from flowtop.monitor.hints.rules import Rule
+from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+
+
+def _running(job: JobSnapshot) -> list[RankSnapshot]:
+    """Ranks that may still make progress (a finished job or rank cannot hang or straggle)."""
+    if job.status == "done":
+        return []
+    return [r for r in latest_ranks(job) if r.status != "done"]
+
+
+def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
+    """Seconds without a step (monitor clock) and the limit they are compared with."""
+    reached = r.history.reached
+    since_last = now - reached[-1][1] if reached else 0.0
+    # The sender thread keeps heartbeating while training is stuck in a collective, so the time
+    # since the last *step* matters; a silent rank (age) counts too.
+    stalled = max(r.age_s(now), since_last)
+    med = median_step_s(r)
+    limit = max(float(rule.params["factor"]) * (med or 0.0), float(rule.params["floor_s"]))
+    return {
+        "stalled_s": stalled,
+        "limit_s": limit,
+        "median_step_time_s": med,
+        "last_step": reached[-1][0] if reached else r.step,
+    }
+
+
+def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per running rank: time since its last step ÷ the hang limit."""
+    out: dict[str, Measurement | None] = {}
+    for r in _running(job):
+        ev = _stall(rule, r, now)
+        ev["stalled_x"] = ev["stalled_s"] / ev["limit_s"]
+        ev["pid"] = r.pid
+        out[rank_target(r)] = Measurement(
+            value=ev["stalled_x"], evidence=ev, impact=1.0, step=r.step, text={"pid": str(r.pid)}
+        )
+    return out
+
+
+def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Job: the *least* stalled running rank's stall ÷ its limit (all stalled iff it is over)."""
+    ranks = _running(job)
+    if not ranks:
+        return {}
+    stalls = [_stall(rule, r, now) for r in ranks]
+    least = min(stalls, key=lambda e: e["stalled_s"] / e["limit_s"])
+    meds = [e["median_step_time_s"] for e in stalls if e["median_step_time_s"]]
+    ev = {
+        "stalled_x": least["stalled_s"] / least["limit_s"],
+        "stalled_s": least["stalled_s"],
+        "limit_s": least["limit_s"],
+        "median_step_time_s": statistics.median(meds) if meds else None,
+        "last_step": max(e["last_step"] for e in stalls),
+        "ranks_n": len(ranks),
+    }
+    # A rank blocked in a collective still sends heartbeats; one that is stopped, dead or cut off
+    # goes stale. When only some ranks are silent, they are the ones the others wait for.
+    silent = [r for r in ranks if r.status == "stale"]
+    ev["silent_ranks"] = [r.rank for r in silent]
+    text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(latest_ranks(job)))}
+    if silent:  # a dead rank is named even when it is the only one left
+        ev["silent_s"] = max(r.age_s(now) for r in silent)
+        names = ", ".join(str(r.rank) for r in silent[:8]) + (" …" if len(silent) > 8 else "")
+        text["silent"] = ("rank " if len(silent) == 1 else "ranks ") + names
+        text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
+    return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step, text=text,
+                            variant="silent" if silent else "")}
+
+
+def _ranks_phrase(running: int, shown: int) -> str:
+    """Who stopped, counted truthfully: "all 4 ranks", "the only rank", "the 1 running rank (of 2;
+    the other ended)"."""
+    if running == shown:
+        return "the only rank" if running == 1 else f"all {running} ranks"
+    others = "the other ended" if shown - running == 1 else "the others ended"
+    return f"the {running} running rank{'s' if running != 1 else ''} (of {shown}; {others})"
+
+
+#: A telemetry reading older than this says nothing about the device now (the probe samples
+#: every second; a dead NVML must not keep the input-wait hint silent for good).
+FRESH_TELEMETRY_S = 10.0
+
+
+def device_idle_pct(r: RankSnapshot, now: float) -> float:
+    """How much of the time the rank's compute device idles, in percent.
+
+    A GPU rank: 100 − NVML GPU-Util (the share of time no kernel ran — the one thing GPU-Util
+    measures well) while the reading is fresh at ``now``, else 1 − busy of its latest CUDA kernel window; a
+    CPU rank, or a GPU rank with neither: 100 (the training thread is the device, or nothing says
+    it is busy)."""
+    if r.device.startswith("cpu"):
+        return 100.0
+    util = telemetry_number(r, "gpu_util")
+    if util is not None and r.telemetry is not None and r.telemetry.age_s(now) <= FRESH_TELEMETRY_S:
+        return max(0.0, 100.0 - util)
+    k = r.kernels
+    if k is not None and k.device == "cuda":
+        busy = k.anatomy.busy_frac_typical if k.anatomy.busy_frac_typical is not None else k.anatomy.busy_frac
+        if busy is not None and math.isfinite(busy):
+            return 100.0 * (1.0 - min(max(busy, 0.0), 1.0))
+    return 100.0
+
+
+def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per rank: Σ input wait ÷ Σ step time over the last ``window_steps`` steps, and how much
+    the device idles (a wait costs nothing while the GPU still works through queued kernels)."""
+    out: dict[str, Measurement | None] = {}
+    for r in latest_ranks(job):
+        if r.status == "done":
+            continue
+        h = r.history
+        n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
+        wait: float | None  # None: no history, only the probe's own fraction
+        if n:
+            steps = h.step_time_s[-n:]
+            waits = h.input_wait_s[-n:]
+            total = sum(t for t in steps if math.isfinite(t))
+            wait = sum(w for w in waits if math.isfinite(w))
+            frac = safe_div(wait, total)
+            covered = n
+        elif finite(r.input_wait_frac):
+            frac, covered = float(r.input_wait_frac), 0
+            wait = None
+        else:
+            out[rank_target(r)] = None
+            continue
+        ev: dict[str, Any] = {
+            "input_wait_pct": 100.0 * frac,
+            "window_steps": covered,
+            "input_wait_s_per_step": wait / n if n and wait is not None else None,
+            "step_time_s": median_step_s(r, n) if n else r.step_time_s,
+            "device_idle_pct": device_idle_pct(r, now),
+        }
+        out[rank_target(r)] = Measurement(
+            value=ev["input_wait_pct"], evidence=ev, impact=clamp01(min(frac, ev["device_idle_pct"] / 100.0)),
+            step=r.step, steps_covered=covered,
+        )
+    return out
+
+
+def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int]:
+    """Per rank: median step time over the last ``window`` step indices all ranks reported."""
+    al = align([(r.history.steps, r.history.step_time_s) for r in ranks], window)
+    if not al.steps:
+        return {}, 0
+    return {r.rank: float(statistics.median(row)) for r, row in zip(ranks, al.rows)}, len(al.steps)
+
+
+def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, Aligned]:
+    """Per rank: time per step to reach, from a step at least ``window`` steps back to its newest,
+    among the last ``keep`` step indices every rank reached (monitor receive times, so ranks share
+    one clock); the fewest steps any rank's figure spans; and the reach times at those indices.
+
+    The steps of one frame share its receive time: only the last step of a frame was received
+    when it was made. A figure from a step in the middle of a frame would be off by up to a flush
+    interval (a rank paced to 0.45 s at 10 ms steps read 100 % slower or faster by its phase), so
+    both ends of each rank's span are ends of its frames: where its receive time changes."""
+    tails = [pairs_of(r.history.reached) for r in ranks]
+    tails = [(list(steps[-keep:]), list(times[-keep:])) for steps, times in tails]
+    reach = align(tails)
+    if not reach.steps:
+        return {}, 0, reach
+    lo, hi = reach.steps[0], reach.steps[-1]
+    per_step: dict[int, float] = {}
+    spans: list[int] = []
+    for r, (steps, times) in zip(ranks, tails):
+        # a frame ends where the rank's own receive time changes (or at its newest step): its own
+        # series, since the common window may stop in the middle of this rank's newest frame
+        ends = [j for j in range(len(times) - 1) if times[j] != times[j + 1] and lo <= steps[j] <= hi]
+        if steps and steps[-1] <= hi:
+            ends.append(len(steps) - 1)
+        if len(ends) < 2:
+            continue  # one frame in the window: no rate from its receive times
+        b = ends[-1]
+        starts = [j for j in ends[:-1] if steps[b] - steps[j] >= window]
+        a = starts[-1] if starts else ends[0]
+        per_step[r.rank] = (times[b] - times[a]) / (steps[b] - steps[a])
+        spans.append(steps[b] - steps[a])
+    if len(per_step) < 2:
+        return {}, 0, reach
+    return per_step, min(spans), reach
+
+
+def _leads(ranks: list[RankSnapshot], last: int | None = None) -> Aligned:
+    """Leads (boundary → end of the step's last forward) at the step indices where every rank
+    has a known one (the model writes 0.0 where the probe sent none); the last ``last`` of them
+    (all when None)."""
+    return align([(r.history.steps, r.history.lead_s) for r in ranks], last, above=0.0)
+
+
+def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[float, float, float, float]], int]:
+    """Per rank index: (its median lead, the others' median lead, median of its per-step lag
+    behind the others' median lead, its median step time) over the last ``window`` step indices
+    where every rank reported a lead; also the number of those steps.
+
+    In synchronous data parallelism the gradient all-reduce makes every rank leave the step
+    together, so step times and reach times are equal; the lead still differs: the rank that
+    finishes its forward last is the one the others wait for. The per-step lag's median keeps a
+    single slow step (a sampled FLOP count, a kernel window) from making a straggler.
+    """
+    leads = _leads(ranks, window)
+    if not leads.steps:
+        return {}, 0
+    # Per step, every rank's lag behind the others' median lead (one sort per step, shared).
+    others: list[list[float]] = []
+    for column in leads.columns():
+        without = medians_without(sorted(column))
+        others.append([without(v) for v in column])
+    by_rank = list(zip(*others))
+    out: dict[int, tuple[float, float, float, float]] = {}
+    for i, (r, mine) in enumerate(zip(ranks, leads.rows)):
+        times = [t for t in values_at(leads.steps, (r.history.steps, r.history.step_time_s)) if t > 0]
+        step = float(statistics.median(times)) if times else 0.0
+        other = by_rank[i]
+        out[i] = (float(statistics.median(mine)), float(statistics.median(other)),
+                  float(statistics.median([v - o for v, o in zip(mine, other)])), step)
+    return out, len(leads.steps)
+
+
+def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_frac: float) -> dict[int, int]:
+    """Per rank index in ``slow``: the last step (of the last ``keep`` with known leads on every
+    rank) at which it lagged the others' median lead by at most ``clear_frac`` of its step time;
+    the first of those steps if it lagged at all of them."""
+    if not slow:
+        return {}
+    leads = _leads(ranks, keep)
+    if not leads.steps:
+        return {}
+    without = [medians_without(sorted(column)) for column in leads.columns()]  # shared by every slow rank
+    out: dict[int, int] = {}
+    for i in slow:
+        times = values_at(leads.steps, (ranks[i].history.steps, ranks[i].history.step_time_s))
+        on_time = [s for s, v, w, t in zip(leads.steps, leads.rows[i], without, times) if v - w(v) <= clear_frac * t]
+        out[i] = on_time[-1] if on_time else leads.steps[0]
+    return out
+
+
+def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per rank: how much it holds the others up, the largest of three measures — step time and
+    pace (time to reach steps) against the other ranks' median, and lead-time lag as a share of
+    the step (the one that sees a straggler of synchronous data parallelism)."""
+    ranks = [r for r in _running(job) if r.history.steps or r.history.reached]
+    if len(ranks) < 2:
+        return {}
+    window = max(rule.window_steps, 1)
+    med, n_med = _by_median(ranks, window)
+    keep = max(int(rule.params["since_steps"]), window + 1)
+    pace, n_pace, reach = _by_reach(ranks, window, keep)
+    lead, n_lead = _by_lead(ranks, window)
+    tables = [(table, sorted(table.values()), n, basis)
+              for table, n, basis in ((med, n_med, "step_time"), (pace, n_pace, "pace")) if table]
+    med_sorted = sorted(med.values())
+    # rank index -> (slower, mine, others, steps, basis)
+    best: dict[int, tuple[float, float, float, int, str]] = {}
+    for idx, r in enumerate(ranks):
+        candidates = []
+        for table, ordered, n, basis in tables:
+            if r.rank not in table:
+                continue  # no figure of that kind for this rank (a single frame in its window)
+            other = _median_without(ordered, table[r.rank])
+            if other > 0:
+                candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n, basis))
+        if idx in lead and lead[idx][3] > 0:
+            _, _, lag, step = lead[idx]
+            # Step times for context (in lockstep they are about equal).
+            mine_t = med.get(r.rank, step)
+            others_t = _median_without(med_sorted, mine_t) if r.rank in med else step
+            candidates.append((lag / step, mine_t, others_t, n_lead, "lead"))
+        if candidates:
+            best[idx] = max(candidates, key=lambda c: c[0])
+    # Only ranks that may show the hint need "since when".
+    slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
+    since_of = _falling_behind_since(slow, reach, {i: 0.1 * best[i][2] for i in slow})
+    lead_since = _lead_since([i for i in slow if best[i][4] == "lead"], ranks, keep, rule.clear / 100.0)
+    out: dict[str, Measurement | None] = {}
+    for idx, r in enumerate(ranks):
+        if idx not in best:
+            out[rank_target(r)] = None
+            continue
+        slower, mine, other, n, basis = best[idx]
+        since, lag_s = since_of.get(idx, (None, None))
+        if idx in lead_since:
+            since = lead_since[idx]
+        ev: dict[str, Any] = {
+            "slower_pct": 100.0 * slower,
+            "basis": basis,
+            "step_time_s": mine,
+            "others_step_time_s": other,
+            "window_steps": n,
+            "since_step": since if since is not None else r.step,
+            "lag_s": lag_s,
+        }
+        text: dict[str, str] = {}
+        if idx in lead:
+            my_lead, others_lead, lead_lag, step = lead[idx]
+            ev.update(lead_s=my_lead, others_lead_s=others_lead, lead_lag_s=lead_lag,
+                      lag_pct_of_step=100.0 * safe_div(lead_lag, step))
+            text["lead_lag_ms"] = f"{1000.0 * lead_lag:.0f}"
+        # Impact: the share of the step the others spend waiting for this rank.
+        impact = slower if basis == "lead" else safe_div(mine - other, mine)
+        out[rank_target(r)] = Measurement(
+            value=ev["slower_pct"],
+            evidence=ev,
+            impact=clamp01(impact),
+            step=r.step,
+            steps_covered=n,
+            text=text,
+            variant="lead" if basis == "lead" else "",
+        )
+    return out
+
+
+def _median_without(ordered: list[float], value: float) -> float:
+    """Median of ``ordered`` (sorted) with one occurrence of ``value`` removed, in O(log n): the
+    other ranks' median without a sort per rank (a job may have a thousand ranks)."""
+    n = len(ordered) - 1
+    if n <= 0:
+        return 0.0
+    i = bisect.bisect_left(ordered, value)
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    if n % 2:
+        return float(at(n // 2))
+    return (at(n // 2 - 1) + at(n // 2)) / 2.0
+
+
+def _falling_behind_since(
+    ranks_idx: list[int], reach: Aligned, tol_s: dict[int, float]
+) -> dict[int, tuple[int | None, float | None]]:
+    """Per rank index: (step from which it has been falling behind, its lag now in s).
+
+    Lag at step s = the rank's time to reach s − the other ranks' median time to reach s, over
+    the recent steps all ranks reached (``since_steps`` of them, not just the window). The rank
+    has been falling behind since the last step where the lag was within ``tol_s`` of its smallest
+    value (the tolerance keeps receive-time jitter from picking a random step of a flat stretch).
+    """
+    common = reach.steps
+    if not common or not ranks_idx:
+        return {i: (None, None) for i in ranks_idx}
+    lags: dict[int, list[float]] = {i: [] for i in ranks_idx}
+    for column in reach.columns():
+        without = medians_without(sorted(column))  # one sort per step, shared by every rank
+        for i in ranks_idx:
+            lags[i].append(column[i] - without(column[i]))
+    out: dict[int, tuple[int | None, float | None]] = {}
+    for i, lag in lags.items():
+        low = min(lag)
+        out[i] = (max(s for s, x in zip(common, lag) if x <= low + tol_s[i]), lag[-1])
+    return out

@@ -1,0 +1,299 @@
+"""The hint rules table: thresholds, hysteresis, evidence windows, texts and actions, as data.
+
+Every rule watches one *measure* (a number named with its unit, e.g. ``input_wait_pct``) per
+target. It fires when the measure is beyond ``threshold`` (and every gate holds) for at least the
+evidence window, and clears only when the measure falls back past the looser ``clear`` value (or a
+gate fails even at its looser value). Thresholds start from the values established tools use
+(docs/hints.md, "Where the thresholds come from") and are meant to be tuned with evidence: change
+them here, nowhere else.
+
+The summary templates are formatted with the hint's evidence plus ``target`` and a few text
+fields the measure supplies (``str.format`` syntax). README.md ("Bottleneck hints") documents this table.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from flowtop.monitor.hints.rules_kernels import KERNEL_RULES, MEMORY_CATEGORIES
+from flowtop.monitor.hints.schema import SCOPES, SEVERITIES, TUNABLE, Gate, Rule, apply_overrides, validate
+
+__all__ = ["RULES", "RULES_BY_ID", "GROUPS", "MEMORY_CATEGORIES", "SCOPES", "SEVERITIES", "TUNABLE", "Gate",
+           "Rule", "apply_overrides", "validate"]
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="hang_all",
+        scope="job",
+        severity="critical",
+        measure="stalled_x",
+        unit="x",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s "
+        "(a step usually takes {median_step_time_s:.3g} s)",
+        variants={
+            # Blocked ranks keep sending heartbeats; a stopped or dead one falls silent.
+            "silent": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; "
+            "nothing heard from {silent} for {silent_s:.0f} s (stopped, dead or its host is down)"
+            "{others_wait}",
+        },
+        action="Dump the stacks of all ranks (py-spy dump --pid PID); look for a rank that left a "
+        "collective (exception, OOM, uneven batch count); rerun with NCCL_DEBUG=INFO and "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 so a stuck collective times out.",
+        params={"factor": 10.0, "floor_s": 30.0},
+        doc="time since the last step of the least-stalled running rank ÷ max(factor × median "
+        "step time, floor_s); names the ranks that went silent (stale) while others still talk",
+    ),
+    Rule(
+        id="hang_rank",
+        scope="rank",
+        severity="critical",
+        measure="stalled_x",
+        unit="x",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="{target} has not finished a step for {stalled_s:.0f} s (a step usually takes "
+        "{median_step_time_s:.3g} s); last step {last_step}",
+        action="Dump that rank's stack (py-spy dump --pid {pid}); check its log for an exception "
+        "or OOM and whether the other ranks wait for it in a collective.",
+        params={"factor": 10.0, "floor_s": 30.0, "hidden_by": "hang_all"},
+        doc="time since the rank's last step (or last message, if longer) ÷ max(factor × median "
+        "step time, floor_s); hidden while hang_all is shown",
+    ),
+    Rule(
+        id="rank_conflict",
+        scope="rank",
+        severity="critical",
+        measure="other_processes",
+        unit="n",
+        direction="above",
+        threshold=0.5,
+        clear=0.5,
+        window_steps=1,
+        window_s=0.0,
+        summary="{processes_n} processes claim {target} of job {job} ({claimants}): shown as "
+        "separate rows, each counted in the job's totals",
+        action="The launcher set no RANK and the probe could not read the process group: pass "
+        "rank= (and world_size=) to probe.attach, or set RANK and WORLD_SIZE for each process.",
+        doc="processes other than one that claim the same (job, rank, incarnation) while running "
+        "at the same time (kept apart, never merged); the evidence starts once every claimant "
+        "has made a step",
+    ),
+    Rule(
+        id="input_wait",
+        scope="rank",
+        severity="warning",
+        measure="input_wait_pct",
+        unit="pct",
+        direction="above",
+        threshold=5.0,
+        clear=3.0,
+        window_steps=10,
+        window_s=0.0,
+        summary="{target} waits for input {input_wait_pct:.0f} % of each step",
+        action="Feed the GPU faster: raise DataLoader num_workers, set pin_memory=True and "
+        "persistent_workers=True, raise prefetch_factor; move decoding/augmentation off the "
+        "training process or pre-tokenize the data.",
+        gates=(Gate("device_idle_pct", ">=", 10.0, 5.0),),
+        critical_at=25.0,
+        doc="Σ input wait ÷ Σ step time over the last window_steps steps; gate: the device idles "
+        "(100 − NVML GPU-Util, else 1 − busy of the kernel window; a CPU rank counts as idle) — a "
+        "GPU-bound job's host waits wherever the launch queue fills, and that costs nothing",
+    ),
+    Rule(
+        id="straggler",
+        scope="rank",
+        severity="warning",
+        measure="slower_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=5.0,
+        window_steps=20,
+        window_s=0.0,
+        summary="{target} is {slower_pct:.0f} % slower than the other ranks ({step_time_s:.3g} s "
+        "vs {others_step_time_s:.3g} s per step) since step {since_step}",
+        variants={
+            # Synchronous data parallelism: step times are equal, the others wait for this rank.
+            "lead": "{target} finishes its forward {lead_lag_ms} ms after the others each step "
+            "({lag_pct_of_step:.0f} % of the step); they wait for it in the gradient all-reduce",
+        },
+        action="Compare that rank with the others: its input wait and GPU clock/throttling, other "
+        "processes on its GPU or host (nvidia-smi, top), its share of the data (sequence "
+        "lengths) and its host's network.",
+        critical_at=50.0,
+        params={"since_steps": 256},  # how far back "since step N" looks
+        doc="the largest of three ways a rank lags over the last window_steps step indices all ranks "
+        "reported: its median step time, and its time to go from the first to the last of those "
+        "indices (aligned by step), ÷ the other ranks' median − 1; and its lead (step boundary → end "
+        "of its last forward) minus the other ranks' median lead, as a share of its step time "
+        "(median over the steps)",
+    ),
+    *KERNEL_RULES,
+    Rule(
+        id="throttling",
+        scope="rank",
+        severity="warning",
+        measure="clock_pct",
+        unit="pct",
+        direction="below",
+        threshold=90.0,
+        clear=95.0,
+        window_steps=0,
+        window_s=5.0,
+        summary="{target} GPU is throttled to {clock_pct:.0f} % of its max SM clock "
+        "({sm_clock_mhz:.0f} of {sm_clock_max_mhz:.0f} MHz) by {reasons}",
+        variants={
+            # Seen on an H200 under bf16 GEMMs: 689-701 W of 700 W, SM clock 1440-1575 MHz.
+            "power_limit": "{target} runs at its power limit ({power_w:.0f} of {power_limit_w:.0f} W), "
+            "SM clock {sm_clock_mhz:.0f} of {sm_clock_max_mhz:.0f} MHz: usual under dense tensor-core "
+            "work, and the datasheet peak behind MFU assumes the boost clock",
+        },
+        action="At the power limit under dense tensor-core work this is expected: compare the "
+        "ranks' clocks (one slower GPU slows the whole synchronous job). Otherwise check cooling "
+        "and power: nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER; airflow, the power limit "
+        "(nvidia-smi -pl), other jobs on the node.",
+        gates=(Gate("power_thermal_reasons", ">=", 1.0, 1.0),),
+        params={"reasons": ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal",
+                            "hw_power_brake"), "power_limit_frac": 0.85},
+        doc="SM clock ÷ max SM clock; gate: a power or thermal clock-event reason is active; the "
+        "software power cap alone, at ≥ power_limit_frac of the power limit (an instant reading "
+        "swings around the capped average: 629–706 W at a 700 W cap on an H200): info severity "
+        "(power-limited, not faulty)",
+    ),
+    Rule(
+        id="util_vs_mfu",
+        scope="rank",
+        severity="warning",
+        measure="mfu_pct",
+        unit="pct",
+        direction="below",
+        threshold=30.0,
+        clear=35.0,
+        window_steps=0,
+        window_s=10.0,
+        summary="{target} shows GPU-Util {gpu_util_pct:.0f} % but does only {mfu_pct:.0f} % of "
+        "the peak FLOP/s (MFU){tensor_note}: GPU-Util only says some kernel was running",
+        action="Trust MFU and tensor activity over GPU-Util; see the kernel screen and the "
+        "launch-bound, memory-bound and fp32 hints; larger batches, bf16 and fused kernels "
+        "raise MFU.",
+        gates=(Gate("gpu_util_pct", ">=", 90.0, 85.0),),
+        params={},
+        doc="MFU in percent; gate: NVML GPU-Util ≥ 90 %",
+    ),
+    Rule(
+        id="memory_full",
+        scope="rank",
+        severity="info",
+        measure="mem_used_pct",
+        unit="pct",
+        direction="above",
+        threshold=90.0,
+        clear=85.0,
+        window_steps=0,
+        window_s=5.0,
+        summary="{target} GPU memory is {mem_used_pct:.0f} % full ({mem_used_gib:.1f} of "
+        "{mem_total_gib:.1f} GiB)",
+        action="Little headroom for longer sequences or fragmentation: activation checkpointing, "
+        "a smaller micro-batch with gradient accumulation, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+        doc="device memory used ÷ total (NVML)",
+    ),
+    Rule(
+        id="uncounted_ops",
+        scope="job",
+        severity="info",
+        measure="uncounted_pct",
+        unit="pct",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="the FLOP count misses {uncounted_types_n} op type(s) ({ops}){share}: MFU is understated"
+        "{share_note}",
+        action="flowtop counts 0 FLOPs for ops it has no formula for; if these ops do real math "
+        "(custom/Triton kernels, unusual attention), read MFU as a lower bound and compare with "
+        "the 6·N + 12·L·d·T estimate.",
+        params={"significant_pct": 5.0, "attention_words": ("attention", "sdpa", "flash")},
+        doc="share of a rank's counted step (largest over ranks) taken by ops the FLOP counter has "
+        "no formula for: their FLOP-like size from shapes ÷ (model FLOPs + it), else their kernels' "
+        "share of kernel time, else 100 (unknown); tiny or elementwise-sized ops stay below 1 %; "
+        "severity warning when they are attention ops whose kernels take ≥ significant_pct of kernel time",
+    ),
+    Rule(
+        id="estimate_mismatch",
+        scope="job",
+        severity="info",
+        measure="estimate_gap_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=7.0,
+        window_steps=0,
+        window_s=0.0,
+        summary="counted model FLOPs are {estimate_gap_pct:.0f} % {direction_word} the "
+        "transformer estimate ({estimate_source})",
+        action="Check which is wrong: uncounted ops, the attention convention (full vs causal), "
+        "or estimate inputs that do not fit the model (MoE, tied embeddings, padding, "
+        "non-transformer layers).",
+        critical_at=None,
+        doc="abs(counted ÷ estimated − 1), from FlopsView.estimate_ratio",
+    ),
+    Rule(
+        id="pipeline_imbalance",
+        scope="job",
+        severity="warning",
+        measure="heavier_pct",
+        unit="pct",
+        direction="above",
+        threshold=20.0,
+        clear=10.0,
+        window_steps=0,
+        window_s=0.0,
+        summary="pipeline stage {stage} ({where}) computes {heavier_pct:.0f} % more than the stages' mean "
+        "({stage_flops} vs {mean_flops} per step){time_note}: the other stages wait for it every micro-batch",
+        action="Move layers from that stage to the lightest one (the LM head and loss sit on the last "
+        "stage, the embedding on the first costs almost no FLOPs): give the first and last stages "
+        "fewer blocks, e.g. torchtitan's pipeline_parallel_layers_per_stage or your split points.",
+        doc="model FLOPs per step of the heaviest pipeline stage (one data-parallel replica) ÷ the mean "
+        "over the stages − 1; impact 1 − mean ÷ max (the share of the pipeline's compute the other "
+        "stages spend waiting); the stages' compute times (forward and backward chunks, waits "
+        "excluded) are in the evidence",
+    ),
+    Rule(
+        id="attention_flops_note",
+        scope="job",
+        severity="info",
+        measure="attention_pct",
+        unit="pct",
+        direction="above",
+        threshold=1.0,
+        clear=0.5,
+        window_steps=1,
+        window_s=0.0,
+        summary="fused attention kernels take {attention_pct:.0f} % of GPU time; profiler-based "
+        "FLOP counts (torch.profiler with_flops) count them as 0 FLOPs, flowtop counts them by "
+        "formula",
+        action="Nothing to fix; expect MFU from torch.profiler-based tools to read lower than "
+        "flowtop's (-15.2 % on our H200 reference step).",
+        doc="fused attention kernel time ÷ summed kernel time, highest rank; 0 while the FLOP count "
+        "lists an uncounted attention op (uncounted_ops covers that)",
+    ),
+)
+
+#: Rules by id.
+RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}
+
+#: Names for several rules at once in overrides (``HintEngine(overrides={"hang": {...}})``).
+GROUPS: Mapping[str, tuple[str, ...]] = {"hang": ("hang_all", "hang_rank")}
+
+
+validate(RULES)

@@ -1,0 +1,99 @@
+"""Builds kernel-window tables on a worker thread so the data thread's event loop stays live.
+
+A GPU window of a large model is thousands of records: building its table takes tens of
+milliseconds (≈50 ms for a 940 M-parameter GPT's step, measured on the H200 recording), and the
+windows of a synchronous job arrive at the same step from every rank. Built on the loop, 16 ranks'
+windows stalled it for 542 ms (``bench/kernel_windows.py``); here one thread builds them in
+arrival order while the loop keeps its turn (the GIL switches every few milliseconds): 14 ms.
+Every window reaches the rank's cumulative table, as in a replay; only a flood beyond
+:data:`MAX_PENDING` queued windows drops one — the oldest of a rank with another queued, so no
+rank loses all of its windows — and counts it. No Textual here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from flowtop.monitor.kernels.aggregate import KernelWindowStats
+from flowtop.monitor.model import Model
+from probe.wire import RankKey
+
+_log = logging.getLogger("flowtop.kernel_worker")
+
+#: Windows waiting to be built at most (≈ 13 s of building for a large GPU model's windows).
+MAX_PENDING = 256
+
+
+class KernelWorker:
+    """Queue of kernel windows to build, in arrival order, on one builder thread."""
+
+    def __init__(self, model: Model, build: Callable[[dict[str, Any]], KernelWindowStats]) -> None:
+        self.model = model
+        self._build = build
+        self._pending: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
+        self._task: asyncio.Task[None] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtop-kernels")
+        self._closed = False
+        self.built = 0
+        self.dropped = 0  # windows never built: the queue overflowed, or the monitor stopped
+
+    def submit(self, key: RankKey, fields: dict[str, Any]) -> None:
+        """Queue a window (called on the loop, from the model's ingest)."""
+        if self._closed:
+            self.dropped += 1
+            return
+        if len(self._pending) >= MAX_PENDING:
+            self._drop_one(key)
+        self._pending.append((key, fields))
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    def _drop_one(self, incoming: RankKey) -> None:
+        """Make room for a window of ``incoming``: the oldest window of a rank that will still
+        have another one queued, so no rank loses all its windows to a flood from the others;
+        else the oldest of all."""
+        counts = collections.Counter(k for k, _ in self._pending)
+        counts[incoming] += 1
+        for i, (k, _) in enumerate(self._pending):
+            if counts[k] > 1:
+                del self._pending[i]
+                break
+        else:
+            self._pending.popleft()
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            _log.warning("kernel windows arrive faster than they are built: %d dropped so far", self.dropped)
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            key, fields = self._pending.popleft()
+            try:
+                stats = await loop.run_in_executor(self._pool, self._build, fields)
+            except Exception as exc:  # a hostile-but-valid window must not kill the monitor
+                self.model.reject(f"kernels: {type(exc).__name__}: {exc}")
+                continue
+            self.built += 1
+            try:
+                self.model.apply_kernels(key, stats)
+            except Exception as exc:
+                _log.warning("applying a kernel window failed: %r", exc)
+
+    async def idle(self) -> None:
+        """Wait until every queued window is built and applied (returns at once after close)."""
+        while self._task is not None and not self._task.done() and not self._closed:
+            await asyncio.shield(self._task)
+
+    def close(self) -> None:
+        """Stop building: queued windows are dropped (and counted), a running build finishes on
+        its thread and is discarded."""
+        self._closed = True
+        self.dropped += len(self._pending)
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)

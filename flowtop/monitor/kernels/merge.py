@@ -1,0 +1,163 @@
+"""Kernel windows across ranks (who runs a kernel slower) and over time (a cumulative table).
+
+Split from :mod:`flowtop.monitor.kernels.aggregate`, which builds one window's table; see its docstring
+for the definitions. No Textual here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowtop.monitor.kernels.aggregate import KernelWindowStats
+
+# merge_ranks flags a kernel when its per-rank time varies by ≥ 20 % of its mean and the
+# difference is ≥ 1 % of the mean step: starting points, to be tuned with evidence.
+FLAG_SPREAD = 0.2
+FLAG_STEP_FRACTION = 0.01
+
+
+# --- across ranks ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankSpread:
+    """One kernel's time in each rank's window."""
+
+    name: str
+    short: str
+    category: str
+    per_rank_us: tuple[tuple[int, float], ...]
+    mean_us: float
+    min_us: float
+    max_us: float
+    min_rank: int
+    max_rank: int
+    ratio: float | None  # max / min (None when some rank did not run it)
+    spread: float  # (max - min) / mean
+    flagged: bool
+
+
+@dataclass(frozen=True)
+class JobKernelStats:
+    """Kernels of a job's ranks, the most uneven (max − min µs) first."""
+
+    ranks: tuple[int, ...]
+    mean_step_us: float
+    kernels: tuple[RankSpread, ...]
+    #: Fewest windows behind any rank's figures (1 for a single-window merge).
+    min_windows: int = 1
+
+
+def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
+    """Compare one window per rank: a kernel absent from a rank counts 0 µs there."""
+    steps = {r: w.step_us for r, w in windows.items()}
+    return _merge(steps, {r: [(k.name, k.short, k.category, k.total_us) for k in w.kernels]
+                          for r, w in windows.items()})
+
+
+def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStats:
+    """Compare ranks by their *mean window* over every window seen.
+
+    Ranks are sampled at different steps; one window per rank lets a passing hiccup
+    (another process on the core, a page fault storm) look like uneven work. Means
+    over all windows keep what is systematic."""
+    steps: dict[int, float] = {}
+    rows: dict[int, list[tuple[str, str, str, float]]] = {}
+    for r, t in tables.items():
+        if t.windows <= 0:
+            continue
+        steps[r] = t.step_us / t.windows
+        rows[r] = [(c.name, c.short, c.category, c.cum_us / t.windows) for c in t.rows()]
+    merged = _merge(steps, rows)
+    counts = [t.windows for t in tables.values() if t.windows > 0]
+    return dataclasses.replace(merged, min_windows=min(counts) if counts else 0)
+
+
+def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, str, str, float]]]) -> JobKernelStats:
+    ranks = tuple(sorted(per_rank))
+    mean_step = sum(steps[r] for r in ranks) / len(ranks) if ranks else 0.0
+    info: dict[str, tuple[str, str, str, float]] = {}
+    times: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in ranks:
+        for row in per_rank[r]:
+            info.setdefault(row[0], row)
+            times[row[0]][r] = row[3]
+    rows = []
+    for name, k in info.items():
+        per = tuple((r, times[name].get(r, 0.0)) for r in ranks)
+        lo = min(per, key=lambda p: (p[1], p[0]))
+        hi = max(per, key=lambda p: (p[1], -p[0]))
+        mean = sum(t for _, t in per) / len(per)
+        spread = (hi[1] - lo[1]) / mean if mean > 0 else 0.0
+        rows.append(RankSpread(
+            name=name, short=k[1], category=k[2], per_rank_us=per, mean_us=mean,
+            min_us=lo[1], max_us=hi[1], min_rank=lo[0], max_rank=hi[0],
+            ratio=hi[1] / lo[1] if lo[1] > 0 else None, spread=spread,
+            flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi[1] - lo[1] >= FLAG_STEP_FRACTION * mean_step,
+        ))
+    rows.sort(key=lambda s: (-(s.max_us - s.min_us), s.name))
+    return JobKernelStats(ranks, mean_step, tuple(rows))
+
+
+# --- over time --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
+class CumulativeRow:
+    """A kernel's totals over every window seen so far."""
+
+    name: str
+    short: str
+    category: str
+    cum_us: float
+    cum_calls: int
+    windows_seen: int
+    share: float  # cum_us ÷ the summed step time of all windows
+
+
+class CumulativeKernels:
+    """Accumulates windows like ``py-spy top``: the UI shows window % beside cumulative time.
+
+    Distinct names are capped at :attr:`max_names`; past it the smallest totals are dropped
+    (a long job with generated kernel names must not grow the monitor without bound). The table
+    holds its rows as the immutable :class:`CumulativeRow` objects that :meth:`rows` hands out
+    (rebuilt at each window, which changes every row's share), so a snapshot's copy of the table
+    costs no memory of its own.
+    """
+
+    def __init__(self, max_names: int = 10_000) -> None:
+        self.max_names = max_names
+        self.windows = 0
+        self.step_us = 0.0
+        self._rows: dict[str, CumulativeRow] = {}
+        self._sorted: tuple[CumulativeRow, ...] | None = None
+
+    def add(self, stats: KernelWindowStats) -> None:
+        """Fold one window in."""
+        self.windows += 1
+        self.step_us += stats.step_us
+        totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen]
+            name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for name, r in self._rows.items()}
+        for k in stats.kernels:
+            row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
+            row[2] += k.total_us
+            row[3] += k.calls
+            row[4] += 1
+        if len(totals) > self.max_names:
+            totals = dict(sorted(totals.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5])
+        step_us = self.step_us
+        self._rows = {name: CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0)
+                      for name, r in totals.items()}
+        self._sorted = None
+
+    def get(self, name: str) -> CumulativeRow | None:
+        """The row of one kernel name, if seen."""
+        return self._rows.get(name)
+
+    def rows(self) -> tuple[CumulativeRow, ...]:
+        """All rows, largest cumulative time first (the same tuple until the next window)."""
+        if self._sorted is None:
+            self._sorted = tuple(sorted(self._rows.values(), key=lambda r: (-r.cum_us, r.name)))
+        return self._sorted

@@ -1,0 +1,449 @@
+"""The job/rank model: validated messages in, immutable snapshots out. No Textual.
+
+Ranks are keyed by (job, host, pid, rank, incarnation) as the wire sends them;
+a job's view shows the newest incarnation of each rank number, or every process of a
+rank number that several running processes claim (a conflict, see flowtop.monitor.claims).
+Liveness uses the monitor's receive clock (``now`` passed in), never the sender's clock.
+
+Rank status: ``done`` (said bye), ``stale`` (silent for max(5 s, 5 median steps)),
+``stalled`` (still talking — the probe's sender thread heartbeats while training is
+stuck, e.g. in a collective — but no step for as long), else ``live``. A stale or
+stalled rank reports tokens/s, FLOP/s, MFU and HFU of 0: the medians of its past steps
+would keep showing full speed. Job status: ``done`` when every rank is, ``running``
+while any rank is live, ``stalled`` while any is stalled, else ``stale``. A job whose
+ranks have all been done or stale for :data:`EVICT_AFTER_S` is dropped.
+
+Reading and advancing are apart: :meth:`snapshot` is a pure read (the same state gives the
+same snapshot, whenever and however often it is taken), while :meth:`tick`, called at a fixed
+cadence on the monitor clock (flowtop.monitor.ticker), evicts and advances the hints' hysteresis —
+live and in replay alike, so a replay reproduces the hints without taking snapshots.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+from dataclasses import replace
+from typing import Any
+
+from flowtop.monitor import accounting, parallelism
+from flowtop.monitor import rankstate as rs
+from flowtop.monitor.claims import Claims, Seen, newest_per
+from flowtop.monitor.kernels.aggregate import KernelWindowStats
+from flowtop.monitor.kernels.merge import JobKernelStats
+from flowtop.monitor.limits import Limits, TokenBucket
+from flowtop.monitor.relays import Relays
+from flowtop.monitor.notices import Notices
+from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
+from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
+from flowtop.monitor.rankviews import RankViews
+from flowtop.monitor.sanitize import clean, interned
+from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from probe.wire import Message, RankKey, StepColumns, step_columns
+
+_log = logging.getLogger("flowtop.model")
+
+#: Ranks of a job whose views a tick rebuilds in full and whose hints it evaluates: a larger
+#: job's views are rebuilt over ceil(ranks / RANKS_PER_TICK) ticks, staggered by rank (the others
+#: get their step and liveness only), and its hints are evaluated every that many ticks. At 4,096
+#: ranks a rank's figures and the job's hints then refresh every 4 s instead of 0.5 s; the tick
+#: stays within its budget (bench/ingest.py --costs: a full view and the hints cost ~0.3 ms a rank).
+RANKS_PER_TICK = 512
+
+#: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
+#: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the
+#: hints were evaluated since its last step arrived. Looks per job are rate-limited (per
+#: second, burst): at the end of a thousand-rank job each look costs a job snapshot.
+LAST_LOOKS_PER_S, LAST_LOOK_BURST = 4.0, 8
+
+
+class Model:
+    """All jobs and ranks the monitor has heard of."""
+
+    def __init__(
+        self,
+        peak_override_flops: float | None = None,
+        kernels: KernelTables | None = None,
+        hint_engine: Any = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.ranks: dict[RankKey, RankState] = {}
+        self.limits = limits or Limits()
+        self._new_ranks = TokenBucket(self.limits.new_ranks_per_s, self.limits.new_ranks_burst)
+        self._room_scans = TokenBucket(10.0, 10)
+        self._job_sizes: collections.Counter[str] = collections.Counter()
+        #: Ranks forgotten early to make room for new ones at a cap (the longest silent first).
+        self.ranks_evicted_for_room = 0
+        self.received = 0
+        self.rejected = 0
+        self.rejected_reasons: collections.Counter[str] = collections.Counter()
+        self.peak_override_flops = peak_override_flops
+        #: How kernel windows become tables (flowtop.monitor.rankkernels); None: they are ignored.
+        self.kernels = kernels
+        self._hint_engine = hint_engine
+        # job -> (windows seen, their merge)
+        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]] = {}
+        self._hints_failed = False
+        self._hints_at: dict[str, float] = {}  # job -> monitor time its hints were last evaluated
+        self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
+        self._claims = Claims()
+        #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
+        self.evicted_jobs = 0
+        #: Ticks run (the turn of a large job's ranks and hints, see RANKS_PER_TICK).
+        self.ticks = 0
+        #: Node relays heard of, and which relay each rank's frames come through (flowtop.monitor.relays).
+        self.relays = Relays()
+        self.views = RankViews(peak_override_flops)
+        self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
+        #: Monitor-side errors for the user (the UI shows them as notifications).
+        self.notices = Notices()
+        self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
+        if hint_engine is not None and hasattr(hint_engine, "report"):
+            hint_engine.report = self._hint_failed
+
+    # --- ingest ---------------------------------------------------------------------
+
+    @property
+    def builds_kernels(self) -> bool:
+        """Whether this model turns kernel windows into tables (it was given KernelTables)."""
+        return self.kernels is not None
+
+    def offload_kernels(self, submit: Submit) -> None:
+        """Send kernel windows to ``submit``, which builds them elsewhere and hands them back
+        through :meth:`apply_kernels` (flowtop.monitor.kernel_worker)."""
+        if self.kernels is not None:
+            self.kernels = self.kernels.offloaded(submit)
+
+    def apply_kernels(self, key: RankKey, stats: KernelWindowStats) -> None:
+        """A built window: into the rank's tables, unless the rank is gone."""
+        st = self.ranks.get(key)
+        if st is not None and self.kernels is not None:
+            add_window(st, stats)
+            st.version += 1
+
+    def build_kernels_here(self) -> None:
+        """Build kernel windows inline again (the collector that built them elsewhere stopped)."""
+        if self.kernels is not None:
+            self.kernels = self.kernels.inline()
+
+    def reject(self, reason: str) -> None:
+        """Count a frame that failed validation (reasons are bucketed by prefix)."""
+        self.rejected += 1
+        bucket = reason[:100]
+        if len(self.rejected_reasons) < 100 or bucket in self.rejected_reasons:
+            self.rejected_reasons[bucket] += 1
+
+    def ingest(self, msg: Message, now: float, via: str | None = None) -> None:
+        """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""
+        if msg.kind == "relay":  # a relay's own figures: no rank
+            self.received += 1
+            self.relays.report(msg, now)
+            return
+        st = self.ranks.get(msg.key)
+        if st is not None:
+            why = rs.implausible(st, msg, now)
+            if why:
+                self.reject(why)
+                return
+        elif not self._admit(msg.key, now):
+            return
+        self.received += 1
+        self._now = max(self._now, now)
+        if st is None:
+            st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
+            self._job_sizes[msg.key.job] += 1
+        st.last_recv = now
+        self.relays.saw(msg.key, via)
+        st.version += 1
+        if st.last_seq >= 0 and msg.seq > st.last_seq + 1:
+            st.lost += msg.seq - st.last_seq - 1
+        st.last_seq = max(st.last_seq, msg.seq)
+        f = msg.fields
+        if msg.kind in ("hello", "bye", "flops", "telemetry"):
+            f = clean(f)  # remote text is shown in terminals: no control sequences
+        if msg.kind == "hello":
+            if f != st.hello:  # re-sent every 2 s, nearly always the same
+                st.hello = interned(f)
+        elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
+            self._on_steps(st, cols, now)
+        elif msg.kind == "flops":
+            st.flops = interned(f)
+        elif msg.kind == "telemetry":
+            st.telemetry = dict(f)  # not interned: replaced every second, the CPU would cost more (bench --costs)
+            st.telemetry_at = now
+            dev = f.get("gpu", {})
+            st.push_series("tensor_active", dev.get("tensor_active"))
+            st.push_series("power_w", dev.get("power_w"))
+            st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
+            flops = self._rank_flops(st, now)
+            st.push_series("mfu", flops.mfu if flops is not None else None)
+        elif msg.kind == "kernels" and self.kernels is not None:
+            if self.kernels.submit is not None:
+                self.kernels.submit(msg.key, dict(f))
+            else:
+                self.apply_kernels(msg.key, build_window(f))
+        elif msg.kind == "bye":
+            self._last_look(st, now)
+            st.bye = str(f.get("reason", "exit"))
+            st.drops = max(st.drops, int(f.get("drops", 0)))
+
+    def _admit(self, key: RankKey, now: float) -> bool:
+        """Whether a frame of a rank key never seen may create it (see flowtop.monitor.limits)."""
+        lim = self.limits
+        if not self._new_ranks.take(now):
+            self.reject("new rank refused: more new ranks per second than the monitor admits")
+            return False
+        if key.job not in self._job_sizes and len(self._job_sizes) >= lim.max_jobs:
+            if not self._make_room(now, whole_job=True):
+                self.reject("new rank refused: the monitor's job limit is reached")
+                return False
+        if self._job_sizes[key.job] >= lim.max_ranks_per_job:
+            if not self._make_room(now, job=key.job):
+                self.reject("new rank refused: the job's rank limit is reached")
+                return False
+        elif len(self.ranks) >= lim.max_ranks and not self._make_room(now):
+            self.reject("new rank refused: the monitor's rank limit is reached")
+            return False
+        return True
+
+    def _make_room(self, now: float, job: str | None = None, whole_job: bool = False) -> bool:
+        """Forget the longest-silent ended rank (of ``job`` when given), or with ``whole_job`` the
+        longest-silent job whose ranks have all ended; False when there is none.
+
+        A scan of every rank costs ~60 ms at 65 k ranks: scans are rate-limited too, so a flood
+        at a cap is refused without one."""
+        if not self._room_scans.take(now):
+            return False
+        def ended(st: RankState) -> bool:
+            return st.bye is not None or now - st.last_recv > rs.limit(rs.median_step(st))
+
+        if whole_job:
+            done = [states for states in self._by_job().values() if all(ended(st) for st in states)]
+            if not done:
+                return False
+            for st in max(done, key=lambda states: now - max(st.last_recv for st in states)):
+                self._forget(st)
+                self.ranks_evicted_for_room += 1
+            return True
+        candidates = [st for st in self.ranks.values() if (job is None or st.key.job == job) and ended(st)]
+        if not candidates:
+            return False
+        self._forget(min(candidates, key=lambda st: st.last_recv))
+        self.ranks_evicted_for_room += 1
+        return True
+
+    def _by_job(self) -> dict[str, list[RankState]]:
+        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
+        for st in self.ranks.values():
+            by_job[st.key.job].append(st)
+        return by_job
+
+    def _forget(self, st: RankState) -> None:
+        del self.ranks[st.key]
+        self.relays.forget(st.key)
+        self.views.forget(st.key)
+        job = st.key.job
+        self._job_sizes[job] -= 1
+        if self._job_sizes[job] <= 0:
+            del self._job_sizes[job]
+            self._merged.pop(job, None)
+            self._hints_at.pop(job, None)
+            self._looks.pop(job, None)
+            self._hints.pop(job, None)
+            self._claims.forget_job(job)
+            forget = getattr(self._hint_engine, "forget", None)
+            if forget is not None:
+                forget(job)
+
+    def _on_steps(self, st: RankState, cols: StepColumns, now: float) -> None:
+        """Append a frame's step records (columns, oldest first) received at ``now``; records at
+        or before the rank's newest step are duplicates or reordered: steps stay monotonic."""
+        steps = cols.step
+        first = bisect.bisect_right(steps, st.step) if st.steps else 0
+        if first >= len(steps):
+            return  # every record seen already: a stale frame's totals and device time are old too
+        st.steps.extend(steps, cols.wall_s, cols.tokens, cols.input_wait_s, cols.lead_s, now, first)
+        st.step = steps[-1]
+        for column, into in ((cols.probe_s, st.probe_s), (cols.stage_s, st.stage_s)):
+            if column is not None:
+                part = column[first:] if first else column
+                total = sum(part)
+                into.extend(part if total == total else [x for x in part if x == x])  # NaN: not sent
+        st.drops = max(st.drops, cols.drops)
+        st.commands_refused = max(st.commands_refused, cols.commands_refused)
+        if cols.device_s is not None:
+            st.device_s = cols.device_s
+
+    # --- ticks and snapshots -----------------------------------------------------------
+
+    def _rank_flops(self, st: RankState, now: float) -> Any:
+        med = rs.median_step(st)
+        stalled = rs.stalled_for(st, now, med)
+        return accounting.rank_flops(
+            st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled
+        )
+
+    def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
+        """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate
+        every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
+        return the snapshot of that instant. Called at a fixed cadence (flowtop.monitor.ticker)."""
+        self._now = max(self._now, now)
+        self.ticks += 1
+        self._evict(now)
+        by_job = self._view(self.ranks.values(), now, remember=True)
+        jobs = []
+        for job, shown in sorted(by_job.items()):
+            spread = -(-len(shown) // RANKS_PER_TICK)  # ticks a large job's full refresh takes
+            snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
+            if spread > 1 and self.ticks % spread:
+                jobs.append(replace(snap, hints=self._hints.get(job, ())))  # evaluated every `spread` ticks
+            else:
+                jobs.append(self._evaluate(snap, now))
+        return self._monitor_snapshot(now, listen, tuple(jobs))
+
+    def snapshot(self, now: float, listen: str = "", light: bool = False) -> MonitorSnapshot:
+        """An immutable view of everything at monitor time ``now``, with the hints of the last
+        tick. A pure read: nothing is evicted, no hint advances, taking it changes nothing.
+
+        ``light``: a glance between two ticks (flowtop.monitor.collector): each rank's step and liveness
+        now, its figures from its last full view (a rank never shown gets one)."""
+        by_job = self._view(self.ranks.values(), now, remember=False)
+        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()), rotation=(0, 0) if light else None)
+                     for job, shown in sorted(by_job.items()))
+        return self._monitor_snapshot(now, listen, jobs)
+
+    def _monitor_snapshot(self, now: float, listen: str, jobs: tuple[JobSnapshot, ...]) -> MonitorSnapshot:
+        return MonitorSnapshot(
+            taken_at=now,
+            listen=listen,
+            jobs=jobs,
+            received=self.received,
+            rejected=self.rejected,
+            rejected_reasons=dict(self.rejected_reasons),
+            ranks_evicted_for_room=self.ranks_evicted_for_room,
+            relays=self.relays.snapshot(now),
+        )
+
+    def _view(self, states: Any, now: float, remember: bool) -> dict[str, list[tuple[RankState, tuple[RankKey, ...]]]]:
+        """Per job, the rank processes it shows (by rank, host, pid), each with the other
+        processes that claim its rank number (see flowtop.monitor.claims; ``remember``: a tick's view,
+        which updates the conflicts remembered)."""
+        states = list(states)
+        seen = [Seen(st.key, rs.running(st, now), bool(st.steps), st.last_recv) for st in states]
+        shown = self._claims.shown(seen, remember)
+        by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
+        for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
+            if st.key in shown:
+                by_job[st.key.job].append((st, shown[st.key]))
+        return by_job
+
+    def _last_look(self, leaving: RankState, now: float) -> None:
+        """Evaluate the hints of the job of ``leaving`` once more before it ends (LAST_LOOKS_PER_S)."""
+        job = leaving.key.job
+        if self._hint_engine is None or not leaving.steps:
+            return
+        if leaving.steps[-1].recv <= self._hints_at.get(job, float("-inf")):
+            return  # the hints have seen its last step already
+        if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
+            return
+        shown = self._view((st for st in self.ranks.values() if st.key.job == job), now, remember=True).get(job)
+        if shown:
+            spread = -(-len(shown) // RANKS_PER_TICK)  # a large job's look rebuilds only this tick's share
+            self._evaluate(self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None),
+                           now)
+
+    def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
+                      hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
+        """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
+        a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
+        states = [st for st, _ in shown]
+        if rotation is None:
+            ranks = tuple(self.views.view(st, now, others) for st, others in shown)
+        elif rotation[1] == 0:  # a glance: nobody's turn
+            ranks = tuple(self.views.view(st, now, others, glance=True) for st, others in shown)
+        else:
+            tick, spread = rotation
+            # The turn follows the rank number, not the row: a rank's turn comes every `spread`
+            # ticks whoever joins or leaves the job meanwhile.
+            ranks = tuple(self.views.view(st, now, others, full=(st.key.rank + tick) % spread == 0)
+                          for st, others in shown)
+        ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
+        live = [r for r in ranks if r.status == "live"] or list(ranks)
+        world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
+        times = [r.step_time_s for r in live if r.step_time_s]
+        if all(r.status == "done" for r in ranks):
+            status = "done"
+        elif any(r.status == "live" for r in ranks):
+            status = "running"
+        elif any(r.status == "stalled" for r in ranks):
+            status = "stalled"
+        else:
+            status = "stale"
+        # While running, ranks that finished no longer add throughput; once the job is
+        # done, the totals describe its last steady state. Stalled and stale ranks add 0.
+        counted = [r for r in ranks if r.status != "done" or status == "done"]
+        # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
+        tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
+        merged = None
+        if self.kernels is not None:
+            tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
+            # Merging only changes when some rank gets a new window: reuse it between windows
+            # instead of recomputing it for every 2 Hz snapshot.
+            version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
+            cached = self._merged.get(job)
+            if cached is not None and cached[0] == version:
+                merged = cached[1]
+            else:
+                merged = self.kernels.merge(tables) if len(tables) > 1 else None
+                self._merged[job] = (version, merged)
+        return JobSnapshot(
+            job=job,
+            world_size=world,
+            ranks=ranks,
+            step=min(r.step for r in live),
+            step_time_s=max(times) if times else None,
+            tokens_per_s=tokens_per_s,
+            flops=parallelism.job_flops_per_token(accounting.job_flops([r.flops for r in counted]),
+                                                  counted, tokens_basis),
+            status=status,
+            kernels_merged=merged,
+            rank_conflicts=len({r.rank for r in ranks if r.conflict}),
+            hints=hints,
+            tokens_basis=tokens_basis,
+            stages=parallelism.pipeline_stages(counted),
+        )
+
+    def _evaluate(self, snap: JobSnapshot, now: float) -> JobSnapshot:
+        """Evaluate the job's hints at ``now`` (advancing their hysteresis) and keep them for the
+        snapshots until the next evaluation."""
+        if self._hint_engine is None:
+            return snap
+        self._hints_at[snap.job] = now
+        try:
+            hints = tuple(self._hint_engine.evaluate(snap, now))
+        except Exception as exc:  # a hints bug must not cost the user every snapshot
+            if not self._hints_failed:
+                self._hints_failed = True
+                _log.exception("hint engine failed; snapshots go on without hints")
+                self.notices.error(f"hints stopped: the hint engine raised {type(exc).__name__}: {exc}", now)
+            return replace(snap, hints=self._hints.get(snap.job, ()))
+        self._hints[snap.job] = hints
+        return replace(snap, hints=hints)
+
+    def _hint_failed(self, text: str) -> None:
+        """The hint engine's report of a rule that raised (its hints are held)."""
+        self.notices.warning(text, self._now)
+
+    def _evict(self, now: float) -> None:
+        """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
+        for states in self._by_job().values():
+            gone = [st for st in states if rs.gone(st, now)]
+            if len(gone) == len(states):
+                self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
+            else:
+                # Only old incarnations the view no longer shows (a newer one of the rank exists).
+                newest = newest_per(states, lambda st: st.key.rank, lambda st: st.key.inc)
+                gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc]
+            for st in gone:
+                self._forget(st)

@@ -1,0 +1,150 @@
+"""The rank view's filter (the ``/`` key): host globs, rank ranges, statuses, hint ids.
+
+Pure data (no Textual). A filter is space-separated terms; each is a host glob (``node01*``),
+a rank or rank range (``7``, ``128-255``, ``4000-``), a status (``stalled``; ``hung`` is the
+same), ``conflict``, or a hint id (``input_wait``: the ranks an active hint of that id names).
+A bare word is classified in that order (digits, status, hint id, else a host glob);
+``host:``, ``rank:``, ``status:`` and ``hint:`` prefixes force a kind, and commas list values
+(``rank:0-7,64-71``). Terms of one kind are alternatives, different kinds must all match:
+``node0* stalled stale`` is "on node0*, and stalled or stale".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+
+STATUSES = frozenset({"live", "stalled", "stale", "done"})
+#: Words people use for a status: a rank that talks but makes no step is hung.
+STATUS_ALIASES = {"hung": "stalled"}
+CONFLICT = "conflict"
+KINDS = ("host", "rank", "status", "hint")
+_RANGE = re.compile(r"^(\d+)(?:-(\d*))?$")
+_RANK_TARGET = re.compile(r"^rank (\d+)$")
+
+
+class FilterError(ValueError):
+    """A filter text that does not parse; the message says which term and why."""
+
+
+@dataclass(frozen=True)
+class RankFilter:
+    """A parsed filter; the empty filter keeps every rank."""
+
+    text: str = ""
+    hosts: tuple[str, ...] = ()  # globs, matched against the full and the short host name
+    ranges: tuple[tuple[int, int], ...] = ()  # inclusive rank ranges
+    statuses: frozenset[str] = frozenset()  # may hold CONFLICT
+    hints: frozenset[str] = frozenset()  # hint ids
+
+    @property
+    def active(self) -> bool:
+        """Whether the filter drops anything at all."""
+        return bool(self.hosts or self.ranges or self.statuses or self.hints)
+
+    def matcher(self, job: JobSnapshot) -> Callable[[RankSnapshot], bool]:
+        """A predicate over ``job``'s ranks (hint targets and host matches computed once)."""
+        if not self.active:
+            return lambda r: True
+        tests: list[Callable[[RankSnapshot], bool]] = []
+        if self.hosts:
+            tests.append(_host_test(self.hosts))
+        if self.ranges:
+            ranges = self.ranges
+            tests.append(lambda r: any(lo <= r.rank <= hi for lo, hi in ranges))
+        if self.statuses:
+            statuses = self.statuses
+            conflict = CONFLICT in statuses
+            tests.append(lambda r: r.status in statuses or (conflict and bool(r.conflict)))
+        if self.hints:
+            tests.append(_hint_test(job, self.hints))
+        return lambda r: all(t(r) for t in tests)
+
+
+def _host_test(globs: tuple[str, ...]) -> Callable[[RankSnapshot], bool]:
+    """Host globs, cached per host name (thousands of ranks, a few hundred hosts)."""
+    seen: dict[str, bool] = {}
+
+    def test(r: RankSnapshot) -> bool:
+        hit = seen.get(r.host)
+        if hit is None:
+            short = r.host.split(".")[0]
+            hit = any(fnmatch.fnmatchcase(r.host, g) or fnmatch.fnmatchcase(short, g) for g in globs)
+            seen[r.host] = hit
+        return hit
+
+    return test
+
+
+def _hint_test(job: JobSnapshot, ids: frozenset[str]) -> Callable[[RankSnapshot], bool]:
+    """Ranks named by an active hint of one of ``ids``. A job- or kernel-scope hint is about
+    every rank of the job; an ended hint is history, not a current problem, so it is skipped."""
+    ranks: set[int] = set()
+    for h in job.hints:
+        if h.id not in ids or h.ended:
+            continue
+        m = _RANK_TARGET.match(h.target) if h.scope == "rank" else None
+        if m is None:
+            return lambda r: True
+        ranks.add(int(m.group(1)))
+    return lambda r: r.rank in ranks
+
+
+def known_hint_ids(job: JobSnapshot | None = None) -> frozenset[str]:
+    """Hint ids a bare word may name: every rule's, plus any the job's hints carry."""
+    from flowtop.monitor.hints.rules import RULES
+
+    ids = {rule.id for rule in RULES}
+    if job is not None:
+        ids.update(h.id for h in job.hints)
+    return frozenset(ids)
+
+
+def parse_filter(text: str, hint_ids: Iterable[str] | None = None) -> RankFilter:
+    """Parse the ``/`` filter's text (see the module docstring); raises :class:`FilterError`."""
+    ids = frozenset(hint_ids) if hint_ids is not None else known_hint_ids()
+    parts: dict[str, list] = {k: [] for k in KINDS}
+    for term in text.split():
+        kind, _, values = term.partition(":") if ":" in term else ("", "", term)
+        if kind and kind not in KINDS:
+            raise FilterError(f"unknown filter kind {kind!r} in {term!r} (host:, rank:, status:, hint:)")
+        for value in (v for v in values.split(",") if v):
+            k = kind or _classify(value, ids)
+            parts[k].append(_value(k, value, term))
+    return RankFilter(
+        text=" ".join(text.split()),
+        hosts=tuple(parts["host"]),
+        ranges=tuple(parts["rank"]),
+        statuses=frozenset(parts["status"]),
+        hints=frozenset(parts["hint"]),
+    )
+
+
+def _classify(value: str, ids: frozenset[str]) -> str:
+    if _RANGE.match(value):
+        return "rank"
+    if value in STATUSES or value in STATUS_ALIASES or value == CONFLICT:
+        return "status"
+    return "hint" if value in ids else "host"
+
+
+def _value(kind: str, value: str, term: str) -> object:
+    if kind == "rank":
+        m = _RANGE.match(value)
+        if m is None:
+            raise FilterError(f"{term!r}: a rank range is N, N-M or N- (e.g. 128-255)")
+        lo = int(m.group(1))
+        hi = lo if m.group(2) is None else (int(m.group(2)) if m.group(2) else 1 << 62)
+        if hi < lo:
+            raise FilterError(f"{term!r}: the range ends before it starts")
+        return (lo, hi)
+    if kind == "status":
+        status = STATUS_ALIASES.get(value, value)
+        if status not in STATUSES and status != CONFLICT:
+            raise FilterError(f"{term!r}: a status is live, stalled (hung), stale, done or conflict")
+        return status
+    return value

@@ -1,0 +1,192 @@
+"""Per-rank state of the monitor's model and the clock rules over it. No Textual.
+
+Liveness uses the monitor's receive clock (``now`` passed in), never the sender's clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flowtop.monitor.compact import Column, PairSeq, StepRing
+from flowtop.monitor.snapshot import History, TelemetryView
+from probe.wire import Message, RankKey, step_columns
+
+if TYPE_CHECKING:  # built and added by flowtop.monitor.rankkernels
+    from flowtop.monitor.kernels.aggregate import KernelWindowStats
+    from flowtop.monitor.kernels.merge import CumulativeKernels
+
+#: Steps kept per rank for step alignment (step numbers and receive times; the straggler rule
+#: looks back 256 steps for "since when") ...
+RING = 256
+#: ... and of those the last RECENT with all their fields (medians: 32, history: HISTORY).
+RECENT = 128
+HISTORY = 120
+#: Samples kept per sparkline series (one per telemetry or FLOP refresh).
+SERIES = 300
+#: Probe overhead samples kept per rank.
+PROBE_SAMPLES = 64
+#: A rank is stale after this many seconds of silence (or 5 median steps, if longer),
+#: and stalled after as long without a step.
+STALE_AFTER_S = 5.0
+#: ... the "5 median steps" of that limit.
+STALE_AFTER_STEPS = 5.0
+#: A job whose ranks have all been done or stale (and silent) this long is forgotten.
+EVICT_AFTER_S = 600.0
+#: Fastest plausible advance of a rank between two of its frames: a forged step or sequence
+#: number far ahead would freeze the real rank's view (later, true values look like replays).
+#: The allowance grows with the silence since the rank's last frame (a monitor that was away,
+#: a probe queue that dropped): 10 k steps/s and 100 k frames/s, never under the floors.
+MAX_STEPS_PER_S, MIN_STEP_JUMP = 10_000, 1_000
+MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
+
+
+@dataclass
+class RankState:
+    """Mutable per-rank state; only the model touches it."""
+
+    key: RankKey
+    first_seen: float
+    last_recv: float
+    hello: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    steps: StepRing = field(default_factory=lambda: StepRing(RING, RECENT))
+    device_s: float | None = None
+    # Columns of machine numbers, not deques of float objects (~2 KB a rank at 4,096 ranks).
+    probe_s: Column = field(default_factory=lambda: Column("d", PROBE_SAMPLES))
+    #: Compute time of the rank's pipeline stage(s) per step (the step records' ``stage_s``).
+    stage_s: Column = field(default_factory=lambda: Column("d", 32))
+    last_seq: int = -1
+    lost: int = 0
+    drops: int = 0
+    flops: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    telemetry_at: float = 0.0
+    series: dict[str, Column] = field(default_factory=dict)
+    kernels: KernelWindowStats | None = None  # the latest window (flowtop.monitor.rankkernels)
+    kernels_cumulative: CumulativeKernels | None = None
+    bye: str | None = None
+    commands_refused: int = 0
+    #: Bumped whenever anything above changes (a frame, a built kernel window): a view built
+    #: from the same version shows the same data (flowtop.monitor.rankviews).
+    version: int = 0
+    #: (version, step, steps held) -> median step time: every status check needs the median, a
+    #: sort of 32 values, thousands of ranks twice a second.
+    med_cache: tuple[tuple[int, int], float | None] = ((-1, 0), None)
+
+    def push_series(self, name: str, value: Any) -> None:
+        """Append a numeric value to a sparkline series (None is skipped)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            column = self.series.get(name)
+            if column is None:
+                column = self.series[name] = Column("f", SERIES)  # sparklines: float32 is plenty
+            column.append(float(value))
+
+
+def implausible(st: RankState, msg: Message, now: float) -> str:
+    """Why ``msg`` cannot come from the rank ``st`` has heard so far ("" when it can)."""
+    silent = max(0.0, now - st.last_recv)
+    if st.last_seq >= 0 and msg.seq - st.last_seq > max(MIN_SEQ_JUMP, silent * MAX_FRAMES_PER_S):
+        return "implausible seq jump for a known rank (forged or corrupt frame)"
+    cols = step_columns(msg)
+    step = cols.step[-1] if cols is not None and cols.step else None
+    if st.steps and step is not None and step - st.step > max(MIN_STEP_JUMP, silent * MAX_STEPS_PER_S):
+        return "implausible step jump for a known rank (forged or corrupt frame)"
+    return ""
+
+
+def limit(med: float | None) -> float:
+    """Seconds of silence (or without a step) after which a rank is stale (or stalled)."""
+    return max(STALE_AFTER_S, STALE_AFTER_STEPS * (med or 0.0))
+
+
+def stalled_for(st: RankState, now: float, med: float | None) -> float | None:
+    """Seconds since the rank's last step (monitor clock) when beyond the limit, else None.
+
+    A finished rank is never stalled; a rank with no step yet (warming up) neither.
+    """
+    if st.bye is not None or not st.steps:
+        return None
+    since = now - st.steps[-1].recv
+    return since if since > limit(med) else None
+
+
+def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> float | None:
+    """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
+    if stalled is not None:
+        return 0.0
+    tokens = st.steps.values(StepRing.TOKENS, 32)
+    if tokens and med and tokens[-1]:
+        return statistics.median(tokens) / med
+    return None
+
+
+def running(st: RankState, now: float) -> bool:
+    """Neither said bye nor silent past the stale limit (a stalled rank still runs)."""
+    if st.bye is None and now - st.last_recv <= STALE_AFTER_S:
+        return True  # the limit is at least that: no median needed (every rank, every tick)
+    return status(st, now, median_step(st), None) not in ("done", "stale")
+
+
+def gone(st: RankState, now: float) -> bool:
+    """Done or stale, and silent for at least EVICT_AFTER_S."""
+    silent = now - st.last_recv
+    return silent > EVICT_AFTER_S and silent > limit(median_step(st))
+
+
+def median_step(st: RankState) -> float | None:
+    """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
+    # The ring changes only with a new step (duplicates are dropped): the newest step number and
+    # the count say whether it did, whatever other frames (telemetry, hello) bumped the version.
+    key = (st.step, len(st.steps))
+    if st.med_cache[0] == key:
+        return st.med_cache[1]
+    ring = st.steps
+    # step 1 includes warm-up
+    recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]
+    med = statistics.median(recent) if recent else None
+    st.med_cache = (key, med)
+    return med
+
+
+def status(st: RankState, now: float, med: float | None, stalled: float | None) -> str:
+    """"done" (said bye), "stale" (silent past the limit), "stalled" (talks, no step), "live"."""
+    if st.bye is not None:
+        return "done"
+    if now - st.last_recv > limit(med):
+        return "stale"
+    if stalled is not None:
+        return "stalled"  # heartbeats, but no step: hung (in a collective, I/O, a deadlock)
+    return "live"
+
+
+def telemetry_view(st: RankState) -> TelemetryView | None:
+    """The rank's latest telemetry as an immutable view (None before any arrived)."""
+    if st.telemetry is None:
+        return None
+    return TelemetryView(
+        device=st.telemetry.get("gpu", {}),
+        host=st.telemetry.get("proc", {}),
+        reasons=st.telemetry.get("reasons", {}),
+        received_at=st.telemetry_at,
+    )
+
+
+def history(st: RankState) -> History:
+    """The last HISTORY steps, the sparkline series and the steps' receive times, oldest first:
+    immutable views that share the rank's storage (flowtop.monitor.compact), not copies."""
+    ring = st.steps
+    n = min(HISTORY, ring.recent_len)
+    series = st.series
+    return History(
+        steps=ring.column(ring.STEP, n),
+        step_time_s=ring.column(ring.WALL, n),
+        input_wait_s=ring.column(ring.WAIT, n),
+        lead_s=ring.column(ring.LEAD, n),
+        mfu=series["mfu"].view() if "mfu" in series else (),
+        tensor_active=series["tensor_active"].view() if "tensor_active" in series else (),
+        power_w=series["power_w"].view() if "power_w" in series else (),
+        sm_clock_mhz=series["sm_clock_mhz"].view() if "sm_clock_mhz" in series else (),
+        reached=PairSeq(ring.column(ring.STEP), ring.column(ring.RECV)),
+    )

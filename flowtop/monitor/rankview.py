@@ -1,0 +1,319 @@
+"""The rank view's rows: rank keys, step lag, worst-first order, column sorts, node groups.
+
+Pure data (no Textual): :func:`build_view` turns one :class:`JobSnapshot` and a
+:class:`ViewSpec` (sort, grouping, filter, which nodes are open) into an immutable
+:class:`RankView` that the table only has to draw. It runs on every snapshot (2 Hz) for up to
+thousands of ranks, so it does one sort and one pass and keeps per-rank work to a tuple.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Iterable, Union
+
+from flowtop.monitor.format import COORD_ROLES
+from flowtop.monitor.rankfilter import RankFilter
+from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+
+#: (job, host, pid, rank, incarnation): one rank process. Rows, selection and map cells are
+#: keyed by it, never by a row index, so a selection survives rows moving.
+RankKey = tuple[str, str, int, int, int]
+#: ("node", job, host): one node's aggregate row.
+NodeKey = tuple[str, str, str]
+RowKey = Union[RankKey, NodeKey]
+
+#: Worst-first tiers of a status. A rank that talks but makes no step (hung in a collective)
+#: comes first, then a silent one, then two processes claiming one rank, then the rest.
+STATUS_TIER = {"stalled": 0, "stale": 1, "live": 3, "done": 4}
+CONFLICT_TIER = 2
+#: Worst status of a node: the lowest tier among its ranks.
+_TIER_STATUS = {0: "stalled", 1: "stale", 2: "live", 3: "live", 4: "done"}
+#: A live rank is a straggler this many steps behind the job's lead rank. One step apart is
+#: ordinary: ranks are sampled at slightly different moments of the same step.
+STRAGGLER_LAG = 2
+#: ... or when its median step time is this many times the job's median.
+STRAGGLER_RATIO = 1.10
+#: Groups start open while the ranks shown are this few (every row fits a screen or two);
+#: beyond it nodes start closed, so 4,096 ranks show as 512 node rows, worst first.
+OPEN_UP_TO = 64
+
+_INF = float("inf")
+
+
+def rank_key(job: str, r: RankSnapshot) -> RankKey:
+    """The key of one rank process (a restart is a new incarnation, hence a new key)."""
+    return (job, r.host, r.pid, r.rank, r.incarnation)
+
+
+def node_key(job: str, host: str) -> NodeKey:
+    """The key of one node's aggregate row."""
+    return ("node", job, host)
+
+
+def is_node_key(key: RowKey | None) -> bool:
+    """Whether ``key`` names a node row (else a rank row, or nothing)."""
+    return key is not None and key[0] == "node" and len(key) == 3
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Job-wide figures the per-rank order and lag are measured against."""
+
+    lead_step: int  # highest step of a running rank
+    median_step_s: float | None  # median of the live ranks' median step times
+
+    def lag(self, r: RankSnapshot) -> int:
+        """Steps behind the lead rank (0 for a finished rank: it is not late, it is done)."""
+        return 0 if r.status == "done" else max(0, self.lead_step - r.step)
+
+
+_LAST_CONTEXT: list[tuple[JobSnapshot, JobContext]] = []
+
+
+def job_context_of(job: JobSnapshot) -> JobContext:
+    """:func:`job_context` of ``job``'s ranks, remembered for the last job asked about: the
+    table, the map and the summary all measure against one snapshot's job."""
+    if _LAST_CONTEXT and _LAST_CONTEXT[0][0] is job:
+        return _LAST_CONTEXT[0][1]
+    ctx = job_context(job.ranks)
+    _LAST_CONTEXT[:] = [(job, ctx)]
+    return ctx
+
+
+def job_context(ranks: Iterable[RankSnapshot]) -> JobContext:
+    """Lead step and median step time over the running ranks."""
+    ranks = list(ranks)
+    running = [r for r in ranks if r.status != "done"] or ranks
+    times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
+    return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times))
+
+
+def median_sorted(xs: list[float]) -> float | None:
+    """Median of an already sorted list (statistics.median costs a sort and type checks: this
+    runs for every node of a 4,096-rank job twice a second)."""
+    n = len(xs)
+    if not n:
+        return None
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
+    """Sort key: hung/stalled/stale, then stragglers (most steps behind, slowest step), then
+    the lowest MFU; rank number and incarnation break ties so the order is deterministic."""
+    limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
+
+    def key(r: RankSnapshot) -> tuple:
+        tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, 1)
+        step_s = r.step_time_s if r.step_time_s is not None else 0.0
+        if tier < 3:  # among the stuck, the one stuck at the lowest step has been stuck longest
+            return (tier, 0, r.step, 0.0, r.rank, r.incarnation)
+        if tier == 3:
+            lag = ctx.lead_step - r.step
+            if lag >= STRAGGLER_LAG or step_s >= limit:
+                return (3, 0, -lag, -step_s, r.rank, r.incarnation)
+            mfu = r.mfu
+            return (3, 1, _INF if mfu is None else mfu, -step_s, r.rank, r.incarnation)
+        return (4, 0, 0.0, 0.0, r.rank, r.incarnation)
+
+    return key
+
+
+def _value_getters(ctx: JobContext) -> dict[str, Callable[[RankSnapshot], object]]:
+    """Per column: the value a column sort compares (None: no value, sorted last)."""
+    tel = lambda r: r.telemetry.device.get("tensor_active") if r.telemetry else None  # noqa: E731
+    return {
+        "rank": lambda r: r.rank,
+        "host": lambda r: r.host,
+        "step": lambda r: r.step,
+        "lag": ctx.lag,
+        "step_time": lambda r: r.step_time_s,
+        "input_wait": lambda r: r.input_wait_frac,
+        "tokens": lambda r: r.tokens_per_s,
+        "flops": lambda r: r.flops.flops_per_s if r.flops else None,
+        "mfu": lambda r: r.mfu,
+        "tensor": lambda r: tel(r) if isinstance(tel(r), (int, float)) else None,
+        "status": lambda r: STATUS_TIER.get(r.status, 1),
+        "mfu_bf16": lambda r: r.flops.mfu_bf16 if r.flops is not None else None,
+        # parallel coordinates in their label's order (dp, tp, pp, cp, ep ranks)
+        "coords": lambda r: tuple(r.coords.get(role, (0, 1))[0] for role in COORD_ROLES) if r.coords else None,
+    }
+
+
+#: Columns a sort can use, in table order, and whether their worst values are the high ones:
+#: a column sort puts the worst first (slowest step, most lag, lowest MFU); ``r`` reverses.
+SORT_COLUMNS: dict[str, bool] = {
+    "rank": False, "host": False, "step": False, "lag": True, "step_time": True,
+    "input_wait": True, "tokens": False, "flops": False, "mfu": False, "tensor": False,
+    "status": False,
+}  # fmt: skip
+#: Columns the table shows only for jobs that have them (bf16-equivalent MFU, coordinates):
+#: sorted by a click on their header, left out of the ``s`` cycle (they may be absent).
+OPTIONAL_SORTS: dict[str, bool] = {"mfu_bf16": False, "coords": False}
+ALL_SORTS: dict[str, bool] = {**SORT_COLUMNS, **OPTIONAL_SORTS}
+WORST = "worst"
+
+
+def sort_ranks(ranks: Iterable[RankSnapshot], ctx: JobContext, column: str = WORST,
+               reverse: bool = False) -> list[RankSnapshot]:
+    """``ranks`` in display order: worst first, or by ``column`` (missing values always last)."""
+    if column == WORST:
+        return sorted(ranks, key=worst_first(ctx), reverse=reverse)
+    get = _value_getters(ctx)[column]
+    desc = ALL_SORTS[column] != reverse
+    present: list[tuple[Any, int, int, RankSnapshot]] = []  # (value, rank, incarnation, snapshot)
+    missing: list[tuple[Any, int, int, RankSnapshot]] = []
+    for r in ranks:
+        v = get(r)
+        (missing if v is None else present).append((v, r.rank, r.incarnation, r))
+    if desc:  # ties still by ascending rank, so equal values keep a stable, readable order
+        present.sort(key=lambda t: (t[1], t[2]))
+        present.sort(key=lambda t: t[0], reverse=True)
+    else:
+        present.sort(key=lambda t: t[:3])
+    missing.sort(key=lambda t: t[1:3])
+    return [t[3] for t in present] + [t[3] for t in missing]
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """One node's ranks (in display order) and their aggregate figures."""
+
+    host: str
+    ranks: tuple[RankSnapshot, ...]
+    worst_status: str
+    mfu_min: float | None
+    mfu_median: float | None
+    max_lag: int
+    step_min: int
+    step_time_max: float | None
+    input_wait_max: float | None
+    tokens_per_s: float | None  # sum over the node's ranks
+    flops_per_s: float | None  # sum
+
+
+def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGroup:
+    """Aggregate the ranks of one node (already in display order), in one pass."""
+    tier, lag, step = 9, 0, ranks[0].step
+    mfus: list[float] = []
+    t_max = w_max = tokens = flops = None
+    for r in ranks:
+        t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, 1)
+        tier = min(tier, t)
+        lag = max(lag, ctx.lag(r))
+        step = min(step, r.step)
+        f = r.flops
+        if f is not None and f.mfu is not None:
+            mfus.append(f.mfu)
+        if f is not None and f.flops_per_s is not None:
+            flops = (flops or 0.0) + f.flops_per_s
+        if r.tokens_per_s is not None:
+            tokens = (tokens or 0.0) + r.tokens_per_s
+        if r.step_time_s is not None and (t_max is None or r.step_time_s > t_max):
+            t_max = r.step_time_s
+        if r.input_wait_frac is not None and (w_max is None or r.input_wait_frac > w_max):
+            w_max = r.input_wait_frac
+    mfus.sort()
+    return NodeGroup(host, tuple(ranks), _TIER_STATUS.get(tier, "stale"), mfus[0] if mfus else None,
+                     median_sorted(mfus), lag, step, t_max, w_max, tokens, flops)
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """A table row showing one rank process."""
+
+    key: RankKey
+    rank: RankSnapshot
+    lag: int
+    nested: bool  # under a node row (grouped view)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """A table row aggregating one node; ``open`` rows are followed by their ranks."""
+
+    key: NodeKey
+    host: str
+    ranks: tuple[RankSnapshot, ...]  # in display order: the first is the node's worst
+    open: bool
+    ctx: JobContext
+
+    @cached_property
+    def group(self) -> NodeGroup:
+        """The node's aggregates, computed when first drawn: of 512 node rows, the few on
+        screen pay for them."""
+        return node_group(self.host, list(self.ranks), self.ctx)
+
+
+Row = Union[RankRow, NodeRow]
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """What the user chose: order, grouping, filter, and the nodes opened or closed by hand."""
+
+    sort: str = WORST
+    reverse: bool = False
+    grouped: bool = True
+    filter: RankFilter = field(default_factory=RankFilter)
+    opened: frozenset[str] = frozenset()  # hosts opened by hand
+    closed: frozenset[str] = frozenset()  # hosts closed by hand
+
+    def is_open(self, host: str, default: bool) -> bool:
+        """Whether ``host``'s node row is open (by hand, else ``default``)."""
+        if host in self.opened:
+            return True
+        return False if host in self.closed else default
+
+    def toggled(self, host: str, default: bool) -> "ViewSpec":
+        """This spec with ``host`` opened if it was closed, closed if it was open."""
+        if self.is_open(host, default):
+            return ViewSpec(self.sort, self.reverse, self.grouped, self.filter,
+                            self.opened - {host}, self.closed | {host})
+        return ViewSpec(self.sort, self.reverse, self.grouped, self.filter,
+                        self.opened | {host}, self.closed - {host})
+
+
+@dataclass(frozen=True)
+class RankView:
+    """The rows to draw for one job under one spec, and the counts its title states."""
+
+    rows: tuple[Row, ...] = ()
+    total: int = 0  # rank processes in the job
+    shown: int = 0  # of them, those the filter keeps
+    nodes: int = 0  # hosts among the shown ranks
+    grouped: bool = False  # node rows in effect (grouping on and more than one host)
+    open_default: bool = True  # whether a node row not toggled by hand is open
+
+    def index(self) -> dict[RowKey, int]:
+        """Row key -> row index."""
+        return {row.key: i for i, row in enumerate(self.rows)}
+
+
+def build_view(job: JobSnapshot | None, spec: ViewSpec) -> RankView:
+    """The rows of ``job``: filtered, sorted, and (grouped, more than one host) under node rows.
+
+    Nodes are ordered by their first rank in the chosen order, so with worst-first the node
+    holding the worst rank comes first and each node's own ranks follow in the same order."""
+    if job is None:
+        return RankView()
+    ctx = job_context_of(job)
+    keep = spec.filter.matcher(job)
+    ranks = [r for r in job.ranks if keep(r)]
+    ordered = sort_ranks(ranks, ctx, spec.sort, spec.reverse)
+    by_host: dict[str, list[RankSnapshot]] = {}
+    for r in ordered:
+        by_host.setdefault(r.host, []).append(r)
+    grouped = spec.grouped and len(by_host) > 1
+    name = job.job
+    if not grouped:
+        rows: list[Row] = [RankRow(rank_key(name, r), r, ctx.lag(r), False) for r in ordered]
+        return RankView(tuple(rows), len(job.ranks), len(ranks), len(by_host), False, True)
+    default = len(ranks) <= OPEN_UP_TO
+    rows = []
+    for host, members in by_host.items():  # dicts keep insertion order: first-seen = worst
+        is_open = spec.is_open(host, default)
+        rows.append(NodeRow(node_key(name, host), host, tuple(members), is_open, ctx))
+        if is_open:
+            rows.extend(RankRow(rank_key(name, r), r, ctx.lag(r), True) for r in members)
+    return RankView(tuple(rows), len(job.ranks), len(ranks), len(by_host), True, default)

@@ -1,0 +1,168 @@
+"""Immutable views of the model's ranks, rebuilt only when something they show changed. No Textual.
+
+A snapshot of 1,024 ranks rebuilt every rank's view (its history, kernel rows, FLOP view) twice
+a second. A view holds no ages — it says when the rank was heard from (``heard_at``) and the
+snapshot says when it was taken — so a rank that received nothing since the last snapshot and
+whose clock-driven state (status, and the "no step for N s" of a stalled rank) reads the same
+keeps the very same :class:`RankSnapshot` object: the UI can skip it by identity, and the
+snapshot costs nothing for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flowtop.monitor import accounting, parallelism
+from flowtop.monitor import rankstate as rs
+from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.snapshot import Claimant, RankSnapshot
+from probe.wire import RankKey
+
+if TYPE_CHECKING:
+    from flowtop.monitor.kernels.merge import CumulativeRow
+
+
+@dataclass
+class _Entry:
+    version: int  # RankState.version the view was built from
+    med: float | None  # the median step time of that version (costs a sort to recompute)
+    key: tuple[Any, ...]  # everything the view depends on
+    view: RankSnapshot
+
+
+class RankViews:
+    """The latest view of each rank, and the rule for reusing it (see module doc)."""
+
+    def __init__(self, peak_override_flops: float | None = None) -> None:
+        self.peak_override_flops = peak_override_flops
+        self._entries: dict[RankKey, _Entry] = {}
+        self._rows: dict[RankKey, tuple[int, int, tuple[CumulativeRow, ...]]] = {}  # key -> (id(table), windows, rows)
+        self._hello: dict[RankKey, tuple[dict[str, Any], tuple[Any, ...]]] = {}  # key -> (hello, derived)
+        #: Views built, reused, and refreshed in their step and liveness only, since the start
+        #: (the bench reads them).
+        self.built = 0
+        self.reused = 0
+        self.refreshed = 0
+
+    def view(self, st: RankState, now: float, others: tuple[RankKey, ...] = (), full: bool = True,
+             glance: bool = False) -> RankSnapshot:
+        """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank).
+
+        ``full=False`` (a rank of a job too large to rebuild every view at every tick, see
+        flowtop.monitor.model.RANKS_PER_TICK): only its step, when it was heard and its status are
+        brought up to date; its figures stay those of its last full view, a few ticks old.
+        ``glance`` (between two ticks): only its step and when it was heard; a rank whose status
+        changed keeps its last view until the tick, so statuses change with the hints, at ticks."""
+        entry = self._entries.get(st.key)
+        if (glance or not full) and entry is not None:
+            light = self._light(st, now, others, entry)
+            if light is not None:
+                return light
+            if glance:
+                return entry.view
+        med = entry.med if entry is not None and entry.version == st.version else rs.median_step(st)
+        stalled = rs.stalled_for(st, now, med)
+        status = rs.status(st, now, med, stalled)
+        # A stalled rank's FLOP view says for how long (whole seconds): part of what it shows.
+        stall = accounting.stalled_reason(stalled) if stalled is not None else None
+        key = (st.version, status, stall, others)
+        if entry is not None and entry.key == key:
+            self.reused += 1
+            return entry.view
+        view = self._build(st, med, stalled, status, others)
+        self._entries[st.key] = _Entry(st.version, med, key, view)
+        self.built += 1
+        return view
+
+    def _light(self, st: RankState, now: float, others: tuple[RankKey, ...], entry: _Entry) -> RankSnapshot | None:
+        """The last full view with this instant's step and liveness, or None when more changed
+        (its status, a stall, the processes claiming its rank): then it is rebuilt in full."""
+        stalled = rs.stalled_for(st, now, entry.med)
+        status = rs.status(st, now, entry.med, stalled)
+        old = entry.view
+        if stalled is not None or status != old.status or others != entry.key[3]:
+            return None
+        if old.step == st.step and old.heard_at == st.last_recv:
+            self.reused += 1
+            return old
+        # A copy with two fields changed, without the 30-field constructor a replace() runs.
+        view = object.__new__(RankSnapshot)
+        view.__dict__.update(old.__dict__)
+        view.__dict__.update(step=st.step, heard_at=st.last_recv)
+        self._entries[st.key] = _Entry(entry.version, entry.med, entry.key, view)
+        self.refreshed += 1
+        return view
+
+    def forget(self, key: RankKey) -> None:
+        """Drop the views of a rank the model forgot."""
+        self._entries.pop(key, None)
+        self._rows.pop(key, None)
+        self._hello.pop(key, None)
+
+    def _kernel_rows(self, st: RankState) -> tuple[CumulativeRow, ...] | None:
+        """An immutable copy of the rank's cumulative kernel table, copied again only after a
+        new window (the copy was half the cost of a view)."""
+        table = st.kernels_cumulative
+        if table is None:
+            return None
+        held = self._rows.get(st.key)
+        if held is not None and held[0] == id(table) and held[1] == table.windows:
+            return held[2]
+        rows = table.rows()
+        self._rows[st.key] = (id(table), table.windows, rows)
+        return rows
+
+    def _from_hello(self, st: RankState) -> tuple[int, str, Any, str, tuple[int, ...]]:
+        """(local rank, device, coordinates, their source, pipeline stages) from the rank's hello,
+        derived again only when a different hello arrived (the model keeps an unchanged one)."""
+        held = self._hello.get(st.key)
+        if held is not None and held[0] is st.hello:
+            return held[1]
+        h = st.hello
+        derived = (int(h.get("local_rank", 0)), str(h.get("device", "unknown")), parallelism.coords_of(h),
+                   str(h.get("coords_source", "")), tuple(int(s) for s in h.get("pp_stages", ())))
+        self._hello[st.key] = (h, derived)
+        return derived
+
+    def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
+               others: tuple[RankKey, ...]) -> RankSnapshot:
+        ring = st.steps
+        tokens_per_s = rs.tokens_per_s(st, med, stalled)
+        # input wait ÷ step time of the last 32 steps that sent one (bit 0 of the known flags)
+        waits = [w / t for w, t, k in zip(ring.values(ring.WAIT, 32), ring.values(ring.WALL, 32),
+                                          ring.values(ring.KNOWN, 32)) if k & 1 and t > 0]
+        overhead = statistics.median(st.probe_s) / med if st.probe_s and med else None
+        local_rank, device, coords, coords_source, pp_stages = self._from_hello(st)
+        return RankSnapshot(
+            rank=st.key.rank,
+            host=st.key.host,
+            pid=st.key.pid,
+            local_rank=local_rank,
+            incarnation=st.key.inc,
+            device=device,
+            status=status,
+            step=st.step,
+            step_time_s=med,
+            device_time_s=st.device_s,
+            tokens_per_step=ring.last().tokens if ring else 0,
+            tokens_per_s=tokens_per_s,
+            input_wait_frac=statistics.median(waits) if waits else None,
+            heard_at=st.last_recv,
+            lost_messages=st.lost,
+            dropped_messages=st.drops,
+            probe_overhead_frac=overhead,
+            flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s, stalled),
+            telemetry=rs.telemetry_view(st),
+            kernels=st.kernels,
+            kernels_cumulative=self._kernel_rows(st),
+            history=rs.history(st),
+            bye_reason=st.bye,
+            commands_refused=st.commands_refused,
+            conflict=tuple(Claimant(k.host, k.pid) for k in others),
+            coords=coords,
+            coords_source=coords_source,
+            pp_stages=pp_stages,
+            stage_time_s=statistics.median(st.stage_s) if st.stage_s else None,
+        )

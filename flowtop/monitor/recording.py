@@ -1,0 +1,289 @@
+"""Recordings: the raw frames a monitor received, with receive times, to replay later.
+
+Format (version 1): the line ``FLOWTOP-REC 1\\n``, then records of a 4-byte
+big-endian length followed by a msgpack array ``[t, frame]`` — ``t`` seconds
+since the recording started (monitor clock, whose ticks fall on multiples of the
+cadence from there: flowtop.monitor.ticker), ``frame`` the wire frame exactly as
+received. Replaying feeds the frames through the same decoder and model as live
+data, interleaved with ticks on the same instants, so a recording reproduces
+what the monitor showed — hints included, without taking a snapshot (and a
+hostile frame in it is rejected again, never trusted). No Textual here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import math
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator
+
+import msgpack
+
+from flowtop.monitor.clock import TICK_S
+from flowtop.monitor.model import Model
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.ticker import Ticker
+from probe import wire
+
+MAGIC = b"FLOWTOP-REC 1\n"
+_LEN = struct.Struct(">I")
+_GZIP_MAGIC = b"\x1f\x8b"
+#: A record is a wire frame plus a few bytes.
+MAX_RECORD = wire.MAX_FRAME_BYTES + 64
+
+
+class RecordingError(ValueError):
+    """A file that is not a readable flowtop recording."""
+
+
+class Recorder:
+    """Appends received frames to a recording file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self._fh: BinaryIO | None = open(self.path, "wb")
+        except OSError as exc:
+            raise RecordingError(f"cannot write recording {self.path}: {exc.strerror}") from None
+        self._fh.write(MAGIC)
+        self._t0: float | None = None
+        self.frames = 0
+        #: Why the recording ended short ("" while it is whole); set by :meth:`close`.
+        self.error = ""
+
+    def start(self, t0: float) -> None:
+        """Count recorded times from monitor time ``t0`` (the collector's tick origin; else the
+        first frame's time), so that a replay's ticks fall where the live ones did."""
+        self._t0 = t0
+
+    def write(self, now: float, frame: bytes) -> None:
+        """Record one frame received at monitor time ``now``."""
+        if self._fh is None:
+            return
+        if self._t0 is None:
+            self._t0 = now
+        rec = msgpack.packb([now - self._t0, bytes(frame)], use_bin_type=True)
+        self._fh.write(_LEN.pack(len(rec)) + rec)
+        self.frames += 1
+
+    def close(self) -> None:
+        """Flush and close the file; never raises (a full disk must not cost the snapshot).
+
+        A failed flush leaves :attr:`error` set: the frames before it are on disk and replay."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        try:
+            fh.close()
+        except OSError as exc:
+            self.error = f"recording {self.path} is incomplete: {exc.strerror or exc}"
+            try:
+                fh.close()  # the buffer is dropped; the descriptor must still go
+            except OSError:
+                pass
+
+
+def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
+    """Yield ``(t, frame)`` pairs; raise :class:`RecordingError` on a damaged file.
+
+    A file cut short in its last record (the monitor was killed) ends the
+    iteration quietly: everything before it is still good. A gzip-compressed
+    recording (``gzip run.rec``) is read as it is.
+    """
+    try:
+        fh: BinaryIO | gzip.GzipFile = open(path, "rb")
+        if fh.read(2) == _GZIP_MAGIC:
+            fh.close()
+            fh = gzip.open(path, "rb")
+        else:
+            fh.seek(0)
+    except OSError as exc:
+        raise RecordingError(f"cannot read recording {path}: {exc.strerror}") from None
+    with fh:
+        try:
+            header = fh.read(len(MAGIC))
+        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+            raise RecordingError(f"{path} is not a readable recording ({exc})") from None
+        if header != MAGIC:
+            raise RecordingError(f"{path} is not a flowtop recording (bad header)")
+        while True:
+            try:
+                head = fh.read(_LEN.size)
+                if len(head) < _LEN.size:
+                    return
+                (size,) = _LEN.unpack(head)
+                if size > MAX_RECORD:
+                    raise RecordingError(f"{path}: record of {size} bytes is larger than any frame")
+                body = fh.read(size)
+            except EOFError:  # a compressed file cut short: what came before stands
+                return
+            except (OSError, zlib.error) as exc:  # bad gzip data or CRC, or a read error
+                raise RecordingError(f"{path}: damaged recording ({exc})") from None
+            if len(body) < size:
+                return
+            try:
+                t, frame = msgpack.unpackb(body, raw=False)
+            except Exception:
+                raise RecordingError(f"{path}: damaged record") from None
+            if (not isinstance(t, (int, float)) or not isinstance(frame, bytes)
+                    or not math.isfinite(t) or t < 0):
+                raise RecordingError(f"{path}: damaged record")
+            yield float(t), frame
+
+
+class Feeder:
+    """Decodes recorded frames into a model the way the collector did live, kernel byte budget
+    included (a window the live monitor refused for its rate is refused again)."""
+
+    def __init__(self, model: Model) -> None:
+        from flowtop.monitor.limits import KernelBudget
+
+        self.model = model
+        self._now = 0.0
+        self._budget = KernelBudget(model.limits, lambda: self._now)
+
+    def __call__(self, frame: bytes, now: float) -> None:
+        self._now = now
+        feed(self.model, frame, now, self._budget)
+
+
+def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None) -> None:
+    """Decode one frame into ``model`` the way the collector does."""
+    try:
+        msg = wire.decode(frame, admit)
+    except wire.WireError as exc:
+        model.reject(str(exc))
+        return
+    try:
+        model.ingest(msg, now)
+    except Exception as exc:
+        model.reject(f"ingest: {type(exc).__name__}: {exc}")
+
+
+def replay_all(path: str | Path, model: Model,
+               on_tick: Callable[[MonitorSnapshot], None] | None = None) -> MonitorSnapshot:
+    """Feed a whole recording, ticking the model every :data:`~flowtop.monitor.clock.TICK_S` of recorded
+    time as the live monitor did (hints evolve as they did live; ``on_tick`` sees each tick's
+    snapshot), and return the state at its last frame with the hints of the first tick after
+    it (the tick that saw the last frames: byes end their hints there)."""
+    where = f"replay:{path}"
+    ticker = Ticker(lambda at: model.tick(at, where), 0.0, TICK_S)
+    feeder = Feeder(model)
+    last = 0.0
+    for t, frame in read_recording(path):
+        _ticks(ticker, t, on_tick)
+        feeder(frame, t)
+        last = t
+    _ticks(ticker, end_of(last), on_tick)
+    return model.snapshot(last, where)
+
+
+def end_of(last: float) -> float:
+    """The instant of the first tick after a recording's last frame (at ``last``): where the
+    live monitor showed that frame first, and where a replay ends."""
+    return TICK_S * (math.floor(last / TICK_S) + 1)
+
+
+def _ticks(ticker: Ticker, t: float, on_tick: Callable[[MonitorSnapshot], None] | None) -> None:
+    """Run the ticks due before a frame received at ``t`` (a tick at exactly ``t`` comes first,
+    as live), one by one so that ``on_tick`` sees each."""
+    while t >= ticker.next_at:
+        snap = ticker.catch_up(ticker.next_at)
+        if on_tick is not None and snap is not None:
+            on_tick(snap)
+
+
+class RecordingSource:
+    """A data source for the TUI that plays a recording back at ``speed``, on the data thread:
+    frames and ticks in recorded order, each when its (scaled) time comes."""
+
+    def __init__(self, path: str | Path, model: Model, speed: float = 1.0) -> None:
+        self.path = Path(path)
+        self.model = model
+        self.speed = speed
+        self._records: list[tuple[float, bytes]] = []
+        self._next = 0
+        self._start: float | None = None
+        self._worker: Any = None  # flowtop.monitor.kernel_worker.KernelWorker while playing
+        self._where = f"replay:{self.path.name}"
+        self.ticker = Ticker(lambda at: model.tick(at, self._where), 0.0, TICK_S)
+        self._feed = Feeder(model)
+        self._end: float | None = None  # recorded time playback stops at (a tick after the last frame)
+        self._task: asyncio.Task[None] | None = None
+        #: Called with each tick's snapshot (the data thread hands it to the UI).
+        self.on_tick: Callable[[MonitorSnapshot], None] | None = None
+
+    async def start(self) -> None:
+        """Load the recording (errors surface here, before the UI shows anything); kernel windows
+        are then built off the data loop, as the live collector builds them."""
+        self._records = list(read_recording(self.path))
+        self._end = end_of(self._records[-1][0] if self._records else 0.0)
+        self._start = time.monotonic()
+        if self.model.builds_kernels:
+            from flowtop.monitor.kernel_worker import KernelWorker
+            from flowtop.monitor.rankkernels import build_window
+
+            self._worker = KernelWorker(self.model, build_window)
+            self.model.offload_kernels(self._worker.submit)
+        self._task = asyncio.get_running_loop().create_task(self._play())
+
+    def _virtual(self) -> float:
+        start = self._start if self._start is not None else time.monotonic()
+        virtual = (time.monotonic() - start) * self.speed
+        return min(virtual, self._end) if self._end is not None else virtual
+
+    def catch_up(self) -> float:
+        """Feed the frames and run the ticks due by now (scaled by speed), in recorded order;
+        the last tick's snapshot goes to :attr:`on_tick`. Returns the recorded time now."""
+        virtual = self._virtual()
+        ticked = None
+        while True:
+            t = self._records[self._next][0] if self._next < len(self._records) else None
+            if self.ticker.next_at <= virtual and (t is None or self.ticker.next_at <= t):
+                ticked = self.ticker.catch_up(self.ticker.next_at)
+            elif t is not None and t <= virtual:
+                self._feed(self._records[self._next][1], t)
+                self._next += 1
+            else:
+                break
+        if ticked is not None and self.on_tick is not None:
+            self.on_tick(ticked)
+        return virtual
+
+    async def _play(self) -> None:
+        """Advance whenever the next frame or tick is due (at most a tick's real time apart)."""
+        while self._end is not None and self.ticker.next_at <= self._end:
+            self.catch_up()
+            t = self._records[self._next][0] if self._next < len(self._records) else float("inf")
+            due = min(t, self.ticker.next_at)
+            await asyncio.sleep(min(TICK_S, max(0.0, (due - self._virtual()) / self.speed)))
+
+    def snapshot(self) -> MonitorSnapshot:
+        """A snapshot at the recorded time now, after feeding what is due (held at the end)."""
+        virtual = self.catch_up()
+        return self.model.snapshot(virtual, self._where)
+
+    @property
+    def notices(self) -> Any:
+        """Monitor-side errors for the user (the model's flowtop.monitor.notices board)."""
+        return self.model.notices
+
+    def request_kernels(self, job: str, rank: int) -> None:
+        """A recording cannot be asked for anything."""
+
+    async def stop(self) -> None:
+        """Stop playing and building kernel windows."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+            self.model.build_kernels_here()

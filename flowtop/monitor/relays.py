@@ -1,0 +1,262 @@
+"""The monitor's view of node relays (``flowtop relay``), as typed records. No Textual.
+
+A relay forwards its ranks' frames upstream unchanged, in multi-part messages
+``[stamp, frame, frame, ...]``. The stamp (:func:`encode_stamp`) names the relay, its clock at
+send time and, per frame, how long the relay held it. The monitor maps the relay's clock onto its
+own with the smallest (monitor receive − relay send) offset seen so far: the path with the least
+queueing. A frame then counts as received when the relay received it, so liveness and step pace
+follow the relay's view of its ranks, and a burst from a congested upstream link (seconds of
+frames arriving at once) neither makes ranks look silent in between nor bunches their steps.
+
+Every ~1 s the relay sends its own figures as a ``relay`` wire message (``probe.wire``), which
+makes it a heartbeat too: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last
+came through it stale, with ``status_reason`` "relay HOST silent for N s"; the other ranks of
+the job are untouched. Its last report says ``closing`` (it handed the node over, or ended).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgpack
+
+from flowtop.monitor import accounting
+from flowtop.monitor.sanitize import deep
+from flowtop.monitor.snapshot import RelaySnapshot
+from probe.wire import Message, RankKey, WireError
+
+#: A relay reports every second; this long without a batch or a report and it is "silent".
+SILENT_AFTER_S = 3.0
+#: A closed relay's ranks may take this long to come back through its successor.
+HANDOFF_S = 3.0
+#: A silent or closed relay with no ranks left is forgotten after this long.
+FORGET_AFTER_S = 600.0
+#: Most relays tracked at once (a record each; ids come only from admitted peers, still capped).
+MAX_RELAYS = 8192
+#: Clocks of two hosts drift by well under this (s/s): the offset estimate may grow this fast.
+DRIFT = 1e-4
+#: A stamp larger than this is refused (ages of at most a few thousand frames).
+MAX_STAMP_BYTES = 64 * 1024
+STAMP_KIND = "stamp"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """The first part of a relay's batch: who sent it, its clock, each frame's hold time."""
+
+    relay: str
+    clock: float  # relay monotonic seconds when the batch was sent
+    ages_us: tuple[int, ...]  # per frame: relay send time - relay receive time, µs
+
+
+def encode_stamp(relay: str, clock: float, ages_us: list[int]) -> bytes:
+    """The stamp part of a batch (the relay's side)."""
+    return msgpack.packb({"k": STAMP_KIND, "r": relay, "c": clock, "a": ages_us})
+
+
+def decode_stamp(part: bytes, frames: int) -> Stamp:
+    """Validate a batch's stamp for ``frames`` frames; raise :class:`WireError` with a reason."""
+    if len(part) > MAX_STAMP_BYTES:
+        raise WireError(f"relay stamp of {len(part)} bytes exceeds {MAX_STAMP_BYTES}")
+    try:
+        obj = msgpack.unpackb(part, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise WireError(f"relay stamp: not msgpack: {type(exc).__name__}") from None
+    if not isinstance(obj, dict) or obj.get("k") != STAMP_KIND:
+        raise WireError("multi-part message without a relay stamp first")
+    relay, clock, ages = obj.get("r"), obj.get("c"), obj.get("a")
+    if not (isinstance(relay, str) and 0 < len(relay) <= 300 and relay.isprintable()):
+        raise WireError("relay stamp: bad relay id")
+    if isinstance(clock, bool) or not isinstance(clock, (int, float)) or not math.isfinite(clock) or clock < 0:
+        raise WireError("relay stamp: bad clock")
+    if not isinstance(ages, list) or len(ages) != frames:
+        raise WireError(f"relay stamp: {len(ages) if isinstance(ages, list) else 'no'} ages for {frames} frames")
+    if not all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= 10**12 for a in ages):
+        raise WireError("relay stamp: bad age")
+    return Stamp(relay, float(clock), tuple(ages))
+
+
+class _Relay:
+    """Mutable per-relay state; only :class:`Relays` touches it."""
+
+    def __init__(self, relay: str, now: float) -> None:
+        self.relay = relay
+        host, _, rest = relay.rpartition(":")
+        host, _, pid = host.rpartition(":")
+        self.host = host or relay
+        self.pid = int(pid) if pid.isdigit() else 0
+        self.heard = now
+        self.report: dict[str, Any] = {}
+        self.closed_at: float | None = None
+        self.offset: float | None = None  # monitor clock - relay clock, least-queued path
+        self.offset_at = now
+        self.lag = 0.0
+        self.last_t = -math.inf  # latest frame time handed out (monotonic per relay)
+        self.batches = 0
+
+
+class Relays:
+    """All relays heard of, and which relay each rank's latest frame came through."""
+
+    def __init__(self) -> None:
+        self._relays: dict[str, _Relay] = {}
+        self._via: dict[RankKey, str] = {}
+        #: key -> (base view, (relay, reason), marked view): see :meth:`mark`.
+        self._marked: dict[RankKey, tuple[Any, tuple[str, str], Any]] = {}
+        self._pruned_at = -math.inf
+        #: Relay ids refused at :data:`MAX_RELAYS`.
+        self.refused = 0
+
+    def _get(self, relay: str, now: float) -> _Relay:
+        rec = self._relays.get(relay)
+        if rec is None:
+            if len(self._relays) >= MAX_RELAYS and not self._make_room(now):
+                self.refused += 1
+                raise WireError("relay refused: the monitor's relay limit is reached")
+            rec = self._relays[relay] = _Relay(relay, now)
+        return rec
+
+    def unstamp(self, parts: list[bytes], now: float) -> tuple[str, list[float]]:
+        """A batch ``[stamp, frame...]`` received at ``now``: the relay id and each frame's
+        receive time on the monitor clock. Raises :class:`WireError` for a bad stamp."""
+        stamp = decode_stamp(parts[0], len(parts) - 1)
+        rec = self._get(stamp.relay, now)
+        observed = now - stamp.clock
+        if rec.offset is None:
+            rec.offset = observed
+        else:
+            # The minimum tracks the least-delayed path; allowed to creep up by the drift bound,
+            # so a clock that runs slow does not pin the estimate forever.
+            rec.offset = min(rec.offset + DRIFT * max(0.0, now - rec.offset_at), observed)
+        rec.offset_at = now
+        rec.lag = observed - rec.offset
+        rec.heard = now
+        rec.batches += 1
+        base = stamp.clock + rec.offset
+        times = []
+        for age in stamp.ages_us:
+            # Never in the future, never before an earlier frame of the same relay.
+            t = min(now, max(rec.last_t, base - age * 1e-6))
+            rec.last_t = t
+            times.append(t)
+        return stamp.relay, times
+
+    def report(self, msg: Message, now: float) -> None:
+        """A relay's own figures (wire kind ``relay``)."""
+        f = msg.fields
+        rec = self._get(str(f["relay"]), now)
+        rec.heard = now
+        rec.report = deep(dict(f))  # remote text reaches terminals: no control sequences
+        if f.get("closing"):
+            rec.closed_at = now
+        self._prune(now)
+
+    def saw(self, key: RankKey, relay: str | None) -> None:
+        """A frame of ``key`` arrived through ``relay`` (None: directly)."""
+        if relay is None:
+            if self._via:
+                self._via.pop(key, None)
+        elif self._via.get(key) != relay:
+            self._via[key] = relay
+
+    def forget(self, key: RankKey) -> None:
+        """The model forgot ``key``."""
+        self._via.pop(key, None)
+        self._marked.pop(key, None)
+
+    def _status(self, rec: _Relay, now: float) -> str:
+        if rec.closed_at is not None and rec.heard <= rec.closed_at:
+            return "closed"
+        return "silent" if now - rec.heard > SILENT_AFTER_S else "live"
+
+    def rank_view(self, key: RankKey, now: float) -> tuple[str | None, str]:
+        """(relay id or None, why the rank is unreachable or ""): a rank behind a silent relay,
+        or behind a closed one that it has not left within :data:`HANDOFF_S`."""
+        relay = self._via.get(key)
+        if relay is None:
+            return None, ""
+        rec = self._relays.get(relay)
+        if rec is None:
+            return relay, ""
+        status = self._status(rec, now)
+        if status == "silent":
+            return relay, f"relay {rec.host} silent for {now - rec.heard:.0f} s"
+        if status == "closed" and rec.closed_at is not None and now - rec.closed_at > HANDOFF_S:
+            return relay, f"relay {rec.host} closed"
+        return relay, ""
+
+    def _make_room(self, now: float) -> bool:
+        """Forget the longest-silent relay that is not live and has no ranks."""
+        used = set(self._via.values())
+        idle = [r for r in self._relays.values() if r.relay not in used and self._status(r, now) != "live"]
+        if not idle:
+            return False
+        del self._relays[min(idle, key=lambda r: r.heard).relay]
+        return True
+
+    def mark(self, ranks: tuple[Any, ...], states: list[Any], now: float,
+             peak_override: float | None = None) -> tuple[Any, ...]:
+        """The job's rank views (``RankSnapshot``, one per ``RankState`` in ``states``) with their
+        relay and, behind a silent relay, status "stale" with its reason and no rate (as a stale
+        rank). A marked view is reused while its base view and marks stay the same, so a rank
+        whose view did not change keeps the same object (flowtop.monitor.rankviews)."""
+        if not self._via and not self._marked:
+            return ranks
+        out = []
+        for view, st in zip(ranks, states):
+            relay, reason = self.rank_view(st.key, now)
+            if st.bye is not None:
+                reason = ""
+            if relay is None:
+                self._marked.pop(st.key, None)
+                out.append(view)
+                continue
+            held = self._marked.get(st.key)
+            if held is not None and held[0] is view and held[1] == (relay, reason):
+                out.append(held[2])
+                continue
+            changes: dict[str, Any] = {"relay": relay, "status_reason": reason}
+            if reason:
+                stalled = max(0.0, now - st.steps[-1].recv) if st.steps else None
+                changes.update(status="stale", tokens_per_s=0.0 if view.tokens_per_s is not None else None,
+                               flops=accounting.rank_flops(st.flops, view.step_time_s, peak_override,
+                                                           0.0, stalled) if stalled is not None else view.flops)
+            marked = replace(view, **changes)
+            self._marked[st.key] = (view, (relay, reason), marked)
+            out.append(marked)
+        return tuple(out)
+
+    def _prune(self, now: float) -> None:
+        """Forget relays silent or closed for FORGET_AFTER_S with no ranks (at most every 10 s)."""
+        if now - self._pruned_at < 10.0:
+            return
+        self._pruned_at = now
+        used = set(self._via.values())
+        for rec in list(self._relays.values()):
+            if rec.relay not in used and now - rec.heard > FORGET_AFTER_S:
+                del self._relays[rec.relay]
+
+    def snapshot(self, now: float) -> tuple[RelaySnapshot, ...]:
+        """Every relay, by host then id (a pure read)."""
+        behind = collections.Counter(self._via.values())
+        out = []
+        for rec in sorted(self._relays.values(), key=lambda r: (r.host, r.relay)):
+            f = rec.report
+
+            def n(name: str) -> int:
+                v = f.get(name, 0)  # noqa: B023 - n() is called in this iteration only
+                return int(v) if isinstance(v, int) else 0
+
+            out.append(RelaySnapshot(
+                relay=rec.relay, host=rec.host, pid=rec.pid, status=self._status(rec, now), age_s=now - rec.heard,
+                listen=f.get("listen"), upstream=f.get("upstream"), hosted_by=f.get("hosted_by"),
+                ranks_connected=n("ranks"), ranks=behind[rec.relay], frames_in=n("frames_in"),
+                frames_out=n("frames_out"), bytes_in=n("bytes_in"), bytes_out=n("bytes_out"), drops=n("drops"),
+                queued=n("queued"), commands=n("commands"), link_ups=n("link_ups"),
+                uptime_s=float(f["uptime_s"]) if "uptime_s" in f else None, batches=rec.batches,
+                link_lag_s=rec.lag,
+            ))  # fmt: skip
+        return tuple(out)

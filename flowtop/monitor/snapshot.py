@@ -1,0 +1,447 @@
+"""Immutable snapshots of the monitor's model: what the UI renders and JSON prints.
+
+The collector/model build a :class:`MonitorSnapshot` about twice a second and
+hand it to the UI; nothing in it changes afterwards. ``to_json`` gives the
+documented, versioned JSON form (see README "Snapshot JSON").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
+    from flowtop.monitor.kernels.aggregate import KernelWindowStats
+    from flowtop.monitor.kernels.merge import CumulativeRow, JobKernelStats
+    from flowtop.monitor.precision import DtypeMix
+
+#: Version of the JSON snapshot layout (bump MINOR for added fields).
+SCHEMA = "flowtop.snapshot/1.5"
+#: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
+SCHEMA_FILE = "schema/snapshot.schema.json"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema every ``to_json`` result satisfies (every field required, null where a
+    value can be unknown, no field it does not name)."""
+    return json.loads(resources.files("flowtop").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+#: Conventions printed beside every FLOP figure.
+MODEL_FLOPS_NOTE = ("model FLOPs: forward + backward as the math requires (attention backward = 2x forward), "
+                    "no recomputation")
+EXECUTED_FLOPS_NOTE = ("executed FLOPs: what ran, incl. activation-checkpoint recompute and flash-attention backward "
+                       "(2.5x forward)")
+FLOPS_PER_S_NOTE = (
+    "FLOP/s: FLOPs per token of the counted step x tokens/s (else FLOPs per step / median step time); "
+    "0 while a rank is stalled or stale"
+)
+
+
+@dataclass(frozen=True)
+class FlopsView:
+    """FLOP accounting of one rank (or a job aggregate), conventions included."""
+
+    model_flops_per_step: float | None
+    executed_flops_per_step: float | None
+    estimated_flops_per_step: float | None
+    estimate_source: str | None
+    flops_per_s: float | None  # model FLOP/s
+    executed_flops_per_s: float | None
+    mfu: float | None  # model FLOP/s / peak (0..1)
+    hfu: float | None  # executed FLOP/s / peak
+    peak_flops: float | None  # dense peak of the dtype in use, FLOP/s
+    peak_source: str
+    dtype: str
+    attention_convention: str  # "full" | "causal"
+    flops_per_token: float | None  # model FLOPs per token
+    uncounted_ops: Mapping[str, int] = field(default_factory=dict)
+    counted_at_step: int | None = None
+    mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
+    #: Seconds since the rank's last step while it counts as stalled (its FLOP/s, MFU and HFU
+    #: are then 0 and ``mfu_reason`` says so); for a job, the least-stalled rank's when every
+    #: rank is stalled. None otherwise. Not in the JSON (``mfu_reason`` carries it there).
+    stalled_s: float | None = None
+    counted: bool = True  # False: the FLOPs are the 6N+12LdT estimate (counting impossible there)
+    model_note: str = ""  # how model FLOPs were derived where they are not a plain count
+    #: FLOP-like size per uncounted op in the counted step (probe.flops.uncounted: a rough bound)
+    uncounted_size: Mapping[str, int] = field(default_factory=dict)
+    parallel: str = ""  # mesh and placements under DTensor parallelism (the figures are local)
+    #: FLOPs per operand dtype and their peaks (flowtop.monitor.precision.DtypeMix); MFU/HFU are then
+    #: against each dtype's own peak and ``peak_flops`` is the mix peak. None from older probes.
+    precision: DtypeMix | None = None
+    mfu_bf16: float | None = None  # bf16-equivalent MFU: model FLOP/s / the bf16 dense peak
+    expert_load: Any = None  # MoE: tokens per expert summarised (flowtop.monitor.moe_load.ExpertLoad)
+    nonpad_tokens: int | None = None  # non-padding tokens of the counted step (attention_mask)
+    nonpad_frac: float | None = None  # ... ÷ its tokens (which count padding)
+
+    @property
+    def estimate_ratio(self) -> float | None:
+        """Counted model FLOPs ÷ transformer estimate (1.0 means they agree)."""
+        if self.model_flops_per_step and self.estimated_flops_per_step:
+            return self.model_flops_per_step / self.estimated_flops_per_step
+        return None
+
+
+@dataclass(frozen=True)
+class TelemetryView:
+    """Latest device and host telemetry of one rank; None values are n/a."""
+
+    device: Mapping[str, Any]
+    host: Mapping[str, Any]
+    reasons: Mapping[str, Any]
+    #: Monitor time the telemetry arrived (its age is ``taken_at`` of the snapshot minus this:
+    #: a time-invariant view can be reused by the next snapshot while nothing new arrives).
+    received_at: float
+
+    def age_s(self, now: float) -> float:
+        """Seconds since it arrived, at monitor time ``now`` (a snapshot's ``taken_at``)."""
+        return max(0.0, now - self.received_at)
+
+
+@dataclass(frozen=True)
+class History:
+    """Recent per-step series for sparklines and hints (oldest first)."""
+
+    steps: Sequence[int] = ()
+    step_time_s: Sequence[float] = ()
+    input_wait_s: Sequence[float] = ()
+    #: Step boundary → end of the step's last forward (0.0 where unknown).
+    lead_s: Sequence[float] = ()
+    mfu: Sequence[float] = ()  # one value per telemetry/flops refresh
+    tensor_active: Sequence[float] = ()
+    power_w: Sequence[float] = ()
+    sm_clock_mhz: Sequence[float] = ()
+    #: (step, monitor receive time) pairs, to align ranks by step index.
+    reached: Sequence[tuple[int, float]] = ()
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    """One rank as the monitor sees it now."""
+
+    rank: int
+    host: str
+    pid: int
+    local_rank: int
+    incarnation: int
+    device: str
+    status: str  # "live" | "stalled" (talks, no step) | "stale" (silent) | "done"
+    step: int
+    step_time_s: float | None  # median wall time of recent steps
+    device_time_s: float | None  # latest device (CUDA event) time of a step
+    tokens_per_step: int
+    tokens_per_s: float | None  # 0 while stalled or stale
+    input_wait_frac: float | None  # share of the step spent waiting for input
+    #: Monitor time the rank was last heard from: its age is the snapshot's ``taken_at`` minus
+    #: this (see :meth:`age_s`), so the view of a rank that sent nothing new stays the same object.
+    heard_at: float
+    lost_messages: int  # gaps in sequence numbers
+    dropped_messages: int  # dropped by the probe's bounded queue
+    probe_overhead_frac: float | None  # probe's own training-thread time / step
+    flops: FlopsView | None = None
+    telemetry: TelemetryView | None = None
+    kernels: KernelWindowStats | None = None  # the latest kernel window
+    #: The rank's cumulative kernel table (CumulativeKernels.rows(): largest total first).
+    kernels_cumulative: tuple[CumulativeRow, ...] | None = None
+    history: History = field(default_factory=History)
+    bye_reason: str | None = None
+    commands_refused: int = 0  # monitor commands the probe refused (its rate limit)
+    #: Other live processes that claimed the same (job, rank, incarnation): shown as rows of
+    #: their own, never merged (a launcher that set no RANK makes every process "rank 0").
+    conflict: tuple["Claimant", ...] = ()
+    #: The relay (its id) this rank's frames last came through; None when it connects directly.
+    relay: str | None = None
+    #: Why the rank counts as stale though it may still run ("relay HOST silent for N s"), else "".
+    status_reason: str = ""
+    #: Parallel coordinates from its hello, role ("dp", "tp", "pp", "cp", "ep") -> (rank, size);
+    #: empty when the probe could not tell the layout (``coords_source`` says why).
+    coords: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    coords_source: str = ""
+    pp_stages: tuple[int, ...] = ()  # pipeline stage indices the rank runs
+    #: Median compute time of its pipeline stage(s) per step (forward and backward chunks,
+    #: neighbour waits excluded; probe.steps.pipeline); None outside a pipeline.
+    stage_time_s: float | None = None
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the
+        ``taken_at`` of the snapshot holding it)."""
+        return max(0.0, now - self.heard_at)
+
+    @property
+    def mfu(self) -> float | None:
+        """The rank's MFU as flowtop.monitor.accounting computed it (None without a FLOP count): the one
+        reader the table's order and sort, the map, the percentiles and the hints share."""
+        return self.flops.mfu if self.flops is not None else None
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """One process (host, pid) claiming a rank number another process claims too."""
+
+    host: str
+    pid: int
+
+
+#: Hint severities, most severe first: the one order the rules' checks, the engine's ranking and
+#: the UI's hints list follow (here, beside :class:`Hint`, because the UI reads it too).
+SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Hint:
+    """A bottleneck hint with the evidence that triggered it."""
+
+    id: str
+    severity: str  # one of SEVERITIES
+    scope: str  # "job" | "rank" | "kernel"
+    target: str  # "" for job scope, "rank 3", a kernel name ...
+    summary: str
+    evidence: Mapping[str, Any]
+    action: str
+    impact: float  # estimated share of step time at stake (0..1)
+    #: The rank or job it was about ended while it was shown: kept, frozen, until the job is
+    #: evicted, so the final snapshot of a finished job still holds its diagnosis.
+    ended: bool = False
+    first_step: int | None = None  # first step of the evidence (target's step index)
+    last_step: int | None = None  # last step at which the measure still held
+
+
+@dataclass(frozen=True)
+class StageView:
+    """One pipeline stage (the ranks at one pp rank) of a job, per data-parallel replica.
+
+    ``model_flops_per_step``: Σ over the stage's ranks of their local model FLOPs per step ÷ the
+    data-parallel replicas (so, with tensor or context parallelism inside the stage, Σ over its
+    tp × cp ranks of one replica); ``flops_share``: of the summed stages. ``stage_time_s`` and
+    ``step_time_s``: medians over its ranks (compute time of the stage per step; step wall time)."""
+
+    pp_rank: int
+    stages: tuple[int, ...]  # pipeline stage indices run at this pp rank
+    ranks: tuple[int, ...]
+    model_flops_per_step: float | None
+    flops_share: float | None
+    stage_time_s: float | None
+    step_time_s: float | None
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One job (all ranks with the same job id) and its aggregates."""
+
+    job: str
+    world_size: int
+    ranks: tuple[RankSnapshot, ...]
+    step: int  # lowest step among live ranks (the job moves at its slowest rank)
+    step_time_s: float | None  # slowest rank's median step time
+    tokens_per_s: float | None  # once per data-parallel replica where known, else Σ ranks (tokens_basis)
+    flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
+    status: str  # "running" | "stalled" | "stale" | "done"
+    hints: tuple[Hint, ...] = ()
+    kernels_merged: JobKernelStats | None = None  # the ranks' cumulative tables compared
+    #: Rank numbers claimed by more than one live process (see RankSnapshot.conflict).
+    rank_conflicts: int = 0
+    #: How ``tokens_per_s`` counts (flowtop.monitor.parallelism): once per data-parallel replica, or
+    #: summed over all ranks where the layout is not known.
+    tokens_basis: str = ""
+    #: Pipeline stages in pp-rank order (empty outside pipeline parallelism).
+    stages: tuple[StageView, ...] = ()
+
+    @property
+    def ranks_seen(self) -> int:
+        """Distinct ranks that said hello."""
+        return len({r.rank for r in self.ranks})
+
+
+@dataclass(frozen=True)
+class MonitorSnapshot:
+    """Everything the monitor knows at ``taken_at`` (monitor clock)."""
+
+    taken_at: float
+    listen: str
+    jobs: tuple[JobSnapshot, ...]
+    received: int
+    rejected: int
+    rejected_reasons: Mapping[str, int] = field(default_factory=dict)
+    #: Ended ranks forgotten early to admit new ones at the monitor's caps (flowtop.monitor.limits).
+    ranks_evicted_for_room: int = 0
+    #: Node relays (RelaySnapshot, below; flowtop.monitor.relays tracks them), by host.
+    relays: tuple[RelaySnapshot, ...] = ()
+
+
+def _clean(obj: Any) -> Any:
+    """Make a value JSON-safe: dataclasses to dicts, NaN/inf to None, tuples to lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+#: FLOP fields of a rank and of a job in the JSON, in this order (README "Snapshot JSON").
+FLOP_FIELDS: tuple[str, ...] = (
+    "flops_per_step", "executed_flops_per_step", "estimated_flops_per_step", "estimate_source",
+    "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
+    "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
+    "counted", "model_note", "uncounted_size", "parallel", "mfu_bf16", "precision", "expert_load",
+    "nonpad_tokens", "nonpad_frac",
+)
+#: ``mfu_reason`` of a rank (or job) with no FLOP count.
+NO_COUNT_REASON = "no FLOP count yet"
+
+
+def _flops_json(f: FlopsView | None) -> dict[str, Any]:
+    """Every FLOP field, always: ``null`` where unknown (a reader must not guess at absences)."""
+    if f is None:
+        d: dict[str, Any] = dict.fromkeys(FLOP_FIELDS)
+        d["mfu_reason"] = NO_COUNT_REASON
+        return d
+    d = _clean(f)
+    d["flops_per_step"] = d.pop("model_flops_per_step")
+    d["estimate_ratio"] = f.estimate_ratio
+    from flowtop.monitor.moe_load import load_json
+
+    d["expert_load"] = load_json(f.expert_load)  # the summary; per-layer tables stay in memory
+    return {k: d[k] for k in FLOP_FIELDS}
+
+
+def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> dict[str, Any]:
+    """JSON form of one rank of a snapshot taken at ``taken_at`` (ages are relative to it)."""
+    d: dict[str, Any] = {
+        "rank": r.rank,
+        "host": r.host,
+        "pid": r.pid,
+        "local_rank": r.local_rank,
+        "incarnation": r.incarnation,
+        "device": r.device,
+        "status": r.status,
+        "step": r.step,
+        "step_time_s": r.step_time_s,
+        "device_time_s": r.device_time_s,
+        "tokens_per_step": r.tokens_per_step,
+        "tokens_per_s": r.tokens_per_s,
+        "input_wait_frac": r.input_wait_frac,
+        "age_s": r.age_s(taken_at),
+        "lost_messages": r.lost_messages,
+        "dropped_messages": r.dropped_messages,
+        "probe_overhead_frac": r.probe_overhead_frac,
+        "bye_reason": r.bye_reason,
+        "commands_refused": r.commands_refused,
+        "conflict": _clean(r.conflict),
+        "relay": r.relay,
+        "status_reason": r.status_reason,
+        "coords": {role: {"rank": rk, "size": sz} for role, (rk, sz) in r.coords.items()} if r.coords else None,
+        "coords_source": r.coords_source,
+        "pp_stages": list(r.pp_stages),
+        "stage_time_s": r.stage_time_s,
+    }
+    d.update(_flops_json(r.flops))
+    d["telemetry"] = _telemetry_json(r.telemetry, taken_at)
+    # Present always; null before a window arrives and where left out (the demo's compact JSON).
+    d["kernels"] = _clean(r.kernels) if with_kernels else None
+    return _clean(d)
+
+
+def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {"device": _clean(t.device), "host": _clean(t.host), "reasons": _clean(t.reasons),
+            "age_s": t.age_s(taken_at)}
+
+
+def _stage_json(s: StageView) -> dict[str, Any]:
+    return {"pp_rank": s.pp_rank, "stages": list(s.stages), "ranks": list(s.ranks),
+            "flops_per_step": s.model_flops_per_step, "flops_share": s.flops_share,
+            "stage_time_s": s.stage_time_s, "step_time_s": s.step_time_s}
+
+
+def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
+    """The documented JSON snapshot (``schema`` names its version)."""
+    jobs = []
+    for j in snap.jobs:
+        job: dict[str, Any] = {
+            "job": j.job,
+            "world_size": j.world_size,
+            "ranks_seen": j.ranks_seen,
+            "status": j.status,
+            "step": j.step,
+            "step_time_s": j.step_time_s,
+            "tokens_per_s": j.tokens_per_s,
+            "tokens_per_s_basis": j.tokens_basis,
+            "rank_conflicts": j.rank_conflicts,
+            "pipeline_stages": [_stage_json(s) for s in j.stages],
+        }
+        job.update(_flops_json(j.flops))
+        job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
+        job["hints"] = _clean(j.hints)
+        jobs.append(job)
+    return _clean(
+        {
+            "schema": SCHEMA,
+            "taken_at": snap.taken_at,
+            "listen": snap.listen,
+            "conventions": {
+                "model_flops": MODEL_FLOPS_NOTE,
+                "executed_flops": EXECUTED_FLOPS_NOTE,
+                "flops_per_s": FLOPS_PER_S_NOTE,
+            },
+            "received": snap.received,
+            "rejected": snap.rejected,
+            "rejected_reasons": dict(snap.rejected_reasons),
+            "ranks_evicted_for_room": snap.ranks_evicted_for_room,
+            "relays": [relay_json(r) for r in snap.relays],
+            "jobs": jobs,
+        }
+    )
+
+
+def all_done(snap: Any) -> bool:
+    """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
+    rank numbers: two processes claiming one rank are two rows, a conflict)."""
+    ranks = [r for j in snap.jobs for r in j.ranks]
+    return (bool(ranks) and all(r.status == "done" for r in ranks)
+            and all(len(j.ranks) >= j.world_size for j in snap.jobs))
+
+
+@dataclass(frozen=True)
+class RelaySnapshot:
+    """One relay as the monitor sees it now (figures from its latest report)."""
+
+    relay: str  # id: host:pid:nonce
+    host: str
+    pid: int
+    status: str  # "live" | "silent" (no batch or report for SILENT_AFTER_S) | "closed"
+    age_s: float  # since the monitor last heard from it
+    listen: str | None  # where its ranks connect (None before its first report)
+    upstream: str | None
+    hosted_by: str | None  # "flowtop relay" | "flowtop run"
+    ranks_connected: int  # rank connections it reports
+    ranks: int  # ranks whose latest frame came through it
+    frames_in: int
+    frames_out: int
+    bytes_in: int
+    bytes_out: int
+    drops: int  # frames the relay dropped (upstream away past the age limit, queue full)
+    queued: int
+    commands: int  # monitor commands it carried down
+    link_ups: int  # upstream connections it made (1 + reconnects)
+    uptime_s: float | None
+    batches: int  # batches received here
+    #: How much later than its best-seen path its latest batch arrived (upstream link lag), s.
+    link_lag_s: float
+
+
+#: Fields of a relay in the JSON snapshot, in this order (README "Snapshot JSON").
+RELAY_FIELDS: tuple[str, ...] = tuple(RelaySnapshot.__dataclass_fields__)
+
+
+def relay_json(r: RelaySnapshot) -> dict[str, Any]:
+    """JSON form of one relay (every field, null where unknown)."""
+    return {name: getattr(r, name) for name in RELAY_FIELDS}

@@ -1,0 +1,425 @@
+"""``flowtop relay``: one per node; its ranks' frames go upstream over one connection. No Textual.
+
+Downstream the relay binds an XSUB where the node's probes connect (``ipc://`` in a per-user
+0700 directory, or loopback TCP); upstream it connects an XPUB to the monitor, exactly as a probe
+does (IMMEDIATE, NODROP, LINGER 0, jittered reconnect, heartbeats, CURVE client keys from
+``--curve-dir``). Rank frames pass through as received bytes, never decoded or re-encoded, in
+multi-part batches ``[stamp, frame, ...]`` (flowtop.monitor.relays explains the stamp: each frame's hold
+time in the relay, so the monitor keeps the relay's receive times, not the upstream link's bursts).
+
+The relay mirrors the monitor's presence downstream: it subscribes to its ranks only while a
+monitor is subscribed upstream, and unsubscribes when the monitor goes away. So a probe behind a
+relay behaves exactly as one connected directly: it sends only when someone listens, sends its
+hello when a monitor (re)appears, queues briefly and counts drops otherwise; a relay that dies
+or restarts looks to its ranks like a monitor that did. Commands from the monitor are broadcast
+to every rank of the relay: each probe keeps those addressed to its (job, rank), as it does on a
+direct connection; routing would mean decoding every rank frame for its key (and a ROUTER
+socket) to save a few bytes per rare command on a node-local link.
+
+Every :attr:`RelayConfig.report_s` the relay sends its own figures as a ``relay`` wire message.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import itertools
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Deque
+
+import zmq
+
+from flowtop.monitor.relays import encode_stamp
+from probe import wire
+
+#: Most recent frame counts per drain of the downstream socket (then the loop moves on).
+DRAIN = 10_000
+
+
+class RelayError(ValueError):
+    """A relay that cannot start: bad address, unusable key directory, port or path taken."""
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """What a relay does; the defaults suit a node of up to a few dozen ranks."""
+
+    listen: str  # where the node's ranks connect: ipc://PATH or tcp://LOOPBACK:PORT
+    upstream: str  # the monitor (tcp://HOST:PORT)
+    curve_dir: str | None = None  # CURVE client keys for the upstream link (flowtop keys DIR)
+    hosted_by: str = "flowtop relay"
+    flush_s: float = 0.05  # a frame waits at most this long for its batch
+    max_parts: int = 512  # frames per batch
+    max_batch_bytes: int = 16 << 20
+    max_age_s: float = 2.0  # frames older than this are dropped while no monitor listens
+    queue: int = 20_000  # frames held at most (oldest dropped, counted)
+    queue_bytes: int = 256 << 20  # ... and bytes (kernel windows are up to 8 MB each)
+    report_s: float = 1.0
+
+
+def check_listen(addr: str) -> str:
+    """A downstream address: ``ipc://ABSOLUTE_PATH`` or ``tcp://LOOPBACK:PORT`` (the ranks of a
+    relay are on its node; anything wider would let other hosts inject frames past the monitor's
+    CURVE admission)."""
+    from flowtop.monitor.collector import AddressError, is_loopback, parse_tcp
+
+    if addr.startswith("ipc://"):
+        path = addr[len("ipc://"):]
+        if not path.startswith("/") or len(path.encode()) > 100:
+            raise RelayError(f"bad relay address {addr!r}: expected ipc:///ABSOLUTE/PATH (at most 100 bytes)")
+        return addr
+    try:
+        host, _ = parse_tcp(addr)
+    except AddressError as exc:
+        raise RelayError(f"{exc}, or ipc:///PATH") from None
+    if not is_loopback(host):
+        raise RelayError(f"refusing to listen on {addr}: a relay serves the ranks of its own node; "
+                         "use ipc:///PATH or tcp://127.0.0.1:PORT")
+    return addr
+
+
+def check_upstream(addr: str) -> str:
+    """The monitor's address: ``tcp://HOST:PORT``."""
+    from flowtop.monitor.collector import AddressError, parse_tcp
+
+    try:
+        parse_tcp(addr)
+    except AddressError as exc:
+        raise RelayError(str(exc)) from None
+    return addr
+
+
+def client_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes] | None:
+    """(monitor public, own public, own secret) from a key directory (flowtop.tools.keys layout)."""
+    if not curve_dir:
+        return None
+    import zmq.auth
+
+    d = Path(curve_dir)
+    try:
+        server_public, _ = zmq.auth.load_certificate(str(d / "server.key"))
+        public, secret = zmq.auth.load_certificate(str(d / "client.key_secret"))
+    except (OSError, ValueError) as exc:
+        raise RelayError(f"cannot load CURVE keys from {d}: {exc} (create them with: flowtop keys {d})") from None
+    if secret is None:
+        raise RelayError(f"{d / 'client.key_secret'} holds no secret key")
+    return server_public, public, secret
+
+
+def node_dir() -> Path:
+    """This user's directory for node relays: 0700 and owned by the user, or an error (another
+    user's directory there could hand our ranks to a stranger's relay)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    d = Path(base) / f"flowtop-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        st = d.lstat()
+    except OSError as exc:
+        raise RelayError(f"cannot create {d}: {exc.strerror}") from None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not d.is_dir() or d.is_symlink():
+        raise RelayError(f"{d} is not a private directory of this user (mode {st.st_mode & 0o777:o}); remove it")
+    return d
+
+
+def node_address(upstream: str, curve_dir: str | None = None) -> str:
+    """The node's well-known relay address for ``upstream`` (per user, per monitor and keys)."""
+    ident = f"{upstream}|{os.path.abspath(curve_dir) if curve_dir else ''}"
+    return f"ipc://{node_dir()}/relay-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.sock"
+
+
+class PathLock:
+    """An exclusive ``flock`` beside an ipc path: one relay binds it at a time (a second bind
+    would silently steal the path from the first). The kernel releases it when its holder dies."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path + ".lock"
+        self._fd: int | None = None
+
+    def acquire(self, blocking: bool) -> bool:
+        """Take the lock (waiting for it when ``blocking``); False when held elsewhere."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Let the next relay in (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class Relay:
+    """One relay: :meth:`run` binds, forwards until :meth:`stop`, then says it is closing."""
+
+    def __init__(self, cfg: RelayConfig) -> None:
+        self.cfg = cfg
+        check_listen(cfg.listen)
+        check_upstream(cfg.upstream)
+        self._curve = client_keys(cfg.curve_dir)
+        host, pid = socket.gethostname(), os.getpid()
+        self.id = f"{host}:{pid}:{random.getrandbits(32):08x}"
+        self.key = wire.RankKey("", host, pid, 0, 0)
+        self.started = time.monotonic()
+        self.ready = threading.Event()  # bound and connecting (or failed: see error)
+        self.error = ""
+        self._stop = threading.Event()
+        self._seq = 0
+        self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
+        self.drops = self.commands = self.link_ups = self.batches = 0
+        self._ranks: set[int] = set()  # downstream connections (fds of accepted peers)
+        self._up_conns = self._up_subs = 0
+        self._subscribed = False  # whether we subscribed downstream (a monitor listens)
+        self._queue: Deque[tuple[Any, float]] = collections.deque()
+        self._queued_bytes = 0
+
+    @property
+    def ranks(self) -> int:
+        """Rank connections now."""
+        return len(self._ranks)
+
+    @property
+    def listening(self) -> bool:
+        """Whether a monitor is subscribed upstream."""
+        return self._up_conns > 0 and self._up_subs > 0
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to flush, send its closing report and return (any thread)."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Bind, forward, clean up. Raises :class:`RelayError` when the listen address cannot be
+        bound (also kept in :attr:`error`, with :attr:`ready` set)."""
+        ctx = zmq.Context()
+        socks: list[Any] = []
+        auth = None
+        try:
+            down = ctx.socket(zmq.XSUB)
+            socks.append(down)
+            down.setsockopt(zmq.LINGER, 0)
+            down.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+            down.setsockopt(zmq.RCVHWM, 100_000)
+            if self.cfg.listen.startswith("tcp://"):
+                # Loopback TCP is open to every local user: admit loopback peers only (ipc is
+                # guarded by its directory's permissions instead).
+                from zmq.auth.thread import ThreadAuthenticator
+
+                auth = ThreadAuthenticator(ctx)
+                auth.start()
+                auth.allow("127.0.0.1", "::1")
+                down.setsockopt_string(zmq.ZAP_DOMAIN, "flowtop-relay")
+                if "[" in self.cfg.listen:
+                    down.setsockopt(zmq.IPV6, 1)
+            down_events = down.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            socks.append(down_events)
+            try:
+                down.bind(self.cfg.listen)
+            except zmq.ZMQError as exc:
+                raise RelayError(f"cannot bind {self.cfg.listen}: {exc} (is another relay there?)") from None
+            up = ctx.socket(zmq.XPUB)
+            socks.append(up)
+            up.setsockopt(zmq.LINGER, 0)
+            up.setsockopt(zmq.SNDHWM, 1000)
+            up.setsockopt(zmq.IMMEDIATE, 1)
+            up.setsockopt(zmq.XPUB_NODROP, 1)
+            # libzmq adds no jitter: the relays of a whole cluster would reconnect in lockstep.
+            up.setsockopt(zmq.RECONNECT_IVL, random.randint(100, 400))
+            up.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
+            up.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+            up.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            if self._curve is not None:
+                up.curve_serverkey, up.curve_publickey, up.curve_secretkey = self._curve
+            if "[" in self.cfg.upstream:
+                up.setsockopt(zmq.IPV6, 1)
+            failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            up_events = up.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | failed)
+            socks.append(up_events)
+            up.connect(self.cfg.upstream)
+            self.ready.set()
+            self._loop(down, up, down_events, up_events)
+            if self.listening:
+                up.setsockopt(zmq.LINGER, 1000)  # the closing report and last batch get out
+        except RelayError as exc:
+            self.error = str(exc)
+            raise
+        finally:
+            self.ready.set()
+            for s in reversed(socks):
+                s.close()
+            if auth is not None:
+                auth.stop()
+            ctx.term()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def _loop(self, down: Any, up: Any, down_events: Any, up_events: Any) -> None:
+        poller = zmq.Poller()
+        for s in (down, up, down_events, up_events):
+            poller.register(s, zmq.POLLIN)
+        cfg = self.cfg
+        next_report = 0.0
+        while True:
+            stopping = self._stop.is_set()
+            now = time.monotonic()
+            if not self._queue:
+                wait = cfg.report_s
+            else:  # its batch is due, or (nobody listening) its expiry
+                wait = self._queue[0][1] + (cfg.flush_s if self.listening else cfg.max_age_s) - now
+            ready = dict(poller.poll(max(0, min(100, int(wait * 1000) + 1)) if not stopping else 0))
+            now = time.monotonic()
+            # Only the sockets that have something: each empty receive costs an exception.
+            if down in ready or stopping:
+                self._drain_down(down, now)
+            if up in ready:
+                self._drain_up(up, down)
+            if up_events in ready or down_events in ready:
+                self._link_events(up_events, down_events)
+            if self.listening != self._subscribed:
+                # Mirror the monitor's presence: ranks send only while someone listens.
+                self._subscribed = self.listening
+                down.send(b"\x01" if self._subscribed else b"\x00")
+            q = self._queue
+            if self.listening:
+                while q and (stopping or len(q) >= cfg.max_parts or now - q[0][1] >= cfg.flush_s):
+                    if not self._send_batch(up, now):
+                        break
+                if now >= next_report or stopping:
+                    if self._send_report(up, now, closing=stopping):
+                        next_report = now + cfg.report_s
+            while q and now - q[0][1] > cfg.max_age_s:  # no monitor, or upstream full
+                self._drop_oldest()
+            if stopping:
+                self.drops += len(q)
+                q.clear()
+                return
+
+    def _drop_oldest(self) -> None:
+        frame, _ = self._queue.popleft()
+        self._queued_bytes -= len(frame)
+        self.drops += 1
+
+    def _drain_down(self, down: Any, now: float) -> None:
+        q, limit, limit_bytes = self._queue, self.cfg.queue, self.cfg.queue_bytes
+        for _ in range(DRAIN):
+            try:
+                frame = down.recv(zmq.NOBLOCK)  # bytes as the probe sent them (copy=False costs more below 64 KB)
+            except zmq.Again:
+                return
+            q.append((frame, now))
+            self.frames_in += 1
+            self.bytes_in += len(frame)
+            self._queued_bytes += len(frame)
+            while len(q) > limit or (self._queued_bytes > limit_bytes and len(q) > 1):
+                self._drop_oldest()
+
+    def _drain_up(self, up: Any, down: Any) -> None:
+        for _ in range(256):
+            try:
+                msg = up.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg[:1] == b"\x01":
+                self._up_subs += 1
+            elif msg[:1] == b"\x00":
+                self._up_subs = max(0, self._up_subs - 1)
+            elif msg and len(msg) <= 4096:
+                try:  # a command: every rank here hears it and keeps its own (module docstring)
+                    down.send(msg, zmq.NOBLOCK)
+                    self.commands += 1
+                except zmq.ZMQError:
+                    pass
+
+    def _link_events(self, up_events: Any, down_events: Any) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        for _ in range(64):
+            try:
+                ev = recv_monitor_message(up_events, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up_conns += 1
+                self.link_ups += 1
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                self._up_conns = max(0, self._up_conns - 1)
+                if self._up_conns == 0:
+                    self._up_subs = 0
+            else:
+                why = ("refused the relay's CURVE key: add its client.key to the monitor's clients/"
+                       if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
+                       "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
+                _warn_once(f"handshake:{ev['event']}", f"the monitor at {self.cfg.upstream} {why}")
+        for _ in range(256):
+            try:
+                ev = recv_monitor_message(down_events, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if ev["event"] == zmq.EVENT_ACCEPTED:
+                self._ranks.add(ev["value"])
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                self._ranks.discard(ev["value"])
+
+    def _send_batch(self, up: Any, now: float) -> bool:
+        """Send the oldest frames as one batch; False when upstream is full (retried later)."""
+        parts: list[Any] = []
+        ages: list[int] = []
+        size = 0
+        for frame, t in itertools.islice(self._queue, self.cfg.max_parts):
+            n = len(frame)
+            if parts and size + n > self.cfg.max_batch_bytes:
+                break
+            parts.append(frame)
+            ages.append(int((now - t) * 1e6))
+            size += n
+        try:
+            # Atomic: libzmq takes all parts of a message or none (the HWM is checked per message).
+            up.send_multipart([encode_stamp(self.id, now, ages), *parts], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        for _ in parts:
+            self._queue.popleft()
+        self._queued_bytes -= size
+        self.frames_out += len(parts)
+        self.bytes_out += size
+        self.batches += 1
+        return True
+
+    def _send_report(self, up: Any, now: float, closing: bool = False) -> bool:
+        fields = {
+            "relay": self.id, "listen": self.cfg.listen, "upstream": self.cfg.upstream, "ranks": self.ranks,
+            "frames_in": self.frames_in, "frames_out": self.frames_out, "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out, "drops": self.drops, "queued": len(self._queue),
+            "commands": self.commands, "link_ups": self.link_ups, "uptime_s": now - self.started,
+            "closing": closing, "hosted_by": self.cfg.hosted_by,
+        }  # fmt: skip
+        frame = wire.encode("relay", self.key, self._seq, time.time(), fields)
+        try:
+            up.send_multipart([encode_stamp(self.id, now, [0]), frame], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self._seq += 1
+        return True
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        print(f"flowtop relay: {message}", file=sys.stderr, flush=True)

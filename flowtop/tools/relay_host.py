@@ -1,0 +1,152 @@
+"""Who runs a node's relay: ``flowtop relay`` itself, or the ``flowtop run`` processes of the node.
+
+Every ``flowtop run`` that relays points its ranks at the node's well-known address (an ipc path
+keyed by user, monitor address and keys: :func:`flowtop.tools.relay.node_address`) and keeps one thread
+waiting on that path's lock. Whoever holds the lock hosts the relay; the others' ranks simply
+connect to it. When the host's command ends, it flushes, says "closing" upstream and releases the
+lock; the kernel wakes one waiting ``flowtop run`` at once, which binds the same path, and the
+remaining ranks reconnect to it as to a restarted monitor (their probes hold frames meanwhile).
+A host that dies (kill -9, OOM) releases the lock the same way. So the node keeps one upstream
+connection for as long as any ``flowtop run`` of it lives, and no relay outlives the last one:
+nothing is left behind on the node after the job. A ``flowtop relay`` started by hand on the same
+address takes the same lock, and the ``flowtop run`` processes then wait behind it.
+
+The relay runs in the ``flowtop run`` process, never in a training process: its work takes no
+share of a rank's interpreter lock.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from flowtop.tools.relay import PathLock, Relay, RelayConfig, RelayError, check_upstream, node_address
+
+#: ``flowtop run --relay`` choices.
+MODES = ("auto", "on", "off")
+
+
+def wants_relay(mode: str, upstream: str) -> bool:
+    """``on``; ``off``; ``auto``: relay when the monitor is on another host (tcp, not loopback),
+    where one connection per node matters. A monitor on this host gains nothing from a hop."""
+    if mode != "auto":
+        return mode == "on"
+    from flowtop.monitor.collector import AddressError, is_loopback, parse_tcp
+
+    try:
+        host, _ = parse_tcp(upstream)
+    except AddressError:
+        return False
+    return not is_loopback(host)
+
+
+class NodeRelay:
+    """``flowtop run``'s share of the node relay for ``upstream``: hosts it while holding the lock."""
+
+    def __init__(self, upstream: str, curve_dir: str | None) -> None:
+        check_upstream(upstream)
+        self.address = node_address(upstream, curve_dir)
+        self._cfg = RelayConfig(self.address, upstream, curve_dir, hosted_by="flowtop run")
+        Relay(self._cfg)  # bad keys or addresses fail here, in the caller, not in the thread
+        self._lock = PathLock(self.address[len("ipc://"):])
+        self._mutex = threading.Lock()
+        self._stopping = False
+        self.relay: Relay | None = None
+        #: Times this process took over the node's relay.
+        self.hosted = 0
+        self._thread = threading.Thread(target=self._run, name="flowtop-node-relay", daemon=True)
+
+    def start(self) -> "NodeRelay":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._lock.acquire(blocking=True)  # returns once the node has no relay
+            except OSError as exc:
+                print(f"flowtop run: node relay lock {self._lock.path}: {exc}; ranks wait for another relay",
+                      file=sys.stderr)
+                return
+            with self._mutex:
+                if self._stopping:
+                    self._lock.release()
+                    return
+                relay = self.relay = Relay(self._cfg)
+            self.hosted += 1
+            try:
+                relay.run()
+            except RelayError as exc:
+                print(f"flowtop run: node relay: {exc}", file=sys.stderr)
+                time.sleep(1.0)  # the path is taken by something else: try again, never spin
+            except Exception as exc:  # never let the relay take flowtop run (and so the job) down
+                print(f"flowtop run: node relay stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+                time.sleep(1.0)
+            finally:
+                self._lock.release()
+            with self._mutex:
+                if self._stopping:
+                    return
+
+    def stop(self, timeout_s: float = 3.0) -> None:
+        """Hand the node over: flush and close a relay hosted here, release the lock."""
+        with self._mutex:
+            self._stopping = True
+            relay = self.relay
+        if relay is not None:
+            relay.stop()
+            self._thread.join(timeout_s)
+
+
+def for_run(mode: str, upstream: str, curve_dir: str | None) -> NodeRelay | None:
+    """The node relay ``flowtop run`` uses, started; None to connect directly (a failure is said
+    once on stderr and the ranks connect directly: monitoring must never cost the run)."""
+    if not wants_relay(mode, upstream):
+        return None
+    try:
+        return NodeRelay(upstream, curve_dir).start()
+    except RelayError as exc:
+        print(f"flowtop run: no node relay ({exc}); ranks connect to {upstream} directly", file=sys.stderr)
+        return None
+
+
+def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
+    """``flowtop relay``: run a relay until SIGTERM/SIGINT; 2 with a message on bad input."""
+    try:
+        check_upstream(upstream)
+        listen = listen or node_address(upstream, curve_dir)
+        relay = Relay(RelayConfig(listen, upstream, curve_dir))
+    except RelayError as exc:
+        print(f"flowtop relay: {exc}", file=sys.stderr)
+        return 2
+    lock = None
+    if listen.startswith("ipc://"):
+        lock = PathLock(listen[len("ipc://"):])
+        try:
+            held = not lock.acquire(blocking=False)
+        except OSError as exc:
+            print(f"flowtop relay: cannot lock {lock.path}: {exc.strerror}", file=sys.stderr)
+            return 2
+        if held:
+            print(f"flowtop relay: another relay serves {listen} (lock {lock.path} is held)", file=sys.stderr)
+            return 2
+
+    def stop(_signum: int, _frame: Any) -> None:
+        relay.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    print(f"flowtop relay {relay.id}: ranks connect to {listen} (FLOWTOP_ADDR={listen}); "
+          f"forwarding to {upstream}", file=sys.stderr, flush=True)
+    try:
+        relay.run()
+    except RelayError as exc:
+        print(f"flowtop relay: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if lock is not None:
+            lock.release()
+    return 0

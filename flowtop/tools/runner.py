@@ -1,0 +1,104 @@
+"""``flowtop run -- CMD``: run a command with the probe injected through sitecustomize.
+
+Signals, the way a shell treats its foreground job: SIGINT and SIGQUIT (Ctrl-C,
+Ctrl-\\) reach the whole foreground process group from the terminal, CMD included,
+so ``flowtop run`` ignores them while CMD runs instead of forwarding a second copy;
+SIGHUP (the terminal closed) also reaches the whole group, so it is ignored too and
+``flowtop run`` returns CMD's status once CMD has reacted. SIGTERM, which is sent to
+one process, is forwarded to CMD. To interrupt CMD from a script, signal the process
+group (``kill -INT -PGID``) or send SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping
+
+import probe.wire as wire
+from flowtop import settings
+
+#: flowtop/tools/runner.py -> the directory holding flowtop/ and probe/ (checkout or site-packages).
+BOOTSTRAP_DIR = Path(__file__).resolve().parents[2] / "probe" / "bootstrap"
+#: Signals the terminal delivers to the whole foreground group: CMD gets them itself.
+GROUP_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+#: Signals sent to ``flowtop run`` alone: passed on to CMD.
+FORWARDED_SIGNALS = (signal.SIGTERM,)
+
+
+def probe_env(
+    base: Mapping[str, str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None
+) -> dict[str, str]:
+    """The environment CMD runs in.
+
+    PYTHONPATH becomes: the bootstrap directory (its ``sitecustomize`` must come first),
+    the user's PYTHONPATH, then the directory holding the ``probe`` package (site-packages,
+    or the source tree of an editable install) — last, so that a child interpreter that
+    lacks ``probe`` can still import it but it never shadows the user's own modules.
+    """
+    env = dict(base)
+    package_root = str(BOOTSTRAP_DIR.parent.parent)
+    parts = [str(BOOTSTRAP_DIR)]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    parts.append(package_root)
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    if connect:
+        settings.PROBE_ADDR.put(env, connect)
+    env.setdefault(settings.PROBE_ADDR.name, wire.DEFAULT_ADDR)
+    if job:
+        settings.PROBE_JOB.put(env, job)
+    if curve_dir:
+        settings.PROBE_CURVE_DIR.put(env, os.path.abspath(curve_dir))
+    return env
+
+
+def run(cmd: list[str], connect: str | None = None, job: str | None = None, curve_dir: str | None = None,
+        relay: str = "auto") -> int:
+    """Run ``cmd`` to completion and return its exit code (signals: see the module docstring).
+
+    ``relay`` (auto/on/off): the ranks reach the monitor through the node's relay, hosted by
+    whichever ``flowtop run`` of the node holds its lock (flowtop.tools.relay_host)."""
+    if not cmd:
+        print("flowtop run: no command given (usage: flowtop run [--connect ADDR] -- CMD ARGS...)", file=sys.stderr)
+        return 2
+    from flowtop.tools import relay_host
+
+    upstream = connect or settings.ADDR.read()
+    node = relay_host.for_run(relay, upstream, curve_dir or settings.CURVE_DIR.read())
+    env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
+    if node is not None:
+        env.pop(settings.PROBE_CURVE_DIR.name, None)  # the relay holds the keys upstream; its ranks talk over ipc
+    try:
+        return _run_child(cmd, env)
+    finally:
+        if node is not None:
+            node.stop()  # hand the node's relay to another flowtop run, if one still runs
+
+
+def _run_child(cmd: list[str], env: dict[str, str]) -> int:
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        print(f"flowtop run: cannot start {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    # Installed only now: a signal ignored before the fork would stay ignored in CMD.
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in GROUP_SIGNALS}
+    previous.update({s: signal.signal(s, forward) for s in FORWARDED_SIGNALS})
+    try:
+        code = child.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    # A child killed by a signal: report it the way a shell does.
+    return code if code >= 0 else 128 - code

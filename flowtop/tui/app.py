@@ -1,0 +1,165 @@
+"""The Textual monitor: renders the snapshots its data thread hands over.
+
+The app never touches sockets or the monitor's model. It is given a data source (the live
+collector, a recording, a prepared list) and hosts it on a :class:`~flowtop.monitor.datathread.DataThread`
+— its own thread and asyncio loop — which ticks the model at a fixed cadence (about 2 Hz) and
+leaves each snapshot in a latest-wins mailbox. A :class:`DataReady` message wakes the app, which
+takes the newest snapshot and posts it as :class:`SnapshotUpdated` to the active screen; screens
+hand the parts to their widgets, which only render what they are given. Monitor-side errors come
+the same way and are shown as notifications. Commands (``k``) go to the data thread as callables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from textual.app import App
+from textual.binding import Binding
+from textual.screen import Screen
+
+from flowtop import settings
+from flowtop.monitor.datathread import DataSource, DataThread, Delivery
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.tui.screens.help_screen import HelpScreen
+from flowtop.tui.screens.main_screen import MainScreen
+from flowtop.tui.widgets._messages import DataReady, SnapshotUpdated
+
+__all__ = ["FlowtopApp", "SnapshotSource", "SnapshotUpdated"]
+
+#: The data source protocol (kept under its old name: sources written for it still fit).
+SnapshotSource = DataSource
+#: Seconds a notification of an error stays on screen.
+ERROR_TIMEOUT_S = 15
+
+
+class FlowtopApp(App[None]):
+    """flowtop's terminal UI.
+
+    Args:
+        source: Provider of snapshots (see :class:`~flowtop.monitor.datathread.DataSource`), hosted on
+            the data thread.
+        refresh_s: Seconds between two snapshots (0 disables the cadence; tests then call
+            :meth:`refresh_snapshot` themselves).
+    """
+
+    CSS_PATH = "flowtop.tcss"
+    TITLE = "flowtop"
+    # The footer needs the columns on an 80-wide terminal; flowtop has no commands to search.
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "save_svg", "Screenshot", show=False),
+    ]
+
+    def __init__(self, source: DataSource, *, refresh_s: float = 0.5) -> None:
+        super().__init__()
+        self.source = source
+        self.refresh_s = refresh_s
+        if hasattr(source, "glances"):
+            source.glances = True  # a person watching: steps between ticks too (flowtop.monitor.collector)
+        #: The thread that hosts the source; only it calls into the source.
+        self.data = DataThread(source, cadence_s=refresh_s, wake=self._wake)
+        #: The snapshot shown now (None until the first one arrives).
+        self.latest: MonitorSnapshot | None = None
+        #: Why the source failed to start or the last snapshot failed ("" when it did not).
+        self.source_error = ""
+        #: Snapshots rendered (the mailbox counts those dropped because a newer one came first).
+        self.delivered = 0
+        self._stopped = False
+
+    def get_default_screen(self) -> Screen:
+        return MainScreen()
+
+    def _wake(self) -> None:
+        """Called on the data thread: post_message is thread-safe."""
+        self.post_message(DataReady())
+
+    async def on_mount(self) -> None:
+        try:
+            await asyncio.wrap_future(self.data.start())
+        except Exception as exc:  # show it; the UI stays up so the user can read it
+            self.source_error = f"source failed to start: {type(exc).__name__}: {exc}"
+            self.notify(self.source_error, severity="error", timeout=30)
+            return
+        try:
+            await asyncio.wrap_future(self.data.refresh())  # the first snapshot at once
+        except Exception as exc:
+            self._snapshot_failed(exc)
+        self._deliver(self.data.mailbox.take())
+
+    def on_data_ready(self, message: DataReady) -> None:
+        self._deliver(self.data.mailbox.take())
+
+    def _deliver(self, delivery: Delivery) -> None:
+        if self._stopped or not self.screen_stack:
+            return  # closing: nothing left to render on
+        for n in delivery.notices:
+            self.notify(n.text, severity=n.severity, timeout=ERROR_TIMEOUT_S if n.severity == "error" else 6)  # type: ignore[arg-type]
+        if delivery.snapshot is not None:
+            self.source_error = ""
+            self.latest = delivery.snapshot
+            self.delivered += 1
+            self.screen.post_message(SnapshotUpdated(delivery.snapshot))
+
+    def refresh_snapshot(self) -> MonitorSnapshot | None:
+        """Have the data thread take a snapshot now and show it (tests, with ``refresh_s=0``).
+
+        Waits for the data thread; the live UI never calls it (its snapshots come by message)."""
+        try:
+            self.data.refresh().result(30)
+        except Exception as exc:  # a broken source must not kill the UI
+            self._snapshot_failed(exc)
+            return None
+        self._deliver(self.data.mailbox.take())
+        return self.latest
+
+    def _snapshot_failed(self, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if error != self.source_error:
+            self.source_error = error
+            self.notify(f"snapshot failed: {error}", severity="error", timeout=10)
+
+    def request_kernels(self, job: str, rank: int) -> None:
+        """Ask one rank for a kernel window now (the ``k`` key); the data thread sends it."""
+        self.data.request_kernels(job, rank)
+        self.notify(f"asked rank {rank} of {job} for a kernel window", timeout=3)
+
+    def action_save_svg(self) -> None:
+        """Save an SVG screenshot of the screen on show (``p``, for bug reports) and say where:
+        ``$FLOWTOP_SCREENSHOT_DIR`` or the current directory."""
+        import os
+        import time
+
+        directory = settings.SCREENSHOT_DIR.read() or os.getcwd()
+        stem = f"flowtop-{time.strftime('%Y%m%d-%H%M%S')}-{type(self.screen).__name__}"
+        name, n = f"{stem}.svg", 1
+        while os.path.exists(os.path.join(directory, name)):
+            n += 1
+            name = f"{stem}-{n}.svg"
+        try:
+            path = self.save_screenshot(name, directory)
+        except OSError as exc:
+            self.notify(f"screenshot not saved: {exc.strerror or exc} ({directory})", severity="error", timeout=8)
+            return
+        self.notify(f"screenshot saved to {os.path.abspath(path)}", timeout=8)
+
+    def action_help(self) -> None:
+        """Show the key help (toggle)."""
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        else:
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        await self._stop_source()
+        self.exit()
+
+    async def on_unmount(self) -> None:
+        await self._stop_source()
+
+    async def _stop_source(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.data.stopped()

@@ -1,0 +1,96 @@
+"""HintsPanel: bottleneck hints by severity and impact; Enter expands one."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.text import Text
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from flowtop.monitor.format import ended_note
+from flowtop.monitor.snapshot import Hint
+from flowtop.tui.widgets._format import (
+    SEVERITY_ORDER,
+    SEVERITY_STYLE,
+    SEVERITY_TAG,
+    evidence_text,
+    fmt_pct,
+)
+
+
+def hint_key(h: Hint) -> str:
+    """Identity of a hint across snapshots (the same problem on the same target)."""
+    return f"{h.id}|{h.scope}|{h.target}"
+
+
+def ordered(hints: Iterable[Hint]) -> list[Hint]:
+    """Active before ended, then most severe first, then largest share of step time at stake."""
+    return sorted(hints, key=lambda h: (h.ended, SEVERITY_ORDER.get(h.severity, 9), -h.impact, h.target, h.id))
+
+
+def hint_prompt(h: Hint, expanded: bool) -> Text:
+    """One hint: a summary line, plus its evidence and fix when expanded."""
+    text = Text()
+    text.append("▾ " if expanded else "▸ ", style="dim")
+    text.append(SEVERITY_TAG.get(h.severity, h.severity[:4].upper()), style=SEVERITY_STYLE.get(h.severity, ""))
+    if h.target:
+        text.append(f" {h.target}:", style="bold")
+    text.append(f" {h.summary}")
+    if h.impact > 0:
+        text.append(f" (impact {fmt_pct(h.impact, 0)})", style="dim")
+    if expanded:
+        text.append("\n    evidence: ", style="dim")
+        text.append(evidence_text(h.evidence) or "–")
+        text.append("\n    fix: ", style="dim")
+        text.append(h.action, style="green")
+    if h.ended:
+        # Its rank or job finished: kept as the run's diagnosis, dimmed so it reads as history.
+        text.append(f" {ended_note(h.first_step, h.last_step)}", style="italic")
+        text.stylize("dim")
+    return text
+
+
+class HintsPanel(OptionList):
+    """The job's hints, one per line; Enter toggles evidence and action of one."""
+
+    BORDER_TITLE = "hints"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.expanded: set[str] = set()
+        self._hints: list[Hint] = []
+        self._shown: tuple[object, ...] | None = None
+
+    def show(self, hints: Iterable[Hint]) -> None:
+        """Render ``hints``; expansion and the highlighted hint survive updates."""
+        self._hints = ordered(hints)
+        keys = [hint_key(h) for h in self._hints]
+        self.expanded &= set(keys)
+        state = (tuple(self._hints), frozenset(self.expanded))
+        if state == self._shown:
+            return  # nothing changed: keep the list (and the terminal) quiet
+        self._shown = state
+        current = self.highlighted_option.id if self.highlighted_option is not None else None
+        ended = sum(h.ended for h in self._hints)
+        count = f"{len(keys) - ended} + {ended} ended" if ended else str(len(keys))
+        self.border_title = f"hints ({count})" if keys else "hints"
+        if not self._hints:
+            self.set_options([Option(Text("no hints: nothing stands out", style="dim"), id="none", disabled=True)])
+            return
+        self.set_options(Option(hint_prompt(h, k in self.expanded), id=k) for h, k in zip(self._hints, keys))
+        # Keep the same hint under the cursor when the order changes; start on the first.
+        self.highlighted = keys.index(current) if current in keys else 0
+
+    def toggle(self, key: str) -> None:
+        """Expand or collapse the hint with key ``key``."""
+        if key in self.expanded:
+            self.expanded.discard(key)
+        else:
+            self.expanded.add(key)
+        self.show(self._hints)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if event.option.id and event.option.id != "none":
+            self.toggle(event.option.id)

@@ -1,0 +1,136 @@
+"""Builds the ``flops`` wire message: counted FLOPs, transformer estimate and the dense peak."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from probe.flops import dtensor as flops_dtensor, estimate, peaks, precision
+from probe.flops.count import FlopCount
+
+
+def _where(source: str) -> str:
+    """Where the estimate found the model's shape, in words: "config:config" -> "model.config"."""
+    kind, _, path = source.partition(":")
+    if kind == "config":
+        return f"model.{path}"
+    if kind == "blocks":
+        return "the model's blocks" if path == "<root>" else f"the blocks of model.{path}"
+    if kind == "attention":
+        calls, _, batches = path.partition("/")
+        return f"the counted step's attention calls ({calls} in {batches} micro-batch{'es' if batches != '1' else ''})"
+    return source
+
+
+def unwrap(module: Any) -> Any:
+    """The user's model inside DDP/FSDP (``.module``) and torch.compile (``._orig_mod``)."""
+    for _ in range(4):
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        module = inner
+    return module
+
+
+def cpu_cores_of_rank(local_ranks: int) -> int:
+    """Cores a CPU rank computes on: its torch threads, at most its share of the cores it may run
+    on. Ranks sharing a host must not each claim all of it: a rank pinned to a CPU set (taskset,
+    numactl, Slurm's binding) owns that set; an unpinned one owns 1/``local_ranks`` of the host."""
+    import os
+
+    host = os.cpu_count() or 1
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = host
+    share = allowed if allowed < host else max(1, host // max(1, local_ranks))
+    return max(1, min(share, torch.get_num_threads()))
+
+
+def seq_len_of(signature: tuple[Any, ...]) -> int | None:
+    """Sequence length: the last dim of the first integer (token index) input of rank ≥ 2.
+
+    Signature entries are ``(path, shape, dtype)`` (probe.flops.policy.signature_of)."""
+    for entry in signature:
+        if not isinstance(entry, tuple) or len(entry) != 3:
+            continue
+        _, shape, dtype = entry
+        if isinstance(shape, tuple) and len(shape) >= 2 and "int" in str(dtype):
+            return int(shape[-1])
+    return None
+
+
+def flops_message(
+    count: FlopCount,
+    *,
+    step: int,
+    tokens: int,
+    root: Any,
+    signature: tuple[Any, ...],
+    device: torch.device | None,
+    device_name: str,
+    flops_per_token: float | None,
+    attention: str,
+    local_ranks: int = 1,
+    cp: int = 1,
+) -> dict[str, Any]:
+    """Fields of one ``flops`` message (see probe.wire). ``local_ranks``: training processes
+    sharing this host (a CPU rank's peak is its share of the cores); ``cp``: this rank's
+    context-parallel degree (its token ids are a shard of each sequence: the estimate's
+    attention term takes the whole sequence, probe.flops.estimate)."""
+    estimated = None
+    source = None
+    seq = seq_len_of(signature)
+    est = None
+    layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
+    if root is not None and (seq or flops_per_token or count.attention_shapes):
+        est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention,
+                                           flops_per_token=flops_per_token, layout=layout,
+                                           seen=count.attention_shapes, micro_batches=count.micro_batches,
+                                           cp=cp)
+    elif flops_per_token:
+        est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
+    if est is not None and tokens:
+        estimated = est.flops_per_token * tokens
+        attn = 6 if attention == "causal" else 12
+        local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
+        active = "_active" if est.moe else ""  # MoE: N counts top_k experts per token (probe.flops.moe)
+        # context parallel: T is every key of the sequence, the rank's shard its queries and tokens
+        keys = f" (all keys; cp={est.cp}: this rank's {seq} queries)" if est.cp > 1 and seq else ""
+        source = (
+            f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
+            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}{keys}" + (f"; {est.moe}" if est.moe else "")
+        )[:256]  # the wire's limit: a long module path must not cost the whole message
+        if est.source == "override":
+            source = "override (flops_per_token)"
+    on_cpu = device is None or device.type != "cuda"
+    if on_cpu:
+        peak, reason = peaks.resolve_peak("cpu", count.dtype)
+        if peak is not None and not peak.source.startswith("override"):
+            peak = peaks.cpu_peak(count.dtype, cores=cpu_cores_of_rank(local_ranks))
+    else:
+        peak, reason = peaks.resolve_peak(device_name, count.dtype)
+    return {
+        "step": step,
+        "model_flops": float(count.model_flops),
+        "executed_flops": float(count.executed_flops),
+        "estimated_flops": estimated,
+        "estimate_source": source,
+        "attention": count.attention_convention,
+        "dtype": count.dtype,
+        "peak_flops": peak.flops if peak else None,
+        "peak_source": peak.source if peak else f"unknown: {reason}",
+        "uncounted": {k[:256]: int(v) for k, v in list(count.uncounted.items())[:200]},
+        # FLOP-like size of those ops (a rough bound from shapes): the monitor weighs them by it
+        "uncounted_size": {k[:256]: min(int(v), 2**62) for k, v in list(count.uncounted_size.items())[:200]},
+        "tokens": int(tokens),
+        "signature": str(signature)[:4096],
+        "cost_s": float(count.cost_s),
+        "model_note": count.model_note[:256],
+        # Under DTensor parallelism: the mesh and placements; the figures above are this rank's own
+        **({"parallel": layout.describe()} if layout is not None else {}),
+        # FLOPs and dense peak per operand dtype: the monitor's MFU against each op's own peak
+        **precision.message_fields(count.model_by_dtype, count.executed_by_dtype, on_cpu=on_cpu,
+                                   device_name=device_name, cpu_cores=cpu_cores_of_rank(local_ranks)),
+    }

@@ -1,0 +1,437 @@
+"""Counting the FLOPs of one whole training step, on sampled steps only (docs/formulas.md,
+"How a step is counted": counting every step would cost +385 % of a small one).
+
+A :class:`StepFlopCounter` pushes a ``TorchDispatchMode`` for the window between two optimizer
+steps (all micro-batches).  Every aten op that reaches it is executed unchanged and, when it
+has a shape formula (:mod:`probe.flops.formulas`), costed.  We use our own mode instead of
+``torch.utils.flop_counter.FlopCounterMode`` because that one counts 0 for CPU attention
+(``_scaled_dot_product_flash_attention_for_cpu``: verified on torch 2.13), never halves causal
+attention, cannot tell recomputation from the first forward, and ignores unknown heavy ops.
+
+Two figures come out:
+
+* **model FLOPs** (for MFU): forward + backward as the math requires; attention backward is
+  2 × forward; activation-checkpoint recomputation is excluded.
+* **executed FLOPs** (for HFU): what ran; fused attention backward (flash, efficient, cuDNN,
+  CPU flash, flex) recomputes the scores (2.5 × forward); recomputation is included.
+
+Recompute detection: ops dispatched inside the autograd engine
+(``torch._C._current_graph_task_id() != -1``) while grad mode is on are forward ops being
+recomputed — both reentrant (``CheckpointFunction.backward`` runs the function under
+``torch.enable_grad()``) and non-reentrant checkpointing (the unpack hook recomputes under
+``torch.autograd.enable_grad()``) do this (torch/utils/checkpoint.py).  A backward run with
+``create_graph=True`` (double backward) also has grad mode on and is therefore counted as
+recompute: a known limitation.
+
+Nothing is derived by formula from the forward ("3 × forward"): frozen parameters and inputs
+that need no gradient simply do not dispatch the corresponding backward matmuls.
+
+Counts are local to the rank: a DTensor op is handed back to DTensor (``NotImplemented``) and
+its ops on the local shards are costed (TP, sequence parallel, FSDP2 + TP; probe.flops.dtensor).
+FSDP computes on gathered plain tensors and is counted per rank as it should be.
+
+Not covered: kernels that bypass the dispatcher — torch.compile/Inductor generated kernels
+(we see only the extern matmuls a compiled region dispatches; its fused attention or
+triton matmuls are invisible) and custom CUDA extensions.  Use a meta replay of the eager
+module for compiled models.  The mode declares ``ignore_compile_internals`` so that
+``torch.compile(fullgraph=True)`` (used internally by eager flex_attention) keeps working
+while it is active; a torch function mode was ruled out because Dynamo traces it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from probe._log import warn_once
+from probe.flops.count import FlopCount
+from probe.flops.dtensor import DEFER, RUN, route
+from probe.flops.formulas import (
+    FORMULAS,
+    HOP_ATTENTION_OPS,
+    MATMUL,
+    AttentionShape,
+    bind_arguments,
+    hop_attention_cost,
+    is_heavy_op_name,
+)
+from probe.flops.policy import CountPolicy, signature_of
+from probe.flops.precision import dtype_label, scaled_to
+from probe.flops.uncounted import flop_like_size
+
+__all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
+
+ATTENTION_CONVENTIONS = ("full", "causal")
+#: Higher-order ops that wrap one aten op to preserve its random state (AOT autograd's
+#: functionalised RNG, e.g. SDPA under torch.compile + activation checkpointing): name -> where
+#: the wrapped op sits in the arguments. ``run_with_rng_state`` replays a forward op in the
+#: backward, i.e. it is recomputation (executed, not model FLOPs).
+_RNG_HOPS = {"run_and_save_rng_state": 0, "run_with_rng_state": 1}
+_HOP_FORMULAS = frozenset("higher_order." + n for n in (*HOP_ATTENTION_OPS, *_RNG_HOPS))
+
+
+class _Window:
+    """Tallies of one counting window (plain attributes: touched under the GIL only)."""
+
+    def __init__(self) -> None:
+        self.model = 0
+        self.executed = 0
+        self.by_op: defaultdict[str, int] = defaultdict(int)
+        self.by_dtype: defaultdict[str, int] = defaultdict(int)  # executed FLOPs per dtype label
+        self.model_by_dtype: defaultdict[str, int] = defaultdict(int)
+        self.uncounted: defaultdict[str, int] = defaultdict(int)
+        self.uncounted_size: defaultdict[str, int] = defaultdict(int)
+        self.overhead = 0.0
+        self.micro_batches = 0
+        self.forward_model = 0  # model FLOPs of ops run outside the autograd engine
+        self.backward_model = 0  # ... and inside it (gradients)
+        self.attention_shapes: defaultdict[AttentionShape, int] = defaultdict(int)
+
+
+_SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What to do with one op overload (cached): its action, formula and display name."""
+
+    action: str
+    name: str
+    formula: Any = None
+    fallback: str = _SKIP  # for composites whose decomposition is unavailable
+
+
+def _cap_backward(win: _Window) -> tuple[int, str]:
+    """Model FLOPs of a window, and a note when they had to be bounded.
+
+    No op's gradients cost more than twice its forward (a matmul's input and weight gradients
+    are one forward each; attention's model backward is 2x). A backward that counted more ran
+    forward ops again where we cannot see it: recomputation inside a torch.compile'd backward
+    (activation checkpointing), where grad mode is off. Its excess is not model FLOPs; the
+    bound is exact when every matmul input needs a gradient and an upper bound otherwise."""
+    excess = win.backward_model - 2 * win.forward_model
+    if win.forward_model <= 0 or excess <= 0:
+        return win.model, ""
+    return win.model - excess, ("backward bounded at 2x the forward: recompute inside a compiled backward "
+                                f"({excess / max(1, win.model):.1%} of the counted model FLOPs) cannot be told "
+                                "from gradients")
+
+
+class _CountingMode(TorchDispatchMode):
+    """Runs every op unchanged; costs the ones with formulas.  Never raises its own errors."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile compile through us (a non-infra mode makes ``fullgraph=True``
+        compiles — eager flex_attention is one — raise); compiled regions then show us only
+        the ops they dispatch (extern matmuls), not their generated kernels."""
+        return True
+
+    def __init__(self, owner: StepFlopCounter) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        owner = self.owner
+        if owner._passthrough:
+            return func(*args, **kwargs)
+        if types:  # subclass arguments: DTensor's global shapes are no rank's work
+            how = route(types)
+            if how == DEFER:
+                return NotImplemented  # DTensor runs the local ops, which come back to us
+            if how == RUN:
+                return func(*args, **kwargs)  # fake tensors (sharding propagation) compute nothing
+        t0 = time.perf_counter()
+        try:
+            plan = owner._plan(func)
+        except Exception as exc:  # noqa: BLE001 - our bug must not fail the op
+            owner._disable(exc)
+            return func(*args, **kwargs)
+        if plan.action == _DECOMPOSE:  # a composite reached us (e.g. inference mode): count its parts
+            t1 = time.perf_counter()
+            with self:
+                out = func.decompose(*args, **kwargs)
+            t2 = time.perf_counter()
+            owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
+            if out is not NotImplemented:
+                return out
+            t0 = time.perf_counter()
+        t1 = time.perf_counter()
+        out = func(*args, **kwargs)  # inside a HOP our mode is popped: its inner ops are unseen
+        t2 = time.perf_counter()
+        action = plan.fallback if plan.action == _DECOMPOSE else plan.action
+        if action != _SKIP:
+            owner._safe(owner._account, func, plan, action, args, kwargs, out)
+        owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
+        return out
+
+
+class StepFlopCounter:
+    """Counts model and executed FLOPs of one training step.
+
+    ``start()`` is called by the step tracker right after an optimizer step (training thread);
+    ``stop()`` from the optimizer-step *pre* hook, i.e. after the last micro-batch's backward
+    and before the optimizer runs — so optimizer FLOPs (elementwise anyway) are not counted.
+    Call both on the training thread.  Neither ever raises: any failure returns ``None``,
+    is logged once and disables the counter for good (``broken``).
+
+    ``root``: the model's root module; when given, its forward calls in the window are the
+    ``micro_batches`` figure.  ``attention``: "full" (default, PaLM/torchtitan) or "causal"
+    (halves SDPA kernels called with causal masking: CPU flash, flash, efficient, cuDNN).
+    Hand-written attention and SDPA's math fallback (taken e.g. on CPU with dropout, or on
+    meta tensors) reach us as plain bmm ops whose masking cannot be known: they are always
+    counted as the full square — which is also what those kernels execute.
+    ``max_window_s``: a window left open longer than this (no optimizer step came) stops
+    accounting and is closed at the next ``start``/``stop``/root forward.
+    """
+
+    def __init__(
+        self, root: torch.nn.Module | None = None, attention: str = "full", max_window_s: float = 600.0
+    ) -> None:
+        if attention not in ATTENTION_CONVENTIONS:
+            warn_once("flops.attention", f"unknown attention convention {attention!r}; using 'full'")
+            attention = "full"
+        self.attention = attention
+        self.root = root
+        self.max_window_s = max_window_s
+        self.broken = False
+        self._active = False
+        self._passthrough = True
+        self._window = _Window()
+        self._plans: dict[Any, Any] = {}
+        self._dispatch_mode: _CountingMode | None = None
+        self._hook: Any = None
+        self._thread = 0
+        self._started = 0.0
+        self._tf32_matmul = False
+        self._tf32_conv = False
+        self._autocast: str | None = None
+        #: Called with each forward op cost that carries group sizes (MoE grouped GEMMs; probe.flops.moe).
+        self.on_groups: Any = None
+
+    @property
+    def active(self) -> bool:
+        """True while a counting window is open."""
+        return self._active
+
+    def start(self, in_forward: bool = False) -> None:
+        """Open a counting window (no-op once broken).
+
+        ``in_forward``: set when called from inside the root module's forward pre-hook; that
+        forward has already started, so it is counted as the first micro-batch here."""
+        try:
+            if self._dispatch_mode is not None and not self._close():
+                raise RuntimeError("a previous counting window could not be closed")
+            if self.broken:
+                return
+            self._window = _Window()
+            self._window.micro_batches = 1 if in_forward else 0
+            self._tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32) or (
+                torch.get_float32_matmul_precision() != "highest")
+            self._tf32_conv = bool(torch.backends.cudnn.allow_tf32) and bool(torch.backends.cudnn.enabled)
+            self._autocast = self._autocast_label()
+            if self.root is not None:
+                from probe.hookutil import eager  # runs eagerly inside a compiled region
+
+                self._hook = self.root.register_forward_pre_hook(eager(self._on_root_forward))
+            self._thread = threading.get_ident()
+            self._dispatch_mode = _CountingMode(self)
+            self._dispatch_mode.__enter__()
+            self._started = time.perf_counter()
+            self._passthrough = False
+            self._active = True
+        except Exception as exc:  # noqa: BLE001 - must never reach training
+            self._fail(exc)
+
+    def stop(self) -> FlopCount | None:
+        """Close the window and return its count, or ``None`` (not started, expired, broken)."""
+        if not self._active:
+            return None
+        try:
+            expired = time.perf_counter() - self._started > self.max_window_s
+            if not self._close():
+                warn_once("flops.close", "FLOP counter could not leave the dispatch stack (stopped on another "
+                          "thread, or another mode left above it); it stays idle until it can")
+                return None
+            if self.broken or expired:
+                return None
+            win = self._window
+            model, note = _cap_backward(win)
+            return FlopCount(
+                model_flops=model,
+                executed_flops=win.executed,
+                attention_convention=self.attention,
+                dtype=self._compute_dtype(win),
+                by_op=dict(win.by_op),
+                uncounted=dict(win.uncounted),
+                uncounted_size=dict(win.uncounted_size),
+                micro_batches=win.micro_batches,
+                cost_s=win.overhead,
+                model_note=note,
+                attention_shapes=dict(win.attention_shapes),
+                model_by_dtype=scaled_to(win.model_by_dtype, model),
+                executed_by_dtype=dict(win.by_dtype),
+            )
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return None
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _close(self) -> bool:
+        """End accounting and pop our modes; True once nothing of ours is left installed.
+
+        Modes are popped only from the thread that pushed them and only when they are on
+        top of its stacks; otherwise they stay in passthrough and the root pre-hook (or the
+        next ``start``) retries."""
+        self._passthrough = True
+        self._active = False
+        if self._dispatch_mode is not None and threading.get_ident() != self._thread:
+            return False
+        if self._dispatch_mode is not None:
+            if _get_current_dispatch_mode() is not self._dispatch_mode:
+                return False
+            self._dispatch_mode.__exit__(None, None, None)
+            self._dispatch_mode = None
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        self.broken = True
+        warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001 - a mode we cannot pop stays in passthrough
+            self._passthrough = True
+
+    def _disable(self, exc: BaseException) -> None:
+        """Stop accounting (from inside the dispatch handler, where modes cannot be popped)."""
+        self.broken = True
+        self._passthrough = True
+        warn_once("flops.count", f"FLOP counting disabled: {type(exc).__name__}: {exc}")
+
+    def _safe(self, fn: Any, *args: Any) -> None:
+        """Run bookkeeping; a failure disables counting but the op's result is unaffected."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            self._disable(exc)
+
+    def _on_root_forward(self, module: Any, args: Any) -> None:
+        if self._passthrough:
+            if not self._active and self._dispatch_mode is not None:
+                self._safe(self._close)  # retry a close that could not happen earlier
+            return
+        if time.perf_counter() - self._started > self.max_window_s:
+            self._passthrough = True
+            warn_once("flops.expired", "FLOP counting window left open too long (no optimizer step?); abandoned")
+            return
+        self._window.micro_batches += 1
+
+    def _plan(self, func: Any) -> _Plan:
+        plan = self._plans.get(func)
+        if plan is None:
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                name = "higher_order." + func.name()
+                # costed via hop_attention_cost when known; any other HOP hides its ops from us
+                plan = _Plan(_FORMULA if name in _HOP_FORMULAS else _UNCOUNTED, name)
+            else:
+                schema_name = func._schema.name
+                name = schema_name.replace("::", ".")
+                heavy = _UNCOUNTED if is_heavy_op_name(schema_name) else _SKIP
+                if schema_name in FORMULAS:
+                    plan = _Plan(_FORMULA, name, FORMULAS[schema_name])
+                elif torch._C._dispatch_has_kernel_for_dispatch_key(
+                        func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
+                    plan = _Plan(_DECOMPOSE, name, fallback=heavy)
+                else:
+                    plan = _Plan(heavy, name)
+            self._plans[func] = plan
+        return plan
+
+    def _account(self, func: Any, plan: _Plan, action: str, args: tuple, kwargs: dict, out: Any) -> None:
+        win = self._window
+        if action == _UNCOUNTED:
+            win.uncounted[plan.name] += 1
+            win.uncounted_size[plan.name] += flop_like_size(plan.name, args, kwargs, out)
+            return
+        causal = self.attention == "causal"
+        name, recompute = plan.name, False
+        if plan.formula is not None:
+            cost = plan.formula(bind_arguments(func, args, kwargs), out, causal)
+        elif func.name() in _RNG_HOPS:
+            at = _RNG_HOPS[func.name()]
+            op, recompute = args[at], func.name() == "run_with_rng_state"
+            name = op._schema.name.replace("::", ".")
+            formula = FORMULAS.get(op._schema.name)
+            if formula is None:
+                if is_heavy_op_name(op._schema.name):
+                    win.uncounted[name] += 1
+                    win.uncounted_size[name] += flop_like_size(name, args[at + 1:], kwargs, out)
+                return
+            inner_out = out if recompute else out[1]  # run_and_save returns (state, output)
+            cost = formula(bind_arguments(op, args[at + 1:], kwargs), inner_out, causal)
+        else:  # higher-order attention op
+            cost = hop_attention_cost(func.name(), args, causal)
+        self._add(win, name, cost, recompute)
+
+    def _add(self, win: _Window, name: str, cost: Any, recompute: bool = False) -> None:
+        model, executed = cost.model, cost.executed
+        in_backward = torch._C._current_graph_task_id() != -1
+        if recompute or (in_backward and torch.is_grad_enabled()):
+            model = 0  # a forward op run by the autograd engine: activation-checkpoint recompute
+        elif in_backward:
+            win.backward_model += model
+        else:
+            win.forward_model += model
+            if cost.shape is not None:
+                win.attention_shapes[cost.shape] += 1
+            if cost.groups is not None and self.on_groups is not None:
+                self.on_groups(cost)
+        if time.perf_counter() - self._started > self.max_window_s:
+            self._passthrough = True
+            return
+        win.model += model
+        win.executed += executed
+        win.by_op[name] += executed
+        t = cost.tensor
+        if t is not None and executed:
+            label = dtype_label(t.dtype, t.device.type, cost.kind, self._tf32_matmul, self._tf32_conv)
+            win.by_dtype[label] += executed
+            win.model_by_dtype[label] += model
+
+    def _autocast_label(self) -> str | None:
+        """Autocast dtype active at ``start`` (fallback when no costed op names a dtype)."""
+        try:
+            for dev in ("cuda", "cpu"):
+                if torch.is_autocast_enabled(dev):
+                    return dtype_label(torch.get_autocast_dtype(dev), dev, MATMUL, False, False)
+        except (AttributeError, TypeError, RuntimeError):  # torch < 2.4 lacks the device argument
+            pass
+        return None
+
+    def _compute_dtype(self, win: _Window) -> str:
+        """FLOP-weighted dominant operand dtype of the costed ops.
+
+        Our mode sits below autocast, so operands already carry the autocast dtype: the
+        weighted majority *is* the compute dtype, and ops autocast leaves in fp32 do not
+        hide it.  Fallbacks: the autocast dtype at start, then the root's parameter dtype."""
+        if win.by_dtype:
+            return max(win.by_dtype.items(), key=lambda kv: kv[1])[0]
+        if self._autocast is not None:
+            return self._autocast
+        if self.root is not None:
+            for p in self.root.parameters():
+                return dtype_label(p.dtype, p.device.type, MATMUL, self._tf32_matmul, self._tf32_conv)
+        return "unknown"

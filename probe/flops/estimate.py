@@ -1,0 +1,215 @@
+"""Analytic transformer FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B).
+
+Training (forward + backward) model FLOPs per token: ``6·N + 12·L·d·T`` with N the
+non-embedding parameters (the LM head counts, tied or not: its matmul runs), L layers, d the
+model width and T the sequence length; the second term is attention (scores and weighted
+sum, full square).  Under the "causal" convention attention is halved: ``6·N + 6·L·d·T``.
+
+Shown beside the counted figure (probe.flops.counter) as a plausibility check, so it stays simple:
+frozen parameters are counted like trainable ones (they skip the weight-gradient 2·N_frozen,
+so the estimate overstates fine-tuning runs such as LoRA), positional parameters that are
+not ``nn.Embedding`` modules count as non-embedding. Under DTensor parallelism the estimate is
+local like the count (probe.flops.dtensor): FSDP2's dims are gathered before compute (a
+parameter counts whole), a parameter split k ways by tensor parallelism counts 1/k, and the
+attention term is divided by the split of the matmuls (heads are split with them). FSDP1's
+flat parameters count only the local shard (an under-estimate).
+
+Under context parallelism of degree cp a rank embeds T/cp positions of each sequence: its
+linear layers run on those tokens (6·N per token, as ever), and its attention runs its T/cp
+local queries against all T keys, i.e. 12·L·d·T per *local* token, T the whole sequence. So the
+attention term takes T = cp × the rank's shard, and the estimate per rank is (6·N + 12·L·d·T) ×
+its local tokens; Σ over the cp ranks is the unsharded sequence's 6N+12LdT × B·T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe._log import warn_once
+from probe.flops import moe
+from probe.flops.dtensor import ParallelLayout
+from probe.flops.formulas import AttentionShape
+
+_CONFIG_ATTRS = ("config", "cfg", "args", "model_args", "params", "hparams")
+_LAYER_KEYS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
+_WIDTH_KEYS = ("n_embd", "hidden_size", "d_model", "dim")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Analytic training FLOPs per token and the figures it came from.
+
+    ``source`` says how the shape was found: "override", "config:<attr>", "blocks:<path>" or
+    "attention:<calls>/<micro-batches>" (the counted step's attention calls).
+    ``split``: the tensor-parallel split the attention term was divided by (1: none);
+    ``n_params`` is then the elements this rank computes with. ``seq_len`` is the keys each query
+    attends to (the whole sequence); under context parallelism of degree ``cp`` > 1 the rank's
+    own shard is ``seq_len / cp`` (its queries and tokens).
+    """
+
+    flops_per_token: float
+    n_params: int
+    n_layers: int
+    d_model: int
+    seq_len: int
+    source: str
+    split: int = 1
+    #: MoE models: how N became N_active (probe.flops.moe), "" for dense ones.
+    moe: str = ""
+    cp: int = 1
+
+
+def transformer_flops_per_token(
+    n_params: int, n_layers: int, d_model: int, seq_len: int, attention: str = "full", split: int = 1
+) -> float:
+    """``6·N + 12·L·d·T`` (full attention) or ``6·N + 6·L·d·T`` (causal convention); with a
+    tensor-parallel ``split`` the attention term is ``12·L·d·T / split`` (N already local)."""
+    attn = 6 if attention == "causal" else 12
+    return float(6 * n_params + attn * n_layers * d_model * seq_len / max(1, split))
+
+
+def non_embedding_params(model: nn.Module, splits: Mapping[int, int] | None = None) -> int:
+    """Parameters outside ``nn.Embedding`` tables, plus any head weight tied to one.
+
+    Counting is by tensor identity, so a weight shared by several modules counts once.
+    ``splits`` (id(parameter) -> k, probe.flops.dtensor) counts a parameter computed on in k
+    tensor-parallel shards as 1/k of its global elements."""
+    splits = splits or {}
+
+    def size(p: torch.Tensor) -> int:
+        return p.numel() // splits.get(id(p), 1)
+
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    total = sum(size(p) for p in model.parameters() if id(p) not in embedding_ids)
+    tied_heads = {
+        id(m.weight): size(m.weight)
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and id(m.weight) in embedding_ids
+    }
+    return total + sum(tied_heads.values())
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """Inner module of DDP/FSDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    for _ in range(4):
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
+
+
+def _config_value(config: Any, keys: Iterable[str]) -> int | None:
+    for key in keys:
+        value = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _from_config(model: nn.Module) -> tuple[int, int, str] | None:
+    for attr in _CONFIG_ATTRS:
+        config = getattr(model, attr, None)
+        if config is None or isinstance(config, (int, float, str, torch.Tensor)):
+            continue
+        layers, width = _config_value(config, _LAYER_KEYS), _config_value(config, _WIDTH_KEYS)
+        if layers and width:
+            return layers, width, f"config:{attr}"
+    return None
+
+
+def _attention_width(block: nn.Module) -> int | None:
+    """Model width seen by a block's attention: MHA ``embed_dim`` or its first Linear's input."""
+    for name, sub in block.named_modules():
+        if isinstance(sub, nn.MultiheadAttention):
+            return int(sub.embed_dim)
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if "attn" in leaf or "attention" in leaf:
+            for inner in sub.modules():
+                if isinstance(inner, nn.Linear):
+                    return int(inner.in_features)
+    return None
+
+
+def _from_blocks(model: nn.Module) -> tuple[int, int, str] | None:
+    """The longest ModuleList/Sequential whose every child holds an attention submodule."""
+    best: tuple[int, int, str] | None = None
+    for path, sub in model.named_modules():
+        if not isinstance(sub, (nn.ModuleList, nn.Sequential)) or len(sub) == 0:
+            continue
+        widths = [w for w in (_attention_width(child) for child in sub) if w is not None]
+        if len(widths) == len(sub) and (best is None or len(sub) > best[0]):
+            best = (len(sub), int(widths[0]), f"blocks:{path or '<root>'}")
+    return best
+
+
+def _from_attention(
+    seen: Mapping[AttentionShape, int] | None, micro_batches: int
+) -> tuple[int, int, int, str] | None:
+    """(L, d, T, source) from the forward attention calls the counted step ran, for models whose
+    config and module names say nothing (blocks with ``qkv``/``proj`` and no ``attn`` module).
+
+    L = attention calls per micro-batch; d = query heads × head width and T = keys per query of
+    the most frequent call shape (under tensor parallelism the heads are this rank's: d is
+    local, and so is the attention term). Hand-written attention (plain matmuls) is not seen."""
+    if not seen:
+        return None
+    calls = sum(seen.values())
+    per_batch = max(1, micro_batches)
+    layers = round(calls / per_batch)
+    top = max(seen.items(), key=lambda kv: (kv[1], kv[0].heads * kv[0].head_dim))[0]
+    if layers < 1 or top.seq_k < 1:
+        return None
+    return layers, top.heads * top.head_dim, top.seq_k, f"attention:{calls}/{per_batch}"
+
+
+def estimate_from_model(
+    model: nn.Module,
+    seq_len: int,
+    attention: str = "full",
+    flops_per_token: float | None = None,
+    layout: ParallelLayout | None = None,
+    seen: Mapping[AttentionShape, int] | None = None,
+    micro_batches: int = 1,
+    cp: int = 1,
+) -> Estimate | None:
+    """Estimate training FLOPs per token of a transformer, or ``None`` if its shape is unknown.
+
+    ``flops_per_token`` overrides the analytic figure (the user knows better); the shape is
+    then still reported when it can be found. ``layout`` (probe.flops.dtensor.layout_of) makes
+    the figure local to this rank under tensor parallelism. The shape comes from the model's
+    config, else its blocks, else ``seen`` (forward attention calls by shape in the counted
+    step of ``micro_batches`` forwards; then T is the calls' key length).  ``cp``: this rank's
+    context-parallel degree; ``seq_len`` (its token ids' length) is then its shard, and the
+    attention term takes the whole sequence, ``seq_len × cp`` keys (the key length read from
+    the attention calls is whole already).  Never raises.
+    """
+    try:
+        model = _unwrap(model)
+        shape = _from_config(model) or _from_blocks(model)
+        split = layout.compute_degree if layout is not None else 1
+        cp = max(1, int(cp))
+        keys = int(seq_len) * cp  # local queries attend to every key of the sequence
+        if shape is None and (found := _from_attention(seen, micro_batches)) is not None:
+            layers, width, keys, source = found
+            shape, split = (layers, width, source), 1  # the heads seen are local already
+        n_params = non_embedding_params(model, layout.splits if layout is not None else None)
+        n_params, moe_note = moe.active_params(model, n_params)  # MoE: routed experts at top_k of E
+        if flops_per_token is not None:
+            layers, width = (shape[0], shape[1]) if shape else (0, 0)
+            return Estimate(float(flops_per_token), n_params, layers, width, keys, "override", cp=cp)
+        if shape is None or keys <= 0:
+            return None
+        layers, width, source = shape
+        fpt = transformer_flops_per_token(n_params, layers, width, keys, attention, split)
+        return Estimate(fpt, n_params, layers, width, keys, source, split, moe_note, cp)
+    except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
+        warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
+        return None

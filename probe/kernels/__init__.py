@@ -1,0 +1,1 @@
+"""Sampled kernel windows (torch.profiler over one whole step) and when to take them."""

@@ -1,0 +1,475 @@
+"""Step detection and timing on the training thread.
+
+Boundaries come from torch's global optimizer step hooks (every framework built
+on ``torch.optim``) or from explicit :func:`probe.mark_step` calls; once the
+explicit marker is used, optimizer hooks stop counting steps so nothing is
+counted twice. Several optimizers stepping with no forward in between are one
+training step — unless the *same* optimizer steps again, which is a new step
+(functional loops without modules; the zero-gradient ``step()`` that
+``torch.distributed.checkpoint`` runs when it restores an optimizer). All
+micro-batches between two boundaries belong to one step.
+
+To find the model without code changes, global module hooks watch until a
+boundary has seen a top-level module: the one holding most of the optimizer's
+parameters becomes the *root* (its forward pre-hook measures input wait and the
+input signature; its forward hook marks when the step's last forward ended,
+``lead_s``, which tells which rank the others wait for in synchronous training),
+and the first ``nn.Embedding`` fed integer indices counts tokens. The global
+hooks are then removed, so steady-state cost is two small hooks per micro-batch
+plus one per step. Forwards run without autograd (evaluation, generation) are
+not part of a training step and are ignored.
+
+Timing: wall time per step on the host, and a CUDA event recorded at each
+boundary; events are only ever *queried*, never synchronised, so device times
+arrive a few steps late (``dstep`` says which step they belong to).
+
+Any failure in these hooks disables the probe (``on_fail``) — the user's
+``optimizer.step()`` and ``forward()`` never see an exception from here.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import warnings
+from typing import Any, Callable, Deque
+
+import torch
+
+from probe._log import warn_once
+from probe.flops.policy import signature_of
+from probe.hookutil import _has_closure, _is_compiled, eager, in_compiled_call
+
+__all__ = ["StepTracker", "eager", "in_compiled_call"]
+
+#: Called at every boundary with (step index, wall seconds of the step).
+BoundaryListener = Callable[[int, float], None]
+
+
+#: Read at every hook call: module globals, not attribute chains (cold caches after a long step
+#: make each lookup cost).
+_now = time.perf_counter
+_grad_on = torch.is_grad_enabled
+_inference_on = torch.is_inference_mode_enabled
+
+
+def _training_forward() -> bool:
+    """Whether a forward now is part of training (autograd on, not inference mode)."""
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+class StepTracker:
+    """Detects step boundaries and measures each step; owns the torch hooks."""
+
+    def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
+        self._on_step = on_step
+        self._on_fail = on_fail
+        self.step = 0
+        self.explicit = False
+        self.root: torch.nn.Module | None = None
+        self.embedding: torch.nn.Module | None = None
+        self.compiled = False  # the root is a torch.compile'd module
+        self.signature: tuple[Any, ...] = ()
+        #: (args, kwargs) of the root forward whose forward listeners are being called, else None.
+        self.forward_inputs: tuple[Any, Any] | None = None
+        self.micro_batches = 0
+        self.tokens = 0
+        self._device: torch.device | None = None
+        self._cuda = False  # self.device is a CUDA device (read at every boundary: kept as a bool)
+        self._training_now = False  # the root's last forward was a training forward
+        self.in_optimizer = False
+        #: The running optimizer step was given a closure: forward and backward run inside it.
+        self.closure_step = False
+        self.listeners_pre_opt: list[Callable[[], None]] = []
+        self.listeners_boundary: list[BoundaryListener] = []
+        self.listeners_forward: list[Callable[[tuple[Any, ...]], None]] = []
+        self._last_boundary = time.perf_counter()
+        self._input_origin = self._last_boundary  # last optimizer post-hook of the step
+        self._input_wait: float | None = None
+        self._forward_end: float | None = None
+        self._probe_s = 0.0
+        self._depth = 0
+        self._candidates: dict[int, torch.nn.Module] = {}
+        #: id(optimizer) -> self.step after its last step: it stepped since the last boundary when
+        #: that is the current step (no set to clear at each boundary).
+        self._stepped: dict[int, int] = {}
+        self._global_handles: list[Any] = []
+        self._handles: list[Any] = []
+        self._root_handles: list[Any] = []
+        self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
+        self._forward_since_boundary = 0
+        self._idle_calls = 0
+        self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see _signature
+        # The common step's fast path (see boundary): steps below ``quiet_until`` are published
+        # here (``publisher.publish``) without calling ``on_boundary`` and ``_on_step``, which
+        # the owner (probe.runtime) sets up and keeps ``quiet_until`` for. Without it, or at
+        # and after that step, every boundary goes through them.
+        self.publisher: Any = None
+        self.on_boundary: BoundaryListener | None = None  # before the step's counters reset
+        self.quiet_until = 0
+        #: Unsampled steps' wall times, kept on the fast path too: EWMA, and the last five.
+        self.ewma_step_s: float | None = None
+        self.recent_walls: Deque[float] = collections.deque(maxlen=5)
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device this rank trains on (None until known)."""
+        return self._device
+
+    @device.setter
+    def device(self, dev: torch.device | None) -> None:
+        self._device = dev
+        self._cuda = dev is not None and dev.type == "cuda"
+
+    # --- installation ---------------------------------------------------------------
+
+    def install(self) -> None:
+        """Register the global optimizer hooks and the discovery module hooks."""
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self._handles.append(register_optimizer_step_pre_hook(eager(self._opt_pre_hook)))
+        self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
+        # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
+        # ours are gone before it traces (see _global_pre), so the warning would only mislead.
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+        mod = torch.nn.modules.module
+        self._global_handles.append(mod.register_module_forward_pre_hook(eager(self._global_pre)))
+        self._global_handles.append(mod.register_module_forward_hook(eager(self._global_post)))
+
+    def uninstall(self) -> None:
+        """Remove every hook this tracker registered."""
+        for h in self._handles + self._global_handles + self._root_handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+        self._global_handles.clear()
+        self._root_handles.clear()
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        warn_once(f"steps:{where}", f"step tracking failed in {where} ({type(exc).__name__}: {exc}); probe disabled")
+        self.uninstall()
+        if self._on_fail is not None:
+            try:
+                self._on_fail()
+            except Exception:
+                pass
+
+    # --- discovery (until the root is known) -------------------------------------------
+
+    def _global_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        try:
+            if (_is_compiled(module) and _training_forward()
+                    and any(p.requires_grad for p in module.parameters())):
+                # torch.compile traces what runs inside this module, global hooks included, and
+                # guards on them: gone by the time it traces (it traces after this hook), they
+                # cost it neither graph breaks nor a recompile when discovery ends. A trained
+                # compiled module (not a frozen teacher under no_grad) is the root candidate;
+                # its tokens then come from its integer input (see _settle_root).
+                self._candidates.setdefault(id(module), module)
+                self._drop_global_hooks()
+                if self._depth == 0:  # a compiled module inside a wrapper: the wrapper counted
+                    self._root_pre(module, args, {})
+                    self._count_input_tokens(args, {})
+                return
+            # Top-level modules with parameters are root candidates (a loss module is not).
+            if self._depth == 0 and next(module.parameters(), None) is not None:
+                self._idle_calls += 1
+                self._candidates.setdefault(id(module), module)
+                self._root_pre(module, args, {})
+            if module is self.embedding:  # every micro-batch of step 1, not just the first
+                self._embedding_pre(module, args)
+            elif self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
+                idx = args[0]
+                if isinstance(idx, torch.Tensor) and not idx.is_floating_point():
+                    self.embedding = module
+                    self._embedding_pre(module, args)
+            self._depth += 1
+        except Exception as exc:
+            warn_once("discover", f"model discovery failed: {exc}")
+        if self._idle_calls > 10_000 and self.step == 0:
+            # An inference-only process: stop paying for the global hooks.
+            self._drop_global_hooks()
+
+    def _global_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            self._forward_end = time.perf_counter()
+
+    def _drop_global_hooks(self) -> None:
+        for h in self._global_handles:
+            h.remove()
+        self._global_handles.clear()
+
+    def _settle_root(self, optimizer: Any) -> None:
+        """At a boundary: pick the root among the top-level modules seen, hook it alone.
+
+        The root is the module holding most of the optimizer's parameters (a frozen
+        teacher or reference model, though larger, is not what is trained). With no
+        candidate yet (a step before any forward), discovery simply goes on.
+        """
+        if not self._candidates:
+            if self.device is None:  # no module forward yet: time the device the parameters live on
+                self.device = self._params_device(optimizer)
+            return
+        trained: set[int] = set()
+        for group in getattr(optimizer, "param_groups", ()):
+            trained.update(id(p) for p in group.get("params", ()))
+
+        def score(m: torch.nn.Module) -> tuple[int, int]:
+            owned = total = 0
+            for p in m.parameters():
+                total += p.numel()
+                owned += p.numel() if id(p) in trained else 0
+            return owned, total
+
+        root = max(self._candidates.values(), key=score)
+        self._candidates.clear()
+        self._drop_global_hooks()
+        self.root = root
+        try:
+            self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True))
+            self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
+            self.compiled = _is_compiled(root) or any(_is_compiled(m) for m in root.children())
+            if self.compiled:
+                # A hook on a module inside the compiled region would make torch.compile
+                # recompile: count the root's token-id input instead.
+                self._root_handles.append(root.register_forward_pre_hook(eager(self._tokens_pre), with_kwargs=True))
+            elif self.embedding is not None:
+                self._root_handles.append(self.embedding.register_forward_pre_hook(eager(self._embedding_pre)))
+        except Exception as exc:  # e.g. ScriptModules refuse hooks: go on without a root
+            warn_once("root-hooks", f"cannot hook {type(root).__name__} ({exc}); input wait and tokens unavailable")
+            for h in self._root_handles:
+                h.remove()
+            self._root_handles.clear()
+        self.device = self._pick_device(root)
+
+    @classmethod
+    def _params_device(cls, optimizer: Any) -> torch.device:
+        params = (p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())
+                  if isinstance(p, torch.Tensor))
+        return cls._device_of(params)
+
+    @classmethod
+    def _pick_device(cls, root: torch.nn.Module) -> torch.device:
+        return cls._device_of(root.parameters())
+
+    @staticmethod
+    def _device_of(params: Any) -> torch.device:
+        for p in params:
+            if p.device.type == "cuda":
+                return p.device
+            break
+        # CPU-offloaded parameters (FSDP CPUOffload) still compute on the current GPU.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    # --- steady-state hooks ---------------------------------------------------------
+
+    def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if module is not self.root and self.root is not None:
+            return
+        # Decided once per root forward: the embedding and the forward's end read the flag
+        # (each torch call costs microseconds when the caches are cold after a long step).
+        if not _grad_on() or _inference_on():
+            self._training_now = False
+            return
+        self._training_now = True
+        if self._forward_since_boundary:  # a later micro-batch: only counted
+            self._forward_since_boundary += 1
+            return
+        t0 = _now()
+        self._input_wait = t0 - self._input_origin
+        listeners = self.listeners_forward
+        if listeners:  # the input signature serves FLOP counting only
+            try:
+                self.signature = self._signature(args, kwargs)
+                # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
+                # step's forward inside step(): that forward is the step's forward too.
+                if not self.in_optimizer or self.closure_step:
+                    self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.flops.padding)
+                    for listener in listeners:
+                        listener(self.signature)
+                    self.forward_inputs = None
+            except Exception as exc:
+                self._fail("forward", exc)
+        self._forward_since_boundary = 1
+        self._probe_s += _now() - t0
+
+    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
+        """:func:`signature_of` the root's inputs, looked up by their shapes and dtypes when they
+        are plain positional tensors (the common case): the same inputs give the very same
+        tuple, so the FLOP sampler's "new signature?" test is an identity check, and the walk
+        runs once per shape instead of once per step."""
+        if kwargs or len(args) > 4:
+            return signature_of(args, kwargs or {})
+        key: list[object] = []
+        try:
+            for a in args:
+                if not isinstance(a, torch.Tensor):
+                    return signature_of(args, {})
+                key.append(a.shape)
+                key.append(a.dtype)
+            k = tuple(key)
+            cache = self._signatures
+            sig = cache.get(k)
+        except Exception:  # a tensor without a plain shape (nested): signature_of copes
+            return signature_of(args, {})
+        if sig is None:
+            if len(cache) >= 64:  # shapes changing every step: bounded, like the counts carried
+                cache.clear()
+            sig = cache[k] = signature_of(args, {})
+        return sig
+
+    def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._training_now:
+            self._forward_end = time.perf_counter()
+
+    def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._count_input_tokens(args, kwargs)
+
+    def _count_input_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Tokens of a training forward, for a compiled model whose embedding cannot be hooked:
+        ``input_ids=`` when given, else the first int32/int64 tensor of at least two dimensions
+        (batch × sequence; class labels and masks are not token ids)."""
+        if not _training_forward():
+            return
+        ids = kwargs.get("input_ids") if kwargs else None
+        candidates = [ids] if isinstance(ids, torch.Tensor) else list(args)
+        for a in candidates:
+            if isinstance(a, torch.Tensor) and a.dtype in (torch.int64, torch.int32) and a.dim() >= 2:
+                self.tokens += a.numel()
+                return
+
+    def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self._training_now and args and isinstance(args[0], torch.Tensor):
+            self.tokens += args[0].numel()
+
+    @property
+    def forwards_this_step(self) -> int:
+        """Root forwards (micro-batches) since the last boundary."""
+        return self._forward_since_boundary
+
+    def _is_new_step(self, optimizer: Any) -> bool:
+        """A new step, unless another optimizer of this step steps with no forward between."""
+        return self._forward_since_boundary > 0 or self.step == 0 or self._stepped.get(id(optimizer)) == self.step
+
+    def _opt_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.in_optimizer = True
+            # torch passes (optimizer,) and {} for a plain step(): no closure to look for.
+            closure = self.closure_step = (len(args) > 1 or bool(kwargs)) and _has_closure(optimizer, args, kwargs)
+            # With a closure the step's (last) forward and backward are still to come, inside
+            # step(): pre-optimizer work waits for the boundary (listeners see closure_step).
+            # Pre-optimizer listeners (FLOP counting's) act on steps the owner marked as not quiet.
+            listeners = self.listeners_pre_opt
+            if (listeners and self.step + 1 >= self.quiet_until and not self.explicit and not closure
+                    and self._is_new_step(optimizer)):
+                for listener in listeners:
+                    listener()
+        except Exception as exc:
+            self._fail("optimizer pre-hook", exc)
+
+    def _opt_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.in_optimizer = False
+            self.closure_step = False
+            if self.explicit:
+                return
+            key = id(optimizer)
+            stepped = self._stepped
+            if self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:  # _is_new_step
+                self.boundary(optimizer)  # sets _input_origin
+            else:
+                self._input_origin = _now()
+            stepped[key] = self.step
+            if len(stepped) > 64:  # optimizers built and dropped over and over: keep this step's
+                self._stepped = {k: v for k, v in stepped.items() if v == self.step}
+        except Exception as exc:
+            self._fail("optimizer post-hook", exc)
+
+    def mark(self) -> None:
+        """Explicit boundary for loops without torch.optim."""
+        try:
+            self.explicit = True
+            for listener in self.listeners_pre_opt:
+                listener()
+            self.boundary(None)
+        except Exception as exc:
+            self._fail("mark_step", exc)
+
+    # --- boundary -------------------------------------------------------------------
+
+    def boundary(self, optimizer: Any) -> None:
+        """Close the current step and open the next one."""
+        t0 = _now()
+        wall = t0 - self._last_boundary
+        if self.root is None:
+            self._settle_root(optimizer)
+        step = self.step = self.step + 1
+        device_s, dstep = self._device_time() if self._cuda else (None, None)
+        end = self._forward_end
+        lead = end - self._last_boundary if end is not None else None
+        fields: dict[str, Any] = {
+            "step": step,
+            "wall_s": wall,
+            "tokens": self.tokens,
+            "input_wait_s": self._input_wait,
+            "lead_s": lead if lead is not None and lead > 0 else None,
+            "device_s": device_s,
+            "dstep": dstep,
+            "micro_batches": self._forward_since_boundary,
+        }
+        quiet = step < self.quiet_until
+        if not quiet and self.on_boundary is not None:
+            self.on_boundary(step, wall)  # guards itself
+        for listener in self.listeners_boundary:
+            try:
+                listener(step, wall)
+            except Exception as exc:
+                warn_once("boundary-listener", f"step listener failed: {exc}")
+        self.micro_batches = self._forward_since_boundary
+        self.tokens = 0
+        self._input_wait = None
+        self._forward_end = None
+        self._forward_since_boundary = 0
+        t1 = _now()
+        fields["probe_s"] = self._probe_s + (t1 - t0)
+        if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
+            prev = self.ewma_step_s
+            self.ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
+            self.recent_walls.append(wall)
+            self.publisher.publish("step", fields)
+        else:
+            self._on_step(fields)
+        t2 = self._input_origin = _now()  # the last optimizer post-hook (mark_step) of the step
+        self._probe_s = t2 - t1  # the runtime's share: reported with the next step
+        # Steps are the intervals between boundary instants: what the probe does here (a kernel
+        # window starting or ending, a count closing) belongs to the next step's wall time, so
+        # step times add up to the run's wall time, as the framework's own clocks see it.
+        self._last_boundary = t0
+
+    def _device_time(self) -> tuple[float | None, int | None]:
+        """Record this boundary's CUDA event; return the newest completed step's time."""
+        if not self._cuda:
+            return None, None
+        try:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))  # the rank's GPU, not whatever is current
+            self._events.append((self.step, ev))
+            result: tuple[float | None, int | None] = (None, None)
+            # Pop completed pairs from the front; query() never blocks.
+            while len(self._events) >= 2 and self._events[1][1].query():
+                s0, e0 = self._events.popleft()
+                s1, e1 = self._events[0]
+                result = (e0.elapsed_time(e1) / 1000.0, s1)
+            return result
+        except Exception as exc:
+            warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
+            self.device = torch.device("cpu")
+            return None, None

@@ -1,0 +1,1 @@
+"""Telemetry read on the sender thread: device (NVML, GPM) and host (psutil)."""

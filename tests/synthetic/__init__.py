@@ -1,0 +1,1 @@
+"""Made-up snapshots for tests and benchmarks (not shipped: the figures are invented)."""
