@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from flowtop.demo.launch import free_port_pair, training_command  # noqa: E402
+from flowtop.tools.demo.launch import free_port_pair, training_command  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "demo-2rank.rec"
 
