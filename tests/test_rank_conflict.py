@@ -228,3 +228,26 @@ def test_a_conflict_stays_while_one_claimant_goes_stale_and_goes_with_its_job() 
     assert snap.jobs[0].tokens_per_s == pytest.approx(TOKENS / WALL_S)
     model.tick(t + 10_000.0)  # both silent past the eviction limit: the job is dropped
     assert not model.ranks and len(model._claims) == 0
+
+
+def test_a_claimant_arriving_after_steady_ticks_splits_the_cached_rows_and_they_join_again() -> None:
+    # Ticks of ranks that each have one process reuse one set of rows (flowtop.monitor.claims.SoleRows):
+    # a second process claiming rank 1 must still become a conflict at the next tick, and the
+    # rows must follow when a rank comes or goes.
+    model = make_model()
+    f = _Feeder(model)
+    r0, r1, twin = RankKey("j", "h", 1, 0, 0), RankKey("j", "h", 2, 1, 0), RankKey("j", "h", 3, 1, 0)
+    f.run(r0, 0.0, 10, bye=False)
+    t = f.run(r1, 0.0, 10, bye=False)
+    first, second = model.tick(t), model.tick(t + 0.5)
+    assert [(r.rank, r.pid) for r in second.jobs[0].ranks] == [(0, 1), (1, 2)]
+    assert model._view(None, t, remember=False) is model._view(None, t, remember=False)  # cached rows
+    assert first.jobs[0].rank_conflicts == 0
+    t2 = f.run(twin, t, 5, bye=False)
+    snap = model.tick(t2)
+    assert [(r.rank, r.pid, [c.pid for c in r.conflict]) for r in snap.jobs[0].ranks] == [
+        (0, 1, []), (1, 2, [3]), (1, 3, [2])]
+    assert snap.jobs[0].rank_conflicts == 1 and len(model._claims) == 1
+    # A third rank joins: its row appears (the cached rows are rebuilt when a key comes).
+    f.run(RankKey("j", "h", 4, 2, 0), t2, 3, bye=False)
+    assert [r.rank for r in model.tick(t2 + 0.2).jobs[0].ranks] == [0, 1, 1, 2]

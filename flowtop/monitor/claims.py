@@ -14,15 +14,20 @@ order and tie-break named below.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Hashable, Iterable, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
 
 from flowtop.monitor.snapshot import RankSnapshot
 from probe.wire import RankKey
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
+S = TypeVar("S")
+
+#: Per job, the rank processes a view shows in order, each with the others claiming its rank.
+Rows = dict[str, list[tuple[S, tuple[RankKey, ...]]]]
 
 
 def newest_per(items: Iterable[T], group: Callable[[T], K], newness: Callable[[T], Any],
@@ -124,3 +129,33 @@ class Claims:
 
     def __len__(self) -> int:
         return len(self._groups)
+
+
+class SoleRows(Generic[S]):
+    """Every job's rows while each (job, rank) has one process and no conflict is remembered: then
+    the claims' answer is every process with no others, in the view's order (job, rank, host, pid,
+    incarnation). Kept until the set of processes changes (``version``), so a tick of thousands
+    of ranks neither builds a :class:`Seen` per rank nor groups them (~30 ms at 4,096 ranks).
+    The rows are shared between calls: read them, never change them."""
+
+    def __init__(self) -> None:
+        self._version = -1
+        self._rows: Rows[S] | None = None
+
+    def get(self, states: Mapping[RankKey, S], version: int, claims: Claims) -> Rows[S] | None:
+        """The rows of ``states`` (keyed by rank key; ``version`` changes whenever a key comes or
+        goes), or None when some rank number has two processes or ``claims`` remembers one."""
+        if len(claims):
+            return None
+        if version != self._version:
+            self._version, self._rows = version, self._build(states)
+        return self._rows
+
+    @staticmethod
+    def _build(states: Mapping[RankKey, S]) -> Rows[S] | None:
+        if len({(k.job, k.rank) for k in states}) != len(states):
+            return None  # a rank number with two processes: the claims decide
+        rows: Rows[S] = collections.defaultdict(list)
+        for k in sorted(states, key=attrgetter("job", "rank", "host", "pid", "inc")):
+            rows[k.job].append((states[k], ()))
+        return dict(rows)

@@ -29,7 +29,7 @@ from typing import Any
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Claims, Seen, newest_per
+from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows, newest_per
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.limits import Limits, TokenBucket
@@ -88,6 +88,8 @@ class Model:
         self._hints_at: dict[str, float] = {}  # job -> monitor time its hints were last evaluated
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
+        self._sole: SoleRows[RankState] = SoleRows()
+        self._keys_version = 0  # changes whenever a rank key comes or goes (self._sole's cache)
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
         #: Ticks run (the turn of a large job's ranks and hints, see RANKS_PER_TICK).
@@ -152,6 +154,7 @@ class Model:
         self._now = max(self._now, now)
         if st is None:
             st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
+            self._keys_version += 1
             self._job_sizes[msg.key.job] += 1
         st.last_recv = now
         self.relays.saw(msg.key, via)
@@ -241,6 +244,7 @@ class Model:
 
     def _forget(self, st: RankState) -> None:
         del self.ranks[st.key]
+        self._keys_version += 1
         self.relays.forget(st.key)
         self.views.forget(st.key)
         job = st.key.job
@@ -291,7 +295,7 @@ class Model:
         self._now = max(self._now, now)
         self.ticks += 1
         self._evict(now)
-        by_job = self._view(self.ranks.values(), now, remember=True)
+        by_job = self._view(None, now, remember=True)
         jobs = []
         for job, shown in sorted(by_job.items()):
             spread = -(-len(shown) // RANKS_PER_TICK)  # ticks a large job's full refresh takes
@@ -308,7 +312,7 @@ class Model:
 
         ``light``: a glance between two ticks (flowtop.monitor.collector): each rank's step and liveness
         now, its figures from its last full view (a rank never shown gets one)."""
-        by_job = self._view(self.ranks.values(), now, remember=False)
+        by_job = self._view(None, now, remember=False)
         jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()), rotation=(0, 0) if light else None)
                      for job, shown in sorted(by_job.items()))
         return self._monitor_snapshot(now, listen, jobs)
@@ -325,10 +329,15 @@ class Model:
             relays=self.relays.snapshot(now),
         )
 
-    def _view(self, states: Any, now: float, remember: bool) -> dict[str, list[tuple[RankState, tuple[RankKey, ...]]]]:
+    def _view(self, states: Any, now: float, remember: bool) -> Rows[RankState]:
         """Per job, the rank processes it shows (by rank, host, pid), each with the other
         processes that claim its rank number (see flowtop.monitor.claims; ``remember``: a tick's view,
-        which updates the conflicts remembered)."""
+        which updates the conflicts remembered). ``states`` None: every rank (read-only rows)."""
+        if states is None:
+            sole = self._sole.get(self.ranks, self._keys_version, self._claims)
+            if sole is not None:
+                return sole
+            states = self.ranks.values()
         states = list(states)
         seen = [Seen(st.key, rs.running(st, now), bool(st.steps), st.last_recv) for st in states]
         shown = self._claims.shown(seen, remember)
