@@ -5,6 +5,7 @@ from __future__ import annotations
 from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
 from flowtop.monitor.format import fmt_pct as pct
 from flowtop.monitor.format import fmt_time as seconds
+from flowtop.monitor.hints.groups import HintGroup, grouped
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.snapshot import FlopsView, JobSnapshot, MonitorSnapshot
 
@@ -53,9 +54,11 @@ def render(snap: MonitorSnapshot) -> str:
         if lost or dropped:
             lines.append(f"  messages: {lost} missing (sequence gaps: lost in transit or refused here), "
                          f"{dropped} dropped by the probes' queues")
-        for h in job.hints:
+        for row in grouped(job.hints, job.ranks):  # a hint many ranks share: one line
+            h = row.lead if isinstance(row, HintGroup) else row
             ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
-            lines.append(f"  [{h.severity}]{ended} {h.summary} -> {h.action}")
+            where = f" {row.label()}, most at stake {h.target}:" if isinstance(row, HintGroup) else ""
+            lines.append(f"  [{h.severity}]{ended}{where} {h.summary} -> {h.action}")
     if snap.relays:
         states = ", ".join(f"{sum(x.status == st for x in snap.relays)} {st}" for st in ("live", "silent", "closed")
                            if any(x.status == st for x in snap.relays))

@@ -93,7 +93,7 @@ class MainScreen(SnapshotScreen):
         if rank_map.display != wanted:
             rank_map.display = wanted
         rank_map.show(job)
-        self.query_one(HintsPanel).show(job.hints if job else ())
+        self.query_one(HintsPanel).show(job.hints if job else (), job.ranks if job else ())
 
     def _selected(self) -> tuple[str, int] | None:
         rank = self.query_one(RankTable).selected

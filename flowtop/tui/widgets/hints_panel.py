@@ -1,4 +1,5 @@
-"""HintsPanel: bottleneck hints by severity and impact; Enter expands one."""
+"""HintsPanel: bottleneck hints by severity and impact; Enter expands one. Rank hints that many
+ranks share are one line (flowtop.monitor.hints.groups)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from flowtop.monitor.format import ended_note
-from flowtop.monitor.snapshot import Hint
+from flowtop.monitor.hints.groups import HintGroup, grouped
+from flowtop.monitor.snapshot import Hint, RankSnapshot
 from flowtop.tui.widgets._format import (
     SEVERITY_ORDER,
     SEVERITY_STYLE,
@@ -29,16 +31,27 @@ def ordered(hints: Iterable[Hint]) -> list[Hint]:
     return sorted(hints, key=lambda h: (h.ended, SEVERITY_ORDER.get(h.severity, 9), -h.impact, h.target, h.id))
 
 
-def hint_prompt(h: Hint, expanded: bool) -> Text:
-    """One hint: a summary line, plus its evidence and fix when expanded."""
+def row_key(row: Hint | HintGroup) -> str:
+    """Identity of a panel line across snapshots."""
+    return row.key if isinstance(row, HintGroup) else hint_key(row)
+
+
+def hint_prompt(row: Hint | HintGroup, expanded: bool) -> Text:
+    """One hint (or a group: its ranks, then its leading hint): a summary line, plus its evidence
+    and fix when expanded."""
+    h = row.lead if isinstance(row, HintGroup) else row
     text = Text()
     text.append("▾ " if expanded else "▸ ", style="dim")
     text.append(SEVERITY_TAG.get(h.severity, h.severity[:4].upper()), style=SEVERITY_STYLE.get(h.severity, ""))
-    if h.target:
+    if isinstance(row, HintGroup):
+        text.append(f" {row.label()}:", style="bold")
+    elif h.target:
         text.append(f" {h.target}:", style="bold")
     text.append(f" {h.summary}")
     if h.impact > 0:
         text.append(f" (impact {fmt_pct(h.impact, 0)})", style="dim")
+    if expanded and isinstance(row, HintGroup):
+        text.append(f"\n    most at stake: {h.target}", style="dim")
     if expanded:
         text.append("\n    evidence: ", style="dim")
         text.append(evidence_text(h.evidence) or "–")
@@ -60,12 +73,18 @@ class HintsPanel(OptionList):
         super().__init__(**kwargs)
         self.expanded: set[str] = set()
         self._hints: list[Hint] = []
+        self._rows: list[Hint | HintGroup] = []
         self._shown: tuple[object, ...] | None = None
 
-    def show(self, hints: Iterable[Hint]) -> None:
-        """Render ``hints``; expansion and the highlighted hint survive updates."""
+    def show(self, hints: Iterable[Hint], ranks: Iterable[RankSnapshot] = ()) -> None:
+        """Render ``hints`` (``ranks``: the job's, which name the ranks of a group); expansion and
+        the highlighted line survive updates."""
         self._hints = ordered(hints)
-        keys = [hint_key(h) for h in self._hints]
+        self._rows = grouped(self._hints, ranks)
+        self._show_rows()
+
+    def _show_rows(self) -> None:
+        keys = [row_key(row) for row in self._rows]
         self.expanded &= set(keys)
         state = (tuple(self._hints), frozenset(self.expanded))
         if state == self._shown:
@@ -73,22 +92,23 @@ class HintsPanel(OptionList):
         self._shown = state
         current = self.highlighted_option.id if self.highlighted_option is not None else None
         ended = sum(h.ended for h in self._hints)
-        count = f"{len(keys) - ended} + {ended} ended" if ended else str(len(keys))
-        self.border_title = f"hints ({count})" if keys else "hints"
-        if not self._hints:
+        total = len(self._hints)
+        count = f"{total - ended:,} + {ended:,} ended" if ended else f"{total:,}"
+        self.border_title = f"hints ({count})" if total else "hints"
+        if not self._rows:
             self.set_options([Option(Text("no hints: nothing stands out", style="dim"), id="none", disabled=True)])
             return
-        self.set_options(Option(hint_prompt(h, k in self.expanded), id=k) for h, k in zip(self._hints, keys))
-        # Keep the same hint under the cursor when the order changes; start on the first.
+        self.set_options(Option(hint_prompt(row, k in self.expanded), id=k) for row, k in zip(self._rows, keys))
+        # Keep the same line under the cursor when the order changes; start on the first.
         self.highlighted = keys.index(current) if current in keys else 0
 
     def toggle(self, key: str) -> None:
-        """Expand or collapse the hint with key ``key``."""
+        """Expand or collapse the line with key ``key``."""
         if key in self.expanded:
             self.expanded.discard(key)
         else:
             self.expanded.add(key)
-        self.show(self._hints)
+        self._show_rows()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()

@@ -1,0 +1,81 @@
+"""Rank hints that many ranks share, shown as one line. No Textual.
+
+Ranks of one job mostly run the same kernels on the same shapes: when a kernel window makes one
+rank launch-bound, it makes all of them so, and a 4,096-rank job then holds 4,096 hints that say
+the same thing. The snapshot keeps every one (scripts and the exporter count them); the hints
+panel and the text report show a :class:`HintGroup` instead — how many ranks, which (as ranges),
+and the hint of the rank with the most at stake, whose evidence stands for the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from flowtop.monitor.hints.base import rank_target
+from flowtop.monitor.snapshot import Hint, RankSnapshot
+
+#: Rank hints of one id, severity and state (active or ended) are grouped from this many ranks on.
+GROUP_AT = 4
+
+
+@dataclass(frozen=True)
+class HintGroup:
+    """Rank hints of one id, severity and state, on ``len(hints)`` ranks."""
+
+    lead: Hint  # the hint with the largest impact (first in rank order among equals)
+    hints: tuple[Hint, ...]  # every hint of the group, in rank order
+    ranks: tuple[int, ...]  # their rank numbers, ascending (a rank whose number is not known: left out)
+
+    @property
+    def key(self) -> str:
+        """Identity across snapshots (the panel keeps a group expanded while it lasts)."""
+        return f"group|{self.lead.id}|{self.lead.severity}|{self.lead.ended}"
+
+    def label(self) -> str:
+        """'4,096 ranks (0-4095)', '5 ranks (0-3, 7)': the count, then the ranks as ranges."""
+        return f"{len(self.hints):,} ranks ({rank_ranges(self.ranks)})"
+
+
+def rank_ranges(ranks: Sequence[int], most: int = 6) -> str:
+    """Ascending rank numbers as ranges, 'a-b' for runs; after ``most`` ranges, '…'."""
+    runs: list[tuple[int, int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    return ", ".join(parts) + (", …" if len(runs) > most else "")
+
+
+def grouped(hints: Iterable[Hint], ranks: Iterable[RankSnapshot]) -> list[Hint | HintGroup]:
+    """``hints`` in their order, with the rank hints of one (id, severity, ended) replaced by one
+    group at the place of its first member when at least :data:`GROUP_AT` ranks hold them.
+    ``ranks``: the job's ranks, which name the rank number behind each target."""
+    hints = list(hints)
+    number = {rank_target(r): r.rank for r in ranks}
+    members: dict[tuple[str, str, bool], list[Hint]] = {}
+    for h in hints:
+        if h.scope == "rank":
+            members.setdefault((h.id, h.severity, h.ended), []).append(h)
+    out: list[Hint | HintGroup] = []
+    placed: set[tuple[str, str, bool]] = set()
+    for h in hints:
+        which = (h.id, h.severity, h.ended)
+        group = members.get(which) if h.scope == "rank" else None
+        if group is None or len(group) < GROUP_AT:
+            out.append(h)
+        elif which not in placed:
+            placed.add(which)
+            out.append(_group(group, number))
+    return out
+
+
+def _group(hints: list[Hint], number: dict[str, int]) -> HintGroup:
+    def rank_of(h: Hint) -> int:
+        return number.get(h.target, -1)
+
+    ordered = sorted(hints, key=rank_of)
+    lead = max(ordered, key=lambda h: h.impact)  # max keeps the first of equals: the lowest rank
+    return HintGroup(lead, tuple(ordered), tuple(r for r in map(rank_of, ordered) if r >= 0))

@@ -1,0 +1,88 @@
+"""A rank hint that many ranks share is one line in the hints panel and the text report.
+
+The hints come from the real engine over hint-factory snapshots (real dataclasses); the panel is
+driven in the real app by a replay source. The snapshot itself keeps every rank's hint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flowtop.export.textreport import render
+from flowtop.monitor.hints import HintEngine
+from flowtop.monitor.hints.groups import GROUP_AT, HintGroup, grouped, rank_ranges
+from flowtop.monitor.snapshot import Hint, JobSnapshot
+from synthetic.replay import synthetic_snapshot
+from test_hints_factories import history, job, rank
+
+
+def _waiting_job(waits: dict[int, float], n: int) -> JobSnapshot:
+    """n ranks of 0.1 s steps; rank r waits waits[r] seconds of each (none where not listed)."""
+    return job(*(rank(r, step=16, hist=history(16, 0.1, wait_s=waits.get(r, 0.0))) for r in range(n)))
+
+
+def _hints(j: JobSnapshot) -> tuple[Hint, ...]:
+    return HintEngine().evaluate(j, 0.0)
+
+
+def test_rank_ranges_by_hand() -> None:
+    assert rank_ranges([0, 1, 2, 3, 5]) == "0-3, 5"
+    assert rank_ranges(list(range(4096))) == "0-4095"
+    assert rank_ranges([1, 3, 5, 7, 9, 11, 13, 15]) == "1, 3, 5, 7, 9, 11, …"
+
+
+def test_five_ranks_waiting_are_one_group_led_by_the_one_with_most_at_stake() -> None:
+    # Ranks 0-3 wait 33 ms of 100, rank 5 waits 40 ms; rank 4 does not wait.
+    j = _waiting_job({0: 0.033, 1: 0.033, 2: 0.033, 3: 0.033, 5: 0.040}, 6)
+    hints = _hints(j)
+    assert sorted(h.target for h in hints if h.id == "input_wait") == ["rank 0", "rank 1", "rank 2", "rank 3", "rank 5"]
+    rows = grouped(hints, j.ranks)
+    (group,) = [r for r in rows if isinstance(r, HintGroup)]
+    assert not [r for r in rows if isinstance(r, Hint) and r.id == "input_wait"]  # all in the group
+    assert group.label() == "5 ranks (0-3, 5)" and group.ranks == (0, 1, 2, 3, 5)
+    assert group.lead.target == "rank 5" and group.lead.evidence["input_wait_pct"] == pytest.approx(40.0)
+    assert [h.target for h in group.hints] == ["rank 0", "rank 1", "rank 2", "rank 3", "rank 5"]
+    # The text report: one line for the five, naming the rank with the most at stake.
+    snap = synthetic_snapshot(120, with_kernels=False)
+    text = render(dataclasses.replace(snap, jobs=(dataclasses.replace(j, hints=hints),)))
+    hint_lines = [line for line in text.splitlines() if line.startswith("  [")]
+    assert len(hint_lines) == len(rows)  # one line per panel row, not per hint
+    assert sum("5 ranks (0-3, 5), most at stake rank 5:" in line for line in hint_lines) == 1
+
+
+def test_fewer_ranks_than_the_group_size_stay_apart() -> None:
+    waiting = {r: 0.033 for r in range(GROUP_AT - 1)}
+    j = _waiting_job(waiting, GROUP_AT + 1)
+    rows = grouped(_hints(j), j.ranks)
+    assert not any(isinstance(r, HintGroup) for r in rows)
+    assert sorted(r.target for r in rows if isinstance(r, Hint) and r.id == "input_wait") == [
+        f"rank {r}" for r in range(GROUP_AT - 1)]
+
+
+@pytest.mark.asyncio
+async def test_the_hints_panel_shows_4096_rank_hints_as_one_expandable_line() -> None:
+    from flowtop.tui.app import FlowtopApp
+    from flowtop.tui.widgets.hints_panel import HintsPanel
+    from synthetic.replay import ReplaySource
+
+    base = synthetic_snapshot(120, with_kernels=False)
+    j = base.jobs[0]
+    ranks = tuple(dataclasses.replace(j.ranks[0], rank=r) for r in range(4096))
+    same = [Hint("launch_bound", "warning", "rank", f"rank {r}", "launches outrun short kernels",
+                 {"short_pct": 80.0}, "use CUDA graphs", 0.2 + (0.1 if r == 17 else 0.0)) for r in range(4096)]
+    job_hint = Hint("attention_flops_note", "info", "job", "", "attention counted causal", {}, "none", 0.0)
+    snap = dataclasses.replace(base, jobs=(dataclasses.replace(j, ranks=ranks, world_size=4096,
+                                                               hints=(*same, job_hint)),))
+    app = FlowtopApp(ReplaySource([snap], advance=False), refresh_s=0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        panel = app.screen.query_one(HintsPanel)
+        assert panel.border_title == "hints (4,097)" and panel.option_count == 2
+        first = panel.get_option_at_index(0)
+        assert first.prompt.plain.startswith("▸ WARN 4,096 ranks (0-4095): launches outrun short kernels (impact 30%)")
+        panel.toggle(str(first.id))
+        await pilot.pause()
+        expanded = panel.get_option_at_index(0).prompt.plain
+        assert "most at stake: rank 17" in expanded and "fix: use CUDA graphs" in expanded
