@@ -41,8 +41,16 @@ FLOPS_PER_S_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class FlopsView:
+class _Slotted:
+    """Base of the records every rank's view holds: their fields in slots, not a dict each (a
+    4,096-rank monitor keeps two ticks of views), still weakly referenceable (the hint measures'
+    memo holds them weakly; dataclass's own weakref_slot needs Python 3.11)."""
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(frozen=True, slots=True)
+class FlopsView(_Slotted):
     """FLOP accounting of one rank (or a job aggregate), conventions included."""
 
     model_flops_per_step: float | None
@@ -86,8 +94,8 @@ class FlopsView:
         return None
 
 
-@dataclass(frozen=True)
-class TelemetryView:
+@dataclass(frozen=True, slots=True)
+class TelemetryView(_Slotted):
     """Latest device and host telemetry of one rank; None values are n/a."""
 
     device: Mapping[str, Any]
@@ -102,8 +110,8 @@ class TelemetryView:
         return max(0.0, now - self.received_at)
 
 
-@dataclass(frozen=True)
-class History:
+@dataclass(frozen=True, slots=True)
+class History(_Slotted):
     """Recent per-step series for sparklines and hints (oldest first)."""
 
     steps: Sequence[int] = ()
@@ -119,8 +127,8 @@ class History:
     reached: Sequence[tuple[int, float]] = ()
 
 
-@dataclass(frozen=True)
-class RankSnapshot:
+@dataclass(frozen=True, slots=True)
+class RankSnapshot(_Slotted):
     """One rank as the monitor sees it now."""
 
     rank: int
@@ -178,8 +186,8 @@ class RankSnapshot:
         return self.flops.mfu if self.flops is not None else None
 
 
-@dataclass(frozen=True)
-class Claimant:
+@dataclass(frozen=True, slots=True)
+class Claimant(_Slotted):
     """One process (host, pid) claiming a rank number another process claims too."""
 
     host: str
@@ -191,8 +199,8 @@ class Claimant:
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 
 
-@dataclass(frozen=True)
-class Hint:
+@dataclass(frozen=True, slots=True)
+class Hint(_Slotted):
     """A bottleneck hint with the evidence that triggered it."""
 
     id: str
@@ -210,8 +218,8 @@ class Hint:
     last_step: int | None = None  # last step at which the measure still held
 
 
-@dataclass(frozen=True)
-class StageView:
+@dataclass(frozen=True, slots=True)
+class StageView(_Slotted):
     """One pipeline stage (the ranks at one pp rank) of a job, per data-parallel replica.
 
     ``model_flops_per_step``: Σ over the stage's ranks of their local model FLOPs per step ÷ the
