@@ -63,27 +63,9 @@ def rank_flops(
     """
     if msg is None:
         return None
-    model = float(msg["model_flops"])
-    executed = float(msg["executed_flops"])
-    peak = peak_override if peak_override else msg.get("peak_flops")
+    model, executed, tokens = float(msg["model_flops"]), float(msg["executed_flops"]), int(msg.get("tokens", 0))
     source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
-    tokens = int(msg.get("tokens", 0))
-    mix = precision.mix_of(msg, peak_override)
-    hpeak = peak
-    if mix is not None:  # each dtype against its own dense peak (flowtop.monitor.precision)
-        peak, hpeak = mix.peak_flops, mix.executed_peak_flops
-    fps: float | None
-    efps: float | None
-    if stalled_s is not None:
-        fps = efps = 0.0
-    elif tokens > 0 and tokens_per_s:
-        # Per token of the counted step × tokens/s: a step of another shape counts by its tokens.
-        fps = model / tokens * tokens_per_s
-        efps = executed / tokens * tokens_per_s
-    elif step_time_s:
-        fps, efps = model / step_time_s, executed / step_time_s
-    else:
-        fps = efps = None
+    fps, efps, peak, hpeak, mix = _rates(msg, step_time_s, peak_override, tokens_per_s, stalled_s)
     reason = ""
     if stalled_s is not None:
         reason = stalled_reason(stalled_s)
@@ -119,6 +101,45 @@ def rank_flops(
         parallel=str(msg.get("parallel", "")),
         **_extras(msg, mix, fps, tokens),
     )
+
+
+def rank_mfu(msg: Mapping[str, Any] | None, step_time_s: float | None, peak_override: float | None = None,
+             tokens_per_s: float | None = None, stalled_s: float | None = None) -> float | None:
+    """The MFU :func:`rank_flops` gives for the same arguments, without building the view (the
+    model samples it for the sparkline at every telemetry frame: thousands a second)."""
+    if msg is None:
+        return None
+    if stalled_s is not None:
+        return 0.0
+    fps, _, peak, _, _ = _rates(msg, step_time_s, peak_override, tokens_per_s, stalled_s)
+    return per_peak(fps, peak)
+
+
+def _rates(msg: Mapping[str, Any], step_time_s: float | None, peak_override: float | None,
+           tokens_per_s: float | None, stalled_s: float | None
+           ) -> tuple[float | None, float | None, Any, Any, precision.DtypeMix | None]:
+    """(model FLOP/s, executed FLOP/s, the peak MFU divides by, HFU's, the precision mix)."""
+    model = float(msg["model_flops"])
+    executed = float(msg["executed_flops"])
+    peak = peak_override if peak_override else msg.get("peak_flops")
+    tokens = int(msg.get("tokens", 0))
+    mix = precision.mix_of(msg, peak_override)
+    hpeak = peak
+    if mix is not None:  # each dtype against its own dense peak (flowtop.monitor.precision)
+        peak, hpeak = mix.peak_flops, mix.executed_peak_flops
+    fps: float | None
+    efps: float | None
+    if stalled_s is not None:
+        fps = efps = 0.0
+    elif tokens > 0 and tokens_per_s:
+        # Per token of the counted step × tokens/s: a step of another shape counts by its tokens.
+        fps = model / tokens * tokens_per_s
+        efps = executed / tokens * tokens_per_s
+    elif step_time_s:
+        fps, efps = model / step_time_s, executed / step_time_s
+    else:
+        fps = efps = None
+    return fps, efps, peak, hpeak, mix
 
 
 def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float | None, tokens: int) -> dict[str, Any]:

@@ -179,8 +179,7 @@ class Model:
             st.push_series("tensor_active", dev.get("tensor_active"))
             st.push_series("power_w", dev.get("power_w"))
             st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
-            flops = self._rank_flops(st, now)
-            st.push_series("mfu", flops.mfu if flops is not None else None)
+            st.push_series("mfu", self._rank_mfu(st, now))
         elif msg.kind == "kernels" and self.kernels is not None:
             if self.kernels.submit is not None:
                 self.kernels.submit(msg.key, dict(f))
@@ -281,12 +280,13 @@ class Model:
 
     # --- ticks and snapshots -----------------------------------------------------------
 
-    def _rank_flops(self, st: RankState, now: float) -> Any:
+    def _rank_mfu(self, st: RankState, now: float) -> float | None:
+        """The rank's MFU now, as its view would show it (the sparkline's sample)."""
+        if st.flops is None:
+            return None
         med = rs.median_step(st)
         stalled = rs.stalled_for(st, now, med)
-        return accounting.rank_flops(
-            st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled
-        )
+        return accounting.rank_mfu(st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled)
 
     def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
         """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate

@@ -1,0 +1,66 @@
+"""accounting.rank_mfu (the sparkline's sample at every telemetry frame) is the MFU of the rank's
+view, computed without building the view: the same figure in every case, pinned by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flowtop.monitor.accounting import rank_flops, rank_mfu
+from flowtop.monitor.wiring import make_model
+from probe.wire import RankKey, decode, encode
+
+T = 1e12
+PLAIN = {"step": 2, "model_flops": 1e9, "executed_flops": 1.2e9, "attention": "full", "dtype": "bf16",
+         "peak_flops": 1 * T, "peak_source": "test", "uncounted": {}, "tokens": 256}
+MIXED = {**PLAIN, "model_flops": 14_336, "executed_flops": 14_336,
+         "flops_by_dtype": {"bf16": [8_192, 8_192], "fp32": [6_144, 6_144]},
+         "peak_by_dtype": {"bf16": 2 * T, "fp32": 0.5 * T}}
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any], float | None]] = [
+    # 1e9 FLOPs per 256 tokens x 5,120 tokens/s = 2e10 FLOP/s of a 1e12 peak
+    ("tokens/s", PLAIN, {"step_time_s": 0.05, "tokens_per_s": 5_120.0}, 0.02),
+    # no tokens/s: 1e9 per 0.05 s step = 2e10 FLOP/s
+    ("step time", PLAIN, {"step_time_s": 0.05}, 0.02),
+    # a stalled rank runs at 0 %, whatever else is known
+    ("stalled", PLAIN, {"step_time_s": 0.05, "tokens_per_s": 5_120.0, "stalled_s": 12.0}, 0.0),
+    # the override replaces the peak: 2e10 / 4e12
+    ("override", PLAIN, {"step_time_s": 0.05, "peak_override": 4 * T}, 0.005),
+    # each dtype against its own peak: (8,192 / 2e12 + 6,144 / 0.5e12) s over 1 µs
+    ("mix", MIXED, {"step_time_s": 1e-6}, 0.016384),
+    ("no peak", {**PLAIN, "peak_flops": None}, {"step_time_s": 0.05}, None),
+    ("no step time", PLAIN, {}, None),
+]
+
+
+@pytest.mark.parametrize("name, msg, kw, want", CASES, ids=[c[0] for c in CASES])
+def test_rank_mfu_is_the_views_mfu(name: str, msg: dict[str, Any], kw: dict[str, Any], want: float | None) -> None:
+    args = {"step_time_s": None, **kw}
+    view = rank_flops(msg, **args)
+    assert view is not None
+    got = rank_mfu(msg, **args)
+    if want is None:
+        assert got is None and view.mfu is None
+    else:
+        assert got == pytest.approx(want, rel=1e-12) and view.mfu == pytest.approx(want, rel=1e-12)
+    assert rank_mfu(None, 0.05) is None
+
+
+def test_the_mfu_sparkline_sample_equals_the_ranks_view() -> None:
+    model = make_model()
+    key = RankKey("j", "h", 1, 0, 0)
+    seq = iter(range(1000))
+
+    def send(kind: str, now: float, **fields: Any) -> None:
+        model.ingest(decode(encode(kind, key, next(seq), 1.0, fields)), now)
+
+    send("hello", 0.0, local_rank=0, world_size=1, device="cpu (test)", probe_version="t")
+    send("flops", 0.0, **PLAIN)
+    for step in range(1, 21):
+        send("step", step * 0.05, step=step, wall_s=0.05, tokens=256, drops=0)
+    send("telemetry", 1.0, gpu={}, proc={"cpu_pct": 50.0})
+    view = model.tick(1.0).jobs[0].ranks[0]
+    # 1e9 / 256 x (256 / 0.05 s) = 2e10 FLOP/s of 1e12: 2 %
+    assert view.flops is not None and view.flops.mfu == pytest.approx(0.02)
+    assert list(view.history.mfu) == pytest.approx([0.02])
