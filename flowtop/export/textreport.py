@@ -5,7 +5,7 @@ from __future__ import annotations
 from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
 from flowtop.monitor.format import fmt_pct as pct
 from flowtop.monitor.format import fmt_time as seconds
-from flowtop.monitor.hints.groups import HintGroup, grouped
+from flowtop.monitor.hints import HintGroup, grouped
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.snapshot import FlopsView, JobSnapshot, MonitorSnapshot
 

@@ -10,7 +10,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from flowtop.monitor.format import ended_note
-from flowtop.monitor.hints.groups import HintGroup, grouped
+from flowtop.monitor.hints import HintGroup, grouped
 from flowtop.monitor.snapshot import Hint, RankSnapshot
 from flowtop.tui.widgets._format import (
     SEVERITY_ORDER,
