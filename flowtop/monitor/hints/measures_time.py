@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import statistics
+from itertools import compress, islice
 from typing import Any
 
 from flowtop.monitor.hints.base import (Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target,
@@ -169,8 +171,8 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[i
     when it was made. A figure from a step in the middle of a frame would be off by up to a flush
     interval (a rank paced to 0.45 s at 10 ms steps read 100 % slower or faster by its phase), so
     both ends of each rank's span are ends of its frames: where its receive time changes."""
-    tails = [pairs_of(r.history.reached) for r in ranks]
-    tails = [(list(steps[-keep:]), list(times[-keep:])) for steps, times in tails]
+    # The model's columns as they are (sliced, not copied: thousands of ranks, hundreds of steps)
+    tails = [(steps[-keep:], times[-keep:]) for steps, times in (pairs_of(r.history.reached) for r in ranks)]
     reach = align(tails)
     if not reach.steps:
         return {}, 0, reach
@@ -179,8 +181,10 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[i
     spans: list[int] = []
     for r, (steps, times) in zip(ranks, tails):
         # a frame ends where the rank's own receive time changes (or at its newest step): its own
-        # series, since the common window may stop in the middle of this rank's newest frame
-        ends = [j for j in range(len(times) - 1) if times[j] != times[j + 1] and lo <= steps[j] <= hi]
+        # series, since the common window may stop in the middle of this rank's newest frame.
+        # The changes are found in C (a frame's steps share one time: a few per window).
+        changed = compress(range(len(times) - 1), map(operator.ne, times, islice(times, 1, None)))
+        ends = [j for j in changed if lo <= steps[j] <= hi]
         if steps and steps[-1] <= hi:
             ends.append(len(steps) - 1)
         if len(ends) < 2:
