@@ -1,5 +1,6 @@
 """Helpers of the probe's torch hooks: running them eagerly under torch.compile, telling a
-compiled call from eager code, and reading an optimizer step's arguments.
+compiled call from eager code, reading an optimizer step's arguments, and the device a model
+trains on.
 
 Kept apart from :mod:`probe.steps.tracker` (which re-exports them) so that module stays about the
 step tracker itself.
@@ -87,3 +88,22 @@ def _has_closure(optimizer: Any, args: Any, kwargs: Any) -> bool:
     if closure is None and rest:
         closure = rest[0]
     return callable(closure)
+
+
+def params_device(optimizer: Any) -> torch.device:
+    """The device the optimizer's parameters compute on (see :func:`device_of`)."""
+    params = (p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())
+              if isinstance(p, torch.Tensor))
+    return device_of(params)
+
+
+def device_of(params: Any) -> torch.device:
+    """The device of the first parameter if a GPU, else the current GPU if any, else the CPU."""
+    for p in params:
+        if p.device.type == "cuda":
+            return p.device
+        break
+    # CPU-offloaded parameters (FSDP CPUOffload) still compute on the current GPU.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

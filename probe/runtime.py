@@ -21,6 +21,9 @@ from probe.steps.tracker import StepTracker
 from probe.transport.publisher import Publisher
 
 VERSION = "0.1.0"
+#: The tracker's fast path runs at most this many steps in a row: its list of unfolded step walls
+#: (StepTracker.walls) is folded here at least that often, so it stays small.
+QUIET_MAX = 1024
 
 
 def _guard(name: str, fn: Callable[..., None], on_fail: Callable[[], None]) -> Callable[..., None]:
@@ -157,10 +160,7 @@ class Probe(SampledFeatures):
             # let the next count come first and overwrite this one's cost).
             self._since_count += 1
             if sampled is None and step > 1:  # step 1 pays warm-up and model discovery
-                t = self.tracker
-                prev = t.ewma_step_s
-                t.ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
-                t.recent_walls.append(wall)
+                self.tracker.walls.append(wall)  # the EWMA and the last five (see StepTracker.walls)
             if self._count_wall_s is not None:
                 self._charge_count()
         if self._rare:
@@ -176,11 +176,13 @@ class Probe(SampledFeatures):
         """Let the tracker publish the coming steps itself (its fast path) up to the first that
         needs this runtime: a sampled step, a window that may start, a count to close or charge,
         a field only the runtime adds. Anything that changes that calls :meth:`_wake`."""
+        self.tracker.fold_walls()  # at most QUIET_MAX walls since the last time
         if (self.tracker.publisher is None or self._count_wall_s is not None or self._rare
                 or self._refused != self._refused_sent or self._counting):
             until = step + 1
         else:
-            until = min(self._kernels_next - 1, min((s for s in self.sampled_steps if s > step), default=sys.maxsize))
+            until = min(self._kernels_next - 1, min((s for s in self.sampled_steps if s > step), default=sys.maxsize),
+                        step + QUIET_MAX)
         self.tracker.quiet_until = max(step + 1, until)
 
     def _wake(self) -> None:
@@ -277,6 +279,7 @@ class Probe(SampledFeatures):
             self._context["cp"] = self._coords.size("cp")
         except Exception as exc:  # noqa: BLE001 - the layout is a label: training goes on
             warn_once("parallel-layout", f"parallel coordinates unavailable: {type(exc).__name__}: {exc}")
+        self.tracker.drop_idle_pre_hook()  # the forward listeners are final now (the scan is gone)
         self._context["device_name"] = self._device_name()
         self.publisher.hello_fields = self._hello(self._context["device_name"])
         if self._kernels is not None:

@@ -43,6 +43,32 @@ def signature_of(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         return ("?",)
 
 
+def cached_signature(cache: dict[tuple[Any, ...], tuple[Any, ...]], args: tuple[Any, ...],
+                     kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
+    """:func:`signature_of` a root's inputs, looked up in ``cache`` by their shapes and dtypes when
+    they are plain positional tensors (the common case): the same inputs give the very same
+    tuple, so the FLOP sampler's "new signature?" test is an identity check, and the walk
+    runs once per shape instead of once per step."""
+    if kwargs or len(args) > 4:
+        return signature_of(args, kwargs or {})
+    key: list[object] = []
+    try:
+        for a in args:
+            if not isinstance(a, torch.Tensor):
+                return signature_of(args, {})
+            key.append(a.shape)
+            key.append(a.dtype)
+        k = tuple(key)
+        sig = cache.get(k)
+    except Exception:  # a tensor without a plain shape (nested): signature_of copes
+        return signature_of(args, {})
+    if sig is None:
+        if len(cache) >= 64:  # shapes changing every step: bounded, like the counts carried
+            cache.clear()
+        sig = cache[k] = signature_of(args, {})
+    return sig
+
+
 _INDEX = tuple(str(i) for i in range(16))
 _DTYPE_NAMES: dict[Any, str] = {}
 

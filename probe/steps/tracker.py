@@ -37,8 +37,8 @@ from typing import Any, Callable, Deque
 import torch
 
 from probe._log import warn_once
-from probe.flops.policy import signature_of
-from probe.hookutil import _has_closure, _is_compiled, eager, in_compiled_call
+from probe.flops.policy import cached_signature
+from probe.hookutil import _has_closure, _is_compiled, device_of, eager, in_compiled_call, params_device
 
 __all__ = ["StepTracker", "eager", "in_compiled_call"]
 
@@ -60,6 +60,14 @@ def _training_forward() -> bool:
 
 class StepTracker:
     """Detects step boundaries and measures each step; owns the torch hooks."""
+
+    # What the per-step hooks read and write, as slots: kept in the object itself, a few cache
+    # lines side by side, not spread over the entries of a 40-attribute dict (each cold line
+    # costs the hooks a miss after a long step). The rest live in __dict__.
+    __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_cuda", "_training_now",
+                 "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
+                 "_input_wait", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary", "publisher",
+                 "on_boundary", "quiet_until", "walls", "_on_step", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -95,11 +103,12 @@ class StepTracker:
         self._stepped: dict[int, int] = {}
         self._global_handles: list[Any] = []
         self._handles: list[Any] = []
+        self._pre_hook: Any = None  # the optimizer pre-hook's handle (see drop_idle_pre_hook)
         self._root_handles: list[Any] = []
         self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
         self._forward_since_boundary = 0
         self._idle_calls = 0
-        self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see _signature
+        self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see cached_signature
         # The common step's fast path (see boundary): steps below ``quiet_until`` are published
         # here (``publisher.publish``) without calling ``on_boundary`` and ``_on_step``, which
         # the owner (probe.runtime) sets up and keeps ``quiet_until`` for. Without it, or at
@@ -107,9 +116,36 @@ class StepTracker:
         self.publisher: Any = None
         self.on_boundary: BoundaryListener | None = None  # before the step's counters reset
         self.quiet_until = 0
-        #: Unsampled steps' wall times, kept on the fast path too: EWMA, and the last five.
-        self.ewma_step_s: float | None = None
-        self.recent_walls: Deque[float] = collections.deque(maxlen=5)
+        #: Unsampled steps' wall times, kept on the fast path too: appended there (one list append
+        #: per step), folded into the EWMA and the last five when read (see fold_walls).
+        self.walls: list[float] = []
+        self._ewma_step_s: float | None = None
+        self._recent_walls: Deque[float] = collections.deque(maxlen=5)
+
+    @property
+    def ewma_step_s(self) -> float | None:
+        """EWMA (weight 0.1) of the unsampled steps' wall times (None before the first)."""
+        self.fold_walls()
+        return self._ewma_step_s
+
+    @property
+    def recent_walls(self) -> Deque[float]:
+        """The last five unsampled steps' wall times."""
+        self.fold_walls()
+        return self._recent_walls
+
+    def fold_walls(self) -> None:
+        """Fold the walls appended since the last read, in order: the very floats that updating
+        the EWMA at each step gave (the runtime reads it at a sampled step, and bounds the list by
+        going through its own path every so many steps: probe.runtime.Probe._quiet_after)."""
+        walls = self.walls
+        if walls:
+            ewma = self._ewma_step_s
+            for wall in walls:
+                ewma = wall if ewma is None else 0.9 * ewma + 0.1 * wall
+            self._ewma_step_s = ewma
+            self._recent_walls.extend(walls[-5:])
+            walls.clear()
 
     @property
     def device(self) -> torch.device | None:
@@ -130,7 +166,8 @@ class StepTracker:
             register_optimizer_step_pre_hook,
         )
 
-        self._handles.append(register_optimizer_step_pre_hook(eager(self._opt_pre_hook)))
+        self._pre_hook = register_optimizer_step_pre_hook(eager(self._opt_pre_hook))
+        self._handles.append(self._pre_hook)
         self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
         # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
         # ours are gone before it traces (see _global_pre), so the warning would only mislead.
@@ -149,6 +186,21 @@ class StepTracker:
         self._handles.clear()
         self._global_handles.clear()
         self._root_handles.clear()
+
+    def drop_idle_pre_hook(self) -> None:
+        """Remove the optimizer pre-hook when it has nothing to do: it serves the forward and
+        pre-optimizer listeners only (FLOP counting; the layout scan of the first step), and torch
+        calls it at every step (~4 µs each after a long step). The owner calls this once those
+        lists are final (after the first step). Kept under a compiled optimizer step, whose graph
+        guards on the global hooks: removing one would recompile it."""
+        try:
+            if self._pre_hook is None or self.listeners_forward or self.listeners_pre_opt or in_compiled_call():
+                return
+            self._pre_hook.remove()
+            self._pre_hook = None
+            self.in_optimizer = self.closure_step = False
+        except Exception as exc:
+            warn_once("pre-hook", f"could not remove the optimizer pre-hook ({exc}); it stays")
 
     def _fail(self, where: str, exc: BaseException) -> None:
         warn_once(f"steps:{where}", f"step tracking failed in {where} ({type(exc).__name__}: {exc}); probe disabled")
@@ -214,7 +266,7 @@ class StepTracker:
         """
         if not self._candidates:
             if self.device is None:  # no module forward yet: time the device the parameters live on
-                self.device = self._params_device(optimizer)
+                self.device = params_device(optimizer)
             return
         trained: set[int] = set()
         for group in getattr(optimizer, "param_groups", ()):
@@ -246,28 +298,7 @@ class StepTracker:
             for h in self._root_handles:
                 h.remove()
             self._root_handles.clear()
-        self.device = self._pick_device(root)
-
-    @classmethod
-    def _params_device(cls, optimizer: Any) -> torch.device:
-        params = (p for group in getattr(optimizer, "param_groups", ()) for p in group.get("params", ())
-                  if isinstance(p, torch.Tensor))
-        return cls._device_of(params)
-
-    @classmethod
-    def _pick_device(cls, root: torch.nn.Module) -> torch.device:
-        return cls._device_of(root.parameters())
-
-    @staticmethod
-    def _device_of(params: Any) -> torch.device:
-        for p in params:
-            if p.device.type == "cuda":
-                return p.device
-            break
-        # CPU-offloaded parameters (FSDP CPUOffload) still compute on the current GPU.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        self.device = device_of(root.parameters())
 
     # --- steady-state hooks ---------------------------------------------------------
 
@@ -288,7 +319,7 @@ class StepTracker:
         listeners = self.listeners_forward
         if listeners:  # the input signature serves FLOP counting only
             try:
-                self.signature = self._signature(args, kwargs)
+                self.signature = cached_signature(self._signatures, args, kwargs)
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
                 if not self.in_optimizer or self.closure_step:
@@ -301,34 +332,9 @@ class StepTracker:
         self._forward_since_boundary = 1
         self._probe_s += _now() - t0
 
-    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
-        """:func:`signature_of` the root's inputs, looked up by their shapes and dtypes when they
-        are plain positional tensors (the common case): the same inputs give the very same
-        tuple, so the FLOP sampler's "new signature?" test is an identity check, and the walk
-        runs once per shape instead of once per step."""
-        if kwargs or len(args) > 4:
-            return signature_of(args, kwargs or {})
-        key: list[object] = []
-        try:
-            for a in args:
-                if not isinstance(a, torch.Tensor):
-                    return signature_of(args, {})
-                key.append(a.shape)
-                key.append(a.dtype)
-            k = tuple(key)
-            cache = self._signatures
-            sig = cache.get(k)
-        except Exception:  # a tensor without a plain shape (nested): signature_of copes
-            return signature_of(args, {})
-        if sig is None:
-            if len(cache) >= 64:  # shapes changing every step: bounded, like the counts carried
-                cache.clear()
-            sig = cache[k] = signature_of(args, {})
-        return sig
-
     def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if self._training_now:
-            self._forward_end = time.perf_counter()
+            self._forward_end = _now()
 
     def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._count_input_tokens(args, kwargs)
@@ -377,8 +383,8 @@ class StepTracker:
 
     def _opt_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            self.in_optimizer = False
-            self.closure_step = False
+            if self.in_optimizer:  # set by the pre-hook, if it is still there (see drop_idle_pre_hook)
+                self.in_optimizer = self.closure_step = False
             if self.explicit:
                 return
             key = id(optimizer)
@@ -408,42 +414,44 @@ class StepTracker:
     def boundary(self, optimizer: Any) -> None:
         """Close the current step and open the next one."""
         t0 = _now()
-        wall = t0 - self._last_boundary
+        last = self._last_boundary
+        wall = t0 - last
         if self.root is None:
             self._settle_root(optimizer)
         step = self.step = self.step + 1
         device_s, dstep = self._device_time() if self._cuda else (None, None)
         end = self._forward_end
-        lead = end - self._last_boundary if end is not None else None
+        forwards = self._forward_since_boundary
         fields: dict[str, Any] = {
             "step": step,
             "wall_s": wall,
             "tokens": self.tokens,
             "input_wait_s": self._input_wait,
-            "lead_s": lead if lead is not None and lead > 0 else None,
+            "lead_s": end - last if end is not None and end > last else None,  # end - last > 0
             "device_s": device_s,
             "dstep": dstep,
-            "micro_batches": self._forward_since_boundary,
+            "micro_batches": forwards,
+            "probe_s": 0.0,  # known below: its slot now, so that setting it resizes nothing
         }
         quiet = step < self.quiet_until
         if not quiet and self.on_boundary is not None:
             self.on_boundary(step, wall)  # guards itself
-        for listener in self.listeners_boundary:
-            try:
-                listener(step, wall)
-            except Exception as exc:
-                warn_once("boundary-listener", f"step listener failed: {exc}")
-        self.micro_batches = self._forward_since_boundary
+        if self.listeners_boundary:  # few runs have any (nvtx): one test on the common step
+            for listener in self.listeners_boundary:
+                try:
+                    listener(step, wall)
+                except Exception as exc:
+                    warn_once("boundary-listener", f"step listener failed: {exc}")
+        self.micro_batches = forwards
         self.tokens = 0
         self._input_wait = None
         self._forward_end = None
         self._forward_since_boundary = 0
+        if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
+            self.walls.append(wall)  # folded into the EWMA when read (see ewma_step_s)
         t1 = _now()
         fields["probe_s"] = self._probe_s + (t1 - t0)
-        if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
-            prev = self.ewma_step_s
-            self.ewma_step_s = wall if prev is None else 0.9 * prev + 0.1 * wall
-            self.recent_walls.append(wall)
+        if quiet:
             self.publisher.publish("step", fields)
         else:
             self._on_step(fields)

@@ -30,6 +30,9 @@ from probe._log import warn_once
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
 _REKEY = "_rekey"
+#: publish()'s clock, a module global: the training thread calls it each step, after a long step
+#: has left the caches cold (an attribute lookup less).
+_clock = time.time
 
 def _flush(pending: Deque[tuple[str, float, dict[str, Any]]], batch: list[tuple[str, float, dict[str, Any]]]) -> None:
     """Queue the step records of ``batch`` as one frame (a ``stepcols`` frame, a lone record too:
@@ -50,6 +53,11 @@ Tick = Callable[[], None]
 
 class Publisher:
     """Bounded, never-blocking message queue plus the thread that sends it."""
+
+    # publish()'s two attributes, as slots in the object itself: not among the values of the
+    # attributes the sender thread writes, whose cache lines another core dirties (a miss for
+    # the training thread's publish() at each step). The rest live in __dict__.
+    __slots__ = ("_queue", "_appended", "__dict__")
 
     def __init__(
         self,
@@ -91,7 +99,7 @@ class Publisher:
 
     def publish(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue one message from the training thread. O(1), never blocks, never raises."""
-        self._queue.append((kind, time.time(), fields))
+        self._queue.append((kind, _clock(), fields))
         self._appended += 1  # after the append: the sender never sees a phantom drop
 
     def rekey(self, key: wire.RankKey, why: str) -> None:
