@@ -86,3 +86,37 @@ async def test_the_hints_panel_shows_4096_rank_hints_as_one_expandable_line() ->
         await pilot.pause()
         expanded = panel.get_option_at_index(0).prompt.plain
         assert "most at stake: rank 17" in expanded and "fix: use CUDA graphs" in expanded
+
+
+def test_a_hint_whose_rank_is_gone_is_counted_after_the_known_ranks_and_never_leads_a_tie() -> None:
+    # An ended hint of a process the monitor forgot (to make room) keeps its target, which no rank
+    # of the job names any more: counted in the group, not listed, and not its lead on equal impact.
+    j = _waiting_job({}, 8)
+    same = [Hint("input_wait", "warning", "rank", f"rank {r}", "waits", {}, "fix", 0.2) for r in (9, 0, 1, 2)]
+    (group,) = grouped(same, j.ranks)
+    assert isinstance(group, HintGroup)
+    assert group.lead.target == "rank 0" and group.ranks == (0, 1, 2)
+    assert group.label() == "4 ranks (0-2, …)" and group.hints[-1].target == "rank 9"
+
+
+@pytest.mark.asyncio
+async def test_the_panel_redraws_a_group_whose_ranks_changed_under_the_same_hints() -> None:
+    from textual.app import App, ComposeResult
+
+    from flowtop.tui.widgets.hints_panel import HintsPanel
+
+    class _One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield HintsPanel()
+
+    hints = [Hint("input_wait", "warning", "rank", f"rank {r}", "waits", {}, "fix", 0.2) for r in range(5)]
+    eight = _waiting_job({}, 8).ranks
+    app = _One()
+    async with app.run_test(size=(80, 10)) as pilot:
+        panel = app.query_one(HintsPanel)
+        panel.show(hints, eight)
+        await pilot.pause()
+        assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (0-4):")
+        panel.show(hints, eight[1:])  # rank 0's process is gone: same hints, other ranks
+        await pilot.pause()
+        assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (1-4, …):")

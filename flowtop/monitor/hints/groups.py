@@ -33,8 +33,10 @@ class HintGroup:
         return f"group|{self.lead.id}|{self.lead.severity}|{self.lead.ended}"
 
     def label(self) -> str:
-        """'4,096 ranks (0-4095)', '5 ranks (0-3, 7)': the count, then the ranks as ranges."""
-        return f"{len(self.hints):,} ranks ({rank_ranges(self.ranks)})"
+        """'4,096 ranks (0-4095)', '5 ranks (0-3, 7)': the count, then the ranks as ranges (', …'
+        after them when some hint's rank is no longer among the job's)."""
+        more = ", …" if len(self.ranks) < len(self.hints) else ""
+        return f"{len(self.hints):,} ranks ({rank_ranges(self.ranks)}{more})"
 
 
 def rank_ranges(ranks: Sequence[int], most: int = 6) -> str:
@@ -73,9 +75,13 @@ def grouped(hints: Iterable[Hint], ranks: Iterable[RankSnapshot]) -> list[Hint |
 
 
 def _group(hints: list[Hint], number: dict[str, int]) -> HintGroup:
+    # A target none of the job's ranks names (an ended hint of a process the monitor forgot to
+    # make room) sorts after the known ranks and is counted, not listed.
+    unknown = 1 << 25  # past every rank number the wire admits (≤ 2**24)
+
     def rank_of(h: Hint) -> int:
-        return number.get(h.target, -1)
+        return number.get(h.target, unknown)
 
     ordered = sorted(hints, key=rank_of)
     lead = max(ordered, key=lambda h: h.impact)  # max keeps the first of equals: the lowest rank
-    return HintGroup(lead, tuple(ordered), tuple(r for r in map(rank_of, ordered) if r >= 0))
+    return HintGroup(lead, tuple(ordered), tuple(r for r in map(rank_of, ordered) if r != unknown))

@@ -86,7 +86,9 @@ class HintsPanel(OptionList):
     def _show_rows(self) -> None:
         keys = [row_key(row) for row in self._rows]
         self.expanded &= set(keys)
-        state = (tuple(self._hints), frozenset(self.expanded))
+        # a group's label follows the job's ranks too, not only its hints
+        labels = tuple(row.label() for row in self._rows if isinstance(row, HintGroup))
+        state = (tuple(self._hints), labels, frozenset(self.expanded))
         if state == self._shown:
             return  # nothing changed: keep the list (and the terminal) quiet
         self._shown = state
