@@ -120,3 +120,33 @@ async def test_the_panel_redraws_a_group_whose_ranks_changed_under_the_same_hint
         panel.show(hints, eight[1:])  # rank 0's process is gone: same hints, other ranks
         await pilot.pause()
         assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (1-4, …):")
+
+
+@pytest.mark.asyncio
+async def test_the_cursor_stays_on_its_hint_when_a_group_forms_or_splits() -> None:
+    from textual.app import App, ComposeResult
+
+    from flowtop.tui.widgets.hints_panel import HintsPanel
+
+    class _One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield HintsPanel()
+
+    def waits(ranks: range) -> list[Hint]:
+        return [Hint("input_wait", "warning", "rank", f"rank {r}", f"rank {r} waits", {}, "fix", 0.2) for r in ranks]
+
+    hang = Hint("hang_all", "critical", "job", "", "all ranks stopped", {}, "fix", 1.0)
+    ranks = _waiting_job({}, 8).ranks
+    app = _One()
+    async with app.run_test(size=(80, 12)) as pilot:
+        panel = app.query_one(HintsPanel)
+        panel.show([hang, *waits(range(3))], ranks)  # three: apart
+        await pilot.pause()
+        panel.highlighted = 3  # rank 2's hint
+        panel.show([hang, *waits(range(5))], ranks)  # five: one group, below the hang
+        await pilot.pause()
+        assert panel.option_count == 2 and panel.highlighted == 1
+        panel.show([hang, *waits(range(2))], ranks)  # two again: the cursor on the first of them
+        await pilot.pause()
+        assert panel.option_count == 3 and panel.highlighted == 1
+        assert panel.get_option_at_index(1).prompt.plain.endswith("rank 0: rank 0 waits (impact 20%)")

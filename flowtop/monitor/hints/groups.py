@@ -30,13 +30,18 @@ class HintGroup:
     @property
     def key(self) -> str:
         """Identity across snapshots (the panel keeps a group expanded while it lasts)."""
-        return f"group|{self.lead.id}|{self.lead.severity}|{self.lead.ended}"
+        return group_key(self.lead)
 
     def label(self) -> str:
         """'4,096 ranks (0-4095)', '5 ranks (0-3, 7)': the count, then the ranks as ranges (', …'
         after them when some hint's rank is no longer among the job's)."""
         more = ", …" if len(self.ranks) < len(self.hints) else ""
         return f"{len(self.hints):,} ranks ({rank_ranges(self.ranks)}{more})"
+
+
+def group_key(h: Hint) -> str:
+    """The key of the group ``h`` belongs to, or would, with enough ranks sharing it."""
+    return f"group|{h.id}|{h.severity}|{h.ended}"
 
 
 def rank_ranges(ranks: Sequence[int], most: int = 6) -> str:

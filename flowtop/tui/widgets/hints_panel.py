@@ -10,7 +10,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from flowtop.monitor.format import ended_note
-from flowtop.monitor.hints import HintGroup, grouped
+from flowtop.monitor.hints import HintGroup, group_key, grouped
 from flowtop.monitor.snapshot import Hint, RankSnapshot
 from flowtop.tui.widgets._format import (
     SEVERITY_ORDER,
@@ -101,8 +101,18 @@ class HintsPanel(OptionList):
             self.set_options([Option(Text("no hints: nothing stands out", style="dim"), id="none", disabled=True)])
             return
         self.set_options(Option(hint_prompt(row, k in self.expanded), id=k) for row, k in zip(self._rows, keys))
-        # Keep the same line under the cursor when the order changes; start on the first.
-        self.highlighted = keys.index(current) if current in keys else 0
+        # Keep the same line under the cursor when the order changes, or the line that now holds
+        # its hint (a group formed or split); start on the first.
+        self.highlighted = self._row_of(current, keys)
+
+    def _row_of(self, key: str | None, keys: list[str]) -> int:
+        if key in keys:
+            return keys.index(key)
+        for i, row in enumerate(self._rows):
+            for h in row.hints if isinstance(row, HintGroup) else (row,):
+                if key in (hint_key(h), group_key(h)):
+                    return i
+        return 0
 
     def toggle(self, key: str) -> None:
         """Expand or collapse the line with key ``key``."""
