@@ -170,3 +170,24 @@ def test_array_seq_of_many_values_indexes_across_blocks() -> None:
     seq = ArraySeq.of("d", [float(i) for i in range(150)])
     assert seq[70] == 70.0 and seq[-1] == 149.0 and list(seq[64:70]) == [64.0, 65.0, 66.0, 67.0, 68.0, 69.0]
     assert len(seq) == 150 and tuple(seq) == tuple(float(i) for i in range(150))
+
+
+@pytest.mark.parametrize("value, ok", [
+    (0.0, True), (-0.0, True), (5e-324, True), (0.02, True), (1e7, True),  # 1e7: MAX_SECONDS itself
+    (math.nextafter(1e7, math.inf), False), (-5e-324, False), (-1.0, False),
+    (math.inf, False), (-math.inf, False), (math.nan, False),
+])
+def test_seconds_columns_accept_exactly_finite_seconds_up_to_the_limit(value: float, ok: bool) -> None:
+    # Every float column is checked at once by its bit patterns (steps._all_seconds), and column
+    # by column where that says "look closer" (-0.0 and NaN read large): the verdict is the rule's,
+    # 0 <= value <= MAX_SECONDS and finite, at the edges too; NaN in an optional column is a
+    # record that did not send the field.
+    assert wire.steps.MAX_SECONDS == 1e7
+    for column, nan_ok in (("wall_s", False), ("lead_s", True)):
+        frame = _frame(**{column: struct.pack("<3d", 0.1, value, 0.1)})
+        if ok or (nan_ok and math.isnan(value)):
+            got = getattr(wire.decode(frame).steps, column)[1]
+            assert got == value or (math.isnan(value) and math.isnan(got))
+        else:
+            with pytest.raises(WireError, match=f"bad column '{column}'"):
+                wire.decode(frame)

@@ -5,8 +5,9 @@ A rank sends its step records every FLOWTOP_FLUSH_S (0.1 s) as one frame. As a l
 (``steps``, MINOR 2) a frame of ten 10 ms steps cost the monitor ~60 µs to validate and apply,
 record by record and field by field: 4,096 ranks at a 10 ms step send 41 k such frames a second,
 more than two cores. As columns — each field one little-endian array of machine numbers — the
-monitor checks a column with a few C-level passes (``sum``/``min``/``max`` over an ``array``) and
-appends it to the rank's ring in one ``extend``, whatever the number of records.
+monitor checks them with a few C-level passes (every float column at once by its bit patterns, see
+``_all_seconds``) and appends each to the rank's ring in one ``extend``, whatever the number of
+records.
 
 Columns of a ``stepcols`` frame (``n`` records, oldest first):
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import operator
+import struct
 import sys
 from array import array
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -39,6 +41,9 @@ OPTIONAL = ("input_wait_s", "lead_s", "probe_s", "stage_s")
 MAX_SECONDS = 1e7
 _SWAP = sys.byteorder != "little"  # the wire is little-endian
 _NAN = float("nan")
+#: MAX_SECONDS's bit pattern as an unsigned 64-bit integer (see _all_seconds).
+_MAX_BITS = struct.unpack("<Q", struct.pack("<d", MAX_SECONDS))[0]
+_I64_BITS = (1 << 63) - 1  # the largest non-negative int64 read as unsigned
 
 
 class StepColumns(NamedTuple):
@@ -121,6 +126,25 @@ def _seconds(a: array, name: str) -> None:
         raise WireError(f"stepcols: bad column {name!r}: values must be finite seconds in 0..{MAX_SECONDS:g}")
 
 
+def _largest_bits(raws: list[bytes]) -> int:
+    """The largest of little-endian 64-bit words of ``raws`` read as unsigned integers (one C pass
+    over every column at once; 0 when empty)."""
+    words = array("Q")
+    words.frombytes(b"".join(raws))
+    if _SWAP:
+        words.byteswap()
+    return max(words, default=0)
+
+
+def _all_seconds(raws: list[bytes]) -> bool:
+    """Whether every float64 of ``raws`` is a finite number of seconds in 0..MAX_SECONDS, by one
+    pass: a non-negative double's bit pattern orders as its value does, and a negative one (the
+    sign bit), an infinity or a NaN (the exponent all ones) reads larger than MAX_SECONDS's. False
+    says only "look closer" (a NaN of a record that did not send the field, -0.0): _seconds
+    decides then, column by column, with the reason."""
+    return _largest_bits(raws) <= _MAX_BITS
+
+
 def _count(obj: Mapping[str, Any], name: str, required: bool) -> int:
     v = obj.get(name, None if required else 0)
     if type(v) is not int or not 0 <= v <= I64:
@@ -136,15 +160,17 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     step = _array(obj, "step", "q", n)
     tokens = _array(obj, "tokens", "q", n)
     wall = _array(obj, "wall_s", "d", n)
-    if min(step) < 0 or min(tokens) < 0:
+    if _largest_bits([obj["step"], obj["tokens"]]) > _I64_BITS:  # a negative int64 has its top bit set
         raise WireError("stepcols: step and tokens must be non-negative")
     if n > 1 and not all(map(operator.lt, step, step[1:])):
         raise WireError("stepcols: step numbers must increase")
-    _seconds(wall, "wall_s")
-    optional: dict[str, array | None] = {}
+    optional: dict[str, array] = {}
     for name in OPTIONAL:
         if obj.get(name) is not None:  # nil: no record sent it, as if the column were absent
-            column = optional[name] = _array(obj, name, "d", n)
+            optional[name] = _array(obj, name, "d", n)
+    seconds = {"wall_s": wall, **optional}
+    if not _all_seconds([obj[name] for name in seconds]):  # the common case in one pass, else:
+        for name, column in seconds.items():
             _seconds(column, name)
     device = obj.get("device_s")
     if device is not None and (type(device) not in (int, float) or not 0 <= device <= MAX_SECONDS):
