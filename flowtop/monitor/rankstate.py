@@ -73,7 +73,7 @@ class RankState:
     version: int = 0
     #: (version, step, steps held) -> median step time: every status check needs the median, a
     #: sort of 32 values, thousands of ranks twice a second.
-    med_cache: tuple[tuple[int, int], float | None] = ((-1, 0), None)
+    med_cache: tuple[tuple[int, int], float | None, float] = ((-1, 0), None, 0.0)  # see median_step
 
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""
@@ -116,9 +116,10 @@ def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> flo
     """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
     if stalled is not None:
         return 0.0
-    tokens = st.steps.values(StepRing.TOKENS, 32)
-    if tokens and med and tokens[-1]:
-        return statistics.median(tokens) / med
+    median_step(st)  # brings the cached median tokens up to date
+    tokens = st.med_cache[2]
+    if tokens and med:
+        return tokens / med
     return None
 
 
@@ -139,6 +140,8 @@ def median_step(st: RankState) -> float | None:
     """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
     # The ring changes only with a new step (duplicates are dropped): the newest step number and
     # the count say whether it did, whatever other frames (telemetry, hello) bumped the version.
+    # The median tokens per step of the same steps (tokens_per_s) is kept beside it: 0.0 when the
+    # newest step sent no tokens (its rate is then unknown).
     key = (st.step, len(st.steps))
     if st.med_cache[0] == key:
         return st.med_cache[1]
@@ -146,7 +149,8 @@ def median_step(st: RankState) -> float | None:
     # step 1 includes warm-up
     recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]
     med = statistics.median(recent) if recent else None
-    st.med_cache = (key, med)
+    tokens = ring.values(ring.TOKENS, 32)
+    st.med_cache = (key, med, float(statistics.median(tokens)) if tokens and tokens[-1] else 0.0)
     return med
 
 
