@@ -137,3 +137,14 @@ def test_a_column_extends_block_by_block_and_keeps_its_cap() -> None:
     col.extend(array("d", [float(i) for i in range(30, 150)]))  # across blocks, past the cap
     assert len(col) == 100 and tuple(col.view()) == tuple(float(i) for i in range(50, 150))
     assert all(len(b) == BLOCK for b in col._blocks)  # full blocks stay exactly BLOCK long
+
+
+def test_last_recv_is_the_newest_records_receive_time_across_blocks() -> None:
+    ring = StepRing(2 * BLOCK, BLOCK)
+    with pytest.raises(IndexError):
+        ring.last_recv()
+    for s in range(1, BLOCK + 1):  # the tail fills and rolls into a block: read from the block
+        ring.append((s, 0.1, 8, None, 100.0 + s, None))
+        assert ring.last_recv() == 100.0 + s == ring[-1].recv
+    ring.extend(array("q", [BLOCK + 1, BLOCK + 2]), array("d", [0.1, 0.1]), array("q", [8, 8]), None, None, 500.0)
+    assert ring.last_recv() == 500.0 == ring[-1].recv

@@ -388,6 +388,13 @@ class StepRing:
         return _record((lt[0][-1], st[0][-1], st[1][-1], st[2][-1] if known & 1 else None, lt[1][-1],
                         st[3][-1] if known & 2 else None))
 
+    def last_recv(self) -> float:
+        """The newest record's receive time (IndexError when empty): what a status check reads
+        of every rank at every tick, without making the whole record."""
+        if not self._nl:
+            raise IndexError("no steps")
+        return (self._lt if self._lt[0] else self._long[-1])[1][-1]
+
     def recent(self, n: int) -> list[StepRecord]:
         """The last ``n`` (at most ``recent``) records, oldest first."""
         n = min(n, self._ns, self.recent_cap)

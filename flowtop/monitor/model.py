@@ -352,7 +352,7 @@ class Model:
         job = leaving.key.job
         if self._hint_engine is None or not leaving.steps:
             return
-        if leaving.steps[-1].recv <= self._hints_at.get(job, float("-inf")):
+        if leaving.steps.last_recv() <= self._hints_at.get(job, float("-inf")):
             return  # the hints have seen its last step already
         if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
             return

@@ -108,7 +108,7 @@ def stalled_for(st: RankState, now: float, med: float | None) -> float | None:
     """
     if st.bye is not None or not st.steps:
         return None
-    since = now - st.steps[-1].recv
+    since = now - st.steps.last_recv()
     return since if since > limit(med) else None
 
 

@@ -96,8 +96,7 @@ class RankViews:
         # constructor (replace() builds keyword arguments; views hold their fields in slots).
         values = list(_VALUES(old))
         values[_STEP], values[_HEARD] = st.step, st.last_recv
-        view = RankSnapshot(*values)
-        self._entries[st.key] = _Entry(entry.version, entry.med, entry.key, view)
+        view = entry.view = RankSnapshot(*values)  # the entry's other fields still hold
         self.refreshed += 1
         return view
 

@@ -220,7 +220,7 @@ class Relays:
                 continue
             changes: dict[str, Any] = {"relay": relay, "status_reason": reason}
             if reason:
-                stalled = max(0.0, now - st.steps[-1].recv) if st.steps else None
+                stalled = max(0.0, now - st.steps.last_recv()) if st.steps else None
                 changes.update(status="stale", tokens_per_s=0.0 if view.tokens_per_s is not None else None,
                                flops=accounting.rank_flops(st.flops, view.step_time_s, peak_override,
                                                            0.0, stalled) if stalled is not None else view.flops)
