@@ -6,8 +6,9 @@ from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
 from flowtop.monitor.format import fmt_pct as pct
 from flowtop.monitor.format import fmt_time as seconds
 from flowtop.monitor.hints import HintGroup, grouped
+from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
-from flowtop.monitor.snapshot import FlopsView, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot
 
 
 def si(value: float | None) -> str:
@@ -39,7 +40,7 @@ def render(snap: MonitorSnapshot) -> str:
                 f"[{f.dtype}, attention {f.attention_convention}, peak {f.peak_source}]"
             )
             if f.expert_load is not None:
-                lines.append(f"  experts: {_experts(f)}")
+                lines.append(f"  experts: {_experts(f.expert_load)}")
         if job.tokens_basis:
             lines.append(f"  tokens/s: {job.tokens_basis}")
         for s in job.stages:
@@ -90,9 +91,8 @@ def _rank_lines(job: JobSnapshot, mixed: bool) -> list[str]:
     return out
 
 
-def _experts(f: FlopsView) -> str:
+def _experts(x: ExpertLoad) -> str:
     """The job's expert load: max/mean of its worst expert-parallel group (flowtop.monitor.parallelism)."""
-    x = f.expert_load
     ratio = "n/a" if x.max_over_mean is None else f"{x.max_over_mean:.2f}"
     rank_ratio = "n/a" if x.rank_max_over_mean is None else f"{x.rank_max_over_mean:.2f}"
     worst = f" (worst: ranks {fmt_ranks(x.worst_group)}, layer {x.worst_layer})" if x.worst_group else ""

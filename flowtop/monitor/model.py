@@ -25,7 +25,7 @@ import bisect
 import collections
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterable, Protocol
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
@@ -58,6 +58,13 @@ RANKS_PER_TICK = 512
 LAST_LOOKS_PER_S, LAST_LOOK_BURST = 4.0, 8
 
 
+class HintEvaluator(Protocol):
+    """What the model asks of its hint engine (flowtop.monitor.hints.HintEngine; tests pass their
+    own). An engine may also have ``report`` (set to the model's notices) and ``forget(job)``."""
+
+    def evaluate(self, job: JobSnapshot, now: float) -> Iterable[Hint]: ...
+
+
 class Model:
     """All jobs and ranks the monitor has heard of."""
 
@@ -65,7 +72,7 @@ class Model:
         self,
         peak_override_flops: float | None = None,
         kernels: KernelTables | None = None,
-        hint_engine: Any = None,
+        hint_engine: HintEvaluator | None = None,
         limits: Limits | None = None,
     ) -> None:
         self.ranks: dict[RankKey, RankState] = {}

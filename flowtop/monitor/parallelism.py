@@ -143,7 +143,8 @@ def job_expert_load(flops: FlopsView, ranks: Sequence[RankSnapshot]) -> FlopsVie
         why = POOLED_UNKNOWN if any(not r.coords for r in moe) else POOLED_MISFIT
         return replace(flops, expert_load=replace(flops.expert_load, grouping=why))
     groups, grouping = found
-    load = moe_load.group_load([[(r.rank, r.flops.expert_load) for r in g if r.flops is not None] for g in groups],
+    load = moe_load.group_load([[(r.rank, r.flops.expert_load) for r in g
+                                 if r.flops is not None and r.flops.expert_load is not None] for g in groups],
                                grouping)
     return replace(flops, expert_load=load)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
     from flowtop.monitor.kernels.merge import CumulativeRow, JobKernelStats
+    from flowtop.monitor.moe_load import ExpertLoad
     from flowtop.monitor.precision import DtypeMix
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
@@ -82,7 +83,7 @@ class FlopsView(_Slotted):
     #: against each dtype's own peak and ``peak_flops`` is the mix peak. None from older probes.
     precision: DtypeMix | None = None
     mfu_bf16: float | None = None  # bf16-equivalent MFU: model FLOP/s / the bf16 dense peak
-    expert_load: Any = None  # MoE: tokens per expert summarised (flowtop.monitor.moe_load.ExpertLoad)
+    expert_load: ExpertLoad | None = None  # MoE: tokens per expert summarised (flowtop.monitor.moe_load)
     nonpad_tokens: int | None = None  # non-padding tokens of the counted step (attention_mask)
     nonpad_frac: float | None = None  # ... ÷ its tokens (which count padding)
 
