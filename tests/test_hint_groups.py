@@ -150,3 +150,29 @@ async def test_the_cursor_stays_on_its_hint_when_a_group_forms_or_splits() -> No
         await pilot.pause()
         assert panel.option_count == 3 and panel.highlighted == 1
         assert panel.get_option_at_index(1).prompt.plain.endswith("rank 0: rank 0 waits (impact 20%)")
+
+
+@pytest.mark.asyncio
+async def test_the_panel_does_not_sort_and_group_again_for_the_same_hints() -> None:
+    # Between two evaluations every snapshot carries the same hints tuple: a refresh must not
+    # sort and group thousands of hints again on the UI thread (new hints, or other ranks, do).
+    from textual.app import App, ComposeResult
+
+    from flowtop.tui.widgets.hints_panel import HintsPanel
+
+    class _One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield HintsPanel()
+
+    hints = tuple(Hint("input_wait", "warning", "rank", f"rank {r}", "waits", {}, "fix", 0.2) for r in range(5))
+    ranks = _waiting_job({}, 8).ranks
+    app = _One()
+    async with app.run_test(size=(80, 10)) as pilot:
+        panel = app.query_one(HintsPanel)
+        panel.show(hints, ranks)
+        await pilot.pause()
+        rows = panel._rows
+        panel.show(hints, ranks)
+        assert panel._rows is rows
+        panel.show(tuple(hints), ranks[1:])  # other ranks: grouped again
+        assert panel._rows is not rows and "1-4, …" in panel.get_option_at_index(0).prompt.plain

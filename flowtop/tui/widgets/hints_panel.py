@@ -75,10 +75,18 @@ class HintsPanel(OptionList):
         self._hints: list[Hint] = []
         self._rows: list[Hint | HintGroup] = []
         self._shown: tuple[object, ...] | None = None
+        self._source: tuple[object, tuple[int, ...]] | None = None  # the hints and rank numbers shown
 
     def show(self, hints: Iterable[Hint], ranks: Iterable[RankSnapshot] = ()) -> None:
         """Render ``hints`` (``ranks``: the job's, which name the ranks of a group); expansion and
         the highlighted line survive updates."""
+        ranks = tuple(ranks)
+        # The model hands every snapshot between two evaluations the same hints tuple: sorting
+        # and grouping thousands of rank hints again at each 2 Hz refresh is skipped then.
+        source = (hints, tuple(r.rank for r in ranks))
+        if self._source is not None and source[0] is self._source[0] and source[1] == self._source[1]:
+            return
+        self._source = source
         self._hints = ordered(hints)
         self._rows = grouped(self._hints, ranks)
         self._show_rows()
