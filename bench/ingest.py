@@ -120,6 +120,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     import zmq
 
     from probe import wire
+    from probe.wire.link import upstream_options
     from probe.wire.steps import encode_fields
 
     raise_nofile()
@@ -130,14 +131,8 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     socks = []
     for addr in addrs:
         s = ctx.socket(zmq.XPUB)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 1000)
-        s.setsockopt(zmq.IMMEDIATE, 1)
-        s.setsockopt(zmq.XPUB_NODROP, 1)
-        s.setsockopt(zmq.RECONNECT_IVL, rng.randint(100, 400))
-        s.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
-        s.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+        for name, value in upstream_options(addr, rng):  # the probe's options
+            s.setsockopt(getattr(zmq, name), value)
         s.connect(addr)
         socks.append(s)
     keys = [wire.RankKey(JOB, f"node{r // 8:04d}", 10_000 + r, r, 0) for r in ranks]

@@ -39,6 +39,7 @@ import zmq
 
 from flowtop.monitor.relays import encode_stamp
 from probe import wire
+from probe.wire.link import upstream_options
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
 DRAIN = 10_000
@@ -233,19 +234,10 @@ class Relay:
                 raise RelayError(f"cannot bind {self.cfg.listen}: {exc} (is another relay there?)") from None
             up = ctx.socket(zmq.XPUB)
             socks.append(up)
-            up.setsockopt(zmq.LINGER, 0)
-            up.setsockopt(zmq.SNDHWM, 1000)
-            up.setsockopt(zmq.IMMEDIATE, 1)
-            up.setsockopt(zmq.XPUB_NODROP, 1)
-            # libzmq adds no jitter: the relays of a whole cluster would reconnect in lockstep.
-            up.setsockopt(zmq.RECONNECT_IVL, random.randint(100, 400))
-            up.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
-            up.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-            up.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            for name, value in upstream_options(self.cfg.upstream):  # as a probe sets its own
+                up.setsockopt(getattr(zmq, name), value)
             if self._curve is not None:
                 up.curve_serverkey, up.curve_publickey, up.curve_secretkey = self._curve
-            if "[" in self.cfg.upstream:
-                up.setsockopt(zmq.IPV6, 1)
             failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             up_events = up.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | failed)
             socks.append(up_events)

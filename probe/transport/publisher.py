@@ -20,12 +20,12 @@ high-water mark into EAGAIN, handled the same way.
 from __future__ import annotations
 
 import collections
-import random
 import threading
 import time
 from typing import Any, Callable, Deque
 
 from probe import wire
+from probe.wire.link import upstream_options
 from probe._log import warn_once
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
@@ -190,18 +190,9 @@ class Publisher:
         link: _Link | None = None
         try:
             curve = self._curve_keys()
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 1000)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.XPUB_NODROP, 1)
-            # libzmq adds no jitter: hundreds of ranks would reconnect in lockstep.
-            sock.setsockopt(zmq.RECONNECT_IVL, random.randint(100, 400))
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 3000)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            for name, value in upstream_options(self.addr):  # the relays set theirs alike
+                sock.setsockopt(getattr(zmq, name), value)
             _apply_curve(sock, curve)
-            if "[" in self.addr:  # an IPv6 literal such as tcp://[::1]:5759
-                sock.setsockopt(zmq.IPV6, 1)
             link = _Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
             self._sock = sock
