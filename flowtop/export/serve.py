@@ -101,11 +101,7 @@ def serve(collector: Any, metrics: Any) -> int:
         finally:
             metrics.stop()
             data.stop()
-    failed = recording_failed(collector)
-    if failed:
-        _say(failed)
-        return 1
-    return 0
+    return _exit_status(collector)
 
 
 def follow(collector: Any, interval: float, timeout: float | None, until_done: bool,
@@ -139,6 +135,11 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
                 due = max(due + interval, time.monotonic())
         finally:
             data.stop()
+    return _exit_status(collector)
+
+
+def _exit_status(collector: Any) -> int:
+    """1 (said) when the recording failed, else 0: how serve and follow end."""
     failed = recording_failed(collector)
     if failed:
         _say(failed)
