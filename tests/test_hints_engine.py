@@ -114,6 +114,38 @@ def test_a_failing_measure_is_logged_once_and_its_hints_held(caplog: pytest.LogC
     assert sum("input_wait failed" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_phase_measures_its_share_of_the_rules_and_holds_the_others() -> None:
+    """evaluate(..., phase=(k, n)): the rules at table index k mod n are measured, the others'
+    hints stay as they were (a large job's rules take turns over n ticks)."""
+    rules = (RULES_BY_ID["input_wait"], RULES_BY_ID["comm_exposed"])  # index 0 and 1
+    value = {"input_wait": 9.0}
+    calls: list[str] = []
+
+    def wait(r, j, now):  # type: ignore[no-untyped-def]
+        calls.append("input_wait")
+        v = value["input_wait"]
+        return {"rank 0": Measurement(v, {"input_wait_pct": v, "device_idle_pct": 50.0}, v / 100, 100,
+                                      steps_covered=10)}
+
+    def comm(r, j, now):  # type: ignore[no-untyped-def]
+        calls.append("comm_exposed")
+        return MEASURES["comm_exposed"](r, j, now)
+
+    engine = HintEngine(rules=rules, measures={"input_wait": wait, "comm_exposed": comm})
+    snap = b_comm(20.0, 0.0)
+    assert ids(engine.evaluate(snap, 0.0)) == [("comm_exposed", "rank 0"), ("input_wait", "rank 0")]
+    assert calls == ["input_wait", "comm_exposed"]
+    value["input_wait"] = 0.0  # cleared as soon as it is measured again
+    calls.clear()
+    held = engine.evaluate(snap, 1.0, phase=(7, 2))  # 7 mod 2: index 1 only
+    assert calls == ["comm_exposed"]
+    assert ids(held) == [("comm_exposed", "rank 0"), ("input_wait", "rank 0")]  # input wait held
+    assert [h.evidence["input_wait_pct"] for h in held if h.id == "input_wait"] == [9.0]
+    calls.clear()
+    assert ids(engine.evaluate(snap, 12.0, phase=(8, 2))) == [("comm_exposed", "rank 0")]  # its turn: cleared (past HOLD_S)
+    assert calls == ["input_wait"]
+
+
 @pytest.mark.parametrize("values", [[1.0], [1.0, 2.0], [3.0, 1.0, 2.0], [1.0, 1.0, 2.0, 5.0], [4.0, 4.0, 4.0, 1.0, 9.0]])
 def test_median_of_the_other_ranks(values: list[float]) -> None:
     import statistics

@@ -32,9 +32,13 @@ def test_a_large_job_spreads_full_views_and_hints_over_ticks(small_ticks: None) 
     for key in keys:
         model.ingest(wire.decode(wire.encode("hello", key, 0, 1.0, {"local_rank": 0, "world_size": RANKS,
                                                                       "device": "cpu (test)", "probe_version": "t"})), 1.0)
-    evaluated = []
-    evaluate = model._hint_engine.evaluate
-    model._hint_engine.evaluate = lambda job, now: (evaluated.append(model.ticks), evaluate(job, now))[1]
+    engine = model._hint_engine
+    measured: dict[str, list[int]] = {r.id: [] for r in engine.rules}
+
+    def recorded(rule_id, fn):
+        return lambda rule, job, now: (measured[rule_id].append(model.ticks), fn(rule, job, now))[1]
+
+    engine._measures = {k: recorded(k, fn) for k, fn in engine._measures.items()}
     _feed(model, keys, 1, 2.0)
     model.tick(2.0)  # the first tick builds every view (none existed)
     assert model.views.built == RANKS
@@ -50,7 +54,12 @@ def test_a_large_job_spreads_full_views_and_hints_over_ticks(small_ticks: None) 
         assert model.views.built - built == len([i for i in range(RANKS) if (i + model.ticks) % 3 == 0])
         built = model.views.built
     assert model.views.refreshed >= 6 * (RANKS - 4)
-    assert evaluated == [3, 6]  # every third tick
+    # every rule is measured every third tick, in two shares (HINT_SHARES): the even rules of the
+    # table at the round's first tick (t % 3 == 0), the odd ones at its second (3 * 1 // 2 = 1)
+    order = [r.id for r in engine.rules]
+    assert {rule: measured[rule] for rule in order} == {
+        rule: [3, 6] if i % 2 == 0 else [1, 4, 7] for i, rule in enumerate(order)}  # ticks 1..7
+    assert [len([r for r in order if t in measured[r]]) for t in range(1, 8)] == [9, 0, 10, 9, 0, 10, 9]  # 19 rules
     # within one round (3 ticks) every rank's full figures are rebuilt: a rank whose steps got
     # slower shows its new median step time (over its last 32 steps) within a round of it
     for step in range(36, 66, 5):  # six more ticks, rank 3's steps now take 0.3 s
@@ -86,3 +95,37 @@ def test_a_bye_in_a_large_job_rebuilds_only_this_ticks_share(small_ticks: None) 
     built = model.views.built
     model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 35, "drops": 0})), now)
     assert model.views.built - built <= -(-RANKS // 3) + 1  # a third of the job (and the rank leaving)
+
+
+@pytest.mark.parametrize(("spread", "due"), [(2, {0: (0, 2), 1: (1, 2)}), (3, {0: (0, 2), 1: (1, 2)}),
+                                             (8, {0: (0, 2), 4: (1, 2)})])
+def test_a_large_jobs_rules_are_measured_in_two_shares_a_round(spread: int, due: dict) -> None:
+    for tick in range(3 * spread):
+        assert model_mod._hint_share(tick, spread) == due.get(tick % spread)
+
+
+def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: None) -> None:
+    """A rank's last look (its bye) is skipped only when every rule measured the job after the
+    rank's last step: after one share of the rules, the others have not seen it yet."""
+    model = make_model()
+    keys = [RankKey("big", "h", 800 + r, r, 0) for r in range(RANKS)]
+    engine = model._hint_engine
+    whole: list[float] = []
+    evaluate = engine.evaluate
+    engine.evaluate = lambda job, now, *phase: (phase or whole.append(now), evaluate(job, now, *phase))[1]
+    now, step = 2.0, 1
+    while True:  # run until the tick before a round starts (t % 3 == 2: no share due)
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now, step = now + 0.5, step + 5
+        if model.ticks > 3 and model.ticks % 3 == 2:
+            break
+    _feed(model, keys[:2], step, now)  # ranks 0 and 1 step once more, then a tick runs share 0 only
+    model.tick(now)
+    assert model_mod._hint_share(model.ticks, 3) == (0, 2)
+    model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
+    assert whole == [now]  # share 1 never saw rank 0's last step: a last look
+    now += 0.5
+    model.tick(now)  # share 1: every rule has now seen rank 1's last step
+    model.ingest(wire.decode(wire.encode("bye", keys[1], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
+    assert whole == [now - 0.5]  # no second look

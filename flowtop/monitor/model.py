@@ -46,10 +46,28 @@ _log = logging.getLogger("flowtop.model")
 
 #: Ranks of a job whose views a tick rebuilds in full and whose hints it evaluates: a larger
 #: job's views are rebuilt over ceil(ranks / RANKS_PER_TICK) ticks, staggered by rank (the others
-#: get their step and liveness only), and its hints are evaluated every that many ticks. At 4,096
-#: ranks a rank's figures and the job's hints then refresh every 4 s instead of 0.5 s; the tick
-#: stays within its budget (bench/ingest.py --costs: a full view and the hints cost ~0.3 ms a rank).
+#: get their step and liveness only), and its hints are evaluated once in that many ticks (in
+#: HINT_SHARES shares). At 4,096 ranks a rank's figures and the job's hints then refresh every
+#: 4 s instead of 0.5 s; the tick stays within its budget (bench/ingest.py --costs: a full view
+#: and the hints cost ~0.3 ms a rank).
 RANKS_PER_TICK = 512
+
+#: A large job's rules are measured in this many shares, at evenly spaced ticks of each round of
+#: ``spread`` ticks (every rule still once a round): all at one tick held every frame behind it
+#: for 1.6-2.0 s of CPU at 4,096 ranks, two shares halve that at the same CPU a round; more shares
+#: cost more (each share walks every rank again with cold caches: +10-20 % tick CPU at 4 or 8).
+HINT_SHARES = 2
+
+
+def _hint_share(tick: int, spread: int) -> tuple[int, int] | None:
+    """(share, shares) to measure at ``tick`` of a job whose round is ``spread`` ticks, or None."""
+    shares = min(HINT_SHARES, spread)
+    at = tick % spread
+    for k in range(shares):
+        if at == k * spread // shares:
+            return k, shares
+    return None
+
 
 #: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
 #: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the
@@ -62,7 +80,9 @@ class HintEvaluator(Protocol):
     """What the model asks of its hint engine (flowtop.monitor.hints.HintEngine; tests pass their
     own). An engine may also have ``report`` (set to the model's notices) and ``forget(job)``."""
 
-    def evaluate(self, job: JobSnapshot, now: float) -> Iterable[Hint]: ...
+    def evaluate(self, job: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> Iterable[Hint]:
+        """``phase`` (k, n): measure only the rules of share k of n now, hold the others' hints."""
+        ...
 
 
 class Model:
@@ -92,7 +112,8 @@ class Model:
         # job -> (windows seen, their merge)
         self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]] = {}
         self._hints_failed = False
-        self._hints_at: dict[str, float] = {}  # job -> monitor time its hints were last evaluated
+        self._hints_at: dict[str, float] = {}  # job -> monitor time every rule last measured it
+        self._phases: dict[str, dict[int, float]] = {}  # job -> share of its rules -> when last measured
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
         self._sole: SoleRows[RankState] = SoleRows()
@@ -259,6 +280,7 @@ class Model:
             del self._job_sizes[job]
             self._merged.pop(job, None)
             self._hints_at.pop(job, None)
+            self._phases.pop(job, None)
             self._looks.pop(job, None)
             self._hints.pop(job, None)
             self._claims.forget_job(job)
@@ -307,10 +329,12 @@ class Model:
         for job, shown in sorted(by_job.items()):
             spread = -(-len(shown) // RANKS_PER_TICK)  # ticks a large job's full refresh takes
             snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
-            if spread > 1 and self.ticks % spread:
-                jobs.append(replace(snap, hints=self._hints.get(job, ())))  # evaluated every `spread` ticks
-            else:
+            if spread == 1:
                 jobs.append(self._evaluate(snap, now))
+            elif (share := _hint_share(self.ticks, spread)) is not None:
+                jobs.append(self._evaluate(snap, now, share))
+            else:
+                jobs.append(replace(snap, hints=self._hints.get(job, ())))
         return self._monitor_snapshot(now, listen, tuple(jobs))
 
     def snapshot(self, now: float, listen: str = "", light: bool = False) -> MonitorSnapshot:
@@ -430,14 +454,15 @@ class Model:
             stages=parallelism.pipeline_stages(counted),
         )
 
-    def _evaluate(self, snap: JobSnapshot, now: float) -> JobSnapshot:
-        """Evaluate the job's hints at ``now`` (advancing their hysteresis) and keep them for the
-        snapshots until the next evaluation."""
+    def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> JobSnapshot:
+        """Evaluate the job's hints at ``now`` (advancing their hysteresis; ``phase``: a share of
+        the rules, see HintEvaluator) and keep them for the snapshots until the next evaluation."""
         if self._hint_engine is None:
             return snap
-        self._hints_at[snap.job] = now
+        self._seen_by_hints(snap.job, now, phase)
         try:
-            hints = tuple(self._hint_engine.evaluate(snap, now))
+            engine = self._hint_engine  # a whole evaluation asks as engines without shares are asked
+            hints = tuple(engine.evaluate(snap, now, phase) if phase else engine.evaluate(snap, now))
         except Exception as exc:  # a hints bug must not cost the user every snapshot
             if not self._hints_failed:
                 self._hints_failed = True
@@ -446,6 +471,18 @@ class Model:
             return replace(snap, hints=self._hints.get(snap.job, ()))
         self._hints[snap.job] = hints
         return replace(snap, hints=hints)
+
+    def _seen_by_hints(self, job: str, now: float, phase: tuple[int, int] | None) -> None:
+        """Note when every rule of ``job`` last measured it (a rank's bye asks, see _last_look):
+        ``now`` after a whole evaluation, the oldest of the last round's shares after a share."""
+        if phase is None:  # every share measured now
+            self._phases[job] = dict.fromkeys(range(HINT_SHARES), now)
+            self._hints_at[job] = now
+            return
+        share, n = phase
+        seen = self._phases.setdefault(job, {})
+        seen[share] = now
+        self._hints_at[job] = min(seen.values()) if len(seen) >= n else float("-inf")
 
     def _hint_failed(self, text: str) -> None:
         """The hint engine's report of a rule that raised (its hints are held)."""

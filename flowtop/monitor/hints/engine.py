@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from flowtop.monitor.hints import measures_device, measures_identity, measures_kernels, measures_parallel, measures_time
@@ -58,6 +59,7 @@ class _State:
     hint: Hint | None = None
     beyond_t: float = 0.0  # monitor time the measure was last beyond the clear value
     first_step: int | None = None  # first step the evidence covers (Hint.first_step)
+    order: tuple[Any, ...] = ()  # the hint's sort key, kept with it (held hints are not keyed again)
 
 
 class _NA:
@@ -126,47 +128,66 @@ class HintEngine:
         missing = [r.id for r in self.rules if r.id not in self._measures]
         if missing:
             raise ValueError(f"no measure for rules {missing}")
-        self._state: dict[tuple[str, str, str], _State] = {}
+        #: (job, rule id) -> target -> state: a rule's states are found without a scan of every
+        #: job's (a 4,096-rank job with one kernel profile holds ~8,200 active states).
+        self._state: dict[tuple[str, str], dict[str, _State]] = {}
         #: job -> (rule id, target) -> the hint as last shown, marked ended (see _end_hints).
         self._ended: dict[str, dict[tuple[str, str], Hint]] = {}
         self._scope = {r.id: r.scope for r in self.rules}
+        self._order = _order_key({r.id: i for i, r in enumerate(self.rules)})
         self._failed: set[str] = set()
         #: Told (once per rule) when a rule raised, so the user hears of it (the model sets it
         #: to its notices: the TUI owns stderr).
         self.report: Callable[[str], None] | None = None
 
-    def evaluate(self, job: JobSnapshot, now: float) -> tuple[Hint, ...]:
+    def evaluate(self, job: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> tuple[Hint, ...]:
         """Hints of ``job`` at monitor time ``now``: the active ones, most severe first, then by
-        impact; after them the ended ones (their rank or job finished while they were shown)."""
+        impact; after them the ended ones (their rank or job finished while they were shown).
+
+        ``phase`` (k, n): only the rules whose table index is k modulo n are measured now, the
+        others' hints are held as they are (the model measures a large job's rules in shares at
+        different ticks, see flowtop.monitor.model.HINT_SHARES)."""
         self._end_hints(job)
         if job.status == "done":
-            return self._ended_hints(job.job, set())  # nothing runs: the diagnosis stands as it was
-        out: list[tuple[Rule, Hint]] = []
-        for rule in self.rules:
-            try:
-                results = self._measures[rule.id](rule, job, now)
-            except Exception as exc:  # a bug in one measure must not take the monitor down
-                if rule.id not in self._failed:
-                    self._failed.add(rule.id)
-                    _log.exception("hint rule %s failed; its hints are held", rule.id)
-                    if self.report is not None:
-                        self.report(f"hint rule {rule.id} raised {type(exc).__name__}: {exc}; its hints are held")
-                results = None
-            if results is None:  # hold every state of this rule as it is
-                out.extend((rule, s.hint) for k, s in self._state.items()
-                           if k[0] == job.job and k[1] == rule.id and s.active and s.hint)
-                continue
-            for key in [k for k in self._state if k[0] == job.job and k[1] == rule.id and k[2] not in results]:
-                del self._state[key]  # the target went away (rank gone, kernel no longer listed)
-            for target, m in results.items():
-                hint = self._update(rule, (job.job, rule.id, target), m, now)
-                if hint is not None:
-                    out.append((rule, hint))
-        shown = {h.id for _, h in out}
-        order = {r.id: i for i, r in enumerate(self.rules)}
-        kept = [h for r, h in out if r.params.get("hidden_by") not in shown]
-        kept.sort(key=_order_key(order))
-        return tuple(kept) + self._ended_hints(job.job, {(h.id, h.target) for h in kept})
+            return self._ended_hints(job.job, ())  # nothing runs: the diagnosis stands as it was
+        out: list[tuple[Rule, _State]] = []
+        shown: set[str] = set()  # rules with a hint now (a rule may hide another's)
+        for i, rule in enumerate(self.rules):
+            states = self._state.get((job.job, rule.id))
+            results = None
+            if phase is None or i % phase[1] == phase[0] % phase[1]:
+                results = self._measure(rule, job, now)
+            n = len(out)
+            if results is None:  # not measured now, or it raised: hold every state of this rule as it is
+                if states:
+                    out.extend((rule, s) for s in states.values() if s.active and s.hint)
+            else:
+                if states:
+                    for target in [t for t in states if t not in results]:
+                        del states[target]  # the target went away (rank gone, kernel no longer listed)
+                for target, m in results.items():
+                    st = self._update(rule, job.job, target, m, now)
+                    if st is not None:
+                        out.append((rule, st))
+            if len(out) > n:
+                shown.add(rule.id)
+        hidden = {r.id for r in self.rules if r.params.get("hidden_by") in shown}
+        kept = [st for r, st in out if r.id not in hidden] if hidden else [st for _, st in out]
+        kept.sort(key=attrgetter("order"))
+        hints = tuple(st.hint for st in kept if st.hint is not None)
+        return hints + self._ended_hints(job.job, hints)
+
+    def _measure(self, rule: Rule, job: JobSnapshot, now: float) -> Mapping[str, Measurement | None] | None:
+        """The rule's measurements (target -> measurement), or None when its measure raised."""
+        try:
+            return self._measures[rule.id](rule, job, now)
+        except Exception as exc:  # a bug in one measure must not take the monitor down
+            if rule.id not in self._failed:
+                self._failed.add(rule.id)
+                _log.exception("hint rule %s failed; its hints are held", rule.id)
+                if self.report is not None:
+                    self.report(f"hint rule {rule.id} raised {type(exc).__name__}: {exc}; its hints are held")
+            return None
 
     def reset(self) -> None:
         """Forget all hysteresis state and ended hints."""
@@ -185,50 +206,54 @@ class HintEngine:
         and the rank hints of a rank whose every process said bye. Left to the measures, they
         would vanish with their rank (a finished rank is measured no more), and the final
         snapshot that a script reads would say nothing about the run."""
+        if job.status != "done" and all(r.status != "done" for r in job.ranks):
+            return  # nothing finished (every tick of a large job asks)
         running = {rank_target(r) for r in job.ranks if r.status != "done"}  # a rank number may have 2 rows
         done = {rank_target(r) for r in job.ranks} - running
-        for key in [k for k in self._state if k[0] == job.job]:
-            if job.status != "done" and not (self._scope.get(key[1]) == "rank" and key[2] in done):
+        for (name, rule_id), states in self._state.items():
+            if name != job.job or not (job.status == "done" or self._scope.get(rule_id) == "rank"):
                 continue
-            st = self._state.pop(key)
-            if st.active and st.hint is not None:
-                self._ended.setdefault(job.job, {})[(key[1], key[2])] = replace(st.hint, ended=True)
+            for target in [t for t in states if job.status == "done" or t in done]:
+                st = states.pop(target)
+                if st.active and st.hint is not None:
+                    self._ended.setdefault(job.job, {})[(rule_id, target)] = replace(st.hint, ended=True)
 
-    def _ended_hints(self, job: str, live: set[tuple[str, str]]) -> tuple[Hint, ...]:
-        """The ended hints of ``job`` not superseded by a live one (a restarted rank's)."""
+    def _ended_hints(self, job: str, live: tuple[Hint, ...]) -> tuple[Hint, ...]:
+        """The ended hints of ``job`` not superseded by one of the ``live`` ones (a restarted rank's)."""
         ended = self._ended.get(job)
         if not ended:
             return ()
-        for key in live & ended.keys():
+        for key in {(h.id, h.target) for h in live} & ended.keys():
             del ended[key]
-        order = {r.id: i for i, r in enumerate(self.rules)}
-        return tuple(sorted(ended.values(), key=_order_key(order)))
+        return tuple(sorted(ended.values(), key=self._order))
 
-    def _update(self, rule: Rule, key: tuple[str, str, str], m: Measurement | None, now: float) -> Hint | None:
-        st = self._state.get(key)
+    def _update(self, rule: Rule, job: str, target: str, m: Measurement | None, now: float) -> _State | None:
+        """The target's state when its hint is shown now (``m`` None: no data, held), else None."""
+        states = self._state.get((job, rule.id))
+        st = states.get(target) if states is not None else None
         if m is None:  # no data for this target now: keep what was shown
-            return st.hint if st is not None and st.active else None
+            return st if st is not None and st.active else None
         if st is None:
             if not _beyond(rule, m, keep=False):
                 return None  # nothing pending, nothing to start (most targets, most of the time)
-            st = self._state[key] = _State()
+            st = self._state.setdefault((job, rule.id), {})[target] = _State()
         if st.active:
             if _beyond(rule, m, keep=True):
                 start_step = m.step if st.pending_step is None else st.pending_step
                 start_t = now if st.pending_t is None else st.pending_t
                 steps = max(m.steps_covered, m.step - start_step)
                 secs = max(m.seconds_covered, now - start_t)
-                st.hint = self._hint(rule, key[2], m, st, steps, secs)
+                self._show(st, self._hint(rule, target, m, st, steps, secs))
                 st.beyond_t = now
-                return st.hint
+                return st
             if now - st.beyond_t < HOLD_S:
                 # A gate with no room between threshold and clear (a throttle reason that
                 # comes and goes) would otherwise make the hint blink: hold it a little.
-                return st.hint
-            del self._state[key]  # back past the clear value (or a gate failed): cleared
+                return st
+            del self._state[job, rule.id][target]  # back past the clear value (or a gate failed): cleared
             return None
         if not _beyond(rule, m, keep=False):
-            del self._state[key]
+            del self._state[job, rule.id][target]
             return None
         if st.pending_step is None or st.pending_t is None:
             # The evidence starts where the measure's own window starts (history it embodies).
@@ -242,8 +267,12 @@ class HintEngine:
         st.active = True
         st.beyond_t = now
         st.since_step = st.pending_step
-        st.hint = self._hint(rule, key[2], m, st, steps, secs)
-        return st.hint
+        self._show(st, self._hint(rule, target, m, st, steps, secs))
+        return st
+
+    def _show(self, st: _State, hint: Hint) -> None:
+        st.hint = hint
+        st.order = self._order(hint)
 
     @staticmethod
     def _hint(rule: Rule, target: str, m: Measurement, st: _State, steps: int, secs: float) -> Hint:
