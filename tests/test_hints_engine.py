@@ -142,8 +142,22 @@ def test_a_phase_measures_its_share_of_the_rules_and_holds_the_others() -> None:
     assert ids(held) == [("comm_exposed", "rank 0"), ("input_wait", "rank 0")]  # input wait held
     assert [h.evidence["input_wait_pct"] for h in held if h.id == "input_wait"] == [9.0]
     calls.clear()
-    assert ids(engine.evaluate(snap, 12.0, phase=(8, 2))) == [("comm_exposed", "rank 0")]  # its turn: cleared (past HOLD_S)
+    cleared = engine.evaluate(snap, 12.0, phase=(8, 2))  # its turn: cleared (12 s: past HOLD_S)
+    assert ids(cleared) == [("comm_exposed", "rank 0")]
     assert calls == ["input_wait"]
+
+
+def test_a_hidden_rule_is_measured_with_the_rule_that_hides_it() -> None:
+    """hang_rank (index 1) is hidden by hang_all (index 0): in shares, both are measured in
+    hang_all's, or a hung job would show every rank's hang_rank until the other share came."""
+    from test_hints_factories import b_hang_all
+
+    engine = HintEngine()
+    shown = [ids(engine.evaluate(b_hang_all(100.0, now), now, phase=(k, 2)))
+             for k, now in enumerate((1000.0, 1000.5, 1001.0, 1001.5, 1002.0))]
+    assert all(h != "hang_rank" for hints in shown for h, _ in hints)
+    assert ("hang_all", "") in shown[-1]
+    assert ids(HintEngine().evaluate(b_hang_all(100.0, 1000.0), 1000.0, phase=(1, 2))) == []
 
 
 @pytest.mark.parametrize("values", [[1.0], [1.0, 2.0], [3.0, 1.0, 2.0], [1.0, 1.0, 2.0, 5.0], [4.0, 4.0, 4.0, 1.0, 9.0]])

@@ -52,8 +52,9 @@ _log = logging.getLogger("flowtop.model")
 #: and the hints cost ~0.3 ms a rank).
 RANKS_PER_TICK = 512
 
-#: A large job's rules are measured in this many shares, at evenly spaced ticks of each round of
-#: ``spread`` ticks (every rule still once a round): all at one tick held every frame behind it
+#: A large job's rules are measured in this many shares (by table index, a hidden rule with the
+#: rule that hides it), at evenly spaced ticks of each round of ``spread`` ticks (every rule
+#: still once a round): all at one tick held every frame behind it
 #: for 1.6-2.0 s of CPU at 4,096 ranks, two shares halve that at the same CPU a round; more shares
 #: cost more (each share walks every rank again with cold caches: +10-20 % tick CPU at 4 or 8).
 HINT_SHARES = 2
@@ -482,7 +483,7 @@ class Model:
         share, n = phase
         seen = self._phases.setdefault(job, {})
         seen[share] = now
-        self._hints_at[job] = min(seen.values()) if len(seen) >= n else float("-inf")
+        self._hints_at[job] = min(seen.get(k, float("-inf")) for k in range(n))
 
     def _hint_failed(self, text: str) -> None:
         """The hint engine's report of a rule that raised (its hints are held)."""

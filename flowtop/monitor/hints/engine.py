@@ -134,7 +134,12 @@ class HintEngine:
         #: job -> (rule id, target) -> the hint as last shown, marked ended (see _end_hints).
         self._ended: dict[str, dict[tuple[str, str], Hint]] = {}
         self._scope = {r.id: r.scope for r in self.rules}
-        self._order = _order_key({r.id: i for i, r in enumerate(self.rules)})
+        index = {r.id: i for i, r in enumerate(self.rules)}
+        self._order = _order_key(index)
+        #: Per rule, the table index that decides its share (see evaluate's ``phase``): a rule's own,
+        #: or that of the rule hiding it (hang_rank is measured with hang_all, or a hang would show
+        #: every rank's hint until the other share came round).
+        self._anchor = [_anchor(r, index, self.rules) for r in self.rules]
         self._failed: set[str] = set()
         #: Told (once per rule) when a rule raised, so the user hears of it (the model sets it
         #: to its notices: the TUI owns stderr).
@@ -144,9 +149,10 @@ class HintEngine:
         """Hints of ``job`` at monitor time ``now``: the active ones, most severe first, then by
         impact; after them the ended ones (their rank or job finished while they were shown).
 
-        ``phase`` (k, n): only the rules whose table index is k modulo n are measured now, the
-        others' hints are held as they are (the model measures a large job's rules in shares at
-        different ticks, see flowtop.monitor.model.HINT_SHARES)."""
+        ``phase`` (k, n): only the rules whose table index is k modulo n (a hidden rule's: that of
+        the rule hiding it) are measured now, the others' hints are held as they are (the model
+        measures a large job's rules in shares at different ticks, see
+        flowtop.monitor.model.HINT_SHARES)."""
         self._end_hints(job)
         if job.status == "done":
             return self._ended_hints(job.job, ())  # nothing runs: the diagnosis stands as it was
@@ -155,7 +161,7 @@ class HintEngine:
         for i, rule in enumerate(self.rules):
             states = self._state.get((job.job, rule.id))
             results = None
-            if phase is None or i % phase[1] == phase[0] % phase[1]:
+            if phase is None or self._anchor[i] % phase[1] == phase[0] % phase[1]:
                 results = self._measure(rule, job, now)
             n = len(out)
             if results is None:  # not measured now, or it raised: hold every state of this rule as it is
@@ -302,6 +308,15 @@ class HintEngine:
             first_step=st.first_step,
             last_step=m.step,
         )
+
+
+def _anchor(rule: Rule, index: Mapping[str, int], rules: Sequence[Rule]) -> int:
+    """The table index of the last rule up the chain of ``hidden_by`` from ``rule``."""
+    seen = {rule.id}
+    while (up := rule.params.get("hidden_by")) in index and up not in seen:
+        seen.add(up)
+        rule = rules[index[up]]
+    return index[rule.id]
 
 
 def _order_key(order: Mapping[str, int]) -> Any:
