@@ -313,7 +313,7 @@ class HintEngine:
 def _anchor(rule: Rule, index: Mapping[str, int], rules: Sequence[Rule]) -> int:
     """The table index of the last rule up the chain of ``hidden_by`` from ``rule``."""
     seen = {rule.id}
-    while (up := rule.params.get("hidden_by")) in index and up not in seen:
+    while isinstance(up := rule.params.get("hidden_by"), str) and up in index and up not in seen:
         seen.add(up)
         rule = rules[index[up]]
     return index[rule.id]
