@@ -54,9 +54,10 @@ RANKS_PER_TICK = 512
 
 #: A large job's rules are measured in this many shares (by table index, a hidden rule with the
 #: rule that hides it), at evenly spaced ticks of each round of ``spread`` ticks (every rule
-#: still once a round): all at one tick held every frame behind it
-#: for 1.6-2.0 s of CPU at 4,096 ranks, two shares halve that at the same CPU a round; more shares
-#: cost more (each share walks every rank again with cold caches: +10-20 % tick CPU at 4 or 8).
+#: still once a round). All at one tick held every frame behind that tick: at 4,096 ranks the
+#: longest tick took 1.2-1.8 s of CPU on a 2-core box, 0.8-1.4 s in two shares, at about the same
+#: CPU a round (+7 %, within noise); more shares cost more (each walks every rank again with cold
+#: caches: +10-20 % tick CPU at 4 or 8).
 HINT_SHARES = 2
 
 
