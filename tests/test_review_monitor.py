@@ -287,7 +287,7 @@ def test_recording_to_a_full_disk_stops_recording_and_keeps_receiving(capsys: py
 
 def test_a_failing_hint_engine_costs_only_the_hints(caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
-        def evaluate(self, job: Any, now: float) -> Any:
+        def evaluate(self, job: Any, now: float, phase: Any = None) -> Any:
             raise RuntimeError("bug")
 
     model = Model(hint_engine=Broken())
@@ -306,7 +306,7 @@ def test_finished_and_silent_jobs_are_evicted_after_ten_minutes() -> None:
     forgotten: list[str] = []
 
     class Engine:  # records what the model tells the hint engine to forget
-        def evaluate(self, job, now):  # type: ignore[no-untyped-def]
+        def evaluate(self, job, now, phase=None):  # type: ignore[no-untyped-def]
             return ()
 
         def forget(self, job: str) -> None:

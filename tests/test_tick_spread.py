@@ -114,7 +114,7 @@ def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: Non
     engine = model._hint_engine
     whole: list[float] = []
     evaluate = engine.evaluate
-    engine.evaluate = lambda job, now, *phase: (phase or whole.append(now), evaluate(job, now, *phase))[1]
+    engine.evaluate = lambda job, now, phase=None: (phase or whole.append(now), evaluate(job, now, phase))[1]
     now, step = 2.0, 1
     while True:  # run until the tick before a round starts (t % 3 == 2: no share due)
         _feed(model, keys, step, now)

@@ -114,8 +114,8 @@ class Model:
         # job -> (windows seen, their merge)
         self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]] = {}
         self._hints_failed = False
-        self._hints_at: dict[str, float] = {}  # job -> monitor time every rule last measured it
-        self._phases: dict[str, dict[int, float]] = {}  # job -> share of its rules -> when last measured
+        #: job -> per share of its rules, when it was last measured (one entry: all rules at once)
+        self._hints_seen: dict[str, list[float]] = {}
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
         self._sole: SoleRows[RankState] = SoleRows()
@@ -281,8 +281,7 @@ class Model:
         if self._job_sizes[job] <= 0:
             del self._job_sizes[job]
             self._merged.pop(job, None)
-            self._hints_at.pop(job, None)
-            self._phases.pop(job, None)
+            self._hints_seen.pop(job, None)
             self._looks.pop(job, None)
             self._hints.pop(job, None)
             self._claims.forget_job(job)
@@ -385,7 +384,7 @@ class Model:
         job = leaving.key.job
         if self._hint_engine is None or not leaving.steps:
             return
-        if leaving.steps.last_recv() <= self._hints_at.get(job, float("-inf")):
+        if leaving.steps.last_recv() <= min(self._hints_seen.get(job, (float("-inf"),))):
             return  # the hints have seen its last step already
         if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
             return
@@ -463,8 +462,7 @@ class Model:
             return snap
         self._seen_by_hints(snap.job, now, phase)
         try:
-            engine = self._hint_engine  # a whole evaluation asks as engines without shares are asked
-            hints = tuple(engine.evaluate(snap, now, phase) if phase else engine.evaluate(snap, now))
+            hints = tuple(self._hint_engine.evaluate(snap, now, phase))
         except Exception as exc:  # a hints bug must not cost the user every snapshot
             if not self._hints_failed:
                 self._hints_failed = True
@@ -475,16 +473,13 @@ class Model:
         return replace(snap, hints=hints)
 
     def _seen_by_hints(self, job: str, now: float, phase: tuple[int, int] | None) -> None:
-        """Note when every rule of ``job`` last measured it (a rank's bye asks, see _last_look):
-        ``now`` after a whole evaluation, the oldest of the last round's shares after a share."""
-        if phase is None:  # every share measured now
-            self._phases[job] = dict.fromkeys(range(HINT_SHARES), now)
-            self._hints_at[job] = now
-            return
-        share, n = phase
-        seen = self._phases.setdefault(job, {})
+        """Note when each share of ``job``'s rules last measured it (a rank's bye asks whether all
+        saw its last step, see _last_look); a change of shares starts from the oldest."""
+        share, n = phase or (0, 1)
+        seen = self._hints_seen.get(job)
+        if seen is None or len(seen) != n:
+            seen = self._hints_seen[job] = [min(seen) if seen else float("-inf")] * n
         seen[share] = now
-        self._hints_at[job] = min(seen.get(k, float("-inf")) for k in range(n))
 
     def _hint_failed(self, text: str) -> None:
         """The hint engine's report of a rule that raised (its hints are held)."""

@@ -235,14 +235,14 @@ class HintEngine:
 
     def _update(self, rule: Rule, job: str, target: str, m: Measurement | None, now: float) -> _State | None:
         """The target's state when its hint is shown now (``m`` None: no data, held), else None."""
-        states = self._state.get((job, rule.id))
-        st = states.get(target) if states is not None else None
+        states = self._state.setdefault((job, rule.id), {})
+        st = states.get(target)
         if m is None:  # no data for this target now: keep what was shown
             return st if st is not None and st.active else None
         if st is None:
             if not _beyond(rule, m, keep=False):
                 return None  # nothing pending, nothing to start (most targets, most of the time)
-            st = self._state.setdefault((job, rule.id), {})[target] = _State()
+            st = states[target] = _State()
         if st.active:
             if _beyond(rule, m, keep=True):
                 start_step = m.step if st.pending_step is None else st.pending_step
@@ -256,10 +256,10 @@ class HintEngine:
                 # A gate with no room between threshold and clear (a throttle reason that
                 # comes and goes) would otherwise make the hint blink: hold it a little.
                 return st
-            del self._state[job, rule.id][target]  # back past the clear value (or a gate failed): cleared
+            del states[target]  # back past the clear value (or a gate failed): cleared
             return None
         if not _beyond(rule, m, keep=False):
-            del self._state[job, rule.id][target]
+            del states[target]
             return None
         if st.pending_step is None or st.pending_t is None:
             # The evidence starts where the measure's own window starts (history it embodies).
