@@ -79,12 +79,13 @@ class SampledFeatures:
         self._charge_after = CHARGE_AFTER_STEPS
         # Not _guard()ed: these run every step and guard their own work (a frame less each).
         self.tracker.listeners_forward.append(self._maybe_start_count)
-        self.tracker.listeners_pre_opt.append(self._finish_count)
+        self.tracker.forward_gate = self._flops  # its quiet steps call no listener (see StepTracker)
         self._add_boundary_listener()
 
     def _flops_off(self) -> None:
         sampler, self._flops = self._flops, None
-        self._counting = False
+        self.tracker.forward_gate = None
+        self._set_counting(False)
         self._refresh_rare()
         if sampler is not None:
             sampler.close()
@@ -116,7 +117,7 @@ class SampledFeatures:
         if self._counting:
             try:
                 self._finish_at_boundary(step, wall_s)
-                self._counting = self._flops is not None and self._flops.counting
+                self._set_counting(self._flops is not None and self._flops.counting)
             except Exception as exc:
                 self._feature_failed("flop counting", exc, self._flops_off)
         if step + 1 < self._kernels_next:
@@ -151,9 +152,8 @@ class SampledFeatures:
         flops = self._flops
         if flops is None:
             return
-        if (signature is flops.quiet_signature or signature == flops.quiet_signature) \
-                and self.tracker.step < flops.quiet_until and not self._flops_close_pending:
-            return  # the steady state: the count in force holds (see FlopSampler.quiet_signature)
+        # A step whose count in force holds never gets here (StepTracker.forward_gate); nor does
+        # one with a window to close (_flops_close_pending): a window is open, so nothing is quiet.
         try:
             self._start_count(flops, signature)
             self._refresh_rare()  # counting may have turned to the estimate
@@ -171,21 +171,31 @@ class SampledFeatures:
         if self._kernels_active:
             return
         if flops.on_forward(self.tracker, signature, self._context):
-            self._counting = True
+            self._set_counting(True)
             self._wake()
             self._note_sampled(self.tracker.step + 1, "flops")  # 1-based, like the step messages
+
+    def _set_counting(self, on: bool) -> None:
+        """Whether a counting window is open. Its closing runs before the optimizer only while
+        one is: a step without one calls nothing there (the common case)."""
+        self._counting = on
+        listeners = self.tracker.listeners_pre_opt
+        if on and self._finish_count not in listeners:
+            listeners.append(self._finish_count)
+        elif not on and self._finish_count in listeners:
+            listeners.remove(self._finish_count)
 
     def _finish_count(self) -> None:
         if not self._counting:
             return
         flops = self._flops
         if flops is None or not flops.counting:
-            self._counting = False
+            self._set_counting(False)
             return
         try:
             if not self._compiled_optimizer():
                 flops.finish(self.tracker, self._context, self.tracker.micro_batches)
-                self._counting = flops.counting
+                self._set_counting(flops.counting)
         except Exception as exc:
             self._feature_failed("flop counting", exc, self._flops_off)
 

@@ -7,6 +7,7 @@ from torch import nn
 
 from probe.flops.count import FlopCount
 from probe.flops.counter import CountPolicy, StepFlopCounter, signature_of
+from probe.flops.policy import cached_signature
 
 
 def fake_count(model_flops: int) -> FlopCount:
@@ -91,6 +92,29 @@ def test_signature_of_shapes_and_dtypes_only() -> None:
     assert signature_of((ids,), {"step": 8}) == signature_of((ids,), {"step": 9})
     assert signature_of((ids,), {}) != signature_of((torch.zeros(4, 64, dtype=torch.long),), {})
     hash(sig)
+
+
+def test_cached_signature_gives_the_same_tuple_for_keyword_tensors_too() -> None:
+    """A Hugging Face model is called with input_ids=, attention_mask=, labels=: the same shapes
+    give the very same tuple (the FLOP sampler's quiet test is an identity check), equal to the
+    full walk's; scalar keywords are passed over as the walk ignores them; a new shape, dtype or
+    name is a new signature; a container falls back to the walk."""
+    cache: dict = {}
+    ids, mask = torch.zeros(4, 128, dtype=torch.long), torch.ones(4, 128)
+    kw = {"input_ids": ids, "attention_mask": mask, "use_cache": False, "n": 3, "tag": None}
+    first = cached_signature(cache, (), kw)
+    assert first == (("input_ids", (4, 128), "int64"), ("attention_mask", (4, 128), "float32"))
+    assert cached_signature(cache, (), {**kw, "use_cache": True, "n": 4}) is first
+    assert cached_signature(cache, (), dict(kw, input_ids=torch.zeros(4, 128, dtype=torch.long))) is first
+    longer = cached_signature(cache, (), dict(kw, input_ids=torch.zeros(4, 256, dtype=torch.long)))
+    assert longer != first and longer[0] == ("input_ids", (4, 256), "int64")
+    assert cached_signature(cache, (), dict(kw, attention_mask=mask.half()))[1][2] == "float16"
+    assert cached_signature(cache, (ids,), {"attention_mask": mask}) == (
+        ("0", (4, 128), "int64"), ("attention_mask", (4, 128), "float32"))  # not the keyword's path
+    assert cached_signature(cache, (), {"labels": ids, "attention_mask": mask})[0][0] == "labels"
+    nested = {"input_ids": ids, "extra": [mask]}
+    assert cached_signature(cache, (), nested) == signature_of((), nested)
+    assert len(cache) == 5  # the container never entered the cache
 
 
 def test_signature_of_never_raises() -> None:

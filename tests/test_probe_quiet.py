@@ -3,6 +3,7 @@ runtime is called only at steps that need it, and the sender thread wakes no mor
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -18,6 +19,12 @@ nn = torch.nn
 
 @pytest.fixture
 def attached(monkeypatch: pytest.MonkeyPatch) -> Any:
+    with _attached(monkeypatch) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def _attached(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
     monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")  # nobody listens
     monkeypatch.setenv("FLOWTOP_KERNELS_MIN_STEPS", "16")
@@ -115,3 +122,53 @@ def test_a_refused_command_is_reported_once_and_steps_go_quiet_again(attached: A
     p._sender_round()  # nothing new: no wake-up
     train(5)
     assert seen == [1, 2, 3, 4, 5, 11]
+
+
+class _KeywordLM(nn.Module):
+    """A Hugging Face style forward: tensors by keyword, a scalar flag among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(50, 8), nn.Linear(8, 50)
+
+    def forward(self, input_ids: Any, labels: Any, use_cache: bool = False) -> Any:
+        return nn.functional.cross_entropy(self.out(self.emb(input_ids)).flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_quiet_steps_call_no_flop_listener(monkeypatch: pytest.MonkeyPatch, by_keyword: bool) -> None:
+    """Once a count is in force, a step with the same inputs pays the signature alone: the FLOP
+    sampler's forward listener is not called, and nothing waits before the optimizer; a new
+    input shape calls it again (and is counted, then quiet again)."""
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "100")  # counts may cost anything: no gap after one
+    with _attached(monkeypatch) as (p, out):
+        _train_and_check(p, out, by_keyword)
+
+
+def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: bool) -> None:
+    t = p.tracker
+    forward_calls: list[int] = []
+    listener = t.listeners_forward[-1]
+
+    def spy(sig: Any) -> None:
+        forward_calls.append(t.step + 1)
+        listener(sig)
+
+    t.listeners_forward[-1] = spy
+    model = _KeywordLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    pre_opt: list[int] = []
+    for i in range(30):
+        seq = 6 if i < 20 else 9  # a new shape at step 21
+        ids = torch.randint(0, 50, (2, seq))
+        loss = model(input_ids=ids, labels=ids, use_cache=i % 2 == 0) if by_keyword else model(ids, ids)
+        pre_opt.append(len(t.listeners_pre_opt))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    counted = [f["step"] for k, f in out if k == "flops"]
+    assert counted == [2, 21]  # the first steady step, the new shape
+    # Step 1 decides nothing (warm-up), step 2 opens the count, step 3 finds it in force and turns
+    # quiet; step 21's new shape is seen and counted, step 22 turns quiet again.
+    assert forward_calls == [1, 2, 3, 21, 22]
+    assert [i + 1 for i, n in enumerate(pre_opt) if n] == [2, 21]  # a window to close: counted steps only

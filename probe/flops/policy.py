@@ -46,27 +46,41 @@ def signature_of(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
 def cached_signature(cache: dict[tuple[Any, ...], tuple[Any, ...]], args: tuple[Any, ...],
                      kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
     """:func:`signature_of` a root's inputs, looked up in ``cache`` by their shapes and dtypes when
-    they are plain positional tensors (the common case): the same inputs give the very same
-    tuple, so the FLOP sampler's "new signature?" test is an identity check, and the walk
-    runs once per shape instead of once per step."""
-    if kwargs or len(args) > 4:
+    they are plain tensors, positional or by keyword (``model(x, y)``, a Hugging Face model's
+    ``input_ids=``, ``labels=``; scalar keywords such as ``use_cache=False`` are ignored, as
+    signature_of ignores them): the same inputs give the very same tuple, so the FLOP sampler's
+    "new signature?" test is an identity check, and the walk runs once per shape instead of once
+    per step."""
+    if len(args) > 4 or (kwargs and len(kwargs) > 8):
         return signature_of(args, kwargs or {})
     key: list[object] = []
     try:
         for a in args:
             if not isinstance(a, torch.Tensor):
-                return signature_of(args, {})
+                return signature_of(args, kwargs or {})
             key.append(a.shape)
             key.append(a.dtype)
+        if kwargs:
+            for name, v in kwargs.items():  # a name is a str, never a shape or dtype: no clash
+                if isinstance(v, torch.Tensor):
+                    key.append(name)
+                    key.append(v.shape)
+                    key.append(v.dtype)
+                elif not isinstance(v, _IGNORED):
+                    return signature_of(args, kwargs)
         k = tuple(key)
         sig = cache.get(k)
     except Exception:  # a tensor without a plain shape (nested): signature_of copes
-        return signature_of(args, {})
+        return signature_of(args, kwargs or {})
     if sig is None:
         if len(cache) >= 64:  # shapes changing every step: bounded, like the counts carried
             cache.clear()
-        sig = cache[k] = signature_of(args, {})
+        sig = cache[k] = signature_of(args, kwargs or {})
     return sig
+
+
+#: Keyword values signature_of ignores that cached_signature can pass over too.
+_IGNORED = (bool, int, float, str, type(None))
 
 
 _INDEX = tuple(str(i) for i in range(16))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import time
 import warnings
-from typing import Any, Callable, Deque
+from typing import Any, Callable, Deque, Protocol, Sequence
 
 import torch
 
@@ -58,6 +58,13 @@ def _training_forward() -> bool:
     return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
 
 
+class ForwardGate(Protocol):
+    """What the tracker reads to skip the forward listeners of a step that needs nothing."""
+
+    quiet_signature: tuple[Any, ...] | None  # the inputs' signature of the count in force
+    quiet_until: int  # ... holds for steps of a lower 0-based index
+
+
 class StepTracker:
     """Detects step boundaries and measures each step; owns the torch hooks."""
 
@@ -66,8 +73,8 @@ class StepTracker:
     # costs the hooks a miss after a long step). The rest live in __dict__.
     __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_cuda", "_training_now",
                  "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
-                 "_input_wait", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary", "publisher",
-                 "on_boundary", "quiet_until", "walls", "_on_step", "__dict__")
+                 "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
+                 "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -86,6 +93,10 @@ class StepTracker:
         self._cuda = False  # self.device is a CUDA device (read at every boundary: kept as a bool)
         self._training_now = False  # the root's last forward was a training forward
         self.in_optimizer = False
+        #: FLOP counting's state (probe.flops.sampling.FlopSampler): while a forward's signature is
+        #: its quiet one, before its quiet_until, the forward listeners have nothing to do and are
+        #: not called (a step's forward then costs the signature alone; see _root_pre).
+        self.forward_gate: ForwardGate | None = None
         #: The running optimizer step was given a closure: forward and backward run inside it.
         self.closure_step = False
         self.listeners_pre_opt: list[Callable[[], None]] = []
@@ -316,13 +327,17 @@ class StepTracker:
             return
         t0 = _now()
         self._input_wait = t0 - self._input_origin
-        listeners = self.listeners_forward
+        listeners: Sequence[Callable[[tuple[Any, ...]], None]] = self.listeners_forward
         if listeners:  # the input signature serves FLOP counting only
             try:
-                self.signature = cached_signature(self._signatures, args, kwargs)
+                sig = self.signature = cached_signature(self._signatures, args, kwargs)
+                gate = self.forward_gate
+                if gate is not None and self.step < gate.quiet_until and (
+                        sig is gate.quiet_signature or sig == gate.quiet_signature):
+                    listeners = ()  # the steady state: the count in force holds
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
-                if not self.in_optimizer or self.closure_step:
+                if listeners and (not self.in_optimizer or self.closure_step):
                     self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.flops.padding)
                     for listener in listeners:
                         listener(self.signature)
@@ -376,7 +391,7 @@ class StepTracker:
             listeners = self.listeners_pre_opt
             if (listeners and self.step + 1 >= self.quiet_until and not self.explicit and not closure
                     and self._is_new_step(optimizer)):
-                for listener in listeners:
+                for listener in tuple(listeners):  # a listener may remove itself
                     listener()
         except Exception as exc:
             self._fail("optimizer pre-hook", exc)
@@ -403,7 +418,7 @@ class StepTracker:
         """Explicit boundary for loops without torch.optim."""
         try:
             self.explicit = True
-            for listener in self.listeners_pre_opt:
+            for listener in tuple(self.listeners_pre_opt):  # a listener may remove itself
                 listener()
             self.boundary(None)
         except Exception as exc:
