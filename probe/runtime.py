@@ -61,7 +61,7 @@ class Probe(SampledFeatures):
         self._kernels_active = False
         self._kernels_next = sys.maxsize  # the next step index a window may start at (see _at_boundary)
         self._kernels_waiting = False  # a window waits for a monitor to listen (see _sender_round)
-        self._counting = False  # a FLOP counting window may be open (set when one opens)
+        self._counting = False  # a FLOP counting window may be open (written by _set_counting only)
         self._rare = False  # per-step work few runs have is due (see _refresh_rare)
         self._refused = 0  # commands refused so far: the sender thread keeps it (see _sender_round)
         self._refused_sent = 0  # ... and the count the last step message carried

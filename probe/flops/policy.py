@@ -43,6 +43,10 @@ def signature_of(args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         return ("?",)
 
 
+#: Keyword values signature_of ignores that cached_signature can pass over too.
+_IGNORED = (bool, int, float, str, type(None))
+
+
 def cached_signature(cache: dict[tuple[Any, ...], tuple[Any, ...]], args: tuple[Any, ...],
                      kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
     """:func:`signature_of` a root's inputs, looked up in ``cache`` by their shapes and dtypes when
@@ -77,10 +81,6 @@ def cached_signature(cache: dict[tuple[Any, ...], tuple[Any, ...]], args: tuple[
             cache.clear()
         sig = cache[k] = signature_of(args, kwargs or {})
     return sig
-
-
-#: Keyword values signature_of ignores that cached_signature can pass over too.
-_IGNORED = (bool, int, float, str, type(None))
 
 
 _INDEX = tuple(str(i) for i in range(16))

@@ -32,7 +32,8 @@ from __future__ import annotations
 import collections
 import time
 import warnings
-from typing import Any, Callable, Deque, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Deque, Protocol
 
 import torch
 
@@ -95,7 +96,10 @@ class StepTracker:
         self.in_optimizer = False
         #: FLOP counting's state (probe.flops.sampling.FlopSampler): while a forward's signature is
         #: its quiet one, before its quiet_until, the forward listeners have nothing to do and are
-        #: not called (a step's forward then costs the signature alone; see _root_pre).
+        #: not called (a step's forward then costs the signature alone; see _root_pre). All of
+        #: them: the forward listeners serve FLOP counting, but for the layout scan of the first
+        #: step, which runs before any count is in force. A listener added for anything else
+        #: must not rely on being called at every step.
         self.forward_gate: ForwardGate | None = None
         #: The running optimizer step was given a closure: forward and backward run inside it.
         self.closure_step = False
@@ -201,11 +205,14 @@ class StepTracker:
     def drop_idle_pre_hook(self) -> None:
         """Remove the optimizer pre-hook when it has nothing to do: it serves the forward and
         pre-optimizer listeners only (FLOP counting; the layout scan of the first step), and torch
-        calls it at every step (~4 µs each after a long step). The owner calls this once those
-        lists are final (after the first step). Kept under a compiled optimizer step, whose graph
-        guards on the global hooks: removing one would recompile it."""
+        calls it at every step (~4 µs each after a long step). The owner calls this once the
+        forward listeners are final (after the first step). Kept while FLOP counting is on
+        (``forward_gate``): its closing listener joins the pre-optimizer ones only while a window
+        is open, so that list may be empty now and not later. Kept under a compiled optimizer
+        step, whose graph guards on the global hooks: removing one would recompile it."""
         try:
-            if self._pre_hook is None or self.listeners_forward or self.listeners_pre_opt or in_compiled_call():
+            if (self._pre_hook is None or self.listeners_forward or self.listeners_pre_opt
+                    or self.forward_gate is not None or in_compiled_call()):
                 return
             self._pre_hook.remove()
             self._pre_hook = None
