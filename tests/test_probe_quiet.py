@@ -172,3 +172,21 @@ def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: 
     # quiet; step 21's new shape is seen and counted, step 22 turns quiet again.
     assert forward_calls == [1, 2, 3, 21, 22]
     assert [i + 1 for i, n in enumerate(pre_opt) if n] == [2, 21]  # a window to close: counted steps only
+
+
+def test_a_carried_count_is_re_sent_with_the_step_and_tokens_that_counted_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sequence length 6 (12 tokens a step) is counted at step 2, length 9 (18 tokens) at step 11;
+    when length 6 comes back at step 21 its count is re-sent as it was counted: at step 2, with
+    12 tokens (not the step of the newest count)."""
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "100")
+    with _attached(monkeypatch) as (p, out):
+        model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(25):
+            seq = 9 if 10 <= i < 20 else 6
+            model(torch.randint(0, 50, (2, seq))).logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    sent = [(f["step"], f["tokens"], f["model_flops"]) for k, f in out if k == "flops"]
+    assert [s[:2] for s in sent] == [(2, 12), (11, 18), (2, 12)]
+    assert sent[2][2] == sent[0][2] != sent[1][2]

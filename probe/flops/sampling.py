@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from probe._log import warn_once
@@ -24,6 +25,17 @@ BUDGET_LARGE, BUDGET_SMALL, LARGE_STEP_S = 0.005, 0.02, 0.1
 #: unsampled steps, which then include these); until then no new count may start.
 CHARGE_AFTER_STEPS = 3
 CHARGE_GAP = CHARGE_AFTER_STEPS + 1
+#: Counted signatures whose message fields are kept for a re-send (the policy carries as many).
+MAX_COUNTED = 64
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """What a carried count's message repeats of the step that counted its signature."""
+
+    step: int  # 1-based, as the step messages number them
+    tokens: int
+    extras: dict[str, Any]  # expert load, non-padding tokens (probe.flops.moe, .padding)
 
 
 class FlopSampler:
@@ -43,9 +55,7 @@ class FlopSampler:
         self._publish = publish
         self._counter: Any = None
         self._counted_step: int | None = None
-        self._tokens: dict[tuple[Any, ...], int] = {}  # tokens of the counted step, per signature
-        #: Per signature: the counted step's expert load and non-padding tokens (message fields).
-        self._extras: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._counted: dict[tuple[Any, ...], _Counted] = {}  # per signature, the newest last
         self._loads = moe.ExpertLoadRecorder()
         self._nonpad = padding.NonPadTokens()
         self._published: tuple[Any, ...] | None = None
@@ -80,8 +90,9 @@ class FlopSampler:
             if carried is not None:
                 self.last = carried
                 self._published = signature
-                fields = self._message(carried, tracker, signature, self._tokens.get(signature, 0), context)
-                self._publish({**fields, **self._extras.get(signature, {})})
+                held = self._counted.get(signature) or _Counted(self._counted_step or tracker.step + 1, 0, {})
+                fields = self._message(carried, tracker, signature, held.tokens, context, held.step)
+                self._publish({**fields, **held.extras})
         if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
             self._set_quiet(signature)
             return False
@@ -135,11 +146,12 @@ class FlopSampler:
         # next steps are never counted: they are the ones that measure the cost.
         self.policy.min_gap = max(self.policy.min_gap, CHARGE_GAP)
         self._published = signature
-        self._tokens[signature] = tracker.tokens
-        self._extras[signature] = extras
-        while len(self._extras) > 64:  # the policy carries at most 64 signatures' counts
-            self._extras.pop(next(iter(self._extras)))
-        self._publish({**self._message(result, tracker, signature, tracker.tokens, context), **extras})
+        counted = _Counted(self._counted_step or tracker.step + 1, tracker.tokens, extras)
+        self._counted.pop(signature, None)
+        self._counted[signature] = counted
+        while len(self._counted) > MAX_COUNTED:  # shapes that change every step: the oldest go
+            self._counted.pop(next(iter(self._counted)))
+        self._publish({**self._message(result, tracker, signature, counted.tokens, context, counted.step), **extras})
 
     def _window_extras(self, result: Any) -> dict[str, Any]:
         """Close the MoE and padding recorders of the window; their optional message fields."""
@@ -179,13 +191,13 @@ class FlopSampler:
             return
         self._estimated_for = signature
         count = flops.FlopCount(0, 0, self.attention, self._dtype or "fp32")
-        fields = self._message(count, tracker, signature, tokens, context)
+        fields = self._message(count, tracker, signature, tokens, context, tracker.step)
         estimated = fields.get("estimated_flops")
         if not estimated:
             warn_once("flops-estimate", "no FLOP estimate either (the model's shape is unknown): "
                       "set FLOWTOP_FLOPS_PER_TOKEN for MFU")
             return
-        fields.update(model_flops=estimated, executed_flops=estimated, counted=False, step=tracker.step,
+        fields.update(model_flops=estimated, executed_flops=estimated, counted=False,
                       tokens=int(tokens))
         self._publish(fields)
 
@@ -200,11 +212,13 @@ class FlopSampler:
                 pass
 
     def _message(
-        self, count: Any, tracker: Any, signature: tuple[Any, ...], tokens: int, context: dict[str, Any]
+        self, count: Any, tracker: Any, signature: tuple[Any, ...], tokens: int, context: dict[str, Any],
+        step: int,
     ) -> dict[str, Any]:
+        """The ``flops`` message of ``count``, counted at ``step`` (1-based)."""
         return accounting.flops_message(
             count,
-            step=self._counted_step or tracker.step + 1,
+            step=step,
             tokens=tokens,
             root=tracker.root,
             signature=signature,
