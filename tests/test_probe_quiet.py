@@ -190,3 +190,22 @@ def test_a_carried_count_is_re_sent_with_the_step_and_tokens_that_counted_it(mon
     sent = [(f["step"], f["tokens"], f["model_flops"]) for k, f in out if k == "flops"]
     assert [s[:2] for s in sent] == [(2, 12), (11, 18), (2, 12)]
     assert sent[2][2] == sent[0][2] != sent[1][2]
+
+
+def test_the_message_fields_of_carried_counts_are_dropped_with_the_policys_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for two counts: lengths 6, 9, 6 again (its count re-sent: used last), then 12 is
+    counted, and the policy drops the least recently used count, 9's. Length 6's message fields
+    must still be there when it comes back at step 36: re-sent as counted at step 2, 12 tokens."""
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "100")
+    with _attached(monkeypatch) as (p, out):
+        p._flops.policy.max_signatures = 2
+        model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(40):
+            seq = 9 if 10 <= i < 20 else 12 if 25 <= i < 35 else 6
+            model(torch.randint(0, 50, (2, seq))).logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    sent = [(f["step"], f["tokens"]) for k, f in out if k == "flops"]
+    assert sent == [(2, 12), (11, 18), (2, 12), (26, 24), (2, 12)]

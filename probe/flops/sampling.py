@@ -25,8 +25,6 @@ BUDGET_LARGE, BUDGET_SMALL, LARGE_STEP_S = 0.005, 0.02, 0.1
 #: unsampled steps, which then include these); until then no new count may start.
 CHARGE_AFTER_STEPS = 3
 CHARGE_GAP = CHARGE_AFTER_STEPS + 1
-#: Counted signatures whose message fields are kept for a re-send (the policy carries as many).
-MAX_COUNTED = 64
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,9 @@ class FlopSampler:
         self._publish = publish
         self._counter: Any = None
         self._counted_step: int | None = None
-        self._counted: dict[tuple[Any, ...], _Counted] = {}  # per signature, the newest last
+        #: Per signature whose count the policy carries: in the policy's order (least recently
+        #: used first) and as many, so the two drop the same signature.
+        self._counted: dict[tuple[Any, ...], _Counted] = {}
         self._loads = moe.ExpertLoadRecorder()
         self._nonpad = padding.NonPadTokens()
         self._published: tuple[Any, ...] | None = None
@@ -90,7 +90,8 @@ class FlopSampler:
             if carried is not None:
                 self.last = carried
                 self._published = signature
-                held = self._counted.get(signature) or _Counted(self._counted_step or tracker.step + 1, 0, {})
+                held = self._counted.pop(signature, None) or _Counted(self._counted_step or tracker.step + 1, 0, {})
+                self._counted[signature] = held  # used now, as the policy's carried() marks it
                 fields = self._message(carried, tracker, signature, held.tokens, context, held.step)
                 self._publish({**fields, **held.extras})
         if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
@@ -149,7 +150,7 @@ class FlopSampler:
         counted = _Counted(self._counted_step or tracker.step + 1, tracker.tokens, extras)
         self._counted.pop(signature, None)
         self._counted[signature] = counted
-        while len(self._counted) > MAX_COUNTED:  # shapes that change every step: the oldest go
+        while len(self._counted) > self.policy.max_signatures:  # as the policy drops its counts
             self._counted.pop(next(iter(self._counted)))
         self._publish({**self._message(result, tracker, signature, counted.tokens, context, counted.step), **extras})
 
