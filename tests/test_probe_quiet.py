@@ -138,11 +138,23 @@ class _KeywordLM(nn.Module):
 @pytest.mark.parametrize("by_keyword", [False, True])
 def test_quiet_steps_call_no_flop_listener(monkeypatch: pytest.MonkeyPatch, by_keyword: bool) -> None:
     """Once a count is in force, a step with the same inputs pays the signature alone: the FLOP
-    sampler's forward listener is not called, and nothing waits before the optimizer; a new
-    input shape calls it again (and is counted, then quiet again)."""
+    sampler's forward listener is not called, and torch calls nothing of the probe's before the
+    optimizer (its pre-hook is gone); a new input shape calls the listener again and brings the
+    pre-hook back for that step's optimizer (counted, then quiet again)."""
+    from probe.steps.tracker import StepTracker
+
     monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "100")  # counts may cost anything: no gap after one
+    pre_hook_steps: list[int] = []
+    real = StepTracker._opt_pre_hook
+
+    def pre_hook(self: Any, *args: Any) -> None:
+        pre_hook_steps.append(self.step + 1)
+        real(self, *args)
+
+    monkeypatch.setattr(StepTracker, "_opt_pre_hook", pre_hook)  # what install() registers
     with _attached(monkeypatch) as (p, out):
         _train_and_check(p, out, by_keyword)
+    assert pre_hook_steps == [1, 2, 3, 21, 22]
 
 
 def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: bool) -> None:

@@ -306,6 +306,33 @@ def test_closure_optimizer_step_is_counted(unbudgeted, captured) -> None:  # typ
     assert f[0]["tokens"] == 16
 
 
+def test_a_new_shape_in_a_closure_step_is_counted_after_a_quiet_stretch(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    """While a count is in force the probe's optimizer pre-hook is removed; a closure optimizer
+    runs its forward inside step(), after the pre-hooks, so a new sequence length arrives with no
+    pre-hook at that step. It is still counted whole (forward, backward and optimizer, closed at
+    the boundary), at its own step and tokens."""
+    model = _lm()
+    opt = torch.optim.AdamW(model.parameters())
+    tracker = probe._current().tracker
+    hooked = []
+    for i in range(25):
+        x = torch.randint(0, 50, (2, 8 if i < 20 else 12))
+
+        def closure() -> torch.Tensor:
+            loss = model(x).logsumexp(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            return loss
+
+        hooked.append(tracker._pre_hook is not None)
+        opt.step(closure=closure)
+    assert [i + 1 for i, h in enumerate(hooked) if h] == [1, 2, 3, 22]  # put back by step 21's forward
+    got = flops(captured)
+    assert [(f["step"], f["tokens"], f["model_flops"]) for f in got] == [
+        (2, 16, _lm_step_flops(2, 8)), (21, 24, _lm_step_flops(2, 12))]
+    assert [(s["tokens"], s["micro_batches"]) for s in steps(captured)] == [(16, 1)] * 20 + [(24, 1)] * 5
+
+
 def test_accumulation_outside_then_closure(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
     # Lightning with accumulate_grad_batches=3: two closures run outside step(), the third inside.
     model = _lm()

@@ -119,6 +119,7 @@ class StepTracker:
         self._global_handles: list[Any] = []
         self._handles: list[Any] = []
         self._pre_hook: Any = None  # the optimizer pre-hook's handle (see drop_idle_pre_hook)
+        self._pre_hook_pinned = False  # never removed again (a compiled optimizer step)
         self._root_handles: list[Any] = []
         self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
         self._forward_since_boundary = 0
@@ -178,11 +179,9 @@ class StepTracker:
         """Register the global optimizer hooks and the discovery module hooks."""
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
         )
 
-        self._pre_hook = register_optimizer_step_pre_hook(eager(self._opt_pre_hook))
-        self._handles.append(self._pre_hook)
+        self._add_pre_hook()
         self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
         # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
         # ours are gone before it traces (see _global_pre), so the warning would only mislead.
@@ -193,32 +192,53 @@ class StepTracker:
 
     def uninstall(self) -> None:
         """Remove every hook this tracker registered."""
-        for h in self._handles + self._global_handles + self._root_handles:
+        pre, self._pre_hook = self._pre_hook, None
+        for h in self._handles + self._global_handles + self._root_handles + ([pre] if pre is not None else []):
             try:
                 h.remove()
             except Exception:
                 pass
+        self._pre_hook_pinned = True  # no hook comes back
         self._handles.clear()
         self._global_handles.clear()
         self._root_handles.clear()
 
+    def _add_pre_hook(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._pre_hook = register_optimizer_step_pre_hook(eager(self._opt_pre_hook))
+
     def drop_idle_pre_hook(self) -> None:
-        """Remove the optimizer pre-hook when it has nothing to do: it serves the forward and
-        pre-optimizer listeners only (FLOP counting; the layout scan of the first step), and torch
-        calls it at every step (~4 µs each after a long step). The owner calls this once the
-        forward listeners are final (after the first step). Kept while FLOP counting is on
-        (``forward_gate``): its closing listener joins the pre-optimizer ones only while a window
-        is open, so that list may be empty now and not later. Kept under a compiled optimizer
-        step, whose graph guards on the global hooks: removing one would recompile it."""
+        """Remove the optimizer pre-hook while it has nothing to do: torch calls it at every step
+        (~8 µs each after a long step), and it serves the forward and pre-optimizer listeners
+        only (FLOP counting; the layout scan of the first step). The owner calls this once the
+        forward listeners are final (after the first step), and the boundary calls it while FLOP
+        counting is on (``forward_gate``): a step whose count is in force needs nothing before
+        its optimizer, and a forward that calls the listeners puts the hook back first
+        (:meth:`_root_pre`), before that step's optimizer runs. A closure optimizer runs the
+        forward inside ``step()``, after the pre-hooks: that step then goes without it, which is
+        what its closure forward needs (its listeners are called, its window closes at the
+        boundary). Kept under a compiled optimizer step, whose graph guards on the global hooks:
+        removing or adding one would recompile it, so there it stays for good."""
         try:
-            if (self._pre_hook is None or self.listeners_forward or self.listeners_pre_opt
-                    or self.forward_gate is not None or in_compiled_call()):
+            if (self._pre_hook is None or self._pre_hook_pinned or self.listeners_pre_opt
+                    or (self.listeners_forward and not self._forward_quiet())):
+                return
+            if in_compiled_call():
+                self._pre_hook_pinned = True
                 return
             self._pre_hook.remove()
             self._pre_hook = None
             self.in_optimizer = self.closure_step = False
         except Exception as exc:
+            self._pre_hook_pinned = True
             warn_once("pre-hook", f"could not remove the optimizer pre-hook ({exc}); it stays")
+
+    def _forward_quiet(self) -> bool:
+        """Whether the coming step's forward calls no listener if its inputs are the last step's
+        (the FLOP count in force holds until a later step)."""
+        gate = self.forward_gate
+        return gate is not None and gate.quiet_signature is not None and self.step < gate.quiet_until
 
     def _fail(self, where: str, exc: BaseException) -> None:
         warn_once(f"steps:{where}", f"step tracking failed in {where} ({type(exc).__name__}: {exc}); probe disabled")
@@ -344,6 +364,8 @@ class StepTracker:
                     listeners = ()  # the steady state: the count in force holds
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
+                if listeners and self._pre_hook is None and not self._pre_hook_pinned:
+                    self._add_pre_hook()  # for this step's optimizer (see drop_idle_pre_hook)
                 if listeners and (not self.in_optimizer or self.closure_step):
                     self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.flops.padding)
                     for listener in listeners:
@@ -469,6 +491,8 @@ class StepTracker:
         self._input_wait = None
         self._forward_end = None
         self._forward_since_boundary = 0
+        if self._pre_hook is not None and self.forward_gate is not None:  # FLOP counting: see drop_idle_pre_hook
+            self.drop_idle_pre_hook()
         if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
             self.walls.append(wall)  # folded into the EWMA when read (see ewma_step_s)
         t1 = _now()
