@@ -38,6 +38,31 @@ def test_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> N
     assert message in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--connect", "notaurl"], {}, "bad address 'notaurl' (--connect)"),
+        (["--connect", "tcp://127.0.0.1:0"], {}, "PORT 1-65535"),
+        (["--connect", "ipc://"], {}, "or ipc:///PATH"),
+        ([], {"FLOWTOP_ADDR": "garbage"}, "bad address 'garbage' (FLOWTOP_ADDR)"),
+        (["--curve-dir", "/nonexistent"], {}, "cannot load CURVE keys from /nonexistent"),
+    ],
+)
+def test_run_refuses_a_bad_upstream_before_the_command_starts(
+        tmp_path: Path, args: list[str], env: dict[str, str], message: str) -> None:
+    """The probe would fall back to the default address (or its sender thread would stop on the
+    keys) while the training ran unwatched and run exited 0: the user must hear it at once."""
+    import os
+
+    ran = tmp_path / "ran"
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", *args, "--", sys.executable, "-c",
+                          f"open({str(ran)!r}, 'w')"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **env}, cwd=ROOT)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert not ran.exists()
+
+
 def test_snapshot_json_with_no_probes() -> None:
     port = free_port_pair()
     out = _flowtop("snapshot", "--listen", f"tcp://127.0.0.1:{port}", "--timeout", "0.3", "--json")

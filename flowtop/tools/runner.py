@@ -68,7 +68,12 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     from flowtop.tools import relay_host
 
     upstream = connect or settings.ADDR.read()
-    node = relay_host.for_run(relay, upstream, curve_dir or settings.CURVE_DIR.read())
+    keys = curve_dir or settings.CURVE_DIR.read()
+    why = bad_upstream(upstream, "--connect" if connect else settings.ADDR.name) or bad_keys(keys)
+    if why:  # before CMD starts: its ranks would fall back to the default address, or send nothing
+        print(f"flowtop run: {why}", file=sys.stderr)
+        return 2
+    node = relay_host.for_run(relay, upstream, keys)
     env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
     if node is not None:
         env.pop(settings.PROBE_CURVE_DIR.name, None)  # the relay holds the keys upstream; its ranks talk over ipc
@@ -77,6 +82,33 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     finally:
         if node is not None:
             node.stop()  # hand the node's relay to another flowtop run, if one still runs
+
+
+def bad_upstream(addr: str, source: str) -> str | None:
+    """Why ranks cannot be sent to ``addr`` (from ``source``, a flag or a variable), or None: the
+    monitor's ``tcp://HOST:PORT`` or a relay's ``ipc:///PATH``. The probe would take anything
+    with a ``://`` in it and fail to connect later, or fall back to the default address."""
+    from flowtop.monitor.collector import AddressError, parse_tcp
+
+    if addr.startswith("ipc://") and len(addr) > len("ipc://"):
+        return None
+    try:
+        parse_tcp(addr)
+    except AddressError:
+        return (f"bad address {addr!r} ({source}): expected tcp://HOST:PORT (PORT 1-65535, IPv6 as [::1]) "
+                "or ipc:///PATH (a node relay)")
+    return None
+
+
+def bad_keys(curve_dir: str | None) -> str | None:
+    """Why the CURVE keys in ``curve_dir`` cannot be used, or None (none given, or they load)."""
+    from flowtop.tools.relay import RelayError, client_keys
+
+    try:
+        client_keys(curve_dir)
+    except RelayError as exc:
+        return str(exc)
+    return None
 
 
 def _run_child(cmd: list[str], env: dict[str, str]) -> int:
