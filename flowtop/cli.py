@@ -356,7 +356,15 @@ def _snapshot(args: argparse.Namespace) -> int:
         from flowtop.export.textreport import render
 
         text = render(snap)
-    return _print_out(text, 1 if not args.replay and failed else 0)
+    rc = _print_out(text, 1 if not args.replay and failed else 0)
+    if rc == 0 and args.until_done and not args.replay:
+        from flowtop.monitor.snapshot import all_done
+
+        if not all_done(snap):
+            from flowtop.export.serve import not_done
+
+            return not_done(args.timeout)
+    return rc
 
 
 def _print_out(text: str, rc: int) -> int:

@@ -109,7 +109,7 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     """Write one snapshot JSON per line every ``interval`` seconds (a newer snapshot each time:
     the data thread publishes one per tick) until SIGINT/SIGTERM, ``timeout`` or, with
     ``until_done``, the first line on which every rank is done. 0; 1 if the recording failed;
-    2 when the monitor could not start."""
+    2 when the monitor could not start; 3 when ``until_done`` met the timeout first."""
     from flowtop.monitor.snapshot import all_done
 
     stream = out or sys.stdout
@@ -119,23 +119,37 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
         if error:
             _say(error)
             return 2
+        timed_out = False
         try:
             deadline = time.monotonic() + timeout if timeout else float("inf")
             last: MonitorSnapshot | None = None
             due = time.monotonic()
             while not stop.is_set():
                 snap = _next(data, last, stop, min(due, deadline))
-                if snap is None:
+                if snap is None:  # stopped (a signal)
                     break
                 if not _write(stream, json.dumps(to_json(snap), separators=(",", ":"))):
                     break  # the reader went away (| head): not an error
                 last = snap
-                if until_done and all_done(snap) or time.monotonic() >= deadline:
+                if until_done and all_done(snap):
+                    break
+                if time.monotonic() >= deadline:
+                    timed_out = True
                     break
                 due = max(due + interval, time.monotonic())
         finally:
             data.stop()
-    return _exit_status(collector)
+    status = _exit_status(collector)
+    if status == 0 and until_done and timed_out:
+        return not_done(timeout)
+    return status
+
+
+def not_done(timeout: float | None) -> int:
+    """``--until-done`` ran out of time: said on stderr, exit status 3 (a script tells it from done)."""
+    _say(f"--until-done: not every rank had finished when the collection ended (timeout {timeout:g} s); "
+         "the output shows them as they were")
+    return 3
 
 
 def _exit_status(collector: Any) -> int:
