@@ -198,6 +198,19 @@ class ProbeConfig:
     bye_on_sigterm: bool = BYE_ON_SIGTERM.default
 
 
+#: The longest flush interval a probe takes (FLOWTOP_FLUSH_S): a step then reaches the monitor at
+#: most this late.
+MAX_FLUSH_S = 10.0
+
+
+def _flush_s(env: Mapping[str, str]) -> float:
+    flush = FLUSH_S.read(env)
+    if flush > MAX_FLUSH_S:
+        warn_once(f"env:{FLUSH_S.name}", f"{FLUSH_S.name}={flush:g} is above {MAX_FLUSH_S:g} s; using {MAX_FLUSH_S:g}")
+        return MAX_FLUSH_S
+    return flush
+
+
 def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
     """Read the configuration from ``env`` (default ``os.environ``)."""
     e = os.environ if env is None else env
@@ -209,7 +222,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         enabled=not DISABLE.read(e),
         addr=addr,
         queue_size=QUEUE.read(e),
-        flush_s=min(10.0, FLUSH_S.read(e)),
+        flush_s=_flush_s(e),
         flops=FLOPS.read(e),
         attention=ATTENTION.read(e),
         recheck_steps=RECHECK_STEPS.read(e),

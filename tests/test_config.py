@@ -74,3 +74,12 @@ def test_identity_from_slurm_and_mpi() -> None:
 
 def test_recheck_zero_turns_rechecks_off() -> None:
     assert config.from_env({"FLOWTOP_RECHECK_STEPS": "0"}).recheck_steps == 0
+
+
+def test_a_flush_interval_above_ten_seconds_is_capped_and_said(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from probe import _log
+
+    monkeypatch.setattr(_log, "_seen", set())  # said once per process: this test's process may have said it
+    assert config.from_env({"FLOWTOP_FLUSH_S": "100"}).flush_s == config.MAX_FLUSH_S == 10.0
+    assert "FLOWTOP_FLUSH_S=100 is above 10 s; using 10" in capsys.readouterr().err
+    assert config.from_env({"FLOWTOP_FLUSH_S": "2.5"}).flush_s == 2.5

@@ -98,7 +98,7 @@ RULES: tuple[Rule, ...] = (
         window_steps=10,
         window_s=0.0,
         summary="{target} waits for input {input_wait_pct:.0f} % of each step",
-        action="Feed the GPU faster: raise DataLoader num_workers, set pin_memory=True and "
+        action="Feed the device faster: raise DataLoader num_workers, set pin_memory=True and "
         "persistent_workers=True, raise prefetch_factor; move decoding/augmentation off the "
         "training process or pre-tokenize the data.",
         gates=(Gate("device_idle_pct", ">=", 10.0, 5.0),),
