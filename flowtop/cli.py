@@ -330,11 +330,13 @@ def _snapshot(args: argparse.Namespace) -> int:
     if args.replay:
         from flowtop.monitor.recording import RecordingError, replay_all
 
+        model = _make_model(args.peak_tflops)
         try:
-            snap = replay_all(args.replay, _make_model(args.peak_tflops))
+            snap = replay_all(args.replay, model)
         except RecordingError as exc:
             print(f"flowtop: {exc}", file=sys.stderr)
             return 2
+        print_notices(model.notices)  # a recording cut short
     else:
         collector = _collector(args)
         if collector is None:

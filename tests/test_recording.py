@@ -40,7 +40,27 @@ def test_round_trip_and_truncated_tail(tmp_path: Path) -> None:
     # A monitor killed mid-write leaves a partial record: what came before still reads.
     data = path.read_bytes()
     path.write_bytes(data[:-5])
-    assert len(list(read_recording(path))) == 2
+    said: list[str] = []
+    assert len(list(read_recording(path, said.append))) == 2
+    assert said == [f"recording {path} is cut short after 2 frames (1.0 s recorded): what came after is "
+                    "missing, so its ranks look as they were then"]
+    path.write_bytes(data)  # whole: nothing to say
+    assert len(list(read_recording(path, said.append))) == 3 and len(said) == 1
+
+
+def test_a_replay_of_a_recording_cut_short_says_so(tmp_path: Path) -> None:
+    """Its ranks look live where it stops: the replay must say the file ends mid-record."""
+    cut = tmp_path / "cut.rec"
+    cut.write_bytes(REC.read_bytes()[:20_000])
+    model = make_model()
+    snap = replay_all(cut, model)
+    assert snap.jobs and snap.jobs[0].status != "done"
+    (notice,) = model.notices.take()
+    assert notice.severity == "warning" and "is cut short after" in notice.text
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(cut), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout)["jobs"]
+    assert f"flowtop: recording {cut} is cut short after" in out.stderr
 
 
 def test_bad_files_are_clear_errors(tmp_path: Path) -> None:

@@ -87,13 +87,21 @@ class Recorder:
                 pass
 
 
-def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
+def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None) -> Iterator[tuple[float, bytes]]:
     """Yield ``(t, frame)`` pairs; raise :class:`RecordingError` on a damaged file.
 
-    A file cut short in its last record (the monitor was killed) ends the
-    iteration quietly: everything before it is still good. A gzip-compressed
+    A file cut short in its last record (the monitor was killed, a copy was truncated) ends the
+    iteration: everything before it is still good, and ``on_cut`` is told in words (the run
+    went on after the cut: its ranks look live where the recording stops). A gzip-compressed
     recording (``gzip run.rec``) is read as it is.
     """
+    frames, last = 0, 0.0
+
+    def cut() -> None:
+        if on_cut is not None:
+            on_cut(f"recording {path} is cut short after {frames} frames ({last:.1f} s recorded): "
+                   "what came after is missing, so its ranks look as they were then")
+
     try:
         fh: BinaryIO | gzip.GzipFile = open(path, "rb")
         if fh.read(2) == _GZIP_MAGIC:
@@ -114,16 +122,20 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
             try:
                 head = fh.read(_LEN.size)
                 if len(head) < _LEN.size:
+                    if head:
+                        cut()
                     return
                 (size,) = _LEN.unpack(head)
                 if size > MAX_RECORD:
                     raise RecordingError(f"{path}: record of {size} bytes is larger than any frame")
                 body = fh.read(size)
             except EOFError:  # a compressed file cut short: what came before stands
+                cut()
                 return
             except (OSError, zlib.error) as exc:  # bad gzip data or CRC, or a read error
                 raise RecordingError(f"{path}: damaged recording ({exc})") from None
             if len(body) < size:
+                cut()
                 return
             try:
                 t, frame = msgpack.unpackb(body, raw=False)
@@ -132,7 +144,8 @@ def read_recording(path: str | Path) -> Iterator[tuple[float, bytes]]:
             if (not isinstance(t, (int, float)) or not isinstance(frame, bytes)
                     or not math.isfinite(t) or t < 0):
                 raise RecordingError(f"{path}: damaged record")
-            yield float(t), frame
+            frames, last = frames + 1, float(t)
+            yield last, frame
 
 
 class Feeder:
@@ -174,10 +187,13 @@ def replay_all(path: str | Path, model: Model,
     ticker = Ticker(lambda at: model.tick(at, where), 0.0, TICK_S)
     feeder = Feeder(model)
     last = 0.0
-    for t, frame in read_recording(path):
+    cut: list[str] = []
+    for t, frame in read_recording(path, cut.append):
         _ticks(ticker, t, on_tick)
         feeder(frame, t)
         last = t
+    for text in cut:
+        model.notices.warning(text, last)
     _ticks(ticker, end_of(last), on_tick)
     return model.snapshot(last, where)
 
@@ -220,7 +236,7 @@ class RecordingSource:
     async def start(self) -> None:
         """Load the recording (errors surface here, before the UI shows anything); kernel windows
         are then built off the data loop, as the live collector builds them."""
-        self._records = list(read_recording(self.path))
+        self._records = list(read_recording(self.path, lambda text: self.model.notices.warning(text, 0.0)))
         self._end = end_of(self._records[-1][0] if self._records else 0.0)
         self._start = time.monotonic()
         if self.model.builds_kernels:
