@@ -9,7 +9,7 @@ the probe's socket options) driven by one loop, no thread per rank. Each rank se
 frames (probe.wire.encode) in the probe's pattern: its step records leave as one ``steps`` frame
 when the oldest is ``FLOWTOP_FLUSH_S`` (0.1 s) old (a lone record as a plain ``step`` frame;
 ``--single``: a ``step`` frame per step, the pre-batching wire), a hello every 2 s, telemetry every
-second (the H200 recording's fields), a FLOP count after step 2 and every ``--flops-every-s``, and a
+second, or as the pace stretches it (4.5 s at 4,096 ranks; the H200 recording's fields), a FLOP count after step 2 and every ``--flops-every-s``, and a
 kernel window (80 KB, the H200 recording's) every ``--kernel-every-s`` at a random phase. ``relay``
 puts every 8 ranks behind a node relay: ``flowtop relay`` subprocesses (``--relay-host cli``) or, for
 hundreds of relays, real :class:`flowtop.tools.relay.Relay` instances hosted ``--relays-per-proc`` to a
@@ -674,7 +674,7 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
             time.sleep(2.0 + relays_n * (0.05 if host == "cli" else 0.005))
         cfg = {"step_s": step_ms / 1e3, "flush_s": _flush_s(args.flush_s, ranks), "single": args.single,
                "records": args.records,
-               "telemetry_s": 1.0,
+               "telemetry_s": _telemetry_s(_flush_s(args.flush_s, ranks)),
                "flops_every_s": args.flops_every_s, "kernel_every_s": args.kernel_every_s,
                "connect_timeout_s": 30.0 + ranks / 100,
                "node_relay": args.per_relay if path == "relay" and host == "sim" else 0}
@@ -906,7 +906,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
     frame_kind = ("steps" if per_frame > 1 else "step") if records else "stepcols"
     rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
-             "telemetry": 1.0, "hello": 0.5, "flops": 1.0 / flops_every_s}
+             "telemetry": 1.0 / _telemetry_s(flush_s), "hello": 0.5, "flops": 1.0 / flops_every_s}
     per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
     tick_s = statistics.mean(ticks[1:])  # the first tick builds every view
     return {
@@ -946,6 +946,14 @@ def print_row(r: dict[str, Any]) -> None:
           f"tick {_fmt(r['tick_ms_p50'])}/{_fmt(r['tick_ms_p99'])} ms  show {_fmt(r['ui_show_ms_p50'])}/{_fmt(r['ui_show_ms_p99'])} ms  "
           f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
           f"load {r['load_1m'][0]:.1f}-{r['load_1m'][1]:.1f}  seen {r['ranks_seen']}", flush=True)
+
+
+def _telemetry_s(flush_s: float) -> float:
+    """A probe's telemetry interval (1 s) when the monitor's pace holds its step records ``flush_s``."""
+    from flowtop.monitor.pacing import DEFAULT_FLUSH_S
+    from probe.transport.publisher import paced_interval
+
+    return paced_interval(1.0, DEFAULT_FLUSH_S, flush_s)
 
 
 def _flush_s(arg: str, ranks: int) -> float:

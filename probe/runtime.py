@@ -139,7 +139,7 @@ class Probe(SampledFeatures):
                 reasons[f"host.{name}"] = why
             self.publisher.publish_local("telemetry", {"gpu": device, "proc": proc, "reasons": reasons})
 
-        self.publisher.add_tick(self.cfg.telemetry_interval_s, tick)
+        self.publisher.add_tick(self.cfg.telemetry_interval_s, tick, paced=True)  # fewer samples when paced
 
     def _on_cuda(self) -> bool:
         dev = self.tracker.device

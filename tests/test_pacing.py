@@ -38,6 +38,9 @@ def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monk
     monitor = MonitorThread()
     pub = Publisher(RankKey("paced", "h", 4321, 0, 0), monitor.listen)
     pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    samples: dict[bool, list[float]] = {True: [], False: []}  # a paced job (telemetry) and one that is not
+    for paced in (True, False):
+        pub.add_tick(0.2, lambda paced=paced: samples[paced].append(time.monotonic()), paced=paced)
     pub.start()
     try:
         deadline = time.monotonic() + 10
@@ -45,6 +48,7 @@ def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monk
             time.sleep(0.05)
         assert pub.current_flush_s() == 0.5
         before = monitor.snapshot().received
+        start = time.monotonic()
         for step in range(1, 301):  # 3 s of 10 ms steps
             pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 8, "drops": 0})
             time.sleep(0.01)
@@ -53,6 +57,9 @@ def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monk
         # ~3 s / 0.5 s = 6 step frames and a hello or two, not the ~30 of a 0.1 s flush
         assert snap.jobs[0].ranks[0].step == 300 and snap.jobs[0].ranks[0].lost_messages == 0
         assert frames <= 12, frames
+        # The paced job runs every 0.2 s x (0.5 s pace / 0.1 s flush) = 1 s meanwhile, the other every 0.2 s
+        seen = {paced: [t for t in ts if t >= start] for paced, ts in samples.items()}
+        assert 2 <= len(seen[True]) <= 5 and len(seen[False]) >= 10, seen
         texts = [n.text for n in monitor.call(lambda: monitor.collector.notices.take())]
         assert any("asked to send its steps every 0.50 s" in t for t in texts), texts
         # the monitor stops pacing; the probe's own pace is back once the last command lapsed
@@ -64,3 +71,19 @@ def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monk
     finally:
         pub.close()
         monitor.close()
+
+
+def test_a_paced_job_is_stretched_by_the_pace_to_at_most_five_seconds() -> None:
+    """Telemetry under a pace: its interval times pace ÷ flush_s (4,096 ranks: 1 s -> 4.5 s), never
+    beyond 5 s (the monitor reads a sample older than 10 s as stale), never shorter than asked."""
+    from probe.transport.publisher import MAX_PACED_TICK_S
+
+    pub = Publisher(RankKey("paced", "h", 4321, 0, 0), "tcp://127.0.0.1:1")  # not started: nothing sent
+    assert pub.paced_interval(1.0) == 1.0  # not paced
+    pub._handle_control([wire.encode_control("pace", None, None, 0.45)])  # as the link hands it over
+    assert pub.current_flush_s() == 0.45
+    assert pub.paced_interval(1.0) == pytest.approx(4.5)
+    assert pub.paced_interval(2.0) == MAX_PACED_TICK_S == 5.0
+    assert pub.paced_interval(30.0) == 30.0
+    pub._handle_control([wire.encode_control("pace", None, None, 0.05)])  # below the probe's own 0.1 s
+    assert pub.paced_interval(1.0) == 1.0

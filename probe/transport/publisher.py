@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable, Deque
+from typing import Any, Callable, Deque, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
@@ -49,6 +49,26 @@ def _weight(kind: str, fields: dict[str, Any]) -> int:
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
+#: The longest a paced periodic job (telemetry) is stretched to by the monitor's pace (see
+#: Publisher.paced_interval): the monitor reads a telemetry sample older than 10 s as stale.
+MAX_PACED_TICK_S = 5.0
+
+
+def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float) -> float:
+    """A paced job's interval when step records wait ``paced_flush_s`` instead of the probe's own
+    ``flush_s`` (see Publisher.paced_interval)."""
+    factor = paced_flush_s / flush_s if flush_s > 0 else 1.0
+    if factor <= 1.0:
+        return interval_s
+    return max(interval_s, min(interval_s * factor, MAX_PACED_TICK_S))
+
+
+class _Tick(NamedTuple):
+    """A periodic job of the sender thread (see Publisher.add_tick)."""
+
+    interval_s: float
+    fn: Tick
+    paced: bool
 
 
 class Publisher:
@@ -87,7 +107,7 @@ class Publisher:
         self._send_drops = 0  # sender thread only
         self._seq = 0
         self._stop = False
-        self._ticks: list[tuple[float, Tick]] = []  # may grow while the sender runs
+        self._ticks: list[_Tick] = []  # may grow while the sender runs
         self._control_handlers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
         self._sock: Any = None  # the sender thread's socket, while it runs
@@ -121,9 +141,17 @@ class Publisher:
 
     # --- lifecycle -------------------------------------------------------------------
 
-    def add_tick(self, interval_s: float, fn: Tick) -> None:
-        """Run ``fn`` on the sender thread every ``interval_s`` (errors are swallowed)."""
-        self._ticks.append((interval_s, fn))
+    def add_tick(self, interval_s: float, fn: Tick, paced: bool = False) -> None:
+        """Run ``fn`` on the sender thread every ``interval_s`` (errors are swallowed); ``paced``:
+        every :meth:`paced_interval` of it, slower while the monitor paces this rank."""
+        self._ticks.append(_Tick(interval_s, fn, paced))
+
+    def paced_interval(self, interval_s: float) -> float:
+        """``interval_s`` stretched by as much as the monitor's pace now slows the step records
+        (pace ÷ flush_s), to at most MAX_PACED_TICK_S, never shorter than asked: a monitor that
+        hears too many ranks' steps (4,096 ranks: each rank's figures are refreshed every 4 s)
+        hears fewer telemetry samples too (4,096 a second at 1 Hz: a quarter of its frames)."""
+        return paced_interval(interval_s, self.flush_s, self.current_flush_s())
 
     def on_control(self, handler: Callable[[str], None]) -> None:
         """Call ``handler(command)`` on the sender thread for commands aimed at this rank.
@@ -266,11 +294,11 @@ class Publisher:
                 return
             ticks = list(self._ticks)
             next_tick.extend([0.0] * (len(ticks) - len(next_tick)))
-            for i, (interval, fn) in enumerate(ticks):
+            for i, tick in enumerate(ticks):
                 if now >= next_tick[i]:
-                    next_tick[i] = now + interval
+                    next_tick[i] = now + (self.paced_interval(tick.interval_s) if tick.paced else tick.interval_s)
                     try:
-                        fn()
+                        tick.fn()
                     except Exception as exc:
                         warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
             self._handle_control(link.take_commands())
