@@ -10,7 +10,9 @@ its own FLOWTOP_FLUSH_S, and a pace lapses after wire.PACE_TTL_S unless renewed:
 restarts, or hears fewer ranks, gets the ranks' own pace back within seconds.
 
 What it costs: a step reaches the monitor up to the pace later (0.41 s at 4,096 ranks instead of
-0.1 s); counts, kernel windows and byes still go at once; no record is lost.
+0.1 s); counts, kernel windows and byes still go at once; no record is lost. A paced probe samples
+its telemetry less often by the same factor, to at most every 5 s
+(probe.transport.publisher.paced_interval).
 """
 
 from __future__ import annotations
