@@ -234,6 +234,7 @@ def test_bad_relay_input_is_refused_clearly(short_dir: Path, capsys: pytest.Capt
         (["relay", "--listen", f"ipc://{short_dir}/x.sock", "--connect", "login:5759"], "expected tcp://HOST:PORT"),
         (["relay", "--listen", f"ipc://{short_dir}/x.sock", "--connect", up, "--curve-dir", str(short_dir / "none")],
          "cannot load CURVE keys"),
+        (["relay", "--listen", up, "--connect", up], "the relay would send to itself"),
     ]  # fmt: skip
     for argv, message in cases:
         assert cli_main(argv) == 2

@@ -113,12 +113,24 @@ def for_run(mode: str, upstream: str, curve_dir: str | None) -> NodeRelay | None
         return None
 
 
+def _same_tcp(a: str, b: str) -> bool:
+    """Whether two addresses are the same tcp://HOST:PORT (as written: a name and its address differ)."""
+    from flowtop.monitor.collector import AddressError, parse_tcp
+
+    try:
+        return parse_tcp(a) == parse_tcp(b)
+    except AddressError:
+        return False
+
+
 def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
     """``flowtop relay``: run a relay until SIGTERM/SIGINT; 2 with a message on bad input."""
     try:
         check_upstream(upstream)
         listen = listen or node_address(upstream, curve_dir)
         relay = Relay(RelayConfig(listen, upstream, curve_dir))
+        if _same_tcp(listen, upstream):
+            raise RelayError(f"--listen {listen} is the monitor's address (--connect): the relay would send to itself")
     except RelayError as exc:
         print(f"flowtop relay: {exc}", file=sys.stderr)
         return 2
