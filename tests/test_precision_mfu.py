@@ -118,6 +118,7 @@ def test_unknown_device_gets_no_mfu_with_a_reason() -> None:
     view = rank_flops(msg, step_time_s=1e-6)
     assert view.mfu is None and view.hfu is None and view.mfu_bf16 is None and view.peak_flops is None
     assert "no dense peak for bf16 (57.1% of model FLOPs), fp32 (42.9% of model FLOPs)" in view.mfu_reason
+    assert "(unknown: no peak-table entry for device 'NVIDIA Z9000'" in view.mfu_reason  # what the rank said of its peak
     # an older probe (no per-dtype fields): the single-peak path says why, no guess either
     old = {k: v for k, v in msg.items() if k not in ("flops_by_dtype", "peak_by_dtype")}
     view = rank_flops(old, step_time_s=1e-6)

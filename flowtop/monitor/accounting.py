@@ -70,7 +70,7 @@ def rank_flops(
     if stalled_s is not None:
         reason = stalled_reason(stalled_s)
     elif not peak and mix is not None and mix.missing:
-        reason = precision.missing_reason(mix)
+        reason = precision.missing_reason(mix, source)
     elif not peak:
         reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
     elif fps is None:

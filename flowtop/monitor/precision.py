@@ -90,10 +90,12 @@ def mix_of(msg: Mapping[str, Any], peak_override: float | None = None) -> DtypeM
     )
 
 
-def missing_reason(mix: DtypeMix) -> str:
-    """Why a mix has no MFU: the dtypes without a dense peak and their share of the FLOPs."""
+def missing_reason(mix: DtypeMix, source: str = "") -> str:
+    """Why a mix has no MFU: the dtypes without a dense peak and their share of the FLOPs, and what
+    the rank said of its peak (``source``: no table entry, an override it could not read)."""
     parts = [f"{k} ({mix.shares.get(k, 0.0):.1%} of model FLOPs)" for k in mix.missing]
-    return f"no dense peak for {', '.join(parts)} on this device; use --peak-tflops"
+    said = f" ({source})" if source else ""
+    return f"no dense peak for {', '.join(parts)} on this device{said}; use --peak-tflops"
 
 
 def job_mix(mixes: Sequence[DtypeMix | None]) -> DtypeMix | None:
