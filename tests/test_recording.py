@@ -109,6 +109,14 @@ async def test_tui_plays_a_recording() -> None:
         await pilot.pause()
         snap = app.latest
         assert snap is not None and [r.step for r in snap.jobs[0].ranks] == [60, 60]
+        # A recording cannot be asked for a kernel window: no "k Capture" in the footer, and the
+        # key does nothing (it said "asked rank 0 of ... for a kernel window").
+        from test_tui_snapshots import screen_text
+
+        assert "Capture" not in screen_text(app)
+        await pilot.press("k")
+        await pilot.pause()
+        assert not list(app._notifications)
         await pilot.press("q")
 
 

@@ -129,6 +129,9 @@ def raise_fd_limit() -> int:
 class Collector:
     """Receives probe messages into a :class:`Model`; a ``SnapshotSource`` for the UI."""
 
+    #: Its ranks can be asked for a kernel window (:meth:`request_kernels`).
+    can_capture = True
+
     def __init__(
         self,
         model: Model,

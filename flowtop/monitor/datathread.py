@@ -46,6 +46,9 @@ class DataSource(Protocol):
     def snapshot(self) -> MonitorSnapshot:
         """An immutable snapshot now (a pure read; called on the data loop)."""
 
+    #: Whether :meth:`request_kernels` reaches the ranks (False: a recording).
+    can_capture: bool
+
     def request_kernels(self, job: str, rank: int) -> None:
         """Ask rank ``rank`` of ``job`` to capture a kernel window now (called on the data loop)."""
 

@@ -217,6 +217,9 @@ class RecordingSource:
     """A data source for the TUI that plays a recording back at ``speed``, on the data thread:
     frames and ticks in recorded order, each when its (scaled) time comes."""
 
+    #: A recording cannot ask its ranks for anything (the ``k`` key is hidden).
+    can_capture = False
+
     def __init__(self, path: str | Path, model: Model, speed: float = 1.0) -> None:
         self.path = Path(path)
         self.model = model

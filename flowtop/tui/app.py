@@ -56,6 +56,8 @@ class FlowtopApp(App[None]):
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
+        #: Whether the ranks can be asked for a kernel window (``k``; not in a replay).
+        self.can_capture = source.can_capture
         if hasattr(source, "glances"):
             source.glances = True  # a person watching: steps between ticks too (flowtop.monitor.collector)
         #: The thread that hosts the source; only it calls into the source.
@@ -122,6 +124,9 @@ class FlowtopApp(App[None]):
 
     def request_kernels(self, job: str, rank: int) -> None:
         """Ask one rank for a kernel window now (the ``k`` key); the data thread sends it."""
+        if not self.can_capture:
+            self.notify("a recording cannot be asked for a kernel window", timeout=3)
+            return
         self.data.request_kernels(job, rank)
         self.notify(f"asked rank {rank} of {job} for a kernel window", timeout=3)
 

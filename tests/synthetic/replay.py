@@ -55,6 +55,9 @@ class ReplaySource:
         self.index = min(self.index + 1, len(self.snapshots) - 1)
         return self.snapshots[self.index]
 
+    #: Stands in for a live monitor: a request is recorded (see kernel_requests).
+    can_capture = True
+
     def request_kernels(self, job: str, rank: int) -> None:
         """Record the request (a replay cannot ask a rank for anything)."""
         self.kernel_requests.append((job, rank))

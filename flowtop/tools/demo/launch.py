@@ -46,6 +46,8 @@ def training_command(ranks: int, steps: int, extra: list[str] | None = None) -> 
 class DemoSource:
     """A snapshot source that owns a collector and the training it launched."""
 
+    can_capture = True  # through its collector
+
     def __init__(self, collector: Any, cmd: list[str], env: dict[str, str], log_path: str) -> None:
         self.collector = collector
         self.cmd = cmd

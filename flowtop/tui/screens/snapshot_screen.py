@@ -17,6 +17,7 @@ class ScreenHost(Protocol):
 
     latest: MonitorSnapshot | None
     source_error: str
+    can_capture: bool
 
     def request_kernels(self, job: str, rank: int) -> None: ...
 
@@ -60,6 +61,10 @@ class SnapshotScreen(Screen[None]):
     def flowtop(self) -> ScreenHost:
         """The running app, typed."""
         return self.app  # type: ignore[return-value]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``k`` (a kernel window now) only where the ranks can be asked: hidden in a replay."""
+        return action != "kernels_now" or self.flowtop.can_capture
 
     def show(self, snap: MonitorSnapshot | None) -> None:
         """Render ``snap`` (None: nothing received yet). Subclasses implement."""
