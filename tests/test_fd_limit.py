@@ -60,3 +60,41 @@ def test_enough_descriptors_say_nothing() -> None:
         pytest.skip(f"hard open-file limit {hard} < {wanted}")
     err = _snapshot_under(64, wanted)  # soft 64 alone would be far too low: it is raised
     assert not TOLD.search(err), err
+
+
+def test_the_monitor_binds_after_everything_that_needs_a_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once bound, libzmq accepts probe connections on its own thread: at a low open-file limit they
+    took every descriptor left, and the kernel worker's import after the bind failed (EMFILE: the
+    monitor exited with a traceback, seen in CI under load). The socket monitor, the kernel worker
+    and the descriptor count now come first."""
+    import asyncio
+
+    import zmq.asyncio
+
+    from flowtop.monitor import collector as collector_mod
+    from flowtop.monitor import kernel_worker
+    from flowtop.monitor.wiring import make_model
+
+    order: list[str] = []
+
+    def spy(cls: type, name: str) -> None:
+        real = getattr(cls, name)
+
+        def called(self: object, *args: object, **kwargs: object) -> object:
+            order.append(name)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, called)
+
+    spy(zmq.asyncio.Socket, "bind")
+    spy(zmq.asyncio.Socket, "get_monitor_socket")
+    spy(kernel_worker.KernelWorker, "__init__")
+    spy(collector_mod.FdHeadroom, "at_start")
+
+    async def start_stop() -> None:
+        c = collector_mod.Collector(make_model(), f"tcp://127.0.0.1:{free_port_pair()}")
+        await c.start()
+        await c.stop()
+
+    asyncio.run(start_stop())
+    assert order[-1] == "bind" and set(order) == {"bind", "get_monitor_socket", "__init__", "at_start"}, order

@@ -160,6 +160,7 @@ class Collector:
         self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
         self._events: Any = None  # the XSUB's socket monitor (failed handshakes), synchronous
         self._events_async: Any = None
+        self._closed = False  # stop() closed the sockets (it may be called twice)
         self._task: asyncio.Task[None] | None = None
         #: Builds kernel windows off the loop, when the model has them.
         self.kernel_worker: KernelWorker | None = None
@@ -217,35 +218,35 @@ class Collector:
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         sub.setsockopt(zmq.SNDHWM, 1000)
-        try:
-            sub.bind(self.listen)
-        except zmq.ZMQError as exc:
-            sub.close(0)
-            self._auth.stop()
-            ctx.term()
-            self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
-            raise AddressError(self.start_error) from None
-        self._sub = sub
-        # Failed handshakes (a wrong CURVE key) are counted like rejected frames, not lost.
-        events = sub.get_monitor_socket(
+        # Everything that needs a descriptor comes before the bind: once bound, libzmq accepts
+        # probe connections on its own thread, and at a low open-file limit they can take every
+        # descriptor left (an import, the monitor pipe, a worker would then fail: EMFILE).
+        events = sub.get_monitor_socket(  # failed handshakes (a wrong CURVE key) are counted like rejected frames
             zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | _LISTENER_EVENTS
         )
         self._events_async = events  # owns the socket; read through a synchronous shadow
         self._events = zmq.Socket.shadow(events.underlying)
         self._send = zmq.Socket.shadow(sub.underlying)
         self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
+        self._sub = sub
         if self.model.builds_kernels:
             from flowtop.monitor.kernel_worker import KernelWorker
             from flowtop.monitor.rankkernels import build_window
 
             self.kernel_worker = KernelWorker(self.model, build_window)
             self.model.offload_kernels(self.kernel_worker.submit)
+        low = self._fds.at_start(self.model.limits.max_ranks_per_job)  # room for the largest job admitted?
+        try:
+            sub.bind(self.listen)
+        except zmq.ZMQError as exc:
+            self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
+            await self.stop()
+            raise AddressError(self.start_error) from None
         t0 = self.clock.now()
         self.ticker = Ticker(lambda at: self.model.tick(at, self.listen), t0, self.tick_s, max_behind=MAX_BEHIND)
         self._next_glance = t0 + self.tick_s / 2
         if self.recorder is not None:
             self.recorder.start(t0)  # recorded times count from the tick schedule's origin
-        low = self._fds.at_start(self.model.limits.max_ranks_per_job)  # room for the largest job admitted?
         if low:
             self.model.notices.warning(low, t0)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -456,6 +457,9 @@ class Collector:
             except (asyncio.CancelledError, Exception):
                 pass
         self._send = None  # a shadow of the socket closed below
+        if self._closed:  # a start that failed to bind stopped already
+            return
+        self._closed = True
         if self._events is not None:
             self._socket_events()  # a full monitor pipe would block disable_monitor
             self._sub.disable_monitor()
