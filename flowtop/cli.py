@@ -10,10 +10,11 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from flowtop import settings
-from flowtop.monitor.snapshot import all_done
+from flowtop.monitor.snapshot import MonitorSnapshot, all_done
 from flowtop.tools.common import (
     hostport as _hostport,
     non_negative_float as _non_negative_float,
@@ -276,9 +277,17 @@ def print_notices(board: Any) -> None:
         print(f"flowtop: {n.text}", file=sys.stderr, flush=True)
 
 
-async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
+@dataclass(frozen=True)
+class Collected:
+    """What :func:`collect` ends with: the last snapshot, and whether the timeout ended it."""
+
+    snapshot: MonitorSnapshot
+    timed_out: bool
+
+
+async def collect(collector: Any, timeout: float, until_done: bool) -> Collected:
     """Run ``collector`` for up to ``timeout`` seconds (or, ``until_done``, until a tick finds
-    every rank done: that tick's hints are the final ones); return the last snapshot."""
+    every rank done: that tick's hints are the final ones; SIGINT/SIGTERM end it early too)."""
     import signal
 
     await collector.start()
@@ -296,15 +305,16 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
             loop.add_signal_handler(sig, finished.set)
         except (RuntimeError, ValueError, NotImplementedError):
             pass
+    timed_out = False
     try:
         try:
             await asyncio.wait_for(finished.wait(), timeout)
         except asyncio.TimeoutError:
-            pass
+            timed_out = True
         published = collector.published
         if until_done and published is not None and all_done(published):
-            return published
-        return collector.snapshot()
+            return Collected(published, False)
+        return Collected(collector.snapshot(), timed_out)
     finally:
         await collector.stop()
         print_notices(collector.notices)
@@ -313,7 +323,7 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Any:
 def _snapshot(args: argparse.Namespace) -> int:
     from flowtop.monitor.snapshot import to_json
 
-    failed = ""
+    failed, timed_out = "", False
     if args.follow:
         if args.replay:
             print("flowtop: --follow reads a live monitor; use flowtop snapshot --replay FILE without it",
@@ -344,7 +354,8 @@ def _snapshot(args: argparse.Namespace) -> int:
         from flowtop.monitor.collector import AddressError
 
         try:
-            snap = asyncio.run(collect(collector, args.timeout, args.until_done))
+            collected = asyncio.run(collect(collector, args.timeout, args.until_done))
+            snap, timed_out = collected.snapshot, collected.timed_out
         except AddressError as exc:
             print(f"flowtop: {exc}", file=sys.stderr)
             return 2
@@ -359,13 +370,10 @@ def _snapshot(args: argparse.Namespace) -> int:
 
         text = render(snap)
     rc = _print_out(text, 1 if not args.replay and failed else 0)
-    if rc == 0 and args.until_done and not args.replay:
-        from flowtop.monitor.snapshot import all_done
+    if rc == 0 and args.until_done and timed_out:  # not a signal: that ends it with 0, as --follow
+        from flowtop.export.serve import not_done
 
-        if not all_done(snap):
-            from flowtop.export.serve import not_done
-
-            return not_done(args.timeout)
+        return not_done(args.timeout)
     return rc
 
 

@@ -88,6 +88,23 @@ def test_snapshot_until_done_that_times_out_exits_3(follow: bool) -> None:
     assert lines and all(json.loads(line)["jobs"] == [] for line in lines)
 
 
+def test_snapshot_until_done_ended_by_a_signal_exits_0() -> None:
+    """Ctrl-C or SIGTERM ends the collection early: the snapshot of that moment, status 0 (as with
+    --follow); only the timeout is 3."""
+    import signal
+    import time
+
+    port = free_port_pair()
+    proc = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "snapshot", "--listen", f"tcp://127.0.0.1:{port}",
+                             "--until-done", "--timeout", "60", "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # started and collecting
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "not every rank" not in err and json.loads(out)["jobs"] == []
+
+
 def test_snapshot_port_in_use_is_a_clear_error() -> None:
     import socket
 

@@ -147,8 +147,8 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
 
 def not_done(timeout: float | None) -> int:
     """``--until-done`` ran out of time: said on stderr, exit status 3 (a script tells it from done)."""
-    _say(f"--until-done: not every rank had finished when the collection ended (timeout {timeout:g} s); "
-         "the output shows them as they were")
+    _say(f"--until-done: not every rank had finished after {timeout:g} s (the timeout); the output shows "
+         "them as they were")
     return 3
 
 
