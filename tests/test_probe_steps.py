@@ -324,13 +324,72 @@ def test_a_new_shape_in_a_closure_step_is_counted_after_a_quiet_stretch(unbudget
             loss.backward()
             return loss
 
-        hooked.append(tracker._pre_hook is not None)
+        hooked.append(tracker._pre_hook.handle is not None)
         opt.step(closure=closure)
     assert [i + 1 for i, h in enumerate(hooked) if h] == [1, 2, 3, 22]  # put back by step 21's forward
     got = flops(captured)
     assert [(f["step"], f["tokens"], f["model_flops"]) for f in got] == [
         (2, 16, _lm_step_flops(2, 8)), (21, 24, _lm_step_flops(2, 12))]
     assert [(s["tokens"], s["micro_batches"]) for s in steps(captured)] == [(16, 1)] * 20 + [(24, 1)] * 5
+
+
+def test_a_global_pre_hook_registered_after_attach_stays_outside_the_count(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    """A library's global optimizer pre-hook registered after the probe attached (under flowtop
+    run: every one) runs after the probe's, outside its counting window; also once the probe's
+    hook was removed (a count in force) and put back by a new shape (it went to the end of
+    torch's table, and the other hook's matmul was counted: +2·64³ FLOPs)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    w = torch.randn(64, 64)
+
+    def other(optimizer: Any, args: Any, kwargs: Any) -> None:
+        (w @ w).sum()
+
+    handle = register_optimizer_step_pre_hook(other)
+    try:
+        model = _lm()
+        opt = torch.optim.AdamW(model.parameters())
+        for i in range(30):
+            seq = 8 if i < 10 else 12 if i < 20 else 16
+            model(torch.randint(0, 50, (2, seq))).logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        handle.remove()
+    assert [(f["step"], f["model_flops"]) for f in flops(captured)] == [
+        (2, _lm_step_flops(2, 8)), (11, _lm_step_flops(2, 12)), (21, _lm_step_flops(2, 16))]
+
+
+def test_a_forward_run_by_another_pre_hook_never_breaks_the_step(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]
+    """A global pre-hook that runs the step's forward and backward itself, with a new shape, while
+    the probe's pre-hook is removed: putting it back there broke torch's loop over the hooks
+    ("OrderedDict mutated during iteration", raised from opt.step()). It comes back at the step's
+    end; training goes on and every step is published."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    model = _lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch: dict[str, Any] = {"x": None}
+
+    def compute_grads(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if batch["x"] is not None:
+            optimizer.zero_grad()
+            model(batch["x"]).logsumexp(-1).mean().backward()
+
+    handles = [register_optimizer_step_pre_hook(compute_grads), register_optimizer_step_pre_hook(lambda *a: None)]
+    try:
+        for i in range(30):
+            if i < 10:
+                batch["x"] = None
+                model(torch.randint(0, 50, (2, 8))).logsumexp(-1).mean().backward()
+            else:
+                batch["x"] = torch.randint(0, 50, (2, 12))
+            opt.step()
+    finally:
+        for h in handles:
+            h.remove()
+    assert [s["step"] for s in steps(captured)] == list(range(1, 31))
+    assert [s["tokens"] for s in steps(captured)] == [16] * 10 + [24] * 20
 
 
 def test_accumulation_outside_then_closure(unbudgeted, captured) -> None:  # type: ignore[no-untyped-def]

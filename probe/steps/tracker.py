@@ -40,6 +40,7 @@ import torch
 from probe._log import warn_once
 from probe.flops.policy import cached_signature
 from probe.hookutil import _has_closure, _is_compiled, device_of, eager, in_compiled_call, params_device
+from probe.steps.prehook import PreHook, optimizer_steps, step_call
 
 __all__ = ["StepTracker", "eager", "in_compiled_call"]
 
@@ -75,7 +76,8 @@ class StepTracker:
     __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_cuda", "_training_now",
                  "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
                  "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
-                 "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "__dict__")
+                 "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook", "_pre_hook_wanted",
+                 "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -118,8 +120,8 @@ class StepTracker:
         self._stepped: dict[int, int] = {}
         self._global_handles: list[Any] = []
         self._handles: list[Any] = []
-        self._pre_hook: Any = None  # the optimizer pre-hook's handle (see drop_idle_pre_hook)
-        self._pre_hook_pinned = False  # never removed again (a compiled optimizer step)
+        self._pre_hook = PreHook(self._opt_pre_hook)  # registered while it has work (see drop_idle_pre_hook)
+        self._pre_hook_wanted = False  # put it back at the step's end (see _pre_hook_back)
         self._root_handles: list[Any] = []
         self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
         self._forward_since_boundary = 0
@@ -181,7 +183,7 @@ class StepTracker:
             register_optimizer_step_post_hook,
         )
 
-        self._add_pre_hook()
+        self._pre_hook.add()
         self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
         # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
         # ours are gone before it traces (see _global_pre), so the warning would only mislead.
@@ -192,21 +194,18 @@ class StepTracker:
 
     def uninstall(self) -> None:
         """Remove every hook this tracker registered."""
-        pre, self._pre_hook = self._pre_hook, None
-        for h in self._handles + self._global_handles + self._root_handles + ([pre] if pre is not None else []):
+        try:
+            self._pre_hook.close()  # for good: no hook comes back
+        except Exception:
+            pass
+        for h in self._handles + self._global_handles + self._root_handles:
             try:
                 h.remove()
             except Exception:
                 pass
-        self._pre_hook_pinned = True  # no hook comes back
         self._handles.clear()
         self._global_handles.clear()
         self._root_handles.clear()
-
-    def _add_pre_hook(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        self._pre_hook = register_optimizer_step_pre_hook(eager(self._opt_pre_hook))
 
     def drop_idle_pre_hook(self) -> None:
         """Remove the optimizer pre-hook while it has nothing to do: torch calls it at every step
@@ -214,25 +213,55 @@ class StepTracker:
         only (FLOP counting; the layout scan of the first step). The owner calls this once the
         forward listeners are final (after the first step), and the boundary calls it while FLOP
         counting is on (``forward_gate``): a step whose count is in force needs nothing before
-        its optimizer, and a forward that calls the listeners puts the hook back first
-        (:meth:`_root_pre`), before that step's optimizer runs. A closure optimizer runs the
-        forward inside ``step()``, after the pre-hooks: that step then goes without it, which is
-        what its closure forward needs (its listeners are called, its window closes at the
-        boundary). Kept under a compiled optimizer step, whose graph guards on the global hooks:
-        removing or adding one would recompile it, so there it stays for good."""
+        its optimizer, and a forward that calls the listeners puts the hook back first, where it
+        was (:meth:`_pre_hook_back`, probe.steps.prehook). Kept under a compiled optimizer step,
+        whose graph guards on the global hooks: removing or adding one would recompile it, so
+        there it stays for good."""
+        hook = self._pre_hook
         try:
-            if (self._pre_hook is None or self._pre_hook_pinned or self.listeners_pre_opt
+            if (hook.handle is None or hook.pinned or self.listeners_pre_opt
                     or (self.listeners_forward and not self._forward_quiet())):
                 return
             if in_compiled_call():
-                self._pre_hook_pinned = True
+                hook.pinned = True
                 return
-            self._pre_hook.remove()
-            self._pre_hook = None
+            if len(optimizer_steps()) > 1:  # inside another step's hooks: torch may loop over them
+                return
+            hook.remove()
             self.in_optimizer = self.closure_step = False
         except Exception as exc:
-            self._pre_hook_pinned = True
+            hook.pinned = True
             warn_once("pre-hook", f"could not remove the optimizer pre-hook ({exc}); it stays")
+
+    def _pre_hook_back(self) -> None:
+        """A forward is about to call the FLOP listeners with the pre-hook removed: put it back for
+        this step's optimizer. Inside ``optimizer.step()`` (a closure's forward, or one run from
+        another pre-hook) the step's pre-hooks ran or are running (registering now would break
+        torch's loop over them): set what ours would have said, and put it back at the step's end."""
+        try:
+            steps = optimizer_steps()
+            if not steps:
+                self._pre_hook.add()
+                return
+            optimizer, args, kwargs = step_call(steps[0])
+            self.in_optimizer = True
+            self.closure_step = _has_closure(optimizer, args, kwargs)
+            self._pre_hook_wanted = True
+        except Exception as exc:
+            self._pre_hook.pinned = True
+            warn_once("pre-hook", f"could not put the optimizer pre-hook back ({exc}); "
+                      "FLOP windows close at the boundary")
+
+    def _pre_hook_at_boundary(self) -> None:
+        """A step's end (its post-hooks): remove the pre-hook if idle, or put it back if wanted."""
+        if self._pre_hook_wanted:
+            if self._forward_quiet():
+                self._pre_hook_wanted = False
+            elif len(optimizer_steps()) <= 1:  # else inside another step's hooks: at a later boundary
+                self._pre_hook_wanted = False
+                self._pre_hook.add()
+        elif self.forward_gate is not None:
+            self.drop_idle_pre_hook()
 
     def _forward_quiet(self) -> bool:
         """Whether the coming step's forward calls no listener if its inputs are the last step's
@@ -364,8 +393,8 @@ class StepTracker:
                     listeners = ()  # the steady state: the count in force holds
                 # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
                 # step's forward inside step(): that forward is the step's forward too.
-                if listeners and self._pre_hook is None and not self._pre_hook_pinned:
-                    self._add_pre_hook()  # for this step's optimizer (see drop_idle_pre_hook)
+                if listeners and self._pre_hook.handle is None and not self._pre_hook.pinned:
+                    self._pre_hook_back()  # for this step's optimizer
                 if listeners and (not self.in_optimizer or self.closure_step):
                     self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.flops.padding)
                     for listener in listeners:
@@ -491,8 +520,8 @@ class StepTracker:
         self._input_wait = None
         self._forward_end = None
         self._forward_since_boundary = 0
-        if self._pre_hook is not None and self.forward_gate is not None:  # FLOP counting: see drop_idle_pre_hook
-            self.drop_idle_pre_hook()
+        if self._pre_hook_wanted or self._pre_hook.handle is not None:  # FLOP counting: see drop_idle_pre_hook
+            self._pre_hook_at_boundary()
         if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
             self.walls.append(wall)  # folded into the EWMA when read (see ewma_step_s)
         t1 = _now()
