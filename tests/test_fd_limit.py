@@ -98,3 +98,25 @@ def test_the_monitor_binds_after_everything_that_needs_a_descriptor(monkeypatch:
 
     asyncio.run(start_stop())
     assert order[-1] == "bind" and set(order) == {"bind", "get_monitor_socket", "__init__", "at_start"}, order
+
+
+def test_a_collector_started_again_closes_its_sockets_again() -> None:
+    """A collector is started again after a stop (a second TUI over it): its second stop must
+    close that start's context too. Skipped, the unclosed context blocked a later garbage
+    collection in Context.__del__ for good (the test run hung)."""
+    import asyncio
+
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
+
+    async def twice() -> list[bool]:
+        c = Collector(make_model(), f"tcp://127.0.0.1:{free_port_pair()}")
+        closed = []
+        for _ in range(2):
+            await c.start()
+            ctx = c._ctx
+            await c.stop()
+            closed.append(ctx.closed)
+        return closed
+
+    assert asyncio.run(twice()) == [True, True]

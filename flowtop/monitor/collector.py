@@ -200,6 +200,7 @@ class Collector:
     async def _start(self) -> None:
         raise_fd_limit()
         ctx = self._ctx = zmq.asyncio.Context()
+        self._closed = False  # a collector started again after a stop has sockets to close again
         from zmq.auth.asyncio import AsyncioAuthenticator
 
         self._auth = AsyncioAuthenticator(ctx)
