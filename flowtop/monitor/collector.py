@@ -160,7 +160,6 @@ class Collector:
         self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
         self._events: Any = None  # the XSUB's socket monitor (failed handshakes), synchronous
         self._events_async: Any = None
-        self._closed = False  # stop() closed the sockets (it may be called twice)
         self._task: asyncio.Task[None] | None = None
         #: Builds kernel windows off the loop, when the model has them.
         self.kernel_worker: KernelWorker | None = None
@@ -200,7 +199,6 @@ class Collector:
     async def _start(self) -> None:
         raise_fd_limit()
         ctx = self._ctx = zmq.asyncio.Context()
-        self._closed = False  # a collector started again after a stop has sockets to close again
         from zmq.auth.asyncio import AsyncioAuthenticator
 
         self._auth = AsyncioAuthenticator(ctx)
@@ -251,6 +249,19 @@ class Collector:
         if low:
             self.model.notices.warning(low, t0)
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _close_sockets(self) -> None:
+        """Close this start's sockets, authenticator and context."""
+        if self._events is not None:
+            self._socket_events()  # a full monitor pipe would block disable_monitor
+            self._sub.disable_monitor()
+            self._events_async.close(0)
+        if self._sub is not None:
+            self._sub.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+        if self._ctx is not None:
+            self._ctx.term()
 
     def _secure(self, sock: Any) -> None:
         if self.curve is not None:
@@ -458,18 +469,7 @@ class Collector:
             except (asyncio.CancelledError, Exception):
                 pass
         self._send = None  # a shadow of the socket closed below
-        if self._closed:  # a start that failed to bind stopped already
-            return
-        self._closed = True
-        if self._events is not None:
-            self._socket_events()  # a full monitor pipe would block disable_monitor
-            self._sub.disable_monitor()
-            self._events_async.close(0)
-        if self._sub is not None:
-            self._sub.close(0)
-        if self._auth is not None:
-            self._auth.stop()
-        if self._ctx is not None:
-            self._ctx.term()
+        if self._ctx is not None and not self._ctx.closed:  # else closed already (a start that failed to bind)
+            self._close_sockets()
         if self.recorder is not None:
             self.recorder.close()
