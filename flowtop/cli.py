@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import os
 import sys
@@ -132,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flowtop`` console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and not args_list[0].startswith("-") and args_list[0] not in SUBCOMMANDS:
+        # `top` takes no word of its own: a word first is a command name, mistyped or unknown.
+        near = difflib.get_close_matches(args_list[0], SUBCOMMANDS, n=1)
+        build_parser().error(f"unknown command {args_list[0]!r}"
+                             + (f" (did you mean {near[0]!r}?)" if near else f"; commands: {', '.join(SUBCOMMANDS)}"))
     if not args_list or args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version"):
         args_list = ["top", *args_list]
     args = build_parser().parse_args(args_list)

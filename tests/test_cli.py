@@ -30,6 +30,8 @@ def _flowtop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
         (["snapshot", "--listen", "udp://x"], "expected tcp://HOST:PORT"),
         (["snapshot", "--listen", "tcp://0.0.0.0:5999"], "--insecure-bind"),
         (["--bogus"], "unrecognized arguments"),
+        (["frobnicate"], "unknown command 'frobnicate'; commands: top, serve, run"),
+        (["snaphsot", "--json"], "unknown command 'snaphsot' (did you mean 'snapshot'?)"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> None:

@@ -373,6 +373,7 @@ def test_two_flowtop_runs_of_a_node_share_one_upstream_connection(short_dir: Pat
     first_relay = next(x for x in hosts if x.relay.split(":")[1] == str(first.pid))
     assert r[0].relay == first_relay.relay != r[1].relay  # rank 1 ended through the relay it took over
     assert_valid_snapshot(to_json(snap))
+    assert list((short_dir / f"flowtop-{os.getuid()}").iterdir()) == []  # no socket or lock file left on the node
 
 
 def test_a_lock_holder_that_dies_hands_the_path_over(short_dir: Path) -> None:
@@ -396,6 +397,46 @@ def test_a_lock_holder_that_dies_hands_the_path_over(short_dir: Path) -> None:
     finally:
         holder.kill()
         holder.wait(5)
+
+
+def test_a_lock_waiter_holds_the_file_at_the_path_after_a_release(short_dir: Path) -> None:
+    """A clean release removes the lock file; whoever waited on the removed file takes the lock
+    on the file now at the path, so a third relay still finds it held (one relay per path)."""
+    first, second, third = (PathLock(f"{short_dir}/w.sock") for _ in range(3))
+    assert first.acquire(blocking=False)
+    took = threading.Event()
+    waiter = threading.Thread(target=lambda: second.acquire(blocking=True) and took.set(), daemon=True)
+    waiter.start()
+    time.sleep(0.2)  # the waiter blocks in flock on the first holder's file
+    assert not took.is_set()
+    first.release()
+    assert took.wait(5)
+    assert os.path.exists(first.path)
+    assert not third.acquire(blocking=False)
+    second.release()
+    assert not os.path.exists(first.path)
+    assert third.acquire(blocking=False)
+    third.release()
+
+
+def test_a_relay_stopped_by_a_signal_leaves_no_file(short_dir: Path) -> None:
+    """``flowtop relay`` on the node's address: its socket and lock files go when it ends."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(short_dir)}
+    relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--connect", "tcp://127.0.0.1:5999"],
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert relay.stderr is not None and "ranks connect to ipc://" in relay.stderr.readline()
+        node = short_dir / f"flowtop-{os.getuid()}"
+        deadline = time.monotonic() + 10
+        while len(list(node.iterdir())) < 2 and time.monotonic() < deadline:  # it binds after its banner
+            time.sleep(0.05)
+        assert sorted(p.suffix for p in node.iterdir()) == [".lock", ".sock"]
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(10) == 0
+        assert list(node.iterdir()) == []
+    finally:
+        relay.kill()
+        relay.wait(5)
 
 
 def test_relay_report_is_a_wire_message() -> None:

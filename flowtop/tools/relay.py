@@ -22,6 +22,7 @@ Every :attr:`RelayConfig.report_s` the relay sends its own figures as a ``relay`
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -138,7 +139,10 @@ def node_address(upstream: str, curve_dir: str | None = None) -> str:
 
 class PathLock:
     """An exclusive ``flock`` beside an ipc path: one relay binds it at a time (a second bind
-    would silently steal the path from the first). The kernel releases it when its holder dies."""
+    would silently steal the path from the first). The kernel releases it when its holder dies;
+    a holder that ends cleanly removes the lock file (nothing is left on the node after the job),
+    so a lock taken on a file that was removed meanwhile is not held: it is taken again on the
+    file now at the path."""
 
     def __init__(self, path: str) -> None:
         self.path = path + ".lock"
@@ -146,23 +150,46 @@ class PathLock:
 
     def acquire(self, blocking: bool) -> bool:
         """Take the lock (waiting for it when ``blocking``); False when held elsewhere."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return True
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                if _same_file(fd, self.path):
+                    self._fd = fd
+                    return True
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # its holder removed it as we waited: the next holder's file is at the path
 
     def release(self) -> None:
-        """Let the next relay in (idempotent)."""
+        """Let the next relay in (idempotent); the file goes while still held, so whoever waited
+        on it takes the lock again on a fresh file."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
             os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``fd`` is the file now at ``path``."""
+    try:
+        at = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at.st_dev, at.st_ino)
+
+
+def _remove_ipc(address: str) -> None:
+    """Remove the socket file a relay bound (libzmq leaves it behind after closing)."""
+    if address.startswith("ipc://"):
+        with contextlib.suppress(OSError):
+            os.unlink(address[len("ipc://"):])
 
 
 class Relay:
@@ -209,6 +236,7 @@ class Relay:
         ctx = zmq.Context()
         socks: list[Any] = []
         auth = None
+        bound = False
         try:
             down = ctx.socket(zmq.XSUB)
             socks.append(down)
@@ -232,6 +260,7 @@ class Relay:
                 down.bind(self.cfg.listen)
             except zmq.ZMQError as exc:
                 raise RelayError(f"cannot bind {self.cfg.listen}: {exc} (is another relay there?)") from None
+            bound = True
             up = ctx.socket(zmq.XPUB)
             socks.append(up)
             for name, value in upstream_options(self.cfg.upstream):  # as a probe sets its own
@@ -256,6 +285,8 @@ class Relay:
             if auth is not None:
                 auth.stop()
             ctx.term()
+            if bound:
+                _remove_ipc(self.cfg.listen)
 
     # --- the loop ---------------------------------------------------------------------------
 
