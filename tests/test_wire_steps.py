@@ -174,11 +174,13 @@ def test_array_seq_of_many_values_indexes_across_blocks() -> None:
 
 @pytest.mark.parametrize("value, ok", [
     (0.0, True), (-0.0, True), (5e-324, True), (0.02, True), (1e7, True),  # 1e7: MAX_SECONDS itself
+    (math.nextafter(2.0**17, 0), True), (2.0**17, True),  # either side of the high-byte fast path
     (math.nextafter(1e7, math.inf), False), (-5e-324, False), (-1.0, False),
     (math.inf, False), (-math.inf, False), (math.nan, False),
 ])
 def test_seconds_columns_accept_exactly_finite_seconds_up_to_the_limit(value: float, ok: bool) -> None:
-    # Every float column is checked at once by its bit patterns (steps._all_seconds), and column
+    # Every float column is checked at once by the values' high bytes, then by their bit patterns
+    # (steps._all_seconds), and column
     # by column where that says "look closer" (-0.0 and NaN read large): the verdict is the rule's,
     # 0 <= value <= MAX_SECONDS and finite, at the edges too; NaN in an optional column is a
     # record that did not send the field.

@@ -43,7 +43,10 @@ _SWAP = sys.byteorder != "little"  # the wire is little-endian
 _NAN = float("nan")
 #: MAX_SECONDS's bit pattern as an unsigned 64-bit integer (see _all_seconds).
 _MAX_BITS = struct.unpack("<Q", struct.pack("<d", MAX_SECONDS))[0]
-_I64_BITS = (1 << 63) - 1  # the largest non-negative int64 read as unsigned
+#: The high bytes (sign and top exponent bits) of the little-endian doubles 0 <= x < 2**17:
+#: every value whose high byte is one of them is a finite number of seconds within MAX_SECONDS.
+_SMALL_HIGH = bytes(range(0x41))
+assert MAX_SECONDS >= 2.0**17
 
 
 class StepColumns(NamedTuple):
@@ -137,12 +140,20 @@ def _largest_bits(raws: list[bytes]) -> int:
 
 
 def _all_seconds(raws: list[bytes]) -> bool:
-    """Whether every float64 of ``raws`` is a finite number of seconds in 0..MAX_SECONDS, by one
-    pass: a non-negative double's bit pattern orders as its value does, and a negative one (the
-    sign bit), an infinity or a NaN (the exponent all ones) reads larger than MAX_SECONDS's. False
-    says only "look closer" (a NaN of a record that did not send the field, -0.0): _seconds
-    decides then, column by column, with the reason."""
+    """Whether every float64 of ``raws`` is a finite number of seconds in 0..MAX_SECONDS. First
+    by the values' high bytes alone (a slice and a delete in C, no number made): every step time
+    below 2**17 s passes. Else by one pass over the bit patterns: a non-negative double's orders
+    as its value does, and a negative one (the sign bit), an infinity or a NaN (the exponent all
+    ones) reads larger than MAX_SECONDS's. False says only "look closer" (a NaN of a record that
+    did not send the field, -0.0): _seconds decides then, column by column, with the reason."""
+    if not b"".join(raws)[7::8].translate(None, _SMALL_HIGH):
+        return True
     return _largest_bits(raws) <= _MAX_BITS
+
+
+def _non_negative(raws: list[bytes]) -> bool:
+    """Whether every little-endian int64 of ``raws`` is >= 0: no high byte has its top bit set."""
+    return b"".join(raws)[7::8].isascii()
 
 
 def _count(obj: Mapping[str, Any], name: str, required: bool) -> int:
@@ -160,7 +171,7 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     step = _array(obj, "step", "q", n)
     tokens = _array(obj, "tokens", "q", n)
     wall = _array(obj, "wall_s", "d", n)
-    if _largest_bits([obj["step"], obj["tokens"]]) > _I64_BITS:  # a negative int64 has its top bit set
+    if not _non_negative([obj["step"], obj["tokens"]]):
         raise WireError("stepcols: step and tokens must be non-negative")
     if n > 1 and not all(map(operator.lt, step, step[1:])):
         raise WireError("stepcols: step numbers must increase")
