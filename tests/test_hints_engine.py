@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import logging
 import subprocess
@@ -185,6 +186,25 @@ def test_identity_memo_forgets_dead_objects() -> None:
     del h
     gc.collect()
     assert len(memo) == 0  # no entry keeps an old snapshot record alive
+
+
+def test_identity_memo_of_two_objects_needs_both_the_same() -> None:
+    from flowtop.monitor.hints.base import IdentityMemo
+
+    memo = IdentityMemo(lambda a, b: len(a.steps) + len(b.steps))
+    a, b = history(3), history(4)
+    assert memo(a, b) == 7 and memo(a, b) == 7 and len(memo) == 1
+    assert memo(a, history(5)) == 8 and len(memo) == 2
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (1.0, True), (-0.0, True), (5e-324, True), (1.7e308, True), (7, True), (10**400, True),
+    (math.inf, False), (-math.inf, False), (math.nan, False), (True, False), (None, False), ("1", False),
+])
+def test_finite_means_a_real_finite_number(value: object, expected: bool) -> None:
+    from flowtop.monitor.hints.base import finite
+
+    assert finite(value) is expected
 
 
 def test_table_validation() -> None:

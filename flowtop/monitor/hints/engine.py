@@ -171,10 +171,15 @@ class HintEngine:
                 if states:
                     for target in [t for t in states if t not in results]:
                         del states[target]  # the target went away (rank gone, kernel no longer listed)
+                else:
+                    states = self._state.setdefault((job.job, rule.id), {})
                 for target, m in results.items():
-                    st = self._update(rule, job.job, target, m, now)
-                    if st is not None:
-                        out.append((rule, st))
+                    # Most targets have no state and are not beyond the threshold: nothing to
+                    # start (what _update would find, without its call: thousands a round at scale).
+                    if target in states or (m is not None and _beyond(rule, m, keep=False)):
+                        st = self._update(rule, job.job, target, m, now)
+                        if st is not None:
+                            out.append((rule, st))
             if len(out) > n:
                 shown.add(rule.id)
         hidden = {r.id for r in self.rules if r.params.get("hidden_by") in shown}
