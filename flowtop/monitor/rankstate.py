@@ -42,9 +42,10 @@ MAX_STEPS_PER_S, MIN_STEP_JUMP = 10_000, 1_000
 MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
 
 
-@dataclass
+@dataclass(slots=True)
 class RankState:
-    """Mutable per-rank state; only the model touches it."""
+    """Mutable per-rank state; only the model touches it. (Slots, not a dict each: every frame
+    reads and writes a few of its fields, thousands of ranks apart in memory.)"""
 
     key: RankKey
     first_seen: float
