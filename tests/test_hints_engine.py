@@ -394,3 +394,27 @@ def test_forget_drops_one_jobs_state() -> None:
     engine.forget("job1")
     # job1 starts its 5 s evidence window again; job2 keeps its own
     assert ids(engine.evaluate(a, 5.0)) == [] and ids(engine.evaluate(b, 5.0)) == [("throttling", "rank 0")]
+
+
+def test_a_window_measure_is_computed_once_per_window_and_follows_the_step() -> None:
+    """The window-only measures (memory, launch, comm) are memoized by window: the same window a
+    round later gives the same figures at the rank's new step; a new window is measured again."""
+    from flowtop.monitor.hints import measures_kernels as mk
+    from test_hints_factories import ADD, GEMM_H, job, kwin, rank
+
+    rule = RULES_BY_ID["memory_bound"]
+    calls: list[int] = []
+    real = mk._memory
+    window = kwin([(ADD, 50, 510.0), (GEMM_H, 10, 490.0)])
+    mk._memory_of = mk._per_window(lambda ru, f: calls.append(1) or real(ru, f))
+    try:
+        first = mk.memory_bound(rule, job(rank(0, step=100, kernels=window)), 0.0)["rank 0"]
+        later = mk.memory_bound(rule, job(rank(0, step=140, kernels=window)), 0.0)["rank 0"]
+        other = mk.memory_bound(rule, job(rank(0, step=150, kernels=kwin([(ADD, 5, 10.0), (GEMM_H, 10, 990.0)]))),
+                                0.0)["rank 0"]
+    finally:
+        mk._memory_of = mk._per_window(mk._memory)
+    assert first is not None and later is not None and other is not None
+    assert (first.step, later.step, other.step) == (100, 140, 150)
+    assert first.value == later.value == pytest.approx(51.0) and other.value == pytest.approx(1.0)
+    assert len(calls) == 2

@@ -34,68 +34,86 @@ def _pct(part: float, whole: float) -> float:
     return 100.0 * safe_div(part, whole)
 
 
+def _per_window(fn: Any) -> Any:
+    """A rank's measure that reads only its window (and the rule): computed once per window and
+    rule (memoized by identity, as the row scans below), then given the rank's step now. A
+    window stays the same object for minutes while every rank is measured every round."""
+    memo = IdentityMemo(fn)
+
+    def measure(rule: Rule, f: KernelFacts, step: int) -> Measurement | None:
+        m = memo(rule, f)
+        return None if m is None else m._replace(step=step)
+
+    return measure
+
+
+def _comm(rule: Rule, f: KernelFacts) -> Measurement | None:
+    if f.step_us <= 0:
+        return None
+    ev: dict[str, Any] = {
+        "comm_pct": _pct(f.comm_us, f.step_us),
+        "overlap_pct": _pct(f.comm_overlap_us, f.comm_us) if f.comm_us > 0 else None,
+        "comm_us_per_step": f.comm_us / f.steps,
+        "window_steps": f.steps,
+    }
+    exposed = safe_div(f.comm_us - f.comm_overlap_us, f.step_us)
+    return Measurement(ev["comm_pct"], ev, clamp01(exposed), 0, steps_covered=f.steps)
+
+
+def _launch(rule: Rule, f: KernelFacts) -> Measurement | None:
+    if f.step_us <= 0 or not f.launches or f.short_kernels is None:
+        return None
+    busy = safe_div(f.busy_us, f.step_us)
+    ev = {
+        "busy_pct": 100.0 * busy,
+        "idle_pct": 100.0 * (1.0 - min(busy, 1.0)),
+        "short_kernel_pct": _pct(f.short_kernels, f.launches),
+        "launches_per_step": f.launches / f.steps,
+        "short_kernels_per_step": f.short_kernels / f.steps,
+        "busy_us_per_step": f.busy_us / f.steps,
+        "step_us": f.step_us / f.steps,
+        "window_steps": f.steps,
+    }
+    return Measurement(ev["busy_pct"], ev, clamp01(1.0 - busy), 0, steps_covered=f.steps)
+
+
+def _memory(rule: Rule, f: KernelFacts) -> Measurement | None:
+    if f.kernel_us <= 0:
+        return None
+    cats = tuple(rule.params["categories"])
+    parts = sorted(((c, f.category_us.get(c, 0.0)) for c in cats), key=lambda kv: (-kv[1], kv[0]))
+    mem = sum(us for _, us in parts)
+    ev = {
+        "memory_pct": _pct(mem, f.kernel_us),
+        "memory_us_per_step": mem / f.steps,
+        "kernel_us_per_step": f.kernel_us / f.steps,
+        "window_steps": f.steps,
+    }
+    top = ", ".join(f"{c} {_pct(us, f.kernel_us):.0f} %" for c, us in parts[:3] if us > 0)
+    return Measurement(ev["memory_pct"], ev, clamp01(safe_div(mem, f.step_us)), 0, steps_covered=f.steps,
+                       text={"top_categories": top})
+
+
+_comm_of, _launch_of, _memory_of = _per_window(_comm), _per_window(_launch), _per_window(_memory)
+
+
+def _each_window(rule: Rule, job: JobSnapshot, of: Any) -> dict[str, Measurement | None]:
+    return {rank_target(r): None if f is None else of(rule, f, r.step) for r, f in _windows(job)}
+
+
 def comm_exposed(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per rank: communication kernel time ÷ step, and how much of it compute hides."""
-    out: dict[str, Measurement | None] = {}
-    for r, f in _windows(job):
-        if f is None or f.step_us <= 0:
-            out[rank_target(r)] = None
-            continue
-        ev: dict[str, Any] = {
-            "comm_pct": _pct(f.comm_us, f.step_us),
-            "overlap_pct": _pct(f.comm_overlap_us, f.comm_us) if f.comm_us > 0 else None,
-            "comm_us_per_step": f.comm_us / f.steps,
-            "window_steps": f.steps,
-        }
-        exposed = safe_div(f.comm_us - f.comm_overlap_us, f.step_us)
-        out[rank_target(r)] = Measurement(ev["comm_pct"], ev, clamp01(exposed), r.step, steps_covered=f.steps)
-    return out
+    return _each_window(rule, job, _comm_of)
 
 
 def launch_bound(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per GPU rank: device busy share of the step, and the share of kernels shorter than a launch."""
-    out: dict[str, Measurement | None] = {}
-    for r, f in _windows(job):
-        if f is None or f.step_us <= 0 or not f.launches or f.short_kernels is None:
-            out[rank_target(r)] = None
-            continue
-        busy = safe_div(f.busy_us, f.step_us)
-        ev = {
-            "busy_pct": 100.0 * busy,
-            "idle_pct": 100.0 * (1.0 - min(busy, 1.0)),
-            "short_kernel_pct": _pct(f.short_kernels, f.launches),
-            "launches_per_step": f.launches / f.steps,
-            "short_kernels_per_step": f.short_kernels / f.steps,
-            "busy_us_per_step": f.busy_us / f.steps,
-            "step_us": f.step_us / f.steps,
-            "window_steps": f.steps,
-        }
-        out[rank_target(r)] = Measurement(ev["busy_pct"], ev, clamp01(1.0 - busy), r.step, steps_covered=f.steps)
-    return out
+    return _each_window(rule, job, _launch_of)
 
 
 def memory_bound(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per GPU rank: share of kernel time in memory-bound categories."""
-    cats = tuple(rule.params["categories"])
-    out: dict[str, Measurement | None] = {}
-    for r, f in _windows(job):
-        if f is None or f.kernel_us <= 0:
-            out[rank_target(r)] = None
-            continue
-        parts = sorted(((c, f.category_us.get(c, 0.0)) for c in cats), key=lambda kv: (-kv[1], kv[0]))
-        mem = sum(us for _, us in parts)
-        ev = {
-            "memory_pct": _pct(mem, f.kernel_us),
-            "memory_us_per_step": mem / f.steps,
-            "kernel_us_per_step": f.kernel_us / f.steps,
-            "window_steps": f.steps,
-        }
-        top = ", ".join(f"{c} {_pct(us, f.kernel_us):.0f} %" for c, us in parts[:3] if us > 0)
-        out[rank_target(r)] = Measurement(
-            ev["memory_pct"], ev, clamp01(safe_div(mem, f.step_us)), r.step, steps_covered=f.steps,
-            text={"top_categories": top},
-        )
-    return out
+    return _each_window(rule, job, _memory_of)
 
 
 def _fp32_gemm(row: KernelRow, params: Any) -> bool:
