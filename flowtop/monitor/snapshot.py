@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from flowtop.monitor.records import fast_init
+
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
     from flowtop.monitor.kernels.merge import CumulativeRow, JobKernelStats
@@ -50,6 +52,7 @@ class _Slotted:
     __slots__ = ("__weakref__",)
 
 
+@fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class FlopsView(_Slotted):
     """FLOP accounting of one rank (or a job aggregate), conventions included."""
@@ -95,6 +98,7 @@ class FlopsView(_Slotted):
         return None
 
 
+@fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class TelemetryView(_Slotted):
     """Latest device and host telemetry of one rank; None values are n/a."""
@@ -111,6 +115,7 @@ class TelemetryView(_Slotted):
         return max(0.0, now - self.received_at)
 
 
+@fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class History(_Slotted):
     """Recent per-step series for sparklines and hints (oldest first)."""
@@ -128,6 +133,7 @@ class History(_Slotted):
     reached: Sequence[tuple[int, float]] = ()
 
 
+@fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class RankSnapshot(_Slotted):
     """One rank as the monitor sees it now."""
@@ -200,6 +206,7 @@ class Claimant(_Slotted):
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 
 
+@fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class Hint(_Slotted):
     """A bottleneck hint with the evidence that triggered it."""

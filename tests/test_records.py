@@ -1,0 +1,69 @@
+"""flowtop.monitor.records.fast_init: the same records as the dataclass constructor made, faster."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+
+from flowtop.monitor.records import fast_init
+from flowtop.monitor.snapshot import FlopsView, Hint, History, RankSnapshot, TelemetryView
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
+class Point:
+    x: int
+    y: float = 2.5
+    tags: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Plain:  # the dataclass's own constructor, to compare with
+    x: int
+    y: float = 2.5
+    tags: dict = field(default_factory=dict)
+
+
+def test_fast_init_takes_the_same_arguments_and_builds_the_same_record() -> None:
+    for args, kwargs in [((1,), {}), ((1, 3.0), {}), ((1,), {"tags": {"a": 1}}), ((), {"y": 1.0, "x": 4})]:
+        p, q = Point(*args, **kwargs), Plain(*args, **kwargs)
+        assert (p.x, p.y, p.tags) == (q.x, q.y, q.tags)
+    assert Point(1).tags is not Point(1).tags  # a fresh default each time, as default_factory says
+    assert Point(1, 2.5, {}) == Point(1) != Point(2)
+    assert dataclasses.replace(Point(1), y=7.0) == Point(1, 7.0)
+    with pytest.raises(TypeError):
+        Point()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Point(1, z=3)  # type: ignore[call-arg]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Point(1).x = 2  # type: ignore[misc]
+
+
+def test_the_snapshot_records_keep_every_field_and_stay_frozen() -> None:
+    history = History(steps=(1, 2), step_time_s=(0.1, 0.2))
+    assert history.steps == (1, 2) and history.reached == () and history.mfu == ()
+    tel = TelemetryView({"power_w": 500.0}, {}, {}, 3.0)
+    assert tel.age_s(5.0) == 2.0
+    values = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(RankSnapshot))}
+    r = RankSnapshot(**values)
+    assert all(getattr(r, name) == value for name, value in values.items())
+    assert RankSnapshot(*values.values()) == r
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.step = 3  # type: ignore[misc]
+    hint = Hint("input_wait", "warning", "rank", "rank 0", "s", {}, "a", 0.5)
+    assert (hint.ended, hint.first_step, hint.last_step) == (False, None, None)
+    flops = FlopsView(*[None] * 9, "src", "bf16", "causal", None)
+    assert flops.uncounted_ops == {} and flops.peak_source == "src"
+
+
+def test_fast_init_refuses_what_it_cannot_copy() -> None:
+    with pytest.raises(TypeError, match="__post_init__"):
+        @fast_init
+        @dataclass(frozen=True, slots=True)
+        class Checked:
+            x: int
+
+            def __post_init__(self) -> None:
+                pass
