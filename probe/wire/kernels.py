@@ -199,17 +199,16 @@ def _concrete_in_bulk(col: Sequence[Any]) -> bool:
 
 
 def _columns(v: list[Any]) -> list[tuple[Any, ...]] | None:
-    """The 7 columns of records that are all lists of 7 fields, else None."""
+    """The 7 columns of records that are all lists of 7 fields (empty ones for no record), else None."""
+    if not v:
+        return [()] * 7
     if _types(v) != {list} or set(map(len, v)) != {7}:
         return None
     return list(zip(*v))
 
 
 def _ops_in_bulk(v: list[Any]) -> bool:
-    if not v:
-        return True
-    cols = _columns(v)
-    if cols is None:
+    if (cols := _columns(v)) is None:
         return False
     name, thread, start, end, ext, dims, concrete = cols
     return (_ints_in(name + thread + ext, 0, I64) and _times_in_bulk(start + end)
@@ -217,10 +216,7 @@ def _ops_in_bulk(v: list[Any]) -> bool:
 
 
 def _acts_in_bulk(v: list[Any]) -> bool:
-    if not v:
-        return True
-    cols = _columns(v)
-    if cols is None:
+    if (cols := _columns(v)) is None:
         return False
     name, kind, start, end, stream, ext, corr = cols
     return (_ints_in(kind, 0, ACT_RUNTIME) and set(kind) <= set(KERNEL_ACT_KINDS)
