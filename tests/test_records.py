@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import pytest
 
@@ -67,3 +67,12 @@ def test_fast_init_refuses_what_it_cannot_copy() -> None:
 
             def __post_init__(self) -> None:
                 pass
+
+
+def test_fast_init_refuses_an_init_only_argument() -> None:
+    with pytest.raises(TypeError, match="more than its fields"):
+        @fast_init
+        @dataclass(frozen=True, slots=True)
+        class WithInitVar:
+            x: int
+            scale: InitVar[int] = 1

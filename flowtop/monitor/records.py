@@ -11,6 +11,7 @@ still raises ``FrozenInstanceError``; the class is otherwise untouched.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
@@ -22,8 +23,11 @@ _NO_VALUE = object()  # a parameter whose field has a default factory was not pa
 def fast_init(cls: type[T]) -> type[T]:
     """Give the frozen slotted dataclass ``cls`` an ``__init__`` that stores through its slots."""
     params, body = [], []
-    ns: dict[str, Any] = {"_NO_VALUE": _NO_VALUE}
-    for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
+    ns: dict[str, Any] = {"_NO_VALUE": _NO_VALUE, "__name__": cls.__module__}
+    own = fields(cls)  # type: ignore[arg-type]
+    if len(inspect.signature(cls.__init__).parameters) != len(own) + 1:  # an InitVar: not a field
+        raise TypeError(f"fast_init: {cls.__name__}'s constructor takes more than its fields")
+    for i, f in enumerate(own):
         if not f.init or f.kw_only is True:
             raise TypeError(f"fast_init: {cls.__name__}.{f.name} is not a plain positional field")
         ns[f"_set{i}"] = cls.__dict__[f.name].__set__  # the slot's member descriptor

@@ -20,6 +20,8 @@ class Measurement(NamedTuple):
     measure over the last 20 steps of history covers 20 steps), so a monitor that starts late can
     fire at once; otherwise the engine accumulates the window across evaluations. (A tuple with
     names: a dozen rules measure every rank of a job at every evaluation, thousands of them.)
+    ``evidence`` and ``text`` are read, never changed: a measure may hand the same ones out again
+    (a rank's window is measured once per window, flowtop.monitor.hints.measures_kernels).
     """
 
     value: float
