@@ -46,9 +46,15 @@ def is_runtime_call(name: str) -> bool:
         len(name) > 2 and name[:2] == "cu" and name[2].isupper())
 
 
+#: Ranges of a record's fields, read by the record checks and the column checks alike.
+TIME_US = 1e12  # start/end, µs from the window start: -TIME_US..TIME_US
+MAX_SIZE = 2**62  # a dim of a shape
+STREAM = (-1, 2**31)  # a stream id (-1: none)
+I64_MIN = -(2**63)
+
 _index = _int(0)
-_time = _num(-1e12, 1e12)
-_size = _int(0, 2**62)
+_time = _num(-TIME_US, TIME_US)
+_size = _int(0, MAX_SIZE)
 
 
 def _dims(v: Any) -> bool:
@@ -129,7 +135,7 @@ def _acts_by_record(v: list[Any]) -> bool:
         name, kind, start, end, stream, ext, corr = a
         if not (_int(0, ACT_RUNTIME)(kind) and kind in KERNEL_ACT_KINDS):
             raise _bad_record("acts", i, f"kind must be one of {KERNEL_ACT_KINDS}")
-        if not (_index(name) and _int(-1, 2**31)(stream) and _index(ext) and _index(corr)):
+        if not (_index(name) and _int(*STREAM)(stream) and _index(ext) and _index(corr)):
             raise _bad_record("acts", i, "name, stream, ext and corr must be integers in range")
         if not (_time(start) and _time(end)):
             raise _bad_record("acts", i, "start/end must be finite numbers")
@@ -156,7 +162,7 @@ def _ints_in(col: Sequence[Any], lo: int, hi: int) -> bool:
 def _times_in_bulk(col: Sequence[Any]) -> bool:
     """Every value an int or float (not a bool), finite, within _time's range. The range first: a
     NaN may slip past min and max, never past the sum of values that are all in range."""
-    return not col or (_types(col) <= {int, float} and -1e12 <= min(col) and max(col) <= 1e12
+    return not col or (_types(col) <= {int, float} and -TIME_US <= min(col) and max(col) <= TIME_US
                        and math.isfinite(sum(col)))
 
 
@@ -175,7 +181,7 @@ def _dims_in_bulk(col: Sequence[Any]) -> bool:
     shapes = _lists(col, KERNEL_MAX_INPUTS)
     if shapes is None or (shapes and (_types(shapes) != {list} or max(map(len, shapes)) > KERNEL_MAX_DIMS)):
         return False
-    return _ints_in(list(chain.from_iterable(shapes)), 0, 2**62)
+    return _ints_in(list(chain.from_iterable(shapes)), 0, MAX_SIZE)
 
 
 def _concrete_in_bulk(col: Sequence[Any]) -> bool:
@@ -185,7 +191,7 @@ def _concrete_in_bulk(col: Sequence[Any]) -> bool:
     kinds = _types(items)
     if not kinds <= {type(None), bool, int, float, str, list}:
         return False
-    if int in kinds and not _ints_in([x for x in items if type(x) is int], -(2**63), I64):
+    if int in kinds and not _ints_in([x for x in items if type(x) is int], I64_MIN, I64):
         return False
     if float in kinds and not math.isfinite(sum(x for x in items if type(x) is float)):
         return False
@@ -195,7 +201,7 @@ def _concrete_in_bulk(col: Sequence[Any]) -> bool:
         return True
     inner = _lists([x for x in items if type(x) is list], KERNEL_MAX_LIST)
     return inner is not None and _types(inner) <= {bool, int} and _ints_in(
-        [x for x in inner if type(x) is int], -(2**63), I64)
+        [x for x in inner if type(x) is int], I64_MIN, I64)
 
 
 def _columns(v: list[Any]) -> list[tuple[Any, ...]] | None:
@@ -220,5 +226,5 @@ def _acts_in_bulk(v: list[Any]) -> bool:
         return False
     name, kind, start, end, stream, ext, corr = cols
     return (_ints_in(kind, 0, ACT_RUNTIME) and set(kind) <= set(KERNEL_ACT_KINDS)
-            and _ints_in(name + ext + corr, 0, I64) and _ints_in(stream, -1, 2**31)
+            and _ints_in(name + ext + corr, 0, I64) and _ints_in(stream, *STREAM)
             and _times_in_bulk(start + end))

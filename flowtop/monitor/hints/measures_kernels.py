@@ -3,7 +3,7 @@ matmuls, unfused attention and optimizer, uneven kernels across ranks, the atten
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from flowtop.monitor.hints import facts
 from flowtop.monitor.hints.base import IdentityMemo, Measurement, clamp01, is_cuda, latest_ranks, rank_target, safe_div
@@ -34,7 +34,12 @@ def _pct(part: float, whole: float) -> float:
     return 100.0 * safe_div(part, whole)
 
 
-def _per_window(fn: Any) -> Any:
+#: A rank's window measure: (rule, window) -> measurement at step 0, or (rule, window, step).
+WindowFn = Callable[[Rule, KernelFacts], "Measurement | None"]
+StepFn = Callable[[Rule, KernelFacts, int], "Measurement | None"]
+
+
+def _per_window(fn: WindowFn) -> StepFn:
     """A rank's measure that reads only its window (and the rule): computed once per window and
     rule (memoized by identity, as the row scans below), then given the rank's step now. A
     window stays the same object for minutes while every rank is measured every round."""
@@ -97,7 +102,7 @@ def _memory(rule: Rule, f: KernelFacts) -> Measurement | None:
 _comm_of, _launch_of, _memory_of = _per_window(_comm), _per_window(_launch), _per_window(_memory)
 
 
-def _each_window(rule: Rule, job: JobSnapshot, of: Any) -> dict[str, Measurement | None]:
+def _each_window(rule: Rule, job: JobSnapshot, of: StepFn) -> dict[str, Measurement | None]:
     return {rank_target(r): None if f is None else of(rule, f, r.step) for r, f in _windows(job)}
 
 
