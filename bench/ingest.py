@@ -187,13 +187,16 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
         time.sleep(0.05)
     ready.put((idx, sum(subscribed) * (per_node or 1)))
     go.wait()
-    step_s, flush_s, single = cfg["step_s"], cfg["flush_s"], cfg["single"]
+    step_s, base_flush, single = cfg["step_s"], cfg["flush_s"], cfg["single"]
+    flush_s, telemetry_s = base_flush, cfg["telemetry_s"]
+    paced = [0.0, 0.0]  # the monitor's last pace command: (flush_s, monotonic deadline)
     t_go = time.time()
     t0 = [t_go + rng.random() * step_s for _ in range(n)]
     last = [0] * n  # last step number sent
     seq = [0] * n
     drops = [0]
     kinds: dict[str, int] = {}
+    paces: dict[float, int] = {}  # flush interval -> half seconds spent at it
     hello = {**tpl["hello"], "world_size": world, "argv": ["train.py"]}
     tel, flops, kern = tpl["telemetry"], tpl["flops"], tpl["kernels"]
     heap: list[tuple[float, int, str]] = []
@@ -201,7 +204,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     for i in range(n):
         heap.append((t_go, i, "hello"))
         heap.append((t0[i] + step_s + (0.0 if single else flush_s), i, "flush"))
-        heap.append((t_go + rng.random() * cfg["telemetry_s"], i, "telemetry"))
+        heap.append((t_go + rng.random() * telemetry_s, i, "telemetry"))
         heap.append((t0[i] + 2 * step_s, i, "flops"))
         if cfg["kernel_every_s"] > 0:
             heap.append((t_go + rng.random() * cfg["kernel_every_s"], i, "kernels"))
@@ -248,10 +251,34 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
             frames.clear()
         dirty.clear()
 
+    def follow_pace() -> tuple[float, float]:
+        """The flush and telemetry intervals now: as a probe does, the longer of its own flush and
+        the pace the monitor asked (broadcast to every socket, carried down by relays) until it
+        lapses (wire.PACE_TTL_S)."""
+        for sock in socks:
+            for _ in range(100):
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    cmd = wire.decode_control(frame)
+                except wire.WireError:
+                    continue  # a subscription, a command for one rank
+                if cmd.cmd == "pace" and cmd.flush_s is not None:
+                    paced[:] = [cmd.flush_s, time.monotonic() + wire.PACE_TTL_S]
+        flush = max(base_flush, paced[0]) if time.monotonic() < paced[1] else base_flush
+        return flush, _telemetry_s(flush)
+
     c0, m0 = time.process_time(), time.thread_time()
     next_report = t_go
+    next_pace = t_go
     while not stop.is_set():
         now = time.time()
+        if now >= next_pace:
+            next_pace = now + 0.5
+            flush_s, telemetry_s = follow_pace()
+            paces[flush_s] = paces.get(flush_s, 0) + 1
         while heap and heap[0][0] <= now:
             due, i, what = heapq.heappop(heap)
             if what == "flush":
@@ -272,7 +299,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
             elif what == "telemetry":
                 gpu = {**tel["gpu"], "power_w": 500.0 + 100 * rng.random(), "gpu_util": 100.0}
                 send(i, "telemetry", now, {**tel, "gpu": gpu})
-                heapq.heappush(heap, (due + cfg["telemetry_s"], i, "telemetry"))
+                heapq.heappush(heap, (due + telemetry_s, i, "telemetry"))
             elif what == "hello":
                 send(i, "hello", now, {**hello, "local_rank": ranks[i] % 8})
                 heapq.heappush(heap, (due + 2.0, i, "hello"))
@@ -294,7 +321,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     cpu = time.process_time() - c0
     out.put({"worker": idx, "frames": sum(seq), "send_drops": drops[0], "kinds": kinds, "cpu_s": cpu,
              "loop_cpu_s": time.thread_time() - m0,
-             "steps": sum(last)})
+             "steps": sum(last), "paces": paces})
     close.wait()
     for s in socks:
         s.close(0)
@@ -727,6 +754,9 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
         "delivered_pct": round(100.0 * min(got, sent) / max(1, sent), 3),
         "frames_per_s": round(sent / (args.warmup + args.seconds)),
         "kinds": {k: sum(s["kinds"].get(k, 0) for s in sims) for k in ("steps", "step", "hello", "telemetry", "flops", "kernels")},
+        # the flush intervals the ranks kept, as the monitor's pace commands set them: seconds at each
+        "paces_s": {f"{k:g}": round(sum(s["paces"].get(k, 0) for s in sims) / 2 / len(sims), 1)
+                    for k in sorted({k for s in sims for k in s["paces"]})},
         "sim_cpu_pct": round(100 * c_sim / wall, 1),
         # the share of the simulator's CPU its Python loop takes (the rest: libzmq's I/O threads)
         "sim_loop_cpu_share": round(sum(s["loop_cpu_s"] for s in sims) / max(1e-9, sum(s["cpu_s"] for s in sims)), 2),
@@ -944,8 +974,14 @@ def print_row(r: dict[str, Any]) -> None:
           f"zmq {_fmt(cpu.get('zmq'))} all {_fmt(r['cpu_pct_total'])} %  "
           f"lat {_fmt(r['latency_ms_p50'])}/{_fmt(r['latency_ms_p99'])} ms  "
           f"tick {_fmt(r['tick_ms_p50'])}/{_fmt(r['tick_ms_p99'])} ms  show {_fmt(r['ui_show_ms_p50'])}/{_fmt(r['ui_show_ms_p99'])} ms  "
-          f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
+          f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  pace {_paces(r['paces_s'])}  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
           f"load {r['load_1m'][0]:.1f}-{r['load_1m'][1]:.1f}  seen {r['ranks_seen']}", flush=True)
+
+
+def _paces(paces: dict[str, float]) -> str:
+    """The flush intervals the ranks kept, longest-held first: ``0.45 s (18 s), 0.7 s (4 s)``."""
+    held = sorted(paces.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} s ({v:.0f} s)" for k, v in held[:3]) or "—"
 
 
 def _telemetry_s(flush_s: float) -> float:

@@ -37,7 +37,7 @@ from zmq.utils.monitor import parse_monitor_message
 from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import RANKS_PER_TICK, Model
-from flowtop.monitor.pacing import RENEW_S, STEP_FRAMES_PER_S, Pacer
+from flowtop.monitor.pacing import RENEW_S, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.ticker import Ticker
@@ -183,6 +183,9 @@ class Collector:
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
         self.pacer = Pacer()
         self._pace_check = 0.0
+        #: The drain loop's busy share between two pace checks (the pacer's measure of load).
+        self.busy = BusyMeter()
+        self._paced_told: float | None = None  # the pace the user was last told of
 
     async def start(self) -> None:
         """Bind the sockets (inside the running loop) and start receiving.
@@ -297,8 +300,10 @@ class Collector:
             # Never wait past the next tick: ticks keep their cadence, and the clock is read at
             # least that often (a longer gap between reads is a pause of the monitor itself).
             wait_ms = 1000 * (min(self.ticker.next_at, self._next_glance) - self.clock.now())
+            waited = time.perf_counter()
             await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
             started = time.perf_counter()
+            self.busy.idle(started - waited)
             now = self.catch_up()  # every tick due before this batch's receive time runs first
             # Receiving gets at least as long as the ticks just took: a monitor whose ticks are
             # slow (thousands of ranks, a flood of forged ones) still takes frames in at half speed.
@@ -344,19 +349,25 @@ class Collector:
         if now < self._pace_check:
             return
         self._pace_check = now + RENEW_S
-        live = sum(1 for st in self.model.ranks.values() if st.bye is None and now - st.last_recv <= STALE_AFTER_S)
-        before = self.pacer.current
-        pace = self.pacer.due(now, live)
+        # Ranks that send: a rank's frames queued behind a backlog (the monitor or its link falling
+        # behind) count at their relay's receive time, and must not stop the pace when most needed.
+        lag = self.model.relays.lag
+        live = sum(1 for st in self.model.ranks.values()
+                   if st.bye is None and now - st.last_recv - lag(st.key) <= STALE_AFTER_S)
+        pacer = self.pacer
+        pace = pacer.due(now, live, self.busy.share())
         if pace is not None and self._send is not None:
             try:
                 self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-        if pace != before:
-            self.model.notices.add(
-                "information", f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s "
-                f"(the monitor takes ~{STEP_FRAMES_PER_S:,} step frames a second)" if pace is not None
-                else f"{live} ranks talk: they send their steps at their own pace again", now)
+        told = self._paced_told
+        # Told when pacing starts or stops and when the pace moves by half or more, not at every
+        # step of a load-driven pace finding its level.
+        if (pace is None) != (told is None) or (pace is not None and told is not None
+                                                and not told / 1.5 < pace < told * 1.5):
+            self._paced_told = pace
+            self.model.notices.add("information", pace_notice(live, pace, pacer.budget, pacer.busy), now)
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses

@@ -162,6 +162,14 @@ class Relays:
         elif self._via.get(key) != relay:
             self._via[key] = relay
 
+    def lag(self, key: RankKey) -> float:
+        """Seconds the latest batch of ``key``'s relay spent queued beyond the least-queued one (0
+        for a rank heard directly): its frames count when the relay got them, so a rank whose
+        frames wait behind a backlog looks silent for that long while it still sends."""
+        relay = self._via.get(key) if self._via else None
+        rec = self._relays.get(relay) if relay is not None else None
+        return rec.lag if rec is not None else 0.0
+
     def forget(self, key: RankKey) -> None:
         """The model forgot ``key``."""
         self._via.pop(key, None)
