@@ -9,6 +9,7 @@ from typing import Callable
 import pytest
 
 from flowtop.monitor import pacing
+from flowtop.monitor.model import Model
 from flowtop.tools.demo.launch import free_port_pair
 from monitor_thread import MonitorThread
 from probe import wire
@@ -91,85 +92,88 @@ def test_a_paced_job_is_stretched_by_the_pace_to_at_most_five_seconds() -> None:
     assert pub.paced_interval(1.0) == 1.0
 
 
-def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_idle() -> None:
-    """4,096 live ranks, a data thread busy 90 % at each renewal: the budget goes 10,000 -> 6,000
-    -> 3,600 -> 2,160 -> 1,296 step frames a second (x 0.6), the pace 4,096 / budget up to the
-    next 50 ms, at most 2 s; idle (20 %) it grows back by x 1.5 a renewal to 10,000 and no further;
-    busy between 40 and 70 % (or not measured) it holds."""
+def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_there_is_room() -> None:
+    """4,096 live ranks, a data thread 90 % busy, half of it on frames: the budget goes 10,000 ->
+    6,000 -> 3,600 -> 2,160 -> 1,296 step frames a second (x 0.6), the pace 4,096 / budget up to the
+    next 50 ms, at most 2 s; each cut is followed by a renewal that only watches (frames queued
+    before the ranks heard it), and a cut that no longer changes the pace (at 2 s) is not banked.
+    Busy with its ticks, not its frames, it holds; with room, it grows back by x 1.5 to 10,000."""
+    busy, ticks_bound = pacing.Busy(frames=0.5, ticks=0.4, span_s=2.0), pacing.Busy(0.05, 0.9, 2.0)
     p = pacing.Pacer()
-    paces = [p.due(2.0 * i, 4096, 0.9) for i in range(5)]
+    paces = [p.due(2.0 * i, 4096, busy) for i in range(10)]
     # 4096/6000 = 0.683 -> 0.70; 4096/3600 = 1.138 -> 1.15; 4096/2160 = 1.896 -> 1.90; 4096/1296 = 3.2 -> 2
-    assert paces == [0.70, 1.15, 1.90, wire.MAX_PACE_S, wire.MAX_PACE_S]
-    assert p.budget == pytest.approx(10_000 * 0.6 ** 5)  # 777.6
-    assert p.due(9.0, 4096, 0.2) is None  # not due: one renewal every RENEW_S
-    assert p.due(12.0, 4096, 0.55) == wire.MAX_PACE_S and p.budget == pytest.approx(777.6)  # holds
-    assert p.due(14.0, 4096, None) == wire.MAX_PACE_S and p.budget == pytest.approx(777.6)  # holds
-    # 777.6 x 1.5 = 1,166.4 -> 3.5 s: 2; x 2.25 = 1,749.6 -> 2.34 s: 2; x 3.375 = 2,624.4 -> 1.56 -> 1.60;
-    # x 5.0625 = 3,936.6 -> 1.04 -> 1.05; x 7.59 = 5,904.9 -> 0.694 -> 0.70; x 11.39 = 8,857 -> 0.4625 -> 0.50;
-    # then 10,000 (capped): 0.4096 -> 0.45, as without load
-    back = [p.due(16.0 + 2 * i, 4096, 0.2) for i in range(8)]
-    assert back == [wire.MAX_PACE_S, wire.MAX_PACE_S, 1.60, 1.05, 0.70, 0.50, 0.45, 0.45]
-    assert p.budget == 10_000
+    assert paces == [0.70, 0.70, 1.15, 1.15, 1.90, 1.90, 2.0, 2.0, 2.0, 2.0]
+    assert p.budget == pytest.approx(1296) and p.load_bound
+    assert p.due(19.0, 4096, busy) is None  # not due: one renewal every RENEW_S
+    assert p.due(20.0, 4096, ticks_bound) == 2.0 and p.budget == pytest.approx(1296)  # fewer frames would not help
+    assert p.due(22.0, 4096, pacing.Busy(0.3, 0.3, 2.0)) == 2.0 and p.budget == pytest.approx(1296)  # 0.6 + 0.15: no room
+    assert p.due(24.0, 4096, None) == 2.0 and p.budget == pytest.approx(1296)  # not measured: holds
+    # room (0.3 busy, + 0.1 x 0.5 grown): 1,944 -> 2.1 s: 2; 2,916 -> 1.40 -> 1.45; 4,374 -> 0.936 -> 0.95;
+    # 6,561 -> 0.624 -> 0.65; 9,841.5 -> 0.416 -> 0.45; then 10,000 (capped): 0.4096 -> 0.45, as without load
+    back = [p.due(26.0 + 2 * i, 4096, pacing.Busy(0.1, 0.2, 2.0)) for i in range(6)]
+    assert back == [2.0, 1.45, 0.95, 0.65, 0.45, 0.45]
+    assert p.budget == 10_000 and not p.load_bound
 
 
 def test_a_busy_monitor_does_not_bank_a_pace_for_ranks_it_does_not_pace() -> None:
     p = pacing.Pacer()
     for i in range(10):  # 8 ranks: no budget down to 250 frames a second would pace them (8 / 250 < 0.1 s)
-        assert p.due(2.0 * i, 8, 1.0) is None
+        assert p.due(2.0 * i, 8, pacing.Busy(0.5, 0.5, 2.0)) is None
     assert p.scale == 1.0  # so 4,096 ranks joining now get the pace of a monitor that keeps up
-    assert p.due(20.0, 4096, 0.5) == 0.45
+    assert p.due(20.0, 4096, pacing.Busy(0.3, 0.3, 2.0)) == 0.45
 
 
-def test_the_busy_share_is_the_wall_time_not_spent_waiting() -> None:
+def test_the_busy_shares_are_of_the_wall_time_measured() -> None:
     t = [100.0]
     meter = pacing.BusyMeter(clock=lambda: t[0])
+    meter.add(0.01, 0.01)
     t[0] += 0.05
-    assert meter.share() is None  # under 0.1 s: no reading, the interval goes on
-    meter.idle(0.5)
-    t[0] += 1.95  # 2 s since the start, 0.5 s of it idle
-    assert meter.share() == pytest.approx(0.75)
+    assert meter.read() is None  # under 0.1 s: no reading, the interval goes on
+    meter.add(0.49, 0.49)
+    t[0] += 1.95  # 2 s since the start: 0.5 s on frames, 0.5 s on ticks
+    assert meter.read() == pacing.Busy(frames=0.25, ticks=0.25, span_s=pytest.approx(2.0))
     t[0] += 1.0
-    assert meter.share() == 1.0  # no idle wait reported: busy all along
-    meter.idle(3.0)  # more idle than wall time (a clock step): clamped
+    assert meter.read() == pacing.Busy(0.0, 0.0, 1.0)  # waited for frames all along
+    meter.add(3.0, 0.5)  # more than the wall time (a clock step): clamped
     t[0] += 2.0
-    assert meter.share() == 0.0
+    assert meter.read().total == 1.0
 
 
 def test_the_pace_notice_says_why() -> None:
-    assert pacing.pace_notice(4096, 0.45, 10_000, 0.2) == (
-        "4096 ranks talk: each is asked to send its steps every 0.45 s (the monitor takes ~10,000 step frames a second)")
-    assert pacing.pace_notice(4096, 1.15, 3600, 0.91) == (
-        "4096 ranks talk: each is asked to send its steps every 1.15 s (as many as this monitor keeps up with: "
-        "~3,600 step frames a second; its data thread was busy 91% of the last 2 s)")
-    assert pacing.pace_notice(12, None, 10_000, None) == "12 ranks talk: they send their steps at their own pace again"
+    assert pacing.pace_notice(4096, 0.45, False, None) == (
+        "4096 ranks talk: each is asked to send its steps every 0.45 s (~9,102 step frames a second; "
+        "the monitor takes ~10,000)")
+    assert pacing.pace_notice(4096, 2.0, True, pacing.Busy(0.41, 0.5, 2.01)) == (
+        "4096 ranks talk: each is asked to send its steps every 2.00 s (~2,048 step frames a second, as many as "
+        "this monitor keeps up with; its data thread was busy 91% of the last 2 s, 41% on frames)")
+    assert pacing.pace_notice(12, None, False, None) == "12 ranks talk: they send their steps at their own pace again"
 
 
-class _SlowHints:
-    """A hint engine whose evaluation takes ``seconds`` of the data thread (a monitor on a slow or
-    shared machine, or with thousands of ranks): the thread is busy, not waiting for frames."""
+class _SlowFrames(Model):
+    """A model whose frames take ``seconds`` each of the data thread (a monitor on a slow or
+    shared machine): the thread is busy with frames, not waiting for them."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
+    seconds = 0.0
 
-    def evaluate(self, job, now, phase=None):  # noqa: ANN001, ANN201 - the HintEvaluator protocol
+    def ingest(self, msg, now, via=None):  # noqa: ANN001, ANN201 - Model.ingest's own signature
         time.sleep(self.seconds)
-        return ()
+        return super().ingest(msg, now, via)
 
 
 def test_a_monitor_that_cannot_keep_up_slows_its_ranks_and_lets_them_go_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real collector whose ticks keep its data thread ~90 % busy asks a real probe publisher for
-    longer and longer paces (its own budget, 8 step frames a second, asks 0.15 s of one rank); once
-    the ticks are quick again the pace comes back to 0.15 s. No step is lost either way."""
+    """A real collector whose frames keep its data thread busy (0.12 s each: ~7 frames a second at a
+    0.15 s pace, 86 %) asks a real probe publisher for a longer pace (its own budget, 8 step frames
+    a second, asks 0.15 s of one rank; x 0.6: 0.25 s); once frames are quick again the pace comes
+    back to 0.15 s. No step is lost either way."""
     from flowtop.monitor.collector import Collector
-    from flowtop.monitor.model import Model
 
     monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)  # one rank: 1 / 8 = 0.125 -> 0.15 s
     monkeypatch.setattr(pacing, "RENEW_S", 0.5)
     monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
     monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
-    hints = _SlowHints()
+    model = _SlowFrames()
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
-    monitor = MonitorThread(listen, collector=Collector(Model(hint_engine=hints), listen))
+    monitor = MonitorThread(listen, collector=Collector(model, listen))
     pub = Publisher(RankKey("busy", "h", 4321, 0, 0), monitor.listen)
     pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
     pub.start()
@@ -185,13 +189,14 @@ def test_a_monitor_that_cannot_keep_up_slows_its_ranks_and_lets_them_go_again(mo
 
     try:
         assert steps_until(lambda: pub.current_flush_s() == 0.15, 10)  # the rank count's pace
-        hints.seconds = 0.45  # of every 0.5 s tick
-        # 8 x 0.6 = 4.8 frames/s: 0.25 s; x 0.36 = 2.88: 0.35 s; ...
-        assert steps_until(lambda: pub.current_flush_s() >= 0.35, 15), pub.current_flush_s()
+        model.seconds = 0.12
+        assert steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
         texts = [n.text for n in monitor.call(lambda: tuple(monitor.collector.notices.history))]
-        assert any("as many as this monitor keeps up with" in t and "its data thread was busy" in t for t in texts), texts
-        hints.seconds = 0.0
+        assert any("as many as this monitor keeps up with" in t and "on frames" in t for t in texts), texts
+        model.seconds = 0.0
         assert steps_until(lambda: pub.current_flush_s() == 0.15, 20), pub.current_flush_s()
+        # the budget back at 8 a renewal or two later: the load no longer sets the pace
+        assert steps_until(lambda: not monitor.call(lambda: monitor.collector.pacer.load_bound), 10)
         snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == step[0], 10)
         assert snap.jobs[0].ranks[0].step == step[0] and snap.jobs[0].ranks[0].lost_messages == 0
     finally:
@@ -209,6 +214,7 @@ def test_ranks_whose_frames_queue_behind_a_backlog_are_still_paced(monkeypatch: 
 
     monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 20)  # 3 ranks / 20 = 0.15 s
     collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
+    collector.busy = pacing.BusyMeter(clock=lambda: 0.0)  # never measured: only the rank count sets the pace
     relay = "node-a:7:00000001"
 
     def batch(now: float, relay_clock: float, seq: int) -> None:

@@ -185,7 +185,7 @@ class Collector:
         self._pace_check = 0.0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
-        self._paced_told: float | None = None  # the pace the user was last told of
+        self._paced_told: tuple[float | None, bool] = (None, False)  # the pace the user was last told of, load-bound
 
     async def start(self) -> None:
         """Bind the sockets (inside the running loop) and start receiving.
@@ -245,6 +245,7 @@ class Collector:
             await self.stop()
             raise AddressError(self.start_error) from None
         t0 = self.clock.now()
+        self.busy = BusyMeter()  # from the first receive on
         self.ticker = Ticker(lambda at: self.model.tick(at, self.listen), t0, self.tick_s, max_behind=MAX_BEHIND)
         self._next_glance = t0 + self.tick_s / 2
         if self.recorder is not None:
@@ -300,15 +301,14 @@ class Collector:
             # Never wait past the next tick: ticks keep their cadence, and the clock is read at
             # least that often (a longer gap between reads is a pause of the monitor itself).
             wait_ms = 1000 * (min(self.ticker.next_at, self._next_glance) - self.clock.now())
-            waited = time.perf_counter()
             await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
             started = time.perf_counter()
-            self.busy.idle(started - waited)
             now = self.catch_up()  # every tick due before this batch's receive time runs first
             # Receiving gets at least as long as the ticks just took: a monitor whose ticks are
             # slow (thousands of ranks, a flood of forged ones) still takes frames in at half speed.
-            ticked = time.perf_counter() - started
-            deadline = time.perf_counter() + max(DRAIN_S, ticked)
+            drain_from = time.perf_counter()
+            ticked = drain_from - started
+            deadline = drain_from + max(DRAIN_S, ticked)
             for i in range(BATCH):
                 try:
                     parts = sync.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -320,6 +320,7 @@ class Collector:
                     self.handle_batch(parts, now)
                 if i % 64 == 63 and time.perf_counter() > deadline:
                     break
+            self.busy.add(time.perf_counter() - drain_from, ticked)
             self._socket_events()
             await asyncio.sleep(0)
 
@@ -355,19 +356,19 @@ class Collector:
         live = sum(1 for st in self.model.ranks.values()
                    if st.bye is None and now - st.last_recv - lag(st.key) <= STALE_AFTER_S)
         pacer = self.pacer
-        pace = pacer.due(now, live, self.busy.share())
+        pace = pacer.due(now, live, self.busy.read())
         if pace is not None and self._send is not None:
             try:
                 self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-        told = self._paced_told
-        # Told when pacing starts or stops and when the pace moves by half or more, not at every
-        # step of a load-driven pace finding its level.
-        if (pace is None) != (told is None) or (pace is not None and told is not None
-                                                and not told / 1.5 < pace < told * 1.5):
-            self._paced_told = pace
-            self.model.notices.add("information", pace_notice(live, pace, pacer.budget, pacer.busy), now)
+        told, load_bound = self._paced_told, pacer.load_bound
+        # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and
+        # when the pace moves by half or more: not at every step of a load-driven pace finding its level.
+        if (pace is None) != (told[0] is None) or load_bound != told[1] or (
+                pace is not None and told[0] is not None and not told[0] / 1.5 < pace < told[0] * 1.5):
+            self._paced_told = (pace, load_bound)
+            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy), now)
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses

@@ -10,13 +10,14 @@ its own FLOWTOP_FLUSH_S, and a pace lapses after wire.PACE_TTL_S unless renewed:
 restarts, or hears fewer ranks, gets the ranks' own pace back within seconds.
 
 That budget is a guess about the machine. A monitor whose data thread cannot keep up (a slow or
-shared login node, a flood of kernel windows, ticks of thousands of ranks) lowers it: the share of
-wall time its data thread spent busy — not waiting for frames — is measured between two renewals
-(:class:`BusyMeter`), and past :data:`BUSY_HIGH` the budget shrinks by :data:`SLOWER`, below
-:data:`BUSY_LOW` it grows back by :data:`FASTER`, up to STEP_FRAMES_PER_S. Frames the monitor cannot
-take would otherwise queue (seconds of latency) and then be dropped by the senders; held in the
-probes they arrive late but whole. Only the pace depends on the load, never what a tick does: a
-replay still reproduces the live hints.
+shared login node, a flood of kernel windows, ticks of thousands of ranks) lowers it: between two
+renewals the drain loop measures the share of wall time its data thread spent on frames and on
+ticks (:class:`BusyMeter`), and past :data:`BUSY_HIGH`, frames being part of it, the budget
+shrinks by :data:`SLOWER`; it grows back by :data:`FASTER`, up to STEP_FRAMES_PER_S, whenever the
+frames' share grown as much would still keep the thread under BUSY_HIGH (:func:`next_scale`).
+Frames the monitor cannot take would otherwise queue (seconds of latency) and then be dropped by
+the senders; held in the probes they arrive late but whole. Only the pace depends on the load,
+never what a tick does: a replay still reproduces the live hints.
 
 What it costs: a step reaches the monitor up to the pace later (0.41 s at 4,096 ranks instead of
 0.1 s); counts, kernel windows and byes still go at once; no record is lost. A paced probe samples
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from probe import wire
@@ -38,10 +40,12 @@ STEP_FRAMES_PER_S = 10_000
 #: The least share of STEP_FRAMES_PER_S the budget shrinks to under load (a pace is at most
 #: wire.MAX_PACE_S anyway: 2 s, 2,048 frames a second at 4,096 ranks).
 MIN_SCALE = 0.025
-#: The data thread's busy share above which the budget shrinks, and below which it grows back.
+#: The data thread's busy share above which the budget shrinks (and which growing it back must
+#: keep to).
 BUSY_HIGH = 0.7
-BUSY_LOW = 0.4
-#: Factors the budget is multiplied by at a renewal: when busy, and when idle enough (it shrinks
+#: The least share of the thread's time frames must take for a cut of their budget to help.
+FRAMES_MATTER = 0.1
+#: Factors the budget is multiplied by at a renewal: when busy, and when there is room (it shrinks
 #: faster than it grows back: a monitor that falls behind queues more every second).
 SLOWER = 0.6
 FASTER = 1.5
@@ -63,22 +67,41 @@ def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | Non
     return min(wire.MAX_PACE_S, round(math.ceil(round(flush / STEP_S, 9)) * STEP_S, 3))
 
 
-def next_scale(scale: float, busy: float | None) -> float:
+@dataclass(frozen=True)
+class Busy:
+    """How the data thread spent the wall time between two renewals, as shares of it (0..1)."""
+
+    frames: float  # decoding and applying frames
+    ticks: float  # ticks (views, hints, eviction)
+    span_s: float  # the wall seconds measured
+
+    @property
+    def total(self) -> float:
+        return min(1.0, self.frames + self.ticks)
+
+
+def next_scale(scale: float, busy: Busy | None) -> float:
     """The budget's share of STEP_FRAMES_PER_S after a renewal at which the data thread was
-    ``busy`` (0..1; None: not measured, the share holds)."""
+    ``busy`` (None: not measured, the share holds).
+
+    Shrunk when the thread was busy past BUSY_HIGH and frames are a real part of it (a thread
+    busy with its ticks is not helped by fewer frames); grown back whenever the frames' cost grown
+    by as much (it grows less: each record costs the same at any pace) still keeps it under
+    BUSY_HIGH, so the fixed costs of a busy monitor do not keep its ranks slow for good after a
+    spike."""
     if busy is None:
         return scale
-    if busy > BUSY_HIGH:
+    if busy.total > BUSY_HIGH and busy.frames >= FRAMES_MATTER:
         return max(MIN_SCALE, scale * SLOWER)
-    if busy < BUSY_LOW:
+    if busy.total + busy.frames * (FASTER - 1.0) < BUSY_HIGH:
         return min(1.0, scale * FASTER)
     return scale
 
 
 class BusyMeter:
-    """The share of wall time a loop spent busy, between two readings: the loop reports the
-    seconds it waited idle (:meth:`idle`), everything else counts as busy — its own work, and its
-    waits for the interpreter or a core on a machine that is short of them.
+    """Where the data thread's wall time goes between two readings: the drain loop reports the
+    seconds it spent on frames and on ticks (:meth:`add`) — their own work, and their waits for
+    the interpreter or a core on a machine that is short of them; the rest it waited for frames.
 
     Args:
         clock: Wall clock (injectable for tests).
@@ -87,21 +110,23 @@ class BusyMeter:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._since = clock()
-        self._idle = 0.0
+        self._frames = self._ticks = 0.0
 
-    def idle(self, seconds: float) -> None:
-        """Count ``seconds`` the loop spent waiting with nothing to do."""
-        self._idle += seconds
+    def add(self, frames_s: float, ticks_s: float) -> None:
+        """Count seconds spent decoding and applying frames, and running ticks."""
+        self._frames += frames_s
+        self._ticks += ticks_s
 
-    def share(self) -> float | None:
-        """The busy share (0..1) since the last reading (None over less than 0.1 s), and start
-        a new interval."""
+    def read(self) -> Busy | None:
+        """The shares since the last reading (None over less than 0.1 s: the interval goes on),
+        and start a new interval."""
         now = self._clock()
-        span, idle = now - self._since, self._idle
+        span = now - self._since
         if span < 0.1:
             return None
-        self._since, self._idle = now, 0.0
-        return min(1.0, max(0.0, 1.0 - idle / span))
+        busy = Busy(min(1.0, self._frames / span), min(1.0, self._ticks / span), span)
+        self._since, self._frames, self._ticks = now, 0.0, 0.0
+        return busy
 
 
 class Pacer:
@@ -112,22 +137,30 @@ class Pacer:
         #: The share of STEP_FRAMES_PER_S asked of all ranks together (1 unless the monitor could
         #: not keep up, see next_scale).
         self.scale = 1.0
-        #: The data thread's busy share at the last renewal (None before one was measured).
-        self.busy: float | None = None
+        #: The data thread's load at the last renewal (None before one was measured).
+        self.busy: Busy | None = None
         self._next = 0.0
+        self._settle = False  # the last renewal changed the pace: the next one only watches
 
-    def due(self, now: float, live_ranks: int, busy: float | None = None) -> float | None:
+    def due(self, now: float, live_ranks: int, busy: Busy | None = None) -> float | None:
         """The pace to broadcast now, or None (not due, or nothing to ask). ``busy``: the data
-        thread's busy share since the last renewal (see :class:`BusyMeter`)."""
+        thread's load since the last renewal (see :class:`BusyMeter`)."""
         if now < self._next:
             return None
         self._next = now + RENEW_S
         self.busy = busy
         scale = next_scale(self.scale, busy)
-        # Shrunk only where a smaller budget asks something of these ranks: a monitor busy with
-        # other work (a flood of kernel windows) does not bank a pace for ranks that join later.
-        if scale >= self.scale or pace_for(live_ranks, STEP_FRAMES_PER_S * scale) is not None:
+        before = pace_for(live_ranks, self.budget)
+        after = pace_for(live_ranks, STEP_FRAMES_PER_S * scale)
+        # A renewal after a change only watches: frames queued before the ranks heard the new pace
+        # keep the thread busy meanwhile, and another cut would overshoot. A cut that changes
+        # nothing (a pace at its cap, ranks too few to pace) is not banked either: growing back
+        # would then take renewals that change nothing.
+        if self._settle and scale < self.scale:
+            self._settle = False
+        elif scale >= self.scale or (after or 0.0) > (before or 0.0):
             self.scale = scale
+            self._settle = after != before
         self.current = pace_for(live_ranks, self.budget)
         return self.current
 
@@ -136,13 +169,21 @@ class Pacer:
         """Step frames a second asked of all ranks together now."""
         return STEP_FRAMES_PER_S * self.scale
 
+    @property
+    def load_bound(self) -> bool:
+        """Whether the budget is below STEP_FRAMES_PER_S: the monitor could not keep up."""
+        return self.scale < 1.0
 
-def pace_notice(live: int, pace: float | None, budget: float, busy: float | None) -> str:
-    """What the user is told when the pace asked of ``live`` ranks changes."""
+
+def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | None) -> str:
+    """What the user is told when the pace asked of ``live`` ranks changes (``load_bound``: the
+    budget is below STEP_FRAMES_PER_S because the monitor could not keep up)."""
     if pace is None:
         return f"{live} ranks talk: they send their steps at their own pace again"
-    asked = f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s"
-    if budget >= STEP_FRAMES_PER_S:
-        return f"{asked} (the monitor takes ~{STEP_FRAMES_PER_S:,} step frames a second)"
-    load = f"; its data thread was busy {busy:.0%} of the last {RENEW_S:g} s" if busy is not None else ""
-    return f"{asked} (as many as this monitor keeps up with: ~{budget:,.0f} step frames a second{load})"
+    asked = (f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s "
+             f"(~{live / pace:,.0f} step frames a second")
+    if not load_bound:
+        return f"{asked}; the monitor takes ~{STEP_FRAMES_PER_S:,})"
+    load = (f"; its data thread was busy {busy.total:.0%} of the last {busy.span_s:.0f} s, "
+            f"{busy.frames:.0%} on frames") if busy is not None else ""
+    return f"{asked}, as many as this monitor keeps up with{load})"
