@@ -214,7 +214,6 @@ def test_ranks_whose_frames_queue_behind_a_backlog_are_still_paced(monkeypatch: 
 
     monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 20)  # 3 ranks / 20 = 0.15 s
     collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
-    collector.busy = pacing.BusyMeter(clock=lambda: 0.0)  # never measured: only the rank count sets the pace
     relay = "node-a:7:00000001"
 
     def batch(now: float, relay_clock: float, seq: int) -> None:
@@ -224,10 +223,10 @@ def test_ranks_whose_frames_queue_behind_a_backlog_are_still_paced(monkeypatch: 
         collector.handle_batch([encode_stamp(relay, relay_clock, [0, 0, 0]), *frames], now)
 
     batch(100.0, 1000.0, 1)  # no queueing: the relay's clock is 900 s behind the monitor's
-    collector._pace(100.0)
+    collector._pace(100.0, None)  # load not measured: only the rank count sets the pace
     assert collector.pacer.current == 0.15
     batch(110.0, 1002.0, 2)  # sent at relay time 1002 = monitor 102, arrived at 110: 8 s in queues
     assert collector.model.relays.lag(RankKey("j", "node-a", 100, 0, 0)) == pytest.approx(8.0, abs=0.01)  # less the drift allowance
     assert all(110.0 - st.last_recv > 5.0 for st in collector.model.ranks.values())  # older than STALE_AFTER_S
-    collector._pace(110.0)
+    collector._pace(110.0, None)
     assert collector.pacer.current == 0.15  # all three still paced

@@ -37,9 +37,10 @@ from zmq.utils.monitor import parse_monitor_message
 from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import RANKS_PER_TICK, Model
-from flowtop.monitor.pacing import RENEW_S, BusyMeter, Pacer, pace_notice
+from flowtop.monitor.pacing import RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.thinning import Thinner, spread_notice, spread_record
 from flowtop.monitor.ticker import Ticker
 from probe import wire
 
@@ -186,6 +187,8 @@ class Collector:
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
         self._paced_told: tuple[float | None, bool] = (None, False)  # the pace the user was last told of, load-bound
+        #: How thinly large jobs' ticks are spread when they crowd out frames (checked with the pace).
+        self.thinner = Thinner()
 
     async def start(self) -> None:
         """Bind the sockets (inside the running loop) and start receiving.
@@ -342,21 +345,42 @@ class Collector:
                 self._next_glance = self.ticker.next_at  # one glance between two ticks
                 if self.glances and self.on_tick is not None and 0 < len(self.model.ranks) <= GLANCE_RANKS:
                     self.on_tick(self.model.snapshot(now, self.listen, light=True))
-        self._pace(now)
+        self._govern(now)
         return now
 
-    def _pace(self, now: float) -> None:
-        """Ask every rank to send its step records less often when too many talk (flowtop.monitor.pacing)."""
+    def _govern(self, now: float) -> None:
+        """Every RENEW_S, fit the monitor's load to its data thread: the pace asked of the ranks
+        (flowtop.monitor.pacing) and how thinly large jobs' ticks are spread (flowtop.monitor.thinning)."""
         if now < self._pace_check:
             return
         self._pace_check = now + RENEW_S
+        busy = self.busy.read()
+        self._pace(now, busy)
+        self._thin(now, busy)
+
+    def _thin(self, now: float, busy: Busy | None) -> None:
+        model = self.model
+        largest = model.largest_job()
+        spread = self.thinner.due(model.spread, busy, largest)
+        if spread == model.spread:
+            return
+        model.set_spread(spread)
+        if self.recorder is not None:  # a replay spreads its ticks where this monitor did
+            try:
+                self.recorder.write(now, spread_record(spread))
+            except Exception as exc:
+                self._stop_recording(exc)
+        model.notices.add("information", spread_notice(spread, busy, largest), now)
+
+    def _pace(self, now: float, busy: Busy | None) -> None:
+        """Ask every rank to send its step records less often when too many talk (flowtop.monitor.pacing)."""
         # Ranks that send: a rank's frames queued behind a backlog (the monitor or its link falling
         # behind) count at their relay's receive time, and must not stop the pace when most needed.
         lag = self.model.relays.lag
         live = sum(1 for st in self.model.ranks.values()
                    if st.bye is None and now - st.last_recv - lag(st.key) <= STALE_AFTER_S)
         pacer = self.pacer
-        pace = pacer.due(now, live, self.busy.read())
+        pace = pacer.due(now, live, busy)
         if pace is not None and self._send is not None:
             try:
                 self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)

@@ -52,6 +52,21 @@ _log = logging.getLogger("flowtop.model")
 #: and the hints cost ~0.3 ms a rank).
 RANKS_PER_TICK = 512
 
+#: How much thinner than RANKS_PER_TICK a tick may spread a large job's work (Model.spread; set by
+#: the collector when its ticks crowd out its frames, flowtop.monitor.thinning; recorded, so that a
+#: replay spreads its ticks where the live monitor did).
+SPREADS = (1, 2, 4, 8)
+
+def ranks_per_tick(spread: int = 1) -> int:
+    """Ranks of a large job whose views a tick rebuilds in full at ``spread``."""
+    return max(1, RANKS_PER_TICK // spread)
+
+
+def ticks_per_round(ranks: int, spread: int = 1) -> int:
+    """Ticks a job of ``ranks`` ranks takes to rebuild every view and measure every rule."""
+    return -(-ranks // ranks_per_tick(spread))
+
+
 #: A large job's rules are measured in this many shares (by table index, a hidden rule with the
 #: rule that hides it), at evenly spaced ticks of each round of ``spread`` ticks (every rule
 #: still once a round). All at one tick held every frame behind that tick: at 4,096 ranks the
@@ -127,6 +142,8 @@ class Model:
         #: Node relays heard of, and which relay each rank's frames come through (flowtop.monitor.relays).
         self.relays = Relays()
         self.views = RankViews(peak_override_flops)
+        #: A tick rebuilds RANKS_PER_TICK ÷ spread ranks of a large job (one of SPREADS).
+        self.spread = 1
         self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
@@ -328,7 +345,7 @@ class Model:
         by_job = self._view(None, now, remember=True)
         jobs = []
         for job, shown in sorted(by_job.items()):
-            spread = -(-len(shown) // RANKS_PER_TICK)  # ticks a large job's full refresh takes
+            spread = self.ticks_per_round(len(shown))
             snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
             if spread == 1:
                 jobs.append(self._evaluate(snap, now))
@@ -337,6 +354,21 @@ class Model:
             else:
                 jobs.append(replace(snap, hints=self._hints.get(job, ())))
         return self._monitor_snapshot(now, listen, tuple(jobs))
+
+    def ticks_per_round(self, ranks: int) -> int:
+        """Ticks a job of ``ranks`` ranks takes to rebuild every view and measure every rule."""
+        return ticks_per_round(ranks, self.spread)
+
+    def largest_job(self) -> int:
+        """Ranks of the largest job (0 with none)."""
+        return max(self._job_sizes.values(), default=0)
+
+    def set_spread(self, spread: int) -> None:
+        """Spread large jobs' ticks ``spread`` times thinner (one of SPREADS): live, by the
+        collector's load (flowtop.monitor.thinning); in a replay, where the recording says."""
+        if spread not in SPREADS:
+            raise ValueError(f"tick spread must be one of {SPREADS}, got {spread!r}")
+        self.spread = spread
 
     def snapshot(self, now: float, listen: str = "", light: bool = False) -> MonitorSnapshot:
         """An immutable view of everything at monitor time ``now``, with the hints of the last
@@ -390,7 +422,7 @@ class Model:
             return
         shown = self._view((st for st in self.ranks.values() if st.key.job == job), now, remember=True).get(job)
         if shown:
-            spread = -(-len(shown) // RANKS_PER_TICK)  # a large job's look rebuilds only this tick's share
+            spread = self.ticks_per_round(len(shown))  # a large job's look rebuilds only this tick's share
             self._evaluate(self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None),
                            now)
 

@@ -4,7 +4,8 @@ Format (version 1): the line ``FLOWTOP-REC 1\\n``, then records of a 4-byte
 big-endian length followed by a msgpack array ``[t, frame]`` — ``t`` seconds
 since the recording started (monitor clock, whose ticks fall on multiples of the
 cadence from there: flowtop.monitor.ticker), ``frame`` the wire frame exactly as
-received. Replaying feeds the frames through the same decoder and model as live
+received (or, where the live monitor spread its ticks thinner for lack of time, a record
+saying so: flowtop.monitor.thinning). Replaying feeds the frames through the same decoder and model as live
 data, interleaved with ticks on the same instants, so a recording reproduces
 what the monitor showed — hints included, without taking a snapshot (and a
 hostile frame in it is rejected again, never trusted). No Textual here.
@@ -26,6 +27,7 @@ import msgpack
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.model import Model
 from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.thinning import spread_of
 from flowtop.monitor.ticker import Ticker
 from probe import wire
 
@@ -165,7 +167,12 @@ class Feeder:
 
 
 def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None) -> None:
-    """Decode one frame into ``model`` the way the collector does."""
+    """Decode one frame into ``model`` the way the collector does (a recorded spread change is
+    applied as the live monitor applied it, flowtop.monitor.thinning)."""
+    spread = spread_of(frame)
+    if spread is not None:
+        model.set_spread(spread)
+        return
     try:
         msg = wire.decode(frame, admit)
     except wire.WireError as exc:

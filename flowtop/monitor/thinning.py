@@ -1,0 +1,88 @@
+"""How thinly a monitor short of time spreads a large job's tick work. No Textual.
+
+A tick rebuilds the full views of RANKS_PER_TICK ranks of a large job and measures its rules once
+a round (flowtop.monitor.model): at 4,096 ranks ~250 ms of CPU every 0.5 s on a 2-core box, half a
+core before a single frame is read. Pacing (flowtop.monitor.pacing) cannot lower that. When the
+data thread is busy past pacing.BUSY_HIGH and its ticks take :data:`TICKS_MATTER` or more of it,
+the collector doubles :attr:`Model.spread` (a tick then rebuilds half as many ranks, and a round
+of hints takes twice as many ticks), up to the largest of model.SPREADS; it halves it again
+whenever the ticks' share doubled would still keep the thread under BUSY_HIGH. A rank's figures
+and the job's hints then refresh every 8 s instead of 4 s at 4,096 ranks, but frames are read
+before they queue up and drop.
+
+A replay must spread its ticks where the live monitor did, or its hints would differ: each change
+is written into the recording as a record of its own (:func:`spread_record`), which the replay
+applies at the same instant (flowtop.monitor.recording.feed). A reader that does not know it
+rejects it as a bad frame, counted, and replays the rest.
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+from flowtop.monitor.clock import TICK_S
+from flowtop.monitor.model import SPREADS, ranks_per_tick, ticks_per_round
+from flowtop.monitor.pacing import BUSY_HIGH, Busy
+
+#: The least share of the data thread's time ticks must take for a thinner spread to help.
+TICKS_MATTER = 0.25
+#: The "k" of a spread record in a recording (not a wire kind: probes never send it).
+SPREAD_KIND = "flowtop.spread"
+
+
+def next_spread(spread: int, busy: Busy | None, largest: int) -> int:
+    """The spread after a renewal at which the data thread was ``busy`` (None: not measured,
+    it holds), ``largest`` being the ranks of the largest job (a spread that changes nothing for
+    it is not taken)."""
+    if busy is None:
+        return spread
+    i = SPREADS.index(spread)
+    if busy.total > BUSY_HIGH and busy.ticks >= TICKS_MATTER and i + 1 < len(SPREADS):
+        thinner = SPREADS[i + 1]
+        return thinner if ticks_per_round(largest, thinner) > ticks_per_round(largest, spread) else spread
+    if i > 0 and busy.total + busy.ticks < BUSY_HIGH:
+        return SPREADS[i - 1]
+    return spread
+
+
+class Thinner:
+    """When to change the model's spread (the collector calls :meth:`due` at each pace renewal)."""
+
+    def __init__(self) -> None:
+        self._settle = False  # the last renewal thinned: the next one only watches
+
+    def due(self, spread: int, busy: Busy | None, largest: int) -> int:
+        """The spread to use from now on (``spread`` when nothing changes)."""
+        after = next_spread(spread, busy, largest)
+        if after > spread and self._settle:  # ticks under way still take the old share
+            self._settle = False
+            return spread
+        self._settle = after > spread
+        return after
+
+
+def spread_notice(spread: int, busy: Busy | None, largest: int) -> str:
+    """What the user is told when the spread changes."""
+    per_tick = ranks_per_tick(spread)
+    every = ticks_per_round(largest, spread) * TICK_S
+    what = (f"a tick rebuilds the figures of {per_tick} ranks of a large job: a {largest}-rank job's "
+            f"every {every:g} s, its hints as often")
+    if spread == 1:
+        return f"{what} (the monitor keeps up again)"
+    took = f"its ticks took {busy.ticks:.0%} of its data thread" if busy is not None else "it is short of time"
+    return f"{what} ({took}: frames come first)"
+
+
+def spread_record(spread: int) -> bytes:
+    """The recording's record of a spread change (see the module doc)."""
+    return msgpack.packb({"k": SPREAD_KIND, "spread": spread})
+
+
+_RECORDS = {spread_record(s): s for s in SPREADS}
+_LENGTHS = frozenset(len(r) for r in _RECORDS)
+
+
+def spread_of(frame: bytes) -> int | None:
+    """The spread a recorded frame sets, or None for any other frame (checked by length first:
+    a replay asks it of every frame, some of them megabytes)."""
+    return _RECORDS.get(frame) if len(frame) in _LENGTHS else None

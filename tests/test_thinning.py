@@ -1,0 +1,183 @@
+"""A monitor short of time spreads a large job's ticks thinner (flowtop.monitor.thinning), and a
+replay spreads them where the live monitor did."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import flowtop.monitor.model as model_mod
+from flowtop.monitor import pacing, thinning
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.model import Model
+from flowtop.monitor.pacing import Busy
+from flowtop.monitor.recording import Recorder, read_recording, replay_all
+from flowtop.monitor.wiring import make_model
+from flowtop.tools.demo.launch import free_port_pair
+from monitor_thread import MonitorThread
+from probe import wire
+from probe.transport.publisher import Publisher
+from probe.wire import RankKey
+
+TICKS_BOUND, ROOM, FRAMES_BOUND = Busy(0.2, 0.6, 2.0), Busy(0.2, 0.2, 2.0), Busy(0.6, 0.2, 2.0)
+
+
+def test_ticks_that_crowd_out_frames_spread_thinner_and_back_when_there_is_room() -> None:
+    """4,096 ranks, 512 a tick: a round of 8 ticks. Busy 80 %, 60 % of it ticks: the spread doubles
+    (16 ticks a round, then 32, 64), a renewal watching after each change, at most 8; busy with
+    frames it holds (pacing's business); with room for twice the ticks it halves back to 1."""
+    t = thinning.Thinner()
+    spreads, spread = [], 1
+    for _ in range(7):
+        spread = t.due(spread, TICKS_BOUND, 4096)
+        spreads.append(spread)
+    assert spreads == [2, 2, 4, 4, 8, 8, 8]
+    assert t.due(8, FRAMES_BOUND, 4096) == 8  # fewer ranks a tick would not help
+    assert t.due(8, Busy(0.3, 0.3, 2.0), 4096) == 8  # 0.6 + twice the 0.3 of ticks: no room
+    assert t.due(8, None, 4096) == 8  # not measured: holds
+    back = []
+    for _ in range(4):
+        spread = t.due(spread, ROOM, 4096)  # 0.4 + 0.2 < 0.7
+        back.append(spread)
+    assert back == [4, 2, 1, 1]
+
+
+def test_a_spread_that_changes_nothing_for_the_largest_job_is_not_taken() -> None:
+    assert thinning.next_spread(1, TICKS_BOUND, 256) == 1  # 256 ranks: one tick a round at 512 or 256 a tick
+    assert thinning.next_spread(1, TICKS_BOUND, 300) == 2  # 300: one tick at 512, two at 256
+    assert thinning.next_spread(4, TICKS_BOUND, 300) == 8  # 128 a tick: 3 ticks; 64 a tick: 5
+    assert thinning.next_spread(2, TICKS_BOUND, 100) == 2  # 256 or 128 a tick: one tick either way
+
+
+def test_the_spread_notice_says_what_refreshes_how_often_and_why() -> None:
+    # 512 / 2 = 256 ranks a tick; 4,096 / 256 = 16 ticks of 0.5 s
+    assert thinning.spread_notice(2, Busy(0.2, 0.55, 2.0), 4096) == (
+        "a tick rebuilds the figures of 256 ranks of a large job: a 4096-rank job's every 8 s, its hints as "
+        "often (its ticks took 55% of its data thread: frames come first)")
+    assert thinning.spread_notice(1, ROOM, 4096) == (
+        "a tick rebuilds the figures of 512 ranks of a large job: a 4096-rank job's every 4 s, its hints as "
+        "often (the monitor keeps up again)")
+
+
+def test_a_spread_record_is_known_by_a_replay_and_refused_as_a_frame_by_older_ones() -> None:
+    for s in model_mod.SPREADS:
+        assert thinning.spread_of(thinning.spread_record(s)) == s
+    frame = wire.encode("hello", RankKey("j", "h", 1, 0, 0), 0, 1.0, {"local_rank": 0})
+    assert thinning.spread_of(frame) is None
+    assert thinning.spread_of(thinning.spread_record(2)[:-1] + b"\x03") is None  # a spread of 3: not one
+    with pytest.raises(wire.WireError):  # a monitor that does not know the record counts it as bad
+        wire.decode(thinning.spread_record(2))
+    with pytest.raises(ValueError):
+        Model().set_spread(3)
+
+
+RANKS, PER_TICK = 10, 4
+
+
+def _hello(model: Model, key: RankKey, now: float) -> None:
+    model.ingest(wire.decode(wire.encode("hello", key, 0, now, {"local_rank": 0, "world_size": RANKS,
+                                                                 "device": "cpu (test)", "probe_version": "t"})), now)
+
+
+def _steps(model: Model, key: RankKey, first: int, now: float) -> None:
+    recs = [{"step": s, "wall_s": 0.1, "tokens": 32, "drops": 0} for s in range(first, first + 5)]
+    model.ingest(wire.decode(wire.encode_steps(key, first, now, recs, 0)), now)
+
+
+def test_a_thinner_spread_rebuilds_fewer_ranks_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 ranks, 4 a tick: a round of 3 ticks; at spread 2, 2 a tick: a round of 5 ticks."""
+    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", PER_TICK)
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for key in keys:
+        _hello(model, key, 1.0)
+    model.tick(1.5)  # the first tick builds every view
+    now, step = 1.5, 1
+    for spread, rounds in ((1, 3), (2, 5)):
+        model.set_spread(spread)
+        assert model.ticks_per_round(RANKS) == rounds
+        for _ in range(rounds):
+            now += 0.5
+            for key in keys:
+                _steps(model, key, step, now)
+            step += 5
+            built = model.views.built
+            snap = model.tick(now)
+            assert model.views.built - built == len([r for r in range(RANKS) if (r + model.ticks) % rounds == 0])
+            assert [r.step for r in snap.jobs[0].ranks] == [step - 1] * RANKS  # every step still current
+
+
+def test_a_replay_spreads_its_ticks_where_the_recording_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", PER_TICK)
+    path = tmp_path / "run.rec"
+    rec = Recorder(path)
+    rec.start(0.0)
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for i, key in enumerate(keys):
+        rec.write(0.1, wire.encode("hello", key, 0, 0.1, {"local_rank": 0, "world_size": RANKS,
+                                                           "device": "cpu (test)", "probe_version": "t"}))
+    rec.write(1.2, thinning.spread_record(2))  # the live monitor thinned at 1.2 s
+    rec.write(2.7, thinning.spread_record(1))  # and went back at 2.7 s
+    rec.write(3.1, wire.encode("hello", keys[0], 1, 3.1, {"local_rank": 0, "world_size": RANKS,
+                                                           "device": "cpu (test)", "probe_version": "t"}))
+    rec.close()
+    assert [t for t, _ in read_recording(path)][-3:] == [1.2, 2.7, 3.1]
+    model = make_model()
+    seen: list[tuple[float, int]] = []
+    replay_all(path, model, on_tick=lambda snap: seen.append((snap.taken_at, model.spread)))
+    assert seen == [(0.5, 1), (1.0, 1), (1.5, 2), (2.0, 2), (2.5, 2), (3.0, 1), (3.5, 1)]
+    assert model.rejected == 0  # the records are not bad frames
+
+
+class _SlowHints:
+    """A hint engine whose every evaluation takes ``seconds`` of the data thread (thousands of
+    ranks' rules on a slow box): ticks crowd out frames."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def evaluate(self, job, now, phase=None):  # noqa: ANN001, ANN201 - the HintEvaluator protocol
+        time.sleep(self.seconds)
+        return ()
+
+
+def test_a_live_monitor_whose_ticks_crowd_out_frames_thins_them_and_records_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four real publishers, 2 ranks a tick: a round of 2 ticks, the rules in two shares, one an
+    evaluation a tick. At 0.4 s an evaluation the data thread spends 80 % on ticks: the collector
+    spreads them twice as thin (a round of 4 ticks, 40 %) and tells the user; with quick rules it
+    goes back to 1. Both changes are in the recording, where the replay finds them."""
+    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", 2)
+    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+    hints = _SlowHints()
+    model = Model(hint_engine=hints)
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    monitor = MonitorThread(listen, collector=Collector(model, listen, recorder=Recorder(tmp_path / "live.rec")))
+    pubs = [Publisher(RankKey("big", "h", 4000 + r, r, 0), listen) for r in range(4)]
+    for r, pub in enumerate(pubs):
+        pub.hello_fields = {"local_rank": r, "world_size": 4, "device": "cpu (test)", "probe_version": "test"}
+        pub.start()
+
+    def wait(cond, timeout: float) -> bool:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return cond()
+
+    try:
+        assert wait(lambda: len(monitor.call(lambda: model.ranks)) == 4, 10)
+        hints.seconds = 0.4
+        assert wait(lambda: monitor.call(lambda: model.spread) == 2, 15)
+        texts = [n.text for n in monitor.call(lambda: tuple(model.notices.history))]
+        assert any(t.startswith("a tick rebuilds the figures of 1 ranks") and "of its data thread" in t for t in texts), texts
+        hints.seconds = 0.0
+        assert wait(lambda: monitor.call(lambda: model.spread) == 1, 15)
+    finally:
+        for pub in pubs:
+            pub.close()
+        monitor.close()
+    spreads = [thinning.spread_of(frame) for _, frame in read_recording(tmp_path / "live.rec")]
+    assert [s for s in spreads if s is not None][:2] == [2, 1]
