@@ -521,7 +521,9 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             refused = sum(n for why, n in model.rejected_reasons.items() if why.startswith("kernel window refused"))
             return {"ranks_seen": len(ranks), "frames_got": sum(st.last_seq + 1 - st.lost for st in ranks),
                     "kernels_refused": refused, "rejected": model.rejected, "relays": len(model.relays.snapshot(col.clock.now())),
-                    "rejected_reasons": dict(model.rejected_reasons.most_common(5))}
+                    "rejected_reasons": dict(model.rejected_reasons.most_common(5)),
+                    # the monitor's own governing (pace, tick spread) as it told the user
+                    "spread": getattr(model, "spread", 1), "notices": [n.text for n in model.notices.history][-10:]}
 
         got = data.call(count, tell=False).result(60)
         a, b = marks["start"], marks["end"]

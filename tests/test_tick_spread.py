@@ -131,3 +131,34 @@ def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: Non
     model.tick(now)  # share 1: every rule has now seen rank 1's last step
     model.ingest(wire.decode(wire.encode("bye", keys[1], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
     assert whole == [now - 0.5]  # no second look
+
+
+def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: None) -> None:
+    """Every rank of a large job stops stepping but keeps talking (hung in a collective; or a
+    backlog that holds their steps back): the tick the stall starts rebuilds every view (their
+    status changes), the ticks after it only the ranks whose turn it is — not all of them at each
+    tick, which at 4,096 ranks made ticks of the whole job exactly when the user needs the monitor."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 900 + r, r, 0) for r in range(RANKS)]
+    now = 2.0
+    for step in range(1, 31, 5):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now += 0.5
+    hello = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
+    statuses, rebuilt = [], []
+    for _ in range(20):  # 10 s of heartbeats and no step: stalled past the 5 s limit
+        for key in keys:
+            model.ingest(wire.decode(wire.encode("hello", key, 0, now, hello)), now)
+        built = model.views.built
+        snap = model.tick(now)
+        statuses.append({r.status for r in snap.jobs[0].ranks})
+        rebuilt.append(model.views.built - built)
+        now += 0.5
+    start = statuses.index({"stalled"})
+    assert statuses[start:] == [{"stalled"}] * (20 - start) and start > 0
+    assert rebuilt[start] == RANKS  # the stall starts: every view shows it
+    # then a third of the ranks a tick (their turn, (rank + tick) % 3 == 0), as for a healthy job
+    assert all(n <= -(-RANKS // 3) for n in rebuilt[start + 1:]), rebuilt
+    # every rank's view (its "no step for N s") rebuilt once a round: never more than a round old
+    assert sum(rebuilt[start + 1:start + 4]) == RANKS, rebuilt

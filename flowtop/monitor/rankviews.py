@@ -83,11 +83,15 @@ class RankViews:
 
     def _light(self, st: RankState, now: float, others: tuple[RankKey, ...], entry: _Entry) -> RankSnapshot | None:
         """The last full view with this instant's step and liveness, or None when more changed
-        (its status, a stall, the processes claiming its rank): then it is rebuilt in full."""
+        (its status, a stall starting or ending, the processes claiming its rank): then it is
+        rebuilt in full. A rank stalled at its last full view stays a light copy until its turn:
+        the "no step for N s" of its figures is then up to a round old, but a hung job of
+        thousands of ranks (or a backlog that makes them all look stalled) costs a tick no more
+        than a healthy one."""
         stalled = rs.stalled_for(st, now, entry.med)
         status = rs.status(st, now, entry.med, stalled)
         old = entry.view
-        if stalled is not None or status != old.status or others != entry.key[3]:
+        if (stalled is None) != (entry.key[2] is None) or status != old.status or others != entry.key[3]:
             return None
         if old.step == st.step and old.heard_at == st.last_recv:
             self.reused += 1
