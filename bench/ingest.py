@@ -8,7 +8,8 @@ A lean simulator: ``--workers`` processes each own hundreds of bare XPUB sockets
 the probe's socket options) driven by one loop, no thread per rank. Each rank sends real wire
 frames (probe.wire.encode) in the probe's pattern: its step records leave as one ``steps`` frame
 when the oldest is ``FLOWTOP_FLUSH_S`` (0.1 s) old (a lone record as a plain ``step`` frame;
-``--single``: a ``step`` frame per step, the pre-batching wire), a hello every 2 s, telemetry every
+``--single``: a ``step`` frame per step, the pre-batching wire), a hello as the probe's heartbeat
+(every 2 s while no step frame left in 2.5 s, else every 10 s), telemetry every
 second, or as the pace stretches it (4.5 s at 4,096 ranks; the H200 recording's fields), a FLOP count after step 2 and every ``--flops-every-s``, and a
 kernel window (80 KB, the H200 recording's) every ``--kernel-every-s`` at a random phase. ``relay``
 puts every 8 ranks behind a node relay: ``flowtop relay`` subprocesses (``--relay-host cli``) or, for
@@ -149,6 +150,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     import zmq
 
     from flowtop.monitor.relays import encode_stamp
+    from probe.transport.publisher import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S
     from probe import wire
     from probe.wire.link import upstream_options
 
@@ -193,6 +195,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     t_go = time.time()
     t0 = [t_go + rng.random() * step_s for _ in range(n)]
     last = [0] * n  # last step number sent
+    steps_at, hello_at = [-1e9] * n, [-1e9] * n  # when each rank last sent step records, a hello
     seq = [0] * n
     drops = [0]
     kinds: dict[str, int] = {}
@@ -294,15 +297,18 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                     else:  # the probe's wire: columns (probe.wire.steps)
                         send(i, "stepcols", first, {**columns.fields(last[i] + 1, k_now), "_sent": now})
                     last[i] = k_now
+                    steps_at[i] = now
                 nxt = t0[i] + (last[i] + 1) * step_s + (0.0 if single else flush_s)
                 heapq.heappush(heap, (max(nxt, now + 1e-4), i, "flush"))
             elif what == "telemetry":
                 gpu = {**tel["gpu"], "power_w": 500.0 + 100 * rng.random(), "gpu_util": 100.0}
                 send(i, "telemetry", now, {**tel, "gpu": gpu})
                 heapq.heappush(heap, (due + telemetry_s, i, "telemetry"))
-            elif what == "hello":
-                send(i, "hello", now, {**hello, "local_rank": ranks[i] % 8})
-                heapq.heappush(heap, (due + 2.0, i, "hello"))
+            elif what == "hello":  # the probe's heartbeat: only while no step frame says the rank lives
+                if now - steps_at[i] >= STEPS_ALIVE_S or now - hello_at[i] >= HELLO_MAX_S:
+                    send(i, "hello", now, {**hello, "local_rank": ranks[i] % 8})
+                    hello_at[i] = now
+                heapq.heappush(heap, (due + HELLO_S, i, "hello"))
             elif what == "flops":
                 send(i, "flops", now, {**flops, "step": max(1, last[i])})
                 heapq.heappush(heap, (due + cfg["flops_every_s"], i, "flops"))
@@ -871,6 +877,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     from flowtop.monitor.rankkernels import add_window, build_window
     from flowtop.monitor.wiring import make_model
     from probe import wire
+    from probe.transport.publisher import HELLO_MAX_S  # a stepping rank's hello: its steps are its heartbeat
     from probe.wire.steps import encode_fields
 
     from flowtop.monitor import gcpolicy
@@ -906,7 +913,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     for key in keys:
         hello = {**tpl["hello"], "world_size": ranks, "local_rank": key.rank % 8}
         send(key, "hello", hello, timed=False)  # the first makes the rank
-        send(key, "hello", dict(hello))  # timed: the one every 2 s after it, unchanged
+        send(key, "hello", dict(hello))  # timed: the one every HELLO_MAX_S after it, unchanged
         send(key, "flops", dict(tpl["flops"]))
     window = build_window(tpl["kernels"])
     for b in range(40):
@@ -938,7 +945,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
     frame_kind = ("steps" if per_frame > 1 else "step") if records else "stepcols"
     rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
-             "telemetry": 1.0 / _telemetry_s(flush_s), "hello": 0.5, "flops": 1.0 / flops_every_s}
+             "telemetry": 1.0 / _telemetry_s(flush_s), "hello": 1.0 / HELLO_MAX_S, "flops": 1.0 / flops_every_s}
     per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
     tick_s = statistics.mean(ticks[1:])  # the first tick builds every view
     return {

@@ -8,10 +8,14 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 from conftest import probed_env
 from monitor_thread import MonitorThread
+from probe.wire import RankKey
 
 _LOOP = textwrap.dedent("""
     import json, sys, time
@@ -62,3 +66,45 @@ def test_a_one_ms_loop_sends_about_ten_frames_a_second_and_loses_nothing(monitor
     assert list(r.history.steps) == list(range(truth["steps"] - len(hist) + 1, truth["steps"] + 1))
     theirs = statistics.median(truth["walls"][-len(hist):])
     assert abs(statistics.median(hist) - theirs) / theirs < 0.2
+
+
+def test_step_frames_stand_in_for_the_hello_heartbeat_and_a_rank_that_stops_stepping_sends_it_again(
+        monitor: MonitorThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While step frames leave they keep the rank heard: one hello at the start, not one every
+    2 s (a third of the frames at 4,096 ranks). A rank that stops stepping but lives (hung in a
+    collective) sends its hello again 2.5 s after its last step frame and every 2 s after: the
+    monitor sees it stalled, never silent long enough to be stale."""
+    from probe.transport import publisher as publisher_mod
+    from probe.transport.publisher import Publisher
+
+    hellos: list[float] = []
+    encode = publisher_mod.wire.encode
+
+    def counted(kind, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if kind == "hello":
+            hellos.append(time.monotonic())
+        return encode(kind, *args, **kwargs)
+
+    monkeypatch.setattr(publisher_mod.wire, "encode", counted)
+    pub = Publisher(RankKey("beat", "h", 4321, 0, 0), monitor.listen)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not hellos and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for step in range(1, 501):  # 5 s of 10 ms steps
+            pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 8, "drops": 0})
+            time.sleep(0.01)
+        stopped = time.monotonic()
+        assert len(hellos) == 1, hellos  # was 3-4 (one every 2 s)
+        statuses: set[str] = set()
+        while time.monotonic() < stopped + 8:  # 8 s without a step: stalled after 5
+            snap = monitor.snapshot()
+            statuses |= {r.status for j in snap.jobs for r in j.ranks}
+            time.sleep(0.1)
+        assert "stalled" in statuses and "stale" not in statuses, statuses
+        again = [t - stopped for t in hellos[1:]]
+        assert again and 2.4 <= again[0] <= 4.0 and len(again) >= 3, again  # 2.5 s after, then every 2 s
+    finally:
+        pub.close()
