@@ -101,12 +101,12 @@ def fd_needs(ranks: int, workers: int, path: str, per_relay: int, relays_per_pro
 
 
 def _templates() -> dict[str, dict[str, Any]]:
-    from flowtop.monitor.recording import read_recording
+    from flowtop.monitor.recording import read_frames
     from probe import wire
     from probe.wire.steps import encode_fields
 
     out: dict[str, dict[str, Any]] = {}
-    for _, frame in read_recording(REC):
+    for _, frame in read_frames(REC):
         msg = wire.decode(frame)
         out.setdefault(msg.kind, dict(msg.fields))
     return out
@@ -928,7 +928,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     ticks = []
     # A job larger than RANKS_PER_TICK spreads its full refresh and its hints over several ticks:
     # the mean over whole rounds is what the data thread pays.
-    from flowtop.monitor.model import RANKS_PER_TICK
+    from flowtop.monitor.rotation import RANKS_PER_TICK
     for _ in range(4 * -(-ranks // RANKS_PER_TICK) + 1):
         now[0] += TICK_S
         for key in keys:  # every rank changed since the last tick (they all send ~10 frames/s)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flowtop.monitor.kernel_worker import KernelWorker  # noqa: E402
-from flowtop.monitor.recording import read_recording  # noqa: E402
+from flowtop.monitor.recording import read_frames  # noqa: E402
 from flowtop.monitor.rankkernels import build_window  # noqa: E402
 from flowtop.monitor.wiring import make_model  # noqa: E402
 from probe import wire  # noqa: E402
@@ -36,7 +36,7 @@ def _messages(ranks: int) -> tuple[list[wire.Message], list[wire.Message]]:
     """A hello and a step per rank, then one kernel window per rank (copies of the real one)."""
     setup: list[wire.Message] = []
     window: wire.Message | None = None
-    for _, frame in read_recording(RECORDING):
+    for _, frame in read_frames(RECORDING):
         msg = wire.decode(frame)
         if msg.kind in ("hello", "step") and len(setup) < 2:
             setup.append(msg)

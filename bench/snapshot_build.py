@@ -34,14 +34,14 @@ REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
 
 def _template() -> tuple[dict[str, dict], list[dict], object]:
     """One rank's last fields per kind, its step records and a built kernel window."""
-    from flowtop.monitor.recording import read_recording
+    from flowtop.monitor.recording import read_frames
     from flowtop.monitor.rankkernels import build_window
     from probe import wire
 
     last: dict[str, dict] = {}
     steps: list[dict] = []
     stats = None
-    for _, frame in read_recording(REC):
+    for _, frame in read_frames(REC):
         msg = wire.decode(frame)
         if msg.kind == "step":
             steps.append(dict(msg.fields))

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import flowtop.monitor.model as model_mod
-from flowtop.monitor import pacing, thinning
+from flowtop.monitor import pacing, rotation, thinning
 from flowtop.monitor.collector import Collector
 from flowtop.monitor.model import Model
 from flowtop.monitor.pacing import Busy
@@ -25,23 +24,22 @@ TICKS_BOUND, ROOM, FRAMES_BOUND = Busy(0.2, 0.6, 2.0), Busy(0.2, 0.2, 2.0), Busy
 
 
 def test_ticks_that_crowd_out_frames_spread_thinner_and_back_when_there_is_room() -> None:
-    """4,096 ranks, 512 a tick: a round of 8 ticks. Busy 80 %, 60 % of it ticks: the spread doubles
-    (16 ticks a round, then 32, 64), a renewal watching after each change, at most 8; busy with
-    frames it holds (pacing's business); with room for twice the ticks it halves back to 1."""
+    """4,096 ranks, 512 a tick: a round of 8 ticks (4 s). Readings every 2 s, busy 80 %, 60 % of it
+    ticks: each decision reads a whole round at the spread in force, so the spread doubles after 2
+    readings (to 2: a round of 16 ticks, 8 s), after 4 more (to 4: 16 s), after 8 more (to 8, at
+    most); busy with frames, or without room for twice the ticks, it holds; with room it halves
+    back a round at a time."""
     t = thinning.Thinner()
     spreads, spread = [], 1
-    for _ in range(7):
+    for _ in range(14):
         spread = t.due(spread, TICKS_BOUND, 4096)
         spreads.append(spread)
-    assert spreads == [2, 2, 4, 4, 8, 8, 8]
-    assert t.due(8, FRAMES_BOUND, 4096) == 8  # fewer ranks a tick would not help
-    assert t.due(8, Busy(0.3, 0.3, 2.0), 4096) == 8  # 0.6 + twice the 0.3 of ticks: no room
-    assert t.due(8, None, 4096) == 8  # not measured: holds
-    back = []
-    for _ in range(4):
-        spread = t.due(spread, ROOM, 4096)  # 0.4 + 0.2 < 0.7
-        back.append(spread)
-    assert back == [4, 2, 1, 1]
+    assert spreads == [1, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4, 8]
+    for held in (FRAMES_BOUND, Busy(0.3, 0.3, 2.0)):  # fewer ranks a tick would not help; no room
+        assert [t.due(8, held, 4096) for _ in range(16)] == [8] * 16  # a round at 8: 64 ticks, 32 s
+    assert t.due(8, None, 4096) == 8  # not measured: holds, and counts for nothing
+    back = [t.due(s, ROOM, 4096) for s, n in ((8, 16), (4, 8), (2, 4)) for _ in range(n)]  # 0.4 + 0.2 < 0.7
+    assert back == [8] * 15 + [4] + [4] * 7 + [2] + [2] * 3 + [1]
 
 
 def test_a_spread_that_changes_nothing_for_the_largest_job_is_not_taken() -> None:
@@ -62,7 +60,7 @@ def test_the_spread_notice_says_what_refreshes_how_often_and_why() -> None:
 
 
 def test_a_spread_record_is_known_by_a_replay_and_refused_as_a_frame_by_older_ones() -> None:
-    for s in model_mod.SPREADS:
+    for s in rotation.SPREADS:
         assert thinning.spread_of(thinning.spread_record(s)) == s
     frame = wire.encode("hello", RankKey("j", "h", 1, 0, 0), 0, 1.0, {"local_rank": 0})
     assert thinning.spread_of(frame) is None
@@ -88,7 +86,7 @@ def _steps(model: Model, key: RankKey, first: int, now: float) -> None:
 
 def test_a_thinner_spread_rebuilds_fewer_ranks_a_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     """10 ranks, 4 a tick: a round of 3 ticks; at spread 2, 2 a tick: a round of 5 ticks."""
-    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", PER_TICK)
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
     model = make_model()
     keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
     for key in keys:
@@ -110,7 +108,7 @@ def test_a_thinner_spread_rebuilds_fewer_ranks_a_tick(monkeypatch: pytest.Monkey
 
 
 def test_a_replay_spreads_its_ticks_where_the_recording_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", PER_TICK)
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
     path = tmp_path / "run.rec"
     rec = Recorder(path)
     rec.start(0.0)
@@ -149,7 +147,7 @@ def test_a_live_monitor_whose_ticks_crowd_out_frames_thins_them_and_records_it(
     evaluation a tick. At 0.4 s an evaluation the data thread spends 80 % on ticks: the collector
     spreads them twice as thin (a round of 4 ticks, 40 %) and tells the user; with quick rules it
     goes back to 1. Both changes are in the recording, where the replay finds them."""
-    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", 2)
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 2)
     monkeypatch.setattr(pacing, "RENEW_S", 0.5)
     monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
     hints = _SlowHints()
@@ -181,3 +179,26 @@ def test_a_live_monitor_whose_ticks_crowd_out_frames_thins_them_and_records_it(
         monitor.close()
     spreads = [thinning.spread_of(frame) for _, frame in read_recording(tmp_path / "live.rec")]
     assert [s for s in spreads if s is not None][:2] == [2, 1]
+
+
+def test_a_forged_spread_record_is_refused_live_and_in_the_replay(tmp_path: Path) -> None:
+    """A peer that sends the exact bytes of a spread record is refused by the live monitor (not a
+    wire frame) and must be refused again in the replay, not change how it spreads its ticks."""
+    from flowtop.monitor.recording import read_frames
+
+    path = tmp_path / "forged.rec"
+    rec = Recorder(path)
+    collector = Collector(make_model(), "tcp://127.0.0.1:1", recorder=rec)  # not started: frames handed in
+    rec.start(0.0)
+    collector.handle_frame(thinning.spread_record(8), 1.0)
+    collector.handle_frame(wire.encode("hello", RankKey("j", "h", 1, 0, 0), 0, 1.2, {
+        "local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "t"}), 1.2)
+    rec.write(1.4, thinning.spread_record(2), received=False)  # the monitor's own record
+    rec.close()
+    live = collector.model
+    assert live.spread == 1 and live.rejected == 1 and rec.frames == 2  # two received, one of them refused
+    replayed = make_model()
+    replay_all(path, replayed)
+    assert replayed.spread == 2  # its own record applies; the forged one does not
+    assert replayed.rejected == 1 and dict(replayed.rejected_reasons) == dict(live.rejected_reasons)
+    assert len(list(read_frames(path))) == 2  # the frames received, not the monitor's record

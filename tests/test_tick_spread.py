@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import flowtop.monitor.model as model_mod
+from flowtop.monitor import accounting, rotation
 from flowtop.monitor.wiring import make_model
 from probe import wire
 from probe.wire import RankKey
@@ -16,7 +16,7 @@ RANKS, PER_TICK = 10, 4  # spread: ceil(10 / 4) = 3 ticks
 
 @pytest.fixture
 def small_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_mod, "RANKS_PER_TICK", PER_TICK)
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
 
 
 def _feed(model, keys, first_step: int, now: float, wall: dict[int, float] | None = None) -> None:
@@ -103,7 +103,7 @@ def test_a_bye_in_a_large_job_rebuilds_only_this_ticks_share(small_ticks: None) 
                                              (8, {0: (0, 2), 4: (1, 2)})])
 def test_a_large_jobs_rules_are_measured_in_two_shares_a_round(spread: int, due: dict) -> None:
     for tick in range(3 * spread):
-        assert model_mod._hint_share(tick, spread) == due.get(tick % spread)
+        assert rotation.hint_share(tick, spread) == due.get(tick % spread)
 
 
 def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: None) -> None:
@@ -124,7 +124,7 @@ def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: Non
             break
     _feed(model, keys[:2], step, now)  # ranks 0 and 1 step once more, then a tick runs share 0 only
     model.tick(now)
-    assert model_mod._hint_share(model.ticks, 3) == (0, 2)
+    assert rotation.hint_share(model.ticks, 3) == (0, 2)
     model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
     assert whole == [now]  # share 1 never saw rank 0's last step: a last look
     now += 0.5
@@ -141,12 +141,17 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
     model = make_model()
     keys = [RankKey("big", f"h{r // 2}", 900 + r, r, 0) for r in range(RANKS)]
     now = 2.0
+    for key in keys:  # a FLOP count each: figures that a stall zeroes
+        model.ingest(wire.decode(wire.encode("flops", key, 0, now, {
+            "step": 2, "model_flops": 1e9, "executed_flops": 1e9, "attention": "full", "dtype": "fp32",
+            "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 32})), now)
     for step in range(1, 31, 5):
         _feed(model, keys, step, now)
         model.tick(now)
         now += 0.5
+    last_step_at = now - 0.5
     hello = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
-    statuses, rebuilt = [], []
+    statuses, rebuilt, job_stall = [], [], []
     for _ in range(20):  # 10 s of heartbeats and no step: stalled past the 5 s limit
         for key in keys:
             model.ingest(wire.decode(wire.encode("hello", key, 0, now, hello)), now)
@@ -154,6 +159,7 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
         snap = model.tick(now)
         statuses.append({r.status for r in snap.jobs[0].ranks})
         rebuilt.append(model.views.built - built)
+        job_stall.append((now - last_step_at, snap.jobs[0].flops.stalled_s, snap.jobs[0].flops.mfu_reason))
         now += 0.5
     start = statuses.index({"stalled"})
     assert statuses[start:] == [{"stalled"}] * (20 - start) and start > 0
@@ -162,3 +168,8 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
     assert all(n <= -(-RANKS // 3) for n in rebuilt[start + 1:]), rebuilt
     # every rank's view (its "no step for N s") rebuilt once a round: never more than a round old
     assert sum(rebuilt[start + 1:start + 4]) == RANKS, rebuilt
+    ranks = snap.jobs[0].ranks
+    assert all(r.tokens_per_s == 0.0 and r.flops.flops_per_s == 0.0 and r.flops.mfu == 0.0 for r in ranks)
+    # the job's "no step for N s" is the time since its newest step now, at every tick, not a round old
+    for since, stalled_s, reason in job_stall[start:]:
+        assert stalled_s == pytest.approx(since) and reason == accounting.stalled_reason(since)

@@ -155,8 +155,10 @@ def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float |
     }
 
 
-def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
-    """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks."""
+def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = None) -> FlopsView | None:
+    """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks. ``newest_step_s``:
+    seconds since the ranks' newest step, from their state, for the stall of a job whose every rank
+    is stalled (a rank's view between its turns says how long it had stalled a round ago)."""
     vs = [v for v in views if v is not None]
     if not vs:
         return None
@@ -185,7 +187,7 @@ def job_flops(views: Sequence[FlopsView | None]) -> FlopsView | None:
     job_stalled = None
     if stalled and len(stalled) == len(vs):
         # Every rank stalled: the job makes no step either, for as long as the least-stalled rank.
-        job_stalled = min(stalled)
+        job_stalled = newest_step_s if newest_step_s is not None else min(stalled)
         reason = stalled_reason(job_stalled)
     return FlopsView(
         model_flops_per_step=total("model_flops_per_step"),

@@ -36,11 +36,12 @@ from zmq.utils.monitor import parse_monitor_message
 
 from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.fdwatch import FdHeadroom
-from flowtop.monitor.model import RANKS_PER_TICK, Model
+from flowtop.monitor.model import Model
+from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.pacing import RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
-from flowtop.monitor.thinning import Thinner, spread_notice, spread_record
+from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
 from flowtop.monitor.ticker import Ticker
 from probe import wire
 
@@ -367,7 +368,7 @@ class Collector:
         model.set_spread(spread)
         if self.recorder is not None:  # a replay spreads its ticks where this monitor did
             try:
-                self.recorder.write(now, spread_record(spread))
+                self.recorder.write(now, spread_record(spread), received=False)
             except Exception as exc:
                 self._stop_recording(exc)
         model.notices.add("information", spread_notice(spread, busy, largest), now)
@@ -454,7 +455,7 @@ class Collector:
         arrival, so that a replay feeds frames in the order the live monitor saw them."""
         if self.recorder is not None:
             try:
-                self.recorder.write(now, frame)
+                self.recorder.write(now, recorded(frame))
             except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
                 self._stop_recording(exc)
         self._frame_at = now

@@ -38,52 +38,19 @@ from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
 from flowtop.monitor.rankviews import RankViews
+from flowtop.monitor.rotation import RANKS_PER_TICK, SPREADS, hint_share, ticks_per_round  # noqa: F401 (RANKS_PER_TICK re-exported)
 from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import Message, RankKey, StepColumns, step_columns
 
 _log = logging.getLogger("flowtop.model")
 
-#: Ranks of a job whose views a tick rebuilds in full and whose hints it evaluates: a larger
-#: job's views are rebuilt over ceil(ranks / RANKS_PER_TICK) ticks, staggered by rank (the others
-#: get their step and liveness only), and its hints are evaluated once in that many ticks (in
-#: HINT_SHARES shares). At 4,096 ranks a rank's figures and the job's hints then refresh every
-#: 4 s instead of 0.5 s; the tick stays within its budget (bench/ingest.py --costs: a full view
-#: and the hints cost ~0.3 ms a rank).
-RANKS_PER_TICK = 512
-
-#: How much thinner than RANKS_PER_TICK a tick may spread a large job's work (Model.spread; set by
-#: the collector when its ticks crowd out its frames, flowtop.monitor.thinning; recorded, so that a
-#: replay spreads its ticks where the live monitor did).
-SPREADS = (1, 2, 4, 8)
-
-def ranks_per_tick(spread: int = 1) -> int:
-    """Ranks of a large job whose views a tick rebuilds in full at ``spread``."""
-    return max(1, RANKS_PER_TICK // spread)
-
-
-def ticks_per_round(ranks: int, spread: int = 1) -> int:
-    """Ticks a job of ``ranks`` ranks takes to rebuild every view and measure every rule."""
-    return -(-ranks // ranks_per_tick(spread))
-
-
-#: A large job's rules are measured in this many shares (by table index, a hidden rule with the
-#: rule that hides it), at evenly spaced ticks of each round of ``spread`` ticks (every rule
-#: still once a round). All at one tick held every frame behind that tick: at 4,096 ranks the
-#: longest tick took 1.2-1.8 s of CPU on a 2-core box, 0.8-1.4 s in two shares, at about the same
-#: CPU a round (+7 %, within noise); more shares cost more (each walks every rank again with cold
-#: caches: +10-20 % tick CPU at 4 or 8).
-HINT_SHARES = 2
-
-
-def _hint_share(tick: int, spread: int) -> tuple[int, int] | None:
-    """(share, shares) to measure at ``tick`` of a job whose round is ``spread`` ticks, or None."""
-    shares = min(HINT_SHARES, spread)
-    at = tick % spread
-    for k in range(shares):
-        if at == k * spread // shares:
-            return k, shares
-    return None
+def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) -> float | None:
+    """Seconds since the newest step of a job all of whose running ranks are stalled, else None."""
+    if not ranks or any(r.status != "stalled" for r in ranks if r.status != "done"):
+        return None
+    last = [st.steps.last_recv() for r, st in zip(ranks, states) if r.status == "stalled" and st.steps]
+    return now - max(last) if last else None
 
 
 #: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
@@ -349,7 +316,7 @@ class Model:
             snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
             if spread == 1:
                 jobs.append(self._evaluate(snap, now))
-            elif (share := _hint_share(self.ticks, spread)) is not None:
+            elif (share := hint_share(self.ticks, spread)) is not None:
                 jobs.append(self._evaluate(snap, now, share))
             else:
                 jobs.append(replace(snap, hints=self._hints.get(job, ())))
@@ -477,8 +444,9 @@ class Model:
             step=min(r.step for r in live),
             step_time_s=max(times) if times else None,
             tokens_per_s=tokens_per_s,
-            flops=parallelism.job_flops_per_token(accounting.job_flops([r.flops for r in counted]),
-                                                  counted, tokens_basis),
+            flops=parallelism.job_flops_per_token(
+                accounting.job_flops([r.flops for r in counted], _newest_step_s(ranks, states, now)),
+                counted, tokens_basis),
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),

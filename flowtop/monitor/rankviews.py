@@ -56,7 +56,7 @@ class RankViews:
         """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank).
 
         ``full=False`` (a rank of a job too large to rebuild every view at every tick, see
-        flowtop.monitor.model.RANKS_PER_TICK): only its step, when it was heard and its status are
+        flowtop.monitor.rotation.RANKS_PER_TICK): only its step, when it was heard and its status are
         brought up to date; its figures stay those of its last full view, a few ticks old.
         ``glance`` (between two ticks): only its step and when it was heard; a rank whose status
         changed keeps its last view until the tick, so statuses change with the hints, at ticks."""

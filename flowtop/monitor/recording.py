@@ -62,15 +62,16 @@ class Recorder:
         first frame's time), so that a replay's ticks fall where the live ones did."""
         self._t0 = t0
 
-    def write(self, now: float, frame: bytes) -> None:
-        """Record one frame received at monitor time ``now``."""
+    def write(self, now: float, frame: bytes, received: bool = True) -> None:
+        """Record one frame received at monitor time ``now`` (``received`` False: a record of the
+        monitor's own, flowtop.monitor.thinning, not counted in :attr:`frames`)."""
         if self._fh is None:
             return
         if self._t0 is None:
             self._t0 = now
         rec = msgpack.packb([now - self._t0, bytes(frame)], use_bin_type=True)
         self._fh.write(_LEN.pack(len(rec)) + rec)
-        self.frames += 1
+        self.frames += received
 
     def close(self) -> None:
         """Flush and close the file; never raises (a full disk must not cost the snapshot).
@@ -148,6 +149,12 @@ def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None
                 raise RecordingError(f"{path}: damaged record")
             frames, last = frames + 1, float(t)
             yield last, frame
+
+
+def read_frames(path: str | Path) -> Iterator[tuple[float, bytes]]:
+    """:func:`read_recording` without the monitor's own records (a spread change): the frames
+    the monitor received, for tools that decode each one."""
+    return ((t, frame) for t, frame in read_recording(path) if spread_of(frame) is None)
 
 
 class Feeder:

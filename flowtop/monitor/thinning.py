@@ -13,7 +13,9 @@ before they queue up and drop.
 A replay must spread its ticks where the live monitor did, or its hints would differ: each change
 is written into the recording as a record of its own (:func:`spread_record`), which the replay
 applies at the same instant (flowtop.monitor.recording.feed). A reader that does not know it
-rejects it as a bad frame, counted, and replays the rest.
+rejects it as a bad frame, counted, and replays the rest. A received frame with the same bytes
+(forged by a peer) is recorded altered (:func:`recorded`): refused live, it is refused in a replay
+too instead of changing it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import msgpack
 
 from flowtop.monitor.clock import TICK_S
-from flowtop.monitor.model import SPREADS, ranks_per_tick, ticks_per_round
+from flowtop.monitor.rotation import SPREADS, ranks_per_tick, ticks_per_round
 from flowtop.monitor.pacing import BUSY_HIGH, Busy
 
 #: The least share of the data thread's time ticks must take for a thinner spread to help.
@@ -46,19 +48,28 @@ def next_spread(spread: int, busy: Busy | None, largest: int) -> int:
 
 
 class Thinner:
-    """When to change the model's spread (the collector calls :meth:`due` at each pace renewal)."""
+    """When to change the model's spread (the collector calls :meth:`due` at each pace renewal).
+
+    A decision reads the data thread's load over a whole round of the largest job at the spread in
+    force (the renewals' readings summed until then): a round's rules run at a few of its ticks
+    only, and a 2 s reading without them would show room that is not there and flap between two
+    spreads, a share of the rules left unmeasured at each flap."""
 
     def __init__(self) -> None:
-        self._settle = False  # the last renewal thinned: the next one only watches
+        self._frames = self._ticks = self._span = 0.0  # seconds summed since the last decision
 
     def due(self, spread: int, busy: Busy | None, largest: int) -> int:
         """The spread to use from now on (``spread`` when nothing changes)."""
-        after = next_spread(spread, busy, largest)
-        if after > spread and self._settle:  # ticks under way still take the old share
-            self._settle = False
+        if busy is None:
             return spread
-        self._settle = after > spread
-        return after
+        self._frames += busy.frames * busy.span_s
+        self._ticks += busy.ticks * busy.span_s
+        self._span += busy.span_s
+        if self._span < ticks_per_round(largest, spread) * TICK_S:
+            return spread
+        whole = Busy(self._frames / self._span, self._ticks / self._span, self._span)
+        self._frames = self._ticks = self._span = 0.0
+        return next_spread(spread, whole, largest)
 
 
 def spread_notice(spread: int, busy: Busy | None, largest: int) -> str:
@@ -80,6 +91,15 @@ def spread_record(spread: int) -> bytes:
 
 _RECORDS = {spread_record(s): s for s in SPREADS}
 _LENGTHS = frozenset(len(r) for r in _RECORDS)
+
+
+def recorded(frame: bytes) -> bytes:
+    """A received frame as the recording keeps it: as it came, unless it has the bytes of a spread
+    record (a peer forging one to change what a replay shows): then a copy that a replay refuses
+    as the live monitor refused the original, with the same reason."""
+    if spread_of(frame) is None:
+        return frame
+    return msgpack.packb({**msgpack.unpackb(frame), "received": True})
 
 
 def spread_of(frame: bytes) -> int | None:

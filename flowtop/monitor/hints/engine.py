@@ -152,7 +152,7 @@ class HintEngine:
         ``phase`` (k, n): only the rules whose table index is k modulo n (a hidden rule's: that of
         the rule hiding it) are measured now, the others' hints are held as they are (the model
         measures a large job's rules in shares at different ticks, see
-        flowtop.monitor.model.HINT_SHARES)."""
+        flowtop.monitor.rotation.HINT_SHARES)."""
         self._end_hints(job)
         if job.status == "done":
             return self._ended_hints(job.job, ())  # nothing runs: the diagnosis stands as it was
