@@ -515,6 +515,24 @@ def test_kernel_frames_beyond_the_byte_rate_are_refused_before_validation() -> N
         wire.decode(frame)
 
 
+def test_a_monitor_spreading_its_ticks_thinner_takes_kernel_windows_at_a_share_of_the_rate() -> None:
+    """At spread 4 (flowtop.monitor.thinning: ticks crowd out frames) the monitor's overall kernel
+    byte rate is a quarter: 1,500/s -> 375/s; the burst stays (a large window still fits)."""
+    from flowtop.monitor.limits import KernelBudget, Limits
+
+    t, spread = [0.0], [1]
+    budget = KernelBudget(Limits(kernel_bytes_per_s_rank=10**6, kernel_burst_rank=10**7, kernel_bytes_per_s=1500,
+                                 kernel_burst=8000), lambda: t[0], lambda: spread[0])
+    keys = [wire.RankKey("j", "h", 10 + r, r, 0) for r in range(40)]
+    assert budget(keys[0], "kernels", 8000) == ""  # the whole burst
+    spread[0] = 4
+    t[0] = 4.0  # 4 s at 375/s: 1,500 bytes
+    assert budget(keys[1], "kernels", 1500) == "" and "monitor's" in budget(keys[2], "kernels", 1)
+    spread[0] = 1
+    t[0] = 6.0  # 2 s at 1,500/s: 3,000 bytes
+    assert budget(keys[3], "kernels", 3000) == "" and "monitor's" in budget(keys[4], "kernels", 1)
+
+
 def test_a_window_frees_its_profiler_session_without_waiting_for_gc() -> None:
     """torch's profile objects sit in reference cycles: a session's event storage used to wait
     for a full collection (RSS +90 MB per 100 windowed steps of the demo GPT between them)."""

@@ -171,7 +171,7 @@ class Collector:
 
         self._frame_at = 0.0  # receive time of the frame being decoded (its batch's)
         # On the frame's receive time, not the clock's: a replay then refuses the same windows.
-        self._kernel_budget = KernelBudget(model.limits, lambda: self._frame_at)
+        self._kernel_budget = KernelBudget(model.limits, lambda: self._frame_at, lambda: model.spread)
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
         self.start_error = ""
         #: When the glance between two ticks is due: a snapshot of steps and liveness only (the

@@ -56,11 +56,16 @@ class TokenBucket:
 
 
 class KernelBudget:
-    """Admits kernels frames within per-rank and overall byte rates (a ``probe.wire.Admit``)."""
+    """Admits kernels frames within per-rank and overall byte rates (a ``probe.wire.Admit``).
 
-    def __init__(self, limits: Limits, clock: Callable[[], float]) -> None:
+    ``spread``: the model's tick spread (flowtop.monitor.thinning). A monitor whose ticks crowd out
+    its frames also takes kernel windows at 1/spread of the overall rate (a window costs ~4 ms of
+    validation); the spread is recorded, so a replay refuses the same windows."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float], spread: Callable[[], int] = lambda: 1) -> None:
         self._limits = limits
         self._clock = clock
+        self._spread = spread
         self._all = TokenBucket(limits.kernel_bytes_per_s, limits.kernel_burst)
         self._ranks: dict[object, TokenBucket] = {}
 
@@ -76,6 +81,7 @@ class KernelBudget:
             bucket = self._ranks[key] = TokenBucket(lim.kernel_bytes_per_s_rank, lim.kernel_burst_rank)
         if not bucket.take(now, size):
             return "kernel window refused: over the per-rank kernel byte rate"
+        self._all.rate = lim.kernel_bytes_per_s / self._spread()
         if not self._all.take(now, size):
             bucket.give_back(size)  # not spent: the rank's own allowance is given back
             return "kernel window refused: over the monitor's kernel byte rate"

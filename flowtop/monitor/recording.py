@@ -166,7 +166,7 @@ class Feeder:
 
         self.model = model
         self._now = 0.0
-        self._budget = KernelBudget(model.limits, lambda: self._now)
+        self._budget = KernelBudget(model.limits, lambda: self._now, lambda: model.spread)
 
     def __call__(self, frame: bytes, now: float) -> None:
         self._now = now

@@ -8,7 +8,8 @@ the collector doubles :attr:`Model.spread` (a tick then rebuilds half as many ra
 of hints takes twice as many ticks), up to the largest of model.SPREADS; it halves it again
 whenever the ticks' share doubled would still keep the thread under BUSY_HIGH. A rank's figures
 and the job's hints then refresh every 8 s instead of 4 s at 4,096 ranks, but frames are read
-before they queue up and drop.
+before they queue up and drop. Kernel windows (~4 ms of validation each) are then admitted at
+1/spread of the monitor's byte rate (flowtop.monitor.limits.KernelBudget).
 
 A replay must spread its ticks where the live monitor did, or its hints would differ: each change
 is written into the recording as a record of its own (:func:`spread_record`), which the replay
