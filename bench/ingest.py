@@ -101,7 +101,10 @@ def fd_needs(ranks: int, workers: int, path: str, per_relay: int, relays_per_pro
 
 
 def _templates() -> dict[str, dict[str, Any]]:
-    from flowtop.monitor.recording import read_frames
+    try:
+        from flowtop.monitor.recording import read_frames
+    except ImportError:  # a checkout from before the monitor's own records (A/B runs)
+        from flowtop.monitor.recording import read_recording as read_frames
     from probe import wire
     from probe.wire.steps import encode_fields
 
@@ -150,7 +153,11 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     import zmq
 
     from flowtop.monitor.relays import encode_stamp
-    from probe.transport.publisher import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S
+    try:
+        from probe.transport.publisher import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S
+    except ImportError:  # a checkout from before 8ad3187 (A/B runs): its probe's hello every 2 s
+        HELLO_S = HELLO_MAX_S = 2.0
+        STEPS_ALIVE_S = 0.0
     from probe import wire
     from probe.wire.link import upstream_options
 
