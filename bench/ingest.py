@@ -884,7 +884,10 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     from flowtop.monitor.rankkernels import add_window, build_window
     from flowtop.monitor.wiring import make_model
     from probe import wire
-    from probe.transport.publisher import HELLO_MAX_S  # a stepping rank's hello: its steps are its heartbeat
+    try:
+        from probe.transport.publisher import HELLO_MAX_S  # a stepping rank's hello: its steps are its heartbeat
+    except ImportError:  # a checkout from before 8ad3187 (A/B runs): a hello every 2 s
+        HELLO_MAX_S = 2.0
     from probe.wire.steps import encode_fields
 
     from flowtop.monitor import gcpolicy
@@ -935,7 +938,10 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     ticks = []
     # A job larger than RANKS_PER_TICK spreads its full refresh and its hints over several ticks:
     # the mean over whole rounds is what the data thread pays.
-    from flowtop.monitor.rotation import RANKS_PER_TICK
+    try:
+        from flowtop.monitor.rotation import RANKS_PER_TICK
+    except ImportError:  # a checkout from before 95a3010 (A/B runs)
+        from flowtop.monitor.model import RANKS_PER_TICK
     for _ in range(4 * -(-ranks // RANKS_PER_TICK) + 1):
         now[0] += TICK_S
         for key in keys:  # every rank changed since the last tick (they all send ~10 frames/s)

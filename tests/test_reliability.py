@@ -517,20 +517,27 @@ def test_kernel_frames_beyond_the_byte_rate_are_refused_before_validation() -> N
 
 def test_a_monitor_spreading_its_ticks_thinner_takes_kernel_windows_at_a_share_of_the_rate() -> None:
     """At spread 4 (flowtop.monitor.thinning: ticks crowd out frames) the monitor's overall kernel
-    byte rate is a quarter: 1,500/s -> 375/s; the burst stays (a large window still fits)."""
+    byte rate is a quarter, 1,500/s -> 375/s, from the instant the spread changed (what accrued
+    before, at the old rate); the burst stays (a large window still fits)."""
     from flowtop.monitor.limits import KernelBudget, Limits
 
     t, spread = [0.0], [1]
     budget = KernelBudget(Limits(kernel_bytes_per_s_rank=10**6, kernel_burst_rank=10**7, kernel_bytes_per_s=1500,
                                  kernel_burst=8000), lambda: t[0], lambda: spread[0])
-    keys = [wire.RankKey("j", "h", 10 + r, r, 0) for r in range(40)]
-    assert budget(keys[0], "kernels", 8000) == ""  # the whole burst
+    keys = iter(wire.RankKey("j", "h", 10 + r, r, 0) for r in range(40))
+    assert budget(next(keys), "kernels", 8000) == ""  # the whole burst
     spread[0] = 4
+    budget.respread(0.0)
     t[0] = 4.0  # 4 s at 375/s: 1,500 bytes
-    assert budget(keys[1], "kernels", 1500) == "" and "monitor's" in budget(keys[2], "kernels", 1)
+    assert budget(next(keys), "kernels", 1500) == "" and "monitor's" in budget(next(keys), "kernels", 1)
     spread[0] = 1
+    budget.respread(4.0)
     t[0] = 6.0  # 2 s at 1,500/s: 3,000 bytes
-    assert budget(keys[3], "kernels", 3000) == "" and "monitor's" in budget(keys[4], "kernels", 1)
+    assert budget(next(keys), "kernels", 3000) == "" and "monitor's" in budget(next(keys), "kernels", 1)
+    spread[0] = 4
+    budget.respread(8.0)  # 2 s more at 1,500/s before the change: 3,000
+    t[0] = 12.0  # then 4 s at 375/s: 1,500
+    assert budget(next(keys), "kernels", 4500) == "" and "monitor's" in budget(next(keys), "kernels", 1)
 
 
 def test_a_window_frees_its_profiler_session_without_waiting_for_gc() -> None:

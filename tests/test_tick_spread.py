@@ -173,3 +173,34 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
     # the job's "no step for N s" is the time since its newest step now, at every tick, not a round old
     for since, stalled_s, reason in job_stall[start:]:
         assert stalled_s == pytest.approx(since) and reason == accounting.stalled_reason(since)
+
+
+def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newest_step(small_ticks: None) -> None:
+    """The usual hang: one rank dies (silent: stale), the others wait for it in a collective
+    (talking, no step: stalled). The job's "no step for N s" is the time since its newest step at
+    every tick, not a light copy's figure of a round ago."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 950 + r, r, 0) for r in range(RANKS)]
+    now = 2.0
+    for key in keys:
+        model.ingest(wire.decode(wire.encode("flops", key, 0, now, {
+            "step": 2, "model_flops": 1e9, "executed_flops": 1e9, "attention": "full", "dtype": "fp32",
+            "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 32})), now)
+    for step in range(1, 31, 5):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now += 0.5
+    last_step_at = now - 0.5
+    hello = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
+    seen = []
+    for _ in range(20):  # rank 0 silent; the others heartbeat without a step
+        for key in keys[1:]:
+            model.ingest(wire.decode(wire.encode("hello", key, 0, now, hello)), now)
+        snap = model.tick(now)
+        statuses = {r.status for r in snap.jobs[0].ranks}
+        if statuses == {"stale", "stalled"}:
+            seen.append((now - last_step_at, snap.jobs[0].flops.stalled_s))
+        now += 0.5
+    assert len(seen) >= 5
+    for since, stalled_s in seen:
+        assert stalled_s == pytest.approx(since)

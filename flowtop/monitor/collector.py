@@ -366,6 +366,7 @@ class Collector:
         if spread == model.spread:
             return
         model.set_spread(spread)
+        self._kernel_budget.respread(now)
         if self.recorder is not None:  # a replay spreads its ticks where this monitor did
             try:
                 self.recorder.write(now, spread_record(spread), received=False)

@@ -50,6 +50,13 @@ class TokenBucket:
         self._tokens -= amount
         return True
 
+    def set_rate(self, now: float, rate: float) -> None:
+        """Change the rate from monitor time ``now`` on (what accrued before it, at the old one)."""
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
+            self._at = max(self._at, now)
+        self.rate = rate
+
     def give_back(self, amount: float) -> None:
         """Return ``amount`` taken for something that was refused elsewhere."""
         self._tokens = min(self.burst, self._tokens + amount)
@@ -60,7 +67,8 @@ class KernelBudget:
 
     ``spread``: the model's tick spread (flowtop.monitor.thinning). A monitor whose ticks crowd out
     its frames also takes kernel windows at 1/spread of the overall rate (a window costs ~4 ms of
-    validation); the spread is recorded, so a replay refuses the same windows."""
+    validation), from the instant the spread changed (:meth:`respread`, live and in a replay at the
+    recorded instant: a replay refuses the same windows)."""
 
     def __init__(self, limits: Limits, clock: Callable[[], float], spread: Callable[[], int] = lambda: 1) -> None:
         self._limits = limits
@@ -68,6 +76,10 @@ class KernelBudget:
         self._spread = spread
         self._all = TokenBucket(limits.kernel_bytes_per_s, limits.kernel_burst)
         self._ranks: dict[object, TokenBucket] = {}
+
+    def respread(self, now: float) -> None:
+        """The model's spread changed at monitor time ``now``."""
+        self._all.set_rate(now, self._limits.kernel_bytes_per_s / self._spread())
 
     def __call__(self, key: object, kind: str, size: int) -> str:
         if kind != "kernels":
@@ -81,7 +93,6 @@ class KernelBudget:
             bucket = self._ranks[key] = TokenBucket(lim.kernel_bytes_per_s_rank, lim.kernel_burst_rank)
         if not bucket.take(now, size):
             return "kernel window refused: over the per-rank kernel byte rate"
-        self._all.rate = lim.kernel_bytes_per_s / self._spread()
         if not self._all.take(now, size):
             bucket.give_back(size)  # not spent: the rank's own allowance is given back
             return "kernel window refused: over the monitor's kernel byte rate"

@@ -46,10 +46,11 @@ from probe.wire import Message, RankKey, StepColumns, step_columns
 _log = logging.getLogger("flowtop.model")
 
 def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) -> float | None:
-    """Seconds since the newest step of a job all of whose running ranks are stalled, else None."""
-    if not ranks or any(r.status != "stalled" for r in ranks if r.status != "done"):
+    """Seconds since the newest step of a job none of whose ranks steps (each stalled, or stale:
+    the usual hang is one rank dead and the others stuck in a collective), else None."""
+    if not ranks or any(r.status == "live" for r in ranks):
         return None
-    last = [st.steps.last_recv() for r, st in zip(ranks, states) if r.status == "stalled" and st.steps]
+    last = [st.steps.last_recv() for r, st in zip(ranks, states) if r.status != "done" and st.steps]
     return now - max(last) if last else None
 
 

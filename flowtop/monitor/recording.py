@@ -171,6 +171,8 @@ class Feeder:
     def __call__(self, frame: bytes, now: float) -> None:
         self._now = now
         feed(self.model, frame, now, self._budget)
+        if spread_of(frame) is not None:
+            self._budget.respread(now)  # as the live collector did at that instant
 
 
 def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None) -> None:
