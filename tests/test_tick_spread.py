@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flowtop.monitor import accounting, rotation
+from flowtop.monitor.model import Model
 from flowtop.monitor.wiring import make_model
 from probe import wire
 from probe.wire import RankKey
@@ -133,15 +134,16 @@ def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: Non
     assert whole == [now - 0.5]  # no second look
 
 
-def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: None) -> None:
-    """Every rank of a large job stops stepping but keeps talking (hung in a collective; or a
-    backlog that holds their steps back): the tick the stall starts rebuilds every view (their
-    status changes), the ticks after it only the ranks whose turn it is — not all of them at each
-    tick, which at 4,096 ranks made ticks of the whole job exactly when the user needs the monitor."""
+_HELLO = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
+
+
+def _stepped_job(pid0: int) -> tuple[Model, list[RankKey], float]:
+    """A large job whose ranks have a FLOP count (figures that a stall zeroes) and stepped for 3 s
+    of ticks: (model, keys, the instant after its last step's tick)."""
     model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 900 + r, r, 0) for r in range(RANKS)]
+    keys = [RankKey("big", f"h{r // 2}", pid0 + r, r, 0) for r in range(RANKS)]
     now = 2.0
-    for key in keys:  # a FLOP count each: figures that a stall zeroes
+    for key in keys:
         model.ingest(wire.decode(wire.encode("flops", key, 0, now, {
             "step": 2, "model_flops": 1e9, "executed_flops": 1e9, "attention": "full", "dtype": "fp32",
             "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 32})), now)
@@ -149,12 +151,20 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
         _feed(model, keys, step, now)
         model.tick(now)
         now += 0.5
+    return model, keys, now
+
+
+def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: None) -> None:
+    """Every rank of a large job stops stepping but keeps talking (hung in a collective; or a
+    backlog that holds their steps back): the tick the stall starts rebuilds every view (their
+    status changes), the ticks after it only the ranks whose turn it is — not all of them at each
+    tick, which at 4,096 ranks made ticks of the whole job exactly when the user needs the monitor."""
+    model, keys, now = _stepped_job(900)
     last_step_at = now - 0.5
-    hello = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
     statuses, rebuilt, job_stall = [], [], []
     for _ in range(20):  # 10 s of heartbeats and no step: stalled past the 5 s limit
         for key in keys:
-            model.ingest(wire.decode(wire.encode("hello", key, 0, now, hello)), now)
+            model.ingest(wire.decode(wire.encode("hello", key, 0, now, _HELLO)), now)
         built = model.views.built
         snap = model.tick(now)
         statuses.append({r.status for r in snap.jobs[0].ranks})
@@ -179,23 +189,12 @@ def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newe
     """The usual hang: one rank dies (silent: stale), the others wait for it in a collective
     (talking, no step: stalled). The job's "no step for N s" is the time since its newest step at
     every tick, not a light copy's figure of a round ago."""
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 950 + r, r, 0) for r in range(RANKS)]
-    now = 2.0
-    for key in keys:
-        model.ingest(wire.decode(wire.encode("flops", key, 0, now, {
-            "step": 2, "model_flops": 1e9, "executed_flops": 1e9, "attention": "full", "dtype": "fp32",
-            "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 32})), now)
-    for step in range(1, 31, 5):
-        _feed(model, keys, step, now)
-        model.tick(now)
-        now += 0.5
+    model, keys, now = _stepped_job(950)
     last_step_at = now - 0.5
-    hello = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
     seen = []
     for _ in range(20):  # rank 0 silent; the others heartbeat without a step
         for key in keys[1:]:
-            model.ingest(wire.decode(wire.encode("hello", key, 0, now, hello)), now)
+            model.ingest(wire.decode(wire.encode("hello", key, 0, now, _HELLO)), now)
         snap = model.tick(now)
         statuses = {r.status for r in snap.jobs[0].ranks}
         if statuses == {"stale", "stalled"}:

@@ -187,7 +187,8 @@ class Collector:
         self._pace_check = 0.0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
-        self._paced_told: tuple[float | None, bool] = (None, False)  # the pace the user was last told of, load-bound
+        self._told_pace: float | None = None  # the pace the user was last told of ...
+        self._told_load_bound = False  # ... and whether the monitor's load set it
         #: How thinly large jobs' ticks are spread when they crowd out frames (checked with the pace).
         self.thinner = Thinner()
 
@@ -388,12 +389,12 @@ class Collector:
                 self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-        told, load_bound = self._paced_told, pacer.load_bound
+        told, load_bound = self._told_pace, pacer.load_bound
         # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and
         # when the pace moves by half or more: not at every step of a load-driven pace finding its level.
-        if (pace is None) != (told[0] is None) or load_bound != told[1] or (
-                pace is not None and told[0] is not None and not told[0] / 1.5 < pace < told[0] * 1.5):
-            self._paced_told = (pace, load_bound)
+        if (pace is None) != (told is None) or load_bound != self._told_load_bound or (
+                pace is not None and told is not None and not told / 1.5 < pace < told * 1.5):
+            self._told_pace, self._told_load_bound = pace, load_bound
             self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy), now)
 
     def _tell_pauses(self, now: float) -> None:

@@ -40,10 +40,14 @@ class TokenBucket:
         self._tokens = float(burst)
         self._at: float | None = None
 
-    def take(self, now: float, amount: float = 1.0) -> bool:
-        """``amount`` at monitor time ``now``; False (nothing taken) when over the rate."""
+    def _refill(self, now: float) -> None:
+        """Add what accrued at the rate since the last take (or rate change) up to ``now``."""
         if self._at is not None:
             self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
+
+    def take(self, now: float, amount: float = 1.0) -> bool:
+        """``amount`` at monitor time ``now``; False (nothing taken) when over the rate."""
+        self._refill(now)
         self._at = now
         if self._tokens < amount:
             return False
@@ -52,8 +56,8 @@ class TokenBucket:
 
     def set_rate(self, now: float, rate: float) -> None:
         """Change the rate from monitor time ``now`` on (what accrued before it, at the old one)."""
+        self._refill(now)
         if self._at is not None:
-            self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
             self._at = max(self._at, now)
         self.rate = rate
 

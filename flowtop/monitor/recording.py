@@ -170,18 +170,16 @@ class Feeder:
 
     def __call__(self, frame: bytes, now: float) -> None:
         self._now = now
+        spread = spread_of(frame)
+        if spread is not None:  # applied as the live collector applied it, at that instant
+            self.model.set_spread(spread)
+            self._budget.respread(now)
+            return
         feed(self.model, frame, now, self._budget)
-        if spread_of(frame) is not None:
-            self._budget.respread(now)  # as the live collector did at that instant
 
 
 def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None) -> None:
-    """Decode one frame into ``model`` the way the collector does (a recorded spread change is
-    applied as the live monitor applied it, flowtop.monitor.thinning)."""
-    spread = spread_of(frame)
-    if spread is not None:
-        model.set_spread(spread)
-        return
+    """Decode one frame into ``model`` the way the collector does."""
     try:
         msg = wire.decode(frame, admit)
     except wire.WireError as exc:
