@@ -4,6 +4,7 @@ connection makes a real probe publisher hold its step records longer, for a whil
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import pytest
@@ -123,6 +124,28 @@ def test_a_busy_monitor_does_not_bank_a_pace_for_ranks_it_does_not_pace() -> Non
     assert p.due(20.0, 4096, pacing.Busy(0.3, 0.3, 2.0)) == 0.45
 
 
+def test_a_monitor_behind_its_ranks_asks_for_half_of_what_it_got_through() -> None:
+    """4,096 live ranks at the budget of a monitor that keeps up (10,000: 0.45 s). Its frames wait
+    3 s in queues and it took 8,000 step frames a second: the budget is 4,000 at once (a thread
+    that is behind reads 100 % busy at any input rate; cuts of x 0.6 would take four renewals),
+    4,096 / 4,000 = 1.024 -> 1.05 s. Still behind, having taken 7,000: 3,500 at the next renewal
+    (no renewal waits: the figure is what got through), 1.17 -> 1.20 s. Still behind, having taken
+    9,000: it holds (never grows while behind). Caught up with room: x 1.5, 5,250, 0.78 -> 0.80 s."""
+    saturated = pacing.Busy(frames=0.7, ticks=0.3, span_s=2.0, step_frames_per_s=8000)
+    p = pacing.Pacer()
+    assert p.due(0.0, 4096) == 0.45
+    assert p.due(2.0, 4096, saturated, behind_s=3.0) == 1.05 and p.budget == pytest.approx(4000)
+    assert p.due(4.0, 4096, replace(saturated, step_frames_per_s=7000), behind_s=2.0) == 1.2
+    assert p.budget == pytest.approx(3500) and p.behind_s == 2.0
+    assert p.due(6.0, 4096, replace(saturated, step_frames_per_s=9000), behind_s=1.5) == 1.2
+    assert p.due(8.0, 4096, pacing.Busy(0.2, 0.2, 2.0, 3000), behind_s=0.2) == 0.8
+    assert p.budget == pytest.approx(5250)
+    # behind with no step frame through, or by less than BEHIND_S: the busy share decides (x 0.6),
+    # the renewal after a change only watching
+    assert p.due(10.0, 4096, replace(saturated, step_frames_per_s=0), behind_s=5.0) == 0.8
+    assert p.due(12.0, 4096, saturated, behind_s=0.9) == 1.35 and p.budget == pytest.approx(3150)  # 1.30 -> 1.35
+
+
 def test_the_busy_shares_are_of_the_wall_time_measured() -> None:
     t = [100.0]
     meter = pacing.BusyMeter(clock=lambda: t[0])
@@ -131,7 +154,8 @@ def test_the_busy_shares_are_of_the_wall_time_measured() -> None:
     assert meter.read() is None  # under 0.1 s: no reading, the interval goes on
     meter.add(0.49, 0.49)
     t[0] += 1.95  # 2 s since the start: 0.5 s on frames, 0.5 s on ticks
-    assert meter.read() == pacing.Busy(frames=0.25, ticks=0.25, span_s=pytest.approx(2.0))
+    meter.steps += 300
+    assert meter.read() == pacing.Busy(frames=0.25, ticks=0.25, span_s=pytest.approx(2.0), step_frames_per_s=150)
     t[0] += 1.0
     assert meter.read() == pacing.Busy(0.0, 0.0, 1.0)  # waited for frames all along
     meter.add(3.0, 0.5)  # more than the wall time (a clock step): clamped
@@ -146,6 +170,10 @@ def test_the_pace_notice_says_why() -> None:
     assert pacing.pace_notice(4096, 2.0, True, pacing.Busy(0.41, 0.5, 2.01)) == (
         "4096 ranks talk: each is asked to send its steps every 2.00 s (~2,048 step frames a second, as many as "
         "this monitor keeps up with; its data thread was busy 91% of the last 2 s, 41% on frames)")
+    assert pacing.pace_notice(4096, 2.0, True, pacing.Busy(0.7, 0.3, 2.0, 2500.0), behind_s=6.2) == (
+        "4096 ranks talk: each is asked to send its steps every 2.00 s (~2,048 step frames a second, as many as "
+        "this monitor keeps up with; it is 6.2 s behind and took 2,500 step frames a second: asked for 50% of "
+        "that while the queue drains)")
     assert pacing.pace_notice(12, None, False, None) == "12 ranks talk: they send their steps at their own pace again"
 
 
@@ -230,3 +258,26 @@ def test_ranks_whose_frames_queue_behind_a_backlog_are_still_paced(monkeypatch: 
     assert all(110.0 - st.last_recv > 5.0 for st in collector.model.ranks.values())  # older than STALE_AFTER_S
     collector._pace(110.0, None)
     assert collector.pacer.current == 0.15  # all three still paced
+    assert collector.pacer.behind_s == pytest.approx(8.0, abs=0.01)  # the one relay is the median
+
+
+def test_how_far_behind_is_the_median_live_relays_lag() -> None:
+    """One congested link is not the monitor falling behind: the median of the live relays' latest
+    lags is; a silent relay's old lag counts for nothing."""
+    from flowtop.monitor.relays import SILENT_AFTER_S, Relays, encode_stamp
+
+    relays = Relays()
+    assert relays.behind(0.0) == 0.0  # no relay: ranks heard directly
+
+    def batch(relay: str, sent: float, now: float) -> None:
+        relays.unstamp([encode_stamp(relay, sent, [0]), b"frame"], now)
+
+    for i, relay in enumerate(("a:1:1", "b:1:1", "c:1:1", "d:1:1")):
+        batch(relay, 0.0, 10.0 + i)  # offsets 10..13 s: the least-queued path of each
+    batch("a:1:1", 20.0, 30.0)  # 0 s queued
+    batch("b:1:1", 18.0, 30.0)  # 1 s
+    batch("c:1:1", 15.5, 30.0)  # 2.5 s
+    batch("d:1:1", 7.0, 30.0)  # 10 s: one congested link
+    assert relays.behind(30.0) == pytest.approx(2.5, abs=0.01)  # sorted 0, 1, 2.5, 10: the upper median
+    batch("d:1:1", 10.0, 33.0)  # d still 10 s behind; a, b, c not heard since 30
+    assert relays.behind(30.0 + SILENT_AFTER_S + 0.5) == pytest.approx(10.0, abs=0.01)

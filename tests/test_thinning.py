@@ -25,16 +25,17 @@ TICKS_BOUND, ROOM, FRAMES_BOUND = Busy(0.2, 0.6, 2.0), Busy(0.2, 0.2, 2.0), Busy
 
 def test_ticks_that_crowd_out_frames_spread_thinner_and_back_when_there_is_room() -> None:
     """4,096 ranks, 512 a tick: a round of 8 ticks (4 s). Readings every 2 s, busy 80 %, 60 % of it
-    ticks: each decision reads a whole round at the spread in force, so the spread doubles after 2
-    readings (to 2: a round of 16 ticks, 8 s), after 4 more (to 4: 16 s), after 8 more (to 8, at
-    most); busy with frames, or without room for twice the ticks, it holds; with room it halves
-    back a round at a time."""
+    ticks: each decision reads a whole round at the spread in force. After 2 readings the spread
+    goes at once to where the ticks would take 20 % as if their cost were their ranks' (256 a tick:
+    30 %; 128: 15 %): 4, a round of 32 ticks (16 s); after 8 more, to 8 (64 a tick: 30 % of 60 %
+    would still be over 20 %: the most there is); busy with frames, or without room for twice the
+    ticks, it holds; with room it halves back a round at a time."""
     t = thinning.Thinner()
     spreads, spread = [], 1
-    for _ in range(14):
+    for _ in range(10):
         spread = t.due(spread, TICKS_BOUND, 4096)
         spreads.append(spread)
-    assert spreads == [1, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4, 8]
+    assert spreads == [1, 4, 4, 4, 4, 4, 4, 4, 4, 8]
     for held in (FRAMES_BOUND, Busy(0.3, 0.3, 2.0)):  # fewer ranks a tick would not help; no room
         assert [t.due(8, held, 4096) for _ in range(16)] == [8] * 16  # a round at 8: 64 ticks, 32 s
     assert t.due(8, None, 4096) == 8  # not measured: holds, and counts for nothing
@@ -43,10 +44,13 @@ def test_ticks_that_crowd_out_frames_spread_thinner_and_back_when_there_is_room(
 
 
 def test_a_spread_that_changes_nothing_for_the_largest_job_is_not_taken() -> None:
-    assert thinning.next_spread(1, TICKS_BOUND, 256) == 1  # 256 ranks: one tick a round at 512 or 256 a tick
-    assert thinning.next_spread(1, TICKS_BOUND, 300) == 2  # 300: one tick at 512, two at 256
-    assert thinning.next_spread(4, TICKS_BOUND, 300) == 8  # 128 a tick: 3 ticks; 64 a tick: 5
-    assert thinning.next_spread(2, TICKS_BOUND, 100) == 2  # 256 or 128 a tick: one tick either way
+    # ticks 60 %: aimed at 20 %, so a tick must rebuild a third of the ranks it does now or fewer
+    assert thinning.next_spread(1, TICKS_BOUND, 64) == 1  # 64 ranks: one tick a round at any spread
+    assert thinning.next_spread(1, TICKS_BOUND, 4096) == 4  # 512 -> 128 ranks a tick: 15 %
+    assert thinning.next_spread(1, TICKS_BOUND, 300) == 8  # 300 -> 64 a tick (128: 26 %): 5 ticks a round
+    assert thinning.next_spread(4, TICKS_BOUND, 300) == 8  # 128 -> 64 (30 %, the most there is): 3 -> 5 ticks
+    assert thinning.next_spread(2, TICKS_BOUND, 100) == 8  # 100 a tick at 2 and at 4, 64 at 8: 2 ticks a round
+    assert thinning.next_spread(1, Busy(0.5, 0.3, 2.0), 4096) == 2  # 30 % -> 15 % at 256 a tick
 
 
 def test_the_spread_notice_says_what_refreshes_how_often_and_why() -> None:

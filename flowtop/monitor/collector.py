@@ -383,7 +383,7 @@ class Collector:
         live = sum(1 for st in self.model.ranks.values()
                    if st.bye is None and now - st.last_recv - lag(st.key) <= STALE_AFTER_S)
         pacer = self.pacer
-        pace = pacer.due(now, live, busy)
+        pace = pacer.due(now, live, busy, self.model.relays.behind(now))
         if pace is not None and self._send is not None:
             try:
                 self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
@@ -395,7 +395,7 @@ class Collector:
         if (pace is None) != (told is None) or load_bound != self._told_load_bound or (
                 pace is not None and told is not None and not told / 1.5 < pace < told * 1.5):
             self._told_pace, self._told_load_bound = pace, load_bound
-            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy), now)
+            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s), now)
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses
@@ -466,6 +466,8 @@ class Collector:
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return
+        if msg.steps is not None:
+            self.busy.steps += 1  # the pacer's measure of what got through
         try:
             self.model.ingest(msg, now if at is None else at, via)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor

@@ -55,6 +55,13 @@ DEFAULT_FLUSH_S = 0.1
 STEP_S = 0.05
 #: Seconds between two "pace" broadcasts while pacing (well inside wire.PACE_TTL_S).
 RENEW_S = 2.0
+#: Seconds its relays' latest batches waited in queues (the median relay's, flowtop.monitor.relays)
+#: past which the monitor is behind: a thread that is behind reads 100 % busy at any input rate,
+#: so its busy share no longer says by how much the ranks must slow down.
+BEHIND_S = 1.0
+#: While behind, the share of the step frames the monitor took in the last interval that it asks
+#: of the ranks: the rest of its time drains the queue (a backlog of L seconds takes ~L seconds).
+DRAIN_SHARE = 0.5
 
 
 def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | None:
@@ -74,15 +81,26 @@ class Busy:
     frames: float  # decoding and applying frames
     ticks: float  # ticks (views, hints, eviction)
     span_s: float  # the wall seconds measured
+    step_frames_per_s: float = 0.0  # step frames taken in, a second (what the monitor got through)
 
     @property
     def total(self) -> float:
         return min(1.0, self.frames + self.ticks)
 
 
-def next_scale(scale: float, busy: Busy | None) -> float:
+def draining(busy: Busy | None, behind_s: float) -> bool:
+    """Whether the budget follows what got through (the monitor is behind by more than BEHIND_S
+    and measured the step frames it took), not its busy share."""
+    return busy is not None and behind_s > BEHIND_S and busy.step_frames_per_s > 0
+
+
+def next_scale(scale: float, busy: Busy | None, behind_s: float = 0.0) -> float:
     """The budget's share of STEP_FRAMES_PER_S after a renewal at which the data thread was
-    ``busy`` (None: not measured, the share holds).
+    ``busy`` (None: not measured, the share holds) and its frames had waited ``behind_s`` in queues.
+
+    Behind by more than BEHIND_S, the budget becomes DRAIN_SHARE of the step frames it got through
+    (if that is lower): one renewal finds the level the monitor keeps up with, from any overload,
+    where cuts by a factor would take a renewal each while the queue grows.
 
     Shrunk when the thread was busy past BUSY_HIGH and frames are a real part of it (a thread
     busy with its ticks is not helped by fewer frames); grown back whenever the frames' cost grown
@@ -91,6 +109,8 @@ def next_scale(scale: float, busy: Busy | None) -> float:
     spike."""
     if busy is None:
         return scale
+    if draining(busy, behind_s):
+        return max(MIN_SCALE, min(scale, DRAIN_SHARE * busy.step_frames_per_s / STEP_FRAMES_PER_S))
     if busy.total > BUSY_HIGH and busy.frames >= FRAMES_MATTER:
         return max(MIN_SCALE, scale * SLOWER)
     if busy.total + busy.frames * (FASTER - 1.0) < BUSY_HIGH:
@@ -111,6 +131,8 @@ class BusyMeter:
         self._clock = clock
         self._since = clock()
         self._frames = self._ticks = 0.0
+        #: Step frames taken in since the last reading (the collector counts them).
+        self.steps = 0
 
     def add(self, frames_s: float, ticks_s: float) -> None:
         """Count seconds spent decoding and applying frames, and running ticks."""
@@ -124,8 +146,8 @@ class BusyMeter:
         span = now - self._since
         if span < 0.1:
             return None
-        busy = Busy(min(1.0, self._frames / span), min(1.0, self._ticks / span), span)
-        self._since, self._frames, self._ticks = now, 0.0, 0.0
+        busy = Busy(min(1.0, self._frames / span), min(1.0, self._ticks / span), span, self.steps / span)
+        self._since, self._frames, self._ticks, self.steps = now, 0.0, 0.0, 0
         return busy
 
 
@@ -139,17 +161,22 @@ class Pacer:
         self.scale = 1.0
         #: The data thread's load at the last renewal (None before one was measured).
         self.busy: Busy | None = None
+        self.behind_s = 0.0  # how long frames waited in queues at the last renewal
         self._next = 0.0
         self._settle = False  # the last renewal changed the pace: the next one only watches
 
-    def due(self, now: float, live_ranks: int, busy: Busy | None = None) -> float | None:
+    def due(self, now: float, live_ranks: int, busy: Busy | None = None, behind_s: float = 0.0) -> float | None:
         """The pace to broadcast now, or None (not due, or nothing to ask). ``busy``: the data
-        thread's load since the last renewal (see :class:`BusyMeter`)."""
+        thread's load since the last renewal (see :class:`BusyMeter`); ``behind_s``: how long its
+        frames now wait in queues."""
         if now < self._next:
             return None
         self._next = now + RENEW_S
         self.busy = busy
-        scale = next_scale(self.scale, busy)
+        self.behind_s = behind_s
+        scale = next_scale(self.scale, busy, behind_s)
+        if draining(busy, behind_s):  # measured on what got through: no queued frames to wait for
+            self._settle = False
         before = pace_for(live_ranks, self.budget)
         after = pace_for(live_ranks, STEP_FRAMES_PER_S * scale)
         # A renewal after a change only watches: frames queued before the ranks heard the new pace
@@ -175,9 +202,10 @@ class Pacer:
         return self.scale < 1.0
 
 
-def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | None) -> str:
+def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | None, behind_s: float = 0.0) -> str:
     """What the user is told when the pace asked of ``live`` ranks changes (``load_bound``: the
-    budget is below STEP_FRAMES_PER_S because the monitor could not keep up)."""
+    budget is below STEP_FRAMES_PER_S because the monitor could not keep up; ``behind_s``: how
+    long its frames waited in queues)."""
     if pace is None:
         return f"{live} ranks talk: they send their steps at their own pace again"
     asked = (f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s "
@@ -186,4 +214,7 @@ def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | No
         return f"{asked}; the monitor takes ~{STEP_FRAMES_PER_S:,})"
     load = (f"; its data thread was busy {busy.total:.0%} of the last {busy.span_s:.0f} s, "
             f"{busy.frames:.0%} on frames") if busy is not None else ""
+    if behind_s > BEHIND_S and busy is not None:
+        load = (f"; it is {behind_s:.1f} s behind and took {busy.step_frames_per_s:,.0f} step frames a second: "
+                f"asked for {DRAIN_SHARE:.0%} of that while the queue drains")
     return f"{asked}, as many as this monitor keeps up with{load})"

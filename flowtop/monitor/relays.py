@@ -170,6 +170,12 @@ class Relays:
         rec = self._relays.get(relay) if relay is not None else None
         return rec.lag if rec is not None else 0.0
 
+    def behind(self, now: float) -> float:
+        """Seconds the live relays' latest batches waited in queues, the median relay's (0 with
+        none): how far the monitor, not one congested link, has fallen behind its ranks."""
+        lags = sorted(r.lag for r in self._relays.values() if self._status(r, now) == "live")
+        return lags[len(lags) // 2] if lags else 0.0
+
     def forget(self, key: RankKey) -> None:
         """The model forgot ``key``."""
         self._via.pop(key, None)

@@ -4,8 +4,9 @@ A tick rebuilds the full views of RANKS_PER_TICK ranks of a large job and measur
 a round (flowtop.monitor.model): at 4,096 ranks ~250 ms of CPU every 0.5 s on a 2-core box, half a
 core before a single frame is read. Pacing (flowtop.monitor.pacing) cannot lower that. When the
 data thread is busy past pacing.BUSY_HIGH and its ticks take :data:`TICKS_MATTER` or more of it,
-the collector doubles :attr:`Model.spread` (a tick then rebuilds half as many ranks, and a round
-of hints takes twice as many ticks), up to the largest of model.SPREADS; it halves it again
+the collector raises :attr:`Model.spread` at once to where the ticks would take :data:`TICKS_AIM`
+(at spread 2 a tick rebuilds half as many ranks, and a round of hints takes twice as many ticks),
+up to the largest of model.SPREADS; it halves it again
 whenever the ticks' share doubled would still keep the thread under BUSY_HIGH. A rank's figures
 and the job's hints then refresh every 8 s instead of 4 s at 4,096 ranks, but frames are read
 before they queue up and drop. Kernel windows (~4 ms of validation each) are then admitted at
@@ -29,6 +30,8 @@ from flowtop.monitor.pacing import BUSY_HIGH, Busy
 
 #: The least share of the data thread's time ticks must take for a thinner spread to help.
 TICKS_MATTER = 0.25
+#: The share of it a thinner spread aims the ticks at.
+TICKS_AIM = 0.2
 #: The "k" of a spread record in a recording (not a wire kind: probes never send it).
 SPREAD_KIND = "flowtop.spread"
 
@@ -41,8 +44,17 @@ def next_spread(spread: int, busy: Busy | None, largest: int) -> int:
         return spread
     i = SPREADS.index(spread)
     if busy.total > BUSY_HIGH and busy.ticks >= TICKS_MATTER and i + 1 < len(SPREADS):
-        thinner = SPREADS[i + 1]
-        return thinner if ticks_per_round(largest, thinner) > ticks_per_round(largest, spread) else spread
+        # At once to the spread at which the ticks would take TICKS_AIM, as if a tick cost what the
+        # ranks it rebuilds do (it costs more: a fixed part stays; the next round thins further if
+        # need be); the least spread that gives the largest job as many ticks a round.
+        def rebuilt(s: int) -> int:
+            return min(largest, ranks_per_tick(s))
+
+        fits = [s for s in SPREADS[i + 1:] if busy.ticks * rebuilt(s) / rebuilt(spread) <= TICKS_AIM]
+        want = ticks_per_round(largest, fits[0] if fits else SPREADS[-1])
+        if want <= ticks_per_round(largest, spread):
+            return spread
+        return next(s for s in SPREADS[i + 1:] if ticks_per_round(largest, s) == want)
     if i > 0 and busy.total + busy.ticks < BUSY_HIGH:
         return SPREADS[i - 1]
     return spread
