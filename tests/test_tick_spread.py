@@ -203,3 +203,47 @@ def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newe
     assert len(seen) >= 5
     for since, stalled_s in seen:
         assert stalled_s == pytest.approx(since)
+
+
+def test_between_turns_a_quiet_rank_costs_nothing_until_the_clock_changes_its_status(
+        small_ticks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 ranks, 4 a tick: a round of 3 ticks. Every rank sends once (t = 2) and falls silent. A
+    rank between its turns keeps the very same view object, without its stall being worked out
+    again, until the clock makes it stale (more than STALE_AFTER_S = 5 s after its last frame:
+    at the tick of t = 7.5), when every rank's view changes at once, turn or not."""
+    from flowtop.monitor import rankstate
+
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    prev = {r.rank: r for r in model.tick(2.0).jobs[0].ranks}
+    looks = [0]
+    stalled_for = rankstate.stalled_for
+    monkeypatch.setattr(rankstate, "stalled_for", lambda *a: (looks.__setitem__(0, looks[0] + 1), stalled_for(*a))[1])
+    now = 2.0
+    for _ in range(10):  # ticks at 2.5 ... 7.0
+        now += 0.5
+        looks[0] = 0
+        ranks = model.tick(now).jobs[0].ranks
+        turn = {i for i in range(RANKS) if (i + model.ticks) % 3 == 0}
+        assert [r.status for r in ranks] == ["live"] * RANKS
+        assert all(r is prev[r.rank] for r in ranks if r.rank not in turn)
+        if now < 7.0:  # each look saw when its status could change (at 7.0, to be safe, it looks again)
+            assert looks[0] == len(turn), (now, looks[0], turn)
+        prev = {r.rank: r for r in ranks}
+    ranks = model.tick(7.5).jobs[0].ranks
+    assert [r.status for r in ranks] == ["stale"] * RANKS
+
+
+def test_a_view_names_the_relay_its_rank_was_last_heard_through(small_ticks: None) -> None:
+    """Between its turns too: a rank that leaves its relay for a direct connection shows no relay
+    at the next tick."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for key in keys:
+        recs = [{"step": 1, "wall_s": 0.1, "tokens": 32, "drops": 0}]
+        model.ingest(wire.decode(wire.encode_steps(key, 1, 2.0, recs, 0)), 2.0, via="node-a:7:1")
+    assert {r.relay for r in model.tick(2.0).jobs[0].ranks} == {"node-a:7:1"}
+    _feed(model, keys, 2, 2.5)  # directly
+    ranks = model.tick(2.5).jobs[0].ranks
+    assert [r.relay for r in ranks] == [None] * RANKS and [r.step for r in ranks] == [6] * RANKS

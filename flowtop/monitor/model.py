@@ -173,6 +173,7 @@ class Model:
             self._job_sizes[msg.key.job] += 1
         st.last_recv = now
         self.relays.saw(msg.key, via)
+        st.via = via
         st.version += 1
         if st.last_seq >= 0 and msg.seq > st.last_seq + 1:
             st.lost += msg.seq - st.last_seq - 1

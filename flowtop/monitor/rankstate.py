@@ -5,6 +5,7 @@ Liveness uses the monitor's receive clock (``now`` passed in), never the sender'
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,8 @@ class RankState:
     kernels_cumulative: CumulativeKernels | None = None
     bye: str | None = None
     commands_refused: int = 0
+    #: The relay its latest frame came through (None: heard directly); its views show it.
+    via: str | None = None
     #: Bumped whenever anything above changes (a frame, a built kernel window): a view built
     #: from the same version shows the same data (flowtop.monitor.rankviews).
     version: int = 0
@@ -164,6 +167,17 @@ def status(st: RankState, now: float, med: float | None, stalled: float | None) 
     if stalled is not None:
         return "stalled"  # heartbeats, but no step: hung (in a collective, I/O, a deadlock)
     return "live"
+
+
+def steady_until(st: RankState, status: str, med: float | None) -> float:
+    """Until when :func:`status` (and whether the rank is stalled) reads ``status`` again if
+    nothing new arrives: a live rank stalls (or, before its first step, goes stale) past the limit
+    after its last step, a stalled one goes stale past the limit after its last frame."""
+    if status == "live":
+        return (st.steps.last_recv() if st.steps else st.last_recv) + limit(med)
+    if status == "stalled":
+        return st.last_recv + limit(med)
+    return math.inf
 
 
 def telemetry_view(st: RankState) -> TelemetryView | None:

@@ -10,6 +10,7 @@ snapshot costs nothing for it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, fields
 from operator import attrgetter
@@ -35,6 +36,10 @@ class _Entry:
     med: float | None  # the median step time of that version (costs a sort to recompute)
     key: tuple[Any, ...]  # everything the view depends on
     view: RankSnapshot
+    #: A light look at RankState.version ``seen`` found the view current, and it stays so until
+    #: monitor time ``until`` unless a frame arrives (rankstate.steady_until): later looks are free.
+    seen: int = -1
+    until: float = -math.inf
 
 
 class RankViews:
@@ -75,11 +80,11 @@ class RankViews:
         key = (st.version, status, stall, others)
         if entry is not None and entry.key == key:
             self.reused += 1
-            return entry.view
-        view = self._build(st, med, stalled, status, others)
-        self._entries[st.key] = _Entry(st.version, med, key, view)
-        self.built += 1
-        return view
+        else:
+            entry = self._entries[st.key] = _Entry(st.version, med, key, self._build(st, med, stalled, status, others))
+            self.built += 1
+        entry.seen, entry.until = st.version, rs.steady_until(st, status, med)
+        return entry.view
 
     def _light(self, st: RankState, now: float, others: tuple[RankKey, ...], entry: _Entry) -> RankSnapshot | None:
         """The last full view with this instant's step and liveness, or None when more changed
@@ -88,11 +93,16 @@ class RankViews:
         the "no step for N s" of its figures is then up to a round old, but a hung job of
         thousands of ranks (or a backlog that makes them all look stalled) costs a tick no more
         than a healthy one."""
+        old = entry.view
+        if st.version == entry.seen and now < entry.until and others == entry.key[3]:
+            self.reused += 1  # nothing arrived, and the clock has not moved its status yet
+            return old
         stalled = rs.stalled_for(st, now, entry.med)
         status = rs.status(st, now, entry.med, stalled)
-        old = entry.view
-        if (stalled is None) != (entry.key[2] is None) or status != old.status or others != entry.key[3]:
+        if (stalled is None) != (entry.key[2] is None) or status != old.status or others != entry.key[3] \
+                or st.via != old.relay:
             return None
+        entry.seen, entry.until = st.version, rs.steady_until(st, status, entry.med)
         if old.step == st.step and old.heard_at == st.last_recv:
             self.reused += 1
             return old
@@ -168,6 +178,7 @@ class RankViews:
             kernels_cumulative=self._kernel_rows(st),
             history=rs.history(st),
             bye_reason=st.bye,
+            relay=st.via,
             commands_refused=st.commands_refused,
             conflict=tuple(Claimant(k.host, k.pid) for k in others),
             coords=coords,

@@ -104,8 +104,9 @@ class Relays:
     def __init__(self) -> None:
         self._relays: dict[str, _Relay] = {}
         self._via: dict[RankKey, str] = {}
-        #: key -> (base view, (relay, reason), marked view): see :meth:`mark`.
-        self._marked: dict[RankKey, tuple[Any, tuple[str, str], Any]] = {}
+        #: key -> (base view, reason, marked view): see :meth:`mark`.
+        self._marked: dict[RankKey, tuple[Any, str, Any]] = {}
+        self._reasons_at: tuple[float, dict[str, str]] = (math.nan, {})  # see _reasons
         self._pruned_at = -math.inf
         #: Relay ids refused at :data:`MAX_RELAYS`.
         self.refused = 0
@@ -186,21 +187,22 @@ class Relays:
             return "closed"
         return "silent" if now - rec.heard > SILENT_AFTER_S else "live"
 
-    def rank_view(self, key: RankKey, now: float) -> tuple[str | None, str]:
-        """(relay id or None, why the rank is unreachable or ""): a rank behind a silent relay,
-        or behind a closed one that it has not left within :data:`HANDOFF_S`."""
-        relay = self._via.get(key)
-        if relay is None:
-            return None, ""
-        rec = self._relays.get(relay)
-        if rec is None:
-            return relay, ""
+    def _why(self, rec: _Relay, now: float) -> str:
+        """Why the ranks behind ``rec`` are unreachable ("" when they are not): a silent relay, or a
+        closed one that they have not left within :data:`HANDOFF_S`."""
         status = self._status(rec, now)
         if status == "silent":
-            return relay, f"relay {rec.host} silent for {now - rec.heard:.0f} s"
+            return f"relay {rec.host} silent for {now - rec.heard:.0f} s"
         if status == "closed" and rec.closed_at is not None and now - rec.closed_at > HANDOFF_S:
-            return relay, f"relay {rec.host} closed"
-        return relay, ""
+            return f"relay {rec.host} closed"
+        return ""
+
+    def _reasons(self, now: float) -> dict[str, str]:
+        """Relay id -> why its ranks are unreachable, for the relays with a reason (once per tick,
+        not once per rank: a tick of a 4,096-rank job asked 4,096 times)."""
+        if self._reasons_at[0] != now:
+            self._reasons_at = (now, {r.relay: why for r in self._relays.values() if (why := self._why(r, now))})
+        return self._reasons_at[1]
 
     def _make_room(self, now: float) -> bool:
         """Forget the longest-silent relay that is not live and has no ranks."""
@@ -213,33 +215,31 @@ class Relays:
 
     def mark(self, ranks: tuple[Any, ...], states: list[Any], now: float,
              peak_override: float | None = None) -> tuple[Any, ...]:
-        """The job's rank views (``RankSnapshot``, one per ``RankState`` in ``states``) with their
-        relay and, behind a silent relay, status "stale" with its reason and no rate (as a stale
-        rank). A marked view is reused while its base view and marks stay the same, so a rank
-        whose view did not change keeps the same object (flowtop.monitor.rankviews)."""
-        if not self._via and not self._marked:
+        """The job's rank views (``RankSnapshot``, one per ``RankState`` in ``states``; each names
+        its relay already, RankState.via) with, behind a relay that is silent or closed, status
+        "stale" with its reason and no rate (as a stale rank). A marked view is reused while its
+        base view and reason stay the same, so a rank whose view did not change keeps the same
+        object (flowtop.monitor.rankviews)."""
+        reasons = self._reasons(now) if self._relays else {}
+        if not reasons and not self._marked:
             return ranks
         out = []
         for view, st in zip(ranks, states):
-            relay, reason = self.rank_view(st.key, now)
-            if st.bye is not None:
-                reason = ""
-            if relay is None:
+            reason = reasons.get(view.relay, "") if view.relay is not None and st.bye is None else ""
+            if not reason:
                 self._marked.pop(st.key, None)
                 out.append(view)
                 continue
             held = self._marked.get(st.key)
-            if held is not None and held[0] is view and held[1] == (relay, reason):
+            if held is not None and held[0] is view and held[1] == reason:
                 out.append(held[2])
                 continue
-            changes: dict[str, Any] = {"relay": relay, "status_reason": reason}
-            if reason:
-                stalled = max(0.0, now - st.steps.last_recv()) if st.steps else None
-                changes.update(status="stale", tokens_per_s=0.0 if view.tokens_per_s is not None else None,
-                               flops=accounting.rank_flops(st.flops, view.step_time_s, peak_override,
-                                                           0.0, stalled) if stalled is not None else view.flops)
-            marked = replace(view, **changes)
-            self._marked[st.key] = (view, (relay, reason), marked)
+            stalled = max(0.0, now - st.steps.last_recv()) if st.steps else None
+            marked = replace(view, status="stale", status_reason=reason,
+                             tokens_per_s=0.0 if view.tokens_per_s is not None else None,
+                             flops=accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, stalled)
+                             if stalled is not None else view.flops)
+            self._marked[st.key] = (view, reason, marked)
             out.append(marked)
         return tuple(out)
 
