@@ -247,3 +247,30 @@ def test_a_view_names_the_relay_its_rank_was_last_heard_through(small_ticks: Non
     _feed(model, keys, 2, 2.5)  # directly
     ranks = model.tick(2.5).jobs[0].ranks
     assert [r.relay for r in ranks] == [None] * RANKS and [r.step for r in ranks] == [6] * RANKS
+
+
+def test_a_large_jobs_kernel_tables_are_merged_once_a_round(small_ticks: None) -> None:
+    """10 ranks, 4 a tick: a round of 3 ticks. A window arriving on some rank at every tick does not
+    make every tick merge the job's tables again: the merge is made at most once a round (like its
+    ranks' figures), with every window that arrived meanwhile."""
+    from flowtop.monitor.kernels.merge import CumulativeKernels
+    from flowtop.monitor.rankkernels import KernelTables
+
+    merges: list[int] = []
+
+    def merge(tables):  # noqa: ANN001, ANN202 - KernelTables' merge signature
+        merges.append(sum(t.windows for t in tables.values()))
+        return object()
+
+    model = Model(kernels=KernelTables(merge=merge))
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    for key in keys:
+        model.ranks[key].kernels_cumulative = CumulativeKernels()
+        model.ranks[key].kernels_cumulative.windows = 1
+    shown = [model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged for i in range(1)]
+    for i in range(1, 7):  # a new window on rank i at every tick
+        model.ranks[keys[i]].kernels_cumulative.windows += 1
+        shown.append(model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged)
+    assert merges == [10, 13, 16]  # ticks 1, 4, 7: 10 windows, then 3 more a round
+    assert shown[0] is shown[1] is shown[2] and shown[3] is shown[4] is shown[5] and shown[6] is not shown[5]

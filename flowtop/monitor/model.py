@@ -94,8 +94,8 @@ class Model:
         #: How kernel windows become tables (flowtop.monitor.rankkernels); None: they are ignored.
         self.kernels = kernels
         self._hint_engine = hint_engine
-        # job -> (windows seen, their merge)
-        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]] = {}
+        # job -> (windows seen, their merge, the tick it was made at)
+        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None, int]] = {}
         self._hints_failed = False
         #: job -> per share of its rules, when it was last measured (one entry: all rules at once)
         self._hints_seen: dict[str, list[float]] = {}
@@ -427,18 +427,7 @@ class Model:
         counted = [r for r in ranks if r.status != "done" or status == "done"]
         # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
         tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
-        merged = None
-        if self.kernels is not None:
-            tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
-            # Merging only changes when some rank gets a new window: reuse it between windows
-            # instead of recomputing it for every 2 Hz snapshot.
-            version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
-            cached = self._merged.get(job)
-            if cached is not None and cached[0] == version:
-                merged = cached[1]
-            else:
-                merged = self.kernels.merge(tables) if len(tables) > 1 else None
-                self._merged[job] = (version, merged)
+        merged = self._merged_kernels(job, states, rotation) if self.kernels is not None else None
         return JobSnapshot(
             job=job,
             world_size=world,
@@ -456,6 +445,26 @@ class Model:
             tokens_basis=tokens_basis,
             stages=parallelism.pipeline_stages(counted),
         )
+
+    def _merged_kernels(self, job: str, states: list[RankState],
+                        rotation: tuple[int, int] | None) -> JobKernelStats | None:
+        """The job's kernel tables merged. Merging only changes when some rank gets a new window:
+        reused between windows instead of recomputed for every 2 Hz snapshot; for a job too large
+        to rebuild every view at a tick (``rotation``: tick, ticks a round), once a round like its
+        ranks' figures (some of its thousands of ranks bring a window nearly every tick, and a
+        merge of 4,096 tables took ~5 % of the interpreter live)."""
+        assert self.kernels is not None
+        cached = self._merged.get(job)
+        if cached is not None and rotation is not None and rotation[1] > 1 and self.ticks - cached[2] < rotation[1]:
+            return cached[1]
+        tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
+        version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
+        if cached is not None and cached[0] == version:
+            merged = cached[1]
+        else:
+            merged = self.kernels.merge(tables) if len(tables) > 1 else None
+        self._merged[job] = (version, merged, self.ticks)
+        return merged
 
     def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> JobSnapshot:
         """Evaluate the job's hints at ``now`` (advancing their hysteresis; ``phase``: a share of
