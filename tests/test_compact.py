@@ -82,6 +82,30 @@ def test_the_step_ring_reads_like_the_deque_of_records_it_replaces() -> None:
     assert not StepRing(4, 2) and ArraySeq.of("q", [1, 2])[-1] == 2
 
 
+def test_a_frames_records_extended_at_once_read_like_records_appended_one_by_one() -> None:
+    """Frames of 1 to 300 records (whole blocks of 64 among them, at any offset in the tails),
+    some of them without input wait or lead: the ring reads as if each record had been appended."""
+    rng = random.Random(2)
+    nan = float("nan")
+    for cap, recent in ((256, 128), (64, 64), (100, 7)):
+        ring, ref, step = StepRing(cap, recent), StepRing(cap, recent), 0
+        for frame in range(60):
+            n = rng.choice([1, 5, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 200, 300])
+            recv = 1e4 + frame
+            recs = [(step + i, rng.random(), rng.randint(0, 10**9), rng.choice([None, rng.random()]), recv,
+                     rng.choice([None, rng.random()])) for i in range(n)]
+            step += n
+            waits = None if all(r[3] is None for r in recs) else array("d", [nan if r[3] is None else r[3] for r in recs])
+            leads = array("d", [nan if r[5] is None else r[5] for r in recs])
+            ring.extend(array("q", [r[0] for r in recs]), array("d", [r[1] for r in recs]),
+                        array("q", [r[2] for r in recs]), waits, leads, recv)
+            for r in recs:
+                ref.append(r)
+            assert len(ring) == len(ref) and list(ring) == list(ref)
+            for col in range(7):
+                assert ring.column(col, len(ring)) == ref.column(col, len(ref))
+
+
 def _feed(model: Model, key: RankKey, steps: int, telemetry: int) -> float:
     """Steps in batches of 10, then telemetry samples; returns the last frame's time."""
     seq, now = 0, 100.0
@@ -137,6 +161,10 @@ def test_a_column_extends_block_by_block_and_keeps_its_cap() -> None:
     col.extend(array("d", [float(i) for i in range(30, 150)]))  # across blocks, past the cap
     assert len(col) == 100 and tuple(col.view()) == tuple(float(i) for i in range(50, 150))
     assert all(len(b) == BLOCK for b in col._blocks)  # full blocks stay exactly BLOCK long
+    col.extend(array("d", [float(i) for i in range(150, 1150)]))  # ten times the cap at once
+    assert len(col) == 100 and tuple(col.view()) == tuple(float(i) for i in range(1050, 1150))
+    col.append(1150.0)
+    assert tuple(col.view())[-2:] == (1149.0, 1150.0) and len(col) == 100
 
 
 def test_last_recv_is_the_newest_records_receive_time_across_blocks() -> None:

@@ -154,6 +154,8 @@ class Column:
         """Append ``values`` (an array of this type code, or a list) block by block, in C."""
         if not (isinstance(values, array) and values.typecode == self.typecode):
             values = array(self.typecode, values)
+        if len(values) > self.cap:  # the older ones would be dropped at once: not written at all
+            values = values[len(values) - self.cap:]
         done, n = 0, len(values)
         while done < n:
             take = min(n - done, BLOCK - len(self._tail))
@@ -307,9 +309,13 @@ class StepRing:
         while done < n:
             lt, st = self._lt, self._st
             end = min(n, done + BLOCK - len(lt[0]))
-            for out, col in ((lt[0], steps), (lt[1], recvs), (st[0], wall), (st[1], tokens), (st[2], wait),
-                             (st[3], lead), (st[4], known)):
-                out.extend(col[done:end] if done or end < n else col)
+            if end - done == BLOCK:  # a whole block into empty tails: its slices are the block
+                self._lt = (steps[done:end], recvs[done:end])
+                self._st = (wall[done:end], tokens[done:end], wait[done:end], lead[done:end], known[done:end])
+            else:
+                for out, col in ((lt[0], steps), (lt[1], recvs), (st[0], wall), (st[1], tokens), (st[2], wait),
+                                 (st[3], lead), (st[4], known)):
+                    out.extend(col[done:end] if done or end < n else col)
             self._nl += end - done
             self._ns += end - done
             done = end
