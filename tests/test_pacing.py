@@ -281,3 +281,41 @@ def test_how_far_behind_is_the_median_live_relays_lag() -> None:
     assert relays.behind(30.0) == pytest.approx(2.5, abs=0.01)  # sorted 0, 1, 2.5, 10: the upper median
     batch("d:1:1", 10.0, 33.0)  # d still 10 s behind; a, b, c not heard since 30
     assert relays.behind(30.0 + SILENT_AFTER_S + 0.5) == pytest.approx(10.0, abs=0.01)
+
+
+def test_ranks_whose_frames_queue_behind_a_backlog_stay_live_and_raise_no_hang() -> None:
+    """Three ranks step every 0.5 s behind one relay. Once the monitor is 40 s behind (each batch
+    arrives 40 s after its relay sent it) their newest steps are 40 s old on its clock: as of
+    their relay's latest report they are live, no hang is raised (its floor is 30 s) and they
+    were heard from a moment ago. When the relay itself falls silent they go stale."""
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
+    from flowtop.monitor.wiring import make_model
+
+    collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
+    model, relay = collector.model, "node-a:7:00000001"
+    keys = [RankKey("j", "node-a", 100 + r, r, 0) for r in range(3)]
+
+    def batch(step: int, lag: float) -> float:
+        sent = 1000.0 + 0.5 * step  # the relay's clock: 900 s behind the monitor's
+        frames = [wire.encode_steps(k, step, sent, [{"step": step, "wall_s": 0.5, "tokens": 64, "drops": 0}], 0)
+                  for k in keys]
+        if step == 1:
+            frames += [wire.encode("hello", k, 0, sent, {"local_rank": k.rank, "world_size": 3,
+                                                         "device": "cpu (test)", "probe_version": "t"}) for k in keys]
+        now = sent - 900.0 + lag
+        collector.handle_batch([encode_stamp(relay, sent, [0] * len(frames)), *frames], now)
+        return now
+
+    for step in range(1, 41):  # 20 s without queueing
+        model.tick(batch(step, 0.0))
+    for step in range(41, 81):  # 20 s more, each batch 40 s late: the monitor fell behind
+        now = batch(step, 40.0)
+        job = model.tick(now).jobs[0]
+        assert [r.status for r in job.ranks] == ["live"] * 3, (step, [r.status for r in job.ranks])
+        assert not [h for h in job.hints if h.id.startswith("hang")], [h.summary for h in job.hints]
+    ranks = job.ranks
+    assert all(r.behind_s == pytest.approx(40.0, abs=0.01) and r.age_s(now) < 0.01 for r in ranks)
+    assert [r.step for r in ranks] == [80] * 3 and job.flops is None or job.flops.stalled_s is None
+    silent = model.tick(now + SILENT_AFTER_S + 0.5).jobs[0]  # nothing from the relay since
+    assert [(r.status, r.status_reason) for r in silent.ranks] == [("stale", "relay node-a silent for 4 s")] * 3

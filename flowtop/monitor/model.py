@@ -50,8 +50,8 @@ def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) 
     the usual hang is one rank dead and the others stuck in a collective), else None."""
     if not ranks or any(r.status == "live" for r in ranks):
         return None
-    last = [st.steps.last_recv() for r, st in zip(ranks, states) if r.status != "done" and st.steps]
-    return now - max(last) if last else None
+    since = [now - r.behind_s - st.steps.last_recv() for r, st in zip(ranks, states) if r.status != "done" and st.steps]
+    return min(since) if since else None
 
 
 #: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
@@ -372,7 +372,8 @@ class Model:
                 return sole
             states = self.ranks.values()
         states = list(states)
-        seen = [Seen(st.key, rs.running(st, now), bool(st.steps), st.last_recv) for st in states]
+        at = self._judged_at
+        seen = [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv) for st in states]
         shown = self._claims.shown(seen, remember)
         by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
         for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
@@ -400,16 +401,18 @@ class Model:
         """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
         a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
         states = [st for st, _ in shown]
+        lag, view = self.relays.lag_of, self.views.view
+        # Each rank as of its relay's latest report (behind a backlog its frames arrive late).
         if rotation is None:
-            ranks = tuple(self.views.view(st, now, others) for st, others in shown)
+            ranks = tuple(view(st, now - (b := lag(st.via)), others, behind=b) for st, others in shown)
         elif rotation[1] == 0:  # a glance: nobody's turn
-            ranks = tuple(self.views.view(st, now, others, glance=True) for st, others in shown)
+            ranks = tuple(view(st, now - (b := lag(st.via)), others, glance=True, behind=b) for st, others in shown)
         else:
             tick, spread = rotation
             # The turn follows the rank number, not the row: a rank's turn comes every `spread`
             # ticks whoever joins or leaves the job meanwhile.
-            ranks = tuple(self.views.view(st, now, others, full=(st.key.rank + tick) % spread == 0)
-                          for st, others in shown)
+            ranks = tuple(view(st, now - (b := lag(st.via)), others, full=(st.key.rank + tick) % spread == 0,
+                               behind=b) for st, others in shown)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
@@ -496,10 +499,15 @@ class Model:
         """The hint engine's report of a rule that raised (its hints are held)."""
         self.notices.warning(text, self._now)
 
+    def _judged_at(self, st: RankState, now: float) -> float:
+        """The monitor time as of which ``st`` is judged live, stalled or gone: its relay's latest
+        report, ``now`` less that batch's queueing lag (``now`` for a rank heard directly)."""
+        return now - self.relays.lag_of(st.via) if st.via is not None else now
+
     def _evict(self, now: float) -> None:
         """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
         for states in self._by_job().values():
-            gone = [st for st in states if rs.gone(st, now)]
+            gone = [st for st in states if rs.gone(st, self._judged_at(st, now))]
             if len(gone) == len(states):
                 self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
             else:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 _NAMES = [f.name for f in fields(RankSnapshot)]
 _VALUES = attrgetter(*_NAMES)  # a view's fields in order, in one C call (a light copy's source)
-_STEP, _HEARD = _NAMES.index("step"), _NAMES.index("heard_at")
+_STEP, _HEARD, _BEHIND = _NAMES.index("step"), _NAMES.index("heard_at"), _NAMES.index("behind_s")
 
 
 @dataclass
@@ -57,8 +57,9 @@ class RankViews:
         self.refreshed = 0
 
     def view(self, st: RankState, now: float, others: tuple[RankKey, ...] = (), full: bool = True,
-             glance: bool = False) -> RankSnapshot:
-        """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank).
+             glance: bool = False, behind: float = 0.0) -> RankSnapshot:
+        """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank;
+        ``behind``: its relay's queueing lag, already taken off ``now``, which the view records).
 
         ``full=False`` (a rank of a job too large to rebuild every view at every tick, see
         flowtop.monitor.rotation.RANKS_PER_TICK): only its step, when it was heard and its status are
@@ -67,7 +68,7 @@ class RankViews:
         changed keeps its last view until the tick, so statuses change with the hints, at ticks."""
         entry = self._entries.get(st.key)
         if (glance or not full) and entry is not None:
-            light = self._light(st, now, others, entry)
+            light = self._light(st, now, others, entry, behind)
             if light is not None:
                 return light
             if glance:
@@ -81,12 +82,14 @@ class RankViews:
         if entry is not None and entry.key == key:
             self.reused += 1
         else:
-            entry = self._entries[st.key] = _Entry(st.version, med, key, self._build(st, med, stalled, status, others))
+            entry = self._entries[st.key] = _Entry(st.version, med, key,
+                                                   self._build(st, med, stalled, status, others, behind))
             self.built += 1
         entry.seen, entry.until = st.version, rs.steady_until(st, status, med)
         return entry.view
 
-    def _light(self, st: RankState, now: float, others: tuple[RankKey, ...], entry: _Entry) -> RankSnapshot | None:
+    def _light(self, st: RankState, now: float, others: tuple[RankKey, ...], entry: _Entry,
+               behind: float = 0.0) -> RankSnapshot | None:
         """The last full view with this instant's step and liveness, or None when more changed
         (its status, a stall starting or ending, the processes claiming its rank): then it is
         rebuilt in full. A rank stalled at its last full view stays a light copy until its turn:
@@ -106,10 +109,10 @@ class RankViews:
         if old.step == st.step and old.heard_at == st.last_recv:
             self.reused += 1
             return old
-        # A copy with two fields changed: the values in one C call, positional into the
-        # constructor (replace() builds keyword arguments; views hold their fields in slots).
+        # A copy with its step, heard time and lag changed: the values in one C call, positional
+        # into the constructor (replace() builds keyword arguments; views hold their fields in slots).
         values = list(_VALUES(old))
-        values[_STEP], values[_HEARD] = st.step, st.last_recv
+        values[_STEP], values[_HEARD], values[_BEHIND] = st.step, st.last_recv, behind
         view = entry.view = RankSnapshot(*values)  # the entry's other fields still hold
         self.refreshed += 1
         return view
@@ -146,7 +149,7 @@ class RankViews:
         return derived
 
     def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
-               others: tuple[RankKey, ...]) -> RankSnapshot:
+               others: tuple[RankKey, ...], behind: float = 0.0) -> RankSnapshot:
         ring = st.steps
         tokens_per_s = rs.tokens_per_s(st, med, stalled)
         # input wait ÷ step time of the last 32 steps that sent one (bit 0 of the known flags)
@@ -185,4 +188,5 @@ class RankViews:
             coords_source=coords_source,
             pp_stages=pp_stages,
             stage_time_s=statistics.median(st.stage_s) if st.stage_s else None,
+            behind_s=behind,
         )

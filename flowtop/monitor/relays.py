@@ -167,7 +167,10 @@ class Relays:
         """Seconds the latest batch of ``key``'s relay spent queued beyond the least-queued one (0
         for a rank heard directly): its frames count when the relay got them, so a rank whose
         frames wait behind a backlog looks silent for that long while it still sends."""
-        relay = self._via.get(key) if self._via else None
+        return self.lag_of(self._via.get(key) if self._via else None)
+
+    def lag_of(self, relay: str | None) -> float:
+        """Seconds ``relay``'s latest batch waited in queues (0 for None: a rank heard directly)."""
         rec = self._relays.get(relay) if relay is not None else None
         return rec.lag if rec is not None else 0.0
 

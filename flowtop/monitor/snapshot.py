@@ -180,11 +180,15 @@ class RankSnapshot(_Slotted):
     #: Median compute time of its pipeline stage(s) per step (forward and backward chunks,
     #: neighbour waits excluded; probe.steps.pipeline); None outside a pipeline.
     stage_time_s: float | None = None
+    #: Seconds its relay's latest batch had waited in queues when this view was made (0 when heard
+    #: directly): the rank was judged as of that much earlier, when its relay had last reported
+    #: (flowtop.monitor.relays). Behind a backlog its frames arrive late, not its training.
+    behind_s: float = 0.0
 
     def age_s(self, now: float) -> float:
         """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the
-        ``taken_at`` of the snapshot holding it)."""
-        return max(0.0, now - self.heard_at)
+        ``taken_at`` of the snapshot holding it), as of its relay's latest report."""
+        return max(0.0, now - self.behind_s - self.heard_at)
 
     @property
     def mfu(self) -> float | None:

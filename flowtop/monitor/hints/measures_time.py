@@ -26,7 +26,8 @@ def _running(job: JobSnapshot) -> list[RankSnapshot]:
 def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
     """Seconds without a step (monitor clock) and the limit they are compared with."""
     reached = r.history.reached
-    since_last = now - reached[-1][1] if reached else 0.0
+    # As of its relay's latest report: behind a backlog its steps arrive late, it did not stop.
+    since_last = now - r.behind_s - reached[-1][1] if reached else 0.0
     # The sender thread keeps heartbeating while training is stuck in a collective, so the time
     # since the last *step* matters; a silent rank (age) counts too.
     stalled = max(r.age_s(now), since_last)
