@@ -319,3 +319,47 @@ def test_ranks_whose_frames_queue_behind_a_backlog_stay_live_and_raise_no_hang()
     assert [r.step for r in ranks] == [80] * 3 and job.flops is None or job.flops.stalled_s is None
     silent = model.tick(now + SILENT_AFTER_S + 0.5).jobs[0]  # nothing from the relay since
     assert [(r.status, r.status_reason) for r in silent.ranks] == [("stale", "relay node-a silent for 4 s")] * 3
+
+
+def test_a_monitor_behind_its_ranks_hands_the_ui_a_snapshot_a_second() -> None:
+    """Ticks every 0.5 s on a clock the test drives, a relay's batches every 0.25 s. Keeping up,
+    every tick's snapshot goes to the UI; once its batches arrive 8 s late (and a pace renewal
+    has seen it) one a second, the frames getting the interpreter; caught up, every tick again."""
+    from flowtop.monitor.collector import BEHIND_HAND_OVER_S, Collector
+    from flowtop.monitor.relays import encode_stamp
+    from flowtop.monitor.ticker import Ticker
+    from flowtop.monitor.wiring import make_model
+
+    t = [100.0]
+
+    class Clock:  # the monitor clock, driven by the test
+        pauses: list[object] = []
+
+        def now(self) -> float:
+            return t[0]
+
+    collector = Collector(make_model(), "tcp://127.0.0.1:1", clock=Clock())  # type: ignore[arg-type]
+    collector.ticker = Ticker(lambda at: collector.model.tick(at), 100.0, 0.5)
+    handed: list[object] = []
+    collector.on_tick = handed.append
+    key, seq = RankKey("j", "node-a", 100, 0, 0), [0]
+    hello = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "t"}
+
+    def run(seconds: float, lag: float) -> int:
+        """Batches ``lag`` s late for ``seconds``; the snapshots handed to the UI meanwhile."""
+        n, until = len(handed), t[0] + seconds
+        while t[0] < until - 1e-9:
+            t[0] += 0.25
+            seq[0] += 1
+            sent = t[0] + 900.0 - lag  # the relay's clock: 900 s ahead of the monitor's
+            frame = wire.encode("hello", key, seq[0], sent, hello)
+            collector.handle_batch([encode_stamp("node-a:7:1", sent, [0]), frame], t[0])
+            collector.catch_up()
+        return len(handed) - n
+
+    assert run(4.0, 0.0) == 8  # 8 ticks, 8 snapshots
+    run(4.0, 8.0)  # a renewal (every 2 s) finds it behind
+    assert collector.pacer.behind_s == pytest.approx(8.0, abs=0.01)
+    assert run(6.0, 8.0) == 6.0 / BEHIND_HAND_OVER_S  # 12 ticks, one snapshot a second
+    run(2.0, 0.0)  # a renewal finds it caught up
+    assert run(4.0, 0.0) == 8

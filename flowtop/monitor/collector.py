@@ -38,7 +38,7 @@ from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
-from flowtop.monitor.pacing import RENEW_S, Busy, BusyMeter, Pacer, pace_notice
+from flowtop.monitor.pacing import BEHIND_S, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
@@ -59,6 +59,10 @@ DRAIN_S = 0.05
 GLANCE_RANKS = RANKS_PER_TICK
 #: Ticks due at once beyond which the older are skipped (a tick longer than the cadence).
 MAX_BEHIND = 4
+#: While the monitor is behind its ranks (pacing.BEHIND_S), the UI is handed at most one snapshot
+#: this often: showing 4,096 ranks takes the interpreter from the frames (~100 ms a show, 13-18 %
+#: of it at 2 Hz), and at that load a rank's figures change once a round anyway.
+BEHIND_HAND_OVER_S = 1.0
 #: Events of the listening socket that the user must hear of (a failed accept is not one of
 #: them: libzmq retries it at once, for ever — see flowtop.monitor.fdwatch).
 _LISTENER_EVENTS = zmq.EVENT_CLOSED | zmq.EVENT_BIND_FAILED
@@ -191,6 +195,7 @@ class Collector:
         self._told_load_bound = False  # ... and whether the monitor's load set it
         #: How thinly large jobs' ticks are spread when they crowd out frames (checked with the pace).
         self.thinner = Thinner()
+        self._handed_at = -float("inf")  # when a tick's snapshot was last handed on (see _hand_over)
 
     async def start(self) -> None:
         """Bind the sockets (inside the running loop) and start receiving.
@@ -341,7 +346,7 @@ class Collector:
             snap = self.ticker.catch_up(now)
             if snap is not None:
                 self._next_glance = self.ticker.next_at - self.tick_s / 2
-                if self.on_tick is not None:
+                if self.on_tick is not None and self._hand_over(now):
                     self.on_tick(snap)
             elif now >= self._next_glance:
                 self._next_glance = self.ticker.next_at  # one glance between two ticks
@@ -349,6 +354,13 @@ class Collector:
                     self.on_tick(self.model.snapshot(now, self.listen, light=True))
         self._govern(now)
         return now
+
+    def _hand_over(self, now: float) -> bool:
+        """Whether to hand this tick's snapshot on (every tick, but see BEHIND_HAND_OVER_S)."""
+        if self.pacer.behind_s > BEHIND_S and now - self._handed_at < BEHIND_HAND_OVER_S:
+            return False
+        self._handed_at = now
+        return True
 
     def _govern(self, now: float) -> None:
         """Every RENEW_S, fit the monitor's load to its data thread: the pace asked of the ranks
