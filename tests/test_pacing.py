@@ -132,6 +132,8 @@ def test_a_monitor_behind_its_ranks_asks_for_half_of_what_it_got_through() -> No
     (no renewal waits: the figure is what got through), 1.17 -> 1.20 s. Still behind, having taken
     9,000: it holds (never grows while behind). Caught up with room: x 1.5, 5,250, 0.78 -> 0.80 s."""
     saturated = pacing.Busy(frames=0.7, ticks=0.3, span_s=2.0, step_frames_per_s=8000)
+    idle = pacing.Pacer()  # frames queued while its data thread has room: a congested link, not it
+    assert idle.due(0.0, 4096) == 0.45 and idle.due(2.0, 4096, pacing.Busy(0.1, 0.05, 2.0, 8000), behind_s=3.0) == 0.45
     p = pacing.Pacer()
     assert p.due(0.0, 4096) == 0.45
     assert p.due(2.0, 4096, saturated, behind_s=3.0) == 1.05 and p.budget == pytest.approx(4000)

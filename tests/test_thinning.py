@@ -51,6 +51,8 @@ def test_a_spread_that_changes_nothing_for_the_largest_job_is_not_taken() -> Non
     assert thinning.next_spread(4, TICKS_BOUND, 300) == 8  # 128 -> 64 (30 %, the most there is): 3 -> 5 ticks
     assert thinning.next_spread(2, TICKS_BOUND, 100) == 8  # 100 a tick at 2 and at 4, 64 at 8: 2 ticks a round
     assert thinning.next_spread(1, Busy(0.5, 0.3, 2.0), 4096) == 2  # 30 % -> 15 % at 256 a tick
+    assert thinning.next_spread(1, TICKS_BOUND, 0) == 1  # no job left (its last round read after it went)
+    assert thinning.Thinner().due(2, TICKS_BOUND, 0) == 2
 
 
 def test_the_spread_notice_says_what_refreshes_how_often_and_why() -> None:

@@ -274,3 +274,21 @@ def test_a_large_jobs_kernel_tables_are_merged_once_a_round(small_ticks: None) -
         shown.append(model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged)
     assert merges == [10, 13, 16]  # ticks 1, 4, 7: 10 windows, then 3 more a round
     assert shown[0] is shown[1] is shown[2] and shown[3] is shown[4] is shown[5] and shown[6] is not shown[5]
+    # a snapshot between two ticks (the TUI, a scrape) merges what it sees, but the ticks show what
+    # a replay of them would: the round's merge until the round is over
+    model.ranks[keys[7]].kernels_cumulative.windows += 1
+    assert model.snapshot(5.6).jobs[0].kernels_merged is not shown[6] and merges == [10, 13, 16, 17]
+    assert model.tick(5.5 + 0.5).jobs[0].kernels_merged is shown[6]
+
+
+def test_a_rank_that_says_bye_between_its_turns_is_done_at_the_next_tick(small_ticks: None) -> None:
+    """Its last look (the hints' final evaluation) saw it running; the next tick must not keep that
+    view for the rest of the round."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    model.tick(2.0)
+    model.tick(2.5)
+    _feed(model, keys[1:2], 6, 2.8)
+    model.ingest(wire.decode(wire.encode("bye", keys[1], 9, 2.9, {"reason": "exit", "steps": 10, "drops": 0})), 2.9)
+    assert [r.status for r in model.tick(3.0).jobs[0].ranks if r.rank == 1] == ["done"]

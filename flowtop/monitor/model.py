@@ -94,8 +94,10 @@ class Model:
         #: How kernel windows become tables (flowtop.monitor.rankkernels); None: they are ignored.
         self.kernels = kernels
         self._hint_engine = hint_engine
-        # job -> (windows seen, their merge, the tick it was made at)
-        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None, int]] = {}
+        # job -> (windows seen, their merge)
+        self._merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]] = {}
+        # job -> (the merge a large job's ticks show, the tick it was taken at): see _merged_kernels
+        self._merged_round: dict[str, tuple[JobKernelStats | None, int]] = {}
         self._hints_failed = False
         #: job -> per share of its rules, when it was last measured (one entry: all rules at once)
         self._hints_seen: dict[str, list[float]] = {}
@@ -204,6 +206,7 @@ class Model:
         elif msg.kind == "bye":
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
+            st.version += 1  # the last look's view was of a running rank
             st.drops = max(st.drops, int(f.get("drops", 0)))
 
     def _admit(self, key: RankKey, now: float) -> bool:
@@ -267,6 +270,7 @@ class Model:
         if self._job_sizes[job] <= 0:
             del self._job_sizes[job]
             self._merged.pop(job, None)
+            self._merged_round.pop(job, None)
             self._hints_seen.pop(job, None)
             self._looks.pop(job, None)
             self._hints.pop(job, None)
@@ -452,21 +456,31 @@ class Model:
     def _merged_kernels(self, job: str, states: list[RankState],
                         rotation: tuple[int, int] | None) -> JobKernelStats | None:
         """The job's kernel tables merged. Merging only changes when some rank gets a new window:
-        reused between windows instead of recomputed for every 2 Hz snapshot; for a job too large
-        to rebuild every view at a tick (``rotation``: tick, ticks a round), once a round like its
-        ranks' figures (some of its thousands of ranks bring a window nearly every tick, and a
-        merge of 4,096 tables took ~5 % of the interpreter live)."""
+        reused between windows instead of recomputed for every 2 Hz snapshot. A job too large to
+        rebuild every view at a tick (``rotation``: tick, ticks a round) shows at its ticks the
+        merge taken once a round, like its ranks' figures (some of its thousands of ranks bring a
+        window nearly every tick, and a merge of 4,096 tables took ~5 % of the interpreter live);
+        only ticks take it, so a glance or a snapshot between ticks changes nothing a replay of
+        the ticks would not see."""
+        if rotation is None or rotation[1] <= 1:
+            return self._merge(job, states)
+        held = self._merged_round.get(job)
+        if held is not None and self.ticks - held[1] < rotation[1]:
+            return held[0]
+        merged = self._merge(job, states)
+        self._merged_round[job] = (merged, self.ticks)
+        return merged
+
+    def _merge(self, job: str, states: list[RankState]) -> JobKernelStats | None:
+        """The merge of the job's tables as they are (cached by the windows they hold)."""
         assert self.kernels is not None
-        cached = self._merged.get(job)
-        if cached is not None and rotation is not None and rotation[1] > 1 and self.ticks - cached[2] < rotation[1]:
-            return cached[1]
         tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
         version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
+        cached = self._merged.get(job)
         if cached is not None and cached[0] == version:
-            merged = cached[1]
-        else:
-            merged = self.kernels.merge(tables) if len(tables) > 1 else None
-        self._merged[job] = (version, merged, self.ticks)
+            return cached[1]
+        merged = self.kernels.merge(tables) if len(tables) > 1 else None
+        self._merged[job] = (version, merged)
         return merged
 
     def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> JobSnapshot:

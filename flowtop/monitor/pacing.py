@@ -89,9 +89,11 @@ class Busy:
 
 
 def draining(busy: Busy | None, behind_s: float) -> bool:
-    """Whether the budget follows what got through (the monitor is behind by more than BEHIND_S
-    and measured the step frames it took), not its busy share."""
-    return busy is not None and behind_s > BEHIND_S and busy.step_frames_per_s > 0
+    """Whether the budget follows what got through (its frames wait more than BEHIND_S in queues
+    while its data thread is busy past BUSY_HIGH — a monitor with room is not what holds them: a
+    congested link is — and it measured the step frames it took), not its busy share."""
+    return (busy is not None and behind_s > BEHIND_S and busy.total > BUSY_HIGH
+            and busy.step_frames_per_s > 0)
 
 
 def next_scale(scale: float, busy: Busy | None, behind_s: float = 0.0) -> float:

@@ -41,6 +41,7 @@ DRIFT = 1e-4
 #: A stamp larger than this is refused (ages of at most a few thousand frames).
 MAX_STAMP_BYTES = 64 * 1024
 STAMP_KIND = "stamp"
+_NO_REASONS: tuple[float, dict[str, str]] = (math.nan, {})  # Relays._reasons not worked out yet
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class Relays:
         self._via: dict[RankKey, str] = {}
         #: key -> (base view, reason, marked view): see :meth:`mark`.
         self._marked: dict[RankKey, tuple[Any, str, Any]] = {}
-        self._reasons_at: tuple[float, dict[str, str]] = (math.nan, {})  # see _reasons
+        self._reasons_at: tuple[float, dict[str, str]] = _NO_REASONS  # see _reasons
         self._pruned_at = -math.inf
         #: Relay ids refused at :data:`MAX_RELAYS`.
         self.refused = 0
@@ -135,6 +136,7 @@ class Relays:
         rec.offset_at = now
         rec.lag = observed - rec.offset
         rec.heard = now
+        self._reasons_at = _NO_REASONS  # a relay heard again: worked out afresh
         rec.batches += 1
         base = stamp.clock + rec.offset
         times = []
@@ -153,6 +155,7 @@ class Relays:
         rec.report = deep(dict(f))  # remote text reaches terminals: no control sequences
         if f.get("closing"):
             rec.closed_at = now
+        self._reasons_at = _NO_REASONS
         self._prune(now)
 
     def saw(self, key: RankKey, relay: str | None) -> None:

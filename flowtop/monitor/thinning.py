@@ -40,7 +40,7 @@ def next_spread(spread: int, busy: Busy | None, largest: int) -> int:
     """The spread after a renewal at which the data thread was ``busy`` (None: not measured,
     it holds), ``largest`` being the ranks of the largest job (a spread that changes nothing for
     it is not taken)."""
-    if busy is None:
+    if busy is None or largest <= 0:  # no job: nothing a spread could change
         return spread
     i = SPREADS.index(spread)
     if busy.total > BUSY_HIGH and busy.ticks >= TICKS_MATTER and i + 1 < len(SPREADS):
