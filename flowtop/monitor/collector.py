@@ -391,9 +391,9 @@ class Collector:
         """Ask every rank to send its step records less often when too many talk (flowtop.monitor.pacing)."""
         # Ranks that send: a rank's frames queued behind a backlog (the monitor or its link falling
         # behind) count at their relay's receive time, and must not stop the pace when most needed.
-        lag = self.model.relays.lag
+        lag = self.model.relays.lag_of
         live = sum(1 for st in self.model.ranks.values()
-                   if st.bye is None and now - st.last_recv - lag(st.key) <= STALE_AFTER_S)
+                   if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S)
         pacer = self.pacer
         pace = pacer.due(now, live, busy, self.model.relays.behind(now))
         if pace is not None and self._send is not None:

@@ -516,7 +516,7 @@ class Model:
     def _judged_at(self, st: RankState, now: float) -> float:
         """The monitor time as of which ``st`` is judged live, stalled or gone: its relay's latest
         report, ``now`` less that batch's queueing lag (``now`` for a rank heard directly)."""
-        return now - self.relays.lag_of(st.via) if st.via is not None else now
+        return now - self.relays.lag_of(st.via)
 
     def _evict(self, now: float) -> None:
         """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""

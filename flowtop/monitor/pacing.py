@@ -216,7 +216,7 @@ def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | No
         return f"{asked}; the monitor takes ~{STEP_FRAMES_PER_S:,})"
     load = (f"; its data thread was busy {busy.total:.0%} of the last {busy.span_s:.0f} s, "
             f"{busy.frames:.0%} on frames") if busy is not None else ""
-    if behind_s > BEHIND_S and busy is not None:
+    if draining(busy, behind_s) and busy is not None:  # the budget followed what got through
         load = (f"; it is {behind_s:.1f} s behind and took {busy.step_frames_per_s:,.0f} step frames a second: "
                 f"asked for {DRAIN_SHARE:.0%} of that while the queue drains")
     return f"{asked}, as many as this monitor keeps up with{load})"

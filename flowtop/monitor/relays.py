@@ -166,14 +166,10 @@ class Relays:
         elif self._via.get(key) != relay:
             self._via[key] = relay
 
-    def lag(self, key: RankKey) -> float:
-        """Seconds the latest batch of ``key``'s relay spent queued beyond the least-queued one (0
-        for a rank heard directly): its frames count when the relay got them, so a rank whose
-        frames wait behind a backlog looks silent for that long while it still sends."""
-        return self.lag_of(self._via.get(key) if self._via else None)
-
     def lag_of(self, relay: str | None) -> float:
-        """Seconds ``relay``'s latest batch waited in queues (0 for None: a rank heard directly)."""
+        """Seconds ``relay``'s latest batch waited in queues beyond the least-queued one (0 for
+        None: a rank heard directly): its ranks' frames count when it got them, so a rank whose
+        frames wait behind a backlog looks silent for that long while it still sends."""
         rec = self._relays.get(relay) if relay is not None else None
         return rec.lag if rec is not None else 0.0
 
