@@ -12,6 +12,7 @@
 #   gpu_check.json   bench/gpu_check.py (small and large GPT, probe vs no probe, monitor's view)
 #   teardown.json    bench/cupti_teardown.py: steps after a profiler window, TEARDOWN_CUPTI unset/1
 #   costs.json       bench/probe_costs.py: the probe's training-thread time per step, by feature
+#                    (COSTS_ARGS="--hooks" adds every hook timed from outside)
 #   overhead.json    bench/overhead.py --device cuda, mid-size and small GPT (A/B blocks)
 #   calibrate.txt    flowtop calibrate: ncu hardware FLOPs vs the probe's executed FLOPs
 #   moe_fp8.json     bench/gpu_moe_fp8.py: bf16 vs fp8 GEMM MFU per dtype, grouped-GEMM MoE step,
@@ -66,7 +67,7 @@ fi
 
 if want costs 90; then
 stage "bench/probe_costs.py"
-timeout 90 python3 bench/probe_costs.py > "$OUT/costs.json"
+timeout 90 python3 bench/probe_costs.py ${COSTS_ARGS:-} > "$OUT/costs.json"
 echo "costs rc=$?"; cat "$OUT/costs.json"
 fi
 
