@@ -390,6 +390,7 @@ def test_compat_rules_classify_cuda_kernels_copies_and_runtime_calls() -> None:
         _Event("Memset (Device)", cuda, 11, 503),
         _Event("##Optimizer.step#AdamW.step##", cuda, 12, 0),  # gpu_user_annotation: a range
         _Event("Command Buffer Full", cpu, 0, 0),  # CUPTI overhead record: no ids
+        _Event("Activity Buffer Request", cpu, 0, 11),  # one with an id (H200, torch 2.11): not op 11
     ]
     rec = records_from_kineto(events, 1_000_000)
     names = rec["names"]

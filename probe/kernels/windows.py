@@ -120,7 +120,7 @@ def _activity_type_compat(e: Any) -> str:
     like a CUDA API call even without a link (``cudaEventQuery`` inside a ``record_function``
     range, ``cudaDeviceSynchronize``): sent as an operator, its CUPTI correlation id would pass
     for an operator's id and collide with a real one. CUPTI's own overhead records ("Command
-    Buffer Full") carry no id at all. The rest are operators.
+    Buffer Full") carry no id at all, or are known by name (CUPTI_OVERHEAD). The rest are operators.
     """
     if getattr(e, "is_user_annotation", lambda: False)():
         return "user_annotation"
@@ -133,9 +133,17 @@ def _activity_type_compat(e: Any) -> str:
         return "kernel"
     if e.linked_correlation_id() > 0 or is_runtime_call(name):
         return "cuda_runtime"
-    if e.correlation_id() == 0:
+    if e.correlation_id() == 0 or name in CUPTI_OVERHEAD:
         return "overhead"
     return "cpu_op"
+
+
+#: The names Kineto gives CUPTI's overhead records. Most carry no id; "Activity Buffer Request"
+#: came with one on an H200 (torch 2.11, CUDA 13): sent as an operator, a kernel whose External
+#: id it shared was linked to it instead of its aten operator.
+CUPTI_OVERHEAD = frozenset({
+    "Activity Buffer Request", "Buffer Flush", "Command Buffer Full", "Driver Compiler", "Instrumentation",
+    "Lazy Function Loading", "Runtime Triggered Module Loading", "UVM DMA Mapping"})
 
 
 def records_from_kineto(events: Any, trace_start_ns: int) -> dict[str, Any]:
