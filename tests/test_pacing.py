@@ -367,3 +367,41 @@ def test_a_monitor_behind_its_ranks_hands_the_ui_a_snapshot_a_second() -> None:
     assert run(6.0, 8.0) == 6.0 / BEHIND_HAND_OVER_S  # 12 ticks, one snapshot a second
     run(2.0, 0.0)  # a renewal finds it caught up
     assert run(4.0, 0.0) == 8
+
+
+def test_a_view_kept_while_its_relays_lag_grows_carries_the_new_lag() -> None:
+    """Three ranks behind one relay, every batch on time; then one batch 8 s late carries rank 0's
+    step alone. Ranks 1 and 2 sent nothing new, so their views are kept — but with the relay's new
+    lag: a kept view's age took the old lag off and read the 8 s backlog as 8 s of silence (the
+    hints' stall, "heard N s ago" and the exporter's seen metric read it)."""
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.relays import encode_stamp
+    from flowtop.monitor.wiring import make_model
+
+    collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
+    model, relay = collector.model, "node-a:7:00000001"
+    keys = [RankKey("j", "node-a", 100 + r, r, 0) for r in range(3)]
+
+    def batch(step: int, lag: float, ranks: list[RankKey]) -> float:
+        sent = 1000.0 + 0.5 * step  # the relay's clock: 900 s behind the monitor's
+        frames = [wire.encode_steps(k, step, sent, [{"step": step, "wall_s": 0.5, "tokens": 64, "drops": 0}], 0)
+                  for k in ranks]
+        if step == 1:
+            frames += [wire.encode("hello", k, 0, sent, {"local_rank": k.rank, "world_size": 3,
+                                                         "device": "cpu (test)", "probe_version": "t"}) for k in ranks]
+        now = sent - 900.0 + lag
+        collector.handle_batch([encode_stamp(relay, sent, [0] * len(frames)), *frames], now)
+        return now
+
+    for step in range(1, 21):
+        before = model.tick(batch(step, 0.0, keys)).jobs[0].ranks
+    now = batch(21, 8.0, keys[:1])
+    ranks = model.tick(now).jobs[0].ranks
+    assert [r.step for r in ranks] == [21, 20, 20]
+    assert [r.behind_s for r in before] == [0.0] * 3
+    assert [r.behind_s for r in ranks] == [pytest.approx(8.0, abs=0.01)] * 3
+    assert [round(r.age_s(now), 2) for r in ranks] == [0.0, 0.5, 0.5]  # as of the relay's report
+    from flowtop.monitor.snapshot import rank_json
+
+    assert {k: round(v, 2) for k, v in rank_json(ranks[1], now).items() if k in ("age_s", "behind_s")} == {
+        "age_s": 0.5, "behind_s": 8.0}  # the JSON says both

@@ -30,6 +30,16 @@ _VALUES = attrgetter(*_NAMES)  # a view's fields in order, in one C call (a ligh
 _STEP, _HEARD, _BEHIND = _NAMES.index("step"), _NAMES.index("heard_at"), _NAMES.index("behind_s")
 
 
+#: How far a relay's lag may move before a rank's view is copied with the new one. A view's age
+#: (RankSnapshot.age_s: the hints' stall, the "heard N s ago", the exporter's seen metric) takes
+#: its lag off: a view kept from before a backlog grew would read the backlog as silence.
+LAG_STEP_S = 0.25
+
+
+def _lag_moved(view: RankSnapshot, behind: float) -> bool:
+    return abs(view.behind_s - behind) > LAG_STEP_S
+
+
 @dataclass
 class _Entry:
     version: int  # RankState.version the view was built from
@@ -80,7 +90,10 @@ class RankViews:
         stall = accounting.stalled_reason(stalled) if stalled is not None else None
         key = (st.version, status, stall, others)
         if entry is not None and entry.key == key:
-            self.reused += 1
+            if _lag_moved(entry.view, behind):
+                self._copy(st, entry, behind)
+            else:
+                self.reused += 1
         else:
             entry = self._entries[st.key] = _Entry(st.version, med, key,
                                                    self._build(st, med, stalled, status, others, behind))
@@ -97,7 +110,8 @@ class RankViews:
         thousands of ranks (or a backlog that makes them all look stalled) costs a tick no more
         than a healthy one."""
         old = entry.view
-        if st.version == entry.seen and now < entry.until and others == entry.key[3]:
+        moved = _lag_moved(old, behind)
+        if st.version == entry.seen and now < entry.until and others == entry.key[3] and not moved:
             self.reused += 1  # nothing arrived, and the clock has not moved its status yet
             return old
         stalled = rs.stalled_for(st, now, entry.med)
@@ -106,14 +120,18 @@ class RankViews:
                 or st.via != old.relay:
             return None
         entry.seen, entry.until = st.version, rs.steady_until(st, status, entry.med)
-        if old.step == st.step and old.heard_at == st.last_recv:
+        if old.step == st.step and old.heard_at == st.last_recv and not moved:
             self.reused += 1
             return old
-        # A copy with its step, heard time and lag changed: the values in one C call, positional
-        # into the constructor (replace() builds keyword arguments; views hold their fields in slots).
-        values = list(_VALUES(old))
+        return self._copy(st, entry, behind)
+
+    def _copy(self, st: RankState, entry: _Entry, behind: float) -> RankSnapshot:
+        """The entry's view with its step, heard time and lag brought up to date: the values in
+        one C call, positional into the constructor (replace() builds keyword arguments; views
+        hold their fields in slots). The entry's other fields still hold."""
+        values = list(_VALUES(entry.view))
         values[_STEP], values[_HEARD], values[_BEHIND] = st.step, st.last_recv, behind
-        view = entry.view = RankSnapshot(*values)  # the entry's other fields still hold
+        view = entry.view = RankSnapshot(*values)
         self.refreshed += 1
         return view
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.precision import DtypeMix
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.5"
+SCHEMA = "flowtop.snapshot/1.6"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -349,6 +349,7 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "tokens_per_s": r.tokens_per_s,
         "input_wait_frac": r.input_wait_frac,
         "age_s": r.age_s(taken_at),
+        "behind_s": r.behind_s,
         "lost_messages": r.lost_messages,
         "dropped_messages": r.dropped_messages,
         "probe_overhead_frac": r.probe_overhead_frac,
