@@ -40,6 +40,7 @@ import torch
 from probe._log import warn_once
 from probe.flops.policy import cached_signature
 from probe.hookutil import _has_closure, _is_compiled, device_of, eager, in_compiled_call, params_device
+from probe.steps.devclock import DeviceClock
 from probe.steps.prehook import PreHook, optimizer_steps, step_call
 
 __all__ = ["StepTracker", "eager", "in_compiled_call"]
@@ -76,8 +77,8 @@ class StepTracker:
     __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_cuda", "_training_now",
                  "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
                  "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
-                 "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook", "_pre_hook_wanted",
-                 "__dict__")
+                 "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook",
+                 "_pre_hook_wanted", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -94,6 +95,7 @@ class StepTracker:
         self.tokens = 0
         self._device: torch.device | None = None
         self._cuda = False  # self.device is a CUDA device (read at every boundary: kept as a bool)
+        self._clock: DeviceClock | None = None  # its CUDA events, while it is
         self._training_now = False  # the root's last forward was a training forward
         self.in_optimizer = False
         #: FLOP counting's state (probe.flops.sampling.FlopSampler): while a forward's signature is
@@ -123,7 +125,6 @@ class StepTracker:
         self._pre_hook = PreHook(self._opt_pre_hook)  # registered while it has work (see drop_idle_pre_hook)
         self._pre_hook_wanted = False  # put it back at the step's end (see _pre_hook_back)
         self._root_handles: list[Any] = []
-        self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)
         self._forward_since_boundary = 0
         self._idle_calls = 0
         self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see cached_signature
@@ -174,6 +175,14 @@ class StepTracker:
     def device(self, dev: torch.device | None) -> None:
         self._device = dev
         self._cuda = dev is not None and dev.type == "cuda"
+        self._clock = None
+        if self._cuda:
+            try:  # the rank's GPU, not whatever device is current at a boundary
+                assert dev is not None
+                self._clock = DeviceClock(dev.index if dev.index is not None else torch.cuda.current_device())
+            except Exception as exc:
+                warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
+                self._cuda = False
 
     # --- installation ---------------------------------------------------------------
 
@@ -539,19 +548,11 @@ class StepTracker:
 
     def _device_time(self) -> tuple[float | None, int | None]:
         """Record this boundary's CUDA event; return the newest completed step's time."""
-        if not self._cuda:
+        clock = self._clock
+        if clock is None:
             return None, None
         try:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(self.device))  # the rank's GPU, not whatever is current
-            self._events.append((self.step, ev))
-            result: tuple[float | None, int | None] = (None, None)
-            # Pop completed pairs from the front; query() never blocks.
-            while len(self._events) >= 2 and self._events[1][1].query():
-                s0, e0 = self._events.popleft()
-                s1, e1 = self._events[0]
-                result = (e0.elapsed_time(e1) / 1000.0, s1)
-            return result
+            return clock.mark(self.step)
         except Exception as exc:
             warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
             self.device = torch.device("cpu")
