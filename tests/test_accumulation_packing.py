@@ -20,6 +20,7 @@ from torch import nn
 import probe
 from flop_helpers import count
 from probe.flops.formulas import FORMULAS, bind_arguments
+from probe.flops.packed import Documents, mask_documents
 
 
 @pytest.fixture
@@ -101,6 +102,14 @@ def test_packed_documents_count_the_sum_of_squares() -> None:
     # a float mask as SDPA builds it (-inf where masked) reads the same
     additive = torch.zeros(T_ROW, T_ROW).masked_fill(~_block_mask(5, 11), float("-inf"))
     assert _attend(additive).model_flops == 112_128
+    # as torch hands it to cuDNN attention (bf16, -65536 where masked: seen on an H200, torch 2.11),
+    # and as Hugging Face builds one (the dtype's lowest value); a bias of -100 masks nothing
+    cudnn = torch.zeros(T_ROW, T_ROW).masked_fill(~_block_mask(5, 11), -65536.0).to(torch.bfloat16)
+    hf = torch.zeros(T_ROW, T_ROW).masked_fill(~_block_mask(5, 11), torch.finfo(torch.float32).min)
+    mild = torch.zeros(T_ROW, T_ROW).masked_fill(~_block_mask(5, 11), -100.0)
+    assert [mask_documents(m, T_ROW, T_ROW) for m in (cudnn, hf, mild)] == [
+        Documents(((5, 11),), False), Documents(((5, 11),), False), None]
+    assert _attend(hf).model_flops == 112_128 and _attend(mild).model_flops == 3 * DENSE_FWD
     # expanded over batch and heads with stride 0 (as SDPA hands a bias to the CUDA kernels): one mask
     expanded = additive.expand(B, H, T_ROW, T_ROW)
     assert expanded.stride()[:2] == (0, 0) and _attend(expanded).model_flops == 112_128

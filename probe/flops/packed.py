@@ -16,8 +16,9 @@ needs Σ sᵢ² query-key pairs per row, not S². Convention (README "FP8, MoE a
   the whole packed row counts S², the default "full" convention of 6N+12LdT, which is
   blind to documents too.
 
-A mask entry allows a pair when it is True (bool) or greater than half the dtype's lowest value
-(``-inf`` and HF's ``finfo.min`` mask; other additive values are biases, allowed). Reading the
+A mask entry allows a pair when it is True (bool) or above ``MASKED_AT`` (−10⁴): ``-inf``, HF's
+``finfo.min`` and the −65536 torch hands cuDNN attention for a False entry all mask; smaller
+additive values are biases, allowed. Reading the
 mask synchronises the device and scans Bm·S² entries, in row chunks of bounded memory, on
 sampled steps only; the result is cached for the mask tensor (every layer of a micro-batch and
 its backward pass the same one). Masks above ``MAX_ENTRIES`` are not scanned (full square).
@@ -54,10 +55,17 @@ class Documents:
 _cache: dict[str, Any] = {"ref": None, "version": -1, "result": None}
 
 
+#: An additive mask value at or below this masks its pair: exp(−10⁴) is 0 in every float format,
+#: so softmax gives the pair no weight. torch turns a boolean mask into −65536 (bf16) for cuDNN
+#: attention (seen on an H200, torch 2.11): half the dtype's lowest value missed it, and a packed
+#: row counted its full square there.
+MASKED_AT = -1e4
+
+
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
-    return mask > torch.finfo(mask.dtype).min / 2
+    return mask > MASKED_AT
 
 
 def _row_documents(allowed: torch.Tensor) -> tuple[tuple[int, ...], bool] | None:
