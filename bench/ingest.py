@@ -1027,7 +1027,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="256,1024,4096", help="comma-separated rank counts")
     ap.add_argument("--step-ms", default="10,200", help="comma-separated step times in ms")
-    ap.add_argument("--paths", default="direct,relay", help="direct, relay or both")
+    ap.add_argument("--paths", default="direct,relay", help="comma-separated: direct, relay or direct,relay")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per configuration")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the ranks start before measuring")
     ap.add_argument("--drain-s", type=float, default=3.0, help="seconds between the ranks' stop and the count")
@@ -1055,6 +1055,9 @@ def main() -> int:
     ap.add_argument("--_monitor", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    unknown = sorted(set(args.paths.split(",")) - {"direct", "relay"})
+    if unknown:  # "both" ran the ranks direct under a misleading label
+        ap.error(f"--paths: {', '.join(unknown)} is not a path (direct, relay or direct,relay)")
     if args._monitor:
         return _monitor_main(args._monitor, args.ui, args._dir)
     os.environ.setdefault("FLOWTOP_DISABLE", "1")
