@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from probe.steps.devclock import DeviceClock
 
 
@@ -16,6 +18,8 @@ class _Cuda:
         self.now = 0.0
         self.device_at = 0.0  # how far the device has run
         self.streams_made = self.queries = 0
+        self.stuck: set = set()  # streams whose work the device has not reached
+        self.capturing = False
         cuda = self
 
         class Event:
@@ -29,11 +33,13 @@ class _Cuda:
 
             def query(self) -> bool:
                 cuda.queries += 1
-                return self.t is not None and self.t <= cuda.device_at
+                return self.done()
+
+            def done(self) -> bool:
+                return self.t is not None and self.t <= cuda.device_at and self.stream.key not in cuda.stuck
 
             def elapsed_time(self, end: "Event") -> float:
-                assert self.t is not None and end.t is not None
-                assert self.t <= cuda.device_at and end.t <= cuda.device_at
+                assert self.done() and end.done(), "cudaErrorNotReady"
                 return (end.t - self.t) * 1000.0  # ms, as CUDA gives it
 
         class Stream:
@@ -42,6 +48,9 @@ class _Cuda:
                 self.key = (stream_id, device_index, device_type)
 
         self.Event, self.Stream = Event, Stream
+
+    def is_current_stream_capturing(self) -> bool:
+        return self.capturing
 
 
 def test_one_stream_object_per_stream_and_events_recorded_again() -> None:
@@ -58,11 +67,11 @@ def test_one_stream_object_per_stream_and_events_recorded_again() -> None:
     assert got[:2] == [(None, None)] * 2
     assert [(round(s, 6), n) for s, n in got[2:]] == [(0.05, step) for step in range(2, 10)]
     assert clock.made == 3 and cuda.queries == 8 and cuda.streams_made == 1
-    first = clock.stream()
+    first = clock.stream()[0]
     current[0] = (7, 3, 1)  # with torch.cuda.stream(s): ...
-    assert clock.stream().key == (7, 3, 1) and cuda.streams_made == 2
+    assert clock.stream()[0].key == (7, 3, 1) and cuda.streams_made == 2
     current[0] = (0, 3, 1)
-    assert clock.stream() is first and cuda.streams_made == 2
+    assert clock.stream()[0] is first and cuda.streams_made == 2
 
 
 def test_a_device_that_lags_is_read_when_it_catches_up() -> None:
@@ -81,3 +90,68 @@ def test_a_device_that_lags_is_read_when_it_catches_up() -> None:
     assert clock.made == 6
     cuda.now, cuda.device_at = 1.6, 1.6
     assert [round(x, 6) for x in clock.mark(7)] == [0.5, 6] and clock.made == 6
+
+
+def test_a_change_of_stream_waits_for_the_earlier_event_and_a_capture_records_nothing() -> None:
+    """The first boundary is recorded on the default stream, the next ones on a side stream the
+    user switched to: the side stream's events are done while the default stream's is not (the
+    device is still on it), so nothing is read (elapsed_time would fail: not ready) until it is.
+    Inside a CUDA graph capture a boundary records and asks nothing; after it the clock starts
+    afresh."""
+    cuda, current = _Cuda(), [(0, 0, 1)]
+    clock = DeviceClock(0, cuda=cuda, current=lambda index: current[0])
+    cuda.now = cuda.device_at = 0.1
+    clock.mark(1)
+    current[0] = (5, 0, 1)
+    cuda.stuck.add((0, 0, 1))
+    for step in (2, 3):
+        cuda.now = cuda.device_at = 0.1 * step
+        assert clock.mark(step) == (None, None)
+    cuda.stuck.clear()
+    cuda.now = cuda.device_at = 0.4
+    assert [round(x, 6) for x in clock.mark(4)] == [0.1, 3]
+    cuda.capturing = True
+    made, queries = clock.made, cuda.queries
+    assert [clock.mark(step) for step in (5, 6)] == [(None, None)] * 2
+    assert (clock.made, cuda.queries) == (made, queries)
+    cuda.capturing = False
+    got = []
+    for step in (7, 8, 9):
+        cuda.now = cuda.device_at = 0.1 * step
+        got.append(clock.mark(step))
+    assert got[:2] == [(None, None)] * 2 and [round(x, 6) for x in got[2]] == [0.1, 8]
+
+
+def test_the_tracker_times_cuda_steps_through_its_clock_and_keeps_its_gpu_when_it_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker builds the clock for the rank's GPU when its device becomes a CUDA device, takes
+    each boundary's device time from it, and when the clock fails loses the device time only: the
+    device stays (telemetry, kernel windows and NVTX read it)."""
+    import torch
+
+    from probe.steps import tracker as tr
+
+    made: list[int] = []
+
+    class Clock:
+        def __init__(self, index: int) -> None:
+            made.append(index)
+            self.fail = False
+
+        def mark(self, step: int) -> tuple[float, int]:
+            if self.fail:
+                raise RuntimeError("CUDA error: device not ready")
+            return 0.02, step - 1
+
+    monkeypatch.setattr(tr, "DeviceClock", Clock)
+    t = tr.StepTracker(on_step=lambda fields: None)
+    t.device = torch.device("cuda", 3)
+    assert made == [3]
+    t.step = 7
+    assert t._device_time() == (0.02, 6)
+    t._clock.fail = True
+    assert t._device_time() == (None, None)
+    assert t.device == torch.device("cuda", 3) and t._clock is None
+    assert t._device_time() == (None, None)
+    t.device = torch.device("cpu")
+    assert t._clock is None and made == [3]

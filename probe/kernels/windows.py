@@ -143,7 +143,7 @@ def _activity_type_compat(e: Any) -> str:
 #: id it shared was linked to it instead of its aten operator.
 CUPTI_OVERHEAD = frozenset({
     "Activity Buffer Request", "Buffer Flush", "Command Buffer Full", "Driver Compiler", "Instrumentation",
-    "Lazy Function Loading", "Runtime Triggered Module Loading", "UVM DMA Mapping"})
+    "Lazy Function Loading", "Resource", "Runtime Triggered Module Loading", "Unknown", "UVM DMA Mapping"})
 
 
 def records_from_kineto(events: Any, trace_start_ns: int) -> dict[str, Any]:

@@ -27,45 +27,63 @@ class DeviceClock:
                  current: Callable[[int], tuple[int, int, int]] | None = None) -> None:
         self._cuda = cuda if cuda is not None else torch.cuda
         self._index = index
-        # A private torch call (torch.cuda.current_stream wraps it): without it, the public one.
+        # A private torch call (torch.cuda.current_stream wraps it): without it, or where it
+        # answers in another form, the public one.
         self._current = current if current is not None else getattr(torch._C, "_cuda_getCurrentStream", None)
+        try:
+            key = self._current(index) if self._current is not None else None
+            if not (isinstance(key, tuple) and len(key) == 3):
+                self._current = None
+        except Exception:
+            self._current = None
+        self._capturing = getattr(self._cuda, "is_current_stream_capturing", lambda: False)
         self._streams: dict[tuple[int, int, int], Any] = {}
-        self._events: Deque[tuple[int, Any]] = collections.deque(maxlen=64)  # (step, its boundary's event)
+        # (step, its boundary's event, the stream it was recorded on)
+        self._events: Deque[tuple[int, Any, Any]] = collections.deque(maxlen=64)
         self._free: list[Any] = []  # events whose time was read: recorded again
         self.made = 0  # events created (a test reads it)
 
-    def stream(self) -> Any:
-        """The current stream of the rank's GPU (a user's ``with torch.cuda.stream(s)`` too)."""
+    def stream(self) -> tuple[Any, Any]:
+        """The current stream of the rank's GPU (a user's ``with torch.cuda.stream(s)`` too), and
+        what tells it from another."""
         current = self._current
         if current is None:
-            return self._cuda.current_stream(self._index)
+            s = self._cuda.current_stream(self._index)
+            return s, s
         key = current(self._index)
         s = self._streams.get(key)
         if s is None:
             if len(self._streams) >= 16:  # streams made and dropped over and over
                 self._streams.clear()
             s = self._streams[key] = self._cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
-        return s
+        return s, key
 
     def mark(self, step: int) -> tuple[float | None, int | None]:
         """Record the boundary that ends ``step``; return the newest step before it that the
         device finished, as (its seconds between its two boundaries, its number), or (None, None).
-        Never blocks."""
+        Never blocks. A boundary inside a CUDA graph capture (a whole step captured, optimizer
+        included) records and asks nothing: an event there would belong to the graph, and a query
+        during a capture can invalidate it."""
+        if self._capturing():
+            self._events.clear()
+            return None, None
         free = self._free
         if free:
             ev = free.pop()
         else:
             ev = self._cuda.Event(enable_timing=True)
             self.made += 1
-        ev.record(self.stream())
+        stream, key = self.stream()
+        ev.record(stream)
         events = self._events
-        events.append((step, ev))
+        events.append((step, ev, key))
         result: tuple[float | None, int | None] = (None, None)
         # The event just recorded is not asked about: it is rarely done yet, and a query costs
         # ~4 µs there; a step's time is read one boundary later instead, for one query a step.
-        while len(events) >= 3 and events[1][1].query():
+        # Across a change of stream the later event can be done before the earlier one.
+        while len(events) >= 3 and events[1][1].query() and (events[0][2] == events[1][2] or events[0][1].query()):
             e0 = events.popleft()[1]
-            s1, e1 = events[0]
+            s1, e1, _ = events[0]
             result = (e0.elapsed_time(e1) / 1000.0, s1)
             free.append(e0)
         return result
