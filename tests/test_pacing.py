@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -287,29 +287,41 @@ def test_how_far_behind_is_the_median_live_relays_lag() -> None:
     assert relays.behind(30.0 + SILENT_AFTER_S + 0.5) == pytest.approx(10.0, abs=0.01)
 
 
+#: Three ranks behind one relay (node-a:7:00000001), for the tests of relayed liveness.
+RELAYED = [RankKey("j", "node-a", 100 + r, r, 0) for r in range(3)]
+
+
+def _relayed_steps(collector: Any, step: int, lag: float, ranks: list[RankKey]) -> float:
+    """Hand ``collector`` one relay batch carrying step ``step`` of ``ranks`` (their hellos too at
+    step 1), sent by the relay at its clock 1000 + 0.5·step (900 s behind the monitor's) and
+    received ``lag`` seconds later; returns the monitor time it arrived at."""
+    from flowtop.monitor.relays import encode_stamp
+
+    sent = 1000.0 + 0.5 * step
+    frames = [wire.encode_steps(k, step, sent, [{"step": step, "wall_s": 0.5, "tokens": 64, "drops": 0}], 0)
+              for k in ranks]
+    if step == 1:
+        frames += [wire.encode("hello", k, 0, sent, {"local_rank": k.rank, "world_size": 3,
+                                                     "device": "cpu (test)", "probe_version": "t"}) for k in ranks]
+    now = sent - 900.0 + lag
+    collector.handle_batch([encode_stamp("node-a:7:00000001", sent, [0] * len(frames)), *frames], now)
+    return now
+
+
 def test_ranks_whose_frames_queue_behind_a_backlog_stay_live_and_raise_no_hang() -> None:
     """Three ranks step every 0.5 s behind one relay. Once the monitor is 40 s behind (each batch
     arrives 40 s after its relay sent it) their newest steps are 40 s old on its clock: as of
     their relay's latest report they are live, no hang is raised (its floor is 30 s) and they
     were heard from a moment ago. When the relay itself falls silent they go stale."""
     from flowtop.monitor.collector import Collector
-    from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
+    from flowtop.monitor.relays import SILENT_AFTER_S
     from flowtop.monitor.wiring import make_model
 
     collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
-    model, relay = collector.model, "node-a:7:00000001"
-    keys = [RankKey("j", "node-a", 100 + r, r, 0) for r in range(3)]
+    model, keys = collector.model, RELAYED
 
     def batch(step: int, lag: float) -> float:
-        sent = 1000.0 + 0.5 * step  # the relay's clock: 900 s behind the monitor's
-        frames = [wire.encode_steps(k, step, sent, [{"step": step, "wall_s": 0.5, "tokens": 64, "drops": 0}], 0)
-                  for k in keys]
-        if step == 1:
-            frames += [wire.encode("hello", k, 0, sent, {"local_rank": k.rank, "world_size": 3,
-                                                         "device": "cpu (test)", "probe_version": "t"}) for k in keys]
-        now = sent - 900.0 + lag
-        collector.handle_batch([encode_stamp(relay, sent, [0] * len(frames)), *frames], now)
-        return now
+        return _relayed_steps(collector, step, lag, keys)
 
     for step in range(1, 41):  # 20 s without queueing
         model.tick(batch(step, 0.0))
@@ -375,23 +387,13 @@ def test_a_view_kept_while_its_relays_lag_grows_carries_the_new_lag() -> None:
     lag: a kept view's age took the old lag off and read the 8 s backlog as 8 s of silence (the
     hints' stall, "heard N s ago" and the exporter's seen metric read it)."""
     from flowtop.monitor.collector import Collector
-    from flowtop.monitor.relays import encode_stamp
     from flowtop.monitor.wiring import make_model
 
     collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
-    model, relay = collector.model, "node-a:7:00000001"
-    keys = [RankKey("j", "node-a", 100 + r, r, 0) for r in range(3)]
+    model, keys = collector.model, RELAYED
 
     def batch(step: int, lag: float, ranks: list[RankKey]) -> float:
-        sent = 1000.0 + 0.5 * step  # the relay's clock: 900 s behind the monitor's
-        frames = [wire.encode_steps(k, step, sent, [{"step": step, "wall_s": 0.5, "tokens": 64, "drops": 0}], 0)
-                  for k in ranks]
-        if step == 1:
-            frames += [wire.encode("hello", k, 0, sent, {"local_rank": k.rank, "world_size": 3,
-                                                         "device": "cpu (test)", "probe_version": "t"}) for k in ranks]
-        now = sent - 900.0 + lag
-        collector.handle_batch([encode_stamp(relay, sent, [0] * len(frames)), *frames], now)
-        return now
+        return _relayed_steps(collector, step, lag, ranks)
 
     for step in range(1, 21):
         before = model.tick(batch(step, 0.0, keys)).jobs[0].ranks
