@@ -74,7 +74,7 @@ class StepTracker:
     # What the per-step hooks read and write, as slots: kept in the object itself, a few cache
     # lines side by side, not spread over the entries of a 40-attribute dict (each cold line
     # costs the hooks a miss after a long step). The rest live in __dict__.
-    __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_cuda", "_training_now",
+    __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_training_now",
                  "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
                  "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
                  "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook",
@@ -94,8 +94,9 @@ class StepTracker:
         self.micro_batches = 0
         self.tokens = 0
         self._device: torch.device | None = None
-        self._cuda = False  # self.device is a CUDA device (read at every boundary: kept as a bool)
-        self._clock: DeviceClock | None = None  # its CUDA events, while it is
+        #: The CUDA events of the device, while it is a CUDA device whose events work (read at
+        #: every boundary: None says "no device time" in one test).
+        self._clock: DeviceClock | None = None
         self._training_now = False  # the root's last forward was a training forward
         self.in_optimizer = False
         #: FLOP counting's state (probe.flops.sampling.FlopSampler): while a forward's signature is
@@ -174,15 +175,12 @@ class StepTracker:
     @device.setter
     def device(self, dev: torch.device | None) -> None:
         self._device = dev
-        self._cuda = dev is not None and dev.type == "cuda"
         self._clock = None
-        if self._cuda:
+        if dev is not None and dev.type == "cuda":
             try:  # the rank's GPU, not whatever device is current at a boundary
-                assert dev is not None
                 self._clock = DeviceClock(dev.index if dev.index is not None else torch.cuda.current_device())
             except Exception as exc:
                 warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
-                self._cuda = False
 
     # --- installation ---------------------------------------------------------------
 
@@ -501,7 +499,7 @@ class StepTracker:
         if self.root is None:
             self._settle_root(optimizer)
         step = self.step = self.step + 1
-        device_s, dstep = self._device_time() if self._cuda else (None, None)
+        device_s, dstep = self._device_time() if self._clock is not None else (None, None)
         end = self._forward_end
         forwards = self._forward_since_boundary
         fields: dict[str, Any] = {
