@@ -378,3 +378,18 @@ def test_monitor_drops_runtime_calls_sent_as_operators() -> None:
     (kernel,) = [e for e in w.events if e.kind == KERNEL]
     assert w.names[kernel.op] == "aten::native_layer_norm"
     assert "cudaStreamIsCapturing" not in {w.names[e.name] for e in w.events if e.kind == CPU_OP}
+
+
+def test_a_cpu_matmul_keeps_its_flops_when_a_child_op_ran_longer() -> None:
+    """On the CPU a matmul's arithmetic is its own body: a child op (aten::empty here) that was
+    preempted for 80 of the mm's 100 µs must not take its FLOPs (it failed CI that way once: one
+    mm's FLOPs showed on another row). 2·32·48·128 = 393,216 FLOPs, all on the aten::mm row."""
+    from flowtop.monitor.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.trace import OpRecord, build_window
+
+    mm = OpRecord("aten::mm", 1, 0.0, 100.0, 7, [[32, 48], [48, 128]], None)
+    empty = OpRecord("aten::empty", 1, 10.0, 90.0, 8, None, None)
+    stats = {k.name: k for k in aggregate(build_window([mm, empty], [], origin=0.0, step_dur_us=100.0,
+                                                       device="cpu")).kernels}
+    assert stats["aten::mm"].flops == 2 * 32 * 48 * 128
+    assert stats["aten::empty"].flops is None

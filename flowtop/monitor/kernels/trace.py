@@ -268,7 +268,14 @@ def build_window(
                 op = attribute(launcher) if launcher != -1 else -1
                 work.append((a.name, a.kind, a.start, max(0.0, a.end - a.start), a.stream, op, a.corr))
 
-    work_flops = assign_flops([(w[3], w[2], w[0], w[5]) for w in work], op_flops_of)
+    # On the CPU a formula operator's own body does its arithmetic (its children are bookkeeping:
+    # resolve_conj, empty, as_strided): its FLOPs stay on its own unit, one per op in op order. By
+    # the longest unit, a child that was preempted under load took them (a matmul's on aten::empty).
+    own = {i for i in range(n) if counts[i] and ops[i].name in FORMULA_OPS} if device == "cpu" else set()
+    work_flops = assign_flops([(w[3], w[2], w[0], -1 if w[5] in own else w[5]) for w in work], op_flops_of)
+    for i in own:
+        f = op_flops_of(i)
+        work_flops[i] = -1.0 if f is None else f
 
     rows: list[tuple[float, int, str, float, int, int, float, int]] = []  # ts, kind, name, dur, stream, op, flops, corr
     for w, f in zip(work, work_flops):
