@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from flowtop.monitor.kernel_worker import KernelWorker
 from flowtop.monitor.recording import read_recording, replay_all
 from flowtop.monitor.rankkernels import build_window
@@ -222,3 +224,150 @@ def test_a_flood_never_takes_all_of_one_ranks_windows(monkeypatch: Any) -> None:
 
     worker = asyncio.run(main())
     assert built == [(1, first.fields["window"]), (0, second.fields["window"])] and worker.dropped == 1
+
+
+# --- a live collector reads a known rank's window envelope first (probe.wire.envelope) -------------
+
+
+def _frames() -> tuple[list[bytes], list[bytes]]:
+    """(the raw frames before the first kernel window, the raw windows)."""
+    before: list[bytes] = []
+    windows: list[bytes] = []
+    for _, frame in read_recording(DATA / "h200-gpt-large.rec.gz"):
+        if wire.decode(frame).kind == "kernels":
+            windows.append(frame)
+        elif not windows:
+            before.append(frame)
+    return before, windows
+
+
+def _collecting(model: Any) -> tuple[Any, KernelWorker]:
+    """A collector fed by hand (call on a running loop) whose model builds windows on a worker."""
+    from flowtop.monitor.collector import Collector
+
+    collector = Collector(model, "tcp://127.0.0.1:1")  # not started: frames handed in
+    worker = collector.kernel_worker = KernelWorker(model, build_window)
+    model.offload_kernels(worker.submit)
+    return collector, worker
+
+
+def _count_decodes(monkeypatch: Any) -> list[tuple[int, str]]:
+    """The (thread, kind) of every frame ``probe.wire.decode`` decodes whole from now on."""
+    decoded: list[tuple[int, str]] = []
+    real = wire.decode
+
+    def decode(frame: bytes, admit: Any = None) -> wire.Message:
+        msg = real(frame, admit)
+        decoded.append((threading.get_ident(), msg.kind))
+        return msg
+
+    monkeypatch.setattr(wire, "decode", decode)
+    return decoded
+
+
+def test_a_known_ranks_window_is_decoded_by_the_worker_not_on_the_loop(monkeypatch: Any) -> None:
+    before, (first, _) = _frames()
+
+    async def main() -> Any:
+        model = make_model()
+        collector, worker = _collecting(model)
+        for frame in before:
+            collector.handle_frame(frame, 0.5)
+        decoded = _count_decodes(monkeypatch)
+        collector.handle_frame(first, 1.0)
+        on_loop = list(decoded)
+        st = _rank(model)
+        heard = (st.last_seq, st.last_recv, model.received)
+        await worker.idle()
+        worker.close()
+        return model, decoded, on_loop, heard, threading.get_ident()
+
+    model, decoded, on_loop, heard, loop = asyncio.run(main())
+    assert on_loop == []  # the envelope only, on the loop
+    assert [kind for _, kind in decoded] == ["kernels"] and decoded[0][0] != loop
+    # The envelope counted at once: its seq, its time, the frame received.
+    assert heard == (wire.envelope(first).seq, 1.0, len(before) + 1)
+    stats = _rank(model).kernels
+    assert stats.anatomy.launches == 1259 and stats.window == wire.decode(first).fields["window"]
+    assert model.rejected == 0
+
+
+def test_a_window_with_bad_fields_behind_a_good_envelope_is_rejected_by_the_worker() -> None:
+    import msgpack
+
+    before, (first, second) = _frames()
+    body = msgpack.unpackb(first)
+    body["ops"] = "not records"
+    bad = msgpack.packb(body)
+    assert len(bad) >= wire.PEEK_BYTES
+    with pytest.raises(wire.WireError) as err:
+        wire.decode(bad)
+
+    async def main() -> Any:
+        model = make_model()
+        collector, worker = _collecting(model)
+        for frame in before:
+            collector.handle_frame(frame, 0.5)
+        collector.handle_frame(bad, 1.0)
+        await worker.idle()
+        rejected = dict(model.rejected_reasons)
+        collector.handle_frame(second, 2.0)
+        await worker.idle()
+        worker.close()
+        return model, rejected
+
+    model, rejected = asyncio.run(main())
+    assert rejected == {str(err.value): 1}  # the reason the whole decode gives
+    assert _rank(model).kernels.window == wire.decode(second).fields["window"]
+
+
+def test_a_window_over_the_byte_rate_is_refused_from_its_envelope(monkeypatch: Any) -> None:
+    """The per-rank byte rate fits one window: the second, at the same instant, is refused, and
+    nobody decodes it whole."""
+    from flowtop.monitor.limits import Limits
+
+    before, (first, second) = _frames()
+
+    async def main() -> Any:
+        model = make_model()
+        model.limits = Limits(kernel_burst_rank=len(first), kernel_bytes_per_s_rank=1.0)
+        collector, worker = _collecting(model)
+        for frame in before:
+            collector.handle_frame(frame, 0.5)
+        decoded = _count_decodes(monkeypatch)
+        collector.handle_frame(first, 1.0)
+        collector.handle_frame(second, 1.0)
+        await worker.idle()
+        worker.close()
+        return model, decoded
+
+    model, decoded = asyncio.run(main())
+    assert model.rejected_reasons == {"kernel window refused: over the per-rank kernel byte rate": 1}
+    assert [kind for _, kind in decoded] == ["kernels"] and _rank(model).kernels_cumulative.windows == 1
+
+
+def test_an_unknown_ranks_window_is_decoded_whole_before_it_makes_the_rank(monkeypatch: Any) -> None:
+    """A window is a rank's first frame: it is decoded, and validated, on the loop like any
+    frame that may create a rank (a bad one makes none)."""
+    import msgpack
+
+    _, (first, _) = _frames()
+    body = msgpack.unpackb(first)
+    body["ops"] = "not records"
+    bad = msgpack.packb(body)
+
+    async def main() -> Any:
+        model = make_model()
+        collector, worker = _collecting(model)
+        decoded = _count_decodes(monkeypatch)
+        collector.handle_frame(bad, 1.0)
+        made_by_bad = len(model.ranks)
+        collector.handle_frame(first, 2.0)
+        await worker.idle()
+        worker.close()
+        return model, decoded, made_by_bad, threading.get_ident()
+
+    model, decoded, made_by_bad, loop = asyncio.run(main())
+    assert made_by_bad == 0 and model.rejected == 1
+    assert [t for t, kind in decoded if kind == "kernels"] == [loop]  # the good one, on the loop
+    assert _rank(model).kernels.anatomy.launches == 1259

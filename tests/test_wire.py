@@ -87,6 +87,50 @@ def test_bad_frames_rejected_with_reason(frame: bytes, reason: str) -> None:
     assert reason in str(err.value)
 
 
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_an_envelope_read_alone_is_the_decoded_one(kind: str) -> None:
+    frame = wire.encode(kind, KEY, 17, 1234.5, GOOD[kind])
+    head, msg = wire.envelope(frame), wire.decode(frame)
+    assert (head.kind, head.key, head.seq, head.sent_at) == (msg.kind, msg.key, msg.seq, msg.sent_at)
+    assert head.fields == {} and head.frame is frame and msg.frame is None
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (b"", "not msgpack"),
+        (b"\xc1garbage", "not msgpack"),
+        (msgpack.packb([1, 2, 3]), "not msgpack"),
+        (_raw()[:-5], "not msgpack"),
+        (_raw() + b"\x00", "extra data"),
+        (_raw(v=[wire.MAJOR + 1, 0]), "unsupported major version"),
+        (_raw(v="1.0"), "malformed version"),
+        (_raw(k="pickle"), "unknown kind"),
+        (_raw(rank=-1), "bad envelope field 'rank'"),
+        (_raw(rank=True), "bad envelope field 'rank'"),
+        (_raw(job=...), "missing envelope field 'job'"),
+        (_raw(seq=...), "missing envelope field 'seq'"),
+        (b"\x00" * (wire.MAX_FRAME_BYTES + 1), "exceeds"),
+    ],
+)
+def test_an_envelope_read_alone_refuses_a_bad_one(frame: bytes, reason: str) -> None:
+    with pytest.raises(WireError) as err:
+        wire.envelope(frame)
+    assert reason in str(err.value)
+    with pytest.raises(WireError):
+        wire.decode(frame)
+
+
+def test_an_envelope_read_alone_leaves_the_fields_to_decode() -> None:
+    """Bad fields behind a good envelope: the envelope reads, the decode refuses; a field named
+    like the envelope inside a nested value is stepped over, not taken for it."""
+    frame = _raw(wall_s="slow", extra={"rank": 99, "k": "bye"})
+    head = wire.envelope(frame)
+    assert head.kind == "step" and head.key == RankKey("j", "h", 1, 0, 0)
+    with pytest.raises(WireError, match="bad value for 'wall_s'"):
+        wire.decode(frame)
+
+
 def test_newer_minor_and_unknown_optional_fields_accepted() -> None:
     msg = wire.decode(_raw(v=[wire.MAJOR, 9], future_field={"x": 1}))
     assert msg.kind == "step" and "future_field" not in msg.fields

@@ -475,7 +475,7 @@ class Collector:
                 self._stop_recording(exc)
         self._frame_at = now
         try:
-            msg = wire.decode(frame, self._kernel_budget)
+            msg = self._decode(frame)
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return
@@ -485,6 +485,24 @@ class Collector:
             self.model.ingest(msg, now if at is None else at, via)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
+
+    def _decode(self, frame: bytes) -> wire.Message:
+        """The frame decoded; a kernel window of a known rank, when a worker builds windows,
+        only as far as its envelope: the worker decodes and validates its fields with the rest
+        (~2 ms of an 80 KB window's ~13 ms), and a window refused for the byte rate costs
+        ~65 µs instead of ~600 µs. An unknown rank's window is decoded here, whole, before it
+        may create the rank."""
+        if self.kernel_worker is not None and len(frame) >= wire.PEEK_BYTES:
+            try:
+                head = wire.envelope(frame)
+            except wire.WireError:
+                head = None  # the whole decode says why
+            if head is not None and head.kind == "kernels" and self.model.knows(head.key):
+                why = self._kernel_budget(head.key, head.kind, len(frame))
+                if why:
+                    raise wire.WireError(why)
+                return head
+        return wire.decode(frame, self._kernel_budget)
 
     def _stop_recording(self, exc: Exception) -> None:
         recorder, self.recorder = self.recorder, None

@@ -16,11 +16,12 @@ import asyncio
 import collections
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Callable
 
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.model import Model
-from probe.wire import RankKey
+from flowtop.monitor.rankkernels import Window
+from probe.wire import RankKey, WireError
 
 _log = logging.getLogger("flowtop.kernel_worker")
 
@@ -31,18 +32,19 @@ MAX_PENDING = 256
 class KernelWorker:
     """Queue of kernel windows to build, in arrival order, on one builder thread."""
 
-    def __init__(self, model: Model, build: Callable[[dict[str, Any]], KernelWindowStats]) -> None:
+    def __init__(self, model: Model, build: Callable[[Window], KernelWindowStats]) -> None:
         self.model = model
         self._build = build
-        self._pending: collections.deque[tuple[RankKey, dict[str, Any]]] = collections.deque()
+        self._pending: collections.deque[tuple[RankKey, Window]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtop-kernels")
         self._closed = False
         self.built = 0
         self.dropped = 0  # windows never built: the queue overflowed, or the monitor stopped
 
-    def submit(self, key: RankKey, fields: dict[str, Any]) -> None:
-        """Queue a window (called on the loop, from the model's ingest)."""
+    def submit(self, key: RankKey, fields: Window) -> None:
+        """Queue a window: its fields, or its frame when the collector read only its envelope
+        (the builder then decodes it too; called on the loop, from the model's ingest)."""
         if self._closed:
             self.dropped += 1
             return
@@ -74,6 +76,9 @@ class KernelWorker:
             key, fields = self._pending.popleft()
             try:
                 stats = await loop.run_in_executor(self._pool, self._build, fields)
+            except WireError as exc:  # a frame whose envelope alone was read: its fields are bad
+                self.model.reject(str(exc))
+                continue
             except Exception as exc:  # a hostile-but-valid window must not kill the monitor
                 self.model.reject(f"kernels: {type(exc).__name__}: {exc}")
                 continue

@@ -15,20 +15,21 @@ from typing import Callable
 @dataclass(frozen=True)
 class Limits:
     """The monitor's caps. Rank caps fit one 4,096-rank job with restarts and many small ones;
-    the overall kernel byte rate fits about 30 ranks' windows at once (validation runs on the
-    data thread's loop, between ticks and other ranks' frames), so larger jobs get some ranks'
-    tables per aligned window, not all."""
+    the overall kernel byte rate fits about 30 ranks' windows at once (each is decoded, validated
+    and built on the kernel worker, which shares the interpreter with the data thread), so larger
+    jobs get some ranks' tables per aligned window, not all."""
 
     max_jobs: int = 256
     max_ranks_per_job: int = 16_384
     max_ranks: int = 65_536
     new_ranks_per_s: float = 1_000.0
     new_ranks_burst: int = 8_192  # a whole large job says hello within a few seconds
-    #: Kernel windows are the only large frames, and validating one costs the data thread's loop
-    #: ~0.2 s per MB: bytes of them per second, per rank and in all, with a burst of a few.
+    #: Kernel windows are the only large frames; decoding, validating and building one costs
+    #: ~0.17 s of CPU per MB (the data thread reads only its envelope, flowtop.monitor.collector):
+    #: bytes of them per second, per rank and in all, with a burst of a few.
     kernel_bytes_per_s_rank: float = 1 << 20
     kernel_burst_rank: int = 10 << 20  # one frame of the largest size (8 MB) fits
-    kernel_bytes_per_s: float = 2 << 20  # ≤ ~0.4 s of validation per second on the data loop
+    kernel_bytes_per_s: float = 2 << 20  # ≤ ~0.35 s of CPU per second on the kernel worker
     kernel_burst: int = 32 << 20
 
 

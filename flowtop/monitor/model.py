@@ -146,6 +146,10 @@ class Model:
         if self.kernels is not None:
             self.kernels = self.kernels.inline()
 
+    def knows(self, key: RankKey) -> bool:
+        """Whether the model holds the rank ``key``."""
+        return key in self.ranks
+
     def reject(self, reason: str) -> None:
         """Count a frame that failed validation (reasons are bucketed by prefix)."""
         self.rejected += 1
@@ -199,10 +203,11 @@ class Model:
             st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
             st.push_series("mfu", self._rank_mfu(st, now))
         elif msg.kind == "kernels" and self.kernels is not None:
+            window = msg.frame if msg.frame is not None else dict(f)  # the frame: its envelope alone was read
             if self.kernels.submit is not None:
-                self.kernels.submit(msg.key, dict(f))
+                self.kernels.submit(msg.key, window)
             else:
-                self.apply_kernels(msg.key, build_window(f))
+                self.apply_kernels(msg.key, build_window(window))
         elif msg.kind == "bye":
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
