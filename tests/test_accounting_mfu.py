@@ -64,3 +64,21 @@ def test_the_mfu_sparkline_sample_equals_the_ranks_view() -> None:
     # 1e9 / 256 x (256 / 0.05 s) = 2e10 FLOP/s of 1e12: 2 %
     assert view.flops is not None and view.flops.mfu == pytest.approx(0.02)
     assert list(view.history.mfu) == pytest.approx([0.02])
+
+
+def test_a_jobs_figures_sum_its_ranks_and_unknown_on_one_rank_is_unknown() -> None:
+    """Three ranks at 1e9 FLOPs a 0.05 s step: 2e10 FLOP/s each, 6e10 in all, of 3e12 peak:
+    2 %; uncounted operators summed by name across the ranks; one rank without a peak: no MFU."""
+    from flowtop.monitor.accounting import job_flops
+
+    a = {**PLAIN, "uncounted": {"aten::foo": 3, "aten::bar": 1}, "uncounted_size": {"aten::foo": 10}}
+    b = {**PLAIN, "uncounted": {"aten::foo": 2, "aten::baz": 5}}
+    views = [rank_flops(m, step_time_s=0.05) for m in (a, a, b)]
+    job = job_flops(views)
+    assert job is not None and job.flops_per_s == pytest.approx(6e10) and job.peak_flops == pytest.approx(3 * T)
+    assert job.mfu == pytest.approx(0.02)
+    assert dict(job.uncounted_ops) == {"aten::foo": 8, "aten::bar": 2, "aten::baz": 5}
+    assert dict(job.uncounted_size) == {"aten::foo": 20}
+    no_peak = job_flops(views + [rank_flops({**PLAIN, "peak_flops": None}, step_time_s=0.05)])
+    assert no_peak is not None and no_peak.peak_flops is None and no_peak.mfu is None
+    assert no_peak.flops_per_s == pytest.approx(8e10)

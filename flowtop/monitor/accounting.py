@@ -22,6 +22,7 @@ Conventions (also in the JSON ``conventions`` block):
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from flowtop.monitor import moe_load, precision
@@ -164,20 +165,15 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         return None
 
     def total(name: str) -> float | None:
-        vals = [getattr(v, name) for v in vs]
-        return sum(vals) if all(x is not None for x in vals) else None
+        vals = list(map(attrgetter(name), vs))  # thousands of ranks, a dozen fields, every tick
+        return None if None in vals else sum(vals)
 
     fps, efps = total("flops_per_s"), total("executed_flops_per_s")
     peaks = total("peak_flops")
     mix = precision.job_mix([v.precision for v in vs])
     hpeaks = mix.executed_peak_flops if mix is not None else peaks
-    uncounted: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    for v in vs:
-        for k, n in v.uncounted_ops.items():
-            uncounted[k] = uncounted.get(k, 0) + n
-        for k, n in v.uncounted_size.items():
-            sizes[k] = sizes.get(k, 0) + n
+    uncounted = _summed([v.uncounted_ops for v in vs])
+    sizes = _summed([v.uncounted_size for v in vs])
     sources = sorted({v.peak_source for v in vs})
     dtypes = sorted({v.dtype for v in vs})
     conventions = sorted({v.attention_convention for v in vs})
@@ -213,6 +209,15 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         parallel="; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512],
         **_job_extras(vs, mix, fps),
     )
+
+
+def _summed(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    """Counts summed over ``maps`` (most of them empty)."""
+    out: dict[str, int] = {}
+    for m in maps:
+        for k, n in m.items():
+            out[k] = out.get(k, 0) + n
+    return out
 
 
 def _job_extras(vs: Sequence[FlopsView], mix: precision.DtypeMix | None, fps: float | None) -> dict[str, Any]:

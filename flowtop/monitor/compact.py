@@ -13,12 +13,15 @@ no further than the length it was made with), and is itself reused until the nex
 from __future__ import annotations
 
 import itertools
+import operator
 from array import array
 from collections.abc import Sequence
 from typing import Any, Iterator, NamedTuple
 
 #: Values per block.
 BLOCK = 64
+_SHIFT, _MASK = BLOCK.bit_length() - 1, BLOCK - 1  # j // BLOCK and j % BLOCK as bit operations
+assert 1 << _SHIFT == BLOCK, "BLOCK must be a power of two"
 
 
 class ArraySeq(Sequence):
@@ -51,17 +54,19 @@ class ArraySeq(Sequence):
         return self._n
 
     def __getitem__(self, i: Any) -> Any:
+        if i.__class__ is int:  # the hints index thousands of ranks' series a round: no slice test first
+            if i < 0:
+                i += self._n
+            if 0 <= i < self._n:
+                j = self._start + i
+                return self._blocks[j >> _SHIFT][j & _MASK]
+            raise IndexError("ArraySeq index out of range")
         if isinstance(i, slice):
             lo, hi, stride = i.indices(self._n)
             if stride != 1:
                 return tuple(self)[i]
             return ArraySeq(self._blocks, self._start + lo, max(0, hi - lo)) if hi > lo else _EMPTY
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError("ArraySeq index out of range")
-        j = self._start + i
-        return self._blocks[j // BLOCK][j % BLOCK]
+        return self[operator.index(i)]  # an int subclass (a bool, a NumPy integer)
 
     def __iter__(self) -> Iterator[Any]:
         return itertools.islice(itertools.chain.from_iterable(self._blocks), self._start, self._start + self._n)

@@ -525,6 +525,11 @@ class Model:
 
     def _evict(self, now: float) -> None:
         """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
+        # A rank heard within EVICT_AFTER_S is not gone, whatever its relay's lag (it only
+        # moves the judged time back): most ticks find none of thousands of ranks silent that
+        # long, without a lag lookup or a job's list each.
+        if all(now - st.last_recv <= rs.EVICT_AFTER_S for st in self.ranks.values()):
+            return
         for states in self._by_job().values():
             gone = [st for st in states if rs.gone(st, self._judged_at(st, now))]
             if len(gone) == len(states):
