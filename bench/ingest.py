@@ -27,7 +27,8 @@ Printed per configuration (measured over ``--seconds`` after ``--warmup``):
 * delivered: frames that reached the monitor ÷ frames the ranks sent (seq numbers per rank; a
   kernel window the monitor's byte budget refused counts as delivered: it arrived);
 * CPU % of one core of the monitor's threads: data (collector, decode, model, ticks), ui (Textual),
-  zmq (libzmq's I/O thread), total; from /proc/self/task/TID/stat;
+  zmq (libzmq's I/O thread), kern (the kernel window builder: a thread, or the monitor's child
+  process), total; from /proc/self/task/TID/stat and the children's CPU times;
 * latency p50/p99: from a step's publish (the probe's timestamp of a frame's oldest record) to the
   UI receiving the first snapshot that shows the rank at that step (every 16th frame sampled);
   ``arrival`` in the JSON: frame send to the collector's receive;
@@ -426,6 +427,20 @@ def _threads_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+def _children_cpu() -> dict[int, float]:
+    """pid -> CPU seconds of this process's children (the monitor's kernel window builder)."""
+    import psutil
+
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        out[child.pid] = t.user + t.system
+    return out
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -525,8 +540,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     marks: dict[str, Any] = {}
 
     def mark(name: str) -> None:
-        marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "ticks": len(ticks), "lat": len(latency),
-                       "shows": len(shows), "arr": len(arrivals)}
+        marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "children": _children_cpu(),
+                       "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals)}
 
     def figures(data: Any) -> dict[str, Any]:
         def count() -> dict[str, Any]:
@@ -552,9 +567,13 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
                 group = "ui"
             elif comm.startswith("ZMQbg"):
                 group = "zmq"
+            elif name.startswith("flowtop-kernels"):
+                group = "kernels"  # the window builder, where it is a thread
             else:
                 group = "other"
             groups[group] += used
+        for pid, cpu in b["children"].items():  # the window builder, where it is a process
+            groups["kernels"] += cpu - a["children"].get(pid, 0.0)
         win_ticks = ticks[a["ticks"]:b["ticks"]]
         win_lat = latency[a["lat"]:b["lat"]]
         win_lat_sent = latency_sent[a["lat"]:b["lat"]]
@@ -993,7 +1012,7 @@ def print_row(r: dict[str, Any]) -> None:
         return
     cpu = r["cpu_pct"]
     print(f"{head} {r['delivered_pct']:>7.2f} %  data {_fmt(cpu.get('data'))} ui {_fmt(cpu.get('ui'))} "
-          f"zmq {_fmt(cpu.get('zmq'))} all {_fmt(r['cpu_pct_total'])} %  "
+          f"zmq {_fmt(cpu.get('zmq'))} kern {_fmt(cpu.get('kernels'))} all {_fmt(r['cpu_pct_total'])} %  "
           f"lat {_fmt(r['latency_ms_p50'])}/{_fmt(r['latency_ms_p99'])} ms  "
           f"tick {_fmt(r['tick_ms_p50'])}/{_fmt(r['tick_ms_p99'])} ms  show {_fmt(r['ui_show_ms_p50'])}/{_fmt(r['ui_show_ms_p99'])} ms  "
           f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  pace {_paces(r['paces_s'])}  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "

@@ -371,3 +371,91 @@ def test_an_unknown_ranks_window_is_decoded_whole_before_it_makes_the_rank(monke
     assert made_by_bad == 0 and model.rejected == 1
     assert [t for t, kind in decoded if kind == "kernels"] == [loop]  # the good one, on the loop
     assert _rank(model).kernels.anatomy.launches == 1259
+
+
+# --- the live collector's builder is a child process ----------------------------------------------
+
+
+def _kill_builders() -> int:
+    """SIGKILL every builder process of this test (multiprocessing's children); how many."""
+    import multiprocessing
+    import os
+    import signal
+
+    children = multiprocessing.active_children()
+    for p in children:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+    return len(children)
+
+
+def test_a_builder_process_builds_windows_and_one_that_dies_is_replaced(monkeypatch: Any) -> None:
+    """A window built in a child process equals one built here; a killed builder costs the window
+    it would have built (counted), the next one is built by a new process; after MAX_RESTARTS
+    deaths, windows are built on a thread and the user is told."""
+    monkeypatch.setattr("flowtop.monitor.kernel_worker.MAX_RESTARTS", 2)
+    before, (first, second) = _messages()
+
+    async def main() -> Any:
+        model = make_model()
+        worker = KernelWorker(model, build_window, processes=True)
+        model.offload_kernels(worker.submit)
+        for msg in before:
+            model.ingest(msg, 0.0)
+        seen = []
+        model.ingest(first, 1.0)
+        await worker.idle()
+        seen.append((_rank(model).kernels, model.rejected, _kill_builders()))
+        for at in (2.0, 3.0):  # killed: the window is lost, a new builder builds the next
+            model.ingest(second, at)
+            await worker.idle()
+        seen.append((_rank(model).kernels, model.rejected, _kill_builders()))
+        model.ingest(first, 4.0)  # killed again: MAX_RESTARTS reached, a thread from now on
+        await worker.idle()
+        model.ingest(second, 5.0)
+        await worker.idle()
+        seen.append((_rank(model).kernels, model.rejected, _kill_builders()))
+        worker.close()
+        return model, worker, seen
+
+    model, worker, seen = asyncio.run(main())
+    inline = build_window(first.fields)
+    (one, rejected1, killed1), (two, rejected2, killed2), (three, rejected3, killed3) = seen
+    assert one == inline and rejected1 == 0 and killed1 == 1
+    assert two == build_window(second.fields) and rejected2 == 1 and killed2 == 1
+    assert three == build_window(second.fields) and rejected3 == 2 and killed3 == 0  # on a thread
+    assert (worker.processes, worker.restarts, worker.built) == (False, 2, 3)
+    assert dict(model.rejected_reasons) == {"kernels: the window builder process died": 2}
+    assert any("built on the monitor's own thread" in n.text and "died 2 times" in n.text
+               for n in model.notices.history)
+
+
+def test_the_live_collectors_builder_is_a_child_process() -> None:
+    import multiprocessing
+    import time
+
+    import zmq
+
+    from monitor_thread import MonitorThread
+
+    frames = [f for _, f in read_recording(DATA / "h200-gpt-large.rec.gz")]
+    m = MonitorThread()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    try:
+        pub.connect(m.listen)
+        time.sleep(0.5)
+        for frame in frames:
+            pub.send(frame)
+        m.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].kernels is not None, 30)
+        assert m.collector.kernel_worker is not None and m.collector.kernel_worker.processes
+        assert len(multiprocessing.active_children()) == 1
+    finally:
+        pub.close()
+        ctx.term()
+        m.close()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []  # the monitor stopped: so did its builder

@@ -246,7 +246,7 @@ class Collector:
             from flowtop.monitor.kernel_worker import KernelWorker
             from flowtop.monitor.rankkernels import build_window
 
-            self.kernel_worker = KernelWorker(self.model, build_window)
+            self.kernel_worker = KernelWorker(self.model, build_window, processes=True)
             self.model.offload_kernels(self.kernel_worker.submit)
         low = self._fds.at_start(self.model.limits.max_ranks_per_job)  # room for the largest job admitted?
         try:

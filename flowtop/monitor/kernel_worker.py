@@ -8,6 +8,14 @@ arrival order while the loop keeps its turn (the GIL switches every few millisec
 Every window reaches the rank's cumulative table, as in a replay; only a flood beyond
 :data:`MAX_PENDING` queued windows drops one — the oldest of a rank with another queued, so no
 rank loses all of its windows — and counts it. No Textual here.
+
+With ``processes`` (the live collector) the builder is a child process, not a thread: a window's
+~14 ms of building (80 KB) then no longer shares the monitor's interpreter lock with its data
+thread — at 4,096 ranks the builder thread held a third of it, and every frame waited behind
+it. The window goes over as bytes and its table (~15 KB) comes back pickled (~0.2 ms each way).
+A builder process that dies costs its window (counted) and is started again; after
+:data:`MAX_RESTARTS` deaths, or where no process can be started (no ``/dev/shm`` semaphores),
+windows are built on a thread as before, and the user is told.
 """
 
 from __future__ import annotations
@@ -15,7 +23,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+import signal
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -27,20 +38,54 @@ _log = logging.getLogger("flowtop.kernel_worker")
 
 #: Windows waiting to be built at most (≈ 13 s of building for a large GPU model's windows).
 MAX_PENDING = 256
+#: Builder processes lost before windows are built on a thread instead.
+MAX_RESTARTS = 3
+
+
+def _quiet_child() -> None:
+    """In the builder process: a Ctrl-C in the monitor's terminal is the monitor's to handle
+    (the whole process group gets it; the child would print a traceback over the screen)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class KernelWorker:
     """Queue of kernel windows to build, in arrival order, on one builder thread."""
 
-    def __init__(self, model: Model, build: Callable[[Window], KernelWindowStats]) -> None:
+    def __init__(self, model: Model, build: Callable[[Window], KernelWindowStats], processes: bool = False) -> None:
+        """``build`` runs on the builder: with ``processes`` in a child process (it must then be
+        a module-level function), else on a thread."""
         self.model = model
         self._build = build
         self._pending: collections.deque[tuple[RankKey, Window]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtop-kernels")
+        self.processes = processes
+        self._pool = self._new_pool()
         self._closed = False
         self.built = 0
         self.dropped = 0  # windows never built: the queue overflowed, or the monitor stopped
+        self.restarts = 0  # builder processes lost and started again
+
+    def _new_pool(self) -> Executor:
+        if self.processes:
+            try:
+                return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_quiet_child)
+            except Exception as exc:  # no semaphores (/dev/shm), no spawn: a thread still builds
+                self._to_thread(f"no builder process could be started ({type(exc).__name__}: {exc})")
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtop-kernels")
+
+    def _to_thread(self, why: str) -> None:
+        self.processes = False
+        _log.warning("kernel windows are built on a thread: %s", why)
+        self.model.notices.warning(f"kernel windows are built on the monitor's own thread: {why}", self.model.now)
+
+    def _lost_builder(self, exc: BaseException) -> None:
+        """The builder process died (its window is lost): start another, or build on a thread."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.restarts += 1
+        if self.restarts >= MAX_RESTARTS:
+            self._to_thread(f"the builder process died {self.restarts} times ({exc})")
+        self._pool = self._new_pool()
 
     def submit(self, key: RankKey, fields: Window) -> None:
         """Queue a window: its fields, or its frame when the collector read only its envelope
@@ -76,6 +121,12 @@ class KernelWorker:
             key, fields = self._pending.popleft()
             try:
                 stats = await loop.run_in_executor(self._pool, self._build, fields)
+            except BrokenProcessPool as exc:  # killed (out of memory, a signal): its window is lost
+                if self._closed:
+                    return
+                self.model.reject("kernels: the window builder process died")
+                self._lost_builder(exc)
+                continue
             except WireError as exc:  # a frame whose envelope alone was read: its fields are bad
                 self.model.reject(str(exc))
                 continue

@@ -146,6 +146,12 @@ class Model:
         if self.kernels is not None:
             self.kernels = self.kernels.inline()
 
+    @property
+    def now(self) -> float:
+        """The latest monitor time the model has seen (a frame's or a tick's): what dates a notice
+        raised between the two."""
+        return self._now
+
     def knows(self, key: RankKey) -> bool:
         """Whether the model holds the rank ``key``."""
         return key in self.ranks
