@@ -459,3 +459,19 @@ def test_the_live_collectors_builder_is_a_child_process() -> None:
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert multiprocessing.active_children() == []  # the monitor stopped: so did its builder
+
+
+def test_a_monitor_without_windows_starts_no_builder_process() -> None:
+    """The process pool (and multiprocessing's resource tracker with it) waits for a first window."""
+    async def main() -> Any:
+        model = make_model()
+        worker = KernelWorker(model, build_window, processes=True)
+        model.offload_kernels(worker.submit)
+        for msg in _messages()[0]:
+            model.ingest(msg, 0.0)
+        await asyncio.sleep(0.2)
+        idle_pool = worker._pool
+        worker.close()
+        return idle_pool
+
+    assert asyncio.run(main()) is None

@@ -59,7 +59,9 @@ class KernelWorker:
         self._pending: collections.deque[tuple[RankKey, Window]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self.processes = processes
-        self._pool = self._new_pool()
+        #: Made at the first window (a process pool starts multiprocessing's resource tracker, a
+        #: process of its own: a monitor that never gets a window need not pay for it).
+        self._pool: Executor | None = None
         self._closed = False
         self.built = 0
         self.dropped = 0  # windows never built: the queue overflowed, or the monitor stopped
@@ -81,11 +83,12 @@ class KernelWorker:
 
     def _lost_builder(self, exc: BaseException) -> None:
         """The builder process died (its window is lost): start another, or build on a thread."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         self.restarts += 1
         if self.restarts >= MAX_RESTARTS:
             self._to_thread(f"the builder process died {self.restarts} times ({exc})")
-        self._pool = self._new_pool()
+        self._pool = None  # the next window starts another
 
     def submit(self, key: RankKey, fields: Window) -> None:
         """Queue a window: its fields, or its frame when the collector read only its envelope
@@ -120,6 +123,8 @@ class KernelWorker:
         while self._pending:
             key, fields = self._pending.popleft()
             try:
+                if self._pool is None:
+                    self._pool = self._new_pool()
                 stats = await loop.run_in_executor(self._pool, self._build, fields)
             except BrokenProcessPool as exc:  # killed (out of memory, a signal): its window is lost
                 if self._closed:
@@ -146,10 +151,11 @@ class KernelWorker:
 
     def close(self) -> None:
         """Stop building: queued windows are dropped (and counted), a running build finishes on
-        its thread and is discarded."""
+        its builder and is discarded."""
         self._closed = True
         self.dropped += len(self._pending)
         self._pending.clear()
         if self._task is not None:
             self._task.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
