@@ -35,7 +35,8 @@ Printed per configuration (measured over ``--seconds`` after ``--warmup``):
 * tick ms p50/p99: ``Model.tick`` (eviction, hints, the snapshot it builds) at 2 Hz;
 * ui show ms p50/p99: ``MainScreen.show`` of each delivered snapshot (the paint is not included:
   ``bench/rank_view.py`` measures a whole refresh);
-* RSS/rank: the monitor's resident memory growth from before the first rank to the end, ÷ ranks;
+* RSS/rank: the monitor's resident memory growth from before the first rank to the end, ÷ ranks
+  (its process; the builder process's own RSS is ``builder_rss_mb`` in the JSON);
 * the load it ran under: the simulator's and relays' CPU, the 1-minute load average.
 
 File descriptors: every simulated rank costs its worker 2 (the socket's mailbox and its
@@ -441,6 +442,19 @@ def _children_cpu() -> dict[int, float]:
     return out
 
 
+def _children_rss() -> dict[int, int]:
+    """pid -> resident bytes of this process's children (the monitor's kernel window builder)."""
+    import psutil
+
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            out[child.pid] = child.memory_info().rss
+        except psutil.Error:
+            continue
+    return out
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -592,6 +606,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
             "rss_base": marks["base_rss"], "rss_end": _rss_bytes(),
+            # the window builder's own process: not in the RSS per rank, which is this process's
+            "builder_rss_mb": round(sum(_children_rss().values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,
         }
 
@@ -974,6 +990,16 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     for _ in range(3):
         wire.decode(kern)
     kernel_decode = (time.process_time() - c) / 3
+    # What the data thread pays per window where a builder decodes it (flowtop.monitor.collector):
+    # its envelope, admitted or refused; a checkout from before e8e8288 decodes it whole there.
+    envelope = getattr(wire, "envelope", None)
+    c = time.process_time()
+    for _ in range(20):
+        envelope(kern) if envelope is not None else wire.decode(kern)
+    kernel_head = (time.process_time() - c) / 20
+    c = time.process_time()
+    build_window(kern if envelope is not None else dict(wire.decode(kern).fields))
+    kernel_build = time.process_time() - c
     us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
     frame_kind = ("steps" if per_frame > 1 else "step") if records else "stepcols"
     rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
@@ -984,6 +1010,8 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
         "ranks": ranks, "step_ms": step_ms, "flush_s": flush_s, "records_per_frame": per_frame,
         "decode_ingest_us": {k: round(v, 1) for k, v in us.items()},
         "kernels_decode_ms": round(1e3 * kernel_decode, 1),
+        "kernels_envelope_ms": round(1e3 * kernel_head, 3),
+        "kernels_decode_build_ms": round(1e3 * kernel_build, 1),
         "frames_per_s": round(ranks * sum(rates.values())),
         "tick_cpu_ms": round(1e3 * tick_s, 1),
         # The longest tick holds every frame behind it (their latency): a large job's views and
@@ -992,9 +1020,12 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
         "data_thread_core_pct": {
             "frames": round(100 * ranks * per_rank_s, 1),
             "ticks": round(100 * tick_s / TICK_S, 1),
-            "kernel_windows_admitted": round(100 * min(ranks / kernel_every_s, 2 * 2**20 / len(kern)) * kernel_decode, 1)
-            if kernel_every_s > 0 else 0.0,
+            # every window's envelope (refused ones too); the builder decodes the admitted ones
+            "kernel_windows": round(100 * ranks / kernel_every_s * kernel_head, 1) if kernel_every_s > 0 else 0.0,
         },
+        # The builder (a process of the monitor's own): admitted windows, decoded and built.
+        "builder_core_pct": round(100 * min(ranks / kernel_every_s, 2 * 2**20 / len(kern)) * kernel_build, 1)
+        if kernel_every_s > 0 else 0.0,
     }
 
 

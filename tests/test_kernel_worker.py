@@ -319,6 +319,19 @@ def test_a_window_with_bad_fields_behind_a_good_envelope_is_rejected_by_the_work
     model, rejected = asyncio.run(main())
     assert rejected == {str(err.value): 1}  # the reason the whole decode gives
     assert _rank(model).kernels.window == wire.decode(second).fields["window"]
+    # A replay of the same frames (windows built where they arrive) counts them the same way:
+    # the envelope heard, the fields refused.
+    from flowtop.monitor.recording import feed
+
+    replayed = make_model()
+    for frame in before:
+        feed(replayed, frame, 0.5)
+    feed(replayed, bad, 1.0)
+    assert dict(replayed.rejected_reasons) == rejected
+    feed(replayed, second, 2.0)
+    counts = [(m.received, m.rejected, _rank(m).last_seq, _rank(m).last_recv) for m in (model, replayed)]
+    assert counts[0] == counts[1]
+    assert _rank(replayed).kernels == _rank(model).kernels
 
 
 def test_a_window_over_the_byte_rate_is_refused_from_its_envelope(monkeypatch: Any) -> None:
@@ -389,11 +402,72 @@ def _kill_builders() -> int:
     return len(children)
 
 
-def test_a_builder_process_builds_windows_and_one_that_dies_is_replaced(monkeypatch: Any) -> None:
-    """A window built in a child process equals one built here; a killed builder costs the window
-    it would have built (counted), the next one is built by a new process; after MAX_RESTARTS
-    deaths, windows are built on a thread and the user is told."""
-    monkeypatch.setattr("flowtop.monitor.kernel_worker.MAX_RESTARTS", 2)
+def _build_or_die(window: Any) -> Any:
+    """A builder whose process exits on a window marked ``_die``, as one killed mid-build."""
+    import os
+
+    if window.get("_die"):
+        os._exit(3)
+    return build_window(window)
+
+
+def test_a_builder_process_that_dies_is_replaced(monkeypatch: Any) -> None:
+    """A builder process that dies is replaced and its window tried once more: a window it dies
+    on twice is rejected, one whose builder was killed while idle is built; after MAX_RESTARTS
+    deaths windows are no longer built (dropped, counted) and the user is told."""
+    import multiprocessing
+
+    monkeypatch.setattr("flowtop.monitor.kernel_worker.MAX_RESTARTS", 4)
+    before, (first, second) = _messages()
+
+    async def main() -> Any:
+        model = make_model()
+        worker = KernelWorker(model, _build_or_die, processes=True)
+        model.offload_kernels(worker.submit)
+        for msg in before:
+            model.ingest(msg, 0.0)
+        seen = []
+
+        async def step(window: Any, kill_first: bool = False) -> None:
+            killed = _kill_builders() if kill_first else 0
+            worker.submit(first.key, window)
+            await worker.idle()
+            st = _rank(model)
+            seen.append((st.kernels.window if st.kernels else None, model.rejected, worker.restarts,
+                         worker.dropped, killed))
+
+        await step(dict(first.fields))
+        await step({**second.fields, "_die": True})  # dies on it, and again: rejected
+        await step(dict(second.fields))  # a new builder process
+        await step(dict(first.fields), kill_first=True)  # killed while idle: replaced for this window
+        await step(dict(second.fields), kill_first=True)  # the fourth death: no more building
+        worker.close()
+        return model, worker, seen
+
+    model, worker, seen = asyncio.run(main())
+    w1, w2 = first.fields["window"], second.fields["window"]
+    assert seen == [
+        (w1, 0, 0, 0, 0),
+        (w1, 1, 2, 0, 0),
+        (w2, 1, 2, 0, 0),
+        (w1, 1, 3, 0, 1),  # one builder killed before each of the last two
+        (w1, 1, 4, 1, 1),
+    ]
+    assert multiprocessing.active_children() == []  # none started after the last death
+    assert dict(model.rejected_reasons) == {"kernels: the window builder process died on this window twice": 1}
+    assert worker.built == 3 and worker.gave_up
+    assert any("no longer built" in n.text and "died 4 times" in n.text for n in model.notices.history)
+
+
+def test_where_no_builder_process_starts_a_thread_builds(monkeypatch: Any) -> None:
+    """A process that cannot be started (here: no descriptors left at the spawn) costs no window:
+    it is built on a thread, and the user is told once."""
+    import multiprocessing.popen_spawn_posix as popen
+
+    def no_fds(self: Any, process_obj: Any) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(popen.Popen, "_launch", no_fds)
     before, (first, second) = _messages()
 
     async def main() -> Any:
@@ -402,32 +476,18 @@ def test_a_builder_process_builds_windows_and_one_that_dies_is_replaced(monkeypa
         model.offload_kernels(worker.submit)
         for msg in before:
             model.ingest(msg, 0.0)
-        seen = []
         model.ingest(first, 1.0)
+        model.ingest(second, 2.0)
         await worker.idle()
-        seen.append((_rank(model).kernels, model.rejected, _kill_builders()))
-        for at in (2.0, 3.0):  # killed: the window is lost, a new builder builds the next
-            model.ingest(second, at)
-            await worker.idle()
-        seen.append((_rank(model).kernels, model.rejected, _kill_builders()))
-        model.ingest(first, 4.0)  # killed again: MAX_RESTARTS reached, a thread from now on
-        await worker.idle()
-        model.ingest(second, 5.0)
-        await worker.idle()
-        seen.append((_rank(model).kernels, model.rejected, _kill_builders()))
         worker.close()
-        return model, worker, seen
+        return model, worker
 
-    model, worker, seen = asyncio.run(main())
-    inline = build_window(first.fields)
-    (one, rejected1, killed1), (two, rejected2, killed2), (three, rejected3, killed3) = seen
-    assert one == inline and rejected1 == 0 and killed1 == 1
-    assert two == build_window(second.fields) and rejected2 == 1 and killed2 == 1
-    assert three == build_window(second.fields) and rejected3 == 2 and killed3 == 0  # on a thread
-    assert (worker.processes, worker.restarts, worker.built) == (False, 2, 3)
-    assert dict(model.rejected_reasons) == {"kernels: the window builder process died": 2}
-    assert any("built on the monitor's own thread" in n.text and "died 2 times" in n.text
-               for n in model.notices.history)
+    model, worker = asyncio.run(main())
+    assert (worker.built, worker.processes, model.rejected) == (2, False, 0)
+    assert _rank(model).kernels == build_window(second.fields)
+    assert [n.text for n in model.notices.history if "own thread" in n.text] == [
+        "kernel windows are built on the monitor's own thread: no builder process could be started "
+        "(OSError: [Errno 24] Too many open files)"]
 
 
 def test_the_live_collectors_builder_is_a_child_process() -> None:
@@ -470,8 +530,71 @@ def test_a_monitor_without_windows_starts_no_builder_process() -> None:
         for msg in _messages()[0]:
             model.ingest(msg, 0.0)
         await asyncio.sleep(0.2)
-        idle_pool = worker._pool
+        started = worker.started
         worker.close()
-        return idle_pool
+        return started
 
-    assert asyncio.run(main()) is None
+    assert asyncio.run(main()) is False
+
+
+ORPHAN = """
+import asyncio, multiprocessing, sys, time
+sys.path.insert(0, {tests!r})
+from test_kernel_worker import _messages, _rank
+from flowtop.monitor.kernel_worker import KernelWorker
+from flowtop.monitor.rankkernels import build_window
+from flowtop.monitor.wiring import make_model
+
+async def main():
+    before, (first, _) = _messages()
+    model = make_model()
+    worker = KernelWorker(model, build_window, processes=True)
+    model.offload_kernels(worker.submit)
+    for msg in before:
+        model.ingest(msg, 0.0)
+    model.ingest(first, 1.0)
+    await worker.idle()
+    assert _rank(model).kernels is not None
+    print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+    time.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_the_builder_process_leaves_when_the_monitor_is_killed() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN.format(tests=str(Path(__file__).parent))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        (builder,) = map(int, proc.stdout.readline().split())
+        assert psutil.Process(builder).ppid() == proc.pid
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(builder) and psutil.Process(builder).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the builder outlived its monitor"
+        time.sleep(0.1)
+
+
+def test_a_table_built_in_the_builder_process_shares_its_names_with_the_others() -> None:
+    """Tables come back pickled: their kernel names are interned again, so thousands of ranks'
+    tables hold one string per name, as when built on a thread."""
+    import pickle
+
+    _, (first, _) = _messages()
+    built = build_window(first.fields)
+    a, b = (pickle.loads(pickle.dumps(built)) for _ in range(2))
+    assert a == built
+    for x, y in zip(a.kernels, b.kernels):
+        assert x.name is y.name and x.short is y.short and x.category is y.category and x.op is y.op
+    assert all(x.category is y.category for x, y in zip(a.categories, b.categories))
+    assert all(p is q for g, h in zip(a.anatomy.gaps, b.anatomy.gaps) for p, q in zip(g.host_ops, h.host_ops))

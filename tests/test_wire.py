@@ -121,6 +121,16 @@ def test_an_envelope_read_alone_refuses_a_bad_one(frame: bytes, reason: str) -> 
         wire.decode(frame)
 
 
+def test_an_envelope_of_too_many_fields_is_left_to_decode() -> None:
+    """Stepping over millions of tiny entries in Python costs more than decoding them in C: past
+    MAX_FIELDS top-level entries the envelope refuses, and the monitor decodes the frame whole
+    (unknown fields are allowed: it may still be valid)."""
+    frame = _raw(**{f"x{i}": 0 for i in range(wire.MAX_FIELDS)})
+    with pytest.raises(WireError, match="entries"):
+        wire.envelope(frame)
+    assert wire.decode(frame).kind == "step"
+
+
 def test_an_envelope_read_alone_leaves_the_fields_to_decode() -> None:
     """Bad fields behind a good envelope: the envelope reads, the decode refuses; a field named
     like the envelope inside a nested value is stepped over, not taken for it."""

@@ -38,6 +38,7 @@ from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
+from flowtop.monitor.rankkernels import decode_frame
 from flowtop.monitor.pacing import BEHIND_S, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
@@ -487,22 +488,9 @@ class Collector:
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
 
     def _decode(self, frame: bytes) -> wire.Message:
-        """The frame decoded; a kernel window of a known rank, when a worker builds windows,
-        only as far as its envelope: the worker decodes and validates its fields with the rest
-        (~2 ms of an 80 KB window's ~13 ms), and a window refused for the byte rate costs
-        ~65 µs instead of ~600 µs. An unknown rank's window is decoded here, whole, before it
-        may create the rank."""
-        if self.kernel_worker is not None and len(frame) >= wire.PEEK_BYTES:
-            try:
-                head = wire.envelope(frame)
-            except wire.WireError:
-                head = None  # the whole decode says why
-            if head is not None and head.kind == "kernels" and self.model.knows(head.key):
-                why = self._kernel_budget(head.key, head.kind, len(frame))
-                if why:
-                    raise wire.WireError(why)
-                return head
-        return wire.decode(frame, self._kernel_budget)
+        """The frame decoded as the model applies it: a known rank's kernel window only as far
+        as its envelope (rankkernels.decode_frame), its builder decoding the rest off the data thread."""
+        return decode_frame(frame, self.model.builds_kernels, self.model.knows, self._kernel_budget)
 
     def _stop_recording(self, exc: Exception) -> None:
         recorder, self.recorder = self.recorder, None

@@ -16,8 +16,8 @@ from typing import Callable
 class Limits:
     """The monitor's caps. Rank caps fit one 4,096-rank job with restarts and many small ones;
     the overall kernel byte rate fits about 30 ranks' windows at once (each is decoded, validated
-    and built on the kernel worker, which shares the interpreter with the data thread), so larger
-    jobs get some ranks' tables per aligned window, not all."""
+    and built by the kernel worker's builder, a process of the live monitor's own, ~0.35 core at
+    this rate), so larger jobs get some ranks' tables per aligned window, not all."""
 
     max_jobs: int = 256
     max_ranks_per_job: int = 16_384

@@ -41,6 +41,7 @@ from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.rotation import RANKS_PER_TICK, SPREADS, hint_share, ticks_per_round  # noqa: F401 (RANKS_PER_TICK re-exported)
 from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
 
 _log = logging.getLogger("flowtop.model")
@@ -213,7 +214,12 @@ class Model:
             if self.kernels.submit is not None:
                 self.kernels.submit(msg.key, window)
             else:
-                self.apply_kernels(msg.key, build_window(window))
+                try:
+                    stats = build_window(window)
+                except wire.WireError as exc:  # a frame whose envelope alone was read: bad fields
+                    self.reject(str(exc))
+                    return
+                self.apply_kernels(msg.key, stats)
         elif msg.kind == "bye":
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))

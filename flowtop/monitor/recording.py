@@ -26,6 +26,7 @@ import msgpack
 
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.model import Model
+from flowtop.monitor.rankkernels import decode_frame
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import spread_of
 from flowtop.monitor.ticker import Ticker
@@ -181,7 +182,7 @@ class Feeder:
 def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None) -> None:
     """Decode one frame into ``model`` the way the collector does."""
     try:
-        msg = wire.decode(frame, admit)
+        msg = decode_frame(frame, model.builds_kernels, model.knows, admit)
     except wire.WireError as exc:
         model.reject(str(exc))
         return

@@ -9,8 +9,9 @@ the collector raises :attr:`Model.spread` at once to where the ticks would take 
 up to the largest of model.SPREADS; it halves it again
 whenever the ticks' share doubled would still keep the thread under BUSY_HIGH. A rank's figures
 and the job's hints then refresh every 8 s instead of 4 s at 4,096 ranks, but frames are read
-before they queue up and drop. Kernel windows (~4 ms of validation each) are then admitted at
-1/spread of the monitor's byte rate (flowtop.monitor.limits.KernelBudget).
+before they queue up and drop. Kernel windows (~14 ms of decoding and building each, 80 KB, in the
+monitor's builder process) are then admitted at 1/spread of the monitor's byte rate
+(flowtop.monitor.limits.KernelBudget).
 
 A replay must spread its ticks where the live monitor did, or its hints would differ: each change
 is written into the recording as a record of its own (:func:`spread_record`), which the replay

@@ -334,6 +334,9 @@ def _head(obj: Any) -> tuple[str, RankKey]:
 #: Frames at least this long are worth reading envelope first (:func:`envelope`): kernel
 #: windows (~80 KB for a GPT step on an H200), not step frames (~2 KB for 45 records).
 PEEK_BYTES = 16 * 1024
+#: Most top-level entries :func:`envelope` reads: the largest kind has ~25 (envelope included),
+#: a newer minor a few more.
+MAX_FIELDS = 64
 _HEAD_NAMES = frozenset(("v", "k", *_ENVELOPE))
 
 
@@ -352,13 +355,18 @@ def envelope(frame: bytes) -> Message:
     try:
         reader = msgpack.Unpacker(raw=False, strict_map_key=True, use_list=True, max_buffer_size=max(1, len(frame)))
         reader.feed(frame)
-        for _ in range(reader.read_map_header()):
+        entries = reader.read_map_header()
+        if entries > MAX_FIELDS:  # stepping over millions of tiny entries in Python costs more than a decode
+            raise WireError(f"frame map of {entries} entries: more than any kind's {MAX_FIELDS}")
+        for _ in range(entries):
             name = reader.unpack()
             if type(name) is str and name in _HEAD_NAMES:
                 obj[name] = reader.unpack()
             else:
                 reader.skip()
         trailing = reader.tell() != len(frame)
+    except WireError:
+        raise
     except Exception as exc:  # msgpack raises several unrelated types
         raise WireError(f"not msgpack: {type(exc).__name__}: {exc}"[:200]) from None
     if trailing:  # as unpackb refuses extra data

@@ -28,7 +28,8 @@ from __future__ import annotations
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from flowtop.monitor.kernels.classify import CATEGORIES, classify, short_name
 from flowtop.monitor.kernels.trace import CPU_OP, DEVICE_KINDS, KERNEL, RUNTIME, KernelWindow
@@ -38,9 +39,27 @@ TOP_GAPS = 5
 GAP_HOST_OPS = 3
 
 
+def _interned(value: Any) -> Any:
+    if type(value) is str:
+        return sys.intern(value)
+    if type(value) is tuple and value and all(type(v) is str for v in value):
+        return tuple(map(sys.intern, value))
+    return value
+
+
+def _setstate_interned(self: Any, state: tuple[Any, ...]) -> None:
+    """Unpickling (a window built in the monitor's builder process, flowtop.monitor.kernel_worker):
+    its names interned again, as the builder interned them, so that thousands of ranks' tables
+    share one string per kernel name instead of a copy each (~34 KB a rank for a GPT's windows)."""
+    for f, value in zip(fields(self), state):
+        object.__setattr__(self, f.name, _interned(value))
+
+
 @dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class KernelStat:
     """One kernel name (or CPU operator) in a window."""
+
+    __setstate__ = _setstate_interned
 
     name: str
     short: str
@@ -58,6 +77,8 @@ class KernelStat:
 class CategoryStat:
     """Totals of one category in a window."""
 
+    __setstate__ = _setstate_interned
+
     category: str
     calls: int
     total_us: float
@@ -68,6 +89,8 @@ class CategoryStat:
 @dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class IdleGap:
     """A stretch of the step with no device work."""
+
+    __setstate__ = _setstate_interned
 
     start_us: float
     dur_us: float
