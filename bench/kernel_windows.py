@@ -3,9 +3,9 @@
 
 A synchronous job's ranks profile the same step, so their windows land together. This feeds
 ``--ranks`` copies of a real window (the 940 M-parameter GPT's step recorded on an H200: 4,672
-records) into a monitor model on an asyncio loop, built inline (on the loop) and on the kernel
-worker thread (what the live collector does), while a 1 ms ticker measures the loop's longest
-gap. Prints one JSON object.
+records) into a monitor model on an asyncio loop, built inline (on the loop), on the kernel
+worker's builder thread (a replay) and in its builder process (the live collector), while a 1 ms
+ticker measures the loop's longest gap. Prints one JSON object.
 
     python bench/kernel_windows.py --ranks 16
 """
@@ -49,10 +49,10 @@ def _messages(ranks: int) -> tuple[list[wire.Message], list[wire.Message]]:
     return prep, keyed
 
 
-async def _run(ranks: int, offload: bool) -> dict[str, Any]:
+async def _run(ranks: int, offload: bool, processes: bool = False) -> dict[str, Any]:
     prep, windows = _messages(ranks)
     model = make_model()
-    worker = KernelWorker(model, build_window) if offload else None
+    worker = KernelWorker(model, build_window, processes=processes) if offload else None
     if worker is not None:
         model.offload_kernels(worker.submit)
     for msg in prep:
@@ -90,8 +90,10 @@ def main() -> int:
     args = ap.parse_args()
     inline = asyncio.run(_run(args.ranks, offload=False))
     worker = asyncio.run(_run(args.ranks, offload=True))
-    print(json.dumps({"ranks": args.ranks, "inline": inline, "worker": worker,
-                      "max_gap_ratio_worker_over_inline": worker["max_loop_gap_ms"] / inline["max_loop_gap_ms"]},
+    process = asyncio.run(_run(args.ranks, offload=True, processes=True))
+    print(json.dumps({"ranks": args.ranks, "inline": inline, "worker": worker, "process": process,
+                      "max_gap_ratio_worker_over_inline": worker["max_loop_gap_ms"] / inline["max_loop_gap_ms"],
+                      "max_gap_ratio_process_over_inline": process["max_loop_gap_ms"] / inline["max_loop_gap_ms"]},
                      indent=2))
     return 0
 
