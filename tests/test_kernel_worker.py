@@ -36,11 +36,11 @@ def _messages() -> tuple[list[wire.Message], list[wire.Message]]:
     return before, windows
 
 
-def _offloaded(build: Any, before: list[wire.Message]) -> tuple[Any, KernelWorker]:
-    """A monitor model whose kernel windows go to a worker with ``build``, fed ``before``
-    (call on a running loop)."""
+def _offloaded(build: Any, before: list[wire.Message], processes: bool = False) -> tuple[Any, KernelWorker]:
+    """A monitor model whose kernel windows go to a worker with ``build`` (in a process with
+    ``processes``), fed ``before`` (call on a running loop)."""
     model = make_model()
-    worker = KernelWorker(model, build)
+    worker = KernelWorker(model, build, processes=processes)
     model.offload_kernels(worker.submit)
     for msg in before:
         model.ingest(msg, 0.0)
@@ -421,11 +421,7 @@ def test_a_builder_process_that_dies_is_replaced(monkeypatch: Any) -> None:
     before, (first, second) = _messages()
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, _build_or_die, processes=True)
-        model.offload_kernels(worker.submit)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(_build_or_die, before, processes=True)
         seen = []
 
         async def step(window: Any, kill_first: bool = False) -> None:
@@ -471,11 +467,7 @@ def test_where_no_builder_process_starts_a_thread_builds(monkeypatch: Any) -> No
     before, (first, second) = _messages()
 
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build_window, processes=True)
-        model.offload_kernels(worker.submit)
-        for msg in before:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build_window, before, processes=True)
         model.ingest(first, 1.0)
         model.ingest(second, 2.0)
         await worker.idle()
@@ -524,11 +516,7 @@ def test_the_live_collectors_builder_is_a_child_process() -> None:
 def test_a_monitor_without_windows_starts_no_builder_process() -> None:
     """The process pool (and multiprocessing's resource tracker with it) waits for a first window."""
     async def main() -> Any:
-        model = make_model()
-        worker = KernelWorker(model, build_window, processes=True)
-        model.offload_kernels(worker.submit)
-        for msg in _messages()[0]:
-            model.ingest(msg, 0.0)
+        model, worker = _offloaded(build_window, _messages()[0], processes=True)
         await asyncio.sleep(0.2)
         started = worker.started
         worker.close()
@@ -540,18 +528,12 @@ def test_a_monitor_without_windows_starts_no_builder_process() -> None:
 ORPHAN = """
 import asyncio, multiprocessing, sys, time
 sys.path.insert(0, {tests!r})
-from test_kernel_worker import _messages, _rank
-from flowtop.monitor.kernel_worker import KernelWorker
+from test_kernel_worker import _messages, _offloaded, _rank
 from flowtop.monitor.rankkernels import build_window
-from flowtop.monitor.wiring import make_model
 
 async def main():
     before, (first, _) = _messages()
-    model = make_model()
-    worker = KernelWorker(model, build_window, processes=True)
-    model.offload_kernels(worker.submit)
-    for msg in before:
-        model.ingest(msg, 0.0)
+    model, worker = _offloaded(build_window, before, processes=True)
     model.ingest(first, 1.0)
     await worker.idle()
     assert _rank(model).kernels is not None
