@@ -428,30 +428,18 @@ def _threads_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
-def _children_cpu() -> dict[int, float]:
-    """pid -> CPU seconds of this process's children (the monitor's kernel window builder)."""
+def _children() -> dict[int, tuple[float, int]]:
+    """pid -> (CPU seconds, resident bytes) of this process's children (the monitor's kernel
+    window builder)."""
     import psutil
 
     out = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            t = child.cpu_times()
+            t, rss = child.cpu_times(), child.memory_info().rss
         except psutil.Error:
             continue
-        out[child.pid] = t.user + t.system
-    return out
-
-
-def _children_rss() -> dict[int, int]:
-    """pid -> resident bytes of this process's children (the monitor's kernel window builder)."""
-    import psutil
-
-    out = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            out[child.pid] = child.memory_info().rss
-        except psutil.Error:
-            continue
+        out[child.pid] = (t.user + t.system, rss)
     return out
 
 
@@ -554,7 +542,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     marks: dict[str, Any] = {}
 
     def mark(name: str) -> None:
-        marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "children": _children_cpu(),
+        marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "children": _children(),
                        "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals)}
 
     def figures(data: Any) -> dict[str, Any]:
@@ -586,8 +574,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             else:
                 group = "other"
             groups[group] += used
-        for pid, cpu in b["children"].items():  # the window builder, where it is a process
-            groups["kernels"] += cpu - a["children"].get(pid, 0.0)
+        for pid, (cpu, _) in b["children"].items():  # the window builder, where it is a process
+            groups["kernels"] += cpu - a["children"].get(pid, (0.0, 0))[0]
         win_ticks = ticks[a["ticks"]:b["ticks"]]
         win_lat = latency[a["lat"]:b["lat"]]
         win_lat_sent = latency_sent[a["lat"]:b["lat"]]
@@ -606,8 +594,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
             "rss_base": marks["base_rss"], "rss_end": _rss_bytes(),
-            # the window builder's own process: not in the RSS per rank, which is this process's
-            "builder_rss_mb": round(sum(_children_rss().values()) / 2**20, 1),
+            # the window builder's own process at the end mark: not in the RSS per rank (this process's)
+            "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,
         }
 

@@ -476,7 +476,8 @@ class Collector:
                 self._stop_recording(exc)
         self._frame_at = now
         try:
-            msg = self._decode(frame)
+            # A known rank's kernel window only as far as its envelope: its builder decodes the rest.
+            msg = decode_frame(frame, self.model.builds_kernels, self.model.knows, self._kernel_budget)
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return
@@ -486,11 +487,6 @@ class Collector:
             self.model.ingest(msg, now if at is None else at, via)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
-
-    def _decode(self, frame: bytes) -> wire.Message:
-        """The frame decoded as the model applies it: a known rank's kernel window only as far
-        as its envelope (rankkernels.decode_frame), its builder decoding the rest off the data thread."""
-        return decode_frame(frame, self.model.builds_kernels, self.model.knows, self._kernel_budget)
 
     def _stop_recording(self, exc: Exception) -> None:
         recorder, self.recorder = self.recorder, None

@@ -70,15 +70,18 @@ def clean(obj: Any) -> Any:
     return obj if printable_deep(obj) else deep(obj)
 
 
-def interned(obj: Any) -> Any:
-    """``obj`` with every map key and short string value interned: every rank sends the same
-    names (telemetry fields, reasons, the device) every second, and a decoded frame's strings
-    are new objects each time — thousands of ranks would keep thousands of copies of each."""
+def interned(obj: Any, longest: int | None = 256) -> Any:
+    """``obj`` with every map key and string value of at most ``longest`` characters (None: any)
+    interned, in maps, lists and tuples: every rank sends the same names (telemetry fields,
+    reasons, the device) every second, and a decoded frame's strings are new objects each time
+    — thousands of ranks would keep thousands of copies of each."""
     t = type(obj)
     if t is dict:
-        return {(sys.intern(k) if type(k) is str else k): interned(v) for k, v in obj.items()}
+        return {(sys.intern(k) if type(k) is str else k): interned(v, longest) for k, v in obj.items()}
     if t is list:
-        return [interned(v) for v in obj]
-    if t is str and len(obj) <= 256:
+        return [interned(v, longest) for v in obj]
+    if t is tuple:
+        return tuple(interned(v, longest) for v in obj)
+    if t is str and (longest is None or len(obj) <= longest):
         return sys.intern(obj)
     return obj

@@ -276,10 +276,7 @@ Admit = Callable[[RankKey, str, int], str]
 
 def decode(frame: bytes, admit: Admit | None = None) -> Message:
     """Unpack and validate one frame; raise :class:`WireError` with a reason."""
-    if not isinstance(frame, (bytes, bytearray, memoryview)):
-        raise WireError("frame is not bytes")
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    _check_bytes(frame)
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -310,6 +307,14 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     elif kind == "step":
         cols = _steps.from_records((fields,))
     return Message(kind, _known(key), obj["seq"], float(obj["t"]), fields, cols)
+
+
+def _check_bytes(frame: Any) -> None:
+    """Refuse what is not a frame of bytes within MAX_FRAME_BYTES."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireError("frame is not bytes")
+    if len(frame) > MAX_FRAME_BYTES:
+        raise WireError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
 
 
 def _head(obj: Any) -> tuple[str, RankKey]:
@@ -347,10 +352,7 @@ def envelope(frame: bytes) -> Message:
     validation, which a monitor refusing it for its byte rate, or building it on another
     thread, need not pay on its data thread. Raises :class:`WireError`; a frame it reads may
     still fail :func:`decode` (its fields are not looked at)."""
-    if not isinstance(frame, (bytes, bytearray, memoryview)):
-        raise WireError("frame is not bytes")
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    _check_bytes(frame)
     obj: dict[str, Any] = {}
     try:
         reader = msgpack.Unpacker(raw=False, strict_map_key=True, use_list=True, max_buffer_size=max(1, len(frame)))

@@ -33,26 +33,20 @@ from typing import Any
 
 from flowtop.monitor.kernels.classify import CATEGORIES, classify, short_name
 from flowtop.monitor.kernels.trace import CPU_OP, DEVICE_KINDS, KERNEL, RUNTIME, KernelWindow
+from flowtop.monitor.sanitize import interned
 
 SHORT_KERNEL_FALLBACK_US = 5.0
 TOP_GAPS = 5
 GAP_HOST_OPS = 3
 
 
-def _interned(value: Any) -> Any:
-    if type(value) is str:
-        return sys.intern(value)
-    if type(value) is tuple and value and all(type(v) is str for v in value):
-        return tuple(map(sys.intern, value))
-    return value
-
-
 def _setstate_interned(self: Any, state: tuple[Any, ...]) -> None:
     """Unpickling (a window built in the monitor's builder process, flowtop.monitor.kernel_worker):
-    its names interned again, as the builder interned them, so that thousands of ranks' tables
-    share one string per kernel name instead of a copy each (~34 KB a rank for a GPT's windows)."""
+    its names interned again, as the builder interned them (kernel names of any length), so that
+    thousands of ranks' tables share one string per kernel name instead of a copy each (~34 KB a
+    rank for a GPT's windows)."""
     for f, value in zip(fields(self), state):
-        object.__setattr__(self, f.name, _interned(value))
+        object.__setattr__(self, f.name, interned(value, longest=None))
 
 
 @dataclass(frozen=True, slots=True)  # thousands of ranks hold them
