@@ -580,3 +580,41 @@ def test_a_table_built_in_the_builder_process_shares_its_names_with_the_others()
         assert x.name is y.name and x.short is y.short and x.category is y.category and x.op is y.op
     assert all(x.category is y.category for x, y in zip(a.categories, b.categories))
     assert all(p is q for g, h in zip(a.anatomy.gaps, b.anatomy.gaps) for p, q in zip(g.host_ops, h.host_ops))
+
+
+UNDER_A_TUI = """
+import asyncio, multiprocessing, sys
+sys.path.insert(0, {tests!r})
+from test_kernel_worker import _messages, _offloaded, _rank
+from flowtop.monitor.rankkernels import build_window
+
+class Capture:  # what Textual puts in sys.stderr while its app runs: no file descriptor
+    def write(self, text): return len(text)
+    def flush(self): pass
+    def fileno(self): return -1
+
+async def main():
+    before, (first, _) = _messages()
+    model, worker = _offloaded(build_window, before, processes=True)
+    sys.stderr = Capture()
+    model.ingest(first, 1.0)
+    await worker.idle()
+    builders = len(multiprocessing.active_children())
+    worker.close()
+    sys.stderr = sys.__stderr__
+    print(worker.processes, builders, _rank(model).kernels is not None,
+          [n.text for n in model.notices.history], flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_builder_process_starts_under_a_tui_that_captured_stderr() -> None:
+    """Under the TUI, sys.stderr has no file descriptor: the first window still gets a builder
+    process (a fresh interpreter: multiprocessing's resource tracker not started yet)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", UNDER_A_TUI.format(tests=str(Path(__file__).parent))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True 1 True []", out.stderr[-2000:]

@@ -30,10 +30,12 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import resource_tracker
 from typing import Callable
 
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -67,6 +69,25 @@ def _quiet_child(parent: int) -> None:
     threading.Thread(target=watch, name="flowtop-parent-watch", daemon=True).start()
 
 
+def _tracker_running() -> None:
+    """multiprocessing's resource tracker (a process pool's semaphores need it) started with a
+    real stderr. Under the TUI ``sys.stderr`` is Textual's capture, whose ``fileno()`` is -1: the
+    tracker's spawn refused it ("bad value(s) in fds_to_keep") and every window went to a thread.
+    For the few milliseconds of that spawn ``sys.stderr`` is the process's own again (a line the
+    UI printed then would reach the terminal instead of the capture)."""
+    try:
+        usable = sys.stderr is not None and sys.stderr.fileno() >= 0
+    except Exception:  # no fileno at all: the tracker passes no stderr then
+        usable = True
+    if usable or sys.__stderr__ is None:
+        return
+    captured, sys.stderr = sys.stderr, sys.__stderr__
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.stderr = captured
+
+
 class _GaveUp(Exception):
     """The builder died MAX_RESTARTS times: windows are no longer built."""
 
@@ -94,6 +115,7 @@ class KernelWorker:
     def _new_pool(self) -> Executor:
         if self.processes:
             try:
+                _tracker_running()
                 return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_quiet_child, initargs=(os.getpid(),))
             except Exception as exc:  # no semaphores (/dev/shm), no spawn: a thread still builds
@@ -102,8 +124,12 @@ class KernelWorker:
 
     def _to_thread(self, why: str) -> None:
         self.processes = False
-        _log.warning("kernel windows are built on a thread: %s", why)
-        self.model.notices.warning(f"kernel windows are built on the monitor's own thread: {why}", self.model.now)
+        self._tell("are built on the monitor's own thread", why)
+
+    def _tell(self, what: str, why: str) -> None:
+        """The user (a notice) and the log hear how kernel windows are handled from now on."""
+        _log.warning("kernel windows %s: %s", what, why)
+        self.model.notices.warning(f"kernel windows {what}: {why}", self.model.now)
 
     @property
     def started(self) -> bool:
@@ -118,9 +144,7 @@ class KernelWorker:
         self.restarts += 1
         if self.restarts >= MAX_RESTARTS and not self.gave_up:
             self.gave_up = True
-            why = f"the builder process died {self.restarts} times ({exc})"
-            _log.warning("kernel windows are no longer built: %s", why)
-            self.model.notices.warning(f"kernel windows are no longer built: {why}", self.model.now)
+            self._tell("are no longer built", f"the builder process died {self.restarts} times ({exc})")
 
     def _submitted(self, window: Window) -> asyncio.Future[KernelWindowStats]:
         """``window`` handed to the builder. A builder process found dead, or that cannot be
