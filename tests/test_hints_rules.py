@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from flowtop.monitor.hints import RULES, RULES_BY_ID, HintEngine
+from flowtop.monitor.hints.engine import MEASURES
 from flowtop.monitor.snapshot import Hint, JobSnapshot
 from test_hints_factories import (
     CASES,
@@ -105,6 +107,18 @@ def test_input_wait_needs_its_step_window() -> None:
     assert hint.evidence["input_wait_pct"] == pytest.approx(20.0)
     assert hint.evidence["window_steps"] == 4  # the measure's own window (history length)
     assert hint.evidence["since_step"] == 0  # first crossing at step 4 came with 4 steps of history
+
+
+def test_input_wait_leaves_out_values_that_are_not_finite() -> None:
+    """A history built by hand may hold NaN or inf: each column's sum leaves them out (the model's
+    columns are finite, and are summed without a test per value)."""
+    hist = history(10, 0.1, wait_s=0.02)
+    hist = dataclasses.replace(hist, step_time_s=(math.nan, math.inf, *hist.step_time_s[2:]),
+                               input_wait_s=(*hist.input_wait_s[:9], -math.inf))
+    measured = MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, hist=hist)), 0.0)["rank 0"]
+    # steps: 8 finite of 0.1 s = 0.8 s; waits: 9 finite of 0.02 s = 0.18 s
+    assert measured is not None and measured.evidence["input_wait_pct"] == pytest.approx(100 * 0.18 / 0.8)
+    assert measured.evidence["input_wait_s_per_step"] == pytest.approx(0.18 / 10)
 
 
 def test_input_wait_dip_resets_the_window() -> None:

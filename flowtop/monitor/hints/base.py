@@ -122,6 +122,16 @@ def _positive_median(values: Any) -> float | None:
     return float(times[mid]) if len(times) % 2 else (times[mid - 1] + times[mid]) / 2.0
 
 
+def finite_sum(values: Any) -> float:
+    """Sum of the finite values: summed once in C, filtered only when that sum is not finite (the
+    model's values are finite; a history built by hand may hold NaN or inf). A generator that
+    tested every value cost the input-wait rule ~10 µs a rank at every evaluation."""
+    total = sum(values)
+    if math.isfinite(total):
+        return total
+    return sum(v for v in values if math.isfinite(v))
+
+
 def _median_history(h: History) -> float | None:
     return _positive_median(h.step_time_s)
 

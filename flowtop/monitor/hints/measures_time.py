@@ -9,8 +9,8 @@ import statistics
 from itertools import compress, islice
 from typing import Any
 
-from flowtop.monitor.hints.base import (Measurement, clamp01, finite, latest_ranks, median_step_s, rank_target,
-                                        safe_div, telemetry_number)
+from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
+                                        rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
@@ -131,8 +131,8 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
         if n:
             steps = h.step_time_s[-n:]
             waits = h.input_wait_s[-n:]
-            total = sum(t for t in steps if math.isfinite(t))
-            wait = sum(w for w in waits if math.isfinite(w))
+            total = finite_sum(steps)
+            wait = finite_sum(waits)
             frac = safe_div(wait, total)
             covered = n
         elif finite(r.input_wait_frac):
