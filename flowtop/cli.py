@@ -51,7 +51,9 @@ def version_text() -> str:
     return f"flowtop {mine} (wire {wire.MAJOR}.{wire.MINOR}, snapshot {SCHEMA.split('/')[-1]})"
 
 
-def _monitor_args(p: argparse.ArgumentParser) -> None:
+def _monitor_args(p: argparse.ArgumentParser, cpu: float) -> None:
+    """The monitor's options; ``cpu``: the data thread's CPU budget by default (FLOWTOP_DATA_CPU,
+    read once for every subcommand: a bad value is said once)."""
     default = settings.ADDR.read()
     p.add_argument("--listen", default=default, help=f"address to bind (default {default}; env {settings.ADDR.name})")
     p.add_argument("--insecure-bind", action="store_true",
@@ -62,6 +64,9 @@ def _monitor_args(p: argparse.ArgumentParser) -> None:
                    help="dense peak per rank in TFLOP/s (overrides the table)")
     p.add_argument("--record", default=None, metavar="FILE",
                    help="also write every received frame to FILE (flowtop replay FILE)")
+    p.add_argument("--data-cpu", type=_positive_float, default=cpu, metavar="CORES",
+                   help=f"CPU the data thread may take before the monitor paces its ranks and spreads its ticks "
+                        f"(default {cpu:g}; env {settings.DATA_CPU.name})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,12 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="flowtop", description="top for deep-learning training FLOPs")
     ap.add_argument("--version", action="version", version=version_text())
     sub = ap.add_subparsers(dest="cmd")
+    cpu = settings.DATA_CPU.read()
     top = sub.add_parser("top", help="live monitor (the default)")
-    _monitor_args(top)
+    _monitor_args(top, cpu)
     _prometheus_args(top, None)
     top.add_argument("--theme", choices=("dark", "light"), default="dark", help="colours (default dark)")
     serve = sub.add_parser("serve", help="the monitor without a TUI, serving Prometheus metrics")
-    _monitor_args(serve)
+    _monitor_args(serve, cpu)
     _prometheus_args(serve, "127.0.0.1:9759")
     run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
     run.add_argument("--connect", default=None,
@@ -94,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_argument("--curve-dir", default=None, metavar="DIR",
                        help="CURVE keys to reach a monitor started with --curve-dir")
     snap = sub.add_parser("snapshot", help="collect for a while and print the model")
-    _monitor_args(snap)
+    _monitor_args(snap, cpu)
     snap.add_argument("--timeout", type=_positive_float, default=None,
                       help="seconds to collect (default 5; --follow: none)")
     snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout)")
@@ -204,9 +210,8 @@ def _collector(args: argparse.Namespace) -> Any:
         check_listen(args.listen, args.insecure_bind or bool(args.curve_dir))
         curve = load_server(args.curve_dir) if args.curve_dir else None
         recorder = Recorder(args.record) if args.record else None
-        return Collector(
-            _make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder, curve=curve
-        )
+        return Collector(_make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder,
+                         curve=curve, cpu_budget=args.data_cpu)
     except (AddressError, RecordingError, KeyError_) as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
         return None

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
+from flowtop.monitor.pacing import DATA_CPU as DATA_CPU_DEFAULT
 from probe.wire import DEFAULT_ADDR
 
 T = TypeVar("T")
@@ -34,6 +35,16 @@ def _text(raw: str) -> str | None:
 
 def _address(raw: str) -> str:
     return raw  # checked where it is bound or connected to (flowtop.monitor.collector.check_listen)
+
+
+def _cores(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("not a positive number of cores")
+    return value
 
 
 def _seconds(raw: str) -> float | None:
@@ -92,12 +103,16 @@ CURVE_DIR: Setting[str | None] = Setting(
 HANG_S: Setting[float | None] = Setting(
     "FLOWTOP_HANG_S", "seconds > 0", None, "the hang rules' floor: a rank is hung after max(10 × step time, this)",
     _seconds, shown_default="`30` (`floor_s` of the hang rules)")
+DATA_CPU: Setting[float] = Setting(
+    "FLOWTOP_DATA_CPU", "cores > 0", DATA_CPU_DEFAULT,
+    "CPU the monitor's data thread may take before it paces its ranks and spreads its ticks (`--data-cpu` wins; "
+    "1 or more: only keeping up decides)", _cores)
 SCREENSHOT_DIR: Setting[str | None] = Setting(
     "FLOWTOP_SCREENSHOT_DIR", "directory", None, "where `p` saves its SVG screenshot", _text,
     shown_default="the current directory")
 
 #: Every variable the monitor reads, in the README table's order.
-MONITOR: tuple[Setting[Any], ...] = (ADDR, CURVE_DIR, HANG_S, SCREENSHOT_DIR)
+MONITOR: tuple[Setting[Any], ...] = (ADDR, CURVE_DIR, DATA_CPU, HANG_S, SCREENSHOT_DIR)
 
 PROBE_ADDR = ProbeVariable("FLOWTOP_ADDR", "`run`, `demo`, `doctor`", "the monitor (or the node relay) to connect to")
 PROBE_JOB = ProbeVariable("FLOWTOP_JOB", "`run --job`", "the job id")

@@ -149,20 +149,43 @@ def test_a_monitor_behind_its_ranks_asks_for_half_of_what_it_got_through() -> No
 
 
 def test_the_busy_shares_are_of_the_wall_time_measured() -> None:
-    t = [100.0]
-    meter = pacing.BusyMeter(clock=lambda: t[0])
+    t, cpu = [100.0], [7.0]
+    meter = pacing.BusyMeter(clock=lambda: t[0], cpu=lambda: cpu[0])
     meter.add(0.01, 0.01)
     t[0] += 0.05
     assert meter.read() is None  # under 0.1 s: no reading, the interval goes on
     meter.add(0.49, 0.49)
     t[0] += 1.95  # 2 s since the start: 0.5 s on frames, 0.5 s on ticks
     meter.steps += 300
+    # the first reading starts the CPU clock (the meter may have been made on another thread)
     assert meter.read() == pacing.Busy(frames=0.25, ticks=0.25, span_s=pytest.approx(2.0), step_frames_per_s=150)
     t[0] += 1.0
-    assert meter.read() == pacing.Busy(0.0, 0.0, 1.0)  # waited for frames all along
+    cpu[0] += 0.3  # 0.3 s of the thread's CPU in 1 s: 0.3 of a core, waiting for frames meanwhile
+    assert meter.read() == pacing.Busy(0.0, 0.0, 1.0, cpu=pytest.approx(0.3))
     meter.add(3.0, 0.5)  # more than the wall time (a clock step): clamped
     t[0] += 2.0
     assert meter.read().total == 1.0
+
+
+def test_a_monitor_past_its_cpu_budget_paces_its_ranks_though_it_keeps_up() -> None:
+    """The data thread 60 % busy of the wall time (under BUSY_HIGH, 0.7) but at 0.55 of a core
+    against a budget of 0.5 (a crowded box stretches the wall share, an idle one the CPU share):
+    the budget goes x 0.6, 4,096 / 6,000 = 0.683 -> 0.70 s. Under the CPU budget, with room in
+    the wall time (0.4 busy, + 0.2 x 0.5), it holds where growing the frames x 1.5 would cross the
+    CPU budget: frames are 0.2 of the 0.4 busy, half of the CPU, 0.45 x (1 + 0.5 x 0.5) = 0.56 >
+    0.5; it grows where that stays under: 0.3 x 1.25 = 0.375, x 1.5 = 9,000, 0.455 -> 0.5 s."""
+    over = pacing.Busy(frames=0.4, ticks=0.2, span_s=2.0, cpu=0.55)
+    assert over.total < pacing.BUSY_HIGH and over.over(0.5) and not over.over(None) and not over.over(0.6)
+    p = pacing.Pacer(cpu_budget=0.5)
+    assert p.due(0.0, 4096, over) == 0.7 and p.budget == pytest.approx(6000) and p.load_bound
+    assert p.due(2.0, 4096, pacing.Busy(0.2, 0.2, 2.0, cpu=0.45)) == 0.7 and p.budget == pytest.approx(6000)
+    assert p.due(4.0, 4096, pacing.Busy(0.2, 0.2, 2.0, cpu=0.30)) == 0.5 and p.budget == pytest.approx(9000)
+    # no budget, or no CPU figure: the wall share alone decides (0.6 + 0.2: no room to grow)
+    for pacer, busy in ((pacing.Pacer(cpu_budget=None), over), (pacing.Pacer(), pacing.Busy(0.4, 0.2, 2.0))):
+        assert pacer.due(0.0, 4096, busy) == 0.45 and pacer.budget == 10_000
+    text = pacing.pace_notice(4096, 0.7, True, over, cpu_budget=0.5)
+    assert text.endswith("busy 60% of the last 2 s, 40% on frames, and took 0.55 of a core "
+                         "(it may take 0.5: FLOWTOP_DATA_CPU))"), text
 
 
 def test_the_pace_notice_says_why() -> None:
@@ -231,6 +254,57 @@ def test_a_monitor_that_cannot_keep_up_slows_its_ranks_and_lets_them_go_again(mo
         assert steps_until(lambda: not monitor.call(lambda: monitor.collector.pacer.load_bound), 10)
         snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == step[0], 10)
         assert snap.jobs[0].ranks[0].step == step[0] and snap.jobs[0].ranks[0].lost_messages == 0
+    finally:
+        pub.close()
+        monitor.close()
+
+
+class _CostlyFrames(Model):
+    """A model whose frames take ``seconds`` of the data thread's own CPU each (spun, not slept)."""
+
+    seconds = 0.0
+
+    def ingest(self, msg, now, via=None):  # noqa: ANN001, ANN201 - Model.ingest's own signature
+        end = time.thread_time() + self.seconds
+        while time.thread_time() < end:
+            pass
+        return super().ingest(msg, now, via)
+
+
+def test_a_monitor_past_its_cpu_budget_slows_its_ranks_though_it_keeps_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real collector given 0.05 of a core whose frames take 20 ms of its CPU each (~7 frames a
+    second at a 0.15 s pace: ~0.14 of a core, and about as much of the wall time, far under
+    BUSY_HIGH): it asks its real probe publisher for a longer pace, and says why."""
+    from flowtop.monitor.collector import Collector
+
+    monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)  # one rank: 1 / 8 = 0.125 -> 0.15 s
+    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+    monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
+    model = _CostlyFrames()
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    monitor = MonitorThread(listen, collector=Collector(model, listen, cpu_budget=0.05))
+    pub = Publisher(RankKey("costly", "h", 4321, 0, 0), monitor.listen)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    step = [0]
+
+    def steps_until(cond: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            step[0] += 1
+            pub.publish("step", {"step": step[0], "wall_s": 0.01, "tokens": 8, "drops": 0})
+            time.sleep(0.01)
+        return cond()
+
+    try:
+        assert steps_until(lambda: pub.current_flush_s() == 0.15, 10)  # the rank count's pace
+        model.seconds = 0.02
+        assert steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
+        texts = [n.text for n in monitor.call(lambda: tuple(monitor.collector.notices.history))]
+        assert any("of a core (it may take 0.05: FLOWTOP_DATA_CPU)" in t for t in texts), texts
+        busy = monitor.call(lambda: monitor.collector.pacer.busy)
+        assert busy is not None and busy.total < pacing.BUSY_HIGH  # the wall time had room
     finally:
         pub.close()
         monitor.close()

@@ -39,7 +39,7 @@ from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
-from flowtop.monitor.pacing import BEHIND_S, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
+from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
@@ -149,6 +149,7 @@ class Collector:
         curve: Any = None,
         clock: MonitorClock | None = None,
         tick_s: float = TICK_S,
+        cpu_budget: float | None = DATA_CPU,
     ) -> None:
         self.model = model
         #: The monitor clock every receive stamp, tick and snapshot reads (pauses taken out).
@@ -189,14 +190,14 @@ class Collector:
         #: or a final snapshot wants each tick's consistent view only.
         self.glances = False
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
-        self.pacer = Pacer()
+        self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
         self._told_pace: float | None = None  # the pace the user was last told of ...
         self._told_load_bound = False  # ... and whether the monitor's load set it
         #: How thinly large jobs' ticks are spread when they crowd out frames (checked with the pace).
-        self.thinner = Thinner()
+        self.thinner = Thinner(cpu_budget)
         self._handed_at = -float("inf")  # when a tick's snapshot was last handed on (see _hand_over)
 
     async def start(self) -> None:
@@ -409,7 +410,8 @@ class Collector:
         if (pace is None) != (told is None) or load_bound != self._told_load_bound or (
                 pace is not None and told is not None and not told / 1.5 < pace < told * 1.5):
             self._told_pace, self._told_load_bound = pace, load_bound
-            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s), now)
+            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s,
+                                                              pacer.cpu_budget), now)
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses

@@ -14,7 +14,10 @@ shared login node, a flood of kernel windows, ticks of thousands of ranks) lower
 renewals the drain loop measures the share of wall time its data thread spent on frames and on
 ticks (:class:`BusyMeter`), and past :data:`BUSY_HIGH`, frames being part of it, the budget
 shrinks by :data:`SLOWER`; it grows back by :data:`FASTER`, up to STEP_FRAMES_PER_S, whenever the
-frames' share grown as much would still keep the thread under BUSY_HIGH (:func:`next_scale`).
+frames' share grown as much would still keep the thread under BUSY_HIGH (:func:`next_scale`). The
+same holds for the thread's CPU: past :data:`DATA_CPU` cores (half a core unless configured) the
+budget shrinks too, and grows back only while the CPU stays under it — a monitor is a guest on a
+shared login node, and on a crowded one its wall share says little about what it takes.
 Frames the monitor cannot take would otherwise queue (seconds of latency) and then be dropped by
 the senders; held in the probes they arrive late but whole. Only the pace depends on the load,
 never what a tick does: a replay still reproduces the live hints.
@@ -43,6 +46,14 @@ MIN_SCALE = 0.025
 #: The data thread's busy share above which the budget shrinks (and which growing it back must
 #: keep to).
 BUSY_HIGH = 0.7
+#: Cores of CPU the data thread may take (its CPU seconds per wall second) before the monitor
+#: paces its ranks and spreads its ticks, whatever wall time it has left: BUSY_HIGH says whether
+#: the monitor keeps up, this what it takes from a login node it shares with everyone else. On a
+#: busy box the wall share includes the time the thread waits for a core, and the two part ways
+#: (4,096 ranks on 2 cores: 72-82 % busy at 0.54-0.56 of a core). FLOWTOP_DATA_CPU or
+#: ``--data-cpu`` (flowtop.settings) changes it: a dedicated monitor host can give a whole core for
+#: fresher figures.
+DATA_CPU = 0.5
 #: The least share of the thread's time frames must take for a cut of their budget to help.
 FRAMES_MATTER = 0.1
 #: Factors the budget is multiplied by at a renewal: when busy, and when there is room (it shrinks
@@ -82,10 +93,31 @@ class Busy:
     ticks: float  # ticks (views, hints, eviction)
     span_s: float  # the wall seconds measured
     step_frames_per_s: float = 0.0  # step frames taken in, a second (what the monitor got through)
+    cpu: float | None = None  # the thread's CPU seconds per wall second, all of its work (None: not measured)
 
     @property
     def total(self) -> float:
         return min(1.0, self.frames + self.ticks)
+
+    def over(self, cpu_budget: float | None) -> bool:
+        """Whether the thread took more than the monitor allows itself: past BUSY_HIGH of the wall
+        time, or past ``cpu_budget`` cores (None: no budget)."""
+        return self.total > BUSY_HIGH or self.over_cpu(cpu_budget)
+
+    def over_cpu(self, cpu_budget: float | None) -> bool:
+        """Whether the thread took more than ``cpu_budget`` cores (None: no budget)."""
+        return cpu_budget is not None and self.cpu is not None and self.cpu > cpu_budget
+
+    def room(self, share: float, grow: float, cpu_budget: float | None) -> bool:
+        """Whether the thread would stay under both limits with the work whose wall share is
+        ``share`` (its frames, or its ticks) grown ``grow`` times. That work's part of the CPU is
+        taken as its part of the busy wall time."""
+        if self.total + share * (grow - 1.0) >= BUSY_HIGH:
+            return False
+        if cpu_budget is None or self.cpu is None:
+            return True
+        part = share / self.total if self.total > 0 else 0.0
+        return self.cpu * (1.0 + part * (grow - 1.0)) < cpu_budget
 
 
 def draining(busy: Busy | None, behind_s: float) -> bool:
@@ -96,26 +128,27 @@ def draining(busy: Busy | None, behind_s: float) -> bool:
             and busy.step_frames_per_s > 0)
 
 
-def next_scale(scale: float, busy: Busy | None, behind_s: float = 0.0) -> float:
+def next_scale(scale: float, busy: Busy | None, behind_s: float = 0.0, cpu_budget: float | None = None) -> float:
     """The budget's share of STEP_FRAMES_PER_S after a renewal at which the data thread was
-    ``busy`` (None: not measured, the share holds) and its frames had waited ``behind_s`` in queues.
+    ``busy`` (None: not measured, the share holds) and its frames had waited ``behind_s`` in queues;
+    ``cpu_budget``: the cores the thread may take (see DATA_CPU; None: its wall share alone).
 
     Behind by more than BEHIND_S, the budget becomes DRAIN_SHARE of the step frames it got through
     (if that is lower): one renewal finds the level the monitor keeps up with, from any overload,
     where cuts by a factor would take a renewal each while the queue grows.
 
-    Shrunk when the thread was busy past BUSY_HIGH and frames are a real part of it (a thread
-    busy with its ticks is not helped by fewer frames); grown back whenever the frames' cost grown
-    by as much (it grows less: each record costs the same at any pace) still keeps it under
-    BUSY_HIGH, so the fixed costs of a busy monitor do not keep its ranks slow for good after a
-    spike."""
+    Shrunk when the thread was busy past BUSY_HIGH, or took more than ``cpu_budget`` cores, and
+    frames are a real part of it (a thread busy with its ticks is not helped by fewer frames);
+    grown back whenever the frames' cost grown by as much (it grows less: each record costs the
+    same at any pace) still keeps it under both, so the fixed costs of a busy monitor do not keep
+    its ranks slow for good after a spike."""
     if busy is None:
         return scale
     if draining(busy, behind_s):
         return max(MIN_SCALE, min(scale, DRAIN_SHARE * busy.step_frames_per_s / STEP_FRAMES_PER_S))
-    if busy.total > BUSY_HIGH and busy.frames >= FRAMES_MATTER:
+    if busy.over(cpu_budget) and busy.frames >= FRAMES_MATTER:
         return max(MIN_SCALE, scale * SLOWER)
-    if busy.total + busy.frames * (FASTER - 1.0) < BUSY_HIGH:
+    if busy.room(busy.frames, FASTER, cpu_budget):
         return min(1.0, scale * FASTER)
     return scale
 
@@ -127,10 +160,16 @@ class BusyMeter:
 
     Args:
         clock: Wall clock (injectable for tests).
+        cpu: The CPU clock of the thread that reads the meter (the data thread's own: its frames,
+            ticks and everything else it runs); the first reading starts it, so a meter may be
+            made on another thread.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 cpu: Callable[[], float] = time.thread_time) -> None:
         self._clock = clock
+        self._cpu = cpu
+        self._cpu_since: float | None = None
         self._since = clock()
         self._frames = self._ticks = 0.0
         #: Step frames taken in since the last reading (the collector counts them).
@@ -143,20 +182,27 @@ class BusyMeter:
 
     def read(self) -> Busy | None:
         """The shares since the last reading (None over less than 0.1 s: the interval goes on),
-        and start a new interval."""
+        and start a new interval. The first reading has no CPU share (its clock starts there)."""
         now = self._clock()
         span = now - self._since
         if span < 0.1:
             return None
-        busy = Busy(min(1.0, self._frames / span), min(1.0, self._ticks / span), span, self.steps / span)
-        self._since, self._frames, self._ticks, self.steps = now, 0.0, 0.0, 0
+        used = self._cpu()
+        cpu = None if self._cpu_since is None else max(0.0, used - self._cpu_since) / span
+        busy = Busy(min(1.0, self._frames / span), min(1.0, self._ticks / span), span, self.steps / span, cpu)
+        self._since, self._frames, self._ticks, self.steps, self._cpu_since = now, 0.0, 0.0, 0, used
         return busy
 
 
 class Pacer:
-    """When to broadcast which pace (the collector calls :meth:`due` as its clock advances)."""
+    """When to broadcast which pace (the collector calls :meth:`due` as its clock advances).
 
-    def __init__(self) -> None:
+    Args:
+        cpu_budget: Cores the data thread may take (DATA_CPU; None: its wall share alone decides).
+    """
+
+    def __init__(self, cpu_budget: float | None = DATA_CPU) -> None:
+        self.cpu_budget = cpu_budget
         self.current: float | None = None  # the pace last asked for (None: not pacing)
         #: The share of STEP_FRAMES_PER_S asked of all ranks together (1 unless the monitor could
         #: not keep up, see next_scale).
@@ -176,7 +222,7 @@ class Pacer:
         self._next = now + RENEW_S
         self.busy = busy
         self.behind_s = behind_s
-        scale = next_scale(self.scale, busy, behind_s)
+        scale = next_scale(self.scale, busy, behind_s, self.cpu_budget)
         if draining(busy, behind_s):  # measured on what got through: no queued frames to wait for
             self._settle = False
         before = pace_for(live_ranks, self.budget)
@@ -204,10 +250,11 @@ class Pacer:
         return self.scale < 1.0
 
 
-def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | None, behind_s: float = 0.0) -> str:
+def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | None, behind_s: float = 0.0,
+                cpu_budget: float | None = None) -> str:
     """What the user is told when the pace asked of ``live`` ranks changes (``load_bound``: the
-    budget is below STEP_FRAMES_PER_S because the monitor could not keep up; ``behind_s``: how
-    long its frames waited in queues)."""
+    budget is below STEP_FRAMES_PER_S because the monitor could not keep up, or took more CPU
+    than ``cpu_budget`` cores; ``behind_s``: how long its frames waited in queues)."""
     if pace is None:
         return f"{live} ranks talk: they send their steps at their own pace again"
     asked = (f"{live} ranks talk: each is asked to send its steps every {pace:.2f} s "
@@ -216,6 +263,8 @@ def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | No
         return f"{asked}; the monitor takes ~{STEP_FRAMES_PER_S:,})"
     load = (f"; its data thread was busy {busy.total:.0%} of the last {busy.span_s:.0f} s, "
             f"{busy.frames:.0%} on frames") if busy is not None else ""
+    if busy is not None and busy.cpu is not None and cpu_budget is not None and busy.cpu > cpu_budget:
+        load += f", and took {busy.cpu:.2f} of a core (it may take {cpu_budget:g}: FLOWTOP_DATA_CPU)"
     if draining(busy, behind_s) and busy is not None:  # the budget followed what got through
         load = (f"; it is {behind_s:.1f} s behind and took {busy.step_frames_per_s:,.0f} step frames a second: "
                 f"asked for {DRAIN_SHARE:.0%} of that while the queue drains")
