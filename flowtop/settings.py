@@ -21,7 +21,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
-from flowtop.monitor.pacing import DATA_CPU as DATA_CPU_DEFAULT
 from probe.wire import DEFAULT_ADDR
 
 T = TypeVar("T")
@@ -103,8 +102,9 @@ CURVE_DIR: Setting[str | None] = Setting(
 HANG_S: Setting[float | None] = Setting(
     "FLOWTOP_HANG_S", "seconds > 0", None, "the hang rules' floor: a rank is hung after max(10 × step time, this)",
     _seconds, shown_default="`30` (`floor_s` of the hang rules)")
+#: (flowtop.monitor.pacing.DATA_CPU is its default: why half a core is there.)
 DATA_CPU: Setting[float] = Setting(
-    "FLOWTOP_DATA_CPU", "cores > 0", DATA_CPU_DEFAULT,
+    "FLOWTOP_DATA_CPU", "cores > 0", 0.5,
     "CPU the monitor's data thread may take before it paces its ranks and spreads its ticks (`--data-cpu` wins; "
     "1 or more: only keeping up decides)", _cores)
 SCREENSHOT_DIR: Setting[str | None] = Setting(

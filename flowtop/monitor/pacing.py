@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from flowtop import settings
 from probe import wire
 
 #: Step frames a second the monitor takes from all its ranks together before it paces them (the
@@ -53,7 +54,7 @@ BUSY_HIGH = 0.7
 #: (4,096 ranks on 2 cores: 72-82 % busy at 0.54-0.56 of a core). FLOWTOP_DATA_CPU or
 #: ``--data-cpu`` (flowtop.settings) changes it: a dedicated monitor host can give a whole core for
 #: fresher figures.
-DATA_CPU = 0.5
+DATA_CPU = settings.DATA_CPU.default
 #: The least share of the thread's time frames must take for a cut of their budget to help.
 FRAMES_MATTER = 0.1
 #: Factors the budget is multiplied by at a renewal: when busy, and when there is room (it shrinks
