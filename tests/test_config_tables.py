@@ -155,16 +155,21 @@ def test_the_monitor_reads_its_settings(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_data_threads_cpu_budget_comes_from_the_flag_the_variable_or_pacing(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """--data-cpu wins over FLOWTOP_DATA_CPU, which wins over pacing.DATA_CPU; the collector's pacer
-    and thinner both get it; a bad variable is said once and the default used."""
+    and thinner both get it (none from a core up: a thread cannot take more); a bad variable is
+    said once and the default used."""
     from flowtop.monitor import pacing
 
+    monkeypatch.delenv("FLOWTOP_DATA_CPU", raising=False)
     assert cli.build_parser().parse_args(["serve"]).data_cpu == pacing.DATA_CPU == 0.5
     monkeypatch.setenv("FLOWTOP_DATA_CPU", "1.5")
     args = cli.build_parser().parse_args(["top", "--listen", "tcp://127.0.0.1:7002"])
     assert args.data_cpu == 1.5
     assert cli.build_parser().parse_args(["snapshot", "--data-cpu", "0.25"]).data_cpu == 0.25
+    collector = cli._collector(args)  # a core or more: keeping up alone decides
+    assert collector.pacer.cpu_budget is None and collector.thinner.cpu_budget is None
+    args = cli.build_parser().parse_args(["top", "--listen", "tcp://127.0.0.1:7002", "--data-cpu", "0.3"])
     collector = cli._collector(args)
-    assert collector.pacer.cpu_budget == collector.thinner.cpu_budget == 1.5
+    assert collector.pacer.cpu_budget == collector.thinner.cpu_budget == 0.3
     monkeypatch.setenv("FLOWTOP_DATA_CPU", "-1")
     with caplog.at_level(logging.WARNING):
         assert cli.build_parser().parse_args(["top"]).data_cpu == 0.5

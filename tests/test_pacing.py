@@ -281,6 +281,16 @@ def test_a_monitor_past_its_cpu_budget_slows_its_ranks_though_it_keeps_up(monkey
     monkeypatch.setattr(pacing, "RENEW_S", 0.5)
     monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
     monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
+    cuts: list[pacing.Busy] = []  # the readings at which the budget was cut
+    next_scale = pacing.next_scale
+
+    def recorded(scale: float, busy: pacing.Busy | None, *rest: Any) -> float:
+        after = next_scale(scale, busy, *rest)
+        if after < scale and busy is not None:
+            cuts.append(busy)
+        return after
+
+    monkeypatch.setattr(pacing, "next_scale", recorded)
     model = _CostlyFrames()
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     monitor = MonitorThread(listen, collector=Collector(model, listen, cpu_budget=0.05))
@@ -303,8 +313,8 @@ def test_a_monitor_past_its_cpu_budget_slows_its_ranks_though_it_keeps_up(monkey
         assert steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
         texts = [n.text for n in monitor.call(lambda: tuple(monitor.collector.notices.history))]
         assert any("of a core (it may take 0.05: FLOWTOP_DATA_CPU)" in t for t in texts), texts
-        busy = monitor.call(lambda: monitor.collector.pacer.busy)
-        assert busy is not None and busy.total < pacing.BUSY_HIGH  # the wall time had room
+        # the first cut read the CPU past the budget while the wall time had room
+        assert cuts and cuts[0].total < pacing.BUSY_HIGH and cuts[0].cpu is not None and cuts[0].cpu > 0.05, cuts
     finally:
         pub.close()
         monitor.close()

@@ -190,6 +190,8 @@ class Collector:
         #: or a final snapshot wants each tick's consistent view only.
         self.glances = False
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
+        # A budget of a core or more: one thread cannot take more, keeping up alone decides.
+        cpu_budget = cpu_budget if cpu_budget is not None and cpu_budget < 1.0 else None
         self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
@@ -388,7 +390,7 @@ class Collector:
                 self.recorder.write(now, spread_record(spread), received=False)
             except Exception as exc:
                 self._stop_recording(exc)
-        model.notices.add("information", spread_notice(spread, busy, largest), now)
+        model.notices.add("information", spread_notice(spread, busy, largest, self.thinner.cpu_budget), now)
 
     def _pace(self, now: float, busy: Busy | None) -> None:
         """Ask every rank to send its step records less often when too many talk (flowtop.monitor.pacing)."""

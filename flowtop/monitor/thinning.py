@@ -53,23 +53,15 @@ def next_spread(spread: int, busy: Busy | None, largest: int, cpu_budget: float 
     i = SPREADS.index(spread)
     matter = TICKS_MATTER_CPU if busy.over_cpu(cpu_budget) else TICKS_MATTER
     if busy.over(cpu_budget) and busy.ticks >= matter and i + 1 < len(SPREADS):
-        # At once to the spread at which the ticks would take TICKS_AIM — and, past the CPU
-        # budget, at which the CPU the ticks save brings the thread under it — as if a tick cost
-        # what the ranks it rebuilds do (it costs more: a fixed part stays; the next round thins
-        # further if need be); the least spread that gives the largest job as many ticks a round.
+        # At once to the spread at which the ticks would take TICKS_AIM, as if a tick cost what the
+        # ranks it rebuilds do (it costs more: a fixed part stays; the next round thins further if
+        # need be); the least spread that gives the largest job as many ticks a round. Past the
+        # CPU budget, not as far as the ticks alone would bring the CPU under it: the pacer cuts
+        # the frames at the same renewals, and the two together overshot (1 -> 4, then back to 2).
         def rebuilt(s: int) -> int:
             return min(largest, ranks_per_tick(s))
 
-        def enough(s: int) -> bool:
-            kept = rebuilt(s) / rebuilt(spread)  # the ticks' share of their work left at spread s
-            if busy.ticks * kept > TICKS_AIM:
-                return False
-            if not busy.over_cpu(cpu_budget) or busy.cpu is None or cpu_budget is None:
-                return True
-            ticks_cpu = busy.cpu * busy.ticks / busy.total  # their part of the CPU, as of the wall time
-            return busy.cpu - ticks_cpu * (1.0 - kept) <= cpu_budget
-
-        fits = [s for s in SPREADS[i + 1:] if enough(s)]
+        fits = [s for s in SPREADS[i + 1:] if busy.ticks * rebuilt(s) / rebuilt(spread) <= TICKS_AIM]
         want = ticks_per_round(largest, fits[0] if fits else SPREADS[-1])
         if want <= ticks_per_round(largest, spread):
             return spread
@@ -114,8 +106,9 @@ class Thinner:
         return next_spread(spread, whole, largest, self.cpu_budget)
 
 
-def spread_notice(spread: int, busy: Busy | None, largest: int) -> str:
-    """What the user is told when the spread changes."""
+def spread_notice(spread: int, busy: Busy | None, largest: int, cpu_budget: float | None = None) -> str:
+    """What the user is told when the spread changes (``cpu_budget``: the data thread's, named
+    when it was passed)."""
     per_tick = ranks_per_tick(spread)
     every = ticks_per_round(largest, spread) * TICK_S
     what = (f"a tick rebuilds the figures of {per_tick} ranks of a large job: a {largest}-rank job's "
@@ -123,6 +116,8 @@ def spread_notice(spread: int, busy: Busy | None, largest: int) -> str:
     if spread == 1:
         return f"{what} (the monitor keeps up again)"
     took = f"its ticks took {busy.ticks:.0%} of its data thread" if busy is not None else "it is short of time"
+    if busy is not None and busy.cpu is not None and busy.over_cpu(cpu_budget):
+        took += f", which took {busy.cpu:.2f} of a core (it may take {cpu_budget:g}: FLOWTOP_DATA_CPU)"
     return f"{what} ({took}: frames come first)"
 
 
