@@ -113,17 +113,17 @@ class Busy:
         """Whether the thread took more than ``cpu_budget`` cores (None: no budget)."""
         return cpu_budget is not None and self.cpu is not None and self.cpu > cpu_budget
 
-    def room(self, share: float, grow: float, cpu_budget: float | None) -> bool:
+    def room(self, share: float, grow: float, cpu_budget: float | None, cpu_room: float = CPU_ROOM) -> bool:
         """Whether the thread would stay under both limits with the work whose wall share is
         ``share`` (its frames, or its ticks) grown ``grow`` times: under BUSY_HIGH, and under
-        CPU_ROOM of ``cpu_budget``. That work's part of the CPU is taken as its part of the busy
-        wall time."""
+        ``cpu_room`` of ``cpu_budget``. That work's part of the CPU is taken as its part of the
+        busy wall time."""
         if self.total + share * (grow - 1.0) >= BUSY_HIGH:
             return False
         if cpu_budget is None or self.cpu is None:
             return True
         part = share / self.total if self.total > 0 else 0.0
-        return self.cpu * (1.0 + part * (grow - 1.0)) < CPU_ROOM * cpu_budget
+        return self.cpu * (1.0 + part * (grow - 1.0)) < cpu_room * cpu_budget
 
 
 def draining(busy: Busy | None, behind_s: float) -> bool:

@@ -37,6 +37,11 @@ TICKS_MATTER = 0.25
 #: paced to the wire's cap before long, and its ticks are what is left to thin (4,096 ranks on 2
 #: cores: 16 % of the wall time at spread 4 and 0.55 of a core; 0.44 at spread 8).
 TICKS_MATTER_CPU = 0.1
+#: Halving the spread back must keep the thread's CPU under this share of its budget (the
+#: pacer's margin is pacing.CPU_ROOM): a tick's cost is more than its ranks' (a fixed part), so
+#: the estimate is low, and at 1,024 ranks on 2 cores, at the budget's edge, a margin of 0.9 went
+#: 1 -> 2 -> 4 -> 2 -> 1 in 28 s, each change told to the user.
+SPREAD_ROOM = 0.8
 #: The share of it a thinner spread aims the ticks at.
 TICKS_AIM = 0.2
 #: The "k" of a spread record in a recording (not a wire kind: probes never send it).
@@ -66,7 +71,7 @@ def next_spread(spread: int, busy: Busy | None, largest: int, cpu_budget: float 
         if want <= ticks_per_round(largest, spread):
             return spread
         return next(s for s in SPREADS[i + 1:] if ticks_per_round(largest, s) == want)
-    if i > 0 and busy.room(busy.ticks, 2.0, cpu_budget):  # half the spread: twice the ticks' work
+    if i > 0 and busy.room(busy.ticks, 2.0, cpu_budget, SPREAD_ROOM):  # half the spread: twice the ticks' work
         return SPREADS[i - 1]
     return spread
 
