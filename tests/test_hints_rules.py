@@ -238,6 +238,20 @@ def test_input_wait_is_silent_while_the_gpu_is_busy() -> None:
     assert find(settle(HintEngine(), dead, 0.0), "input_wait").evidence["device_idle_pct"] == 100.0
 
 
+def test_a_rank_between_its_turns_has_telemetry_as_fresh_as_its_view() -> None:
+    """A large job's rank between two of its turns has its step brought up to date at each tick,
+    its history and telemetry only at its turn, up to a round (32 s) before. Read at the snapshot's
+    time, its GPU-Util of 100 % looked like a dead NVML's and its host's waits like an idle GPU's:
+    it is read as of its history's newest step (2.0 s here, the reading taken at 1.5 s)."""
+    hist = history(20, 0.1, wait_s=0.02)  # steps 1-20, the last reached at 2.0 s; 20 % input wait
+    tel = dataclasses.replace(telemetry(gpu_util=100.0), received_at=1.5)
+    between = job(rank(0, step=400, hist=hist, tel=tel))  # stepped on since its history
+    assert find(settle(HintEngine(), between, 30.0), "input_wait") is None
+    # a history that reaches its step: the same reading, 58.5 s old at 60 s, is a dead NVML's
+    current = job(rank(0, step=20, hist=hist, tel=tel))
+    assert find(settle(HintEngine(), current, 30.0), "input_wait").evidence["device_idle_pct"] == 100.0
+
+
 def test_util_vs_mfu_gate_and_wording_without_tensor_data() -> None:
     low_util = job(rank(0, fl=flops(mfu=0.1), tel=telemetry(gpu_util=80.0)))
     assert find(settle(HintEngine(), low_util, 0.0), "util_vs_mfu") is None

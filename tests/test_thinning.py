@@ -147,6 +147,42 @@ def test_a_thinner_spread_rebuilds_fewer_ranks_a_tick(monkeypatch: pytest.Monkey
             assert [r.step for r in snap.jobs[0].ranks] == [step - 1] * RANKS  # every step still current
 
 
+def test_a_rank_between_its_turns_is_not_hung_and_a_hang_is_seen_within_a_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 ranks at spread 8, 4 a tick at spread 1: one full view a tick, a round of 10 ticks (5 s),
+    a hang after max(10 x 0.1 s, 2 s). Each rank steps every tick: between its turns its history
+    is up to 5 s old, and it was read as hung (the 4,096-rank case: a round of 32 s against the
+    30 s floor). Once every rank stops stepping (still saying hello), the job's hang shows within
+    the limit and two rounds (its ranks' histories catch up at their turns; its rules' share comes
+    once a round): 5 s here."""
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
+    model = make_model(hint_overrides={"hang": {"floor_s": 2.0}})
+    model.set_spread(8)
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for key in keys:
+        _hello(model, key, 1.0)
+    assert model.ticks_per_round(RANKS) == 10
+    now, step = 1.0, 1
+    for _ in range(40):  # 4 rounds of healthy steps
+        now += 0.5
+        for key in keys:
+            _steps(model, key, step, now)
+        step += 5
+        snap = model.tick(now)
+        assert not [h for h in snap.jobs[0].hints if h.id.startswith("hang")], snap.jobs[0].hints
+    hung_at = now
+    for _ in range(60):  # 30 s stopped, heard every tick
+        now += 0.5
+        for key in keys:
+            _hello(model, key, now)
+        snap = model.tick(now)
+        if [h for h in snap.jobs[0].hints if h.id == "hang_all"]:
+            break
+    assert [h for h in snap.jobs[0].hints if h.id == "hang_all"], now - hung_at
+    # the limit, a round for every rank's history to catch up at its turn, a round to the rule's share
+    assert now - hung_at <= 2.0 + 2 * 5.0, now - hung_at
+
+
 def test_a_replay_spreads_its_ticks_where_the_recording_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
     path = tmp_path / "run.rec"

@@ -23,11 +23,24 @@ def _running(job: JobSnapshot) -> list[RankSnapshot]:
     return [r for r in latest_ranks(job) if r.status != "done"]
 
 
+def _current(r: RankSnapshot) -> bool:
+    """Whether the rank's history reaches its step. A large job's rank between two of its turns
+    (flowtop.monitor.rotation) has its step and liveness brought up to date at each tick, its
+    history (and telemetry) only at its turn: up to a round old, 32 s at 4,096 ranks and spread 8."""
+    reached = r.history.reached
+    return bool(reached) and reached[-1][0] >= r.step
+
+
 def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
     """Seconds without a step (monitor clock) and the limit they are compared with."""
     reached = r.history.reached
+    # A rank that stepped since its history was taken (not _current) is not stalled since then
+    # (read from its history, every healthy rank whose turn was furthest read as hung past the
+    # 30 s floor); when it last stepped is unknown, so its silence stands for it: a rank that
+    # stepped and then hung is seen at its next turn, within a round.
+    current = _current(r)
     # As of its relay's latest report: behind a backlog its steps arrive late, it did not stop.
-    since_last = now - r.behind_s - reached[-1][1] if reached else 0.0
+    since_last = now - r.behind_s - reached[-1][1] if current else 0.0
     # The sender thread keeps heartbeating while training is stuck in a collective, so the time
     # since the last *step* matters; a silent rank (age) counts too.
     stalled = max(r.age_s(now), since_last)
@@ -37,7 +50,7 @@ def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
         "stalled_s": stalled,
         "limit_s": limit,
         "median_step_time_s": med,
-        "last_step": reached[-1][0] if reached else r.step,
+        "last_step": reached[-1][0] if current else r.step,
     }
 
 
@@ -102,13 +115,16 @@ def device_idle_pct(r: RankSnapshot, now: float) -> float:
     """How much of the time the rank's compute device idles, in percent.
 
     A GPU rank: 100 − NVML GPU-Util (the share of time no kernel ran — the one thing GPU-Util
-    measures well) while the reading is fresh at ``now``, else 1 − busy of its latest CUDA kernel window; a
-    CPU rank, or a GPU rank with neither: 100 (the training thread is the device, or nothing says
-    it is busy)."""
+    measures well) while the reading is fresh at ``now`` (as of its view), else 1 − busy of its
+    latest CUDA kernel window; a CPU rank, or a GPU rank with neither: 100 (the training thread is
+    the device, or nothing says it is busy)."""
     if r.device.startswith("cpu"):
         return 100.0
     util = telemetry_number(r, "gpu_util")
-    if util is not None and r.telemetry is not None and r.telemetry.age_s(now) <= FRESH_TELEMETRY_S:
+    # Fresh as of the view: at ``now``, or for a rank between its turns at its history's newest
+    # step (its telemetry is as old as its history, and would read as a dead NVML).
+    at = now if _current(r) or not r.history.reached else r.history.reached[-1][1]
+    if util is not None and r.telemetry is not None and r.telemetry.age_s(at) <= FRESH_TELEMETRY_S:
         return max(0.0, 100.0 - util)
     k = r.kernels
     if k is not None and k.device == "cuda":
