@@ -183,6 +183,31 @@ def test_a_rank_between_its_turns_is_not_hung_and_a_hang_is_seen_within_a_round(
     assert now - hung_at <= 2.0 + 2 * 5.0, now - hung_at
 
 
+def test_a_straggler_among_ranks_viewed_in_turns_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 ranks at spread 8 (a round of 10 ticks), 15 steps a tick each: between two turns a rank's
+    view holds a history up to 150 steps old, more than the 120 a history keeps, so the views of a
+    round had no step in common and the straggler rule, which aligns ranks by step, saw nothing.
+    Its hints read every rank's history as it is at their tick: rank 3, whose steps take twice as
+    long, is found, and no other rank is."""
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
+    model = make_model()
+    model.set_spread(8)
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for key in keys:
+        _hello(model, key, 1.0)
+    now, step, seen = 1.0, 1, set()
+    for _ in range(60):
+        now += 0.5
+        for key in keys:
+            recs = [{"step": s, "wall_s": 0.2 if key.rank == 3 else 0.1, "tokens": 32, "drops": 0}
+                    for s in range(step, step + 15)]
+            model.ingest(wire.decode(wire.encode_steps(key, step, now, recs, 0)), now)
+        step += 15
+        snap = model.tick(now)
+        seen |= {h.target for h in snap.jobs[0].hints if h.id == "straggler"}
+    assert seen == {"rank 3"}
+
+
 def test_a_replay_spreads_its_ticks_where_the_recording_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rotation, "RANKS_PER_TICK", PER_TICK)
     path = tmp_path / "run.rec"

@@ -340,7 +340,7 @@ class Model:
             if spread == 1:
                 jobs.append(self._evaluate(snap, now))
             elif (share := hint_share(self.ticks, spread)) is not None:
-                jobs.append(self._evaluate(snap, now, share))
+                jobs.append(self._evaluate(snap, now, share, [st for st, _ in shown]))
             else:
                 jobs.append(replace(snap, hints=self._hints.get(job, ())))
         return self._monitor_snapshot(now, listen, tuple(jobs))
@@ -415,7 +415,7 @@ class Model:
         if shown:
             spread = self.ticks_per_round(len(shown))  # a large job's look rebuilds only this tick's share
             self._evaluate(self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None),
-                           now)
+                           now, states=[st for st, _ in shown] if spread > 1 else None)
 
     def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
                       hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
@@ -500,14 +500,18 @@ class Model:
         self._merged[job] = (version, merged)
         return merged
 
-    def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> JobSnapshot:
+    def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None,
+                  states: list[RankState] | None = None) -> JobSnapshot:
         """Evaluate the job's hints at ``now`` (advancing their hysteresis; ``phase``: a share of
-        the rules, see HintEvaluator) and keep them for the snapshots until the next evaluation."""
+        the rules, see HintEvaluator) and keep them for the snapshots until the next evaluation.
+        ``states``: the ranks' states, in the order of ``snap``'s, for a large job whose views are
+        rebuilt in turns: its hints read every rank's history as it is now (see _as_now)."""
         if self._hint_engine is None:
             return snap
         self._seen_by_hints(snap.job, now, phase)
         try:
-            hints = tuple(self._hint_engine.evaluate(snap, now, phase))
+            judged = self._as_now(snap, states) if states is not None else snap
+            hints = tuple(self._hint_engine.evaluate(judged, now, phase))
         except Exception as exc:  # a hints bug must not cost the user every snapshot
             if not self._hints_failed:
                 self._hints_failed = True
@@ -516,6 +520,21 @@ class Model:
             return replace(snap, hints=self._hints.get(snap.job, ()))
         self._hints[snap.job] = hints
         return replace(snap, hints=hints)
+
+    @staticmethod
+    def _as_now(snap: JobSnapshot, states: list[RankState]) -> JobSnapshot:
+        """``snap`` with each rank's history and telemetry as they are now, where its view (a
+        large job's, between two of its turns) holds them as of its last turn, up to a round old.
+        The cross-rank rules align ranks by step: histories taken up to 32 s apart (spread 8) had
+        no step in common at a 200 ms step, and a straggler went unseen; the hang and input-wait
+        rules read time from them (measures_time._current). ~10-15 µs a rank, at two ticks a round."""
+        ranks, renewed = list(snap.ranks), False
+        for i, (view, st) in enumerate(zip(snap.ranks, states)):
+            reached = view.history.reached
+            if st.steps and (not reached or reached[-1][0] < st.step):
+                ranks[i] = replace(view, history=rs.history(st), telemetry=rs.telemetry_view(st))
+                renewed = True
+        return replace(snap, ranks=tuple(ranks)) if renewed else snap
 
     def _seen_by_hints(self, job: str, now: float, phase: tuple[int, int] | None) -> None:
         """Note when each share of ``job``'s rules last measured it (a rank's bye asks whether all
