@@ -529,10 +529,16 @@ class Model:
         no step in common at a 200 ms step, and a straggler went unseen; the hang and input-wait
         rules read time from them (measures_time._current). ~10-15 µs a rank, at two ticks a round."""
         ranks, renewed = list(snap.ranks), False
-        for i, (view, st) in enumerate(zip(snap.ranks, states)):
+        for i, (view, st) in enumerate(zip(snap.ranks, states, strict=True)):
             reached = view.history.reached
-            if st.steps and (not reached or reached[-1][0] < st.step):
-                ranks[i] = replace(view, history=rs.history(st), telemetry=rs.telemetry_view(st))
+            stepped = bool(st.steps) and (not reached or reached[-1][0] < st.step)
+            # A rank with a slow step (10 s and more) has not stepped since its turn, but its
+            # telemetry went on: read as of now, a round-old reading looked like a dead NVML's.
+            sampled = st.telemetry is not None and (view.telemetry is None
+                                                    or view.telemetry.received_at < st.telemetry_at)
+            if stepped or sampled:
+                ranks[i] = replace(view, history=rs.history(st) if stepped else view.history,
+                                   telemetry=rs.telemetry_view(st))
                 renewed = True
         return replace(snap, ranks=tuple(ranks)) if renewed else snap
 
