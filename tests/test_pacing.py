@@ -349,6 +349,21 @@ def test_ranks_whose_frames_queue_behind_a_backlog_are_still_paced(monkeypatch: 
     assert collector.pacer.behind_s == pytest.approx(8.0, abs=0.01)  # the one relay is the median
 
 
+def test_a_batch_taken_late_in_a_drain_does_not_shorten_its_relays_path() -> None:
+    """A drain's frames are applied at its start; one taken off the socket 1.5 s into it (after a
+    long tick) was measured at the drain's start too: a path 1.5 s shorter than the real one,
+    kept as the least-delayed for hours, and every later batch of the relay read 1.5 s behind.
+    Measured when it was taken, the path holds; its frame is still applied at the drain's start."""
+    from flowtop.monitor.relays import Relays, encode_stamp
+
+    relays = Relays()
+    relays.unstamp([encode_stamp("a:1:1", 100.0, [0]), b"frame"], 100.0)  # a path of 0 s
+    _, times = relays.unstamp([encode_stamp("a:1:1", 102.0, [0]), b"frame"], 100.5, taken=102.0)
+    assert times == [100.5] and relays.lag_of("a:1:1") == pytest.approx(0.0, abs=0.01)
+    relays.unstamp([encode_stamp("a:1:1", 103.0, [0]), b"frame"], 103.0)
+    assert relays.lag_of("a:1:1") == pytest.approx(0.0, abs=0.01)  # 1.5 s when measured at 100.5
+
+
 def test_how_far_behind_is_the_median_live_relays_lag() -> None:
     """One congested link is not the monitor falling behind: the median of the live relays' latest
     lags is; a silent relay's old lag counts for nothing."""

@@ -332,7 +332,7 @@ class Collector:
                 if len(parts) == 1:
                     self.handle_frame(parts[0], now)
                 else:  # a node relay's batch (flowtop.monitor.relays)
-                    self.handle_batch(parts, now)
+                    self.handle_batch(parts, now, self.clock.now())
                 if i % 64 == 63 and time.perf_counter() > deadline:
                     break
             self.busy.add(time.perf_counter() - drain_from, ticked)
@@ -459,10 +459,11 @@ class Collector:
             text = f"cannot bind {self.listen} again: {os.strerror(value) if value else 'unknown error'}"
         self.model.notices.error(text, self.clock.now())
 
-    def handle_batch(self, parts: list[bytes], now: float) -> None:
-        """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it."""
+    def handle_batch(self, parts: list[bytes], now: float, taken: float | None = None) -> None:
+        """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it
+        (``taken``: when the drain took it off the socket, see Relays.unstamp)."""
         try:
-            via, times = self.model.relays.unstamp(parts, now)
+            via, times = self.model.relays.unstamp(parts, now, taken)
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return

@@ -121,12 +121,19 @@ class Relays:
             rec = self._relays[relay] = _Relay(relay, now)
         return rec
 
-    def unstamp(self, parts: list[bytes], now: float) -> tuple[str, list[float]]:
+    def unstamp(self, parts: list[bytes], now: float, taken: float | None = None) -> tuple[str, list[float]]:
         """A batch ``[stamp, frame...]`` received at ``now``: the relay id and each frame's
-        receive time on the monitor clock. Raises :class:`WireError` for a bad stamp."""
+        receive time on the monitor clock. Raises :class:`WireError` for a bad stamp.
+
+        ``taken``: the monitor clock when the batch was taken off the socket, when it is later
+        than ``now``. The collector applies a drain's frames at the drain's start, and a drain
+        lasts as long as the tick before it: a batch taken 1.5 s into a drain after the long ticks
+        of a 4,096-rank warm-up read as a path 1.5 s shorter than any, the least-delayed path
+        kept that for hours (DRIFT), and every later batch of that relay looked 1.5 s behind (the
+        UI was then handed one snapshot a second). The path and the lag are measured on ``taken``."""
         stamp = decode_stamp(parts[0], len(parts) - 1)
         rec = self._get(stamp.relay, now)
-        observed = now - stamp.clock
+        observed = (now if taken is None else max(now, taken)) - stamp.clock
         if rec.offset is None:
             rec.offset = observed
         else:
