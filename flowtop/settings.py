@@ -36,24 +36,22 @@ def _address(raw: str) -> str:
     return raw  # checked where it is bound or connected to (flowtop.monitor.collector.check_listen)
 
 
-def _cores(raw: str) -> float:
+def _positive(raw: str, unit: str) -> float:
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise ValueError("not a positive number of cores")
+        raise ValueError(f"not a positive number of {unit}")
     return value
+
+
+def _cores(raw: str) -> float:
+    return _positive(raw, "cores")
 
 
 def _seconds(raw: str) -> float | None:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError("not a positive number of seconds")
-    return value
+    return _positive(raw, "seconds")
 
 
 @dataclass(frozen=True)

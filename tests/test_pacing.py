@@ -204,6 +204,41 @@ def test_the_pace_notice_says_why() -> None:
     assert pacing.pace_notice(12, None, False, None) == "12 ranks talk: they send their steps at their own pace again"
 
 
+class _OneRank:
+    """One real probe publisher into a real collector (``model``, its CPU ``budget``) whose pace
+    renews every 0.5 s: one rank is 1 / 8 of the budget of 8 step frames a second, 0.15 s."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, model: Model, job: str, budget: float | None = None) -> None:
+        from flowtop.monitor.collector import Collector
+
+        monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)
+        monkeypatch.setattr(pacing, "RENEW_S", 0.5)
+        monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+        monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
+        listen = f"tcp://127.0.0.1:{free_port_pair()}"
+        self.monitor = MonitorThread(listen, collector=Collector(model, listen, cpu_budget=budget))
+        self.pub = Publisher(RankKey(job, "h", 4321, 0, 0), self.monitor.listen)
+        self.pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+        self.pub.start()
+        self.step = 0
+
+    def steps_until(self, cond: Callable[[], bool], timeout: float) -> bool:
+        """Step every 10 ms until ``cond`` holds (or ``timeout`` seconds); whether it does."""
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            self.step += 1
+            self.pub.publish("step", {"step": self.step, "wall_s": 0.01, "tokens": 8, "drops": 0})
+            time.sleep(0.01)
+        return cond()
+
+    def notices(self) -> list[str]:
+        return [n.text for n in self.monitor.call(lambda: tuple(self.monitor.collector.notices.history))]
+
+    def close(self) -> None:
+        self.pub.close()
+        self.monitor.close()
+
+
 class _SlowFrames(Model):
     """A model whose frames take ``seconds`` each of the data thread (a monitor on a slow or
     shared machine): the thread is busy with frames, not waiting for them."""
@@ -220,43 +255,23 @@ def test_a_monitor_that_cannot_keep_up_slows_its_ranks_and_lets_them_go_again(mo
     0.15 s pace, 86 %) asks a real probe publisher for a longer pace (its own budget, 8 step frames
     a second, asks 0.15 s of one rank; x 0.6: 0.25 s); once frames are quick again the pace comes
     back to 0.15 s. No step is lost either way."""
-    from flowtop.monitor.collector import Collector
-
-    monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)  # one rank: 1 / 8 = 0.125 -> 0.15 s
-    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
-    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
-    monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
     model = _SlowFrames()
-    listen = f"tcp://127.0.0.1:{free_port_pair()}"
-    monitor = MonitorThread(listen, collector=Collector(model, listen))
-    pub = Publisher(RankKey("busy", "h", 4321, 0, 0), monitor.listen)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
-    step = [0]
-
-    def steps_until(cond: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not cond() and time.monotonic() < deadline:
-            step[0] += 1
-            pub.publish("step", {"step": step[0], "wall_s": 0.01, "tokens": 8, "drops": 0})
-            time.sleep(0.01)
-        return cond()
-
+    one = _OneRank(monkeypatch, model, "busy", budget=None)
+    pub, monitor = one.pub, one.monitor
     try:
-        assert steps_until(lambda: pub.current_flush_s() == 0.15, 10)  # the rank count's pace
+        assert one.steps_until(lambda: pub.current_flush_s() == 0.15, 10)  # the rank count's pace
         model.seconds = 0.12
-        assert steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
-        texts = [n.text for n in monitor.call(lambda: tuple(monitor.collector.notices.history))]
+        assert one.steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
+        texts = one.notices()
         assert any("as many as this monitor keeps up with" in t and "on frames" in t for t in texts), texts
         model.seconds = 0.0
-        assert steps_until(lambda: pub.current_flush_s() == 0.15, 20), pub.current_flush_s()
+        assert one.steps_until(lambda: pub.current_flush_s() == 0.15, 20), pub.current_flush_s()
         # the budget back at 8 a renewal or two later: the load no longer sets the pace
-        assert steps_until(lambda: not monitor.call(lambda: monitor.collector.pacer.load_bound), 10)
-        snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == step[0], 10)
-        assert snap.jobs[0].ranks[0].step == step[0] and snap.jobs[0].ranks[0].lost_messages == 0
+        assert one.steps_until(lambda: not monitor.call(lambda: monitor.collector.pacer.load_bound), 10)
+        snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step == one.step, 10)
+        assert snap.jobs[0].ranks[0].step == one.step and snap.jobs[0].ranks[0].lost_messages == 0
     finally:
-        pub.close()
-        monitor.close()
+        one.close()
 
 
 class _CostlyFrames(Model):
@@ -275,12 +290,6 @@ def test_a_monitor_past_its_cpu_budget_slows_its_ranks_though_it_keeps_up(monkey
     """A real collector given 0.05 of a core whose frames take 20 ms of its CPU each (~7 frames a
     second at a 0.15 s pace: ~0.14 of a core, and about as much of the wall time, far under
     BUSY_HIGH): it asks its real probe publisher for a longer pace, and says why."""
-    from flowtop.monitor.collector import Collector
-
-    monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)  # one rank: 1 / 8 = 0.125 -> 0.15 s
-    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
-    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
-    monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
     cuts: list[pacing.Busy] = []  # the readings at which the budget was cut
     next_scale = pacing.next_scale
 
@@ -292,32 +301,18 @@ def test_a_monitor_past_its_cpu_budget_slows_its_ranks_though_it_keeps_up(monkey
 
     monkeypatch.setattr(pacing, "next_scale", recorded)
     model = _CostlyFrames()
-    listen = f"tcp://127.0.0.1:{free_port_pair()}"
-    monitor = MonitorThread(listen, collector=Collector(model, listen, cpu_budget=0.05))
-    pub = Publisher(RankKey("costly", "h", 4321, 0, 0), monitor.listen)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
-    step = [0]
-
-    def steps_until(cond: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not cond() and time.monotonic() < deadline:
-            step[0] += 1
-            pub.publish("step", {"step": step[0], "wall_s": 0.01, "tokens": 8, "drops": 0})
-            time.sleep(0.01)
-        return cond()
-
+    one = _OneRank(monkeypatch, model, "costly", budget=0.05)
+    pub = one.pub
     try:
-        assert steps_until(lambda: pub.current_flush_s() == 0.15, 10)  # the rank count's pace
+        assert one.steps_until(lambda: pub.current_flush_s() == 0.15, 10)  # the rank count's pace
         model.seconds = 0.02
-        assert steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
-        texts = [n.text for n in monitor.call(lambda: tuple(monitor.collector.notices.history))]
+        assert one.steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
+        texts = one.notices()
         assert any("of a core (it may take 0.05: FLOWTOP_DATA_CPU)" in t for t in texts), texts
         # the first cut read the CPU past the budget while the wall time had room
         assert cuts and cuts[0].total < pacing.BUSY_HIGH and cuts[0].cpu is not None and cuts[0].cpu > 0.05, cuts
     finally:
-        pub.close()
-        monitor.close()
+        one.close()
 
 
 def test_ranks_whose_frames_queue_behind_a_backlog_are_still_paced(monkeypatch: pytest.MonkeyPatch) -> None:
