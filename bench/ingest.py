@@ -75,6 +75,7 @@ sys.path.insert(0, str(ROOT))
 REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
 JOB = "ingest"
 SAMPLE_EVERY = 16
+STEP_KINDS = ("step", "steps", "stepcols")
 KERNELS = "kernel tables (two windows folded in, cumulative)"
 #: Descriptors per rank socket in a simulator worker, per relay (besides its ranks), fixed costs.
 FD_PER_SIM_RANK, FD_PER_RELAY, FD_BASE = 2, 12, 64
@@ -466,7 +467,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     from flowtop.monitor.collector import Collector
     from flowtop.monitor.datathread import DataThread
     from flowtop.monitor.wiring import make_model
-    from probe.wire import PEEK_BYTES
+    from probe.wire import PEEK_BYTES, envelope
 
     raise_nofile()
     try:  # the GC policy `flowtop top` runs under, where the tree has one
@@ -476,7 +477,10 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     if gcpolicy is not None:
         gcpolicy.for_monitor()
     model = make_model()
-    col = Collector(model, listen)
+    # The data thread's CPU budget as flowtop's commands take it (FLOWTOP_DATA_CPU=1: none).
+    from flowtop import settings
+
+    col = Collector(model, listen, cpu_budget=settings.DATA_CPU.read())
     samples: "collections.deque[tuple[int, int, float, float, float]]" = collections.deque()
     arrivals: list[float] = []
     counter = [0]
@@ -485,14 +489,17 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
 
     def sampled(frame: bytes, now: float, *rest: Any) -> None:
         counter[0] += 1
-        # Only step frames are sampled: a kernel window (~80 KB, at least PEEK_BYTES) is not
-        # unpacked here (~0.6 ms each, on the data thread the bench measures). What the sampling
-        # costs is timed and printed apart from the monitor's own work (``hook``).
-        if counter[0] % SAMPLE_EVERY == 0 and len(frame) < PEEK_BYTES:
+        # Only step frames are sampled: a kernel window (~80 KB) is not unpacked here (~0.6 ms
+        # each, on the data thread the bench measures); a frame of PEEK_BYTES or more is read as
+        # far as its kind first. What the sampling costs is timed and printed apart from the
+        # monitor's own work (``hook``).
+        if counter[0] % SAMPLE_EVERY == 0:
             c = time.thread_time()
             try:
+                if len(frame) >= PEEK_BYTES and envelope(frame).kind not in STEP_KINDS:
+                    raise LookupError("not a step frame")
                 obj = msgpack.unpackb(frame, raw=False)
-                if obj.get("k") in ("step", "steps", "stepcols") and obj.get("job") == JOB:
+                if obj.get("k") in STEP_KINDS and obj.get("job") == JOB:
                     step = (obj["records"][-1]["step"] if obj["k"] == "steps" else
                             struct.unpack("<q", obj["step"][-8:])[0] if obj["k"] == "stepcols" else obj["step"])
                     recv = time.time()

@@ -185,7 +185,7 @@ def test_a_monitor_past_its_cpu_budget_paces_its_ranks_though_it_keeps_up() -> N
         assert pacer.due(0.0, 4096, busy) == 0.45 and pacer.budget == 10_000
     text = pacing.pace_notice(4096, 0.7, True, over, cpu_budget=0.5)
     assert text.endswith("busy 60% of the last 2 s, 40% on frames, and took 0.55 of a core "
-                         "(it may take 0.5: FLOWTOP_DATA_CPU))"), text
+                         "(it may take 0.5: --data-cpu or FLOWTOP_DATA_CPU))"), text
 
 
 def test_the_pace_notice_says_why() -> None:
@@ -308,7 +308,7 @@ def test_a_monitor_past_its_cpu_budget_slows_its_ranks_though_it_keeps_up(monkey
         model.seconds = 0.02
         assert one.steps_until(lambda: pub.current_flush_s() >= 0.25, 15), pub.current_flush_s()
         texts = one.notices()
-        assert any("of a core (it may take 0.05: FLOWTOP_DATA_CPU)" in t for t in texts), texts
+        assert any("of a core (it may take 0.05: --data-cpu or FLOWTOP_DATA_CPU)" in t for t in texts), texts
         # the first cut read the CPU past the budget while the wall time had room
         assert cuts and cuts[0].total < pacing.BUSY_HIGH and cuts[0].cpu is not None and cuts[0].cpu > 0.05, cuts
     finally:

@@ -73,7 +73,7 @@ def test_ticks_past_the_cpu_budget_spread_thinner_though_the_thread_keeps_up() -
     assert thinning.spread_notice(8, Busy(0.5, 0.16, 2.0, cpu=0.55), 4096, cpu_budget=0.5) == (
         "a tick rebuilds the figures of 64 ranks of a large job: a 4096-rank job's every 32 s, its hints as "
         "often (its ticks took 16% of its data thread, which took 0.55 of a core (it may take 0.5: "
-        "FLOWTOP_DATA_CPU): frames come first)")
+        "--data-cpu or FLOWTOP_DATA_CPU): frames come first)")
     assert "core" not in thinning.spread_notice(8, Busy(0.5, 0.16, 2.0, cpu=0.45), 4096, cpu_budget=0.5)
 
 

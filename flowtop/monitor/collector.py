@@ -190,8 +190,6 @@ class Collector:
         #: or a final snapshot wants each tick's consistent view only.
         self.glances = False
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
-        # A budget of a core or more: one thread cannot take more, keeping up alone decides.
-        cpu_budget = cpu_budget if cpu_budget is not None and cpu_budget < 1.0 else None
         self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).

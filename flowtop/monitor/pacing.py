@@ -16,8 +16,9 @@ ticks (:class:`BusyMeter`), and past :data:`BUSY_HIGH`, frames being part of it,
 shrinks by :data:`SLOWER`; it grows back by :data:`FASTER`, up to STEP_FRAMES_PER_S, whenever the
 frames' share grown as much would still keep the thread under BUSY_HIGH (:func:`next_scale`). The
 same holds for the thread's CPU: past :data:`DATA_CPU` cores (half a core unless configured) the
-budget shrinks too, and grows back only while the CPU stays under it — a monitor is a guest on a
-shared login node, and on a crowded one its wall share says little about what it takes.
+budget shrinks too, and grows back only while the CPU stays under :data:`CPU_ROOM` of it — a
+monitor is a guest on a shared login node, and on a crowded one its wall share says little about
+what it takes.
 Frames the monitor cannot take would otherwise queue (seconds of latency) and then be dropped by
 the senders; held in the probes they arrive late but whole. Only the pace depends on the load,
 never what a tick does: a replay still reproduces the live hints.
@@ -59,6 +60,21 @@ DATA_CPU = settings.DATA_CPU.default
 #: and a growth back up to it flapped on noise (a renewal's reading moves by a few hundredths of
 #: a core; a pace moved every third renewal in a simulation of 4,096 ranks, none with this gap).
 CPU_ROOM = 0.9
+
+
+def cpu_budget_of(cores: float | None) -> float | None:
+    """The CPU budget in force for ``cores`` (configured, or None): none from a core up, since one
+    thread cannot take more (keeping up alone decides; a budget of 1 would still hold back growth
+    once the thread took 0.9)."""
+    return cores if cores is not None and cores < 1.0 else None
+
+
+def over_budget_text(busy: Busy, cpu_budget: float | None) -> str:
+    """The notices' words for a thread past its CPU budget ("" when it is not)."""
+    if not busy.over_cpu(cpu_budget) or busy.cpu is None:
+        return ""
+    return (f"took {busy.cpu:.2f} of a core (it may take {cpu_budget:g}: --data-cpu or "
+            f"{settings.DATA_CPU.name})")
 #: The least share of the thread's time frames must take for a cut of their budget to help.
 FRAMES_MATTER = 0.1
 #: Factors the budget is multiplied by at a renewal: when busy, and when there is room (it shrinks
@@ -208,7 +224,7 @@ class Pacer:
     """
 
     def __init__(self, cpu_budget: float | None = DATA_CPU) -> None:
-        self.cpu_budget = cpu_budget
+        self.cpu_budget = cpu_budget_of(cpu_budget)
         self.current: float | None = None  # the pace last asked for (None: not pacing)
         #: The share of STEP_FRAMES_PER_S asked of all ranks together (1 unless the monitor could
         #: not keep up, see next_scale).
@@ -269,8 +285,8 @@ def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | No
         return f"{asked}; the monitor takes ~{STEP_FRAMES_PER_S:,})"
     load = (f"; its data thread was busy {busy.total:.0%} of the last {busy.span_s:.0f} s, "
             f"{busy.frames:.0%} on frames") if busy is not None else ""
-    if busy is not None and busy.cpu is not None and cpu_budget is not None and busy.cpu > cpu_budget:
-        load += f", and took {busy.cpu:.2f} of a core (it may take {cpu_budget:g}: FLOWTOP_DATA_CPU)"
+    if busy is not None and (over := over_budget_text(busy, cpu_budget)):
+        load += f", and {over}"
     if draining(busy, behind_s) and busy is not None:  # the budget followed what got through
         load = (f"; it is {behind_s:.1f} s behind and took {busy.step_frames_per_s:,.0f} step frames a second: "
                 f"asked for {DRAIN_SHARE:.0%} of that while the queue drains")

@@ -29,7 +29,7 @@ import msgpack
 
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.rotation import SPREADS, ranks_per_tick, ticks_per_round
-from flowtop.monitor.pacing import DATA_CPU, Busy
+from flowtop.monitor.pacing import DATA_CPU, Busy, cpu_budget_of, over_budget_text
 
 #: The least share of the data thread's time ticks must take for a thinner spread to help.
 TICKS_MATTER = 0.25
@@ -89,7 +89,7 @@ class Thinner:
     """
 
     def __init__(self, cpu_budget: float | None = DATA_CPU) -> None:
-        self.cpu_budget = cpu_budget
+        self.cpu_budget = cpu_budget_of(cpu_budget)
         self._frames = self._ticks = self._span = 0.0  # seconds summed since the last decision
         self._cpu = self._cpu_span = 0.0  # CPU seconds, and the wall seconds of the readings that had one
 
@@ -121,8 +121,8 @@ def spread_notice(spread: int, busy: Busy | None, largest: int, cpu_budget: floa
     if spread == 1:
         return f"{what} (the monitor keeps up again)"
     took = f"its ticks took {busy.ticks:.0%} of its data thread" if busy is not None else "it is short of time"
-    if busy is not None and busy.cpu is not None and busy.over_cpu(cpu_budget):
-        took += f", which took {busy.cpu:.2f} of a core (it may take {cpu_budget:g}: FLOWTOP_DATA_CPU)"
+    if busy is not None and (over := over_budget_text(busy, cpu_budget)):
+        took += f", which {over}"
     return f"{what} ({took}: frames come first)"
 
 
