@@ -7,10 +7,11 @@ The windows are the real ones the probe sent from an H200 (tests/data/h200-gpt-l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -46,6 +47,50 @@ def _offloaded(build: Any, before: list[wire.Message], processes: bool = False) 
     for msg in before:
         model.ingest(msg, 0.0)
     return model, worker
+
+
+def _built(build: Any, before: list[wire.Message], timed: list[tuple[wire.Message, float]],
+           processes: bool = False) -> tuple[Any, KernelWorker]:
+    """The model and worker of :func:`_offloaded` after ``timed`` (message, time) were ingested
+    and every window built; the worker closed."""
+
+    async def main() -> tuple[Any, KernelWorker]:
+        model, worker = _offloaded(build, before, processes=processes)
+        for msg, at in timed:
+            model.ingest(msg, at)
+        await worker.idle()
+        worker.close()
+        return model, worker
+
+    return asyncio.run(main())
+
+
+@contextlib.contextmanager
+def _recording_sent(timeout: float) -> Iterator[Any]:
+    """A real collector (MonitorThread) fed the H200 recording's frames over a real socket, once
+    a rank's kernel table is built (``timeout`` seconds at most); closed after."""
+    import time
+
+    import zmq
+
+    from monitor_thread import MonitorThread
+
+    frames = [f for _, f in read_recording(DATA / "h200-gpt-large.rec.gz")]
+    m = MonitorThread()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    try:
+        pub.connect(m.listen)
+        time.sleep(0.5)  # the subscription reaches the publisher (a late joiner loses frames)
+        for frame in frames:
+            pub.send(frame)
+        m.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].kernels is not None, timeout)
+        yield m
+    finally:
+        pub.close()
+        ctx.term()
+        m.close()
 
 
 def _rank(model: Any) -> Any:
@@ -95,15 +140,7 @@ def test_every_window_is_built_in_order_into_the_cumulative_table() -> None:
         built.append(fields["window"])
         return build_window(fields)
 
-    async def main() -> Any:
-        model, worker = _offloaded(build, before)
-        model.ingest(first, 1.0)
-        model.ingest(second, 1.1)  # arrives before the drain task first runs
-        await worker.idle()
-        worker.close()
-        return model, worker
-
-    model, worker = asyncio.run(main())
+    model, worker = _built(build, before, [(first, 1.0), (second, 1.1)])  # the second before the drain task runs
     assert built == [first.fields["window"], second.fields["window"]] and worker.built == 2
     st = _rank(model)
     assert st.kernels.window == second.fields["window"] and st.kernels_cumulative.windows == 2
@@ -171,30 +208,11 @@ def test_a_window_for_a_rank_gone_meanwhile_is_dropped() -> None:
 def test_a_live_collector_builds_windows_off_its_loop() -> None:
     """Real frames from the H200 recording over a real socket into a real collector: the window
     is built by its worker; at stop the model goes back to building inline."""
-    import time
-
-    import zmq
-
-    from monitor_thread import MonitorThread
-
-    frames = [f for _, f in read_recording(DATA / "h200-gpt-large.rec.gz")]
-    m = MonitorThread()
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    try:
+    with _recording_sent(20) as m:
         assert m.call(lambda: m.collector.model.kernels.submit is not None)
-        pub.connect(m.listen)
-        time.sleep(0.5)  # the subscription reaches the publisher (a late joiner loses frames)
-        for frame in frames:
-            pub.send(frame)
-        snap = m.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].kernels is not None, 20)
+        snap = m.snapshot()
         assert snap.jobs[0].ranks[0].kernels.anatomy.step_basis == "device"
         assert m.collector.kernel_worker is not None and m.collector.kernel_worker.built >= 1
-    finally:
-        pub.close()
-        ctx.term()
-        m.close()
     assert m.collector.model.kernels.submit is None and m.collector.kernel_worker is None
 
 
@@ -472,15 +490,7 @@ def test_where_no_builder_process_starts_a_thread_builds(monkeypatch: Any) -> No
     monkeypatch.setattr(popen.Popen, "_launch", no_fds)
     before, (first, second) = _messages()
 
-    async def main() -> Any:
-        model, worker = _offloaded(build_window, before, processes=True)
-        model.ingest(first, 1.0)
-        model.ingest(second, 2.0)
-        await worker.idle()
-        worker.close()
-        return model, worker
-
-    model, worker = asyncio.run(main())
+    model, worker = _built(build_window, before, [(first, 1.0), (second, 2.0)], processes=True)
     assert (worker.built, worker.processes, model.rejected) == (2, False, 0)
     assert _rank(model).kernels == build_window(second.fields)
     assert [n.text for n in model.notices.history if "own thread" in n.text] == [
@@ -492,27 +502,9 @@ def test_the_live_collectors_builder_is_a_child_process() -> None:
     import multiprocessing
     import time
 
-    import zmq
-
-    from monitor_thread import MonitorThread
-
-    frames = [f for _, f in read_recording(DATA / "h200-gpt-large.rec.gz")]
-    m = MonitorThread()
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    try:
-        pub.connect(m.listen)
-        time.sleep(0.5)
-        for frame in frames:
-            pub.send(frame)
-        m.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].kernels is not None, 30)
+    with _recording_sent(30) as m:
         assert m.collector.kernel_worker is not None and m.collector.kernel_worker.processes
         assert len(multiprocessing.active_children()) == 1
-    finally:
-        pub.close()
-        ctx.term()
-        m.close()
     deadline = time.monotonic() + 10
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
