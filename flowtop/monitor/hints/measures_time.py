@@ -11,6 +11,7 @@ from typing import Any
 
 from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
                                         rank_target, safe_div, telemetry_number)
+from flowtop.monitor.hints import staggered
 from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
@@ -270,6 +271,10 @@ def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_fra
     return out
 
 
+#: A rank's worst figure: (slower, mine, the others', steps it spans, basis).
+_Best = tuple[float, float, float, int, str]
+
+
 def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per rank: how much it holds the others up, the largest of three measures — step time and
     pace (time to reach steps) against the other ranks' median, and lead-time lag as a share of
@@ -279,14 +284,19 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         return {}
     window = max(rule.window_steps, 1)
     med, n_med = _by_median(ranks, window)
+    if n_med < window:
+        # No window of steps in every rank's history (a large job's fast steps under a long
+        # pace): each rank against the ranks that reported the same steps.
+        fig = staggered.figures(ranks, window)
+        if fig.step_time:
+            return _measurements(ranks, _staggered_best(fig), fig.lead, {}, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)
     tables = [(table, sorted(table.values()), n, basis)
               for table, n, basis in ((med, n_med, "step_time"), (pace, n_pace, "pace")) if table]
     med_sorted = sorted(med.values())
-    # rank index -> (slower, mine, others, steps, basis)
-    best: dict[int, tuple[float, float, float, int, str]] = {}
+    best: dict[int, _Best] = {}
     for idx, r in enumerate(ranks):
         candidates = []
         for table, ordered, n, basis in tables:
@@ -307,6 +317,28 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
     since_of = _falling_behind_since(slow, reach, {i: 0.1 * best[i][2] for i in slow})
     lead_since = _lead_since([i for i in slow if best[i][4] == "lead"], ranks, keep, rule.clear / 100.0)
+    return _measurements(ranks, best, lead, since_of, lead_since)
+
+
+def _staggered_best(fig: staggered.Figures) -> dict[int, _Best]:
+    """Per rank index: the larger of its step-time and lead figures read in grid windows."""
+    best: dict[int, _Best] = {}
+    for idx, (mine, other) in fig.step_time.items():
+        candidates = [(mine / other - 1.0, mine, other, fig.window, "step_time")] if other > 0 else []
+        if idx in fig.lead and fig.lead[idx][3] > 0:
+            lag, step = fig.lead[idx][2:]
+            candidates.append((lag / step, mine, other, fig.window, "lead"))
+        if candidates:
+            best[idx] = max(candidates, key=lambda c: c[0])
+    return best
+
+
+def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
+                  lead: dict[int, tuple[float, float, float, float]],
+                  since_of: dict[int, tuple[int | None, float | None]],
+                  lead_since: dict[int, int]) -> dict[str, Measurement | None]:
+    """The rule's measurement per rank from its worst figure (``best``), its lead figures and,
+    for the slow ones, since when (the rank's step where that is not known)."""
     out: dict[str, Measurement | None] = {}
     for idx, r in enumerate(ranks):
         if idx not in best:
