@@ -39,7 +39,9 @@ Printed per configuration (measured over ``--seconds`` after ``--warmup``):
 * ui show ms p50/p99: ``MainScreen.show`` of each delivered snapshot (the paint is not included:
   ``bench/rank_view.py`` measures a whole refresh);
 * RSS/rank: the monitor's resident memory growth from before the first rank to the end, ÷ ranks
-  (its process; the builder process's own RSS is ``builder_rss_mb`` in the JSON);
+  (its process; the builder process's own RSS is ``builder_rss_mb`` in the JSON; where the RSS
+  is: ``heap_*`` glibc's heap in use and freed but kept, ``py_*`` Python's allocator, and
+  ``heap_trim*`` what the monitor's heap trimmer gave back);
 * the load it ran under: the simulator's and relays' CPU, the 1-minute load average.
 
 File descriptors: every simulated rank costs its worker 2 (the socket's mailbox and its
@@ -447,6 +449,65 @@ def _children() -> dict[int, tuple[float, int]]:
     return out
 
 
+def _heap() -> dict[str, float]:
+    """glibc's heap at this instant (mallinfo2, glibc >= 2.33; empty elsewhere): MB in use by
+    live allocations (``heap_used_mb``: Python's arenas count as in use), MB freed but kept by the
+    allocator (``heap_free_mb``: RSS that is no live object's), MB in mmapped blocks."""
+    import ctypes
+
+    class _Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _Info
+    info = fn()
+    mb = 1 / 2**20
+    return {"heap_used_mb": round(info.uordblks * mb, 1), "heap_free_mb": round(info.fordblks * mb, 1),
+            "heap_mmap_mb": round(info.hblkhd * mb, 1)}
+
+
+def _pymalloc() -> dict[str, float]:
+    """Python's small-object allocator at this instant (sys._debugmallocstats, read back from the
+    C stderr it writes to): MB of arenas held, of blocks in use, of blocks free inside them."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode("ascii", "replace")
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        found[name.strip()] = value.strip().replace(",", "")
+    try:
+        mb = lambda name: round(int(found[name]) / 2**20, 1)  # noqa: E731
+        return {"py_arenas_mb": round(int(found["# arenas allocated current"]) * (1 << 20) / 2**20, 1),
+                "py_used_mb": mb("# bytes in allocated blocks"), "py_free_mb": mb("# bytes in available blocks")}
+    except (KeyError, ValueError):
+        return {}
+
+
+def _trims() -> dict[str, float]:
+    """The monitor's heap trims so far (flowtop.monitor.heaptrim; absent in an older flowtop)."""
+    try:
+        from flowtop.monitor import heaptrim  # type: ignore[attr-defined]
+    except ImportError:
+        return {}
+    t = heaptrim.for_process().trims()
+    return {"heap_trims": t.count, "heap_trim_cpu_ms": round(1e3 * t.cpu_s, 1),
+            "heap_trim_released_mb": round(t.released_bytes / 2**20, 1)}
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -613,7 +674,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "latency_samples": len(win_lat),
             "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
-            "rss_base": marks["base_rss"], "rss_end": _rss_bytes(),
+            "rss_base": marks["base_rss"], "rss_end": _rss_bytes(), **_heap(), **_pymalloc(), **_trims(),
             # the window builder's own process at the end mark: not in the RSS per rank (this process's)
             "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,

@@ -8,16 +8,23 @@ of 190 ms median and 320 ms at most, and a collection stops every thread, the UI
 allocations and full ones after 100 of the middle generation: no full collection in that run,
 lag p99 48 ms, max 114 ms. The monitor's objects are mostly acyclic (freed by reference counts),
 so collecting cycles less often costs little memory.
+
+The same commands also start the process's heap trimmer (flowtop.monitor.heaptrim): memory freed
+after a backlog goes back to the system instead of staying in glibc's heaps.
 """
 
 from __future__ import annotations
 
 import gc
 
+from flowtop.monitor import heaptrim
+
 #: (young, middle, old) thresholds of gc.set_threshold for a monitor process.
 THRESHOLDS = (10_000, 50, 100)
 
 
 def for_monitor() -> None:
-    """Set the monitor's thresholds (process-wide; the commands that own the process call it)."""
+    """Set the monitor's thresholds and start its heap trimmer (process-wide; the commands that
+    own the process call it)."""
     gc.set_threshold(*THRESHOLDS)
+    heaptrim.for_process()
