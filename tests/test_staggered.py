@@ -80,12 +80,17 @@ def test_a_rank_whose_forward_ends_late_is_found_though_no_step_is_common() -> N
     model, seen = _run(late, 12.0)
     assert set().union(*seen[-8:]) == {"rank 5"}
     assert all(s == {"rank 5"} for s in seen[-4:])  # it stays (the hysteresis of one rank's figure)
-    hint = [h for h in model.tick(12.5).jobs[0].hints if h.id == "straggler"][0]
+    snap = model.tick(12.5)
+    hint = [h for h in snap.jobs[0].hints if h.id == "straggler"][0]
     assert hint.evidence["basis"] == "lead"
     # 4 ms of a 10 ms step, as the records say (±3 % noise on both)
     assert 35.0 <= hint.evidence["slower_pct"] <= 45.0
     assert abs(hint.evidence["lead_lag_s"] - 0.004) < 0.0005
     assert hint.evidence["window_steps"] == 20  # the rule's window_steps
+    # since: the first step of the grid window it was read in (slower at least from there)
+    rank5 = [r for r in snap.jobs[0].ranks if r.rank == 5][0]
+    since = hint.evidence["since_step"]
+    assert since % 20 == 0 and rank5.history.steps[0] <= since <= rank5.step - 20
 
 
 def test_a_rank_whose_steps_take_longer_is_found_though_no_step_is_common() -> None:

@@ -289,7 +289,9 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         # pace): each rank against the ranks that reported the same steps.
         fig = staggered.figures(ranks, window)
         if fig.step_time:
-            return _measurements(ranks, _staggered_best(fig), fig.lead, {}, {})
+            # "since": slower at least from the window it was read in (no steps to go further back)
+            since: dict[int, tuple[int | None, float | None]] = {i: (start, None) for i, start in fig.starts.items()}
+            return _measurements(ranks, _staggered_best(fig), fig.lead, since, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)

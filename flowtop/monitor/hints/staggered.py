@@ -26,10 +26,12 @@ class Figures:
     """Per rank index: ``step_time`` (its median step time over its window, the other ranks'
     median of theirs over the same window) and ``lead`` (its median lead, the others' median
     lead, the difference, its median step time), each only where there was another rank to
-    compare with; ``window``: the steps each figure spans."""
+    compare with; ``starts``: the first step of the window each rank was read in; ``window``:
+    the steps each figure spans."""
 
     step_time: dict[int, tuple[float, float]]
     lead: dict[int, tuple[float, float, float, float]]
+    starts: dict[int, int]
     window: int
 
 
@@ -85,13 +87,15 @@ def figures(ranks: Sequence[RankSnapshot], window: int) -> Figures:
     others_l = {start: medians_without(values) for start, values in led.items()}
     step_time: dict[int, tuple[float, float]] = {}
     lead_of: dict[int, tuple[float, float, float, float]] = {}
+    starts: dict[int, int] = {}
     for (i, _, _), at in zip(runs, chosen):
         if at is None or len(groups[at]) < 2:
             continue
+        starts[i] = at
         mine = times[i, at]
         step_time[i] = (mine, others_t[at](mine))
         if (i, at) in leads and len(led[at]) >= 2:
             my_lead = leads[i, at]
             others_lead = others_l[at](my_lead)
             lead_of[i] = (my_lead, others_lead, my_lead - others_lead, mine)
-    return Figures(step_time, lead_of, window)
+    return Figures(step_time, lead_of, starts, window)
