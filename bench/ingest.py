@@ -78,6 +78,8 @@ REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
 JOB = "ingest"
 SAMPLE_EVERY = 16
 STEP_KINDS = ("step", "steps", "stepcols")
+#: --straggler: that rank's lead is longer by this share of the step.
+STRAGGLER_LATE = 0.4
 KERNELS = "kernel tables (two windows folded in, cumulative)"
 #: Descriptors per rank socket in a simulator worker, per relay (besides its ranks), fixed costs.
 FD_PER_SIM_RANK, FD_PER_RELAY, FD_BASE = 2, 12, 64
@@ -143,7 +145,8 @@ class _Columns:
         self.pool = pool
         self.step_s = step_s
 
-    def fields(self, a: int, b: int) -> dict[str, Any]:
+    def fields(self, a: int, b: int, late_s: float = 0.0) -> dict[str, Any]:
+        """``late_s``: added to every lead (a straggler's forward ends that much after the others')."""
         n = b - a + 1
         off = a % self.pool
         walls = self.walls[off:off + n]
@@ -152,7 +155,7 @@ class _Columns:
         return {"n": n, "drops": 0, "step": array("q", range(a, b + 1)).tobytes(), "wall_s": walls.tobytes(),
                 "tokens": (array("q", [4096]) * n).tobytes(),
                 "input_wait_s": (array("d", [self.step_s * 0.01]) * n).tobytes(),
-                "lead_s": array("d", [w * 0.6 for w in walls]).tobytes(),
+                "lead_s": array("d", [w * 0.6 + late_s for w in walls]).tobytes(),
                 "probe_s": (array("d", [1.5e-5]) * n).tobytes(), "device_s": walls[-1] * 0.97}
 
 
@@ -310,7 +313,8 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                     elif cfg["records"]:  # the MINOR 2 wire: a list of record maps
                         send(i, "steps", first, {"records": recs, "_sent": now})
                     else:  # the probe's wire: columns (probe.wire.steps)
-                        send(i, "stepcols", first, {**columns.fields(last[i] + 1, k_now), "_sent": now})
+                        late = STRAGGLER_LATE * step_s if ranks[i] == cfg["straggler"] else 0.0
+                        send(i, "stepcols", first, {**columns.fields(last[i] + 1, k_now, late), "_sent": now})
                     last[i] = k_now
                     steps_at[i] = now
                 nxt = t0[i] + (last[i] + 1) * step_s + (0.0 if single else flush_s)
@@ -451,8 +455,9 @@ def _children() -> dict[int, tuple[float, int]]:
 
 def _heap() -> dict[str, float]:
     """glibc's heap at this instant (mallinfo2, glibc >= 2.33; empty elsewhere): MB in use by
-    live allocations (``heap_used_mb``: Python's arenas count as in use), MB freed but kept by the
-    allocator (``heap_free_mb``: RSS that is no live object's), MB in mmapped blocks."""
+    live allocations (``heap_used_mb``; Python's small-object arenas are mapped apart, in none of
+    these: ``py_*``), MB freed but kept by the allocator (``heap_free_mb``: resident unless
+    trimmed), MB in mmapped blocks."""
     import ctypes
 
     class _Info(ctypes.Structure):
@@ -461,7 +466,7 @@ def _heap() -> dict[str, float]:
 
     try:
         fn = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return {}
     fn.restype = _Info
     info = fn()
@@ -498,12 +503,16 @@ def _pymalloc() -> dict[str, float]:
 
 
 def _trims() -> dict[str, float]:
-    """The monitor's heap trims so far (flowtop.monitor.heaptrim; absent in an older flowtop)."""
+    """The monitor's heap trims so far (flowtop.monitor.heaptrim; absent in an older flowtop or
+    with FLOWTOP_HEAP_TRIM_S=0)."""
     try:
         from flowtop.monitor import heaptrim  # type: ignore[attr-defined]
     except ImportError:
         return {}
-    t = heaptrim.for_process().trims()
+    trimmer = heaptrim.current()
+    if trimmer is None:
+        return {}
+    t = trimmer.trims()
     return {"heap_trims": t.count, "heap_trim_cpu_ms": round(1e3 * t.cpu_s, 1),
             "heap_trim_released_mb": round(t.released_bytes / 2**20, 1)}
 
@@ -588,10 +597,16 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     latency: list[float] = []
     latency_sent: list[float] = []
     shows: list[float] = []
+    stragglers: dict[str, float] = {}  # straggler hint target -> when the UI first got it
 
     def delivered(snap: Any) -> None:
-        """On the UI thread: the snapshot the UI got now; the samples whose step it shows."""
+        """On the UI thread: the snapshot the UI got now; the samples whose step it shows; the
+        straggler hints it holds."""
         now = time.time()
+        for job in snap.jobs:
+            for h in job.hints:
+                if h.id == "straggler" and h.target not in stragglers:
+                    stragglers[h.target] = now
         while samples:
             rank, step, t, sent, _ = samples.popleft()
             pending[rank].append((step, t, sent))
@@ -678,6 +693,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             # the window builder's own process at the end mark: not in the RSS per rank (this process's)
             "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,
+            # straggler hints the UI got (target -> seconds after the monitor was ready; --straggler)
+            "straggler_hints": {t: round(at - marks["ready_t"], 1) for t, at in sorted(stragglers.items())},
         }
 
     def control(data: Any, finish: Any) -> None:
@@ -693,6 +710,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
 
     def ready(data: Any) -> None:
         marks["base_rss"] = _rss_bytes()
+        marks["ready_t"] = time.time()
         with open(os.path.join(outdir, "ready"), "w") as f:
             f.write(str(os.getpid()))
         threading.Thread(target=control, args=(data, done), daemon=True).start()
@@ -822,7 +840,7 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
                "records": args.records,
                "telemetry_s": _telemetry_s(_flush_s(args.flush_s, ranks)),
                "flops_every_s": args.flops_every_s, "kernel_every_s": args.kernel_every_s,
-               "connect_timeout_s": 30.0 + ranks / 100,
+               "connect_timeout_s": 30.0 + ranks / 100, "straggler": args.straggler,
                "node_relay": args.per_relay if path == "relay" and host == "sim" else 0}
         ready: "mp.Queue[Any]" = mp.Queue()
         out: "mp.Queue[Any]" = mp.Queue()
@@ -1168,6 +1186,9 @@ def main() -> int:
                     "instead of columns (MINOR 3, what the probe sends)")
     ap.add_argument("--flops-every-s", type=float, default=30.0)
     ap.add_argument("--kernel-every-s", type=float, default=120.0, help="per rank, random phase (0: none)")
+    ap.add_argument("--straggler", type=int, default=-1, metavar="RANK",
+                    help="this rank's forward ends 40 %% of a step after the others' each step (its lead, as a "
+                    "synchronous job's straggler); the JSON says which straggler hints the monitor raised and when")
     ap.add_argument("--ui", choices=("textual", "none"), default="textual")
     ap.add_argument("--memory", type=int, default=0, metavar="RANKS", help="only measure the model's memory per rank")
     ap.add_argument("--rss", action="store_true", help="with --memory: RSS growth instead of tracemalloc")

@@ -54,6 +54,10 @@ def _seconds(raw: str) -> float | None:
     return _positive(raw, "seconds")
 
 
+def _seconds_or_off(raw: str) -> float:
+    return 0.0 if raw == "0" else _positive(raw, "seconds (or 0)")
+
+
 @dataclass(frozen=True)
 class Setting(Generic[T]):
     """One environment variable: name, kind of value, default, and what it changes (one line)."""
@@ -105,12 +109,16 @@ DATA_CPU: Setting[float] = Setting(
     "FLOWTOP_DATA_CPU", "cores > 0", 0.5,
     "CPU the monitor's data thread may take before it paces its ranks and spreads its ticks (`--data-cpu` wins; "
     "1 or more: only keeping up decides)", _cores)
+HEAP_TRIM_S: Setting[float] = Setting(
+    "FLOWTOP_HEAP_TRIM_S", "seconds > 0, or 0", 10.0,
+    "how often a monitor gives the memory it freed back to the system (glibc's `malloc_trim`; `0`: never)",
+    _seconds_or_off)
 SCREENSHOT_DIR: Setting[str | None] = Setting(
     "FLOWTOP_SCREENSHOT_DIR", "directory", None, "where `p` saves its SVG screenshot", _text,
     shown_default="the current directory")
 
 #: Every variable the monitor reads, in the README table's order.
-MONITOR: tuple[Setting[Any], ...] = (ADDR, CURVE_DIR, DATA_CPU, HANG_S, SCREENSHOT_DIR)
+MONITOR: tuple[Setting[Any], ...] = (ADDR, CURVE_DIR, DATA_CPU, HANG_S, HEAP_TRIM_S, SCREENSHOT_DIR)
 
 PROBE_ADDR = ProbeVariable("FLOWTOP_ADDR", "`run`, `demo`, `doctor`", "the monitor (or the node relay) to connect to")
 PROBE_JOB = ProbeVariable("FLOWTOP_JOB", "`run --job`", "the job id")

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from flowtop.monitor.hints import staggered
+import pytest
+
+from flowtop.monitor.hints import RULES_BY_ID, staggered
+from flowtop.monitor.hints.measures_time import straggler
 from flowtop.monitor.model import Model
 from flowtop.monitor.wiring import make_model
 from probe import wire
@@ -27,9 +30,10 @@ def _lockstep(rank: int, step: int) -> tuple[float, float]:
     return STEP_S * (1 + jitter), 0.002 * (1 + jitter)
 
 
-def _run(timing: Timing, seconds: float, model: Model | None = None) -> tuple[Model, list[set[str]]]:
+def _run(timing: Timing, seconds: float, model: Model | None = None) -> tuple[Model, list[set[str]], list[int]]:
     """Ticks every TICK_S for ``seconds``; each rank flushes its steps every PACE_S at its own
-    phase. Returns the model and each tick's straggler targets."""
+    phase. Returns the model, each tick's straggler targets and the since_step of each straggler
+    hint seen."""
     model = model or make_model()
     keys = [RankKey("big", f"h{r // 8}", 500 + r, r, 0) for r in range(RANKS)]
     for key in keys:
@@ -40,6 +44,7 @@ def _run(timing: Timing, seconds: float, model: Model | None = None) -> tuple[Mo
     flushes = sorted((PACE_S * (r + 0.5) / RANKS + PACE_S * n, r)
                      for r in range(RANKS) for n in range(int(seconds / PACE_S) + 1))
     seen: list[set[str]] = []
+    since: list[int] = []
     now, i = 0.0, 0
     while now < seconds:
         now += TICK_S
@@ -56,12 +61,14 @@ def _run(timing: Timing, seconds: float, model: Model | None = None) -> tuple[Mo
                 model.ingest(wire.decode(wire.encode_steps(keys[r], seq[r], t, recs, 0)), t)
                 sent[r] = newest
         snap = model.tick(now)
-        seen.append({h.target for h in snap.jobs[0].hints if h.id == "straggler"})
-    return model, seen
+        hints = [h for h in snap.jobs[0].hints if h.id == "straggler"]
+        seen.append({h.target for h in hints})
+        since.extend(h.evidence["since_step"] for h in hints)
+    return model, seen, since
 
 
 def test_the_simulated_ranks_have_no_step_in_common() -> None:
-    model, _ = _run(_lockstep, 6.0)
+    model, _, _ = _run(_lockstep, 6.0)
     newest = [st.step for st in model.ranks.values()]
     assert max(newest) - min(newest) > 120  # up to 200 apart, against 120 steps of history
     snap = model.tick(6.5)
@@ -77,8 +84,10 @@ def test_a_rank_whose_forward_ends_late_is_found_though_no_step_is_common() -> N
         wall, lead = _lockstep(rank, step)
         return wall, lead + (0.004 if rank == 5 else 0.0)
 
-    model, seen = _run(late, 12.0)
+    model, seen, since = _run(late, 12.0)
     assert set().union(*seen[-8:]) == {"rank 5"}
+    # since when: the step at which it was first measured behind, the same at every tick
+    assert len(set(since[-8:])) == 1
     assert all(s == {"rank 5"} for s in seen[-4:])  # it stays (the hysteresis of one rank's figure)
     snap = model.tick(12.5)
     hint = [h for h in snap.jobs[0].hints if h.id == "straggler"][0]
@@ -87,10 +96,7 @@ def test_a_rank_whose_forward_ends_late_is_found_though_no_step_is_common() -> N
     assert 35.0 <= hint.evidence["slower_pct"] <= 45.0
     assert abs(hint.evidence["lead_lag_s"] - 0.004) < 0.0005
     assert hint.evidence["window_steps"] == 20  # the rule's window_steps
-    # since: the first step of the grid window it was read in (slower at least from there)
-    rank5 = [r for r in snap.jobs[0].ranks if r.rank == 5][0]
-    since = hint.evidence["since_step"]
-    assert since % 20 == 0 and rank5.history.steps[0] <= since <= rank5.step - 20
+    assert hint.evidence["since_step"] == since[-1]
 
 
 def test_a_rank_whose_steps_take_longer_is_found_though_no_step_is_common() -> None:
@@ -98,7 +104,7 @@ def test_a_rank_whose_steps_take_longer_is_found_though_no_step_is_common() -> N
         wall, lead = _lockstep(rank, step)
         return (wall * 1.5 if rank == 17 else wall), lead
 
-    _, seen = _run(slow, 12.0)
+    _, seen, _ = _run(slow, 12.0)
     assert set().union(*seen[-8:]) == {"rank 17"}
 
 
@@ -109,19 +115,52 @@ def test_healthy_ranks_and_a_job_wide_slowdown_make_no_straggler() -> None:
         wall, lead = _lockstep(rank, step)
         return (wall * 1.3, lead * 1.3) if step >= 500 else (wall, lead)
 
-    _, seen = _run(slower_later, 12.0)
+    _, seen, _ = _run(slower_later, 12.0)
     assert not set().union(*seen)
 
 
-def test_windows_are_chosen_where_most_ranks_reported_every_step() -> None:
-    """Three ranks' contiguous steps: 0-119, 60-179, 100-219 (window 20). The windows every rank
-    covers: none; 60-79 .. 100-119 by the first two (ranks 0 and 1), 100-119 and on by ranks 1
-    and 2; 100-119 by all three."""
-    runs = [range(0, 120), range(60, 180), range(100, 220)]
-    chosen = staggered.choose_windows([r.start for r in runs], [r.stop - 1 for r in runs], 20)
-    assert chosen == [100, 100, 100]
-    runs = [range(0, 120), range(60, 180), range(140, 260)]
-    chosen = staggered.choose_windows([r.start for r in runs], [r.stop - 1 for r in runs], 20)
-    # 60-119 is covered by ranks 0 and 1, 140-179 by ranks 1 and 2: each takes the newest window
-    # most ranks it covers share
-    assert chosen == [100, 160, 160]
+def _chosen(runs: list[range]) -> list[int | None]:
+    return staggered.choose_windows([r.start for r in runs], [r.stop - 1 for r in runs], 20)
+
+
+def test_each_rank_is_read_in_a_window_many_ranks_covered_whole() -> None:
+    # steps 100-119 are in all four histories: one window for all
+    assert _chosen([range(0, 120), range(60, 180), range(100, 220), range(100, 220)]) == [100] * 4
+    # two windows: D..H share 60-99 (80-99, the newer, is picked first: five ranks); A, B and C
+    # then 40-59 (with D: four ranks). D covers both and is read in the one more ranks covered.
+    three, five = [range(0, 60)] * 3, [range(40, 100)] + [range(60, 120)] * 4
+    assert _chosen(three + five) == [40, 40, 40] + [80] * 5
+    # rank 3 covers 40-79, shared with rank 0 alone: two ranks are not a group (it is left out)
+    assert _chosen([range(0, 60), range(0, 20), range(0, 20), range(40, 80)]) == [0, 0, 0, None]
+    # no whole window: 5-24 covers none of the grid's
+    assert _chosen([range(5, 25)] * 3) == [None] * 3
+
+
+def test_a_rank_whose_steps_have_a_gap_is_read_after_it() -> None:
+    assert staggered.tail_start([1, 2, 3, 7, 8, 9, 10]) == 3
+    assert staggered.tail_start([4, 5, 6]) == 0
+    assert staggered.tail_start([4, 9]) == 1
+    assert staggered.tail_start([]) == 0
+
+
+def test_windows_past_a_handful_are_not_read() -> None:
+    """Ranks thousands of steps apart are not in lockstep: at most MAX_WINDOWS windows (each a
+    pass over every rank), three ranks each."""
+    runs = [range(1000 * g, 1000 * g + 120) for g in range(20) for _ in range(3)]
+    chosen = _chosen(runs)
+    assert len({w for w in chosen if w is not None}) == staggered.MAX_WINDOWS
+    assert sum(w is not None for w in chosen) == 3 * staggered.MAX_WINDOWS
+
+
+def test_ranks_with_some_steps_in_common_are_compared_on_them() -> None:
+    """A rank whose first frames came late (15 steps in common with the others, fewer than the
+    rule's 20) is compared with them over those steps, as before: every rank measured (the late
+    one too), over at most the 15 steps; the grid windows are for ranks with no step in common."""
+    from test_hints_factories import history, job, rank
+
+    ranks = [rank(r, hist=history(100, 0.1, slow_from=1 if r == 2 else None, slow_step_s=0.15)) for r in range(3)]
+    ranks.append(rank(3, hist=history(15, 0.1, first=86)))
+    measured = straggler(RULES_BY_ID["straggler"], job(*ranks), 0.0)
+    assert all(m is not None and m.steps_covered <= 15 for m in measured.values()), measured
+    slow = measured["rank 2"]
+    assert slow is not None and slow.evidence["slower_pct"] == pytest.approx(50.0)

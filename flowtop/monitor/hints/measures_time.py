@@ -284,14 +284,14 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         return {}
     window = max(rule.window_steps, 1)
     med, n_med = _by_median(ranks, window)
-    if n_med < window:
-        # No window of steps in every rank's history (a large job's fast steps under a long
-        # pace): each rank against the ranks that reported the same steps.
+    if not n_med:
+        # No step in every rank's history (a large job's fast steps under a long pace): each rank
+        # against the ranks that reported the same steps. Since when it fell behind is not known
+        # then: the engine's "since" (the step it was first measured behind) stands.
         fig = staggered.figures(ranks, window)
-        if fig.step_time:
-            # "since": slower at least from the window it was read in (no steps to go further back)
-            since: dict[int, tuple[int | None, float | None]] = {i: (start, None) for i, start in fig.starts.items()}
-            return _measurements(ranks, _staggered_best(fig), fig.lead, since, {})
+        in_windows = _staggered_best(fig)
+        if in_windows:
+            return _measurements(ranks, in_windows, fig.lead, None, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)
@@ -337,17 +337,18 @@ def _staggered_best(fig: staggered.Figures) -> dict[int, _Best]:
 
 def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
                   lead: dict[int, tuple[float, float, float, float]],
-                  since_of: dict[int, tuple[int | None, float | None]],
+                  since_of: dict[int, tuple[int | None, float | None]] | None,
                   lead_since: dict[int, int]) -> dict[str, Measurement | None]:
     """The rule's measurement per rank from its worst figure (``best``), its lead figures and,
-    for the slow ones, since when (the rank's step where that is not known)."""
+    for the slow ones, since when (the rank's step where that is not known; ``since_of`` None:
+    the engine's, from when it first measured the rank behind)."""
     out: dict[str, Measurement | None] = {}
     for idx, r in enumerate(ranks):
         if idx not in best:
             out[rank_target(r)] = None
             continue
         slower, mine, other, n, basis = best[idx]
-        since, lag_s = since_of.get(idx, (None, None))
+        since, lag_s = (since_of or {}).get(idx, (None, None))
         if idx in lead_since:
             since = lead_since[idx]
         ev: dict[str, Any] = {
@@ -356,9 +357,10 @@ def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
             "step_time_s": mine,
             "others_step_time_s": other,
             "window_steps": n,
-            "since_step": since if since is not None else r.step,
             "lag_s": lag_s,
         }
+        if since_of is not None:
+            ev["since_step"] = since if since is not None else r.step
         text: dict[str, str] = {}
         if idx in lead:
             my_lead, others_lead, lead_lag, step = lead[idx]

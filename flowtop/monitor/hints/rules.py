@@ -134,10 +134,10 @@ RULES: tuple[Rule, ...] = (
         "reported: its median step time, and its time to go from the first to the last of those "
         "indices (aligned by step), ÷ the other ranks' median − 1; and its lead (step boundary → end "
         "of its last forward) minus the other ranks' median lead, as a share of its step time "
-        "(median over the steps). When no window_steps indices are in every rank's history (a "
-        "large job's fast steps under a long pace), each rank's median step time and lead over a "
-        "window on a grid of window_steps indices against those of the ranks that reported the same "
-        "window",
+        "(median over the steps). When no step index is in every rank's history (a large job's "
+        "fast steps under a long pace), each rank's median step time and lead over a window on a "
+        "grid of window_steps indices against those of the ranks (three or more) that reported the "
+        "same window",
     ),
     *KERNEL_RULES,
     Rule(

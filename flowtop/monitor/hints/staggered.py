@@ -1,4 +1,4 @@
-"""The straggler rule's figures for ranks whose histories have no window of steps in common.
+"""The straggler rule's figures for ranks whose histories have no step in common.
 
 A large job with a fast step under a long pace (4,096 ranks at a 10 ms step send a frame every
 2 s) has its ranks' newest steps up to 200 apart at any tick, while a history keeps 120: no step
@@ -17,42 +17,73 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flowtop.monitor.hints.aligned import medians_without, run_start
+from flowtop.monitor.hints.aligned import medians_without
 from flowtop.monitor.snapshot import RankSnapshot
+
+#: Fewest ranks covering a window for a rank to be read in it: itself and two others (one other
+#: rank alone would decide whether it is the slow one).
+MIN_GROUP = 3
+#: Most windows read: ranks in lockstep whose newest steps are a pace apart need two or three;
+#: more says they are not in lockstep (ranks thousands of steps apart), and a window per rank
+#: would cost a pass over every rank each.
+MAX_WINDOWS = 8
 
 
 @dataclass(frozen=True)
 class Figures:
     """Per rank index: ``step_time`` (its median step time over its window, the other ranks'
     median of theirs over the same window) and ``lead`` (its median lead, the others' median
-    lead, the difference, its median step time), each only where there was another rank to
-    compare with; ``starts``: the first step of the window each rank was read in; ``window``:
-    the steps each figure spans."""
+    lead, the difference, its median step time), each only where enough ranks covered its
+    window; ``window``: the steps each figure spans."""
 
     step_time: dict[int, tuple[float, float]]
     lead: dict[int, tuple[float, float, float, float]]
-    starts: dict[int, int]
     window: int
 
 
+def tail_start(steps: Sequence[int]) -> int:
+    """The index from which ``steps`` (strictly increasing) run contiguously to the end: a rank's
+    recent steps after its last gap (a lost or refused frame). Found by bisection: a suffix that
+    runs contiguously from one index does from every later one too."""
+    n = len(steps)
+    if not n:
+        return 0
+    last = steps[-1]
+    lo, hi = 0, n - 1  # the suffix from hi is contiguous; find the first index whose suffix is
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if last - steps[mid] == n - 1 - mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def choose_windows(firsts: Sequence[int], lasts: Sequence[int], window: int) -> list[int | None]:
-    """Per rank whose steps run contiguously from ``firsts[i]`` to ``lasts[i]``: the first step of
-    the grid window it is read in (None: its history covers no whole window). Windows are picked
-    one at a time, each the one that covers the most ranks not yet placed (the newest of equals),
-    and a rank is read in the first picked window it covers: every rank in a window most ranks
-    share, and few windows to read (two or three at a 200-step spread, each a sort)."""
+    """Per rank whose recent steps run contiguously from ``firsts[i]`` to ``lasts[i]``: the first
+    step of the grid window it is read in (None: none it covers whole has MIN_GROUP ranks).
+
+    Windows are picked one at a time, each the one that covers the most ranks not yet placed
+    (then the most ranks, then the newest), at most MAX_WINDOWS; each rank is then read in the
+    picked window it covers that the most ranks cover. Few windows to read (each costs a sort of
+    its ranks' figures), and every rank in the largest group they offer it."""
     spans = [(-(-a // window), (b + 1) // window - 1) for a, b in zip(firsts, lasts)]
-    out: list[int | None] = [None] * len(spans)
+    total: Counter[int] = Counter()
+    for lo, hi in spans:
+        total.update(range(lo, hi + 1))
+    picked: set[int] = set()
     left = [i for i, (lo, hi) in enumerate(spans) if hi >= lo]
-    while left:
+    while left and len(picked) < MAX_WINDOWS:
         count: Counter[int] = Counter()
         for i in left:
             count.update(range(spans[i][0], spans[i][1] + 1))
-        k = max(count, key=lambda k: (count[k], k))
-        for i in left:
-            if spans[i][0] <= k <= spans[i][1]:
-                out[i] = window * k
-        left = [i for i in left if out[i] is None]
+        k = max(count, key=lambda k: (count[k], total[k], k))
+        picked.add(k)
+        left = [i for i in left if not spans[i][0] <= k <= spans[i][1]]
+    out: list[int | None] = []
+    for lo, hi in spans:
+        mine = [k for k in picked if lo <= k <= hi and total[k] >= MIN_GROUP]
+        out.append(window * max(mine, key=lambda k: (total[k], k)) if mine else None)
     return out
 
 
@@ -61,21 +92,25 @@ def _median_of(values: Sequence[float]) -> float:
 
 
 def figures(ranks: Sequence[RankSnapshot], window: int) -> Figures:
-    """The straggler figures of ``ranks`` read in grid windows of ``window`` steps (ranks whose
-    recent steps are not one contiguous run are left out: the model keeps them so but for a
-    rank that restarted its count)."""
-    runs = [(i, first, len(r.history.steps)) for i, r in enumerate(ranks)
-            if (first := run_start(r.history.steps)) is not None]
-    chosen = choose_windows([first for _, first, _ in runs], [first + n - 1 for _, first, n in runs], window)
+    """The straggler figures of ``ranks`` read in grid windows of ``window`` steps (each rank's
+    steps after its last gap)."""
+    runs = []  # (rank index, first step of its contiguous tail, index of that step in its history)
+    for i, r in enumerate(ranks):
+        steps = r.history.steps
+        if steps:
+            at = tail_start(steps)
+            runs.append((i, steps[at], at, len(steps)))
+    chosen = choose_windows([first for _, first, _, _ in runs], [first + n - at - 1 for _, first, at, n in runs],
+                            window)
     times: dict[tuple[int, int], float] = {}  # (rank index, window start) -> median step time
     leads: dict[tuple[int, int], float] = {}  # ... median lead, where the probe sent every one
     groups: dict[int, list[int]] = {}  # window start -> the rank indices that cover it
     for start in set(w for w in chosen if w is not None):
         group = groups[start] = []
-        for i, first, n in runs:
-            if first <= start and start + window <= first + n:
+        for i, first, at, n in runs:
+            if first <= start and start + window <= first + n - at:
                 h = ranks[i].history
-                a = start - first
+                a = at + start - first
                 times[i, start] = _median_of(h.step_time_s[a:a + window])
                 lead = h.lead_s[a:a + window]
                 if min(lead) > 0.0:  # 0.0: a step the probe sent no lead for
@@ -87,15 +122,13 @@ def figures(ranks: Sequence[RankSnapshot], window: int) -> Figures:
     others_l = {start: medians_without(values) for start, values in led.items()}
     step_time: dict[int, tuple[float, float]] = {}
     lead_of: dict[int, tuple[float, float, float, float]] = {}
-    starts: dict[int, int] = {}
-    for (i, _, _), at in zip(runs, chosen):
-        if at is None or len(groups[at]) < 2:
+    for (i, _, _, _), w in zip(runs, chosen):
+        if w is None:
             continue
-        starts[i] = at
-        mine = times[i, at]
-        step_time[i] = (mine, others_t[at](mine))
-        if (i, at) in leads and len(led[at]) >= 2:
-            my_lead = leads[i, at]
-            others_lead = others_l[at](my_lead)
+        mine = times[i, w]
+        step_time[i] = (mine, others_t[w](mine))
+        if (i, w) in leads and len(led[w]) >= MIN_GROUP:
+            my_lead = leads[i, w]
+            others_lead = others_l[w](my_lead)
             lead_of[i] = (my_lead, others_lead, my_lead - others_lead, mine)
-    return Figures(step_time, lead_of, starts, window)
+    return Figures(step_time, lead_of, window)
