@@ -502,6 +502,24 @@ def _pymalloc() -> dict[str, float]:
         return {}
 
 
+def _traced(top: int = 25) -> dict[str, Any]:
+    """With --trace-memory: MB traced in all, and the lines (file:line, the innermost frame of
+    the traceback depth asked) holding the most (KB)."""
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return {}
+    snap = tracemalloc.take_snapshot()
+    stats = snap.statistics("traceback")
+    total = sum(st.size for st in stats)
+    lines = []
+    for st in stats[:top]:
+        where = " < ".join(f"{os.path.relpath(f.filename, ROOT) if str(ROOT) in f.filename else os.path.basename(f.filename)}:{f.lineno}"
+                           for f in st.traceback)
+        lines.append([where, round(st.size / 1024), st.count])
+    return {"traced_mb": round(total / 2**20, 1), "traced_top_kb": lines}
+
+
 def _trims() -> dict[str, float]:
     """The monitor's heap trims so far (flowtop.monitor.heaptrim; absent in an older flowtop or
     with FLOWTOP_HEAP_TRIM_S=0)."""
@@ -540,6 +558,10 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     from probe.wire import PEEK_BYTES, envelope
 
     raise_nofile()
+    if os.environ.get("BENCH_TRACE_MEMORY"):  # --trace-memory: slower; where the memory is, at the end
+        import tracemalloc
+
+        tracemalloc.start(int(os.environ["BENCH_TRACE_MEMORY"]))
     try:  # the GC policy `flowtop top` runs under, where the tree has one
         from flowtop.monitor import gcpolicy  # type: ignore[attr-defined]
     except ImportError:
@@ -690,6 +712,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
             "rss_base": marks["base_rss"], "rss_end": _rss_bytes(), **_heap(), **_pymalloc(), **_trims(),
+            **_traced(),
             # the window builder's own process at the end mark: not in the RSS per rank (this process's)
             "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,
@@ -1189,6 +1212,9 @@ def main() -> int:
     ap.add_argument("--straggler", type=int, default=-1, metavar="RANK",
                     help="this rank's forward ends 40 %% of a step after the others' each step (its lead, as a "
                     "synchronous job's straggler); the JSON says which straggler hints the monitor raised and when")
+    ap.add_argument("--trace-memory", type=int, default=0, metavar="FRAMES",
+                    help="the monitor traces its allocations (tracemalloc, this many frames each: slower) and the "
+                    "JSON lists the tracebacks holding the most at the end (traced_top_kb)")
     ap.add_argument("--ui", choices=("textual", "none"), default="textual")
     ap.add_argument("--memory", type=int, default=0, metavar="RANKS", help="only measure the model's memory per rank")
     ap.add_argument("--rss", action="store_true", help="with --memory: RSS growth instead of tracemalloc")
@@ -1204,6 +1230,8 @@ def main() -> int:
     if args._monitor:
         return _monitor_main(args._monitor, args.ui, args._dir)
     os.environ.setdefault("FLOWTOP_DISABLE", "1")
+    if args.trace_memory:  # the monitor (a child) reads it
+        os.environ["BENCH_TRACE_MEMORY"] = str(args.trace_memory)
     if args.memory:
         print(json.dumps(memory(args.memory, traced=not args.rss)), flush=True)
         return 0

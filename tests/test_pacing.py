@@ -501,3 +501,42 @@ def test_a_view_kept_while_its_relays_lag_grows_carries_the_new_lag() -> None:
 
     assert {k: round(v, 2) for k, v in rank_json(ranks[1], now).items() if k in ("age_s", "behind_s")} == {
         "age_s": 0.5, "behind_s": 8.0}  # the JSON says both
+
+
+def test_ranks_that_join_between_renewals_are_paced_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large job's ranks join over a second or two. Renewals 60 s apart here (the first saw no
+    rank), a budget of 8 step frames a second: as real probe publishers join one by one, the
+    monitor broadcasts the pace their number needs at once (one rank 0.15 s, four 0.5 s), and
+    the first rank, which joined alone, holds the four ranks' pace too."""
+    from flowtop.monitor.collector import Collector
+
+    monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)
+    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 60.0)
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    monitor = MonitorThread(listen, collector=Collector(Model(), listen))
+    pubs: list[Publisher] = []
+
+    def join(rank: int) -> Publisher:
+        pub = Publisher(RankKey("ramp", "h", 5000 + rank, rank, 0), monitor.listen)
+        pub.hello_fields = {"local_rank": rank, "world_size": 4, "device": "cpu (test)", "probe_version": "test"}
+        pub.start()
+        pubs.append(pub)
+        return pub
+
+    def until(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return cond()
+
+    try:
+        first = join(0)
+        assert until(lambda: first.current_flush_s() == 0.15), first.current_flush_s()
+        for r in (1, 2, 3):
+            join(r)
+        assert until(lambda: all(p.current_flush_s() == 0.5 for p in pubs)), [p.current_flush_s() for p in pubs]
+        assert monitor.call(lambda: monitor.collector.pacer.current) == 0.5
+    finally:
+        for pub in pubs:
+            pub.close()
+        monitor.close()

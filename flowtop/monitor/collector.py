@@ -192,6 +192,9 @@ class Collector:
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
         self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
+        #: Ranks the model held at the last pace broadcast: more between two renewals (a large job
+        #: starting) may need a longer pace at once (Pacer.ramp).
+        self._paced_ranks = 0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
         self._told_pace: float | None = None  # the pace the user was last told of ...
@@ -367,10 +370,16 @@ class Collector:
 
     def _govern(self, now: float) -> None:
         """Every RENEW_S, fit the monitor's load to its data thread: the pace asked of the ranks
-        (flowtop.monitor.pacing) and how thinly large jobs' ticks are spread (flowtop.monitor.thinning)."""
+        (flowtop.monitor.pacing) and how thinly large jobs' ticks are spread (flowtop.monitor.thinning);
+        in between, a longer pace at once when ranks joined (Pacer.ramp)."""
+        ranks = len(self.model.ranks)
+        if ranks > self._paced_ranks:
+            self._paced_ranks = ranks
+            self._broadcast_pace(self.pacer.ramp(ranks))
         if now < self._pace_check:
             return
         self._pace_check = now + RENEW_S
+        self._paced_ranks = ranks
         busy = self.busy.read()
         self._pace(now, busy)
         self._thin(now, busy)
@@ -399,11 +408,7 @@ class Collector:
                    if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S)
         pacer = self.pacer
         pace = pacer.due(now, live, busy, self.model.relays.behind(now))
-        if pace is not None and self._send is not None:
-            try:
-                self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+        self._broadcast_pace(pace)
         told, load_bound = self._told_pace, pacer.load_bound
         # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and
         # when the pace moves by half or more: not at every step of a load-driven pace finding its level.
@@ -412,6 +417,14 @@ class Collector:
             self._told_pace, self._told_load_bound = pace, load_bound
             self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s,
                                                               pacer.cpu_budget), now)
+
+    def _broadcast_pace(self, pace: float | None) -> None:
+        """Send ``pace`` to every rank (down through relays); None: nothing to send."""
+        if pace is not None and self._send is not None:
+            try:
+                self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses
