@@ -192,9 +192,11 @@ class Collector:
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
         self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
-        #: Ranks the model held at the last pace broadcast: more between two renewals (a large job
-        #: starting) may need a longer pace at once (Pacer.ramp).
-        self._paced_ranks = 0
+        #: Ranks the model held at the last renewal, the live ones among them, and the most it
+        #: held since: ranks that join between two renewals (a large job starting) may need a
+        #: longer pace at once (Pacer.ramp), reckoned as the live ones plus those that joined (the
+        #: model may still hold thousands of a job that ended).
+        self._ranks_at_renewal = self._live_at_renewal = self._ranks_seen = 0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
         self._told_pace: float | None = None  # the pace the user was last told of ...
@@ -373,13 +375,13 @@ class Collector:
         (flowtop.monitor.pacing) and how thinly large jobs' ticks are spread (flowtop.monitor.thinning);
         in between, a longer pace at once when ranks joined (Pacer.ramp)."""
         ranks = len(self.model.ranks)
-        if ranks > self._paced_ranks:
-            self._paced_ranks = ranks
-            self._broadcast_pace(self.pacer.ramp(ranks))
+        if ranks > self._ranks_seen:
+            self._ranks_seen = ranks
+            self._broadcast_pace(self.pacer.ramp(self._live_at_renewal + ranks - self._ranks_at_renewal))
         if now < self._pace_check:
             return
         self._pace_check = now + RENEW_S
-        self._paced_ranks = ranks
+        self._ranks_at_renewal = self._ranks_seen = ranks
         busy = self.busy.read()
         self._pace(now, busy)
         self._thin(now, busy)
@@ -408,6 +410,7 @@ class Collector:
                    if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S)
         pacer = self.pacer
         pace = pacer.due(now, live, busy, self.model.relays.behind(now))
+        self._live_at_renewal = live
         self._broadcast_pace(pace)
         told, load_bound = self._told_pace, pacer.load_bound
         # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and
