@@ -55,7 +55,12 @@ def _seconds(raw: str) -> float | None:
 
 
 def _seconds_or_off(raw: str) -> float:
-    return 0.0 if raw == "0" else _positive(raw, "seconds (or 0)")
+    try:
+        if float(raw) == 0.0:
+            return 0.0
+    except ValueError:
+        pass
+    return _positive(raw, "seconds (or 0)")
 
 
 @dataclass(frozen=True)

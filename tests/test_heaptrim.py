@@ -114,3 +114,7 @@ def test_the_process_trimmer_follows_its_variable(monkeypatch: pytest.MonkeyPatc
     assert "FLOWTOP_HEAP_TRIM_S" in caplog.text
     monkeypatch.setenv("FLOWTOP_HEAP_TRIM_S", "2.5")
     assert settings.HEAP_TRIM_S.read() == 2.5
+    monkeypatch.setenv("FLOWTOP_HEAP_TRIM_S", "0.0")
+    assert settings.HEAP_TRIM_S.read() == 0.0
+    monkeypatch.setenv("FLOWTOP_HEAP_TRIM_S", "-1")
+    assert settings.HEAP_TRIM_S.read() == 10.0

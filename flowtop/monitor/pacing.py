@@ -264,11 +264,11 @@ class Pacer:
     def ramp(self, ranks: int) -> float | None:
         """A longer pace to broadcast now, between two renewals, because ``ranks`` live ranks (the
         live ones at the last renewal and those that joined since) need one at the budget in
-        force; None when the pace asked already holds. A large job's ranks
-        join over a second or two, and those that joined after a renewal sent at their own 0.1 s
-        until the next: at 4,096 ranks through relays a renewal that saw 1,032 of them left ~3,000
-        at ten frames a second for 2 s, a backlog of ~60,000 frames that took the monitor of a
-        2-core box a minute or more to drain (delivered 96-97 %, latency 13-18 s)."""
+        force; None when the pace asked already holds. A large job's ranks join over a second or
+        two, and those that joined after a renewal sent at their own 0.1 s until the next: at
+        4,096 ranks through relays a renewal that saw 1,032 of them left ~3,000 at ten frames a
+        second for 2 s, a backlog of ~60,000 frames that took the monitor of a 2-core box a minute
+        or more to drain (delivered 96-97 %, latency 13-18 s)."""
         pace = pace_for(ranks, self.budget)
         if pace is None or (self.current is not None and pace <= self.current):
             return None
