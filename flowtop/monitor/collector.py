@@ -192,11 +192,10 @@ class Collector:
         #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
         self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
-        #: Ranks the model held at the last renewal, the live ones among them, and the most it
-        #: held since: ranks that join between two renewals (a large job starting) may need a
-        #: longer pace at once (Pacer.ramp), reckoned as the live ones plus those that joined (the
-        #: model may still hold thousands of a job that ended).
-        self._ranks_at_renewal = self._live_at_renewal = self._ranks_seen = 0
+        #: Ranks the model held at the last renewal, and the most it held since: ranks that join
+        #: between two renewals (a large job starting) may need a longer pace at once (Pacer.ramp;
+        #: counted as joined, not as all the model holds: it may still hold a job that ended).
+        self._ranks_at_renewal = self._ranks_seen = 0
         #: The drain loop's busy share between two pace checks (the pacer's measure of load).
         self.busy = BusyMeter()
         self._told_pace: float | None = None  # the pace the user was last told of ...
@@ -377,7 +376,7 @@ class Collector:
         ranks = len(self.model.ranks)
         if ranks > self._ranks_seen:
             self._ranks_seen = ranks
-            self._broadcast_pace(self.pacer.ramp(self._live_at_renewal + ranks - self._ranks_at_renewal))
+            self._broadcast_pace(self.pacer.ramp(ranks - self._ranks_at_renewal))
         if now < self._pace_check:
             return
         self._pace_check = now + RENEW_S
@@ -410,7 +409,6 @@ class Collector:
                    if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S)
         pacer = self.pacer
         pace = pacer.due(now, live, busy, self.model.relays.behind(now))
-        self._live_at_renewal = live
         self._broadcast_pace(pace)
         told, load_bound = self._told_pace, pacer.load_bound
         # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and

@@ -16,7 +16,9 @@ trimmed if they allocate from it meanwhile. Measured there: RSS 130-135 KB a ran
 (Python's blocks in use and glibc's in use: 63 KB a rank).
 
 Only where the C library has ``malloc_trim`` (glibc); elsewhere nothing runs. Never raises: a
-failing call is logged once and the thread ends.
+failing call is logged once and the thread ends. The probe trims after its kernel windows with
+its own pair of calls (probe.kernels.heap): the monitor imports nothing from the probe but its
+wire schema, so the two few-line helpers are kept apart.
 """
 
 from __future__ import annotations

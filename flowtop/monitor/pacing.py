@@ -232,6 +232,7 @@ class Pacer:
         #: The data thread's load at the last renewal (None before one was measured).
         self.busy: Busy | None = None
         self.behind_s = 0.0  # how long frames waited in queues at the last renewal
+        self.live = 0  # live ranks at the last renewal (what ramp adds the ranks that joined since to)
         self._next = 0.0
         self._settle = False  # the last renewal changed the pace: the next one only watches
 
@@ -244,6 +245,7 @@ class Pacer:
         self._next = now + RENEW_S
         self.busy = busy
         self.behind_s = behind_s
+        self.live = live_ranks
         scale = next_scale(self.scale, busy, behind_s, self.cpu_budget)
         if draining(busy, behind_s):  # measured on what got through: no queued frames to wait for
             self._settle = False
@@ -261,15 +263,15 @@ class Pacer:
         self.current = pace_for(live_ranks, self.budget)
         return self.current
 
-    def ramp(self, ranks: int) -> float | None:
-        """A longer pace to broadcast now, between two renewals, because ``ranks`` live ranks (the
-        live ones at the last renewal and those that joined since) need one at the budget in
-        force; None when the pace asked already holds. A large job's ranks join over a second or
+    def ramp(self, joined: int) -> float | None:
+        """A longer pace to broadcast now, between two renewals, because the live ranks of the last
+        renewal and the ``joined`` ranks since need one at the budget in force; None when the
+        pace asked already holds. A large job's ranks join over a second or
         two, and those that joined after a renewal sent at their own 0.1 s until the next: at
         4,096 ranks through relays a renewal that saw 1,032 of them left ~3,000 at ten frames a
         second for 2 s, a backlog of ~60,000 frames that took the monitor of a 2-core box a minute
         or more to drain (delivered 96-97 %, latency 13-18 s)."""
-        pace = pace_for(ranks, self.budget)
+        pace = pace_for(self.live + joined, self.budget)
         if pace is None or (self.current is not None and pace <= self.current):
             return None
         self.current = pace

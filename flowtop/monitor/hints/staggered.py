@@ -87,10 +87,6 @@ def choose_windows(firsts: Sequence[int], lasts: Sequence[int], window: int) -> 
     return out
 
 
-def _median_of(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
 def figures(ranks: Sequence[RankSnapshot], window: int) -> Figures:
     """The straggler figures of ``ranks`` read in grid windows of ``window`` steps (each rank's
     steps after its last gap)."""
@@ -111,10 +107,10 @@ def figures(ranks: Sequence[RankSnapshot], window: int) -> Figures:
             if first <= start and start + window <= first + n - at:
                 h = ranks[i].history
                 a = at + start - first
-                times[i, start] = _median_of(h.step_time_s[a:a + window])
+                times[i, start] = float(statistics.median(h.step_time_s[a:a + window]))
                 lead = h.lead_s[a:a + window]
                 if min(lead) > 0.0:  # 0.0: a step the probe sent no lead for
-                    leads[i, start] = _median_of(lead)
+                    leads[i, start] = float(statistics.median(lead))
                 group.append(i)
     # Per window, the "median of the others" functions of its ranks' figures (a sort per window).
     others_t = {start: medians_without(sorted(times[q, start] for q in group)) for start, group in groups.items()}
