@@ -30,11 +30,11 @@ def _lockstep(rank: int, step: int) -> tuple[float, float]:
     return STEP_S * (1 + jitter), 0.002 * (1 + jitter)
 
 
-def _run(timing: Timing, seconds: float, model: Model | None = None) -> tuple[Model, list[set[str]], list[int]]:
+def _run(timing: Timing, seconds: float) -> tuple[Model, list[set[str]], list[int]]:
     """Ticks every TICK_S for ``seconds``; each rank flushes its steps every PACE_S at its own
     phase. Returns the model, each tick's straggler targets and the since_step of each straggler
     hint seen."""
-    model = model or make_model()
+    model = make_model()
     keys = [RankKey("big", f"h{r // 8}", 500 + r, r, 0) for r in range(RANKS)]
     for key in keys:
         model.ingest(wire.decode(wire.encode("hello", key, 0, 0.0, {
