@@ -83,3 +83,40 @@ def test_pace_from_frame_ends_is_exact_for_batched_ranks_and_still_sees_a_slow_o
     slow = [_paced_rank(r, 0.013 if r == 4 else 0.01, 0.45, rng.random() * 0.45, until=3.0) for r in range(9)]
     pace, _, _ = _by_reach(slow, 20, 256)
     assert abs(pace[4] / 0.01 - 1.3) < 0.02 and all(abs(p - 0.01) < 1e-4 for r, p in pace.items() if r != 4)
+
+
+class _Counted(tuple):
+    """A rank's values that count how many of them were read (by index, slice or iteration)."""
+
+    reads = 0
+
+    def __iter__(self):
+        for v in super().__iter__():
+            _Counted.reads += 1
+            yield v
+
+    def __getitem__(self, i):
+        got = super().__getitem__(i)
+        if isinstance(i, slice):
+            return _Counted(got)
+        _Counted.reads += 1
+        return got
+
+
+def test_rows_are_read_only_when_asked_and_only_at_the_common_steps() -> None:
+    # 4,096 ranks' 256 receive times each were copied at every straggler measure, read for the
+    # few slow ranks only; the leads' check read every rank's whole history, not its window.
+    series = [(tuple(range(first, 300)), _Counted(float(s) for s in range(first, 300))) for first in (1, 40, 100)]
+    _Counted.reads = 0
+    al = align(series)
+    assert list(al.steps) == list(range(100, 300)) and _Counted.reads == 0
+    assert al.rows[1][:2] == [100.0, 101.0] and _Counted.reads == 3 * 200
+    # a lead not sent (0.0) long before the window: the window's 20 values of each rank are read
+    leads = [(tuple(range(1, 300)), _Counted([0.0] + [0.5] * 298)), (tuple(range(1, 300)), _Counted([0.4] * 299))]
+    _Counted.reads = 0
+    known = align(leads, 20, above=0.0)
+    assert list(known.steps) == list(range(280, 300)) and known.rows == [[0.5] * 20, [0.4] * 20]
+    assert _Counted.reads == 2 * 20
+    # ... and a lead not sent inside it still leaves that step out (the maps)
+    gap = [(tuple(range(1, 300)), tuple([0.5] * 290 + [0.0] + [0.5] * 8)), leads[1]]
+    assert 291 not in align(gap, 20, above=0.0).steps and len(align(gap, 20, above=0.0).steps) == 20

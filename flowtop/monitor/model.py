@@ -37,7 +37,7 @@ from flowtop.monitor.relays import Relays
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
-from flowtop.monitor.rankviews import RankViews
+from flowtop.monitor.rankviews import RankViews, as_now
 from flowtop.monitor.rotation import RANKS_PER_TICK, SPREADS, hint_share, ticks_per_round  # noqa: F401 (RANKS_PER_TICK re-exported)
 from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
@@ -537,8 +537,7 @@ class Model:
             sampled = st.telemetry is not None and (view.telemetry is None
                                                     or view.telemetry.received_at < st.telemetry_at)
             if stepped or sampled:
-                ranks[i] = replace(view, history=rs.history(st) if stepped else view.history,
-                                   telemetry=rs.telemetry_view(st))
+                ranks[i] = as_now(view, st, stepped)
                 renewed = True
         return replace(snap, ranks=tuple(ranks)) if renewed else snap
 

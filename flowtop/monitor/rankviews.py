@@ -28,6 +28,18 @@ if TYPE_CHECKING:
 _NAMES = [f.name for f in fields(RankSnapshot)]
 _VALUES = attrgetter(*_NAMES)  # a view's fields in order, in one C call (a light copy's source)
 _STEP, _HEARD, _BEHIND = _NAMES.index("step"), _NAMES.index("heard_at"), _NAMES.index("behind_s")
+_HISTORY, _TELEMETRY = _NAMES.index("history"), _NAMES.index("telemetry")
+
+
+def as_now(view: RankSnapshot, st: RankState, stepped: bool) -> RankSnapshot:
+    """``view`` with the rank's telemetry, and its history too when it ``stepped``, as they are in
+    ``st`` now: positional into the constructor, as :meth:`RankViews._copy` (dataclasses.replace
+    took 30 ms of a 4,096-rank evaluation's 76 ms for it)."""
+    values = list(_VALUES(view))
+    if stepped:
+        values[_HISTORY] = rs.history(st)
+    values[_TELEMETRY] = rs.telemetry_view(st)
+    return RankSnapshot(*values)
 
 
 #: How far a relay's lag may move before a rank's view is copied with the new one. A view's age
