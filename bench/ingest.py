@@ -53,6 +53,7 @@ configuration whose need exceeds the hard limit.
 from __future__ import annotations
 
 import argparse
+import gc
 import heapq
 import json
 import multiprocessing as mp
@@ -535,6 +536,27 @@ def _trims() -> dict[str, float]:
             "heap_trim_released_mb": round(t.released_bytes / 2**20, 1)}
 
 
+def _gc_meter() -> dict[int, list[float]]:
+    """Per generation: [collections, wall seconds in them, CPU seconds, objects collected] since
+    now, kept up to date by a gc callback (a collection stops every thread of the monitor; on a
+    box the simulator saturates, its wall time includes waits for a core)."""
+    spent: dict[int, list[float]] = {g: [0, 0.0, 0.0, 0] for g in range(3)}
+    started = [0.0, 0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[:] = time.perf_counter(), time.thread_time()
+        else:
+            g = spent[info["generation"]]
+            g[0] += 1
+            g[1] += time.perf_counter() - started[0]
+            g[2] += time.thread_time() - started[1]
+            g[3] += info.get("collected", 0)
+
+    gc.callbacks.append(on_gc)
+    return spent
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -568,6 +590,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         gcpolicy = None
     if gcpolicy is not None:
         gcpolicy.for_monitor()
+    gc_spent = _gc_meter()
     model = make_model()
     # The data thread's CPU budget as flowtop's commands take it (FLOWTOP_DATA_CPU=1: none).
     from flowtop import settings
@@ -658,6 +681,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
 
     def mark(name: str) -> None:
         marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "children": _children(), "hook": hook_cpu[0],
+                       "gc": {g: tuple(v) for g, v in gc_spent.items()},
                        "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals)}
 
     def figures(data: Any) -> dict[str, Any]:
@@ -705,6 +729,10 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             # the data thread's CPU in ticks, and in the bench's latency sampler (not the monitor's)
             "tick_cpu_pct": round(100 * sum(tick_cpu[a["ticks"]:b["ticks"]]) / 1e3 / wall, 1),
             "hook_cpu_pct": round(100 * (b["hook"] - a["hook"]) / wall, 1),
+            # the collector's pauses by generation: (collections, wall ms, CPU ms, objects collected)
+            "gc": {g: (b["gc"][g][0] - a["gc"][g][0], round(1e3 * (b["gc"][g][1] - a["gc"][g][1]), 1),
+                       round(1e3 * (b["gc"][g][2] - a["gc"][g][2]), 1), b["gc"][g][3] - a["gc"][g][3])
+                   for g in b["gc"]},
             "latency_ms_p50": _pct([1e3 * x for x in win_lat], 0.5), "latency_ms_p99": _pct([1e3 * x for x in win_lat], 0.99),
             "latency_from_send_ms_p50": _pct([1e3 * x for x in win_lat_sent], 0.5),
             "latency_from_send_ms_p99": _pct([1e3 * x for x in win_lat_sent], 0.99),
@@ -999,6 +1027,18 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
         ingest(key, "steps", {"records": [_record(batches * 10 + 1, 0.01, rng)]})
     snap = model.tick(now)
     part("views of two ticks")
+    # A large job's views are kept for a round between their turns while the ranks go on: at a
+    # 10 ms step under a 2 s pace each frame brings 200 steps and a ring turns over in two. What
+    # views keep alive of blocks their ring dropped shows here (one frame of 100 steps a tick).
+    step = batches * 10 + 1
+    for _ in range(model.ticks_per_round(ranks)):
+        now += 0.5
+        records = [_record(step + i + 1, 0.01, rng) for i in range(100)]
+        step += 100
+        for key in keys:
+            ingest(key, "steps", {"records": records})
+        snap = model.tick(now)
+    part("a round of ticks, 100 steps a frame (rings turned over)")
     total = used() - base
     # Each rank's latest window is its own table: here they share one (building 4,096 takes
     # minutes), so one window's size is measured apart (traced) and added.

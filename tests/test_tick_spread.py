@@ -292,3 +292,41 @@ def test_a_rank_that_says_bye_between_its_turns_is_done_at_the_next_tick(small_t
     _feed(model, keys[1:2], 6, 2.8)
     model.ingest(wire.decode(wire.encode("bye", keys[1], 9, 2.9, {"reason": "exit", "steps": 10, "drops": 0})), 2.9)
     assert [r.status for r in model.tick(3.0).jobs[0].ranks if r.rank == 1] == ["done"]
+
+
+def test_a_large_jobs_views_keep_no_history_their_rings_dropped(small_ticks: None) -> None:
+    # A view is kept between a rank's turns (a round: 32 s at 4,096 ranks and spread 8) while its
+    # ring goes on; a view that shared the ring's step, receive-time, wait and lead blocks kept
+    # the dropped ones alive (~10 KB a rank at a 10 ms step). A large job's hints read histories
+    # taken when they are measured, so its views hold only what the UI shows.
+    import weakref
+
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    for step in range(6, 200, 5):
+        _feed(model, keys, step, 2.0)
+    snap = model.tick(2.0)
+    view = snap.jobs[0].ranks[3]
+    ring = model.ranks[keys[3]].steps
+    assert view.history.step_time_s[-1] == pytest.approx(0.1) and len(view.history.step_time_s) == 120
+    assert not view.history.reached and not view.history.steps and not view.history.lead_s
+    oldest = [weakref.ref(a) for block in (ring._long[0], ring._short[0]) for a in block]
+    for step in range(200, 700, 5):  # the ring turns over; the view is still held
+        _feed(model, keys, step, 2.0)
+    assert all(r() is None for r in oldest[:2])  # step and receive time blocks: nothing holds them
+    assert sum(r() is not None for r in oldest[2:]) == 1  # of wall, tokens, wait, lead, known: the step times
+    assert view.history.step_time_s[-1] == pytest.approx(0.1)
+    # the hints read whole histories, taken when they measure (Model._as_now)
+    states = [model.ranks[k] for k in keys]
+    judged = Model._as_now(snap.jobs[0], states).ranks[3].history
+    assert [s for s, _ in judged.reached] == list(range(444, 700)) and list(judged.steps) == list(range(580, 700))
+    assert not model._hints_failed
+
+
+def test_a_small_jobs_views_hold_whole_histories() -> None:
+    model = make_model()
+    keys = [RankKey("small", "h", 600 + r, r, 0) for r in range(PER_TICK)]
+    _feed(model, keys, 1, 2.0)
+    h = model.tick(2.0).jobs[0].ranks[0].history
+    assert list(h.steps) == [1, 2, 3, 4, 5] and [s for s, _ in h.reached] == [1, 2, 3, 4, 5]

@@ -423,17 +423,21 @@ class Model:
         a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
         states = [st for st, _ in shown]
         lag, view = self.relays.lag_of, self.views.view
+        # A large job's hints read histories taken when they are measured (_as_now): its views
+        # keep what the UI shows (rankstate.history).
+        slim = self.ticks_per_round(len(shown)) > 1
         # Each rank as of its relay's latest report (behind a backlog its frames arrive late).
         if rotation is None:
-            ranks = tuple(view(st, now - (b := lag(st.via)), others, behind=b) for st, others in shown)
+            ranks = tuple(view(st, now - (b := lag(st.via)), others, behind=b, shown_only=slim) for st, others in shown)
         elif rotation[1] == 0:  # a glance: nobody's turn
-            ranks = tuple(view(st, now - (b := lag(st.via)), others, glance=True, behind=b) for st, others in shown)
+            ranks = tuple(view(st, now - (b := lag(st.via)), others, glance=True, behind=b, shown_only=slim)
+                          for st, others in shown)
         else:
             tick, spread = rotation
             # The turn follows the rank number, not the row: a rank's turn comes every `spread`
             # ticks whoever joins or leaves the job meanwhile.
             ranks = tuple(view(st, now - (b := lag(st.via)), others, full=(st.key.rank + tick) % spread == 0,
-                               behind=b) for st, others in shown)
+                               behind=b, shown_only=slim) for st, others in shown)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
@@ -527,10 +531,12 @@ class Model:
         large job's, between two of its turns) holds them as of its last turn, up to a round old.
         The cross-rank rules align ranks by step: histories taken up to 32 s apart (spread 8) had
         no step in common at a 200 ms step, and a straggler went unseen; the hang and input-wait
-        rules read time from them (measures_time._current). ~10-15 µs a rank, at two ticks a round."""
+        rules read time from them (measures_time._current). ~10-15 µs a rank, at two ticks a round.
+        A large job's views hold only the history the UI shows (rankstate.history): every rank
+        that has steps gets its whole history here, and the views keep none of it alive."""
         ranks, renewed = list(snap.ranks), False
         for i, (view, st) in enumerate(zip(snap.ranks, states, strict=True)):
-            reached = view.history.reached
+            reached = view.history.reached  # empty in a view that holds only what is shown
             stepped = bool(st.steps) and (not reached or reached[-1][0] < st.step)
             # A rank with a slow step (10 s and more) has not stepped since its turn, but its
             # telemetry went on: read as of now, a round-old reading looked like a dead NVML's.

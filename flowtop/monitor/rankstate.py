@@ -192,20 +192,33 @@ def telemetry_view(st: RankState) -> TelemetryView | None:
     )
 
 
-def history(st: RankState) -> History:
+def history(st: RankState, shown_only: bool = False) -> History:
     """The last HISTORY steps, the sparkline series and the steps' receive times, oldest first:
-    immutable views that share the rank's storage (flowtop.monitor.compact), not copies."""
+    immutable views that share the rank's storage (flowtop.monitor.compact), not copies.
+
+    ``shown_only``: what the UI shows (step times and the series), for the published view of a
+    rank of a large job, whose hints read a history taken when they are measured
+    (Model._as_now). A view is kept for up to a round (32 s at 4,096 ranks and spread 8) and
+    shares blocks its ring has dropped since: a rank stepping every 10 ms kept ~10 KB of old
+    steps, receive times, waits and leads alive for nobody (bench/ingest.py --memory)."""
     ring = st.steps
     n = min(HISTORY, ring.recent_len)
     series = st.series
+    mfu = series["mfu"].view() if "mfu" in series else ()
+    tensor_active = series["tensor_active"].view() if "tensor_active" in series else ()
+    power_w = series["power_w"].view() if "power_w" in series else ()
+    sm_clock_mhz = series["sm_clock_mhz"].view() if "sm_clock_mhz" in series else ()
+    if shown_only:
+        return History(step_time_s=ring.column(ring.WALL, n), mfu=mfu, tensor_active=tensor_active,
+                       power_w=power_w, sm_clock_mhz=sm_clock_mhz)
     return History(
         steps=ring.column(ring.STEP, n),
         step_time_s=ring.column(ring.WALL, n),
         input_wait_s=ring.column(ring.WAIT, n),
         lead_s=ring.column(ring.LEAD, n),
-        mfu=series["mfu"].view() if "mfu" in series else (),
-        tensor_active=series["tensor_active"].view() if "tensor_active" in series else (),
-        power_w=series["power_w"].view() if "power_w" in series else (),
-        sm_clock_mhz=series["sm_clock_mhz"].view() if "sm_clock_mhz" in series else (),
+        mfu=mfu,
+        tensor_active=tensor_active,
+        power_w=power_w,
+        sm_clock_mhz=sm_clock_mhz,
         reached=PairSeq(ring.column(ring.STEP), ring.column(ring.RECV)),
     )

@@ -79,7 +79,7 @@ class RankViews:
         self.refreshed = 0
 
     def view(self, st: RankState, now: float, others: tuple[RankKey, ...] = (), full: bool = True,
-             glance: bool = False, behind: float = 0.0) -> RankSnapshot:
+             glance: bool = False, behind: float = 0.0, shown_only: bool = False) -> RankSnapshot:
         """The view of ``st`` at monitor time ``now`` (``others``: processes claiming its rank;
         ``behind``: its relay's queueing lag, already taken off ``now``, which the view records).
 
@@ -100,7 +100,7 @@ class RankViews:
         status = rs.status(st, now, med, stalled)
         # A stalled rank's FLOP view says for how long (whole seconds): part of what it shows.
         stall = accounting.stalled_reason(stalled) if stalled is not None else None
-        key = (st.version, status, stall, others)
+        key = (st.version, status, stall, others, shown_only)
         if entry is not None and entry.key == key:
             if _lag_moved(entry.view, behind):
                 self._copy(st, entry, behind)
@@ -108,7 +108,8 @@ class RankViews:
                 self.reused += 1
         else:
             entry = self._entries[st.key] = _Entry(st.version, med, key,
-                                                   self._build(st, med, stalled, status, others, behind))
+                                                   self._build(st, med, stalled, status, others, behind,
+                                                               shown_only))
             self.built += 1
         entry.seen, entry.until = st.version, rs.steady_until(st, status, med)
         return entry.view
@@ -179,7 +180,7 @@ class RankViews:
         return derived
 
     def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
-               others: tuple[RankKey, ...], behind: float = 0.0) -> RankSnapshot:
+               others: tuple[RankKey, ...], behind: float = 0.0, shown_only: bool = False) -> RankSnapshot:
         ring = st.steps
         tokens_per_s = rs.tokens_per_s(st, med, stalled)
         # input wait ÷ step time of the last 32 steps that sent one (bit 0 of the known flags)
@@ -209,7 +210,7 @@ class RankViews:
             telemetry=rs.telemetry_view(st),
             kernels=st.kernels,
             kernels_cumulative=self._kernel_rows(st),
-            history=rs.history(st),
+            history=rs.history(st, shown_only),
             bye_reason=st.bye,
             relay=st.via,
             commands_refused=st.commands_refused,
