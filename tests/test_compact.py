@@ -176,3 +176,25 @@ def test_last_recv_is_the_newest_records_receive_time_across_blocks() -> None:
         assert ring.last_recv() == 100.0 + s == ring[-1].recv
     ring.extend(array("q", [BLOCK + 1, BLOCK + 2]), array("d", [0.1, 0.1]), array("q", [8, 8]), None, None, 500.0)
     assert ring.last_recv() == 500.0 == ring[-1].recv
+
+
+def test_full_blocks_are_kept_at_their_exact_size() -> None:
+    # Tails grow by appends and by frames' extends, and array over-allocates as it grows: a block
+    # of 64 floats held 75 (600 bytes, past what Python's allocator serves). Kept blocks are copies
+    # of exactly their values; a view made before the copy still reads what it read.
+    import sys
+    from array import array
+
+    exact_d, exact_q = sys.getsizeof(array("d", [0.0] * BLOCK)), sys.getsizeof(array("q", [0] * BLOCK))
+    ring = StepRing(256, 128)
+    for s in range(1, 46):
+        ring.append((s, 0.01, 8, None, float(s), None))
+    early = ring.column(ring.WALL)
+    ring.extend(array("q", range(46, 200)), array("d", [0.02] * 154), array("q", [8] * 154), None, None, 9.0)
+    assert [sys.getsizeof(a) for blk in ring._long for a in blk] == [exact_q, exact_d] * len(ring._long)
+    assert all(sys.getsizeof(blk[0]) == exact_d for blk in ring._short)
+    assert list(early) == [0.01] * 45 and list(ring.column(ring.WALL))[-3:] == [0.02] * 3
+    col = Column("d", 300)
+    for i in range(130):
+        col.append(float(i))
+    assert [sys.getsizeof(b) for b in col._blocks] == [exact_d, exact_d] and list(col.view())[63:66] == [63.0, 64.0, 65.0]

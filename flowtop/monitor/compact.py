@@ -127,6 +127,14 @@ class PairSeq(Sequence):
         return repr(tuple(self))
 
 
+def _exact(arrays: tuple[array, ...]) -> tuple[array, ...]:
+    """Full blocks copied to their exact size as they are kept: a tail that grew by appends and
+    extends holds ~17 % more than its values (array's growth), and a block of 64 floats grown to
+    75 is past the 512 bytes Python's allocator serves (one of glibc's, header and all); a slice
+    is exactly its values. Views made before keep the tail they read (it is never written again)."""
+    return tuple([a[:] for a in arrays])
+
+
 class Column:
     """The last ``cap`` values appended, in blocks (see the module doc); ``typecode`` is an
     ``array`` type code ('d' floats, 'q' 64-bit integers)."""
@@ -149,7 +157,7 @@ class Column:
         self._n += 1
         self._view = None
         if len(tail) == BLOCK:
-            self._blocks.append(tail)
+            self._blocks.append(tail[:])  # exact size (see _exact)
             self._tail = array(self.typecode)
         blocks = self._blocks
         while blocks and self._n - len(blocks[0]) >= self.cap:
@@ -169,7 +177,7 @@ class Column:
             self._n += take
             self._view = None
             if len(self._tail) == BLOCK:
-                self._blocks.append(self._tail)
+                self._blocks.append(self._tail[:])  # exact size (see _exact)
                 self._tail = array(self.typecode)
         blocks = self._blocks
         while blocks and self._n - len(blocks[0]) >= self.cap:
@@ -332,8 +340,8 @@ class StepRing:
             self._views = {}
         lt = self._lt
         if len(lt[0]) == BLOCK:  # both tails fill together
-            self._long.append(lt)
-            self._short.append(self._st)
+            self._long.append(_exact(lt))
+            self._short.append(_exact(self._st))
             self._lt, self._st = self._tails()
             while self._nl - BLOCK >= self.cap:
                 del self._long[0]
