@@ -120,3 +120,11 @@ def test_rows_are_read_only_when_asked_and_only_at_the_common_steps() -> None:
     # ... and a lead not sent inside it still leaves that step out (the maps)
     gap = [(tuple(range(1, 300)), tuple([0.5] * 290 + [0.0] + [0.5] * 8)), leads[1]]
     assert 291 not in align(gap, 20, above=0.0).steps and len(align(gap, 20, above=0.0).steps) == 20
+
+
+def test_a_nan_in_the_window_is_left_out_as_the_maps_leave_it_out() -> None:
+    nan = float("nan")
+    ok = ((1, 2, 3, 4), (0.5, 0.5, 0.5, 0.5))
+    for values, steps in (((nan, 0.5, 0.5, nan), [2, 3]), ((0.5, 0.5, nan, 0.5), [2, 4])):
+        got = align([ok, ((1, 2, 3, 4), values)], 2, above=0.0)
+        assert list(got.steps) == steps and got.rows == [[0.5, 0.5], [0.5, 0.5]]

@@ -331,17 +331,18 @@ class StepRing:
                     out.extend(col[done:end] if done or end < n else col)
             self._nl += end - done
             self._ns += end - done
+            self._appended(exact=end - done == BLOCK)
             done = end
-            self._appended()
 
-    def _appended(self) -> None:
-        """After values were appended to the tails: drop cached views, roll a full block."""
+    def _appended(self, exact: bool = False) -> None:
+        """After values were appended to the tails: drop cached views, roll a full block (a copy
+        of its exact size unless it is already: see _exact)."""
         if self._views:
             self._views = {}
         lt = self._lt
         if len(lt[0]) == BLOCK:  # both tails fill together
-            self._long.append(_exact(lt))
-            self._short.append(_exact(self._st))
+            self._long.append(lt if exact else _exact(lt))
+            self._short.append(self._st if exact else _exact(self._st))
             self._lt, self._st = self._tails()
             while self._nl - BLOCK >= self.cap:
                 del self._long[0]

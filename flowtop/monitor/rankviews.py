@@ -87,7 +87,10 @@ class RankViews:
         flowtop.monitor.rotation.RANKS_PER_TICK): only its step, when it was heard and its status are
         brought up to date; its figures stay those of its last full view, a few ticks old.
         ``glance`` (between two ticks): only its step and when it was heard; a rank whose status
-        changed keeps its last view until the tick, so statuses change with the hints, at ticks."""
+        changed keeps its last view until the tick, so statuses change with the hints, at ticks.
+        ``shown_only`` (a rank of such a job): its history holds only what the UI shows
+        (rankstate.history); a light view keeps the history of the full view it came from (a job
+        that stops being large has whole histories from its ranks' next full views)."""
         entry = self._entries.get(st.key)
         if (glance or not full) and entry is not None:
             light = self._light(st, now, others, entry, behind)

@@ -81,9 +81,15 @@ def align(series: list[Series], last: int | None = None, above: float | None = N
         if above is None:
             return Aligned(common, lambda: [list(values[a - first:b - first])
                                             for (_, values), first in zip(series, starts)])
-        rows = [list(values[a - first:b - first]) for (_, values), first in zip(series, starts)]
-        # The filtered steps' last ``last`` are these when all of them pass (they are the newest)
-        if all(min(row) > above for row in rows):
+        rows = []
+        for (_, values), first in zip(series, starts):
+            row = list(values[a - first:b - first])
+            # min() passes over a NaN that is not first; a NaN sum says one is there (the maps
+            # leave it out: NaN > above is false)
+            if not (min(row) > above and sum(row) == sum(row)):
+                break  # that rank filters some of these steps out: the maps say which
+            rows.append(row)
+        else:  # the filtered steps' last ``last`` are these when all of them pass (they are the newest)
             return Aligned(common, rows)
     maps = [{s: v for s, v in zip(steps, values) if above is None or v > above} for steps, values in series]
     shared = sorted(set.intersection(*(set(m) for m in maps))) if maps else []

@@ -25,9 +25,9 @@ def _running(job: JobSnapshot) -> list[RankSnapshot]:
 
 
 def _current(r: RankSnapshot) -> bool:
-    """Whether the rank's history reaches its step. A large job's rank between two of its turns
-    (flowtop.monitor.rotation) has its step and liveness brought up to date at each tick, its
-    history (and telemetry) only at its turn: up to a round old, 32 s at 4,096 ranks and spread 8."""
+    """Whether the rank's history reaches its step. A large job's hints read histories taken when
+    they measure (Model._as_now: every rank with steps, its telemetry where it sampled again since
+    its view); a history built by hand, or a rank without steps, may stop short of its step."""
     reached = r.history.reached
     return bool(reached) and reached[-1][0] >= r.step
 
