@@ -99,6 +99,25 @@ def test_a_rank_whose_forward_ends_late_is_found_though_no_step_is_common() -> N
     assert hint.evidence["since_step"] == since[-1]
 
 
+def test_a_late_rank_of_a_job_viewed_in_turns_is_found_from_histories_taken_when_measured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same job viewed in turns (4 ticks a round): its published views hold only what the UI
+    shows, and the rule reads every rank's whole history as it is when it measures."""
+    from flowtop.monitor import rotation
+
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 6)
+
+    def late(rank: int, step: int) -> tuple[float, float]:
+        wall, lead = _lockstep(rank, step)
+        return wall, lead + (0.004 if rank == 5 else 0.0)
+
+    model, seen, _ = _run(late, 16.0)
+    snap = model.tick(16.5)
+    assert model.ticks_per_round(RANKS) == 4
+    assert not any(r.history.reached or r.history.lead_s for r in snap.jobs[0].ranks)
+    assert set().union(*seen[-16:]) == {"rank 5"}
+
+
 def test_a_rank_whose_steps_take_longer_is_found_though_no_step_is_common() -> None:
     def slow(rank: int, step: int) -> tuple[float, float]:
         wall, lead = _lockstep(rank, step)
