@@ -12,6 +12,7 @@ maps otherwise; both give the same steps and values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -86,7 +87,7 @@ def align(series: list[Series], last: int | None = None, above: float | None = N
             row = list(values[a - first:b - first])
             # min() passes over a NaN that is not first; a NaN sum says one is there (the maps
             # leave it out: NaN > above is false)
-            if not (min(row) > above and sum(row) == sum(row)):
+            if not (min(row) > above and not math.isnan(sum(row))):
                 break  # that rank filters some of these steps out: the maps say which
             rows.append(row)
         else:  # the filtered steps' last ``last`` are these when all of them pass (they are the newest)
