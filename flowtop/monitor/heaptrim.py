@@ -12,8 +12,9 @@ every ``FLOWTOP_HEAP_TRIM_S`` (10 s; 0: never): ctypes lets go of the interprete
 call, so the data and UI threads go on, only waiting for the allocator's lock of the arena being
 trimmed if they allocate from it meanwhile. Measured there: RSS 130-135 KB a rank without trims,
 90-106 KB trimming every 30 s (memory freed between two trims is touched again), 62-64 KB every
-10 s (8 trims, 75 ms of CPU in all over 80 s: 0.1 % of a core), about what the live objects take
-(Python's blocks in use and glibc's in use: 63 KB a rank).
+10 s (8 trims, 75 ms of CPU in all over 80 s: 0.1 % of a core), about what the live objects took
+(Python's blocks in use and glibc's in use: 63 KB a rank; 48-52 KB since a large job's views hold
+only what the UI shows, README Scale).
 
 Only where the C library has ``malloc_trim`` (glibc); elsewhere nothing runs. Never raises: a
 failing call is logged once and the thread ends. The probe trims after its kernel windows with
