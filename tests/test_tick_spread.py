@@ -330,3 +330,31 @@ def test_a_small_jobs_views_hold_whole_histories() -> None:
     _feed(model, keys, 1, 2.0)
     h = model.tick(2.0).jobs[0].ranks[0].history
     assert list(h.steps) == [1, 2, 3, 4, 5] and [s for s, _ in h.reached] == [1, 2, 3, 4, 5]
+
+
+def test_the_histories_a_large_jobs_hints_read_die_with_their_evaluation(
+        small_ticks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kept by the rings until each rank's next frame, 4,096 ranks' judged histories were ~80 k
+    # objects the garbage collector walked at every young collection (30-130 ms each live).
+    import gc
+
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    judged: list = []
+    as_now = Model._as_now
+
+    def kept(snap, states):
+        out = as_now(snap, states)
+        judged.extend(seq for r in out.ranks for seq in (r.history.steps, r.history.input_wait_s,
+                                                          r.history.lead_s, r.history.reached))
+        return out
+
+    monkeypatch.setattr(Model, "_as_now", staticmethod(kept))
+    now = 2.0
+    for step in range(1, 40, 5):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now += 0.5
+    assert len(judged) >= 4 * RANKS and all(len(seq) for seq in judged)  # the hints measured, with steps
+    # nothing but this list holds them
+    assert all(gc.get_referrers(seq) == [judged] for seq in judged)

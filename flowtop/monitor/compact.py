@@ -269,7 +269,7 @@ class StepRing:
     The columns are appended together in one call (the model's hot path: a step record), so the
     ring keeps their blocks itself rather than as separate :class:`Column` objects."""
 
-    __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns", "_views")
+    __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns")
 
     #: Column numbers: step and recv (the last ``cap``), then those of the last ``recent``.
     STEP, RECV, WALL, TOKENS, WAIT, LEAD, KNOWN = range(7)
@@ -282,7 +282,6 @@ class StepRing:
         self._short: list[tuple[array, ...]] = []  # full (wall, tokens, wait, lead, known) blocks
         self._lt, self._st = self._tails()
         self._nl = self._ns = 0
-        self._views: dict[tuple[int, int], ArraySeq] = {}  # (column, n) -> view, until the next append
 
     @staticmethod
     def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
@@ -335,10 +334,8 @@ class StepRing:
             done = end
 
     def _appended(self, exact: bool = False) -> None:
-        """After values were appended to the tails: drop cached views, roll a full block (a copy
-        of its exact size unless it is already: see _exact)."""
-        if self._views:
-            self._views = {}
+        """After values were appended to the tails: roll a full block (a copy of its exact size
+        unless it is already: see _exact)."""
         lt = self._lt
         if len(lt[0]) == BLOCK:  # both tails fill together
             self._long.append(lt if exact else _exact(lt))
@@ -370,20 +367,20 @@ class StepRing:
 
     def column(self, col: int, n: int | None = None) -> ArraySeq:
         """The last ``n`` values of a column (all it keeps when None), as an immutable view that
-        shares the full blocks; the same object until the next append. The wait and lead
-        columns read 0.0 where the probe sent none."""
+        shares the full blocks. The wait and lead columns read 0.0 where the probe sent none.
+
+        A new view each call, not one kept until the next append: the hints of a large job read
+        every rank's whole history at each evaluation (Model._as_now), and views kept in 4,096
+        rings left ~80 k objects alive for the garbage collector to walk until each rank's next
+        frame (bench/ingest.py: young collections of 100-200 k objects, 30-130 ms each)."""
         blocks, tail, i, held, total = self._where(col)
         n = held if n is None else max(0, min(n, held))
-        view = self._views.get((col, n))
-        if view is None:
-            parts = tuple([b[i] for b in blocks])
-            if tail[i]:
-                # The live tail itself, not a copy: values are only ever appended, and the view
-                # reads no further than the n it was made with (see ArraySeq).
-                parts += (tail[i],)
-            view = ArraySeq(parts or (array("d"),), total - n, n)
-            self._views[(col, n)] = view
-        return view
+        parts = tuple([b[i] for b in blocks])
+        if tail[i]:
+            # The live tail itself, not a copy: values are only ever appended, and the view
+            # reads no further than the n it was made with (see ArraySeq).
+            parts += (tail[i],)
+        return ArraySeq(parts or (array("d"),), total - n, n)
 
     def values(self, col: int, n: int) -> list[Any]:
         """The last ``n`` values of a column as a list (a transient copy; nothing is kept)."""
