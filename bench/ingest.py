@@ -1218,10 +1218,14 @@ def _telemetry_s(flush_s: float) -> float:
 
 
 def _flush_s(arg: str, ranks: int) -> float:
-    """A rank's flush interval: the number given, or (auto) what the monitor's pacing makes it."""
+    """A rank's flush interval: the number given, or (auto) what a probe that knows its job's
+    size starts at, the pace the monitor asks of that many ranks (probe.wire.pace)."""
     if arg != "auto":
         return float(arg)
-    from flowtop.monitor.pacing import DEFAULT_FLUSH_S, pace_for
+    try:
+        from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
+    except ImportError:  # a checkout from before the probes started paced (A/B runs): the monitor's
+        from flowtop.monitor.pacing import DEFAULT_FLUSH_S, pace_for  # type: ignore[no-redef]
 
     return pace_for(ranks) or DEFAULT_FLUSH_S
 
@@ -1242,8 +1246,8 @@ def main() -> int:
                     "2 s): the monitor's side of a relayed job at a scale whose relays the cores cannot also run")
     ap.add_argument("--relays-per-proc", type=int, default=32)
     ap.add_argument("--flush-s", default=os.environ.get("FLOWTOP_FLUSH_S", "auto"),
-                    help="seconds between a rank's step frames; 'auto' (default): the probes' 0.1 s, or the "
-                    "pace the monitor asks of that many ranks (flowtop.monitor.pacing)")
+                    help="seconds between a rank's step frames; 'auto' (default): what a probe starts at, 0.1 s or the "
+                    "pace the monitor asks of that many ranks (probe.wire.pace)")
     ap.add_argument("--single", action="store_true", help="one 'step' frame per step (the pre-batching wire)")
     ap.add_argument("--records", action="store_true", help="step batches as lists of record maps (wire MINOR 2) "
                     "instead of columns (MINOR 3, what the probe sends)")

@@ -52,7 +52,7 @@ class Probe(SampledFeatures):
         self._ident_args = ident_args  # probe._AttachArgs: what attach() was told (re-identify)
         self.flops_per_token = flops_per_token if flops_per_token is not None else cfg.flops_per_token
         self.publisher = Publisher(ident.key, cfg.addr, cfg.queue_size, curve_dir=cfg.curve_dir,
-                                   flush_s=cfg.flush_s)
+                                   flush_s=cfg.flush_s, world_size=ident.world_size)
         self.tracker = StepTracker(self._on_step, on_fail=self._tracking_failed)
         self.tracker.publisher = self.publisher  # its fast path publishes the common step itself
         self._started = False
@@ -306,6 +306,7 @@ class Probe(SampledFeatures):
             return
         self.ident = ident
         self._context["local_ranks"] = ident.local_world_size
+        self.publisher.start_for(ident.world_size)  # one float: the sender thread reads it whole
         self.publisher.rekey(ident.key, f"re-identified as rank {ident.rank} of {ident.job} "
                                         "(from the process group)")
 

@@ -93,6 +93,41 @@ def test_a_paced_job_is_stretched_by_the_pace_to_at_most_five_seconds() -> None:
     assert pub.paced_interval(1.0) == 1.0
 
 
+def test_a_probe_of_a_large_job_starts_at_the_pace_its_monitor_would_ask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4,096 ranks at their own 0.1 s send ~41,000 step frames a second until a monitor's first
+    pace reaches them all (at the job's start, and again when their monitor restarted and the pace
+    lapsed). A probe that knows its job's size holds its records as such a monitor asks: 4,096 /
+    10,000 = 0.41 s, up to 0.45 s (~9,100 frames a second); its telemetry is stretched as a paced
+    rank's (x 4.5). A monitor's own pace holds over it while in force, shorter or longer."""
+    key = RankKey("big", "h", 4321, 5, 0)
+    pub = Publisher(key, "tcp://127.0.0.1:1", world_size=4096)  # not started: nothing sent
+    assert pub.current_flush_s() == 0.45 and pub.paced_interval(1.0) == pytest.approx(4.5)
+    assert pacing.pace_for(4096) == 0.45  # the monitor's budget starts where the probes do
+    pub._handle_control([wire.encode_control("pace", None, None, 2.0)])
+    assert pub.current_flush_s() == 2.0
+    monkeypatch.setattr(wire, "PACE_TTL_S", 0.05)
+    pub._handle_control([wire.encode_control("pace", None, None, 0.2)])  # a monitor hearing fewer
+    assert pub.current_flush_s() == 0.2
+    time.sleep(0.1)  # the pace lapsed: back to the job's own start pace, not to 0.1 s
+    assert pub.current_flush_s() == 0.45
+    assert Publisher(key, "tcp://127.0.0.1:1", world_size=1000).current_flush_s() == 0.1  # 0.1 s will do
+    assert Publisher(key, "tcp://127.0.0.1:1", flush_s=1.0, world_size=4096).current_flush_s() == 1.0
+
+
+def test_an_attached_probe_takes_its_start_pace_from_the_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    import probe
+
+    for name, value in (("FLOWTOP_KERNELS", "0"), ("FLOWTOP_TELEMETRY", "0"), ("FLOWTOP_ADDR", "tcp://127.0.0.1:1"),
+                        ("RANK", "17"), ("WORLD_SIZE", "2048"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    assert probe.attach(job="big")
+    try:
+        pub = probe._current().publisher
+        assert pub.key.rank == 17 and pub.current_flush_s() == 0.25  # 2,048 / 10,000 = 0.2048 s, up to 0.25
+    finally:
+        probe.detach()
+
+
 def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_there_is_room() -> None:
     """4,096 live ranks, a data thread 90 % busy, half of it on frames: the budget goes 10,000 ->
     6,000 -> 3,600 -> 2,160 -> 1,296 step frames a second (x 0.6), the pace 4,096 / budget up to the

@@ -31,17 +31,17 @@ its telemetry less often by the same factor, to at most every 5 s
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from flowtop import settings
 from probe import wire
+from probe.wire import pace as wire_pace
 
 #: Step frames a second the monitor takes from all its ranks together before it paces them (the
-#: budget of a monitor that keeps up).
-STEP_FRAMES_PER_S = 10_000
+#: budget of a monitor that keeps up; probes that know their job's size start there).
+STEP_FRAMES_PER_S = wire_pace.STEP_FRAMES_PER_S
 #: The least share of STEP_FRAMES_PER_S the budget shrinks to under load (a pace is at most
 #: wire.MAX_PACE_S anyway: 2 s, 2,048 frames a second at 4,096 ranks).
 MIN_SCALE = 0.025
@@ -82,9 +82,7 @@ FRAMES_MATTER = 0.1
 SLOWER = 0.6
 FASTER = 1.5
 #: The probes' default flush interval (FLOWTOP_FLUSH_S): below it a pace asks for nothing.
-DEFAULT_FLUSH_S = 0.1
-#: Granularity of a pace, seconds.
-STEP_S = 0.05
+DEFAULT_FLUSH_S = wire_pace.DEFAULT_FLUSH_S
 #: Seconds between two "pace" broadcasts while pacing (well inside wire.PACE_TTL_S).
 RENEW_S = 2.0
 #: Seconds its relays' latest batches waited in queues (the median relay's, flowtop.monitor.relays)
@@ -98,12 +96,9 @@ DRAIN_SHARE = 0.5
 
 def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | None:
     """The flush interval to ask of ``ranks`` live ranks so that they send about ``frames_per_s``
-    step frames a second together, or None when their own will do."""
-    flush = ranks / frames_per_s
-    if flush <= DEFAULT_FLUSH_S:
-        return None
-    # In steps of 50 ms, up: a job whose live ranks come and go by a few does not change its pace.
-    return min(wire.MAX_PACE_S, round(math.ceil(round(flush / STEP_S, 9)) * STEP_S, 3))
+    step frames a second together, or None when their own will do (probe.wire.pace: the probes
+    that know their job's size start at this for STEP_FRAMES_PER_S)."""
+    return wire_pace.pace_for(ranks, frames_per_s)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Deque, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
+from probe.wire.pace import pace_for
 from probe._log import warn_once
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
@@ -98,11 +99,16 @@ class Publisher:
         max_age_s: float = 2.0,
         curve_dir: str | None = None,
         flush_s: float = 0.1,
+        world_size: int = 1,
     ) -> None:
         self.key = key
         #: Step records wait at most this long and leave as one "steps" frame (wire MINOR 2), so a
         #: rank sends ~1/flush_s frames per second whatever its step rate; other kinds go at once.
         self.flush_s = flush_s
+        #: How long they wait while no monitor's pace holds: flush_s, or the pace a monitor asks
+        #: of a job of ``world_size`` ranks when that is longer (see :meth:`start_for`).
+        self.own_flush_s = flush_s
+        self.start_for(world_size)
         #: (seconds, monotonic deadline) of the monitor's last "pace" command: step records then
         #: wait up to that long (never less than flush_s) until the deadline (wire.PACE_TTL_S).
         self._pace = (0.0, 0.0)
@@ -327,10 +333,17 @@ class Publisher:
             due = batch[0][1] + self.current_flush_s() - time.time() if batch else idle
             time.sleep(min(idle, max(0.001, due)))
 
+    def start_for(self, world_size: int) -> None:
+        """Hold step records as a monitor would ask of a job of ``world_size`` ranks
+        (probe.wire.pace) while no monitor's pace holds: thousands of ranks starting, or back on
+        their own after their monitor restarted, do not flood it before its first command."""
+        self.own_flush_s = max(self.flush_s, pace_for(world_size) or 0.0)
+
     def current_flush_s(self) -> float:
-        """How long step records wait now: flush_s, or longer while a monitor's pace holds."""
+        """How long step records wait now: a monitor's pace while one holds (never below
+        flush_s: it knows how many ranks it hears), else own_flush_s."""
         pace, until = self._pace
-        return max(self.flush_s, pace) if time.monotonic() < until else self.flush_s
+        return max(self.flush_s, pace) if time.monotonic() < until else self.own_flush_s
 
     def _take(self, pending: Deque[tuple[str, float, dict[str, Any]]],
               batch: list[tuple[str, float, dict[str, Any]]], stopping: bool) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import msgpack
 
+from probe.wire import pace as _pace
 from probe.wire import steps as _steps
 from probe.wire.checks import (
     PARALLEL_ROLES, Check, I64, _coords, _counts, _flat_map, _int, _int_list, _int_lists, _name, _num,
@@ -440,8 +441,8 @@ CONTROL_COMMANDS = ("kernels_now", "pace")
 #: Seconds a "pace" command holds: a monitor that stopped sending it (it restarted, or has fewer
 #: ranks now) no longer slows its ranks once this has passed.
 PACE_TTL_S = 10.0
-#: Longest flush interval a "pace" command may ask for.
-MAX_PACE_S = 2.0
+#: Longest flush interval a "pace" command may ask for (probe.wire.pace: what a pace is for).
+MAX_PACE_S = _pace.MAX_PACE_S
 
 
 class Control(NamedTuple):
