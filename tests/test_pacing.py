@@ -538,6 +538,29 @@ def test_a_view_kept_while_its_relays_lag_grows_carries_the_new_lag() -> None:
         "age_s": 0.5, "behind_s": 8.0}  # the JSON says both
 
 
+def test_a_relays_lag_jittering_under_a_second_keeps_its_ranks_views() -> None:
+    """Live at 4,096 ranks through 512 relays, the relays' lags jittered by 0-0.5 s from one tick
+    to the next and half the views were copied at every tick for it (2,700 copies a tick where
+    ~1,000 ranks had sent a frame). A view is copied for its lag only once the lag moved by more
+    than LAG_STEP_S (1 s): its age is then off by less than a second, against limits of 5 s
+    (stale) and 30 s (hang)."""
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
+
+    collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
+    model, keys = collector.model, RELAYED
+    for step in range(1, 21):
+        before = model.tick(_relayed_steps(collector, step, 0.0, keys)).jobs[0].ranks
+    now = _relayed_steps(collector, 21, 0.6, keys[:1])  # rank 0 alone, its batch 0.6 s late
+    ranks = model.tick(now).jobs[0].ranks
+    assert ranks[1] is before[1] and ranks[2] is before[2]  # not copied: the lag moved 0.6 s
+    assert ranks[0].behind_s == pytest.approx(0.6, abs=0.01) and ranks[1].behind_s == 0.0
+    now = _relayed_steps(collector, 22, 1.7, keys[:1])  # 1.7 s late: a move past a second
+    ranks = model.tick(now).jobs[0].ranks
+    assert [r.behind_s for r in ranks] == [pytest.approx(1.7, abs=0.01)] * 3
+    assert [r.step for r in ranks] == [22, 20, 20]
+
+
 def test_ranks_that_join_between_renewals_are_paced_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A large job's ranks join over a second or two. Renewals 60 s apart here (the first saw no
     rank), a budget of 8 step frames a second: as real probe publishers join one by one, the

@@ -44,8 +44,13 @@ def as_now(view: RankSnapshot, st: RankState, stepped: bool) -> RankSnapshot:
 
 #: How far a relay's lag may move before a rank's view is copied with the new one. A view's age
 #: (RankSnapshot.age_s: the hints' stall, the "heard N s ago", the exporter's seen metric) takes
-#: its lag off: a view kept from before a backlog grew would read the backlog as silence.
-LAG_STEP_S = 0.25
+#: its lag off: a view kept from before a backlog grew would read the backlog as silence. Within
+#: a second an age is close enough: it is read against limits of 5 s (stale, taken from the lag
+#: itself, not the view) and 30 s (hang), and a paced rank's own age runs up to its pace (2 s)
+#: between two frames. At 0.25 s, 512 relays' lags jittering by 0-0.5 s between two ticks
+#: (4,096 ranks, bench/ingest.py) copied half the views at every tick: 2,700 copies a tick where
+#: ~1,000 ranks had sent a frame.
+LAG_STEP_S = 1.0
 
 
 def _lag_moved(view: RankSnapshot, behind: float) -> bool:
