@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flowtop import settings
-from probe import wire
 from probe.wire import pace as wire_pace
 
 #: Step frames a second the monitor takes from all its ranks together before it paces them (the
