@@ -31,7 +31,7 @@ def _worker(listen: str, first_rank: int, count: int, world: int, rate: float, s
 
     pubs = []
     for r in range(first_rank, first_rank + count):
-        p = Publisher(RankKey("scale", f"host{r // 8}", 10_000 + r, r, 0), listen, max_age_s=5.0)
+        p = Publisher(RankKey("scale", f"host{r // 8}", 10_000 + r, r, 0), listen, max_age_s=5.0, world_size=world)
         p.hello_fields = {"local_rank": r % 8, "world_size": world, "device": "sim", "probe_version": "bench"}
         p.start()
         pubs.append(p)

@@ -125,8 +125,8 @@ QUEUE = Var("FLOWTOP_QUEUE", "integer > 0", 10_000, "bounded queue length; oldes
 FLUSH_S = Var("FLOWTOP_FLUSH_S", "seconds (≤ 10)", 0.1,
               "step records wait at most this long and leave together as one frame (wire 1.2 `steps`), so a "
               "rank sends ~10 frames/s whatever its step rate; FLOP counts, kernel windows and byes go at once; "
-              "a rank of a job of over 1,000 (WORLD_SIZE) holds them as long as the monitor would ask of that "
-              "many until it asks (0.45 s at 4,096)",
+              "a rank of a job of over 1,000 ranks (its launcher's world size, or its process group's) holds them as "
+              "long as the monitor would ask of that many until it asks (0.45 s at 4,096)",
               _positive_float)
 FLOPS = Var("FLOWTOP_FLOPS", "bool", True, "sampled FLOP counting", _bool)
 ATTENTION = Var("FLOWTOP_ATTENTION", "`full` or `causal`", "full", "attention FLOP convention: `full` or `causal`",

@@ -105,10 +105,10 @@ def test_a_probe_of_a_large_job_starts_at_the_pace_its_monitor_would_ask(monkeyp
     assert pacing.pace_for(4096) == 0.45  # the monitor's budget starts where the probes do
     pub._handle_control([wire.encode_control("pace", None, None, 2.0)])
     assert pub.current_flush_s() == 2.0
-    monkeypatch.setattr(wire, "PACE_TTL_S", 0.05)
+    monkeypatch.setattr(wire, "PACE_TTL_S", 1.0)
     pub._handle_control([wire.encode_control("pace", None, None, 0.2)])  # a monitor hearing fewer
     assert pub.current_flush_s() == 0.2
-    time.sleep(0.1)  # the pace lapsed: back to the job's own start pace, not to 0.1 s
+    time.sleep(1.1)  # the pace lapsed: back to the job's own start pace, not to 0.1 s
     assert pub.current_flush_s() == 0.45
     assert Publisher(key, "tcp://127.0.0.1:1", world_size=1000).current_flush_s() == 0.1  # 0.1 s will do
     assert Publisher(key, "tcp://127.0.0.1:1", flush_s=1.0, world_size=4096).current_flush_s() == 1.0
@@ -126,6 +126,57 @@ def test_an_attached_probe_takes_its_start_pace_from_the_world_size(monkeypatch:
         assert pub.key.rank == 17 and pub.current_flush_s() == 0.25  # 2,048 / 10,000 = 0.2048 s, up to 0.25
     finally:
         probe.detach()
+
+
+def test_a_probe_that_learns_its_job_size_from_the_process_group_takes_its_start_pace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No launcher variable: rank 0 of 1 at first (0.1 s); the process group then says rank 9 of
+    4,096 (probe.runtime: re-identification), and the probe holds its records 0.45 s from then on."""
+    from dataclasses import replace as _replace
+
+    import probe
+    from probe import identity
+
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert probe.attach(job="pg")
+    try:
+        p = probe._current()
+        assert p.ident.rank_source == "none" and p.publisher.current_flush_s() == 0.1
+        group = _replace(p.ident, rank=9, world_size=4096, rank_source="process group")
+        monkeypatch.setattr(identity, "from_env", lambda **_: group)
+        p._reidentify()
+        assert p.publisher.current_flush_s() == 0.45
+    finally:
+        probe.detach()
+
+
+def test_a_monitor_hearing_few_ranks_of_a_large_job_lets_them_go_back_to_their_own_pace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank of a 4,096-rank job starts at 0.45 s. Its monitor hears it alone (the rest ended, or
+    report elsewhere): not pacing, it tells ranks that started paced that their own 0.1 s will do,
+    at each renewal; the rank's steps then leave every 0.1 s."""
+    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+    monitor = MonitorThread()
+    pub = Publisher(RankKey("big", "h", 4321, 7, 0), monitor.listen, world_size=4096)
+    pub.hello_fields = {"local_rank": 0, "world_size": 4096, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        assert pub.current_flush_s() == 0.45
+        deadline = time.monotonic() + 10
+        while pub.current_flush_s() != 0.1 and time.monotonic() < deadline:  # the first hello makes it live
+            time.sleep(0.05)
+        assert pub.current_flush_s() == 0.1
+        texts = [n.text for n in monitor.call(lambda: monitor.collector.notices.take())]
+        assert not any("asked to send its steps" in t for t in texts), texts  # it is not pacing
+    finally:
+        pub.close()
+        monitor.close()
 
 
 def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_there_is_room() -> None:
