@@ -155,30 +155,6 @@ def test_a_probe_that_learns_its_job_size_from_the_process_group_takes_its_start
         probe.detach()
 
 
-def test_a_monitor_hearing_few_ranks_of_a_large_job_lets_them_go_back_to_their_own_pace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rank of a 4,096-rank job starts at 0.45 s. Its monitor hears it alone (the rest ended, or
-    report elsewhere): not pacing, it tells ranks that started paced that their own 0.1 s will do,
-    at each renewal; the rank's steps then leave every 0.1 s."""
-    monkeypatch.setattr(pacing, "RENEW_S", 0.5)
-    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
-    monitor = MonitorThread()
-    pub = Publisher(RankKey("big", "h", 4321, 7, 0), monitor.listen, world_size=4096)
-    pub.hello_fields = {"local_rank": 0, "world_size": 4096, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
-    try:
-        assert pub.current_flush_s() == 0.45
-        deadline = time.monotonic() + 10
-        while pub.current_flush_s() != 0.1 and time.monotonic() < deadline:  # the first hello makes it live
-            time.sleep(0.05)
-        assert pub.current_flush_s() == 0.1
-        texts = [n.text for n in monitor.call(lambda: monitor.collector.notices.take())]
-        assert not any("asked to send its steps" in t for t in texts), texts  # it is not pacing
-    finally:
-        pub.close()
-        monitor.close()
-
-
 def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_there_is_room() -> None:
     """4,096 live ranks, a data thread 90 % busy, half of it on frames: the budget goes 10,000 ->
     6,000 -> 3,600 -> 2,160 -> 1,296 step frames a second (x 0.6), the pace 4,096 / budget up to the

@@ -39,9 +39,7 @@ from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
-from flowtop.monitor.pacing import (
-    BEHIND_S, DATA_CPU, DEFAULT_FLUSH_S, RENEW_S, Busy, BusyMeter, Pacer, pace_for, pace_notice,
-)
+from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
@@ -134,19 +132,6 @@ def raise_fd_limit() -> int:
         except (ValueError, OSError):
             pass
     return soft
-
-
-def _started_paced(live: list[Any]) -> bool:
-    """Whether some of the ``live`` rank states said (in their hello) that their job is large
-    enough for its probes to start paced (probe.wire.pace)."""
-    for st in live:
-        try:
-            world = int(st.hello.get("world_size", 0))
-        except (TypeError, ValueError):
-            continue
-        if pace_for(world) is not None:
-            return True
-    return False
 
 
 class Collector:
@@ -420,22 +405,18 @@ class Collector:
         # Ranks that send: a rank's frames queued behind a backlog (the monitor or its link falling
         # behind) count at their relay's receive time, and must not stop the pace when most needed.
         lag = self.model.relays.lag_of
-        live = [st for st in self.model.ranks.values()
-                if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S]
+        live = sum(1 for st in self.model.ranks.values()
+                   if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S)
         pacer = self.pacer
-        pace = pacer.due(now, len(live), busy, self.model.relays.behind(now))
+        pace = pacer.due(now, live, busy, self.model.relays.behind(now))
         self._broadcast_pace(pace)
-        if pace is None and pacer.current is None and _started_paced(live):
-            # Ranks of a job of over 1,000 start at the pace a monitor asks of that many
-            # (probe.wire.pace); one that hears fewer tells them their own will do.
-            self._broadcast_pace(DEFAULT_FLUSH_S)
         told, load_bound = self._told_pace, pacer.load_bound
         # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and
         # when the pace moves by half or more: not at every step of a load-driven pace finding its level.
         if (pace is None) != (told is None) or load_bound != self._told_load_bound or (
                 pace is not None and told is not None and not told / 1.5 < pace < told * 1.5):
             self._told_pace, self._told_load_bound = pace, load_bound
-            self.model.notices.add("information", pace_notice(len(live), pace, load_bound, pacer.busy, pacer.behind_s,
+            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s,
                                                               pacer.cpu_budget), now)
 
     def _broadcast_pace(self, pace: float | None) -> None:
