@@ -9,6 +9,13 @@ allocations and full ones after 100 of the middle generation: no full collection
 lag p99 48 ms, max 114 ms. The monitor's objects are mostly acyclic (freed by reference counts),
 so collecting cycles less often costs little memory.
 
+What a young collection costs is the young objects still alive when it runs, not the threshold:
+CPython counts allocations less deallocations, so while old objects die (a rank's previous view, a
+ring block dropped) the young ones pile up past it. Live at 4,096 ranks (2026-12-05, gen-0 lists
+read at each collection) the young generation held 20,000-200,000 objects and a collection took
+1-130 ms: 40-70 % of them arrays of step-ring blocks (each 64 steps of a column), then their
+tuples and the ticks' rank views.
+
 The same commands also start the process's heap trimmer (flowtop.monitor.heaptrim): memory freed
 after a backlog goes back to the system instead of staying in glibc's heaps.
 """
