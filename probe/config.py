@@ -19,6 +19,7 @@ from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 from probe._log import warn_once
 from probe.wire import DEFAULT_ADDR
+from probe.wire.pace import DEFAULT_FLUSH_S
 
 T = TypeVar("T")
 
@@ -122,7 +123,7 @@ DISABLE = Var("FLOWTOP_DISABLE", "bool", False, "`1` turns the probe off", _bool
 JOB = Var("FLOWTOP_JOB", "text", None, "job id (else `MASTER_ADDR:PORT`, Slurm job.step, else `host:pid`)", _text,
           shown_default="torchrun run id")
 QUEUE = Var("FLOWTOP_QUEUE", "integer > 0", 10_000, "bounded queue length; oldest dropped and counted", _positive_int)
-FLUSH_S = Var("FLOWTOP_FLUSH_S", "seconds (≤ 10)", 0.1,
+FLUSH_S = Var("FLOWTOP_FLUSH_S", "seconds (≤ 10)", DEFAULT_FLUSH_S,
               "step records wait at most this long and leave together as one frame (wire 1.2 `steps`), so a "
               "rank sends ~10 frames/s whatever its step rate; FLOP counts, kernel windows and byes go at once; "
               "a rank of a job of over 1,000 ranks (its launcher's world size, or its process group's) holds them as "

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flowtop import settings
-from probe.wire import pace as wire_pace
+# The wire's (probe.wire.pace): the flush interval to ask of N live ranks (pace_for), the step
+# frames a second the monitor takes before it paces them (STEP_FRAMES_PER_S) and the probes'
+# default flush interval (DEFAULT_FLUSH_S): probes that know their job's size start there.
+from probe.wire.pace import DEFAULT_FLUSH_S as DEFAULT_FLUSH_S
+from probe.wire.pace import STEP_FRAMES_PER_S, pace_for
 
-#: Step frames a second the monitor takes from all its ranks together before it paces them (the
-#: budget of a monitor that keeps up; probes that know their job's size start there).
-STEP_FRAMES_PER_S = wire_pace.STEP_FRAMES_PER_S
 #: The least share of STEP_FRAMES_PER_S the budget shrinks to under load (a pace is at most
 #: wire.MAX_PACE_S anyway: 2 s, 2,048 frames a second at 4,096 ranks).
 MIN_SCALE = 0.025
@@ -80,8 +81,6 @@ FRAMES_MATTER = 0.1
 #: faster than it grows back: a monitor that falls behind queues more every second).
 SLOWER = 0.6
 FASTER = 1.5
-#: The probes' default flush interval (FLOWTOP_FLUSH_S): below it a pace asks for nothing.
-DEFAULT_FLUSH_S = wire_pace.DEFAULT_FLUSH_S
 #: Seconds between two "pace" broadcasts while pacing (well inside wire.PACE_TTL_S).
 RENEW_S = 2.0
 #: Seconds its relays' latest batches waited in queues (the median relay's, flowtop.monitor.relays)
@@ -91,13 +90,6 @@ BEHIND_S = 1.0
 #: While behind, the share of the step frames the monitor took in the last interval that it asks
 #: of the ranks: the rest of its time drains the queue (a backlog of L seconds takes ~L seconds).
 DRAIN_SHARE = 0.5
-
-
-def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | None:
-    """The flush interval to ask of ``ranks`` live ranks so that they send about ``frames_per_s``
-    step frames a second together, or None when their own will do (probe.wire.pace: the probes
-    that know their job's size start at this for STEP_FRAMES_PER_S)."""
-    return wire_pace.pace_for(ranks, frames_per_s)
 
 
 @dataclass(frozen=True)

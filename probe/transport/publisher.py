@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
-from probe.wire.pace import pace_for
+from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe._log import warn_once
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
@@ -98,7 +98,7 @@ class Publisher:
         queue_size: int = 10_000,
         max_age_s: float = 2.0,
         curve_dir: str | None = None,
-        flush_s: float = 0.1,
+        flush_s: float = DEFAULT_FLUSH_S,
         world_size: int = 1,
     ) -> None:
         self.key = key
