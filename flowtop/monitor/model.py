@@ -422,22 +422,14 @@ class Model:
         """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
         a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
         states = [st for st, _ in shown]
-        lag, view = self.relays.lag_of, self.views.view
         # A large job's hints read histories taken when they are measured (_as_now): its views
         # keep what the UI shows (rankstate.history).
         slim = self.ticks_per_round(len(shown)) > 1
-        # Each rank as of its relay's latest report (behind a backlog its frames arrive late).
-        if rotation is None:
-            ranks = tuple(view(st, now - (b := lag(st.via)), others, behind=b, shown_only=slim) for st, others in shown)
-        elif rotation[1] == 0:  # a glance: nobody's turn
-            ranks = tuple(view(st, now - (b := lag(st.via)), others, glance=True, behind=b, shown_only=slim)
-                          for st, others in shown)
-        else:
-            tick, spread = rotation
-            # The turn follows the rank number, not the row: a rank's turn comes every `spread`
-            # ticks whoever joins or leaves the job meanwhile.
-            ranks = tuple(view(st, now - (b := lag(st.via)), others, full=(st.key.rank + tick) % spread == 0,
-                               behind=b, shown_only=slim) for st, others in shown)
+        # Each rank as of its relay's latest report (behind a backlog its frames arrive late). In
+        # turns, the turn follows the rank number, not the row: a rank's turn comes every `spread`
+        # ticks whoever joins or leaves the job meanwhile; a glance is nobody's turn.
+        ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
+                                 glance=rotation is not None and rotation[1] == 0, shown_only=slim)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])

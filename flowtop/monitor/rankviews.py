@@ -14,7 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
@@ -122,6 +122,35 @@ class RankViews:
         entry.seen, entry.until = st.version, rs.steady_until(st, status, med)
         return entry.view
 
+    def views(self, shown: Iterable[tuple[RankState, tuple[RankKey, ...]]], now: float,
+              lag: Callable[[str | None], float], turn: tuple[int, int] | None = None, glance: bool = False,
+              shown_only: bool = False) -> tuple[RankSnapshot, ...]:
+        """The views of a job's ``shown`` ranks (each with the processes claiming its rank) at
+        monitor time ``now``, each as of its relay's ``lag`` (taken off ``now``): :meth:`view` of
+        each, ``full`` where ``turn`` (tick, spread) says it is the rank's turn (None: every rank's),
+        none with ``glance``. One call a tick: the ranks that kept their view since the last look
+        (nothing arrived, the clock has not moved their status, their relay's lag has not moved)
+        are found here, with no call per rank — at 4,096 ranks and a 2 s pace three quarters
+        of them (~0.25 µs each here, ~5 µs each through :meth:`view`)."""
+        entries, view = self._entries, self.view
+        out: list[RankSnapshot] = []
+        append = out.append
+        tick, spread = turn if turn is not None else (0, 0)
+        reused = 0
+        for st, others in shown:
+            behind = lag(st.via)
+            at = now - behind
+            full = not glance and (spread == 0 or (st.key.rank + tick) % spread == 0)
+            entry = entries.get(st.key) if not full else None
+            if (entry is not None and st.version == entry.seen and at < entry.until and others == entry.key[3]
+                    and abs(entry.view.behind_s - behind) <= LAG_STEP_S):
+                reused += 1  # nothing arrived, and the clock has not moved its status yet
+                append(entry.view)
+            else:
+                append(view(st, at, others, full=full, glance=glance, behind=behind, shown_only=shown_only))
+        self.reused += reused
+        return tuple(out)
+
     def _light(self, st: RankState, now: float, others: tuple[RankKey, ...], entry: _Entry,
                behind: float = 0.0) -> RankSnapshot | None:
         """The last full view with this instant's step and liveness, or None when more changed
@@ -132,9 +161,6 @@ class RankViews:
         than a healthy one."""
         old = entry.view
         moved = _lag_moved(old, behind)
-        if st.version == entry.seen and now < entry.until and others == entry.key[3] and not moved:
-            self.reused += 1  # nothing arrived, and the clock has not moved its status yet
-            return old
         stalled = rs.stalled_for(st, now, entry.med)
         status = rs.status(st, now, entry.med, stalled)
         if (stalled is None) != (entry.key[2] is None) or status != old.status or others != entry.key[3] \
