@@ -692,7 +692,9 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
                     "kernels_refused": refused, "rejected": model.rejected, "relays": len(model.relays.snapshot(col.clock.now())),
                     "rejected_reasons": dict(model.rejected_reasons.most_common(5)),
                     # the monitor's own governing (pace, tick spread) as it told the user
-                    "spread": getattr(model, "spread", 1), "notices": [n.text for n in model.notices.history][-10:]}
+                    "spread": getattr(model, "spread", 1),
+                    # when (monitor seconds before this count) and what: how the pace got where it is
+                    "notices": [f"-{col.clock.now() - n.at:.1f} s: {n.text}" for n in model.notices.history][-30:]}
 
         got = data.call(count, tell=False).result(60)
         a, b = marks["start"], marks["end"]

@@ -156,12 +156,13 @@ def test_a_probe_that_learns_its_job_size_from_the_process_group_takes_its_start
 
 
 def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_there_is_room() -> None:
-    """4,096 live ranks, a data thread 90 % busy, half of it on frames: the budget goes 10,000 ->
-    6,000 -> 3,600 -> 2,160 -> 1,296 step frames a second (x 0.6), the pace 4,096 / budget up to the
+    """4,096 live ranks, a data thread 75 % busy, 65 % on frames: the budget goes 10,000 ->
+    6,000 -> 3,600 -> 2,160 -> 1,296 step frames a second (x 0.6: frames cut to (0.5 - 0.1) / 0.65
+    = 0.62 of their share would leave it at 50 %, a milder cut than SLOWER), the pace 4,096 / budget up to the
     next 50 ms, at most 2 s; each cut is followed by a renewal that only watches (frames queued
     before the ranks heard it), and a cut that no longer changes the pace (at 2 s) is not banked.
     Busy with its ticks, not its frames, it holds; with room, it grows back by x 1.5 to 10,000."""
-    busy, ticks_bound = pacing.Busy(frames=0.5, ticks=0.4, span_s=2.0), pacing.Busy(0.05, 0.9, 2.0)
+    busy, ticks_bound = pacing.Busy(frames=0.65, ticks=0.1, span_s=2.0), pacing.Busy(0.05, 0.9, 2.0)
     p = pacing.Pacer()
     paces = [p.due(2.0 * i, 4096, busy) for i in range(10)]
     # 4096/6000 = 0.683 -> 0.70; 4096/3600 = 1.138 -> 1.15; 4096/2160 = 1.896 -> 1.90; 4096/1296 = 3.2 -> 2
@@ -176,6 +177,30 @@ def test_a_busy_monitor_lowers_its_budget_and_raises_it_back_when_there_is_room(
     back = [p.due(26.0 + 2 * i, 4096, pacing.Busy(0.1, 0.2, 2.0)) for i in range(6)]
     assert back == [2.0, 1.45, 0.95, 0.65, 0.45, 0.45]
     assert p.budget == 10_000 and not p.load_bound
+
+
+def test_a_monitor_far_past_its_limits_cuts_its_budget_by_as_much_as_its_frames_share_says() -> None:
+    """A cut leaves the thread at AIM_BUSY (0.5) of the wall time, its frames cut, its ticks as they
+    were. 100 % busy, 60 % on frames (a 4,096-rank job starting on a saturated box): (0.5 - 0.4) / 0.6
+    = 0.17, at most x 0.25 at once: 2,500 step frames a second, 4,096 / 2,500 = 1.64 -> 1.65 s; the
+    renewal after only watches; then 80 % busy, 45 % on frames: 0.15 / 0.45 = x 0.33, 833 -> 4.9 s,
+    at most 2 s. 80 % busy, 50 % on frames: x 0.4, 4,000, 1.02 -> 1.05 s. Ticks alone past 50 %:
+    no size, x 0.6 (0.70 s). Past a CPU budget of 0.5 core (0.7 of a core, 50 % busy, 30 % on
+    frames: 0.42 of the core; CPU_ROOM x 0.5 = 0.45): (0.45 - 0.28) / 0.42 = x 0.405, 4,048 ->
+    1.05 s."""
+    p = pacing.Pacer()
+    assert p.due(0.0, 4096, pacing.Busy(frames=0.6, ticks=0.4, span_s=2.0)) == 1.65
+    assert p.budget == pytest.approx(2500)
+    assert p.due(2.0, 4096, pacing.Busy(0.6, 0.4, 2.0)) == 1.65  # only watches
+    assert p.due(4.0, 4096, pacing.Busy(0.45, 0.35, 2.0)) == 2.0 and p.budget == pytest.approx(2500 / 3)
+    assert pacing.cut_for(pacing.Busy(0.5, 0.3, 2.0), None) == pytest.approx(0.4)
+    assert pacing.Pacer().due(0.0, 4096, pacing.Busy(0.5, 0.3, 2.0)) == 1.05
+    assert pacing.cut_for(pacing.Busy(0.3, 0.6, 2.0), None) == pacing.SLOWER
+    assert pacing.Pacer().due(0.0, 4096, pacing.Busy(0.3, 0.6, 2.0)) == 0.7
+    cpu_bound = pacing.Busy(frames=0.3, ticks=0.2, span_s=2.0, cpu=0.7)
+    assert pacing.cut_for(cpu_bound, 0.5) == pytest.approx(0.17 / 0.42)
+    assert pacing.Pacer(cpu_budget=0.5).due(0.0, 4096, cpu_bound) == 1.05
+    assert pacing.Pacer(cpu_budget=None).due(0.0, 4096, cpu_bound) == 0.45  # no budget: 50 % busy keeps up
 
 
 def test_a_busy_monitor_does_not_bank_a_pace_for_ranks_it_does_not_pace() -> None:
@@ -204,10 +229,10 @@ def test_a_monitor_behind_its_ranks_asks_for_half_of_what_it_got_through() -> No
     assert p.due(6.0, 4096, replace(saturated, step_frames_per_s=9000), behind_s=1.5) == 1.2
     assert p.due(8.0, 4096, pacing.Busy(0.2, 0.2, 2.0, 3000), behind_s=0.2) == 0.8
     assert p.budget == pytest.approx(5250)
-    # behind with no step frame through, or by less than BEHIND_S: the busy share decides (x 0.6),
-    # the renewal after a change only watching
+    # behind with no step frame through, or by less than BEHIND_S: the busy share decides
+    # ((0.5 - 0.3) / 0.7 = x 0.29: 1,500, 2.73 s, at most 2), the renewal after a change only watching
     assert p.due(10.0, 4096, replace(saturated, step_frames_per_s=0), behind_s=5.0) == 0.8
-    assert p.due(12.0, 4096, saturated, behind_s=0.9) == 1.35 and p.budget == pytest.approx(3150)  # 1.30 -> 1.35
+    assert p.due(12.0, 4096, saturated, behind_s=0.9) == 2.0 and p.budget == pytest.approx(1500)
 
 
 def test_the_busy_shares_are_of_the_wall_time_measured() -> None:
