@@ -630,11 +630,17 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     tick_cpu: list[float] = []
     tick = model.tick
 
+    tick_gc: list[float] = []  # CPU ms of the collections that ran inside each tick
+
+    def gc_cpu() -> float:
+        return sum(g[2] for g in gc_spent.values())
+
     def timed_tick(now: float, listen: str = "") -> Any:
-        c, t = time.thread_time(), time.perf_counter()
+        c, t, g = time.thread_time(), time.perf_counter(), gc_cpu()
         snap = tick(now, listen)
         ticks.append(1e3 * (time.perf_counter() - t))
         tick_cpu.append(1e3 * (time.thread_time() - c))
+        tick_gc.append(1e3 * (gc_cpu() - g))
         return snap
 
     model.tick = timed_tick  # type: ignore[method-assign]
@@ -688,11 +694,15 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         def count() -> dict[str, Any]:
             ranks = [st for st in model.ranks.values() if st.key.job == JOB]
             refused = sum(n for why, n in model.rejected_reasons.items() if why.startswith("kernel window refused"))
+            relays = model.relays.snapshot(col.clock.now())
             return {"ranks_seen": len(ranks), "frames_got": sum(st.last_seq + 1 - st.lost for st in ranks),
-                    "kernels_refused": refused, "rejected": model.rejected, "relays": len(model.relays.snapshot(col.clock.now())),
+                    "kernels_refused": refused, "rejected": model.rejected, "relays": len(relays),
                     "rejected_reasons": dict(model.rejected_reasons.most_common(5)),
                     # the monitor's own governing (pace, tick spread) as it told the user
                     "spread": getattr(model, "spread", 1),
+                    # where a backlog sits: frames held in the relays (their latest reports) or past them
+                    "relays_queued": sum(r.queued for r in relays), "relays_out": sum(r.frames_out for r in relays),
+                    "relay_lag_s_max": round(max((r.link_lag_s for r in relays), default=0.0), 2),
                     # when (monitor seconds before this count) and what: how the pace got where it is
                     "notices": [f"-{col.clock.now() - n.at:.1f} s: {n.text}" for n in model.notices.history][-30:]}
 
@@ -730,6 +740,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "tick_cpu_ms_p50": _pct(tick_cpu[a["ticks"]:b["ticks"]], 0.5), "ticks": len(win_ticks),
             # the data thread's CPU in ticks, and in the bench's latency sampler (not the monitor's)
             "tick_cpu_pct": round(100 * sum(tick_cpu[a["ticks"]:b["ticks"]]) / 1e3 / wall, 1),
+            # ... of it in garbage collections that ran inside ticks
+            "tick_gc_cpu_pct": round(100 * sum(tick_gc[a["ticks"]:b["ticks"]]) / 1e3 / wall, 1),
             "hook_cpu_pct": round(100 * (b["hook"] - a["hook"]) / wall, 1),
             # the collector's pauses by generation: (collections, wall ms, CPU ms, objects collected)
             "gc": {g: (b["gc"][g][0] - a["gc"][g][0], round(1e3 * (b["gc"][g][1] - a["gc"][g][1]), 1),

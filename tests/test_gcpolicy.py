@@ -1,0 +1,95 @@
+"""The monitor's garbage-collection policy (flowtop.monitor.gcpolicy): what is alive at a tick is
+frozen out of the collections that follow, and cycles among it are collected whole at the next
+full collection."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import weakref
+from typing import Iterator
+
+import pytest
+
+from flowtop.monitor import gcpolicy
+
+
+class _Node:
+    """A cycle's member that a weak reference can watch."""
+
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+@pytest.fixture()
+def unfrozen() -> Iterator[None]:
+    """Leave the test process as it was: nothing frozen."""
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _in_a_generation(obj: object) -> bool:
+    return any(o is obj for g in range(3) for o in gc.get_objects(g))
+
+
+def test_what_is_alive_at_a_tick_is_frozen_and_its_cycles_wait_for_the_full_collection(unfrozen: None) -> None:
+    t = [0.0]
+    freezer = gcpolicy.Freezer(full_every_s=30.0, clock=lambda: t[0])
+    kept = [1.0, 2.0]
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    assert _in_a_generation(kept)
+    t[0] = 0.5
+    freezer.after_tick()
+    assert gc.get_freeze_count() > 0 and not _in_a_generation(kept)  # no collection walks it now
+    del a, b
+    gc.collect()
+    assert gone() is not None  # a frozen cycle: no collection looks at it ...
+    made_later = [3.0]
+    t[0] = 29.9
+    freezer.after_tick()
+    assert gone() is not None and freezer.fulls == 0 and not _in_a_generation(made_later)
+    t[0] = 30.0  # ... until the full collection, every full_every_s
+    freezer.after_tick()
+    assert gone() is None and freezer.fulls == 1
+    assert gc.get_freeze_count() > 0  # and the survivors frozen again
+    t[0] = 59.9
+    freezer.after_tick()
+    assert freezer.fulls == 1
+
+
+def test_only_a_process_whose_command_set_the_monitors_policy_freezes() -> None:
+    """A library or a test importing the data side freezes nothing; a monitor's command freezes at
+    each tick (its own interpreter: the policy is process-wide)."""
+    code = ("import gc; from flowtop.monitor import gcpolicy; gcpolicy.after_tick(); a = gc.get_freeze_count(); "
+            "gcpolicy.for_monitor(); gcpolicy.after_tick(); print(a, gc.get_freeze_count() > 0, gc.get_threshold())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip().split(None, 2) == ["0", "True", str(gcpolicy.THRESHOLDS)]
+
+
+def test_the_collector_freezes_after_the_ticks_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.ticker import Ticker
+    from flowtop.monitor.wiring import make_model
+
+    t = [100.0]
+
+    class Clock:  # the monitor clock, driven by the test
+        pauses: list[object] = []
+
+        def now(self) -> float:
+            return t[0]
+
+    frozen: list[float] = []
+    monkeypatch.setattr(gcpolicy, "after_tick", lambda: frozen.append(t[0]))
+    collector = Collector(make_model(), "tcp://127.0.0.1:1", clock=Clock())  # type: ignore[arg-type]
+    collector.ticker = Ticker(lambda at: collector.model.tick(at), 100.0, 0.5)
+    for _ in range(8):
+        t[0] += 0.2
+        collector.catch_up()
+    assert frozen == pytest.approx([100.6, 101.0, 101.6])  # once per catch-up that ran a tick (ticks at 100.5, 101, 101.5)
