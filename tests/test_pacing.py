@@ -3,6 +3,7 @@ connection makes a real probe publisher hold its step records longer, for a whil
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -650,3 +651,44 @@ def test_ranks_that_join_between_renewals_are_paced_at_once(monkeypatch: pytest.
         for pub in pubs:
             pub.close()
         monitor.close()
+
+
+def test_ranks_behind_a_silent_relay_are_marked_once_and_their_stall_grows_by_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three ranks with a FLOP count behind one relay that falls silent. Each tick the reason says
+    one more second of silence and the stall one more second; the FLOP view of each rank is built
+    once (accounting.rank_flops: its precision mix and rates) and then copied with its new stall
+    (five times in 5 s), and equals what rank_flops gives for that stall (rates 0, the reason
+    "no step for N s")."""
+    from flowtop.monitor import accounting
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
+    from flowtop.monitor.wiring import make_model
+
+    collector = Collector(make_model(), "tcp://127.0.0.1:1")  # not started: frames handed in
+    model, keys = collector.model, RELAYED
+    count = {"step": 2, "model_flops": 1e9, "executed_flops": 1.2e9, "attention": "full", "dtype": "bf16",
+             "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 64}
+    for step in range(1, 11):
+        now = _relayed_steps(collector, step, 0.0, keys)
+    sent = 1000.0 + 0.5 * 10
+    flops = [wire.encode("flops", k, 100, sent, count) for k in keys]
+    collector.handle_batch([encode_stamp("node-a:7:00000001", sent, [0] * 3), *flops], now)
+    assert model.tick(now).jobs[0].flops.flops_per_s == pytest.approx(3 * 1e9 / 64 * 128)  # 64 tokens / 0.5 s
+    built = []
+    real = accounting.rank_flops
+    monkeypatch.setattr(accounting, "rank_flops",
+                        lambda *a, **k: built.append(sys._getframe(1).f_code.co_name) or real(*a, **k))
+    last = model.ranks[keys[0]].steps.last_recv()
+    for i in range(10):  # 5 s of silence past SILENT_AFTER_S, a tick every 0.5 s
+        at = now + SILENT_AFTER_S + 0.25 + 0.5 * i
+        ranks = model.tick(at).jobs[0].ranks
+        stall = at - last
+        assert [(r.status, r.status_reason) for r in ranks] == [
+            ("stale", f"relay node-a silent for {at - now:.0f} s")] * 3
+        for r, key in zip(ranks, keys):
+            # a marked view is kept while its reason reads the same (whole seconds): its stall up to 1 s old
+            assert stall - 1.0 < r.flops.stalled_s <= stall and r.flops.mfu == 0.0 and r.tokens_per_s == 0.0
+            assert r.flops == real(model.ranks[key].flops, r.step_time_s, None, 0.0, r.flops.stalled_s)
+            assert r.flops.mfu_reason == f"no step for {r.flops.stalled_s:.0f} s"
+    assert built.count("mark") == 3, built  # once per rank, not once per rank and second

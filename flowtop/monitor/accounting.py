@@ -22,6 +22,7 @@ Conventions (also in the JSON ``conventions`` block):
 
 from __future__ import annotations
 
+from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
@@ -43,6 +44,23 @@ def stalled_reason(stalled_s: float) -> str:
     """The ``mfu_reason`` of a rank (or job) that made no step for ``stalled_s`` seconds: the one
     place the text is made from the number (FlopsView.stalled_s carries the number itself)."""
     return STALLED_REASON.format(stalled_s)
+
+
+_FLOPS_FIELDS = [f.name for f in fields(FlopsView)]
+_FLOPS_VALUES = attrgetter(*_FLOPS_FIELDS)  # a view's fields in order, in one C call
+_STALLED, _REASON = _FLOPS_FIELDS.index("stalled_s"), _FLOPS_FIELDS.index("mfu_reason")
+
+
+def restalled(view: FlopsView, stalled_s: float) -> FlopsView:
+    """``view``, the :func:`rank_flops` of a stalled rank, stalled for ``stalled_s`` instead: a
+    stalled rank's rates are 0 however long it stalled, so only the stall and its reason differ
+    (the view copied positionally: ~20 times cheaper than its precision mix and rates again, for
+    every rank behind a silent relay as its silence grows by the second)."""
+    if view.stalled_s is None:
+        raise ValueError("restalled: the view is not a stalled rank's")
+    values = list(_FLOPS_VALUES(view))
+    values[_STALLED], values[_REASON] = stalled_s, stalled_reason(stalled_s)
+    return FlopsView(*values)
 
 
 def rank_flops(

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 import msgpack
 
 from flowtop.monitor import accounting
 from flowtop.monitor.sanitize import deep
-from flowtop.monitor.snapshot import RelaySnapshot
+from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
 from probe.wire import Message, RankKey, WireError
 
 #: A relay reports every second; this long without a batch or a report and it is "silent".
@@ -56,6 +57,32 @@ class Stamp:
 def encode_stamp(relay: str, clock: float, ages_us: list[int]) -> bytes:
     """The stamp part of a batch (the relay's side)."""
     return msgpack.packb({"k": STAMP_KIND, "r": relay, "c": clock, "a": ages_us})
+
+
+_RANK_FIELDS = [f.name for f in fields(RankSnapshot)]
+_RANK_VALUES = attrgetter(*_RANK_FIELDS)  # a view's fields in order, in one C call
+_STATUS, _REASON, _TOKENS, _FLOPS = (_RANK_FIELDS.index(n)
+                                     for n in ("status", "status_reason", "tokens_per_s", "flops"))
+
+
+def _stale(view: RankSnapshot, reason: str, flops: Any) -> RankSnapshot:
+    """``view`` as a rank behind an unreachable relay shows: stale, why, no rate (positionally:
+    dataclasses.replace builds keyword arguments)."""
+    values = list(_RANK_VALUES(view))
+    values[_STATUS], values[_REASON], values[_FLOPS] = "stale", reason, flops
+    if view.tokens_per_s is not None:
+        values[_TOKENS] = 0.0
+    return RankSnapshot(*values)
+
+
+@dataclass(frozen=True)
+class _Marked:
+    """A rank's view marked for its relay's silence, and what it was made from."""
+
+    view: RankSnapshot  # the rank's own view
+    reason: str
+    marked: RankSnapshot  # what the snapshot shows
+    count: Any  # the rank's FLOP count message its figures came from (compared by identity)
 
 
 def decode_stamp(part: bytes, frames: int) -> Stamp:
@@ -106,7 +133,7 @@ class Relays:
         self._relays: dict[str, _Relay] = {}
         self._via: dict[RankKey, str] = {}
         #: key -> (base view, reason, marked view): see :meth:`mark`.
-        self._marked: dict[RankKey, tuple[Any, str, Any]] = {}
+        self._marked: dict[RankKey, _Marked] = {}
         self._reasons_at: tuple[float, dict[str, str]] = _NO_REASONS  # see _reasons
         self._pruned_at = -math.inf
         #: Relay ids refused at :data:`MAX_RELAYS`.
@@ -240,15 +267,22 @@ class Relays:
                 out.append(view)
                 continue
             held = self._marked.get(st.key)
-            if held is not None and held[0] is view and held[1] == reason:
-                out.append(held[2])
+            if held is not None and held.view is view and held.reason == reason:
+                out.append(held.marked)
                 continue
             stalled = max(0.0, now - st.steps.last_recv()) if st.steps else None
-            marked = replace(view, status="stale", status_reason=reason,
-                             tokens_per_s=0.0 if view.tokens_per_s is not None else None,
-                             flops=accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, stalled)
-                             if stalled is not None else view.flops)
-            self._marked[st.key] = (view, reason, marked)
+            flops = view.flops
+            if stalled is not None:
+                # The reason's seconds grow every second: the rank stalled for longer, its count
+                # and step time as they were (a stall's rates are 0 however long).
+                last = held.marked.flops if held is not None else None
+                if (last is not None and last.stalled_s is not None and held is not None and held.count is st.flops
+                        and held.view.step_time_s == view.step_time_s):
+                    flops = accounting.restalled(last, stalled)
+                else:
+                    flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, stalled)
+            marked = _stale(view, reason, flops)
+            self._marked[st.key] = _Marked(view, reason, marked, st.flops)
             out.append(marked)
         return tuple(out)
 
