@@ -703,6 +703,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
                     # where a backlog sits: frames held in the relays (their latest reports) or past them
                     "relays_queued": sum(r.queued for r in relays), "relays_out": sum(r.frames_out for r in relays),
                     "relay_lag_s_max": round(max((r.link_lag_s for r in relays), default=0.0), 2),
+                    "relays_silent": sum(r.status == "silent" for r in relays),
                     # when (monitor seconds before this count) and what: how the pace got where it is
                     "notices": [f"-{col.clock.now() - n.at:.1f} s: {n.text}" for n in model.notices.history][-30:]}
 
