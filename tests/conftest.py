@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason:
         for item in gpu:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+_GC_THRESHOLDS = gc.get_threshold()
+
+
+@pytest.fixture(autouse=True)
+def _monitor_gc_policy_undone() -> Iterator[None]:
+    """A test that runs a monitor's command in this process (``cli.main(["top", ...])``) sets the
+    monitor's process-wide GC policy (flowtop.monitor.gcpolicy): undone after it, so later tests'
+    collectors do not freeze pytest's heap at their ticks."""
+    yield
+    from flowtop.monitor import gcpolicy
+
+    if gcpolicy._FREEZER is not None:
+        gcpolicy._FREEZER = None
+        gc.unfreeze()
+        gc.set_threshold(*_GC_THRESHOLDS)
 
 
 @pytest.fixture

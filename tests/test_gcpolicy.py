@@ -89,7 +89,8 @@ def test_the_collector_freezes_after_the_ticks_it_runs(monkeypatch: pytest.Monke
     monkeypatch.setattr(gcpolicy, "after_tick", lambda: frozen.append(t[0]))
     collector = Collector(make_model(), "tcp://127.0.0.1:1", clock=Clock())  # type: ignore[arg-type]
     collector.ticker = Ticker(lambda at: collector.model.tick(at), 100.0, 0.5)
-    for _ in range(8):
-        t[0] += 0.2
+    for i in range(1, 8):
+        t[0] = 100.0 + 0.3 * i
         collector.catch_up()
-    assert frozen == pytest.approx([100.6, 101.0, 101.6])  # once per catch-up that ran a tick (ticks at 100.5, 101, 101.5)
+    # once per catch-up that ran a tick (ticks at 100.5, 101, 101.5 and 102), none at 100.3, 100.9, 101.8
+    assert frozen == pytest.approx([100.6, 101.2, 101.5, 102.1])

@@ -16,10 +16,12 @@ read at each collection) the young generation held 20,000-200,000 objects and a 
 1-130 ms: 40-70 % of them arrays of step-ring blocks (each 64 steps of a column), then their
 tuples and the ticks' rank views.
 
-So a monitor also freezes at every tick what is alive then (:func:`after_tick`, gc.freeze): a
-collection between two ticks walks only what was made since the last one, and nothing is walked
-twice on its way to the old generation. Cycles among frozen objects wait for the full collection
-that runs every :data:`FULL_EVERY_S` instead (its objects unfrozen first). Live at 4,096 ranks
+So a monitor also freezes at every tick (:func:`after_tick`, gc.freeze, live and in a replay)
+every object the collector tracks then: a collection between two ticks walks only what was made
+since the last one, and nothing is walked twice on its way to the old generation. Cyclic garbage
+made between two ticks (Textual's, mostly: the data side's frames and ticks make none) is frozen
+with the rest and waits for the full collection that runs every :data:`FULL_EVERY_S` instead
+(its objects unfrozen first); the full collection runs on the data thread and counts as its tick. Live at 4,096 ranks
 (bench/ingest.py, three runs against four, interleaved): the collections' CPU 1.7-2.2 -> 0.8-1.1 s
 in 32 s, 66-68 young ones and one or two middle ones of 0.2-0.7 s against 47-50 young ones and one
 full one of 0.5-0.6 s; bench/flood.py over 40 s: pauses p99 26 -> 10 ms, the longest 96 -> 125 ms
@@ -40,13 +42,13 @@ from flowtop.monitor import heaptrim
 #: (young, middle, old) thresholds of gc.set_threshold for a monitor process.
 THRESHOLDS = (10_000, 50, 100)
 #: Seconds between two full collections of a monitor that freezes its objects at ticks: the
-#: cyclic garbage of that long waits for it (Textual's, mostly: the data side's frames and ticks
-#: make none).
+#: cyclic garbage of that long waits for it.
 FULL_EVERY_S = 30.0
 
 
 class Freezer:
-    """Freezes the process's objects at each tick, and collects them whole every ``full_every_s``."""
+    """Freezes the process's tracked objects at each tick, and collects them whole every
+    ``full_every_s``."""
 
     def __init__(self, full_every_s: float = FULL_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.full_every_s = full_every_s

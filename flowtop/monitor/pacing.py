@@ -13,7 +13,8 @@ That budget is a guess about the machine. A monitor whose data thread cannot kee
 shared login node, a flood of kernel windows, ticks of thousands of ranks) lowers it: between two
 renewals the drain loop measures the share of wall time its data thread spent on frames and on
 ticks (:class:`BusyMeter`), and past :data:`BUSY_HIGH`, frames being part of it, the budget
-shrinks by :data:`SLOWER`; it grows back by :data:`FASTER`, up to STEP_FRAMES_PER_S, whenever the
+shrinks by :data:`SLOWER`, or by as much as the frames' share says when it is far past
+(:func:`cut_for`); it grows back by :data:`FASTER`, up to STEP_FRAMES_PER_S, whenever the
 frames' share grown as much would still keep the thread under BUSY_HIGH (:func:`next_scale`). The
 same holds for the thread's CPU: past :data:`DATA_CPU` cores (half a core unless configured) the
 budget shrinks too, and grows back only while the CPU stays under :data:`CPU_ROOM` of it — a
@@ -84,9 +85,6 @@ FRAMES_MATTER = 0.1
 SLOWER = 0.6
 FASTER = 1.5
 MIN_CUT = 0.25
-#: The busy share of the wall time a cut aims the data thread at: under BUSY_HIGH by as much as
-#: a renewal's reading moves, so that the next renewal neither cuts again nor grows back.
-AIM_BUSY = 0.5
 #: Seconds between two "pace" broadcasts while pacing (well inside wire.PACE_TTL_S).
 RENEW_S = 2.0
 #: Seconds its relays' latest batches waited in queues (the median relay's, flowtop.monitor.relays)
@@ -168,26 +166,33 @@ def next_scale(scale: float, busy: Busy | None, behind_s: float = 0.0, cpu_budge
 
 
 def cut_for(busy: Busy, cpu_budget: float | None) -> float:
-    """The factor a busy thread's budget is cut by: its frames cut as much leave it at AIM_BUSY of
-    the wall time (past BUSY_HIGH) and at CPU_ROOM of ``cpu_budget`` (past it), the rest of its
-    work as it was; at most SLOWER, at least MIN_CUT. With cuts of SLOWER each, and a renewal
-    that only watches after each, a 4,096-rank job starting on a saturated 2-core box
-    (bench/ingest.py) spent 8.9 s at 0.45 s and 4.6 s at 0.7 s, 100 % busy and 60 % on frames,
-    while its queue grew to 11 s: ``(0.5 - 0.4) / 0.6`` says x 0.25 at the first. Frames cost less than
-    their number says (each record costs the same at any pace): a cut sized so falls short, and
-    the next one goes on, where one sized past the need would slow every rank more than it
-    must. A thread whose ticks alone pass AIM_BUSY gives no size: SLOWER."""
-    factors = [SLOWER]
-    if busy.frames <= 0.0:
+    """The factor a busy thread's budget is cut by: its frames cut as much leave it, the rest of its
+    work as it was, halfway between the line past which it is cut and the line under which the
+    budget grows back (:func:`next_scale`) — BUSY_HIGH of the wall time against BUSY_HIGH less
+    the frames' growth by FASTER; ``cpu_budget`` against CPU_ROOM of it — so that the next renewal
+    does neither on a reading that moves by a few hundredths. At most SLOWER, at least MIN_CUT.
+
+    With cuts of SLOWER each, and a renewal that only watches after each, a 4,096-rank job
+    starting on a saturated 2-core box (bench/ingest.py) spent 8.9 s at 0.45 s and 4.6 s at 0.7 s,
+    100 % busy and 60 % on frames, while its queue grew to 11 s: ``0.3 x 5/6 / 0.6`` says x 0.42
+    at the first. Frames cost less than their number says (each record costs the same at any
+    pace): a cut sized so falls short, and the next one goes on, where one sized past the need
+    would slow every rank more than it must. A thread busier with its ticks than with its frames
+    gives no size (the tick spread is what relieves it, flowtop.monitor.thinning): SLOWER."""
+    if busy.frames <= 0.0 or busy.ticks >= busy.frames:
         return SLOWER
-    if busy.total > BUSY_HIGH and busy.ticks < AIM_BUSY:
-        factors.append((AIM_BUSY - busy.ticks) / busy.frames)
+    factors = [SLOWER]
+    if busy.total > BUSY_HIGH:
+        # frames' share f after the cut: cut past t + f > BUSY_HIGH, grown back while t + FASTER f < BUSY_HIGH
+        room = BUSY_HIGH - busy.ticks
+        factors.append((room + room / FASTER) / 2 / busy.frames)
     if busy.over_cpu(cpu_budget) and busy.cpu and busy.total > 0:
         assert cpu_budget is not None  # over_cpu says so
         frames_cpu = busy.cpu * busy.frames / busy.total  # the frames' part of the CPU, as of the wall time
+        aim = (1.0 + CPU_ROOM) / 2 * cpu_budget  # cut past cpu_budget, grown back under CPU_ROOM of it
         rest = busy.cpu - frames_cpu
-        if rest < CPU_ROOM * cpu_budget:
-            factors.append((CPU_ROOM * cpu_budget - rest) / frames_cpu)
+        if rest < aim:
+            factors.append((aim - rest) / frames_cpu)
     return max(MIN_CUT, min(factors))
 
 

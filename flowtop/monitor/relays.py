@@ -132,7 +132,7 @@ class Relays:
     def __init__(self) -> None:
         self._relays: dict[str, _Relay] = {}
         self._via: dict[RankKey, str] = {}
-        #: key -> (base view, reason, marked view): see :meth:`mark`.
+        #: key -> the rank's view marked for its relay's silence: see :meth:`mark`.
         self._marked: dict[RankKey, _Marked] = {}
         self._reasons_at: tuple[float, dict[str, str]] = _NO_REASONS  # see _reasons
         self._pruned_at = -math.inf
@@ -274,10 +274,9 @@ class Relays:
             flops = view.flops
             if stalled is not None:
                 # The reason's seconds grow every second: the rank stalled for longer, its count
-                # and step time as they were (a stall's rates are 0 however long).
+                # as it was (a stall's rates are 0 however long, whatever its step time).
                 last = held.marked.flops if held is not None else None
-                if (last is not None and last.stalled_s is not None and held is not None and held.count is st.flops
-                        and held.view.step_time_s == view.step_time_s):
+                if last is not None and last.stalled_s is not None and held is not None and held.count is st.flops:
                     flops = accounting.restalled(last, stalled)
                 else:
                     flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, stalled)
