@@ -198,3 +198,14 @@ def test_full_blocks_are_kept_at_their_exact_size() -> None:
     for i in range(130):
         col.append(float(i))
     assert [sys.getsizeof(b) for b in col._blocks] == [exact_d, exact_d] and list(col.view())[63:66] == [63.0, 64.0, 65.0]
+
+
+def test_a_frames_columns_never_become_the_rings_tails() -> None:
+    """The records left after a frame's whole blocks go into tails of the ring's own: the frame's
+    columns (its message's, which a recording or a hint may still hold) are never appended to."""
+    ring = StepRing(256, 128)
+    steps, wall, tokens = array("q", range(1, 11)), array("d", [0.5] * 10), array("q", [8] * 10)
+    ring.extend(steps, wall, tokens, None, None, 1.0)
+    ring.extend(array("q", range(11, 21)), array("d", [0.25] * 10), array("q", [8] * 10), None, None, 2.0)
+    assert list(steps) == list(range(1, 11)) and list(wall) == [0.5] * 10 and len(tokens) == 10
+    assert list(ring.column(ring.WALL)) == [0.5] * 10 + [0.25] * 10
