@@ -21,11 +21,11 @@ every object the collector tracks then: a collection between two ticks walks onl
 since the last one, and nothing is walked twice on its way to the old generation. Cyclic garbage
 made between two ticks (Textual's, mostly: the data side's frames and ticks make none) is frozen
 with the rest and waits for the full collection that runs every :data:`FULL_EVERY_S` instead
-(its objects unfrozen first); the full collection runs on the data thread and counts as its tick. Live at 4,096 ranks
-(bench/ingest.py, three runs against four, interleaved): the collections' CPU 1.7-2.2 -> 0.8-1.1 s
-in 32 s, 66-68 young ones and one or two middle ones of 0.2-0.7 s against 47-50 young ones and one
-full one of 0.5-0.6 s; bench/flood.py over 40 s: pauses p99 26 -> 10 ms, the longest 96 -> 125 ms
-(the full collection).
+(its objects unfrozen first); the full collection runs on the data thread and counts as its
+tick. Live at 4,096 ranks (bench/ingest.py, three runs against four, interleaved): the
+collections' CPU 1.7-2.2 -> 0.8-1.1 s in 32 s; before, 66-68 young collections and one or two
+middle ones of 0.2-0.7 s; after, 47-50 young ones and one full one of 0.5-0.6 s. bench/flood.py
+over 40 s: pauses p99 26 -> 10 ms, the longest 96 -> 125 ms (the full collection).
 
 The same commands also start the process's heap trimmer (flowtop.monitor.heaptrim): memory freed
 after a backlog goes back to the system instead of staying in glibc's heaps.
@@ -58,6 +58,7 @@ class Freezer:
         self.fulls = 0
 
     def after_tick(self) -> None:
+        """Freeze every tracked object, after a full collection when one is due."""
         now = self._clock()
         if now >= self._next_full:
             self._next_full = now + self.full_every_s
@@ -82,7 +83,7 @@ def for_monitor() -> None:
 
 
 def after_tick() -> None:
-    """The data thread ran a tick: freeze what is alive (see the module doc). Nothing in a process
-    whose commands did not set the monitor's policy (a library, a test)."""
+    """The data thread ran a tick: freeze every tracked object (see the module doc). Nothing in a
+    process whose commands did not set the monitor's policy (a library, a test)."""
     if _FREEZER is not None:
         _FREEZER.after_tick()

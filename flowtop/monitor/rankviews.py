@@ -130,9 +130,8 @@ class RankViews:
         each, ``full`` where ``turn`` (tick, spread) says it is the rank's turn (None: every rank's),
         none with ``glance``. One call a tick: the ranks that kept their view since the last look
         (nothing arrived, the clock has not moved their status, their relay's lag has not moved
-        by more than LAG_STEP_S)
-        are found here, with no call per rank — at 4,096 ranks and a 2 s pace three quarters
-        of them (~0.25 µs each here, ~5 µs each through :meth:`view`)."""
+        by more than LAG_STEP_S) are found here, with no call per rank — at 4,096 ranks and a
+        2 s pace three quarters of them (~0.25 µs each here, ~5 µs each through :meth:`view`)."""
         entries, view = self._entries, self.view
         out: list[RankSnapshot] = []
         append = out.append
