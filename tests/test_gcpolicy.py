@@ -72,7 +72,7 @@ def test_only_a_process_whose_command_set_the_monitors_policy_freezes() -> None:
     assert out.stdout.strip().split(None, 2) == ["0", "True", str(gcpolicy.THRESHOLDS)]
 
 
-def test_the_collector_freezes_after_the_ticks_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_collector_freezes_after_the_ticks_its_ticker_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     from flowtop.monitor.collector import Collector
     from flowtop.monitor.ticker import Ticker
     from flowtop.monitor.wiring import make_model

@@ -34,7 +34,6 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from flowtop.monitor import gcpolicy
 from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
@@ -353,7 +352,6 @@ class Collector:
         if self.ticker is not None:
             snap = self.ticker.catch_up(now)
             if snap is not None:
-                gcpolicy.after_tick()
                 self._next_glance = self.ticker.next_at - self.tick_s / 2
                 if self.on_tick is not None and self._hand_over(now):
                     self.on_tick(snap)

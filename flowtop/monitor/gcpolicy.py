@@ -83,7 +83,8 @@ def for_monitor() -> None:
 
 
 def after_tick() -> None:
-    """The data thread ran a tick: freeze every tracked object (see the module doc). Nothing in a
-    process whose commands did not set the monitor's policy (a library, a test)."""
+    """A ticker ran ticks (flowtop.monitor.ticker, live and in a replay): freeze every tracked
+    object (see the module doc). Nothing in a process whose commands did not set the monitor's
+    policy (a library, a test)."""
     if _FREEZER is not None:
         _FREEZER.after_tick()

@@ -24,7 +24,6 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 import msgpack
 
-from flowtop.monitor import gcpolicy
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.model import Model
 from flowtop.monitor.rankkernels import decode_frame
@@ -285,10 +284,8 @@ class RecordingSource:
                 self._next += 1
             else:
                 break
-        if ticked is not None:
-            gcpolicy.after_tick()
-            if self.on_tick is not None:
-                self.on_tick(ticked)
+        if ticked is not None and self.on_tick is not None:
+            self.on_tick(ticked)
         return virtual
 
     async def _play(self) -> None:

@@ -275,8 +275,8 @@ class Relays:
             if stalled is not None:
                 # The reason's seconds grow every second: the rank stalled for longer, its count
                 # as it was (a stall's rates are 0 however long, whatever its step time).
-                last = held.marked.flops if held is not None else None
-                if last is not None and last.stalled_s is not None and held is not None and held.count is st.flops:
+                last = held.marked.flops if held is not None and held.count is st.flops else None
+                if last is not None and last.stalled_s is not None:
                     flops = accounting.restalled(last, stalled)
                 else:
                     flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, stalled)

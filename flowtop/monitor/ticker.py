@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from flowtop.monitor import gcpolicy
 from flowtop.monitor.clock import TICK_S, tick_at
 from flowtop.monitor.snapshot import MonitorSnapshot
 
@@ -72,4 +73,5 @@ class Ticker:
             self._k += 1
         if snap is not None:
             self.last = snap
+            gcpolicy.after_tick()  # what is alive now is frozen out of the collections to come
         return snap
