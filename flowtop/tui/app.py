@@ -22,6 +22,7 @@ from flowtop.monitor.datathread import DataSource, DataThread, Delivery
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.tui.screens.help_screen import HelpScreen
 from flowtop.tui.screens.main_screen import MainScreen
+from flowtop.tui.widgets import _strip_cycles
 from flowtop.tui.widgets._messages import DataReady, SnapshotUpdated
 
 __all__ = ["FlowtopApp", "SnapshotSource", "SnapshotUpdated"]
@@ -54,6 +55,7 @@ class FlowtopApp(App[None]):
 
     def __init__(self, source: DataSource, *, refresh_s: float = 0.5) -> None:
         super().__init__()
+        _strip_cycles.install()  # the lines it replaces are freed at once, not at a full collection
         self.source = source
         self.refresh_s = refresh_s
         #: Whether the ranks can be asked for a kernel window (``k``; not in a replay).
