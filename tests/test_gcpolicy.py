@@ -63,6 +63,27 @@ def test_what_is_alive_at_a_tick_is_frozen_and_its_cycles_wait_for_the_full_coll
     assert freezer.fulls == 1
 
 
+def test_a_long_full_collection_puts_off_the_next_one(unfrozen: None) -> None:
+    """The next full collection waits until the last one's pause is 0.5 % of the time since it:
+    a 1 s pause (a large monitor on a busy node) comes every 200 s, a 50 ms one every 30 s, and
+    none waits longer than 300 s."""
+    t = [0.0]
+    pauses = iter([1.0, 0.05, 2.0, 0.05])
+    fulls: list[float] = []
+
+    def collect() -> None:  # a full collection taking the next pause on the test's clock
+        fulls.append(t[0])
+        t[0] += next(pauses)
+
+    freezer = gcpolicy.Freezer(clock=lambda: t[0], collect=collect)
+    for tick in range(2 * 590):
+        t[0] = max(t[0], tick * 0.5)
+        freezer.after_tick()
+    # at 30 s; then 1 s + 200 s; 0.05 s + 30 s (the next tick after 261.05); 2 s + 300 s, not 400
+    assert fulls == pytest.approx([30.0, 231.0, 261.5, 563.5])
+    assert freezer.fulls == 4
+
+
 def test_only_a_process_whose_command_set_the_monitors_policy_freezes() -> None:
     """A library or a test importing the data side freezes nothing; a monitor's command freezes at
     each tick (its own interpreter: the policy is process-wide)."""

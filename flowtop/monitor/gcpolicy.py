@@ -19,13 +19,19 @@ tuples and the ticks' rank views.
 So a monitor also freezes at every tick (:func:`after_tick`, gc.freeze, live and in a replay)
 every object the collector tracks then: a collection between two ticks walks only what was made
 since the last one, and nothing is walked twice on its way to the old generation. Cyclic garbage
-made between two ticks (Textual's, mostly: the data side's frames and ticks make none) is frozen
-with the rest and waits for the full collection that runs every :data:`FULL_EVERY_S` instead
-(its objects unfrozen first); the full collection runs on the data thread and counts as its
-tick. Live at 4,096 ranks (bench/ingest.py, three runs against four, interleaved): the
-collections' CPU 1.7-2.2 -> 0.8-1.1 s in 32 s; before, 66-68 young collections and one or two
-middle ones of 0.2-0.7 s; after, 47-50 young ones and one full one of 0.5-0.6 s. bench/flood.py
-over 40 s: pauses p99 26 -> 10 ms, the longest 96 -> 125 ms (the full collection).
+made between two ticks (Textual's: the data side's frames and ticks make none) is frozen with the
+rest and waits for a full collection (its objects unfrozen first), which runs on the data thread
+and counts as its tick. Live at 4,096 ranks (bench/ingest.py, three runs against four,
+interleaved): the collections' CPU 1.7-2.2 -> 0.8-1.1 s in 32 s; before, 66-68 young collections
+and one or two middle ones of 0.2-0.7 s; after, 47-50 young ones and one full one of 0.5-0.6 s.
+bench/flood.py over 40 s: pauses p99 26 -> 10 ms, the longest 96 -> 125 ms (the full collection).
+
+A full collection walks every object (0.5-0.6 s of wall time at 4,096 ranks live, 165 ms
+offline) and stops every thread, the UI's too, so the next one waits until that pause is at most
+:data:`FULL_SHARE` of the time since (:data:`FULL_EVERY_S` at least, :data:`FULL_MAX_S` at most):
+a half-second pause comes every ~110 s, not every 30 s. The garbage it waits for is small since
+the UI's lines stopped referring to themselves (flowtop.tui.widgets._strip_cycles): 53,000-111,000
+objects a 30 s before, 5,000-7,500 after (``gc.DEBUG_SAVEALL`` at the full collection, live).
 
 The same commands also start the process's heap trimmer (flowtop.monitor.heaptrim): memory freed
 after a backlog goes back to the system instead of staying in glibc's heaps.
@@ -41,18 +47,27 @@ from flowtop.monitor import heaptrim
 
 #: (young, middle, old) thresholds of gc.set_threshold for a monitor process.
 THRESHOLDS = (10_000, 50, 100)
-#: Seconds between two full collections of a monitor that freezes its objects at ticks: the
-#: cyclic garbage of that long waits for it.
+#: Shortest and longest seconds between two full collections of a monitor that freezes its objects
+#: at ticks: the cyclic garbage of that long waits for one.
 FULL_EVERY_S = 30.0
+FULL_MAX_S = 300.0
+#: Most of the wall time a full collection's pause may take, over the time until the next one.
+FULL_SHARE = 0.005
 
 
 class Freezer:
-    """Freezes the process's tracked objects at each tick, and collects them whole every
-    ``full_every_s``."""
+    """Freezes the process's tracked objects at each tick, and collects them whole from time to
+    time: ``full_every_s`` after the last full collection, or later when that one's pause was
+    longer than ``full_share`` of it (never later than ``full_max_s``)."""
 
-    def __init__(self, full_every_s: float = FULL_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, full_every_s: float = FULL_EVERY_S, clock: Callable[[], float] = time.monotonic,
+                 collect: Callable[[], object] = gc.collect, full_share: float = FULL_SHARE,
+                 full_max_s: float = FULL_MAX_S) -> None:
         self.full_every_s = full_every_s
+        self.full_share = full_share
+        self.full_max_s = full_max_s
         self._clock = clock
+        self._collect = collect
         self._next_full = clock() + full_every_s
         #: Full collections run so far.
         self.fulls = 0
@@ -61,10 +76,12 @@ class Freezer:
         """Freeze every tracked object, after a full collection when one is due."""
         now = self._clock()
         if now >= self._next_full:
-            self._next_full = now + self.full_every_s
             gc.unfreeze()
-            gc.collect()
+            self._collect()
             self.fulls += 1
+            end = self._clock()
+            wait = min(self.full_max_s, max(self.full_every_s, (end - now) / self.full_share))
+            self._next_full = end + wait
         gc.freeze()
 
 
