@@ -1,0 +1,123 @@
+"""A relay sleeps until something is due (flowtop.tools.relay: each wake-up of a sleeping thread
+costs CPU on the node it shares with training): idle, it wakes about once a second for its
+report; stop() wakes it at once; a lone frame leaves at once and the frames that follow it within
+flush_s leave together. Real sockets: a real Relay on a thread, a bare XSUB as its monitor."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import zmq
+
+from flowtop.monitor.relays import decode_stamp
+from flowtop.tools import relay as relay_mod
+from flowtop.tools.demo.launch import free_port
+from flowtop.tools.relay import Relay, RelayConfig
+from probe import wire
+from probe.wire import RankKey
+
+
+class _Node:
+    """A relay on a thread, its monitor (an XSUB that subscribed) and one rank socket."""
+
+    def __init__(self, tmp: Path, flush_s: float = 0.05, report_s: float = 1.0) -> None:
+        self.ctx = zmq.Context()
+        upstream = f"tcp://127.0.0.1:{free_port()}"
+        self.monitor = self.ctx.socket(zmq.XSUB)
+        self.monitor.bind(upstream)
+        self.relay = Relay(RelayConfig(f"ipc://{tmp}/r.sock", upstream, flush_s=flush_s, report_s=report_s,
+                                       hosted_by="test"))
+        self.thread = threading.Thread(target=self.relay.run, daemon=True)
+        self.thread.start()
+        assert self.relay.ready.wait(10) and not self.relay.error
+        deadline = time.monotonic() + 10
+        while not self.relay.listening:  # subscribe once its connection is up (as a collector does)
+            assert time.monotonic() < deadline, "the relay never connected"
+            self.monitor.send(b"\x01")
+            time.sleep(0.1)
+        self.rank = self.ctx.socket(zmq.XPUB)
+        self.rank.connect(f"ipc://{tmp}/r.sock")
+        deadline = time.monotonic() + 10
+        while self.rank.poll(100) == 0:  # the relay subscribes its ranks once a monitor listens
+            assert time.monotonic() < deadline, "the relay never subscribed downstream"
+        self.rank.recv()
+        self.seq = 0
+
+    def send(self, n: int) -> None:
+        for _ in range(n):
+            self.seq += 1
+            self.rank.send(wire.encode("hello", RankKey("j", "node", 1, 0, 0), self.seq, time.time(), {}))
+
+    def batches(self, frames: int, timeout_s: float = 10.0) -> list[int]:
+        """Rank frames per batch the monitor got until ``frames`` of them came (reports left out)."""
+        sizes: list[int] = []
+        deadline = time.monotonic() + timeout_s
+        while sum(sizes) < frames and time.monotonic() < deadline:
+            if self.monitor.poll(100):
+                parts = self.monitor.recv_multipart()
+                decode_stamp(parts[0], len(parts) - 1)
+                kinds = [wire.envelope(p).kind for p in parts[1:]]
+                if kinds != ["relay"]:
+                    sizes.append(len(parts) - 1)
+        return sizes
+
+    def close(self) -> None:
+        self.relay.stop()
+        self.thread.join(10)
+        self.rank.close(0)
+        self.monitor.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def tmp() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="ftw"))  # ipc paths are limited to ~100 bytes
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_idle_relay_wakes_about_once_a_second(tmp: Path) -> None:
+    node = _Node(tmp)
+    try:
+        node.batches(0)
+        before = node.relay.wakes
+        time.sleep(3.0)
+        wakes = node.relay.wakes - before
+    finally:
+        node.close()
+    # Its report every second (and a link event or two); woken every 100 ms before: 30 or more.
+    assert 2 <= wakes <= 8
+
+
+def test_stop_wakes_a_sleeping_relay(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_mod, "IDLE_WAIT_S", 60.0)
+    node = _Node(tmp, report_s=60.0)
+    try:
+        time.sleep(1.5)  # past its first report: asleep until one of its sockets or stop() wakes it
+        started = time.monotonic()
+        node.relay.stop()
+        node.thread.join(20)
+        took = time.monotonic() - started
+        assert not node.thread.is_alive()
+    finally:
+        node.close()
+    assert took < 10  # not the 60 s it would sleep
+
+
+def test_a_lone_frame_leaves_at_once_and_those_after_it_together(tmp: Path) -> None:
+    node = _Node(tmp, flush_s=1.0)
+    try:
+        node.send(1)
+        assert node.batches(1, timeout_s=0.9) == [1]  # no batch for a second: it did not wait
+        node.send(3)  # within flush_s of that batch: they wait for the next, together
+        assert node.batches(3) == [3]
+    finally:
+        node.close()
