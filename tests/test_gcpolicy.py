@@ -65,7 +65,7 @@ def test_what_is_alive_at_a_tick_is_frozen_and_its_cycles_wait_for_the_full_coll
 
 def test_a_long_full_collection_puts_off_the_next_one(unfrozen: None) -> None:
     """The next full collection waits until the last one's pause is 0.5 % of the time since it:
-    a 1 s pause (a large monitor on a busy node) comes every 200 s, a 50 ms one every 30 s, and
+    a 1 s pause (a large monitor on a busy node) is followed 200 s after its end, a 50 ms one 30 s, and
     none waits longer than 300 s."""
     t = [0.0]
     pauses = iter([1.0, 0.05, 2.0, 0.05])

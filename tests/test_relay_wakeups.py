@@ -26,13 +26,13 @@ from probe.wire import RankKey
 class _Node:
     """A relay on a thread, its monitor (an XSUB that subscribed) and one rank socket."""
 
-    def __init__(self, tmp: Path, flush_s: float = 0.05, report_s: float = 1.0) -> None:
+    def __init__(self, tmp: Path, flush_s: float = 0.05, report_s: float = 1.0, max_parts: int = 512) -> None:
         self.ctx = zmq.Context()
         upstream = f"tcp://127.0.0.1:{free_port()}"
         self.monitor = self.ctx.socket(zmq.XSUB)
         self.monitor.bind(upstream)
         self.relay = Relay(RelayConfig(f"ipc://{tmp}/r.sock", upstream, flush_s=flush_s, report_s=report_s,
-                                       hosted_by="test"))
+                                       max_parts=max_parts, hosted_by="test"))
         self.thread = threading.Thread(target=self.relay.run, daemon=True)
         self.thread.start()
         assert self.relay.ready.wait(10) and not self.relay.error
@@ -49,10 +49,11 @@ class _Node:
         self.rank.recv()
         self.seq = 0
 
-    def send(self, n: int) -> None:
+    def send(self, n: int, pad: int = 0) -> None:
         for _ in range(n):
             self.seq += 1
-            self.rank.send(wire.encode("hello", RankKey("j", "node", 1, 0, 0), self.seq, time.time(), {}))
+            fields = {"argv": ["x" * pad]} if pad else {}
+            self.rank.send(wire.encode("hello", RankKey("j", "node", 1, 0, 0), self.seq, time.time(), fields))
 
     def batches(self, frames: int, timeout_s: float = 10.0) -> list[int]:
         """Rank frames per batch the monitor got until ``frames`` of them came (reports left out)."""
@@ -121,3 +122,42 @@ def test_a_lone_frame_leaves_at_once_and_those_after_it_together(tmp: Path) -> N
         assert node.batches(3) == [3]
     finally:
         node.close()
+
+
+def test_a_relay_whose_monitor_stops_reading_does_not_spin(tmp: Path) -> None:
+    """Upstream full (a monitor that stopped reading): batches and the report are tried again
+    every RETRY_S, not at every turn of the loop (a failed report kept it due: 131,704 wake-ups
+    in 2 s in the review's run)."""
+    node = _Node(tmp, max_parts=1)
+    try:
+        deadline = time.monotonic() + 30
+        while node.relay.drops == 0:  # a frame a batch, until the link (and the monitor's queue) is full
+            assert time.monotonic() < deadline, "upstream never filled"
+            sent = node.seq
+            node.send(500, pad=20_000)
+            while node.relay.frames_in < sent + 400 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the rank's own queue drops what the relay has not taken
+            time.sleep(0.2)
+        time.sleep(2.5)  # past max_age_s: what could not leave has been dropped
+        before = node.relay.wakes
+        time.sleep(1.0)
+        wakes = node.relay.wakes - before
+    finally:
+        node.close()
+    assert wakes <= 300  # ~100 a second at RETRY_S
+
+
+def test_stop_from_a_signal_handler_while_the_loop_holds_the_wake_lock() -> None:
+    """`flowtop relay` runs the loop on its main thread, whose SIGTERM handler calls stop(): a
+    signal landing while that thread holds the wake lock (setting the pipe up, closing it) must
+    not wait on the lock forever."""
+    relay = Relay(RelayConfig("ipc:///tmp/ftw-unused.sock", "tcp://127.0.0.1:1", hosted_by="test"))
+    done = threading.Event()
+
+    def handler_inside_the_lock() -> None:
+        with relay._wake_lock:  # as run() holds it
+            relay.stop()  # as the signal handler, on the same thread
+            done.set()
+
+    threading.Thread(target=handler_inside_the_lock, daemon=True).start()
+    assert done.wait(10)

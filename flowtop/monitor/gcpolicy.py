@@ -28,10 +28,11 @@ bench/flood.py over 40 s: pauses p99 26 -> 10 ms, the longest 96 -> 125 ms (the 
 
 A full collection walks every object (0.5-0.6 s of wall time at 4,096 ranks live, 165 ms
 offline) and stops every thread, the UI's too, so the next one waits until that pause is at most
-:data:`FULL_SHARE` of the time since (:data:`FULL_EVERY_S` at least, :data:`FULL_MAX_S` at most):
-a half-second pause comes every ~110 s, not every 30 s. The garbage it waits for is small since
-the UI's lines stopped referring to themselves (flowtop.tui.widgets._strip_cycles): 53,000-111,000
-objects a 30 s before, 5,000-7,500 after (``gc.DEBUG_SAVEALL`` at the full collection, live).
+:data:`FULL_SHARE` of the time from its end to the next one's start (:data:`FULL_EVERY_S` at
+least, :data:`FULL_MAX_S` at most): a half-second pause comes every ~100 s, not every 30 s. The
+garbage it waits for is small since the UI's lines stopped referring to themselves
+(flowtop.tui.widgets._strip_cycles): 53,000-111,000 objects in 30 s before, 5,000-7,500 after
+(``gc.DEBUG_SAVEALL`` at the full collection, live).
 
 The same commands also start the process's heap trimmer (flowtop.monitor.heaptrim): memory freed
 after a backlog goes back to the system instead of staying in glibc's heaps.

@@ -66,7 +66,7 @@ class RelayConfig:
     upstream: str  # the monitor (tcp://HOST:PORT)
     curve_dir: str | None = None  # CURVE client keys for the upstream link (flowtop keys DIR)
     hosted_by: str = "flowtop relay"
-    flush_s: float = 0.05  # at most one batch this often: a frame waits at most this long for its batch
+    flush_s: float = 0.05  # a frame waits at most this long for its batch, which leaves at once if none did for as long
     max_parts: int = 512  # frames per batch
     max_batch_bytes: int = 16 << 20
     max_age_s: float = 2.0  # frames older than this are dropped while no monitor listens
@@ -228,9 +228,10 @@ class Relay:
         #: The loop's wake-ups (each costs CPU: see IDLE_WAIT_S).
         self.wakes = 0
         # A pipe whose read end the loop polls, so that stop() wakes it (written under the lock:
-        # its descriptors are closed when run() ends, and their numbers reused).
+        # its descriptors are closed when run() ends, and their numbers reused). Re-entrant:
+        # `flowtop relay` runs the loop on its main thread, whose signal handlers call stop().
         self._wake: tuple[int, int] | None = None
-        self._wake_lock = threading.Lock()
+        self._wake_lock = threading.RLock()
 
     @property
     def ranks(self) -> int:
@@ -255,15 +256,20 @@ class Relay:
     def run(self) -> None:
         """Bind, forward, clean up. Raises :class:`RelayError` when the listen address cannot be
         bound (also kept in :attr:`error`, with :attr:`ready` set)."""
-        ctx = zmq.Context()
-        socks: list[Any] = []
-        auth = None
-        bound = False
-        wake_r, wake_w = os.pipe()
+        try:
+            wake_r, wake_w = os.pipe()
+        except OSError as exc:  # out of descriptors: say so as a bind failure does
+            self.error = f"cannot make the relay's wake-up pipe: {exc}"
+            self.ready.set()
+            raise RelayError(self.error) from None
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         with self._wake_lock:
             self._wake = (wake_r, wake_w)
+        ctx = zmq.Context()
+        socks: list[Any] = []
+        auth = None
+        bound = False
         try:
             down = ctx.socket(zmq.XSUB)
             socks.append(down)
@@ -354,8 +360,9 @@ class Relay:
                         self._retry_at = now + RETRY_S
                         break
                 if now >= next_report or stopping:
-                    if self._send_report(up, now, closing=stopping):
-                        next_report = now + cfg.report_s
+                    # upstream full: tried again with the next batch, not at every turn of the loop
+                    ok = self._send_report(up, now, closing=stopping)
+                    next_report = now + (cfg.report_s if ok else RETRY_S)
             while q and now - q[0][1] > cfg.max_age_s:  # no monitor, or upstream full
                 self._drop_oldest()
             if stopping:
@@ -364,14 +371,16 @@ class Relay:
                 return
 
     def _batch_due(self, now: float) -> bool:
-        """Whether the queued frames leave now: a full batch's worth, or flush_s since the last
-        batch, unless upstream refused one a moment ago. A frame that finds no batch sent for
-        flush_s leaves at once (a relay of a few ranks sends a few frames a second: holding each
-        for company cost a second wake-up), and frames that follow it within flush_s leave together
-        (a busy relay still sends one batch every flush_s)."""
+        """Whether the queued frames leave now: a full batch's worth, flush_s since the last batch
+        or since the oldest frame came, unless upstream refused one a moment ago. A frame that
+        finds no batch sent for flush_s leaves at once (a relay of a few ranks sends a few frames a
+        second: holding each for company cost a second wake-up), frames that follow it within
+        flush_s leave together, and none waits longer than flush_s (a batch cut short by its size
+        leaves the rest due)."""
         if now < self._retry_at:
             return False
-        return len(self._queue) >= self.cfg.max_parts or now - self._last_batch >= self.cfg.flush_s
+        q, flush = self._queue, self.cfg.flush_s
+        return len(q) >= self.cfg.max_parts or now - self._last_batch >= flush or now - q[0][1] >= flush
 
     def _wait(self, now: float, next_report: float) -> float:
         """Seconds the loop may sleep: until the next batch or report (a monitor listening) or the
@@ -381,7 +390,7 @@ class Relay:
         if self.listening:
             due = min(due, next_report)
             if q:
-                due = min(due, max(self._last_batch + self.cfg.flush_s, self._retry_at))
+                due = min(due, max(min(self._last_batch, q[0][1]) + self.cfg.flush_s, self._retry_at))
         elif q:
             due = min(due, q[0][1] + self.cfg.max_age_s)
         return max(0.0, due - now)

@@ -2,8 +2,9 @@
 
 Textual (8.2.8) caches what a strip gives for a crop or a division in the strip itself, and
 ``Strip.crop_extend`` / ``Strip.divide`` give the strip itself when the crop or the cut is its
-whole extent, which every line of a widget as wide as its region is: the strip then holds
-itself in its own cache. Each such line is cyclic garbage once replaced (~660 objects a refresh
+whole extent. The compositor divides every line a widget renders at its region's edges, so each
+line of a widget as wide as its region is "divided" into itself and holds itself in its own
+cache. Each such line is cyclic garbage once replaced (~660 objects a refresh
 of the rank view at 200×50: the strip, its seven caches, its segments), and the monitor freezes
 its objects at each tick (flowtop.monitor.gcpolicy), so that garbage waited for the full
 collection: live at 4,096 ranks 53,000-111,000 objects in 30 s, three quarters of them strips'
