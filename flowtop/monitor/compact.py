@@ -320,7 +320,8 @@ class StepRing:
         # bit 0: input wait sent, bit 1: lead sent (see the "known" column), OR-ed in C
         known = array("b", (int.from_bytes(known_wait, "little") | int.from_bytes(known_lead, "little") << 1)
                       .to_bytes(n, "little"))
-        cols = (steps, array("d", [recv]) * n, wall, tokens, wait, lead, known)
+        # typed: array[int] and array[float] join to object (array is invariant in its item)
+        cols: tuple[array, ...] = (steps, array("d", [recv]) * n, wall, tokens, wait, lead, known)
         done, held = 0, len(self._lt[0])
         if held:
             done = min(n, BLOCK - held)
