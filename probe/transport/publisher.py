@@ -64,12 +64,6 @@ Tick = Callable[[], None]
 #: The longest a paced periodic job (telemetry) is stretched to by the monitor's pace (see
 #: Publisher.paced_interval): the monitor reads a telemetry sample older than 10 s as stale.
 MAX_PACED_TICK_S = 5.0
-#: Longest the sender sleeps while a monitor's pace holds its step records (a quarter of the pace,
-#: never less than its unpaced 0.1 s): at a 2 s pace it woke ten times a second to find nothing
-#: due, ~150 µs of CPU each on a 2-core VM (1.5 ms a second per rank, 2026-12-05). Other messages
-#: the training thread queues (counts, kernel windows, byes) and close() wake it at once.
-MAX_PACED_IDLE_S = 0.5
-PACED_IDLE_SHARE = 0.25
 
 
 def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float) -> float:
@@ -137,13 +131,6 @@ class Publisher:
         self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
         self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
-        # Wakes the sender while it sleeps for a pace (see _nudge): a lock it holds and others
-        # release, not an Event, whose set() takes a lock a signal handler could find taken by
-        # the very thread it interrupted (SIGTERM says bye from the training thread).
-        self._wakeup = threading.Lock()
-        self._wakeup.acquire()
-        #: Rounds the sender thread has run (each wake-up costs CPU: see MAX_PACED_IDLE_S).
-        self.rounds = 0
 
     # --- training thread ------------------------------------------------------------
 
@@ -151,16 +138,6 @@ class Publisher:
         """Queue one message from the training thread. O(1), never blocks, never raises."""
         self._queue.append((kind, _clock(), fields))
         self._appended += 1  # after the append: the sender never sees a phantom drop
-        if kind != "step":  # rare, and sent at once whatever the pace: wake the sender
-            self._nudge()
-
-    def _nudge(self) -> None:
-        """Wake the sender if it sleeps for a pace (any thread, a signal handler too: one release
-        of a lock, never a wait; a second one before it woke changes nothing)."""
-        try:
-            self._wakeup.release()
-        except RuntimeError:  # released already: it wakes anyway
-            pass
 
     def rekey(self, key: wire.RankKey, why: str) -> None:
         """Training thread: frames queued from now on go out as ``key``; the old key says bye
@@ -213,11 +190,9 @@ class Publisher:
         if thread is None:
             return
         deadline = time.monotonic() + timeout_s
-        self._nudge()
         while self._queue and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.01)
         self._stop = True
-        self._nudge()
         thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
 
     def on_sender_thread(self) -> bool:
@@ -282,7 +257,6 @@ class Publisher:
         listening = False
         last_hello = self.hello_fields
         while True:
-            self.rounds += 1
             stopping = self._stop
             subscriptions = self.subscribers = link.poll()
             if (subscriptions > 0 and not listening) or self.hello_fields is not last_hello:
@@ -354,22 +328,10 @@ class Publisher:
             link.overflow = 0
             # Each round costs this thread 0.1-0.4 ms of CPU (cold caches; bench/overhead.py), taken
             # from training on a busy host: wake as seldom as a step record's wait allows (10 Hz
-            # with the default flush_s; 20 Hz at most; 2 Hz at a 2 s pace), sooner when a batch or
-            # a periodic job is due, at once for a message that goes at once (publish).
-            flush = self.current_flush_s()
+            # with the default flush_s; 20 Hz at most), sooner when a batch is due.
             idle = min(0.1, max(0.05, self.flush_s))
-            if flush > self.flush_s:
-                idle = min(MAX_PACED_IDLE_S, max(idle, flush * PACED_IDLE_SHARE))
-            due = batch[0][1] + flush - time.time() if batch else idle
-            if next_tick:
-                due = min(due, min(next_tick) - now)
-            wait = min(idle, max(0.001, due))
-            if flush > self.flush_s:
-                # Up to MAX_PACED_IDLE_S: what goes at once wakes it (released, the lock is taken
-                # again here: a wake-up while this round ran ends the next wait at once).
-                self._wakeup.acquire(timeout=wait)
-            else:
-                time.sleep(wait)  # 0.1 s at most, as before pacing let it sleep longer
+            due = batch[0][1] + self.current_flush_s() - time.time() if batch else idle
+            time.sleep(min(idle, max(0.001, due)))
 
     def start_for(self, world_size: int) -> None:
         """Hold step records as a monitor would ask of a job of ``world_size`` ranks
