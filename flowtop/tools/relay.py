@@ -360,7 +360,7 @@ class Relay:
                         self._retry_at = now + RETRY_S
                         break
                 if now >= next_report or stopping:
-                    # upstream full: tried again with the next batch, not at every turn of the loop
+                    # upstream full: tried again after RETRY_S, not at every turn of the loop
                     ok = self._send_report(up, now, closing=stopping)
                     next_report = now + (cfg.report_s if ok else RETRY_S)
             while q and now - q[0][1] > cfg.max_age_s:  # no monitor, or upstream full
