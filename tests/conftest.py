@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from pathlib import Path
@@ -38,9 +37,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-_GC_THRESHOLDS = gc.get_threshold()
-
-
 @pytest.fixture(autouse=True)
 def _monitor_gc_policy_undone() -> Iterator[None]:
     """A test that runs a monitor's command in this process (``cli.main(["top", ...])``) sets the
@@ -49,10 +45,7 @@ def _monitor_gc_policy_undone() -> Iterator[None]:
     yield
     from flowtop.monitor import gcpolicy
 
-    if gcpolicy._FREEZER is not None:
-        gcpolicy._FREEZER = None
-        gc.unfreeze()
-        gc.set_threshold(*_GC_THRESHOLDS)
+    gcpolicy.undo()
 
 
 @pytest.fixture

@@ -22,11 +22,11 @@ Conventions (also in the JSON ``conventions`` block):
 
 from __future__ import annotations
 
-from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Mapping, Sequence
 
 from flowtop.monitor import moe_load, precision
+from flowtop.monitor.records import Fields
 from flowtop.monitor.snapshot import FlopsView
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
@@ -46,9 +46,8 @@ def stalled_reason(stalled_s: float) -> str:
     return STALLED_REASON.format(stalled_s)
 
 
-_FLOPS_FIELDS = [f.name for f in fields(FlopsView)]
-_FLOPS_VALUES = attrgetter(*_FLOPS_FIELDS)  # a view's fields in order, in one C call
-_STALLED, _REASON = _FLOPS_FIELDS.index("stalled_s"), _FLOPS_FIELDS.index("mfu_reason")
+_FLOPS = Fields(FlopsView)
+_STALLED, _REASON = _FLOPS.at("stalled_s", "mfu_reason")
 
 
 def restalled(view: FlopsView, stalled_s: float) -> FlopsView:
@@ -58,7 +57,7 @@ def restalled(view: FlopsView, stalled_s: float) -> FlopsView:
     for every rank behind a silent relay as its silence grows by the second)."""
     if view.stalled_s is None:
         raise ValueError("restalled: the view is not a stalled rank's")
-    values = list(_FLOPS_VALUES(view))
+    values = list(_FLOPS.read(view))
     values[_STALLED], values[_REASON] = stalled_s, stalled_reason(stalled_s)
     return FlopsView(*values)
 

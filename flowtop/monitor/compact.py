@@ -353,9 +353,6 @@ class StepRing:
         self._short.append(tuple(block[2:]))
         self._nl += new
         self._ns += new
-        self._drop()
-
-    def _drop(self) -> None:
         while self._nl - BLOCK >= self.cap:
             del self._long[0]
             self._nl -= BLOCK
@@ -366,12 +363,9 @@ class StepRing:
     def _appended(self) -> None:
         """After a record was appended to the tails: roll a full block (a copy of its exact size:
         see _exact)."""
-        lt = self._lt
-        if len(lt[0]) == BLOCK:  # both tails fill together
-            self._long.append(_exact(lt))
-            self._short.append(_exact(self._st))
+        if len(self._lt[0]) == BLOCK:  # both tails fill together
+            self._push([*_exact(self._lt), *_exact(self._st)], 0)  # their values are counted
             self._lt, self._st = self._tails()
-            self._drop()
 
     def __len__(self) -> int:
         return min(self._nl, self.cap)

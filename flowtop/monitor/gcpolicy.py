@@ -86,6 +86,8 @@ class Freezer:
         gc.freeze()
 
 
+#: The thresholds the process had before a monitor command set THRESHOLDS (see :func:`undo`).
+_DEFAULT_THRESHOLDS = gc.get_threshold()
 #: The process's freezer, once a monitor command set the policy (:func:`for_monitor`).
 _FREEZER: Freezer | None = None
 
@@ -98,6 +100,16 @@ def for_monitor() -> None:
     if _FREEZER is None:
         _FREEZER = Freezer()
     heaptrim.for_process()
+
+
+def undo() -> None:
+    """Back to CPython's collector as it was: nothing frozen, no freezing at ticks, the thresholds
+    this module found (a test that ran a monitor's command in its own process)."""
+    global _FREEZER
+    if _FREEZER is not None:
+        _FREEZER = None
+        gc.unfreeze()
+        gc.set_threshold(*_DEFAULT_THRESHOLDS)
 
 
 def after_tick() -> None:

@@ -12,30 +12,28 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.records import Fields
 from flowtop.monitor.snapshot import Claimant, RankSnapshot
 from probe.wire import RankKey
 
 if TYPE_CHECKING:
     from flowtop.monitor.kernels.merge import CumulativeRow
 
-_NAMES = [f.name for f in fields(RankSnapshot)]
-_VALUES = attrgetter(*_NAMES)  # a view's fields in order, in one C call (a light copy's source)
-_STEP, _HEARD, _BEHIND = _NAMES.index("step"), _NAMES.index("heard_at"), _NAMES.index("behind_s")
-_HISTORY, _TELEMETRY = _NAMES.index("history"), _NAMES.index("telemetry")
+_VIEW = Fields(RankSnapshot)  # a light copy's source
+_STEP, _HEARD, _BEHIND, _HISTORY, _TELEMETRY = _VIEW.at("step", "heard_at", "behind_s", "history", "telemetry")
 
 
 def as_now(view: RankSnapshot, st: RankState, stepped: bool) -> RankSnapshot:
     """``view`` with the rank's telemetry, and its history too when it ``stepped``, as they are in
     ``st`` now: positional into the constructor, as :meth:`RankViews._copy` (dataclasses.replace
     took 30 ms of a 4,096-rank evaluation's 76 ms for it)."""
-    values = list(_VALUES(view))
+    values = list(_VIEW.read(view))
     if stepped:
         values[_HISTORY] = rs.history(st)
     values[_TELEMETRY] = rs.telemetry_view(st)
@@ -143,7 +141,7 @@ class RankViews:
             full = not glance and (spread == 0 or (st.key.rank + tick) % spread == 0)
             entry = entries.get(st.key) if not full else None
             if (entry is not None and st.version == entry.seen and at < entry.until and others == entry.key[3]
-                    and abs(entry.view.behind_s - behind) <= LAG_STEP_S):
+                    and not _lag_moved(entry.view, behind)):
                 reused += 1  # nothing arrived, and the clock has not moved its status yet
                 append(entry.view)
             else:
@@ -176,7 +174,7 @@ class RankViews:
         """The entry's view with its step, heard time and lag brought up to date: the values in
         one C call, positional into the constructor (replace() builds keyword arguments; views
         hold their fields in slots). The entry's other fields still hold."""
-        values = list(_VALUES(entry.view))
+        values = list(_VIEW.read(entry.view))
         values[_STEP], values[_HEARD], values[_BEHIND] = st.step, st.last_recv, behind
         view = entry.view = RankSnapshot(*values)
         self.refreshed += 1

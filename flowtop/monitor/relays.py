@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
 from flowtop.monitor import accounting
+from flowtop.monitor.records import Fields
 from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
 from probe.wire import Message, RankKey, WireError
@@ -59,16 +59,14 @@ def encode_stamp(relay: str, clock: float, ages_us: list[int]) -> bytes:
     return msgpack.packb({"k": STAMP_KIND, "r": relay, "c": clock, "a": ages_us})
 
 
-_RANK_FIELDS = [f.name for f in fields(RankSnapshot)]
-_RANK_VALUES = attrgetter(*_RANK_FIELDS)  # a view's fields in order, in one C call
-_STATUS, _REASON, _TOKENS, _FLOPS = (_RANK_FIELDS.index(n)
-                                     for n in ("status", "status_reason", "tokens_per_s", "flops"))
+_VIEW = Fields(RankSnapshot)
+_STATUS, _REASON, _TOKENS, _FLOPS = _VIEW.at("status", "status_reason", "tokens_per_s", "flops")
 
 
 def _stale(view: RankSnapshot, reason: str, flops: Any) -> RankSnapshot:
     """``view`` as a rank behind an unreachable relay shows: stale, why, no rate (positionally:
     dataclasses.replace builds keyword arguments)."""
-    values = list(_RANK_VALUES(view))
+    values = list(_VIEW.read(view))
     values[_STATUS], values[_REASON], values[_FLOPS] = "stale", reason, flops
     if view.tokens_per_s is not None:
         values[_TOKENS] = 0.0

@@ -223,7 +223,7 @@ class Relay:
         self._subscribed = False  # whether we subscribed downstream (a monitor listens)
         self._queue: Deque[tuple[Any, float]] = collections.deque()
         self._queued_bytes = 0
-        self._last_batch = -math.inf  # when the last batch left (see _batch_due)
+        self._last_batch = -math.inf  # when the last batch left (see _batch_at)
         self._retry_at = -math.inf  # upstream refused a batch: not before then
         #: The loop's wake-ups (each costs CPU: see IDLE_WAIT_S).
         self.wakes = 0
@@ -355,7 +355,7 @@ class Relay:
                 down.send(b"\x01" if self._subscribed else b"\x00")
             q = self._queue
             if self.listening:
-                while q and (stopping or self._batch_due(now)):
+                while q and (stopping or now >= self._batch_at()):
                     if not self._send_batch(up, now):
                         self._retry_at = now + RETRY_S
                         break
@@ -370,17 +370,17 @@ class Relay:
                 q.clear()
                 return
 
-    def _batch_due(self, now: float) -> bool:
-        """Whether the queued frames leave now: a full batch's worth, flush_s since the last batch
-        or since the oldest frame came, unless upstream refused one a moment ago. A frame that
-        finds no batch sent for flush_s leaves at once (a relay of a few ranks sends a few frames a
-        second: holding each for company cost a second wake-up), frames that follow it within
-        flush_s leave together, and none waits longer than flush_s (a batch cut short by its size
-        leaves the rest due)."""
-        if now < self._retry_at:
-            return False
-        q, flush = self._queue, self.cfg.flush_s
-        return len(q) >= self.cfg.max_parts or now - self._last_batch >= flush or now - q[0][1] >= flush
+    def _batch_at(self) -> float:
+        """When the queued frames (some) leave: at once with a full batch's worth, else flush_s
+        after the last batch or after the oldest frame came, whichever is first; never before
+        upstream may take one again (RETRY_S after it refused one). A frame that finds no batch
+        sent for flush_s leaves at once (a relay of a few ranks sends a few frames a second:
+        holding each for company cost a second wake-up), frames that follow it within flush_s
+        leave together, and none waits longer than flush_s (a batch cut short by its size leaves
+        the rest due)."""
+        q = self._queue
+        at = -math.inf if len(q) >= self.cfg.max_parts else min(self._last_batch, q[0][1]) + self.cfg.flush_s
+        return max(at, self._retry_at)
 
     def _wait(self, now: float, next_report: float) -> float:
         """Seconds the loop may sleep: until the next batch or report (a monitor listening) or the
@@ -390,7 +390,7 @@ class Relay:
         if self.listening:
             due = min(due, next_report)
             if q:
-                due = min(due, max(min(self._last_batch, q[0][1]) + self.cfg.flush_s, self._retry_at))
+                due = min(due, self._batch_at())
         elif q:
             due = min(due, q[0][1] + self.cfg.max_age_s)
         return max(0.0, due - now)
