@@ -212,7 +212,7 @@ def _say_bye_on_sigterm(p: Any) -> None:
     try:
         from probe.transport import sigterm
 
-        sigterm.install(p.on_sigterm, p.publisher.add_tick)
+        sigterm.install(p.on_sigterm, p.publisher.watch_fd)
     except Exception as exc:  # never into training
         warn_once("sigterm", f"no bye on SIGTERM: {exc}")
 

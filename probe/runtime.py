@@ -214,6 +214,7 @@ class Probe(SampledFeatures):
             self._kernels_next = 0
         if kernels or self._refused != self._refused_sent:  # a new refusal to report, not every one so far
             self._wake()
+            self.publisher.soon(0.1)  # and again while the cause lasts (a lost race, see _wake)
 
     def _rare_step_work(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The per-step work of setups that few runs have (compiled models' estimate,
@@ -340,7 +341,7 @@ class Probe(SampledFeatures):
         self._flops_off()
         self._kernels_off()
         self._layout_off()
-        self.publisher.publish("bye", {"reason": reason, "steps": self.tracker.step, "drops": self.publisher.drops})
+        self.publisher.publish_now("bye", {"reason": reason, "steps": self.tracker.step, "drops": self.publisher.drops})
         self.publisher.close(timeout_s=0.5)
 
     def on_sigterm(self, reason: str) -> None:

@@ -68,7 +68,7 @@ class SampledFeatures:
             from probe.flops.sampling import CHARGE_AFTER_STEPS, FlopSampler
 
             self._flops = FlopSampler(
-                lambda fields: self.publisher.publish("flops", fields),
+                lambda fields: self.publisher.publish_now("flops", fields),
                 self.cfg.attention,
                 self.cfg.recheck_steps,
                 self.cfg.flops_budget,
@@ -229,7 +229,7 @@ class SampledFeatures:
             window = sampler.end_step(step, typical_step_s=self._ewma_step_s)
             if window is not None:
                 window.setdefault("step", step)
-                self.publisher.publish("kernels", window)
+                self.publisher.publish_now("kernels", window)
         # A window only while a monitor listens: nobody would see it, and each profiler session
         # costs memory that Kineto keeps. The due window waits until a monitor subscribes.
         if self.publisher.subscribers <= 0:

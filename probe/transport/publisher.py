@@ -1,8 +1,9 @@
 """Publisher: bounded deque on the training thread, a daemon sender thread owns the sockets.
 
 The training thread only ever calls :meth:`Publisher.publish`, which appends a
-tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events, no syscalls
-(a lock held by a thread interrupted with KeyboardInterrupt can hang exit).
+tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events (a lock held by a thread
+interrupted with KeyboardInterrupt can hang exit), and no syscall but one non-blocking pipe write
+for the first step after a quiet spell, which wakes a sender that sleeps with nothing to send.
 Everything else — msgpack encoding, ZeroMQ sends, telemetry sampling, control
 messages from the monitor — happens on the sender thread.
 
@@ -29,6 +30,7 @@ from probe import wire
 from probe.wire.link import upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe._log import warn_once
+from probe.transport.link import Link, OnReadable, Waker, nudge, nudge_pipe
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
 _REKEY = "_rekey"
@@ -61,6 +63,18 @@ STEPS_ALIVE_S = 2.5
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
+#: A batch whose oldest record has waited this share of its wait leaves when the sender is awake
+#: anyway: waking again for the last tenth would double the sender's rounds (a step frame ~10 %
+#: sooner, never later).
+FLUSH_EARLY = 0.1
+#: Bounds of the sender's sleep: at least 1 ms; at most as long as a hello may be late.
+MIN_WAIT_S = 0.001
+MAX_WAIT_S = HELLO_MAX_S
+#: A send refused at the high-water mark is tried again after this long.
+RETRY_S = 0.05
+#: The sender takes the training thread's queue before it can be this full at the rate the last
+#: rounds saw (a loop of 0.1 ms steps fills 10,000 entries in a second).
+QUEUE_SHARE = 0.25
 #: The longest a paced periodic job (telemetry) is stretched to by the monitor's pace (see
 #: Publisher.paced_interval): the monitor reads a telemetry sample older than 10 s as stale.
 MAX_PACED_TICK_S = 5.0
@@ -83,13 +97,27 @@ class _Tick(NamedTuple):
     paced: bool
 
 
+class _Round:
+    """The sender thread's state between rounds (its own: nothing else reads it)."""
+
+    def __init__(self, hello: dict[str, Any] | None) -> None:
+        self.pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
+        self.batch: list[tuple[str, float, dict[str, Any]]] = []  # step records not yet flushed
+        self.next_tick: list[float] = []
+        self.next_hello = self.hello_at = self.steps_at = -math.inf  # hello checked, sent; steps sent
+        self.listening = False
+        self.last_hello = hello
+        self.watched = 0  # watched descriptors handed to the poll so far
+        self.popped, self.at = 0, time.time()  # the queue's count taken, and when (see _wait_s)
+
+
 class Publisher:
     """Bounded, never-blocking message queue plus the thread that sends it."""
 
     # publish()'s two attributes, as slots in the object itself: not among the values of the
     # attributes the sender thread writes, whose cache lines another core dirties (a miss for
     # the training thread's publish() at each step). The rest live in __dict__.
-    __slots__ = ("_queue", "_appended", "__dict__")
+    __slots__ = ("_queue", "_appended", "_asleep", "__dict__", "__weakref__")
 
     def __init__(
         self,
@@ -118,6 +146,8 @@ class Publisher:
         self._queue: Deque[tuple[str, float, dict[str, Any]]] = collections.deque(maxlen=queue_size)
         self._queue_size = queue_size
         self._appended = 0  # training thread only
+        #: The sender sleeps with nothing to send, until the next step's publish() wakes it.
+        self._asleep = False
         self._popped = 0  # sender thread only
         self._local: list[tuple[str, float, dict[str, Any]]] = []  # sender thread only
         self._sent = 0  # sender thread only
@@ -125,10 +155,14 @@ class Publisher:
         self._seq = 0
         self._stop = False
         self._ticks: list[_Tick] = []  # may grow while the sender runs
+        self._watched: list[tuple[int, OnReadable]] = []  # may grow while the sender runs
+        self._again_at = math.inf  # a round asked for by soon() (sender thread)
+        self._nudge_r = self._nudge_w = -1  # the sender's wake-up pipe, from start() on
+        self.waker: Waker | None = None  # the sender's poll (its counts: tests, benchmarks)
         self._control_handlers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
         self._sock: Any = None  # the sender thread's socket, while it runs
-        self.hello_fields: dict[str, Any] | None = None  # re-sent every few seconds
+        self._hello_fields: dict[str, Any] | None = None
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
         self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
 
@@ -138,11 +172,31 @@ class Publisher:
         """Queue one message from the training thread. O(1), never blocks, never raises."""
         self._queue.append((kind, _clock(), fields))
         self._appended += 1  # after the append: the sender never sees a phantom drop
+        if self._asleep:  # after the append: the sender checks the queue after setting it
+            self._asleep = False
+            nudge(self._nudge_w)  # the first step after a quiet spell: one write, rare
+
+    def publish_now(self, kind: str, fields: dict[str, Any]) -> None:
+        """Queue a rare message (a FLOP count, a kernel window, a bye) and wake the sender, so it
+        leaves at once rather than when the sender next wakes by itself (up to a paced step
+        frame's wait). One write into a non-blocking pipe: never blocks, never raises."""
+        self.publish(kind, fields)
+        nudge(self._nudge_w)
 
     def rekey(self, key: wire.RankKey, why: str) -> None:
         """Training thread: frames queued from now on go out as ``key``; the old key says bye
         (``why``) first, so a monitor that saw it does not keep a second, silent rank."""
-        self.publish(_REKEY, {"key": key, "why": why})
+        self.publish_now(_REKEY, {"key": key, "why": why})
+
+    @property
+    def hello_fields(self) -> dict[str, Any] | None:
+        """The hello (re-sent every few seconds while nothing else says the rank lives)."""
+        return self._hello_fields
+
+    @hello_fields.setter
+    def hello_fields(self, fields: dict[str, Any] | None) -> None:
+        self._hello_fields = fields
+        nudge(self._nudge_w)  # a changed hello goes at once
 
     def publish_local(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue one message from the sender thread itself (its periodic jobs)."""
@@ -163,6 +217,17 @@ class Publisher:
         every :meth:`paced_interval` of it, slower while the monitor paces this rank."""
         self._ticks.append(_Tick(interval_s, fn, paced))
 
+    def watch_fd(self, fd: int, on_readable: OnReadable) -> None:
+        """Call ``on_readable(data)`` on the sender thread with what ``fd`` holds whenever it
+        becomes readable (SIGTERM's wakeup pipe): the sender wakes for it at once."""
+        self._watched.append((fd, on_readable))
+        nudge(self._nudge_w)
+
+    def soon(self, delay_s: float) -> None:
+        """Sender thread (a periodic job): run another round within ``delay_s`` even if nothing
+        wakes the sender (a job that repeats a request while its cause lasts)."""
+        self._again_at = min(self._again_at, time.time() + delay_s)
+
     def paced_interval(self, interval_s: float) -> float:
         """``interval_s`` stretched by as much as the monitor's pace now slows the step records
         (pace ÷ flush_s), to at most MAX_PACED_TICK_S, never shorter than asked: a monitor that
@@ -181,6 +246,7 @@ class Publisher:
     def start(self) -> None:
         """Start the daemon sender thread (idempotent)."""
         if self._thread is None:
+            self._nudge_r, self._nudge_w = nudge_pipe(self)
             self._thread = threading.Thread(target=self._run, name="flowtop-probe-sender", daemon=True)
             self._thread.start()
 
@@ -190,9 +256,11 @@ class Publisher:
         if thread is None:
             return
         deadline = time.monotonic() + timeout_s
+        nudge(self._nudge_w)
         while self._queue and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.01)
         self._stop = True
+        nudge(self._nudge_w)
         thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
 
     def on_sender_thread(self) -> bool:
@@ -217,6 +285,7 @@ class Publisher:
         """Forget the thread and sockets without touching them (after fork in a child)."""
         self._thread = None
         self._stop = True
+        self._nudge_w = -1  # the parent's pipe: its sender must not wake for this child
         self._queue.clear()
 
     # --- sender thread ---------------------------------------------------------------
@@ -232,13 +301,13 @@ class Publisher:
         except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
             warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
             return
-        link: _Link | None = None
+        link: Link | None = None
         try:
             curve = self._curve_keys()
             for name, value in upstream_options(self.addr):  # the relays set theirs alike
                 sock.setsockopt(getattr(zmq, name), value)
             _apply_curve(sock, curve)
-            link = _Link(zmq, sock)  # before connect, or the first handshake is missed
+            link = Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
             self._sock = sock
             self._loop(zmq, sock, link)
@@ -249,89 +318,149 @@ class Publisher:
                 link.close()
             sock.close(0)
 
-    def _loop(self, zmq: Any, sock: Any, link: "_Link") -> None:
-        pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
-        batch: list[tuple[str, float, dict[str, Any]]] = []  # step records not yet flushed
-        next_tick: list[float] = []
-        next_hello = hello_at = steps_at = -math.inf  # when the hello is checked, was sent; steps sent
-        listening = False
-        last_hello = self.hello_fields
+    def _loop(self, zmq: Any, sock: Any, link: Link) -> None:
+        r = _Round(self.hello_fields)
+        waker = self.waker = Waker(zmq, [sock, link.events], self._nudge_r)
+        readable = True
         while True:
             stopping = self._stop
-            subscriptions = self.subscribers = link.poll()
-            if (subscriptions > 0 and not listening) or self.hello_fields is not last_hello:
-                next_hello = hello_at = -math.inf  # a monitor (re)appeared or the hello changed: send it now
-                last_hello = self.hello_fields
-            listening = subscriptions > 0
-            self._take(pending, batch, stopping)
+            if self._asleep:
+                self._asleep = False
+            if readable:
+                self._listen(link, r)
+            self._take(r.pending, r.batch, stopping)
             if self._local:
-                pending.extend(self._local)
+                r.pending.extend(self._local)
                 self._local.clear()
             now = time.time()
-            if listening and self.hello_fields is not None and now >= next_hello:
-                if now - steps_at >= STEPS_ALIVE_S or now - hello_at >= HELLO_MAX_S:
-                    pending.appendleft(("hello", now, self.hello_fields))
-                    hello_at, next_hello = now, now + HELLO_S
-                else:  # looked at again when the steps would have to stop, or the longest gap ends
-                    next_hello = min(steps_at + STEPS_ALIVE_S, hello_at + HELLO_MAX_S)
-            sent_all = True
-            while pending and (listening or pending[0][0] == _REKEY):
-                kind, t, fields = pending[0]
-                if kind == _REKEY:
-                    pending.popleft()
-                    self._switch_key(zmq, sock, fields, t, listening)
-                    if listening and self.hello_fields is not None:
-                        pending.appendleft(("hello", t, self.hello_fields))  # the new key's hello
-                    continue
-                if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
-                    frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
-                else:
-                    frame = wire.encode(kind, self.key, self._seq, t,
-                                        dict(fields, drops=self.drops) if kind == "step" else fields)
-                if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
-                    pending.popleft()  # too big together: one by one, so only an oversized record is lost
-                    pending.extendleft(reversed([("step", t, dict(r)) for r in fields["records"]]))
-                    continue
-                if len(frame) > wire.MAX_FRAME_BYTES:
-                    # The monitor's MAXMSGSIZE would drop the whole connection for this one.
-                    warn_once(f"oversize:{kind}",
-                              f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
-                    pending.popleft()
-                    self._send_drops += _weight(kind, fields)
-                    continue
-                try:
-                    sock.send(frame, zmq.NOBLOCK)
-                except zmq.Again:
-                    sent_all = False  # high-water mark reached (XPUB_NODROP): retry next round
-                    break
-                pending.popleft()
-                self._seq += 1
-                self._sent += 1
-                if kind == "steps" or kind == "step":
-                    steps_at = now
-            if not sent_all or not listening:
-                self._expire(pending, now)
+            self._queue_hello(r, now)
+            sent_all = self._send(zmq, sock, r, now)
+            if not sent_all or not r.listening:
+                self._expire(r.pending, now)
             if stopping:
-                self._send_drops += sum(_weight(k, f) for k, _, f in pending)
+                self._send_drops += sum(_weight(k, f) for k, _, f in r.pending)
                 return
-            ticks = list(self._ticks)
-            next_tick.extend([0.0] * (len(ticks) - len(next_tick)))
-            for i, tick in enumerate(ticks):
-                if now >= next_tick[i]:
-                    next_tick[i] = now + (self.paced_interval(tick.interval_s) if tick.paced else tick.interval_s)
-                    try:
-                        tick.fn()
-                    except Exception as exc:
-                        warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
-            self._handle_control(link.take_commands())
-            self.control_rejected += link.overflow
-            link.overflow = 0
-            # Each round costs this thread 0.1-0.4 ms of CPU (cold caches; bench/overhead.py), taken
-            # from training on a busy host: wake as seldom as a step record's wait allows (10 Hz
-            # with the default flush_s; 20 Hz at most), sooner when a batch is due.
-            idle = min(0.1, max(0.05, self.flush_s))
-            due = batch[0][1] + self.current_flush_s() - time.time() if batch else idle
-            time.sleep(min(idle, max(0.001, due)))
+            self._run_ticks(r, now)
+            while len(self._watched) > r.watched:
+                waker.watch(*self._watched[r.watched])
+                r.watched += 1
+            readable = waker.wait(self._wait_s(r, sent_all))
+
+    def _listen(self, link: Link, r: "_Round") -> None:
+        """Subscriptions, connection events and the monitor's commands since the last round."""
+        subscriptions = self.subscribers = link.poll()
+        if subscriptions > 0 and not r.listening:
+            r.next_hello = r.hello_at = -math.inf  # a monitor (re)appeared: the hello goes now
+        r.listening = subscriptions > 0
+        # Before the periodic jobs: a command's effect (a window requested) is seen this round.
+        self._handle_control(link.take_commands())
+        self.control_rejected += link.overflow
+        link.overflow = 0
+
+    def _queue_hello(self, r: "_Round", now: float) -> None:
+        """The hello goes first when it is due (see HELLO_S), or changed."""
+        if self.hello_fields is not r.last_hello:
+            r.next_hello = r.hello_at = -math.inf
+            r.last_hello = self.hello_fields
+        if not (r.listening and self.hello_fields is not None and now >= r.next_hello):
+            return
+        if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= HELLO_MAX_S:
+            r.pending.appendleft(("hello", now, self.hello_fields))
+            r.hello_at, r.next_hello = now, now + HELLO_S
+        else:  # looked at again when the steps would have to stop, or the longest gap ends
+            r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + HELLO_MAX_S)
+
+    def _send(self, zmq: Any, sock: Any, r: "_Round", now: float) -> bool:
+        """Send what is pending while a monitor listens; False when the high-water mark stopped it."""
+        pending = r.pending
+        while pending and (r.listening or pending[0][0] == _REKEY):
+            kind, t, fields = pending[0]
+            if kind == _REKEY:
+                pending.popleft()
+                self._switch_key(zmq, sock, fields, t, r.listening)
+                if r.listening and self.hello_fields is not None:
+                    pending.appendleft(("hello", t, self.hello_fields))  # the new key's hello
+                continue
+            if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
+                frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
+            else:
+                frame = wire.encode(kind, self.key, self._seq, t,
+                                    dict(fields, drops=self.drops) if kind == "step" else fields)
+            if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
+                pending.popleft()  # too big together: one by one, so only an oversized record is lost
+                pending.extendleft(reversed([("step", t, dict(rec)) for rec in fields["records"]]))
+                continue
+            if len(frame) > wire.MAX_FRAME_BYTES:
+                # The monitor's MAXMSGSIZE would drop the whole connection for this one.
+                warn_once(f"oversize:{kind}",
+                          f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
+                pending.popleft()
+                self._send_drops += _weight(kind, fields)
+                continue
+            try:
+                sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                return False  # high-water mark reached (XPUB_NODROP): tried again after RETRY_S
+            pending.popleft()
+            self._seq += 1
+            self._sent += 1
+            if kind == "steps" or kind == "step":
+                r.steps_at = now
+        return True
+
+    def _run_ticks(self, r: "_Round", now: float) -> None:
+        """The periodic jobs that are due (those of interval 0: every round)."""
+        if now >= self._again_at:
+            self._again_at = math.inf
+        ticks = list(self._ticks)
+        r.next_tick.extend([0.0] * (len(ticks) - len(r.next_tick)))
+        for i, tick in enumerate(ticks):
+            if now >= r.next_tick[i]:
+                interval = self.paced_interval(tick.interval_s) if tick.paced else tick.interval_s
+                r.next_tick[i] = now + interval if interval > 0 else -math.inf
+                try:
+                    tick.fn()
+                except Exception as exc:
+                    warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
+
+    def _wait_s(self, r: "_Round", sent_all: bool) -> float:
+        """How long the sender may sleep before something is due. Each wake-up costs it 0.1-0.4 ms
+        of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
+        until the batch, a hello, a periodic job, an expiry or a retry is due. While steps flow
+        it wakes a batch's wait after the last (the next one's first record is on its way); after
+        a quiet spell the next step wakes it (publish()). Anything else sooner (a subscription, a
+        command, a rare message, close(), SIGTERM) wakes it too."""
+        now = time.time()
+        taken, r.popped, elapsed, r.at = self._popped - r.popped, self._popped, now - r.at, now
+        due = [self._again_at - now]
+        if r.batch:
+            due.append(r.batch[0][1] + self.current_flush_s() * (1 - FLUSH_EARLY) - now)
+        elif taken:  # steps flow: the next batch is due a wait after its first, which is coming
+            due.append(self.current_flush_s())
+        else:  # a quiet spell: the next step's publish() wakes the sender (Dekker's order: its
+            self._asleep = True  # append, then this flag; here this flag, then the queue)
+            if self._queue:
+                return MIN_WAIT_S
+        rate = self._step_rate(r, taken, elapsed, now)
+        if rate > 0:  # before a fast loop could fill the queue (a long pace)
+            due.append(QUEUE_SHARE * self._queue_size / rate)
+        due.extend(t - now for t in r.next_tick if t > -math.inf)
+        if r.listening and self.hello_fields is not None:
+            due.append(r.next_hello - now)
+        if not sent_all:
+            due.append(RETRY_S)
+        if r.pending and not r.listening:
+            due.append(min(t for _, t, _ in r.pending) + self.max_age_s - now)
+        return min(MAX_WAIT_S, max(MIN_WAIT_S, min(due)))
+
+    @staticmethod
+    def _step_rate(r: "_Round", taken: int, elapsed: float, now: float) -> float:
+        """Messages a second the training thread queues, the higher of the last round's and the
+        open batch's (its first round after a quiet spell has seen one or two records, over
+        how little time they took: 1 ms at least)."""
+        last = taken / elapsed if taken > 0 and elapsed > 0 else 0.0
+        batch = len(r.batch) / max(MIN_WAIT_S, now - r.batch[0][1]) if r.batch else 0.0
+        return max(last, batch)
 
     def start_for(self, world_size: int) -> None:
         """Hold step records as a monitor would ask of a job of ``world_size`` ranks
@@ -363,7 +492,7 @@ class Publisher:
             else:
                 _flush(pending, batch)
                 pending.append(item)
-        if batch and (stopping or time.time() - batch[0][1] >= self.current_flush_s()):
+        if batch and (stopping or time.time() - batch[0][1] >= self.current_flush_s() * (1 - FLUSH_EARLY)):
             _flush(pending, batch)
 
     def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
@@ -404,7 +533,7 @@ class Publisher:
         return server_public, public, secret
 
     def _handle_control(self, frames: list[bytes]) -> None:
-        """Commands the monitor sent upstream on the data connection (see :class:`_Link`)."""
+        """Commands the monitor sent upstream on the data connection (see probe.transport.link.Link)."""
         for frame in frames:
             try:
                 cmd, job, rank, flush_s = wire.decode_control(frame)
@@ -427,73 +556,3 @@ def _apply_curve(sock: Any, keys: tuple[bytes, bytes, bytes] | None) -> None:
     """Make ``sock`` a CURVE client of the monitor (no-op without keys)."""
     if keys is not None:
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
-
-
-class _Link:
-    """Whether a monitor listens: connections from the socket monitor, subscriptions from the XPUB.
-
-    An XPUB reports an unsubscription when a subscriber's pipe ends, but not reliably
-    when the peer vanishes mid-handshake or is replaced on the same port; the socket
-    monitor's DISCONNECTED event is the ground truth that resets the count.
-    """
-
-    def __init__(self, zmq: Any, sock: Any) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        self._zmq = zmq
-        self._sock = sock
-        self._recv_event = recv_monitor_message
-        self._failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | self._failed)
-        self.connections = 0
-        self.subscriptions = 0
-        self._commands: list[bytes] = []
-        self.overflow = 0
-
-    def take_commands(self) -> list[bytes]:
-        """Command frames received since the last call (at most 16 per poll; more are dropped)."""
-        out, self._commands = self._commands, []
-        return out
-
-    def close(self) -> None:
-        """Stop monitoring and close the event socket (no linger)."""
-        try:
-            self._sock.disable_monitor()
-        finally:
-            self._events.close(0)
-
-    def poll(self) -> int:
-        """Drain pending events and (un)subscriptions; return the live subscription count."""
-        zmq = self._zmq
-        # Mostly there is nothing to read: asking first spares two raised zmq.Again per round.
-        for _ in range(64 if self._events.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
-            try:
-                event = self._recv_event(self._events, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connections += 1
-            elif event["event"] & self._failed:
-                # Otherwise a wrong or missing CURVE key looks exactly like "no monitor there".
-                why = ("refused this probe's CURVE key: add its client.key to the monitor's clients/ directory"
-                       if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
-                       "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
-                warn_once("handshake", f"the monitor at {event.get('endpoint', b'')!r:.80} {why}; nothing is sent")
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self.connections = max(0, self.connections - 1)
-                if self.connections == 0:
-                    self.subscriptions = 0
-        for _ in range(64 if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
-            try:
-                frame = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if frame[:1] == b"\x01":
-                self.subscriptions += 1
-            elif frame[:1] == b"\x00":
-                self.subscriptions = max(0, self.subscriptions - 1)
-            elif len(self._commands) < 16:  # an XSUB's upstream message: a monitor's command
-                self._commands.append(frame)
-            else:
-                self.overflow += 1  # more commands in one poll than anyone needs: counted
-        return self.subscriptions if self.connections > 0 else 0

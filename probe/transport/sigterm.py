@@ -4,9 +4,9 @@ torchrun tearing a job down and Slurm's ``scancel`` send SIGTERM, which ends Pyt
 atexit: the rank would only ever look stale. A plain Python handler runs only when the main
 thread is back in Python, so a rank hung inside a collective would no longer die of SIGTERM
 at once. Here the signal is seen by the probe's sender thread instead, through Python's
-signal wakeup fd: it says bye, restores the default disposition (libc, callable from any
-thread) and re-raises, so the process dies of SIGTERM exactly as it would without the probe,
-within about 0.5 s, wherever its main thread is. A Python handler stays as the fallback for
+signal wakeup fd (its poll wakes on it): it says bye, restores the default disposition (libc,
+callable from any thread) and re-raises, so the process dies of SIGTERM exactly as it would
+without the probe, within about 0.3 s, wherever its main thread is. A Python handler stays as the fallback for
 when the sender thread cannot act.
 
 Acts only while its handler is still the installed one: a handler set later (Lightning's
@@ -29,9 +29,10 @@ from probe._log import warn_once
 _state: dict[str, Any] = {}
 
 
-def install(on_term: Callable[[str], None], add_tick: Callable[[float, Callable[[], None]], None]) -> bool:
+def install(on_term: Callable[[str], None], watch_fd: Callable[[int, Callable[[bytes], None]], None]) -> bool:
     """Watch for SIGTERM (main thread only). ``on_term(reason)`` says bye and returns within
-    ~0.5 s; ``add_tick`` schedules the sender thread's watch. True when the watch is set."""
+    ~0.5 s; ``watch_fd(fd, reader)`` has the sender thread call ``reader`` with what the wakeup
+    pipe holds as soon as it is written (Publisher.watch_fd). True when the watch is set."""
     if threading.current_thread() is not threading.main_thread():
         return False
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
@@ -52,7 +53,7 @@ def install(on_term: Callable[[str], None], add_tick: Callable[[float, Callable[
         # with us: SIGTERM stays blocked across fork until the child has dropped the pipe.
         os.register_at_fork(before=_block, after_in_parent=_unblock)
         _state["fork_hooks"] = True
-    add_tick(0.0, _watch)
+    watch_fd(r, _watch)
     return True
 
 
@@ -95,12 +96,9 @@ def _unblock() -> None:
             pass
 
 
-def _watch() -> None:
-    """Sender thread: a SIGTERM byte in the wakeup pipe -> bye, then die of the signal."""
-    try:
-        data = os.read(_state["read"], 512)
-    except (BlockingIOError, KeyError, OSError):
-        return
+def _watch(data: bytes) -> None:
+    """Sender thread, with what the wakeup pipe held: a SIGTERM byte -> bye, then die of the
+    signal (other signals' bytes are Python's business: their handlers run anyway)."""
     if signal.SIGTERM in data and _still_ours():
         _terminate()
 

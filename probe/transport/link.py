@@ -1,0 +1,183 @@
+"""The probe sender's side of its connection: who listens (:class:`Link`) and what it sleeps on
+(:class:`Waker`).
+
+The sender thread sleeps until something is due or something happens. A timed wake-up costs a
+sleeping thread 50-150 us of CPU on a loaded host (taken from training, bench/overhead.py), so it
+does not wake to look: its socket (a monitor's subscription or command), the socket monitor's
+events, a nudge pipe that other threads write a byte into (a message that goes at once, close)
+and watched descriptors (SIGTERM's wakeup pipe) all wake one ``zmq_poll``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from typing import Any, Callable
+
+from probe._log import warn_once
+
+#: What a watched descriptor's reader is called with: the bytes read from it.
+OnReadable = Callable[[bytes], None]
+
+
+def nudge_pipe(owner: object) -> tuple[int, int]:
+    """A non-blocking pipe (read end, write end) closed when ``owner`` is collected: never
+    earlier, so another thread's nudge can never write into a descriptor number reused by a file
+    the process opened since (a checkpoint)."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    weakref.finalize(owner, _close_all, r, w)
+    return r, w
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def nudge(fd: int) -> None:
+    """Wake the thread that polls the pipe ``fd`` writes into (any thread; never blocks or raises:
+    a full pipe already wakes it)."""
+    if fd >= 0:
+        try:
+            os.write(fd, b"\0")
+        except OSError:
+            pass
+
+
+class Waker:
+    """One ``zmq_poll`` over the sender's sockets, its nudge pipe and watched descriptors."""
+
+    def __init__(self, zmq: Any, sockets: list[Any], nudge_fd: int) -> None:
+        self._poller = zmq.Poller()
+        self._pollin = zmq.POLLIN
+        for sock in sockets:
+            self._poller.register(sock, zmq.POLLIN)
+        self._nudge_fd = nudge_fd
+        if nudge_fd >= 0:
+            self._poller.register(nudge_fd, zmq.POLLIN)
+        self._watched: dict[int, OnReadable] = {}
+        self.waits = 0  # the sender's rounds (tests, benchmarks)
+        self.wakes = 0  # ... of which something woke before the timeout
+
+    def watch(self, fd: int, on_readable: OnReadable) -> None:
+        """Call ``on_readable(data)`` with what ``fd`` holds whenever it becomes readable."""
+        if fd not in self._watched:
+            self._poller.register(fd, self._pollin)
+        self._watched[fd] = on_readable
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s`` (1 ms at least), less when anything polled becomes ready;
+        drain what woke it (a descriptor always, so a readable one never spins the loop). True
+        when a socket has something to read: else the sender need not ask them (Link.poll costs
+        a cold round ~50 us; what arrives later wakes the next wait at once)."""
+        self.waits += 1
+        ready = self._poller.poll(max(1, math.ceil(timeout_s * 1000)))
+        if ready:
+            self.wakes += 1
+        sockets = False
+        for what, _ in ready:
+            if isinstance(what, int):
+                self._drain(what)
+            else:
+                sockets = True
+        return sockets
+
+    def _drain(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 512)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if fd == self._nudge_fd:
+            return
+        on_readable = self._watched.get(fd)
+        if not data or on_readable is None:  # closed under us (after fork): stop polling it
+            self._poller.unregister(fd)
+            self._watched.pop(fd, None)
+            return
+        try:
+            on_readable(data)
+        except Exception as exc:
+            warn_once(f"watch:{fd}", f"probe watcher failed and is skipped: {exc}")
+
+
+class Link:
+    """Whether a monitor listens: connections from the socket monitor, subscriptions from the XPUB.
+
+    An XPUB reports an unsubscription when a subscriber's pipe ends, but not reliably
+    when the peer vanishes mid-handshake or is replaced on the same port; the socket
+    monitor's DISCONNECTED event is the ground truth that resets the count.
+    """
+
+    def __init__(self, zmq: Any, sock: Any) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        self._zmq = zmq
+        self._sock = sock
+        self._recv_event = recv_monitor_message
+        self._failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | self._failed)
+        self.connections = 0
+        self.subscriptions = 0
+        self._commands: list[bytes] = []
+        self.overflow = 0
+
+    @property
+    def events(self) -> Any:
+        """The socket monitor's event socket (the sender's poll wakes on it too)."""
+        return self._events
+
+    def take_commands(self) -> list[bytes]:
+        """Command frames received since the last call (at most 16 per poll; more are dropped)."""
+        out, self._commands = self._commands, []
+        return out
+
+    def close(self) -> None:
+        """Stop monitoring and close the event socket (no linger)."""
+        try:
+            self._sock.disable_monitor()
+        finally:
+            self._events.close(0)
+
+    def poll(self) -> int:
+        """Drain pending events and (un)subscriptions; return the live subscription count."""
+        zmq = self._zmq
+        # Mostly there is nothing to read: asking first spares two raised zmq.Again per round.
+        for _ in range(64 if self._events.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
+            try:
+                event = self._recv_event(self._events, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connections += 1
+            elif event["event"] & self._failed:
+                # Otherwise a wrong or missing CURVE key looks exactly like "no monitor there".
+                why = ("refused this probe's CURVE key: add its client.key to the monitor's clients/ directory"
+                       if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
+                       "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
+                warn_once("handshake", f"the monitor at {event.get('endpoint', b'')!r:.80} {why}; nothing is sent")
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.connections = max(0, self.connections - 1)
+                if self.connections == 0:
+                    self.subscriptions = 0
+        for _ in range(64 if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":
+                self.subscriptions += 1
+            elif frame[:1] == b"\x00":
+                self.subscriptions = max(0, self.subscriptions - 1)
+            elif len(self._commands) < 16:  # an XSUB's upstream message: a monitor's command
+                self._commands.append(frame)
+            else:
+                self.overflow += 1  # more commands in one poll than anyone needs: counted
+        return self.subscriptions if self.connections > 0 else 0

@@ -1,0 +1,260 @@
+"""The probe's sender thread sleeps until something is due, and wakes at once for what cannot wait.
+
+Each wake-up costs a sleeping thread 0.1-0.4 ms of CPU on a loaded host (taken from training), so
+the sender sleeps until a batch, a hello or a periodic job is due; a subscription, a command, a
+rare message, close() and the first step after a quiet spell wake it. These tests run a real probe
+(its runtime's every-round job, telemetry, the SIGTERM watch where this process allows one) against
+a real ZeroMQ socket standing where the monitor binds, and count the sender's rounds
+(probe.transport.link.Waker.waits)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+import zmq
+
+import probe
+from flowtop.tools.demo.launch import free_port
+from probe import wire
+from probe.transport.publisher import Publisher
+
+torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
+
+
+class RawMonitor:
+    """A real XSUB bound where the monitor would be: subscribes, keeps what arrives (kind, records,
+    arrival time) and sends commands, all from one reader thread (a ZeroMQ socket is not
+    thread-safe)."""
+
+    def __init__(self) -> None:
+        self.addr = f"tcp://127.0.0.1:{free_port()}"
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.XSUB)
+        self._sock.bind(self.addr)
+        self._sock.send(b"\x01")  # subscribe to everything (XSUB repeats it to each new peer)
+        self.got: list[tuple[float, str, int]] = []  # (arrival, kind, step records)
+        self._out: list[bytes] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if self._sock.poll(20):
+                try:
+                    msg = wire.decode(self._sock.recv())
+                except wire.WireError as exc:  # a test's assertion says so, not a dead thread
+                    self.got.append((time.monotonic(), f"invalid: {exc}", 0))
+                    continue
+                kind = "steps" if msg.steps is not None else msg.kind  # a batch: "stepcols" on the wire
+                self.got.append((time.monotonic(), kind, len(msg.steps.step) if msg.steps else 0))
+            while self._out:
+                self._sock.send(self._out.pop(0))
+
+    def command(self, name: str, flush_s: float | None = None, key: wire.RankKey | None = None) -> None:
+        job, rank = (key.job, key.rank) if key is not None else (None, None)
+        self._out.append(wire.encode_control(name, job, rank, flush_s))
+
+    def kinds(self, since: float = 0.0) -> list[str]:
+        return [k for t, k, _ in self.got if t >= since]
+
+    def records(self) -> int:
+        return sum(n for _, _, n in self.got)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(2)
+        self._sock.close(0)
+        self._ctx.term()
+
+
+@pytest.fixture
+def monitor() -> Iterator[RawMonitor]:
+    m = RawMonitor()
+    yield m
+    m.close()
+
+
+def _attach(monkeypatch: pytest.MonkeyPatch, addr: str, kernels: bool = False) -> Any:
+    monkeypatch.setenv("FLOWTOP_ADDR", addr)
+    monkeypatch.setenv("FLOWTOP_KERNELS", "1" if kernels else "0")
+    monkeypatch.setenv("FLOWTOP_KERNELS_MIN_STEPS", "4")
+    assert probe.attach(job="wakeups")
+    p = probe._current()
+    deadline = time.monotonic() + 10
+    while p.publisher.subscribers == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert p.publisher.subscribers > 0, "the monitor's subscription never arrived"
+    return p
+
+
+class Loop:
+    """A real training loop: a tiny model stepped every ``step_s``."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(16, 16)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.steps = 0
+
+    def step(self) -> None:
+        self.model(torch.randn(4, 16)).sum().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.steps += 1
+
+    def run(self, seconds: float, step_s: float = 0.01) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.step()
+            time.sleep(step_s)
+
+
+def _rounds(p: Any) -> int:
+    waker = p.publisher.waker
+    assert waker is not None, "the sender has not started its loop"
+    return int(waker.waits)
+
+
+def _wait_until(pred: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(pred())
+
+
+def test_an_idle_probe_wakes_only_for_its_telemetry_and_hello(monkeypatch: pytest.MonkeyPatch,
+                                                              monitor: RawMonitor) -> None:
+    """Attached, heard, stepping no more (a stall in data loading, a hang): a telemetry sample a
+    second and, once the steps stopped saying the rank lives, a hello every 2 s are all that is
+    due. The old sender woke ten times a second (30 rounds here)."""
+    p = _attach(monkeypatch, monitor.addr)
+    try:
+        Loop().run(0.3)  # telemetry starts with the first step
+        time.sleep(0.5)
+        rounds, start = _rounds(p), time.monotonic()
+        time.sleep(3.0)
+        rounds = _rounds(p) - rounds
+        kinds = monitor.kinds(since=start)
+        assert rounds <= 10, rounds  # 3 telemetry samples, 1-2 hellos, and their coincidences
+        assert kinds.count("telemetry") >= 2 and kinds.count("hello") >= 1, kinds
+    finally:
+        probe.detach()
+
+
+def test_a_stepping_probe_wakes_about_once_a_batch_and_loses_no_step(monkeypatch: pytest.MonkeyPatch,
+                                                                     monitor: RawMonitor) -> None:
+    """10 ms steps, the default 0.1 s flush: one round a batch (the sender wakes when the next
+    batch is due, not again for its last tenth), about ten a second; the old sender took two
+    rounds a batch (~20 a second)."""
+    p = _attach(monkeypatch, monitor.addr)
+    loop = Loop()
+    try:
+        loop.run(0.5)
+        rounds, start = _rounds(p), time.monotonic()
+        loop.run(3.0)
+        rounds, elapsed = _rounds(p) - rounds, time.monotonic() - start
+        assert rounds <= 14 * elapsed, (rounds, elapsed)
+        frames = monitor.kinds(since=start).count("steps")
+        assert 8 * elapsed <= frames <= 12 * elapsed, (frames, elapsed)
+    finally:
+        probe.detach()
+    assert _wait_until(lambda: "bye" in monitor.kinds(), 2.0)
+    assert monitor.records() == loop.steps  # every step, once
+
+
+def test_a_paced_probe_wakes_about_once_a_pace(monkeypatch: pytest.MonkeyPatch, monitor: RawMonitor) -> None:
+    """The monitor asks for a 1 s pace (it hears too many ranks): the sender then wakes about once
+    a second for the batch, its telemetry stretched to every 5 s; it woke ten times a second."""
+    p = _attach(monkeypatch, monitor.addr)
+    loop = Loop()
+    try:
+        monitor.command("pace", 1.0)
+        assert _wait_until(lambda: p.publisher.current_flush_s() == 1.0)
+        loop.run(1.0)
+        rounds, start = _rounds(p), time.monotonic()
+        loop.run(4.0)
+        rounds, elapsed = _rounds(p) - rounds, time.monotonic() - start
+        assert rounds <= 3 * elapsed, (rounds, elapsed)
+        frames = monitor.kinds(since=start).count("steps")
+        assert 2 <= frames <= elapsed + 2, (frames, elapsed)
+    finally:
+        probe.detach()
+    assert _wait_until(lambda: "bye" in monitor.kinds(), 2.0)
+    assert monitor.records() == loop.steps
+
+
+def test_what_cannot_wait_wakes_a_paced_sender_at_once(monkeypatch: pytest.MonkeyPatch, monitor: RawMonitor) -> None:
+    """Paced at 2 s: a kernel-window request reaches the probe, and the first step after a quiet
+    spell, a FLOP count and the bye leave, each well within the pace (the sender would otherwise
+    sleep up to the pace, or its telemetry's 5 s)."""
+    p = _attach(monkeypatch, monitor.addr, kernels=True)
+    loop = Loop()
+    try:
+        monitor.command("pace", 2.0)
+        assert _wait_until(lambda: p.publisher.current_flush_s() == 2.0)
+        loop.run(0.3)  # the FLOP count of step 2 went with the steps
+        time.sleep(2.5)  # a quiet spell: nothing due for seconds but telemetry
+        scheduler = p._kernels.scheduler
+        refused, sent = scheduler.refused, time.monotonic()
+        # taken (a window at the next step) or refused (too soon after the last one): seen either way
+        monitor.command("kernels_now", key=p.publisher.key)
+        assert _wait_until(lambda: scheduler.requested or scheduler.refused > refused, 2.0)
+        assert time.monotonic() - sent < 0.3, time.monotonic() - sent
+        before = time.monotonic()
+        p.publisher.publish_now("flops", {"step": 1, "model_flops": 1.0, "executed_flops": 1.0, "attention": "full",
+                                          "dtype": "float32", "peak_source": "test", "uncounted": {}, "tokens": 1})
+        assert _wait_until(lambda: "flops" in monitor.kinds(since=before), 2.0)
+        assert monitor.got[-1][0] - before < 0.3
+    finally:
+        before = time.monotonic()
+        probe.detach()
+    assert _wait_until(lambda: "bye" in monitor.kinds(since=before), 2.0)
+    assert time.monotonic() - before < 1.0
+
+
+def test_the_first_step_after_a_quiet_spell_leaves_within_its_flush(monkeypatch: pytest.MonkeyPatch,
+                                                                    monitor: RawMonitor) -> None:
+    """The sender sleeps with nothing to send (no round for a step that may never come); the first
+    step's publish() wakes it, so its frame still leaves within the 0.1 s flush, not at the next
+    telemetry sample."""
+    p = _attach(monkeypatch, monitor.addr)
+    loop = Loop()
+    try:
+        loop.run(0.3)
+        time.sleep(1.5)
+        for _ in range(5):
+            time.sleep(0.6)
+            assert _wait_until(lambda: p.publisher._asleep, 2.0)  # quiet again: the sender went back to sleep
+            start = time.monotonic()
+            loop.step()  # a step ends at the next optimizer step's boundary
+            loop.step()
+            assert _wait_until(lambda since=start: "steps" in monitor.kinds(since=since), 2.0)
+            arrived = min(t for t, k, _ in monitor.got if t >= start and k == "steps")
+            assert arrived - start < 0.25, arrived - start
+    finally:
+        probe.detach()
+
+
+def test_a_fast_loop_under_a_long_pace_loses_nothing_to_a_small_queue() -> None:
+    """Paced at 2 s with a 2,000-entry queue, 3,000 steps in ~1.5 s: the sender takes the queue
+    before it could fill (at the rate it sees), though nothing else is due for 2 s."""
+    monitor = RawMonitor()
+    pub = Publisher(wire.RankKey("fast", "h", 1, 0, 0), monitor.addr, queue_size=2000)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        monitor.command("pace", 2.0)
+        assert _wait_until(lambda: pub.current_flush_s() == 2.0)
+        time.sleep(0.5)
+        for step in range(1, 3001):
+            pub.publish("step", {"step": step, "wall_s": 0.0005, "tokens": 1})
+            time.sleep(0.0005)
+        assert pub.drops == 0
+    finally:
+        pub.close(timeout_s=3.0)
+        monitor.close()
+    assert monitor.records() == 3000
