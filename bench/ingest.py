@@ -357,11 +357,17 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
 # --- relays ----------------------------------------------------------------------------------------
 
 
-def _relay_proc(listens: list[str], upstream: str, stop: Any) -> None:
+def _relay_proc(listens: list[str], upstream: str, stop: Any, shared: bool) -> None:
+    """``shared``: the process's relays share one ZeroMQ context: 32 relays to a process run 34
+    threads instead of 96 (libzmq starts an I/O and a reaper thread per context) on the cores the
+    monitor is measured on; each relay of a real cluster has its node to itself."""
+    import zmq
+
     from flowtop.tools.relay import Relay, RelayConfig
 
     raise_nofile()
-    relays = [Relay(RelayConfig(addr, upstream, hosted_by="bench")) for addr in listens]
+    ctx = zmq.Context() if shared else None
+    relays = [Relay(RelayConfig(addr, upstream, hosted_by="bench"), context=ctx) for addr in listens]
     threads = [threading.Thread(target=r.run, daemon=True) for r in relays]
     for t in threads:
         t.start()
@@ -370,12 +376,14 @@ def _relay_proc(listens: list[str], upstream: str, stop: Any) -> None:
         r.stop()
     for t in threads:
         t.join(5)
+    if ctx is not None:
+        ctx.term()
 
 
 class Relays:
     """The configuration's relays, as ``flowtop relay`` subprocesses or hosted in a few processes."""
 
-    def __init__(self, n: int, upstream: str, host: str, per_proc: int, tmp: str) -> None:
+    def __init__(self, n: int, upstream: str, host: str, per_proc: int, tmp: str, shared: bool = True) -> None:
         self.listens = [f"ipc://{tmp}/r{i}.sock" for i in range(n)]
         self.host = host
         self._stop = mp.Event()
@@ -390,7 +398,7 @@ class Relays:
                 self.pids.append(p.pid)
         else:
             for i in range(0, n, per_proc):
-                p = mp.Process(target=_relay_proc, args=(self.listens[i:i + per_proc], upstream, self._stop))
+                p = mp.Process(target=_relay_proc, args=(self.listens[i:i + per_proc], upstream, self._stop, shared))
                 p.start()
                 self._procs.append(p)
                 self.pids.append(p.pid)  # type: ignore[arg-type]
@@ -883,7 +891,9 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
     needs = fd_needs(ranks, args.workers, path, args.per_relay,
                      {"cli": relays_n, "sim": 0}.get(host, args.relays_per_proc))
     row: dict[str, Any] = {"ranks": ranks, "step_ms": step_ms, "path": path, "relays": relays_n,
-                           "relay_host": host if relays_n else None, "single": args.single,
+                           "relay_host": host if relays_n else None,
+                           "relay_context": args.relay_context if relays_n and host == "threads" else None,
+                           "single": args.single,
                            "fd_needs": needs, "fd_hard_limit": hard}
     short = {k: v for k, v in needs.items() if hard != resource.RLIM_INFINITY and v > hard}
     if short:
@@ -899,7 +909,7 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
     try:
         addrs = [mon.listen] * ranks
         if path == "relay" and host != "sim":
-            relays = Relays(relays_n, mon.listen, host, args.relays_per_proc, tmp)
+            relays = Relays(relays_n, mon.listen, host, args.relays_per_proc, tmp, args.relay_context == "shared")
             addrs = [relays.listens[r // args.per_relay] for r in range(ranks)]
             time.sleep(2.0 + relays_n * (0.05 if host == "cli" else 0.005))
         cfg = {"step_s": step_ms / 1e3, "flush_s": _flush_s(args.flush_s, ranks), "single": args.single,
@@ -1260,6 +1270,9 @@ def main() -> int:
                     "their relays would (one connection per node, [stamp, frame, ...] batches, a report every "
                     "2 s): the monitor's side of a relayed job at a scale whose relays the cores cannot also run")
     ap.add_argument("--relays-per-proc", type=int, default=32)
+    ap.add_argument("--relay-context", choices=("shared", "own"), default="shared",
+                    help="--relay-host threads: the relays of a process share one ZeroMQ context (default), or "
+                    "each has its own as a `flowtop relay` process does (one I/O thread each)")
     ap.add_argument("--flush-s", default=os.environ.get("FLOWTOP_FLUSH_S", "auto"),
                     help="seconds between a rank's step frames; 'auto' (default): what a probe starts at, 0.1 s or the "
                     "pace the monitor asks of that many ranks (probe.wire.pace)")

@@ -203,8 +203,11 @@ def _remove_ipc(address: str) -> None:
 class Relay:
     """One relay: :meth:`run` binds, forwards until :meth:`stop`, then says it is closing."""
 
-    def __init__(self, cfg: RelayConfig) -> None:
+    def __init__(self, cfg: RelayConfig, context: Any = None) -> None:
+        """``context``: a ZeroMQ context to share (a process hosting many relays: bench/ingest.py),
+        left to its owner to end; by default the relay makes its own and ends it."""
         self.cfg = cfg
+        self._context = context
         check_listen(cfg.listen)
         check_upstream(cfg.upstream)
         self._curve = client_keys(cfg.curve_dir)
@@ -266,7 +269,7 @@ class Relay:
         os.set_blocking(wake_w, False)
         with self._wake_lock:
             self._wake = (wake_r, wake_w)
-        ctx = zmq.Context()
+        ctx = self._context if self._context is not None else zmq.Context()
         socks: list[Any] = []
         auth = None
         bound = False
@@ -321,7 +324,8 @@ class Relay:
                 s.close()
             if auth is not None:
                 auth.stop()
-            ctx.term()
+            if self._context is None:
+                ctx.term()
             if bound:
                 _remove_ipc(self.cfg.listen)
 

@@ -28,7 +28,9 @@ def nudge_pipe(owner: object) -> tuple[int, int]:
     r, w = os.pipe()
     os.set_blocking(r, False)
     os.set_blocking(w, False)
-    weakref.finalize(owner, _close_all, r, w)
+    # Not at exit: a daemon sender still polling them would spin on closed descriptors; the
+    # process's end closes them anyway.
+    weakref.finalize(owner, _close_all, r, w).atexit = False
     return r, w
 
 

@@ -216,6 +216,7 @@ class Publisher:
         """Run ``fn`` on the sender thread every ``interval_s`` (errors are swallowed); ``paced``:
         every :meth:`paced_interval` of it, slower while the monitor paces this rank."""
         self._ticks.append(_Tick(interval_s, fn, paced))
+        nudge(self._nudge_w)  # a sender asleep for seconds schedules it now
 
     def watch_fd(self, fd: int, on_readable: OnReadable) -> None:
         """Call ``on_readable(data)`` on the sender thread with what ``fd`` holds whenever it
