@@ -65,6 +65,7 @@ class Probe(SampledFeatures):
         self._rare = False  # per-step work few runs have is due (see _refresh_rare)
         self._refused = 0  # commands refused so far: the sender thread keeps it (see _sender_round)
         self._refused_sent = 0  # ... and the count the last step message carried
+        self._woken_at = -1  # the step at which the sender last woke the next boundary (see _sender_round)
         self._nvtx_open = False
         self._nvtx_disabled = False
         self._count_wall_s: float | None = None  # wall time of the last FLOP-counted step
@@ -214,7 +215,10 @@ class Probe(SampledFeatures):
             self._kernels_next = 0
         if kernels or self._refused != self._refused_sent:  # a new refusal to report, not every one so far
             self._wake()
-            self.publisher.soon(0.1)  # and again while the cause lasts (a lost race, see _wake)
+            step = self.tracker.step
+            if step != self._woken_at:  # stepping: a boundary may undo the wake (see _wake), look
+                self._woken_at = step  # again soon; a rank that does not step cannot undo it
+                self.publisher.soon(0.1)
 
     def _rare_step_work(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The per-step work of setups that few runs have (compiled models' estimate,

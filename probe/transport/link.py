@@ -19,6 +19,8 @@ from probe._log import warn_once
 
 #: What a watched descriptor's reader is called with: the bytes read from it.
 OnReadable = Callable[[bytes], None]
+#: The longest sleep once the nudge pipe failed (see Waker.degraded).
+DEGRADED_WAIT_S = 0.1
 
 
 def nudge_pipe(owner: object) -> tuple[int, int]:
@@ -64,6 +66,9 @@ class Waker:
         if nudge_fd >= 0:
             self._poller.register(nudge_fd, zmq.POLLIN)
         self._watched: dict[int, OnReadable] = {}
+        #: The nudge pipe failed (its descriptor closed under us by some library): without it the
+        #: sender wakes every DEGRADED_WAIT_S to look, as it did before it slept on the pipe.
+        self.degraded = False
         self.waits = 0  # the sender's rounds (tests, benchmarks)
         self.wakes = 0  # ... of which something woke before the timeout
 
@@ -79,6 +84,8 @@ class Waker:
         when a socket has something to read: else the sender need not ask them (Link.poll costs
         a cold round ~50 us; what arrives later wakes the next wait at once)."""
         self.waits += 1
+        if self.degraded:
+            timeout_s = min(timeout_s, DEGRADED_WAIT_S)
         ready = self._poller.poll(max(1, math.ceil(timeout_s * 1000)))
         if ready:
             self.wakes += 1
@@ -97,12 +104,17 @@ class Waker:
             return
         except OSError:
             data = b""
-        if fd == self._nudge_fd:
-            return
         on_readable = self._watched.get(fd)
-        if not data or on_readable is None:  # closed under us (after fork): stop polling it
+        if not data or (on_readable is None and fd != self._nudge_fd):
+            # Closed under us (after fork; a library closing what it does not own): polled on, it
+            # would be "ready" forever and the sender would spin.
             self._poller.unregister(fd)
             self._watched.pop(fd, None)
+            if fd == self._nudge_fd:
+                self._nudge_fd, self.degraded = -1, True
+                warn_once("nudge-pipe", "the probe sender's wake-up pipe failed; it now looks every 0.1 s")
+            return
+        if on_readable is None:  # the nudge: its bytes say nothing
             return
         try:
             on_readable(data)

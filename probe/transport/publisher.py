@@ -63,15 +63,13 @@ STEPS_ALIVE_S = 2.5
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
-#: A batch whose oldest record has waited this share of its wait leaves when the sender is awake
-#: anyway: waking again for the last tenth would double the sender's rounds (a step frame ~10 %
-#: sooner, never later).
-FLUSH_EARLY = 0.1
 #: Bounds of the sender's sleep: at least 1 ms; at most as long as a hello may be late.
 MIN_WAIT_S = 0.001
 MAX_WAIT_S = HELLO_MAX_S
-#: A send refused at the high-water mark is tried again after this long.
+#: A send refused at the high-water mark is tried again after this long, twice as long after each
+#: refusal in a row up to RETRY_MAX_S (a monitor that stopped reading: each try encodes a frame).
 RETRY_S = 0.05
+RETRY_MAX_S = 1.0
 #: The sender takes the training thread's queue before it can be this full at the rate the last
 #: rounds saw (a loop of 0.1 ms steps fills 10,000 entries in a second).
 QUEUE_SHARE = 0.25
@@ -109,14 +107,19 @@ class _Round:
         self.last_hello = hello
         self.watched = 0  # watched descriptors handed to the poll so far
         self.popped, self.at = 0, time.time()  # the queue's count taken, and when (see _wait_s)
+        self.flushed_at = -math.inf  # when the last batch was closed (see Publisher._batch_at)
+        self.newest = -math.inf  # the newest step record's publish time
+        self.gap = 0.0  # seconds between step records, over the last round that took some
+        self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
 
 
 class Publisher:
     """Bounded, never-blocking message queue plus the thread that sends it."""
 
-    # publish()'s two attributes, as slots in the object itself: not among the values of the
+    # publish()'s attributes, as slots in the object itself: not among the values of the
     # attributes the sender thread writes, whose cache lines another core dirties (a miss for
-    # the training thread's publish() at each step). The rest live in __dict__.
+    # the training thread's publish() at each step). The sender writes _asleep in its quiet
+    # rounds only. The rest live in __dict__.
     __slots__ = ("_queue", "_appended", "_asleep", "__dict__", "__weakref__")
 
     def __init__(
@@ -329,23 +332,27 @@ class Publisher:
                 self._asleep = False
             if readable:
                 self._listen(link, r)
-            self._take(r.pending, r.batch, stopping)
+            now = time.time()
+            if not stopping:  # before sending: what a job queues (a telemetry sample) goes now
+                self._run_ticks(r, now)
+            self._take(r, stopping)
             if self._local:
                 r.pending.extend(self._local)
                 self._local.clear()
-            now = time.time()
             self._queue_hello(r, now)
             sent_all = self._send(zmq, sock, r, now)
+            r.retry_s = RETRY_S if sent_all else min(RETRY_MAX_S, 2 * r.retry_s)
             if not sent_all or not r.listening:
                 self._expire(r.pending, now)
             if stopping:
                 self._send_drops += sum(_weight(k, f) for k, _, f in r.pending)
                 return
-            self._run_ticks(r, now)
             while len(self._watched) > r.watched:
                 waker.watch(*self._watched[r.watched])
                 r.watched += 1
             readable = waker.wait(self._wait_s(r, sent_all))
+            if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
+                self._nudge_w = -1
 
     def _listen(self, link: Link, r: "_Round") -> None:
         """Subscriptions, connection events and the monitor's commands since the last round."""
@@ -401,7 +408,7 @@ class Publisher:
             try:
                 sock.send(frame, zmq.NOBLOCK)
             except zmq.Again:
-                return False  # high-water mark reached (XPUB_NODROP): tried again after RETRY_S
+                return False  # high-water mark reached (XPUB_NODROP): tried again (see RETRY_S)
             pending.popleft()
             self._seq += 1
             self._sent += 1
@@ -427,20 +434,21 @@ class Publisher:
     def _wait_s(self, r: "_Round", sent_all: bool) -> float:
         """How long the sender may sleep before something is due. Each wake-up costs it 0.1-0.4 ms
         of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
-        until the batch, a hello, a periodic job, an expiry or a retry is due. While steps flow
-        it wakes a batch's wait after the last (the next one's first record is on its way); after
-        a quiet spell the next step wakes it (publish()). Anything else sooner (a subscription, a
-        command, a rare message, close(), SIGTERM) wakes it too."""
+        until the batch, a hello, a periodic job, an expiry or a retry is due. While steps come
+        faster than the batch's wait it wakes when the next batch is due (its first record is on
+        its way); slower, or after a quiet spell, the next step's publish() wakes it. Anything
+        else sooner (a subscription, a command, a rare message, close(), SIGTERM) wakes it too."""
         now = time.time()
         taken, r.popped, elapsed, r.at = self._popped - r.popped, self._popped, now - r.at, now
+        flush = self.current_flush_s()
         due = [self._again_at - now]
         if r.batch:
-            due.append(r.batch[0][1] + self.current_flush_s() * (1 - FLUSH_EARLY) - now)
-        elif taken:  # steps flow: the next batch is due a wait after its first, which is coming
-            due.append(self.current_flush_s())
-        else:  # a quiet spell: the next step's publish() wakes the sender (Dekker's order: its
-            self._asleep = True  # append, then this flag; here this flag, then the queue)
-            if self._queue:
+            due.append(self._batch_at(r, flush) - now)
+        elif taken and r.gap < flush:  # steps flow: the next batch is due a wait after the last
+            due.append(r.flushed_at + flush - now)
+        else:  # nothing to send: the next step's publish() wakes the sender (Dekker's order: its
+            self._asleep = True  # append, then this flag; here this flag, then the queue; sound
+            if self._queue:  # under the GIL, which orders both threads' reads and writes)
                 return MIN_WAIT_S
         rate = self._step_rate(r, taken, elapsed, now)
         if rate > 0:  # before a fast loop could fill the queue (a long pace)
@@ -449,19 +457,31 @@ class Publisher:
         if r.listening and self.hello_fields is not None:
             due.append(r.next_hello - now)
         if not sent_all:
-            due.append(RETRY_S)
-        if r.pending and not r.listening:
-            due.append(min(t for _, t, _ in r.pending) + self.max_age_s - now)
+            due.append(r.retry_s)
+        if r.pending and not r.listening:  # expired in bunches, not one wake-up a message
+            oldest = min((t for k, t, _ in r.pending if k != _REKEY), default=math.inf)
+            due.append(oldest + 1.5 * self.max_age_s - now)
         return min(MAX_WAIT_S, max(MIN_WAIT_S, min(due)))
 
     @staticmethod
+    def _batch_at(r: "_Round", flush: float) -> float:
+        """When the open batch leaves: ``flush`` after the last batch closed or after its first
+        record came, whichever is sooner. So no record waits longer than ``flush``, batches
+        leave at most one a ``flush`` while steps flow (the sender wakes once a batch, when it
+        is due), and a record that finds none closed for ``flush`` leaves at once (steps slower
+        than the flush: one round a step, no wait)."""
+        return min(r.flushed_at, r.batch[0][1]) + flush
+
+    @staticmethod
     def _step_rate(r: "_Round", taken: int, elapsed: float, now: float) -> float:
-        """Messages a second the training thread queues, the higher of the last round's and the
-        open batch's (its first round after a quiet spell has seen one or two records, over
-        how little time they took: 1 ms at least)."""
+        """Messages a second the training thread queues, the highest of: the last round's, the
+        open batch's, and one over the gap between the last step records (a step record whose
+        predecessor is unknown counts as 1 ms after it: the first of a fast loop has no batch
+        to wait with it, and the wait for the next batch must not let the loop fill the queue)."""
         last = taken / elapsed if taken > 0 and elapsed > 0 else 0.0
         batch = len(r.batch) / max(MIN_WAIT_S, now - r.batch[0][1]) if r.batch else 0.0
-        return max(last, batch)
+        gap = 1.0 / max(MIN_WAIT_S, r.gap) if taken else 0.0
+        return max(last, batch, gap)
 
     def start_for(self, world_size: int) -> None:
         """Hold step records as a monitor would ask of a job of ``world_size`` ranks
@@ -475,11 +495,12 @@ class Publisher:
         pace, until = self._pace
         return max(self.flush_s, pace) if time.monotonic() < until else self.own_flush_s
 
-    def _take(self, pending: Deque[tuple[str, float, dict[str, Any]]],
-              batch: list[tuple[str, float, dict[str, Any]]], stopping: bool) -> None:
-        """Move the training thread's queue to ``pending``, step records through ``batch``:
-        flushed when the oldest is ``flush_s`` old, when it is full, and before any other
+    def _take(self, r: "_Round", stopping: bool) -> None:
+        """Move the training thread's queue to the pending messages, step records through the
+        open batch: closed when due (see _batch_at), when it is full, and before any other
         message (order is kept: a count or a bye never overtakes the steps before it)."""
+        pending, batch = r.pending, r.batch
+        steps, newest = 0, r.newest
         while True:
             try:
                 item = self._queue.popleft()
@@ -488,12 +509,20 @@ class Publisher:
             self._popped += 1
             if item[0] == "step":
                 batch.append(item)
+                steps, newest = steps + 1, item[1]
                 if len(batch) >= wire.MAX_BATCH:
+                    r.flushed_at = time.time()
                     _flush(pending, batch)
             else:
+                if batch:
+                    r.flushed_at = time.time()
                 _flush(pending, batch)
                 pending.append(item)
-        if batch and (stopping or time.time() - batch[0][1] >= self.current_flush_s() * (1 - FLUSH_EARLY)):
+        if steps:
+            r.gap = (newest - r.newest) / steps if r.newest > -math.inf else 0.0
+            r.newest = newest
+        if batch and (stopping or time.time() >= self._batch_at(r, self.current_flush_s())):
+            r.flushed_at = time.time()
             _flush(pending, batch)
 
     def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
