@@ -335,3 +335,31 @@ def test_a_fast_loop_under_a_long_pace_loses_nothing_to_a_small_queue() -> None:
     finally:
         pub.close(timeout_s=3.0)
         monitor.close()
+
+
+def test_a_lapsing_pace_sends_the_waiting_batch_when_it_lapses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2 s pace that lapses after 1 s (its monitor went quiet): the batch opened under it is due
+    at once then (the probe's own 0.1 s holds), not at the 2 s it was planned for."""
+    monkeypatch.setattr(wire, "PACE_TTL_S", 1.0)
+    monitor = RawMonitor()
+    pub = Publisher(wire.RankKey("lapse", "h", 1, 0, 0), monitor.addr)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        monitor.command("pace", 2.0)
+        assert _wait_until(lambda: pub.current_flush_s() == 2.0)
+        paced_at = time.monotonic()
+        step = 0
+        while pub.current_flush_s() == 2.0:
+            step += 1
+            pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 1})
+            time.sleep(0.01)
+        lapsed = time.monotonic()
+        assert lapsed - paced_at < 1.5
+        assert _wait_until(lambda: any(t >= lapsed and k == "steps" for t, k, _ in monitor.got), 3.0)
+        first = min(t for t, k, _ in monitor.got if t >= lapsed and k == "steps")
+        assert first - lapsed < 0.3, first - lapsed
+    finally:
+        pub.close(timeout_s=0.5)
+        monitor.close()
