@@ -1,5 +1,5 @@
-"""The probe sender's side of its connection: who listens (:class:`Link`) and what it sleeps on
-(:class:`Waker`).
+"""The probe sender's side of its connection: its CURVE keys, who listens (:class:`Link`) and
+what it sleeps on (:class:`Waker`).
 
 The sender thread sleeps until something is due or something happens. A timed wake-up costs a
 sleeping thread 50-150 us of CPU on a loaded host (taken from training, bench/overhead.py), so it
@@ -52,6 +52,28 @@ def nudge(fd: int) -> None:
             os.write(fd, b"\0")
         except OSError:
             pass
+
+
+def curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes] | None:
+    """(monitor public, own public, own secret) from the key directory, if one is set.
+
+    A key directory that cannot be read stops the sender (never a silent fallback to
+    plain text): the exception is logged once by the caller."""
+    if not curve_dir:
+        return None
+    import zmq.auth
+
+    server_public, _ = zmq.auth.load_certificate(os.path.join(curve_dir, "server.key"))
+    public, secret = zmq.auth.load_certificate(os.path.join(curve_dir, "client.key_secret"))
+    if secret is None:
+        raise ValueError(f"{curve_dir}/client.key_secret holds no secret key")
+    return server_public, public, secret
+
+
+def apply_curve(sock: Any, keys: tuple[bytes, bytes, bytes] | None) -> None:
+    """Make ``sock`` a CURVE client of the monitor (no-op without keys)."""
+    if keys is not None:
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
 
 
 class Waker:

@@ -30,21 +30,12 @@ from probe import wire
 from probe.wire.link import upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe._log import warn_once
-from probe.transport.link import Link, OnReadable, Waker, nudge, nudge_pipe
+from probe.transport.link import Link, OnReadable, Waker, apply_curve, curve_keys, nudge, nudge_pipe
+from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Round
 
-#: Queue marker (never sent): frames after it go out under a new rank key.
-_REKEY = "_rekey"
 #: publish()'s clock, a module global: the training thread calls it each step, after a long step
 #: has left the caches cold (an attribute lookup less).
 _clock = time.time
-
-def _flush(pending: Deque[tuple[str, float, dict[str, Any]]], batch: list[tuple[str, float, dict[str, Any]]]) -> None:
-    """Queue the step records of ``batch`` as one frame (a ``stepcols`` frame, a lone record too:
-    columns cost the monitor less to check than a plain "step" map)."""
-    if batch:
-        pending.append(("steps", batch[0][1], {"records": [f for _, _, f in batch]}))
-    batch.clear()
-
 
 def _weight(kind: str, fields: dict[str, Any]) -> int:
     """Messages one pending entry stands for (a batch: its step records), for drop counts."""
@@ -63,16 +54,6 @@ STEPS_ALIVE_S = 2.5
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
-#: Bounds of the sender's sleep: at least 1 ms; at most as long as a hello may be late.
-MIN_WAIT_S = 0.001
-MAX_WAIT_S = HELLO_MAX_S
-#: A send refused at the high-water mark is tried again after this long, twice as long after each
-#: refusal in a row up to RETRY_MAX_S (a monitor that stopped reading: each try encodes a frame).
-RETRY_S = 0.05
-RETRY_MAX_S = 1.0
-#: The sender takes the training thread's queue before it can be this full at the rate the last
-#: rounds saw (a loop of 0.1 ms steps fills 10,000 entries in a second).
-QUEUE_SHARE = 0.25
 #: The longest a paced periodic job (telemetry) is stretched to by the monitor's pace (see
 #: Publisher.paced_interval): the monitor reads a telemetry sample older than 10 s as stale.
 MAX_PACED_TICK_S = 5.0
@@ -93,24 +74,6 @@ class _Tick(NamedTuple):
     interval_s: float
     fn: Tick
     paced: bool
-
-
-class _Round:
-    """The sender thread's state between rounds (its own: nothing else reads it)."""
-
-    def __init__(self, hello: dict[str, Any] | None) -> None:
-        self.pending: Deque[tuple[str, float, dict[str, Any]]] = collections.deque()
-        self.batch: list[tuple[str, float, dict[str, Any]]] = []  # step records not yet flushed
-        self.next_tick: list[float] = []
-        self.next_hello = self.hello_at = self.steps_at = -math.inf  # hello checked, sent; steps sent
-        self.listening = False
-        self.last_hello = hello
-        self.watched = 0  # watched descriptors handed to the poll so far
-        self.popped, self.at = 0, time.time()  # the queue's count taken, and when (see _wait_s)
-        self.flushed_at = -math.inf  # when the last batch was closed (see Publisher._batch_at)
-        self.newest = -math.inf  # the newest step record's publish time
-        self.gap = 0.0  # seconds between step records, over the last round that took some
-        self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
 
 
 class Publisher:
@@ -307,10 +270,10 @@ class Publisher:
             return
         link: Link | None = None
         try:
-            curve = self._curve_keys()
+            curve = curve_keys(self.curve_dir)
             for name, value in upstream_options(self.addr):  # the relays set theirs alike
                 sock.setsockopt(getattr(zmq, name), value)
-            _apply_curve(sock, curve)
+            apply_curve(sock, curve)
             link = Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
             self._sock = sock
@@ -323,7 +286,7 @@ class Publisher:
             sock.close(0)
 
     def _loop(self, zmq: Any, sock: Any, link: Link) -> None:
-        r = _Round(self.hello_fields)
+        r = Round(self.hello_fields)
         waker = self.waker = Waker(zmq, [sock, link.events], self._nudge_r)
         readable = True
         while True:
@@ -341,7 +304,7 @@ class Publisher:
                 self._local.clear()
             self._queue_hello(r, now)
             sent_all = self._send(zmq, sock, r, now)
-            r.retry_s = RETRY_S if sent_all else min(RETRY_MAX_S, 2 * r.retry_s)
+            r.refused(not sent_all)
             if not sent_all or not r.listening:
                 self._expire(r.pending, now)
             if stopping:
@@ -354,7 +317,7 @@ class Publisher:
             if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
                 self._nudge_w = -1
 
-    def _listen(self, link: Link, r: "_Round") -> None:
+    def _listen(self, link: Link, r: "Round") -> None:
         """Subscriptions, connection events and the monitor's commands since the last round."""
         subscriptions = self.subscribers = link.poll()
         if subscriptions > 0 and not r.listening:
@@ -365,7 +328,7 @@ class Publisher:
         self.control_rejected += link.overflow
         link.overflow = 0
 
-    def _queue_hello(self, r: "_Round", now: float) -> None:
+    def _queue_hello(self, r: "Round", now: float) -> None:
         """The hello goes first when it is due (see HELLO_S), or changed."""
         if self.hello_fields is not r.last_hello:
             r.next_hello = r.hello_at = -math.inf
@@ -378,7 +341,7 @@ class Publisher:
         else:  # looked at again when the steps would have to stop, or the longest gap ends
             r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + HELLO_MAX_S)
 
-    def _send(self, zmq: Any, sock: Any, r: "_Round", now: float) -> bool:
+    def _send(self, zmq: Any, sock: Any, r: "Round", now: float) -> bool:
         """Send what is pending while a monitor listens; False when the high-water mark stopped it."""
         pending = r.pending
         while pending and (r.listening or pending[0][0] == _REKEY):
@@ -416,7 +379,7 @@ class Publisher:
                 r.steps_at = now
         return True
 
-    def _run_ticks(self, r: "_Round", now: float) -> None:
+    def _run_ticks(self, r: "Round", now: float) -> None:
         """The periodic jobs that are due (those of interval 0: every round)."""
         if now >= self._again_at:
             self._again_at = math.inf
@@ -431,7 +394,7 @@ class Publisher:
                 except Exception as exc:
                     warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
 
-    def _wait_s(self, r: "_Round", sent_all: bool) -> float:
+    def _wait_s(self, r: "Round", sent_all: bool) -> float:
         """How long the sender may sleep before something is due. Each wake-up costs it 0.1-0.4 ms
         of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
         until the batch, a hello, a periodic job, an expiry or a retry is due. While steps come
@@ -443,14 +406,14 @@ class Publisher:
         flush = self.current_flush_s()
         due = [self._again_at - now]
         if r.batch:
-            due.append(self._batch_at(r, flush) - now)
+            due.append(r.batch_at(flush) - now)
         elif taken and r.gap < flush:  # steps flow: the next batch is due a wait after the last
             due.append(r.flushed_at + flush - now)
         else:  # nothing to send: the next step's publish() wakes the sender (Dekker's order: its
             self._asleep = True  # append, then this flag; here this flag, then the queue; sound
             if self._queue:  # under the GIL, which orders both threads' reads and writes)
                 return MIN_WAIT_S
-        rate = self._step_rate(r, taken, elapsed, now)
+        rate = r.step_rate(taken, elapsed, now)
         if rate > 0:  # before a fast loop could fill the queue (a long pace)
             due.append(QUEUE_SHARE * self._queue_size / rate)
         due.extend(t - now for t in r.next_tick if t > -math.inf)
@@ -458,36 +421,21 @@ class Publisher:
             due.append(r.next_hello - now)
         if not sent_all:
             due.append(r.retry_s)
+        pace, until = self._pace
+        lapses_in = until - time.monotonic()
+        if pace > self.own_flush_s and lapses_in > 0:  # a long pace lapses: a batch is due sooner then
+            due.append(lapses_in)
         if r.pending and not r.listening:  # expired in bunches, not one wake-up a message
             oldest = min((t for k, t, _ in r.pending if k != _REKEY), default=math.inf)
             due.append(oldest + 1.5 * self.max_age_s - now)
-        return min(MAX_WAIT_S, max(MIN_WAIT_S, min(due)))
-
-    @staticmethod
-    def _batch_at(r: "_Round", flush: float) -> float:
-        """When the open batch leaves: ``flush`` after the last batch closed or after its first
-        record came, whichever is sooner. So no record waits longer than ``flush``, batches
-        leave at most one a ``flush`` while steps flow (the sender wakes once a batch, when it
-        is due), and a record that finds none closed for ``flush`` leaves at once (steps slower
-        than the flush: one round a step, no wait)."""
-        return min(r.flushed_at, r.batch[0][1]) + flush
-
-    @staticmethod
-    def _step_rate(r: "_Round", taken: int, elapsed: float, now: float) -> float:
-        """Messages a second the training thread queues, the highest of: the last round's, the
-        open batch's, and one over the gap between the last step records (a step record whose
-        predecessor is unknown counts as 1 ms after it: the first of a fast loop has no batch
-        to wait with it, and the wait for the next batch must not let the loop fill the queue)."""
-        last = taken / elapsed if taken > 0 and elapsed > 0 else 0.0
-        batch = len(r.batch) / max(MIN_WAIT_S, now - r.batch[0][1]) if r.batch else 0.0
-        gap = 1.0 / max(MIN_WAIT_S, r.gap) if taken else 0.0
-        return max(last, batch, gap)
+        return min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # a hello is never later than that
 
     def start_for(self, world_size: int) -> None:
         """Hold step records as a monitor would ask of a job of ``world_size`` ranks
         (probe.wire.pace) while no monitor's pace holds: thousands of ranks starting, or back on
         their own after their monitor restarted, do not flood it before its first command."""
         self.own_flush_s = max(self.flush_s, pace_for(world_size) or 0.0)
+        nudge(getattr(self, "_nudge_w", -1))  # a sender asleep for a longer wait looks again
 
     def current_flush_s(self) -> float:
         """How long step records wait now: a monitor's pace while one holds (never below
@@ -495,12 +443,13 @@ class Publisher:
         pace, until = self._pace
         return max(self.flush_s, pace) if time.monotonic() < until else self.own_flush_s
 
-    def _take(self, r: "_Round", stopping: bool) -> None:
+    def _take(self, r: "Round", stopping: bool) -> None:
         """Move the training thread's queue to the pending messages, step records through the
         open batch: closed when due (see _batch_at), when it is full, and before any other
         message (order is kept: a count or a bye never overtakes the steps before it)."""
         pending, batch = r.pending, r.batch
         steps, newest = 0, r.newest
+        close = r.close_batch
         while True:
             try:
                 item = self._queue.popleft()
@@ -511,19 +460,14 @@ class Publisher:
                 batch.append(item)
                 steps, newest = steps + 1, item[1]
                 if len(batch) >= wire.MAX_BATCH:
-                    r.flushed_at = time.time()
-                    _flush(pending, batch)
+                    close()
             else:
-                if batch:
-                    r.flushed_at = time.time()
-                _flush(pending, batch)
+                close()
                 pending.append(item)
         if steps:
-            r.gap = (newest - r.newest) / steps if r.newest > -math.inf else 0.0
-            r.newest = newest
-        if batch and (stopping or time.time() >= self._batch_at(r, self.current_flush_s())):
-            r.flushed_at = time.time()
-            _flush(pending, batch)
+            r.stepped(steps, newest)
+        if batch and (stopping or time.time() >= r.batch_at(self.current_flush_s())):
+            close()
 
     def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
         """Say bye under the old key (if a monitor listens), then speak under the new one."""
@@ -545,23 +489,6 @@ class Publisher:
             pending.clear()
             pending.extend(fresh)
 
-    def _curve_keys(self) -> tuple[bytes, bytes, bytes] | None:
-        """(monitor public, own public, own secret) from the key directory, if one is set.
-
-        A key directory that cannot be read stops the sender (never a silent fallback to
-        plain text): the exception is logged once by the caller."""
-        if not self.curve_dir:
-            return None
-        import os
-
-        import zmq.auth
-
-        server_public, _ = zmq.auth.load_certificate(os.path.join(self.curve_dir, "server.key"))
-        public, secret = zmq.auth.load_certificate(os.path.join(self.curve_dir, "client.key_secret"))
-        if secret is None:
-            raise ValueError(f"{self.curve_dir}/client.key_secret holds no secret key")
-        return server_public, public, secret
-
     def _handle_control(self, frames: list[bytes]) -> None:
         """Commands the monitor sent upstream on the data connection (see probe.transport.link.Link)."""
         for frame in frames:
@@ -580,9 +507,3 @@ class Publisher:
                     handler(cmd)
                 except Exception as exc:
                     warn_once("control", f"control command {cmd} failed: {exc}")
-
-
-def _apply_curve(sock: Any, keys: tuple[bytes, bytes, bytes] | None) -> None:
-    """Make ``sock`` a CURVE client of the monitor (no-op without keys)."""
-    if keys is not None:
-        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys

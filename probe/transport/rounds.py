@@ -1,0 +1,83 @@
+"""The probe sender's rounds: what it keeps between them and when the next one is due.
+
+A round takes the training thread's queue, closes the step batch when due, sends, runs the
+periodic jobs; then the sender sleeps until the next thing is due (probe.transport.publisher:
+Publisher._wait_s). The rules of those due times that are the sender's own state live here.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any, Deque
+
+#: Queue marker (never sent): frames after it go out under a new rank key.
+REKEY = "_rekey"
+#: Bounds of the sender's sleep: at least 1 ms; at most as long as a hello may be late
+#: (publisher.HELLO_MAX_S).
+MIN_WAIT_S = 0.001
+MAX_WAIT_S = 10.0
+#: A send refused at the high-water mark is tried again after this long, twice as long after each
+#: refusal in a row up to RETRY_MAX_S (a monitor that stopped reading: each try encodes a frame).
+RETRY_S = 0.05
+RETRY_MAX_S = 1.0
+#: The sender takes the training thread's queue before it can be this full at the rate the last
+#: rounds saw (a loop of 0.1 ms steps fills 10,000 entries in a second).
+QUEUE_SHARE = 0.25
+
+Item = tuple[str, float, dict[str, Any]]
+
+
+class Round:
+    """The sender thread's state between rounds (its own: nothing else reads it)."""
+
+    def __init__(self, hello: dict[str, Any] | None) -> None:
+        self.pending: Deque[Item] = collections.deque()
+        self.batch: list[Item] = []  # step records not yet closed into a frame
+        self.next_tick: list[float] = []
+        self.next_hello = self.hello_at = self.steps_at = -math.inf  # hello checked, sent; steps sent
+        self.listening = False
+        self.last_hello = hello
+        self.watched = 0  # watched descriptors handed to the poll so far
+        self.popped, self.at = 0, time.time()  # the queue's count taken, and when (see Publisher._wait_s)
+        self.flushed_at = -math.inf  # when the last batch was closed (see batch_at)
+        self.newest = -math.inf  # the newest step record's publish time
+        self.gap = 0.0  # seconds between step records, over the last round that took some
+        self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
+
+    def close_batch(self) -> None:
+        """The open batch's records become one pending "steps" frame (a lone record too: columns
+        cost the monitor less to check than a plain "step" map)."""
+        batch = self.batch
+        if batch:
+            self.pending.append(("steps", batch[0][1], {"records": [f for _, _, f in batch]}))
+            self.flushed_at = time.time()
+            batch.clear()
+
+    def stepped(self, steps: int, newest: float) -> None:
+        """``steps`` step records were taken this round, the newest published at ``newest``."""
+        self.gap = (newest - self.newest) / steps if self.newest > -math.inf else 0.0
+        self.newest = newest
+
+    def batch_at(self, flush: float) -> float:
+        """When the open batch leaves: ``flush`` after the last batch closed or after its first
+        record came, whichever is sooner. So no record waits longer than ``flush``, batches
+        leave at most one a ``flush`` while steps flow (the sender wakes once a batch, when it
+        is due), and a record that finds none closed for ``flush`` leaves at once (steps slower
+        than the flush: one round a step, no wait)."""
+        return min(self.flushed_at, self.batch[0][1]) + flush
+
+    def step_rate(self, taken: int, elapsed: float, now: float) -> float:
+        """Messages a second the training thread queues, the highest of: the last round's, the
+        open batch's, and one over the gap between the last step records (a step record whose
+        predecessor is unknown counts as 1 ms after it: the first of a fast loop has no batch
+        to wait with it, and the wait for the next batch must not let the loop fill the queue)."""
+        last = taken / elapsed if taken > 0 and elapsed > 0 else 0.0
+        batch = len(self.batch) / max(MIN_WAIT_S, now - self.batch[0][1]) if self.batch else 0.0
+        gap = 1.0 / max(MIN_WAIT_S, self.gap) if taken else 0.0
+        return max(last, batch, gap)
+
+    def refused(self, refused: bool) -> None:
+        """A round's sends ended at the high-water mark (or not): the next try backs off."""
+        self.retry_s = min(RETRY_MAX_S, 2 * self.retry_s) if refused else RETRY_S
