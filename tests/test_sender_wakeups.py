@@ -363,3 +363,22 @@ def test_a_lapsing_pace_sends_the_waiting_batch_when_it_lapses(monkeypatch: pyte
     finally:
         pub.close(timeout_s=0.5)
         monitor.close()
+
+
+def test_no_hello_follows_a_bye() -> None:
+    """A rank that said bye (detach; the process lingers) sends no heartbeat after it: its hello
+    would make the monitor hear it again, its last contact moving on after the bye."""
+    monitor = RawMonitor()
+    pub = Publisher(wire.RankKey("bye", "h", 1, 0, 0), monitor.addr)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    pub.start()
+    try:
+        assert _wait_until(lambda: "hello" in monitor.kinds())
+        pub.publish_now("bye", {"reason": "test", "steps": 0, "drops": 0})
+        assert _wait_until(lambda: "bye" in monitor.kinds(), 2.0)
+        time.sleep(2.5)  # a hello is due every 2 s while no step says the rank lives
+        kinds = monitor.kinds()
+        assert kinds[kinds.index("bye") + 1:] == [], kinds
+    finally:
+        pub.close(timeout_s=0.5)
+        monitor.close()

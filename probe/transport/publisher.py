@@ -3,7 +3,8 @@
 The training thread only ever calls :meth:`Publisher.publish`, which appends a
 tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events (a lock held by a thread
 interrupted with KeyboardInterrupt can hang exit), and no syscall but one non-blocking pipe write
-for the first step after a quiet spell, which wakes a sender that sleeps with nothing to send.
+when the sender sleeps with nothing to send (the first step after a quiet spell; every step when
+steps are slower than the flush).
 Everything else — msgpack encoding, ZeroMQ sends, telemetry sampling, control
 messages from the monitor — happens on the sender thread.
 
@@ -14,7 +15,8 @@ XPUB rather than a PUB: a PUB silently discards what it sends before the
 monitor's subscription has arrived (the hello and first steps would vanish),
 while an XPUB *receives* the subscriptions, so the sender knows whether anyone
 listens. Until then — and when the monitor goes away — messages wait up to
-``max_age_s`` and are then dropped and counted. XPUB_NODROP turns a full
+``max_age_s`` and are then dropped and counted (looked at at least every ``max_age_s``/2,
+and before anything is sent: a monitor that appears gets nothing older). XPUB_NODROP turns a full
 high-water mark into EAGAIN, handled the same way.
 """
 
@@ -140,7 +142,7 @@ class Publisher:
         self._appended += 1  # after the append: the sender never sees a phantom drop
         if self._asleep:  # after the append: the sender checks the queue after setting it
             self._asleep = False
-            nudge(self._nudge_w)  # the first step after a quiet spell: one write, rare
+            nudge(self._nudge_w)  # the sender sleeps with nothing to send: one write
 
     def publish_now(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue a rare message (a FLOP count, a kernel window, a bye) and wake the sender, so it
@@ -298,22 +300,21 @@ class Publisher:
             now = time.time()
             if not stopping:  # before sending: what a job queues (a telemetry sample) goes now
                 self._run_ticks(r, now)
-            self._take(r, stopping)
-            if self._local:
+            if self._local:  # ahead of the queue's messages: never after a bye
                 r.pending.extend(self._local)
                 self._local.clear()
+            steps = self._take(r, stopping)
             self._queue_hello(r, now)
+            self._expire(r.pending, now)  # before sending: a monitor that appears gets nothing stale
             sent_all = self._send(zmq, sock, r, now)
             r.refused(not sent_all)
-            if not sent_all or not r.listening:
-                self._expire(r.pending, now)
             if stopping:
                 self._send_drops += sum(_weight(k, f) for k, _, f in r.pending)
                 return
             while len(self._watched) > r.watched:
                 waker.watch(*self._watched[r.watched])
                 r.watched += 1
-            readable = waker.wait(self._wait_s(r, sent_all))
+            readable = waker.wait(self._wait_s(r, sent_all, steps))
             if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
                 self._nudge_w = -1
 
@@ -333,7 +334,7 @@ class Publisher:
         if self.hello_fields is not r.last_hello:
             r.next_hello = r.hello_at = -math.inf
             r.last_hello = self.hello_fields
-        if not (r.listening and self.hello_fields is not None and now >= r.next_hello):
+        if not (r.listening and self.hello_fields is not None and now >= r.next_hello) or r.said_bye:
             return
         if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= HELLO_MAX_S:
             r.pending.appendleft(("hello", now, self.hello_fields))
@@ -377,6 +378,8 @@ class Publisher:
             self._sent += 1
             if kind == "steps" or kind == "step":
                 r.steps_at = now
+            elif kind == "bye":
+                r.said_bye = True  # no hello after it: the rank would look alive again
         return True
 
     def _run_ticks(self, r: "Round", now: float) -> None:
@@ -394,7 +397,7 @@ class Publisher:
                 except Exception as exc:
                     warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
 
-    def _wait_s(self, r: "Round", sent_all: bool) -> float:
+    def _wait_s(self, r: "Round", sent_all: bool, steps: int) -> float:
         """How long the sender may sleep before something is due. Each wake-up costs it 0.1-0.4 ms
         of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
         until the batch, a hello, a periodic job, an expiry or a retry is due. While steps come
@@ -407,13 +410,16 @@ class Publisher:
         due = [self._again_at - now]
         if r.batch:
             due.append(r.batch_at(flush) - now)
-        elif taken and r.gap < flush:  # steps flow: the next batch is due a wait after the last
+        elif steps and r.gap < flush:  # steps flow: the next batch is due a wait after the last
             due.append(r.flushed_at + flush - now)
         else:  # nothing to send: the next step's publish() wakes the sender (Dekker's order: its
             self._asleep = True  # append, then this flag; here this flag, then the queue; sound
-            if self._queue:  # under the GIL, which orders both threads' reads and writes)
+            if self._queue:  # under the GIL, which orders both threads' reads and writes; the
+                self._asleep = False  # free-threaded build would need more than this)
                 return MIN_WAIT_S
-        rate = r.step_rate(taken, elapsed, now)
+        if self._nudge_w < 0:  # no wake-up pipe (see Waker.degraded): looked at every flush
+            due.append(flush)
+        rate = r.step_rate(taken, elapsed, now, steps)
         if rate > 0:  # before a fast loop could fill the queue (a long pace)
             due.append(QUEUE_SHARE * self._queue_size / rate)
         due.extend(t - now for t in r.next_tick if t > -math.inf)
@@ -425,7 +431,7 @@ class Publisher:
         lapses_in = until - time.monotonic()
         if pace > self.own_flush_s and lapses_in > 0:  # a long pace lapses: a batch is due sooner then
             due.append(lapses_in)
-        if r.pending and not r.listening:  # expired in bunches, not one wake-up a message
+        if r.pending and not r.listening:  # expired in bunches (see _expire), not one wake-up a message
             oldest = min((t for k, t, _ in r.pending if k != _REKEY), default=math.inf)
             due.append(oldest + 1.5 * self.max_age_s - now)
         return min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # a hello is never later than that
@@ -443,10 +449,11 @@ class Publisher:
         pace, until = self._pace
         return max(self.flush_s, pace) if time.monotonic() < until else self.own_flush_s
 
-    def _take(self, r: "Round", stopping: bool) -> None:
+    def _take(self, r: "Round", stopping: bool) -> int:
         """Move the training thread's queue to the pending messages, step records through the
-        open batch: closed when due (see _batch_at), when it is full, and before any other
-        message (order is kept: a count or a bye never overtakes the steps before it)."""
+        open batch: closed when due (see Round.batch_at), when it is full, and before any other
+        message (order is kept: a count or a bye never overtakes the steps before it). Returns
+        the step records taken."""
         pending, batch = r.pending, r.batch
         steps, newest = 0, r.newest
         close = r.close_batch
@@ -468,6 +475,7 @@ class Publisher:
             r.stepped(steps, newest)
         if batch and (stopping or time.time() >= r.batch_at(self.current_flush_s())):
             close()
+        return steps
 
     def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
         """Say bye under the old key (if a monitor listens), then speak under the new one."""

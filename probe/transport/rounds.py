@@ -1,8 +1,9 @@
 """The probe sender's rounds: what it keeps between them and when the next one is due.
 
-A round takes the training thread's queue, closes the step batch when due, sends, runs the
-periodic jobs; then the sender sleeps until the next thing is due (probe.transport.publisher:
-Publisher._wait_s). The rules of those due times that are the sender's own state live here.
+A round reads the link (when a socket woke it), runs the periodic jobs that are due, takes the
+training thread's queue, closes the step batch when due and sends; then the sender sleeps until
+the next thing is due (probe.transport.publisher: Publisher._wait_s). The rules of those due
+times that are the sender's own state live here.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from typing import Any, Deque
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
 REKEY = "_rekey"
-#: Bounds of the sender's sleep: at least 1 ms; at most as long as a hello may be late
-#: (publisher.HELLO_MAX_S).
+#: The shortest sleep of the sender (the longest: publisher.HELLO_MAX_S).
 MIN_WAIT_S = 0.001
-MAX_WAIT_S = 10.0
 #: A send refused at the high-water mark is tried again after this long, twice as long after each
 #: refusal in a row up to RETRY_MAX_S (a monitor that stopped reading: each try encodes a frame).
 RETRY_S = 0.05
@@ -45,6 +44,7 @@ class Round:
         self.newest = -math.inf  # the newest step record's publish time
         self.gap = 0.0  # seconds between step records, over the last round that took some
         self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
+        self.said_bye = False  # a bye went out: no hello after it
 
     def close_batch(self) -> None:
         """The open batch's records become one pending "steps" frame (a lone record too: columns
@@ -57,25 +57,26 @@ class Round:
 
     def stepped(self, steps: int, newest: float) -> None:
         """``steps`` step records were taken this round, the newest published at ``newest``."""
-        self.gap = (newest - self.newest) / steps if self.newest > -math.inf else 0.0
+        self.gap = max(0.0, newest - self.newest) / steps if self.newest > -math.inf else 0.0
         self.newest = newest
 
     def batch_at(self, flush: float) -> float:
         """When the open batch leaves: ``flush`` after the last batch closed or after its first
         record came, whichever is sooner. So no record waits longer than ``flush``, batches
-        leave at most one a ``flush`` while steps flow (the sender wakes once a batch, when it
+        leave at most one a ``flush`` while only steps come (another message closes the batch
+        before it, and so does MAX_BATCH) (the sender wakes once a batch, when it
         is due), and a record that finds none closed for ``flush`` leaves at once (steps slower
         than the flush: one round a step, no wait)."""
         return min(self.flushed_at, self.batch[0][1]) + flush
 
-    def step_rate(self, taken: int, elapsed: float, now: float) -> float:
+    def step_rate(self, taken: int, elapsed: float, now: float, steps: int) -> float:
         """Messages a second the training thread queues, the highest of: the last round's, the
-        open batch's, and one over the gap between the last step records (a step record whose
+        open batch's, and one over the gap between this round's step records (a step record whose
         predecessor is unknown counts as 1 ms after it: the first of a fast loop has no batch
         to wait with it, and the wait for the next batch must not let the loop fill the queue)."""
         last = taken / elapsed if taken > 0 and elapsed > 0 else 0.0
         batch = len(self.batch) / max(MIN_WAIT_S, now - self.batch[0][1]) if self.batch else 0.0
-        gap = 1.0 / max(MIN_WAIT_S, self.gap) if taken else 0.0
+        gap = 1.0 / max(MIN_WAIT_S, self.gap) if steps else 0.0
         return max(last, batch, gap)
 
     def refused(self, refused: bool) -> None:
