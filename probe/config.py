@@ -158,7 +158,8 @@ BYE_ON_SIGTERM = Var(
     "FLOWTOP_BYE_ON_SIGTERM", "bool", True,
     "on SIGTERM (where no handler and no signal wakeup fd are installed) say bye `SIGTERM`, then die of it as "
     "promptly and with the same status as without the probe: the probe's sender thread sees the signal (Python's "
-    "wakeup fd), so a rank hung in C (a collective) dies within ~0.5 s too; `0` leaves SIGTERM alone", _bool)
+    "wakeup fd wakes its poll at once), so a rank hung in C (a collective) dies within ~0.3 s too; `0` leaves "
+    "SIGTERM alone", _bool)
 CONTROL_ADDR = Var("FLOWTOP_CONTROL_ADDR", "address", None,
                    "ignored (said once): the monitor's commands travel on the `FLOWTOP_ADDR` connection", _text)
 KINETO_LOG_LEVEL = Var("KINETO_LOG_LEVEL", "integer", None,
