@@ -129,6 +129,17 @@ def _wait_until(pred: Any, timeout: float = 10.0) -> bool:
         time.sleep(0.01)
     return bool(pred())
 
+HELLO = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+
+
+def _started(job: str, addr: str, hello: dict[str, Any] | None = None, **kwargs: Any) -> Publisher:
+    """A real Publisher of rank 0 of ``job`` to ``addr``, with a hello, its sender running."""
+    pub = Publisher(wire.RankKey(job, "h", 1, 0, 0), addr, **kwargs)
+    pub.hello_fields = hello or dict(HELLO)
+    pub.start()
+    return pub
+
+
 
 def test_an_idle_probe_wakes_only_for_its_telemetry_and_hello(monkeypatch: pytest.MonkeyPatch,
                                                               monitor: RawMonitor) -> None:
@@ -266,10 +277,8 @@ def test_a_monitor_that_stops_reading_is_tried_less_and_less_often() -> None:
     addr = f"tcp://127.0.0.1:{free_port()}"
     sock.bind(addr)
     sock.send(b"\x01")
-    pub = Publisher(wire.RankKey("stuck", "h", 1, 0, 0), addr, max_age_s=60.0)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test",
-                        "argv": ["x" * 1000] * 60}  # ~60 KB a frame: the kernel's buffers fill soon
-    pub.start()
+    # ~60 KB a hello: the kernel's buffers fill soon
+    pub = _started("stuck", addr, dict(HELLO, argv=["x" * 1000] * 60), max_age_s=60.0)
     try:
         # A socket passes its subscription to a new peer when its owner calls into it: asked for
         # its events (nothing is read), it does.
@@ -293,9 +302,7 @@ def test_a_sender_whose_wake_up_pipe_is_closed_under_it_looks_every_tenth_of_a_s
     forever (a spinning thread); the sender drops it, stops writing into it, and looks every
     0.1 s, its steps still leaving."""
     monitor = RawMonitor()
-    pub = Publisher(wire.RankKey("nopipe", "h", 1, 0, 0), monitor.addr)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
+    pub = _started("nopipe", monitor.addr)
     try:
         assert _wait_until(lambda: pub.subscribers > 0)
         import os
@@ -318,9 +325,7 @@ def test_a_fast_loop_under_a_long_pace_loses_nothing_to_a_small_queue() -> None:
     """Paced at 2 s with a 2,000-entry queue, 3,000 steps in ~1.5 s: the sender takes the queue
     before it could fill (at the rate it sees), though nothing else is due for 2 s."""
     monitor = RawMonitor()
-    pub = Publisher(wire.RankKey("fast", "h", 1, 0, 0), monitor.addr, queue_size=2000)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
+    pub = _started("fast", monitor.addr, queue_size=2000)
     try:
         assert _wait_until(lambda: pub.subscribers > 0)
         monitor.command("pace", 2.0)
@@ -342,9 +347,7 @@ def test_a_lapsing_pace_sends_the_waiting_batch_when_it_lapses(monkeypatch: pyte
     at once then (the probe's own 0.1 s holds), not at the 2 s it was planned for."""
     monkeypatch.setattr(wire, "PACE_TTL_S", 1.0)
     monitor = RawMonitor()
-    pub = Publisher(wire.RankKey("lapse", "h", 1, 0, 0), monitor.addr)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
+    pub = _started("lapse", monitor.addr)
     try:
         assert _wait_until(lambda: pub.subscribers > 0)
         monitor.command("pace", 2.0)
@@ -369,9 +372,7 @@ def test_no_hello_follows_a_bye() -> None:
     """A rank that said bye (detach; the process lingers) sends no heartbeat after it: its hello
     would make the monitor hear it again, its last contact moving on after the bye."""
     monitor = RawMonitor()
-    pub = Publisher(wire.RankKey("bye", "h", 1, 0, 0), monitor.addr)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
+    pub = _started("bye", monitor.addr)
     try:
         assert _wait_until(lambda: "hello" in monitor.kinds())
         pub.publish_now("bye", {"reason": "test", "steps": 0, "drops": 0})
