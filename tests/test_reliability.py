@@ -367,6 +367,36 @@ dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], ra
 """
 
 
+def test_sigterm_sends_the_steps_a_paced_batch_holds_before_the_bye(monitor: MonitorThread,
+                                                                    tmp_path: Path) -> None:
+    """Steps held 2 s for their batch (a long flush, as a monitor's pace asks at thousands of
+    ranks) still reach the monitor when SIGTERM ends the rank meanwhile: the watcher sends them
+    before the bye, whose step count is then the monitor's last step."""
+    import signal
+
+    from flowtop.tools.demo.launch import free_port_pair
+
+    script = tmp_path / "hung.py"
+    script.write_text(_HUNG_IN_C)
+    env = _plain_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0", FLOWTOP_TELEMETRY="0",
+                     FLOWTOP_FLUSH_S="2")
+    proc = subprocess.Popen([sys.executable, str(script), str(free_port_pair())], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "hanging"
+        # the first step left at once (none sent for a flush); steps 2-15 wait for their batch
+        snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step >= 1, 30)
+        assert snap.jobs[0].ranks[0].step < 15
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == -signal.SIGTERM
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "done", 10)
+        rank = snap.jobs[0].ranks[0]
+        assert rank.bye_reason == "SIGTERM" and rank.step == 15
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_a_rank_hung_in_c_still_dies_of_sigterm_at_once_and_says_bye(monitor: MonitorThread,
                                                                       tmp_path: Path) -> None:
     import signal

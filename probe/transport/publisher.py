@@ -130,6 +130,7 @@ class Publisher:
         self._control_handlers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
         self._sock: Any = None  # the sender thread's socket, while it runs
+        self._round: Round | None = None  # the sender thread's state, while it runs
         self._hello_fields: dict[str, Any] | None = None
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
         self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
@@ -237,13 +238,22 @@ class Publisher:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def send_now(self, kind: str, fields: dict[str, Any]) -> None:
-        """Sender thread only: send one message at once, ahead of anything pending (a bye
-        just before the process dies). Never blocks; a full pipe loses it."""
+        """Sender thread only: send what is queued and the open batch, then one message at once
+        (a bye just before the process dies: the steps of the batch, up to a pace's 2 s, are
+        not lost, and the bye's step count is what the monitor got). Never blocks; a full pipe
+        loses it."""
         sock = self._sock
         if sock is None or not self.on_sender_thread():
             return
         import zmq
 
+        r = self._round
+        try:
+            if r is not None:
+                self._take(r, stopping=True)
+                self._send(zmq, sock, r, time.time())
+        except Exception:  # noqa: BLE001 - the message itself must still go
+            pass
         try:
             sock.send(wire.encode(kind, self.key, self._seq, time.time(), fields), zmq.NOBLOCK)
             self._seq += 1
@@ -288,7 +298,7 @@ class Publisher:
             sock.close(0)
 
     def _loop(self, zmq: Any, sock: Any, link: Link) -> None:
-        r = Round(self.hello_fields)
+        r = self._round = Round(self.hello_fields)
         waker = self.waker = Waker(zmq, [sock, link.events], self._nudge_r)
         readable = True
         while True:
