@@ -701,3 +701,13 @@ def test_ranks_behind_a_silent_relay_are_marked_once_and_their_stall_grows_by_co
     # ... then copied, at least as the reason's seconds go 3 -> 4 -> 5 -> 6 -> 7 -> 8 (and as the
     # rank's own view says one more second of its stall)
     assert len(copied) >= 3 * 5, len(copied)
+
+
+def test_a_batch_leaves_a_flush_after_the_last_one_or_its_first_item_whichever_is_sooner() -> None:
+    """probe.wire.pace.batch_due, the probe's step batches' and a relay's rule alike."""
+    from probe.wire.pace import batch_due
+
+    assert batch_due(10.0, 10.03, 0.1) == pytest.approx(10.1)  # items flow: a flush after the last batch
+    assert batch_due(10.0, 10.5, 0.1) == pytest.approx(10.1)  # none sent for a flush: at once (10.1 < 10.5)
+    assert batch_due(9.0, 8.95, 2.0) == pytest.approx(10.95)  # an item older than the last batch: 2 s after it
+    assert batch_due(float("-inf"), 3.0, 0.1) == float("-inf")  # the first batch ever: at once

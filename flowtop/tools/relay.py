@@ -42,6 +42,7 @@ import zmq
 from flowtop.monitor.relays import encode_stamp
 from probe import wire
 from probe.wire.link import upstream_options
+from probe.wire.pace import batch_due
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
 DRAIN = 10_000
@@ -375,15 +376,12 @@ class Relay:
                 return
 
     def _batch_at(self) -> float:
-        """When the queued frames (some) leave: at once with a full batch's worth, else flush_s
-        after the last batch or after the oldest frame came, whichever is first; never before
-        upstream may take one again (RETRY_S after it refused one). A frame that finds no batch
-        sent for flush_s leaves at once (a relay of a few ranks sends a few frames a second:
-        holding each for company cost a second wake-up), frames that follow it within flush_s
-        leave together, and none waits longer than flush_s (a batch cut short by its size leaves
-        the rest due)."""
+        """When the queued frames (some) leave: at once with a full batch's worth, else as
+        probe.wire.pace.batch_due says (a relay of a few ranks sends a few frames a second:
+        holding each for company cost a second wake-up); never before upstream may take one
+        again (RETRY_S after it refused one). A batch cut short by its size leaves the rest due."""
         q = self._queue
-        at = -math.inf if len(q) >= self.cfg.max_parts else min(self._last_batch, q[0][1]) + self.cfg.flush_s
+        at = -math.inf if len(q) >= self.cfg.max_parts else batch_due(self._last_batch, q[0][1], self.cfg.flush_s)
         return max(at, self._retry_at)
 
     def _wait(self, now: float, next_report: float) -> float:

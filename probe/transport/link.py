@@ -89,10 +89,9 @@ class Waker:
             self._poller.register(nudge_fd, zmq.POLLIN)
         self._watched: dict[int, OnReadable] = {}
         #: The nudge pipe failed (its descriptor closed under us by some library): without it the
-        #: sender wakes every DEGRADED_WAIT_S to look, as it did before it slept on the pipe.
+        #: sender wakes every DEGRADED_WAIT_S to look (Publisher._wait_s).
         self.degraded = False
         self.waits = 0  # the sender's rounds (tests, benchmarks)
-        self.wakes = 0  # ... of which something woke before the timeout
 
     def watch(self, fd: int, on_readable: OnReadable) -> None:
         """Call ``on_readable(data)`` with what ``fd`` holds whenever it becomes readable."""
@@ -106,11 +105,7 @@ class Waker:
         when a socket has something to read: else the sender need not ask them (Link.poll costs
         a cold round ~50 us; what arrives later wakes the next wait at once)."""
         self.waits += 1
-        if self.degraded:
-            timeout_s = min(timeout_s, DEGRADED_WAIT_S)
         ready = self._poller.poll(max(1, math.ceil(timeout_s * 1000)))
-        if ready:
-            self.wakes += 1
         sockets = False
         for what, _ in ready:
             if isinstance(what, int):

@@ -32,7 +32,8 @@ from probe import wire
 from probe.wire.link import upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe._log import warn_once
-from probe.transport.link import Link, OnReadable, Waker, apply_curve, curve_keys, nudge, nudge_pipe
+from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys, nudge,
+                                  nudge_pipe)
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Round
 
 #: publish()'s clock, a module global: the training thread calls it each step, after a long step
@@ -427,8 +428,8 @@ class Publisher:
             if self._queue:  # under the GIL, which orders both threads' reads and writes; the
                 self._asleep = False  # free-threaded build would need more than this)
                 return MIN_WAIT_S
-        if self._nudge_w < 0:  # no wake-up pipe (see Waker.degraded): looked at every flush
-            due.append(flush)
+        if self._nudge_w < 0:  # no wake-up pipe (see Waker.degraded): nothing wakes it, it looks
+            due.append(min(DEGRADED_WAIT_S, flush))
         rate = r.step_rate(taken, elapsed, now, steps)
         if rate > 0:  # before a fast loop could fill the queue (a long pace)
             due.append(QUEUE_SHARE * self._queue_size / rate)

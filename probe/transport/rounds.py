@@ -13,6 +13,8 @@ import math
 import time
 from typing import Any, Deque
 
+from probe.wire.pace import batch_due
+
 #: Queue marker (never sent): frames after it go out under a new rank key.
 REKEY = "_rekey"
 #: The shortest sleep of the sender (the longest: publisher.HELLO_MAX_S).
@@ -61,13 +63,9 @@ class Round:
         self.newest = newest
 
     def batch_at(self, flush: float) -> float:
-        """When the open batch leaves: ``flush`` after the last batch closed or after its first
-        record came, whichever is sooner. So no record waits longer than ``flush``, batches
-        leave at most one a ``flush`` while only steps come (another message closes the batch
-        before it, and so does MAX_BATCH) (the sender wakes once a batch, when it
-        is due), and a record that finds none closed for ``flush`` leaves at once (steps slower
-        than the flush: one round a step, no wait)."""
-        return min(self.flushed_at, self.batch[0][1]) + flush
+        """When the open batch leaves (probe.wire.pace.batch_due; another message closes it
+        sooner, and so does MAX_BATCH)."""
+        return batch_due(self.flushed_at, self.batch[0][1], flush)
 
     def step_rate(self, taken: int, elapsed: float, now: float, steps: int) -> float:
         """Messages a second the training thread queues, the highest of: the last round's, the

@@ -33,3 +33,13 @@ def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | Non
         return None
     # In steps of 50 ms, up: a job whose live ranks come and go by a few does not change its pace.
     return min(MAX_PACE_S, round(math.ceil(round(flush / STEP_S, 9)) * STEP_S, 3))
+
+
+def batch_due(last_sent: float, first_at: float, flush_s: float) -> float:
+    """When a batch whose first item came at ``first_at`` leaves, the last one having left at
+    ``last_sent`` (one clock): ``flush_s`` after whichever is sooner. No item waits longer than
+    ``flush_s``; while items keep coming, batches leave one a ``flush_s`` and the sender wakes
+    once a batch, when it is due; an item that finds none sent for ``flush_s`` leaves at once
+    (items slower than that: no wait, no second wake-up). The probe's step batches and a node
+    relay's batches of frames follow it alike."""
+    return min(last_sent, first_at) + flush_s
