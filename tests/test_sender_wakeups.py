@@ -19,6 +19,7 @@ import zmq
 import probe
 from flowtop.tools.demo.launch import free_port
 from probe import wire
+from probe.transport import publisher as publisher_module
 from probe.transport.publisher import Publisher
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
@@ -243,6 +244,34 @@ def test_what_cannot_wait_wakes_a_paced_sender_at_once(monkeypatch: pytest.Monke
         probe.detach()
     assert _wait_until(lambda: "bye" in monitor.kinds(since=before), 2.0)
     assert time.monotonic() - before < 1.0
+
+
+def test_steps_slower_than_the_flush_do_not_write_the_wake_up_pipe(monkeypatch: pytest.MonkeyPatch,
+                                                                    monitor: RawMonitor) -> None:
+    """Steps of 150 ms (slower than the 0.1 s flush): the sender looks at the queue every flush
+    instead of having each step's publish() write its pipe (a syscall on the training thread, and
+    a woken sender that takes the interpreter lock from it: ~30 µs a step in
+    bench/probe_costs.py); each step record still leaves within its flush."""
+    writes: list[int] = []
+    real = publisher_module.nudge
+
+    def counted(fd: int) -> None:
+        writes.append(fd)
+        real(fd)
+
+    _attach(monkeypatch, monitor.addr)
+    monkeypatch.setattr(publisher_module, "nudge", counted)
+    loop = Loop()
+    try:
+        loop.run(0.5, step_s=0.15)
+        writes.clear()
+        start = time.monotonic()
+        loop.run(2.0, step_s=0.15)
+        assert len(writes) <= 1, writes  # one for each step before: 13
+        assert _wait_until(lambda: monitor.kinds(since=start).count("steps") >= 10, 2.0)
+        assert max(monitor.delays["steps"][-10:]) < 0.25, monitor.delays["steps"][-10:]
+    finally:
+        probe.detach()
 
 
 def test_the_first_step_after_a_quiet_spell_leaves_within_its_flush(monkeypatch: pytest.MonkeyPatch,

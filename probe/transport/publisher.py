@@ -54,6 +54,12 @@ def _weight(kind: str, fields: dict[str, Any]) -> int:
 HELLO_S = 2.0
 HELLO_MAX_S = 10.0
 STEPS_ALIVE_S = 2.5
+#: While a step record came within LOOK_S, a sender with nothing to send looks at the queue again
+#: a flush later instead of having the next step's publish() wake it: a pipe write costs the
+#: training thread ~20 µs of syscall on a VM, and the sender it wakes takes the interpreter lock
+#: from it for its round (~30 µs more a step in bench/probe_costs.py at 119 ms steps; ~100 µs in
+#: a bare A/B). Slower steps (and the first after a quiet spell) still wake it, one write a step.
+LOOK_S = 1.0
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
@@ -115,7 +121,8 @@ class Publisher:
         self._queue: Deque[tuple[str, float, dict[str, Any]]] = collections.deque(maxlen=queue_size)
         self._queue_size = queue_size
         self._appended = 0  # training thread only
-        #: The sender sleeps with nothing to send, until the next step's publish() wakes it.
+        #: The sender sleeps with nothing to send after a quiet spell (see LOOK_S), until the next
+        #: step's publish() wakes it.
         self._asleep = False
         self._popped = 0  # sender thread only
         self._local: list[tuple[str, float, dict[str, Any]]] = []  # sender thread only
@@ -144,7 +151,7 @@ class Publisher:
         self._appended += 1  # after the append: the sender never sees a phantom drop
         if self._asleep:  # after the append: the sender checks the queue after setting it
             self._asleep = False
-            nudge(self._nudge_w)  # the sender sleeps with nothing to send: one write
+            nudge(self._nudge_w)  # the sender sleeps after a quiet spell: one write
 
     def publish_now(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue a rare message (a FLOP count, a kernel window, a bye) and wake the sender, so it
@@ -413,7 +420,8 @@ class Publisher:
         of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
         until the batch, a hello, a periodic job, an expiry or a retry is due. While steps come
         faster than the batch's wait it wakes when the next batch is due (its first record is on
-        its way); slower, or after a quiet spell, the next step's publish() wakes it. Anything
+        its way); slower, it looks again a flush later while the last came within LOOK_S; after a
+        quiet spell (steps longer than that) the next step's publish() wakes it. Anything
         else sooner (a subscription, a command, a rare message, close(), SIGTERM) wakes it too."""
         now = time.time()
         taken, r.popped, elapsed, r.at = self._popped - r.popped, self._popped, now - r.at, now
@@ -423,7 +431,9 @@ class Publisher:
             due.append(r.batch_at(flush) - now)
         elif steps and r.gap < flush:  # steps flow: the next batch is due a wait after the last
             due.append(r.flushed_at + flush - now)
-        else:  # nothing to send: the next step's publish() wakes the sender (Dekker's order: its
+        elif now - r.newest < LOOK_S:  # steps slower than the flush: it looks again in a flush
+            due.append(flush)
+        else:  # quiet: the next step's publish() wakes the sender (Dekker's order: its
             self._asleep = True  # append, then this flag; here this flag, then the queue; sound
             if self._queue:  # under the GIL, which orders both threads' reads and writes; the
                 self._asleep = False  # free-threaded build would need more than this)
