@@ -92,6 +92,7 @@ class Waker:
         #: sender wakes every DEGRADED_WAIT_S to look (Publisher._wait_s).
         self.degraded = False
         self.waits = 0  # the sender's rounds (tests, benchmarks)
+        self.woken = False  # the last wait ended on something ready, not its timeout
 
     def watch(self, fd: int, on_readable: OnReadable) -> None:
         """Call ``on_readable(data)`` with what ``fd`` holds whenever it becomes readable."""
@@ -106,6 +107,7 @@ class Waker:
         a cold round ~50 us; what arrives later wakes the next wait at once)."""
         self.waits += 1
         ready = self._poller.poll(max(1, math.ceil(timeout_s * 1000)))
+        self.woken = bool(ready)  # by something, not by the timeout
         sockets = False
         for what, _ in ready:
             if isinstance(what, int):

@@ -47,6 +47,7 @@ class Round:
         self.gap = 0.0  # seconds between step records, over the last round that took some
         self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
         self.said_bye = False  # a bye went out: no hello after it
+        self.look_until = -math.inf  # while looking (Publisher._look_again): when a round is due
 
     def close_batch(self) -> None:
         """The open batch's records become one pending "steps" frame (a lone record too: columns
