@@ -20,7 +20,8 @@ import probe
 from flowtop.tools.demo.launch import free_port
 from probe import wire
 from probe.transport import publisher as publisher_module
-from probe.transport.publisher import Publisher
+from probe.transport import rounds as rounds_module
+from probe.transport.publisher import STEPS_ALIVE_S, Publisher
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
 
@@ -37,6 +38,7 @@ class RawMonitor:
         self._sock.bind(self.addr)
         self._sock.send(b"\x01")  # subscribe to everything (XSUB repeats it to each new peer)
         self.got: list[tuple[float, str, int]] = []  # (arrival, kind, step records)
+        self.frames: list[tuple[float, wire.Message]] = []  # (arrival, the decoded frame)
         self.delays: dict[str, list[float]] = {}  # kind -> seconds from its timestamp to its arrival
         self._out: list[bytes] = []
         self._stop = False
@@ -53,6 +55,7 @@ class RawMonitor:
                     continue
                 kind = "steps" if msg.steps is not None else msg.kind  # a batch: "stepcols" on the wire
                 self.got.append((time.monotonic(), kind, len(msg.steps.step) if msg.steps else 0))
+                self.frames.append((self.got[-1][0], msg))
                 self.delays.setdefault(kind, []).append(time.time() - msg.sent_at)
             while self._out:
                 self._sock.send(self._out.pop(0))
@@ -445,3 +448,143 @@ def test_no_hello_follows_a_bye() -> None:
     finally:
         pub.close(timeout_s=0.5)
         monitor.close()
+
+
+class SteppedTime:
+    """The ``time`` module as the probe's sender modules see it, its wall clock stepped by
+    ``step_s`` (NTP stepping the clock, an admin's ``date -s``): the one clock a test cannot step
+    for real. Their monotonic clock, the monitor's clock and the test's own are the real ones."""
+
+    def __init__(self) -> None:
+        self.step_s = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.step_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.fixture
+def wall(monkeypatch: pytest.MonkeyPatch) -> SteppedTime:
+    """Patched by name where the sender reads the wall clock, publish()'s stamp included (the
+    ``time`` module itself stays real: the test's timings, the monitor's thread, pytest's)."""
+    fake = SteppedTime()
+    for module in (publisher_module, rounds_module):
+        monkeypatch.setattr(module, "time", fake)
+    monkeypatch.setattr(publisher_module, "_clock", fake.time)
+    return fake
+
+
+class Stepper:
+    """Step records published to ``pub``, each remembered with when (the real monotonic clock,
+    and the wall clock as the probe reads it)."""
+
+    def __init__(self, pub: Publisher, wall: SteppedTime) -> None:
+        self.pub, self.wall = pub, wall
+        self.published: dict[int, tuple[float, float]] = {}  # step -> (monotonic, probe's wall)
+
+    def step(self) -> None:
+        n = len(self.published) + 1
+        self.published[n] = (time.monotonic(), self.wall.time())
+        self.pub.publish("step", {"step": n, "wall_s": 0.01, "tokens": 1})
+
+    def run(self, seconds: float, step_s: float = 0.02) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.step()
+            time.sleep(step_s)
+
+    def arrivals(self, monitor: RawMonitor) -> dict[int, tuple[float, float]]:
+        """step -> (arrival, its frame's timestamp)."""
+        return {int(n): (at, msg.sent_at) for at, msg in list(monitor.frames) if msg.steps for n in msg.steps.step}
+
+    def delays(self, monitor: RawMonitor, since: float = 0.0) -> list[float]:
+        """Seconds from publish() to arrival of each record published after ``since``."""
+        got = self.arrivals(monitor)
+        return [got[n][0] - at for n, (at, _) in self.published.items() if at >= since and n in got]
+
+    def all_arrived(self, monitor: RawMonitor) -> bool:
+        return len(self.arrivals(monitor)) == len(self.published)
+
+
+def test_a_wall_clock_stepped_back_holds_back_neither_jobs_nor_steps_nor_hellos(wall: SteppedTime,
+                                                                               monitor: RawMonitor) -> None:
+    """The wall clock steps a minute back: the sender's periodic job keeps its interval, step
+    records still leave within their flush, and the hello is still due once steps stop. On the
+    wall clock every timer of the sender was a minute in the future: telemetry and hellos stopped
+    for a minute, and the monitor saw the rank go stale."""
+    ticks: list[float] = []
+    pub = _started("back", monitor.addr)
+    pub.add_tick(0.2, lambda: ticks.append(time.monotonic()))
+    steps = Stepper(pub, wall)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        steps.run(0.6)
+        wall.step_s, stepped = -60.0, time.monotonic()
+        steps.run(2.0)
+        after = [t for t in ticks if t >= stepped]
+        gaps = [b - a for a, b in zip([stepped] + after, after + [time.monotonic()])]
+        assert len(after) >= 7 and max(gaps) < 0.5, (len(after), gaps)
+        assert _wait_until(lambda: steps.all_arrived(monitor), 2.0), (len(steps.published),
+                                                                        len(steps.arrivals(monitor)))
+        delays = steps.delays(monitor, since=stepped)
+        assert max(delays) < 0.3, max(delays)
+        quiet = time.monotonic()  # steps stop: the hello says the rank lives STEPS_ALIVE_S later
+        assert _wait_until(lambda: "hello" in monitor.kinds(since=quiet), STEPS_ALIVE_S + 1.0), monitor.kinds(quiet)
+    finally:
+        pub.close(timeout_s=0.5)
+
+
+def test_a_wall_clock_stepped_forward_expires_nothing_that_waits(wall: SteppedTime, monitor: RawMonitor) -> None:
+    """The wall clock steps a minute forward while a step record waits for its batch (a 1 s
+    flush): it leaves when its batch is due, none dropped, and so do the steps after it. On the
+    wall clock it looked a minute old, past max_age_s (2 s), and was dropped."""
+    pub = _started("forward", monitor.addr, flush_s=1.0)
+    steps = Stepper(pub, wall)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        steps.run(1.5)
+        steps.step()  # taken by the sender after the step: it sleeps until its batch is due
+        wall.step_s = 60.0
+        steps.run(2.0)
+        assert _wait_until(lambda: steps.all_arrived(monitor), 3.0), (len(steps.published),
+                                                                        len(steps.arrivals(monitor)), pub.drops)
+        assert pub.drops == 0, pub.drops
+        delays = steps.delays(monitor)
+        assert max(delays) < 1.0 + 0.3, max(delays)
+    finally:
+        pub.close(timeout_s=0.5)
+
+
+@pytest.mark.parametrize("step_s", [-60.0, 60.0])
+def test_frames_carry_the_wall_time_of_their_publication_across_a_step(wall: SteppedTime, monitor: RawMonitor,
+                                                                      step_s: float) -> None:
+    """A frame's timestamp is the wall time at which the training thread published its first
+    record (the monitor aligns ranks by it): a batch opened before the wall clock steps and sent
+    after it carries the wall time from before the step, the next ones the time after it, and
+    each leaves within its flush. On the wall clock that batch was held a minute (stepped back)
+    or dropped as a minute old (stepped forward)."""
+    pub = _started("stamps", monitor.addr, flush_s=0.5)
+    steps = Stepper(pub, wall)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        steps.run(0.7)
+        steps.step()
+        before = len(steps.published)  # the last record published before the step
+        wall.step_s = step_s
+        steps.run(1.0)
+        assert _wait_until(lambda: steps.all_arrived(monitor), 2.0), (len(steps.published),
+                                                                        len(steps.arrivals(monitor)))
+        frames = [msg.steps for _, msg in monitor.frames if msg.steps]
+        stamps = [(msg.sent_at, steps.published[int(msg.steps.step[0])][1]) for _, msg in monitor.frames if msg.steps]
+        assert all(abs(sent - published) < 0.01 for sent, published in stamps), stamps
+        sent = {int(n): at for at, frame in zip([s for s, _ in stamps], frames) for n in frame.step}
+        last = len(steps.published)
+        # the batch that held the last record before the step opened before it, the last batch after it
+        assert abs(sent[before] - steps.published[before][1]) < 1.0, (sent[before], steps.published[before])
+        assert abs(sent[last] - steps.published[last][1]) < 1.0, (sent[last], steps.published[last])
+        delays = steps.delays(monitor)
+        assert max(delays) < 0.5 + 0.3, max(delays)
+    finally:
+        pub.close(timeout_s=0.5)

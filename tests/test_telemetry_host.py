@@ -56,6 +56,33 @@ def test_cpu_percent_reflects_work_between_samples() -> None:
     assert s["proc_cpu_pct"] > 10.0  # the loop kept one core busy for most of the interval
 
 
+class SteppedBack:
+    """The ``time`` module as hostinfo sees it once NTP stepped the wall clock a minute back."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def time() -> float:
+        return time.time() - 60.0
+
+
+def test_cpu_percent_between_samples_ignores_a_step_of_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NTP steps the wall clock a minute back between two samples: the CPU % is still measured
+    over the time between them. On the wall clock the window looked negative and the previous
+    figure (an idle one here) was repeated for a minute."""
+    from probe.telemetry import hostinfo
+
+    t = HostTelemetry()
+    t.sample()
+    time.sleep(0.5)
+    t.sample()  # idle since the first one
+    monkeypatch.setattr(hostinfo, "time", SteppedBack)
+    start = time.process_time()
+    while time.process_time() - start < 0.6:  # burn 0.6 s of CPU in this process
+        pass
+    assert t.sample()["proc_cpu_pct"] > 30.0
+
+
 def test_readings_closer_than_the_window_repeat_the_last_figure() -> None:
     t = HostTelemetry()
     first = t.sample()

@@ -89,9 +89,12 @@ class HostTelemetry:
         self._proc: Any = None
         self._psutil: Any = None
         self._fatal: str | None = None
-        # (pid, create_time) -> (wall time, cpu seconds, last %) at the previous reading; the key
-        # includes create_time so a recycled pid starts fresh.
+        # (pid, create_time) -> (monotonic time, cpu seconds, last %) at the previous reading; the
+        # key includes create_time so a recycled pid starts fresh.
         self._prev: dict[tuple[int, float], tuple[float, float, float]] = {}
+        #: This sample's time on the monotonic clock: the window between two readings (a step of
+        #: the wall clock, NTP's, would freeze a figure for as long or dilute one).
+        self._at = time.monotonic()
         self._host_prev: tuple[float, float, float] | None = None  # (busy s, total s, last %)
         self._cmdline: list[str] | None = None  # this process's argv (forked workers share it)
         self._kinds: dict[tuple[int, float], str] = {}  # (pid, create_time) -> kind of child
@@ -114,16 +117,16 @@ class HostTelemetry:
         create = float(proc.create_time())
         key = (int(proc.pid), create)
         seen.add(key)
-        prev = self._prev.get(key)
-        if prev is not None and now - prev[0] < MIN_WINDOW_S:
+        prev, at = self._prev.get(key), self._at
+        if prev is not None and at - prev[0] < MIN_WINDOW_S:
             return prev[2]
         cpu = _cpu_seconds(proc.cpu_times())
-        if prev is None:
+        if prev is None:  # since it started: create_time() is a wall time
             wall, used = now - create, cpu
         else:
-            wall, used = now - prev[0], cpu - prev[1]
+            wall, used = at - prev[0], cpu - prev[1]
         pct = max(0.0, 100.0 * used / wall) if wall > 0 else 0.0
-        self._prev[key] = (now, cpu, pct)
+        self._prev[key] = (at, cpu, pct)
         return pct
 
     def _kind(self, child: Any, now: float) -> str:
@@ -216,7 +219,8 @@ class HostTelemetry:
 
     def _sample_into(self, out: dict[str, Any], reasons: dict[str, str]) -> None:
         psutil = self._psutil
-        now = time.time()  # create_time() is wall-clock, so the deltas are too
+        now = time.time()  # create_time() is wall-clock, so the ages since it are too
+        self._at = time.monotonic()
         seen: set[tuple[int, float]] = set()
         try:
             proc = self._proc

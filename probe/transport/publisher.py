@@ -26,7 +26,7 @@ import collections
 import math
 import threading
 import time
-from typing import Any, Callable, Deque, NamedTuple
+from typing import Any, Callable, Deque, Iterable, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
@@ -34,15 +34,21 @@ from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe._log import warn_once
 from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys, nudge,
                                   nudge_pipe)
-from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Round
+from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
 
 #: publish()'s clock, a module global: the training thread calls it each step, after a long step
-#: has left the caches cold (an attribute lookup less).
+#: has left the caches cold (an attribute lookup less). The wall clock: a frame's timestamp; the
+#: sender schedules on the monotonic clock (see probe.transport.rounds.SenderClock).
 _clock = time.time
 
 def _weight(kind: str, fields: dict[str, Any]) -> int:
     """Messages one pending entry stands for (a batch: its step records), for drop counts."""
     return len(fields["records"]) if kind == "steps" else (0 if kind == _REKEY else 1)
+
+
+def _weights(items: Iterable[Item]) -> int:
+    """Messages the pending entries stand for (see _weight)."""
+    return sum(_weight(kind, fields) for kind, _, _, fields in items)
 
 
 #: The hello is the rank's heartbeat: it goes every HELLO_S while nothing else says the rank lives
@@ -118,21 +124,21 @@ class Publisher:
         self.addr = addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
-        self._queue: Deque[tuple[str, float, dict[str, Any]]] = collections.deque(maxlen=queue_size)
+        self._queue: Deque[Queued] = collections.deque(maxlen=queue_size)
         self._queue_size = queue_size
         self._appended = 0  # training thread only
         #: The sender sleeps with nothing to send after a quiet spell (see LOOK_S), until the next
         #: step's publish() wakes it.
         self._asleep = False
         self._popped = 0  # sender thread only
-        self._local: list[tuple[str, float, dict[str, Any]]] = []  # sender thread only
+        self._local: list[Item] = []  # sender thread only
         self._sent = 0  # sender thread only
         self._send_drops = 0  # sender thread only
         self._seq = 0
         self._stop = False
         self._ticks: list[_Tick] = []  # may grow while the sender runs
         self._watched: list[tuple[int, OnReadable]] = []  # may grow while the sender runs
-        self._again_at = math.inf  # a round asked for by soon() (sender thread)
+        self._again_at = math.inf  # a round asked for by soon() (sender thread, monotonic)
         self._nudge_r = self._nudge_w = -1  # the sender's wake-up pipe, from start() on
         self.waker: Waker | None = None  # the sender's poll (its counts: tests, benchmarks)
         self.rounds = 0  # the sender's rounds; its waits count the empty looks too (see LOOK_S)
@@ -178,7 +184,7 @@ class Publisher:
 
     def publish_local(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue one message from the sender thread itself (its periodic jobs)."""
-        self._local.append((kind, time.time(), fields))
+        self._local.append((kind, time.monotonic(), time.time(), fields))
 
     @property
     def drops(self) -> int:
@@ -205,7 +211,7 @@ class Publisher:
     def soon(self, delay_s: float) -> None:
         """Sender thread (a periodic job): run another round within ``delay_s`` even if nothing
         wakes the sender (a job that repeats a request while its cause lasts)."""
-        self._again_at = min(self._again_at, time.time() + delay_s)
+        self._again_at = min(self._again_at, time.monotonic() + delay_s)
 
     def paced_interval(self, interval_s: float) -> float:
         """``interval_s`` stretched by as much as the monitor's pace now slows the step records
@@ -259,8 +265,8 @@ class Publisher:
         r = self._round
         try:
             if r is not None:
-                self._take(r, stopping=True)
-                self._send(zmq, sock, r, time.time())
+                self._take(r, stopping=True, now=r.clock.round())
+                self._send(zmq, sock, r, r.clock.now)
         except Exception:  # noqa: BLE001 - the message itself must still go
             pass
         try:
@@ -317,19 +323,19 @@ class Publisher:
                 self._asleep = False
             if readable:
                 self._listen(link, r)
-            now = time.time()
+            now = r.clock.round()  # monotonic: the sender's timers (see SenderClock)
             if not stopping:  # before sending: what a job queues (a telemetry sample) goes now
                 self._run_ticks(r, now)
             if self._local:  # ahead of the queue's messages: never after a bye
                 r.pending.extend(self._local)
                 self._local.clear()
-            steps = self._take(r, stopping)
+            steps = self._take(r, stopping, now)
             self._queue_hello(r, now)
             self._expire(r.pending, now)  # before sending: a monitor that appears gets nothing stale
             sent_all = self._send(zmq, sock, r, now)
             r.refused(not sent_all)
             if stopping:
-                self._send_drops += sum(_weight(k, f) for k, _, f in r.pending)
+                self._send_drops += _weights(r.pending)
                 return
             while len(self._watched) > r.watched:
                 waker.watch(*self._watched[r.watched])
@@ -359,7 +365,7 @@ class Publisher:
         if not (r.listening and self.hello_fields is not None and now >= r.next_hello) or r.said_bye:
             return
         if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= HELLO_MAX_S:
-            r.pending.appendleft(("hello", now, self.hello_fields))
+            r.pending.appendleft(("hello", now, r.clock.wall(now), self.hello_fields))
             r.hello_at, r.next_hello = now, now + HELLO_S
         else:  # looked at again when the steps would have to stop, or the longest gap ends
             r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + HELLO_MAX_S)
@@ -368,12 +374,12 @@ class Publisher:
         """Send what is pending while a monitor listens; False when the high-water mark stopped it."""
         pending = r.pending
         while pending and (r.listening or pending[0][0] == _REKEY):
-            kind, t, fields = pending[0]
+            kind, at, t, fields = pending[0]  # t: the wall time, for the wire
             if kind == _REKEY:
                 pending.popleft()
                 self._switch_key(zmq, sock, fields, t, r.listening)
                 if r.listening and self.hello_fields is not None:
-                    pending.appendleft(("hello", t, self.hello_fields))  # the new key's hello
+                    pending.appendleft(("hello", at, t, self.hello_fields))  # the new key's hello
                 continue
             if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
                 frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
@@ -382,7 +388,7 @@ class Publisher:
                                     dict(fields, drops=self.drops) if kind == "step" else fields)
             if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
                 pending.popleft()  # too big together: one by one, so only an oversized record is lost
-                pending.extendleft(reversed([("step", t, dict(rec)) for rec in fields["records"]]))
+                pending.extendleft(reversed([("step", at, t, dict(rec)) for rec in fields["records"]]))
                 continue
             if len(frame) > wire.MAX_FRAME_BYTES:
                 # The monitor's MAXMSGSIZE would drop the whole connection for this one.
@@ -427,7 +433,7 @@ class Publisher:
         its way); slower, it looks again a flush later while the last came within LOOK_S; after a
         quiet spell (steps longer than that) the next step's publish() wakes it. Anything
         else sooner (a subscription, a command, a rare message, close(), SIGTERM) wakes it too."""
-        now = time.time()
+        now = time.monotonic()
         taken, r.popped, elapsed, r.at = self._popped - r.popped, self._popped, now - r.at, now
         flush = self.current_flush_s()
         due = [self._again_at - now]
@@ -458,7 +464,7 @@ class Publisher:
         if pace > self.own_flush_s and lapses_in > 0:  # a long pace lapses: a batch is due sooner then
             due.append(lapses_in)
         if r.pending and not r.listening:  # expired in bunches (see _expire), not one wake-up a message
-            oldest = min((t for k, t, _ in r.pending if k != _REKEY), default=math.inf)
+            oldest = min((at for k, at, _, _ in r.pending if k != _REKEY), default=math.inf)
             due.append(oldest + 1.5 * self.max_age_s - now)
         wait = min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # a hello is never later than that
         r.look_until = now + wait if look < wait else -math.inf  # the looks' end: a round is due
@@ -485,13 +491,13 @@ class Publisher:
         pace, until = self._pace
         return max(self.flush_s, pace) if time.monotonic() < until else self.own_flush_s
 
-    def _take(self, r: "Round", stopping: bool) -> int:
+    def _take(self, r: "Round", stopping: bool, now: float) -> int:
         """Move the training thread's queue to the pending messages, step records through the
         open batch: closed when due (see Round.batch_at), when it is full, and before any other
         message (order is kept: a count or a bye never overtakes the steps before it). Returns
         the step records taken."""
         pending, batch = r.pending, r.batch
-        steps, newest = 0, r.newest
+        steps, newest = 0, 0.0  # newest: a wall time, as publish() stamps it
         close = r.close_batch
         while True:
             try:
@@ -500,16 +506,19 @@ class Publisher:
                 break
             self._popped += 1
             if item[0] == "step":
-                batch.append(item)
+                if batch:
+                    batch.append(item)
+                else:
+                    r.open_batch(item)  # its time on the sender's clock
                 steps, newest = steps + 1, item[1]
                 if len(batch) >= wire.MAX_BATCH:
                     close()
             else:
                 close()
-                pending.append(item)
+                pending.append(r.clock.item(item))
         if steps:
             r.stepped(steps, newest)
-        if batch and (stopping or time.time() >= r.batch_at(self.current_flush_s())):
+        if batch and (stopping or now >= r.batch_at(self.current_flush_s())):
             close()
         return steps
 
@@ -524,12 +533,12 @@ class Publisher:
         self.key = fields["key"]
         self._seq = 0
 
-    def _expire(self, pending: Deque[tuple[str, float, dict[str, Any]]], now: float) -> None:
+    def _expire(self, pending: Deque[Item], now: float) -> None:
         """Drop (and count) what waited longer than ``max_age_s``, wherever it sits (a key
         switch is never dropped: what follows it must go out under the new key)."""
         if pending and now - min(item[1] for item in pending) > self.max_age_s:
             fresh = [item for item in pending if now - item[1] <= self.max_age_s or item[0] == _REKEY]
-            self._send_drops += sum(_weight(k, f) for k, _, f in pending) - sum(_weight(k, f) for k, _, f in fresh)
+            self._send_drops += _weights(pending) - _weights(fresh)
             pending.clear()
             pending.extend(fresh)
 

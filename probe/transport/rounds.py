@@ -3,7 +3,7 @@
 A round reads the link (when a socket woke it), runs the periodic jobs that are due, takes the
 training thread's queue, closes the step batch when due and sends; then the sender sleeps until
 the next thing is due (probe.transport.publisher: Publisher._wait_s). The rules of those due
-times that are the sender's own state live here.
+times that are the sender's own state live here, and its clocks (:class:`SenderClock`).
 """
 
 from __future__ import annotations
@@ -27,23 +27,66 @@ RETRY_MAX_S = 1.0
 #: rounds saw (a loop of 0.1 ms steps fills 10,000 entries in a second).
 QUEUE_SHARE = 0.25
 
-Item = tuple[str, float, dict[str, Any]]
+#: A message of the training thread's queue: (kind, wall time of its publish(), fields).
+Queued = tuple[str, float, dict[str, Any]]
+#: A message the sender holds: (kind, when it was published on the monotonic clock (its age, its
+#: batch's due time), the same on the wall clock (its timestamp on the wire), fields).
+Item = tuple[str, float, float, dict[str, Any]]
+
+
+class SenderClock:
+    """The sender's two clocks. It schedules on ``time.monotonic()`` alone: on the wall clock a
+    step back (NTP, an admin's ``date -s``) held every timer back by as much (telemetry, hellos
+    and batches stopped: the rank looked stale), a step forward fired them all at once and
+    expired what waited as if old. The wire carries wall times (the monitor aligns ranks by
+    them), and publish() reads the wall clock only: one clock read a step on the training thread,
+    and a frame's timestamp is exactly the wall time at which it was published, a step of the
+    clock since or not. The sender places those times on its monotonic clock with wall −
+    monotonic sampled each round, within the span the message was published in (after the
+    previous round took the queue, before this one took it): one published before a step and
+    taken after it is then at most a round off, never a step's size."""
+
+    def __init__(self) -> None:
+        self.since = self.now = time.monotonic()
+        self.offset = time.time() - self.now  # wall − monotonic, this round
+
+    def round(self) -> float:
+        """A round begins (before it takes the queue): monotonic now; the offset sampled anew."""
+        self.since, self.now = self.now, time.monotonic()
+        self.offset = time.time() - self.now
+        return self.now
+
+    def mono(self, wall: float) -> float:
+        """The monotonic time of a wall time read by publish() since the previous round (one
+        published before the sender started counts as published when it started)."""
+        return min(self.now, max(self.since, wall - self.offset))
+
+    def item(self, queued: Queued) -> Item:
+        """A queued message as the sender holds it."""
+        kind, wall, fields = queued
+        return kind, self.mono(wall), wall, fields
+
+    def wall(self, mono: float) -> float:
+        """The wall time of a monotonic time of this round (a timestamp the sender makes)."""
+        return mono + self.offset
 
 
 class Round:
     """The sender thread's state between rounds (its own: nothing else reads it)."""
 
     def __init__(self, hello: dict[str, Any] | None) -> None:
+        self.clock = SenderClock()
         self.pending: Deque[Item] = collections.deque()
-        self.batch: list[Item] = []  # step records not yet closed into a frame
+        self.batch: list[Queued] = []  # step records not yet closed into a frame
+        self.batch_mono = 0.0  # when its first record was published, on the monotonic clock
         self.next_tick: list[float] = []
         self.next_hello = self.hello_at = self.steps_at = -math.inf  # hello checked, sent; steps sent
         self.listening = False
         self.last_hello = hello
         self.watched = 0  # watched descriptors handed to the poll so far
-        self.popped, self.at = 0, time.time()  # the queue's count taken, and when (see Publisher._wait_s)
+        self.popped, self.at = 0, self.clock.now  # the queue's count taken, and when (see Publisher._wait_s)
         self.flushed_at = -math.inf  # when the last batch was closed (see batch_at)
-        self.newest = -math.inf  # the newest step record's publish time
+        self.newest = -math.inf  # the newest step record's publish time (monotonic, as all but the wire's)
         self.gap = 0.0  # seconds between step records, over the last round that took some
         self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
         self.said_bye = False  # a bye went out: no hello after it
@@ -54,19 +97,25 @@ class Round:
         cost the monitor less to check than a plain "step" map)."""
         batch = self.batch
         if batch:
-            self.pending.append(("steps", batch[0][1], {"records": [f for _, _, f in batch]}))
-            self.flushed_at = time.time()
+            self.pending.append(("steps", self.batch_mono, batch[0][1], {"records": [f for _, _, f in batch]}))
+            self.flushed_at = time.monotonic()
             batch.clear()
 
+    def open_batch(self, first: Queued) -> None:
+        """``first`` opens the batch (the sender's round that took it)."""
+        self.batch_mono = self.clock.mono(first[1])
+        self.batch.append(first)
+
     def stepped(self, steps: int, newest: float) -> None:
-        """``steps`` step records were taken this round, the newest published at ``newest``."""
+        """``steps`` step records were taken this round, the newest published at wall time ``newest``."""
+        newest = self.clock.mono(newest)
         self.gap = max(0.0, newest - self.newest) / steps if self.newest > -math.inf else 0.0
         self.newest = newest
 
     def batch_at(self, flush: float) -> float:
-        """When the open batch leaves (probe.wire.pace.batch_due; another message closes it
-        sooner, and so does MAX_BATCH)."""
-        return batch_due(self.flushed_at, self.batch[0][1], flush)
+        """When the open batch leaves, on the monotonic clock (probe.wire.pace.batch_due; another
+        message closes it sooner, and so does MAX_BATCH)."""
+        return batch_due(self.flushed_at, self.batch_mono, flush)
 
     def step_rate(self, taken: int, elapsed: float, now: float, steps: int) -> float:
         """Messages a second the training thread queues, the highest of: the last round's, the
@@ -74,7 +123,7 @@ class Round:
         predecessor is unknown counts as 1 ms after it: the first of a fast loop has no batch
         to wait with it, and the wait for the next batch must not let the loop fill the queue)."""
         last = taken / elapsed if taken > 0 and elapsed > 0 else 0.0
-        batch = len(self.batch) / max(MIN_WAIT_S, now - self.batch[0][1]) if self.batch else 0.0
+        batch = len(self.batch) / max(MIN_WAIT_S, now - self.batch_mono) if self.batch else 0.0
         gap = 1.0 / max(MIN_WAIT_S, self.gap) if steps else 0.0
         return max(last, batch, gap)
 
