@@ -342,7 +342,7 @@ class Publisher:
                 r.watched += 1
             readable = waker.wait(self._wait_s(r, sent_all, steps))
             while not waker.woken and self._look_again(r):  # an empty look: no round
-                readable = waker.wait(min(self.current_flush_s(), r.look_until - time.time()))
+                readable = waker.wait(min(self.current_flush_s(), r.look_until - time.monotonic()))
             if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
                 self._nudge_w = -1
 
@@ -474,7 +474,7 @@ class Publisher:
         """After a look (see LOOK_S) that woke to nothing: whether to sleep on without a round
         (~0.1 ms of the sender's CPU each on a VM), because nothing was queued, nothing else is
         due yet and the last step is recent enough to look again."""
-        now = time.time()
+        now = time.monotonic()
         return (not self._queue and not self._stop and now + MIN_WAIT_S < r.look_until
                 and now - r.newest < LOOK_S)
 
