@@ -11,9 +11,13 @@ every snapshot) and times, per snapshot:
 * ``cpu``: the process CPU time of the refresh (the figure that does not grow when other
   processes share the cores; the UI thread's share of a 500 ms cadence);
 
-and how many lines the table and the map refreshed. Usage::
+and how many lines the table and the map refreshed. The process runs the monitor's garbage
+collector policy, as ``flowtop top`` does (flowtop.monitor.gcpolicy: its thresholds, and the freeze
+the data thread makes after each tick, made here before each snapshot is shown); ``--gc cpython``
+keeps CPython's defaults, whose collections of the 4,096-rank snapshots made the maxima (a refresh
+of 129-153 ms at most against 36-56 ms, medians alike, 2026-12-05). Usage::
 
-    python bench/rank_view.py [--ranks 4096] [--snapshots 12] [--size 200x50 --size 80x24]
+    python bench/rank_view.py [--ranks 4096] [--snapshots 12] [--size 200x50 --size 80x24] [--gc cpython]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/synthetic
 
+from flowtop.monitor import gcpolicy  # noqa: E402
 from flowtop.tui.app import FlowtopApp  # noqa: E402
 from flowtop.tui.widgets.rank_map import RankMap
 from flowtop.tui.widgets.rank_table import RankTable
@@ -46,6 +51,7 @@ async def run(size: tuple[int, int], ranks: int, count: int, keys: tuple[str, ..
         screen = app.screen
         table, rank_map = screen.query_one(RankTable), screen.query_one(RankMap)
         for snap in snaps[1:]:
+            gcpolicy.after_tick()  # the data thread's, after the tick that made the snapshot
             c0, t0 = time.process_time(), time.perf_counter()
             screen.show(snap)  # type: ignore[attr-defined]
             t1 = time.perf_counter()
@@ -65,7 +71,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4096)
     ap.add_argument("--snapshots", type=int, default=12)
     ap.add_argument("--size", action="append", help="terminal WxH (repeatable); default 200x50 and 80x24")
+    ap.add_argument("--gc", choices=("monitor", "cpython"), default="monitor",
+                    help="the monitor's garbage collector policy (as flowtop top) or CPython's defaults")
     args = ap.parse_args()
+    if args.gc == "monitor":
+        gcpolicy.for_monitor()
     sizes = [tuple(int(v) for v in s.split("x")) for s in (args.size or ["200x50", "80x24"])]
     print(f"rank view refresh, {args.ranks:,} ranks, {args.snapshots} snapshots each (ms; median / max)")
     for size in sizes:
