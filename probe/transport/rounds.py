@@ -2,7 +2,7 @@
 
 A round reads the link (when a socket woke it), runs the periodic jobs that are due, takes the
 training thread's queue, closes the step batch when due and sends; then the sender sleeps until
-the next thing is due (probe.transport.publisher: Publisher._wait_s). The rules of those due
+the next thing is due (probe.transport.sender: SenderLoop._wait_s). The rules of those due
 times that are the sender's own state live here, and its clocks (:class:`SenderClock`).
 """
 
@@ -17,7 +17,7 @@ from probe.wire.pace import batch_due
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
 REKEY = "_rekey"
-#: The shortest sleep of the sender (the longest: publisher.HELLO_MAX_S).
+#: The shortest sleep of the sender (the longest: sender.HELLO_MAX_S).
 MIN_WAIT_S = 0.001
 #: A send refused at the high-water mark is tried again after this long, twice as long after each
 #: refusal in a row up to RETRY_MAX_S (a monitor that stopped reading: each try encodes a frame).

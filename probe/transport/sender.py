@@ -1,0 +1,382 @@
+"""The probe's sender thread: the daemon loop that owns the socket, as a part of
+:class:`probe.transport.publisher.Publisher`.
+
+The training thread only queues (probe.transport.publisher); everything else — msgpack encoding,
+ZeroMQ sends, telemetry sampling, control messages from the monitor — happens here, on the sender
+thread, in rounds (probe.transport.rounds); between them it sleeps until something is due.
+
+Socket choices (docs/design.md, "Transport"): the publisher connects, LINGER 0, IMMEDIATE 1
+(nothing is queued for a monitor that is not there, so a restarted monitor sees
+no stale flood), randomised reconnect interval, every send NOBLOCK. It is an
+XPUB rather than a PUB: a PUB silently discards what it sends before the
+monitor's subscription has arrived (the hello and first steps would vanish),
+while an XPUB *receives* the subscriptions, so the sender knows whether anyone
+listens. Until then — and when the monitor goes away — messages wait up to
+``max_age_s`` and are then dropped and counted (looked at at least every ``max_age_s``/2,
+and before anything is sent: a monitor that appears gets nothing older). XPUB_NODROP turns a full
+high-water mark into EAGAIN, handled the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple
+
+from probe import wire
+from probe.wire.link import upstream_options
+from probe._log import warn_once
+from probe.transport.link import DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys
+from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
+
+
+def _weight(kind: str, fields: dict[str, Any]) -> int:
+    """Messages one pending entry stands for (a batch: its step records), for drop counts."""
+    return len(fields["records"]) if kind == "steps" else (0 if kind == _REKEY else 1)
+
+
+def _weights(items: Iterable[Item]) -> int:
+    """Messages the pending entries stand for (see _weight)."""
+    return sum(_weight(kind, fields) for kind, _, _, fields in items)
+
+
+#: The hello is the rank's heartbeat: it goes every HELLO_S while nothing else says the rank lives
+#: (before its first step, hung in a collective, in a step longer than STEPS_ALIVE_S). While its
+#: step frames leave (every flush, at most wire.MAX_PACE_S apart when paced) they keep it heard, and
+#: the hello goes every HELLO_MAX_S only, for a monitor that restarted behind a relay (a monitor
+#: this socket sees (re)appear gets one at once). At 4,096 ranks a hello every 2 s was a third of
+#: the frames a monitor read.
+HELLO_S = 2.0
+HELLO_MAX_S = 10.0
+STEPS_ALIVE_S = 2.5
+#: While a step record came within LOOK_S, a sender with nothing to send looks at the queue again
+#: a flush later instead of having the next step's publish() wake it: a pipe write costs the
+#: training thread ~20 µs of syscall on a VM, and the sender it wakes takes the interpreter lock
+#: from it for its round (~30 µs more a step in bench/probe_costs.py at 119 ms steps; ~100 µs in
+#: a bare A/B). Slower steps (and the first after a quiet spell) still wake it, one write a step.
+LOOK_S = 1.0
+
+#: A sender-side periodic job (telemetry), called about once a second.
+Tick = Callable[[], None]
+
+
+class _Tick(NamedTuple):
+    """A periodic job of the sender thread (see Publisher.add_tick)."""
+
+    interval_s: float
+    fn: Tick
+    paced: bool
+
+
+class SenderLoop:
+    """The sender thread's loop (a mixin of :class:`probe.transport.publisher.Publisher`, whose
+    ``__init__`` sets the attributes declared here)."""
+
+    # No slots of its own, so Publisher's slots (publish()'s attributes) and its one __dict__ and
+    # __weakref__ are what instances have. Hidden from mypy, which would read the declarations
+    # below as attributes this empty __slots__ leaves no room for.
+    if not TYPE_CHECKING:
+        __slots__ = ()
+
+    if TYPE_CHECKING:
+        key: wire.RankKey
+        addr: str
+        curve_dir: str | None
+        max_age_s: float
+        own_flush_s: float
+        _pace: tuple[float, float]
+        _queue: Deque[Queued]
+        _queue_size: int
+        _asleep: bool
+        _popped: int
+        _local: list[Item]
+        _sent: int
+        _send_drops: int
+        _seq: int
+        _stop: bool
+        _ticks: list[_Tick]
+        _watched: list[tuple[int, OnReadable]]
+        _again_at: float
+        _nudge_r: int
+        _nudge_w: int
+        waker: Waker | None
+        rounds: int
+        _control_handlers: list[Callable[[str], None]]
+        _sock: Any
+        _round: Round | None
+        subscribers: int
+        control_rejected: int
+
+        @property
+        def hello_fields(self) -> dict[str, Any] | None: ...
+
+        @property
+        def drops(self) -> int: ...
+
+        def paced_interval(self, interval_s: float) -> float: ...
+
+        def current_flush_s(self) -> float: ...
+
+    def _run(self) -> None:
+        try:
+            import zmq
+        except Exception as exc:
+            warn_once("zmq-import", f"pyzmq unavailable ({exc}); probe publishes nothing")
+            return
+        try:
+            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
+        except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
+            warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
+            return
+        link: Link | None = None
+        try:
+            curve = curve_keys(self.curve_dir)
+            for name, value in upstream_options(self.addr):  # the relays set theirs alike
+                sock.setsockopt(getattr(zmq, name), value)
+            apply_curve(sock, curve)
+            link = Link(zmq, sock)  # before connect, or the first handshake is missed
+            sock.connect(self.addr)
+            self._sock = sock
+            self._loop(zmq, sock, link)
+        except Exception as exc:  # the probe never takes training down
+            warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")
+        finally:
+            if link is not None:
+                link.close()
+            sock.close(0)
+
+    def _loop(self, zmq: Any, sock: Any, link: Link) -> None:
+        r = self._round = Round(self.hello_fields)
+        waker = self.waker = Waker(zmq, [sock, link.events], self._nudge_r)
+        readable = True
+        while True:
+            self.rounds += 1
+            stopping = self._stop
+            if self._asleep:
+                self._asleep = False
+            if readable:
+                self._listen(link, r)
+            now = r.clock.round()  # monotonic: the sender's timers (see SenderClock)
+            if not stopping:  # before sending: what a job queues (a telemetry sample) goes now
+                self._run_ticks(r, now)
+            if self._local:  # ahead of the queue's messages: never after a bye
+                r.pending.extend(self._local)
+                self._local.clear()
+            steps = self._take(r, stopping, now)
+            self._queue_hello(r, now)
+            self._expire(r.pending, now)  # before sending: a monitor that appears gets nothing stale
+            sent_all = self._send(zmq, sock, r, now)
+            r.refused(not sent_all)
+            if stopping:
+                self._send_drops += _weights(r.pending)
+                return
+            while len(self._watched) > r.watched:
+                waker.watch(*self._watched[r.watched])
+                r.watched += 1
+            readable = waker.wait(self._wait_s(r, sent_all, steps))
+            while not waker.woken and self._look_again(r):  # an empty look: no round
+                readable = waker.wait(min(self.current_flush_s(), r.look_until - time.monotonic()))
+            if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
+                self._nudge_w = -1
+
+    def _listen(self, link: Link, r: "Round") -> None:
+        """Subscriptions, connection events and the monitor's commands since the last round."""
+        subscriptions = self.subscribers = link.poll()
+        if subscriptions > 0 and not r.listening:
+            r.next_hello = r.hello_at = -math.inf  # a monitor (re)appeared: the hello goes now
+        r.listening = subscriptions > 0
+        # Before the periodic jobs: a command's effect (a window requested) is seen this round.
+        self._handle_control(link.take_commands())
+        self.control_rejected += link.overflow
+        link.overflow = 0
+
+    def _queue_hello(self, r: "Round", now: float) -> None:
+        """The hello goes first when it is due (see HELLO_S), or changed."""
+        if self.hello_fields is not r.last_hello:
+            r.next_hello = r.hello_at = -math.inf
+            r.last_hello = self.hello_fields
+        if not (r.listening and self.hello_fields is not None and now >= r.next_hello) or r.said_bye:
+            return
+        if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= HELLO_MAX_S:
+            r.pending.appendleft(("hello", now, r.clock.wall(now), self.hello_fields))
+            r.hello_at, r.next_hello = now, now + HELLO_S
+        else:  # looked at again when the steps would have to stop, or the longest gap ends
+            r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + HELLO_MAX_S)
+
+    def _send(self, zmq: Any, sock: Any, r: "Round", now: float) -> bool:
+        """Send what is pending while a monitor listens; False when the high-water mark stopped it."""
+        pending = r.pending
+        while pending and (r.listening or pending[0][0] == _REKEY):
+            kind, at, t, fields = pending[0]  # t: the wall time, for the wire
+            if kind == _REKEY:
+                pending.popleft()
+                self._switch_key(zmq, sock, fields, t, r.listening)
+                if r.listening and self.hello_fields is not None:
+                    pending.appendleft(("hello", at, t, self.hello_fields))  # the new key's hello
+                continue
+            if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
+                frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
+            else:
+                frame = wire.encode(kind, self.key, self._seq, t,
+                                    dict(fields, drops=self.drops) if kind == "step" else fields)
+            if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
+                pending.popleft()  # too big together: one by one, so only an oversized record is lost
+                pending.extendleft(reversed([("step", at, t, dict(rec)) for rec in fields["records"]]))
+                continue
+            if len(frame) > wire.MAX_FRAME_BYTES:
+                # The monitor's MAXMSGSIZE would drop the whole connection for this one.
+                warn_once(f"oversize:{kind}",
+                          f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
+                pending.popleft()
+                self._send_drops += _weight(kind, fields)
+                continue
+            try:
+                sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                return False  # high-water mark reached (XPUB_NODROP): tried again (see RETRY_S)
+            pending.popleft()
+            self._seq += 1
+            self._sent += 1
+            if kind == "steps" or kind == "step":
+                r.steps_at = now
+            elif kind == "bye":
+                r.said_bye = True  # no hello after it: the rank would look alive again
+        return True
+
+    def _run_ticks(self, r: "Round", now: float) -> None:
+        """The periodic jobs that are due (those of interval 0: every round)."""
+        if now >= self._again_at:
+            self._again_at = math.inf
+        ticks = list(self._ticks)
+        r.next_tick.extend([0.0] * (len(ticks) - len(r.next_tick)))
+        for i, tick in enumerate(ticks):
+            if now >= r.next_tick[i]:
+                interval = self.paced_interval(tick.interval_s) if tick.paced else tick.interval_s
+                r.next_tick[i] = now + interval if interval > 0 else -math.inf
+                try:
+                    tick.fn()
+                except Exception as exc:
+                    warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
+
+    def _wait_s(self, r: "Round", sent_all: bool, steps: int) -> float:
+        """How long the sender may sleep before something is due. Each wake-up costs it 0.1-0.4 ms
+        of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
+        until the batch, a hello, a periodic job, an expiry or a retry is due. While steps come
+        faster than the batch's wait it wakes when the next batch is due (its first record is on
+        its way); slower, it looks again a flush later while the last came within LOOK_S; after a
+        quiet spell (steps longer than that) the next step's publish() wakes it. Anything
+        else sooner (a subscription, a command, a rare message, close(), SIGTERM) wakes it too."""
+        now = time.monotonic()
+        taken, r.popped, elapsed, r.at = self._popped - r.popped, self._popped, now - r.at, now
+        flush = self.current_flush_s()
+        due = [self._again_at - now]
+        look = math.inf
+        if r.batch:
+            due.append(r.batch_at(flush) - now)
+        elif steps and r.gap < flush:  # steps flow: the next batch is due a wait after the last
+            due.append(r.flushed_at + flush - now)
+        elif now - r.newest < LOOK_S:  # steps slower than the flush: it looks again in a flush
+            look = flush
+        else:  # quiet: the next step's publish() wakes the sender (Dekker's order: its
+            self._asleep = True  # append, then this flag; here this flag, then the queue; sound
+            if self._queue:  # under the GIL, which orders both threads' reads and writes; the
+                self._asleep = False  # free-threaded build would need more than this)
+                return MIN_WAIT_S
+        if self._nudge_w < 0:  # no wake-up pipe (see Waker.degraded): nothing wakes it, it looks
+            due.append(min(DEGRADED_WAIT_S, flush))
+        rate = r.step_rate(taken, elapsed, now, steps)
+        if rate > 0:  # before a fast loop could fill the queue (a long pace)
+            due.append(QUEUE_SHARE * self._queue_size / rate)
+        due.extend(t - now for t in r.next_tick if t > -math.inf)
+        if r.listening and self.hello_fields is not None:
+            due.append(r.next_hello - now)
+        if not sent_all:
+            due.append(r.retry_s)
+        pace, until = self._pace
+        lapses_in = until - time.monotonic()
+        if pace > self.own_flush_s and lapses_in > 0:  # a long pace lapses: a batch is due sooner then
+            due.append(lapses_in)
+        if r.pending and not r.listening:  # expired in bunches (see _expire), not one wake-up a message
+            oldest = min((at for k, at, _, _ in r.pending if k != _REKEY), default=math.inf)
+            due.append(oldest + 1.5 * self.max_age_s - now)
+        wait = min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # a hello is never later than that
+        r.look_until = now + wait if look < wait else -math.inf  # the looks' end: a round is due
+        return min(look, wait)
+
+    def _look_again(self, r: "Round") -> bool:
+        """After a look (see LOOK_S) that woke to nothing: whether to sleep on without a round
+        (~0.1 ms of the sender's CPU each on a VM), because nothing was queued, nothing else is
+        due yet and the last step is recent enough to look again."""
+        now = time.monotonic()
+        return (not self._queue and not self._stop and now + MIN_WAIT_S < r.look_until
+                and now - r.newest < LOOK_S)
+
+    def _take(self, r: "Round", stopping: bool, now: float) -> int:
+        """Move the training thread's queue to the pending messages, step records through the
+        open batch: closed when due (see Round.batch_at), when it is full, and before any other
+        message (order is kept: a count or a bye never overtakes the steps before it). Returns
+        the step records taken."""
+        pending, batch = r.pending, r.batch
+        steps, newest = 0, 0.0  # newest: a wall time, as publish() stamps it
+        close = r.close_batch
+        while True:
+            try:
+                item = self._queue.popleft()
+            except IndexError:
+                break
+            self._popped += 1
+            if item[0] == "step":
+                if batch:
+                    batch.append(item)
+                else:
+                    r.open_batch(item)  # its time on the sender's clock
+                steps, newest = steps + 1, item[1]
+                if len(batch) >= wire.MAX_BATCH:
+                    close()
+            else:
+                close()
+                pending.append(r.clock.item(item))
+        if steps:
+            r.stepped(steps, newest)
+        if batch and (stopping or now >= r.batch_at(self.current_flush_s())):
+            close()
+        return steps
+
+    def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
+        """Say bye under the old key (if a monitor listens), then speak under the new one."""
+        if listening:
+            bye = {"reason": str(fields["why"])[:256], "steps": 0, "drops": self.drops}
+            try:
+                sock.send(wire.encode("bye", self.key, self._seq, t, bye), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the old key then just goes stale
+        self.key = fields["key"]
+        self._seq = 0
+
+    def _expire(self, pending: Deque[Item], now: float) -> None:
+        """Drop (and count) what waited longer than ``max_age_s``, wherever it sits (a key
+        switch is never dropped: what follows it must go out under the new key)."""
+        if pending and now - min(item[1] for item in pending) > self.max_age_s:
+            fresh = [item for item in pending if now - item[1] <= self.max_age_s or item[0] == _REKEY]
+            self._send_drops += _weights(pending) - _weights(fresh)
+            pending.clear()
+            pending.extend(fresh)
+
+    def _handle_control(self, frames: list[bytes]) -> None:
+        """Commands the monitor sent upstream on the data connection (see probe.transport.link.Link)."""
+        for frame in frames:
+            try:
+                cmd, job, rank, flush_s = wire.decode_control(frame)
+            except wire.WireError:
+                self.control_rejected += 1
+                continue
+            if (job is not None and job != self.key.job) or (rank is not None and rank != self.key.rank):
+                continue  # for another rank: every rank of the monitor's connection sees it
+            if cmd == "pace" and flush_s is not None:  # the sender's own business: no handler
+                self._pace = (flush_s, time.monotonic() + wire.PACE_TTL_S)
+                continue
+            for handler in self._control_handlers:
+                try:
+                    handler(cmd)
+                except Exception as exc:
+                    warn_once("control", f"control command {cmd} failed: {exc}")
