@@ -589,3 +589,26 @@ def test_frames_carry_the_wall_time_of_their_publication_across_a_step(wall: Ste
         assert max(delays) < 0.5 + 0.3, max(delays)
     finally:
         pub.close(timeout_s=0.5)
+
+
+FLOPS = {"step": 3, "model_flops": 1.0e9, "executed_flops": 1.0e9, "attention": "full", "dtype": "float32",
+         "peak_source": "test", "uncounted": {}, "tokens": 64}
+
+
+def test_a_new_rank_key_sends_the_flop_count_in_force_after_its_hello(monitor: RawMonitor) -> None:
+    """A rank that learns its real identity (its process group) goes on as a new key: the count
+    it published under the old one still holds, and the new key gets it right after its hello,
+    not at the next re-count (up to 500 steps later)."""
+    pub = _started("rekey", monitor.addr)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        pub.publish_now("flops", dict(FLOPS))
+        assert _wait_until(lambda: "flops" in monitor.kinds())
+        new = wire.RankKey("rekey", "h", 1, 5, 0)
+        pub.rekey(new, "re-identified")
+        assert _wait_until(lambda: any(m.kind == "flops" and m.key == new for _, m in monitor.frames), 2.0)
+        after = [m.kind for _, m in monitor.frames if m.key == new]
+        assert after[:2] == ["hello", "flops"], after
+        assert [m.fields["model_flops"] for _, m in monitor.frames if m.kind == "flops"] == [1.0e9, 1.0e9]
+    finally:
+        pub.close()

@@ -90,6 +90,10 @@ class Round:
         self.gap = 0.0  # seconds between step records, over the last round that took some
         self.retry_s = RETRY_S  # the wait after a refused send (see RETRY_MAX_S)
         self.said_bye = False  # a bye went out: no hello after it
+        #: The latest FLOP count taken (its fields): a count is sent once, when counted, so a
+        #: monitor that (re)appears later, or a new rank key, gets it again after the hello (else
+        #: no FLOP/s or MFU until the next re-count, up to FLOWTOP_RECHECK_STEPS steps).
+        self.flops: dict[str, Any] | None = None
         self.look_until = -math.inf  # while looking (Publisher._look_again): when a round is due
 
     def close_batch(self) -> None:

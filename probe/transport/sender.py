@@ -184,6 +184,8 @@ class SenderLoop:
         subscriptions = self.subscribers = link.poll()
         if subscriptions > 0 and not r.listening:
             r.next_hello = r.hello_at = -math.inf  # a monitor (re)appeared: the hello goes now
+            if r.flops is not None and not r.said_bye:  # and the FLOP count in force after it
+                self.publish_local("flops", r.flops)
         r.listening = subscriptions > 0
         # Before the periodic jobs: a command's effect (a window requested) is seen this round.
         self._handle_control(link.take_commands())
@@ -213,6 +215,8 @@ class SenderLoop:
                 self._switch_key(zmq, sock, fields, t, r.listening)
                 if r.listening and self.hello_fields is not None:
                     pending.appendleft(("hello", at, t, self.hello_fields))  # the new key's hello
+                    if r.flops is not None:  # then its FLOP count (the count holds, the key changed)
+                        pending.insert(1, ("flops", at, t, r.flops))
                 continue
             if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
                 frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
@@ -336,6 +340,8 @@ class SenderLoop:
             else:
                 close()
                 pending.append(r.clock.item(item))
+                if item[0] == "flops":
+                    r.flops = item[2]
         if steps:
             r.stepped(steps, newest)
         if batch and (stopping or now >= r.batch_at(self.current_flush_s())):
