@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from probe.flops.peaks import (
@@ -126,10 +128,26 @@ def test_cpu_clock_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     import psutil
 
     monkeypatch.setattr(psutil, "cpu_freq", lambda: None)
-    assert cpu_peak("fp32", cpuinfo=X86_AVX512, cores=1).flops == 2.0e9 * 64  # "@ 2.00GHz"
-    assert cpu_peak("fp32", cpuinfo=X86_AVX2, cores=1).flops == 3.5e9 * 32  # max "cpu MHz"
+    named = cpu_peak("fp32", cpuinfo=X86_AVX512, cores=1)
+    assert named.flops == 2.0e9 * 64  # "@ 2.00GHz"
+    now = cpu_peak("fp32", cpuinfo=X86_AVX2, cores=1)
+    assert now.flops == 3.5e9 * 32  # max "cpu MHz"
+    # Neither is the maximum clock: the label says the peak is no upper bound (a VM's 2.60 GHz
+    # "cpu MHz" made a peak one thread's matmul beat by 20 %: MFU above 100 %).
+    assert "base clock: turbo may beat the peak" in named.source
+    assert "clock now, not max: turbo may beat the peak" in now.source
     unknown = cpu_peak("fp32", cpuinfo="flags : avx2 fma", cores=1)
     assert unknown.flops == 2.0e9 * 32 and "assumed" in unknown.source
+
+
+def test_a_cpu_peak_from_the_maximum_clock_says_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    freq = collections.namedtuple("freq", "current min max")(2000.0, 1000.0, 4000.0)  # psutil's fields
+    monkeypatch.setattr(psutil, "cpu_freq", lambda: freq)
+    peak = cpu_peak("fp32", cpuinfo=X86_AVX2, cores=1)
+    assert peak.flops == 4.0e9 * 32
+    assert "turbo" not in peak.source and "×" in peak.source
 
 
 def test_cpu_peak_on_this_machine_is_labelled() -> None:

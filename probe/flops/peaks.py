@@ -193,20 +193,28 @@ def _cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def _cpu_mhz(cpuinfo: str) -> float | None:
+#: What the clock of a CPU peak is, where it is not the maximum (cpufreq's): the peak is then
+#: no upper bound, and a step may run faster than it (a VM without cpufreq read 2.60 GHz, and one
+#: thread multiplied 99 GFLOP/s against an 83 GFLOP/s "peak" a core: MFU above 100 %).
+BASE_CLOCK = " (base clock: turbo may beat the peak)"
+CURRENT_CLOCK = " (clock now, not max: turbo may beat the peak)"
+
+
+def _cpu_mhz(cpuinfo: str) -> tuple[float | None, str]:
+    """The CPU's clock in MHz, and a note when it is not its maximum (see BASE_CLOCK)."""
     try:
         import psutil
 
         freq = psutil.cpu_freq()
         if freq is not None and freq.max and freq.max > 0:
-            return float(freq.max)
+            return float(freq.max), ""
     except Exception:  # noqa: BLE001 - psutil is optional here
         pass
     match = re.search(r"model name\s*:.*@\s*([\d.]+)\s*GHz", cpuinfo)
     if match:
-        return float(match.group(1)) * 1000.0
+        return float(match.group(1)) * 1000.0, BASE_CLOCK
     mhz = [float(v) for v in re.findall(r"cpu MHz\s*:\s*([\d.]+)", cpuinfo)]
-    return max(mhz) if mhz else None
+    return (max(mhz), CURRENT_CLOCK) if mhz else (None, "")
 
 
 def _cpu_cores() -> int:
@@ -292,12 +300,12 @@ def cpu_peak(
     Assumes two FMA units per core at full vector width — except where AVX-512 runs on
     256-bit units (AMD Zen 4, mobile Zen 5: half the AVX-512 figure, see
     :func:`_avx512_halved`) — and the maximum clock (all-core AVX clocks are lower): an upper
-    bound, labelled "estimated".  Inputs can be injected for tests."""
+    bound, labelled "estimated", where the maximum clock is known (cpufreq); else the label
+    says which clock it took (see BASE_CLOCK).  Inputs can be injected for tests."""
     want = normalise_dtype(dtype)
     info = _read_cpuinfo() if cpuinfo is None else cpuinfo
     n_cores = _cpu_cores() if cores is None else cores
-    clock = mhz if mhz is not None else _cpu_mhz(info)
-    clock_note = ""
+    clock, clock_note = (mhz, "") if mhz is not None else _cpu_mhz(info)
     if clock is None or clock <= 0:
         clock, clock_note = 2000.0, " (clock unknown: 2.0 GHz assumed)"
     per_cycle, isa = _flops_per_cycle(_cpu_flags(info), want, info)
