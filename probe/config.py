@@ -215,6 +215,19 @@ def _flush_s(env: Mapping[str, str]) -> float:
     return flush
 
 
+#: The shortest telemetry interval (FLOWTOP_TELEMETRY_INTERVAL): NVML and psutil at most once a second.
+MIN_TELEMETRY_S = 1.0
+
+
+def _telemetry_s(env: Mapping[str, str]) -> float:
+    interval = TELEMETRY_INTERVAL.read(env)
+    if interval < MIN_TELEMETRY_S:
+        name = TELEMETRY_INTERVAL.name
+        warn_once(f"env:{name}", f"{name}={interval:g} is below {MIN_TELEMETRY_S:g} s; using {MIN_TELEMETRY_S:g}")
+        return MIN_TELEMETRY_S
+    return interval
+
+
 def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
     """Read the configuration from ``env`` (default ``os.environ``)."""
     e = os.environ if env is None else env
@@ -235,7 +248,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         kernels_min_steps=KERNELS_MIN_STEPS.read(e),
         kernels_max_s=KERNELS_MAX_S.read(e),
         telemetry=TELEMETRY.read(e),
-        telemetry_interval_s=max(1.0, TELEMETRY_INTERVAL.read(e)),  # NVML and psutil at most once a second
+        telemetry_interval_s=_telemetry_s(e),
         flops_per_token=FLOPS_PER_TOKEN.read(e),
         nvtx=NVTX.read(e),
         calibrate_out=CALIBRATE_OUT.read(e),

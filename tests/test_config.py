@@ -83,3 +83,15 @@ def test_a_flush_interval_above_ten_seconds_is_capped_and_said(capsys, monkeypat
     assert config.from_env({"FLOWTOP_FLUSH_S": "100"}).flush_s == config.MAX_FLUSH_S == 10.0
     assert "FLOWTOP_FLUSH_S=100 is above 10 s; using 10" in capsys.readouterr().err
     assert config.from_env({"FLOWTOP_FLUSH_S": "2.5"}).flush_s == 2.5
+
+
+def test_a_telemetry_interval_below_a_second_is_raised_and_said(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The README: a bad value is reported once and a usable one taken; 0.5 s was raised to 1 s
+    without a word (found by a new-user trial)."""
+    from probe import _log
+
+    monkeypatch.setattr(_log, "_seen", set())
+    assert config.from_env({"FLOWTOP_TELEMETRY_INTERVAL": "0.5"}).telemetry_interval_s == 1.0
+    assert "FLOWTOP_TELEMETRY_INTERVAL=0.5 is below 1 s; using 1" in capsys.readouterr().err
+    assert config.from_env({"FLOWTOP_TELEMETRY_INTERVAL": "2.5"}).telemetry_interval_s == 2.5
+    assert capsys.readouterr().err == ""
