@@ -112,11 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("replay", help="play a recording back in the TUI")
     rep.add_argument("recording", help="file written by --record")
     rep.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
-    rep.add_argument("--peak-tflops", type=_positive_float, default=None)
+    rep.add_argument("--peak-tflops", type=_positive_float, default=None,
+                     help="dense peak per rank in TFLOP/s (overrides the recorded peaks)")
     keys = sub.add_parser("keys", help="create CURVE keys for a monitor listening beyond loopback")
     keys.add_argument("directory")
     demo = sub.add_parser("demo", help="live demo: N-rank DDP training of a small GPT on CPU")
-    demo.add_argument("--ranks", type=_positive_int, default=2)
+    demo.add_argument("--ranks", type=_positive_int, default=2, help="training processes (default 2)")
     demo.add_argument("--steps", type=_positive_int, default=None,
                       help="optimizer steps (default 20 headless, 2000 live)")
     demo.add_argument("--headless", action="store_true", help="print the final JSON snapshot instead of the TUI")
@@ -213,7 +214,8 @@ def _collector(args: argparse.Namespace) -> Any:
         return Collector(_make_model(args.peak_tflops), args.listen, allow_remote=args.insecure_bind, recorder=recorder,
                          curve=curve, cpu_budget=args.data_cpu)
     except (AddressError, RecordingError, KeyError_) as exc:
-        print(f"flowtop: {exc}", file=sys.stderr)
+        from_env = isinstance(exc, AddressError) and os.environ.get(settings.ADDR.name) == args.listen
+        print(f"flowtop: {exc}" + (f" (from {settings.ADDR.name})" if from_env else ""), file=sys.stderr)
         return None
 
 

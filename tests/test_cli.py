@@ -107,6 +107,19 @@ def test_snapshot_until_done_ended_by_a_signal_exits_0() -> None:
     assert "not every rank" not in err and json.loads(out)["jobs"] == []
 
 
+def test_a_bad_monitor_address_from_the_environment_names_its_variable() -> None:
+    """``FLOWTOP_ADDR=garbage flowtop snapshot`` said "bad address 'garbage'" without saying where
+    it came from (``flowtop run`` names it); now both do."""
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--timeout", "0.3"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "FLOWTOP_ADDR": "garbage"})
+    assert out.returncode == 2
+    assert "bad address 'garbage'" in out.stderr and "(from FLOWTOP_ADDR)" in out.stderr
+    given = _flowtop("snapshot", "--listen", "garbage", "--timeout", "0.3")
+    assert given.returncode == 2 and "FLOWTOP_ADDR" not in given.stderr
+
+
 def test_snapshot_port_in_use_is_a_clear_error() -> None:
     import socket
 
