@@ -120,6 +120,26 @@ def test_a_bad_monitor_address_from_the_environment_names_its_variable() -> None
     assert given.returncode == 2 and "FLOWTOP_ADDR" not in given.stderr
 
 
+def test_run_says_when_no_monitor_listens_yet(tmp_path: Path) -> None:
+    """A new user who starts the training first heard nothing: the probes send only while a
+    monitor listens. ``flowtop run`` says so once (loopback addresses only), and says nothing
+    when one listens."""
+    import os
+    import socket
+
+    port = free_port_pair()
+    cmd = [sys.executable, "-m", "flowtop.cli", "run", "--", sys.executable, "-c", "print('trained')"]
+    env = {**os.environ, "FLOWTOP_ADDR": f"tcp://127.0.0.1:{port}"}
+    alone = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert alone.returncode == 0 and alone.stdout == "trained\n"
+    assert f"no monitor listens on tcp://127.0.0.1:{port} yet" in alone.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        watched = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert watched.returncode == 0 and "no monitor" not in watched.stderr, watched.stderr
+
+
 def test_snapshot_port_in_use_is_a_clear_error() -> None:
     import socket
 

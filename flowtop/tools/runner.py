@@ -77,6 +77,9 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
     if node is not None:
         env.pop(settings.PROBE_CURVE_DIR.name, None)  # the relay holds the keys upstream; its ranks talk over ipc
+    note = no_monitor_note(upstream)
+    if note:
+        print(f"flowtop run: {note}", file=sys.stderr)
     try:
         return _run_child(cmd, env)
     finally:
@@ -98,6 +101,28 @@ def bad_upstream(addr: str, source: str) -> str | None:
         return (f"bad address {addr!r} ({source}): expected tcp://HOST:PORT (PORT 1-65535, IPv6 as [::1]) "
                 "or ipc:///PATH (a node relay)")
     return None
+
+
+def no_monitor_note(addr: str) -> str | None:
+    """A word for a user who started the training first: nothing listens on ``addr``, a loopback
+    monitor address (the probes send nothing until a monitor does; a remote one is not tried,
+    a connection attempt could hang on a firewall). None when something listens there."""
+    import socket
+
+    from flowtop.monitor.collector import AddressError, parse_tcp
+
+    try:
+        host, port = parse_tcp(addr)
+    except AddressError:
+        return None  # ipc:// (a relay's path): its relay is ours
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return None
+    except OSError:
+        return (f"no monitor listens on {addr} yet: start `flowtop` (another terminal) to watch this job; "
+                "the training runs meanwhile, and the monitor sees it from when it starts")
 
 
 def bad_keys(curve_dir: str | None) -> str | None:
