@@ -32,8 +32,8 @@ class RawMonitor:
     arrival time) and sends commands, all from one reader thread (a ZeroMQ socket is not
     thread-safe)."""
 
-    def __init__(self) -> None:
-        self.addr = f"tcp://127.0.0.1:{free_port()}"
+    def __init__(self, addr: str | None = None) -> None:
+        self.addr = addr or f"tcp://127.0.0.1:{free_port()}"
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.XSUB)
         self._sock.bind(self.addr)
@@ -612,3 +612,107 @@ def test_a_new_rank_key_sends_the_flop_count_in_force_after_its_hello(monitor: R
         assert [m.fields["model_flops"] for _, m in monitor.frames if m.kind == "flops"] == [1.0e9, 1.0e9]
     finally:
         pub.close()
+
+
+def _paced_steps(pub: Publisher, step_s: float, seconds: float) -> int:
+    """Step records published to ``pub`` every ``step_s`` for ``seconds``; how many."""
+    n, nxt, end = 0, time.monotonic(), time.monotonic() + seconds
+    while time.monotonic() < end:
+        n += 1
+        pub.publish("step", {"step": n, "wall_s": step_s, "tokens": 1})
+        nxt += step_s
+        time.sleep(max(0.0, nxt - time.monotonic()))
+    return n
+
+
+def test_a_tiny_flush_does_not_make_the_looks_a_spin(monitor: RawMonitor) -> None:
+    """FLOWTOP_FLUSH_S=0.002 (a user who wants every step at once) and 50 ms steps: the sender
+    looked every 2 ms for a second after each step (~1,500 waits in 3 s, a review's script); under
+    LOOK_MIN_S a step's publish() wakes it instead, as before the looks."""
+    pub = _started("tiny", monitor.addr, flush_s=0.002)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        waker = pub.waker
+        assert waker is not None
+        waits = waker.waits
+        steps = _paced_steps(pub, 0.05, 2.0)
+        waits = waker.waits - waits
+        assert waits <= 3 * steps + 10, (waits, steps)
+        assert _wait_until(lambda: monitor.records() == steps, 2.0)
+    finally:
+        pub.close()
+
+
+def test_steps_slower_than_a_second_take_no_looks(monitor: RawMonitor) -> None:
+    """Steps of 1.2 s: each one's publish() wakes the sender (one write in 1.2 s), and no looks
+    follow it for the next second (there were ~10 a step)."""
+    pub = _started("slow", monitor.addr)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        waker = pub.waker
+        assert waker is not None
+        _paced_steps(pub, 1.2, 1.3)  # two steps: the gap is known
+        waits = waker.waits
+        steps = _paced_steps(pub, 1.2, 3.5)
+        waits = waker.waits - waits
+        assert waits <= 4 * steps, (waits, steps)
+    finally:
+        pub.close()
+
+
+def test_no_flop_count_follows_a_bye_nor_goes_twice() -> None:
+    """A count and a bye queued before any monitor listens, then one appears: it gets the hello,
+    the count once and the bye, in that order (the count re-sent for a monitor that appears went
+    after everything pending: after the bye, and twice)."""
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    pub = _started("nobye", addr)
+    try:
+        pub.publish_now("flops", dict(FLOPS))
+        pub.publish_now("bye", {"reason": "exit", "steps": 0, "drops": 0})
+        time.sleep(0.3)  # taken by the sender, pending: nobody listens
+        with RawMonitor(addr) as monitor:
+            assert _wait_until(lambda: "bye" in monitor.kinds(), 3.0)
+            time.sleep(0.3)
+            assert monitor.kinds() == ["hello", "flops", "bye"], monitor.kinds()
+    finally:
+        pub.close()
+
+
+def test_a_sender_that_said_bye_does_not_spin(monitor: RawMonitor) -> None:
+    """After its bye (a monitor listening) the hello is never due again: its due time, left in
+    the past, made every wait the shortest (~300 waits a second)."""
+    pub = _started("byespin", monitor.addr)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        pub.publish_now("bye", {"reason": "exit", "steps": 0, "drops": 0})
+        assert _wait_until(lambda: "bye" in monitor.kinds())
+        waker = pub.waker
+        assert waker is not None
+        waits = waker.waits
+        time.sleep(1.0)
+        assert waker.waits - waits <= 5, waker.waits - waits
+    finally:
+        pub.close()
+
+
+def test_a_record_taken_after_the_clock_stepped_back_is_not_placed_in_the_future(wall: SteppedTime,
+                                                                              monitor: RawMonitor) -> None:
+    """A record published just before a step of the wall clock a minute back, taken after it: on
+    the sender's monotonic clock it is placed no later than the round that took it. Placed a
+    minute ahead, the sender took the last step as recent and looked ten times a second for a
+    minute after the steps stopped."""
+    pub = _started("future", monitor.addr)
+    steps = Stepper(pub, wall)
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        steps.run(1.0, step_s=0.15)  # slower than the flush: the sender looks for the next one
+        steps.step()
+        wall.step_s = -60.0  # before the sender's next look takes that record
+        time.sleep(1.5)  # LOOK_S after the last step: quiet
+        waker = pub.waker
+        assert waker is not None
+        waits = waker.waits
+        time.sleep(2.0)
+        assert waker.waits - waits <= 4, waker.waits - waits  # a hello, when the steps stop
+    finally:
+        pub.close(timeout_s=0.5)

@@ -89,9 +89,9 @@ class Waker:
             self._poller.register(nudge_fd, zmq.POLLIN)
         self._watched: dict[int, OnReadable] = {}
         #: The nudge pipe failed (its descriptor closed under us by some library): without it the
-        #: sender wakes every DEGRADED_WAIT_S to look (Publisher._wait_s).
+        #: sender wakes every DEGRADED_WAIT_S to look (probe.transport.sender.SenderLoop._wait_s).
         self.degraded = False
-        self.waits = 0  # the sender's rounds (tests, benchmarks)
+        self.waits = 0  # the sender's rounds and its empty looks (tests, benchmarks)
         self.woken = False  # the last wait ended on something ready, not its timeout
 
     def watch(self, fd: int, on_readable: OnReadable) -> None:

@@ -3,8 +3,8 @@
 The training thread only ever calls :meth:`Publisher.publish`, which appends a
 tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events (a lock held by a thread
 interrupted with KeyboardInterrupt can hang exit), and no syscall but one non-blocking pipe write
-when the sender sleeps with nothing to send (the first step after a quiet spell; every step when
-steps are slower than the flush).
+when the sender sleeps after a quiet spell (the first step after it; every step when steps are
+slower than a second, probe.transport.sender.LOOK_S: faster ones the sender looks for).
 Everything else — msgpack encoding, ZeroMQ sends, telemetry sampling, control
 messages from the monitor — happens on the sender thread.
 

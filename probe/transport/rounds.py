@@ -84,7 +84,7 @@ class Round:
         self.listening = False
         self.last_hello = hello
         self.watched = 0  # watched descriptors handed to the poll so far
-        self.popped, self.at = 0, self.clock.now  # the queue's count taken, and when (see Publisher._wait_s)
+        self.popped, self.at = 0, self.clock.now  # the queue's count taken, and when (see SenderLoop._wait_s)
         self.flushed_at = -math.inf  # when the last batch was closed (see batch_at)
         self.newest = -math.inf  # the newest step record's publish time (monotonic, as all but the wire's)
         self.gap = 0.0  # seconds between step records, over the last round that took some
@@ -94,7 +94,8 @@ class Round:
         #: monitor that (re)appears later, or a new rank key, gets it again after the hello (else
         #: no FLOP/s or MFU until the next re-count, up to FLOWTOP_RECHECK_STEPS steps).
         self.flops: dict[str, Any] | None = None
-        self.look_until = -math.inf  # while looking (Publisher._look_again): when a round is due
+        self.resend_count = False  # a monitor (re)appeared: the count goes after its hello
+        self.look_until = -math.inf  # while looking (SenderLoop._look_again): when a round is due
 
     def close_batch(self) -> None:
         """The open batch's records become one pending "steps" frame (a lone record too: columns

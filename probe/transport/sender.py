@@ -55,13 +55,17 @@ STEPS_ALIVE_S = 2.5
 #: from it for its round (~30 µs more a step in bench/probe_costs.py at 119 ms steps; ~100 µs in
 #: a bare A/B). Slower steps (and the first after a quiet spell) still wake it, one write a step.
 LOOK_S = 1.0
+#: No looks under a flush this short (a user's FLOWTOP_FLUSH_S of 1 ms would poll every 1 ms for a
+#: second after each step): the steps' publish() wakes the sender then, as for steps slower than
+#: LOOK_S.
+LOOK_MIN_S = 0.05
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
 
 
 class _Tick(NamedTuple):
-    """A periodic job of the sender thread (see Publisher.add_tick)."""
+    """A periodic job of the sender thread (see probe.transport.publisher.Publisher.add_tick)."""
 
     interval_s: float
     fn: Tick
@@ -164,6 +168,7 @@ class SenderLoop:
                 self._local.clear()
             steps = self._take(r, stopping, now)
             self._queue_hello(r, now)
+            self._resend_count(r, now)
             self._expire(r.pending, now)  # before sending: a monitor that appears gets nothing stale
             sent_all = self._send(zmq, sock, r, now)
             r.refused(not sent_all)
@@ -184,8 +189,7 @@ class SenderLoop:
         subscriptions = self.subscribers = link.poll()
         if subscriptions > 0 and not r.listening:
             r.next_hello = r.hello_at = -math.inf  # a monitor (re)appeared: the hello goes now
-            if r.flops is not None and not r.said_bye:  # and the FLOP count in force after it
-                self.publish_local("flops", r.flops)
+            r.resend_count = r.flops is not None  # and the FLOP count in force after it
         r.listening = subscriptions > 0
         # Before the periodic jobs: a command's effect (a window requested) is seen this round.
         self._handle_control(link.take_commands())
@@ -204,6 +208,18 @@ class SenderLoop:
             r.hello_at, r.next_hello = now, now + HELLO_S
         else:  # looked at again when the steps would have to stop, or the longest gap ends
             r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + HELLO_MAX_S)
+
+    def _resend_count(self, r: "Round", now: float) -> None:
+        """After a monitor (re)appeared: the latest FLOP count again, right after the hello (a
+        count is sent once, when counted) — unless one is still pending (it goes anyway) or a bye
+        is pending or said (nothing of the rank after it)."""
+        if not r.resend_count or r.flops is None:
+            return
+        r.resend_count = False
+        if r.said_bye or any(kind in ("flops", "bye") for kind, _, _, _ in r.pending):
+            return
+        at = 1 if r.pending and r.pending[0][0] == "hello" else 0
+        r.pending.insert(at, ("flops", now, r.clock.wall(now), r.flops))
 
     def _send(self, zmq: Any, sock: Any, r: "Round", now: float) -> bool:
         """Send what is pending while a monitor listens; False when the high-water mark stopped it."""
@@ -279,12 +295,13 @@ class SenderLoop:
             due.append(r.batch_at(flush) - now)
         elif steps and r.gap < flush:  # steps flow: the next batch is due a wait after the last
             due.append(r.flushed_at + flush - now)
-        elif now - r.newest < LOOK_S:  # steps slower than the flush: it looks again in a flush
-            look = flush
+        elif now - r.newest < LOOK_S and r.gap < LOOK_S and flush >= LOOK_MIN_S:  # steps slower
+            look = flush  # than the flush: it looks again in a flush
         else:  # quiet: the next step's publish() wakes the sender (Dekker's order: its
             self._asleep = True  # append, then this flag; here this flag, then the queue; sound
             if self._queue:  # under the GIL, which orders both threads' reads and writes; the
                 self._asleep = False  # free-threaded build would need more than this)
+                r.look_until = -math.inf
                 return MIN_WAIT_S
         if self._nudge_w < 0:  # no wake-up pipe (see Waker.degraded): nothing wakes it, it looks
             due.append(min(DEGRADED_WAIT_S, flush))
@@ -292,8 +309,8 @@ class SenderLoop:
         if rate > 0:  # before a fast loop could fill the queue (a long pace)
             due.append(QUEUE_SHARE * self._queue_size / rate)
         due.extend(t - now for t in r.next_tick if t > -math.inf)
-        if r.listening and self.hello_fields is not None:
-            due.append(r.next_hello - now)
+        if r.listening and self.hello_fields is not None and not r.said_bye:  # none after it: a
+            due.append(r.next_hello - now)  # past due time would make every wait the shortest
         if not sent_all:
             due.append(r.retry_s)
         pace, until = self._pace
