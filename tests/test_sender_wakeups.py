@@ -184,9 +184,9 @@ def test_an_idle_probe_wakes_only_for_its_telemetry_and_hello(monkeypatch: pytes
 def test_a_stepping_probe_wakes_once_a_batch_and_loses_no_step(monkeypatch: pytest.MonkeyPatch, monitor: RawMonitor,
                                                                step_s: float) -> None:
     """The default 0.1 s flush: one round a batch, when it is due (a wait after the last one),
-    ten a second for steps faster than the flush and one a step for slower ones, and a telemetry
-    sample a second; the old sender took two rounds a batch (~20 a second), so did this one's
-    first version for steps of 30-120 ms."""
+    ten a second for steps faster than the flush; for slower ones a look every flush (LOOK_S),
+    which finds the step or sleeps on; and a telemetry sample a second. The old sender took two
+    rounds a batch (~20 a second), so did this one's first version for steps of 30-120 ms."""
     p = _attach(monkeypatch, monitor.addr)
     loop = Loop()
     try:
