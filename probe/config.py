@@ -13,6 +13,7 @@ used instead. README's "Probe configuration" table is :func:`markdown_table` (a 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
@@ -207,25 +208,17 @@ class ProbeConfig:
 MAX_FLUSH_S = 10.0
 
 
-def _flush_s(env: Mapping[str, str]) -> float:
-    flush = FLUSH_S.read(env)
-    if flush > MAX_FLUSH_S:
-        warn_once(f"env:{FLUSH_S.name}", f"{FLUSH_S.name}={flush:g} is above {MAX_FLUSH_S:g} s; using {MAX_FLUSH_S:g}")
-        return MAX_FLUSH_S
-    return flush
-
-
 #: The shortest telemetry interval (FLOWTOP_TELEMETRY_INTERVAL): NVML and psutil at most once a second.
 MIN_TELEMETRY_S = 1.0
 
 
-def _telemetry_s(env: Mapping[str, str]) -> float:
-    interval = TELEMETRY_INTERVAL.read(env)
-    if interval < MIN_TELEMETRY_S:
-        name = TELEMETRY_INTERVAL.name
-        warn_once(f"env:{name}", f"{name}={interval:g} is below {MIN_TELEMETRY_S:g} s; using {MIN_TELEMETRY_S:g}")
-        return MIN_TELEMETRY_S
-    return interval
+def _within(var: Var[float], env: Mapping[str, str], lo: float = -math.inf, hi: float = math.inf) -> float:
+    """``var``'s value brought into [lo, hi], saying so once when it was not."""
+    value = var.read(env)
+    bound, side = (hi, "above") if value > hi else (lo, "below") if value < lo else (value, "")
+    if side:
+        warn_once(f"env:{var.name}", f"{var.name}={value:g} is {side} {bound:g} s; using {bound:g}")
+    return bound
 
 
 def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
@@ -239,7 +232,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         enabled=not DISABLE.read(e),
         addr=addr,
         queue_size=QUEUE.read(e),
-        flush_s=_flush_s(e),
+        flush_s=_within(FLUSH_S, e, hi=MAX_FLUSH_S),
         flops=FLOPS.read(e),
         attention=ATTENTION.read(e),
         recheck_steps=RECHECK_STEPS.read(e),
@@ -248,7 +241,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         kernels_min_steps=KERNELS_MIN_STEPS.read(e),
         kernels_max_s=KERNELS_MAX_S.read(e),
         telemetry=TELEMETRY.read(e),
-        telemetry_interval_s=_telemetry_s(e),
+        telemetry_interval_s=_within(TELEMETRY_INTERVAL, e, lo=MIN_TELEMETRY_S),
         flops_per_token=FLOPS_PER_TOKEN.read(e),
         nvtx=NVTX.read(e),
         calibrate_out=CALIBRATE_OUT.read(e),

@@ -121,6 +121,7 @@ class Publisher(SenderLoop):
         """Queue a rare message (a FLOP count, a kernel window, a bye) and wake the sender, so it
         leaves at once rather than when the sender next wakes by itself (up to a paced step
         frame's wait). One write into a non-blocking pipe: never blocks, never raises."""
+        self._asleep = False  # publish() need not write: this one always does, after the append
         self.publish(kind, fields)
         nudge(self._nudge_w)
 

@@ -231,8 +231,8 @@ class SenderLoop:
                 self._switch_key(zmq, sock, fields, t, r.listening)
                 if r.listening and self.hello_fields is not None:
                     pending.appendleft(("hello", at, t, self.hello_fields))  # the new key's hello
-                    if r.flops is not None:  # then its FLOP count (the count holds, the key changed)
-                        pending.insert(1, ("flops", at, t, r.flops))
+                    r.resend_count = True  # then its FLOP count (the count holds, the key changed)
+                    self._resend_count(r, now)
                 continue
             if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
                 frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
@@ -295,8 +295,8 @@ class SenderLoop:
             due.append(r.batch_at(flush) - now)
         elif steps and r.gap < flush:  # steps flow: the next batch is due a wait after the last
             due.append(r.flushed_at + flush - now)
-        elif now - r.newest < LOOK_S and r.gap < LOOK_S and flush >= LOOK_MIN_S:  # steps slower
-            look = flush  # than the flush: it looks again in a flush
+        elif self._looks(r, now, flush):  # steps slower than the flush: it looks again in a flush
+            look = flush
         else:  # quiet: the next step's publish() wakes the sender (Dekker's order: its
             self._asleep = True  # append, then this flag; here this flag, then the queue; sound
             if self._queue:  # under the GIL, which orders both threads' reads and writes; the
@@ -324,13 +324,19 @@ class SenderLoop:
         r.look_until = now + wait if look < wait else -math.inf  # the looks' end: a round is due
         return min(look, wait)
 
+    @staticmethod
+    def _looks(r: "Round", now: float, flush: float) -> bool:
+        """Whether a sender with nothing to send looks at the queue a flush later rather than
+        sleep until publish() wakes it (see LOOK_S, LOOK_MIN_S)."""
+        return now - r.newest < LOOK_S and r.gap < LOOK_S and flush >= LOOK_MIN_S
+
     def _look_again(self, r: "Round") -> bool:
-        """After a look (see LOOK_S) that woke to nothing: whether to sleep on without a round
-        (~0.1 ms of the sender's CPU each on a VM), because nothing was queued, nothing else is
-        due yet and the last step is recent enough to look again."""
+        """After a look that woke to nothing: whether to sleep on without a round (~0.1 ms of the
+        sender's CPU each on a VM), because nothing was queued, nothing else is due yet and it
+        still looks."""
         now = time.monotonic()
         return (not self._queue and not self._stop and now + MIN_WAIT_S < r.look_until
-                and now - r.newest < LOOK_S)
+                and self._looks(r, now, self.current_flush_s()))
 
     def _take(self, r: "Round", stopping: bool, now: float) -> int:
         """Move the training thread's queue to the pending messages, step records through the
