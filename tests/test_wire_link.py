@@ -28,3 +28,13 @@ def test_options_apply_to_a_real_xpub_and_read_back() -> None:
     assert "IPV6" not in dict(upstream_options("tcp://127.0.0.1:5759"))
     # jittered per socket: a node's ranks do not reconnect in lockstep
     assert len({dict(upstream_options("tcp://h:1", random.Random(i)))["RECONNECT_IVL"] for i in range(20)}) > 5
+
+
+def test_subscription_change_reads_the_xpub_protocol_byte() -> None:
+    """ZeroMQ's XPUB hands up b"\x01" + topic for a subscription and b"\x00" + topic when one
+    ends; anything else that arrives (an XSUB's upstream message) is a monitor's command."""
+    from probe.wire.link import subscription_change
+
+    assert subscription_change(b"\x01") == 1 and subscription_change(b"\x01topic") == 1
+    assert subscription_change(b"\x00") == -1
+    assert subscription_change(b"") == 0 and subscription_change(b"\x92\xa4pace") == 0

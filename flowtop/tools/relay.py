@@ -41,7 +41,7 @@ import zmq
 
 from flowtop.monitor.relays import encode_stamp
 from probe import wire
-from probe.wire.link import upstream_options
+from probe.wire.link import subscription_change, upstream_options
 from probe.wire.pace import batch_due
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
@@ -422,10 +422,9 @@ class Relay:
                 msg = up.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if msg[:1] == b"\x01":
-                self._up_subs += 1
-            elif msg[:1] == b"\x00":
-                self._up_subs = max(0, self._up_subs - 1)
+            change = subscription_change(msg)
+            if change:
+                self._up_subs = max(0, self._up_subs + change)
             elif msg and len(msg) <= 4096:
                 try:  # a command: every rank here hears it and keeps its own (module docstring)
                     down.send(msg, zmq.NOBLOCK)

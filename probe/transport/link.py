@@ -16,6 +16,7 @@ import weakref
 from typing import Any, Callable
 
 from probe._log import warn_once
+from probe.wire.link import subscription_change
 
 #: What a watched descriptor's reader is called with: the bytes read from it.
 OnReadable = Callable[[bytes], None]
@@ -205,10 +206,9 @@ class Link:
                 frame = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if frame[:1] == b"\x01":
-                self.subscriptions += 1
-            elif frame[:1] == b"\x00":
-                self.subscriptions = max(0, self.subscriptions - 1)
+            change = subscription_change(frame)
+            if change:
+                self.subscriptions = max(0, self.subscriptions + change)
             elif len(self._commands) < 16:  # an XSUB's upstream message: a monitor's command
                 self._commands.append(frame)
             else:

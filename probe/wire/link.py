@@ -24,3 +24,11 @@ def upstream_options(addr: str, rng: random.Random | None = None) -> list[tuple[
     if "[" in addr:  # an IPv6 literal such as tcp://[::1]:5759
         options.append(("IPV6", 1))
     return options
+
+
+def subscription_change(frame: bytes) -> int:
+    """What a frame an XPUB receives says of its subscribers: +1 (a subscription), -1 (one
+    ended) or 0 (anything else: a monitor's command sent up an XSUB). Read by the probe's link
+    and a relay's upstream socket alike."""
+    head = frame[:1]
+    return 1 if head == b"\x01" else -1 if head == b"\x00" else 0
