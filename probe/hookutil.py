@@ -9,7 +9,8 @@ step tracker itself.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -107,3 +108,23 @@ def device_of(params: Any) -> torch.device:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+_T = TypeVar("_T")
+
+
+def _none() -> None:
+    return None
+
+
+def weak(obj: _T | None, on_gone: Callable[[Any], None] | None = None) -> Callable[[], _T | None]:
+    """A weak reference to ``obj`` (a callable that gives it, or None once it is gone): what the
+    probe keeps of the user's modules, so that it never keeps a model alive. ``on_gone`` is
+    weakref's callback (it runs inside the garbage collector: it should only set a flag). An
+    object that takes no weak reference is held strongly."""
+    if obj is None:
+        return _none
+    try:
+        return weakref.ref(obj, on_gone)
+    except TypeError:
+        return lambda: obj

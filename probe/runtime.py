@@ -273,7 +273,8 @@ class Probe(SampledFeatures):
                                              if getattr(f, "__wrapped_fn__", None) != scan]
         from probe.steps import parallel
 
-        self._coords = parallel.coordinates(self.tracker.root, self._found, self.ident.rank, self.ident.world_size)
+        found, self._found = self._found, parallel.Found()  # scanned; what it met (the DDP wrapper) is not kept
+        self._coords = parallel.coordinates(self.tracker.root, found, self.ident.rank, self.ident.world_size)
 
     def _first_step(self) -> None:
         self._started = True

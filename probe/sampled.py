@@ -64,8 +64,19 @@ class SampledFeatures:
         def _wake(self) -> None: ...
 
     def _setup_flops(self) -> None:
+        if not self._new_flop_sampler():
+            return
+        from probe.flops.sampling import CHARGE_AFTER_STEPS
+
+        self._charge_after = CHARGE_AFTER_STEPS
+        # Not _guard()ed: these run every step and guard their own work (a frame less each).
+        self.tracker.listeners_forward.append(self._maybe_start_count)
+        self.tracker.listeners_root.append(self._flops_for_new_root)
+        self._add_boundary_listener()
+
+    def _new_flop_sampler(self) -> bool:
         try:
-            from probe.flops.sampling import CHARGE_AFTER_STEPS, FlopSampler
+            from probe.flops.sampling import FlopSampler
 
             self._flops = FlopSampler(
                 lambda fields: self.publisher.publish_now("flops", fields),
@@ -75,12 +86,20 @@ class SampledFeatures:
             )
         except Exception as exc:
             warn_once("flops-setup", f"FLOP counting unavailable: {exc}")
-            return
-        self._charge_after = CHARGE_AFTER_STEPS
-        # Not _guard()ed: these run every step and guard their own work (a frame less each).
-        self.tracker.listeners_forward.append(self._maybe_start_count)
+            return False
         self.tracker.forward_gate = self._flops  # its quiet steps call no listener (see StepTracker)
-        self._add_boundary_listener()
+        return True
+
+    def _flops_for_new_root(self) -> None:
+        """The model trained before was freed and another is trained now (a sweep's next trial):
+        its counts, kept by input signature, say nothing of this one; it is counted afresh."""
+        old = self._flops
+        if old is None:
+            return
+        old.close()
+        self._set_counting(False)
+        if not self._new_flop_sampler():
+            self._flops_off()
 
     def _flops_off(self) -> None:
         sampler, self._flops = self._flops, None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 ROLES = ("dp", "tp", "pp", "cp", "ep")
 
@@ -141,36 +141,30 @@ def scan_stack(frame: Any, found: Found | None = None, max_frames: int = 64) -> 
     budget = [SCAN_LIMIT]
     seen: set[int] = set()
 
-    def visit(v: Any, depth: int) -> None:
-        if budget[0] <= 0 or id(v) in seen:
-            return
-        budget[0] -= 1
-        seen.add(id(v))
-        if isinstance(v, kinds):
-            if mesh_cls is not None and isinstance(v, mesh_cls):
-                found.add_mesh(v)
-            elif stage_cls is not None and isinstance(v, stage_cls):
-                found.add_stage(v)
-            elif isinstance(v, wrappers):
-                if all(w is not v for w in found.wrappers):
-                    found.wrappers.append(v)
-            else:  # a schedule: its stage, or its stages (interleaved schedules)
-                for s in [getattr(v, "_stage", None), *list(getattr(v, "_stages", None) or ())]:
-                    if stage_cls is not None and isinstance(s, stage_cls):
-                        found.add_stage(s)
-            return
-        if depth <= 0 or isinstance(v, (str, bytes, int, float, bool, type(None), type)) or callable(v):
-            return
-        if isinstance(v, dict):
-            items: Iterable[Any] = list(v.values())[:64]
-        elif isinstance(v, (list, tuple)):
-            items = v[:64]
-        elif _is_plain_object(v):
-            items = list(vars(v).values())[:128]
-        else:
-            return
-        for x in items:
-            visit(x, depth - 1)
+    def visit(value: Any) -> None:
+        # Depth first, in order, with a stack: a recursive closure would refer to itself, a
+        # cycle that would keep what it found (the user's DDP model) until a garbage collection.
+        stack: list[tuple[Any, int]] = [(value, 2)]
+        while stack and budget[0] > 0:
+            v, depth = stack.pop()
+            if id(v) in seen:
+                continue
+            budget[0] -= 1
+            seen.add(id(v))
+            if isinstance(v, kinds):
+                _found_one(found, v, mesh_cls, stage_cls, wrappers)
+                continue
+            if depth <= 0 or isinstance(v, (str, bytes, int, float, bool, type(None), type)) or callable(v):
+                continue
+            if isinstance(v, dict):
+                items: list[Any] = list(v.values())[:64]
+            elif isinstance(v, (list, tuple)):
+                items = list(v[:64])
+            elif _is_plain_object(v):
+                items = list(vars(v).values())[:128]
+            else:
+                continue
+            stack.extend((x, depth - 1) for x in reversed(items))
 
     f = frame
     for _ in range(max_frames):
@@ -181,9 +175,24 @@ def scan_stack(frame: Any, found: Found | None = None, max_frames: int = 64) -> 
         except Exception:  # noqa: BLE001 - a frame that cannot show its locals
             values = []
         for v in values:
-            visit(v, 2)
+            visit(v)
         f = f.f_back
     return found
+
+
+def _found_one(found: Found, v: Any, mesh_cls: Any, stage_cls: Any, wrappers: tuple[type, ...]) -> None:
+    """Note a mesh, a stage, a data-parallel wrapper or a schedule's stages in ``found``."""
+    if mesh_cls is not None and isinstance(v, mesh_cls):
+        found.add_mesh(v)
+    elif stage_cls is not None and isinstance(v, stage_cls):
+        found.add_stage(v)
+    elif isinstance(v, wrappers):
+        if all(w is not v for w in found.wrappers):
+            found.wrappers.append(v)
+    else:  # a schedule: its stage, or its stages (interleaved schedules)
+        for s in [getattr(v, "_stage", None), *list(getattr(v, "_stages", None) or ())]:
+            if stage_cls is not None and isinstance(s, stage_cls):
+                found.add_stage(s)
 
 
 def _is_plain_object(v: Any) -> bool:

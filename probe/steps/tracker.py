@@ -39,7 +39,7 @@ import torch
 
 from probe._log import warn_once
 from probe.flops.policy import cached_signature
-from probe.hookutil import _has_closure, _is_compiled, device_of, eager, in_compiled_call, params_device
+from probe.hookutil import _has_closure, _is_compiled, _none, device_of, eager, in_compiled_call, params_device, weak
 from probe.steps.devclock import DeviceClock
 from probe.steps.prehook import PreHook, optimizer_steps, step_call
 
@@ -74,19 +74,29 @@ class StepTracker:
     # What the per-step hooks read and write, as slots: kept in the object itself, a few cache
     # lines side by side, not spread over the entries of a 40-attribute dict (each cold line
     # costs the hooks a miss after a long step). The rest live in __dict__.
-    __slots__ = ("step", "explicit", "root", "embedding", "micro_batches", "tokens", "_training_now",
+    __slots__ = ("step", "explicit", "_root", "_embedding", "micro_batches", "tokens", "_training_now",
                  "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
                  "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
                  "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook",
-                 "_pre_hook_wanted", "__dict__")
+                 "_pre_hook_wanted", "_root_lost", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
         self._on_fail = on_fail
         self.step = 0
         self.explicit = False
-        self.root: torch.nn.Module | None = None
-        self.embedding: torch.nn.Module | None = None
+        # The root and its embedding are held weakly: the probe must never keep the user's model
+        # alive (a finished sweep trial's memory; a DDP reducer destroyed during interpreter
+        # finalization aborts the process, see tests/test_probe_release.py).
+        self._root: Callable[[], torch.nn.Module | None] = _none
+        self._embedding: Callable[[], torch.nn.Module | None] = _none
+        #: The root was freed (the user dropped the model: a sweep's next trial, a rebuilt
+        #: model): discovery starts again at the next optimizer step (see _rediscover).
+        self._root_lost = False
+        #: Called when a root is settled after an earlier one was freed (FLOP counting starts afresh).
+        self.listeners_root: list[Callable[[], None]] = []
+        self._roots = 0  # roots settled so far
+        self._uninstalled = False
         self.compiled = False  # the root is a torch.compile'd module
         self.signature: tuple[Any, ...] = ()
         #: (args, kwargs) of the root forward whose forward listeners are being called, else None.
@@ -117,7 +127,9 @@ class StepTracker:
         self._forward_end: float | None = None
         self._probe_s = 0.0
         self._depth = 0
-        self._candidates: dict[int, torch.nn.Module] = {}
+        # id -> weak reference (a WeakValueDictionary would be traced by torch.compile inside a
+        # compiled module's call, where the discovery hooks run, and break its graph).
+        self._candidates: dict[int, Callable[[], torch.nn.Module | None]] = {}
         #: id(optimizer) -> self.step after its last step: it stepped since the last boundary when
         #: that is the current step (no set to clear at each boundary).
         self._stepped: dict[int, int] = {}
@@ -192,12 +204,52 @@ class StepTracker:
 
         self._pre_hook.add()
         self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
+        self._discover()
+
+    def _discover(self) -> None:
+        """Register the discovery hooks: every module's forward, until the root is known."""
         # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
         # ours are gone before it traces (see _global_pre), so the warning would only mislead.
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
         mod = torch.nn.modules.module
         self._global_handles.append(mod.register_module_forward_pre_hook(eager(self._global_pre)))
         self._global_handles.append(mod.register_module_forward_hook(eager(self._global_post)))
+
+    @property
+    def root(self) -> torch.nn.Module | None:
+        """The trained top-level module once settled (held weakly), else None."""
+        return self._root()
+
+    @root.setter
+    def root(self, module: torch.nn.Module | None) -> None:
+        self._root = weak(module, self._root_gone)
+
+    def _root_gone(self, _ref: Any) -> None:
+        # Inside the garbage collector, perhaps while torch iterates the hooks: only a flag.
+        self._root_lost = True
+
+    def _rediscover(self) -> None:
+        """The root was freed: what was learnt of it goes, discovery starts again (from an
+        optimizer hook, where adding module hooks is safe)."""
+        self._root_lost = False
+        if self._uninstalled or self._global_handles:
+            return
+        for h in self._root_handles:
+            h.remove()  # the root's are gone with it; an embedding that outlived it keeps its own
+        self._root_handles.clear()
+        self.embedding = None
+        self.compiled = False
+        self._idle_calls = 0
+        self._discover()
+
+    @property
+    def embedding(self) -> torch.nn.Module | None:
+        """The token embedding whose integer input counts tokens (held weakly), else None."""
+        return self._embedding()
+
+    @embedding.setter
+    def embedding(self, module: torch.nn.Module | None) -> None:
+        self._embedding = weak(module)
 
     def uninstall(self) -> None:
         """Remove every hook this tracker registered."""
@@ -213,6 +265,7 @@ class StepTracker:
         self._handles.clear()
         self._global_handles.clear()
         self._root_handles.clear()
+        self._uninstalled = True
 
     def drop_idle_pre_hook(self) -> None:
         """Remove the optimizer pre-hook while it has nothing to do: torch calls it at every step
@@ -296,7 +349,7 @@ class StepTracker:
                 # cost it neither graph breaks nor a recompile when discovery ends. A trained
                 # compiled module (not a frozen teacher under no_grad) is the root candidate;
                 # its tokens then come from its integer input (see _settle_root).
-                self._candidates.setdefault(id(module), module)
+                self._candidate(module)
                 self._drop_global_hooks()
                 if self._depth == 0:  # a compiled module inside a wrapper: the wrapper counted
                     self._root_pre(module, args, {})
@@ -305,7 +358,7 @@ class StepTracker:
             # Top-level modules with parameters are root candidates (a loss module is not).
             if self._depth == 0 and next(module.parameters(), None) is not None:
                 self._idle_calls += 1
-                self._candidates.setdefault(id(module), module)
+                self._candidate(module)
                 self._root_pre(module, args, {})
             if module is self.embedding:  # every micro-batch of step 1, not just the first
                 self._embedding_pre(module, args)
@@ -326,6 +379,11 @@ class StepTracker:
         if self._depth == 0:
             self._forward_end = time.perf_counter()
 
+    def _candidate(self, module: torch.nn.Module) -> None:
+        ref = self._candidates.get(id(module))
+        if ref is None or ref() is not module:  # new, or an id reused after a module was freed
+            self._candidates[id(module)] = weak(module)
+
     def _drop_global_hooks(self) -> None:
         for h in self._global_handles:
             h.remove()
@@ -338,7 +396,8 @@ class StepTracker:
         teacher or reference model, though larger, is not what is trained). With no
         candidate yet (a step before any forward), discovery simply goes on.
         """
-        if not self._candidates:
+        candidates = [m for m in (ref() for ref in self._candidates.values()) if m is not None]
+        if not candidates:
             if self.device is None:  # no module forward yet: time the device the parameters live on
                 self.device = params_device(optimizer)
             return
@@ -353,10 +412,14 @@ class StepTracker:
                 owned += p.numel() if id(p) in trained else 0
             return owned, total
 
-        root = max(self._candidates.values(), key=score)
+        root = max(candidates, key=score)
         self._candidates.clear()
         self._drop_global_hooks()
         self.root = root
+        self._roots += 1
+        if self._roots > 1:
+            for listener in self.listeners_root:
+                listener()
         try:
             self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True))
             self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
@@ -377,7 +440,8 @@ class StepTracker:
     # --- steady-state hooks ---------------------------------------------------------
 
     def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if module is not self.root and self.root is not None:
+        root = self._root()
+        if module is not root and root is not None:
             return
         # Decided once per root forward: the embedding and the forward's end read the flag
         # (each torch call costs microseconds when the caches are cold after a long step).
@@ -467,9 +531,12 @@ class StepTracker:
                 self.in_optimizer = self.closure_step = False
             if self.explicit:
                 return
+            lost = self._root_lost  # the model was dropped: this step trains another (unseen yet)
+            if lost:
+                self._rediscover()
             key = id(optimizer)
             stepped = self._stepped
-            if self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:  # _is_new_step
+            if lost or self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:  # _is_new_step
                 self.boundary(optimizer)  # sets _input_origin
             else:
                 self._input_origin = _now()
@@ -496,7 +563,9 @@ class StepTracker:
         t0 = _now()
         last = self._last_boundary
         wall = t0 - last
-        if self.root is None:
+        if self._root() is None:
+            if self._root_lost:
+                self._rediscover()
             self._settle_root(optimizer)
         step = self.step = self.step + 1
         device_s, dstep = self._device_time() if self._clock is not None else (None, None)

@@ -1,0 +1,124 @@
+"""The probe never keeps the user's model alive once it has detached.
+
+Found by CI: the probe's step tracker held the DDP-wrapped model after ``detach("exit")``, so
+the model's gloo reducer and its pending work were destroyed during interpreter finalization,
+and about one gloo training in a few hundred died of SIGABRT ("terminate called without an
+active exception") after it had finished. A user who trains several models in one process
+(a sweep) would also keep every finished model's memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import probe
+
+torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
+dist = pytest.importorskip("torch.distributed")
+nn = torch.nn
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train(model: Any, steps: int) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        idx = torch.randint(0, 64, (2, 8))
+        model(idx).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _lm(width: int = 16) -> Any:
+    return nn.Sequential(nn.Embedding(64, width), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 64))
+
+
+@pytest.fixture
+def probe_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")  # nobody listens
+    monkeypatch.setenv("FLOWTOP_KERNELS_MIN_STEPS", "4")
+    # Freed by reference counts alone, as at the end of a script: a collection that happened to
+    # run mid-test must not hide a reference cycle through the probe.
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _trained_ddp() -> tuple[Any, Any]:
+    """A DDP model trained under the probe, as weak references (model, reducer): the frame that
+    held it has ended, as the demo's main() has when the probe detaches at exit."""
+    model = torch.nn.parallel.DistributedDataParallel(_lm())
+    _train(model, 12)  # past the FLOP count (step 2) and the layout scan
+    hooked = probe._current().tracker.root is model
+    assert hooked  # the probe did find and hook it
+    return weakref.ref(model), weakref.ref(model.reducer) if hasattr(model.reducer, "__weakref__") else None
+
+
+def test_a_detached_probe_frees_the_ddp_model_and_its_reducer(probe_env: None) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        assert probe.attach(job="release")
+        model, reducer = _trained_ddp()
+        probe.detach()
+        assert model() is None
+        assert reducer is None or reducer() is None
+    finally:
+        probe.detach()
+        dist.destroy_process_group()
+
+
+def _trial(width: int, steps: int) -> Any:
+    model = _lm(width)
+    _train(model, steps)
+    hooked = probe._current().tracker.root is model
+    assert hooked
+    return weakref.ref(model)
+
+
+def _hand_flops(width: int) -> int:
+    # Per step, B×S = 2×8 tokens through Linear w→w and Linear w→64, forward 2·B·S·(w² + 64·w),
+    # backward twice that (the embedding's table is trained, so its output needs a gradient).
+    return 3 * 2 * 2 * 8 * (width * width + 64 * width)
+
+
+def test_a_sweep_frees_each_trial_and_counts_the_next_one_afresh(probe_env: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Trials in one process (Optuna, a Trainer's hyperparameter search): each trial's model is
+    # freed when the user drops it though the probe stays attached, and the next trial's model,
+    # with the same input shapes, is found and counted as itself, not given the last one's count.
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "1000")  # count every new shape on these tiny steps
+    assert probe.attach(job="sweep")
+    out: list[tuple[str, dict[str, Any]]] = []
+    p = probe._current()
+    p.publisher.publish = lambda kind, fields: out.append((kind, fields))
+    try:
+        first = _trial(16, 8)
+        assert first() is None
+        second = _trial(32, 6)
+        assert second() is None
+        steps = [f["step"] for k, f in out if k == "step"]
+        assert steps == list(range(1, 15))
+        counts = [(f["step"], f["model_flops"]) for k, f in out if k == "flops"]
+        assert _hand_flops(16) == 122_880 and _hand_flops(32) == 294_912
+        # Trial 2 starts at step 9: its optimizer step tells the probe the last model is gone, its
+        # model is found at step 10's forward and counted at the next step, as at steps 1 and 2.
+        assert counts == [(2, 122_880), (11, 294_912)]
+        # Step 9's forward ran before the probe looked for a model again: its tokens are unknown.
+        assert [f["tokens"] for k, f in out if k == "step"] == [16] * 8 + [0] + [16] * 5
+    finally:
+        probe.detach()
