@@ -106,7 +106,7 @@ def kwin(rows: Sequence[tuple[Any, ...]], step_us: float = 10_000.0, busy_us: fl
         name, calls, total = row[0], int(row[1]), float(row[2])
         op = row[3] if len(row) > 3 else ""
         kernels.append(KernelStat(name, short_name(name), classify(name), calls, total,
-                                  total / calls if calls else 0.0, total / step_us, None, None, op))
+                                  total / step_us, None, None, op))
     cats: dict[str, list[float]] = {}
     for k in kernels:
         c = cats.setdefault(k.category, [0, 0.0])

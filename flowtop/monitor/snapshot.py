@@ -292,14 +292,18 @@ class MonitorSnapshot:
     relays: tuple[RelaySnapshot, ...] = ()
 
 
-def _clean(obj: Any) -> Any:
-    """Make a value JSON-safe: dataclasses to dicts, NaN/inf to None, tuples to lists."""
+def jsonable(obj: Any) -> Any:
+    """Make a value JSON-safe: dataclasses to dicts (their fields, and the properties a class lists
+    in ``JSON_DERIVED``), NaN/inf to None, tuples to lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in getattr(obj, "JSON_DERIVED", ()):  # properties computed rather than stored
+            out[name] = jsonable(getattr(obj, name))
+        return out
     if isinstance(obj, Mapping):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
@@ -323,7 +327,7 @@ def _flops_json(f: FlopsView | None) -> dict[str, Any]:
         d: dict[str, Any] = dict.fromkeys(FLOP_FIELDS)
         d["mfu_reason"] = NO_COUNT_REASON
         return d
-    d = _clean(f)
+    d = jsonable(f)
     d["flops_per_step"] = d.pop("model_flops_per_step")
     d["estimate_ratio"] = f.estimate_ratio
     from flowtop.monitor.moe_load import load_json
@@ -355,7 +359,7 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "probe_overhead_frac": r.probe_overhead_frac,
         "bye_reason": r.bye_reason,
         "commands_refused": r.commands_refused,
-        "conflict": _clean(r.conflict),
+        "conflict": jsonable(r.conflict),
         "relay": r.relay,
         "status_reason": r.status_reason,
         "coords": {role: {"rank": rk, "size": sz} for role, (rk, sz) in r.coords.items()} if r.coords else None,
@@ -366,14 +370,14 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
     d.update(_flops_json(r.flops))
     d["telemetry"] = _telemetry_json(r.telemetry, taken_at)
     # Present always; null before a window arrives and where left out (the demo's compact JSON).
-    d["kernels"] = _clean(r.kernels) if with_kernels else None
-    return _clean(d)
+    d["kernels"] = jsonable(r.kernels) if with_kernels else None
+    return jsonable(d)
 
 
 def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] | None:
     if t is None:
         return None
-    return {"device": _clean(t.device), "host": _clean(t.host), "reasons": _clean(t.reasons),
+    return {"device": jsonable(t.device), "host": jsonable(t.host), "reasons": jsonable(t.reasons),
             "age_s": t.age_s(taken_at)}
 
 
@@ -401,9 +405,9 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         }
         job.update(_flops_json(j.flops))
         job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
-        job["hints"] = _clean(j.hints)
+        job["hints"] = jsonable(j.hints)
         jobs.append(job)
-    return _clean(
+    return jsonable(
         {
             "schema": SCHEMA,
             "taken_at": snap.taken_at,

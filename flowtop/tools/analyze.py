@@ -17,6 +17,7 @@ from typing import Any
 from flowtop.monitor.format import rate_prefix
 from flowtop.monitor.kernels.aggregate import KernelStat, KernelWindowStats, aggregate
 from flowtop.monitor.kernels.trace import TraceError, load_trace
+from flowtop.monitor.snapshot import jsonable
 
 SORT_KEYS = ("time", "calls", "mean", "tflops")
 DEFAULT_TOP = 20
@@ -107,8 +108,8 @@ def _rounded(obj: Any) -> Any:
 
 def render_json(stats: KernelWindowStats, source: str, kernels: list[KernelStat]) -> str:
     """The report as JSON (dataclass fields; ``kernels`` in the requested order)."""
-    doc = dataclasses.asdict(stats)
-    doc["kernels"] = [dataclasses.asdict(k) for k in kernels]
+    doc = jsonable(stats)
+    doc["kernels"] = [jsonable(k) for k in kernels]
     doc["kernels_total"] = len(stats.kernels)
     doc = {"trace": source, **doc}
     return json.dumps(_rounded(doc), indent=2, sort_keys=False, ensure_ascii=False) + "\n"

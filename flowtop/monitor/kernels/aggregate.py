@@ -60,11 +60,18 @@ class KernelStat:
     category: str
     calls: int
     total_us: float
-    mean_us: float
     share: float
     flops: float | None
     tflops: float | None
     op: str  # the launching operator with the most time ("" when unknown)
+
+    #: Derived fields the snapshot JSON carries too (flowtop.monitor.snapshot).
+    JSON_DERIVED = ("mean_us",)
+
+    @property
+    def mean_us(self) -> float:
+        """Mean device time per call: derived, not stored (4,096 ranks hold these by the thousand)."""
+        return self.total_us / self.calls if self.calls else 0.0
 
 
 @dataclass(frozen=True, slots=True)  # thousands of ranks hold them
@@ -219,7 +226,6 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
             category=classify(name),
             calls=calls,
             total_us=total,
-            mean_us=total / calls,
             share=total / step if step > 0 else 0.0,
             flops=flops if with_flops else None,
             tflops=flops / flops_us / 1e6 if flops_us > 0 else None,

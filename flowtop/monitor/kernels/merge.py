@@ -131,15 +131,16 @@ class CumulativeKernels:
         self.max_names = max_names
         self.windows = 0
         self.step_us = 0.0
-        self._rows: dict[str, CumulativeRow] = {}
-        self._sorted: tuple[CumulativeRow, ...] | None = None
+        # The rows sorted, and no dict by name beside them: 4,096 ranks hold a table each (a
+        # dict of ~40 names is ~2 KB), and a name is looked up only when a window is folded in.
+        self._sorted: tuple[CumulativeRow, ...] = ()
 
     def add(self, stats: KernelWindowStats) -> None:
         """Fold one window in."""
         self.windows += 1
         self.step_us += stats.step_us
         totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen]
-            name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for name, r in self._rows.items()}
+            r.name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for r in self._sorted}
         for k in stats.kernels:
             row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
             row[2] += k.total_us
@@ -148,16 +149,14 @@ class CumulativeKernels:
         if len(totals) > self.max_names:
             totals = dict(sorted(totals.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5])
         step_us = self.step_us
-        self._rows = {name: CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0)
-                      for name, r in totals.items()}
-        self._sorted = None
+        rows = [CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0)
+                for name, r in totals.items()]
+        self._sorted = tuple(sorted(rows, key=lambda r: (-r.cum_us, r.name)))
 
     def get(self, name: str) -> CumulativeRow | None:
-        """The row of one kernel name, if seen."""
-        return self._rows.get(name)
+        """The row of one kernel name, if seen (a scan: for the odd lookup, not per row)."""
+        return next((r for r in self._sorted if r.name == name), None)
 
     def rows(self) -> tuple[CumulativeRow, ...]:
         """All rows, largest cumulative time first (the same tuple until the next window)."""
-        if self._sorted is None:
-            self._sorted = tuple(sorted(self._rows.values(), key=lambda r: (-r.cum_us, r.name)))
         return self._sorted
