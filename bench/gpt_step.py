@@ -16,8 +16,11 @@ if ROOT not in sys.path:
 SMALL: dict[str, int] = dict(vocab_size=8192, n_layer=4, n_head=4, n_embd=256, block_size=256)
 
 
-def gpt_step(cfg_kw: dict[str, int], batch: int, device: str, seed: int = 0) -> tuple[Any, Callable[[], None]]:
-    """``(model, step)``: one call of ``step`` is forward, backward, optimizer step, zero_grad."""
+def gpt_step(cfg_kw: dict[str, int], batch: int, device: str, seed: int = 0,
+             bf16: bool = True) -> tuple[Any, Callable[[], None]]:
+    """``(model, step)``: one call of ``step`` is forward, backward, optimizer step, zero_grad
+    (under bf16 autocast unless ``bf16`` is False: a CPU without bf16 instructions emulates it,
+    ~20× slower on this 2-core box: 4 s a step of the small GPT instead of 0.2 s)."""
     import torch
 
     from flowtop.tools.demo.gpt import GPT, GPTConfig
@@ -30,7 +33,7 @@ def gpt_step(cfg_kw: dict[str, int], batch: int, device: str, seed: int = 0) -> 
     y = torch.randint(0, cfg_kw["vocab_size"], (batch, cfg_kw["block_size"]), device=device)
 
     def step() -> None:
-        with torch.autocast(device, dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             _, loss = model(x, y)
         loss.backward()
         opt.step()

@@ -107,6 +107,8 @@ def main() -> int:
     ap.add_argument("--hooks", action="store_true", help="also time every hook from outside")
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (256 tokens each)")
     ap.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's own)")
+    ap.add_argument("--fp32", action="store_true",
+                    help="no bf16 autocast (a CPU without bf16 instructions takes ~20x longer a step)")
     args = ap.parse_args()
     import torch
     from gpt_step import SMALL, gpt_step  # puts the checkout on sys.path
@@ -116,7 +118,7 @@ def main() -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
-    _, step = gpt_step(SMALL, args.batch, dev)
+    _, step = gpt_step(SMALL, args.batch, dev, bf16=not args.fp32)
 
     for _ in range(20):
         step()
