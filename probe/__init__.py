@@ -188,6 +188,12 @@ def detach(reason: str = "detached") -> None:
         p.close(reason)
     except Exception as exc:
         warn_once("detach", f"detach failed: {exc}")
+    try:
+        from probe.transport import sigterm
+
+        sigterm.release()
+    except Exception:
+        pass
 
 
 def is_attached() -> bool:

@@ -261,6 +261,10 @@ class Probe(SampledFeatures):
             self._refresh_rare()
 
     def _layout_off(self) -> None:
+        from probe.steps import parallel
+
+        if self._found is not None:
+            self._found = parallel.Found()  # what the scan met (the DDP wrapper) is not kept
         timer, self._stage_timer = self._stage_timer, None
         self._refresh_rare()
         if timer is not None:

@@ -98,6 +98,7 @@ class SampledFeatures:
             return
         old.close()
         self._set_counting(False)
+        self._count_wall_s, self._since_count, self._flops_close_pending = None, 0, False  # the old count's
         if not self._new_flop_sampler():
             self._flops_off()
 

@@ -173,6 +173,7 @@ class ExpertLoadRecorder:
                 pass
         self._handles.clear()
         self._current.clear()
+        self._layers = None  # found again at the next window: kept, they would outlive their model
         loads, self._loads = self._loads, {}
         return {k: v[:MAX_EXPERTS] for k, v in list(loads.items())[:MAX_LAYERS]}
 

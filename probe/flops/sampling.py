@@ -40,6 +40,10 @@ class FlopSampler:
     """Opens a counting window on the first training forward of a due step, closes it
     before the optimizer runs, and publishes ``flops`` messages."""
 
+    # What the step tracker reads at every forward (the gate), in the object itself rather than
+    # in its dict: fewer cold cache lines after a long step.
+    __slots__ = ("quiet_signature", "quiet_until", "__dict__")
+
     def __init__(
         self,
         publish: Callable[[dict[str, Any]], None],

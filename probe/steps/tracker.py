@@ -96,6 +96,7 @@ class StepTracker:
         #: Called when a root is settled after an earlier one was freed (FLOP counting starts afresh).
         self.listeners_root: list[Callable[[], None]] = []
         self._roots = 0  # roots settled so far
+        self._discover_step = 0  # the step at which discovery last started (0, or at _rediscover)
         self._uninstalled = False
         self.compiled = False  # the root is a torch.compile'd module
         self.signature: tuple[Any, ...] = ()
@@ -240,6 +241,7 @@ class StepTracker:
         self.embedding = None
         self.compiled = False
         self._idle_calls = 0
+        self._discover_step = self.step + 1  # this optimizer step's boundary may come after
         self._discover()
 
     @property
@@ -370,7 +372,7 @@ class StepTracker:
             self._depth += 1
         except Exception as exc:
             warn_once("discover", f"model discovery failed: {exc}")
-        if self._idle_calls > 10_000 and self.step == 0:
+        if self._idle_calls > 10_000 and self.step <= self._discover_step:
             # An inference-only process: stop paying for the global hooks.
             self._drop_global_hooks()
 
@@ -388,6 +390,7 @@ class StepTracker:
         for h in self._global_handles:
             h.remove()
         self._global_handles.clear()
+        self._depth = 0  # dropped inside a wrapper's forward (a compiled model): its post-hook is gone
 
     def _settle_root(self, optimizer: Any) -> None:
         """At a boundary: pick the root among the top-level modules seen, hook it alone.
@@ -419,7 +422,10 @@ class StepTracker:
         self._roots += 1
         if self._roots > 1:
             for listener in self.listeners_root:
-                listener()
+                try:
+                    listener()
+                except Exception as exc:  # the root is hooked all the same
+                    warn_once("new-root", f"after a new model: {type(exc).__name__}: {exc}")
         try:
             self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True))
             self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
@@ -468,9 +474,11 @@ class StepTracker:
                     self._pre_hook_back()  # for this step's optimizer
                 if listeners and (not self.in_optimizer or self.closure_step):
                     self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.flops.padding)
-                    for listener in listeners:
-                        listener(self.signature)
-                    self.forward_inputs = None
+                    try:
+                        for listener in listeners:
+                            listener(self.signature)
+                    finally:
+                        self.forward_inputs = None  # never the user's batch past its forward
             except Exception as exc:
                 self._fail("forward", exc)
         self._forward_since_boundary = 1

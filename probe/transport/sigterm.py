@@ -57,6 +57,16 @@ def install(on_term: Callable[[str], None], watch_fd: Callable[[int, Callable[[b
     return True
 
 
+def _no_bye(reason: str) -> None:
+    """A detached probe's: it has said bye; the signal still kills as it would have."""
+
+
+def release() -> None:
+    """The probe detached: its handler no longer holds it (nor, through it, the user's model)."""
+    if "on_term" in _state:
+        _state["on_term"] = _no_bye
+
+
 def after_fork_in_child() -> None:
     """A forked child must not write its signals into the parent's pipe."""
     fds = (_state.get("read"), _state.get("write"))
