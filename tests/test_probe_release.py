@@ -205,3 +205,24 @@ def test_a_detached_probe_is_not_kept_by_its_sigterm_handler(probe_env: None) ->
     probe.detach()
     gc.collect()  # the probe's own parts refer to each other
     assert p() is None
+
+
+def test_inference_after_a_dropped_model_stops_paying_for_discovery(probe_env: None) -> None:
+    # The trained model is dropped (its root lost), an optimizer steps once with no forward (a
+    # checkpoint restore), then the process only runs inference: discovery's global hooks on
+    # every module's forward are dropped after 10,000 idle calls, as in a process that never trained.
+    assert probe.attach(job="infer")
+    p = probe._current()
+    try:
+        _train(_lm(), 3)
+        w = nn.Parameter(torch.zeros(2))
+        w.grad = torch.ones(2)
+        torch.optim.SGD([w], lr=0.1).step()  # rediscovery starts here
+        assert p.tracker._global_handles
+        model = nn.Linear(4, 4)
+        with torch.no_grad():
+            for _ in range(10_050):
+                model(torch.zeros(1, 4))
+        assert not p.tracker._global_handles
+    finally:
+        probe.detach()
