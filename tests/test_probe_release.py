@@ -20,7 +20,7 @@ import pytest
 import probe
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
-dist = pytest.importorskip("torch.distributed")
+dist = pytest.importorskip("torch.distributed", reason="the DDP tests need torch.distributed (gloo)")
 nn = torch.nn
 
 
