@@ -74,11 +74,11 @@ class StepTracker:
     # What the per-step hooks read and write, as slots: kept in the object itself, a few cache
     # lines side by side, not spread over the entries of a 40-attribute dict (each cold line
     # costs the hooks a miss after a long step). The rest live in __dict__.
-    __slots__ = ("step", "explicit", "_root", "_embedding", "micro_batches", "tokens", "_training_now",
-                 "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
+    __slots__ = ("step", "explicit", "_root_lost", "_unsettled", "_root", "_embedding", "micro_batches", "tokens",
+                 "_training_now", "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
                  "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
                  "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook",
-                 "_pre_hook_wanted", "_root_lost", "__dict__")
+                 "_pre_hook_wanted", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -93,6 +93,7 @@ class StepTracker:
         #: The root was freed (the user dropped the model: a sweep's next trial, a rebuilt
         #: model): discovery starts again at the next optimizer step (see _rediscover).
         self._root_lost = False
+        self._unsettled = True  # no root yet (read at every boundary: a flag, not a weakref call)
         #: Called when a root is settled after an earlier one was freed (FLOP counting starts afresh).
         self.listeners_root: list[Callable[[], None]] = []
         self._roots = 0  # roots settled so far
@@ -240,6 +241,7 @@ class StepTracker:
         self._root_handles.clear()
         self.embedding = None
         self.compiled = False
+        self._unsettled = True
         self._idle_calls = 0
         self._discover_step = self.step + 1  # this optimizer step's boundary may come after
         self._discover()
@@ -419,6 +421,7 @@ class StepTracker:
         self._candidates.clear()
         self._drop_global_hooks()
         self.root = root
+        self._unsettled = False
         self._roots += 1
         if self._roots > 1:
             for listener in self.listeners_root:
@@ -446,9 +449,7 @@ class StepTracker:
     # --- steady-state hooks ---------------------------------------------------------
 
     def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        root = self._root()
-        if module is not root and root is not None:
-            return
+        # Called for the root alone: its own hook, or discovery's global hook while there is none.
         # Decided once per root forward: the embedding and the forward's end read the flag
         # (each torch call costs microseconds when the caches are cold after a long step).
         if not _grad_on() or _inference_on():
@@ -571,7 +572,7 @@ class StepTracker:
         t0 = _now()
         last = self._last_boundary
         wall = t0 - last
-        if self._root() is None:
+        if self._unsettled or self._root_lost:
             if self._root_lost:
                 self._rediscover()
             self._settle_root(optimizer)
