@@ -264,6 +264,10 @@ class Probe(SampledFeatures):
         from probe.steps import parallel
 
         if self._found is not None:
+            try:
+                parallel.keep_groups(self.tracker.root, self._found)
+            except Exception:  # noqa: BLE001 - detaching goes on
+                pass
             self._found = parallel.Found()  # what the scan met (the DDP wrapper) is not kept
         timer, self._stage_timer = self._stage_timer, None
         self._refresh_rare()
@@ -278,6 +282,7 @@ class Probe(SampledFeatures):
         from probe.steps import parallel
 
         found, self._found = self._found, parallel.Found()  # scanned; what it met (the DDP wrapper) is not kept
+        parallel.keep_groups(self.tracker.root, found or parallel.Found())
         self._coords = parallel.coordinates(self.tracker.root, found, self.ident.rank, self.ident.world_size)
 
     def _first_step(self) -> None:

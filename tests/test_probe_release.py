@@ -59,20 +59,20 @@ def probe_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _trained_ddp() -> tuple[Any, Any]:
-    """A DDP model trained under the probe, as weak references (model, reducer): the frame that
+    """A DDP model trained under the probe, as weak references (model, reducer, process group): the frame that
     held it has ended, as the demo's main() has when the probe detaches at exit."""
     model = torch.nn.parallel.DistributedDataParallel(_lm())
     _train(model, 12)  # past the FLOP count (step 2) and the layout scan
     hooked = probe._current().tracker.root is model
     assert hooked  # the probe did find and hook it
-    return weakref.ref(model), weakref.ref(model.reducer)
+    return weakref.ref(model), weakref.ref(model.reducer), weakref.ref(model.process_group)
 
 
 def test_a_detached_probe_frees_the_ddp_model_and_its_reducer(probe_env: None) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         assert probe.attach(job="release")
-        model, reducer = _trained_ddp()
+        model, reducer, _ = _trained_ddp()
         probe.detach()
         assert model() is None and reducer() is None
     finally:

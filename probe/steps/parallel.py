@@ -236,6 +236,32 @@ def _combine(dims: list[Dim]) -> tuple[int, int]:
     return rank, size
 
 
+#: ids of the process groups :func:`keep_groups` kept.
+_KEPT: set[int] = set()
+
+
+def keep_groups(root: Any, found: Found) -> None:
+    """Keep the process groups of the DDP / FSDP1 wrappers met for the rest of the process, as
+    if the user kept them, and never release them, not even at interpreter finalization (the
+    operating system reclaims them at exit).
+
+    Why: the probe holds the model only weakly, so a wrapper's reducer may hold the last
+    reference to a gloo process group, and the group's destructor joins gloo's worker threads
+    wherever the model is freed, interpreter lock held. A worker that needs that lock to free a
+    finished work's Python state then waits forever (seen: about 1 mp.spawn rank in 8 hung at the
+    end of its function, tests/test_rank_identity.py; none in 16 runs with the groups kept), and
+    during finalization the same destructor aborted the process ("terminate called without an
+    active exception": CI, when the probe kept the model until then). In a run without the probe
+    the group outlives the model too (alive after main() returned, with no Python referrer)."""
+    import ctypes
+
+    for w in (root, *found.wrappers):
+        pg = _wrapper_group(w)
+        if pg is not None and id(pg) not in _KEPT:
+            _KEPT.add(id(pg))
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+
+
 def _wrapper_group(root: Any) -> Any:
     """The process group of a DDP or FSDP1 wrapper around the model, else None."""
     name = type(root).__name__

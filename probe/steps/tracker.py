@@ -75,10 +75,10 @@ class StepTracker:
     # lines side by side, not spread over the entries of a 40-attribute dict (each cold line
     # costs the hooks a miss after a long step). The rest live in __dict__.
     __slots__ = ("step", "explicit", "_root_lost", "_unsettled", "_root", "_embedding", "micro_batches", "tokens",
-                 "_training_now", "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary", "_input_origin",
-                 "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped", "_forward_since_boundary",
-                 "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step", "_pre_hook",
-                 "_pre_hook_wanted", "__dict__")
+                 "_training_now", "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary",
+                 "_input_origin", "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped",
+                 "_forward_since_boundary", "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step",
+                 "_pre_hook", "_pre_hook_wanted", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
