@@ -260,15 +260,23 @@ class Probe(SampledFeatures):
             self._stage_timer = StageTimer(self._found.stages, cuda=cuda)
             self._refresh_rare()
 
-    def _layout_off(self) -> None:
+    def _take_found(self) -> Any:
+        """What the layout scan met, taken: the wrappers it met (the user's DDP model) are not
+        kept, their process groups are (parallel.keep_groups). None when no scan ran."""
         from probe.steps import parallel
 
-        if self._found is not None:
-            try:
-                parallel.keep_groups(self.tracker.root, self._found)
-            except Exception:  # noqa: BLE001 - detaching goes on
-                pass
-            self._found = parallel.Found()  # what the scan met (the DDP wrapper) is not kept
+        found = self._found
+        if found is None:
+            return None
+        self._found = parallel.Found()  # scanned: not again
+        parallel.keep_groups(self.tracker.root, found)
+        return found
+
+    def _layout_off(self) -> None:
+        try:
+            self._take_found()
+        except Exception:  # noqa: BLE001 - detaching goes on
+            pass
         timer, self._stage_timer = self._stage_timer, None
         self._refresh_rare()
         if timer is not None:
@@ -281,8 +289,7 @@ class Probe(SampledFeatures):
                                              if getattr(f, "__wrapped_fn__", None) != scan]
         from probe.steps import parallel
 
-        found, self._found = self._found, parallel.Found()  # scanned; what it met (the DDP wrapper) is not kept
-        parallel.keep_groups(self.tracker.root, found or parallel.Found())
+        found = self._take_found()
         self._coords = parallel.coordinates(self.tracker.root, found, self.ident.rank, self.ident.world_size)
 
     def _first_step(self) -> None:

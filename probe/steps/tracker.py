@@ -545,7 +545,8 @@ class StepTracker:
                 self._rediscover()
             key = id(optimizer)
             stepped = self._stepped
-            if lost or self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:  # _is_new_step
+            # _is_new_step, or the first step after the model was dropped
+            if lost or self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:
                 self.boundary(optimizer)  # sets _input_origin
             else:
                 self._input_origin = _now()
