@@ -55,14 +55,19 @@ def test_a_large_job_spreads_full_views_and_hints_over_ticks(small_ticks: None) 
         assert model.views.built - built == len([i for i in range(RANKS) if (i + model.ticks) % 3 == 0])
         built = model.views.built
     assert model.views.refreshed >= 6 * (RANKS - 4)
-    # every rule is measured every third tick, in two shares (HINT_SHARES): the even rules of the
-    # table and hang_rank (hidden by hang_all, index 0) at the round's first tick (t % 3 == 0), the
-    # other odd ones at its second (3 * 1 // 2 = 1)
+    # every rule is measured every third tick, in three shares of about equal cost (min(HINT_SHARES,
+    # 3), HintEngine.plan) at the round's three ticks; by the costs in the rules table (ms at 4,096
+    # ranks), the costliest first to the cheapest share so far: hang_all with hang_rank, which it
+    # hides (115), the straggler (104) and the input wait (68) lead three shares
     order = [r.id for r in engine.rules]
     assert order[:2] == ["hang_all", "hang_rank"]
+    first = {0: 3, 1: 1, 2: 2}  # share -> its first tick after the round that built every view
+    plan = dict(zip(order, engine.plan(3)))
+    assert plan["hang_all"] == plan["hang_rank"] == 0 and plan["straggler"] == 1 and plan["input_wait"] == 2
     assert {rule: measured[rule] for rule in order} == {
-        rule: [3, 6] if i % 2 == 0 or rule == "hang_rank" else [1, 4, 7] for i, rule in enumerate(order)}
-    assert [len([r for r in order if t in measured[r]]) for t in range(1, 8)] == [8, 0, 11, 8, 0, 11, 8]  # of 19
+        rule: list(range(first[plan[rule]], 8, 3)) for rule in order}
+    costs = [sum(r.cost for r in engine.rules if plan[r.id] == k) for k in range(3)]
+    assert max(costs) - min(costs) <= 2.0  # 123, 123, 121
     # within one round (3 ticks) every rank's full figures are rebuilt: a rank whose steps got
     # slower shows its new median step time (over its last 32 steps) within a round of it
     for step in range(36, 66, 5):  # six more ticks, rank 3's steps now take 0.3 s
@@ -100,14 +105,75 @@ def test_a_bye_in_a_large_job_rebuilds_only_this_ticks_share(small_ticks: None) 
     assert model.views.built - built <= -(-RANKS // 3) + 1  # a third of the job (and the rank leaving)
 
 
-@pytest.mark.parametrize(("spread", "due"), [(2, {0: (0, 2), 1: (1, 2)}), (3, {0: (0, 2), 1: (1, 2)}),
-                                             (8, {0: (0, 2), 4: (1, 2)})])
-def test_a_large_jobs_rules_are_measured_in_two_shares_a_round(spread: int, due: dict) -> None:
+@pytest.mark.parametrize(("spread", "due"), [(2, {0: (0, 2), 1: (1, 2)}), (3, {0: (0, 3), 1: (1, 3), 2: (2, 3)}),
+                                             (8, {0: (0, 4), 2: (1, 4), 4: (2, 4), 6: (3, 4)}),
+                                             (64, {0: (0, 4), 16: (1, 4), 32: (2, 4), 48: (3, 4)})])
+def test_a_large_jobs_rules_are_measured_in_four_shares_a_round(spread: int, due: dict) -> None:
     for tick in range(3 * spread):
         assert rotation.hint_share(tick, spread) == due.get(tick % spread)
+        # the tick before a share's takes its histories, unless it has a share of its own
+        assert rotation.prepares(tick, spread) == (tick % spread not in due and (tick + 1) % spread in due)
 
 
-def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: None) -> None:
+def _rule(rule_id: str, cost: float, hidden_by: str | None = None):
+    from dataclasses import replace
+
+    from flowtop.monitor.hints.rules import RULES_BY_ID
+    params = {**RULES_BY_ID["hang_rank"].params, "hidden_by": hidden_by} if hidden_by else {}
+    base = RULES_BY_ID["hang_rank" if hidden_by else "hang_all"]
+    return replace(base, id=rule_id, cost=cost, params={**base.params, **params})
+
+
+def test_the_shares_of_the_rules_are_balanced_by_cost() -> None:
+    from flowtop.monitor.hints.engine import HintEngine
+
+    rules = [_rule("a", 10), _rule("b", 1, hidden_by="a"), _rule("c", 8), _rule("d", 3), _rule("e", 3), _rule("f", 2)]
+    engine = HintEngine(rules, measures={r.id: lambda rule, job, now: {} for r in rules})
+    # groups a+b (11), c (8), d (3), e (3), f (2), the costliest first, each to the cheapest share
+    # so far (the lower of equals): two shares 11 | 8, 11 | 11 (d), 14 (e) | 11, 14 | 13 (f)
+    assert engine.plan(2) == (0, 0, 1, 1, 0, 1)
+    # three: 11 | 8 | 3 (d), 6 (e), 8 (f): a with the rule it hides, c alone, the small ones together
+    assert engine.plan(3) == (0, 0, 1, 2, 2, 2)
+    assert engine.plan(1) == (0,) * 6 and engine.plan(6) == (0, 0, 1, 2, 3, 4)
+
+
+def test_the_tick_before_a_share_takes_the_histories_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share's tick measured its rules and took every rank's history at once (~120 ms each at
+    4,096 ranks); the tick before it takes the histories, unless a rank's bye came between."""
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 2)  # 10 ranks: rounds of 5 ticks, shares at 0-3
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 900 + r, r, 0) for r in range(RANKS)]
+    taken: list[int] = []
+    as_now = Model._as_now
+    monkeypatch.setattr(Model, "_as_now", staticmethod(lambda snap, states: (taken.append(model.ticks),
+                                                                            as_now(snap, states))[1]))
+    measured: list[tuple[int, int]] = []  # (tick, newest step of rank 3 the rules read)
+    engine = model._hint_engine
+    evaluate = engine.evaluate
+    engine.evaluate = lambda job, now, phase=None: (  # type: ignore[method-assign]
+        measured.append((model.ticks, job.ranks[3].history.reached[-1][0])), evaluate(job, now, phase))[1]
+    now, step = 2.0, 1
+    for _ in range(10):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now, step = now + 0.5, step + 5
+    assert taken == [1, 2, 3, 4, 6, 7, 8, 9]  # never at a round's first tick (share 0's): at the one before
+    # tick t's newest step is 5 t: share 0 read at ticks 5 and 10 what ticks 4 and 9 took, share 1 its own
+    assert measured[-1] == (10, 45) and (5, 20) in measured and (6, 30) in measured
+    assert model._hints_seen["big"][0] == 2.0 + 0.5 * 8  # share 0 saw the ranks as of tick 9
+    # a bye between the two ticks voids what was taken: the share's tick takes its own
+    for _ in range(4):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now, step = now + 0.5, step + 5
+    assert model.ticks % 5 == 4 and taken[-1] == model.ticks
+    model.ingest(wire.decode(wire.encode("bye", keys[7], 99, now, {"reason": "exit", "steps": step, "drops": 0})), now)
+    _feed(model, keys[:7], step, now)
+    model.tick(now)
+    assert taken[-1] == model.ticks and measured[-1] == (model.ticks, step + 4)
+
+
+def test_a_bye_looks_again_unless_every_share_saw_its_last_step(small_ticks: None) -> None:
     """A rank's last look (its bye) is skipped only when every rule measured the job after the
     rank's last step: after one share of the rules, the others have not seen it yet."""
     model = make_model()
@@ -117,7 +183,7 @@ def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: Non
     evaluate = engine.evaluate
     engine.evaluate = lambda job, now, phase=None: (phase or whole.append(now), evaluate(job, now, phase))[1]
     now, step = 2.0, 1
-    while True:  # run until the tick before a round starts (t % 3 == 2: no share due)
+    while True:  # run until a round's last tick (t % 3 == 2: share 2 of 3)
         _feed(model, keys, step, now)
         model.tick(now)
         now, step = now + 0.5, step + 5
@@ -125,13 +191,14 @@ def test_a_bye_looks_again_unless_both_shares_saw_its_last_step(small_ticks: Non
             break
     _feed(model, keys[:2], step, now)  # ranks 0 and 1 step once more, then a tick runs share 0 only
     model.tick(now)
-    assert rotation.hint_share(model.ticks, 3) == (0, 2)
+    assert rotation.hint_share(model.ticks, 3) == (0, 3)
     model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
-    assert whole == [now]  # share 1 never saw rank 0's last step: a last look
-    now += 0.5
-    model.tick(now)  # share 1: every rule has now seen rank 1's last step
+    assert whole == [now]  # shares 1 and 2 never saw rank 0's last step: a last look
+    for _ in range(2):
+        now += 0.5
+        model.tick(now)  # shares 1 and 2: every rule has now seen rank 1's last step
     model.ingest(wire.decode(wire.encode("bye", keys[1], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
-    assert whole == [now - 0.5]  # no second look
+    assert whole == [now - 1.0]  # no second look
 
 
 _HELLO = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}

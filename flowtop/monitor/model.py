@@ -38,7 +38,8 @@ from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
 from flowtop.monitor.rankviews import RankViews, as_now
-from flowtop.monitor.rotation import RANKS_PER_TICK, SPREADS, hint_share, ticks_per_round  # noqa: F401 (RANKS_PER_TICK re-exported)
+from flowtop.monitor.rotation import (  # noqa: F401 (RANKS_PER_TICK re-exported)
+    RANKS_PER_TICK, SPREADS, Prepared, hint_share, prepares, ticks_per_round)
 from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
 from probe import wire
@@ -102,6 +103,8 @@ class Model:
         self._hints_failed = False
         #: job -> per share of its rules, when it was last measured (one entry: all rules at once)
         self._hints_seen: dict[str, list[float]] = {}
+        #: job -> the histories a large job's next share of rules reads, taken a tick before (_as_now)
+        self._judged: Prepared[JobSnapshot] = Prepared()
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
         self._sole: SoleRows[RankState] = SoleRows()
@@ -221,6 +224,7 @@ class Model:
                     return
                 self.apply_kernels(msg.key, stats)
         elif msg.kind == "bye":
+            self._judged.void(st.key.job)  # histories taken with the rank running
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
             st.version += 1  # the last look's view was of a running rank
@@ -289,6 +293,7 @@ class Model:
             self._merged.pop(job, None)
             self._merged_round.pop(job, None)
             self._hints_seen.pop(job, None)
+            self._judged.void(job)
             self._looks.pop(job, None)
             self._hints.pop(job, None)
             self._claims.forget_job(job)
@@ -342,8 +347,18 @@ class Model:
             elif (share := hint_share(self.ticks, spread)) is not None:
                 jobs.append(self._evaluate(snap, now, share, [st for st, _ in shown]))
             else:
+                if prepares(self.ticks, spread):
+                    self._prepare(snap, now, [st for st, _ in shown])
                 jobs.append(replace(snap, hints=self._hints.get(job, ())))
+        self._judged.expire(self.ticks)
         return self._monitor_snapshot(now, listen, tuple(jobs))
+
+    def _prepare(self, snap: JobSnapshot, now: float, states: list[RankState]) -> None:
+        """Take the histories the next tick's share of ``snap``'s rules reads (see rotation.Prepared)."""
+        try:
+            self._judged.keep(snap.job, self.ticks, self._keys_version, now, self._as_now(snap, states))
+        except Exception:  # the share's tick takes them itself, and says what went wrong
+            self._judged.void(snap.job)
 
     def ticks_per_round(self, ranks: int) -> int:
         """Ticks a job of ``ranks`` ranks takes to rebuild every view and measure every rule."""
@@ -504,9 +519,10 @@ class Model:
         rebuilt in turns: its hints read every rank's history as it is now (see _as_now)."""
         if self._hint_engine is None:
             return snap
-        self._seen_by_hints(snap.job, now, phase)
         try:
-            judged = self._as_now(snap, states) if states is not None else snap
+            taken = self._judged.take(snap.job, self.ticks, self._keys_version) if phase is not None else None
+            judged = taken[1] if taken else self._as_now(snap, states) if states is not None else snap
+            self._seen_by_hints(snap.job, taken[0] if taken else now, phase)  # as of the histories read
             hints = tuple(self._hint_engine.evaluate(judged, now, phase))
         except Exception as exc:  # a hints bug must not cost the user every snapshot
             if not self._hints_failed:

@@ -7,6 +7,10 @@ the spread, flowtop.monitor.thinning). The same in a replay, so a replay reprodu
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
 #: Ranks of a job whose views a tick rebuilds in full and whose hints it evaluates: a larger
 #: job's views are rebuilt over ceil(ranks / RANKS_PER_TICK) ticks, staggered by rank (the others
 #: get their step and liveness only), and its hints are evaluated once in that many ticks (in
@@ -31,13 +35,14 @@ def ticks_per_round(ranks: int, spread: int = 1) -> int:
     return -(-ranks // ranks_per_tick(spread))
 
 
-#: A large job's rules are measured in this many shares (by table index, a hidden rule with the
-#: rule that hides it), at evenly spaced ticks of each round of ``spread`` ticks (every rule
-#: still once a round). All at one tick held every frame behind that tick: at 4,096 ranks the
-#: longest tick took 1.2-1.8 s of CPU on a 2-core box, 0.8-1.4 s in two shares, at about the same
-#: CPU a round (+7 %, within noise); more shares cost more (each walks every rank again with cold
-#: caches: +10-20 % tick CPU at 4 or 8).
-HINT_SHARES = 2
+#: A large job's rules are measured in this many shares (of about equal cost, a hidden rule with
+#: the rule that hides it: HintEngine.plan), at evenly spaced ticks of each round of ``spread``
+#: ticks (every rule still once a round). All at one tick held every frame behind that tick: at
+#: 4,096 ranks the longest tick took 1.2-1.8 s of CPU on a 2-core box, 0.8-1.4 s in two shares by
+#: table index. Four shares by cost (2026-12-06, 4,096 ranks in-process): the rules' costliest
+#: share ~270 -> ~115 ms; each share also takes every rank's history as it is now (Model._as_now,
+#: ~120 ms), once per share.
+HINT_SHARES = 4
 
 
 def hint_share(tick: int, spread: int) -> tuple[int, int] | None:
@@ -48,3 +53,42 @@ def hint_share(tick: int, spread: int) -> tuple[int, int] | None:
         if at == k * spread // shares:
             return k, shares
     return None
+
+
+def prepares(tick: int, spread: int) -> bool:
+    """Whether ``tick`` takes the histories the next tick's share of the rules will read (the
+    tick before a share's, itself not a share's: see :class:`Prepared`)."""
+    return hint_share(tick, spread) is None and hint_share(tick + 1, spread) is not None
+
+
+class Prepared(Generic[T]):
+    """What a tick took for the next tick's share of a large job's rules, per job.
+
+    A share's tick read every rank's history as it is now (Model._as_now, ~120 ms at 4,096 ranks)
+    and measured its rules (~115 ms at most) at once; the tick before it now takes the histories
+    and the share's tick measures them half a second later (a tick's cadence: the hang rule's 30 s
+    floor and the straggler's windows of steps do not see it). A rank that comes, goes or says
+    bye in between voids it (the share's tick takes them itself), as does any tick but the next."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, int, float, T]] = {}
+
+    def keep(self, job: str, tick: int, version: int, at: float, value: T) -> None:
+        """Hold ``value``, taken at monitor time ``at`` by ``tick``, with the job's rank keys at ``version``."""
+        self._held[job] = (tick, version, at, value)
+
+    def take(self, job: str, tick: int, version: int) -> tuple[float, T] | None:
+        """(when taken, value) held for ``job`` by the tick before ``tick`` at the same rank keys, or None."""
+        held = self._held.pop(job, None)
+        if held is None or held[0] != tick - 1 or held[1] != version:
+            return None
+        return held[2], held[3]
+
+    def void(self, job: str) -> None:
+        """Forget what is held for ``job`` (a rank's bye, the job forgotten)."""
+        self._held.pop(job, None)
+
+    def expire(self, tick: int) -> None:
+        """Forget what ticks before ``tick`` held (what they took keeps ring blocks alive)."""
+        for job in [j for j, held in self._held.items() if held[0] < tick]:
+            del self._held[job]

@@ -136,10 +136,11 @@ class HintEngine:
         self._scope = {r.id: r.scope for r in self.rules}
         index = {r.id: i for i, r in enumerate(self.rules)}
         self._order = _order_key(index)
-        #: Per rule, the table index that decides its share (see evaluate's ``phase``): a rule's own,
+        #: Per rule, the table index of its group for the shares (see :meth:`plan`): a rule's own,
         #: or that of the rule hiding it (hang_rank is measured with hang_all, or a hang would show
         #: every rank's hint until the other share came round).
         self._anchor = [_anchor(r, index, self.rules) for r in self.rules]
+        self._plans: dict[int, tuple[int, ...]] = {}
         self._failed: set[str] = set()
         #: Told (once per rule) when a rule raised, so the user hears of it (the model sets it
         #: to its notices: the TUI owns stderr).
@@ -149,19 +150,19 @@ class HintEngine:
         """Hints of ``job`` at monitor time ``now``: the active ones, most severe first, then by
         impact; after them the ended ones (their rank or job finished while they were shown).
 
-        ``phase`` (k, n): only the rules whose table index is k modulo n (a hidden rule's: that of
-        the rule hiding it) are measured now, the others' hints are held as they are (the model
-        measures a large job's rules in shares at different ticks, see
-        flowtop.monitor.rotation.HINT_SHARES)."""
+        ``phase`` (k, n): only the rules of share k of n (:meth:`plan`) are measured now, the
+        others' hints are held as they are (the model measures a large job's rules in shares at
+        different ticks, see flowtop.monitor.rotation.HINT_SHARES)."""
         self._end_hints(job)
         if job.status == "done":
             return self._ended_hints(job.job, ())  # nothing runs: the diagnosis stands as it was
         out: list[tuple[Rule, _State]] = []
         shown: set[str] = set()  # rules with a hint now (a rule may hide another's)
+        plan = self.plan(phase[1]) if phase is not None else ()
         for i, rule in enumerate(self.rules):
             states = self._state.get((job.job, rule.id))
             results = None
-            if phase is None or self._anchor[i] % phase[1] == phase[0] % phase[1]:
+            if phase is None or plan[i] == phase[0] % phase[1]:
                 results = self._measure(rule, job, now)
             n = len(out)
             if results is None:  # not measured now, or it raised: hold every state of this rule as it is
@@ -187,6 +188,29 @@ class HintEngine:
         kept.sort(key=attrgetter("order"))
         hints = tuple(st.hint for st in kept if st.hint is not None)
         return hints + self._ended_hints(job.job, hints)
+
+    def plan(self, shares: int) -> tuple[int, ...]:
+        """Per rule (table order), which of ``shares`` shares measures it: a rule with the rule
+        hiding it as one group, the groups by cost (Rule.cost), the costliest first, each to the
+        share that costs least so far (the lowest-numbered of equals), so that no tick of a large
+        job measures much more than another. At 4,096 ranks (2026-12-06) two shares by table
+        index cost ~100 and ~270 ms of CPU; four by cost ~115 ms at most. The same in every
+        process: a replay measures each rule when the live monitor did."""
+        plan = self._plans.get(shares)
+        if plan is None:
+            groups: dict[int, list[int]] = {}
+            for i, anchor in enumerate(self._anchor):
+                groups.setdefault(anchor, []).append(i)
+            load = [0.0] * max(1, shares)
+            out = [0] * len(self.rules)
+            by_cost = sorted(groups.items(), key=lambda g: (-sum(self.rules[i].cost for i in g[1]), g[0]))
+            for _, members in by_cost:
+                k = min(range(len(load)), key=lambda s: (load[s], s))
+                load[k] += sum(self.rules[i].cost for i in members)
+                for i in members:
+                    out[i] = k
+            plan = self._plans[shares] = tuple(out)
+        return plan
 
     def _measure(self, rule: Rule, job: JobSnapshot, now: float) -> Mapping[str, Measurement | None] | None:
         """The rule's measurements (target -> measurement), or None when its measure raised."""

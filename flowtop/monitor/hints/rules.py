@@ -24,6 +24,7 @@ __all__ = ["RULES", "RULES_BY_ID", "GROUPS", "MEMORY_CATEGORIES", "SCOPES", "SEV
 RULES: tuple[Rule, ...] = (
     Rule(
         id="hang_all",
+        cost=85,
         scope="job",
         severity="critical",
         measure="stalled_x",
@@ -50,6 +51,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="hang_rank",
+        cost=30,
         scope="rank",
         severity="critical",
         measure="stalled_x",
@@ -88,6 +90,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="input_wait",
+        cost=68,
         scope="rank",
         severity="warning",
         measure="input_wait_pct",
@@ -109,6 +112,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="straggler",
+        cost=104,
         scope="rank",
         severity="warning",
         measure="slower_pct",
@@ -142,6 +146,7 @@ RULES: tuple[Rule, ...] = (
     *KERNEL_RULES,
     Rule(
         id="throttling",
+        cost=20,
         scope="rank",
         severity="warning",
         measure="clock_pct",
@@ -173,6 +178,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="util_vs_mfu",
+        cost=15,
         scope="rank",
         severity="warning",
         measure="mfu_pct",
@@ -193,6 +199,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="memory_full",
+        cost=9,
         scope="rank",
         severity="info",
         measure="mem_used_pct",
@@ -273,6 +280,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="attention_flops_note",
+        cost=4,
         scope="job",
         severity="info",
         measure="attention_pct",

@@ -76,6 +76,7 @@ KERNEL_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="fp32_matmul",
+        cost=12,
         scope="rank",
         severity="warning",
         measure="fp32_gemm_pct",

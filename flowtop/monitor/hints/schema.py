@@ -48,6 +48,10 @@ class Rule:
     #: Alternative summary templates, chosen by the measure (``Measurement.variant``) when one
     #: rule sees a problem in more than one way (the straggler: by step time or by lead time).
     variants: Mapping[str, str] = field(default_factory=dict)
+    #: What measuring the rule costs on a large job, in ms of CPU at 4,096 ranks (the dev box,
+    #: 2026-12-06): a large job's rules are measured in shares of about equal cost at different
+    #: ticks (HintEngine.plan, flowtop.monitor.rotation.HINT_SHARES). Rules not measured: 2.
+    cost: float = 2.0
 
 
 #: Rule fields an override may set (the rest describe what the rule *is*, not how it is tuned).
