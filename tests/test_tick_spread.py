@@ -55,19 +55,9 @@ def test_a_large_job_spreads_full_views_and_hints_over_ticks(small_ticks: None) 
         assert model.views.built - built == len([i for i in range(RANKS) if (i + model.ticks) % 3 == 0])
         built = model.views.built
     assert model.views.refreshed >= 6 * (RANKS - 4)
-    # every rule is measured every third tick, in three shares of about equal cost (min(HINT_SHARES,
-    # 3), HintEngine.plan) at the round's three ticks; by the costs in the rules table (ms at 4,096
-    # ranks), the costliest first to the cheapest share so far: hang_all with hang_rank, which it
-    # hides (115), the straggler (104) and the input wait (68) lead three shares
-    order = [r.id for r in engine.rules]
-    assert order[:2] == ["hang_all", "hang_rank"]
-    first = {0: 3, 1: 1, 2: 2}  # share -> its first tick after the round that built every view
-    plan = dict(zip(order, engine.plan(3)))
-    assert plan["hang_all"] == plan["hang_rank"] == 0 and plan["straggler"] == 1 and plan["input_wait"] == 2
-    assert {rule: measured[rule] for rule in order} == {
-        rule: list(range(first[plan[rule]], 8, 3)) for rule in order}
-    costs = [sum(r.cost for r in engine.rules if plan[r.id] == k) for k in range(3)]
-    assert max(costs) - min(costs) <= 2.0  # 123, 123, 121
+    # every rule is measured every third tick, all at the round's first (t % 3 == 0): one share
+    # (a share every second tick at most, 3 // 2), its histories taken at the tick before
+    assert {rule.id: measured[rule.id] for rule in engine.rules} == {rule.id: [3, 6] for rule in engine.rules}
     # within one round (3 ticks) every rank's full figures are rebuilt: a rank whose steps got
     # slower shows its new median step time (over its last 32 steps) within a round of it
     for step in range(36, 66, 5):  # six more ticks, rank 3's steps now take 0.3 s
@@ -105,14 +95,16 @@ def test_a_bye_in_a_large_job_rebuilds_only_this_ticks_share(small_ticks: None) 
     assert model.views.built - built <= -(-RANKS // 3) + 1  # a third of the job (and the rank leaving)
 
 
-@pytest.mark.parametrize(("spread", "due"), [(2, {0: (0, 2), 1: (1, 2)}), (3, {0: (0, 3), 1: (1, 3), 2: (2, 3)}),
+@pytest.mark.parametrize(("spread", "due"), [(2, {0: (0, 1)}), (3, {0: (0, 1)}), (4, {0: (0, 2), 2: (1, 2)}),
+                                             (5, {0: (0, 2), 2: (1, 2)}), (6, {0: (0, 3), 2: (1, 3), 4: (2, 3)}),
                                              (8, {0: (0, 4), 2: (1, 4), 4: (2, 4), 6: (3, 4)}),
                                              (64, {0: (0, 4), 16: (1, 4), 32: (2, 4), 48: (3, 4)})])
-def test_a_large_jobs_rules_are_measured_in_four_shares_a_round(spread: int, due: dict) -> None:
+def test_a_large_jobs_rules_are_measured_in_up_to_four_shares_a_round(spread: int, due: dict) -> None:
     for tick in range(3 * spread):
         assert rotation.hint_share(tick, spread) == due.get(tick % spread)
-        # the tick before a share's takes its histories, unless it has a share of its own
-        assert rotation.prepares(tick, spread) == (tick % spread not in due and (tick + 1) % spread in due)
+        # the tick before a share's takes its histories, and never has a share of its own
+        assert rotation.prepares(tick, spread) == ((tick + 1) % spread in due)
+        assert not (rotation.prepares(tick, spread) and rotation.hint_share(tick, spread))
 
 
 def _rule(rule_id: str, cost: float, hidden_by: str | None = None):
@@ -137,10 +129,39 @@ def test_the_shares_of_the_rules_are_balanced_by_cost() -> None:
     assert engine.plan(1) == (0,) * 6 and engine.plan(6) == (0, 0, 1, 2, 3, 4)
 
 
+def test_the_rules_table_in_four_shares() -> None:
+    from flowtop.monitor.hints.engine import HintEngine
+
+    engine = HintEngine()
+    plan = engine.plan(4)
+    shares = [sorted(r.id for r, k in zip(engine.rules, plan) if k == s) for s in range(4)]
+    # by the costs in the table (ms at 4,096 ranks): hang_all with hang_rank, which it hides, 115;
+    # the straggler 104; the input wait 68, with the cheap rules filling the two lighter shares
+    assert shares[0] == ["hang_all", "hang_rank"] and shares[1] == ["straggler"] and "input_wait" in shares[2]
+    assert [sum(r.cost for r, k in zip(engine.rules, plan) if k == s) for s in range(4)] == [115, 104, 74, 74]
+
+
+def test_what_a_tick_takes_serves_the_next_tick_alone_over_the_same_ranks() -> None:
+    ranks = [object(), object()]
+    held = rotation.Prepared[str](within_s=0.75)
+    held.keep("j", 4, 10.0, list(ranks), "judged")
+    assert held.take("j", 5, 10.5, ranks) == (10.0, "judged") and len(held) == 0  # taken once
+    for tick, now, seen in ((6, 10.5, ranks), (5, 11.0, ranks), (5, 10.5, ranks[:1]), (5, 10.5, ranks[::-1]),
+                            (5, 10.5, [ranks[0], object()])):
+        held.keep("j", 4, 10.0, list(ranks), "judged")
+        assert held.take("j", tick, now, seen) is None  # not the next tick, too late, other ranks
+    held.keep("j", 4, 10.0, list(ranks), "judged")
+    held.expire(4)
+    assert len(held) == 1
+    held.expire(5)  # the end of tick 5, which did not take it
+    assert len(held) == 0 and held.take("j", 5, 10.5, ranks) is None
+
+
 def test_the_tick_before_a_share_takes_the_histories_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A share's tick measured its rules and took every rank's history at once (~120 ms each at
-    4,096 ranks); the tick before it takes the histories, unless a rank's bye came between."""
-    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 2)  # 10 ranks: rounds of 5 ticks, shares at 0-3
+    4,096 ranks); the tick before it takes the histories, unless a rank's bye came between or a
+    rank joined."""
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 3)  # 10-12 ranks: rounds of 4 ticks, shares at 0 and 2
     model = make_model()
     keys = [RankKey("big", f"h{r // 2}", 900 + r, r, 0) for r in range(RANKS)]
     taken: list[int] = []
@@ -153,275 +174,28 @@ def test_the_tick_before_a_share_takes_the_histories_it_reads(monkeypatch: pytes
     engine.evaluate = lambda job, now, phase=None: (  # type: ignore[method-assign]
         measured.append((model.ticks, job.ranks[3].history.reached[-1][0])), evaluate(job, now, phase))[1]
     now, step = 2.0, 1
+
+    def tick(ranks: list[RankKey]) -> None:
+        nonlocal now, step
+        _feed(model, ranks, step, now)
+        model.tick(now)
+        now, step = now + 0.5, step + 5
+
     for _ in range(10):
-        _feed(model, keys, step, now)
-        model.tick(now)
-        now, step = now + 0.5, step + 5
-    assert taken == [1, 2, 3, 4, 6, 7, 8, 9]  # never at a round's first tick (share 0's): at the one before
-    # tick t's newest step is 5 t: share 0 read at ticks 5 and 10 what ticks 4 and 9 took, share 1 its own
-    assert measured[-1] == (10, 45) and (5, 20) in measured and (6, 30) in measured
-    assert model._hints_seen["big"][0] == 2.0 + 0.5 * 8  # share 0 saw the ranks as of tick 9
-    # a bye between the two ticks voids what was taken: the share's tick takes its own
-    for _ in range(4):
-        _feed(model, keys, step, now)
-        model.tick(now)
-        now, step = now + 0.5, step + 5
-    assert model.ticks % 5 == 4 and taken[-1] == model.ticks
+        tick(keys)
+    assert taken == [1, 3, 5, 7, 9]  # only at the tick before a share's (t % 4 == 1 or 3), never at a share's
+    # tick t's newest step is 5 t: each share read what the tick before it took
+    assert measured == [(2, 5), (4, 15), (6, 25), (8, 35), (10, 45)]
+    assert model._hints_seen["big"] == [2.0 + 0.5 * 6, 2.0 + 0.5 * 8]  # as of ticks 7 and 9
+    # a rank's bye between the two ticks voids what was taken: the share's tick takes its own
+    tick(keys)
+    assert model.ticks == 11 and taken[-1] == 11
     model.ingest(wire.decode(wire.encode("bye", keys[7], 99, now, {"reason": "exit", "steps": step, "drops": 0})), now)
-    _feed(model, keys[:7], step, now)
-    model.tick(now)
-    assert taken[-1] == model.ticks and measured[-1] == (model.ticks, step + 4)
-
-
-def test_a_bye_looks_again_unless_every_share_saw_its_last_step(small_ticks: None) -> None:
-    """A rank's last look (its bye) is skipped only when every rule measured the job after the
-    rank's last step: after one share of the rules, the others have not seen it yet."""
-    model = make_model()
-    keys = [RankKey("big", "h", 800 + r, r, 0) for r in range(RANKS)]
-    engine = model._hint_engine
-    whole: list[float] = []
-    evaluate = engine.evaluate
-    engine.evaluate = lambda job, now, phase=None: (phase or whole.append(now), evaluate(job, now, phase))[1]
-    now, step = 2.0, 1
-    while True:  # run until a round's last tick (t % 3 == 2: share 2 of 3)
-        _feed(model, keys, step, now)
-        model.tick(now)
-        now, step = now + 0.5, step + 5
-        if model.ticks > 3 and model.ticks % 3 == 2:
-            break
-    _feed(model, keys[:2], step, now)  # ranks 0 and 1 step once more, then a tick runs share 0 only
-    model.tick(now)
-    assert rotation.hint_share(model.ticks, 3) == (0, 3)
-    model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
-    assert whole == [now]  # shares 1 and 2 never saw rank 0's last step: a last look
-    for _ in range(2):
-        now += 0.5
-        model.tick(now)  # shares 1 and 2: every rule has now seen rank 1's last step
-    model.ingest(wire.decode(wire.encode("bye", keys[1], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
-    assert whole == [now - 1.0]  # no second look
-
-
-_HELLO = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
-
-
-def _stepped_job(pid0: int) -> tuple[Model, list[RankKey], float]:
-    """A large job whose ranks have a FLOP count (figures that a stall zeroes) and stepped for 3 s
-    of ticks: (model, keys, the instant after its last step's tick)."""
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", pid0 + r, r, 0) for r in range(RANKS)]
-    now = 2.0
-    for key in keys:
-        model.ingest(wire.decode(wire.encode("flops", key, 0, now, {
-            "step": 2, "model_flops": 1e9, "executed_flops": 1e9, "attention": "full", "dtype": "fp32",
-            "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 32})), now)
-    for step in range(1, 31, 5):
-        _feed(model, keys, step, now)
-        model.tick(now)
-        now += 0.5
-    return model, keys, now
-
-
-def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: None) -> None:
-    """Every rank of a large job stops stepping but keeps talking (hung in a collective; or a
-    backlog that holds their steps back): the tick the stall starts rebuilds every view (their
-    status changes), the ticks after it only the ranks whose turn it is — not all of them at each
-    tick, which at 4,096 ranks made ticks of the whole job exactly when the user needs the monitor."""
-    model, keys, now = _stepped_job(900)
-    last_step_at = now - 0.5
-    statuses, rebuilt, job_stall = [], [], []
-    for _ in range(20):  # 10 s of heartbeats and no step: stalled past the 5 s limit
-        for key in keys:
-            model.ingest(wire.decode(wire.encode("hello", key, 0, now, _HELLO)), now)
-        built = model.views.built
-        snap = model.tick(now)
-        statuses.append({r.status for r in snap.jobs[0].ranks})
-        rebuilt.append(model.views.built - built)
-        job_stall.append((now - last_step_at, snap.jobs[0].flops.stalled_s, snap.jobs[0].flops.mfu_reason))
-        now += 0.5
-    start = statuses.index({"stalled"})
-    assert statuses[start:] == [{"stalled"}] * (20 - start) and start > 0
-    assert rebuilt[start] == RANKS  # the stall starts: every view shows it
-    # then a third of the ranks a tick (their turn, (rank + tick) % 3 == 0), as for a healthy job
-    assert all(n <= -(-RANKS // 3) for n in rebuilt[start + 1:]), rebuilt
-    # every rank's view (its "no step for N s") rebuilt once a round: never more than a round old
-    assert sum(rebuilt[start + 1:start + 4]) == RANKS, rebuilt
-    ranks = snap.jobs[0].ranks
-    assert all(r.tokens_per_s == 0.0 and r.flops.flops_per_s == 0.0 and r.flops.mfu == 0.0 for r in ranks)
-    # the job's "no step for N s" is the time since its newest step now, at every tick, not a round old
-    for since, stalled_s, reason in job_stall[start:]:
-        assert stalled_s == pytest.approx(since) and reason == accounting.stalled_reason(since)
-
-
-def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newest_step(small_ticks: None) -> None:
-    """The usual hang: one rank dies (silent: stale), the others wait for it in a collective
-    (talking, no step: stalled). The job's "no step for N s" is the time since its newest step at
-    every tick, not a light copy's figure of a round ago."""
-    model, keys, now = _stepped_job(950)
-    last_step_at = now - 0.5
-    seen = []
-    for _ in range(20):  # rank 0 silent; the others heartbeat without a step
-        for key in keys[1:]:
-            model.ingest(wire.decode(wire.encode("hello", key, 0, now, _HELLO)), now)
-        snap = model.tick(now)
-        statuses = {r.status for r in snap.jobs[0].ranks}
-        if statuses == {"stale", "stalled"}:
-            seen.append((now - last_step_at, snap.jobs[0].flops.stalled_s))
-        now += 0.5
-    assert len(seen) >= 5
-    for since, stalled_s in seen:
-        assert stalled_s == pytest.approx(since)
-
-
-def test_between_turns_a_quiet_rank_costs_nothing_until_the_clock_changes_its_status(
-        small_ticks: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """10 ranks, 4 a tick: a round of 3 ticks. Every rank sends once (t = 2) and falls silent. A
-    rank between its turns keeps the very same view object, without its stall being worked out
-    again, until the clock makes it stale (more than STALE_AFTER_S = 5 s after its last frame:
-    at the tick of t = 7.5), when every rank's view changes at once, turn or not."""
-    from flowtop.monitor import rankstate
-
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
-    _feed(model, keys, 1, 2.0)
-    prev = {r.rank: r for r in model.tick(2.0).jobs[0].ranks}
-    looks = [0]
-    stalled_for = rankstate.stalled_for
-    monkeypatch.setattr(rankstate, "stalled_for", lambda *a: (looks.__setitem__(0, looks[0] + 1), stalled_for(*a))[1])
-    now = 2.0
-    for _ in range(10):  # ticks at 2.5 ... 7.0
-        now += 0.5
-        looks[0] = 0
-        ranks = model.tick(now).jobs[0].ranks
-        turn = {i for i in range(RANKS) if (i + model.ticks) % 3 == 0}
-        assert [r.status for r in ranks] == ["live"] * RANKS
-        assert all(r is prev[r.rank] for r in ranks if r.rank not in turn)
-        if now < 7.0:  # each look saw when its status could change (at 7.0, to be safe, it looks again)
-            assert looks[0] == len(turn), (now, looks[0], turn)
-        prev = {r.rank: r for r in ranks}
-    ranks = model.tick(7.5).jobs[0].ranks
-    assert [r.status for r in ranks] == ["stale"] * RANKS
-
-
-def test_a_view_names_the_relay_its_rank_was_last_heard_through(small_ticks: None) -> None:
-    """Between its turns too: a rank that leaves its relay for a direct connection shows no relay
-    at the next tick."""
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
-    for key in keys:
-        recs = [{"step": 1, "wall_s": 0.1, "tokens": 32, "drops": 0}]
-        model.ingest(wire.decode(wire.encode_steps(key, 1, 2.0, recs, 0)), 2.0, via="node-a:7:1")
-    assert {r.relay for r in model.tick(2.0).jobs[0].ranks} == {"node-a:7:1"}
-    _feed(model, keys, 2, 2.5)  # directly
-    ranks = model.tick(2.5).jobs[0].ranks
-    assert [r.relay for r in ranks] == [None] * RANKS and [r.step for r in ranks] == [6] * RANKS
-
-
-def test_a_large_jobs_kernel_tables_are_merged_once_a_round(small_ticks: None) -> None:
-    """10 ranks, 4 a tick: a round of 3 ticks. A window arriving on some rank at every tick does not
-    make every tick merge the job's tables again: the merge is made at most once a round (like its
-    ranks' figures), with every window that arrived meanwhile."""
-    from flowtop.monitor.kernels.merge import CumulativeKernels
-    from flowtop.monitor.rankkernels import KernelTables
-
-    merges: list[int] = []
-
-    def merge(tables):  # noqa: ANN001, ANN202 - KernelTables' merge signature
-        merges.append(sum(t.windows for t in tables.values()))
-        return object()
-
-    model = Model(kernels=KernelTables(merge=merge))
-    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
-    _feed(model, keys, 1, 2.0)
-    for key in keys:
-        model.ranks[key].kernels_cumulative = CumulativeKernels()
-        model.ranks[key].kernels_cumulative.windows = 1
-    shown = [model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged for i in range(1)]
-    for i in range(1, 7):  # a new window on rank i at every tick
-        model.ranks[keys[i]].kernels_cumulative.windows += 1
-        shown.append(model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged)
-    assert merges == [10, 13, 16]  # ticks 1, 4, 7: 10 windows, then 3 more a round
-    assert shown[0] is shown[1] is shown[2] and shown[3] is shown[4] is shown[5] and shown[6] is not shown[5]
-    # a snapshot between two ticks (the TUI, a scrape) merges what it sees, but the ticks show what
-    # a replay of them would: the round's merge until the round is over
-    model.ranks[keys[7]].kernels_cumulative.windows += 1
-    assert model.snapshot(5.6).jobs[0].kernels_merged is not shown[6] and merges == [10, 13, 16, 17]
-    assert model.tick(5.5 + 0.5).jobs[0].kernels_merged is shown[6]
-
-
-def test_a_rank_that_says_bye_between_its_turns_is_done_at_the_next_tick(small_ticks: None) -> None:
-    """Its last look (the hints' final evaluation) saw it running; the next tick must not keep that
-    view for the rest of the round."""
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
-    _feed(model, keys, 1, 2.0)
-    model.tick(2.0)
-    model.tick(2.5)
-    _feed(model, keys[1:2], 6, 2.8)
-    model.ingest(wire.decode(wire.encode("bye", keys[1], 9, 2.9, {"reason": "exit", "steps": 10, "drops": 0})), 2.9)
-    assert [r.status for r in model.tick(3.0).jobs[0].ranks if r.rank == 1] == ["done"]
-
-
-def test_a_large_jobs_views_keep_no_history_their_rings_dropped(small_ticks: None) -> None:
-    # A view is kept between a rank's turns (a round: 32 s at 4,096 ranks and spread 8) while its
-    # ring goes on; a view that shared the ring's step, receive-time, wait and lead blocks kept
-    # the dropped ones alive (~10 KB a rank at a 10 ms step). A large job's hints read histories
-    # taken when they are measured, so its views hold only what the UI shows.
-    import weakref
-
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
-    _feed(model, keys, 1, 2.0)
-    for step in range(6, 200, 5):
-        _feed(model, keys, step, 2.0)
-    snap = model.tick(2.0)
-    view = snap.jobs[0].ranks[3]
-    ring = model.ranks[keys[3]].steps
-    assert view.history.step_time_s[-1] == pytest.approx(0.1) and len(view.history.step_time_s) == 120
-    assert not view.history.reached and not view.history.steps and not view.history.lead_s
-    oldest = [weakref.ref(a) for block in (ring._long[0], ring._short[0]) for a in block]
-    for step in range(200, 700, 5):  # the ring turns over; the view is still held
-        _feed(model, keys, step, 2.0)
-    assert all(r() is None for r in oldest[:2])  # step and receive time blocks: nothing holds them
-    assert sum(r() is not None for r in oldest[2:]) == 1  # of wall, tokens, wait, lead, known: the step times
-    assert view.history.step_time_s[-1] == pytest.approx(0.1)
-    # the hints read whole histories, taken when they measure (Model._as_now)
-    states = [model.ranks[k] for k in keys]
-    judged = Model._as_now(snap.jobs[0], states).ranks[3].history
-    assert [s for s, _ in judged.reached] == list(range(444, 700)) and list(judged.steps) == list(range(580, 700))
-    assert not model._hints_failed
-
-
-def test_a_small_jobs_views_hold_whole_histories() -> None:
-    model = make_model()
-    keys = [RankKey("small", "h", 600 + r, r, 0) for r in range(PER_TICK)]
-    _feed(model, keys, 1, 2.0)
-    h = model.tick(2.0).jobs[0].ranks[0].history
-    assert list(h.steps) == [1, 2, 3, 4, 5] and [s for s, _ in h.reached] == [1, 2, 3, 4, 5]
-
-
-def test_the_histories_a_large_jobs_hints_read_die_with_their_evaluation(
-        small_ticks: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Kept by the rings until each rank's next frame, 4,096 ranks' judged histories were ~80 k
-    # objects the garbage collector walked at every young collection (30-130 ms each live).
-    import gc
-
-    model = make_model()
-    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
-    judged: list = []
-    as_now = Model._as_now
-
-    def kept(snap, states):
-        out = as_now(snap, states)
-        judged.extend(seq for r in out.ranks for seq in (r.history.steps, r.history.input_wait_s,
-                                                          r.history.lead_s, r.history.reached))
-        return out
-
-    monkeypatch.setattr(Model, "_as_now", staticmethod(kept))
-    now = 2.0
-    for step in range(1, 40, 5):
-        _feed(model, keys, step, now)
-        model.tick(now)
-        now += 0.5
-    assert len(judged) >= 4 * RANKS and all(len(seq) for seq in judged)  # the hints measured, with steps
-    # nothing but this list holds them
-    assert all(gc.get_referrers(seq) == [judged] for seq in judged)
+    tick(keys[:7])
+    assert taken[-1] == 12 and measured[-1] == (12, step - 1)
+    # so does a rank that joins between them
+    tick(keys[:7])
+    assert taken[-1] == 13
+    tick([*keys[:7], RankKey("big", "h9", 999, 10, 0)])
+    assert taken[-1] == 14 and measured[-1] == (14, step - 1)
+    assert measured[-2] == (12, step - 11)  # nothing measured at 13

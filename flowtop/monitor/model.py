@@ -30,6 +30,7 @@ from typing import Any, Iterable, Protocol
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows, newest_per
+from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.limits import Limits, TokenBucket
@@ -104,7 +105,7 @@ class Model:
         #: job -> per share of its rules, when it was last measured (one entry: all rules at once)
         self._hints_seen: dict[str, list[float]] = {}
         #: job -> the histories a large job's next share of rules reads, taken a tick before (_as_now)
-        self._judged: Prepared[JobSnapshot] = Prepared()
+        self._judged: Prepared[JobSnapshot] = Prepared(within_s=1.5 * TICK_S)
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
         self._sole: SoleRows[RankState] = SoleRows()
@@ -347,7 +348,7 @@ class Model:
             elif (share := hint_share(self.ticks, spread)) is not None:
                 jobs.append(self._evaluate(snap, now, share, [st for st, _ in shown]))
             else:
-                if prepares(self.ticks, spread):
+                if self._hint_engine is not None and prepares(self.ticks, spread):
                     self._prepare(snap, now, [st for st, _ in shown])
                 jobs.append(replace(snap, hints=self._hints.get(job, ())))
         self._judged.expire(self.ticks)
@@ -356,7 +357,7 @@ class Model:
     def _prepare(self, snap: JobSnapshot, now: float, states: list[RankState]) -> None:
         """Take the histories the next tick's share of ``snap``'s rules reads (see rotation.Prepared)."""
         try:
-            self._judged.keep(snap.job, self.ticks, self._keys_version, now, self._as_now(snap, states))
+            self._judged.keep(snap.job, self.ticks, now, list(states), self._as_now(snap, states))
         except Exception:  # the share's tick takes them itself, and says what went wrong
             self._judged.void(snap.job)
 
@@ -520,7 +521,7 @@ class Model:
         if self._hint_engine is None:
             return snap
         try:
-            taken = self._judged.take(snap.job, self.ticks, self._keys_version) if phase is not None else None
+            taken = self._judged.take(snap.job, self.ticks, now, states) if phase is not None and states else None
             judged = taken[1] if taken else self._as_now(snap, states) if states is not None else snap
             self._seen_by_hints(snap.job, taken[0] if taken else now, phase)  # as of the histories read
             hints = tuple(self._hint_engine.evaluate(judged, now, phase))
@@ -541,9 +542,10 @@ class Model:
         no step in common at a 200 ms step, and a straggler went unseen; the hang and input-wait
         rules read time from them (measures_time._current). A large job's views hold only the
         history the UI shows (rankstate.history), so every rank that has steps gets its whole
-        history here (~8 µs a rank, at two ticks a round: 31 ms at 4,096 ranks; a rank that had
-        not stepped since its turn was skipped before, but its view kept its ring's dropped
-        blocks alive for a round), and its telemetry where it sampled again since its view."""
+        history here (~30 µs a rank in a 4,096-rank model, ~120 ms, once per share of the rules,
+        at the tick before the share's: rotation.Prepared; a rank that had not stepped since its
+        turn was skipped before, but its view kept its ring's dropped blocks alive for a round),
+        and its telemetry where it sampled again since its view."""
         ranks, renewed = list(snap.ranks), False
         for i, (view, st) in enumerate(zip(snap.ranks, states, strict=True)):
             reached = view.history.reached  # empty in a view that holds only what is shown

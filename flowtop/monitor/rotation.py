@@ -7,6 +7,7 @@ the spread, flowtop.monitor.thinning). The same in a replay, so a replay reprodu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -40,14 +41,18 @@ def ticks_per_round(ranks: int, spread: int = 1) -> int:
 #: ticks (every rule still once a round). All at one tick held every frame behind that tick: at
 #: 4,096 ranks the longest tick took 1.2-1.8 s of CPU on a 2-core box, 0.8-1.4 s in two shares by
 #: table index. Four shares by cost (2026-12-06, 4,096 ranks in-process): the rules' costliest
-#: share ~270 -> ~115 ms; each share also takes every rank's history as it is now (Model._as_now,
-#: ~120 ms), once per share.
+#: share ~270 -> ~115 ms; what each share reads, every rank's history as it is then
+#: (Model._as_now, ~120 ms), the tick before it takes (Prepared). A job whose round changes
+#: length (ranks come, the spread changes) changes its shares: a rule may then be measured once
+#: more or once less in that round.
 HINT_SHARES = 4
 
 
 def hint_share(tick: int, spread: int) -> tuple[int, int] | None:
-    """(share, shares) to measure at ``tick`` of a job whose round is ``spread`` ticks, or None."""
-    shares = min(HINT_SHARES, spread)
+    """(share, shares) to measure at ``tick`` of a job whose round is ``spread`` ticks, or None.
+    At most one share every second tick: the tick before each takes its histories (Prepared),
+    never the same tick (a round of 2-3 ticks measures every rule at once, 4-5 in two shares)."""
+    shares = max(1, min(HINT_SHARES, spread // 2))
     at = tick % spread
     for k in range(shares):
         if at == k * spread // shares:
@@ -66,23 +71,30 @@ class Prepared(Generic[T]):
 
     A share's tick read every rank's history as it is now (Model._as_now, ~120 ms at 4,096 ranks)
     and measured its rules (~115 ms at most) at once; the tick before it now takes the histories
-    and the share's tick measures them half a second later (a tick's cadence: the hang rule's 30 s
-    floor and the straggler's windows of steps do not see it). A rank that comes, goes or says
-    bye in between voids it (the share's tick takes them itself), as does any tick but the next."""
+    and the share's tick measures them a tick later (the hang rule's 30 s floor and the
+    straggler's windows of steps do not see half a second). What a tick took serves only the next
+    tick, within ``within_s`` of it (a ticker that fell behind skips ticks), over the very ranks it
+    was taken of (a rank that comes or goes, or another process shown for a rank number, voids
+    it: the share's tick takes its own), and a rank's bye voids it."""
 
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[int, int, float, T]] = {}
+    def __init__(self, within_s: float) -> None:
+        self.within_s = within_s
+        self._held: dict[str, tuple[int, float, Sequence[object], T]] = {}
 
-    def keep(self, job: str, tick: int, version: int, at: float, value: T) -> None:
-        """Hold ``value``, taken at monitor time ``at`` by ``tick``, with the job's rank keys at ``version``."""
-        self._held[job] = (tick, version, at, value)
+    def keep(self, job: str, tick: int, at: float, ranks: Sequence[object], value: T) -> None:
+        """Hold ``value``, taken by ``tick`` at monitor time ``at`` of ``ranks`` (in their order)."""
+        self._held[job] = (tick, at, ranks, value)
 
-    def take(self, job: str, tick: int, version: int) -> tuple[float, T] | None:
-        """(when taken, value) held for ``job`` by the tick before ``tick`` at the same rank keys, or None."""
+    def take(self, job: str, tick: int, now: float, ranks: Sequence[object]) -> tuple[float, T] | None:
+        """(when taken, value) held for ``job`` by the tick before ``tick`` of the same ``ranks``
+        (the same objects, in order) and within ``within_s`` of ``now``, or None."""
         held = self._held.pop(job, None)
-        if held is None or held[0] != tick - 1 or held[1] != version:
+        if held is None or held[0] != tick - 1 or now - held[1] > self.within_s:
             return None
-        return held[2], held[3]
+        kept = held[2]
+        if len(kept) != len(ranks) or any(a is not b for a, b in zip(kept, ranks)):
+            return None
+        return held[1], held[3]
 
     def void(self, job: str) -> None:
         """Forget what is held for ``job`` (a rank's bye, the job forgotten)."""
@@ -92,3 +104,6 @@ class Prepared(Generic[T]):
         """Forget what ticks before ``tick`` held (what they took keeps ring blocks alive)."""
         for job in [j for j, held in self._held.items() if held[0] < tick]:
             del self._held[job]
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -138,7 +138,7 @@ class HintEngine:
         self._order = _order_key(index)
         #: Per rule, the table index of its group for the shares (see :meth:`plan`): a rule's own,
         #: or that of the rule hiding it (hang_rank is measured with hang_all, or a hang would show
-        #: every rank's hint until the other share came round).
+        #: every rank's hint until hang_all's share came round).
         self._anchor = [_anchor(r, index, self.rules) for r in self.rules]
         self._plans: dict[int, tuple[int, ...]] = {}
         self._failed: set[str] = set()
