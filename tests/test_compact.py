@@ -106,6 +106,30 @@ def test_a_frames_records_extended_at_once_read_like_records_appended_one_by_one
                 assert ring.column(col, len(ring)) == ref.column(col, len(ref))
 
 
+def test_a_whole_history_reads_the_columns_as_column_makes_them() -> None:
+    """StepRing.history_columns (the hints' whole histories, two passes over the blocks) equals
+    column() of each, empty, within a tail, at whole blocks and after blocks were dropped, by
+    appends and by frames."""
+    rng = random.Random(5)
+    for cap, recent in ((256, 128), (64, 64), (100, 7)):
+        ring, step = StepRing(cap, recent), 0
+        for frame in range(80):
+            for n in (0, 1, 3, recent, recent + 5, 10_000):
+                got = [tuple(v) for v in ring.history_columns(n)]
+                k = min(n, ring.recent_len)
+                want = [ring.column(c, k) for c in (StepRing.STEP, StepRing.WALL, StepRing.WAIT, StepRing.LEAD)]
+                assert got == [tuple(v) for v in want + [ring.column(StepRing.STEP), ring.column(StepRing.RECV)]]
+                assert len(got[0]) == k and len(got[4]) == len(ring)
+            n = rng.choice([1, 2, BLOCK - 1, BLOCK, BLOCK + 3, 150])
+            if frame % 3:
+                for i in range(n):
+                    ring.append((step + i, rng.random(), 7, rng.random(), 1e4 + frame, None))
+            else:
+                ring.extend(array("q", range(step, step + n)), array("d", [rng.random() for _ in range(n)]),
+                            array("q", [7] * n), None, array("d", [rng.random() for _ in range(n)]), 1e4 + frame)
+            step += n
+
+
 def _feed(model: Model, key: RankKey, steps: int, telemetry: int) -> float:
     """Steps in batches of 10, then telemetry samples; returns the last frame's time."""
     seq, now = 0, 100.0

@@ -401,6 +401,22 @@ class StepRing:
             parts += (tail[i],)
         return ArraySeq(parts or (array("d"),), total - n, n)
 
+    def history_columns(self, n: int) -> tuple[ArraySeq, ...]:
+        """The views a rank's whole history reads, as :meth:`column` makes them: step, wall, wait
+        and lead of the last ``n`` records (``n`` at most :attr:`recent_len`), then step and recv
+        of every record kept. Two passes over the blocks (one per block list, the tails with
+        them) instead of six: the hints take every rank's history at each share of a large
+        job's rules (Model._as_now, 4,096 ranks at a time). An empty tail is the views' last
+        block then, which they never read (values are only appended, a view reads no further
+        than its length)."""
+        step, recv = zip(*self._long, self._lt)
+        wall, _, wait, lead, _ = zip(*self._short, self._st)
+        nl, ns = self._nl, self._ns
+        held = min(nl, self.cap)
+        n = max(0, min(n, ns, self.recent_cap))
+        return (ArraySeq(step, nl - n, n), ArraySeq(wall, ns - n, n), ArraySeq(wait, ns - n, n),
+                ArraySeq(lead, ns - n, n), ArraySeq(step, nl - held, held), ArraySeq(recv, nl - held, held))
+
     def values(self, col: int, n: int) -> list[Any]:
         """The last ``n`` values of a column as a list (a transient copy; nothing is kept)."""
         blocks, tail, i, held, _ = self._where(col)

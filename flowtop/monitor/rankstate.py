@@ -211,14 +211,7 @@ def history(st: RankState, shown_only: bool = False) -> History:
     if shown_only:
         return History(step_time_s=ring.column(ring.WALL, n), mfu=mfu, tensor_active=tensor_active,
                        power_w=power_w, sm_clock_mhz=sm_clock_mhz)
-    return History(
-        steps=ring.column(ring.STEP, n),
-        step_time_s=ring.column(ring.WALL, n),
-        input_wait_s=ring.column(ring.WAIT, n),
-        lead_s=ring.column(ring.LEAD, n),
-        mfu=mfu,
-        tensor_active=tensor_active,
-        power_w=power_w,
-        sm_clock_mhz=sm_clock_mhz,
-        reached=PairSeq(ring.column(ring.STEP), ring.column(ring.RECV)),
-    )
+    steps, walls, waits, leads, reached_steps, reached_at = ring.history_columns(n)
+    return History(steps=steps, step_time_s=walls, input_wait_s=waits, lead_s=leads, mfu=mfu,
+                   tensor_active=tensor_active, power_w=power_w, sm_clock_mhz=sm_clock_mhz,
+                   reached=PairSeq(reached_steps, reached_at))
