@@ -115,3 +115,35 @@ def test_the_collector_freezes_after_the_ticks_its_ticker_runs(monkeypatch: pyte
         collector.catch_up()
     # once per catch-up that ran a tick (ticks at 100.5, 101, 101.5 and 102), none at 100.3, 100.9, 101.8
     assert frozen == pytest.approx([100.6, 101.2, 101.5, 102.1])
+
+
+def test_no_collection_runs_during_a_monitors_ticks(monkeypatch: pytest.MonkeyPatch, unfrozen: None) -> None:
+    """A tick's objects (its views, the histories its hints read) live until the freeze after it:
+    a monitor's ticker runs its ticks with the collector off; a library's ticker does not."""
+    from flowtop.monitor.ticker import Ticker
+
+    started: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    def tick(at: float) -> object:
+        made = [[i] for i in range(50_000)]  # tracked objects, alive through the tick: ~70 young
+        started.append(-1)  # collections at CPython's default threshold of 700
+        return made
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    gc.callbacks.append(watch)
+    try:
+        for policy in (None, gcpolicy.Freezer(full_every_s=1e9)):
+            monkeypatch.setattr(gcpolicy, "_FREEZER", policy)
+            started.clear()
+            Ticker(tick, 0.0, 0.5).catch_up(0.5)  # type: ignore[arg-type]
+            during = started[:started.index(-1)]
+            assert (len(during) > 10) if policy is None else during == []
+            assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*thresholds)

@@ -68,9 +68,10 @@ class Ticker:
             if due - self._k + 1 > self.max_behind:
                 self.skipped += due - self._k
                 self._k = due
-        while now >= self.next_at:
-            snap = self._tick(self.next_at)
-            self._k += 1
+        with gcpolicy.paused():  # a tick's objects are alive until the freeze below: nothing to collect
+            while now >= self.next_at:
+                snap = self._tick(self.next_at)
+                self._k += 1
         if snap is not None:
             self.last = snap
             gcpolicy.after_tick()  # what is alive now is frozen out of the collections to come
