@@ -72,7 +72,9 @@ class Ticker:
             while now >= self.next_at:
                 snap = self._tick(self.next_at)
                 self._k += 1
-        if snap is not None:
-            self.last = snap
-            gcpolicy.after_tick()  # what is alive now is frozen out of the collections to come
+            if snap is not None:
+                self.last = snap
+                # What is alive now is frozen out of the collections to come, before the collector
+                # is back: the ticks' allocations would start a collection of all of it at once.
+                gcpolicy.after_tick()
         return snap
