@@ -26,6 +26,7 @@ class _Node:
 def unfrozen() -> Iterator[None]:
     """Leave the test process as it was: nothing frozen."""
     gc.unfreeze()
+    gc.enable()
     try:
         yield
     finally:
@@ -145,6 +146,12 @@ def test_no_collection_runs_during_a_monitors_ticks(monkeypatch: pytest.MonkeyPa
             assert (len(during) > 10) if policy is None else started == [-1]  # none after it either:
             assert gc.isenabled()  # what the tick left was frozen before the collector came back
             assert policy is None or gc.get_count()[0] < 100
+        def raises(at: float) -> object:
+            raise RuntimeError("a tick's bug")
+
+        with pytest.raises(RuntimeError):
+            Ticker(raises, 0.0, 0.5).catch_up(0.5)  # type: ignore[arg-type]
+        assert gc.isenabled()  # back on after a tick that raised
     finally:
         gc.callbacks.remove(watch)
         gc.set_threshold(*thresholds)

@@ -34,12 +34,16 @@ garbage it waits for is small since the UI's lines stopped referring to themselv
 (flowtop.tui.widgets._strip_cycles): 53,000-111,000 objects in 30 s before, 5,000-7,500 after
 (``gc.DEBUG_SAVEALL`` at the full collection, live).
 
-And no collection runs during a monitor's ticks (:func:`paused`, live and in a replay): what a
-tick allocates is its snapshot's views and the histories its hints read, alive until the freeze
-after it or freed by their reference counts, so a young collection inside a tick walks them all
-for nothing, and more each time (the young generation grows through the tick). Live at 4,096
-ranks (2026-12-06) the collections took 0.3-0.6 s of CPU in 32 s, most of it inside ticks (the
-bench's ``tick_gc``), the longest 90-250 ms, every thread stopped.
+And no collection runs during a monitor's ticks (:func:`paused`, live and in a replay), the freeze
+after them included: what a tick allocates is its snapshot's views and the histories its hints
+read, alive until that freeze or freed by their reference counts, so a young collection inside a
+tick walked them all for nothing, and more each time (the young generation grows through the
+tick); with the collector back on before the freeze, the ticks' allocations started one
+collection of everything they left. Live at 4,096 ranks (2026-12-06, bench/ingest.py's ``gc``
+and ``tick_gc_cpu_pct``): 68-73 young collections in 32 s at 0.32-0.43 s of CPU, most of it inside
+ticks, the longest 90-120 ms with every thread stopped; 3-5 at 0.05-0.1 s, the longest 15 ms,
+after. Cyclic garbage made during a tick (the UI's) is frozen with the rest and waits for the
+full collection.
 
 The same commands also start the process's heap trimmer (flowtop.monitor.heaptrim): memory freed
 after a backlog goes back to the system instead of staying in glibc's heaps.
@@ -123,7 +127,9 @@ def undo() -> None:
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """No collection while the ticks run (see the module doc) in a process whose commands set the
-    monitor's policy; elsewhere, and where the collector is off already, nothing changes."""
+    monitor's policy; elsewhere, and where the collector is off already, nothing changes. The
+    collector is back on after it, whoever else turned it off meanwhile (nothing in a monitor
+    process does: Textual's pause of the collector while scrolling is off by default)."""
     pause = _FREEZER is not None and gc.isenabled()
     if pause:
         gc.disable()
