@@ -199,3 +199,264 @@ def test_the_tick_before_a_share_takes_the_histories_it_reads(monkeypatch: pytes
     tick([*keys[:7], RankKey("big", "h9", 999, 10, 0)])
     assert taken[-1] == 14 and measured[-1] == (14, step - 1)
     assert measured[-2] == (12, step - 11)  # nothing measured at 13
+
+
+def test_a_bye_looks_again_unless_every_share_saw_its_last_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's last look (its bye) is skipped only when every share of the rules measured the job
+    from histories taken after the rank's last step: after one share, the other has not seen it."""
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 3)  # 10 ranks: rounds of 4 ticks, shares at 0 and 2
+    model = make_model()
+    keys = [RankKey("big", "h", 800 + r, r, 0) for r in range(RANKS)]
+    engine = model._hint_engine
+    whole: list[float] = []
+    evaluate = engine.evaluate
+    engine.evaluate = lambda job, now, phase=None: (phase or whole.append(now), evaluate(job, now, phase))[1]
+    now, step = 2.0, 1
+    while True:  # run until a round's last tick (t % 4 == 3: share 0's histories taken)
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now, step = now + 0.5, step + 5
+        if model.ticks > 4 and model.ticks % 4 == 3:
+            break
+    _feed(model, keys[:2], step, now)  # ranks 0 and 1 step once more
+    for _ in range(3):  # share 0 (from histories taken before that step), histories taken, share 1
+        model.tick(now)
+        now += 0.5
+    assert rotation.hint_share(model.ticks, 4) == (1, 2)
+    model.ingest(wire.decode(wire.encode("bye", keys[0], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
+    assert whole == [now]  # share 0 never saw rank 0's last step: a last look
+    for _ in range(2):
+        now += 0.5
+        model.tick(now)  # histories taken, share 0: every rule has now seen rank 1's last step
+    model.ingest(wire.decode(wire.encode("bye", keys[1], 99, now, {"reason": "exit", "steps": 99, "drops": 0})), now)
+    assert whole == [now - 1.0]  # no second look
+
+
+_HELLO = {"local_rank": 0, "world_size": RANKS, "device": "cpu (test)", "probe_version": "t"}
+
+
+def _stepped_job(pid0: int) -> tuple[Model, list[RankKey], float]:
+    """A large job whose ranks have a FLOP count (figures that a stall zeroes) and stepped for 3 s
+    of ticks: (model, keys, the instant after its last step's tick)."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", pid0 + r, r, 0) for r in range(RANKS)]
+    now = 2.0
+    for key in keys:
+        model.ingest(wire.decode(wire.encode("flops", key, 0, now, {
+            "step": 2, "model_flops": 1e9, "executed_flops": 1e9, "attention": "full", "dtype": "fp32",
+            "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 32})), now)
+    for step in range(1, 31, 5):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now += 0.5
+    return model, keys, now
+
+
+def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: None) -> None:
+    """Every rank of a large job stops stepping but keeps talking (hung in a collective; or a
+    backlog that holds their steps back): the tick the stall starts rebuilds every view (their
+    status changes), the ticks after it only the ranks whose turn it is — not all of them at each
+    tick, which at 4,096 ranks made ticks of the whole job exactly when the user needs the monitor."""
+    model, keys, now = _stepped_job(900)
+    last_step_at = now - 0.5
+    statuses, rebuilt, job_stall = [], [], []
+    for _ in range(20):  # 10 s of heartbeats and no step: stalled past the 5 s limit
+        for key in keys:
+            model.ingest(wire.decode(wire.encode("hello", key, 0, now, _HELLO)), now)
+        built = model.views.built
+        snap = model.tick(now)
+        statuses.append({r.status for r in snap.jobs[0].ranks})
+        rebuilt.append(model.views.built - built)
+        job_stall.append((now - last_step_at, snap.jobs[0].flops.stalled_s, snap.jobs[0].flops.mfu_reason))
+        now += 0.5
+    start = statuses.index({"stalled"})
+    assert statuses[start:] == [{"stalled"}] * (20 - start) and start > 0
+    assert rebuilt[start] == RANKS  # the stall starts: every view shows it
+    # then a third of the ranks a tick (their turn, (rank + tick) % 3 == 0), as for a healthy job
+    assert all(n <= -(-RANKS // 3) for n in rebuilt[start + 1:]), rebuilt
+    # every rank's view (its "no step for N s") rebuilt once a round: never more than a round old
+    assert sum(rebuilt[start + 1:start + 4]) == RANKS, rebuilt
+    ranks = snap.jobs[0].ranks
+    assert all(r.tokens_per_s == 0.0 and r.flops.flops_per_s == 0.0 and r.flops.mfu == 0.0 for r in ranks)
+    # the job's "no step for N s" is the time since its newest step now, at every tick, not a round old
+    for since, stalled_s, reason in job_stall[start:]:
+        assert stalled_s == pytest.approx(since) and reason == accounting.stalled_reason(since)
+
+
+def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newest_step(small_ticks: None) -> None:
+    """The usual hang: one rank dies (silent: stale), the others wait for it in a collective
+    (talking, no step: stalled). The job's "no step for N s" is the time since its newest step at
+    every tick, not a light copy's figure of a round ago."""
+    model, keys, now = _stepped_job(950)
+    last_step_at = now - 0.5
+    seen = []
+    for _ in range(20):  # rank 0 silent; the others heartbeat without a step
+        for key in keys[1:]:
+            model.ingest(wire.decode(wire.encode("hello", key, 0, now, _HELLO)), now)
+        snap = model.tick(now)
+        statuses = {r.status for r in snap.jobs[0].ranks}
+        if statuses == {"stale", "stalled"}:
+            seen.append((now - last_step_at, snap.jobs[0].flops.stalled_s))
+        now += 0.5
+    assert len(seen) >= 5
+    for since, stalled_s in seen:
+        assert stalled_s == pytest.approx(since)
+
+
+def test_between_turns_a_quiet_rank_costs_nothing_until_the_clock_changes_its_status(
+        small_ticks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 ranks, 4 a tick: a round of 3 ticks. Every rank sends once (t = 2) and falls silent. A
+    rank between its turns keeps the very same view object, without its stall being worked out
+    again, until the clock makes it stale (more than STALE_AFTER_S = 5 s after its last frame:
+    at the tick of t = 7.5), when every rank's view changes at once, turn or not."""
+    from flowtop.monitor import rankstate
+
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    prev = {r.rank: r for r in model.tick(2.0).jobs[0].ranks}
+    looks = [0]
+    stalled_for = rankstate.stalled_for
+    monkeypatch.setattr(rankstate, "stalled_for", lambda *a: (looks.__setitem__(0, looks[0] + 1), stalled_for(*a))[1])
+    now = 2.0
+    for _ in range(10):  # ticks at 2.5 ... 7.0
+        now += 0.5
+        looks[0] = 0
+        ranks = model.tick(now).jobs[0].ranks
+        turn = {i for i in range(RANKS) if (i + model.ticks) % 3 == 0}
+        assert [r.status for r in ranks] == ["live"] * RANKS
+        assert all(r is prev[r.rank] for r in ranks if r.rank not in turn)
+        if now < 7.0:  # each look saw when its status could change (at 7.0, to be safe, it looks again)
+            assert looks[0] == len(turn), (now, looks[0], turn)
+        prev = {r.rank: r for r in ranks}
+    ranks = model.tick(7.5).jobs[0].ranks
+    assert [r.status for r in ranks] == ["stale"] * RANKS
+
+
+def test_a_view_names_the_relay_its_rank_was_last_heard_through(small_ticks: None) -> None:
+    """Between its turns too: a rank that leaves its relay for a direct connection shows no relay
+    at the next tick."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    for key in keys:
+        recs = [{"step": 1, "wall_s": 0.1, "tokens": 32, "drops": 0}]
+        model.ingest(wire.decode(wire.encode_steps(key, 1, 2.0, recs, 0)), 2.0, via="node-a:7:1")
+    assert {r.relay for r in model.tick(2.0).jobs[0].ranks} == {"node-a:7:1"}
+    _feed(model, keys, 2, 2.5)  # directly
+    ranks = model.tick(2.5).jobs[0].ranks
+    assert [r.relay for r in ranks] == [None] * RANKS and [r.step for r in ranks] == [6] * RANKS
+
+
+def test_a_large_jobs_kernel_tables_are_merged_once_a_round(small_ticks: None) -> None:
+    """10 ranks, 4 a tick: a round of 3 ticks. A window arriving on some rank at every tick does not
+    make every tick merge the job's tables again: the merge is made at most once a round (like its
+    ranks' figures), with every window that arrived meanwhile."""
+    from flowtop.monitor.kernels.merge import CumulativeKernels
+    from flowtop.monitor.rankkernels import KernelTables
+
+    merges: list[int] = []
+
+    def merge(tables):  # noqa: ANN001, ANN202 - KernelTables' merge signature
+        merges.append(sum(t.windows for t in tables.values()))
+        return object()
+
+    model = Model(kernels=KernelTables(merge=merge))
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    for key in keys:
+        model.ranks[key].kernels_cumulative = CumulativeKernels()
+        model.ranks[key].kernels_cumulative.windows = 1
+    shown = [model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged for i in range(1)]
+    for i in range(1, 7):  # a new window on rank i at every tick
+        model.ranks[keys[i]].kernels_cumulative.windows += 1
+        shown.append(model.tick(2.0 + 0.5 * i).jobs[0].kernels_merged)
+    assert merges == [10, 13, 16]  # ticks 1, 4, 7: 10 windows, then 3 more a round
+    assert shown[0] is shown[1] is shown[2] and shown[3] is shown[4] is shown[5] and shown[6] is not shown[5]
+    # a snapshot between two ticks (the TUI, a scrape) merges what it sees, but the ticks show what
+    # a replay of them would: the round's merge until the round is over
+    model.ranks[keys[7]].kernels_cumulative.windows += 1
+    assert model.snapshot(5.6).jobs[0].kernels_merged is not shown[6] and merges == [10, 13, 16, 17]
+    assert model.tick(5.5 + 0.5).jobs[0].kernels_merged is shown[6]
+
+
+def test_a_rank_that_says_bye_between_its_turns_is_done_at_the_next_tick(small_ticks: None) -> None:
+    """Its last look (the hints' final evaluation) saw it running; the next tick must not keep that
+    view for the rest of the round."""
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    model.tick(2.0)
+    model.tick(2.5)
+    _feed(model, keys[1:2], 6, 2.8)
+    model.ingest(wire.decode(wire.encode("bye", keys[1], 9, 2.9, {"reason": "exit", "steps": 10, "drops": 0})), 2.9)
+    assert [r.status for r in model.tick(3.0).jobs[0].ranks if r.rank == 1] == ["done"]
+
+
+def test_a_large_jobs_views_keep_no_history_their_rings_dropped(small_ticks: None) -> None:
+    # A view is kept between a rank's turns (a round: 32 s at 4,096 ranks and spread 8) while its
+    # ring goes on; a view that shared the ring's step, receive-time, wait and lead blocks kept
+    # the dropped ones alive (~10 KB a rank at a 10 ms step). A large job's hints read histories
+    # taken when they are measured, so its views hold only what the UI shows.
+    import weakref
+
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    _feed(model, keys, 1, 2.0)
+    for step in range(6, 200, 5):
+        _feed(model, keys, step, 2.0)
+    snap = model.tick(2.0)
+    view = snap.jobs[0].ranks[3]
+    ring = model.ranks[keys[3]].steps
+    assert view.history.step_time_s[-1] == pytest.approx(0.1) and len(view.history.step_time_s) == 120
+    assert not view.history.reached and not view.history.steps and not view.history.lead_s
+    oldest = [weakref.ref(a) for block in (ring._long[0], ring._short[0]) for a in block]
+    for step in range(200, 700, 5):  # the ring turns over; the view is still held
+        _feed(model, keys, step, 2.0)
+    assert all(r() is None for r in oldest[:2])  # step and receive time blocks: nothing holds them
+    assert sum(r() is not None for r in oldest[2:]) == 1  # of wall, tokens, wait, lead, known: the step times
+    assert view.history.step_time_s[-1] == pytest.approx(0.1)
+    # the hints read whole histories, taken when they measure (Model._as_now)
+    states = [model.ranks[k] for k in keys]
+    judged = Model._as_now(snap.jobs[0], states).ranks[3].history
+    assert [s for s, _ in judged.reached] == list(range(444, 700)) and list(judged.steps) == list(range(580, 700))
+    assert not model._hints_failed
+
+
+def test_a_small_jobs_views_hold_whole_histories() -> None:
+    model = make_model()
+    keys = [RankKey("small", "h", 600 + r, r, 0) for r in range(PER_TICK)]
+    _feed(model, keys, 1, 2.0)
+    h = model.tick(2.0).jobs[0].ranks[0].history
+    assert list(h.steps) == [1, 2, 3, 4, 5] and [s for s, _ in h.reached] == [1, 2, 3, 4, 5]
+
+
+def test_the_histories_a_large_jobs_hints_read_die_with_their_evaluation(
+        small_ticks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kept by the rings until each rank's next frame, 4,096 ranks' judged histories were ~80 k
+    # objects the garbage collector walked at every young collection (30-130 ms each live).
+    import gc
+
+    model = make_model()
+    keys = [RankKey("big", f"h{r // 2}", 500 + r, r, 0) for r in range(RANKS)]
+    judged: list = []
+    as_now = Model._as_now
+
+    def kept(snap, states):
+        out = as_now(snap, states)
+        judged.extend(seq for r in out.ranks for seq in (r.history.steps, r.history.input_wait_s,
+                                                          r.history.lead_s, r.history.reached))
+        return out
+
+    monkeypatch.setattr(Model, "_as_now", staticmethod(kept))
+    now = 2.0
+    for step in range(1, 40, 5):
+        _feed(model, keys, step, now)
+        model.tick(now)
+        now += 0.5
+    # the last tick took the next share's histories (rotation.Prepared): they die with that
+    # share's evaluation, at the next tick
+    assert model.ticks % 3 == 2 and rotation.prepares(model.ticks, 3)
+    model.tick(now)
+    assert len(judged) >= 4 * RANKS and all(len(seq) for seq in judged)  # the hints measured, with steps
+    # nothing but this list holds them
+    assert all(gc.get_referrers(seq) == [judged] for seq in judged)
