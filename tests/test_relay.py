@@ -367,11 +367,7 @@ def test_two_flowtop_runs_of_a_node_share_one_upstream_connection(short_dir: Pat
     print(f"upstream connections seen: max {max(counts)}, samples {len(counts)}; relays: "
           + ", ".join(f"{x.relay} {x.status} frames {x.frames_in}/{x.frames_out} drops {x.drops}" for x in hosts)
           + f"; rank 1 lost {r[1].lost_messages}, dropped {r[1].dropped_messages}")
-    # One upstream connection for the node; at the handover a second one was seen once in a CI
-    # run under load (2026-12-06: one sample of 2 in 208, not reproduced in 11 runs here, 5 of
-    # them beside two busy cores): a moment's overlap is let pass, two connections held are not.
-    runs_of_2 = "".join("2" if c == 2 else "." for c in counts).split(".")
-    assert max(counts) <= 2 and max(map(len, runs_of_2)) <= 3 and counts.count(1) > len(counts) // 2
+    assert max(counts) == 1 and counts.count(1) > len(counts) // 2
     assert (r[0].step, r[1].step) == (5, steps_1) and r[0].status == r[1].status == "done"
     assert len(hosts) == 2 and all(x.status == "closed" and x.hosted_by == "flowtop run" for x in hosts)
     first_relay = next(x for x in hosts if x.relay.split(":")[1] == str(first.pid))
