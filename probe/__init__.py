@@ -192,8 +192,8 @@ def detach(reason: str = "detached") -> None:
         from probe.transport import sigterm
 
         sigterm.release()
-    except Exception:
-        pass
+    except Exception as exc:
+        warn_once("detach-sigterm", f"SIGTERM handler not released: {exc}")
 
 
 def is_attached() -> bool:

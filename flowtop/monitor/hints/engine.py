@@ -201,12 +201,13 @@ class HintEngine:
             groups: dict[int, list[int]] = {}
             for i, anchor in enumerate(self._anchor):
                 groups.setdefault(anchor, []).append(i)
+            costed = sorted((-sum(self.rules[i].cost for i in members), anchor, members)
+                            for anchor, members in groups.items())  # costliest first, then table order
             load = [0.0] * max(1, shares)
             out = [0] * len(self.rules)
-            by_cost = sorted(groups.items(), key=lambda g: (-sum(self.rules[i].cost for i in g[1]), g[0]))
-            for _, members in by_cost:
+            for minus_cost, _, members in costed:
                 k = min(range(len(load)), key=lambda s: (load[s], s))
-                load[k] += sum(self.rules[i].cost for i in members)
+                load[k] -= minus_cost
                 for i in members:
                     out[i] = k
             plan = self._plans[shares] = tuple(out)
