@@ -140,6 +140,28 @@ def test_run_says_when_no_monitor_listens_yet(tmp_path: Path) -> None:
     assert watched.returncode == 0 and "no monitor" not in watched.stderr, watched.stderr
 
 
+def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
+    """``flowtop run`` looked for a monitor by connecting to its port: while a node relay held the
+    node's one upstream connection, a second ``flowtop run`` starting made a second one for a
+    moment (tests/test_relay.py saw 2 in 1 sample of 208 under CI's load). It reads the kernel's
+    socket table instead: the listener is never connected to."""
+    import socket
+
+    from flowtop.tools.runner import no_monitor_note
+
+    for bind, asked in (("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "localhost")):
+        with socket.socket() as s:
+            s.bind((bind, 0))
+            s.listen()
+            port = s.getsockname()[1]
+            assert no_monitor_note(f"tcp://{asked}:{port}") is None
+            s.settimeout(0.3)
+            with pytest.raises(socket.timeout):  # nothing knocked
+                s.accept()
+    note = no_monitor_note(f"tcp://127.0.0.1:{port}")  # closed now
+    assert note is not None and f"no monitor listens on tcp://127.0.0.1:{port} yet" in note
+
+
 def test_snapshot_port_in_use_is_a_clear_error() -> None:
     import socket
 

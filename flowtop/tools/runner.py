@@ -115,14 +115,43 @@ def no_monitor_note(addr: str) -> str | None:
         host, port = parse_tcp(addr)
     except AddressError:
         return None  # ipc:// (a relay's path): its relay is ours
-    if host not in ("127.0.0.1", "::1", "localhost"):
+    if host not in LOOPBACK:
         return None
+    listens = _listens(host, port)
+    if listens is None:  # the kernel's table cannot be read here: knock instead
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                listens = True
+        except OSError:
+            listens = False
+    if listens:
+        return None
+    return (f"no monitor listens on {addr} yet: start `flowtop` (another terminal) to watch this job; "
+            "the training runs meanwhile, and the monitor sees it from when it starts")
+
+
+#: The monitor addresses :func:`no_monitor_note` looks at, and the addresses a socket listening
+#: for each of them may be bound to (its own, or every address of its family).
+LOOPBACK = {"127.0.0.1": ("127.0.0.1", "0.0.0.0", "::"), "::1": ("::1", "::"),
+            "localhost": ("127.0.0.1", "::1", "0.0.0.0", "::")}
+
+
+def _listens(host: str, port: int) -> bool | None:
+    """Whether a socket on this host listens on ``host``:``port``, read from the kernel's socket
+    table; None where it cannot be read (psutil needs more rights on some systems). Read, not
+    knocked on: a connection to the monitor's port, however short, is one more upstream
+    connection of the node while the node's relay holds its one (seen in tests/test_relay.py
+    when a second ``flowtop run`` started), and a connection the monitor's socket accepts for
+    nothing."""
+    import psutil
+
     try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return None
-    except OSError:
-        return (f"no monitor listens on {addr} yet: start `flowtop` (another terminal) to watch this job; "
-                "the training runs meanwhile, and the monitor sees it from when it starts")
+        table = psutil.net_connections(kind="tcp")
+    except Exception:  # AccessDenied (macOS without root), a kernel without the table
+        return None
+    bound = LOOPBACK[host]
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.laddr.ip in bound
+               for c in table)
 
 
 def bad_keys(curve_dir: str | None) -> str | None:
