@@ -36,8 +36,9 @@ Printed per configuration (measured over ``--seconds`` after ``--warmup``):
   ``arrival`` in the JSON: frame send to the collector's receive;
 * tick ms p50/p99: ``Model.tick`` (eviction, hints, the snapshot it builds) at 2 Hz; ``ticks``
   after the data thread's figure: its CPU in ticks (the rest is frames and the loop);
-* ui show ms p50/p99: ``MainScreen.show`` of each delivered snapshot (the paint is not included:
-  ``bench/rank_view.py`` measures a whole refresh);
+* ui show ms p50/p99: ``MainScreen.show`` of each delivered snapshot; refresh ms p50/p99: from
+  the snapshot's arrival on the UI thread to the callback after the screen repainted it (show,
+  layout and paint: what a 2 Hz cadence must fit in; ``bench/rank_view.py`` measures it alone);
 * RSS/rank: the monitor's resident memory growth from before the first rank to the end, ÷ ranks
   (its process; the builder process's own RSS is ``builder_rss_mb`` in the JSON; where the RSS
   is: ``heap_*`` glibc's heap in use and freed but kept, ``py_*`` Python's allocator, and
@@ -656,6 +657,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     latency: list[float] = []
     latency_sent: list[float] = []
     shows: list[float] = []
+    refreshes: list[float] = []  # a snapshot's arrival on the UI thread -> the callback after its repaint
     stragglers: dict[str, float] = {}  # straggler hint target -> when the UI first got it
 
     def delivered(snap: Any) -> None:
@@ -696,7 +698,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
     def mark(name: str) -> None:
         marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "children": _children(), "hook": hook_cpu[0],
                        "gc": {g: tuple(v) for g, v in gc_spent.items()},
-                       "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals)}
+                       "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals),
+                       "refreshes": len(refreshes)}
 
     def figures(data: Any) -> dict[str, Any]:
         def count() -> dict[str, Any]:
@@ -740,6 +743,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         win_lat = latency[a["lat"]:b["lat"]]
         win_lat_sent = latency_sent[a["lat"]:b["lat"]]
         win_shows = shows[a["shows"]:b["shows"]]
+        win_refreshes = refreshes[a["refreshes"]:b["refreshes"]]
         win_arr = arrivals[a["arr"]:b["arr"]]
         return {
             **got, "window_s": wall,
@@ -762,11 +766,16 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "latency_samples": len(win_lat),
             "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
+            "ui_refresh_ms_p50": _pct(win_refreshes, 0.5), "ui_refresh_ms_p99": _pct(win_refreshes, 0.99),
             "rss_base": marks["base_rss"], "rss_end": _rss_bytes(), **_heap(), **_pymalloc(), **_trims(),
             **_traced(),
             # the window builder's own process at the end mark: not in the RSS per rank (this process's)
             "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,
+            # the UI's turns at the interpreter (flowtop.monitor.datathread.UiTurn; a checkout
+            # from before it, or --ui none: none): begun, seconds the data thread gave, ran out
+            "ui_turn": ({"turns": turn.turns, "given_s": round(turn.given_s, 2), "ran_out": turn.ran_out}
+                        if (turn := getattr(col, "ui_turn", None)) is not None else None),
             # straggler hints the UI got (target -> seconds after the monitor was ready; --straggler)
             "straggler_hints": {t: round(at - marks["ready_t"], 1) for t, at in sorted(stragglers.items())},
         }
@@ -810,9 +819,12 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
                 ready(self.data)
 
             def _deliver(self, delivery: Any) -> None:
+                t = time.perf_counter()
                 if delivery.snapshot is not None:
                     delivered(delivery.snapshot)
                 super()._deliver(delivery)
+                if delivery.snapshot is not None:  # after the screen showed and repainted it
+                    self.call_after_refresh(lambda: refreshes.append(1e3 * (time.perf_counter() - t)))
 
         app = BenchApp(col)
 
@@ -1224,6 +1236,7 @@ def print_row(r: dict[str, Any]) -> None:
           f"zmq {_fmt(cpu.get('zmq'))} kern {_fmt(cpu.get('kernels'))} all {_fmt(r['cpu_pct_total'])} %  "
           f"lat {_fmt(r['latency_ms_p50'])}/{_fmt(r['latency_ms_p99'])} ms  "
           f"tick {_fmt(r['tick_ms_p50'])}/{_fmt(r['tick_ms_p99'])} ms  show {_fmt(r['ui_show_ms_p50'])}/{_fmt(r['ui_show_ms_p99'])} ms  "
+          f"refresh {_fmt(r.get('ui_refresh_ms_p50'))}/{_fmt(r.get('ui_refresh_ms_p99'))} ms  "
           f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  pace {_paces(r['paces_s'])}  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
           f"load {r['load_1m'][0]:.1f}-{r['load_1m'][1]:.1f}  seen {r['ranks_seen']}", flush=True)
 

@@ -47,6 +47,7 @@ from flowtop.monitor.ticker import Ticker
 from probe import wire
 
 if TYPE_CHECKING:
+    from flowtop.monitor.datathread import UiTurn
     from flowtop.monitor.kernel_worker import KernelWorker
     from flowtop.monitor.notices import Notices
 
@@ -203,6 +204,9 @@ class Collector:
         #: How thinly large jobs' ticks are spread when they crowd out frames (checked with the pace).
         self.thinner = Thinner(cpu_budget)
         self._handed_at = -float("inf")  # when a tick's snapshot was last handed on (see _hand_over)
+        #: A UI's turn at the interpreter (flowtop.monitor.datathread.UiTurn; the data thread sets
+        #: it where a UI renders the snapshots): given between frames and before ticks.
+        self.ui_turn: UiTurn | None = None
 
     async def start(self) -> None:
         """Bind the sockets (inside the running loop) and start receiving.
@@ -319,6 +323,9 @@ class Collector:
             # least that often (a longer gap between reads is a pause of the monitor itself).
             wait_ms = 1000 * (min(self.ticker.next_at, self._next_glance) - self.clock.now())
             await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
+            turn = self.ui_turn
+            if turn is not None:
+                turn.give()  # a tick now would share the interpreter with the UI's refresh
             started = time.perf_counter()
             now = self.catch_up()  # every tick due before this batch's receive time runs first
             # Receiving gets at least as long as the ticks just took: a monitor whose ticks are
@@ -326,6 +333,7 @@ class Collector:
             drain_from = time.perf_counter()
             ticked = drain_from - started
             deadline = drain_from + max(DRAIN_S, ticked)
+            given = 0.0  # seconds of the drain given to the UI: not busy
             for i in range(BATCH):
                 try:
                     parts = sync.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -335,9 +343,12 @@ class Collector:
                     self.handle_frame(parts[0], now)
                 else:  # a node relay's batch (flowtop.monitor.relays)
                     self.handle_batch(parts, now, self.clock.now())
-                if i % 64 == 63 and time.perf_counter() > deadline:
-                    break
-            self.busy.add(time.perf_counter() - drain_from, ticked)
+                if i % 16 == 15:
+                    if turn is not None:
+                        given += turn.give()
+                    if i % 64 == 63 and time.perf_counter() > deadline + given:
+                        break
+            self.busy.add(time.perf_counter() - drain_from - given, ticked)
             self._socket_events()
             await asyncio.sleep(0)
 

@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from flowtop import settings
-from flowtop.monitor.datathread import DataSource, DataThread, Delivery
+from flowtop.monitor.datathread import DataSource, DataThread, Delivery, UiTurn
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.tui.screens.help_screen import HelpScreen
 from flowtop.tui.screens.main_screen import MainScreen
@@ -63,7 +63,7 @@ class FlowtopApp(App[None]):
         if hasattr(source, "glances"):
             source.glances = True  # a person watching: steps between ticks too (flowtop.monitor.collector)
         #: The thread that hosts the source; only it calls into the source.
-        self.data = DataThread(source, cadence_s=refresh_s, wake=self._wake)
+        self.data = DataThread(source, cadence_s=refresh_s, wake=self._wake, ui_turn=UiTurn())
         #: The snapshot shown now (None until the first one arrives).
         self.latest: MonitorSnapshot | None = None
         #: Why the source failed to start or the last snapshot failed ("" when it did not).
@@ -97,6 +97,7 @@ class FlowtopApp(App[None]):
 
     def _deliver(self, delivery: Delivery) -> None:
         if self._stopped or not self.screen_stack:
+            self._turn_done()
             return  # closing: nothing left to render on
         for n in delivery.notices:
             self.notify(n.text, severity=n.severity, timeout=ERROR_TIMEOUT_S if n.severity == "error" else 6)  # type: ignore[arg-type]
@@ -105,6 +106,13 @@ class FlowtopApp(App[None]):
             self.latest = delivery.snapshot
             self.delivered += 1
             self.screen.post_message(SnapshotUpdated(delivery.snapshot))
+            # After the screen showed and repainted it: the data thread's turn again.
+            if not self.call_after_refresh(self._turn_done):
+                self._turn_done()
+
+    def _turn_done(self) -> None:
+        if self.data.ui_turn is not None:
+            self.data.ui_turn.end()
 
     def refresh_snapshot(self) -> MonitorSnapshot | None:
         """Have the data thread take a snapshot now and show it (tests, with ``refresh_s=0``).
