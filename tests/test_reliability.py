@@ -272,8 +272,9 @@ def test_terminal_escapes_from_the_wire_never_reach_the_output() -> None:
     key = wire.RankKey("j", "h", 1, 0, 0)
     hello = {"local_rank": 0, "world_size": 1, "device": "\x1b[31mGPU\x07", "probe_version": "1", "argv": ["a\nb"]}
     model.ingest(wire.decode(_frame("hello", key, 0, **hello)), 1.0)
-    model.ingest(wire.decode(_frame("step", key, 1, **_step_fields(1))), 1.0)
-    model.ingest(wire.decode(_frame("bye", key, 2, reason="\x9b2J gone", steps=1, drops=0)), 1.0)
+    model.ingest(wire.decode(_frame("hello", key, 1, **hello)), 1.0)  # re-sent: unlike the cleaned copy kept
+    model.ingest(wire.decode(_frame("step", key, 2, **_step_fields(1))), 1.0)
+    model.ingest(wire.decode(_frame("bye", key, 3, reason="\x9b2J gone", steps=1, drops=0)), 1.0)
     snap = model.snapshot(2.0)
     assert_valid_snapshot(to_json(snap))
     text = render(snap) + repr(snap) + str(to_json(snap))

@@ -196,11 +196,13 @@ class Model:
             st.lost += msg.seq - st.last_seq - 1
         st.last_seq = max(st.last_seq, msg.seq)
         f = msg.fields
-        if msg.kind in ("hello", "bye", "flops", "telemetry"):
+        if msg.kind in ("bye", "flops", "telemetry"):
             f = clean(f)  # remote text is shown in terminals: no control sequences
         if msg.kind == "hello":
-            if f != st.hello:  # re-sent every 2 s, nearly always the same
-                st.hello = interned(f)
+            # Re-sent every 2-10 s, nearly always the same: one equal to the one kept (cleaned
+            # when it came) is clean too, and is not walked again.
+            if f != st.hello:
+                st.hello = interned(clean(f))
         elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
             self._on_steps(st, cols, now)
         elif msg.kind == "flops":
