@@ -147,8 +147,10 @@ def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
     socket table instead: the listener is never connected to."""
     import socket
 
-    from flowtop.tools.runner import no_monitor_note
+    from flowtop.tools.runner import _listens, no_monitor_note
 
+    if _listens("127.0.0.1", 9) is None:
+        pytest.skip("the kernel's socket table cannot be read here (flowtop run knocks instead)")
     for bind, asked in (("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "localhost")):
         with socket.socket() as s:
             s.bind((bind, 0))

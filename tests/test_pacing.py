@@ -260,6 +260,27 @@ def test_the_busy_shares_are_of_the_wall_time_measured() -> None:
     assert meter.read().total == 1.0
 
 
+def test_time_given_to_the_ui_is_left_out_of_the_busy_shares_not_the_cpu_share() -> None:
+    """The data thread waits while the UI renders (flowtop.monitor.datathread.UiTurn): its busy
+    shares are of the time it had, its CPU share still per wall second (what it takes of the box)."""
+    t, cpu = [100.0], [7.0]
+    meter = pacing.BusyMeter(clock=lambda: t[0], cpu=lambda: cpu[0])
+    t[0] += 1.0
+    meter.read()  # starts the CPU clock
+    meter.add(0.4, 0.1)
+    meter.away(0.5)  # half the second given to the UI
+    t[0] += 1.0
+    cpu[0] += 0.5
+    assert meter.read() == pacing.Busy(frames=pytest.approx(0.8), ticks=pytest.approx(0.2), span_s=1.0,
+                                       cpu=pytest.approx(0.5))
+    meter.away(3.0)  # more than the interval (a wait begun in the last one): half of it at most
+    meter.add(0.25, 0.0)
+    t[0] += 1.0
+    assert meter.read().frames == pytest.approx(0.5)
+    t[0] += 1.0
+    assert meter.read() == pacing.Busy(0.0, 0.0, 1.0, cpu=0.0)  # nothing carried over
+
+
 def test_a_monitor_past_its_cpu_budget_paces_its_ranks_though_it_keeps_up() -> None:
     """The data thread 60 % busy of the wall time (under BUSY_HIGH, 0.7) but at 0.55 of a core
     against a budget of 0.5 (a crowded box stretches the wall share, an idle one the CPU share):

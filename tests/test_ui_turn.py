@@ -3,11 +3,14 @@ while the UI renders a snapshot, for at most the turn's limit, with real sockets
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
+from typing import Any
 
 import pytest
+import zmq
 
 from flowtop.monitor.collector import Collector
 from flowtop.monitor.datathread import DataThread, UiTurn
@@ -16,8 +19,8 @@ from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.wiring import make_model
 from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tui.app import FlowtopApp
-from probe.transport.publisher import Publisher
-from probe.wire import RankKey
+from flowtop.tui.screens.main_screen import MainScreen
+from probe import wire
 from synthetic.replay import ReplaySource, synthetic_snapshot
 
 
@@ -25,9 +28,9 @@ def test_a_turn_holds_the_data_thread_until_the_ui_ends_it() -> None:
     turn = UiTurn(limit_s=5.0)
     t = time.perf_counter()
     assert turn.give() == 0.0 and not turn.open  # no turn: nothing to wait for
-    turn.begin()
-    assert turn.open
-    threading.Timer(0.2, turn.end).start()
+    n = turn.begin()
+    assert turn.open and n == 1
+    threading.Timer(0.2, turn.end, args=(n,)).start()
     waited = turn.give()
     assert 0.15 <= waited < 2.0 and not turn.open
     assert turn.give() == 0.0  # ended: the data thread goes on at once
@@ -49,55 +52,98 @@ def test_a_turn_nobody_ends_runs_out_after_its_limit() -> None:
     assert turn.give() == 0.0 and turn.ran_out == 2
 
 
-def test_the_collector_takes_no_frame_while_the_ui_has_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real sockets: frames that arrive during a UI's turn wait in the socket's queue, and are all
-    taken once it ends; the wait is not counted as the data thread's busy time."""
+def test_the_late_end_of_a_turn_that_ran_out_leaves_the_next_one_open() -> None:
+    """A UI that took longer than the limit ends its snapshot's turn after the next snapshot's
+    began: that end is the old turn's, and the new one stays the UI's."""
+    turn = UiTurn(limit_s=5.0)
+    old = turn.begin()
+    new = turn.begin()  # the old one ran out; the data thread handed over the next snapshot
+    turn.end(old)
+    assert turn.open
+    turn.end(new)
+    assert not turn.open
+
+
+def test_the_collector_steps_aside_between_frames_and_counts_the_wait_as_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real sockets. A turn that opens while the drain works through a queue of 100 frames: the
+    drain stops within 16 frames, takes the rest once the turn ends, and its busy time leaves the
+    wait out (the pacer reads how much of the time the thread had it used)."""
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     model = make_model()
     collector = Collector(model, listen)
     turn = UiTurn(limit_s=20.0)
     collector.ui_turn = turn  # not through DataThread: its own snapshots would open turns nobody ends
-    busy: list[float] = []  # what the drain loop counts as its frames' and ticks' time
-    add = BusyMeter.add
+    meter: list[tuple[str, float]] = []  # ("busy", frames + ticks s) and ("away", s), in order
+    add, away = BusyMeter.add, BusyMeter.away
 
-    def counted(meter: BusyMeter, frames_s: float, ticks_s: float) -> None:
-        busy.append(frames_s + ticks_s)
-        add(meter, frames_s, ticks_s)
+    def counted(m: BusyMeter, frames_s: float, ticks_s: float) -> None:
+        meter.append(("busy", frames_s + ticks_s))
+        add(m, frames_s, ticks_s)
+
+    def left_out(m: BusyMeter, seconds: float) -> None:
+        meter.append(("away", seconds))
+        away(m, seconds)
 
     monkeypatch.setattr(BusyMeter, "add", counted)
+    monkeypatch.setattr(BusyMeter, "away", left_out)
+    handled: list[float] = []  # when each frame of the queue was handled (data thread)
+    armed = threading.Event()
+    begun: list[float] = []
+    handle = Collector.handle_frame
+
+    def timed(self: Collector, frame: bytes, *a: Any, **kw: Any) -> None:
+        handle(self, frame, *a, **kw)
+        if armed.is_set():
+            handled.append(time.perf_counter())
+            if len(handled) == 4:  # the UI's turn opens four frames into the drain
+                n = turn.begin()
+                begun.append(time.perf_counter())
+                threading.Timer(0.5, turn.end, args=(n,)).start()
+
+    monkeypatch.setattr(Collector, "handle_frame", timed)
     data = DataThread(collector, cadence_s=0)
     data.start().result(10)
-    pub = Publisher(RankKey("turn", "node-a", 4242, 0, 0), listen)
-    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
-    pub.start()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(listen)
+    key = wire.RankKey("turn", "node-a", 4242, 0, 0)
+    hello = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
     try:
-        step = 0
         deadline = time.monotonic() + 20
-        while not model.ranks and time.monotonic() < deadline:
-            step += 1
-            pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 8, "drops": 0})
+        seq = 0
+        while not model.ranks and time.monotonic() < deadline:  # a PUB drops until its connection is up
+            seq += 1
+            pub.send(wire.encode("hello", key, seq, time.time(), hello))
             time.sleep(0.05)
         assert model.ranks, "the rank never arrived"
-        turn.begin()
-        time.sleep(0.3)  # the data thread is now waiting in give()
-        before = model.received
-        for _ in range(20):
-            step += 1
-            pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 8, "drops": 0})
-            time.sleep(0.05)
-        time.sleep(0.3)
-        assert model.received == before  # nothing taken during the turn
-        turn.end()
+        first = turn.begin()  # hold the data thread while 100 frames queue up
+        for step in range(1, 101):
+            seq += 1
+            pub.send(wire.encode("step", key, seq, time.time(), {"step": step, "wall_s": 0.01, "tokens": 8,
+                                                                  "drops": 0}))
+        time.sleep(0.5)
+        assert model.ranks[key].step == 0  # held: nothing taken
+        armed.set()
+        turn.end(first)
         deadline = time.monotonic() + 10
-        (st,) = model.ranks.values()
-        while st.step < step and time.monotonic() < deadline:
+        while model.ranks[key].step < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert st.step == step  # all of them, once it ended
-        assert turn.given_s >= 1.0 and turn.ran_out == 0
-        assert max(busy) < 0.5  # the turn's ~1.3 s was given, not busy
+        assert model.ranks[key].step == 100
     finally:
-        pub.close()
+        turn.end()
+        pub.close(0)
+        ctx.term()
         data.stop()
+    assert len(handled) == 100 and len(begun) == 1
+    during = [t for t in handled if begun[0] < t < begun[0] + 0.4]
+    assert len(during) <= 12  # stopped at the next 16th frame
+    assert handled[-1] - begun[0] >= 0.45  # the rest after the turn ended
+    # The drain that gave the turn counted its frames, not the wait, and left the wait out.
+    # (The first turn, held before the queue was taken, was given before any drain: "away" alone.)
+    assert any(what == "away" and s >= 0.4 and i and meter[i - 1][0] == "busy" and meter[i - 1][1] < 0.3
+               for i, (what, s) in enumerate(meter)), meter
 
 
 class _Fresh(ReplaySource):
@@ -113,22 +159,41 @@ class _Fresh(ReplaySource):
 
 
 @pytest.mark.asyncio
-async def test_the_app_ends_its_turn_once_it_has_repainted() -> None:
+async def test_the_app_ends_each_turn_after_the_screen_has_shown_and_painted_its_snapshot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     source = _Fresh()
-    app = FlowtopApp(source, refresh_s=0)
+    app = FlowtopApp(source, refresh_s=0.1)  # snapshots come as they do live: DataReady wakes the UI
     turn = app.data.ui_turn
     assert turn is not None
     turn.limit_s = 30.0  # only the app's end closes a turn within the test
-    async with app.run_test(size=(80, 24)) as pilot:
+    log: list[tuple[str, float | None]] = []
+    end = turn.end
+
+    def ended(n: int | None = None) -> None:
+        log.append(("end", app.latest.taken_at if app.latest is not None else None))
+        end(n)
+
+    monkeypatch.setattr(turn, "end", ended)
+    show = MainScreen.show
+    monkeypatch.setattr(MainScreen, "show", lambda self, snap: (log.append(("show", snap.taken_at if snap else None)),
+                                                                 show(self, snap))[1])
+    display = FlowtopApp._display
+
+    def painted(self: FlowtopApp, screen: Any, update: Any) -> None:
+        log.append(("paint", None))
+        display(self, screen, update)
+
+    monkeypatch.setattr(FlowtopApp, "_display", painted)
+    async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        begun = turn.turns
-        assert begun >= 1  # the first snapshot opened one
-        app.data.refresh().result(10)
-        assert turn.open  # handed over: the UI's turn ...
+        start = len(log)
         for _ in range(20):
-            if not turn.open:
-                break
-            await pilot.pause(0.05)
-        assert not turn.open and turn.turns == begun + 1  # ... ended by the app after its repaint
-        assert turn.ran_out == 0
+            await asyncio.sleep(0.1)  # not pilot.pause(): it forces the screen's repaint timer
         await pilot.press("q")
+    ends = [j for j in range(start, len(log)) if log[j][0] == "end" and log[j][1] is not None]
+    assert len(ends) >= 5
+    for j in ends:
+        shown = [k for k in range(j) if log[k] == ("show", log[j][1])]
+        assert shown, f"turn of snapshot {log[j][1]} ended before the screen showed it"
+        assert ("paint", None) in log[shown[-1]:j], f"turn of snapshot {log[j][1]} ended before a repaint"
+    assert turn.ran_out == 0

@@ -325,7 +325,7 @@ class Collector:
             await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
             turn = self.ui_turn
             if turn is not None:
-                turn.give()  # a tick now would share the interpreter with the UI's refresh
+                self.busy.away(turn.give())  # a tick now would share the interpreter with the UI's refresh
             started = time.perf_counter()
             now = self.catch_up()  # every tick due before this batch's receive time runs first
             # Receiving gets at least as long as the ticks just took: a monitor whose ticks are
@@ -349,6 +349,7 @@ class Collector:
                     if i % 64 == 63 and time.perf_counter() > deadline + given:
                         break
             self.busy.add(time.perf_counter() - drain_from - given, ticked)
+            self.busy.away(given)
             self._socket_events()
             await asyncio.sleep(0)
 

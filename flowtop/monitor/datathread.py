@@ -57,7 +57,9 @@ class UiTurn:
         self._done = threading.Event()
         self._done.set()
         self._until = 0.0
-        #: Turns begun, the data thread's seconds spent giving them, and turns that ran out.
+        self._lock = threading.Lock()  # a turn's number and its end change together
+        #: Turns begun (the number of the latest), the data thread's seconds spent giving them,
+        #: and turns that ran out.
         self.turns = 0
         self.given_s = 0.0
         self.ran_out = 0
@@ -67,15 +69,20 @@ class UiTurn:
         """Whether a turn is open (begun, not ended, not run out yet)."""
         return not self._done.is_set() and time.monotonic() < self._until
 
-    def begin(self) -> None:
-        """A snapshot goes to the UI now (the data thread)."""
-        self._until = time.monotonic() + self.limit_s
-        self._done.clear()
-        self.turns += 1
+    def begin(self) -> int:
+        """A snapshot goes to the UI now (the data thread): its turn's number, for :meth:`end`."""
+        with self._lock:
+            self.turns += 1
+            self._until = time.monotonic() + self.limit_s
+            self._done.clear()
+            return self.turns
 
-    def end(self) -> None:
-        """The UI repainted it (the UI thread; any thread may end a turn)."""
-        self._done.set()
+    def end(self, turn: int | None = None) -> None:
+        """The UI repainted the snapshot of ``turn`` (None: whichever is open; any thread). The
+        end of an older turn, late (it ran out and the next snapshot's began), ends nothing."""
+        with self._lock:
+            if turn is None or turn == self.turns:
+                self._done.set()
 
     def give(self) -> float:
         """Wait, without the interpreter lock, while a turn is open (the data thread); the
@@ -128,6 +135,7 @@ class Delivery:
 
     snapshot: MonitorSnapshot | None
     notices: tuple[Notice, ...]
+    turn: int = 0  # the UI's turn at the interpreter that the snapshot opened (UiTurn; 0: none)
 
 
 class Mailbox:
@@ -137,21 +145,23 @@ class Mailbox:
         self._lock = threading.Lock()
         self._snap: MonitorSnapshot | None = None
         self._notices: list[Notice] = []
+        self._turn = 0
         self._full = False
         #: Snapshots put, taken by the UI, and dropped because a newer one replaced them.
         self.put_count = 0
         self.taken = 0
         self.dropped = 0
 
-    def put(self, snap: MonitorSnapshot | None, notices: tuple[Notice, ...] = ()) -> bool:
-        """Leave ``snap`` (replacing one the UI has not taken) and ``notices``; True when the UI
-        must be woken (the mailbox was empty)."""
+    def put(self, snap: MonitorSnapshot | None, notices: tuple[Notice, ...] = (), turn: int = 0) -> bool:
+        """Leave ``snap`` (replacing one the UI has not taken; ``turn``: the UI's turn it opened)
+        and ``notices``; True when the UI must be woken (the mailbox was empty)."""
         with self._lock:
             if snap is not None:
                 self.put_count += 1
                 if self._snap is not None:
                     self.dropped += 1
                 self._snap = snap
+                self._turn = turn
             self._notices.extend(notices)
             del self._notices[:-MAX_NOTICES]
             wake = not self._full and (self._snap is not None or bool(self._notices))
@@ -161,7 +171,7 @@ class Mailbox:
     def take(self) -> Delivery:
         """Everything left since the last take (the UI thread calls this)."""
         with self._lock:
-            out = Delivery(self._snap, tuple(self._notices))
+            out = Delivery(self._snap, tuple(self._notices), self._turn if self._snap is not None else 0)
             if self._snap is not None:
                 self.taken += 1
             self._snap = None
@@ -330,9 +340,9 @@ class DataThread:
         notices = (board.take() if isinstance(board, Notices) else ()) + self.notices.take()
         if snap is None and not notices:
             return
-        if snap is not None and self.ui_turn is not None:
-            self.ui_turn.begin()  # before the UI can take it: its end cannot come first
-        if self.mailbox.put(snap, notices):
+        # Begun before the UI can take it: its own end cannot come first.
+        turn = self.ui_turn.begin() if snap is not None and self.ui_turn is not None else 0
+        if self.mailbox.put(snap, notices, turn):
             self._wake()
 
     def _tell(self, text: str) -> None:

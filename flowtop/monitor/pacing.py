@@ -214,7 +214,7 @@ class BusyMeter:
         self._cpu = cpu
         self._cpu_since: float | None = None
         self._since = clock()
-        self._frames = self._ticks = 0.0
+        self._frames = self._ticks = self._away = 0.0
         #: Step frames taken in since the last reading (the collector counts them).
         self.steps = 0
 
@@ -222,6 +222,12 @@ class BusyMeter:
         """Count seconds spent decoding and applying frames, and running ticks."""
         self._frames += frames_s
         self._ticks += ticks_s
+
+    def away(self, seconds: float) -> None:
+        """Leave ``seconds`` the thread gave to another (the UI's turn at the interpreter,
+        flowtop.monitor.datathread.UiTurn) out of the wall time its busy shares are of: they say
+        how much of the time it had it used (its CPU share stays per wall second)."""
+        self._away += seconds
 
     def read(self) -> Busy | None:
         """The shares since the last reading (None over less than 0.1 s: the interval goes on),
@@ -232,8 +238,11 @@ class BusyMeter:
             return None
         used = self._cpu()
         cpu = None if self._cpu_since is None else max(0.0, used - self._cpu_since) / span
-        busy = Busy(min(1.0, self._frames / span), min(1.0, self._ticks / span), span, self.steps / span, cpu)
+        # At least half the interval: a wait begun in the last one may end in this one.
+        had = max(span - self._away, 0.5 * span)
+        busy = Busy(min(1.0, self._frames / had), min(1.0, self._ticks / had), span, self.steps / span, cpu)
         self._since, self._frames, self._ticks, self.steps, self._cpu_since = now, 0.0, 0.0, 0, used
+        self._away = 0.0
         return busy
 
 

@@ -117,8 +117,10 @@ def no_monitor_note(addr: str) -> str | None:
         return None  # ipc:// (a relay's path): its relay is ours
     if host not in LOOPBACK:
         return None
+    # The kernel's table first; a knock only where it shows no listener (it cannot be read
+    # here, or a listener it does not show: another network namespace, a forwarded port).
     listens = _listens(host, port)
-    if listens is None:  # the kernel's table cannot be read here: knock instead
+    if not listens:
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 listens = True
@@ -132,14 +134,14 @@ def no_monitor_note(addr: str) -> str | None:
 
 #: The monitor addresses :func:`no_monitor_note` looks at, and the addresses a socket listening
 #: for each of them may be bound to (its own, or every address of its family).
-LOOPBACK = {"127.0.0.1": ("127.0.0.1", "0.0.0.0", "::"), "::1": ("::1", "::"),
-            "localhost": ("127.0.0.1", "::1", "0.0.0.0", "::")}
+LOOPBACK = {"127.0.0.1": ("127.0.0.1", "::ffff:127.0.0.1", "0.0.0.0", "::"), "::1": ("::1", "::"),
+            "localhost": ("127.0.0.1", "::ffff:127.0.0.1", "::1", "0.0.0.0", "::")}
 
 
 def _listens(host: str, port: int) -> bool | None:
     """Whether a socket on this host listens on ``host``:``port``, read from the kernel's socket
-    table; None where it cannot be read (psutil needs more rights on some systems). Read, not
-    knocked on: a connection to the monitor's port, however short, is one more upstream
+    table; None where it cannot be read (psutil needs more rights on some systems). Read before
+    knocking: a connection to the monitor's port, however short, is one more upstream
     connection of the node while the node's relay holds its one (seen in tests/test_relay.py
     when a second ``flowtop run`` started), and a connection the monitor's socket accepts for
     nothing."""

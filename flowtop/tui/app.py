@@ -106,13 +106,19 @@ class FlowtopApp(App[None]):
             self.latest = delivery.snapshot
             self.delivered += 1
             self.screen.post_message(SnapshotUpdated(delivery.snapshot))
-            # After the screen showed and repainted it: the data thread's turn again.
-            if not self.call_after_refresh(self._turn_done):
-                self._turn_done()
+            # The data thread's turn again once the screen showed and repainted it (two hops: the
+            # first runs when the screen has shown it, before its widgets have said, on their own
+            # idle, what to repaint; the second after that repaint).
+            if not self.call_after_refresh(self._after_show, delivery.turn):
+                self._turn_done(delivery.turn)
 
-    def _turn_done(self) -> None:
+    def _after_show(self, turn: int) -> None:
+        if not self.call_after_refresh(self._turn_done, turn):
+            self._turn_done(turn)
+
+    def _turn_done(self, turn: int | None = None) -> None:
         if self.data.ui_turn is not None:
-            self.data.ui_turn.end()
+            self.data.ui_turn.end(turn)
 
     def refresh_snapshot(self) -> MonitorSnapshot | None:
         """Have the data thread take a snapshot now and show it (tests, with ``refresh_s=0``).
