@@ -40,13 +40,12 @@ class UiTurn:
     """The UI thread's turn at the interpreter while it renders a snapshot.
 
     Both threads are Python: while both want the interpreter lock they take turns of the switch
-    interval (5 ms), so a refresh of 15-30 ms of the UI's CPU at 4,096 ranks took 33-54 ms of wall
-    time at the median and 69-172 ms at the 99th percentile live (bench/ingest.py, 4,096 ranks
-    through 512 relays on 2 cores), past the 2 Hz cadence's 100 ms budget. The lock's time is the
-    same either way: the data thread gives the UI its whole refresh at once and takes its own
-    afterwards (its frames wait in the socket's queue, as they would behind a tick): 28-32 ms at
-    the median, 42-81 ms at the 99th percentile, the data thread's CPU and the frames' latency
-    unchanged or lower (four runs each, interleaved, 2026-12-06).
+    interval (5 ms), and a refresh at 4,096 ranks took up to 100-172 ms at the 99th percentile
+    live (bench/ingest.py, 4,096 ranks through 512 relays on 2 cores), past the 2 Hz cadence's
+    100 ms budget. The lock's time is the same either way: the data thread gives the UI its whole
+    refresh at once and takes its own afterwards (its frames wait in the socket's queue, as they
+    would behind a tick): refresh p99 70-82 ms, `show` p99 42-77 ms in six runs against 59-156,
+    the data thread's CPU and the frames' latency unchanged (2026-12-06; README, Scale).
 
     The data thread begins a turn (:meth:`begin`) as it hands over a snapshot and gives it
     (:meth:`give`) between frames and before ticks; the UI ends it (:meth:`end`) once it has
