@@ -773,7 +773,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
             "skipped_ticks": col.ticker.skipped if col.ticker else None,
             # the UI's turns at the interpreter (flowtop.monitor.datathread.UiTurn; a checkout
-            # from before it, or --ui none: none): begun, seconds the data thread gave, ran out
+            # from before it, or --ui none: none): begun, seconds the data thread gave, ran out,
+            # over the whole run (warm-up included), not the measured window
             "ui_turn": ({"turns": turn.turns, "given_s": round(turn.given_s, 2), "ran_out": turn.ran_out}
                         if (turn := getattr(col, "ui_turn", None)) is not None else None),
             # straggler hints the UI got (target -> seconds after the monitor was ready; --straggler)

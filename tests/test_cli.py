@@ -162,6 +162,48 @@ def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
                 s.accept()
     note = no_monitor_note(f"tcp://127.0.0.1:{port}")  # closed now
     assert note is not None and f"no monitor listens on tcp://127.0.0.1:{port} yet" in note
+    if socket.has_ipv6:
+        for bind, asked in (("::1", "[::1]"), ("::ffff:127.0.0.1", "127.0.0.1")):
+            with socket.socket(socket.AF_INET6) as s:
+                try:
+                    s.bind((bind, 0))
+                except OSError:  # no IPv6 loopback in this container
+                    continue
+                s.listen()
+                port = s.getsockname()[1]
+                assert no_monitor_note(f"tcp://{asked}:{port}") is None
+                s.settimeout(0.3)
+                with pytest.raises(socket.timeout):
+                    s.accept()
+
+
+def test_the_listener_table_read_from_proc_is_psutils() -> None:
+    """flowtop run reads /proc/net/tcp{,6} itself (psutil walks every process's descriptors for
+    the same table): the two agree, IPv6 and IPv4-mapped addresses included."""
+    import socket
+
+    from flowtop.tools.runner import _proc_listeners, _psutil_listeners
+
+    held = []
+    for family, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"), (socket.AF_INET6, "::ffff:127.0.0.1")):
+        s = socket.socket(family)
+        try:
+            s.bind((addr, 0))
+        except OSError:
+            s.close()
+            continue
+        s.listen()
+        held.append(s)
+    try:
+        ours, theirs = _proc_listeners(), _psutil_listeners()
+        if ours is None or theirs is None:
+            pytest.skip("no /proc/net/tcp, or psutil cannot read the table here")
+        assert sorted(ours) == sorted(theirs)
+        for s in held:
+            assert (s.getsockname()[0], s.getsockname()[1]) in ours
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_snapshot_port_in_use_is_a_clear_error() -> None:

@@ -323,9 +323,9 @@ class Collector:
             # least that often (a longer gap between reads is a pause of the monitor itself).
             wait_ms = 1000 * (min(self.ticker.next_at, self._next_glance) - self.clock.now())
             await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
-            turn = self.ui_turn
-            if turn is not None:
-                self.busy.away(turn.give())  # a tick now would share the interpreter with the UI's refresh
+            ui_turn = self.ui_turn
+            if ui_turn is not None:
+                self.busy.away(ui_turn.give())  # a tick now would share the interpreter with the UI's refresh
             started = time.perf_counter()
             now = self.catch_up()  # every tick due before this batch's receive time runs first
             # Receiving gets at least as long as the ticks just took: a monitor whose ticks are
@@ -344,8 +344,8 @@ class Collector:
                 else:  # a node relay's batch (flowtop.monitor.relays)
                     self.handle_batch(parts, now, self.clock.now())
                 if i % 16 == 15:
-                    if turn is not None:
-                        given += turn.give()
+                    if ui_turn is not None:
+                        given += ui_turn.give()
                     if i % 64 == 63 and time.perf_counter() > deadline + given:
                         break
             self.busy.add(time.perf_counter() - drain_from - given, ticked)

@@ -98,7 +98,8 @@ DRAIN_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Busy:
-    """How the data thread spent the wall time between two renewals, as shares of it (0..1)."""
+    """How the data thread spent the wall time between two renewals, as shares of it (0..1): of
+    the time it had, less what it gave the UI (BusyMeter.away)."""
 
     frames: float  # decoding and applying frames
     ticks: float  # ticks (views, hints, eviction)
@@ -238,8 +239,7 @@ class BusyMeter:
             return None
         used = self._cpu()
         cpu = None if self._cpu_since is None else max(0.0, used - self._cpu_since) / span
-        # At least half the interval: a wait begun in the last one may end in this one.
-        had = max(span - self._away, 0.5 * span)
+        had = max(span - self._away, 0.5 * span)  # (a clamp: the waits lie inside the interval)
         busy = Busy(min(1.0, self._frames / had), min(1.0, self._ticks / had), span, self.steps / span, cpu)
         self._since, self._frames, self._ticks, self.steps, self._cpu_since = now, 0.0, 0.0, 0, used
         self._away = 0.0

@@ -140,20 +140,59 @@ LOOPBACK = {"127.0.0.1": ("127.0.0.1", "::ffff:127.0.0.1", "0.0.0.0", "::"), "::
 
 def _listens(host: str, port: int) -> bool | None:
     """Whether a socket on this host listens on ``host``:``port``, read from the kernel's socket
-    table; None where it cannot be read (psutil needs more rights on some systems). Read before
-    knocking: a connection to the monitor's port, however short, is one more upstream
-    connection of the node while the node's relay holds its one (seen in tests/test_relay.py
-    when a second ``flowtop run`` started), and a connection the monitor's socket accepts for
-    nothing."""
+    tables; None where they cannot be read. Read before knocking: a connection to the monitor's
+    port, however short, is one more upstream connection of the node while the node's relay holds
+    its one (seen in tests/test_relay.py when a second ``flowtop run`` started), and a connection
+    the monitor's socket accepts for nothing."""
+    listening = _proc_listeners()
+    if listening is None:
+        listening = _psutil_listeners()
+    if listening is None:
+        return None
+    bound = LOOPBACK[host]
+    return any(p == port and ip in bound for ip, p in listening)
+
+
+def _proc_listeners() -> list[tuple[str, int]] | None:
+    """(address, port) of every listening TCP socket, from Linux's /proc/net/tcp and tcp6 (None
+    without them): psutil finds the same by walking every process's descriptors, ~10 ms here and
+    more on a node whose processes hold thousands (once per ``flowtop run``, per rank of an srun)."""
+    import ipaddress
+
+    out: list[tuple[str, int]] = []
+    found = False
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name, encoding="ascii") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        found = True
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 4 or cols[3] != "0A":  # 0A: LISTEN
+                continue
+            addr, _, port = cols[1].partition(":")
+            raw = bytes.fromhex(addr)  # each 32-bit word printed in the host's byte order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+            if len(words) == 4:
+                ip = str(ipaddress.IPv4Address(words))
+            else:
+                v6 = ipaddress.IPv6Address(words)  # an IPv4-mapped one written as psutil (and Python 3.13) do
+                ip = f"::ffff:{v6.ipv4_mapped}" if v6.ipv4_mapped is not None else str(v6)
+            out.append((ip, int(port, 16)))
+    return out if found else None
+
+
+def _psutil_listeners() -> list[tuple[str, int]] | None:
+    """The same through psutil (a system without /proc/net); None where it cannot be read."""
     import psutil
 
     try:
-        table = psutil.net_connections(kind="tcp")
+        return [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr]
     except Exception:  # AccessDenied (macOS without root), a kernel without the table
         return None
-    bound = LOOPBACK[host]
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.laddr.ip in bound
-               for c in table)
 
 
 def bad_keys(curve_dir: str | None) -> str | None:
