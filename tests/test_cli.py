@@ -177,6 +177,25 @@ def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
                     s.accept()
 
 
+def test_a_listener_table_in_an_unknown_form_costs_the_run_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /proc/net/tcp this code cannot parse, and no psutil table: flowtop run knocks, as before."""
+    import socket
+
+    from flowtop.tools import runner
+
+    def garbled() -> None:
+        raise ValueError("non-hexadecimal number found in fromhex() arg")
+
+    monkeypatch.setattr(runner, "_proc_listeners", garbled)
+    monkeypatch.setattr(runner, "_psutil_listeners", lambda: None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert runner.no_monitor_note(f"tcp://127.0.0.1:{port}") is None  # found by knocking
+    assert "no monitor listens" in (runner.no_monitor_note(f"tcp://127.0.0.1:{port}") or "")
+
+
 def test_the_listener_table_read_from_proc_is_psutils() -> None:
     """flowtop run reads /proc/net/tcp{,6} itself (psutil walks every process's descriptors for
     the same table): the two agree, IPv6 and IPv4-mapped addresses included."""

@@ -144,7 +144,10 @@ def _listens(host: str, port: int) -> bool | None:
     port, however short, is one more upstream connection of the node while the node's relay holds
     its one (seen in tests/test_relay.py when a second ``flowtop run`` started), and a connection
     the monitor's socket accepts for nothing."""
-    listening = _proc_listeners()
+    try:
+        listening = _proc_listeners()
+    except (ValueError, IndexError):  # a table in a form not known here: psutil reads it
+        listening = None
     if listening is None:
         listening = _psutil_listeners()
     if listening is None:
