@@ -44,8 +44,9 @@ class UiTurn:
     live (bench/ingest.py, 4,096 ranks through 512 relays on 2 cores), past the 2 Hz cadence's
     100 ms budget. The lock's time is the same either way: the data thread gives the UI its whole
     refresh at once and takes its own afterwards (its frames wait in the socket's queue, as they
-    would behind a tick): refresh p99 70-82 ms, `show` p99 42-77 ms in six runs against 59-156,
-    the data thread's CPU and the frames' latency unchanged (2026-12-06; README, Scale).
+    would behind a tick): refresh p99 down by a fifth in pairs of runs under the same conditions
+    (89 -> 70, 100 -> 82, 247 -> 199 ms), the data thread's CPU and the frames' latency unchanged;
+    a refresh longer than the turn's limit shares the interpreter again (2026-12-06; README, Scale).
 
     The data thread begins a turn (:meth:`begin`) as it hands over a snapshot and gives it
     (:meth:`give`) between frames and before ticks; the UI ends it (:meth:`end`) once it has
