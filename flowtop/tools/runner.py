@@ -140,16 +140,14 @@ LOOPBACK = {"127.0.0.1": ("127.0.0.1", "::ffff:127.0.0.1", "0.0.0.0", "::"), "::
 
 def _listens(host: str, port: int) -> bool | None:
     """Whether a socket on this host listens on ``host``:``port``, read from the kernel's socket
-    tables; None where they cannot be read. Read before knocking: a connection to the monitor's
-    port, however short, is one more upstream connection of the node while the node's relay holds
-    its one (seen in tests/test_relay.py when a second ``flowtop run`` started), and a connection
-    the monitor's socket accepts for nothing."""
+    tables; None where they cannot be read (not Linux, or a form not known here). Read before
+    knocking: a connection to the monitor's port, however short, is one more upstream connection
+    of the node while the node's relay holds its one (seen in tests/test_relay.py when a second
+    ``flowtop run`` started), and a connection the monitor's socket accepts for nothing."""
     try:
         listening = _proc_listeners()
-    except (ValueError, IndexError):  # a table in a form not known here: psutil reads it
-        listening = None
-    if listening is None:
-        listening = _psutil_listeners()
+    except (ValueError, IndexError):  # a table in a form not known here: knock instead
+        return None
     if listening is None:
         return None
     bound = LOOPBACK[host]
@@ -158,8 +156,9 @@ def _listens(host: str, port: int) -> bool | None:
 
 def _proc_listeners() -> list[tuple[str, int]] | None:
     """(address, port) of every listening TCP socket, from Linux's /proc/net/tcp and tcp6 (None
-    without them): psutil finds the same by walking every process's descriptors, ~10 ms here and
-    more on a node whose processes hold thousands (once per ``flowtop run``, per rank of an srun)."""
+    without them: elsewhere the caller knocks). psutil finds the same by walking every process's
+    descriptors, ~10 ms here and more on a node whose processes hold thousands (once per
+    ``flowtop run``, per rank of an srun); addresses are written as psutil writes them."""
     import ipaddress
 
     out: list[tuple[str, int]] = []
@@ -186,16 +185,6 @@ def _proc_listeners() -> list[tuple[str, int]] | None:
             out.append((ip, int(port, 16)))
     return out if found else None
 
-
-def _psutil_listeners() -> list[tuple[str, int]] | None:
-    """The same through psutil (a system without /proc/net); None where it cannot be read."""
-    import psutil
-
-    try:
-        return [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr]
-    except Exception:  # AccessDenied (macOS without root), a kernel without the table
-        return None
 
 
 def bad_keys(curve_dir: str | None) -> str | None:
