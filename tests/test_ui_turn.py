@@ -206,3 +206,48 @@ async def test_the_app_ends_each_turn_after_the_screen_has_shown_and_painted_its
         shown = [k for k in range(j) if log[k] == ("show", log[j][1])]
         assert shown, f"turn of snapshot {log[j][1]} ended before the screen showed it"
         assert ("paint", None) in log[shown[-1]:j], f"turn of snapshot {log[j][1]} ended before a repaint"
+
+
+def test_a_replay_in_the_tui_steps_aside_before_ticks_and_between_frames() -> None:
+    """A recording played in the TUI (RecordingSource on the data thread) gives the UI's turn as
+    the live collector does: a turn open as the replay starts stops its first run of frames (0.5 s
+    of the recording: ~90 frames before the first tick) at the 16th, and one that opens later
+    within 16 frames too."""
+    from pathlib import Path
+
+    from flowtop.monitor.recording import RecordingSource
+
+    source = RecordingSource(Path(__file__).parent / "data" / "h200-gpt-small.rec.gz", make_model(), speed=1e6)
+    turn = UiTurn(limit_s=20.0)
+    source.ui_turn = turn  # not through DataThread: its own snapshots would open turns nobody ends
+    fed: list[float] = []  # when each frame was fed (data thread)
+    begun: list[float] = []
+    feed = source._feed
+
+    def timed(frame: bytes, t: float) -> None:
+        feed(frame, t)
+        fed.append(time.perf_counter())
+        if len(fed) == 100:  # another turn opens in the middle of a run
+            n = turn.begin()
+            begun.append(time.perf_counter())
+            threading.Timer(0.5, turn.end, args=(n,)).start()
+
+    source._feed = timed  # type: ignore[method-assign]
+    first = turn.begin()  # held before the replay starts
+    data = DataThread(source, cadence_s=0)
+    try:
+        data.start().result(10)
+        time.sleep(0.5)
+        assert 1 <= len(fed) <= 16  # everything is due (speed 1e6), but the turn is the UI's
+        turn.end(first)
+        deadline = time.monotonic() + 20
+        while len(fed) < 1266 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        turn.end()
+        data.stop()
+    assert len(fed) == 1266 and len(begun) == 1  # every frame of the recording, once
+    during = [t for t in fed if begun[0] < t < begun[0] + 0.4]
+    assert len(during) <= 16  # stopped at the next 16th frame (or tick)
+    assert fed[-1] - begun[0] >= 0.45  # the rest after the turn ended
+    assert turn.given_s >= 0.8  # both waits

@@ -20,7 +20,7 @@ import struct
 import time
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
 
 import msgpack
 
@@ -31,6 +31,9 @@ from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import spread_of
 from flowtop.monitor.ticker import Ticker
 from probe import wire
+
+if TYPE_CHECKING:
+    from flowtop.monitor.datathread import UiTurn
 
 MAGIC = b"FLOWTOP-REC 1\n"
 _LEN = struct.Struct(">I")
@@ -250,6 +253,9 @@ class RecordingSource:
         self._task: asyncio.Task[None] | None = None
         #: Called with each tick's snapshot (the data thread hands it to the UI).
         self.on_tick: Callable[[MonitorSnapshot], None] | None = None
+        #: The UI's turn at the interpreter (set by flowtop.monitor.datathread.DataThread): given
+        #: before ticks and every 16 frames, as the live collector gives it.
+        self.ui_turn: UiTurn | None = None
 
     async def start(self) -> None:
         """Load the recording (errors surface here, before the UI shows anything); kernel windows
@@ -275,18 +281,28 @@ class RecordingSource:
         the last tick's snapshot goes to :attr:`on_tick`. Returns the recorded time now."""
         virtual = self._virtual()
         ticked = None
+        fed = 0
         while True:
             t = self._records[self._next][0] if self._next < len(self._records) else None
             if self.ticker.next_at <= virtual and (t is None or self.ticker.next_at <= t):
+                self._give()
                 ticked = self.ticker.catch_up(self.ticker.next_at)
             elif t is not None and t <= virtual:
                 self._feed(self._records[self._next][1], t)
                 self._next += 1
+                fed += 1
+                if fed % 16 == 0:
+                    self._give()
             else:
                 break
         if ticked is not None and self.on_tick is not None:
             self.on_tick(ticked)
         return virtual
+
+    def _give(self) -> None:
+        """Wait while the UI renders the last snapshot (its turn; see UiTurn)."""
+        if self.ui_turn is not None:
+            self.ui_turn.give()
 
     async def _play(self) -> None:
         """Advance whenever the next frame or tick is due (at most a tick's real time apart)."""
