@@ -251,3 +251,33 @@ def test_a_replay_in_the_tui_steps_aside_before_ticks_and_between_frames() -> No
     assert len(during) <= 16  # stopped at the next 16th frame (or tick)
     assert fed[-1] - begun[0] >= 0.45  # the rest after the turn ended
     assert turn.given_s >= 0.8  # both waits
+
+
+def test_a_replay_steps_aside_at_its_ticks() -> None:
+    """A recording with a few frames between two ticks (the large H200 one: at most 6 in 0.5 s)
+    stops at its first tick while the UI's turn is open, before 16 frames were fed."""
+    from pathlib import Path
+
+    from flowtop.monitor.recording import RecordingSource
+
+    source = RecordingSource(Path(__file__).parent / "data" / "h200-gpt-large.rec.gz", make_model(), speed=1e6)
+    turn = UiTurn(limit_s=20.0)
+    source.ui_turn = turn
+    fed: list[float] = []
+    feed = source._feed
+    source._feed = lambda frame, t: (feed(frame, t), fed.append(t))  # type: ignore[method-assign]
+    first = turn.begin()
+    data = DataThread(source, cadence_s=0)
+    try:
+        data.start().result(10)
+        time.sleep(0.5)
+        held = list(fed)
+        turn.end(first)
+        deadline = time.monotonic() + 20
+        while len(fed) < 74 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        turn.end()
+        data.stop()
+    assert 1 <= len(held) <= 6 and max(held) < 0.5  # the frames before the first tick (0.5 s)
+    assert len(fed) == 74
