@@ -26,7 +26,7 @@ never what a tick does: a replay still reproduces the live hints.
 
 What it costs: a step reaches the monitor up to the pace later (0.41 s at 4,096 ranks instead of
 0.1 s); counts, kernel windows and byes still go at once; no record is lost. A paced probe samples
-its telemetry less often by the same factor, to at most every 5 s
+its telemetry less often by the same factor, to at most every 10 s
 (probe.transport.publisher.paced_interval).
 """
 

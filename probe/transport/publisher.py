@@ -35,8 +35,11 @@ from probe.transport.sender import (  # noqa: F401  (HELLO_MAX_S, HELLO_S, LOOK_
 _clock = time.time
 
 #: The longest a paced periodic job (telemetry) is stretched to by the monitor's pace (see
-#: Publisher.paced_interval): the monitor reads a telemetry sample older than 10 s as stale.
-MAX_PACED_TICK_S = 5.0
+#: Publisher.paced_interval): the monitor reads a telemetry sample older than 25 s as stale
+#: (flowtop's FRESH_TELEMETRY_S). A monitor paces its ranks to 1-2 s when it hears thousands, and
+#: then rebuilds a rank's figures, telemetry included, only every 4-32 s (its spread ticks): a
+#: sample every 5 s was a fifth of the frames it read at 4,096 ranks, most of them never shown.
+MAX_PACED_TICK_S = 10.0
 
 
 def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float) -> float:
