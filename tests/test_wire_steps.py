@@ -80,6 +80,27 @@ def test_bad_columns_are_refused_with_the_reason(over: dict, reason: str) -> Non
         wire.decode(_frame(**over))
 
 
+@pytest.mark.parametrize(
+    ("steps", "ok"),
+    [
+        ((11, 12, 13, 14), True),  # consecutive: the range compare
+        ((11, 15, 90, 2**40), True),  # gaps (records dropped by the probe's queue)
+        ((11, 13, 12, 14), False),  # as many apart as consecutive ones, out of order
+        ((11, 12, 12, 14), False),
+        ((14, 13, 12, 11), False),
+        ((11, 12, 13, 13), False),
+    ],
+)
+def test_step_numbers_must_strictly_increase(steps: tuple[int, ...], ok: bool) -> None:
+    records = [{"step": s, "wall_s": 0.001, "tokens": 64} for s in steps]
+    frame = wire.encode("stepcols", KEY, 5, 100.0, encode_fields(records, 0))
+    if ok:
+        assert list(wire.decode(frame).steps.step) == list(steps)
+    else:
+        with pytest.raises(WireError, match="must increase"):
+            wire.decode(frame)
+
+
 def test_an_envelope_is_checked_on_the_fast_path_too() -> None:
     good = msgpack.unpackb(_frame())
     wire.decode(msgpack.packb(good))  # its key is now known: a bool or float equal to a field must not pass
