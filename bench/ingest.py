@@ -635,6 +635,28 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         handle(frame, now, *rest)
 
     col.handle_frame = sampled  # type: ignore[method-assign]
+    # Where a relayed frame waited before the collector took it: in the relay (frame made -> its
+    # batch sent: the stamp's ages) or in the queues after it (the batch's send -> taken off the
+    # socket, both wall clocks of this machine). Every 16th batch; its CPU counts as the hook's.
+    queued: list[float] = []
+    held: list[float] = []
+    handle_batch = col.handle_batch
+    batches = [0]
+
+    def timed_batch(parts: list[bytes], now: float, *rest: Any) -> None:
+        batches[0] += 1
+        if batches[0] % SAMPLE_EVERY == 0:
+            c = time.thread_time()
+            try:
+                stamp = msgpack.unpackb(parts[0], raw=False)
+                queued.append(time.time() - stamp["c"])
+                held.extend(a * 1e-6 for a in stamp["a"])
+            except Exception:
+                pass
+            hook_cpu[0] += time.thread_time() - c
+        handle_batch(parts, now, *rest)
+
+    col.handle_batch = timed_batch  # type: ignore[method-assign]
     ticks: list[float] = []
     tick_cpu: list[float] = []
     tick = model.tick
@@ -699,6 +721,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
         marks[name] = {"t": time.monotonic(), "threads": _threads_cpu(), "children": _children(), "hook": hook_cpu[0],
                        "gc": {g: tuple(v) for g, v in gc_spent.items()},
                        "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals),
+                       "queued": len(queued), "held": len(held),
                        "refreshes": len(refreshes)}
 
     def figures(data: Any) -> dict[str, Any]:
@@ -765,6 +788,11 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "latency_from_send_ms_p99": _pct([1e3 * x for x in win_lat_sent], 0.99),
             "latency_samples": len(win_lat),
             "arrival_ms_p50": _pct([1e3 * x for x in win_arr], 0.5), "arrival_ms_p99": _pct([1e3 * x for x in win_arr], 0.99),
+            # ... of which in a relay (frame made -> its batch sent) and after it (-> the drain took it)
+            "relay_held_ms_p50": _pct([1e3 * x for x in held[a["held"]:b["held"]]], 0.5),
+            "relay_held_ms_p99": _pct([1e3 * x for x in held[a["held"]:b["held"]]], 0.99),
+            "queued_ms_p50": _pct([1e3 * x for x in queued[a["queued"]:b["queued"]]], 0.5),
+            "queued_ms_p99": _pct([1e3 * x for x in queued[a["queued"]:b["queued"]]], 0.99),
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
             "ui_refresh_ms_p50": _pct(win_refreshes, 0.5), "ui_refresh_ms_p99": _pct(win_refreshes, 0.99),
             "rss_base": marks["base_rss"], "rss_end": _rss_bytes(), **_heap(), **_pymalloc(), **_trims(),
