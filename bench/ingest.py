@@ -211,7 +211,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     go.wait()
     step_s, base_flush, single = cfg["step_s"], cfg["flush_s"], cfg["single"]
     flush_s, telemetry_s = base_flush, cfg["telemetry_s"]
-    paced = [0.0, 0.0]  # the monitor's last pace command: (flush_s, monotonic deadline)
+    paced: list[Any] = [0.0, 0.0, None]  # the monitor's last pace: flush_s, monotonic deadline, telemetry_max_s
     t_go = time.time()
     t0 = [t_go + rng.random() * step_s for _ in range(n)]
     last = [0] * n  # last step number sent
@@ -268,7 +268,8 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                 continue
             ages = [int((now - t) * 1e6) for _, t in frames] + ([0] if report else [])
             try:
-                socks[j].send_multipart([encode_stamp(relay_ids[j], now, ages), *parts], zmq.NOBLOCK)
+                # stamped on the monotonic clock, as a relay stamps its batches (flowtop.tools.relay)
+                socks[j].send_multipart([encode_stamp(relay_ids[j], time.monotonic(), ages), *parts], zmq.NOBLOCK)
             except zmq.Again:
                 drops[0] += len(frames)
             frames.clear()
@@ -289,9 +290,13 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                 except wire.WireError:
                     continue  # a subscription, a command for one rank
                 if cmd.cmd == "pace" and cmd.flush_s is not None:
-                    paced[:] = [cmd.flush_s, time.monotonic() + wire.PACE_TTL_S]
-        flush = max(base_flush, paced[0]) if time.monotonic() < paced[1] else base_flush
-        return flush, _telemetry_s(flush)
+                    # (a checkout from before the pace's telemetry_max_s: its probes' 5 s)
+                    paced[:] = [cmd.flush_s, time.monotonic() + wire.PACE_TTL_S,
+                                getattr(cmd, "telemetry_max_s", None)]
+        if time.monotonic() < paced[1]:
+            flush = max(base_flush, paced[0])
+            return flush, _telemetry_s(flush, paced[2])
+        return base_flush, _telemetry_s(base_flush)
 
     c0, m0 = time.process_time(), time.thread_time()
     next_report = t_go
@@ -636,8 +641,9 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
 
     col.handle_frame = sampled  # type: ignore[method-assign]
     # Where a relayed frame waited before the collector took it: in the relay (frame made -> its
-    # batch sent: the stamp's ages) or in the queues after it (the batch's send -> taken off the
-    # socket, both wall clocks of this machine). Every 16th batch; its CPU counts as the hook's.
+    # batch sent: the stamp's ages, the relay's own report left out) or in the queues after it
+    # (the batch's send -> taken off the socket: relays, real or simulated, stamp the monotonic
+    # clock, this machine's). Every 16th batch; its CPU counts as the hook's.
     queued: list[float] = []
     held: list[float] = []
     handle_batch = col.handle_batch
@@ -649,8 +655,9 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             c = time.thread_time()
             try:
                 stamp = msgpack.unpackb(parts[0], raw=False)
-                queued.append(time.time() - stamp["c"])
-                held.extend(a * 1e-6 for a in stamp["a"])
+                queued.append(time.monotonic() - stamp["c"])
+                ages = stamp["a"][:-1] if envelope(parts[-1]).kind == "relay" else stamp["a"]
+                held.extend(age * 1e-6 for age in ages)
             except Exception:
                 pass
             hook_cpu[0] += time.thread_time() - c
@@ -1220,7 +1227,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
     frame_kind = ("steps" if per_frame > 1 else "step") if records else "stepcols"
     rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
-             "telemetry": 1.0 / _telemetry_s(flush_s), "hello": 1.0 / HELLO_MAX_S, "flops": 1.0 / flops_every_s}
+             "telemetry": 1.0 / _telemetry_s(flush_s, _paced_telemetry_s()), "hello": 1.0 / HELLO_MAX_S, "flops": 1.0 / flops_every_s}
     per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
     tick_s = statistics.mean(ticks[1:])  # the first tick builds every view
     return {
@@ -1277,12 +1284,22 @@ def _paces(paces: dict[str, float]) -> str:
     return ", ".join(f"{k} s ({v:.0f} s)" for k, v in held[:3]) or "—"
 
 
-def _telemetry_s(flush_s: float) -> float:
-    """A probe's telemetry interval (1 s) when the monitor's pace holds its step records ``flush_s``."""
+def _telemetry_s(flush_s: float, max_s: float | None = None) -> float:
+    """A probe's telemetry interval (1 s) when the monitor's pace holds its step records ``flush_s``
+    and lets it stretch to ``max_s`` (None: the pace did not say, or the probe paces itself)."""
     from flowtop.monitor.pacing import DEFAULT_FLUSH_S
     from probe.transport.publisher import paced_interval
 
-    return paced_interval(1.0, DEFAULT_FLUSH_S, flush_s)
+    return paced_interval(1.0, DEFAULT_FLUSH_S, flush_s) if max_s is None else \
+        paced_interval(1.0, DEFAULT_FLUSH_S, flush_s, max_s)
+
+
+def _paced_telemetry_s() -> float | None:
+    """The longest telemetry interval this checkout's monitor lets its paced ranks stretch to
+    (None in a checkout from before the pace said so)."""
+    from flowtop.monitor import pacing
+
+    return getattr(pacing, "PACED_TELEMETRY_S", None)
 
 
 def _flush_s(arg: str, ranks: int) -> float:

@@ -237,15 +237,18 @@ def test_input_wait_is_silent_while_the_gpu_is_busy() -> None:
     dead = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=stale))
     assert find(settle(HintEngine(), dead, 0.0), "input_wait").evidence["device_idle_pct"] == 100.0
     # a paced rank's reading (one every 10 s at most, its frame held up to the 2 s pace and a
-    # backlog's seconds) is not a dead NVML's: 15 s old, the GPU is busy and the hint stays silent
+    # backlog's seconds) is not a dead NVML's: 15 s old at each look, the GPU is busy and the hint
+    # stays silent
     from flowtop.monitor.hints.measures_time import FRESH_TELEMETRY_S
-    from probe.transport.publisher import MAX_PACED_TICK_S
+    from flowtop.monitor.pacing import PACED_TELEMETRY_S
     from probe.wire import MAX_PACE_S
 
-    assert FRESH_TELEMETRY_S >= 2 * (MAX_PACED_TICK_S + MAX_PACE_S)
-    paced = dataclasses.replace(telemetry(gpu_util=100.0), received_at=-15.0)
-    busy_paced = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=paced))
-    assert find(settle(HintEngine(), busy_paced, 0.0), "input_wait") is None
+    assert FRESH_TELEMETRY_S >= 2 * (PACED_TELEMETRY_S + MAX_PACE_S)
+    engine = HintEngine()
+    for t in (0.0, 15.0, 30.0):
+        paced = dataclasses.replace(telemetry(gpu_util=100.0), received_at=t - 15.0)
+        busy_paced = job(rank(0, hist=history(20, 0.1, wait_s=0.02), tel=paced))
+        assert find(engine.evaluate(busy_paced, t), "input_wait") is None
 
 
 def test_a_rank_between_its_turns_has_telemetry_as_fresh_as_its_view() -> None:

@@ -28,9 +28,12 @@ def test_the_pace_asked_follows_the_number_of_live_ranks() -> None:
 
 
 def test_pace_commands_are_validated() -> None:
-    assert wire.decode_control(wire.encode_control("pace", None, None, 0.45)) == ("pace", None, None, 0.45)
+    assert wire.decode_control(wire.encode_control("pace", None, None, 0.45)) == ("pace", None, None, 0.45, None)
+    assert wire.decode_control(wire.encode_control("pace", None, None, 0.45, 10.0)).telemetry_max_s == 10.0
     for bad in (("pace", None, None, None), ("pace", "j", None, 2.5), ("pace", "j", None, -1.0),
-                ("kernels_now", None, 0, None), ("kernels_now", "j", 0, 0.3)):
+                ("kernels_now", None, 0, None), ("kernels_now", "j", 0, 0.3), ("pace", None, None, 0.45, 0.5),
+                ("pace", None, None, 0.45, 61.0), ("pace", None, None, 0.45, float("nan")),
+                ("kernels_now", "j", 0, None, 10.0)):
         with pytest.raises(wire.WireError):
             wire.decode_control(wire.encode_control(*bad))
 
@@ -52,6 +55,9 @@ def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monk
         while pub.current_flush_s() < 0.5 and time.monotonic() < deadline:  # the first hello makes it live
             time.sleep(0.05)
         assert pub.current_flush_s() == 0.5
+        # the monitor's pace lets telemetry stretch to its PACED_TELEMETRY_S (10 s), not the 5 s a
+        # probe keeps to when a pace does not say: 3 s x (0.5 s / 0.1 s) = 15 s, down to 10 s
+        assert pub.paced_interval(3.0) == pacing.PACED_TELEMETRY_S == 10.0
         before = monitor.snapshot().received
         start = time.monotonic()
         for step in range(1, 301):  # 3 s of 10 ms steps
@@ -78,9 +84,11 @@ def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monk
         monitor.close()
 
 
-def test_a_paced_job_is_stretched_by_the_pace_to_at_most_ten_seconds() -> None:
+def test_a_paced_job_is_stretched_by_the_pace_to_at_most_what_the_pace_allows() -> None:
     """Telemetry under a pace: its interval times pace ÷ flush_s (4,096 ranks: 1 s -> 4.5 s), never
-    beyond 10 s (the monitor reads a sample older than 25 s as stale), never shorter than asked."""
+    shorter than asked, never beyond the pace's telemetry_max_s (10 s from this monitor, whose hints
+    read a sample older than 25 s as stale), or 5 s when the pace does not say (an older monitor
+    reads a sample older than 10 s as stale)."""
     from probe.transport.publisher import MAX_PACED_TICK_S
 
     pub = Publisher(RankKey("paced", "h", 4321, 0, 0), "tcp://127.0.0.1:1")  # not started: nothing sent
@@ -88,9 +96,12 @@ def test_a_paced_job_is_stretched_by_the_pace_to_at_most_ten_seconds() -> None:
     pub._handle_control([wire.encode_control("pace", None, None, 0.45)])  # as the link hands it over
     assert pub.current_flush_s() == 0.45
     assert pub.paced_interval(1.0) == pytest.approx(4.5)
-    assert pub.paced_interval(2.0) == pytest.approx(9.0)
-    pub._handle_control([wire.encode_control("pace", None, None, 2.0)])  # the longest pace
-    assert pub.paced_interval(1.0) == MAX_PACED_TICK_S == 10.0
+    assert pub.paced_interval(2.0) == MAX_PACED_TICK_S == 5.0  # an older monitor's pace: no telemetry_max_s
+    pub._handle_control([wire.encode_control("pace", None, None, 2.0, 10.0)])  # this monitor's, the longest pace
+    assert pub.paced_interval(1.0) == 10.0
+    assert pub.paced_interval(0.25) == 5.0
+    pub._handle_control([wire.encode_control("pace", None, None, 2.0)])  # an older monitor's again
+    assert pub.paced_interval(1.0) == 5.0
     assert pub.paced_interval(30.0) == 30.0
     pub._handle_control([wire.encode_control("pace", None, None, 0.05)])  # below the probe's own 0.1 s
     assert pub.paced_interval(1.0) == 1.0

@@ -208,76 +208,91 @@ async def test_the_app_ends_each_turn_after_the_screen_has_shown_and_painted_its
         assert ("paint", None) in log[shown[-1]:j], f"turn of snapshot {log[j][1]} ended before a repaint"
 
 
-def test_a_replay_in_the_tui_steps_aside_before_ticks_and_between_frames() -> None:
-    """A recording played in the TUI (RecordingSource on the data thread) gives the UI's turn as
-    the live collector does: a turn open as the replay starts stops its first run of frames (0.5 s
-    of the recording: ~90 frames before the first tick) at the 16th, and one that opens later
-    within 16 frames too."""
+def _replay(name: str) -> tuple[Any, UiTurn, list[float]]:
+    """A RecordingSource of ``name`` played at once (speed 1e6) with a UI turn of its own (not
+    through DataThread: its own snapshots would open turns nobody ends), and the list that its
+    feed appends each fed frame's recorded time to (data thread)."""
     from pathlib import Path
 
     from flowtop.monitor.recording import RecordingSource
 
-    source = RecordingSource(Path(__file__).parent / "data" / "h200-gpt-small.rec.gz", make_model(), speed=1e6)
-    turn = UiTurn(limit_s=20.0)
-    source.ui_turn = turn  # not through DataThread: its own snapshots would open turns nobody ends
-    fed: list[float] = []  # when each frame was fed (data thread)
-    begun: list[float] = []
+    source = RecordingSource(Path(__file__).parent / "data" / name, make_model(), speed=1e6)
+    source.ui_turn = UiTurn(limit_s=20.0)
+    fed: list[float] = []
     feed = source._feed
 
     def timed(frame: bytes, t: float) -> None:
         feed(frame, t)
-        fed.append(time.perf_counter())
-        if len(fed) == 100:  # another turn opens in the middle of a run
-            n = turn.begin()
-            begun.append(time.perf_counter())
-            threading.Timer(0.5, turn.end, args=(n,)).start()
+        fed.append(t)
+        hook = getattr(source, "on_fed", None)
+        if hook is not None:
+            hook(len(fed))
 
-    source._feed = timed  # type: ignore[method-assign]
+    source._feed = timed
+    return source, source.ui_turn, fed
+
+
+def _wait_for(fed: list[float], n: int) -> None:
+    deadline = time.monotonic() + 20
+    while len(fed) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_replay_in_the_tui_steps_aside_at_each_wake_up_and_between_frames() -> None:
+    """A recording played in the TUI (RecordingSource on the data thread) gives the UI's turn as
+    the live collector does: a turn open as the replay starts holds every frame, and one that
+    opens in the middle of a run of frames (the small H200 recording: ~90 frames between two
+    ticks) stops the run within 16 frames."""
+    source, turn, fed = _replay("h200-gpt-small.rec.gz")
+    begun: list[float] = []  # perf_counter when the second turn opened, and each frame after it
+    after: list[float] = []
+
+    def on_fed(n: int) -> None:
+        if begun:
+            after.append(time.perf_counter())
+        if n == 100:  # another turn opens in the middle of a run
+            k = turn.begin()
+            begun.append(time.perf_counter())
+            threading.Timer(0.5, turn.end, args=(k,)).start()
+
+    source.on_fed = on_fed  # type: ignore[attr-defined]
     first = turn.begin()  # held before the replay starts
     data = DataThread(source, cadence_s=0)
     try:
         data.start().result(10)
         time.sleep(0.5)
-        assert 1 <= len(fed) <= 16  # everything is due (speed 1e6), but the turn is the UI's
+        assert not fed  # everything is due (speed 1e6), but the turn is the UI's
         turn.end(first)
-        deadline = time.monotonic() + 20
-        while len(fed) < 1266 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(fed, 1266)
     finally:
         turn.end()
         data.stop()
     assert len(fed) == 1266 and len(begun) == 1  # every frame of the recording, once
-    during = [t for t in fed if begun[0] < t < begun[0] + 0.4]
-    assert len(during) <= 16  # stopped at the next 16th frame (or tick)
-    assert fed[-1] - begun[0] >= 0.45  # the rest after the turn ended
-    assert turn.given_s >= 0.8  # both waits
+    assert len([t for t in after if t < begun[0] + 0.4]) <= 16  # stopped at the next 16th frame (or tick)
+    assert after[-1] - begun[0] >= 0.45  # the rest after the turn ended
 
 
 def test_a_replay_steps_aside_at_its_ticks() -> None:
-    """A recording with a few frames between two ticks (the large H200 one: at most 6 in 0.5 s)
-    stops at its first tick while the UI's turn is open, before 16 frames were fed."""
-    from pathlib import Path
+    """A recording with a few frames between two ticks (the large H200 one: at most 6 in 0.5 s):
+    a turn that opens at its second frame stops the run at the first tick (0.5 s recorded),
+    before 16 frames were fed."""
+    source, turn, fed = _replay("h200-gpt-large.rec.gz")
+    during: list[float] = []  # recorded times of the frames fed while that turn was open
 
-    from flowtop.monitor.recording import RecordingSource
+    def on_fed(n: int) -> None:
+        if n == 2:
+            k = turn.begin()
+            threading.Timer(0.5, turn.end, args=(k,)).start()
+        elif turn.open:
+            during.append(fed[-1])
 
-    source = RecordingSource(Path(__file__).parent / "data" / "h200-gpt-large.rec.gz", make_model(), speed=1e6)
-    turn = UiTurn(limit_s=20.0)
-    source.ui_turn = turn
-    fed: list[float] = []
-    feed = source._feed
-    source._feed = lambda frame, t: (feed(frame, t), fed.append(t))  # type: ignore[method-assign]
-    first = turn.begin()
+    source.on_fed = on_fed  # type: ignore[attr-defined]
     data = DataThread(source, cadence_s=0)
     try:
         data.start().result(10)
-        time.sleep(0.5)
-        held = list(fed)
-        turn.end(first)
-        deadline = time.monotonic() + 20
-        while len(fed) < 74 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(fed, 74)
     finally:
         turn.end()
         data.stop()
-    assert 1 <= len(held) <= 6 and max(held) < 0.5  # the frames before the first tick (0.5 s)
     assert len(fed) == 74
+    assert all(t < 0.5 for t in during) and len(during) <= 4, during  # the frames before the first tick

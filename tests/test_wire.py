@@ -147,7 +147,7 @@ def test_newer_minor_and_unknown_optional_fields_accepted() -> None:
 
 
 def test_control_round_trip_and_rejection() -> None:
-    assert wire.decode_control(wire.encode_control("kernels_now", "j", 2)) == ("kernels_now", "j", 2, None)
+    assert wire.decode_control(wire.encode_control("kernels_now", "j", 2)) == ("kernels_now", "j", 2, None, None)
     with pytest.raises(WireError):
         wire.decode_control(msgpack.packb({"v": [1, 0], "k": "control", "cmd": "rm -rf", "job": "j", "rank": 0}))
 

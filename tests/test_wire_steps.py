@@ -89,6 +89,10 @@ def test_bad_columns_are_refused_with_the_reason(over: dict, reason: str) -> Non
         ((11, 12, 12, 14), False),
         ((14, 13, 12, 11), False),
         ((11, 12, 13, 13), False),
+        ((5, 5), False),
+        ((5, 6), True),
+        ((11, 13, 14, 15), True),  # a gap at the first pair: the pairwise test
+        ((7,), True),
     ],
 )
 def test_step_numbers_must_strictly_increase(steps: tuple[int, ...], ok: bool) -> None:

@@ -39,7 +39,8 @@ from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
-from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
+from flowtop.monitor.pacing import (BEHIND_S, DATA_CPU, PACED_TELEMETRY_S, RENEW_S, Busy, BusyMeter, Pacer,
+                                    pace_notice)
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
@@ -435,7 +436,7 @@ class Collector:
         """Send ``pace`` to every rank (down through relays); None: nothing to send."""
         if pace is not None and self._send is not None:
             try:
-                self._send.send(wire.encode_control("pace", None, None, pace), zmq.NOBLOCK)
+                self._send.send(wire.encode_control("pace", None, None, pace, PACED_TELEMETRY_S), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
 

@@ -190,7 +190,7 @@ class DataThread:
         wake: Called *on the data thread* when the mailbox goes from empty to full (Textual's
             ``post_message`` is thread-safe).
         ui_turn: Given by a UI that renders each snapshot: every snapshot handed over opens a
-            turn, which a source that has a ``ui_turn`` attribute (the collector) gives between
+            turn, which a source that has a ``ui_turn`` attribute (the collector, a replay) gives between
             its frames, until the UI ends it (see :class:`UiTurn`).
     """
 

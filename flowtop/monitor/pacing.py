@@ -26,7 +26,8 @@ never what a tick does: a replay still reproduces the live hints.
 
 What it costs: a step reaches the monitor up to the pace later (0.41 s at 4,096 ranks instead of
 0.1 s); counts, kernel windows and byes still go at once; no record is lost. A paced probe samples
-its telemetry less often by the same factor, to at most every 10 s
+its telemetry less often by the same factor, to at most every :data:`PACED_TELEMETRY_S` (the
+pace command says so; a probe paced without it stretches to 5 s)
 (probe.transport.publisher.paced_interval).
 """
 
@@ -43,6 +44,11 @@ from flowtop import settings
 from probe.wire.pace import DEFAULT_FLUSH_S as DEFAULT_FLUSH_S
 from probe.wire.pace import STEP_FRAMES_PER_S, pace_for
 
+#: The longest interval the monitor lets a paced probe sample its telemetry at (the pace command's
+#: telemetry_max_s; its hints read a sample as stale after FRESH_TELEMETRY_S, which allows for
+#: it). At 4,096 ranks and the 2 s pace a rank's figures are rebuilt every 4-32 s (spread ticks):
+#: a sample every 5 s (the probes' own limit) was a fifth of the frames the monitor read.
+PACED_TELEMETRY_S = 10.0
 #: The least share of STEP_FRAMES_PER_S the budget shrinks to under load (a pace is at most
 #: wire.MAX_PACE_S anyway: 2 s, 2,048 frames a second at 4,096 ranks).
 MIN_SCALE = 0.025

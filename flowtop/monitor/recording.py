@@ -254,7 +254,8 @@ class RecordingSource:
         #: Called with each tick's snapshot (the data thread hands it to the UI).
         self.on_tick: Callable[[MonitorSnapshot], None] | None = None
         #: The UI's turn at the interpreter (set by flowtop.monitor.datathread.DataThread): given
-        #: before ticks and every 16 frames, as the live collector gives it.
+        #: as the live collector gives it, by the playing task alone (not by a refresh the UI
+        #: waits for): at each wake-up, before ticks and every 16 frames.
         self.ui_turn: UiTurn | None = None
 
     async def start(self) -> None:
@@ -276,22 +277,25 @@ class RecordingSource:
         virtual = (time.monotonic() - start) * self.speed
         return min(virtual, self._end) if self._end is not None else virtual
 
-    def catch_up(self) -> float:
+    def catch_up(self, give: bool = False) -> float:
         """Feed the frames and run the ticks due by now (scaled by speed), in recorded order;
-        the last tick's snapshot goes to :attr:`on_tick`. Returns the recorded time now."""
+        the last tick's snapshot goes to :attr:`on_tick`. Returns the recorded time now. ``give``
+        (the playing task): the UI's turn before each tick and every 16 frames, which may wait
+        up to its limit (flowtop.monitor.datathread.UI_TURN_S) each time."""
         virtual = self._virtual()
         ticked = None
         fed = 0
         while True:
             t = self._records[self._next][0] if self._next < len(self._records) else None
             if self.ticker.next_at <= virtual and (t is None or self.ticker.next_at <= t):
-                self._give()
+                if give:
+                    self._give()
                 ticked = self.ticker.catch_up(self.ticker.next_at)
             elif t is not None and t <= virtual:
                 self._feed(self._records[self._next][1], t)
                 self._next += 1
                 fed += 1
-                if fed % 16 == 0:
+                if give and fed % 16 == 0:
                     self._give()
             else:
                 break
@@ -307,7 +311,8 @@ class RecordingSource:
     async def _play(self) -> None:
         """Advance whenever the next frame or tick is due (at most a tick's real time apart)."""
         while self._end is not None and self.ticker.next_at <= self._end:
-            self.catch_up()
+            self._give()  # as the collector at each wake-up: the frames due now share no turn
+            self.catch_up(give=True)
             t = self._records[self._next][0] if self._next < len(self._records) else float("inf")
             due = min(t, self.ticker.next_at)
             await asyncio.sleep(min(TICK_S, max(0.0, (due - self._virtual()) / self.speed)))

@@ -24,6 +24,7 @@ from typing import Any, Callable, Deque
 
 from probe import wire
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
+from probe.wire.pace import MAX_PACED_TICK_S as _MAX_PACED_TICK_S
 from probe.transport.link import OnReadable, Waker, nudge, nudge_pipe
 from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
 from probe.transport.sender import (  # noqa: F401  (HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S re-exported)
@@ -35,20 +36,18 @@ from probe.transport.sender import (  # noqa: F401  (HELLO_MAX_S, HELLO_S, LOOK_
 _clock = time.time
 
 #: The longest a paced periodic job (telemetry) is stretched to by the monitor's pace (see
-#: Publisher.paced_interval): the monitor reads a telemetry sample older than 25 s as stale
-#: (flowtop's FRESH_TELEMETRY_S). A monitor paces its ranks to 1-2 s when it hears thousands, and
-#: then rebuilds a rank's figures, telemetry included, only every 4-32 s (its spread ticks): a
-#: sample every 5 s was a fifth of the frames it read at 4,096 ranks, most of them never shown.
-MAX_PACED_TICK_S = 10.0
+#: Publisher.paced_interval) when the pace does not say (its ``telemetry_max_s``).
+MAX_PACED_TICK_S = _MAX_PACED_TICK_S
 
 
-def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float) -> float:
+def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float,
+                   max_s: float = MAX_PACED_TICK_S) -> float:
     """A paced job's interval when step records wait ``paced_flush_s`` instead of the probe's own
-    ``flush_s`` (see Publisher.paced_interval)."""
+    ``flush_s``, to at most ``max_s`` (see Publisher.paced_interval)."""
     factor = paced_flush_s / flush_s if flush_s > 0 else 1.0
     if factor <= 1.0:
         return interval_s
-    return max(interval_s, min(interval_s * factor, MAX_PACED_TICK_S))
+    return max(interval_s, min(interval_s * factor, max_s))
 
 
 class Publisher(SenderLoop):
@@ -81,6 +80,8 @@ class Publisher(SenderLoop):
         #: (seconds, monotonic deadline) of the monitor's last "pace" command: step records then
         #: wait up to that long (never less than flush_s) until the deadline (wire.PACE_TTL_S).
         self._pace = (0.0, 0.0)
+        #: The longest interval that pace lets a paced job stretch to (its telemetry_max_s).
+        self._pace_max_tick_s = MAX_PACED_TICK_S
         self.addr = addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
@@ -176,10 +177,12 @@ class Publisher(SenderLoop):
 
     def paced_interval(self, interval_s: float) -> float:
         """``interval_s`` stretched by as much as the monitor's pace now slows the step records
-        (pace ÷ flush_s), to at most MAX_PACED_TICK_S, never shorter than asked: a monitor that
-        hears too many ranks' steps (4,096 ranks: each rank's figures are refreshed every 4 s)
-        hears fewer telemetry samples too (4,096 a second at 1 Hz: a quarter of its frames)."""
-        return paced_interval(interval_s, self.flush_s, self.current_flush_s())
+        (pace ÷ flush_s), to at most what the pace allows (its telemetry_max_s: 10 s from a monitor
+        that reads samples as stale after 25 s; MAX_PACED_TICK_S from one that does not say),
+        never shorter than asked: a monitor that hears too many ranks' steps (4,096 ranks: each
+        rank's figures are rebuilt every 4-32 s) hears fewer telemetry samples too (4,096 a
+        second at 1 Hz: a quarter of its frames; at 5 s still a fifth of them)."""
+        return paced_interval(interval_s, self.flush_s, self.current_flush_s(), self._pace_max_tick_s)
 
     def on_control(self, handler: Callable[[str], None]) -> None:
         """Call ``handler(command)`` on the sender thread for commands aimed at this rank.

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
+from probe.wire.pace import MAX_PACED_TICK_S
 from probe._log import warn_once
 from probe.transport.link import DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
@@ -89,6 +90,7 @@ class SenderLoop:
         max_age_s: float
         own_flush_s: float
         _pace: tuple[float, float]
+        _pace_max_tick_s: float
         _queue: Deque[Queued]
         _queue_size: int
         _asleep: bool
@@ -395,14 +397,16 @@ class SenderLoop:
         """Commands the monitor sent upstream on the data connection (see probe.transport.link.Link)."""
         for frame in frames:
             try:
-                cmd, job, rank, flush_s = wire.decode_control(frame)
+                control = wire.decode_control(frame)
             except wire.WireError:
                 self.control_rejected += 1
                 continue
+            cmd, job, rank = control.cmd, control.job, control.rank
             if (job is not None and job != self.key.job) or (rank is not None and rank != self.key.rank):
                 continue  # for another rank: every rank of the monitor's connection sees it
-            if cmd == "pace" and flush_s is not None:  # the sender's own business: no handler
-                self._pace = (flush_s, time.monotonic() + wire.PACE_TTL_S)
+            if cmd == "pace" and control.flush_s is not None:  # the sender's own business: no handler
+                self._pace = (control.flush_s, time.monotonic() + wire.PACE_TTL_S)
+                self._pace_max_tick_s = control.telemetry_max_s or MAX_PACED_TICK_S
                 continue
             for handler in self._control_handlers:
                 try:

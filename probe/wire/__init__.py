@@ -443,24 +443,33 @@ CONTROL_COMMANDS = ("kernels_now", "pace")
 PACE_TTL_S = 10.0
 #: Longest flush interval a "pace" command may ask for (probe.wire.pace: what a pace is for).
 MAX_PACE_S = _pace.MAX_PACE_S
+#: Longest interval a "pace" command's ``telemetry_max_s`` may let a paced probe sample its
+#: telemetry at (MINOR 3, optional: a probe paced without it stretches to 5 s at most).
+MAX_PACED_TELEMETRY_S = 60.0
 
 
 class Control(NamedTuple):
     """A decoded monitor command: for the ranks of ``job`` (every job when None: only "pace"),
-    one rank of it or every rank (``rank`` None); ``flush_s`` for "pace"."""
+    one rank of it or every rank (``rank`` None); ``flush_s`` for "pace", and the longest
+    telemetry interval the paced ranks may stretch to, ``telemetry_max_s`` (None: the monitor did
+    not say; an older one reads samples older than 10 s as stale)."""
 
     cmd: str
     job: str | None
     rank: int | None
     flush_s: float | None = None
+    telemetry_max_s: float | None = None
 
 
-def encode_control(command: str, job: str | None, rank: int | None, flush_s: float | None = None) -> bytes:
+def encode_control(command: str, job: str | None, rank: int | None, flush_s: float | None = None,
+                   telemetry_max_s: float | None = None) -> bytes:
     """A command for one rank (or every rank of ``job`` when ``rank`` is None; every rank of every
     job when ``job`` is None, for "pace")."""
     body: dict[str, Any] = {"v": [MAJOR, MINOR], "k": "control", "cmd": command, "job": job, "rank": rank}
     if flush_s is not None:
         body["flush_s"] = flush_s
+    if telemetry_max_s is not None:  # a field older probes do not read (they keep their 5 s)
+        body["telemetry_max_s"] = telemetry_max_s
     return msgpack.packb(body)
 
 
@@ -485,4 +494,9 @@ def decode_control(frame: bytes) -> Control:
     if pace != (flush is not None) or (pace and not _num(0.0, MAX_PACE_S)(flush)):
         raise WireError(f"malformed control message: 'pace' needs flush_s in 0..{MAX_PACE_S:g} s, "
                         "nothing else takes it")
-    return Control(cmd, job, rank, float(flush) if pace and flush is not None else None)
+    tel = obj.get("telemetry_max_s")
+    if tel is not None and not (pace and _num(1.0, MAX_PACED_TELEMETRY_S)(tel)):
+        raise WireError(f"malformed control message: telemetry_max_s is 1..{MAX_PACED_TELEMETRY_S:g} s, "
+                        "of a 'pace' only")
+    return Control(cmd, job, rank, float(flush) if pace and flush is not None else None,
+                   float(tel) if tel is not None else None)

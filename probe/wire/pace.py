@@ -23,6 +23,10 @@ DEFAULT_FLUSH_S = 0.1
 STEP_S = 0.05
 #: Longest flush interval a "pace" command may ask for.
 MAX_PACE_S = 2.0
+#: The longest a paced probe stretches a periodic job (telemetry) to when the pace does not say
+#: (its ``telemetry_max_s``): a monitor from before that field reads a telemetry sample older than
+#: 10 s as stale.
+MAX_PACED_TICK_S = 5.0
 
 
 def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | None:

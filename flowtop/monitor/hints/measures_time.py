@@ -108,8 +108,8 @@ def _ranks_phrase(running: int, shown: int) -> str:
 
 
 #: A telemetry reading older than this says nothing about the device now (the probe samples
-#: every second, every 10 s at most when the monitor paces it, probe.transport.publisher.
-#: MAX_PACED_TICK_S, and a paced frame may wait its 2 s pace and a backlog on top; a dead NVML
+#: every second, every 10 s at most when the monitor paces it, flowtop.monitor.pacing.
+#: PACED_TELEMETRY_S, and a paced frame may wait its 2 s pace and a backlog on top; a dead NVML
 #: must not keep the input-wait hint silent for good).
 FRESH_TELEMETRY_S = 25.0
 
