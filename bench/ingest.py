@@ -174,6 +174,8 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
     from probe import wire
     from probe.wire.link import upstream_options
 
+    hello_max_s = HELLO_MAX_S  # the longest gap between two hellos while steps leave (paced: longer)
+
     raise_nofile()
     rng = random.Random(idx)
     tpl = _templates()
@@ -306,6 +308,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
         if now >= next_pace:
             next_pace = now + 0.5
             flush_s, telemetry_s = follow_pace()
+            hello_max_s = _hello_max_s(flush_s, HELLO_MAX_S)
             paces[flush_s] = paces.get(flush_s, 0) + 1
         while heap and heap[0][0] <= now:
             due, i, what = heapq.heappop(heap)
@@ -331,7 +334,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                 send(i, "telemetry", now, {**tel, "gpu": gpu})
                 heapq.heappush(heap, (due + telemetry_s, i, "telemetry"))
             elif what == "hello":  # the probe's heartbeat: only while no step frame says the rank lives
-                if now - steps_at[i] >= STEPS_ALIVE_S or now - hello_at[i] >= HELLO_MAX_S:
+                if now - steps_at[i] >= STEPS_ALIVE_S or now - hello_at[i] >= hello_max_s:
                     send(i, "hello", now, {**hello, "local_rank": ranks[i] % 8})
                     hello_at[i] = now
                 heapq.heappush(heap, (due + HELLO_S, i, "hello"))
@@ -1227,7 +1230,7 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     us = {k: 1e6 * statistics.median(v) for k, v in spent.items()}
     frame_kind = ("steps" if per_frame > 1 else "step") if records else "stepcols"
     rates = {frame_kind: min(1.0 / step_s, 1.0 / flush_s) if per_frame > 1 else 1.0 / step_s,
-             "telemetry": 1.0 / _telemetry_s(flush_s, _paced_telemetry_s()), "hello": 1.0 / HELLO_MAX_S, "flops": 1.0 / flops_every_s}
+             "telemetry": 1.0 / _telemetry_s(flush_s, _paced_telemetry_s()), "hello": 1.0 / _hello_max_s(flush_s, HELLO_MAX_S), "flops": 1.0 / flops_every_s}
     per_rank_s = sum(rates[k] * us[k] / 1e6 for k in rates)
     tick_s = statistics.mean(ticks[1:])  # the first tick builds every view
     return {
@@ -1292,6 +1295,19 @@ def _telemetry_s(flush_s: float, max_s: float | None = None) -> float:
 
     return paced_interval(1.0, DEFAULT_FLUSH_S, flush_s) if max_s is None else \
         paced_interval(1.0, DEFAULT_FLUSH_S, flush_s, max_s)
+
+
+def _hello_max_s(flush_s: float, hello_max_s: float) -> float:
+    """A stepping probe's longest gap between two hellos when its step records wait ``flush_s``
+    (probe.transport.sender.hello_max_s; a checkout from before it: its own ``hello_max_s``)."""
+    from flowtop.monitor.pacing import DEFAULT_FLUSH_S
+
+    try:
+        from probe.transport.sender import HELLO_PACED_MAX_S
+        from probe.wire.pace import paced_interval
+    except ImportError:
+        return hello_max_s
+    return paced_interval(hello_max_s, DEFAULT_FLUSH_S, flush_s, HELLO_PACED_MAX_S)
 
 
 def _paced_telemetry_s() -> float | None:

@@ -107,6 +107,67 @@ def test_a_paced_job_is_stretched_by_the_pace_to_at_most_what_the_pace_allows() 
     assert pub.paced_interval(1.0) == 1.0
 
 
+def test_a_paced_probe_stretches_its_steady_hello(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While its step frames leave, a probe's hello goes every HELLO_MAX_S (10 s), as the heartbeat
+    for a monitor that restarted unseen; a paced one stretches that by the pace as it stretches its
+    telemetry, up to HELLO_PACED_MAX_S (30 s): at 4,096 ranks those hellos were a tenth of the
+    frames the monitor read. Real sockets, the intervals scaled down (0.6 s, up to 3 s)."""
+    from probe.transport import publisher as publisher_mod
+    from probe.transport import sender as sender_mod
+
+    monkeypatch.setattr(sender_mod, "HELLO_S", 0.3)
+    monkeypatch.setattr(sender_mod, "HELLO_MAX_S", 0.6)
+    monkeypatch.setattr(sender_mod, "HELLO_PACED_MAX_S", 3.0)
+    hellos: list[float] = []
+    encode = publisher_mod.wire.encode
+
+    def counted(kind: str, *args: Any, **kwargs: Any) -> bytes:
+        if kind == "hello":
+            hellos.append(time.monotonic())
+        return encode(kind, *args, **kwargs)
+
+    monkeypatch.setattr(publisher_mod.wire, "encode", counted)
+    monitor = MonitorThread()
+    pub = Publisher(RankKey("hb", "h", 4321, 0, 0), monitor.listen)
+    pub.hello_fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    assert pub.hello_max_s() == 0.6
+    pub.start()
+    step = 0
+
+    def steps_for(seconds: float) -> tuple[float, float]:
+        nonlocal step
+        start = time.monotonic()
+        while time.monotonic() < start + seconds:
+            step += 1
+            pub.publish("step", {"step": step, "wall_s": 0.01, "tokens": 8, "drops": 0})
+            time.sleep(0.01)
+        return start, time.monotonic()
+
+    try:
+        deadline = time.monotonic() + 10
+        while not hellos and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hellos, "no hello"
+        a, b = steps_for(3.0)
+        unpaced = [t for t in hellos if a <= t <= b]
+        pub._handle_control([wire.encode_control("pace", None, None, 0.5)])  # x5: 0.6 s -> 3 s
+        assert pub.hello_max_s() == pytest.approx(3.0)
+        a, b = steps_for(3.0)
+        paced = [t for t in hellos if a <= t <= b]
+    finally:
+        pub.close()
+        monitor.close()
+    assert len(unpaced) >= 3 and len(paced) <= 2, (unpaced, paced)  # ~5 against at most 2
+    # the numbers as shipped: 10 s, and 30 s at the longest pace (a 0.15 s pace: 15 s)
+    monkeypatch.undo()
+    pub = Publisher(RankKey("hb", "h", 4321, 0, 0), "tcp://127.0.0.1:1")  # not started: nothing sent
+    assert pub.hello_max_s() == sender_mod.HELLO_MAX_S == 10.0
+    pub._handle_control([wire.encode_control("pace", None, None, 0.15)])
+    assert pub.hello_max_s() == pytest.approx(15.0)
+    pub._handle_control([wire.encode_control("pace", None, None, 2.0)])
+    assert pub.hello_max_s() == sender_mod.HELLO_PACED_MAX_S == 30.0
+
+
 def test_a_probe_of_a_large_job_starts_at_the_pace_its_monitor_would_ask(monkeypatch: pytest.MonkeyPatch) -> None:
     """4,096 ranks at their own 0.1 s send ~41,000 step frames a second until a monitor's first
     pace reaches them all (at the job's start, and again when their monitor restarted and the pace

@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque
 from probe import wire
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe.wire.pace import MAX_PACED_TICK_S as _MAX_PACED_TICK_S
+from probe.wire.pace import paced_interval as paced_interval  # re-exported (bench/ingest.py)
 from probe.transport.link import OnReadable, Waker, nudge, nudge_pipe
 from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
 from probe.transport.sender import (  # noqa: F401  (HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S re-exported)
@@ -39,15 +40,6 @@ _clock = time.time
 #: Publisher.paced_interval) when the pace does not say (its ``telemetry_max_s``).
 MAX_PACED_TICK_S = _MAX_PACED_TICK_S
 
-
-def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float,
-                   max_s: float = MAX_PACED_TICK_S) -> float:
-    """A paced job's interval when step records wait ``paced_flush_s`` instead of the probe's own
-    ``flush_s``, to at most ``max_s`` (see Publisher.paced_interval)."""
-    factor = paced_flush_s / flush_s if flush_s > 0 else 1.0
-    if factor <= 1.0:
-        return interval_s
-    return max(interval_s, min(interval_s * factor, max_s))
 
 
 class Publisher(SenderLoop):

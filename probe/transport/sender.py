@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
-from probe.wire.pace import MAX_PACED_TICK_S
+from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
 from probe._log import warn_once
 from probe.transport.link import DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
@@ -44,11 +44,16 @@ def _weights(items: Iterable[Item]) -> int:
 #: The hello is the rank's heartbeat: it goes every HELLO_S while nothing else says the rank lives
 #: (before its first step, hung in a collective, in a step longer than STEPS_ALIVE_S). While its
 #: step frames leave (every flush, at most wire.MAX_PACE_S apart when paced) they keep it heard, and
-#: the hello goes every HELLO_MAX_S only, for a monitor that restarted behind a relay (a monitor
+#: the hello goes every HELLO_MAX_S only (paced: longer, see hello_max_s), for a monitor that
+#: restarted unseen (a flap quicker than a relay's look upstream; a monitor
 #: this socket sees (re)appear gets one at once). At 4,096 ranks a hello every 2 s was a third of
 #: the frames a monitor read.
 HELLO_S = 2.0
 HELLO_MAX_S = 10.0
+#: ... stretched by the monitor's pace (pace ÷ flush_s) up to this: a monitor that paces hears
+#: thousands of ranks (4,096 at the 2 s pace: a hello every 10 s was 410 frames a second, a tenth
+#: of what it read), and one that restarts is seen (re)appearing through the relay anyway.
+HELLO_PACED_MAX_S = 30.0
 STEPS_ALIVE_S = 2.5
 #: While a step record came within LOOK_S, a sender with nothing to send looks at the queue again
 #: a flush later instead of having the next step's publish() wake it: a pipe write costs the
@@ -88,6 +93,7 @@ class SenderLoop:
         addr: str
         curve_dir: str | None
         max_age_s: float
+        flush_s: float
         own_flush_s: float
         _pace: tuple[float, float]
         _pace_max_tick_s: float
@@ -205,11 +211,17 @@ class SenderLoop:
             r.last_hello = self.hello_fields
         if not (r.listening and self.hello_fields is not None and now >= r.next_hello) or r.said_bye:
             return
-        if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= HELLO_MAX_S:
+        longest = self.hello_max_s()
+        if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= longest:
             r.pending.appendleft(("hello", now, r.clock.wall(now), self.hello_fields))
             r.hello_at, r.next_hello = now, now + HELLO_S
         else:  # looked at again when the steps would have to stop, or the longest gap ends
-            r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + HELLO_MAX_S)
+            r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + longest)
+
+    def hello_max_s(self) -> float:
+        """The longest gap between two hellos while step frames leave: HELLO_MAX_S, stretched by
+        the monitor's pace as telemetry is, up to HELLO_PACED_MAX_S."""
+        return paced_interval(HELLO_MAX_S, self.flush_s, self.current_flush_s(), HELLO_PACED_MAX_S)
 
     def _resend_count(self, r: "Round", now: float) -> None:
         """After a monitor (re)appeared: the latest FLOP count again, right after the hello (a

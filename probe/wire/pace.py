@@ -29,6 +29,17 @@ MAX_PACE_S = 2.0
 MAX_PACED_TICK_S = 5.0
 
 
+def paced_interval(interval_s: float, flush_s: float, paced_flush_s: float,
+                   max_s: float = MAX_PACED_TICK_S) -> float:
+    """A periodic job's interval (telemetry, the steady hello) when step records wait
+    ``paced_flush_s`` instead of the probe's own ``flush_s``: stretched by as much, to at most
+    ``max_s``, never shorter than ``interval_s``."""
+    factor = paced_flush_s / flush_s if flush_s > 0 else 1.0
+    if factor <= 1.0:
+        return interval_s
+    return max(interval_s, min(interval_s * factor, max_s))
+
+
 def pace_for(ranks: int, frames_per_s: float = STEP_FRAMES_PER_S) -> float | None:
     """The flush interval that makes ``ranks`` ranks send about ``frames_per_s`` step frames a
     second together, or None when their own (DEFAULT_FLUSH_S) does."""
