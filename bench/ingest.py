@@ -346,8 +346,10 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
                 heapq.heappush(heap, (due + cfg["kernel_every_s"], i, "kernels"))
         if per_node:
             now = time.time()  # after the frames' own stamps: ages are never negative
-            flush_relays(now, report=now >= next_report)
-            next_report = next_report + 2.0 if now >= next_report else next_report
+            report = now >= next_report
+            flush_relays(now, report=report)
+            if report:  # as a relay's: every second, stretched by a pace that holds (its batches flow)
+                next_report = now + _relay_report_s(paced[0] if time.monotonic() < paced[1] else None)
         wait = (heap[0][0] - time.time()) if heap else 0.01
         if wait > 0:
             time.sleep(min(wait, 0.01))
@@ -1308,6 +1310,20 @@ def _hello_max_s(flush_s: float, hello_max_s: float) -> float:
     except ImportError:
         return hello_max_s
     return paced_interval(hello_max_s, DEFAULT_FLUSH_S, flush_s, HELLO_PACED_MAX_S)
+
+
+def _relay_report_s(pace_s: float | None) -> float:
+    """A relay's report interval (flowtop.tools.relay) while batches leave, under a monitor's pace
+    of ``pace_s`` (None: none holds); a checkout from before paced reports: the simulator's 2 s."""
+    try:
+        from flowtop.tools.relay import REPORT_PACED_MAX_S, RelayConfig
+    except ImportError:
+        return 2.0
+    from flowtop.monitor.pacing import DEFAULT_FLUSH_S
+    from probe.wire.pace import paced_interval
+
+    every = RelayConfig.report_s  # the default
+    return every if pace_s is None else paced_interval(every, DEFAULT_FLUSH_S, pace_s, REPORT_PACED_MAX_S)
 
 
 def _paced_telemetry_s() -> float | None:

@@ -42,7 +42,7 @@ import zmq
 from flowtop.monitor.relays import encode_stamp
 from probe import wire
 from probe.wire.link import subscription_change, upstream_options
-from probe.wire.pace import batch_due
+from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
 DRAIN = 10_000
@@ -53,6 +53,12 @@ DRAIN = 10_000
 IDLE_WAIT_S = 1.0
 #: How soon a batch that upstream refused (its queue full) is tried again.
 RETRY_S = 0.01
+#: Longest gap between two reports while a monitor's pace holds and batches leave: the report is
+#: stretched by the pace (pace ÷ the probes' 0.1 s) as the ranks' telemetry is. A monitor paces
+#: when it hears thousands of ranks: 512 relays reporting every second were 512 frames a second,
+#: an eighth of what it read at 4,096 ranks. Without batches the report stays the relay's
+#: heartbeat, every report_s (the monitor reads a relay heard of for 3 s as silent).
+REPORT_PACED_MAX_S = 5.0
 
 
 class RelayError(ValueError):
@@ -229,6 +235,8 @@ class Relay:
         self._queued_bytes = 0
         self._last_batch = -math.inf  # when the last batch left (see _batch_at)
         self._retry_at = -math.inf  # upstream refused a batch: not before then
+        #: (flush_s, monotonic deadline) of the last pace command carried down (see _report_due).
+        self._pace = (0.0, -math.inf)
         #: The loop's wake-ups (each costs CPU: see IDLE_WAIT_S).
         self.wakes = 0
         # A pipe whose read end the loop polls, so that stop() wakes it (written under the lock:
@@ -336,10 +344,10 @@ class Relay:
         poller = zmq.Poller()
         for s in (down, up, down_events, up_events, wake):
             poller.register(s, zmq.POLLIN)
-        cfg = self.cfg
-        next_report = 0.0
+        last_report = retry_report = -math.inf  # the last report sent; a refused one's retry
         while True:
             stopping = self._stop.is_set()
+            next_report = max(self._report_due(last_report), retry_report)
             wait = 0.0 if stopping else self._wait(time.monotonic(), next_report)
             ready = dict(poller.poll(int(wait * 1000) + 1 if wait > 0 else 0))
             self.wakes += 1
@@ -364,16 +372,27 @@ class Relay:
                     if not self._send_batch(up, now):
                         self._retry_at = now + RETRY_S
                         break
-                if now >= next_report or stopping:
-                    # upstream full: tried again after RETRY_S, not at every turn of the loop
-                    ok = self._send_report(up, now, closing=stopping)
-                    next_report = now + (cfg.report_s if ok else RETRY_S)
-            while q and now - q[0][1] > cfg.max_age_s:  # no monitor, or upstream full
+                if now >= max(self._report_due(last_report), retry_report) or stopping:
+                    if self._send_report(up, now, closing=stopping):
+                        last_report = now
+                    else:  # upstream full: tried again after RETRY_S, not at every turn of the loop
+                        retry_report = now + RETRY_S
+            while q and now - q[0][1] > self.cfg.max_age_s:  # no monitor, or upstream full
                 self._drop_oldest()
             if stopping:
                 self.drops += len(q)
                 q.clear()
                 return
+
+    def _report_due(self, last_report: float) -> float:
+        """When the next report goes: report_s after the last one, stretched by a monitor's pace
+        while it holds (up to REPORT_PACED_MAX_S), yet never later than report_s after the last
+        batch or report: batches say the relay lives, its report says so when none leave."""
+        every = self.cfg.report_s
+        flush, until = self._pace
+        if time.monotonic() < until:
+            every = paced_interval(every, DEFAULT_FLUSH_S, flush, REPORT_PACED_MAX_S)
+        return min(last_report + every, max(last_report, self._last_batch) + self.cfg.report_s)
 
     def _batch_at(self) -> float:
         """When the queued frames (some) leave: at once with a full batch's worth, else as
@@ -426,11 +445,21 @@ class Relay:
             if change:
                 self._up_subs = max(0, self._up_subs + change)
             elif msg and len(msg) <= 4096:
+                self._note_pace(msg)
                 try:  # a command: every rank here hears it and keeps its own (module docstring)
                     down.send(msg, zmq.NOBLOCK)
                     self.commands += 1
                 except zmq.ZMQError:
                     pass
+
+    def _note_pace(self, msg: bytes) -> None:
+        """A command on its way down: a pace slows the relay's reports too (see _report_due)."""
+        try:
+            cmd = wire.decode_control(msg)
+        except wire.WireError:
+            return  # the ranks refuse and count it
+        if cmd.cmd == "pace" and cmd.flush_s is not None:
+            self._pace = (cmd.flush_s, time.monotonic() + wire.PACE_TTL_S)
 
     def _link_events(self, up_events: Any, down_events: Any) -> None:
         from zmq.utils.monitor import recv_monitor_message
