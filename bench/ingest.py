@@ -308,7 +308,7 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
         if now >= next_pace:
             next_pace = now + 0.5
             flush_s, telemetry_s = follow_pace()
-            hello_max_s = _hello_max_s(flush_s, HELLO_MAX_S)
+            hello_max_s = _hello_max_s(paced[0] if time.monotonic() < paced[1] else None, HELLO_MAX_S)
             paces[flush_s] = paces.get(flush_s, 0) + 1
         while heap and heap[0][0] <= now:
             due, i, what = heapq.heappop(heap)
@@ -1299,17 +1299,20 @@ def _telemetry_s(flush_s: float, max_s: float | None = None) -> float:
         paced_interval(1.0, DEFAULT_FLUSH_S, flush_s, max_s)
 
 
-def _hello_max_s(flush_s: float, hello_max_s: float) -> float:
-    """A stepping probe's longest gap between two hellos when its step records wait ``flush_s``
-    (probe.transport.sender.hello_max_s; a checkout from before it: its own ``hello_max_s``)."""
+def _hello_max_s(pace_s: float | None, hello_max_s: float) -> float:
+    """A stepping probe's longest gap between two hellos under a monitor's pace of ``pace_s``
+    (None: none holds; probe.transport.sender.hello_max_s; a checkout from before it: its own
+    ``hello_max_s``)."""
     from flowtop.monitor.pacing import DEFAULT_FLUSH_S
 
+    if pace_s is None:
+        return hello_max_s
     try:
         from probe.transport.sender import HELLO_PACED_MAX_S
         from probe.wire.pace import paced_interval
     except ImportError:
         return hello_max_s
-    return paced_interval(hello_max_s, DEFAULT_FLUSH_S, flush_s, HELLO_PACED_MAX_S)
+    return paced_interval(hello_max_s, DEFAULT_FLUSH_S, max(DEFAULT_FLUSH_S, pace_s), HELLO_PACED_MAX_S)
 
 
 def _relay_report_s(pace_s: float | None) -> float:

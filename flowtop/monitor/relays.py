@@ -8,8 +8,9 @@ queueing. A frame then counts as received when the relay received it, so livenes
 follow the relay's view of its ranks, and a burst from a congested upstream link (seconds of
 frames arriving at once) neither makes ranks look silent in between nor bunches their steps.
 
-Every ~1 s the relay sends its own figures as a ``relay`` wire message (``probe.wire``), which
-makes it a heartbeat too: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last
+Every ~1 s the relay sends its own figures as a ``relay`` wire message (``probe.wire``; up to
+every 5 s while a monitor's pace holds and its batches leave), which with its batches makes
+its heartbeat: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last
 came through it stale, with ``status_reason`` "relay HOST silent for N s"; the other ranks of
 the job are untouched. Its last report says ``closing`` (it handed the node over, or ended).
 """
@@ -29,7 +30,7 @@ from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
 from probe.wire import Message, RankKey, WireError
 
-#: A relay reports every second; this long without a batch or a report and it is "silent".
+#: A relay reports every second (or sends batches); this long without a batch or a report and it is "silent".
 SILENT_AFTER_S = 3.0
 #: A closed relay's ranks may take this long to come back through its successor.
 HANDOFF_S = 3.0

@@ -16,7 +16,8 @@ to every rank of the relay: each probe keeps those addressed to its (job, rank),
 direct connection; routing would mean decoding every rank frame for its key (and a ROUTER
 socket) to save a few bytes per rare command on a node-local link.
 
-Every :attr:`RelayConfig.report_s` the relay sends its own figures as a ``relay`` wire message.
+Every :attr:`RelayConfig.report_s` the relay sends its own figures as a ``relay`` wire message
+(less often while a monitor's pace holds and batches leave: see REPORT_PACED_MAX_S).
 """
 
 from __future__ import annotations
@@ -347,7 +348,7 @@ class Relay:
         last_report = retry_report = -math.inf  # the last report sent; a refused one's retry
         while True:
             stopping = self._stop.is_set()
-            next_report = max(self._report_due(last_report), retry_report)
+            next_report = max(self._report_due(last_report, time.monotonic()), retry_report)
             wait = 0.0 if stopping else self._wait(time.monotonic(), next_report)
             ready = dict(poller.poll(int(wait * 1000) + 1 if wait > 0 else 0))
             self.wakes += 1
@@ -372,7 +373,7 @@ class Relay:
                     if not self._send_batch(up, now):
                         self._retry_at = now + RETRY_S
                         break
-                if now >= max(self._report_due(last_report), retry_report) or stopping:
+                if now >= max(self._report_due(last_report, now), retry_report) or stopping:
                     if self._send_report(up, now, closing=stopping):
                         last_report = now
                     else:  # upstream full: tried again after RETRY_S, not at every turn of the loop
@@ -384,13 +385,13 @@ class Relay:
                 q.clear()
                 return
 
-    def _report_due(self, last_report: float) -> float:
+    def _report_due(self, last_report: float, now: float) -> float:
         """When the next report goes: report_s after the last one, stretched by a monitor's pace
         while it holds (up to REPORT_PACED_MAX_S), yet never later than report_s after the last
         batch or report: batches say the relay lives, its report says so when none leave."""
         every = self.cfg.report_s
         flush, until = self._pace
-        if time.monotonic() < until:
+        if now < until:
             every = paced_interval(every, DEFAULT_FLUSH_S, flush, REPORT_PACED_MAX_S)
         return min(last_report + every, max(last_report, self._last_batch) + self.cfg.report_s)
 
@@ -453,7 +454,9 @@ class Relay:
                     pass
 
     def _note_pace(self, msg: bytes) -> None:
-        """A command on its way down: a pace slows the relay's reports too (see _report_due)."""
+        """A command on its way down: a pace slows the relay's reports too (see _report_due).
+        (The monitor paces every job at once; a pace for one job would slow the reports of a
+        relay serving others too, by as much as it slows that job's telemetry.)"""
         try:
             cmd = wire.decode_control(msg)
         except wire.WireError:

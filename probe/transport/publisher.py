@@ -174,7 +174,9 @@ class Publisher(SenderLoop):
         never shorter than asked: a monitor that hears too many ranks' steps (4,096 ranks: each
         rank's figures are rebuilt every 4-32 s) hears fewer telemetry samples too (4,096 a
         second at 1 Hz: a quarter of its frames; at 5 s still a fifth of them)."""
-        return paced_interval(interval_s, self.flush_s, self.current_flush_s(), self._pace_max_tick_s)
+        paced = time.monotonic() < self._pace[1]  # the pace's limit lapses with it
+        return paced_interval(interval_s, self.flush_s, self.current_flush_s(),
+                              self._pace_max_tick_s if paced else MAX_PACED_TICK_S)
 
     def on_control(self, handler: Callable[[str], None]) -> None:
         """Call ``handler(command)`` on the sender thread for commands aimed at this rank.

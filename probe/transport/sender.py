@@ -220,8 +220,12 @@ class SenderLoop:
 
     def hello_max_s(self) -> float:
         """The longest gap between two hellos while step frames leave: HELLO_MAX_S, stretched by
-        the monitor's pace as telemetry is, up to HELLO_PACED_MAX_S."""
-        return paced_interval(HELLO_MAX_S, self.flush_s, self.current_flush_s(), HELLO_PACED_MAX_S)
+        a monitor's pace while one holds (not by the probe's own start pace: the monitor it would
+        reach may be one that restarted unseen), as telemetry is, up to HELLO_PACED_MAX_S."""
+        pace, until = self._pace
+        if time.monotonic() >= until:
+            return HELLO_MAX_S
+        return paced_interval(HELLO_MAX_S, self.flush_s, max(self.flush_s, pace), HELLO_PACED_MAX_S)
 
     def _resend_count(self, r: "Round", now: float) -> None:
         """After a monitor (re)appeared: the latest FLOP count again, right after the hello (a
@@ -334,7 +338,7 @@ class SenderLoop:
         if r.pending and not r.listening:  # expired in bunches (see _expire), not one wake-up a message
             oldest = min((at for k, at, _, _ in r.pending if k != _REKEY), default=math.inf)
             due.append(oldest + 1.5 * self.max_age_s - now)
-        wait = min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # a hello is never later than that
+        wait = min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # the longest sleep (a paced hello waits more of them)
         r.look_until = now + wait if look < wait else -math.inf  # the looks' end: a round is due
         return min(look, wait)
 

@@ -444,7 +444,8 @@ PACE_TTL_S = 10.0
 #: Longest flush interval a "pace" command may ask for (probe.wire.pace: what a pace is for).
 MAX_PACE_S = _pace.MAX_PACE_S
 #: Longest interval a "pace" command's ``telemetry_max_s`` may let a paced probe sample its
-#: telemetry at (MINOR 3, optional: a probe paced without it stretches to 5 s at most).
+#: telemetry at (optional, added within 1.3: a probe paced without it, or with one out of range,
+#: stretches to 5 s at most).
 MAX_PACED_TELEMETRY_S = 60.0
 
 
@@ -494,9 +495,7 @@ def decode_control(frame: bytes) -> Control:
     if pace != (flush is not None) or (pace and not _num(0.0, MAX_PACE_S)(flush)):
         raise WireError(f"malformed control message: 'pace' needs flush_s in 0..{MAX_PACE_S:g} s, "
                         "nothing else takes it")
-    tel = obj.get("telemetry_max_s")
-    if tel is not None and not (pace and _num(1.0, MAX_PACED_TELEMETRY_S)(tel)):
-        raise WireError(f"malformed control message: telemetry_max_s is 1..{MAX_PACED_TELEMETRY_S:g} s, "
-                        "of a 'pace' only")
-    return Control(cmd, job, rank, float(flush) if pace and flush is not None else None,
-                   float(tel) if tel is not None else None)
+    # Optional and advisory: one out of range (a later monitor's) is left out, never the pace with it.
+    raw = obj.get("telemetry_max_s")
+    tel = float(raw) if pace and raw is not None and _num(1.0, MAX_PACED_TELEMETRY_S)(raw) else None
+    return Control(cmd, job, rank, float(flush) if pace and flush is not None else None, tel)
