@@ -106,12 +106,13 @@ class _KeywordLM(nn.Module):
         return nn.functional.cross_entropy(self.out(self.emb(input_ids)).flatten(0, 1), labels.flatten())
 
 
-@pytest.mark.parametrize("by_keyword", [False, True])
-def test_quiet_steps_call_no_flop_listener(monkeypatch: pytest.MonkeyPatch, by_keyword: bool) -> None:
+@pytest.mark.parametrize(("by_keyword", "new"), [(False, "shape"), (True, "shape"), (False, "dtype")])
+def test_quiet_steps_call_no_flop_listener(monkeypatch: pytest.MonkeyPatch, by_keyword: bool, new: str) -> None:
     """Once a count is in force, a step with the same inputs pays the signature alone: the FLOP
     sampler's forward listener is not called, and torch calls nothing of the probe's before the
-    optimizer (its pre-hook is gone); a new input shape calls the listener again and brings the
-    pre-hook back for that step's optimizer (counted, then quiet again)."""
+    optimizer (its pre-hook is gone); a new input shape (or dtype: the signature has both) calls
+    the listener again and brings the pre-hook back for that step's optimizer (counted, then quiet
+    again)."""
     from probe.steps.tracker import StepTracker
 
     monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "100")  # counts may cost anything: no gap after one
@@ -124,11 +125,11 @@ def test_quiet_steps_call_no_flop_listener(monkeypatch: pytest.MonkeyPatch, by_k
 
     monkeypatch.setattr(StepTracker, "_opt_pre_hook", pre_hook)  # what install() registers
     with _attached(monkeypatch) as (p, out):
-        _train_and_check(p, out, by_keyword)
+        _train_and_check(p, out, by_keyword, new)
     assert pre_hook_steps == [1, 2, 3, 21, 22]
 
 
-def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: bool) -> None:
+def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: bool, new: str = "shape") -> None:
     t = p.tracker
     forward_calls: list[int] = []
     listener = t.listeners_forward[-1]
@@ -142,9 +143,10 @@ def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     pre_opt: list[int] = []
     for i in range(30):
-        seq = 6 if i < 20 else 9  # a new shape at step 21
+        seq = 6 if i < 20 or new != "shape" else 9  # a new shape at step 21 ...
         ids = torch.randint(0, 50, (2, seq))
-        loss = model(input_ids=ids, labels=ids, use_cache=i % 2 == 0) if by_keyword else model(ids, ids)
+        first = ids.int() if new == "dtype" and i >= 20 else ids  # ... or the same shape in int32
+        loss = model(input_ids=first, labels=ids, use_cache=i % 2 == 0) if by_keyword else model(first, ids)
         pre_opt.append(len(t.listeners_pre_opt))
         loss.backward()
         opt.step()
