@@ -41,7 +41,6 @@ _clock = time.time
 MAX_PACED_TICK_S = _MAX_PACED_TICK_S
 
 
-
 class Publisher(SenderLoop):
     """Bounded, never-blocking message queue plus the thread that sends it."""
 
