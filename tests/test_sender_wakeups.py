@@ -418,7 +418,7 @@ def test_a_lapsing_pace_sends_the_waiting_batch_when_it_lapses(monkeypatch: pyte
         assert _wait_until(lambda: pub.subscribers > 0)
         monitor.command("pace", 2.0)
         assert _wait_until(lambda: pub.current_flush_s() == 2.0)
-        paced_at, lapses = time.monotonic(), pub._pace[1]  # the pace's deadline, on this clock
+        paced_at, lapses = time.monotonic(), pub._pace.until  # the pace's deadline, on this clock
         step = 0
         while time.monotonic() < lapses + 0.5:  # steps go on through the lapse
             step += 1

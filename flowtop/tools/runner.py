@@ -186,7 +186,6 @@ def _proc_listeners() -> list[tuple[str, int]] | None:
     return out if found else None
 
 
-
 def bad_keys(curve_dir: str | None) -> str | None:
     """Why the CURVE keys in ``curve_dir`` cannot be used, or None (none given, or they load)."""
     from flowtop.tools.relay import RelayError, client_keys

@@ -29,7 +29,7 @@ from probe.wire.pace import paced_interval as paced_interval  # re-exported (ben
 from probe.transport.link import OnReadable, Waker, nudge, nudge_pipe
 from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
 from probe.transport.sender import (  # noqa: F401  (HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S re-exported)
-    HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S, SenderLoop, Tick, _Tick)
+    HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S, Pace, SenderLoop, Tick, _Tick)
 
 #: publish()'s clock, a module global: the training thread calls it each step, after a long step
 #: has left the caches cold (an attribute lookup less). The wall clock: a frame's timestamp; the
@@ -68,11 +68,8 @@ class Publisher(SenderLoop):
         #: of a job of ``world_size`` ranks when that is longer (see :meth:`start_for`).
         self.own_flush_s = flush_s
         self.start_for(world_size)
-        #: (seconds, monotonic deadline) of the monitor's last "pace" command: step records then
-        #: wait up to that long (never less than flush_s) until the deadline (wire.PACE_TTL_S).
-        self._pace = (0.0, 0.0)
-        #: The longest interval that pace lets a paced job stretch to (its telemetry_max_s).
-        self._pace_max_tick_s = MAX_PACED_TICK_S
+        #: The monitor's last "pace" command (see probe.transport.sender.Pace).
+        self._pace = Pace()
         self.addr = addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
@@ -173,9 +170,9 @@ class Publisher(SenderLoop):
         never shorter than asked: a monitor that hears too many ranks' steps (4,096 ranks: each
         rank's figures are rebuilt every 4-32 s) hears fewer telemetry samples too (4,096 a
         second at 1 Hz: a quarter of its frames; at 5 s still a fifth of them)."""
-        paced = time.monotonic() < self._pace[1]  # the pace's limit lapses with it
+        pace = self._pace  # its limit lapses with it
         return paced_interval(interval_s, self.flush_s, self.current_flush_s(),
-                              self._pace_max_tick_s if paced else MAX_PACED_TICK_S)
+                              pace.tick_max_s if pace.holds() else MAX_PACED_TICK_S)
 
     def on_control(self, handler: Callable[[str], None]) -> None:
         """Call ``handler(command)`` on the sender thread for commands aimed at this rank.
@@ -249,5 +246,5 @@ class Publisher(SenderLoop):
     def current_flush_s(self) -> float:
         """How long step records wait now: a monitor's pace while one holds (never below
         flush_s: it knows how many ranks it hears), else own_flush_s."""
-        pace, until = self._pace
-        return max(self.flush_s, pace) if time.monotonic() < until else self.own_flush_s
+        pace = self._pace
+        return max(self.flush_s, pace.flush_s) if pace.holds() else self.own_flush_s

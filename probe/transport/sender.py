@@ -70,6 +70,20 @@ LOOK_MIN_S = 0.05
 Tick = Callable[[], None]
 
 
+class Pace(NamedTuple):
+    """The monitor's last "pace" command as the probe keeps it: step records wait up to
+    ``flush_s`` (never less than the probe's own flush_s) until the monotonic ``until``
+    (wire.PACE_TTL_S after it came), and a paced periodic job stretches to ``tick_max_s`` at most
+    (its telemetry_max_s; MAX_PACED_TICK_S when it did not say). All of it lapses together."""
+
+    flush_s: float = 0.0
+    until: float = 0.0
+    tick_max_s: float = MAX_PACED_TICK_S
+
+    def holds(self) -> bool:
+        return time.monotonic() < self.until
+
+
 class _Tick(NamedTuple):
     """A periodic job of the sender thread (see probe.transport.publisher.Publisher.add_tick)."""
 
@@ -95,8 +109,7 @@ class SenderLoop:
         max_age_s: float
         flush_s: float
         own_flush_s: float
-        _pace: tuple[float, float]
-        _pace_max_tick_s: float
+        _pace: Pace
         _queue: Deque[Queued]
         _queue_size: int
         _asleep: bool
@@ -222,10 +235,10 @@ class SenderLoop:
         """The longest gap between two hellos while step frames leave: HELLO_MAX_S, stretched by
         a monitor's pace while one holds (not by the probe's own start pace: the monitor it would
         reach may be one that restarted unseen), as telemetry is, up to HELLO_PACED_MAX_S."""
-        pace, until = self._pace
-        if time.monotonic() >= until:
+        pace = self._pace
+        if not pace.holds():
             return HELLO_MAX_S
-        return paced_interval(HELLO_MAX_S, self.flush_s, max(self.flush_s, pace), HELLO_PACED_MAX_S)
+        return paced_interval(HELLO_MAX_S, self.flush_s, max(self.flush_s, pace.flush_s), HELLO_PACED_MAX_S)
 
     def _resend_count(self, r: "Round", now: float) -> None:
         """After a monitor (re)appeared: the latest FLOP count again, right after the hello (a
@@ -331,9 +344,9 @@ class SenderLoop:
             due.append(r.next_hello - now)  # past due time would make every wait the shortest
         if not sent_all:
             due.append(r.retry_s)
-        pace, until = self._pace
-        lapses_in = until - time.monotonic()
-        if pace > self.own_flush_s and lapses_in > 0:  # a long pace lapses: a batch is due sooner then
+        pace = self._pace
+        lapses_in = pace.until - time.monotonic()
+        if pace.flush_s > self.own_flush_s and lapses_in > 0:  # a long pace lapses: a batch is due sooner then
             due.append(lapses_in)
         if r.pending and not r.listening:  # expired in bunches (see _expire), not one wake-up a message
             oldest = min((at for k, at, _, _ in r.pending if k != _REKEY), default=math.inf)
@@ -421,8 +434,8 @@ class SenderLoop:
             if (job is not None and job != self.key.job) or (rank is not None and rank != self.key.rank):
                 continue  # for another rank: every rank of the monitor's connection sees it
             if cmd == "pace" and control.flush_s is not None:  # the sender's own business: no handler
-                self._pace = (control.flush_s, time.monotonic() + wire.PACE_TTL_S)
-                self._pace_max_tick_s = control.telemetry_max_s or MAX_PACED_TICK_S
+                self._pace = Pace(control.flush_s, time.monotonic() + wire.PACE_TTL_S,
+                                  control.telemetry_max_s or MAX_PACED_TICK_S)
                 continue
             for handler in self._control_handlers:
                 try:
