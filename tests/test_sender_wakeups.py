@@ -32,10 +32,12 @@ class RawMonitor:
     arrival time) and sends commands, all from one reader thread (a ZeroMQ socket is not
     thread-safe)."""
 
-    def __init__(self, addr: str | None = None) -> None:
+    def __init__(self, addr: str | None = None, rcvhwm: int = 1000) -> None:
         self.addr = addr or f"tcp://127.0.0.1:{free_port()}"
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.XSUB)
+        self._sock.setsockopt(zmq.RCVHWM, rcvhwm)  # small: a paused reader backs the sender up
+        self._sock.setsockopt(zmq.RCVBUF, 64 * 1024)
         self._sock.bind(self.addr)
         self._sock.send(b"\x01")  # subscribe to everything (XSUB repeats it to each new peer)
         self.got: list[tuple[float, str, int]] = []  # (arrival, kind, step records)
@@ -43,12 +45,15 @@ class RawMonitor:
         self.delays: dict[str, list[float]] = {}  # kind -> seconds from its timestamp to its arrival
         self._out: list[bytes] = []
         self._stop = False
+        self.paused = False  # reads nothing while set (a monitor that is slow to take its frames)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop:
-            if self._sock.poll(20):
+            if self.paused:
+                time.sleep(0.01)
+            elif self._sock.poll(20):
                 try:
                     msg = wire.decode(self._sock.recv())
                 except wire.WireError as exc:  # a test's assertion says so, not a dead thread
@@ -405,6 +410,33 @@ def test_a_fast_loop_under_a_long_pace_loses_nothing_to_a_small_queue() -> None:
         assert _wait_until(lambda: monitor.records() == 3000, 5.0), monitor.records()  # the last batch lands
     finally:
         pub.close(timeout_s=3.0)
+        monitor.close()
+
+
+def test_close_waits_for_what_a_slow_monitor_has_not_yet_taken() -> None:
+    """What was sent before close() reaches a monitor that takes it within close's time: the
+    socket lingers that long in the sender's own context (LINGER 0 dropped what ZeroMQ still
+    held the moment the sender stopped: a job's last batch and its bye, now and then, at exit)."""
+    monitor = RawMonitor(rcvhwm=2)
+    pub = _started("slow", monitor.addr)
+    names = ["k" * 8000] * 32  # a ~256 KB kernel window: 40 of them back up past the socket buffers
+    window = {"window": 1, "step": 1, "device": "cpu", "step_dur_us": 1.0, "names": names, "ops": [], "acts": []}
+    try:
+        assert _wait_until(lambda: pub.subscribers > 0)
+        time.sleep(0.2)
+        monitor.paused = True
+        for _ in range(40):
+            pub.publish_now("kernels", window)
+        assert _wait_until(lambda: pub._sent >= 41)  # the hello and the windows: all in ZeroMQ's hands
+        closing = threading.Thread(target=pub.close, kwargs={"timeout_s": 3.0})
+        closing.start()
+        time.sleep(0.5)
+        monitor.paused = False  # the monitor takes its frames again while close() waits
+        closing.join(5.0)
+        assert _wait_until(lambda: monitor.kinds().count("kernels") == 40, 5.0), monitor.kinds().count("kernels")
+        assert pub.drops == 0
+    finally:
+        pub.close(timeout_s=0.5)
         monitor.close()
 
 

@@ -85,6 +85,7 @@ class Publisher(SenderLoop):
         self._send_drops = 0  # sender thread only
         self._seq = 0
         self._stop = False
+        self._stop_by = 0.0  # monotonic: until when close() waits for the last frames (see close)
         self._ticks: list[_Tick] = []  # may grow while the sender runs
         self._watched: list[tuple[int, OnReadable]] = []  # may grow while the sender runs
         self._again_at = math.inf  # a round asked for by soon() (sender thread, monotonic)
@@ -198,6 +199,7 @@ class Publisher(SenderLoop):
         nudge(self._nudge_w)
         while self._queue and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.01)
+        self._stop_by = deadline  # before _stop: the sender's socket lingers until then
         self._stop = True
         nudge(self._nudge_w)
         thread.join(max(0.0, deadline - time.monotonic()) + 0.2)

@@ -5,7 +5,8 @@ The training thread only queues (probe.transport.publisher); everything else —
 ZeroMQ sends, telemetry sampling, control messages from the monitor — happens here, on the sender
 thread, in rounds (probe.transport.rounds); between them it sleeps until something is due.
 
-Socket choices (docs/design.md, "Transport"): the publisher connects, LINGER 0, IMMEDIATE 1
+Socket choices (docs/design.md, "Transport"): the publisher connects, LINGER 0 while it runs (the
+rest of close()'s time once it stops), IMMEDIATE 1
 (nothing is queued for a monitor that is not there, so a restarted monitor sees
 no stale flood), randomised reconnect interval, every send NOBLOCK. It is an
 XPUB rather than a PUB: a PUB silently discards what it sends before the
@@ -65,6 +66,8 @@ LOOK_S = 1.0
 #: second after each step): the steps' publish() wakes the sender then, as for steps slower than
 #: LOOK_S.
 LOOK_MIN_S = 0.05
+#: The longest a stopped sender waits for ZeroMQ to hand over its last frames (see _linger_ms).
+MAX_LINGER_MS = 5_000
 
 #: A sender-side periodic job (telemetry), called about once a second.
 Tick = Callable[[], None]
@@ -119,6 +122,7 @@ class SenderLoop:
         _send_drops: int
         _seq: int
         _stop: bool
+        _stop_by: float
         _ticks: list[_Tick]
         _watched: list[tuple[int, OnReadable]]
         _again_at: float
@@ -149,11 +153,16 @@ class SenderLoop:
             warn_once("zmq-import", f"pyzmq unavailable ({exc}); probe publishes nothing")
             return
         try:
-            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
+            # Its own context, not the process's shared one: stopping, the sender waits in term()
+            # for what ZeroMQ still holds (see _linger_ms), which must never wait on sockets the
+            # training code owns. (After a fork pyzmq leaves both alone in the child.)
+            ctx = zmq.Context(io_threads=1)
+            sock: zmq.Socket[bytes] = ctx.socket(zmq.XPUB)
         except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
             warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
             return
         link: Link | None = None
+        linger_ms = 0
         try:
             curve = curve_keys(self.curve_dir)
             for name, value in upstream_options(self.addr):  # the relays set theirs alike
@@ -163,12 +172,21 @@ class SenderLoop:
             sock.connect(self.addr)
             self._sock = sock
             self._loop(zmq, sock, link)
+            linger_ms = self._linger_ms()
         except Exception as exc:  # the probe never takes training down
             warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")
         finally:
             if link is not None:
                 link.close()
-            sock.close(0)
+            sock.close(linger_ms)
+            ctx.destroy(0)  # anything else of it closed at once; waits out the socket's linger
+
+    def _linger_ms(self) -> int:
+        """How long the stopped socket may still hand what it holds to the monitor: the rest of
+        close()'s time. LINGER 0 (while it runs: exit never waits, a restarted monitor gets
+        nothing stale) dropped the frames just sent, a job's last batch and its bye among them,
+        whenever ZeroMQ had not yet written them (a busy host, a slow monitor)."""
+        return max(0, min(int((self._stop_by - time.monotonic()) * 1000), MAX_LINGER_MS))
 
     def _loop(self, zmq: Any, sock: Any, link: Link) -> None:
         r = self._round = Round(self.hello_fields)
