@@ -135,13 +135,17 @@ class RankViews:
         append = out.append
         tick, spread = turn if turn is not None else (0, 0)
         reused = 0
+        lags: dict[str | None, float] = {}  # a node's ranks share their relay: one lookup each
         for st, others in shown:
-            behind = lag(st.via)
+            via = st.via
+            behind = lags.get(via)
+            if behind is None:
+                behind = lags[via] = lag(via)
             at = now - behind
             full = not glance and (spread == 0 or (st.key.rank + tick) % spread == 0)
             entry = entries.get(st.key) if not full else None
             if (entry is not None and st.version == entry.seen and at < entry.until and others == entry.key[3]
-                    and not _lag_moved(entry.view, behind)):
+                    and -LAG_STEP_S <= entry.view.behind_s - behind <= LAG_STEP_S):  # not _lag_moved
                 reused += 1  # nothing arrived, and the clock has not moved its status yet
                 append(entry.view)
             else:
