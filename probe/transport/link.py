@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import weakref
 from typing import Any, Callable
 
@@ -53,6 +54,40 @@ def nudge(fd: int) -> None:
             os.write(fd, b"\0")
         except OSError:
             pass
+
+
+#: Signals the sender thread never takes while it waits out its linger: a Python handler's signal
+#: (SIGCHLD from a DataLoader, SIGINT, SIGTERM) delivered to it cut the wait short with EINTR, and
+#: pyzmq then gives the context up unterminated (its threads, its last frames lost). Faults
+#: (SIGSEGV and the like) stay deliverable: blocked, they would kill the process silently.
+_FAULTS = frozenset(getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGABRT",
+                                                 "SIGSYS") if hasattr(signal, n))
+
+
+def end_context(ctx: Any, sock: Any, link: "Link | None", linger_ms: int) -> None:
+    """The sender thread's last act: its link's monitor socket closed, its socket closed with
+    ``linger_ms`` (the rest of close()'s time, see SenderLoop._linger_ms), then its own context
+    terminated, which waits that long at most for ZeroMQ to hand over what it holds. Each step
+    runs whatever the one before did (a failure said once), so the context never outlives the
+    thread with its I/O threads and descriptors."""
+    steps: list[Callable[[], object]] = []
+    if link is not None:
+        steps.append(link.close)
+    if sock is not None:
+        steps.append(lambda: sock.close(linger_ms))
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - the context below must still end
+            warn_once("sender-close", f"closing the probe's socket failed: {type(exc).__name__}: {exc}")
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - _FAULTS)  # this thread only
+    except (AttributeError, OSError, ValueError):  # a platform without it: the wait may end early
+        pass
+    try:
+        ctx.destroy(0)  # anything else of it closed at once; waits out the socket's linger
+    except Exception as exc:  # noqa: BLE001
+        warn_once("sender-context", f"ending the probe's ZeroMQ context failed: {type(exc).__name__}: {exc}")
 
 
 def curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes] | None:

@@ -28,7 +28,8 @@ from probe import wire
 from probe.wire.link import upstream_options
 from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
 from probe._log import warn_once
-from probe.transport.link import DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys
+from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys,
+                                  end_context)
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
 
 
@@ -157,13 +158,14 @@ class SenderLoop:
             # for what ZeroMQ still holds (see _linger_ms), which must never wait on sockets the
             # training code owns. (After a fork pyzmq leaves both alone in the child.)
             ctx = zmq.Context(io_threads=1)
-            sock: zmq.Socket[bytes] = ctx.socket(zmq.XPUB)
         except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
             warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
             return
+        sock: Any = None
         link: Link | None = None
         linger_ms = 0
         try:
+            sock = ctx.socket(zmq.XPUB)
             curve = curve_keys(self.curve_dir)
             for name, value in upstream_options(self.addr):  # the relays set theirs alike
                 sock.setsockopt(getattr(zmq, name), value)
@@ -176,10 +178,7 @@ class SenderLoop:
         except Exception as exc:  # the probe never takes training down
             warn_once("sender", f"sender thread stopped: {type(exc).__name__}: {exc}")
         finally:
-            if link is not None:
-                link.close()
-            sock.close(linger_ms)
-            ctx.destroy(0)  # anything else of it closed at once; waits out the socket's linger
+            end_context(ctx, sock, link, linger_ms)
 
     def _linger_ms(self) -> int:
         """How long the stopped socket may still hand what it holds to the monitor: the rest of

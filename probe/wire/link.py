@@ -2,11 +2,12 @@
 relay's (flowtop.tools.relay), which stands in for its ranks and must behave like one. Option names
 and values only, applied with pyzmq by each side (the wire itself imports no ZeroMQ).
 
-LINGER 0 while a sender runs: exit never waits for a monitor (one that stops lingers for the rest of its
-close's time, set by each side as it closes). SNDHWM 1000 with IMMEDIATE and XPUB_NODROP: nothing
-queues for a monitor not connected yet, and a full pipe refuses the send (the sender counts a
-drop) instead of blocking or dropping silently. Reconnects start at a random 100-400 ms: libzmq
-adds no jitter, and hundreds of ranks (a cluster's relays) would reconnect in lockstep.
+LINGER 0 while a sender runs: exit never waits for a monitor (a stopping probe lingers for the
+rest of its close()'s time, a stopping relay for a second: each side sets that as it closes).
+SNDHWM 1000 with IMMEDIATE and XPUB_NODROP: nothing queues for a monitor not connected yet, and a
+full pipe refuses the send (the sender counts a drop) instead of blocking or dropping silently.
+Reconnects start at a random 100-400 ms: libzmq adds no jitter, and hundreds of ranks (a
+cluster's relays) would reconnect in lockstep.
 Heartbeats every 2 s, a peer silent 6 s is gone (a dead monitor behind a NAT or a pulled cable).
 """
 
