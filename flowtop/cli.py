@@ -10,6 +10,7 @@ import asyncio
 import difflib
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -25,6 +26,9 @@ from flowtop.tools.common import (
 )
 from probe import wire
 
+#: Signals that quit the TUI as ``q`` does (a ``kill``, a closed SSH session): its recording
+#: flushed, its terminal given back (flowtop.tui.app.FlowtopApp's ``quit_on``).
+QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 SUBCOMMANDS = ("top", "serve", "run", "relay", "snapshot", "replay", "demo", "keys", "doctor", "analyze", "calibrate")
 
 
@@ -231,7 +235,7 @@ def _replay(args: argparse.Namespace) -> int:
     from flowtop.monitor import gcpolicy
 
     gcpolicy.for_monitor()
-    FlowtopApp(RecordingSource(args.recording, _make_model(args.peak_tflops), args.speed)).run()
+    FlowtopApp(RecordingSource(args.recording, _make_model(args.peak_tflops), args.speed), quit_on=QUIT_SIGNALS).run()
     return 0
 
 
@@ -243,7 +247,7 @@ def _top(args: argparse.Namespace) -> int:
     from flowtop.tui.app import FlowtopApp
 
     gcpolicy.for_monitor()
-    app = FlowtopApp(collector)
+    app = FlowtopApp(collector, quit_on=QUIT_SIGNALS)
     if args.theme == "light":
         app.theme = "textual-light"
     metrics = _metrics(args, lambda: app.data.latest)
@@ -301,7 +305,6 @@ class Collected:
 async def collect(collector: Any, timeout: float, until_done: bool) -> Collected:
     """Run ``collector`` for up to ``timeout`` seconds (or, ``until_done``, until a tick finds
     every rank done: that tick's hints are the final ones; SIGINT/SIGTERM end it early too)."""
-    import signal
 
     await collector.start()
     finished = asyncio.Event()

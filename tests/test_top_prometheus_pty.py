@@ -67,6 +67,9 @@ class Terminal:
     def type(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
 
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
     def wait(self, timeout: float) -> int | None:
         """The exit status (a signal as -N), or None if still running after ``timeout``."""
         deadline = time.monotonic() + timeout

@@ -12,6 +12,7 @@ the same way and are shown as notifications. Commands (``k``) go to the data thr
 from __future__ import annotations
 
 import asyncio
+import signal
 
 from textual.app import App
 from textual.binding import Binding
@@ -41,6 +42,10 @@ class FlowtopApp(App[None]):
             the data thread.
         refresh_s: Seconds between two snapshots (0 disables the cadence; tests then call
             :meth:`refresh_snapshot` themselves).
+        quit_on: Signals that quit the app as ``q`` does while it runs (the commands pass SIGTERM
+            and SIGHUP: a ``kill``, a closed SSH session): its source stops first, so a
+            recording's last frames are flushed and the terminal is given back, where the
+            signal's default action killed the process with both undone.
     """
 
     CSS_PATH = "flowtop.tcss"
@@ -53,8 +58,10 @@ class FlowtopApp(App[None]):
         Binding("p", "save_svg", "Screenshot", show=False),
     ]
 
-    def __init__(self, source: DataSource, *, refresh_s: float = 0.5) -> None:
+    def __init__(self, source: DataSource, *, refresh_s: float = 0.5,
+                 quit_on: tuple[signal.Signals, ...] = ()) -> None:
         super().__init__()
+        self.quit_on = quit_on
         _strip_cycles.install()  # the lines it replaces are freed at once, not at a full collection
         self.source = source
         self.refresh_s = refresh_s
@@ -80,6 +87,9 @@ class FlowtopApp(App[None]):
         self.post_message(DataReady())
 
     async def on_mount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.quit_on:  # run on this loop between its callbacks, never inside one
+            loop.add_signal_handler(sig, self.call_later, self.action_quit)
         try:
             await asyncio.wrap_future(self.data.start())
         except Exception as exc:  # show it; the UI stays up so the user can read it
@@ -177,6 +187,9 @@ class FlowtopApp(App[None]):
         self.exit()
 
     async def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.quit_on:
+            loop.remove_signal_handler(sig)
         await self._stop_source()
 
     async def _stop_source(self) -> None:

@@ -1,0 +1,61 @@
+"""``flowtop top --record`` ended by a signal as a user's session ends it: ``kill`` (SIGTERM) or a
+closed SSH connection (SIGHUP). A real process on a pseudo-terminal, fed by a real probe publisher:
+it quits as on ``q`` (status 0), and the recording holds every step it received. The signal's
+default action killed it with the recording's buffer unwritten (an empty file for the first
+seconds, the last frames later) and the terminal left in raw mode."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowtop.monitor.recording import read_frames
+from flowtop.tools.demo.launch import free_port_pair
+from probe import wire
+from probe.wire import RankKey
+from test_prometheus import publisher, train
+from test_top_prometheus_pty import Terminal
+
+STEPS = 30
+
+
+def _recorded_steps(path: Path) -> int:
+    """Step records in the recording (every step kind: the probe batches them)."""
+    n = 0
+    for _, frame in read_frames(path):
+        msg = wire.decode(frame)
+        if msg.steps is not None:
+            n += len(msg.steps.step)
+    return n
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_quits_top_with_its_recording_whole(tmp_path: Path, sig: signal.Signals) -> None:
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    path = tmp_path / "top.rec"
+    term = Terminal(["-m", "flowtop.cli", "top", "--listen", listen, "--record", str(path)])
+    pubs: list[Any] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not term.screen_has("Quit"):  # the footer: the app is up and drew its screen
+            assert time.monotonic() < deadline, bytes(term.out[-2000:])
+            time.sleep(0.1)
+        pub = publisher(listen, RankKey("sig-job", "node-s", 4242, 0, 0), 1, 0)
+        pubs.append(pub)
+        train(pub, STEPS)
+        while not term.screen_has("sig-job"):
+            assert time.monotonic() < deadline, bytes(term.out[-2000:])
+            time.sleep(0.1)
+        time.sleep(1.0)  # the batch of steps, sent within its flush, is received by now
+        term.signal(sig)
+        assert term.wait(30) == 0, bytes(term.out[-2000:])
+        assert _recorded_steps(path) == STEPS
+        assert b"\x1b[?1049l" in term.out[-4000:]  # the terminal given back: the screen it took left
+    finally:
+        for p in pubs:
+            p.close()
+        term.kill()
