@@ -6,6 +6,7 @@ import collections
 
 import pytest
 
+from probe import _log
 from probe.flops.peaks import (
     ENV_PEAK,
     cpu_peak,
@@ -93,11 +94,15 @@ def test_override_from_environment() -> None:
         parse_peak_tflops("")
 
 
-def test_resolve_peak_order() -> None:
+def test_resolve_peak_order(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_log, "_seen", set())
     peak, _ = resolve_peak("NVIDIA H200", "bf16", {ENV_PEAK: "500"})
     assert peak.flops == pytest.approx(500 * T) and "override" in peak.source
     peak, reason = resolve_peak("NVIDIA H200", "bf16", {ENV_PEAK: "fast"})
     assert peak is None and ENV_PEAK in reason
+    resolve_peak("NVIDIA H200", "bf16", {ENV_PEAK: "fast"})  # said once, as every bad value
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ENV_PEAK in err and "'fast'" in err and "no MFU" in err, err
     assert resolve_peak("NVIDIA H200", "bf16", {})[0].flops == pytest.approx(989.4 * T)
     assert "estimated" in resolve_peak("cpu", "fp32", {})[0].source
 

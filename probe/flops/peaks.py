@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from probe import config
+from probe._log import warn_once
 
 ENV_PEAK = config.PEAK_TFLOPS.name
 _MAX_PLAUSIBLE_TFLOPS = 100_000.0  # above this the user almost surely gave FLOP/s
@@ -318,10 +319,12 @@ def cpu_peak(
 def resolve_peak(device_name: str, dtype: str, environ: dict[str, str] | None = None) -> tuple[Peak | None, str]:
     """Override first, then CPU estimate for "cpu" devices, then the GPU table.
 
-    A malformed override is reported as the reason (never raised from here)."""
+    A malformed override is reported as the reason (never raised from here), and once on stderr,
+    as every bad FLOWTOP_* value is: the snapshot's MFU reason alone was easy to miss."""
     try:
         override = peak_override(environ, dtype)
     except ValueError as exc:
+        warn_once("peak-override", f"{exc}; no peak, so no MFU (fix or unset {ENV_PEAK})")
         return None, str(exc)
     if override is not None:
         return Peak(override, f"override ({ENV_PEAK})", normalise_dtype(dtype)), ""
