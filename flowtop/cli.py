@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="hardware FLOPs with Nsight Compute vs the probe's",
                          description=calibrate.DESCRIPTION)
     calibrate.add_arguments(cal)
-    cal.set_defaults(usage_error=cal.error)  # checks after parsing print calibrate's usage
+    for command in sub.choices.values():  # checks after parsing print the command's own usage
+        command.set_defaults(usage_error=command.error)
     return ap
 
 
@@ -151,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              + (f" (did you mean {near[0]!r}?)" if near else f"; commands: {', '.join(SUBCOMMANDS)}"))
     if not args_list or args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help", "--version"):
         args_list = ["top", *args_list]
-    args = build_parser().parse_args(args_list)
+    args, extra = build_parser().parse_known_args(args_list)
+    if extra:  # the command's usage, not the top level's (argparse's own error names no command)
+        args.usage_error(f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd == "analyze":
         from flowtop.tools import analyze
 

@@ -29,7 +29,10 @@ def _flowtop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
         (["top", "--peak-tflops", "inf"], "must be a positive number"),
         (["snapshot", "--listen", "udp://x"], "expected tcp://HOST:PORT"),
         (["snapshot", "--listen", "tcp://0.0.0.0:5999"], "--insecure-bind"),
-        (["--bogus"], "unrecognized arguments"),
+        (["--bogus"], "flowtop top: error: unrecognized arguments: --bogus"),
+        # the command's own usage and name, not the top level's
+        (["snapshot", "--json", "--bogus"], "usage: flowtop snapshot"),
+        (["replay", "x.rec", "--bogus"], "flowtop replay: error: unrecognized arguments: --bogus"),
         (["frobnicate"], "unknown command 'frobnicate'; commands: top, serve, run"),
         (["snaphsot", "--json"], "unknown command 'snaphsot' (did you mean 'snapshot'?)"),
     ],
