@@ -53,29 +53,38 @@ def _bool(raw: str) -> bool:
     raise ValueError("expected 1/0, true/false, yes/no or on/off")
 
 
+def _number(raw: str, kind: Callable[[str], T], what: str) -> T:
+    """``raw`` as ``kind``, or a ValueError that says what was expected (not Python's own text,
+    "invalid literal for int() with base 10")."""
+    try:
+        return kind(raw.strip())
+    except ValueError:
+        raise ValueError(f"expected {what}") from None
+
+
 def _positive_int(raw: str) -> int:
-    value = int(raw)
+    value = _number(raw, int, "a whole number")
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
 
 
 def _non_negative_int(raw: str) -> int:
-    value = int(raw)
+    value = _number(raw, int, "a whole number")
     if value < 0:
         raise ValueError("must be 0 (off) or a positive integer")
     return value
 
 
 def _positive_float(raw: str) -> float:
-    value = float(raw)
+    value = _number(raw, float, "a number")
     if not value > 0 or value == float("inf"):
         raise ValueError("must be a positive number")
     return value
 
 
 def _fraction(raw: str) -> float:
-    value = float(raw)
+    value = _number(raw, float, "a number")
     if not 0 < value <= 1000:
         raise ValueError("must be a positive share such as 0.02 (2 %); above 1 lets counting cost more than training")
     return value

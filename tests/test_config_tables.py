@@ -133,7 +133,8 @@ def test_bad_values_fall_back_to_the_default(capsys: pytest.CaptureFixture[str],
     monkeypatch.setattr(_log, "_seen", set())  # "once per process": leave other tests their first warning
     assert config.QUEUE.read({"FLOWTOP_QUEUE": "many"}) == 10_000
     assert config.QUEUE.read({"FLOWTOP_QUEUE": "many"}) == 10_000
-    assert capsys.readouterr().err.count("ignoring FLOWTOP_QUEUE='many'") == 1  # once per process
+    # once per process, saying what it wanted (not "invalid literal for int() with base 10")
+    assert capsys.readouterr().err.count("ignoring FLOWTOP_QUEUE='many': expected a whole number; using 10000") == 1
     assert config.JOB.read({"FLOWTOP_JOB": ""}) is None and config.JOB.read({"FLOWTOP_JOB": "j"}) == "j"
     with caplog.at_level(logging.WARNING):
         assert settings.HANG_S.read({"FLOWTOP_HANG_S": "soon"}) is None
