@@ -96,8 +96,9 @@ def run_checks(listen: str, curve_dir: str | None, insecure: bool, ranks: int | 
                                 f"(Python {child.get('python')})", details={"executable": child.get("executable")}))
         findings += probe_findings(child, python)
         findings += device_findings(child)
-    findings += address_findings(listen, curve_dir, insecure)
-    findings += key_findings(curve_dir)
+    address = address_findings(listen, curve_dir, insecure)
+    findings += address
+    findings += key_findings(curve_dir, loopback_ok=all(f.status == "ok" for f in address if f.check == "security"))
     findings += fd_findings(ranks)
     return findings
 

@@ -215,9 +215,14 @@ def _read_greeting(s: socket.socket) -> bytes:
         return b""  # accepted but silent: not ZeroMQ either
 
 
-def key_findings(curve_dir: str | None) -> list[Finding]:
-    """Every key file of a CURVE directory present and readable, for the monitor and for probes."""
+def key_findings(curve_dir: str | None, loopback_ok: bool = True) -> list[Finding]:
+    """Every key file of a CURVE directory present and readable, for the monitor and for probes.
+    Without a directory: that it is fine on loopback, unless the security check found the address
+    beyond it (``loopback_ok`` False: its fail or warning says what keys are for already, and
+    "fine on loopback" after it read as a contradiction)."""
     if not curve_dir:
+        if not loopback_ok:
+            return []
         return [Finding("keys", INFO, "no CURVE directory given (--curve-dir or FLOWTOP_CURVE_DIR): fine on loopback")]
     import zmq.auth
 
