@@ -425,7 +425,8 @@ def test_a_relay_stopped_by_a_signal_leaves_no_file(short_dir: Path) -> None:
     relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--connect", "tcp://127.0.0.1:5999"],
                              stderr=subprocess.PIPE, text=True, env=env)
     try:
-        assert relay.stderr is not None and "ranks connect to ipc://" in relay.stderr.readline()
+        banner = relay.stderr.readline() if relay.stderr is not None else ""
+        assert "ranks connect to ipc://" in banner and "(flowtop run --connect ipc://" in banner, banner
         node = short_dir / f"flowtop-{os.getuid()}"
         deadline = time.monotonic() + 10
         while len(list(node.iterdir())) < 2 and time.monotonic() < deadline:  # it binds after its banner

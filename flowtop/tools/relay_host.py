@@ -151,7 +151,9 @@ def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    print(f"flowtop relay {relay.id}: ranks connect to {listen} (FLOWTOP_ADDR={listen}); "
+    # The command a rank runs, not FLOWTOP_ADDR alone: without `flowtop run` (or an attach in
+    # the script) no probe is loaded to read it, and nothing said so.
+    print(f"flowtop relay {relay.id}: ranks connect to {listen} (flowtop run --connect {listen} -- CMD); "
           f"forwarding to {upstream}", file=sys.stderr, flush=True)
     try:
         relay.run()
