@@ -39,7 +39,7 @@ def test_unmodified_script_is_probed(monitor, tmp_path: Path) -> None:
     snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].status == "done", 10)
     rank = snap.jobs[0].ranks[0]
     assert rank.step == 12
-    assert rank.tokens_per_step == 0  # no embedding: tokens are not guessed
+    assert rank.tokens_per_step is None and rank.tokens_per_s is None  # no embedding: tokens are not guessed
 
 
 def test_exit_code_and_existing_sitecustomize_chained(monitor, tmp_path: Path) -> None:

@@ -157,7 +157,7 @@ def test_pipeline_parallel_stages_count_their_layers(monitor, schedule: str) -> 
     first, last = run.ranks
     assert_rank_basics(first, steps=steps, tokens_per_step=tokens, flops_per_step=PP_STAGE0_PER_TOKEN * tokens)
     assert last["step"] == steps and last["status"] == "done" and last["counted"] is True
-    assert last["tokens_per_step"] == 0 and last["tokens_per_s"] is None  # a later stage embeds nothing
+    assert last["tokens_per_step"] is None and last["tokens_per_s"] is None  # a later stage embeds nothing
     assert last["flops_per_step"] == PP_STAGE1_PER_TOKEN * tokens  # 132,120,576
     assert last["mfu"] is not None and 0 < last["mfu"] < 1  # FLOPs per step / median step time
     for r in run.ranks:

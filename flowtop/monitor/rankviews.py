@@ -235,7 +235,7 @@ class RankViews:
             step=st.step,
             step_time_s=med,
             device_time_s=st.device_s,
-            tokens_per_step=ring.last().tokens if ring else 0,
+            tokens_per_step=(ring.last().tokens or None) if ring else None,  # 0 sent: not known
             tokens_per_s=tokens_per_s,
             input_wait_frac=statistics.median(waits) if waits else None,
             heard_at=st.last_recv,

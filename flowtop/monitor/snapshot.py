@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.precision import DtypeMix
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields).
-SCHEMA = "flowtop.snapshot/1.6"
+SCHEMA = "flowtop.snapshot/1.7"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -148,7 +148,7 @@ class RankSnapshot(_Slotted):
     step: int
     step_time_s: float | None  # median wall time of recent steps
     device_time_s: float | None  # latest device (CUDA event) time of a step
-    tokens_per_step: int
+    tokens_per_step: int | None  # None: unknown (no embedding seen: tokens are not guessed)
     tokens_per_s: float | None  # 0 while stalled or stale
     input_wait_frac: float | None  # share of the step spent waiting for input
     #: Monitor time the rank was last heard from: its age is the snapshot's ``taken_at`` minus
