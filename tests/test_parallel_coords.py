@@ -176,6 +176,8 @@ def test_pipeline_stages_per_data_parallel_replica() -> None:
     assert s0.flops_share == pytest.approx(3 / 8) and s1.stage_time_s == pytest.approx(0.32)
     text = render(m.snapshot(5.2))
     assert "  tokens/s: tokens once per data-parallel replica" in text
+    m_none, job_none = _job(layout, [0] * 4)  # no rank saw an embedding: no tokens/s, nothing to qualify
+    assert job_none.tokens_per_s is None and "tokens/s:" not in render(m_none.snapshot(5.2))
     assert "  pp 1 (stage 1, ranks 2,3): 5.00GFLOP/step (62.5% of the pipeline)  compute 320ms/step  step 500ms" in text
     assert_valid_snapshot(to_json(m.snapshot(5.2)))
 

@@ -41,7 +41,7 @@ def render(snap: MonitorSnapshot) -> str:
             )
             if f.expert_load is not None:
                 lines.append(f"  experts: {_experts(f.expert_load)}")
-        if job.tokens_basis:
+        if job.tokens_basis and job.tokens_per_s is not None:  # how a figure counts, where there is one
             lines.append(f"  tokens/s: {job.tokens_basis}")
         for s in job.stages:
             stages = ",".join(map(str, s.stages)) or "?"
