@@ -26,9 +26,6 @@ from flowtop.tools.common import (
 )
 from probe import wire
 
-#: Signals that quit the TUI as ``q`` does (a ``kill``, a closed SSH session): its recording
-#: flushed, its terminal given back (flowtop.tui.app.FlowtopApp's ``quit_on``).
-QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 SUBCOMMANDS = ("top", "serve", "run", "relay", "snapshot", "replay", "demo", "keys", "doctor", "analyze", "calibrate")
 
 
@@ -228,7 +225,7 @@ def _collector(args: argparse.Namespace) -> Any:
 
 def _replay(args: argparse.Namespace) -> int:
     from flowtop.monitor.recording import RecordingError, RecordingSource, read_recording
-    from flowtop.tui.app import FlowtopApp
+    from flowtop.tui.app import QUIT_SIGNALS, FlowtopApp
 
     try:
         next(iter(read_recording(args.recording)), None)  # fail before the UI starts
@@ -247,7 +244,7 @@ def _top(args: argparse.Namespace) -> int:
     if collector is None:
         return 2
     from flowtop.monitor import gcpolicy
-    from flowtop.tui.app import FlowtopApp
+    from flowtop.tui.app import QUIT_SIGNALS, FlowtopApp
 
     gcpolicy.for_monitor()
     app = FlowtopApp(collector, quit_on=QUIT_SIGNALS)

@@ -178,6 +178,12 @@ def test_pipeline_stages_per_data_parallel_replica() -> None:
     assert "  tokens/s: tokens once per data-parallel replica" in text
     m_none, job_none = _job(layout, [0] * 4)  # no rank saw an embedding: no tokens/s, nothing to qualify
     assert job_none.tokens_per_s is None and "tokens/s:" not in render(m_none.snapshot(5.2))
+    stale = m_none.snapshot(60.0)  # silent since 5 s: stale ranks whose tokens were never known
+    assert {r.status for r in stale.jobs[0].ranks} == {"stale"}
+    assert all(r.tokens_per_s is None and r.tokens_per_step is None for r in stale.jobs[0].ranks)
+    assert stale.jobs[0].tokens_per_s is None and "tokens/s:" not in render(stale)
+    # stage 0's ranks embed their tokens (0 while stale), stage 1's never see any (unknown)
+    assert [r.tokens_per_s for r in sorted(m.snapshot(60.0).jobs[0].ranks, key=lambda r: r.rank)] == [0.0, 0.0, None, None]
     assert "  pp 1 (stage 1, ranks 2,3): 5.00GFLOP/step (62.5% of the pipeline)  compute 320ms/step  step 500ms" in text
     assert_valid_snapshot(to_json(m.snapshot(5.2)))
 

@@ -34,11 +34,14 @@ def free_port() -> int:
 class Terminal:
     """A child process on a pty; everything it writes is kept (the screen's bytes)."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], ignore: tuple[int, ...] = ()) -> None:
+        """``ignore``: signals the child starts with ignored (as ``nohup`` leaves SIGHUP)."""
         env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(COLS), LINES=str(ROWS))
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: size its terminal before Textual reads it
             try:
+                for sig in ignore:
+                    signal.signal(sig, signal.SIG_IGN)
                 fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
                 os.execve(sys.executable, [sys.executable, *argv], env)
             finally:

@@ -47,10 +47,10 @@ def test_a_signal_quits_top_with_its_recording_whole(tmp_path: Path, sig: signal
         pub = publisher(listen, RankKey("sig-job", "node-s", 4242, 0, 0), 1, 0)
         pubs.append(pub)
         train(pub, STEPS)
-        while not term.screen_has("sig-job"):
+        pub.publish_now("bye", {"reason": "test", "steps": STEPS, "drops": 0})
+        while not term.screen_has("done"):  # the bye shown: every frame before it was received
             assert time.monotonic() < deadline, bytes(term.out[-2000:])
             time.sleep(0.1)
-        time.sleep(1.0)  # the batch of steps, sent within its flush, is received by now
         term.signal(sig)
         assert term.wait(30) == 0, bytes(term.out[-2000:])
         assert _recorded_steps(path) == STEPS
@@ -58,4 +58,24 @@ def test_a_signal_quits_top_with_its_recording_whole(tmp_path: Path, sig: signal
     finally:
         for p in pubs:
             p.close()
+        term.kill()
+
+
+def test_top_under_nohup_outlives_its_terminal_and_a_second_signal_kills() -> None:
+    """A SIGHUP the process was started ignoring (``nohup flowtop top``) stays ignored: the
+    monitor outlives its terminal as asked. SIGTERM then quits it; a second one while it stops
+    would kill it as before (never a process that only SIGKILL ends)."""
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    term = Terminal(["-m", "flowtop.cli", "top", "--listen", listen], ignore=(signal.SIGHUP,))
+    try:
+        deadline = time.monotonic() + 60
+        while not term.screen_has("Quit"):
+            assert time.monotonic() < deadline, bytes(term.out[-2000:])
+            time.sleep(0.1)
+        term.signal(signal.SIGHUP)
+        assert term.wait(2.0) is None  # still running
+        term.signal(signal.SIGTERM)
+        term.signal(signal.SIGTERM)  # at once: quitting as on q, or killed by the second
+        assert term.wait(30) in (0, -signal.SIGTERM), bytes(term.out[-2000:])
+    finally:
         term.kill()

@@ -117,11 +117,12 @@ def stalled_for(st: RankState, now: float, med: float | None) -> float | None:
 
 
 def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> float | None:
-    """Median tokens per step of recent steps ÷ median step time; 0 while stalled."""
-    if stalled is not None:
-        return 0.0
+    """Median tokens per step of recent steps ÷ median step time; 0 while stalled; None while
+    its tokens are unknown (no embedding seen), stalled or not."""
     median_step(st)  # brings the cached median tokens up to date
     tokens = st.med_cache[2]
+    if stalled is not None:
+        return 0.0 if tokens else None
     if tokens and med:
         return tokens / med
     return None

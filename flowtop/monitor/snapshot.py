@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.moe_load import ExpertLoad
     from flowtop.monitor.precision import DtypeMix
 
-#: Version of the JSON snapshot layout (bump MINOR for added fields).
+#: Version of the JSON snapshot layout (bump MINOR for added fields, or a field that may now be null:
+#: 1.7's tokens_per_step; the schema file says which fields are nullable).
 SCHEMA = "flowtop.snapshot/1.7"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"

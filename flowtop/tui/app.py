@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 
 from textual.app import App
 from textual.binding import Binding
@@ -28,6 +29,13 @@ from flowtop.tui.widgets._messages import DataReady, SnapshotUpdated
 
 __all__ = ["FlowtopApp", "SnapshotSource", "SnapshotUpdated"]
 
+#: Signals that quit the app as ``q`` does (a ``kill``, a closed SSH session), as the commands run
+#: it: see FlowtopApp's ``quit_on``.
+QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: Seconds a signalled app has to stop before the signal is taken as it would have been without
+#: it (the process dies): a UI loop that hangs must not make it unkillable but by SIGKILL.
+QUIT_GRACE_S = 15.0
+
 #: The data source protocol (kept under its old name: sources written for it still fit).
 SnapshotSource = DataSource
 #: Seconds a notification of an error stays on screen.
@@ -42,10 +50,11 @@ class FlowtopApp(App[None]):
             the data thread.
         refresh_s: Seconds between two snapshots (0 disables the cadence; tests then call
             :meth:`refresh_snapshot` themselves).
-        quit_on: Signals that quit the app as ``q`` does while it runs (the commands pass SIGTERM
-            and SIGHUP: a ``kill``, a closed SSH session): its source stops first, so a
-            recording's last frames are flushed and the terminal is given back, where the
-            signal's default action killed the process with both undone.
+        quit_on: Signals that quit the app as ``q`` does while it runs (the commands pass
+            QUIT_SIGNALS): its source stops first, so a recording's last frames are flushed and
+            the terminal is given back, where the signal's default action killed the process with
+            both undone. A signal the process ignores (``nohup``) stays ignored; a second one, or
+            the first after QUIT_GRACE_S, is taken as before (the process dies of it).
     """
 
     CSS_PATH = "flowtop.tcss"
@@ -62,6 +71,7 @@ class FlowtopApp(App[None]):
                  quit_on: tuple[signal.Signals, ...] = ()) -> None:
         super().__init__()
         self.quit_on = quit_on
+        self._handled: dict[signal.Signals, object] = {}  # signal -> the handler it had before
         _strip_cycles.install()  # the lines it replaces are freed at once, not at a full collection
         self.source = source
         self.refresh_s = refresh_s
@@ -87,9 +97,7 @@ class FlowtopApp(App[None]):
         self.post_message(DataReady())
 
     async def on_mount(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in self.quit_on:  # run on this loop between its callbacks, never inside one
-            loop.add_signal_handler(sig, self.call_later, self.action_quit)
+        self._catch_quit_signals()
         try:
             await asyncio.wrap_future(self.data.start())
         except Exception as exc:  # show it; the UI stays up so the user can read it
@@ -187,10 +195,37 @@ class FlowtopApp(App[None]):
         self.exit()
 
     async def on_unmount(self) -> None:
+        await self._stop_source()
+        self._release_quit_signals()
+
+    def _catch_quit_signals(self) -> None:
+        """Quit on ``quit_on``'s signals (see the class doc), on this loop between its callbacks."""
         loop = asyncio.get_running_loop()
         for sig in self.quit_on:
-            loop.remove_signal_handler(sig)
-        await self._stop_source()
+            previous = signal.getsignal(sig)
+            if previous is signal.SIG_IGN:
+                continue  # nohup: the user asked for the process to outlive its terminal
+            self._handled[sig] = previous
+            loop.add_signal_handler(sig, self._quit_signalled, sig)
+
+    def _quit_signalled(self, sig: signal.Signals) -> None:
+        """The first quit signal: quit as on ``q``; the next one, or this one after QUIT_GRACE_S,
+        kills as it would have without the app's handlers."""
+        self._release_quit_signals()
+        timer = threading.Timer(QUIT_GRACE_S, signal.raise_signal, (sig,))
+        timer.daemon = True  # the app quitting in time ends the process with it
+        timer.start()
+        self.call_later(self.action_quit)
+
+    def _release_quit_signals(self) -> None:
+        """The handlers the signals had before the app took them back in place."""
+        handled, self._handled = self._handled, {}
+        for sig, previous in handled.items():
+            try:
+                asyncio.get_running_loop().remove_signal_handler(sig)
+            except RuntimeError:  # no loop: nothing of ours to remove
+                pass
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
 
     async def _stop_source(self) -> None:
         if self._stopped:

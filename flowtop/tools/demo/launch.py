@@ -178,8 +178,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"flowtop demo: training exited with code {code}; log {log_path}:\n{tail}", file=sys.stderr)
         return 0 if code == 0 else 1
     from flowtop.monitor import gcpolicy
-    from flowtop.tui.app import FlowtopApp
+    from flowtop.tui.app import QUIT_SIGNALS, FlowtopApp
 
     gcpolicy.for_monitor()
-    FlowtopApp(source).run()
+    FlowtopApp(source, quit_on=QUIT_SIGNALS).run()
     return start_failed(source)
