@@ -4,6 +4,7 @@ status 0 and both ports (the monitor's and the metrics') released."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -16,9 +17,10 @@ import sys
 import termios
 import threading
 import time
-from typing import Any
+from typing import Iterator
 
 from flowtop.tools.demo.launch import free_port_pair
+from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 from test_prometheus import PEAK, MODEL_FLOPS, WALL_S, by_name, http_get, publisher, train
 
@@ -67,6 +69,12 @@ class Terminal:
     def screen_has(self, text: str) -> bool:
         return text.encode() in self.out
 
+    def until(self, text: str, deadline: float) -> None:
+        """Wait until ``text`` is on screen (by monotonic ``deadline``; else fail with the screen)."""
+        while not self.screen_has(text):
+            assert time.monotonic() < deadline, bytes(self.out[-2000:])
+            time.sleep(0.1)
+
     def type(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
 
@@ -107,20 +115,30 @@ def released(port: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def top_fed(listen: str, args: list[str], key: RankKey, steps: int) -> Iterator[tuple[Terminal, Publisher]]:
+    """``flowtop top --listen LISTEN ARGS`` on a terminal, drawn, and a real publisher of ``key``
+    that sent ``steps`` steps, a FLOP count and telemetry to it; both closed at the end."""
+    term = Terminal(["-m", "flowtop.cli", "top", "--listen", listen, *args])
+    pub: Publisher | None = None
+    try:
+        term.until("Quit", time.monotonic() + 60)  # the footer: the app is up and drew its screen
+        pub = publisher(listen, key, 1, 0)
+        train(pub, steps)
+        yield term, pub
+    finally:
+        if pub is not None:
+            pub.close()
+        term.kill()
+
+
 def test_top_with_prometheus_in_a_terminal_scrapes_then_quits_on_q() -> None:
     monitor_port, metrics_port = free_port_pair(), free_port()
     listen = f"tcp://127.0.0.1:{monitor_port}"
     url = f"http://127.0.0.1:{metrics_port}/metrics"
-    term = Terminal(["-m", "flowtop.cli", "top", "--listen", listen, "--prometheus", f"127.0.0.1:{metrics_port}"])
-    pubs: list[Any] = []
-    try:
+    with top_fed(listen, ["--prometheus", f"127.0.0.1:{metrics_port}"], RankKey("pty-job", "node-p", 4343, 0, 0),
+                 30) as (term, _):
         deadline = time.monotonic() + 60
-        while not term.screen_has("Quit"):  # the footer: the app is up and drew its screen
-            assert time.monotonic() < deadline, bytes(term.out[-2000:])
-            time.sleep(0.1)
-        pub = publisher(listen, RankKey("pty-job", "node-p", 4343, 0, 0), 1, 0)
-        pubs.append(pub)
-        train(pub, 30)
         while True:  # scraped while the TUI runs and shows the same job
             text = http_get(url)
             mfu = by_name(text, "flowtop_rank_mfu_ratio")
@@ -135,7 +153,3 @@ def test_top_with_prometheus_in_a_terminal_scrapes_then_quits_on_q() -> None:
         term.type("q")
         assert term.wait(30) == 0, bytes(term.out[-2000:])
         assert released(metrics_port) and released(monitor_port)
-    finally:
-        for p in pubs:
-            p.close()
-        term.kill()

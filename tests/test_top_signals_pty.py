@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,8 +16,7 @@ from flowtop.monitor.recording import read_frames
 from flowtop.tools.demo.launch import free_port_pair
 from probe import wire
 from probe.wire import RankKey
-from test_prometheus import publisher, train
-from test_top_prometheus_pty import Terminal
+from test_top_prometheus_pty import Terminal, top_fed
 
 STEPS = 30
 
@@ -37,28 +35,13 @@ def _recorded_steps(path: Path) -> int:
 def test_a_signal_quits_top_with_its_recording_whole(tmp_path: Path, sig: signal.Signals) -> None:
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     path = tmp_path / "top.rec"
-    term = Terminal(["-m", "flowtop.cli", "top", "--listen", listen, "--record", str(path)])
-    pubs: list[Any] = []
-    try:
-        deadline = time.monotonic() + 60
-        while not term.screen_has("Quit"):  # the footer: the app is up and drew its screen
-            assert time.monotonic() < deadline, bytes(term.out[-2000:])
-            time.sleep(0.1)
-        pub = publisher(listen, RankKey("sig-job", "node-s", 4242, 0, 0), 1, 0)
-        pubs.append(pub)
-        train(pub, STEPS)
+    with top_fed(listen, ["--record", str(path)], RankKey("sig-job", "node-s", 4242, 0, 0), STEPS) as (term, pub):
         pub.publish_now("bye", {"reason": "test", "steps": STEPS, "drops": 0})
-        while not term.screen_has("done"):  # the bye shown: every frame before it was received
-            assert time.monotonic() < deadline, bytes(term.out[-2000:])
-            time.sleep(0.1)
+        term.until("done", time.monotonic() + 60)  # the bye shown: every frame before it was received
         term.signal(sig)
         assert term.wait(30) == 0, bytes(term.out[-2000:])
         assert _recorded_steps(path) == STEPS
         assert b"\x1b[?1049l" in term.out[-4000:]  # the terminal given back: the screen it took left
-    finally:
-        for p in pubs:
-            p.close()
-        term.kill()
 
 
 def test_top_under_nohup_outlives_its_terminal_and_a_second_signal_kills() -> None:
@@ -68,10 +51,7 @@ def test_top_under_nohup_outlives_its_terminal_and_a_second_signal_kills() -> No
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     term = Terminal(["-m", "flowtop.cli", "top", "--listen", listen], ignore=(signal.SIGHUP,))
     try:
-        deadline = time.monotonic() + 60
-        while not term.screen_has("Quit"):
-            assert time.monotonic() < deadline, bytes(term.out[-2000:])
-            time.sleep(0.1)
+        term.until("Quit", time.monotonic() + 60)
         term.signal(signal.SIGHUP)
         assert term.wait(2.0) is None  # still running
         term.signal(signal.SIGTERM)
