@@ -60,6 +60,7 @@ def test_clean_environment_passes() -> None:
     (peak,) = find(report, "peak")  # a CPU machine: one device, its estimated fp32 peak
     assert peak["status"] == "ok" and peak["details"]["source"].startswith("estimated")
     assert peak["details"]["flops"] > 0
+    assert "a CPU rank's own peak counts only the cores it computes on" in peak["summary"]
     assert one(report, "nvml")["status"] in ("ok", "info")  # no driver here: info, not a failure
     # The words of the same findings (the CLI's text mode, run end to end in the next test).
     text = render([Finding(**f) for f in report["findings"]])

@@ -121,8 +121,12 @@ def device_findings(child: dict[str, Any]) -> list[Finding]:
             from flowtop.monitor.format import rate_prefix
 
             scale, prefix = rate_prefix([p["flops"]])
-            out.append(Finding("peak", OK, f"{label}: {p['flops'] / scale:,.1f} {prefix}FLOP/s from {p['source']}",
-                               details=p))
+            # This interpreter's figure; a CPU rank's is smaller where it computes on fewer cores
+            # (a new user met 156 GFLOP/s here and 78 in each of two torchrun ranks' MFU).
+            ranks = ("; a CPU rank's own peak counts only the cores it computes on (its torch threads, at most "
+                     "its share of the host)") if str(p["device"]).startswith("cpu") else ""
+            summary = f"{label}: {p['flops'] / scale:,.1f} {prefix}FLOP/s from {p['source']}{ranks}"
+            out.append(Finding("peak", OK, summary, details=p))
         else:
             bad_override = "FLOWTOP_PEAK_TFLOPS" in p.get("reason", "") and "peak must" in p.get("reason", "")
             out.append(Finding("peak", FAIL if bad_override else WARN, f"{label}: no peak ({p.get('reason')}): MFU n/a",
