@@ -42,8 +42,9 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: size its terminal before Textual reads it
             try:
-                for sig in ignore:
-                    signal.signal(sig, signal.SIG_IGN)
+                for sig in (signal.SIGHUP, signal.SIGTERM):  # as a login shell leaves them, whoever
+                    # started the tests (under nohup SIGHUP arrives ignored, and stays so through exec)
+                    signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
                 fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
                 os.execve(sys.executable, [sys.executable, *argv], env)
             finally:
