@@ -305,7 +305,6 @@ class Collected:
 async def collect(collector: Any, timeout: float, until_done: bool) -> Collected:
     """Run ``collector`` for up to ``timeout`` seconds (or, ``until_done``, until a tick finds
     every rank done: that tick's hints are the final ones; SIGINT/SIGTERM end it early too)."""
-
     await collector.start()
     finished = asyncio.Event()
 

@@ -159,7 +159,7 @@ class SenderLoop:
             # training code owns. (After a fork pyzmq leaves both alone in the child.)
             ctx = zmq.Context(io_threads=1)
         except Exception as exc:  # EMFILE and friends: say so once, never a thread traceback
-            warn_once("sender-socket", f"cannot create the probe's socket ({exc}); probe publishes nothing")
+            warn_once("sender-socket", f"cannot create the probe's ZeroMQ context ({exc}); probe publishes nothing")
             return
         sock: Any = None
         link: Link | None = None

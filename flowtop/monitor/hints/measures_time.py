@@ -24,25 +24,33 @@ def _running(job: JobSnapshot) -> list[RankSnapshot]:
     return [r for r in latest_ranks(job) if r.status != "done"]
 
 
-def _current(r: RankSnapshot) -> bool:
-    """Whether the rank's history reaches its step. A large job's hints read histories taken when
-    they measure (Model._as_now: every rank with steps, its telemetry where it sampled again since
-    its view); a history built by hand, or a rank without steps, may stop short of its step."""
+def _newest_reached(r: RankSnapshot) -> tuple[int, float] | None:
+    """The (step, receive time) of the rank's newest reached step when its history reaches its
+    step, else None. A large job's hints read histories taken when they measure (Model._as_now:
+    every rank with steps, its telemetry where it sampled again since its view); a history built
+    by hand, or a rank without steps, may stop short of its step. One lookup: the hang rules ask
+    it of every rank (4,096 ranks, two rules, every round)."""
     reached = r.history.reached
-    return bool(reached) and reached[-1][0] >= r.step
+    if not reached:
+        return None
+    last = reached[-1]
+    return last if last[0] >= r.step else None
+
+
+def _current(r: RankSnapshot) -> bool:
+    """Whether the rank's history reaches its step (see _newest_reached)."""
+    return _newest_reached(r) is not None
 
 
 def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
     """Seconds without a step (monitor clock) and the limit they are compared with."""
-    reached = r.history.reached
-    last = reached[-1] if reached else None  # one lookup (4,096 ranks, two rules, every round)
-    # A rank that stepped since its history was taken (not _current) is not stalled since then
+    # A rank that stepped since its history was taken (not current) is not stalled since then
     # (read from its history, every healthy rank whose turn was furthest read as hung past the
     # 30 s floor); when it last stepped is unknown, so its silence stands for it: a rank that
     # stepped and then hung is seen at its next turn, within a round.
-    current = last is not None and last[0] >= r.step  # _current(r)
+    last = _newest_reached(r)
     # As of its relay's latest report: behind a backlog its steps arrive late, it did not stop.
-    since_last = now - r.behind_s - last[1] if last is not None and current else 0.0
+    since_last = now - r.behind_s - last[1] if last is not None else 0.0
     # The sender thread keeps heartbeating while training is stuck in a collective, so the time
     # since the last *step* matters; a silent rank (age) counts too.
     stalled = max(r.age_s(now), since_last)
@@ -52,7 +60,7 @@ def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
         "stalled_s": stalled,
         "limit_s": limit,
         "median_step_time_s": med,
-        "last_step": last[0] if last is not None and current else r.step,
+        "last_step": last[0] if last is not None else r.step,
     }
 
 
