@@ -92,8 +92,9 @@ def test_a_frames_records_extended_at_once_read_like_records_appended_one_by_one
         for frame in range(60):
             n = rng.choice([1, 5, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 200, 300])
             recv = 1e4 + frame
-            recs = [(step + i, rng.random(), rng.randint(0, 10**9), rng.choice([None, rng.random()]), recv,
-                     rng.choice([None, rng.random()])) for i in range(n)]
+            whole = rng.random() < 0.5  # every record sent both (the ring's common case), or some did not
+            recs = [(step + i, rng.random(), rng.randint(0, 10**9), rng.random() if whole else rng.choice([None, rng.random()]),
+                     recv, rng.random() if whole else rng.choice([None, rng.random()])) for i in range(n)]
             step += n
             waits = None if all(r[3] is None for r in recs) else array("d", [nan if r[3] is None else r[3] for r in recs])
             leads = array("d", [nan if r[5] is None else r[5] for r in recs])
@@ -189,6 +190,11 @@ def test_a_column_extends_block_by_block_and_keeps_its_cap() -> None:
     assert len(col) == 100 and tuple(col.view()) == tuple(float(i) for i in range(1050, 1150))
     col.append(1150.0)
     assert tuple(col.view())[-2:] == (1149.0, 1150.0) and len(col) == 100
+    view = col.view()
+    for i in range(1151, 1400, 3):  # a few values at a time: the tail grows, fills, rolls into blocks
+        col.extend(array("d", [float(i), float(i + 1), float(i + 2)]))
+        assert tuple(col.view()) == tuple(float(v) for v in range(i + 3 - 100, i + 3))
+    assert tuple(view)[-2:] == (1149.0, 1150.0) and len(view) == 100  # a view taken before did not move
 
 
 def test_last_recv_is_the_newest_records_receive_time_across_blocks() -> None:
