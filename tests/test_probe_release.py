@@ -145,6 +145,34 @@ def test_a_probe_detached_before_any_step_frees_the_model(probe_env: None) -> No
         dist.destroy_process_group()
 
 
+def test_the_group_of_a_ddp_wrapped_part_of_the_model_is_kept(probe_env: None) -> None:
+    # A part of the model trained over a group of its own: neither the root nor on the first
+    # forward's stack when the layout scan runs, its wrapper's group is kept all the same (see
+    # probe.steps.parallel.keep_groups: its destructor must not run wherever the model is freed).
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        assert probe.attach(job="nested")
+
+        def trial() -> tuple[Any, Any]:
+            group = dist.new_group([0])
+            # (not a local: the scan meets the wrappers held in the frames' variables)
+            model = nn.Sequential(nn.Embedding(64, 16),
+                                  torch.nn.parallel.DistributedDataParallel(nn.Linear(16, 16), process_group=group),
+                                  nn.GELU(), nn.Linear(16, 64))
+            _train(model, 12)  # past the layout scan
+            assert probe._current().tracker.root is model
+            dist.destroy_process_group(group)  # the user lets go of it: only the model held it
+            return weakref.ref(model), weakref.ref(group)
+
+        model, group = trial()
+        probe.detach()
+        assert model() is None  # the model is not kept
+        assert group() is not None  # its part's group is
+    finally:
+        probe.detach()
+        dist.destroy_process_group()
+
+
 class _Wrapper(nn.Module):
     def __init__(self, inner: Any) -> None:
         super().__init__()

@@ -24,6 +24,7 @@ Everything here runs once, at the first training step, and never raises.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -241,7 +242,8 @@ _KEPT: set[int] = set()
 
 
 def keep_groups(root: Any, found: Found) -> None:
-    """Keep the process groups of the DDP / FSDP1 wrappers met for the rest of the process, as
+    """Keep the process groups of the DDP / FSDP1 wrappers met (the root, those the layout scan
+    found, those inside the root) for the rest of the process, as
     if the user kept them, and never release them, not even at interpreter finalization (the
     operating system reclaims them at exit).
 
@@ -255,11 +257,25 @@ def keep_groups(root: Any, found: Found) -> None:
     the group outlives the model too (alive after main() returned, with no Python referrer)."""
     import ctypes
 
-    for w in (root, *found.wrappers):
+    for w in (root, *found.wrappers, *_nested_wrappers(root)):
         pg = _wrapper_group(w)
         if pg is not None and id(pg) not in _KEPT:
             _KEPT.add(id(pg))
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+
+
+#: Most modules :func:`_nested_wrappers` looks at (once a process: a model's modules).
+MAX_MODULES = 100_000
+
+
+def _nested_wrappers(root: Any) -> list[Any]:
+    """The DDP / FSDP1 wrappers inside ``root``: a submodule wrapped on its own (one part of a
+    model trained over its own process group), FSDP1's auto-wrapped units: neither the root nor,
+    as a rule, held by a variable of a frame the layout scan reads (:func:`scan_stack`)."""
+    modules = getattr(root, "modules", None)
+    if modules is None:
+        return []
+    return [m for m in itertools.islice(modules(), MAX_MODULES) if _wrapper_group(m) is not None]
 
 
 def _wrapper_group(root: Any) -> Any:
