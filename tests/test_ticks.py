@@ -79,9 +79,19 @@ def test_a_replay_reproduces_the_live_hints_tick_by_tick_without_snapshots(tmp_p
     finally:
         for p in pubs:
             p.close()
-        # The recording ends with the byes; a replay runs the tick after them, so the live
-        # monitor must have run it too before it stops (a fixed sleep raced with the cadence).
-        monitor.wait_for(lambda s: any(j.job == "replayed" and j.status == "done" for j in s.jobs), 15)
+        # A replay runs the tick after the recording's last frame, so the live monitor must have
+        # run it too before it stops (a fixed sleep raced with the cadence): wait until every step
+        # is in and nothing new has arrived for 4 ticks. (Publishers send no bye: the waiting for
+        # a "done" job this replaced ran its whole 15 s every time.)
+        last: list[tuple[int, float]] = []
+
+        def settled(s: MonitorSnapshot) -> bool:
+            steps = {r.rank: r.step for j in s.jobs if j.job == "replayed" for r in j.ranks}
+            if not last or last[-1][0] != s.received:
+                last.append((s.received, s.taken_at))
+            return steps == {0: 120, 1: 60} and s.taken_at >= last[-1][1] + 4 * TICK_S
+
+        monitor.wait_for(settled, 30)
         monitor.close()
     t0 = collector.ticker.t0
     shown = {round((s.taken_at - t0) / TICK_S): _hints(s) for s in live}
