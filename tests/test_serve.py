@@ -61,7 +61,7 @@ def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> No
     training = None
     try:
         _wait(lambda: _get(base + "/metrics"), 30, "the metrics endpoint")
-        training = _train(listen, 200)
+        training = _train(listen, 80)  # live with an MFU from step ~3: ~5 s of steps left for the scrapes
 
         def running() -> Any:
             snap = json.loads(_get(base + "/snapshot.json") or "null")
