@@ -15,11 +15,12 @@ from monitor_thread import MonitorThread
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, time, torch
+    import os, sys, time, torch
     model = torch.nn.Linear(16, 16)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     deadline = time.monotonic() + float(sys.argv[1])
-    while time.monotonic() < deadline:
+    stop = sys.argv[2] if len(sys.argv) > 2 else None  # a file: trains until it exists (or the deadline)
+    while time.monotonic() < deadline and not (stop and os.path.exists(stop)):
         model(torch.randn(8, 16)).sum().backward(); opt.step(); opt.zero_grad()
         time.sleep(0.02)
     print("trained", flush=True)
@@ -33,7 +34,8 @@ def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
     first = MonitorThread()
     listen = first.listen
     env = probed_env(listen, FLOWTOP_KERNELS="0", FLOWTOP_FLOPS="0")
-    proc = subprocess.Popen([sys.executable, str(script), "12"], env=env, stdout=subprocess.PIPE, text=True)
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, str(script), "60", str(stop)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         snap = first.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step >= 20, 30)
         assert snap.jobs[0].ranks[0].step >= 20
@@ -43,6 +45,10 @@ def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
     time.sleep(2.5)  # > the probe's 2 s retention: messages of this gap are dropped and counted
     second = MonitorThread(listen=listen)
     try:
+        # Once the new monitor hears the rank's steps again, the training stops (it ran a fixed
+        # 12 s, ~8 s of it past this point).
+        second.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > last_seen_by_first + 10, 30)
+        stop.touch()
         snap = second.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].status == "done", 30)
         rank = snap.jobs[0].ranks[0]
         assert rank.device.startswith("cpu")  # the hello is repeated, so a new monitor knows the rank
