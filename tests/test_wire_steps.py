@@ -139,6 +139,30 @@ def test_every_step_frame_kind_gives_the_model_the_same_steps() -> None:
     assert (drops, refused, device, probe_s, stage_s) == (0, 1, 0.0011, [1e-5], [5e-4])
 
 
+WHOLE = [{"step": 20 + i, "wall_s": 0.001 * (i + 1), "tokens": 64, "input_wait_s": 1e-4 * i, "lead_s": 8e-4,
+          "probe_s": 1e-5 * (i + 1), "stage_s": 5e-4, "drops": 0} for i in range(70)]
+
+
+def test_a_frame_whose_columns_are_whole_says_so_and_is_applied_as_the_records_are() -> None:
+    """Every record sent every column: the decode says the columns are finite (the model then
+    skips its NaN checks) and the model holds what the same records give one by one."""
+    whole = wire.decode(wire.encode_steps(KEY, 1, 1.0, WHOLE, 0)).steps
+    assert whole is not None and whole.finite
+    some = wire.decode(wire.encode_steps(KEY, 1, 1.0, RECORDS, 0)).steps
+    assert some is not None and not some.finite  # a NaN where a record did not send a column
+    seen = []
+    for frames in ([wire.encode_steps(KEY, 1, 1.0, WHOLE, 0)],
+                   [wire.encode("step", KEY, i + 1, 1.0, r) for i, r in enumerate(WHOLE)]):
+        model = Model()
+        for f in frames:
+            model.ingest(wire.decode(f), 50.0)
+        seen.append(_steps_of(model))
+    assert seen[0] == seen[1]
+    recs, _, _, _, probe_s, stage_s = seen[0]
+    assert recs[-1] == (89, 0.07, 64, 1e-4 * 69, 50.0, 8e-4) and len(recs) == 70
+    assert probe_s[-1] == 1e-5 * 70 and stage_s[-1] == 5e-4
+
+
 def test_records_at_or_before_the_newest_step_are_not_applied_twice() -> None:
     model = Model()
     model.ingest(wire.decode(wire.encode_steps(KEY, 1, 1.0, RECORDS[:2], 0)), 50.0)

@@ -311,13 +311,15 @@ class Model:
         first = bisect.bisect_right(steps, st.step) if st.steps else 0
         if first >= len(steps):
             return  # every record seen already: a stale frame's totals and device time are old too
-        st.steps.extend(steps, cols.wall_s, cols.tokens, cols.input_wait_s, cols.lead_s, now, first)
+        st.steps.extend(steps, cols.wall_s, cols.tokens, cols.input_wait_s, cols.lead_s, now, first, cols.finite)
         st.step = steps[-1]
         for column, into in ((cols.probe_s, st.probe_s), (cols.stage_s, st.stage_s)):
             if column is not None:
                 part = column[first:] if first else column
-                total = sum(part)
-                into.extend(part if total == total else [x for x in part if x == x])  # NaN: not sent
+                if cols.finite or (total := sum(part)) == total:
+                    into.extend(part)
+                else:
+                    into.extend([x for x in part if x == x])  # NaN: not sent
         st.drops = max(st.drops, cols.drops)
         st.commands_refused = max(st.commands_refused, cols.commands_refused)
         if cols.device_s is not None:

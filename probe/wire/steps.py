@@ -69,6 +69,9 @@ class StepColumns(NamedTuple):
     device_s: float | None = None
     drops: int = 0
     commands_refused: int = 0
+    #: Every value of every column a number (no NaN: each record sent each optional column that is
+    #: not None), as the decode's checks found; False: not known (look at the values).
+    finite: bool = False
 
     def records(self) -> list[dict[str, Any]]:
         """The records as maps of the single-step schema (None where a field was not sent)."""
@@ -208,7 +211,8 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     if (raw := get("stage_s")) is not None:
         stage = _array(obj, "stage_s", "d", n)
         raws.append(raw)
-    if not _all_seconds(raws):  # the common case in one pass, else column by column:
+    finite = _all_seconds(raws)  # the common case in one pass (a NaN fails it), else column by column:
+    if not finite:
         for name, column in zip(_SECONDS, (wall, wait, lead, probe, stage)):
             if column is not None:
                 _seconds(column, name)
@@ -216,7 +220,7 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     if device is not None and (type(device) not in (int, float) or not 0 <= device <= MAX_SECONDS):
         raise WireError("stepcols: bad value for 'device_s'")
     return StepColumns(step, wall, tokens, wait, lead, probe, stage, None if device is None else float(device),
-                       _count(obj, "drops", True), _count(obj, "commands_refused", False))
+                       _count(obj, "drops", True), _count(obj, "commands_refused", False), finite)
 
 
 def from_records(records: Sequence[Mapping[str, Any]]) -> StepColumns:
