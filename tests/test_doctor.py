@@ -35,6 +35,24 @@ def doctor(*args: str, env: dict[str, str] | None = None, prefix: list[str] | No
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
+def doctor_started(*args: str, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.Popen[str]:
+    """``flowtop doctor ARGS`` started in the background (each run takes seconds, most of it its
+    child interpreter's: a test that needs two runs it while the other runs)."""
+    return subprocess.Popen([*(prefix or []), *FLOWTOP, "doctor", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def doctor_finished(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a :func:`doctor_started` run."""
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
 def find(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
     return [f for f in report["findings"] if f["check"] == check]
 
@@ -69,17 +87,19 @@ def test_clean_environment_passes() -> None:
 
 def test_flowtop_disable_fails_with_its_fix() -> None:
     env = {**_clean_env(), "FLOWTOP_DISABLE": "1"}
-    rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=env)
+    text = doctor_started("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=env)  # the text report, meanwhile
+    try:
+        rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=env)
+    finally:
+        text_rc, text_out, text_err = doctor_finished(text)
     assert rc == 1 and not report["ok"]
     off = one(report, "disable")
     assert off["status"] == "fail" and "FLOWTOP_DISABLE=1" in off["summary"] and "unset FLOWTOP_DISABLE" in off["fix"]
     attach = one(report, "attach")
     assert attach["status"] == "fail" and "did not attach" in attach["summary"]
-    text = subprocess.run([*FLOWTOP, "doctor", "--listen", f"tcp://127.0.0.1:{free_port_pair()}"],
-                          capture_output=True, text=True, timeout=240, env=env)
-    assert text.returncode == 1
-    assert "[FAIL] disable" in text.stdout and "fix: unset FLOWTOP_DISABLE" in text.stdout
-    assert "would stop monitoring: disable, attach" in text.stdout
+    assert text_rc == 1, text_err
+    assert "[FAIL] disable" in text_out and "fix: unset FLOWTOP_DISABLE" in text_out
+    assert "would stop monitoring: disable, attach" in text_out
 
 
 def test_busy_port_and_a_running_monitor() -> None:
@@ -168,29 +188,33 @@ def test_no_key_directory_is_fine_on_loopback_only() -> None:
 
 
 def test_unreadable_key_directory_fails_with_its_fix(tmp_path: Path) -> None:
-    d = keys.create(tmp_path / "k")
+    d = keys.create(tmp_path / "k")  # its monitor key file unreadable
+    hidden = keys.create(tmp_path / "hidden")  # the directory itself cannot be entered
     listen = f"tcp://0.0.0.0:{free_port_pair()}"
+    prefix = _unprivileged()
     os.chmod(d / "server.key_secret", 0)
-    try:
-        rc, report, _ = doctor("--listen", listen, "--curve-dir", str(d), env=_clean_env(), prefix=_unprivileged())
+    os.chmod(hidden, 0)
+    try:  # the two doctors run at once
+        second = doctor_started("--json", "--listen", listen, "--curve-dir", str(hidden), env=_clean_env(), prefix=prefix)
+        try:
+            rc, report, _ = doctor("--listen", listen, "--curve-dir", str(d), env=_clean_env(), prefix=prefix)
+        finally:
+            rc2, out2, err2 = doctor_finished(second)
     finally:
         os.chmod(d / "server.key_secret", stat.S_IRUSR | stat.S_IWUSR)
+        os.chmod(hidden, stat.S_IRWXU)
     assert rc == 1
     (bad,) = [f for f in find(report, "keys") if f["status"] == "fail"]
     assert "server.key_secret (monitor) cannot be read: Permission denied" in bad["summary"]
     assert "chmod" in bad["fix"]
     assert one(report, "security")["status"] == "ok"  # keys are given: only their file is the problem
-    os.chmod(d, 0)
-    try:
-        rc, report, _ = doctor("--listen", listen, "--curve-dir", str(d), env=_clean_env(), prefix=_unprivileged())
-    finally:
-        os.chmod(d, stat.S_IRWXU)
-    assert rc == 1
+    assert out2.strip(), err2
+    assert rc2 == 1
     # The directory is the problem, said once with its own fix (it was one finding per file it
     # hides, each telling to chmod that file, and one telling to chmod DIR/clients).
-    (bad,) = find(report, "keys")
-    assert bad["status"] == "fail" and f"{d} cannot be entered by this user (mode 0000" in bad["summary"]
-    assert f"chmod u+rx {d}" in bad["fix"]
+    (bad,) = find(json.loads(out2), "keys")
+    assert bad["status"] == "fail" and f"{hidden} cannot be entered by this user (mode 0000" in bad["summary"]
+    assert f"chmod u+rx {hidden}" in bad["fix"]
 
 
 def test_a_missing_key_directory_and_the_verdict_line(tmp_path: Path) -> None:
