@@ -97,7 +97,7 @@ def test_a_frames_records_extended_at_once_read_like_records_appended_one_by_one
                      recv, rng.random() if whole else rng.choice([None, rng.random()])) for i in range(n)]
             step += n
             waits = None if all(r[3] is None for r in recs) else array("d", [nan if r[3] is None else r[3] for r in recs])
-            leads = array("d", [nan if r[5] is None else r[5] for r in recs])
+            leads = None if all(r[5] is None for r in recs) else array("d", [nan if r[5] is None else r[5] for r in recs])
             ring.extend(array("q", [r[0] for r in recs]), array("d", [r[1] for r in recs]),
                         array("q", [r[2] for r in recs]), waits, leads, recv)
             for r in recs:
@@ -195,6 +195,13 @@ def test_a_column_extends_block_by_block_and_keeps_its_cap() -> None:
         col.extend(array("d", [float(i), float(i + 1), float(i + 2)]))
         assert tuple(col.view()) == tuple(float(v) for v in range(i + 3 - 100, i + 3))
     assert tuple(view)[-2:] == (1149.0, 1150.0) and len(view) == 100  # a view taken before did not move
+    small = Column("d", 32)  # a cap below a block (a rank's stage times)
+    small.extend(array("d", [float(i) for i in range(40)]))
+    small.extend(array("d", [40.0, 41.0]))
+    assert tuple(small.view()) == tuple(float(i) for i in range(10, 42)) and len(small) == 32
+    view = small.view()
+    small.extend([])
+    assert small.view() is view  # nothing appended: the same view
 
 
 def test_last_recv_is_the_newest_records_receive_time_across_blocks() -> None:

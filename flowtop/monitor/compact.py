@@ -167,8 +167,10 @@ class Column:
         """Append ``values`` (an array of this type code, or a list) block by block, in C."""
         if not (isinstance(values, array) and values.typecode == self.typecode):
             values = array(self.typecode, values)
+        if not values:
+            return
         tail = self._tail
-        if len(tail) + len(values) < BLOCK:  # the common case (a frame's few records): the tail alone
+        if len(tail) + len(values) < BLOCK and len(values) <= self.cap:  # the common case: the tail alone
             tail.extend(values)
             self._n += len(values)
             self._view = None

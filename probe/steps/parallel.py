@@ -19,7 +19,7 @@ dim gives only ep: its other data dims re-split dp × cp for the experts. A dim 
 known role makes the layout unknown: then no ``coords`` are sent and the monitor sums the tokens
 of every rank, saying so. dp is derived from the world size when no dim names it.
 
-Everything here runs once, at the first training step, and never raises.
+Everything here runs at the first training step (keep_groups again at detach) and never raises.
 """
 
 from __future__ import annotations
@@ -257,14 +257,18 @@ def keep_groups(root: Any, found: Found) -> None:
     the group outlives the model too (alive after main() returned, with no Python referrer)."""
     import ctypes
 
-    for w in (root, *found.wrappers, *_nested_wrappers(root)):
+    try:
+        nested = _nested_wrappers(root)
+    except Exception:  # noqa: BLE001 - a model whose modules() raises: the others are still kept
+        nested = []
+    for w in (root, *found.wrappers, *nested):
         pg = _wrapper_group(w)
         if pg is not None and id(pg) not in _KEPT:
             _KEPT.add(id(pg))
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
-#: Most modules :func:`_nested_wrappers` looks at (once a process: a model's modules).
+#: Most modules :func:`_nested_wrappers` looks at (at the layout scan's first step and at detach).
 MAX_MODULES = 100_000
 
 
