@@ -128,7 +128,7 @@ def test_a_stranger_on_the_old_control_port_cannot_steer_the_probe(tmp_path: Pat
     flood = threading.Thread(target=_flood, args=(pub, wire.encode_control("kernels_now", "hj", None), stop))
     flood.start()
     try:
-        proc = subprocess.run([sys.executable, str(script), "4"], env=_plain_env(f"tcp://127.0.0.1:{port}", FLOWTOP_JOB="hj"),
+        proc = subprocess.run([sys.executable, str(script), "2"], env=_plain_env(f"tcp://127.0.0.1:{port}", FLOWTOP_JOB="hj"),
                               capture_output=True, text=True, timeout=120)
     finally:
         stop.set()
