@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -150,6 +151,12 @@ def test_follow_writes_json_lines_until_sigint() -> None:
         rest, err = follow.communicate(timeout=20)
         assert follow.returncode == 0, err
     finally:
+        if training is not None and training.poll() is None:
+            # SIGTERM is forwarded to torchrun, which stops its workers (a SIGKILL of `flowtop
+            # run` left them training on for ~25 s, beside the tests that came next).
+            training.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                training.wait(30)
         for p in (training, follow):
             if p is not None and p.poll() is None:
                 p.kill()
