@@ -41,6 +41,7 @@ _LOOP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_one_ms_loop_sends_about_ten_frames_a_second_and_loses_nothing(monitor: MonitorThread,
                                                                          tmp_path: Path) -> None:
     script, truth_file = tmp_path / "loop.py", tmp_path / "truth.json"
@@ -68,6 +69,7 @@ def test_a_one_ms_loop_sends_about_ten_frames_a_second_and_loses_nothing(monitor
     assert abs(statistics.median(hist) - theirs) / theirs < 0.2
 
 
+@pytest.mark.slow
 def test_step_frames_stand_in_for_the_hello_heartbeat_and_a_rank_that_stops_stepping_sends_it_again(
         monitor: MonitorThread, monkeypatch: pytest.MonkeyPatch) -> None:
     """While step frames leave they keep the rank heard: one hello at the start, not one every

@@ -68,6 +68,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_clean_environment_passes() -> None:
     rc, report, _ = doctor("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=_clean_env())
     assert rc == 0 and report["ok"], report
@@ -85,6 +86,7 @@ def test_clean_environment_passes() -> None:
     assert "[FAIL]" not in text and "nothing would stop monitoring" in text
 
 
+@pytest.mark.slow
 def test_flowtop_disable_fails_with_its_fix() -> None:
     env = {**_clean_env(), "FLOWTOP_DISABLE": "1"}
     text = doctor_started("--listen", f"tcp://127.0.0.1:{free_port_pair()}", env=env)  # the text report, meanwhile
@@ -102,6 +104,7 @@ def test_flowtop_disable_fails_with_its_fix() -> None:
     assert "would stop monitoring: disable, attach" in text_out
 
 
+@pytest.mark.slow
 def test_busy_port_and_a_running_monitor() -> None:
     with socket.socket() as s:  # a program that is not a monitor holds the port
         s.bind(("127.0.0.1", 0))
@@ -178,6 +181,7 @@ def _unprivileged() -> list[str]:
     return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
 
 
+@pytest.mark.slow
 def test_no_key_directory_is_fine_on_loopback_only() -> None:
     """Beyond loopback without keys the security check fails and says what keys are for: the
     keys check adds no "fine on loopback" after it (a new user read the two as a contradiction)."""

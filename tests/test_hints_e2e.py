@@ -95,6 +95,7 @@ def hints_of(snap: MonitorSnapshot, rule: str) -> list[Hint]:
     return [h for h in job.hints if h.id == rule] if job else []
 
 
+@pytest.mark.slow
 def test_slow_dataloader_triggers_input_wait(monitor: MonitorThread, tmp_path: Path) -> None:
     script = tmp_path / "slow_loader.py"
     script.write_text(INPUT_SCRIPT)
@@ -118,6 +119,7 @@ def test_slow_dataloader_triggers_input_wait(monitor: MonitorThread, tmp_path: P
     assert_valid_snapshot(to_json(snap))
 
 
+@pytest.mark.slow
 def test_finished_run_keeps_its_input_wait_hint_in_the_final_json(tmp_path: Path) -> None:
     """`flowtop snapshot --until-done --json` over a 16-step run that waits on its DataLoader: the
     final snapshot, taken after the rank said bye, still holds the hint, marked ended."""
@@ -163,6 +165,7 @@ def _lead_lag(job: JobSnapshot, slow: int, window: int = 20) -> tuple[float, flo
     return lag, statistics.median(times[s] for s in common)
 
 
+@pytest.mark.slow
 def test_ddp_straggler_is_found_by_lead_time(monitor: MonitorThread) -> None:
     """Rank 1 sleeps 50 ms after each optimizer step. The gradient all-reduce makes rank 0 wait,
     so both ranks' step times are equal; rank 1's forward still ends ~50 ms after rank 0's."""
@@ -201,6 +204,7 @@ def _stat_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.slow
 def test_stopped_rank_triggers_hang_then_clears() -> None:
     monitor = MonitorThread(hint_overrides={"hang": {"floor_s": 2.0}})
     pid = None

@@ -76,6 +76,7 @@ async def test_grouped_view_opens_and_closes_nodes() -> None:
         assert "flat" in str(table.border_title)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_filter_by_glob_range_status_and_hint_then_escape() -> None:
     app = _app()

@@ -68,6 +68,7 @@ def assert_job_sums(run, layout_known: bool = True) -> None:
 # ---------------------------------------------------------------------------------------------- plain torch
 
 
+@pytest.mark.slow
 def test_plain_loop_with_probe_attach(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "plain_loop.py"), f"--steps={steps}",
@@ -78,6 +79,7 @@ def test_plain_loop_with_probe_attach(monitor) -> None:
                        flops_per_step=tiny_gpt_flops_per_token() * tokens)  # 106,954,752
 
 
+@pytest.mark.slow
 def test_torchrun_ddp(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, torchrun(str(RECIPES / "torchrun_ddp.py"), f"--steps={steps}", f"--batch={batch}"),
@@ -89,6 +91,7 @@ def test_torchrun_ddp(monitor) -> None:
     assert_job_sums(run)
 
 
+@pytest.mark.slow
 def test_fsdp2(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, torchrun(str(RECIPES / "fsdp2.py"), f"--steps={steps}", f"--batch={batch}"),
@@ -102,6 +105,7 @@ def test_fsdp2(monitor) -> None:
     assert_job_sums(run)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_ranks_count_their_shards(monitor) -> None:
     """Issue 14 part 1 through the whole pipeline (flowtop run, torchrun, probe, wire, monitor):
     each of 2 TP ranks computes half of every matmul and half of the heads of the same batch, so
@@ -140,6 +144,7 @@ PP_STAGE0_PER_TOKEN = 3 * (2 * 12 * 64 * 64 + 4 * 32 * 64)  # embeddings + block
 PP_STAGE1_PER_TOKEN = 3 * (2 * 12 * 64 * 64 + 4 * 32 * 64 + 2 * 64 * 512)  # block 1 + LM head: 516,096
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipeline_parallel_stages_count_their_layers(monitor, schedule: str) -> None:
     """Issue 14 part 2 through flowtop run -> torchrun -> probe -> monitor: a 2-stage pipeline
@@ -181,6 +186,7 @@ def test_pipeline_parallel_stages_count_their_layers(monitor, schedule: str) -> 
     assert hint["summary"].startswith("pipeline stage 1 (pp rank 1, rank 1) computes 24 % more than the stages' mean")
 
 
+@pytest.mark.slow
 def test_context_parallel_ranks_count_their_sequence_shard(monitor) -> None:
     """Issue 14 part 3 through flowtop run -> probe -> monitor: 2 context-parallel ranks (a "cp" mesh,
     hand-rolled CP: torch's context_parallel has no CPU attention rule) each hold 16 of the 32
@@ -222,6 +228,7 @@ def test_context_parallel_ranks_count_their_sequence_shard(monitor) -> None:
     assert job["pipeline_stages"] == []
 
 
+@pytest.mark.slow
 def test_mp_spawn_without_rank_env(monitor) -> None:
     steps, batch = 20, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "mp_spawn.py"), f"--steps={steps}", f"--batch={batch}"],
@@ -252,6 +259,7 @@ def hf_gpt2_non_embedding_params(d: int, n_layer: int) -> int:
     return n_layer * (12 * d * d + 13 * d) + 2 * d
 
 
+@pytest.mark.slow
 def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
     pytest.importorskip("transformers", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
     steps, batch, accum = 40, 4, 2
@@ -283,6 +291,7 @@ def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
     assert 0.7 < hf_tokens_per_s / r["tokens_per_s"] < 1.25, (hf_tokens_per_s, r["tokens_per_s"])
 
 
+@pytest.mark.slow
 def test_hf_accelerate_llama_two_processes(monitor, tmp_path) -> None:
     pytest.importorskip("transformers", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
     pytest.importorskip("accelerate", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
@@ -337,10 +346,12 @@ def _lightning(monitor, tmp_path, devices: int):
     return run
 
 
+@pytest.mark.slow
 def test_lightning_trainer_single_process(monitor, tmp_path) -> None:
     _lightning(monitor, tmp_path, devices=1)
 
 
+@pytest.mark.slow
 def test_lightning_trainer_ddp_two_cpu_processes(monitor, tmp_path) -> None:
     # Lightning's launcher re-runs the script with LOCAL_RANK/NODE_RANK/WORLD_SIZE but no RANK:
     # the probe takes the rank from the process group (issue 13 item 2).

@@ -124,6 +124,7 @@ def test_a_lone_frame_leaves_at_once_and_those_after_it_together(tmp: Path) -> N
         node.close()
 
 
+@pytest.mark.slow
 def test_a_relay_whose_monitor_stops_reading_does_not_spin(tmp: Path) -> None:
     """Upstream full (a monitor that stopped reading): batches and the report are tried again
     every RETRY_S, not at every turn of the loop (a failed report kept it due: 131,704 wake-ups
@@ -163,6 +164,7 @@ def test_stop_from_a_signal_handler_while_the_loop_holds_the_wake_lock() -> None
     assert done.wait(10)
 
 
+@pytest.mark.slow
 def test_a_paced_relay_reports_less_often_while_batches_leave(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A relay carrying a monitor's pace down stretches its report by the pace as its ranks
     stretch their telemetry (512 relays reporting every second were an eighth of the frames a

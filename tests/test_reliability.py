@@ -58,6 +58,7 @@ def _plain_env(listen: str, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_thousand_back_to_back_windows_never_crash(tmp_path: Path) -> None:
     script = tmp_path / "stress.py"
     script.write_text(STRESS)
@@ -116,6 +117,7 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free port pair")
 
 
+@pytest.mark.slow
 def test_a_stranger_on_the_old_control_port_cannot_steer_the_probe(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(HIJACKED)
@@ -139,6 +141,7 @@ def test_a_stranger_on_the_old_control_port_cannot_steer_the_probe(tmp_path: Pat
     assert proc.stdout.split() == ["windows", "0", "refused", "0"]  # the probe never hears it
 
 
+@pytest.mark.slow
 def test_even_the_monitor_gets_windows_only_within_the_budget(tmp_path: Path) -> None:
     """A peer at the data address is the monitor; its flood of requests is rate-limited."""
     script = tmp_path / "train.py"
@@ -196,6 +199,7 @@ WORKERS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_top_level_attach_in_dataloader_workers_is_no_rank(monitor: MonitorThread, tmp_path: Path, method: str) -> None:
     script = tmp_path / "train.py"
@@ -337,6 +341,7 @@ def test_forged_rank_floods_are_capped_and_counted() -> None:
     assert {k.job for k in model.ranks} == {"a", "b", "e"} and model.ranks_evicted_for_room == 3
 
 
+@pytest.mark.slow
 def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path: Path) -> None:
     import signal
 
@@ -452,6 +457,7 @@ print("survived", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_forked_childs_sigterm_never_ends_the_rank(monitor: MonitorThread, tmp_path: Path) -> None:
     script = tmp_path / "forks.py"
     script.write_text(_FORKS)
@@ -611,6 +617,7 @@ SPAWNED_RANK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_attach_inside_an_mp_spawn_rank_is_immediate(tmp_path: Path) -> None:
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED_RANK)

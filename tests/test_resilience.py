@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import probed_env
 from monitor_thread import MonitorThread
 
@@ -28,6 +30,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -65,6 +68,7 @@ def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "trained" in out
 
 
+@pytest.mark.slow
 def test_dead_rank_goes_stale_without_bye(monitor, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

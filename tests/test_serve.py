@@ -51,6 +51,7 @@ def _train(listen: str, steps: int) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> None:
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     http = free_port_pair()
@@ -128,6 +129,7 @@ def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> No
                 p.wait()
 
 
+@pytest.mark.slow
 def test_follow_writes_json_lines_until_sigint() -> None:
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     follow = subprocess.Popen([*FLOWTOP, "snapshot", "--follow", "--interval", "0.5", "--listen", listen],

@@ -60,6 +60,7 @@ def _publisher(addr: str, rank: int) -> Publisher:
     return pub
 
 
+@pytest.mark.slow
 def test_a_replay_reproduces_the_live_hints_tick_by_tick_without_snapshots(tmp_path: Path) -> None:
     path = tmp_path / "live.rec"
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -182,6 +183,7 @@ def test_a_rank_that_died_during_the_pause_still_hangs_after_it() -> None:
     assert stale and 4.5 <= stale[0] - resumed <= 6.0
 
 
+@pytest.mark.slow
 def test_a_sigstopped_monitor_shows_no_hang_when_continued() -> None:
     """A real `flowtop snapshot` SIGSTOPped for 7 s while a rank keeps stepping (hang floor 2 s,
     so a false hang would show): its final snapshot, 4 s after SIGCONT (hints hold 10 s), has none."""
