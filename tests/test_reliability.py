@@ -155,7 +155,7 @@ def test_even_the_monitor_gets_windows_only_within_the_budget(tmp_path: Path) ->
     stop = threading.Event()
     flood = threading.Thread(target=_flood, args=(xsub, wire.encode_control("kernels_now", "hj", None), stop))
     flood.start()
-    seconds = 5.0
+    seconds = 3.0
     try:
         proc = subprocess.run([sys.executable, str(script), str(seconds)],
                               env=_plain_env(f"tcp://127.0.0.1:{port}", FLOWTOP_JOB="hj",
@@ -169,10 +169,10 @@ def test_even_the_monitor_gets_windows_only_within_the_budget(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout.split()
     windows, refused = int(out[1]), int(out[3])
-    # 50 requests/s for 5 s: at most one window per second (the floor of the rate limit), the
-    # rest refused and counted.
+    # 50 requests/s for 3 s: at most one window per second (the floor of the rate limit), the
+    # rest refused and counted (~48 a second measured; was > 100 over 5 s).
     assert 1 <= windows <= seconds + 1
-    assert refused > 100
+    assert refused > 20 * seconds
 
 
 WORKERS = textwrap.dedent(
