@@ -8,6 +8,7 @@ need them are skipped without it (`.ci/run` installs it).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -21,6 +22,17 @@ from recipe_helpers import (
     llama_linear_weights,
     run_recipe,
 )
+
+FRAMEWORKS_EXTRA = "the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)"
+
+
+def need_frameworks(*names: str) -> None:
+    """Skip unless these framework packages are installed: looked up, not imported (the recipe's
+    own processes import them; pytest.importorskip imported lightning into pytest, ~4.4 s)."""
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing: {FRAMEWORKS_EXTRA}")
+
 
 # recipes/tiny_gpt.Config defaults: the shape every plain-torch recipe trains.
 TINY = dict(vocab=512, n_layer=2, d=64, seq=32)
@@ -261,7 +273,7 @@ def hf_gpt2_non_embedding_params(d: int, n_layer: int) -> int:
 
 @pytest.mark.slow
 def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
-    pytest.importorskip("transformers", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
+    need_frameworks("transformers")
     steps, batch, accum = 40, 4, 2
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "hf_trainer.py"), f"--steps={steps}", f"--batch={batch}",
                                f"--accum={accum}"], n_ranks=1, env={"HF_HOME": str(tmp_path), **NO_KERNEL_WINDOWS})
@@ -293,8 +305,7 @@ def test_hf_trainer_gpt2_with_gradient_accumulation(monitor, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_hf_accelerate_llama_two_processes(monitor, tmp_path) -> None:
-    pytest.importorskip("transformers", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
-    pytest.importorskip("accelerate", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
+    need_frameworks("transformers", "accelerate")
     steps, batch, accum, seq = 15, 2, 2, 32
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=2",
               "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", f"--main_process_port={free_port()}"]
@@ -321,7 +332,7 @@ def test_hf_accelerate_llama_two_processes(monitor, tmp_path) -> None:
 
 
 def _lightning(monitor, tmp_path, devices: int):
-    pytest.importorskip("lightning", reason="the optional frameworks extra (pip install -e .[frameworks]; .ci/run installs it)")
+    need_frameworks("lightning")
     steps, batch = 40, 4
     run = run_recipe(monitor, [sys.executable, str(RECIPES / "lightning_trainer.py"), f"--steps={steps}",
                                f"--batch={batch}", f"--devices={devices}"], n_ranks=devices,
