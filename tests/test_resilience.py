@@ -40,6 +40,22 @@ def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
     stop = tmp_path / "stop"
     proc = subprocess.Popen([sys.executable, str(script), "60", str(stop)], env=env, stdout=subprocess.PIPE, text=True)
     try:
+        _restart_and_stop(first, listen, stop)
+    finally:
+        stop.touch()  # a failed check must not leave the training running its 60 s
+        try:
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0 and "trained" in out
+
+
+def _restart_and_stop(first: MonitorThread, listen: str, stop: Path) -> None:
+    """The checks of test_monitor_restart_resumes_and_counts_the_gap: the first monitor hears
+    the rank, dies, a second one on its address hears it again; then the training is stopped."""
+    try:
         snap = first.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step >= 20, 30)
         assert snap.jobs[0].ranks[0].step >= 20
         last_seen_by_first = first.snapshot().jobs[0].ranks[0].step
@@ -64,8 +80,6 @@ def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
         assert first_seen_by_second > last_seen_by_first + 10
     finally:
         second.close()
-    out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and "trained" in out
 
 
 @pytest.mark.slow

@@ -123,10 +123,21 @@ def test_serve_exports_a_real_training_and_ends_its_series(tmp_path: Path) -> No
         assert replay.returncode == 0, replay.stderr
         assert {r["rank"] for r in json.loads(replay.stdout)["jobs"][0]["ranks"]} == {0, 1}
     finally:
-        for p in (training, serve):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        _end(training, serve)
+
+
+def _end(training: subprocess.Popen[str] | None, *others: subprocess.Popen[str] | None) -> None:
+    """Stop what a test left running: ``flowtop run`` by SIGTERM first, which it forwards to
+    torchrun and its workers (a SIGKILL of `flowtop run` left them training on for ~25 s, beside
+    the tests that came next), then anything still alive by SIGKILL."""
+    if training is not None and training.poll() is None:
+        training.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            training.wait(30)
+    for p in (training, *others):
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.slow
@@ -153,16 +164,7 @@ def test_follow_writes_json_lines_until_sigint() -> None:
         rest, err = follow.communicate(timeout=20)
         assert follow.returncode == 0, err
     finally:
-        if training is not None and training.poll() is None:
-            # SIGTERM is forwarded to torchrun, which stops its workers (a SIGKILL of `flowtop
-            # run` left them training on for ~25 s, beside the tests that came next).
-            training.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                training.wait(30)
-        for p in (training, follow):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        _end(training, follow)
     lines += rest.splitlines(keepends=True)
     assert all(ln.endswith("\n") for ln in lines)  # the last line is whole
     taken = []
