@@ -192,12 +192,12 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     step = _array(obj, "step", "q", n)
     tokens = _array(obj, "tokens", "q", n)
     wall = _array(obj, "wall_s", "d", n)
-    if not _non_negative([get("step"), get("tokens")]):
+    if not _non_negative([obj["step"], obj["tokens"]]):
         raise WireError("stepcols: step and tokens must be non-negative")
     if n > 1 and not _increasing(step):
         raise WireError("stepcols: step numbers must increase")
     # nil: no record sent it, as if the column were absent
-    raws = [get("wall_s")]
+    raws: list[bytes] = [obj["wall_s"]]  # each checked by _array: bytes of n values
     wait = lead = probe = stage = None
     if (raw := get("input_wait_s")) is not None:
         wait = _array(obj, "input_wait_s", "d", n)
