@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -65,3 +66,15 @@ def probed_env(addr: str, **extra: str) -> dict[str, str]:
     env = probe_env(os.environ, connect=addr)
     env.update(extra)
     return env
+
+
+def finished(proc: "subprocess.Popen[str]", timeout: float) -> tuple[str, str]:
+    """(stdout, stderr) of ``proc`` once it has exited within ``timeout`` seconds; killed (and the
+    timeout raised) when it has not: a failed test leaves no process behind."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out, err

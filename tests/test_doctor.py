@@ -21,6 +21,7 @@ from flowtop.tools import keys
 from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tools.doctor import render
 from flowtop.tools.doctor_checks import Finding, address_findings, fd_findings, key_findings
+from conftest import finished
 from monitor_thread import MonitorThread
 
 FLOWTOP = [sys.executable, "-m", "flowtop.cli"]
@@ -44,12 +45,7 @@ def doctor_started(*args: str, env: dict[str, str], prefix: list[str] | None = N
 
 def doctor_finished(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of a :func:`doctor_started` run."""
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, err = finished(proc, 240)
     return proc.returncode, out, err
 
 
@@ -199,7 +195,8 @@ def test_unreadable_key_directory_fails_with_its_fix(tmp_path: Path) -> None:
     os.chmod(d / "server.key_secret", 0)
     os.chmod(hidden, 0)
     try:  # the two doctors run at once
-        second = doctor_started("--json", "--listen", listen, "--curve-dir", str(hidden), env=_clean_env(), prefix=prefix)
+        second = doctor_started("--json", "--listen", listen, "--curve-dir", str(hidden), env=_clean_env(),
+                                prefix=prefix)
         try:
             rc, report, _ = doctor("--listen", listen, "--curve-dir", str(d), env=_clean_env(), prefix=prefix)
         finally:

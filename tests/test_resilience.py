@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import probed_env
+from conftest import finished, probed_env
 from monitor_thread import MonitorThread
 
 SCRIPT = textwrap.dedent(
@@ -43,12 +43,7 @@ def test_monitor_restart_resumes_and_counts_the_gap(tmp_path: Path) -> None:
         _restart_and_stop(first, listen, stop)
     finally:
         stop.touch()  # a failed check must not leave the training running its 60 s
-        try:
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        out, _ = finished(proc, 30)
     assert proc.returncode == 0 and "trained" in out
 
 
