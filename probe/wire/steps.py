@@ -37,7 +37,6 @@ from probe.wire.errors import WireError
 REQUIRED = (("step", "q"), ("wall_s", "d"), ("tokens", "q"))
 #: Float columns a record may lack (NaN on the wire and in :class:`StepColumns`).
 OPTIONAL = ("input_wait_s", "lead_s", "probe_s", "stage_s")
-assert OPTIONAL == ("input_wait_s", "lead_s", "probe_s", "stage_s")  # decode_fields reads them by name
 #: The columns of seconds, in StepColumns' order.
 _SECONDS = ("wall_s", *OPTIONAL)
 #: Largest plausible seconds in a step time field (as the single-record schema says).
@@ -196,21 +195,16 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
         raise WireError("stepcols: step and tokens must be non-negative")
     if n > 1 and not _increasing(step):
         raise WireError("stepcols: step numbers must increase")
-    # nil: no record sent it, as if the column were absent
     raws: list[bytes] = [obj["wall_s"]]  # each checked by _array: bytes of n values
-    wait = lead = probe = stage = None
-    if (raw := get("input_wait_s")) is not None:
-        wait = _array(obj, "input_wait_s", "d", n)
-        raws.append(raw)
-    if (raw := get("lead_s")) is not None:
-        lead = _array(obj, "lead_s", "d", n)
-        raws.append(raw)
-    if (raw := get("probe_s")) is not None:
-        probe = _array(obj, "probe_s", "d", n)
-        raws.append(raw)
-    if (raw := get("stage_s")) is not None:
-        stage = _array(obj, "stage_s", "d", n)
-        raws.append(raw)
+    optional: list[array | None] = []
+    for name in OPTIONAL:
+        raw = get(name)
+        if raw is None:  # nil: no record sent it, as if the column were absent
+            optional.append(None)
+        else:
+            optional.append(_array(obj, name, "d", n))
+            raws.append(raw)
+    wait, lead, probe, stage = optional
     finite = _all_seconds(raws)  # the common case in one pass (a NaN fails it), else column by column:
     if not finite:
         for name, column in zip(_SECONDS, (wall, wait, lead, probe, stage)):
