@@ -173,6 +173,37 @@ def test_the_group_of_a_ddp_wrapped_part_of_the_model_is_kept(probe_env: None) -
         dist.destroy_process_group()
 
 
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")  # one rank: its groups are what counts
+def test_both_groups_of_a_hybrid_sharded_fsdp_model_are_kept(probe_env: None) -> None:
+    # FSDP1's hybrid sharding holds two groups: the shard group (process_group) and the replicas'
+    # (_inter_node_pg); the destructor of either must not run where the model is freed.
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        assert probe.attach(job="hybrid")
+
+        def trial() -> tuple[Any, Any, Any]:
+            intra, inter = dist.new_group([0]), dist.new_group([0])
+            model = FullyShardedDataParallel(_lm(), device_id=torch.device("cpu"), process_group=(intra, inter),
+                                             sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+            assert model._inter_node_pg is inter
+            _train(model, 12)  # past the layout scan
+            assert probe._current().tracker.root is model
+            dist.destroy_process_group(intra)
+            dist.destroy_process_group(inter)
+            return weakref.ref(model), weakref.ref(intra), weakref.ref(inter)
+
+        model, intra, inter = trial()
+        probe.detach()
+        gc.collect()  # FSDP1 holds itself through reference cycles (its state handles): not the probe's
+        assert model() is None
+        assert intra() is not None and inter() is not None
+    finally:
+        probe.detach()
+        dist.destroy_process_group()
+
+
 class _Wrapper(nn.Module):
     def __init__(self, inner: Any) -> None:
         super().__init__()

@@ -262,10 +262,10 @@ def keep_groups(root: Any, found: Found) -> None:
     except Exception:  # noqa: BLE001 - a model whose modules() raises: the others are still kept
         nested = []
     for w in (root, *found.wrappers, *nested):
-        pg = _wrapper_group(w)
-        if pg is not None and id(pg) not in _KEPT:
-            _KEPT.add(id(pg))
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+        for pg in _held_groups(w):
+            if id(pg) not in _KEPT:
+                _KEPT.add(id(pg))
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
 #: Most modules :func:`_nested_wrappers` looks at (at the layout scan's first step and at detach).
@@ -280,6 +280,17 @@ def _nested_wrappers(root: Any) -> list[Any]:
     if modules is None:
         return []
     return [m for m in itertools.islice(modules(), MAX_MODULES) if _wrapper_group(m) is not None]
+
+
+def _held_groups(wrapper: Any) -> list[Any]:
+    """Every process group a DDP or FSDP1 wrapper holds: its own, and FSDP1's inter-node group
+    under hybrid sharding (HYBRID_SHARD, _HYBRID_SHARD_ZERO2: the replicas' all-reduce)."""
+    pg = _wrapper_group(wrapper)
+    if pg is None:
+        return []
+    fsdp1 = type(wrapper).__name__ == "FullyShardedDataParallel"
+    inter = getattr(wrapper, "_inter_node_pg", None) if fsdp1 else None
+    return [pg] if inter is None or inter is pg else [pg, inter]
 
 
 def _wrapper_group(root: Any) -> Any:
