@@ -93,6 +93,10 @@ def test_bad_columns_are_refused_with_the_reason(over: dict, reason: str) -> Non
         ((5, 6), True),
         ((11, 13, 14, 15), True),  # a gap at the first pair: the pairwise test
         ((7,), True),
+        (tuple(range(10**12, 10**12 + 200)), True),  # consecutive past the small ints, a 2 s pace's frame
+        (tuple(range(10**12, 10**12 + 99)) + (10**12 + 100, 10**12 + 99) + tuple(range(10**12 + 101, 10**12 + 200)),
+         False),  # as many apart as consecutive ones, one pair swapped
+        ((2**62, 2**62 + 1, 2**62 + 2), True),
     ],
 )
 def test_step_numbers_must_strictly_increase(steps: tuple[int, ...], ok: bool) -> None:

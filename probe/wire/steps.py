@@ -23,6 +23,7 @@ Every step frame — ``step``, ``steps`` and ``stepcols`` — decodes to a :clas
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import struct
@@ -161,15 +162,31 @@ def _non_negative(raws: list[bytes]) -> bool:
     return b"".join(raws)[7::8].isascii()
 
 
-def _increasing(step: array) -> bool:
-    """Whether the step numbers strictly increase. Consecutive ones (every step of a rank sent:
-    the common case) are one list compare against their range in C, ~2 µs for 200 records
-    instead of ~6 µs for the pairwise test, which decides otherwise."""
+@functools.lru_cache(maxsize=16)
+def _consecutive_terms(n: int) -> tuple[int, int]:
+    """(S, T) such that ``n`` int64 words counting up by one from ``first``, read as one
+    little-endian integer, are ``first * S + T`` (S: a 1 in each word, T: 0, 1, ... n-1)."""
+    ones, iota = array("q", [1]) * n, array("q", range(n))
+    if _SWAP:
+        ones.byteswap()
+        iota.byteswap()
+    return int.from_bytes(ones.tobytes(), "little"), int.from_bytes(iota.tobytes(), "little")
+
+
+def _increasing(step: array, raw: bytes) -> bool:
+    """Whether the step numbers (``raw``: their little-endian bytes, every one non-negative)
+    strictly increase. Consecutive ones (every step of a rank sent: the common case) are one
+    compare of the column read as a single integer against ``first * S + T`` (each word holds
+    one value below 2**63, so no carry crosses a word and equal integers are equal words): ~2.6
+    µs for 200 records instead of ~10 µs for a list compare of step numbers past the small ints'
+    cache. Else the pairwise test decides."""
     if len(step) < 2:
         return True
-    first = step[0]
-    if step[-1] - first == len(step) - 1 and step.tolist() == list(range(first, first + len(step))):
-        return True
+    first, n = step[0], len(step)
+    if step[-1] - first == n - 1:
+        s, t = _consecutive_terms(n)
+        if int.from_bytes(raw, "little") == first * s + t:
+            return True
     return all(map(operator.lt, step, step[1:]))
 
 
@@ -193,7 +210,7 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     wall = _array(obj, "wall_s", "d", n)
     if not _non_negative([obj["step"], obj["tokens"]]):
         raise WireError("stepcols: step and tokens must be non-negative")
-    if n > 1 and not _increasing(step):
+    if n > 1 and not _increasing(step, obj["step"]):
         raise WireError("stepcols: step numbers must increase")
     raws: list[bytes] = [obj["wall_s"]]  # each checked by _array: bytes of n values
     optional: list[array | None] = []
