@@ -453,3 +453,32 @@ async def test_cpu_window_is_labelled_as_cpu_operators() -> None:
         assert [r.name for r in app.screen.query_one(KernelTable).order] == ["aten::mm", "aten::add"]
         anatomy = str(app.screen.query_one(KernelAnatomy).render())
         assert anatomy.splitlines()[0] == "busy 360µs 36%  idle 640µs 64%  comm none"
+
+
+@pytest.mark.asyncio
+async def test_an_app_that_quit_on_a_signal_in_time_leaves_the_process_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The grace after a quit signal (QUIT_GRACE_S) is for a UI that hangs: an app that stopped in
+    # time, in a process that goes on (an embedding), must not have the signal raised later.
+    import os
+    import signal
+    import time
+
+    from flowtop.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "QUIT_GRACE_S", 0.3)
+    raised: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda sig, frame: raised.append(sig))
+    try:
+        app = FlowtopApp(ReplaySource(synthetic_stream()), quit_on=(signal.SIGUSR1,))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            os.kill(os.getpid(), signal.SIGUSR1)  # quits as q does
+            for _ in range(50):
+                await pilot.pause(0.05)
+                if not app.is_running:
+                    break
+        assert not raised  # taken by the app, not the handler it had before
+        time.sleep(0.6)  # past the grace
+        assert not raised and signal.getsignal(signal.SIGUSR1) is not None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -72,6 +72,7 @@ class FlowtopApp(App[None]):
         super().__init__()
         self.quit_on = quit_on
         self._handled: dict[signal.Signals, object] = {}  # signal -> the handler it had before
+        self._grace: threading.Timer | None = None  # a quit signal's deadline (see _quit_signalled)
         _strip_cycles.install()  # the lines it replaces are freed at once, not at a full collection
         self.source = source
         self.refresh_s = refresh_s
@@ -197,6 +198,8 @@ class FlowtopApp(App[None]):
     async def on_unmount(self) -> None:
         await self._stop_source()
         self._release_quit_signals()
+        if self._grace is not None:  # quit in time: a process that goes on (an embedding) is not killed later
+            self._grace.cancel()
 
     def _catch_quit_signals(self) -> None:
         """Quit on ``quit_on``'s signals (see the class doc), on this loop between its callbacks."""
@@ -212,8 +215,8 @@ class FlowtopApp(App[None]):
         """The first quit signal: quit as on ``q``; the next one, or this one after QUIT_GRACE_S,
         kills as it would have without the app's handlers."""
         self._release_quit_signals()
-        timer = threading.Timer(QUIT_GRACE_S, signal.raise_signal, (sig,))
-        timer.daemon = True  # the app quitting in time ends the process with it
+        timer = self._grace = threading.Timer(QUIT_GRACE_S, signal.raise_signal, (sig,))
+        timer.daemon = True
         timer.start()
         self.call_later(self.action_quit)
 
