@@ -13,7 +13,8 @@ import pytest
 from flowtop.monitor import rankstate as rs
 from array import array
 
-from flowtop.monitor.compact import BLOCK, ArraySeq, Column, PairSeq, StepRing
+from flowtop.monitor.compact import BLOCK, ArraySeq, Column, PairSeq
+from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.model import Model
 from probe.wire import Message, RankKey
 

@@ -10,7 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flowtop.monitor.compact import Column, PairSeq, StepRing
+from flowtop.monitor.compact import Column, PairSeq
+from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.snapshot import History, TelemetryView
 from probe.wire import Message, RankKey, step_columns
 

@@ -1,0 +1,274 @@
+"""A rank's recent step records as compact columns (see flowtop.monitor.compact). No Textual.
+
+The model's hot path: every step frame's records land here in one :meth:`StepRing.extend`, and
+the ticks read them back as views that share the ring's blocks.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Iterator, NamedTuple
+
+from flowtop.monitor.compact import BLOCK, ArraySeq, _exact
+
+
+class StepRecord(NamedTuple):
+    """One step record of a rank as :class:`StepRing` hands it out (a NamedTuple: read by name,
+    and still equal to the plain tuple of its fields)."""
+
+    step: int
+    wall_s: float
+    tokens: int
+    input_wait_s: float | None  # None: the probe sent none
+    recv: float  # monitor time the record's frame arrived
+    lead_s: float | None  # step boundary -> end of its last forward; None: not sent
+
+
+# tuple.__new__ without the NamedTuple's argument parsing: StepRing builds one per status check.
+_record = StepRecord._make
+
+
+#: The "known" flags of a record that sent both its input wait and its lead (see StepRing).
+_BOTH_SENT = array("b", [3])
+
+
+def _known(col: array | None, n: int) -> tuple[array, bytes]:
+    """An optional column as the ring stores it (0.0 where not sent) and one byte per record,
+    1 where it was sent (NaN on the wire: not sent). Whole columns sent or not in C."""
+    if col is None:
+        return array("d", bytes(8 * n)), bytes(n)
+    total = sum(col)
+    if total == total:  # no NaN: every record sent it
+        return col, b"\x01" * n
+    values, sent = array("d", col), bytearray(n)
+    for i, x in enumerate(col):
+        if x == x:
+            sent[i] = 1
+        else:
+            values[i] = 0.0
+    return values, bytes(sent)
+
+
+class StepRing:
+    """A rank's recent steps, :class:`StepRecord` ``(step, wall_s, tokens, input_wait_s, recv, lead_s)``,
+    in columns (~40 bytes a step instead of ~180 as tuples of Python numbers): step numbers and
+    receive times of the last ``cap`` steps (aligning ranks by step), the other fields of the
+    last ``recent``. ``len`` counts the former; indexing, iteration and :meth:`recent` give whole
+    records of the latter (None where the probe sent no input wait or lead: stored as 0.0, the
+    history's convention, with a flag byte saying which were sent).
+
+    The columns are appended together in one call (the model's hot path: a step record), so the
+    ring keeps their blocks itself rather than as separate :class:`Column` objects."""
+
+    __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns")
+
+    #: Column numbers: step and recv (the last ``cap``), then those of the last ``recent``.
+    STEP, RECV, WALL, TOKENS, WAIT, LEAD, KNOWN = range(7)
+
+    def __init__(self, cap: int, recent: int) -> None:
+        if not 0 < recent <= cap:
+            raise ValueError(f"need 0 < recent <= cap, got {recent!r}, {cap!r}")
+        self.cap, self.recent_cap = cap, recent
+        self._long: list[tuple[array, ...]] = []  # full (step, recv) blocks (lists: smaller than deques)
+        self._short: list[tuple[array, ...]] = []  # full (wall, tokens, wait, lead, known) blocks
+        self._lt, self._st = self._tails()
+        self._nl = self._ns = 0
+
+    @staticmethod
+    def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
+        return (array("q"), array("d")), (array("d"), array("q"), array("d"), array("d"), array("b"))
+
+    def append(self, rec: tuple[int, float, int, float | None, float, float | None]) -> None:
+        step, wall, tokens, wait, recv, lead = rec
+        lt, st = self._lt, self._st
+        lt[0].append(step)
+        lt[1].append(recv)
+        st[0].append(wall)
+        st[1].append(tokens)
+        st[2].append(wait or 0.0)
+        st[3].append(lead or 0.0)
+        st[4].append((wait is not None) | (lead is not None) << 1)
+        self._nl += 1
+        self._ns += 1
+        self._appended()
+
+    def extend(self, steps: array, wall: array, tokens: array, wait: array | None, lead: array | None,
+               recv: float, start: int = 0, finite: bool = False) -> None:
+        """Append the records ``start:`` of a frame's columns (step records as columns, see
+        probe.wire.steps; NaN in ``wait``/``lead``: not sent), all received at ``recv``, block by
+        block: the part-filled tails completed into a new block of their exact size (the tails
+        themselves, which views share, are never written again), whole blocks sliced from the
+        columns, the rest sliced into new tails. A 200-record frame (a 10 ms step at a 2 s pace)
+        makes ~35 arrays instead of ~56: every block a copy, the tails only filled by appends
+        (bench/ingest.py: this was 12 % of the data thread's samples at 4,096 ranks)."""
+        if start:
+            steps, wall, tokens = steps[start:], wall[start:], tokens[start:]
+            wait = wait[start:] if wait is not None else None
+            lead = lead[start:] if lead is not None else None
+        n = len(steps)
+        # ``finite``: the frame's decode found no NaN (a sum over 200 floats is ~3 µs a column)
+        if wait is not None and lead is not None and (finite or (total := sum(wait) + sum(lead)) == total):
+            known = _BOTH_SENT * n  # the common case: both columns whole (no NaN), in C
+        else:
+            wait, known_wait = _known(wait, n)
+            lead, known_lead = _known(lead, n)
+            # bit 0: input wait sent, bit 1: lead sent (see the "known" column), OR-ed in C
+            known = array("b", (int.from_bytes(known_wait, "little") | int.from_bytes(known_lead, "little") << 1)
+                          .to_bytes(n, "little"))
+        recvs = array("d", [recv]) * n
+        held = len(self._lt[0])
+        if held and held + n < BLOCK:  # the common case: the tails alone grow (unrolled: ~1 µs a frame)
+            (a, b), (c, d, e, f, g) = self._lt, self._st
+            a.extend(steps)
+            b.extend(recvs)
+            c.extend(wall)
+            d.extend(tokens)
+            e.extend(wait)
+            f.extend(lead)
+            g.extend(known)
+            self._nl += n
+            self._ns += n
+            return
+        # typed: array[int] and array[float] join to object (array is invariant in its item)
+        cols: tuple[array, ...] = (steps, recvs, wall, tokens, wait, lead, known)
+        done = 0
+        if held:  # completed: tail and values into a new block of its exact size
+            done = min(n, BLOCK - held)
+            tails = (*self._lt, *self._st)
+            self._push([t + (c[:done] if done < n else c) for t, c in zip(tails, cols)], done)
+        while n - done >= BLOCK:
+            self._push([c[done:done + BLOCK] for c in cols], BLOCK)
+            done += BLOCK
+        if done < n:  # new tails of their own (a frame's columns are the frame's, not the ring's)
+            rest = [c[done:] for c in cols]
+            self._lt, self._st = (rest[0], rest[1]), tuple(rest[2:])
+            self._nl += n - done
+            self._ns += n - done
+        else:
+            self._lt, self._st = self._tails()
+
+    def _push(self, block: list[array], new: int) -> None:
+        """Keep a full block (exactly BLOCK values a column), ``new`` of whose values were not
+        counted yet (the rest were the tails'), and drop the blocks that the caps no longer need.
+        The tails are the caller's to reset."""
+        self._long.append((block[0], block[1]))
+        self._short.append(tuple(block[2:]))
+        self._nl += new
+        self._ns += new
+        while self._nl - BLOCK >= self.cap:
+            del self._long[0]
+            self._nl -= BLOCK
+        while self._ns - BLOCK >= self.recent_cap:
+            del self._short[0]
+            self._ns -= BLOCK
+
+    def _appended(self) -> None:
+        """After a record was appended to the tails: roll a full block (a copy of its exact size:
+        see _exact)."""
+        if len(self._lt[0]) == BLOCK:  # both tails fill together
+            self._push([*_exact(self._lt), *_exact(self._st)], 0)  # their values are counted
+            self._lt, self._st = self._tails()
+
+    def __len__(self) -> int:
+        return min(self._nl, self.cap)
+
+    def __bool__(self) -> bool:
+        return self._nl > 0
+
+    @property
+    def recent_len(self) -> int:
+        """Records held with every field (at most ``recent``)."""
+        return min(self._ns, self.recent_cap)
+
+    def _where(self, col: int) -> tuple[list[tuple[array, ...]], tuple[array, ...], int, int, int]:
+        """(blocks, tail, index in them, values held, values in blocks and tail) of a column."""
+        if col < 2:
+            return self._long, self._lt, col, min(self._nl, self.cap), self._nl
+        return self._short, self._st, col - 2, min(self._ns, self.recent_cap), self._ns
+
+    def column(self, col: int, n: int | None = None) -> ArraySeq:
+        """The last ``n`` values of a column (all it keeps when None), as an immutable view that
+        shares the full blocks. The wait and lead columns read 0.0 where the probe sent none.
+
+        A new view each call, not one kept until the next append: the hints of a large job read
+        every rank's whole history at each evaluation (Model._as_now), and views kept in 4,096
+        rings left ~80 k objects alive for the garbage collector to walk until each rank's next
+        frame (bench/ingest.py: young collections of 100-200 k objects, 30-130 ms each)."""
+        blocks, tail, i, held, total = self._where(col)
+        n = held if n is None else max(0, min(n, held))
+        parts = tuple([b[i] for b in blocks])
+        if tail[i]:
+            # The live tail itself, not a copy: values are only ever appended, and the view
+            # reads no further than the n it was made with (see ArraySeq).
+            parts += (tail[i],)
+        return ArraySeq(parts or (array("d"),), total - n, n)
+
+    def history_columns(self, n: int) -> tuple[ArraySeq, ...]:
+        """The views a rank's whole history reads, as :meth:`column` makes them: step, wall, wait
+        and lead of the last ``n`` records (``n`` at most :attr:`recent_len`), then step and recv
+        of every record kept. Two passes over the blocks (one per block list, the tails with
+        them) instead of six: the hints take every rank's history at each share of a large
+        job's rules (Model._as_now, 4,096 ranks at a time). An empty tail is the views' last
+        block then, which they never read (values are only appended, a view reads no further
+        than its length)."""
+        step, recv = zip(*self._long, self._lt)
+        wall, _, wait, lead, _ = zip(*self._short, self._st)
+        nl, ns = self._nl, self._ns
+        held = min(nl, self.cap)
+        n = max(0, min(n, ns, self.recent_cap))
+        return (ArraySeq(step, nl - n, n), ArraySeq(wall, ns - n, n), ArraySeq(wait, ns - n, n),
+                ArraySeq(lead, ns - n, n), ArraySeq(step, nl - held, held), ArraySeq(recv, nl - held, held))
+
+    def values(self, col: int, n: int) -> list[Any]:
+        """The last ``n`` values of a column as a list (a transient copy; nothing is kept)."""
+        blocks, tail, i, held, _ = self._where(col)
+        n = min(n, held)
+        if n <= 0:
+            return []
+        out = list(tail[i][-n:])
+        b = len(blocks) - 1
+        while len(out) < n and b >= 0:
+            out[:0] = blocks[b][i][-(n - len(out)):]
+            b -= 1
+        return out
+
+    def last(self) -> StepRecord:
+        """The newest record (IndexError when empty)."""
+        if not self._nl:
+            raise IndexError("no steps")
+        lt = self._lt if self._lt[0] else self._long[-1]
+        st = self._st if self._st[0] else self._short[-1]
+        known = st[4][-1]
+        return _record((lt[0][-1], st[0][-1], st[1][-1], st[2][-1] if known & 1 else None, lt[1][-1],
+                        st[3][-1] if known & 2 else None))
+
+    def last_recv(self) -> float:
+        """The newest record's receive time (IndexError when empty): what a status check reads
+        of every rank at every tick, without making the whole record."""
+        if not self._nl:
+            raise IndexError("no steps")
+        return (self._lt if self._lt[0] else self._long[-1])[1][-1]
+
+    def recent(self, n: int) -> list[StepRecord]:
+        """The last ``n`` (at most ``recent``) records, oldest first."""
+        n = min(n, self._ns, self.recent_cap)
+        if n <= 0:
+            return []
+        c = self.values
+        return [_record((s, w, t, a if k & 1 else None, r, b if k & 2 else None))
+                for s, w, t, a, r, b, k in zip(c(0, n), c(2, n), c(3, n), c(4, n), c(1, n), c(5, n), c(6, n))]
+
+    def __getitem__(self, i: int) -> StepRecord:
+        if i == -1:
+            return self.last()
+        return self.recent(self.recent_cap)[i]
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return iter(self.recent(self.recent_cap))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the columns' values."""
+        return sum(len(a) * a.itemsize for blk in (*self._long, *self._short, self._lt, self._st) for a in blk)
+
+
