@@ -1,0 +1,7 @@
+"""The wire's version (probe.wire): a frame says ``"v": [MAJOR, MINOR]``; a different MAJOR is
+rejected, a newer MINOR accepted (new optional fields are ignored by older monitors)."""
+
+MAJOR = 1
+#: 1: kernels carry raw records (names, ops, acts); 2: "steps" batches, "relay" figures;
+#: 3: "stepcols" (step records as columns, probe.wire.steps)
+MINOR = 3
