@@ -35,6 +35,28 @@ def test_keys_created_once_and_loadable(tmp_path: Path) -> None:
         keys.load_server(tmp_path / "nothing")
 
 
+def test_a_file_in_clients_that_is_not_a_key_stops_the_monitor(tmp_path: Path) -> None:
+    """ZeroMQ's authenticator reads clients/ whole: one bad file there admitted no probe at all
+    while the monitor ran on (a user's stray file locked out every probe, each told to add a key
+    that was already there). The monitor's keys now do not load: it says which file."""
+    d = keys.create(tmp_path / "k")
+    (d / "clients" / "notes.key").write_text("garbage\n")
+    with pytest.raises(keys.KeyError_, match=r"notes\.key is not a readable CURVE public key .*remove it"):
+        keys.load_server(d)
+    (d / "clients" / "notes.key").unlink()
+    assert keys.load_server(d).clients_dir == d / "clients"
+
+
+def test_the_doctor_names_the_bad_client_file_and_its_fix(tmp_path: Path) -> None:
+    from flowtop.tools.doctor_checks import key_findings
+
+    d = keys.create(tmp_path / "k")
+    (d / "clients" / "notes.key").write_text("garbage\n")
+    (bad,) = [f for f in key_findings(str(d)) if f.status == "fail"]
+    assert "cannot be read" in bad.summary
+    assert bad.fix.startswith(f"remove {d / 'clients' / 'notes.key'}") and "chmod" not in bad.fix
+
+
 def test_remote_bind_needs_keys_or_explicit_opt_out() -> None:
     with pytest.raises(AddressError, match="--curve-dir"):
         check_listen("tcp://0.0.0.0:5999", allow_remote=False)

@@ -255,14 +255,19 @@ def key_findings(curve_dir: str | None, loopback_ok: bool = True) -> list[Findin
                 fix = f"{path} is not a ZeroMQ key file: recreate the keys with flowtop keys DIR"
             out.append(Finding("keys", FAIL, f"{path} ({who}) cannot be read: {reason}", fix, {"path": str(path)}))
     clients = d / "clients"
+    admitted: list[str] = []
     try:
         admitted = sorted(p.name for p in clients.glob("*.key")) if clients.is_dir() else []
-        for p in admitted:
-            zmq.auth.load_certificate(str(clients / p))
+        for name in admitted:
+            path = clients / name
+            zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        out.append(Finding("keys", FAIL, f"{clients} cannot be read: {reason}",
-                           f"chmod/chown {clients} for the monitor's user"))
+        if isinstance(exc, PermissionError) or not admitted:
+            fix = f"chmod/chown {clients} and its files for the monitor's user"
+        else:  # one file that is not a key: ZeroMQ's authenticator then admits no probe at all
+            fix = f"remove {path}, or put a probe's client.key in its place (one bad file locks out every probe)"
+        out.append(Finding("keys", FAIL, f"{clients} cannot be read: {reason}", fix))
         return out
     if admitted:
         out.append(Finding("keys", OK, f"{len(admitted)} admitted probe key(s) in {clients}"))

@@ -65,4 +65,20 @@ def load_server(directory: str | Path) -> ServerKeys:
     clients = d / "clients"
     if not clients.is_dir() or not any(clients.glob("*.key")):
         raise KeyError_(f"{clients} holds no client public keys: no probe could connect")
+    check_clients(clients)
     return ServerKeys(public, secret, clients)
+
+
+def check_clients(clients: Path) -> None:
+    """Every ``*.key`` in ``clients`` must load as a public key: ZeroMQ's authenticator reads the
+    directory whole, and one file it cannot load leaves it admitting no probe at all (it logs
+    the error and the monitor would run on, refusing every key)."""
+    import zmq.auth
+
+    for path in sorted(clients.glob("*.key")):
+        try:
+            zmq.auth.load_certificate(str(path))
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise KeyError_(f"{path} is not a readable CURVE public key ({reason}); with it there, no probe "
+                            f"would be admitted: remove it, or put a probe's client.key in its place") from None
