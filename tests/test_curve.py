@@ -125,3 +125,35 @@ def test_a_wrong_client_key_is_said_on_both_sides(tmp_path: Path) -> None:
         assert any(why.startswith("handshake refused") for why in snap.rejected_reasons)
     finally:
         mon.close()
+
+
+@pytest.mark.slow
+def test_a_wrong_server_key_is_said_by_the_probe(tmp_path: Path) -> None:
+    """A probe holding another directory's keys (a stale copy, another monitor's): the monitor
+    cannot read its hello and drops each connection; the probe's socket reports no failed
+    handshake then, only the disconnections, and the probe said nothing at all (a new user's
+    trial: "done 40 steps", the monitor counting 132 rejected handshakes)."""
+    from monitor_thread import MonitorThread
+
+    from conftest import probed_env
+    from flowtop.monitor.collector import Collector
+    from flowtop.tools.demo.launch import free_port_pair
+    from flowtop.monitor.wiring import make_model
+
+    d = keys.create(tmp_path / "k")
+    other = keys.create(tmp_path / "other")  # its own server key and client key
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    try:
+        script = tmp_path / "t.py"
+        script.write_text(SCRIPT + "\nimport time\ntime.sleep(2.5)  # reconnects are tried meanwhile\n")
+        env = probed_env(listen, FLOWTOP_JOB="other", FLOWTOP_CURVE_DIR=str(other))
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.count("before its handshake completed") == 1, out.stderr
+        assert f"the monitor at {listen} closed this probe's connection" in out.stderr
+        assert "CURVE server.key is not this probe's" in out.stderr
+        snap = mon.wait_for(lambda s: s.rejected >= 3, 10)
+        assert not snap.jobs
+    finally:
+        mon.close()

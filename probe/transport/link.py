@@ -177,6 +177,18 @@ class Waker:
             warn_once(f"watch:{fd}", f"probe watcher failed and is skipped: {exc}")
 
 
+#: Connections in a row ended before their handshake completed, past which the probe says why
+#: it may be (Link._dropped_unshaken).
+UNSHAKEN_WARN = 3
+
+
+def _endpoint(event: dict[str, Any]) -> str:
+    """The address a socket monitor's event names, as text (it comes as bytes)."""
+    raw = event.get("endpoint", b"")
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return text[:80]
+
+
 class Link:
     """Whether a monitor listens: connections from the socket monitor, subscriptions from the XPUB.
 
@@ -195,6 +207,8 @@ class Link:
         self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | self._failed)
         self.connections = 0
         self.subscriptions = 0
+        #: Connections in a row that ended before their handshake completed (see poll).
+        self.unshaken = 0
         self._commands: list[bytes] = []
         self.overflow = 0
 
@@ -215,6 +229,19 @@ class Link:
         finally:
             self._events.close(0)
 
+    def _dropped_unshaken(self, event: dict[str, Any]) -> None:
+        """A connection ended before its handshake completed. A monitor whose CURVE server key is
+        not the one this probe holds (a stale or another key directory) cannot read the probe's
+        hello and closes the connection: the probe's socket reports no failed handshake then,
+        only the disconnection, again at every reconnect, and the probe looked exactly as if no
+        monitor listened. A few in a row say so (one alone: a monitor that stopped mid-handshake)."""
+        self.unshaken += 1
+        if self.unshaken == UNSHAKEN_WARN:
+            warn_once("handshake-drop", f"the monitor at {_endpoint(event)} closed this probe's connection "
+                      f"before its handshake completed, {UNSHAKEN_WARN} times in a row: its CURVE server.key is "
+                      "not this probe's (FLOWTOP_CURVE_DIR: a stale or another key directory), or what "
+                      "listens there is not a flowtop monitor; nothing is sent")
+
     def poll(self) -> int:
         """Drain pending events and (un)subscriptions; return the live subscription count."""
         zmq = self._zmq
@@ -226,13 +253,16 @@ class Link:
                 break
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connections += 1
+                self.unshaken = 0
             elif event["event"] & self._failed:
                 # Otherwise a wrong or missing CURVE key looks exactly like "no monitor there".
                 why = ("refused this probe's CURVE key: add its client.key to the monitor's clients/ directory"
                        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
                        "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
-                warn_once("handshake", f"the monitor at {event.get('endpoint', b'')!r:.80} {why}; nothing is sent")
+                warn_once("handshake", f"the monitor at {_endpoint(event)} {why}; nothing is sent")
             elif event["event"] == zmq.EVENT_DISCONNECTED:
+                if self.connections == 0:
+                    self._dropped_unshaken(event)
                 self.connections = max(0, self.connections - 1)
                 if self.connections == 0:
                     self.subscriptions = 0
