@@ -135,3 +135,21 @@ def test_job_kernel_title_without_merge() -> None:
 
     assert job_kernel_title("gpt", None, 1, False).plain == (
         "job kernels · gpt · needs kernel windows from 2+ ranks (k on a rank asks for one)")
+
+
+def test_a_node_rows_mfu_under_half_a_percent_is_not_zero() -> None:
+    """A node row gives min/median MFU in whole percents (the column's 6 characters); a CPU or
+    launch-bound job's 0.4 % read "0/0%" there, as if nothing ran, beside ranks showing 0.4%."""
+    from flowtop.monitor.rankview import NodeGroup
+    from flowtop.tui.widgets._rank_cells import COLUMNS, node_cells
+
+    class Row:  # what node_cells reads of a NodeRow
+        open = False
+
+        def __init__(self, lo: float, med: float) -> None:
+            self.group = NodeGroup("n1", (), "live", lo, med, 0, 10, 0.2, None, None, None)
+
+    mfu = [c.key for c in COLUMNS].index("mfu")
+    assert node_cells(Row(0.004, 0.0045))[mfu][0] == "<1/<1%"  # type: ignore[arg-type]
+    assert node_cells(Row(0.0, 0.007))[mfu][0] == "0/1%"  # type: ignore[arg-type]
+    assert node_cells(Row(0.35, 0.454))[mfu][0] == "35/45%"  # type: ignore[arg-type]

@@ -127,12 +127,19 @@ def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
     return cells + tuple(extra[c.key] for c in columns[len(COLUMNS):])
 
 
+def _whole_pct(frac: float) -> str:
+    """A node's MFU in whole percents (two of them fill the column), "<1" for one under half a
+    percent that is not zero: a CPU job's or a launch-bound one's 0.4 % read "0", as if nothing ran."""
+    pct = frac * 100
+    return "<1" if 0 < pct < 0.5 else f"{pct:.0f}"
+
+
 def node_cells(row: NodeRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cell, ...]:
     """The cells of one node row: its rank count, and the aggregates a node is judged by."""
     g = row.group
     mfu = NA
     if g.mfu_min is not None and g.mfu_median is not None:
-        mfu = f"{g.mfu_min * 100:.0f}/{g.mfu_median * 100:.0f}%"
+        mfu = f"{_whole_pct(g.mfu_min)}/{_whole_pct(g.mfu_median)}%"
     lag_style = "red" if g.max_lag >= 10 * STRAGGLER_LAG else "yellow" if g.max_lag >= STRAGGLER_LAG else ""
     return (
         (f"{'▾' if row.open else '▸'} {len(g.ranks)}", "bold"),
