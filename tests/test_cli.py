@@ -123,6 +123,23 @@ def test_a_bad_monitor_address_from_the_environment_names_its_variable() -> None
     assert given.returncode == 2 and "FLOWTOP_ADDR" not in given.stderr
 
 
+def test_run_refuses_an_empty_connect_and_names_a_host_that_does_not_resolve() -> None:
+    """``flowtop run --connect "$MONITOR"`` with the variable unset sent the ranks to the default
+    address without a word, and a monitor host whose name does not resolve (a typo, another
+    site's name) left the probes retrying quietly forever: the job looked as if no monitor ever
+    listened (a new user's trial)."""
+    from flowtop.tools.runner import no_monitor_note, unresolved_note
+
+    empty = _flowtop("run", "--connect", "", "--", sys.executable, "-c", "print('ran')")
+    assert empty.returncode == 2 and "ran" not in empty.stdout
+    assert "--connect was given an empty address" in empty.stderr
+    note = unresolved_note("nosuchhost.invalid", "tcp://nosuchhost.invalid:6140", wait_s=20)
+    assert note is not None and "'nosuchhost.invalid' (tcp://nosuchhost.invalid:6140) does not resolve here" in note
+    assert no_monitor_note("tcp://nosuchhost.invalid:6140") == note
+    assert unresolved_note("127.0.0.1", "tcp://127.0.0.1:6140") is None
+    assert unresolved_note("localhost", "tcp://localhost:6140") is None
+
+
 def test_run_says_when_no_monitor_listens_yet(tmp_path: Path) -> None:
     """A new user who starts the training first heard nothing: the probes send only while a
     monitor listens. ``flowtop run`` says so once (loopback addresses only), and says nothing

@@ -67,6 +67,10 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
         return 2
     from flowtop.tools import relay_host
 
+    if connect is not None and not connect.strip():  # `--connect "$MONITOR"` with the variable unset
+        print("flowtop run: --connect was given an empty address (expected tcp://HOST:PORT); "
+              f"leave it out for {settings.ADDR.name} or the default", file=sys.stderr)
+        return 2
     upstream = connect or settings.ADDR.read()
     keys = curve_dir or settings.CURVE_DIR.read()
     why = bad_upstream(upstream, "--connect" if connect else settings.ADDR.name) or bad_keys(keys)
@@ -116,7 +120,7 @@ def no_monitor_note(addr: str) -> str | None:
     except AddressError:
         return None  # ipc:// (a relay's path): its relay is ours
     if host not in LOOPBACK:
-        return None
+        return unresolved_note(host, addr)
     # The kernel's table first; a knock only where it shows no listener (it cannot be read
     # here, or a listener it does not show: another network namespace, a forwarded port).
     listens = _listens(host, port)
@@ -130,6 +134,37 @@ def no_monitor_note(addr: str) -> str | None:
         return None
     return (f"no monitor listens on {addr} yet: start `flowtop` (another terminal) to watch this job; "
             "the training runs meanwhile, and the monitor sees it from when it starts")
+
+
+#: Seconds a monitor host's name may take to resolve before :func:`unresolved_note` stops waiting
+#: (a resolver that does not answer says nothing about the name).
+RESOLVE_WAIT_S = 2.0
+
+
+def unresolved_note(host: str, addr: str, wait_s: float = RESOLVE_WAIT_S) -> str | None:
+    """A word when the monitor's host name does not resolve here (a typo, another site's name):
+    the probes' sockets retry it quietly forever, and the job would look as if no monitor ever
+    listened. None when it resolves, is an address, or the resolver does not answer in time."""
+    import socket
+    import threading
+
+    result: list[BaseException | None] = []
+
+    def resolve() -> None:
+        try:
+            socket.getaddrinfo(host, None)
+            result.append(None)
+        except OSError as exc:
+            result.append(exc)
+
+    worker = threading.Thread(target=resolve, name="flowtop-resolve", daemon=True)
+    worker.start()
+    worker.join(wait_s)
+    if not result or result[0] is None:
+        return None
+    reason = getattr(result[0], "strerror", None) or str(result[0])
+    return (f"the monitor's host {host!r} ({addr}) does not resolve here: {reason}; the training runs, "
+            "its ranks send nothing until it does")
 
 
 #: The monitor addresses :func:`no_monitor_note` looks at, and the addresses a socket listening
