@@ -83,7 +83,8 @@ class Setting(Generic[T]):
         try:
             return self.parse(raw.strip())
         except ValueError as exc:
-            _log.warning("ignoring %s=%r: %s; using the default", self.name, raw, exc)
+            # Said before any UI exists (settings are read at start): on stderr, named as flowtop's.
+            _log.warning("flowtop: ignoring %s=%r: %s; using the default", self.name, raw, exc)
             return self.default
 
 

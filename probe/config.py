@@ -36,7 +36,8 @@ def _parse(env: Mapping[str, str], name: str, conv: Callable[[str], T], default:
     try:
         return conv(raw)
     except (TypeError, ValueError) as exc:
-        warn_once(f"env:{name}", f"ignoring {name}={raw!r}: {exc}; using {default!r}")
+        then = f"using {default!r}" if default is not None else "as if it were unset"  # not "using None"
+        warn_once(f"env:{name}", f"ignoring {name}={raw!r}: {exc}; {then}")
         return default
 
 

@@ -136,11 +136,15 @@ def test_bad_values_fall_back_to_the_default(capsys: pytest.CaptureFixture[str],
     # once per process, saying what it wanted (not "invalid literal for int() with base 10")
     assert capsys.readouterr().err.count("ignoring FLOWTOP_QUEUE='many': expected a whole number; using 10000") == 1
     assert config.JOB.read({"FLOWTOP_JOB": ""}) is None and config.JOB.read({"FLOWTOP_JOB": "j"}) == "j"
+    # A variable whose default is "not set" says so, not "using None" (a new user's trial).
+    assert config.FLOPS_PER_TOKEN.read({"FLOWTOP_FLOPS_PER_TOKEN": "-3"}) is None
+    err = capsys.readouterr().err
+    assert "ignoring FLOWTOP_FLOPS_PER_TOKEN='-3'" in err and err.rstrip().endswith("as if it were unset"), err
     with caplog.at_level(logging.WARNING):
         assert settings.HANG_S.read({"FLOWTOP_HANG_S": "soon"}) is None
         assert settings.HANG_S.read({"FLOWTOP_HANG_S": " 12 "}) == 12.0
         assert settings.ADDR.read({"FLOWTOP_ADDR": " "}) == settings.ADDR.default
-    assert "ignoring FLOWTOP_HANG_S='soon'" in caplog.text
+    assert "flowtop: ignoring FLOWTOP_HANG_S='soon'" in caplog.text  # named as flowtop's on stderr
 
 
 def test_the_monitor_reads_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
