@@ -17,63 +17,49 @@ Reading and advancing are apart: :meth:`snapshot` is a pure read (the same state
 same snapshot, whenever and however often it is taken), while :meth:`tick`, called at a fixed
 cadence on the monitor clock (flowtop.monitor.ticker), evicts and advances the hints' hysteresis —
 live and in replay alike, so a replay reproduces the hints without taking snapshots.
+
+:class:`Model` is one class written in three modules, by responsibility: here its state and what
+comes in (ingest, admission at the caps); the tick, the hints and eviction in
+flowtop.monitor.model_tick; the job views and snapshots in flowtop.monitor.model_views. They are its
+bases, not objects it calls: the per-frame and per-tick paths reach every method through ``self`` as
+before (no extra call layer), and a method patched on Model still replaces the one its callers use.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import logging
-from dataclasses import replace
-from typing import Any, Iterable, Protocol
 
-from flowtop.monitor import accounting, parallelism
+from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows, newest_per
+from flowtop.monitor.claims import Claims, SoleRows
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.limits import Limits, TokenBucket
 from flowtop.monitor.relays import Relays
 from flowtop.monitor.notices import Notices
+# The tick, the hints and eviction (model_tick) and the job views (model_views) are Model's bases:
+# one class split by responsibility, whose names stay importable from here.
+from flowtop.monitor.model_tick import LAST_LOOK_BURST as LAST_LOOK_BURST
+from flowtop.monitor.model_tick import LAST_LOOKS_PER_S as LAST_LOOKS_PER_S
+from flowtop.monitor.model_tick import HintEvaluator as HintEvaluator
+from flowtop.monitor.model_tick import ModelTicks as ModelTicks
+from flowtop.monitor.model_tick import _log as _log
+from flowtop.monitor.model_views import ModelViews as ModelViews
+from flowtop.monitor.model_views import _newest_step_s as _newest_step_s
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
-from flowtop.monitor.rankviews import RankViews, as_now
-from flowtop.monitor.rotation import (  # noqa: F401 (RANKS_PER_TICK re-exported)
-    RANKS_PER_TICK, SPREADS, Prepared, hint_share, prepares, ticks_per_round)
+from flowtop.monitor.rankviews import RankViews
+from flowtop.monitor.rotation import RANKS_PER_TICK as RANKS_PER_TICK
+from flowtop.monitor.rotation import Prepared
 from flowtop.monitor.sanitize import clean, interned
-from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import Hint, JobSnapshot
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
 
-_log = logging.getLogger("flowtop.model")
 
-def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) -> float | None:
-    """Seconds since the newest step of a job none of whose ranks steps (each stalled, or stale:
-    the usual hang is one rank dead and the others stuck in a collective), else None."""
-    if not ranks or any(r.status == "live" for r in ranks):
-        return None
-    since = [now - r.behind_s - st.steps.last_recv() for r, st in zip(ranks, states) if r.status != "done" and st.steps]
-    return min(since) if since else None
-
-
-#: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
-#: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the
-#: hints were evaluated since its last step arrived. Looks per job are rate-limited (per
-#: second, burst): at the end of a thousand-rank job each look costs a job snapshot.
-LAST_LOOKS_PER_S, LAST_LOOK_BURST = 4.0, 8
-
-
-class HintEvaluator(Protocol):
-    """What the model asks of its hint engine (flowtop.monitor.hints.HintEngine; tests pass their
-    own). An engine may also have ``report`` (set to the model's notices) and ``forget(job)``."""
-
-    def evaluate(self, job: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> Iterable[Hint]:
-        """``phase`` (k, n): measure only the rules of share k of n now, hold the others' hints."""
-        ...
-
-
-class Model:
+class Model(ModelTicks):
     """All jobs and ranks the monitor has heard of."""
 
     def __init__(
@@ -278,32 +264,6 @@ class Model:
         self.ranks_evicted_for_room += 1
         return True
 
-    def _by_job(self) -> dict[str, list[RankState]]:
-        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
-        for st in self.ranks.values():
-            by_job[st.key.job].append(st)
-        return by_job
-
-    def _forget(self, st: RankState) -> None:
-        del self.ranks[st.key]
-        self._keys_version += 1
-        self.relays.forget(st.key)
-        self.views.forget(st.key)
-        job = st.key.job
-        self._job_sizes[job] -= 1
-        if self._job_sizes[job] <= 0:
-            del self._job_sizes[job]
-            self._merged.pop(job, None)
-            self._merged_round.pop(job, None)
-            self._hints_seen.pop(job, None)
-            self._judged.void(job)
-            self._looks.pop(job, None)
-            self._hints.pop(job, None)
-            self._claims.forget_job(job)
-            forget = getattr(self._hint_engine, "forget", None)
-            if forget is not None:
-                forget(job)
-
     def _on_steps(self, st: RankState, cols: StepColumns, now: float) -> None:
         """Append a frame's step records (columns, oldest first) received at ``now``; records at
         or before the rank's newest step are duplicates or reordered: steps stay monotonic."""
@@ -325,8 +285,6 @@ class Model:
         if cols.device_s is not None:
             st.device_s = cols.device_s
 
-    # --- ticks and snapshots -----------------------------------------------------------
-
     def _rank_mfu(self, st: RankState, now: float) -> float | None:
         """The rank's MFU now, as its view would show it (the sparkline's sample)."""
         if st.flops is None:
@@ -334,267 +292,3 @@ class Model:
         med = rs.median_step(st)
         stalled = rs.stalled_for(st, now, med)
         return accounting.rank_mfu(st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled)
-
-    def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
-        """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate
-        every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
-        return the snapshot of that instant. Called at a fixed cadence (flowtop.monitor.ticker)."""
-        self._now = max(self._now, now)
-        self.ticks += 1
-        self._evict(now)
-        by_job = self._view(None, now, remember=True)
-        jobs = []
-        for job, shown in sorted(by_job.items()):
-            spread = self.ticks_per_round(len(shown))
-            snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
-            if spread == 1:
-                jobs.append(self._evaluate(snap, now))
-            elif (share := hint_share(self.ticks, spread)) is not None:
-                jobs.append(self._evaluate(snap, now, share, [st for st, _ in shown]))
-            else:
-                if self._hint_engine is not None and prepares(self.ticks, spread):
-                    self._prepare(snap, now, [st for st, _ in shown])
-                jobs.append(replace(snap, hints=self._hints.get(job, ())))
-        self._judged.expire(self.ticks)
-        return self._monitor_snapshot(now, listen, tuple(jobs))
-
-    def _prepare(self, snap: JobSnapshot, now: float, states: list[RankState]) -> None:
-        """Take the histories the next tick's share of ``snap``'s rules reads (see rotation.Prepared)."""
-        try:
-            self._judged.keep(snap.job, self.ticks, now, list(states), self._as_now(snap, states))
-        except Exception:  # the share's tick takes them itself, and says what went wrong
-            self._judged.void(snap.job)
-
-    def ticks_per_round(self, ranks: int) -> int:
-        """Ticks a job of ``ranks`` ranks takes to rebuild every view and measure every rule."""
-        return ticks_per_round(ranks, self.spread)
-
-    def largest_job(self) -> int:
-        """Ranks of the largest job (0 with none)."""
-        return max(self._job_sizes.values(), default=0)
-
-    def set_spread(self, spread: int) -> None:
-        """Spread large jobs' ticks ``spread`` times thinner (one of SPREADS): live, by the
-        collector's load (flowtop.monitor.thinning); in a replay, where the recording says."""
-        if spread not in SPREADS:
-            raise ValueError(f"tick spread must be one of {SPREADS}, got {spread!r}")
-        self.spread = spread
-
-    def snapshot(self, now: float, listen: str = "", light: bool = False) -> MonitorSnapshot:
-        """An immutable view of everything at monitor time ``now``, with the hints of the last
-        tick. A pure read: nothing is evicted, no hint advances, taking it changes nothing.
-
-        ``light``: a glance between two ticks (flowtop.monitor.collector): each rank's step and liveness
-        now, its figures from its last full view (a rank never shown gets one)."""
-        by_job = self._view(None, now, remember=False)
-        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()), rotation=(0, 0) if light else None)
-                     for job, shown in sorted(by_job.items()))
-        return self._monitor_snapshot(now, listen, jobs)
-
-    def _monitor_snapshot(self, now: float, listen: str, jobs: tuple[JobSnapshot, ...]) -> MonitorSnapshot:
-        return MonitorSnapshot(
-            taken_at=now,
-            listen=listen,
-            jobs=jobs,
-            received=self.received,
-            rejected=self.rejected,
-            rejected_reasons=dict(self.rejected_reasons),
-            ranks_evicted_for_room=self.ranks_evicted_for_room,
-            relays=self.relays.snapshot(now),
-        )
-
-    def _view(self, states: Any, now: float, remember: bool) -> Rows[RankState]:
-        """Per job, the rank processes it shows (by rank, host, pid), each with the other
-        processes that claim its rank number (see flowtop.monitor.claims; ``remember``: a tick's view,
-        which updates the conflicts remembered). ``states`` None: every rank (read-only rows)."""
-        if states is None:
-            sole = self._sole.get(self.ranks, self._keys_version, self._claims)
-            if sole is not None:
-                return sole
-            states = self.ranks.values()
-        states = list(states)
-        at = self._judged_at
-        seen = [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv) for st in states]
-        shown = self._claims.shown(seen, remember)
-        by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
-        for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
-            if st.key in shown:
-                by_job[st.key.job].append((st, shown[st.key]))
-        return by_job
-
-    def _last_look(self, leaving: RankState, now: float) -> None:
-        """Evaluate the hints of the job of ``leaving`` once more before it ends (LAST_LOOKS_PER_S)."""
-        job = leaving.key.job
-        if self._hint_engine is None or not leaving.steps:
-            return
-        if leaving.steps.last_recv() <= min(self._hints_seen.get(job, (float("-inf"),))):
-            return  # the hints have seen its last step already
-        if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
-            return
-        shown = self._view((st for st in self.ranks.values() if st.key.job == job), now, remember=True).get(job)
-        if shown:
-            spread = self.ticks_per_round(len(shown))  # a large job's look rebuilds only this tick's share
-            self._evaluate(self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None),
-                           now, states=[st for st, _ in shown] if spread > 1 else None)
-
-    def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
-                      hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
-        """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
-        a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
-        states = [st for st, _ in shown]
-        # A large job's hints read histories taken when they are measured (_as_now): its views
-        # keep what the UI shows (rankstate.history).
-        slim = self.ticks_per_round(len(shown)) > 1
-        # Each rank as of its relay's latest report (behind a backlog its frames arrive late). In
-        # turns, the turn follows the rank number, not the row: a rank's turn comes every `spread`
-        # ticks whoever joins or leaves the job meanwhile; a glance is nobody's turn.
-        ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
-                                 glance=rotation is not None and rotation[1] == 0, shown_only=slim)
-        ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
-        live = [r for r in ranks if r.status == "live"] or list(ranks)
-        world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
-        times = [r.step_time_s for r in live if r.step_time_s]
-        if all(r.status == "done" for r in ranks):
-            status = "done"
-        elif any(r.status == "live" for r in ranks):
-            status = "running"
-        elif any(r.status == "stalled" for r in ranks):
-            status = "stalled"
-        else:
-            status = "stale"
-        # While running, ranks that finished no longer add throughput; once the job is
-        # done, the totals describe its last steady state. Stalled and stale ranks add 0.
-        counted = [r for r in ranks if r.status != "done" or status == "done"]
-        # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
-        tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
-        merged = self._merged_kernels(job, states, rotation) if self.kernels is not None else None
-        return JobSnapshot(
-            job=job,
-            world_size=world,
-            ranks=ranks,
-            step=min(r.step for r in live),
-            step_time_s=max(times) if times else None,
-            tokens_per_s=tokens_per_s,
-            flops=parallelism.job_flops_per_token(
-                accounting.job_flops([r.flops for r in counted], _newest_step_s(ranks, states, now)),
-                counted, tokens_basis),
-            status=status,
-            kernels_merged=merged,
-            rank_conflicts=len({r.rank for r in ranks if r.conflict}),
-            hints=hints,
-            tokens_basis=tokens_basis,
-            stages=parallelism.pipeline_stages(counted),
-        )
-
-    def _merged_kernels(self, job: str, states: list[RankState],
-                        rotation: tuple[int, int] | None) -> JobKernelStats | None:
-        """The job's kernel tables merged. Merging only changes when some rank gets a new window:
-        reused between windows instead of recomputed for every 2 Hz snapshot. A job too large to
-        rebuild every view at a tick (``rotation``: tick, ticks a round) shows at its ticks the
-        merge taken once a round, like its ranks' figures (some of its thousands of ranks bring a
-        window nearly every tick, and a merge of 4,096 tables took ~5 % of the interpreter live);
-        only ticks take it, so a glance or a snapshot between ticks changes nothing a replay of
-        the ticks would not see."""
-        if rotation is None or rotation[1] <= 1:
-            return self._merge(job, states)
-        held = self._merged_round.get(job)
-        if held is not None and self.ticks - held[1] < rotation[1]:
-            return held[0]
-        merged = self._merge(job, states)
-        self._merged_round[job] = (merged, self.ticks)
-        return merged
-
-    def _merge(self, job: str, states: list[RankState]) -> JobKernelStats | None:
-        """The merge of the job's tables as they are (cached by the windows they hold)."""
-        assert self.kernels is not None
-        tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
-        version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
-        cached = self._merged.get(job)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        merged = self.kernels.merge(tables) if len(tables) > 1 else None
-        self._merged[job] = (version, merged)
-        return merged
-
-    def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None,
-                  states: list[RankState] | None = None) -> JobSnapshot:
-        """Evaluate the job's hints at ``now`` (advancing their hysteresis; ``phase``: a share of
-        the rules, see HintEvaluator) and keep them for the snapshots until the next evaluation.
-        ``states``: the ranks' states, in the order of ``snap``'s, for a large job whose views are
-        rebuilt in turns: its hints read every rank's history as it is now (see _as_now)."""
-        if self._hint_engine is None:
-            return snap
-        try:
-            taken = self._judged.take(snap.job, self.ticks, now, states) if phase is not None and states else None
-            judged = taken[1] if taken else self._as_now(snap, states) if states is not None else snap
-            self._seen_by_hints(snap.job, taken[0] if taken else now, phase)  # as of the histories read
-            hints = tuple(self._hint_engine.evaluate(judged, now, phase))
-        except Exception as exc:  # a hints bug must not cost the user every snapshot
-            if not self._hints_failed:
-                self._hints_failed = True
-                _log.exception("hint engine failed; snapshots go on without hints")
-                self.notices.error(f"hints stopped: the hint engine raised {type(exc).__name__}: {exc}", now)
-            return replace(snap, hints=self._hints.get(snap.job, ()))
-        self._hints[snap.job] = hints
-        return replace(snap, hints=hints)
-
-    @staticmethod
-    def _as_now(snap: JobSnapshot, states: list[RankState]) -> JobSnapshot:
-        """``snap`` with each rank's history and telemetry as they are now, where its view (a
-        large job's, between two of its turns) holds them as of its last turn, up to a round old.
-        The cross-rank rules align ranks by step: histories taken up to 32 s apart (spread 8) had
-        no step in common at a 200 ms step, and a straggler went unseen; the hang and input-wait
-        rules read time from them (measures_time._current). A large job's views hold only the
-        history the UI shows (rankstate.history), so every rank that has steps gets its whole
-        history here (~30 µs a rank in a 4,096-rank model, ~120 ms, once per share of the rules,
-        at the tick before the share's: rotation.Prepared; a rank that had not stepped since its
-        turn was skipped before, but its view kept its ring's dropped blocks alive for a round),
-        and its telemetry where it sampled again since its view."""
-        ranks, renewed = list(snap.ranks), False
-        for i, (view, st) in enumerate(zip(snap.ranks, states, strict=True)):
-            reached = view.history.reached  # empty in a view that holds only what is shown
-            stepped = bool(st.steps) and (not reached or reached[-1][0] < st.step)
-            # A rank with a slow step (10 s and more) has not stepped since its turn, but its
-            # telemetry went on: read as of now, a round-old reading looked like a dead NVML's.
-            sampled = st.telemetry is not None and (view.telemetry is None
-                                                    or view.telemetry.received_at < st.telemetry_at)
-            if stepped or sampled:
-                ranks[i] = as_now(view, st, stepped)
-                renewed = True
-        return replace(snap, ranks=tuple(ranks)) if renewed else snap
-
-    def _seen_by_hints(self, job: str, now: float, phase: tuple[int, int] | None) -> None:
-        """Note when each share of ``job``'s rules last measured it (a rank's bye asks whether all
-        saw its last step, see _last_look); a change of shares starts from the oldest."""
-        share, n = phase or (0, 1)
-        seen = self._hints_seen.get(job)
-        if seen is None or len(seen) != n:
-            seen = self._hints_seen[job] = [min(seen) if seen else float("-inf")] * n
-        seen[share] = now
-
-    def _hint_failed(self, text: str) -> None:
-        """The hint engine's report of a rule that raised (its hints are held)."""
-        self.notices.warning(text, self._now)
-
-    def _judged_at(self, st: RankState, now: float) -> float:
-        """The monitor time as of which ``st`` is judged live, stalled or gone: its relay's latest
-        report, ``now`` less that batch's queueing lag (``now`` for a rank heard directly)."""
-        return now - self.relays.lag_of(st.via)
-
-    def _evict(self, now: float) -> None:
-        """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
-        # A rank heard within EVICT_AFTER_S is not gone, whatever its relay's lag (it only
-        # moves the judged time back): most ticks find none of thousands of ranks silent that
-        # long, without a lag lookup or a job's list each.
-        if all(now - st.last_recv <= rs.EVICT_AFTER_S for st in self.ranks.values()):
-            return
-        for states in self._by_job().values():
-            gone = [st for st in states if rs.gone(st, self._judged_at(st, now))]
-            if len(gone) == len(states):
-                self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
-            else:
-                # Only old incarnations the view no longer shows (a newer one of the rank exists).
-                newest = newest_per(states, lambda st: st.key.rank, lambda st: st.key.inc)
-                gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc]
-            for st in gone:
-                self._forget(st)

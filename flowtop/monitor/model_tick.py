@@ -1,0 +1,216 @@
+"""The model's tick, hints and eviction for flowtop.monitor.model: what the clock drives. No Textual.
+
+A base of :class:`flowtop.monitor.model.Model` (above :class:`~flowtop.monitor.model_views.ModelViews`),
+not a separate object: the tick's hot path reaches these methods through ``self`` exactly as when
+they were written in one class (no extra call layer). Its state is set by ``Model.__init__``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import replace
+from typing import Iterable, Protocol
+
+from flowtop.monitor import rankstate as rs
+from flowtop.monitor.claims import newest_per
+from flowtop.monitor.limits import TokenBucket
+from flowtop.monitor.model_views import ModelViews
+from flowtop.monitor.notices import Notices
+from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.rankviews import as_now
+from flowtop.monitor.rotation import SPREADS, Prepared, hint_share, prepares
+from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+
+_log = logging.getLogger("flowtop.model")  # the name it had in flowtop.monitor.model
+
+
+#: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
+#: (its last look: what the job's final hints say, see HintEngine's ended hints), unless the
+#: hints were evaluated since its last step arrived. Looks per job are rate-limited (per
+#: second, burst): at the end of a thousand-rank job each look costs a job snapshot.
+LAST_LOOKS_PER_S, LAST_LOOK_BURST = 4.0, 8
+
+
+class HintEvaluator(Protocol):
+    """What the model asks of its hint engine (flowtop.monitor.hints.HintEngine; tests pass their
+    own). An engine may also have ``report`` (set to the model's notices) and ``forget(job)``."""
+
+    def evaluate(self, job: JobSnapshot, now: float, phase: tuple[int, int] | None = None) -> Iterable[Hint]:
+        """``phase`` (k, n): measure only the rules of share k of n now, hold the others' hints."""
+        ...
+
+
+class ModelTicks(ModelViews):
+    """Ticks, hint evaluation and the forgetting of ranks (see flowtop.monitor.model.Model)."""
+
+    # Set by Model.__init__ (see there for what each holds).
+    _job_sizes: collections.Counter[str]
+    _hint_engine: HintEvaluator | None
+    _hints_failed: bool
+    _hints_seen: dict[str, list[float]]
+    _judged: Prepared[JobSnapshot]
+    _looks: dict[str, TokenBucket]
+    evicted_jobs: int
+    notices: Notices
+    _now: float
+
+    def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
+        """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate
+        every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
+        return the snapshot of that instant. Called at a fixed cadence (flowtop.monitor.ticker)."""
+        self._now = max(self._now, now)
+        self.ticks += 1
+        self._evict(now)
+        by_job = self._view(None, now, remember=True)
+        jobs = []
+        for job, shown in sorted(by_job.items()):
+            spread = self.ticks_per_round(len(shown))
+            snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
+            if spread == 1:
+                jobs.append(self._evaluate(snap, now))
+            elif (share := hint_share(self.ticks, spread)) is not None:
+                jobs.append(self._evaluate(snap, now, share, [st for st, _ in shown]))
+            else:
+                if self._hint_engine is not None and prepares(self.ticks, spread):
+                    self._prepare(snap, now, [st for st, _ in shown])
+                jobs.append(replace(snap, hints=self._hints.get(job, ())))
+        self._judged.expire(self.ticks)
+        return self._monitor_snapshot(now, listen, tuple(jobs))
+
+    def _prepare(self, snap: JobSnapshot, now: float, states: list[RankState]) -> None:
+        """Take the histories the next tick's share of ``snap``'s rules reads (see rotation.Prepared)."""
+        try:
+            self._judged.keep(snap.job, self.ticks, now, list(states), self._as_now(snap, states))
+        except Exception:  # the share's tick takes them itself, and says what went wrong
+            self._judged.void(snap.job)
+
+    def largest_job(self) -> int:
+        """Ranks of the largest job (0 with none)."""
+        return max(self._job_sizes.values(), default=0)
+
+    def set_spread(self, spread: int) -> None:
+        """Spread large jobs' ticks ``spread`` times thinner (one of SPREADS): live, by the
+        collector's load (flowtop.monitor.thinning); in a replay, where the recording says."""
+        if spread not in SPREADS:
+            raise ValueError(f"tick spread must be one of {SPREADS}, got {spread!r}")
+        self.spread = spread
+
+    def _last_look(self, leaving: RankState, now: float) -> None:
+        """Evaluate the hints of the job of ``leaving`` once more before it ends (LAST_LOOKS_PER_S)."""
+        job = leaving.key.job
+        if self._hint_engine is None or not leaving.steps:
+            return
+        if leaving.steps.last_recv() <= min(self._hints_seen.get(job, (float("-inf"),))):
+            return  # the hints have seen its last step already
+        if not self._looks.setdefault(job, TokenBucket(LAST_LOOKS_PER_S, LAST_LOOK_BURST)).take(now):
+            return
+        shown = self._view((st for st in self.ranks.values() if st.key.job == job), now, remember=True).get(job)
+        if shown:
+            spread = self.ticks_per_round(len(shown))  # a large job's look rebuilds only this tick's share
+            self._evaluate(self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None),
+                           now, states=[st for st, _ in shown] if spread > 1 else None)
+
+    def _evaluate(self, snap: JobSnapshot, now: float, phase: tuple[int, int] | None = None,
+                  states: list[RankState] | None = None) -> JobSnapshot:
+        """Evaluate the job's hints at ``now`` (advancing their hysteresis; ``phase``: a share of
+        the rules, see HintEvaluator) and keep them for the snapshots until the next evaluation.
+        ``states``: the ranks' states, in the order of ``snap``'s, for a large job whose views are
+        rebuilt in turns: its hints read every rank's history as it is now (see _as_now)."""
+        if self._hint_engine is None:
+            return snap
+        try:
+            taken = self._judged.take(snap.job, self.ticks, now, states) if phase is not None and states else None
+            judged = taken[1] if taken else self._as_now(snap, states) if states is not None else snap
+            self._seen_by_hints(snap.job, taken[0] if taken else now, phase)  # as of the histories read
+            hints = tuple(self._hint_engine.evaluate(judged, now, phase))
+        except Exception as exc:  # a hints bug must not cost the user every snapshot
+            if not self._hints_failed:
+                self._hints_failed = True
+                _log.exception("hint engine failed; snapshots go on without hints")
+                self.notices.error(f"hints stopped: the hint engine raised {type(exc).__name__}: {exc}", now)
+            return replace(snap, hints=self._hints.get(snap.job, ()))
+        self._hints[snap.job] = hints
+        return replace(snap, hints=hints)
+
+    @staticmethod
+    def _as_now(snap: JobSnapshot, states: list[RankState]) -> JobSnapshot:
+        """``snap`` with each rank's history and telemetry as they are now, where its view (a
+        large job's, between two of its turns) holds them as of its last turn, up to a round old.
+        The cross-rank rules align ranks by step: histories taken up to 32 s apart (spread 8) had
+        no step in common at a 200 ms step, and a straggler went unseen; the hang and input-wait
+        rules read time from them (measures_time._current). A large job's views hold only the
+        history the UI shows (rankstate.history), so every rank that has steps gets its whole
+        history here (~30 µs a rank in a 4,096-rank model, ~120 ms, once per share of the rules,
+        at the tick before the share's: rotation.Prepared; a rank that had not stepped since its
+        turn was skipped before, but its view kept its ring's dropped blocks alive for a round),
+        and its telemetry where it sampled again since its view."""
+        ranks, renewed = list(snap.ranks), False
+        for i, (view, st) in enumerate(zip(snap.ranks, states, strict=True)):
+            reached = view.history.reached  # empty in a view that holds only what is shown
+            stepped = bool(st.steps) and (not reached or reached[-1][0] < st.step)
+            # A rank with a slow step (10 s and more) has not stepped since its turn, but its
+            # telemetry went on: read as of now, a round-old reading looked like a dead NVML's.
+            sampled = st.telemetry is not None and (view.telemetry is None
+                                                    or view.telemetry.received_at < st.telemetry_at)
+            if stepped or sampled:
+                ranks[i] = as_now(view, st, stepped)
+                renewed = True
+        return replace(snap, ranks=tuple(ranks)) if renewed else snap
+
+    def _seen_by_hints(self, job: str, now: float, phase: tuple[int, int] | None) -> None:
+        """Note when each share of ``job``'s rules last measured it (a rank's bye asks whether all
+        saw its last step, see _last_look); a change of shares starts from the oldest."""
+        share, n = phase or (0, 1)
+        seen = self._hints_seen.get(job)
+        if seen is None or len(seen) != n:
+            seen = self._hints_seen[job] = [min(seen) if seen else float("-inf")] * n
+        seen[share] = now
+
+    def _hint_failed(self, text: str) -> None:
+        """The hint engine's report of a rule that raised (its hints are held)."""
+        self.notices.warning(text, self._now)
+
+    def _evict(self, now: float) -> None:
+        """Forget finished or silent jobs (and superseded incarnations) after EVICT_AFTER_S."""
+        # A rank heard within EVICT_AFTER_S is not gone, whatever its relay's lag (it only
+        # moves the judged time back): most ticks find none of thousands of ranks silent that
+        # long, without a lag lookup or a job's list each.
+        if all(now - st.last_recv <= rs.EVICT_AFTER_S for st in self.ranks.values()):
+            return
+        for states in self._by_job().values():
+            gone = [st for st in states if rs.gone(st, self._judged_at(st, now))]
+            if len(gone) == len(states):
+                self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
+            else:
+                # Only old incarnations the view no longer shows (a newer one of the rank exists).
+                newest = newest_per(states, lambda st: st.key.rank, lambda st: st.key.inc)
+                gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc]
+            for st in gone:
+                self._forget(st)
+
+    def _by_job(self) -> dict[str, list[RankState]]:
+        by_job: dict[str, list[RankState]] = collections.defaultdict(list)
+        for st in self.ranks.values():
+            by_job[st.key.job].append(st)
+        return by_job
+
+    def _forget(self, st: RankState) -> None:
+        del self.ranks[st.key]
+        self._keys_version += 1
+        self.relays.forget(st.key)
+        self.views.forget(st.key)
+        job = st.key.job
+        self._job_sizes[job] -= 1
+        if self._job_sizes[job] <= 0:
+            del self._job_sizes[job]
+            self._merged.pop(job, None)
+            self._merged_round.pop(job, None)
+            self._hints_seen.pop(job, None)
+            self._judged.void(job)
+            self._looks.pop(job, None)
+            self._hints.pop(job, None)
+            self._claims.forget_job(job)
+            forget = getattr(self._hint_engine, "forget", None)
+            if forget is not None:
+                forget(job)

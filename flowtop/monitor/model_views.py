@@ -1,0 +1,187 @@
+"""Job-view assembly for flowtop.monitor.model: the rank processes each job shows and the job
+snapshots built from them. No Textual.
+
+A base of :class:`flowtop.monitor.model.Model`, not a separate object: the snapshot's and the tick's
+hot paths reach these methods through ``self`` exactly as when they were written in one class (no
+extra call layer). It holds no state of its own; the attributes declared below are set by
+``Model.__init__`` (declared here so that the type checker knows what these methods read).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from flowtop.monitor import accounting, parallelism
+from flowtop.monitor import rankstate as rs
+from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows
+from flowtop.monitor.kernels.merge import JobKernelStats
+from flowtop.monitor.rankkernels import KernelTables
+from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.rankviews import RankViews
+from flowtop.monitor.relays import Relays
+from flowtop.monitor.rotation import ticks_per_round
+from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from probe.wire import RankKey
+
+
+def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) -> float | None:
+    """Seconds since the newest step of a job none of whose ranks steps (each stalled, or stale:
+    the usual hang is one rank dead and the others stuck in a collective), else None."""
+    if not ranks or any(r.status == "live" for r in ranks):
+        return None
+    since = [now - r.behind_s - st.steps.last_recv() for r, st in zip(ranks, states) if r.status != "done" and st.steps]
+    return min(since) if since else None
+
+
+class ModelViews:
+    """Snapshots and job views of the model's ranks (see flowtop.monitor.model.Model)."""
+
+    # Set by Model.__init__ (see there for what each holds).
+    ranks: dict[RankKey, RankState]
+    received: int
+    rejected: int
+    rejected_reasons: collections.Counter[str]
+    ranks_evicted_for_room: int
+    peak_override_flops: float | None
+    kernels: KernelTables | None
+    relays: Relays
+    views: RankViews
+    spread: int
+    ticks: int
+    _hints: dict[str, tuple[Hint, ...]]
+    _merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]]
+    _merged_round: dict[str, tuple[JobKernelStats | None, int]]
+    _claims: Claims
+    _sole: SoleRows[RankState]
+    _keys_version: int
+
+    def ticks_per_round(self, ranks: int) -> int:
+        """Ticks a job of ``ranks`` ranks takes to rebuild every view and measure every rule."""
+        return ticks_per_round(ranks, self.spread)
+
+    def snapshot(self, now: float, listen: str = "", light: bool = False) -> MonitorSnapshot:
+        """An immutable view of everything at monitor time ``now``, with the hints of the last
+        tick. A pure read: nothing is evicted, no hint advances, taking it changes nothing.
+
+        ``light``: a glance between two ticks (flowtop.monitor.collector): each rank's step and liveness
+        now, its figures from its last full view (a rank never shown gets one)."""
+        by_job = self._view(None, now, remember=False)
+        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()), rotation=(0, 0) if light else None)
+                     for job, shown in sorted(by_job.items()))
+        return self._monitor_snapshot(now, listen, jobs)
+
+    def _monitor_snapshot(self, now: float, listen: str, jobs: tuple[JobSnapshot, ...]) -> MonitorSnapshot:
+        return MonitorSnapshot(
+            taken_at=now,
+            listen=listen,
+            jobs=jobs,
+            received=self.received,
+            rejected=self.rejected,
+            rejected_reasons=dict(self.rejected_reasons),
+            ranks_evicted_for_room=self.ranks_evicted_for_room,
+            relays=self.relays.snapshot(now),
+        )
+
+    def _view(self, states: Any, now: float, remember: bool) -> Rows[RankState]:
+        """Per job, the rank processes it shows (by rank, host, pid), each with the other
+        processes that claim its rank number (see flowtop.monitor.claims; ``remember``: a tick's view,
+        which updates the conflicts remembered). ``states`` None: every rank (read-only rows)."""
+        if states is None:
+            sole = self._sole.get(self.ranks, self._keys_version, self._claims)
+            if sole is not None:
+                return sole
+            states = self.ranks.values()
+        states = list(states)
+        at = self._judged_at
+        seen = [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv) for st in states]
+        shown = self._claims.shown(seen, remember)
+        by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
+        for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
+            if st.key in shown:
+                by_job[st.key.job].append((st, shown[st.key]))
+        return by_job
+
+    def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
+                      hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
+        """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
+        a full view (see RANKS_PER_TICK); ticks per full refresh 0: none (a glance)."""
+        states = [st for st, _ in shown]
+        # A large job's hints read histories taken when they are measured (_as_now): its views
+        # keep what the UI shows (rankstate.history).
+        slim = self.ticks_per_round(len(shown)) > 1
+        # Each rank as of its relay's latest report (behind a backlog its frames arrive late). In
+        # turns, the turn follows the rank number, not the row: a rank's turn comes every `spread`
+        # ticks whoever joins or leaves the job meanwhile; a glance is nobody's turn.
+        ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
+                                 glance=rotation is not None and rotation[1] == 0, shown_only=slim)
+        ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
+        live = [r for r in ranks if r.status == "live"] or list(ranks)
+        world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
+        times = [r.step_time_s for r in live if r.step_time_s]
+        if all(r.status == "done" for r in ranks):
+            status = "done"
+        elif any(r.status == "live" for r in ranks):
+            status = "running"
+        elif any(r.status == "stalled" for r in ranks):
+            status = "stalled"
+        else:
+            status = "stale"
+        # While running, ranks that finished no longer add throughput; once the job is
+        # done, the totals describe its last steady state. Stalled and stale ranks add 0.
+        counted = [r for r in ranks if r.status != "done" or status == "done"]
+        # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
+        tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
+        merged = self._merged_kernels(job, states, rotation) if self.kernels is not None else None
+        return JobSnapshot(
+            job=job,
+            world_size=world,
+            ranks=ranks,
+            step=min(r.step for r in live),
+            step_time_s=max(times) if times else None,
+            tokens_per_s=tokens_per_s,
+            flops=parallelism.job_flops_per_token(
+                accounting.job_flops([r.flops for r in counted], _newest_step_s(ranks, states, now)),
+                counted, tokens_basis),
+            status=status,
+            kernels_merged=merged,
+            rank_conflicts=len({r.rank for r in ranks if r.conflict}),
+            hints=hints,
+            tokens_basis=tokens_basis,
+            stages=parallelism.pipeline_stages(counted),
+        )
+
+    def _merged_kernels(self, job: str, states: list[RankState],
+                        rotation: tuple[int, int] | None) -> JobKernelStats | None:
+        """The job's kernel tables merged. Merging only changes when some rank gets a new window:
+        reused between windows instead of recomputed for every 2 Hz snapshot. A job too large to
+        rebuild every view at a tick (``rotation``: tick, ticks a round) shows at its ticks the
+        merge taken once a round, like its ranks' figures (some of its thousands of ranks bring a
+        window nearly every tick, and a merge of 4,096 tables took ~5 % of the interpreter live);
+        only ticks take it, so a glance or a snapshot between ticks changes nothing a replay of
+        the ticks would not see."""
+        if rotation is None or rotation[1] <= 1:
+            return self._merge(job, states)
+        held = self._merged_round.get(job)
+        if held is not None and self.ticks - held[1] < rotation[1]:
+            return held[0]
+        merged = self._merge(job, states)
+        self._merged_round[job] = (merged, self.ticks)
+        return merged
+
+    def _merge(self, job: str, states: list[RankState]) -> JobKernelStats | None:
+        """The merge of the job's tables as they are (cached by the windows they hold)."""
+        assert self.kernels is not None
+        tables = {st.key.rank: st.kernels_cumulative for st in states if st.kernels_cumulative is not None}
+        version = tuple(sorted((r, id(t), t.windows) for r, t in tables.items()))
+        cached = self._merged.get(job)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        merged = self.kernels.merge(tables) if len(tables) > 1 else None
+        self._merged[job] = (version, merged)
+        return merged
+
+    def _judged_at(self, st: RankState, now: float) -> float:
+        """The monitor time as of which ``st`` is judged live, stalled or gone: its relay's latest
+        report, ``now`` less that batch's queueing lag (``now`` for a rank heard directly)."""
+        return now - self.relays.lag_of(st.via)
