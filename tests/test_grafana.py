@@ -81,8 +81,15 @@ def test_every_dashboard_metric_is_exported(made: list[Any]) -> None:  # noqa: F
         import time
 
         scrapes = [mon.scrape()]
-        time.sleep(0.6)  # the monitor's CPU and frame rates need two readings
-        scrapes += [mon.scrape(), http_get(where.url())]
+        # The monitor's CPU and frame rates need two readings of two snapshots: a fixed 0.6 s
+        # missed the frame rate when a loaded box's tick came late (seen once in a full run).
+        deadline = time.monotonic() + 10
+        while True:
+            time.sleep(0.3)
+            scrapes.append(mon.scrape())
+            if "\nflowtop_monitor_frames_per_second " in scrapes[-1] or time.monotonic() > deadline:
+                break
+        scrapes.append(http_get(where.url()))
     finally:
         nodes.stop()
     exported = {s.name for text in scrapes for fam in parse_text(text) for s in fam.samples}

@@ -38,15 +38,15 @@ from flowtop.monitor.rankstats import job_percentiles
 from flowtop.monitor.rankview import job_context, node_group
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
 from flowtop.monitor.selfload import METER, LoadMeter
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot
 
 #: Jobs with more rank rows than this get per-node series instead of per-rank ones.
 DEFAULT_MAX_RANKS = 1024
 #: Seconds a finished job's series stay after its last bye.
 DEFAULT_LINGER_S = 60.0
 
-RANK_STATES = ("live", "stalled", "stale", "done")
-JOB_STATES = ("running", "stalled", "stale", "done")
+RANK_STATES = ("live", "stalled", "stale", "done", "failed")
+JOB_STATES = ("running", "stalled", "stale", "done", "failed")
 RELAY_STATES = ("live", "silent", "closed")
 #: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
 QUANTILES = ("0", "0.5", "0.95", "1")
@@ -91,7 +91,7 @@ def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapsh
     """The jobs that have series: all but those finished more than ``linger_s`` ago."""
     out = []
     for j in snap.jobs:
-        if j.status == "done" and j.ranks:
+        if j.status in ENDED and j.ranks:
             since_bye = min(r.age_s(snap.taken_at) for r in j.ranks)
             if since_bye >= policy.linger_s:
                 continue
@@ -196,14 +196,15 @@ def _declare(fam: _Families) -> None:
               RANK_LABELS)
     for name, doc, _ in RANK_COUNTERS:
         fam.counter(name, doc, RANK_LABELS)
-    fam.states("flowtop_rank_status", "Rank status: live, stalled (talks, no step), stale (silent), done",
+    fam.states("flowtop_rank_status", "Rank status: live, stalled (talks, no step), stale (silent), done, "
+               "failed (ended of an uncaught exception)",
                RANK_LABELS)
     for name, unit, doc, _ in JOB_GAUGES:
         fam.gauge(name, unit, doc, JOB_LABELS)
     for name, unit, doc, _ in JOB_QUANTILES:
         fam.gauge(name, unit, doc + " (rank_quantile 0, 0.5, 0.95, 1 across running ranks)",
                   (JOB_LABEL, QUANTILE_LABEL))
-    fam.states("flowtop_job_status", "Job status: running, stalled, stale, done", JOB_LABELS)
+    fam.states("flowtop_job_status", "Job status: running, stalled, stale, done, failed", JOB_LABELS)
     fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", (JOB_LABEL, "status"))
     fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
               "(more ranks than --prometheus-max-ranks)", JOB_LABELS)

@@ -8,7 +8,7 @@ from flowtop.monitor.format import fmt_time as seconds
 from flowtop.monitor.hints import HintGroup, grouped
 from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
 
 
 def si(value: float | None) -> str:
@@ -86,7 +86,7 @@ def _rank_lines(job: JobSnapshot, mixed: bool) -> list[str]:
             f"  {r.rank:>4} {r.host[:16]:<16} {r.step:>7} {seconds(r.step_time_s):>9} {si(r.tokens_per_s):>8} "
             f"{flops_rate(rf.flops_per_s if rf else None):>10} {pct(rf.mfu if rf else None):>6}"
             + (f" {pct(rf.mfu_bf16 if rf else None):>6}" if mixed else "")
-            + f"  {place}{r.status}" + (f" ({r.status_reason})" if r.status_reason else "")
+            + f"  {place}{r.status}" + (f" ({why})" if (why := _why(r)) else "")
         )
     return out
 
@@ -98,3 +98,11 @@ def _experts(x: ExpertLoad) -> str:
     worst = f" (worst: ranks {fmt_ranks(x.worst_group)}, layer {x.worst_layer})" if x.worst_group else ""
     return (f"max/mean {ratio} tokens per expert{worst}; rank max/mean {rank_ratio}; "
             f"{x.grouping or 'one rank'}")
+
+
+def _why(r: RankSnapshot) -> str:
+    """What a rank's status cell adds: its status reason (a relay's silence), or for a failed
+    rank the exception it ended of (its bye)."""
+    if r.status == "failed" and r.bye_reason:
+        return r.bye_reason
+    return r.status_reason

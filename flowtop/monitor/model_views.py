@@ -21,7 +21,7 @@ from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.relays import Relays
 from flowtop.monitor.rotation import ticks_per_round
-from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import RankKey
 
 
@@ -30,7 +30,8 @@ def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) 
     the usual hang is one rank dead and the others stuck in a collective), else None."""
     if not ranks or any(r.status == "live" for r in ranks):
         return None
-    since = [now - r.behind_s - st.steps.last_recv() for r, st in zip(ranks, states) if r.status != "done" and st.steps]
+    since = [now - r.behind_s - st.steps.last_recv() for r, st in zip(ranks, states)
+             if r.status not in ENDED and st.steps]
     return min(since) if since else None
 
 
@@ -119,8 +120,8 @@ class ModelViews:
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
         times = [r.step_time_s for r in live if r.step_time_s]
-        if all(r.status == "done" for r in ranks):
-            status = "done"
+        if all(r.status in ENDED for r in ranks):  # failed: one or more of them ended of an exception
+            status = "failed" if any(r.status == "failed" for r in ranks) else "done"
         elif any(r.status == "live" for r in ranks):
             status = "running"
         elif any(r.status == "stalled" for r in ranks):
@@ -129,7 +130,7 @@ class ModelViews:
             status = "stale"
         # While running, ranks that finished no longer add throughput; once the job is
         # done, the totals describe its last steady state. Stalled and stale ranks add 0.
-        counted = [r for r in ranks if r.status != "done" or status == "done"]
+        counted = [r for r in ranks if r.status not in ENDED or status in ENDED]
         # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
         tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
         merged = self._merged_kernels(job, states, rotation) if self.kernels is not None else None

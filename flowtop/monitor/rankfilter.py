@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
 
-STATUSES = frozenset({"live", "stalled", "stale", "done"})
+STATUSES = frozenset({"live", "stalled", "stale", "done", "failed"})
 #: Words people use for a status: a rank that talks but makes no step is hung.
 STATUS_ALIASES = {"hung": "stalled"}
 CONFLICT = "conflict"
@@ -145,6 +145,6 @@ def _value(kind: str, value: str, term: str) -> object:
     if kind == "status":
         status = STATUS_ALIASES.get(value, value)
         if status not in STATUSES and status != CONFLICT:
-            raise FilterError(f"{term!r}: a status is live, stalled (hung), stale, done or conflict")
+            raise FilterError(f"{term!r}: a status is live, stalled (hung), stale, done, failed or conflict")
         return status
     return value

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from flowtop.monitor.compact import Column, PairSeq
 from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.snapshot import History, TelemetryView
-from probe.wire import Message, RankKey, step_columns
+from probe.wire import BYE_ERROR_PREFIX, Message, RankKey, step_columns
 
 if TYPE_CHECKING:  # built and added by flowtop.monitor.rankkernels
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -133,7 +133,7 @@ def running(st: RankState, now: float) -> bool:
     """Neither said bye nor silent past the stale limit (a stalled rank still runs)."""
     if st.bye is None and now - st.last_recv <= STALE_AFTER_S:
         return True  # the limit is at least that: no median needed (every rank, every tick)
-    return status(st, now, median_step(st), None) not in ("done", "stale")
+    return status(st, now, median_step(st), None) not in ("done", "failed", "stale")
 
 
 def gone(st: RankState, now: float) -> bool:
@@ -161,9 +161,10 @@ def median_step(st: RankState) -> float | None:
 
 
 def status(st: RankState, now: float, med: float | None, stalled: float | None) -> str:
-    """"done" (said bye), "stale" (silent past the limit), "stalled" (talks, no step), "live"."""
+    """"done" (said bye), "failed" (said bye as its process ended of an uncaught exception), "stale"
+    (silent past the limit), "stalled" (talks, no step), "live"."""
     if st.bye is not None:
-        return "done"
+        return "failed" if st.bye.startswith(BYE_ERROR_PREFIX) else "done"
     if now - st.last_recv > limit(med):
         return "stale"
     if stalled is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from flowtop.monitor.rankview import JobContext, RankKey, job_context_of, rank_key
-from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 #: The percentiles of the summary line.
 PERCENTILES = (0.0, 50.0, 95.0, 100.0)
@@ -49,7 +49,7 @@ def job_percentiles(job: JobSnapshot | None) -> JobPercentiles:
     their last steps). A stalled rank counts with MFU 0: it delivers nothing now."""
     if job is None:
         return JobPercentiles(0, None, None, None)
-    ranks = [r for r in job.ranks if r.status != "done"] or list(job.ranks)
+    ranks = [r for r in job.ranks if r.status not in ENDED] or list(job.ranks)
     return JobPercentiles(
         ranks=len(ranks),
         step_time_s=percentiles(r.step_time_s for r in ranks if r.step_time_s is not None),
@@ -74,14 +74,14 @@ MISSING = -2  # no rank with these numbers has said hello (a never-started rack 
 _MFU_EDGES = (0.4, 0.3, 0.2, 0.1)  # >= edge: bin index; below the last: 4; above 100 %: 5
 _STEP_EDGES = (1.05, 1.15, 1.5, 2.0)  # <= edge x median: bin index; above: 4
 _WAIT_EDGES = (0.02, 0.10, 0.25, 0.50)  # < edge: bin index; else 4
-#: Status bins: done, live, conflict, missing (never said hello), stalled, stale.
-STATUS_BINS = {"done": 0, "live": 1, "conflict": 2, "missing": 3, "stalled": 4, "stale": 5}
+#: Status bins: done, live, conflict, missing (never said hello), stalled, stale, failed.
+STATUS_BINS = {"done": 0, "live": 1, "conflict": 2, "missing": 3, "stalled": 4, "stale": 5, "failed": 6}
 #: Legend labels per metric, one per bin from 0 up (the lower edge of each value bin).
 LEGEND: dict[str, tuple[str, ...]] = {
     "mfu": ("≥40", "30", "20", "10", "<10", ">100"),
     "step_time": ("≤1.05", "1.15", "1.5", "2", ">2"),
     "input_wait": ("<2", "10", "25", "50", "≥50"),
-    "status": ("done", "live", "confl", "unseen", "stalled", "stale"),
+    "status": ("done", "live", "confl", "unseen", "stalled", "stale", "failed"),
 }
 
 

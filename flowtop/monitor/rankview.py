@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Union
 
 from flowtop.monitor.format import COORD_ROLES
 from flowtop.monitor.rankfilter import RankFilter
-from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 #: (job, host, pid, rank, incarnation): one rank process. Rows, selection and map cells are
 #: keyed by it, never by a row index, so a selection survives rows moving.
@@ -23,12 +23,15 @@ RankKey = tuple[str, str, int, int, int]
 NodeKey = tuple[str, str, str]
 RowKey = Union[RankKey, NodeKey]
 
-#: Worst-first tiers of a status. A rank that talks but makes no step (hung in a collective)
-#: comes first, then a silent one, then two processes claiming one rank, then the rest.
-STATUS_TIER = {"stalled": 0, "stale": 1, "live": 3, "done": 4}
-CONFLICT_TIER = 2
+#: Worst-first tiers of a status. A rank whose process died of an uncaught exception comes first
+#: (a crash is what a job's failure starts from), then one that talks but makes no step (hung in
+#: a collective), then a silent one, then two processes claiming one rank, then the rest.
+STATUS_TIER = {"failed": 0, "stalled": 1, "stale": 2, "live": 4, "done": 5}
+STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
+CONFLICT_TIER = 3
+LIVE_TIER = STATUS_TIER["live"]
 #: Worst status of a node: the lowest tier among its ranks.
-_TIER_STATUS = {0: "stalled", 1: "stale", 2: "live", 3: "live", 4: "done"}
+_TIER_STATUS = {0: "failed", 1: "stalled", 2: "stale", 3: "live", 4: "live", 5: "done"}
 #: A live rank is a straggler this many steps behind the job's lead rank. One step apart is
 #: ordinary: ranks are sampled at slightly different moments of the same step.
 STRAGGLER_LAG = 2
@@ -65,7 +68,7 @@ class JobContext:
 
     def lag(self, r: RankSnapshot) -> int:
         """Steps behind the lead rank (0 for a finished rank: it is not late, it is done)."""
-        return 0 if r.status == "done" else max(0, self.lead_step - r.step)
+        return 0 if r.status in ENDED else max(0, self.lead_step - r.step)
 
 
 _LAST_CONTEXT: list[tuple[JobSnapshot, JobContext]] = []
@@ -84,7 +87,7 @@ def job_context_of(job: JobSnapshot) -> JobContext:
 def job_context(ranks: Iterable[RankSnapshot]) -> JobContext:
     """Lead step and median step time over the running ranks."""
     ranks = list(ranks)
-    running = [r for r in ranks if r.status != "done"] or ranks
+    running = [r for r in ranks if r.status not in ENDED] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
     return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times))
 
@@ -104,17 +107,17 @@ def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
     limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
 
     def key(r: RankSnapshot) -> tuple:
-        tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, 1)
+        tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         step_s = r.step_time_s if r.step_time_s is not None else 0.0
-        if tier < 3:  # among the stuck, the one stuck at the lowest step has been stuck longest
+        if tier < LIVE_TIER:  # among the stuck, the one stuck at the lowest step has been stuck longest
             return (tier, 0, r.step, 0.0, r.rank, r.incarnation)
-        if tier == 3:
+        if tier == LIVE_TIER:
             lag = ctx.lead_step - r.step
             if lag >= STRAGGLER_LAG or step_s >= limit:
-                return (3, 0, -lag, -step_s, r.rank, r.incarnation)
+                return (tier, 0, -lag, -step_s, r.rank, r.incarnation)
             mfu = r.mfu
-            return (3, 1, _INF if mfu is None else mfu, -step_s, r.rank, r.incarnation)
-        return (4, 0, 0.0, 0.0, r.rank, r.incarnation)
+            return (tier, 1, _INF if mfu is None else mfu, -step_s, r.rank, r.incarnation)
+        return (tier, 0, 0.0, 0.0, r.rank, r.incarnation)
 
     return key
 
@@ -133,7 +136,7 @@ def _value_getters(ctx: JobContext) -> dict[str, Callable[[RankSnapshot], object
         "flops": lambda r: r.flops.flops_per_s if r.flops else None,
         "mfu": lambda r: r.mfu,
         "tensor": lambda r: tel(r) if isinstance(tel(r), (int, float)) else None,
-        "status": lambda r: STATUS_TIER.get(r.status, 1),
+        "status": lambda r: STATUS_TIER.get(r.status, STALE_TIER),
         "mfu_bf16": lambda r: r.flops.mfu_bf16 if r.flops is not None else None,
         # parallel coordinates in their label's order (dp, tp, pp, cp, ep ranks)
         "coords": lambda r: tuple(r.coords.get(role, (0, 1))[0] for role in COORD_ROLES) if r.coords else None,
@@ -198,7 +201,7 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     mfus: list[float] = []
     t_max = w_max = tokens = flops = None
     for r in ranks:
-        t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, 1)
+        t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         tier = min(tier, t)
         lag = max(lag, ctx.lag(r))
         step = min(step, r.step)

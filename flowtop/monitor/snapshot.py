@@ -22,11 +22,18 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.moe_load import ExpertLoad
     from flowtop.monitor.precision import DtypeMix
 
-#: Version of the JSON snapshot layout (bump MINOR for added fields, or a field that may now be null:
-#: 1.7's tokens_per_step; the schema file says which fields are nullable).
-SCHEMA = "flowtop.snapshot/1.7"
+#: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
+#: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
+#: enumeration (1.8: the "failed" status of ranks and jobs).
+SCHEMA = "flowtop.snapshot/1.8"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
+
+
+#: Statuses of a rank (and of a job) that ended: it said bye ("done"), or said bye from a process
+#: ending of an exception nobody caught ("failed": a crash, a collective that failed when a peer
+#: died; probe.wire.BYE_ERROR_PREFIX). Neither is running: neither is late, stuck or counted.
+ENDED = frozenset({"done", "failed"})
 
 
 def json_schema() -> dict[str, Any]:
@@ -145,7 +152,7 @@ class RankSnapshot(_Slotted):
     local_rank: int
     incarnation: int
     device: str
-    status: str  # "live" | "stalled" (talks, no step) | "stale" (silent) | "done"
+    status: str  # "live" | "stalled" (talks, no step) | "stale" (silent) | "done" | "failed" (see ENDED)
     step: int
     step_time_s: float | None  # median wall time of recent steps
     device_time_s: float | None  # latest device (CUDA event) time of a step
@@ -260,7 +267,7 @@ class JobSnapshot:
     step_time_s: float | None  # slowest rank's median step time
     tokens_per_s: float | None  # once per data-parallel replica where known, else Σ ranks (tokens_basis)
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
-    status: str  # "running" | "stalled" | "stale" | "done"
+    status: str  # "running" | "stalled" | "stale" | "done" | "failed" (every rank ended, one or more failed)
     hints: tuple[Hint, ...] = ()
     kernels_merged: JobKernelStats | None = None  # the ranks' cumulative tables compared
     #: Rank numbers claimed by more than one live process (see RankSnapshot.conflict).
@@ -432,7 +439,7 @@ def all_done(snap: Any) -> bool:
     """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
     rank numbers: two processes claiming one rank are two rows, a conflict)."""
     ranks = [r for j in snap.jobs for r in j.ranks]
-    return (bool(ranks) and all(r.status == "done" for r in ranks)
+    return (bool(ranks) and all(r.status in ENDED for r in ranks)
             and all(len(j.ranks) >= j.world_size for j in snap.jobs))
 
 

@@ -55,11 +55,15 @@ __all__ = [
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",
     "RankKey", "StepColumns", "WireError",
-    "PEEK_BYTES", "decode", "decode_control", "encode", "encode_control", "encode_steps", "envelope",
+    "BYE_ERROR_PREFIX", "PEEK_BYTES", "decode", "decode_control", "encode", "encode_control", "encode_steps",
+    "envelope",
     "is_runtime_call", "records",
     "step_columns",
 ]
 
+#: The start of a bye's reason when its process ends of an exception nobody caught (the monitor
+#: shows such a rank as "failed", not "done"): "error: TYPE: message".
+BYE_ERROR_PREFIX = "error: "
 #: Most step records one "steps"/"stepcols" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
 MAX_BATCH = 512
 #: Largest frame either side accepts (the collector also sets ZMQ MAXMSGSIZE).

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from flowtop.monitor.hints import measures_device, measures_identity, measures_kernels, measures_parallel, measures_time
 from flowtop.monitor.hints.base import Measurement, MeasureFn, finite, rank_target
 from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
-from flowtop.monitor.snapshot import Hint, JobSnapshot
+from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
 
 _log = logging.getLogger("flowtop.hints")
 
@@ -154,7 +154,7 @@ class HintEngine:
         others' hints are held as they are (the model measures a large job's rules in shares at
         different ticks, see flowtop.monitor.rotation.HINT_SHARES)."""
         self._end_hints(job)
-        if job.status == "done":
+        if job.status in ENDED:
             return self._ended_hints(job.job, ())  # nothing runs: the diagnosis stands as it was
         out: list[tuple[Rule, _State]] = []
         shown: set[str] = set()  # rules with a hint now (a rule may hide another's)
@@ -242,14 +242,14 @@ class HintEngine:
         and the rank hints of a rank whose every process said bye. Left to the measures, they
         would vanish with their rank (a finished rank is measured no more), and the final
         snapshot that a script reads would say nothing about the run."""
-        if job.status != "done" and all(r.status != "done" for r in job.ranks):
+        if job.status not in ENDED and all(r.status not in ENDED for r in job.ranks):
             return  # nothing finished (every tick of a large job asks)
-        running = {rank_target(r) for r in job.ranks if r.status != "done"}  # a rank number may have 2 rows
+        running = {rank_target(r) for r in job.ranks if r.status not in ENDED}  # a rank number may have 2 rows
         done = {rank_target(r) for r in job.ranks} - running
         for (name, rule_id), states in self._state.items():
-            if name != job.job or not (job.status == "done" or self._scope.get(rule_id) == "rank"):
+            if name != job.job or not (job.status in ENDED or self._scope.get(rule_id) == "rank"):
                 continue
-            for target in [t for t in states if job.status == "done" or t in done]:
+            for target in [t for t in states if job.status in ENDED or t in done]:
                 st = states.pop(target)
                 if st.active and st.hint is not None:
                     self._ended.setdefault(job.job, {})[(rule_id, target)] = replace(st.hint, ended=True)

@@ -15,13 +15,13 @@ from flowtop.monitor.hints.base import (
     telemetry_number,
 )
 from flowtop.monitor.hints.rules import RULES_BY_ID, Rule
-from flowtop.monitor.snapshot import FlopsView, JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, FlopsView, JobSnapshot, RankSnapshot
 
 _GIB = float(1 << 30)
 
 
 def _live(job: JobSnapshot) -> list[RankSnapshot]:
-    return [r for r in latest_ranks(job) if r.status != "done"]
+    return [r for r in latest_ranks(job) if r.status not in ENDED]
 
 
 def _reasons(r: RankSnapshot) -> list[str]:

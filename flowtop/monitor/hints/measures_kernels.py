@@ -11,13 +11,13 @@ from flowtop.monitor.hints.facts import KernelFacts
 from flowtop.monitor.hints.measures_device import uncounted_by_op
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.kernels.rows import KernelRow
-from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 
 def _windows(job: JobSnapshot, cuda_only: bool = True) -> Iterable[tuple[RankSnapshot, KernelFacts | None]]:
     """(rank, its latest kernel window) for ranks still running (GPU windows when cuda_only)."""
     for r in latest_ranks(job):
-        if r.status == "done":
+        if r.status in ENDED:
             continue
         f = facts.kernel_facts(r.kernels)
         if cuda_only and f is not None and f.device != "cuda":
@@ -164,7 +164,7 @@ def fp32_matmul(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
     p = rule.params
     out: dict[str, Measurement | None] = {}
     for r in latest_ranks(job):
-        if r.status == "done" or not is_cuda(r):
+        if r.status in ENDED or not is_cuda(r):
             continue
         f = facts.kernel_facts(r.kernels)
         f = f if f is not None and f.device == "cuda" else None

@@ -14,14 +14,14 @@ from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum
 from flowtop.monitor.hints import staggered
 from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
 from flowtop.monitor.hints.rules import Rule
-from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 
 def _running(job: JobSnapshot) -> list[RankSnapshot]:
     """Ranks that may still make progress (a finished job or rank cannot hang or straggle)."""
-    if job.status == "done":
+    if job.status in ENDED:
         return []
-    return [r for r in latest_ranks(job) if r.status != "done"]
+    return [r for r in latest_ranks(job) if r.status not in ENDED]
 
 
 def _newest_reached(r: RankSnapshot) -> tuple[int, float] | None:
@@ -151,7 +151,7 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
     the device idles (a wait costs nothing while the GPU still works through queued kernels)."""
     out: dict[str, Measurement | None] = {}
     for r in latest_ranks(job):
-        if r.status == "done":
+        if r.status in ENDED:
             continue
         h = r.history
         n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from flowtop.monitor.snapshot import ENDED
 from probe import wire
 
 #: After the training exits, how long to wait for its ranks' last (bye) messages.
@@ -120,7 +121,7 @@ async def _headless(source: DemoSource, timeout_s: float) -> tuple[Any, int]:
 
     def on_tick(snap: Any) -> None:
         ranks = [r for j in snap.jobs for r in j.ranks]
-        if ranks and all(r.status == "done" for r in ranks):
+        if ranks and all(r.status in ENDED for r in ranks):
             done.set()
 
     source.on_tick = on_tick

@@ -54,6 +54,7 @@ STATUS_STYLE: Mapping[str, str] = {
     "stale": "bold red",
     "stalled": "bold yellow",
     "done": "dim",
+    "failed": "bold white on red",  # ended of an uncaught exception: what a job's failure starts from
 }
 
 SEVERITY_ORDER: Mapping[str, int] = {s: i for i, s in enumerate(SEVERITIES)}  # most severe first

@@ -1,0 +1,85 @@
+"""A rank whose process ends of an exception nobody caught reads "failed", not "done".
+
+A new user's trial: a rank that raised at step 20 (exit status 1), and two ranks whose gloo
+collective failed when the other node's were killed, all read "done" with bye reason "exit",
+exactly like a clean finish. The probe's bye now says why the process ended (Python keeps an
+uncaught exception for atexit), and the monitor shows such a rank and its job as "failed".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flowtop.monitor.rankfilter import parse_filter
+from flowtop.monitor.rankview import job_context, node_group, worst_first
+from flowtop.monitor.snapshot import ENDED
+from synthetic.cluster import cluster_rank
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    m = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(5):
+        m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+        if step == 2 and sys.argv[1] == "raise":
+            raise RuntimeError("boom\\nat step 3")
+    if sys.argv[1] == "thread":  # an exception in another thread does not end the process
+        import threading
+        t = threading.Thread(target=lambda: 1 / 0)
+        t.start(); t.join()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_crashed_rank_and_its_job_read_failed(tmp_path: Path) -> None:
+    from monitor_thread import MonitorThread
+
+    from conftest import probed_env
+
+    script = tmp_path / "t.py"
+    script.write_text(SCRIPT)
+    mon = MonitorThread()
+    try:
+        ran = {}
+        for how in ("raise", "clean", "thread"):
+            env = probed_env(mon.listen, FLOWTOP_JOB=how)
+            ran[how] = subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True,
+                                      timeout=90)
+        assert ran["raise"].returncode == 1 and "RuntimeError: boom" in ran["raise"].stderr
+        assert ran["clean"].returncode == 0 and ran["thread"].returncode == 0, ran["thread"].stderr
+        snap = mon.wait_for(lambda s: len(s.jobs) == 3 and all(j.status in ENDED for j in s.jobs), 30)
+        jobs = {j.job: j for j in snap.jobs}
+        (crashed,) = jobs["raise"].ranks
+        assert crashed.status == "failed" and jobs["raise"].status == "failed"
+        assert crashed.bye_reason == "error: RuntimeError: boom at step 3"  # one line
+        assert crashed.step == 3
+        for how in ("clean", "thread"):
+            (r,) = jobs[how].ranks
+            assert (r.status, r.bye_reason, jobs[how].status) == ("done", "exit", "done")
+    finally:
+        mon.close()
+
+
+def test_a_failed_rank_comes_first_and_marks_its_node() -> None:
+    ranks = [cluster_rank(i) for i in range(8)]
+    ranks[5] = dataclasses.replace(ranks[5], status="failed", bye_reason="error: RuntimeError: x")
+    ranks[2] = dataclasses.replace(ranks[2], status="stalled")
+    ctx = job_context(ranks)
+    order = sorted(ranks, key=worst_first(ctx))
+    assert [r.rank for r in order[:2]] == [5, 2]  # the crash before the hang it caused
+    assert node_group("node0000", order, ctx).worst_status == "failed"
+    assert ctx.lag(ranks[5]) == 0  # ended: not late
+    from synthetic.cluster import cluster_job
+
+    job = dataclasses.replace(cluster_job(8), ranks=tuple(ranks))
+    failed = parse_filter("failed").matcher(job)
+    assert [r.rank for r in ranks if failed(r)] == [5]
