@@ -159,6 +159,10 @@ KERNELS_MIN_STEPS = Var("FLOWTOP_KERNELS_MIN_STEPS", "integer > 0", 10, "fewest 
                         _positive_int)
 KERNELS_MAX_S = Var("FLOWTOP_KERNELS_MAX_S", "seconds > 0", 600.0,
                     "a window at least this often (seconds), budget permitting", _positive_float, shown_default="`600`")
+KERNELS_REQUEST_S = Var("FLOWTOP_KERNELS_REQUEST_S", "seconds > 0", 1.0,
+                        "fewest seconds between a kernel window and one the monitor asks for (`k`); also at "
+                        "least the last window's cost over its budget. A request sooner is refused and counted",
+                        _positive_float, shown_default="`1`")
 TELEMETRY = Var("FLOWTOP_TELEMETRY", "bool", True, "NVML/GPM + psutil on the sender thread", _bool)
 TELEMETRY_INTERVAL = Var("FLOWTOP_TELEMETRY_INTERVAL", "seconds (≥ 1)", 1.0,
                          "seconds between telemetry samples (≥ 1)", _positive_float, shown_default="`1`")
@@ -183,8 +187,8 @@ TEARDOWN_CUPTI = Var("TEARDOWN_CUPTI", "bool", None,
 #: Every variable, in the README table's order.
 VARIABLES: tuple[Var[Any], ...] = (
     ADDR, DISABLE, JOB, QUEUE, FLUSH_S, FLOPS, ATTENTION, RECHECK_STEPS, FLOPS_BUDGET, FLOPS_PER_TOKEN, PEAK_TFLOPS,
-    KERNELS, KERNELS_MIN_STEPS, KERNELS_MAX_S, TELEMETRY, TELEMETRY_INTERVAL, NVTX, CALIBRATE_OUT, CURVE_DIR,
-    BYE_ON_SIGTERM, CONTROL_ADDR, KINETO_LOG_LEVEL, TEARDOWN_CUPTI,
+    KERNELS, KERNELS_MIN_STEPS, KERNELS_MAX_S, KERNELS_REQUEST_S, TELEMETRY, TELEMETRY_INTERVAL, NVTX, CALIBRATE_OUT,
+    CURVE_DIR, BYE_ON_SIGTERM, CONTROL_ADDR, KINETO_LOG_LEVEL, TEARDOWN_CUPTI,
 )  # fmt: skip
 
 
@@ -203,6 +207,7 @@ class ProbeConfig:
     kernels: bool = KERNELS.default
     kernels_min_steps: int = KERNELS_MIN_STEPS.default
     kernels_max_s: float = KERNELS_MAX_S.default
+    kernels_request_s: float = KERNELS_REQUEST_S.default
     telemetry: bool = TELEMETRY.default
     telemetry_interval_s: float = TELEMETRY_INTERVAL.default
     flops_per_token: float | None = FLOPS_PER_TOKEN.default
@@ -250,6 +255,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
         kernels=KERNELS.read(e),
         kernels_min_steps=KERNELS_MIN_STEPS.read(e),
         kernels_max_s=KERNELS_MAX_S.read(e),
+        kernels_request_s=KERNELS_REQUEST_S.read(e),
         telemetry=TELEMETRY.read(e),
         telemetry_interval_s=_within(TELEMETRY_INTERVAL, e, lo=MIN_TELEMETRY_S),
         flops_per_token=FLOPS_PER_TOKEN.read(e),

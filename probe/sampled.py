@@ -118,6 +118,7 @@ class SampledFeatures:
                 min_interval_steps=self.cfg.kernels_min_steps,
                 max_interval_steps=max(10_000, self.cfg.kernels_min_steps),
                 max_interval_s=self.cfg.kernels_max_s,
+                min_request_s=self.cfg.kernels_request_s,
             )
             self._kernels = kernels.KernelWindowSampler(scheduler)
         except Exception as exc:

@@ -11,6 +11,9 @@ from pathlib import Path
 from flowtop.monitor.snapshot import to_json
 from snapshot_schema import assert_valid_snapshot
 
+#: Fewest seconds between a window and a requested one, for the probe under test.
+REQUEST_S = 6.0
+
 SCRIPT = textwrap.dedent(
     """
     import sys, time, torch
@@ -37,8 +40,11 @@ def test_operator_windows_arrive_and_manual_trigger_works(monitor, tmp_path: Pat
     script.write_text(SCRIPT)
     from conftest import probed_env
 
-    # Scheduled windows pushed far out: every window in this test is a manual trigger.
-    env = probed_env(monitor.listen, FLOWTOP_KERNELS_MIN_STEPS="1000000")
+    # Scheduled windows pushed far out: every window in this test is a manual trigger. A request
+    # within 6 s of a window is refused: "right after" a window, as the monitor sees it, took over
+    # the default 1 s on a loaded box (the window built, sent, decoded, shown, then the request
+    # sent back), and a second window came instead of the refusal (1 run in 4 under load).
+    env = probed_env(monitor.listen, FLOWTOP_KERNELS_MIN_STEPS="1000000", FLOWTOP_KERNELS_REQUEST_S=str(REQUEST_S))
     proc = subprocess.Popen([sys.executable, str(script), "40"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -61,12 +67,13 @@ def test_operator_windows_arrive_and_manual_trigger_works(monitor, tmp_path: Pat
         assert by_name["aten::mm"].calls == 3
         assert by_name["aten::mm"].flops == 3 * (2 * 32 * 64 * 128)
         # A request right after a window is refused by the probe's rate limit (a window at most
-        # every max(1 s, cost / budget)), and the refusal reaches the monitor.
+        # every max(FLOWTOP_KERNELS_REQUEST_S, cost / budget)), and the refusal reaches the monitor.
+        asked_at = time.monotonic()
         assert rank.commands_refused == 0
         monitor.call(lambda: monitor.collector.request_kernels(snap.jobs[0].job, rank.rank))
         snap = monitor.wait_for(lambda s: _windows(s)[1].commands_refused == 1, 20)
         assert _windows(snap)[0] == window and _windows(snap)[1].commands_refused == 1
-        time.sleep(1.5)
+        time.sleep(max(0.0, REQUEST_S + 0.5 - (time.monotonic() - asked_at)))
         # A later request (TUI key `k`) brings the next window within a few steps.
         step_before = _windows(monitor.snapshot())[1].step
         monitor.call(lambda: monitor.collector.request_kernels(snap.jobs[0].job, rank.rank))
