@@ -25,13 +25,16 @@ arrive a few steps late (``dstep`` says which step they belong to).
 
 Any failure in these hooks disables the probe (``on_fail``) — the user's
 ``optimizer.step()`` and ``forward()`` never see an exception from here.
+
+This module holds what runs at every step. Installation, discovery and teardown
+(probe.steps.discovery) and the reading of the step walls (probe.steps.walls) are
+the tracker's base classes, kept apart: they run once, or at sampled steps.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, Callable, Deque, Protocol
 
@@ -39,9 +42,13 @@ import torch
 
 from probe._log import warn_once
 from probe.flops.policy import cached_signature
-from probe.hookutil import _has_closure, _is_compiled, _none, device_of, eager, in_compiled_call, params_device, weak
+from probe.hookutil import _has_closure, _none, eager, in_compiled_call
+from probe.hookutil import _is_compiled as _is_compiled, device_of as device_of  # importable here as before
+from probe.hookutil import params_device as params_device, weak as weak  # (used in probe.steps.discovery)
 from probe.steps.devclock import DeviceClock
+from probe.steps.discovery import Discovery, _training_forward
 from probe.steps.prehook import PreHook, optimizer_steps, step_call
+from probe.steps.walls import StepWalls
 
 __all__ = ["StepTracker", "eager", "in_compiled_call"]
 
@@ -56,11 +63,6 @@ _grad_on = torch.is_grad_enabled
 _inference_on = torch.is_inference_mode_enabled
 
 
-def _training_forward() -> bool:
-    """Whether a forward now is part of training (autograd on, not inference mode)."""
-    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-
-
 class ForwardGate(Protocol):
     """What the tracker reads to skip the forward listeners of a step that needs nothing."""
 
@@ -68,8 +70,12 @@ class ForwardGate(Protocol):
     quiet_until: int  # ... holds for steps of a lower 0-based index
 
 
-class StepTracker:
-    """Detects step boundaries and measures each step; owns the torch hooks."""
+class StepTracker(Discovery, StepWalls):
+    """Detects step boundaries and measures each step; owns the torch hooks.
+
+    The per-step hooks are this class's own methods; the bases hold what runs off the per-step
+    path and no state (empty ``__slots__``: the instance keeps the layout below).
+    """
 
     # What the per-step hooks read and write, as slots: kept in the object itself, a few cache
     # lines side by side, not spread over the entries of a 40-attribute dict (each cold line
@@ -157,31 +163,6 @@ class StepTracker:
         self._recent_walls: Deque[float] = collections.deque(maxlen=5)
 
     @property
-    def ewma_step_s(self) -> float | None:
-        """EWMA (weight 0.1) of the unsampled steps' wall times (None before the first)."""
-        self.fold_walls()
-        return self._ewma_step_s
-
-    @property
-    def recent_walls(self) -> Deque[float]:
-        """The last five unsampled steps' wall times."""
-        self.fold_walls()
-        return self._recent_walls
-
-    def fold_walls(self) -> None:
-        """Fold the walls appended since the last read, in order: the very floats that updating
-        the EWMA at each step gave (the runtime reads it at a sampled step, and bounds the list by
-        going through its own path every so many steps: probe.runtime.Probe._quiet_after)."""
-        walls = self.walls
-        if walls:
-            ewma = self._ewma_step_s
-            for wall in walls:
-                ewma = wall if ewma is None else 0.9 * ewma + 0.1 * wall
-            self._ewma_step_s = ewma
-            self._recent_walls.extend(walls[-5:])
-            walls.clear()
-
-    @property
     def device(self) -> torch.device | None:
         """The device this rank trains on (None until known)."""
         return self._device
@@ -195,81 +176,6 @@ class StepTracker:
                 self._clock = DeviceClock(dev.index if dev.index is not None else torch.cuda.current_device())
             except Exception as exc:
                 warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
-
-    # --- installation ---------------------------------------------------------------
-
-    def install(self) -> None:
-        """Register the global optimizer hooks and the discovery module hooks."""
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-        )
-
-        self._pre_hook.add()
-        self._handles.append(register_optimizer_step_post_hook(eager(self._opt_post_hook)))
-        self._discover()
-
-    def _discover(self) -> None:
-        """Register the discovery hooks: every module's forward, until the root is known."""
-        # torch.compile(module) warns that global hooks would fire an extra time for its wrapper:
-        # ours are gone before it traces (see _global_pre), so the warning would only mislead.
-        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
-        mod = torch.nn.modules.module
-        self._global_handles.append(mod.register_module_forward_pre_hook(eager(self._global_pre)))
-        self._global_handles.append(mod.register_module_forward_hook(eager(self._global_post)))
-
-    @property
-    def root(self) -> torch.nn.Module | None:
-        """The trained top-level module once settled (held weakly), else None."""
-        return self._root()
-
-    @root.setter
-    def root(self, module: torch.nn.Module | None) -> None:
-        self._root = weak(module, self._root_gone)
-
-    def _root_gone(self, _ref: Any) -> None:
-        # Inside the garbage collector, perhaps while torch iterates the hooks: only a flag.
-        self._root_lost = True
-
-    def _rediscover(self) -> None:
-        """The root was freed: what was learnt of it goes, discovery starts again (from an
-        optimizer hook, where adding module hooks is safe)."""
-        self._root_lost = False
-        if self._uninstalled or self._global_handles:
-            return
-        for h in self._root_handles:
-            h.remove()  # the root's are gone with it; an embedding that outlived it keeps its own
-        self._root_handles.clear()
-        self.embedding = None
-        self.compiled = False
-        self._unsettled = True
-        self._idle_calls = 0
-        self._discover_step = self.step + 1  # this optimizer step's boundary may come after
-        self._discover()
-
-    @property
-    def embedding(self) -> torch.nn.Module | None:
-        """The token embedding whose integer input counts tokens (held weakly), else None."""
-        return self._embedding()
-
-    @embedding.setter
-    def embedding(self, module: torch.nn.Module | None) -> None:
-        self._embedding = weak(module)
-
-    def uninstall(self) -> None:
-        """Remove every hook this tracker registered."""
-        try:
-            self._pre_hook.close()  # for good: no hook comes back
-        except Exception:
-            pass
-        for h in self._handles + self._global_handles + self._root_handles:
-            try:
-                h.remove()
-            except Exception:
-                pass
-        self._handles.clear()
-        self._global_handles.clear()
-        self._root_handles.clear()
-        self._uninstalled = True
 
     def drop_idle_pre_hook(self) -> None:
         """Remove the optimizer pre-hook while it has nothing to do: torch calls it at every step
@@ -332,119 +238,6 @@ class StepTracker:
         (the FLOP count in force holds until a later step)."""
         gate = self.forward_gate
         return gate is not None and gate.quiet_signature is not None and self.step < gate.quiet_until
-
-    def _fail(self, where: str, exc: BaseException) -> None:
-        warn_once(f"steps:{where}", f"step tracking failed in {where} ({type(exc).__name__}: {exc}); probe disabled")
-        self.uninstall()
-        if self._on_fail is not None:
-            try:
-                self._on_fail()
-            except Exception:
-                pass
-
-    # --- discovery (until the root is known) -------------------------------------------
-
-    def _global_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        try:
-            if (_is_compiled(module) and _training_forward()
-                    and any(p.requires_grad for p in module.parameters())):
-                # torch.compile traces what runs inside this module, global hooks included, and
-                # guards on them: gone by the time it traces (it traces after this hook), they
-                # cost it neither graph breaks nor a recompile when discovery ends. A trained
-                # compiled module (not a frozen teacher under no_grad) is the root candidate;
-                # its tokens then come from its integer input (see _settle_root).
-                self._candidate(module)
-                self._drop_global_hooks()
-                if self._depth == 0:  # a compiled module inside a wrapper: the wrapper counted
-                    self._root_pre(module, args, {})
-                    self._count_input_tokens(args, {})
-                return
-            # Top-level modules with parameters are root candidates (a loss module is not).
-            if self._depth == 0 and next(module.parameters(), None) is not None:
-                self._idle_calls += 1
-                self._candidate(module)
-                self._root_pre(module, args, {})
-            if module is self.embedding:  # every micro-batch of step 1, not just the first
-                self._embedding_pre(module, args)
-            elif self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
-                idx = args[0]
-                if isinstance(idx, torch.Tensor) and not idx.is_floating_point():
-                    self.embedding = module
-                    self._embedding_pre(module, args)
-            self._depth += 1
-        except Exception as exc:
-            warn_once("discover", f"model discovery failed: {exc}")
-        if self._idle_calls > 10_000 and self.step <= self._discover_step:
-            # An inference-only process: stop paying for the global hooks.
-            self._drop_global_hooks()
-
-    def _global_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        self._depth = max(0, self._depth - 1)
-        if self._depth == 0:
-            self._forward_end = time.perf_counter()
-
-    def _candidate(self, module: torch.nn.Module) -> None:
-        ref = self._candidates.get(id(module))
-        if ref is None or ref() is not module:  # new, or an id reused after a module was freed
-            self._candidates[id(module)] = weak(module)
-
-    def _drop_global_hooks(self) -> None:
-        for h in self._global_handles:
-            h.remove()
-        self._global_handles.clear()
-        self._depth = 0  # dropped inside a wrapper's forward (a compiled model): its post-hook is gone
-
-    def _settle_root(self, optimizer: Any) -> None:
-        """At a boundary: pick the root among the top-level modules seen, hook it alone.
-
-        The root is the module holding most of the optimizer's parameters (a frozen
-        teacher or reference model, though larger, is not what is trained). With no
-        candidate yet (a step before any forward), discovery simply goes on.
-        """
-        candidates = [m for m in (ref() for ref in self._candidates.values()) if m is not None]
-        if not candidates:
-            if self.device is None:  # no module forward yet: time the device the parameters live on
-                self.device = params_device(optimizer)
-            return
-        trained: set[int] = set()
-        for group in getattr(optimizer, "param_groups", ()):
-            trained.update(id(p) for p in group.get("params", ()))
-
-        def score(m: torch.nn.Module) -> tuple[int, int]:
-            owned = total = 0
-            for p in m.parameters():
-                total += p.numel()
-                owned += p.numel() if id(p) in trained else 0
-            return owned, total
-
-        root = max(candidates, key=score)
-        self._candidates.clear()
-        self._drop_global_hooks()
-        self.root = root
-        self._unsettled = False
-        self._roots += 1
-        if self._roots > 1:
-            for listener in self.listeners_root:
-                try:
-                    listener()
-                except Exception as exc:  # the root is hooked all the same
-                    warn_once("new-root", f"after a new model: {type(exc).__name__}: {exc}")
-        try:
-            self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True))
-            self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
-            self.compiled = _is_compiled(root) or any(_is_compiled(m) for m in root.children())
-            if self.compiled:
-                # A hook on a module inside the compiled region would make torch.compile
-                # recompile: count the root's token-id input instead.
-                self._root_handles.append(root.register_forward_pre_hook(eager(self._tokens_pre), with_kwargs=True))
-            elif self.embedding is not None:
-                self._root_handles.append(self.embedding.register_forward_pre_hook(eager(self._embedding_pre)))
-        except Exception as exc:  # e.g. ScriptModules refuse hooks: go on without a root
-            warn_once("root-hooks", f"cannot hook {type(root).__name__} ({exc}); input wait and tokens unavailable")
-            for h in self._root_handles:
-                h.remove()
-            self._root_handles.clear()
-        self.device = device_of(root.parameters())
 
     # --- steady-state hooks ---------------------------------------------------------
 
