@@ -226,6 +226,27 @@ def test_a_curve_monitor_admits_the_relay_and_its_keyless_ranks(short_dir: Path)
         mon.close()
 
 
+@pytest.mark.slow
+def test_a_relay_holding_another_server_key_says_so(short_dir: Path) -> None:
+    """A relay given another key directory (a stale copy) than its keyed monitor's: the monitor
+    drops each connection before the handshake and the relay's socket reports only that; it
+    said nothing and forwarded nothing (a new user's trial, behind `flowtop run`)."""
+    d = keys.create(short_dir / "k")
+    other = keys.create(short_dir / "o")
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    relay = _relay(f"ipc://{short_dir}/w.sock", listen, "--curve-dir", str(other))
+    try:
+        mon.wait_for(lambda s: s.rejected >= 3, 15)
+        time.sleep(0.5)
+    finally:
+        relay.terminate()
+        _, err = relay.communicate(timeout=10)
+        mon.close()
+    assert err.count("closed the relay's connection before its handshake completed") == 1, err
+    assert f"the monitor at {listen}" in err and "CURVE server.key is not the one" in err
+
+
 def test_bad_relay_input_is_refused_clearly(short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     up = "tcp://127.0.0.1:5999"
     cases = [

@@ -62,6 +62,9 @@ RETRY_S = 0.01
 #: an eighth of what it read at 4,096 ranks. Without batches the report stays the relay's
 #: heartbeat, every report_s (the monitor reads a relay heard of for 3 s as silent).
 REPORT_PACED_MAX_S = 5.0
+#: Upstream connections in a row that ended before their handshake, past which the relay says
+#: why it may be (Relay._dropped_unshaken; the probe's link counts the same way).
+UNSHAKEN_WARN = 3
 
 
 class Relay:
@@ -87,6 +90,7 @@ class Relay:
         self.drops = self.commands = self.link_ups = self.batches = 0
         self._ranks: set[int] = set()  # downstream connections (fds of accepted peers)
         self._up_conns = self._up_subs = 0
+        self._unshaken = 0  # upstream connections in a row that ended before their handshake
         self._subscribed = False  # whether we subscribed downstream (a monitor listens)
         self._queue: Deque[tuple[Any, float]] = collections.deque()
         self._queued_bytes = 0
@@ -331,7 +335,10 @@ class Relay:
             if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._up_conns += 1
                 self.link_ups += 1
+                self._unshaken = 0
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                if self._up_conns == 0:
+                    self._dropped_unshaken()
                 self._up_conns = max(0, self._up_conns - 1)
                 if self._up_conns == 0:
                     self._up_subs = 0
@@ -349,6 +356,18 @@ class Relay:
                 self._ranks.add(ev["value"])
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self._ranks.discard(ev["value"])
+
+    def _dropped_unshaken(self) -> None:
+        """An upstream connection ended before its handshake completed: a monitor whose CURVE
+        server key is not the one in the relay's key directory cannot read the relay's hello and
+        closes it, and the relay's socket reports only the disconnection (as a probe's does,
+        probe.transport.link): a few in a row say so."""
+        self._unshaken += 1
+        if self._unshaken == UNSHAKEN_WARN:
+            _warn_once("handshake-drop", f"the monitor at {self.cfg.upstream} closed the relay's connection before "
+                       f"its handshake completed, {UNSHAKEN_WARN} times in a row: its CURVE server.key is not the "
+                       "one in the relay's key directory (--curve-dir: a stale or another one), or what listens "
+                       "there is not a flowtop monitor; nothing is forwarded")
 
     def _send_batch(self, up: Any, now: float) -> bool:
         """Send the oldest frames as one batch; False when upstream is full (retried later)."""
