@@ -50,7 +50,7 @@ def test_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> N
         (["--connect", "tcp://127.0.0.1:0"], {}, "PORT 1-65535"),
         (["--connect", "ipc://"], {}, "or ipc:///PATH"),
         ([], {"FLOWTOP_ADDR": "garbage"}, "bad address 'garbage' (FLOWTOP_ADDR)"),
-        (["--curve-dir", "/nonexistent"], {}, "cannot load CURVE keys from /nonexistent"),
+        (["--curve-dir", "/nonexistent"], {}, "no key directory /nonexistent"),
     ],
 )
 def test_run_refuses_a_bad_upstream_before_the_command_starts(

@@ -157,3 +157,39 @@ def test_a_wrong_server_key_is_said_by_the_probe(tmp_path: Path) -> None:
         assert not snap.jobs
     finally:
         mon.close()
+
+
+def test_the_doctor_shakes_hands_as_a_probe_would(tmp_path: Path) -> None:
+    """The doctor's port check reads only the listener's greeting: with a stale key directory
+    (another server key) it said "probes from here reach it ... nothing would stop monitoring"
+    while the monitor dropped every probe (a new user's trial). It now completes a probe's
+    handshake with the directory's keys and says how it went."""
+    import shutil
+
+    import zmq.auth
+    from monitor_thread import MonitorThread
+
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
+    from flowtop.tools.demo.launch import free_port_pair
+    from flowtop.tools.doctor_handshake import handshake_finding
+    from flowtop.tools.relay_setup import client_keys
+
+    d = keys.create(tmp_path / "k")
+    other = keys.create(tmp_path / "other")
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    shutil.copy(d / "server.key", stranger / "server.key")
+    zmq.auth.create_certificates(str(stranger), "client")
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    try:
+        found = {name: handshake_finding(listen, client_keys(str(where)) if where else None, where and str(where))
+                 for name, where in (("right", d), ("other", other), ("stranger", stranger), ("none", None))}
+    finally:
+        mon.close()
+    assert found["right"].status == "ok" and "completed a probe's handshake" in found["right"].summary
+    assert found["other"].status == "fail"
+    assert f"its CURVE server key is not {other}/server.key" in found["other"].summary
+    assert found["stranger"].status == "fail" and "refused the client key" in found["stranger"].summary
+    assert found["none"].status == "fail" and found["none"].summary.endswith("without CURVE keys: it requires them")

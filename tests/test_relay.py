@@ -254,7 +254,7 @@ def test_bad_relay_input_is_refused_clearly(short_dir: Path, capsys: pytest.Capt
         (["relay", "--listen", "ipc://relative.sock", "--connect", up], "expected ipc:///ABSOLUTE/PATH"),
         (["relay", "--listen", f"ipc://{short_dir}/x.sock", "--connect", "login:5759"], "expected tcp://HOST:PORT"),
         (["relay", "--listen", f"ipc://{short_dir}/x.sock", "--connect", up, "--curve-dir", str(short_dir / "none")],
-         "cannot load CURVE keys"),
+         "no key directory"),
         (["relay", "--listen", up, "--connect", up], "the relay would send to itself"),
     ]  # fmt: skip
     for argv, message in cases:

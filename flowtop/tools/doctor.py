@@ -98,9 +98,29 @@ def run_checks(listen: str, curve_dir: str | None, insecure: bool, ranks: int | 
         findings += device_findings(child)
     address = address_findings(listen, curve_dir, insecure)
     findings += address
-    findings += key_findings(curve_dir, loopback_ok=all(f.status == "ok" for f in address if f.check == "security"))
+    keys = key_findings(curve_dir, loopback_ok=all(f.status == "ok" for f in address if f.check == "security"))
+    findings += keys
+    findings += handshake_findings(listen, curve_dir, address, keys)
     findings += fd_findings(ranks)
     return findings
+
+
+def handshake_findings(listen: str, curve_dir: str | None, address: list[Finding],
+                       keys: list[Finding]) -> list[Finding]:
+    """A probe's handshake with the monitor (flowtop.tools.doctor_handshake), where a monitor
+    answers the port check and the keys, if any, load: the greeting alone passed a monitor
+    whose server key was another directory's."""
+    answers = any(f.check == "port" and f.status == "ok" and "greeting" in f.details for f in address)
+    if not answers or any(f.status == FAIL for f in keys):
+        return []
+    from flowtop.tools.doctor_handshake import handshake_finding
+    from flowtop.tools.relay_setup import RelayError, client_keys
+
+    try:
+        loaded = client_keys(curve_dir)
+    except RelayError:
+        return []  # the keys check said why
+    return [handshake_finding(listen, loaded, curve_dir)]
 
 
 def render(findings: Sequence[Finding]) -> str:

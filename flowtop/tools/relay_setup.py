@@ -76,6 +76,8 @@ def client_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes] | None:
     import zmq.auth
 
     d = Path(curve_dir)
+    if not d.is_dir():  # ZeroMQ's loader would say "Invalid certificate file" of a file never there
+        raise RelayError(f"no key directory {d} (create one with: flowtop keys {d}, or copy the monitor's)")
     try:
         server_public, _ = zmq.auth.load_certificate(str(d / "server.key"))
         public, secret = zmq.auth.load_certificate(str(d / "client.key_secret"))
