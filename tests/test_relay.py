@@ -440,14 +440,27 @@ def test_a_lock_waiter_holds_the_file_at_the_path_after_a_release(short_dir: Pat
     third.release()
 
 
+def _line(proc: subprocess.Popen[str], timeout_s: float = 15.0) -> str:
+    """The next line of ``proc``'s stderr, or "" when none comes within ``timeout_s``."""
+    import select
+
+    assert proc.stderr is not None
+    ready, _, _ = select.select([proc.stderr], [], [], timeout_s)
+    return proc.stderr.readline() if ready else ""
+
+
 def test_a_relay_stopped_by_a_signal_leaves_no_file(short_dir: Path) -> None:
     """``flowtop relay`` on the node's address: its socket and lock files go when it ends."""
     env = {**os.environ, "XDG_RUNTIME_DIR": str(short_dir)}
-    relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--connect", "tcp://127.0.0.1:5999"],
+    upstream = f"tcp://127.0.0.1:{free_port_pair()}"
+    relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--connect", upstream],
                              stderr=subprocess.PIPE, text=True, env=env)
     try:
-        banner = relay.stderr.readline() if relay.stderr is not None else ""
+        banner = _line(relay)
         assert "ranks connect to ipc://" in banner and "(flowtop run --connect ipc://" in banner, banner
+        # ... and, as flowtop run says it, that nothing listens upstream yet (it said nothing).
+        note = _line(relay)
+        assert note.startswith(f"flowtop relay: no monitor listens on {upstream} yet"), note
         node = short_dir / f"flowtop-{os.getuid()}"
         deadline = time.monotonic() + 10
         while len(list(node.iterdir())) < 2 and time.monotonic() < deadline:  # it binds after its banner
@@ -459,6 +472,21 @@ def test_a_relay_stopped_by_a_signal_leaves_no_file(short_dir: Path) -> None:
     finally:
         relay.kill()
         relay.wait(5)
+
+
+def test_a_relay_on_a_busy_address_says_only_that() -> None:
+    """A busy address printed "ranks connect to ..." first, then that it could not bind it."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "flowtop.cli", "relay", "--listen", f"tcp://127.0.0.1:{port}",
+                              "--connect", f"tcp://127.0.0.1:{free_port_pair()}"], capture_output=True, text=True,
+                             timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [l for l in out.stderr.splitlines() if "cannot bind" in l] != [], out.stderr
 
 
 def test_relay_report_is_a_wire_message() -> None:

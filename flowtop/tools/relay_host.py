@@ -151,10 +151,8 @@ def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    # The command a rank runs, not FLOWTOP_ADDR alone: without `flowtop run` (or an attach in
-    # the script) no probe is loaded to read it, and nothing said so.
-    print(f"flowtop relay {relay.id}: ranks connect to {listen} (flowtop run --connect {listen} -- CMD); "
-          f"forwarding to {upstream}", file=sys.stderr, flush=True)
+    threading.Thread(target=_say_ready, args=(relay, listen, upstream), name="flowtop-relay-ready",
+                     daemon=True).start()
     try:
         relay.run()
     except RelayError as exc:
@@ -164,3 +162,20 @@ def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
         if lock is not None:
             lock.release()
     return 0
+
+
+def _say_ready(relay: Relay, listen: str, upstream: str) -> None:
+    """Once the relay has bound its address (never before: a busy address printed where ranks
+    connect, then that it could not bind): where ranks connect — the command a rank runs, not
+    FLOWTOP_ADDR alone: without `flowtop run` (or an attach in the script) no probe is loaded to
+    read it — and, as `flowtop run` says it, that no monitor listens upstream yet."""
+    relay.ready.wait()
+    if relay.error:
+        return  # run() raises it: said once, by serve
+    print(f"flowtop relay {relay.id}: ranks connect to {listen} (flowtop run --connect {listen} -- CMD); "
+          f"forwarding to {upstream}", file=sys.stderr, flush=True)
+    from flowtop.tools.runner import no_monitor_note
+
+    note = no_monitor_note(upstream)
+    if note:
+        print(f"flowtop relay: {note}", file=sys.stderr, flush=True)
