@@ -13,34 +13,35 @@ clock of flowtop.monitor.clock, and hands each tick's snapshot to :attr:`Collect
 user must hear of (a recording that stopped, a listener that cannot accept) become notices
 (flowtop.monitor.notices), not stderr lines.
 
-Security (docs/design.md, "Transport"): binding anything but loopback needs CURVE keys
-(``curve=``, CLI ``--curve-dir``; only probes whose public key is admitted get in,
-traffic encrypted) or an explicit ``allow_remote=True`` (CLI ``--insecure-bind``).
-A ZAP handler always runs (loopback only, when unauthenticated), MAXMSGSIZE caps
-frames, and messages are msgpack only (never pickle).
+Sockets, addresses and security (the XSUB's setup, CURVE, loopback-only binding) are in
+flowtop.monitor.collector_net, whose names stay importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import os
-import resource
 import time
 from typing import TYPE_CHECKING, Any, Callable
-from urllib.parse import urlparse
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from flowtop.monitor.clock import TICK_S, MonitorClock
+from flowtop.monitor.collector_net import ZAP_DOMAIN as ZAP_DOMAIN
+from flowtop.monitor.collector_net import _LISTENER_EVENTS as _LISTENER_EVENTS
+from flowtop.monitor.collector_net import AddressError as AddressError
+from flowtop.monitor.collector_net import CollectorSockets as CollectorSockets
+from flowtop.monitor.collector_net import check_listen as check_listen
+from flowtop.monitor.collector_net import is_ipv6 as is_ipv6
+from flowtop.monitor.collector_net import is_loopback as is_loopback
+from flowtop.monitor.collector_net import parse_tcp as parse_tcp
+from flowtop.monitor.collector_net import raise_fd_limit as raise_fd_limit
+from flowtop.monitor.collector_net import tcp_addr as tcp_addr
 from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
-from flowtop.monitor.pacing import (BEHIND_S, DATA_CPU, PACED_TELEMETRY_S, RENEW_S, Busy, BusyMeter, Pacer,
-                                    pace_notice)
+from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from flowtop.monitor.kernel_worker import KernelWorker
     from flowtop.monitor.notices import Notices
 
-ZAP_DOMAIN = "flowtop"
 #: Most frames handled per drain, and fewest seconds a drain may take (more after slow ticks),
 #: before the loop gets its turn again (ticks stay on time; commands from the UI are served).
 BATCH = 20_000
@@ -67,76 +67,9 @@ MAX_BEHIND = 4
 #: this often: showing 4,096 ranks takes the interpreter from the frames (~100 ms a show, 13-18 %
 #: of it at 2 Hz), and at that load a rank's figures change once a round anyway.
 BEHIND_HAND_OVER_S = 1.0
-#: Events of the listening socket that the user must hear of (a failed accept is not one of
-#: them: libzmq retries it at once, for ever — see flowtop.monitor.fdwatch).
-_LISTENER_EVENTS = zmq.EVENT_CLOSED | zmq.EVENT_BIND_FAILED
 
 
-class AddressError(ValueError):
-    """A listen address that cannot or must not be bound."""
-
-
-def parse_tcp(addr: str) -> tuple[str, int]:
-    """``tcp://HOST:PORT`` → (host, port); an IPv6 host is written ``[::1]`` and returned bare.
-
-    Raises :class:`AddressError` for anything else, including a port outside 1..65535.
-    """
-    parsed = urlparse(addr)
-    try:
-        port = parsed.port  # raises ValueError for a non-numeric or out-of-range port
-    except ValueError:
-        port = None
-    if parsed.scheme != "tcp" or not parsed.hostname or port is None or not 0 < port < 65536:
-        raise AddressError(f"bad address {addr!r}: expected tcp://HOST:PORT (PORT 1-65535, IPv6 as [::1])")
-    return parsed.hostname, port
-
-
-def is_ipv6(host: str) -> bool:
-    """Whether ``host`` is an IPv6 literal (the zmq sockets then need ``zmq.IPV6``)."""
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False
-
-
-def tcp_addr(host: str, port: int) -> str:
-    """The zmq address of ``host``:``port``, brackets around an IPv6 literal."""
-    return f"tcp://[{host}]:{port}" if is_ipv6(host) else f"tcp://{host}:{port}"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names the loopback interface (``localhost``, 127.0.0.0/8, ``::1``)."""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_listen(listen: str, allow_remote: bool) -> str:
-    """Validate a listen address; loopback only unless ``allow_remote``."""
-    host, _ = parse_tcp(listen)
-    if not is_loopback(host) and not allow_remote:
-        raise AddressError(
-            f"refusing to bind {listen}: only loopback is safe without authentication; "
-            "use --curve-dir DIR (keys from 'flowtop keys DIR') or pass --insecure-bind"
-        )
-    return listen
-
-
-def raise_fd_limit() -> int:
-    """Each probe connection costs a file descriptor: raise the soft limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else 1 << 16
-    if soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return soft
-
-
-class Collector:
+class Collector(CollectorSockets):
     """Receives probe messages into a :class:`Model`; a ``SnapshotSource`` for the UI."""
 
     #: Its ranks can be asked for a kernel window (:meth:`request_kernels`).
@@ -223,36 +156,11 @@ class Collector:
 
     async def _start(self) -> None:
         raise_fd_limit()
-        ctx = self._ctx = zmq.asyncio.Context()
-        from zmq.auth.asyncio import AsyncioAuthenticator
-
-        self._auth = AsyncioAuthenticator(ctx)
-        self._auth.start()
-        if self.curve is not None:
-            # The certificates are looked up by the sockets' ZAP domain, not a wildcard.
-            self._auth.configure_curve(domain=ZAP_DOMAIN, location=str(self.curve.clients_dir))
-        elif not self._allow_remote:
-            self._auth.allow("127.0.0.1", "::1")
-        # XSUB, not SUB: it can also send upstream, which is how commands reach the probes.
-        sub = ctx.socket(zmq.XSUB)
-        self._secure(sub)
-        self._ipv6(sub, self.listen)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt_string(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-        sub.setsockopt(zmq.SNDHWM, 1000)
-        # Everything that needs a descriptor comes before the bind: once bound, libzmq accepts
-        # probe connections on its own thread, and at a low open-file limit they can take every
-        # descriptor left (an import, the monitor pipe, a worker would then fail: EMFILE).
-        events = sub.get_monitor_socket(  # failed handshakes (a wrong CURVE key) are counted like rejected frames
-            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | _LISTENER_EVENTS
-        )
-        self._events_async = events  # owns the socket; read through a synchronous shadow
-        self._events = zmq.Socket.shadow(events.underlying)
-        self._send = zmq.Socket.shadow(sub.underlying)
-        self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
-        self._sub = sub
+        # Everything that needs a descriptor comes before the bind (the socket monitor's pipe, the
+        # kernel worker, the descriptor count): once bound, libzmq accepts probe connections on its
+        # own thread, and at a low open-file limit they can take every descriptor left (an import,
+        # the monitor pipe, a worker would then fail: EMFILE).
+        sub = self._open_sockets()
         if self.model.builds_kernels:
             from flowtop.monitor.kernel_worker import KernelWorker
             from flowtop.monitor.rankkernels import build_window
@@ -275,35 +183,6 @@ class Collector:
         if low:
             self.model.notices.warning(low, t0)
         self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def _close_sockets(self) -> None:
-        """Close this start's sockets, authenticator and context."""
-        if self._events is not None:
-            self._socket_events()  # a full monitor pipe would block disable_monitor
-            self._sub.disable_monitor()
-            self._events_async.close(0)
-        if self._sub is not None:
-            self._sub.close(0)
-        if self._auth is not None:
-            self._auth.stop()
-        if self._ctx is not None:
-            self._ctx.term()
-
-    def _secure(self, sock: Any) -> None:
-        if self.curve is not None:
-            sock.curve_secretkey = self.curve.secret
-            sock.curve_publickey = self.curve.public
-            sock.curve_server = True
-
-    @staticmethod
-    def _ipv6(sock: Any, addr: str) -> None:
-        # zmq sockets are IPv4-only unless told otherwise; an IPv6 literal would not bind.
-        try:
-            host, _ = parse_tcp(addr)
-        except AddressError:
-            return
-        if is_ipv6(host):
-            sock.setsockopt(zmq.IPV6, 1)
 
     async def _run(self) -> None:
         try:
@@ -432,14 +311,6 @@ class Collector:
             self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s,
                                                               pacer.cpu_budget), now)
 
-    def _broadcast_pace(self, pace: float | None) -> None:
-        """Send ``pace`` to every rank (down through relays); None: nothing to send."""
-        if pace is not None and self._send is not None:
-            try:
-                self._send.send(wire.encode_control("pace", None, None, pace, PACED_TELEMETRY_S), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses
         if len(pauses) > self._pauses_told:
@@ -457,32 +328,6 @@ class Collector:
     def published(self) -> MonitorSnapshot | None:
         """The snapshot of the latest tick (None before the first)."""
         return self.ticker.last if self.ticker is not None else None
-
-    def _socket_events(self) -> None:
-        # All of them: a full monitor pipe would block libzmq's I/O thread (see flowtop.monitor.fdwatch).
-        for _ in range(10_000):
-            try:
-                event = parse_monitor_message(self._events.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            except Exception:  # a malformed monitor message: nothing to count
-                continue
-            kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self.model.reject("handshake refused: a probe's CURVE key is not in the monitor's clients/")
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                self.model.reject("handshake failed: a probe without CURVE keys, or with mismatched ones")
-            else:
-                self._listener_event(kind, int(event.get("value") or 0))
-
-    def _listener_event(self, kind: int, value: int) -> None:
-        """The listening socket was closed or could not be bound again: the user must know (ranks
-        that cannot connect are invisible otherwise)."""
-        if kind == zmq.EVENT_CLOSED:
-            text = f"the listening socket {self.listen} was closed: no new probe can connect"
-        else:
-            text = f"cannot bind {self.listen} again: {os.strerror(value) if value else 'unknown error'}"
-        self.model.notices.error(text, self.clock.now())
 
     def handle_batch(self, parts: list[bytes], now: float, taken: float | None = None) -> None:
         """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it
@@ -532,15 +377,6 @@ class Collector:
     def snapshot(self) -> MonitorSnapshot:
         """An immutable snapshot of the model now (a pure read; the ticks advance the model)."""
         return self.model.snapshot(self.clock.now(), self.listen)
-
-    def request_kernels(self, job: str, rank: int) -> None:
-        """Ask one rank's probe for a kernel window at its next step (never blocks)."""
-        if self._send is None:
-            return
-        try:
-            self._send.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
 
     async def stop(self) -> None:
         """Stop receiving and close the sockets."""
