@@ -54,7 +54,7 @@ FLOWTOP_TOP = {"flowtop", "flowtop.cli", "flowtop.settings"}
 PROBE_FOR_FLOWTOP = ("probe.wire",)
 RUNS_IN_TRAINING = {"flowtop.tools.doctor_child"}
 DATA_SIDE_BANNED = ("textual", "rich", "torch")
-UI_BANNED = ("zmq", "socket", "http", "urllib", "flowtop.monitor.collector", "flowtop.monitor.relays")
+UI_BANNED = ("zmq", "socket", "http", "urllib", "flowtop.monitor.collector", "flowtop.monitor.collector_net", "flowtop.monitor.relays")
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
