@@ -128,7 +128,7 @@ def test_run_refuses_an_empty_connect_and_names_a_host_that_does_not_resolve() -
     address without a word, and a monitor host whose name does not resolve (a typo, another
     site's name) left the probes retrying quietly forever: the job looked as if no monitor ever
     listened (a new user's trial)."""
-    from flowtop.tools.runner import no_monitor_note, unresolved_note
+    from flowtop.tools.listening import no_monitor_note, unresolved_note
 
     empty = _flowtop("run", "--connect", "", "--", sys.executable, "-c", "print('ran')")
     assert empty.returncode == 2 and "ran" not in empty.stdout
@@ -167,7 +167,7 @@ def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
     socket table instead: the listener is never connected to."""
     import socket
 
-    from flowtop.tools.runner import _listens, no_monitor_note
+    from flowtop.tools.listening import _listens, no_monitor_note
 
     if _listens("127.0.0.1", 9) is None:
         pytest.skip("the kernel's socket table cannot be read here (flowtop run knocks instead)")
@@ -201,18 +201,18 @@ def test_a_listener_table_in_an_unknown_form_costs_the_run_nothing(monkeypatch: 
     """A /proc/net/tcp this code cannot parse: flowtop run knocks, as before."""
     import socket
 
-    from flowtop.tools import runner
+    from flowtop.tools import listening
 
     def garbled() -> None:
         raise ValueError("non-hexadecimal number found in fromhex() arg")
 
-    monkeypatch.setattr(runner, "_proc_listeners", garbled)
+    monkeypatch.setattr(listening, "_proc_listeners", garbled)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert runner.no_monitor_note(f"tcp://127.0.0.1:{port}") is None  # found by knocking
-    assert "no monitor listens" in (runner.no_monitor_note(f"tcp://127.0.0.1:{port}") or "")
+        assert listening.no_monitor_note(f"tcp://127.0.0.1:{port}") is None  # found by knocking
+    assert "no monitor listens" in (listening.no_monitor_note(f"tcp://127.0.0.1:{port}") or "")
 
 
 def test_the_listener_table_read_from_proc_is_psutils() -> None:
@@ -222,7 +222,7 @@ def test_the_listener_table_read_from_proc_is_psutils() -> None:
 
     import psutil
 
-    from flowtop.tools.runner import _proc_listeners
+    from flowtop.tools.listening import _proc_listeners
 
     held = []
     for family, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"), (socket.AF_INET6, "::ffff:127.0.0.1")):

@@ -174,7 +174,7 @@ def _say_ready(relay: Relay, listen: str, upstream: str) -> None:
         return  # run() raises it: said once, by serve
     print(f"flowtop relay {relay.id}: ranks connect to {listen} (flowtop run --connect {listen} -- CMD); "
           f"forwarding to {upstream}", file=sys.stderr, flush=True)
-    from flowtop.tools.runner import no_monitor_note
+    from flowtop.tools.listening import no_monitor_note
 
     note = no_monitor_note(upstream)
     if note:

@@ -20,6 +20,7 @@ from typing import Mapping
 
 import probe.wire as wire
 from flowtop import settings
+from flowtop.tools.listening import no_monitor_note
 
 #: flowtop/tools/runner.py -> the directory holding flowtop/ and probe/ (checkout or site-packages).
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[2] / "probe" / "bootstrap"
@@ -105,120 +106,6 @@ def bad_upstream(addr: str, source: str) -> str | None:
         return (f"bad address {addr!r} ({source}): expected tcp://HOST:PORT (PORT 1-65535, IPv6 as [::1]) "
                 "or ipc:///PATH (a node relay)")
     return None
-
-
-def no_monitor_note(addr: str) -> str | None:
-    """A word for a user who started the training first: nothing listens on ``addr``, a loopback
-    monitor address (the probes send nothing until a monitor does; a remote one is not tried,
-    a connection attempt could hang on a firewall). None when something listens there."""
-    import socket
-
-    from flowtop.monitor.collector import AddressError, parse_tcp
-
-    try:
-        host, port = parse_tcp(addr)
-    except AddressError:
-        return None  # ipc:// (a relay's path): its relay is ours
-    if host not in LOOPBACK:
-        return unresolved_note(host, addr)
-    # The kernel's table first; a knock only where it shows no listener (it cannot be read
-    # here, or a listener it does not show: another network namespace, a forwarded port).
-    listens = _listens(host, port)
-    if not listens:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                listens = True
-        except OSError:
-            listens = False
-    if listens:
-        return None
-    return (f"no monitor listens on {addr} yet: start `flowtop` (another terminal) to watch this job; "
-            "the training runs meanwhile, and the monitor sees it from when it starts")
-
-
-#: Seconds a monitor host's name may take to resolve before :func:`unresolved_note` stops waiting
-#: (a resolver that does not answer says nothing about the name).
-RESOLVE_WAIT_S = 2.0
-
-
-def unresolved_note(host: str, addr: str, wait_s: float = RESOLVE_WAIT_S) -> str | None:
-    """A word when the monitor's host name does not resolve here (a typo, another site's name):
-    the probes' sockets retry it quietly forever, and the job would look as if no monitor ever
-    listened. None when it resolves, is an address, or the resolver does not answer in time."""
-    import socket
-    import threading
-
-    result: list[BaseException | None] = []
-
-    def resolve() -> None:
-        try:
-            socket.getaddrinfo(host, None)
-            result.append(None)
-        except OSError as exc:
-            result.append(exc)
-
-    worker = threading.Thread(target=resolve, name="flowtop-resolve", daemon=True)
-    worker.start()
-    worker.join(wait_s)
-    if not result or result[0] is None:
-        return None
-    reason = getattr(result[0], "strerror", None) or str(result[0])
-    return (f"the monitor's host {host!r} ({addr}) does not resolve here: {reason}; the training runs, "
-            "its ranks send nothing until it does")
-
-
-#: The monitor addresses :func:`no_monitor_note` looks at, and the addresses a socket listening
-#: for each of them may be bound to (its own, or every address of its family).
-LOOPBACK = {"127.0.0.1": ("127.0.0.1", "::ffff:127.0.0.1", "0.0.0.0", "::"), "::1": ("::1", "::"),
-            "localhost": ("127.0.0.1", "::ffff:127.0.0.1", "::1", "0.0.0.0", "::")}
-
-
-def _listens(host: str, port: int) -> bool | None:
-    """Whether a socket on this host listens on ``host``:``port``, read from the kernel's socket
-    tables; None where they cannot be read (not Linux, or a form not known here). Read before
-    knocking: a connection to the monitor's port, however short, is one more upstream connection
-    of the node while the node's relay holds its one (seen in tests/test_relay.py when a second
-    ``flowtop run`` started), and a connection the monitor's socket accepts for nothing."""
-    try:
-        listening = _proc_listeners()
-    except (ValueError, IndexError):  # a table in a form not known here: knock instead
-        return None
-    if listening is None:
-        return None
-    bound = LOOPBACK[host]
-    return any(p == port and ip in bound for ip, p in listening)
-
-
-def _proc_listeners() -> list[tuple[str, int]] | None:
-    """(address, port) of every listening TCP socket, from Linux's /proc/net/tcp and tcp6 (None
-    without them: elsewhere the caller knocks). psutil finds the same by walking every process's
-    descriptors, ~10 ms here and more on a node whose processes hold thousands (once per
-    ``flowtop run``, per rank of an srun); addresses are written as psutil writes them."""
-    import ipaddress
-
-    out: list[tuple[str, int]] = []
-    found = False
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name, encoding="ascii") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        found = True
-        for line in lines:
-            cols = line.split()
-            if len(cols) < 4 or cols[3] != "0A":  # 0A: LISTEN
-                continue
-            addr, _, port = cols[1].partition(":")
-            raw = bytes.fromhex(addr)  # each 32-bit word printed in the host's byte order
-            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
-            if len(words) == 4:
-                ip = str(ipaddress.IPv4Address(words))
-            else:
-                v6 = ipaddress.IPv6Address(words)  # an IPv4-mapped one written as psutil (and Python 3.13) do
-                ip = f"::ffff:{v6.ipv4_mapped}" if v6.ipv4_mapped is not None else str(v6)
-            out.append((ip, int(port, 16)))
-    return out if found else None
 
 
 def bad_keys(curve_dir: str | None) -> str | None:
