@@ -73,6 +73,9 @@ def test_operator_windows_arrive_and_manual_trigger_works(monitor, tmp_path: Pat
         monitor.call(lambda: monitor.collector.request_kernels(snap.jobs[0].job, rank.rank))
         snap = monitor.wait_for(lambda s: _windows(s)[1].commands_refused == 1, 20)
         assert _windows(snap)[0] == window and _windows(snap)[1].commands_refused == 1
+        # ... and said: the UI said only that it asked (the refusal was a count on the detail screen).
+        said = monitor.call(monitor.collector.model.notices.take)
+        assert [n.severity for n in said if "refused the kernel window asked for" in n.text] == ["warning"], said
         time.sleep(max(0.0, REQUEST_S + 0.5 - (time.monotonic() - asked_at)))
         # A later request (TUI key `k`) brings the next window within a few steps.
         step_before = _windows(monitor.snapshot())[1].step

@@ -218,6 +218,10 @@ class CollectorSockets:
         """Ask one rank's probe for a kernel window at its next step (never blocks)."""
         if self._send is None:
             return
+        asked = self.clock.now()
+        for st in self.model.ranks.values():  # a refusal soon after is said (Model._refused)
+            if st.key.rank == rank and st.key.job == job:
+                st.kernels_asked_at = asked
         try:
             self._send.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
         except zmq.ZMQError:

@@ -58,6 +58,10 @@ from flowtop.monitor.snapshot import Hint, JobSnapshot
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
 
+#: Seconds after a kernel window was asked of a rank within which its refusal is said (its
+#: count of refusals alone, e.g. a monitor started late, says nothing).
+REFUSAL_NOTICE_S = 30.0
+
 
 class Model(ModelTicks):
     """All jobs and ranks the monitor has heard of."""
@@ -281,9 +285,20 @@ class Model(ModelTicks):
                 else:
                     into.extend([x for x in part if x == x])  # NaN: not sent
         st.drops = max(st.drops, cols.drops)
-        st.commands_refused = max(st.commands_refused, cols.commands_refused)
+        if cols.commands_refused > st.commands_refused:
+            if now - st.kernels_asked_at < REFUSAL_NOTICE_S:
+                self._refused(st, now)
+            st.commands_refused = cols.commands_refused
         if cols.device_s is not None:
             st.device_s = cols.device_s
+
+    def _refused(self, st: RankState, now: float) -> None:
+        """The rank turned down a kernel window asked of it moments ago (its probe's rate limit):
+        said, where the UI had said only that it asked (the refusal showed as a count on the
+        rank's detail screen, a new user's trial)."""
+        self.notices.warning(f"rank {st.key.rank} of {st.key.job} refused the kernel window asked for: it took "
+                             "one moments ago and takes a requested one at most every FLOWTOP_KERNELS_REQUEST_S "
+                             "(1 s) or its last window's cost over its budget; ask again in a few seconds", now)
 
     def _rank_mfu(self, st: RankState, now: float) -> float | None:
         """The rank's MFU now, as its view would show it (the sparkline's sample)."""
