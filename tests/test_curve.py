@@ -150,7 +150,7 @@ def test_a_wrong_server_key_is_said_by_the_probe(tmp_path: Path) -> None:
         env = probed_env(listen, FLOWTOP_JOB="other", FLOWTOP_CURVE_DIR=str(other))
         out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert out.stderr.count("before its handshake completed") == 1, out.stderr
+        assert out.stderr.count("during its CURVE handshake") == 1, out.stderr
         assert f"the monitor at {listen} closed this probe's connection" in out.stderr
         assert "CURVE server.key is not this probe's" in out.stderr
         snap = mon.wait_for(lambda s: s.rejected >= 3, 10)
@@ -193,3 +193,43 @@ def test_the_doctor_shakes_hands_as_a_probe_would(tmp_path: Path) -> None:
     assert f"its CURVE server key is not {other}/server.key" in found["other"].summary
     assert found["stranger"].status == "fail" and "refused the client key" in found["stranger"].summary
     assert found["none"].status == "fail" and found["none"].summary.endswith("without CURVE keys: it requires them")
+
+
+def test_a_handshake_that_times_out_is_not_taken_for_a_wrong_key(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A monitor that accepts but never answers (stopped, out of descriptors, its loop blocked)
+    lets each handshake time out: that is not a monitor refusing this probe's server key, and
+    the key warning must not say so (a reviewer's repro: three timeouts gave it)."""
+    import socket
+    import time
+
+    import zmq
+
+    from probe import _log
+    from probe.transport.link import Link
+    from flowtop.tools.relay_setup import client_keys
+
+    d = keys.create(tmp_path / "k")
+    ctx = zmq.Context()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel accepts; nobody speaks ZeroMQ
+        sock = ctx.socket(zmq.XPUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, 200)  # time out fast (30 s by default)
+        sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = client_keys(str(d))
+        link = Link(zmq, sock)
+        sock.connect(f"tcp://127.0.0.1:{silent.getsockname()[1]}")
+        seen = set(_log._seen)
+        try:
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                link.poll()
+                time.sleep(0.05)
+        finally:
+            link.close()
+            sock.close(0)
+            ctx.term()
+    assert link.unshaken == 0 and "handshake-drop" not in set(_log._seen) - seen
+    assert "CURVE handshake" not in capsys.readouterr().err

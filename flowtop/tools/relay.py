@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import itertools
 import math
 import os
@@ -65,6 +66,8 @@ REPORT_PACED_MAX_S = 5.0
 #: Upstream connections in a row that ended before their handshake, past which the relay says
 #: why it may be (Relay._dropped_unshaken; the probe's link counts the same way).
 UNSHAKEN_WARN = 3
+#: The errno values of a handshake that failed "with no detail" because the peer closed it.
+DROPPED = (errno.EPIPE, errno.ECONNRESET)
 
 
 class Relay:
@@ -174,7 +177,8 @@ class Relay:
             if self._curve is not None:
                 up.curve_serverkey, up.curve_publickey, up.curve_secretkey = self._curve
             failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            up_events = up.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | failed)
+            up_events = up.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | failed
+                                              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
             socks.append(up_events)
             up.connect(self.cfg.upstream)
             self.ready.set()
@@ -336,9 +340,10 @@ class Relay:
                 self._up_conns += 1
                 self.link_ups += 1
                 self._unshaken = 0
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                if self._up_conns == 0:
+            elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                if ev.get("value") in DROPPED and self._curve is not None:
                     self._dropped_unshaken()
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self._up_conns = max(0, self._up_conns - 1)
                 if self._up_conns == 0:
                     self._up_subs = 0
@@ -358,14 +363,14 @@ class Relay:
                 self._ranks.discard(ev["value"])
 
     def _dropped_unshaken(self) -> None:
-        """An upstream connection ended before its handshake completed: a monitor whose CURVE
-        server key is not the one in the relay's key directory cannot read the relay's hello and
-        closes it, and the relay's socket reports only the disconnection (as a probe's does,
-        probe.transport.link): a few in a row say so."""
+        """The monitor closed the relay's CURVE connection during its handshake (broken pipe): a
+        monitor whose CURVE server key is not the one in the relay's key directory cannot read the
+        relay's hello, and libzmq says only "no detail" (as to a probe, probe.transport.link; a
+        timeout, a stopped monitor, is not counted): a few in a row say so."""
         self._unshaken += 1
         if self._unshaken == UNSHAKEN_WARN:
-            _warn_once("handshake-drop", f"the monitor at {self.cfg.upstream} closed the relay's connection before "
-                       f"its handshake completed, {UNSHAKEN_WARN} times in a row: its CURVE server.key is not the "
+            _warn_once("handshake-drop", f"the monitor at {self.cfg.upstream} closed the relay's connection during "
+                       f"its CURVE handshake, {UNSHAKEN_WARN} times in a row: its CURVE server.key is not the "
                        "one in the relay's key directory (--curve-dir: a stale or another one), or what listens "
                        "there is not a flowtop monitor; nothing is forwarded")
 

@@ -10,6 +10,7 @@ and watched descriptors (SIGTERM's wakeup pipe) all wake one ``zmq_poll``.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -177,9 +178,12 @@ class Waker:
             warn_once(f"watch:{fd}", f"probe watcher failed and is skipped: {exc}")
 
 
-#: Connections in a row ended before their handshake completed, past which the probe says why
-#: it may be (Link._dropped_unshaken).
+#: CURVE handshakes in a row the monitor closed, past which the probe says why it may be
+#: (Link._dropped_unshaken).
 UNSHAKEN_WARN = 3
+#: The errno values of a handshake that failed "with no detail" because the peer closed the
+#: connection (a timeout is EAGAIN: a monitor that does not answer, not one that refused).
+DROPPED = (errno.EPIPE, errno.ECONNRESET)
 
 
 def _endpoint(event: dict[str, Any]) -> str:
@@ -204,7 +208,8 @@ class Link:
         self._sock = sock
         self._recv_event = recv_monitor_message
         self._failed = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | self._failed)
+        self._events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | self._failed
+                                               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         self.connections = 0
         self.subscriptions = 0
         #: Connections in a row that ended before their handshake completed (see poll).
@@ -230,15 +235,17 @@ class Link:
             self._events.close(0)
 
     def _dropped_unshaken(self, event: dict[str, Any]) -> None:
-        """A connection ended before its handshake completed. A monitor whose CURVE server key is
-        not the one this probe holds (a stale or another key directory) cannot read the probe's
-        hello and closes the connection: the probe's socket reports no failed handshake then,
-        only the disconnection, again at every reconnect, and the probe looked exactly as if no
-        monitor listened. A few in a row say so (one alone: a monitor that stopped mid-handshake)."""
+        """The monitor closed a CURVE connection during its handshake. A monitor whose CURVE
+        server key is not the one this probe holds (a stale or another key directory) cannot read
+        the probe's hello and closes the connection; libzmq says only "handshake failed, no
+        detail" with a broken pipe, again at every reconnect, and the probe looked exactly as if
+        no monitor listened. A few in a row say so (one alone: a monitor that stopped
+        mid-handshake). A handshake that timed out (a stopped or overloaded monitor) is not
+        counted, nor is a keyless probe's (the protocol failure says that one)."""
         self.unshaken += 1
         if self.unshaken == UNSHAKEN_WARN:
             warn_once("handshake-drop", f"the monitor at {_endpoint(event)} closed this probe's connection "
-                      f"before its handshake completed, {UNSHAKEN_WARN} times in a row: its CURVE server.key is "
+                      f"during its CURVE handshake, {UNSHAKEN_WARN} times in a row: its CURVE server.key is "
                       "not this probe's (FLOWTOP_CURVE_DIR: a stale or another key directory), or what "
                       "listens there is not a flowtop monitor; nothing is sent")
 
@@ -254,6 +261,9 @@ class Link:
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connections += 1
                 self.unshaken = 0
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                if event.get("value") in DROPPED and self._sock.getsockopt(zmq.MECHANISM) == zmq.CURVE:
+                    self._dropped_unshaken(event)
             elif event["event"] & self._failed:
                 # Otherwise a wrong or missing CURVE key looks exactly like "no monitor there".
                 why = ("refused this probe's CURVE key: add its client.key to the monitor's clients/ directory"
@@ -261,8 +271,6 @@ class Link:
                        "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
                 warn_once("handshake", f"the monitor at {_endpoint(event)} {why}; nothing is sent")
             elif event["event"] == zmq.EVENT_DISCONNECTED:
-                if self.connections == 0:
-                    self._dropped_unshaken(event)
                 self.connections = max(0, self.connections - 1)
                 if self.connections == 0:
                     self.subscriptions = 0
