@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +94,7 @@ def _attach_now(args: _AttachArgs = _AttachArgs()) -> bool:
         _probe = p
         p.install()
         atexit.register(_at_exit)
+        _watch_exit()
         if cfg.bye_on_sigterm:
             _say_bye_on_sigterm(p)
         return True
@@ -208,30 +208,19 @@ def _current() -> Any:
 
 
 def _at_exit() -> None:
-    detach(_ending())
+    from probe import ending
+
+    detach(ending.reason())
 
 
-def _ending() -> str:
-    """The bye's reason at exit: "exit"; or, for a process ending of an exception nobody caught
-    (a crashed rank, or one whose collective failed when a peer died), "error: TYPE: message" —
-    Python keeps that exception in ``sys.last_value`` before it runs atexit (never for one in
-    another thread, which does not end the process); "interrupted" for Ctrl-C. A process that
-    calls ``sys.exit(1)`` says "exit": its status is not known here. An interactive session keeps
-    its last error whatever came after: it says "exit"."""
+def _watch_exit() -> None:
+    """A failing sys.exit is told in the bye (probe.ending): never into training."""
     try:
-        if hasattr(sys, "ps1") or sys.flags.interactive:
-            return "exit"
-        exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        if exc is None:
-            return "exit"
-        if isinstance(exc, KeyboardInterrupt):
-            return "interrupted"
-        from probe.wire import BYE_ERROR_PREFIX
+        from probe import ending
 
-        text = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line: a table cell, a log line
-        return BYE_ERROR_PREFIX + text[:200]  # the wire takes 256
-    except Exception:  # never into training's exit
-        return "exit"
+        ending.watch_exit()
+    except Exception as exc:
+        warn_once("watch-exit", f"a failing exit will read as a clean one: {exc}")
 
 
 def _say_bye_on_sigterm(p: Any) -> None:

@@ -35,6 +35,35 @@ SCRIPT = textwrap.dedent(
         import threading
         t = threading.Thread(target=lambda: 1 / 0)
         t.start(); t.join()
+    if sys.argv[1] == "status":
+        sys.exit(3)
+    """
+)
+
+#: A rank that catches its own failure and exits with a status, as torch.multiprocessing.spawn's
+#: worker wrapper, Hydra's main and many scripts do: nothing is left in sys.last_value.
+HANDLED = textwrap.dedent(
+    """
+    import sys, traceback
+    import torch
+
+    def train(rank):
+        m = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(5):
+            m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+            if step == 2:
+                raise ValueError("bad batch")
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "spawn":
+            import torch.multiprocessing as mp
+            mp.spawn(train, nprocs=1)
+        try:
+            train(0)
+        except Exception:
+            traceback.print_exc()
+            sys.exit(1)
     """
 )
 
@@ -50,13 +79,14 @@ def test_a_crashed_rank_and_its_job_read_failed(tmp_path: Path) -> None:
     mon = MonitorThread()
     try:
         ran = {}
-        for how in ("raise", "clean", "thread"):
+        for how in ("raise", "clean", "thread", "status"):
             env = probed_env(mon.listen, FLOWTOP_JOB=how)
             ran[how] = subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True,
                                       timeout=90)
         assert ran["raise"].returncode == 1 and "RuntimeError: boom" in ran["raise"].stderr
         assert ran["clean"].returncode == 0 and ran["thread"].returncode == 0, ran["thread"].stderr
-        snap = mon.wait_for(lambda s: len(s.jobs) == 3 and all(j.status in ENDED for j in s.jobs), 30)
+        assert ran["status"].returncode == 3
+        snap = mon.wait_for(lambda s: len(s.jobs) == 4 and all(j.status in ENDED for j in s.jobs), 30)
         jobs = {j.job: j for j in snap.jobs}
         (crashed,) = jobs["raise"].ranks
         assert crashed.status == "failed" and jobs["raise"].status == "failed"
@@ -65,6 +95,34 @@ def test_a_crashed_rank_and_its_job_read_failed(tmp_path: Path) -> None:
         for how in ("clean", "thread"):
             (r,) = jobs[how].ranks
             assert (r.status, r.bye_reason, jobs[how].status) == ("done", "exit", "done")
+        (r,) = jobs["status"].ranks
+        assert (r.status, r.bye_reason) == ("failed", "error: exit status 3")
+    finally:
+        mon.close()
+
+
+@pytest.mark.slow
+def test_a_rank_that_handles_its_crash_and_exits_non_zero_reads_failed(tmp_path: Path) -> None:
+    """torch.multiprocessing.spawn's worker catches the rank's exception and calls sys.exit(1),
+    as a script's own ``except: print; sys.exit(1)`` does: it read "done" / "exit" (a reviewer's
+    repro with mp.spawn, a supported launcher)."""
+    from monitor_thread import MonitorThread
+
+    from conftest import probed_env
+
+    script = tmp_path / "h.py"
+    script.write_text(HANDLED)
+    mon = MonitorThread()
+    try:
+        for how in ("handled", "spawn"):
+            out = subprocess.run([sys.executable, str(script), how], env=probed_env(mon.listen, FLOWTOP_JOB=how),
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 1 and "ValueError: bad batch" in out.stderr, out.stderr
+        snap = mon.wait_for(lambda s: len(s.jobs) == 2 and all(j.status in ENDED for j in s.jobs), 30)
+        for job in snap.jobs:
+            (r,) = job.ranks
+            assert (r.status, r.bye_reason, job.status) == ("failed", "error: ValueError: bad batch", "failed"), job.job
+            assert r.step == 3
     finally:
         mon.close()
 
