@@ -233,3 +233,27 @@ def test_a_handshake_that_times_out_is_not_taken_for_a_wrong_key(tmp_path: Path,
             ctx.term()
     assert link.unshaken == 0 and "handshake-drop" not in set(_log._seen) - seen
     assert "CURVE handshake" not in capsys.readouterr().err
+
+
+def test_the_doctor_shakes_hands_over_ipv6() -> None:
+    """Its socket was IPv4-only: a monitor on [::1] passed the port check and then "no handshake
+    within 3 s" (a reviewer's repro)."""
+    import socket
+
+    from monitor_thread import MonitorThread
+
+    from flowtop.tools.demo.launch import free_port_pair
+    from flowtop.tools.doctor_handshake import handshake_finding
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    listen = f"tcp://[::1]:{free_port_pair()}"
+    try:
+        mon = MonitorThread(listen=listen)
+    except Exception as exc:  # an IPv6 stack that cannot bind ::1
+        pytest.skip(f"cannot listen on {listen}: {exc}")
+    try:
+        found = handshake_finding(listen, None, None, wait_s=5)
+    finally:
+        mon.close()
+    assert found.status == "ok", found

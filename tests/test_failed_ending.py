@@ -141,3 +141,12 @@ def test_a_failed_rank_comes_first_and_marks_its_node() -> None:
     job = dataclasses.replace(cluster_job(8), ranks=tuple(ranks))
     failed = parse_filter("failed").matcher(job)
     assert [r.rank for r in ranks if failed(r)] == [5]
+
+
+def test_the_status_maps_legend_keeps_failed_on_a_short_map() -> None:
+    """At 80x24 the rank map is 4 rows: the legend's title and 3 lines. A seventh status made the
+    legend 5 lines, and "failed", listed last, was the one cut (a reviewer's find): worst first."""
+    from flowtop.tui.widgets.rank_map import LEGEND_WIDTH, legend_lines
+
+    shown = ["".join(text for text, _ in line) for line in legend_lines("status", 8, LEGEND_WIDTH - 1)[:4]]
+    assert "■failed ■stale" in shown and "■hung ■unseen" in shown, shown

@@ -17,7 +17,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgpack
 import psutil
@@ -440,13 +440,24 @@ def test_a_lock_waiter_holds_the_file_at_the_path_after_a_release(short_dir: Pat
     third.release()
 
 
-def _line(proc: subprocess.Popen[str], timeout_s: float = 15.0) -> str:
-    """The next line of ``proc``'s stderr, or "" when none comes within ``timeout_s``."""
-    import select
+def _lines(proc: subprocess.Popen[str]) -> Callable[[], str]:
+    """A reader of ``proc``'s stderr lines: each call gives the next one, or "" when none comes
+    within 15 s (a thread reads them: select() on the pipe missed a second line that the first
+    readline had already buffered)."""
+    import queue
 
+    got: queue.Queue[str] = queue.Queue()
     assert proc.stderr is not None
-    ready, _, _ = select.select([proc.stderr], [], [], timeout_s)
-    return proc.stderr.readline() if ready else ""
+    stream = proc.stderr
+    threading.Thread(target=lambda: [got.put(line) for line in stream], daemon=True).start()
+
+    def next_line() -> str:
+        try:
+            return got.get(timeout=15)
+        except queue.Empty:
+            return ""
+
+    return next_line
 
 
 def test_a_relay_stopped_by_a_signal_leaves_no_file(short_dir: Path) -> None:
@@ -456,10 +467,11 @@ def test_a_relay_stopped_by_a_signal_leaves_no_file(short_dir: Path) -> None:
     relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--connect", upstream],
                              stderr=subprocess.PIPE, text=True, env=env)
     try:
-        banner = _line(relay)
+        line = _lines(relay)
+        banner = line()
         assert "ranks connect to ipc://" in banner and "(flowtop run --connect ipc://" in banner, banner
         # ... and, as flowtop run says it, that nothing listens upstream yet (it said nothing).
-        note = _line(relay)
+        note = line()
         assert note.startswith(f"flowtop relay: no monitor listens on {upstream} yet"), note
         node = short_dir / f"flowtop-{os.getuid()}"
         deadline = time.monotonic() + 10

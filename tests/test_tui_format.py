@@ -152,4 +152,5 @@ def test_a_node_rows_mfu_under_half_a_percent_is_not_zero() -> None:
     mfu = [c.key for c in COLUMNS].index("mfu")
     assert node_cells(Row(0.004, 0.0045))[mfu][0] == "<1/<1%"  # type: ignore[arg-type]
     assert node_cells(Row(0.0, 0.007))[mfu][0] == "0/1%"  # type: ignore[arg-type]
+    assert node_cells(Row(0.005, 0.35))[mfu][0] == "<1/35%"  # type: ignore[arg-type]  # 0.5 rounds to even
     assert node_cells(Row(0.35, 0.454))[mfu][0] == "35/45%"  # type: ignore[arg-type]

@@ -298,7 +298,8 @@ class Model(ModelTicks):
         rank's detail screen, a new user's trial)."""
         self.notices.warning(f"rank {st.key.rank} of {st.key.job} refused the kernel window asked for: it took "
                              "one moments ago and takes a requested one at most every FLOWTOP_KERNELS_REQUEST_S "
-                             "(1 s) or its last window's cost over its budget; ask again in a few seconds", now)
+                             "(as its probe was started) or its last window's cost over its budget; ask again in a "
+                             "few seconds", now)
 
     def _rank_mfu(self, st: RankState, now: float) -> float | None:
         """The rank's MFU now, as its view would show it (the sparkline's sample)."""

@@ -81,7 +81,7 @@ LEGEND: dict[str, tuple[str, ...]] = {
     "mfu": ("≥40", "30", "20", "10", "<10", ">100"),
     "step_time": ("≤1.05", "1.15", "1.5", "2", ">2"),
     "input_wait": ("<2", "10", "25", "50", "≥50"),
-    "status": ("done", "live", "confl", "unseen", "stalled", "stale", "failed"),
+    "status": ("done", "live", "confl", "unseen", "hung", "stale", "failed"),  # hung: stalled (the filter's word too)
 }
 
 

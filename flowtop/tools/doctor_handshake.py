@@ -31,6 +31,8 @@ def handshake_finding(listen: str, keys: tuple[bytes, bytes, bytes] | None, curv
     ctx = zmq.Context()
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.LINGER, 0)
+    if "[" in listen:  # an IPv6 literal: ZeroMQ sockets are IPv4-only unless told
+        sock.setsockopt(zmq.IPV6, 1)
     if keys is not None:
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
     failed = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -55,10 +57,10 @@ def handshake_finding(listen: str, keys: tuple[bytes, bytes, bytes] | None, curv
         events.close(0)
         sock.close(0)
         ctx.term()
-    return _finding(listen, curve_dir, outcome, zmq)
+    return _finding(listen, curve_dir, outcome, zmq, wait_s)
 
 
-def _finding(listen: str, curve_dir: str | None, outcome: Any, zmq: Any) -> Finding:
+def _finding(listen: str, curve_dir: str | None, outcome: Any, zmq: Any, wait_s: float) -> Finding:
     keyed = f"with the keys in {curve_dir}" if curve_dir else "without CURVE keys"
     details = {"outcome": str(outcome)}
     if outcome == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -67,7 +69,7 @@ def _finding(listen: str, curve_dir: str | None, outcome: Any, zmq: Any) -> Find
         return Finding("handshake", FAIL, f"the monitor at {listen} refused the client key in {curve_dir}",
                        f"copy {curve_dir}/client.key into the monitor's clients/ directory", details)
     if outcome is None:
-        return Finding("handshake", WARN, f"no handshake with {listen} within {HANDSHAKE_WAIT_S:g} s", "", details)
+        return Finding("handshake", WARN, f"no handshake with {listen} within {wait_s:g} s", "", details)
     # Another failure (ZeroMQ gives no detail, or the connection just ends): a server key that
     # is not the directory's, keys on one side only.
     if curve_dir:

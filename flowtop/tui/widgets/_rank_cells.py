@@ -15,7 +15,7 @@ from flowtop.monitor import telemetry as tm
 from flowtop.monitor.format import fmt_coords
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.rankview import ALL_SORTS, STRAGGLER_LAG, WORST, NodeRow, RankRow, RankView, Row, ViewSpec
-from flowtop.monitor.snapshot import JobSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot
 from flowtop.tui.widgets._format import NA, STATUS_STYLE, activity_style, fmt_int, fmt_pct, fmt_si, fmt_time, mfu_style
 
 
@@ -99,7 +99,7 @@ def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
     r = row.rank
     f = r.flops
     mfu = r.mfu
-    dim = "dim" if r.status == "done" else ""
+    dim = "dim" if r.status in ENDED else ""  # a failed rank's last figures too: its status cell says it
     tensor = tm.fraction(r.telemetry, tm.TENSOR)
     rank = str(r.rank) if r.incarnation == 0 else f"{r.rank}.{r.incarnation}"
     # Another process claims this rank too (see the rank_conflict hint): mark both rows.
@@ -131,7 +131,7 @@ def _whole_pct(frac: float) -> str:
     """A node's MFU in whole percents (two of them fill the column), "<1" for one under half a
     percent that is not zero: a CPU job's or a launch-bound one's 0.4 % read "0", as if nothing ran."""
     pct = frac * 100
-    return "<1" if 0 < pct < 0.5 else f"{pct:.0f}"
+    return "<1" if 0 < pct < 1 and round(pct) == 0 else f"{pct:.0f}"  # 0.5 rounds to even: 0
 
 
 def node_cells(row: NodeRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cell, ...]:

@@ -66,6 +66,8 @@ def legend_lines(metric: str, per_cell: int, width: int) -> list[list[tuple[str,
     items = [(label, PALETTE[metric][i]) for i, label in enumerate(LEGEND[metric])]
     if metric != "status":
         items.append(("n/a", NO_VALUE_COLOUR))
+    else:  # worst first: a short map (80x24: 4 rows) cuts the last lines, and "done" matters least
+        items.reverse()
     line: list[tuple[str, str]] = []
     used = 0
     for label, colour in items:
