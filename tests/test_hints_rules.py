@@ -338,6 +338,21 @@ def test_no_hang_when_job_or_rank_is_done() -> None:
     assert not [h for h in settle(engine, done_rank, 0.0) if h.id.startswith("hang")]
 
 
+def test_a_hang_after_a_rank_failed_names_the_failed_rank() -> None:
+    """One rank crashed and the others wait for it in a collective: the hint said "the 2 running
+    ranks (of 3; the other ended) stopped" and had the stacks dumped, while the cause — the rank
+    whose bye named its exception — went unsaid (a reviewer's find)."""
+    from test_hints_factories import _stalled
+
+    crashed = dataclasses.replace(_stalled(2, 5.0, 0.0), status="failed",
+                                  bye_reason="error: RuntimeError: CUDA out of memory")
+    snap = job(_stalled(0, 5.0, 0.0), _stalled(1, 5.5, 0.0), crashed)
+    hint = find(settle(HintEngine(small_hang_rules()), snap, 0.0), "hang_all")
+    assert hint is not None and hint.evidence["failed_ranks"] == [2]
+    assert "since rank 2 failed (RuntimeError: CUDA out of memory); they likely wait for it" in hint.summary
+    assert hint.summary.startswith("the 2 running ranks (of 3; the other ended) stopped at step 10")
+
+
 def test_hang_counts_silence_of_a_rank() -> None:
     """A rank that stopped sending entirely is stalled by its age even with a recent step."""
     silent = job(rank(0, step=10, age_s=2.0, hist=history(10, 0.1, t0=-1.1)))

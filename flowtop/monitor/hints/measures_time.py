@@ -15,6 +15,7 @@ from flowtop.monitor.hints import staggered
 from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
+from probe.wire import BYE_ERROR_PREFIX
 
 
 def _running(job: JobSnapshot) -> list[RankSnapshot]:
@@ -103,8 +104,16 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         names = ", ".join(str(r.rank) for r in silent[:8]) + (" …" if len(silent) > 8 else "")
         text["silent"] = ("rank " if len(silent) == 1 else "ranks ") + names
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
+    variant = "silent" if silent else ""
+    failed = [r for r in latest_ranks(job) if r.status == "failed"]
+    ev["failed_ranks"] = [r.rank for r in failed]
+    if failed:  # the crash is the cause: named before any silence
+        names = ", ".join(str(r.rank) for r in failed[:8]) + (" …" if len(failed) > 8 else "")
+        text["failed"] = ("rank " if len(failed) == 1 else "ranks ") + names
+        text["why"] = (failed[0].bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
+        variant = "failed"
     return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step, text=text,
-                            variant="silent" if silent else "")}
+                            variant=variant)}
 
 
 def _ranks_phrase(running: int, shown: int) -> str:
