@@ -389,6 +389,10 @@ def _snapshot(args: argparse.Namespace) -> int:
         from flowtop.export.serve import not_done
 
         return not_done(args.timeout)
+    if rc == 0 and args.until_done and all_done(snap):  # not a signal's early end
+        from flowtop.export.serve import failed_ranks
+
+        return failed_ranks(snap)
     return rc
 
 

@@ -150,3 +150,29 @@ def test_the_status_maps_legend_keeps_failed_on_a_short_map() -> None:
 
     shown = ["".join(text for text, _ in line) for line in legend_lines("status", 8, LEGEND_WIDTH - 1)[:4]]
     assert "■failed ■stale" in shown and "■hung ■unseen" in shown, shown
+
+
+@pytest.mark.slow
+def test_until_done_exits_4_when_a_rank_failed(tmp_path: Path) -> None:
+    """A script waiting with `flowtop snapshot --until-done` had exit 0 for a crashed run: only
+    the JSON said it (a reviewer's note). It exits 4 and names the first failed rank."""
+    import json
+
+    from conftest import probed_env
+    from flowtop.tools.demo.launch import free_port_pair
+
+    script = tmp_path / "t.py"
+    script.write_text(SCRIPT)
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    watcher = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "snapshot", "--listen", listen, "--until-done",
+                                "--timeout", "90", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ran = subprocess.run([sys.executable, str(script), "raise"], env=probed_env(listen, FLOWTOP_JOB="crash"),
+                             capture_output=True, text=True, timeout=90)
+        assert ran.returncode == 1
+        out, err = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 4, err
+    assert "1 rank(s) failed, first rank 0 of crash: error: RuntimeError: boom at step 3" in err
+    assert json.loads(out)["jobs"][0]["status"] == "failed"

@@ -109,7 +109,8 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     """Write one snapshot JSON per line every ``interval`` seconds (a newer snapshot each time:
     the data thread publishes one per tick) until SIGINT/SIGTERM, ``timeout`` or, with
     ``until_done``, the first line on which every rank is done. 0; 1 if the recording failed;
-    2 when the monitor could not start; 3 when ``until_done`` met the timeout first."""
+    2 when the monitor could not start; 3 when ``until_done`` met the timeout first; 4 when
+    every rank ended and one or more failed (:func:`failed_ranks`)."""
     from flowtop.monitor.snapshot import all_done
 
     stream = out or sys.stdout
@@ -142,7 +143,25 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     status = _exit_status(collector)
     if status == 0 and until_done and timed_out:
         return not_done(timeout)
+    if status == 0 and until_done and last is not None and all_done(last):  # not a signal's early end
+        return failed_ranks(last)
     return status
+
+
+#: ``--until-done``'s exit status when every rank ended and one or more failed.
+FAILED_STATUS = 4
+
+
+def failed_ranks(snap: MonitorSnapshot) -> int:
+    """``--until-done`` met ranks that ended failing (an uncaught exception, a non-zero exit):
+    said on stderr, exit status 4 (a script tells a failed run from a clean one without reading
+    the JSON); else 0."""
+    failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
+    if not failed:
+        return 0
+    job, first = failed[0]
+    _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job}: {first.bye_reason}")
+    return FAILED_STATUS
 
 
 def not_done(timeout: float | None) -> int:
