@@ -123,12 +123,15 @@ def test_a_bad_monitor_address_from_the_environment_names_its_variable() -> None
     assert given.returncode == 2 and "FLOWTOP_ADDR" not in given.stderr
 
 
-def test_run_refuses_an_empty_connect_and_names_a_host_that_does_not_resolve() -> None:
+def test_run_refuses_an_empty_connect_and_names_a_host_that_does_not_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
     """``flowtop run --connect "$MONITOR"`` with the variable unset sent the ranks to the default
     address without a word, and a monitor host whose name does not resolve (a typo, another
     site's name) left the probes retrying quietly forever: the job looked as if no monitor ever
     listened (a new user's trial)."""
+    from flowtop.tools import listening
     from flowtop.tools.listening import no_monitor_note, unresolved_note
+
+    monkeypatch.setattr(listening, "RESOLVE_WAIT_S", 20.0)  # a slow resolver here is not what is tested
 
     empty = _flowtop("run", "--connect", "", "--", sys.executable, "-c", "print('ran')")
     assert empty.returncode == 2 and "ran" not in empty.stdout

@@ -43,7 +43,7 @@ def no_monitor_note(addr: str) -> str | None:
 RESOLVE_WAIT_S = 2.0
 
 
-def unresolved_note(host: str, addr: str, wait_s: float = RESOLVE_WAIT_S) -> str | None:
+def unresolved_note(host: str, addr: str, wait_s: float | None = None) -> str | None:
     """A word when the monitor's host name does not resolve here (a typo, another site's name):
     the probes' sockets retry it quietly forever, and the job would look as if no monitor ever
     listened. None when it resolves, is an address, or the resolver does not answer in time."""
@@ -61,7 +61,7 @@ def unresolved_note(host: str, addr: str, wait_s: float = RESOLVE_WAIT_S) -> str
 
     worker = threading.Thread(target=resolve, name="flowtop-resolve", daemon=True)
     worker.start()
-    worker.join(wait_s)
+    worker.join(RESOLVE_WAIT_S if wait_s is None else wait_s)
     if not result or result[0] is None:
         return None
     reason = getattr(result[0], "strerror", None) or str(result[0])
