@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,29 @@ SCRIPT = textwrap.dedent(
         m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
     """
 )
+
+
+def _keyed_monitor(d: Path) -> tuple[str, Any]:
+    """A monitor thread listening on a free loopback port with the keys in ``d``: (address, monitor)."""
+    from monitor_thread import MonitorThread
+
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
+    from flowtop.tools.demo.launch import free_port_pair
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    return listen, MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+
+
+def _keyed_run(tmp_path: Path, listen: str, job: str, key_dir: Path, linger_s: float) -> Any:
+    """:data:`SCRIPT` under the probe with the keys in ``key_dir``, lingering ``linger_s`` after
+    its steps (handshakes are tried meanwhile)."""
+    from conftest import probed_env
+
+    script = tmp_path / "t.py"
+    script.write_text(SCRIPT + f"\nimport time\ntime.sleep({linger_s})\n")
+    env = probed_env(listen, FLOWTOP_JOB=job, FLOWTOP_CURVE_DIR=str(key_dir))
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_keys_created_once_and_loadable(tmp_path: Path) -> None:
@@ -99,25 +123,15 @@ def test_a_wrong_client_key_is_said_on_both_sides(tmp_path: Path) -> None:
     import shutil
 
     import zmq.auth
-    from monitor_thread import MonitorThread
-
-    from conftest import probed_env
-    from flowtop.monitor.collector import Collector
-    from flowtop.tools.demo.launch import free_port_pair
-    from flowtop.monitor.wiring import make_model
 
     d = keys.create(tmp_path / "k")
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     shutil.copy(d / "server.key", stranger / "server.key")  # the right monitor, an unknown client key
     zmq.auth.create_certificates(str(stranger), "client")
-    listen = f"tcp://127.0.0.1:{free_port_pair()}"
-    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    listen, mon = _keyed_monitor(d)
     try:
-        script = tmp_path / "t.py"
-        script.write_text(SCRIPT + "\nimport time\ntime.sleep(1.5)  # the handshake is tried meanwhile\n")
-        env = probed_env(listen, FLOWTOP_JOB="stranger", FLOWTOP_CURVE_DIR=str(stranger))
-        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        out = _keyed_run(tmp_path, listen, "stranger", stranger, 1.5)
         assert out.returncode == 0, out.stderr
         assert "refused this probe's CURVE key" in out.stderr
         snap = mon.wait_for(lambda s: s.rejected > 0, 10)
@@ -131,24 +145,13 @@ def test_a_wrong_client_key_is_said_on_both_sides(tmp_path: Path) -> None:
 def test_a_wrong_server_key_is_said_by_the_probe(tmp_path: Path) -> None:
     """A probe holding another directory's keys (a stale copy, another monitor's): the monitor
     cannot read its hello and drops each connection; the probe's socket reports no failed
-    handshake then, only the disconnections, and the probe said nothing at all (a new user's
+    handshake then but one "with no detail", and the probe said nothing at all (a new user's
     trial: "done 40 steps", the monitor counting 132 rejected handshakes)."""
-    from monitor_thread import MonitorThread
-
-    from conftest import probed_env
-    from flowtop.monitor.collector import Collector
-    from flowtop.tools.demo.launch import free_port_pair
-    from flowtop.monitor.wiring import make_model
-
     d = keys.create(tmp_path / "k")
     other = keys.create(tmp_path / "other")  # its own server key and client key
-    listen = f"tcp://127.0.0.1:{free_port_pair()}"
-    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(d)))
+    listen, mon = _keyed_monitor(d)
     try:
-        script = tmp_path / "t.py"
-        script.write_text(SCRIPT + "\nimport time\ntime.sleep(2.5)  # reconnects are tried meanwhile\n")
-        env = probed_env(listen, FLOWTOP_JOB="other", FLOWTOP_CURVE_DIR=str(other))
-        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        out = _keyed_run(tmp_path, listen, "other", other, 2.5)
         assert out.returncode == 0, out.stderr
         assert out.stderr.count("during its CURVE handshake") == 1, out.stderr
         assert f"the monitor at {listen} closed this probe's connection" in out.stderr
