@@ -164,3 +164,56 @@ def test_a_record_with_an_impossible_time_is_damage(tmp_path: Path) -> None:
         bad.write_bytes(MAGIC + len(rec).to_bytes(4, "big") + rec)
         with pytest.raises(RecordingError, match="damaged record"):
             list(read_recording(bad))
+
+
+def test_a_damaged_record_midway_replays_up_to_it(tmp_path: Path) -> None:
+    """One record's length made 3 bytes too long (record 10 of a real run): the whole recording
+    was refused ("damaged record", exit 2, nothing shown, in the TUI too; a new user's trial),
+    where a file cut short replays up to the cut. It now replays up to the damaged record and
+    says where it is."""
+    import struct
+
+    data = bytearray(REC.read_bytes())
+    assert data[:len(MAGIC)] == MAGIC  # not compressed: the lengths can be walked
+    off = len(MAGIC)
+    for _ in range(9):
+        off += 4 + struct.unpack(">I", data[off:off + 4])[0]
+    size = struct.unpack(">I", data[off:off + 4])[0]
+    data[off:off + 4] = struct.pack(">I", size + 3)
+    bad = tmp_path / "bad.rec"
+    bad.write_bytes(bytes(data))
+    said: list[str] = []
+    frames = list(read_recording(bad, said.append))
+    assert len(frames) == 9
+    assert frames == list(read_recording(REC))[:9]
+    (text,) = said
+    assert f"has a damaged record at record 10 (byte {off}): replayed up to it (9 frames" in text
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(bad), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "has a damaged record at record 10" in out.stderr and json.loads(out.stdout)["schema"]
+
+
+@pytest.mark.asyncio
+async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path) -> None:
+    """Said at the start, the cut's notice was gone (6 s) long before the replay reached the cut,
+    where its ranks freeze looking live (a new user's trial at --speed 1)."""
+    import asyncio
+
+    cut = tmp_path / "cut.rec"
+    cut.write_bytes(REC.read_bytes()[:20_000])
+    source = RecordingSource(cut, make_model(), speed=5.0)
+    await source.start()
+    try:
+        first = source.model.notices.take()
+        source.speed = 1e6  # then everything due at once
+        for _ in range(100):
+            source.catch_up()
+            if source._next >= len(source._records):
+                break
+            await asyncio.sleep(0.01)
+        later = source.model.notices.take()
+    finally:
+        await source.stop()
+    assert not [n for n in first if "cut short" in n.text]
+    assert [n.severity for n in later if "is cut short after" in n.text] == ["warning"]

@@ -99,8 +99,10 @@ def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None
 
     A file cut short in its last record (the monitor was killed, a copy was truncated) ends the
     iteration: everything before it is still good, and ``on_cut`` is told in words (the run
-    went on after the cut: its ranks look live where the recording stops). A gzip-compressed
-    recording (``gzip run.rec``) is read as it is.
+    went on after the cut: its ranks look live where the recording stops). So does a damaged
+    record past the first (a length or a body that does not read: the records after it cannot
+    be found), said with its number and byte offset; a damaged first record is no recording.
+    A gzip-compressed recording (``gzip run.rec``) is read as it is.
     """
     frames, last = 0, 0.0
 
@@ -108,6 +110,13 @@ def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None
         if on_cut is not None:
             on_cut(f"recording {path} is cut short after {frames} frames ({last:.1f} s recorded): "
                    "what came after is missing, so its ranks look as they were then")
+
+    def damaged(why: str, at: int) -> None:
+        if not frames:
+            raise RecordingError(f"{path}: {why} (its first record, at byte {at})")
+        if on_cut is not None:  # the frames before it stand, as before a cut
+            on_cut(f"recording {path} has a {why} at record {frames + 1} (byte {at}): replayed up to it "
+                   f"({frames} frames, {last:.1f} s recorded); what came after cannot be read")
 
     try:
         fh: BinaryIO | gzip.GzipFile = open(path, "rb")
@@ -126,6 +135,7 @@ def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None
         if header != MAGIC:
             raise RecordingError(f"{path} is not a flowtop recording (bad header)")
         while True:
+            at = fh.tell()  # where this record starts (of the uncompressed stream)
             try:
                 head = fh.read(_LEN.size)
                 if len(head) < _LEN.size:
@@ -134,7 +144,8 @@ def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None
                     return
                 (size,) = _LEN.unpack(head)
                 if size > MAX_RECORD:
-                    raise RecordingError(f"{path}: record of {size} bytes is larger than any frame")
+                    damaged(f"record of {size} bytes, larger than any frame", at)
+                    return
                 body = fh.read(size)
             except EOFError:  # a compressed file cut short: what came before stands
                 cut()
@@ -147,10 +158,12 @@ def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None
             try:
                 t, frame = msgpack.unpackb(body, raw=False)
             except Exception:
-                raise RecordingError(f"{path}: damaged record") from None
+                damaged("damaged record", at)
+                return
             if (not isinstance(t, (int, float)) or not isinstance(frame, bytes)
                     or not math.isfinite(t) or t < 0):
-                raise RecordingError(f"{path}: damaged record")
+                damaged("damaged record", at)
+                return
             frames, last = frames + 1, float(t)
             yield last, frame
 
@@ -244,6 +257,8 @@ class RecordingSource:
         self.speed = speed
         self._records: list[tuple[float, bytes]] = []
         self._next = 0
+        #: What cut the recording short (read_recording's words), said when playback reaches the cut.
+        self._cut: list[str] = []
         self._start: float | None = None
         self._worker: Any = None  # flowtop.monitor.kernel_worker.KernelWorker while playing
         self._where = f"replay:{self.path.name}"
@@ -261,7 +276,9 @@ class RecordingSource:
     async def start(self) -> None:
         """Load the recording (errors surface here, before the UI shows anything); kernel windows
         are then built off the data loop, as the live collector builds them."""
-        self._records = list(read_recording(self.path, lambda text: self.model.notices.warning(text, 0.0)))
+        # A cut is said when playback reaches it: said at the start, its notice had gone long
+        # before the ranks froze at the cut, looking live (a new user's trial).
+        self._records = list(read_recording(self.path, self._cut.append))
         self._end = end_of(self._records[-1][0] if self._records else 0.0)
         self._start = time.monotonic()
         if self.model.builds_kernels:
@@ -299,6 +316,10 @@ class RecordingSource:
                     self._give()
             else:
                 break
+        if self._cut and self._next >= len(self._records):
+            for text in self._cut:
+                self.model.notices.warning(text, virtual)
+            self._cut.clear()
         if ticked is not None and self.on_tick is not None:
             self.on_tick(ticked)
         return virtual
