@@ -176,3 +176,28 @@ def test_until_done_exits_4_when_a_rank_failed(tmp_path: Path) -> None:
     assert watcher.returncode == 4, err
     assert "1 rank(s) failed, first rank 0 of crash: error: RuntimeError: boom at step 3" in err
     assert json.loads(out)["jobs"][0]["status"] == "failed"
+
+
+def test_the_first_rank_to_fail_is_said_and_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """A DDP rank crashes; its peer dies of the broken collective a moment later. The UI's table
+    has room for "failed" only, and nothing said why (a new user's trial); --until-done named
+    rank 0's "Connection closed by peer", in rank order, for rank 1's own error."""
+    from flowtop.export.serve import failed_ranks
+    from flowtop.monitor.wiring import make_model
+    from probe import wire
+
+    model = make_model()
+    keys = {r: wire.RankKey("ddp", "node-a", 100 + r, r, 0) for r in (0, 1)}
+    hello = {"local_rank": 0, "world_size": 2, "device": "cpu", "probe_version": "t"}
+    for r, key in keys.items():
+        model.ingest(wire.decode(wire.encode("hello", key, 1, 10.0, dict(hello, local_rank=r))), 10.0)
+    ends = ((1, 20.0, "error: RuntimeError: rank 1 exploded"),
+            (0, 20.4, "error: RuntimeError: Connection closed by peer"))
+    for r, t, why in ends:
+        model.ingest(wire.decode(wire.encode("bye", keys[r], 2, t, {"reason": why, "steps": 60, "drops": 0})), t)
+    said = [n for n in model.notices.take() if "failed" in n.text]
+    assert [(n.severity, n.text) for n in said] == [("error", "rank 1 of ddp failed: error: RuntimeError: rank 1 exploded")]
+    snap = model.snapshot(21.0, "test")
+    assert snap.jobs[0].status == "failed"
+    assert failed_ranks(snap) == 4
+    assert "first rank 1 of ddp: error: RuntimeError: rank 1 exploded" in capsys.readouterr().err

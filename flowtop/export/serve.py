@@ -159,7 +159,9 @@ def failed_ranks(snap: MonitorSnapshot) -> int:
     failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
     if not failed:
         return 0
-    job, first = failed[0]
+    # The first to end: the ranks that die of a peer's crash (its collective broken) end after it;
+    # in rank order, rank 0's "Connection closed by peer" was named for rank 1's own error.
+    job, first = min(failed, key=lambda jr: jr[1].heard_at)
     _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job}: {first.bye_reason}")
     return FAILED_STATUS
 

@@ -58,6 +58,8 @@ from flowtop.monitor.snapshot import Hint, JobSnapshot
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
 
+#: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
+MAX_FAILED_JOBS = 1024
 #: Seconds after a kernel window was asked of a rank within which its refusal is said (its
 #: count of refusals alone, e.g. a monitor started late, says nothing).
 REFUSAL_NOTICE_S = 30.0
@@ -112,6 +114,7 @@ class Model(ModelTicks):
         self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
+        self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
         if hint_engine is not None and hasattr(hint_engine, "report"):
             hint_engine.report = self._hint_failed
@@ -220,6 +223,8 @@ class Model(ModelTicks):
             self._judged.void(st.key.job)  # histories taken with the rank running
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
+            if st.bye.startswith(wire.BYE_ERROR_PREFIX):
+                self._failed(st, now)
             st.version += 1  # the last look's view was of a running rank
             st.drops = max(st.drops, int(f.get("drops", 0)))
 
@@ -291,6 +296,18 @@ class Model(ModelTicks):
             st.commands_refused = cols.commands_refused
         if cols.device_s is not None:
             st.device_s = cols.device_s
+
+    def _failed(self, st: RankState, now: float) -> None:
+        """The first rank of a job to end failing is said, with its exception (the table's status
+        cell has room for "failed" only; the ranks that die of it after — a collective's peers —
+        are not said again: thousands of them would flood the UI)."""
+        job = st.key.job
+        if job in self._failed_jobs:
+            return
+        if len(self._failed_jobs) >= MAX_FAILED_JOBS:
+            self._failed_jobs.clear()
+        self._failed_jobs.add(job)
+        self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
 
     def _refused(self, st: RankState, now: float) -> None:
         """The rank turned down a kernel window asked of it moments ago (its probe's rate limit):
