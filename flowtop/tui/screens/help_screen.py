@@ -39,6 +39,8 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("kernels", "click", "a column header sorts by it (again: reversed)"),
     ("kernels", "↑ ↓", "full name of the kernel under the cursor (bottom line)"),
     ("kernels", "k", "capture a new window"),
+    ("job", "s", "cycle the sort column (job kernel view)"),
+    ("detail", "k", "ask this rank for a kernel window now"),
     ("sub", "Esc", "back"),
 )
 
