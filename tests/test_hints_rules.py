@@ -304,6 +304,19 @@ def test_straggler_says_since_when_it_fell_behind() -> None:
     assert hint.impact == pytest.approx(0.025 / 0.125)
 
 
+def test_of_two_ranks_only_one_is_the_straggler() -> None:
+    """Each rank's worst measure over its own windows: in a 2-rank job both read slower than the
+    other at once (rank 0 by its late forwards, rank 1 by its step times; a new user's trial saw it
+    in a 2-rank DDP job in lockstep, 14 % and 9 %). The larger claim stands."""
+    late = history(100, 0.1, lead_s=0.05, late_from=60, late_lead_s=0.08)  # lead lag 30 % of a step
+    slow = history(100, 0.1, lead_s=0.05, slow_from=60, slow_step_s=0.12)  # steps 20 % slower
+    hints = settle(HintEngine(), job(rank(0, hist=late), rank(1, hist=slow)), 0.0)
+    assert [(h.target, h.evidence["basis"]) for h in hints if h.id == "straggler"] == [("rank 0", "lead")]
+    steady = history(100, 0.1, lead_s=0.05)
+    three = settle(HintEngine(), job(rank(0, hist=late), rank(1, hist=slow), rank(2, hist=steady)), 0.0)
+    assert len([h for h in three if h.id == "straggler"]) == 2  # more than two: several may hold the rest up
+
+
 def test_straggler_needs_two_ranks_and_ignores_done_ranks() -> None:
     one = job(rank(0, hist=history(30, 0.2)))
     assert find(settle(HintEngine(), one, 0.0), "straggler") is None

@@ -311,7 +311,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         fig = staggered.figures(ranks, window)
         in_windows = _staggered_best(fig)
         if in_windows:
-            return _measurements(ranks, in_windows, fig.lead, None, {})
+            return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), fig.lead, None, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
     lead, n_lead = _by_lead(ranks, window)
@@ -335,11 +335,23 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             candidates.append((lag / step, mine_t, others_t, n_lead, "lead"))
         if candidates:
             best[idx] = max(candidates, key=lambda c: c[0])
+    best = _one_of_a_pair(best, rule.clear, len(ranks))
     # Only ranks that may show the hint need "since when".
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
     since_of = _falling_behind_since(slow, reach, {i: 0.1 * best[i][2] for i in slow})
     lead_since = _lead_since([i for i in slow if best[i][4] == "lead"], ranks, keep, rule.clear / 100.0)
     return _measurements(ranks, best, lead, since_of, lead_since)
+
+
+def _one_of_a_pair(best: dict[int, _Best], clear_pct: float, n_ranks: int) -> dict[int, _Best]:
+    """Of two ranks, only one can be slower than the other: when both read as stragglers (each
+    by its own worst measure, over windows of its own — in a 2-rank DDP job in lockstep, rank 1
+    "14 % slower" by its step times and rank 0 "9 % slower" by its pace at once, a new user's
+    trial), the larger claim stands and the other reads 0."""
+    if n_ranks != 2 or len(best) != 2 or not all(100.0 * b[0] >= clear_pct for b in best.values()):
+        return best
+    worse = max(best, key=lambda i: best[i][0])
+    return {i: b if i == worse else (0.0, *b[1:]) for i, b in best.items()}
 
 
 def _staggered_best(fig: staggered.Figures) -> dict[int, _Best]:
