@@ -38,6 +38,7 @@ LAYERS = [
     ("probe.hookutil", 1, "base"),
     ("probe.config", 1, "base"),
     ("probe.identity", 1, "base"),
+    ("probe.ending", 1, "base"),
     ("probe.flops", 2, "flops"),
     ("probe.kernels", 2, "kernels"),
     ("probe.telemetry", 2, "telemetry"),
