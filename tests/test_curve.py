@@ -234,7 +234,7 @@ def test_a_handshake_that_times_out_is_not_taken_for_a_wrong_key(tmp_path: Path,
             link.close()
             sock.close(0)
             ctx.term()
-    assert link.unshaken == 0 and "handshake-drop" not in set(_log._seen) - seen
+    assert link.closed.count == 0 and "handshake-drop" not in set(_log._seen) - seen
     assert "CURVE handshake" not in capsys.readouterr().err
 
 

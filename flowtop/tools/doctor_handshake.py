@@ -13,12 +13,10 @@ import time
 from typing import Any
 
 from flowtop.tools.doctor_checks import FAIL, OK, WARN, Finding
+from probe.wire.link import DROPPED
 
 #: Seconds the doctor waits for the handshake's outcome.
 HANDSHAKE_WAIT_S = 3.0
-#: Connections ended before their handshake that say the server key is not this directory's
-#: (ZeroMQ reconnects every 0.1 s: two come within a second).
-UNSHAKEN_FAIL = 2
 
 
 def handshake_finding(listen: str, keys: tuple[bytes, bytes, bytes] | None, curve_dir: str | None,
@@ -37,21 +35,21 @@ def handshake_finding(listen: str, keys: tuple[bytes, bytes, bytes] | None, curv
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
     failed = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-    events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | failed)
+    events = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | failed)
     outcome: Any = None
-    unshaken = 0
     try:
         sock.connect(listen)
         deadline = time.monotonic() + wait_s
         while outcome is None and time.monotonic() < deadline:
             if not events.poll(int(1000 * max(0.0, deadline - time.monotonic())) + 1):
                 break
-            ev = recv_monitor_message(events)["event"]
-            if ev == zmq.EVENT_DISCONNECTED:
-                unshaken += 1
-                outcome = "unshaken" if unshaken >= UNSHAKEN_FAIL else None
-            else:
-                outcome = ev
+            ev = recv_monitor_message(events)
+            # "No detail" with an errno the peer's close gives: refused (probe.wire.link.DROPPED);
+            # any other (a timeout) says the monitor did not answer, not that it refused.
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and ev.get("value") not in DROPPED:
+                outcome = None
+                break
+            outcome = ev["event"]
     finally:
         sock.disable_monitor()
         events.close(0)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import itertools
 import math
 import os
@@ -45,7 +44,7 @@ from flowtop.tools.relay_setup import PathLock as PathLock, _same_file as _same_
 from flowtop.tools.relay_setup import RelayConfig, RelayError, _remove_ipc, check_listen, check_upstream, client_keys
 from flowtop.tools.relay_setup import node_address as node_address, node_dir as node_dir
 from probe import wire
-from probe.wire.link import subscription_change, upstream_options
+from probe.wire.link import ClosedHandshakes, closed_text, subscription_change, upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
@@ -63,11 +62,6 @@ RETRY_S = 0.01
 #: an eighth of what it read at 4,096 ranks. Without batches the report stays the relay's
 #: heartbeat, every report_s (the monitor reads a relay heard of for 3 s as silent).
 REPORT_PACED_MAX_S = 5.0
-#: Upstream connections in a row that ended before their handshake, past which the relay says
-#: why it may be (Relay._dropped_unshaken; the probe's link counts the same way).
-UNSHAKEN_WARN = 3
-#: The errno values of a handshake that failed "with no detail" because the peer closed it.
-DROPPED = (errno.EPIPE, errno.ECONNRESET)
 
 
 class Relay:
@@ -93,7 +87,7 @@ class Relay:
         self.drops = self.commands = self.link_ups = self.batches = 0
         self._ranks: set[int] = set()  # downstream connections (fds of accepted peers)
         self._up_conns = self._up_subs = 0
-        self._unshaken = 0  # upstream connections in a row that ended before their handshake
+        self._closed = ClosedHandshakes()  # upstream CURVE handshakes in a row the monitor closed
         self._subscribed = False  # whether we subscribed downstream (a monitor listens)
         self._queue: Deque[tuple[Any, float]] = collections.deque()
         self._queued_bytes = 0
@@ -339,10 +333,12 @@ class Relay:
             if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._up_conns += 1
                 self.link_ups += 1
-                self._unshaken = 0
+                self._closed.succeeded()
             elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                if ev.get("value") in DROPPED and self._curve is not None:
-                    self._dropped_unshaken()
+                if self._closed.failed(ev.get("value"), self._curve is not None):
+                    _warn_once("handshake-drop", closed_text(self.cfg.upstream, "the relay's",
+                                                             "the one in the relay's key directory (--curve-dir)",
+                                                             "nothing is forwarded"))
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self._up_conns = max(0, self._up_conns - 1)
                 if self._up_conns == 0:
@@ -361,18 +357,6 @@ class Relay:
                 self._ranks.add(ev["value"])
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self._ranks.discard(ev["value"])
-
-    def _dropped_unshaken(self) -> None:
-        """The monitor closed the relay's CURVE connection during its handshake (broken pipe): a
-        monitor whose CURVE server key is not the one in the relay's key directory cannot read the
-        relay's hello, and libzmq says only "no detail" (as to a probe, probe.transport.link; a
-        timeout, a stopped monitor, is not counted): a few in a row say so."""
-        self._unshaken += 1
-        if self._unshaken == UNSHAKEN_WARN:
-            _warn_once("handshake-drop", f"the monitor at {self.cfg.upstream} closed the relay's connection during "
-                       f"its CURVE handshake, {UNSHAKEN_WARN} times in a row: its CURVE server.key is not the "
-                       "one in the relay's key directory (--curve-dir: a stale or another one), or what listens "
-                       "there is not a flowtop monitor; nothing is forwarded")
 
     def _send_batch(self, up: Any, now: float) -> bool:
         """Send the oldest frames as one batch; False when upstream is full (retried later)."""

@@ -10,7 +10,6 @@ and watched descriptors (SIGTERM's wakeup pipe) all wake one ``zmq_poll``.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import signal
@@ -18,7 +17,7 @@ import weakref
 from typing import Any, Callable
 
 from probe._log import warn_once
-from probe.wire.link import subscription_change
+from probe.wire.link import ClosedHandshakes, closed_text, subscription_change
 
 #: What a watched descriptor's reader is called with: the bytes read from it.
 OnReadable = Callable[[bytes], None]
@@ -178,14 +177,6 @@ class Waker:
             warn_once(f"watch:{fd}", f"probe watcher failed and is skipped: {exc}")
 
 
-#: CURVE handshakes in a row the monitor closed, past which the probe says why it may be
-#: (Link._dropped_unshaken).
-UNSHAKEN_WARN = 3
-#: The errno values of a handshake that failed "with no detail" because the peer closed the
-#: connection (a timeout is EAGAIN: a monitor that does not answer, not one that refused).
-DROPPED = (errno.EPIPE, errno.ECONNRESET)
-
-
 def _endpoint(event: dict[str, Any]) -> str:
     """The address a socket monitor's event names, as text (it comes as bytes)."""
     raw = event.get("endpoint", b"")
@@ -213,7 +204,8 @@ class Link:
         self.connections = 0
         self.subscriptions = 0
         #: Connections in a row that ended before their handshake completed (see poll).
-        self.unshaken = 0
+        #: CURVE handshakes in a row the monitor closed (probe.wire.link.ClosedHandshakes).
+        self.closed = ClosedHandshakes()
         self._commands: list[bytes] = []
         self.overflow = 0
 
@@ -234,21 +226,6 @@ class Link:
         finally:
             self._events.close(0)
 
-    def _dropped_unshaken(self, event: dict[str, Any]) -> None:
-        """The monitor closed a CURVE connection during its handshake. A monitor whose CURVE
-        server key is not the one this probe holds (a stale or another key directory) cannot read
-        the probe's hello and closes the connection; libzmq says only "handshake failed, no
-        detail" with a broken pipe, again at every reconnect, and the probe looked exactly as if
-        no monitor listened. A few in a row say so (one alone: a monitor that stopped
-        mid-handshake). A handshake that timed out (a stopped or overloaded monitor) is not
-        counted, nor is a keyless probe's (the protocol failure says that one)."""
-        self.unshaken += 1
-        if self.unshaken == UNSHAKEN_WARN:
-            warn_once("handshake-drop", f"the monitor at {_endpoint(event)} closed this probe's connection "
-                      f"during its CURVE handshake, {UNSHAKEN_WARN} times in a row: its CURVE server.key is "
-                      "not this probe's (FLOWTOP_CURVE_DIR: a stale or another key directory), or what "
-                      "listens there is not a flowtop monitor; nothing is sent")
-
     def poll(self) -> int:
         """Drain pending events and (un)subscriptions; return the live subscription count."""
         zmq = self._zmq
@@ -260,10 +237,11 @@ class Link:
                 break
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connections += 1
-                self.unshaken = 0
+                self.closed.succeeded()
             elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                if event.get("value") in DROPPED and self._sock.getsockopt(zmq.MECHANISM) == zmq.CURVE:
-                    self._dropped_unshaken(event)
+                if self.closed.failed(event.get("value"), self._sock.getsockopt(zmq.MECHANISM) == zmq.CURVE):
+                    warn_once("handshake-drop", closed_text(_endpoint(event), "this probe's",
+                                                            "this probe's (FLOWTOP_CURVE_DIR)", "nothing is sent"))
             elif event["event"] & self._failed:
                 # Otherwise a wrong or missing CURVE key looks exactly like "no monitor there".
                 why = ("refused this probe's CURVE key: add its client.key to the monitor's clients/ directory"

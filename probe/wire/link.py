@@ -13,6 +13,7 @@ Heartbeats every 2 s, a peer silent 6 s is gone (a dead monitor behind a NAT or 
 
 from __future__ import annotations
 
+import errno
 import random
 
 
@@ -34,3 +35,42 @@ def subscription_change(frame: bytes) -> int:
     and a relay's upstream socket alike."""
     head = frame[:1]
     return 1 if head == b"\x01" else -1 if head == b"\x00" else 0
+
+
+#: The errno values of a handshake that failed "with no detail" because the peer closed it (a
+#: timeout is EAGAIN: a monitor that does not answer, not one that refused).
+DROPPED = (errno.EPIPE, errno.ECONNRESET)
+#: CURVE handshakes in a row the monitor closed, past which a sender says why it may be.
+CLOSED_WARN = 3
+
+
+class ClosedHandshakes:
+    """CURVE handshakes in a row that the monitor closed, for the probe's link and a relay's
+    upstream socket alike. A monitor whose CURVE server key is not the one the sender holds (a
+    stale or another key directory) cannot read its hello and closes the connection; libzmq says
+    only "handshake failed, no detail" with a broken pipe, again at every reconnect, and the sender
+    looked exactly as if no monitor listened. A few in a row say so (one alone: a monitor that
+    stopped mid-handshake); a handshake that timed out (a stopped or overloaded monitor) is not
+    counted, nor is a keyless sender's (the protocol failure says that one)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def succeeded(self) -> None:
+        self.count = 0
+
+    def failed(self, value: object, curve: bool) -> bool:
+        """A "no detail" failure with errno ``value`` of a socket with (``curve``) or without CURVE
+        keys: whether it is the one to warn of (the CLOSED_WARN-th in a row)."""
+        if not curve or value not in DROPPED:
+            return False
+        self.count += 1
+        return self.count == CLOSED_WARN
+
+
+def closed_text(endpoint: str, who: str, keys: str, stops: str) -> str:
+    """The warning of :class:`ClosedHandshakes` (``who``: "this probe's", "the relay's"; ``keys``:
+    whose key the sender holds, and from where; ``stops``: what it means for the data)."""
+    return (f"the monitor at {endpoint} closed {who} connection during its CURVE handshake, {CLOSED_WARN} "
+            f"times in a row: its CURVE server.key is not {keys} (a stale or another key "
+            f"directory), or what listens there is not a flowtop monitor; {stops}")
