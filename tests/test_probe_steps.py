@@ -448,3 +448,25 @@ def test_step_times_add_up_to_the_wall_time(captured) -> None:  # type: ignore[n
     # around boundaries 2 and 12 (descheduling on a loaded box: up to ~10 ms seen on 2 shared
     # cores). The bug this pins left out the listener's 10 x 5 ms = 50 ms; 20 ms still catches it.
     assert sum(walls[2:]) == pytest.approx(loop, abs=20e-3)
+
+
+def test_a_pre_hook_of_the_model_itself_is_forward_time_not_input_wait(captured) -> None:  # type: ignore[no-untyped-def]
+    """FSDP2's fully_shard prepends a forward pre-hook to the root (its parameters' all-gather,
+    which waits for the other ranks). Run before the probe's, it read as input wait: a 2-rank
+    FSDP2 job whose loop fed the next batch in 0.15 ms read 19-21 % input wait and got the
+    DataLoader hint (a new user's trial). The probe's pre-hook now runs first: that wait is the
+    forward's (lead_s), not the input's."""
+    import time
+
+    model = _lm()
+    model.register_forward_pre_hook(lambda m, a: time.sleep(0.03), prepend=True)  # fully_shard's place
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randint(0, 50, (2, 8))
+    for _ in range(8):
+        model(x).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    got = [s for s in steps(captured)[1:] if s["input_wait_s"] is not None]  # the first: the model's discovery
+    assert len(got) >= 5, steps(captured)
+    assert max(s["input_wait_s"] for s in got) < 0.01, got  # was ≥ 0.03: the hook's sleep
+    assert min(s["lead_s"] for s in got) >= 0.03

@@ -240,7 +240,10 @@ class Discovery:
                 except Exception as exc:  # the root is hooked all the same
                     warn_once("new-root", f"after a new model: {type(exc).__name__}: {exc}")
         try:
-            self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True))
+            # First of the root's pre-hooks: FSDP2's fully_shard prepends its own (the root's
+            # all-gather, a wait for the other ranks), which would otherwise read as input wait.
+            self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True,
+                                                                     prepend=True))
             self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
             self.compiled = _is_compiled(root) or any(_is_compiled(m) for m in root.children())
             if self.compiled:
