@@ -217,3 +217,31 @@ async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path) -> N
         await source.stop()
     assert not [n for n in first if "cut short" in n.text]
     assert [n.severity for n in later if "is cut short after" in n.text] == ["warning"]
+
+
+def test_a_corrupt_frame_in_a_replay_is_said_with_its_reason(tmp_path: Path) -> None:
+    """A record whose frame is garbage (its container intact) was only counted in the header's
+    ``rej`` (a new user's trial): the replay now says what was refused and why, at once; further
+    refusals within REJECT_NOTICE_S are counted into the next notice, not said one by one."""
+    from flowtop.monitor.model import REJECT_NOTICE_S
+
+    path = tmp_path / "x.rec"
+    rec = Recorder(path)
+    rec.write(10.0, _frame(0, 1))
+    rec.write(11.0, b"\x93garbage, not a frame")
+    rec.write(12.0, b"\x00")  # 1 s later: counted, not said
+    rec.write(12.5, _frame(1, 2))
+    rec.write(12.0 + REJECT_NOTICE_S, b"\xc1")  # a minute on: said, with the one in between
+    rec.write(13.0 + REJECT_NOTICE_S, _frame(2, 3))
+    rec.close()
+    model = make_model()
+    snap = replay_all(path, model)
+    assert snap.rejected == 3 and snap.jobs[0].ranks[0].step == 3  # the good frames around them stand
+    said = [n for n in model.notices.history if "refused what a peer sent" in n.text]
+    assert [n.at for n in said] == [1.0, 2.0 + REJECT_NOTICE_S]
+    first, second = (n.text for n in said)
+    reasons = list(snap.rejected_reasons)
+    assert first.startswith(f"refused what a peer sent: {reasons[0]} (1 refused in all; ")
+    assert second.startswith("refused what a peer sent: ")
+    assert "(3 refused in all, 1 more since the last notice;" in second
+    assert all(n.severity == "warning" for n in said)

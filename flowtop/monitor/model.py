@@ -63,6 +63,9 @@ MAX_FAILED_JOBS = 1024
 #: Seconds after a kernel window was asked of a rank within which its refusal is said (its
 #: count of refusals alone, e.g. a monitor started late, says nothing).
 REFUSAL_NOTICE_S = 30.0
+#: Seconds of monitor time between two notices of refused frames: the first refusal is said at
+#: once with its reason, later ones at most this often (a hostile flood is counted, not shown).
+REJECT_NOTICE_S = 60.0
 
 
 class Model(ModelTicks):
@@ -85,6 +88,8 @@ class Model(ModelTicks):
         self.received = 0
         self.rejected = 0
         self.rejected_reasons: collections.Counter[str] = collections.Counter()
+        self._rejects_said = 0  # self.rejected when the last refusal notice was raised
+        self._rejects_said_at: float | None = None  # and when (monitor time)
         self.peak_override_flops = peak_override_flops
         #: How kernel windows become tables (flowtop.monitor.rankkernels); None: they are ignored.
         self.kernels = kernels
@@ -160,6 +165,19 @@ class Model(ModelTicks):
         bucket = reason[:100]
         if len(self.rejected_reasons) < 100 or bucket in self.rejected_reasons:
             self.rejected_reasons[bucket] += 1
+        said_at = self._rejects_said_at
+        if said_at is None or self._now - said_at >= REJECT_NOTICE_S:
+            self._say_rejects(reason)
+
+    def _say_rejects(self, reason: str) -> None:
+        """Say a refusal and its reason: counted alone, a corrupt recording or a peer with the
+        wrong keys read only as a growing ``rej`` in the header (a new user's trial)."""
+        since = self.rejected - self._rejects_said
+        more = f", {since - 1} more since the last notice" if since > 1 and self._rejects_said_at is not None else ""
+        self.notices.warning(f"refused what a peer sent: {reason} ({self.rejected:,} refused in all{more}; "
+                             "`rej` in the header counts them, `flowtop snapshot --json` lists the reasons)",
+                             self._now)
+        self._rejects_said, self._rejects_said_at = self.rejected, self._now
 
     def ingest(self, msg: Message, now: float, via: str | None = None) -> None:
         """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""
