@@ -64,7 +64,9 @@ def test_demo_headless_prints_both_ranks() -> None:
     for r in ranks:
         assert 0 < r["mfu"] < 1 and r["peak_source"].startswith("estimated")
         assert r["attention_convention"] == "full" and r["dtype"] == "fp32"
-        assert r["executed_flops_per_step"] >= r["flops_per_step"] > 0
+        # executed may be below model: under the "full" convention the model counts the
+        # causal attention's whole square, its kernel ran half (docs/formulas.md)
+        assert r["executed_flops_per_step"] > 0 and r["flops_per_step"] > 0
         # The demo GPT (d=128, L=2, T=128, batch 8): counted and 6N+12LdT agree closely.
         assert 0.97 < r["estimate_ratio"] < 1.03
         # FLOP/s = counted FLOPs per token × tokens/s (README "FLOP conventions").

@@ -13,8 +13,9 @@ Conventions (docs/formulas.md), stated once here and referenced by the UI/JSON:
   Backward as the math requires (model FLOPs): ``2 × forward``.  The fused kernels (flash,
   memory-efficient, cuDNN, CPU flash, flex) also recompute the scores in backward, so they
   *execute* ``2 × forward + 2·B·Hq·Sq·Sk·D`` (= 2.5 × forward when D == Dv).
-* The "causal" convention halves the FLOPs of attention kernels called with causal masking
-  (``is_causal=True`` / a causal ``custom_mask_type``).  Explicit masks (``attn_mask``),
+* The "causal" convention halves the model FLOPs of attention kernels called with causal masking
+  (``is_causal=True`` / a causal ``custom_mask_type``); their executed FLOPs are halved whatever
+  the convention (the kernel skips the masked half).  Explicit masks (``attn_mask``),
   sliding windows and flex block masks are counted as the full square, and so are
   hand-written attention and SDPA's math fallback, which arrive as plain bmm ops.
   Packed documents are counted per document (Σ sᵢ²) where the op reveals them: varlen
@@ -207,15 +208,22 @@ def _is_fake(t: Any) -> bool:
     return type(t).__name__ in ("FakeTensor", "FunctionalTensor")
 
 
-def attention_cost(heads: int, pairs: int, d_qk: int, d_v: int, *, backward: bool, causal: bool) -> tuple[int, int]:
-    """(model, executed) FLOPs of one attention call; ``pairs`` = Σ Sq·Sk over sequences."""
+def attention_cost(heads: int, pairs: int, d_qk: int, d_v: int, *, backward: bool, causal: bool,
+                   kernel_causal: bool | None = None) -> tuple[int, int]:
+    """(model, executed) FLOPs of one attention call; ``pairs`` = Σ Sq·Sk over sequences.
+    ``causal``: the model count is halved (the causal convention on a causal call);
+    ``kernel_causal`` (default ``causal``): the kernel skipped the masked half, so what it
+    executed is halved whatever the convention (executed is what ran)."""
     fwd = 2 * heads * pairs * (d_qk + d_v)
     if backward:
         model, executed = 2 * fwd, 2 * fwd + 2 * heads * pairs * d_qk  # fused bwd recomputes QKᵀ
     else:
         model = executed = fwd
-    if causal:  # every term carries a factor 2, so halving stays exact
-        model, executed = model // 2, executed // 2
+    # every term carries a factor 2, so halving stays exact
+    if causal:
+        model //= 2
+    if causal if kernel_causal is None else kernel_causal:
+        executed //= 2
     return model, executed
 
 
@@ -232,8 +240,7 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
             if docs is not None:  # packed documents: the math needs Σ sᵢ², the kernel ran S²
                 causal = causal_convention and (causal_of(b) or docs.causal)
                 model = attention_cost(heads, docs.pairs(qd[0]), d_qk, d_v, backward=backward, causal=causal)[0]
-                run = attention_cost(heads, pairs, d_qk, d_v, backward=backward,
-                                     causal=causal_convention and causal_of(b))[1]
+                run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal_of(b))[1]
                 return OpCost(model, run, ATTENTION, q, shape)  # the row length stays the estimate's T
         else:  # (B, S, H, D), or varlen: flash (total, H, D) / efficient (1, total, H, D)
             cum_q = _first_given(b, "cum_seq_q", "cu_seqlens_q", "cu_seq_q")
@@ -249,8 +256,9 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
             else:
                 pairs = qd[0] * qd[1] * kd[1]
                 shape = AttentionShape(qd[0], heads, qd[1], kd[1], d_qk)
-        causal = causal_convention and causal_of(b)
-        model, executed = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal)
+        kernel_causal = causal_of(b)
+        model, executed = attention_cost(heads, pairs, d_qk, d_v, backward=backward,
+                                         causal=causal_convention and kernel_causal, kernel_causal=kernel_causal)
         return OpCost(model, executed, ATTENTION, q, shape)
     return formula
 
