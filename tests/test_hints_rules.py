@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 import pytest
+from typing import Any
 
 from flowtop.monitor.hints import RULES, RULES_BY_ID, HintEngine
 from flowtop.monitor.hints.engine import MEASURES
@@ -315,6 +316,32 @@ def test_of_two_ranks_only_one_is_the_straggler() -> None:
     steady = history(100, 0.1, lead_s=0.05)
     three = settle(HintEngine(), job(rank(0, hist=late), rank(1, hist=slow), rank(2, hist=steady)), 0.0)
     assert len([h for h in three if h.id == "straggler"]) == 2  # more than two: several may hold the rest up
+
+
+def test_a_later_pipeline_stage_is_neither_input_bound_nor_a_straggler_by_its_lead() -> None:
+    """Stage 1 of a 2-stage pipeline waits for stage 0's activations before its forward (the
+    bubble) and so ends its forward later: it read "waits for input 23 % of each step" and
+    "finishes its forward 9 ms after the others" on every GPipe and 1F1B run (a new user's
+    trial). Leads compare within a stage; the wait of a stage that does not read the data is
+    not its input's. The same ranks without pipeline coordinates still get both hints."""
+    def stage(r: int, pp: bool, lead_s: float, wait_s: float) -> Any:
+        snap = rank(r, hist=history(100, 0.1, lead_s=lead_s, wait_s=wait_s))
+        return dataclasses.replace(snap, coords={"pp": (r, 2)}, pp_stages=(r,)) if pp else snap
+
+    pipelined = job(stage(0, True, 0.03, 0.0), stage(1, True, 0.06, 0.025))
+    hints = settle(HintEngine(), pipelined, 0.0)
+    assert [h.id for h in hints if h.id in ("straggler", "input_wait")] == []
+    flat = job(stage(0, False, 0.03, 0.0), stage(1, False, 0.06, 0.025))
+    hints = settle(HintEngine(), flat, 0.0)
+    assert sorted((h.id, h.target) for h in hints if h.id in ("straggler", "input_wait")) == [
+        ("input_wait", "rank 1"), ("straggler", "rank 1")]
+    # two data-parallel replicas of each stage: a late forward within stage 1 is still found
+    late = history(100, 0.1, lead_s=0.06, wait_s=0.0, late_from=60, late_lead_s=0.09)
+    four = [stage(0, True, 0.03, 0.0), stage(1, True, 0.06, 0.0),
+            dataclasses.replace(rank(2, hist=history(100, 0.1, lead_s=0.03)), coords={"pp": (0, 2)}, pp_stages=(0,)),
+            dataclasses.replace(rank(3, hist=late), coords={"pp": (1, 2)}, pp_stages=(1,))]
+    hints = settle(HintEngine(), job(*four), 0.0)
+    assert [(h.target, h.evidence["basis"]) for h in hints if h.id == "straggler"] == [("rank 3", "lead")]
 
 
 def test_straggler_needs_two_ranks_and_ignores_done_ranks() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
                                         rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints import staggered
+from flowtop.monitor.hints.stages import feeds_itself, per_stage
 from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
@@ -160,7 +161,7 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
     the device idles (a wait costs nothing while the GPU still works through queued kernels)."""
     out: dict[str, Measurement | None] = {}
     for r in latest_ranks(job):
-        if r.status in ENDED:
+        if r.status in ENDED or not feeds_itself(r):  # a later pipeline stage waits for activations
             continue
         h = r.history
         n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
@@ -314,7 +315,9 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), fig.lead, None, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
-    lead, n_lead = _by_lead(ranks, window)
+    # Leads compare within a pipeline stage: a later stage's forward ends later by design.
+    led = per_stage(ranks, lambda sub: {i: (v, n) for table, n in [_by_lead(sub, window)] for i, v in table.items()})
+    lead = {i: v for i, (v, _) in led.items()}
     tables = [(table, sorted(table.values()), n, basis)
               for table, n, basis in ((med, n_med, "step_time"), (pace, n_pace, "pace")) if table]
     med_sorted = sorted(med.values())
@@ -332,14 +335,16 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             # Step times for context (in lockstep they are about equal).
             mine_t = med.get(r.rank, step)
             others_t = _median_without(med_sorted, mine_t) if r.rank in med else step
-            candidates.append((lag / step, mine_t, others_t, n_lead, "lead"))
+            candidates.append((lag / step, mine_t, others_t, led[idx][1], "lead"))
         if candidates:
             best[idx] = max(candidates, key=lambda c: c[0])
     best = _one_of_a_pair(best, rule.clear, len(ranks))
     # Only ranks that may show the hint need "since when".
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
     since_of = _falling_behind_since(slow, reach, {i: 0.1 * best[i][2] for i in slow})
-    lead_since = _lead_since([i for i in slow if best[i][4] == "lead"], ranks, keep, rule.clear / 100.0)
+    by_lead = {id(ranks[i]) for i in slow if best[i][4] == "lead"}
+    lead_since = per_stage(ranks, lambda sub: _lead_since(
+        [j for j, r in enumerate(sub) if id(r) in by_lead], sub, keep, rule.clear / 100.0))
     return _measurements(ranks, best, lead, since_of, lead_since)
 
 
