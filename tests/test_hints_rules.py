@@ -181,6 +181,25 @@ def test_attention_unfused_quiet_with_fused_attention_or_only_log_softmax() -> N
     assert hint.evidence["softmax_pct_of_step"] == pytest.approx(0.8)  # 80 µs of 10 ms
 
 
+def test_attention_unfused_counts_batched_matmuls_not_a_routers_linear() -> None:
+    """An MoE layer with no attention read "computes attention unfused: 2 softmax kernels per
+    step" (its router: Linear, softmax, top-k; a new user's trial, CPU and expert parallel).
+    Attention's matmuls are batched (bmm); those of a plain mm/addmm/linear are not counted, nor
+    matmul's or einsum's (they dispatch to mm or bmm, listed in rows of their own); a matmul of
+    unknown origin still is."""
+    def window(*gemms: tuple[int, str]) -> JobSnapshot:
+        rows = [(SOFTMAX, 2, 40.0)] + [(GEMM_H, n, 500.0, op) for n, op in gemms]
+        return job(rank(0, kernels=kwin(rows)))
+
+    router = window((30, "aten::mm"), (10, "aten::linear"), (10, "aten::matmul"), (4, "aten::addmm"))
+    assert find(settle(HintEngine(), router, 0.0), "attention_unfused") is None
+    by_hand = window((30, "aten::mm"), (8, "aten::bmm"), (8, "aten::matmul"))  # q@kᵀ, p@v: bmm
+    hint = find(settle(HintEngine(), by_hand, 0.0), "attention_unfused")
+    assert hint is not None and hint.evidence["gemm_calls_per_step"] == 8.0
+    unlinked = window((8, ""))  # kernels not linked to an operator: counted, as before
+    assert find(settle(HintEngine(), unlinked, 0.0), "attention_unfused") is not None
+
+
 def test_optimizer_unfused_quiet_when_fused_kernel_ran() -> None:
     from test_hints_factories import ADDCDIV
     fused = job(rank(0, kernels=kwin([(ADDCDIV, 40, 800.0, "aten::addcdiv_"), (FUSED_ADAM, 1, 80.0)])))

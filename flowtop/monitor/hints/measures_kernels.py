@@ -141,7 +141,11 @@ def _scan_attention(rule: Rule, f: KernelFacts) -> tuple[int, int, int, float]:
     p = rule.params
     soft = [k for k in f.rows if _has(k.low, p["softmax_patterns"])
             and not _has(k.low, p["exclude_patterns"]) and not _has(k.low, p["backward_patterns"])]
-    return (sum(k.calls for k in soft), sum(k.calls for k in f.rows if k.category == "gemm"),
+    # Attention's matmuls are batched (scores, weighted sum); a matmul known to be a plain one (a
+    # Linear: an MoE router's before its softmax) is not counted, one of unknown origin is.
+    plain = p["unbatched_ops"]
+    gemm = sum(k.calls for k in f.rows if k.category == "gemm" and (k.op or k.name) not in plain)
+    return (sum(k.calls for k in soft), gemm,
             sum(k.calls for k in f.rows if k.category == "attention"), sum(k.total_us for k in soft))
 
 
