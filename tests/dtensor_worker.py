@@ -112,7 +112,7 @@ def counted_step(model: nn.Module, idx: torch.Tensor, tgt: torch.Tensor) -> dict
             "uncounted": count.uncounted, "message": dict(decoded.fields)}
 
 
-def _tp_plan(model: GPT, mesh: Any, sequence_parallel: bool) -> None:
+def _tp_plan(model: GPT, mesh: Any, sequence_parallel: bool, shard_head: bool = True) -> None:
     """torchtitan's layout: colwise q/k/v/w1 and LM head, rowwise o/w2; with sequence
     parallelism the norms and the residual stream are sharded on the sequence dim and the
     attention core runs under local_map on the local heads."""
@@ -127,7 +127,7 @@ def _tp_plan(model: GPT, mesh: Any, sequence_parallel: bool) -> None:
             "norm": SequenceParallel(),
             "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
         })
-    else:
+    elif shard_head:
         parallelize_module(model, mesh, {"output": ColwiseParallel(output_layouts=Replicate())})
     for block in model.layers:
         if sequence_parallel:
@@ -155,9 +155,9 @@ def run_layout(layout: str, rank: int, world: int) -> dict[str, Any]:
 
     torch.manual_seed(0)  # the same weights on every rank
     model = GPT(Config())
-    if layout in ("tp", "sp"):
+    if layout in ("tp", "sp", "tp_head"):  # tp_head: the LM head left whole on every rank
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-        _tp_plan(model, mesh, sequence_parallel=layout == "sp")
+        _tp_plan(model, mesh, sequence_parallel=layout == "sp", shard_head=layout != "tp_head")
         data_rank = 0  # every TP rank sees the same tokens
     elif layout == "fsdp":
         mesh = init_device_mesh("cpu", (world,))  # unnamed: FSDP's dim is found from its state

@@ -82,3 +82,22 @@ def test_a_jobs_figures_sum_its_ranks_and_unknown_on_one_rank_is_unknown() -> No
     no_peak = job_flops(views + [rank_flops({**PLAIN, "peak_flops": None}, step_time_s=0.05)])
     assert no_peak is not None and no_peak.peak_flops is None and no_peak.mfu is None
     assert no_peak.flops_per_s == pytest.approx(8e10)
+
+
+def test_a_jobs_labels_say_its_figures_are_sums() -> None:
+    """The job's figures are sums over its ranks, but its labels were rank 0's: "local FLOPs of
+    this rank" and "this rank's tensor-parallel share" beside Σ-over-ranks figures, and a
+    pipeline job with no estimate (stage 1 has none) kept stage 0's estimate source (a new
+    user's trial)."""
+    from flowtop.monitor.accounting import job_flops
+
+    tp = {**PLAIN, "estimated_flops": 1.1e9,
+          "estimate_source": "6N+12LdT/2 (this rank's tensor-parallel share; N local), shape from model.blocks",
+          "parallel": "local FLOPs of this rank; mesh (tp=2); matmuls split 2-way; params [S(0)]×8"}
+    job = job_flops([rank_flops(tp, step_time_s=0.05)] * 2)
+    assert job is not None and job.estimated_flops_per_step == pytest.approx(2.2e9)
+    assert job.estimate_source == "6N+12LdT/2 (each rank's tensor-parallel share; N local), shape from model.blocks"
+    assert job.parallel == "Σ over the ranks of their local FLOPs; mesh (tp=2); matmuls split 2-way; params [S(0)]×8"
+    stage1 = {**PLAIN, "estimated_flops": None, "estimate_source": None}
+    piped = job_flops([rank_flops(tp, step_time_s=0.05), rank_flops(stage1, step_time_s=0.05)])
+    assert piped is not None and piped.estimated_flops_per_step is None and piped.estimate_source is None

@@ -81,7 +81,7 @@ def _job(world: int, layouts: list[str], tmp: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return _job(2, ["tp", "sp", "fsdp"], tmp_path_factory.mktemp("dt2"))
+    return _job(2, ["tp", "sp", "fsdp", "tp_head"], tmp_path_factory.mktemp("dt2"))
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +130,22 @@ def test_tensor_parallel_two_ranks_count_their_shards(two_ranks: list[dict[str, 
     assert "[R]" in two_ranks[0]["sp"]["second"]["message"]["parallel"]  # sequence-parallel norms
 
 
+def test_an_lm_head_left_whole_under_tp_is_said_and_counted_on_each_rank(two_ranks: list[dict[str, Any]]) -> None:
+    """A plain nn.Linear head beside TP-sharded blocks runs whole on every TP rank: each counts
+    it whole (local FLOPs), so the sum over the ranks counts it twice (13 % above the model in a
+    new user's trial), while ``parallel`` said only "matmuls split 2-way". It now names it."""
+    head = 2 * w.BATCH * T * D * V  # forward FLOPs of the LM head
+    for rank in two_ranks:
+        second = rank["tp_head"]["second"]
+        # the blocks split 2 ways, the head whole: hand_model(b, 2) counts half of the head
+        assert second["model"] == hand_model(w.BATCH, 2) + 3 * head // 2
+        parallel = second["message"]["parallel"]
+        share = D * V / (L * (4 * D * D + 2 * D * F_) + D * V)  # 2,048 of 18,432 Linear weight elements
+        assert f"whole on every rank of the split: output.weight ({100 * share:.0f} % of Linear weights; " \
+               "Σ over those ranks counts them 2×)" in parallel, parallel
+        assert "whole on every rank" not in rank["tp"]["second"]["message"]["parallel"]  # the head sharded
+
+
 def test_fsdp2_two_ranks_count_their_own_batch(two_ranks: list[dict[str, Any]]) -> None:
     for rank in two_ranks:
         _check_rank(rank["fsdp"], w.BATCH, 1)  # whole (gathered) weights, the rank's own batch
@@ -169,6 +185,7 @@ def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict
     assert _flops_json(views[0])["parallel"].startswith("local FLOPs of this rank; mesh (dp=2, tp=2)")
     job = job_flops(views)
     assert job is not None and job.model_flops_per_step == hand_model(2 * w.BATCH)  # Σ local = global
-    assert job.parallel == msgs[0]["parallel"]  # the same layout on every rank: said once
+    # the same layout on every rank: said once, of the sum
+    assert job.parallel == msgs[0]["parallel"].replace("local FLOPs of this rank", "Σ over the ranks of their local FLOPs")
     text = flops_text(views[0]).plain
     assert "parallel    mesh (dp=2, tp=2); fsdp over dp; matmuls split 2-way" in text

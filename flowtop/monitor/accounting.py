@@ -173,6 +173,14 @@ def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float |
     }
 
 
+def _summed_label(text: str | None) -> str | None:
+    """A rank's convention label said of the job's sum over its ranks."""
+    if not text:
+        return text
+    return text.replace("local FLOPs of this rank", "Σ over the ranks of their local FLOPs").replace(
+        "this rank's", "each rank's")
+
+
 def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = None) -> FlopsView | None:
     """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks. ``newest_step_s``:
     seconds since the ranks' newest step, from their state, for the stall of a job whose every rank
@@ -205,8 +213,10 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
     return FlopsView(
         model_flops_per_step=total("model_flops_per_step"),
         executed_flops_per_step=total("executed_flops_per_step"),
-        estimated_flops_per_step=total("estimated_flops_per_step"),
-        estimate_source=vs[0].estimate_source,
+        estimated_flops_per_step=(estimated := total("estimated_flops_per_step")),
+        # A job's figures are sums: its labels say so (a rank's say "this rank's"), and a job
+        # with no estimate (a pipeline stage without one) has no estimate's source either.
+        estimate_source=_summed_label(vs[0].estimate_source) if estimated is not None else None,
         flops_per_s=fps,
         executed_flops_per_s=efps,
         mfu=per_peak(fps, peaks) if peaks else (0.0 if fps == 0.0 and stalled else None),
@@ -223,7 +233,7 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         counted=all(v.counted for v in vs),
         model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
         uncounted_size=sizes,
-        parallel="; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512],
+        parallel=_summed_label("; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512]),
         **_job_extras(vs, mix, fps),
     )
 

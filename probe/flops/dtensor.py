@@ -80,6 +80,11 @@ class ParallelLayout:
     compute_degree: int
     placements: tuple[tuple[str, int], ...]
     splits: Mapping[int, int] = field(default_factory=dict, compare=False)
+    #: Linear weights not split while others are (compute_degree > 1): their names, and their
+    #: share of all Linear weights' elements. Every rank of the split computes them whole, so
+    #: the sum over those ranks counts their FLOPs that many times (an unsharded LM head).
+    whole: tuple[str, ...] = ()
+    whole_frac: float = 0.0
 
     def describe(self) -> str:
         """One line for the wire (≤ 256 characters), convention first."""
@@ -88,6 +93,10 @@ class ParallelLayout:
         if self.fsdp_dims:
             parts.append("fsdp over " + "×".join(self.fsdp_dims))
         parts.append(f"matmuls split {self.compute_degree}-way" if self.compute_degree > 1 else "matmuls unsplit")
+        if self.whole:
+            more = f" +{len(self.whole) - 1} more" if len(self.whole) > 1 else ""
+            parts.append(f"whole on every rank of the split: {self.whole[0]}{more} ({100 * self.whole_frac:.0f} % of "
+                         f"Linear weights; Σ over those ranks counts them {self.compute_degree}×)")
         parts.append("params " + " ".join(f"{p}×{n}" for p, n in self.placements))
         text = "; ".join(parts)
         return text if len(text) <= 256 else text[:255] + "…"
@@ -179,10 +188,32 @@ def _layout_of(model: torch.nn.Module) -> ParallelLayout | None:
         return None
     names = _dim_names(widest)
     mesh_dims = tuple((names[i], int(widest.size(i))) for i in range(widest.ndim))
+    degree = math.prod(compute_dims.values()) if compute_dims else 1
+    whole, whole_frac = _whole_linears(model, splits) if degree > 1 else ((), 0.0)
     return ParallelLayout(
         mesh=mesh_dims,
         fsdp_dims=tuple(n for n, _ in mesh_dims if n in fsdp_names),
-        compute_degree=math.prod(compute_dims.values()) if compute_dims else 1,
+        compute_degree=degree,
         placements=tuple(placements.most_common()),
         splits=splits,
+        whole=whole,
+        whole_frac=whole_frac,
     )
+
+
+def _whole_linears(model: torch.nn.Module, splits: Mapping[int, int]) -> tuple[tuple[str, ...], float]:
+    """Names of the Linear weights not split for compute (plain, or replicated over the split's
+    dims), largest first, and their share of all Linear weights' elements."""
+    seen: set[int] = set()
+    whole: list[tuple[int, str]] = []
+    total = 0
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if not isinstance(module, torch.nn.Linear) or w is None or id(w) in seen:
+            continue
+        seen.add(id(w))  # a weight tied to another Linear's counts once
+        total += w.numel()
+        if id(w) not in splits:
+            whole.append((w.numel(), f"{name}.weight" if name else "weight"))
+    whole.sort(key=lambda e: (-e[0], e[1]))
+    return tuple(n for _, n in whole), (sum(e for e, _ in whole) / total if total else 0.0)

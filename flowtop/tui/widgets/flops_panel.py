@@ -56,8 +56,9 @@ def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
     else:
         row("peak", fmt_si(f.peak_flops, "F/s", 1), f"{f.dtype} dense")
     row("peak source", f.peak_source or NA)
+    # The convention, not a claim about this model (which may have no causal attention, or none).
     row("attention", f.attention_convention,
-        "causal would halve it" if f.attention_convention == "full" else "half of full")
+        "causal: full square" if f.attention_convention == "full" else "causal: half square")
     row("counted at", NA if f.counted_at_step is None else f"step {fmt_int(f.counted_at_step)}")
     _moe_rows(row, f, job)
     if f.nonpad_tokens is not None:
