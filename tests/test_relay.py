@@ -30,6 +30,7 @@ from flowtop.monitor.collector import Collector
 from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tools.relay import PathLock
 from flowtop.monitor.relays import encode_stamp
+from probe.wire import WireError
 from flowtop.monitor.snapshot import to_json
 from flowtop.export.textreport import render
 from flowtop.monitor.wiring import make_model
@@ -508,6 +509,24 @@ def test_relay_report_is_a_wire_message() -> None:
         "link_ups": 1, "uptime_s": 1.0})  # fmt: skip
     assert wire.decode(frame).kind == "relay"
     assert msgpack.unpackb(encode_stamp("n:1:0", 1.0, [5]))["a"] == [5]
+
+
+def test_a_stamp_far_ahead_of_its_relays_clock_is_refused() -> None:
+    """One forged batch with the clock of a live relay's id at 1e15 s set its offset 1e15 s
+    back for good (the least-delayed path): the relay read silent, 1e15 s behind, and a hung
+    rank behind it was blamed on it (a hostile-input trial). Such a stamp is refused now; the
+    relay's next batches map as before."""
+    from flowtop.monitor.relays import MAX_CLOCK_LEAD_S, Relays
+
+    relays = Relays()
+    assert relays.unstamp([encode_stamp("n:1:0", 100.0, [0]), b""], 1000.0) == ("n:1:0", [1000.0])
+    with pytest.raises(WireError, match="ahead of its relay's earlier batches"):
+        relays.unstamp([encode_stamp("n:1:0", 1e15, [0]), b""], 1001.0)
+    relay, (t,) = relays.unstamp([encode_stamp("n:1:0", 105.0, [0]), b""], 1005.2)
+    assert t == pytest.approx(1005.0, abs=1e-2) and relays.lag_of("n:1:0") == pytest.approx(0.2, abs=1e-2)
+    # a path that got faster within the bound (a backlog drained) moves the mapping
+    relays.unstamp([encode_stamp("n:1:0", 110.0 + MAX_CLOCK_LEAD_S - 1, [0]), b""], 1010.0)
+    assert relays.lag_of("n:1:0") == 0.0
 
 
 def test_readme_lists_the_relay_fields_of_the_schema() -> None:

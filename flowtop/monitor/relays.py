@@ -40,6 +40,10 @@ FORGET_AFTER_S = 600.0
 MAX_RELAYS = 8192
 #: Clocks of two hosts drift by well under this (s/s): the offset estimate may grow this fast.
 DRIFT = 1e-4
+#: Seconds a relay's clock may run ahead of its earlier batches' mapping onto the monitor's (a
+#: path that got faster by as much: a backlog drained). A stamp further ahead is refused: one
+#: forged stamp (clock 1e15) had made a live relay read silent, 1e15 s behind, for good.
+MAX_CLOCK_LEAD_S = 120.0
 #: A stamp larger than this is refused (ages of at most a few thousand frames).
 MAX_STAMP_BYTES = 64 * 1024
 STAMP_KIND = "stamp"
@@ -160,6 +164,9 @@ class Relays:
         stamp = decode_stamp(parts[0], len(parts) - 1)
         rec = self._get(stamp.relay, now)
         observed = (now if taken is None else max(now, taken)) - stamp.clock
+        if rec.offset is not None and observed < rec.offset - MAX_CLOCK_LEAD_S:
+            raise WireError(f"relay stamp: clock {rec.offset - observed:.0f} s ahead of its relay's earlier "
+                            "batches (forged or corrupt)")
         if rec.offset is None:
             rec.offset = observed
         else:
