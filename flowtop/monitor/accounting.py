@@ -173,10 +173,8 @@ def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float |
     }
 
 
-def _summed_label(text: str | None) -> str | None:
+def _summed_label(text: str) -> str:
     """A rank's convention label said of the job's sum over its ranks."""
-    if not text:
-        return text
     return text.replace("local FLOPs of this rank", "Σ over the ranks of their local FLOPs").replace(
         "this rank's", "each rank's")
 
@@ -216,7 +214,7 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         estimated_flops_per_step=(estimated := total("estimated_flops_per_step")),
         # A job's figures are sums: its labels say so (a rank's say "this rank's"), and a job
         # with no estimate (a pipeline stage without one) has no estimate's source either.
-        estimate_source=_summed_label(vs[0].estimate_source) if estimated is not None else None,
+        estimate_source=_summed_label(src) if estimated is not None and (src := vs[0].estimate_source) else None,
         flops_per_s=fps,
         executed_flops_per_s=efps,
         mfu=per_peak(fps, peaks) if peaks else (0.0 if fps == 0.0 and stalled else None),
