@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 from probe._log import warn_once
-from probe.wire import DEFAULT_ADDR
+from probe.wire import DEFAULT_ADDR, job_id_problem
 from probe.wire.pace import DEFAULT_FLUSH_S
 
 T = TypeVar("T")
@@ -43,6 +43,24 @@ def _parse(env: Mapping[str, str], name: str, conv: Callable[[str], T], default:
 
 def _text(raw: str) -> str | None:
     return raw
+
+
+#: Longest step-record queue (FLOWTOP_QUEUE): far past any use, well inside a deque's size.
+MAX_QUEUE = 10_000_000
+
+
+def _job(raw: str) -> str | None:
+    why = job_id_problem(raw)
+    if why:  # a monitor refuses every frame of it: the whole training would be invisible
+        raise ValueError(why)
+    return raw
+
+
+def _queue_len(raw: str) -> int:
+    value = _positive_int(raw)
+    if value > MAX_QUEUE:  # a deque past the platform's size: the probe would not start
+        raise ValueError(f"must be at most {MAX_QUEUE:,}")
+    return value
 
 
 def _bool(raw: str) -> bool:
@@ -131,9 +149,10 @@ def _on(default: bool) -> str:
 
 ADDR = Var("FLOWTOP_ADDR", "address", DEFAULT_ADDR, "monitor address (probe connects, monitor binds)", _addr)
 DISABLE = Var("FLOWTOP_DISABLE", "bool", False, "`1` turns the probe off", _bool)
-JOB = Var("FLOWTOP_JOB", "text", None, "job id (else `MASTER_ADDR:PORT`, Slurm job.step, else `host:pid`)", _text,
+JOB = Var("FLOWTOP_JOB", "text", None, "job id (else `MASTER_ADDR:PORT`, Slurm job.step, else `host:pid`)", _job,
           shown_default="torchrun run id")
-QUEUE = Var("FLOWTOP_QUEUE", "integer > 0", 10_000, "bounded queue length; oldest dropped and counted", _positive_int)
+QUEUE = Var("FLOWTOP_QUEUE", "integer 1–10,000,000", 10_000, "bounded queue length; oldest dropped and counted",
+            _queue_len)
 FLUSH_S = Var("FLOWTOP_FLUSH_S", "seconds (≤ 10)", DEFAULT_FLUSH_S,
               "step records wait at most this long and leave together as one frame (wire 1.2 `steps`), so a "
               "rank sends ~10 frames/s whatever its step rate; FLOP counts, kernel windows and byes go at once; "

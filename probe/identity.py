@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from probe import config
+from probe import wire
 from probe.wire import RankKey
 
 
@@ -129,6 +130,8 @@ def from_env(
         job = f"mpi-{e.get('OMPI_MCA_orte_hnp_uri', host).split(';')[0][:64]}"
     if job is None:
         job = f"{host}:{pid}"
+    if wire.job_id_problem(job):  # an explicit attach(job=...) (FLOWTOP_JOB is checked as it is read)
+        job = "".join(c if c.isprintable() else "?" for c in job).strip()[:256] or f"{host}:{pid}"
     return Identity(
         job=job[:256],
         rank=r,

@@ -136,6 +136,9 @@ def test_run_refuses_an_empty_connect_and_names_a_host_that_does_not_resolve(mon
     empty = _flowtop("run", "--connect", "", "--", sys.executable, "-c", "print('ran')")
     assert empty.returncode == 2 and "ran" not in empty.stdout
     assert "--connect was given an empty address" in empty.stderr
+    tab = _flowtop("run", "--job", "exp\t1", "--", sys.executable, "-c", "print('ran')")
+    assert tab.returncode == 2 and "ran" not in tab.stdout  # its frames would all be refused
+    assert "--job 'exp\\t1' has control characters" in tab.stderr
     note = unresolved_note("nosuchhost.invalid", "tcp://nosuchhost.invalid:6140", wait_s=20)
     assert note is not None and "'nosuchhost.invalid' (tcp://nosuchhost.invalid:6140) does not resolve here" in note
     assert no_monitor_note("tcp://nosuchhost.invalid:6140") == note

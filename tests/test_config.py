@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from probe import config, identity
+from probe import config, identity, wire
 from probe.wire import DEFAULT_ADDR
 
 
@@ -58,6 +58,39 @@ def test_identity_fallbacks_and_explicit() -> None:
     explicit = identity.from_env({"RANK": "1", "WORLD_SIZE": "2"}, job="mine", rank=5)
     assert (explicit.job, explicit.rank, explicit.world_size) == ("mine", 5, 6)  # world grows to fit the rank
     assert identity.from_env({"RANK": "x", "WORLD_SIZE": "-2"}).rank == 0
+
+
+def test_a_queue_past_a_deques_size_falls_back(capsys) -> None:  # type: ignore[no-untyped-def]
+    """FLOWTOP_QUEUE=99999999999999999999 turned the whole probe off ("probe disabled:
+    OverflowError: Python int too large to convert to C ssize_t", the variable unnamed; a
+    hostile-input trial): it is refused like any bad value, naming it."""
+    from probe import _log
+
+    _log._seen.discard("env:FLOWTOP_QUEUE")  # said once per process: the cases above said it
+    cfg = config.from_env({"FLOWTOP_QUEUE": "99999999999999999999"})
+    assert cfg.queue_size == 10_000
+    assert "ignoring FLOWTOP_QUEUE='99999999999999999999': must be at most 10,000,000" in capsys.readouterr().err
+
+
+def test_a_job_id_with_control_characters_is_not_used() -> None:
+    """Every frame of a job id with a tab or an escape is refused by the monitor (the wire's
+    envelope check): the whole training was invisible and nothing said why (a hostile-input
+    trial). FLOWTOP_JOB with one is said and ignored (the launcher's id is used); an explicit
+    job argument is made printable; an empty one is no id."""
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        ident = identity.from_env({"FLOWTOP_JOB": "exp\t1", "TORCHELASTIC_RUN_ID": "abc"})
+    assert ident.job == "abc"
+    assert "FLOWTOP_JOB" in err.getvalue() and "control characters" in err.getvalue()
+    assert identity.from_env({}, job="exp\x1b[31m1").job == "exp?[31m1"
+    solo = identity.from_env({}, job=" ")
+    assert solo.job == f"{solo.host}:{solo.pid}"
+    for job in ("exp\t1", "", "x" * 257):
+        assert wire.job_id_problem(job)
+    assert wire.job_id_problem("exp-1 (bf16)") == ""
 
 
 def test_identity_from_slurm_and_mpi() -> None:

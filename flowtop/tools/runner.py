@@ -72,6 +72,10 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
         print("flowtop run: --connect was given an empty address (expected tcp://HOST:PORT); "
               f"leave it out for {settings.ADDR.name} or the default", file=sys.stderr)
         return 2
+    bad_job = wire.job_id_problem(job) if job is not None else ""
+    if bad_job:  # every frame of it would be refused: the whole training invisible
+        print(f"flowtop run: --job {job!r} {bad_job}", file=sys.stderr)
+        return 2
     upstream = connect or settings.ADDR.read()
     keys = curve_dir or settings.CURVE_DIR.read()
     why = bad_upstream(upstream, "--connect" if connect else settings.ADDR.name) or bad_keys(keys)

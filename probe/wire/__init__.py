@@ -30,6 +30,7 @@ import msgpack
 from probe.wire import steps as _steps
 from probe.wire.checks import (
     PARALLEL_ROLES, Check, I64, _coords, _counts, _flat_map, _int, _int_list, _int_lists, _name, _num,
+    job_id_problem,
     _num_map, _opt, _str, _str_list,
 )
 from probe.wire.control import CONTROL_COMMANDS as CONTROL_COMMANDS
@@ -55,7 +56,8 @@ __all__ = [
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",
     "RankKey", "StepColumns", "WireError",
-    "BYE_ERROR_PREFIX", "PEEK_BYTES", "decode", "decode_control", "encode", "encode_control", "encode_steps",
+    "BYE_ERROR_PREFIX", "PEEK_BYTES", "decode", "job_id_problem", "decode_control", "encode", "encode_control",
+    "encode_steps",
     "envelope",
     "is_runtime_call", "records",
     "step_columns",

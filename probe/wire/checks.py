@@ -122,3 +122,15 @@ def _name(max_len: int) -> Check:
     """An identifier printed everywhere (job, host): no control characters at all."""
     return lambda v: isinstance(v, str) and len(v) <= max_len and v.isprintable()
 
+
+def job_id_problem(job: str) -> str:
+    """Why ``job`` cannot name a job ("" when it can): the wire refuses ids with control
+    characters (a job id is printed everywhere) and longer than 256; an empty one names nothing."""
+    if not job.strip():
+        return "is empty"
+    if not job.isprintable():
+        return "has control characters (a tab, an escape): a job id is printed everywhere"
+    if len(job) > 256:
+        return "is longer than 256 characters"
+    return ""
+
