@@ -222,26 +222,44 @@ async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path) -> N
 def test_a_corrupt_frame_in_a_replay_is_said_with_its_reason(tmp_path: Path) -> None:
     """A record whose frame is garbage (its container intact) was only counted in the header's
     ``rej`` (a new user's trial): the replay now says what was refused and why, at once; further
-    refusals within REJECT_NOTICE_S are counted into the next notice, not said one by one."""
+    refusals within REJECT_NOTICE_S are counted into the next notice, at the next refusal or at
+    a tick once that long has passed (a flood that stops is still said)."""
     from flowtop.monitor.model import REJECT_NOTICE_S
 
     path = tmp_path / "x.rec"
     rec = Recorder(path)
     rec.write(10.0, _frame(0, 1))
     rec.write(11.0, b"\x93garbage, not a frame")
-    rec.write(12.0, b"\x00")  # 1 s later: counted, not said
+    rec.write(12.0, b"\x00")  # 1 s later: counted, not said yet
     rec.write(12.5, _frame(1, 2))
-    rec.write(12.0 + REJECT_NOTICE_S, b"\xc1")  # a minute on: said, with the one in between
-    rec.write(13.0 + REJECT_NOTICE_S, _frame(2, 3))
+    rec.write(12.0 + REJECT_NOTICE_S, _frame(2, 3))  # the tick a minute on says the one unsaid
+    rec.write(20.0 + 2 * REJECT_NOTICE_S, b"\xc1")  # long after: said at once
     rec.close()
     model = make_model()
     snap = replay_all(path, model)
     assert snap.rejected == 3 and snap.jobs[0].ranks[0].step == 3  # the good frames around them stand
-    said = [n for n in model.notices.history if "refused what a peer sent" in n.text]
-    assert [n.at for n in said] == [1.0, 2.0 + REJECT_NOTICE_S]
-    first, second = (n.text for n in said)
-    reasons = list(snap.rejected_reasons)
-    assert first.startswith(f"refused what a peer sent: {reasons[0]} (1 refused in all; ")
-    assert second.startswith("refused what a peer sent: ")
-    assert "(3 refused in all, 1 more since the last notice;" in second
+    said = [n for n in model.notices.history if n.text.startswith("refused ")]
+    assert [n.at for n in said] == [1.0, 1.0 + REJECT_NOTICE_S, 10.0 + 2 * REJECT_NOTICE_S]
+    first, second, third = (n.text for n in said)
+    assert first.startswith("refused a frame: ") and "(1 refused in all; `rej` in the header" in first
+    assert second.startswith("refused a frame: ") and "(2 refused in all;" in second
+    assert third.startswith("refused a frame: ") and "(3 refused in all;" in third
     assert all(n.severity == "warning" for n in said)
+
+
+def test_refusals_are_bucketed_by_kind_not_by_byte() -> None:
+    """2,000 random frames made a bucket per byte value and position ("can't decode byte 0x9e
+    in position 0") until the 100 buckets were full, and a later wrong-key or future-version
+    refusal was counted but never named (a hostile-input trial)."""
+    from flowtop.monitor.model import MAX_REASONS, OTHER_REASONS
+
+    model = make_model()
+    for b in range(256):
+        model.reject(f"UnicodeDecodeError: 'utf-8' codec can't decode byte 0x{b:02x} in position {b % 7}: invalid")
+    model.reject("unsupported major version 9")
+    assert dict(model.rejected_reasons) == {
+        "UnicodeDecodeError: 'utf-#' codec can't decode byte # in position #: invalid": 256,
+        "unsupported major version #": 1}
+    for k in range(MAX_REASONS + 5):
+        model.reject(f"kind {chr(65 + k % 26)}{chr(65 + k // 26)}")
+    assert model.rejected_reasons[OTHER_REASONS] == 7 and len(model.rejected_reasons) == MAX_REASONS + 1

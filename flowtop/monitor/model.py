@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import re
 
 from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
@@ -66,6 +67,10 @@ REFUSAL_NOTICE_S = 30.0
 #: Seconds of monitor time between two notices of refused frames: the first refusal is said at
 #: once with its reason, later ones at most this often (a hostile flood is counted, not shown).
 REJECT_NOTICE_S = 60.0
+#: Kinds of refusal counted by name; past them, in one bucket (OTHER_REASONS).
+MAX_REASONS = 100
+OTHER_REASONS = "other reasons (past 100 kinds)"
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # a byte's value, its position: not the kind of refusal
 
 
 class Model(ModelTicks):
@@ -90,6 +95,7 @@ class Model(ModelTicks):
         self.rejected_reasons: collections.Counter[str] = collections.Counter()
         self._rejects_said = 0  # self.rejected when the last refusal notice was raised
         self._rejects_said_at: float | None = None  # and when (monitor time)
+        self._last_reject = ""  # the latest refusal's reason
         self.peak_override_flops = peak_override_flops
         #: How kernel windows become tables (flowtop.monitor.rankkernels); None: they are ignored.
         self.kernels = kernels
@@ -160,24 +166,36 @@ class Model(ModelTicks):
         return key in self.ranks
 
     def reject(self, reason: str) -> None:
-        """Count a frame that failed validation (reasons are bucketed by prefix)."""
+        """Count a frame that failed validation (reasons are bucketed by kind: their numbers,
+        a byte's value or position, are left out, so garbage cannot fill the buckets with one
+        kind and leave a later kind of refusal, a wrong key, unnamed)."""
         self.rejected += 1
-        bucket = reason[:100]
-        if len(self.rejected_reasons) < 100 or bucket in self.rejected_reasons:
+        bucket = _NUMBERS.sub("#", reason)[:100]
+        if len(self.rejected_reasons) < MAX_REASONS or bucket in self.rejected_reasons:
             self.rejected_reasons[bucket] += 1
+        else:
+            self.rejected_reasons[OTHER_REASONS] += 1
+        self._last_reject = reason
         said_at = self._rejects_said_at
         if said_at is None or self._now - said_at >= REJECT_NOTICE_S:
-            self._say_rejects(reason)
+            self._say_rejects()
 
-    def _say_rejects(self, reason: str) -> None:
-        """Say a refusal and its reason: counted alone, a corrupt recording or a peer with the
-        wrong keys read only as a growing ``rej`` in the header (a new user's trial)."""
+    def _say_rejects(self) -> None:
+        """Say the refusals since the last notice and the latest one's reason: counted alone, a
+        corrupt recording or a peer with the wrong keys read only as a growing ``rej`` in the
+        header (a new user's trial). At a refusal, or at a tick for those a flood left unsaid."""
         since = self.rejected - self._rejects_said
-        more = f", {since - 1} more since the last notice" if since > 1 and self._rejects_said_at is not None else ""
-        self.notices.warning(f"refused what a peer sent: {reason} ({self.rejected:,} refused in all{more}; "
-                             "`rej` in the header counts them, `flowtop snapshot --json` lists the reasons)",
-                             self._now)
+        what = (f"{since:,} frames since the last notice, the last one" if self._rejects_said_at is not None
+                and since > 1 else "a frame")
+        self.notices.warning(f"refused {what}: {self._last_reject} ({self.rejected:,} refused in all; `rej` in the "
+                             "header counts them, `flowtop snapshot --json` lists the reasons)", self._now)
         self._rejects_said, self._rejects_said_at = self.rejected, self._now
+
+    def _say_unsaid_rejects(self) -> None:
+        """At a tick: refusals left unsaid (the flood stopped within REJECT_NOTICE_S of a notice)."""
+        said_at = self._rejects_said_at
+        if self.rejected > self._rejects_said and said_at is not None and self._now - said_at >= REJECT_NOTICE_S:
+            self._say_rejects()
 
     def ingest(self, msg: Message, now: float, via: str | None = None) -> None:
         """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""

@@ -55,12 +55,16 @@ class ModelTicks(ModelViews):
     notices: Notices
     _now: float
 
+    def _say_unsaid_rejects(self) -> None:  # Model's: the refusals a flood left unsaid
+        raise NotImplementedError
+
     def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
         """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate
         every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
         return the snapshot of that instant. Called at a fixed cadence (flowtop.monitor.ticker)."""
         self._now = max(self._now, now)
         self.ticks += 1
+        self._say_unsaid_rejects()
         self._evict(now)
         by_job = self._view(None, now, remember=True)
         jobs = []
