@@ -241,7 +241,8 @@ def test_a_corrupt_frame_in_a_replay_is_said_with_its_reason(tmp_path: Path) -> 
     said = [n for n in model.notices.history if n.text.startswith("refused ")]
     assert [n.at for n in said] == [1.0, 1.0 + REJECT_NOTICE_S, 10.0 + 2 * REJECT_NOTICE_S]
     first, second, third = (n.text for n in said)
-    assert first.startswith("refused a frame: ") and "(1 refused in all; `rej` in the header" in first
+    assert first.startswith("refused a frame: record 2 (1.0 s): ") and "(1 refused in all; `rej` in the header" in first
+    assert third.startswith("refused a frame: record 6 (130.0 s): ")  # where in the file
     assert second.startswith("refused a frame: ") and "(2 refused in all;" in second
     assert third.startswith("refused a frame: ") and "(3 refused in all;" in third
     assert all(n.severity == "warning" for n in said)

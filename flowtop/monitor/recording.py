@@ -184,23 +184,28 @@ class Feeder:
         self.model = model
         self._now = 0.0
         self._budget = KernelBudget(model.limits, lambda: self._now, lambda: model.spread)
+        self.records = 0  # fed so far: the record number a refusal names
 
     def __call__(self, frame: bytes, now: float) -> None:
         self._now = now
+        self.records += 1
         spread = spread_of(frame)
         if spread is not None:  # applied as the live collector applied it, at that instant
             self.model.set_spread(spread)
             self._budget.respread(now)
             return
-        feed(self.model, frame, now, self._budget)
+        # A frame that does not decode is said with its place: a damaged file's, or a peer's
+        # that the live monitor refused too (its bucket leaves the numbers out).
+        feed(self.model, frame, now, self._budget, where=f"record {self.records} ({now:.1f} s): ")
 
 
-def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None) -> None:
-    """Decode one frame into ``model`` the way the collector does."""
+def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None, where: str = "") -> None:
+    """Decode one frame into ``model`` the way the collector does (``where``: its place, said
+    before the reason of a refusal)."""
     try:
         msg = decode_frame(frame, model.builds_kernels, model.knows, admit)
     except wire.WireError as exc:
-        model.reject(str(exc))
+        model.reject(f"{where}{exc}")
         return
     try:
         model.ingest(msg, now)
