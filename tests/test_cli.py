@@ -136,6 +136,9 @@ def test_run_refuses_an_empty_connect_and_names_a_host_that_does_not_resolve(mon
     empty = _flowtop("run", "--connect", "", "--", sys.executable, "-c", "print('ran')")
     assert empty.returncode == 2 and "ran" not in empty.stdout
     assert "--connect was given an empty address" in empty.stderr
+    nodir = _flowtop("run", "--connect", "ipc:///nonexistent/dir/sock", "--", sys.executable, "-c", "print('ran')")
+    assert nodir.returncode == 2 and "ran" not in nodir.stdout  # no relay can listen there (a trial)
+    assert "its directory /nonexistent/dir does not exist" in nodir.stderr
     tab = _flowtop("run", "--job", "exp\t1", "--", sys.executable, "-c", "print('ran')")
     assert tab.returncode == 2 and "ran" not in tab.stdout  # its frames would all be refused
     assert "--job 'exp\\t1' has control characters" in tab.stderr
@@ -271,7 +274,11 @@ def test_snapshot_port_in_use_is_a_clear_error() -> None:
         s.listen()
         out = _flowtop("snapshot", "--listen", f"tcp://127.0.0.1:{port}", "--timeout", "0.3")
     assert out.returncode == 2
-    assert "cannot bind" in out.stderr
+    assert "cannot bind" in out.stderr and "(is another flowtop running?)" in out.stderr
+    # an address no interface here has (TEST-NET-1) is not blamed on another flowtop (a trial)
+    out = _flowtop("snapshot", "--listen", f"tcp://192.0.2.1:{port}", "--insecure-bind", "--timeout", "0.3")
+    assert out.returncode == 2 and "cannot bind" in out.stderr
+    assert "another flowtop" not in out.stderr and "no network interface of this host has that address" in out.stderr
 
 
 def test_ci_runs_the_readme_test_command() -> None:

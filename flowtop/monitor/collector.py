@@ -20,6 +20,7 @@ flowtop.monitor.collector_net, whose names stay importable from here.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -171,7 +172,7 @@ class Collector(CollectorSockets):
         try:
             sub.bind(self.listen)
         except zmq.ZMQError as exc:
-            self.start_error = f"cannot bind {self.listen}: {exc} (is another flowtop running?)"
+            self.start_error = f"cannot bind {self.listen}: {exc}{_bind_hint(exc.errno)}"
             await self.stop()
             raise AddressError(self.start_error) from None
         t0 = self.clock.now()
@@ -395,3 +396,13 @@ class Collector(CollectorSockets):
             self._close_sockets()
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _bind_hint(errno_: int) -> str:
+    """What a failed bind most likely means, by its errno (the hint had blamed another flowtop
+    for an address no interface of this host has; a hostile-input trial)."""
+    if errno_ == errno.EADDRINUSE:
+        return " (is another flowtop running?)"
+    if errno_ == errno.EADDRNOTAVAIL:
+        return " (no network interface of this host has that address: listen on one of its own, or 0.0.0.0)"
+    return ""

@@ -56,6 +56,11 @@ def load_server(directory: str | Path) -> ServerKeys:
     import zmq.auth
 
     d = Path(directory)
+    if not d.is_dir():  # zmq's own words were "Invalid certificate file" (a hostile-input trial)
+        raise KeyError_(f"no key directory {d} (create keys with: flowtop keys {d})")
+    if not (d / "server.key_secret").is_file():
+        raise KeyError_(f"{d} holds no server.key_secret: not a monitor's key directory (create keys with: "
+                        f"flowtop keys {d})")
     try:
         public, secret = zmq.auth.load_certificate(str(d / "server.key_secret"))
     except (OSError, ValueError) as exc:
