@@ -203,3 +203,18 @@ def test_zen4_peak_figures_and_label() -> None:
     # An Intel AVX-512 part keeps the full width whatever its family number.
     intel = X86_AVX512.replace("model name", "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel name")
     assert cpu_peak("fp32", cpuinfo=intel, cores=8, mhz=2000.0).flops == 8 * 2.0e9 * 64
+
+
+def test_ranks_sharing_fewer_cores_share_their_peak() -> None:
+    """4 unpinned ranks on a 2-core host each claimed a whole core (the share was floored at 1):
+    the job's peak was twice the machine's and its MFU half the truth (a new user's trial). A
+    rank's share may be a fraction of a core; a pinned rank owns its CPU set; threads cap it."""
+    from probe.flops.accounting import cpu_cores_of_rank
+
+    assert cpu_cores_of_rank(4, host=2, allowed=2, threads=1) == 0.5
+    assert cpu_cores_of_rank(2, host=2, allowed=2, threads=1) == 1.0
+    assert cpu_cores_of_rank(4, host=16, allowed=2, threads=4) == 2.0  # pinned to 2 CPUs
+    assert cpu_cores_of_rank(2, host=16, allowed=16, threads=4) == 4.0  # its threads, under its share of 8
+    half = cpu_peak("fp32", cpuinfo=X86_AVX2, cores=0.5, mhz=2000.0)
+    assert half.flops == 0.5 * cpu_peak("fp32", cpuinfo=X86_AVX2, cores=1, mhz=2000.0).flops
+    assert half.source.startswith("estimated: 0.5 cores × 2.00 GHz")

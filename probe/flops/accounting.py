@@ -33,19 +33,24 @@ def unwrap(module: Any) -> Any:
     return module
 
 
-def cpu_cores_of_rank(local_ranks: int) -> int:
+def cpu_cores_of_rank(local_ranks: int, host: int | None = None, allowed: int | None = None,
+                      threads: int | None = None) -> float:
     """Cores a CPU rank computes on: its torch threads, at most its share of the cores it may run
     on. Ranks sharing a host must not each claim all of it: a rank pinned to a CPU set (taskset,
-    numactl, Slurm's binding) owns that set; an unpinned one owns 1/``local_ranks`` of the host."""
+    numactl, Slurm's binding) owns that set; an unpinned one owns 1/``local_ranks`` of the host —
+    a fraction of a core when there are more ranks than cores (4 ranks on 2 cores each claimed a
+    whole one: the job's peak was twice the machine's; a new user's trial). The host's figures
+    can be injected (tests)."""
     import os
 
-    host = os.cpu_count() or 1
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = host
-    share = allowed if allowed < host else max(1, host // max(1, local_ranks))
-    return max(1, min(share, torch.get_num_threads()))
+    host = host or os.cpu_count() or 1
+    if allowed is None:
+        try:
+            allowed = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            allowed = host
+    share = float(allowed) if allowed < host else host / max(1, local_ranks)
+    return min(share, float(threads if threads is not None else torch.get_num_threads()))
 
 
 def seq_len_of(signature: tuple[Any, ...]) -> int | None:

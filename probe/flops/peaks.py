@@ -294,7 +294,7 @@ def _flops_per_cycle(flags: set[str], dtype: str, cpuinfo: str = "") -> tuple[in
 
 
 def cpu_peak(
-    dtype: str = "fp32", *, cpuinfo: str | None = None, cores: int | None = None, mhz: float | None = None
+    dtype: str = "fp32", *, cpuinfo: str | None = None, cores: float | None = None, mhz: float | None = None
 ) -> Peak:
     """Estimated CPU peak: cores × clock × FLOPs/cycle for the ISA found in /proc/cpuinfo.
 
@@ -311,7 +311,7 @@ def cpu_peak(
         clock, clock_note = 2000.0, " (clock unknown: 2.0 GHz assumed)"
     per_cycle, isa = _flops_per_cycle(_cpu_flags(info), want, info)
     flops = n_cores * clock * 1e6 * per_cycle
-    source = (f"estimated: {n_cores} core{'' if n_cores == 1 else 's'} × {clock / 1000:.2f} GHz{clock_note} × "
+    source = (f"estimated: {n_cores:.3g} core{'' if n_cores == 1 else 's'} × {clock / 1000:.2f} GHz{clock_note} × "
               f"{per_cycle} FLOPs/cycle ({isa})")
     return Peak(flops, source, want)
 

@@ -81,7 +81,7 @@ def scaled_to(by_dtype: Mapping[str, int], total: int) -> dict[str, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _cpu_peak(label: str, cores: int) -> peaks.Peak:
+def _cpu_peak(label: str, cores: float) -> peaks.Peak:
     """The CPU estimate (reads /proc/cpuinfo and psutil: kept off every counted step after the first)."""
     return peaks.cpu_peak(label, cores=cores)
 
@@ -92,7 +92,7 @@ def message_fields(
     *,
     on_cpu: bool,
     device_name: str,
-    cpu_cores: int,
+    cpu_cores: float,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """``flops_by_dtype`` ({label: [model, executed]}) and ``peak_by_dtype`` ({label: FLOP/s}).
