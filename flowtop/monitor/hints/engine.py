@@ -315,6 +315,9 @@ class HintEngine:
         ev: dict[str, Any] = dict(m.evidence)
         ev[rule.measure] = m.value
         ev[f"threshold_{rule.unit}"] = rule.threshold
+        # A shown hint holds until its measure passes back the clear value (hysteresis): a figure
+        # between the two (an ended straggler "6 % slower" of threshold 10) says why it still shows.
+        ev[f"clear_{rule.unit}"] = rule.clear
         if rule.window_steps:
             ev.setdefault("window_steps", steps)
         if rule.window_s:
