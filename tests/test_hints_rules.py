@@ -84,8 +84,12 @@ def test_quiet_below_threshold(case: Case) -> None:
 def test_hysteresis(case: Case) -> None:
     engine = case.engine()
     assert at(case, case.above, 0.0, engine) is not None
-    if case.mid is not None:  # between clear and threshold: stays
-        assert at(case, case.mid, 100.0, engine) is not None
+    if case.mid is not None:  # between clear and threshold: stays, and its evidence says until when
+        held = at(case, case.mid, 100.0, engine)
+        assert held is not None
+        rule = RULES_BY_ID[case.rule]
+        assert held.evidence[f"clear_{rule.unit}"] == rule.clear
+        assert held.evidence[f"threshold_{rule.unit}"] == rule.threshold
     assert at(case, case.low, 200.0, engine) is None  # past the clear value: gone
     if case.mid is not None:  # and it does not come back between clear and threshold
         assert at(case, case.mid, 300.0, engine) is None
