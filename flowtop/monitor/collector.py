@@ -398,7 +398,7 @@ class Collector(CollectorSockets):
             self.recorder.close()
 
 
-def _bind_hint(errno_: int) -> str:
+def _bind_hint(errno_: int | None) -> str:
     """What a failed bind most likely means, by its errno (the hint had blamed another flowtop
     for an address no interface of this host has; a hostile-input trial)."""
     if errno_ == errno.EADDRINUSE:
