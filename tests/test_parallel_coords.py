@@ -6,6 +6,7 @@ CP 2, DDP, FSDP2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from pathlib import Path
@@ -89,6 +90,26 @@ def test_coordinates_from_meshes(four_ranks: list[dict[str, Any]], scenario: str
         assert got["complete"] and got["coords"] == expect(r), got["source"]
         if scenario != "expert":
             assert got["meshes_found"] == 1  # held three levels down; a flattened view is the same root
+
+
+def test_an_expert_mesh_over_the_whole_world_makes_the_global_rank_its_data_index() -> None:
+    """The simplest expert parallelism, a 1-D ``ep`` mesh over every rank, read "dp … (rank not
+    known)" and its expert load pooled "(the ranks' ep coordinates fit no expert-parallel
+    grouping)" (a new user's trial). With no tp, pp or cp every rank is a replica of its own,
+    so its global rank is its data index: one ep group, as the module doc's rule gives."""
+    from flowtop.monitor.parallelism import ep_groups
+    from probe.steps.parallel import Dim, Found, coordinates
+    from test_hints_factories import rank
+
+    coords = [coordinates(None, Found(), r, 2, groups=[Dim("ep", r, 2)]) for r in range(2)]
+    assert [c.roles for c in coords] == [{"dp": (0, 2), "ep": (0, 2)}, {"dp": (1, 2), "ep": (1, 2)}]
+    assert all(c.complete and c.source.endswith("dp = world 2 / (tp·pp·cp) = 2, the global rank") for c in coords)
+    ranks = [dataclasses.replace(rank(r), coords=c.roles) for r, c in enumerate(coords)]
+    found = ep_groups(ranks)
+    assert found is not None and [[r.rank for r in g] for g in found[0]] == [[0, 1]]
+    # with tp the data index is not the global rank: still unknown
+    tp = coordinates(None, Found(), 1, 4, groups=[Dim("tp", 1, 2)])
+    assert "dp" not in tp.roles and "(rank not known)" in tp.source
 
 
 def test_a_dim_of_unknown_role_makes_the_layout_unknown(four_ranks: list[dict[str, Any]]) -> None:

@@ -405,6 +405,9 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int, groups: li
         dp = world_size // degree
         if dp == 1:
             roles["dp"] = (0, 1)
-        notes.append(f"dp = world {world_size} / (tp·pp·cp) = {dp}" + ("" if dp == 1 else " (rank not known)"))
+        elif degree == 1:  # every rank a replica of its own (an ep mesh over the world): its rank is its index
+            roles["dp"] = (rank, dp)
+        notes.append(f"dp = world {world_size} / (tp·pp·cp) = {dp}" + (
+            "" if dp == 1 else ", the global rank" if degree == 1 else " (rank not known)"))
     ordered = {r: roles[r] for r in ROLES if r in roles and (r == "dp" or roles[r][1] > 1)}
     return Coordinates(ordered, "; ".join(notes), True, tuple(stages))
