@@ -165,17 +165,19 @@ class Model(ModelTicks):
         """Whether the model holds the rank ``key``."""
         return key in self.ranks
 
-    def reject(self, reason: str) -> None:
+    def reject(self, reason: str, where: str = "") -> None:
         """Count a frame that failed validation (reasons are bucketed by kind: their numbers,
         a byte's value or position, are left out, so garbage cannot fill the buckets with one
-        kind and leave a later kind of refusal, a wrong key, unnamed)."""
+        kind and leave a later kind of refusal, a wrong key, unnamed). ``where``: its place (a
+        recording's record), said in the notice and kept out of the bucket (a replay's buckets
+        are the live monitor's)."""
         self.rejected += 1
         bucket = _NUMBERS.sub("#", reason)[:100]
         if len(self.rejected_reasons) < MAX_REASONS or bucket in self.rejected_reasons:
             self.rejected_reasons[bucket] += 1
         else:
             self.rejected_reasons[OTHER_REASONS] += 1
-        self._last_reject = reason
+        self._last_reject = where + reason
         said_at = self._rejects_said_at
         if said_at is None or self._now - said_at >= REJECT_NOTICE_S:
             self._say_rejects()

@@ -195,7 +195,7 @@ class Feeder:
             self._budget.respread(now)
             return
         # A frame that does not decode is said with its place: a damaged file's, or a peer's
-        # that the live monitor refused too (its bucket leaves the numbers out).
+        # that the live monitor refused too (its bucket is the live one's).
         feed(self.model, frame, now, self._budget, where=f"record {self.records} ({now:.1f} s): ")
 
 
@@ -205,7 +205,7 @@ def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None
     try:
         msg = decode_frame(frame, model.builds_kernels, model.knows, admit)
     except wire.WireError as exc:
-        model.reject(f"{where}{exc}")
+        model.reject(str(exc), where)
         return
     try:
         model.ingest(msg, now)
