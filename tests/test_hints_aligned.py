@@ -85,6 +85,32 @@ def test_pace_from_frame_ends_is_exact_for_batched_ranks_and_still_sees_a_slow_o
     assert abs(pace[4] / 0.01 - 1.3) < 0.02 and all(abs(p - 0.01) < 1e-4 for r, p in pace.items() if r != 4)
 
 
+def test_no_pace_over_a_span_shorter_than_a_second() -> None:
+    """Two ranks in lockstep whose frames end at different steps of a short run (0.3 s of 15 ms
+    steps, the last frame flushed by both at exit): their paces read 29 % apart, a straggler
+    hint on a 2-rank expert-parallel job whose step times were equal (a new user's trial). A
+    frame's end is off by up to a step each side: a pace needs PACE_MIN_SPAN_S of receive time."""
+    from types import SimpleNamespace as NS
+
+    from flowtop.monitor.hints.measures_time import PACE_MIN_SPAN_S, _by_reach
+
+    def rank(r: int, ends: list[int], n: int, step_s: float) -> NS:
+        reached, start = [], 1
+        for e in ends:  # every step of a frame carries the frame's receive time: its last step's
+            reached += [(s, e * step_s) for s in range(start, e + 1)]
+            start = e + 1
+        return NS(rank=r, history=NS(reached=tuple(reached[-n:])))
+
+    short = [rank(0, [7, 9, 29, 31, 40], 40, 0.015), rank(1, [5, 12, 31, 34, 40], 40, 0.015)]
+    short[0].history.reached = tuple((s, t + (0.02 if s > 31 else 0.0)) for s, t in short[0].history.reached)
+    assert _by_reach(short, 5, 256)[0] == {}  # 0.4 s: no pace figure at all
+    ends = list(range(7, 301, 7)) + [300]
+    long = [rank(0, ends, 300, 0.015), rank(1, [e + 3 for e in ends[:-2]] + [300], 300, 0.015)]
+    pace, span, _ = _by_reach(long, 20, 256)
+    assert set(pace) == {0, 1} and all(abs(p - 0.015) < 1e-3 for p in pace.values())
+    assert 0.015 * span >= PACE_MIN_SPAN_S
+
+
 class _Counted(tuple):
     """A rank's values that count how many of them were read (by index, slice or iteration)."""
 
