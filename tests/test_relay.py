@@ -529,6 +529,38 @@ def test_a_stamp_far_ahead_of_its_relays_clock_is_refused() -> None:
     assert relays.lag_of("n:1:0") == 0.0
 
 
+def test_a_relay_is_taken_again_after_the_monitor_paused() -> None:
+    """The monitor's clock leaves out its own pauses (SIGSTOP, a suspended laptop), its relays'
+    clocks do not: after a 300 s pause every batch read 300 s ahead and was refused for good —
+    the relay silent, its ranks stale (a review). Batches that agree on the new mapping are
+    taken from the CLOCK_JUMP_BATCHES-th on; a lone forged stamp among them still is not."""
+    from flowtop.monitor.clock import MonitorClock
+    from flowtop.monitor.relays import CLOCK_JUMP_BATCHES, Relays
+
+    raw, rel = [1000.0], [50.0]
+    clock = MonitorClock(raw=lambda: raw[0])
+    relays = Relays()
+
+    def batch(clock_at: float | None = None) -> bool:
+        try:
+            relays.unstamp([encode_stamp("n:1:0", rel[0] if clock_at is None else clock_at, [0]), b""],
+                           clock.now() + 0.01)
+            return True
+        except WireError:
+            return False
+        finally:
+            raw[0] += 1
+            rel[0] += 1
+
+    assert all(batch() for _ in range(5))
+    raw[0] += 300
+    rel[0] += 300  # the monitor paused: its clock does not count the 300 s, the relay's does
+    got = [batch() for _ in range(6)]
+    assert got == [False] * (CLOCK_JUMP_BATCHES - 1) + [True] * (7 - CLOCK_JUMP_BATCHES)
+    assert relays.lag_of("n:1:0") < 0.1
+    assert not batch(1e15) and batch()  # a forged one between: refused, the relay's next taken
+
+
 def test_readme_lists_the_relay_fields_of_the_schema() -> None:
     import re
 

@@ -42,8 +42,12 @@ MAX_RELAYS = 8192
 DRIFT = 1e-4
 #: Seconds a relay's clock may run ahead of its earlier batches' mapping onto the monitor's (a
 #: path that got faster by as much: a backlog drained). A stamp further ahead is refused: one
-#: forged stamp (clock 1e15) had made a live relay read silent, 1e15 s behind, for good.
+#: forged stamp (clock 1e15) had made a live relay read silent, 1e15 s behind, for good — unless
+#: CLOCK_JUMP_BATCHES batches in a row agree on the new mapping within CLOCK_JUMP_AGREE_S: the
+#: monitor's clock leaves out its own pauses (SIGSTOP, a laptop's suspend), the relay's does not.
 MAX_CLOCK_LEAD_S = 120.0
+CLOCK_JUMP_BATCHES = 3
+CLOCK_JUMP_AGREE_S = 5.0
 #: A stamp larger than this is refused (ages of at most a few thousand frames).
 MAX_STAMP_BYTES = 64 * 1024
 STAMP_KIND = "stamp"
@@ -127,6 +131,7 @@ class _Relay:
         self.lag = 0.0
         self.last_t = -math.inf  # latest frame time handed out (monotonic per relay)
         self.batches = 0
+        self.jump: tuple[float, int] | None = None  # a refused mapping (offset) and batches agreeing on it
 
 
 class Relays:
@@ -164,9 +169,11 @@ class Relays:
         stamp = decode_stamp(parts[0], len(parts) - 1)
         rec = self._get(stamp.relay, now)
         observed = (now if taken is None else max(now, taken)) - stamp.clock
-        if rec.offset is not None and observed < rec.offset - MAX_CLOCK_LEAD_S:
+        if rec.offset is not None and observed < rec.offset - MAX_CLOCK_LEAD_S and not self._jumped(rec, observed):
             raise WireError(f"relay stamp: clock {rec.offset - observed:.0f} s ahead of its relay's earlier "
-                            "batches (forged or corrupt)")
+                            "batches (forged or corrupt; a monitor paused that long: its relay's next "
+                            "batches are taken once they agree)")
+        rec.jump = None
         if rec.offset is None:
             rec.offset = observed
         else:
@@ -186,6 +193,21 @@ class Relays:
             rec.last_t = t
             times.append(t)
         return stamp.relay, times
+
+    @staticmethod
+    def _jumped(rec: _Relay, observed: float) -> bool:
+        """Whether ``observed`` (a mapping far from the relay's) is the CLOCK_JUMP_BATCHES-th in a
+        row to agree on a new one: then the relay's clock did run on (the monitor paused), and the
+        relay's mapping starts over from it."""
+        jump = rec.jump
+        if jump is not None and abs(observed - jump[0]) <= CLOCK_JUMP_AGREE_S:
+            jump = rec.jump = (jump[0], jump[1] + 1)
+        else:
+            jump = rec.jump = (observed, 1)
+        if jump[1] < CLOCK_JUMP_BATCHES:
+            return False
+        rec.offset = None  # taken afresh from this batch
+        return True
 
     def report(self, msg: Message, now: float) -> None:
         """A relay's own figures (wire kind ``relay``)."""
