@@ -187,21 +187,34 @@ def test_attention_unfused_quiet_with_fused_attention_or_only_log_softmax() -> N
 
 def test_attention_unfused_counts_batched_matmuls_not_a_routers_linear() -> None:
     """An MoE layer with no attention read "computes attention unfused: 2 softmax kernels per
-    step" (its router: Linear, softmax, top-k; a new user's trial, CPU and expert parallel).
-    Attention's matmuls are batched (bmm); those of a plain mm/addmm/linear are not counted, nor
-    matmul's or einsum's (they dispatch to mm or bmm, listed in rows of their own); a matmul of
-    unknown origin still is."""
-    def window(*gemms: tuple[int, str]) -> JobSnapshot:
-        rows = [(SOFTMAX, 2, 40.0)] + [(GEMM_H, n, 500.0, op) for n, op in gemms]
-        return job(rank(0, kernels=kwin(rows)))
+    step" (its router: Linear, softmax, top-k; a new user's trial, CPU windows, whose rows are
+    operators): a row that is a plain mm/addmm/linear operator no longer counts, nor matmul's or
+    einsum's (they dispatch to mm or bmm, rows of their own). A GPU kernel row counts whatever
+    its op: one cuBLAS kernel serves addmm and bmm, and the row names only the op with the most
+    time — attention's bmm calls on a Linear's kernel, through the real aggregate (a review)."""
+    from flowtop.monitor.kernels.aggregate import aggregate
+    from flowtop.monitor.kernels.trace import KernelEvent, KernelWindow
 
-    router = window((30, "aten::mm"), (10, "aten::linear"), (10, "aten::matmul"), (4, "aten::addmm"))
+    def cpu(*ops: tuple[int, str]) -> JobSnapshot:
+        rows = [("aten::_softmax", 2, 40.0, "aten::_softmax")] + [(op, n, 500.0, op) for n, op in ops]
+        return job(rank(0, device="cpu", kernels=kwin(rows, device="cpu")))
+
+    router = cpu((30, "aten::mm"), (10, "aten::linear"), (10, "aten::matmul"), (4, "aten::addmm"))
     assert find(settle(HintEngine(), router, 0.0), "attention_unfused") is None
-    by_hand = window((30, "aten::mm"), (8, "aten::bmm"), (8, "aten::matmul"))  # q@kᵀ, p@v: bmm
+    by_hand = cpu((30, "aten::mm"), (8, "aten::bmm"), (8, "aten::matmul"))  # q@kᵀ, p@v: bmm
     hint = find(settle(HintEngine(), by_hand, 0.0), "attention_unfused")
     assert hint is not None and hint.evidence["gemm_calls_per_step"] == 8.0
-    unlinked = window((8, ""))  # kernels not linked to an operator: counted, as before
-    assert find(settle(HintEngine(), unlinked, 0.0), "attention_unfused") is not None
+    # GPU: 4 layers of 4 Linear GEMMs (addmm, 400 µs) and 2 bmm (100 µs) on one kernel name
+    names = (GEMM_H, SOFTMAX, "aten::addmm", "aten::bmm", "aten::_softmax")
+    events, t = [], 0.0
+    for _ in range(4):
+        for kernel, dur, op in [(0, 400.0, 2)] * 4 + [(0, 100.0, 3), (1, 20.0, 4), (0, 100.0, 3)]:
+            events.append(KernelEvent(kernel, 0, t, dur, 7, op, -1))
+            t += dur
+    window = aggregate(KernelWindow(names, tuple(events), t, "cuda", 100, 1))
+    assert [(k.calls, k.op) for k in window.kernels if k.name == GEMM_H] == [(24, "aten::addmm")]
+    hint = find(settle(HintEngine(), job(rank(0, kernels=window)), 0.0), "attention_unfused")
+    assert hint is not None and hint.evidence["gemm_calls_per_step"] == 24.0
 
 
 def test_optimizer_unfused_quiet_when_fused_kernel_ran() -> None:

@@ -141,10 +141,13 @@ def _scan_attention(rule: Rule, f: KernelFacts) -> tuple[int, int, int, float]:
     p = rule.params
     soft = [k for k in f.rows if _has(k.low, p["softmax_patterns"])
             and not _has(k.low, p["exclude_patterns"]) and not _has(k.low, p["backward_patterns"])]
-    # Attention's matmuls are batched (scores, weighted sum); a matmul known to be a plain one (a
-    # Linear: an MoE router's before its softmax) is not counted, one of unknown origin is.
+    # Attention's matmuls are batched (scores, weighted sum): a row that is itself a plain
+    # matmul operator (a CPU window's aten::addmm of a Linear: an MoE router's before its
+    # softmax) is not counted. A GPU kernel's row is not an operator: one cuBLAS kernel name
+    # serves mm, addmm and bmm alike and the row names only the op with the most time, so all
+    # its calls count (else attention's bmm calls on a Linear's kernel went uncounted; a review).
     plain = p["unbatched_ops"]
-    gemm = sum(k.calls for k in f.rows if k.category == "gemm" and (k.op or k.name) not in plain)
+    gemm = sum(k.calls for k in f.rows if k.category == "gemm" and k.name not in plain)
     return (sum(k.calls for k in soft), gemm,
             sum(k.calls for k in f.rows if k.category == "attention"), sum(k.total_us for k in soft))
 

@@ -130,16 +130,16 @@ KERNEL_RULES: tuple[Rule, ...] = (
             # The loss's log-softmax is not attention; backward kernels pair with a forward one.
             "exclude_patterns": ("logsoftmax", "log_softmax"),
             "backward_patterns": ("backward", "bwd", "grad"),
-            # Matmuls of these operators are not counted: plain ones are not attention's (its
-            # are batched: bmm, baddbmm) — a Linear, e.g. an MoE router's, whose softmax read as
-            # unfused attention in a model with none (a new user's trial) — and matmul/einsum
-            # only dispatch to mm or bmm, whose own rows a window lists.
+            # Rows of these operators (a CPU window's rows are operators) are not counted: plain
+            # matmuls are not attention's (its are batched: bmm, baddbmm) — a Linear, e.g. an MoE
+            # router's, whose softmax read as unfused attention in a model with none (a new
+            # user's trial) — and matmul/einsum only dispatch to mm or bmm, rows of their own.
             "unbatched_ops": ("aten::mm", "aten::addmm", "aten::linear", "aten::_addmm_activation",
                               "aten::mv", "aten::addmv", "aten::_scaled_mm", "aten::matmul", "aten::einsum"),
         },
         doc="forward softmax kernels per step (log-softmax excluded) while no kernel of category "
-        "attention ran; gate: at least 2 matmul kernels per softmax, not counting matmuls launched "
-        "by a plain mm/addmm/linear (an MoE router's softmax is not attention)",
+        "attention ran; gate: at least 2 matmul kernels per softmax, not counting a CPU window's "
+        "plain mm/addmm/linear operators (an MoE router's softmax is not attention)",
     ),
     Rule(
         id="optimizer_unfused",
