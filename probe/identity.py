@@ -116,6 +116,8 @@ def from_env(
         e, ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"), 0
     )
     run_id = e.get("TORCHELASTIC_RUN_ID", "")
+    if job is not None and wire.job_id_problem(job):  # attach(job=...): made printable, or no id at all
+        job = "".join(c if c.isprintable() else "?" for c in job).strip()[:256] or None
     if job is None:
         job = config.JOB.read(e)
     if job is None and run_id and run_id.lower() != "none":
@@ -130,8 +132,6 @@ def from_env(
         job = f"mpi-{e.get('OMPI_MCA_orte_hnp_uri', host).split(';')[0][:64]}"
     if job is None:
         job = f"{host}:{pid}"
-    if wire.job_id_problem(job):  # an explicit attach(job=...) (FLOWTOP_JOB is checked as it is read)
-        job = "".join(c if c.isprintable() else "?" for c in job).strip()[:256] or f"{host}:{pid}"
     return Identity(
         job=job[:256],
         rank=r,

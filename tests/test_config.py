@@ -88,9 +88,12 @@ def test_a_job_id_with_control_characters_is_not_used() -> None:
     assert identity.from_env({}, job="exp\x1b[31m1").job == "exp?[31m1"
     solo = identity.from_env({}, job=" ")
     assert solo.job == f"{solo.host}:{solo.pid}"
-    for job in ("exp\t1", "", "x" * 257):
+    # an empty one is no id: the launcher's names the job, not every process its own (a review)
+    assert identity.from_env({"TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "WORLD_SIZE": "2"}, job="").job == "abc"
+    for job in ("exp\t1", "", " "):
         assert wire.job_id_problem(job)
-    assert wire.job_id_problem("exp-1 (bf16)") == ""
+    assert wire.job_id_problem("exp-1 (bf16)") == "" and wire.job_id_problem("x" * 300) == ""
+    assert identity.from_env({"FLOWTOP_JOB": "x" * 300}).job == "x" * 256  # cut, as before
 
 
 def test_identity_from_slurm_and_mpi() -> None:

@@ -172,7 +172,7 @@ class Model(ModelTicks):
         recording's record), said in the notice and kept out of the bucket (a replay's buckets
         are the live monitor's)."""
         self.rejected += 1
-        bucket = _NUMBERS.sub("#", reason)[:100]
+        bucket = _NUMBERS.sub("#", reason[:200])[:100]  # an exception's text has no bound
         if len(self.rejected_reasons) < MAX_REASONS or bucket in self.rejected_reasons:
             self.rejected_reasons[bucket] += 1
         else:

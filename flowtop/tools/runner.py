@@ -103,8 +103,10 @@ def bad_upstream(addr: str, source: str) -> str | None:
     from flowtop.monitor.collector import AddressError, parse_tcp
 
     if addr.startswith("ipc://") and len(addr) > len("ipc://"):
-        folder = os.path.dirname(addr[len("ipc://"):]) or "."
-        if not os.path.isdir(folder):  # no relay can listen there: the ranks would wait forever
+        path = addr[len("ipc://"):]
+        folder = os.path.dirname(path) or "."
+        if not path.startswith("@") and not os.path.isdir(folder):  # (@: a Linux abstract socket, no file)
+            # no relay can listen there: the ranks would wait forever
             return (f"bad address {addr!r} ({source}): its directory {folder} does not exist (an ipc:// upstream "
                     "is a node relay's socket, e.g. flowtop relay --listen ipc:///tmp/flowtop-relay.sock)")
         return None
