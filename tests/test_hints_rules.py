@@ -378,6 +378,11 @@ def test_a_later_pipeline_stage_is_neither_input_bound_nor_a_straggler_by_its_le
             dataclasses.replace(rank(3, hist=late), coords={"pp": (1, 2)}, pp_stages=(1,))]
     hints = settle(HintEngine(), job(*four), 0.0)
     assert [(h.target, h.evidence["basis"]) for h in hints if h.id == "straggler"] == [("rank 3", "lead")]
+    # ranks of no known stage in a pipelined job (hellos without coordinates yet) are not
+    # compared by lead: they may be of any stage (a review)
+    unknown = [rank(4, hist=history(100, 0.1, lead_s=0.03)), rank(5, hist=history(100, 0.1, lead_s=0.06))]
+    hints = settle(HintEngine(), job(*four[:2], *unknown), 0.0)
+    assert [h.target for h in hints if h.id == "straggler"] == []
 
 
 def test_straggler_needs_two_ranks_and_ignores_done_ranks() -> None:

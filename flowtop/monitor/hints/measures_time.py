@@ -319,10 +319,12 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
         # No step in every rank's history (a large job's fast steps under a long pace): each rank
         # against the ranks that reported the same steps. Since when it fell behind is not known
         # then: the engine's "since" (the step it was first measured behind) stands.
-        fig = staggered.figures(ranks, window)
-        in_windows = _staggered_best(fig)
+        # Within a pipeline stage, as below: a later stage's forward ends later by design.
+        figs = per_stage(ranks, lambda sub: _staggered_by_rank(staggered.figures(sub, window)))
+        in_windows = {i: best for i, (best, _) in figs.items()}
         if in_windows:
-            return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), fig.lead, None, {})
+            lead_of = {i: lead for i, (_, lead) in figs.items() if lead is not None}
+            return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), lead_of, None, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
     pace, n_pace, reach = _by_reach(ranks, window, keep)
     # Leads compare within a pipeline stage: a later stage's forward ends later by design.
@@ -367,6 +369,11 @@ def _one_of_a_pair(best: dict[int, _Best], clear_pct: float, n_ranks: int) -> di
         return best
     worse = max(best, key=lambda i: best[i][0])
     return {i: b if i == worse else (0.0, *b[1:]) for i, b in best.items()}
+
+
+def _staggered_by_rank(fig: staggered.Figures) -> dict[int, tuple[_Best, tuple[float, float, float, float] | None]]:
+    """Per rank index: its worst figure over its window and its lead figures."""
+    return {i: (best, fig.lead.get(i)) for i, best in _staggered_best(fig).items()}
 
 
 def _staggered_best(fig: staggered.Figures) -> dict[int, _Best]:

@@ -32,23 +32,25 @@ def feeds_itself(r: RankSnapshot) -> bool:
     return stage is None or 0 in stage
 
 
-def stage_groups(ranks: Sequence[RankSnapshot]) -> list[list[int]]:
-    """Indices of ``ranks`` by pipeline stage, in order of first appearance (one group when the
-    job is not pipelined)."""
+def stage_groups(ranks: Sequence[RankSnapshot]) -> dict[tuple[int, ...] | None, list[int]]:
+    """Indices of ``ranks`` by pipeline stage (None: no stage known), in order of first
+    appearance (one group when the job is not pipelined)."""
     groups: dict[tuple[int, ...] | None, list[int]] = {}
     for i, r in enumerate(ranks):
         groups.setdefault(_stage(r), []).append(i)
-    return list(groups.values())
+    return groups
 
 
 def per_stage(ranks: Sequence[RankSnapshot], measure: Callable[[list[RankSnapshot]], dict[int, V]]) -> dict[int, V]:
     """``measure`` (indices into the list it is given → figures) over the ranks of each stage
-    with at least two, keyed by index into ``ranks``; the whole list at once when not pipelined."""
+    with at least two, keyed by index into ``ranks``; the whole list at once when not pipelined.
+    In a pipelined job the ranks of no known stage are not compared (they may be of any stage:
+    a rank whose hello had no coordinates yet)."""
     groups = stage_groups(ranks)
     if len(groups) == 1:
         return measure(list(ranks))
     out: dict[int, V] = {}
-    for group in groups:
-        if len(group) >= 2:
+    for stage, group in groups.items():
+        if stage is not None and len(group) >= 2:
             out.update((group[j], v) for j, v in measure([ranks[i] for i in group]).items())
     return out
