@@ -69,7 +69,7 @@ def _paced_rank(rank: int, step_s: float, flush_s: float, phase: float, until: f
 
 
 def test_pace_from_frame_ends_is_exact_for_batched_ranks_and_still_sees_a_slow_one() -> None:
-    from flowtop.monitor.hints.measures_time import _by_reach
+    from flowtop.monitor.hints.measures_straggler import _by_reach
 
     rng = random.Random(3)
     for flush in (0.1, 0.15, 0.45):
@@ -92,7 +92,7 @@ def test_no_pace_over_a_span_shorter_than_a_second() -> None:
     frame's end is off by up to a step each side: a pace needs PACE_MIN_SPAN_S of receive time."""
     from types import SimpleNamespace as NS
 
-    from flowtop.monitor.hints.measures_time import PACE_MIN_SPAN_S, _by_reach
+    from flowtop.monitor.hints.measures_straggler import PACE_MIN_SPAN_S, _by_reach
 
     def rank(r: int, ends: list[int], n: int, step_s: float) -> NS:
         reached, start = [], 1

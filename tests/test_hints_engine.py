@@ -165,7 +165,7 @@ def test_a_hidden_rule_is_measured_with_the_rule_that_hides_it() -> None:
 def test_median_of_the_other_ranks(values: list[float]) -> None:
     import statistics
 
-    from flowtop.monitor.hints.measures_time import _median_without
+    from flowtop.monitor.hints.measures_straggler import _median_without
 
     ordered = sorted(values)
     for i, v in enumerate(values):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from flowtop.monitor.hints import RULES_BY_ID, staggered
-from flowtop.monitor.hints.measures_time import straggler
+from flowtop.monitor.hints.measures_straggler import straggler
 from flowtop.monitor.model import Model
 from flowtop.monitor.wiring import make_model
 from probe import wire

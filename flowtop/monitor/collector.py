@@ -20,7 +20,6 @@ flowtop.monitor.collector_net, whose names stay importable from here.
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -31,6 +30,7 @@ from flowtop.monitor.clock import TICK_S, MonitorClock
 from flowtop.monitor.collector_net import ZAP_DOMAIN as ZAP_DOMAIN
 from flowtop.monitor.collector_net import _LISTENER_EVENTS as _LISTENER_EVENTS
 from flowtop.monitor.collector_net import AddressError as AddressError
+from flowtop.monitor.collector_net import bind_hint
 from flowtop.monitor.collector_net import CollectorSockets as CollectorSockets
 from flowtop.monitor.collector_net import check_listen as check_listen
 from flowtop.monitor.collector_net import is_ipv6 as is_ipv6
@@ -172,7 +172,7 @@ class Collector(CollectorSockets):
         try:
             sub.bind(self.listen)
         except zmq.ZMQError as exc:
-            self.start_error = f"cannot bind {self.listen}: {exc}{_bind_hint(exc.errno)}"
+            self.start_error = f"cannot bind {self.listen}: {exc}{bind_hint(exc.errno)}"
             await self.stop()
             raise AddressError(self.start_error) from None
         t0 = self.clock.now()
@@ -396,13 +396,3 @@ class Collector(CollectorSockets):
             self._close_sockets()
         if self.recorder is not None:
             self.recorder.close()
-
-
-def _bind_hint(errno_: int | None) -> str:
-    """What a failed bind most likely means, by its errno (the hint had blamed another flowtop
-    for an address no interface of this host has; a hostile-input trial)."""
-    if errno_ == errno.EADDRINUSE:
-        return " (is another flowtop running?)"
-    if errno_ == errno.EADDRNOTAVAIL:
-        return " (no network interface of this host has that address: listen on one of its own, or 0.0.0.0)"
-    return ""

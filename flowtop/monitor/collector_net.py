@@ -13,6 +13,8 @@ state is set by ``Collector.__init__``. Every name here stays importable from fl
 
 from __future__ import annotations
 
+import errno
+
 import ipaddress
 import os
 import resource
@@ -227,3 +229,12 @@ class CollectorSockets:
         except zmq.ZMQError:
             pass
 
+
+def bind_hint(errno_: int | None) -> str:
+    """What a failed bind most likely means, by its errno (the hint had blamed another flowtop
+    for an address no interface of this host has; a hostile-input trial)."""
+    if errno_ == errno.EADDRINUSE:
+        return " (is another flowtop running?)"
+    if errno_ == errno.EADDRNOTAVAIL:
+        return " (no network interface of this host has that address: listen on one of its own, or 0.0.0.0)"
+    return ""

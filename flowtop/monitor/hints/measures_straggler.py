@@ -1,0 +1,302 @@
+"""The straggler measure: ranks that hold the others up, by step time, pace and lead, aligned by
+step index (or, with no step in common, in grid windows: flowtop.monitor.hints.staggered), within
+a pipeline stage where leads are compared (flowtop.monitor.hints.stages)."""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import statistics
+from itertools import compress, islice
+from typing import Any
+
+from flowtop.monitor.hints.base import Measurement, clamp01, rank_target, safe_div
+from flowtop.monitor.hints import staggered
+from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
+from flowtop.monitor.hints.measures_time import _running
+from flowtop.monitor.hints.rules import Rule
+from flowtop.monitor.hints.stages import per_stage
+from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+
+
+#: Shortest stretch of receive time a pace figure is taken over (see _by_reach).
+PACE_MIN_SPAN_S = 1.0
+
+
+def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int]:
+    """Per rank: median step time over the last ``window`` step indices all ranks reported."""
+    al = align([(r.history.steps, r.history.step_time_s) for r in ranks], window)
+    if not al.steps:
+        return {}, 0
+    return {r.rank: float(statistics.median(row)) for r, row in zip(ranks, al.rows)}, len(al.steps)
+
+
+def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, Aligned]:
+    """Per rank: time per step to reach, from a step at least ``window`` steps back to its newest,
+    among the last ``keep`` step indices every rank reached (monitor receive times, so ranks share
+    one clock); the fewest steps any rank's figure spans; and the reach times at those indices.
+
+    The steps of one frame share its receive time: only the last step of a frame was received
+    when it was made. A figure from a step in the middle of a frame would be off by up to a flush
+    interval (a rank paced to 0.45 s at 10 ms steps read 100 % slower or faster by its phase), so
+    both ends of each rank's span are ends of its frames: where its receive time changes."""
+    # The model's columns as they are (sliced, not copied: thousands of ranks, hundreds of steps)
+    tails = [(steps[-keep:], times[-keep:]) for steps, times in (pairs_of(r.history.reached) for r in ranks)]
+    reach = align(tails)
+    if not reach.steps:
+        return {}, 0, reach
+    lo, hi = reach.steps[0], reach.steps[-1]
+    per_step: dict[int, float] = {}
+    spans: list[int] = []
+    for r, (steps, times) in zip(ranks, tails):
+        # a frame ends where the rank's own receive time changes (or at its newest step): its own
+        # series, since the common window may stop in the middle of this rank's newest frame.
+        # The changes are found in C (a frame's steps share one time: a few per window).
+        changed = compress(range(len(times) - 1), map(operator.ne, times, islice(times, 1, None)))
+        ends = [j for j in changed if lo <= steps[j] <= hi]
+        if steps and steps[-1] <= hi:
+            ends.append(len(steps) - 1)
+        if len(ends) < 2:
+            continue  # one frame in the window: no rate from its receive times
+        b = ends[-1]
+        # A frame's receive time is off its last step's by up to a step, a flush and a drain:
+        # over a span of a few tenths of a second that is tens of % (two ranks of a 2-rank job
+        # in lockstep, 8 ms steps, read 29 % apart by pace; a new user's trial). The span must
+        # be PACE_MIN_SPAN_S long as well as ``window`` steps: else no pace figure for the rank.
+        starts = [j for j in ends[:-1] if steps[b] - steps[j] >= window and times[b] - times[j] >= PACE_MIN_SPAN_S]
+        if not starts:
+            continue
+        a = starts[-1]
+        per_step[r.rank] = (times[b] - times[a]) / (steps[b] - steps[a])
+        spans.append(steps[b] - steps[a])
+    if len(per_step) < 2:
+        return {}, 0, reach
+    return per_step, min(spans), reach
+
+
+def _leads(ranks: list[RankSnapshot], last: int | None = None) -> Aligned:
+    """Leads (boundary → end of the step's last forward) at the step indices where every rank
+    has a known one (the model writes 0.0 where the probe sent none); the last ``last`` of them
+    (all when None)."""
+    return align([(r.history.steps, r.history.lead_s) for r in ranks], last, above=0.0)
+
+
+def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[float, float, float, float]], int]:
+    """Per rank index: (its median lead, the others' median lead, median of its per-step lag
+    behind the others' median lead, its median step time) over the last ``window`` step indices
+    where every rank reported a lead; also the number of those steps.
+
+    In synchronous data parallelism the gradient all-reduce makes every rank leave the step
+    together, so step times and reach times are equal; the lead still differs: the rank that
+    finishes its forward last is the one the others wait for. The per-step lag's median keeps a
+    single slow step (a sampled FLOP count, a kernel window) from making a straggler.
+    """
+    leads = _leads(ranks, window)
+    if not leads.steps:
+        return {}, 0
+    # Per step, every rank's lag behind the others' median lead (one sort per step, shared).
+    others: list[list[float]] = []
+    for column in leads.columns():
+        without = medians_without(sorted(column))
+        others.append([without(v) for v in column])
+    by_rank = list(zip(*others))
+    out: dict[int, tuple[float, float, float, float]] = {}
+    for i, (r, mine) in enumerate(zip(ranks, leads.rows)):
+        times = [t for t in values_at(leads.steps, (r.history.steps, r.history.step_time_s)) if t > 0]
+        step = float(statistics.median(times)) if times else 0.0
+        other = by_rank[i]
+        out[i] = (float(statistics.median(mine)), float(statistics.median(other)),
+                  float(statistics.median([v - o for v, o in zip(mine, other)])), step)
+    return out, len(leads.steps)
+
+
+def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_frac: float) -> dict[int, int]:
+    """Per rank index in ``slow``: the last step (of the last ``keep`` with known leads on every
+    rank) at which it lagged the others' median lead by at most ``clear_frac`` of its step time;
+    the first of those steps if it lagged at all of them."""
+    if not slow:
+        return {}
+    leads = _leads(ranks, keep)
+    if not leads.steps:
+        return {}
+    without = [medians_without(sorted(column)) for column in leads.columns()]  # shared by every slow rank
+    out: dict[int, int] = {}
+    for i in slow:
+        times = values_at(leads.steps, (ranks[i].history.steps, ranks[i].history.step_time_s))
+        on_time = [s for s, v, w, t in zip(leads.steps, leads.rows[i], without, times) if v - w(v) <= clear_frac * t]
+        out[i] = on_time[-1] if on_time else leads.steps[0]
+    return out
+
+
+#: A rank's worst figure: (slower, mine, the others', steps it spans, basis).
+_Best = tuple[float, float, float, int, str]
+
+
+def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
+    """Per rank: how much it holds the others up, the largest of three measures — step time and
+    pace (time to reach steps) against the other ranks' median, and lead-time lag as a share of
+    the step (the one that sees a straggler of synchronous data parallelism)."""
+    ranks = [r for r in _running(job) if r.history.steps or r.history.reached]
+    if len(ranks) < 2:
+        return {}
+    window = max(rule.window_steps, 1)
+    med, n_med = _by_median(ranks, window)
+    if not n_med:
+        # No step in every rank's history (a large job's fast steps under a long pace): each rank
+        # against the ranks that reported the same steps. Since when it fell behind is not known
+        # then: the engine's "since" (the step it was first measured behind) stands.
+        # Within a pipeline stage, as below: a later stage's forward ends later by design.
+        figs = per_stage(ranks, lambda sub: _staggered_by_rank(staggered.figures(sub, window)))
+        in_windows = {i: best for i, (best, _) in figs.items()}
+        if in_windows:
+            lead_of = {i: lead for i, (_, lead) in figs.items() if lead is not None}
+            return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), lead_of, None, {})
+    keep = max(int(rule.params["since_steps"]), window + 1)
+    pace, n_pace, reach = _by_reach(ranks, window, keep)
+    # Leads compare within a pipeline stage: a later stage's forward ends later by design.
+    led = per_stage(ranks, lambda sub: {i: (v, n) for table, n in [_by_lead(sub, window)] for i, v in table.items()})
+    lead = {i: v for i, (v, _) in led.items()}
+    tables = [(table, sorted(table.values()), n, basis)
+              for table, n, basis in ((med, n_med, "step_time"), (pace, n_pace, "pace")) if table]
+    med_sorted = sorted(med.values())
+    best: dict[int, _Best] = {}
+    for idx, r in enumerate(ranks):
+        candidates = []
+        for table, ordered, n, basis in tables:
+            if r.rank not in table:
+                continue  # no figure of that kind for this rank (a single frame in its window)
+            other = _median_without(ordered, table[r.rank])
+            if other > 0:
+                candidates.append((table[r.rank] / other - 1.0, table[r.rank], other, n, basis))
+        if idx in lead and lead[idx][3] > 0:
+            _, _, lag, step = lead[idx]
+            # Step times for context (in lockstep they are about equal).
+            mine_t = med.get(r.rank, step)
+            others_t = _median_without(med_sorted, mine_t) if r.rank in med else step
+            candidates.append((lag / step, mine_t, others_t, led[idx][1], "lead"))
+        if candidates:
+            best[idx] = max(candidates, key=lambda c: c[0])
+    best = _one_of_a_pair(best, rule.clear, len(ranks))
+    # Only ranks that may show the hint need "since when".
+    slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
+    since_of = _falling_behind_since(slow, reach, {i: 0.1 * best[i][2] for i in slow})
+    by_lead = {id(ranks[i]) for i in slow if best[i][4] == "lead"}
+    lead_since = per_stage(ranks, lambda sub: _lead_since(
+        [j for j, r in enumerate(sub) if id(r) in by_lead], sub, keep, rule.clear / 100.0))
+    return _measurements(ranks, best, lead, since_of, lead_since)
+
+
+def _one_of_a_pair(best: dict[int, _Best], clear_pct: float, n_ranks: int) -> dict[int, _Best]:
+    """Of two ranks, only one can be slower than the other: when both read as stragglers (each
+    by its own worst measure, over windows of its own — in a 2-rank DDP job in lockstep, rank 1
+    "14 % slower" by its step times and rank 0 "9 % slower" by its pace at once, a new user's
+    trial), the larger claim stands and the other reads 0."""
+    if n_ranks != 2 or len(best) != 2 or not all(100.0 * b[0] >= clear_pct for b in best.values()):
+        return best
+    worse = max(best, key=lambda i: best[i][0])
+    return {i: b if i == worse else (0.0, *b[1:]) for i, b in best.items()}
+
+
+def _staggered_by_rank(fig: staggered.Figures) -> dict[int, tuple[_Best, tuple[float, float, float, float] | None]]:
+    """Per rank index: its worst figure over its window and its lead figures."""
+    return {i: (best, fig.lead.get(i)) for i, best in _staggered_best(fig).items()}
+
+
+def _staggered_best(fig: staggered.Figures) -> dict[int, _Best]:
+    """Per rank index: the larger of its step-time and lead figures read in grid windows."""
+    best: dict[int, _Best] = {}
+    for idx, (mine, other) in fig.step_time.items():
+        candidates = [(mine / other - 1.0, mine, other, fig.window, "step_time")] if other > 0 else []
+        if idx in fig.lead and fig.lead[idx][3] > 0:
+            lag, step = fig.lead[idx][2:]
+            candidates.append((lag / step, mine, other, fig.window, "lead"))
+        if candidates:
+            best[idx] = max(candidates, key=lambda c: c[0])
+    return best
+
+
+def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
+                  lead: dict[int, tuple[float, float, float, float]],
+                  since_of: dict[int, tuple[int | None, float | None]] | None,
+                  lead_since: dict[int, int]) -> dict[str, Measurement | None]:
+    """The rule's measurement per rank from its worst figure (``best``), its lead figures and,
+    for the slow ones, since when (the rank's step where that is not known; ``since_of`` None:
+    the engine's, from when it first measured the rank behind)."""
+    out: dict[str, Measurement | None] = {}
+    for idx, r in enumerate(ranks):
+        if idx not in best:
+            out[rank_target(r)] = None
+            continue
+        slower, mine, other, n, basis = best[idx]
+        since, lag_s = (since_of or {}).get(idx, (None, None))
+        if idx in lead_since:
+            since = lead_since[idx]
+        ev: dict[str, Any] = {
+            "slower_pct": 100.0 * slower,
+            "basis": basis,
+            "step_time_s": mine,
+            "others_step_time_s": other,
+            "window_steps": n,
+            "lag_s": lag_s,
+        }
+        if since_of is not None:
+            ev["since_step"] = since if since is not None else r.step
+        text: dict[str, str] = {}
+        if idx in lead:
+            my_lead, others_lead, lead_lag, step = lead[idx]
+            ev.update(lead_s=my_lead, others_lead_s=others_lead, lead_lag_s=lead_lag,
+                      lag_pct_of_step=100.0 * safe_div(lead_lag, step))
+            text["lead_lag_ms"] = f"{1000.0 * lead_lag:.0f}"
+        # Impact: the share of the step the others spend waiting for this rank.
+        impact = slower if basis == "lead" else safe_div(mine - other, mine)
+        out[rank_target(r)] = Measurement(
+            value=ev["slower_pct"],
+            evidence=ev,
+            impact=clamp01(impact),
+            step=r.step,
+            steps_covered=n,
+            text=text,
+            variant="lead" if basis == "lead" else "",
+        )
+    return out
+
+
+def _median_without(ordered: list[float], value: float) -> float:
+    """Median of ``ordered`` (sorted) with one occurrence of ``value`` removed, in O(log n): the
+    other ranks' median without a sort per rank (a job may have a thousand ranks)."""
+    n = len(ordered) - 1
+    if n <= 0:
+        return 0.0
+    i = bisect.bisect_left(ordered, value)
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    if n % 2:
+        return float(at(n // 2))
+    return (at(n // 2 - 1) + at(n // 2)) / 2.0
+
+
+def _falling_behind_since(
+    ranks_idx: list[int], reach: Aligned, tol_s: dict[int, float]
+) -> dict[int, tuple[int | None, float | None]]:
+    """Per rank index: (step from which it has been falling behind, its lag now in s).
+
+    Lag at step s = the rank's time to reach s − the other ranks' median time to reach s, over
+    the recent steps all ranks reached (``since_steps`` of them, not just the window). The rank
+    has been falling behind since the last step where the lag was within ``tol_s`` of its smallest
+    value (the tolerance keeps receive-time jitter from picking a random step of a flat stretch).
+    """
+    common = reach.steps
+    if not common or not ranks_idx:
+        return {i: (None, None) for i in ranks_idx}
+    lags: dict[int, list[float]] = {i: [] for i in ranks_idx}
+    for column in reach.columns():
+        without = medians_without(sorted(column))  # one sort per step, shared by every rank
+        for i in ranks_idx:
+            lags[i].append(column[i] - without(column[i]))
+    out: dict[int, tuple[int | None, float | None]] = {}
+    for i, lag in lags.items():
+        low = min(lag)
+        out[i] = (max(s for s, x in zip(common, lag) if x <= low + tol_s[i]), lag[-1])
+    return out
