@@ -128,7 +128,7 @@ async def test_header_states_mfu_conventions() -> None:
         assert text[0] == "job gpt-demo  ranks 2/2  step 119  running  rx 4,120"
         assert text[1] == "step time 4.60ms  tokens/s 1.91M  model FLOP/s 935T  executed 1.05P"
         assert text[2] == "MFU 47.2 % (model FLOPs, attn full, peak bf16 989TF/rank, datasheet H200 SXM)"
-        assert text[3].startswith("HFU 52.9 % (executed FLOPs")
+        assert text[3].startswith("HFU 52.9 % (executed: +recompute, flash bwd 2.5x, causal ½; same peak)")
         job = snap.jobs[0].flops
         assert job.flops_per_s == pytest.approx(MODEL / 0.0040 + MODEL / 0.0046)
         assert job.mfu == pytest.approx(0.472399, abs=1e-6) and job.hfu == pytest.approx(0.529087, abs=1e-6)

@@ -45,7 +45,8 @@ def json_schema() -> dict[str, Any]:
 MODEL_FLOPS_NOTE = ("model FLOPs: forward + backward as the math requires (attention backward = 2x forward), "
                     "no recomputation")
 EXECUTED_FLOPS_NOTE = ("executed FLOPs: what ran, incl. activation-checkpoint recompute and flash-attention backward "
-                       "(2.5x forward)")
+                       "(2.5x forward); a fused is_causal call counts half the square whatever the attention "
+                       "convention (so HFU can read below MFU under 'full')")
 FLOPS_PER_S_NOTE = (
     "FLOP/s: FLOPs per token of the counted step x tokens/s (else FLOPs per step / median step time); "
     "0 while a rank is stalled or stale"

@@ -13,7 +13,8 @@ Two figures come out:
 * **model FLOPs** (for MFU): forward + backward as the math requires; attention backward is
   2 × forward; activation-checkpoint recomputation is excluded.
 * **executed FLOPs** (for HFU): what ran; fused attention backward (flash, efficient, cuDNN,
-  CPU flash, flex) recomputes the scores (2.5 × forward); recomputation is included.
+  CPU flash, flex) recomputes the scores (2.5 × forward); a fused call made with causal masking
+  runs half the square whatever the model convention; recomputation is included.
 
 Recompute detection: ops dispatched inside the autograd engine
 (``torch._C._current_graph_task_id() != -1``) while grad mode is on are forward ops being

@@ -54,8 +54,9 @@ class OpCost:
     """FLOPs of one dispatched op, before recompute/phase accounting.
 
     ``model`` is what the math requires, ``executed`` what the kernel runs (they differ only
-    for fused attention backward, which recomputes the scores).  ``tensor`` is the operand
-    whose dtype/device names the compute precision.
+    for fused attention: its backward recomputes the scores, and a causal call skips the masked
+    half whatever the model convention).  ``tensor`` is the operand whose dtype/device names
+    the compute precision.
     """
 
     model: int

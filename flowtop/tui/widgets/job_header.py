@@ -44,7 +44,7 @@ def utilisation_line(kind: str, value: float | None, flops: FlopsView, per_gpu: 
     if kind == "MFU":
         line.append(f" ({convention_note(flops, per_gpu)})", style="dim")
     else:
-        line.append(" (executed FLOPs: + recompute, flash bwd 2.5x; same peak)", style="dim")
+        line.append(" (executed: +recompute, flash bwd 2.5x, causal ½; same peak)", style="dim")
     return line
 
 
