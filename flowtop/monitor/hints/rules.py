@@ -112,7 +112,8 @@ RULES: tuple[Rule, ...] = (
         critical_at=25.0,
         doc="Σ input wait ÷ Σ step time over the last window_steps steps; gate: the device idles "
         "(100 − NVML GPU-Util, else 1 − busy of the kernel window; a CPU rank counts as idle) — a "
-        "GPU-bound job's host waits wherever the launch queue fills, and that costs nothing",
+        "GPU-bound job's host waits wherever the launch queue fills, and that costs nothing; not read on "
+        "a rank that runs no first pipeline stage (its wait is for the earlier stage's activations)",
     ),
     Rule(
         id="straggler",
@@ -145,7 +146,8 @@ RULES: tuple[Rule, ...] = (
         "(median over the steps). When no step index is in every rank's history (a large job's "
         "fast steps under a long pace), each rank's median step time and lead over a window on a "
         "grid of window_steps indices against those of the ranks (three or more) that reported the "
-        "same window",
+        "same window; leads (and, in those windows, every figure) compared within a pipeline stage; a "
+        "pace taken over at least a second of receive time",
     ),
     *KERNEL_RULES,
     Rule(
