@@ -274,8 +274,10 @@ def test_inconsistent_window_becomes_a_rejected_message() -> None:
               "ops": [[0, 1, 0.0, 5.0, 1, [[2, 3], [3, 4]], None], [1, 1, 6.0, 8.0, 2, None, None]], "acts": []}
     feed(model, wire.encode("kernels", KEY, 0, 1.0, fields), 1.0)
     assert model.rejected == 1
-    (reason,) = model.rejected_reasons
-    assert "TraceError" in reason and "op 1: name index 1 out of range" in reason
+    (reason,) = model.rejected_reasons  # its kind (numbers left out), and in the notice its text
+    assert "TraceError" in reason and "op #: name index # out of range" in reason
+    (notice,) = model.notices.take()
+    assert "op 1: name index 1 out of range" in notice.text
     fields["names"].append("aten::relu")  # now consistent: accepted and aggregated
     feed(model, wire.encode("kernels", KEY, 1, 2.0, fields), 2.0)
     assert model.rejected == 1
