@@ -283,3 +283,21 @@ async def test_coordinates_and_bf16_equivalent_columns_only_when_a_job_has_them(
         assert [c.key for c in table.columns][-2:] == ["status", "coords"]  # all bf16: no bf16eq
         header = "".join(s.text for s in table.render_line(0)._segments)
         assert len(header) == 80 and header.rstrip().endswith("state")  # coords lie past the 80th column
+
+
+@pytest.mark.asyncio
+async def test_shrinking_the_terminal_from_the_wide_layout_to_80_columns() -> None:
+    """A resize from 200×50 (or 165×40) to 80×24 ended the app within a second: the hints panel
+    was laid out at width 0 once, before the narrow layout applied, and Rich raised wrapping its
+    lines (a new user's trial in tmux: resizing a pane over SSH is routine)."""
+    for start in ((200, 50), (165, 40)):
+        app = FlowtopApp(ReplaySource(SNAPS, advance=False), refresh_s=0)
+        async with app.run_test(size=start) as pilot:
+            await pilot.pause()
+            assert "-wide" in app.screen.classes
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause(0.3)
+            app.screen.show(cluster_snapshot(5))
+            await pilot.pause(0.3)
+            assert "-narrow" in app.screen.classes and app.screen.query_one("#hints").size.width == 78
+        assert app.return_code in (None, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -76,6 +77,12 @@ class HintsPanel(OptionList):
         self._rows: list[Hint | HintGroup] = []
         self._shown: tuple[object, ...] | None = None
         self._source: tuple[object, tuple[int, ...]] | None = None  # the hints and rank numbers shown
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        # A resize from the wide layout to 80 columns lays the panel out once at width 0 before
+        # the narrow layout applies (the 82-column map beside it takes the whole row), and
+        # wrapping its lines at width 0 raised in Rich, ending the app (a new user's trial).
+        return super().get_content_height(container, viewport, max(width, 1))
 
     def show(self, hints: Iterable[Hint], ranks: Iterable[RankSnapshot] = ()) -> None:
         """Render ``hints`` (``ranks``: the job's, which name the ranks of a group); expansion and
