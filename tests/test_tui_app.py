@@ -4,6 +4,8 @@ from flowtop.monitor.accounting (see _accounted) and checked against hand formul
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+from pathlib import Path
 
 import pytest
 
@@ -480,5 +482,49 @@ async def test_an_app_that_quit_on_a_signal_in_time_leaves_the_process_alone(mon
         assert not raised  # taken by the app, not the handler it had before
         time.sleep(0.6)  # past the grace
         assert not raised and signal.getsignal(signal.SIGUSR1) is not None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_quit_signals_grace_lasts_until_the_terminal_is_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SSH session dropped while ranks talked: the terminal's SIGHUP quit the app, whose
+    grace timer was cancelled at unmount, and then Textual's writer blocked on the dead terminal
+    for good — the monitor never exited (a new user's trial in tmux). The grace now lasts until
+    run_async returns: a teardown that outlasts it is ended by the signal's default action."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from flowtop.tui import app as app_module
+
+    monkeypatch.setattr(app_module, "QUIT_GRACE_S", 0.3)
+
+    class StuckTeardown(FlowtopApp):
+        CSS_PATH = str(Path(app_module.__file__).parent / "flowtop.tcss")  # relative: to this file
+
+        @property
+        def is_headless(self) -> bool:  # a real terminal's app, though the test's driver is headless
+            return False
+
+        async def on_unmount(self) -> None:
+            await super().on_unmount()
+            time.sleep(0.8)  # the terminal's teardown, blocked past the grace
+
+    raised: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda sig, frame: raised.append(sig))
+    try:
+        app = StuckTeardown(ReplaySource(synthetic_stream()), quit_on=(signal.SIGUSR1,))
+
+        async def run() -> None:
+            async def quit_soon(pilot: Any) -> None:
+                await pilot.pause(0.2)
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+            await app.run_async(headless=True, size=SIZE, auto_pilot=quit_soon)
+
+        asyncio.run(run())
+        time.sleep(0.1)
+        assert raised == [signal.SIGUSR1]  # the signal's own handling came back after the grace
     finally:
         signal.signal(signal.SIGUSR1, previous)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
@@ -198,7 +199,21 @@ class FlowtopApp(App[None]):
     async def on_unmount(self) -> None:
         await self._stop_source()
         self._release_quit_signals()
-        if self._grace is not None:  # quit in time: a process that goes on (an embedding) is not killed later
+        if self.is_headless:  # no terminal to give back: quit in time (see run_async)
+            self._cancel_grace()
+
+    async def run_async(self, **kwargs: Any) -> Any:
+        """Run as Textual does; a quit signal's grace (QUIT_GRACE_S) lasts until the terminal is
+        given back: a terminal gone while frames were drawn (an SSH session dropped with ranks
+        talking) left Textual's writer blocked on it after unmount, and the process alive for
+        good — its grace had been cancelled at unmount (a new user's trial)."""
+        try:
+            return await super().run_async(**kwargs)
+        finally:
+            self._cancel_grace()  # quit in time: a process that goes on (an embedding) is not killed later
+
+    def _cancel_grace(self) -> None:
+        if self._grace is not None:
             self._grace.cancel()
 
     def _catch_quit_signals(self) -> None:
