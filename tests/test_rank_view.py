@@ -52,21 +52,23 @@ async def test_grouped_view_opens_and_closes_nodes() -> None:
     async with app.run_test(size=NARROW) as pilot:
         await pilot.pause()
         table = app.screen.query_one(RankTable)
-        # 512 node rows, closed, worst first: the hung rank's node, the dead rack, the node
-        # whose rank is claimed twice, the slow node.
+        # 512 node rows, closed, worst first: the dead rack (silent), the hung rank's node, the
+        # node whose rank is claimed twice, the slow node.
         assert table.row_count == 512
-        assert _hosts(table, 7) == ["node154", "node300", "node301", "node302", "node303", "node375", "node037"]
+        assert _hosts(table, 7) == ["node300", "node301", "node302", "node303", "node154", "node375", "node037"]
         # A node row: rank count, lowest step, largest lag, slowest step, worst input wait, sums,
         # min/median MFU, worst status.
-        assert table.row_text(0) == ["▸ 8", "node154", "990", "10", "205ms", "1.0%", "573k", "3.11P", "0/45%", "",
+        assert table.row_text(0) == ["▸ 8", "node300", "996", "4", "206ms", "1.0%", "0", "0", "0/0%", "",
+                                     "stale"]  # fmt: skip
+        assert table.row_text(4) == ["▸ 8", "node154", "990", "10", "205ms", "1.0%", "573k", "3.11P", "0/45%", "",
                                      "stalled"]  # fmt: skip
         assert table.row_text(6) == ["▸ 8", "node037", "997", "3", "260ms", "1.0%", "504k", "2.74P", "35/35%", "",
                                      "live"]  # fmt: skip
         assert "4,097 ranks · 512 nodes · worst first" in str(table.border_title)
-        await pilot.press("enter")  # open node154: its ranks follow, the hung one first
+        await pilot.press("down", "down", "down", "down", "enter")  # open node154: its ranks follow, the hung one first
         assert table.row_count == 520
-        assert isinstance(table.view.rows[1], RankRow) and table.view.rows[1].rank.rank == 1234
-        assert table.row_text(0)[0] == "▾ 8"
+        assert isinstance(table.view.rows[5], RankRow) and table.view.rows[5].rank.rank == 1234
+        assert table.row_text(4)[0] == "▾ 8"
         await pilot.press("down", "left")  # from one of its ranks, ← closes the node
         assert table.row_count == 512 and table.cursor_key == node_key("llm-4k", "node154")
         await pilot.press("plus")  # every node open
@@ -95,7 +97,7 @@ async def test_filter_by_glob_range_status_and_hint_then_escape() -> None:
         for text, rows in (("128-255", 16), ("stalled", 1), ("input_wait", 2), ("stale stalled", 5 + 33)):
             await pilot.press("slash", "ctrl+u", *text, "enter")  # ctrl+u: the line editor clears what is left of the cursor
             assert table.row_count == rows, text
-        assert [r.rank.rank for r in table.view.rows[:2] if isinstance(r, RankRow)] == [1234]  # open nodes
+        assert [r.rank.rank for r in table.view.rows[:2] if isinstance(r, RankRow)] == [2400]  # open: the silent first
         await pilot.press("slash")
         box.value = "rank:9-1"  # no such range: the filter stays as it was
         await pilot.pause()
@@ -117,7 +119,7 @@ async def test_sort_by_keys_and_by_clicking_a_header() -> None:
         await pilot.press("s")  # host
         assert table.row_text(0)[1] == "node000" and "by host ▲" in str(table.border_title)
         await pilot.press("w")
-        assert table.spec.sort == "worst" and table.row_text(0)[0] == "1234"
+        assert table.spec.sort == "worst" and table.row_text(0)[0] == "2400"  # the dead rack's first rank
         x = 1 + sum(c.width + 1 for c in COLUMNS[: [c.key for c in COLUMNS].index("mfu")])
         await pilot.click(RankTable, offset=(x + 2, 1))  # the header line, under the border
         assert table.spec.sort == "mfu" and not table.spec.reverse
@@ -159,7 +161,7 @@ async def test_rank_map_cursor_selects_a_rank() -> None:
         table, rank_map = app.screen.query_one(RankTable), app.screen.query_one(RankMap)
         layout = rank_map.grid.layout
         assert (layout.per_cell, layout.width, layout.text_size) == (1, 64, (64, 32))  # 4,096 in 64x64
-        assert rank_map.cursor_rank == 1234  # the table's selection (the hung rank's node)
+        assert rank_map.cursor_rank == 2400  # the table's selection (the dead rack's first node)
         # Click the character holding ranks 1170 (top) and 1234 (bottom): the worse one wins.
         await pilot.click(RankMap, offset=(1 + 1234 % 64, 1 + 1234 // 128))
         assert table.selected is not None and table.selected.rank == 1234 and table.has_focus

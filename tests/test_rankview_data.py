@@ -44,15 +44,36 @@ def _small_job(**troubles: object):
 def test_worst_first_puts_stuck_then_stragglers_then_low_mfu() -> None:
     job = _small_job()
     order = [r.rank for r in sort_ranks(job.ranks, job_context(job.ranks))]
-    # stalled rank 5, then the silent node 6 (ranks 48-55), then the slow node 2 (3 steps
-    # behind), then rank 40 (27 % slower than the median, no lag), then everyone by MFU.
-    assert order[:1] == [5]
-    assert order[1:9] == list(range(48, 56))
+    # the silent node 6 (ranks 48-55: when a node dies the others hang waiting for it, it is
+    # the one to look at), then stalled rank 5, then the slow node 2 (3 steps behind), then
+    # rank 40 (27 % slower than the median, no lag), then everyone by MFU.
+    assert order[:8] == list(range(48, 56))
+    assert order[8:9] == [5]
     assert order[9:17] == list(range(16, 24))
     assert order[17] == 40
     rest = [r for r in sort_ranks(job.ranks, job_context(job.ranks))][18:]
     mfus = [r.flops.mfu for r in rest]
     assert mfus == sorted(mfus) and len(rest) == 64 - 18
+
+
+def test_a_rank_a_straggler_hint_names_leads_the_stragglers() -> None:
+    """A late forward (the usual DDP straggler) shows neither a step lag nor a slower step time:
+    rank 517's hint said "finishes its forward 80 ms after the others" while its row sat
+    mid-list among 1,024 ranks (a new user's trial). The ranks the job's straggler hints name
+    lead the live ranks, the one with the most at stake first; an ended hint does not."""
+    from flowtop.monitor.rankview import job_context_of
+    from flowtop.monitor.snapshot import Hint
+
+    def hint(target: str, impact: float, ended: bool = False) -> Hint:
+        return Hint(id="straggler", severity="warning", scope="rank", target=target, summary="", evidence={},
+                    action="", impact=impact, ended=ended, first_step=0, last_step=0)
+
+    job = dataclasses.replace(_small_job(), hints=(hint("rank 33", 0.2), hint("rank 60", 0.4), hint("rank 7", 0.9, True)))
+    order = [r.rank for r in sort_ranks(job.ranks, job_context_of(job))]
+    assert order[:9] == [*range(48, 56), 5]  # the silent node and the stalled rank still first
+    assert order[9:11] == [60, 33]  # then the ranks the hints name, most at stake first
+    assert order[11:19] == list(range(16, 24))  # then the slow node (3 steps behind)
+    assert order.index(7) > 19  # an ended hint's rank is back among the rest
 
 
 def test_column_sort_worst_values_first_and_missing_last() -> None:
@@ -73,13 +94,14 @@ def test_node_rows_aggregate_their_ranks() -> None:
     view = build_view(job, ViewSpec())
     assert view.grouped and view.nodes == 8 and view.total == 64
     assert all(isinstance(r, NodeRow) for r in view.rows[:1])
-    first = view.rows[0]
-    assert isinstance(first, NodeRow) and first.host == "node000" and first.open  # 64 ranks: open
+    assert isinstance(view.rows[0], NodeRow) and view.rows[0].host == "node006"  # the silent node first
+    first = next(r for r in view.rows if isinstance(r, NodeRow) and r.host == "node000")
+    assert first.open  # 64 ranks: open
     g = first.group
     assert (len(g.ranks), g.worst_status, g.max_lag) == (8, "stalled", 10)
     assert g.mfu_min == 0.0 and g.mfu_median == pytest.approx(0.45, abs=0.02)
     assert [r.rank for r in first.ranks][0] == 5  # the node's worst rank leads it
-    assert isinstance(view.rows[1], RankRow) and view.rows[1].nested
+    assert isinstance(view.rows[1], RankRow) and view.rows[1].nested and view.rows[9].host == "node000"
 
 
 def test_nodes_start_closed_beyond_a_screenful_and_toggle_by_hand() -> None:
@@ -87,10 +109,10 @@ def test_nodes_start_closed_beyond_a_screenful_and_toggle_by_hand() -> None:
     spec = ViewSpec()
     view = build_view(job, spec)
     assert len(view.rows) == 512 and not view.open_default
-    assert [r.host for r in view.rows[:6]] == ["node154", "node300", "node301", "node302", "node303", "node375"]
+    assert [r.host for r in view.rows[:6]] == ["node300", "node301", "node302", "node303", "node154", "node375"]
     spec = spec.toggled("node154", view.open_default)
     view = build_view(job, spec)
-    assert len(view.rows) == 520 and [r.rank.rank for r in view.rows[1:2]] == [1234]
+    assert len(view.rows) == 520 and [r.rank.rank for r in view.rows[5:6]] == [1234]
     flat = build_view(job, dataclasses.replace(spec, grouped=False))
     assert len(flat.rows) == 4097 and not flat.grouped
 

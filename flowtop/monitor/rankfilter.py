@@ -94,6 +94,15 @@ def _hint_test(job: JobSnapshot, ids: frozenset[str]) -> Callable[[RankSnapshot]
     return lambda r: r.rank in ranks
 
 
+def hinted_ranks(job: JobSnapshot, hint_id: str) -> dict[int, float]:
+    """Rank number -> impact of each active rank hint of ``hint_id`` (a straggler's)."""
+    out: dict[int, float] = {}
+    for h in job.hints:
+        if h.id == hint_id and not h.ended and h.scope == "rank" and (m := _RANK_TARGET.match(h.target)):
+            out[int(m.group(1))] = max(h.impact, out.get(int(m.group(1)), 0.0))
+    return out
+
+
 def known_hint_ids(job: JobSnapshot | None = None) -> frozenset[str]:
     """Hint ids a bare word may name: every rule's, plus any the job's hints carry."""
     from flowtop.monitor.hints.rules import RULES

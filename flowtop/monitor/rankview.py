@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 from flowtop.monitor.format import COORD_ROLES
-from flowtop.monitor.rankfilter import RankFilter
+from flowtop.monitor.rankfilter import RankFilter, hinted_ranks
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 #: (job, host, pid, rank, incarnation): one rank process. Rows, selection and map cells are
@@ -24,14 +24,17 @@ NodeKey = tuple[str, str, str]
 RowKey = Union[RankKey, NodeKey]
 
 #: Worst-first tiers of a status. A rank whose process died of an uncaught exception comes first
-#: (a crash is what a job's failure starts from), then one that talks but makes no step (hung in
-#: a collective), then a silent one, then two processes claiming one rank, then the rest.
-STATUS_TIER = {"failed": 0, "stalled": 1, "stale": 2, "live": 4, "done": 5}
+#: (a crash is what a job's failure starts from), then a silent one, then one that talks but
+#: makes no step (hung in a collective), then two processes claiming one rank, then the rest.
+#: Silent before hung: when a node dies the other ranks hang in their collectives waiting for
+#: it, and the dead node is the one to look at (it read last of 128 nodes, below the 1,016 ranks
+#: hung waiting for it; a new user's trial).
+STATUS_TIER = {"failed": 0, "stale": 1, "stalled": 2, "live": 4, "done": 5}
 STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
 CONFLICT_TIER = 3
 LIVE_TIER = STATUS_TIER["live"]
 #: Worst status of a node: the lowest tier among its ranks.
-_TIER_STATUS = {0: "failed", 1: "stalled", 2: "stale", 3: "live", 4: "live", 5: "done"}
+_TIER_STATUS = {0: "failed", 1: "stale", 2: "stalled", 3: "live", 4: "live", 5: "done"}
 #: A live rank is a straggler this many steps behind the job's lead rank. One step apart is
 #: ordinary: ranks are sampled at slightly different moments of the same step.
 STRAGGLER_LAG = 2
@@ -65,6 +68,9 @@ class JobContext:
 
     lead_step: int  # highest step of a running rank
     median_step_s: float | None  # median of the live ranks' median step times
+    #: Rank number -> impact of the job's active straggler hints: stragglers first among the live
+    #: (a late forward, the usual DDP straggler, shows no step lag nor a slower step time).
+    stragglers: Mapping[int, float] = field(default_factory=dict)
 
     def lag(self, r: RankSnapshot) -> int:
         """Steps behind the lead rank (0 for a finished rank: it is not late, it is done)."""
@@ -79,17 +85,19 @@ def job_context_of(job: JobSnapshot) -> JobContext:
     table, the map and the summary all measure against one snapshot's job."""
     if _LAST_CONTEXT and _LAST_CONTEXT[0][0] is job:
         return _LAST_CONTEXT[0][1]
-    ctx = job_context(job.ranks)
+    ctx = job_context(job.ranks, hinted_ranks(job, "straggler"))
     _LAST_CONTEXT[:] = [(job, ctx)]
     return ctx
 
 
-def job_context(ranks: Iterable[RankSnapshot]) -> JobContext:
-    """Lead step and median step time over the running ranks."""
+def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] | None = None) -> JobContext:
+    """Lead step and median step time over the running ranks (``stragglers``: the ranks the
+    job's straggler hints name, with their impact)."""
     ranks = list(ranks)
     running = [r for r in ranks if r.status not in ENDED] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
-    return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times))
+    return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times),
+                      stragglers=stragglers or {})
 
 
 def median_sorted(xs: list[float]) -> float | None:
@@ -102,8 +110,9 @@ def median_sorted(xs: list[float]) -> float | None:
 
 
 def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
-    """Sort key: hung/stalled/stale, then stragglers (most steps behind, slowest step), then
-    the lowest MFU; rank number and incarnation break ties so the order is deterministic."""
+    """Sort key: failed, silent, hung, then stragglers (those a straggler hint names, then the
+    most steps behind and slowest step), then the lowest MFU; rank number and incarnation break
+    ties so the order is deterministic."""
     limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
 
     def key(r: RankSnapshot) -> tuple:
@@ -113,6 +122,9 @@ def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
             return (tier, 0, r.step, 0.0, r.rank, r.incarnation)
         if tier == LIVE_TIER:
             lag = ctx.lead_step - r.step
+            impact = ctx.stragglers.get(r.rank)
+            if impact is not None:  # named by a straggler hint: first, the most at stake first
+                return (tier, -1, -impact, -step_s, r.rank, r.incarnation)
             if lag >= STRAGGLER_LAG or step_s >= limit:
                 return (tier, 0, -lag, -step_s, r.rank, r.incarnation)
             mfu = r.mfu

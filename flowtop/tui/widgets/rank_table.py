@@ -162,7 +162,11 @@ class RankTable(ScrollView, can_focus=True):
             return self._index[key]
         if len(key) == 5:
             return self._index.get(node_key(key[0], key[1]))
-        return None
+        # A node row gone (the flat view): its first rank in the order shown, its worst under
+        # worst-first (the cursor had kept the row's index, landing on another node's rank).
+        _, job, host = key
+        return next((i for i, row in enumerate(self.view.rows)
+                     if len(row.key) == 5 and row.key[0] == job and row.key[1] == host), None)
 
     # --- selection ---------------------------------------------------------------------------
 
