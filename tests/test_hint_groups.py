@@ -176,3 +176,31 @@ async def test_the_panel_does_not_sort_and_group_again_for_the_same_hints() -> N
         assert panel._rows is rows
         panel.show(tuple(hints), ranks[1:])  # other ranks: grouped again
         assert panel._rows is not rows and "1-4, …" in panel.get_option_at_index(0).prompt.plain
+
+
+@pytest.mark.asyncio
+async def test_a_new_top_hint_is_shown_from_its_first_line_when_the_list_is_not_read() -> None:
+    """A critical hint that came above the highlighted one, with the list unfocused, was shown
+    with its first line scrolled out of view for 30 s at 80×24: the highlight had followed the
+    old first hint to the second line (a new user's trial). Unfocused, the list stays on its
+    first line; focused, the line under the cursor is kept (above)."""
+    from textual.app import App, ComposeResult
+    from textual.widgets import Input
+
+    from flowtop.tui.widgets.hints_panel import HintsPanel
+
+    class _Two(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Input()  # takes the focus, as the rank table does
+            yield HintsPanel()
+
+    wait = Hint("input_wait", "warning", "rank", "rank 3", "rank 3 waits", {}, "fix", 0.2)
+    hang = Hint("hang_all", "critical", "job", "", "all ranks stopped " + "and the others wait " * 8, {}, "fix", 1.0)
+    app = _Two()
+    async with app.run_test(size=(80, 12)) as pilot:
+        panel = app.query_one(HintsPanel)
+        panel.show([wait], ())
+        await pilot.pause()
+        panel.show([hang, wait], ())
+        await pilot.pause()
+        assert not panel.has_focus and panel.highlighted == 0 and panel.scroll_y == 0

@@ -116,9 +116,11 @@ class HintsPanel(OptionList):
             self.set_options([Option(Text("no hints: nothing stands out", style="dim"), id="none", disabled=True)])
             return
         self.set_options(Option(hint_prompt(row, k in self.expanded), id=k) for row, k in zip(self._rows, keys))
-        # Keep the same line under the cursor when the order changes, or the line that now holds
-        # its hint (a group formed or split); start on the first.
-        self.highlighted = self._row_of(current, keys)
+        # While the user reads the list (it has focus) keep the same line under the cursor when
+        # the order changes, or the line that now holds its hint (a group formed or split); else
+        # stay on the first: a critical hint that came above the highlighted one was shown with
+        # its first line scrolled out of view for 30 s (a new user's trial at 80×24).
+        self.highlighted = self._row_of(current, keys) if self.has_focus else 0
 
     def _row_of(self, key: str | None, keys: list[str]) -> int:
         if key in keys:
