@@ -3,6 +3,7 @@ connection makes a real probe publisher hold its step records longer, for a whil
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import replace
@@ -421,6 +422,7 @@ class _OneRank:
 
         monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)
         monkeypatch.setattr(pacing, "RENEW_S", 0.5)
+        monkeypatch.setattr(pacing, "PACE_NOTICE_S", 0.0)  # every change told: the notices are what is read
         monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
         monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
         listen = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -826,3 +828,22 @@ def test_a_batch_leaves_a_flush_after_the_last_one_or_its_first_item_whichever_i
     assert batch_due(10.0, 10.5, 0.1) == pytest.approx(10.1)  # none sent for a flush: at once (10.1 < 10.5)
     assert batch_due(9.0, 8.95, 2.0) == pytest.approx(10.95)  # an item older than the last batch: 2 s after it
     assert batch_due(float("-inf"), 3.0, 0.1) == float("-inf")  # the first batch ever: at once
+
+
+def test_a_pace_finding_its_level_is_told_at_most_once_a_minute() -> None:
+    """A load-driven pace moved by half or more every few seconds at 1,024 ranks (0.25 → 0.45 →
+    0.7 → 1.3 → 0.6 → 1.6 s in a minute) and each move posted a notice several lines tall that
+    covered half an 80×24 screen for the whole run (a new user's trial). Pacing starting or
+    stopping is told at once; a move, or the load starting or ceasing to set it, PACE_NOTICE_S
+    after the last notice."""
+    from flowtop.monitor.pacing import PACE_NOTICE_S, pace_news
+
+    told, load, at, now = None, False, -math.inf, 0.0
+    said = []
+    for pace, bound in [(0.25, False), (0.45, True), (0.7, True), (1.3, True), (0.6, True), (1.6, True),
+                        (1.0, True), (1.0, True), (None, False), (0.3, False)]:
+        if pace_news(told, load, at, pace, bound, now):
+            told, load, at = pace, bound, now
+            said.append((now, pace))
+        now += PACE_NOTICE_S / 6  # a renewal every 10 s
+    assert said == [(0.0, 0.25), (PACE_NOTICE_S, 1.0), (8 * PACE_NOTICE_S / 6, None), (9 * PACE_NOTICE_S / 6, 0.3)]

@@ -20,6 +20,7 @@ flowtop.monitor.collector_net, whose names stay importable from here.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -42,7 +43,7 @@ from flowtop.monitor.fdwatch import FdHeadroom
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
-from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_notice
+from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_news, pace_notice
 from flowtop.monitor.rankstate import STALE_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
@@ -136,6 +137,7 @@ class Collector(CollectorSockets):
         self.busy = BusyMeter()
         self._told_pace: float | None = None  # the pace the user was last told of ...
         self._told_load_bound = False  # ... and whether the monitor's load set it
+        self._told_pace_at = -math.inf  # ... and when
         #: How thinly large jobs' ticks are spread when they crowd out frames (checked with the pace).
         self.thinner = Thinner(cpu_budget)
         self._handed_at = -float("inf")  # when a tick's snapshot was last handed on (see _hand_over)
@@ -303,12 +305,10 @@ class Collector(CollectorSockets):
         pacer = self.pacer
         pace = pacer.due(now, live, busy, self.model.relays.behind(now))
         self._broadcast_pace(pace)
-        told, load_bound = self._told_pace, pacer.load_bound
-        # Told when pacing starts or stops, when the monitor's load starts or stops setting it, and
-        # when the pace moves by half or more: not at every step of a load-driven pace finding its level.
-        if (pace is None) != (told is None) or load_bound != self._told_load_bound or (
-                pace is not None and told is not None and not told / 1.5 < pace < told * 1.5):
-            self._told_pace, self._told_load_bound = pace, load_bound
+        load_bound = pacer.load_bound
+        # Not at every step of a load-driven pace finding its level (pacing.pace_news).
+        if pace_news(self._told_pace, self._told_load_bound, self._told_pace_at, pace, load_bound, now):
+            self._told_pace, self._told_load_bound, self._told_pace_at = pace, load_bound, now
             self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s,
                                                               pacer.cpu_budget), now)
 

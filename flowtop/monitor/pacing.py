@@ -324,6 +324,25 @@ class Pacer:
         return self.scale < 1.0
 
 
+#: Seconds between two notices of a pace that moved (or of the load starting or ceasing to set it):
+#: a load-driven pace finds its level by moves of half or more (0.25 → 0.45 → 0.7 → 1.3 → 0.6 s
+#: in a minute at 1,024 ranks), and a notice at each covered half of an 80×24 screen for the
+#: whole run (a new user's trial). Pacing starting or stopping is told at once.
+PACE_NOTICE_S = 60.0
+
+
+def pace_news(told: float | None, told_load_bound: bool, told_at: float, pace: float | None,
+              load_bound: bool, now: float) -> bool:
+    """Whether the user is told of the pace now: when pacing starts or stops; when the monitor's
+    load starts or stops setting it, or it moved by half or more, PACE_NOTICE_S after the last
+    notice (the pace then told is the one in force, however it moved between)."""
+    if (pace is None) != (told is None):
+        return True
+    changed = load_bound != told_load_bound or (
+        pace is not None and told is not None and not told / 1.5 < pace < told * 1.5)
+    return changed and now - told_at >= PACE_NOTICE_S
+
+
 def pace_notice(live: int, pace: float | None, load_bound: bool, busy: Busy | None, behind_s: float = 0.0,
                 cpu_budget: float | None = None) -> str:
     """What the user is told when the pace asked of ``live`` ranks changes (``load_bound``: the
