@@ -238,7 +238,8 @@ def test_stopped_rank_triggers_hang_then_clears(monkeypatch: pytest.MonkeyPatch)
                                                   for h in hints_of(s, "hang_all")), 30)
             (hint,) = hints_of(snap, "hang_all")
             assert hint.evidence["silent_ranks"] == [1]
-            assert "nothing heard from rank 1 for" in hint.summary
+            host = next(r.host for r in the_job(snap).ranks if r.rank == 1)
+            assert f"nothing heard from rank 1 ({host}) for" in hint.summary
             status = {r.rank: r.status for r in the_job(snap).ranks}
             # Rank 0 still sends heartbeats: "live", then "stalled" once it has made no step for
             # max(5 median steps, 5 s) — about when rank 1's silence makes it "stale".

@@ -392,6 +392,19 @@ def test_straggler_needs_two_ranks_and_ignores_done_ranks() -> None:
     assert find(settle(HintEngine(), done, 0.0), "straggler") is None
 
 
+def test_a_dead_nodes_ranks_are_named_as_a_range_with_their_host() -> None:
+    """A dead node's 8 ranks read "ranks 720, 721, 722, 723, 724, 725, 726, 727" (a new user's
+    trial at 1,024 ranks): runs of rank numbers are ranges, and the host is named when few."""
+    from flowtop.monitor.hints.measures_time import rank_list
+
+    node = [dataclasses.replace(rank(r), host="node0090") for r in range(720, 728)]
+    assert rank_list(node) == "ranks 720-727 (node0090)"
+    assert rank_list(node[:1]) == "rank 720 (node0090)"
+    spread = [dataclasses.replace(rank(r), host=f"n{r % 3}") for r in (3, 40, 41, 42, 96, 97)]
+    assert rank_list(spread) == "ranks 3, 40-42, 96, 97 (3 hosts)"  # a run of two: both named
+    assert rank_list(spread, most=2) == "ranks 3, 40-42 … (3 hosts)"
+
+
 def test_hang_default_floor_is_thirty_seconds() -> None:
     assert find(HintEngine().evaluate(b_hang_rank(29.0, 0.0), 0.0), "hang_rank") is None
     hint = find(HintEngine().evaluate(b_hang_rank(31.0, 0.0), 0.0), "hang_rank")
@@ -430,7 +443,7 @@ def test_a_hang_after_a_rank_failed_names_the_failed_rank() -> None:
     snap = job(_stalled(0, 5.0, 0.0), _stalled(1, 5.5, 0.0), crashed)
     hint = find(settle(HintEngine(small_hang_rules()), snap, 0.0), "hang_all")
     assert hint is not None and hint.evidence["failed_ranks"] == [2]
-    assert "since rank 2 failed (RuntimeError: CUDA out of memory); they likely wait for it" in hint.summary
+    assert "since rank 2 (node1) failed (RuntimeError: CUDA out of memory); they likely wait for it" in hint.summary
     assert hint.summary.startswith("the 2 running ranks (of 3; the other ended) stopped at step 10")
 
 
@@ -531,15 +544,15 @@ def test_hang_all_names_the_silent_rank() -> None:
     stopped = rank(1, step=10, status="stale", age_s=6.0, hist=history(10, 0.1, t0=-7.0))
     hint = find(HintEngine(small_hang_rules()).evaluate(job(waiting, stopped), 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == [1] and hint.evidence["silent_s"] == 6.0
-    assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from rank 1 for "
-                            "6 s (stopped, dead or its host is down) while the others wait")
+    assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from rank 1 (node1) "
+                            "for 6 s (stopped, dead or its host is down) while the others wait")
     both = job(dataclasses.replace(waiting, status="stale", heard_at=-6.0), stopped)
     hint = find(HintEngine(small_hang_rules()).evaluate(both, 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == [0, 1]
-    assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from ranks 0, 1 for "
-                            "6 s (stopped, dead or its host is down)")  # nobody waits: no "others"
+    assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from ranks 0, 1 "
+                            "(node1) for 6 s (stopped, dead or its host is down)")  # nobody waits: no "others"
     # A SIGKILLed rank whose peer already ended: named, and not "all 1 ranks".
     done = dataclasses.replace(waiting, status="done")
     hint = find(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), "hang_all")
     assert hint.summary == ("the 1 running rank (of 2; the other ended) stopped at step 10: no step for 6 s; "
-                            "nothing heard from rank 1 for 6 s (stopped, dead or its host is down)")
+                            "nothing heard from rank 1 (node1) for 6 s (stopped, dead or its host is down)")

@@ -97,19 +97,37 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(latest_ranks(job)))}
     if silent:  # a dead rank is named even when it is the only one left
         ev["silent_s"] = max(r.age_s(now) for r in silent)
-        names = ", ".join(str(r.rank) for r in silent[:8]) + (" …" if len(silent) > 8 else "")
-        text["silent"] = ("rank " if len(silent) == 1 else "ranks ") + names
+        text["silent"] = rank_list(silent)
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
     variant = "silent" if silent else ""
     failed = [r for r in latest_ranks(job) if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
     if failed:  # the crash is the cause: named before any silence
-        names = ", ".join(str(r.rank) for r in failed[:8]) + (" …" if len(failed) > 8 else "")
-        text["failed"] = ("rank " if len(failed) == 1 else "ranks ") + names
+        text["failed"] = rank_list(failed)
         text["why"] = (failed[0].bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
         variant = "failed"
     return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step, text=text,
                             variant=variant)}
+
+
+def rank_list(ranks: list[RankSnapshot], most: int = 8) -> str:
+    """"rank 5", "ranks 720-727 (node0090)", "ranks 3, 40-47, 96 … (3 hosts)": runs of numbers as
+    ranges, the host when there are few (a dead node's 8 ranks read "720, 721, …, 727"; a new
+    user's trial)."""
+    numbers = sorted({r.rank for r in ranks})
+    runs: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        runs.append(str(start) if start == prev else f"{start}, {prev}" if prev == start + 1 else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    hosts = sorted({r.host for r in ranks})
+    where = f" ({', '.join(hosts)})" if len(hosts) <= 2 else f" ({len(hosts)} hosts)"
+    shown = ", ".join(runs[:most]) + (" …" if len(runs) > most else "")
+    return ("rank " if len(numbers) == 1 else "ranks ") + shown + where
 
 
 def _ranks_phrase(running: int, shown: int) -> str:
