@@ -214,10 +214,10 @@ def test_ranks_sharing_fewer_cores_share_their_peak() -> None:
     assert cpu_cores_of_rank(4, host=2, allowed=2, threads=1) == 0.5
     assert cpu_cores_of_rank(2, host=2, allowed=2, threads=1) == 1.0
     assert cpu_cores_of_rank(4, host=16, allowed=2, threads=4) == 2.0  # pinned to 2 CPUs of its own
-    # one taskset/cpuset of 8 CPUs around a 4-rank launch on 16 (more than a rank's share of the
-    # host: shared): 2 CPUs each, not 8 (a review). 4 of 16 each reads as a set of its own.
-    assert cpu_cores_of_rank(4, host=16, allowed=8, threads=8) == 2.0
-    assert cpu_cores_of_rank(4, host=16, allowed=4, threads=8) == 4.0
+    # a CPU set larger than a rank's share of the host (one taskset of 8 around a 4-rank launch on
+    # 16, a review): its share of the host, 4, not 8 (the set's 2 each is not known from inside)
+    assert cpu_cores_of_rank(4, host=16, allowed=8, threads=8) == 4.0
+    assert cpu_cores_of_rank(4, host=16, allowed=4, threads=8) == 4.0  # a set of its own
     assert cpu_cores_of_rank(2, host=16, allowed=16, threads=4) == 4.0  # its threads, under its share of 8
     half = cpu_peak("fp32", cpuinfo=X86_AVX2, cores=0.5, mhz=2000.0)
     assert half.flops == 0.5 * cpu_peak("fp32", cpuinfo=X86_AVX2, cores=1, mhz=2000.0).flops

@@ -101,7 +101,9 @@ def test_a_cpu_ranks_peak_counts_its_share_of_the_host(monkeypatch) -> None:  # 
     assert accounting.cpu_cores_of_rank(2) == 8  # two ranks never both claim all 16 cores
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # torchrun's OMP_NUM_THREADS=1
     assert accounting.cpu_cores_of_rank(2) == 1
-    # Pinned to 4 cores (taskset/numactl/Slurm binding): the set is the rank's own.
+    # Pinned to 4 cores (taskset/numactl/Slurm binding): the set is the rank's own ...
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
-    assert accounting.cpu_cores_of_rank(8) == 4
+    assert accounting.cpu_cores_of_rank(4) == 4
+    # ... up to its share of the host: 8 ranks' sets of 4 on 16 cores overlap (2 each in all)
+    assert accounting.cpu_cores_of_rank(8) == 2

@@ -177,7 +177,7 @@ class Model(ModelTicks):
             self.rejected_reasons[bucket] += 1
         else:
             self.rejected_reasons[OTHER_REASONS] += 1
-        self._last_reject = where + reason
+        self._last_reject = (where + reason)[:300]  # an exception's text has no bound
         said_at = self._rejects_said_at
         if said_at is None or self._now - said_at >= REJECT_NOTICE_S:
             self._say_rejects()

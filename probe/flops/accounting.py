@@ -36,12 +36,10 @@ def unwrap(module: Any) -> Any:
 def cpu_cores_of_rank(local_ranks: int, host: int | None = None, allowed: int | None = None,
                       threads: int | None = None) -> float:
     """Cores a CPU rank computes on: its torch threads, at most its share of the cores it may run
-    on. Ranks sharing a host must not each claim all of it: a rank pinned to a CPU set of its own
-    (numactl, Slurm's binding) owns that set; ranks of a set larger than their share of the host
-    (unpinned, or one taskset/cpuset around the whole launch) own 1/``local_ranks`` of it — a
-    fraction of a core when there are more ranks than cores (4 ranks on 2 cores each claimed a
-    whole one: the job's peak was twice the machine's; a new user's trial). The host's figures
-    can be injected (tests)."""
+    on. Ranks sharing a host must not each claim all of it: a rank owns its CPU set (taskset,
+    numactl, Slurm's binding) up to 1/``local_ranks`` of the host — a fraction of a core when
+    there are more ranks than cores (4 ranks on 2 cores each claimed a whole one: the job's peak
+    was twice the machine's; a new user's trial). The host's figures can be injected (tests)."""
     import os
 
     host = host or os.cpu_count() or 1
@@ -50,11 +48,12 @@ def cpu_cores_of_rank(local_ranks: int, host: int | None = None, allowed: int | 
             allowed = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             allowed = host
-    ranks = max(1, local_ranks)
-    # A CPU set that holds no more than its share of the host is this rank's own (Slurm's
-    # binding); a larger one is shared by the host's ranks (taskset or a container's cpuset
-    # around the whole launch): each rank's share of it.
-    share = float(allowed) if allowed * ranks <= host else allowed / ranks
+    # Its CPU set, at most its share of the host: pinned sets of their own (Slurm's binding)
+    # count whole, and ranks whose sets overlap (more ranks × set than the host holds) never
+    # claim more than the host together. (A set the ranks share, a taskset around the whole
+    # launch, is not told apart from a set of one's own from inside: each still claims up to
+    # its share of the host.)
+    share = min(float(allowed), host / max(1, local_ranks))
     return min(share, float(threads if threads is not None else torch.get_num_threads()))
 
 
