@@ -6,6 +6,7 @@ import math
 import statistics
 from typing import Any
 
+from flowtop.monitor.format import fmt_ranks
 from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
                                         rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.stages import feeds_itself
@@ -110,24 +111,14 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
                             variant=variant)}
 
 
-def rank_list(ranks: list[RankSnapshot], most: int = 8) -> str:
-    """"rank 5", "ranks 720-727 (node0090)", "ranks 3, 40-47, 96 … (3 hosts)": runs of numbers as
-    ranges, the host when there are few (a dead node's 8 ranks read "720, 721, …, 727"; a new
-    user's trial)."""
-    numbers = sorted({r.rank for r in ranks})
-    runs: list[str] = []
-    start = prev = numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        runs.append(str(start) if start == prev else f"{start}, {prev}" if prev == start + 1 else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
+def rank_list(ranks: list[RankSnapshot], width: int = 40) -> str:
+    """"rank 5", "ranks 720-727 (node0090)", "ranks 3,40-42,96-97 (3 hosts)": runs of numbers
+    joined (flowtop.monitor.format.fmt_ranks), the host when there are few (a dead node's 8 ranks
+    read "720, 721, …, 727"; a new user's trial)."""
+    numbers = [r.rank for r in ranks]
     hosts = sorted({r.host for r in ranks})
     where = f" ({', '.join(hosts)})" if len(hosts) <= 2 else f" ({len(hosts)} hosts)"
-    shown = ", ".join(runs[:most]) + (" …" if len(runs) > most else "")
-    return ("rank " if len(numbers) == 1 else "ranks ") + shown + where
+    return ("rank " if len(set(numbers)) == 1 else "ranks ") + fmt_ranks(numbers, width) + where
 
 
 def _ranks_phrase(running: int, shown: int) -> str:
