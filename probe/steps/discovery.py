@@ -242,8 +242,11 @@ class Discovery:
         try:
             # First of the root's pre-hooks: FSDP2's fully_shard prepends its own (the root's
             # all-gather, a wait for the other ranks), which would otherwise read as input wait.
+            # Only where the root has one: a prepended hook cost ~3 µs a step more on a root
+            # with none (bench/probe_costs.py --hooks, root_pre 12 -> 15-16 µs).
+            first = bool(root._forward_pre_hooks)
             self._root_handles.append(root.register_forward_pre_hook(eager(self._root_pre), with_kwargs=True,
-                                                                     prepend=True))
+                                                                     prepend=first))
             self._root_handles.append(root.register_forward_hook(eager(self._root_post)))
             self.compiled = _is_compiled(root) or any(_is_compiled(m) for m in root.children())
             if self.compiled:
