@@ -14,6 +14,7 @@ import pytest
 from flowtop.monitor.hints import RULES_BY_ID, staggered
 from flowtop.monitor.hints.measures_straggler import straggler
 from flowtop.monitor.model import Model
+from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.wiring import make_model
 from probe import wire
 from probe.wire import RankKey
@@ -30,8 +31,8 @@ def _lockstep(rank: int, step: int) -> tuple[float, float]:
     return STEP_S * (1 + jitter), 0.002 * (1 + jitter)
 
 
-def _run(timing: Timing, seconds: float,
-         stage: Callable[[int], int] | None = None) -> tuple[Model, list[set[str]], list[int]]:
+def _run(timing: Timing, seconds: float, stage: Callable[[int], int] | None = None,
+         on_tick: Callable[[Model, MonitorSnapshot], None] | None = None) -> tuple[Model, list[set[str]], list[int]]:
     """Ticks every TICK_S for ``seconds``; each rank flushes its steps every PACE_S at its own
     phase (``stage``: each rank's pipeline stage of 2, in its hello). Returns the model, each
     tick's straggler targets and the since_step of each straggler hint seen."""
@@ -65,6 +66,8 @@ def _run(timing: Timing, seconds: float,
                 model.ingest(wire.decode(wire.encode_steps(keys[r], seq[r], t, recs, 0)), t)
                 sent[r] = newest
         snap = model.tick(now)
+        if on_tick is not None:
+            on_tick(model, snap)
         hints = [h for h in snap.jobs[0].hints if h.id == "straggler"]
         seen.append({h.target for h in hints})
         since.extend(h.evidence["since_step"] for h in hints)
@@ -141,6 +144,36 @@ def test_a_late_rank_of_a_job_viewed_in_turns_is_found_from_histories_taken_when
     assert model.ticks_per_round(RANKS) == 4
     assert not any(r.history.reached or r.history.lead_s for r in snap.jobs[0].ranks)
     assert set().union(*seen[-16:]) == {"rank 5"}
+
+
+def test_the_row_of_a_rank_a_hint_names_is_current_at_every_tick_of_a_job_viewed_in_turns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In turns (4 ticks a round) a rank's row keeps its figures of up to a round before; the rank
+    a straggler hint names has its view rebuilt at every tick: its row's last step time is its
+    newest record's from the tick after the hint on, while other rows lag behind theirs."""
+    from flowtop.monitor import rotation
+
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 6)
+
+    def late(rank: int, step: int) -> tuple[float, float]:
+        wall, lead = _lockstep(rank, step)
+        return wall, lead + (0.004 if rank == 5 else 0.0)
+
+    hinted_before: list[bool] = []
+    current: dict[int, list[bool]] = {5: [], 7: []}  # rank -> its row current at each tick after a hint
+
+    def look(model: Model, snap: MonitorSnapshot) -> None:
+        if hinted_before and hinted_before[-1]:
+            for r in snap.jobs[0].ranks:
+                if r.rank in current:
+                    newest = next(st for st in model.ranks.values() if st.key.rank == r.rank).steps.last()
+                    current[r.rank].append(r.history.step_time_s[-1] == newest.wall_s)
+        hinted_before.append(any(h.target == "rank 5" for h in snap.jobs[0].hints))
+
+    _run(late, 16.0, on_tick=look)
+    assert len(current[5]) >= 8
+    assert all(current[5])
+    assert not all(current[7])  # the turns are at work: another row reads a round old
 
 
 def test_a_rank_whose_steps_take_longer_is_found_though_no_step_is_common() -> None:

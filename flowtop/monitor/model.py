@@ -123,6 +123,7 @@ class Model(ModelTicks):
         #: A tick rebuilds RANKS_PER_TICK ÷ spread ranks of a large job (one of SPREADS).
         self.spread = 1
         self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
+        self._hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]] = {}  # see ModelViews._hot
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
         self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)

@@ -49,6 +49,7 @@ class ModelTicks(ModelViews):
     _hint_engine: HintEvaluator | None
     _hints_failed: bool
     _hints_seen: dict[str, list[float]]
+    _hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]]
     _judged: Prepared[JobSnapshot]
     _looks: dict[str, TokenBucket]
     evicted_jobs: int
@@ -214,6 +215,7 @@ class ModelTicks(ModelViews):
             self._judged.void(job)
             self._looks.pop(job, None)
             self._hints.pop(job, None)
+            self._hot_of.pop(job, None)
             self._claims.forget_job(job)
             forget = getattr(self._hint_engine, "forget", None)
             if forget is not None:

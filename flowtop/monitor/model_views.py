@@ -16,6 +16,7 @@ from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows
 from flowtop.monitor.kernels.merge import JobKernelStats
+from flowtop.monitor.rankfilter import hinted_ranks
 from flowtop.monitor.rankkernels import KernelTables
 from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.rankviews import RankViews
@@ -23,6 +24,11 @@ from flowtop.monitor.relays import Relays
 from flowtop.monitor.rotation import ticks_per_round
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import RankKey
+
+
+#: Most ranks of a large job whose views every tick rebuilds because its hints name them (see
+#: ModelViews._hot): a tick's views of 32 more ranks cost ~10 ms at most (~0.3 ms a rank).
+HOT_RANKS = 32
 
 
 def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) -> float | None:
@@ -51,6 +57,7 @@ class ModelViews:
     spread: int
     ticks: int
     _hints: dict[str, tuple[Hint, ...]]
+    _hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]]  # job -> (its hints, _hot's answer)
     _merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]]
     _merged_round: dict[str, tuple[JobKernelStats | None, int]]
     _claims: Claims
@@ -103,6 +110,19 @@ class ModelViews:
                 by_job[st.key.job].append((st, shown[st.key]))
         return by_job
 
+    def _hot(self, job: str) -> frozenset[int]:
+        """The ranks a large job's active rank hints name, whose views every tick rebuilds (at
+        most HOT_RANKS, the most impact first): in turns, a straggler's row read its figures of
+        up to a round before (8 s at 1,024 ranks, 16 s at 4,096) beside the hint about them."""
+        hints = self._hints.get(job, ())
+        held = self._hot_of.get(job)
+        if held is not None and held[0] is hints:
+            return held[1]
+        ranked = sorted(hinted_ranks(hints).items(), key=lambda kv: -kv[1])
+        hot = frozenset(rank for rank, _ in ranked[:HOT_RANKS])
+        self._hot_of[job] = (hints, hot)
+        return hot
+
     def _job_snapshot(self, job: str, shown: list[tuple[RankState, tuple[RankKey, ...]]], now: float,
                       hints: tuple[Hint, ...] = (), rotation: tuple[int, int] | None = None) -> JobSnapshot:
         """``rotation`` (tick number, ticks per full refresh): only the ranks whose turn it is get
@@ -115,7 +135,8 @@ class ModelViews:
         # turns, the turn follows the rank number, not the row: a rank's turn comes every `spread`
         # ticks whoever joins or leaves the job meanwhile; a glance is nobody's turn.
         ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
-                                 glance=rotation is not None and rotation[1] == 0, shown_only=slim)
+                                 glance=rotation is not None and rotation[1] == 0, shown_only=slim,
+                                 hot=self._hot(job) if slim else frozenset())
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import Hint, JobSnapshot, RankSnapshot
 
 STATUSES = frozenset({"live", "stalled", "stale", "done", "failed"})
 #: Words people use for a status: a rank that talks but makes no step is hung.
@@ -80,6 +80,12 @@ def _host_test(globs: tuple[str, ...]) -> Callable[[RankSnapshot], bool]:
     return test
 
 
+def target_rank(hint: Hint) -> int | None:
+    """The rank a rank-scope hint is about ("rank 3"), else None (a job's, a kernel's)."""
+    m = _RANK_TARGET.match(hint.target) if hint.scope == "rank" else None
+    return int(m.group(1)) if m is not None else None
+
+
 def _hint_test(job: JobSnapshot, ids: frozenset[str]) -> Callable[[RankSnapshot], bool]:
     """Ranks named by an active hint of one of ``ids``. A job- or kernel-scope hint is about
     every rank of the job; an ended hint is history, not a current problem, so it is skipped."""
@@ -87,19 +93,19 @@ def _hint_test(job: JobSnapshot, ids: frozenset[str]) -> Callable[[RankSnapshot]
     for h in job.hints:
         if h.id not in ids or h.ended:
             continue
-        m = _RANK_TARGET.match(h.target) if h.scope == "rank" else None
-        if m is None:
+        rank = target_rank(h)
+        if rank is None:
             return lambda r: True
-        ranks.add(int(m.group(1)))
+        ranks.add(rank)
     return lambda r: r.rank in ranks
 
 
-def hinted_ranks(job: JobSnapshot, hint_id: str) -> dict[int, float]:
-    """Rank number -> impact of each active rank hint of ``hint_id`` (a straggler's)."""
+def hinted_ranks(hints: Iterable[Hint], hint_id: str | None = None) -> dict[int, float]:
+    """Rank number -> impact of each active rank hint (of ``hint_id`` only, when given)."""
     out: dict[int, float] = {}
-    for h in job.hints:
-        if h.id == hint_id and not h.ended and h.scope == "rank" and (m := _RANK_TARGET.match(h.target)):
-            out[int(m.group(1))] = max(h.impact, out.get(int(m.group(1)), 0.0))
+    for h in hints:
+        if (hint_id is None or h.id == hint_id) and not h.ended and (rank := target_rank(h)) is not None:
+            out[rank] = max(h.impact, out.get(rank, 0.0))
     return out
 
 

@@ -85,7 +85,7 @@ def job_context_of(job: JobSnapshot) -> JobContext:
     table, the map and the summary all measure against one snapshot's job."""
     if _LAST_CONTEXT and _LAST_CONTEXT[0][0] is job:
         return _LAST_CONTEXT[0][1]
-    ctx = job_context(job.ranks, hinted_ranks(job, "straggler"))
+    ctx = job_context(job.ranks, hinted_ranks(job.hints, "straggler"))
     _LAST_CONTEXT[:] = [(job, ctx)]
     return ctx
 

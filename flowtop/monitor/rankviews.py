@@ -122,14 +122,16 @@ class RankViews:
 
     def views(self, shown: Iterable[tuple[RankState, tuple[RankKey, ...]]], now: float,
               lag: Callable[[str | None], float], turn: tuple[int, int] | None = None, glance: bool = False,
-              shown_only: bool = False) -> tuple[RankSnapshot, ...]:
+              shown_only: bool = False, hot: frozenset[int] = frozenset()) -> tuple[RankSnapshot, ...]:
         """The views of a job's ``shown`` ranks (each with the processes claiming its rank) at
         monitor time ``now``, each as of its relay's ``lag`` (taken off ``now``): :meth:`view` of
         each, ``full`` where ``turn`` (tick, spread) says it is the rank's turn (None: every rank's),
-        none with ``glance``. One call a tick: the ranks that kept their view since the last look
-        (nothing arrived, the clock has not moved their status, their relay's lag has not moved
-        by more than LAG_STEP_S) are found here, with no call per rank — at 4,096 ranks and a
-        2 s pace three quarters of them (~0.25 µs each here, ~5 µs each through :meth:`view`)."""
+        none with ``glance``; the ranks numbered in ``hot`` (those the job's hints name) at every
+        tick, so that their rows agree with the hints about them. One call a tick: the ranks that
+        kept their view since the last look (nothing arrived, the clock has not moved their status,
+        their relay's lag has not moved by more than LAG_STEP_S) are found here, with no call per
+        rank — at 4,096 ranks and a 2 s pace three quarters of them (~0.25 µs each here, ~5 µs
+        each through :meth:`view`)."""
         entries, view = self._entries, self.view
         out: list[RankSnapshot] = []
         append = out.append
@@ -142,7 +144,7 @@ class RankViews:
             if behind is None:
                 behind = lags[via] = lag(via)
             at = now - behind
-            full = not glance and (spread == 0 or (st.key.rank + tick) % spread == 0)
+            full = not glance and (spread == 0 or (st.key.rank + tick) % spread == 0 or st.key.rank in hot)
             entry = entries.get(st.key) if not full else None
             if (entry is not None and st.version == entry.seen and at < entry.until and others == entry.key[3]
                     and -LAG_STEP_S <= entry.view.behind_s - behind <= LAG_STEP_S):  # not _lag_moved
