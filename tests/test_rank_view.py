@@ -13,6 +13,7 @@ from flowtop.tui.app import FlowtopApp
 from synthetic.replay import ReplaySource
 from flowtop.monitor.rankview import NodeRow, RankRow, node_key
 from synthetic.cluster import cluster_snapshot
+from flowtop.tui.widgets.hints_panel import HintsPanel
 from flowtop.tui.widgets.rank_map import RankMap
 from flowtop.tui.widgets.rank_summary import RankSummary
 from flowtop.tui.widgets.rank_table import COLUMNS, RankTable
@@ -303,3 +304,24 @@ async def test_shrinking_the_terminal_from_the_wide_layout_to_80_columns() -> No
             await pilot.pause(0.3)
             assert "-narrow" in app.screen.classes and app.screen.query_one("#hints").size.width == 78
         assert app.return_code in (None, 0)
+
+
+@pytest.mark.asyncio
+async def test_f_on_a_hint_shows_its_ranks_in_the_table() -> None:
+    app = _app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        await pilot.press("g", "tab")  # flat list; the hints panel: the hung rank's hint first
+        await pilot.press("f")
+        assert table.has_focus and table.spec.filter.text == "rank:1234"
+        assert [r.rank.rank for r in table.view.rows if isinstance(r, RankRow)] == [1234]
+        assert app.screen.query_one("#rank-filter", Input).value == "rank:1234"  # `/` edits it
+        await pilot.press("tab")
+        panel = app.screen.query_one(HintsPanel)
+        line = next(i for i, o in enumerate(panel._options) if str(o.id).startswith("group|straggler"))
+        await pilot.press(*["down"] * line, "f")  # the eight stragglers' line
+        assert table.spec.filter.text == "rank:296-303"
+        assert sorted(r.rank.rank for r in table.view.rows if isinstance(r, RankRow)) == list(range(296, 304))
+        await pilot.press("escape")
+        assert not table.spec.filter.active and table.row_count == 4097

@@ -181,3 +181,20 @@ def test_node_group_of_a_node_with_no_flop_count() -> None:
     ranks = [dataclasses.replace(cluster_rank(r), flops=None) for r in range(8)]
     g = node_group("node000", ranks, job_context(ranks))
     assert g.mfu_min is None and g.mfu_median is None and g.worst_status == "live"
+
+
+def test_the_filter_of_a_hint_names_its_ranks_or_else_its_id() -> None:
+    from flowtop.monitor.rankfilter import hint_filter, parse_filter
+    from flowtop.monitor.snapshot import Hint
+
+    def hint(scope: str, target: str, **evidence: object) -> Hint:
+        return Hint(id="hang_all", severity="critical", scope=scope, target=target, summary="", evidence=evidence,
+                    action="", impact=1.0)
+
+    assert hint_filter([hint("rank", "rank 7"), hint("rank", "rank 5"), hint("rank", "rank 6"),
+                        hint("rank", "rank 9")]) == "rank:5-7,9"
+    # a job's hint: the ranks its evidence lists (silent and failed ranks of a hang), else its id
+    assert hint_filter([hint("job", "", silent_ranks=[720, 721, 722, 723], failed_ranks=[3], ranks_n=4096)]) \
+        == "rank:3,720-723"
+    assert hint_filter([hint("job", "", ranks_n=4096)]) == "hint:hang_all"
+    assert parse_filter("rank:3,720-723").ranges == ((3, 3), (720, 723))

@@ -109,6 +109,27 @@ def hinted_ranks(hints: Iterable[Hint], hint_id: str | None = None) -> dict[int,
     return out
 
 
+def hint_filter(hints: Iterable[Hint]) -> str:
+    """The filter text that shows the ranks ``hints`` are about (one hint, or a group's): the
+    ranks they target ('rank:3', 'rank:0-3,7'), else those a job's hint lists in its evidence
+    (hang_all's silent and failed ranks, the heaviest of an MoE layer: lists under a key ending
+    in ``_ranks``), else the first hint's id (a hint about every rank of the job)."""
+    hints = tuple(hints)
+    ranks = {rank for h in hints if (rank := target_rank(h)) is not None}
+    if not ranks:
+        ranks = {int(r) for h in hints for k, v in h.evidence.items() if k.endswith("_ranks")
+                 and isinstance(v, (list, tuple)) for r in v if isinstance(r, int) and r >= 0}
+    if not ranks:
+        return f"hint:{hints[0].id}" if hints else ""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return "rank:" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def known_hint_ids(job: JobSnapshot | None = None) -> frozenset[str]:
     """Hint ids a bare word may name: every rule's, plus any the job's hints carry."""
     from flowtop.monitor.hints.rules import RULES

@@ -26,6 +26,7 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("main", "click", "a column header sorts by it (again: reversed)"),
     ("main", "/", "filter: node01* 128-255 stalled input_wait (Enter keeps it)"),
     ("main", "Esc", "clear the filter"),
+    ("hints", "f", "show the ranks of the highlighted hint in the table (Esc clears)"),
     ("main", "m / M", "rank map: next metric (MFU, step, wait, status) / hide"),
     ("map", "arrows", "move the cursor: selects that rank (its node row if closed)"),
     ("map", "Enter", "show the rank in the table (click a cell: the same)"),

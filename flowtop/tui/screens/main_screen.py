@@ -163,6 +163,21 @@ class MainScreen(SnapshotScreen):
         event.input.display = False
         self.query_one(RankTable).focus()
 
+    def on_hints_panel_show_ranks(self, event: HintsPanel.ShowRanks) -> None:
+        """``f`` on a hint: the table filtered to its ranks (the filter line holds it: ``/``
+        edits it, Esc clears it)."""
+        event.stop()
+        try:
+            flt = parse_filter(event.text, known_hint_ids(self._job))
+        except FilterError as exc:  # a hint id no rule has and the job no longer shows
+            self.notify(str(exc), severity="error", timeout=5)
+            return
+        self._filter_input().value = event.text
+        table = self.query_one(RankTable)
+        table.set_filter(flt)
+        table.focus()
+        self.notify(f"ranks of {event.what}: {event.text} (Esc clears)", timeout=4)
+
     def action_clear_filter(self) -> None:
         """Esc: drop the filter and close the filter line."""
         box = self._filter_input()

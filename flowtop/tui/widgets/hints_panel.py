@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.geometry import Size
+from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from flowtop.monitor.format import ended_note
 from flowtop.monitor.hints import HintGroup, group_key, grouped
+from flowtop.monitor.rankfilter import hint_filter
 from flowtop.monitor.snapshot import Hint, RankSnapshot
 from flowtop.tui.widgets._format import (
     SEVERITY_ORDER,
@@ -58,6 +61,7 @@ def hint_prompt(row: Hint | HintGroup, expanded: bool) -> Text:
         text.append(evidence_text(h.evidence) or "–")
         text.append("\n    fix: ", style="dim")
         text.append(h.action, style="green")
+        text.append("\n    f: show its ranks in the table", style="dim")
     if h.ended:
         # Its rank or job finished: kept as the run's diagnosis, dimmed so it reads as history.
         text.append(f" {ended_note(h.first_step, h.last_step)}", style="italic")
@@ -66,9 +70,20 @@ def hint_prompt(row: Hint | HintGroup, expanded: bool) -> Text:
 
 
 class HintsPanel(OptionList):
-    """The job's hints, one per line; Enter toggles evidence and action of one."""
+    """The job's hints, one per line; Enter toggles evidence and action of one, ``f`` asks the
+    screen to filter the rank table to the ranks the highlighted line is about."""
 
     BORDER_TITLE = "hints"
+    BINDINGS = [Binding("f", "show_ranks", "Its ranks")]
+
+    class ShowRanks(Message):
+        """Show the ranks of a hint line: ``text`` is the rank filter that selects them, ``what``
+        the line in words (for the screen's notice)."""
+
+        def __init__(self, text: str, what: str) -> None:
+            self.text = text
+            self.what = what
+            super().__init__()
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -143,3 +158,14 @@ class HintsPanel(OptionList):
         event.stop()
         if event.option.id and event.option.id != "none":
             self.toggle(event.option.id)
+
+    def action_show_ranks(self) -> None:
+        """``f``: the ranks of the highlighted line, as a filter for the screen to apply."""
+        i = self.highlighted
+        if i is None or not 0 <= i < len(self._rows):
+            return
+        row = self._rows[i]
+        hints = row.hints if isinstance(row, HintGroup) else (row,)
+        lead = row.lead if isinstance(row, HintGroup) else row
+        what = f"{lead.id}: {row.label()}" if isinstance(row, HintGroup) else f"{lead.id} {lead.target}".strip()
+        self.post_message(self.ShowRanks(hint_filter(hints), what))
