@@ -103,6 +103,10 @@ async def test_filter_by_glob_range_status_and_hint_then_escape() -> None:
         box.value = "rank:9-1"  # no such range: the filter stays as it was
         await pilot.pause()
         assert box.has_class("-invalid") and table.spec.filter.text == "stale stalled"
+        box.value = "stalld"  # a typo is no host of the job: said, not a glob that keeps no rank
+        await pilot.pause()
+        assert box.has_class("-invalid") and "'stalld' is no status" in str(box.tooltip)
+        assert table.spec.filter.text == "stale stalled"
         await pilot.press("escape")  # clears the filter and closes the line
         assert not box.display and not table.spec.filter.active and table.row_count == 512
 

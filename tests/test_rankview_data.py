@@ -198,3 +198,15 @@ def test_the_filter_of_a_hint_names_its_ranks_or_else_its_id() -> None:
         == "rank:3,720-723"
     assert hint_filter([hint("job", "", ranks_n=4096)]) == "hint:hang_all"
     assert parse_filter("rank:3,720-723").ranges == ((3, 3), (720, 723))
+
+
+def test_a_bare_word_that_names_no_host_of_the_job_is_refused() -> None:
+    from flowtop.monitor.rankfilter import FilterError, parse_filter
+
+    hosts = {"node001.cluster", "node002.cluster"}
+    with pytest.raises(FilterError, match="'stalld' is no status, hint id or host of this job"):
+        parse_filter("stalld", hosts=hosts)
+    assert parse_filter("node00* stalled", hosts=hosts).hosts == ("node00*",)
+    assert parse_filter("node002", hosts=hosts).hosts == ("node002",)  # the short name
+    assert parse_filter("host:gpu*", hosts=hosts).hosts == ("gpu*",)  # a prefix takes any glob
+    assert parse_filter("stalld").hosts == ("stalld",)  # no job to check against

@@ -72,12 +72,15 @@ def _host_test(globs: tuple[str, ...]) -> Callable[[RankSnapshot], bool]:
     def test(r: RankSnapshot) -> bool:
         hit = seen.get(r.host)
         if hit is None:
-            short = r.host.split(".")[0]
-            hit = any(fnmatch.fnmatchcase(r.host, g) or fnmatch.fnmatchcase(short, g) for g in globs)
-            seen[r.host] = hit
+            hit = seen[r.host] = any(_host_match(r.host, g) for g in globs)
         return hit
 
     return test
+
+
+def _host_match(host: str, glob: str) -> bool:
+    """Whether ``glob`` matches the full or the short name of ``host``."""
+    return fnmatch.fnmatchcase(host, glob) or fnmatch.fnmatchcase(host.split(".")[0], glob)
 
 
 def target_rank(hint: Hint) -> int | None:
@@ -140,9 +143,13 @@ def known_hint_ids(job: JobSnapshot | None = None) -> frozenset[str]:
     return frozenset(ids)
 
 
-def parse_filter(text: str, hint_ids: Iterable[str] | None = None) -> RankFilter:
-    """Parse the ``/`` filter's text (see the module docstring); raises :class:`FilterError`."""
+def parse_filter(text: str, hint_ids: Iterable[str] | None = None, hosts: Iterable[str] | None = None) -> RankFilter:
+    """Parse the ``/`` filter's text (see the module docstring); raises :class:`FilterError`.
+    ``hosts``: the job's host names; a bare word that is no status or hint id and matches none
+    of them is refused rather than read as a host glob that keeps no rank (a typo, ``stalld``,
+    emptied the table with nothing said). ``host:`` takes any glob."""
     ids = frozenset(hint_ids) if hint_ids is not None else known_hint_ids()
+    known_hosts = None if hosts is None else frozenset(hosts)
     parts: dict[str, list] = {k: [] for k in KINDS}
     for term in text.split():
         kind, _, values = term.partition(":") if ":" in term else ("", "", term)
@@ -150,6 +157,10 @@ def parse_filter(text: str, hint_ids: Iterable[str] | None = None) -> RankFilter
             raise FilterError(f"unknown filter kind {kind!r} in {term!r} (host:, rank:, status:, hint:)")
         for value in (v for v in values.split(",") if v):
             k = kind or _classify(value, ids)
+            if not kind and k == "host" and known_hosts is not None \
+                    and not any(_host_match(h, value) for h in known_hosts):
+                raise FilterError(f"{value!r} is no status, hint id or host of this job "
+                                  f"(host:{value} filters by that host glob all the same)")
             parts[k].append(_value(k, value, term))
     return RankFilter(
         text=" ".join(text.split()),

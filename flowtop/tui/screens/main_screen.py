@@ -144,7 +144,8 @@ class MainScreen(SnapshotScreen):
             return
         event.stop()
         try:
-            flt = parse_filter(event.value, known_hint_ids(self._job))
+            flt = parse_filter(event.value, known_hint_ids(self._job),
+                               {r.host for r in self._job.ranks} if self._job is not None else None)
         except FilterError as exc:
             event.input.add_class("-invalid")
             event.input.tooltip = str(exc)
