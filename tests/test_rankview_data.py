@@ -181,6 +181,16 @@ def test_node_group_of_a_node_with_no_flop_count() -> None:
     ranks = [dataclasses.replace(cluster_rank(r), flops=None) for r in range(8)]
     g = node_group("node000", ranks, job_context(ranks))
     assert g.mfu_min is None and g.mfu_median is None and g.worst_status == "live"
+    assert not g.conflict
+
+
+def test_a_node_with_a_rank_claimed_twice_says_so() -> None:
+    from flowtop.monitor.snapshot import Claimant
+
+    ranks = [cluster_rank(r) for r in range(8)]
+    ranks[3] = dataclasses.replace(ranks[3], conflict=(Claimant("node000", 999),))
+    g = node_group("node000", ranks, job_context(ranks))
+    assert g.conflict and g.worst_status == "live"
 
 
 def test_the_filter_of_a_hint_names_its_ranks_or_else_its_id() -> None:

@@ -205,6 +205,9 @@ class NodeGroup:
     input_wait_max: float | None
     tokens_per_s: float | None  # sum over the node's ranks
     flops_per_s: float | None  # sum
+    #: Some rank of the node is claimed by another process too (its row's rank reads "N!"): the
+    #: node row says so, its worst status being "live" all the same.
+    conflict: bool = False
 
 
 def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGroup:
@@ -212,7 +215,9 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     tier, lag, step = 9, 0, ranks[0].step
     mfus: list[float] = []
     t_max = w_max = tokens = flops = None
+    conflict = False
     for r in ranks:
+        conflict = conflict or bool(r.conflict)
         t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         tier = min(tier, t)
         lag = max(lag, ctx.lag(r))
@@ -230,7 +235,7 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
             w_max = r.input_wait_frac
     mfus.sort()
     return NodeGroup(host, tuple(ranks), _TIER_STATUS.get(tier, "stale"), mfus[0] if mfus else None,
-                     median_sorted(mfus), lag, step, t_max, w_max, tokens, flops)
+                     median_sorted(mfus), lag, step, t_max, w_max, tokens, flops, conflict)
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,9 @@ def node_cells(row: NodeRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
         mfu = f"{_whole_pct(g.mfu_min)}/{_whole_pct(g.mfu_median)}%"
     lag_style = "red" if g.max_lag >= 10 * STRAGGLER_LAG else "yellow" if g.max_lag >= STRAGGLER_LAG else ""
     return (
-        (f"{'▾' if row.open else '▸'} {len(g.ranks)}", "bold"),
+        # A rank claimed twice marks its node as it marks the rank's own row (rank_cells).
+        (f"{'▾' if row.open else '▸'} {len(g.ranks)}" + ("!" if g.conflict else ""),
+         "bold red" if g.conflict else "bold"),
         (short_host(g.host), "bold"),
         (fmt_int(g.step_min), ""),
         (str(g.max_lag), lag_style),
