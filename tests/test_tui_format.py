@@ -154,3 +154,12 @@ def test_a_node_rows_mfu_under_half_a_percent_is_not_zero() -> None:
     assert node_cells(Row(0.0, 0.007))[mfu][0] == "0/1%"  # type: ignore[arg-type]
     assert node_cells(Row(0.005, 0.35))[mfu][0] == "<1/35%"  # type: ignore[arg-type]  # 0.5 rounds to even
     assert node_cells(Row(0.35, 0.454))[mfu][0] == "35/45%"  # type: ignore[arg-type]
+
+
+def test_a_sorted_column_header_fits_its_width_with_the_arrow() -> None:
+    from flowtop.tui.widgets._rank_cells import COLUMNS, MFU_BF16, coords_column
+
+    for col in (*COLUMNS, MFU_BF16, coords_column(1)):
+        assert col.header() == col.label
+        assert len(col.header("▼")) <= col.width, col
+    assert [c.header("▼") for c in COLUMNS if c.key in ("step_time", "flops", "mfu")] == ["▼time", "▼FLOPs", "▼MFU"]

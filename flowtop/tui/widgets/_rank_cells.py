@@ -24,6 +24,15 @@ class Column(NamedTuple):
     label: str
     width: int
     left: bool = False  # left-justified (text), else right (numbers)
+    #: The label behind the sort arrow where the arrow and ``label`` overflow ``width`` (the
+    #: header read "▼step " and "▼FLOP/" cut to their width; a rank-view trial).
+    short: str = ""
+
+    def header(self, arrow: str = "") -> str:
+        """The header label, after the sort ``arrow`` when this column sorts the table."""
+        if not arrow:
+            return self.label
+        return arrow + (self.short if self.short and len(arrow + self.label) > self.width else self.label)
 
 
 # Widths sum to 68; with a space between columns and one before the first, a row is 79
@@ -33,10 +42,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("host", "host", 11, left=True),
     Column("step", "step", 7),
     Column("lag", "lag", 4),
-    Column("step_time", "step t", 6),
+    Column("step_time", "step t", 6, short="time"),
     Column("input_wait", "wait", 5),
     Column("tokens", "tok/s", 6),
-    Column("flops", "FLOP/s", 6),
+    Column("flops", "FLOP/s", 6, short="FLOPs"),
     Column("mfu", "MFU", 6),
     Column("tensor", "TC%", 4),
     Column("status", "state", 7, left=True),
@@ -52,7 +61,7 @@ ROW_WIDTH = row_width(COLUMNS)
 #: Columns a job adds after the fixed ones when it has something for them (after ``state``, so
 #: an 80-column terminal keeps the fixed ones in view; wider terminals show these too):
 #: the bf16-equivalent MFU when a rank's precision mix is not pure bf16, and the coordinates.
-MFU_BF16 = Column("mfu_bf16", "bf16eq", 6)
+MFU_BF16 = Column("mfu_bf16", "bf16eq", 6, short="bf16")
 COORDS_WIDTH = (6, 20)  # a coordinates cell's least and most width (the label "coords", "dp12 tp3 pp1 cp1")
 #: The host column takes spare width up to this (long host names on a wide terminal).
 HOST_MAX = 24
@@ -90,8 +99,13 @@ def columns_for(job: JobSnapshot | None) -> tuple[Column, ...]:
     first = next((r for r in job.ranks if r.coords), None)
     if first is not None:
         widest = fmt_coords({role: (size - 1, size) for role, (_, size) in first.coords.items()})
-        extra.append(Column("coords", "coords", max(COORDS_WIDTH[0], min(COORDS_WIDTH[1], len(widest))), left=True))
+        extra.append(coords_column(len(widest)))
     return COLUMNS + tuple(extra)
+
+
+def coords_column(widest: int) -> Column:
+    """The coordinates column for labels of up to ``widest`` characters (see COORDS_WIDTH)."""
+    return Column("coords", "coords", max(COORDS_WIDTH[0], min(COORDS_WIDTH[1], widest)), left=True, short="coord")
 
 
 def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cell, ...]:

@@ -414,5 +414,5 @@ class RankTable(ScrollView, can_focus=True):
 
     def _header_label(self, col: Column) -> str:
         if col.key != self.spec.sort:
-            return col.label
-        return ("▲" if ascending(self.spec) else "▼") + col.label
+            return col.header()
+        return col.header("▲" if ascending(self.spec) else "▼")
