@@ -576,6 +576,22 @@ def _gc_meter() -> dict[int, list[float]]:
     return spent
 
 
+def _census(top: int = 20) -> dict[str, int]:
+    """The objects the garbage collector tracks at the end (what a full collection walks), the
+    frozen included: in all, and the most numerous types (their counts)."""
+    import collections
+    import gc
+
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    objs = gc.get_objects()
+    counts = collections.Counter(type(o).__name__ for o in objs)
+    out = {"tracked": len(objs), "frozen_at_end": frozen, **dict(counts.most_common(top))}
+    del objs
+    gc.freeze()
+    return out
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -751,7 +767,8 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
                     "relay_lag_s_max": round(max((r.link_lag_s for r in relays), default=0.0), 2),
                     "relays_silent": sum(r.status == "silent" for r in relays),
                     # when (monitor seconds before this count) and what: how the pace got where it is
-                    "notices": [f"-{col.clock.now() - n.at:.1f} s: {n.text}" for n in model.notices.history][-30:]}
+                    "notices": [f"-{col.clock.now() - n.at:.1f} s: {n.text}" for n in model.notices.history][-30:],
+                    "gc_census": _census()}
 
         got = data.call(count, tell=False).result(60)
         a, b = marks["start"], marks["end"]
