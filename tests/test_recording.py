@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flowtop.tui.app import FlowtopApp
-from flowtop.monitor.recording import MAGIC, Recorder, RecordingError, RecordingSource, read_recording, replay_all
+from flowtop.monitor.recording import (MAGIC, MAGIC_V1, Recorder, RecordingError, RecordingSource, read_recording,
+                                       replay_all)
 from synthetic.replay import ReplaySource
 from flowtop.monitor.wiring import make_model
 from probe import wire
@@ -39,7 +40,10 @@ def test_round_trip_and_truncated_tail(tmp_path: Path) -> None:
     assert [wire.decode(f).fields["step"] for _, f in got] == [1, 2, 3]
     # A monitor killed mid-write leaves a partial record: what came before still reads.
     data = path.read_bytes()
-    path.write_bytes(data[:-5])
+    from test_recording_ending import offsets
+
+    marker_at = offsets(data)[-1]  # the end marker's record; the 3rd frame's ends there
+    path.write_bytes(data[:marker_at - 5])
     said: list[str] = []
     assert len(list(read_recording(path, said.append))) == 2
     assert said == [f"recording {path} is cut short after 2 frames (1.0 s recorded): what came after is "
@@ -69,11 +73,17 @@ def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(RecordingError, match="bad header"):
         list(read_recording(bad))
     huge = tmp_path / "huge.rec"
-    huge.write_bytes(MAGIC + (2**31).to_bytes(4, "big"))
+    huge.write_bytes(MAGIC + (2**31).to_bytes(4, "big") + bytes(4))
     with pytest.raises(RecordingError, match="larger than any frame"):
         list(read_recording(huge))
     with pytest.raises(RecordingError, match="cannot read"):
         list(read_recording(tmp_path / "missing.rec"))
+    bad.write_bytes(b"")  # a monitor killed before its first write
+    with pytest.raises(RecordingError, match="is empty: the monitor that wrote it stopped before writing anything"):
+        list(read_recording(bad))
+    bad.write_bytes(b"FLOWTOP-REC 3\n")
+    with pytest.raises(RecordingError, match=r"is a recording of a newer format \(3\): a newer flowtop reads it"):
+        list(read_recording(bad))
 
 
 def test_replay_of_a_real_run() -> None:
@@ -116,7 +126,10 @@ async def test_tui_plays_a_recording() -> None:
         assert "Capture" not in screen_text(app)
         await pilot.press("k")
         await pilot.pause()
-        assert not list(app._notifications)
+        # Only the note that this old file cannot say how it ended (its playback is at its end).
+        assert [n.message for n in app._notifications] == [
+            f"recording {REC} was written by an older flowtop (format 1, no end marker): whether it ended "
+            "cleanly is not known"]
         await pilot.press("q")
 
 
@@ -158,10 +171,15 @@ def test_a_record_with_an_impossible_time_is_damage(tmp_path: Path) -> None:
     negative time) would never end it."""
     import msgpack
 
+    import zlib
+
     for t in (float("inf"), float("nan"), -1.0):
         bad = tmp_path / "t.rec"
         rec = msgpack.packb([t, b"frame"], use_bin_type=True)
-        bad.write_bytes(MAGIC + len(rec).to_bytes(4, "big") + rec)
+        bad.write_bytes(MAGIC_V1 + len(rec).to_bytes(4, "big") + rec)
+        with pytest.raises(RecordingError, match="damaged record"):
+            list(read_recording(bad))
+        bad.write_bytes(MAGIC + len(rec).to_bytes(4, "big") + zlib.crc32(rec).to_bytes(4, "big") + rec)
         with pytest.raises(RecordingError, match="damaged record"):
             list(read_recording(bad))
 
@@ -174,8 +192,8 @@ def test_a_damaged_record_midway_replays_up_to_it(tmp_path: Path) -> None:
     import struct
 
     data = bytearray(REC.read_bytes())
-    assert data[:len(MAGIC)] == MAGIC  # not compressed: the lengths can be walked
-    off = len(MAGIC)
+    assert data[:len(MAGIC_V1)] == MAGIC_V1  # not compressed, version 1: the lengths can be walked
+    off = len(MAGIC_V1)
     for _ in range(9):
         off += 4 + struct.unpack(">I", data[off:off + 4])[0]
     size = struct.unpack(">I", data[off:off + 4])[0]
@@ -195,13 +213,21 @@ def test_a_damaged_record_midway_replays_up_to_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["in a record", "between records"])
+async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path, how: str) -> None:
     """Said at the start, the cut's notice was gone (6 s) long before the replay reached the cut,
-    where its ranks freeze looking live (a new user's trial at --speed 1)."""
+    where its ranks freeze looking live (a new user's trial at --speed 1). Between records: a
+    recording without its end marker (format 2), 6 frames a second apart."""
     import asyncio
 
+    from test_recording_ending import offsets, record
+
     cut = tmp_path / "cut.rec"
-    cut.write_bytes(REC.read_bytes()[:20_000])
+    if how == "in a record":
+        cut.write_bytes(REC.read_bytes()[:20_000])
+    else:
+        data = record(cut, 6).read_bytes()
+        cut.write_bytes(data[:offsets(data)[-1]])
     source = RecordingSource(cut, make_model(), speed=5.0)
     await source.start()
     try:
@@ -215,8 +241,9 @@ async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path) -> N
         later = source.model.notices.take()
     finally:
         await source.stop()
-    assert not [n for n in first if "cut short" in n.text]
-    assert [n.severity for n in later if "is cut short after" in n.text] == ["warning"]
+    said = "is cut short after" if how == "in a record" else "has no end marker"
+    assert not [n for n in first if said in n.text]
+    assert [n.severity for n in later if said in n.text] == ["warning"]
 
 
 def test_a_corrupt_frame_in_a_replay_is_said_with_its_reason(tmp_path: Path) -> None:

@@ -372,8 +372,8 @@ class Collector(CollectorSockets):
             f"recording to {path} stopped after {frames} frames: {type(exc).__name__}: {exc}; monitoring goes on",
             self.clock.now(),
         )
-        recorder.close()
-        recorder.error = recorder.error or f"recording {path} stopped after {frames} frames: {exc}"
+        recorder.close(f"{type(exc).__name__}: {exc}", self.clock.now())  # the why, in its end marker if it fits
+        recorder.error = f"recording {path} stopped after {frames} frames: {exc}"  # the cause, not the marker's fate
 
     def snapshot(self) -> MonitorSnapshot:
         """An immutable snapshot of the model now (a pure read; the ticks advance the model)."""
@@ -395,4 +395,4 @@ class Collector(CollectorSockets):
         if self._ctx is not None and not self._ctx.closed:  # else closed already (a start that failed to bind)
             self._close_sockets()
         if self.recorder is not None:
-            self.recorder.close()
+            self.recorder.close(now=self.clock.now())

@@ -1,11 +1,7 @@
 """Recordings: the raw frames a monitor received, with receive times, to replay later.
 
-Format (version 1): the line ``FLOWTOP-REC 1\\n``, then records of a 4-byte
-big-endian length followed by a msgpack array ``[t, frame]`` — ``t`` seconds
-since the recording started (monitor clock, whose ticks fall on multiples of the
-cadence from there: flowtop.monitor.ticker), ``frame`` the wire frame exactly as
-received (or, where the live monitor spread its ticks thinner for lack of time, a record
-saying so: flowtop.monitor.thinning). Replaying feeds the frames through the same decoder and model as live
+The file (its format, writer and reader) is flowtop.monitor.recfile's; its names are here too.
+Replaying feeds the frames through the same decoder and model as live
 data, interleaved with ticks on the same instants, so a recording reproduces
 what the monitor showed — hints included, without taking a snapshot (and a
 hostile frame in it is rejected again, never trusted). No Textual here.
@@ -14,19 +10,16 @@ hostile frame in it is rejected again, never trusted). No Textual here.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import math
-import struct
 import time
-import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
-
-import msgpack
+from typing import TYPE_CHECKING, Any, Callable
 
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.model import Model
 from flowtop.monitor.rankkernels import decode_frame
+from flowtop.monitor.recfile import (MAGIC, MAGIC_V1, MAX_RECORD, EndMarker, Recorder, RecordingError, read_frames,
+                                     read_recording)
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.thinning import spread_of
 from flowtop.monitor.ticker import Ticker
@@ -35,143 +28,8 @@ from probe import wire
 if TYPE_CHECKING:
     from flowtop.monitor.datathread import UiTurn
 
-MAGIC = b"FLOWTOP-REC 1\n"
-_LEN = struct.Struct(">I")
-_GZIP_MAGIC = b"\x1f\x8b"
-#: A record is a wire frame plus a few bytes.
-MAX_RECORD = wire.MAX_FRAME_BYTES + 64
-
-
-class RecordingError(ValueError):
-    """A file that is not a readable flowtop recording."""
-
-
-class Recorder:
-    """Appends received frames to a recording file."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        try:
-            self._fh: BinaryIO | None = open(self.path, "wb")
-        except OSError as exc:
-            raise RecordingError(f"cannot write recording {self.path}: {exc.strerror}") from None
-        self._fh.write(MAGIC)
-        self._t0: float | None = None
-        self.frames = 0
-        #: Why the recording ended short ("" while it is whole); set by :meth:`close`.
-        self.error = ""
-
-    def start(self, t0: float) -> None:
-        """Count recorded times from monitor time ``t0`` (the collector's tick origin; else the
-        first frame's time), so that a replay's ticks fall where the live ones did."""
-        self._t0 = t0
-
-    def write(self, now: float, frame: bytes, received: bool = True) -> None:
-        """Record one frame received at monitor time ``now`` (``received`` False: a record of the
-        monitor's own, flowtop.monitor.thinning, not counted in :attr:`frames`)."""
-        if self._fh is None:
-            return
-        if self._t0 is None:
-            self._t0 = now
-        rec = msgpack.packb([now - self._t0, bytes(frame)], use_bin_type=True)
-        self._fh.write(_LEN.pack(len(rec)) + rec)
-        self.frames += received
-
-    def close(self) -> None:
-        """Flush and close the file; never raises (a full disk must not cost the snapshot).
-
-        A failed flush leaves :attr:`error` set: the frames before it are on disk and replay."""
-        fh, self._fh = self._fh, None
-        if fh is None:
-            return
-        try:
-            fh.close()
-        except OSError as exc:
-            self.error = f"recording {self.path} is incomplete: {exc.strerror or exc}"
-            try:
-                fh.close()  # the buffer is dropped; the descriptor must still go
-            except OSError:
-                pass
-
-
-def read_recording(path: str | Path, on_cut: Callable[[str], None] | None = None) -> Iterator[tuple[float, bytes]]:
-    """Yield ``(t, frame)`` pairs; raise :class:`RecordingError` on a damaged file.
-
-    A file cut short in its last record (the monitor was killed, a copy was truncated) ends the
-    iteration: everything before it is still good, and ``on_cut`` is told in words (the run
-    went on after the cut: its ranks look live where the recording stops). So does a damaged
-    record past the first (a length or a body that does not read: the records after it cannot
-    be found), said with its number and byte offset; a damaged first record is no recording.
-    A gzip-compressed recording (``gzip run.rec``) is read as it is.
-    """
-    frames, last = 0, 0.0
-
-    def cut() -> None:
-        if on_cut is not None:
-            on_cut(f"recording {path} is cut short after {frames} frames ({last:.1f} s recorded): "
-                   "what came after is missing, so its ranks look as they were then")
-
-    def damaged(why: str, at: int) -> None:
-        if not frames:
-            raise RecordingError(f"{path}: {why} (its first record, at byte {at})")
-        if on_cut is not None:  # the frames before it stand, as before a cut
-            on_cut(f"recording {path} has a {why} at record {frames + 1} (byte {at}): replayed up to it "
-                   f"({frames} frames, {last:.1f} s recorded); what came after cannot be read")
-
-    try:
-        fh: BinaryIO | gzip.GzipFile = open(path, "rb")
-        if fh.read(2) == _GZIP_MAGIC:
-            fh.close()
-            fh = gzip.open(path, "rb")
-        else:
-            fh.seek(0)
-    except OSError as exc:
-        raise RecordingError(f"cannot read recording {path}: {exc.strerror}") from None
-    with fh:
-        try:
-            header = fh.read(len(MAGIC))
-        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-            raise RecordingError(f"{path} is not a readable recording ({exc})") from None
-        if header != MAGIC:
-            raise RecordingError(f"{path} is not a flowtop recording (bad header)")
-        while True:
-            at = fh.tell()  # where this record starts (of the uncompressed stream)
-            try:
-                head = fh.read(_LEN.size)
-                if len(head) < _LEN.size:
-                    if head:
-                        cut()
-                    return
-                (size,) = _LEN.unpack(head)
-                if size > MAX_RECORD:
-                    damaged(f"record of {size} bytes, larger than any frame", at)
-                    return
-                body = fh.read(size)
-            except EOFError:  # a compressed file cut short: what came before stands
-                cut()
-                return
-            except (OSError, zlib.error) as exc:  # bad gzip data or CRC, or a read error
-                raise RecordingError(f"{path}: damaged recording ({exc})") from None
-            if len(body) < size:
-                cut()
-                return
-            try:
-                t, frame = msgpack.unpackb(body, raw=False)
-            except Exception:
-                damaged("damaged record", at)
-                return
-            if (not isinstance(t, (int, float)) or not isinstance(frame, bytes)
-                    or not math.isfinite(t) or t < 0):
-                damaged("damaged record", at)
-                return
-            frames, last = frames + 1, float(t)
-            yield last, frame
-
-
-def read_frames(path: str | Path) -> Iterator[tuple[float, bytes]]:
-    """:func:`read_recording` without the monitor's own records (a spread change): the frames
-    the monitor received, for tools that decode each one."""
-    return ((t, frame) for t, frame in read_recording(path) if spread_of(frame) is None)
+__all__ = ["MAGIC", "MAGIC_V1", "MAX_RECORD", "EndMarker", "Recorder", "RecordingError", "read_frames",
+           "read_recording", "Feeder", "feed", "replay_all", "end_of", "RecordingSource"]
 
 
 class Feeder:
@@ -223,15 +81,34 @@ def replay_all(path: str | Path, model: Model,
     ticker = Ticker(lambda at: model.tick(at, where), 0.0, TICK_S)
     feeder = Feeder(model)
     last = 0.0
-    cut: list[str] = []
-    for t, frame in read_recording(path, cut.append):
+    ending = Ending()
+    for t, frame in read_recording(path, ending.cut, ending.note):
         _ticks(ticker, t, on_tick)
         feeder(frame, t)
         last = t
-    for text in cut:
-        model.notices.warning(text, last)
+    ending.tell(model, last)
     _ticks(ticker, end_of(last), on_tick)
     return model.snapshot(last, where)
+
+
+class Ending:
+    """What a reader said of how a recording ends (read_recording's ``on_cut`` and ``on_note``),
+    kept to be told where a replay reaches its end: a cut as a warning, a note as information."""
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, str]] = []
+
+    def cut(self, text: str) -> None:
+        self.said.append(("warning", text))
+
+    def note(self, text: str) -> None:
+        self.said.append(("information", text))
+
+    def tell(self, model: Model, at: float) -> None:
+        """Raise the notices on ``model``'s board, once."""
+        for severity, text in self.said:
+            model.notices.add(severity, text, at)
+        self.said.clear()
 
 
 def end_of(last: float) -> float:
@@ -263,7 +140,7 @@ class RecordingSource:
         self._records: list[tuple[float, bytes]] = []
         self._next = 0
         #: What cut the recording short (read_recording's words), said when playback reaches the cut.
-        self._cut: list[str] = []
+        self._ending = Ending()
         self._start: float | None = None
         self._worker: Any = None  # flowtop.monitor.kernel_worker.KernelWorker while playing
         self._where = f"replay:{self.path.name}"
@@ -283,7 +160,7 @@ class RecordingSource:
         are then built off the data loop, as the live collector builds them."""
         # A cut is said when playback reaches it: said at the start, its notice had gone long
         # before the ranks froze at the cut, looking live (a new user's trial).
-        self._records = list(read_recording(self.path, self._cut.append))
+        self._records = list(read_recording(self.path, self._ending.cut, self._ending.note))
         self._end = end_of(self._records[-1][0] if self._records else 0.0)
         self._start = time.monotonic()
         if self.model.builds_kernels:
@@ -321,10 +198,8 @@ class RecordingSource:
                     self._give()
             else:
                 break
-        if self._cut and self._next >= len(self._records):
-            for text in self._cut:
-                self.model.notices.warning(text, virtual)
-            self._cut.clear()
+        if self._next >= len(self._records):
+            self._ending.tell(self.model, virtual)
         if ticked is not None and self.on_tick is not None:
             self.on_tick(ticked)
         return virtual

@@ -1,0 +1,201 @@
+"""How a recording ends, and whether its bytes are intact (format version 2): the end marker a clean
+close writes, a file cut between two records, a record whose bytes changed, a version 1 file, a
+gzip'd one and a recording stopped by a full file. Real Recorder, real frames."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from flowtop.monitor.recording import Recorder, read_recording, replay_all
+from flowtop.monitor.wiring import make_model
+from probe import wire
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = wire.RankKey("j", "h", 1, 0, 0)
+HEAD = 14  # b"FLOWTOP-REC 2\n"
+
+
+def step(seq: int, wall_s: float = 0.1) -> bytes:
+    return wire.encode("step", KEY, seq, 1.0, {"step": seq + 1, "wall_s": wall_s, "tokens": 10, "drops": 0})
+
+
+def record(path: Path, n: int) -> Path:
+    """``n`` step frames received a second apart from monitor time 10 s, closed half a second
+    after the last (its marker: n frames, n - 0.5 s recorded)."""
+    rec = Recorder(path)
+    for i in range(n):
+        rec.write(10.0 + i, step(i))
+    rec.close(now=10.0 + n - 0.5)
+    return path
+
+
+def offsets(data: bytes) -> list[int]:
+    """Where each record of a version 2 recording starts (an 8-byte head: length, CRC-32; then the body)."""
+    assert data[:HEAD] == b"FLOWTOP-REC 2\n"
+    out, off = [], HEAD
+    while off < len(data):
+        out.append(off)
+        off += 8 + int.from_bytes(data[off:off + 4], "big")
+    return out
+
+
+def bodies(data: bytes) -> list[list]:
+    return [msgpack.unpackb(data[o + 8:o + 8 + int.from_bytes(data[o:o + 4], "big")]) for o in offsets(data)]
+
+
+def no_marker(path: Path, frames: int, seconds: float) -> str:
+    return (f"recording {path} has no end marker: the monitor stopped without closing it after {frames} frames "
+            f"({seconds:.1f} s recorded); the run may have gone on after that, so its ranks look as they were then")
+
+
+def test_a_clean_close_reads_without_a_word_and_its_marker_counts_it(tmp_path: Path) -> None:
+    path = record(tmp_path / "clean.rec", 6)
+    said: list[str] = []
+    notes: list[str] = []
+    got = list(read_recording(path, said.append, notes.append))
+    assert [t for t, _ in got] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and said == notes == []
+    assert [wire.decode(f).fields["step"] for _, f in got] == [1, 2, 3, 4, 5, 6]
+    *frames, end = bodies(path.read_bytes())
+    assert len(frames) == 6 and end[:2] == [5.5, "end"]  # closed at 15.5 s, counted from the first frame's 10 s
+    assert {k: end[2][k] for k in ("frames", "records", "seconds", "why")} == {
+        "frames": 6, "records": 6, "seconds": 5.5, "why": ""}
+    assert abs(end[2]["closed"] - time.time()) < 60
+    model = make_model()
+    assert replay_all(path, model).jobs[0].ranks[0].step == 6 and not model.notices.take()
+
+
+@pytest.mark.parametrize("keep", [4, 6])
+def test_a_file_cut_between_two_records_is_said_to_be_cut(tmp_path: Path, keep: int) -> None:
+    """A monitor killed (kill -9, power loss) just after a whole record: the file read as complete
+    and the replay showed its ranks live where it stopped (a hostile-input trial). ``keep`` 6: only
+    the marker is missing."""
+    path = record(tmp_path / "cut.rec", 6)
+    data = path.read_bytes()
+    path.write_bytes(data[:offsets(data)[keep]])
+    said: list[str] = []
+    assert len(list(read_recording(path, said.append))) == keep
+    assert said == [no_marker(path, keep, keep - 1)]  # the frames were at 0, 1, ... s
+    model = make_model()
+    assert replay_all(path, model).jobs[0].ranks[0].step == keep
+    assert [(n.severity, n.text) for n in model.notices.take()] == [("warning", said[0])]
+
+
+def test_snapshot_replay_says_a_missing_end_marker(tmp_path: Path) -> None:
+    path = record(tmp_path / "cut.rec", 5)
+    data = path.read_bytes()
+    path.write_bytes(data[:offsets(data)[-1]])
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == f"flowtop: {no_marker(path, 5, 4)}\n" and json.loads(out.stdout)["jobs"]
+
+
+def test_a_flipped_bit_in_a_float_is_caught_with_its_place(tmp_path: Path) -> None:
+    """One bit of record 3's step time flipped: the record still decodes (msgpack has no
+    checksum), and was replayed as truth."""
+    path = record(tmp_path / "flip.rec", 6)
+    data = bytearray(path.read_bytes())
+    third, fourth = offsets(bytes(data))[2:4]
+    at = data.index(b"\xcb" + struct.pack(">d", 0.1), third)  # wall_s, a msgpack float64
+    assert at < fourth
+    data[at + 8] ^= 0x01  # its mantissa's last bit
+    t, frame = msgpack.unpackb(bytes(data[third + 8:fourth]))
+    assert t == 2.0 and wire.decode(frame).fields["wall_s"] == 0.1 + 2 ** -56  # what was replayed before
+    path.write_bytes(data)
+    said: list[str] = []
+    assert [t for t, _ in read_recording(path, said.append)] == [0.0, 1.0]
+    assert said == [f"recording {path} has a checksum mismatch at record 3 (byte {third}): replayed up to it "
+                    "(2 frames, 1.0 s recorded); its bytes changed after they were written (a disk or a copy "
+                    "went wrong), so nothing after it is replayed"]
+    model = make_model()
+    assert replay_all(path, model).jobs[0].ranks[0].step == 2
+    assert [n.text for n in model.notices.take()] == said
+
+
+def test_a_version_1_file_replays_its_frames_exactly(tmp_path: Path) -> None:
+    """The layout before the marker (a 4-byte length, no checksum): read as before, with one note
+    that says no more than is known."""
+    frames = [(0.0, step(0)), (0.5, step(1)), (1.25, step(2, wall_s=0.3))]
+    data = b"FLOWTOP-REC 1\n" + b"".join(
+        len(body).to_bytes(4, "big") + body for body in (msgpack.packb([t, f], use_bin_type=True) for t, f in frames))
+    path = tmp_path / "v1.rec"
+    path.write_bytes(data)
+    said: list[str] = []
+    notes: list[str] = []
+    assert list(read_recording(path, said.append, notes.append)) == frames
+    assert said == [] and notes == [f"recording {path} was written by an older flowtop (format 1, no end marker): "
+                                    "whether it ended cleanly is not known"]
+    model = make_model()
+    assert replay_all(path, model).jobs[0].ranks[0].step == 3
+    assert [(n.severity, n.text) for n in model.notices.take()] == [("information", notes[0])]
+    path.write_bytes(data[:-3])  # cut in its last record: that is said, the note is not
+    said, notes = [], []
+    assert list(read_recording(path, said.append, notes.append)) == frames[:2] and notes == []
+    assert said == [f"recording {path} is cut short after 2 frames (0.5 s recorded): what came after is missing, "
+                    "so its ranks look as they were then"]
+
+
+def test_a_gzipped_recording_reads_as_it_is(tmp_path: Path) -> None:
+    path = record(tmp_path / "run.rec", 6)
+    data = path.read_bytes()
+    gz = tmp_path / "run.rec.gz"
+    gz.write_bytes(gzip.compress(data))
+    said: list[str] = []
+    assert list(read_recording(gz, said.append)) == list(read_recording(path)) and said == []
+    gz.write_bytes(gzip.compress(data[:offsets(data)[-1]]))  # whole, without its marker
+    assert len(list(read_recording(gz, said.append))) == 6 and said == [no_marker(gz, 6, 5)]
+
+
+FULL = """
+import json, resource, signal, sys
+from flowtop.monitor.collector import Collector
+from flowtop.monitor.model import Model
+from flowtop.monitor.recording import Recorder
+from probe import wire
+
+path, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+collector = Collector(Model(), "tcp://127.0.0.1:1", recorder=Recorder(path))
+key, seq = wire.RankKey("j", "h", 1, 0, 0), 1000
+while collector.recorder is not None:
+    fields = {"step": seq, "wall_s": 0.1, "tokens": 10, "drops": 0}
+    collector.handle_frame(wire.encode("step", key, seq, 1.0, fields), collector.clock.now())
+    seq += 1
+print(json.dumps([n.text for n in collector.notices.take()]))
+"""
+
+
+def test_a_recording_stopped_by_a_full_file_says_why_in_its_marker(tmp_path: Path) -> None:
+    """The file cannot grow past 20,000 bytes (RLIMIT_FSIZE, as a full disk): the write that fails
+    is cut back to the last whole record, and the marker that closes the file says why."""
+    path, limit = tmp_path / "full.rec", 20_000
+    out = subprocess.run([sys.executable, "-c", FULL, str(path), str(limit)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    # Every record the same size (seq and step from 1,000: 3-byte ints); 8 KiB gathered per write.
+    frame = wire.encode("step", KEY, 1000, 1.0, {"step": 1000, "wall_s": 0.1, "tokens": 10, "drops": 0})
+    size = 8 + len(msgpack.packb([0.5, frame], use_bin_type=True))
+    first, later = math.ceil((8192 - HEAD) / size), math.ceil(8192 / size)
+    written = first + later * ((limit - HEAD - first * size) // (later * size))  # the writes that fit
+    data = path.read_bytes()
+    assert offsets(data)[-1] == HEAD + written * size  # the whole records, then the marker
+    said: list[str] = []
+    got = list(read_recording(path, said.append))
+    assert len(got) == written
+    (text,) = said
+    assert text.startswith(f"recording {path} stopped early after {written} frames (")
+    assert text.endswith("s recorded): OSError: [Errno 27] File too large; the run may have gone on after that, "
+                         "so its ranks look as they were then")
+    assert json.loads(out.stdout) == [f"recording to {path} stopped after {written} frames: OSError: [Errno 27] "
+                                      "File too large; monitoring goes on"]
