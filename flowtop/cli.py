@@ -304,7 +304,7 @@ class Collected:
 
 async def collect(collector: Any, timeout: float, until_done: bool) -> Collected:
     """Run ``collector`` for up to ``timeout`` seconds (or, ``until_done``, until a tick finds
-    every rank done: that tick's hints are the final ones; SIGINT/SIGTERM end it early too)."""
+    every rank done: that tick's hints are the final ones; SIGINT/SIGTERM/SIGHUP end it early too)."""
     await collector.start()
     finished = asyncio.Event()
 
@@ -315,8 +315,10 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Collected
 
     collector.on_tick = on_tick
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:  # Ctrl-C / SIGTERM end the collection early and still print the result
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # nohup: the user asked for the process to outlive its terminal
+        try:  # Ctrl-C / SIGTERM / a closed terminal end the collection early (the recording closed whole)
             loop.add_signal_handler(sig, finished.set)
         except (RuntimeError, ValueError, NotImplementedError):
             pass

@@ -1,12 +1,13 @@
 """How a recording ends, and whether its bytes are intact (format version 2): the end marker a clean
 close writes, a file cut between two records, a record whose bytes changed, a version 1 file, a
-gzip'd one and a recording stopped by a full file. Real Recorder, real frames."""
+gzip'd one, a recording stopped by a full file, and a closed terminal. Real Recorder, real frames."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import math
+import socket
 import struct
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from flowtop.monitor.recording import Recorder, read_recording, replay_all
 from flowtop.monitor.wiring import make_model
+from flowtop.tools.demo.launch import free_port_pair
 from probe import wire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,3 +201,33 @@ def test_a_recording_stopped_by_a_full_file_says_why_in_its_marker(tmp_path: Pat
                          "so its ranks look as they were then")
     assert json.loads(out.stdout) == [f"recording to {path} stopped after {written} frames: OSError: [Errno 27] "
                                       "File too large; monitoring goes on"]
+
+
+@pytest.mark.parametrize("command", ["snapshot", "serve"])
+def test_a_closed_terminal_still_closes_a_headless_recording(tmp_path: Path, command: str) -> None:
+    """SIGHUP (an SSH session dropped) killed ``flowtop snapshot --record`` and ``flowtop serve
+    --record`` before they closed their recording: no end marker. It now ends them as SIGTERM does."""
+    import signal
+
+    port, path = free_port_pair(), tmp_path / "hup.rec"
+    metrics = f"127.0.0.1:{free_port_pair()}"
+    extra = ["--timeout", "60", "--json"] if command == "snapshot" else ["--prometheus", metrics]
+    proc = subprocess.Popen([sys.executable, "-m", "flowtop.cli", command, "--listen", f"tcp://127.0.0.1:{port}",
+                             "--record", str(path), *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while True:  # bound: its signal handlers come right after the bind (serve's before it)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    said: list[str] = []
+    assert list(read_recording(path, said.append)) == [] and said == []
+    (end,) = bodies(path.read_bytes())
+    assert end[1] == "end" and (end[2]["frames"], end[2]["why"]) == (0, "")

@@ -2,7 +2,7 @@
 
 Both host the collector on the data thread (flowtop.monitor.datathread), exactly as the TUI does: the
 model, ticks and hints run there, and the main thread only reads the snapshots it publishes.
-``serve`` answers scrapes (flowtop.export.metrics_http) until SIGINT or SIGTERM; ``--follow`` writes
+``serve`` answers scrapes (flowtop.export.metrics_http) until SIGINT, SIGTERM or SIGHUP; ``--follow`` writes
 one snapshot per line (JSON Lines) every ``--interval`` seconds until interrupted, each line
 whole. Monitor-side notices (a recording that stopped, the open-file limit) go to stderr.
 """
@@ -53,11 +53,15 @@ def start(data: DataThread) -> str:
 
 @contextmanager
 def interrupted() -> Iterator[threading.Event]:
-    """An event set by SIGINT or SIGTERM while the block runs (the handlers only set it, so a
-    line being written is finished first); the previous handlers come back afterwards."""
+    """An event set by SIGINT, SIGTERM or SIGHUP (a closed SSH session: the recording must still
+    be closed whole) while the block runs (the handlers only set it, so a line being written is
+    finished first); the previous handlers come back afterwards. An ignored SIGHUP (``nohup``)
+    stays ignored."""
     stop = threading.Event()
     previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+            continue
         try:
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
         except ValueError:  # not the main thread
@@ -107,7 +111,7 @@ def serve(collector: Any, metrics: Any) -> int:
 def follow(collector: Any, interval: float, timeout: float | None, until_done: bool,
            out: TextIO | None = None) -> int:
     """Write one snapshot JSON per line every ``interval`` seconds (a newer snapshot each time:
-    the data thread publishes one per tick) until SIGINT/SIGTERM, ``timeout`` or, with
+    the data thread publishes one per tick) until SIGINT/SIGTERM/SIGHUP, ``timeout`` or, with
     ``until_done``, the first line on which every rank is done. 0; 1 if the recording failed;
     2 when the monitor could not start; 3 when ``until_done`` met the timeout first; 4 when
     every rank ended and one or more failed (:func:`failed_ranks`)."""
