@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flowtop.monitor.recording import read_frames
+from flowtop.monitor.recording import read_frames, read_recording
 from flowtop.tools.demo.launch import free_port_pair
 from probe import wire
 from probe.wire import RankKey
@@ -41,6 +41,8 @@ def test_a_signal_quits_top_with_its_recording_whole(tmp_path: Path, sig: signal
         term.signal(sig)
         assert term.wait(30) == 0, bytes(term.out[-2000:])
         assert _recorded_steps(path) == STEPS
+        said: list[str] = []
+        assert list(read_recording(path, said.append)) and said == []  # closed: its end marker written
         assert b"\x1b[?1049l" in term.out[-4000:]  # the terminal given back: the screen it took left
 
 
