@@ -92,6 +92,25 @@ def test_a_file_cut_between_two_records_is_said_to_be_cut(tmp_path: Path, keep: 
     assert [(n.severity, n.text) for n in model.notices.take()] == [("warning", said[0])]
 
 
+def test_gathered_records_reach_the_file_within_a_second_of_monitor_time(tmp_path: Path) -> None:
+    """The recorder gathers small records before writing them; a quiet job's last frames waited
+    for 8 KiB more — a SIGKILL then lost minutes. The collector asks it at every turn of its loop."""
+    path = tmp_path / "quiet.rec"
+    rec = Recorder(path)
+    rec.write(10.0, step(0))
+    rec.write(10.2, step(1))
+    rec.flush_due(10.9)  # the oldest gathered is 0.9 s old: not yet
+    assert path.read_bytes() == b""  # nothing written yet, the format line included
+    rec.flush_due(11.0)
+    assert [wire.decode(f).fields["step"] for _, f in read_recording(path, lambda _: None)] == [1, 2]
+    rec.write(30.0, step(2))
+    rec.flush_due(30.5)
+    assert len(bodies(path.read_bytes())) == 2  # written at 11 s, the next one not due before 31 s
+    rec.flush_due(31.0)
+    assert len(bodies(path.read_bytes())) == 3
+    rec.close(now=31.0)
+
+
 def test_snapshot_replay_says_a_missing_end_marker(tmp_path: Path) -> None:
     path = record(tmp_path / "cut.rec", 5)
     data = path.read_bytes()

@@ -255,6 +255,11 @@ class Collector(CollectorSockets):
                 if self.glances and self.on_tick is not None and 0 < len(self.model.ranks) <= GLANCE_RANKS:
                     self.on_tick(self.model.snapshot(now, self.listen, light=True))
         self._govern(now)
+        if self.recorder is not None:
+            try:
+                self.recorder.flush_due(now)  # a SIGKILL loses at most recfile.FLUSH_S of it
+            except Exception as exc:
+                self._stop_recording(exc)
         return now
 
     def _hand_over(self, now: float) -> bool:

@@ -49,6 +49,8 @@ MAX_RECORD = wire.MAX_FRAME_BYTES + 64
 #: Bytes the recorder gathers before writing them: what a hard kill can lose (as Python's own
 #: buffered file held before, which could not tell how much of a failed write reached the disk).
 FLUSH_BYTES = io.DEFAULT_BUFFER_SIZE
+#: Longest a gathered record waits to be written (Recorder.flush_due).
+FLUSH_S = 1.0
 END = "end"
 
 Say = Callable[[str], None]
@@ -85,6 +87,7 @@ class Recorder:
         #: Frames received and written (the file's, after a failed write), and records of any kind.
         self.frames = self.records = 0
         self._size = 0  # bytes in the file, whole records only
+        self._oldest: float | None = None  # monitor time of the oldest record not yet written
         self._kept = (0, 0)  # records and frames in the file
         self._whole = True  # False: a failed write left part of a record that could not be cut off
         #: Why the recording ended short ("" while it is whole); set by :meth:`close`.
@@ -104,9 +107,18 @@ class Recorder:
         if self._t0 is None:
             self._t0 = now
         self._last = now - self._t0
+        if self._oldest is None:
+            self._oldest = now
         self._add(msgpack.packb([self._last, bytes(frame)], use_bin_type=True))
         self.frames += received
         if len(self._buf) >= FLUSH_BYTES:
+            self._flush(self._fh)
+
+    def flush_due(self, now: float) -> None:
+        """Write what is gathered when the oldest of it is FLUSH_S old at monitor time ``now``
+        (the collector asks at every turn of its loop): a monitor killed by SIGKILL loses at most
+        that much, not a quiet job's last minutes. Raises OSError as :meth:`write` does."""
+        if self._fh is not None and self._oldest is not None and now - self._oldest >= FLUSH_S:
             self._flush(self._fh)
 
     def _add(self, body: bytes) -> None:
@@ -118,6 +130,7 @@ class Recorder:
         """Write the gathered records; on failure cut the file back to its last whole record and
         forget the records that were not written (counts included): the file holds what it says."""
         data, self._buf = self._buf, bytearray()  # written from where it is: a kernel window is not copied
+        self._oldest = None
         done = 0
         try:
             with memoryview(data) as view:
