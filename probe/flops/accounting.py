@@ -23,6 +23,23 @@ def _where(source: str) -> str:
     return source
 
 
+def _label(est: estimate.Estimate, attention: str, seq: int | None) -> str:
+    """``estimate_source``: the formula, where its shape came from, and its figures."""
+    if est.source == "override":
+        return "override (flops_per_token)"
+    active = "_active" if est.moe else ""  # MoE: N counts top_k experts per token (probe.flops.moe)
+    moe_note = f"; {est.moe}" if est.moe else ""
+    local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
+    if est.source == estimate.NO_ATTENTION:
+        share = "; this rank's tensor-parallel share, N local" if est.split > 1 else ""
+        return f"6N{active} (no attention blocks found, none ran{share}): N{active}={est.n_params}{moe_note}"
+    attn = 6 if attention == "causal" else 12
+    # context parallel: T is every key of the sequence, the rank's shard its queries and tokens
+    keys = f" (all keys; cp={est.cp}: this rank's {seq} queries)" if est.cp > 1 and seq else ""
+    return (f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
+            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}{keys}{moe_note}")
+
+
 def unwrap(module: Any) -> Any:
     """The user's model inside DDP/FSDP (``.module``) and torch.compile (``._orig_mod``)."""
     for _ in range(4):
@@ -89,30 +106,25 @@ def flops_message(
     context-parallel degree (its token ids are a shard of each sequence: the estimate's
     attention term takes the whole sequence, probe.flops.estimate)."""
     estimated = None
-    source = None
     seq = seq_len_of(signature)
-    est = None
+    est, reason = None, "the model (root module) is not known yet"
     layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
-    if root is not None and (seq or flops_per_token or count.attention_shapes):
-        est = estimate.estimate_from_model(unwrap(root), seq or 0, attention=attention,
-                                           flops_per_token=flops_per_token, layout=layout,
-                                           seen=count.attention_shapes, micro_batches=count.micro_batches,
-                                           cp=cp)
+    no_tokens = "no tokens counted (no nn.Embedding fed token ids)"
+    if not tokens and not flops_per_token:  # a per-token figure needs tokens: spare the model's walk
+        reason = no_tokens
+    elif root is not None:
+        est, reason = estimate.estimate_with_reason(
+            unwrap(root), seq or 0, attention=attention, flops_per_token=flops_per_token, layout=layout,
+            seen=count.attention_shapes, micro_batches=count.micro_batches, cp=cp,
+            ran_attention=estimate.attention_ran(count))
     elif flops_per_token:
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:
         estimated = est.flops_per_token * tokens
-        attn = 6 if attention == "causal" else 12
-        local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
-        active = "_active" if est.moe else ""  # MoE: N counts top_k experts per token (probe.flops.moe)
-        # context parallel: T is every key of the sequence, the rank's shard its queries and tokens
-        keys = f" (all keys; cp={est.cp}: this rank's {seq} queries)" if est.cp > 1 and seq else ""
-        source = (
-            f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
-            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}{keys}" + (f"; {est.moe}" if est.moe else "")
-        )[:256]  # the wire's limit: a long module path must not cost the whole message
-        if est.source == "override":
-            source = "override (flops_per_token)"
+        source = _label(est, attention, seq)
+    else:  # why not, where the estimate would stand (the rank's FLOP panel shows it)
+        source = f"none: {reason if est is None else no_tokens}"
+    source = source[:256]  # the wire's limit: a long module path must not cost the whole message
     on_cpu = device is None or device.type != "cuda"
     if on_cpu:
         peak, reason = peaks.resolve_peak("cpu", count.dtype)

@@ -6,6 +6,11 @@ implementations use, on itself, its ``config``, or its ``router``/``gate`` child
 experts ``num_experts``/``num_local_experts``/``n_routed_experts``/``n_experts``/``moe_num_experts``,
 top-k ``top_k``/``num_experts_per_tok``/``topk``/``n_activated_experts``/``moe_top_k``
 (HF Mixtral, Qwen-MoE, DeepSeek, torchtitan's ``MoE`` with its ``TokenChoiceTopKRouter``).
+Hand-written layers often say less: the expert count is then the ``router``/``gate``
+``nn.Linear``'s outputs, else the experts held; top-k and the count may sit on the model's own
+``config`` only (HF's ``num_experts_per_tok``/``num_local_experts``); and a layer with a top-k and
+a router of E outputs takes its one child ``ModuleList`` of E modules as its experts whatever it
+is called (``self.mlps``).
 
 **Active parameters** (the estimate beside the count, torchtitan's convention, docs/formulas.md "MoE"):
 ``N_active = N − E_params + top_k × E_params / E_local``, where ``E_params`` are the parameters of
@@ -49,6 +54,7 @@ class MoeLayer:
 
     path: str
     module: nn.Module
+    experts: nn.Module  # the routed experts (a ModuleList, or one module of 3-D weights)
     num_experts: int  # routed experts in the model (the router's choice set)
     top_k: int
     local_experts: int  # experts this rank holds
@@ -88,20 +94,47 @@ def _local_experts(experts: nn.Module) -> int | None:
     return _int_attr(experts, _EXPERT_KEYS)
 
 
+def _router_outputs(module: nn.Module) -> int | None:
+    """E of a ``router``/``gate`` child that is a plain ``nn.Linear`` (d -> E scores)."""
+    for name in ("router", "gate"):
+        owner = module._modules.get(name)
+        if isinstance(owner, nn.Linear):
+            return int(owner.out_features)
+    return None
+
+
+def _expert_list(module: nn.Module, routed: int) -> nn.Module | None:
+    """A routing layer's one child ``ModuleList`` of ``routed`` modules, whatever it is called."""
+    lists = [m for m in module.children() if isinstance(m, nn.ModuleList) and len(m) == routed]
+    return lists[0] if len(lists) == 1 else None
+
+
 def find_layers(model: nn.Module) -> list[MoeLayer]:
-    """Every MoE layer of ``model`` (empty for a dense model). Never raises."""
+    """Every MoE layer of ``model`` (empty for a dense model). Never raises.
+
+    Children are read from ``_modules``: a failed ``getattr`` on a module raises inside
+    ``nn.Module.__getattr__``, and the estimate runs this over every module of the model."""
     found: list[MoeLayer] = []
     try:
+        config = getattr(model, "config", None)  # HF: top-k and E on the model's config only
+        root = config if isinstance(config, dict) or hasattr(config, "__dict__") else None
+        root_num = _int_attr(root, _EXPERT_KEYS) if root is not None else None
+        root_k = _int_attr(root, _TOPK_KEYS) if root is not None else None
         for path, module in model.named_modules():
-            experts = getattr(module, "experts", None)
-            if not isinstance(experts, nn.Module) or isinstance(module, nn.ModuleList):
+            experts, routed = module._modules.get("experts"), _router_outputs(module)
+            if (experts is None and routed is None) or isinstance(module, nn.ModuleList):
                 continue
-            num, top_k = _lookup(module, _EXPERT_KEYS), _lookup(module, _TOPK_KEYS)
+            top_k = _lookup(module, _TOPK_KEYS) or root_k
+            if experts is None and top_k and routed:
+                experts = _expert_list(module, routed)
+            if experts is None:
+                continue
             local = _local_experts(experts)
+            num = _lookup(module, _EXPERT_KEYS) or routed or root_num or local
             if not (num and top_k and local):
                 continue
             params = sum(_local(p).numel() for p in experts.parameters())
-            found.append(MoeLayer(path or "<root>", module, num, top_k, local, params))
+            found.append(MoeLayer(path or "<root>", module, experts, num, top_k, local, params))
     except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
         warn_once("moe.find", f"MoE layers not inspected: {type(exc).__name__}: {exc}")
         return []
@@ -157,7 +190,7 @@ class ExpertLoadRecorder:
                 name = layer.path[-MAX_NAME:]
                 self._handles.append(layer.module.register_forward_pre_hook(self._enter(name)))
                 self._handles.append(layer.module.register_forward_hook(self._leave))
-                experts = layer.module.experts
+                experts = layer.experts
                 if isinstance(experts, (nn.ModuleList, nn.Sequential)):
                     for i, expert in enumerate(experts):
                         self._handles.append(expert.register_forward_pre_hook(self._expert(name, i, len(experts))))
