@@ -189,3 +189,36 @@ def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict
     assert job.parallel == msgs[0]["parallel"].replace("local FLOPs of this rank", "Σ over the ranks of their local FLOPs")
     text = flops_text(views[0]).plain
     assert "parallel    mesh (dp=2, tp=2); fsdp over dp; matmuls split 2-way" in text
+
+
+def test_linears_left_whole_beside_an_expert_or_context_split_are_not_said_to_be_counted_twice() -> None:
+    """Only ranks of a tensor-parallel group run a whole Linear on the same tokens: a 2-way
+    ``ep`` mesh (its ranks route tokens of their own) read "whole on every rank of the split:
+    head.weight +1 more (…; Σ over those ranks counts them 2×)". One process of a fake 2-rank
+    world (torch's fake process group: the layout needs no collective)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from probe.flops.dtensor import layout_of
+
+    def model(dim: str) -> torch.nn.Module:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(dim,))
+        m = torch.nn.Module()
+        m.experts = torch.nn.Parameter(distribute_tensor(torch.randn(4, 8, 8), mesh, [Shard(0)]))
+        m.attn = torch.nn.Linear(8, 8)
+        m.head = torch.nn.Linear(8, 16)
+        return m
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        for dim in ("ep", "cp"):
+            layout = layout_of(model(dim))
+            assert layout is not None and layout.compute_degree == 2 and layout.whole == ()
+            assert "whole on every rank" not in layout.describe()
+        layout = layout_of(model("tp"))  # the same split named tensor parallel: both Linears whole
+        assert layout is not None and layout.whole == ("head.weight", "attn.weight") and layout.tp_degree == 2
+        assert "Σ over those ranks counts them 2×" in layout.describe()
+    finally:
+        dist.destroy_process_group()

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from probe.steps.parallel import ROLE_OF
+
 #: What the counting mode does with an op, decided from its argument types.
 COST, DEFER, RUN = 0, 1, 2
 
@@ -80,11 +82,14 @@ class ParallelLayout:
     compute_degree: int
     placements: tuple[tuple[str, int], ...]
     splits: Mapping[int, int] = field(default_factory=dict, compare=False)
-    #: Linear weights not split while others are (compute_degree > 1): their names, and their
-    #: share of all Linear weights' elements. Every rank of the split computes them whole, so
-    #: the sum over those ranks counts their FLOPs that many times (an unsharded LM head).
+    #: Linear weights not split while others are split over tensor-parallel dims: their names,
+    #: and their share of all Linear weights' elements. Every rank of a tensor-parallel group
+    #: computes them whole on the same tokens, so the sum over those ranks counts their FLOPs
+    #: ``tp_degree`` times (an unsharded LM head). Not over an expert- or context-parallel dim:
+    #: its ranks run the unsplit layers on tokens of their own.
     whole: tuple[str, ...] = ()
     whole_frac: float = 0.0
+    tp_degree: int = 1
 
     def describe(self) -> str:
         """One line for the wire (≤ 256 characters), convention first."""
@@ -96,7 +101,7 @@ class ParallelLayout:
         if self.whole:
             more = f" +{len(self.whole) - 1} more" if len(self.whole) > 1 else ""
             parts.append(f"whole on every rank of the split: {self.whole[0]}{more} ({100 * self.whole_frac:.0f} % of "
-                         f"Linear weights; Σ over those ranks counts them {self.compute_degree}×)")
+                         f"Linear weights; Σ over those ranks counts them {self.tp_degree}×)")
         parts.append("params " + " ".join(f"{p}×{n}" for p, n in self.placements))
         text = "; ".join(parts)
         return text if len(text) <= 256 else text[:255] + "…"
@@ -189,7 +194,8 @@ def _layout_of(model: torch.nn.Module) -> ParallelLayout | None:
     names = _dim_names(widest)
     mesh_dims = tuple((names[i], int(widest.size(i))) for i in range(widest.ndim))
     degree = math.prod(compute_dims.values()) if compute_dims else 1
-    whole, whole_frac = _whole_linears(model, splits) if degree > 1 else ((), 0.0)
+    tp_degree = math.prod(size for name, size in compute_dims.items() if _tensor_parallel(name))
+    whole, whole_frac = _whole_linears(model, splits) if tp_degree > 1 else ((), 0.0)
     return ParallelLayout(
         mesh=mesh_dims,
         fsdp_dims=tuple(n for n, _ in mesh_dims if n in fsdp_names),
@@ -198,7 +204,17 @@ def _layout_of(model: torch.nn.Module) -> ParallelLayout | None:
         splits=splits,
         whole=whole,
         whole_frac=whole_frac,
+        tp_degree=tp_degree,
     )
+
+
+def _tensor_parallel(dim: str) -> bool:
+    """Whether a mesh dim some parameter is split on (not FSDP's) splits the matmuls of the same
+    tokens: named as tensor parallel (probe.steps.parallel's names), or unnamed ("d0", as the
+    coordinates take a sharded unnamed dim). An ep- or cp-named dim gives its ranks tokens of
+    their own (a 2-way ep mesh read "Σ over those ranks counts them 2×" of the attention)."""
+    role = ROLE_OF.get(dim)
+    return role == "tp" or (role is None and dim[:1] == "d" and dim[1:].isdigit())
 
 
 def _whole_linears(model: torch.nn.Module, splits: Mapping[int, int]) -> tuple[tuple[str, ...], float]:
