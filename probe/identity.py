@@ -13,6 +13,22 @@ from probe import wire
 from probe.wire import RankKey
 
 
+# --- parallel roles (probe.steps.parallel's coordinates, probe.flops.dtensor's layout) ----------
+
+ROLES = ("dp", "tp", "pp", "cp", "ep")
+
+#: Mesh dim names by role. dp components (replicate × shard) combine into one dp coordinate.
+NAMES = {
+    "dp": ("dp", "dp_replicate", "dp_shard", "fsdp", "ddp", "hsdp", "replicate", "shard", "data",
+           "data_parallel"),
+    "tp": ("tp", "tensor", "tensor_parallel", "mp", "model_parallel"),
+    "pp": ("pp", "pipe", "pipeline", "pipeline_parallel"),
+    "cp": ("cp", "context", "context_parallel"),
+    "ep": ("ep", "expert", "expert_parallel"),
+}
+ROLE_OF = {name: role for role, names in NAMES.items() for name in names}
+
+
 @dataclass(frozen=True)
 class Identity:
     """Job identity of one training process."""

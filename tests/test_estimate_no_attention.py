@@ -224,7 +224,7 @@ def test_tensor_parallel_share_is_said() -> None:
 
     model = TokenModel(DenseMLP)
     split = {id(layer.up.weight): 2 for layer in model.layers} | {id(layer.down.weight): 2 for layer in model.layers}
-    layout = ParallelLayout((("tp", 2),), (), 2, (("S(0)", 4),), split)
+    layout = ParallelLayout((("tp", 2),), (), 2, (("S(0)", 4),), split, tp_degree=2)
     est, why = estimate_with_reason(model, seq_len=SEQ, layout=layout, ran_attention=False)
     assert est is not None and why == "" and est.flops_per_token == 6 * 2_016
     assert _label(est, "full", SEQ) == (

@@ -130,20 +130,27 @@ def test_tensor_parallel_two_ranks_count_their_shards(two_ranks: list[dict[str, 
     assert "[R]" in two_ranks[0]["sp"]["second"]["message"]["parallel"]  # sequence-parallel norms
 
 
-def test_an_lm_head_left_whole_under_tp_is_said_and_counted_on_each_rank(two_ranks: list[dict[str, Any]]) -> None:
-    """A plain nn.Linear head beside TP-sharded blocks runs whole on every TP rank: each counts
-    it whole (local FLOPs), so the sum over the ranks counts it twice (13 % above the model in a
-    new user's trial), while ``parallel`` said only "matmuls split 2-way". It now names it."""
+def test_an_lm_head_left_whole_under_tp_counts_half_of_its_model_flops_on_each_rank(
+        two_ranks: list[dict[str, Any]]) -> None:
+    """A plain nn.Linear head beside TP-sharded blocks runs whole on every TP rank, on the same
+    tokens: each rank's kernels ran it (executed FLOPs: whole), but the model's work is the head
+    once per group (the sum of the ranks' model FLOPs counted it twice: 13 % above the model in a
+    new user's trial). Each rank's model FLOPs and estimate now count half of it, as they count
+    half of the split layers; ``parallel`` names it."""
     head = 2 * w.BATCH * T * D * V  # forward FLOPs of the LM head
     for rank in two_ranks:
         second = rank["tp_head"]["second"]
-        # the blocks split 2 ways, the head whole: hand_model(b, 2) counts half of the head
-        assert second["model"] == hand_model(w.BATCH, 2) + 3 * head // 2
-        parallel = second["message"]["parallel"]
+        assert second["model"] == hand_model(w.BATCH, 2)  # half of everything, the head included
+        assert second["executed"] == hand_executed(w.BATCH, 2) + 3 * head // 2  # the other half of the head ran too
+        msg = second["message"]
+        assert msg["model_flops"] == hand_model(w.BATCH, 2)
+        assert msg["estimated_flops"] == pytest.approx(hand_estimate(w.BATCH, 2), rel=1e-12)
         share = D * V / (L * (4 * D * D + 2 * D * F_) + D * V)  # 2,048 of 18,432 Linear weight elements
         assert f"whole on every rank of the split: output.weight ({100 * share:.0f} % of Linear weights; " \
-               "Σ over those ranks counts them 2×)" in parallel, parallel
+               "model FLOPs count 1/2 of them, executed all)" in msg["parallel"], msg["parallel"]
         assert "whole on every rank" not in rank["tp"]["second"]["message"]["parallel"]  # the head sharded
+    # Σ over the group: the one-process model's FLOPs, as with the head sharded
+    assert sum(r["tp_head"]["second"]["model"] for r in two_ranks) == hand_model(w.BATCH)
 
 
 def test_fsdp2_two_ranks_count_their_own_batch(two_ranks: list[dict[str, Any]]) -> None:
@@ -219,6 +226,6 @@ def test_linears_left_whole_beside_an_expert_or_context_split_are_not_said_to_be
             assert "whole on every rank" not in layout.describe()
         layout = layout_of(model("tp"))  # the same split named tensor parallel: both Linears whole
         assert layout is not None and layout.whole == ("head.weight", "attn.weight") and layout.tp_degree == 2
-        assert "Σ over those ranks counts them 2×" in layout.describe()
+        assert "model FLOPs count 1/2 of them, executed all" in layout.describe()
     finally:
         dist.destroy_process_group()

@@ -52,7 +52,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from probe._log import warn_once
 from probe.flops.count import FlopCount
-from probe.flops.dtensor import DEFER, RUN, route
+from probe.flops.accounting import unwrap
+from probe.flops.dtensor import DEFER, RUN, layout_of, route
 from probe.flops.formulas import (
     FORMULAS,
     HOP_ATTENTION_OPS,
@@ -64,6 +65,7 @@ from probe.flops.formulas import (
 )
 from probe.flops.policy import CountPolicy, signature_of
 from probe.flops.precision import dtype_label, scaled_to
+from probe.flops.replicated import ReplicatedLinears
 from probe.flops.uncounted import flop_like_size
 
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
@@ -196,7 +198,8 @@ class StepFlopCounter:
     """
 
     def __init__(
-        self, root: torch.nn.Module | None = None, attention: str = "full", max_window_s: float = 600.0
+        self, root: torch.nn.Module | None = None, attention: str = "full", max_window_s: float = 600.0,
+        module_hooks: bool = True,
     ) -> None:
         if attention not in ATTENTION_CONVENTIONS:
             warn_once("flops.attention", f"unknown attention convention {attention!r}; using 'full'")
@@ -218,6 +221,9 @@ class StepFlopCounter:
         self._autocast: str | None = None
         #: Called with each forward op cost that carries group sizes (MoE grouped GEMMs; probe.flops.moe).
         self.on_groups: Any = None
+        # Linears a tensor-parallel group runs whole: their model FLOPs are the group's once
+        # (probe.flops.replicated). Not in a torch.compile'd model, whose hooks would recompile it.
+        self._replicated = ReplicatedLinears() if module_hooks else None
 
     @property
     def active(self) -> bool:
@@ -244,6 +250,9 @@ class StepFlopCounter:
                 from probe.hookutil import eager  # runs eagerly inside a compiled region
 
                 self._hook = self.root.register_forward_pre_hook(eager(self._on_root_forward))
+                if self._replicated is not None:
+                    model = unwrap(self.root)
+                    self._replicated.start(model, layout_of(model))
             self._thread = threading.get_ident()
             self._dispatch_mode = _CountingMode(self)
             self._dispatch_mode.__enter__()
@@ -267,6 +276,12 @@ class StepFlopCounter:
                 return None
             win = self._window
             model, note = _cap_backward(win)
+            shared = self._replicated.take() if self._replicated is not None else 0
+            if shared:  # see probe.flops.replicated
+                model -= shared
+                note = "; ".join(filter(None, (note, f"Linears run whole on each rank of a tensor-parallel group: "
+                                                     f"{shared / max(1, model + shared):.1%} of the count is the "
+                                                     "other ranks' share")))
             return FlopCount(
                 model_flops=model,
                 executed_flops=win.executed,
@@ -306,6 +321,8 @@ class StepFlopCounter:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._replicated is not None:
+            self._replicated.close()
         return True
 
     def _fail(self, exc: BaseException) -> None:

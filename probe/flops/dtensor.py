@@ -2,7 +2,10 @@
 
 Convention: every FLOP figure a rank publishes is **local**: what that rank's kernels compute
 on its own shards. The job total is the sum over ranks; a job's MFU divides it by the summed
-peaks. Nothing is divided by a parallel degree after the fact.
+peaks. Nothing is divided by a parallel degree after the fact — but one thing: a Linear left
+whole beside tensor-parallel ones (an LM head not parallelized) runs whole, on the same tokens,
+on every rank of the group; its model FLOPs are the model's work once per group, so each rank's
+model FLOPs count 1/tp of it (probe.flops.replicated), its executed FLOPs all of it.
 
 Why a dispatch mode needs help here: a ``TorchDispatchMode`` is called *before* a tensor
 subclass, with the subclass arguments. For a DTensor those carry the logical (global) shapes,
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from probe.steps.parallel import ROLE_OF
+from probe.identity import ROLE_OF
 
 #: What the counting mode does with an op, decided from its argument types.
 COST, DEFER, RUN = 0, 1, 2
@@ -90,6 +93,15 @@ class ParallelLayout:
     whole: tuple[str, ...] = ()
     whole_frac: float = 0.0
     tp_degree: int = 1
+    whole_ids: frozenset[int] = field(default_factory=frozenset, compare=False)  # id() of those weights
+
+    @property
+    def shares(self) -> Mapping[int, int]:
+        """id(parameter) -> how many ranks share its work (the estimate's N of this rank): the
+        split ones as ``splits``, the whole ones over the tensor-parallel group (see ``whole``)."""
+        if not self.whole_ids:
+            return self.splits
+        return {**self.splits, **dict.fromkeys(self.whole_ids, self.tp_degree)}
 
     def describe(self) -> str:
         """One line for the wire (≤ 256 characters), convention first."""
@@ -101,7 +113,7 @@ class ParallelLayout:
         if self.whole:
             more = f" +{len(self.whole) - 1} more" if len(self.whole) > 1 else ""
             parts.append(f"whole on every rank of the split: {self.whole[0]}{more} ({100 * self.whole_frac:.0f} % of "
-                         f"Linear weights; Σ over those ranks counts them {self.tp_degree}×)")
+                         f"Linear weights; model FLOPs count 1/{self.tp_degree} of them, executed all)")
         parts.append("params " + " ".join(f"{p}×{n}" for p, n in self.placements))
         text = "; ".join(parts)
         return text if len(text) <= 256 else text[:255] + "…"
@@ -195,7 +207,7 @@ def _layout_of(model: torch.nn.Module) -> ParallelLayout | None:
     mesh_dims = tuple((names[i], int(widest.size(i))) for i in range(widest.ndim))
     degree = math.prod(compute_dims.values()) if compute_dims else 1
     tp_degree = math.prod(size for name, size in compute_dims.items() if _tensor_parallel(name))
-    whole, whole_frac = _whole_linears(model, splits) if tp_degree > 1 else ((), 0.0)
+    whole, whole_frac, whole_ids = _whole_linears(model, splits) if tp_degree > 1 else ((), 0.0, frozenset())
     return ParallelLayout(
         mesh=mesh_dims,
         fsdp_dims=tuple(n for n, _ in mesh_dims if n in fsdp_names),
@@ -205,6 +217,7 @@ def _layout_of(model: torch.nn.Module) -> ParallelLayout | None:
         whole=whole,
         whole_frac=whole_frac,
         tp_degree=tp_degree,
+        whole_ids=whole_ids,
     )
 
 
@@ -217,9 +230,10 @@ def _tensor_parallel(dim: str) -> bool:
     return role == "tp" or (role is None and dim[:1] == "d" and dim[1:].isdigit())
 
 
-def _whole_linears(model: torch.nn.Module, splits: Mapping[int, int]) -> tuple[tuple[str, ...], float]:
+def _whole_linears(model: torch.nn.Module,
+                   splits: Mapping[int, int]) -> tuple[tuple[str, ...], float, frozenset[int]]:
     """Names of the Linear weights not split for compute (plain, or replicated over the split's
-    dims), largest first, and their share of all Linear weights' elements."""
+    dims), largest first, their share of all Linear weights' elements, and their id()s."""
     seen: set[int] = set()
     whole: list[tuple[int, str]] = []
     total = 0
@@ -232,4 +246,6 @@ def _whole_linears(model: torch.nn.Module, splits: Mapping[int, int]) -> tuple[t
         if id(w) not in splits:
             whole.append((w.numel(), f"{name}.weight" if name else "weight"))
     whole.sort(key=lambda e: (-e[0], e[1]))
-    return tuple(n for _, n in whole), (sum(e for e, _ in whole) / total if total else 0.0)
+    ids = frozenset(id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)
+                    and m.weight is not None and id(m.weight) not in splits)
+    return tuple(n for _, n in whole), (sum(e for e, _ in whole) / total if total else 0.0), ids

@@ -246,13 +246,13 @@ def estimate_with_reason(
     try:
         model = _unwrap(model)
         shape = _from_config(model) or _from_blocks(model)
-        split = layout.compute_degree if layout is not None else 1
+        split = layout.tp_degree if layout is not None else 1  # attention heads split over TP only
         cp = max(1, int(cp))
         keys = int(seq_len) * cp  # local queries attend to every key of the sequence
         if shape is None and (found := _from_attention(seen, micro_batches)) is not None:
             layers, width, keys, source = found
             shape, split = (layers, width, source), 1  # the heads seen are local already
-        n_params = non_embedding_params(model, layout.splits if layout is not None else None)
+        n_params = non_embedding_params(model, layout.shares if layout is not None else None)
         n_params, moe_note = moe.active_params(model, n_params)  # MoE: routed experts at top_k of E
         if flops_per_token is not None:
             layers, width = (shape[0], shape[1]) if shape else (0, 0)

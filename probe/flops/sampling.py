@@ -109,7 +109,8 @@ class FlopSampler:
             self.stop_counting("the model's forward hooks run inside a torch.compile region "
                                "(module.compile()); torch.compile(module) is counted", tracker.root)
             return False
-        self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention)
+        self._counter = flops.StepFlopCounter(root=tracker.root, attention=self.attention,
+                                              module_hooks=not getattr(tracker, "compiled", False))
         self._counter.start(in_forward=True)
         # MoE tokens per expert and non-padding tokens ride on the same window (probe.flops.moe, .padding)
         self._counter.on_groups = self._loads.on_groups

@@ -30,18 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLES = ("dp", "tp", "pp", "cp", "ep")
-
-#: Mesh dim names by role. dp components (replicate × shard) combine into one dp coordinate.
-_NAMES = {
-    "dp": ("dp", "dp_replicate", "dp_shard", "fsdp", "ddp", "hsdp", "replicate", "shard", "data",
-           "data_parallel"),
-    "tp": ("tp", "tensor", "tensor_parallel", "mp", "model_parallel"),
-    "pp": ("pp", "pipe", "pipeline", "pipeline_parallel"),
-    "cp": ("cp", "context", "context_parallel"),
-    "ep": ("ep", "expert", "expert_parallel"),
-}
-ROLE_OF = {name: role for role, names in _NAMES.items() for name in names}
+from probe.identity import NAMES, ROLE_OF, ROLES
 #: Most objects the stack scan looks at (a bound on its cost, whatever the loop holds).
 SCAN_LIMIT = 20_000
 
@@ -369,7 +358,7 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int, groups: li
             continue
         exact = [d for d in ds if d.name == role]  # a flattened "dp" beside its components
         roles[role] = (exact[0].rank, exact[0].size) if exact else _combine(
-            sorted(ds, key=lambda d: _NAMES[role].index(d.name)))
+            sorted(ds, key=lambda d: NAMES[role].index(d.name)))
         notes.append(f"process groups mesh_{'/'.join(d.name for d in ds)}")
     stages = sorted({int(s.stage_index) for s in found.stages})
     if found.stages and "pp" not in roles:
