@@ -237,3 +237,19 @@ def test_context_parallel_rank_attends_to_every_key() -> None:
                                          "(all keys; cp=2: this rank's 4 queries)")
     causal = estimate_from_model(model, seq_len=shard, attention="causal", cp=cp)
     assert causal is not None and causal.flops_per_token == 6 * 7_104 + 6 * L * D * T == 44_160
+
+
+def test_an_expert_parallel_split_leaves_the_attention_term_whole() -> None:
+    """The attention term is divided by the tensor-parallel degree, which splits the heads; an
+    ep split (experts sharded over 2 ranks, each routing tokens of its own) does not split them:
+    it halved the term. The MLP's first Linear split 2 ways over tp instead: N loses half of it."""
+    from probe.flops.dtensor import ParallelLayout
+
+    model = GPT(Config(), tied=False)
+    up = model.h[0].mlp[0].weight
+    ep = ParallelLayout((("ep", 2),), (), 2, (("S(0)", 1),), {id(up): 2}, tp_degree=1)
+    est = estimate_from_model(model, seq_len=T, layout=ep)
+    assert est is not None and est.flops_per_token == 6 * (N_EXPECTED - 4 * D * D // 2) + 12 * L * D * T
+    tp = ParallelLayout((("tp", 2),), (), 2, (("S(0)", 1),), {id(up): 2}, tp_degree=2)
+    est = estimate_from_model(model, seq_len=T, layout=tp)
+    assert est is not None and est.flops_per_token == 6 * (N_EXPECTED - 4 * D * D // 2) + 12 * L * D * T / 2
