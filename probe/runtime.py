@@ -65,6 +65,8 @@ class Probe(SampledFeatures):
         self._rare = False  # per-step work few runs have is due (see _refresh_rare)
         self._refused = 0  # commands refused so far: the sender thread keeps it (see _sender_round)
         self._refused_sent = 0  # ... and the count the last step message carried
+        self._dropped = 0  # commands over the sender's bound, dropped unread (probe.transport.gate)
+        self._dropped_sent = 0  # ... and the count the last step message carried
         self._woken_at = -1  # the step at which the sender last woke the next boundary (see _sender_round)
         self._nvtx_open = False
         self._nvtx_disabled = False
@@ -166,10 +168,10 @@ class Probe(SampledFeatures):
                 self._charge_count()
         if self._rare:
             fields = self._rare_step_work(fields)
-        refused = self._refused
-        if refused:
-            fields = dict(fields, commands_refused=refused)
-            self._refused_sent = refused  # the monitor keeps the largest: no need to repeat it
+        refused, dropped = self._refused, self._dropped
+        if refused or dropped:  # the monitor keeps the largest of each: no need to repeat them
+            fields = dict(fields, commands_refused=refused, commands_dropped=dropped)
+            self._refused_sent, self._dropped_sent = refused, dropped
         self.publisher.publish("step", fields)
         self._quiet_after(step)
 
@@ -179,7 +181,7 @@ class Probe(SampledFeatures):
         a field only the runtime adds. Anything that changes that calls :meth:`_wake`."""
         self.tracker.fold_walls()  # at most QUIET_MAX walls since the last time
         if (self.tracker.publisher is None or self._count_wall_s is not None or self._rare
-                or self._refused != self._refused_sent or self._counting):
+                or self._refused != self._refused_sent or self._dropped != self._dropped_sent or self._counting):
             until = step + 1
         else:
             until = min(self._kernels_next - 1, min((s for s in self.sampled_steps if s > step), default=sys.maxsize),
@@ -204,16 +206,18 @@ class Probe(SampledFeatures):
 
     def _sender_round(self) -> None:
         """Sender thread, each round: the commands refused so far (malformed ones, and requests
-        the window scheduler turned down), for the next step message to carry; and the next
+        the window scheduler turned down) and dropped unread (over the sender's bound), for the
+        next step message to carry; and the next
         boundary through this runtime while that field is due, a window was requested or a
         due window waits for the monitor that now listens (repeated while so: see _wake)."""
         sampler = self._kernels
         self._refused = self.publisher.control_rejected + (sampler.scheduler.refused if sampler is not None else 0)
+        self._dropped = self.publisher.commands_dropped
         kernels = sampler is not None and (sampler.scheduler.requested
                                            or (self._kernels_waiting and self.publisher.subscribers > 0))
         if kernels:
             self._kernels_next = 0
-        if kernels or self._refused != self._refused_sent:  # a new refusal to report, not every one so far
+        if kernels or self._refused != self._refused_sent or self._dropped != self._dropped_sent:  # new counts, not all
             self._wake()
             step = self.tracker.step
             if step != self._woken_at:  # stepping: a boundary may undo the wake (see _wake), look

@@ -44,12 +44,12 @@ def test_wire_page_lists_every_kind_and_field() -> None:
 def test_wire_page_lists_the_stepcols_columns() -> None:
     cols = _tables(WIRE)["stepcols"]
     required = {name for name, _ in wire_steps.REQUIRED} | {"n", "drops"}
-    optional = set(wire_steps.OPTIONAL) | {"device_s", "commands_refused"}
+    optional = set(wire_steps.OPTIONAL) | {"device_s", "commands_refused", "commands_dropped"}
     assert {n for n, r in cols.items() if r} == required
     assert {n for n, r in cols.items() if not r} == optional
     # Every field a stepcols frame carries is one of those (the encoder is the reference).
     rec = {"step": 1, "wall_s": 0.1, "tokens": 8, "input_wait_s": 0.0, "lead_s": 0.0, "probe_s": 0.0,
-           "stage_s": 0.0, "device_s": 0.05, "commands_refused": 1}
+           "stage_s": 0.0, "device_s": 0.05, "commands_refused": 1, "commands_dropped": 1}
     assert set(wire_steps.encode_fields([rec], 0)) == required | optional
 
 

@@ -18,7 +18,7 @@ KEY = RankKey("job-1", "host-a", 4242, 3, 1)
 RECORDS = [
     {"step": 11, "wall_s": 0.001, "tokens": 64, "drops": 0},
     {"step": 12, "wall_s": 0.0012, "device_s": 0.0011, "tokens": 64, "input_wait_s": 1e-4, "lead_s": 8e-4,
-     "probe_s": 1e-5, "drops": 0, "commands_refused": 1},
+     "probe_s": 1e-5, "drops": 0, "commands_refused": 1, "commands_dropped": 250},
     {"step": 13, "wall_s": 0.0013, "tokens": 60, "input_wait_s": 0.0, "stage_s": 5e-4, "drops": 0},
 ]
 
@@ -35,7 +35,7 @@ def test_columns_round_trip_every_value_and_which_were_not_sent() -> None:
     assert list(cols.step) == [11, 12, 13] and list(cols.tokens) == [64, 64, 60]
     assert list(cols.wall_s) == [0.001, 0.0012, 0.0013]  # float64: exact
     assert math.isnan(cols.input_wait_s[0]) and list(cols.input_wait_s)[1:] == [1e-4, 0.0]  # 0.0 was sent
-    assert cols.device_s == 0.0011 and cols.drops == 7 and cols.commands_refused == 1
+    assert cols.device_s == 0.0011 and cols.drops == 7 and cols.commands_refused == 1 and cols.commands_dropped == 250
     assert wire.records(msg) == [
         {"step": 11, "wall_s": 0.001, "tokens": 64},
         {"step": 12, "wall_s": 0.0012, "tokens": 64, "input_wait_s": 1e-4, "lead_s": 8e-4, "probe_s": 1e-5},
@@ -71,6 +71,7 @@ def test_a_column_no_record_has_is_not_sent() -> None:
         ({"drops": ...}, "bad value for 'drops'"),
         ({"drops": True}, "bad value for 'drops'"),
         ({"commands_refused": -1}, "bad value for 'commands_refused'"),
+        ({"commands_dropped": -1}, "bad value for 'commands_dropped'"),
         ({"device_s": "0.1"}, "bad value for 'device_s'"),
         ({"device_s": float("nan")}, "bad value for 'device_s'"),
     ],
@@ -121,7 +122,8 @@ def test_an_envelope_is_checked_on_the_fast_path_too() -> None:
 
 def _steps_of(model: Model) -> list[tuple]:
     (st,) = model.ranks.values()
-    return [r for r in st.steps.recent(100)], st.drops, st.commands_refused, st.device_s, list(st.probe_s), list(st.stage_s)
+    return ([r for r in st.steps.recent(100)], st.drops, (st.commands_refused, st.commands_dropped), st.device_s,
+            list(st.probe_s), list(st.stage_s))
 
 
 def test_every_step_frame_kind_gives_the_model_the_same_steps() -> None:
@@ -140,7 +142,7 @@ def test_every_step_frame_kind_gives_the_model_the_same_steps() -> None:
     assert seen["stepcols"] == seen["steps"] == seen["step"]
     recs, drops, refused, device, probe_s, stage_s = seen["stepcols"]
     assert recs == [(11, 0.001, 64, None, 50.0, None), (12, 0.0012, 64, 1e-4, 50.0, 8e-4), (13, 0.0013, 60, 0.0, 50.0, None)]
-    assert (drops, refused, device, probe_s, stage_s) == (0, 1, 0.0011, [1e-5], [5e-4])
+    assert (drops, refused, device, probe_s, stage_s) == (0, (1, 250), 0.0011, [1e-5], [5e-4])
 
 
 WHOLE = [{"step": 20 + i, "wall_s": 0.001 * (i + 1), "tokens": 64, "input_wait_s": 1e-4 * i, "lead_s": 8e-4,

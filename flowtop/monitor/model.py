@@ -333,6 +333,8 @@ class Model(ModelTicks):
             if now - st.kernels_asked_at < REFUSAL_NOTICE_S:
                 self._refused(st, now)
             st.commands_refused = cols.commands_refused
+        if cols.commands_dropped > st.commands_dropped:
+            st.commands_dropped = cols.commands_dropped
         if cols.device_s is not None:
             st.device_s = cols.device_s
 

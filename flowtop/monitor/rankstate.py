@@ -71,6 +71,7 @@ class RankState:
     kernels_cumulative: CumulativeKernels | None = None
     bye: str | None = None
     commands_refused: int = 0
+    commands_dropped: int = 0  # commands over its probe's bound, dropped unread (a flood)
     #: Monitor time a kernel window was last asked of it (``k``): a refusal soon after is said.
     kernels_asked_at: float = -math.inf
     #: The relay its latest frame came through (None: heard directly); its views show it.

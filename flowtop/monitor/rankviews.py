@@ -252,6 +252,7 @@ class RankViews:
             bye_reason=st.bye,
             relay=st.via,
             commands_refused=st.commands_refused,
+            commands_dropped=st.commands_dropped,
             conflict=tuple(Claimant(k.host, k.pid) for k in others),
             coords=coords,
             coords_source=coords_source,

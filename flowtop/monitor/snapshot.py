@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
 #: enumeration (1.8: the "failed" status of ranks and jobs).
-SCHEMA = "flowtop.snapshot/1.8"
+SCHEMA = "flowtop.snapshot/1.9"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -174,6 +174,7 @@ class RankSnapshot(_Slotted):
     history: History = field(default_factory=History)
     bye_reason: str | None = None
     commands_refused: int = 0  # monitor commands the probe refused (its rate limit)
+    commands_dropped: int = 0  # commands over the probe's bound, dropped unread (a flood from a port squatter)
     #: Other live processes that claimed the same (job, rank, incarnation): shown as rows of
     #: their own, never merged (a launcher that set no RANK makes every process "rank 0").
     conflict: tuple["Claimant", ...] = ()
@@ -368,6 +369,7 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "probe_overhead_frac": r.probe_overhead_frac,
         "bye_reason": r.bye_reason,
         "commands_refused": r.commands_refused,
+        "commands_dropped": r.commands_dropped,
         "conflict": jsonable(r.conflict),
         "relay": r.relay,
         "status_reason": r.status_reason,

@@ -17,6 +17,7 @@ import weakref
 from typing import Any, Callable
 
 from probe._log import warn_once
+from probe.transport.gate import DRAIN_MAX, CommandGate
 from probe.wire.link import ClosedHandshakes, closed_text, subscription_change
 
 #: What a watched descriptor's reader is called with: the bytes read from it.
@@ -118,6 +119,7 @@ class Waker:
     def __init__(self, zmq: Any, sockets: list[Any], nudge_fd: int) -> None:
         self._poller = zmq.Poller()
         self._pollin = zmq.POLLIN
+        self.muted: Any = None  # the socket left out of the poll (see mute)
         for sock in sockets:
             self._poller.register(sock, zmq.POLLIN)
         self._nudge_fd = nudge_fd
@@ -129,6 +131,14 @@ class Waker:
         self.degraded = False
         self.waits = 0  # the sender's rounds and its empty looks (tests, benchmarks)
         self.woken = False  # the last wait ended on something ready, not its timeout
+
+    def mute(self, sock: Any, muted: bool) -> None:
+        """Leave ``sock`` out of the poll (``muted``) or put it back: zmq_poll on a socket makes
+        an XPUB queue what its pipes hold (see probe.transport.gate), and a socket left unread
+        would wake every wait at once."""
+        if muted != (self.muted is sock):
+            self._poller.register(sock, 0 if muted else self._pollin)  # 0: out of the poll
+            self.muted = sock if muted else None
 
     def watch(self, fd: int, on_readable: OnReadable) -> None:
         """Call ``on_readable(data)`` with what ``fd`` holds whenever it becomes readable."""
@@ -208,6 +218,9 @@ class Link:
         self.closed = ClosedHandshakes()
         self._commands: list[bytes] = []
         self.overflow = 0
+        #: The bound on the monitor's side's commands (probe.transport.gate): while it pauses,
+        #: the sender neither reads, sends on nor polls its socket (see muted).
+        self.gate = CommandGate()
 
     @property
     def events(self) -> Any:
@@ -219,6 +232,10 @@ class Link:
         out, self._commands = self._commands, []
         return out
 
+    def muted(self, now: float) -> bool:
+        """Whether the socket is to be left alone now (a command flood: see probe.transport.gate)."""
+        return self.gate.paused(now)
+
     def close(self) -> None:
         """Stop monitoring and close the event socket (no linger)."""
         try:
@@ -226,8 +243,9 @@ class Link:
         finally:
             self._events.close(0)
 
-    def poll(self) -> int:
-        """Drain pending events and (un)subscriptions; return the live subscription count."""
+    def poll(self, now: float) -> int:
+        """Drain pending events and (un)subscriptions (not while muted at the monotonic ``now``);
+        return the live subscription count."""
         zmq = self._zmq
         # Mostly there is nothing to read: asking first spares two raised zmq.Again per round.
         for _ in range(64 if self._events.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
@@ -252,16 +270,32 @@ class Link:
                 self.connections = max(0, self.connections - 1)
                 if self.connections == 0:
                     self.subscriptions = 0
-        for _ in range(64 if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0):
+        if not self.gate.paused(now):
+            self._read(zmq, now)
+        return self.subscriptions if self.connections > 0 else 0
+
+    def _read(self, zmq: Any, now: float) -> None:
+        """(Un)subscriptions and commands: up to 64 frames, or DRAIN_MAX once a command was over
+        the gate's bucket (dropped unread), which then pauses."""
+        gate, over, read = self.gate, False, 0
+        limit = 64 if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0
+        while read < limit:
             try:
                 frame = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            read += 1
             change = subscription_change(frame)
             if change:
                 self.subscriptions = max(0, self.subscriptions + change)
-            elif len(self._commands) < 16:  # an XSUB's upstream message: a monitor's command
+            elif not gate.admit(now):  # an XSUB's upstream message: a command, over the bucket
+                if not over:
+                    over, limit = True, DRAIN_MAX
+            elif len(self._commands) < 16:  # a monitor's command
                 self._commands.append(frame)
             else:
                 self.overflow += 1  # more commands in one poll than anyone needs: counted
-        return self.subscriptions if self.connections > 0 else 0
+        if over:
+            gate.pause(now)
+            if gate.warning is not None:
+                warn_once("command-flood", gate.warning)

@@ -99,6 +99,7 @@ class Publisher(SenderLoop):
         self._hello_fields: dict[str, Any] | None = None
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
         self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
+        self.commands_dropped = 0  # ... and those over its bound, dropped unread (probe.transport.gate)
 
     # --- training thread ------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
 from probe._log import warn_once
 from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys,
                                   end_context)
+from probe.transport.gate import RCVHWM
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
 
 
@@ -136,6 +137,7 @@ class SenderLoop:
         _round: Round | None
         subscribers: int
         control_rejected: int
+        commands_dropped: int
 
         @property
         def hello_fields(self) -> dict[str, Any] | None: ...
@@ -169,6 +171,7 @@ class SenderLoop:
             curve = curve_keys(self.curve_dir)
             for name, value in upstream_options(self.addr):  # the relays set theirs alike
                 sock.setsockopt(getattr(zmq, name), value)
+            sock.setsockopt(zmq.RCVHWM, RCVHWM)  # what a command flood's pause lets queue (see gate)
             apply_curve(sock, curve)
             link = Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)
@@ -196,8 +199,12 @@ class SenderLoop:
             stopping = self._stop
             if self._asleep:
                 self._asleep = False
-            if readable:
-                self._listen(link, r)
+            # A command flood's pause (probe.transport.gate) leaves the socket alone, sends too: what
+            # is pending waits; the round that ends it reads and sends, even if its read pauses again
+            # (a monitor that floods still gets the rank's frames, once a pause), and a stop's bye goes.
+            hold = waker.muted is not None and link.muted(time.monotonic()) and not stopping
+            if readable or waker.muted is not None:  # a pause's end reads the socket (see _listen)
+                self._listen(link, r, waker, sock)
             now = r.clock.round()  # monotonic: the sender's timers (see SenderClock)
             if not stopping:  # before sending: what a job queues (a telemetry sample) goes now
                 self._run_ticks(r, now)
@@ -208,7 +215,7 @@ class SenderLoop:
             self._queue_hello(r, now)
             self._resend_count(r, now)
             self._expire(r.pending, now)  # before sending: a monitor that appears gets nothing stale
-            sent_all = self._send(zmq, sock, r, now)
+            sent_all = True if hold else self._send(zmq, sock, r, now)
             r.refused(not sent_all)
             if stopping:
                 self._send_drops += _weights(r.pending)
@@ -216,15 +223,19 @@ class SenderLoop:
             while len(self._watched) > r.watched:
                 waker.watch(*self._watched[r.watched])
                 r.watched += 1
-            readable = waker.wait(self._wait_s(r, sent_all, steps))
+            readable = waker.wait(self._wait_s(r, sent_all, steps, link.gate.paused_until))
             while not waker.woken and self._look_again(r):  # an empty look: no round
                 readable = waker.wait(min(self.current_flush_s(), r.look_until - time.monotonic()))
             if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
                 self._nudge_w = -1
 
-    def _listen(self, link: Link, r: "Round") -> None:
-        """Subscriptions, connection events and the monitor's commands since the last round."""
-        subscriptions = self.subscribers = link.poll()
+    def _listen(self, link: Link, r: "Round", waker: Waker, sock: Any) -> None:
+        """Subscriptions, connection events and the monitor's commands since the last round (the
+        socket left alone while a command flood's pause lasts: probe.transport.gate)."""
+        now = time.monotonic()
+        subscriptions = self.subscribers = link.poll(now)
+        waker.mute(sock, link.muted(now))
+        self.commands_dropped = link.gate.dropped
         if subscriptions > 0 and not r.listening:
             r.next_hello = r.hello_at = -math.inf  # a monitor (re)appeared: the hello goes now
             r.resend_count = r.flops is not None  # and the FLOP count in force after it
@@ -326,7 +337,7 @@ class SenderLoop:
                 except Exception as exc:
                     warn_once(f"tick:{i}", f"periodic probe job failed and is skipped: {exc}")
 
-    def _wait_s(self, r: "Round", sent_all: bool, steps: int) -> float:
+    def _wait_s(self, r: "Round", sent_all: bool, steps: int, paused_until: float = 0.0) -> float:
         """How long the sender may sleep before something is due. Each wake-up costs it 0.1-0.4 ms
         of CPU (cold caches; bench/overhead.py), taken from training on a busy host, so it sleeps
         until the batch, a hello, a periodic job, an expiry or a retry is due. While steps come
@@ -338,6 +349,8 @@ class SenderLoop:
         taken, r.popped, elapsed, r.at = self._popped - r.popped, self._popped, now - r.at, now
         flush = self.current_flush_s()
         due = [self._again_at - now]
+        if paused_until > now:  # a command flood's pause ends: the socket is read again
+            due.append(paused_until - now)
         look = math.inf
         if r.batch:
             due.append(r.batch_at(flush) - now)

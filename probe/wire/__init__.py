@@ -155,6 +155,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "drops": (True, _int()),
         # Monitor commands this rank refused so far (rate limit or malformed).
         "commands_refused": (False, _int()),
+        # Monitor commands it dropped unread so far: over its bound (probe.transport.gate), a flood.
+        "commands_dropped": (False, _int()),
     },
     # Several step records of one rank in one frame (MINOR 2): a rank sends at most one frame
     # per flush interval whatever its step rate. Each record has the "step" fields.

@@ -14,8 +14,8 @@ Columns of a ``stepcols`` frame (``n`` records, oldest first):
 * ``step`` (int64, strictly increasing), ``wall_s`` (float64), ``tokens`` (int64): every record;
 * ``input_wait_s``, ``lead_s``, ``probe_s``, ``stage_s`` (float64, NaN where a record has none):
   each present only when some record has one;
-* scalars: ``device_s`` (the newest device time sent, or absent), ``drops`` and
-  ``commands_refused`` (the rank's running totals when the frame left).
+* scalars: ``device_s`` (the newest device time sent, or absent), ``drops``, ``commands_refused``
+  and ``commands_dropped`` (the rank's running totals when the frame left).
 
 Every step frame — ``step``, ``steps`` and ``stepcols`` — decodes to a :class:`StepColumns`
 (:attr:`probe.wire.Message.steps`), so the monitor has one way to apply steps.
@@ -69,6 +69,7 @@ class StepColumns(NamedTuple):
     device_s: float | None = None
     drops: int = 0
     commands_refused: int = 0
+    commands_dropped: int = 0
     #: Every value of every column a number (no NaN: each record sent each optional column that is
     #: not None), as the decode's checks found; False: not known (look at the values).
     finite: bool = False
@@ -105,9 +106,10 @@ def encode_fields(records: Sequence[Mapping[str, Any]], drops: int) -> dict[str,
     device = [r.get("device_s") for r in records if r.get("device_s") is not None]
     if device:
         body["device_s"] = device[-1]
-    refused = max((r.get("commands_refused", 0) for r in records), default=0)
-    if refused:
-        body["commands_refused"] = refused
+    for name in ("commands_refused", "commands_dropped"):
+        count = max((r.get(name, 0) for r in records), default=0)
+        if count:
+            body[name] = count
     return body
 
 
@@ -231,7 +233,9 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     if device is not None and (type(device) not in (int, float) or not 0 <= device <= MAX_SECONDS):
         raise WireError("stepcols: bad value for 'device_s'")
     return StepColumns(step, wall, tokens, wait, lead, probe, stage, None if device is None else float(device),
-                       _count(obj, "drops", True), _count(obj, "commands_refused", False), finite)
+                       _count(obj, "drops", True), _count(obj, "commands_refused", False),
+                       # almost never sent (a flood): a lookup, not a check, per frame
+                       _count(obj, "commands_dropped", False) if "commands_dropped" in obj else 0, finite)
 
 
 def from_records(records: Sequence[Mapping[str, Any]]) -> StepColumns:
@@ -254,5 +258,6 @@ def from_records(records: Sequence[Mapping[str, Any]]) -> StepColumns:
         device_s=float(device[-1]) if device else None,
         drops=max(int(r.get("drops", 0)) for r in records),
         commands_refused=max(int(r.get("commands_refused", 0)) for r in records),
+        commands_dropped=max(int(r.get("commands_dropped", 0)) for r in records),
         **cols,
     )

@@ -60,6 +60,9 @@ def detail_title(r: RankSnapshot | None, job: str, rank: int, now: float = 0.0) 
     if r.commands_refused:
         out.append(" commands refused ", style="dim")
         out.append(str(r.commands_refused), style="yellow")
+    if r.commands_dropped:
+        out.append(" commands dropped ", style="dim")
+        out.append(str(r.commands_dropped), style="red")
     coords = coords_text(r)
     if coords.plain:
         out.append("\n")

@@ -1,0 +1,93 @@
+"""A command flood from the monitor's side is bounded, counted and said (probe.transport.gate).
+
+A real probe Publisher connects to a real XSUB bound where the monitor would be (a port squatter),
+which subscribes and then sends thousands of command frames at once. The probe reads at most a
+burst of gate.BURST plus gate.RATE_PER_S a second of them, drops the rest unread and counts them,
+says so once, keeps its subscription, and takes a monitor's command again once the flood is over.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+import zmq
+
+from flowtop.tools.demo.launch import free_port
+from probe import _log, wire
+from probe.transport import gate
+from probe.transport.publisher import Publisher
+
+HELLO = {"local_rank": 0, "world_size": 1, "device": "cpu", "probe_version": "test"}
+
+
+def _wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def _settled(pub: Publisher, quiet_s: float) -> Callable[[], bool]:
+    """True once the probe's counts held still for ``quiet_s`` (what the flood queued is read)."""
+    last: list[Any] = [None, time.monotonic()]
+
+    def check() -> bool:
+        counts = (pub.control_rejected, getattr(pub, "commands_dropped", 0))
+        if counts != last[0]:
+            last[:] = [counts, time.monotonic()]
+        return time.monotonic() - last[1] >= quiet_s
+    return check
+
+
+def test_a_flood_is_bounded_counted_said_and_a_command_after_it_works(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(gate, "PAUSE_S", 0.2)  # read when a pause starts: shorter, the test stays light
+    monkeypatch.setattr(_log, "_seen", set())  # the warning is said once per process
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.XSUB)
+    squatter.setsockopt(zmq.LINGER, 0)
+    squatter.bind(addr)
+    squatter.send(b"\x01")  # subscribes, as a monitor does
+    pub = Publisher(wire.RankKey("flood", "h", 1, 0, 0), addr)
+    pub.hello_fields = dict(HELLO)
+    pub.start()
+    try:
+        # The squatter's socket takes the probe's connection (and repeats its subscription to it)
+        # when its own thread looks at it.
+        assert _wait_until(lambda: squatter.poll(0) is not None and pub.subscribers == 1, 3.0)
+        start = time.monotonic()
+        for _ in range(5000):  # malformed: each one the probe reads is refused (control_rejected)
+            squatter.send(b"\x02flood")  # an XSUB drops past its high-water mark: not all arrive
+        assert _wait_until(_settled(pub, 0.3), 3.0)
+        elapsed = time.monotonic() - start
+        # Read past the gate: a burst, then RATE_PER_S a second (at 5,000 refused before).
+        assert 0 < pub.control_rejected <= gate.BURST + gate.RATE_PER_S * elapsed + 1, (pub.control_rejected, elapsed)
+        assert pub.commands_dropped >= 100  # at least what one poll read and drained
+        assert pub.subscribers == 1  # the subscription held through the pauses
+        said = [line for line in capsys.readouterr().err.splitlines() if "commands/s or more" in line]
+        assert len(said) == 1 and "over the limit of 4/s (bursts of 32)" in said[0] and "port squatter" in said[0]
+        # The flood is over: a monitor's command is read again (the bucket refills at 4/s).
+        squatter.send(wire.encode_control("pace", None, None, 0.5))
+        assert _wait_until(lambda: pub._pace.flush_s == 0.5, 2.0)
+    finally:
+        pub.close(timeout_s=0.2)
+        squatter.close(0)
+        ctx.term()
+
+
+def test_the_bucket_passes_a_burst_then_its_rate() -> None:
+    """By hand: BURST at once, then one more per 1/RATE_PER_S s; drops counted, the window's rate said."""
+    g = gate.CommandGate()
+    t = g._at
+    assert all(g.admit(t) for _ in range(gate.BURST))
+    assert not g.admit(t) and g.dropped == 1
+    assert not g.admit(t + 0.2) and g.dropped == 2  # 0.8 of a token
+    assert g.admit(t + 0.26)  # 1.04 tokens: one passes
+    g.pause(t + 0.26)
+    assert g.paused(t + 0.26 + gate.PAUSE_S - 0.01) and not g.paused(t + 0.26 + gate.PAUSE_S)
+    assert g.warning is not None and g.warning.startswith("35 commands/s or more")  # 35 in 0.26 s: at least 35/s
