@@ -91,3 +91,38 @@ def test_the_bucket_passes_a_burst_then_its_rate() -> None:
     g.pause(t + 0.26)
     assert g.paused(t + 0.26 + gate.PAUSE_S - 0.01) and not g.paused(t + 0.26 + gate.PAUSE_S)
     assert g.warning is not None and g.warning.startswith("35 commands/s or more")  # 35 in 0.26 s: at least 35/s
+
+
+def test_a_flooding_monitor_still_gets_the_ranks_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flood that never stops: the round that ends each pause sends what waits (a changed hello
+    here), though its read starts the next pause."""
+    monkeypatch.setattr(gate, "PAUSE_S", 0.2)
+    monkeypatch.setattr(_log, "_seen", set())
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.XSUB)
+    squatter.setsockopt(zmq.LINGER, 0)
+    squatter.bind(addr)
+    squatter.send(b"\x01")
+    pub = Publisher(wire.RankKey("flood", "h", 1, 0, 0), addr)
+    pub.hello_fields = dict(HELLO)
+    pub.start()
+    devices: list[str] = []
+    try:
+        assert _wait_until(lambda: squatter.poll(0) is not None and pub.subscribers == 1, 3.0)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and "later" not in devices:
+            for _ in range(200):  # one thread owns the socket: flood and read by turns
+                squatter.send(b"\x02flood")
+            while squatter.poll(0):
+                msg = wire.decode(squatter.recv())
+                if msg.kind == "hello":
+                    devices.append(msg.fields["device"])
+            if pub.commands_dropped and pub.hello_fields["device"] == "cpu":
+                pub.hello_fields = dict(HELLO, device="later")  # flooded and paused by now: goes at a pause's end
+            time.sleep(0.01)
+        assert pub.commands_dropped > 0 and "later" in devices, (pub.commands_dropped, devices)
+    finally:
+        pub.close(timeout_s=0.2)
+        squatter.close(0)
+        ctx.term()
