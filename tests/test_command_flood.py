@@ -14,6 +14,7 @@ from typing import Any, Callable
 import pytest
 import zmq
 
+from flowtop.monitor.model import Model
 from flowtop.tools.demo.launch import free_port
 from probe import _log, wire
 from probe.transport import gate
@@ -126,3 +127,22 @@ def test_a_flooding_monitor_still_gets_the_ranks_frames(monkeypatch: pytest.Monk
         pub.close(timeout_s=0.2)
         squatter.close(0)
         ctx.term()
+
+
+def test_the_monitor_says_the_first_flooded_rank_of_a_job_once() -> None:
+    """The count arrives in the step frames (as commands_refused does); the monitor keeps the
+    largest and says the first rank of a job whose probe dropped commands, once per job."""
+    model = Model()
+
+    def frame(rank: int, step: int, dropped: int) -> wire.Message:
+        rec = {"step": step, "wall_s": 0.1, "tokens": 8, "drops": 0, "commands_dropped": dropped}
+        return wire.decode(wire.encode_steps(wire.RankKey("j", "h", 100 + rank, rank, 0), step, 1.0, [rec], 0))
+
+    model.ingest(frame(0, 1, 0), 1.0)
+    assert model.notices.take() == ()
+    model.ingest(frame(0, 2, 250), 2.0)
+    model.ingest(frame(0, 3, 900), 3.0)
+    model.ingest(frame(1, 1, 40), 3.0)  # another rank of the job: not said again
+    (notice,) = model.notices.take()
+    assert notice.severity == "warning" and notice.text.startswith("rank 0 of j dropped 250 commands unread")
+    assert [st.commands_dropped for st in model.ranks.values()] == [900, 40]

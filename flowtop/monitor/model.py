@@ -127,6 +127,7 @@ class Model(ModelTicks):
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
         self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)
+        self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
         if hint_engine is not None and hasattr(hint_engine, "report"):
             hint_engine.report = self._hint_failed
@@ -334,6 +335,8 @@ class Model(ModelTicks):
                 self._refused(st, now)
             st.commands_refused = cols.commands_refused
         if cols.commands_dropped > st.commands_dropped:
+            if not st.commands_dropped:
+                self._flooded(st, cols.commands_dropped, now)
             st.commands_dropped = cols.commands_dropped
         if cols.device_s is not None:
             st.device_s = cols.device_s
@@ -349,6 +352,21 @@ class Model(ModelTicks):
             self._failed_jobs.clear()
         self._failed_jobs.add(job)
         self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
+
+    def _flooded(self, st: RankState, dropped: int, now: float) -> None:
+        """A rank's probe dropped commands unread (probe.transport.gate): more came from its
+        monitor's side than a monitor sends, so something else sent them. Said for the first rank
+        of a job only (a squatter on this port floods every rank that connects to it)."""
+        job = st.key.job
+        if job in self._flooded_jobs:
+            return
+        if len(self._flooded_jobs) >= MAX_FAILED_JOBS:
+            self._flooded_jobs.clear()
+        self._flooded_jobs.add(job)
+        self.notices.warning(f"rank {st.key.rank} of {job} dropped {dropped:,} commands unread: more came from its "
+                             "monitor's side than a monitor sends (its probe takes 32, then 4 a second); something "
+                             "else sent them, a process on this monitor's port before it started? (the rank's stderr "
+                             "says when)", now)
 
     def _refused(self, st: RankState, now: float) -> None:
         """The rank turned down a kernel window asked of it moments ago (its probe's rate limit):
