@@ -305,7 +305,6 @@ class Collected:
 async def collect(collector: Any, timeout: float, until_done: bool) -> Collected:
     """Run ``collector`` for up to ``timeout`` seconds (or, ``until_done``, until a tick finds
     every rank done: that tick's hints are the final ones; SIGINT/SIGTERM/SIGHUP end it early too)."""
-    await collector.start()
     finished = asyncio.Event()
 
     def on_tick(snap: Any) -> None:
@@ -315,6 +314,8 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Collected
 
     collector.on_tick = on_tick
     loop = asyncio.get_running_loop()
+    # Before the bind: a peer that can connect finds the handlers in place (a closed terminal
+    # in the meantime ends the collection at once, its recording closed whole).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
             continue  # nohup: the user asked for the process to outlive its terminal
@@ -322,6 +323,7 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Collected
             loop.add_signal_handler(sig, finished.set)
         except (RuntimeError, ValueError, NotImplementedError):
             pass
+    await collector.start()
     timed_out = False
     try:
         try:

@@ -229,3 +229,40 @@ def test_tensor_parallel_share_is_said() -> None:
     assert est is not None and why == "" and est.flops_per_token == 6 * 2_016
     assert _label(est, "full", SEQ) == (
         "6N (no attention blocks found, none ran; this rank's tensor-parallel share, N local): N=2016")
+
+
+class _Mixer(nn.Module):
+    """Self-attention named as token-mixer code names it (``qkv``, ``proj``; no attn anywhere),
+    through SDPA with dropout: on CPU its math fallback, which the count sees as bmm and softmax
+    only — no attention op ran, as far as the count can tell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, D // 2).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+        return x + self.proj(y.transpose(1, 2).reshape(b, t, D))
+
+
+class _MixerModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(V, D)
+        self.blocks = nn.ModuleList(_Mixer() for _ in range(2))
+        self.head = nn.Linear(D, V, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def test_attention_through_a_qkv_projection_is_not_read_as_none(sent: Sent) -> None:
+    """A review's catch: such a model got "6N (no attention blocks found, none ran)", too low."""
+    msg = _train(_MixerModel(), _ids, sent)
+    assert not msg["estimate_source"].startswith("6N"), msg["estimate_source"]
+    assert msg["estimated_flops"] is None

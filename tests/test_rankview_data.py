@@ -220,3 +220,19 @@ def test_a_bare_word_that_names_no_host_of_the_job_is_refused() -> None:
     assert parse_filter("node002", hosts=hosts).hosts == ("node002",)  # the short name
     assert parse_filter("host:gpu*", hosts=hosts).hosts == ("gpu*",)  # a prefix takes any glob
     assert parse_filter("stalld").hosts == ("stalld",)  # no job to check against
+
+
+def test_the_filter_of_an_ended_job_hint_keeps_every_rank_and_ranges_may_overlap() -> None:
+    """``f`` on an ended job-wide hint: hint:<id> matches no rank once it ended (the table went
+    empty), so no filter. Rank ranges are tested by bisection (``f`` can make hundreds)."""
+    from flowtop.monitor.rankfilter import _range_test, hint_filter
+    from flowtop.monitor.snapshot import Hint
+
+    ended = Hint(id="input_bound", severity="warning", scope="job", target="", summary="", evidence={"ranks_n": 8},
+                 action="", impact=0.3, ended=True)
+    assert hint_filter([ended]) == ""
+    flag = dataclasses.replace(ended, ended=False, evidence={"silent_ranks": [True, 4]})
+    assert hint_filter([flag]) == "rank:4"  # a flag is no rank number
+    test = _range_test(((10, 20), (0, 3), (12, 14), (30, 30), (2, 5)))
+    kept = [r for r in range(40) if test(cluster_rank(r))]
+    assert kept == [*range(0, 6), *range(10, 21), 30]

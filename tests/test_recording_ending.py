@@ -175,6 +175,10 @@ def test_a_gzipped_recording_reads_as_it_is(tmp_path: Path) -> None:
     assert list(read_recording(gz, said.append)) == list(read_recording(path)) and said == []
     gz.write_bytes(gzip.compress(data[:offsets(data)[-1]]))  # whole, without its marker
     assert len(list(read_recording(gz, said.append))) == 6 and said == [no_marker(gz, 6, 5)]
+    said = []
+    gz.write_bytes(gzip.compress(data)[:-4])  # the gzip trailer cut: every record whole, marker too
+    assert len(list(read_recording(gz, said.append))) == 6
+    assert len(said) == 1 and "compressed copy is damaged after the end marker" in said[0], said
 
 
 FULL = """
@@ -235,14 +239,13 @@ def test_a_closed_terminal_still_closes_a_headless_recording(tmp_path: Path, com
                              "--record", str(path), *extra], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while True:  # bound: its signal handlers come right after the bind (serve's before it)
+    while True:  # bound: its signal handlers are in place before the bind
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
-    time.sleep(0.3)
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

@@ -11,11 +11,14 @@ A bare word is classified in that order (digits, status, hint id, else a host gl
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from flowtop.monitor.format import fmt_ranks
 from flowtop.monitor.snapshot import Hint, JobSnapshot, RankSnapshot
 
 STATUSES = frozenset({"live", "stalled", "stale", "done", "failed"})
@@ -54,8 +57,7 @@ class RankFilter:
         if self.hosts:
             tests.append(_host_test(self.hosts))
         if self.ranges:
-            ranges = self.ranges
-            tests.append(lambda r: any(lo <= r.rank <= hi for lo, hi in ranges))
+            tests.append(_range_test(self.ranges))
         if self.statuses:
             statuses = self.statuses
             conflict = CONFLICT in statuses
@@ -63,6 +65,22 @@ class RankFilter:
         if self.hints:
             tests.append(_hint_test(job, self.hints))
         return lambda r: all(t(r) for t in tests)
+
+
+def _range_test(ranges: tuple[tuple[int, int], ...]) -> Callable[[RankSnapshot], bool]:
+    """Inclusive rank ranges, by bisection (``f`` on a hint of every node's rank 0 makes hundreds)."""
+    spans = sorted(ranges)
+    los = [lo for lo, _ in spans]
+    reach, top = [], -1
+    for _, hi in spans:  # the highest rank any range starting at or before this one reaches
+        top = max(top, hi)
+        reach.append(top)
+
+    def test(r: RankSnapshot) -> bool:
+        i = bisect.bisect_right(los, r.rank) - 1
+        return i >= 0 and r.rank <= reach[i]
+
+    return test
 
 
 def _host_test(globs: tuple[str, ...]) -> Callable[[RankSnapshot], bool]:
@@ -121,16 +139,11 @@ def hint_filter(hints: Iterable[Hint]) -> str:
     ranks = {rank for h in hints if (rank := target_rank(h)) is not None}
     if not ranks:
         ranks = {int(r) for h in hints for k, v in h.evidence.items() if k.endswith("_ranks")
-                 and isinstance(v, (list, tuple)) for r in v if isinstance(r, int) and r >= 0}
+                 and isinstance(v, (list, tuple)) for r in v if type(r) is int and r >= 0}
     if not ranks:
-        return f"hint:{hints[0].id}" if hints else ""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return "rank:" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+        # an ended hint is no longer matched by hint:<id> (_hint_test): no filter, every rank
+        return "" if not hints or all(h.ended for h in hints) else f"hint:{hints[0].id}"
+    return "rank:" + fmt_ranks(sorted(ranks), width=sys.maxsize)
 
 
 def known_hint_ids(job: JobSnapshot | None = None) -> frozenset[str]:

@@ -146,6 +146,8 @@ class Recorder:
                 fh.seek(self._size)
             except OSError:  # not a regular file (/dev/full): no end marker after a partial record
                 self._whole = self._whole and done == 0
+            if self._size == 0 and self._whole:  # the format line went with this write: it goes first again
+                self._buf = bytearray(MAGIC)
             raise
         self._size += len(data)
         self._kept = (self.records, self.frames)
@@ -338,8 +340,10 @@ class _Reader:
         at = fh.tell()
         try:
             extra = fh.read(1)
-        except (OSError, EOFError, zlib.error):
-            extra = b"?"
+        except (OSError, EOFError, zlib.error) as exc:  # a gzip trailer cut or damaged: the records stand
+            self.say(f"recording {self.path}: its compressed copy is damaged after the end marker ({exc}); "
+                     "every record read whole")
+            return
         if extra:
             self.say(f"recording {self.path} goes on after its end marker (byte {at}): what follows is not replayed")
 

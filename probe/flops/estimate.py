@@ -182,9 +182,13 @@ def _from_attention(
     return layers, top.heads * top.head_dim, top.seq_k, f"attention:{calls}/{per_batch}"
 
 
+#: Names of attention's parts: a block with a fused or split q/k/v projection attends, however named.
+_QKV = frozenset({"qkv", "wqkv", "q_proj", "k_proj", "wq", "wk", "query", "key", "to_qkv"})
+
+
 def _says_attention(name: str) -> bool:
     name = name.lower()
-    return "attn" in name or "attention" in name
+    return "attn" in name or "attention" in name or name in _QKV
 
 
 def attention_ran(count: FlopCount) -> bool | None:
@@ -218,8 +222,8 @@ def _without_attention(
     """6·N per token for a model shown to have no attention, else why there is no estimate."""
     if ran is None:
         return None, "shape unknown: no config L and d, no attention blocks, no counted step"
-    attention, embedding = _scan(model)
-    if ran or attention:
+    attention, embedding = (True, False) if ran else _scan(model)
+    if attention:
         return None, ("attention found but not its L and d (no config n_layer/hidden_size, "
                       "no attention block list, no call shape)")
     if not embedding:

@@ -177,7 +177,7 @@ class MainScreen(SnapshotScreen):
         table = self.query_one(RankTable)
         table.set_filter(flt)
         table.focus()
-        self.notify(f"ranks of {event.what}: {event.text} (Esc clears)", timeout=4)
+        self.notify(f"ranks of {event.what}: {event.text or 'every rank'} (Esc clears)", timeout=4)
 
     def action_clear_filter(self) -> None:
         """Esc: drop the filter and close the filter line."""
