@@ -336,7 +336,7 @@ CASES: tuple[Case, ...] = (
          {"uncounted_pct": 2.0, "share_basis": "flop_size", "uncounted_calls": 3.0, "uncounted_types_n": 1,
           "uncounted_ops": {"aten::my_custom_op": 3}}),
     Case("estimate_mismatch", b_estimate, 12.0, 8.0, 5.0, "",
-         "counted model FLOPs are 12 % below the transformer estimate (6N+12LdT)",
+         "counted model FLOPs are 12 % below the model-shape estimate (6N+12LdT)",
          {"estimate_gap_pct": 12.0, "estimate_ratio": 0.88, "estimated_flops_per_step": 1e12}),
     Case("pipeline_imbalance", b_pipeline, 21.0, 15.0, 5.0, "",
          "pipeline stage 1 (pp rank 1, rank 1) computes 21 % more than the stages' mean (1.21TFLOP vs "

@@ -256,7 +256,7 @@ RULES: tuple[Rule, ...] = (
         window_steps=0,
         window_s=0.0,
         summary="counted model FLOPs are {estimate_gap_pct:.0f} % {direction_word} the "
-        "transformer estimate ({estimate_source})",
+        "model-shape estimate ({estimate_source})",
         action="Check which is wrong: uncounted ops, the attention convention (full vs causal), "
         "or estimate inputs that do not fit the model (MoE, tied embeddings, padding, "
         "non-transformer layers).",
