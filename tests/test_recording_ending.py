@@ -235,9 +235,12 @@ def test_a_closed_terminal_still_closes_a_headless_recording(tmp_path: Path, com
     port, path = free_port_pair(), tmp_path / "hup.rec"
     metrics = f"127.0.0.1:{free_port_pair()}"
     extra = ["--timeout", "60", "--json"] if command == "snapshot" else ["--prometheus", metrics]
+    # SIGHUP as a terminal leaves it: a test run under nohup (CI's) would pass it on ignored, and
+    # an ignored SIGHUP rightly stays ignored.
     proc = subprocess.Popen([sys.executable, "-m", "flowtop.cli", command, "--listen", f"tcp://127.0.0.1:{port}",
                              "--record", str(path), *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while True:  # bound: its signal handlers are in place before the bind
         try:
