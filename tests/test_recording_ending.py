@@ -241,16 +241,21 @@ def test_a_closed_terminal_still_closes_a_headless_recording(tmp_path: Path, com
                              "--record", str(path), *extra], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    deadline = time.monotonic() + 30
-    while True:  # bound: its signal handlers are in place before the bind
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
-    proc.send_signal(signal.SIGHUP)
-    out, err = proc.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # bound: its signal handlers are in place before the bind
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGHUP)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a failed run must not leave a monitor behind
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     said: list[str] = []
     assert list(read_recording(path, said.append)) == [] and said == []
