@@ -66,6 +66,32 @@ class Seen:
     running: bool  # neither said bye nor went stale
     stepped: bool  # made at least one step
     last_recv: float  # monitor time it was last heard from
+    first_seen: float = -float("inf")  # monitor time it was first heard from
+
+
+def superseded(seen: Iterable[Seen]) -> set[RankKey]:
+    """The processes an earlier run of their job left: not heard since a running process of the
+    job started — when they no longer run (ended, or stale: an elastic shrink's ranks, a crashed
+    run's), or when that process claims their own rank number (a restart within the few seconds
+    before the old one would read stale). Incarnations are no guide across launches: a job
+    relaunched under the same id counts its restarts from 0 again, and the newest incarnation of
+    the previous launch hid the live run for good (a soak trial: its job read failed, then stale
+    with hang_all, while 128 ranks stepped)."""
+    seen = list(seen)
+    latest: dict[str, float] = {}  # job -> latest start of a running process
+    by_rank: dict[tuple[str, int], list[float]] = {}  # (job, rank) -> starts of its running processes
+    for s in seen:
+        if s.running:
+            latest[s.key.job] = max(latest.get(s.key.job, -float("inf")), s.first_seen)
+            by_rank.setdefault((s.key.job, s.key.rank), []).append(s.first_seen)
+    out: set[RankKey] = set()
+    for s in seen:
+        if not s.running:  # ended or silent: a start at the very instant of its last frame follows it
+            if latest.get(s.key.job, -float("inf")) >= s.last_recv:
+                out.add(s.key)
+        elif any(start > s.last_recv for start in by_rank.get((s.key.job, s.key.rank), ())):
+            out.add(s.key)
+    return out
 
 
 class Claims:
@@ -87,6 +113,9 @@ class Claims:
         ``remember`` (a tick) updates the conflicts remembered; without it (a snapshot, a pure
         read) the answer is the same but nothing is kept."""
         seen = list(seen)
+        gone = superseded(seen)
+        if gone:
+            seen = [s for s in seen if s.key not in gone]
         by_rank: dict[tuple[str, int], list[Seen]] = {}
         for s in seen:
             by_rank.setdefault((s.key.job, s.key.rank), []).append(s)

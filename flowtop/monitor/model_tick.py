@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Iterable, Protocol
 
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import newest_per
+from flowtop.monitor.claims import Seen, newest_per, superseded
 from flowtop.monitor.limits import TokenBucket
 from flowtop.monitor.model_views import ModelViews
 from flowtop.monitor.notices import Notices
@@ -67,6 +67,7 @@ class ModelTicks(ModelViews):
         self.ticks += 1
         self._say_unsaid_rejects()
         self._evict(now)
+        self.relays.prune(now)
         by_job = self._view(None, now, remember=True)
         jobs = []
         for job, shown in sorted(by_job.items()):
@@ -187,10 +188,13 @@ class ModelTicks(ModelViews):
             gone = [st for st in states if rs.gone(st, self._judged_at(st, now))]
             if len(gone) == len(states):
                 self.evicted_jobs += 1  # its per-job state goes with its last rank (_forget)
-            else:
-                # Only old incarnations the view no longer shows (a newer one of the rank exists).
+            elif gone:
+                # Only processes the view no longer shows: old incarnations (a newer one of the
+                # rank exists), and those an earlier run of the job left (claims.superseded).
                 newest = newest_per(states, lambda st: st.key.rank, lambda st: st.key.inc)
-                gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc]
+                left = superseded(Seen(st.key, rs.running(st, self._judged_at(st, now)), bool(st.steps),
+                                       st.last_recv, st.first_seen) for st in states)
+                gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc or st.key in left]
             for st in gone:
                 self._forget(st)
 

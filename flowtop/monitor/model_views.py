@@ -102,7 +102,7 @@ class ModelViews:
             states = self.ranks.values()
         states = list(states)
         at = self._judged_at
-        seen = [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv) for st in states]
+        seen = [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv, st.first_seen) for st in states]
         shown = self._claims.shown(seen, remember)
         by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
         for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):

@@ -218,7 +218,7 @@ class Relays:
         if f.get("closing"):
             rec.closed_at = now
         self._reasons_at = _NO_REASONS
-        self._prune(now)
+        self.prune(now)
 
     def saw(self, key: RankKey, relay: str | None) -> None:
         """A frame of ``key`` arrived through ``relay`` (None: directly)."""
@@ -313,8 +313,10 @@ class Relays:
             out.append(marked)
         return tuple(out)
 
-    def _prune(self, now: float) -> None:
-        """Forget relays silent or closed for FORGET_AFTER_S with no ranks (at most every 10 s)."""
+    def prune(self, now: float) -> None:
+        """Forget relays silent or closed for FORGET_AFTER_S with no ranks (at most every 10 s; at a
+        relay's report and at the model's ticks: with no relay left reporting, closed ones stayed for
+        good, a soak trial's 11 relays 20 minutes after the last job)."""
         if now - self._pruned_at < 10.0:
             return
         self._pruned_at = now
