@@ -134,9 +134,10 @@ class ModelViews:
         # Each rank as of its relay's latest report (behind a backlog its frames arrive late). In
         # turns, the turn follows the rank number, not the row: a rank's turn comes every `spread`
         # ticks whoever joins or leaves the job meanwhile; a glance is nobody's turn.
+        glance = rotation is not None and rotation[1] == 0
+        hot = self._hot(job) if slim and not glance else frozenset()  # a glance (a pure read) rebuilds none
         ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
-                                 glance=rotation is not None and rotation[1] == 0, shown_only=slim,
-                                 hot=self._hot(job) if slim else frozenset())
+                                 glance=glance, shown_only=slim, hot=hot)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
