@@ -346,23 +346,16 @@ class Model(ModelTicks):
         cell has room for "failed" only; the ranks that die of it after — a collective's peers —
         are not said again: thousands of them would flood the UI)."""
         job = st.key.job
-        if job in self._failed_jobs:
-            return
-        if len(self._failed_jobs) >= MAX_FAILED_JOBS:
-            self._failed_jobs.clear()
-        self._failed_jobs.add(job)
-        self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
+        if _first_of(self._failed_jobs, job):
+            self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
 
     def _flooded(self, st: RankState, dropped: int, now: float) -> None:
         """A rank's probe dropped commands unread (probe.transport.gate): more came from its
         monitor's side than a monitor sends, so something else sent them. Said for the first rank
         of a job only (a squatter on this port floods every rank that connects to it)."""
         job = st.key.job
-        if job in self._flooded_jobs:
+        if not _first_of(self._flooded_jobs, job):
             return
-        if len(self._flooded_jobs) >= MAX_FAILED_JOBS:
-            self._flooded_jobs.clear()
-        self._flooded_jobs.add(job)
         self.notices.warning(f"rank {st.key.rank} of {job} dropped {dropped:,} commands unread: more came from its "
                              "monitor's side than a monitor sends (its probe takes 32, then 4 a second); something "
                              "else sent them, a process on this monitor's port before it started? (the rank's stderr "
@@ -384,3 +377,14 @@ class Model(ModelTicks):
         med = rs.median_step(st)
         stalled = rs.stalled_for(st, now, med)
         return accounting.rank_mfu(st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled)
+
+
+def _first_of(said: set[str], job: str) -> bool:
+    """Whether ``job`` is new to ``said`` (then added): one notice per job, the set bounded by
+    MAX_FAILED_JOBS (cleared when full: a job said long ago may be said again)."""
+    if job in said:
+        return False
+    if len(said) >= MAX_FAILED_JOBS:
+        said.clear()
+    said.add(job)
+    return True

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Iterable, Protocol
 
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Seen, newest_per, superseded
+from flowtop.monitor.claims import newest_per, superseded
 from flowtop.monitor.limits import TokenBucket
 from flowtop.monitor.model_views import ModelViews
 from flowtop.monitor.notices import Notices
@@ -192,8 +192,7 @@ class ModelTicks(ModelViews):
                 # Only processes the view no longer shows: old incarnations (a newer one of the
                 # rank exists), and those an earlier run of the job left (claims.superseded).
                 newest = newest_per(states, lambda st: st.key.rank, lambda st: st.key.inc)
-                left = superseded(Seen(st.key, rs.running(st, self._judged_at(st, now)), bool(st.steps),
-                                       st.last_recv, st.first_seen) for st in states)
+                left = superseded(self._seen(states, now))
                 gone = [st for st in gone if st.key.inc < newest[st.key.rank].key.inc or st.key in left]
             for st in gone:
                 self._forget(st)

@@ -10,7 +10,7 @@ extra call layer). It holds no state of its own; the attributes declared below a
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Iterable
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
@@ -101,14 +101,18 @@ class ModelViews:
                 return sole
             states = self.ranks.values()
         states = list(states)
-        at = self._judged_at
-        seen = [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv, st.first_seen) for st in states]
-        shown = self._claims.shown(seen, remember)
+        shown = self._claims.shown(self._seen(states, now), remember)
         by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
         for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
             if st.key in shown:
                 by_job[st.key.job].append((st, shown[st.key]))
         return by_job
+
+    def _seen(self, states: Iterable[RankState], now: float) -> list[Seen]:
+        """What the claims read of each of ``states`` at monitor time ``now`` (its relay's lag off)."""
+        at = self._judged_at
+        return [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv, st.first_seen)
+                for st in states]
 
     def _hot(self, job: str) -> frozenset[int]:
         """The ranks a large job's active rank hints name, whose views every tick rebuilds (at
