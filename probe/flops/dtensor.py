@@ -236,6 +236,7 @@ def _whole_linears(model: torch.nn.Module,
     dims), largest first, their share of all Linear weights' elements, and their id()s."""
     seen: set[int] = set()
     whole: list[tuple[int, str]] = []
+    ids: set[int] = set()
     total = 0
     for name, module in model.named_modules():
         w = getattr(module, "weight", None)
@@ -245,7 +246,6 @@ def _whole_linears(model: torch.nn.Module,
         total += w.numel()
         if id(w) not in splits:
             whole.append((w.numel(), f"{name}.weight" if name else "weight"))
+            ids.add(id(w))
     whole.sort(key=lambda e: (-e[0], e[1]))
-    ids = frozenset(id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)
-                    and m.weight is not None and id(m.weight) not in splits)
-    return tuple(n for _, n in whole), (sum(e for e, _ in whole) / total if total else 0.0), ids
+    return tuple(n for _, n in whole), (sum(e for e, _ in whole) / total if total else 0.0), frozenset(ids)
