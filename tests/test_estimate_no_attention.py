@@ -166,6 +166,47 @@ def test_float_fed_model_has_no_tokens_and_no_estimate(sent: Sent) -> None:
     assert msg["model_flops"] > 0  # the count itself is unaffected
 
 
+class LabelConditioned(nn.Module):
+    """A diffusion-style model: fed float latents ``x`` (B × SEQ × D) and one class label per
+    sample ``y`` (B,), looked up in an ``nn.Embedding`` of V classes; no token ids anywhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.labels = nn.Linear(D, D), nn.Embedding(V, D)
+        self.layers = nn.ModuleList(DenseMLP() for _ in range(LAYERS))
+        self.head = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x) + self.labels(y)[:, None, :]
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def test_class_labels_are_not_tokens(sent: Sent) -> None:
+    """B class labels a step are not B tokens: before, the probe counted 4 tokens a step and
+    estimated 6·N·4 for a model fed no token ids at all."""
+    torch.manual_seed(0)
+    model = LabelConditioned()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(BATCH, SEQ, D), torch.randint(0, V, (BATCH,))).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    (fields,) = [f for k, f in sent if k == "flops"]
+    assert fields["tokens"] == 0 and fields.get("estimated_flops") is None
+    assert fields["estimate_source"] == "none: no tokens counted (no nn.Embedding fed token ids)"
+    assert [f["tokens"] for k, f in sent if k == "step"] == [0, 0, 0]
+
+
+def test_packed_token_ids_still_count(sent: Sent) -> None:
+    """A packed batch's token ids come as one 1-D tensor (no float input of their length): each
+    id is a token, 32 a step, and the estimate is 6·N × 32 (N = 3,040 as above)."""
+    msg = _train(TokenModel(DenseMLP), lambda: torch.randint(0, V, (BATCH * SEQ,)), sent)
+    assert msg["tokens"] == BATCH * SEQ == 32
+    assert msg["estimated_flops"] == 6 * 3_040 * 32
+
+
 def test_direct_calls_need_the_counted_steps_evidence() -> None:
     """Without a counted step (``ran_attention`` None) nothing shows that no attention runs: no
     estimate, as before. A model with an attention-like module but no shape gets none either."""

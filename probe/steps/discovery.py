@@ -53,6 +53,7 @@ class Discovery:
         _discover_step: int
         _uninstalled: bool
         _idle_calls: int
+        _float_rows: int
         _depth: int
         _forward_end: float | None
         _candidates: dict[int, Callable[[], torch.nn.Module | None]]
@@ -174,11 +175,13 @@ class Discovery:
                 self._idle_calls += 1
                 self._candidate(module)
                 self._root_pre(module, args, {})
+                self._float_rows = _float_rows(args)
             if module is self.embedding:  # every micro-batch of step 1, not just the first
                 self._embedding_pre(module, args)
             elif self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
                 idx = args[0]
-                if isinstance(idx, torch.Tensor) and not idx.is_floating_point():
+                if (isinstance(idx, torch.Tensor) and not idx.is_floating_point()
+                        and not (idx.dim() == 1 and idx.shape[0] == self._float_rows)):
                     self.embedding = module
                     self._embedding_pre(module, args)
             self._depth += 1
@@ -261,3 +264,15 @@ class Discovery:
                 h.remove()
             self._root_handles.clear()
         self.device = device_of(root.parameters())
+
+
+def _float_rows(args: tuple[Any, ...]) -> int:
+    """Rows of the first floating-point input of 2+ dims of a root's forward (its batch: images,
+    latents, features), else -1. An ``nn.Embedding`` fed one integer per such row is a class-label
+    lookup (a diffusion model's ``y``), not token ids: counting it gave B tokens a step, and an
+    estimate of 6·N·B for a model fed no tokens at all. (A packed sequence's 1-D token ids come
+    with no float batch of their length.)"""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() >= 2:
+            return int(a.shape[0])
+    return -1

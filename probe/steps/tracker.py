@@ -111,6 +111,7 @@ class StepTracker(Discovery, StepWalls):
         self.forward_inputs: tuple[Any, Any] | None = None
         self.micro_batches = 0
         self.tokens = 0
+        self._float_rows = -1  # discovery: the root forward's float batch (see probe.steps.discovery)
         self._device: torch.device | None = None
         #: The CUDA events of the device, while it is a CUDA device whose events work (read at
         #: every boundary: None says "no device time" in one test).
