@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from probe.flops.count import FlopCount
 from probe.flops.counter import StepFlopCounter
+from probe.flops.estimate import Estimate, estimate_with_reason
 
 
 def count(fn: Callable[[], Any], **kw: Any) -> FlopCount:
@@ -16,3 +17,8 @@ def count(fn: Callable[[], Any], **kw: Any) -> FlopCount:
     result = counter.stop()
     assert result is not None
     return result
+
+
+def estimate_of(model: Any, **kw: Any) -> Estimate | None:
+    """The estimate alone of :func:`probe.flops.estimate.estimate_with_reason` (None: there is none)."""
+    return estimate_with_reason(model, **kw)[0]

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from probe.flops.estimate import estimate_from_model, non_embedding_params, transformer_flops_per_token
+from flop_helpers import estimate_of
+from probe.flops.estimate import non_embedding_params, transformer_flops_per_token
 
 
 @dataclass
@@ -51,7 +52,7 @@ def test_config_gpt_exact_untied_and_tied() -> None:
     for tied in (False, True):
         model = GPT(Config(), tied)
         assert non_embedding_params(model) == N_EXPECTED == 7104
-        est = estimate_from_model(model, seq_len=T)
+        est = estimate_of(model, seq_len=T)
         assert est is not None
         assert est.flops_per_token == 6 * N_EXPECTED + 12 * L * D * T == 45696
         shape = (est.n_params, est.n_layers, est.d_model, est.seq_len, est.source)
@@ -59,7 +60,7 @@ def test_config_gpt_exact_untied_and_tied() -> None:
 
 
 def test_causal_convention_halves_attention_term() -> None:
-    est = estimate_from_model(GPT(Config(), tied=False), seq_len=T, attention="causal")
+    est = estimate_of(GPT(Config(), tied=False), seq_len=T, attention="causal")
     assert est.flops_per_token == 6 * N_EXPECTED + 6 * L * D * T
     assert transformer_flops_per_token(100, 2, 4, 10) == 600 + 960
     assert transformer_flops_per_token(100, 2, 4, 10, "causal") == 600 + 480
@@ -74,14 +75,14 @@ def test_hf_style_dict_config_and_wrappers() -> None:
             super().__init__()
             self.module = inner
 
-    est = estimate_from_model(Wrapper(model), seq_len=T)
+    est = estimate_of(Wrapper(model), seq_len=T)
     assert est.flops_per_token == 6 * N_EXPECTED + 12 * L * D * T
 
 
 def test_blocks_without_config() -> None:
     model = GPT(Config(), tied=False)
     del model.config
-    est = estimate_from_model(model, seq_len=T)
+    est = estimate_of(model, seq_len=T)
     assert (est.n_layers, est.d_model, est.source) == (L, D, "blocks:h")
     assert est.flops_per_token == 6 * N_EXPECTED + 12 * L * D * T
 
@@ -90,9 +91,9 @@ def test_multihead_attention_stack() -> None:
     layer = lambda: nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64)  # noqa: E731
     model = nn.Sequential(nn.Embedding(100, 32), *[layer() for _ in range(3)])
     # the Sequential mixes an embedding with blocks; blocks inside a ModuleList are needed
-    assert estimate_from_model(model, seq_len=16) is None
+    assert estimate_of(model, seq_len=16) is None
     encoder = nn.TransformerEncoder(layer(), num_layers=3, enable_nested_tensor=False)
-    est = estimate_from_model(encoder, seq_len=16)
+    est = estimate_of(encoder, seq_len=16)
     n = sum(p.numel() for p in encoder.parameters())
     assert (est.n_layers, est.d_model, est.source) == (3, 32, "blocks:layers")
     assert est.flops_per_token == 6 * n + 12 * 3 * 32 * 16
@@ -100,10 +101,10 @@ def test_multihead_attention_stack() -> None:
 
 def test_unknown_shape_and_override() -> None:
     mlp = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    assert estimate_from_model(mlp, seq_len=8) is None
-    est = estimate_from_model(mlp, seq_len=8, flops_per_token=1.5e9)
+    assert estimate_of(mlp, seq_len=8) is None
+    est = estimate_of(mlp, seq_len=8, flops_per_token=1.5e9)
     assert est.flops_per_token == 1.5e9 and est.source == "override" and est.n_params == 30
-    assert estimate_from_model(GPT(Config(), tied=False), seq_len=0) is None
+    assert estimate_of(GPT(Config(), tied=False), seq_len=0) is None
 
 
 def test_never_raises() -> None:
@@ -111,7 +112,7 @@ def test_never_raises() -> None:
         def parameters(self, recurse: bool = True):  # noqa: ANN201
             raise RuntimeError("sharded")
 
-    assert estimate_from_model(Broken(), seq_len=8) is None
+    assert estimate_of(Broken(), seq_len=8) is None
 
 
 def test_flops_message_says_where_the_shape_came_from() -> None:
@@ -185,7 +186,7 @@ def test_plain_qkv_gpt_gets_its_shape_from_the_attention_it_ran() -> None:
     vocab, d, layers, heads, seq, batch = 64, 32, 3, 4, 16, 2
     torch.manual_seed(0)
     model = PlainGPT(vocab, d, layers, heads, seq)
-    assert estimate_from_model(model, seq_len=seq) is None  # names and config reveal nothing
+    assert estimate_of(model, seq_len=seq) is None  # names and config reveal nothing
     idx = torch.randint(0, vocab, (batch, seq))
 
     def two_micro_batches() -> None:
@@ -221,10 +222,10 @@ def test_context_parallel_rank_attends_to_every_key() -> None:
     from probe.flops.policy import signature_of
 
     model, batch, cp, shard = GPT(Config(), tied=False), 3, 2, T // 2
-    est = estimate_from_model(model, seq_len=shard, cp=cp)
+    est = estimate_of(model, seq_len=shard, cp=cp)
     assert est is not None and (est.seq_len, est.cp) == (T, cp)
     assert est.flops_per_token == 6 * 7_104 + 12 * L * D * T == 45_696
-    no_cp = estimate_from_model(model, seq_len=shard)
+    no_cp = estimate_of(model, seq_len=shard)
     assert no_cp is not None and no_cp.flops_per_token == 6 * 7_104 + 12 * L * D * shard == 44_160  # the old figure
 
     idx = torch.zeros(batch, shard, dtype=torch.long)  # this rank's shard of every sequence
@@ -235,7 +236,7 @@ def test_context_parallel_rank_attends_to_every_key() -> None:
     assert 2 * fields["estimated_flops"] == 45_696 * batch * T == 1_096_704  # Σ over the cp ranks
     assert fields["estimate_source"] == ("6N+12LdT, shape from model.config: N=7104, L=2, d=16, T=8 "
                                          "(all keys; cp=2: this rank's 4 queries)")
-    causal = estimate_from_model(model, seq_len=shard, attention="causal", cp=cp)
+    causal = estimate_of(model, seq_len=shard, attention="causal", cp=cp)
     assert causal is not None and causal.flops_per_token == 6 * 7_104 + 6 * L * D * T == 44_160
 
 
@@ -248,8 +249,8 @@ def test_an_expert_parallel_split_leaves_the_attention_term_whole() -> None:
     model = GPT(Config(), tied=False)
     up = model.h[0].mlp[0].weight
     ep = ParallelLayout((("ep", 2),), (), 2, (("S(0)", 1),), {id(up): 2}, tp_degree=1)
-    est = estimate_from_model(model, seq_len=T, layout=ep)
+    est = estimate_of(model, seq_len=T, layout=ep)
     assert est is not None and est.flops_per_token == 6 * (N_EXPECTED - 4 * D * D // 2) + 12 * L * D * T
     tp = ParallelLayout((("tp", 2),), (), 2, (("S(0)", 1),), {id(up): 2}, tp_degree=2)
-    est = estimate_from_model(model, seq_len=T, layout=tp)
+    est = estimate_of(model, seq_len=T, layout=tp)
     assert est is not None and est.flops_per_token == 6 * (N_EXPECTED - 4 * D * D // 2) + 12 * L * D * T / 2

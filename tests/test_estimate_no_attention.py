@@ -207,20 +207,48 @@ def test_packed_token_ids_still_count(sent: Sent) -> None:
     assert msg["estimated_flops"] == 6 * 3_040 * 32
 
 
+class Mixer(nn.Module):
+    """Attention written by hand under names that do not say so (two heads of 8)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.out = (nn.Linear(D, D) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(BATCH, SEQ, 2, D // 2).transpose(1, 2)
+
+        w = (heads(self.a(x)) @ heads(self.b(x)).transpose(-2, -1)).softmax(-1)
+        return x + self.out((w @ heads(self.c(x))).transpose(1, 2).reshape(BATCH, SEQ, D))
+
+
+def test_hand_written_attention_gets_no_6_n(sent: Sent) -> None:
+    """q·kᵀ and w·v by hand run as batched matmuls (aten.bmm): before, the names said no
+    attention and the estimate was 6·N, its attention term left out; now there is none, and why."""
+    msg = _train(TokenModel(Mixer), _ids, sent)
+    assert msg["tokens"] == 32 and msg.get("estimated_flops") is None
+    assert msg["estimate_source"].startswith("none: batched matmuls of activations ran (aten.bmm")
+    # the count has them: the Linears' weights per token 2 layers × 4 × 16·16 + head 800 = 2,848,
+    # 6 × 2,848 × 32 = 546,816; per layer q·kᵀ and w·v are each B·heads = 8 products of 8×8 by 8×8,
+    # 2·8·8·8 × 8 = 8,192 FLOPs forward, twice that backward: 2 layers × 2 × 3 × 8,192 = 98,304
+    assert msg["model_flops"] == 6 * 2_848 * 32 + 98_304 == 645_120
+
+
 def test_direct_calls_need_the_counted_steps_evidence() -> None:
     """Without a counted step (``ran_attention`` None) nothing shows that no attention runs: no
     estimate, as before. A model with an attention-like module but no shape gets none either."""
-    from probe.flops.estimate import estimate_from_model, estimate_with_reason
+    from flop_helpers import estimate_of
+    from probe.flops.estimate import estimate_with_reason
 
     model = TokenModel(DenseMLP)
-    assert estimate_from_model(model, seq_len=SEQ) is None
-    est = estimate_from_model(model, seq_len=SEQ, ran_attention=False)
+    assert estimate_of(model, seq_len=SEQ) is None
+    est = estimate_of(model, seq_len=SEQ, ran_attention=False)
     assert est is not None and est.flops_per_token == 6 * 3_040 and (est.n_layers, est.d_model) == (0, 0)
     assert estimate_with_reason(model, seq_len=SEQ, ran_attention=True) == (
         None, "attention found but not its L and d (no config n_layer/hidden_size, no attention block list, "
         "no call shape)")
     model.layers[0].self_attn = nn.Linear(D, D)  # a module named for attention, however written
-    assert estimate_from_model(model, seq_len=SEQ, ran_attention=False) is None
+    assert estimate_of(model, seq_len=SEQ, ran_attention=False) is None
     floats = TokenModel(DenseMLP, embed=False)  # tokens are an nn.Embedding's input: none here
     assert estimate_with_reason(floats, seq_len=SEQ, ran_attention=False) == (
         None, "no nn.Embedding: tokens unknown, no per-token estimate")

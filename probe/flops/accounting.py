@@ -116,7 +116,7 @@ def flops_message(
         est, reason = estimate.estimate_with_reason(
             unwrap(root), seq or 0, attention=attention, flops_per_token=flops_per_token, layout=layout,
             seen=count.attention_shapes, micro_batches=count.micro_batches, cp=cp,
-            ran_attention=estimate.attention_ran(count))
+            ran_attention=estimate.attention_ran(count), ran_batched=estimate.batched_matmuls_ran(count))
     elif flops_per_token:
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:

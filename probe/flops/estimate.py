@@ -199,6 +199,22 @@ def attention_ran(count: FlopCount) -> bool | None:
     return bool(count.attention_shapes) or any(map(_says_attention, (*count.by_op, *count.uncounted)))
 
 
+#: Matmuls of two batched operands: attention written by hand (``q @ k.transpose(-2, -1)``, einsum)
+#: runs as these, while a Linear on a batch of tokens runs as mm/addmm (its weight is 2-D).
+_BATCHED = ("aten.bmm", "aten.baddbmm")
+
+
+def batched_matmuls_ran(count: FlopCount) -> bool:
+    """Whether the counted step ran batched matmuls (:data:`_BATCHED`)."""
+    return any(count.by_op.get(op, 0) > 0 for op in _BATCHED)
+
+
+def _stacked_weights(model: nn.Module) -> bool:
+    """Whether a parameter has 3+ dims (grouped experts' [E, d, f], a convolution): a batched matmul
+    may then be a weight's, not one of two activations."""
+    return any(p.dim() >= 3 for p in model.parameters())
+
+
 def _scan(model: nn.Module) -> tuple[bool, bool]:
     """(attention-like module, ``nn.Embedding``) in one walk: an ``nn.MultiheadAttention``, or a
     module whose name or class says attn/attention. Child names are read from ``_modules`` and
@@ -217,7 +233,7 @@ def _scan(model: nn.Module) -> tuple[bool, bool]:
 
 
 def _without_attention(
-    model: nn.Module, n_params: int, moe_note: str, ran: bool | None, keys: int, cp: int, split: int
+    model: nn.Module, n_params: int, moe_note: str, ran: bool | None, batched: bool, keys: int, cp: int, split: int
 ) -> tuple[Estimate | None, str]:
     """6·N per token for a model shown to have no attention, else why there is no estimate."""
     if ran is None:
@@ -226,6 +242,11 @@ def _without_attention(
     if attention:
         return None, ("attention found but not its L and d (no config n_layer/hidden_size, "
                       "no attention block list, no call shape)")
+    if batched and not _stacked_weights(model):
+        # Two activations multiplied: attention under names that do not say so. 6·N would leave
+        # out its term (the estimate too low, the count then "above the estimate").
+        return None, ("batched matmuls of activations ran (aten.bmm: attention written by hand?) in no "
+                      "module named for attention: its L and d unknown, no per-token estimate")
     if not embedding:
         return None, "no nn.Embedding: tokens unknown, no per-token estimate"
     # split: only said (N is local already under tensor parallelism), no attention term to divide
@@ -242,11 +263,23 @@ def estimate_with_reason(
     micro_batches: int = 1,
     cp: int = 1,
     ran_attention: bool | None = None,
+    ran_batched: bool = False,
 ) -> tuple[Estimate | None, str]:
-    """:func:`estimate_from_model`, and why there is none ("" when there is one).
+    """Estimate training FLOPs per token of a transformer, and why there is none (``(None, why)``;
+    ``""`` when there is one).
 
-    ``ran_attention`` (:func:`attention_ran` of the counted step; None: unknown) lets a model
-    with no attention to be found get 6·N per token (module docstring). Never raises."""
+    ``flops_per_token`` overrides the analytic figure (the user knows better); the shape is
+    then still reported when it can be found. ``layout`` (probe.flops.dtensor.layout_of) makes
+    the figure local to this rank under tensor parallelism. The shape comes from the model's
+    config, else its blocks, else ``seen`` (forward attention calls by shape in the counted
+    step of ``micro_batches`` forwards; then T is the calls' key length), else, with
+    ``ran_attention`` False and no attention module, there is none: 6·N (module docstring).
+    ``ran_attention``: :func:`attention_ran` of the counted step (None: unknown); ``ran_batched``:
+    :func:`batched_matmuls_ran` of it (hand-written attention: no 6·N then).
+    ``cp``: this rank's context-parallel degree; ``seq_len`` (its token ids' length) is then its
+    shard, and the attention term takes the whole sequence, ``seq_len × cp`` keys (the key length
+    read from the attention calls is whole already).  Never raises.
+    """
     try:
         model = _unwrap(model)
         shape = _from_config(model) or _from_blocks(model)
@@ -262,7 +295,7 @@ def estimate_with_reason(
             layers, width = (shape[0], shape[1]) if shape else (0, 0)
             return Estimate(float(flops_per_token), n_params, layers, width, keys, "override", cp=cp), ""
         if shape is None:
-            return _without_attention(model, n_params, moe_note, ran_attention, keys, cp, split)
+            return _without_attention(model, n_params, moe_note, ran_attention, ran_batched, keys, cp, split)
         if keys <= 0:
             return None, "sequence length unknown (no integer token-id input of 2+ dims)"
         layers, width, source = shape
@@ -272,29 +305,3 @@ def estimate_with_reason(
         warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
         return None, f"estimate failed ({type(exc).__name__})"
 
-
-def estimate_from_model(
-    model: nn.Module,
-    seq_len: int,
-    attention: str = "full",
-    flops_per_token: float | None = None,
-    layout: ParallelLayout | None = None,
-    seen: Mapping[AttentionShape, int] | None = None,
-    micro_batches: int = 1,
-    cp: int = 1,
-    ran_attention: bool | None = None,
-) -> Estimate | None:
-    """Estimate training FLOPs per token of a transformer, or ``None`` if its shape is unknown.
-
-    ``flops_per_token`` overrides the analytic figure (the user knows better); the shape is
-    then still reported when it can be found. ``layout`` (probe.flops.dtensor.layout_of) makes
-    the figure local to this rank under tensor parallelism. The shape comes from the model's
-    config, else its blocks, else ``seen`` (forward attention calls by shape in the counted
-    step of ``micro_batches`` forwards; then T is the calls' key length), else, with
-    ``ran_attention`` False and no attention module, there is none: 6·N (module docstring).
-    ``cp``: this rank's context-parallel degree; ``seq_len`` (its token ids' length) is then its
-    shard, and the attention term takes the whole sequence, ``seq_len × cp`` keys (the key length
-    read from the attention calls is whole already).  Never raises.
-    """
-    return estimate_with_reason(model, seq_len, attention, flops_per_token, layout, seen, micro_batches, cp,
-                                ran_attention)[0]
