@@ -8,6 +8,7 @@ import torch
 
 from probe.flops import dtensor as flops_dtensor, estimate, peaks, precision
 from probe.flops.count import FlopCount
+from probe.flops.dtensor import ParallelLayout
 
 
 def _where(source: str) -> str:
@@ -100,15 +101,19 @@ def flops_message(
     attention: str,
     local_ranks: int = 1,
     cp: int = 1,
+    layout: ParallelLayout | None = None,
+    layout_known: bool = False,
 ) -> dict[str, Any]:
     """Fields of one ``flops`` message (see probe.wire). ``local_ranks``: training processes
     sharing this host (a CPU rank's peak is its share of the cores); ``cp``: this rank's
     context-parallel degree (its token ids are a shard of each sequence: the estimate's
-    attention term takes the whole sequence, probe.flops.estimate)."""
+    attention term takes the whole sequence, probe.flops.estimate); ``layout`` with ``layout_known``:
+    the root's DTensor layout as the count's window read it (else read here)."""
     estimated = None
     seq = seq_len_of(signature)
     est, reason = None, "the model (root module) is not known yet"
-    layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
+    if not layout_known:  # the counter read it when its window opened: one walk of the parameters
+        layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
     no_tokens = "no tokens counted (no nn.Embedding fed token ids)"
     if not tokens and not flops_per_token:  # a per-token figure needs tokens: spare the model's walk
         reason = no_tokens

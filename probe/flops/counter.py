@@ -53,7 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from probe._log import warn_once
 from probe.flops.count import FlopCount
 from probe.flops.accounting import unwrap
-from probe.flops.dtensor import DEFER, RUN, layout_of, route
+from probe.flops.dtensor import DEFER, RUN, ParallelLayout, layout_of, route
 from probe.flops.formulas import (
     FORMULAS,
     HOP_ATTENTION_OPS,
@@ -224,6 +224,8 @@ class StepFlopCounter:
         # Linears a tensor-parallel group runs whole: their model FLOPs are the group's once
         # (probe.flops.replicated). Not in a torch.compile'd model, whose hooks would recompile it.
         self._replicated = ReplicatedLinears() if module_hooks else None
+        #: The root's DTensor layout, read when the window opened (None: none, or no root).
+        self.layout: ParallelLayout | None = None
 
     @property
     def active(self) -> bool:
@@ -250,9 +252,10 @@ class StepFlopCounter:
                 from probe.hookutil import eager  # runs eagerly inside a compiled region
 
                 self._hook = self.root.register_forward_pre_hook(eager(self._on_root_forward))
+                model = unwrap(self.root)
+                self.layout = layout_of(model)  # the step's message reads it too (probe.flops.sampling)
                 if self._replicated is not None:
-                    model = unwrap(self.root)
-                    self._replicated.start(model, layout_of(model))
+                    self._replicated.start(model, self.layout)
             self._thread = threading.get_ident()
             self._dispatch_mode = _CountingMode(self)
             self._dispatch_mode.__enter__()

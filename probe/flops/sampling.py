@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from probe._log import warn_once
 from probe.flops import accounting, counter as flops, moe, padding
+from probe.flops.dtensor import ParallelLayout
 from probe.hookutil import in_compiled_call
 
 #: Amortized budget of the FLOP counts: large steps (>= 100 ms) and small ones.
@@ -64,6 +65,10 @@ class FlopSampler:
         self._nonpad = padding.NonPadTokens()
         self._published: tuple[Any, ...] | None = None
         self.last: Any = None  # the FlopCount in force
+        #: The root's DTensor layout as the last window read it (``_layout_read``: one did), so the
+        #: message does not walk the parameters again; estimate-only messages read it themselves.
+        self._layout: ParallelLayout | None = None
+        self._layout_read = False
         self.broken = False
         #: Counting is impossible here (compiled code): publish the model-shape estimate instead.
         self.estimate_only = False
@@ -157,6 +162,7 @@ class FlopSampler:
         self._counted[signature] = counted
         while len(self._counted) > self.policy.max_signatures:  # as the policy drops its counts
             self._counted.pop(next(iter(self._counted)))
+        self._layout, self._layout_read = counter.layout, True
         self._publish({**self._message(result, tracker, signature, counted.tokens, context, counted.step), **extras})
 
     def _window_extras(self, result: Any) -> dict[str, Any]:
@@ -234,6 +240,7 @@ class FlopSampler:
             attention=self.attention,
             local_ranks=context.get("local_ranks", 1),
             cp=context.get("cp", 1),  # context-parallel degree (probe.steps.parallel, at the first step)
+            layout=self._layout, layout_known=self._layout_read,  # a carried count is the same model's
         )
 
 
