@@ -30,7 +30,6 @@ from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
 from probe._log import warn_once
 from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys,
                                   end_context)
-from probe.transport.gate import RCVHWM
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
 
 
@@ -169,9 +168,9 @@ class SenderLoop:
         try:
             sock = ctx.socket(zmq.XPUB)
             curve = curve_keys(self.curve_dir)
-            for name, value in upstream_options(self.addr):  # the relays set theirs alike
+            # The relays set theirs alike; RCVHWM among them: what a command flood's pause lets queue (see gate).
+            for name, value in upstream_options(self.addr):
                 sock.setsockopt(getattr(zmq, name), value)
-            sock.setsockopt(zmq.RCVHWM, RCVHWM)  # what a command flood's pause lets queue (see gate)
             apply_curve(sock, curve)
             link = Link(zmq, sock)  # before connect, or the first handshake is missed
             sock.connect(self.addr)

@@ -9,6 +9,8 @@ full pipe refuses the send (the sender counts a drop) instead of blocking or dro
 Reconnects start at a random 100-400 ms: libzmq adds no jitter, and hundreds of ranks (a
 cluster's relays) would reconnect in lockstep.
 Heartbeats every 2 s, a peer silent 6 s is gone (a dead monitor behind a NAT or a pulled cable).
+RCVHWM 100: what the socket takes from a command flood while its sender leaves it alone
+(probe.wire.command_bound).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from __future__ import annotations
 import errno
 import random
 
+from probe.wire.command_bound import RCVHWM
+
 
 def upstream_options(addr: str, rng: random.Random | None = None) -> list[tuple[str, int]]:
     """(pyzmq option name, value) pairs for an XPUB that connects to ``addr``, in order."""
     options = [
         ("LINGER", 0), ("SNDHWM", 1000), ("IMMEDIATE", 1), ("XPUB_NODROP", 1),
         ("RECONNECT_IVL", (rng or random).randint(100, 400)), ("RECONNECT_IVL_MAX", 3000),
-        ("HEARTBEAT_IVL", 2000), ("HEARTBEAT_TIMEOUT", 6000),
+        ("HEARTBEAT_IVL", 2000), ("HEARTBEAT_TIMEOUT", 6000), ("RCVHWM", RCVHWM),
     ]
     if "[" in addr:  # an IPv6 literal such as tcp://[::1]:5759
         options.append(("IPV6", 1))

@@ -1,0 +1,89 @@
+"""How many commands a peer takes from the monitor's side, and what it does past that: part of the
+protocol's contract, kept alike by both peers that receive commands (a probe's link,
+probe.transport.gate; a node relay's upstream socket, flowtop.tools.relay_commands). Standard
+library only, like the rest of the wire.
+
+A monitor sends few commands: one "pace" for every job every 2 s while it paces
+(flowtop.monitor.pacing.RENEW_S) and one "kernels_now" per ``k`` key press. It sends each on every
+connection at once (its XSUB), so a node relay's upstream socket receives exactly the stream a
+probe connected directly does, and every rank behind the relay would bound that same stream with
+these same numbers: a relay that keeps to them drops no command its ranks would have taken, and a
+flood stops at the relay instead of crossing the node's loopback to every rank.
+
+Commands pass a token bucket (BURST, then RATE_PER_S). Past it the frame is dropped unread and
+counted, and the peer leaves its socket alone for PAUSE_S (no read, no send, no poll): both peers'
+sockets are XPUBs, which take everything their pipe holds into an unbounded queue whenever they are
+touched (measured for each: probe.transport.gate, flowtop.tools.relay_commands), so only a socket
+left alone lets RCVHWM and TCP hold the flood back at the sender.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: The bucket: a burst of BURST commands, then RATE_PER_S a second (a monitor sends ~0.5 a second;
+#: a held ``k`` key repeating ~25-30 times a second fills the burst in about a second).
+BURST = 32
+RATE_PER_S = 4.0
+#: Seconds the peer leaves its socket alone once a command was over the bucket.
+PAUSE_S = 1.0
+#: Frames the peer's socket queues from its pipe while it is left alone (ZMQ_RCVHWM, set with the
+#: rest of a sender's upstream options: probe.wire.link; the peer reads them when the pause ends).
+RCVHWM = 100
+#: Frames one read takes at most once a command was over the bucket: what the XPUB queued before
+#: the pause (cheap to drop: ~1.5 µs each, no decoding), so its queue never grows from one pause to
+#: the next.
+DRAIN_MAX = 1024
+
+
+def bound_text() -> str:
+    """The bound in words, for what the monitor says of a peer that dropped commands."""
+    return f"{BURST}, then {RATE_PER_S:g} a second"
+
+
+class CommandBound:
+    """The token bucket of one peer's commands, its drops and its pauses (one thread's).
+
+    ``sock``: the peer's socket in words, for :attr:`warning` ("the probe's socket"); ``pause_s``:
+    how long a pause lasts (default: PAUSE_S as it is when the bound is made)."""
+
+    def __init__(self, sock: str, pause_s: float | None = None) -> None:
+        self._sock = sock
+        self._pause_s = PAUSE_S if pause_s is None else pause_s
+        self._tokens = float(BURST)
+        self._at = time.monotonic()
+        self.dropped = 0  # commands dropped unread so far
+        self.paused_until = 0.0  # monotonic: the socket is left alone until then
+        self._seen = 0  # commands since the bucket was last full ...
+        self._since = 0.0  # ... from then (its first)
+        self.warning: str | None = None  # the first flood, in words (said once by the peer)
+
+    def admit(self, now: float) -> bool:
+        """Whether one more command may be read (takes a token); False: drop it."""
+        tokens = min(BURST, self._tokens + (now - self._at) * RATE_PER_S)
+        self._at = now
+        if tokens >= BURST or self._seen == 0:  # full again: a new count of what comes
+            self._seen, self._since = 0, now
+        self._seen += 1
+        if tokens >= 1.0:
+            self._tokens = tokens - 1.0
+            return True
+        self._tokens = tokens
+        self.dropped += 1
+        return False
+
+    def pause(self, now: float) -> None:
+        """Leave the socket alone for the pause (a command was over the bucket)."""
+        self.paused_until = now + self._pause_s
+        if self.warning is None:
+            took = now - self._since
+            span = max(took, 1.0)  # a lower bound: what one read found came within a second or less
+            within = f"{took:.1f} s" if took >= 1.0 else f"{took * 1000:.0f} ms"
+            self.warning = (f"{self._seen / span:,.0f} commands/s or more from the monitor's side ({self._seen:,} "
+                            f"within {within}), over the limit of {RATE_PER_S:g}/s (bursts of "
+                            f"{BURST}): the excess is dropped unread and {self._sock} left alone "
+                            f"{self._pause_s:g} s at a time; a port squatter, or something other than flowtop's "
+                            "monitor listening where it should?")
+
+    def paused(self, now: float) -> bool:
+        return now < self.paused_until
