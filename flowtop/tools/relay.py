@@ -14,7 +14,8 @@ hello when a monitor (re)appears, queues briefly and counts drops otherwise; a r
 or restarts looks to its ranks like a monitor that did. Commands from the monitor are broadcast
 to every rank of the relay: each probe keeps those addressed to its (job, rank), as it does on a
 direct connection; routing would mean decoding every rank frame for its key (and a ROUTER
-socket) to save a few bytes per rare command on a node-local link.
+socket) to save a few bytes per rare command on a node-local link. They pass the wire's bound on
+commands first, as a probe's do (flowtop.tools.relay_commands: a flood stops at the relay).
 
 Every :attr:`RelayConfig.report_s` the relay sends its own figures as a ``relay`` wire message
 (less often while a monitor's pace holds and batches leave: see REPORT_PACED_MAX_S).
@@ -40,11 +41,12 @@ from typing import Any, Deque
 import zmq
 
 from flowtop.monitor.relays import encode_stamp
+from flowtop.tools.relay_commands import CommandsDown
 from flowtop.tools.relay_setup import PathLock as PathLock, _same_file as _same_file  # importable here as before
 from flowtop.tools.relay_setup import RelayConfig, RelayError, _remove_ipc, check_listen, check_upstream, client_keys
 from flowtop.tools.relay_setup import node_address as node_address, node_dir as node_dir
 from probe import wire
-from probe.wire.link import ClosedHandshakes, closed_text, subscription_change, upstream_options
+from probe.wire.link import ClosedHandshakes, closed_text, upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
@@ -84,7 +86,8 @@ class Relay:
         self._stop = threading.Event()
         self._seq = 0
         self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
-        self.drops = self.commands = self.link_ups = self.batches = 0
+        self.drops = self.link_ups = self.batches = 0
+        self._commands = CommandsDown()  # the monitor's commands, bounded, on their way down
         self._ranks: set[int] = set()  # downstream connections (fds of accepted peers)
         self._up_conns = self._up_subs = 0
         self._closed = ClosedHandshakes()  # upstream CURVE handshakes in a row the monitor closed
@@ -93,8 +96,6 @@ class Relay:
         self._queued_bytes = 0
         self._last_batch = -math.inf  # when the last batch left (see _batch_at)
         self._retry_at = -math.inf  # upstream refused a batch: not before then
-        #: (flush_s, monotonic deadline) of the last pace command carried down (see _report_due).
-        self._pace = (0.0, -math.inf)
         #: The loop's wake-ups (each costs CPU: see IDLE_WAIT_S).
         self.wakes = 0
         # A pipe whose read end the loop polls, so that stop() wakes it (written under the lock:
@@ -107,6 +108,16 @@ class Relay:
     def ranks(self) -> int:
         """Rank connections now."""
         return len(self._ranks)
+
+    @property
+    def commands(self) -> int:
+        """Monitor commands carried down to the ranks."""
+        return self._commands.carried
+
+    @property
+    def commands_dropped(self) -> int:
+        """Commands dropped unread: over the wire's bound (a flood)."""
+        return self._commands.dropped
 
     @property
     def listening(self) -> bool:
@@ -204,6 +215,7 @@ class Relay:
         for s in (down, up, down_events, up_events, wake):
             poller.register(s, zmq.POLLIN)
         last_report = retry_report = -math.inf  # the last report sent; a refused one's retry
+        alone = False  # upstream left alone (a command flood's pause): out of the poll, nothing sent
         while True:
             stopping = self._stop.is_set()
             next_report = max(self._report_due(last_report, time.monotonic()), retry_report)
@@ -217,8 +229,14 @@ class Relay:
             # Only the sockets that have something: each empty receive costs an exception.
             if down in ready or stopping:
                 self._drain_down(down, now)
-            if up in ready:
-                self._drain_up(up, down)
+            # The turn that ends a pause reads and sends, even if its read pauses again (a flooding
+            # monitor still gets the node's frames, once a pause); a stop's last report goes.
+            ended = alone and not self._commands.paused(now)
+            if up in ready or ended:
+                self._drain_up(up, down, now)
+            if alone != (self._commands.paused(now) and not stopping):
+                alone = not alone
+                poller.register(up, 0 if alone else zmq.POLLIN)  # 0: out of the poll
             if up_events in ready or down_events in ready:
                 self._link_events(up_events, down_events)
             if self.listening != self._subscribed:
@@ -226,7 +244,7 @@ class Relay:
                 self._subscribed = self.listening
                 down.send(b"\x01" if self._subscribed else b"\x00")
             q = self._queue
-            if self.listening:
+            if self.listening and (not alone or ended):
                 while q and (stopping or now >= self._batch_at()):
                     if not self._send_batch(up, now):
                         self._retry_at = now + RETRY_S
@@ -248,7 +266,7 @@ class Relay:
         while it holds (up to REPORT_PACED_MAX_S), yet never later than report_s after the last
         batch or report: batches say the relay lives, its report says so when none leave."""
         every = self.cfg.report_s
-        flush, until = self._pace
+        flush, until = self._commands.pace
         if now < until:
             every = paced_interval(every, DEFAULT_FLUSH_S, flush, REPORT_PACED_MAX_S)
         return min(last_report + every, max(last_report, self._last_batch) + self.cfg.report_s)
@@ -263,14 +281,18 @@ class Relay:
         return max(at, self._retry_at)
 
     def _wait(self, now: float, next_report: float) -> float:
-        """Seconds the loop may sleep: until the next batch or report (a monitor listening) or the
-        oldest frame's expiry (none listening), IDLE_WAIT_S at most."""
+        """Seconds the loop may sleep: until the next batch or report (a monitor listening; not
+        before a command flood's pause ends) or the oldest frame's expiry (none listening),
+        IDLE_WAIT_S at most."""
         due = now + IDLE_WAIT_S
         q = self._queue
+        paused_until = self._commands.bound.paused_until
+        if now < paused_until:  # its end reads upstream (see _loop)
+            due = min(due, paused_until)
         if self.listening:
-            due = min(due, next_report)
+            due = min(due, max(next_report, paused_until))
             if q:
-                due = min(due, self._batch_at())
+                due = min(due, max(self._batch_at(), paused_until))
         elif q:
             due = min(due, q[0][1] + self.cfg.max_age_s)
         return max(0.0, due - now)
@@ -294,33 +316,10 @@ class Relay:
             while len(q) > limit or (self._queued_bytes > limit_bytes and len(q) > 1):
                 self._drop_oldest()
 
-    def _drain_up(self, up: Any, down: Any) -> None:
-        for _ in range(256):
-            try:
-                msg = up.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            change = subscription_change(msg)
-            if change:
-                self._up_subs = max(0, self._up_subs + change)
-            elif msg and len(msg) <= 4096:
-                self._note_pace(msg)
-                try:  # a command: every rank here hears it and keeps its own (module docstring)
-                    down.send(msg, zmq.NOBLOCK)
-                    self.commands += 1
-                except zmq.ZMQError:
-                    pass
-
-    def _note_pace(self, msg: bytes) -> None:
-        """A command on its way down: a pace slows the relay's reports too (see _report_due).
-        (The monitor paces every job at once; a pace for one job would slow the reports of a
-        relay serving others too, by as much as it slows that job's telemetry.)"""
-        try:
-            cmd = wire.decode_control(msg)
-        except wire.WireError:
-            return  # the ranks refuse and count it
-        if cmd.cmd == "pace" and cmd.flush_s is not None:
-            self._pace = (cmd.flush_s, time.monotonic() + wire.PACE_TTL_S)
+    def _drain_up(self, up: Any, down: Any, now: float) -> None:
+        self._up_subs = self._commands.read(up, down, now, self._up_subs)
+        if self._commands.bound.warning is not None:
+            _warn_once("command-flood", self._commands.bound.warning)
 
     def _link_events(self, up_events: Any, down_events: Any) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -390,7 +389,7 @@ class Relay:
             "frames_in": self.frames_in, "frames_out": self.frames_out, "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out, "drops": self.drops, "queued": len(self._queue),
             "commands": self.commands, "link_ups": self.link_ups, "uptime_s": now - self.started,
-            "closing": closing, "hosted_by": self.cfg.hosted_by,
+            "closing": closing, "hosted_by": self.cfg.hosted_by, "commands_dropped": self.commands_dropped,
         }  # fmt: skip
         frame = wire.encode("relay", self.key, self._seq, time.time(), fields)
         try:

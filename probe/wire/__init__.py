@@ -239,6 +239,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "uptime_s": (True, _num(0, 1e10)),
         "closing": (False, lambda v: isinstance(v, bool)),  # its last report: it hands over or ends
         "hosted_by": (False, _str(64)),  # "flowtop relay" or "flowtop run"
+        # Monitor commands it dropped unread so far: over the wire's bound (probe.wire.command_bound), a flood.
+        "commands_dropped": (False, _int()),
     },
 }
 
