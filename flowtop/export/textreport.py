@@ -65,8 +65,9 @@ def render(snap: MonitorSnapshot) -> str:
                            if any(x.status == st for x in snap.relays))
         lines.append(f"relays: {len(snap.relays)} ({states})")
         for x in snap.relays:
+            flood = f"  commands dropped {x.commands_dropped:,} (a flood)" if x.commands_dropped else ""
             lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks_connected:>3}  "
-                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}  heard {seconds(x.age_s)} ago")
+                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  heard {seconds(x.age_s)} ago")
     return "\n".join(lines)
 
 

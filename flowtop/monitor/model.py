@@ -38,7 +38,7 @@ from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.limits import Limits, TokenBucket
-from flowtop.monitor.relays import Relays
+from flowtop.monitor.relays import Relays, flooded_text
 from flowtop.monitor.notices import Notices
 # The tick, the hints and eviction (model_tick) and the job views (model_views) are Model's bases:
 # one class split by responsibility, whose names stay importable from here.
@@ -58,6 +58,7 @@ from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
+from probe.wire.command_bound import bound_text
 
 #: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
 MAX_FAILED_JOBS = 1024
@@ -128,6 +129,7 @@ class Model(ModelTicks):
         self.notices = Notices()
         self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)
         self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
+        self._flooded_relays: set[str] = set()  # relays whose dropped commands were said
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
         if hint_engine is not None and hasattr(hint_engine, "report"):
             hint_engine.report = self._hint_failed
@@ -205,7 +207,9 @@ class Model(ModelTicks):
         """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""
         if msg.kind == "relay":  # a relay's own figures: no rank
             self.received += 1
-            self.relays.report(msg, now)
+            dropped = self.relays.report(msg, now)
+            if dropped and _first_of(self._flooded_relays, str(msg.fields["relay"])):  # as a job's (_flooded)
+                self.notices.warning(flooded_text(msg.key.host, dropped), now)
             return
         st = self.ranks.get(msg.key)
         if st is not None:
@@ -357,7 +361,7 @@ class Model(ModelTicks):
         if not _first_of(self._flooded_jobs, job):
             return
         self.notices.warning(f"rank {st.key.rank} of {job} dropped {dropped:,} commands unread: more came from its "
-                             "monitor's side than a monitor sends (its probe takes 32, then 4 a second); something "
+                             f"monitor's side than a monitor sends (its probe takes {bound_text()}); something "
                              "else sent them, a process on this monitor's port before it started? (the rank's stderr "
                              "says when)", now)
 
@@ -379,12 +383,12 @@ class Model(ModelTicks):
         return accounting.rank_mfu(st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled)
 
 
-def _first_of(said: set[str], job: str) -> bool:
-    """Whether ``job`` is new to ``said`` (then added): one notice per job, the set bounded by
-    MAX_FAILED_JOBS (cleared when full: a job said long ago may be said again)."""
-    if job in said:
+def _first_of(said: set[str], name: str) -> bool:
+    """Whether ``name`` (a job, a relay) is new to ``said`` (then added): one notice per job or
+    relay, the set bounded by MAX_FAILED_JOBS (cleared when full: one said long ago may be said again)."""
+    if name in said:
         return False
     if len(said) >= MAX_FAILED_JOBS:
         said.clear()
-    said.add(job)
+    said.add(name)
     return True

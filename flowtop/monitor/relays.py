@@ -29,6 +29,7 @@ from flowtop.monitor.records import Fields
 from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
 from probe.wire import Message, RankKey, WireError
+from probe.wire.command_bound import bound_text
 
 #: A relay reports every second (or sends batches); this long without a batch or a report and it is "silent".
 SILENT_AFTER_S = 3.0
@@ -112,6 +113,13 @@ def decode_stamp(part: bytes, frames: int) -> Stamp:
     if not all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= 10**12 for a in ages):
         raise WireError("relay stamp: bad age")
     return Stamp(relay, float(clock), tuple(ages))
+
+
+def flooded_text(host: str, dropped: int) -> str:
+    """What the monitor says once of a relay whose report says it dropped commands unread."""
+    return (f"the relay on {host} dropped {dropped:,} commands unread: more came from its upstream than a "
+            f"monitor sends (a relay takes {bound_text()}, as a probe does); something else sent them, a "
+            "process on this monitor's port before it started? (the relay's stderr says when)")
 
 
 class _Relay:
@@ -209,8 +217,9 @@ class Relays:
         rec.offset = None  # taken afresh from this batch
         return True
 
-    def report(self, msg: Message, now: float) -> None:
-        """A relay's own figures (wire kind ``relay``)."""
+    def report(self, msg: Message, now: float) -> int:
+        """A relay's own figures (wire kind ``relay``); the commands it dropped so far (a flood:
+        the model says the first of each relay, see :func:`flooded_text`)."""
         f = msg.fields
         rec = self._get(str(f["relay"]), now)
         rec.heard = now
@@ -219,6 +228,7 @@ class Relays:
             rec.closed_at = now
         self._reasons_at = _NO_REASONS
         self.prune(now)
+        return int(f.get("commands_dropped", 0))
 
     def saw(self, key: RankKey, relay: str | None) -> None:
         """A frame of ``key`` arrived through ``relay`` (None: directly)."""
@@ -341,8 +351,8 @@ class Relays:
                 listen=f.get("listen"), upstream=f.get("upstream"), hosted_by=f.get("hosted_by"),
                 ranks_connected=n("ranks"), ranks=behind[rec.relay], frames_in=n("frames_in"),
                 frames_out=n("frames_out"), bytes_in=n("bytes_in"), bytes_out=n("bytes_out"), drops=n("drops"),
-                queued=n("queued"), commands=n("commands"), link_ups=n("link_ups"),
-                uptime_s=float(f["uptime_s"]) if "uptime_s" in f else None, batches=rec.batches,
+                queued=n("queued"), commands=n("commands"), commands_dropped=n("commands_dropped"),
+                link_ups=n("link_ups"), uptime_s=float(f["uptime_s"]) if "uptime_s" in f else None, batches=rec.batches,
                 link_lag_s=rec.lag,
             ))  # fmt: skip
         return tuple(out)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
 #: enumeration (1.8: the "failed" status of ranks and jobs).
-SCHEMA = "flowtop.snapshot/1.9"
+SCHEMA = "flowtop.snapshot/1.10"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -467,6 +467,7 @@ class RelaySnapshot:
     drops: int  # frames the relay dropped (upstream away past the age limit, queue full)
     queued: int
     commands: int  # monitor commands it carried down
+    commands_dropped: int  # commands over the wire's bound, dropped unread (a flood from a port squatter)
     link_ups: int  # upstream connections it made (1 + reconnects)
     uptime_s: float | None
     batches: int  # batches received here
