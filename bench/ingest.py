@@ -1318,15 +1318,18 @@ def _telemetry_s(flush_s: float, max_s: float | None = None) -> float:
 
 def _hello_max_s(pace_s: float | None, hello_max_s: float) -> float:
     """A stepping probe's longest gap between two hellos under a monitor's pace of ``pace_s``
-    (None: none holds; probe.transport.sender.hello_max_s; a checkout from before it: its own
+    (None: none holds; probe.transport.outbox.hello_max_s; a checkout from before it: its own
     ``hello_max_s``)."""
     from flowtop.monitor.pacing import DEFAULT_FLUSH_S
 
     if pace_s is None:
         return hello_max_s
     try:
-        from probe.transport.sender import HELLO_PACED_MAX_S
         from probe.wire.pace import paced_interval
+        try:
+            from probe.transport.outbox import HELLO_PACED_MAX_S
+        except ImportError:  # a checkout from before the outbox's module
+            from probe.transport.sender import HELLO_PACED_MAX_S
     except ImportError:
         return hello_max_s
     return paced_interval(hello_max_s, DEFAULT_FLUSH_S, max(DEFAULT_FLUSH_S, pace_s), HELLO_PACED_MAX_S)

@@ -130,12 +130,14 @@ def test_a_paced_probe_stretches_its_steady_hello(monkeypatch: pytest.MonkeyPatc
     for a monitor that restarted unseen; a paced one stretches that by the pace as it stretches its
     telemetry, up to HELLO_PACED_MAX_S (30 s): at 4,096 ranks those hellos were a tenth of the
     frames the monitor read. Real sockets, the intervals scaled down (0.6 s, up to 3 s)."""
+    from probe.transport import outbox as outbox_mod
     from probe.transport import publisher as publisher_mod
     from probe.transport import sender as sender_mod
 
-    monkeypatch.setattr(sender_mod, "HELLO_S", 0.3)
-    monkeypatch.setattr(sender_mod, "HELLO_MAX_S", 0.6)
-    monkeypatch.setattr(sender_mod, "HELLO_PACED_MAX_S", 3.0)
+    monkeypatch.setattr(outbox_mod, "HELLO_S", 0.3)
+    monkeypatch.setattr(outbox_mod, "HELLO_MAX_S", 0.6)
+    monkeypatch.setattr(sender_mod, "HELLO_MAX_S", 0.6)  # its longest sleep too
+    monkeypatch.setattr(outbox_mod, "HELLO_PACED_MAX_S", 3.0)
     hellos: list[float] = []
     encode = publisher_mod.wire.encode
 
@@ -179,13 +181,13 @@ def test_a_paced_probe_stretches_its_steady_hello(monkeypatch: pytest.MonkeyPatc
     # the numbers as shipped: 10 s, and 30 s at the longest pace (a 0.15 s pace: 15 s)
     monkeypatch.undo()
     pub = Publisher(RankKey("hb", "h", 4321, 0, 0), "tcp://127.0.0.1:1")  # not started: nothing sent
-    assert pub.hello_max_s() == sender_mod.HELLO_MAX_S == 10.0
+    assert pub.hello_max_s() == outbox_mod.HELLO_MAX_S == sender_mod.HELLO_MAX_S == 10.0
     own = Publisher(RankKey("hb", "h", 4322, 0, 0), "tcp://127.0.0.1:1", world_size=4096)
     assert own.current_flush_s() == 0.45 and own.hello_max_s() == 10.0  # its own start pace: not stretched
     pub._handle_control([wire.encode_control("pace", None, None, 0.15)])
     assert pub.hello_max_s() == pytest.approx(15.0)
     pub._handle_control([wire.encode_control("pace", None, None, 2.0)])
-    assert pub.hello_max_s() == sender_mod.HELLO_PACED_MAX_S == 30.0
+    assert pub.hello_max_s() == outbox_mod.HELLO_PACED_MAX_S == 30.0
 
 
 def test_a_probe_of_a_large_job_starts_at_the_pace_its_monitor_would_ask(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ import zmq
 import probe
 from flowtop.tools.demo.launch import free_port
 from probe import wire
+from probe.transport import outbox as outbox_module
 from probe.transport import publisher as publisher_module
 from probe.transport import rounds as rounds_module
 from probe.transport import sender as sender_module
@@ -476,7 +477,7 @@ def wall(monkeypatch: pytest.MonkeyPatch) -> SteppedTime:
     """Patched by name where the sender reads the wall clock, publish()'s stamp included (the
     ``time`` module itself stays real: the test's timings, the monitor's thread, pytest's)."""
     fake = SteppedTime()
-    for module in (publisher_module, sender_module, rounds_module):
+    for module in (publisher_module, sender_module, outbox_module, rounds_module):
         monkeypatch.setattr(module, "time", fake)
     monkeypatch.setattr(publisher_module, "_clock", fake.time)
     return fake

@@ -10,8 +10,9 @@ messages from the monitor — happens on the sender thread.
 
 This module is the training thread's side and the lifecycle (start, close, fork, the monitor's
 pace); the sender thread's loop and its socket choices are :class:`probe.transport.sender.SenderLoop`,
-a mixin of :class:`Publisher`: publish() stays here, reading this module's globals (``_clock``,
-``nudge``), and the sender's names (``HELLO_S``, ``LOOK_S``, ...) are importable from here too.
+a mixin of :class:`Publisher` (what its rounds send: its base, probe.transport.outbox.Outbox):
+publish() stays here, reading this module's globals (``_clock``, ``nudge``), and the sender's names
+(``HELLO_S``, ``LOOK_S``, ...) are importable from here too.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from probe.wire.pace import MAX_PACED_TICK_S as _MAX_PACED_TICK_S
 from probe.wire.pace import paced_interval as paced_interval  # re-exported (bench/ingest.py)
 from probe.transport.link import OnReadable, Waker, nudge, nudge_pipe
 from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
-from probe.transport.sender import (  # noqa: F401  (HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S re-exported)
-    HELLO_MAX_S, HELLO_S, LOOK_S, STEPS_ALIVE_S, Pace, SenderLoop, Tick, _Tick)
+from probe.transport.outbox import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S, Pace  # noqa: F401  (re-exported)
+from probe.transport.sender import LOOK_S, SenderLoop, Tick, _Tick  # noqa: F401  (LOOK_S re-exported)
 
 #: publish()'s clock, a module global: the training thread calls it each step, after a long step
 #: has left the caches cold (an attribute lookup less). The wall clock: a frame's timestamp; the
@@ -68,7 +69,7 @@ class Publisher(SenderLoop):
         #: of a job of ``world_size`` ranks when that is longer (see :meth:`start_for`).
         self.own_flush_s = flush_s
         self.start_for(world_size)
-        #: The monitor's last "pace" command (see probe.transport.sender.Pace).
+        #: The monitor's last "pace" command (see probe.transport.outbox.Pace).
         self._pace = Pace()
         self.addr = addr
         self.max_age_s = max_age_s

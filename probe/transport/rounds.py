@@ -17,7 +17,7 @@ from probe.wire.pace import batch_due
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
 REKEY = "_rekey"
-#: The shortest sleep of the sender (the longest: sender.HELLO_MAX_S).
+#: The shortest sleep of the sender (the longest: outbox.HELLO_MAX_S).
 MIN_WAIT_S = 0.001
 #: A send refused at the high-water mark is tried again after this long, twice as long after each
 #: refusal in a row up to RETRY_MAX_S (a monitor that stopped reading: each try encodes a frame).

@@ -3,7 +3,9 @@
 
 The training thread only queues (probe.transport.publisher); everything else — msgpack encoding,
 ZeroMQ sends, telemetry sampling, control messages from the monitor — happens here, on the sender
-thread, in rounds (probe.transport.rounds); between them it sleeps until something is due.
+thread, in rounds (probe.transport.rounds); between them it sleeps until something is due. What a
+round sends, and in what order, is the outbox's (probe.transport.outbox, this loop's base); this
+module is the thread, its socket, what it hears from the monitor and how long it sleeps.
 
 Socket choices (docs/design.md, "Transport"): the publisher connects, LINGER 0 while it runs (the
 rest of close()'s time once it stops), IMMEDIATE 1
@@ -22,41 +24,17 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from probe import wire
 from probe.wire.link import upstream_options
-from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
+from probe.wire.pace import MAX_PACED_TICK_S
 from probe._log import warn_once
 from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys,
                                   end_context)
-from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Queued, Round
+from probe.transport.outbox import HELLO_MAX_S, Outbox, Pace, weights
+from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Round
 
-
-def _weight(kind: str, fields: dict[str, Any]) -> int:
-    """Messages one pending entry stands for (a batch: its step records), for drop counts."""
-    return len(fields["records"]) if kind == "steps" else (0 if kind == _REKEY else 1)
-
-
-def _weights(items: Iterable[Item]) -> int:
-    """Messages the pending entries stand for (see _weight)."""
-    return sum(_weight(kind, fields) for kind, _, _, fields in items)
-
-
-#: The hello is the rank's heartbeat: it goes every HELLO_S while nothing else says the rank lives
-#: (before its first step, hung in a collective, in a step longer than STEPS_ALIVE_S). While its
-#: step frames leave (every flush, at most wire.MAX_PACE_S apart when paced) they keep it heard, and
-#: the hello goes every HELLO_MAX_S only (paced: longer, see hello_max_s), for a monitor that
-#: restarted unseen (a flap quicker than a relay's look upstream; a monitor
-#: this socket sees (re)appear gets one at once). At 4,096 ranks a hello every 2 s was a third of
-#: the frames a monitor read.
-HELLO_S = 2.0
-HELLO_MAX_S = 10.0
-#: ... stretched by the monitor's pace (pace ÷ flush_s) up to this: a monitor that paces hears
-#: thousands of ranks (4,096 at the 2 s pace: a hello every 10 s was 410 frames a second, a tenth
-#: of what it read), and one that restarts is seen (re)appearing through the relay anyway.
-HELLO_PACED_MAX_S = 30.0
-STEPS_ALIVE_S = 2.5
 #: While a step record came within LOOK_S, a sender with nothing to send looks at the queue again
 #: a flush later instead of having the next step's publish() wake it: a pipe write costs the
 #: training thread ~20 µs of syscall on a VM, and the sender it wakes takes the interpreter lock
@@ -74,20 +52,6 @@ MAX_LINGER_MS = 5_000
 Tick = Callable[[], None]
 
 
-class Pace(NamedTuple):
-    """The monitor's last "pace" command as the probe keeps it: step records wait up to
-    ``flush_s`` (never less than the probe's own flush_s) until the monotonic ``until``
-    (wire.PACE_TTL_S after it came), and a paced periodic job stretches to ``tick_max_s`` at most
-    (its telemetry_max_s; MAX_PACED_TICK_S when it did not say). All of it lapses together."""
-
-    flush_s: float = 0.0
-    until: float = 0.0
-    tick_max_s: float = MAX_PACED_TICK_S
-
-    def holds(self) -> bool:
-        return time.monotonic() < self.until
-
-
 class _Tick(NamedTuple):
     """A periodic job of the sender thread (see probe.transport.publisher.Publisher.add_tick)."""
 
@@ -96,9 +60,9 @@ class _Tick(NamedTuple):
     paced: bool
 
 
-class SenderLoop:
+class SenderLoop(Outbox):
     """The sender thread's loop (a mixin of :class:`probe.transport.publisher.Publisher`, whose
-    ``__init__`` sets the attributes declared here)."""
+    ``__init__`` sets the attributes declared here and in its base, the outbox's steps)."""
 
     # No slots of its own, so Publisher's slots (publish()'s attributes) and its one __dict__ and
     # __weakref__ are what instances have. Hidden from mypy, which would read the declarations
@@ -107,21 +71,12 @@ class SenderLoop:
         __slots__ = ()
 
     if TYPE_CHECKING:
-        key: wire.RankKey
         addr: str
         curve_dir: str | None
-        max_age_s: float
-        flush_s: float
         own_flush_s: float
-        _pace: Pace
-        _queue: Deque[Queued]
         _queue_size: int
         _asleep: bool
-        _popped: int
         _local: list[Item]
-        _sent: int
-        _send_drops: int
-        _seq: int
         _stop: bool
         _stop_by: float
         _ticks: list[_Tick]
@@ -138,15 +93,7 @@ class SenderLoop:
         control_rejected: int
         commands_dropped: int
 
-        @property
-        def hello_fields(self) -> dict[str, Any] | None: ...
-
-        @property
-        def drops(self) -> int: ...
-
         def paced_interval(self, interval_s: float) -> float: ...
-
-        def current_flush_s(self) -> float: ...
 
     def _run(self) -> None:
         try:
@@ -217,7 +164,7 @@ class SenderLoop:
             sent_all = True if hold else self._send(zmq, sock, r, now)
             r.refused(not sent_all)
             if stopping:
-                self._send_drops += _weights(r.pending)
+                self._send_drops += weights(r.pending)
                 return
             while len(self._watched) > r.watched:
                 waker.watch(*self._watched[r.watched])
@@ -243,83 +190,6 @@ class SenderLoop:
         self._handle_control(link.take_commands())
         self.control_rejected += link.overflow
         link.overflow = 0
-
-    def _queue_hello(self, r: "Round", now: float) -> None:
-        """The hello goes first when it is due (see HELLO_S), or changed."""
-        if self.hello_fields is not r.last_hello:
-            r.next_hello = r.hello_at = -math.inf
-            r.last_hello = self.hello_fields
-        if not (r.listening and self.hello_fields is not None and now >= r.next_hello) or r.said_bye:
-            return
-        longest = self.hello_max_s()
-        if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= longest:
-            r.pending.appendleft(("hello", now, r.clock.wall(now), self.hello_fields))
-            r.hello_at, r.next_hello = now, now + HELLO_S
-        else:  # looked at again when the steps would have to stop, or the longest gap ends
-            r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + longest)
-
-    def hello_max_s(self) -> float:
-        """The longest gap between two hellos while step frames leave: HELLO_MAX_S, stretched by
-        a monitor's pace while one holds (not by the probe's own start pace: the monitor it would
-        reach may be one that restarted unseen), as telemetry is, up to HELLO_PACED_MAX_S."""
-        pace = self._pace
-        if not pace.holds():
-            return HELLO_MAX_S
-        return paced_interval(HELLO_MAX_S, self.flush_s, max(self.flush_s, pace.flush_s), HELLO_PACED_MAX_S)
-
-    def _resend_count(self, r: "Round", now: float) -> None:
-        """After a monitor (re)appeared: the latest FLOP count again, right after the hello (a
-        count is sent once, when counted) — unless one is still pending (it goes anyway) or a bye
-        is pending or said (nothing of the rank after it)."""
-        if not r.resend_count or r.flops is None:
-            return
-        r.resend_count = False
-        if r.said_bye or any(kind in ("flops", "bye") for kind, _, _, _ in r.pending):
-            return
-        at = 1 if r.pending and r.pending[0][0] == "hello" else 0
-        r.pending.insert(at, ("flops", now, r.clock.wall(now), r.flops))
-
-    def _send(self, zmq: Any, sock: Any, r: "Round", now: float) -> bool:
-        """Send what is pending while a monitor listens; False when the high-water mark stopped it."""
-        pending = r.pending
-        while pending and (r.listening or pending[0][0] == _REKEY):
-            kind, at, t, fields = pending[0]  # t: the wall time, for the wire
-            if kind == _REKEY:
-                pending.popleft()
-                self._switch_key(zmq, sock, fields, t, r.listening)
-                if r.listening and self.hello_fields is not None:
-                    pending.appendleft(("hello", at, t, self.hello_fields))  # the new key's hello
-                    r.resend_count = True  # then its FLOP count (the count holds, the key changed)
-                    self._resend_count(r, now)
-                continue
-            if kind == "steps":  # step records leave as columns (wire MINOR 3, probe.wire.steps)
-                frame = wire.encode_steps(self.key, self._seq, t, fields["records"], self.drops)
-            else:
-                frame = wire.encode(kind, self.key, self._seq, t,
-                                    dict(fields, drops=self.drops) if kind == "step" else fields)
-            if len(frame) > wire.MAX_FRAME_BYTES and kind == "steps":
-                pending.popleft()  # too big together: one by one, so only an oversized record is lost
-                pending.extendleft(reversed([("step", at, t, dict(rec)) for rec in fields["records"]]))
-                continue
-            if len(frame) > wire.MAX_FRAME_BYTES:
-                # The monitor's MAXMSGSIZE would drop the whole connection for this one.
-                warn_once(f"oversize:{kind}",
-                          f"dropping a {kind} message of {len(frame)} bytes (limit {wire.MAX_FRAME_BYTES})")
-                pending.popleft()
-                self._send_drops += _weight(kind, fields)
-                continue
-            try:
-                sock.send(frame, zmq.NOBLOCK)
-            except zmq.Again:
-                return False  # high-water mark reached (XPUB_NODROP): tried again (see RETRY_S)
-            pending.popleft()
-            self._seq += 1
-            self._sent += 1
-            if kind == "steps" or kind == "step":
-                r.steps_at = now
-            elif kind == "bye":
-                r.said_bye = True  # no hello after it: the rank would look alive again
-        return True
 
     def _run_ticks(self, r: "Round", now: float) -> None:
         """The periodic jobs that are due (those of interval 0: every round)."""
@@ -397,59 +267,6 @@ class SenderLoop:
         now = time.monotonic()
         return (not self._queue and not self._stop and now + MIN_WAIT_S < r.look_until
                 and self._looks(r, now, self.current_flush_s()))
-
-    def _take(self, r: "Round", stopping: bool, now: float) -> int:
-        """Move the training thread's queue to the pending messages, step records through the
-        open batch: closed when due (see Round.batch_at), when it is full, and before any other
-        message (order is kept: a count or a bye never overtakes the steps before it). Returns
-        the step records taken."""
-        pending, batch = r.pending, r.batch
-        steps, newest = 0, 0.0  # newest: a wall time, as publish() stamps it
-        close = r.close_batch
-        while True:
-            try:
-                item = self._queue.popleft()
-            except IndexError:
-                break
-            self._popped += 1
-            if item[0] == "step":
-                if batch:
-                    batch.append(item)
-                else:
-                    r.open_batch(item)  # its time on the sender's clock
-                steps, newest = steps + 1, item[1]
-                if len(batch) >= wire.MAX_BATCH:
-                    close()
-            else:
-                close()
-                pending.append(r.clock.item(item))
-                if item[0] == "flops":
-                    r.flops = item[2]
-        if steps:
-            r.stepped(steps, newest)
-        if batch and (stopping or now >= r.batch_at(self.current_flush_s())):
-            close()
-        return steps
-
-    def _switch_key(self, zmq: Any, sock: Any, fields: dict[str, Any], t: float, listening: bool) -> None:
-        """Say bye under the old key (if a monitor listens), then speak under the new one."""
-        if listening:
-            bye = {"reason": str(fields["why"])[:256], "steps": 0, "drops": self.drops}
-            try:
-                sock.send(wire.encode("bye", self.key, self._seq, t, bye), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # the old key then just goes stale
-        self.key = fields["key"]
-        self._seq = 0
-
-    def _expire(self, pending: Deque[Item], now: float) -> None:
-        """Drop (and count) what waited longer than ``max_age_s``, wherever it sits (a key
-        switch is never dropped: what follows it must go out under the new key)."""
-        if pending and now - min(item[1] for item in pending) > self.max_age_s:
-            fresh = [item for item in pending if now - item[1] <= self.max_age_s or item[0] == _REKEY]
-            self._send_drops += _weights(pending) - _weights(fresh)
-            pending.clear()
-            pending.extend(fresh)
 
     def _handle_control(self, frames: list[bytes]) -> None:
         """Commands the monitor sent upstream on the data connection (see probe.transport.link.Link)."""
