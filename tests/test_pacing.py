@@ -46,7 +46,7 @@ def test_pace_commands_are_validated() -> None:
 def test_a_paced_probe_sends_fewer_frames_loses_no_step_and_the_pace_lapses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 2)  # one live rank is "too many": pace 0.5 s
     monkeypatch.setattr(pacing, "RENEW_S", 0.5)
-    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.monitor.governor.RENEW_S", 0.5)
     monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
     monitor = MonitorThread()
     pub = Publisher(RankKey("paced", "h", 4321, 0, 0), monitor.listen)
@@ -425,7 +425,7 @@ class _OneRank:
         monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)
         monkeypatch.setattr(pacing, "RENEW_S", 0.5)
         monkeypatch.setattr(pacing, "PACE_NOTICE_S", 0.0)  # every change told: the notices are what is read
-        monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+        monkeypatch.setattr("flowtop.monitor.governor.RENEW_S", 0.5)
         monkeypatch.setattr(wire, "PACE_TTL_S", 1.5)
         listen = f"tcp://127.0.0.1:{free_port_pair()}"
         self.monitor = MonitorThread(listen, collector=Collector(model, listen, cpu_budget=budget))
@@ -746,7 +746,7 @@ def test_ranks_that_join_between_renewals_are_paced_at_once(monkeypatch: pytest.
     from flowtop.monitor.collector import Collector
 
     monkeypatch.setattr(pacing, "STEP_FRAMES_PER_S", 8)
-    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 60.0)
+    monkeypatch.setattr("flowtop.monitor.governor.RENEW_S", 60.0)
     listen = f"tcp://127.0.0.1:{free_port_pair()}"
     monitor = MonitorThread(listen, collector=Collector(Model(), listen))
     pubs: list[Publisher] = []

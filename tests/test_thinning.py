@@ -271,7 +271,7 @@ def test_a_live_monitor_whose_ticks_crowd_out_frames_thins_them_and_records_it(
     goes back to 1. Both changes are in the recording, where the replay finds them."""
     monkeypatch.setattr(rotation, "RANKS_PER_TICK", 2)
     monkeypatch.setattr(pacing, "RENEW_S", 0.5)
-    monkeypatch.setattr("flowtop.monitor.collector.RENEW_S", 0.5)
+    monkeypatch.setattr("flowtop.monitor.governor.RENEW_S", 0.5)
     hints = _SlowHints()
     model = Model(hint_engine=hints)
     listen = f"tcp://127.0.0.1:{free_port_pair()}"

@@ -14,7 +14,8 @@ user must hear of (a recording that stopped, a listener that cannot accept) beco
 (flowtop.monitor.notices), not stderr lines.
 
 Sockets, addresses and security (the XSUB's setup, CURVE, loopback-only binding) are in
-flowtop.monitor.collector_net, whose names stay importable from here.
+flowtop.monitor.collector_net, whose names stay importable from here; the fitting of the monitor's
+load (the pace asked of the ranks, the spread of large jobs' ticks) is flowtop.monitor.governor's.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from flowtop.monitor.collector_net import parse_tcp as parse_tcp
 from flowtop.monitor.collector_net import raise_fd_limit as raise_fd_limit
 from flowtop.monitor.collector_net import tcp_addr as tcp_addr
 from flowtop.monitor.fdwatch import FdHeadroom
+from flowtop.monitor.governor import LoadGovernor
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
-from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, RENEW_S, Busy, BusyMeter, Pacer, pace_news, pace_notice
-from flowtop.monitor.rankstate import STALE_AFTER_S
+from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, BusyMeter, Pacer
 from flowtop.monitor.snapshot import MonitorSnapshot
-from flowtop.monitor.thinning import Thinner, recorded, spread_notice, spread_record
+from flowtop.monitor.thinning import Thinner, recorded
 from flowtop.monitor.ticker import Ticker
 from probe import wire
 
@@ -71,7 +72,7 @@ MAX_BEHIND = 4
 BEHIND_HAND_OVER_S = 1.0
 
 
-class Collector(CollectorSockets):
+class Collector(CollectorSockets, LoadGovernor):
     """Receives probe messages into a :class:`Model`; a ``SnapshotSource`` for the UI."""
 
     #: Its ranks can be asked for a kernel window (:meth:`request_kernels`).
@@ -126,7 +127,7 @@ class Collector(CollectorSockets):
         #: Whether to publish glances at all: a TUI sets it (flowtop.tui.app); a JSON stream, a scrape
         #: or a final snapshot wants each tick's consistent view only.
         self.glances = False
-        #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S.
+        #: The pace asked of the ranks (flowtop.monitor.pacing), checked every RENEW_S (see LoadGovernor).
         self.pacer = Pacer(cpu_budget)
         self._pace_check = 0.0
         #: Ranks the model held at the last renewal, and the most it held since: ranks that join
@@ -268,54 +269,6 @@ class Collector(CollectorSockets):
             return False
         self._handed_at = now
         return True
-
-    def _govern(self, now: float) -> None:
-        """Every RENEW_S, fit the monitor's load to its data thread: the pace asked of the ranks
-        (flowtop.monitor.pacing) and how thinly large jobs' ticks are spread (flowtop.monitor.thinning);
-        in between, a longer pace at once when ranks joined (Pacer.ramp)."""
-        ranks = len(self.model.ranks)
-        if ranks > self._ranks_seen:
-            self._ranks_seen = ranks
-            self._broadcast_pace(self.pacer.ramp(ranks - self._ranks_at_renewal))
-        if now < self._pace_check:
-            return
-        self._pace_check = now + RENEW_S
-        self._ranks_at_renewal = self._ranks_seen = ranks
-        busy = self.busy.read()
-        self._pace(now, busy)
-        self._thin(now, busy)
-
-    def _thin(self, now: float, busy: Busy | None) -> None:
-        model = self.model
-        largest = model.largest_job()
-        spread = self.thinner.due(model.spread, busy, largest)
-        if spread == model.spread:
-            return
-        model.set_spread(spread)
-        self._kernel_budget.respread(now)
-        if self.recorder is not None:  # a replay spreads its ticks where this monitor did
-            try:
-                self.recorder.write(now, spread_record(spread), received=False)
-            except Exception as exc:
-                self._stop_recording(exc)
-        model.notices.add("information", spread_notice(spread, busy, largest, self.thinner.cpu_budget), now)
-
-    def _pace(self, now: float, busy: Busy | None) -> None:
-        """Ask every rank to send its step records less often when too many talk (flowtop.monitor.pacing)."""
-        # Ranks that send: a rank's frames queued behind a backlog (the monitor or its link falling
-        # behind) count at their relay's receive time, and must not stop the pace when most needed.
-        lag = self.model.relays.lag_of
-        live = sum(1 for st in self.model.ranks.values()
-                   if st.bye is None and now - st.last_recv - lag(st.via) <= STALE_AFTER_S)
-        pacer = self.pacer
-        pace = pacer.due(now, live, busy, self.model.relays.behind(now))
-        self._broadcast_pace(pace)
-        load_bound = pacer.load_bound
-        # Not at every step of a load-driven pace finding its level (pacing.pace_news).
-        if pace_news(self._told_pace, self._told_load_bound, self._told_pace_at, pace, load_bound, now):
-            self._told_pace, self._told_load_bound, self._told_pace_at = pace, load_bound, now
-            self.model.notices.add("information", pace_notice(live, pace, load_bound, pacer.busy, pacer.behind_s,
-                                                              pacer.cpu_budget), now)
 
     def _tell_pauses(self, now: float) -> None:
         pauses = self.clock.pauses
