@@ -34,6 +34,7 @@ import re
 from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import Claims, SoleRows
+from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.kernels.merge import JobKernelStats
@@ -125,6 +126,7 @@ class Model(ModelTicks):
         self.spread = 1
         self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
         self._hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]] = {}  # see ModelViews._hot
+        self._ended_jobs = EndedJobs()  # ended jobs' snapshots, reused while nothing of theirs changes
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
         self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)

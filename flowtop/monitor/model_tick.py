@@ -20,7 +20,8 @@ from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.rankviews import as_now
 from flowtop.monitor.rotation import SPREADS, Prepared, hint_share, prepares
-from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
+from probe.wire import RankKey
 
 _log = logging.getLogger("flowtop.model")  # the name it had in flowtop.monitor.model
 
@@ -72,7 +73,15 @@ class ModelTicks(ModelViews):
         jobs = []
         for job, shown in sorted(by_job.items()):
             spread = self.ticks_per_round(len(shown))
+            held = self._ended_jobs.take(job, shown, spread, self._hints.get(job, ()), self.relays.lag_of)
+            if held is not None:  # an ended job that nothing changed since (flowtop.monitor.endedjobs)
+                jobs.append(held)
+                continue
             snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
+            if snap.status in ENDED:
+                jobs.append(self._ended(snap, shown, spread, now))
+                continue
+            self._ended_jobs.forget(job)  # it runs again (a restart)
             if spread == 1:
                 jobs.append(self._evaluate(snap, now))
             elif (share := hint_share(self.ticks, spread)) is not None:
@@ -83,6 +92,27 @@ class ModelTicks(ModelViews):
                 jobs.append(replace(snap, hints=self._hints.get(job, ())))
         self._judged.expire(self.ticks)
         return self._monitor_snapshot(now, listen, tuple(jobs))
+
+    def _ended(self, snap: JobSnapshot, shown: list[tuple[RankState, tuple[RankKey, ...]]], spread: int,
+               now: float) -> JobSnapshot:
+        """An ended job's snapshot at this tick, kept for the next ones (flowtop.monitor.endedjobs).
+        Its hints are evaluated at once, whatever a large job's share: an ended job's rules
+        measure nothing (HintEngine.evaluate ends its hints and returns them), so no history is
+        taken and its hints are final from this tick on (at the next share's, up to 16 ticks
+        later, a large job's ranks' histories were taken for them at the tick before each)."""
+        self._ended_jobs.forget(snap.job)
+        out = self._evaluate(snap, now)
+        if self._hints_failed:
+            return out  # its hints are only held: evaluated again at every tick, as before
+        if spread > 1 and self.kernels is not None:
+            # A large job's ticks show the kernel merge taken once a round: kept, it would stay up
+            # to a round old for good. Taken now, as it is (the merge is cached by its windows).
+            merged = self._merge(snap.job, [st for st, _ in shown])
+            self._merged_round[snap.job] = (merged, self.ticks)
+            if merged is not out.kernels_merged:
+                out = replace(out, kernels_merged=merged)
+        self._ended_jobs.keep(snap.job, shown, spread, out)
+        return out
 
     def _prepare(self, snap: JobSnapshot, now: float, states: list[RankState]) -> None:
         """Take the histories the next tick's share of ``snap``'s rules reads (see rotation.Prepared)."""
@@ -219,6 +249,7 @@ class ModelTicks(ModelViews):
             self._looks.pop(job, None)
             self._hints.pop(job, None)
             self._hot_of.pop(job, None)
+            self._ended_jobs.forget(job)
             self._claims.forget_job(job)
             forget = getattr(self._hint_engine, "forget", None)
             if forget is not None:

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows
+from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.rankfilter import hinted_ranks
 from flowtop.monitor.rankkernels import KernelTables
@@ -61,6 +62,7 @@ class ModelViews:
     _merged: dict[str, tuple[tuple[tuple[int, int, int], ...], JobKernelStats | None]]
     _merged_round: dict[str, tuple[JobKernelStats | None, int]]
     _claims: Claims
+    _ended_jobs: EndedJobs
     _sole: SoleRows[RankState]
     _keys_version: int
 
@@ -75,9 +77,14 @@ class ModelViews:
         ``light``: a glance between two ticks (flowtop.monitor.collector): each rank's step and liveness
         now, its figures from its last full view (a rank never shown gets one)."""
         by_job = self._view(None, now, remember=False)
-        jobs = tuple(self._job_snapshot(job, shown, now, self._hints.get(job, ()), rotation=(0, 0) if light else None)
-                     for job, shown in sorted(by_job.items()))
-        return self._monitor_snapshot(now, listen, jobs)
+        jobs = []
+        for job, shown in sorted(by_job.items()):
+            hints = self._hints.get(job, ())
+            # An ended job's snapshot of the last tick, while it holds (flowtop.monitor.endedjobs).
+            held = self._ended_jobs.take(job, shown, self.ticks_per_round(len(shown)), hints, self.relays.lag_of)
+            jobs.append(held if held is not None else
+                        self._job_snapshot(job, shown, now, hints, rotation=(0, 0) if light else None))
+        return self._monitor_snapshot(now, listen, tuple(jobs))
 
     def _monitor_snapshot(self, now: float, listen: str, jobs: tuple[JobSnapshot, ...]) -> MonitorSnapshot:
         return MonitorSnapshot(

@@ -1,0 +1,106 @@
+"""An ended job's snapshot, reused from tick to tick while nothing of it changes. No Textual.
+
+A job whose every rank said bye (status ``done`` or ``failed``) is kept for EVICT_AFTER_S so the
+user sees how it ended. Every tick rebuilt its snapshot all the same: each rank's view looked up,
+the job's FLOP sums, percentiles and kernel merge, its hints (a soak trial: 15 ended jobs of 64
+ranks cost 5.7 ms a tick; two of 4,096 ranks ~170 ms, ``bench/ended_idle.py``). Yet nothing in
+it reads the clock: a view holds when its rank was heard (``heard_at``), not an age (the UI
+takes ages from the snapshot's ``taken_at``); a rank that said bye is done whenever it is looked
+at, never stalled or stale, and no silent relay marks it; a job none of whose ranks steps has no
+"no step for N s" once all of them ended; and an ended job's hints are its ended ones, measured
+no more (HintEngine.evaluate). So its :class:`JobSnapshot` is kept, hints included, and served
+as it is while all of these hold:
+
+* the same rank processes are shown, each with the same claimants (the model's rows for the job:
+  the very same list while no rank key came or went, else compared process by process);
+* no rank's ``RankState.version`` moved (a frame of any kind, a kernel table, a bye: a late
+  frame of a rank that said bye, or a restart's new process, rebuilds the snapshot at once);
+* the ticks a round of the job takes are the same (the spread: a large job's views hold only what
+  the UI shows);
+* each relay's lag is within LAG_STEP_S of the lag every view behind it recorded (where
+  RankViews would copy a view with the new one);
+* the job's hints are the ones it was kept with (nothing evaluated them since).
+
+A check is one pass over the job's ranks' versions in C (~20 ns a rank) and one lag per relay;
+the job's rank views, figures and hints are not looked at. Only an ended job is kept: a live
+job's tick does no more than before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Callable, Sequence
+
+from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.rankviews import LAG_STEP_S
+from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
+from probe.wire import RankKey
+
+Row = tuple[RankState, tuple[RankKey, ...]]  # a shown process and the others claiming its rank
+_VERSION = attrgetter("version")
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    rows: Sequence[Row]  # the model's rows it was built from (shared, never changed)
+    states: tuple[RankState, ...]
+    others: tuple[tuple[RankKey, ...], ...]
+    versions: list[int]  # each state's version then
+    rounds: int  # ticks a round of the job took then
+    #: per relay (None: heard directly), the lowest and highest lag its views recorded
+    lags: tuple[tuple[str | None, float, float], ...]
+    snap: JobSnapshot
+
+
+class EndedJobs:
+    """The kept snapshots of ended jobs (see module doc)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}
+        #: Snapshots served from here, since the start (tests and benches read it).
+        self.served = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def take(self, job: str, rows: Sequence[Row], rounds: int, hints: tuple[Hint, ...],
+             lag_of: Callable[[str | None], float]) -> JobSnapshot | None:
+        """The kept snapshot of ``job`` when it still holds for its ``rows`` now (a round of
+        ``rounds`` ticks, the job's current ``hints``, each relay's lag by ``lag_of``), else None.
+        A pure read: a snapshot between ticks may take it too."""
+        held = self._held.get(job)
+        if held is None or held.rounds != rounds:
+            return None
+        if hints is not held.snap.hints and hints != held.snap.hints:
+            return None
+        if rows is not held.rows:  # rebuilt rows (a key came or went, or claims are remembered)
+            if len(rows) != len(held.states) or any(
+                    st is not kept or others != kept_others
+                    for (st, others), kept, kept_others in zip(rows, held.states, held.others)):
+                return None
+        if list(map(_VERSION, held.states)) != held.versions:
+            return None
+        for via, low, high in held.lags:
+            lag = lag_of(via)
+            if lag < high - LAG_STEP_S or lag > low + LAG_STEP_S:
+                return None
+        self.served += 1
+        return held.snap
+
+    def keep(self, job: str, rows: Sequence[Row], rounds: int, snap: JobSnapshot) -> None:
+        """Keep ``snap`` (an ended job's, its hints final) built from ``rows`` now, at a round of
+        ``rounds`` ticks. Once per ended job (and again after something of it changed)."""
+        if snap.status not in ENDED:
+            raise ValueError(f"only an ended job's snapshot is kept, not one {snap.status!r}")
+        states = tuple(st for st, _ in rows)
+        spans: dict[str | None, tuple[float, float]] = {}
+        for view, st in zip(snap.ranks, states, strict=True):
+            low, high = spans.get(st.via, (view.behind_s, view.behind_s))
+            spans[st.via] = (min(low, view.behind_s), max(high, view.behind_s))
+        self._held[job] = _Held(rows, states, tuple(others for _, others in rows), list(map(_VERSION, states)),
+                                rounds, tuple((via, low, high) for via, (low, high) in spans.items()), snap)
+
+    def forget(self, job: str) -> None:
+        """Drop what is kept of ``job`` (it runs again, or the model forgot it)."""
+        self._held.pop(job, None)
