@@ -265,3 +265,24 @@ def test_a_spread_that_makes_an_ended_job_large_rebuilds_its_views(monkeypatch: 
         model.set_spread(2)
     job = _job(c.tick()[0], "j")  # equal to the twin's rebuild (Cluster.tick)
     assert job is not first and not job.ranks[0].history.reached
+
+
+def test_jobs_that_ended_at_different_times_are_each_evicted_at_their_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eviction looks at the ranks only once the oldest heard is that old: the later job still
+    goes at its own deadline, and a job that started meanwhile is not forgotten."""
+    c = Cluster(monkeypatch)
+    early, late = _keys("early", 2), _keys("late", 2, pid0=200)
+    c.run(early + late, 20)
+    c.bye(early)
+    early_end = c.now
+    c.tick()
+    c.run(late, 20, first=21)
+    c.bye(late)
+    late_end = c.now
+    snap, _ = c.tick(early_end + EVICT_AFTER_S + TICK)
+    assert [j.job for j in snap.jobs] == ["late"] and c.reused.evicted_jobs == 1
+    c.run(_keys("new", 2, pid0=300), 10)  # heard only now
+    assert [j.job for j in c.tick(late_end + EVICT_AFTER_S)[0].jobs] == ["late", "new"]
+    assert [j.job for j in c.tick(late_end + EVICT_AFTER_S + TICK)[0].jobs] == ["new"]
+    assert c.reused.evicted_jobs == 2

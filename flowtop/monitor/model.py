@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import math
 import re
 
 from flowtop.monitor import accounting
@@ -117,6 +118,7 @@ class Model(ModelTicks):
         self._keys_version = 0  # changes whenever a rank key comes or goes (self._sole's cache)
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
+        self._heard_since = -math.inf  # no rank was last heard before this (see ModelTicks._evict)
         #: Ticks run (the turn of a large job's ranks and hints, see RANKS_PER_TICK).
         self.ticks = 0
         #: Node relays heard of, and which relay each rank's frames come through (flowtop.monitor.relays).
