@@ -3,7 +3,7 @@
 A job whose every rank said bye (status ``done`` or ``failed``) is kept for EVICT_AFTER_S so the
 user sees how it ended. Every tick rebuilt its snapshot all the same: each rank's view looked up,
 the job's FLOP sums, percentiles and kernel merge, its hints (a soak trial: 15 ended jobs of 64
-ranks cost 5.7 ms a tick; two of 4,096 ranks ~170 ms, ``bench/ended_idle.py``). Yet nothing in
+ranks cost 5.7 ms a tick; two of 4,096 ranks ~200 ms here, ``bench/ended_idle.py``). Yet nothing in
 it reads the clock: a view holds when its rank was heard (``heard_at``), not an age (the UI
 takes ages from the snapshot's ``taken_at``); a rank that said bye is done whenever it is looked
 at, never stalled or stale, and no silent relay marks it; a job none of whose ranks steps has no

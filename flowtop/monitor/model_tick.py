@@ -98,9 +98,10 @@ class ModelTicks(ModelViews):
                now: float) -> JobSnapshot:
         """An ended job's snapshot at this tick, kept for the next ones (flowtop.monitor.endedjobs).
         Its hints are evaluated at once, whatever a large job's share: an ended job's rules
-        measure nothing (HintEngine.evaluate ends its hints and returns them), so no history is
-        taken and its hints are final from this tick on (at the next share's, up to 16 ticks
-        later, a large job's ranks' histories were taken for them at the tick before each)."""
+        measure nothing (HintEngine.evaluate ends its hints and returns them), so they are final
+        from this tick on and no history is taken for them. (A large job's hints ended at its next
+        share's tick, up to 16 ticks later, and the tick before each share took every rank's
+        history for rules that read none.)"""
         self._ended_jobs.forget(snap.job)
         out = self._evaluate(snap, now)
         if self._hints_failed:
