@@ -146,3 +146,7 @@ def test_the_monitor_says_the_first_flooded_rank_of_a_job_once() -> None:
     (notice,) = model.notices.take()
     assert notice.severity == "warning" and notice.text.startswith("rank 0 of j dropped 250 commands unread")
     assert [st.commands_dropped for st in model.ranks.values()] == [900, 40]
+    from flowtop.export.exporter import snapshot_families
+
+    (exported,) = [f for f in snapshot_families(model.tick(3.0)) if f.name == "flowtop_job_commands_dropped"]
+    assert [(s.labels["train_job"], s.value) for s in exported.samples] == [("j", 900 + 40)]

@@ -217,6 +217,10 @@ def test_the_monitor_says_a_flooded_relay_once() -> None:
     assert [r.commands_dropped for r in model.relays.snapshot(3.0)] == [900, 40]
     snap = model.snapshot(3.0)
     assert [relay_json(r)["commands_dropped"] for r in snap.relays] == [900, 40]
+    from flowtop.export.exporter import snapshot_families
+
+    (exported,) = [f for f in snapshot_families(snap) if f.name == "flowtop_relay_commands_dropped"]
+    assert {s.labels["relay"]: s.value for s in exported.samples} == {"a": 900, "b": 40}
     from flowtop.monitor.snapshot import to_json
 
     assert_valid_snapshot(to_json(snap))

@@ -213,6 +213,8 @@ def _declare(fam: _Families) -> None:
               "active hints of that id", (JOB_LABEL, "id", "severity"))
     fam.counter("flowtop_job_lost_messages", "Lost messages summed over the job's ranks", JOB_LABELS)
     fam.counter("flowtop_job_dropped_messages", "Dropped messages summed over the job's ranks", JOB_LABELS)
+    fam.counter("flowtop_job_commands_dropped", "Commands over the wire's bound dropped unread by the job's "
+                "probes (a flood from whatever took the monitor's port)", JOB_LABELS)
     for name, unit, doc, _ in NODE_GAUGES:
         fam.gauge(name, unit, doc + " (jobs above the rank cap)", NODE_LABELS)
     fam.states("flowtop_node_status", "Worst rank status on the node (jobs above the rank cap)", NODE_LABELS)
@@ -223,6 +225,8 @@ def _declare(fam: _Families) -> None:
     fam.counter("flowtop_relay_frames_in", "Frames the relay received from its ranks", ("relay",))
     fam.counter("flowtop_relay_frames_out", "Frames the relay sent upstream", ("relay",))
     fam.counter("flowtop_relay_drops", "Frames the relay dropped", ("relay",))
+    fam.counter("flowtop_relay_commands_dropped", "Commands from upstream over the wire's bound, dropped "
+                "unread by the relay (a flood)", ("relay",))
     fam.gauge("flowtop_relay_link_lag", "seconds", "How much later than its fastest path the relay's latest "
               "batch arrived", ("relay",))
 
@@ -251,6 +255,8 @@ def _job(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot, policy: Export
     fam.counter("flowtop_job_lost_messages", "", ()).add_metric([name], sum(r.lost_messages for r in job.ranks))
     fam.counter("flowtop_job_dropped_messages", "", ()).add_metric(
         [name], sum(r.dropped_messages for r in job.ranks))
+    fam.counter("flowtop_job_commands_dropped", "", ()).add_metric(
+        [name], sum(r.commands_dropped for r in job.ranks))
     per_rank = len(job.ranks) <= policy.max_ranks
     fam.gauge("flowtop_job_rank_series", "", "", ()).add_metric([name], 1 if per_rank else 0)
     if per_rank:
@@ -327,6 +333,7 @@ def _relays(fam: _Families, snap: MonitorSnapshot) -> None:
         fam.counter("flowtop_relay_frames_in", "", ()).add_metric([host], rel.frames_in)
         fam.counter("flowtop_relay_frames_out", "", ()).add_metric([host], rel.frames_out)
         fam.counter("flowtop_relay_drops", "", ()).add_metric([host], rel.drops)
+        fam.counter("flowtop_relay_commands_dropped", "", ()).add_metric([host], rel.commands_dropped)
         fam.gauge("flowtop_relay_link_lag", "seconds", "", ()).add_metric([host], rel.link_lag_s)
 
 
