@@ -177,7 +177,7 @@ class LabelConditioned(nn.Module):
         self.head = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x) + self.labels(y)[:, None, :]
+        h = self.inp(x) + self.labels(y)[:, None, :]  # the latents' module first, as DiT's x_embedder
         for layer in self.layers:
             h = layer(h)
         return self.head(h)
@@ -196,6 +196,61 @@ def test_class_labels_are_not_tokens(sent: Sent) -> None:
     (fields,) = [f for k, f in sent if k == "flops"]
     assert fields["tokens"] == 0 and fields.get("estimated_flops") is None
     assert fields["estimate_source"] == "none: no tokens counted (no nn.Embedding fed token ids)"
+    assert [f["tokens"] for k, f in sent if k == "step"] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("encoder_grad", [None, False, True])
+def test_class_labels_by_keyword_and_a_frozen_encoders_ids_are_not_tokens(sent: Sent, encoder_grad: bool | None) -> None:
+    """Called with keywords (``model(x=..., y=...)``: torch's global hooks see no kwargs) the batch
+    is read from the first module that takes the latents; a frozen text encoder's ids (run under
+    no_grad, or with grad on but neither trained nor inside the model) are not the model's tokens.
+    Before: 4 tokens a step by keyword (``encoder_grad`` None: no encoder), 4 × 12 = 48 from the
+    frozen encoder either way."""
+    torch.manual_seed(0)
+    model, encoder = LabelConditioned(), nn.Embedding(V, D).requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        cond = torch.zeros(BATCH, 12, D)
+        if encoder_grad is not None:
+            with torch.set_grad_enabled(encoder_grad):  # True: chosen in discovery, dropped at the root's settling
+                cond = encoder(torch.randint(0, V, (BATCH, 12)))
+        out = model(x=torch.randn(BATCH, SEQ, D) + cond.mean(1, keepdim=True), y=torch.randint(0, V, (BATCH,)))
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert [f["tokens"] for k, f in sent if k == "step"] == [0, 0, 0]
+    (fields,) = [f for k, f in sent if k == "flops"]
+    assert fields["tokens"] == 0 and fields.get("estimated_flops") is None
+
+
+class PositionTable(nn.Module):
+    """A vision encoder's learned positions: an ``nn.Embedding`` of SEQ rows fed ``arange(SEQ)``
+    (1-D, or (1, SEQ) as a Hugging Face position_ids buffer), beside float patch features."""
+
+    def __init__(self, rows: bool) -> None:
+        super().__init__()
+        self.patch, self.pos, self.rows = nn.Linear(D, D), nn.Embedding(SEQ, D), rows
+        self.layers = nn.ModuleList(DenseMLP() for _ in range(LAYERS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = torch.arange(SEQ)
+        h = self.patch(x) + self.pos(ids[None] if self.rows else ids)
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_position_ids_are_not_tokens(sent: Sent, rows: bool) -> None:
+    """Position ids are one row for the whole batch, not token ids: before, 8 "tokens" a step
+    (the sequence length) for a model fed float patches."""
+    torch.manual_seed(0)
+    model = PositionTable(rows)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(BATCH, SEQ, D)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
     assert [f["tokens"] for k, f in sent if k == "step"] == [0, 0, 0]
 
 
@@ -232,6 +287,32 @@ def test_hand_written_attention_gets_no_6_n(sent: Sent) -> None:
     # 6 × 2,848 × 32 = 546,816; per layer q·kᵀ and w·v are each B·heads = 8 products of 8×8 by 8×8,
     # 2·8·8·8 × 8 = 8,192 FLOPs forward, twice that backward: 2 layers × 2 × 3 × 8,192 = 98,304
     assert msg["model_flops"] == 6 * 2_848 * 32 + 98_304 == 645_120
+
+
+class EinsumMLP(nn.Module):
+    """DenseMLP's maps written as einsums (JAX ports, gMLP): batched matmuls of a batch of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(D)  # 32
+        self.w_up, self.w_down = nn.Parameter(torch.randn(D, FFN) / 4), nn.Parameter(torch.randn(FFN, D) / 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(torch.einsum("btd,df->btf", self.norm(x), self.w_up))
+        return x + torch.einsum("btf,fd->btd", h, self.w_down)
+
+
+def test_einsum_with_a_weight_keeps_6_n_and_a_position_table_keeps_the_guard(sent: Sent) -> None:
+    """An einsum with a weight is no product of two activations: 6·N stays (N = 2 × (32 + 512 +
+    512) + 32 + 800 = 2,944). A (1, SEQ, D) learned position table is no stack of weights: the
+    hand-written attention beside it still gets no 6·N (the guard took any 3-D parameter before)."""
+    msg = _train(TokenModel(EinsumMLP), _ids, sent)
+    assert msg["estimated_flops"] == 6 * 2_944 * 32
+    sent.clear()
+    model = TokenModel(Mixer)
+    model.table = nn.Parameter(torch.zeros(1, SEQ, D))  # unused by the forward: a parameter only
+    msg = _train(model, _ids, sent)
+    assert msg.get("estimated_flops") is None and "aten.bmm" in msg["estimate_source"]
 
 
 def test_direct_calls_need_the_counted_steps_evidence() -> None:

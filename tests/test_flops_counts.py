@@ -130,10 +130,31 @@ def test_heavy_ops_without_formula_are_reported_not_zeroed() -> None:
 
     assert result.uncounted == {"aten._fft_r2c": 1}
     assert result.model_flops == 0  # outer is elementwise (mul), sin is elementwise: not counted
-    assert is_heavy_op_name("aten::_cslt_sparse_mm") and is_heavy_op_name("aten::mkldnn_rnn_layer")
+    assert is_heavy_op_name("aten::_cslt_sparse_mm") and is_heavy_op_name("aten::_cudnn_rnn_flatten_weight")
     assert is_heavy_op_name("aten::_slow_conv2d_backward")
     assert not is_heavy_op_name("aten::convert_element_type") and not is_heavy_op_name("aten::embedding")
     assert not is_heavy_op_name("aten::upsample_linear1d") and not is_heavy_op_name("aten::gelu")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_lstm_is_counted_fused_or_not(fused: bool) -> None:
+    """A 2-layer LSTM(32, 32) over B=4 × T=8 with a head 32 -> 64 (no bias). By hand, per token:
+    a layer's gate matmuls 2 · 4h · (in + h) = 2 · 128 · 64 = 16,384 FLOPs forward, the head
+    2 · 2,048 = 4,096. The fused CPU op (mkldnn) computes every gradient in its backward: 3 ×
+    (2 × 16,384 + 4,096) × 32 = 3,538,944 (before: 393,216, the head alone; the LSTM uncounted).
+    Unfused (matmuls of each step, counted one by one) the first step's hidden state, zeros, takes
+    no gradient: 2 layers × 2 · 128 · 32 · B=4 less = 3,473,408."""
+    torch.manual_seed(0)
+    emb, lstm, head = nn.Embedding(50, 32), nn.LSTM(32, 32, num_layers=2), nn.Linear(32, 64, bias=False)
+    ids = torch.randint(0, 50, (8, 4))
+
+    def step() -> None:
+        head(lstm(emb(ids))[0]).sum().backward()
+
+    with torch.backends.mkldnn.flags(enabled=fused):
+        result = count(step)
+    assert result.uncounted == {}
+    assert result.model_flops == (3_538_944 if fused else 3_473_408)
 
 
 def test_inference_mode_composites_are_decomposed_and_counted() -> None:

@@ -34,3 +34,6 @@ class FlopCount:
     #: Model and executed FLOPs per operand dtype label (probe.flops.precision): the mix MFU is taken over.
     model_by_dtype: dict[str, int] = field(default_factory=dict)
     executed_by_dtype: dict[str, int] = field(default_factory=dict)
+    #: Executed FLOPs of batched matmuls of two activations (probe.flops.counter: attention written
+    #: by hand, or a grouped expert's weights; the estimate tells them apart).
+    activation_products: int = 0

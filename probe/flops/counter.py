@@ -95,6 +95,19 @@ class _Window:
         self.forward_model = 0  # model FLOPs of ops run outside the autograd engine
         self.backward_model = 0  # ... and inside it (gradients)
         self.attention_shapes: defaultdict[AttentionShape, int] = defaultdict(int)
+        self.activation_products = 0  # executed FLOPs of batched matmuls of two activations
+
+
+#: Batched matmuls, and where their two operands are among the op's arguments.
+_BATCHED = {"aten.bmm": 0, "aten.baddbmm": 1}
+
+
+def _of_activations(first: int, args: tuple) -> bool:
+    """Whether a batched matmul multiplies two batches of matrices: a batch of 2+ with neither
+    operand broadcast over it. Hand-written attention is one (B·heads products); an einsum with a
+    weight runs as a batch of 1, a weight expanded over the batch has stride 0."""
+    a, b = args[first], args[first + 1]
+    return a.dim() == 3 and a.shape[0] > 1 and a.stride(0) != 0 and b.stride(0) != 0
 
 
 _SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
@@ -297,6 +310,7 @@ class StepFlopCounter:
                 cost_s=win.overhead,
                 model_note=note,
                 attention_shapes=dict(win.attention_shapes),
+                activation_products=win.activation_products,
                 model_by_dtype=scaled_to(win.model_by_dtype, model),
                 executed_by_dtype=dict(win.by_dtype),
             )
@@ -391,6 +405,9 @@ class StepFlopCounter:
         name, recompute = plan.name, False
         if plan.formula is not None:
             cost = plan.formula(bind_arguments(func, args, kwargs), out, causal)
+            first = _BATCHED.get(name)
+            if first is not None and _of_activations(first, args):
+                win.activation_products += cost.executed
         elif func.name() in _RNG_HOPS:
             at = _RNG_HOPS[func.name()]
             op, recompute = args[at], func.name() == "run_with_rng_state"

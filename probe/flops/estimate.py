@@ -199,20 +199,17 @@ def attention_ran(count: FlopCount) -> bool | None:
     return bool(count.attention_shapes) or any(map(_says_attention, (*count.by_op, *count.uncounted)))
 
 
-#: Matmuls of two batched operands: attention written by hand (``q @ k.transpose(-2, -1)``, einsum)
-#: runs as these, while a Linear on a batch of tokens runs as mm/addmm (its weight is 2-D).
-_BATCHED = ("aten.bmm", "aten.baddbmm")
-
-
 def batched_matmuls_ran(count: FlopCount) -> bool:
-    """Whether the counted step ran batched matmuls (:data:`_BATCHED`)."""
-    return any(count.by_op.get(op, 0) > 0 for op in _BATCHED)
+    """Whether the counted step ran batched matmuls of two activations (``q @ k.transpose(-2, -1)``
+    written by hand; FlopCount.activation_products), where a Linear on a batch of tokens runs as
+    mm/addmm and an einsum with a weight as a batch of one."""
+    return count.activation_products > 0
 
 
 def _stacked_weights(model: nn.Module) -> bool:
-    """Whether a parameter has 3+ dims (grouped experts' [E, d, f], a convolution): a batched matmul
-    may then be a weight's, not one of two activations."""
-    return any(p.dim() >= 3 for p in model.parameters())
+    """Whether a parameter is a stack of matrices (3 dims, 2+ of them: grouped experts' [E, d, f],
+    a Conv1d's): a batched matmul may then be a weight's. A (1, T, d) position table is not."""
+    return any(p.dim() == 3 and p.shape[0] > 1 for p in model.parameters())
 
 
 def _scan(model: nn.Module) -> tuple[bool, bool]:

@@ -283,7 +283,44 @@ def _never(b: Mapping[str, Any]) -> bool:
     return False
 
 
+# --- recurrent layers (nn.LSTM / nn.GRU / nn.RNN: one fused op per layer on CPU, all layers on cuDNN) ----
+
+def _rnn_flops(inp: torch.Tensor, weights: Any) -> int:
+    """2 FLOPs per weight of the gate matmuls (input-hidden, hidden-hidden, projection: the 2-D
+    weights; biases and gate nonlinearities are elementwise) for every row the layers step through:
+    each time step of each sequence (T·B, or the packed total), in every layer and direction."""
+    rows = inp.numel() // max(1, int(inp.shape[-1]))
+    return 2 * rows * sum(w.numel() for w in weights if isinstance(w, torch.Tensor) and w.dim() == 2)
+
+
+def _mkldnn_rnn(backward: bool) -> Formula:
+    """One layer and direction (the CPU's): weights weight0..3 forward, weight1..4 backward, whose
+    every gradient (input, hidden state, weights) is computed: twice the forward."""
+    names = ("weight1", "weight2", "weight3", "weight4") if backward else ("weight0", "weight1", "weight2", "weight3")
+
+    def formula(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
+        flops = _rnn_flops(b["input"], [b[n] for n in names]) * (2 if backward else 1)
+        return _same(flops, MATMUL, b["input"])
+    return formula
+
+
+def _cudnn_rnn(backward: bool) -> Formula:
+    """Every layer and direction in one call (cuDNN's flat weight list); its backward computes the
+    input and hidden-state gradients, and the weights' where ``output_mask[3]`` asks."""
+    def formula(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
+        flops = _rnn_flops(b["input"], b["weight"])
+        if backward:
+            mask = b.get("output_mask") or (True, True, True, True)
+            flops *= 1 + bool(mask[3])
+        return _same(flops, MATMUL, b["input"])
+    return formula
+
+
 FORMULAS: dict[str, Formula] = {
+    "aten::mkldnn_rnn_layer": _mkldnn_rnn(False),
+    "aten::mkldnn_rnn_layer_backward": _mkldnn_rnn(True),
+    "aten::_cudnn_rnn": _cudnn_rnn(False),
+    "aten::_cudnn_rnn_backward": _cudnn_rnn(True),
     "aten::mm": _mm_pair("self", "mat2"),
     "aten::bmm": _mm_pair("self", "mat2"),
     "aten::addmm": _mm_pair("mat1", "mat2"),

@@ -192,6 +192,7 @@ class FlopSampler:
         self._dtype = _compute_dtype(root)
         self.broken = True
         self.estimate_only = True
+        self._layout_read = False  # the estimates read the layout themselves from now on
         warn_once("flops-compiled", f"FLOP counting off: {why}; MFU is taken from the 6N+12LdT "
                   "estimate of the model's shape (labelled as such)")
 

@@ -54,6 +54,7 @@ class Discovery:
         _uninstalled: bool
         _idle_calls: int
         _float_rows: int
+        tokens: int
         _depth: int
         _forward_end: float | None
         _candidates: dict[int, Callable[[], torch.nn.Module | None]]
@@ -176,13 +177,17 @@ class Discovery:
                 self._candidate(module)
                 self._root_pre(module, args, {})
                 self._float_rows = _float_rows(args)
+            elif self._float_rows < 0 and self.embedding is None:
+                # A root called with keywords (``unet(sample=x, class_labels=y)``): global hooks get
+                # no kwargs, so the batch is read from the modules that take it before the labels'.
+                self._float_rows = _float_rows(args)
             if module is self.embedding:  # every micro-batch of step 1, not just the first
                 self._embedding_pre(module, args)
             elif self.embedding is None and isinstance(module, torch.nn.Embedding) and args:
                 idx = args[0]
-                if (isinstance(idx, torch.Tensor) and not idx.is_floating_point()
-                        and not (idx.dim() == 1 and idx.shape[0] == self._float_rows)):
-                    self.embedding = module
+                if (isinstance(idx, torch.Tensor) and not idx.is_floating_point() and _training_forward()
+                        and _token_ids(idx, self._float_rows)):
+                    self.embedding = module  # not a frozen encoder's under no_grad; see _settle_root
                     self._embedding_pre(module, args)
             self._depth += 1
         except Exception as exc:
@@ -231,6 +236,12 @@ class Discovery:
             return owned, total
 
         root = max(candidates, key=score)
+        emb = self.embedding
+        if emb is not None and not (any(m is emb for m in root.modules()) or id(emb.weight) in trained):
+            # A frozen encoder's table outside the trained model (a diffusion model's text
+            # encoder run with grad on): its ids are not the model's tokens, this step's included.
+            self.embedding = None
+            self.tokens = 0
         self._candidates.clear()
         self._drop_global_hooks()
         self.root = root
@@ -267,12 +278,22 @@ class Discovery:
 
 
 def _float_rows(args: tuple[Any, ...]) -> int:
-    """Rows of the first floating-point input of 2+ dims of a root's forward (its batch: images,
-    latents, features), else -1. An ``nn.Embedding`` fed one integer per such row is a class-label
-    lookup (a diffusion model's ``y``), not token ids: counting it gave B tokens a step, and an
-    estimate of 6·N·B for a model fed no tokens at all. (A packed sequence's 1-D token ids come
-    with no float batch of their length.)"""
+    """Rows of the first floating-point input of 2+ dims of a forward (its batch: images, latents,
+    features; in a tuple, list or dict argument too), else -1. See :func:`_token_ids`."""
     for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() >= 2:
-            return int(a.shape[0])
+        for t in (a.values() if isinstance(a, dict) else a if isinstance(a, (tuple, list)) else (a,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2:
+                return int(t.shape[0])
     return -1
+
+
+def _token_ids(idx: torch.Tensor, float_rows: int) -> bool:
+    """Whether an ``nn.Embedding``'s integer index is token ids, beside the forward's float batch
+    of ``float_rows`` (-1: none). Token ids come one row per sample (B × L beside images in a
+    multimodal model); a class label is one integer per sample (a diffusion model's ``y``: B
+    tokens a step before, and a 6·N·B estimate for a model fed no tokens), position ids one row for
+    the whole batch (a vision encoder's ``arange(S)`` or (1, S) buffer: S "tokens" before). A packed
+    sequence's 1-D token ids come with no float batch: they count."""
+    if float_rows < 0:
+        return True
+    return idx.dim() >= 2 and idx.shape[0] == float_rows
