@@ -101,3 +101,10 @@ def test_a_jobs_labels_say_its_figures_are_sums() -> None:
     stage1 = {**PLAIN, "estimated_flops": None, "estimate_source": None}
     piped = job_flops([rank_flops(tp, step_time_s=0.05), rank_flops(stage1, step_time_s=0.05)])
     assert piped is not None and piped.estimated_flops_per_step is None and piped.estimate_source is None
+    # every rank without an estimate for the same reason: the job says it (it said nothing, while
+    # each rank's panel read "none: …"; a new user's trial with a ViT and a DiT)
+    why = {**PLAIN, "estimated_flops": None, "estimate_source": "none: no tokens counted (no nn.Embedding fed token ids)"}
+    same = job_flops([rank_flops(why, step_time_s=0.05)] * 2)
+    assert same is not None and same.estimate_source == why["estimate_source"]
+    mixed = job_flops([rank_flops(why, step_time_s=0.05), rank_flops(stage1, step_time_s=0.05)])
+    assert mixed is not None and mixed.estimate_source is None

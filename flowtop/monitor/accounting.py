@@ -179,6 +179,14 @@ def _summed_label(text: str) -> str:
         "this rank's", "each rank's")
 
 
+def _why_none(vs: Sequence[FlopsView]) -> str | None:
+    """Why a job has no estimate, when every rank says the same ("none: no tokens counted …"); a
+    mix (a pipeline's stages) says nothing."""
+    reasons = {v.estimate_source for v in vs}
+    why = reasons.pop() if len(reasons) == 1 else None
+    return why if why is not None and why.startswith("none:") else None
+
+
 def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = None) -> FlopsView | None:
     """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks. ``newest_step_s``:
     seconds since the ranks' newest step, from their state, for the stall of a job whose every rank
@@ -214,7 +222,8 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         estimated_flops_per_step=(estimated := total("estimated_flops_per_step")),
         # A job's figures are sums: its labels say so (a rank's say "this rank's"), and a job
         # with no estimate (a pipeline stage without one) has no estimate's source either.
-        estimate_source=_summed_label(src) if estimated is not None and (src := vs[0].estimate_source) else None,
+        estimate_source=_summed_label(src) if estimated is not None and (src := vs[0].estimate_source) else (
+            _why_none(vs) if estimated is None else None),
         flops_per_s=fps,
         executed_flops_per_s=efps,
         mfu=per_peak(fps, peaks) if peaks else (0.0 if fps == 0.0 and stalled else None),
