@@ -2,7 +2,7 @@
 
 A real probe Publisher connects to a real XSUB bound where the monitor would be (a port squatter),
 which subscribes and then sends thousands of command frames at once. The probe reads at most a
-burst of gate.BURST plus gate.RATE_PER_S a second of them, drops the rest unread and counts them,
+burst of command_bound.BURST plus command_bound.RATE_PER_S a second of them, drops the rest unread and counts them,
 says so once, keeps its subscription, and takes a monitor's command again once the flood is over.
 """
 
@@ -19,6 +19,7 @@ from flowtop.tools.demo.launch import free_port
 from probe import _log, wire
 from probe.transport import gate
 from probe.transport.publisher import Publisher
+from probe.wire import command_bound
 
 HELLO = {"local_rank": 0, "world_size": 1, "device": "cpu", "probe_version": "test"}
 
@@ -46,7 +47,7 @@ def _settled(pub: Publisher, quiet_s: float) -> Callable[[], bool]:
 
 def test_a_flood_is_bounded_counted_said_and_a_command_after_it_works(monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(gate, "PAUSE_S", 0.2)  # read when a pause starts: shorter, the test stays light
+    monkeypatch.setattr(command_bound, "PAUSE_S", 0.2)  # read when a pause starts: shorter, the test stays light
     monkeypatch.setattr(_log, "_seen", set())  # the warning is said once per process
     addr = f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()
@@ -67,7 +68,8 @@ def test_a_flood_is_bounded_counted_said_and_a_command_after_it_works(monkeypatc
         assert _wait_until(_settled(pub, 0.3), 3.0)
         elapsed = time.monotonic() - start
         # Read past the gate: a burst, then RATE_PER_S a second (at 5,000 refused before).
-        assert 0 < pub.control_rejected <= gate.BURST + gate.RATE_PER_S * elapsed + 1, (pub.control_rejected, elapsed)
+        most = command_bound.BURST + command_bound.RATE_PER_S * elapsed + 1
+        assert 0 < pub.control_rejected <= most, (pub.control_rejected, elapsed)
         assert pub.commands_dropped >= 100  # at least what one poll read and drained
         assert pub.subscribers == 1  # the subscription held through the pauses
         said = [line for line in capsys.readouterr().err.splitlines() if "commands/s or more" in line]
@@ -85,19 +87,20 @@ def test_the_bucket_passes_a_burst_then_its_rate() -> None:
     """By hand: BURST at once, then one more per 1/RATE_PER_S s; drops counted, the window's rate said."""
     g = gate.CommandGate()
     t = g._at
-    assert all(g.admit(t) for _ in range(gate.BURST))
+    assert all(g.admit(t) for _ in range(command_bound.BURST))
     assert not g.admit(t) and g.dropped == 1
     assert not g.admit(t + 0.2) and g.dropped == 2  # 0.8 of a token
     assert g.admit(t + 0.26)  # 1.04 tokens: one passes
     g.pause(t + 0.26)
-    assert g.paused(t + 0.26 + gate.PAUSE_S - 0.01) and not g.paused(t + 0.26 + gate.PAUSE_S)
+    assert g.paused(t + 0.26 + command_bound.PAUSE_S - 0.01) and not g.paused(t + 0.26 + command_bound.PAUSE_S)
+    assert not hasattr(gate, "PAUSE_S")  # one binding, the wire's: a test patches one place
     assert g.warning is not None and g.warning.startswith("35 commands/s or more")  # 35 in 0.26 s: at least 35/s
 
 
 def test_a_flooding_monitor_still_gets_the_ranks_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     """A flood that never stops: the round that ends each pause sends what waits (a changed hello
     here), though its read starts the next pause."""
-    monkeypatch.setattr(gate, "PAUSE_S", 0.2)
+    monkeypatch.setattr(command_bound, "PAUSE_S", 0.2)
     monkeypatch.setattr(_log, "_seen", set())
     addr = f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context()

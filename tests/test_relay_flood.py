@@ -26,7 +26,6 @@ from flowtop.tools import relay as relay_mod
 from flowtop.tools.demo.launch import free_port
 from flowtop.tools.relay import Relay, RelayConfig
 from probe import _log, wire
-from probe.transport import gate
 from probe.transport.publisher import Publisher
 from probe.wire import RankKey, command_bound
 from snapshot_schema import assert_valid_snapshot
@@ -56,10 +55,9 @@ def short_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pauses of 0.2 s (the relay's bound and a probe's read theirs when made): the tests stay light;
-    each warning is said afresh."""
+    """Pauses of 0.2 s (the relay's bound and a probe's read it from the wire when each pause
+    starts): the tests stay light; each warning is said afresh."""
     monkeypatch.setattr(command_bound, "PAUSE_S", 0.2)
-    monkeypatch.setattr(gate, "PAUSE_S", 0.2)
     monkeypatch.setattr(relay_mod, "_warned", set())
     monkeypatch.setattr(_log, "_seen", set())
 

@@ -45,7 +45,7 @@ class CommandsDown:
     """The relay's upstream reads: the commands' bound, what it carried down and the last pace."""
 
     def __init__(self) -> None:
-        #: Read when the relay is made: PAUSE_S as it is then (tests shorten it).
+        #: Its pauses last command_bound.PAUSE_S as it is when each starts (tests shorten it there).
         self.bound = CommandBound("the relay's upstream socket")
         self.carried = 0  # commands sent down to the ranks
         #: (flush_s, monotonic deadline) of the last pace carried down (the relay's reports slow with it).

@@ -19,16 +19,12 @@ are tracked by the socket monitor, which the pause does not touch.
 
 from __future__ import annotations
 
-from probe.wire.command_bound import BURST as BURST
-from probe.wire.command_bound import DRAIN_MAX as DRAIN_MAX
-from probe.wire.command_bound import PAUSE_S as PAUSE_S
-from probe.wire.command_bound import RATE_PER_S as RATE_PER_S
 from probe.wire.command_bound import CommandBound
 
 
 class CommandGate(CommandBound):
-    """The bound on one link's commands (the sender thread's), paused for this module's PAUSE_S as
-    it is when the link is made (tests shorten it here)."""
+    """The bound on one link's commands (the sender thread's). Its numbers are the wire's only
+    (probe.wire.command_bound: tests shorten PAUSE_S there, read when a pause starts)."""
 
     def __init__(self) -> None:
-        super().__init__("the probe's socket", PAUSE_S)
+        super().__init__("the probe's socket")

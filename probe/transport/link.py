@@ -17,7 +17,8 @@ import weakref
 from typing import Any, Callable
 
 from probe._log import warn_once
-from probe.transport.gate import DRAIN_MAX, CommandGate
+from probe.transport.gate import CommandGate
+from probe.wire.command_bound import DRAIN_MAX
 from probe.wire.link import ClosedHandshakes, closed_text, subscription_change
 
 #: What a watched descriptor's reader is called with: the bytes read from it.

@@ -32,7 +32,8 @@ from probe.wire.pace import MAX_PACED_TICK_S
 from probe._log import warn_once
 from probe.transport.link import (DEGRADED_WAIT_S, Link, OnReadable, Waker, apply_curve, curve_keys,
                                   end_context)
-from probe.transport.outbox import HELLO_MAX_S, Outbox, Pace, weights
+from probe.transport import outbox as _outbox
+from probe.transport.outbox import Outbox, Pace, weights
 from probe.transport.rounds import MIN_WAIT_S, QUEUE_SHARE, REKEY as _REKEY, Item, Round
 
 #: While a step record came within LOOK_S, a sender with nothing to send looks at the queue again
@@ -250,7 +251,8 @@ class SenderLoop(Outbox):
         if r.pending and not r.listening:  # expired in bunches (see _expire), not one wake-up a message
             oldest = min((at for k, at, _, _ in r.pending if k != _REKEY), default=math.inf)
             due.append(oldest + 1.5 * self.max_age_s - now)
-        wait = min(HELLO_MAX_S, max(MIN_WAIT_S, min(due)))  # the longest sleep (a paced hello waits more of them)
+        # The longest sleep: HELLO_MAX_S (a paced hello waits more of them), read from its one binding.
+        wait = min(_outbox.HELLO_MAX_S, max(MIN_WAIT_S, min(due)))
         r.look_until = now + wait if look < wait else -math.inf  # the looks' end: a round is due
         return min(look, wait)
 

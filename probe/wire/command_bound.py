@@ -25,7 +25,8 @@ import time
 #: a held ``k`` key repeating ~25-30 times a second fills the burst in about a second).
 BURST = 32
 RATE_PER_S = 4.0
-#: Seconds the peer leaves its socket alone once a command was over the bucket.
+#: Seconds the peer leaves its socket alone once a command was over the bucket (read here when a
+#: pause starts: tests shorten it in this module, its one binding).
 PAUSE_S = 1.0
 #: Frames the peer's socket queues from its pipe while it is left alone (ZMQ_RCVHWM, set with the
 #: rest of a sender's upstream options: probe.wire.link; the peer reads them when the pause ends).
@@ -44,12 +45,11 @@ def bound_text() -> str:
 class CommandBound:
     """The token bucket of one peer's commands, its drops and its pauses (one thread's).
 
-    ``sock``: the peer's socket in words, for :attr:`warning` ("the probe's socket"); ``pause_s``:
-    how long a pause lasts (default: PAUSE_S as it is when the bound is made)."""
+    ``sock``: the peer's socket in words, for :attr:`warning` ("the probe's socket"). A pause lasts
+    PAUSE_S as it is when the pause starts."""
 
-    def __init__(self, sock: str, pause_s: float | None = None) -> None:
+    def __init__(self, sock: str) -> None:
         self._sock = sock
-        self._pause_s = PAUSE_S if pause_s is None else pause_s
         self._tokens = float(BURST)
         self._at = time.monotonic()
         self.dropped = 0  # commands dropped unread so far
@@ -74,7 +74,8 @@ class CommandBound:
 
     def pause(self, now: float) -> None:
         """Leave the socket alone for the pause (a command was over the bucket)."""
-        self.paused_until = now + self._pause_s
+        pause_s = PAUSE_S
+        self.paused_until = now + pause_s
         if self.warning is None:
             took = now - self._since
             span = max(took, 1.0)  # a lower bound: what one read found came within a second or less
@@ -82,7 +83,7 @@ class CommandBound:
             self.warning = (f"{self._seen / span:,.0f} commands/s or more from the monitor's side ({self._seen:,} "
                             f"within {within}), over the limit of {RATE_PER_S:g}/s (bursts of "
                             f"{BURST}): the excess is dropped unread and {self._sock} left alone "
-                            f"{self._pause_s:g} s at a time; a port squatter, or something other than flowtop's "
+                            f"{pause_s:g} s at a time; a port squatter, or something other than flowtop's "
                             "monitor listening where it should?")
 
     def paused(self, now: float) -> bool:
