@@ -33,7 +33,7 @@ def test_options_apply_to_a_real_xpub_and_read_back() -> None:
 def test_subscription_change_reads_the_xpub_protocol_byte() -> None:
     """ZeroMQ's XPUB hands up b"\x01" + topic for a subscription and b"\x00" + topic when one
     ends; anything else that arrives (an XSUB's upstream message) is a monitor's command."""
-    from probe.wire.link import subscription_change
+    from probe.wire.command_bound import subscription_change
 
     assert subscription_change(b"\x01") == 1 and subscription_change(b"\x01topic") == 1
     assert subscription_change(b"\x00") == -1

@@ -32,8 +32,7 @@ from typing import Any
 import zmq
 
 from probe import wire
-from probe.wire.command_bound import DRAIN_MAX, CommandBound
-from probe.wire.link import subscription_change
+from probe.wire.command_bound import CommandBound, read_commands
 
 #: Frames one read takes from upstream while commands stay within the bound (subscriptions too).
 READ_MAX = 256
@@ -65,30 +64,19 @@ class CommandsDown:
         bound, which then pauses) and carry the commands within it down to every rank (each probe
         keeps those addressed to it: flowtop.tools.relay); return the upstream subscriptions, ``subs``
         before the read."""
-        over, read, limit = False, 0, READ_MAX
-        bound = self.bound
-        while read < limit:
+        return read_commands(self.bound, up.recv, zmq.NOBLOCK, zmq.Again, READ_MAX, now, subs,
+                             lambda msg: self._carry(msg, down))
+
+    def _carry(self, msg: bytes, down: Any) -> None:
+        """A command within the bound, carried down to every rank (a malformed one too: the ranks
+        refuse and count it; an empty or oversized one is not)."""
+        if msg and len(msg) <= MAX_COMMAND_BYTES:
+            self._note_pace(msg)
             try:
-                msg = up.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            read += 1
-            change = subscription_change(msg)
-            if change:
-                subs = max(0, subs + change)  # an old pipe's end may come after a reset to 0
-            elif not bound.admit(now):  # a command over the bound: dropped unread
-                if not over:
-                    over, limit = True, DRAIN_MAX
-            elif msg and len(msg) <= MAX_COMMAND_BYTES:
-                self._note_pace(msg)
-                try:
-                    down.send(msg, zmq.NOBLOCK)
-                    self.carried += 1
-                except zmq.ZMQError:
-                    pass
-        if over:
-            bound.pause(now)
-        return subs
+                down.send(msg, zmq.NOBLOCK)
+                self.carried += 1
+            except zmq.ZMQError:
+                pass
 
     def _note_pace(self, msg: bytes) -> None:
         """A command on its way down: a pace slows the relay's reports too (Relay._report_due).

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from probe._log import warn_once
 from probe.transport.gate import CommandGate
-from probe.wire.command_bound import DRAIN_MAX
-from probe.wire.link import ClosedHandshakes, closed_text, subscription_change
+from probe.wire.command_bound import read_commands
+from probe.wire.link import ClosedHandshakes, closed_text
 
 #: What a watched descriptor's reader is called with: the bytes read from it.
 OnReadable = Callable[[bytes], None]
@@ -277,26 +277,18 @@ class Link:
 
     def _read(self, zmq: Any, now: float) -> None:
         """(Un)subscriptions and commands: up to 64 frames, or DRAIN_MAX once a command was over
-        the gate's bucket (dropped unread), which then pauses."""
-        gate, over, read = self.gate, False, 0
-        limit = 64 if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN else 0
-        while read < limit:
-            try:
-                frame = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            read += 1
-            change = subscription_change(frame)
-            if change:
-                self.subscriptions = max(0, self.subscriptions + change)
-            elif not gate.admit(now):  # an XSUB's upstream message: a command, over the bucket
-                if not over:
-                    over, limit = True, DRAIN_MAX
-            elif len(self._commands) < 16:  # a monitor's command
-                self._commands.append(frame)
-            else:
-                self.overflow += 1  # more commands in one poll than anyone needs: counted
-        if over:
-            gate.pause(now)
-            if gate.warning is not None:
-                warn_once("command-flood", gate.warning)
+        the gate's bucket (dropped unread), which then pauses (probe.wire.command_bound.read_commands)."""
+        if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return  # mostly nothing to read: asking first spares a raised zmq.Again per round
+        gate = self.gate
+        self.subscriptions = read_commands(gate, self._sock.recv, zmq.NOBLOCK, zmq.Again, 64, now,
+                                           self.subscriptions, self._take)
+        if gate.paused(now) and gate.warning is not None:  # the read was over the bound
+            warn_once("command-flood", gate.warning)
+
+    def _take(self, frame: bytes) -> None:
+        """A monitor's command within the bound, kept for the sender's round."""
+        if len(self._commands) < 16:
+            self._commands.append(frame)
+        else:
+            self.overflow += 1  # more commands in one poll than anyone needs: counted

@@ -20,6 +20,7 @@ left alone lets RCVHWM and TCP hold the flood back at the sender.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 #: The bucket: a burst of BURST commands, then RATE_PER_S a second (a monitor sends ~0.5 a second;
 #: a held ``k`` key repeating ~25-30 times a second fills the burst in about a second).
@@ -88,3 +89,38 @@ class CommandBound:
 
     def paused(self, now: float) -> bool:
         return now < self.paused_until
+
+
+def subscription_change(frame: bytes) -> int:
+    """What a frame an XPUB receives says of its subscribers: +1 (a subscription), -1 (one
+    ended) or 0 (anything else: a monitor's command sent up an XSUB)."""
+    head = frame[:1]
+    return 1 if head == b"\x01" else -1 if head == b"\x00" else 0
+
+
+def read_commands(bound: CommandBound, recv: Callable[[int], bytes], flags: int, again: type[Exception],
+                  limit: int, now: float, subs: int, take: Callable[[bytes], object]) -> int:
+    """One bounded read of a peer's upstream XPUB, the same for a probe's link and a relay: up to
+    ``limit`` frames, or DRAIN_MAX once a command was over ``bound`` (dropped unread), which then
+    pauses. Subscriptions move ``subs`` (returned); each command within the bound goes to
+    ``take``. ``recv(flags)`` reads one frame and raises ``again`` when there is none (pyzmq's
+    ``sock.recv``, ``zmq.NOBLOCK``, ``zmq.Again``: passed in, the wire imports no ZeroMQ).
+    A caller finds a flood by ``bound.paused(now)`` afterwards."""
+    over, read = False, 0
+    while read < limit:
+        try:
+            frame = recv(flags)
+        except again:
+            break
+        read += 1
+        change = subscription_change(frame)
+        if change:
+            subs = max(0, subs + change)  # an old pipe's end may come after a reset to 0
+        elif not bound.admit(now):  # a command over the bound: dropped unread
+            if not over:
+                over, limit = True, DRAIN_MAX
+        else:
+            take(frame)
+    if over:
+        bound.pause(now)
+    return subs

@@ -33,14 +33,6 @@ def upstream_options(addr: str, rng: random.Random | None = None) -> list[tuple[
     return options
 
 
-def subscription_change(frame: bytes) -> int:
-    """What a frame an XPUB receives says of its subscribers: +1 (a subscription), -1 (one
-    ended) or 0 (anything else: a monitor's command sent up an XSUB). Read by the probe's link
-    and a relay's upstream socket alike."""
-    head = frame[:1]
-    return 1 if head == b"\x01" else -1 if head == b"\x00" else 0
-
-
 #: The errno values of a handshake that failed "with no detail" because the peer closed it (a
 #: timeout is EAGAIN: a monitor that does not answer, not one that refused).
 DROPPED = (errno.EPIPE, errno.ECONNRESET)
