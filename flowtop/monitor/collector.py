@@ -41,6 +41,7 @@ from flowtop.monitor.collector_net import parse_tcp as parse_tcp
 from flowtop.monitor.collector_net import raise_fd_limit as raise_fd_limit
 from flowtop.monitor.collector_net import tcp_addr as tcp_addr
 from flowtop.monitor.fdwatch import FdHeadroom
+from flowtop.monitor.kernel_asks import KernelAsks
 from flowtop.monitor.governor import LoadGovernor
 from flowtop.monitor.model import Model
 from flowtop.monitor.rotation import RANKS_PER_TICK
@@ -105,6 +106,8 @@ class Collector(CollectorSockets, LoadGovernor):
         self._ctx: zmq.asyncio.Context | None = None
         self._sub: Any = None
         self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
+        #: The ``k`` key's requests, within the monitor's budget (probe.wire.command_bound).
+        self.kernel_asks = KernelAsks()
         self._events: Any = None  # the XSUB's socket monitor (failed handshakes), synchronous
         self._events_async: Any = None
         self._task: asyncio.Task[None] | None = None

@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from flowtop.monitor.kernel_asks import KernelAsk, KernelAsks
 from flowtop.monitor.pacing import PACED_TELEMETRY_S
 from probe import wire
 
@@ -119,6 +120,7 @@ class CollectorSockets:
     _events: Any
     _events_async: Any
     _auth: Any
+    kernel_asks: KernelAsks
 
     def _open_sockets(self) -> Any:
         """Create the context, the authenticator and the XSUB (configured, subscribed, not bound yet)
@@ -216,10 +218,14 @@ class CollectorSockets:
             except zmq.ZMQError:
                 pass
 
-    def request_kernels(self, job: str, rank: int) -> None:
-        """Ask one rank's probe for a kernel window at its next step (never blocks)."""
+    def request_kernels(self, job: str, rank: int) -> KernelAsk:
+        """Ask one rank's probe for a kernel window at its next step (never blocks), within the
+        monitor's budget of such requests (flowtop.monitor.kernel_asks): what became of it, for the UI."""
         if self._send is None:
-            return
+            return KernelAsk(False, f"rank {rank} of {job} not asked: the monitor is not listening", "warning")
+        ask = self.kernel_asks.ask(job, rank)
+        if not ask.sent:
+            return ask
         asked = self.clock.now()
         for st in self.model.ranks.values():  # a refusal soon after is said (Model._refused)
             if st.key.rank == rank and st.key.job == job:
@@ -228,6 +234,7 @@ class CollectorSockets:
             self._send.send(wire.encode_control("kernels_now", job, rank), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
+        return ask
 
 
 def bind_hint(errno_: int | None) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 from flowtop.monitor.clock import TICK_S
+from flowtop.monitor.kernel_asks import KernelAsk
 from flowtop.monitor.notices import Notice, Notices
 from flowtop.monitor.snapshot import MonitorSnapshot
 
@@ -122,8 +123,9 @@ class DataSource(Protocol):
     #: Whether :meth:`request_kernels` reaches the ranks (False: a recording).
     can_capture: bool
 
-    def request_kernels(self, job: str, rank: int) -> None:
-        """Ask rank ``rank`` of ``job`` to capture a kernel window now (called on the data loop)."""
+    def request_kernels(self, job: str, rank: int) -> KernelAsk | None:
+        """Ask rank ``rank`` of ``job`` to capture a kernel window now (called on the data loop):
+        what became of it (None: nothing to say but that it was asked)."""
 
     async def stop(self) -> None:
         """Stop receiving and release sockets; called once on the data loop."""
@@ -270,10 +272,12 @@ class DataThread:
         self._loop.call_soon_threadsafe(run)
         return fut
 
-    def request_kernels(self, job: str, rank: int) -> concurrent.futures.Future[None]:
-        """Ask one rank for a kernel window now (the ``k`` key), on the data loop."""
-        def kernels_now() -> None:
-            self.source.request_kernels(job, rank)
+    def request_kernels(self, job: str, rank: int) -> concurrent.futures.Future[KernelAsk | None]:
+        """Ask one rank for a kernel window now (the ``k`` key), on the data loop; the future holds
+        what became of it (flowtop.monitor.kernel_asks; None from a source that does not say)."""
+        def kernels_now() -> KernelAsk | None:
+            ask: KernelAsk | None = self.source.request_kernels(job, rank)
+            return ask
 
         return self.call(kernels_now)
 

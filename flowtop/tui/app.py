@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from typing import Any
 
 from textual.app import App
@@ -22,6 +23,7 @@ from textual.screen import Screen
 
 from flowtop import settings
 from flowtop.monitor.datathread import DataSource, DataThread, Delivery, UiTurn
+from flowtop.monitor.kernel_asks import KernelAsk
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.tui.screens.help_screen import HelpScreen
 from flowtop.tui.screens.main_screen import MainScreen
@@ -41,6 +43,8 @@ QUIT_GRACE_S = 15.0
 SnapshotSource = DataSource
 #: Seconds a notification of an error stays on screen.
 ERROR_TIMEOUT_S = 15
+#: Seconds a ``k`` press's toast shows; the same words again within it are not said twice.
+KERNELS_TOAST_S = 3.0
 
 
 class FlowtopApp(App[None]):
@@ -79,6 +83,7 @@ class FlowtopApp(App[None]):
         self.refresh_s = refresh_s
         #: Whether the ranks can be asked for a kernel window (``k``; not in a replay).
         self.can_capture = source.can_capture
+        self._kernels_said = ("", -KERNELS_TOAST_S)  # the last ``k`` toast's words, and when
         if hasattr(source, "glances"):
             source.glances = True  # a person watching: steps between ticks too (flowtop.monitor.collector)
         #: The thread that hosts the source; only it calls into the source.
@@ -163,8 +168,21 @@ class FlowtopApp(App[None]):
         if not self.can_capture:
             self.notify("a recording cannot be asked for a kernel window", timeout=3)
             return
-        self.data.request_kernels(job, rank)
-        self.notify(f"asked rank {rank} of {job} for a kernel window", timeout=3)
+        asked = asyncio.wrap_future(self.data.request_kernels(job, rank))
+        asked.add_done_callback(lambda fut: self._kernels_asked(fut, job, rank))
+
+    def _kernels_asked(self, fut: asyncio.Future[KernelAsk | None], job: str, rank: int) -> None:
+        """Say what became of a ``k`` press (sent, folded into the request already made, or over
+        the monitor's budget: flowtop.monitor.kernel_asks); a failure was said by the data thread.
+        A held key says each thing once while its toast shows, not 25 toasts a second."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        ask = fut.result() or KernelAsk(True, f"asked rank {rank} of {job} for a kernel window")
+        now = time.monotonic()
+        if self._kernels_said[0] == ask.text and now - self._kernels_said[1] < KERNELS_TOAST_S:
+            return
+        self._kernels_said = (ask.text, now)
+        self.notify(ask.text, severity=ask.severity, timeout=KERNELS_TOAST_S)  # type: ignore[arg-type]
 
     def action_save_svg(self) -> None:
         """Save an SVG screenshot of the screen on show (``p``, for bug reports) and say where:

@@ -4,11 +4,15 @@ probe.transport.gate; a node relay's upstream socket, flowtop.tools.relay_comman
 library only, like the rest of the wire.
 
 A monitor sends few commands: one "pace" for every job every 2 s while it paces
-(flowtop.monitor.pacing.RENEW_S) and one "kernels_now" per ``k`` key press. It sends each on every
-connection at once (its XSUB), so a node relay's upstream socket receives exactly the stream a
-probe connected directly does, and every rank behind the relay would bound that same stream with
-these same numbers: a relay that keeps to them drops no command its ranks would have taken, and a
-flood stops at the relay instead of crossing the node's loopback to every rank.
+(flowtop.monitor.pacing.RENEW_S) and a "kernels_now" per ``k`` key press, limited on its own side
+(flowtop.monitor.kernel_asks): its budget, MONITOR_RATE_PER_S and MONITOR_BURST below, stays far
+inside the bucket, so no peer ever drops one of the monitor's own commands, however long a key is
+held. It sends each on every connection at once (its XSUB), so a node relay's upstream socket
+receives exactly the stream a probe connected directly does, and bounds it with these same numbers:
+a flood stops at the relay instead of crossing the node's loopback to every rank. The relay's
+bucket is not each rank's, though: a rank that connects after a flood starts with a full bucket
+while the relay's is drained, so for up to BURST / RATE_PER_S (8 s) the relay drops commands that
+rank, connected directly, would have taken. Only a flood beyond the monitor's budget drains it.
 
 Commands pass a token bucket (BURST, then RATE_PER_S). Past it the frame is dropped unread and
 counted, and the peer leaves its socket alone for PAUSE_S (no read, no send, no poll): both peers'
@@ -36,6 +40,21 @@ RCVHWM = 100
 #: the pause (cheap to drop: ~1.5 µs each, no decoding), so its queue never grows from one pause to
 #: the next.
 DRAIN_MAX = 1024
+
+# The monitor's own budget (the other side of the contract): all it sends stays well inside the
+# bucket, so a peer's drops and pauses only ever meet a flood, never the user's keys.
+#: Paces: one broadcast for every job at once every flowtop.monitor.pacing.RENEW_S (2 s), at most.
+PACES_PER_S = 0.5
+#: kernels_now (the ``k`` key; flowtop.monitor.kernel_asks): one per rank target every
+#: KERNELS_TARGET_S (a press within it is folded into the one asked), and all targets together
+#: KERNELS_BURST at once, then KERNELS_RATE_PER_S.
+KERNELS_TARGET_S = 1.0
+KERNELS_BURST = 4
+KERNELS_RATE_PER_S = 1.0
+#: What the monitor sends at most: 1.5 a second (RATE_PER_S / 2.7) and 5 at once (BURST / 6.4).
+MONITOR_RATE_PER_S = PACES_PER_S + KERNELS_RATE_PER_S
+MONITOR_BURST = KERNELS_BURST + 1
+assert MONITOR_RATE_PER_S <= RATE_PER_S / 2 and MONITOR_BURST <= BURST / 4, "the monitor's budget has no margin"
 
 
 def bound_text() -> str:

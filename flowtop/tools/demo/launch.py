@@ -96,9 +96,9 @@ class DemoSource:
         """The collector's monitor-side errors."""
         return self.collector.notices
 
-    def request_kernels(self, job: str, rank: int) -> None:
-        """Forwarded to the collector."""
-        self.collector.request_kernels(job, rank)
+    def request_kernels(self, job: str, rank: int) -> Any:
+        """Forwarded to the collector (what became of it: flowtop.monitor.kernel_asks.KernelAsk)."""
+        return self.collector.request_kernels(job, rank)
 
     async def stop(self) -> None:
         """Stop the training (if still running) and the collector."""
