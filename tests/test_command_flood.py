@@ -153,3 +153,28 @@ def test_the_monitor_says_the_first_flooded_rank_of_a_job_once() -> None:
 
     (exported,) = [f for f in snapshot_families(model.tick(3.0)) if f.name == "flowtop_job_commands_dropped"]
     assert [(s.labels["train_job"], s.value) for s in exported.samples] == [("j", 900 + 40)]
+
+
+def test_one_bounded_read_for_a_probe_and_a_relay() -> None:
+    """probe.wire.command_bound.read_commands by hand: subscriptions move the count (never under
+    0), commands within the bound are taken, the first one over it takes the read to DRAIN_MAX
+    frames in all (the rest dropped unread) and pauses."""
+    class Empty(Exception):
+        pass
+
+    frames = [b"\x00", b"\x01", b"\x01"] + [b"cmd"] * (command_bound.BURST + 5000)
+    it = iter(frames)
+
+    def recv(flags: int) -> bytes:
+        assert flags == 7
+        try:
+            return next(it)
+        except StopIteration:
+            raise Empty from None
+
+    bound, taken = command_bound.CommandBound("a test's socket"), []
+    now = bound._at  # the bucket's clock: full now
+    subs = command_bound.read_commands(bound, recv, 7, Empty, 64, now, 0, taken.append)
+    assert subs == 2 and len(taken) == command_bound.BURST  # the "\x00" before any subscription: 0
+    assert bound.dropped == command_bound.DRAIN_MAX - 3 - command_bound.BURST  # DRAIN_MAX read in all
+    assert bound.paused(now) and bound.warning is not None

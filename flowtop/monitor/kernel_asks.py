@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 from probe.wire import command_bound as _bound
 
@@ -27,7 +27,7 @@ class KernelAsk:
 
     sent: bool
     text: str
-    severity: str = "information"  # a Textual notification's
+    severity: Literal["information", "warning", "error"] = "information"  # a Textual notification's
 
 
 class KernelAsks:

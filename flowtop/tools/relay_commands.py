@@ -5,8 +5,9 @@ Anything that accepts the relay's upstream connection (a process squatting the m
 send commands as fast as it likes. The relay read 256 of them a poll and sent every one down to all
 its ranks: its own CPU, the node's loopback and every rank's sender paid for the flood (each probe
 then dropped them itself). Now commands pass the same token bucket as a probe's (BURST, then
-RATE_PER_S: the monitor sends every connection the same commands, so the relay's ranks would take
-no more of them than that); past it a frame is dropped unread and counted (the relay's report's
+RATE_PER_S: the monitor sends every connection the same commands, well within that bound, so the
+relay drops none of a monitor's own; a rank that connects after a flood may miss a few it would
+have taken directly, probe.wire.command_bound); past it a frame is dropped unread and counted (the relay's report's
 ``commands_dropped``, said once on the relay's stderr), what the socket queued is drained
 (DRAIN_MAX, no decoding) and the relay leaves its upstream socket alone for PAUSE_S: no read, no
 poll, no send (its batches and reports wait for the pause's end, whose turn sends them).

@@ -182,7 +182,7 @@ class FlowtopApp(App[None]):
         if self._kernels_said[0] == ask.text and now - self._kernels_said[1] < KERNELS_TOAST_S:
             return
         self._kernels_said = (ask.text, now)
-        self.notify(ask.text, severity=ask.severity, timeout=KERNELS_TOAST_S)  # type: ignore[arg-type]
+        self.notify(ask.text, severity=ask.severity, timeout=KERNELS_TOAST_S)
 
     def action_save_svg(self) -> None:
         """Save an SVG screenshot of the screen on show (``p``, for bug reports) and say where:
