@@ -157,6 +157,31 @@ def test_causal_convention_on_math_path_and_hand_written_counts_full_square() ->
         assert set(result.by_op) == {"aten.bmm"}
 
 
+def test_an_explicit_causal_mask_is_causal_to_the_convention() -> None:
+    """A causal mask passed as attn_mask (a Hugging Face model's, padded batch or not) ran the whole
+    square (executed 3.5·A: forward A, fused backward 2.5·A) but is causal: the causal convention
+    counts half the model figure, 3·A/2, as for is_causal (before: 3·A, while the label said "half
+    square"). The full convention keeps 3·A; a mask allowing a later key (a sliding window's
+    look-ahead, left padding unmasked) stays the full square."""
+    q, k, v = qkv(heads=4, kv_heads=4)
+    fwd = 4 * B * 4 * 8 * 8 * 8  # A: B=2, 4 heads, T=8, head width 8
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    padded = causal.expand(B, 1, 8, 8).clone()
+    padded[1, :, :, 6:] = False  # the second row's last two keys are padding
+    padded[1, :, 6:, 0] = True  # (their query rows keep a key: no fully masked row)
+    ahead = causal.clone()
+    ahead[0, 1] = True  # one pair after its query
+
+    def run(mask: torch.Tensor) -> None:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+
+    for mask in (causal, padded, causal.float().log()):  # bool, 4-D with padding, additive -inf
+        got = count(lambda: run(mask), attention="causal")
+        assert (got.model_flops, got.executed_flops) == (3 * fwd // 2, 7 * fwd // 2)
+        assert count(lambda: run(mask), attention="full").model_flops == 3 * fwd
+    assert count(lambda: run(ahead), attention="causal").model_flops == 3 * fwd
+
+
 def test_hand_written_attention_without_key_grad() -> None:
     q, k, v = qkv(heads=4, kv_heads=4)
     k_frozen = k.detach()

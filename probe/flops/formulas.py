@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from probe.flops.grouped import grouped_mm_flops
-from probe.flops.packed import mask_documents
+from probe.flops.packed import mask_documents, mask_is_causal
 from probe.flops.precision import fp8_operand
 
 MATMUL = "matmul"
@@ -243,6 +243,11 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
                 model = attention_cost(heads, docs.pairs(qd[0]), d_qk, d_v, backward=backward, causal=causal)[0]
                 run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal_of(b))[1]
                 return OpCost(model, run, ATTENTION, q, shape)  # the row length stays the estimate's T
+            if causal_convention and mask is not None and not causal_of(b) and mask_is_causal(mask, qd[2], kd[2]):
+                # a causal mask given explicitly (a padded batch): half the square to the convention
+                model, run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=True,
+                                            kernel_causal=False)
+                return OpCost(model, run, ATTENTION, q, shape)
         else:  # (B, S, H, D), or varlen: flash (total, H, D) / efficient (1, total, H, D)
             cum_q = _first_given(b, "cum_seq_q", "cu_seqlens_q", "cu_seq_q")
             cum_k = _first_given(b, "cum_seq_k", "cu_seqlens_k", "cu_seq_k")

@@ -11,6 +11,8 @@ needs Σ sᵢ² query-key pairs per row, not S². Convention (README "FP8, MoE a
     computes the whole square with the mask applied, so *executed* FLOPs stay S² per row;
     under the "causal" convention a mask that is causal within every document halves the
     model figure as ``is_causal`` does.
+* a square mask that allows no key after its query (a causal mask passed explicitly, padding
+  masked or not: :func:`mask_is_causal`) is causal to the convention, as ``is_causal`` is.
 * **otherwise** (no mask, ``is_causal`` only, a mask that is not block-diagonal — padding,
   sliding windows, ALiBi-style biases —, masks broadcast over several heads, cross-attention)
   the whole packed row counts S², the default "full" convention of 6N+12LdT, which is
@@ -26,6 +28,8 @@ its backward pass the same one). Masks above ``MAX_ENTRIES`` are not scanned (fu
 
 from __future__ import annotations
 
+import itertools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -151,3 +155,40 @@ def _scan(mask: torch.Tensor, size: int) -> Documents | None:
     if all(len(row) < 2 for row in lengths):
         return None  # one document per row: the ordinary full-square (or causal-flag) case
     return Documents(tuple(lengths), causal)
+
+
+_causal_cache: dict[str, Any] = {"ref": None, "version": -1, "result": False}
+
+
+def mask_is_causal(mask: Any, seq_q: int, seq_k: int) -> bool:
+    """Whether a square SDPA mask allows no key after its query, in every batch row and head: a
+    causal mask passed explicitly, padding masked or not (a Hugging Face model's 4-D mask for a
+    padded batch). The causal convention then halves its model FLOPs as ``is_causal`` does (the
+    padded positions counted, as tokens count them); the kernel still ran the whole square. A
+    fully masked row that was unmasked (left padding under Hugging Face's SDPA path) reads as
+    not causal: the full square, as before. Cached per mask tensor; never raises."""
+    try:
+        if (not isinstance(mask, torch.Tensor) or seq_q != seq_k or mask.dim() < 2
+                or tuple(mask.shape[-2:]) != (seq_q, seq_k) or not _readable(mask)):
+            return False
+        cache = _causal_cache
+        ref = cache["ref"]
+        if ref is not None and ref() is mask and cache["version"] == mask._version:
+            return bool(cache["result"])
+        result = _no_pair_after_its_query(mask)
+        cache.update(ref=weakref.ref(mask), version=mask._version, result=result)
+        return result
+    except Exception:  # noqa: BLE001 - unread: the full square
+        return False
+
+
+def _no_pair_after_its_query(mask: torch.Tensor) -> bool:
+    # One (S, S) matrix per index of the leading dims, a dim broadcast with stride 0 read once.
+    lead = [range(1 if st == 0 else n) for n, st in zip(mask.shape[:-2], mask.stride()[:-2])]
+    size = int(mask.shape[-1])
+    if size * size * math.prod(map(len, lead)) > MAX_ENTRIES:
+        return False
+    for idx in itertools.product(*lead):
+        if bool(torch.triu(_allowed(mask[idx]), 1).any()):
+            return False
+    return True
