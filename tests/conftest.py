@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -78,3 +79,13 @@ def finished(proc: "subprocess.Popen[str]", timeout: float) -> tuple[str, str]:
             proc.kill()
             proc.wait()
     return out, err
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``cond`` every 10 ms until it holds (True) or ``timeout_s`` passed (its last reading)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()

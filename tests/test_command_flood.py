@@ -21,16 +21,9 @@ from probe.transport import gate
 from probe.transport.publisher import Publisher
 from probe.wire import command_bound
 
+from conftest import wait_until
+
 HELLO = {"local_rank": 0, "world_size": 1, "device": "cpu", "probe_version": "test"}
-
-
-def _wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def _settled(pub: Publisher, quiet_s: float) -> Callable[[], bool]:
@@ -61,11 +54,11 @@ def test_a_flood_is_bounded_counted_said_and_a_command_after_it_works(monkeypatc
     try:
         # The squatter's socket takes the probe's connection (and repeats its subscription to it)
         # when its own thread looks at it.
-        assert _wait_until(lambda: squatter.poll(0) is not None and pub.subscribers == 1, 3.0)
+        assert wait_until(lambda: squatter.poll(0) is not None and pub.subscribers == 1, 3.0)
         start = time.monotonic()
         for _ in range(5000):  # malformed: each one the probe reads is refused (control_rejected)
             squatter.send(b"\x02flood")  # an XSUB drops past its high-water mark: not all arrive
-        assert _wait_until(_settled(pub, 0.3), 3.0)
+        assert wait_until(_settled(pub, 0.3), 3.0)
         elapsed = time.monotonic() - start
         # Read past the gate: a burst, then RATE_PER_S a second (at 5,000 refused before).
         most = command_bound.BURST + command_bound.RATE_PER_S * elapsed + 1
@@ -76,7 +69,7 @@ def test_a_flood_is_bounded_counted_said_and_a_command_after_it_works(monkeypatc
         assert len(said) == 1 and "over the limit of 4/s (bursts of 32)" in said[0] and "port squatter" in said[0]
         # The flood is over: a monitor's command is read again (the bucket refills at 4/s).
         squatter.send(wire.encode_control("pace", None, None, 0.5))
-        assert _wait_until(lambda: pub._pace.flush_s == 0.5, 2.0)
+        assert wait_until(lambda: pub._pace.flush_s == 0.5, 2.0)
     finally:
         pub.close(timeout_s=0.2)
         squatter.close(0)
@@ -113,7 +106,7 @@ def test_a_flooding_monitor_still_gets_the_ranks_frames(monkeypatch: pytest.Monk
     pub.start()
     devices: list[str] = []
     try:
-        assert _wait_until(lambda: squatter.poll(0) is not None and pub.subscribers == 1, 3.0)
+        assert wait_until(lambda: squatter.poll(0) is not None and pub.subscribers == 1, 3.0)
         end = time.monotonic() + 2.0
         while time.monotonic() < end and "later" not in devices:
             for _ in range(200):  # one thread owns the socket: flood and read by turns

@@ -7,7 +7,7 @@ drops none of them nor the pace that follows (it had blamed a port squatter for 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import zmq
@@ -19,18 +19,10 @@ from probe.transport.publisher import Publisher
 from probe.wire import command_bound as cb
 from probe.wire.link import upstream_options
 
+from conftest import wait_until
 from monitor_thread import MonitorThread
 
 HELLO = {"local_rank": 0, "world_size": 1, "device": "cpu", "probe_version": "test"}
-
-
-def _wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def test_the_monitors_budget_stays_well_inside_the_wires_bound() -> None:
@@ -85,7 +77,7 @@ def test_a_held_k_sends_within_the_budget_and_a_probe_drops_nothing(targets: int
         return sum(wire.decode_control(f).cmd == "kernels_now" for f in seen)
 
     try:
-        assert _wait_until(lambda: pub.subscribers == 1 and counter.poll(0) != 0, 10.0)
+        assert wait_until(lambda: pub.subscribers == 1 and counter.poll(0) != 0, 10.0)
         start = time.monotonic()
         answers: list[Any] = []
         for i in range(100):
@@ -93,7 +85,7 @@ def test_a_held_k_sends_within_the_budget_and_a_probe_drops_nothing(targets: int
             time.sleep(max(0.0, start + (i + 1) * 0.01 - time.monotonic()))
         elapsed = time.monotonic() - start
         mon.call(lambda: mon.collector._broadcast_pace(0.5))
-        assert _wait_until(lambda: pub._pace.flush_s == 0.5, 3.0)  # the pace after the presses: taken
+        assert wait_until(lambda: pub._pace.flush_s == 0.5, 3.0)  # the pace after the presses: taken
         time.sleep(0.2)
         most = 1 + int(elapsed / cb.KERNELS_TARGET_S) if targets == 1 else \
             cb.KERNELS_BURST + int(cb.KERNELS_RATE_PER_S * elapsed)

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 import zmq
@@ -30,17 +30,10 @@ from probe.transport.publisher import Publisher
 from probe.wire import RankKey, command_bound
 from snapshot_schema import assert_valid_snapshot
 
+from conftest import wait_until
+
 FLOOD = b"\x02flood"  # malformed: a probe that read one would refuse it
 HELLO = {"local_rank": 0, "world_size": 2, "device": "cpu (test)", "probe_version": "test"}
-
-
-def _wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.fixture
@@ -123,7 +116,7 @@ def test_a_flood_stops_at_the_relay_is_counted_said_and_a_pace_after_it_reaches_
     pub.hello_fields = dict(HELLO)
     pub.start()
     try:
-        assert _wait_until(lambda: pub.subscribers == 1, 5.0)
+        assert wait_until(lambda: pub.subscribers == 1, 5.0)
         start = time.monotonic()
         for _ in range(5000):
             node.squatter.send(FLOOD)  # an XSUB drops past its high-water mark: not all arrive
@@ -133,7 +126,7 @@ def test_a_flood_stops_at_the_relay_is_counted_said_and_a_pace_after_it_reaches_
             if node.count() != last[0]:
                 last[:] = [node.count(), time.monotonic()]
             return time.monotonic() - last[1] >= 0.4
-        assert _wait_until(settled, 4.0)
+        assert wait_until(settled, 4.0)
         elapsed = time.monotonic() - start
         # The wire's bound: the whole burst passes, then RATE_PER_S a second (one more for the
         # token that may accrue between two reads); 5,000 minus what an XSUB drops, before.
@@ -146,7 +139,7 @@ def test_a_flood_stops_at_the_relay_is_counted_said_and_a_pace_after_it_reaches_
               f"the relay dropped {node.relay.commands_dropped:,}")
 
         # Its report carries the count; the monitor says it once.
-        assert _wait_until(lambda: (node.read_upstream(), bool(node.reports) and
+        assert wait_until(lambda: (node.read_upstream(), bool(node.reports) and
                                     node.reports[-1].fields.get("commands_dropped", 0) > 0)[1], 3.0)
         report = node.reports[-1]
         assert 0 < report.fields["commands_dropped"] <= node.relay.commands_dropped
@@ -160,7 +153,7 @@ def test_a_flood_stops_at_the_relay_is_counted_said_and_a_pace_after_it_reaches_
 
         # The flood is over: the bucket refills and a monitor's pace reaches the rank.
         node.squatter.send(wire.encode_control("pace", None, None, 0.5))
-        assert _wait_until(lambda: pub._pace.flush_s == 0.5, 2.0)
+        assert wait_until(lambda: pub._pace.flush_s == 0.5, 2.0)
     finally:
         pub.close(timeout_s=0.2)
         node.close()
