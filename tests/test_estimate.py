@@ -133,6 +133,13 @@ def test_flops_message_says_where_the_shape_came_from() -> None:
                            attention="full")
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("wte", "wpe")))
     assert fields["estimate_source"] == f"6N+12LdT, shape from model.config: N={n}, L=2, d=16, T=8"
+    # packed 1-D token ids (a signature with no 2-D id input): T is the attention calls' key
+    # length, 8 here; before, no estimate ("sequence length unknown") though L and d were known
+    packed = flops_message(c, step=1, tokens=16, root=model, signature=signature_of((idx.flatten(),), {}),
+                           device=torch.device("cpu"), device_name="cpu", flops_per_token=None,
+                           attention="full")
+    assert packed["estimate_source"] == fields["estimate_source"]
+    assert packed["estimated_flops"] == fields["estimated_flops"]
 
 
 class PlainBlock(nn.Module):

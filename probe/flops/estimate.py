@@ -312,8 +312,10 @@ def estimate_with_reason(
                           "layers, no one per-token estimate (FLOWTOP_FLOPS_PER_TOKEN sets one)")
         if shape is None:
             return _without_attention(model, n_params, moe_note, ran_attention, ran_batched, keys, cp, split)
+        if keys <= 0 and (found := _from_attention(seen, micro_batches)) is not None:
+            keys = found[2]  # packed 1-D token ids: T is the attention calls' key length (whole already)
         if keys <= 0:
-            return None, "sequence length unknown (no integer token-id input of 2+ dims)"
+            return None, "sequence length unknown (no integer token-id input of 2+ dims, no attention call seen)"
         layers, width, source = shape
         fpt = transformer_flops_per_token(n_params, layers, width, keys, attention, split)
         return Estimate(fpt, n_params, layers, width, keys, source, split, moe_note, cp), ""
