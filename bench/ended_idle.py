@@ -25,12 +25,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Monitor time a silent job is ticked before it is timed: stale after 5 s, the hang hint's
+#: 30 s floor (hints.rules: hang_all), a few seconds of margin.
+SETTLE_S = 40.0
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _fill(jobs: int, ranks: int, steps: int, kernels: bool):  # type: ignore[no-untyped-def]
-    """The model with every job run ``steps`` steps and ended; its clock at the last bye's tick."""
+def _fill(jobs: int, ranks: int, steps: int, kernels: bool, silent: bool = False):  # type: ignore[no-untyped-def]
+    """The model with every job run ``steps`` steps and ended; its clock at the last bye's tick.
+    ``silent``: no bye, the ranks fall silent (a crash, a lost node); the model ticks on until
+    every clock-driven change of theirs has happened (stale, the hang hint past its 30 s floor
+    and its hysteresis: SETTLE_S), its clock at the last of those ticks."""
     from flowtop.monitor.rankkernels import add_window
     from flowtop.monitor.recording import feed
     from flowtop.monitor.wiring import make_model
@@ -69,9 +75,10 @@ def _fill(jobs: int, ranks: int, steps: int, kernels: bool):  # type: ignore[no-
         for key in keys:
             add_window(model.ranks[key], stats)
     now += 0.2
-    for key in keys:
-        send(key, "bye", {"reason": "exit", "steps": step, "drops": 0})
-    for _ in range(4):  # the ticks that see the byes (statuses, ended hints)
+    if not silent:
+        for key in keys:
+            send(key, "bye", {"reason": "exit", "steps": step, "drops": 0})
+    for _ in range(4 if not silent else int(SETTLE_S / 0.5)):  # the ticks that see the byes, or the silence
         now = next_tick
         model.tick(now)
         next_tick += 0.5
@@ -85,10 +92,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64, help="steps each rank runs before its bye")
     ap.add_argument("--ticks", type=int, default=40, help="idle ticks timed (and as many snapshots)")
     ap.add_argument("--no-kernels", action="store_true", help="no kernel tables")
+    ap.add_argument("--silent", action="store_true", help="the ranks fall silent instead of saying bye")
     ap.add_argument("--profile", type=int, default=0, help="print the top N functions of the idle ticks")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    model, now = _fill(args.jobs, args.ranks, args.steps, not args.no_kernels)
+    model, now = _fill(args.jobs, args.ranks, args.steps, not args.no_kernels, args.silent)
     fill_s = time.perf_counter() - t0
     ended = {j.status for j in model.snapshot(now).jobs}
     if args.profile:
@@ -110,7 +118,7 @@ def main() -> int:
         model.snapshot(now)
         snaps.append(1000 * (time.process_time() - c))
     print(json.dumps({
-        "jobs": args.jobs, "ranks": args.ranks, "statuses": sorted(ended), "fill_s": round(fill_s, 1),
+        "jobs": args.jobs, "ranks": args.ranks, "silent": args.silent, "statuses": sorted(ended), "fill_s": round(fill_s, 1),
         "tick_ms_median": round(statistics.median(ticks), 3), "tick_ms_max": round(max(ticks), 3),
         "snapshot_ms_median": round(statistics.median(snaps), 3), "snapshot_ms_max": round(max(snaps), 3),
     }))
