@@ -35,7 +35,8 @@ from prometheus_client.registry import Collector
 
 from flowtop.monitor.claims import newest_per, rank_newness
 from flowtop.monitor.rankstats import job_percentiles
-from flowtop.monitor.rankview import job_context, node_group
+from flowtop.monitor.byjob import ByJob
+from flowtop.monitor.rankview import NodeGroup, job_context, node_group
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
 from flowtop.monitor.selfload import METER, LoadMeter
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot
@@ -298,19 +299,25 @@ def _ranks(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
         status.add_metric(labels, _states(r.status, RANK_STATES))
 
 
-def _nodes(fam: _Families, job: JobSnapshot) -> None:
+def _node_groups(job: JobSnapshot) -> list[tuple[NodeGroup, list[RankSnapshot]]]:
+    """The job's node groups, by host, each with its ranks (remembered per snapshot object)."""
     ctx = job_context(job.ranks)
     by_host: dict[str, list[RankSnapshot]] = {}
     for r in job.ranks:
         by_host.setdefault(r.host, []).append(r)
+    return [(node_group(host, by_host[host], ctx), by_host[host]) for host in sorted(by_host)]
+
+
+_NODE_GROUPS: ByJob[list[tuple[NodeGroup, list[RankSnapshot]]]] = ByJob()
+
+
+def _nodes(fam: _Families, job: JobSnapshot) -> None:
     gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in NODE_GAUGES]
     status = fam.states("flowtop_node_status", "", ())
     lost = fam.counter("flowtop_node_lost_messages", "", ())
     dropped = fam.counter("flowtop_node_dropped_messages", "", ())
-    for host in sorted(by_host):
-        members = by_host[host]
-        group = node_group(host, members, ctx)
-        labels = [job.job, host]
+    for group, members in _NODE_GROUPS.get(job.job, job, lambda: _node_groups(job)):
+        labels = [job.job, group.host]
         for g, get in gauges:
             value = get(group)
             if value is not None:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from flowtop.monitor.byjob import ByJob
 from flowtop.monitor.rankview import JobContext, RankKey, job_context_of, rank_key
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
@@ -44,11 +45,19 @@ class JobPercentiles:
     input_wait_frac: tuple[float, ...] | None
 
 
+_PERCENTILES: ByJob[JobPercentiles] = ByJob()  # the TUI's line and the exporter's, per snapshot
+
+
 def job_percentiles(job: JobSnapshot | None) -> JobPercentiles:
     """Percentiles over the ranks still running (finished ranks would pull the figures toward
-    their last steps). A stalled rank counts with MFU 0: it delivers nothing now."""
+    their last steps). A stalled rank counts with MFU 0: it delivers nothing now. Remembered
+    for the same snapshot object (flowtop.monitor.byjob)."""
     if job is None:
         return JobPercentiles(0, None, None, None)
+    return _PERCENTILES.get(job.job, job, lambda: _job_percentiles(job))
+
+
+def _job_percentiles(job: JobSnapshot) -> JobPercentiles:
     ranks = [r for r in job.ranks if r.status not in ENDED] or list(job.ranks)
     return JobPercentiles(
         ranks=len(ranks),

@@ -310,13 +310,26 @@ class RankView:
         return {row.key: i for i, row in enumerate(self.rows)}
 
 
+_LAST_VIEW: list[tuple[JobSnapshot, ViewSpec, RankView]] = []
+
+
 def build_view(job: JobSnapshot | None, spec: ViewSpec) -> RankView:
     """The rows of ``job``: filtered, sorted, and (grouped, more than one host) under node rows.
 
     Nodes are ordered by their first rank in the chosen order, so with worst-first the node
-    holding the worst rank comes first and each node's own ranks follow in the same order."""
+    holding the worst rank comes first and each node's own ranks follow in the same order.
+    The last one built is returned again for the same snapshot object and an equal spec (a kept
+    job's snapshot, flowtop.monitor.endedjobs): its node rows keep the groups they computed."""
     if job is None:
         return RankView()
+    if _LAST_VIEW and _LAST_VIEW[0][0] is job and _LAST_VIEW[0][1] == spec:
+        return _LAST_VIEW[0][2]
+    view = _build_view(job, spec)
+    _LAST_VIEW[:] = [(job, spec, view)]
+    return view
+
+
+def _build_view(job: JobSnapshot, spec: ViewSpec) -> RankView:
     ctx = job_context_of(job)
     keep = spec.filter.matcher(job)
     ranks = [r for r in job.ranks if keep(r)]
