@@ -45,6 +45,10 @@ MEASURES: Mapping[str, MeasureFn] = {
 }
 
 
+#: The rules measured on a job none of whose ranks is heard (see HintEngine.evaluate): a hang
+#: is what a job's silence says.
+SILENCE_RULES = frozenset(GROUPS["hang"])
+
 #: Seconds an active hint stays shown after its measure last held (no blinking).
 HOLD_S = 10.0
 
@@ -160,10 +164,17 @@ class HintEngine:
         out: list[tuple[Rule, _State]] = []
         shown: set[str] = set()  # rules with a hint now (a rule may hide another's)
         plan = self.plan(phase[1]) if phase is not None else ()
+        # A job none of whose ranks is heard (each silent past its stale limit, or ended) brings
+        # no new evidence: only the rules about that silence (SILENCE_RULES) measure it, the
+        # others' hints are held as they were when it fell silent, as between two shares. Else
+        # every rule measured the same frozen histories and windows at every tick for the
+        # EVICT_AFTER_S it is kept (15 silent jobs of 64 ranks: ~230 ms a tick,
+        # bench/ended_idle.py --silent), the windows of shown hints growing with no data in them.
+        silent = job.status == "stale"
         for i, rule in enumerate(self.rules):
             states = self._state.get((job.job, rule.id))
             results = None
-            if phase is None or plan[i] == phase[0] % phase[1]:
+            if (phase is None or plan[i] == phase[0] % phase[1]) and (not silent or rule.id in SILENCE_RULES):
                 results = self._measure(rule, job, now)
             n = len(out)
             if results is None:  # not measured now, or it raised: hold every state of this rule as it is

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import weakref
 from typing import Any
 
 from flowtop.monitor.format import fmt_ranks
@@ -62,11 +63,29 @@ def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
     }
 
 
+#: The last job measured (a weak reference: a large job's judged histories die with their
+#: evaluation, Model._as_now), the instant, the parameters, and its running ranks' stalls.
+_STALLS: list[tuple[weakref.ref[JobSnapshot], float, tuple[Any, Any], list[dict[str, Any]]]] = []
+
+
+def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot], list[dict[str, Any]]]:
+    """The running ranks of ``job`` and their :func:`_stall` at ``now``: hang_all and hang_rank
+    (same parameters, measured together, see HintEngine.plan) read the same, taken once (every
+    rank's at every tick of a hung or silent job: half of what its hints then cost). Read only."""
+    params = (rule.params["factor"], rule.params["floor_s"])
+    ranks = _running(job)
+    if _STALLS and _STALLS[0][0]() is job and _STALLS[0][1] == now and _STALLS[0][2] == params:
+        return ranks, _STALLS[0][3]
+    stalls = [_stall(rule, r, now) for r in ranks]
+    _STALLS[:] = [(weakref.ref(job), now, params, stalls)]
+    return ranks, stalls
+
+
 def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Per running rank: time since its last step ÷ the hang limit."""
     out: dict[str, Measurement | None] = {}
-    for r in _running(job):
-        ev = _stall(rule, r, now)
+    for r, stall in zip(*_stalls(rule, job, now)):
+        ev = dict(stall)
         ev["stalled_x"] = ev["stalled_s"] / ev["limit_s"]
         ev["pid"] = r.pid
         out[rank_target(r)] = Measurement(
@@ -77,10 +96,9 @@ def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
 
 def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Job: the *least* stalled running rank's stall ÷ its limit (all stalled iff it is over)."""
-    ranks = _running(job)
+    ranks, stalls = _stalls(rule, job, now)
     if not ranks:
         return {}
-    stalls = [_stall(rule, r, now) for r in ranks]
     least = min(stalls, key=lambda e: e["stalled_s"] / e["limit_s"])
     meds = [e["median_step_time_s"] for e in stalls if e["median_step_time_s"]]
     ev = {

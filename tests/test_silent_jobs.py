@@ -1,0 +1,105 @@
+"""A job whose ranks fall silent without a bye (a crash, a kill, a lost node) stays for
+EVICT_AFTER_S: only the rules about its silence (the hang group) measure it once every rank is
+stale, the others' hints held as they were (HintEngine.evaluate); a stale rank's view follows its
+stall's seconds without a rebuild (RankViews._restall); the hang rules take each rank's stall
+once per evaluation (measures_time._stalls). Real wire frames, the model's own clock; the twin
+(``Cluster``, tests/test_ended_reuse.py) checks that both models show the same at every tick."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from flowtop.monitor import accounting
+from flowtop.monitor.hints import measures_time
+from flowtop.monitor.rankviews import RankViews
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot
+from probe.wire.steps import encode_fields
+from tests.test_ended_reuse import Cluster, _keys
+
+
+def _job(snap: MonitorSnapshot, job: str = "j") -> JobSnapshot:
+    (j,) = [j for j in snap.jobs if j.job == job]
+    return j
+
+
+def _count_measures(monkeypatch: pytest.MonkeyPatch, cluster: Cluster) -> dict[str, int]:
+    engine: Any = cluster.reused._hint_engine
+    calls: dict[str, int] = {}
+    for rule_id, fn in list(engine._measures.items()):
+        def counted(rule: Any, job: Any, now: float, _fn: Any = fn, _id: str = rule_id) -> Any:
+            calls[_id] = calls.get(_id, 0) + 1
+            return _fn(rule, job, now)
+        engine._measures[rule_id] = counted
+    return calls
+
+
+def test_a_silent_job_is_measured_by_its_hang_rules_only_and_its_other_hints_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster(monkeypatch)
+    keys = _keys("j", 4)
+    c.run(keys, 40, wait=0.02)  # 40 % of each step waiting for input: every rank's hint
+    live = _job(c.tick()[0])
+    waits = [h for h in live.hints if h.id == "input_wait"]
+    assert len(waits) == 4 and live.status == "running"
+    calls = _count_measures(monkeypatch, c)
+    last = c.now
+    while c.now < last + 6.0:  # silent past the stale limit (5 s)
+        job = _job(c.tick()[0])
+    assert job.status == "stale" and calls["input_wait"] > 0  # measured while it was not yet stale
+    calls.clear()
+    hang: list[str] = []
+    while c.now < last + 40.0:  # the hang hint fires past its 30 s floor
+        job = _job(c.tick()[0])
+        hang += [h.summary for h in job.hints if h.id == "hang_all"]
+    assert set(calls) == {"hang_all", "hang_rank"} and calls["hang_all"] == 68  # one a tick, 34 s
+    assert [h for h in job.hints if h.id == "input_wait"] == waits  # held as when it fell silent
+    # The hang's text is measured at every tick, its seconds growing (not frozen).
+    seconds = [int(re.search(r"no step for (\d+) s", text).group(1)) for text in hang]  # type: ignore[union-attr]
+    assert len(hang) >= 18 and seconds == sorted(seconds) and seconds[0] <= 31 and seconds[-1] >= 39
+    # A frame from one of its ranks: every rule measures it again at the next tick.
+    c.send(keys[1], "stepcols", encode_fields([{"step": 41, "wall_s": 0.05, "tokens": 64, "drops": 0}], 0))
+    job = _job(c.tick()[0])
+    assert job.status != "stale" and calls["input_wait"] == 1
+
+
+def test_a_stale_ranks_view_follows_its_stall_without_a_rebuild(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster(monkeypatch)
+    keys = _keys("j", 4)
+    c.run(keys, 30)
+    for key in keys:
+        c.send(key, "flops", {"step": 2, "model_flops": 1e12, "executed_flops": 1e12, "attention": "full",
+                              "dtype": "bf16", "peak_flops": 1e15, "peak_source": "test", "uncounted": {},
+                              "tokens": 64})
+    last = c.now
+    while c.now < last + 6.0:
+        job = _job(c.tick()[0])
+    assert {r.status for r in job.ranks} == {"stale"}
+    model = c.reused
+    built, restalled = model.views.built, 0
+    while c.now < last + 20.0:
+        job = _job(c.tick()[0])  # equal to the twin's (Cluster.tick)
+        states = [model.ranks[k] for k in keys]
+        for view, st in zip(job.ranks, states):
+            stalled = c.now - st.steps.last_recv()
+            assert view.flops is not None and view.flops.mfu_reason == accounting.stalled_reason(stalled)
+            if view.flops.stalled_s == stalled:  # its seconds moved at this tick: as a build now shows
+                restalled += 1
+                fresh = RankViews(model.views.peak_override_flops).view(st, c.now)
+                assert fresh == view
+    assert model.views.built == built and restalled >= 4 * 13  # every second, no view built
+
+
+def test_the_hang_rules_take_each_ranks_stall_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster(monkeypatch)
+    keys = _keys("j", 6)
+    c.run(keys, 30)
+    taken: list[int] = []
+    stall = measures_time._stall
+    monkeypatch.setattr(measures_time, "_stall", lambda rule, r, now: taken.append(r.rank) or stall(rule, r, now))
+    c.now += 35.0  # silent past the hang's floor
+    snap, _ = c.tick()
+    assert any(h.id == "hang_all" for h in _job(snap).hints)
+    assert len(taken) == 2 * 6  # the two models, each rank once (hang_all and hang_rank share it)
