@@ -103,3 +103,34 @@ def test_the_hang_rules_take_each_ranks_stall_once(monkeypatch: pytest.MonkeyPat
     snap, _ = c.tick()
     assert any(h.id == "hang_all" for h in _job(snap).hints)
     assert len(taken) == 2 * 6  # the two models, each rank once (hang_all and hang_rank share it)
+
+
+def test_a_large_silent_jobs_shares_take_its_stale_ranks_histories_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its hang rules read every rank's whole history as of now (Model._as_now) at each share:
+    a stale rank's, unchanged since, is the one taken at the share before."""
+    from flowtop.monitor import model_tick, rankviews, rotation
+
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 4)  # 12 ranks: 3 ticks a round
+    c = Cluster(monkeypatch)
+    keys = _keys("big", 12)
+    c.run(keys, 30)
+    last = c.now
+    while c.now < last + 8.0:  # stale, and a round and more of shares since
+        c.tick()
+    taken: list[int] = []
+    monkeypatch.setattr(model_tick, "as_now", lambda view, st, stepped: taken.append(st.key.rank)
+                        or rankviews.as_now(view, st, stepped))
+    judged = c.reused._as_now
+    checked: list[int] = []
+
+    def exact(snap: JobSnapshot, states: list[Any]) -> JobSnapshot:
+        out = judged(snap, states)  # as a fresh take of every rank would show
+        assert out.ranks == tuple(rankviews.as_now(v, st, True) for v, st in zip(snap.ranks, states))
+        checked.append(len(states))
+        return out
+
+    monkeypatch.setattr(c.reused, "_as_now", exact)
+    while c.now < last + 20.0:
+        assert _job(c.tick()[0], "big").status == "stale"
+    assert len(checked) >= 6  # a share every other tick or so
+    assert taken == []  # neither model took a history again: the ranks' states did not move

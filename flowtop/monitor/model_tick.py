@@ -18,7 +18,7 @@ from flowtop.monitor.limits import TokenBucket
 from flowtop.monitor.model_views import ModelViews
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import RankState
-from flowtop.monitor.rankviews import as_now
+from flowtop.monitor.rankviews import as_now, with_now
 from flowtop.monitor.rotation import SPREADS, Prepared, hint_share, prepares
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import RankKey
@@ -192,7 +192,15 @@ class ModelTicks(ModelViews):
             sampled = st.telemetry is not None and (view.telemetry is None
                                                     or view.telemetry.received_at < st.telemetry_at)
             if stepped or sampled:
-                ranks[i] = as_now(view, st, stepped)
+                # A stale rank (a silent job's, for its 600 s) has not moved since the last share:
+                # its history and telemetry as then, not taken again (most of such a job's tick).
+                held = st.judged
+                if held is not None and stepped and held[0] == st.version:
+                    ranks[i] = with_now(view, held[1], held[2])
+                else:
+                    ranks[i] = as_now(view, st, stepped)
+                    st.judged = (st.version, ranks[i].history, ranks[i].telemetry) \
+                        if stepped and view.status == "stale" else None
                 renewed = True
         return replace(snap, ranks=tuple(ranks)) if renewed else snap
 

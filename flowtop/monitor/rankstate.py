@@ -82,6 +82,9 @@ class RankState:
     #: (version, step, steps held) -> median step time: every status check needs the median, a
     #: sort of 32 values, thousands of ranks twice a second.
     med_cache: tuple[tuple[int, int], float | None, float] = ((-1, 0), None, 0.0)  # see median_step
+    #: (version, whole history, telemetry view) of a stale rank, as a large job's hints read
+    #: them (Model._as_now): taken again only once something arrived.
+    judged: tuple[int, History, TelemetryView | None] | None = None
 
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""

@@ -19,7 +19,7 @@ from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.records import Fields
-from flowtop.monitor.snapshot import Claimant, RankSnapshot
+from flowtop.monitor.snapshot import Claimant, History, RankSnapshot, TelemetryView
 from probe.wire import RankKey
 
 if TYPE_CHECKING:
@@ -38,6 +38,14 @@ def as_now(view: RankSnapshot, st: RankState, stepped: bool) -> RankSnapshot:
     if stepped:
         values[_HISTORY] = rs.history(st)
     values[_TELEMETRY] = rs.telemetry_view(st)
+    return RankSnapshot(*values)
+
+
+def with_now(view: RankSnapshot, history: History, telemetry: TelemetryView | None) -> RankSnapshot:
+    """``view`` with a history and telemetry :func:`as_now` took of its rank before (its state's
+    version the same since), positionally."""
+    values = list(_VIEW.read(view))
+    values[_HISTORY], values[_TELEMETRY] = history, telemetry
     return RankSnapshot(*values)
 
 
