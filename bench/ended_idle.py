@@ -2,14 +2,17 @@
 
     python bench/ended_idle.py --jobs 15 --ranks 64
     python bench/ended_idle.py --jobs 2 --ranks 4096 --ticks 16
+    python bench/ended_idle.py --jobs 15 --ranks 64 --silent
 
 Fills a model (``make_model``: the real hint engine, kernel tables) with ``--jobs`` jobs of
 ``--ranks`` ranks, every frame a real wire frame through the model's ingest path (hello, step
 columns, FLOP count, telemetry; each rank a kernel table of the H200 recording's window), ticks
 it at 2 Hz while they run, then every rank says bye. After a few ticks that see the byes, it
 times ``--ticks`` ticks of nothing but the clock (0.5 s apart) and as many ``snapshot()`` calls,
-and prints, as JSON, the CPU per tick and per snapshot (median and max, ms). ``--profile N``
-prints the top N functions of the idle ticks (cProfile, cumulative time) instead.
+and prints, as JSON, the CPU per tick and per snapshot (median and max, ms). ``--silent``: no
+bye, the ranks fall silent (a crash, a lost node); the model ticks on for SETTLE_S (stale after
+5 s, the hang hint past its 30 s floor) before the timed ticks. ``--profile N`` prints the top N
+functions of the idle ticks (cProfile, cumulative time) instead.
 """
 
 from __future__ import annotations
