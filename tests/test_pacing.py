@@ -641,6 +641,12 @@ def test_ranks_whose_frames_queue_behind_a_backlog_stay_live_and_raise_no_hang()
     assert [r.step for r in ranks] == [80] * 3 and job.flops is None or job.flops.stalled_s is None
     silent = model.tick(now + SILENT_AFTER_S + 0.5).jobs[0]  # nothing from the relay since
     assert [(r.status, r.status_reason) for r in silent.ranks] == [("stale", "relay node-a silent for 4 s")] * 3
+    # Past the hang floor: ranks unheard behind a silent relay are not said to have stopped (a
+    # trial: a SIGSTOP'd relay raised a critical hang_all while its ranks trained on), at any tick.
+    for t in range(1, 61):
+        later = model.tick(now + SILENT_AFTER_S + 0.5 + t).jobs[0]
+        assert not [h for h in later.hints if h.id.startswith("hang")], (t, [h.summary for h in later.hints])
+    assert [r.status for r in later.ranks] == ["stale"] * 3
 
 
 def test_a_monitor_behind_its_ranks_hands_the_ui_a_snapshot_a_second() -> None:

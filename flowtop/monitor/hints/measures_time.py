@@ -73,12 +73,20 @@ def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot
     (same parameters, measured together, see HintEngine.plan) read the same, taken once (every
     rank's at every tick of a hung or silent job: half of what its hints then cost). Read only."""
     params = (rule.params["factor"], rule.params["floor_s"])
-    ranks = _running(job)
+    # A rank behind a silent relay is unheard, not known to have stopped: a relay stopped or cut
+    # off while its ranks trained on read as a critical hang of all of them (a trial: SIGSTOP of
+    # the relay `flowtop run` hosts). Its relay's row and its status reason say it.
+    ranks = [r for r in _running(job) if not _cut_off(r)]
     if _STALLS and _STALLS[0][0]() is job and _STALLS[0][1] == now and _STALLS[0][2] == params:
         return ranks, _STALLS[0][3]
     stalls = [_stall(rule, r, now) for r in ranks]
     _STALLS[:] = [(weakref.ref(job), now, params, stalls)]
     return ranks, stalls
+
+
+def _cut_off(r: RankSnapshot) -> bool:
+    """Stale because its relay went silent (flowtop.monitor.relays marks it so)."""
+    return r.status == "stale" and r.status_reason.startswith("relay ")
 
 
 def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -113,13 +121,15 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     # goes stale. When only some ranks are silent, they are the ones the others wait for.
     silent = [r for r in ranks if r.status == "stale"]
     ev["silent_ranks"] = [r.rank for r in silent]
-    text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(latest_ranks(job)))}
+    shown = latest_ranks(job)
+    unheard = sum(map(_cut_off, shown))
+    text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), unheard)}
     if silent:  # a dead rank is named even when it is the only one left
         ev["silent_s"] = max(r.age_s(now) for r in silent)
         text["silent"] = rank_list(silent)
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
     variant = "silent" if silent else ""
-    failed = [r for r in latest_ranks(job) if r.status == "failed"]
+    failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
     if failed:  # the crash is the cause: named before any silence
         text["failed"] = rank_list(failed)
@@ -139,11 +149,16 @@ def rank_list(ranks: list[RankSnapshot], width: int = 40) -> str:
     return ("rank " if len(set(numbers)) == 1 else "ranks ") + fmt_ranks(numbers, width) + where
 
 
-def _ranks_phrase(running: int, shown: int) -> str:
+def _ranks_phrase(running: int, shown: int, unheard: int = 0) -> str:
     """Who stopped, counted truthfully: "all 4 ranks", "the only rank", "the 1 running rank (of 2;
-    the other ended)"."""
+    the other ended)", "the 4 heard ranks (of 8; 4 unheard behind a silent relay)"."""
     if running == shown:
         return "the only rank" if running == 1 else f"all {running} ranks"
+    if unheard:
+        ended = shown - running - unheard
+        rest = f"; {ended} ended" if ended else ""
+        return (f"the {running} heard rank{'s' if running != 1 else ''} (of {shown}; {unheard} unheard "
+                f"behind a silent relay{rest})")
     others = "the other ended" if shown - running == 1 else "the others ended"
     return f"the {running} running rank{'s' if running != 1 else ''} (of {shown}; {others})"
 
