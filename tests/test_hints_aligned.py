@@ -111,6 +111,29 @@ def test_no_pace_over_a_span_shorter_than_a_second() -> None:
     assert 0.015 * span >= PACE_MIN_SPAN_S
 
 
+def test_no_pace_from_a_backlog_arriving_at_once() -> None:
+    """Ranks stepping every 0.1 s behind a relay stopped for 30 s: their steps of those 30 s then
+    arrive within 2 s. By receive time they took ~7 ms a step, and the rank whose span
+    started before the burst read "660 % slower" (a trial's SIGSTOP). Steps cannot steadily arrive
+    faster than they are made: a rank reaching its steps at under CATCH_UP of its own step time
+    gets no pace figure; ranks arriving steadily keep theirs."""
+    from types import SimpleNamespace as NS
+
+    from flowtop.monitor.hints.measures_straggler import CATCH_UP, _by_reach
+
+    def rank(r: int, burst: bool) -> NS:
+        # 300 steps of 0.1 s: steadily received, or the last 290 received over 2 s at the end
+        times = [0.1 * s if not burst or s <= 10 else 1.0 + 30.0 + (s - 10) / 145 for s in range(1, 301)]
+        return NS(rank=r, history=NS(reached=tuple(zip(range(1, 301), times))))
+
+    ranks = [rank(0, True), rank(1, True), rank(2, True), rank(3, False), rank(4, False)]
+    step_s = dict.fromkeys(range(5), 0.1)
+    unbounded, _, _ = _by_reach(ranks, 20, 256)
+    assert unbounded[0] < CATCH_UP * 0.1 < unbounded[3]  # what the pace read before
+    pace, _, _ = _by_reach(ranks, 20, 256, step_s)
+    assert set(pace) == {3, 4} and all(abs(p - 0.1) < 1e-9 for p in pace.values())
+
+
 class _Counted(tuple):
     """A rank's values that count how many of them were read (by index, slice or iteration)."""
 

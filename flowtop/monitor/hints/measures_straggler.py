@@ -21,6 +21,11 @@ from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
 
 #: Shortest stretch of receive time a pace figure is taken over (see _by_reach).
 PACE_MIN_SPAN_S = 1.0
+#: A rank whose steps reach the monitor faster than this share of its own step time is catching
+#: up a backlog (a relay or the monitor stopped, then a burst): no pace figure. Steadily, steps
+#: cannot arrive faster than they are made; a trial's SIGSTOP of a relay read 0.0077 s a step
+#: against steps of 0.1 s and named a random rank "660 % slower".
+CATCH_UP = 0.5
 
 
 def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float], int]:
@@ -31,7 +36,8 @@ def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float]
     return {r.rank: float(statistics.median(row)) for r, row in zip(ranks, al.rows)}, len(al.steps)
 
 
-def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[int, float], int, Aligned]:
+def _by_reach(ranks: list[RankSnapshot], window: int, keep: int,
+              step_s: dict[int, float] | None = None) -> tuple[dict[int, float], int, Aligned]:
     """Per rank: time per step to reach, from a step at least ``window`` steps back to its newest,
     among the last ``keep`` step indices every rank reached (monitor receive times, so ranks share
     one clock); the fewest steps any rank's figure spans; and the reach times at those indices.
@@ -39,7 +45,8 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[i
     The steps of one frame share its receive time: only the last step of a frame was received
     when it was made. A figure from a step in the middle of a frame would be off by up to a flush
     interval (a rank paced to 0.45 s at 10 ms steps read 100 % slower or faster by its phase), so
-    both ends of each rank's span are ends of its frames: where its receive time changes."""
+    both ends of each rank's span are ends of its frames: where its receive time changes.
+    ``step_s`` (a rank's median step time): a rank catching up (see CATCH_UP) gets no figure."""
     # The model's columns as they are (sliced, not copied: thousands of ranks, hundreds of steps)
     tails = [(steps[-keep:], times[-keep:]) for steps, times in (pairs_of(r.history.reached) for r in ranks)]
     reach = align(tails)
@@ -67,7 +74,10 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int) -> tuple[dict[i
         if not starts:
             continue
         a = starts[-1]
-        per_step[r.rank] = (times[b] - times[a]) / (steps[b] - steps[a])
+        pace = (times[b] - times[a]) / (steps[b] - steps[a])
+        if step_s is not None and pace < CATCH_UP * step_s.get(r.rank, 0.0):
+            continue  # a backlog arriving at once: its receive times say nothing of its pace
+        per_step[r.rank] = pace
         spans.append(steps[b] - steps[a])
     if len(per_step) < 2:
         return {}, 0, reach
@@ -152,7 +162,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             lead_of = {i: lead for i, (_, lead) in figs.items() if lead is not None}
             return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), lead_of, None, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
-    pace, n_pace, reach = _by_reach(ranks, window, keep)
+    pace, n_pace, reach = _by_reach(ranks, window, keep, med)
     # Leads compare within a pipeline stage: a later stage's forward ends later by design.
     led = per_stage(ranks, lambda sub: {i: (v, n) for table, n in [_by_lead(sub, window)] for i, v in table.items()})
     lead = {i: v for i, (v, _) in led.items()}

@@ -147,7 +147,8 @@ RULES: tuple[Rule, ...] = (
         "fast steps under a long pace), each rank's median step time and lead over a window on a "
         "grid of window_steps indices against those of the ranks (three or more) that reported the "
         "same window; leads (and, in those windows, every figure) compared within a pipeline stage; a "
-        "pace taken over at least a second of receive time",
+        "pace taken over at least a second of receive time, none for a rank catching up a backlog (its steps "
+        "arriving faster than half its step time)",
     ),
     *KERNEL_RULES,
     Rule(
