@@ -424,6 +424,21 @@ def test_hang_all_hides_hang_rank() -> None:
     assert [h.id for h in hints if h.id.startswith("hang")] == ["hang_all"]
 
 
+def test_a_held_hang_rank_does_not_surface_when_hang_all_ends() -> None:
+    """Two ranks hung; rank 0 steps again at t=1, rank 1 at t=2. hang_all (measured at t=0 last
+    beyond) holds until t=10, hang_rank of rank 1 (beyond at t=1) until t=11: at t=10.5 it showed
+    "has not finished a step" for a rank stepping again (a trial's frozen node, one tick)."""
+    from test_hints_factories import _stalled
+
+    engine = HintEngine(small_hang_rules())
+    hangs = lambda snap, t: [h.id for h in engine.evaluate(snap, t) if h.id.startswith("hang")]  # noqa: E731
+    assert hangs(b_hang_all(2.0, 0.0), 0.0) == ["hang_all"]
+    assert hangs(job(_stalled(0, 0.05, 1.0), _stalled(1, 3.0, 1.0)), 1.0) == ["hang_all"]  # held, hiding
+    for t in (2.0, 6.0, 9.5):
+        assert hangs(job(_stalled(0, 0.05, t), _stalled(1, 0.05, t)), t) == ["hang_all"]
+    assert hangs(job(_stalled(0, 0.05, 10.5), _stalled(1, 0.05, 10.5)), 10.5) == []
+
+
 def test_no_hang_when_job_or_rank_is_done() -> None:
     engine = HintEngine(small_hang_rules())
     snap = b_hang_all(5.0, 0.0)

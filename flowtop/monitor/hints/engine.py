@@ -65,6 +65,7 @@ class _State:
     beyond_t: float = 0.0  # monitor time the measure was last beyond the clear value
     first_step: int | None = None  # first step the evidence covers (Hint.first_step)
     order: tuple[Any, ...] = ()  # the hint's sort key, kept with it (held hints are not keyed again)
+    holding: bool = False  # last measured back past the clear value: shown for HOLD_S only
 
 
 class _NA:
@@ -196,7 +197,10 @@ class HintEngine:
             if len(out) > n:
                 shown.add(rule.id)
         hidden = {r.id for r in self.rules if r.params.get("hidden_by") in shown}
-        kept = [st for r, st in out if r.id not in hidden] if hidden else [st for _, st in out]
+        # A hidden rule's hint only held (its measure back past the clear value) does not surface
+        # when the rule hiding it ends: a node resumed after a freeze showed hang_rank "has not
+        # finished a step for 30 s" for a tick after hang_all's hold, its ranks stepping again.
+        kept = [st for r, st in out if r.id not in hidden and not (st.holding and r.params.get("hidden_by"))]
         kept.sort(key=attrgetter("order"))
         hints = tuple(st.hint for st in kept if st.hint is not None)
         return hints + self._ended_hints(job.job, hints)
@@ -293,10 +297,12 @@ class HintEngine:
                 secs = max(m.seconds_covered, now - start_t)
                 self._show(st, self._hint(rule, target, m, st, steps, secs))
                 st.beyond_t = now
+                st.holding = False
                 return st
             if now - st.beyond_t < HOLD_S:
                 # A gate with no room between threshold and clear (a throttle reason that
                 # comes and goes) would otherwise make the hint blink: hold it a little.
+                st.holding = True
                 return st
             del states[target]  # back past the clear value (or a gate failed): cleared
             return None
