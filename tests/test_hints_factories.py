@@ -139,6 +139,18 @@ def b_straggler(v: float, now: float) -> JobSnapshot:
     return job(*ranks)
 
 
+def b_spikes(v: float, now: float) -> JobSnapshot:
+    """Two ranks past their first 20 steps, 197 steps of 0.1 s and 3 of x: the time beyond 3 × the
+    median (0.1 s), 3 (x − 0.3), is v % of the 19.7 + 3x s of the 200 steps when
+    x = (0.9 + 0.197 v) / (3 (1 − v / 100))."""
+    x = (0.9 + 0.197 * v) / (3 * (1 - v / 100))
+    h = history(200, 0.1, first=21)
+    times = list(h.step_time_s)
+    for i in (40, 100, 160):
+        times[i] = x
+    return job(rank(0, hist=dataclasses.replace(h, step_time_s=tuple(times))), rank(1, hist=h))
+
+
 def b_straggler_lead(v: float, now: float) -> JobSnapshot:
     """Synchronous DDP: equal step times and reach times, rank 2 ends its forward v % of the
     step (0.1 s) later than the others (whose leads are 10 ms and 11 ms)."""
@@ -289,6 +301,11 @@ CASES: tuple[Case, ...] = (
          "rank 2 is 12 % slower than the other ranks (0.112 s vs 0.1 s per step) since step 1",
          {"slower_pct": 12.0, "step_time_s": 0.112, "others_step_time_s": 0.1, "window_steps": 20,
           "since_step": 1, "threshold_pct": 10.0}),
+    Case("step_spikes", b_spikes, 12.0, 7.0, 3.0, "",
+         "12 % of the last 200 steps' time went to slow steps (3 of them, up to 1.24 s; a step usually "
+         "takes 0.1 s): FLOP/s and MFU, taken over the median step, leave that time out",
+         {"spike_pct": 12.0, "spikes": 3, "max_step_s": (0.9 + 0.197 * 12) / (3 * 0.88), "median_step_time_s": 0.1,
+          "window_steps": 200, "rank": 0, "threshold_pct": 10.0}),
     Case("hang_rank", b_hang_rank, 1.2, 0.8, 0.3, "rank 1",
          "rank 1 has not finished a step for 1 s (a step usually takes 0.1 s); last step 10",
          {"stalled_x": 1.2, "stalled_s": 1.2, "limit_s": 1.0, "last_step": 10, "threshold_x": 1.0},

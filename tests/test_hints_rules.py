@@ -439,6 +439,26 @@ def test_a_held_hang_rank_does_not_surface_when_hang_all_ends() -> None:
     assert hangs(job(_stalled(0, 0.05, 10.5), _stalled(1, 0.05, 10.5)), 10.5) == []
 
 
+def test_one_off_slow_steps_are_no_spike_pattern() -> None:
+    """Two slow steps of 2 s among 200 of 0.1 s lose 18 % of the time, but one-off ones (the probe's
+    kernel window and FLOP count, a checkpoint) are no pattern: no hint; a third makes one. Within
+    the first 20 steps (warm-up, compilation) none either."""
+    from flowtop.monitor.hints.measures_spikes import step_spikes
+
+    rule = RULES_BY_ID["step_spikes"]
+
+    def spiked(at: tuple[int, ...], first: int = 21) -> JobSnapshot:
+        h = history(200, 0.1, first=first)
+        times = [2.0 if i in at else t for i, t in enumerate(h.step_time_s)]
+        return job(rank(0, hist=dataclasses.replace(h, step_time_s=tuple(times))))
+
+    assert step_spikes(rule, spiked((50, 150)), 0.0) == {}
+    three = step_spikes(rule, spiked((50, 100, 150)), 0.0)[""]
+    # 3 × (2.0 − 0.3) of 197 × 0.1 + 3 × 2.0 = 25.7 s
+    assert three is not None and three.value == pytest.approx(100 * 5.1 / 25.7)
+    assert step_spikes(rule, spiked((50, 100, 150), first=1), 0.0) == {}  # the window holds steps 1-20
+
+
 def test_no_hang_when_job_or_rank_is_done() -> None:
     engine = HintEngine(small_hang_rules())
     snap = b_hang_all(5.0, 0.0)

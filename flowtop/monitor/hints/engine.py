@@ -14,7 +14,7 @@ from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from flowtop.monitor.hints import (measures_device, measures_identity, measures_kernels, measures_parallel,
-                                   measures_straggler, measures_time)
+                                   measures_spikes, measures_straggler, measures_time)
 from flowtop.monitor.hints.base import Measurement, MeasureFn, finite, rank_target
 from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
@@ -28,6 +28,7 @@ MEASURES: Mapping[str, MeasureFn] = {
     "rank_conflict": measures_identity.rank_conflict,
     "input_wait": measures_time.input_wait,
     "straggler": measures_straggler.straggler,
+    "step_spikes": measures_spikes.step_spikes,
     "comm_exposed": measures_kernels.comm_exposed,
     "launch_bound": measures_kernels.launch_bound,
     "memory_bound": measures_kernels.memory_bound,

@@ -116,6 +116,31 @@ RULES: tuple[Rule, ...] = (
         "a rank that runs no first pipeline stage (its wait is for the earlier stage's activations)",
     ),
     Rule(
+        id="step_spikes",
+        cost=2,
+        scope="job",
+        severity="warning",
+        measure="spike_pct",
+        unit="pct",
+        direction="above",
+        threshold=10.0,
+        clear=5.0,
+        window_steps=200,
+        window_s=0.0,
+        summary="{spike_pct:.0f} % of the last {window_steps} steps' time went to slow steps ({spikes} of them, "
+        "up to {max_step_s:.3g} s; a step usually takes {median_step_time_s:.3g} s): FLOP/s and MFU, taken "
+        "over the median step, leave that time out",
+        action="Find what runs every few steps: data loading (starved DataLoader workers, a shard "
+        "boundary), garbage collection (gc.freeze() after setup), a checkpoint or an evaluation in the "
+        "loop, a host sync (.item(), printing a tensor); py-spy record --pid PID over a few slow steps.",
+        params={"factor": 3.0},
+        critical_at=30.0,
+        doc="Σ over the last window_steps steps of the time beyond factor × the median step ÷ Σ step "
+        "time, on the running rank with the most (64 ranks at most read, evenly spaced: in synchronous "
+        "training a stall shows on every rank); 3 slow steps in the window at least, none of the first "
+        "20 steps (one-off slow steps: warm-up, a checkpoint, the probe's sampled work)",
+    ),
+    Rule(
         id="straggler",
         cost=104,
         scope="rank",
