@@ -93,6 +93,7 @@ class Probe(SampledFeatures):
         self.tracker.install()
         self.tracker.listeners_forward.append(_guard("parallel layout", self._scan_layout, self._layout_off))
         self.publisher.hello_fields = self._hello("unknown (before the first step)")
+        self.publisher.step_state = self.tracker.hello_step  # each hello's last step and its age
         self.publisher.add_tick(0.0, self._sender_round)
         self.publisher.start()
         if self.cfg.flops:

@@ -360,6 +360,17 @@ class StepTracker(Discovery, StepWalls):
         except Exception as exc:
             self._fail("mark_step", exc)
 
+    def hello_step(self) -> tuple[int, float] | None:
+        """Sender thread, when it builds a hello: (last completed step, seconds since its
+        boundary), or None before the first step or while the model was dropped (between a
+        sweep's trials: the steps so far belong to another model, and the rank is not hung).
+        Reads two attributes the boundary writes anyway, without a lock: under the GIL each read
+        is whole; a boundary between the two reads makes the age one step too long, once."""
+        step, last = self.step, self._last_boundary
+        if step == 0 or self._root_lost:
+            return None
+        return step, max(0.0, time.perf_counter() - last)
+
     # --- boundary -------------------------------------------------------------------
 
     def boundary(self, optimizer: Any) -> None:

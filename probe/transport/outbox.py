@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Deque, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple
 
 from probe import wire
 from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
@@ -80,6 +80,10 @@ class Outbox:
         _send_drops: int
         _seq: int
 
+        #: (last step, seconds since its boundary) for the hello, read when one is built (see
+        #: hello_now); None: the hello says neither.
+        step_state: Callable[[], tuple[int, float] | None] | None
+
         @property
         def hello_fields(self) -> dict[str, Any] | None: ...
 
@@ -130,10 +134,27 @@ class Outbox:
             return
         longest = self.hello_max_s()
         if now - r.steps_at >= STEPS_ALIVE_S or now - r.hello_at >= longest:
-            r.pending.appendleft(("hello", now, r.clock.wall(now), self.hello_fields))
+            r.pending.appendleft(("hello", now, r.clock.wall(now), self.hello_now()))
             r.hello_at, r.next_hello = now, now + HELLO_S
         else:  # looked at again when the steps would have to stop, or the longest gap ends
             r.next_hello = min(r.steps_at + STEPS_ALIVE_S, r.hello_at + longest)
+
+    def hello_now(self) -> dict[str, Any]:
+        """The hello as it leaves now: its fields and, once the rank has stepped, its last step and
+        the seconds since that boundary (``last_step``, ``step_age_s``), so that a monitor that
+        first hears the rank while it hangs knows for how long (one call every HELLO_S at most,
+        on the sender thread: nothing on the training thread's path)."""
+        fields = self.hello_fields
+        assert fields is not None
+        state = None
+        if self.step_state is not None:
+            try:
+                state = self.step_state()
+            except Exception as exc:  # noqa: BLE001 - the hello goes without them
+                warn_once("hello-step", f"the hello's step is unavailable: {exc}")
+        if state is None:
+            return fields
+        return {**fields, "last_step": state[0], "step_age_s": round(state[1], 3)}
 
     def hello_max_s(self) -> float:
         """The longest gap between two hellos while step frames leave: HELLO_MAX_S, stretched by
@@ -165,7 +186,7 @@ class Outbox:
                 pending.popleft()
                 self._switch_key(zmq, sock, fields, t, r.listening)
                 if r.listening and self.hello_fields is not None:
-                    pending.appendleft(("hello", at, t, self.hello_fields))  # the new key's hello
+                    pending.appendleft(("hello", at, t, self.hello_now()))  # the new key's hello
                     r.resend_count = True  # then its FLOP count (the count holds, the key changed)
                     self._resend_count(r, now)
                 continue

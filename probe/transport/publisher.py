@@ -98,6 +98,9 @@ class Publisher(SenderLoop):
         self._sock: Any = None  # the sender thread's socket, while it runs
         self._round: Round | None = None  # the sender thread's state, while it runs
         self._hello_fields: dict[str, Any] | None = None
+        #: The rank's (last step, seconds since its boundary) for each hello (Outbox.hello_now;
+        #: the runtime sets its step tracker's StepTracker.hello_step).
+        self.step_state: Callable[[], tuple[int, float] | None] | None = None
         self.subscribers = 0  # monitors listening now (sender thread writes, others may read)
         self.control_rejected = 0  # malformed command frames from the monitor (sender thread)
         self.commands_dropped = 0  # ... and those over its bound, dropped unread (probe.transport.gate)

@@ -52,6 +52,7 @@ from probe.wire.version import MINOR as MINOR
 
 __all__ = [
     "ACT_CPU_OP", "ACT_KERNEL", "ACT_MEMCPY", "ACT_MEMSET", "ACT_RUNTIME", "DEFAULT_ADDR", "DEFAULT_PORT",
+    "HELLO_STEP_FIELDS",
     "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",
@@ -66,6 +67,8 @@ __all__ = [
 #: The start of a bye's reason when its process ends of an exception nobody caught (the monitor
 #: shows such a rank as "failed", not "done"): "error: TYPE: message".
 BYE_ERROR_PREFIX = "error: "
+#: The hello's fields that change at every hello (its step and that step's age; see the schema).
+HELLO_STEP_FIELDS = ("last_step", "step_age_s")
 #: Most step records one "steps"/"stepcols" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
 MAX_BATCH = 512
 #: Largest frame either side accepts (the collector also sets ZMQ MAXMSGSIZE).
@@ -137,6 +140,12 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "coords": (False, _coords),
         "coords_source": (False, _str(256)),
         "pp_stages": (False, _int_list(64)),
+        # The rank's last completed step and the seconds since that boundary when this hello was
+        # built (added within 1.3; probe.steps.tracker.StepTracker.hello_step): a monitor started
+        # while the rank hangs in a collective knows how long it has (flowtop.monitor.rankstate).
+        # Absent before the first step and between a sweep's models.
+        "last_step": (False, _int()),
+        "step_age_s": (False, _num(0, 1e9)),
     },
     "step": {
         "step": (True, _int()),
