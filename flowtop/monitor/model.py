@@ -59,7 +59,7 @@ from flowtop.monitor.rotation import Prepared
 from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot
 from probe import wire
-from probe.wire import Message, RankKey, StepColumns, step_columns
+from probe.wire import HELLO_STEP_FIELDS, Message, RankKey, StepColumns, step_columns
 from probe.wire.command_bound import bound_text
 
 #: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
@@ -240,6 +240,12 @@ class Model(ModelTicks):
         if msg.kind in ("bye", "flops", "telemetry"):
             f = clean(f)  # remote text is shown in terminals: no control sequences
         if msg.kind == "hello":
+            # Its step and that step's age change at every hello: kept apart (rankstate.heard_step),
+            # so that the rest stays equal to the kept one.
+            last_step, age_s = f.get("last_step"), f.get("step_age_s")
+            if last_step is not None or age_s is not None:
+                f = {k: v for k, v in f.items() if k not in HELLO_STEP_FIELDS}
+            rs.heard_step(st, last_step, age_s, now)
             # Re-sent every 2-10 s, nearly always the same: one equal to the one kept (cleaned
             # when it came) is clean too, and is not walked again.
             if f != st.hello:

@@ -70,6 +70,13 @@ class RankState:
     kernels: KernelWindowStats | None = None  # the latest window (flowtop.monitor.rankkernels)
     kernels_cumulative: CumulativeKernels | None = None
     bye: str | None = None
+    #: Monitor time of the rank's last step boundary as its newest hello reported it (receive time
+    #: minus its ``step_age_s``), while that hello's ``last_step`` is at least the newest step
+    #: record's: a monitor (re)started while the rank hangs in a collective sees none of its steps,
+    #: only its hellos. None: no such hello (an old probe, before its first step, between a sweep's
+    #: models, or steps arrived since).
+    hello_step_at: float | None = None
+    hello_step: int = -1  # the step whose boundary that is
     commands_refused: int = 0
     commands_dropped: int = 0  # commands over its probe's bound, dropped unread (a flood)
     #: Monitor time a kernel window was last asked of it (``k``): a refusal soon after is said.
@@ -112,14 +119,52 @@ def limit(med: float | None) -> float:
     return max(STALE_AFTER_S, STALE_AFTER_STEPS * (med or 0.0))
 
 
-def stalled_for(st: RankState, now: float, med: float | None) -> float | None:
-    """Seconds since the rank's last step (monitor clock) when beyond the limit, else None.
+def heard_step(st: RankState, last_step: Any, age_s: Any, now: float) -> None:
+    """A hello received at ``now`` said the rank's last step and the seconds since its boundary
+    (both None: it said neither). Kept while it is at least as new as the step records; the first
+    estimate of a step's boundary stays (later hellos of a hung rank differ by their transit time
+    only: its views and hints read the same)."""
+    if last_step is None or age_s is None or (st.steps and last_step < st.step):
+        st.hello_step_at, st.hello_step = None, -1
+        return
+    if not st.steps and last_step > st.step:
+        st.step = int(last_step)  # known only by hellos: shown at the step it reached
+    at = now - float(age_s)
+    if st.hello_step != last_step or st.hello_step_at is None or at < st.hello_step_at:
+        st.hello_step_at, st.hello_step = at, int(last_step)
 
-    A finished rank is never stalled; a rank with no step yet (warming up) neither.
-    """
-    if st.bye is not None or not st.steps:
+
+def hello_step_at(st: RankState) -> float | None:
+    """The hello's step boundary (RankState.hello_step_at) where it is newer than the newest step
+    record's receive time, else None: what a rank's view carries for the hang rules."""
+    at = st.hello_step_at
+    if at is None or (st.steps and st.steps.last_recv() >= at):
         return None
-    since = now - st.steps.last_recv()
+    return at
+
+
+def last_step_at(st: RankState) -> float | None:
+    """Monitor time of the rank's last step: its newest step record's receive time, or the
+    boundary its hello reported when newer (or the only one known); None before any."""
+    at = hello_step_at(st)
+    if at is not None:
+        return at
+    return st.steps.last_recv() if st.steps else None
+
+
+def stalled_for(st: RankState, now: float, med: float | None) -> float | None:
+    """Seconds since the rank's last step (monitor clock; see last_step_at) when beyond the
+    limit, else None.
+
+    A finished rank is never stalled; a rank with no step yet (warming up) neither, nor one whose
+    hellos say no step (before its first, between a sweep's models).
+    """
+    if st.bye is not None:
+        return None
+    at = last_step_at(st)
+    if at is None:
+        return None
+    since = now - at
     return since if since > limit(med) else None
 
 
@@ -183,7 +228,8 @@ def steady_until(st: RankState, status: str, med: float | None) -> float:
     nothing new arrives: a live rank stalls (or, before its first step, goes stale) past the limit
     after its last step, a stalled one goes stale past the limit after its last frame."""
     if status == "live":
-        return (st.steps.last_recv() if st.steps else st.last_recv) + limit(med)
+        at = last_step_at(st)
+        return (at if at is not None else st.last_recv) + limit(med)
     if status == "stalled":
         return st.last_recv + limit(med)
     return math.inf

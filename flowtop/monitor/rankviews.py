@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from flowtop.monitor.kernels.merge import CumulativeRow
 
 _VIEW = Fields(RankSnapshot)  # a light copy's source
-_STEP, _HEARD, _BEHIND, _HISTORY, _TELEMETRY, _FLOPS = _VIEW.at("step", "heard_at", "behind_s", "history", "telemetry",
-                                                                 "flops")
+_STEP, _HEARD, _BEHIND, _HISTORY, _TELEMETRY, _FLOPS, _HELLO_AT = _VIEW.at(
+    "step", "heard_at", "behind_s", "history", "telemetry", "flops", "hello_step_at")
 
 
 def as_now(view: RankSnapshot, st: RankState, stepped: bool) -> RankSnapshot:
@@ -197,6 +197,7 @@ class RankViews:
         hold their fields in slots). The entry's other fields still hold."""
         values = list(_VIEW.read(entry.view))
         values[_STEP], values[_HEARD], values[_BEHIND] = st.step, st.last_recv, behind
+        values[_HELLO_AT] = rs.hello_step_at(st)  # with its step: the hang rules read them together
         view = entry.view = RankSnapshot(*values)
         self.refreshed += 1
         return view
@@ -284,4 +285,5 @@ class RankViews:
             pp_stages=pp_stages,
             stage_time_s=statistics.median(st.stage_s) if st.stage_s else None,
             behind_s=behind,
+            hello_step_at=rs.hello_step_at(st),
         )

@@ -194,6 +194,10 @@ class RankSnapshot(_Slotted):
     #: directly): the rank was judged as of that much earlier, when its relay had last reported
     #: (flowtop.monitor.relays). Behind a backlog its frames arrive late, not its training.
     behind_s: float = 0.0
+    #: Monitor time of its last step boundary as its hello reported it, where that is newer than
+    #: its step records (a monitor started while it hung heard none of them; rankstate.
+    #: hello_step_at): the hang rules count its stall from there. None otherwise.
+    hello_step_at: float | None = None
 
     def age_s(self, now: float) -> float:
         """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the

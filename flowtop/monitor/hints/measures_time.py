@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import weakref
@@ -52,6 +53,12 @@ def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
     since_last = now - r.behind_s - last[1] if last is not None else 0.0
     # The sender thread keeps heartbeating while training is stuck in a collective, so the time
     # since the last *step* matters; a silent rank (age) counts too.
+    # Its hello's step boundary where newer than its step records: a monitor (re)started while
+    # the job hangs heard none of them, the ranks' hellos say how long they have waited.
+    reported = r.hello_step_at
+    by_hello = False
+    if reported is not None and (last is None or reported > last[1]):
+        by_hello, since_last = True, now - r.behind_s - reported
     stalled = max(r.age_s(now), since_last)
     med = median_step_s(r)
     limit = max(float(rule.params["factor"]) * (med or 0.0), float(rule.params["floor_s"]))
@@ -59,7 +66,8 @@ def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
         "stalled_s": stalled,
         "limit_s": limit,
         "median_step_time_s": med,
-        "last_step": last[0] if last is not None else r.step,
+        "last_step": r.step if by_hello or last is None else last[0],
+        "by_hello": by_hello,
     }
 
 
@@ -116,19 +124,33 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         "median_step_time_s": statistics.median(meds) if meds else None,
         "last_step": max(e["last_step"] for e in stalls),
         "ranks_n": len(ranks),
+        # Ranks whose stall is the one their hellos reported (this monitor saw none of their recent
+        # steps: no median step either, so the limit is the floor).
+        "by_hello_ranks": [r.rank for r, e in zip(ranks, stalls) if e["by_hello"]],
     }
     # A rank blocked in a collective still sends heartbeats; one that is stopped, dead or cut off
     # goes stale. When only some ranks are silent, they are the ones the others wait for.
     silent = [r for r in ranks if r.status == "stale"]
     ev["silent_ranks"] = [r.rank for r in silent]
     shown = latest_ranks(job)
-    unheard = sum(map(_cut_off, shown))
-    text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), unheard)}
+    cut = sum(map(_cut_off, shown))
+    text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), cut)}
     if silent:  # a dead rank is named even when it is the only one left
         ev["silent_s"] = max(r.age_s(now) for r in silent)
         text["silent"] = rank_list(silent)
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
-    variant = "silent" if silent else ""
+    # Ranks of the world never heard (a monitor started after one stopped, or one that never
+    # reached it): named like the silent ones, which they likely are.
+    heard = {r.rank for r in job.ranks}
+    # At most 1,024 named, found in as many looks more than the ranks heard (a world of 2²⁴).
+    unheard = list(itertools.islice((n for n in range(job.world_size) if n not in heard), 1024)) \
+        if len(heard) < job.world_size else []
+    ev["unheard_ranks"] = unheard
+    if unheard and not silent:
+        text["unheard"] = ("rank " if len(unheard) == 1 else "ranks ") + fmt_ranks(unheard, 40)
+        text["world"] = str(job.world_size)
+        text["others_wait"] = " while the others wait"
+    variant = "silent" if silent else ("unheard" if unheard else "")
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
     if failed:  # the crash is the cause: named before any silence

@@ -41,6 +41,11 @@ RULES: tuple[Rule, ...] = (
             "silent": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; "
             "nothing heard from {silent} for {silent_s:.0f} s (stopped, dead or its host is down)"
             "{others_wait}",
+            # A rank of the world never heard: a monitor started after it stopped, or it never
+            # reached this monitor; the others' hellos said how long they have waited.
+            "unheard": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; nothing ever "
+            "heard from {unheard} of {world} (stopped before this monitor started, dead, or not reaching it)"
+            "{others_wait}",
             # A rank that crashed (its bye named the exception) is what the others wait for.
             "failed": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s since {failed} "
             "failed ({why}); they likely wait for it in a collective",
@@ -51,7 +56,8 @@ RULES: tuple[Rule, ...] = (
         params={"factor": 10.0, "floor_s": 30.0},
         doc="time since the last step of the least-stalled running rank ÷ max(factor × median "
         "step time, floor_s); names the ranks that failed (their exception) or went silent (stale) while "
-        "others still talk",
+        "others still talk, else those of the world never heard; a rank's last step may be the one its "
+        "hello reported (a monitor started during a hang)",
     ),
     Rule(
         id="hang_rank",
