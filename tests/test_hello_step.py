@@ -1,0 +1,143 @@
+"""A monitor started (or restarted) while a job hangs: the ranks' hellos say their last step and
+the seconds since its boundary (``last_step``, ``step_age_s``), so the new monitor shows them
+stalled and the hang hint fires as one that watched all along would (flowtop.monitor.rankstate.
+heard_step; probe.steps.tracker.StepTracker.hello_step)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import probe
+from flowtop.monitor.model import Model
+from flowtop.monitor.wiring import make_model
+from probe import wire
+
+WORLD = 4
+
+
+def _key(rank: int) -> wire.RankKey:
+    return wire.RankKey("j", "h", 100 + rank, rank, 0)
+
+
+class Feeder:
+    """Frames through the wire's encode and decode, as the collector hands them to the model."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.seq: dict[wire.RankKey, int] = {}
+
+    def send(self, key: wire.RankKey, kind: str, now: float, **fields: Any) -> None:
+        seq = self.seq.get(key, 0)
+        self.seq[key] = seq + 1
+        self.model.ingest(wire.decode(wire.encode(kind, key, seq, 1.0, fields)), now)
+
+    def hello(self, key: wire.RankKey, now: float, **step: Any) -> None:
+        self.send(key, "hello", now, local_rank=key.rank, world_size=WORLD, device="cpu (test)",
+                  probe_version="t", **step)
+
+
+def _hang(model: Model, t: float) -> Any:
+    snap = model.tick(t)
+    (job,) = snap.jobs
+    return job, {h.id: h for h in job.hints}
+
+
+def test_a_monitor_started_during_a_hang_sees_the_ranks_stalled_at_their_step() -> None:
+    """Ranks 0-2 block in an all-reduce at step 305 (their hellos: 40 s since its boundary),
+    rank 3 is stopped (never heard by this monitor): stalled ~40 s at step 305, the job stalled,
+    hang_all critical naming rank 3. Without the fields the ranks read live at step 0, no hint."""
+    model = make_model()
+    f = Feeder(model)
+    for t in (100.0, 102.0, 104.0):  # a hello every HELLO_S while hung; each built 40 s + since
+        for rank in range(3):
+            f.hello(_key(rank), t, last_step=305, step_age_s=40.0 + (t - 100.0))
+    job, hints = _hang(model, 104.5)
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2]
+    for r in job.ranks:
+        assert (r.status, r.step) == ("stalled", 305)
+        assert r.flops is None or r.flops.mfu_reason in (None, "no step for 44 s")
+    assert job.status == "stalled"
+    hang = hints["hang_all"]
+    assert hang.severity == "critical"
+    assert hang.evidence["stalled_s"] == pytest.approx(44.5)
+    assert hang.evidence["last_step"] == 305
+    assert hang.evidence["unheard_ranks"] == [3]
+    assert hang.evidence["by_hello_ranks"] == [0, 1, 2]
+    assert hang.evidence["median_step_time_s"] is None  # none seen: the limit is the floor
+    assert "step 305" in hang.summary and "nothing ever heard from rank 3 of 4" in hang.summary
+
+
+def test_old_probes_hellos_without_the_fields_read_as_before() -> None:
+    """No ``last_step``: a rank with no step seen is not stalled (today's behaviour)."""
+    model = make_model()
+    f = Feeder(model)
+    for t in (100.0, 102.0, 104.0):
+        for rank in range(3):
+            f.hello(_key(rank), t)
+    job, hints = _hang(model, 104.5)
+    assert [(r.status, r.step) for r in job.ranks] == [("live", 0)] * 3
+    assert job.status == "running" and "hang_all" not in hints
+
+
+def test_a_rank_before_its_first_step_is_not_hung() -> None:
+    """Hellos with no step (loading data, compiling) for minutes: still warming up, not hung;
+    and a hello whose step is older than the records seen changes nothing."""
+    model = make_model()
+    f = Feeder(model)
+    for t in range(0, 200, 2):
+        f.hello(_key(0), float(t))
+    job, hints = _hang(model, 199.0)
+    assert job.ranks[0].status == "live" and "hang_all" not in hints and "hang_rank" not in hints
+
+
+def test_a_hello_of_a_stepping_rank_does_not_stall_it() -> None:
+    """Steps flow and a hello (every HELLO_MAX_S) says the last one, a moment ago: live."""
+    model = make_model()
+    f = Feeder(model)
+    for i in range(1, 51):
+        f.send(_key(0), "step", i * 0.1, step=i, wall_s=0.1, tokens=10, drops=0)
+        if i % 20 == 0:
+            f.hello(_key(0), i * 0.1 + 0.01, last_step=i, step_age_s=0.02)
+    job, _ = _hang(model, 5.05)
+    assert job.ranks[0].status == "live" and job.ranks[0].step == 50
+
+
+# --- the probe's side: the hello it builds ----------------------------------------------------
+
+
+@pytest.fixture
+def attached(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")  # nothing listens
+    assert probe.attach(job="t")
+    try:
+        yield probe._current()
+    finally:
+        probe.detach()
+
+
+def test_the_probes_hello_carries_its_last_step_and_its_age(attached: Any) -> None:
+    """Real CPU training: no step before the first boundary; after 3 steps the hello says step 3
+    and the seconds since its boundary, growing while the rank does not step; it validates."""
+    pub = attached.publisher
+    assert "last_step" not in pub.hello_now() and "step_age_s" not in pub.hello_now()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    first = pub.hello_now()
+    assert first["last_step"] == 3 and 0.0 <= first["step_age_s"] < 1.0
+    time.sleep(0.3)
+    later = pub.hello_now()
+    assert later["last_step"] == 3 and later["step_age_s"] >= first["step_age_s"] + 0.25
+    msg = wire.decode(wire.encode("hello", _key(0), 0, 1.0, later))
+    assert msg.fields["last_step"] == 3
+    assert "last_step" not in pub.hello_fields  # the kept hello stays the same object's fields
