@@ -141,3 +141,47 @@ def test_the_probes_hello_carries_its_last_step_and_its_age(attached: Any) -> No
     msg = wire.decode(wire.encode("hello", _key(0), 0, 1.0, later))
     assert msg.fields["last_step"] == 3
     assert "last_step" not in pub.hello_fields  # the kept hello stays the same object's fields
+
+
+def test_a_real_monitor_started_while_a_real_rank_hangs_shows_it_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: a real probe trains 20 CPU steps, then its training thread stops stepping (as
+    when blocked in a collective; its sender thread heartbeats); a real collector started then
+    hears only hellos, and shows the rank stalled at step 20 past the 5 s limit, hang_all
+    firing at the (lowered) floor. Before the change: live at step 0, no hint."""
+    from flowtop.tools.demo.launch import free_port
+    from monitor_thread import MonitorThread
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("FLOWTOP_ADDR", address)
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_FLOPS", "0")
+    assert probe.attach(job="hung", rank=0, world_size=1)
+    monitor = None
+    try:
+        model = nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(20):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        hung_at = time.monotonic()
+        time.sleep(1.0)  # the hang has begun before the monitor starts
+        monitor = MonitorThread(listen=address, hint_overrides={"hang": {"floor_s": 5.5}})
+
+        def stalled(snap: Any) -> bool:
+            ranks = [r for j in snap.jobs if j.job == "hung" for r in j.ranks]
+            return bool(ranks) and ranks[0].status == "stalled" and any(h.id == "hang_all" for h in snap.jobs[0].hints)
+
+        snap = monitor.wait_for(stalled, timeout=12.0)
+        (job,) = [j for j in snap.jobs if j.job == "hung"]
+        (r,) = job.ranks
+        assert (r.status, r.step, job.status) == ("stalled", 20, "stalled"), (r.status, r.step, job.status)
+        # stalled from the boundary, not from when this monitor first heard the rank
+        assert time.monotonic() - hung_at < 9.0
+        hang = next(h for h in job.hints if h.id == "hang_all")
+        assert hang.evidence["by_hello_ranks"] == [0] and hang.evidence["last_step"] == 20
+    finally:
+        probe.detach()
+        if monitor is not None:
+            monitor.close()
