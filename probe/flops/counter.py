@@ -106,6 +106,8 @@ def _of_activations(first: int, args: tuple) -> bool:
     """Whether a batched matmul multiplies two batches of matrices: a batch of 2+ with neither
     operand broadcast over it. Hand-written attention is one (B·heads products); an einsum with a
     weight runs as a batch of 1, a weight expanded over the batch has stride 0."""
+    if len(args) < first + 2:
+        return False  # operands passed by keyword: not read (the count itself is unaffected)
     a, b = args[first], args[first + 1]
     return a.dim() == 3 and a.shape[0] > 1 and a.stride(0) != 0 and b.stride(0) != 0
 
