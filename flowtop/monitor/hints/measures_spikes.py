@@ -50,8 +50,8 @@ def step_spikes(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measureme
     best: tuple[float, int, float, float] | None = None
     worst: RankSnapshot | None = None
     for r in _sampled(job):
-        times = list(r.history.step_time_s[-n:])
-        if len(times) < n or r.history.steps[-n] <= WARMUP_STEPS:
+        times, steps = list(r.history.step_time_s[-n:]), r.history.steps
+        if len(times) < n or len(steps) < n or steps[-n] <= WARMUP_STEPS:
             continue  # too few steps yet, or the run's first ones
         found = _spikes(times, factor)
         if found is not None and found[1] >= MIN_SPIKES and (best is None or found[0] > best[0]):
