@@ -14,6 +14,7 @@ import probe
 from flowtop.monitor.model import Model
 from flowtop.monitor.wiring import make_model
 from probe import wire
+from test_review_monitor import Feeder as BaseFeeder
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
 nn = torch.nn
@@ -24,18 +25,8 @@ def _key(rank: int) -> wire.RankKey:
     return wire.RankKey("j", "h", 100 + rank, rank, 0)
 
 
-class Feeder:
+class Feeder(BaseFeeder):
     """Frames through the wire's encode and decode, as the collector hands them to the model."""
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self.seq: dict[wire.RankKey, int] = {}
-
-    def send(self, key: wire.RankKey, kind: str, now: float, **fields: Any) -> None:
-        seq = self.seq.get(key, 0)
-        self.seq[key] = seq + 1
-        self.model.ingest(wire.decode(wire.encode(kind, key, seq, 1.0, fields)), now)
-
     def hello(self, key: wire.RankKey, now: float, **step: Any) -> None:
         self.send(key, "hello", now, local_rank=key.rank, world_size=WORLD, device="cpu (test)",
                   probe_version="t", **step)
