@@ -78,11 +78,14 @@ def test_a_crashed_rank_and_its_job_read_failed(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     mon = MonitorThread()
     try:
+        # the four runs side by side (each imports torch: ~28 s one after another under CI's load)
+        procs = {how: subprocess.Popen([sys.executable, str(script), how], env=probed_env(mon.listen, FLOWTOP_JOB=how),
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for how in ("raise", "clean", "thread", "status")}
         ran = {}
-        for how in ("raise", "clean", "thread", "status"):
-            env = probed_env(mon.listen, FLOWTOP_JOB=how)
-            ran[how] = subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True,
-                                      timeout=90)
+        for how, proc in procs.items():
+            out, err = proc.communicate(timeout=90)
+            ran[how] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         assert ran["raise"].returncode == 1 and "RuntimeError: boom" in ran["raise"].stderr
         assert ran["clean"].returncode == 0 and ran["thread"].returncode == 0, ran["thread"].stderr
         assert ran["status"].returncode == 3
