@@ -93,8 +93,9 @@ def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot
 
 
 def _cut_off(r: RankSnapshot) -> bool:
-    """Stale because its relay went silent (flowtop.monitor.relays marks it so)."""
-    return r.status == "stale" and r.status_reason.startswith("relay ")
+    """Stale though it may still run: what ``status_reason`` says of a rank (its relay went silent,
+    or closed without handing it on: flowtop.monitor.relays marks it so), not its own silence."""
+    return r.status == "stale" and bool(r.status_reason)
 
 
 def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
