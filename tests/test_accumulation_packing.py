@@ -181,3 +181,72 @@ def test_padding_is_counted_and_nonpad_tokens_are_reported(captured: list[tuple[
     view = rank_flops(f, step_time_s=0.01)
     assert view.nonpad_tokens == 22 and view.nonpad_frac == pytest.approx(22 / 32)
     assert job_flops([view, view]).nonpad_frac == pytest.approx(22 / 32)
+
+
+class TinyGPT(nn.Module):
+    """Embedding, L blocks of (qkv, SDPA, proj) without biases, head: the estimate's shape from its
+    config. ``mask``: an SDPA ``attn_mask`` (packed documents), else causal."""
+
+    def __init__(self, vocab: int = 32, d: int = 16, layers: int = 2, heads: int = 2) -> None:
+        super().__init__()
+        self.config = {"n_layer": layers, "n_embd": d}
+        self.heads = heads
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d, bias=False) for _ in range(layers))
+        self.proj = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(layers))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.emb(ids)
+        b, t, d = x.shape
+        for qkv, proj in zip(self.qkv, self.proj):
+            q, k, v = qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            x = x + proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.head(x)
+
+
+# TinyGPT: N (non-embedding) = L·(3d² + d²) + d·V = 2·(768 + 256) + 512 = 2,560; L = 2, d = 16.
+GPT_N, GPT_L, GPT_D = 2 * (3 * 16 * 16 + 16 * 16) + 16 * 32, 2, 16
+
+
+def _train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        for ids, mask in batches:
+            model(ids, mask).logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_estimate_takes_each_micro_batchs_length(captured: list[tuple[str, dict[str, Any]]]) -> None:
+    # Two micro-batches per step, B = 2 rows of T = 8, then of T = 16: tokens 16 + 32 = 48.
+    # Attention term Σ over micro-batches of 12·L·d·T_m × tokens_m = 12·2·16·(16·8 + 32·16)
+    # = 384·640 = 245,760; 6N·tokens = 6·2,560·48 = 737,280; estimate 983,040.
+    # (The first micro-batch's T for all 48 tokens: 384·8·48 = 147,456 -> 884,736, 0.90 of it.)
+    # The count (full convention): 3 × [2·N·tokens + L·4·d·Σ B·T_m²] = 3 × [245,760 + 2·4·16·640]
+    # = 3 × 327,680 = 983,040: count/estimate 1.
+    torch.manual_seed(0)
+    model = TinyGPT()
+    assert sum(p.numel() for n, p in model.named_parameters() if not n.startswith("emb")) == GPT_N == 2_560
+    _train(model, [(torch.randint(0, 32, (2, 8)), None), (torch.randint(0, 32, (2, 16)), None)])
+    (f,) = _of(captured, "flops")
+    assert f["tokens"] == 48
+    assert f["model_flops"] == 3 * (2 * GPT_N * 48 + GPT_L * 4 * GPT_D * (2 * 64 + 2 * 256)) == 983_040
+    assert f["estimated_flops"] == 6 * GPT_N * 48 + 12 * GPT_L * GPT_D * (16 * 8 + 32 * 16) == 983_040
+    assert "T=13.3333 per token (token-weighted over micro-batches of T 8, 16)" in f["estimate_source"]
+
+
+def test_packed_documents_estimate_takes_the_sum_of_squares(captured: list[tuple[str, dict[str, Any]]]) -> None:
+    # One micro-batch of B = 2 packed rows of S = 16, documents of 5 and 11 in each (a block-diagonal
+    # attn_mask): Σsᵢ² = 25 + 121 = 146 per row. Attention pairs per layer 2·146 = 292 for 32
+    # queries: T per token 292 / 32 = 9.125. Estimate 6·N·32 + 12·L·d·9.125·32
+    # = 491,520 + 112,128 = 603,648 (T = the row's 16 would add 384·16·32 = 196,608: 688,128, the
+    # count 0.877 of it). Count: 3 × [2·N·32 + L·4·d·2·146] = 3 × [163,840 + 37,376] = 603,648.
+    torch.manual_seed(0)
+    _train(TinyGPT(), [(torch.randint(0, 32, (2, 16)), _block_mask(5, 11))])
+    (f,) = _of(captured, "flops")
+    assert f["tokens"] == 32
+    assert f["model_flops"] == 3 * (2 * GPT_N * 32 + GPT_L * 4 * GPT_D * 2 * 146) == 603_648
+    assert f["estimated_flops"] == 6 * GPT_N * 32 + 12 * GPT_L * GPT_D * 2 * 146 == 603_648
+    assert "T=9.125 per token (packed documents: Σsᵢ² ÷ queries of the attention calls)" in f["estimate_source"]

@@ -9,6 +9,7 @@ import torch
 from probe.flops import dtensor as flops_dtensor, estimate, peaks, precision
 from probe.flops.count import FlopCount
 from probe.flops.dtensor import ParallelLayout
+from probe.flops.padding import MicroBatchKeys
 
 
 def _where(source: str) -> str:
@@ -37,8 +38,10 @@ def _label(est: estimate.Estimate, attention: str, seq: int | None) -> str:
     attn = 6 if attention == "causal" else 12
     # context parallel: T is every key of the sequence, the rank's shard its queries and tokens
     keys = f" (all keys; cp={est.cp}: this rank's {seq} queries)" if est.cp > 1 and seq else ""
+    # micro-batches of several lengths, packed documents: T per token, and how it was taken
+    t = f"{est.keys:.6g} per token ({est.keys_note})" if est.keys_note else str(est.seq_len)
     return (f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
-            f"L={est.n_layers}, d={est.d_model}, T={est.seq_len}{keys}{moe_note}")
+            f"L={est.n_layers}, d={est.d_model}, T={t}{keys}{moe_note}")
 
 
 def unwrap(module: Any) -> Any:
@@ -103,12 +106,14 @@ def flops_message(
     cp: int = 1,
     layout: ParallelLayout | None = None,
     layout_known: bool = False,
+    keys: MicroBatchKeys | None = None,
 ) -> dict[str, Any]:
     """Fields of one ``flops`` message (see probe.wire). ``local_ranks``: training processes
     sharing this host (a CPU rank's peak is its share of the cores); ``cp``: this rank's
     context-parallel degree (its token ids are a shard of each sequence: the estimate's
     attention term takes the whole sequence, probe.flops.estimate); ``layout`` with ``layout_known``:
-    the root's DTensor layout as the count's window read it (else read here)."""
+    the root's DTensor layout as the count's window read it (else read here); ``keys``: the counted
+    step's micro-batch lengths (probe.flops.padding: the estimate's T per micro-batch)."""
     estimated = None
     seq = seq_len_of(signature)
     est, reason = None, "the model (root module) is not known yet"
@@ -121,7 +126,8 @@ def flops_message(
         est, reason = estimate.estimate_with_reason(
             unwrap(root), seq or 0, attention=attention, flops_per_token=flops_per_token, layout=layout,
             seen=count.attention_shapes, micro_batches=count.micro_batches, cp=cp,
-            ran_attention=estimate.attention_ran(count), ran_batched=estimate.batched_matmuls_ran(count))
+            ran_attention=estimate.attention_ran(count), ran_batched=estimate.batched_matmuls_ran(count),
+            micro_keys=keys, calls=count.attention_calls)
     elif flops_per_token:
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:

@@ -9,6 +9,27 @@ from probe.flops.formulas import AttentionShape
 
 
 @dataclass(frozen=True)
+class AttentionCalls:
+    """The forward attention calls of a counted step that a formula read (probe.flops.formulas
+    AttentionPairs, summed): ``pairs`` query-key pairs (before any causal halving) for ``queries``
+    queries; ``documents``: calls that revealed packed documents; ``causal`` / ``bidirectional``:
+    calls with causal masking / without (calls whose masking was not read are neither)."""
+
+    calls: int = 0
+    pairs: int = 0
+    queries: int = 0
+    documents: int = 0
+    causal: int = 0
+    bidirectional: int = 0
+
+    def masking(self) -> str | None:
+        """"causal", "bidirectional" or "mixed" when every call's masking was read, else None."""
+        if self.calls == 0 or self.causal + self.bidirectional != self.calls:
+            return None
+        return "mixed" if self.causal and self.bidirectional else ("causal" if self.causal else "bidirectional")
+
+
+@dataclass(frozen=True)
 class FlopCount:
     """FLOPs of one counted training step (all micro-batches between two optimizer steps).
 
@@ -37,3 +58,5 @@ class FlopCount:
     #: Executed FLOPs of batched matmuls of two activations (probe.flops.counter: attention written
     #: by hand, or a grouped expert's weights; the estimate tells them apart).
     activation_products: int = 0
+    #: Forward attention calls: their query-key pairs and masking (the estimate's T, the causal note).
+    attention_calls: AttentionCalls = field(default_factory=AttentionCalls)

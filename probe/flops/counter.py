@@ -51,7 +51,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from probe._log import warn_once
-from probe.flops.count import FlopCount
+from probe.flops.count import AttentionCalls, FlopCount
 from probe.flops.accounting import unwrap
 from probe.flops.dtensor import DEFER, RUN, ParallelLayout, layout_of, route
 from probe.flops.formulas import (
@@ -96,6 +96,9 @@ class _Window:
         self.backward_model = 0  # ... and inside it (gradients)
         self.attention_shapes: defaultdict[AttentionShape, int] = defaultdict(int)
         self.activation_products = 0  # executed FLOPs of batched matmuls of two activations
+        # forward attention calls read by a formula (count.AttentionCalls' fields)
+        self.attn_calls = self.attn_pairs = self.attn_queries = 0
+        self.attn_documents = self.attn_causal = self.attn_bidirectional = 0
 
 
 #: Batched matmuls, and where their two operands are among the op's arguments.
@@ -313,6 +316,9 @@ class StepFlopCounter:
                 model_note=note,
                 attention_shapes=dict(win.attention_shapes),
                 activation_products=win.activation_products,
+                attention_calls=AttentionCalls(
+                    win.attn_calls, win.attn_pairs, win.attn_queries, win.attn_documents, win.attn_causal,
+                    win.attn_bidirectional),
                 model_by_dtype=scaled_to(win.model_by_dtype, model),
                 executed_by_dtype=dict(win.by_dtype),
             )
@@ -437,6 +443,14 @@ class StepFlopCounter:
             win.forward_model += model
             if cost.shape is not None:
                 win.attention_shapes[cost.shape] += 1
+            seen = cost.pairs
+            if seen is not None:
+                win.attn_calls += 1
+                win.attn_pairs += seen.pairs
+                win.attn_queries += seen.queries
+                win.attn_documents += seen.documents
+                win.attn_causal += seen.causal is True
+                win.attn_bidirectional += seen.causal is False
             if cost.groups is not None and self.on_groups is not None:
                 self.on_groups(cost)
         if time.perf_counter() - self._started > self.max_window_s:

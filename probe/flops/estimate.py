@@ -27,6 +27,15 @@ linear layers run on those tokens (6·N per token, as ever), and its attention r
 local queries against all T keys, i.e. 12·L·d·T per *local* token, T the whole sequence. So the
 attention term takes T = cp × the rank's shard, and the estimate per rank is (6·N + 12·L·d·T) ×
 its local tokens; Σ over the cp ranks is the unsharded sequence's 6N+12LdT × B·T.
+
+T is each micro-batch's own: with gradient accumulation over micro-batches of different lengths
+the attention term is Σ over micro-batches of 12·L·d·T_m × tokens_m, i.e. T per token is the
+token-weighted mean of the T_m (probe.flops.padding.MicroBatchKeys, read in the counted step).
+Packed documents: where the counted step's attention calls revealed them (a block-diagonal mask,
+varlen offsets: the count's model FLOPs take Σ sᵢ² per row), the attention term takes the same
+pairs, T per token = Σ sᵢ² ÷ the calls' queries (the "model" convention is the math's, and the
+math of packed documents attends within each); a row of documents that no op revealed (no mask,
+``is_causal`` only) is one sequence of the row's length, to the count as to the estimate.
 """
 
 from __future__ import annotations
@@ -40,9 +49,10 @@ from torch import nn
 
 from probe._log import warn_once
 from probe.flops import moe
-from probe.flops.count import FlopCount
+from probe.flops.count import AttentionCalls, FlopCount
 from probe.flops.dtensor import ParallelLayout
 from probe.flops.formulas import AttentionShape
+from probe.flops.padding import MicroBatchKeys
 
 _CONFIG_ATTRS = ("config", "cfg", "args", "model_args", "params", "hparams")
 _LAYER_KEYS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
@@ -74,10 +84,14 @@ class Estimate:
     #: MoE models: how N became N_active (probe.flops.moe), "" for dense ones.
     moe: str = ""
     cp: int = 1
+    #: T per token the attention term took where it is not ``seq_len`` (micro-batches of several
+    #: lengths: their token-weighted mean; packed documents: Σ sᵢ² ÷ queries), and why; 0 and "".
+    keys: float = 0.0
+    keys_note: str = ""
 
 
 def transformer_flops_per_token(
-    n_params: int, n_layers: int, d_model: int, seq_len: int, attention: str = "full", split: int = 1
+    n_params: int, n_layers: int, d_model: int, seq_len: float, attention: str = "full", split: int = 1
 ) -> float:
     """``6·N + 12·L·d·T`` (full attention) or ``6·N + 6·L·d·T`` (causal convention); with a
     tensor-parallel ``split`` the attention term is ``12·L·d·T / split`` (N already local)."""
@@ -266,6 +280,17 @@ def _without_attention(
     return Estimate(6.0 * n_params, n_params, 0, 0, max(0, keys), NO_ATTENTION, split, moe_note, cp), ""
 
 
+def _keys_per_token(micro: MicroBatchKeys | None, calls: AttentionCalls | None, cp: int) -> tuple[float, str]:
+    """(T per token, why) where it is not the first micro-batch's row length, else (0, "")."""
+    if calls is not None and calls.documents > 0 and calls.queries > 0:
+        return calls.pairs / calls.queries, "packed documents: Σsᵢ² ÷ queries of the attention calls"
+    if micro is not None and len(micro.lengths) > 1 and micro.tokens > 0:
+        shown = ", ".join(map(str, micro.lengths[:8])) + (", …" if len(micro.lengths) > 8 else "")
+        whole = " × cp" if cp > 1 else ""
+        return micro.mean * cp, f"token-weighted over micro-batches of T {shown}{whole}"
+    return 0.0, ""
+
+
 def estimate_with_reason(
     model: nn.Module,
     seq_len: int,
@@ -277,6 +302,8 @@ def estimate_with_reason(
     cp: int = 1,
     ran_attention: bool | None = None,
     ran_batched: bool = False,
+    micro_keys: MicroBatchKeys | None = None,
+    calls: AttentionCalls | None = None,
 ) -> tuple[Estimate | None, str]:
     """Estimate training FLOPs per token of a transformer, and why there is none (``(None, why)``;
     ``""`` when there is one).
@@ -291,7 +318,9 @@ def estimate_with_reason(
     :func:`batched_matmuls_ran` of it (hand-written attention: no 6·N then).
     ``cp``: this rank's context-parallel degree; ``seq_len`` (its token ids' length) is then its
     shard, and the attention term takes the whole sequence, ``seq_len × cp`` keys (the key length
-    read from the attention calls is whole already).  Never raises.
+    read from the attention calls is whole already). ``micro_keys``: the counted step's micro-batch
+    lengths (several: T per token is their token-weighted mean); ``calls``: its attention calls
+    (packed documents revealed: T per token is their Σ sᵢ² ÷ queries). Never raises.
     """
     try:
         model = _unwrap(model)
@@ -312,13 +341,16 @@ def estimate_with_reason(
                           "layers, no one per-token estimate (FLOWTOP_FLOPS_PER_TOKEN sets one)")
         if shape is None:
             return _without_attention(model, n_params, moe_note, ran_attention, ran_batched, keys, cp, split)
+        from_ids = keys > 0 and not shape[2].startswith("attention:")
         if keys <= 0 and (found := _from_attention(seen, micro_batches)) is not None:
             keys = found[2]  # packed 1-D token ids: T is the attention calls' key length (whole already)
-        if keys <= 0:
+        per_token, note = _keys_per_token(micro_keys if from_ids else None, calls, cp)
+        if keys <= 0 and not note:
             return None, "sequence length unknown (no integer token-id input of 2+ dims, no attention call seen)"
         layers, width, source = shape
-        fpt = transformer_flops_per_token(n_params, layers, width, keys, attention, split)
-        return Estimate(fpt, n_params, layers, width, keys, source, split, moe_note, cp), ""
+        fpt = transformer_flops_per_token(n_params, layers, width, per_token if note else keys, attention, split)
+        return Estimate(fpt, n_params, layers, width, max(0, keys), source, split, moe_note, cp,
+                        per_token if note else 0.0, note), ""
     except Exception as exc:  # noqa: BLE001 - a plausibility figure must never hurt training
         warn_once("estimate", f"transformer FLOP estimate unavailable: {type(exc).__name__}: {exc}")
         return None, f"estimate failed ({type(exc).__name__})"

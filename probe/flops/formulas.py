@@ -65,6 +65,8 @@ class OpCost:
     tensor: torch.Tensor | None
     #: Attention calls only: the call's dense shape (the estimate reads L, d, T from them).
     shape: AttentionShape | None = None
+    #: Attention calls only: its query-key pairs and masking (the estimate's T, the UI's causal note).
+    pairs: AttentionPairs | None = None
     #: Grouped GEMMs over tokens only: rows per group (tokens per expert) and the offsets tensor.
     groups: tuple[int, ...] | None = None
     offsets: Any = None
@@ -79,6 +81,20 @@ class AttentionShape:
     seq_q: int
     seq_k: int
     head_dim: int
+
+
+@dataclass(frozen=True)
+class AttentionPairs:
+    """What one attention call attends: ``pairs`` query-key pairs the model figure takes before any
+    causal halving (B·Sq·Sk; Σ sᵢ² over packed documents; Σ lq·lk over varlen offsets) for
+    ``queries`` queries (B·Sq, or Σ lq); ``documents``: the op revealed packed documents;
+    ``causal``: causal masking (an ``is_causal`` flag, a causal mask type, an explicit mask allowing
+    no later key, causal within every document), None where the masking is not read (flex)."""
+
+    pairs: int
+    queries: int
+    documents: bool
+    causal: bool | None
 
 
 Formula = Callable[[Mapping[str, Any], Any, bool], OpCost]
@@ -238,16 +254,21 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
             shape = AttentionShape(qd[0], heads, qd[2], kd[2], d_qk)
             mask = _first_given(b, "attn_mask", "attn_bias")  # CPU flash / efficient and cuDNN
             docs = mask_documents(mask, qd[2], kd[2]) if mask is not None else None
+            queries = qd[0] * qd[2]
             if docs is not None:  # packed documents: the math needs Σ sᵢ², the kernel ran S²
+                doc_pairs = docs.pairs(qd[0])
                 causal = causal_convention and (causal_of(b) or docs.causal)
-                model = attention_cost(heads, docs.pairs(qd[0]), d_qk, d_v, backward=backward, causal=causal)[0]
+                model = attention_cost(heads, doc_pairs, d_qk, d_v, backward=backward, causal=causal)[0]
                 run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal_of(b))[1]
-                return OpCost(model, run, ATTENTION, q, shape)  # the row length stays the estimate's T
-            if causal_convention and mask is not None and not causal_of(b) and mask_is_causal(mask, qd[2], kd[2]):
-                # a causal mask given explicitly (a padded batch): half the square to the convention
-                model, run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=True,
+                seen = AttentionPairs(doc_pairs, queries, True, causal_of(b) or docs.causal)
+                return OpCost(model, run, ATTENTION, q, shape, seen)
+            if mask is not None and not causal_of(b) and mask_is_causal(mask, qd[2], kd[2]):
+                # a causal mask given explicitly (a padded batch): half the square to the causal
+                # convention; read under "full" too, to say whether the model's attention is causal
+                model, run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal_convention,
                                             kernel_causal=False)
-                return OpCost(model, run, ATTENTION, q, shape)
+                return OpCost(model, run, ATTENTION, q, shape, AttentionPairs(pairs, queries, False, True))
+            documents, masked = False, None if causal_of is _never else causal_of(b)
         else:  # (B, S, H, D), or varlen: flash (total, H, D) / efficient (1, total, H, D)
             cum_q = _first_given(b, "cum_seq_q", "cu_seqlens_q", "cu_seq_q")
             cum_k = _first_given(b, "cum_seq_k", "cu_seqlens_k", "cu_seq_k")
@@ -258,14 +279,17 @@ def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, An
                 lq = _seq_lengths(cum_q, b.get("max_q", b.get("max_seqlen_q")))
                 lk = _seq_lengths(cum_k, b.get("max_k", b.get("max_seqlen_k")))
                 pairs = sum(a * c for a, c in zip(lq, lk))
+                queries, documents = sum(lq), len(lq) > 1
                 shape = None  # packed sequences of several lengths: no one T
             else:
                 pairs = qd[0] * qd[1] * kd[1]
+                queries, documents = qd[0] * qd[1], False
                 shape = AttentionShape(qd[0], heads, qd[1], kd[1], d_qk)
+            masked = causal_of(b)
         kernel_causal = causal_of(b)
         model, executed = attention_cost(heads, pairs, d_qk, d_v, backward=backward,
                                          causal=causal_convention and kernel_causal, kernel_causal=kernel_causal)
-        return OpCost(model, executed, ATTENTION, q, shape)
+        return OpCost(model, executed, ATTENTION, q, shape, AttentionPairs(pairs, queries, documents, masked))
     return formula
 
 

@@ -35,6 +35,7 @@ class _Counted:
     step: int  # 1-based, as the step messages number them
     tokens: int
     extras: dict[str, Any]  # expert load, non-padding tokens (probe.flops.moe, .padding)
+    keys: padding.MicroBatchKeys | None = None  # each micro-batch's T (the estimate's attention term)
 
 
 class FlopSampler:
@@ -101,7 +102,7 @@ class FlopSampler:
                 self._published = signature
                 held = self._counted.pop(signature, None) or _Counted(self._counted_step or tracker.step + 1, 0, {})
                 self._counted[signature] = held  # used now, as the policy's carried() marks it
-                fields = self._message(carried, tracker, signature, held.tokens, context, held.step)
+                fields = self._message(carried, tracker, signature, held.tokens, context, held.step, held.keys)
                 self._publish({**fields, **held.extras})
         if not self.policy.should_count(tracker.step, signature):  # 0-based index of the coming step
             self._set_quiet(signature)
@@ -157,13 +158,15 @@ class FlopSampler:
         # next steps are never counted: they are the ones that measure the cost.
         self.policy.min_gap = max(self.policy.min_gap, CHARGE_GAP)
         self._published = signature
-        counted = _Counted(self._counted_step or tracker.step + 1, tracker.tokens, extras)
+        keys = self._nonpad.keys(result.micro_batches)
+        counted = _Counted(self._counted_step or tracker.step + 1, tracker.tokens, extras, keys)
         self._counted.pop(signature, None)
         self._counted[signature] = counted
         while len(self._counted) > self.policy.max_signatures:  # as the policy drops its counts
             self._counted.pop(next(iter(self._counted)))
         self._layout, self._layout_read = counter.layout, True
-        self._publish({**self._message(result, tracker, signature, counted.tokens, context, counted.step), **extras})
+        self._publish({**self._message(result, tracker, signature, counted.tokens, context, counted.step, keys),
+                       **extras})
 
     def _window_extras(self, result: Any) -> dict[str, Any]:
         """Close the MoE and padding recorders of the window; their optional message fields."""
@@ -226,7 +229,7 @@ class FlopSampler:
 
     def _message(
         self, count: Any, tracker: Any, signature: tuple[Any, ...], tokens: int, context: dict[str, Any],
-        step: int,
+        step: int, keys: padding.MicroBatchKeys | None = None,
     ) -> dict[str, Any]:
         """The ``flops`` message of ``count``, counted at ``step`` (1-based)."""
         return accounting.flops_message(
@@ -242,6 +245,7 @@ class FlopSampler:
             local_ranks=context.get("local_ranks", 1),
             cp=context.get("cp", 1),  # context-parallel degree (probe.steps.parallel, at the first step)
             layout=self._layout, layout_known=self._layout_read,  # a carried count is the same model's
+            keys=keys,
         )
 
 
