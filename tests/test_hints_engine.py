@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Sequence
 
 import pytest
 
@@ -16,6 +17,7 @@ from flowtop.monitor.hints import RULES, RULES_BY_ID, Gate, HintEngine
 from flowtop.monitor.hints.base import Measurement
 from flowtop.monitor.hints.doc import rules_markdown
 from flowtop.monitor.hints.engine import MEASURES
+from flowtop.monitor.kernels.merge import CumulativeKernels, merge_cumulative
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, to_json
 from snapshot_schema import assert_valid_snapshot
 from test_hints_factories import (
@@ -347,6 +349,36 @@ def test_uneven_kernel_waits_for_several_windows_per_rank() -> None:
     few = dataclasses.replace(snap, kernels_merged=dataclasses.replace(snap.kernels_merged, min_windows=2))
     assert not [h for h in HintEngine().evaluate(few, 0.0) if h.id == "uneven_kernel"]
     assert [h for h in HintEngine().evaluate(snap, 0.0) if h.id == "uneven_kernel"]
+
+
+def _cumulative(per_window_us: Sequence[float], device: str = "cpu") -> CumulativeKernels:
+    """A rank's table over windows whose one operator took ``per_window_us`` of a 10 ms step."""
+    table = CumulativeKernels()
+    for us in per_window_us:
+        table.add(kwin([("aten::addmm", 10, us)], device=device))
+    return table
+
+
+def test_uneven_kernel_needs_a_difference_above_the_ranks_window_scatter() -> None:
+    """Identical CPU ranks: one window of rank 0 preempted (3,000 µs instead of 1,000). Mean windows
+    1,666.7 vs 1,000 µs: spread 50 %, 6.7 % of the step, which fired before. Rank 0's sample variance
+    ((666.7² · 2 + 1,333.3²) / 2 = 1,333,333 µs²) over 3 windows gives its mean a standard error of
+    √444,444 = 666.7 µs, rank 1's is 0: the difference (666.7 µs) is 1 standard error, noise_pct 100
+    (the gate wants < 25: 4 standard errors). A genuinely slower rank: 1,500/1,480/1,520 µs against
+    1,000/1,010/990: difference 500 µs, standard errors² 400/3 and 100/3 µs², so √166.7 = 12.9 µs:
+    noise_pct 2.6 -> it fires (spread 40 %, 5 % of the step)."""
+    def hints(a: Sequence[float], b: Sequence[float]) -> list[Any]:
+        merged = merge_cumulative({0: _cumulative(a), 1: _cumulative(b)})
+        snap = job(rank(0, device="cpu"), rank(1, device="cpu"), merged=merged)
+        return [h for h in HintEngine().evaluate(snap, 0.0) if h.id == "uneven_kernel"]
+
+    merged = merge_cumulative({0: _cumulative([1000.0, 1000.0, 3000.0]), 1: _cumulative([1000.0] * 3)})
+    (k,) = merged.kernels
+    assert k.spread == pytest.approx(0.5) and k.noise_us == pytest.approx(666.67, rel=1e-4)
+    assert not k.flagged and not hints([1000.0, 1000.0, 3000.0], [1000.0] * 3)
+    (h,) = hints([1000.0, 1010.0, 990.0], [1500.0, 1480.0, 1520.0])
+    assert h.evidence["noise_pct"] == pytest.approx(100 * (500 / 3) ** 0.5 / 500, rel=1e-6)
+    assert (h.evidence["slowest_rank"], h.evidence["spread_pct"]) == (1, pytest.approx(40.0))
 
 
 def test_kernel_hints_use_the_unprofiled_step() -> None:

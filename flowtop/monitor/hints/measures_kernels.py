@@ -266,6 +266,8 @@ def uneven_kernel(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measure
         ev: dict[str, Any] = {
             "spread_pct": 100.0 * k.spread,
             "step_share_pct": _pct(diff, step_us),
+            # the difference's standard error (the two ranks' scatter over their windows), % of it
+            "noise_pct": 100.0 * k.noise_us / diff if diff > 0 else 100.0,
             "slowest_rank": k.max_rank,
             "fastest_rank": k.min_rank,
             "max_us": k.max_us,

@@ -186,10 +186,14 @@ KERNEL_RULES: tuple[Rule, ...] = (
         action="Look for uneven work between ranks: different sequence lengths or padding per "
         "rank (bucket/pack batches), MoE routing imbalance, or a slower GPU on that rank "
         "(clocks, throttling).",
-        gates=(Gate("step_share_pct", ">=", 1.0, 0.5),),
+        # noise_pct < 25: the difference is at least 4 standard errors (merge.FLAG_SIGMAS) of the
+        # two ranks' window-to-window scatter, so identical ranks' timing noise (host operators
+        # preempted on a shared CPU) does not fire it
+        gates=(Gate("step_share_pct", ">=", 1.0, 0.5), Gate("noise_pct", "<", 25.0, 50.0)),
         params={"max_rows": 50, "min_windows": 3},
         doc="(max − min) ÷ mean of the kernel's mean time per window across the ranks (at least "
-        "min_windows windows each); gate: max − min as a share of the mean step; the max_rows most "
+        "min_windows windows each); gates: max − min as a share of the mean step, and its standard "
+        "error (the two ranks' scatter over their windows) as a share of it; the max_rows most "
         "uneven kernels (µs) are examined",
     ),
 )

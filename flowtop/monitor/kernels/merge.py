@@ -7,6 +7,7 @@ for the definitions. No Textual here.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,11 @@ from flowtop.monitor.kernels.aggregate import KernelWindowStats
 # difference is ≥ 1 % of the mean step: starting points, to be tuned with evidence.
 FLAG_SPREAD = 0.2
 FLAG_STEP_FRACTION = 0.01
+#: ... and, where the ranks' figures are means over windows, when the difference is at least this
+#: many standard errors of it (the two ranks' window-to-window scatter): identical CPU ranks of a
+#: gloo demo showed spreads of 21-157 % in host operators (one window's preemption inflating an
+#: operator's time on one rank), none of them systematic.
+FLAG_SIGMAS = 4.0
 
 
 # --- across ranks ---------------------------------------------------------------------------
@@ -38,6 +44,9 @@ class RankSpread:
     ratio: float | None  # max / min (None when some rank did not run it)
     spread: float  # (max - min) / mean
     flagged: bool
+    #: Standard error of max − min from the two ranks' window-to-window scatter (0: one window
+    #: each, or none: unknown).
+    noise_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,17 +75,22 @@ def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStat
     over all windows keep what is systematic."""
     steps: dict[int, float] = {}
     rows: dict[int, list[tuple[str, str, str, float]]] = {}
+    errors: dict[int, dict[str, float]] = {}
     for r, t in tables.items():
         if t.windows <= 0:
             continue
-        steps[r] = t.step_us / t.windows
-        rows[r] = [(c.name, c.short, c.category, c.cum_us / t.windows) for c in t.rows()]
-    merged = _merge(steps, rows)
+        n = t.windows
+        steps[r] = t.step_us / n
+        rows[r] = [(c.name, c.short, c.category, c.cum_us / n) for c in t.rows()]
+        if n > 1:  # squared standard error of each mean: sample variance over the windows ÷ n
+            errors[r] = {c.name: max(0.0, c.cum_sq_us - c.cum_us * c.cum_us / n) / (n - 1) / n for c in t.rows()}
+    merged = _merge(steps, rows, errors)
     counts = [t.windows for t in tables.values() if t.windows > 0]
     return dataclasses.replace(merged, min_windows=min(counts) if counts else 0)
 
 
-def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, str, str, float]]]) -> JobKernelStats:
+def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, str, str, float]]],
+           errors: Mapping[int, Mapping[str, float]] | None = None) -> JobKernelStats:
     ranks = tuple(sorted(per_rank))
     mean_step = sum(steps[r] for r in ranks) / len(ranks) if ranks else 0.0
     info: dict[str, tuple[str, str, str, float]] = {}
@@ -92,11 +106,15 @@ def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, st
         hi = max(per, key=lambda p: (p[1], -p[0]))
         mean = sum(t for _, t in per) / len(per)
         spread = (hi[1] - lo[1]) / mean if mean > 0 else 0.0
+        # a kernel a rank never ran has no scatter there (0)
+        noise = math.sqrt(sum(errors.get(r, {}).get(name, 0.0) for r in (hi[0], lo[0]))) if errors else 0.0
         rows.append(RankSpread(
             name=name, short=k[1], category=k[2], per_rank_us=per, mean_us=mean,
             min_us=lo[1], max_us=hi[1], min_rank=lo[0], max_rank=hi[0],
             ratio=hi[1] / lo[1] if lo[1] > 0 else None, spread=spread,
-            flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi[1] - lo[1] >= FLAG_STEP_FRACTION * mean_step,
+            flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi[1] - lo[1] >= FLAG_STEP_FRACTION * mean_step
+            and hi[1] - lo[1] >= FLAG_SIGMAS * noise,
+            noise_us=noise,
         ))
     rows.sort(key=lambda s: (-(s.max_us - s.min_us), s.name))
     return JobKernelStats(ranks, mean_step, tuple(rows))
@@ -115,6 +133,7 @@ class CumulativeRow:
     cum_calls: int
     windows_seen: int
     share: float  # cum_us ÷ the summed step time of all windows
+    cum_sq_us: float = 0.0  # Σ over the windows of the window's time squared (µs²): its scatter
 
 
 class CumulativeKernels:
@@ -139,17 +158,18 @@ class CumulativeKernels:
         """Fold one window in."""
         self.windows += 1
         self.step_us += stats.step_us
-        totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen]
-            r.name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen] for r in self._sorted}
+        totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen, cum_sq_us]
+            r.name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen, r.cum_sq_us] for r in self._sorted}
         for k in stats.kernels:
-            row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0])
+            row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0, 0.0])
             row[2] += k.total_us
             row[3] += k.calls
             row[4] += 1
+            row[5] += k.total_us * k.total_us
         if len(totals) > self.max_names:
             totals = dict(sorted(totals.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5])
         step_us = self.step_us
-        rows = [CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0)
+        rows = [CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0, r[5])
                 for name, r in totals.items()]
         self._sorted = tuple(sorted(rows, key=lambda r: (-r.cum_us, r.name)))
 

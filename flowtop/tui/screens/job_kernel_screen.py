@@ -33,7 +33,8 @@ class JobKernelScreen(SnapshotScreen):
     """Merged kernel table of one job; kernels that differ most between ranks are marked.
 
     ``spread`` is (max − min) ÷ mean over the ranks, ``max@`` the rank with the most time;
-    ◆ marks what ``merge.merge_cumulative`` flags (spread and absolute difference both large).
+    ◆ marks what ``merge.merge_cumulative`` flags (spread and absolute difference both large, the
+    difference ≥ 4 standard errors of the ranks' window-to-window scatter).
     """
 
     BINDINGS = [
