@@ -23,8 +23,9 @@ from probe.flops.formulas import FORMULAS, bind_arguments
 from probe.flops.packed import Documents, mask_documents
 
 
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+@pytest.fixture(params=["full"])
+def captured(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    monkeypatch.setenv("FLOWTOP_ATTENTION", request.param)  # the attention convention (indirect params)
     monkeypatch.setenv("FLOWTOP_KERNELS", "0")
     monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
     monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")
@@ -185,11 +186,12 @@ def test_padding_is_counted_and_nonpad_tokens_are_reported(captured: list[tuple[
 
 class TinyGPT(nn.Module):
     """Embedding, L blocks of (qkv, SDPA, proj) without biases, head: the estimate's shape from its
-    config. ``mask``: an SDPA ``attn_mask`` (packed documents), else causal."""
+    config. ``mask``: an SDPA ``attn_mask`` (packed documents), else causal (``causal`` False: none)."""
 
-    def __init__(self, vocab: int = 32, d: int = 16, layers: int = 2, heads: int = 2) -> None:
+    def __init__(self, vocab: int = 32, d: int = 16, layers: int = 2, heads: int = 2, causal: bool = True) -> None:
         super().__init__()
         self.config = {"n_layer": layers, "n_embd": d}
+        self.causal = causal  # False: bidirectional (a BERT), no mask
         self.heads = heads
         self.emb = nn.Embedding(vocab, d)
         self.qkv = nn.ModuleList(nn.Linear(d, 3 * d, bias=False) for _ in range(layers))
@@ -201,7 +203,7 @@ class TinyGPT(nn.Module):
         b, t, d = x.shape
         for qkv, proj in zip(self.qkv, self.proj):
             q, k, v = qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and self.causal)
             x = x + proj(y.transpose(1, 2).reshape(b, t, d))
         return self.head(x)
 
@@ -250,3 +252,58 @@ def test_packed_documents_estimate_takes_the_sum_of_squares(captured: list[tuple
     assert f["model_flops"] == 3 * (2 * GPT_N * 32 + GPT_L * 4 * GPT_D * 2 * 146) == 603_648
     assert f["estimated_flops"] == 6 * GPT_N * 32 + 12 * GPT_L * GPT_D * 2 * 146 == 603_648
     assert "T=9.125 per token (packed documents: Σsᵢ² ÷ queries of the attention calls)" in f["estimate_source"]
+
+
+@pytest.mark.parametrize("captured", ["full", "causal"], indirect=True)
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_masking_is_said_and_a_bidirectional_model_is_never_halved(
+        causal: bool, captured: list[tuple[str, dict[str, Any]]]) -> None:
+    # One micro-batch of B = 2 rows of T = 8 (16 tokens). Linears 2·N·16 = 81,920 forward; attention
+    # L·4·d·B·T² = 2·4·16·128 = 16,384 forward, half of it under the causal convention for the
+    # causal model (8,192), the whole for the bidirectional one under either convention. Count
+    # 3 × (81,920 + attention); estimate 6·N·16 + (12 or 6)·L·d·T·16 = 245,760 + (49,152 or 24,576):
+    # causal convention, causal model 270,336 both; otherwise 294,912 both (a bidirectional model's
+    # estimate is not halved either: it read 270,336 against a count of 294,912 before).
+    import time
+
+    from flowtop.monitor.accounting import rank_flops
+    from flowtop.tui.widgets.flops_panel import flops_text
+    from probe import wire
+
+    torch.manual_seed(0)
+    _train(TinyGPT(causal=causal), [(torch.randint(0, 32, (2, 8)), None)])
+    (f,) = _of(captured, "flops")
+    halved = causal and f["attention"] == "causal"
+    attention = 16_384 // 2 if halved else 16_384
+    assert f["model_flops"] == 3 * (2 * GPT_N * 16 + attention) == (270_336 if halved else 294_912)
+    assert f["estimated_flops"] == 6 * GPT_N * 16 + (6 if halved else 12) * GPT_L * GPT_D * 8 * 16 == f["model_flops"]
+    assert f["attention_masking"] == ("causal" if causal else "bidirectional")
+    bidi = " (bidirectional attention: not halved)" if not causal and f["attention"] == "causal" else ""
+    assert f["estimate_source"].startswith(f"6N+{6 if halved else 12}LdT{bidi}, shape from model.config")
+    msg = wire.decode(wire.encode("flops", wire.RankKey("t", "h", 1, 0, 0), 1, time.time(), f)).fields
+    view = rank_flops(msg, step_time_s=0.1)
+    assert view is not None and view.attention_masking == f["attention_masking"]
+    line = next(ln for ln in flops_text(view).plain.splitlines() if ln.startswith("attention"))
+    note = {(True, "full"): "causal: full square", (True, "causal"): "causal: half square"}.get(
+        (causal, f["attention"]), "bidirectional: full square (no causal to halve)")
+    assert line == f"attention   {f['attention']}  {note}"
+
+
+def test_attention_note_and_the_jobs_masking() -> None:
+    from flowtop.monitor.accounting import job_flops, rank_flops
+    from flowtop.tui.widgets.flops_panel import attention_note
+
+    assert attention_note("full", "mixed") == "causal calls: full square"
+    assert attention_note("causal", "mixed") == "causal calls: half square"
+    assert attention_note("causal", None) == "causal: half square"  # not read: the convention alone
+    base = {"step": 1, "model_flops": 1.0, "executed_flops": 1.0, "attention": "full", "dtype": "fp32",
+            "peak_source": "x", "uncounted": {}, "tokens": 1}
+    views = {m: rank_flops({**base, **({"attention_masking": m} if m else {})}, step_time_s=0.1)
+             for m in ("causal", "bidirectional", None)}
+    assert views[None] is not None and views[None].attention_masking is None
+
+    def job(*kinds: str | None) -> str | None:
+        view = job_flops([views[k] for k in kinds])
+        return view.attention_masking if view is not None else "?"
+
+    assert (job("causal", "causal"), job("causal", "bidirectional"), job("causal", None)) == ("causal", "mixed", None)

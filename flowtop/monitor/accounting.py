@@ -117,6 +117,7 @@ def rank_flops(
         model_note=str(msg.get("model_note", "")),
         uncounted_size=dict(msg.get("uncounted_size", {})),
         parallel=str(msg.get("parallel", "")),
+        attention_masking=msg.get("attention_masking"),
         **_extras(msg, mix, fps, tokens),
     )
 
@@ -241,8 +242,18 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
         uncounted_size=sizes,
         parallel=_summed_label("; ".join(sorted({v.parallel for v in vs if v.parallel}))[:512]),
+        attention_masking=_job_masking(vs),
         **_job_extras(vs, mix, fps),
     )
+
+
+def _job_masking(vs: Sequence[FlopsView]) -> str | None:
+    """The ranks' attention masking: theirs when they agree, "mixed" when they differ, None when
+    a rank's is unknown."""
+    kinds = {v.attention_masking for v in vs}
+    if None in kinds:
+        return None
+    return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def _summed(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
 #: enumeration (1.8: the "failed" status of ranks and jobs).
-SCHEMA = "flowtop.snapshot/1.10"
+SCHEMA = "flowtop.snapshot/1.11"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -98,6 +98,9 @@ class FlopsView(_Slotted):
     expert_load: ExpertLoad | None = None  # MoE: tokens per expert summarised (flowtop.monitor.moe_load)
     nonpad_tokens: int | None = None  # non-padding tokens of the counted step (attention_mask)
     nonpad_frac: float | None = None  # ... ÷ its tokens (which count padding)
+    #: The counted step's attention calls: "causal", "bidirectional" (none causal: a ViT, BERT) or
+    #: "mixed"; None where not read (no attention op seen, flex block masks, an older probe).
+    attention_masking: str | None = None
 
     @property
     def estimate_ratio(self) -> float | None:
@@ -329,7 +332,7 @@ FLOP_FIELDS: tuple[str, ...] = (
     "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
     "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
     "counted", "model_note", "uncounted_size", "parallel", "mfu_bf16", "precision", "expert_load",
-    "nonpad_tokens", "nonpad_frac",
+    "nonpad_tokens", "nonpad_frac", "attention_masking",
 )
 #: ``mfu_reason`` of a rank (or job) with no FLOP count.
 NO_COUNT_REASON = "no FLOP count yet"

@@ -25,7 +25,7 @@ def _where(source: str) -> str:
     return source
 
 
-def _label(est: estimate.Estimate, attention: str, seq: int | None) -> str:
+def _label(est: estimate.Estimate, attention: str, seq: int | None, masking: str | None = None) -> str:
     """``estimate_source``: the formula, where its shape came from, and its figures."""
     if est.source == "override":
         return "override (flops_per_token)"
@@ -35,12 +35,14 @@ def _label(est: estimate.Estimate, attention: str, seq: int | None) -> str:
     if est.source == estimate.NO_ATTENTION:
         share = "; this rank's tensor-parallel share, N local" if est.split > 1 else ""
         return f"6N{active} (no attention blocks found, none ran{share}): N{active}={est.n_params}{moe_note}"
-    attn = 6 if attention == "causal" else 12
+    # the causal convention halves causal attention: the count of a bidirectional model halves nothing
+    bidi = " (bidirectional attention: not halved)" if masking == "bidirectional" and attention == "causal" else ""
+    attn = 6 if attention == "causal" and not bidi else 12
     # context parallel: T is every key of the sequence, the rank's shard its queries and tokens
     keys = f" (all keys; cp={est.cp}: this rank's {seq} queries)" if est.cp > 1 and seq else ""
     # micro-batches of several lengths, packed documents: T per token, and how it was taken
     t = f"{est.keys:.6g} per token ({est.keys_note})" if est.keys_note else str(est.seq_len)
-    return (f"6N{active}+{attn}LdT{local}, shape from {_where(est.source)}: N{active}={est.n_params}, "
+    return (f"6N{active}+{attn}LdT{local}{bidi}, shape from {_where(est.source)}: N{active}={est.n_params}, "
             f"L={est.n_layers}, d={est.d_model}, T={t}{keys}{moe_note}")
 
 
@@ -116,6 +118,10 @@ def flops_message(
     step's micro-batch lengths (probe.flops.padding: the estimate's T per micro-batch)."""
     estimated = None
     seq = seq_len_of(signature)
+    masking = count.attention_calls.masking()  # "causal" | "bidirectional" | "mixed" | None (not read)
+    # The causal convention halves causal attention calls; a model whose every call is
+    # bidirectional (a ViT, BERT) has nothing halved in its count, nor in its estimate.
+    est_attention = "full" if masking == "bidirectional" else attention
     est, reason = None, "the model (root module) is not known yet"
     if not layout_known:  # the counter read it when its window opened: one walk of the parameters
         layout = flops_dtensor.layout_of(unwrap(root)) if root is not None else None
@@ -124,7 +130,7 @@ def flops_message(
         reason = no_tokens
     elif root is not None:
         est, reason = estimate.estimate_with_reason(
-            unwrap(root), seq or 0, attention=attention, flops_per_token=flops_per_token, layout=layout,
+            unwrap(root), seq or 0, attention=est_attention, flops_per_token=flops_per_token, layout=layout,
             seen=count.attention_shapes, micro_batches=count.micro_batches, cp=cp,
             ran_attention=estimate.attention_ran(count), ran_batched=estimate.batched_matmuls_ran(count),
             micro_keys=keys, calls=count.attention_calls)
@@ -132,7 +138,7 @@ def flops_message(
         est = estimate.Estimate(flops_per_token, 0, 0, 0, seq or 0, "override")
     if est is not None and tokens:
         estimated = est.flops_per_token * tokens
-        source = _label(est, attention, seq)
+        source = _label(est, attention, seq, masking)
     else:  # why not, where the estimate would stand (the rank's FLOP panel shows it)
         source = f"none: {reason if est is None else no_tokens}"
     source = source[:256]  # the wire's limit: a long module path must not cost the whole message
@@ -150,6 +156,8 @@ def flops_message(
         "estimated_flops": estimated,
         "estimate_source": source,
         "attention": count.attention_convention,
+        # whether the counted step's attention calls were causal: the convention's text says so
+        **({"attention_masking": masking} if masking else {}),
         "dtype": count.dtype,
         "peak_flops": peak.flops if peak else None,
         "peak_source": peak.source if peak else f"unknown: {reason}",

@@ -187,6 +187,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "estimated_flops": (False, _opt(_num(0, 1e30))),
         "estimate_source": (False, _opt(_str(256))),
         "attention": (True, lambda v: v in ("full", "causal")),
+        # The counted step's attention calls: all causal, all bidirectional, or both (absent: not read)
+        "attention_masking": (False, lambda v: v in ("causal", "bidirectional", "mixed")),
         "dtype": (True, _str(16)),
         "peak_flops": (False, _opt(_num(0, 1e30))),
         "peak_source": (True, _str(512)),

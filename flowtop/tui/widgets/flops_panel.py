@@ -56,9 +56,7 @@ def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
     else:
         row("peak", fmt_si(f.peak_flops, "F/s", 1), f"{f.dtype} dense")
     row("peak source", f.peak_source or NA)
-    # The convention, not a claim about this model (which may have no causal attention, or none).
-    row("attention", f.attention_convention,
-        "causal: full square" if f.attention_convention == "full" else "causal: half square")
+    row("attention", f.attention_convention, attention_note(f.attention_convention, f.attention_masking))
     row("counted at", NA if f.counted_at_step is None else f"step {fmt_int(f.counted_at_step)}")
     _moe_rows(row, f, job)
     if f.nonpad_tokens is not None:
@@ -73,6 +71,16 @@ def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
         row("uncounted", "none")
     out.rstrip()
     return out
+
+
+def attention_note(convention: str, masking: str | None) -> str:
+    """What the convention does to this model's attention: causal attention counts the full square
+    ("full") or half of it ("causal"); a model with no causal masking (a ViT, BERT: every call
+    bidirectional) counts the full square either way. Unknown masking states the convention alone."""
+    if masking == "bidirectional":
+        return "bidirectional: full square (no causal to halve)"
+    causal = "causal calls" if masking == "mixed" else "causal"
+    return f"{causal}: {'full' if convention == 'full' else 'half'} square"
 
 
 def _ratio(v: float | None) -> str:
