@@ -98,6 +98,57 @@ def test_a_hello_of_a_stepping_rank_does_not_stall_it() -> None:
     assert job.ranks[0].status == "live" and job.ranks[0].step == 50
 
 
+def test_the_hellos_step_decodes_to_a_typed_record() -> None:
+    """The wire decodes a hello's step fields into one record beside its fields (both present and
+    valid), None where it says no step; a hello of the other field alone says none either."""
+    hello = {"local_rank": 0, "world_size": WORLD, "device": "cpu (test)", "probe_version": "t"}
+
+    def decoded(**step: Any) -> wire.Message:
+        return wire.decode(wire.encode("hello", _key(0), 0, 1.0, {**hello, **step}))
+
+    msg = decoded(last_step=305, step_age_s=40)
+    assert msg.hello_step == wire.HelloStep(305, 40.0) and isinstance(msg.hello_step.age_s, float)
+    assert msg.fields["last_step"] == 305  # the fields as sent, the wire format unchanged
+    assert decoded().hello_step is None
+    assert decoded(last_step=3).hello_step is None and decoded(step_age_s=0.5).hello_step is None
+    step = wire.encode("step", _key(0), 0, 1.0, {"step": 1, "wall_s": 0.1, "tokens": 1, "drops": 0})
+    assert wire.decode(step).hello_step is None
+
+
+@pytest.mark.parametrize("bad", [{"last_step": -1}, {"last_step": "305"}, {"last_step": True},
+                                 {"last_step": 3.5}, {"step_age_s": -1.0}, {"step_age_s": float("nan")},
+                                 {"step_age_s": "40"}, {"step_age_s": 2e9}])
+def test_bad_step_fields_are_refused_or_ignored(bad: dict[str, Any]) -> None:
+    """A hello with a bad step field is refused by the wire (its reason counted); the same fields
+    read by hand give no step: a rank with no step seen stays live at step 0."""
+    from flowtop.monitor.recording import feed
+    from probe.wire.hello import hello_step
+
+    fields = {"local_rank": 0, "world_size": WORLD, "device": "cpu (test)", "probe_version": "t",
+              "last_step": 305, "step_age_s": 40.0, **bad}
+    with pytest.raises(wire.WireError, match="bad value for '(last_step|step_age_s)'"):
+        wire.decode(wire.encode("hello", _key(0), 0, 1.0, fields))
+    assert hello_step(fields) is None
+    model = make_model()
+    for seq, t in enumerate((100.0, 102.0, 104.0)):
+        feed(model, wire.encode("hello", _key(0), seq, 1.0, fields), t)  # as the collector feeds it
+    snap = model.tick(104.5)
+    assert model.rejected == 3 and not snap.jobs
+
+
+def test_a_hello_built_by_hand_without_its_record_says_no_step() -> None:
+    """A message not from the wire's decode (a tool's, a test's) carries no step record: its step
+    fields are left out of the kept hello and read as no step, whatever they hold."""
+    model = make_model()
+    fields = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "t",
+              "last_step": "305", "step_age_s": None}
+    model.ingest(wire.Message("hello", _key(0), 0, 1.0, fields), 100.0)
+    st = model.ranks[_key(0)]
+    assert (st.step, st.hello_step_at) == (0, None) and "last_step" not in st.hello
+    job, _ = _hang(model, 100.5)
+    assert [(r.status, r.step) for r in job.ranks] == [("live", 0)]
+
+
 # --- the probe's side: the hello it builds ----------------------------------------------------
 
 

@@ -242,10 +242,9 @@ class Model(ModelTicks):
         if msg.kind == "hello":
             # Its step and that step's age change at every hello: kept apart (rankstate.heard_step),
             # so that the rest stays equal to the kept one.
-            last_step, age_s = f.get("last_step"), f.get("step_age_s")
-            if last_step is not None or age_s is not None:
+            if any(name in f for name in HELLO_STEP_FIELDS):
                 f = {k: v for k, v in f.items() if k not in HELLO_STEP_FIELDS}
-            rs.heard_step(st, last_step, age_s, now)
+            rs.heard_step(st, msg.hello_step, now)
             # Re-sent every 2-10 s, nearly always the same: one equal to the one kept (cleaned
             # when it came) is clean too, and is not walked again.
             if f != st.hello:

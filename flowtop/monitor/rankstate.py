@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from flowtop.monitor.compact import Column, PairSeq
 from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.snapshot import History, TelemetryView
-from probe.wire import BYE_ERROR_PREFIX, Message, RankKey, step_columns
+from probe.wire import BYE_ERROR_PREFIX, HelloStep, Message, RankKey, step_columns
 
 if TYPE_CHECKING:  # built and added by flowtop.monitor.rankkernels
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -119,19 +119,19 @@ def limit(med: float | None) -> float:
     return max(STALE_AFTER_S, STALE_AFTER_STEPS * (med or 0.0))
 
 
-def heard_step(st: RankState, last_step: Any, age_s: Any, now: float) -> None:
+def heard_step(st: RankState, said: HelloStep | None, now: float) -> None:
     """A hello received at ``now`` said the rank's last step and the seconds since its boundary
-    (both None: it said neither). Kept while it is at least as new as the step records; the first
-    estimate of a step's boundary stays (later hellos of a hung rank differ by their transit time
-    only: its views and hints read the same)."""
-    if last_step is None or age_s is None or (st.steps and last_step < st.step):
+    (None: it said no step, or an invalid one). Kept while it is at least as new as the step
+    records; the first estimate of a step's boundary stays (later hellos of a hung rank differ by
+    their transit time only: its views and hints read the same)."""
+    if said is None or (st.steps and said.last_step < st.step):
         st.hello_step_at, st.hello_step = None, -1
         return
-    if not st.steps and last_step > st.step:
-        st.step = int(last_step)  # known only by hellos: shown at the step it reached
-    at = now - float(age_s)
-    if st.hello_step != last_step or st.hello_step_at is None or at < st.hello_step_at:
-        st.hello_step_at, st.hello_step = at, int(last_step)
+    if not st.steps and said.last_step > st.step:
+        st.step = said.last_step  # known only by hellos: shown at the step it reached
+    at = now - said.age_s
+    if st.hello_step != said.last_step or st.hello_step_at is None or at < st.hello_step_at:
+        st.hello_step_at, st.hello_step = at, said.last_step
 
 
 def hello_step_at(st: RankState) -> float | None:

@@ -17,8 +17,8 @@ Every frame is a msgpack map with an envelope and kind-specific fields::
 Decoding validates types and ranges and raises :class:`WireError` with a reason.
 Unknown optional fields are ignored; unknown kinds are rejected. Field checkers live in
 :mod:`probe.wire.checks`, those of kernel windows in :mod:`probe.wire.kernels`, step columns in
-:mod:`probe.wire.steps`; the control channel's commands (monitor to probe) in
-:mod:`probe.wire.control`.
+:mod:`probe.wire.steps`, the hello's step fields in :mod:`probe.wire.hello`; the control channel's
+commands (monitor to probe) in :mod:`probe.wire.control`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from probe.wire.control import Control as Control
 from probe.wire.control import decode_control as decode_control
 from probe.wire.control import encode_control as encode_control
 from probe.wire.errors import WireError
+from probe.wire.hello import HELLO_STEP_FIELDS as HELLO_STEP_FIELDS
+from probe.wire.hello import LAST_STEP_CHECK, STEP_AGE_CHECK, HelloStep, hello_step
 from probe.wire.kernels import (
     ACT_CPU_OP, ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME, KERNEL_ACT_KINDS, KERNEL_MAX_DIMS,
     KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES, KERNEL_MAX_RECORDS, KERNEL_MAX_STR,
@@ -52,7 +54,7 @@ from probe.wire.version import MINOR as MINOR
 
 __all__ = [
     "ACT_CPU_OP", "ACT_KERNEL", "ACT_MEMCPY", "ACT_MEMSET", "ACT_RUNTIME", "DEFAULT_ADDR", "DEFAULT_PORT",
-    "HELLO_STEP_FIELDS",
+    "HELLO_STEP_FIELDS", "HelloStep",
     "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",
@@ -67,8 +69,6 @@ __all__ = [
 #: The start of a bye's reason when its process ends of an exception nobody caught (the monitor
 #: shows such a rank as "failed", not "done"): "error: TYPE: message".
 BYE_ERROR_PREFIX = "error: "
-#: The hello's fields that change at every hello (its step and that step's age; see the schema).
-HELLO_STEP_FIELDS = ("last_step", "step_age_s")
 #: Most step records one "steps"/"stepcols" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
 MAX_BATCH = 512
 #: Largest frame either side accepts (the collector also sets ZMQ MAXMSGSIZE).
@@ -104,6 +104,9 @@ class Message(NamedTuple):
     #: The frame itself when only its envelope was read (:func:`envelope`; ``fields`` is then
     #: empty): its fields are decoded, and validated, where they are used.
     frame: bytes | None = None
+    #: A hello's step fields (``last_step``, ``step_age_s``, also in ``fields``) as one record;
+    #: None where it says no step (probe.wire.hello), and for other kinds.
+    hello_step: HelloStep | None = None
 
 
 def _step_records(v: Any) -> bool:
@@ -144,8 +147,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         # built (added within 1.3; probe.steps.tracker.StepTracker.hello_step): a monitor started
         # while the rank hangs in a collective knows how long it has (flowtop.monitor.rankstate).
         # Absent before the first step and between a sweep's models.
-        "last_step": (False, _int()),
-        "step_age_s": (False, _num(0, 1e9)),
+        "last_step": (False, LAST_STEP_CHECK),
+        "step_age_s": (False, STEP_AGE_CHECK),
     },
     "step": {
         "step": (True, _int()),
@@ -333,6 +336,8 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         cols = _steps.from_records(fields["records"])
     elif kind == "step":
         cols = _steps.from_records((fields,))
+    elif kind == "hello":
+        return Message(kind, _known(key), obj["seq"], float(obj["t"]), fields, None, None, hello_step(fields))
     return Message(kind, _known(key), obj["seq"], float(obj["t"]), fields, cols)
 
 
