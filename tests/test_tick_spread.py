@@ -145,7 +145,7 @@ def test_what_a_tick_takes_serves_the_next_tick_alone_over_the_same_ranks() -> N
     ranks = [object(), object()]
     held = rotation.Prepared[str](within_s=0.75)
     held.keep("j", 4, 10.0, list(ranks), "judged")
-    assert held.take("j", 5, 10.5, ranks) == (10.0, "judged") and len(held) == 0  # taken once
+    assert held.take("j", 5, 10.5, ranks) == rotation.Taken(10.0, "judged") and len(held) == 0  # taken once
     for tick, now, seen in ((6, 10.5, ranks), (5, 11.0, ranks), (5, 10.5, ranks[:1]), (5, 10.5, ranks[::-1]),
                             (5, 10.5, [ranks[0], object()])):
         held.keep("j", 4, 10.0, list(ranks), "judged")

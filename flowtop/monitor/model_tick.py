@@ -17,7 +17,7 @@ from flowtop.monitor.claims import newest_per, superseded
 from flowtop.monitor.limits import TokenBucket
 from flowtop.monitor.model_views import ModelViews
 from flowtop.monitor.notices import Notices
-from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.rankstate import Judged, RankState
 from flowtop.monitor.rankviews import as_now, with_now
 from flowtop.monitor.rotation import SPREADS, Prepared, hint_share, prepares
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
@@ -159,8 +159,11 @@ class ModelTicks(ModelViews):
             return snap
         try:
             taken = self._judged.take(snap.job, self.ticks, now, states) if phase is not None and states else None
-            judged = taken[1] if taken else self._as_now(snap, states) if states is not None else snap
-            self._seen_by_hints(snap.job, taken[0] if taken else now, phase)  # as of the histories read
+            if taken is not None:
+                judged, seen_at = taken.value, taken.at
+            else:
+                judged, seen_at = self._as_now(snap, states) if states is not None else snap, now
+            self._seen_by_hints(snap.job, seen_at, phase)  # as of the histories read
             hints = tuple(self._hint_engine.evaluate(judged, now, phase))
         except Exception as exc:  # a hints bug must not cost the user every snapshot
             if not self._hints_failed:
@@ -195,11 +198,11 @@ class ModelTicks(ModelViews):
                 # A stale rank (a silent job's, for its 600 s) has not moved since the last share:
                 # its history and telemetry as then, not taken again (most of such a job's tick).
                 held = st.judged
-                if held is not None and stepped and held[0] == st.version:
-                    ranks[i] = with_now(view, held[1], held[2])
+                if held is not None and stepped and held.version == st.version:
+                    ranks[i] = with_now(view, held.history, held.telemetry)
                 else:
                     ranks[i] = as_now(view, st, stepped)
-                    st.judged = (st.version, ranks[i].history, ranks[i].telemetry) \
+                    st.judged = Judged(st.version, ranks[i].history, ranks[i].telemetry) \
                         if stepped and view.status == "stale" else None
                 renewed = True
         return replace(snap, ranks=tuple(ranks)) if renewed else snap

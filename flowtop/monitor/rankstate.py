@@ -44,6 +44,16 @@ MAX_STEPS_PER_S, MIN_STEP_JUMP = 10_000, 1_000
 MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
 
 
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A rank's whole history and telemetry as its job's hints last read them, at its ``version``
+    (RankState.version): the same while nothing new arrived."""
+
+    version: int
+    history: History
+    telemetry: TelemetryView | None
+
+
 @dataclass(slots=True)
 class RankState:
     """Mutable per-rank state; only the model touches it. (Slots, not a dict each: every frame
@@ -89,9 +99,9 @@ class RankState:
     #: (version, step, steps held) -> median step time: every status check needs the median, a
     #: sort of 32 values, thousands of ranks twice a second.
     med_cache: tuple[tuple[int, int], float | None, float] = ((-1, 0), None, 0.0)  # see median_step
-    #: (version, whole history, telemetry view) of a stale rank, as a large job's hints read
-    #: them (Model._as_now): taken again only once something arrived.
-    judged: tuple[int, History, TelemetryView | None] | None = None
+    #: A stale rank's whole history and telemetry as a large job's hints read them
+    #: (Model._as_now): taken again only once something arrived.
+    judged: Judged | None = None
 
     def push_series(self, name: str, value: Any) -> None:
         """Append a numeric value to a sparkline series (None is skipped)."""

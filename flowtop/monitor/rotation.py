@@ -8,6 +8,7 @@ the spread, flowtop.monitor.thinning). The same in a replay, so a replay reprodu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -66,6 +67,23 @@ def prepares(tick: int, spread: int) -> bool:
     return hint_share(tick, spread) is None and hint_share(tick + 1, spread) is not None
 
 
+@dataclass(frozen=True, slots=True)
+class Taken(Generic[T]):
+    """What a tick took for the next one, and when (monitor time)."""
+
+    at: float
+    value: T
+
+
+@dataclass(frozen=True, slots=True)
+class _Held(Generic[T]):
+    """What :class:`Prepared` holds for a job: the tick that took it, of which ranks, and what."""
+
+    tick: int
+    ranks: Sequence[object]  # in their order, compared by identity
+    taken: Taken[T]
+
+
 class Prepared(Generic[T]):
     """What a tick took for the next tick's share of a large job's rules, per job.
 
@@ -79,22 +97,22 @@ class Prepared(Generic[T]):
 
     def __init__(self, within_s: float) -> None:
         self.within_s = within_s
-        self._held: dict[str, tuple[int, float, Sequence[object], T]] = {}
+        self._held: dict[str, _Held[T]] = {}
 
     def keep(self, job: str, tick: int, at: float, ranks: Sequence[object], value: T) -> None:
         """Hold ``value``, taken by ``tick`` at monitor time ``at`` of ``ranks`` (in their order)."""
-        self._held[job] = (tick, at, ranks, value)
+        self._held[job] = _Held(tick, ranks, Taken(at, value))
 
-    def take(self, job: str, tick: int, now: float, ranks: Sequence[object]) -> tuple[float, T] | None:
-        """(when taken, value) held for ``job`` by the tick before ``tick`` of the same ``ranks``
-        (the same objects, in order) and within ``within_s`` of ``now``, or None."""
+    def take(self, job: str, tick: int, now: float, ranks: Sequence[object]) -> Taken[T] | None:
+        """What is held for ``job`` by the tick before ``tick`` of the same ``ranks`` (the same
+        objects, in order) and within ``within_s`` of ``now``, or None."""
         held = self._held.pop(job, None)
-        if held is None or held[0] != tick - 1 or now - held[1] > self.within_s:
+        if held is None or held.tick != tick - 1 or now - held.taken.at > self.within_s:
             return None
-        kept = held[2]
+        kept = held.ranks
         if len(kept) != len(ranks) or any(a is not b for a, b in zip(kept, ranks)):
             return None
-        return held[1], held[3]
+        return held.taken
 
     def void(self, job: str) -> None:
         """Forget what is held for ``job`` (a rank's bye, the job forgotten)."""
@@ -102,7 +120,7 @@ class Prepared(Generic[T]):
 
     def expire(self, tick: int) -> None:
         """Forget what ticks before ``tick`` held (what they took keeps ring blocks alive)."""
-        for job in [j for j, held in self._held.items() if held[0] < tick]:
+        for job in [j for j, held in self._held.items() if held.tick < tick]:
             del self._held[job]
 
     def __len__(self) -> int:
