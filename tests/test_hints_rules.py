@@ -591,3 +591,16 @@ def test_hang_all_names_the_silent_rank() -> None:
     hint = find(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), "hang_all")
     assert hint.summary == ("the 1 running rank (of 2; the other ended) stopped at step 10: no step for 6 s; "
                             "nothing heard from rank 1 (node1) for 6 s (stopped, dead or its host is down)")
+
+
+def test_hang_all_leaves_out_ranks_cut_off_behind_their_relay() -> None:
+    """Ranks 2-3 are stale behind a silent relay (marked cut off by flowtop.monitor.relays): unheard,
+    not known to have stopped. The hang reads the heard ranks alone and counts the others; with
+    every rank cut off there is nothing to judge."""
+    waiting = [rank(r, step=10, age_s=0.4, hist=history(10, 0.1, t0=-7.0)) for r in (0, 1)]
+    cut = [dataclasses.replace(rank(r, step=10, status="stale", age_s=6.0, hist=history(10, 0.1, t0=-7.0)),
+                               status_reason="relay node2 silent for 6 s", cut_off=True) for r in (2, 3)]
+    hint = find(HintEngine(small_hang_rules()).evaluate(job(*waiting, *cut), 0.0), "hang_all")
+    assert hint.evidence["silent_ranks"] == []
+    assert hint.summary.startswith("the 2 heard ranks (of 4; 2 unheard behind a silent relay) stopped at step 10")
+    assert find(HintEngine(small_hang_rules()).evaluate(job(*cut), 0.0), "hang_all") is None

@@ -640,7 +640,9 @@ def test_ranks_whose_frames_queue_behind_a_backlog_stay_live_and_raise_no_hang()
     assert all(r.behind_s == pytest.approx(40.0, abs=0.01) and r.age_s(now) < 0.01 for r in ranks)
     assert [r.step for r in ranks] == [80] * 3 and job.flops is None or job.flops.stalled_s is None
     silent = model.tick(now + SILENT_AFTER_S + 0.5).jobs[0]  # nothing from the relay since
-    assert [(r.status, r.status_reason) for r in silent.ranks] == [("stale", "relay node-a silent for 4 s")] * 3
+    assert not any(r.cut_off for r in ranks)  # live behind a backlog: not cut off
+    assert [(r.status, r.status_reason, r.cut_off) for r in silent.ranks] == [
+        ("stale", "relay node-a silent for 4 s", True)] * 3
     # Past the hang floor: ranks unheard behind a silent relay are not said to have stopped (a
     # trial: a SIGSTOP'd relay raised a critical hang_all while its ranks trained on), at any tick.
     for t in range(1, 61):

@@ -11,7 +11,7 @@ frames arriving at once) neither makes ranks look silent in between nor bunches 
 Every ~1 s the relay sends its own figures as a ``relay`` wire message (``probe.wire``; up to
 every 5 s while a monitor's pace holds and its batches leave), which with its batches makes
 its heartbeat: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last
-came through it stale, with ``status_reason`` "relay HOST silent for N s"; the other ranks of
+came through it stale and cut off, with ``status_reason`` "relay HOST silent for N s"; the other ranks of
 the job are untouched. Its last report says ``closing`` (it handed the node over, or ended).
 """
 
@@ -70,14 +70,15 @@ def encode_stamp(relay: str, clock: float, ages_us: list[int]) -> bytes:
 
 
 _VIEW = Fields(RankSnapshot)
-_STATUS, _REASON, _TOKENS, _FLOPS = _VIEW.at("status", "status_reason", "tokens_per_s", "flops")
+_STATUS, _REASON, _CUT_OFF, _TOKENS, _FLOPS = _VIEW.at("status", "status_reason", "cut_off", "tokens_per_s", "flops")
 
 
 def _stale(view: RankSnapshot, reason: str, flops: Any) -> RankSnapshot:
-    """``view`` as a rank behind an unreachable relay shows: stale, why, no rate (positionally:
-    dataclasses.replace builds keyword arguments)."""
+    """``view`` as a rank behind an unreachable relay shows: stale, cut off, why, no rate
+    (positionally: dataclasses.replace builds keyword arguments)."""
     values = list(_VIEW.read(view))
     values[_STATUS], values[_REASON], values[_FLOPS] = "stale", reason, flops
+    values[_CUT_OFF] = True
     if view.tokens_per_s is not None:
         values[_TOKENS] = 0.0
     return RankSnapshot(*values)

@@ -185,6 +185,10 @@ class RankSnapshot(_Slotted):
     relay: str | None = None
     #: Why the rank counts as stale though it may still run ("relay HOST silent for N s"), else "".
     status_reason: str = ""
+    #: Stale though it may still run: its relay is silent, or closed without handing it on
+    #: (flowtop.monitor.relays sets it with ``status_reason``), not itself silent. The hang rules
+    #: leave such a rank out. Not exported: in the JSON ``status_reason`` is non-empty exactly then.
+    cut_off: bool = False
     #: Parallel coordinates from its hello, role ("dp", "tp", "pp", "cp", "ep") -> (rank, size);
     #: empty when the probe could not tell the layout (``coords_source`` says why).
     coords: Mapping[str, tuple[int, int]] = field(default_factory=dict)

@@ -83,19 +83,14 @@ def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot
     params = (rule.params["factor"], rule.params["floor_s"])
     # A rank behind a silent relay is unheard, not known to have stopped: a relay stopped or cut
     # off while its ranks trained on read as a critical hang of all of them (a trial: SIGSTOP of
-    # the relay `flowtop run` hosts). Its relay's row and its status reason say it.
-    ranks = [r for r in _running(job) if not _cut_off(r)]
+    # the relay `flowtop run` hosts). Its relay's row and its status reason say it; its view is
+    # marked cut off (RankSnapshot.cut_off, set where flowtop.monitor.relays decides the reason).
+    ranks = [r for r in _running(job) if not r.cut_off]
     if _STALLS and _STALLS[0][0]() is job and _STALLS[0][1] == now and _STALLS[0][2] == params:
         return ranks, _STALLS[0][3]
     stalls = [_stall(rule, r, now) for r in ranks]
     _STALLS[:] = [(weakref.ref(job), now, params, stalls)]
     return ranks, stalls
-
-
-def _cut_off(r: RankSnapshot) -> bool:
-    """Stale though it may still run: what ``status_reason`` says of a rank (its relay went silent,
-    or closed without handing it on: flowtop.monitor.relays marks it so), not its own silence."""
-    return r.status == "stale" and bool(r.status_reason)
 
 
 def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -134,7 +129,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     silent = [r for r in ranks if r.status == "stale"]
     ev["silent_ranks"] = [r.rank for r in silent]
     shown = latest_ranks(job)
-    cut = sum(map(_cut_off, shown))
+    cut = sum(r.cut_off for r in shown)
     text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), cut)}
     if silent:  # a dead rank is named even when it is the only one left
         ev["silent_s"] = max(r.age_s(now) for r in silent)
