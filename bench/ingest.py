@@ -167,10 +167,13 @@ def _sim_worker(idx: int, ranks: list[int], addrs: list[str], world: int, cfg: d
 
     from flowtop.monitor.relays import encode_stamp
     try:
-        from probe.transport.publisher import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S
-    except ImportError:  # a checkout from before 8ad3187 (A/B runs): its probe's hello every 2 s
-        HELLO_S = HELLO_MAX_S = 2.0
-        STEPS_ALIVE_S = 0.0
+        from probe.transport.outbox import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S
+    except ImportError:
+        try:  # a checkout from before the outbox's module (A/B runs): its publisher re-exported them
+            from probe.transport.publisher import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S
+        except ImportError:  # a checkout from before 8ad3187: its probe's hello every 2 s
+            HELLO_S = HELLO_MAX_S = 2.0
+            STEPS_ALIVE_S = 0.0
     from probe import wire
     from probe.wire.link import upstream_options
 
@@ -1166,9 +1169,12 @@ def costs(ranks: int, step_ms: float, flush_s: float, kernel_every_s: float, flo
     from flowtop.monitor.wiring import make_model
     from probe import wire
     try:
-        from probe.transport.publisher import HELLO_MAX_S  # a stepping rank's hello: its steps are its heartbeat
-    except ImportError:  # a checkout from before 8ad3187 (A/B runs): a hello every 2 s
-        HELLO_MAX_S = 2.0
+        from probe.transport.outbox import HELLO_MAX_S  # a stepping rank's hello: its steps are its heartbeat
+    except ImportError:
+        try:  # a checkout from before the outbox's module (A/B runs): its publisher re-exported it
+            from probe.transport.publisher import HELLO_MAX_S
+        except ImportError:  # a checkout from before 8ad3187: a hello every 2 s
+            HELLO_MAX_S = 2.0
     from probe.wire.steps import encode_fields
 
     from flowtop.monitor import gcpolicy
@@ -1310,7 +1316,7 @@ def _telemetry_s(flush_s: float, max_s: float | None = None) -> float:
     """A probe's telemetry interval (1 s) when the monitor's pace holds its step records ``flush_s``
     and lets it stretch to ``max_s`` (None: the pace did not say, or the probe paces itself)."""
     from flowtop.monitor.pacing import DEFAULT_FLUSH_S
-    from probe.transport.publisher import paced_interval
+    from probe.wire.pace import paced_interval
 
     return paced_interval(1.0, DEFAULT_FLUSH_S, flush_s) if max_s is None else \
         paced_interval(1.0, DEFAULT_FLUSH_S, flush_s, max_s)

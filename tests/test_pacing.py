@@ -182,6 +182,8 @@ def test_a_paced_probe_stretches_its_steady_hello(monkeypatch: pytest.MonkeyPatc
     pub = Publisher(RankKey("hb", "h", 4321, 0, 0), "tcp://127.0.0.1:1")  # not started: nothing sent
     assert pub.hello_max_s() == outbox_mod.HELLO_MAX_S == 10.0
     assert not hasattr(sender_mod, "HELLO_MAX_S")  # one binding: the sender's longest sleep reads the outbox's
+    # ... nor a copy in the publisher, which a reader would read stale under a patch of the outbox's
+    assert not [n for n in ("HELLO_S", "HELLO_MAX_S", "STEPS_ALIVE_S", "LOOK_S") if hasattr(publisher_mod, n)]
     own = Publisher(RankKey("hb", "h", 4322, 0, 0), "tcp://127.0.0.1:1", world_size=4096)
     assert own.current_flush_s() == 0.45 and own.hello_max_s() == 10.0  # its own start pace: not stretched
     pub._handle_control([wire.encode_control("pace", None, None, 0.15)])

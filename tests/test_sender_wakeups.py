@@ -23,7 +23,8 @@ from probe.transport import outbox as outbox_module
 from probe.transport import publisher as publisher_module
 from probe.transport import rounds as rounds_module
 from probe.transport import sender as sender_module
-from probe.transport.publisher import HELLO_S, STEPS_ALIVE_S, Publisher
+from probe.transport.outbox import HELLO_S, STEPS_ALIVE_S
+from probe.transport.publisher import Publisher
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
 

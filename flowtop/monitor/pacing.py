@@ -28,7 +28,7 @@ What it costs: a step reaches the monitor up to the pace later (0.41 s at 4,096 
 0.1 s); counts, kernel windows and byes still go at once; no record is lost. A paced probe samples
 its telemetry less often by the same factor, to at most every :data:`PACED_TELEMETRY_S` (the
 pace command says so; a probe paced without it stretches to 5 s)
-(probe.transport.publisher.paced_interval).
+(probe.wire.pace.paced_interval).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ messages from the monitor — happens on the sender thread.
 This module is the training thread's side and the lifecycle (start, close, fork, the monitor's
 pace); the sender thread's loop and its socket choices are :class:`probe.transport.sender.SenderLoop`,
 a mixin of :class:`Publisher` (what its rounds send: its base, probe.transport.outbox.Outbox):
-publish() stays here, reading this module's globals (``_clock``, ``nudge``), and the sender's names
-(``HELLO_S``, ``LOOK_S``, ...) are importable from here too.
+publish() stays here, reading this module's globals (``_clock``, ``nudge``). The sender's names are
+read where they are defined (``HELLO_S``, ``HELLO_MAX_S``, ``STEPS_ALIVE_S``: probe.transport.outbox;
+``LOOK_S``: probe.transport.sender).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from typing import Any, Callable, Deque
 from probe import wire
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe.wire.pace import MAX_PACED_TICK_S as _MAX_PACED_TICK_S
-from probe.wire.pace import paced_interval as paced_interval  # re-exported (bench/ingest.py)
+from probe.wire.pace import paced_interval
 from probe.transport.link import OnReadable, Waker, nudge, nudge_pipe
 from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
-from probe.transport.outbox import HELLO_MAX_S, HELLO_S, STEPS_ALIVE_S, Pace  # noqa: F401  (re-exported)
-from probe.transport.sender import LOOK_S, SenderLoop, Tick, _Tick  # noqa: F401  (LOOK_S re-exported)
+from probe.transport.outbox import Pace
+from probe.transport.sender import SenderLoop, Tick, _Tick
 
 #: publish()'s clock, a module global: the training thread calls it each step, after a long step
 #: has left the caches cold (an attribute lookup less). The wall clock: a frame's timestamp; the
