@@ -22,7 +22,7 @@ import zmq
 
 from flowtop.monitor.model import Model
 from flowtop.monitor.snapshot import relay_json
-from flowtop.tools import relay as relay_mod
+from flowtop.tools import relay_links
 from flowtop.tools.demo.launch import free_port
 from flowtop.tools.relay import Relay, RelayConfig
 from probe import _log, wire
@@ -51,7 +51,7 @@ def short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pauses of 0.2 s (the relay's bound and a probe's read it from the wire when each pause
     starts): the tests stay light; each warning is said afresh."""
     monkeypatch.setattr(command_bound, "PAUSE_S", 0.2)
-    monkeypatch.setattr(relay_mod, "_warned", set())
+    monkeypatch.setattr(relay_links, "_warned", set())
     monkeypatch.setattr(_log, "_seen", set())
 
 

@@ -21,7 +21,8 @@ Every :attr:`RelayConfig.report_s` the relay sends its own figures as a ``relay`
 (less often while a monitor's pace holds and batches leave: see REPORT_PACED_MAX_S).
 
 What runs once before forwarding (configuration, address checks, keys, the node's relay address,
-the ipc path's lock) is in flowtop.tools.relay_setup; its names are importable from here too.
+the ipc path's lock) is in flowtop.tools.relay_setup; its names are importable from here too. What
+the relay knows of its connections, from its sockets' events, is flowtop.tools.relay_links.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import math
 import os
 import random
 import socket
-import sys
 import threading
 import time
 from typing import Any, Deque
@@ -42,11 +42,12 @@ import zmq
 
 from flowtop.monitor.relays import encode_stamp
 from flowtop.tools.relay_commands import CommandsDown
+from flowtop.tools.relay_links import Links, warn_once
 from flowtop.tools.relay_setup import PathLock as PathLock, _same_file as _same_file  # importable here as before
 from flowtop.tools.relay_setup import RelayConfig, RelayError, _remove_ipc, check_listen, check_upstream, client_keys
 from flowtop.tools.relay_setup import node_address as node_address, node_dir as node_dir
 from probe import wire
-from probe.wire.link import ClosedHandshakes, closed_text, upstream_options
+from probe.wire.link import upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
@@ -86,11 +87,9 @@ class Relay:
         self._stop = threading.Event()
         self._seq = 0
         self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
-        self.drops = self.link_ups = self.batches = 0
+        self.drops = self.batches = 0
         self._commands = CommandsDown()  # the monitor's commands, bounded, on their way down
-        self._ranks: set[int] = set()  # downstream connections (fds of accepted peers)
-        self._up_conns = self._up_subs = 0
-        self._closed = ClosedHandshakes()  # upstream CURVE handshakes in a row the monitor closed
+        self._links = Links(cfg.upstream, keyed=self._curve is not None)
         self._subscribed = False  # whether we subscribed downstream (a monitor listens)
         self._queue: Deque[tuple[Any, float]] = collections.deque()
         self._queued_bytes = 0
@@ -107,7 +106,12 @@ class Relay:
     @property
     def ranks(self) -> int:
         """Rank connections now."""
-        return len(self._ranks)
+        return len(self._links.ranks)
+
+    @property
+    def link_ups(self) -> int:
+        """Upstream connections made (1 + reconnects)."""
+        return self._links.link_ups
 
     @property
     def commands(self) -> int:
@@ -122,7 +126,7 @@ class Relay:
     @property
     def listening(self) -> bool:
         """Whether a monitor is subscribed upstream."""
-        return self._up_conns > 0 and self._up_subs > 0
+        return self._links.listening
 
     def stop(self) -> None:
         """Ask :meth:`run` to flush, send its closing report and return (any thread)."""
@@ -238,7 +242,7 @@ class Relay:
                 alone = not alone
                 poller.register(up, 0 if alone else zmq.POLLIN)  # 0: out of the poll
             if up_events in ready or down_events in ready:
-                self._link_events(up_events, down_events)
+                self._links.read(up_events, down_events)
             if self.listening != self._subscribed:
                 # Mirror the monitor's presence: ranks send only while someone listens.
                 self._subscribed = self.listening
@@ -317,45 +321,10 @@ class Relay:
                 self._drop_oldest()
 
     def _drain_up(self, up: Any, down: Any, now: float) -> None:
-        self._up_subs = self._commands.read(up, down, now, self._up_subs)
+        links = self._links
+        links.up_subs = self._commands.read(up, down, now, links.up_subs)
         if self._commands.bound.warning is not None:
-            _warn_once("command-flood", self._commands.bound.warning)
-
-    def _link_events(self, up_events: Any, down_events: Any) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        for _ in range(64):
-            try:
-                ev = recv_monitor_message(up_events, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._up_conns += 1
-                self.link_ups += 1
-                self._closed.succeeded()
-            elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                if self._closed.failed(ev.get("value"), self._curve is not None):
-                    _warn_once("handshake-drop", closed_text(self.cfg.upstream, "the relay's",
-                                                             "the one in the relay's key directory (--curve-dir)",
-                                                             "nothing is forwarded"))
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                self._up_conns = max(0, self._up_conns - 1)
-                if self._up_conns == 0:
-                    self._up_subs = 0
-            else:
-                why = ("refused the relay's CURVE key: add its client.key to the monitor's clients/"
-                       if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
-                       "did not complete the handshake: CURVE keys on one side only, or mismatched ones")
-                _warn_once(f"handshake:{ev['event']}", f"the monitor at {self.cfg.upstream} {why}")
-        for _ in range(256):
-            try:
-                ev = recv_monitor_message(down_events, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if ev["event"] == zmq.EVENT_ACCEPTED:
-                self._ranks.add(ev["value"])
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                self._ranks.discard(ev["value"])
+            warn_once("command-flood", self._commands.bound.warning)
 
     def _send_batch(self, up: Any, now: float) -> bool:
         """Send the oldest frames as one batch; False when upstream is full (retried later)."""
@@ -399,11 +368,3 @@ class Relay:
         self._seq += 1
         return True
 
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        print(f"flowtop relay: {message}", file=sys.stderr, flush=True)
