@@ -139,6 +139,29 @@ def test_silent_rank_is_stale_with_zero_throughput_and_done_rank_keeps_its_figur
     assert snap.jobs[0].status == "stale"
 
 
+def test_a_ranks_telemetry_is_the_record_received_and_its_series_take_numbers_only() -> None:
+    """A telemetry frame is kept as the view every snapshot shows (as received, its arrival the
+    monitor's time) until the next; a sample that is not a number (a bool, a list, absent) adds
+    nothing to its sparkline."""
+    model = Model()
+    f = Feeder(model)
+    key = _key(0)
+    f.hello(key)
+    f.steps(key, 1, 5, 0.1)
+    f.send(key, "telemetry", 1.0, gpu={"power_w": 500.0, "sm_clock_mhz": True, "tensor_active": ["x"]},
+           proc={"rss_bytes": 7}, reasons={"tensor_active": "GPM unsupported"})
+    first, again = _rank(model.snapshot(1.2)).telemetry, _rank(model.snapshot(1.4)).telemetry
+    assert again is first and first.received_at == 1.0
+    assert (dict(first.device), dict(first.host), dict(first.reasons)) == (
+        {"power_w": 500.0, "sm_clock_mhz": True, "tensor_active": ["x"]}, {"rss_bytes": 7},
+        {"tensor_active": "GPM unsupported"})
+    f.send(key, "telemetry", 2.0, gpu={"power_w": 450}, proc={})
+    later = _rank(model.snapshot(2.2))
+    assert later.telemetry.received_at == 2.0 and dict(later.telemetry.reasons) == {}
+    assert list(later.history.power_w) == [500.0, 450.0]
+    assert list(later.history.sm_clock_mhz) == [] and list(later.history.tensor_active) == []
+
+
 def test_stalled_rank_still_gets_the_hang_hint() -> None:
     model = make_model(hint_overrides={"hang": {"floor_s": 5.0}})
     f = Feeder(model)

@@ -57,7 +57,7 @@ from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.rotation import RANKS_PER_TICK as RANKS_PER_TICK
 from flowtop.monitor.rotation import Prepared
 from flowtop.monitor.sanitize import clean, interned
-from flowtop.monitor.snapshot import Hint, JobSnapshot
+from flowtop.monitor.snapshot import Hint, JobSnapshot, TelemetryView
 from probe import wire
 from probe.wire import HELLO_STEP_FIELDS, Message, RankKey, StepColumns, step_columns
 from probe.wire.command_bound import bound_text
@@ -254,9 +254,9 @@ class Model(ModelTicks):
         elif msg.kind == "flops":
             st.flops = interned(f)
         elif msg.kind == "telemetry":
-            st.telemetry = dict(f)  # not interned: replaced every second, the CPU would cost more (bench --costs)
-            st.telemetry_at = now
-            dev = f.get("gpu", {})
+            # Not interned: replaced every second, the CPU would cost more (bench --costs).
+            dev = f["gpu"]
+            st.telemetry = TelemetryView(device=dev, host=f["proc"], reasons=f.get("reasons", {}), received_at=now)
             st.push_series("tensor_active", dev.get("tensor_active"))
             st.push_series("power_w", dev.get("power_w"))
             st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))

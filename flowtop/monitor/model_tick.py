@@ -193,7 +193,7 @@ class ModelTicks(ModelViews):
             # A rank with a slow step (10 s and more) has not stepped since its turn, but its
             # telemetry went on: read as of now, a round-old reading looked like a dead NVML's.
             sampled = st.telemetry is not None and (view.telemetry is None
-                                                    or view.telemetry.received_at < st.telemetry_at)
+                                                    or view.telemetry.received_at < st.telemetry.received_at)
             if stepped or sampled:
                 # A stale rank (a silent job's, for its 600 s) has not moved since the last share:
                 # its history and telemetry as then, not taken again (most of such a job's tick).

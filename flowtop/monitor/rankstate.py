@@ -74,8 +74,8 @@ class RankState:
     lost: int = 0
     drops: int = 0
     flops: dict[str, Any] | None = None
-    telemetry: dict[str, Any] | None = None
-    telemetry_at: float = 0.0
+    #: Its latest telemetry, as received (its ``received_at``: monitor time); None before any.
+    telemetry: TelemetryView | None = None
     series: dict[str, Column] = field(default_factory=dict)
     kernels: KernelWindowStats | None = None  # the latest window (flowtop.monitor.rankkernels)
     kernels_cumulative: CumulativeKernels | None = None
@@ -103,8 +103,9 @@ class RankState:
     #: (Model._as_now): taken again only once something arrived.
     judged: Judged | None = None
 
-    def push_series(self, name: str, value: Any) -> None:
-        """Append a numeric value to a sparkline series (None is skipped)."""
+    def push_series(self, name: str, value: object) -> None:
+        """Append a numeric value to a sparkline series (anything else, None included, is skipped:
+        telemetry's maps are open-ended)."""
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             column = self.series.get(name)
             if column is None:
@@ -246,15 +247,9 @@ def steady_until(st: RankState, status: str, med: float | None) -> float:
 
 
 def telemetry_view(st: RankState) -> TelemetryView | None:
-    """The rank's latest telemetry as an immutable view (None before any arrived)."""
-    if st.telemetry is None:
-        return None
-    return TelemetryView(
-        device=st.telemetry.get("gpu", {}),
-        host=st.telemetry.get("proc", {}),
-        reasons=st.telemetry.get("reasons", {}),
-        received_at=st.telemetry_at,
-    )
+    """The rank's latest telemetry as an immutable view (None before any arrived): the record
+    kept when it arrived, shared by every view of the rank until the next."""
+    return st.telemetry
 
 
 def history(st: RankState, shown_only: bool = False) -> History:
