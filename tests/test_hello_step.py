@@ -12,6 +12,7 @@ import pytest
 
 import probe
 from flowtop.monitor.model import Model
+from flowtop.monitor.rankstate import RankHello
 from flowtop.monitor.wiring import make_model
 from probe import wire
 from test_review_monitor import Feeder as BaseFeeder
@@ -144,7 +145,7 @@ def test_a_hello_built_by_hand_without_its_record_says_no_step() -> None:
               "last_step": "305", "step_age_s": None}
     model.ingest(wire.Message("hello", _key(0), 0, 1.0, fields), 100.0)
     st = model.ranks[_key(0)]
-    assert (st.step, st.hello_step_at) == (0, None) and "last_step" not in st.hello
+    assert (st.step, st.hello_step_at) == (0, None) and st.hello == RankHello(world_size=1, device="cpu (test)")
     job, _ = _hang(model, 100.5)
     assert [(r.status, r.step) for r in job.ranks] == [("live", 0)]
 

@@ -162,6 +162,27 @@ def test_a_ranks_telemetry_is_the_record_received_and_its_series_take_numbers_on
     assert list(later.history.sm_clock_mhz) == [] and list(later.history.tensor_active) == []
 
 
+def test_a_ranks_hello_is_kept_as_the_record_its_views_read() -> None:
+    """The hello's fields the views show (local rank, device with its control characters escaped,
+    coordinates, stages, the world size) come from one record; a re-sent equal hello keeps it, so
+    the views' coordinates stay the same object; a changed one replaces it."""
+    model = Model()
+    f = Feeder(model)
+    key = _key(1)
+    hello = dict(local_rank=1, world_size=4, device="GPU\x1b[31m", probe_version="t",
+                 coords={"dp": [0, 2], "pp": [1, 2]}, coords_source="mesh", pp_stages=[1], argv=["x"])
+    f.send(key, "hello", 0.0, **hello)
+    kept = model.ranks[key].hello
+    f.send(key, "hello", 2.0, **hello)
+    assert model.ranks[key].hello is kept
+    r = _rank(model.snapshot(2.5), rank=1)
+    assert (r.local_rank, r.device, r.coords_source, r.pp_stages) == (1, "GPU\\x1b[31m", "mesh", (1,))
+    assert r.coords is kept.coords and dict(r.coords) == {"dp": (0, 2), "pp": (1, 2)}
+    assert model.snapshot(2.5).jobs[0].world_size == 4
+    f.send(key, "hello", 4.0, **dict(hello, device="H200"))
+    assert _rank(model.snapshot(4.5), rank=1).device == "H200"
+
+
 def test_stalled_rank_still_gets_the_hang_hint() -> None:
     model = make_model(hint_overrides={"hang": {"floor_s": 5.0}})
     f = Feeder(model)

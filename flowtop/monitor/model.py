@@ -59,7 +59,7 @@ from flowtop.monitor.rotation import Prepared
 from flowtop.monitor.sanitize import clean, interned
 from flowtop.monitor.snapshot import Hint, JobSnapshot, TelemetryView
 from probe import wire
-from probe.wire import HELLO_STEP_FIELDS, Message, RankKey, StepColumns, step_columns
+from probe.wire import Message, RankKey, StepColumns, step_columns
 from probe.wire.command_bound import bound_text
 
 #: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
@@ -240,15 +240,13 @@ class Model(ModelTicks):
         if msg.kind in ("bye", "flops", "telemetry"):
             f = clean(f)  # remote text is shown in terminals: no control sequences
         if msg.kind == "hello":
-            # Its step and that step's age change at every hello: kept apart (rankstate.heard_step),
-            # so that the rest stays equal to the kept one.
-            if any(name in f for name in HELLO_STEP_FIELDS):
-                f = {k: v for k, v in f.items() if k not in HELLO_STEP_FIELDS}
+            # Its step and that step's age change at every hello: kept apart (rankstate.heard_step).
             rs.heard_step(st, msg.hello_step, now)
-            # Re-sent every 2-10 s, nearly always the same: one equal to the one kept (cleaned
-            # when it came) is clean too, and is not walked again.
-            if f != st.hello:
-                st.hello = interned(clean(f))
+            # Re-sent every 2-10 s, nearly always the same: an equal record leaves the kept one,
+            # so that its views' coordinates stay the same objects.
+            hello = rs.hello_of(f)
+            if hello != st.hello:
+                st.hello = hello
         elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
             self._on_steps(st, cols, now)
         elif msg.kind == "flops":

@@ -151,7 +151,7 @@ class ModelViews:
                                  glance=glance, shown_only=slim, hot=hot)
         ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
-        world = max([int(st.hello.get("world_size", 0)) for st in states] + [len(ranks)])
+        world = max([st.hello.world_size for st in states] + [len(ranks)])
         times = [r.step_time_s for r in live if r.step_time_s]
         if all(r.status in ENDED for r in ranks):  # failed: one or more of them ended of an exception
             status = "failed" if any(r.status == "failed" for r in ranks) else "done"

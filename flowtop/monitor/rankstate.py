@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flowtop.monitor.compact import Column, PairSeq
+from flowtop.monitor.parallelism import coords_of
+from flowtop.monitor.sanitize import printable
 from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.snapshot import History, TelemetryView
 from probe.wire import BYE_ERROR_PREFIX, HelloStep, Message, RankKey, step_columns
@@ -45,6 +49,33 @@ MAX_FRAMES_PER_S, MIN_SEQ_JUMP = 100_000, 20_000
 
 
 @dataclass(frozen=True, slots=True)
+class RankHello:
+    """What the monitor reads of a rank's latest hello (the defaults: none heard yet). Its other
+    fields (argv, probe version, where the rank number came from) are not shown."""
+
+    local_rank: int = 0
+    world_size: int = 0
+    device: str = "unknown"
+    #: Parallel coordinates, role ("dp", "tp", "pp", "cp", "ep") -> (rank, size); {}: not known.
+    coords: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    coords_source: str = ""
+    pp_stages: tuple[int, ...] = ()  # pipeline stage indices the rank runs
+
+
+def hello_of(fields: Mapping[str, Any]) -> RankHello:
+    """The record of a hello's (validated) fields: remote text made printable (it reaches
+    terminals) and interned (thousands of ranks name the same device)."""
+    return RankHello(
+        local_rank=int(fields.get("local_rank", 0)),
+        world_size=int(fields.get("world_size", 0)),
+        device=sys.intern(printable(str(fields.get("device", "unknown")))),
+        coords=coords_of(fields),
+        coords_source=sys.intern(printable(str(fields.get("coords_source", "")))),
+        pp_stages=tuple(int(s) for s in fields.get("pp_stages", ())),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Judged:
     """A rank's whole history and telemetry as its job's hints last read them, at its ``version``
     (RankState.version): the same while nothing new arrived."""
@@ -62,7 +93,7 @@ class RankState:
     key: RankKey
     first_seen: float
     last_recv: float
-    hello: dict[str, Any] = field(default_factory=dict)
+    hello: RankHello = field(default_factory=RankHello)
     step: int = 0
     steps: StepRing = field(default_factory=lambda: StepRing(RING, RECENT))
     device_s: float | None = None

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from flowtop.monitor import accounting, parallelism
+from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.records import Fields
@@ -83,7 +83,6 @@ class RankViews:
         self.peak_override_flops = peak_override_flops
         self._entries: dict[RankKey, _Entry] = {}
         self._rows: dict[RankKey, tuple[int, int, tuple[CumulativeRow, ...]]] = {}  # key -> (id(table), windows, rows)
-        self._hello: dict[RankKey, tuple[dict[str, Any], tuple[Any, ...]]] = {}  # key -> (hello, derived)
         #: Views built, reused, and refreshed in their step and liveness only, since the start
         #: (the bench reads them).
         self.built = 0
@@ -216,7 +215,6 @@ class RankViews:
         """Drop the views of a rank the model forgot."""
         self._entries.pop(key, None)
         self._rows.pop(key, None)
-        self._hello.pop(key, None)
 
     def _kernel_rows(self, st: RankState) -> tuple[CumulativeRow, ...] | None:
         """An immutable copy of the rank's cumulative kernel table, copied again only after a
@@ -231,18 +229,6 @@ class RankViews:
         self._rows[st.key] = (id(table), table.windows, rows)
         return rows
 
-    def _from_hello(self, st: RankState) -> tuple[int, str, Any, str, tuple[int, ...]]:
-        """(local rank, device, coordinates, their source, pipeline stages) from the rank's hello,
-        derived again only when a different hello arrived (the model keeps an unchanged one)."""
-        held = self._hello.get(st.key)
-        if held is not None and held[0] is st.hello:
-            return held[1]
-        h = st.hello
-        derived = (int(h.get("local_rank", 0)), str(h.get("device", "unknown")), parallelism.coords_of(h),
-                   str(h.get("coords_source", "")), tuple(int(s) for s in h.get("pp_stages", ())))
-        self._hello[st.key] = (h, derived)
-        return derived
-
     def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
                others: tuple[RankKey, ...], behind: float = 0.0, shown_only: bool = False) -> RankSnapshot:
         ring = st.steps
@@ -251,14 +237,14 @@ class RankViews:
         waits = [w / t for w, t, k in zip(ring.values(ring.WAIT, 32), ring.values(ring.WALL, 32),
                                           ring.values(ring.KNOWN, 32)) if k & 1 and t > 0]
         overhead = statistics.median(st.probe_s) / med if st.probe_s and med else None
-        local_rank, device, coords, coords_source, pp_stages = self._from_hello(st)
+        hello = st.hello
         return RankSnapshot(
             rank=st.key.rank,
             host=st.key.host,
             pid=st.key.pid,
-            local_rank=local_rank,
+            local_rank=hello.local_rank,
             incarnation=st.key.inc,
-            device=device,
+            device=hello.device,
             status=status,
             step=st.step,
             step_time_s=med,
@@ -280,9 +266,9 @@ class RankViews:
             commands_refused=st.commands_refused,
             commands_dropped=st.commands_dropped,
             conflict=tuple(Claimant(k.host, k.pid) for k in others),
-            coords=coords,
-            coords_source=coords_source,
-            pp_stages=pp_stages,
+            coords=hello.coords,
+            coords_source=hello.coords_source,
+            pp_stages=hello.pp_stages,
             stage_time_s=statistics.median(st.stage_s) if st.stage_s else None,
             behind_s=behind,
             hello_step_at=rs.hello_step_at(st),
