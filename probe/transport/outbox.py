@@ -232,7 +232,8 @@ class Outbox:
 
     def _expire(self, pending: Deque[Item], now: float) -> None:
         """Drop (and count) what waited longer than ``max_age_s``, wherever it sits (a key
-        switch is never dropped: what follows it must go out under the new key)."""
+        switch is never dropped: what follows it must go out under the new key). Ages leave out
+        the process's pauses (Round.begin moved what was held across one)."""
         if pending and now - min(item[1] for item in pending) > self.max_age_s:
             fresh = [item for item in pending if now - item[1] <= self.max_age_s or item[0] == _REKEY]
             self._send_drops += weights(pending) - weights(fresh)

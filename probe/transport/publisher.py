@@ -227,7 +227,7 @@ class Publisher(SenderLoop):
         r = self._round
         try:
             if r is not None:
-                self._take(r, stopping=True, now=r.clock.round())
+                self._take(r, stopping=True, now=r.begin())
                 self._send(zmq, sock, r, r.clock.now)
         except Exception:  # noqa: BLE001 - the message itself must still go
             pass

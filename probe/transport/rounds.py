@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from typing import Any, Deque
+from typing import Any, Callable, Deque
 
 from probe.wire.pace import batch_due
 
@@ -27,11 +27,25 @@ RETRY_MAX_S = 1.0
 #: rounds saw (a loop of 0.1 ms steps fills 10,000 entries in a second).
 QUEUE_SHARE = 0.25
 
+#: A sleep of the sender that ends this much later than it asked for is a pause of the process
+#: (SIGSTOP, a starved VM): the time it did not run, which queued messages do not age by (see
+#: SenderClock.slept). A poll wakes within a millisecond or two of its timeout otherwise.
+PAUSE_MIN_S = 0.25
+
 #: A message of the training thread's queue: (kind, wall time of its publish(), fields).
 Queued = tuple[str, float, dict[str, Any]]
 #: A message the sender holds: (kind, when it was published on the monotonic clock (its age, its
 #: batch's due time), the same on the wall clock (its timestamp on the wire), fields).
 Item = tuple[str, float, float, dict[str, Any]]
+
+
+def _monotonic() -> float:
+    return time.monotonic()
+
+
+def _wall_time() -> float:
+    # Looked up at each call: a test replaces this module's ``time`` to step the wall clock.
+    return time.time()
 
 
 class SenderClock:
@@ -44,22 +58,62 @@ class SenderClock:
     clock since or not. The sender places those times on its monotonic clock with wall −
     monotonic sampled each round, within the span the message was published in (after the
     previous round took the queue, before this one took it): one published before a step and
-    taken after it is then at most a round off, never a step's size."""
+    taken after it is then at most a round off, never a step's size.
 
-    def __init__(self) -> None:
-        self.since = self.now = time.monotonic()
-        self.offset = time.time() - self.now  # wall − monotonic, this round
+    The monotonic clock also runs while the process does not (SIGSTOP, a starved VM): a message
+    queued before such a pause would be older than ``max_age_s`` when the process resumes, and
+    dropped, though it waited for nothing but the pause (a monitor then lost steps that
+    happened). The sender knows how long each of its sleeps should last; one that ended more than
+    PAUSE_MIN_S late (:meth:`slept`) was a pause, and the next round (:meth:`round`) places
+    what was published before the sleep's due end that much later (Round.begin does the same to
+    what it holds): ages count the time the process ran. What is published during the pause (a
+    thread that did run) is not moved, so the bound that ``max_age_s`` keeps while no monitor
+    listens still holds: what waits is what was published within the last ``max_age_s`` of
+    the process's running time.
+
+    ``mono`` and ``wall`` are the clocks it reads (tests inject both)."""
+
+    def __init__(self, mono: Callable[[], float] | None = None, wall: Callable[[], float] | None = None) -> None:
+        self._mono, self._wall = mono or _monotonic, wall or _wall_time
+        self.since = self.now = self._mono()
+        self.offset = self._wall() - self.now  # wall − monotonic, this round
+        #: The pause found by the sleeps since the last round, and the due end of the sleep that
+        #: found it (what was published before it is moved by the pause); this round's, once
+        #: :meth:`round` began it.
+        self._pause_s, self._pause_before = 0.0, -math.inf
+        self.pause_s, self.pause_before = 0.0, -math.inf
 
     def round(self) -> float:
-        """A round begins (before it takes the queue): monotonic now; the offset sampled anew."""
-        self.since, self.now = self.now, time.monotonic()
-        self.offset = time.time() - self.now
+        """A round begins (before it takes the queue): monotonic now; the offset sampled anew,
+        and the pause the sleeps found since the last round (:attr:`pause_s`) this round's."""
+        self.since, self.now = self.now, self._mono()
+        self.offset = self._wall() - self.now
+        self.pause_s, self.pause_before = self._pause_s, self._pause_before
+        self._pause_s, self._pause_before = 0.0, -math.inf
         return self.now
+
+    def read(self) -> float:
+        """Monotonic now (a sleep's start, for :meth:`slept`)."""
+        return self._mono()
+
+    def slept(self, asked_s: float, start: float) -> None:
+        """A sleep asked for ``asked_s`` from ``start`` (this clock) has ended: any lateness past
+        PAUSE_MIN_S is a pause of the process (the thread could not run to wake up)."""
+        due = start + asked_s
+        late = self._mono() - due
+        if late >= PAUSE_MIN_S:
+            self._pause_s += late
+            self._pause_before = max(self._pause_before, due)
+
+    def moved(self, mono: float) -> float:
+        """A monotonic time of before this round, moved by the round's pause if it was before it."""
+        return mono + self.pause_s if mono < self.pause_before else mono
 
     def mono(self, wall: float) -> float:
         """The monotonic time of a wall time read by publish() since the previous round (one
-        published before the sender started counts as published when it started)."""
-        return min(self.now, max(self.since, wall - self.offset))
+        published before the sender started counts as published when it started), moved past a
+        pause it came before."""
+        return min(self.now, max(self.since, self.moved(wall - self.offset)))
 
     def item(self, queued: Queued) -> Item:
         """A queued message as the sender holds it."""
@@ -74,8 +128,8 @@ class SenderClock:
 class Round:
     """The sender thread's state between rounds (its own: nothing else reads it)."""
 
-    def __init__(self, hello: dict[str, Any] | None) -> None:
-        self.clock = SenderClock()
+    def __init__(self, hello: dict[str, Any] | None, clock: SenderClock | None = None) -> None:
+        self.clock = clock or SenderClock()
         self.pending: Deque[Item] = collections.deque()
         self.batch: list[Queued] = []  # step records not yet closed into a frame
         self.batch_mono = 0.0  # when its first record was published, on the monotonic clock
@@ -97,13 +151,28 @@ class Round:
         self.resend_count = False  # a monitor (re)appeared: the count goes after its hello
         self.look_until = -math.inf  # while looking (SenderLoop._look_again): when a round is due
 
+    def begin(self) -> float:
+        """A round begins: monotonic now (SenderClock.round). After a pause of the process, what
+        the sender held from before it (pending messages, the open batch) is moved by the pause,
+        as the queue's messages are when taken: none of it aged while the process did not run."""
+        now = self.clock.round()
+        clock = self.clock
+        if clock.pause_s > 0.0:
+            moved = clock.moved
+            held = [(kind, moved(at), t, fields) for kind, at, t, fields in self.pending]
+            self.pending.clear()
+            self.pending.extend(held)
+            if self.batch:
+                self.batch_mono = moved(self.batch_mono)
+        return now
+
     def close_batch(self) -> None:
         """The open batch's records become one pending "steps" frame (a lone record too: columns
         cost the monitor less to check than a plain "step" map)."""
         batch = self.batch
         if batch:
             self.pending.append(("steps", self.batch_mono, batch[0][1], {"records": [f for _, _, f in batch]}))
-            self.flushed_at = time.monotonic()
+            self.flushed_at = self.clock.read()
             batch.clear()
 
     def open_batch(self, first: Queued) -> None:

@@ -15,8 +15,9 @@ XPUB rather than a PUB: a PUB silently discards what it sends before the
 monitor's subscription has arrived (the hello and first steps would vanish),
 while an XPUB *receives* the subscriptions, so the sender knows whether anyone
 listens. Until then — and when the monitor goes away — messages wait up to
-``max_age_s`` and are then dropped and counted (looked at at least every ``max_age_s``/2,
-and before anything is sent: a monitor that appears gets nothing older). XPUB_NODROP turns a full
+``max_age_s`` of the time the process runs (a SIGSTOP's pause is not counted:
+probe.transport.rounds.SenderClock) and are then dropped and counted (looked at at least every
+``max_age_s``/2, and before anything is sent: a monitor that appears gets nothing older). XPUB_NODROP turns a full
 high-water mark into EAGAIN, handled the same way.
 """
 
@@ -152,7 +153,7 @@ class SenderLoop(Outbox):
             hold = waker.muted is not None and link.muted(time.monotonic()) and not stopping
             if readable or waker.muted is not None:  # a pause's end reads the socket (see _listen)
                 self._listen(link, r, waker, sock)
-            now = r.clock.round()  # monotonic: the sender's timers (see SenderClock)
+            now = r.begin()  # monotonic: the sender's timers (see SenderClock); a pause's credit
             if not stopping:  # before sending: what a job queues (a telemetry sample) goes now
                 self._run_ticks(r, now)
             if self._local:  # ahead of the queue's messages: never after a bye
@@ -170,11 +171,20 @@ class SenderLoop(Outbox):
             while len(self._watched) > r.watched:
                 waker.watch(*self._watched[r.watched])
                 r.watched += 1
-            readable = waker.wait(self._wait_s(r, sent_all, steps, link.gate.paused_until))
+            readable = self._sleep(waker, r, self._wait_s(r, sent_all, steps, link.gate.paused_until))
             while not waker.woken and self._look_again(r):  # an empty look: no round
-                readable = waker.wait(min(self.current_flush_s(), r.look_until - time.monotonic()))
+                readable = self._sleep(waker, r, min(self.current_flush_s(), r.look_until - time.monotonic()))
             if waker.degraded:  # its pipe is gone: nobody writes into a number the process may reuse
                 self._nudge_w = -1
+
+    @staticmethod
+    def _sleep(waker: Waker, r: "Round", wait_s: float) -> bool:
+        """The sender sleeps (Waker.wait); one that ends late was a pause of the process, which
+        what it holds does not age by (SenderClock.slept)."""
+        start = r.clock.read()
+        readable = waker.wait(wait_s)
+        r.clock.slept(wait_s, start)
+        return readable
 
     def _listen(self, link: Link, r: "Round", waker: Waker, sock: Any) -> None:
         """Subscriptions, connection events and the monitor's commands since the last round (the
