@@ -26,7 +26,8 @@ HELLO = {"local_rank": 0, "world_size": 1, "device": "cpu", "probe_version": "te
 
 
 def test_the_monitors_budget_stays_well_inside_the_wires_bound() -> None:
-    assert cb.MONITOR_RATE_PER_S == cb.PACES_PER_S + cb.KERNELS_RATE_PER_S <= cb.RATE_PER_S / 2
+    assert cb.MONITOR_RATE_PER_S == cb.PACES_PER_S + cb.KERNELS_RATE_PER_S + cb.HELLO_ASKS_RATE_PER_S \
+        <= cb.RATE_PER_S / 2
     assert cb.MONITOR_BURST <= cb.BURST / 4
     assert 1.0 / pacing.RENEW_S <= cb.PACES_PER_S  # one pace broadcast a renewal, at most
 

@@ -41,6 +41,7 @@ from flowtop.monitor.collector_net import parse_tcp as parse_tcp
 from flowtop.monitor.collector_net import raise_fd_limit as raise_fd_limit
 from flowtop.monitor.collector_net import tcp_addr as tcp_addr
 from flowtop.monitor.fdwatch import FdHeadroom
+from flowtop.monitor.hello_asks import HelloAsks
 from flowtop.monitor.kernel_asks import KernelAsks
 from flowtop.monitor.governor import LoadGovernor
 from flowtop.monitor.model import Model
@@ -108,6 +109,8 @@ class Collector(CollectorSockets, LoadGovernor):
         self._send: Any = None  # a synchronous shadow of the XSUB for commands (never blocks)
         #: The ``k`` key's requests, within the monitor's budget (probe.wire.command_bound).
         self.kernel_asks = KernelAsks()
+        #: Ranks it forgot (evicted while silent) asked for their hello and FLOP count again.
+        self.hello_asks = model.hello_asks = HelloAsks()
         self._events: Any = None  # the XSUB's socket monitor (failed handshakes), synchronous
         self._events_async: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -259,6 +262,7 @@ class Collector(CollectorSockets, LoadGovernor):
                 if self.glances and self.on_tick is not None and 0 < len(self.model.ranks) <= GLANCE_RANKS:
                     self.on_tick(self.model.snapshot(now, self.listen, light=True))
         self._govern(now)
+        self._ask_hellos(now)
         if self.recorder is not None:
             try:
                 self.recorder.flush_due(now)  # a SIGKILL loses at most recfile.FLUSH_S of it

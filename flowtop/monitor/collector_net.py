@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from flowtop.monitor.hello_asks import HelloAsks
 from flowtop.monitor.kernel_asks import KernelAsk, KernelAsks
 from flowtop.monitor.pacing import PACED_TELEMETRY_S
 from probe import wire
@@ -121,6 +122,7 @@ class CollectorSockets:
     _events_async: Any
     _auth: Any
     kernel_asks: KernelAsks
+    hello_asks: HelloAsks
 
     def _open_sockets(self) -> Any:
         """Create the context, the authenticator and the XSUB (configured, subscribed, not bound yet)
@@ -217,6 +219,20 @@ class CollectorSockets:
                 self._send.send(wire.encode_control("pace", None, None, pace, PACED_TELEMETRY_S), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+
+    def _ask_hellos(self, now: float) -> None:
+        """Ask ranks the monitor forgot for their hello and FLOP count (flowtop.monitor.hello_asks)."""
+        ask = self.hello_asks.due(now, self._lacks_hello)
+        if ask is not None and self._send is not None:
+            try:
+                self._send.send(wire.encode_control("hello_now", ask.job, None), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _lacks_hello(self, key: wire.RankKey) -> bool:
+        """Whether a rank is known, running and still without its hello or its FLOP count."""
+        st = self.model.ranks.get(key)
+        return st is not None and st.bye is None and (st.hello is None or st.flops is None)
 
     def request_kernels(self, job: str, rank: int) -> KernelAsk:
         """Ask one rank's probe for a kernel window at its next step (never blocks), within the

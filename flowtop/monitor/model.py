@@ -36,6 +36,7 @@ from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import Claims, SoleRows
 from flowtop.monitor.endedjobs import EndedJobs
+from flowtop.monitor.hello_asks import HelloAsks
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 from flowtop.monitor.kernels.merge import JobKernelStats
@@ -123,6 +124,8 @@ class Model(ModelTicks):
         self.ticks = 0
         #: Node relays heard of, and which relay each rank's frames come through (flowtop.monitor.relays).
         self.relays = Relays()
+        #: Ranks the live monitor may ask for their hello and count (flowtop.monitor.hello_asks).
+        self.hello_asks: HelloAsks | None = None
         self.views = RankViews(peak_override_flops)
         #: A tick rebuilds RANKS_PER_TICK ÷ spread ranks of a large job (one of SPREADS).
         self.spread = 1
@@ -229,6 +232,8 @@ class Model(ModelTicks):
             st = self.ranks[msg.key] = RankState(key=msg.key, first_seen=now, last_recv=now)
             self._keys_version += 1
             self._job_sizes[msg.key.job] += 1
+            if self.hello_asks is not None:  # one that ran before: maybe a rank this monitor forgot
+                self.hello_asks.first_heard(msg, now)
         st.last_recv = now
         self.relays.saw(msg.key, via)
         st.via = via

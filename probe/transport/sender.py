@@ -295,6 +295,12 @@ class SenderLoop(Outbox):
                 self._pace = Pace(control.flush_s, time.monotonic() + wire.PACE_TTL_S,
                                   control.telemetry_max_s or MAX_PACED_TICK_S)
                 continue
+            if cmd == "hello_now":  # the monitor forgot this rank: as for a monitor that (re)appeared
+                r = self._round
+                if r is not None:
+                    r.next_hello = r.hello_at = -math.inf  # the hello goes this round (Outbox._queue_hello)
+                    r.resend_count = r.flops is not None  # and the FLOP count in force after it
+                continue
             for handler in self._control_handlers:
                 try:
                     handler(cmd)

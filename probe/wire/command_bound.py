@@ -4,8 +4,9 @@ probe.transport.gate; a node relay's upstream socket, flowtop.tools.relay_comman
 library only, like the rest of the wire.
 
 A monitor sends few commands: one "pace" for every job every 2 s while it paces
-(flowtop.monitor.pacing.RENEW_S) and a "kernels_now" per ``k`` key press, limited on its own side
-(flowtop.monitor.kernel_asks): its budget, MONITOR_RATE_PER_S and MONITOR_BURST below, stays far
+(flowtop.monitor.pacing.RENEW_S), a "kernels_now" per ``k`` key press, limited on its own side
+(flowtop.monitor.kernel_asks), and a rare "hello_now" for ranks it forgot
+(flowtop.monitor.hello_asks): its budget, MONITOR_RATE_PER_S and MONITOR_BURST below, stays far
 inside the bucket, so no peer ever drops one of the monitor's own commands, however long a key is
 held. It sends each on every connection at once (its XSUB), so a node relay's upstream socket
 receives exactly the stream a probe connected directly does, and bounds it with these same numbers:
@@ -51,9 +52,14 @@ PACES_PER_S = 0.5
 KERNELS_TARGET_S = 1.0
 KERNELS_BURST = 4
 KERNELS_RATE_PER_S = 1.0
-#: What the monitor sends at most: 1.5 a second (RATE_PER_S / 2.7) and 5 at once (BURST / 6.4).
-MONITOR_RATE_PER_S = PACES_PER_S + KERNELS_RATE_PER_S
-MONITOR_BURST = KERNELS_BURST + 1
+#: hello_now (flowtop.monitor.hello_asks): a monitor that forgot ranks (it evicted their job while
+#: they were silent) asks a job, or every job, for their hellos and FLOP counts again: HELLO_ASKS_BURST
+#: at once, then HELLO_ASKS_RATE_PER_S.
+HELLO_ASKS_BURST = 2
+HELLO_ASKS_RATE_PER_S = 0.25
+#: What the monitor sends at most: 1.75 a second (RATE_PER_S / 2.3) and 7 at once (BURST / 4.6).
+MONITOR_RATE_PER_S = PACES_PER_S + KERNELS_RATE_PER_S + HELLO_ASKS_RATE_PER_S
+MONITOR_BURST = KERNELS_BURST + 1 + HELLO_ASKS_BURST
 assert MONITOR_RATE_PER_S <= RATE_PER_S / 2 and MONITOR_BURST <= BURST / 4, "the monitor's budget has no margin"
 
 

@@ -19,8 +19,13 @@ from probe.wire.version import MAJOR, MINOR
 # every probe connected to it, and each probe's XPUB receives them. A probe binds nothing,
 # so only the monitor it reports to (authenticated by CURVE where keys are set) can reach it.
 #: "kernels_now": profile one step now; "pace": send step records at most every ``flush_s``
-#: (the monitor slows every rank down when it hears too many; it expires, see PACE_TTL_S).
-CONTROL_COMMANDS = ("kernels_now", "pace")
+#: (the monitor slows every rank down when it hears too many; it expires, see PACE_TTL_S);
+#: "hello_now" (MINOR 4): send the hello and the latest FLOP count again now (a monitor that
+#: forgot the rank while its connection stayed up: flowtop.monitor.hello_asks). An older probe
+#: refuses "hello_now" and counts it (``commands_refused``), as any command newer than it.
+CONTROL_COMMANDS = ("kernels_now", "pace", "hello_now")
+#: The commands that may address every job at once (``job`` nil).
+EVERY_JOB_COMMANDS = ("pace", "hello_now")
 #: Seconds a "pace" command holds: a monitor that stopped sending it (it restarted, or has fewer
 #: ranks now) no longer slows its ranks once this has passed.
 PACE_TTL_S = 10.0
@@ -33,7 +38,8 @@ MAX_PACED_TELEMETRY_S = 60.0
 
 
 class Control(NamedTuple):
-    """A decoded monitor command: for the ranks of ``job`` (every job when None: only "pace"),
+    """A decoded monitor command: for the ranks of ``job`` (every job when None: only
+    EVERY_JOB_COMMANDS),
     one rank of it or every rank (``rank`` None); ``flush_s`` for "pace", and the longest
     telemetry interval the paced ranks may stretch to, ``telemetry_max_s`` (None: the monitor did
     not say; an older one reads samples older than 10 s as stale)."""
@@ -48,7 +54,7 @@ class Control(NamedTuple):
 def encode_control(command: str, job: str | None, rank: int | None, flush_s: float | None = None,
                    telemetry_max_s: float | None = None) -> bytes:
     """A command for one rank (or every rank of ``job`` when ``rank`` is None; every rank of every
-    job when ``job`` is None, for "pace")."""
+    job when ``job`` is None, for EVERY_JOB_COMMANDS)."""
     body: dict[str, Any] = {"v": [MAJOR, MINOR], "k": "control", "cmd": command, "job": job, "rank": rank}
     if flush_s is not None:
         body["flush_s"] = flush_s
@@ -72,7 +78,7 @@ def decode_control(frame: bytes) -> Control:
         raise WireError("unsupported control version")
     cmd, job, rank, flush = obj.get("cmd"), obj.get("job"), obj.get("rank"), obj.get("flush_s")
     pace = cmd == "pace"
-    if (cmd not in CONTROL_COMMANDS or not (_str()(job) or (pace and job is None))
+    if (cmd not in CONTROL_COMMANDS or not (_str()(job) or (cmd in EVERY_JOB_COMMANDS and job is None))
             or not (rank is None or _int(0, 1 << 24)(rank))):
         raise WireError("malformed control message")
     if pace != (flush is not None) or (pace and not _num(0.0, MAX_PACE_S)(flush)):

@@ -1,0 +1,104 @@
+"""When the monitor asks ranks it forgot for their hello and FLOP count again. No Textual.
+
+A probe sends its hello first whenever a monitor (re)appears on its connection, and its latest
+FLOP count right after it; otherwise a count goes once, when counted (and at each re-count,
+FLOWTOP_RECHECK_STEPS steps apart), and the hello every 10-30 s while steps flow. A monitor that
+forgot a rank while the connection stayed up got neither: it evicted the job because every rank
+of it was silent for EVICT_AFTER_S (all stopped with SIGSTOP, a partition), or it restarted
+behind a relay quicker than the relay looked upstream. The rank's frames then came back without
+its device and world size (the hello) and without a FLOP count: no MFU until the next re-count,
+up to 500 steps. The probe cannot tell, so the monitor asks ("hello_now", wire 1.4): a rank it
+first hears from by anything but a starting rank's hello (one that says no step yet) is noted
+(:meth:`HelloAsks.note`, once per new rank: nothing per frame), and asked if its hello or count
+is still missing ASK_GRACE_S later (a probe that saw the monitor appear sends both itself). One
+command for the job, every rank of which resends (two frames each, once), or one for every job
+when ranks of several wait; again after ASK_AGAIN_S while one still lacks them, ASK_TRIES times
+at most (a probe that counts no FLOPs never sends a count; an older probe refuses the command
+and sends its hello within 10-30 s anyway). All of it within the monitor's share of the wire's
+command bound (probe.wire.command_bound: HELLO_ASKS_BURST, HELLO_ASKS_RATE_PER_S).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from probe.wire import Message, RankKey
+from probe.wire import command_bound as _bound
+
+#: Seconds (monitor clock) a noted rank has to bring its hello and count by itself.
+ASK_GRACE_S = 0.5
+#: Seconds between two asks for a rank that still lacks them, and how many asks at most.
+ASK_AGAIN_S = 5.0
+ASK_TRIES = 3
+#: Ranks noted at most (a bound whatever floods the monitor with new keys; the caps of
+#: flowtop.monitor.limits admit far fewer).
+MAX_WAITING = 65_536
+
+
+@dataclass(frozen=True)
+class HelloAsk:
+    """One "hello_now" to send: for ``job`` (None: every job), on behalf of ``ranks`` ranks."""
+
+    job: str | None
+    ranks: int
+
+
+@dataclass
+class _Waiting:
+    """A noted rank: since when, and its asks so far."""
+
+    since: float
+    asks: int = 0
+    asked_at: float = -math.inf
+
+
+class HelloAsks:
+    """The ranks the monitor may have to ask, and its bucket for asking (the data loop's)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[RankKey, _Waiting] = {}
+        self._tokens = float(_bound.HELLO_ASKS_BURST)
+        self._at = -math.inf
+        #: Asks sent so far (tests, and what the monitor says of itself).
+        self.sent = 0
+
+    def first_heard(self, msg: Message, now: float) -> None:
+        """The first frame of a rank new to the model: noted unless it is a starting rank's hello
+        (one that says no step yet) or a bye."""
+        if msg.kind != "bye" and (msg.kind != "hello" or msg.fields.get("last_step") is not None):
+            self.note(msg.key, now)
+
+    def note(self, key: RankKey, now: float) -> None:
+        """A rank first heard at monitor time ``now`` by a frame that says it ran before (a step,
+        a count, a hello with a last step): maybe one the monitor forgot."""
+        if key not in self._waiting and len(self._waiting) < MAX_WAITING:
+            self._waiting[key] = _Waiting(now)
+
+    def due(self, now: float, lacking: Callable[[RankKey], bool]) -> HelloAsk | None:
+        """The ask to send now, if any (then counted as sent). ``lacking(key)``: whether the
+        rank is still known and still misses its hello or its FLOP count."""
+        if not self._waiting:
+            return None
+        ready: list[_Waiting] = []
+        jobs: set[str] = set()
+        for key, wait in list(self._waiting.items()):
+            if wait.asks >= ASK_TRIES or not lacking(key):
+                del self._waiting[key]
+            elif now - wait.since >= ASK_GRACE_S and now - wait.asked_at >= ASK_AGAIN_S:
+                ready.append(wait)
+                jobs.add(key.job)
+        if not ready:
+            return None
+        tokens = min(float(_bound.HELLO_ASKS_BURST), self._tokens + (now - self._at) * _bound.HELLO_ASKS_RATE_PER_S)
+        self._at = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            return None
+        self._tokens = tokens - 1.0
+        for wait in ready:
+            wait.asks += 1
+            wait.asked_at = now
+        self.sent += 1
+        return HelloAsk(next(iter(jobs)) if len(jobs) == 1 else None, len(ready))
