@@ -21,7 +21,8 @@ from synthetic.cluster import cluster_snapshot
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 #: Families rendered at every scrape (the fresh part), not from the snapshot.
-LIVE = ("flowtop_monitor_cpu_cores", "flowtop_monitor_frames_per_second", "process_")
+LIVE = ("flowtop_monitor_cpu_cores", "flowtop_monitor_frames_per_second", "flowtop_monitor_snapshot_age",
+        "process_")
 
 
 def get(url: str, accept: str | None = None, zipped: bool = False) -> tuple[str, dict[str, str]]:
@@ -117,10 +118,16 @@ def test_snapshot_json_is_rendered_once_per_snapshot(served: tuple[MetricsServer
     calls: list[float] = []
     real = flowtop.export.metrics_http.to_json
     monkeypatch.setattr(flowtop.export.metrics_http, "to_json", lambda s: calls.append(s.taken_at) or real(s))
-    first = [get(server.where.url("/snapshot.json"))[0] for _ in range(3)]
+
+    def served() -> str:  # the cached body: what follows the age it is served with (served_age_s, first)
+        body = get(server.where.url("/snapshot.json"))[0]
+        assert body.startswith('{"served_age_s": ')
+        return body.split(", ", 1)[1]
+
+    first = [served() for _ in range(3)]
     assert len(set(first)) == 1 and calls == [current["snap"].taken_at]
     current["snap"] = cluster_snapshot(3, n_ranks=64)
-    assert get(server.where.url("/snapshot.json"))[0] != first[0] and len(calls) == 2
+    assert served() != first[0] and len(calls) == 2
 
 
 def test_the_cache_is_bounded() -> None:

@@ -22,6 +22,7 @@ The metric list is in the README ("Prometheus"; a test holds it to a real scrape
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -141,9 +142,11 @@ def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()
     return load_families(snap, meter) + snapshot_families(snap, policy)
 
 
-def load_families(snap: MonitorSnapshot | None, meter: LoadMeter | None = METER) -> list[Any]:
-    """The monitor's own CPU and frame rate (flowtop.monitor.selfload), read at scrape time: the part of a
-    scrape that is never cached (a wedged data thread must still show its CPU)."""
+def load_families(snap: MonitorSnapshot | None, meter: LoadMeter | None = METER,
+                  clock: Callable[[], float] = time.monotonic) -> list[Any]:
+    """The monitor's own CPU and frame rate (flowtop.monitor.selfload) and the served snapshot's real
+    age, read at scrape time: the part of a scrape that is never cached (a wedged data thread must
+    still show its CPU, and a snapshot served after a pause of the monitor its age)."""
     # CPU seconds per second: 1 per core kept busy, above 1 with the ZeroMQ I/O thread or gzip
     # running beside the interpreter; a _ratio would promise 0-1 (README: once flowtop_monitor_cpu_ratio).
     cpu = GaugeMetricFamily("flowtop_monitor_cpu", "Cores the monitor process kept busy (CPU seconds per second, "
@@ -154,7 +157,14 @@ def load_families(snap: MonitorSnapshot | None, meter: LoadMeter | None = METER)
         cpu.add_metric([], load.cpu_ratio)
     if load is not None and load.frames_per_s is not None:
         frames.add_metric([], load.frames_per_s)
-    return [cpu, frames]
+    # The monitor clock (taken_at) leaves the monitor's own pauses out; a scrape that came while it
+    # was stopped (SIGSTOP) is answered at once on resume, before its next tick, with the snapshot
+    # from before the pause: this says how old it really is.
+    age = GaugeMetricFamily("flowtop_monitor_snapshot_age", "Seconds since the snapshot the values are from "
+                            "was built, on the process's clock (a pause of the monitor included)", unit="seconds")
+    if snap is not None:
+        age.add_metric([], max(0.0, clock() - snap.built_at))
+    return [cpu, frames, age]
 
 
 def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()) -> list[Any]:
@@ -360,10 +370,11 @@ class SnapshotCollector(Collector):
     families alone (flowtop.export.metrics_http caches those and adds :class:`LoadCollector`'s)."""
 
     def __init__(self, latest: Callable[[], MonitorSnapshot | None], policy: ExportPolicy = ExportPolicy(),
-                 meter: LoadMeter | None = METER) -> None:
+                 meter: LoadMeter | None = METER, clock: Callable[[], float] = time.monotonic) -> None:
         self._latest = latest
         self.policy = policy
         self._meter = meter
+        self._clock = clock
 
     def describe(self) -> list[Any]:
         return []  # no scrape at registration
@@ -371,19 +382,21 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Any]:
         snap = self._latest()
         if self._meter is not None:
-            yield from load_families(snap, self._meter)
+            yield from load_families(snap, self._meter, self._clock)
         yield from snapshot_families(snap, self.policy)
 
 
 class LoadCollector(Collector):
-    """The monitor's own CPU and frames/s (:func:`load_families`) at each scrape."""
+    """The monitor's own CPU and frames/s and the snapshot's age (:func:`load_families`) at each scrape."""
 
-    def __init__(self, latest: Callable[[], MonitorSnapshot | None], meter: LoadMeter = METER) -> None:
+    def __init__(self, latest: Callable[[], MonitorSnapshot | None], meter: LoadMeter = METER,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._latest = latest
         self._meter = meter
+        self._clock = clock
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
-        yield from load_families(self._latest(), self._meter)
+        yield from load_families(self._latest(), self._meter, self._clock)

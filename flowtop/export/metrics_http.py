@@ -18,6 +18,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -108,23 +109,26 @@ class MetricsServer:
         where: Address to bind.
         latest: Returns the newest published snapshot (a reference; called per request).
         policy: Rank cap and finished-job linger of the exporter.
+        clock: The process's monotonic clock, what a snapshot's ``built_at`` reads (tests inject it).
     """
 
     def __init__(self, where: HostPort, latest: Callable[[], MonitorSnapshot | None],
-                 policy: ExportPolicy = ExportPolicy()) -> None:
+                 policy: ExportPolicy = ExportPolicy(), clock: Callable[[], float] = time.monotonic) -> None:
         self.where = where
         self.latest = latest
         self.policy = policy
+        self.clock = clock
         self.cache = ScrapeCache()
         # Everything, rendered per request: for what the cache does not serve (name[] filters,
         # methods other than GET: prometheus_client's own answers).
         self.registry = CollectorRegistry()
-        self.registry.register(SnapshotCollector(lambda: self.latest(), policy))  # latest may be replaced
+        self.registry.register(SnapshotCollector(lambda: self.latest(), policy,  # latest may be replaced
+                                                 clock=lambda: self.clock()))
         ProcessCollector(registry=self.registry)
         self._metrics = make_wsgi_app(self.registry)
         # The fresh part of a cached scrape.
         self.live = CollectorRegistry()
-        self.live.register(LoadCollector(lambda: self.latest()))
+        self.live.register(LoadCollector(lambda: self.latest(), clock=lambda: self.clock()))
         ProcessCollector(registry=self.live)
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -163,8 +167,13 @@ class MetricsServer:
             snap = self.latest()
             body = self.cache.get(snap, "json", lambda: json.dumps(to_json(snap) if snap is not None else None)
                                   .encode()).body
-            start_response("200 OK" if snap is not None else "503 Service Unavailable",
-                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            headers = [("Content-Type", "application/json")]
+            if snap is not None:  # its real age, pauses of the monitor included (see served_age)
+                age = self.served_age(snap)
+                body = b'{"served_age_s": %.3f, ' % age + body[1:]
+                headers.append(("Age", str(int(age))))
+            headers.append(("Content-Length", str(len(body))))
+            start_response("200 OK" if snap is not None else "503 Service Unavailable", headers)
             return [body]
         if path in ("/", ""):
             body = (b"flowtop monitor: /metrics (Prometheus, OpenMetrics), /snapshot.json (the latest snapshot)\n")
@@ -176,6 +185,17 @@ class MetricsServer:
         if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
             return self._metrics(environ, start_response)
         return self._cached_metrics(environ, start_response)
+
+    def served_age(self, snap: MonitorSnapshot) -> float:
+        """Seconds since ``snap`` was built, on the process's clock. Its ``taken_at`` is on the
+        monitor clock, which leaves the monitor's own pauses out (flowtop.monitor.clock): a request
+        that came while the monitor was stopped (SIGSTOP) is answered as soon as it runs again, on
+        this thread, before the data thread's next tick rebuilds the snapshot, so with the one from
+        before the pause. This thread cannot build one (the model is the data thread's), and one
+        built at once would know nothing newer (the frames of the pause still wait in the socket),
+        so the answer says its age instead (the JSON's ``served_age_s``, the HTTP ``Age`` header,
+        ``flowtop_monitor_snapshot_age_seconds``)."""
+        return max(0.0, self.clock() - snap.built_at)
 
     def _cached_metrics(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         """/metrics: the snapshot's families rendered once per snapshot and format, then the fresh part."""

@@ -10,7 +10,10 @@ after a resume every rank has the rest of its stale interval to be heard again, 
 truly died during the pause still goes stale and hangs once that is over.
 
 Everything on the data side (frame receive stamps, ticks, snapshots, recordings) reads this one
-clock, so a recording made across a pause replays exactly as it was shown live.
+clock, so a recording made across a pause replays exactly as it was shown live. What reads
+snapshots on another thread (the metrics endpoint, which answers a scrape that came during the
+pause before the next tick) tells their real age from ``MonitorSnapshot.built_at``, on the
+process's own clock.
 """
 
 from __future__ import annotations

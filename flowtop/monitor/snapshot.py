@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -311,6 +312,11 @@ class MonitorSnapshot:
     ranks_evicted_for_room: int = 0
     #: Node relays (RelaySnapshot, below; flowtop.monitor.relays tracks them), by host.
     relays: tuple[RelaySnapshot, ...] = ()
+    #: When it was built on the process's own monotonic clock, which (unlike ``taken_at``'s
+    #: monitor clock) runs on while the monitor is stopped: what a reader on another thread (a
+    #: scrape) tells the snapshot's real age by (flowtop.export.metrics_http). Not compared: the
+    #: same state built twice is the same snapshot.
+    built_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
 
 def jsonable(obj: Any) -> Any:
