@@ -16,14 +16,14 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from flowtop.monitor import hello_asks as asks_module
 from flowtop.monitor.clock import MonitorClock
 from flowtop.monitor.collector import Collector
-from flowtop.monitor.hello_asks import ASK_AGAIN_S, ASK_GRACE_S, ASK_TRIES, HelloAsk, HelloAsks
+from flowtop.monitor.hello_asks import ASK_AGAIN_S, ASK_GRACE_S, ASK_TRIES, HelloAsk, HelloAsks, Lack
 from flowtop.monitor.rankstate import EVICT_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.wiring import make_model
@@ -49,32 +49,45 @@ def test_the_command_is_valid_for_a_job_or_every_job() -> None:
     assert bound.MONITOR_RATE_PER_S <= bound.RATE_PER_S / 2 and bound.MONITOR_BURST <= bound.BURST / 4
 
 
+def _lacks(lack: Lack) -> Callable[[RankKey], Lack]:
+    return lambda key: lack
+
+
 def test_a_forgotten_rank_is_asked_after_the_grace_then_again_a_few_times() -> None:
     asks = HelloAsks()
-    lacking = {A[0]}
+    hello = _lacks("hello")
     asks.note(A[0], 100.0)
-    assert asks.due(100.0 + ASK_GRACE_S / 2, lacking.__contains__) is None  # its own may be on the way
-    assert asks.due(100.0 + ASK_GRACE_S, lacking.__contains__) == HelloAsk("a", 1)
-    assert asks.due(101.0, lacking.__contains__) is None  # asked: again only after ASK_AGAIN_S
+    assert asks.due(100.0 + ASK_GRACE_S / 2, hello) is None  # its own may be on the way
+    assert asks.due(100.0 + ASK_GRACE_S, hello) == HelloAsk("a", 1)
+    assert asks.due(101.0, hello) is None  # asked: again only after ASK_AGAIN_S
     t, sent = 100.0 + ASK_GRACE_S, 1
     for _ in range(10):
         t += ASK_AGAIN_S
-        sent += asks.due(t, lacking.__contains__) is not None
+        sent += asks.due(t, hello) is not None
     assert sent == ASK_TRIES == asks.sent
+
+
+def test_a_rank_with_its_hello_but_no_count_is_asked_once() -> None:
+    """Its hello came (after the ask, or before it): a probe sends its count with the hello it
+    was asked for, so it has none to send (counting off, or not counted yet)."""
+    asks = HelloAsks()
+    asks.note(A[0], 100.0)
+    assert asks.due(101.0, _lacks("count")) == HelloAsk("a", 1)
+    assert all(asks.due(101.0 + k * ASK_AGAIN_S, _lacks("count")) is None for k in range(1, 5))
 
 
 def test_a_rank_that_brought_its_hello_and_count_is_not_asked() -> None:
     asks = HelloAsks()
     asks.note(A[0], 100.0)
-    assert asks.due(101.0, lambda key: False) is None and asks.sent == 0
-    assert asks.due(200.0, lambda key: True) is None  # forgotten once satisfied
+    assert asks.due(101.0, _lacks("nothing")) is None and asks.sent == 0
+    assert asks.due(200.0, _lacks("hello")) is None  # forgotten once satisfied
 
 
 def test_several_jobs_waiting_are_asked_with_one_command_for_every_job() -> None:
     asks = HelloAsks()
     for key in (*A, B):
         asks.note(key, 100.0)
-    assert asks.due(101.0, lambda key: True) == HelloAsk(None, 3)
+    assert asks.due(101.0, _lacks("hello")) == HelloAsk(None, 3)
 
 
 def test_the_asks_stay_within_the_monitors_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,7 +98,7 @@ def test_the_asks_stay_within_the_monitors_budget(monkeypatch: pytest.MonkeyPatc
     sent = 0
     for i in range(40):  # one new rank every 0.1 s for 4 s
         asks.note(RankKey(f"j{i}", "h", i, 0, 0), 100.0 + i * 0.1)
-        sent += asks.due(100.0 + i * 0.1, lambda key: True) is not None
+        sent += asks.due(100.0 + i * 0.1, _lacks("hello")) is not None
     assert sent <= bound.HELLO_ASKS_BURST + 4 * bound.HELLO_ASKS_RATE_PER_S + 1, sent
 
 
@@ -100,7 +113,7 @@ def test_the_model_notes_ranks_first_heard_by_a_frame_that_says_they_ran() -> No
               ("bye", {"reason": "exit", "steps": 1, "drops": 0})]
     for i, (kind, fields) in enumerate(frames):
         model.ingest(wire.decode(wire.encode(kind, RankKey("n", "h", i, 0, 0), 1, 1.0, fields)), 100.0)
-    assert asks.due(101.0, lambda key: True) == HelloAsk("n", 3)
+    assert asks.due(101.0, _lacks("hello")) == HelloAsk("n", 3)
 
 
 def test_the_probe_sends_its_hello_and_count_again_when_asked() -> None:

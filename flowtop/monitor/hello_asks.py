@@ -12,9 +12,12 @@ first hears from by anything but a starting rank's hello (one that says no step 
 (:meth:`HelloAsks.note`, once per new rank: nothing per frame), and asked if its hello or count
 is still missing ASK_GRACE_S later (a probe that saw the monitor appear sends both itself). One
 command for the job, every rank of which resends (two frames each, once), or one for every job
-when ranks of several wait; again after ASK_AGAIN_S while one still lacks them, ASK_TRIES times
-at most (a probe that counts no FLOPs never sends a count; an older probe refuses the command
-and sends its hello within 10-30 s anyway). All of it within the monitor's share of the wire's
+when ranks of several wait; again after ASK_AGAIN_S while one still lacks its hello, ASK_TRIES
+times at most (an older probe refuses the command and sends its hello within 10-30 s anyway),
+but once only for a rank whose hello is there and whose count is not: a probe sends its count
+with the hello it was asked for, so it has none (FLOP counting off, or not counted yet: the
+count then comes when counted; a monitor started beside thousands of such ranks asks each job
+once). All of it within the monitor's share of the wire's
 command bound (probe.wire.command_bound: HELLO_ASKS_BURST, HELLO_ASKS_RATE_PER_S).
 """
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 from probe.wire import Message, RankKey
 from probe.wire import command_bound as _bound
@@ -35,6 +38,10 @@ ASK_TRIES = 3
 #: Ranks noted at most (a bound whatever floods the monitor with new keys; the caps of
 #: flowtop.monitor.limits admit far fewer).
 MAX_WAITING = 65_536
+
+
+#: What a noted rank still lacks: nothing (or it is gone), its FLOP count only, or its hello.
+Lack = Literal["nothing", "count", "hello"]
 
 
 @dataclass(frozen=True)
@@ -76,15 +83,16 @@ class HelloAsks:
         if key not in self._waiting and len(self._waiting) < MAX_WAITING:
             self._waiting[key] = _Waiting(now)
 
-    def due(self, now: float, lacking: Callable[[RankKey], bool]) -> HelloAsk | None:
-        """The ask to send now, if any (then counted as sent). ``lacking(key)``: whether the
-        rank is still known and still misses its hello or its FLOP count."""
+    def due(self, now: float, lacking: Callable[[RankKey], Lack]) -> HelloAsk | None:
+        """The ask to send now, if any (then counted as sent). ``lacking(key)``: what the rank
+        still misses ("nothing" too when the model forgot it)."""
         if not self._waiting:
             return None
         ready: list[_Waiting] = []
         jobs: set[str] = set()
         for key, wait in list(self._waiting.items()):
-            if wait.asks >= ASK_TRIES or not lacking(key):
+            lack = lacking(key)
+            if lack == "nothing" or wait.asks >= (ASK_TRIES if lack == "hello" else 1):
                 del self._waiting[key]
             elif now - wait.since >= ASK_GRACE_S and now - wait.asked_at >= ASK_AGAIN_S:
                 ready.append(wait)
