@@ -102,6 +102,7 @@ class Probe(SampledFeatures):
             self._setup_kernels()
         if self.cfg.nvtx:
             self.tracker.listeners_boundary.append(_guard("nvtx", self._nvtx_boundary, self._nvtx_off))
+        self.tracker.start_clocks()  # the setup above is the probe's, not step 1's
 
     @property
     def _ewma_step_s(self) -> float | None:

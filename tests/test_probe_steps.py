@@ -10,9 +10,12 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (what attach imports first, once per process, seconds cold: collection's time)
 from torch import nn
 
 import probe
+import probe.flops.sampling  # noqa: F401  (likewise)
+import probe.runtime  # noqa: F401
 
 
 @pytest.fixture
@@ -470,3 +473,35 @@ def test_a_pre_hook_of_the_model_itself_is_forward_time_not_input_wait(captured)
     assert len(got) >= 5, steps(captured)
     assert max(s["input_wait_s"] for s in got) < 0.01, got  # was ≥ 0.03: the hook's sleep
     assert min(s["lead_s"] for s in got) >= 0.03
+
+
+def test_the_probes_own_setup_is_not_step_ones_input_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe attaches inside the first optimizer's constructor and sets up on the training
+    thread (hooks, sender, torch._dynamo's import: 0.2 s, seconds cold). Step 1 read all of it as
+    input wait: a CPU DDP loop that made its batch in microseconds showed 0.18-0.25 s of input
+    wait at step 1 and the input_wait hint (6-7 % of each step) until step 1 left its window."""
+    import time
+
+    from probe.runtime import Probe
+
+    setup = Probe._setup_flops
+    monkeypatch.setattr(Probe, "_setup_flops", lambda self: (time.sleep(0.3), setup(self))[1])
+    monkeypatch.setenv("FLOWTOP_KERNELS", "0")
+    monkeypatch.setenv("FLOWTOP_TELEMETRY", "0")
+    monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")  # nothing listens
+    out: list[tuple[str, dict[str, Any]]] = []
+    model = _lm()
+    assert probe.attach(job="t")  # as flowtop run's bootstrap does, right before the loop
+    try:
+        probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randint(0, 50, (2, 8))).logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        probe.detach()
+    first = steps(out)[0]
+    assert first["step"] == 1
+    assert first["input_wait_s"] < 0.1, first  # was ≥ 0.3: the setup's sleep
+    assert first["wall_s"] < 0.3, first

@@ -360,6 +360,16 @@ class StepTracker(Discovery, StepWalls):
         except Exception as exc:
             self._fail("mark_step", exc)
 
+    def start_clocks(self) -> None:
+        """Start step 1's wall time and input wait now, at the end of the probe's own setup:
+        its hooks, its sender and the imports they need (torch._dynamo: 0.2 s, seconds on a cold
+        cache) ran on the training thread between the tracker's creation and the first forward,
+        and step 1 read them as input wait (a 2-rank CPU DDP job whose loop fed its batch in
+        microseconds got the input_wait hint, 6-7 % of each step, from that one step). Only
+        before the first step."""
+        if self.step == 0:
+            self._last_boundary = self._input_origin = _now()
+
     def hello_step(self) -> tuple[int, float] | None:
         """Sender thread, when it builds a hello: (last completed step, seconds since its
         boundary), or None before the first step or while the model was dropped (between a
