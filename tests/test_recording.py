@@ -291,3 +291,32 @@ def test_refusals_are_bucketed_by_kind_not_by_byte() -> None:
     for k in range(MAX_REASONS + 5):
         model.reject(f"kind {chr(65 + k % 26)}{chr(65 + k // 26)}")
     assert model.rejected_reasons[OTHER_REASONS] == 7 and len(model.rejected_reasons) == MAX_REASONS + 1
+
+
+def test_a_monitor_that_cannot_bind_leaves_the_recording_file_alone(tmp_path: Path) -> None:
+    """A second `flowtop serve --record run.rec` started by mistake while the first records to
+    run.rec: it finds the port taken and exits 2, and it emptied the first one's recording
+    (its own header and end marker at the start, the live monitor's records after a hole of zero
+    bytes: "not a flowtop recording (bad header)"). Nothing is written before the bind now."""
+    import asyncio
+
+    import zmq
+
+    from flowtop.monitor.collector import AddressError, Collector
+    from flowtop.tools.demo.launch import free_port_pair
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    held = zmq.Context.instance().socket(zmq.SUB)
+    held.bind(listen)  # the first monitor
+    path = tmp_path / "run.rec"
+    path.write_bytes(MAGIC + b"the first monitor's records")
+    fresh = tmp_path / "new.rec"
+    try:
+        for p in (path, fresh):
+            collector = Collector(make_model(), listen, recorder=Recorder(p))
+            with pytest.raises(AddressError):
+                asyncio.run(collector.start())
+    finally:
+        held.close(linger=0)
+    assert path.read_bytes() == MAGIC + b"the first monitor's records"
+    assert not fresh.exists()  # and none is left behind where there was none

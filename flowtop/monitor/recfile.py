@@ -26,6 +26,7 @@ import errno
 import gzip
 import io
 import math
+import os
 import struct
 import time
 import zlib
@@ -77,10 +78,16 @@ class Recorder:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        # Opened to say at once whether it can be written, but not truncated before the monitor
+        # has bound its address (:meth:`start`) or records something: a second `flowtop serve
+        # --record run.rec` that found the port taken (exit 2) emptied the running monitor's
+        # recording and left its own header and end marker at the start of it.
+        self._created = not os.path.lexists(self.path)
         try:
-            self._fh: io.FileIO | None = open(self.path, "wb", buffering=0)
+            self._fh: io.FileIO | None = open(self.path, "ab", buffering=0)
         except OSError as exc:
             raise RecordingError(f"cannot write recording {self.path}: {exc.strerror}") from None
+        self._claimed = False  # truncated to be this recording's (at start or the first write)
         self._buf = bytearray(MAGIC)
         self._t0: float | None = None
         self._last = 0.0  # recorded time of the last record
@@ -97,6 +104,18 @@ class Recorder:
         """Count recorded times from monitor time ``t0`` (the collector's tick origin; else the
         first frame's time), so that a replay's ticks fall where the live ones did."""
         self._t0 = t0
+        if self._fh is not None:
+            self._claim(self._fh)
+
+    def _claim(self, fh: io.FileIO) -> None:
+        """Empty the file once, when it becomes this recording's."""
+        if self._claimed:
+            return
+        self._claimed = True
+        try:
+            fh.truncate(0)
+        except OSError:  # not a regular file (/dev/full)
+            pass
 
     def write(self, now: float, frame: bytes, received: bool = True) -> None:
         """Record one frame received at monitor time ``now`` (``received`` False: a record of the
@@ -129,6 +148,7 @@ class Recorder:
     def _flush(self, fh: io.FileIO) -> None:
         """Write the gathered records; on failure cut the file back to its last whole record and
         forget the records that were not written (counts included): the file holds what it says."""
+        self._claim(fh)
         data, self._buf = self._buf, bytearray()  # written from where it is: a kernel window is not copied
         self._oldest = None
         done = 0
@@ -160,6 +180,14 @@ class Recorder:
         failed write leaves :attr:`error` set: the records before it are on disk and replay."""
         fh, self._fh = self._fh, None
         if fh is None:
+            return
+        if not self._claimed and not self.records:  # never started (its monitor did not bind), nothing recorded
+            try:
+                fh.close()
+                if self._created and self.path.is_file() and self.path.stat().st_size == 0:
+                    self.path.unlink()
+            except OSError:
+                pass
             return
         seconds = now - self._t0 if now is not None and self._t0 is not None else self._last
         marker = {"frames": self.frames, "records": self.records, "seconds": round(max(seconds, self._last), 3),
