@@ -97,3 +97,15 @@ def test_promtool_lint_passes() -> None:
     text, _ = scrapes()
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_job_tokens_help_says_how_tokens_are_counted() -> None:
+    """flowtop_job_tokens_per_second counts a data-parallel replica's tokens once (its tensor-
+    parallel ranks see the same tokens, only its first pipeline stage embeds them), as the JSON's
+    tokens_per_s_basis says; its HELP said "summed over the ranks", which a TP 2 job's figure is
+    not (half of that sum)."""
+    from flowtop.export.exporter_metrics import JOB_GAUGES
+
+    help_text = {name: text for name, _, text, _ in JOB_GAUGES}["flowtop_job_tokens_per_second"]
+    assert "once per data-parallel replica" in help_text
+    assert "summed over the ranks" not in help_text

@@ -52,7 +52,9 @@ JOB_GAUGES: tuple[tuple[str, str, str, Callable[[JobSnapshot], float | None]], .
     ("flowtop_job_hfu", "ratio", "Job HFU: sum of executed FLOP/s / sum of peaks", _flops("hfu")),
     ("flowtop_job_peak_flops_per_second", "", "Sum of the ranks' dense peaks", _flops("peak_flops")),
     ("flowtop_job_step", "seconds", "The slowest rank's median step time", lambda j: j.step_time_s),
-    ("flowtop_job_tokens_per_second", "", "Tokens per second summed over the ranks", lambda j: j.tokens_per_s),
+    ("flowtop_job_tokens_per_second", "", "Tokens per second of the job, counted once per data-parallel replica "
+     "(summed over every rank where no mesh is known; the JSON's tokens_per_s_basis says which)",
+     lambda j: j.tokens_per_s),
     ("flowtop_job_step_index", "", "Lowest step among the live ranks", lambda j: j.step),
     ("flowtop_job_world_size", "", "World size the ranks report", lambda j: j.world_size),
     ("flowtop_job_ranks_seen", "", "Distinct rank numbers that said hello", lambda j: j.ranks_seen),
