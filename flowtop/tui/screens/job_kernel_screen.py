@@ -22,7 +22,7 @@ def job_kernel_title(job: str, view: JobKernelView | None, ranks_total: int, by_
     if view is None:
         out.append(" · needs kernel windows from 2+ ranks (k on a rank asks for one)", style="dim")
         return out
-    out.append(f" · {len(view.ranks)}/{ranks_total} ranks merged (µs per window, mean of all windows)")
+    out.append(f" · {len(view.ranks)}/{ranks_total} ranks merged (time per window, mean of all windows)")
     flagged = sum(1 for r in view.rows if r.flagged)
     out.append(f" · ◆ uneven: {flagged}", style="red" if flagged else "dim")
     out.append(f" · by {'mean time' if by_mean else 'max − min'}", style="dim")
