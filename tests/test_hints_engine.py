@@ -48,7 +48,7 @@ def test_order_is_severity_then_impact() -> None:
     def snap(now: float) -> JobSnapshot:
         t0 = now - 1.05  # the last of 10 steps of 0.1 s arrived 50 ms ago
         stalled = rank(0, step=10, hist=history(10, 0.1, t0=t0 - 2.0))  # no step for 2 s: hang
-        waiting = rank(1, hist=history(10, 0.1, wait_s=0.012, t0=t0))  # input wait 12 %
+        waiting = rank(1, hist=history(10, 0.1, wait_s=0.012, t0=t0, first=4))  # input wait 12 % (past step 3)
         comm = rank(2, hist=history(10, 0.1, t0=t0), kernels=kwin([(NCCL, 4, 2000.0), (GEMM_H, 10, 3000.0)]))
         full = rank(3, hist=history(10, 0.1, t0=t0), tel=telemetry(mem_used=95.0, mem_total=100.0))
         return job(stalled, waiting, comm, full)

@@ -131,7 +131,8 @@ Builder = Callable[[float, float], JobSnapshot]
 
 
 def b_input_wait(v: float, now: float) -> JobSnapshot:
-    return job(rank(0, hist=history(10, 0.1, wait_s=v / 100 * 0.1)))
+    # steps 11-20: past the run's first steps, whose wait (the loader's start) the rule leaves out
+    return job(rank(0, step=20, hist=history(10, 0.1, wait_s=v / 100 * 0.1, first=11)))
 
 
 def b_straggler(v: float, now: float) -> JobSnapshot:

@@ -99,25 +99,40 @@ def test_hysteresis(case: Case) -> None:
 # --- windows ---------------------------------------------------------------------------------
 
 def test_input_wait_needs_its_step_window() -> None:
-    """With 4 steps of history the 10-step window fills only as the rank advances."""
+    """With 4 steps of history the 10-step window fills only as the rank advances (from step 14:
+    the run's first 3 steps are the loader's start, left out)."""
     engine = HintEngine()
 
     def snap(step: int) -> JobSnapshot:
-        return job(rank(0, step=step, hist=history(4, 0.1, wait_s=0.02)))
+        return job(rank(0, step=step, hist=history(4, 0.1, wait_s=0.02, first=step - 3)))
 
-    assert find(engine.evaluate(snap(4), 0.0), "input_wait") is None
-    assert find(engine.evaluate(snap(9), 1.0), "input_wait") is None  # evidence covers steps 1-9
-    hint = find(engine.evaluate(snap(14), 2.0), "input_wait")  # and now steps 1-14
+    assert find(engine.evaluate(snap(14), 0.0), "input_wait") is None
+    assert find(engine.evaluate(snap(19), 1.0), "input_wait") is None  # evidence covers steps 11-19
+    hint = find(engine.evaluate(snap(24), 2.0), "input_wait")  # and now steps 11-24
     assert hint is not None
     assert hint.evidence["input_wait_pct"] == pytest.approx(20.0)
     assert hint.evidence["window_steps"] == 4  # the measure's own window (history length)
-    assert hint.evidence["since_step"] == 0  # first crossing at step 4 came with 4 steps of history
+    assert hint.evidence["since_step"] == 10  # first crossing at step 14 came with 4 steps of history
+
+
+def test_input_wait_leaves_out_the_loaders_start() -> None:
+    """The run's first 3 steps' wait is the loader starting (workers spawned, files opened): 2 s on
+    step 1 of ten 0.1 s steps would read 2.0 / 3.0 = 67 % (critical); left out, steps 4-10 wait
+    7 × 2 ms over 7 × 0.1 s = 2 %, under the 5 % threshold."""
+    hist = history(10, 0.1, wait_s=0.002)
+    hist = dataclasses.replace(hist, step_time_s=(2.1, *hist.step_time_s[1:]),
+                               input_wait_s=(2.0, *hist.input_wait_s[1:]))
+    measured = MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, step=10, hist=hist)), 0.0)["rank 0"]
+    assert measured is not None and measured.evidence["input_wait_pct"] == pytest.approx(2.0)
+    assert measured.steps_covered == 7
+    early = history(3, 0.1, wait_s=0.05)  # steps 1-3 only: nothing measured yet
+    assert MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, step=3, hist=early)), 0.0)["rank 0"] is None
 
 
 def test_input_wait_leaves_out_values_that_are_not_finite() -> None:
     """A history built by hand may hold NaN or inf: each column's sum leaves them out (the model's
     columns are finite, and are summed without a test per value)."""
-    hist = history(10, 0.1, wait_s=0.02)
+    hist = history(10, 0.1, wait_s=0.02, first=11)
     hist = dataclasses.replace(hist, step_time_s=(math.nan, math.inf, *hist.step_time_s[2:]),
                                input_wait_s=(*hist.input_wait_s[:9], -math.inf))
     measured = MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, hist=hist)), 0.0)["rank 0"]
@@ -128,8 +143,8 @@ def test_input_wait_leaves_out_values_that_are_not_finite() -> None:
 
 def test_input_wait_dip_resets_the_window() -> None:
     engine = HintEngine()
-    high = lambda s: job(rank(0, step=s, hist=history(4, 0.1, wait_s=0.02)))  # noqa: E731
-    low = lambda s: job(rank(0, step=s, hist=history(4, 0.1, wait_s=0.001)))  # noqa: E731
+    high = lambda s: job(rank(0, step=s, hist=history(4, 0.1, wait_s=0.02, first=s - 3)))  # noqa: E731
+    low = lambda s: job(rank(0, step=s, hist=history(4, 0.1, wait_s=0.001, first=s - 3)))  # noqa: E731
     engine.evaluate(high(4), 0.0)
     engine.evaluate(low(8), 1.0)
     assert find(engine.evaluate(high(14), 2.0), "input_wait") is None  # evidence restarts at step 10

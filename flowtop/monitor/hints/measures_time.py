@@ -211,15 +211,28 @@ def device_idle_pct(r: RankSnapshot, now: float) -> float:
     return 100.0
 
 
+#: Steps of a run whose input wait is not read: the first batch's wait is the loader's start (a
+#: DataLoader spawning its workers, opening files, filling its prefetch), seconds once, which the
+#: hint's advice (more workers) would not change. Past them a loader that cannot keep up still shows
+#: in every window; one that restarts each epoch (not persistent) shows there too.
+INPUT_WARMUP_STEPS = 3
+
+
 def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
-    """Per rank: Σ input wait ÷ Σ step time over the last ``window_steps`` steps, and how much
-    the device idles (a wait costs nothing while the GPU still works through queued kernels)."""
+    """Per rank: Σ input wait ÷ Σ step time over the last ``window_steps`` steps (past the run's
+    first INPUT_WARMUP_STEPS), and how much the device idles (a wait costs nothing while the GPU
+    still works through queued kernels)."""
     out: dict[str, Measurement | None] = {}
     for r in latest_ranks(job):
         if r.status in ENDED or not feeds_itself(r):  # a later pipeline stage waits for activations
             continue
         h = r.history
         n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
+        if n and len(h.steps) >= n:
+            n = sum(1 for s in itertools.islice(reversed(h.steps), n) if s > INPUT_WARMUP_STEPS)
+            if not n:
+                out[rank_target(r)] = None  # only the loader's start so far
+                continue
         wait: float | None  # None: no history, only the probe's own fraction
         if n:
             steps = h.step_time_s[-n:]

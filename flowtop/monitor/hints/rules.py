@@ -116,7 +116,8 @@ RULES: tuple[Rule, ...] = (
         "training process or pre-tokenize the data.",
         gates=(Gate("device_idle_pct", ">=", 10.0, 5.0),),
         critical_at=25.0,
-        doc="Σ input wait ÷ Σ step time over the last window_steps steps; gate: the device idles "
+        doc="Σ input wait ÷ Σ step time over the last window_steps steps past the run's first 3 (the "
+        "loader's start: workers spawned, files opened); gate: the device idles "
         "(100 − NVML GPU-Util, else 1 − busy of the kernel window; a CPU rank counts as idle) — a "
         "GPU-bound job's host waits wherever the launch queue fills, and that costs nothing; not read on "
         "a rank that runs no first pipeline stage (its wait is for the earlier stage's activations)",
