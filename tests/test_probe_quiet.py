@@ -4,6 +4,7 @@ runtime is called only at steps that need it, and the sender thread wakes no mor
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import pytest
@@ -106,13 +107,15 @@ class _KeywordLM(nn.Module):
         return nn.functional.cross_entropy(self.out(self.emb(input_ids)).flatten(0, 1), labels.flatten())
 
 
-@pytest.mark.parametrize(("by_keyword", "new"), [(False, "shape"), (True, "shape"), (False, "dtype")])
+@pytest.mark.parametrize(("by_keyword", "new"), [(False, "shape"), (True, "shape"), (False, "dtype"),
+                                                 (False, "resized"), (True, "resized")])
 def test_quiet_steps_call_no_flop_listener(monkeypatch: pytest.MonkeyPatch, by_keyword: bool, new: str) -> None:
     """Once a count is in force, a step with the same inputs pays the signature alone: the FLOP
     sampler's forward listener is not called, and torch calls nothing of the probe's before the
     optimizer (its pre-hook is gone); a new input shape (or dtype: the signature has both) calls
     the listener again and brings the pre-hook back for that step's optimizer (counted, then quiet
-    again)."""
+    again). The same tensor objects fed every step and resized in place ("resized") are a new
+    shape too: the steady test compares shapes, not tensor identity."""
     from probe.steps.tracker import StepTracker
 
     monkeypatch.setenv("FLOWTOP_FLOPS_BUDGET", "100")  # counts may cost anything: no gap after one
@@ -142,9 +145,12 @@ def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: 
     model = _KeywordLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     pre_opt: list[int] = []
+    fed = torch.randint(0, 50, (2, 6))  # the one batch tensor of the "resized" loop
     for i in range(30):
         seq = 6 if i < 20 or new != "shape" else 9  # a new shape at step 21 ...
         ids = torch.randint(0, 50, (2, seq))
+        if new == "resized":  # ... or the same tensor object, grown in place
+            ids = fed.resize_(2, 9).random_(0, 50) if i == 20 else fed
         first = ids.int() if new == "dtype" and i >= 20 else ids  # ... or the same shape in int32
         loss = model(input_ids=first, labels=ids, use_cache=i % 2 == 0) if by_keyword else model(first, ids)
         pre_opt.append(len(t.listeners_pre_opt))
@@ -157,6 +163,35 @@ def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: 
     # quiet; step 21's new shape is seen and counted, step 22 turns quiet again.
     assert forward_calls == [1, 2, 3, 21, 22]
     assert [i + 1 for i, n in enumerate(pre_opt) if n] == [2, 21]  # a window to close: counted steps only
+
+
+def test_an_input_without_plain_sizes_keeps_the_probe_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nested tensor among the root's inputs has no shape to read: its signature is the walk's
+    "unknown" one (counted once, then carried), and neither step tracking nor FLOP counting stops
+    (reading its shape raises inside the hook)."""
+
+    class Nested(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, jagged: Any, x: Any) -> Any:
+            return self.lin(x).sum()
+
+    with _attached(monkeypatch) as (p, out):
+        model = Nested()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nested tensors are a prototype (strided layout)
+            jagged = torch.nested.nested_tensor([torch.zeros(2, 4), torch.zeros(3, 4)])
+        for _ in range(6):
+            model(jagged, torch.ones(2, 4)).backward()
+            opt.step()
+            opt.zero_grad()
+        assert probe._current() is p and p.tracker.signature == ("?",)
+    assert [f["step"] for k, f in out if k == "step"] == list(range(1, 7))
+    # Linear(4, 4) on 2 rows: 2·2·4·4 forward, as much for the weight's gradient (x needs none)
+    assert [(f["step"], f["model_flops"]) for k, f in out if k == "flops"] == [(2, 2 * (2 * 2 * 4 * 4))]
 
 
 def test_a_carried_count_is_re_sent_with_the_step_and_tokens_that_counted_it(monkeypatch: pytest.MonkeyPatch) -> None:

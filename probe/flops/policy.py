@@ -56,44 +56,47 @@ def cached_signature(cache: dict[tuple[Any, ...], tuple[Any, ...]], args: tuple[
     signature_of ignores them): the same inputs give the very same tuple, so the FLOP sampler's
     "new signature?" test is an identity check, and the walk runs once per shape instead of once
     per step."""
-    if not kwargs and 0 < len(args) < 3:
-        # The common steady step (``model(x)``, ``model(x, y)``): the same lookup key as below,
-        # built with fewer calls: after a long step every call runs from cold caches (~3.5 µs
-        # of the hook's ~14 here, bench/probe_costs.py).
-        a = args[0]
-        if type(a) is _TENSOR:
-            if len(args) == 1:
-                sig = cache.get((a.shape, a.dtype))
-            else:
-                b = args[1]
-                sig = cache.get((a.shape, a.dtype, b.shape, b.dtype)) if type(b) is _TENSOR else None
-            if sig is not None:
-                return sig
+    return keyed_signature(cache, input_key(args, kwargs), args, kwargs)
+
+
+def input_key(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[object, ...] | None:
+    """What :func:`signature_of` reads of plain tensor inputs (positional, or by keyword with the
+    keyword's name), without building it: equal keys give equal signatures. None for inputs it
+    does not cover (more or nested values, other objects, a tensor without plain sizes): then
+    only signature_of tells. Never raises."""
     if len(args) > 4 or (kwargs and len(kwargs) > 8):
-        return signature_of(args, kwargs or {})
+        return None
     key: list[object] = []
     try:
         for a in args:
-            if not isinstance(a, torch.Tensor):
-                return signature_of(args, kwargs or {})
+            if not isinstance(a, _TENSOR):
+                return None
             key.append(a.shape)
             key.append(a.dtype)
         if kwargs:
             for name, v in kwargs.items():  # a name is a str, never a shape or dtype: no clash
-                if isinstance(v, torch.Tensor):
+                if isinstance(v, _TENSOR):
                     key.append(name)
                     key.append(v.shape)
                     key.append(v.dtype)
                 elif not isinstance(v, _IGNORED):
-                    return signature_of(args, kwargs)
-        k = tuple(key)
-        sig = cache.get(k)
+                    return None
     except Exception:  # a tensor without a plain shape (nested): signature_of copes
+        return None
+    return tuple(key)
+
+
+def keyed_signature(cache: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[object, ...] | None,
+                    args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
+    """The signature of inputs whose :func:`input_key` is ``key``: the one ``cache`` holds for it, or
+    :func:`signature_of` them (kept in ``cache`` when ``key`` is not None)."""
+    if key is None:
         return signature_of(args, kwargs or {})
+    sig = cache.get(key)
     if sig is None:
         if len(cache) >= 64:  # shapes changing every step: bounded, like the counts carried
             cache.clear()
-        sig = cache[k] = signature_of(args, kwargs or {})
+        sig = cache[key] = signature_of(args, kwargs or {})
     return sig
 
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Deque, Protocol
 import torch
 
 from probe._log import warn_once
-from probe.flops.policy import cached_signature
+from probe.flops.policy import input_key, keyed_signature
 from probe.hookutil import _has_closure, _none, eager, in_compiled_call
 from probe.hookutil import _is_compiled as _is_compiled, device_of as device_of  # importable here as before
 from probe.hookutil import params_device as params_device, weak as weak  # (used in probe.steps.discovery)
@@ -61,6 +61,7 @@ BoundaryListener = Callable[[int, float], None]
 _now = time.perf_counter
 _grad_on = torch.is_grad_enabled
 _inference_on = torch.is_inference_mode_enabled
+_TENSOR = torch.Tensor
 
 
 class ForwardGate(Protocol):
@@ -84,7 +85,7 @@ class StepTracker(Discovery, StepWalls):
                  "_training_now", "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary",
                  "_input_origin", "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped",
                  "_forward_since_boundary", "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step",
-                 "_pre_hook", "_pre_hook_wanted", "__dict__")
+                 "_pre_hook", "_pre_hook_wanted", "signature", "_input_key", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -107,6 +108,8 @@ class StepTracker(Discovery, StepWalls):
         self._uninstalled = False
         self.compiled = False  # the root is a torch.compile'd module
         self.signature: tuple[Any, ...] = ()
+        #: input_key of the root forward that gave ``signature`` (None: none, or one not keyed).
+        self._input_key: tuple[object, ...] | None = None
         #: (args, kwargs) of the root forward whose forward listeners are being called, else None.
         self.forward_inputs: tuple[Any, Any] | None = None
         self.micro_batches = 0
@@ -258,7 +261,29 @@ class StepTracker(Discovery, StepWalls):
         listeners: Sequence[Callable[[tuple[Any, ...]], None]] = self.listeners_forward
         if listeners:  # the input signature serves FLOP counting only
             try:
-                sig = self.signature = cached_signature(self._signatures, args, kwargs)
+                # The steady step's inputs have the last step's shapes and dtypes: told by one
+                # compare with the last key read, in C; ``model(x)`` and ``model(x, y)`` build
+                # theirs here, without a call (each costs after a long step, from cold caches).
+                key: tuple[object, ...] | None = None
+                if not kwargs and 0 < len(args) < 3:
+                    a = args[0]
+                    if type(a) is _TENSOR:
+                        try:
+                            if len(args) == 1:
+                                key = (a.shape, a.dtype)
+                            else:
+                                b = args[1]
+                                if type(b) is _TENSOR:
+                                    key = (a.shape, a.dtype, b.shape, b.dtype)
+                        except Exception:  # a nested tensor has no plain shape: input_key says None
+                            key = None
+                if key is None:
+                    key = input_key(args, kwargs)
+                if key is not None and key == self._input_key:
+                    sig = self.signature
+                else:
+                    sig = self.signature = keyed_signature(self._signatures, key, args, kwargs)
+                    self._input_key = key
                 gate = self.forward_gate
                 if gate is not None and self.step < gate.quiet_until and (
                         sig is gate.quiet_signature or sig == gate.quiet_signature):
