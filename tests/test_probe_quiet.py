@@ -159,6 +159,9 @@ def _train_and_check(p: Any, out: list[tuple[str, dict[str, Any]]], by_keyword: 
         opt.zero_grad()
     counted = [f["step"] for k, f in out if k == "flops"]
     assert counted == [2, 21]  # the first steady step, the new shape
+    # The embedding is fed the root's first input: tokens follow its shape, resized or not.
+    grown = new in ("shape", "resized")
+    assert [f["tokens"] for k, f in out if k == "step"] == [12] * 20 + [18 if grown else 12] * 10
     # Step 1 decides nothing (warm-up), step 2 opens the count, step 3 finds it in force and turns
     # quiet; step 21's new shape is seen and counted, step 22 turns quiet again.
     assert forward_calls == [1, 2, 3, 21, 22]

@@ -85,7 +85,8 @@ class StepTracker(Discovery, StepWalls):
                  "_training_now", "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary",
                  "_input_origin", "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped",
                  "_forward_since_boundary", "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step",
-                 "_pre_hook", "_pre_hook_wanted", "signature", "_input_key", "__dict__")
+                 "_pre_hook", "_pre_hook_wanted", "signature", "_input_key", "_first_input",
+                 "_first_numel", "__dict__")
 
     def __init__(self, on_step: Callable[[dict[str, Any]], None], on_fail: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
@@ -110,6 +111,10 @@ class StepTracker(Discovery, StepWalls):
         self.signature: tuple[Any, ...] = ()
         #: input_key of the root forward that gave ``signature`` (None: none, or one not keyed).
         self._input_key: tuple[object, ...] | None = None
+        #: The root forward's first input while it runs, when its key was built in _root_pre
+        #: (else None), and that tensor's numel (-1: unknown for the key in force).
+        self._first_input: torch.Tensor | None = None
+        self._first_numel = -1
         #: (args, kwargs) of the root forward whose forward listeners are being called, else None.
         self.forward_inputs: tuple[Any, Any] | None = None
         self.micro_batches = 0
@@ -265,6 +270,7 @@ class StepTracker(Discovery, StepWalls):
                 # compare with the last key read, in C; ``model(x)`` and ``model(x, y)`` build
                 # theirs here, without a call (each costs after a long step, from cold caches).
                 key: tuple[object, ...] | None = None
+                first = None  # args[0], when a plain tensor whose shape the key holds
                 if not kwargs and 0 < len(args) < 3:
                     a = args[0]
                     if type(a) is _TENSOR:
@@ -275,6 +281,7 @@ class StepTracker(Discovery, StepWalls):
                                 b = args[1]
                                 if type(b) is _TENSOR:
                                     key = (a.shape, a.dtype, b.shape, b.dtype)
+                            first = a
                         except Exception:  # a nested tensor has no plain shape: input_key says None
                             key = None
                 if key is None:
@@ -284,6 +291,10 @@ class StepTracker(Discovery, StepWalls):
                 else:
                     sig = self.signature = keyed_signature(self._signatures, key, args, kwargs)
                     self._input_key = key
+                    self._first_numel = first.numel() if first is not None else -1
+                # The embedding is mostly fed this very tensor: its hook then takes the tokens
+                # from here, not from another torch call (held for this forward alone).
+                self._first_input = first if self._first_numel >= 0 else None
                 gate = self.forward_gate
                 if gate is not None and self.step < gate.quiet_until and (
                         sig is gate.quiet_signature or sig == gate.quiet_signature):
@@ -307,6 +318,7 @@ class StepTracker(Discovery, StepWalls):
     def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if self._training_now:
             self._forward_end = _now()
+            self._first_input = None  # never the user's batch past its forward
 
     def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._count_input_tokens(args, kwargs)
@@ -325,8 +337,12 @@ class StepTracker(Discovery, StepWalls):
                 return
 
     def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self._training_now and args and isinstance(args[0], torch.Tensor):
-            self.tokens += args[0].numel()
+        if self._training_now and args:
+            x = args[0]
+            if x is self._first_input:  # the root's first input (see _root_pre): its size is known
+                self.tokens += self._first_numel
+            elif isinstance(x, torch.Tensor):
+                self.tokens += x.numel()
 
     @property
     def forwards_this_step(self) -> int:
@@ -445,6 +461,7 @@ class StepTracker(Discovery, StepWalls):
         self.tokens = 0
         self._input_wait = None
         self._forward_end = None
+        self._first_input = None  # a forward that raised: its root post-hook never ran
         self._forward_since_boundary = 0
         if self._pre_hook_wanted or self._pre_hook.handle is not None:  # FLOP counting: see drop_idle_pre_hook
             self._pre_hook_at_boundary()
