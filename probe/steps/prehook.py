@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from probe.hookutil import eager
+from probe._log import warn_once
+from probe.hookutil import _has_closure, eager, in_compiled_call
 
 #: torch's step wrapper (``Optimizer.profile_hook_step``): a step's pre-hooks, its step and its
 #: post-hooks run inside one call of it.
@@ -99,3 +100,93 @@ class PreHook:
         handle, self.handle = self.handle, None
         if handle is not None:
             handle.remove()
+
+
+class ForwardGate(Protocol):
+    """What the tracker reads to skip the forward listeners of a step that needs nothing."""
+
+    quiet_signature: tuple[Any, ...] | None  # the inputs' signature of the count in force
+    quiet_until: int  # ... holds for steps of a lower 0-based index
+
+
+class PreHookSwitch:
+    """The step tracker's switching of its :class:`PreHook` (a base of
+    :class:`probe.steps.tracker.StepTracker`): removed while idle, put back for a step that counts.
+    Off the per-step path: a steady step with FLOP counting on calls none of it."""
+
+    if not TYPE_CHECKING:
+        # No instance layout of its own: StepTracker's slots and __dict__ hold the state (hidden
+        # from mypy, which would check the assignments below against this empty tuple).
+        __slots__ = ()
+
+    if TYPE_CHECKING:  # StepTracker's, set in its __init__
+        step: int
+        in_optimizer: bool
+        closure_step: bool
+        forward_gate: ForwardGate | None
+        listeners_pre_opt: list[Callable[[], None]]
+        listeners_forward: list[Callable[[tuple[Any, ...]], None]]
+        _pre_hook: PreHook
+        _pre_hook_wanted: bool
+
+    def drop_idle_pre_hook(self) -> None:
+        """Remove the optimizer pre-hook while it has nothing to do: torch calls it at every step
+        (~8 µs each after a long step), and it serves the forward and pre-optimizer listeners
+        only (FLOP counting; the layout scan of the first step). The owner calls this once the
+        forward listeners are final (after the first step), and the boundary calls it while FLOP
+        counting is on (``forward_gate``): a step whose count is in force needs nothing before
+        its optimizer, and a forward that calls the listeners puts the hook back first, where it
+        was (:meth:`_pre_hook_back`, probe.steps.prehook). Kept under a compiled optimizer step,
+        whose graph guards on the global hooks: removing or adding one would recompile it, so
+        there it stays for good."""
+        hook = self._pre_hook
+        try:
+            if (hook.handle is None or hook.pinned or self.listeners_pre_opt
+                    or (self.listeners_forward and not self._forward_quiet())):
+                return
+            if in_compiled_call():
+                hook.pinned = True
+                return
+            if len(optimizer_steps()) > 1:  # inside another step's hooks: torch may loop over them
+                return
+            hook.remove()
+            self.in_optimizer = self.closure_step = False
+        except Exception as exc:
+            hook.pinned = True
+            warn_once("pre-hook", f"could not remove the optimizer pre-hook ({exc}); it stays")
+
+    def _pre_hook_back(self) -> None:
+        """A forward is about to call the FLOP listeners with the pre-hook removed: put it back for
+        this step's optimizer. Inside ``optimizer.step()`` (a closure's forward, or one run from
+        another pre-hook) the step's pre-hooks ran or are running (registering now would break
+        torch's loop over them): set what ours would have said, and put it back at the step's end."""
+        try:
+            steps = optimizer_steps()
+            if not steps:
+                self._pre_hook.add()
+                return
+            optimizer, args, kwargs = step_call(steps[0])
+            self.in_optimizer = True
+            self.closure_step = _has_closure(optimizer, args, kwargs)
+            self._pre_hook_wanted = True
+        except Exception as exc:
+            self._pre_hook.pinned = True
+            warn_once("pre-hook", f"could not put the optimizer pre-hook back ({exc}); "
+                      "FLOP windows close at the boundary")
+
+    def _pre_hook_at_boundary(self) -> None:
+        """A step's end (its post-hooks): remove the pre-hook if idle, or put it back if wanted."""
+        if self._pre_hook_wanted:
+            if self._forward_quiet():
+                self._pre_hook_wanted = False
+            elif len(optimizer_steps()) <= 1:  # else inside another step's hooks: at a later boundary
+                self._pre_hook_wanted = False
+                self._pre_hook.add()
+        elif self.forward_gate is not None:
+            self.drop_idle_pre_hook()
+
+    def _forward_quiet(self) -> bool:
+        """Whether the coming step's forward calls no listener if its inputs are the last step's
+        (the FLOP count in force holds until a later step)."""
+        gate = self.forward_gate
+        return gate is not None and gate.quiet_signature is not None and self.step < gate.quiet_until

@@ -27,8 +27,9 @@ Any failure in these hooks disables the probe (``on_fail``) — the user's
 ``optimizer.step()`` and ``forward()`` never see an exception from here.
 
 This module holds what runs at every step. Installation, discovery and teardown
-(probe.steps.discovery) and the reading of the step walls (probe.steps.walls) are
-the tracker's base classes, kept apart: they run once, or at sampled steps.
+(probe.steps.discovery), the reading of the step walls (probe.steps.walls) and the
+switching of the optimizer pre-hook (probe.steps.prehook) are the tracker's base
+classes, kept apart: they run once, or at sampled steps.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Deque, Protocol
+from typing import Any, Callable, Deque
 
 import torch
 
@@ -47,7 +48,7 @@ from probe.hookutil import _is_compiled as _is_compiled, device_of as device_of 
 from probe.hookutil import params_device as params_device, weak as weak  # (used in probe.steps.discovery)
 from probe.steps.devclock import DeviceClock
 from probe.steps.discovery import Discovery, _training_forward
-from probe.steps.prehook import PreHook, optimizer_steps, step_call
+from probe.steps.prehook import ForwardGate, PreHook, PreHookSwitch
 from probe.steps.walls import StepWalls
 
 __all__ = ["StepTracker", "eager", "in_compiled_call"]
@@ -64,14 +65,7 @@ _inference_on = torch.is_inference_mode_enabled
 _TENSOR = torch.Tensor
 
 
-class ForwardGate(Protocol):
-    """What the tracker reads to skip the forward listeners of a step that needs nothing."""
-
-    quiet_signature: tuple[Any, ...] | None  # the inputs' signature of the count in force
-    quiet_until: int  # ... holds for steps of a lower 0-based index
-
-
-class StepTracker(Discovery, StepWalls):
+class StepTracker(Discovery, StepWalls, PreHookSwitch):
     """Detects step boundaries and measures each step; owns the torch hooks.
 
     The per-step hooks are this class's own methods; the bases hold what runs off the per-step
@@ -185,68 +179,6 @@ class StepTracker(Discovery, StepWalls):
                 self._clock = DeviceClock(dev.index if dev.index is not None else torch.cuda.current_device())
             except Exception as exc:
                 warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
-
-    def drop_idle_pre_hook(self) -> None:
-        """Remove the optimizer pre-hook while it has nothing to do: torch calls it at every step
-        (~8 µs each after a long step), and it serves the forward and pre-optimizer listeners
-        only (FLOP counting; the layout scan of the first step). The owner calls this once the
-        forward listeners are final (after the first step), and the boundary calls it while FLOP
-        counting is on (``forward_gate``): a step whose count is in force needs nothing before
-        its optimizer, and a forward that calls the listeners puts the hook back first, where it
-        was (:meth:`_pre_hook_back`, probe.steps.prehook). Kept under a compiled optimizer step,
-        whose graph guards on the global hooks: removing or adding one would recompile it, so
-        there it stays for good."""
-        hook = self._pre_hook
-        try:
-            if (hook.handle is None or hook.pinned or self.listeners_pre_opt
-                    or (self.listeners_forward and not self._forward_quiet())):
-                return
-            if in_compiled_call():
-                hook.pinned = True
-                return
-            if len(optimizer_steps()) > 1:  # inside another step's hooks: torch may loop over them
-                return
-            hook.remove()
-            self.in_optimizer = self.closure_step = False
-        except Exception as exc:
-            hook.pinned = True
-            warn_once("pre-hook", f"could not remove the optimizer pre-hook ({exc}); it stays")
-
-    def _pre_hook_back(self) -> None:
-        """A forward is about to call the FLOP listeners with the pre-hook removed: put it back for
-        this step's optimizer. Inside ``optimizer.step()`` (a closure's forward, or one run from
-        another pre-hook) the step's pre-hooks ran or are running (registering now would break
-        torch's loop over them): set what ours would have said, and put it back at the step's end."""
-        try:
-            steps = optimizer_steps()
-            if not steps:
-                self._pre_hook.add()
-                return
-            optimizer, args, kwargs = step_call(steps[0])
-            self.in_optimizer = True
-            self.closure_step = _has_closure(optimizer, args, kwargs)
-            self._pre_hook_wanted = True
-        except Exception as exc:
-            self._pre_hook.pinned = True
-            warn_once("pre-hook", f"could not put the optimizer pre-hook back ({exc}); "
-                      "FLOP windows close at the boundary")
-
-    def _pre_hook_at_boundary(self) -> None:
-        """A step's end (its post-hooks): remove the pre-hook if idle, or put it back if wanted."""
-        if self._pre_hook_wanted:
-            if self._forward_quiet():
-                self._pre_hook_wanted = False
-            elif len(optimizer_steps()) <= 1:  # else inside another step's hooks: at a later boundary
-                self._pre_hook_wanted = False
-                self._pre_hook.add()
-        elif self.forward_gate is not None:
-            self.drop_idle_pre_hook()
-
-    def _forward_quiet(self) -> bool:
-        """Whether the coming step's forward calls no listener if its inputs are the last step's
-        (the FLOP count in force holds until a later step)."""
-        gate = self.forward_gate
-        return gate is not None and gate.quiet_signature is not None and self.step < gate.quiet_until
 
     # --- steady-state hooks ---------------------------------------------------------
 
