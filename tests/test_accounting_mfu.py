@@ -24,7 +24,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], float | None]] = [
     # no tokens/s: 1e9 per 0.05 s step = 2e10 FLOP/s
     ("step time", PLAIN, {"step_time_s": 0.05}, 0.02),
     # a stalled rank runs at 0 %, whatever else is known
-    ("stalled", PLAIN, {"step_time_s": 0.05, "tokens_per_s": 5_120.0, "stalled_s": 12.0}, 0.0),
+    ("stalled", PLAIN, {"step_time_s": 0.05, "tokens_per_s": 5_120.0, "stalled": 12.0}, 0.0),
     # the override replaces the peak: 2e10 / 4e12
     ("override", PLAIN, {"step_time_s": 0.05, "peak_override": 4 * T}, 0.005),
     # each dtype against its own peak: (8,192 / 2e12 + 6,144 / 0.5e12) s over 1 µs
@@ -37,9 +37,10 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], float | None]] = [
 @pytest.mark.parametrize("name, msg, kw, want", CASES, ids=[c[0] for c in CASES])
 def test_rank_mfu_is_the_views_mfu(name: str, msg: dict[str, Any], kw: dict[str, Any], want: float | None) -> None:
     args = {"step_time_s": None, **kw}
-    view = rank_flops(msg, **args)
+    stalled = args.pop("stalled", None)  # the view holds since when, the sample takes how long
+    view = rank_flops(msg, **args, stalled_since=None if stalled is None else 100.0 - stalled)
     assert view is not None
-    got = rank_mfu(msg, **args)
+    got = rank_mfu(msg, **args, stalled_s=stalled)
     if want is None:
         assert got is None and view.mfu is None
     else:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from flowtop.monitor import accounting, rotation
+from flowtop.monitor import rotation
 from flowtop.monitor.model import Model
+from flowtop.monitor.snapshot import stalled_reason
 from flowtop.monitor.wiring import make_model
 from probe import wire
 from probe.wire import RankKey
@@ -267,7 +268,7 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
         snap = model.tick(now)
         statuses.append({r.status for r in snap.jobs[0].ranks})
         rebuilt.append(model.views.built - built)
-        job_stall.append((now - last_step_at, snap.jobs[0].flops.stalled_s, snap.jobs[0].flops.mfu_reason))
+        job_stall.append((now - last_step_at, snap.jobs[0].flops.stalled_s(now), snap.jobs[0].flops.reason_at(now)))
         now += 0.5
     start = statuses.index({"stalled"})
     assert statuses[start:] == [{"stalled"}] * (20 - start) and start > 0
@@ -280,7 +281,7 @@ def test_a_hung_large_job_costs_a_tick_no_more_than_a_healthy_one(small_ticks: N
     assert all(r.tokens_per_s == 0.0 and r.flops.flops_per_s == 0.0 and r.flops.mfu == 0.0 for r in ranks)
     # the job's "no step for N s" is the time since its newest step now, at every tick, not a round old
     for since, stalled_s, reason in job_stall[start:]:
-        assert stalled_s == pytest.approx(since) and reason == accounting.stalled_reason(since)
+        assert stalled_s == pytest.approx(since) and reason == stalled_reason(since)
 
 
 def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newest_step(small_ticks: None) -> None:
@@ -296,7 +297,7 @@ def test_a_job_with_a_dead_rank_and_the_others_hung_says_how_long_since_its_newe
         snap = model.tick(now)
         statuses = {r.status for r in snap.jobs[0].ranks}
         if statuses == {"stale", "stalled"}:
-            seen.append((now - last_step_at, snap.jobs[0].flops.stalled_s))
+            seen.append((now - last_step_at, snap.jobs[0].flops.stalled_s(now)))
         now += 0.5
     assert len(seen) >= 5
     for since, stalled_s in seen:

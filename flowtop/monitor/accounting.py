@@ -30,35 +30,25 @@ from flowtop.monitor.records import Fields
 from flowtop.monitor.snapshot import FlopsView
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
-#: ``mfu_reason`` of a stalled rank (seconds since its last step): see :func:`stalled_reason`.
-STALLED_REASON = "no step for {:.0f} s"
-
-
 def per_peak(rate: float | None, peak: float | None) -> float | None:
     """A FLOP rate as a share of a peak (MFU, HFU, bf16-equivalent MFU, of a rank or a job):
     None when either is unknown or the peak is 0. The one place these ratios are computed."""
     return rate / peak if (rate is not None and peak) else None
 
 
-def stalled_reason(stalled_s: float) -> str:
-    """The ``mfu_reason`` of a rank (or job) that made no step for ``stalled_s`` seconds: the one
-    place the text is made from the number (FlopsView.stalled_s carries the number itself)."""
-    return STALLED_REASON.format(stalled_s)
-
-
 _FLOPS = Fields(FlopsView)
-_STALLED, _REASON = _FLOPS.at("stalled_s", "mfu_reason")
+_SINCE = _FLOPS.at("stalled_since")[0]
 
 
-def restalled(view: FlopsView, stalled_s: float) -> FlopsView:
-    """``view``, the :func:`rank_flops` of a stalled rank, stalled for ``stalled_s`` instead: a
-    stalled rank's rates are 0 however long it stalled, so only the stall and its reason differ
-    (the view copied positionally: 2.3 µs against 5.0 µs for its precision mix and rates again,
-    for every rank behind a silent relay as its silence grows by the second)."""
-    if view.stalled_s is None:
+def restalled(view: FlopsView, stalled_since: float) -> FlopsView:
+    """``view``, the :func:`rank_flops` of a stalled rank, stalled since ``stalled_since`` instead
+    (its relay's lag moved): a stalled rank's rates are 0 however long it stalled, so only the
+    instant differs (the view copied positionally: 2.3 µs against 5.0 µs for its precision mix
+    and rates again)."""
+    if view.stalled_since is None:
         raise ValueError("restalled: the view is not a stalled rank's")
     values = list(_FLOPS.read(view))
-    values[_STALLED], values[_REASON] = stalled_s, stalled_reason(stalled_s)
+    values[_SINCE] = stalled_since
     return FlopsView(*values)
 
 
@@ -67,7 +57,7 @@ def rank_flops(
     step_time_s: float | None,
     peak_override: float | None = None,
     tokens_per_s: float | None = None,
-    stalled_s: float | None = None,
+    stalled_since: float | None = None,
 ) -> FlopsView | None:
     """Build a rank's :class:`FlopsView` from its latest ``flops`` message.
 
@@ -76,22 +66,21 @@ def rank_flops(
         step_time_s: Median step wall time of recent steps.
         peak_override: Dense peak per rank (FLOP/s) that replaces the message's.
         tokens_per_s: The rank's recent tokens/s; with the count's tokens it gives FLOP/s.
-        stalled_s: Seconds since the rank's last step when it counts as stalled (FLOP/s,
-            MFU and HFU are then 0), else None.
+        stalled_since: Monitor time of the rank's last step when it counts as stalled (FLOP/s,
+            MFU and HFU are then 0; FlopsView.stalled_since), else None.
     """
     if msg is None:
         return None
     model, executed, tokens = float(msg["model_flops"]), float(msg["executed_flops"]), int(msg.get("tokens", 0))
     source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
-    fps, efps, peak, hpeak, mix = _rates(msg, step_time_s, peak_override, tokens_per_s, stalled_s)
-    reason = ""
-    if stalled_s is not None:
-        reason = stalled_reason(stalled_s)
-    elif not peak and mix is not None and mix.missing:
+    stalled = stalled_since is not None
+    fps, efps, peak, hpeak, mix = _rates(msg, step_time_s, peak_override, tokens_per_s, stalled)
+    reason = ""  # a stall's grows with the clock: said at display (FlopsView.reason_at)
+    if not stalled and not peak and mix is not None and mix.missing:
         reason = precision.missing_reason(mix, source)
-    elif not peak:
+    elif not stalled and not peak:
         reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
-    elif fps is None:
+    elif not stalled and fps is None:
         reason = "no steady step time yet"
     estimated = msg.get("estimated_flops")
     return FlopsView(
@@ -102,8 +91,8 @@ def rank_flops(
         flops_per_s=fps,
         executed_flops_per_s=efps,
         # A stalled rank runs at 0 % of any peak, known or not.
-        mfu=0.0 if stalled_s is not None else per_peak(fps, peak),
-        hfu=0.0 if stalled_s is not None else per_peak(efps, hpeak),
+        mfu=0.0 if stalled else per_peak(fps, peak),
+        hfu=0.0 if stalled else per_peak(efps, hpeak),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
         dtype=str(msg.get("dtype", "?")),
@@ -112,7 +101,7 @@ def rank_flops(
         uncounted_ops=dict(msg.get("uncounted", {})),
         counted_at_step=int(msg["step"]) if "step" in msg else None,
         mfu_reason=reason,
-        stalled_s=stalled_s,
+        stalled_since=stalled_since,
         counted=msg.get("counted", True) is not False,
         model_note=str(msg.get("model_note", "")),
         uncounted_size=dict(msg.get("uncounted_size", {})),
@@ -130,12 +119,12 @@ def rank_mfu(msg: Mapping[str, Any] | None, step_time_s: float | None, peak_over
         return None
     if stalled_s is not None:
         return 0.0
-    fps, _, peak, _, _ = _rates(msg, step_time_s, peak_override, tokens_per_s, stalled_s)
+    fps, _, peak, _, _ = _rates(msg, step_time_s, peak_override, tokens_per_s, False)
     return per_peak(fps, peak)
 
 
 def _rates(msg: Mapping[str, Any], step_time_s: float | None, peak_override: float | None,
-           tokens_per_s: float | None, stalled_s: float | None
+           tokens_per_s: float | None, stalled: bool
            ) -> tuple[float | None, float | None, Any, Any, precision.DtypeMix | None]:
     """(model FLOP/s, executed FLOP/s, the peak MFU divides by, HFU's, the precision mix)."""
     model = float(msg["model_flops"])
@@ -148,7 +137,7 @@ def _rates(msg: Mapping[str, Any], step_time_s: float | None, peak_override: flo
         peak, hpeak = mix.peak_flops, mix.executed_peak_flops
     fps: float | None
     efps: float | None
-    if stalled_s is not None:
+    if stalled:
         fps = efps = 0.0
     elif tokens > 0 and tokens_per_s:
         # Per token of the counted step × tokens/s: a step of another shape counts by its tokens.
@@ -188,10 +177,11 @@ def _why_none(vs: Sequence[FlopsView]) -> str | None:
     return why if why is not None and why.startswith("none:") else None
 
 
-def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = None) -> FlopsView | None:
-    """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks. ``newest_step_s``:
-    seconds since the ranks' newest step, from their state, for the stall of a job whose every rank
-    is stalled (a rank's view between its turns says how long it had stalled a round ago)."""
+def job_flops(views: Sequence[FlopsView | None], newest_step_at: float | None = None) -> FlopsView | None:
+    """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks. ``newest_step_at``:
+    monitor time of the ranks' newest step (their relay's lag added), from their state, for the
+    stall of a job whose every rank is stalled (a rank's view between its turns holds when it
+    had last stepped as of a round ago)."""
     vs = [v for v in views if v is not None]
     if not vs:
         return None
@@ -211,12 +201,12 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
     conventions = sorted({v.attention_convention for v in vs})
     tokens_flops = [v.flops_per_token for v in vs if v.flops_per_token]
     reason = "" if peaks else "peak unknown on at least one rank"
-    stalled = [v.stalled_s for v in vs if v.stalled_s is not None and v.flops_per_s == 0.0]
+    stalled = [v.stalled_since for v in vs if v.stalled_since is not None and v.flops_per_s == 0.0]
     job_stalled = None
     if stalled and len(stalled) == len(vs):
-        # Every rank stalled: the job makes no step either, for as long as the least-stalled rank.
-        job_stalled = newest_step_s if newest_step_s is not None else min(stalled)
-        reason = stalled_reason(job_stalled)
+        # Every rank stalled: the job makes no step either, since the least-stalled rank's last.
+        job_stalled = newest_step_at if newest_step_at is not None else max(stalled)
+        reason = ""  # said at display (FlopsView.reason_at)
     return FlopsView(
         model_flops_per_step=total("model_flops_per_step"),
         executed_flops_per_step=total("executed_flops_per_step"),
@@ -237,7 +227,7 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_s: float | None = N
         uncounted_ops=uncounted,
         counted_at_step=min((v.counted_at_step for v in vs if v.counted_at_step is not None), default=None),
         mfu_reason=reason,
-        stalled_s=job_stalled,
+        stalled_since=job_stalled,
         counted=all(v.counted for v in vs),
         model_note="; ".join(sorted({v.model_note for v in vs if v.model_note})),
         uncounted_size=sizes,

@@ -51,7 +51,6 @@ from flowtop.monitor.model_tick import HintEvaluator as HintEvaluator
 from flowtop.monitor.model_tick import ModelTicks as ModelTicks
 from flowtop.monitor.model_tick import _log as _log
 from flowtop.monitor.model_views import ModelViews as ModelViews
-from flowtop.monitor.model_views import _newest_step_s as _newest_step_s
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
 from flowtop.monitor.rankviews import RankViews

@@ -32,14 +32,14 @@ from probe.wire import RankKey
 HOT_RANKS = 32
 
 
-def _newest_step_s(ranks: tuple[Any, ...], states: list[RankState], now: float) -> float | None:
-    """Seconds since the newest step of a job none of whose ranks steps (each stalled, or stale:
-    the usual hang is one rank dead and the others stuck in a collective), else None."""
+def _newest_step_at(ranks: tuple[Any, ...], states: list[RankState]) -> float | None:
+    """Monitor time of the newest step (its rank's relay lag added: the snapshot's clock) of a
+    job none of whose ranks steps (each stalled, or stale: the usual hang is one rank dead and
+    the others stuck in a collective), else None."""
     if not ranks or any(r.status == "live" for r in ranks):
         return None
-    since = [now - r.behind_s - st.steps.last_recv() for r, st in zip(ranks, states)
-             if r.status not in ENDED and st.steps]
-    return min(since) if since else None
+    at = [r.behind_s + st.steps.last_recv() for r, st in zip(ranks, states) if r.status not in ENDED and st.steps]
+    return max(at) if at else None
 
 
 class ModelViews:
@@ -175,7 +175,7 @@ class ModelViews:
             step_time_s=max(times) if times else None,
             tokens_per_s=tokens_per_s,
             flops=parallelism.job_flops_per_token(
-                accounting.job_flops([r.flops for r in counted], _newest_step_s(ranks, states, now)),
+                accounting.job_flops([r.flops for r in counted], _newest_step_at(ranks, states)),
                 counted, tokens_basis),
             status=status,
             kernels_merged=merged,

@@ -3,8 +3,8 @@
 A snapshot of 1,024 ranks rebuilt every rank's view (its history, kernel rows, FLOP view) twice
 a second. A view holds no ages — it says when the rank was heard from (``heard_at``) and the
 snapshot says when it was taken — so a rank that received nothing since the last snapshot and
-whose clock-driven state (status, and the "no step for N s" of a stalled rank) reads the same
-keeps the very same :class:`RankSnapshot` object: the UI can skip it by identity, and the
+whose clock-driven state (status, and whether it is stalled: its view holds since when) reads
+the same keeps the very same :class:`RankSnapshot` object: the UI can skip it by identity, and the
 snapshot costs nothing for it.
 """
 
@@ -60,6 +60,13 @@ def with_now(view: RankSnapshot, history: History, telemetry: TelemetryView | No
 LAG_STEP_S = 1.0
 
 
+def _stalled_since(st: RankState, behind: float) -> float | None:
+    """FlopsView.stalled_since of a stalled rank: its last step, on the snapshot's clock (its
+    relay's lag ``behind`` added: it was judged as of that much earlier)."""
+    at = rs.last_step_at(st)
+    return at + behind if at is not None else None
+
+
 def _lag_moved(view: RankSnapshot, behind: float) -> bool:
     return abs(view.behind_s - behind) > LAG_STEP_S
 
@@ -112,20 +119,14 @@ class RankViews:
         med = entry.med if entry is not None and entry.version == st.version else rs.median_step(st)
         stalled = rs.stalled_for(st, now, med)
         status = rs.status(st, now, med, stalled)
-        # A stalled rank's FLOP view says for how long (whole seconds): part of what it shows.
-        stall = accounting.stalled_reason(stalled) if stalled is not None else None
-        key = (st.version, status, stall, others, shown_only)
+        # A stalled rank's FLOP view holds since when (FlopsView.stalled_since), not for how
+        # long: it stays the same object while the rank stays stalled (a silent job's, 600 s).
+        key = (st.version, status, stalled is not None, others, shown_only)
         if entry is not None and entry.key == key:
             if _lag_moved(entry.view, behind):
                 self._copy(st, entry, behind)
             else:
                 self.reused += 1
-        elif entry is not None and stalled is not None and entry.key[2] is not None and \
-                entry.key[:2] == key[:2] and entry.key[3:] == key[3:]:
-            # Only the stall's seconds moved (a stalled or silent rank, every second): its
-            # figures are those of any stall (accounting.restalled), not rebuilt (~0.15 ms).
-            entry.key = key
-            self._restall(entry, stalled, behind)
         else:
             entry = self._entries[st.key] = _Entry(st.version, med, key,
                                                    self._build(st, med, stalled, status, others, behind,
@@ -173,15 +174,15 @@ class RankViews:
                behind: float = 0.0) -> RankSnapshot | None:
         """The last full view with this instant's step and liveness, or None when more changed
         (its status, a stall starting or ending, the processes claiming its rank): then it is
-        rebuilt in full. A rank stalled at its last full view stays a light copy until its turn:
-        the "no step for N s" of its figures is then up to a round old, but a hung job of
-        thousands of ranks (or a backlog that makes them all look stalled) costs a tick no more
-        than a healthy one."""
+        rebuilt in full. A rank stalled at its last full view stays a light copy until its turn
+        (since when it stalled brought up to date, :meth:`_copy`): a hung job of thousands of
+        ranks (or a backlog that makes them all look stalled) costs a tick no more than a
+        healthy one."""
         old = entry.view
         moved = _lag_moved(old, behind)
         stalled = rs.stalled_for(st, now, entry.med)
         status = rs.status(st, now, entry.med, stalled)
-        if (stalled is None) != (entry.key[2] is None) or status != old.status or others != entry.key[3] \
+        if (stalled is not None) != entry.key[2] or status != old.status or others != entry.key[3] \
                 or st.via != old.relay:
             return None
         entry.seen, entry.until = st.version, rs.steady_until(st, status, entry.med)
@@ -197,19 +198,13 @@ class RankViews:
         values = list(_VIEW.read(entry.view))
         values[_STEP], values[_HEARD], values[_BEHIND] = st.step, st.last_recv, behind
         values[_HELLO_AT] = rs.hello_step_at(st)  # with its step: the hang rules read them together
+        flops = entry.view.flops
+        since = _stalled_since(st, behind) if flops is not None and flops.stalled_since is not None else None
+        if flops is not None and since is not None and since != flops.stalled_since:  # its step or lag moved
+            values[_FLOPS] = accounting.restalled(flops, since)
         view = entry.view = RankSnapshot(*values)
         self.refreshed += 1
         return view
-
-    def _restall(self, entry: _Entry, stalled: float, behind: float) -> None:
-        """The entry's view of a stalled rank, stalled ``stalled`` seconds now (and ``behind``)."""
-        values = list(_VIEW.read(entry.view))
-        flops = entry.view.flops
-        if flops is not None and flops.stalled_s is not None:
-            values[_FLOPS] = accounting.restalled(flops, stalled)
-        values[_BEHIND] = behind
-        entry.view = RankSnapshot(*values)
-        self.refreshed += 1
 
     def forget(self, key: RankKey) -> None:
         """Drop the views of a rank the model forgot."""
@@ -256,7 +251,8 @@ class RankViews:
             lost_messages=st.lost,
             dropped_messages=st.drops,
             probe_overhead_frac=overhead,
-            flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s, stalled),
+            flops=accounting.rank_flops(st.flops, med, self.peak_override_flops, tokens_per_s,
+                                        _stalled_since(st, behind) if stalled is not None else None),
             telemetry=rs.telemetry_view(st),
             kernels=st.kernels,
             kernels_cumulative=self._kernel_rows(st),

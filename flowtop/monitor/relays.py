@@ -309,16 +309,16 @@ class Relays:
             if held is not None and held.view is view and held.reason == reason:
                 out.append(held.marked)
                 continue
-            stalled = max(0.0, now - st.steps.last_recv()) if st.steps else None
+            since = st.steps.last_recv() if st.steps else None  # stalled since its last step
             flops = view.flops
-            if stalled is not None:
-                # The reason's seconds grow every second: the rank stalled for longer, its count
-                # as it was (a stall's rates are 0 however long, whatever its step time).
+            if since is not None:
+                # The reason's seconds grow every second: the rank's count as it was, stalled
+                # since the same step (a stall's rates are 0 however long, whatever its step time).
                 last = held.marked.flops if held is not None and held.count is st.flops else None
-                if last is not None and last.stalled_s is not None:
-                    flops = accounting.restalled(last, stalled)
+                if last is not None and last.stalled_since == since:
+                    flops = last
                 else:
-                    flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, stalled)
+                    flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, since)
             marked = _stale(view, reason, flops)
             self._marked[st.key] = _Marked(view, reason, marked, st.flops)
             out.append(marked)

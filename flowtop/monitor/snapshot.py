@@ -54,6 +54,16 @@ FLOPS_PER_S_NOTE = (
 )
 
 
+#: ``mfu_reason`` of a stalled rank or job (seconds since its last step): see :func:`stalled_reason`.
+STALLED_REASON = "no step for {:.0f} s"
+
+
+def stalled_reason(stalled_s: float) -> str:
+    """The ``mfu_reason`` of a rank (or job) that made no step for ``stalled_s`` seconds: the one
+    place the text is made from the number (FlopsView.reason_at)."""
+    return STALLED_REASON.format(stalled_s)
+
+
 class _Slotted:
     """Base of the records every rank's view holds: their fields in slots, not a dict each (a
     4,096-rank monitor keeps two ticks of views), still weakly referenceable (the hint measures'
@@ -82,11 +92,16 @@ class FlopsView(_Slotted):
     flops_per_token: float | None  # model FLOPs per token
     uncounted_ops: Mapping[str, int] = field(default_factory=dict)
     counted_at_step: int | None = None
-    mfu_reason: str = ""  # why mfu is None (or 0: "no step for N s"), when it is
-    #: Seconds since the rank's last step while it counts as stalled (its FLOP/s, MFU and HFU
-    #: are then 0 and ``mfu_reason`` says so); for a job, the least-stalled rank's when every
-    #: rank is stalled. None otherwise. Not in the JSON (``mfu_reason`` carries it there).
-    stalled_s: float | None = None
+    #: Why mfu is None, when it is; "" for a stalled rank or job (its mfu is 0, never None), whose
+    #: reason ("no step for N s") grows with the clock: :meth:`reason_at` says it at a snapshot's
+    #: ``taken_at`` (the JSON's ``mfu_reason``).
+    mfu_reason: str = ""
+    #: Monitor time of the rank's last step while it counts as stalled (its FLOP/s, MFU and HFU
+    #: are then 0), its relay's lag added (the snapshot's clock: stalled for ``taken_at`` minus
+    #: this); for a job, its newest step's when every rank is stalled. None otherwise. An
+    #: instant, not seconds: the view of a rank that stays stalled stays the same object (a
+    #: silent job's snapshot is kept, flowtop.monitor.endedjobs). Not in the JSON (``mfu_reason``).
+    stalled_since: float | None = None
     counted: bool = True  # False: the FLOPs are the 6N+12LdT estimate (counting impossible there)
     model_note: str = ""  # how model FLOPs were derived where they are not a plain count
     #: FLOP-like size per uncounted op in the counted step (probe.flops.uncounted: a rough bound)
@@ -102,6 +117,18 @@ class FlopsView(_Slotted):
     #: The counted step's attention calls: "causal", "bidirectional" (none causal: a ViT, BERT) or
     #: "mixed"; None where not read (no attention op seen, flex block masks, an older probe).
     attention_masking: str | None = None
+
+    def stalled_s(self, now: float) -> float | None:
+        """Seconds without a step at monitor time ``now`` (a snapshot's ``taken_at``), or None
+        when not stalled."""
+        return None if self.stalled_since is None else max(0.0, now - self.stalled_since)
+
+    def reason_at(self, now: float) -> str:
+        """``mfu_reason`` at monitor time ``now`` (a snapshot's ``taken_at``): "no step for N s"
+        while stalled. What the UI and the JSON show."""
+        if self.stalled_since is None:
+            return self.mfu_reason
+        return stalled_reason(max(0.0, now - self.stalled_since))
 
     @property
     def estimate_ratio(self) -> float | None:
@@ -348,8 +375,9 @@ FLOP_FIELDS: tuple[str, ...] = (
 NO_COUNT_REASON = "no FLOP count yet"
 
 
-def _flops_json(f: FlopsView | None) -> dict[str, Any]:
-    """Every FLOP field, always: ``null`` where unknown (a reader must not guess at absences)."""
+def _flops_json(f: FlopsView | None, taken_at: float) -> dict[str, Any]:
+    """Every FLOP field, always: ``null`` where unknown (a reader must not guess at absences);
+    a stall's ``mfu_reason`` as of ``taken_at``."""
     if f is None:
         d: dict[str, Any] = dict.fromkeys(FLOP_FIELDS)
         d["mfu_reason"] = NO_COUNT_REASON
@@ -357,6 +385,7 @@ def _flops_json(f: FlopsView | None) -> dict[str, Any]:
     d = jsonable(f)
     d["flops_per_step"] = d.pop("model_flops_per_step")
     d["estimate_ratio"] = f.estimate_ratio
+    d["mfu_reason"] = f.reason_at(taken_at)
     from flowtop.monitor.moe_load import load_json
 
     d["expert_load"] = load_json(f.expert_load)  # the summary; per-layer tables stay in memory
@@ -395,7 +424,7 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "pp_stages": list(r.pp_stages),
         "stage_time_s": r.stage_time_s,
     }
-    d.update(_flops_json(r.flops))
+    d.update(_flops_json(r.flops, taken_at))
     d["telemetry"] = _telemetry_json(r.telemetry, taken_at)
     # Present always; null before a window arrives and where left out (the demo's compact JSON).
     d["kernels"] = jsonable(r.kernels) if with_kernels else None
@@ -431,7 +460,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "rank_conflicts": j.rank_conflicts,
             "pipeline_stages": [_stage_json(s) for s in j.stages],
         }
-        job.update(_flops_json(j.flops))
+        job.update(_flops_json(j.flops, snap.taken_at))
         job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
         job["hints"] = jsonable(j.hints)
         jobs.append(job)

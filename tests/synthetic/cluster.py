@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from flowtop.monitor.accounting import stalled_reason
 from flowtop.monitor.snapshot import (
     Claimant,
     FlopsView,
@@ -45,15 +44,14 @@ def _wobble(rank: int, tick: int) -> float:
     return ((rank * 2654435761 + tick * 40503) % 1000) / 500.0 - 1.0
 
 
-def _flops(step_s: float, stepping: bool) -> FlopsView:
+def _flops(step_s: float, stepping: bool, taken_at: float) -> FlopsView:
     mfu = FLOPS_PER_STEP / step_s / PEAK if stepping else 0.0
     return FlopsView(
         model_flops_per_step=FLOPS_PER_STEP, executed_flops_per_step=FLOPS_PER_STEP * 1.1,
         estimated_flops_per_step=None, estimate_source=None,
         flops_per_s=mfu * PEAK, executed_flops_per_s=mfu * PEAK * 1.1, mfu=mfu, hfu=mfu * 1.1,
         peak_flops=PEAK, peak_source="datasheet H200 SXM", dtype="bf16", attention_convention="full",
-        flops_per_token=FLOPS_PER_STEP / 16384, mfu_reason="" if stepping else stalled_reason(12.0),
-        stalled_s=None if stepping else 12.0,
+        flops_per_token=FLOPS_PER_STEP / 16384, stalled_since=None if stepping else taken_at - 12.0,
     )
 
 
@@ -83,7 +81,7 @@ def cluster_rank(rank: int, tick: int = 0, per_node: int = 8, troubles: Troubles
         device_time_s=step_s * 0.95, tokens_per_step=16384, tokens_per_s=16384 / step_s if stepping else 0.0,
         input_wait_frac=wait, heard_at=_taken_at(tick) - age, lost_messages=0, dropped_messages=0,
         probe_overhead_frac=0.001,
-        flops=_flops(step_s, stepping), telemetry=_TELEMETRY[tensor],
+        flops=_flops(step_s, stepping, _taken_at(tick)), telemetry=_TELEMETRY[tensor],
         conflict=(Claimant("node375", 29999),) if rank == troubles.conflict_rank else (),
     )
 
@@ -115,7 +113,7 @@ def cluster_job(n_ranks: int = 4096, tick: int = 0, *, per_node: int = 8, job: s
     return JobSnapshot(
         job=job, world_size=n_ranks, ranks=tuple(ranks), step=min(r.step for r in live),
         step_time_s=max(r.step_time_s or 0.0 for r in live), tokens_per_s=tokens,
-        flops=_flops(max(r.step_time_s or 0.0 for r in live), True), status="running",
+        flops=_flops(max(r.step_time_s or 0.0 for r in live), True, _taken_at(tick)), status="running",
         hints=_hints(troubles, per_node), rank_conflicts=1 if troubles.conflict_rank < n_ranks else 0,
     )
 
