@@ -56,12 +56,13 @@ def test_a_monitor_started_during_a_hang_sees_the_ranks_stalled_at_their_step() 
     assert job.status == "stalled"
     hang = hints["hang_all"]
     assert hang.severity == "critical"
-    assert hang.evidence["stalled_s"] == pytest.approx(44.5)
+    assert hang.evidence_at(104.5)["stalled_s"] == pytest.approx(44.5)
     assert hang.evidence["last_step"] == 305
     assert hang.evidence["unheard_ranks"] == [3]
     assert hang.evidence["by_hello_ranks"] == [0, 1, 2]
     assert hang.evidence["median_step_time_s"] is None  # none seen: the limit is the floor
-    assert "step 305" in hang.summary and "nothing ever heard from rank 3 of 4" in hang.summary
+    text = hang.summary_at(104.5)
+    assert "step 305" in text and "nothing ever heard from rank 3 of 4" in text
 
 
 def test_old_probes_hellos_without_the_fields_read_as_before() -> None:

@@ -114,10 +114,10 @@ async def test_the_panel_redraws_a_group_whose_ranks_changed_under_the_same_hint
     app = _One()
     async with app.run_test(size=(80, 10)) as pilot:
         panel = app.query_one(HintsPanel)
-        panel.show(hints, eight)
+        panel.show(hints, eight, 0.0)
         await pilot.pause()
         assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (0-4):")
-        panel.show(hints, eight[1:])  # rank 0's process is gone: same hints, other ranks
+        panel.show(hints, eight[1:], 0.0)  # rank 0's process is gone: same hints, other ranks
         await pilot.pause()
         assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (1-4, …):")
 
@@ -140,13 +140,13 @@ async def test_the_cursor_stays_on_its_hint_when_a_group_forms_or_splits() -> No
     app = _One()
     async with app.run_test(size=(80, 12)) as pilot:
         panel = app.query_one(HintsPanel)
-        panel.show([hang, *waits(range(3))], ranks)  # three: apart
+        panel.show([hang, *waits(range(3))], ranks, 0.0)  # three: apart
         await pilot.pause()
         panel.highlighted = 3  # rank 2's hint
-        panel.show([hang, *waits(range(5))], ranks)  # five: one group, below the hang
+        panel.show([hang, *waits(range(5))], ranks, 0.0)  # five: one group, below the hang
         await pilot.pause()
         assert panel.option_count == 2 and panel.highlighted == 1
-        panel.show([hang, *waits(range(2))], ranks)  # two again: the cursor on the first of them
+        panel.show([hang, *waits(range(2))], ranks, 0.0)  # two again: the cursor on the first of them
         await pilot.pause()
         assert panel.option_count == 3 and panel.highlighted == 1
         assert panel.get_option_at_index(1).prompt.plain.endswith("rank 0: rank 0 waits (impact 20%)")
@@ -169,12 +169,12 @@ async def test_the_panel_does_not_sort_and_group_again_for_the_same_hints() -> N
     app = _One()
     async with app.run_test(size=(80, 10)) as pilot:
         panel = app.query_one(HintsPanel)
-        panel.show(hints, ranks)
+        panel.show(hints, ranks, 0.0)
         await pilot.pause()
         rows = panel._rows
-        panel.show(hints, ranks)
+        panel.show(hints, ranks, 0.0)
         assert panel._rows is rows
-        panel.show(tuple(hints), ranks[1:])  # other ranks: grouped again
+        panel.show(tuple(hints), ranks[1:], 0.0)  # other ranks: grouped again
         assert panel._rows is not rows and "1-4, …" in panel.get_option_at_index(0).prompt.plain
 
 
@@ -199,8 +199,8 @@ async def test_a_new_top_hint_is_shown_from_its_first_line_when_the_list_is_not_
     app = _Two()
     async with app.run_test(size=(80, 12)) as pilot:
         panel = app.query_one(HintsPanel)
-        panel.show([wait], ())
+        panel.show([wait], (), 0.0)
         await pilot.pause()
-        panel.show([hang, wait], ())
+        panel.show([hang, wait], (), 0.0)
         await pilot.pause()
         assert not panel.has_focus and panel.highlighted == 0 and panel.scroll_y == 0

@@ -227,7 +227,7 @@ def test_stopped_rank_triggers_hang_then_clears(monkeypatch: pytest.MonkeyPatch)
             (hint,) = hints_of(snap, "hang_all")
             assert _stat_state(pid) == "T" and proc.poll() is None  # stopped, not dead
             assert hint.severity == "critical" and hint.target == ""
-            ev = hint.evidence
+            ev = hint.evidence_at(snap.taken_at)
             assert ev["limit_s"] == 2.0  # the overridden floor (10 × the step time is far less)
             assert ev["stalled_s"] > 2.0 and ev["ranks_n"] == 2
             stopped_at = {r.rank: r.step for r in the_job(snap).ranks}
@@ -239,7 +239,7 @@ def test_stopped_rank_triggers_hang_then_clears(monkeypatch: pytest.MonkeyPatch)
             (hint,) = hints_of(snap, "hang_all")
             assert hint.evidence["silent_ranks"] == [1]
             host = next(r.host for r in the_job(snap).ranks if r.rank == 1)
-            assert f"nothing heard from rank 1 ({host}) for" in hint.summary
+            assert f"nothing heard from rank 1 ({host}) for" in hint.summary_at(snap.taken_at)
             status = {r.rank: r.status for r in the_job(snap).ranks}
             # Rank 0 still sends heartbeats: "live", then "stalled" once it has made no step for
             # max(5 median steps, 5 s) — about when rank 1's silence makes it "stale".

@@ -78,7 +78,7 @@ def test_ended_hints_in_json_text_and_the_hints_panel() -> None:
     (h,) = data["jobs"][0]["hints"]
     assert (h["id"], h["ended"], h["first_step"], h["last_step"]) == ("input_wait", True, 7, 16)
     assert "  [critical] (ended, steps 7–16) rank 0 waits for input 33 % of each step -> " in render(snap)
-    prompt = hint_prompt(done.hints[0], expanded=False)
+    prompt = hint_prompt(done.hints[0], expanded=False, now=1.0)
     assert prompt.plain.endswith("rank 0 waits for input 33 % of each step (impact 33%) (ended, steps 7–16)")
     assert any("dim" in str(span.style) and span.start == 0 and span.end == len(prompt.plain) for span in prompt.spans)
     assert [h.ended for h in _panel_order(done.hints)] == [True]

@@ -40,9 +40,15 @@ from test_hints_factories import (
 
 
 def settle(engine: HintEngine, snap: JobSnapshot, t: float) -> tuple[Hint, ...]:
-    """Evaluate twice, 30 s apart, so that time windows (≤ 10 s) are satisfied."""
+    """Evaluate twice, 30 s apart, so that time windows (≤ 10 s) are satisfied; the hints as a
+    snapshot taken then shows them."""
     engine.evaluate(snap, t)
-    return engine.evaluate(snap, t + 30.0)
+    return shown(engine.evaluate(snap, t + 30.0), t + 30.0)
+
+
+def shown(hints: tuple[Hint, ...], now: float) -> tuple[Hint, ...]:
+    """``hints`` as a snapshot taken at ``now`` shows them (a hang's seconds as of then: Hint.frozen)."""
+    return tuple(h.frozen(now) for h in hints)
 
 
 def find(hints: tuple[Hint, ...], rule: str) -> Hint | None:
@@ -54,7 +60,7 @@ def find(hints: tuple[Hint, ...], rule: str) -> Hint | None:
 def at(case: Case, value: float, t: float, engine: HintEngine) -> Hint | None:
     """The case's hint after two evaluations 30 s apart, each with a snapshot built for its time."""
     engine.evaluate(case.build(value, t), t)
-    return find(engine.evaluate(case.build(value, t + 30.0), t + 30.0), case.rule)
+    return find(shown(engine.evaluate(case.build(value, t + 30.0), t + 30.0), t + 30.0), case.rule)
 
 
 def test_every_rule_has_a_case() -> None:
@@ -421,16 +427,16 @@ def test_a_dead_nodes_ranks_are_named_as_a_range_with_their_host() -> None:
 
 
 def test_hang_default_floor_is_thirty_seconds() -> None:
-    assert find(HintEngine().evaluate(b_hang_rank(29.0, 0.0), 0.0), "hang_rank") is None
-    hint = find(HintEngine().evaluate(b_hang_rank(31.0, 0.0), 0.0), "hang_rank")
+    assert find(shown(HintEngine().evaluate(b_hang_rank(29.0, 0.0), 0.0), 0.0), "hang_rank") is None
+    hint = find(shown(HintEngine().evaluate(b_hang_rank(31.0, 0.0), 0.0), 0.0), "hang_rank")
     assert hint.evidence["limit_s"] == 30.0 and hint.severity == "critical"
 
 
 def test_hang_limit_scales_with_the_usual_step() -> None:
     slow = job(rank(0, step=10, hist=history(10, 5.0, t0=-50.0 - 40.0)))  # 5 s steps, last 40 s ago
     engine = HintEngine()
-    assert find(engine.evaluate(slow, 9.0), "hang_all") is None  # limit 10 x 5 s; stalled 49 s
-    hint = find(engine.evaluate(slow, 11.0), "hang_all")  # 51 s
+    assert find(shown(engine.evaluate(slow, 9.0), 9.0), "hang_all") is None  # limit 10 x 5 s; stalled 49 s
+    hint = find(shown(engine.evaluate(slow, 11.0), 11.0), "hang_all")  # 51 s
     assert hint.evidence["limit_s"] == 50.0 and hint.evidence["stalled_s"] == pytest.approx(51.0)
 
 
@@ -500,7 +506,7 @@ def test_a_hang_after_a_rank_failed_names_the_failed_rank() -> None:
 def test_hang_counts_silence_of_a_rank() -> None:
     """A rank that stopped sending entirely is stalled by its age even with a recent step."""
     silent = job(rank(0, step=10, age_s=2.0, hist=history(10, 0.1, t0=-1.1)))
-    hint = find(HintEngine(small_hang_rules()).evaluate(silent, 0.0), "hang_all")
+    hint = find(shown(HintEngine(small_hang_rules()).evaluate(silent, 0.0), 0.0), "hang_all")
     assert hint.evidence["stalled_s"] == pytest.approx(2.0)
 
 
@@ -531,7 +537,7 @@ def test_comm_escalates_beyond_thirty_percent() -> None:
 
 
 def test_hang_rank_action_names_the_pid() -> None:
-    hint = find(HintEngine(small_hang_rules()).evaluate(b_hang_rank(3.0, 0.0), 0.0), "hang_rank")
+    hint = find(shown(HintEngine(small_hang_rules()).evaluate(b_hang_rank(3.0, 0.0), 0.0), 0.0), "hang_rank")
     assert "py-spy dump --pid 4001" in hint.action
 
 
@@ -592,18 +598,18 @@ def test_hang_all_names_the_silent_rank() -> None:
     sends heartbeats."""
     waiting = rank(0, step=10, age_s=0.4, hist=history(10, 0.1, t0=-7.0))
     stopped = rank(1, step=10, status="stale", age_s=6.0, hist=history(10, 0.1, t0=-7.0))
-    hint = find(HintEngine(small_hang_rules()).evaluate(job(waiting, stopped), 0.0), "hang_all")
+    hint = find(shown(HintEngine(small_hang_rules()).evaluate(job(waiting, stopped), 0.0), 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == [1] and hint.evidence["silent_s"] == 6.0
     assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from rank 1 (node1) "
                             "for 6 s (stopped, dead or its host is down) while the others wait")
     both = job(dataclasses.replace(waiting, status="stale", heard_at=-6.0), stopped)
-    hint = find(HintEngine(small_hang_rules()).evaluate(both, 0.0), "hang_all")
+    hint = find(shown(HintEngine(small_hang_rules()).evaluate(both, 0.0), 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == [0, 1]
     assert hint.summary == ("all 2 ranks stopped at step 10: no step for 6 s; nothing heard from ranks 0-1 "
                             "(node1) for 6 s (stopped, dead or its host is down)")  # nobody waits: no "others"
     # A SIGKILLed rank whose peer already ended: named, and not "all 1 ranks".
     done = dataclasses.replace(waiting, status="done")
-    hint = find(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), "hang_all")
+    hint = find(shown(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), 0.0), "hang_all")
     assert hint.summary == ("the 1 running rank (of 2; the other ended) stopped at step 10: no step for 6 s; "
                             "nothing heard from rank 1 (node1) for 6 s (stopped, dead or its host is down)")
 
@@ -615,7 +621,7 @@ def test_hang_all_leaves_out_ranks_cut_off_behind_their_relay() -> None:
     waiting = [rank(r, step=10, age_s=0.4, hist=history(10, 0.1, t0=-7.0)) for r in (0, 1)]
     cut = [dataclasses.replace(rank(r, step=10, status="stale", age_s=6.0, hist=history(10, 0.1, t0=-7.0)),
                                status_reason="relay node2 silent for 6 s", cut_off=True) for r in (2, 3)]
-    hint = find(HintEngine(small_hang_rules()).evaluate(job(*waiting, *cut), 0.0), "hang_all")
+    hint = find(shown(HintEngine(small_hang_rules()).evaluate(job(*waiting, *cut), 0.0), 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == []
     assert hint.summary.startswith("the 2 heard ranks (of 4; 2 unheard behind a silent relay) stopped at step 10")
-    assert find(HintEngine(small_hang_rules()).evaluate(job(*cut), 0.0), "hang_all") is None
+    assert find(shown(HintEngine(small_hang_rules()).evaluate(job(*cut), 0.0), 0.0), "hang_all") is None

@@ -197,7 +197,7 @@ def test_stalled_rank_still_gets_the_hang_hint() -> None:
     snap = model.tick(9.0)  # hints advance in ticks (flowtop.monitor.ticker), not in snapshots
     assert [r.status for r in snap.jobs[0].ranks] == ["stalled", "stalled"]
     hang = [h for h in snap.jobs[0].hints if h.id == "hang_all"]
-    assert len(hang) == 1 and hang[0].evidence["stalled_s"] == pytest.approx(7.0)
+    assert len(hang) == 1 and hang[0].evidence_at(snap.taken_at)["stalled_s"] == pytest.approx(7.0)
     assert hang[0].evidence["silent_ranks"] == []  # both still talk: none is "stale"
 
 

@@ -52,10 +52,10 @@ def test_a_silent_job_is_measured_by_its_hang_rules_only_and_its_other_hints_hol
     hang: list[str] = []
     while c.now < last + 40.0:  # the hang hint fires past its 30 s floor
         job = _job(c.tick()[0])
-        hang += [h.summary for h in job.hints if h.id == "hang_all"]
+        hang += [h.summary_at(c.now) for h in job.hints if h.id == "hang_all"]
     assert set(calls) == {"hang_all", "hang_rank"} and calls["hang_all"] == 68  # one a tick, 34 s
     assert [h for h in job.hints if h.id == "input_wait"] == waits  # held as when it fell silent
-    # The hang's text is measured at every tick, its seconds growing (not frozen).
+    # The hang's text says its seconds at each snapshot's time, growing (not frozen).
     seconds = [int(re.search(r"no step for (\d+) s", text).group(1)) for text in hang]  # type: ignore[union-attr]
     assert len(hang) >= 18 and seconds == sorted(seconds) and seconds[0] <= 31 and seconds[-1] >= 39
     # A frame from one of its ranks: every rule measures it again at the next tick.

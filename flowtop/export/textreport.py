@@ -59,7 +59,7 @@ def render(snap: MonitorSnapshot) -> str:
             h = row.lead if isinstance(row, HintGroup) else row
             ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
             where = f" {row.label()}, most at stake {h.target}:" if isinstance(row, HintGroup) else ""
-            lines.append(f"  [{h.severity}]{ended}{where} {h.summary} -> {h.action}")
+            lines.append(f"  [{h.severity}]{ended}{where} {h.summary_at(snap.taken_at)} -> {h.action}")
     if snap.relays:
         states = ", ".join(f"{sum(x.status == st for x in snap.relays)} {st}" for st in ("live", "silent", "closed")
                            if any(x.status == st for x in snap.relays))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.records import fast_init
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
@@ -277,6 +278,25 @@ class Hint(_Slotted):
     ended: bool = False
     first_step: int | None = None  # first step of the evidence (target's step index)
     last_step: int | None = None  # last step at which the measure still held
+    #: A hang hint's figures that grow with the clock, as instants (flowtop.monitor.hintclock):
+    #: ``summary`` is then "" and ``evidence`` lacks them; :meth:`summary_at` and
+    #: :meth:`evidence_at` say them at a snapshot's ``taken_at``. None: nothing of it grows.
+    clock: HintClock | None = None
+
+    def summary_at(self, now: float) -> str:
+        """The summary at monitor time ``now`` (a snapshot's ``taken_at``): what is shown."""
+        return self.summary if self.clock is None else self.clock.text(now)
+
+    def evidence_at(self, now: float) -> Mapping[str, Any]:
+        """The evidence at monitor time ``now``, a clock's figures included: what is shown."""
+        return self.evidence if self.clock is None else {**self.evidence, **self.clock.figures(now)}
+
+    def frozen(self, now: float) -> Hint:
+        """This hint as it reads at ``now``, growing no more (its subject ended, or it is only
+        held after its measure passed back the clear value: it says what it last measured)."""
+        if self.clock is None:
+            return self
+        return dataclasses.replace(self, summary=self.summary_at(now), evidence=self.evidence_at(now), clock=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +451,18 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
     return jsonable(d)
 
 
+#: Fields of a hint in the JSON, in this order (README "Snapshot JSON").
+HINT_FIELDS: tuple[str, ...] = ("id", "severity", "scope", "target", "summary", "evidence", "action", "impact",
+                                "ended", "first_step", "last_step")
+
+
+def hint_json(h: Hint, taken_at: float) -> dict[str, Any]:
+    """JSON form of one hint of a snapshot taken at ``taken_at`` (a clock's figures as of then)."""
+    d = {name: getattr(h, name) for name in HINT_FIELDS}
+    d["summary"], d["evidence"] = h.summary_at(taken_at), h.evidence_at(taken_at)
+    return jsonable(d)
+
+
 def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] | None:
     if t is None:
         return None
@@ -462,7 +494,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         }
         job.update(_flops_json(j.flops, snap.taken_at))
         job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
-        job["hints"] = jsonable(j.hints)
+        job["hints"] = [hint_json(h, snap.taken_at) for h in j.hints]
         jobs.append(job)
     return jsonable(
         {

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeGuard
 
 from flowtop.monitor.claims import newest_ranks
+from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import History, JobSnapshot, RankSnapshot
 
@@ -33,6 +34,9 @@ class Measurement(NamedTuple):
     text: Mapping[str, str] = MappingProxyType({})  # extra words for the summary template
     severity: str | None = None  # override of the rule's severity (escalation)
     variant: str = ""  # key of the rule's alternative summary (Rule.variants); "" for the main one
+    #: Figures that grow with the clock, as instants (a hang: flowtop.monitor.hintclock): the
+    #: hint holds it, ``value`` is its measure now and ``evidence`` leaves its figures out.
+    clock: HintClock | None = None
 
 
 #: A measure: (rule, job, now) -> {target: Measurement, or None when the target has no data now}.

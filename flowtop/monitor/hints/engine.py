@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
+from flowtop.monitor.hintclock import with_parts
 from flowtop.monitor.hints import (measures_device, measures_identity, measures_kernels, measures_parallel,
                                    measures_spikes, measures_straggler, measures_time)
 from flowtop.monitor.hints.base import Measurement, MeasureFn, finite, rank_target
@@ -67,6 +68,9 @@ class _State:
     first_step: int | None = None  # first step the evidence covers (Hint.first_step)
     order: tuple[Any, ...] = ()  # the hint's sort key, kept with it (held hints are not keyed again)
     holding: bool = False  # last measured back past the clear value: shown for HOLD_S only
+    #: The measurement ``hint`` was made from, where its figures grow with the clock (a hang's):
+    #: an equal one but for its value makes no new hint (see _reusable).
+    measured: Measurement | None = None
 
 
 class _NA:
@@ -269,7 +273,9 @@ class HintEngine:
             for target in [t for t in states if job.status in ENDED or t in done]:
                 st = states.pop(target)
                 if st.active and st.hint is not None:
-                    self._ended.setdefault(job.job, {})[(rule_id, target)] = replace(st.hint, ended=True)
+                    # as it last measured: an ended hang's seconds stop growing there
+                    self._ended.setdefault(job.job, {})[(rule_id, target)] = replace(
+                        st.hint.frozen(st.beyond_t), ended=True)
 
     def _ended_hints(self, job: str, live: tuple[Hint, ...]) -> tuple[Hint, ...]:
         """The ended hints of ``job`` not superseded by one of the ``live`` ones (a restarted rank's)."""
@@ -292,17 +298,23 @@ class HintEngine:
             st = states[target] = _State()
         if st.active:
             if _beyond(rule, m, keep=True):
-                start_step = m.step if st.pending_step is None else st.pending_step
-                start_t = now if st.pending_t is None else st.pending_t
-                steps = max(m.steps_covered, m.step - start_step)
-                secs = max(m.seconds_covered, now - start_t)
-                self._show(st, self._hint(rule, target, m, st, steps, secs))
+                if not (st.hint is not None and st.measured is not None and _reusable(rule, m, st.measured)):
+                    start_step = m.step if st.pending_step is None else st.pending_step
+                    start_t = now if st.pending_t is None else st.pending_t
+                    steps = max(m.steps_covered, m.step - start_step)
+                    secs = max(m.seconds_covered, now - start_t)
+                    self._show(st, self._hint(rule, target, m, st, steps, secs))
+                    st.measured = m if m.clock is not None else None
                 st.beyond_t = now
                 st.holding = False
                 return st
             if now - st.beyond_t < HOLD_S:
                 # A gate with no room between threshold and clear (a throttle reason that
                 # comes and goes) would otherwise make the hint blink: hold it a little.
+                if not st.holding and st.hint is not None:
+                    # Held, it says what it last measured: a hang's seconds stop growing there.
+                    self._show(st, st.hint.frozen(st.beyond_t))
+                    st.measured = None
                 st.holding = True
                 return st
             del states[target]  # back past the clear value (or a gate failed): cleared
@@ -323,6 +335,7 @@ class HintEngine:
         st.beyond_t = now
         st.since_step = st.pending_step
         self._show(st, self._hint(rule, target, m, st, steps, secs))
+        st.measured = m if m.clock is not None else None
         return st
 
     def _show(self, st: _State, hint: Hint) -> None:
@@ -332,7 +345,8 @@ class HintEngine:
     @staticmethod
     def _hint(rule: Rule, target: str, m: Measurement, st: _State, steps: int, secs: float) -> Hint:
         ev: dict[str, Any] = dict(m.evidence)
-        ev[rule.measure] = m.value
+        if m.clock is None:  # else the clock says it at display (Hint.evidence_at)
+            ev[rule.measure] = m.value
         ev[f"threshold_{rule.unit}"] = rule.threshold
         # A shown hint holds until its measure passes back the clear value (hysteresis): a figure
         # between the two (an ended straggler "6 % slower" of threshold 10) says why it still shows.
@@ -348,18 +362,33 @@ class HintEngine:
             if past:
                 severity = "critical"
         fields = {**ev, **m.text, "target": target}
+        template = rule.variants.get(m.variant, rule.summary) if m.variant else rule.summary
+        # A clock's figures are left in its parts, for display (flowtop.monitor.hintclock).
+        clock = with_parts(m.clock, template, fields, _render) if m.clock is not None else None
         return Hint(
             id=rule.id,
             severity=severity,
             scope=rule.scope,
             target=target,
-            summary=_render(rule.variants.get(m.variant, rule.summary) if m.variant else rule.summary, fields),
+            summary=_render(template, fields) if clock is None else "",
             evidence=ev,
             action=_render(rule.action, fields),
             impact=max(0.0, min(1.0, m.impact)),
             first_step=st.first_step,
             last_step=m.step,
+            clock=clock,
         )
+
+
+def _reusable(rule: Rule, m: Measurement, made_from: Measurement) -> bool:
+    """Whether the hint made from ``made_from`` says all that ``m`` would: a measure whose figures
+    grow with the clock (a hang's: its hint holds since when, HintClock) and nothing else of it
+    moved. A silent job's hang hints are then the same records from tick to tick, and so is its
+    snapshot (flowtop.monitor.endedjobs). The hysteresis reads ``m.value`` all the same."""
+    return (m.clock is not None and not rule.window_steps and not rule.window_s and rule.critical_at is None
+            and m.clock == made_from.clock and m.step == made_from.step and m.variant == made_from.variant
+            and m.impact == made_from.impact and m.severity == made_from.severity
+            and m.text == made_from.text and m.evidence == made_from.evidence)
 
 
 def _anchor(rule: Rule, index: Mapping[str, int], rules: Sequence[Rule]) -> int:

@@ -6,9 +6,11 @@ import itertools
 import math
 import statistics
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from flowtop.monitor.format import fmt_ranks
+from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
                                         rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.stages import feeds_itself
@@ -42,41 +44,48 @@ def _current(r: RankSnapshot) -> bool:
     return _newest_reached(r) is not None
 
 
-def _stall(rule: Rule, r: RankSnapshot, now: float) -> dict[str, Any]:
-    """Seconds without a step (monitor clock) and the limit they are compared with."""
+@dataclass(frozen=True, slots=True)
+class _Stall:
+    """A running rank's stall at one evaluation."""
+
+    since: float  # monitor time it counts from (the snapshot's clock: its relay's lag added)
+    stalled_s: float  # seconds since then, now
+    limit_s: float
+    median_step_time_s: float | None
+    last_step: int
+    by_hello: bool  # counted from the step boundary its hello reported
+
+
+def _stall(rule: Rule, r: RankSnapshot, now: float) -> _Stall:
+    """Since when the rank made no step (monitor clock), for how long now, and the limit that is
+    compared with."""
     # A rank that stepped since its history was taken (not current) is not stalled since then
     # (read from its history, every healthy rank whose turn was furthest read as hung past the
     # 30 s floor); when it last stepped is unknown, so its silence stands for it: a rank that
     # stepped and then hung is seen at its next turn, within a round.
     last = _newest_reached(r)
-    # As of its relay's latest report: behind a backlog its steps arrive late, it did not stop.
-    since_last = now - r.behind_s - last[1] if last is not None else 0.0
     # The sender thread keeps heartbeating while training is stuck in a collective, so the time
-    # since the last *step* matters; a silent rank (age) counts too.
+    # since the last *step* matters; a silent rank (since it was heard) counts too.
     # Its hello's step boundary where newer than its step records: a monitor (re)started while
     # the job hangs heard none of them, the ranks' hellos say how long they have waited.
     reported = r.hello_step_at
-    by_hello = False
-    if reported is not None and (last is None or reported > last[1]):
-        by_hello, since_last = True, now - r.behind_s - reported
-    stalled = max(r.age_s(now), since_last)
+    by_hello = reported is not None and (last is None or reported > last[1])
+    stepped = reported if by_hello else (last[1] if last is not None else None)
+    # As of its relay's latest report (on the snapshot's clock, its lag added): behind a backlog
+    # its steps arrive late, it did not stop.
+    since = (r.heard_at if stepped is None else min(r.heard_at, stepped)) + r.behind_s
     med = median_step_s(r)
     limit = max(float(rule.params["factor"]) * (med or 0.0), float(rule.params["floor_s"]))
-    return {
-        "stalled_s": stalled,
-        "limit_s": limit,
-        "median_step_time_s": med,
-        "last_step": r.step if by_hello or last is None else last[0],
-        "by_hello": by_hello,
-    }
+    last_step = r.step if by_hello or last is None else last[0]
+    return _Stall(since, max(0.0, now - since), limit, med, last_step, by_hello)
 
 
 #: The last job measured (a weak reference: a large job's judged histories die with their
 #: evaluation, Model._as_now), the instant, the parameters, and its running ranks' stalls.
-_STALLS: list[tuple[weakref.ref[JobSnapshot], float, tuple[Any, Any], list[dict[str, Any]]]] = []
+_STALLS: list[tuple[weakref.ref[JobSnapshot], float, tuple[Any, Any], list[_Stall]]] = []
 
 
-def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot], list[dict[str, Any]]]:
+def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot], list[_Stall]]:
     """The running ranks of ``job`` and their :func:`_stall` at ``now``: hang_all and hang_rank
     (same parameters, measured together, see HintEngine.plan) read the same, taken once (every
     rank's at every tick of a hung or silent job: half of what its hints then cost). Read only."""
@@ -97,11 +106,12 @@ def hang_rank(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     """Per running rank: time since its last step ÷ the hang limit."""
     out: dict[str, Measurement | None] = {}
     for r, stall in zip(*_stalls(rule, job, now)):
-        ev = dict(stall)
-        ev["stalled_x"] = ev["stalled_s"] / ev["limit_s"]
-        ev["pid"] = r.pid
+        # stalled_s and stalled_x grow with the clock: the hint holds since when (HintClock).
+        ev = {"limit_s": stall.limit_s, "median_step_time_s": stall.median_step_time_s,
+              "last_step": stall.last_step, "by_hello": stall.by_hello, "pid": r.pid}
         out[rank_target(r)] = Measurement(
-            value=ev["stalled_x"], evidence=ev, impact=1.0, step=r.step, text={"pid": str(r.pid)}
+            value=stall.stalled_s / stall.limit_s, evidence=ev, impact=1.0, step=r.step, text={"pid": str(r.pid)},
+            clock=HintClock(stall.since, stall.limit_s),
         )
     return out
 
@@ -111,19 +121,19 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     ranks, stalls = _stalls(rule, job, now)
     if not ranks:
         return {}
-    least = min(stalls, key=lambda e: e["stalled_s"] / e["limit_s"])
-    meds = [e["median_step_time_s"] for e in stalls if e["median_step_time_s"]]
-    ev = {
-        "stalled_x": least["stalled_s"] / least["limit_s"],
-        "stalled_s": least["stalled_s"],
-        "limit_s": least["limit_s"],
+    least = min(stalls, key=lambda e: e.stalled_s / e.limit_s)
+    meds = [e.median_step_time_s for e in stalls if e.median_step_time_s]
+    # stalled_s, stalled_x and silent_s grow with the clock: the hint holds since when (HintClock).
+    ev: dict[str, Any] = {
+        "limit_s": least.limit_s,
         "median_step_time_s": statistics.median(meds) if meds else None,
-        "last_step": max(e["last_step"] for e in stalls),
+        "last_step": max(e.last_step for e in stalls),
         "ranks_n": len(ranks),
         # Ranks whose stall is the one their hellos reported (this monitor saw none of their recent
         # steps: no median step either, so the limit is the floor).
-        "by_hello_ranks": [r.rank for r, e in zip(ranks, stalls) if e["by_hello"]],
+        "by_hello_ranks": [r.rank for r, e in zip(ranks, stalls) if e.by_hello],
     }
+    silent_since = None
     # A rank blocked in a collective still sends heartbeats; one that is stopped, dead or cut off
     # goes stale. When only some ranks are silent, they are the ones the others wait for.
     silent = [r for r in ranks if r.status == "stale"]
@@ -132,7 +142,8 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     cut = sum(r.cut_off for r in shown)
     text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), cut)}
     if silent:  # a dead rank is named even when it is the only one left
-        ev["silent_s"] = max(r.age_s(now) for r in silent)
+        # the longest-silent one's, on the snapshot's clock (RankSnapshot.age_s)
+        silent_since = min(r.heard_at + r.behind_s for r in silent)
         text["silent"] = rank_list(silent)
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
     # Ranks of the world never heard (a monitor started after one stopped, or one that never
@@ -153,8 +164,9 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         text["failed"] = rank_list(failed)
         text["why"] = (failed[0].bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
         variant = "failed"
-    return {"": Measurement(value=ev["stalled_x"], evidence=ev, impact=1.0, step=job.step, text=text,
-                            variant=variant)}
+    return {"": Measurement(value=least.stalled_s / least.limit_s, evidence=ev, impact=1.0, step=job.step,
+                            text=text, variant=variant,
+                            clock=HintClock(least.since, least.limit_s, silent_since))}
 
 
 def rank_list(ranks: list[RankSnapshot], width: int = 40) -> str:

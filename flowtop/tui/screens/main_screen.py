@@ -93,7 +93,8 @@ class MainScreen(SnapshotScreen):
         if rank_map.display != wanted:
             rank_map.display = wanted
         rank_map.show(job)
-        self.query_one(HintsPanel).show(job.hints if job else (), job.ranks if job else ())
+        self.query_one(HintsPanel).show(job.hints if job else (), job.ranks if job else (),
+                                        snap.taken_at if snap is not None else 0.0)
 
     def _selected(self) -> tuple[str, int] | None:
         rank = self.query_one(RankTable).selected

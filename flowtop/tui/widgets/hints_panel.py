@@ -40,9 +40,9 @@ def row_key(row: Hint | HintGroup) -> str:
     return row.key if isinstance(row, HintGroup) else hint_key(row)
 
 
-def hint_prompt(row: Hint | HintGroup, expanded: bool) -> Text:
+def hint_prompt(row: Hint | HintGroup, expanded: bool, now: float) -> Text:
     """One hint (or a group: its ranks, then its leading hint): a summary line, plus its evidence
-    and fix when expanded."""
+    and fix when expanded; a hang's growing seconds as of ``now`` (the snapshot's ``taken_at``)."""
     h = row.lead if isinstance(row, HintGroup) else row
     text = Text()
     text.append("▾ " if expanded else "▸ ", style="dim")
@@ -51,14 +51,14 @@ def hint_prompt(row: Hint | HintGroup, expanded: bool) -> Text:
         text.append(f" {row.label()}:", style="bold")
     elif h.target:
         text.append(f" {h.target}:", style="bold")
-    text.append(f" {h.summary}")
+    text.append(f" {h.summary_at(now)}")
     if h.impact > 0:
         text.append(f" (impact {fmt_pct(h.impact, 0)})", style="dim")
     if expanded and isinstance(row, HintGroup):
         text.append(f"\n    most at stake: {h.target}", style="dim")
     if expanded:
         text.append("\n    evidence: ", style="dim")
-        text.append(evidence_text(h.evidence) or "–")
+        text.append(evidence_text(h.evidence_at(now)) or "–")
         text.append("\n    fix: ", style="dim")
         text.append(h.action, style="green")
         text.append("\n    f: show its ranks in the table", style="dim")
@@ -92,6 +92,7 @@ class HintsPanel(OptionList):
         self._rows: list[Hint | HintGroup] = []
         self._shown: tuple[object, ...] | None = None
         self._source: tuple[object, tuple[int, ...]] | None = None  # the hints and rank numbers shown
+        self._now = 0.0  # taken_at of the snapshot shown (a hang hint's seconds grow with it)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         # A resize from the wide layout to 80 columns lays the panel out once at width 0 before
@@ -99,14 +100,18 @@ class HintsPanel(OptionList):
         # wrapping its lines at width 0 raised in Rich, ending the app (a new user's trial).
         return super().get_content_height(container, viewport, max(width, 1))
 
-    def show(self, hints: Iterable[Hint], ranks: Iterable[RankSnapshot] = ()) -> None:
-        """Render ``hints`` (``ranks``: the job's, which name the ranks of a group); expansion and
-        the highlighted line survive updates."""
+    def show(self, hints: Iterable[Hint], ranks: Iterable[RankSnapshot], now: float) -> None:
+        """Render ``hints`` (``ranks``: the job's, which name the ranks of a group) as of monitor
+        time ``now`` (the snapshot's ``taken_at``); expansion and the highlighted line survive
+        updates."""
         ranks = tuple(ranks)
+        self._now = now
         # The model hands every snapshot between two evaluations the same hints tuple: sorting
-        # and grouping thousands of rank hints again at each 2 Hz refresh is skipped then.
+        # and grouping thousands of rank hints again at each 2 Hz refresh is skipped then (a
+        # hang's seconds still move on: _show_rows compares the lines' texts).
         source = (hints, tuple(r.rank for r in ranks))
         if self._source is not None and source[0] is self._source[0] and source[1] == self._source[1]:
+            self._show_rows()
             return
         self._source = source
         self._hints = ordered(hints)
@@ -118,7 +123,10 @@ class HintsPanel(OptionList):
         self.expanded &= set(keys)
         # a group's label follows the job's ranks too, not only its hints
         labels = tuple(row.label() for row in self._rows if isinstance(row, HintGroup))
-        state = (tuple(self._hints), labels, frozenset(self.expanded))
+        # a hang's line says its seconds at this snapshot's time (Hint.summary_at)
+        leads = (row.lead if isinstance(row, HintGroup) else row for row in self._rows)
+        growing = tuple(h.summary_at(self._now) for h in leads if h.clock is not None)
+        state = (tuple(self._hints), labels, frozenset(self.expanded), growing)
         if state == self._shown:
             return  # nothing changed: keep the list (and the terminal) quiet
         self._shown = state
@@ -130,7 +138,8 @@ class HintsPanel(OptionList):
         if not self._rows:
             self.set_options([Option(Text("no hints: nothing stands out", style="dim"), id="none", disabled=True)])
             return
-        self.set_options(Option(hint_prompt(row, k in self.expanded), id=k) for row, k in zip(self._rows, keys))
+        self.set_options(Option(hint_prompt(row, k in self.expanded, self._now), id=k)
+                         for row, k in zip(self._rows, keys))
         # While the user reads the list (it has focus) keep the same line under the cursor when
         # the order changes, or the line that now holds its hint (a group formed or split); else
         # stay on the first: a critical hint that came above the highlighted one was shown with
