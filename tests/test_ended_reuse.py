@@ -233,7 +233,7 @@ def test_a_relays_lag_moving_past_the_views_rebuilds_them(monkeypatch: pytest.Mo
     assert {r.behind_s for r in _job(snap, "j").ranks} == {1.5} and _job(snap, "j") == _job(full, "j")
 
 
-def test_only_an_ended_jobs_snapshot_is_kept_and_only_with_the_hints_it_was_kept_with() -> None:
+def test_only_an_ended_or_silent_jobs_snapshot_is_kept_and_only_with_the_hints_it_was_kept_with() -> None:
     from flowtop.monitor.endedjobs import EndedJobs
 
     model: Model = make_model()
@@ -241,7 +241,7 @@ def test_only_an_ended_jobs_snapshot_is_kept_and_only_with_the_hints_it_was_kept
     model.ingest(wire.decode(wire.encode("hello", key, 1, 1.0, HELLO)), 1.0)
     job = model.tick(1.0).jobs[0]
     kept, rows = EndedJobs(), [(model.ranks[key], ())]
-    with pytest.raises(ValueError, match="only an ended job"):
+    with pytest.raises(ValueError, match="only an ended or silent job"):
         kept.keep("j", rows, 1, job)
     hint = Hint("input_wait", "warning", "rank", "rank 0", "s", {}, "a", 0.1, ended=True)
     ended = dataclasses.replace(job, status="done", hints=(hint,))

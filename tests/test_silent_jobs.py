@@ -14,7 +14,8 @@ import pytest
 
 from flowtop.monitor.hints import measures_time
 from flowtop.monitor.rankviews import RankViews
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, stalled_reason
+from flowtop.export.textreport import render
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, stalled_reason, to_json
 from probe.wire.steps import encode_fields
 from tests.test_ended_reuse import Cluster, _keys
 
@@ -134,3 +135,64 @@ def test_a_large_silent_jobs_shares_take_its_stale_ranks_histories_once(monkeypa
         assert _job(c.tick()[0], "big").status == "stale"
     assert len(checked) >= 6  # a share every other tick or so
     assert taken == []  # neither model took a history again: the ranks' states did not move
+
+
+def _same_render(a: MonitorSnapshot, b: MonitorSnapshot) -> None:
+    """What the JSON and the text report say of two snapshots is the same (a hang's seconds
+    included: said at each snapshot's taken_at)."""
+    assert to_json(a) == to_json(b) and render(a) == render(b)
+
+
+def test_a_silent_jobs_snapshot_is_the_same_object_from_tick_to_tick_and_renders_as_a_rebuild(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twin models (Cluster): ``full`` rebuilds every snapshot, ``reused`` keeps the silent job's
+    while nothing of it changes; at every tick both show the same, the hang's seconds growing."""
+    c = Cluster(monkeypatch)
+    silent, live = _keys("j", 4), _keys("live", 2, pid0=200)
+    c.run(silent + live, 30)
+    last = c.now
+    kept: list[JobSnapshot] = []
+    texts: list[str] = []
+    while c.now < last + 45.0:  # stale after 5 s, the hang past its 30 s floor, 15 s more
+        c.run(live, 10, first=31 + 10 * len(texts))  # the live job goes on beside it
+        snap, full = c.tick()
+        _same_render(snap, full)
+        job = _job(snap)
+        if job.status == "stale":
+            kept.append(job)
+        hang = [h for h in job.hints if h.id == "hang_all"]
+        if hang:
+            texts.append(hang[0].summary_at(snap.taken_at))
+    assert len(set(texts)) >= 10 and texts[-1] != texts[0]  # its seconds grow at display
+    distinct = {id(j) for j in kept}
+    assert len(kept) >= 20 and len(distinct) <= 3, len(distinct)  # kept, rebuilt only when its hints changed
+    assert kept[-1] is kept[-2] and all(r is r0 for r, r0 in zip(kept[-1].ranks, kept[0].ranks))
+    # A snapshot between two ticks serves it too, as a rebuild shows it.
+    between = c.reused.snapshot(c.now + 0.2)
+    assert _job(between) is kept[-1]
+    _same_render(between, c.full.snapshot(c.now + 0.2))
+    # A frame from one of its ranks: rebuilt at the next tick, as the twin shows it.
+    c.send(silent[1], "stepcols", encode_fields([{"step": 31, "wall_s": 0.05, "tokens": 64, "drops": 0}], 0))
+    snap, full = c.tick()
+    assert _job(snap) is not kept[-1] and _job(snap).status != "stale"
+    _same_render(snap, full)
+
+
+def test_a_large_silent_job_is_kept_and_renders_as_a_rebuild_at_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In turns (3 ticks a round) and with its rules measured in shares: the same, share by share."""
+    from flowtop.monitor import rotation
+
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 4)  # 12 ranks: 3 ticks a round
+    c = Cluster(monkeypatch)
+    keys = _keys("big", 12)
+    c.run(keys, 30)
+    last = c.now
+    kept: list[JobSnapshot] = []
+    while c.now < last + 45.0:
+        snap, full = c.tick()
+        _same_render(snap, full)
+        job = _job(snap, "big")
+        if job.status == "stale":
+            kept.append(job)
+    assert any(h.id == "hang_all" for h in kept[-1].hints)
+    assert len(kept) >= 70 and len({id(j) for j in kept}) <= 10 and kept[-1] is kept[-2]

@@ -1,4 +1,4 @@
-"""An ended job's snapshot, reused from tick to tick while nothing of it changes. No Textual.
+"""An ended or silent job's snapshot, reused from tick to tick while nothing of it changes. No Textual.
 
 A job whose every rank said bye (status ``done`` or ``failed``) is kept for EVICT_AFTER_S so the
 user sees how it ended. Every tick rebuilt its snapshot all the same: each rank's view looked up,
@@ -22,8 +22,17 @@ as it is while all of these hold:
 * the job's hints are the ones it was kept with (nothing evaluated them since).
 
 A check is one pass over the job's ranks' versions in C (~20 ns a rank) and one lag per relay;
-the job's rank views, figures and hints are not looked at. Only an ended job is kept: a live
-job's tick does no more than before.
+the job's rank views, figures and hints are not looked at. A live job's tick does no more than
+before.
+
+A *silent* job (every rank stale: a crash, a kill, a lost node, no bye) is kept too, for its 600 s:
+nothing of its snapshot reads the clock either once every rank is stale — a stalled rank's view
+and the job's figures hold since when they stalled (FlopsView.stalled_since), its hang hints
+since when their stall counts (flowtop.monitor.hintclock), all said at display. Its hang rules
+still measure it at every tick (their hysteresis advances as before); while they give the same
+hint records the job's hints are the same, and so is its snapshot (flowtop.monitor.model_tick).
+A rank stale behind a silent relay reads "relay HOST silent for N s", text made at the tick:
+such a job is not kept, and one kept is not served once a relay of its ranks cuts them off.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
 from probe.wire import RankKey
 
 Row = tuple[RankState, tuple[RankKey, ...]]  # a shown process and the others claiming its rank
+#: Statuses of a job whose snapshot is kept: ended, or silent (every rank stale).
+KEPT = ENDED | {"stale"}
 _VERSION = attrgetter("version")
 
 
@@ -65,10 +76,12 @@ class EndedJobs:
         return len(self._held)
 
     def take(self, job: str, rows: Sequence[Row], rounds: int, hints: tuple[Hint, ...],
-             lag_of: Callable[[str | None], float]) -> JobSnapshot | None:
+             lag_of: Callable[[str | None], float],
+             cuts_off: Callable[[str | None], bool] | None = None) -> JobSnapshot | None:
         """The kept snapshot of ``job`` when it still holds for its ``rows`` now (a round of
-        ``rounds`` ticks, the job's current ``hints``, each relay's lag by ``lag_of``), else None.
-        A pure read: a snapshot between ticks may take it too."""
+        ``rounds`` ticks, the job's current ``hints``, each relay's lag by ``lag_of``; a silent
+        job's, none of its relays ``cuts_off`` its ranks now), else None. A pure read: a
+        snapshot between ticks may take it too."""
         held = self._held.get(job)
         if held is None or held.rounds != rounds:
             return None
@@ -85,14 +98,20 @@ class EndedJobs:
             lag = lag_of(via)
             if lag < high - LAG_STEP_S or lag > low + LAG_STEP_S:
                 return None
+            if via is not None and cuts_off is not None and held.snap.status not in ENDED and cuts_off(via):
+                return None  # its ranks now read "relay HOST silent for N s"
         self.served += 1
         return held.snap
 
     def keep(self, job: str, rows: Sequence[Row], rounds: int, snap: JobSnapshot) -> None:
-        """Keep ``snap`` (an ended job's, its hints final) built from ``rows`` now, at a round of
-        ``rounds`` ticks. Once per ended job (and again after something of it changed)."""
-        if snap.status not in ENDED:
-            raise ValueError(f"only an ended job's snapshot is kept, not one {snap.status!r}")
+        """Keep ``snap`` (an ended job's, its hints final; or a silent one's, its hints of this
+        tick) built from ``rows`` now, at a round of ``rounds`` ticks. Once per ended job (and
+        again after something of it changed); a silent job's whenever its hints changed."""
+        if snap.status not in KEPT:
+            raise ValueError(f"only an ended or silent job's snapshot is kept, not one {snap.status!r}")
+        if snap.status not in ENDED and any(r.status_reason for r in snap.ranks):
+            self._held.pop(job, None)  # "relay HOST silent for N s": text of the tick (module doc)
+            return
         states = tuple(st for st, _ in rows)
         spans: dict[str | None, tuple[float, float]] = {}
         for view, st in zip(snap.ranks, states, strict=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 from dataclasses import replace
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import newest_per, superseded
@@ -31,6 +31,12 @@ _log = logging.getLogger("flowtop.model")  # the name it had in flowtop.monitor.
 #: hints were evaluated since its last step arrived. Looks per job are rate-limited (per
 #: second, burst): at the end of a thousand-rank job each look costs a job snapshot.
 LAST_LOOKS_PER_S, LAST_LOOK_BURST = 4.0, 8
+
+
+def _with_hints(snap: JobSnapshot, hints: tuple[Hint, ...]) -> JobSnapshot:
+    """``snap`` with ``hints``: the same object when they are its own (the same records: a silent
+    job's hang hints while its stall holds, so its kept snapshot serves on)."""
+    return snap if hints == snap.hints else replace(snap, hints=hints)
 
 
 class HintEvaluator(Protocol):
@@ -72,25 +78,34 @@ class ModelTicks(ModelViews):
         self.relays.prune(now)
         by_job = self._view(None, now, remember=True)
         jobs = []
+        cuts_off = self._cuts_off(now)
         for job, shown in sorted(by_job.items()):
             spread = self.ticks_per_round(len(shown))
-            held = self._ended_jobs.take(job, shown, spread, self._hints.get(job, ()), self.relays.lag_of)
-            if held is not None:  # an ended job that nothing changed since (flowtop.monitor.endedjobs)
+            held = self._ended_jobs.take(job, shown, spread, self._hints.get(job, ()), self.relays.lag_of, cuts_off)
+            if held is not None and held.status in ENDED:  # nothing changed since (flowtop.monitor.endedjobs)
                 jobs.append(held)
                 continue
-            snap = self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
+            # A silent job that nothing changed since: its snapshot as kept, its hints evaluated
+            # as they would be on a rebuilt one (the hang rules; hysteresis and shares as before).
+            snap = held if held is not None else \
+                self._job_snapshot(job, shown, now, rotation=(self.ticks, spread) if spread > 1 else None)
             if snap.status in ENDED:
                 jobs.append(self._ended(snap, shown, spread, now))
                 continue
-            self._ended_jobs.forget(job)  # it runs again (a restart)
             if spread == 1:
-                jobs.append(self._evaluate(snap, now))
+                out = self._evaluate(snap, now)
             elif (share := hint_share(self.ticks, spread)) is not None:
-                jobs.append(self._evaluate(snap, now, share, [st for st, _ in shown]))
+                out = self._evaluate(snap, now, share, [st for st, _ in shown])
             else:
                 if self._hint_engine is not None and prepares(self.ticks, spread):
                     self._prepare(snap, now, [st for st, _ in shown])
-                jobs.append(replace(snap, hints=self._hints.get(job, ())))
+                out = _with_hints(snap, self._hints.get(job, ()))
+            if out.status == "stale" and not self._hints_failed:
+                if out is not held:  # (re)built, or its hints changed: kept from this tick on
+                    self._ended_jobs.keep(job, shown, spread, out)
+            else:
+                self._ended_jobs.forget(job)  # it runs again (a restart, a late frame)
+            jobs.append(out)
         self._judged.expire(self.ticks)
         return self._monitor_snapshot(now, listen, tuple(jobs))
 
@@ -170,9 +185,13 @@ class ModelTicks(ModelViews):
                 self._hints_failed = True
                 _log.exception("hint engine failed; snapshots go on without hints")
                 self.notices.error(f"hints stopped: the hint engine raised {type(exc).__name__}: {exc}", now)
-            return replace(snap, hints=self._hints.get(snap.job, ()))
+            return _with_hints(snap, self._hints.get(snap.job, ()))
         self._hints[snap.job] = hints
-        return replace(snap, hints=hints)
+        return _with_hints(snap, hints)
+
+    def _cuts_off(self, now: float) -> Callable[[str | None], bool]:
+        """Whether a relay's ranks are marked unreachable at ``now`` (a kept silent job's check)."""
+        return lambda via: self.relays.cuts_off(via, now)
 
     @staticmethod
     def _as_now(snap: JobSnapshot, states: list[RankState]) -> JobSnapshot:

@@ -272,6 +272,10 @@ class Relays:
             return f"relay {rec.host} closed"
         return ""
 
+    def cuts_off(self, relay: str | None, now: float) -> bool:
+        """Whether the ranks behind ``relay`` are marked unreachable at ``now`` (see :meth:`mark`)."""
+        return relay is not None and relay in self._reasons(now)
+
     def _reasons(self, now: float) -> dict[str, str]:
         """Relay id -> why its ranks are unreachable, for the relays with a reason (once per tick,
         not once per rank: a tick of a 4,096-rank job asked 4,096 times)."""
