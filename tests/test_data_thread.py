@@ -212,6 +212,31 @@ async def test_a_port_that_cannot_be_bound_is_a_notification() -> None:
             await pilot.press("q")
 
 
+@pytest.mark.asyncio
+async def test_a_failed_bind_is_the_header_and_no_rec_shows(tmp_path: Path) -> None:
+    """The header said "waiting for ranks on …" (the address cut off, the error on a line cut at
+    100 columns) and the footer REC though the recording never started."""
+    from flowtop.tui.widgets.job_header import JobHeader
+    from flowtop.tui.widgets.status_footer import recording_state
+
+    port = free_port_pair()
+    listen = f"tcp://127.0.0.1:{port}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        collector = Collector(make_model(), listen, recorder=Recorder(tmp_path / "x.rec"))
+        app = FlowtopApp(collector, refresh_s=0.1)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.pause()
+            header = str(app.screen.query_one(JobHeader).render()).splitlines()
+            assert header[0] == f"flowtop cannot bind {listen}: Address already in use", header
+            assert len(header[0]) <= SIZE[0] - 2 and header[1].startswith("(is another flowtop running?")
+            assert recording_state(collector).plain == ""
+            await pilot.press("q")
+    assert not (tmp_path / "x.rec").exists()
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.asyncio
 async def test_a_full_disk_and_a_raising_hint_rule_are_notifications(capsys: pytest.CaptureFixture[str]) -> None:

@@ -125,6 +125,8 @@ class Collector(CollectorSockets, LoadGovernor):
         self._kernel_budget = KernelBudget(model.limits, lambda: self._frame_at, lambda: model.spread)
         #: Why :meth:`start` failed ("" until it does); the CLI reports it after the UI closes.
         self.start_error = ""
+        #: The errno of a failed bind (None until one fails): EADDRINUSE means another monitor has it.
+        self.bind_errno: int | None = None
         #: When the glance between two ticks is due: a snapshot of steps and liveness only (the
         #: figures, statuses and hints of the last tick), so that a step shows on screen within a
         #: quarter second plus its flush, not half a second — for up to GLANCE_RANKS ranks, where it
@@ -181,7 +183,10 @@ class Collector(CollectorSockets, LoadGovernor):
         try:
             sub.bind(self.listen)
         except zmq.ZMQError as exc:
-            self.start_error = f"cannot bind {self.listen}: {exc}{bind_hint(exc.errno)}"
+            # zmq.strerror: str(exc) repeats the address ("... (addr='tcp://...')") the text names first
+            reason = zmq.strerror(exc.errno) if exc.errno else str(exc)
+            self.start_error = f"cannot bind {self.listen}: {reason}{bind_hint(exc.errno)}"
+            self.bind_errno = exc.errno
             await self.stop()
             raise AddressError(self.start_error) from None
         t0 = self.clock.now()

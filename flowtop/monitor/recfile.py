@@ -107,6 +107,12 @@ class Recorder:
         if self._fh is not None:
             self._claim(self._fh)
 
+    @property
+    def running(self) -> bool:
+        """Whether it records now: started (its monitor bound its address) or written to, and not
+        closed (a monitor that could not bind closes it unstarted: nothing was recorded)."""
+        return self._fh is not None and self._claimed
+
     def _claim(self, fh: io.FileIO) -> None:
         """Empty the file once, when it becomes this recording's."""
         if self._claimed:

@@ -108,8 +108,11 @@ class FlowtopApp(App[None]):
         try:
             await asyncio.wrap_future(self.data.start())
         except Exception as exc:  # show it; the UI stays up so the user can read it
-            self.source_error = f"source failed to start: {type(exc).__name__}: {exc}"
-            self.notify(self.source_error, severity="error", timeout=30)
+            # The source's own words where it has them ("cannot bind ADDR: ..."): the header shows them.
+            self.source_error = getattr(self.source, "start_error", "") or f"{type(exc).__name__}: {exc}"
+            self.notify(f"source failed to start: {self.source_error}", severity="error", timeout=30)
+            if self.screen_stack:  # the screen may have rendered "waiting for ranks" before: it says why not
+                self.screen.post_message(SnapshotUpdated(self.latest))
             return
         try:
             await asyncio.wrap_future(self.data.refresh())  # the first snapshot at once

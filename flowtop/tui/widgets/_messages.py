@@ -11,10 +11,11 @@ class SnapshotUpdated(Message):
     """A new immutable :class:`MonitorSnapshot` to render.
 
     Posted by :class:`flowtop.tui.app.FlowtopApp` to the active screen about twice a
-    second; handlers are named ``on_snapshot_updated``.
+    second; handlers are named ``on_snapshot_updated``. None: still nothing received, but what
+    the screen shows beside it changed (the source failed to start: the header says why).
     """
 
-    def __init__(self, snapshot: MonitorSnapshot) -> None:
+    def __init__(self, snapshot: MonitorSnapshot | None) -> None:
         self.snapshot = snapshot
         super().__init__()
 

@@ -72,6 +72,15 @@ class JobHeader(Static):
                     error: str = "") -> Text:
         """The header as Rich text (also used by tests)."""
         out = Text(no_wrap=True, overflow="ellipsis")
+        if snap is None and error:  # the source never started (a port another monitor holds)
+            # "cannot bind ADDR: REASON" first, where 80 columns show it whole; its hint, if any
+            # ("(is another flowtop running? ...)"), on the next line.
+            head, paren, hint = error.partition(" (")
+            out.append("flowtop ", style="bold")
+            out.append(head, style="bold red")
+            if paren:
+                out.append(f"\n({hint}", style="red")
+            return out
         if snap is None or job is None:
             where = snap.listen if snap is not None else "…"
             out.append("flowtop ", style="bold")

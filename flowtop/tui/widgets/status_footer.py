@@ -17,12 +17,14 @@ EVERY_S = 2.0
 
 def recording_state(source: Any) -> Text:
     """``REC`` while the live monitor records (``REC stopped`` once it failed), ``replay`` when
-    playing a recording back, nothing otherwise (a prepared list of snapshots: the tests)."""
+    playing a recording back, nothing otherwise (a prepared list of snapshots: the tests; a
+    monitor that could not bind its address, whose recording never started)."""
     from flowtop.monitor.recording import RecordingSource
 
     if isinstance(source, RecordingSource):
         return Text("replay", style="bold cyan")
-    if getattr(source, "recorder", None) is not None:
+    recorder = getattr(source, "recorder", None)
+    if recorder is not None and recorder.running:
         return Text("REC", style="bold red")
     last = getattr(source, "last_recorder", None)
     if last is not None and getattr(last, "error", None):
