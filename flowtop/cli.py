@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from flowtop import settings
 from flowtop.monitor.snapshot import MonitorSnapshot, all_done
 from flowtop.tools.common import (
+    SERVE_PROMETHEUS,
     hostport as _hostport,
     non_negative_float as _non_negative_float,
     positive_float as _positive_float,
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--theme", choices=("dark", "light"), default="dark", help="colours (default dark)")
     serve = sub.add_parser("serve", help="the monitor without a TUI, serving Prometheus metrics")
     _monitor_args(serve, cpu)
-    _prometheus_args(serve, "127.0.0.1:9759")
+    _prometheus_args(serve, SERVE_PROMETHEUS)
     run = sub.add_parser("run", help="run CMD with the probe injected: flowtop run -- CMD ARGS...")
     run.add_argument("--connect", default=None,
                      help=f"monitor address the probe connects to (env {settings.ADDR.name})")
@@ -353,7 +354,9 @@ def _snapshot(args: argparse.Namespace) -> int:
             return 2
         from flowtop.export import serve
 
-        return serve.follow(collector, args.interval, args.timeout, args.until_done)
+        rc = serve.follow(collector, args.interval, args.timeout, args.until_done)
+        _another_monitor(collector)
+        return rc
     if args.timeout is None:
         args.timeout = 5.0
     if args.replay:
@@ -377,6 +380,7 @@ def _snapshot(args: argparse.Namespace) -> int:
             snap, timed_out = collected.snapshot, collected.timed_out
         except AddressError as exc:
             print(f"flowtop: {exc}", file=sys.stderr)
+            _another_monitor(collector)
             return 2
         recorder = collector.last_recorder
         failed = recorder.error if recorder is not None else ""
@@ -398,6 +402,17 @@ def _snapshot(args: argparse.Namespace) -> int:
 
         return failed_ranks(snap)
     return rc
+
+
+def _another_monitor(collector: Any) -> None:
+    """After a snapshot's bind found its address taken: how to read the running monitor's
+    snapshot instead (a snapshot listens for the ranks itself; it cannot run beside one)."""
+    import errno
+
+    if collector.bind_errno == errno.EADDRINUSE:
+        from flowtop.tools.listening import snapshot_elsewhere
+
+        print(f"flowtop: {snapshot_elsewhere(collector.listen)}", file=sys.stderr)
 
 
 def _print_out(text: str, rc: int) -> int:

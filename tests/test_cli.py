@@ -281,6 +281,39 @@ def test_snapshot_port_in_use_is_a_clear_error() -> None:
     assert "another flowtop" not in out.stderr and "no network interface of this host has that address" in out.stderr
 
 
+def test_snapshot_beside_a_running_monitor_says_how_to_read_its_snapshot(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said only "(is another flowtop running?)": the exact URL when that monitor serves HTTP at
+    flowtop serve's default address (here a free port stands for it), the general way otherwise."""
+    import socket
+
+    from flowtop import cli
+    from flowtop.export.metrics_http import HostPort, MetricsServer
+    from flowtop.monitor.snapshot import MonitorSnapshot
+    from flowtop.tools import common
+
+    port = free_port_pair()
+    listen = f"tcp://127.0.0.1:{port}"
+    snap = MonitorSnapshot(taken_at=1.0, listen=listen, jobs=(), received=0, rejected=0)
+    server = MetricsServer(HostPort("127.0.0.1", 0), lambda: snap)
+    where = server.start()
+    monkeypatch.setattr(common, "SERVE_PROMETHEUS", f"127.0.0.1:{where.port}")
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            for follow in ([], ["--follow"]):
+                assert cli.main(["snapshot", *follow, "--listen", listen, "--timeout", "0.3"]) == 2
+                err = capsys.readouterr().err
+                assert f"curl -s http://127.0.0.1:{where.port}/snapshot.json" in err, err
+            server.stop()
+            assert cli.main(["snapshot", "--listen", listen, "--timeout", "0.3"]) == 2
+    finally:
+        server.stop()
+    err = capsys.readouterr().err
+    assert "curl -s http://HOST:PORT/snapshot.json at its --prometheus address" in err and "--listen" in err, err
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```\n(.*?)\n```", readme, re.S)

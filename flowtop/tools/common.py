@@ -8,6 +8,11 @@ import sys
 from typing import Any
 
 
+#: ``flowtop serve``'s ``--prometheus`` (its /metrics and /snapshot.json) by default; ``flowtop
+#: top`` serves them only when given one.
+SERVE_PROMETHEUS = "127.0.0.1:9759"
+
+
 def positive_float(raw: str) -> float:
     try:
         value = float(raw)

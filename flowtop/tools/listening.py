@@ -3,6 +3,8 @@
 ``flowtop run`` and ``flowtop relay`` say once, before anything is sent, that nothing listens yet
 at a loopback monitor address (the training runs anyway, and a monitor started later sees it), or
 that a remote monitor's host name does not resolve here (the sockets would retry it quietly).
+``flowtop snapshot`` that finds its address taken by another monitor says how to read that one's
+snapshot instead (:func:`snapshot_elsewhere`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,61 @@ def unresolved_note(host: str, addr: str, wait_s: float | None = None) -> str | 
     reason = getattr(result[0], "strerror", None) or str(result[0])
     return (f"the monitor's host {host!r} ({addr}) does not resolve here: {reason}; the training runs, "
             "its ranks send nothing until it does")
+
+
+#: Seconds :func:`served_snapshot_url` waits for a monitor's HTTP answer (on this host).
+HTTP_WAIT_S = 0.5
+
+
+def served_snapshot_url(listen: str, http: str | None = None, wait_s: float = HTTP_WAIT_S) -> str | None:
+    """The ``/snapshot.json`` URL of the monitor that holds ``listen``, when it serves HTTP at
+    ``http`` (HOST:PORT; default ``flowtop serve``'s ``--prometheus``, on this host) and its
+    snapshot's ``listen`` is on the same port (the address a bind found taken); None when nothing
+    answers there in ``wait_s``, or another monitor does. Made only once a bind failed; the first
+    4 KB of the answer are read (the server renders it once per snapshot: little to it either)."""
+    import re
+    import urllib.request
+
+    from flowtop.export.metrics_http import parse_hostport
+    from flowtop.monitor.collector import AddressError, parse_tcp
+    from flowtop.tools.common import SERVE_PROMETHEUS
+
+    where = parse_hostport(http or SERVE_PROMETHEUS)
+    host = "127.0.0.1" if where.host == "0.0.0.0" else "::1" if where.host == "::" else where.host
+    base = f"http://[{host}]:{where.port}" if ":" in host else f"http://{host}:{where.port}"
+    try:
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # this host: never a proxy
+        with direct.open(f"{base}/snapshot.json", timeout=wait_s) as answer:
+            text = answer.read(4096).decode("utf-8", "replace")  # "listen" comes first; the rest is left unread
+    except (OSError, ValueError):  # nothing there, no HTTP, a timeout, no snapshot yet (503)
+        return None
+    found = re.search(r'"listen": ?"([^"]*)"', text)
+    if found is None:
+        return None
+
+    def port(addr: str) -> str:
+        try:
+            return str(parse_tcp(addr)[1])
+        except AddressError:
+            return addr  # ipc://PATH: the whole address
+
+    return f"{base}/snapshot.json" if port(found.group(1)) == port(listen) else None
+
+
+def snapshot_elsewhere(listen: str, http: str | None = None) -> str:
+    """What ``flowtop snapshot`` says when another monitor holds ``listen`` (the ranks report to
+    that one; a snapshot listens for them itself, so it cannot run beside it): the running
+    monitor's snapshot URL when :func:`served_snapshot_url` finds it, else how to find it."""
+    url = served_snapshot_url(listen, http)
+    if url is not None:
+        return (f"a monitor already listens on {listen} and serves its snapshot: "
+                f"curl -s {url}  (the JSON of flowtop snapshot --json)")
+    from flowtop.tools.common import SERVE_PROMETHEUS
+
+    return (f"another monitor holds {listen}: read its snapshot over HTTP instead, "
+            f"curl -s http://HOST:PORT/snapshot.json at its --prometheus address (flowtop serve: "
+            f"{SERVE_PROMETHEUS} by default; flowtop top only when started with --prometheus); or give this "
+            f"snapshot another --listen and point the training there (FLOWTOP_ADDR, flowtop run --connect)")
 
 
 #: The monitor addresses :func:`no_monitor_note` looks at, and the addresses a socket listening
