@@ -182,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keys in {where}: start the monitor with --curve-dir {where}; probes need "
               f"FLOWTOP_CURVE_DIR={where} (server.key, client.key_secret) or flowtop run --curve-dir {where}")
         return 0
+    if args.cmd in MONITOR_COMMANDS:
+        _monitor_process()
     if args.cmd == "snapshot":
         return _snapshot(args)
     if args.cmd == "serve":
@@ -197,6 +199,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launch.main(args)
     return _top(args)
+
+
+#: The commands whose process is a monitor (``demo`` starts its own: flowtop.tools.demo.launch).
+MONITOR_COMMANDS = ("top", "serve", "snapshot", "replay")
+
+
+def _monitor_process() -> None:
+    """A monitor process's collector thresholds and heap trimmer (flowtop.monitor.gcpolicy), and so
+    its FLOWTOP_HEAP_TRIM_S read and checked: every monitor command the same way (``snapshot``,
+    ``--follow`` included, had neither)."""
+    from flowtop.monitor import gcpolicy
+
+    gcpolicy.for_monitor()
 
 
 def _make_model(peak_tflops: float | None = None) -> Any:
@@ -233,9 +248,6 @@ def _replay(args: argparse.Namespace) -> int:
     except RecordingError as exc:
         print(f"flowtop: {exc}", file=sys.stderr)
         return 2
-    from flowtop.monitor import gcpolicy
-
-    gcpolicy.for_monitor()
     FlowtopApp(RecordingSource(args.recording, _make_model(args.peak_tflops), args.speed), quit_on=QUIT_SIGNALS).run()
     return 0
 
@@ -244,10 +256,8 @@ def _top(args: argparse.Namespace) -> int:
     collector = _collector(args)
     if collector is None:
         return 2
-    from flowtop.monitor import gcpolicy
     from flowtop.tui.app import QUIT_SIGNALS, FlowtopApp
 
-    gcpolicy.for_monitor()
     app = FlowtopApp(collector, quit_on=QUIT_SIGNALS)
     if args.theme == "light":
         app.theme = "textual-light"
@@ -283,9 +293,7 @@ def _serve(args: argparse.Namespace) -> int:
     if collector is None:
         return 2
     from flowtop.export import serve
-    from flowtop.monitor import gcpolicy
 
-    gcpolicy.for_monitor()
     return serve.serve(collector, _metrics(args, lambda: None))
 
 

@@ -118,3 +118,30 @@ def test_the_process_trimmer_follows_its_variable(monkeypatch: pytest.MonkeyPatc
     assert settings.HEAP_TRIM_S.read() == 0.0
     monkeypatch.setenv("FLOWTOP_HEAP_TRIM_S", "-1")
     assert settings.HEAP_TRIM_S.read() == 10.0
+
+
+@pytest.mark.parametrize("follow", [[], ["--follow"]])
+def test_snapshot_reads_and_checks_the_variable_as_top_and_serve(
+        follow: list[str], monkeypatch: pytest.MonkeyPatch, no_process_trimmer: None,
+        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """`flowtop snapshot` (and --follow) started no trimmer: the variable was ignored, a bad value unsaid."""
+    from flowtop import cli
+    from flowtop.tools.demo.launch import free_port_pair
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    monkeypatch.setenv("FLOWTOP_HEAP_TRIM_S", "soon")
+    try:
+        with caplog.at_level(logging.WARNING, logger="flowtop.settings"):
+            assert cli.main(["snapshot", *follow, "--listen", listen, "--timeout", "0.1"]) == 0
+        assert "FLOWTOP_HEAP_TRIM_S" in caplog.text
+        trimmer = heaptrim.current()
+        assert trimmer is not None and trimmer.every_s == 10.0
+    finally:
+        if heaptrim.current() is not None:
+            heaptrim.current().stop()  # type: ignore[union-attr]
+    monkeypatch.setattr(heaptrim, "_PROCESS", None)
+    monkeypatch.setenv("FLOWTOP_HEAP_TRIM_S", "0")
+    assert cli.main(["snapshot", *follow, "--listen", listen, "--timeout", "0.1"]) == 0
+    assert heaptrim.current() is not None and heaptrim.current().every_s == 0.0  # type: ignore[union-attr]
+    capsys.readouterr()
+
