@@ -109,3 +109,27 @@ def test_a_jobs_labels_say_its_figures_are_sums() -> None:
     assert same is not None and same.estimate_source == why["estimate_source"]
     mixed = job_flops([rank_flops(why, step_time_s=0.05), rank_flops(stage1, step_time_s=0.05)])
     assert mixed is not None and mixed.estimate_source is None
+
+
+def test_the_snapshot_text_says_the_jobs_peak_is_the_ranks_summed() -> None:
+    """The job line said 'peak estimated: 1 core × ...' (a rank's source) beside the job's MFU,
+    whose peak is the sum over its ranks."""
+    import dataclasses
+
+    from flowtop.export.textreport import render
+    from flowtop.monitor.accounting import job_flops
+    from flowtop.monitor.snapshot import MonitorSnapshot
+    from synthetic.cluster import cluster_job
+
+    job = cluster_job(2, job="small")
+    source = "estimated: 1 core × 2.4 GHz × 32 FLOP/cycle (AVX-512 FMA)"
+    ranks = tuple(dataclasses.replace(r, flops=dataclasses.replace(r.flops, peak_flops=78e9, peak_source=source))
+                  for r in job.ranks if r.flops is not None)
+    job = dataclasses.replace(job, ranks=ranks, flops=job_flops([r.flops for r in ranks]))
+    snap = MonitorSnapshot(taken_at=5000.0, listen="tcp://127.0.0.1:5759", jobs=(job,), received=0, rejected=0)
+    line = render(snap).splitlines()[1]
+    assert line.endswith(f"[bf16, attention full, peak 2 × 78.0GFLOP/s (per rank: {source})]"), line
+    uneven = (ranks[0], dataclasses.replace(ranks[1], flops=dataclasses.replace(ranks[1].flops, peak_flops=39e9)))
+    job = dataclasses.replace(job, ranks=uneven, flops=job_flops([r.flops for r in uneven]))
+    line = render(dataclasses.replace(snap, jobs=(job,))).splitlines()[1]
+    assert line.endswith(f"peak 117GFLOP/s summed over the ranks (per rank: {source})]"), line

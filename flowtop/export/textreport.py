@@ -37,7 +37,7 @@ def render(snap: MonitorSnapshot) -> str:
             bf16 = f"  MFU bf16-eq {pct(f.mfu_bf16)}" if mixed else ""
             lines.append(
                 f"  model {flops_rate(f.flops_per_s)}  MFU {pct(f.mfu)}{bf16}  HFU {pct(f.hfu)}  "
-                f"[{f.dtype}, attention {f.attention_convention}, peak {f.peak_source}]"
+                f"[{f.dtype}, attention {f.attention_convention}, {job_peak(job)}]"
             )
             if f.expert_load is not None:
                 lines.append(f"  experts: {_experts(f.expert_load)}")
@@ -70,6 +70,25 @@ def render(snap: MonitorSnapshot) -> str:
                          f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  heard {seconds(x.age_s)} ago")
     return "\n".join(lines)
 
+
+
+def job_peak(job: JobSnapshot) -> str:
+    """The peak the job's MFU divides by, a sum over its ranks, and where a rank's comes from:
+    'peak 2 × 78GFLOP/s (per rank: estimated: 1 core × ...)' (the line had said only the rank's
+    source, as if it were the job's); 'summed over the ranks' where their peaks differ."""
+    f = job.flops
+    if f is None:
+        return "peak n/a"
+    source = f" (per rank: {f.peak_source})" if f.peak_source else ""
+    if not f.peak_flops:
+        return f"peak n/a{source}"
+    per_rank = {r.flops.peak_flops for r in job.ranks if r.flops is not None and r.flops.peak_flops}
+    if len(per_rank) == 1:
+        (peak,) = per_rank
+        ranks = f.peak_flops / peak
+        if round(ranks) >= 1 and abs(ranks - round(ranks)) < 1e-6 * ranks:
+            return f"peak {round(ranks)} × {flops_rate(peak)}{source}"
+    return f"peak {flops_rate(f.peak_flops)} summed over the ranks{source}"
 
 
 def _rank_lines(job: JobSnapshot, mixed: bool) -> list[str]:
