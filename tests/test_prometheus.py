@@ -184,7 +184,8 @@ def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
     assert received.value == snap["received"]
     # No label carries a step, a pid or another unbounded value.
     allowed = {"train_job", "rank", "host", "local_rank", "relay", "rank_quantile", "status", "id", "severity",
-               "listen", "version", "flowtop_rank_status", "flowtop_job_status"}
+               "listen", "version", "flowtop_rank_status", "flowtop_job_status",
+               "source", "dtype"}  # the job peak's: one word of five, the dtype's name
     for s in samples(text):
         assert set(s.labels) <= allowed, s
     # pids (1000 here) are not exported: in no label value (sample values such as the monitor's

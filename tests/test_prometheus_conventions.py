@@ -109,3 +109,35 @@ def test_the_job_tokens_help_says_how_tokens_are_counted() -> None:
     help_text = {name: text for name, _, text, _ in JOB_GAUGES}["flowtop_job_tokens_per_second"]
     assert "once per data-parallel replica" in help_text
     assert "summed over the ranks" not in help_text
+
+
+def test_the_jobs_peak_says_its_kind_and_dtype_in_bounded_labels() -> None:
+    """Nothing in the metrics said that a peak (so the MFU) was a CPU estimate, an override or a
+    datasheet's: an info series with a one-word source (the source text itself is unbounded)."""
+    import dataclasses
+
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    from flowtop.export.exporter import snapshot_families
+
+    def kinds(*sources: str) -> list[dict[str, str]]:
+        job = cluster_job(len(sources), job="j")
+        ranks = tuple(dataclasses.replace(r, flops=dataclasses.replace(r.flops, peak_source=src))
+                      for r, src in zip(job.ranks, sources) if r.flops is not None)
+        snap = MonitorSnapshot(taken_at=1.0, listen="tcp://127.0.0.1:5759", jobs=(dataclasses.replace(job, ranks=ranks),),
+                               received=0, rejected=0)
+
+        class Families:
+            def collect(self) -> list[Any]:
+                return snapshot_families(snap)
+
+        (fam,) = [f for f in parse_openmetrics(generate_latest(Families()).decode()) if f.name == "flowtop_job_peak"]
+        assert fam.type == "info"
+        return [s.labels for s in fam.samples]
+
+    assert kinds("datasheet H200 SXM", "datasheet H200 SXM") == [{"train_job": "j", "source": "table", "dtype": "bf16"}]
+    cpu = "estimated: 1 core × 2.40 GHz × 32 FLOPs/cycle (AVX-512)"
+    assert kinds(cpu, cpu)[0]["source"] == "estimate"
+    assert kinds("override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)")[0]["source"] == "override"
+    assert kinds(cpu, "datasheet H200 SXM")[0]["source"] == "mixed"
+    assert kinds("unknown: no table row for 'Tesla T4'")[0]["source"] == "none"

@@ -8,7 +8,8 @@ where the TUI gets them — and nothing runs between scrapes.
 
 Base units, ratios 0-1. Labels: ``train_job``, ``rank``, ``host``, ``local_rank``, ``relay`` (the
 host of the node relay the rank's frames came through, "" when direct), ``rank_quantile``, hints'
-``id`` and ``severity``, relays' ``relay``; never a step, a pid or any other value without a
+``id`` and ``severity``, relays' ``relay``, the job peak's ``source`` (one word of five:
+flowtop.monitor.accounting.PeakKind) and ``dtype``; never a step, a pid or any other value without a
 bound, and never a label Prometheus owns (``job``, ``instance``: it renames an exported one to
 ``exported_job``) or reserves for a type (``quantile``, ``le``). Two bounds on the series:
 
@@ -36,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from flowtop.monitor.claims import newest_per, rank_newness
 from flowtop.monitor.rankstats import job_percentiles
+from flowtop.monitor.accounting import job_peak_kind
 from flowtop.monitor.byjob import ByJob
 from flowtop.monitor.rankview import NodeGroup, job_context, node_group
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
@@ -216,6 +218,11 @@ def _declare(fam: _Families) -> None:
         fam.gauge(name, unit, doc + " (rank_quantile 0, 0.5, 0.95, 1 across running ranks)",
                   (JOB_LABEL, QUANTILE_LABEL))
     fam.states("flowtop_job_status", "Job status: running, stalled, stale, done, failed", JOB_LABELS)
+    fam.items["flowtop_job_peak"] = InfoMetricFamily(
+        "flowtop_job_peak", "Where the peak of the job's MFU and HFU comes from: source table (datasheet), "
+        "estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), none "
+        "(no MFU) or mixed (ranks differ); dtype the peak is of (the snapshot JSON's peak_source has the detail)",
+        labels=JOB_LABELS)
     fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", (JOB_LABEL, "status"))
     fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
               "(more ranks than --prometheus-max-ranks)", JOB_LABELS)
@@ -249,6 +256,9 @@ def _job(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot, policy: Export
         if value is not None:
             fam.gauge(metric, unit, doc, JOB_LABELS).add_metric([name], value)
     fam.states("flowtop_job_status", "", JOB_LABELS).add_metric([name], _states(job.status, JOB_STATES))
+    if job.flops is not None:
+        fam.items["flowtop_job_peak"].add_metric([name], {
+            "source": job_peak_kind(r.flops for r in job.ranks), "dtype": job.flops.dtype})
     by_status = dict.fromkeys(RANK_STATES, 0)
     for r in job.ranks:
         by_status[r.status] = by_status.get(r.status, 0) + 1

@@ -23,13 +23,39 @@ Conventions (also in the JSON ``conventions`` block):
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from flowtop.monitor import moe_load, precision
 from flowtop.monitor.records import Fields
 from flowtop.monitor.snapshot import FlopsView
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
+#: Where a peak comes from, in one word (a bounded label: ``flowtop_job_peak_info``'s ``source``):
+#: a datasheet table row, the CPU estimate (cores × clock × FLOPs/cycle), the user's override, no
+#: peak at all (no MFU), or ranks that differ.
+PeakKind = Literal["table", "estimate", "override", "none", "mixed"]
+
+
+def peak_kind(view: FlopsView) -> PeakKind:
+    """The kind of a rank's peak, from its ``peak_source`` (probe.flops.peaks writes "estimated: ...",
+    "override (...)", "unknown: why"; a table row names its device)."""
+    source = view.peak_source.strip()
+    if not view.peak_flops or not source or source.startswith("unknown"):
+        return "none"
+    if source.startswith("override"):
+        return "override"
+    if source.startswith("estimated"):
+        return "estimate"
+    return "table"
+
+
+def job_peak_kind(views: Iterable[FlopsView | None]) -> PeakKind:
+    """The kind of a job's peak (the sum of its ranks'): theirs when they agree, else "mixed";
+    "none" without a rank's FLOPs view."""
+    kinds = {peak_kind(v) for v in views if v is not None}
+    return kinds.pop() if len(kinds) == 1 else "mixed" if kinds else "none"
+
+
 def per_peak(rate: float | None, peak: float | None) -> float | None:
     """A FLOP rate as a share of a peak (MFU, HFU, bf16-equivalent MFU, of a rank or a job):
     None when either is unknown or the peak is 0. The one place these ratios are computed."""
