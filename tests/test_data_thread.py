@@ -233,6 +233,7 @@ async def test_a_failed_bind_is_the_header_and_no_rec_shows(tmp_path: Path) -> N
             assert header[0] == f"flowtop cannot bind {listen}: Address already in use", header
             assert len(header[0]) <= SIZE[0] - 2 and header[1].startswith("(is another flowtop running?")
             assert recording_state(collector).plain == ""
+            assert not app.screen.query_one("#monitor-status").display  # no REC on screen either
             await pilot.press("q")
     assert not (tmp_path / "x.rec").exists()
 

@@ -109,9 +109,9 @@ class Recorder:
 
     @property
     def running(self) -> bool:
-        """Whether it records now: started (its monitor bound its address) or written to, and not
-        closed (a monitor that could not bind closes it unstarted: nothing was recorded)."""
-        return self._fh is not None and self._claimed
+        """Whether it records (or will once its monitor has bound its address): not closed. A
+        monitor that could not bind closes it unstarted, nothing recorded."""
+        return self._fh is not None
 
     def _claim(self, fh: io.FileIO) -> None:
         """Empty the file once, when it becomes this recording's."""

@@ -95,6 +95,7 @@ class MainScreen(SnapshotScreen):
         rank_map.show(job)
         self.query_one(HintsPanel).show(job.hints if job else (), job.ranks if job else (),
                                         snap.taken_at if snap is not None else 0.0)
+        self.query_one(StatusFooter).recheck()
 
     def _selected(self) -> tuple[str, int] | None:
         rank = self.query_one(RankTable).selected

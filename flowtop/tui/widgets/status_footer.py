@@ -94,5 +94,14 @@ class StatusFooter(Horizontal):
         label.update(text)
         label.display = bool(text.plain)
 
+    def recheck(self) -> None:
+        """Show the recording state now if it changed (a monitor that could not bind closed its
+        recording): no reading of the meter, no repaint when nothing changed."""
+        text = self._text()
+        label = self.query_one("#monitor-status", Static)
+        if text.plain != str(label.render()):
+            label.update(text)
+            label.display = bool(text.plain)
+
     def _text(self) -> Text:
         return status_text(getattr(self.app, "source", None), self.load)
