@@ -134,7 +134,20 @@ def test_job_kernel_title_without_merge() -> None:
     from flowtop.tui.screens.job_kernel_screen import job_kernel_title
 
     assert job_kernel_title("gpt", None, 1, False).plain == (
-        "job kernels · gpt · needs kernel windows from 2+ ranks (k on a rank asks for one)")
+        "job kernels · gpt\nneeds kernel windows from 2+ ranks (k on a rank asks for one)")
+
+
+def test_job_kernel_title_shows_the_order_and_uneven_count_at_80_columns() -> None:
+    """A 36-character job id pushed "◆ uneven: N · by max − min" off screen at 80-100 columns."""
+    from flowtop.tui.screens.job_kernel_screen import job_kernel_title
+    from flowtop.tui.widgets._kernels import JobKernelView
+
+    uuid = "3052fd49-bfe9-4c2a-9d1e-5b1e2c3d4e5f"
+    view = JobKernelView(ranks=(0, 1), rows=())
+    first, second = job_kernel_title(uuid, view, 2, False).plain.splitlines()
+    assert first == "job kernels · 3052fd49-bfe…b1e2c3d4e5f · ◆ uneven: 0 · by max − min"
+    assert len(first) <= 80 - 2  # the title's padding
+    assert second == "2/2 ranks merged · time per window, mean of all windows"
 
 
 def test_a_node_rows_mfu_under_half_a_percent_is_not_zero() -> None:

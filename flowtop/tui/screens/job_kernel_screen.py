@@ -14,18 +14,33 @@ from flowtop.tui.widgets.job_kernel_table import JobKernelTable
 from flowtop.tui.widgets.status_footer import StatusFooter
 
 
+#: Most characters of the job id the title shows (a longer one loses its middle): the title's
+#: first line stays within 80 columns with the sort and the uneven count (a 36-character uuid
+#: pushed them off screen at 100).
+JOB_ID_WIDTH = 24
+
+
+def elide_middle(text: str, width: int) -> str:
+    """``text`` within ``width`` characters, its middle replaced by "…" (both ends of an id tell it apart)."""
+    if len(text) <= width:
+        return text
+    head = width // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
 def job_kernel_title(job: str, view: JobKernelView | None, ranks_total: int, by_mean: bool) -> Text:
-    """Which ranks are merged, what the mark means, the order."""
+    """Two lines: the job, the uneven mark's count and the order (what must show at 80 columns);
+    then which ranks are merged and what the cells are."""
     out = Text(no_wrap=True, overflow="ellipsis")
     out.append("job kernels", style="bold")
-    out.append(f" · {job}")
+    out.append(f" · {elide_middle(job, JOB_ID_WIDTH)}")
     if view is None:
-        out.append(" · needs kernel windows from 2+ ranks (k on a rank asks for one)", style="dim")
+        out.append("\nneeds kernel windows from 2+ ranks (k on a rank asks for one)", style="dim")
         return out
-    out.append(f" · {len(view.ranks)}/{ranks_total} ranks merged (time per window, mean of all windows)")
     flagged = sum(1 for r in view.rows if r.flagged)
     out.append(f" · ◆ uneven: {flagged}", style="red" if flagged else "dim")
     out.append(f" · by {'mean time' if by_mean else 'max − min'}", style="dim")
+    out.append(f"\n{len(view.ranks)}/{ranks_total} ranks merged · time per window, mean of all windows", style="dim")
     return out
 
 
