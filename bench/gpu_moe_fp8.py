@@ -115,6 +115,7 @@ def main(dev: str, dry: bool) -> None:
     @section("gemm")
     def _gemm() -> dict[str, Any]:
         from flowtop.monitor.accounting import rank_flops
+        from probe.wire import flops_report
 
         a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
@@ -137,7 +138,7 @@ def main(dev: str, dry: bool) -> None:
         count = probe_count(both)
         msg = message(count, dev)
         step_s = t_bf16 + t_fp8
-        view = rank_flops(msg, step_time_s=step_s)
+        view = rank_flops(flops_report(msg), step_time_s=step_s)
         return {
             "shape": n, "hand_flops_each": hand,
             "probe_by_dtype": count.model_by_dtype, "probe_matches_hand": count.model_by_dtype == {

@@ -9,7 +9,7 @@ import pytest
 
 from flowtop.monitor.accounting import rank_flops, rank_mfu
 from flowtop.monitor.wiring import make_model
-from probe.wire import RankKey, decode, encode
+from probe.wire import RankKey, decode, encode, flops_report
 
 T = 1e12
 PLAIN = {"step": 2, "model_flops": 1e9, "executed_flops": 1.2e9, "attention": "full", "dtype": "bf16",
@@ -38,9 +38,10 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], float | None]] = [
 def test_rank_mfu_is_the_views_mfu(name: str, msg: dict[str, Any], kw: dict[str, Any], want: float | None) -> None:
     args = {"step_time_s": None, **kw}
     stalled = args.pop("stalled", None)  # the view holds since when, the sample takes how long
-    view = rank_flops(msg, **args, stalled_since=None if stalled is None else 100.0 - stalled)
+    count = flops_report(msg)
+    view = rank_flops(count, **args, stalled_since=None if stalled is None else 100.0 - stalled)
     assert view is not None
-    got = rank_mfu(msg, **args, stalled_s=stalled)
+    got = rank_mfu(count, **args, stalled_s=stalled)
     if want is None:
         assert got is None and view.mfu is None
     else:
@@ -74,13 +75,13 @@ def test_a_jobs_figures_sum_its_ranks_and_unknown_on_one_rank_is_unknown() -> No
 
     a = {**PLAIN, "uncounted": {"aten::foo": 3, "aten::bar": 1}, "uncounted_size": {"aten::foo": 10}}
     b = {**PLAIN, "uncounted": {"aten::foo": 2, "aten::baz": 5}}
-    views = [rank_flops(m, step_time_s=0.05) for m in (a, a, b)]
+    views = [rank_flops(flops_report(m), step_time_s=0.05) for m in (a, a, b)]
     job = job_flops(views)
     assert job is not None and job.flops_per_s == pytest.approx(6e10) and job.peak_flops == pytest.approx(3 * T)
     assert job.mfu == pytest.approx(0.02)
     assert dict(job.uncounted_ops) == {"aten::foo": 8, "aten::bar": 2, "aten::baz": 5}
     assert dict(job.uncounted_size) == {"aten::foo": 20}
-    no_peak = job_flops(views + [rank_flops({**PLAIN, "peak_flops": None}, step_time_s=0.05)])
+    no_peak = job_flops(views + [rank_flops(flops_report({**PLAIN, "peak_flops": None}), step_time_s=0.05)])
     assert no_peak is not None and no_peak.peak_flops is None and no_peak.mfu is None
     assert no_peak.flops_per_s == pytest.approx(8e10)
 
@@ -95,19 +96,19 @@ def test_a_jobs_labels_say_its_figures_are_sums() -> None:
     tp = {**PLAIN, "estimated_flops": 1.1e9,
           "estimate_source": "6N+12LdT/2 (this rank's tensor-parallel share; N local), shape from model.blocks",
           "parallel": "local FLOPs of this rank; mesh (tp=2); matmuls split 2-way; params [S(0)]×8"}
-    job = job_flops([rank_flops(tp, step_time_s=0.05)] * 2)
+    job = job_flops([rank_flops(flops_report(tp), step_time_s=0.05)] * 2)
     assert job is not None and job.estimated_flops_per_step == pytest.approx(2.2e9)
     assert job.estimate_source == "6N+12LdT/2 (each rank's tensor-parallel share; N local), shape from model.blocks"
     assert job.parallel == "Σ over the ranks of their local FLOPs; mesh (tp=2); matmuls split 2-way; params [S(0)]×8"
     stage1 = {**PLAIN, "estimated_flops": None, "estimate_source": None}
-    piped = job_flops([rank_flops(tp, step_time_s=0.05), rank_flops(stage1, step_time_s=0.05)])
+    piped = job_flops([rank_flops(flops_report(m), step_time_s=0.05) for m in (tp, stage1)])
     assert piped is not None and piped.estimated_flops_per_step is None and piped.estimate_source is None
     # every rank without an estimate for the same reason: the job says it (it said nothing, while
     # each rank's panel read "none: …"; a new user's trial with a ViT and a DiT)
     why = {**PLAIN, "estimated_flops": None, "estimate_source": "none: no tokens counted (no nn.Embedding fed token ids)"}
-    same = job_flops([rank_flops(why, step_time_s=0.05)] * 2)
+    same = job_flops([rank_flops(flops_report(why), step_time_s=0.05)] * 2)
     assert same is not None and same.estimate_source == why["estimate_source"]
-    mixed = job_flops([rank_flops(why, step_time_s=0.05), rank_flops(stage1, step_time_s=0.05)])
+    mixed = job_flops([rank_flops(flops_report(m), step_time_s=0.05) for m in (why, stage1)])
     assert mixed is not None and mixed.estimate_source is None
 
 

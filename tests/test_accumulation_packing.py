@@ -178,8 +178,9 @@ def test_padding_is_counted_and_nonpad_tokens_are_reported(captured: list[tuple[
     assert f["model_flops"] == 2 * 3 * 2 * B * S * D * V  # one linear on every padded token
     assert f["nonpad_tokens"] == 8 + 3 + 5 + 6 == 22
     from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.wire import flops_report
 
-    view = rank_flops(f, step_time_s=0.01)
+    view = rank_flops(flops_report(f), step_time_s=0.01)
     assert view.nonpad_tokens == 22 and view.nonpad_frac == pytest.approx(22 / 32)
     assert job_flops([view, view]).nonpad_frac == pytest.approx(22 / 32)
 
@@ -267,6 +268,7 @@ def test_attention_masking_is_said_and_a_bidirectional_model_is_never_halved(
     import time
 
     from flowtop.monitor.accounting import rank_flops
+    from probe.wire import flops_report
     from flowtop.tui.widgets.flops_panel import flops_text
     from probe import wire
 
@@ -281,7 +283,7 @@ def test_attention_masking_is_said_and_a_bidirectional_model_is_never_halved(
     bidi = " (bidirectional attention: not halved)" if not causal and f["attention"] == "causal" else ""
     assert f["estimate_source"].startswith(f"6N+{6 if halved else 12}LdT{bidi}, shape from model.config")
     msg = wire.decode(wire.encode("flops", wire.RankKey("t", "h", 1, 0, 0), 1, time.time(), f)).fields
-    view = rank_flops(msg, step_time_s=0.1)
+    view = rank_flops(flops_report(msg), step_time_s=0.1)
     assert view is not None and view.attention_masking == f["attention_masking"]
     line = next(ln for ln in flops_text(view).plain.splitlines() if ln.startswith("attention"))
     note = {(True, "full"): "causal: full square", (True, "causal"): "causal: half square"}.get(
@@ -291,6 +293,7 @@ def test_attention_masking_is_said_and_a_bidirectional_model_is_never_halved(
 
 def test_attention_note_and_the_jobs_masking() -> None:
     from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.wire import flops_report
     from flowtop.tui.widgets.flops_panel import attention_note
 
     assert attention_note("full", "mixed") == "causal calls: full square"
@@ -298,7 +301,7 @@ def test_attention_note_and_the_jobs_masking() -> None:
     assert attention_note("causal", None) == "causal: half square"  # not read: the convention alone
     base = {"step": 1, "model_flops": 1.0, "executed_flops": 1.0, "attention": "full", "dtype": "fp32",
             "peak_source": "x", "uncounted": {}, "tokens": 1}
-    views = {m: rank_flops({**base, **({"attention_masking": m} if m else {})}, step_time_s=0.1)
+    views = {m: rank_flops(flops_report({**base, **({"attention_masking": m} if m else {})}), step_time_s=0.1)
              for m in ("causal", "bidirectional", None)}
     assert views[None] is not None and views[None].attention_masking is None
 

@@ -139,9 +139,10 @@ def test_moe_without_attention_gets_6_n_active(sent: Sent) -> None:
     assert 5_312 - (2 * 2_112 + 800) == 3 * 32 + 2 * 2 * 48
 
     from flowtop.monitor.accounting import rank_flops
+    from probe.wire import flops_report
     from flowtop.tui.widgets.flops_panel import flops_text
 
-    view = rank_flops(msg, step_time_s=0.1)
+    view = rank_flops(flops_report(msg), step_time_s=0.1)
     assert view is not None and view.estimate_source == msg["estimate_source"]
     assert "6N_active (no attention blocks found, none ran)" in flops_text(view, None).plain
 

@@ -183,11 +183,12 @@ def test_fsdp2_times_tp_two_by_two(four_ranks: list[dict[str, Any]]) -> None:
 def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict[str, Any]]) -> None:
     """The rank's real message through the monitor's FlopsView: JSON field and FLOP panel row."""
     from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.wire import flops_report
     from flowtop.monitor.snapshot import _flops_json
     from flowtop.tui.widgets.flops_panel import flops_text
 
     msgs = [rank["fsdp_tp"]["second"]["message"] for rank in four_ranks]
-    views = [rank_flops(m, 0.1) for m in msgs]
+    views = [rank_flops(flops_report(m), 0.1) for m in msgs]
     assert views[0] is not None and views[0].parallel == msgs[0]["parallel"]
     assert _flops_json(views[0])["parallel"].startswith("local FLOPs of this rank; mesh (dp=2, tp=2)")
     job = job_flops(views)

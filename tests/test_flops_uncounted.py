@@ -50,7 +50,7 @@ def _mlp_step(extra) -> tuple[dict, object]:  # type: ignore[no-untyped-def]
                            device_name="cpu", flops_per_token=None, attention="full")
     key = wire.RankKey("j", "h", 1, 0, 0)
     msg = wire.decode(wire.encode("flops", key, 1, time.time(), fields)).fields  # as the monitor gets it
-    view = rank_flops(msg, 0.1)
+    view = rank_flops(wire.flops_report(msg), 0.1)
     snap = job(rank(0, fl=view), fl=view)
     engine = HintEngine()
     engine.evaluate(snap, 0.0)

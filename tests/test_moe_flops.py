@@ -162,8 +162,9 @@ def test_expert_parallel_ranks_count_their_local_experts(ep_ranks: list[dict[str
 
 def test_the_monitor_shows_expert_load_per_rank_and_job(ep_ranks: list[dict[str, Any]]) -> None:
     from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.wire import flops_report
 
-    views = [rank_flops(r["message"], step_time_s=0.1) for r in ep_ranks]
+    views = [rank_flops(flops_report(r["message"]), step_time_s=0.1) for r in ep_ranks]
     for r, v in zip(ep_ranks, views):
         got = r["received"]
         x = v.expert_load

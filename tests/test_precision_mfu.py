@@ -21,6 +21,7 @@ from flowtop.monitor.accounting import job_flops, rank_flops
 from probe.flops import accounting
 from probe.flops.count import FlopCount
 from probe.flops.peaks import lookup_peak, normalise_dtype, peak_override, resolve_peak
+from probe.wire import flops_report
 
 T = 1e12
 
@@ -74,7 +75,7 @@ def test_mfu_against_each_dtypes_peak_override(captured: list[tuple[str, dict[st
     (msg,) = [f for k, f in captured if k == "flops"]
     assert msg["flops_by_dtype"] == {"bf16": [BF16_FLOPS, BF16_FLOPS], "fp32": [FP32_FLOPS, FP32_FLOPS]}
     assert msg["peak_by_dtype"] == {"bf16": 2 * T, "fp32": 0.5 * T}
-    view = rank_flops(msg, step_time_s=1e-6)
+    view = rank_flops(flops_report(msg), step_time_s=1e-6)
     # ideal time = 8,192 / 2e12 + 6,144 / 0.5e12 = 4.096 ns + 12.288 ns = 16.384 ns; over 1 µs
     assert view.mfu == pytest.approx(0.016384, rel=1e-12)
     assert view.hfu == pytest.approx(0.016384, rel=1e-12)
@@ -84,12 +85,12 @@ def test_mfu_against_each_dtypes_peak_override(captured: list[tuple[str, dict[st
     assert view.peak_flops == pytest.approx(14_336 / 16.384e-9)
     assert view.precision.shares == pytest.approx({"bf16": 8 / 14, "fp32": 6 / 14})
     # two such ranks, the second twice as slow: Σ FLOP/s ÷ Σ mix peaks
-    slow = rank_flops(msg, step_time_s=2e-6)
+    slow = rank_flops(flops_report(msg), step_time_s=2e-6)
     job = job_flops([view, slow])
     assert job.mfu == pytest.approx((0.016384 + 0.008192) / 2)
     assert job.mfu_bf16 == pytest.approx((0.007168 + 0.003584) / 2)
     # the monitor's --peak-tflops replaces every dtype's peak: one figure for the whole step
-    flat = rank_flops(msg, step_time_s=1e-6, peak_override=1 * T)
+    flat = rank_flops(flops_report(msg), step_time_s=1e-6, peak_override=1 * T)
     assert flat.mfu == pytest.approx(14_336 / 1e-6 / T) and flat.mfu_bf16 == flat.mfu
 
 
@@ -102,7 +103,7 @@ def test_mfu_per_dtype_against_the_h200_table() -> None:
                                    device=torch.device("cuda"), device_name="NVIDIA H200",
                                    flops_per_token=None, attention="full")
     assert msg["peak_by_dtype"] == {"bf16": 989.4 * T, "fp32": 66.9 * T}
-    view = rank_flops(msg, step_time_s=1e-6)
+    view = rank_flops(flops_report(msg), step_time_s=1e-6)
     ideal = BF16_FLOPS / (989.4 * T) + FP32_FLOPS / (66.9 * T)
     assert view.mfu == pytest.approx(ideal / 1e-6, rel=1e-12)
     assert view.mfu_bf16 == pytest.approx(14_336 / 1e-6 / (989.4 * T), rel=1e-12)
@@ -115,13 +116,13 @@ def test_unknown_device_gets_no_mfu_with_a_reason() -> None:
                                    flops_per_token=None, attention="full")
     assert msg["peak_flops"] is None and msg["peak_by_dtype"] == {}
     assert "no peak-table entry for device 'NVIDIA Z9000'" in msg["peak_source"]
-    view = rank_flops(msg, step_time_s=1e-6)
+    view = rank_flops(flops_report(msg), step_time_s=1e-6)
     assert view.mfu is None and view.hfu is None and view.mfu_bf16 is None and view.peak_flops is None
     assert "no dense peak for bf16 (57.1% of model FLOPs), fp32 (42.9% of model FLOPs)" in view.mfu_reason
     assert "(unknown: no peak-table entry for device 'NVIDIA Z9000'" in view.mfu_reason  # what the rank said of its peak
     # an older probe (no per-dtype fields): the single-peak path says why, no guess either
     old = {k: v for k, v in msg.items() if k not in ("flops_by_dtype", "peak_by_dtype")}
-    view = rank_flops(old, step_time_s=1e-6)
+    view = rank_flops(flops_report(old), step_time_s=1e-6)
     assert view.mfu is None and "no peak-table entry" in view.mfu_reason
     # a known device lacking one dtype's peak: A100 has no fp8
     peak, reason = lookup_peak("NVIDIA A100-SXM4-80GB", "fp8_e4m3")
@@ -158,7 +159,7 @@ def test_fp8_and_bf16_mix_against_hopper_peaks() -> None:
     msg = accounting.flops_message(res, step=2, tokens=0, root=None, signature=(), device=torch.device("cuda"),
                                    device_name="NVIDIA H100 80GB HBM3", flops_per_token=None, attention="full")
     assert msg["peak_by_dtype"] == {"fp8_e4m3": 1978.9 * T, "bf16": 989.4 * T}
-    view = rank_flops(msg, step_time_s=1e-6)
+    view = rank_flops(flops_report(msg), step_time_s=1e-6)
     assert view.mfu == pytest.approx((fp8 / (1978.9 * T) + bf16 / (989.4 * T)) / 1e-6, rel=1e-12)
     assert view.mfu_bf16 == pytest.approx((fp8 + bf16) / 1e-6 / (989.4 * T), rel=1e-12)
     assert view.mfu_bf16 > view.mfu  # fp8 work against the bf16 peak overstates: why both are shown
@@ -264,7 +265,7 @@ def test_fp8_training_step_through_the_probe(captured_fp8: list[tuple[str, dict[
     assert msg["model_flops"] == FP8_BF16 + FP8_E4M3 + FP8_E5M2 == 229_376
     assert msg["dtype"] == "fp8_e5m2"  # the FLOP-weighted majority
     assert msg["peak_by_dtype"] == {"bf16": 2 * T, "fp8_e4m3": 4 * T, "fp8_e5m2": 4 * T}
-    view = rank_flops(msg, step_time_s=1e-6)
+    view = rank_flops(flops_report(msg), step_time_s=1e-6)
     # ideal time = 32,768 / 2e12 + 196,608 / 4e12 = 16.384 ns + 49.152 ns = 65.536 ns; over 1 µs
     assert view.mfu == pytest.approx(0.065536, rel=1e-12)
     # bf16-equivalent: 229,376 FLOPs / 1 µs / 2e12 = 11.4688 %: the fp8 work read at the bf16 rate

@@ -137,6 +137,7 @@ def test_without_a_count_the_estimate_stands_in_labelled(sent: list[tuple[str, d
     """Counting turned off by compiled code: the 6N+12LdT estimate of a transformer is sent as its
     FLOPs, once per input shape, marked ``counted: False``, and the monitor says "estimated"."""
     from flowtop.monitor.accounting import rank_flops
+    from probe.wire import flops_report
     from flowtop.tools.demo.gpt import GPT, GPTConfig
     from flowtop.tui.widgets.job_header import convention_note
     from probe.flops.estimate import non_embedding_params, transformer_flops_per_token
@@ -158,7 +159,7 @@ def test_without_a_count_the_estimate_stands_in_labelled(sent: list[tuple[str, d
     e = estimates[0]
     assert e["model_flops"] == e["executed_flops"] == e["estimated_flops"] == expected
     assert e["dtype"] == "fp32" and e["tokens"] == 16
-    view = rank_flops(e, 0.1)
+    view = rank_flops(flops_report(e), 0.1)
     assert view.counted is False and view.mfu is not None
     assert convention_note(view, None).startswith("estimated 6N+12LdT, not counted")
 

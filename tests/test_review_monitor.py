@@ -207,13 +207,14 @@ def test_stalled_rank_still_gets_the_hang_hint() -> None:
 def test_flops_per_s_scales_with_the_tokens_of_the_steps() -> None:
     msg = {"step": 2, "model_flops": 1e9, "executed_flops": 1.5e9, "peak_flops": PEAK, "tokens": 100}
     # Steps twice the counted shape: 2000 tokens/s at 0.1 s per step.
-    v = accounting.rank_flops(msg, 0.1, None, tokens_per_s=2000.0)
+    v = accounting.rank_flops(wire.flops_report(msg), 0.1, None, tokens_per_s=2000.0)
     assert v.flops_per_s == pytest.approx(2e10) and v.executed_flops_per_s == pytest.approx(3e10)
     assert v.mfu == pytest.approx(0.02) and v.hfu == pytest.approx(0.03)
     assert v.model_flops_per_step == 1e9 and v.flops_per_token == pytest.approx(1e7)
     # Without tokens (in the count, or a tokens/s): per-step FLOPs ÷ median step time.
-    assert accounting.rank_flops(msg, 0.1, None).flops_per_s == pytest.approx(1e10)
-    assert accounting.rank_flops({**msg, "tokens": 0}, 0.1, None, 2000.0).flops_per_s == pytest.approx(1e10)
+    assert accounting.rank_flops(wire.flops_report(msg), 0.1, None).flops_per_s == pytest.approx(1e10)
+    no_tokens = wire.flops_report({**msg, "tokens": 0})
+    assert accounting.rank_flops(no_tokens, 0.1, None, 2000.0).flops_per_s == pytest.approx(1e10)
 
 
 def test_model_uses_tokens_of_recent_steps_for_flops_per_s() -> None:

@@ -159,12 +159,13 @@ def test_schema_is_shipped_as_package_data() -> None:
 
 def test_a_bounded_backward_travels_as_model_note() -> None:
     from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.wire import flops_report
 
     note = "backward bounded at 2x the forward: recompute inside a compiled backward (18.0% ...)"
     base = {"step": 2, "model_flops": 3e9, "executed_flops": 3.6e9, "attention": "full", "dtype": "fp32",
             "peak_flops": 1e12, "peak_source": "test", "uncounted": {}, "tokens": 1000}
-    bounded = rank_flops({**base, "model_note": note}, 0.1)
-    plain = rank_flops(base, 0.1)
+    bounded = rank_flops(flops_report({**base, "model_note": note}), 0.1)
+    plain = rank_flops(flops_report(base), 0.1)
     assert bounded is not None and plain is not None
     assert (bounded.model_note, plain.model_note) == (note, "")
     assert job_flops([bounded, plain]).model_note == note  # the job says one of its ranks is bounded

@@ -30,6 +30,7 @@ from flowtop.tui.widgets.kernel_table import KernelTable
 from flowtop.tui.widgets.metric_sparkline import MetricSparkline
 from flowtop.tui.widgets.rank_table import RankTable
 from flowtop.tui.widgets.telemetry_panel import TelemetryPanel
+from probe.wire import flops_report
 
 SIZE = (80, 24)
 
@@ -48,13 +49,16 @@ def _flops_message() -> dict[str, object]:
             "uncounted": {"aten::_fused_rms_norm": 8}}  # fmt: skip
 
 
+COUNT = flops_report(_flops_message())  # as the monitor keeps it
+
+
 def _accounted(snap: MonitorSnapshot) -> MonitorSnapshot:
     """``snap`` with every rank's and job's FlopsView from flowtop.monitor.accounting, not replay's math."""
     jobs = []
     for job in snap.jobs:
         ranks = tuple(
             r if r.flops is None else dataclasses.replace(
-                r, flops=accounting.rank_flops(_flops_message(), r.step_time_s, tokens_per_s=r.tokens_per_s))
+                r, flops=accounting.rank_flops(COUNT, r.step_time_s, tokens_per_s=r.tokens_per_s))
             for r in job.ranks
         )  # fmt: skip
         jobs.append(dataclasses.replace(job, ranks=ranks, flops=accounting.job_flops([r.flops for r in ranks])))

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from flowtop.monitor import moe_load, precision
 from flowtop.monitor.records import Fields
 from flowtop.monitor.snapshot import FlopsView
+from probe.wire import FlopsReport
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
 #: Where a peak comes from, in one word (a bounded label: ``flowtop_job_peak_info``'s ``source``):
@@ -79,7 +80,7 @@ def restalled(view: FlopsView, stalled_since: float) -> FlopsView:
 
 
 def rank_flops(
-    msg: Mapping[str, Any] | None,
+    msg: FlopsReport | None,
     step_time_s: float | None,
     peak_override: float | None = None,
     tokens_per_s: float | None = None,
@@ -88,7 +89,7 @@ def rank_flops(
     """Build a rank's :class:`FlopsView` from its latest ``flops`` message.
 
     Args:
-        msg: The rank's latest ``flops`` message (None: no count yet).
+        msg: The rank's latest ``flops`` message, as its record (None: no count yet).
         step_time_s: Median step wall time of recent steps.
         peak_override: Dense peak per rank (FLOP/s) that replaces the message's.
         tokens_per_s: The rank's recent tokens/s; with the count's tokens it gives FLOP/s.
@@ -97,8 +98,8 @@ def rank_flops(
     """
     if msg is None:
         return None
-    model, executed, tokens = float(msg["model_flops"]), float(msg["executed_flops"]), int(msg.get("tokens", 0))
-    source = OVERRIDE_SOURCE if peak_override else str(msg.get("peak_source", ""))
+    model, tokens = msg.model_flops, msg.tokens
+    source = OVERRIDE_SOURCE if peak_override else msg.peak_source
     stalled = stalled_since is not None
     fps, efps, peak, hpeak, mix = _rates(msg, step_time_s, peak_override, tokens_per_s, stalled)
     reason = ""  # a stall's grows with the clock: said at display (FlopsView.reason_at)
@@ -108,12 +109,11 @@ def rank_flops(
         reason = f"no dense peak known ({source or 'device not in the peak table'}); use --peak-tflops"
     elif not stalled and fps is None:
         reason = "no steady step time yet"
-    estimated = msg.get("estimated_flops")
     return FlopsView(
         model_flops_per_step=model,
-        executed_flops_per_step=executed,
-        estimated_flops_per_step=float(estimated) if estimated is not None else None,
-        estimate_source=msg.get("estimate_source"),
+        executed_flops_per_step=msg.executed_flops,
+        estimated_flops_per_step=msg.estimated_flops,
+        estimate_source=msg.estimate_source,
         flops_per_s=fps,
         executed_flops_per_s=efps,
         # A stalled rank runs at 0 % of any peak, known or not.
@@ -121,23 +121,23 @@ def rank_flops(
         hfu=0.0 if stalled else per_peak(efps, hpeak),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
-        dtype=str(msg.get("dtype", "?")),
-        attention_convention=str(msg.get("attention", "full")),
+        dtype=msg.dtype,
+        attention_convention=msg.attention,
         flops_per_token=model / tokens if tokens else None,
-        uncounted_ops=dict(msg.get("uncounted", {})),
-        counted_at_step=int(msg["step"]) if "step" in msg else None,
+        uncounted_ops=dict(msg.uncounted),
+        counted_at_step=msg.step,
         mfu_reason=reason,
         stalled_since=stalled_since,
-        counted=msg.get("counted", True) is not False,
-        model_note=str(msg.get("model_note", "")),
-        uncounted_size=dict(msg.get("uncounted_size", {})),
-        parallel=str(msg.get("parallel", "")),
-        attention_masking=msg.get("attention_masking"),
+        counted=msg.counted,
+        model_note=msg.model_note,
+        uncounted_size=dict(msg.uncounted_size),
+        parallel=msg.parallel,
+        attention_masking=msg.attention_masking,
         **_extras(msg, mix, fps, tokens),
     )
 
 
-def rank_mfu(msg: Mapping[str, Any] | None, step_time_s: float | None, peak_override: float | None = None,
+def rank_mfu(msg: FlopsReport | None, step_time_s: float | None, peak_override: float | None = None,
              tokens_per_s: float | None = None, stalled_s: float | None = None) -> float | None:
     """The MFU :func:`rank_flops` gives for the same arguments, without building the view (the
     model samples it for the sparkline at every telemetry frame: thousands a second)."""
@@ -149,14 +149,12 @@ def rank_mfu(msg: Mapping[str, Any] | None, step_time_s: float | None, peak_over
     return per_peak(fps, peak)
 
 
-def _rates(msg: Mapping[str, Any], step_time_s: float | None, peak_override: float | None,
+def _rates(msg: FlopsReport, step_time_s: float | None, peak_override: float | None,
            tokens_per_s: float | None, stalled: bool
-           ) -> tuple[float | None, float | None, Any, Any, precision.DtypeMix | None]:
+           ) -> tuple[float | None, float | None, float | None, float | None, precision.DtypeMix | None]:
     """(model FLOP/s, executed FLOP/s, the peak MFU divides by, HFU's, the precision mix)."""
-    model = float(msg["model_flops"])
-    executed = float(msg["executed_flops"])
-    peak = peak_override if peak_override else msg.get("peak_flops")
-    tokens = int(msg.get("tokens", 0))
+    model, executed, tokens = msg.model_flops, msg.executed_flops, msg.tokens
+    peak = peak_override if peak_override else msg.peak_flops
     mix = precision.mix_of(msg, peak_override)
     hpeak = peak
     if mix is not None:  # each dtype against its own dense peak (flowtop.monitor.precision)
@@ -176,15 +174,15 @@ def _rates(msg: Mapping[str, Any], step_time_s: float | None, peak_override: flo
     return fps, efps, peak, hpeak, mix
 
 
-def _extras(msg: Mapping[str, Any], mix: precision.DtypeMix | None, fps: float | None, tokens: int) -> dict[str, Any]:
+def _extras(msg: FlopsReport, mix: precision.DtypeMix | None, fps: float | None, tokens: int) -> dict[str, Any]:
     """Precision mix, bf16-equivalent MFU, MoE expert load and non-padding tokens of a rank."""
     bf16 = mix.bf16_peak_flops if mix is not None else None
-    nonpad = msg.get("nonpad_tokens")
+    nonpad = msg.nonpad_tokens
     return {
         "precision": mix,
         "mfu_bf16": per_peak(fps, bf16),
         "expert_load": moe_load.rank_load(msg),
-        "nonpad_tokens": int(nonpad) if nonpad is not None else None,
+        "nonpad_tokens": nonpad,
         "nonpad_frac": nonpad / tokens if (nonpad is not None and tokens > 0) else None,
     }
 

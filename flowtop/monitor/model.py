@@ -56,7 +56,7 @@ from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_
 from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.rotation import RANKS_PER_TICK as RANKS_PER_TICK
 from flowtop.monitor.rotation import Prepared
-from flowtop.monitor.sanitize import clean, interned
+from flowtop.monitor.sanitize import clean
 from flowtop.monitor.snapshot import Hint, JobSnapshot, TelemetryView
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
@@ -254,7 +254,7 @@ class Model(ModelTicks):
         elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
             self._on_steps(st, cols, now)
         elif msg.kind == "flops":
-            st.flops = interned(f)
+            st.flops = wire.flops_report(f)  # its text interned: every rank names the same
         elif msg.kind == "telemetry":
             # Not interned: replaced every second, the CPU would cost more (bench --costs).
             dev = f["gpu"]

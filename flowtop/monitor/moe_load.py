@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from probe.wire import FlopsReport
+
 CONVENTION = ("max/mean: busiest expert's tokens / mean over experts of a layer (1.0 = even); "
               "rank max/mean: busiest rank's routed tokens / mean over ranks")
 #: ``grouping`` of a job figure over every rank's experts (flowtop.monitor.parallelism says why).
@@ -71,12 +73,9 @@ def _summary(per_layer: Mapping[str, tuple[int, int, int]], ranks: int, rank_rat
     )
 
 
-def rank_load(msg: Mapping[str, Any]) -> ExpertLoad | None:
+def rank_load(msg: FlopsReport) -> ExpertLoad | None:
     """A rank's :class:`ExpertLoad` from its ``flops`` message (None: not an MoE model)."""
-    loads = msg.get("expert_load")
-    if not isinstance(loads, Mapping) or not loads:
-        return None
-    per_layer = {str(k): (max(v), sum(v), len(v)) for k, v in loads.items() if v}
+    per_layer = {k: (max(v), sum(v), len(v)) for k, v in msg.expert_load.items() if v}
     return _summary(per_layer, 1, None) if per_layer else None
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from probe.wire import FlopsReport
 
 BF16 = "bf16"
 CONVENTION = ("MFU = ideal time / step time, ideal time = sum over dtypes of model FLOPs / that dtype's dense peak; "
@@ -61,21 +61,21 @@ def _mix_peak(flops: Mapping[str, float], peaks: Mapping[str, float]) -> float |
     return total / ideal if ideal > 0 else None
 
 
-def mix_of(msg: Mapping[str, Any], peak_override: float | None = None) -> DtypeMix | None:
+def mix_of(msg: FlopsReport, peak_override: float | None = None) -> DtypeMix | None:
     """The rank's :class:`DtypeMix` from its ``flops`` message (None: an older probe, or no
     costed op named a dtype: the single-dtype figures stand)."""
-    by_dtype = msg.get("flops_by_dtype")
-    if not isinstance(by_dtype, Mapping) or not by_dtype:
+    by_dtype = msg.flops_by_dtype
+    if not by_dtype:
         return None
-    model = {str(k): float(v[0]) for k, v in by_dtype.items()}
-    executed = {str(k): float(v[1]) for k, v in by_dtype.items()}
+    model = {k: v[0] for k, v in by_dtype.items()}
+    executed = {k: v[1] for k, v in by_dtype.items()}
     if sum(model.values()) <= 0 and sum(executed.values()) <= 0:
         return None
     labels = set(model) | {BF16}
     if peak_override:
         peaks = {k: float(peak_override) for k in labels}
     else:
-        peaks = {str(k): float(v) for k, v in dict(msg.get("peak_by_dtype") or {}).items() if v}
+        peaks = {k: v for k, v in msg.peak_by_dtype.items() if v}
     total = sum(model.values())
     missing = tuple(sorted(k for k in model if (model[k] > 0 or executed[k] > 0) and not peaks.get(k)))
     return DtypeMix(

@@ -17,7 +17,7 @@ from flowtop.monitor.parallelism import coords_of
 from flowtop.monitor.sanitize import printable
 from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.snapshot import History, TelemetryView
-from probe.wire import BYE_ERROR_PREFIX, HelloStep, Message, RankKey, step_columns
+from probe.wire import BYE_ERROR_PREFIX, FlopsReport, HelloStep, Message, RankKey, step_columns
 
 if TYPE_CHECKING:  # built and added by flowtop.monitor.rankkernels
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -104,7 +104,7 @@ class RankState:
     last_seq: int = -1
     lost: int = 0
     drops: int = 0
-    flops: dict[str, Any] | None = None
+    flops: FlopsReport | None = None  # its latest FLOP count (None before any)
     #: Its latest telemetry, as received (its ``received_at``: monitor time); None before any.
     telemetry: TelemetryView | None = None
     series: dict[str, Column] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from flowtop.monitor import accounting
 from flowtop.monitor.records import Fields
 from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
-from probe.wire import Message, RankKey, WireError
+from probe.wire import FlopsReport, Message, RankKey, WireError
 from probe.wire.command_bound import bound_text
 
 #: A relay reports every second (or sends batches); this long without a batch or a report and it is "silent".
@@ -91,7 +91,7 @@ class _Marked:
     view: RankSnapshot  # the rank's own view
     reason: str
     marked: RankSnapshot  # what the snapshot shows
-    count: Any  # the rank's FLOP count message its figures came from (compared by identity)
+    count: FlopsReport | None  # the rank's FLOP count its figures came from (compared by identity)
 
 
 def decode_stamp(part: bytes, frames: int) -> Stamp:

@@ -17,7 +17,8 @@ Every frame is a msgpack map with an envelope and kind-specific fields::
 Decoding validates types and ranges and raises :class:`WireError` with a reason.
 Unknown optional fields are ignored; unknown kinds are rejected. Field checkers live in
 :mod:`probe.wire.checks`, those of kernel windows in :mod:`probe.wire.kernels`, step columns in
-:mod:`probe.wire.steps`, the hello's step fields in :mod:`probe.wire.hello`; the control channel's
+:mod:`probe.wire.steps`, the hello's step fields in :mod:`probe.wire.hello`, a ``flops`` message as
+a record in :mod:`probe.wire.flops`; the control channel's
 commands (monitor to probe) in :mod:`probe.wire.control`.
 """
 
@@ -41,6 +42,7 @@ from probe.wire.control import Control as Control
 from probe.wire.control import decode_control as decode_control
 from probe.wire.control import encode_control as encode_control
 from probe.wire.errors import WireError
+from probe.wire.flops import FlopsReport, flops_report
 from probe.wire.hello import HELLO_STEP_FIELDS as HELLO_STEP_FIELDS
 from probe.wire.hello import LAST_STEP_CHECK, STEP_AGE_CHECK, HelloStep, hello_step
 from probe.wire.kernels import (
@@ -54,13 +56,13 @@ from probe.wire.version import MINOR as MINOR
 
 __all__ = [
     "ACT_CPU_OP", "ACT_KERNEL", "ACT_MEMCPY", "ACT_MEMSET", "ACT_RUNTIME", "DEFAULT_ADDR", "DEFAULT_PORT",
-    "HELLO_STEP_FIELDS", "HelloStep",
+    "FlopsReport", "HELLO_STEP_FIELDS", "HelloStep",
     "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",
     "RankKey", "StepColumns", "WireError",
-    "BYE_ERROR_PREFIX", "PEEK_BYTES", "decode", "job_id_problem", "decode_control", "encode", "encode_control",
-    "encode_steps",
+    "BYE_ERROR_PREFIX", "PEEK_BYTES", "decode", "flops_report", "job_id_problem", "decode_control", "encode",
+    "encode_control", "encode_steps",
     "envelope",
     "is_runtime_call", "records",
     "step_columns",
