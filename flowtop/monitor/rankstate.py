@@ -75,6 +75,23 @@ def hello_of(fields: Mapping[str, Any]) -> RankHello:
     )
 
 
+@dataclass(slots=True)
+class MedianCache:
+    """A rank's median step time and median tokens per step over its last 32 steps, as
+    :func:`median_step` last computed them: valid while the rank's newest step and the count of
+    steps held are still ``step`` and ``held`` (every status check needs the median, a sort of 32
+    values, thousands of ranks twice a second). One per rank, brought up to date in place: a new
+    frozen record at each new step cost 0.7 µs more than the tuple it replaced (8.2 against
+    7.5 µs a recomputation)."""
+
+    step: int = -1  # -1: matches no rank's newest step, so the first check computes it
+    held: int = 0
+    median_s: float | None = None
+    #: Median tokens per step of the same steps; 0.0 when the newest step sent no tokens (its
+    #: rate is then unknown).
+    tokens: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Judged:
     """A rank's whole history and telemetry as its job's hints last read them, at its ``version``
@@ -127,9 +144,7 @@ class RankState:
     #: Bumped whenever anything above changes (a frame, a built kernel window): a view built
     #: from the same version shows the same data (flowtop.monitor.rankviews).
     version: int = 0
-    #: (version, step, steps held) -> median step time: every status check needs the median, a
-    #: sort of 32 values, thousands of ranks twice a second.
-    med_cache: tuple[tuple[int, int], float | None, float] = ((-1, 0), None, 0.0)  # see median_step
+    med_cache: MedianCache = field(default_factory=MedianCache)  # see median_step
     #: A stale rank's whole history and telemetry as a large job's hints read them
     #: (Model._as_now): taken again only once something arrived.
     judged: Judged | None = None
@@ -214,7 +229,7 @@ def tokens_per_s(st: RankState, med: float | None, stalled: float | None) -> flo
     """Median tokens per step of recent steps ÷ median step time; 0 while stalled; None while
     its tokens are unknown (no embedding seen), stalled or not."""
     median_step(st)  # brings the cached median tokens up to date
-    tokens = st.med_cache[2]
+    tokens = st.med_cache.tokens
     if stalled is not None:
         return 0.0 if tokens else None
     if tokens and med:
@@ -239,17 +254,16 @@ def median_step(st: RankState) -> float | None:
     """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
     # The ring changes only with a new step (duplicates are dropped): the newest step number and
     # the count say whether it did, whatever other frames (telemetry, hello) bumped the version.
-    # The median tokens per step of the same steps (tokens_per_s) is kept beside it: 0.0 when the
-    # newest step sent no tokens (its rate is then unknown).
-    key = (st.step, len(st.steps))
-    if st.med_cache[0] == key:
-        return st.med_cache[1]
-    ring = st.steps
+    # The median tokens per step of the same steps (tokens_per_s) is kept beside it (MedianCache).
+    cache, ring = st.med_cache, st.steps
+    if cache.step == st.step and cache.held == len(ring):
+        return cache.median_s
     # step 1 includes warm-up
     recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]
     med = statistics.median(recent) if recent else None
     tokens = ring.values(ring.TOKENS, 32)
-    st.med_cache = (key, med, float(statistics.median(tokens)) if tokens and tokens[-1] else 0.0)
+    cache.step, cache.held, cache.median_s = st.step, len(ring), med
+    cache.tokens = float(statistics.median(tokens)) if tokens and tokens[-1] else 0.0
     return med
 
 
