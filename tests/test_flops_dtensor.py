@@ -190,7 +190,7 @@ def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict
     msgs = [rank["fsdp_tp"]["second"]["message"] for rank in four_ranks]
     views = [rank_flops(flops_report(m), 0.1) for m in msgs]
     assert views[0] is not None and views[0].parallel == msgs[0]["parallel"]
-    assert _flops_json(views[0])["parallel"].startswith("local FLOPs of this rank; mesh (dp=2, tp=2)")
+    assert _flops_json(views[0], 0.0)["parallel"].startswith("local FLOPs of this rank; mesh (dp=2, tp=2)")
     job = job_flops(views)
     assert job is not None and job.model_flops_per_step == hand_model(2 * w.BATCH)  # Σ local = global
     # the same layout on every rank: said once, of the sum
