@@ -113,19 +113,29 @@ def test_the_job_tokens_help_says_how_tokens_are_counted() -> None:
 
 def test_the_jobs_peak_says_its_kind_and_dtype_in_bounded_labels() -> None:
     """Nothing in the metrics said that a peak (so the MFU) was a CPU estimate, an override or a
-    datasheet's: an info series with a one-word source (the source text itself is unbounded)."""
+    datasheet's: an info series with a one-word source (the source text itself is unbounded),
+    the word the probe chose with the peak (probe.flops.peaks), carried by the wire."""
     import dataclasses
 
     from prometheus_client.openmetrics.exposition import generate_latest
 
     from flowtop.export.exporter import snapshot_families
+    from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.flops.peaks import resolve_peak
+    from probe.wire import flops_report
 
-    def kinds(*sources: str) -> list[dict[str, str]]:
-        job = cluster_job(len(sources), job="j")
-        ranks = tuple(dataclasses.replace(r, flops=dataclasses.replace(r.flops, peak_source=src))
-                      for r, src in zip(job.ranks, sources) if r.flops is not None)
-        snap = MonitorSnapshot(taken_at=1.0, listen="tcp://127.0.0.1:5759", jobs=(dataclasses.replace(job, ranks=ranks),),
-                               received=0, rejected=0)
+    def view(device: str, environ: dict[str, str] | None = None, said: bool = True) -> Any:
+        peak, why = resolve_peak(device, "bf16", environ or {})
+        msg = {"model_flops": 1e12, "executed_flops": 1e12, "tokens": 1000, "dtype": "bf16",
+               "peak_flops": peak.flops if peak else None, "peak_source": peak.source if peak else f"unknown: {why}",
+               **({"peak_kind": peak.kind if peak else "none"} if said else {})}
+        return rank_flops(flops_report(msg), step_time_s=0.5)
+
+    def kinds(*views: Any) -> list[dict[str, str]]:
+        job = cluster_job(len(views), job="j")
+        ranks = tuple(dataclasses.replace(r, flops=v) for r, v in zip(job.ranks, views))
+        job = dataclasses.replace(job, ranks=ranks, flops=job_flops(views))
+        snap = MonitorSnapshot(taken_at=1.0, listen="tcp://127.0.0.1:5759", jobs=(job,), received=0, rejected=0)
 
         class Families:
             def collect(self) -> list[Any]:
@@ -135,9 +145,14 @@ def test_the_jobs_peak_says_its_kind_and_dtype_in_bounded_labels() -> None:
         assert fam.type == "info"
         return [s.labels for s in fam.samples]
 
-    assert kinds("datasheet H200 SXM", "datasheet H200 SXM") == [{"train_job": "j", "source": "table", "dtype": "bf16"}]
-    cpu = "estimated: 1 core × 2.40 GHz × 32 FLOPs/cycle (AVX-512)"
+    h200, cpu = view("NVIDIA H200"), view("cpu")
+    assert kinds(h200, h200) == [{"train_job": "j", "source": "table", "dtype": "bf16"}]
     assert kinds(cpu, cpu)[0]["source"] == "estimate"
-    assert kinds("override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)")[0]["source"] == "override"
-    assert kinds(cpu, "datasheet H200 SXM")[0]["source"] == "mixed"
-    assert kinds("unknown: no table row for 'Tesla T4'")[0]["source"] == "none"
+    assert kinds(view("NVIDIA H200", {"FLOWTOP_PEAK_TFLOPS": "500"}))[0]["source"] == "override"
+    monitors = rank_flops(flops_report({"model_flops": 1e12, "executed_flops": 1e12, "tokens": 1000, "dtype": "bf16",
+                                        "peak_flops": 1e15, "peak_source": "NVIDIA H200 SXM: datasheet",
+                                        "peak_kind": "table"}), step_time_s=0.5, peak_override=2e15)
+    assert monitors is not None and monitors.peak_kind == "override"  # --peak-tflops on the monitor
+    assert kinds(cpu, h200)[0]["source"] == "mixed"
+    assert kinds(view("Tesla T4"))[0]["source"] == "none"
+    assert kinds(view("NVIDIA H200", said=False))[0]["source"] == "unknown"  # a probe before wire 1.4

@@ -37,7 +37,6 @@ from prometheus_client.registry import Collector
 
 from flowtop.monitor.claims import newest_per, rank_newness
 from flowtop.monitor.rankstats import job_percentiles
-from flowtop.monitor.accounting import job_peak_kind
 from flowtop.monitor.byjob import ByJob
 from flowtop.monitor.rankview import NodeGroup, job_context, node_group
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
@@ -221,7 +220,8 @@ def _declare(fam: _Families) -> None:
     fam.items["flowtop_job_peak"] = InfoMetricFamily(
         "flowtop_job_peak", "Where the peak of the job's MFU and HFU comes from: source table (datasheet), "
         "estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), none "
-        "(no MFU) or mixed (ranks differ); dtype the peak is of (the snapshot JSON's peak_source has the detail)",
+        "(no MFU), unknown (a probe before wire 1.4) or mixed (ranks differ); dtype the peak is of (the "
+        "snapshot JSON's peak_source has the detail)",
         labels=JOB_LABELS)
     fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", (JOB_LABEL, "status"))
     fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
@@ -258,7 +258,7 @@ def _job(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot, policy: Export
     fam.states("flowtop_job_status", "", JOB_LABELS).add_metric([name], _states(job.status, JOB_STATES))
     if job.flops is not None:
         fam.items["flowtop_job_peak"].add_metric([name], {
-            "source": job_peak_kind(r.flops for r in job.ranks), "dtype": job.flops.dtype})
+            "source": job.flops.peak_kind, "dtype": job.flops.dtype})
     by_status = dict.fromkeys(RANK_STATES, 0)
     for r in job.ranks:
         by_status[r.status] = by_status.get(r.status, 0) + 1

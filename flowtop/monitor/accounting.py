@@ -23,37 +23,17 @@ Conventions (also in the JSON ``conventions`` block):
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from flowtop.monitor import moe_load, precision
 from flowtop.monitor.records import Fields
-from flowtop.monitor.snapshot import FlopsView
+from flowtop.monitor.snapshot import FlopsView, ShownPeakKind
 from probe.wire import FlopsReport
 
 OVERRIDE_SOURCE = "override (--peak-tflops / FLOWTOP_PEAK_TFLOPS)"
-#: Where a peak comes from, in one word (a bounded label: ``flowtop_job_peak_info``'s ``source``):
-#: a datasheet table row, the CPU estimate (cores × clock × FLOPs/cycle), the user's override, no
-#: peak at all (no MFU), or ranks that differ.
-PeakKind = Literal["table", "estimate", "override", "none", "mixed"]
-
-
-def peak_kind(view: FlopsView) -> PeakKind:
-    """The kind of a rank's peak, from its ``peak_source`` (probe.flops.peaks writes "estimated: ...",
-    "override (...)", "unknown: why"; a table row names its device)."""
-    source = view.peak_source.strip()
-    if not view.peak_flops or not source or source.startswith("unknown"):
-        return "none"
-    if source.startswith("override"):
-        return "override"
-    if source.startswith("estimated"):
-        return "estimate"
-    return "table"
-
-
-def job_peak_kind(views: Iterable[FlopsView | None]) -> PeakKind:
-    """The kind of a job's peak (the sum of its ranks'): theirs when they agree, else "mixed";
-    "none" without a rank's FLOPs view."""
-    kinds = {peak_kind(v) for v in views if v is not None}
+def job_peak_kind(views: Sequence[FlopsView]) -> ShownPeakKind:
+    """The kind of a job's peak (the sum of its ranks'): theirs when they agree, else "mixed"."""
+    kinds = {v.peak_kind for v in views}
     return kinds.pop() if len(kinds) == 1 else "mixed" if kinds else "none"
 
 
@@ -121,6 +101,7 @@ def rank_flops(
         hfu=0.0 if stalled else per_peak(efps, hpeak),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
+        peak_kind="none" if not peak else "override" if peak_override else msg.peak_kind or "unknown",
         dtype=msg.dtype,
         attention_convention=msg.attention,
         flops_per_token=model / tokens if tokens else None,
@@ -245,6 +226,7 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_at: float | None = 
         hfu=per_peak(efps, hpeaks) if hpeaks else (0.0 if efps == 0.0 and stalled else None),
         peak_flops=peaks,
         peak_source="; ".join(sources),
+        peak_kind=job_peak_kind(vs),
         dtype="/".join(dtypes),
         attention_convention="/".join(conventions),
         flops_per_token=sum(tokens_flops) / len(tokens_flops) if tokens_flops else None,

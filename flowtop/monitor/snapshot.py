@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.records import fast_init
@@ -73,6 +73,12 @@ class _Slotted:
     __slots__ = ("__weakref__",)
 
 
+#: Where a rank's or job's peak comes from, in one word: the probe's (probe.wire.flops.PeakKind),
+#: "override" for the monitor's own, "unknown" from a probe that did not say (before wire 1.4),
+#: "mixed" for a job whose ranks differ.
+ShownPeakKind = Literal["table", "estimate", "override", "none", "unknown", "mixed"]
+
+
 @fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class FlopsView(_Slotted):
@@ -108,6 +114,7 @@ class FlopsView(_Slotted):
     #: FLOP-like size per uncounted op in the counted step (probe.flops.uncounted: a rough bound)
     uncounted_size: Mapping[str, int] = field(default_factory=dict)
     parallel: str = ""  # mesh and placements under DTensor parallelism (the figures are local)
+    peak_kind: ShownPeakKind = "unknown"  # peak_source in one word (the JSON's, Prometheus' label)
     #: FLOPs per operand dtype and their peaks (flowtop.monitor.precision.DtypeMix); MFU/HFU are then
     #: against each dtype's own peak and ``peak_flops`` is the mix peak. None from older probes.
     precision: DtypeMix | None = None
@@ -389,7 +396,7 @@ FLOP_FIELDS: tuple[str, ...] = (
     "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
     "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
     "counted", "model_note", "uncounted_size", "parallel", "mfu_bf16", "precision", "expert_load",
-    "nonpad_tokens", "nonpad_frac", "attention_masking",
+    "nonpad_tokens", "nonpad_frac", "attention_masking", "peak_kind",
 )
 #: ``mfu_reason`` of a rank (or job) with no FLOP count.
 NO_COUNT_REASON = "no FLOP count yet"

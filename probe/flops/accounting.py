@@ -145,7 +145,7 @@ def flops_message(
     on_cpu = device is None or device.type != "cuda"
     if on_cpu:
         peak, reason = peaks.resolve_peak("cpu", count.dtype)
-        if peak is not None and not peak.source.startswith("override"):
+        if peak is not None and peak.kind != "override":
             peak = peaks.cpu_peak(count.dtype, cores=cpu_cores_of_rank(local_ranks))
     else:
         peak, reason = peaks.resolve_peak(device_name, count.dtype)
@@ -161,6 +161,7 @@ def flops_message(
         "dtype": count.dtype,
         "peak_flops": peak.flops if peak else None,
         "peak_source": peak.source if peak else f"unknown: {reason}",
+        "peak_kind": peak.kind if peak else "none",
         "uncounted": {k[:256]: int(v) for k, v in list(count.uncounted.items())[:200]},
         # FLOP-like size of those ops (a rough bound from shapes): the monitor weighs them by it
         "uncounted_size": {k[:256]: min(int(v), 2**62) for k, v in list(count.uncounted_size.items())[:200]},

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from probe import config
 from probe._log import warn_once
+from probe.wire.flops import PeakKind
 
 ENV_PEAK = config.PEAK_TFLOPS.name
 _MAX_PLAUSIBLE_TFLOPS = 100_000.0  # above this the user almost surely gave FLOP/s
@@ -27,11 +28,13 @@ _MAX_PLAUSIBLE_TFLOPS = 100_000.0  # above this the user almost surely gave FLOP
 
 @dataclass(frozen=True)
 class Peak:
-    """A peak rate in FLOP/s (not TFLOP/s), the dtype it is for, and where it came from."""
+    """A peak rate in FLOP/s (not TFLOP/s), the dtype it is for, and where it came from: ``source``
+    in words, ``kind`` in one (the wire's ``peak_kind``, a bounded Prometheus label)."""
 
     flops: float
     source: str
     dtype: str
+    kind: PeakKind = "table"
 
 
 @dataclass(frozen=True)
@@ -313,7 +316,7 @@ def cpu_peak(
     flops = n_cores * clock * 1e6 * per_cycle
     source = (f"estimated: {n_cores:.3g} core{'' if n_cores == 1 else 's'} × {clock / 1000:.2f} GHz{clock_note} × "
               f"{per_cycle} FLOPs/cycle ({isa})")
-    return Peak(flops, source, want)
+    return Peak(flops, source, want, "estimate")
 
 
 def resolve_peak(device_name: str, dtype: str, environ: dict[str, str] | None = None) -> tuple[Peak | None, str]:
@@ -327,7 +330,7 @@ def resolve_peak(device_name: str, dtype: str, environ: dict[str, str] | None = 
         warn_once("peak-override", f"{exc}; no peak, so no MFU (fix or unset {ENV_PEAK})")
         return None, str(exc)
     if override is not None:
-        return Peak(override, f"override ({ENV_PEAK})", normalise_dtype(dtype)), ""
+        return Peak(override, f"override ({ENV_PEAK})", normalise_dtype(dtype), "override"), ""
     if device_name.strip().lower().startswith("cpu"):
         return cpu_peak(dtype), ""
     return lookup_peak(device_name, dtype)

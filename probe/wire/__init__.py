@@ -42,7 +42,7 @@ from probe.wire.control import Control as Control
 from probe.wire.control import decode_control as decode_control
 from probe.wire.control import encode_control as encode_control
 from probe.wire.errors import WireError
-from probe.wire.flops import FlopsReport, flops_report
+from probe.wire.flops import PEAK_KINDS, FlopsReport, flops_report
 from probe.wire.hello import HELLO_STEP_FIELDS as HELLO_STEP_FIELDS
 from probe.wire.hello import LAST_STEP_CHECK, STEP_AGE_CHECK, HelloStep, hello_step
 from probe.wire.kernels import (
@@ -197,6 +197,7 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         "dtype": (True, _str(16)),
         "peak_flops": (False, _opt(_num(0, 1e30))),
         "peak_source": (True, _str(512)),
+        "peak_kind": (False, lambda v: v in PEAK_KINDS),
         "uncounted": (True, _counts()),
         # FLOP-like size per uncounted op in the step (probe.flops.uncounted), to weigh them by
         "uncounted_size": (False, _counts()),

@@ -12,9 +12,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, NoReturn, TypeVar
+from typing import Any, Callable, Literal, Mapping, NoReturn, TypeVar
 
 T = TypeVar("T")
+
+#: Where a rank's dense peak comes from, in one word (the message's ``peak_kind``, wire 1.4): a
+#: datasheet table row, the CPU estimate (cores × clock × FLOPs/cycle), the user's override, or no
+#: peak (no MFU). The words are the probe's, set where it picks the peak (probe.flops.peaks).
+PeakKind = Literal["table", "estimate", "override", "none"]
+PEAK_KINDS: tuple[PeakKind, ...] = ("table", "estimate", "override", "none")
 
 #: One shared empty map for the maps most counts leave out (an MoE load, a precision mix, ...).
 _NONE: Mapping[str, NoReturn] = MappingProxyType({})  # NoReturn: it holds no value, of any type
@@ -46,6 +52,8 @@ class FlopsReport:
     dtype: str = "?"
     peak_flops: float | None = None  # the rank's dense peak, FLOP/s (None: not known)
     peak_source: str = ""
+    #: ``peak_source`` in one word (None: an older probe, which did not say).
+    peak_kind: PeakKind | None = None
     #: Calls per op the counter could not count, and the FLOP-like size of each such op.
     uncounted: Mapping[str, int] = field(default_factory=_none)
     uncounted_size: Mapping[str, int] = field(default_factory=_none)
@@ -78,6 +86,7 @@ def flops_report(fields: Mapping[str, Any]) -> FlopsReport:
         dtype=_text(get("dtype", "?")),
         peak_flops=float(peak) if peak is not None else None,
         peak_source=_text(get("peak_source", "")),
+        peak_kind=_peak_kind(get("peak_kind")),
         uncounted=_counts(get("uncounted")),
         uncounted_size=_counts(get("uncounted_size")),
         counted=get("counted", True) is not False,
@@ -108,3 +117,11 @@ def _named(m: Any, value: Callable[[Any], T]) -> Mapping[str, T]:
     if not m:
         return _NONE
     return {_text(k): value(v) for k, v in m.items()}
+
+
+def _peak_kind(value: object) -> PeakKind | None:
+    """The message's ``peak_kind`` as its type (the schema let only PEAK_KINDS through)."""
+    for kind in PEAK_KINDS:
+        if value == kind:
+            return kind
+    return None
