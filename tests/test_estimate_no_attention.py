@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import probe
+import step_spy
 from probe import wire
 
 D, E, K, FFN, V, LAYERS = 16, 4, 2, 32, 50, 2
@@ -88,7 +89,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, 
         monkeypatch.setenv(k, v)
     out: list[tuple[str, dict[str, Any]]] = []
     assert probe.attach(job="no-attn")
-    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    step_spy.spy(probe._current(), out)
     try:
         yield out
     finally:

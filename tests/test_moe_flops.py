@@ -24,6 +24,7 @@ from probe.flops import accounting, estimate, moe
 from probe.flops.formulas import FORMULAS, bind_arguments
 from probe.flops.grouped import total_flops
 from snapshot_schema import assert_valid_snapshot
+import step_spy
 
 D, F_, E, K, T = 16, 24, 4, 2, 32
 
@@ -254,7 +255,7 @@ def test_the_probe_sends_expert_load_of_every_micro_batch(monkeypatch: pytest.Mo
         monkeypatch.setenv(k, v)
     out: list[tuple[str, dict[str, Any]]] = []
     assert probe.attach(job="moe")
-    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    step_spy.spy(probe._current(), out)
     try:
         torch.manual_seed(0)
         model = TinyMoELM()

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import probe
+import step_spy
 from flop_helpers import count
 from flowtop.monitor.accounting import job_flops, rank_flops
 from probe.flops import accounting
@@ -242,7 +243,7 @@ def _attached(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[
     monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:1")
     out: list[tuple[str, dict[str, Any]]] = []
     assert probe.attach(job="t")
-    probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    step_spy.spy(probe._current(), out)
     try:
         yield out
     finally:

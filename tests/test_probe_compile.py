@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import probe
+import step_spy
 
 pytest.importorskip("torch._dynamo", reason="torch.compile needs torch._dynamo (torch >= 2.0 on a supported Python)")
 
@@ -41,8 +42,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, 
 def _attach(out: list[tuple[str, dict[str, Any]]]) -> None:
     assert probe.attach(addr="tcp://127.0.0.1:9", job="compile")
     p = probe._current()
-    publish = p.publisher.publish
-    p.publisher.publish = lambda kind, fields: (out.append((kind, fields)), publish(kind, fields))  # type: ignore[method-assign]
+    step_spy.spy(p, out, forward=True)
 
 
 def _train(model: torch.nn.Module, call: Any, steps: int = 6) -> None:

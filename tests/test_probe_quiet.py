@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import probe
+import step_spy
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
 nn = torch.nn
@@ -29,7 +30,7 @@ def _attached(monkeypatch: pytest.MonkeyPatch) -> Any:
     assert probe.attach(job="quiet")
     p = probe._current()
     out: list[tuple[str, dict[str, Any]]] = []
-    p.publisher.publish = lambda kind, fields: out.append((kind, fields))
+    step_spy.spy(p, out)
     try:
         yield p, out
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import probe
+import step_spy
 
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train])")
 dist = pytest.importorskip("torch.distributed", reason="the DDP tests need torch.distributed (gloo)")
@@ -104,7 +105,7 @@ def test_a_sweep_frees_each_trial_and_counts_the_next_one_afresh(probe_env: None
     assert probe.attach(job="sweep")
     out: list[tuple[str, dict[str, Any]]] = []
     p = probe._current()
-    p.publisher.publish = lambda kind, fields: out.append((kind, fields))
+    step_spy.spy(p, out)
     try:
         first = _trial(16, 8)
         assert first() is None

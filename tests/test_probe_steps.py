@@ -14,6 +14,7 @@ import torch._dynamo  # noqa: F401  (what attach imports first, once per process
 from torch import nn
 
 import probe
+import step_spy
 import probe.flops.sampling  # noqa: F401  (likewise)
 import probe.runtime  # noqa: F401
 
@@ -26,7 +27,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[s
     out: list[tuple[str, dict[str, Any]]] = []
     assert probe.attach(job="t")
     p = probe._current()
-    p.publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+    step_spy.spy(p, out)
     try:
         yield out
     finally:
@@ -96,6 +97,22 @@ def test_two_optimizers_are_one_step(captured) -> None:  # type: ignore[no-untyp
         oa.step()
         ob.step()
     assert [s["step"] for s in steps(captured)] == [1, 2, 3]
+
+
+def test_an_optimizer_stepping_again_with_no_forward_between_is_a_new_step(captured) -> None:  # type: ignore[no-untyped-def]
+    """Three optimizers step together (the tracker keeps a set of those that stepped since the
+    boundary); one of them stepping again with no forward between starts the next step."""
+    mods = [nn.Linear(4, 4) for _ in range(3)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in mods]
+    for _ in range(3):
+        mods[2](mods[1](mods[0](torch.randn(2, 4)))).sum().backward()
+        for o in opts:
+            o.step()
+    assert [s["step"] for s in steps(captured)] == [1, 2, 3]
+    for o in opts:  # the first has stepped since the boundary: a new step, which the others join
+        o.step()
+    opts[2].step()  # ... and the last again: another
+    assert [s["step"] for s in steps(captured)] == [1, 2, 3, 4, 5]
 
 
 def test_eval_forwards_between_steps_are_not_training(captured) -> None:  # type: ignore[no-untyped-def]
@@ -493,7 +510,7 @@ def test_the_probes_own_setup_is_not_step_ones_input_wait(monkeypatch: pytest.Mo
     model = _lm()
     assert probe.attach(job="t")  # as flowtop run's bootstrap does, right before the loop
     try:
-        probe._current().publisher.publish = lambda kind, fields: out.append((kind, fields))  # type: ignore[method-assign]
+        step_spy.spy(probe._current(), out)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(2):
             model(torch.randint(0, 50, (2, 8))).logsumexp(-1).mean().backward()

@@ -330,7 +330,7 @@ def test_the_first_step_after_a_quiet_spell_leaves_within_its_flush(monkeypatch:
         time.sleep(1.5)
         for _ in range(5):
             time.sleep(0.6)
-            assert _wait_until(lambda: p.publisher._asleep, 2.0)  # quiet again: the sender went back to sleep
+            assert _wait_until(lambda: p.publisher.queue.asleep, 2.0)  # quiet again: the sender went back to sleep
             start = time.monotonic()
             loop.step()  # a step ends at the next optimizer step's boundary
             loop.step()

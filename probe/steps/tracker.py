@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Deque
+from typing import TYPE_CHECKING, Any, Callable, Deque
 
 import torch
 
@@ -50,6 +50,10 @@ from probe.steps.devclock import DeviceClock
 from probe.steps.discovery import Discovery, _training_forward
 from probe.steps.prehook import ForwardGate, PreHook, PreHookSwitch
 from probe.steps.walls import StepWalls
+from probe.transport.steprows import TrainingQueue, step_fields
+
+if TYPE_CHECKING:
+    from probe.transport.publisher import Publisher
 
 __all__ = ["StepTracker", "eager", "in_compiled_call"]
 
@@ -63,6 +67,7 @@ _now = time.perf_counter
 _grad_on = torch.is_grad_enabled
 _inference_on = torch.is_inference_mode_enabled
 _TENSOR = torch.Tensor
+_NO_TIME = (None, None)  # no device time (a CPU rank)
 
 
 class StepTracker(Discovery, StepWalls, PreHookSwitch):
@@ -78,7 +83,7 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
     __slots__ = ("step", "explicit", "_root_lost", "_unsettled", "_root", "_embedding", "micro_batches", "tokens",
                  "_training_now", "in_optimizer", "listeners_boundary", "listeners_forward", "_last_boundary",
                  "_input_origin", "_input_wait", "forward_gate", "_forward_end", "_probe_s", "_stepped",
-                 "_forward_since_boundary", "_clock", "publisher", "on_boundary", "quiet_until", "walls", "_on_step",
+                 "_forward_since_boundary", "_clock", "_queue", "on_boundary", "quiet_until", "walls", "_on_step",
                  "_pre_hook", "_pre_hook_wanted", "signature", "_input_key", "_first_input",
                  "_first_numel", "__dict__")
 
@@ -141,9 +146,11 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
         # id -> weak reference (a WeakValueDictionary would be traced by torch.compile inside a
         # compiled module's call, where the discovery hooks run, and break its graph).
         self._candidates: dict[int, Callable[[], torch.nn.Module | None]] = {}
-        #: id(optimizer) -> self.step after its last step: it stepped since the last boundary when
-        #: that is the current step (no set to clear at each boundary).
-        self._stepped: dict[int, int] = {}
+        #: The optimizers that stepped since the last boundary: the id of the one that ended the
+        #: step (a slot written at each boundary: no dict to update), a set once others step with
+        #: it (one optimizer per parameter group, or per parameter stepping in backward), -1
+        #: before the first step.
+        self._stepped: int | set[int] = -1
         self._global_handles: list[Any] = []
         self._handles: list[Any] = []
         self._pre_hook = PreHook(self._opt_pre_hook)  # registered while it has work (see drop_idle_pre_hook)
@@ -152,11 +159,12 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
         self._forward_since_boundary = 0
         self._idle_calls = 0
         self._signatures: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see cached_signature
-        # The common step's fast path (see boundary): steps below ``quiet_until`` are published
-        # here (``publisher.publish``) without calling ``on_boundary`` and ``_on_step``, which
+        # The common step's fast path (see boundary): steps below ``quiet_until`` are queued here
+        # (a row in the publisher's queue) without calling ``on_boundary`` and ``_on_step``, which
         # the owner (probe.runtime) sets up and keeps ``quiet_until`` for. Without it, or at
         # and after that step, every boundary goes through them.
-        self.publisher: Any = None
+        self._publisher: Publisher | None = None
+        self._queue: TrainingQueue | None = None  # the publisher's, where the common step appends its row
         self.on_boundary: BoundaryListener | None = None  # before the step's counters reset
         self.quiet_until = 0
         #: Unsampled steps' wall times, kept on the fast path too: appended there (one list append
@@ -164,6 +172,17 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
         self.walls: list[float] = []
         self._ewma_step_s: float | None = None
         self._recent_walls: Deque[float] = collections.deque(maxlen=5)
+
+    @property
+    def publisher(self) -> Publisher | None:
+        """Where the common step is published (see boundary): set by the owner, None: nowhere
+        but ``_on_step``."""
+        return self._publisher
+
+    @publisher.setter
+    def publisher(self, publisher: Publisher | None) -> None:
+        self._publisher = publisher
+        self._queue = publisher.queue if publisher is not None else None
 
     @property
     def device(self) -> torch.device | None:
@@ -283,7 +302,12 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
 
     def _is_new_step(self, optimizer: Any) -> bool:
         """A new step, unless another optimizer of this step steps with no forward between."""
-        return self._forward_since_boundary > 0 or self.step == 0 or self._stepped.get(id(optimizer)) == self.step
+        return self._forward_since_boundary > 0 or self.step == 0 or self._stepped_now(id(optimizer))
+
+    def _stepped_now(self, key: int) -> bool:
+        """The optimizer of id ``key`` stepped since the last boundary."""
+        stepped = self._stepped
+        return stepped == key or (type(stepped) is set and key in stepped)
 
     def _opt_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -311,15 +335,20 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
             if lost:
                 self._rediscover()
             key = id(optimizer)
-            stepped = self._stepped
             # _is_new_step, or the first step after the model was dropped
-            if lost or self._forward_since_boundary or self.step == 0 or stepped.get(key) == self.step:
+            if lost or self._forward_since_boundary or self.step == 0 or self._stepped == key:
                 self.boundary(optimizer)  # sets _input_origin
-            else:
+                self._stepped = key
+            elif self._stepped_now(key):  # this one steps again with no forward between: a new step
+                self.boundary(optimizer)
+                self._stepped = key
+            else:  # another optimizer of the same step
                 self._input_origin = _now()
-            stepped[key] = self.step
-            if len(stepped) > 64:  # optimizers built and dropped over and over: keep this step's
-                self._stepped = {k: v for k, v in stepped.items() if v == self.step}
+                stepped = self._stepped
+                if isinstance(stepped, set):
+                    stepped.add(key)
+                else:
+                    self._stepped = {stepped, key} if stepped >= 0 else key
         except Exception as exc:
             self._fail("optimizer post-hook", exc)
 
@@ -366,20 +395,11 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
                 self._rediscover()
             self._settle_root(optimizer)
         step = self.step = self.step + 1
-        device_s, dstep = self._device_time() if self._clock is not None else (None, None)
+        device_s, dstep = self._device_time() if self._clock is not None else _NO_TIME
         end = self._forward_end
         forwards = self._forward_since_boundary
-        fields: dict[str, Any] = {
-            "step": step,
-            "wall_s": wall,
-            "tokens": self.tokens,
-            "input_wait_s": self._input_wait,
-            "lead_s": end - last if end is not None and end > last else None,  # end - last > 0
-            "device_s": device_s,
-            "dstep": dstep,
-            "micro_batches": forwards,
-            "probe_s": 0.0,  # known below: its slot now, so that setting it resizes nothing
-        }
+        tokens = self.tokens
+        wait = self._input_wait
         quiet = step < self.quiet_until
         if not quiet and self.on_boundary is not None:
             self.on_boundary(step, wall)  # guards itself
@@ -399,12 +419,19 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
             self._pre_hook_at_boundary()
         if quiet:  # what the owner's _on_step does for a step with nothing sampled about it
             self.walls.append(wall)  # folded into the EWMA when read (see ewma_step_s)
-        t1 = _now()
-        fields["probe_s"] = self._probe_s + (t1 - t0)
-        if quiet:
-            self.publisher.publish("step", fields)
+            q = self._queue
+            assert q is not None  # the owner sets quiet_until only with a publisher
+            # A row, not a dict, appended here, not through publish(), stamped with t1: see
+            # probe.transport.steprows (the sender makes it the record _on_step would publish).
+            t1 = _now()
+            q.append((step, t1, wall, tokens, wait, end, last, device_s, dstep, forwards, self._probe_s + (t1 - t0)))
+            q.appended += 1  # after the append (see Publisher.publish)
+            if q.asleep and self._publisher is not None:  # after the append: the sender checks
+                self._publisher.wake()  # the queue after setting it (its publisher's queue)
         else:
-            self._on_step(fields)
+            t1 = _now()
+            self._on_step(step_fields((step, t1, wall, tokens, wait, end, last, device_s, dstep, forwards,
+                                       self._probe_s + (t1 - t0))))
         t2 = self._input_origin = _now()  # the last optimizer post-hook (mark_step) of the step
         self._probe_s = t2 - t1  # the runtime's share: reported with the next step
         # Steps are the intervals between boundary instants: what the probe does here (a kernel

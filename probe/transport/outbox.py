@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple, cast
 
 from probe import wire
 from probe.wire.pace import MAX_PACED_TICK_S, paced_interval
 from probe._log import warn_once
-from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
+from probe.transport.rounds import REKEY as _REKEY, Item, Round
+from probe.transport.steprows import ROW_LEN, Queued, StepRow, TrainingQueue
 
 
 def _weight(kind: str, fields: dict[str, Any]) -> int:
@@ -74,7 +75,7 @@ class Outbox:
         max_age_s: float
         flush_s: float
         _pace: Pace
-        _queue: Deque[Queued]
+        _queue: TrainingQueue
         _popped: int
         _sent: int
         _send_drops: int
@@ -102,10 +103,13 @@ class Outbox:
         close = r.close_batch
         while True:
             try:
-                item = self._queue.popleft()
+                entry = self._queue.popleft()
             except IndexError:
                 break
             self._popped += 1
+            # The tracker's common step is a row (probe.transport.steprows), told by its length
+            # (mypy does not narrow a union of tuples by it: hence the casts).
+            item = r.clock.queued(cast(StepRow, entry)) if len(entry) == ROW_LEN else cast(Queued, entry)
             if item[0] == "step":
                 if batch:
                     batch.append(item)

@@ -1,7 +1,8 @@
 """Publisher: bounded deque on the training thread, a daemon sender thread owns the sockets.
 
-The training thread only ever calls :meth:`Publisher.publish`, which appends a
-tuple to a ``collections.deque(maxlen=...)`` — no locks, no Events (a lock held by a thread
+The training thread only ever calls :meth:`Publisher.publish` (or appends a step row to its queue
+itself: probe.steps.tracker, probe.transport.steprows), which appends a tuple to a bounded deque
+(:class:`~probe.transport.steprows.TrainingQueue`) — no locks, no Events (a lock held by a thread
 interrupted with KeyboardInterrupt can hang exit), and no syscall but one non-blocking pipe write
 when the sender sleeps after a quiet spell (the first step after it; every step when steps are
 slower than a second, probe.transport.sender.LOOK_S: faster ones the sender looks for).
@@ -18,18 +19,18 @@ read where they are defined (``HELLO_S``, ``HELLO_MAX_S``, ``STEPS_ALIVE_S``: pr
 
 from __future__ import annotations
 
-import collections
 import math
 import threading
 import time
-from typing import Any, Callable, Deque
+from typing import Any, Callable
 
 from probe import wire
 from probe.wire.pace import DEFAULT_FLUSH_S, pace_for
 from probe.wire.pace import MAX_PACED_TICK_S as _MAX_PACED_TICK_S
 from probe.wire.pace import paced_interval
 from probe.transport.link import OnReadable, Waker, nudge, nudge_pipe
-from probe.transport.rounds import REKEY as _REKEY, Item, Queued, Round
+from probe.transport.rounds import REKEY as _REKEY, Item, Round
+from probe.transport.steprows import TrainingQueue
 from probe.transport.outbox import Pace
 from probe.transport.sender import SenderLoop, Tick, _Tick
 
@@ -46,11 +47,12 @@ MAX_PACED_TICK_S = _MAX_PACED_TICK_S
 class Publisher(SenderLoop):
     """Bounded, never-blocking message queue plus the thread that sends it."""
 
-    # publish()'s attributes, as slots in the object itself: not among the values of the
-    # attributes the sender thread writes, whose cache lines another core dirties (a miss for
-    # the training thread's publish() at each step). The sender writes _asleep in its quiet
-    # rounds only. The rest live in __dict__.
-    __slots__ = ("_queue", "_appended", "_asleep", "__dict__", "__weakref__")
+    # publish()'s attribute, a slot in the object itself: not among the values of the attributes
+    # the sender thread writes, whose cache lines another core dirties (a miss for the training
+    # thread's publish() at each step). The queue holds the count of appends and the sender's
+    # sleep flag (TrainingQueue), which the sender writes in its quiet rounds only. The rest
+    # live in __dict__.
+    __slots__ = ("_queue", "__dict__", "__weakref__")
 
     def __init__(
         self,
@@ -75,12 +77,10 @@ class Publisher(SenderLoop):
         self.addr = addr
         self.max_age_s = max_age_s
         self.curve_dir = curve_dir
-        self._queue: Deque[Queued] = collections.deque(maxlen=queue_size)
+        #: Its ``asleep``: the sender sleeps with nothing to send after a quiet spell (see
+        #: LOOK_S), until the next step's publish() wakes it.
+        self._queue = TrainingQueue(queue_size)
         self._queue_size = queue_size
-        self._appended = 0  # training thread only
-        #: The sender sleeps with nothing to send after a quiet spell (see LOOK_S), until the next
-        #: step's publish() wakes it.
-        self._asleep = False
         self._popped = 0  # sender thread only
         self._local: list[Item] = []  # sender thread only
         self._sent = 0  # sender thread only
@@ -110,17 +110,29 @@ class Publisher(SenderLoop):
 
     def publish(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue one message from the training thread. O(1), never blocks, never raises."""
-        self._queue.append((kind, _clock(), fields))
-        self._appended += 1  # after the append: the sender never sees a phantom drop
-        if self._asleep:  # after the append: the sender checks the queue after setting it
-            self._asleep = False
+        q = self._queue
+        q.append((kind, _clock(), fields))
+        q.appended += 1  # after the append: the sender never sees a phantom drop
+        if q.asleep:  # after the append: the sender checks the queue after setting it
+            q.asleep = False
             nudge(self._nudge_w)  # the sender sleeps after a quiet spell: one write
+
+    @property
+    def queue(self) -> TrainingQueue:
+        """The training thread's queue, for the step tracker's common step, which appends its row
+        there itself (see probe.transport.steprows) and calls :meth:`wake` when ``asleep``."""
+        return self._queue
+
+    def wake(self) -> None:
+        """Training thread: wake the sender that sleeps after a quiet spell (see publish)."""
+        self._queue.asleep = False
+        nudge(self._nudge_w)
 
     def publish_now(self, kind: str, fields: dict[str, Any]) -> None:
         """Queue a rare message (a FLOP count, a kernel window, a bye) and wake the sender, so it
         leaves at once rather than when the sender next wakes by itself (up to a paced step
         frame's wait). One write into a non-blocking pipe: never blocks, never raises."""
-        self._asleep = False  # publish() need not write: this one always does, after the append
+        self._queue.asleep = False  # publish() need not write: this one always does, after the append
         self.publish(kind, fields)
         nudge(self._nudge_w)
 
@@ -148,7 +160,8 @@ class Publisher(SenderLoop):
         """Messages lost so far: pushed out of the full queue or unsendable."""
         # deque(maxlen) silently discards the oldest entry: whatever was appended
         # but neither taken by the sender nor still queued was pushed out.
-        queued_drops = max(0, self._appended - self._popped - len(self._queue))
+        q = self._queue
+        queued_drops = max(0, q.appended - self._popped - len(q))
         return queued_drops + self._send_drops
 
     # --- lifecycle -------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Deque
 
 from probe.wire.pace import batch_due
+from probe.transport.steprows import Queued as Queued, StepRow, step_fields
 
 #: Queue marker (never sent): frames after it go out under a new rank key.
 REKEY = "_rekey"
@@ -32,8 +33,6 @@ QUEUE_SHARE = 0.25
 #: SenderClock.slept). A poll wakes within a millisecond or two of its timeout otherwise.
 PAUSE_MIN_S = 0.25
 
-#: A message of the training thread's queue: (kind, wall time of its publish(), fields).
-Queued = tuple[str, float, dict[str, Any]]
 #: A message the sender holds: (kind, when it was published on the monotonic clock (its age, its
 #: batch's due time), the same on the wall clock (its timestamp on the wire), fields).
 Item = tuple[str, float, float, dict[str, Any]]
@@ -46,6 +45,10 @@ def _monotonic() -> float:
 def _wall_time() -> float:
     # Looked up at each call: a test replaces this module's ``time`` to step the wall clock.
     return time.time()
+
+
+def _perf_time() -> float:
+    return time.perf_counter()
 
 
 class SenderClock:
@@ -71,12 +74,19 @@ class SenderClock:
     listens still holds: what waits is what was published within the last ``max_age_s`` of
     the process's running time.
 
-    ``mono`` and ``wall`` are the clocks it reads (tests inject both)."""
+    The step tracker's rows (probe.transport.steprows) are stamped on ``time.perf_counter()``, the
+    clock it reads anyway (CLOCK_MONOTONIC on Linux, as ``time.monotonic()``), not the wall clock:
+    a row's wall time is its stamp placed on the wall clock with wall − perf_counter sampled at
+    the round that takes it, so only a step of the wall clock between the two tells them apart.
 
-    def __init__(self, mono: Callable[[], float] | None = None, wall: Callable[[], float] | None = None) -> None:
-        self._mono, self._wall = mono or _monotonic, wall or _wall_time
+    ``mono``, ``wall`` and ``perf`` are the clocks it reads (tests inject them)."""
+
+    def __init__(self, mono: Callable[[], float] | None = None, wall: Callable[[], float] | None = None,
+                 perf: Callable[[], float] | None = None) -> None:
+        self._mono, self._wall, self._perf = mono or _monotonic, wall or _wall_time, perf or _perf_time
         self.since = self.now = self._mono()
         self.offset = self._wall() - self.now  # wall − monotonic, this round
+        self.perf_offset = self.offset + self.now - self._perf()  # wall − perf_counter, this round
         #: The pause found by the sleeps since the last round, and the due end of the sleep that
         #: found it (what was published before it is moved by the pause); this round's, once
         #: :meth:`round` began it.
@@ -88,6 +98,7 @@ class SenderClock:
         and the pause the sleeps found since the last round (:attr:`pause_s`) this round's."""
         self.since, self.now = self.now, self._mono()
         self.offset = self._wall() - self.now
+        self.perf_offset = self.offset + self.now - self._perf()
         self.pause_s, self.pause_before = self._pause_s, self._pause_before
         self._pause_s, self._pause_before = 0.0, -math.inf
         return self.now
@@ -114,6 +125,10 @@ class SenderClock:
         published before the sender started counts as published when it started), moved past a
         pause it came before."""
         return min(self.now, max(self.since, self.moved(wall - self.offset)))
+
+    def queued(self, row: StepRow) -> Queued:
+        """A step row as the queue's other step records are: its record, stamped on the wall clock."""
+        return "step", row[1] + self.perf_offset, step_fields(row)
 
     def item(self, queued: Queued) -> Item:
         """A queued message as the sender holds it."""

@@ -77,7 +77,6 @@ class SenderLoop(Outbox):
         curve_dir: str | None
         own_flush_s: float
         _queue_size: int
-        _asleep: bool
         _local: list[Item]
         _stop: bool
         _stop_by: float
@@ -145,8 +144,8 @@ class SenderLoop(Outbox):
         while True:
             self.rounds += 1
             stopping = self._stop
-            if self._asleep:
-                self._asleep = False
+            if self._queue.asleep:
+                self._queue.asleep = False
             # A command flood's pause (probe.transport.gate) leaves the socket alone, sends too: what
             # is pending waits; the round that ends it reads and sends, even if its read pauses again
             # (a monitor that floods still gets the rank's frames, once a pause), and a stop's bye goes.
@@ -239,9 +238,9 @@ class SenderLoop(Outbox):
         elif self._looks(r, now, flush):  # steps slower than the flush: it looks again in a flush
             look = flush
         else:  # quiet: the next step's publish() wakes the sender (Dekker's order: its
-            self._asleep = True  # append, then this flag; here this flag, then the queue; sound
-            if self._queue:  # under the GIL, which orders both threads' reads and writes; the
-                self._asleep = False  # free-threaded build would need more than this)
+            self._queue.asleep = True  # append, then this flag; here this flag, then the queue;
+            if self._queue:  # sound under the GIL, which orders both threads' reads and writes;
+                self._queue.asleep = False  # the free-threaded build would need more than this)
                 r.look_until = -math.inf
                 return MIN_WAIT_S
         if self._nudge_w < 0:  # no wake-up pipe (see Waker.degraded): nothing wakes it, it looks
