@@ -129,7 +129,7 @@ def test_the_tracker_times_cuda_steps_through_its_clock_and_keeps_its_gpu_when_i
     device stays (telemetry, kernel windows and NVTX read it)."""
     import torch
 
-    from probe.steps import tracker as tr
+    from probe.steps import devclock, tracker as tr
 
     made: list[int] = []
 
@@ -143,7 +143,7 @@ def test_the_tracker_times_cuda_steps_through_its_clock_and_keeps_its_gpu_when_i
                 raise RuntimeError("CUDA error: device not ready")
             return 0.02, step - 1
 
-    monkeypatch.setattr(tr, "DeviceClock", Clock)
+    monkeypatch.setattr(devclock, "DeviceClock", Clock)  # the tracker's device setter (probe.steps.devclock) makes it
     t = tr.StepTracker(on_step=lambda fields: None)
     t.device = torch.device("cuda", 3)
     assert made == [3]

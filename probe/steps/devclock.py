@@ -13,9 +13,11 @@ one ``query`` and ``elapsed_time`` a step are the device's own.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Deque
+from typing import TYPE_CHECKING, Any, Callable, Deque
 
 import torch
+
+from probe._log import warn_once
 
 
 class DeviceClock:
@@ -87,3 +89,43 @@ class DeviceClock:
             result = (e0.elapsed_time(e1) / 1000.0, s1)
             free.append(e0)
         return result
+
+
+class DeviceTiming:
+    """The rank's device and its :class:`DeviceClock` (a base of
+    :class:`probe.steps.tracker.StepTracker`, whose slots and __dict__ hold the state)."""
+
+    if not TYPE_CHECKING:
+        __slots__ = ()
+
+    if TYPE_CHECKING:  # StepTracker's, set in its __init__
+        step: int
+        _device: torch.device | None
+        _clock: DeviceClock | None
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device this rank trains on (None until known)."""
+        return self._device
+
+    @device.setter
+    def device(self, dev: torch.device | None) -> None:
+        self._device = dev
+        self._clock = None
+        if dev is not None and dev.type == "cuda":
+            try:  # the rank's GPU, not whatever device is current at a boundary
+                self._clock = DeviceClock(dev.index if dev.index is not None else torch.cuda.current_device())
+            except Exception as exc:
+                warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
+
+    def _device_time(self) -> tuple[float | None, int | None]:
+        """Record this boundary's CUDA event; return the newest completed step's time."""
+        clock = self._clock
+        if clock is None:
+            return None, None
+        try:
+            return clock.mark(self.step)
+        except Exception as exc:  # device time is lost, not the GPU (telemetry, windows, NVTX read it)
+            warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
+            self._clock = None
+            return None, None

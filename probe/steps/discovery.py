@@ -65,9 +65,7 @@ class Discovery:
 
         def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
         def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None: ...
-        def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
         def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None: ...
-        def _count_input_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None: ...
         def _opt_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None: ...
 
     # --- installation and teardown ----------------------------------------------------
@@ -275,6 +273,24 @@ class Discovery:
                 h.remove()
             self._root_handles.clear()
         self.device = device_of(root.parameters())
+
+    # --- a compiled model's tokens (its root's pre-hook: the embedding cannot be hooked) ---
+
+    def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._count_input_tokens(args, kwargs)
+
+    def _count_input_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Tokens of a training forward, for a compiled model whose embedding cannot be hooked:
+        ``input_ids=`` when given, else the first int32/int64 tensor of at least two dimensions
+        (batch × sequence; class labels and masks are not token ids)."""
+        if not _training_forward():
+            return
+        ids = kwargs.get("input_ids") if kwargs else None
+        candidates = [ids] if isinstance(ids, torch.Tensor) else list(args)
+        for a in candidates:
+            if isinstance(a, torch.Tensor) and a.dtype in (torch.int64, torch.int32) and a.dim() >= 2:
+                self.tokens += a.numel()
+                return
 
 
 def _float_rows(args: tuple[Any, ...]) -> int:

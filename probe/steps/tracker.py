@@ -27,9 +27,10 @@ Any failure in these hooks disables the probe (``on_fail``) — the user's
 ``optimizer.step()`` and ``forward()`` never see an exception from here.
 
 This module holds what runs at every step. Installation, discovery and teardown
-(probe.steps.discovery), the reading of the step walls (probe.steps.walls) and the
-switching of the optimizer pre-hook (probe.steps.prehook) are the tracker's base
-classes, kept apart: they run once, or at sampled steps.
+(probe.steps.discovery), the reading of the step walls and the hello's step clock
+(probe.steps.walls), the switching of the optimizer pre-hook (probe.steps.prehook) and the
+device's CUDA events (probe.steps.devclock) are the tracker's base classes, kept apart: they
+run once, at sampled steps, or (the events) from the boundary.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from probe.flops.policy import input_key, keyed_signature
 from probe.hookutil import _has_closure, _none, eager, in_compiled_call
 from probe.hookutil import _is_compiled as _is_compiled, device_of as device_of  # importable here as before
 from probe.hookutil import params_device as params_device, weak as weak  # (used in probe.steps.discovery)
-from probe.steps.devclock import DeviceClock
-from probe.steps.discovery import Discovery, _training_forward
+from probe.steps.devclock import DeviceClock, DeviceTiming
+from probe.steps.discovery import Discovery
 from probe.steps.prehook import ForwardGate, PreHook, PreHookSwitch
 from probe.steps.walls import StepWalls
 from probe.transport.steprows import TrainingQueue, step_fields
@@ -70,7 +71,7 @@ _TENSOR = torch.Tensor
 _NO_TIME = (None, None)  # no device time (a CPU rank)
 
 
-class StepTracker(Discovery, StepWalls, PreHookSwitch):
+class StepTracker(Discovery, StepWalls, PreHookSwitch, DeviceTiming):
     """Detects step boundaries and measures each step; owns the torch hooks.
 
     The per-step hooks are this class's own methods; the bases hold what runs off the per-step
@@ -184,21 +185,6 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
         self._publisher = publisher
         self._queue = publisher.queue if publisher is not None else None
 
-    @property
-    def device(self) -> torch.device | None:
-        """The device this rank trains on (None until known)."""
-        return self._device
-
-    @device.setter
-    def device(self, dev: torch.device | None) -> None:
-        self._device = dev
-        self._clock = None
-        if dev is not None and dev.type == "cuda":
-            try:  # the rank's GPU, not whatever device is current at a boundary
-                self._clock = DeviceClock(dev.index if dev.index is not None else torch.cuda.current_device())
-            except Exception as exc:
-                warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
-
     # --- steady-state hooks ---------------------------------------------------------
 
     def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -271,22 +257,6 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
             self._forward_end = _now()
             self._first_input = None  # never the user's batch past its forward
 
-    def _tokens_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._count_input_tokens(args, kwargs)
-
-    def _count_input_tokens(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Tokens of a training forward, for a compiled model whose embedding cannot be hooked:
-        ``input_ids=`` when given, else the first int32/int64 tensor of at least two dimensions
-        (batch × sequence; class labels and masks are not token ids)."""
-        if not _training_forward():
-            return
-        ids = kwargs.get("input_ids") if kwargs else None
-        candidates = [ids] if isinstance(ids, torch.Tensor) else list(args)
-        for a in candidates:
-            if isinstance(a, torch.Tensor) and a.dtype in (torch.int64, torch.int32) and a.dim() >= 2:
-                self.tokens += a.numel()
-                return
-
     def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if self._training_now and args:
             x = args[0]
@@ -337,7 +307,37 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
             key = id(optimizer)
             # _is_new_step, or the first step after the model was dropped
             if lost or self._forward_since_boundary or self.step == 0 or self._stepped == key:
-                self.boundary(optimizer)  # sets _input_origin
+                step = self.step + 1
+                if (step >= self.quiet_until or lost or self._unsettled or self.listeners_boundary
+                        or self._pre_hook_wanted or self._pre_hook.handle is not None):
+                    self.boundary(optimizer)  # sets _input_origin
+                else:
+                    # The common step: what boundary() does for a quiet step with nothing else to
+                    # do, inline here (a call less: ~2 µs after a long step, in-process A/B).
+                    # Keep the two alike: tests/test_probe_quiet.py compares their records.
+                    t0 = _now()
+                    last = self._last_boundary
+                    wall = t0 - last
+                    self.step = step
+                    device_s, dstep = self._device_time() if self._clock is not None else _NO_TIME
+                    forwards = self._forward_since_boundary
+                    tokens, wait, end = self.tokens, self._input_wait, self._forward_end
+                    self.micro_batches = forwards
+                    self.tokens = 0
+                    self._input_wait = self._forward_end = self._first_input = None
+                    self._forward_since_boundary = 0
+                    self.walls.append(wall)
+                    q = self._queue
+                    assert q is not None  # the owner sets quiet_until only with a publisher
+                    t1 = _now()
+                    q.append((step, t1, wall, tokens, wait, end, last, device_s, dstep, forwards,
+                              self._probe_s + (t1 - t0)))
+                    q.appended += 1
+                    if q.asleep and self._publisher is not None:
+                        self._publisher.wake()
+                    t2 = self._input_origin = _now()
+                    self._probe_s = t2 - t1
+                    self._last_boundary = t0
                 self._stepped = key
             elif self._stepped_now(key):  # this one steps again with no forward between: a new step
                 self.boundary(optimizer)
@@ -361,27 +361,6 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
             self.boundary(None)
         except Exception as exc:
             self._fail("mark_step", exc)
-
-    def start_clocks(self) -> None:
-        """Start step 1's wall time and input wait now, at the end of the probe's own setup:
-        its hooks, its sender and the imports they need (torch._dynamo: 0.2 s, seconds on a cold
-        cache) ran on the training thread between the tracker's creation and the first forward,
-        and step 1 read them as input wait (a 2-rank CPU DDP job whose loop fed its batch in
-        microseconds got the input_wait hint, 6-7 % of each step, from that one step). Only
-        before the first step."""
-        if self.step == 0:
-            self._last_boundary = self._input_origin = _now()
-
-    def hello_step(self) -> tuple[int, float] | None:
-        """Sender thread, when it builds a hello: (last completed step, seconds since its
-        boundary), or None before the first step or while the model was dropped (between a
-        sweep's trials: the steps so far belong to another model, and the rank is not hung).
-        Reads two attributes the boundary writes anyway, without a lock: under the GIL each read
-        is whole; a boundary between the two reads makes the age one step too long, once."""
-        step, last = self.step, self._last_boundary
-        if step == 0 or self._root_lost:
-            return None
-        return step, max(0.0, time.perf_counter() - last)
 
     # --- boundary -------------------------------------------------------------------
 
@@ -423,6 +402,7 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
             assert q is not None  # the owner sets quiet_until only with a publisher
             # A row, not a dict, appended here, not through publish(), stamped with t1: see
             # probe.transport.steprows (the sender makes it the record _on_step would publish).
+            # The optimizer post-hook does the same inline for the common step.
             t1 = _now()
             q.append((step, t1, wall, tokens, wait, end, last, device_s, dstep, forwards, self._probe_s + (t1 - t0)))
             q.appended += 1  # after the append (see Publisher.publish)
@@ -438,15 +418,3 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch):
         # window starting or ending, a count closing) belongs to the next step's wall time, so
         # step times add up to the run's wall time, as the framework's own clocks see it.
         self._last_boundary = t0
-
-    def _device_time(self) -> tuple[float | None, int | None]:
-        """Record this boundary's CUDA event; return the newest completed step's time."""
-        clock = self._clock
-        if clock is None:
-            return None, None
-        try:
-            return clock.mark(self.step)
-        except Exception as exc:  # device time is lost, not the GPU (telemetry, windows, NVTX read it)
-            warn_once("cuda-events", f"CUDA event timing disabled: {exc}")
-            self._clock = None
-            return None, None
