@@ -23,7 +23,7 @@ import pytest
 from flowtop.monitor import hello_asks as asks_module
 from flowtop.monitor.clock import MonitorClock
 from flowtop.monitor.collector import Collector
-from flowtop.monitor.hello_asks import ASK_AGAIN_S, ASK_GRACE_S, ASK_TRIES, HelloAsk, HelloAsks, Lack
+from flowtop.monitor.hello_asks import ASK_AGAIN_S, ASK_GRACE_S, ASK_TRIES, HelloAsk, HelloAsks, Lack, lack_of
 from flowtop.monitor.rankstate import EVICT_AFTER_S
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.wiring import make_model
@@ -83,11 +83,19 @@ def test_a_rank_that_brought_its_hello_and_count_is_not_asked() -> None:
     assert asks.due(200.0, _lacks("hello")) is None  # forgotten once satisfied
 
 
-def test_several_jobs_waiting_are_asked_with_one_command_for_every_job() -> None:
+def test_several_jobs_waiting_are_asked_job_by_job_while_the_bucket_lasts() -> None:
+    """Two jobs and a burst of two asks: one command each, so the ranks of jobs the monitor
+    knows whole do not resend; more jobs waiting than asks at hand: one command for every job."""
+    assert bound.HELLO_ASKS_BURST == 2
     asks = HelloAsks()
     for key in (*A, B):
         asks.note(key, 100.0)
-    assert asks.due(101.0, _lacks("hello")) == HelloAsk(None, 3)
+    assert asks.due(101.0, _lacks("hello")) == HelloAsk("a", 2)
+    assert asks.due(101.0, _lacks("hello")) == HelloAsk("b", 1)
+    many = HelloAsks()
+    for i in range(3):
+        many.note(RankKey(f"j{i}", "h", i, 0, 0), 100.0)
+    assert many.due(101.0, _lacks("hello")) == HelloAsk(None, 3)
 
 
 def test_the_asks_stay_within_the_monitors_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,6 +122,48 @@ def test_the_model_notes_ranks_first_heard_by_a_frame_that_says_they_ran() -> No
     for i, (kind, fields) in enumerate(frames):
         model.ingest(wire.decode(wire.encode(kind, RankKey("n", "h", i, 0, 0), 1, 1.0, fields)), 100.0)
     assert asks.due(101.0, _lacks("hello")) == HelloAsk("n", 3)
+
+
+def test_what_a_rank_lacks_is_read_from_the_models_own_state() -> None:
+    """A rank heard only by a step lacks its hello (three tries); one with a hello but no count
+    lacks its count (one); one with both, or a bye, lacks nothing: read from the RankState the
+    model keeps, whose hello record holds its defaults until a hello comes."""
+    model = make_model()
+    model.hello_asks = asks = HelloAsks()
+    step = {"step": 8, "wall_s": 0.1, "tokens": 1, "drops": 0}
+
+    def send(rank: int, kind: str, fields: dict[str, object]) -> None:
+        model.ingest(wire.decode(wire.encode(kind, RankKey("n", "h", rank, 0, 0), 1, 1.0, fields)), 100.0)
+
+    send(0, "step", step)  # nothing but steps
+    send(1, "step", step)
+    send(1, "hello", dict(HELLO, last_step=8, step_age_s=0.1))  # its hello, no count
+    send(2, "step", step)
+    send(2, "hello", dict(HELLO, last_step=8, step_age_s=0.1))
+    send(2, "flops", FLOPS)  # both
+    lacks = [lack_of(model.ranks.get(RankKey("n", "h", r, 0, 0))) for r in range(3)]
+    assert lacks == ["hello", "count", "nothing"]
+    lacking = lambda key: lack_of(model.ranks.get(key))  # noqa: E731
+    assert asks.due(101.0, lacking) == HelloAsk("n", 2)  # ranks 0 and 1
+    assert asks.due(101.0 + ASK_AGAIN_S, lacking) == HelloAsk("n", 1)  # rank 0 again: still no hello
+    assert asks.due(101.0 + 2 * ASK_AGAIN_S, lacking) == HelloAsk("n", 1)
+    assert asks.due(101.0 + 9 * ASK_AGAIN_S, lacking) is None and asks.sent == 3  # ASK_TRIES for rank 0
+
+
+def test_the_due_scan_waits_for_the_next_due_instant() -> None:
+    """due() runs at every turn of the data loop: before the grace ends it reads no rank."""
+    asks = HelloAsks()
+    for r in range(1000):
+        asks.note(RankKey("a", "h", r, 0, 0), 100.0)
+    read: list[RankKey] = []
+
+    def lacking(key: RankKey) -> Lack:
+        read.append(key)
+        return "hello"
+
+    assert asks.due(100.2, lacking) is None and read == []
+    assert asks.due(100.0 + ASK_GRACE_S, lacking) == HelloAsk("a", 1000) and len(read) == 1000
+    assert asks.due(101.0, lacking) is None and len(read) == 1000  # next due: ASK_AGAIN_S later
 
 
 def test_the_probe_sends_its_hello_and_count_again_when_asked() -> None:

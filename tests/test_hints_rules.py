@@ -133,6 +133,9 @@ def test_input_wait_leaves_out_the_loaders_start() -> None:
     assert measured.steps_covered == 7
     early = history(3, 0.1, wait_s=0.05)  # steps 1-3 only: nothing measured yet
     assert MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, step=3, hist=early)), 0.0)["rank 0"] is None
+    shown = dataclasses.replace(hist, steps=())  # a large job's history: no step column
+    measured = MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, step=10, hist=shown)), 0.0)["rank 0"]
+    assert measured is not None and measured.evidence["input_wait_pct"] == pytest.approx(2.0)
 
 
 def test_input_wait_leaves_out_values_that_are_not_finite() -> None:

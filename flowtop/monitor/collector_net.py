@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from flowtop.monitor.hello_asks import HelloAsks, Lack
+from flowtop.monitor.hello_asks import HelloAsks, Lack, lack_of
 from flowtop.monitor.kernel_asks import KernelAsk, KernelAsks
 from flowtop.monitor.pacing import PACED_TELEMETRY_S
 from probe import wire
@@ -231,10 +231,7 @@ class CollectorSockets:
 
     def _lacks_hello(self, key: wire.RankKey) -> Lack:
         """What a rank still lacks of its hello and FLOP count ("nothing" once gone or ended)."""
-        st = self.model.ranks.get(key)
-        if st is None or st.bye is not None:
-            return "nothing"
-        return "hello" if st.hello is None else "count" if st.flops is None else "nothing"
+        return lack_of(self.model.ranks.get(key))
 
     def request_kernels(self, job: str, rank: int) -> KernelAsk:
         """Ask one rank's probe for a kernel window at its next step (never blocks), within the

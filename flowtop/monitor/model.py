@@ -249,6 +249,7 @@ class Model(ModelTicks):
             # Re-sent every 2-10 s, nearly always the same: an equal record leaves the kept one,
             # so that its views' coordinates stay the same objects.
             hello = rs.hello_of(f)
+            st.hello_heard = True
             if hello != st.hello:
                 st.hello = hello
         elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)

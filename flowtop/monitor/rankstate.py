@@ -111,6 +111,7 @@ class RankState:
     first_seen: float
     last_recv: float
     hello: RankHello = field(default_factory=RankHello)
+    hello_heard: bool = False  # a hello came (``hello`` holds its defaults until one does)
     step: int = 0
     steps: StepRing = field(default_factory=lambda: StepRing(RING, RECENT))
     device_s: float | None = None

@@ -240,8 +240,11 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             continue
         h = r.history
         n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
-        if n and len(h.steps) >= n:
-            n = sum(1 for s in itertools.islice(reversed(h.steps), n) if s > INPUT_WARMUP_STEPS)
+        if n:
+            if len(h.steps) >= n:
+                n = sum(1 for s in itertools.islice(reversed(h.steps), n) if s > INPUT_WARMUP_STEPS)
+            else:  # a history of the shown columns only (a large job's): the steps up to r.step
+                n = min(n, max(0, r.step - INPUT_WARMUP_STEPS))
             if not n:
                 out[rank_target(r)] = None  # only the loader's start so far
                 continue

@@ -6,6 +6,11 @@ Split from :mod:`flowtop.monitor.hints.rules` for size; the table's order is rul
 from __future__ import annotations
 
 from flowtop.monitor.hints.schema import Gate, Rule
+from flowtop.monitor.kernels.merge import FLAG_SIGMAS
+
+#: uneven_kernel's noise gate: the difference at least FLAG_SIGMAS standard errors (the same test
+#: as the job kernel view's mark), as the standard error's share of the difference, %.
+NOISE_PCT = 100.0 / FLAG_SIGMAS
 
 # Kernel categories whose time is bound by memory bandwidth rather than math.
 # Names follow flowtop.monitor.kernels.classify.CATEGORIES.
@@ -189,7 +194,7 @@ KERNEL_RULES: tuple[Rule, ...] = (
         # noise_pct < 25: the difference is at least 4 standard errors (merge.FLAG_SIGMAS) of the
         # two ranks' window-to-window scatter, so identical ranks' timing noise (host operators
         # preempted on a shared CPU) does not fire it
-        gates=(Gate("step_share_pct", ">=", 1.0, 0.5), Gate("noise_pct", "<", 25.0, 50.0)),
+        gates=(Gate("step_share_pct", ">=", 1.0, 0.5), Gate("noise_pct", "<", NOISE_PCT, 2 * NOISE_PCT)),
         params={"max_rows": 50, "min_windows": 3},
         doc="(max − min) ÷ mean of the kernel's mean time per window across the ranks (at least "
         "min_windows windows each); gates: max − min as a share of the mean step, and its standard "
