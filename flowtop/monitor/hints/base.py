@@ -78,6 +78,21 @@ def is_cuda(r: RankSnapshot) -> bool:
     return bool(name) and not name.startswith("cpu") and name != "unknown"
 
 
+class _Entry(weakref.ref):
+    """A memo entry: a weak reference to its first object that holds the key and the value, and
+    weak references to the other objects (``rest``), each with the key alone.
+
+    One tracked object per entry and object instead of ten (a tuple key, a tuple of references, a
+    tuple of them and the value, and a function, its closure tuple and two cells for each
+    reference's callback): the memos hold an entry per rank window and rule, and a full
+    collection walks every tracked object (flowtop.monitor.gcpolicy)."""
+
+    __slots__ = ("key", "value", "rest")
+    key: int
+    value: Any
+    rest: tuple[_Entry, ...]
+
+
 class IdentityMemo:
     """Memo of a function of immutable objects (snapshot records, rules), keyed by identity.
 
@@ -90,26 +105,44 @@ class IdentityMemo:
     def __init__(self, fn: Callable[..., Any], max_entries: int = 65536) -> None:
         self._fn = fn
         self._max = max_entries  # a backstop only; entries normally leave with their objects
-        self._memo: dict[tuple[int, ...], tuple[tuple[weakref.ref[Any], ...], Any]] = {}
+        # The key is an int (not tracked), the objects' ids side by side: id(a) << 64 | id(b).
+        self._memo: dict[int, _Entry] = {}
+        self._forget = self._drop  # one bound method for every reference's callback
 
     def __len__(self) -> int:
         return len(self._memo)
 
+    def _drop(self, ref: _Entry) -> None:
+        self._memo.pop(ref.key, None)
+
     def __call__(self, *objs: Any) -> Any:
-        key = tuple(map(id, objs))
-        hit = self._memo.get(key)
-        if hit is not None:  # the same objects, not others that took their ids: one, without a loop
-            refs = hit[0]
-            if refs[0]() is objs[0] if len(refs) == 1 else all(r() is o for r, o in zip(refs, objs)):
-                return hit[1]
+        if len(objs) == 1:  # most memos: one window or history
+            key = id(objs[0])
+            hit = self._memo.get(key)
+            if hit is not None and hit() is objs[0]:  # the same object, not one that took its id
+                return hit.value
+        else:
+            key = 0
+            for o in objs:
+                key = key << 64 | id(o)
+            hit = self._memo.get(key)
+            if (hit is not None and hit() is objs[0]
+                    and all(r() is o for r, o in zip(hit.rest, objs[1:]))):
+                return hit.value
         value = self._fn(*objs)
+        if not objs:
+            return value
         if len(self._memo) >= self._max:
             self._memo.clear()
         try:
-            refs = tuple(weakref.ref(o, lambda _r: self._memo.pop(key, None)) for o in objs)
+            entry = _Entry(objs[0], self._forget)
+            rest = tuple([_Entry(o, self._forget) for o in objs[1:]])
         except TypeError:  # not weak-referenceable: compute every time
             return value
-        self._memo[key] = (refs, value)
+        entry.key, entry.value, entry.rest = key, value, rest
+        for r in rest:
+            r.key, r.value, r.rest = key, None, ()
+        self._memo[key] = entry
         return value
 
 
