@@ -1,8 +1,11 @@
 """The one place that reads :mod:`flowtop.monitor.kernels` records for the hints.
 
-The measures see a window as the small :class:`KernelFacts` below, its kernels as the rows of
-:mod:`flowtop.monitor.kernels.rows` (the type the kernel screen reads too); if the aggregate module
-renames a field, the change is one line in :func:`kernel_facts` or there. The job's comparison
+The measures see a window as the small :class:`KernelFacts` below, its kernels as the window's own
+:class:`~flowtop.monitor.kernels.aggregate.KernelStat` rows (the fields of
+:mod:`flowtop.monitor.kernels.rows` the hints read, ``low`` included: a copy as ``KernelRow`` per
+kernel per rank was ~40 objects a rank for the garbage collector to walk, held by the memo for the
+window's life); if the aggregate module renames a field, the change is one line in
+:func:`kernel_facts` or in the measures that read it. The job's comparison
 across ranks they read as it is (``JobKernelStats``, rows ``RankSpread``: the job kernel screen
 reads the same).
 """
@@ -13,12 +16,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from flowtop.monitor.hints.base import IdentityMemo
-from flowtop.monitor.kernels.aggregate import KernelWindowStats
-from flowtop.monitor.kernels.rows import KernelRow, kernel_rows
+from flowtop.monitor.kernels.aggregate import KernelStat, KernelWindowStats, WeakSlotted
 
 
-@dataclass(frozen=True)
-class KernelFacts:
+@dataclass(frozen=True, slots=True)  # one a rank window, held by the memo below (a memo key too)
+class KernelFacts(WeakSlotted):
     """What the hints need from one kernel window (totals over ``steps`` steps)."""
 
     device: str  # "cuda" | "cpu"
@@ -30,7 +32,7 @@ class KernelFacts:
     launches: int | None  # None on a CPU window
     short_kernels: int | None
     category_us: Mapping[str, float]
-    rows: tuple[KernelRow, ...]
+    rows: tuple[KernelStat, ...]  # the window's, largest time first
 
     @property
     def kernel_us(self) -> float:
@@ -59,7 +61,7 @@ def _adapt_window(stats: KernelWindowStats) -> KernelFacts:
         launches=a.launches,
         short_kernels=a.short_kernels,
         category_us={c.category: float(c.total_us) for c in stats.categories},
-        rows=kernel_rows(stats),
+        rows=stats.kernels,
     )
 
 

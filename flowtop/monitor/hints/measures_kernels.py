@@ -10,7 +10,7 @@ from flowtop.monitor.hints.base import IdentityMemo, Measurement, clamp01, is_cu
 from flowtop.monitor.hints.facts import KernelFacts
 from flowtop.monitor.hints.measures_device import uncounted_by_op
 from flowtop.monitor.hints.rules import Rule
-from flowtop.monitor.kernels.rows import KernelRow
+from flowtop.monitor.kernels.aggregate import KernelStat
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 
@@ -121,7 +121,7 @@ def memory_bound(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
     return _each_window(rule, job, _memory_of)
 
 
-def _fp32_gemm(row: KernelRow, params: Any) -> bool:
+def _fp32_gemm(row: KernelStat, params: Any) -> bool:
     return _has(row.low, params["fp32_patterns"]) and not _has(row.low, params["tensor_patterns"])
 
 

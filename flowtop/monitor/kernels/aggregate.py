@@ -73,6 +73,12 @@ class KernelStat:
         """Mean device time per call: derived, not stored (4,096 ranks hold these by the thousand)."""
         return self.total_us / self.calls if self.calls else 0.0
 
+    @property
+    def low(self) -> str:
+        """The full name lower-cased, for the hints' pattern tests (as KernelRow.low: the hints scan
+        a window's own stats, flowtop.monitor.hints.facts)."""
+        return self.name.lower()
+
 
 @dataclass(frozen=True, slots=True)  # thousands of ranks hold them
 class CategoryStat:
@@ -98,7 +104,7 @@ class IdleGap:
     host_ops: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a rank each: no __dict__ for the collector to walk
 class StepAnatomy:
     """Where the step's wall time went on the device."""
 
@@ -126,8 +132,16 @@ class StepAnatomy:
     step_basis: str = "host"
 
 
-@dataclass(frozen=True)
-class KernelWindowStats:
+class WeakSlotted:
+    """Base of a slotted record that stays weakly referenceable (the hints' memos key on windows,
+    flowtop.monitor.hints.base.IdentityMemo; dataclass's own weakref_slot needs Python 3.11, and
+    mypy checks for 3.10)."""
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(frozen=True, slots=True)  # a rank each: no __dict__ for the collector to walk
+class KernelWindowStats(WeakSlotted):
     """Aggregate of one window: kernels largest first, categories, anatomy."""
 
     device: str

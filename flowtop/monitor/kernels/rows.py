@@ -1,11 +1,12 @@
-"""The one kernel-row type the hints and the kernel views read (no Textual).
+"""The kernel-row type the kernel views read (no Textual).
 
 A rank's latest window (:class:`~flowtop.monitor.kernels.aggregate.KernelWindowStats`) lists its kernels
 as :class:`~flowtop.monitor.kernels.aggregate.KernelStat`; the rank's cumulative table
 (:mod:`flowtop.monitor.kernels.merge`) holds each name's totals over every window. A
-:class:`KernelRow` is one kernel of the window beside its cumulative figures: the hints' measures
-scan its name and launching operator, the kernel screen shows and sorts it. Both build their rows
-with :func:`kernel_rows`, so a renamed aggregate field changes here only.
+:class:`KernelRow` is one kernel of the window beside its cumulative figures: the kernel screen
+shows and sorts it, built with :func:`kernel_rows`, so a renamed aggregate field changes here only.
+The hints' measures scan the window's own ``KernelStat`` rows (the same names, ``low`` too; see
+flowtop.monitor.hints.facts): they are held for every rank's window, these only for the screen.
 """
 
 from __future__ import annotations
