@@ -149,7 +149,9 @@ class Column:
         self._blocks: list[array] = []  # a few: a list is smaller than a deque
         self._tail = array(typecode)
         self._n = 0  # values in blocks and tail (≥ the cap kept: whole blocks are dropped)
-        self._view: tuple[int, ArraySeq] | None = None
+        # The last view (its length is the n it was made for): no (n, view) tuple, one object
+        # fewer a column for the garbage collector (flowtop.monitor.gcpolicy) to walk.
+        self._view: ArraySeq | None = None
 
     def append(self, value: Any) -> None:
         tail = self._tail
@@ -216,14 +218,14 @@ class Column:
         shares the full blocks; the same object until the next append."""
         held = len(self)
         n = held if n is None else max(0, min(n, held))
-        if self._view is not None and self._view[0] == n:
-            return self._view[1]
+        if self._view is not None and self._view._n == n:
+            return self._view
         blocks = tuple(self._blocks) + ((self._tail,) if self._tail else ())  # appended to only: no copy
         total = self._n
         if not blocks:
             blocks = (array(self.typecode),)
         seq = ArraySeq(blocks, total - n, n)
-        self._view = (n, seq)
+        self._view = seq
         return seq
 
     def tail(self, n: int) -> list[Any]:
