@@ -23,7 +23,7 @@ from flowtop.monitor.snapshot import Claimant, History, RankSnapshot, TelemetryV
 from probe.wire import RankKey
 
 if TYPE_CHECKING:
-    from flowtop.monitor.kernels.merge import CumulativeRow
+    from flowtop.monitor.kernels.merge import CumulativeTable
 
 _VIEW = Fields(RankSnapshot)  # a light copy's source
 _STEP, _HEARD, _BEHIND, _HISTORY, _TELEMETRY, _FLOPS, _HELLO_AT = _VIEW.at(
@@ -89,7 +89,6 @@ class RankViews:
     def __init__(self, peak_override_flops: float | None = None) -> None:
         self.peak_override_flops = peak_override_flops
         self._entries: dict[RankKey, _Entry] = {}
-        self._rows: dict[RankKey, tuple[int, int, tuple[CumulativeRow, ...]]] = {}  # key -> (id(table), windows, rows)
         #: Views built, reused, and refreshed in their step and liveness only, since the start
         #: (the bench reads them).
         self.built = 0
@@ -209,20 +208,12 @@ class RankViews:
     def forget(self, key: RankKey) -> None:
         """Drop the views of a rank the model forgot."""
         self._entries.pop(key, None)
-        self._rows.pop(key, None)
 
-    def _kernel_rows(self, st: RankState) -> tuple[CumulativeRow, ...] | None:
-        """An immutable copy of the rank's cumulative kernel table, copied again only after a
-        new window (the copy was half the cost of a view)."""
+    def _kernel_rows(self, st: RankState) -> CumulativeTable | None:
+        """The rank's cumulative kernel table: immutable, the same object until its next window
+        (no copy, and no cache of one a rank beside it)."""
         table = st.kernels_cumulative
-        if table is None:
-            return None
-        held = self._rows.get(st.key)
-        if held is not None and held[0] == id(table) and held[1] == table.windows:
-            return held[2]
-        rows = table.rows()
-        self._rows[st.key] = (id(table), table.windows, rows)
-        return rows
+        return None if table is None else table.rows()
 
     def _build(self, st: RankState, med: float | None, stalled: float | None, status: str,
                others: tuple[RankKey, ...], behind: float = 0.0, shown_only: bool = False) -> RankSnapshot:

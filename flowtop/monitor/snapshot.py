@@ -208,8 +208,9 @@ class RankSnapshot(_Slotted):
     flops: FlopsView | None = None
     telemetry: TelemetryView | None = None
     kernels: KernelWindowStats | None = None  # the latest kernel window
-    #: The rank's cumulative kernel table (CumulativeKernels.rows(): largest total first).
-    kernels_cumulative: tuple[CumulativeRow, ...] | None = None
+    #: The rank's cumulative kernel table (CumulativeKernels.rows(): largest total first; a
+    #: CumulativeTable, the rank's own until its next window, or a tuple of rows made by hand).
+    kernels_cumulative: Sequence[CumulativeRow] | None = None
     history: History = field(default_factory=History)
     bye_reason: str | None = None
     commands_refused: int = 0  # monitor commands the probe refused (its rate limit)

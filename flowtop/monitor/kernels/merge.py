@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from array import array
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
 
@@ -81,9 +82,12 @@ def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStat
             continue
         n = t.windows
         steps[r] = t.step_us / n
-        rows[r] = [(c.name, c.short, c.category, c.cum_us / n) for c in t.rows()]
+        c = t.rows()  # its columns: no row objects for every rank's every kernel
+        rows[r] = [(name, short, cat, us / n)
+                   for name, short, cat, us in zip(c.names, c.shorts, c.categories, c.cum_us)]
         if n > 1:  # squared standard error of each mean: sample variance over the windows ÷ n
-            errors[r] = {c.name: max(0.0, c.cum_sq_us - c.cum_us * c.cum_us / n) / (n - 1) / n for c in t.rows()}
+            errors[r] = {name: max(0.0, sq - us * us / n) / (n - 1) / n
+                         for name, us, sq in zip(c.names, c.cum_us, c.cum_sq_us)}
     merged = _merge(steps, rows, errors)
     counts = [t.windows for t in tables.values() if t.windows > 0]
     return dataclasses.replace(merged, min_windows=min(counts) if counts else 0)
@@ -136,14 +140,66 @@ class CumulativeRow:
     cum_sq_us: float = 0.0  # Σ over the windows of the window's time squared (µs²): its scatter
 
 
+class CumulativeTable(Sequence[CumulativeRow]):
+    """A rank's cumulative table, largest cumulative time first, as columns: an immutable sequence
+    of :class:`CumulativeRow` made as they are read (the kernel screen reads one rank's).
+
+    Every rank holds one, and its snapshot views share it: as a tuple of rows it was ~40 objects
+    a rank for the garbage collector to walk at each full collection (flowtop.monitor.gcpolicy);
+    as columns it is the table, three tuples of names (untracked once a collection has seen them:
+    they hold only strings) and five arrays."""
+
+    __slots__ = ("names", "shorts", "categories", "cum_us", "cum_calls", "windows_seen", "share", "cum_sq_us")
+
+    def __init__(self, rows: Iterable[CumulativeRow] = ()) -> None:
+        rows = tuple(rows)
+        self.names = tuple([r.name for r in rows])
+        self.shorts = tuple([r.short for r in rows])
+        self.categories = tuple([r.category for r in rows])
+        self.cum_us = array("d", [r.cum_us for r in rows])
+        self.cum_calls = array("q", [r.cum_calls for r in rows])
+        self.windows_seen = array("q", [r.windows_seen for r in rows])
+        self.share = array("d", [r.share for r in rows])
+        self.cum_sq_us = array("d", [r.cum_sq_us for r in rows])
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> CumulativeRow: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[CumulativeRow, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> CumulativeRow | tuple[CumulativeRow, ...]:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        return CumulativeRow(self.names[i], self.shorts[i], self.categories[i], self.cum_us[i],
+                             self.cum_calls[i], self.windows_seen[i], self.share[i], self.cum_sq_us[i])
+
+    def __iter__(self) -> Iterator[CumulativeRow]:
+        return map(CumulativeRow, self.names, self.shorts, self.categories, self.cum_us, self.cum_calls,
+                   self.windows_seen, self.share, self.cum_sq_us)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (CumulativeTable, tuple, list)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"CumulativeTable({tuple(self)!r})"
+
+
 class CumulativeKernels:
     """Accumulates windows like ``py-spy top``: the UI shows window % beside cumulative time.
 
     Distinct names are capped at :attr:`max_names`; past it the smallest totals are dropped
     (a long job with generated kernel names must not grow the monitor without bound). The table
-    holds its rows as the immutable :class:`CumulativeRow` objects that :meth:`rows` hands out
-    (rebuilt at each window, which changes every row's share), so a snapshot's copy of the table
-    costs no memory of its own.
+    is the immutable :class:`CumulativeTable` that :meth:`rows` hands out (rebuilt at each window,
+    which changes every row's share), so a snapshot's copy of the table costs no memory of its own.
     """
 
     def __init__(self, max_names: int = 10_000) -> None:
@@ -152,14 +208,16 @@ class CumulativeKernels:
         self.step_us = 0.0
         # The rows sorted, and no dict by name beside them: 4,096 ranks hold a table each (a
         # dict of ~40 names is ~2 KB), and a name is looked up only when a window is folded in.
-        self._sorted: tuple[CumulativeRow, ...] = ()
+        self._sorted = _EMPTY
 
     def add(self, stats: KernelWindowStats) -> None:
         """Fold one window in."""
         self.windows += 1
         self.step_us += stats.step_us
+        t = self._sorted
         totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen, cum_sq_us]
-            r.name: [r.short, r.category, r.cum_us, r.cum_calls, r.windows_seen, r.cum_sq_us] for r in self._sorted}
+            name: [short, cat, us, calls, seen, sq] for name, short, cat, us, calls, seen, sq
+            in zip(t.names, t.shorts, t.categories, t.cum_us, t.cum_calls, t.windows_seen, t.cum_sq_us)}
         for k in stats.kernels:
             row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0, 0.0])
             row[2] += k.total_us
@@ -171,12 +229,16 @@ class CumulativeKernels:
         step_us = self.step_us
         rows = [CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0, r[5])
                 for name, r in totals.items()]
-        self._sorted = tuple(sorted(rows, key=lambda r: (-r.cum_us, r.name)))
+        self._sorted = CumulativeTable(sorted(rows, key=lambda r: (-r.cum_us, r.name)))
 
     def get(self, name: str) -> CumulativeRow | None:
         """The row of one kernel name, if seen (a scan: for the odd lookup, not per row)."""
-        return next((r for r in self._sorted if r.name == name), None)
+        names = self._sorted.names
+        return self._sorted[names.index(name)] if name in names else None
 
-    def rows(self) -> tuple[CumulativeRow, ...]:
-        """All rows, largest cumulative time first (the same tuple until the next window)."""
+    def rows(self) -> CumulativeTable:
+        """All rows, largest cumulative time first (the same table until the next window)."""
         return self._sorted
+
+
+_EMPTY = CumulativeTable()
