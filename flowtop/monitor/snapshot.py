@@ -376,7 +376,7 @@ class MonitorSnapshot:
 
 def jsonable(obj: Any) -> Any:
     """Make a value JSON-safe: dataclasses to dicts (their fields, and the properties a class lists
-    in ``JSON_DERIVED``), NaN/inf to None, tuples to lists."""
+    in ``JSON_DERIVED``), NaN/inf to None, tuples (and sequences whose class sets ``JSON_LIST``) to lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
         for name in getattr(obj, "JSON_DERIVED", ()):  # properties computed rather than stored
@@ -384,7 +384,7 @@ def jsonable(obj: Any) -> Any:
         return out
     if isinstance(obj, Mapping):
         return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple)) or getattr(obj, "JSON_LIST", False):  # or a table of columns
         return [jsonable(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return None

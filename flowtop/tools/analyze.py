@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "given against it")
 
 
-def sort_kernels(kernels: tuple[KernelStat, ...], key: str) -> list[KernelStat]:
+def sort_kernels(kernels: Sequence[KernelStat], key: str) -> list[KernelStat]:
     """Kernels ordered by ``key`` (largest first; ties by name; unknown TFLOP/s last)."""
     if key == "calls":
         return sorted(kernels, key=lambda k: (-k.calls, k.name))

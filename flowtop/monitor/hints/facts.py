@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from flowtop.monitor.hints.base import IdentityMemo
-from flowtop.monitor.kernels.aggregate import KernelStat, KernelWindowStats, WeakSlotted
+from flowtop.monitor.kernels.aggregate import KernelTable, KernelWindowStats, WeakSlotted
 
 
 @dataclass(frozen=True, slots=True)  # one a rank window, held by the memo below (a memo key too)
@@ -32,7 +32,7 @@ class KernelFacts(WeakSlotted):
     launches: int | None  # None on a CPU window
     short_kernels: int | None
     category_us: Mapping[str, float]
-    rows: tuple[KernelStat, ...]  # the window's, largest time first
+    rows: KernelTable  # the window's, largest time first (its columns for a hot loop)
 
     @property
     def kernel_us(self) -> float:
@@ -61,7 +61,7 @@ def _adapt_window(stats: KernelWindowStats) -> KernelFacts:
         launches=a.launches,
         short_kernels=a.short_kernels,
         category_us={c.category: float(c.total_us) for c in stats.categories},
-        rows=stats.kernels,
+        rows=stats.kernels if isinstance(stats.kernels, KernelTable) else KernelTable(stats.kernels),
     )
 
 

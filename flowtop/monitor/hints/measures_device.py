@@ -178,7 +178,8 @@ def uncounted_share(job: JobSnapshot, ops: dict[str, int]) -> tuple[float | None
                 by_size.append(100.0 * size / total if total > 0 else 0.0)
         kf = facts.kernel_facts(r.kernels)
         if kf is not None and kf.kernel_us > 0:
-            mine = sum(row.total_us for row in kf.rows if row.op and _op_key(row.op) in names)
+            # the table's columns: a rank's every evaluation, no KernelStat made for each kernel
+            mine = sum(us for op, us in zip(kf.rows.ops, kf.rows.total_us) if op and _op_key(op) in names)
             if mine > 0:
                 by_time.append(100.0 * mine / kf.kernel_us)
     if by_size:

@@ -27,57 +27,19 @@ from __future__ import annotations
 
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from flowtop.monitor.kernels.classify import CATEGORIES, classify, short_name
+# A window's kernel rows and their table live in .table (re-exported: the records' one import).
+from flowtop.monitor.kernels.table import KernelStat as KernelStat
+from flowtop.monitor.kernels.table import KernelTable as KernelTable
+from flowtop.monitor.kernels.table import _setstate_interned
 from flowtop.monitor.kernels.trace import CPU_OP, DEVICE_KINDS, KERNEL, RUNTIME, KernelWindow
-from flowtop.monitor.sanitize import interned
 
 SHORT_KERNEL_FALLBACK_US = 5.0
 TOP_GAPS = 5
 GAP_HOST_OPS = 3
-
-
-def _setstate_interned(self: Any, state: tuple[Any, ...]) -> None:
-    """Unpickling (a window built in the monitor's builder process, flowtop.monitor.kernel_worker):
-    its names interned again, as the builder interned them (kernel names of any length), so that
-    thousands of ranks' tables share one string per kernel name instead of a copy each (~34 KB a
-    rank for a GPT's windows)."""
-    for f, value in zip(fields(self), state):
-        object.__setattr__(self, f.name, interned(value, longest=None))
-
-
-@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
-class KernelStat:
-    """One kernel name (or CPU operator) in a window."""
-
-    __setstate__ = _setstate_interned
-
-    name: str
-    short: str
-    category: str
-    calls: int
-    total_us: float
-    share: float
-    flops: float | None
-    tflops: float | None
-    op: str  # the launching operator with the most time ("" when unknown)
-
-    #: Derived fields the snapshot JSON carries too (flowtop.monitor.snapshot).
-    JSON_DERIVED = ("mean_us",)
-
-    @property
-    def mean_us(self) -> float:
-        """Mean device time per call: derived, not stored (4,096 ranks hold these by the thousand)."""
-        return self.total_us / self.calls if self.calls else 0.0
-
-    @property
-    def low(self) -> str:
-        """The full name lower-cased, for the hints' pattern tests (as KernelRow.low: the hints scan
-        a window's own stats, flowtop.monitor.hints.facts)."""
-        return self.name.lower()
 
 
 @dataclass(frozen=True, slots=True)  # thousands of ranks hold them
@@ -148,7 +110,7 @@ class KernelWindowStats(WeakSlotted):
     step: int | None
     window: int | None
     step_us: float
-    kernels: tuple[KernelStat, ...]
+    kernels: Sequence[KernelStat]  # a KernelTable as aggregate builds it (a tuple made by hand)
     categories: tuple[CategoryStat, ...]
     anatomy: StepAnatomy
     cost_s: float | None
@@ -265,7 +227,7 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
         step=window.step,
         window=window.window,
         step_us=step,
-        kernels=tuple(kernels),
+        kernels=KernelTable(kernels),
         categories=categories,
         anatomy=_anatomy(window, work, kernels, span),
         cost_s=window.cost_s,

@@ -1,0 +1,125 @@
+"""A kernel window's rows: :class:`KernelStat`, and :class:`KernelTable`, the columns a window
+holds them in (split from :mod:`flowtop.monitor.kernels.aggregate`, which builds them and re-exports
+both). No Textual.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, overload
+
+from flowtop.monitor.sanitize import interned
+
+
+def _setstate_interned(self: Any, state: tuple[Any, ...]) -> None:
+    """Unpickling (a window built in the monitor's builder process, flowtop.monitor.kernel_worker):
+    its names interned again, as the builder interned them (kernel names of any length), so that
+    thousands of ranks' tables share one string per kernel name instead of a copy each (~34 KB a
+    rank for a GPT's windows)."""
+    for f, value in zip(fields(self), state):
+        object.__setattr__(self, f.name, interned(value, longest=None))
+
+
+@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
+class KernelStat:
+    """One kernel name (or CPU operator) in a window."""
+
+    __setstate__ = _setstate_interned
+
+    name: str
+    short: str
+    category: str
+    calls: int
+    total_us: float
+    share: float
+    flops: float | None
+    tflops: float | None
+    op: str  # the launching operator with the most time ("" when unknown)
+
+    #: Derived fields the snapshot JSON carries too (flowtop.monitor.snapshot).
+    JSON_DERIVED = ("mean_us",)
+
+    @property
+    def mean_us(self) -> float:
+        """Mean device time per call: derived, not stored (4,096 ranks hold these by the thousand)."""
+        return self.total_us / self.calls if self.calls else 0.0
+
+    @property
+    def low(self) -> str:
+        """The full name lower-cased, for the hints' pattern tests (as KernelRow.low: the hints scan
+        a window's own stats, flowtop.monitor.hints.facts)."""
+        return self.name.lower()
+
+
+class KernelTable(Sequence[KernelStat]):
+    """A window's kernels, largest time first, as columns: an immutable sequence of
+    :class:`KernelStat` made as they are read (the hints scan a window once, flowtop.monitor.hints).
+
+    Every rank holds its latest window: as a tuple of ~40 KernelStat it was ~40 objects a rank for
+    the garbage collector to walk at each full collection (flowtop.monitor.gcpolicy); as columns it
+    is the table, six tuples (strings and numbers or None: untracked once a collection has seen
+    them) and three arrays, whose floats are no objects of their own either."""
+
+    __slots__ = ("names", "shorts", "categories", "calls", "total_us", "share", "flops", "tflops", "ops")
+    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot.jsonable).
+    JSON_LIST = True
+
+    def __init__(self, rows: Iterable[KernelStat] = ()) -> None:
+        rows = tuple(rows)
+        self.names = tuple([k.name for k in rows])
+        self.shorts = tuple([k.short for k in rows])
+        self.categories = tuple([k.category for k in rows])
+        self.calls = array("q", [k.calls for k in rows])
+        self.total_us = array("d", [k.total_us for k in rows])
+        self.share = array("d", [k.share for k in rows])
+        self.flops = tuple([k.flops for k in rows])  # None where no call carried FLOPs: no array
+        self.tflops = tuple([k.tflops for k in rows])
+        self.ops = tuple([k.op for k in rows])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Unpickled (from the builder process) with its names interned again, as KernelStat was.
+        return (_table_of, (self.names, self.shorts, self.categories, self.calls, self.total_us, self.share,
+                            self.flops, self.tflops, self.ops))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> KernelStat: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[KernelStat, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> KernelStat | tuple[KernelStat, ...]:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        return KernelStat(self.names[i], self.shorts[i], self.categories[i], self.calls[i], self.total_us[i],
+                          self.share[i], self.flops[i], self.tflops[i], self.ops[i])
+
+    def __iter__(self) -> Iterator[KernelStat]:
+        return map(KernelStat, self.names, self.shorts, self.categories, self.calls, self.total_us,
+                   self.share, self.flops, self.tflops, self.ops)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (KernelTable, tuple, list)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"KernelTable({tuple(self)!r})"
+
+
+_NAMED = frozenset(("names", "shorts", "categories", "ops"))
+
+
+def _table_of(*columns: Any) -> KernelTable:
+    """A pickled :class:`KernelTable` again, its strings interned (see _setstate_interned)."""
+    table = KernelTable.__new__(KernelTable)
+    for name, value in zip(KernelTable.__slots__, columns):
+        setattr(table, name, interned(value, longest=None) if name in _NAMED else value)
+    return table
