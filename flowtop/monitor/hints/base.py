@@ -79,18 +79,16 @@ def is_cuda(r: RankSnapshot) -> bool:
 
 
 class _Entry(weakref.ref):
-    """A memo entry: a weak reference to its first object that holds the key and the value, and
-    weak references to the other objects (``rest``), each with the key alone.
+    """A memo entry: a weak reference to its object that holds the key and the value.
 
-    One tracked object per entry and object instead of ten (a tuple key, a tuple of references, a
-    tuple of them and the value, and a function, its closure tuple and two cells for each
-    reference's callback): the memos hold an entry per rank window and rule, and a full
-    collection walks every tracked object (flowtop.monitor.gcpolicy)."""
+    One tracked object per entry instead of ten (a tuple key, a tuple of references, a tuple of
+    them and the value, and a function, its closure tuple and two cells for each reference's
+    callback): the memos hold an entry per rank window and rule, and a full collection walks every
+    tracked object (flowtop.monitor.gcpolicy)."""
 
-    __slots__ = ("key", "value", "rest")
+    __slots__ = ("key", "value")
     key: int
     value: Any
-    rest: tuple[_Entry, ...]
 
 
 class IdentityMemo:
@@ -99,49 +97,67 @@ class IdentityMemo:
     Snapshot records are rebuilt every ~0.5 s but the heavy parts (a rank's kernel window) stay the
     same object until new data arrives, and several rules read the same thing. Entries hold weak
     references: an entry goes when one of its objects does, so old windows are not kept alive
-    (and an id cannot be reused while its entry exists).
+    (and an id cannot be reused while its entry exists). A function of several objects is a memo
+    of the first (a rule: a few) whose values are memos of the rest (a window a rank): an entry a
+    rank, not one for each of its objects.
     """
 
-    def __init__(self, fn: Callable[..., Any], max_entries: int = 65536) -> None:
+    def __init__(self, fn: Callable[..., Any], max_entries: int = 65536,
+                 _before: tuple[weakref.ref[Any], ...] = ()) -> None:
         self._fn = fn
         self._max = max_entries  # a backstop only; entries normally leave with their objects
-        # The key is an int (not tracked), the objects' ids side by side: id(a) << 64 | id(b).
-        self._memo: dict[int, _Entry] = {}
-        self._forget = self._drop  # one bound method for every reference's callback
+        self._before = _before  # a memo of the rest: the objects before, held weakly
+        self._memo: dict[int, _Entry] = {}  # id(object) -> its entry (an int key: not tracked)
+        self._forget = self._drop  # one bound method for every entry's callback
+        self._by_first: IdentityMemo | None = None  # several objects: first -> a memo of the rest
 
     def __len__(self) -> int:
-        return len(self._memo)
+        if self._by_first is None:
+            return len(self._memo)
+        return sum(len(e.value) for e in self._by_first._memo.values())
 
     def _drop(self, ref: _Entry) -> None:
-        self._memo.pop(ref.key, None)
+        if self._memo.get(ref.key) is ref:
+            del self._memo[ref.key]
+
+    def _rest(self, first: Any) -> IdentityMemo | None:
+        try:
+            ref = weakref.ref(first)
+        except TypeError:  # not weak-referenceable: computed every time
+            return None
+        return IdentityMemo(self._fn, self._max, (*self._before, ref))
+
+    def _compute(self, *objs: Any) -> Any:
+        if self._before:  # alive: their entries, above this memo, go with them
+            return self._fn(*[r() for r in self._before], *objs)
+        return self._fn(*objs)
 
     def __call__(self, *objs: Any) -> Any:
-        if len(objs) == 1:  # most memos: one window or history
-            key = id(objs[0])
-            hit = self._memo.get(key)
-            if hit is not None and hit() is objs[0]:  # the same object, not one that took its id
-                return hit.value
-        else:
-            key = 0
-            for o in objs:
-                key = key << 64 | id(o)
-            hit = self._memo.get(key)
-            if (hit is not None and hit() is objs[0]
-                    and all(r() is o for r, o in zip(hit.rest, objs[1:]))):
-                return hit.value
-        value = self._fn(*objs)
-        if not objs:
-            return value
+        if len(objs) != 1:
+            if not objs:
+                return self._compute()
+            by_first = self._by_first
+            if by_first is None:
+                by_first = self._by_first = IdentityMemo(self._rest, self._max)
+            rest = by_first(objs[0])
+            if rest is None:
+                return self._compute(*objs)
+            # (a memo of the rest goes with its first object; its bound callback makes it a cycle
+            # the full collection frees: rules, the first objects, live as long as the engine)
+            return rest(*objs[1:])
+        obj = objs[0]
+        key = id(obj)
+        hit = self._memo.get(key)
+        if hit is not None and hit() is obj:  # the same object, not one that took its id
+            return hit.value
+        value = self._compute(obj)
         if len(self._memo) >= self._max:
             self._memo.clear()
         try:
-            entry = _Entry(objs[0], self._forget)
-            rest = tuple([_Entry(o, self._forget) for o in objs[1:]])
+            entry = _Entry(obj, self._forget)
         except TypeError:  # not weak-referenceable: compute every time
             return value
-        entry.key, entry.value, entry.rest = key, value, rest
-        for r in rest:
-            r.key, r.value, r.rest = key, None, ()
+        entry.key, entry.value = key, value
         self._memo[key] = entry
         return value
 
