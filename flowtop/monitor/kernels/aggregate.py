@@ -34,6 +34,7 @@ from flowtop.monitor.kernels.classify import CATEGORIES, classify, short_name
 # A window's kernel rows and their table live in .table (re-exported: the records' one import).
 from flowtop.monitor.kernels.table import KernelStat as KernelStat
 from flowtop.monitor.kernels.table import KernelTable as KernelTable
+from flowtop.monitor.kernels.table import Rows
 from flowtop.monitor.kernels.table import _setstate_interned
 from flowtop.monitor.kernels.trace import CPU_OP, DEVICE_KINDS, KERNEL, RUNTIME, KernelWindow
 
@@ -81,7 +82,7 @@ class StepAnatomy:
     short_kernels: int | None
     short_kernel_us: float | None
     short_note: str
-    gaps: tuple[IdleGap, ...]
+    gaps: Sequence[IdleGap]  # Rows as _anatomy builds them (a tuple made by hand)
     flops: float | None
     tflops: float | None  # attributed FLOPs ÷ the step (host wall time, or the device span)
     #: Typical unprofiled step (when the probe knows it) and the busy share against it:
@@ -111,7 +112,7 @@ class KernelWindowStats(WeakSlotted):
     window: int | None
     step_us: float
     kernels: Sequence[KernelStat]  # a KernelTable as aggregate builds it (a tuple made by hand)
-    categories: tuple[CategoryStat, ...]
+    categories: Sequence[CategoryStat]  # Rows as aggregate builds them (a tuple made by hand)
     anatomy: StepAnatomy
     cost_s: float | None
 
@@ -217,7 +218,7 @@ def aggregate(window: KernelWindow) -> KernelWindowStats:
         if k.flops is not None:
             c[2] += k.flops
             c[3] = True
-    categories = tuple(sorted(
+    categories = Rows(CategoryStat, sorted(
         (CategoryStat(cat, c[0], c[1], c[1] / step if step > 0 else 0.0, c[2] if c[3] else None)
          for cat, c in cats.items()),
         key=lambda c: (-c.total_us, CATEGORIES.index(c.category)),
@@ -292,7 +293,7 @@ def _anatomy(window: KernelWindow, work: list, kernels: list[KernelStat],
 
 
 def _gaps(window: KernelWindow, busy: list[tuple[float, float]], origin: float,
-          step: float) -> tuple[IdleGap, ...]:
+          step: float) -> Rows[IdleGap]:
     """The longest stretches of the step with no device work (``busy`` is inside the step)."""
     edges = [origin] + [x for s, e in busy for x in (s, e)] + [origin + step]
     holes = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2) if edges[i + 1] > edges[i]]
@@ -307,4 +308,4 @@ def _gaps(window: KernelWindow, busy: list[tuple[float, float]], origin: float,
                 during[window.names[h.name]] += hi - lo
         top = sorted(during.items(), key=lambda kv: (-kv[1], kv[0]))[:GAP_HOST_OPS]
         out.append(IdleGap(s, e - s, tuple(n for n, _ in top)))
-    return tuple(out)
+    return Rows(IdleGap, out)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, overload
+from typing import Any, Generic, TypeVar, overload
 
 from flowtop.monitor.sanitize import interned
 
@@ -123,3 +123,64 @@ def _table_of(*columns: Any) -> KernelTable:
     for name, value in zip(KernelTable.__slots__, columns):
         setattr(table, name, interned(value, longest=None) if name in _NAMED else value)
     return table
+
+
+R = TypeVar("R")
+
+
+class Rows(Sequence[R], Generic[R]):
+    """A window's small record lists (its categories, its idle gaps) as columns, a tuple a field:
+    an immutable sequence of the records made as they are read.
+
+    Every rank holds its latest window; as tuples of records they were a dozen objects a rank for
+    the garbage collector to walk; the columns hold only strings, numbers, None and tuples of them,
+    which a collection untracks once it has seen them, so what stays is this one object."""
+
+    __slots__ = ("_cls", "_columns")
+    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot.jsonable).
+    JSON_LIST = True
+
+    def __init__(self, cls: type[R], rows: Iterable[R] = ()) -> None:
+        rows = tuple(rows)
+        self._cls = cls
+        self._columns = tuple(tuple([getattr(r, f.name) for r in rows]) for f in fields(cls))  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Unpickled (from the builder process) with its strings interned again, as the records were.
+        return (_rows_of, (self._cls, self._columns))
+
+    def __len__(self) -> int:
+        return len(self._columns[0]) if self._columns else 0
+
+    @overload
+    def __getitem__(self, i: int) -> R: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[R, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> R | tuple[R, ...]:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        return self._cls(*[c[i] for c in self._columns])
+
+    def __iter__(self) -> Iterator[R]:
+        return map(self._cls, *self._columns)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Rows, tuple, list)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Rows({tuple(self)!r})"
+
+
+def _rows_of(cls: type[R], columns: tuple[tuple[Any, ...], ...]) -> Rows[R]:
+    """Pickled :class:`Rows` again, their strings interned (see _setstate_interned)."""
+    rows: Rows[R] = Rows.__new__(Rows)
+    rows._cls = cls
+    rows._columns = interned(columns, longest=None)
+    return rows
