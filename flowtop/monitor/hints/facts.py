@@ -1,11 +1,12 @@
 """The one place that reads :mod:`flowtop.monitor.kernels` records for the hints.
 
 The measures see a window as the small :class:`KernelFacts` below, its kernels as the window's own
-:class:`~flowtop.monitor.kernels.aggregate.KernelStat` rows (the fields of
-:mod:`flowtop.monitor.kernels.rows` the hints read, ``low`` included: a copy as ``KernelRow`` per
-kernel per rank was ~40 objects a rank for the garbage collector to walk, held by the memo for the
-window's life); if the aggregate module renames a field, the change is one line in
-:func:`kernel_facts` or in the measures that read it. The job's comparison
+table (:class:`~flowtop.monitor.kernels.table.KernelTable`: its rows are the ``KernelStat`` records,
+made as a scan reads them, with the fields of :mod:`flowtop.monitor.kernels.rows` the hints read,
+``low`` included; a per-rank loop reads its columns). A copy as ``KernelRow`` per kernel per rank
+was ~40 objects a rank for the garbage collector to walk, held by the memo for the window's life.
+If the aggregate module renames a field, the change is one line in :func:`kernel_facts` or in the
+measures that read it. The job's comparison
 across ranks they read as it is (``JobKernelStats``, rows ``RankSpread``: the job kernel screen
 reads the same).
 """

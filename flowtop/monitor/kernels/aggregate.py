@@ -43,7 +43,7 @@ TOP_GAPS = 5
 GAP_HOST_OPS = 3
 
 
-@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
+@dataclass(frozen=True, slots=True)  # a window holds them as columns (Rows), made as read
 class CategoryStat:
     """Totals of one category in a window."""
 
@@ -56,7 +56,7 @@ class CategoryStat:
     flops: float | None
 
 
-@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
+@dataclass(frozen=True, slots=True)  # a window holds them as columns (Rows), made as read
 class IdleGap:
     """A stretch of the step with no device work."""
 

@@ -126,7 +126,7 @@ def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, st
 
 # --- over time --------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
+@dataclass(frozen=True, slots=True)  # a table holds them as columns (CumulativeTable), made as read
 class CumulativeRow:
     """A kernel's totals over every window seen so far."""
 

@@ -22,7 +22,7 @@ def _setstate_interned(self: Any, state: tuple[Any, ...]) -> None:
         object.__setattr__(self, f.name, interned(value, longest=None))
 
 
-@dataclass(frozen=True, slots=True)  # thousands of ranks hold them
+@dataclass(frozen=True, slots=True)  # a window holds them as columns (KernelTable), made as read
 class KernelStat:
     """One kernel name (or CPU operator) in a window."""
 
@@ -43,7 +43,7 @@ class KernelStat:
 
     @property
     def mean_us(self) -> float:
-        """Mean device time per call: derived, not stored (4,096 ranks hold these by the thousand)."""
+        """Mean device time per call: derived, not stored."""
         return self.total_us / self.calls if self.calls else 0.0
 
     @property
