@@ -44,7 +44,7 @@ def version_text() -> str:
     """``flowtop --version``: the package, its wire and snapshot schema versions."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from flowtop.monitor.snapshot import SCHEMA
+    from flowtop.monitor.snapshot_json import SCHEMA
 
     try:
         mine = version("flowtop")
@@ -349,7 +349,7 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Collected
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from flowtop.monitor.snapshot import to_json
+    from flowtop.monitor.snapshot_json import to_json
 
     failed, timed_out = "", False
     if args.follow:

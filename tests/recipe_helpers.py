@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowtop.monitor.snapshot import MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

@@ -9,7 +9,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from flowtop.monitor.snapshot import json_schema
+from flowtop.monitor.snapshot_json import json_schema
 
 
 @functools.lru_cache(maxsize=1)

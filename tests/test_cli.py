@@ -74,7 +74,7 @@ def test_snapshot_json_with_no_probes() -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert_valid_snapshot(data)
-    from flowtop.monitor.snapshot import SCHEMA
+    from flowtop.monitor.snapshot_json import SCHEMA
 
     assert data["schema"] == SCHEMA == "flowtop.snapshot/1.11"
     assert data["jobs"] == [] and data["received"] == 0

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flowtop.tools.demo.launch import training_command
-from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.snapshot_json import to_json
 from snapshot_schema import assert_valid_snapshot
 
 

@@ -184,7 +184,7 @@ def test_the_monitor_shows_the_layout_beside_local_figures(four_ranks: list[dict
     """The rank's real message through the monitor's FlopsView: JSON field and FLOP panel row."""
     from flowtop.monitor.accounting import job_flops, rank_flops
     from probe.wire import flops_report
-    from flowtop.monitor.snapshot import _flops_json
+    from flowtop.monitor.snapshot_json import _flops_json
     from flowtop.tui.widgets.flops_panel import flops_text
 
     msgs = [rank["fsdp_tp"]["second"]["message"] for rank in four_ranks]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flowtop.monitor.recording import RecordingError, read_recording, replay_all
-from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.snapshot_json import to_json
 from flowtop.monitor.wiring import make_model
 from snapshot_schema import assert_valid_snapshot
 

@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from flowtop.tools.demo.launch import free_port_pair, training_command
-from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 from monitor_thread import MonitorThread
 from snapshot_schema import assert_valid_snapshot
 

@@ -13,7 +13,8 @@ import pytest
 
 from flowtop.monitor.hints import HintEngine
 from synthetic.replay import synthetic_snapshot
-from flowtop.monitor.snapshot import Hint, MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import Hint, MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 from flowtop.export.textreport import render
 from flowtop.tui.widgets.hints_panel import HintsPanel, hint_prompt
 from flowtop.monitor.wiring import make_model

@@ -18,7 +18,8 @@ from flowtop.monitor.hints.base import Measurement
 from flowtop.monitor.hints.doc import rules_markdown
 from flowtop.monitor.hints.engine import MEASURES
 from flowtop.monitor.kernels.merge import CumulativeKernels, merge_cumulative
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 from snapshot_schema import assert_valid_snapshot
 from test_hints_factories import (
     b_comm,

@@ -8,7 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.snapshot_json import to_json
 from probe.wire import command_bound
 from snapshot_schema import assert_valid_snapshot
 

@@ -178,7 +178,7 @@ def test_the_monitor_shows_expert_load_per_rank_and_job(ep_ranks: list[dict[str,
     per_rank = [sum(r["received"]) for r in ep_ranks]
     assert job.rank_max_over_mean == pytest.approx(max(per_rank) / (sum(per_rank) / 2))
     # JSON: the summary (not the per-layer table), schema-valid
-    from flowtop.monitor.snapshot import to_json
+    from flowtop.monitor.snapshot_json import to_json
 
     snap = _snapshot(views, job_flops(views))
     data = to_json(snap)

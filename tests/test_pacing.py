@@ -719,7 +719,7 @@ def test_a_view_kept_while_its_relays_lag_grows_carries_the_new_lag() -> None:
     assert [r.behind_s for r in before] == [0.0] * 3
     assert [r.behind_s for r in ranks] == [pytest.approx(8.0, abs=0.01)] * 3
     assert [round(r.age_s(now), 2) for r in ranks] == [0.0, 0.5, 0.5]  # as of the relay's report
-    from flowtop.monitor.snapshot import rank_json
+    from flowtop.monitor.snapshot_json import rank_json
 
     assert {k: round(v, 2) for k, v in rank_json(ranks[1], now).items() if k in ("age_s", "behind_s")} == {
         "age_s": 0.5, "behind_s": 8.0}  # the JSON says both

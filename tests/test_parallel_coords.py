@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from flowtop.monitor import parallelism
 from flowtop.monitor.model import Model
 from flowtop.tui.screens.rank_detail_screen import coords_text
-from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.snapshot_json import to_json
 from flowtop.export.textreport import render
 from probe import wire
 from probe.wire import RankKey, WireError

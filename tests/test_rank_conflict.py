@@ -14,7 +14,8 @@ from typing import Any, Iterator
 import pytest
 
 from flowtop.monitor.model import Model
-from flowtop.monitor.snapshot import Claimant, JobSnapshot, MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import Claimant, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 from flowtop.monitor.wiring import make_model
 from monitor_thread import MonitorThread
 from probe.transport.publisher import Publisher

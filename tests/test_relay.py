@@ -31,7 +31,7 @@ from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tools.relay import PathLock
 from flowtop.monitor.relays import encode_stamp
 from probe.wire import WireError
-from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.snapshot_json import to_json
 from flowtop.export.textreport import render
 from flowtop.monitor.wiring import make_model
 from monitor_thread import MonitorThread
@@ -564,8 +564,8 @@ def test_a_relay_is_taken_again_after_the_monitor_paused() -> None:
 def test_readme_lists_the_relay_fields_of_the_schema() -> None:
     import re
 
-    from flowtop.monitor.snapshot import RELAY_FIELDS
-    from flowtop.monitor.snapshot import json_schema
+    from flowtop.monitor.snapshot_json import RELAY_FIELDS
+    from flowtop.monitor.snapshot_json import json_schema
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     text = readme[readme.index("Relays (`relays[]`"):]

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from flowtop.monitor.model import Model
-from flowtop.monitor.snapshot import relay_json
+from flowtop.monitor.snapshot_json import relay_json
 from flowtop.tools import relay_links
 from flowtop.tools.demo.launch import free_port
 from flowtop.tools.relay import Relay, RelayConfig
@@ -212,6 +212,6 @@ def test_the_monitor_says_a_flooded_relay_once() -> None:
 
     (exported,) = [f for f in snapshot_families(snap) if f.name == "flowtop_relay_commands_dropped"]
     assert {s.labels["relay"]: s.value for s in exported.samples} == {"a": 900, "b": 40}
-    from flowtop.monitor.snapshot import to_json
+    from flowtop.monitor.snapshot_json import to_json
 
     assert_valid_snapshot(to_json(snap))

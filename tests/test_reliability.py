@@ -270,7 +270,7 @@ def test_a_forged_step_far_ahead_is_rejected_and_the_real_rank_goes_on(monitor: 
 
 def test_terminal_escapes_from_the_wire_never_reach_the_output() -> None:
     from flowtop.monitor.model import Model
-    from flowtop.monitor.snapshot import to_json
+    from flowtop.monitor.snapshot_json import to_json
     from flowtop.export.textreport import render
 
     model = Model()

@@ -23,7 +23,7 @@ from flowtop.tools.demo.launch import DemoSource, _headless, free_port_pair
 from flowtop.monitor.model import EVICT_AFTER_S, Model
 from flowtop.monitor.recording import Recorder
 from flowtop.tools.runner import BOOTSTRAP_DIR, probe_env
-from flowtop.monitor.snapshot import to_json
+from flowtop.monitor.snapshot_json import to_json
 from flowtop.monitor.wiring import make_model
 from probe import wire
 from snapshot_schema import assert_valid_snapshot

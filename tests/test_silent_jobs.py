@@ -15,7 +15,8 @@ import pytest
 from flowtop.monitor.hints import measures_time
 from flowtop.monitor.rankviews import RankViews
 from flowtop.export.textreport import render
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, stalled_reason, to_json
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, stalled_reason
+from flowtop.monitor.snapshot_json import to_json
 from probe.wire.steps import encode_fields
 from tests.test_ended_reuse import Cluster, _keys
 

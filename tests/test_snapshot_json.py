@@ -17,7 +17,8 @@ import pytest
 
 from flowtop.tools.demo.launch import free_port_pair
 from flowtop.monitor.hints import HintEngine
-from flowtop.monitor.snapshot import FLOP_FIELDS, NO_COUNT_REASON, MonitorSnapshot, json_schema, to_json
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.snapshot_json import FLOP_FIELDS, NO_COUNT_REASON, json_schema, to_json
 from probe.transport.publisher import Publisher
 from probe.wire import RankKey
 from snapshot_schema import assert_valid_snapshot, snapshot_errors

@@ -3,7 +3,7 @@
 ``/metrics`` is prometheus_client's own WSGI app over a registry holding the snapshot collector
 (flowtop.export.exporter) and the process collector (``process_cpu_seconds_total``, memory, open
 files): Prometheus text, or OpenMetrics when the scraper asks for it. ``/snapshot.json`` is the
-same latest snapshot as the documented JSON (flowtop.monitor.snapshot.to_json), so a script can read
+same latest snapshot as the documented JSON (flowtop.monitor.snapshot_json.to_json), so a script can read
 both at one moment (``flowtop_monitor_snapshot_clock_seconds`` = its ``taken_at``). The server
 runs on threads of its own; a scrape only reads the newest published snapshot.
 
@@ -31,7 +31,8 @@ from urllib.parse import parse_qs
 from flowtop.export.exporter import ExportPolicy, LoadCollector, SnapshotCollector, snapshot_families
 from flowtop.export.scrape_cache import ScrapeCache
 from flowtop.monitor.selfload import METER
-from flowtop.monitor.snapshot import MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 
 _EOF = b"# EOF\n"  # OpenMetrics' last line: once, after the fresh part
 

@@ -19,7 +19,8 @@ from typing import Any, Iterator, TextIO
 
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.datathread import DataThread
-from flowtop.monitor.snapshot import MonitorSnapshot, to_json
+from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.snapshot_json import to_json
 
 #: Seconds to wait for the data thread to bind and start.
 START_TIMEOUT_S = 30.0

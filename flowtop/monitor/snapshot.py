@@ -1,18 +1,15 @@
 """Immutable snapshots of the monitor's model: what the UI renders and JSON prints.
 
 The collector/model build a :class:`MonitorSnapshot` about twice a second and
-hand it to the UI; nothing in it changes afterwards. ``to_json`` gives the
+hand it to the UI; nothing in it changes afterwards. flowtop.monitor.snapshot_json gives the
 documented, versioned JSON form (see README "Snapshot JSON").
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from flowtop.monitor.hintclock import HintClock
@@ -24,12 +21,6 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.moe_load import ExpertLoad
     from flowtop.monitor.precision import DtypeMix
 
-#: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
-#: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
-#: enumeration (1.8: the "failed" status of ranks and jobs).
-SCHEMA = "flowtop.snapshot/1.11"
-#: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
-SCHEMA_FILE = "schema/snapshot.schema.json"
 
 
 #: Statuses of a rank (and of a job) that ended: it said bye ("done"), or said bye from a process
@@ -37,11 +28,6 @@ SCHEMA_FILE = "schema/snapshot.schema.json"
 #: died; probe.wire.BYE_ERROR_PREFIX). Neither is running: neither is late, stuck or counted.
 ENDED = frozenset({"done", "failed"})
 
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema every ``to_json`` result satisfies (every field required, null where a
-    value can be unknown, no field it does not name)."""
-    return json.loads(resources.files("flowtop").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 #: Conventions printed beside every FLOP figure.
 MODEL_FLOPS_NOTE = ("model FLOPs: forward + backward as the math requires (attention backward = 2x forward), "
@@ -374,156 +360,6 @@ class MonitorSnapshot:
     built_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
 
-def jsonable(obj: Any) -> Any:
-    """Make a value JSON-safe: dataclasses to dicts (their fields, and the properties a class lists
-    in ``JSON_DERIVED``), NaN/inf to None, tuples (and sequences whose class sets ``JSON_LIST``) to lists."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        for name in getattr(obj, "JSON_DERIVED", ()):  # properties computed rather than stored
-            out[name] = jsonable(getattr(obj, name))
-        return out
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)) or getattr(obj, "JSON_LIST", False):  # or a table of columns
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-#: FLOP fields of a rank and of a job in the JSON, in this order (README "Snapshot JSON").
-FLOP_FIELDS: tuple[str, ...] = (
-    "flops_per_step", "executed_flops_per_step", "estimated_flops_per_step", "estimate_source",
-    "estimate_ratio", "flops_per_s", "executed_flops_per_s", "mfu", "hfu", "peak_flops", "peak_source",
-    "dtype", "attention_convention", "flops_per_token", "uncounted_ops", "counted_at_step", "mfu_reason",
-    "counted", "model_note", "uncounted_size", "parallel", "mfu_bf16", "precision", "expert_load",
-    "nonpad_tokens", "nonpad_frac", "attention_masking", "peak_kind",
-)
-#: ``mfu_reason`` of a rank (or job) with no FLOP count.
-NO_COUNT_REASON = "no FLOP count yet"
-
-
-def _flops_json(f: FlopsView | None, taken_at: float) -> dict[str, Any]:
-    """Every FLOP field, always: ``null`` where unknown (a reader must not guess at absences);
-    a stall's ``mfu_reason`` as of ``taken_at``."""
-    if f is None:
-        d: dict[str, Any] = dict.fromkeys(FLOP_FIELDS)
-        d["mfu_reason"] = NO_COUNT_REASON
-        return d
-    d = jsonable(f)
-    d["flops_per_step"] = d.pop("model_flops_per_step")
-    d["estimate_ratio"] = f.estimate_ratio
-    d["mfu_reason"] = f.reason_at(taken_at)
-    from flowtop.monitor.moe_load import load_json
-
-    d["expert_load"] = load_json(f.expert_load)  # the summary; per-layer tables stay in memory
-    return {k: d[k] for k in FLOP_FIELDS}
-
-
-def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> dict[str, Any]:
-    """JSON form of one rank of a snapshot taken at ``taken_at`` (ages are relative to it)."""
-    d: dict[str, Any] = {
-        "rank": r.rank,
-        "host": r.host,
-        "pid": r.pid,
-        "local_rank": r.local_rank,
-        "incarnation": r.incarnation,
-        "device": r.device,
-        "status": r.status,
-        "step": r.step,
-        "step_time_s": r.step_time_s,
-        "device_time_s": r.device_time_s,
-        "tokens_per_step": r.tokens_per_step,
-        "tokens_per_s": r.tokens_per_s,
-        "input_wait_frac": r.input_wait_frac,
-        "age_s": r.age_s(taken_at),
-        "behind_s": r.behind_s,
-        "lost_messages": r.lost_messages,
-        "dropped_messages": r.dropped_messages,
-        "probe_overhead_frac": r.probe_overhead_frac,
-        "bye_reason": r.bye_reason,
-        "commands_refused": r.commands_refused,
-        "commands_dropped": r.commands_dropped,
-        "conflict": jsonable(r.conflict),
-        "relay": r.relay,
-        "status_reason": r.status_reason,
-        "coords": {role: {"rank": rk, "size": sz} for role, (rk, sz) in r.coords.items()} if r.coords else None,
-        "coords_source": r.coords_source,
-        "pp_stages": list(r.pp_stages),
-        "stage_time_s": r.stage_time_s,
-    }
-    d.update(_flops_json(r.flops, taken_at))
-    d["telemetry"] = _telemetry_json(r.telemetry, taken_at)
-    # Present always; null before a window arrives and where left out (the demo's compact JSON).
-    d["kernels"] = jsonable(r.kernels) if with_kernels else None
-    return jsonable(d)
-
-
-#: Fields of a hint in the JSON, in this order (README "Snapshot JSON").
-HINT_FIELDS: tuple[str, ...] = ("id", "severity", "scope", "target", "summary", "evidence", "action", "impact",
-                                "ended", "first_step", "last_step")
-
-
-def hint_json(h: Hint, taken_at: float) -> dict[str, Any]:
-    """JSON form of one hint of a snapshot taken at ``taken_at`` (a clock's figures as of then)."""
-    d = {name: getattr(h, name) for name in HINT_FIELDS}
-    d["summary"], d["evidence"] = h.summary_at(taken_at), h.evidence_at(taken_at)
-    return jsonable(d)
-
-
-def _telemetry_json(t: TelemetryView | None, taken_at: float) -> dict[str, Any] | None:
-    if t is None:
-        return None
-    return {"device": jsonable(t.device), "host": jsonable(t.host), "reasons": jsonable(t.reasons),
-            "age_s": t.age_s(taken_at)}
-
-
-def _stage_json(s: StageView) -> dict[str, Any]:
-    return {"pp_rank": s.pp_rank, "stages": list(s.stages), "ranks": list(s.ranks),
-            "flops_per_step": s.model_flops_per_step, "flops_share": s.flops_share,
-            "stage_time_s": s.stage_time_s, "step_time_s": s.step_time_s}
-
-
-def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
-    """The documented JSON snapshot (``schema`` names its version)."""
-    jobs = []
-    for j in snap.jobs:
-        job: dict[str, Any] = {
-            "job": j.job,
-            "world_size": j.world_size,
-            "ranks_seen": j.ranks_seen,
-            "status": j.status,
-            "step": j.step,
-            "step_time_s": j.step_time_s,
-            "tokens_per_s": j.tokens_per_s,
-            "tokens_per_s_basis": j.tokens_basis,
-            "rank_conflicts": j.rank_conflicts,
-            "pipeline_stages": [_stage_json(s) for s in j.stages],
-        }
-        job.update(_flops_json(j.flops, snap.taken_at))
-        job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
-        job["hints"] = [hint_json(h, snap.taken_at) for h in j.hints]
-        jobs.append(job)
-    return jsonable(
-        {
-            "schema": SCHEMA,
-            "taken_at": snap.taken_at,
-            "listen": snap.listen,
-            "conventions": {
-                "model_flops": MODEL_FLOPS_NOTE,
-                "executed_flops": EXECUTED_FLOPS_NOTE,
-                "flops_per_s": FLOPS_PER_S_NOTE,
-            },
-            "received": snap.received,
-            "rejected": snap.rejected,
-            "rejected_reasons": dict(snap.rejected_reasons),
-            "ranks_evicted_for_room": snap.ranks_evicted_for_room,
-            "relays": [relay_json(r) for r in snap.relays],
-            "jobs": jobs,
-        }
-    )
-
-
 def all_done(snap: Any) -> bool:
     """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
     rank numbers: two processes claiming one rank are two rows, a conflict)."""
@@ -559,12 +395,3 @@ class RelaySnapshot:
     batches: int  # batches received here
     #: How much later than its best-seen path its latest batch arrived (upstream link lag), s.
     link_lag_s: float
-
-
-#: Fields of a relay in the JSON snapshot, in this order (README "Snapshot JSON").
-RELAY_FIELDS: tuple[str, ...] = tuple(RelaySnapshot.__dataclass_fields__)
-
-
-def relay_json(r: RelaySnapshot) -> dict[str, Any]:
-    """JSON form of one relay (every field, null where unknown)."""
-    return {name: getattr(r, name) for name in RELAY_FIELDS}

@@ -18,7 +18,7 @@ from typing import Any
 from flowtop.monitor.format import rate_prefix
 from flowtop.monitor.kernels.aggregate import KernelStat, KernelWindowStats, aggregate
 from flowtop.monitor.kernels.trace import TraceError, load_trace
-from flowtop.monitor.snapshot import jsonable
+from flowtop.monitor.snapshot_json import jsonable
 
 SORT_KEYS = ("time", "calls", "mean", "tflops")
 DEFAULT_TOP = 20

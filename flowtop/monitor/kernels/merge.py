@@ -150,7 +150,7 @@ class CumulativeTable(Sequence[CumulativeRow]):
     they hold only strings) and five arrays."""
 
     __slots__ = ("names", "shorts", "categories", "cum_us", "cum_calls", "windows_seen", "share", "cum_sq_us")
-    #: Written as the list of its rows where a snapshot's JSON holds it (flowtop.monitor.snapshot.jsonable).
+    #: Written as the list of its rows where a snapshot's JSON holds it (flowtop.monitor.snapshot_json.jsonable).
     JSON_LIST = True
 
     def __init__(self, rows: Iterable[CumulativeRow] = ()) -> None:

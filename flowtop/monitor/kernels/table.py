@@ -63,7 +63,7 @@ class KernelTable(Sequence[KernelStat]):
     them) and three arrays, whose floats are no objects of their own either."""
 
     __slots__ = ("names", "shorts", "categories", "calls", "total_us", "share", "flops", "tflops", "ops")
-    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot.jsonable).
+    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot_json.jsonable).
     JSON_LIST = True
 
     def __init__(self, rows: Iterable[KernelStat] = ()) -> None:
@@ -137,7 +137,7 @@ class Rows(Sequence[R], Generic[R]):
     which a collection untracks once it has seen them, so what stays is this one object."""
 
     __slots__ = ("_cls", "_columns")
-    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot.jsonable).
+    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot_json.jsonable).
     JSON_LIST = True
 
     def __init__(self, cls: type[R], rows: Iterable[R] = ()) -> None:

@@ -165,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
     log_path = os.path.join(tempfile.gettempdir(), f"flowtop-demo-{os.getpid()}.log")
     source = DemoSource(collector, training_command(args.ranks, steps), env, log_path)
     if args.headless:
-        from flowtop.monitor.snapshot import to_json
+        from flowtop.monitor.snapshot_json import to_json
 
         try:
             snap, code = asyncio.run(_headless(source, timeout_s=60.0 + steps * 2.0))
