@@ -31,13 +31,15 @@ from probe.transport import rounds as rounds_module
 from probe.transport.outbox import weights
 from probe.transport.publisher import Publisher
 from probe.transport.rounds import Round, SenderClock
+from probe.transport.steprows import StepRow
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = {"step": 1, "wall_s": 0.01, "tokens": 1}
 
 
 class Clocks:
-    """The sender's monotonic and wall clocks, moved by the test."""
+    """The sender's monotonic, wall and perf_counter clocks, moved by the test (perf_counter at
+    an origin of its own, as the real one is)."""
 
     def __init__(self) -> None:
         self.t = 1000.0
@@ -47,6 +49,9 @@ class Clocks:
 
     def wall(self) -> float:
         return self.t + 1.7e9
+
+    def perf(self) -> float:
+        return self.t - 500.0
 
 
 class Rig:
@@ -59,7 +64,7 @@ class Rig:
         # Never started: nothing connects, the test plays the sender thread.
         self.pub = Publisher(wire.RankKey("pause", "h", 1, 0, 0), "tcp://127.0.0.1:9", max_age_s=2.0,
                              flush_s=flush_s)
-        self.r = Round(None, SenderClock(self.clocks.mono, self.clocks.wall))
+        self.r = Round(None, SenderClock(self.clocks.mono, self.clocks.wall, self.clocks.perf))
 
     def round(self) -> None:
         now = self.r.begin()
@@ -71,6 +76,18 @@ class Rig:
         start = self.r.clock.read()
         self.clocks.t += asked_s if took_s is None else took_s
         self.r.clock.slept(asked_s, start)
+
+    def row(self, step: int) -> None:
+        """The step tracker's quiet step (probe.steps.tracker.StepTracker.boundary): a row stamped
+        on perf_counter, appended to the publisher's queue directly, then counted."""
+        q = self.pub.queue
+        row: StepRow = (step, self.clocks.perf(), 0.01, 1, None, None, 0.0, None, None, 1, 0.0)
+        q.append(row)
+        q.appended += 1
+
+    def steps_at(self) -> dict[int, float]:
+        """The pending step records' numbers, each with its frame's monotonic time."""
+        return {rec["step"]: at for _, at, _, f in self.r.pending for rec in f["records"]}
 
     def held(self) -> int:
         """Messages the sender holds (pending or in its open batch)."""
@@ -215,3 +232,44 @@ def test_a_sigstopped_probe_sends_the_record_it_had_queued() -> None:
         child.wait(5)
         sock.close(0)
         ctx.term()
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["in-the-queue", "taken"])
+@pytest.mark.parametrize("credit", [True, False], ids=["credited", "control"])
+def test_a_tracker_row_queued_before_a_stop_survives_it(monkeypatch: pytest.MonkeyPatch, taken: bool,
+                                                        credit: bool) -> None:
+    """The tracker's common step queues a perf_counter-stamped row, not a publish() dict: queued
+    before a minute's stop, it is held after it; with no lateness counted as a pause (the
+    control), it is dropped as a minute old (the row's stamp follows the injected clocks)."""
+    if not credit:
+        monkeypatch.setattr(rounds_module, "PAUSE_MIN_S", math.inf)
+    rig = Rig(monkeypatch)
+    rig.round()
+    rig.row(1)
+    if taken:
+        rig.round()
+    rig.sleep(0.1, took_s=60.1)
+    rig.round()
+    assert (rig.pub.drops, rig.held()) == ((0, 1) if credit else (1, 0))
+
+
+def test_a_row_published_between_two_pauses_is_credited_with_the_second_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two pauses without a round between them (the sender's empty looks sleep again): a row
+    taken before both is moved by both, one published between them by the second only (moved by
+    both, it aged too slowly: it outlived max_age_s of the process's running time)."""
+    rig = Rig(monkeypatch)
+    rig.round()
+    rig.row(1)
+    rig.round()  # taken before the pauses; its own frame (no batch before it)
+    rig.sleep(0.1, took_s=60.1)  # first pause: due at 1000.1, 60 s late
+    rig.sleep(0.5)  # an empty look, on time
+    rig.row(2)  # at 1060.6
+    rig.sleep(0.1, took_s=60.1)  # second pause: due at 1060.7, 60 s late
+    rig.round()  # at 1120.7
+    at = rig.steps_at()
+    assert at[1] == pytest.approx(1000.0 + 120.0)
+    assert at[2] == pytest.approx(1060.6 + 60.0)
+    rig.sleep(1.95)  # row 2 has run 2.05 s since published (row 1: 2.65 s)
+    rig.round()
+    assert (rig.pub.drops, rig.held()) == (2, 0)

@@ -32,6 +32,11 @@ QUEUE_SHARE = 0.25
 #: (SIGSTOP, a starved VM): the time it did not run, which queued messages do not age by (see
 #: SenderClock.slept). A poll wakes within a millisecond or two of its timeout otherwise.
 PAUSE_MIN_S = 0.25
+#: The pauses a clock keeps between two rounds (SenderClock.slept; an empty look loops sleeps
+#: without rounds): past this many, the two oldest are counted as one, at the older's due end
+#: (what was published between them is then credited with neither: never with a pause it did
+#: not wait through).
+PAUSES_MAX = 8
 
 #: A message the sender holds: (kind, when it was published on the monotonic clock (its age, its
 #: batch's due time), the same on the wall clock (its timestamp on the wire), fields).
@@ -69,7 +74,9 @@ class SenderClock:
     happened). The sender knows how long each of its sleeps should last; one that ended more than
     PAUSE_MIN_S late (:meth:`slept`) was a pause, and the next round (:meth:`round`) places
     what was published before the sleep's due end that much later (Round.begin does the same to
-    what it holds): ages count the time the process ran. What is published during the pause (a
+    what it holds): ages count the time the process ran. Each pause is kept with its own due end
+    (two sleeps between rounds may each find one): a message is credited with the pauses whose
+    due end came after it was published, not with one from before it. What is published during the pause (a
     thread that did run) is not moved, so the bound that ``max_age_s`` keeps while no monitor
     listens still holds: what waits is what was published within the last ``max_age_s`` of
     the process's running time.
@@ -87,11 +94,13 @@ class SenderClock:
         self.since = self.now = self._mono()
         self.offset = self._wall() - self.now  # wall − monotonic, this round
         self.perf_offset = self.offset + self.now - self._perf()  # wall − perf_counter, this round
-        #: The pause found by the sleeps since the last round, and the due end of the sleep that
-        #: found it (what was published before it is moved by the pause); this round's, once
-        #: :meth:`round` began it.
-        self._pause_s, self._pause_before = 0.0, -math.inf
-        self.pause_s, self.pause_before = 0.0, -math.inf
+        #: The pauses found by the sleeps since the last round: (the due end of the sleep that
+        #: found it, its lateness), oldest first (what was published before a due end is moved by
+        #: that pause; at most PAUSES_MAX); this round's, once :meth:`round` began it, with
+        #: :attr:`pause_s` their sum.
+        self._pauses: list[tuple[float, float]] = []
+        self.pauses: list[tuple[float, float]] = []
+        self.pause_s = 0.0
 
     def round(self) -> float:
         """A round begins (before it takes the queue): monotonic now; the offset sampled anew,
@@ -99,8 +108,8 @@ class SenderClock:
         self.since, self.now = self.now, self._mono()
         self.offset = self._wall() - self.now
         self.perf_offset = self.offset + self.now - self._perf()
-        self.pause_s, self.pause_before = self._pause_s, self._pause_before
-        self._pause_s, self._pause_before = 0.0, -math.inf
+        self.pauses, self._pauses = self._pauses, []
+        self.pause_s = sum(late for _, late in self.pauses)
         return self.now
 
     def read(self) -> float:
@@ -113,12 +122,18 @@ class SenderClock:
         due = start + asked_s
         late = self._mono() - due
         if late >= PAUSE_MIN_S:
-            self._pause_s += late
-            self._pause_before = max(self._pause_before, due)
+            pauses = self._pauses
+            if len(pauses) >= PAUSES_MAX:
+                due0, late0 = pauses.pop(0)
+                pauses[0] = (due0, late0 + pauses[0][1])
+            pauses.append((due, late))
 
     def moved(self, mono: float) -> float:
-        """A monotonic time of before this round, moved by the round's pause if it was before it."""
-        return mono + self.pause_s if mono < self.pause_before else mono
+        """A monotonic time of before this round, moved by the round's pauses that it came before
+        (each sleep's due end after it)."""
+        if not self.pauses:
+            return mono
+        return mono + sum(late for due, late in self.pauses if mono < due)
 
     def mono(self, wall: float) -> float:
         """The monotonic time of a wall time read by publish() since the previous round (one
