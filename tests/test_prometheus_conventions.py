@@ -156,3 +156,44 @@ def test_the_jobs_peak_says_its_kind_and_dtype_in_bounded_labels() -> None:
     assert kinds(cpu, h200)[0]["source"] == "mixed"
     assert kinds(view("Tesla T4"))[0]["source"] == "none"
     assert kinds(view("NVIDIA H200", said=False))[0]["source"] == "unknown"  # a probe before wire 1.4
+
+
+def test_a_peak_from_the_precision_mix_says_its_kind_not_the_step_dtypes() -> None:
+    """MFU divides by the precision mix's peak (peak_by_dtype) where the probe sends one; the step
+    dtype's peak_kind speaks only of peak_flops. A V100 PCIe running a bf16-autocast step whose
+    matmuls ran in fp16 has no bf16 peak (peak_kind "none") but a table fp16 peak, 112 TFLOP/s:
+    MFU = 1e12 FLOP / 0.5 s / 112e12 FLOP/s = 1/56, of a "table" peak (it said "none")."""
+    from flowtop.monitor.accounting import job_flops, rank_flops
+    from probe.flops import precision
+    from probe.flops.peaks import resolve_peak
+    from probe.wire import RankKey, decode, encode, flops_report
+
+    def message(environ: dict[str, str]) -> dict[str, Any]:
+        peak, why = resolve_peak("Tesla V100-PCIE-16GB", "bf16", environ)
+        assert peak is None  # no bf16 tensor cores: the step dtype has no peak
+        by_dtype = {"fp16": 8 * 10**11, "fp32": 2 * 10**11} if environ else {"fp16": 10**12}
+        return {"step": 3, "model_flops": 1e12, "executed_flops": 1e12, "tokens": 1000, "dtype": "bf16",
+                "attention": "full", "uncounted": {},
+                "peak_flops": None, "peak_source": f"unknown: {why}", "peak_kind": "none",
+                **precision.message_fields(by_dtype, by_dtype, on_cpu=False, device_name="Tesla V100-PCIE-16GB",
+                                           cpu_cores=1.0, environ=environ)}
+
+    msg = message({})
+    assert msg["peak_by_dtype"] == {"fp16": 112e12} and msg["peak_by_dtype_kind"] == "table"
+    frame = decode(encode("flops", RankKey("j", "h", 1, 0, 0), 1, 1.0, msg))  # the schema lets it through
+    view = rank_flops(flops_report(frame.fields), step_time_s=0.5)
+    assert view is not None and view.mfu == pytest.approx(1 / 56) and view.peak_flops == pytest.approx(112e12)
+    assert view.peak_kind == "table"
+    job = job_flops([view, view])
+    assert job is not None and job.peak_kind == "table"
+    # A per-dtype override for fp16 beside the table's fp32 (14 TFLOP/s): peaks of two kinds.
+    # P_mix = 1e12 / (8e11/100e12 + 2e11/14e12) = 1e12 / (0.008 + 1/70) = 44.87... TFLOP/s
+    mixed = message({"FLOWTOP_PEAK_TFLOPS": "fp16=100"})
+    assert mixed["peak_by_dtype"] == {"fp16": 100e12, "fp32": 14e12} and mixed["peak_by_dtype_kind"] == "mixed"
+    view = rank_flops(flops_report(mixed), step_time_s=0.5)
+    assert view is not None and view.peak_flops == pytest.approx(1e12 / (0.008 + 1 / 70))
+    assert view.mfu == pytest.approx(2e12 / (1e12 / (0.008 + 1 / 70))) and view.peak_kind == "mixed"
+    # An older probe (no peak_by_dtype_kind) and a step dtype that said "none": not "none"
+    older = {k: v for k, v in msg.items() if k != "peak_by_dtype_kind"}
+    view = rank_flops(flops_report(older), step_time_s=0.5)
+    assert view is not None and view.mfu == pytest.approx(1 / 56) and view.peak_kind == "unknown"

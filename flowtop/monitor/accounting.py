@@ -101,7 +101,7 @@ def rank_flops(
         hfu=0.0 if stalled else per_peak(efps, hpeak),
         peak_flops=float(peak) if peak else None,
         peak_source=source,
-        peak_kind="none" if not peak else "override" if peak_override else msg.peak_kind or "unknown",
+        peak_kind=_shown_kind(msg, peak, peak_override, mix),
         dtype=msg.dtype,
         attention_convention=msg.attention,
         flops_per_token=model / tokens if tokens else None,
@@ -116,6 +116,22 @@ def rank_flops(
         attention_masking=msg.attention_masking,
         **_extras(msg, mix, fps, tokens),
     )
+
+
+def _shown_kind(msg: FlopsReport, peak: float | None, peak_override: float | None,
+                mix: precision.DtypeMix | None) -> ShownPeakKind:
+    """Where the peak MFU divides by comes from: the override's, the precision mix's (the probe's
+    ``peak_by_dtype_kind``: its peaks may exist where the step dtype's ``peak_kind`` says "none"),
+    else the step dtype's ``peak_kind``; "unknown" from a probe that did not say."""
+    if not peak:
+        return "none"
+    if peak_override:
+        return "override"
+    if mix is not None:  # peak is the mix's (flowtop.monitor.precision)
+        if msg.peak_by_dtype_kind is not None:
+            return msg.peak_by_dtype_kind
+        return msg.peak_kind if msg.peak_kind not in (None, "none") else "unknown"
+    return msg.peak_kind or "unknown"
 
 
 def rank_mfu(msg: FlopsReport | None, step_time_s: float | None, peak_override: float | None = None,

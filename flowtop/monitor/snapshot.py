@@ -61,7 +61,8 @@ class _Slotted:
 
 #: Where a rank's or job's peak comes from, in one word: the probe's (probe.wire.flops.PeakKind),
 #: "override" for the monitor's own, "unknown" from a probe that did not say (before wire 1.4),
-#: "mixed" for a job whose ranks differ.
+#: "mixed" for a job whose ranks differ or a rank whose precision mix takes peaks of several kinds
+#: (the probe's ``peak_by_dtype_kind``).
 ShownPeakKind = Literal["table", "estimate", "override", "none", "unknown", "mixed"]
 
 

@@ -101,14 +101,21 @@ def message_fields(
     ``FLOWTOP_PEAK_TFLOPS`` first, then the CPU estimate for this rank's cores, then the GPU
     table) for every label that has FLOPs, plus bf16 for the bf16-equivalent figure. A label
     without a dense peak on this device is simply absent from ``peak_by_dtype``: the monitor
-    then reports no precision-aware MFU and names the label."""
+    then reports no precision-aware MFU and names the label. ``peak_by_dtype_kind`` says where the
+    peaks in ``peak_by_dtype`` come from (their ``Peak.kind``; "mixed" where they differ, as a
+    per-dtype override beside table rows)."""
     labels = sorted(set(model_by_dtype) | set(executed_by_dtype))[:32]
     flops = {k[:16]: [float(model_by_dtype.get(k, 0)), float(executed_by_dtype.get(k, 0))] for k in labels}
     peak_of: dict[str, float] = {}
+    kinds: set[str] = set()
     for label in (*labels, BF16):
         peak, _ = peaks.resolve_peak("cpu" if on_cpu else device_name, label, dict(environ) if environ else None)
         if peak is not None and on_cpu and not peak.source.startswith("override"):
             peak = _cpu_peak(label, cpu_cores)
         if peak is not None:
             peak_of[label[:16]] = float(peak.flops)
-    return {"flops_by_dtype": flops, "peak_by_dtype": peak_of}
+            kinds.add(peak.kind)
+    # Where those peaks come from, in one word (wire 1.4): the step dtype's ``peak_kind`` speaks
+    # only of ``peak_flops``, and the mix may have peaks where the step dtype has none.
+    kind = {"peak_by_dtype_kind": kinds.pop() if len(kinds) == 1 else "mixed"} if kinds else {}
+    return {"flops_by_dtype": flops, "peak_by_dtype": peak_of, **kind}

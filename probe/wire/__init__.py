@@ -42,7 +42,7 @@ from probe.wire.control import Control as Control
 from probe.wire.control import decode_control as decode_control
 from probe.wire.control import encode_control as encode_control
 from probe.wire.errors import WireError
-from probe.wire.flops import PEAK_KINDS, FlopsReport, flops_report
+from probe.wire.flops import MIX_PEAK_KINDS, PEAK_KINDS, FlopsReport, flops_report
 from probe.wire.hello import HELLO_STEP_FIELDS as HELLO_STEP_FIELDS
 from probe.wire.hello import LAST_STEP_CHECK, STEP_AGE_CHECK, HelloStep, hello_step
 from probe.wire.kernels import (
@@ -214,6 +214,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
         # dense peak of each label on this device (a label without one is absent)
         "flops_by_dtype": (False, _num_map(32, 16, width=2)),
         "peak_by_dtype": (False, _num_map(32, 16)),
+        # Where those peaks come from (wire 1.4): a peak kind, or "mixed" where they differ
+        "peak_by_dtype_kind": (False, lambda v: v in MIX_PEAK_KINDS),
         # MoE (probe.flops.moe): tokens per local expert of each MoE layer in the counted step
         "expert_load": (False, _int_lists(256, 128, 4096)),
         # Non-padding tokens of the counted step (the root's attention_mask), beside "tokens"

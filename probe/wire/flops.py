@@ -21,6 +21,10 @@ T = TypeVar("T")
 #: peak (no MFU). The words are the probe's, set where it picks the peak (probe.flops.peaks).
 PeakKind = Literal["table", "estimate", "override", "none"]
 PEAK_KINDS: tuple[PeakKind, ...] = ("table", "estimate", "override", "none")
+#: Where the peaks of a precision mix (``peak_by_dtype``) come from (``peak_by_dtype_kind``, wire
+#: 1.4): one kind for them all, or "mixed" (a per-dtype override beside table rows).
+MixPeakKind = Literal["table", "estimate", "override", "mixed"]
+MIX_PEAK_KINDS: tuple[MixPeakKind, ...] = ("table", "estimate", "override", "mixed")
 
 #: One shared empty map for the maps most counts leave out (an MoE load, a precision mix, ...).
 _NONE: Mapping[str, NoReturn] = MappingProxyType({})  # NoReturn: it holds no value, of any type
@@ -64,6 +68,8 @@ class FlopsReport:
     flops_by_dtype: Mapping[str, tuple[float, float]] = field(default_factory=_none)
     #: The dense peak, FLOP/s, of each dtype label on this device (a label without one is absent).
     peak_by_dtype: Mapping[str, float] = field(default_factory=_none)
+    #: Where the peaks of ``peak_by_dtype`` come from (None: an older probe, or no peak there).
+    peak_by_dtype_kind: MixPeakKind | None = None
     #: Tokens per local expert of each MoE layer in the counted step (empty: not an MoE model).
     expert_load: Mapping[str, tuple[int, ...]] = field(default_factory=_none)
     nonpad_tokens: int | None = None  # non-padding tokens of the counted step
@@ -94,6 +100,7 @@ def flops_report(fields: Mapping[str, Any]) -> FlopsReport:
         parallel=_text(get("parallel", "")),
         flops_by_dtype=_named(get("flops_by_dtype"), lambda v: (float(v[0]), float(v[1]))),
         peak_by_dtype=_named(get("peak_by_dtype"), float),
+        peak_by_dtype_kind=_mix_peak_kind(get("peak_by_dtype_kind")),
         expert_load=_named(get("expert_load"), lambda v: tuple(int(n) for n in v)),
         nonpad_tokens=int(nonpad) if nonpad is not None else None,
     )
@@ -122,6 +129,14 @@ def _named(m: Any, value: Callable[[Any], T]) -> Mapping[str, T]:
 def _peak_kind(value: object) -> PeakKind | None:
     """The message's ``peak_kind`` as its type (the schema let only PEAK_KINDS through)."""
     for kind in PEAK_KINDS:
+        if value == kind:
+            return kind
+    return None
+
+
+def _mix_peak_kind(value: object) -> MixPeakKind | None:
+    """The message's ``peak_by_dtype_kind`` as its type (the schema let only MIX_PEAK_KINDS through)."""
+    for kind in MIX_PEAK_KINDS:
         if value == kind:
             return kind
     return None
