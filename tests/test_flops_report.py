@@ -11,7 +11,7 @@ import pytest
 from flowtop.monitor.recording import feed
 from flowtop.monitor.wiring import make_model
 from probe import wire
-from probe.wire import FlopsReport, flops_report
+from probe.wire import DtypeFlops, FlopsReport, flops_report
 
 T = 1e12
 COUNT: dict[str, Any] = {
@@ -43,7 +43,7 @@ def test_the_model_keeps_the_counts_record_built_when_it_arrives() -> None:
         estimate_source="6N+12LdT (PaLM)", attention="causal", attention_masking="causal", dtype="bf16",
         peak_flops=989 * T, peak_source="datasheet H100 SXM", uncounted={"aten::_fused_rms_norm": 8},
         uncounted_size={"aten::_fused_rms_norm": 4096}, counted=True, model_note="", parallel="mesh (tp=2)",
-        flops_by_dtype={"bf16": (2e9, 2.4e9), "fp32": (1e9, 1.2e9)},
+        flops_by_dtype={"bf16": DtypeFlops(model=2e9, executed=2.4e9), "fp32": DtypeFlops(model=1e9, executed=1.2e9)},
         peak_by_dtype={"bf16": 989 * T, "fp32": 67 * T}, expert_load={"layers.0": (5, 3, 0, 8)},
         nonpad_tokens=1000)
     kept = st.flops
@@ -78,6 +78,18 @@ def test_ranks_share_the_counts_text() -> None:
     assert a.peak_source is b.peak_source and a.dtype is b.dtype and a.parallel is b.parallel
     assert next(iter(a.uncounted)) is next(iter(b.uncounted))
     assert next(iter(a.flops_by_dtype)) is next(iter(b.flops_by_dtype))
+
+
+def test_a_dtypes_flops_are_a_frozen_slotted_record_not_a_pair() -> None:
+    """``flops_by_dtype``'s [model, executed] is read by name (DtypeFlops), never by index."""
+    import dataclasses
+
+    r = flops_report({**COUNT, "flops_by_dtype": {"fp8_e4m3": [8e8, 9e8]}})
+    fp8 = r.flops_by_dtype["fp8_e4m3"]
+    assert isinstance(fp8, DtypeFlops) and (fp8.model, fp8.executed) == (8e8, 9e8)
+    assert not hasattr(fp8, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fp8.model = 1.0  # type: ignore[misc]
 
 
 def test_a_counts_missing_optional_fields_read_as_before() -> None:

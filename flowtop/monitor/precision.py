@@ -67,8 +67,8 @@ def mix_of(msg: FlopsReport, peak_override: float | None = None) -> DtypeMix | N
     by_dtype = msg.flops_by_dtype
     if not by_dtype:
         return None
-    model = {k: v[0] for k, v in by_dtype.items()}
-    executed = {k: v[1] for k, v in by_dtype.items()}
+    model = {k: v.model for k, v in by_dtype.items()}
+    executed = {k: v.executed for k, v in by_dtype.items()}
     if sum(model.values()) <= 0 and sum(executed.values()) <= 0:
         return None
     labels = set(model) | {BF16}

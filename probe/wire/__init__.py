@@ -42,7 +42,7 @@ from probe.wire.control import Control as Control
 from probe.wire.control import decode_control as decode_control
 from probe.wire.control import encode_control as encode_control
 from probe.wire.errors import WireError
-from probe.wire.flops import MIX_PEAK_KINDS, PEAK_KINDS, FlopsReport, flops_report
+from probe.wire.flops import MIX_PEAK_KINDS, PEAK_KINDS, DtypeFlops, FlopsReport, flops_report
 from probe.wire.hello import HELLO_STEP_FIELDS as HELLO_STEP_FIELDS
 from probe.wire.hello import LAST_STEP_CHECK, STEP_AGE_CHECK, HelloStep, hello_step
 from probe.wire.kernels import (
@@ -56,7 +56,7 @@ from probe.wire.version import MINOR as MINOR
 
 __all__ = [
     "ACT_CPU_OP", "ACT_KERNEL", "ACT_MEMCPY", "ACT_MEMSET", "ACT_RUNTIME", "DEFAULT_ADDR", "DEFAULT_PORT",
-    "FlopsReport", "HELLO_STEP_FIELDS", "HelloStep",
+    "DtypeFlops", "FlopsReport", "HELLO_STEP_FIELDS", "HelloStep",
     "KERNEL_ACT_KINDS", "KERNEL_MAX_DIMS", "KERNEL_MAX_INPUTS", "KERNEL_MAX_LIST",
     "KERNEL_MAX_NAME", "KERNEL_MAX_NAMES", "KERNEL_MAX_RECORDS", "KERNEL_MAX_STR", "KINDS", "MAJOR", "MAX_BATCH",
     "MAX_FRAME_BYTES", "MAX_PACE_S", "MINOR", "PACE_TTL_S", "PARALLEL_ROLES", "Admit", "Control", "Message",

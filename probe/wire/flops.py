@@ -40,6 +40,14 @@ INTERN_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
+class DtypeFlops:
+    """The FLOPs of one operand dtype label in the counted step (``flops_by_dtype``'s [model, executed])."""
+
+    model: float  # model FLOPs of the ops that ran in this dtype
+    executed: float  # executed FLOPs of those ops (recompute included)
+
+
+@dataclass(frozen=True, slots=True)
 class FlopsReport:
     """A rank's FLOP count of one step and its conventions (the ``flops`` message, probe.flops)."""
 
@@ -64,8 +72,8 @@ class FlopsReport:
     counted: bool = True  # False: the figures are the model-shape estimate, not a count
     model_note: str = ""  # how model FLOPs were derived where not a plain count
     parallel: str = ""  # mesh and placements under DTensor parallelism (figures are local)
-    #: (model, executed) FLOPs per operand dtype label (empty: an older probe, or none named).
-    flops_by_dtype: Mapping[str, tuple[float, float]] = field(default_factory=_none)
+    #: Model and executed FLOPs per operand dtype label (empty: an older probe, or none named).
+    flops_by_dtype: Mapping[str, DtypeFlops] = field(default_factory=_none)
     #: The dense peak, FLOP/s, of each dtype label on this device (a label without one is absent).
     peak_by_dtype: Mapping[str, float] = field(default_factory=_none)
     #: Where the peaks of ``peak_by_dtype`` come from (None: an older probe, or no peak there).
@@ -98,7 +106,7 @@ def flops_report(fields: Mapping[str, Any]) -> FlopsReport:
         counted=get("counted", True) is not False,
         model_note=_text(get("model_note", "")),
         parallel=_text(get("parallel", "")),
-        flops_by_dtype=_named(get("flops_by_dtype"), lambda v: (float(v[0]), float(v[1]))),
+        flops_by_dtype=_named(get("flops_by_dtype"), _dtype_flops),
         peak_by_dtype=_named(get("peak_by_dtype"), float),
         peak_by_dtype_kind=_mix_peak_kind(get("peak_by_dtype_kind")),
         expert_load=_named(get("expert_load"), lambda v: tuple(int(n) for n in v)),
@@ -124,6 +132,12 @@ def _named(m: Any, value: Callable[[Any], T]) -> Mapping[str, T]:
     if not m:
         return _NONE
     return {_text(k): value(v) for k, v in m.items()}
+
+
+def _dtype_flops(pair: Any) -> DtypeFlops:
+    """A ``flops_by_dtype`` value, [model, executed] on the wire (the schema checked its width), as its record."""
+    model, executed = pair
+    return DtypeFlops(model=float(model), executed=float(executed))
 
 
 def _peak_kind(value: object) -> PeakKind | None:
