@@ -183,6 +183,30 @@ def test_a_ranks_hello_is_kept_as_the_record_its_views_read() -> None:
     assert _rank(model.snapshot(4.5), rank=1).device == "H200"
 
 
+def test_a_resent_hello_makes_no_record_unless_its_fields_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hello (1.6 k/s at 16 k ranks) carries a new step and step age: the record (printable
+    text, coordinates, interning) is made again only when the fields it is made of differ from
+    those of the kept one, not at each hello; the step fields still reach the rank."""
+    from flowtop.monitor import rankstate as rs
+
+    made: list[int] = []
+    real = rs.hello_of
+    monkeypatch.setattr(rs, "hello_of", lambda fields: made.append(1) or real(fields))
+    model = Model()
+    f = Feeder(model)
+    key = _key(1)
+    hello = dict(local_rank=1, world_size=4, device="H100", probe_version="t",
+                 coords={"dp": [0, 2], "pp": [1, 2]}, coords_source="mesh", pp_stages=[1], argv=["x"])
+    f.send(key, "hello", 0.0, **hello, last_step=5, step_age_s=0.5)
+    kept = model.ranks[key].hello
+    f.send(key, "hello", 2.0, **dict(hello, argv=["y"]), last_step=9, step_age_s=0.25)  # argv: not shown
+    f.send(key, "hello", 4.0, **dict(hello, coords={"pp": [1, 2], "dp": [0, 2]}), last_step=12, step_age_s=0.0)
+    assert len(made) == 1 and model.ranks[key].hello is kept
+    assert model.ranks[key].hello_step == 12 and model.ranks[key].hello_step_at == pytest.approx(4.0)
+    f.send(key, "hello", 6.0, **dict(hello, pp_stages=[1, 3]), last_step=13, step_age_s=0.0)
+    assert len(made) == 2 and model.ranks[key].hello.pp_stages == (1, 3)
+
+
 def test_stalled_rank_still_gets_the_hang_hint() -> None:
     model = make_model(hint_overrides={"hang": {"floor_s": 5.0}})
     f = Feeder(model)

@@ -246,12 +246,9 @@ class Model(ModelTicks):
         if msg.kind == "hello":
             # Its step and that step's age change at every hello: kept apart (rankstate.heard_step).
             rs.heard_step(st, msg.hello_step, now)
-            # Re-sent every 2-10 s, nearly always the same: an equal record leaves the kept one,
-            # so that its views' coordinates stay the same objects.
-            hello = rs.hello_of(f)
-            st.hello_heard = True
-            if hello != st.hello:
-                st.hello = hello
+            # Re-sent every 2-10 s, nearly always the same: its record is made again only when
+            # the fields it is made of differ from the kept one's (rankstate.heard_hello).
+            rs.heard_hello(st, f)
         elif (cols := step_columns(msg)) is not None:  # "step", "steps" (MINOR 2), "stepcols" (MINOR 3)
             self._on_steps(st, cols, now)
         elif msg.kind == "flops":
