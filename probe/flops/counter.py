@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,22 +50,22 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from probe._log import warn_once
-from probe.flops.count import AttentionCalls, FlopCount
+from probe.flops.count import FlopCount
 from probe.flops.accounting import unwrap
 from probe.flops.dtensor import DEFER, RUN, ParallelLayout, layout_of, route
 from probe.flops.formulas import (
     FORMULAS,
     HOP_ATTENTION_OPS,
     MATMUL,
-    AttentionShape,
     bind_arguments,
     hop_attention_cost,
     is_heavy_op_name,
 )
 from probe.flops.policy import CountPolicy, signature_of
-from probe.flops.precision import dtype_label, scaled_to
+from probe.flops.precision import dtype_label
 from probe.flops.replicated import ReplicatedLinears
 from probe.flops.uncounted import flop_like_size
+from probe.flops.window import BATCHED, Window, cap_backward, of_activations, to_count
 
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
 
@@ -77,42 +76,6 @@ ATTENTION_CONVENTIONS = ("full", "causal")
 #: backward, i.e. it is recomputation (executed, not model FLOPs).
 _RNG_HOPS = {"run_and_save_rng_state": 0, "run_with_rng_state": 1}
 _HOP_FORMULAS = frozenset("higher_order." + n for n in (*HOP_ATTENTION_OPS, *_RNG_HOPS))
-
-
-class _Window:
-    """Tallies of one counting window (plain attributes: touched under the GIL only)."""
-
-    def __init__(self) -> None:
-        self.model = 0
-        self.executed = 0
-        self.by_op: defaultdict[str, int] = defaultdict(int)
-        self.by_dtype: defaultdict[str, int] = defaultdict(int)  # executed FLOPs per dtype label
-        self.model_by_dtype: defaultdict[str, int] = defaultdict(int)
-        self.uncounted: defaultdict[str, int] = defaultdict(int)
-        self.uncounted_size: defaultdict[str, int] = defaultdict(int)
-        self.overhead = 0.0
-        self.micro_batches = 0
-        self.forward_model = 0  # model FLOPs of ops run outside the autograd engine
-        self.backward_model = 0  # ... and inside it (gradients)
-        self.attention_shapes: defaultdict[AttentionShape, int] = defaultdict(int)
-        self.activation_products = 0  # executed FLOPs of batched matmuls of two activations
-        # forward attention calls read by a formula (count.AttentionCalls' fields)
-        self.attn_calls = self.attn_pairs = self.attn_queries = 0
-        self.attn_documents = self.attn_causal = self.attn_bidirectional = 0
-
-
-#: Batched matmuls, and where their two operands are among the op's arguments.
-_BATCHED = {"aten.bmm": 0, "aten.baddbmm": 1}
-
-
-def _of_activations(first: int, args: tuple) -> bool:
-    """Whether a batched matmul multiplies two batches of matrices: a batch of 2+ with neither
-    operand broadcast over it. Hand-written attention is one (B·heads products); an einsum with a
-    weight runs as a batch of 1, a weight expanded over the batch has stride 0."""
-    if len(args) < first + 2:
-        return False  # operands passed by keyword: not read (the count itself is unaffected)
-    a, b = args[first], args[first + 1]
-    return a.dim() == 3 and a.shape[0] > 1 and a.stride(0) != 0 and b.stride(0) != 0
 
 
 _SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
@@ -126,22 +89,6 @@ class _Plan:
     name: str
     formula: Any = None
     fallback: str = _SKIP  # for composites whose decomposition is unavailable
-
-
-def _cap_backward(win: _Window) -> tuple[int, str]:
-    """Model FLOPs of a window, and a note when they had to be bounded.
-
-    No op's gradients cost more than twice its forward (a matmul's input and weight gradients
-    are one forward each; attention's model backward is 2x). A backward that counted more ran
-    forward ops again where we cannot see it: recomputation inside a torch.compile'd backward
-    (activation checkpointing), where grad mode is off. Its excess is not model FLOPs; the
-    bound is exact when every matmul input needs a gradient and an upper bound otherwise."""
-    excess = win.backward_model - 2 * win.forward_model
-    if win.forward_model <= 0 or excess <= 0:
-        return win.model, ""
-    return win.model - excess, ("backward bounded at 2x the forward: recompute inside a compiled backward "
-                                f"({excess / max(1, win.model):.1%} of the counted model FLOPs) cannot be told "
-                                "from gradients")
 
 
 class _CountingMode(TorchDispatchMode):
@@ -228,7 +175,7 @@ class StepFlopCounter:
         self.broken = False
         self._active = False
         self._passthrough = True
-        self._window = _Window()
+        self._window = Window()
         self._plans: dict[Any, Any] = {}
         self._dispatch_mode: _CountingMode | None = None
         self._hook: Any = None
@@ -260,7 +207,7 @@ class StepFlopCounter:
                 raise RuntimeError("a previous counting window could not be closed")
             if self.broken:
                 return
-            self._window = _Window()
+            self._window = Window()
             self._window.micro_batches = 1 if in_forward else 0
             self._tf32_matmul = bool(torch.backends.cuda.matmul.allow_tf32) or (
                 torch.get_float32_matmul_precision() != "highest")
@@ -296,32 +243,14 @@ class StepFlopCounter:
             if self.broken or expired:
                 return None
             win = self._window
-            model, note = _cap_backward(win)
+            model, note = cap_backward(win)
             shared = self._replicated.take() if self._replicated is not None else 0
             if shared:  # see probe.flops.replicated
                 model -= shared
                 note = "; ".join(filter(None, (note, f"Linears run whole on each rank of a tensor-parallel group: "
                                                      f"{shared / max(1, model + shared):.1%} of the count is the "
                                                      "other ranks' share")))
-            return FlopCount(
-                model_flops=model,
-                executed_flops=win.executed,
-                attention_convention=self.attention,
-                dtype=self._compute_dtype(win),
-                by_op=dict(win.by_op),
-                uncounted=dict(win.uncounted),
-                uncounted_size=dict(win.uncounted_size),
-                micro_batches=win.micro_batches,
-                cost_s=win.overhead,
-                model_note=note,
-                attention_shapes=dict(win.attention_shapes),
-                activation_products=win.activation_products,
-                attention_calls=AttentionCalls(
-                    win.attn_calls, win.attn_pairs, win.attn_queries, win.attn_documents, win.attn_causal,
-                    win.attn_bidirectional),
-                model_by_dtype=scaled_to(win.model_by_dtype, model),
-                executed_by_dtype=dict(win.by_dtype),
-            )
+            return to_count(win, model, note, self.attention, self._compute_dtype(win))
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
             return None
@@ -413,8 +342,8 @@ class StepFlopCounter:
         name, recompute = plan.name, False
         if plan.formula is not None:
             cost = plan.formula(bind_arguments(func, args, kwargs), out, causal)
-            first = _BATCHED.get(name)
-            if first is not None and _of_activations(first, args):
+            first = BATCHED.get(name)
+            if first is not None and of_activations(first, args):
                 win.activation_products += cost.executed
         elif func.name() in _RNG_HOPS:
             at = _RNG_HOPS[func.name()]
@@ -432,7 +361,7 @@ class StepFlopCounter:
             cost = hop_attention_cost(func.name(), args, causal)
         self._add(win, name, cost, recompute)
 
-    def _add(self, win: _Window, name: str, cost: Any, recompute: bool = False) -> None:
+    def _add(self, win: Window, name: str, cost: Any, recompute: bool = False) -> None:
         model, executed = cost.model, cost.executed
         in_backward = torch._C._current_graph_task_id() != -1
         if recompute or (in_backward and torch.is_grad_enabled()):
@@ -475,7 +404,7 @@ class StepFlopCounter:
             pass
         return None
 
-    def _compute_dtype(self, win: _Window) -> str:
+    def _compute_dtype(self, win: Window) -> str:
         """FLOP-weighted dominant operand dtype of the costed ops.
 
         Our mode sits below autocast, so operands already carry the autocast dtype: the

@@ -70,7 +70,7 @@ def fp8_operand(a: Any, b: Any) -> Any:
 
 
 def scaled_to(by_dtype: Mapping[str, int], total: int) -> dict[str, int]:
-    """Per-dtype model FLOPs scaled to a window's bounded total (probe.flops.counter._cap_backward).
+    """Per-dtype model FLOPs scaled to a window's bounded total (probe.flops.window.cap_backward).
 
     The bound removes recompute hidden in a compiled backward; it cannot say in which dtype
     that recompute ran, so every dtype keeps its share of the bounded total."""
