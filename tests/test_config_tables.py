@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from flowtop import cli, settings
+from flowtop.tools.cli_args import build_parser
 from probe import config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,8 +150,8 @@ def test_bad_values_fall_back_to_the_default(capsys: pytest.CaptureFixture[str],
 
 def test_the_monitor_reads_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOWTOP_ADDR", "tcp://127.0.0.1:7001")
-    assert cli.build_parser().parse_args(["top"]).listen == "tcp://127.0.0.1:7001"
-    assert cli.build_parser().parse_args(["relay"]).connect == "tcp://127.0.0.1:7001"
+    assert build_parser().parse_args(["top"]).listen == "tcp://127.0.0.1:7001"
+    assert build_parser().parse_args(["relay"]).connect == "tcp://127.0.0.1:7001"
     monkeypatch.setenv("FLOWTOP_HANG_S", "7")
     from flowtop.monitor.wiring import hint_overrides_from_env
 
@@ -165,19 +166,19 @@ def test_the_data_threads_cpu_budget_comes_from_the_flag_the_variable_or_pacing(
     from flowtop.monitor import pacing
 
     monkeypatch.delenv("FLOWTOP_DATA_CPU", raising=False)
-    assert cli.build_parser().parse_args(["serve"]).data_cpu == pacing.DATA_CPU == 0.5
+    assert build_parser().parse_args(["serve"]).data_cpu == pacing.DATA_CPU == 0.5
     monkeypatch.setenv("FLOWTOP_DATA_CPU", "1.5")
-    args = cli.build_parser().parse_args(["top", "--listen", "tcp://127.0.0.1:7002"])
+    args = build_parser().parse_args(["top", "--listen", "tcp://127.0.0.1:7002"])
     assert args.data_cpu == 1.5
-    assert cli.build_parser().parse_args(["snapshot", "--data-cpu", "0.25"]).data_cpu == 0.25
+    assert build_parser().parse_args(["snapshot", "--data-cpu", "0.25"]).data_cpu == 0.25
     collector = cli._collector(args)  # a core or more: keeping up alone decides
     assert collector.pacer.cpu_budget is None and collector.thinner.cpu_budget is None
-    args = cli.build_parser().parse_args(["top", "--listen", "tcp://127.0.0.1:7002", "--data-cpu", "0.3"])
+    args = build_parser().parse_args(["top", "--listen", "tcp://127.0.0.1:7002", "--data-cpu", "0.3"])
     collector = cli._collector(args)
     assert collector.pacer.cpu_budget == collector.thinner.cpu_budget == 0.3
     monkeypatch.setenv("FLOWTOP_DATA_CPU", "-1")
     with caplog.at_level(logging.WARNING):
-        assert cli.build_parser().parse_args(["top"]).data_cpu == 0.5
+        assert build_parser().parse_args(["top"]).data_cpu == 0.5
     assert caplog.text.count("ignoring FLOWTOP_DATA_CPU='-1'") == 1
 
 
@@ -192,10 +193,10 @@ TRACE = ROOT / "tests/data/h200-gpt-small-step.trace.json.gz"
 
 
 def test_analyze_is_a_subcommand_of_the_parser() -> None:
-    args = cli.build_parser().parse_args(["analyze", str(TRACE), "--json", "--top", "3", "--sort", "calls"])
+    args = build_parser().parse_args(["analyze", str(TRACE), "--json", "--top", "3", "--sort", "calls"])
     assert (args.cmd, args.json, args.top, args.sort, args.step_ms) == ("analyze", True, 3, "calls", None)
     with pytest.raises(SystemExit) as exc:
-        cli.build_parser().parse_args(["analyze", str(TRACE), "--sort", "nonsense"])
+        build_parser().parse_args(["analyze", str(TRACE), "--sort", "nonsense"])
     assert exc.value.code == 2
 
 
@@ -216,8 +217,8 @@ def test_flowtop_analyze_prints_what_analyze_main_prints() -> None:
 def test_calibrate_is_a_subcommand_of_the_parser(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from flowtop.tools import calibrate
 
-    args = cli.build_parser().parse_args(["calibrate", "--steps", "2", "--skip", "10", "--", "python", "t.py",
-                                          "--steps", "9"])
+    args = build_parser().parse_args(["calibrate", "--steps", "2", "--skip", "10", "--", "python", "t.py",
+                                      "--steps", "9"])
     assert (args.cmd, args.steps, args.skip) == ("calibrate", 2, 10)
     assert args.command[-4:] == ["python", "t.py", "--steps", "9"]  # CMD keeps its own options
     for bad in (["--steps", "2"], ["--skip", "1", "--", "python"]):

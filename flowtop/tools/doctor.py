@@ -40,7 +40,7 @@ _ICON = {"ok": "ok  ", "info": "info", "warn": "warn", "fail": "FAIL"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The doctor's options (cli.build_parser)."""
+    """The doctor's options (flowtop.tools.cli_args.build_parser)."""
     from flowtop.tools.common import positive_int  # the CLI's one parser of counts
 
     default = settings.ADDR.read()
