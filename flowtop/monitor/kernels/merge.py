@@ -10,11 +10,12 @@ import dataclasses
 import math
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
+from flowtop.monitor.kernels.table import ColumnRecords
 
 # merge_ranks flags a kernel when its per-rank time varies by ≥ 20 % of its mean and the
 # difference is ≥ 1 % of the mean step: starting points, to be tuned with evidence.
@@ -140,7 +141,7 @@ class CumulativeRow:
     cum_sq_us: float = 0.0  # Σ over the windows of the window's time squared (µs²): its scatter
 
 
-class CumulativeTable(Sequence[CumulativeRow]):
+class CumulativeTable(ColumnRecords[CumulativeRow]):
     """A rank's cumulative table, largest cumulative time first, as columns: an immutable sequence
     of :class:`CumulativeRow` made as they are read (the kernel screen reads one rank's).
 
@@ -150,8 +151,6 @@ class CumulativeTable(Sequence[CumulativeRow]):
     they hold only strings) and five arrays."""
 
     __slots__ = ("names", "shorts", "categories", "cum_us", "cum_calls", "windows_seen", "share", "cum_sq_us")
-    #: Written as the list of its rows where a snapshot's JSON holds it (flowtop.monitor.snapshot_json.jsonable).
-    JSON_LIST = True
 
     def __init__(self, rows: Iterable[CumulativeRow] = ()) -> None:
         rows = tuple(rows)
@@ -164,35 +163,8 @@ class CumulativeTable(Sequence[CumulativeRow]):
         self.share = array("d", [r.share for r in rows])
         self.cum_sq_us = array("d", [r.cum_sq_us for r in rows])
 
-    def __len__(self) -> int:
-        return len(self.names)
-
-    @overload
-    def __getitem__(self, i: int) -> CumulativeRow: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> tuple[CumulativeRow, ...]: ...
-
-    def __getitem__(self, i: int | slice) -> CumulativeRow | tuple[CumulativeRow, ...]:
-        if isinstance(i, slice):
-            return tuple(self)[i]
-        return CumulativeRow(self.names[i], self.shorts[i], self.categories[i], self.cum_us[i],
-                             self.cum_calls[i], self.windows_seen[i], self.share[i], self.cum_sq_us[i])
-
-    def __iter__(self) -> Iterator[CumulativeRow]:
-        return map(CumulativeRow, self.names, self.shorts, self.categories, self.cum_us, self.cum_calls,
-                   self.windows_seen, self.share, self.cum_sq_us)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (CumulativeTable, tuple, list)):
-            return len(self) == len(other) and tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return f"CumulativeTable({tuple(self)!r})"
+    def _make(self) -> type[CumulativeRow]:
+        return CumulativeRow
 
 
 class CumulativeKernels:

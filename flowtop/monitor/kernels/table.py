@@ -8,7 +8,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Callable, Generic, TypeVar, overload
 
 from flowtop.monitor.sanitize import interned
 
@@ -53,7 +53,57 @@ class KernelStat:
         return self.name.lower()
 
 
-class KernelTable(Sequence[KernelStat]):
+R = TypeVar("R")
+
+
+class ColumnRecords(Sequence[R]):
+    """The sequence protocol of a table held as columns (the garbage collector walks one object
+    where a tuple of records made dozens, flowtop.monitor.gcpolicy): an immutable sequence of the
+    records, made as they are read. A subclass says the record's class (:meth:`_make`) and its
+    columns in the record's field order (:meth:`_cols`; by default its slots, in order)."""
+
+    __slots__ = ()
+    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot_json.jsonable).
+    JSON_LIST = True
+
+    def _make(self) -> Callable[..., R]:
+        raise NotImplementedError
+
+    def _cols(self) -> tuple[Sequence[Any], ...]:
+        slots: tuple[str, ...] = type(self).__slots__
+        return tuple(getattr(self, name) for name in slots)
+
+    def __len__(self) -> int:
+        cols = self._cols()
+        return len(cols[0]) if cols else 0
+
+    @overload
+    def __getitem__(self, i: int) -> R: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[R, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> R | tuple[R, ...]:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        return self._make()(*[c[i] for c in self._cols()])
+
+    def __iter__(self) -> Iterator[R]:
+        return map(self._make(), *self._cols())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (ColumnRecords, tuple, list)):
+            return len(self) == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({tuple(self)!r})"
+
+
+class KernelTable(ColumnRecords[KernelStat]):
     """A window's kernels, largest time first, as columns: an immutable sequence of
     :class:`KernelStat` made as they are read (the hints scan a window once, flowtop.monitor.hints).
 
@@ -63,8 +113,6 @@ class KernelTable(Sequence[KernelStat]):
     them) and three arrays, whose floats are no objects of their own either."""
 
     __slots__ = ("names", "shorts", "categories", "calls", "total_us", "share", "flops", "tflops", "ops")
-    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot_json.jsonable).
-    JSON_LIST = True
 
     def __init__(self, rows: Iterable[KernelStat] = ()) -> None:
         rows = tuple(rows)
@@ -83,35 +131,8 @@ class KernelTable(Sequence[KernelStat]):
         return (_table_of, (self.names, self.shorts, self.categories, self.calls, self.total_us, self.share,
                             self.flops, self.tflops, self.ops))
 
-    def __len__(self) -> int:
-        return len(self.names)
-
-    @overload
-    def __getitem__(self, i: int) -> KernelStat: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> tuple[KernelStat, ...]: ...
-
-    def __getitem__(self, i: int | slice) -> KernelStat | tuple[KernelStat, ...]:
-        if isinstance(i, slice):
-            return tuple(self)[i]
-        return KernelStat(self.names[i], self.shorts[i], self.categories[i], self.calls[i], self.total_us[i],
-                          self.share[i], self.flops[i], self.tflops[i], self.ops[i])
-
-    def __iter__(self) -> Iterator[KernelStat]:
-        return map(KernelStat, self.names, self.shorts, self.categories, self.calls, self.total_us,
-                   self.share, self.flops, self.tflops, self.ops)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (KernelTable, tuple, list)):
-            return len(self) == len(other) and tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return f"KernelTable({tuple(self)!r})"
+    def _make(self) -> type[KernelStat]:
+        return KernelStat
 
 
 _NAMED = frozenset(("names", "shorts", "categories", "ops"))
@@ -125,10 +146,7 @@ def _table_of(*columns: Any) -> KernelTable:
     return table
 
 
-R = TypeVar("R")
-
-
-class Rows(Sequence[R], Generic[R]):
+class Rows(ColumnRecords[R], Generic[R]):
     """A window's small record lists (its categories, its idle gaps) as columns, a tuple a field:
     an immutable sequence of the records made as they are read.
 
@@ -137,8 +155,6 @@ class Rows(Sequence[R], Generic[R]):
     which a collection untracks once it has seen them, so what stays is this one object."""
 
     __slots__ = ("_cls", "_columns")
-    #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot_json.jsonable).
-    JSON_LIST = True
 
     def __init__(self, cls: type[R], rows: Iterable[R] = ()) -> None:
         rows = tuple(rows)
@@ -149,33 +165,11 @@ class Rows(Sequence[R], Generic[R]):
         # Unpickled (from the builder process) with its strings interned again, as the records were.
         return (_rows_of, (self._cls, self._columns))
 
-    def __len__(self) -> int:
-        return len(self._columns[0]) if self._columns else 0
+    def _make(self) -> type[R]:
+        return self._cls
 
-    @overload
-    def __getitem__(self, i: int) -> R: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> tuple[R, ...]: ...
-
-    def __getitem__(self, i: int | slice) -> R | tuple[R, ...]:
-        if isinstance(i, slice):
-            return tuple(self)[i]
-        return self._cls(*[c[i] for c in self._columns])
-
-    def __iter__(self) -> Iterator[R]:
-        return map(self._cls, *self._columns)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (Rows, tuple, list)):
-            return len(self) == len(other) and tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return f"Rows({tuple(self)!r})"
+    def _cols(self) -> tuple[Sequence[Any], ...]:
+        return self._columns
 
 
 def _rows_of(cls: type[R], columns: tuple[tuple[Any, ...], ...]) -> Rows[R]:
