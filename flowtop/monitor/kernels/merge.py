@@ -152,16 +152,18 @@ class CumulativeTable(ColumnRecords[CumulativeRow]):
 
     __slots__ = ("names", "shorts", "categories", "cum_us", "cum_calls", "windows_seen", "share", "cum_sq_us")
 
+    TYPECODES = ("", "", "", "d", "q", "q", "d", "d")
+    names: tuple[str, ...]
+    shorts: tuple[str, ...]
+    categories: tuple[str, ...]
+    cum_us: array[float]
+    cum_calls: array[int]
+    windows_seen: array[int]
+    share: array[float]
+    cum_sq_us: array[float]
+
     def __init__(self, rows: Iterable[CumulativeRow] = ()) -> None:
-        rows = tuple(rows)
-        self.names = tuple([r.name for r in rows])
-        self.shorts = tuple([r.short for r in rows])
-        self.categories = tuple([r.category for r in rows])
-        self.cum_us = array("d", [r.cum_us for r in rows])
-        self.cum_calls = array("q", [r.cum_calls for r in rows])
-        self.windows_seen = array("q", [r.windows_seen for r in rows])
-        self.share = array("d", [r.share for r in rows])
-        self.cum_sq_us = array("d", [r.cum_sq_us for r in rows])
+        self._fill(rows)
 
     def _make(self) -> type[CumulativeRow]:
         return CumulativeRow

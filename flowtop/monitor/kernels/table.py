@@ -65,6 +65,17 @@ class ColumnRecords(Sequence[R]):
     __slots__ = ()
     #: The snapshot JSON writes it as the list of its rows (flowtop.monitor.snapshot_json.jsonable).
     JSON_LIST = True
+    #: Per slot (in the record's field order): the array typecode its column is held in, or ""
+    #: for a tuple (text, or numbers that may be None).
+    TYPECODES: tuple[str, ...] = ()
+
+    def _fill(self, rows: Iterable[R]) -> None:
+        """Set each slot to its column of ``rows`` (the record's fields in order, as TYPECODES says)."""
+        rows = tuple(rows)
+        slots: tuple[str, ...] = type(self).__slots__
+        for slot, f, code in zip(slots, fields(self._make()), self.TYPECODES):  # type: ignore[arg-type]
+            values = [getattr(r, f.name) for r in rows]
+            setattr(self, slot, array(code, values) if code else tuple(values))
 
     def _make(self) -> Callable[..., R]:
         raise NotImplementedError
@@ -114,17 +125,19 @@ class KernelTable(ColumnRecords[KernelStat]):
 
     __slots__ = ("names", "shorts", "categories", "calls", "total_us", "share", "flops", "tflops", "ops")
 
+    TYPECODES = ("", "", "", "q", "d", "d", "", "", "")  # flops, tflops: None where no call carried FLOPs
+    names: tuple[str, ...]
+    shorts: tuple[str, ...]
+    categories: tuple[str, ...]
+    calls: array[int]
+    total_us: array[float]
+    share: array[float]
+    flops: tuple[float | None, ...]
+    tflops: tuple[float | None, ...]
+    ops: tuple[str, ...]
+
     def __init__(self, rows: Iterable[KernelStat] = ()) -> None:
-        rows = tuple(rows)
-        self.names = tuple([k.name for k in rows])
-        self.shorts = tuple([k.short for k in rows])
-        self.categories = tuple([k.category for k in rows])
-        self.calls = array("q", [k.calls for k in rows])
-        self.total_us = array("d", [k.total_us for k in rows])
-        self.share = array("d", [k.share for k in rows])
-        self.flops = tuple([k.flops for k in rows])  # None where no call carried FLOPs: no array
-        self.tflops = tuple([k.tflops for k in rows])
-        self.ops = tuple([k.op for k in rows])
+        self._fill(rows)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Unpickled (from the builder process) with its names interned again, as KernelStat was.
