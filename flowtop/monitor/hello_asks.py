@@ -69,7 +69,8 @@ def lack_of(st: "RankState | None") -> Lack:
     """What a rank's state still lacks of its hello and FLOP count ("nothing" once gone or ended)."""
     if st is None or st.bye is not None:
         return "nothing"
-    return "hello" if not st.hello_heard else "count" if st.flops is None else "nothing"
+    # hello_source is () until a hello came (``hello`` holds its defaults until then)
+    return "hello" if not st.hello_source else "count" if st.flops is None else "nothing"
 
 
 class HelloAsks:

@@ -74,7 +74,6 @@ def heard_hello(st: RankState, fields: Mapping[str, Any]) -> None:
     only when they differ; an equal record still leaves the kept one, so that its views'
     coordinates stay the same objects."""
     source = tuple(map(fields.get, HELLO_SOURCE_FIELDS))
-    st.hello_heard = True
     if source == st.hello_source:
         return
     st.hello_source = source
@@ -132,7 +131,6 @@ class RankState:
     first_seen: float
     last_recv: float
     hello: RankHello = field(default_factory=RankHello)
-    hello_heard: bool = False  # a hello came (``hello`` holds its defaults until one does)
     #: The raw HELLO_SOURCE_FIELDS values ``hello`` was made of, in that order: compared whole with
     #: the next hello's, never read by position (heard_hello); (): none heard yet.
     hello_source: tuple[object, ...] = ()
