@@ -11,6 +11,7 @@ import pytest
 from probe import wire
 from probe.flops import peaks
 from probe.wire import steps as wire_steps
+from probe.wire.schema import SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -33,7 +34,7 @@ def _tables(path: Path) -> dict[str, dict[str, bool]]:
 
 def test_wire_page_lists_every_kind_and_field() -> None:
     tables = _tables(WIRE)
-    for kind, schema in wire._SCHEMA.items():
+    for kind, schema in SCHEMA.items():
         if kind == "stepcols":
             continue  # validated as a whole: checked against probe.wire.steps below
         assert tables.get(kind) == {name: required for name, (required, _) in schema.items()}, kind

@@ -15,11 +15,11 @@ Every frame is a msgpack map with an envelope and kind-specific fields::
   monitor's receive time).
 
 Decoding validates types and ranges and raises :class:`WireError` with a reason.
-Unknown optional fields are ignored; unknown kinds are rejected. Field checkers live in
-:mod:`probe.wire.checks`, those of kernel windows in :mod:`probe.wire.kernels`, step columns in
-:mod:`probe.wire.steps`, the hello's step fields in :mod:`probe.wire.hello`, a ``flops`` message as
-a record in :mod:`probe.wire.flops`; the control channel's
-commands (monitor to probe) in :mod:`probe.wire.control`.
+Unknown optional fields are ignored; unknown kinds are rejected. Each kind's fields and their
+checks are in :mod:`probe.wire.schema`, the field checkers in :mod:`probe.wire.checks`, those of
+kernel windows in :mod:`probe.wire.kernels`, step columns in :mod:`probe.wire.steps`, the hello's
+step fields in :mod:`probe.wire.hello`, a ``flops`` message as a record in :mod:`probe.wire.flops`;
+the control channel's commands (monitor to probe) in :mod:`probe.wire.control`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import msgpack
 
 from probe.wire import steps as _steps
-from probe.wire.checks import (
-    PARALLEL_ROLES, Check, I64, _coords, _counts, _flat_map, _int, _int_list, _int_lists, _name, _num,
-    job_id_problem,
-    _num_map, _opt, _str, _str_list,
-)
+from probe.wire.checks import PARALLEL_ROLES, Check, I64, _int, _name, _num, job_id_problem
 from probe.wire.control import CONTROL_COMMANDS as CONTROL_COMMANDS
 from probe.wire.control import MAX_PACE_S as MAX_PACE_S
 from probe.wire.control import MAX_PACED_TELEMETRY_S as MAX_PACED_TELEMETRY_S
@@ -42,14 +38,16 @@ from probe.wire.control import Control as Control
 from probe.wire.control import decode_control as decode_control
 from probe.wire.control import encode_control as encode_control
 from probe.wire.errors import WireError
-from probe.wire.flops import MIX_PEAK_KINDS, PEAK_KINDS, DtypeFlops, FlopsReport, flops_report
+from probe.wire.flops import DtypeFlops, FlopsReport, flops_report
 from probe.wire.hello import HELLO_STEP_FIELDS as HELLO_STEP_FIELDS
-from probe.wire.hello import LAST_STEP_CHECK, STEP_AGE_CHECK, HelloStep, hello_step
+from probe.wire.hello import HelloStep, hello_step
 from probe.wire.kernels import (
     ACT_CPU_OP, ACT_KERNEL, ACT_MEMCPY, ACT_MEMSET, ACT_RUNTIME, KERNEL_ACT_KINDS, KERNEL_MAX_DIMS,
     KERNEL_MAX_INPUTS, KERNEL_MAX_LIST, KERNEL_MAX_NAME, KERNEL_MAX_NAMES, KERNEL_MAX_RECORDS, KERNEL_MAX_STR,
-    _kernel_acts, _kernel_ops, is_runtime_call,
+    is_runtime_call,
 )
+from probe.wire.schema import MAX_BATCH as MAX_BATCH
+from probe.wire.schema import SCHEMA
 from probe.wire.steps import StepColumns
 from probe.wire.version import MAJOR as MAJOR
 from probe.wire.version import MINOR as MINOR
@@ -71,8 +69,6 @@ __all__ = [
 #: The start of a bye's reason when its process ends of an exception nobody caught (the monitor
 #: shows such a rank as "failed", not "done"): "error: TYPE: message".
 BYE_ERROR_PREFIX = "error: "
-#: Most step records one "steps"/"stepcols" frame may carry (a rank flushes every FLOWTOP_FLUSH_S anyway).
-MAX_BATCH = 512
 #: Largest frame either side accepts (the collector also sets ZMQ MAXMSGSIZE).
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 #: Default address: the monitor binds it, the probe connects to it.
@@ -111,159 +107,8 @@ class Message(NamedTuple):
     hello_step: HelloStep | None = None
 
 
-def _step_records(v: Any) -> bool:
-    """A "steps" batch: 1..MAX_BATCH maps, each a valid "step" message's fields."""
-    if not isinstance(v, list) or not 1 <= len(v) <= MAX_BATCH:
-        return False
-    schema = _SCHEMA["step"]
-    for rec in v:
-        if not isinstance(rec, dict):
-            return False
-        for name, (required, check) in schema.items():
-            if name in rec:
-                if not check(rec[name]):
-                    return False
-            elif required:
-                return False
-    return True
-
-
-# kind -> {field: (required, check)}
-_SCHEMA: dict[str, dict[str, tuple[bool, Check]]] = {
-    "hello": {
-        "local_rank": (True, _int(0, 1 << 20)),
-        "world_size": (True, _int(1, 1 << 24)),
-        "device": (True, _str(256)),
-        "probe_version": (True, _str(64)),
-        "argv": (False, _str_list(64, 1024)),
-        # Where the rank came from: "argument", a launcher variable ("RANK", ...), "process
-        # group" or "none" (nothing said: rank 0 by default, which several processes may claim).
-        "rank_source": (False, _str(32)),
-        # Parallel coordinates of this rank (probe.steps.parallel): role ("dp", "tp", "pp", "cp", "ep")
-        # -> [rank, size], read from the device mesh and the pipeline stage; where they came from;
-        # the pipeline stage indices this rank runs. Absent: not known (the monitor then sums tokens).
-        "coords": (False, _coords),
-        "coords_source": (False, _str(256)),
-        "pp_stages": (False, _int_list(64)),
-        # The rank's last completed step and the seconds since that boundary when this hello was
-        # built (added within 1.3; probe.steps.tracker.StepTracker.hello_step): a monitor started
-        # while the rank hangs in a collective knows how long it has (flowtop.monitor.rankstate).
-        # Absent before the first step and between a sweep's models.
-        "last_step": (False, LAST_STEP_CHECK),
-        "step_age_s": (False, STEP_AGE_CHECK),
-    },
-    "step": {
-        "step": (True, _int()),
-        "wall_s": (True, _num(0, 1e7)),
-        # Device time of step ``dstep`` (CUDA events are read a few steps late).
-        "device_s": (False, _opt(_num(0, 1e7))),
-        "dstep": (False, _opt(_int())),
-        "tokens": (True, _int()),
-        "input_wait_s": (False, _opt(_num(0, 1e7))),
-        "lead_s": (False, _opt(_num(0, 1e7))),
-        "micro_batches": (False, _int(0, 1 << 20)),
-        "probe_s": (False, _opt(_num(0, 1e7))),
-        # Compute time of this rank's pipeline stage(s) in a recent step: its forward and backward
-        # chunks, waits for neighbour stages excluded (probe.steps.pipeline); absent outside pipelines.
-        "stage_s": (False, _opt(_num(0, 1e7))),
-        "drops": (True, _int()),
-        # Monitor commands this rank refused so far (rate limit or malformed).
-        "commands_refused": (False, _int()),
-        # Monitor commands it dropped unread so far: over its bound (probe.transport.gate), a flood.
-        "commands_dropped": (False, _int()),
-    },
-    # Several step records of one rank in one frame (MINOR 2): a rank sends at most one frame
-    # per flush interval whatever its step rate. Each record has the "step" fields.
-    "steps": {
-        "records": (True, _step_records),
-    },
-    # Step records as columns (MINOR 3, probe.wire.steps): validated as a whole by
-    # probe.wire.steps.decode_fields, not field by field.
-    "stepcols": {},
-    "bye": {
-        "reason": (True, _str(256)),
-        "steps": (True, _int()),
-        "drops": (True, _int()),
-    },
-    "flops": {
-        "step": (True, _int()),
-        "model_flops": (True, _num(0, 1e30)),
-        "executed_flops": (True, _num(0, 1e30)),
-        "estimated_flops": (False, _opt(_num(0, 1e30))),
-        "estimate_source": (False, _opt(_str(256))),
-        "attention": (True, lambda v: v in ("full", "causal")),
-        # The counted step's attention calls: all causal, all bidirectional, or both (absent: not read)
-        "attention_masking": (False, lambda v: v in ("causal", "bidirectional", "mixed")),
-        "dtype": (True, _str(16)),
-        "peak_flops": (False, _opt(_num(0, 1e30))),
-        "peak_source": (True, _str(512)),
-        "peak_kind": (False, lambda v: v in PEAK_KINDS),
-        "uncounted": (True, _counts()),
-        # FLOP-like size per uncounted op in the step (probe.flops.uncounted), to weigh them by
-        "uncounted_size": (False, _counts()),
-        "tokens": (True, _int()),
-        "signature": (False, _str(4096)),
-        "cost_s": (False, _opt(_num(0, 1e7))),
-        # False: the figures are the model-shape estimate, not a count (compiled code forbids one)
-        "counted": (False, lambda v: isinstance(v, bool)),
-        # How model FLOPs were derived where they are not a plain count (e.g. a bounded backward)
-        "model_note": (False, _str(256)),
-        # Mesh and placements under DTensor parallelism; the figures are then this rank's local ones
-        "parallel": (False, _str(256)),
-        # Precision (probe.flops.precision): [model, executed] FLOPs per operand dtype label, and the
-        # dense peak of each label on this device (a label without one is absent)
-        "flops_by_dtype": (False, _num_map(32, 16, width=2)),
-        "peak_by_dtype": (False, _num_map(32, 16)),
-        # Where those peaks come from (wire 1.4): a peak kind, or "mixed" where they differ
-        "peak_by_dtype_kind": (False, lambda v: v in MIX_PEAK_KINDS),
-        # MoE (probe.flops.moe): tokens per local expert of each MoE layer in the counted step
-        "expert_load": (False, _int_lists(256, 128, 4096)),
-        # Non-padding tokens of the counted step (the root's attention_mask), beside "tokens"
-        "nonpad_tokens": (False, _int()),
-    },
-    "kernels": {
-        "window": (True, _int()),
-        "step": (True, _int()),
-        "device": (True, lambda v: v in ("cuda", "cpu")),
-        "step_dur_us": (True, _num(0, 1e13)),
-        "typical_step_us": (False, _num(0, 1e13)),
-        # Raw records of the profiled step, times in µs from the window start; the monitor
-        # links and attributes them (flowtop.monitor.kernels.trace.window_from_wire).
-        "names": (True, _str_list(KERNEL_MAX_NAMES, KERNEL_MAX_NAME)),
-        "ops": (True, _kernel_ops),
-        "acts": (True, _kernel_acts),
-        "cost_s": (False, _opt(_num(0, 1e7))),
-    },
-    "telemetry": {
-        "gpu": (True, _flat_map()),
-        "proc": (True, _flat_map()),
-        "reasons": (False, _flat_map()),
-    },
-    # A node relay's own figures (flowtop.tools.relay), about once a second beside the rank frames it
-    # forwards. Not a rank: the monitor keeps relays apart (flowtop.monitor.relays). Envelope: job "",
-    # rank 0, the relay's host and pid.
-    "relay": {
-        "relay": (True, _str(300)),  # relay id "host:pid:nonce" (its batches' stamps name it)
-        "listen": (True, _str(1024)),  # where its ranks connect
-        "upstream": (True, _str(1024)),
-        "ranks": (True, _int(0, 1 << 20)),  # rank connections now
-        "frames_in": (True, _int()),
-        "frames_out": (True, _int()),
-        "bytes_in": (True, _int()),
-        "bytes_out": (True, _int()),
-        "drops": (True, _int()),  # frames it dropped (upstream away past the age limit, queue full)
-        "queued": (True, _int()),
-        "commands": (True, _int()),  # monitor commands carried down
-        "link_ups": (True, _int()),  # upstream connections made (1 + reconnects)
-        "uptime_s": (True, _num(0, 1e10)),
-        "closing": (False, lambda v: isinstance(v, bool)),  # its last report: it hands over or ends
-        "hosted_by": (False, _str(64)),  # "flowtop relay" or "flowtop run"
-        # Monitor commands it dropped unread so far: over the wire's bound (probe.wire.command_bound), a flood.
-        "commands_dropped": (False, _int()),
-    },
-}
-
-KINDS = tuple(_SCHEMA)
+#: The message kinds a frame may be (:mod:`probe.wire.schema`).
+KINDS = tuple(SCHEMA)
 
 
 _ENVELOPE: dict[str, Check] = {
@@ -317,7 +162,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
     except Exception as exc:  # msgpack raises several unrelated types
         raise WireError(f"not msgpack: {type(exc).__name__}: {exc}"[:200]) from None
     kind, key = _head(obj)
-    schema = _SCHEMA[kind]
+    schema = SCHEMA[kind]
     if admit is not None:
         why = admit(key, kind, len(frame))
         if why:
@@ -336,7 +181,7 @@ def decode(frame: bytes, admit: Admit | None = None) -> Message:
         fields[name] = obj[name]
     cols = None
     if kind == "steps":  # only the known fields of each record, like any single message
-        step_fields = _SCHEMA["step"]
+        step_fields = SCHEMA["step"]
         fields["records"] = [{n: r[n] for n in step_fields if n in r} for r in fields["records"]]
         cols = _steps.from_records(fields["records"])
     elif kind == "step":
@@ -367,7 +212,7 @@ def _head(obj: Any) -> tuple[str, RankKey]:
     if major != MAJOR:
         raise WireError(f"unsupported major version {major} (this monitor speaks {MAJOR})")
     kind = obj.get("k")
-    if type(kind) is not str or kind not in _SCHEMA:
+    if type(kind) is not str or kind not in SCHEMA:
         raise WireError(f"unknown kind {kind!r:.40}")
     return kind, _key(obj, kind)
 
