@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from probe.flops.formulas import AttentionShape
+from probe.flops.opcost import AttentionShape
 
 
 @dataclass(frozen=True)
 class AttentionCalls:
-    """The forward attention calls of a counted step that a formula read (probe.flops.formulas
+    """The forward attention calls of a counted step that a formula read (probe.flops.opcost
     AttentionPairs, summed): ``pairs`` query-key pairs (before any causal halving) for ``queries``
     queries; ``documents``: calls that revealed packed documents; ``causal`` / ``bidirectional``:
     calls with causal masking / without (calls whose masking was not read are neither)."""

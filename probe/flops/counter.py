@@ -53,14 +53,9 @@ from probe._log import warn_once
 from probe.flops.count import FlopCount
 from probe.flops.accounting import unwrap
 from probe.flops.dtensor import DEFER, RUN, ParallelLayout, layout_of, route
-from probe.flops.formulas import (
-    FORMULAS,
-    HOP_ATTENTION_OPS,
-    MATMUL,
-    bind_arguments,
-    hop_attention_cost,
-    is_heavy_op_name,
-)
+from probe.flops.attention import HOP_ATTENTION_OPS, hop_attention_cost
+from probe.flops.formulas import FORMULAS, bind_arguments, is_heavy_op_name
+from probe.flops.opcost import MATMUL
 from probe.flops.policy import CountPolicy, signature_of
 from probe.flops.precision import dtype_label
 from probe.flops.replicated import ReplicatedLinears

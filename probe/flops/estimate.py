@@ -51,7 +51,7 @@ from probe._log import warn_once
 from probe.flops import moe
 from probe.flops.count import AttentionCalls, FlopCount
 from probe.flops.dtensor import ParallelLayout
-from probe.flops.formulas import AttentionShape
+from probe.flops.opcost import AttentionShape
 from probe.flops.padding import MicroBatchKeys
 
 _CONFIG_ATTRS = ("config", "cfg", "args", "model_args", "params", "hparams")

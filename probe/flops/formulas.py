@@ -27,78 +27,24 @@ Conventions (docs/formulas.md), stated once here and referenced by the UI/JSON:
   never silently treated as zero.
 
 Formulas receive the op's arguments bound to their schema names, so every overload
-(``mm``/``mm.dtype``/``mm.out``…) is handled alike.
+(``mm``/``mm.dtype``/``mm.out``…) is handled alike. Here: the matmul, convolution and recurrent
+families and the table of them all (:data:`FORMULAS`); attention's in :mod:`probe.flops.attention`,
+what a formula returns in :mod:`probe.flops.opcost`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from probe.flops.attention import ATTENTION_FORMULAS
 from probe.flops.grouped import grouped_mm_flops
-from probe.flops.packed import mask_documents, mask_is_causal
+from probe.flops.opcost import CONV, MATMUL, Formula, OpCost, dims, same_cost
 from probe.flops.precision import fp8_operand
-
-MATMUL = "matmul"
-CONV = "conv"
-ATTENTION = "attention"
-
-
-@dataclass(frozen=True)
-class OpCost:
-    """FLOPs of one dispatched op, before recompute/phase accounting.
-
-    ``model`` is what the math requires, ``executed`` what the kernel runs (they differ only
-    for fused attention: its backward recomputes the scores, and a causal call skips the masked
-    half whatever the model convention).  ``tensor`` is the operand whose dtype/device names
-    the compute precision.
-    """
-
-    model: int
-    executed: int
-    kind: str
-    tensor: torch.Tensor | None
-    #: Attention calls only: the call's dense shape (the estimate reads L, d, T from them).
-    shape: AttentionShape | None = None
-    #: Attention calls only: its query-key pairs and masking (the estimate's T, the UI's causal note).
-    pairs: AttentionPairs | None = None
-    #: Grouped GEMMs over tokens only: rows per group (tokens per expert) and the offsets tensor.
-    groups: tuple[int, ...] | None = None
-    offsets: Any = None
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """Shape of one dense attention call: batch, query heads, queries, keys, query head width."""
-
-    batch: int
-    heads: int
-    seq_q: int
-    seq_k: int
-    head_dim: int
-
-
-@dataclass(frozen=True)
-class AttentionPairs:
-    """What one attention call attends: ``pairs`` query-key pairs the model figure takes before any
-    causal halving (B·Sq·Sk; Σ sᵢ² over packed documents; Σ lq·lk over varlen offsets) for
-    ``queries`` queries (B·Sq, or Σ lq); ``documents``: the op revealed packed documents;
-    ``causal``: causal masking (an ``is_causal`` flag, a causal mask type, an explicit mask allowing
-    no later key, causal within every document), None where the masking is not read (flex)."""
-
-    pairs: int
-    queries: int
-    documents: bool
-    causal: bool | None
-
-
-Formula = Callable[[Mapping[str, Any], Any, bool], OpCost]
-"""(bound arguments, op output, causal convention on) -> cost."""
 
 _SCHEMA_CACHE: dict[Any, tuple[tuple[str, bool, bool, Any], ...]] = {}
 
@@ -125,10 +71,6 @@ def bind_arguments(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     return bound
 
 
-def _dims(t: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in t.shape)
-
-
 def _first_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value
@@ -139,33 +81,29 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def _same(flops: int, kind: str, tensor: torch.Tensor | None) -> OpCost:
-    return OpCost(flops, flops, kind, tensor)
-
-
 # --- matmul family -------------------------------------------------------------------------
 
 def _mm_flops(a: torch.Tensor, b: torch.Tensor) -> int:
     """2·M·K·N for (M×K)·(K×N); batched 3-D operands multiply by the batch."""
-    ad, bd = _dims(a), _dims(b)
+    ad, bd = dims(a), dims(b)
     batch = math.prod(ad[:-2]) if len(ad) > 2 else 1
     return 2 * batch * ad[-2] * ad[-1] * bd[-1]
 
 
 def _mm_pair(first: str, second: str) -> Formula:
     def formula(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
-        return _same(_mm_flops(b[first], b[second]), MATMUL, b[first])
+        return same_cost(_mm_flops(b[first], b[second]), MATMUL, b[first])
     return formula
 
 
 def _mv(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
     mat = b.get("mat", b.get("self"))
-    rows, cols = _dims(mat)
-    return _same(2 * rows * cols, MATMUL, mat)
+    rows, cols = dims(mat)
+    return same_cost(2 * rows * cols, MATMUL, mat)
 
 
 def _dot(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
-    return _same(2 * _dims(b["self"])[0], MATMUL, b["self"])
+    return same_cost(2 * dims(b["self"])[0], MATMUL, b["self"])
 
 
 def _grouped_mm(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
@@ -177,13 +115,13 @@ def _grouped_mm(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
 
 def _scaled_mm(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
     """FP8 GEMM: 2·M·N·K, labelled by the e5m2 operand when the formats differ (probe.flops.precision)."""
-    return _same(_mm_flops(b["self"], b["mat2"]), MATMUL, fp8_operand(b["self"], b["mat2"]))
+    return same_cost(_mm_flops(b["self"], b["mat2"]), MATMUL, fp8_operand(b["self"], b["mat2"]))
 
 
 def _linear_backward(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
     x, w, mask = b["self"], b["weight"], b["output_mask"]
-    fwd = 2 * math.prod(_dims(x)[:-1]) * _dims(w)[0] * _dims(w)[1]
-    return _same(fwd * (int(bool(mask[0])) + int(bool(mask[1]))), MATMUL, x)
+    fwd = 2 * math.prod(dims(x)[:-1]) * dims(w)[0] * dims(w)[1]
+    return same_cost(fwd * (int(bool(mask[0])) + int(bool(mask[1]))), MATMUL, x)
 
 
 # --- convolutions --------------------------------------------------------------------------
@@ -195,9 +133,9 @@ def _conv(name: str) -> Formula:
         x = b.get("input", b.get("self"))
         w = b["weight"]
         transposed = always_transposed or bool(b.get("transposed", False))
-        per_elem = math.prod(_dims(w)[1:])  # (Cin/groups)·k… ; transposed: (Cout/groups)·k…
-        elems = x.numel() if transposed else math.prod(_dims(_first_tensor(out)))
-        return _same(2 * elems * per_elem, CONV, x)
+        per_elem = math.prod(dims(w)[1:])  # (Cin/groups)·k… ; transposed: (Cout/groups)·k…
+        elems = x.numel() if transposed else math.prod(dims(_first_tensor(out)))
+        return same_cost(2 * elems * per_elem, CONV, x)
     return formula
 
 
@@ -207,109 +145,8 @@ def _conv_backward(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
     w = b["weight"]
     mask = b["output_mask"]
     transposed = bool(b.get("transposed", False))
-    fwd = 2 * (x.numel() if transposed else grad_out.numel()) * math.prod(_dims(w)[1:])
-    return _same(fwd * (int(bool(mask[0])) + int(bool(mask[1]))), CONV, x)
-
-
-# --- attention -----------------------------------------------------------------------------
-
-def _seq_lengths(cum: Any, max_len: Any) -> list[int]:
-    """Per-sequence lengths of a varlen batch; fake/meta offsets fall back to the max length
-    (an upper bound).  Reading real offsets synchronises the device once (sampled steps only)."""
-    if cum.device.type == "meta" or _is_fake(cum):
-        return [int(max_len)] * (int(cum.shape[0]) - 1)
-    return [int(v) for v in cum.diff().tolist()]
-
-
-def _is_fake(t: Any) -> bool:
-    return type(t).__name__ in ("FakeTensor", "FunctionalTensor")
-
-
-def attention_cost(heads: int, pairs: int, d_qk: int, d_v: int, *, backward: bool, causal: bool,
-                   kernel_causal: bool | None = None) -> tuple[int, int]:
-    """(model, executed) FLOPs of one attention call; ``pairs`` = Σ Sq·Sk over sequences.
-    ``causal``: the model count is halved (the causal convention on a causal call);
-    ``kernel_causal`` (default ``causal``): the kernel skipped the masked half, so what it
-    executed is halved whatever the convention (executed is what ran)."""
-    fwd = 2 * heads * pairs * (d_qk + d_v)
-    if backward:
-        model, executed = 2 * fwd, 2 * fwd + 2 * heads * pairs * d_qk  # fused bwd recomputes QKᵀ
-    else:
-        model = executed = fwd
-    # every term carries a factor 2, so halving stays exact
-    if causal:
-        model //= 2
-    if causal if kernel_causal is None else kernel_causal:
-        executed //= 2
-    return model, executed
-
-
-def _attention(layout: str, backward: bool, causal_of: Callable[[Mapping[str, Any]], bool]) -> Formula:
-    def formula(b: Mapping[str, Any], out: Any, causal_convention: bool) -> OpCost:
-        q, k, v = b["query"], b["key"], b["value"]
-        qd, kd, vd = _dims(q), _dims(k), _dims(v)
-        if layout == "bhsd":
-            heads, d_qk, d_v = qd[1], qd[3], vd[3]
-            pairs = qd[0] * qd[2] * kd[2]
-            shape = AttentionShape(qd[0], heads, qd[2], kd[2], d_qk)
-            mask = _first_given(b, "attn_mask", "attn_bias")  # CPU flash / efficient and cuDNN
-            docs = mask_documents(mask, qd[2], kd[2]) if mask is not None else None
-            queries = qd[0] * qd[2]
-            if docs is not None:  # packed documents: the math needs Σ sᵢ², the kernel ran S²
-                doc_pairs = docs.pairs(qd[0])
-                causal = causal_convention and (causal_of(b) or docs.causal)
-                model = attention_cost(heads, doc_pairs, d_qk, d_v, backward=backward, causal=causal)[0]
-                run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal_of(b))[1]
-                seen = AttentionPairs(doc_pairs, queries, True, causal_of(b) or docs.causal)
-                return OpCost(model, run, ATTENTION, q, shape, seen)
-            if mask is not None and not causal_of(b) and mask_is_causal(mask, qd[2], kd[2]):
-                # a causal mask given explicitly (a padded batch): half the square to the causal
-                # convention; read under "full" too, to say whether the model's attention is causal
-                model, run = attention_cost(heads, pairs, d_qk, d_v, backward=backward, causal=causal_convention,
-                                            kernel_causal=False)
-                return OpCost(model, run, ATTENTION, q, shape, AttentionPairs(pairs, queries, False, True))
-            documents, masked = False, None if causal_of is _never else causal_of(b)
-        else:  # (B, S, H, D), or varlen: flash (total, H, D) / efficient (1, total, H, D)
-            cum_q = _first_given(b, "cum_seq_q", "cu_seqlens_q", "cu_seq_q")
-            cum_k = _first_given(b, "cum_seq_k", "cu_seqlens_k", "cu_seq_k")
-            if cum_k is None:  # torch.nn.attention.varlen: keys share the queries' offsets
-                cum_k = cum_q
-            heads, d_qk, d_v = qd[-2], qd[-1], vd[-1]
-            if cum_q is not None and cum_k is not None and cum_q.numel() > 1:  # dense calls pass none/empty
-                lq = _seq_lengths(cum_q, b.get("max_q", b.get("max_seqlen_q")))
-                lk = _seq_lengths(cum_k, b.get("max_k", b.get("max_seqlen_k")))
-                pairs = sum(a * c for a, c in zip(lq, lk))
-                queries, documents = sum(lq), len(lq) > 1
-                shape = None  # packed sequences of several lengths: no one T
-            else:
-                pairs = qd[0] * qd[1] * kd[1]
-                queries, documents = qd[0] * qd[1], False
-                shape = AttentionShape(qd[0], heads, qd[1], kd[1], d_qk)
-            masked = causal_of(b)
-        kernel_causal = causal_of(b)
-        model, executed = attention_cost(heads, pairs, d_qk, d_v, backward=backward,
-                                         causal=causal_convention and kernel_causal, kernel_causal=kernel_causal)
-        return OpCost(model, executed, ATTENTION, q, shape, AttentionPairs(pairs, queries, documents, masked))
-    return formula
-
-
-def _first_given(b: Mapping[str, Any], *names: str) -> Any:
-    for name in names:
-        if b.get(name) is not None:
-            return b[name]
-    return None
-
-
-def _is_causal(b: Mapping[str, Any]) -> bool:
-    return bool(b.get("is_causal", False))
-
-
-def _mask_type_causal(b: Mapping[str, Any]) -> bool:
-    return int(b.get("custom_mask_type", 0) or 0) != 0  # 1: top-left, 2: bottom-right causal
-
-
-def _never(b: Mapping[str, Any]) -> bool:
-    return False
+    fwd = 2 * (x.numel() if transposed else grad_out.numel()) * math.prod(dims(w)[1:])
+    return same_cost(fwd * (int(bool(mask[0])) + int(bool(mask[1]))), CONV, x)
 
 
 # --- recurrent layers (nn.LSTM / nn.GRU / nn.RNN: one fused op per layer on CPU, all layers on cuDNN) ----
@@ -329,7 +166,7 @@ def _mkldnn_rnn(backward: bool) -> Formula:
 
     def formula(b: Mapping[str, Any], out: Any, causal: bool) -> OpCost:
         flops = _rnn_flops(b["input"], [b[n] for n in names]) * (2 if backward else 1)
-        return _same(flops, MATMUL, b["input"])
+        return same_cost(flops, MATMUL, b["input"])
     return formula
 
 
@@ -341,7 +178,7 @@ def _cudnn_rnn(backward: bool) -> Formula:
         if backward:
             mask = b.get("output_mask") or (True, True, True, True)
             flops *= 1 + bool(mask[3])
-        return _same(flops, MATMUL, b["input"])
+        return same_cost(flops, MATMUL, b["input"])
     return formula
 
 
@@ -379,38 +216,7 @@ for _name in (
 ):
     FORMULAS["aten::" + _name] = _conv(_name)
 
-_SDPA_OPS = (
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_fused_attention_overrideable",
-)
-for _name in _SDPA_OPS:
-    FORMULAS["aten::" + _name] = _attention("bhsd", False, _is_causal)
-    FORMULAS["aten::" + _name + "_backward"] = _attention("bhsd", True, _is_causal)
-FORMULAS["aten::_flash_attention_forward"] = _attention("bshd", False, _is_causal)
-FORMULAS["aten::_flash_attention_backward"] = _attention("bshd", True, _is_causal)
-FORMULAS["aten::_efficient_attention_forward"] = _attention("bshd", False, _mask_type_causal)
-FORMULAS["aten::_efficient_attention_backward"] = _attention("bshd", True, _mask_type_causal)
-# torch.nn.attention.varlen (custom ops; on CUDA they run flash/cuDNN varlen kernels)
-FORMULAS["torch_attn::_varlen_attn"] = _attention("bshd", False, _is_causal)
-FORMULAS["torch_attn::_varlen_attn_out"] = _attention("bshd", False, _is_causal)
-FORMULAS["torch_attn::_varlen_attn_backward"] = _attention("bshd", True, _is_causal)
-
-
-HOP_ATTENTION_OPS = ("flex_attention", "flex_attention_backward")
-
-
-def hop_attention_cost(name: str, args: Sequence[Any], causal_convention: bool) -> OpCost | None:
-    """Cost of flex attention higher-order ops (query, key, value first; (B, H, S, D)).
-
-    Block masks are not inspected: the full square is counted (an upper bound)."""
-    if name not in HOP_ATTENTION_OPS:
-        return None
-    q, k, v = args[0], args[1], args[2]
-    formula = _attention("bhsd", name.endswith("backward"), _never)
-    return formula({"query": q, "key": k, "value": v}, None, causal_convention)
+FORMULAS.update(ATTENTION_FORMULAS)
 
 
 _HEAVY_TOKENS = frozenset({

@@ -248,7 +248,7 @@ class ExpertLoadRecorder:
             loads[index] += tokens
 
     def on_groups(self, cost: Any) -> None:
-        """A forward grouped GEMM with token groups (probe.flops.formulas.OpCost.groups)."""
+        """A forward grouped GEMM with token groups (probe.flops.opcost.OpCost.groups)."""
         try:
             groups, offsets = cost.groups, cost.offsets
             if self._current:

@@ -5,7 +5,7 @@ needs Σ sᵢ² query-key pairs per row, not S². Convention (README "FP8, MoE a
 
 * **the op reveals the boundaries** → model FLOPs count Σ sᵢ·sᵢ (per packed document):
   - varlen attention (``cu_seqlens``: flash varlen, ``torch.nn.attention.varlen``), in
-    probe.flops.formulas (``Σ lq·lk`` from the offsets);
+    probe.flops.attention (``Σ lq·lk`` from the offsets);
   - SDPA with an explicit ``attn_mask`` that is block-diagonal over ≥ 2 documents
     (:func:`mask_documents`), full or causal within each document. The dense kernel still
     computes the whole square with the mask applied, so *executed* FLOPs stay S² per row;

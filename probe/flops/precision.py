@@ -28,7 +28,7 @@ import torch
 
 from probe.flops import peaks
 
-#: Op kinds whose fp32 form may run as TF32 on CUDA (probe.flops.formulas.MATMUL / CONV).
+#: Op kinds whose fp32 form may run as TF32 on CUDA (probe.flops.opcost.MATMUL / CONV).
 _MATMUL, _CONV = "matmul", "conv"
 
 _LABELS: dict[Any, str] = {

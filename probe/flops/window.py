@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from probe.flops.count import AttentionCalls, FlopCount
-from probe.flops.formulas import AttentionShape
+from probe.flops.opcost import AttentionShape
 from probe.flops.precision import scaled_to
 
 
