@@ -1,12 +1,12 @@
 """Counting the FLOPs of one whole training step, on sampled steps only (docs/formulas.md,
 "How a step is counted": counting every step would cost +385 % of a small one).
 
-A :class:`StepFlopCounter` pushes a ``TorchDispatchMode`` for the window between two optimizer
-steps (all micro-batches).  Every aten op that reaches it is executed unchanged and, when it
-has a shape formula (:mod:`probe.flops.formulas`), costed.  We use our own mode instead of
-``torch.utils.flop_counter.FlopCounterMode`` because that one counts 0 for CPU attention
-(``_scaled_dot_product_flash_attention_for_cpu``: verified on torch 2.13), never halves causal
-attention, cannot tell recomputation from the first forward, and ignores unknown heavy ops.
+A :class:`StepFlopCounter` pushes a ``TorchDispatchMode`` (:mod:`probe.flops.dispatch`) for the
+window between two optimizer steps (all micro-batches).  Every aten op that reaches it is executed
+unchanged and, when it has a shape formula (:mod:`probe.flops.formulas`), costed.  We use our own
+mode instead of ``torch.utils.flop_counter.FlopCounterMode`` because that one counts 0 for CPU
+attention (``_scaled_dot_product_flash_attention_for_cpu``: verified on torch 2.13), never halves
+causal attention, cannot tell recomputation from the first forward, and ignores unknown heavy ops.
 
 Two figures come out:
 
@@ -43,17 +43,17 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from probe._log import warn_once
 from probe.flops.count import FlopCount
 from probe.flops.accounting import unwrap
-from probe.flops.dtensor import DEFER, RUN, ParallelLayout, layout_of, route
-from probe.flops.attention import HOP_ATTENTION_OPS, hop_attention_cost
+from probe.flops.attention import hop_attention_cost
+from probe.flops.dispatch import RNG_HOPS, UNCOUNTED, CountingMode, Plan, plan_of
+from probe.flops.dtensor import ParallelLayout, layout_of
 from probe.flops.formulas import FORMULAS, bind_arguments, is_heavy_op_name
 from probe.flops.opcost import MATMUL
 from probe.flops.policy import CountPolicy, signature_of
@@ -65,77 +65,6 @@ from probe.flops.window import BATCHED, Window, cap_backward, of_activations, to
 __all__ = ["FlopCount", "StepFlopCounter", "CountPolicy", "signature_of", "dtype_label"]
 
 ATTENTION_CONVENTIONS = ("full", "causal")
-#: Higher-order ops that wrap one aten op to preserve its random state (AOT autograd's
-#: functionalised RNG, e.g. SDPA under torch.compile + activation checkpointing): name -> where
-#: the wrapped op sits in the arguments. ``run_with_rng_state`` replays a forward op in the
-#: backward, i.e. it is recomputation (executed, not model FLOPs).
-_RNG_HOPS = {"run_and_save_rng_state": 0, "run_with_rng_state": 1}
-_HOP_FORMULAS = frozenset("higher_order." + n for n in (*HOP_ATTENTION_OPS, *_RNG_HOPS))
-
-
-_SKIP, _DECOMPOSE, _UNCOUNTED, _FORMULA = "skip", "decompose", "uncounted", "formula"
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What to do with one op overload (cached): its action, formula and display name."""
-
-    action: str
-    name: str
-    formula: Any = None
-    fallback: str = _SKIP  # for composites whose decomposition is unavailable
-
-
-class _CountingMode(TorchDispatchMode):
-    """Runs every op unchanged; costs the ones with formulas.  Never raises its own errors."""
-
-    supports_higher_order_operators = True
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """Let torch.compile compile through us (a non-infra mode makes ``fullgraph=True``
-        compiles — eager flex_attention is one — raise); compiled regions then show us only
-        the ops they dispatch (extern matmuls), not their generated kernels."""
-        return True
-
-    def __init__(self, owner: StepFlopCounter) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        owner = self.owner
-        if owner._passthrough:
-            return func(*args, **kwargs)
-        if types:  # subclass arguments: DTensor's global shapes are no rank's work
-            how = route(types)
-            if how == DEFER:
-                return NotImplemented  # DTensor runs the local ops, which come back to us
-            if how == RUN:
-                return func(*args, **kwargs)  # fake tensors (sharding propagation) compute nothing
-        t0 = time.perf_counter()
-        try:
-            plan = owner._plan(func)
-        except Exception as exc:  # noqa: BLE001 - our bug must not fail the op
-            owner._disable(exc)
-            return func(*args, **kwargs)
-        if plan.action == _DECOMPOSE:  # a composite reached us (e.g. inference mode): count its parts
-            t1 = time.perf_counter()
-            with self:
-                out = func.decompose(*args, **kwargs)
-            t2 = time.perf_counter()
-            owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
-            if out is not NotImplemented:
-                return out
-            t0 = time.perf_counter()
-        t1 = time.perf_counter()
-        out = func(*args, **kwargs)  # inside a HOP our mode is popped: its inner ops are unseen
-        t2 = time.perf_counter()
-        action = plan.fallback if plan.action == _DECOMPOSE else plan.action
-        if action != _SKIP:
-            owner._safe(owner._account, func, plan, action, args, kwargs, out)
-        owner._window.overhead += (t1 - t0) + (time.perf_counter() - t2)
-        return out
 
 
 class StepFlopCounter:
@@ -172,7 +101,7 @@ class StepFlopCounter:
         self._passthrough = True
         self._window = Window()
         self._plans: dict[Any, Any] = {}
-        self._dispatch_mode: _CountingMode | None = None
+        self._dispatch_mode: CountingMode | None = None
         self._hook: Any = None
         self._thread = 0
         self._started = 0.0
@@ -217,7 +146,7 @@ class StepFlopCounter:
                 if self._replicated is not None:
                     self._replicated.start(model, self.layout)
             self._thread = threading.get_ident()
-            self._dispatch_mode = _CountingMode(self)
+            self._dispatch_mode = CountingMode(self)
             self._dispatch_mode.__enter__()
             self._started = time.perf_counter()
             self._passthrough = False
@@ -306,30 +235,15 @@ class StepFlopCounter:
             return
         self._window.micro_batches += 1
 
-    def _plan(self, func: Any) -> _Plan:
+    def _plan(self, func: Any) -> Plan:
         plan = self._plans.get(func)
         if plan is None:
-            if isinstance(func, torch._ops.HigherOrderOperator):
-                name = "higher_order." + func.name()
-                # costed via hop_attention_cost when known; any other HOP hides its ops from us
-                plan = _Plan(_FORMULA if name in _HOP_FORMULAS else _UNCOUNTED, name)
-            else:
-                schema_name = func._schema.name
-                name = schema_name.replace("::", ".")
-                heavy = _UNCOUNTED if is_heavy_op_name(schema_name) else _SKIP
-                if schema_name in FORMULAS:
-                    plan = _Plan(_FORMULA, name, FORMULAS[schema_name])
-                elif torch._C._dispatch_has_kernel_for_dispatch_key(
-                        func.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
-                    plan = _Plan(_DECOMPOSE, name, fallback=heavy)
-                else:
-                    plan = _Plan(heavy, name)
-            self._plans[func] = plan
+            plan = self._plans[func] = plan_of(func)
         return plan
 
-    def _account(self, func: Any, plan: _Plan, action: str, args: tuple, kwargs: dict, out: Any) -> None:
+    def _account(self, func: Any, plan: Plan, action: str, args: tuple, kwargs: dict, out: Any) -> None:
         win = self._window
-        if action == _UNCOUNTED:
+        if action == UNCOUNTED:
             win.uncounted[plan.name] += 1
             win.uncounted_size[plan.name] += flop_like_size(plan.name, args, kwargs, out)
             return
@@ -340,8 +254,8 @@ class StepFlopCounter:
             first = BATCHED.get(name)
             if first is not None and of_activations(first, args):
                 win.activation_products += cost.executed
-        elif func.name() in _RNG_HOPS:
-            at = _RNG_HOPS[func.name()]
+        elif func.name() in RNG_HOPS:
+            at = RNG_HOPS[func.name()]
             op, recompute = args[at], func.name() == "run_with_rng_state"
             name = op._schema.name.replace("::", ".")
             formula = FORMULAS.get(op._schema.name)
