@@ -3,9 +3,8 @@
 :class:`Discovery` is the base of :class:`probe.steps.tracker.StepTracker`. What it does runs
 once (install, uninstall, a failure), once per model (settling the root), or until the root is
 known (the global module hooks, removed then): never on a steady-state step. It is kept apart
-from the per-step hooks (probe.steps.tracker), which are measured in microseconds; those stay
-methods of StepTracker itself, found first in its own class dictionary, and every name they read
-is a global of that module, as before this split.
+from the per-step hooks (probe.steps.tracker, probe.steps.forwards), which are measured in
+microseconds; every name those read is a global of their module.
 """
 
 from __future__ import annotations

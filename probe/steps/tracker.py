@@ -26,29 +26,29 @@ arrive a few steps late (``dstep`` says which step they belong to).
 Any failure in these hooks disables the probe (``on_fail``) — the user's
 ``optimizer.step()`` and ``forward()`` never see an exception from here.
 
-This module holds what runs at every step. Installation, discovery and teardown
+This module holds what closes a step at every step: the optimizer hooks and the boundary. The
+forward hooks (probe.steps.forwards), installation, discovery and teardown
 (probe.steps.discovery), the reading of the step walls and the hello's step clock
 (probe.steps.walls), the switching of the optimizer pre-hook (probe.steps.prehook) and the
-device's CUDA events (probe.steps.devclock) are the tracker's base classes, kept apart: they
-run once, at sampled steps, or (the events) from the boundary.
+device's CUDA events (probe.steps.devclock) are the tracker's base classes, kept apart: all but
+the forward hooks run once, at sampled steps, or (the events) from the boundary.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Deque
 
 import torch
 
 from probe._log import warn_once
-from probe.flops.policy import input_key, keyed_signature
 from probe.hookutil import _has_closure, _none, eager, in_compiled_call
 from probe.hookutil import _is_compiled as _is_compiled, device_of as device_of  # importable here as before
 from probe.hookutil import params_device as params_device, weak as weak  # (used in probe.steps.discovery)
 from probe.steps.devclock import DeviceClock, DeviceTiming
 from probe.steps.discovery import Discovery
+from probe.steps.forwards import ForwardHooks
 from probe.steps.prehook import ForwardGate, PreHook, PreHookSwitch
 from probe.steps.walls import StepWalls
 from probe.transport.steprows import TrainingQueue, step_fields
@@ -65,17 +65,15 @@ BoundaryListener = Callable[[int, float], None]
 #: Read at every hook call: module globals, not attribute chains (cold caches after a long step
 #: make each lookup cost).
 _now = time.perf_counter
-_grad_on = torch.is_grad_enabled
-_inference_on = torch.is_inference_mode_enabled
-_TENSOR = torch.Tensor
 _NO_TIME = (None, None)  # no device time (a CPU rank)
 
 
-class StepTracker(Discovery, StepWalls, PreHookSwitch, DeviceTiming):
+class StepTracker(Discovery, StepWalls, PreHookSwitch, DeviceTiming, ForwardHooks):
     """Detects step boundaries and measures each step; owns the torch hooks.
 
-    The per-step hooks are this class's own methods; the bases hold what runs off the per-step
-    path and no state (empty ``__slots__``: the instance keeps the layout below).
+    The optimizer hooks and the boundary are this class's own methods, the forward hooks those of
+    :class:`ForwardHooks`; the other bases hold what runs off the per-step path. No base holds
+    state (empty ``__slots__``: the instance keeps the layout below).
     """
 
     # What the per-step hooks read and write, as slots: kept in the object itself, a few cache
@@ -184,91 +182,6 @@ class StepTracker(Discovery, StepWalls, PreHookSwitch, DeviceTiming):
     def publisher(self, publisher: Publisher | None) -> None:
         self._publisher = publisher
         self._queue = publisher.queue if publisher is not None else None
-
-    # --- steady-state hooks ---------------------------------------------------------
-
-    def _root_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # Called for the root alone: its own hook, or discovery's global hook while there is none.
-        # Decided once per root forward: the embedding and the forward's end read the flag
-        # (each torch call costs microseconds when the caches are cold after a long step).
-        if not _grad_on() or _inference_on():
-            self._training_now = False
-            return
-        self._training_now = True
-        if self._forward_since_boundary:  # a later micro-batch: only counted
-            self._forward_since_boundary += 1
-            return
-        t0 = _now()
-        self._input_wait = t0 - self._input_origin
-        listeners: Sequence[Callable[[tuple[Any, ...]], None]] = self.listeners_forward
-        if listeners:  # the input signature serves FLOP counting only
-            try:
-                # The steady step's inputs have the last step's shapes and dtypes: told by one
-                # compare with the last key read, in C; ``model(x)`` and ``model(x, y)`` build
-                # theirs here, without a call (each costs after a long step, from cold caches).
-                key: tuple[object, ...] | None = None
-                first = None  # args[0], when a plain tensor whose shape the key holds
-                if not kwargs and 0 < len(args) < 3:
-                    a = args[0]
-                    if type(a) is _TENSOR:
-                        try:
-                            if len(args) == 1:
-                                key = (a.shape, a.dtype)
-                            else:
-                                b = args[1]
-                                if type(b) is _TENSOR:
-                                    key = (a.shape, a.dtype, b.shape, b.dtype)
-                            first = a
-                        except Exception:  # a nested tensor has no plain shape: input_key says None
-                            key = None
-                if key is None:
-                    key = input_key(args, kwargs)
-                if key is not None and key == self._input_key:
-                    sig = self.signature
-                else:
-                    sig = self.signature = keyed_signature(self._signatures, key, args, kwargs)
-                    self._input_key = key
-                    self._first_numel = first.numel() if first is not None else -1
-                # The embedding is mostly fed this very tensor: its hook then takes the tokens
-                # from here, not from another torch call (held for this forward alone).
-                self._first_input = first if self._first_numel >= 0 else None
-                gate = self.forward_gate
-                if gate is not None and self.step < gate.quiet_until and (
-                        sig is gate.quiet_signature or sig == gate.quiet_signature):
-                    listeners = ()  # the steady state: the count in force holds
-                # A closure optimizer (Lightning's automatic optimization, LBFGS) runs the
-                # step's forward inside step(): that forward is the step's forward too.
-                if listeners and self._pre_hook.handle is None and not self._pre_hook.pinned:
-                    self._pre_hook_back()  # for this step's optimizer
-                if listeners and (not self.in_optimizer or self.closure_step):
-                    self.forward_inputs = (args, kwargs)  # for listeners that read values (probe.flops.padding)
-                    try:
-                        for listener in listeners:
-                            listener(self.signature)
-                    finally:
-                        self.forward_inputs = None  # never the user's batch past its forward
-            except Exception as exc:
-                self._fail("forward", exc)
-        self._forward_since_boundary = 1
-        self._probe_s += _now() - t0
-
-    def _root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if self._training_now:
-            self._forward_end = _now()
-            self._first_input = None  # never the user's batch past its forward
-
-    def _embedding_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self._training_now and args:
-            x = args[0]
-            if x is self._first_input:  # the root's first input (see _root_pre): its size is known
-                self.tokens += self._first_numel
-            elif isinstance(x, torch.Tensor):
-                self.tokens += x.numel()
-
-    @property
-    def forwards_this_step(self) -> int:
-        """Root forwards (micro-batches) since the last boundary."""
-        return self._forward_since_boundary
 
     def _is_new_step(self, optimizer: Any) -> bool:
         """A new step, unless another optimizer of this step steps with no forward between."""
