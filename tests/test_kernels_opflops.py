@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flowtop.monitor.kernels.opflops import COMPOSITE_OPS, FORMULA_OPS, op_flops, parse_concrete
-from probe.kernels.windows import might_have_formula
+from probe.kernels.records import might_have_formula
 
 FIXTURE = Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz"
 

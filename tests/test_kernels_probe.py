@@ -15,7 +15,8 @@ from flowtop.monitor.kernels.aggregate import aggregate  # noqa: E402
 from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402
 from probe import wire  # noqa: E402
 from probe.kernels import schedule as kernel_schedule
-from probe.kernels.windows import KernelWindowSampler, WindowScheduler, records_from_kineto  # noqa: E402
+from probe.kernels.records import records_from_kineto  # noqa: E402
+from probe.kernels.windows import KernelWindowSampler, WindowScheduler  # noqa: E402
 
 KEY = wire.RankKey("j", "h", 1, 0, 0)
 

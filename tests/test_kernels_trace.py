@@ -18,7 +18,7 @@ from flowtop.monitor.kernels.trace import (
 from flowtop.monitor.recording import feed
 from flowtop.monitor.wiring import make_model
 from probe import wire
-from probe.kernels.windows import records_from_kineto
+from probe.kernels.records import records_from_kineto
 
 FIXTURE = Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz"
 

@@ -35,7 +35,7 @@ def is_runtime_call(name: str) -> bool:
     """Whether a host record's name is a CUDA runtime or driver API call (``cudaEventQuery``,
     ``cuLaunchKernelEx``) or CUPTI's ``INVALID`` callback, never an operator. torch ≤ 2.11 does
     not say which a Kineto event is, and such a call made outside any operator carries no link
-    to one (a probe of that torch sent them as operators; see probe.kernels.windows).
+    to one (a probe of that torch sent them as operators; see probe.kernels.records).
 
     A classifier in the wire because both sides apply it and must agree: the probe, to send such
     a call as a runtime record rather than an operator; the monitor, to drop the ones that

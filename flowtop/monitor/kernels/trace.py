@@ -124,7 +124,7 @@ def window_from_wire(fields: Mapping[str, Any]) -> KernelWindow:
         step_dur = _finite(fields["step_dur_us"])
         ops = [_op_record(names, i, o) for i, o in enumerate(fields["ops"])]
         # A probe on torch ≤ 2.11 sent CUDA API calls made outside any operator as operators,
-        # with their CUPTI correlation id where an operator's id belongs (probe.kernels.windows): drop
+        # with their CUPTI correlation id where an operator's id belongs (probe.kernels.records): drop
         # them, or a kernel could be attributed to "cudaStreamIsCapturing".
         if device == "cuda":
             ops = [o for o in ops if not is_runtime_call(o.name)]
