@@ -268,14 +268,15 @@ class Probe(SampledFeatures):
 
     def _take_found(self) -> Any:
         """What the layout scan met, taken: the wrappers it met (the user's DDP model) are not
-        kept, their process groups are (parallel.keep_groups). None when no scan ran."""
+        kept, their process groups are (probe.steps.keepgroups). None when no scan ran."""
         from probe.steps import parallel
+        from probe.steps.keepgroups import keep_groups
 
         found = self._found
         if found is None:
             return None
         self._found = parallel.Found()  # scanned: not again
-        parallel.keep_groups(self.tracker.root, found)
+        keep_groups(self.tracker.root, found)
         return found
 
     def _layout_off(self) -> None:

@@ -149,7 +149,7 @@ def test_a_probe_detached_before_any_step_frees_the_model(probe_env: None) -> No
 def test_the_group_of_a_ddp_wrapped_part_of_the_model_is_kept(probe_env: None) -> None:
     # A part of the model trained over a group of its own: neither the root nor on the first
     # forward's stack when the layout scan runs, its wrapper's group is kept all the same (see
-    # probe.steps.parallel.keep_groups: its destructor must not run wherever the model is freed).
+    # probe.steps.keepgroups.keep_groups: its destructor must not run wherever the model is freed).
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         assert probe.attach(job="nested")

@@ -19,12 +19,12 @@ dim gives only ep: its other data dims re-split dp × cp for the experts. A dim 
 known role makes the layout unknown: then no ``coords`` are sent and the monitor sums the tokens
 of every rank, saying so. dp is derived from the world size when no dim names it.
 
-Everything here runs at the first training step (keep_groups again at detach) and never raises.
+Everything here runs at the first training step and never raises. The process groups of the
+wrappers met are kept alive by :mod:`probe.steps.keepgroups`.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -226,63 +226,7 @@ def _combine(dims: list[Dim]) -> tuple[int, int]:
     return rank, size
 
 
-#: ids of the process groups :func:`keep_groups` kept.
-_KEPT: set[int] = set()
-
-
-def keep_groups(root: Any, found: Found) -> None:
-    """Keep the process groups of the DDP / FSDP1 wrappers met (the root, those the layout scan
-    found, those inside the root) for the rest of the process, as
-    if the user kept them, and never release them, not even at interpreter finalization (the
-    operating system reclaims them at exit).
-
-    Why: the probe holds the model only weakly, so a wrapper's reducer may hold the last
-    reference to a gloo process group, and the group's destructor joins gloo's worker threads
-    wherever the model is freed, interpreter lock held. A worker that needs that lock to free a
-    finished work's Python state then waits forever (seen: about 1 mp.spawn rank in 8 hung at the
-    end of its function, tests/test_rank_identity.py; none in 16 runs with the groups kept), and
-    during finalization the same destructor aborted the process ("terminate called without an
-    active exception": CI, when the probe kept the model until then). In a run without the probe
-    the group outlives the model too (alive after main() returned, with no Python referrer)."""
-    import ctypes
-
-    try:
-        nested = _nested_wrappers(root)
-    except Exception:  # noqa: BLE001 - a model whose modules() raises: the others are still kept
-        nested = []
-    for w in (root, *found.wrappers, *nested):
-        for pg in _held_groups(w):
-            if id(pg) not in _KEPT:
-                _KEPT.add(id(pg))
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
-
-
-#: Most modules :func:`_nested_wrappers` looks at (at the layout scan's first step and at detach).
-MAX_MODULES = 100_000
-
-
-def _nested_wrappers(root: Any) -> list[Any]:
-    """The DDP / FSDP1 wrappers inside ``root``: a submodule wrapped on its own (one part of a
-    model trained over its own process group), FSDP1's auto-wrapped units: neither the root nor,
-    as a rule, held by a variable of a frame the layout scan reads (:func:`scan_stack`)."""
-    modules = getattr(root, "modules", None)
-    if modules is None:
-        return []
-    return [m for m in itertools.islice(modules(), MAX_MODULES) if _wrapper_group(m) is not None]
-
-
-def _held_groups(wrapper: Any) -> list[Any]:
-    """Every process group a DDP or FSDP1 wrapper holds: its own, and FSDP1's inter-node group
-    under hybrid sharding (HYBRID_SHARD, _HYBRID_SHARD_ZERO2: the replicas' all-reduce)."""
-    pg = _wrapper_group(wrapper)
-    if pg is None:
-        return []
-    fsdp1 = type(wrapper).__name__ == "FullyShardedDataParallel"
-    inter = getattr(wrapper, "_inter_node_pg", None) if fsdp1 else None
-    return [pg] if inter is None or inter is pg else [pg, inter]
-
-
-def _wrapper_group(root: Any) -> Any:
+def wrapper_group(root: Any) -> Any:
     """The process group of a DDP or FSDP1 wrapper around the model, else None."""
     name = type(root).__name__
     if name in ("DistributedDataParallel", "FullyShardedDataParallel"):
@@ -366,7 +310,7 @@ def _coordinates(root: Any, found: Found, rank: int, world_size: int, groups: li
         roles["pp"] = (int(s.group_rank), int(s.group_size))
         notes.append(f"pipeline stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))} "
                      f"of {int(s.num_stages)}")
-    pg = next((g for g in (_wrapper_group(w) for w in [root, *found.wrappers]) if g is not None), None)
+    pg = next((g for g in (wrapper_group(w) for w in [root, *found.wrappers]) if g is not None), None)
     if "dp" not in roles and pg is not None:
         import torch.distributed as dist
 
