@@ -18,6 +18,9 @@ bound, and never a label Prometheus owns (``job``, ``instance``: it renames an e
 * A finished job (every rank said bye) is exported for ``linger_s`` seconds after its last bye,
   then its series end; a job the model drops (done or silent for 10 minutes) ends at once.
 
+Every family is declared once, in flowtop.export.families: a scrape fills those declarations and the
+collectors' ``describe()`` lists them, which prometheus_client's ``name[]`` filter needs.
+
 The metric list is in the README ("Prometheus"; a test holds it to a real scrape).
 """
 
@@ -25,14 +28,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    StateSetMetricFamily,
-)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from flowtop.monitor.claims import newest_per, rank_newness
@@ -40,8 +38,9 @@ from flowtop.monitor.rankstats import job_percentiles
 from flowtop.monitor.byjob import ByJob
 from flowtop.monitor.rankview import NodeGroup, job_context, node_group
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
+from flowtop.export.families import LOAD_FAMILIES, SNAPSHOT_FAMILIES, Families, Family, describe
 from flowtop.monitor.selfload import METER, LoadMeter
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot
 
 #: Jobs with more rank rows than this get per-node series instead of per-rank ones.
 DEFAULT_MAX_RANKS = 1024
@@ -54,17 +53,6 @@ RELAY_STATES = ("live", "silent", "closed")
 #: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
 QUANTILES = ("0", "0.5", "0.95", "1")
 
-#: The training job's label. Not ``job``: Prometheus gives every scraped series the scrape
-#: config's ``job`` (and ``instance``) and renames an exported ``job`` to ``exported_job``, so
-#: ``{job="..."}`` selectors and ``by (job)`` would see the scrape job, every training merged.
-JOB_LABEL = "train_job"
-#: Percentiles across ranks. Not ``quantile``: that label belongs to summaries (promtool's lint
-#: rejects it on a gauge); these are not quantiles of observations over time.
-QUANTILE_LABEL = "rank_quantile"
-RANK_LABELS = (JOB_LABEL, "rank", "host", "local_rank", "relay")
-NODE_LABELS = (JOB_LABEL, "host")
-JOB_LABELS = (JOB_LABEL,)
-
 
 @dataclass(frozen=True)
 class ExportPolicy:
@@ -76,7 +64,8 @@ class ExportPolicy:
 
 
 def _full(name: str, unit: str) -> str:
-    return f"{name}_{unit}" if unit else name
+    """A table row's family key (flowtop.export.families.Family.key)."""
+    return Family(name, "gauge", "", unit=unit).key
 
 
 def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
@@ -109,184 +98,88 @@ def _rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
     return sorted(best.values(), key=lambda r: (r.rank, r.host))
 
 
-class _Families:
-    """Metric families of one scrape, created on first use (a family without samples is still
-    written, with its help: the names stay visible to a dashboard before the first job)."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, Any] = {}
-
-    def gauge(self, name: str, unit: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
-        key = _full(name, unit)
-        if key not in self.items:
-            self.items[key] = GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
-        return self.items[key]
-
-    def counter(self, name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
-        if name not in self.items:
-            self.items[name] = CounterMetricFamily(name, doc, labels=list(labels))
-        return self.items[name]
-
-    def states(self, name: str, doc: str, labels: Iterable[str]) -> StateSetMetricFamily:
-        if name not in self.items:
-            self.items[name] = StateSetMetricFamily(name, doc, labels=list(labels))
-        return self.items[name]
-
-
 def _states(current: str, states: tuple[str, ...]) -> dict[str, bool]:
     return {s: s == current for s in states}
 
 
 def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy(),
-             meter: LoadMeter | None = METER) -> list[Any]:
+             meter: LoadMeter | None = METER) -> list[Metric]:
     """The metric families of ``snap`` (the monitor's own figures only, before the first)."""
     return load_families(snap, meter) + snapshot_families(snap, policy)
 
 
 def load_families(snap: MonitorSnapshot | None, meter: LoadMeter | None = METER,
-                  clock: Callable[[], float] = time.monotonic) -> list[Any]:
+                  clock: Callable[[], float] = time.monotonic) -> list[Metric]:
     """The monitor's own CPU and frame rate (flowtop.monitor.selfload) and the served snapshot's real
     age, read at scrape time: the part of a scrape that is never cached (a wedged data thread must
     still show its CPU, and a snapshot served after a pause of the monitor its age)."""
-    # CPU seconds per second: 1 per core kept busy, above 1 with the ZeroMQ I/O thread or gzip
-    # running beside the interpreter; a _ratio would promise 0-1 (README: once flowtop_monitor_cpu_ratio).
-    cpu = GaugeMetricFamily("flowtop_monitor_cpu", "Cores the monitor process kept busy (CPU seconds per second, "
-                            "every thread), last 5 s", unit="cores")
-    frames = GaugeMetricFamily("flowtop_monitor_frames_per_second", "Frames the monitor received per second, last 5 s")
+    fam = Families(LOAD_FAMILIES)
     load = meter.read(snap.taken_at if snap else None, snap.received if snap else None) if meter else None
     if load is not None and load.cpu_ratio is not None:
-        cpu.add_metric([], load.cpu_ratio)
+        fam.gauge("flowtop_monitor_cpu_cores").add_metric([], load.cpu_ratio)
     if load is not None and load.frames_per_s is not None:
-        frames.add_metric([], load.frames_per_s)
+        fam.gauge("flowtop_monitor_frames_per_second").add_metric([], load.frames_per_s)
     # The monitor clock (taken_at) leaves the monitor's own pauses out; a scrape that came while it
     # was stopped (SIGSTOP) is answered at once on resume, before its next tick, with the snapshot
     # from before the pause: this says how old it really is.
-    age = GaugeMetricFamily("flowtop_monitor_snapshot_age", "Seconds since the snapshot the values are from "
-                            "was built, on the process's clock (a pause of the monitor included)", unit="seconds")
     if snap is not None:
-        age.add_metric([], max(0.0, clock() - snap.built_at))
-    return [cpu, frames, age]
+        fam.gauge("flowtop_monitor_snapshot_age_seconds").add_metric([], max(0.0, clock() - snap.built_at))
+    return fam.metrics()
 
 
-def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()) -> list[Any]:
+def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy()) -> list[Metric]:
     """Every family that depends on ``snap`` and ``policy`` alone (what a scrape cache may keep)."""
-    fam = _Families()
-    _declare(fam)
+    fam = Families(SNAPSHOT_FAMILIES)
     if snap is None:
-        return list(fam.items.values())
-    info = InfoMetricFamily("flowtop_monitor", "The monitor: its listen address and version",
-                            value={"listen": snap.listen, "version": _version()})
-    fam.items["flowtop_monitor"] = info
-    fam.counter("flowtop_monitor_frames_received", "", ()).add_metric([], snap.received)
-    fam.counter("flowtop_monitor_frames_rejected", "", ()).add_metric([], snap.rejected)
-    fam.counter("flowtop_monitor_ranks_evicted_for_room", "", ()).add_metric([], snap.ranks_evicted_for_room)
-    fam.gauge("flowtop_monitor_snapshot_clock", "seconds", "", ()).add_metric([], snap.taken_at)
+        return fam.metrics()
+    fam.info("flowtop_monitor").add_metric([], {"listen": snap.listen, "version": _version()})
+    fam.counter("flowtop_monitor_frames_received").add_metric([], snap.received)
+    fam.counter("flowtop_monitor_frames_rejected").add_metric([], snap.rejected)
+    fam.counter("flowtop_monitor_ranks_evicted_for_room").add_metric([], snap.ranks_evicted_for_room)
+    fam.gauge("flowtop_monitor_snapshot_clock_seconds").add_metric([], snap.taken_at)
     jobs = exported_jobs(snap, policy)
-    fam.gauge("flowtop_monitor_jobs", "", "", ()).add_metric([], len(jobs))
+    fam.gauge("flowtop_monitor_jobs").add_metric([], len(jobs))
     for job in jobs:
         _job(fam, job, snap, policy)
     _relays(fam, snap)
-    return list(fam.items.values())
+    return fam.metrics()
 
 
-def _declare(fam: _Families) -> None:
-    """Create every family with its help text (samples are added as the snapshot has them)."""
-    monitor = (
-        ("flowtop_monitor_snapshot_clock", "seconds", "Monitor clock of the snapshot the values are from "
-         "(taken_at of the same snapshot's JSON)"),
-        ("flowtop_monitor_jobs", "", "Jobs exported"),
-    )
-    for name, unit, doc in monitor:
-        fam.gauge(name, unit, doc, ())
-    for name, doc in (("flowtop_monitor_frames_received", "Frames received"),
-                      ("flowtop_monitor_frames_rejected", "Frames rejected (malformed, refused handshakes, caps)"),
-                      ("flowtop_monitor_ranks_evicted_for_room", "Ended ranks forgotten early at the caps")):
-        fam.counter(name, doc, ())
-    for name, unit, doc, _ in RANK_GAUGES:
-        fam.gauge(name, unit, doc, RANK_LABELS)
-    fam.gauge("flowtop_rank_last_seen", "seconds", "Seconds since the monitor last heard from the rank",
-              RANK_LABELS)
-    for name, doc, _ in RANK_COUNTERS:
-        fam.counter(name, doc, RANK_LABELS)
-    fam.states("flowtop_rank_status", "Rank status: live, stalled (talks, no step), stale (silent), done, "
-               "failed (ended of an uncaught exception)",
-               RANK_LABELS)
-    for name, unit, doc, _ in JOB_GAUGES:
-        fam.gauge(name, unit, doc, JOB_LABELS)
-    for name, unit, doc, _ in JOB_QUANTILES:
-        fam.gauge(name, unit, doc + " (rank_quantile 0, 0.5, 0.95, 1 across running ranks)",
-                  (JOB_LABEL, QUANTILE_LABEL))
-    fam.states("flowtop_job_status", "Job status: running, stalled, stale, done, failed", JOB_LABELS)
-    fam.items["flowtop_job_peak"] = InfoMetricFamily(
-        "flowtop_job_peak", "Where the peak of the job's MFU and HFU comes from: source table (datasheet), "
-        "estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), none "
-        "(no MFU), unknown (a probe before wire 1.4) or mixed (ranks differ); dtype the peak is of (the "
-        "snapshot JSON's peak_source has the detail)",
-        labels=JOB_LABELS)
-    fam.gauge("flowtop_job_ranks", "", "Rank processes of the job by status", (JOB_LABEL, "status"))
-    fam.gauge("flowtop_job_rank_series", "", "1: per-rank series exported; 0: per-node aggregates instead "
-              "(more ranks than --prometheus-max-ranks)", JOB_LABELS)
-    fam.gauge("flowtop_job_hints", "", "Active bottleneck hints by id and severity", (JOB_LABEL, "id", "severity"))
-    fam.gauge("flowtop_job_hint_impact", "ratio", "Largest estimated share of step time at stake among the "
-              "active hints of that id", (JOB_LABEL, "id", "severity"))
-    fam.counter("flowtop_job_lost_messages", "Lost messages summed over the job's ranks", JOB_LABELS)
-    fam.counter("flowtop_job_dropped_messages", "Dropped messages summed over the job's ranks", JOB_LABELS)
-    fam.counter("flowtop_job_commands_dropped", "Commands over the wire's bound dropped unread by the job's "
-                "probes (a flood from whatever took the monitor's port)", JOB_LABELS)
-    for name, unit, doc, _ in NODE_GAUGES:
-        fam.gauge(name, unit, doc + " (jobs above the rank cap)", NODE_LABELS)
-    fam.states("flowtop_node_status", "Worst rank status on the node (jobs above the rank cap)", NODE_LABELS)
-    fam.counter("flowtop_node_lost_messages", "Lost messages summed over the node's ranks", NODE_LABELS)
-    fam.counter("flowtop_node_dropped_messages", "Dropped messages summed over the node's ranks", NODE_LABELS)
-    fam.states("flowtop_relay_status", "Node relay status: live, silent (3 s), closed", ("relay",))
-    fam.gauge("flowtop_relay_ranks", "", "Ranks whose latest frame came through the relay", ("relay",))
-    fam.counter("flowtop_relay_frames_in", "Frames the relay received from its ranks", ("relay",))
-    fam.counter("flowtop_relay_frames_out", "Frames the relay sent upstream", ("relay",))
-    fam.counter("flowtop_relay_drops", "Frames the relay dropped", ("relay",))
-    fam.counter("flowtop_relay_commands_dropped", "Commands from upstream over the wire's bound, dropped "
-                "unread by the relay (a flood)", ("relay",))
-    fam.gauge("flowtop_relay_link_lag", "seconds", "How much later than its fastest path the relay's latest "
-              "batch arrived", ("relay",))
-
-
-def _job(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy) -> None:
+def _job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy) -> None:
     name = job.job
-    for metric, unit, doc, get in JOB_GAUGES:
+    for metric, unit, _, get in JOB_GAUGES:
         value = get(job)
         if value is not None:
-            fam.gauge(metric, unit, doc, JOB_LABELS).add_metric([name], value)
-    fam.states("flowtop_job_status", "", JOB_LABELS).add_metric([name], _states(job.status, JOB_STATES))
+            fam.gauge(_full(metric, unit)).add_metric([name], value)
+    fam.states("flowtop_job_status").add_metric([name], _states(job.status, JOB_STATES))
     if job.flops is not None:
-        fam.items["flowtop_job_peak"].add_metric([name], {
-            "source": job.flops.peak_kind, "dtype": job.flops.dtype})
+        fam.info("flowtop_job_peak").add_metric([name], {"source": job.flops.peak_kind, "dtype": job.flops.dtype})
     by_status = dict.fromkeys(RANK_STATES, 0)
     for r in job.ranks:
         by_status[r.status] = by_status.get(r.status, 0) + 1
-    ranks = fam.gauge("flowtop_job_ranks", "", "", ())
+    ranks = fam.gauge("flowtop_job_ranks")
     for status, n in by_status.items():
         ranks.add_metric([name, status], n)
     pct = job_percentiles(job)
-    for metric, unit, doc, attr in JOB_QUANTILES:
+    for metric, unit, _, attr in JOB_QUANTILES:
         values = getattr(pct, attr)
         if values is not None:
-            g = fam.gauge(metric, unit, doc, ())
+            g = fam.gauge(_full(metric, unit))
             for q, v in zip(QUANTILES, values):
                 g.add_metric([name, q], v)
     _hints(fam, job)
-    fam.counter("flowtop_job_lost_messages", "", ()).add_metric([name], sum(r.lost_messages for r in job.ranks))
-    fam.counter("flowtop_job_dropped_messages", "", ()).add_metric(
-        [name], sum(r.dropped_messages for r in job.ranks))
-    fam.counter("flowtop_job_commands_dropped", "", ()).add_metric(
-        [name], sum(r.commands_dropped for r in job.ranks))
+    fam.counter("flowtop_job_lost_messages").add_metric([name], sum(r.lost_messages for r in job.ranks))
+    fam.counter("flowtop_job_dropped_messages").add_metric([name], sum(r.dropped_messages for r in job.ranks))
+    fam.counter("flowtop_job_commands_dropped").add_metric([name], sum(r.commands_dropped for r in job.ranks))
     per_rank = len(job.ranks) <= policy.max_ranks
-    fam.gauge("flowtop_job_rank_series", "", "", ()).add_metric([name], 1 if per_rank else 0)
+    fam.gauge("flowtop_job_rank_series").add_metric([name], 1 if per_rank else 0)
     if per_rank:
         _ranks(fam, job, snap)
     else:
         _nodes(fam, job)
 
 
-def _hints(fam: _Families, job: JobSnapshot) -> None:
+def _hints(fam: Families, job: JobSnapshot) -> None:
     counts: dict[tuple[str, str], int] = {}
     impact: dict[tuple[str, str], float] = {}
     for h in job.hints:
@@ -295,26 +188,26 @@ def _hints(fam: _Families, job: JobSnapshot) -> None:
         key = (h.id, h.severity)
         counts[key] = counts.get(key, 0) + 1
         impact[key] = max(impact.get(key, 0.0), float(h.impact))
-    hints = fam.gauge("flowtop_job_hints", "", "", ())
-    share = fam.gauge("flowtop_job_hint_impact", "ratio", "", ())
+    hints = fam.gauge("flowtop_job_hints")
+    share = fam.gauge("flowtop_job_hint_impact_ratio")
     for (hid, severity), n in sorted(counts.items()):
         hints.add_metric([job.job, hid, severity], n)
         share.add_metric([job.job, hid, severity], impact[(hid, severity)])
 
 
-def _ranks(fam: _Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
-    gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in RANK_GAUGES]
-    counters = [(fam.counter(n, d, ()), get) for n, d, get in RANK_COUNTERS]
-    seen = fam.gauge("flowtop_rank_last_seen", "seconds", "", ())
-    status = fam.states("flowtop_rank_status", "", ())
+def _ranks(fam: Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
+    gauges = [(fam.gauge(_full(n, u)), get) for n, u, _, get in RANK_GAUGES]
+    counters = [(fam.counter(n), get) for n, _, get in RANK_COUNTERS]
+    seen = fam.gauge("flowtop_rank_last_seen_seconds")
+    status = fam.states("flowtop_rank_status")
     for r in _rank_rows(job):
         labels = [job.job, str(r.rank), r.host, str(r.local_rank), relay_host(r.relay, snap)]
         for g, get in gauges:
             value = get(r)
             if value is not None:
                 g.add_metric(labels, value)
-        for c, get in counters:
-            c.add_metric(labels, get(r))
+        for c, count in counters:
+            c.add_metric(labels, count(r))
         seen.add_metric(labels, r.age_s(snap.taken_at))
         status.add_metric(labels, _states(r.status, RANK_STATES))
 
@@ -331,11 +224,11 @@ def _node_groups(job: JobSnapshot) -> list[tuple[NodeGroup, list[RankSnapshot]]]
 _NODE_GROUPS: ByJob[list[tuple[NodeGroup, list[RankSnapshot]]]] = ByJob()
 
 
-def _nodes(fam: _Families, job: JobSnapshot) -> None:
-    gauges = [(fam.gauge(n, u, d, ()), get) for n, u, d, get in NODE_GAUGES]
-    status = fam.states("flowtop_node_status", "", ())
-    lost = fam.counter("flowtop_node_lost_messages", "", ())
-    dropped = fam.counter("flowtop_node_dropped_messages", "", ())
+def _nodes(fam: Families, job: JobSnapshot) -> None:
+    gauges = [(fam.gauge(_full(n, u)), get) for n, u, _, get in NODE_GAUGES]
+    status = fam.states("flowtop_node_status")
+    lost = fam.counter("flowtop_node_lost_messages")
+    dropped = fam.counter("flowtop_node_dropped_messages")
     for group, members in _NODE_GROUPS.get(job.job, job, lambda: _node_groups(job)):
         labels = [job.job, group.host]
         for g, get in gauges:
@@ -347,21 +240,21 @@ def _nodes(fam: _Families, job: JobSnapshot) -> None:
         dropped.add_metric(labels, sum(r.dropped_messages for r in members))
 
 
-def _relays(fam: _Families, snap: MonitorSnapshot) -> None:
-    newest: dict[str, Any] = {}  # one series per relay host: the most recently heard relay there
+def _relays(fam: Families, snap: MonitorSnapshot) -> None:
+    newest: dict[str, RelaySnapshot] = {}  # one series per relay host: the most recently heard relay there
     for rel in snap.relays:
         old = newest.get(rel.host)
         if old is None or rel.age_s < old.age_s:
             newest[rel.host] = rel
     for host in sorted(newest):
         rel = newest[host]
-        fam.states("flowtop_relay_status", "", ()).add_metric([host], _states(rel.status, RELAY_STATES))
-        fam.gauge("flowtop_relay_ranks", "", "", ()).add_metric([host], rel.ranks)
-        fam.counter("flowtop_relay_frames_in", "", ()).add_metric([host], rel.frames_in)
-        fam.counter("flowtop_relay_frames_out", "", ()).add_metric([host], rel.frames_out)
-        fam.counter("flowtop_relay_drops", "", ()).add_metric([host], rel.drops)
-        fam.counter("flowtop_relay_commands_dropped", "", ()).add_metric([host], rel.commands_dropped)
-        fam.gauge("flowtop_relay_link_lag", "seconds", "", ()).add_metric([host], rel.link_lag_s)
+        fam.states("flowtop_relay_status").add_metric([host], _states(rel.status, RELAY_STATES))
+        fam.gauge("flowtop_relay_ranks").add_metric([host], rel.ranks)
+        fam.counter("flowtop_relay_frames_in").add_metric([host], rel.frames_in)
+        fam.counter("flowtop_relay_frames_out").add_metric([host], rel.frames_out)
+        fam.counter("flowtop_relay_drops").add_metric([host], rel.drops)
+        fam.counter("flowtop_relay_commands_dropped").add_metric([host], rel.commands_dropped)
+        fam.gauge("flowtop_relay_link_lag_seconds").add_metric([host], rel.link_lag_s)
 
 
 def _version() -> str:
@@ -386,10 +279,13 @@ class SnapshotCollector(Collector):
         self._meter = meter
         self._clock = clock
 
-    def describe(self) -> list[Any]:
-        return []  # no scrape at registration
+    def describe(self) -> list[Metric]:
+        """The families :meth:`collect` yields, from their declarations (no scrape: the registry
+        calls this at registration). prometheus_client's ``name[]`` filter asks only the
+        collectors whose ``describe()`` names a requested series."""
+        return describe((LOAD_FAMILIES if self._meter is not None else ()) + SNAPSHOT_FAMILIES)
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         snap = self._latest()
         if self._meter is not None:
             yield from load_families(snap, self._meter, self._clock)
@@ -405,8 +301,9 @@ class LoadCollector(Collector):
         self._meter = meter
         self._clock = clock
 
-    def describe(self) -> list[Any]:
-        return []
+    def describe(self) -> list[Metric]:
+        """The families :meth:`collect` yields, from their declarations."""
+        return describe(LOAD_FAMILIES)
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         yield from load_families(self._latest(), self._meter, self._clock)

@@ -10,6 +10,8 @@ runs on threads of its own; a scrape only reads the newest published snapshot.
 A snapshot's families and JSON are rendered once per format (flowtop.export.scrape_cache): scrapes until
 the next snapshot reuse the bytes and only render the part that must be fresh — the monitor's
 own CPU and frames/s and ``process_*`` — which is appended (before OpenMetrics' ``# EOF``).
+A ``name[]`` filter (``/metrics?name[]=flowtop_job_mfu_ratio&name[]=...``, series names as a scrape
+writes them) is prometheus_client's own, rendered per request from the registry.
 """
 
 from __future__ import annotations
@@ -121,8 +123,11 @@ class MetricsServer:
         self.clock = clock
         self.cache = ScrapeCache()
         # Everything, rendered per request: for what the cache does not serve (name[] filters,
-        # methods other than GET: prometheus_client's own answers).
-        self.registry = CollectorRegistry()
+        # methods other than GET: prometheus_client's own answers). A name[] filter
+        # (restricted_registry) asks only the collectors that named the series at registration:
+        # SnapshotCollector names its families in describe(); ProcessCollector has no describe(),
+        # so auto_describe names its process_* series from one collect() at registration.
+        self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(SnapshotCollector(lambda: self.latest(), policy,  # latest may be replaced
                                                  clock=lambda: self.clock()))
         ProcessCollector(registry=self.registry)
@@ -183,6 +188,8 @@ class MetricsServer:
         if path != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics or /snapshot.json\n"]
+        # Parsed as prometheus_client's app parses it (parse_qs drops blank values): a bare
+        # ?name[]= is unfiltered in both, so it may take the cached path.
         if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
             return self._metrics(environ, start_response)
         return self._cached_metrics(environ, start_response)
