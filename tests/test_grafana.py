@@ -8,11 +8,12 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from flowtop.export.exporter import ExportPolicy
 from flowtop.export.metrics_http import HostPort, MetricsServer
-from test_prometheus import _start, http_get, made  # noqa: F401  (made: the fixture)
+from test_prometheus import MODEL_FLOPS, PEAK, WALL_S, _start, http_get, made  # noqa: F401  (made: the fixture)
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "flowtop.json"
 #: Needs a kernel window (a profiled step): the scrape must declare it, samples come with windows.
@@ -99,5 +100,35 @@ def test_every_dashboard_metric_is_exported(made: list[Any]) -> None:  # noqa: F
     assert not missing, f"the dashboard queries metrics no scrape has: {missing}"
     # What the README promises of the dashboard.
     titles = " | ".join(p["title"] for p in dash["panels"])
-    for want in ("Job MFU", "Job FLOP/s", "heat map", "percentiles", "hints"):
+    for want in ("Job MFU", "Peak source", "Job FLOP/s", "heat map", "percentiles", "hints"):
         assert want.lower() in titles.lower(), want
+
+
+def test_the_peak_source_panel_shows_each_jobs_mfu_with_its_peaks_source_and_dtype(made: list[Any]) -> None:  # noqa: F811
+    """The MFU alone does not say what it is a fraction of (a datasheet's peak, a CPU estimate, an
+    override): a table beside Job MFU joins flowtop_job_peak_info's source and dtype onto each job's
+    MFU. Its one query, evaluated on a real scrape (one target: the match labels job and instance
+    are Prometheus' and the same on every series), gives one row per job with the hand-counted MFU."""
+    dash = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in dash["panels"] if any("flowtop_job_peak_info" in t["expr"] for t in p.get("targets", []))]
+    mfu_panel = next(p for p in dash["panels"] if p["title"] == "Job MFU")
+    assert panel["type"] == "table" and panel["datasource"] == mfu_panel["datasource"]
+    assert panel["gridPos"]["y"] == mfu_panel["gridPos"]["y"]  # on its row, right of it
+    assert panel["gridPos"]["x"] == mfu_panel["gridPos"]["x"] + mfu_panel["gridPos"]["w"]
+    (target,) = panel["targets"]
+    assert target["instant"] and target["format"] == "table" and target["datasource"] == mfu_panel["datasource"]
+    match = re.fullmatch(r'(\w+)\{train_job=~"\$train_job"\} \* on \(job, instance, train_job\) '
+                         r'group_left \(source, dtype\) (\w+)\{train_job=~"\$train_job"\}', target["expr"])
+    assert match and match.groups() == ("flowtop_job_mfu_ratio", "flowtop_job_peak_info"), target["expr"]
+    mon, _ = _start(made, ExportPolicy(), [("node-a", 0), ("node-b", 0)], job="peaky")
+    mon.wait(lambda s: bool(s["jobs"]) and len(s["jobs"][0]["ranks"]) == 2 and bool(s["jobs"][0]["mfu"]))
+    text, _ = mon.moment()
+    got = [s for fam in parse_text(text) for s in fam.samples]
+    mfu = {s.labels["train_job"]: s.value for s in got if s.name == "flowtop_job_mfu_ratio"}
+    info = [s.labels for s in got if s.name == "flowtop_job_peak_info"]
+    rows = {(i["train_job"], i["source"], i["dtype"]): mfu[i["train_job"]] for i in info if i["train_job"] in mfu}
+    # The test publishers say dtype fp32 and no peak kind (a probe before wire 1.4: unknown); each
+    # rank 2e9 FLOPs per 0.05 s step against 1e12 FLOP/s: MFU 0.04, the job's the same.
+    assert list(rows) == [("peaky", "unknown", "fp32")]
+    assert rows[("peaky", "unknown", "fp32")] == pytest.approx(0.04, rel=0.01)
+    assert MODEL_FLOPS / WALL_S / PEAK == pytest.approx(0.04)

@@ -106,6 +106,27 @@ def test_every_selector_grouping_and_legend_sees_the_training_jobs() -> None:
             for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")):
                 if selected and label not in have:
                     problems.append(f"{panel['title']}: legend {{{{{label}}}}} is no label of {expr}")
+            # Vector matching: on (...) labels on both sides, group_left (...) labels on the right
+            # (the info side), whose series must be one per matched label set (else PromQL refuses
+            # the query: many-to-many).
+            on = re.search(r"\bon\s*\(([^)]*)\)\s*group_left\s*\(([^)]*)\)", expr)
+            if on:
+                keys = [k.strip() for k in on.group(1).split(",")]
+                extra = {k.strip() for k in on.group(2).split(",")}
+                sides = [[s for s in series.get(m, []) if matches(s, ms)] for m, ms in SELECTOR.findall(expr)]
+                if len(sides) != 2:
+                    problems.append(f"{panel['title']}: {expr}: a one-to-one match of two selectors expected")
+                else:
+                    left, right = sides
+                    problems += [f"{panel['title']}: on ({k}) is no label of a side of {expr}" for k in keys
+                                 for side in (left, right) if side and any(k not in s for s in side)]
+                    problems += [f"{panel['title']}: group_left ({k}) is no label of the right of {expr}"
+                                 for k in sorted(extra) if right and any(k not in s for s in right)]
+                    matched = [tuple(s.get(k) for k in keys) for s in right]
+                    if len(matched) != len(set(matched)):
+                        problems.append(f"{panel['title']}: {expr}: many series on the right per ({', '.join(keys)})")
+                    unmatched = {tuple(s.get(k) for k in keys) for s in left} - set(matched)
+                    problems += [f"{panel['title']}: {expr}: nothing on the right for {u}" for u in sorted(unmatched)]
             # Training jobs told apart: series of both jobs never collapse onto the scrape's job.
             if grouping and selected and "job" in have and not ({"train_job", "exported_job"} & have):
                 problems.append(f"{panel['title']}: {expr} groups by the scrape job")
