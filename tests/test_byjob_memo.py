@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from flowtop.export import exporter
+from flowtop.export import rank_series
 from flowtop.export.exporter import ExportPolicy, snapshot_families
 from flowtop.monitor import rankstats, rankview
 from flowtop.monitor.byjob import ByJob
@@ -56,7 +56,7 @@ def test_the_rank_view_of_the_same_snapshot_and_spec_is_built_once(monkeypatch: 
 
 
 def test_the_exporters_node_figures_of_the_same_snapshot_are_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counting(monkeypatch, exporter, "node_group")
+    calls = _counting(monkeypatch, rank_series, "node_group")
     job = _job(ranks=16)
     snap = MonitorSnapshot(taken_at=2.0, listen="", jobs=(job,), received=0, rejected=0)
     policy = ExportPolicy(max_ranks=4)  # node series, not rank series

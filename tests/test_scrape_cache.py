@@ -47,13 +47,13 @@ def snapshot_samples(text: str, openmetrics: bool = False) -> set[tuple[str, tup
 def renders(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The jobs the exporter rendered, one entry per job per rendering."""
     calls: list[str] = []
-    real = flowtop.export.exporter._job
+    real = flowtop.export.exporter.add_job
 
     def counted(fam: Any, job: Any, *args: Any) -> None:
         calls.append(job.job)
         real(fam, job, *args)
 
-    monkeypatch.setattr(flowtop.export.exporter, "_job", counted)
+    monkeypatch.setattr(flowtop.export.exporter, "add_job", counted)  # the name snapshot_families calls
     return calls
 
 

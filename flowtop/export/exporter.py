@@ -14,12 +14,15 @@ bound, and never a label Prometheus owns (``job``, ``instance``: it renames an e
 ``exported_job``) or reserves for a type (``quantile``, ``le``). Two bounds on the series:
 
 * A job of more than ``max_ranks`` rank rows gets per-node aggregates (``flowtop_node_*``,
-  labels ``job``, ``host``) instead of per-rank series.
+  labels ``train_job``, ``host``) instead of per-rank series.
 * A finished job (every rank said bye) is exported for ``linger_s`` seconds after its last bye,
   then its series end; a job the model drops (done or silent for 10 minutes) ends at once.
 
-Every family is declared once, in flowtop.export.families: a scrape fills those declarations and the
-collectors' ``describe()`` lists them, which prometheus_client's ``name[]`` filter needs.
+Here: the collectors, the monitor's own families (its load, frames, relays) and which jobs are
+exported. Every family is declared once, in flowtop.export.families: a scrape fills those
+declarations and the collectors' ``describe()`` lists them, which prometheus_client's ``name[]``
+filter needs. A job's series are flowtop.export.job_series', its ranks' or nodes'
+flowtop.export.rank_series'.
 
 The metric list is in the README ("Prometheus"; a test holds it to a real scrape).
 """
@@ -27,56 +30,21 @@ The metric list is in the README ("Prometheus"; a test holds it to a real scrape
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from flowtop.monitor.claims import newest_per, rank_newness
-from flowtop.monitor.rankstats import job_percentiles
-from flowtop.monitor.byjob import ByJob
-from flowtop.monitor.rankview import NodeGroup, job_context, node_group
-from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES, NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
-from flowtop.export.families import LOAD_FAMILIES, SNAPSHOT_FAMILIES, Families, Family, describe
+from flowtop.export.families import LOAD_FAMILIES, SNAPSHOT_FAMILIES, Families, describe, state_set
+from flowtop.export.job_series import DEFAULT_LINGER_S, DEFAULT_MAX_RANKS, ExportPolicy, add_job
 from flowtop.monitor.selfload import METER, LoadMeter
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RelaySnapshot
 
-#: Jobs with more rank rows than this get per-node series instead of per-rank ones.
-DEFAULT_MAX_RANKS = 1024
-#: Seconds a finished job's series stay after its last bye.
-DEFAULT_LINGER_S = 60.0
+#: Re-exported: the CLI and the tests take the policy from here, the exporter's entry point.
+__all__ = ["DEFAULT_LINGER_S", "DEFAULT_MAX_RANKS", "ExportPolicy", "LoadCollector", "SnapshotCollector",
+           "exported_jobs", "families", "load_families", "snapshot_families"]
 
-RANK_STATES = ("live", "stalled", "stale", "done", "failed")
-JOB_STATES = ("running", "stalled", "stale", "done", "failed")
 RELAY_STATES = ("live", "silent", "closed")
-#: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
-QUANTILES = ("0", "0.5", "0.95", "1")
-
-
-@dataclass(frozen=True)
-class ExportPolicy:
-    """What the exporter bounds: per-rank series up to ``max_ranks`` rank rows, a finished job
-    for ``linger_s`` seconds after its last bye."""
-
-    max_ranks: int = DEFAULT_MAX_RANKS
-    linger_s: float = DEFAULT_LINGER_S
-
-
-def _full(name: str, unit: str) -> str:
-    """A table row's family key (flowtop.export.families.Family.key)."""
-    return Family(name, "gauge", "", unit=unit).key
-
-
-def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
-    """The host of a rank's relay ("" when it connects directly): relays serve their own node."""
-    if not relay_id:
-        return ""
-    for rel in snap.relays:
-        if rel.relay == relay_id:
-            return str(rel.host)
-    host = relay_id.rpartition(":")[0].rpartition(":")[0]  # id is host:pid:nonce
-    return host or relay_id
 
 
 def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapshot]:
@@ -89,17 +57,6 @@ def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapsh
                 continue
         out.append(j)
     return out
-
-
-def _rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
-    """One rank row per label set: of two processes claiming one rank on one host (a conflict,
-    counted in flowtop_job_rank_conflicts) the newest incarnation, then the latest heard."""
-    best = newest_per(job.ranks, lambda r: (r.rank, r.host, r.local_rank), rank_newness)  # first of equals
-    return sorted(best.values(), key=lambda r: (r.rank, r.host))
-
-
-def _states(current: str, states: tuple[str, ...]) -> dict[str, bool]:
-    return {s: s == current for s in states}
 
 
 def families(snap: MonitorSnapshot | None, policy: ExportPolicy = ExportPolicy(),
@@ -140,104 +97,9 @@ def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = Expor
     jobs = exported_jobs(snap, policy)
     fam.gauge("flowtop_monitor_jobs").add_metric([], len(jobs))
     for job in jobs:
-        _job(fam, job, snap, policy)
+        add_job(fam, job, snap, policy)
     _relays(fam, snap)
     return fam.metrics()
-
-
-def _job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy) -> None:
-    name = job.job
-    for metric, unit, _, get in JOB_GAUGES:
-        value = get(job)
-        if value is not None:
-            fam.gauge(_full(metric, unit)).add_metric([name], value)
-    fam.states("flowtop_job_status").add_metric([name], _states(job.status, JOB_STATES))
-    if job.flops is not None:
-        fam.info("flowtop_job_peak").add_metric([name], {"source": job.flops.peak_kind, "dtype": job.flops.dtype})
-    by_status = dict.fromkeys(RANK_STATES, 0)
-    for r in job.ranks:
-        by_status[r.status] = by_status.get(r.status, 0) + 1
-    ranks = fam.gauge("flowtop_job_ranks")
-    for status, n in by_status.items():
-        ranks.add_metric([name, status], n)
-    pct = job_percentiles(job)
-    for metric, unit, _, attr in JOB_QUANTILES:
-        values = getattr(pct, attr)
-        if values is not None:
-            g = fam.gauge(_full(metric, unit))
-            for q, v in zip(QUANTILES, values):
-                g.add_metric([name, q], v)
-    _hints(fam, job)
-    fam.counter("flowtop_job_lost_messages").add_metric([name], sum(r.lost_messages for r in job.ranks))
-    fam.counter("flowtop_job_dropped_messages").add_metric([name], sum(r.dropped_messages for r in job.ranks))
-    fam.counter("flowtop_job_commands_dropped").add_metric([name], sum(r.commands_dropped for r in job.ranks))
-    per_rank = len(job.ranks) <= policy.max_ranks
-    fam.gauge("flowtop_job_rank_series").add_metric([name], 1 if per_rank else 0)
-    if per_rank:
-        _ranks(fam, job, snap)
-    else:
-        _nodes(fam, job)
-
-
-def _hints(fam: Families, job: JobSnapshot) -> None:
-    counts: dict[tuple[str, str], int] = {}
-    impact: dict[tuple[str, str], float] = {}
-    for h in job.hints:
-        if h.ended:
-            continue
-        key = (h.id, h.severity)
-        counts[key] = counts.get(key, 0) + 1
-        impact[key] = max(impact.get(key, 0.0), float(h.impact))
-    hints = fam.gauge("flowtop_job_hints")
-    share = fam.gauge("flowtop_job_hint_impact_ratio")
-    for (hid, severity), n in sorted(counts.items()):
-        hints.add_metric([job.job, hid, severity], n)
-        share.add_metric([job.job, hid, severity], impact[(hid, severity)])
-
-
-def _ranks(fam: Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
-    gauges = [(fam.gauge(_full(n, u)), get) for n, u, _, get in RANK_GAUGES]
-    counters = [(fam.counter(n), get) for n, _, get in RANK_COUNTERS]
-    seen = fam.gauge("flowtop_rank_last_seen_seconds")
-    status = fam.states("flowtop_rank_status")
-    for r in _rank_rows(job):
-        labels = [job.job, str(r.rank), r.host, str(r.local_rank), relay_host(r.relay, snap)]
-        for g, get in gauges:
-            value = get(r)
-            if value is not None:
-                g.add_metric(labels, value)
-        for c, count in counters:
-            c.add_metric(labels, count(r))
-        seen.add_metric(labels, r.age_s(snap.taken_at))
-        status.add_metric(labels, _states(r.status, RANK_STATES))
-
-
-def _node_groups(job: JobSnapshot) -> list[tuple[NodeGroup, list[RankSnapshot]]]:
-    """The job's node groups, by host, each with its ranks (remembered per snapshot object)."""
-    ctx = job_context(job.ranks)
-    by_host: dict[str, list[RankSnapshot]] = {}
-    for r in job.ranks:
-        by_host.setdefault(r.host, []).append(r)
-    return [(node_group(host, by_host[host], ctx), by_host[host]) for host in sorted(by_host)]
-
-
-_NODE_GROUPS: ByJob[list[tuple[NodeGroup, list[RankSnapshot]]]] = ByJob()
-
-
-def _nodes(fam: Families, job: JobSnapshot) -> None:
-    gauges = [(fam.gauge(_full(n, u)), get) for n, u, _, get in NODE_GAUGES]
-    status = fam.states("flowtop_node_status")
-    lost = fam.counter("flowtop_node_lost_messages")
-    dropped = fam.counter("flowtop_node_dropped_messages")
-    for group, members in _NODE_GROUPS.get(job.job, job, lambda: _node_groups(job)):
-        labels = [job.job, group.host]
-        for g, get in gauges:
-            value = get(group)
-            if value is not None:
-                g.add_metric(labels, value)
-        status.add_metric(labels, _states(group.worst_status, RANK_STATES))
-        lost.add_metric(labels, sum(r.lost_messages for r in members))
-        dropped.add_metric(labels, sum(r.dropped_messages for r in members))
 
 
 def _relays(fam: Families, snap: MonitorSnapshot) -> None:
@@ -248,7 +110,7 @@ def _relays(fam: Families, snap: MonitorSnapshot) -> None:
             newest[rel.host] = rel
     for host in sorted(newest):
         rel = newest[host]
-        fam.states("flowtop_relay_status").add_metric([host], _states(rel.status, RELAY_STATES))
+        fam.states("flowtop_relay_status").add_metric([host], state_set(rel.status, RELAY_STATES))
         fam.gauge("flowtop_relay_ranks").add_metric([host], rel.ranks)
         fam.counter("flowtop_relay_frames_in").add_metric([host], rel.frames_in)
         fam.counter("flowtop_relay_frames_out").add_metric([host], rel.frames_out)

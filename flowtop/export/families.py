@@ -55,7 +55,7 @@ class Family:
     @property
     def key(self) -> str:
         """The family's name in a scrape (``# TYPE`` of the text format): the unit appended."""
-        return f"{self.name}_{self.unit}" if self.unit else self.name
+        return family_key(self.name, self.unit)
 
     def empty(self) -> Metric:
         """The family without samples: what ``describe()`` lists and a scrape starts from."""
@@ -67,6 +67,16 @@ class Family:
         if self.kind == "stateset":
             return StateSetMetricFamily(self.name, self.doc, labels=labels)
         return InfoMetricFamily(self.name, self.doc, labels=labels)
+
+
+def family_key(name: str, unit: str) -> str:
+    """A family's name in a scrape: the unit appended, as prometheus_client's ``Metric`` does."""
+    return f"{name}_{unit}" if unit else name
+
+
+def state_set(current: str, states: tuple[str, ...]) -> dict[str, bool]:
+    """A state-set sample's value: ``current`` on, every other state off."""
+    return {s: s == current for s in states}
 
 
 def _gauges(rows: Iterable[tuple[str, str, str, object]], labels: tuple[str, ...], suffix: str = "") -> list[Family]:
