@@ -3,6 +3,7 @@
     python bench/ended_idle.py --jobs 15 --ranks 64
     python bench/ended_idle.py --jobs 2 --ranks 4096 --ticks 16
     python bench/ended_idle.py --jobs 15 --ranks 64 --silent
+    python bench/ended_idle.py --jobs 15 --ranks 64 --silent --relay
 
 Fills a model (``make_model``: the real hint engine, kernel tables) with ``--jobs`` jobs of
 ``--ranks`` ranks, every frame a real wire frame through the model's ingest path (hello, step
@@ -11,7 +12,10 @@ it at 2 Hz while they run, then every rank says bye. After a few ticks that see 
 times ``--ticks`` ticks of nothing but the clock (0.5 s apart) and as many ``snapshot()`` calls,
 and prints, as JSON, the CPU per tick and per snapshot (median and max, ms). ``--silent``: no
 bye, the ranks fall silent (a crash, a lost node); the model ticks on for SETTLE_S (stale after
-5 s, the hang hint past its 30 s floor) before the timed ticks. ``--profile N`` prints the top N
+5 s, the hang hint past its 30 s floor) before the timed ticks. ``--relay``: each node's ranks
+come through a node relay (a stamped batch a frame, as the collector applies it), which falls
+silent with them under ``--silent`` (a lost node: its ranks read "relay HOST silent for N s").
+``--profile N`` prints the top N
 functions of the idle ticks (cProfile, cumulative time) instead.
 """
 
@@ -35,13 +39,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _fill(jobs: int, ranks: int, steps: int, kernels: bool, silent: bool = False):  # type: ignore[no-untyped-def]
+def _fill(jobs: int, ranks: int, steps: int, kernels: bool, silent: bool = False,  # type: ignore[no-untyped-def]
+          relay: bool = False):
     """The model with every job run ``steps`` steps and ended; its clock at the last bye's tick.
     ``silent``: no bye, the ranks fall silent (a crash, a lost node); the model ticks on until
     every clock-driven change of theirs has happened (stale, the hang hint past its 30 s floor
-    and its hysteresis: SETTLE_S), its clock at the last of those ticks."""
+    and its hysteresis: SETTLE_S), its clock at the last of those ticks. ``relay``: each node's
+    ranks through a relay of its own (node host, a batch of one frame each)."""
     from flowtop.monitor.rankkernels import add_window
     from flowtop.monitor.recording import feed
+    from flowtop.monitor.relays import encode_stamp
     from flowtop.monitor.wiring import make_model
     from probe import wire
     from probe.wire.steps import encode_fields
@@ -57,7 +64,13 @@ def _fill(jobs: int, ranks: int, steps: int, kernels: bool, silent: bool = False
 
     def send(key: wire.RankKey, kind: str, fields: dict) -> None:
         seq[key] += 1
-        feed(model, wire.encode(kind, key, seq[key], now, fields), now)
+        frame = wire.encode(kind, key, seq[key], now, fields)
+        if not relay:
+            feed(model, frame, now)
+            return
+        # As Collector.handle_batch: the relay's clock 900 s ahead of the monitor's, no queueing.
+        via, (at,) = model.relays.unstamp([encode_stamp(f"{key.host}:1:1", now + 900.0, [0]), frame], now)
+        model.ingest(wire.decode(frame), at, via)
 
     for key in keys:
         send(key, "hello", {**last["hello"], "world_size": ranks, "local_rank": key.rank % 8})
@@ -96,12 +109,14 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=40, help="idle ticks timed (and as many snapshots)")
     ap.add_argument("--no-kernels", action="store_true", help="no kernel tables")
     ap.add_argument("--silent", action="store_true", help="the ranks fall silent instead of saying bye")
+    ap.add_argument("--relay", action="store_true", help="each node's ranks come through a node relay")
     ap.add_argument("--profile", type=int, default=0, help="print the top N functions of the idle ticks")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    model, now = _fill(args.jobs, args.ranks, args.steps, not args.no_kernels, args.silent)
+    model, now = _fill(args.jobs, args.ranks, args.steps, not args.no_kernels, args.silent, args.relay)
     fill_s = time.perf_counter() - t0
     ended = {j.status for j in model.snapshot(now).jobs}
+    served = model._ended_jobs.served
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -121,9 +136,11 @@ def main() -> int:
         model.snapshot(now)
         snaps.append(1000 * (time.process_time() - c))
     print(json.dumps({
-        "jobs": args.jobs, "ranks": args.ranks, "silent": args.silent, "statuses": sorted(ended), "fill_s": round(fill_s, 1),
+        "jobs": args.jobs, "ranks": args.ranks, "silent": args.silent, "relay": args.relay,
+        "statuses": sorted(ended), "fill_s": round(fill_s, 1),
         "tick_ms_median": round(statistics.median(ticks), 3), "tick_ms_max": round(max(ticks), 3),
         "snapshot_ms_median": round(statistics.median(snaps), 3), "snapshot_ms_max": round(max(snaps), 3),
+        "kept_served": model._ended_jobs.served - served,  # job snapshots served as kept (flowtop.monitor.endedjobs)
     }))
     return 0
 

@@ -19,6 +19,7 @@ from flowtop.monitor import rotation
 from flowtop.monitor.model import Model
 from flowtop.monitor.rankstate import EVICT_AFTER_S
 from flowtop.monitor.recording import feed
+from flowtop.monitor.relays import encode_stamp
 from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
 from flowtop.monitor.wiring import make_model
 from probe import wire
@@ -39,6 +40,7 @@ class Cluster:
         self.seq: dict[RankKey, int] = {}
         self.now = 10.0
         self.via: str | None = None  # the relay the frames come through (None: directly)
+        self.lag = 0.0  # how long the relay's batches wait in queues (beyond its first's)
 
     def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
         self.seq[key] = self.seq.get(key, 0) + 1
@@ -46,8 +48,11 @@ class Cluster:
         for model in (self.reused, self.full):
             if self.via is None:
                 feed(model, frame, self.now)  # as the collector decodes it
-            else:  # as the collector does with a relay's batch
-                model.ingest(wire.decode(frame), self.now, via=self.via)
+            else:  # as the collector does with a relay's batch (Collector.handle_batch): a batch
+                # of one frame, the relay's clock 900 s ahead of the monitor's, sent ``lag`` ago
+                via, (at,) = model.relays.unstamp([encode_stamp(self.via, self.now + 900.0 - self.lag, [0]), frame],
+                                                  self.now)
+                model.ingest(wire.decode(frame), at, via=via)
 
     def run(self, keys: list[RankKey], steps: int, wait: float = 0.0, first: int = 1) -> None:
         """Each rank says hello, then ``steps`` steps of 50 ms (``wait`` of each waiting for

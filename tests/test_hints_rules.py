@@ -10,6 +10,7 @@ from typing import Any
 
 from flowtop.monitor.hints import RULES, RULES_BY_ID, HintEngine
 from flowtop.monitor.hints.engine import MEASURES
+from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.snapshot import Hint, JobSnapshot
 from test_hints_factories import (
     CASES,
@@ -623,7 +624,7 @@ def test_hang_all_leaves_out_ranks_cut_off_behind_their_relay() -> None:
     every rank cut off there is nothing to judge."""
     waiting = [rank(r, step=10, age_s=0.4, hist=history(10, 0.1, t0=-7.0)) for r in (0, 1)]
     cut = [dataclasses.replace(rank(r, step=10, status="stale", age_s=6.0, hist=history(10, 0.1, t0=-7.0)),
-                               status_reason="relay node2 silent for 6 s", cut_off=True) for r in (2, 3)]
+                               cut=RelayCut("node2", -6.0)) for r in (2, 3)]
     hint = find(shown(HintEngine(small_hang_rules()).evaluate(job(*waiting, *cut), 0.0), 0.0), "hang_all")
     assert hint.evidence["silent_ranks"] == []
     assert hint.summary.startswith("the 2 heard ranks (of 4; 2 unheard behind a silent relay) stopped at step 10")

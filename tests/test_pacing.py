@@ -641,9 +641,10 @@ def test_ranks_whose_frames_queue_behind_a_backlog_stay_live_and_raise_no_hang()
     ranks = job.ranks
     assert all(r.behind_s == pytest.approx(40.0, abs=0.01) and r.age_s(now) < 0.01 for r in ranks)
     assert [r.step for r in ranks] == [80] * 3 and job.flops is None or job.flops.stalled_since is None
-    silent = model.tick(now + SILENT_AFTER_S + 0.5).jobs[0]  # nothing from the relay since
+    silent_at = now + SILENT_AFTER_S + 0.5
+    silent = model.tick(silent_at).jobs[0]  # nothing from the relay since
     assert not any(r.cut_off for r in ranks)  # live behind a backlog: not cut off
-    assert [(r.status, r.status_reason, r.cut_off) for r in silent.ranks] == [
+    assert [(r.status, r.status_reason_at(silent_at), r.cut_off) for r in silent.ranks] == [
         ("stale", "relay node-a silent for 4 s", True)] * 3
     # Past the hang floor: ranks unheard behind a silent relay are not said to have stopped (a
     # trial: a SIGSTOP'd relay raised a critical hang_all while its ranks trained on), at any tick.
@@ -819,7 +820,7 @@ def test_ranks_behind_a_silent_relay_are_marked_once_and_keep_their_stalls_flop_
         at = now + SILENT_AFTER_S + 0.25 + 0.5 * i
         ranks = model.tick(at).jobs[0].ranks
         stall = at - last
-        assert [(r.status, r.status_reason) for r in ranks] == [
+        assert [(r.status, r.status_reason_at(at)) for r in ranks] == [
             ("stale", f"relay node-a silent for {at - now:.0f} s")] * 3
         for r, key in zip(ranks, keys):
             assert r.flops.stalled_since == last and r.flops.mfu == 0.0 and r.tokens_per_s == 0.0

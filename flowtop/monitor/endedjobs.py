@@ -18,7 +18,8 @@ as it is while all of these hold:
 * the ticks a round of the job takes are the same (the spread: a large job's views hold only what
   the UI shows);
 * each relay's lag is within LAG_STEP_S of the lag every view behind it recorded (where
-  RankViews would copy a view with the new one);
+  RankViews would copy a view with the new one), and what cuts its running ranks off (a silent
+  or closed relay: a RelayCut, since when) is what its views hold;
 * the job's hints are the ones it was kept with (nothing evaluated them since).
 
 A check is one pass over the job's ranks' versions in C (~20 ns a rank) and one lag per relay;
@@ -31,8 +32,10 @@ and the job's figures hold since when they stalled (FlopsView.stalled_since), it
 since when their stall counts (flowtop.monitor.hintclock), all said at display. Its hang rules
 still measure it at every tick (their hysteresis advances as before); while they give the same
 hint records the job's hints are the same, and so is its snapshot (flowtop.monitor.model_tick).
-A rank stale behind a silent relay reads "relay HOST silent for N s", text made at the tick:
-such a job is not kept, and one kept is not served once a relay of its ranks cuts them off.
+A rank stale behind a silent relay reads "relay HOST silent for N s": its view holds since when
+the relay is silent (flowtop.monitor.relayviews.RelayCut), said at display too, so such a job is
+kept as well. One kept is served no more once a relay of its ranks cuts them off, is heard again,
+or closes (the record differs: a rebuild marks the views anew).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Callable, Sequence
 
 from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.rankviews import LAG_STEP_S
+from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
 from probe.wire import RankKey
 
@@ -53,14 +57,25 @@ _VERSION = attrgetter("version")
 
 
 @dataclass(frozen=True, slots=True)
+class _Relayed:
+    """What a kept job's views recorded of one relay (None: its ranks heard directly)."""
+
+    via: str | None
+    low: float  # the lowest lag its views recorded
+    high: float  # the highest
+    #: Whether a view behind it is of a running rank (no bye): only such a view is marked cut off.
+    running: bool
+    cut: RelayCut | None  # what cut those running ranks off then (None: nothing)
+
+
+@dataclass(frozen=True, slots=True)
 class _Held:
     rows: Sequence[Row]  # the model's rows it was built from (shared, never changed)
     states: tuple[RankState, ...]
     others: tuple[tuple[RankKey, ...], ...]
     versions: list[int]  # each state's version then
     rounds: int  # ticks a round of the job took then
-    #: per relay (None: heard directly), the lowest and highest lag its views recorded
-    lags: tuple[tuple[str | None, float, float], ...]
+    relays: tuple[_Relayed, ...]  # per relay its views came through
     snap: JobSnapshot
 
 
@@ -77,11 +92,11 @@ class EndedJobs:
 
     def take(self, job: str, rows: Sequence[Row], rounds: int, hints: tuple[Hint, ...],
              lag_of: Callable[[str | None], float],
-             cuts_off: Callable[[str | None], bool] | None = None) -> JobSnapshot | None:
+             cut_of: Callable[[str | None], RelayCut | None] = lambda via: None) -> JobSnapshot | None:
         """The kept snapshot of ``job`` when it still holds for its ``rows`` now (a round of
-        ``rounds`` ticks, the job's current ``hints``, each relay's lag by ``lag_of``; a silent
-        job's, none of its relays ``cuts_off`` its ranks now), else None. A pure read: a
-        snapshot between ticks may take it too."""
+        ``rounds`` ticks, the job's current ``hints``, each relay's lag by ``lag_of`` and what
+        cuts its ranks off by ``cut_of``), else None. A pure read: a snapshot between ticks may
+        take it too."""
         held = self._held.get(job)
         if held is None or held.rounds != rounds:
             return None
@@ -94,12 +109,12 @@ class EndedJobs:
                 return None
         if list(map(_VERSION, held.states)) != held.versions:
             return None
-        for via, low, high in held.lags:
-            lag = lag_of(via)
-            if lag < high - LAG_STEP_S or lag > low + LAG_STEP_S:
+        for relay in held.relays:
+            lag = lag_of(relay.via)
+            if lag < relay.high - LAG_STEP_S or lag > relay.low + LAG_STEP_S:
                 return None
-            if via is not None and cuts_off is not None and held.snap.status not in ENDED and cuts_off(via):
-                return None  # its ranks now read "relay HOST silent for N s"
+            if relay.running and cut_of(relay.via) != relay.cut:
+                return None  # its relay fell silent, was heard again or closed: marked anew
         self.served += 1
         return held.snap
 
@@ -109,16 +124,18 @@ class EndedJobs:
         again after something of it changed); a silent job's whenever its hints changed."""
         if snap.status not in KEPT:
             raise ValueError(f"only an ended or silent job's snapshot is kept, not one {snap.status!r}")
-        if snap.status not in ENDED and any(r.status_reason for r in snap.ranks):
-            self._held.pop(job, None)  # "relay HOST silent for N s": text of the tick (module doc)
-            return
         states = tuple(st for st, _ in rows)
-        spans: dict[str | None, tuple[float, float]] = {}
+        relays: dict[str | None, _Relayed] = {}
         for view, st in zip(snap.ranks, states, strict=True):
-            low, high = spans.get(st.via, (view.behind_s, view.behind_s))
-            spans[st.via] = (min(low, view.behind_s), max(high, view.behind_s))
+            was = relays.get(st.via)
+            running = st.bye is None  # a rank that said bye is never marked cut off (Relays.mark)
+            if was is None:
+                relays[st.via] = _Relayed(st.via, view.behind_s, view.behind_s, running, view.cut)
+            else:  # the views of one relay's running ranks hold the same cut (one tick's)
+                relays[st.via] = _Relayed(st.via, min(was.low, view.behind_s), max(was.high, view.behind_s),
+                                          was.running or running, view.cut if running else was.cut)
         self._held[job] = _Held(rows, states, tuple(others for _, others in rows), list(map(_VERSION, states)),
-                                rounds, tuple((via, low, high) for via, (low, high) in spans.items()), snap)
+                                rounds, tuple(relays.values()), snap)
 
     def forget(self, job: str) -> None:
         """Drop what is kept of ``job`` (it runs again, or the model forgot it)."""

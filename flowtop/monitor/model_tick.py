@@ -19,6 +19,7 @@ from flowtop.monitor.model_views import ModelViews
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import Judged, RankState
 from flowtop.monitor.rankviews import as_now, with_now
+from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.rotation import SPREADS, Prepared, hint_share, prepares
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import RankKey
@@ -78,10 +79,10 @@ class ModelTicks(ModelViews):
         self.relays.prune(now)
         by_job = self._view(None, now, remember=True)
         jobs = []
-        cuts_off = self._cuts_off(now)
+        cut_of = self._cut_of(now)
         for job, shown in sorted(by_job.items()):
             spread = self.ticks_per_round(len(shown))
-            held = self._ended_jobs.take(job, shown, spread, self._hints.get(job, ()), self.relays.lag_of, cuts_off)
+            held = self._ended_jobs.take(job, shown, spread, self._hints.get(job, ()), self.relays.lag_of, cut_of)
             if held is not None and held.status in ENDED:  # nothing changed since (flowtop.monitor.endedjobs)
                 jobs.append(held)
                 continue
@@ -189,9 +190,9 @@ class ModelTicks(ModelViews):
         self._hints[snap.job] = hints
         return _with_hints(snap, hints)
 
-    def _cuts_off(self, now: float) -> Callable[[str | None], bool]:
-        """Whether a relay's ranks are marked unreachable at ``now`` (a kept silent job's check)."""
-        return lambda via: self.relays.cuts_off(via, now)
+    def _cut_of(self, now: float) -> Callable[[str | None], RelayCut | None]:
+        """What marks a relay's ranks unreachable at ``now`` (a kept silent job's check)."""
+        return lambda via: self.relays.cut_of(via, now)
 
     @staticmethod
     def _as_now(snap: JobSnapshot, states: list[RankState]) -> JobSnapshot:

@@ -82,7 +82,7 @@ class ModelViews:
             hints = self._hints.get(job, ())
             # An ended or silent job's snapshot of the last tick, while it holds (flowtop.monitor.endedjobs).
             held = self._ended_jobs.take(job, shown, self.ticks_per_round(len(shown)), hints, self.relays.lag_of,
-                                         lambda via: self.relays.cuts_off(via, now))
+                                         lambda via: self.relays.cut_of(via, now))
             jobs.append(held if held is not None else
                         self._job_snapshot(job, shown, now, hints, rotation=(0, 0) if light else None))
         return self._monitor_snapshot(now, listen, tuple(jobs))

@@ -10,9 +10,10 @@ frames arriving at once) neither makes ranks look silent in between nor bunches 
 
 Every ~1 s the relay sends its own figures as a ``relay`` wire message (``probe.wire``; up to
 every 5 s while a monitor's pace holds and its batches leave), which with its batches makes
-its heartbeat: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last
-came through it stale and cut off, with ``status_reason`` "relay HOST silent for N s"; the other ranks of
-the job are untouched. Its last report says ``closing`` (it handed the node over, or ended).
+its heartbeat: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last came
+through it stale and cut off, with ``status_reason`` "relay HOST silent for N s" (held as since
+when: flowtop.monitor.relayviews.RelayCut, said at display); the other ranks of the job are
+untouched. Its last report says ``closing`` (it handed the node over, or ended).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import msgpack
 
 from flowtop.monitor import accounting
 from flowtop.monitor.records import Fields
+from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
 from probe.wire import FlopsReport, Message, RankKey, WireError
@@ -52,7 +54,7 @@ CLOCK_JUMP_AGREE_S = 5.0
 #: A stamp larger than this is refused (ages of at most a few thousand frames).
 MAX_STAMP_BYTES = 64 * 1024
 STAMP_KIND = "stamp"
-_NO_REASONS: tuple[float, dict[str, str]] = (math.nan, {})  # Relays._reasons not worked out yet
+_NO_REASONS: tuple[float, dict[str, RelayCut]] = (math.nan, {})  # Relays._reasons not worked out yet
 
 
 @dataclass(frozen=True)
@@ -70,15 +72,14 @@ def encode_stamp(relay: str, clock: float, ages_us: list[int]) -> bytes:
 
 
 _VIEW = Fields(RankSnapshot)
-_STATUS, _REASON, _CUT_OFF, _TOKENS, _FLOPS = _VIEW.at("status", "status_reason", "cut_off", "tokens_per_s", "flops")
+_STATUS, _CUT, _TOKENS, _FLOPS = _VIEW.at("status", "cut", "tokens_per_s", "flops")
 
 
-def _stale(view: RankSnapshot, reason: str, flops: Any) -> RankSnapshot:
-    """``view`` as a rank behind an unreachable relay shows: stale, cut off, why, no rate
+def _stale(view: RankSnapshot, cut: RelayCut, flops: Any) -> RankSnapshot:
+    """``view`` as a rank behind an unreachable relay shows: stale, cut off and why, no rate
     (positionally: dataclasses.replace builds keyword arguments)."""
     values = list(_VIEW.read(view))
-    values[_STATUS], values[_REASON], values[_FLOPS] = "stale", reason, flops
-    values[_CUT_OFF] = True
+    values[_STATUS], values[_CUT], values[_FLOPS] = "stale", cut, flops
     if view.tokens_per_s is not None:
         values[_TOKENS] = 0.0
     return RankSnapshot(*values)
@@ -89,7 +90,7 @@ class _Marked:
     """A rank's view marked for its relay's silence, and what it was made from."""
 
     view: RankSnapshot  # the rank's own view
-    reason: str
+    cut: RelayCut
     marked: RankSnapshot  # what the snapshot shows
     count: FlopsReport | None  # the rank's FLOP count its figures came from (compared by identity)
 
@@ -151,7 +152,7 @@ class Relays:
         self._via: dict[RankKey, str] = {}
         #: key -> the rank's view marked for its relay's silence: see :meth:`mark`.
         self._marked: dict[RankKey, _Marked] = {}
-        self._reasons_at: tuple[float, dict[str, str]] = _NO_REASONS  # see _reasons
+        self._reasons_at: tuple[float, dict[str, RelayCut]] = _NO_REASONS  # see _reasons
         self._pruned_at = -math.inf
         #: Relay ids refused at :data:`MAX_RELAYS`.
         self.refused = 0
@@ -262,25 +263,28 @@ class Relays:
             return "closed"
         return "silent" if now - rec.heard > SILENT_AFTER_S else "live"
 
-    def _why(self, rec: _Relay, now: float) -> str:
-        """Why the ranks behind ``rec`` are unreachable ("" when they are not): a silent relay, or a
-        closed one that they have not left within :data:`HANDOFF_S`."""
+    def _why(self, rec: _Relay, now: float) -> RelayCut | None:
+        """Why the ranks behind ``rec`` are unreachable (None when they are not): a silent relay,
+        or a closed one that they have not left within :data:`HANDOFF_S`. Since when, not for how
+        long: the same record while the relay stays silent (said at display, RelayCut.text)."""
         status = self._status(rec, now)
         if status == "silent":
-            return f"relay {rec.host} silent for {now - rec.heard:.0f} s"
+            return RelayCut(rec.host, rec.heard)
         if status == "closed" and rec.closed_at is not None and now - rec.closed_at > HANDOFF_S:
-            return f"relay {rec.host} closed"
-        return ""
+            return RelayCut(rec.host, None)
+        return None
 
-    def cuts_off(self, relay: str | None, now: float) -> bool:
-        """Whether the ranks behind ``relay`` are marked unreachable at ``now`` (see :meth:`mark`)."""
-        return relay is not None and relay in self._reasons(now)
+    def cut_of(self, relay: str | None, now: float) -> RelayCut | None:
+        """Why the ranks behind ``relay`` are marked unreachable at ``now`` (None: they are not; see
+        :meth:`mark`)."""
+        return self._reasons(now).get(relay) if relay is not None else None
 
-    def _reasons(self, now: float) -> dict[str, str]:
+    def _reasons(self, now: float) -> dict[str, RelayCut]:
         """Relay id -> why its ranks are unreachable, for the relays with a reason (once per tick,
         not once per rank: a tick of a 4,096-rank job asked 4,096 times)."""
         if self._reasons_at[0] != now:
-            self._reasons_at = (now, {r.relay: why for r in self._relays.values() if (why := self._why(r, now))})
+            self._reasons_at = (now, {r.relay: why for r in self._relays.values()
+                                     if (why := self._why(r, now)) is not None})
         return self._reasons_at[1]
 
     def _make_room(self, now: float) -> bool:
@@ -296,35 +300,36 @@ class Relays:
              peak_override: float | None = None) -> tuple[Any, ...]:
         """The job's rank views (``RankSnapshot``, one per ``RankState`` in ``states``; each names
         its relay already, RankState.via) with, behind a relay that is silent or closed, status
-        "stale" with its reason and no rate (as a stale rank). A marked view is reused while its
-        base view and reason stay the same, so a rank whose view did not change keeps the same
-        object (flowtop.monitor.rankviews)."""
+        "stale" with its reason (a RelayCut) and no rate (as a stale rank). A marked view is reused
+        while its base view and reason stay the same (a silent relay's from tick to tick: since
+        when it is silent), so a rank whose view did not change keeps the same object
+        (flowtop.monitor.rankviews)."""
         reasons = self._reasons(now) if self._relays else {}
         if not reasons and not self._marked:
             return ranks
         out = []
         for view, st in zip(ranks, states):
-            reason = reasons.get(view.relay, "") if view.relay is not None and st.bye is None else ""
-            if not reason:
+            cut = reasons.get(view.relay) if view.relay is not None and st.bye is None else None
+            if cut is None:
                 self._marked.pop(st.key, None)
                 out.append(view)
                 continue
             held = self._marked.get(st.key)
-            if held is not None and held.view is view and held.reason == reason:
+            if held is not None and held.view is view and held.cut == cut:
                 out.append(held.marked)
                 continue
             since = st.steps.last_recv() if st.steps else None  # stalled since its last step
             flops = view.flops
             if since is not None:
-                # The reason's seconds grow every second: the rank's count as it was, stalled
+                # Its view or its relay's reason changed: the rank's count as it was, stalled
                 # since the same step (a stall's rates are 0 however long, whatever its step time).
                 last = held.marked.flops if held is not None and held.count is st.flops else None
                 if last is not None and last.stalled_since == since:
                     flops = last
                 else:
                     flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, since)
-            marked = _stale(view, reason, flops)
-            self._marked[st.key] = _Marked(view, reason, marked, st.flops)
+            marked = _stale(view, cut, flops)
+            self._marked[st.key] = _Marked(view, cut, marked, st.flops)
             out.append(marked)
         return tuple(out)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.records import fast_init
+from flowtop.monitor.relayviews import RelayCut, RelaySnapshot  # RelaySnapshot: here as before, for its readers
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -207,12 +208,11 @@ class RankSnapshot(_Slotted):
     conflict: tuple["Claimant", ...] = ()
     #: The relay (its id) this rank's frames last came through; None when it connects directly.
     relay: str | None = None
-    #: Why the rank counts as stale though it may still run ("relay HOST silent for N s"), else "".
-    status_reason: str = ""
-    #: Stale though it may still run: its relay is silent, or closed without handing it on
-    #: (flowtop.monitor.relays sets it with ``status_reason``), not itself silent. The hang rules
-    #: leave such a rank out. Not exported: in the JSON ``status_reason`` is non-empty exactly then.
-    cut_off: bool = False
+    #: Why it counts as stale though it may still run: its relay is silent, or closed without
+    #: handing it on (flowtop.monitor.relays sets it), not itself silent; None otherwise. Held as
+    #: an instant (flowtop.monitor.relayviews), said at display (:meth:`status_reason_at`: the
+    #: JSON's ``status_reason``). The hang rules leave such a rank out.
+    cut: RelayCut | None = None
     #: Parallel coordinates from its hello, role ("dp", "tp", "pp", "cp", "ep") -> (rank, size);
     #: empty when the probe could not tell the layout (``coords_source`` says why).
     coords: Mapping[str, tuple[int, int]] = field(default_factory=dict)
@@ -234,6 +234,22 @@ class RankSnapshot(_Slotted):
         """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the
         ``taken_at`` of the snapshot holding it), as of its relay's latest report."""
         return max(0.0, now - self.behind_s - self.heard_at)
+
+    @property
+    def cut_off(self) -> bool:
+        """Whether its relay cut it off (:attr:`cut`): stale though it may still run."""
+        return self.cut is not None
+
+    def status_reason_at(self, now: float) -> str:
+        """Why it is stale though it may still run, at monitor time ``now`` (a snapshot's
+        ``taken_at``): "relay HOST silent for N s", "relay HOST closed"; "" when it is not."""
+        return self.cut.text(now) if self.cut is not None else ""
+
+    @property
+    def status_reason(self) -> str:
+        """That reason without its growing seconds ("relay HOST silent"): for a reader that has
+        not the snapshot's time (flowtop.export.textreport, until it says status_reason_at)."""
+        return self.cut.cause if self.cut is not None else ""
 
     @property
     def mfu(self) -> float | None:
@@ -352,7 +368,7 @@ class MonitorSnapshot:
     rejected_reasons: Mapping[str, int] = field(default_factory=dict)
     #: Ended ranks forgotten early to admit new ones at the monitor's caps (flowtop.monitor.limits).
     ranks_evicted_for_room: int = 0
-    #: Node relays (RelaySnapshot, below; flowtop.monitor.relays tracks them), by host.
+    #: Node relays (RelaySnapshot: flowtop.monitor.relayviews; flowtop.monitor.relays tracks them), by host.
     relays: tuple[RelaySnapshot, ...] = ()
     #: When it was built on the process's own monotonic clock, which (unlike ``taken_at``'s
     #: monitor clock) runs on while the monitor is stopped: what a reader on another thread (a
@@ -367,32 +383,3 @@ def all_done(snap: Any) -> bool:
     ranks = [r for j in snap.jobs for r in j.ranks]
     return (bool(ranks) and all(r.status in ENDED for r in ranks)
             and all(len(j.ranks) >= j.world_size for j in snap.jobs))
-
-
-@dataclass(frozen=True)
-class RelaySnapshot:
-    """One relay as the monitor sees it now (figures from its latest report)."""
-
-    relay: str  # id: host:pid:nonce
-    host: str
-    pid: int
-    status: str  # "live" | "silent" (no batch or report for SILENT_AFTER_S) | "closed"
-    age_s: float  # since the monitor last heard from it
-    listen: str | None  # where its ranks connect (None before its first report)
-    upstream: str | None
-    hosted_by: str | None  # "flowtop relay" | "flowtop run"
-    ranks_connected: int  # rank connections it reports
-    ranks: int  # ranks whose latest frame came through it
-    frames_in: int
-    frames_out: int
-    bytes_in: int
-    bytes_out: int
-    drops: int  # frames the relay dropped (upstream away past the age limit, queue full)
-    queued: int
-    commands: int  # monitor commands it carried down
-    commands_dropped: int  # commands over the wire's bound, dropped unread (a flood from a port squatter)
-    link_ups: int  # upstream connections it made (1 + reconnects)
-    uptime_s: float | None
-    batches: int  # batches received here
-    #: How much later than its best-seen path its latest batch arrived (upstream link lag), s.
-    link_lag_s: float

@@ -102,7 +102,7 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "commands_dropped": r.commands_dropped,
         "conflict": jsonable(r.conflict),
         "relay": r.relay,
-        "status_reason": r.status_reason,
+        "status_reason": r.status_reason_at(taken_at),
         "coords": {role: {"rank": rk, "size": sz} for role, (rk, sz) in r.coords.items()} if r.coords else None,
         "coords_source": r.coords_source,
         "pp_stages": list(r.pp_stages),

@@ -93,8 +93,8 @@ def _stalls(rule: Rule, job: JobSnapshot, now: float) -> tuple[list[RankSnapshot
     # A rank behind a silent relay is unheard, not known to have stopped: a relay stopped or cut
     # off while its ranks trained on read as a critical hang of all of them (a trial: SIGSTOP of
     # the relay `flowtop run` hosts). Its relay's row and its status reason say it; its view is
-    # marked cut off (RankSnapshot.cut_off, set where flowtop.monitor.relays decides the reason).
-    ranks = [r for r in _running(job) if not r.cut_off]
+    # marked cut off (RankSnapshot.cut, set where flowtop.monitor.relays decides the reason).
+    ranks = [r for r in _running(job) if r.cut is None]
     if _STALLS and _STALLS[0][0]() is job and _STALLS[0][1] == now and _STALLS[0][2] == params:
         return ranks, _STALLS[0][3]
     stalls = [_stall(rule, r, now) for r in ranks]
@@ -139,7 +139,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     silent = [r for r in ranks if r.status == "stale"]
     ev["silent_ranks"] = [r.rank for r in silent]
     shown = latest_ranks(job)
-    cut = sum(r.cut_off for r in shown)
+    cut = sum(r.cut is not None for r in shown)
     text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), cut)}
     if silent:  # a dead rank is named even when it is the only one left
         # the longest-silent one's, on the snapshot's clock (RankSnapshot.age_s)

@@ -1,0 +1,65 @@
+"""What a snapshot holds of node relays: each relay's row, and why a rank behind one is cut off. No Textual.
+
+A rank behind a relay that fell silent (or closed without handing it on) is stale, whatever its
+own silence, with the reason "relay HOST silent for N s" (flowtop.monitor.relays decides it).
+Made as text at each tick, its seconds made a new view of the rank at every tick, and with it a
+new snapshot of a silent job that nothing else of changed (flowtop.monitor.endedjobs could not
+keep it). So a view holds the reason as a :class:`RelayCut`: the relay's host and since when it
+is silent (monitor clock), said at a snapshot's ``taken_at`` (RankSnapshot.status_reason_at: the
+JSON), like a stall (FlopsView.stalled_since) and a hang hint (flowtop.monitor.hintclock). While
+the relay stays silent the record is equal from tick to tick, and so is the view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RelayCut:
+    """Why a rank behind a relay counts as stale though it may still run: its relay on ``host``
+    is silent since ``silent_since`` (monitor time it was last heard), or closed (``None``) and the
+    rank did not come back through another within the hand-over time."""
+
+    host: str
+    silent_since: float | None  # None: the relay closed
+
+    @property
+    def cause(self) -> str:
+        """The reason without its growing seconds: "relay HOST silent", "relay HOST closed"."""
+        return f"relay {self.host} {'closed' if self.silent_since is None else 'silent'}"
+
+    def text(self, now: float) -> str:
+        """The reason at monitor time ``now``: "relay HOST silent for N s", "relay HOST closed"."""
+        if self.silent_since is None:
+            return self.cause
+        return f"{self.cause} for {now - self.silent_since:.0f} s"
+
+
+@dataclass(frozen=True)
+class RelaySnapshot:
+    """One relay as the monitor sees it now (figures from its latest report)."""
+
+    relay: str  # id: host:pid:nonce
+    host: str
+    pid: int
+    status: str  # "live" | "silent" (no batch or report for SILENT_AFTER_S) | "closed"
+    age_s: float  # since the monitor last heard from it
+    listen: str | None  # where its ranks connect (None before its first report)
+    upstream: str | None
+    hosted_by: str | None  # "flowtop relay" | "flowtop run"
+    ranks_connected: int  # rank connections it reports
+    ranks: int  # ranks whose latest frame came through it
+    frames_in: int
+    frames_out: int
+    bytes_in: int
+    bytes_out: int
+    drops: int  # frames the relay dropped (upstream away past the age limit, queue full)
+    queued: int
+    commands: int  # monitor commands it carried down
+    commands_dropped: int  # commands over the wire's bound, dropped unread (a flood from a port squatter)
+    link_ups: int  # upstream connections it made (1 + reconnects)
+    uptime_s: float | None
+    batches: int  # batches received here
+    #: How much later than its best-seen path its latest batch arrived (upstream link lag), s.
+    link_lag_s: float
