@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from pathlib import Path
 
 import pytest
 
-from flowtop.monitor.kernels.aggregate import IdleGap, aggregate, intersection_length, merge_intervals, union_length
-from flowtop.monitor.kernels.merge import CumulativeKernels, merge_cumulative, merge_ranks
+from flowtop.monitor.kernels.aggregate import (
+    IdleGap,
+    KernelWindowStats,
+    aggregate,
+    intersection_length,
+    merge_intervals,
+    union_length,
+)
+from flowtop.monitor.kernels.merge import (
+    CumulativeKernels,
+    CumulativeRow,
+    CumulativeTable,
+    merge_cumulative,
+    merge_ranks,
+)
+from flowtop.monitor.kernels.table import KernelStat, KernelTable
 from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow, load_trace
 
 NAMES = ("gemm_a", "nccl_allreduce", "elementwise_b", "cudaLaunchKernel", "aten::mm", "Memset (Device)")
@@ -143,6 +159,52 @@ def test_cumulative_is_bounded() -> None:
     cum = CumulativeKernels(max_names=3)
     cum.add(aggregate(_window()))  # 4 names > 3: keep the largest 3 * 4 // 5 = 2
     assert [r.name for r in cum.rows()] == ["gemm_a", "nccl_allreduce"]
+
+
+def _reference_fold(windows: list[KernelWindowStats], max_names: int) -> list[CumulativeRow]:
+    """What CumulativeKernels' fold must give, row by row as records (the rule, not its speed)."""
+    rows: dict[str, CumulativeRow] = {}
+    step_us = 0.0
+    for w in windows:
+        step_us += w.step_us
+        for k in w.kernels:
+            was = rows.get(k.name, CumulativeRow(k.name, k.short, k.category, 0.0, 0, 0, 0.0, 0.0))
+            rows[k.name] = dataclasses.replace(
+                was, cum_us=was.cum_us + k.total_us, cum_calls=was.cum_calls + k.calls,
+                windows_seen=was.windows_seen + 1, cum_sq_us=was.cum_sq_us + k.total_us * k.total_us)
+        ordered = sorted(rows.values(), key=lambda r: (-r.cum_us, r.name))
+        if len(ordered) > max_names:
+            ordered = ordered[: max_names * 4 // 5]
+        rows = {r.name: r for r in ordered}
+    return [dataclasses.replace(r, share=r.cum_us / step_us) for r in rows.values()]
+
+
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_the_cumulative_fold_equals_the_rule_over_random_windows(as_tuple: bool) -> None:
+    """Random windows of 1-12 of 16 names (ties in time included), folded in their columns (a
+    KernelTable) or as a tuple of KernelStat made by hand; past max_names the smallest dropped."""
+    rng = random.Random(3)
+    windows = []
+    for w in range(40):
+        names = rng.sample([f"k{i:02d}" for i in range(16)], rng.randint(1, 12))
+        stats = [KernelStat(n, n[:2], "gemm" if n < "k08" else "other", rng.randint(1, 9),
+                            float(rng.choice([5, 10, 12.5, 40, rng.random() * 100])), 0.0, None, None, "")
+                 for n in names]
+        window = aggregate(_window())
+        windows.append(dataclasses.replace(window, step_us=1000.0 + w,
+                                           kernels=tuple(stats) if as_tuple else KernelTable(stats)))
+    for max_names in (10_000, 10):
+        cum = CumulativeKernels(max_names=max_names)
+        for i, window in enumerate(windows):
+            cum.add(window)
+            assert list(cum.rows()) == _reference_fold(windows[: i + 1], max_names), (max_names, i)
+        assert isinstance(cum.rows(), CumulativeTable) and cum.windows == 40
+
+
+def test_a_tables_columns_are_all_its_slots() -> None:
+    table = CumulativeTable.__new__(CumulativeTable)
+    with pytest.raises(ValueError, match="are not its slots"):
+        table._set({"names": ()})
 
 
 def test_h200_anatomy() -> None:

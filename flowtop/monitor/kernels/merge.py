@@ -12,10 +12,12 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Sequence, TypeVar
 
 from flowtop.monitor.kernels.aggregate import KernelWindowStats
-from flowtop.monitor.kernels.table import ColumnRecords
+from flowtop.monitor.kernels.table import ColumnRecords, KernelTable
+
+_T = TypeVar("_T")
 
 # merge_ranks flags a kernel when its per-rank time varies by ≥ 20 % of its mean and the
 # difference is ≥ 1 % of the mean step: starting points, to be tuned with evidence.
@@ -190,22 +192,13 @@ class CumulativeKernels:
         """Fold one window in."""
         self.windows += 1
         self.step_us += stats.step_us
-        t = self._sorted
-        totals: dict[str, list[Any]] = {  # name -> [short, category, cum_us, cum_calls, windows_seen, cum_sq_us]
-            name: [short, cat, us, calls, seen, sq] for name, short, cat, us, calls, seen, sq
-            in zip(t.names, t.shorts, t.categories, t.cum_us, t.cum_calls, t.windows_seen, t.cum_sq_us)}
-        for k in stats.kernels:
-            row = totals.setdefault(k.name, [k.short, k.category, 0.0, 0, 0, 0.0])
-            row[2] += k.total_us
-            row[3] += k.calls
-            row[4] += 1
-            row[5] += k.total_us * k.total_us
-        if len(totals) > self.max_names:
-            totals = dict(sorted(totals.items(), key=lambda kv: (-kv[1][2], kv[0]))[: self.max_names * 4 // 5])
-        step_us = self.step_us
-        rows = [CumulativeRow(name, r[0], r[1], r[2], r[3], r[4], r[2] / step_us if step_us > 0 else 0.0, r[5])
-                for name, r in totals.items()]
-        self._sorted = CumulativeTable(sorted(rows, key=lambda r: (-r.cum_us, r.name)))
+        totals = _Totals(self._sorted)
+        kernels = stats.kernels
+        if isinstance(kernels, KernelTable):  # its columns: no KernelStat made for each row
+            totals.fold(zip(kernels.names, kernels.shorts, kernels.categories, kernels.total_us, kernels.calls))
+        else:  # a tuple of KernelStat made by hand
+            totals.fold((k.name, k.short, k.category, k.total_us, k.calls) for k in kernels)
+        self._sorted = totals.table(self.step_us, self.max_names)
 
     def get(self, name: str) -> CumulativeRow | None:
         """The row of one kernel name, if seen (a scan: for the odd lookup, not per row)."""
@@ -215,6 +208,66 @@ class CumulativeKernels:
     def rows(self) -> CumulativeTable:
         """All rows, largest cumulative time first (the same table until the next window)."""
         return self._sorted
+
+
+class _Totals:
+    """A rank's cumulative totals while one window is folded in: a list per column of
+    :class:`CumulativeTable` (a kernel at the same position in each), its position by name in
+    ``at``. Made from the rank's table and made into its next one at each window: between
+    windows the rank holds only the immutable table (CumulativeKernels' docstring)."""
+
+    __slots__ = ("at", "names", "shorts", "categories", "cum_us", "cum_calls", "windows_seen", "cum_sq_us")
+
+    def __init__(self, table: CumulativeTable) -> None:
+        self.names: list[str] = list(table.names)
+        self.shorts: list[str] = list(table.shorts)
+        self.categories: list[str] = list(table.categories)
+        self.cum_us: list[float] = table.cum_us.tolist()
+        self.cum_calls: list[int] = table.cum_calls.tolist()
+        self.windows_seen: list[int] = table.windows_seen.tolist()
+        self.cum_sq_us: list[float] = table.cum_sq_us.tolist()
+        self.at: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+
+    def fold(self, kernels: Iterable[tuple[str, str, str, float, int]]) -> None:
+        """Add a window's kernels (name, short, category, total µs, calls: a row of its columns,
+        unpacked at once) to the totals; a name not seen before is appended."""
+        at, cum_us, cum_calls, seen, cum_sq = self.at, self.cum_us, self.cum_calls, self.windows_seen, self.cum_sq_us
+        for name, short, category, us, calls in kernels:
+            i = at.get(name)
+            if i is None:
+                at[name] = len(self.names)
+                self.names.append(name)
+                self.shorts.append(short)
+                self.categories.append(category)
+                cum_us.append(us)
+                cum_calls.append(calls)
+                seen.append(1)
+                cum_sq.append(us * us)
+            else:
+                cum_us[i] += us
+                cum_calls[i] += calls
+                seen[i] += 1
+                cum_sq[i] += us * us
+
+    def table(self, step_us: float, max_names: int) -> CumulativeTable:
+        """The totals as a table, largest cumulative time first (then by name), each share of
+        ``step_us``; over ``max_names`` names, the smallest totals dropped down to 4/5 of it."""
+        names, cum_us = self.names, self.cum_us
+        order = sorted(range(len(names)), key=lambda i: (-cum_us[i], names[i]))
+        if len(order) > max_names:
+            del order[max_names * 4 // 5:]
+
+        def column(values: Sequence[_T]) -> list[_T]:
+            return [values[i] for i in order]
+
+        table = CumulativeTable.__new__(CumulativeTable)
+        table._set({
+            "names": column(names), "shorts": column(self.shorts), "categories": column(self.categories),
+            "cum_us": column(cum_us), "cum_calls": column(self.cum_calls), "windows_seen": column(self.windows_seen),
+            "share": [cum_us[i] / step_us if step_us > 0 else 0.0 for i in order],
+            "cum_sq_us": column(self.cum_sq_us),
+        })
+        return table
 
 
 _EMPTY = CumulativeTable()

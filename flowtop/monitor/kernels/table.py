@@ -6,7 +6,7 @@ both). No Textual.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Generic, TypeVar, overload
 
@@ -73,8 +73,17 @@ class ColumnRecords(Sequence[R]):
         """Set each slot to its column of ``rows`` (the record's fields in order, as TYPECODES says)."""
         rows = tuple(rows)
         slots: tuple[str, ...] = type(self).__slots__
-        for slot, f, code in zip(slots, fields(self._make()), self.TYPECODES):  # type: ignore[arg-type]
-            values = [getattr(r, f.name) for r in rows]
+        fields_ = fields(self._make())  # type: ignore[arg-type]
+        self._set({slot: [getattr(r, f.name) for r in rows] for slot, f in zip(slots, fields_)})
+
+    def _set(self, columns: Mapping[str, Iterable[object]]) -> None:
+        """Set each slot to its column in ``columns`` (by slot name, every slot), held as TYPECODES
+        says: an array of its typecode, else a tuple. The one place a table's columns are made."""
+        slots: tuple[str, ...] = type(self).__slots__
+        if set(columns) != set(slots):
+            raise ValueError(f"{type(self).__name__} columns {sorted(columns)} are not its slots {sorted(slots)}")
+        for slot, code in zip(slots, self.TYPECODES, strict=True):
+            values = columns[slot]
             setattr(self, slot, array(code, values) if code else tuple(values))
 
     def _make(self) -> Callable[..., R]:
