@@ -18,11 +18,13 @@ same snapshot, whenever and however often it is taken), while :meth:`tick`, call
 cadence on the monitor clock (flowtop.monitor.ticker), evicts and advances the hints' hysteresis —
 live and in replay alike, so a replay reproduces the hints without taking snapshots.
 
-:class:`Model` is one class written in three modules, by responsibility: here its state and what
-comes in (ingest, admission at the caps); the tick, the hints and eviction in
-flowtop.monitor.model_tick; the job views and snapshots in flowtop.monitor.model_views. They are its
-bases, not objects it calls: the per-frame and per-tick paths reach every method through ``self`` as
-before (no extra call layer), and a method patched on Model still replaces the one its callers use.
+:class:`Model` is one class written in four modules, by responsibility: here its state and what
+comes in (ingest, admission at the caps); what it says of that (refused frames, a failed rank, a
+flood of commands, a refused kernel window) in flowtop.monitor.model_notices; the tick, the hints
+and eviction in flowtop.monitor.model_tick; the job views and snapshots in
+flowtop.monitor.model_views. They are its bases, not objects it calls: the per-frame and per-tick
+paths reach every method through ``self`` as before (no extra call layer), and a method patched on
+Model still replaces the one its callers use.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import re
 
 from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
@@ -43,14 +44,21 @@ from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.limits import Limits, TokenBucket
 from flowtop.monitor.relays import Relays, flooded_text
 from flowtop.monitor.notices import Notices
-# The tick, the hints and eviction (model_tick) and the job views (model_views) are Model's bases:
-# one class split by responsibility, whose names stay importable from here.
+# Its notices (model_notices), the tick, the hints and eviction (model_tick) and the job views
+# (model_views) are Model's bases: one class split by responsibility, whose names stay importable
+# from here.
 from flowtop.monitor.model_tick import LAST_LOOK_BURST as LAST_LOOK_BURST
 from flowtop.monitor.model_tick import LAST_LOOKS_PER_S as LAST_LOOKS_PER_S
 from flowtop.monitor.model_tick import HintEvaluator as HintEvaluator
 from flowtop.monitor.model_tick import ModelTicks as ModelTicks
 from flowtop.monitor.model_tick import _log as _log
 from flowtop.monitor.model_views import ModelViews as ModelViews
+from flowtop.monitor.model_notices import MAX_FAILED_JOBS as MAX_FAILED_JOBS
+from flowtop.monitor.model_notices import MAX_REASONS as MAX_REASONS
+from flowtop.monitor.model_notices import OTHER_REASONS as OTHER_REASONS
+from flowtop.monitor.model_notices import REFUSAL_NOTICE_S as REFUSAL_NOTICE_S
+from flowtop.monitor.model_notices import REJECT_NOTICE_S as REJECT_NOTICE_S
+from flowtop.monitor.model_notices import ModelNotices, _first_of
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
 from flowtop.monitor.rankviews import RankViews
@@ -60,23 +68,10 @@ from flowtop.monitor.sanitize import clean
 from flowtop.monitor.snapshot import Hint, JobSnapshot, TelemetryView
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
-from probe.wire.command_bound import bound_text
-
-#: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
-MAX_FAILED_JOBS = 1024
-#: Seconds after a kernel window was asked of a rank within which its refusal is said (its
-#: count of refusals alone, e.g. a monitor started late, says nothing).
-REFUSAL_NOTICE_S = 30.0
-#: Seconds of monitor time between two notices of refused frames: the first refusal is said at
-#: once with its reason, later ones at most this often (a hostile flood is counted, not shown).
-REJECT_NOTICE_S = 60.0
-#: Kinds of refusal counted by name; past them, in one bucket (OTHER_REASONS).
-MAX_REASONS = 100
-OTHER_REASONS = "other reasons (past 100 kinds)"
-_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # a byte's value, its position: not the kind of refusal
 
 
-class Model(ModelTicks):
+
+class Model(ModelNotices):
     """All jobs and ranks the monitor has heard of."""
 
     def __init__(
@@ -174,40 +169,6 @@ class Model(ModelTicks):
     def knows(self, key: RankKey) -> bool:
         """Whether the model holds the rank ``key``."""
         return key in self.ranks
-
-    def reject(self, reason: str, where: str = "") -> None:
-        """Count a frame that failed validation (reasons are bucketed by kind: their numbers,
-        a byte's value or position, are left out, so garbage cannot fill the buckets with one
-        kind and leave a later kind of refusal, a wrong key, unnamed). ``where``: its place (a
-        recording's record), said in the notice and kept out of the bucket (a replay's buckets
-        are the live monitor's)."""
-        self.rejected += 1
-        bucket = _NUMBERS.sub("#", reason[:200])[:100]  # an exception's text has no bound
-        if len(self.rejected_reasons) < MAX_REASONS or bucket in self.rejected_reasons:
-            self.rejected_reasons[bucket] += 1
-        else:
-            self.rejected_reasons[OTHER_REASONS] += 1
-        self._last_reject = (where + reason)[:300]  # an exception's text has no bound
-        said_at = self._rejects_said_at
-        if said_at is None or self._now - said_at >= REJECT_NOTICE_S:
-            self._say_rejects()
-
-    def _say_rejects(self) -> None:
-        """Say the refusals since the last notice and the latest one's reason: counted alone, a
-        corrupt recording or a peer with the wrong keys read only as a growing ``rej`` in the
-        header (a new user's trial). At a refusal, or at a tick for those a flood left unsaid."""
-        since = self.rejected - self._rejects_said
-        what = (f"{since:,} frames since the last notice, the last one" if self._rejects_said_at is not None
-                and since > 1 else "a frame")
-        self.notices.warning(f"refused {what}: {self._last_reject} ({self.rejected:,} refused in all; `rej` in the "
-                             "header counts them, `flowtop snapshot --json` lists the reasons)", self._now)
-        self._rejects_said, self._rejects_said_at = self.rejected, self._now
-
-    def _say_unsaid_rejects(self) -> None:
-        """At a tick: refusals left unsaid (the flood stopped within REJECT_NOTICE_S of a notice)."""
-        said_at = self._rejects_said_at
-        if self.rejected > self._rejects_said and said_at is not None and self._now - said_at >= REJECT_NOTICE_S:
-            self._say_rejects()
 
     def ingest(self, msg: Message, now: float, via: str | None = None) -> None:
         """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""
@@ -354,35 +315,6 @@ class Model(ModelTicks):
         if cols.device_s is not None:
             st.device_s = cols.device_s
 
-    def _failed(self, st: RankState, now: float) -> None:
-        """The first rank of a job to end failing is said, with its exception (the table's status
-        cell has room for "failed" only; the ranks that die of it after — a collective's peers —
-        are not said again: thousands of them would flood the UI)."""
-        job = st.key.job
-        if _first_of(self._failed_jobs, job):
-            self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
-
-    def _flooded(self, st: RankState, dropped: int, now: float) -> None:
-        """A rank's probe dropped commands unread (probe.transport.gate): more came from its
-        monitor's side than a monitor sends, so something else sent them. Said for the first rank
-        of a job only (a squatter on this port floods every rank that connects to it)."""
-        job = st.key.job
-        if not _first_of(self._flooded_jobs, job):
-            return
-        self.notices.warning(f"rank {st.key.rank} of {job} dropped {dropped:,} commands unread: more came from its "
-                             f"monitor's side than a monitor sends (its probe takes {bound_text()}); something "
-                             "else sent them, a process on this monitor's port before it started? (the rank's stderr "
-                             "says when)", now)
-
-    def _refused(self, st: RankState, now: float) -> None:
-        """The rank turned down a kernel window asked of it moments ago (its probe's rate limit):
-        said, where the UI had said only that it asked (the refusal showed as a count on the
-        rank's detail screen, a new user's trial)."""
-        self.notices.warning(f"rank {st.key.rank} of {st.key.job} refused the kernel window asked for: it took "
-                             "one moments ago and takes a requested one at most every FLOWTOP_KERNELS_REQUEST_S "
-                             "(as its probe was started) or its last window's cost over its budget; ask again in a "
-                             "few seconds", now)
-
     def _rank_mfu(self, st: RankState, now: float) -> float | None:
         """The rank's MFU now, as its view would show it (the sparkline's sample)."""
         if st.flops is None:
@@ -391,13 +323,3 @@ class Model(ModelTicks):
         stalled = rs.stalled_for(st, now, med)
         return accounting.rank_mfu(st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled)
 
-
-def _first_of(said: set[str], name: str) -> bool:
-    """Whether ``name`` (a job, a relay) is new to ``said`` (then added): one notice per job or
-    relay, the set bounded by MAX_FAILED_JOBS (cleared when full: one said long ago may be said again)."""
-    if name in said:
-        return False
-    if len(said) >= MAX_FAILED_JOBS:
-        said.clear()
-    said.add(name)
-    return True

@@ -65,7 +65,7 @@ class ModelTicks(ModelViews):
     notices: Notices
     _now: float
 
-    def _say_unsaid_rejects(self) -> None:  # Model's: the refusals a flood left unsaid
+    def _say_unsaid_rejects(self) -> None:  # ModelNotices' (model_notices): the refusals a flood left unsaid
         raise NotImplementedError
 
     def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
