@@ -3,7 +3,9 @@
 The engine is the only stateful part of the hints package. It keeps, per (job, rule id, target),
 whether the hint is active and since when its measure has been beyond the threshold, so that a
 hint needs its full evidence window to appear and the looser clear value to disappear: a measure
-that wobbles around the threshold does not make the hint flicker.
+that wobbles around the threshold does not make the hint flicker. Whether a measurement is
+beyond its rule's threshold or clear value, and the hint record made of it, are pure functions
+of flowtop.monitor.hints.making; the state and the order of the hints are here.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
-from flowtop.monitor.hintclock import with_parts
 from flowtop.monitor.hints import (measures_device, measures_identity, measures_kernels, measures_parallel,
                                    measures_spikes, measures_straggler, measures_time)
-from flowtop.monitor.hints.base import Measurement, MeasureFn, finite, rank_target
-from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Gate, Rule, apply_overrides, validate
+from flowtop.monitor.hints.base import Measurement, MeasureFn, rank_target
+from flowtop.monitor.hints.making import beyond, make_hint, reusable
+from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Rule, apply_overrides, validate
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
 
 _log = logging.getLogger("flowtop.hints")
@@ -69,52 +71,8 @@ class _State:
     order: tuple[Any, ...] = ()  # the hint's sort key, kept with it (held hints are not keyed again)
     holding: bool = False  # last measured back past the clear value: shown for HOLD_S only
     #: The measurement ``hint`` was made from, where its figures grow with the clock (a hang's):
-    #: an equal one but for its value makes no new hint (see _reusable).
+    #: an equal one but for its value makes no new hint (see making.reusable).
     measured: Measurement | None = None
-
-
-class _NA:
-    """Stands in for a missing number in a summary template ("n/a" whatever the format spec)."""
-
-    def __format__(self, spec: str) -> str:
-        return "n/a"
-
-
-class _Fields(dict[str, Any]):
-    """Template fields; an unknown name reads "n/a"."""
-
-    def __missing__(self, key: str) -> Any:
-        return _NA()
-
-
-def _render(template: str, fields: Mapping[str, Any]) -> str:
-    """Format a template; missing or None fields read "n/a" instead of raising."""
-    safe = _Fields({k: (_NA() if v is None else v) for k, v in fields.items()})
-    try:
-        return template.format_map(safe)
-    except (ValueError, TypeError):  # a text value under a numeric format spec
-        return template.format_map(_Fields({k: str(v) for k, v in safe.items()}))
-
-
-def _gate_ok(gate: Gate, evidence: Mapping[str, Any], keep: bool) -> bool:
-    value = evidence.get(gate.key)
-    if not finite(value):
-        return False
-    limit = gate.clear if keep else gate.threshold
-    return value < limit if gate.op == "<" else value >= limit
-
-
-def _beyond(rule: Rule, m: Measurement, keep: bool) -> bool:
-    """To fire (keep=False): strictly beyond the threshold. To stay (keep=True): not yet back
-    past the clear value. Gates use their own threshold/clear the same way."""
-    v = m.value
-    if not finite(v):
-        return False
-    if rule.direction == "above":
-        ok = v >= rule.clear if keep else v > rule.threshold
-    else:
-        ok = v <= rule.clear if keep else v < rule.threshold
-    return ok and all(_gate_ok(g, m.evidence, keep) for g in rule.gates)
 
 
 class HintEngine:
@@ -195,7 +153,7 @@ class HintEngine:
                 for target, m in results.items():
                     # Most targets have no state and are not beyond the threshold: nothing to
                     # start (what _update would find, without its call: thousands a round at scale).
-                    if target in states or (m is not None and _beyond(rule, m, keep=False)):
+                    if target in states or (m is not None and beyond(rule, m, keep=False)):
                         st = self._update(rule, job.job, target, m, now)
                         if st is not None:
                             out.append((rule, st))
@@ -293,17 +251,17 @@ class HintEngine:
         if m is None:  # no data for this target now: keep what was shown
             return st if st is not None and st.active else None
         if st is None:
-            if not _beyond(rule, m, keep=False):
+            if not beyond(rule, m, keep=False):
                 return None  # nothing pending, nothing to start (most targets, most of the time)
             st = states[target] = _State()
         if st.active:
-            if _beyond(rule, m, keep=True):
-                if not (st.hint is not None and st.measured is not None and _reusable(rule, m, st.measured)):
+            if beyond(rule, m, keep=True):
+                if not (st.hint is not None and st.measured is not None and reusable(rule, m, st.measured)):
                     start_step = m.step if st.pending_step is None else st.pending_step
                     start_t = now if st.pending_t is None else st.pending_t
                     steps = max(m.steps_covered, m.step - start_step)
                     secs = max(m.seconds_covered, now - start_t)
-                    self._show(st, self._hint(rule, target, m, st, steps, secs))
+                    self._show(st, make_hint(rule, target, m, st.since_step, st.first_step, steps, secs))
                     st.measured = m if m.clock is not None else None
                 st.beyond_t = now
                 st.holding = False
@@ -319,7 +277,7 @@ class HintEngine:
                 return st
             del states[target]  # back past the clear value (or a gate failed): cleared
             return None
-        if not _beyond(rule, m, keep=False):
+        if not beyond(rule, m, keep=False):
             del states[target]
             return None
         if st.pending_step is None or st.pending_t is None:
@@ -334,7 +292,7 @@ class HintEngine:
         st.active = True
         st.beyond_t = now
         st.since_step = st.pending_step
-        self._show(st, self._hint(rule, target, m, st, steps, secs))
+        self._show(st, make_hint(rule, target, m, st.since_step, st.first_step, steps, secs))
         st.measured = m if m.clock is not None else None
         return st
 
@@ -342,53 +300,6 @@ class HintEngine:
         st.hint = hint
         st.order = self._order(hint)
 
-    @staticmethod
-    def _hint(rule: Rule, target: str, m: Measurement, st: _State, steps: int, secs: float) -> Hint:
-        ev: dict[str, Any] = dict(m.evidence)
-        if m.clock is None:  # else the clock says it at display (Hint.evidence_at)
-            ev[rule.measure] = m.value
-        ev[f"threshold_{rule.unit}"] = rule.threshold
-        # A shown hint holds until its measure passes back the clear value (hysteresis): a figure
-        # between the two (an ended straggler "6 % slower" of threshold 10) says why it still shows.
-        ev[f"clear_{rule.unit}"] = rule.clear
-        if rule.window_steps:
-            ev.setdefault("window_steps", steps)
-        if rule.window_s:
-            ev.setdefault("window_s", secs)
-        ev.setdefault("since_step", st.since_step)
-        severity = m.severity or rule.severity
-        if rule.critical_at is not None:
-            past = m.value > rule.critical_at if rule.direction == "above" else m.value < rule.critical_at
-            if past:
-                severity = "critical"
-        fields = {**ev, **m.text, "target": target}
-        template = rule.variants.get(m.variant, rule.summary) if m.variant else rule.summary
-        # A clock's figures are left in its parts, for display (flowtop.monitor.hintclock).
-        clock = with_parts(m.clock, template, fields, _render) if m.clock is not None else None
-        return Hint(
-            id=rule.id,
-            severity=severity,
-            scope=rule.scope,
-            target=target,
-            summary=_render(template, fields) if clock is None else "",
-            evidence=ev,
-            action=_render(rule.action, fields),
-            impact=max(0.0, min(1.0, m.impact)),
-            first_step=st.first_step,
-            last_step=m.step,
-            clock=clock,
-        )
-
-
-def _reusable(rule: Rule, m: Measurement, made_from: Measurement) -> bool:
-    """Whether the hint made from ``made_from`` says all that ``m`` would: a measure whose figures
-    grow with the clock (a hang's: its hint holds since when, HintClock) and nothing else of it
-    moved. A silent job's hang hints are then the same records from tick to tick, and so is its
-    snapshot (flowtop.monitor.endedjobs). The hysteresis reads ``m.value`` all the same."""
-    return (m.clock is not None and not rule.window_steps and not rule.window_s and rule.critical_at is None
-            and m.clock == made_from.clock and m.step == made_from.step and m.variant == made_from.variant
-            and m.impact == made_from.impact and m.severity == made_from.severity
-            and m.text == made_from.text and m.evidence == made_from.evidence)
 
 
 def _anchor(rule: Rule, index: Mapping[str, int], rules: Sequence[Rule]) -> int:
