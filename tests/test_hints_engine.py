@@ -264,7 +264,7 @@ def test_hints_import_neither_torch_nor_textual() -> None:
 @pytest.mark.skipif(not FIXTURE.exists(), reason="H200 fixture not present")
 def test_h200_fixture_is_launch_bound() -> None:
     from flowtop.monitor.kernels.aggregate import aggregate
-    from flowtop.monitor.kernels.trace import load_trace
+    from flowtop.monitor.kernels.chrome import load_trace
 
     stats = aggregate(load_trace(FIXTURE))
     snap: JobSnapshot = job(rank(0, kernels=stats, fl=flops(mfu=0.02)))
@@ -390,7 +390,7 @@ def test_kernel_hints_use_the_unprofiled_step() -> None:
 
     from flowtop.monitor.hints.facts import kernel_facts
     from flowtop.monitor.kernels.aggregate import aggregate
-    from flowtop.monitor.kernels.trace import load_trace
+    from flowtop.monitor.kernels.chrome import load_trace
 
     window = load_trace(Path(__file__).parent / "data" / "h200-gpt-small-step.trace.json.gz")
     profiled = kernel_facts(aggregate(window))

@@ -24,7 +24,8 @@ from flowtop.monitor.kernels.merge import (
     merge_ranks,
 )
 from flowtop.monitor.kernels.table import KernelStat, KernelTable
-from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow, load_trace
+from flowtop.monitor.kernels.chrome import load_trace
+from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, MEMSET, RUNTIME, KernelEvent, KernelWindow
 
 NAMES = ("gemm_a", "nccl_allreduce", "elementwise_b", "cudaLaunchKernel", "aten::mm", "Memset (Device)")
 G, NC, EL, RT, MM, MS = range(6)

@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the probe needs torch (pip install -e .[train]); the monitor-only install has none")
 
 from flowtop.monitor.kernels.aggregate import aggregate  # noqa: E402
-from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, load_trace, window_from_wire  # noqa: E402
+from flowtop.monitor.kernels.chrome import load_trace  # noqa: E402
+from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, window_from_wire  # noqa: E402
 from probe import wire  # noqa: E402
 from probe.kernels import schedule as kernel_schedule
 from probe.kernels.records import records_from_kineto  # noqa: E402

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from flowtop.monitor.kernels.trace import (
-    CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, TraceError, load_trace, window_from_chrome, window_from_wire,
-)
+from flowtop.monitor.kernels.chrome import load_trace, window_from_chrome
+from flowtop.monitor.kernels.trace import CPU_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, TraceError, window_from_wire
 from flowtop.monitor.recording import feed
 from flowtop.monitor.wiring import make_model
 from probe import wire

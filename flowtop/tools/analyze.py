@@ -17,7 +17,8 @@ from typing import Any
 
 from flowtop.monitor.format import rate_prefix
 from flowtop.monitor.kernels.aggregate import KernelStat, KernelWindowStats, aggregate
-from flowtop.monitor.kernels.trace import TraceError, load_trace
+from flowtop.monitor.kernels.chrome import load_trace
+from flowtop.monitor.kernels.trace import TraceError
 from flowtop.monitor.snapshot_json import jsonable
 
 SORT_KEYS = ("time", "calls", "mean", "tflops")
