@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
@@ -26,16 +25,21 @@ from flowtop.monitor.rankview import NodeRow, RankKey, RankView, RowKey, ViewSpe
 from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
 from flowtop.tui.widgets._rank_cells import (  # noqa: F401  (COLUMNS, row_cells, short_host: the table's API)
     COLUMNS,
-    HOST_MAX,
-    Cell,
     Column,
-    ascending,
     columns_for,
-    fit,
     row_cells,
     row_width,
     short_host,
     view_title,
+)
+from flowtop.tui.widgets._rank_lines import (
+    LineKey,
+    column_at,
+    column_widths,
+    draw_line,
+    line_key,
+    line_styles,
+    row_of,
 )
 
 _short_host = short_host  # the name older tests import
@@ -102,8 +106,8 @@ class RankTable(ScrollView, can_focus=True):
         self.columns: tuple[Column, ...] = COLUMNS
         self._index: dict[RowKey, int] = {}
         self._cursor_key: RowKey | None = None
-        self._drawn: dict[int, tuple] = {}  # screen line -> what was drawn there
-        self._strips: dict[int, tuple[tuple, Strip]] = {}
+        self._drawn: dict[int, LineKey] = {}  # screen line -> what was drawn there
+        self._strips: dict[int, tuple[LineKey, Strip]] = {}
         self._styles: dict[str, Style] = {}
         #: Screen lines the last :meth:`show` refreshed (bench and tests read it).
         self.lines_refreshed = 0
@@ -156,17 +160,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def _row_of(self, key: RowKey | None) -> int | None:
         """Where ``key`` is now; a rank hidden in a closed node is found at its node row."""
-        if key is None:
-            return None
-        if key in self._index:
-            return self._index[key]
-        if len(key) == 5:
-            return self._index.get(node_key(key[0], key[1]))
-        # A node row gone (the flat view): its first rank in the order shown, its worst under
-        # worst-first (the cursor had kept the row's index, landing on another node's rank).
-        _, job, host = key
-        return next((i for i, row in enumerate(self.view.rows)
-                     if len(row.key) == 5 and row.key[0] == job and row.key[1] == host), None)
+        return row_of(self.view, self._index, key)
 
     # --- selection ---------------------------------------------------------------------------
 
@@ -301,12 +295,7 @@ class RankTable(ScrollView, can_focus=True):
                 self.move_cursor(row)
 
     def _column_at(self, x: int) -> str | None:
-        left = 1
-        for col, width in zip(self.columns, self._widths(self._view.width)):
-            if left <= x < left + width + 1:
-                return col.key
-            left += width + 1
-        return None
+        return column_at(self.columns, self._widths(self._view.width), x)
 
     # --- drawing -------------------------------------------------------------------------------
 
@@ -316,19 +305,12 @@ class RankTable(ScrollView, can_focus=True):
         return self.scrollable_content_region.size
 
     def _widths(self, width: int) -> list[int]:
-        spare = max(0, width - row_width(self.columns))
-        return [min(HOST_MAX, c.width + spare) if c.key == "host" else c.width for c in self.columns]
+        return column_widths(self.columns, width)
 
-    def _line_key(self, y: int, width: int, top: int) -> tuple:
+    def _line_key(self, y: int, width: int, top: int) -> LineKey:
         """What screen line ``y`` shows (``top``: the first row on screen): equal keys draw
         equal lines."""
-        if y == 0:
-            return ("header", self.spec.sort, self.spec.reverse, self.columns, width)
-        i = top + y - 1
-        if i >= len(self.view.rows):
-            return ("blank", width)
-        row = self.view.rows[i]
-        return (row_cells(row, self.columns), isinstance(row, NodeRow), i == self.cursor_row, i % 2, width)
+        return line_key(self.view, self.spec, self.columns, self.cursor_row, y, width, top)
 
     def _refresh_changed(self) -> None:
         """Refresh the screen lines whose content changed since they were last drawn."""
@@ -371,13 +353,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         # Styles walk the DOM (a fraction of a ms each): look them up once per paint.
-        base = self.rich_style
-        self._styles = {
-            name: base + self.get_component_rich_style(f"rank-table--{name}")
-            for name in ("header", "node", "even", "cursor")
-        }
-        self._styles["base"] = base
-        self._styles["node-cursor"] = self._styles["node"] + self.get_component_rich_style("rank-table--cursor")
+        self._styles = line_styles(self.rich_style, lambda name: self.get_component_rich_style(f"rank-table--{name}"))
         return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
@@ -388,31 +364,7 @@ class RankTable(ScrollView, can_focus=True):
         if cached is not None and cached[0] == key:
             strip = cached[1]
         else:
-            strip = self._draw(y, key)
+            strip = draw_line(key, self.spec, self.columns, self._styles)
             self._strips[y] = (key, strip)
         x = round(self.scroll_x)
         return strip.crop(x, x + width)
-
-    def _draw(self, y: int, key: tuple) -> Strip:
-        styles = self._styles
-        width = max(row_width(self.columns), key[-1])
-        if key[0] == "blank":
-            return Strip.blank(width, styles["base"])
-        if y == 0:
-            cells: tuple[Cell, ...] = tuple((self._header_label(c), "") for c in self.columns)
-            line = styles["header"]
-        else:
-            cells, node, cursor, odd = key[0], key[1], key[2], key[3]
-            name = ("node-cursor" if node else "cursor") if cursor else "node" if node else "even" if odd else "base"
-            line = styles[name]
-        gap = Segment(" ", line)
-        segments = [gap]
-        for (text, style), col, w in zip(cells, self.columns, self._widths(key[-1])):
-            segments.append(Segment(fit(text, w, col.left), line + Style.parse(style) if style else line))
-            segments.append(gap)
-        return Strip(segments).adjust_cell_length(width, line)
-
-    def _header_label(self, col: Column) -> str:
-        if col.key != self.spec.sort:
-            return col.header()
-        return col.header("▲" if ascending(self.spec) else "▼")
