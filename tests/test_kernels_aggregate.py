@@ -202,6 +202,18 @@ def test_the_cumulative_fold_equals_the_rule_over_random_windows(as_tuple: bool)
         assert isinstance(cum.rows(), CumulativeTable) and cum.windows == 40
 
 
+def test_merge_ranks_reads_a_window_made_by_hand_as_one_built() -> None:
+    """A window's kernels as a KernelTable (aggregate's) or a tuple of KernelStat (made by hand):
+    the same comparison."""
+    built = {0: aggregate(_window()), 1: aggregate(_window(gemm_second_us=400.0, with_elementwise=False))}
+    by_hand = {r: dataclasses.replace(w, kernels=tuple(w.kernels)) for r, w in built.items()}
+    merged = merge_ranks(built)
+    assert merge_ranks(by_hand) == merged and isinstance(built[0].kernels, KernelTable)
+    gemm = next(k for k in merged.kernels if k.name == "gemm_a")
+    assert (gemm.per_rank_us, gemm.min_rank, gemm.max_rank) == (((0, 300.0), (1, 600.0)), 0, 1)
+    assert next(k for k in merged.kernels if k.name == "elementwise_b").per_rank_us == ((0, 9.0), (1, 0.0))
+
+
 def test_a_tables_columns_are_all_its_slots() -> None:
     table = CumulativeTable.__new__(CumulativeTable)
     with pytest.raises(ValueError, match="are not its slots"):

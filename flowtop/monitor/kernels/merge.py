@@ -64,11 +64,29 @@ class JobKernelStats:
     min_windows: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class _RankKernels:
+    """One rank's kernels as :func:`_merge` compares them: columns, a kernel at one position in
+    each (a window's or a cumulative table's own columns where it has them: no row objects)."""
+
+    names: Sequence[str]
+    shorts: Sequence[str]
+    categories: Sequence[str]
+    us: Sequence[float]  # its time in the rank's window (a mean window's, cumulative)
+
+
 def merge_ranks(windows: Mapping[int, KernelWindowStats]) -> JobKernelStats:
     """Compare one window per rank: a kernel absent from a rank counts 0 µs there."""
     steps = {r: w.step_us for r, w in windows.items()}
-    return _merge(steps, {r: [(k.name, k.short, k.category, k.total_us) for k in w.kernels]
-                          for r, w in windows.items()})
+    return _merge(steps, {r: _window_kernels(w) for r, w in windows.items()})
+
+
+def _window_kernels(w: KernelWindowStats) -> _RankKernels:
+    """A window's kernels as columns: its KernelTable's own, else made of its hand-made rows."""
+    k = w.kernels
+    if isinstance(k, KernelTable):
+        return _RankKernels(k.names, k.shorts, k.categories, k.total_us)
+    return _RankKernels([s.name for s in k], [s.short for s in k], [s.category for s in k], [s.total_us for s in k])
 
 
 def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStats:
@@ -78,7 +96,7 @@ def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStat
     (another process on the core, a page fault storm) look like uneven work. Means
     over all windows keep what is systematic."""
     steps: dict[int, float] = {}
-    rows: dict[int, list[tuple[str, str, str, float]]] = {}
+    rows: dict[int, _RankKernels] = {}
     errors: dict[int, dict[str, float]] = {}
     for r, t in tables.items():
         if t.windows <= 0:
@@ -86,8 +104,7 @@ def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStat
         n = t.windows
         steps[r] = t.step_us / n
         c = t.rows()  # its columns: no row objects for every rank's every kernel
-        rows[r] = [(name, short, cat, us / n)
-                   for name, short, cat, us in zip(c.names, c.shorts, c.categories, c.cum_us)]
+        rows[r] = _RankKernels(c.names, c.shorts, c.categories, [us / n for us in c.cum_us])
         if n > 1:  # squared standard error of each mean: sample variance over the windows ÷ n
             errors[r] = {name: max(0.0, sq - us * us / n) / (n - 1) / n
                          for name, us, sq in zip(c.names, c.cum_us, c.cum_sq_us)}
@@ -96,31 +113,36 @@ def merge_cumulative(tables: Mapping[int, "CumulativeKernels"]) -> JobKernelStat
     return dataclasses.replace(merged, min_windows=min(counts) if counts else 0)
 
 
-def _merge(steps: Mapping[int, float], per_rank: Mapping[int, list[tuple[str, str, str, float]]],
+def _merge(steps: Mapping[int, float], per_rank: Mapping[int, _RankKernels],
            errors: Mapping[int, Mapping[str, float]] | None = None) -> JobKernelStats:
     ranks = tuple(sorted(per_rank))
     mean_step = sum(steps[r] for r in ranks) / len(ranks) if ranks else 0.0
-    info: dict[str, tuple[str, str, str, float]] = {}
+    # A kernel's short name and category as the first rank that ran it says them.
+    shorts: dict[str, str] = {}
+    categories: dict[str, str] = {}
     times: dict[str, dict[int, float]] = defaultdict(dict)
     for r in ranks:
-        for row in per_rank[r]:
-            info.setdefault(row[0], row)
-            times[row[0]][r] = row[3]
+        k = per_rank[r]
+        for name, short, category, us in zip(k.names, k.shorts, k.categories, k.us):
+            if name not in shorts:
+                shorts[name] = short
+                categories[name] = category
+            times[name][r] = us
     rows = []
-    for name, k in info.items():
+    for name, short in shorts.items():
         per = tuple((r, times[name].get(r, 0.0)) for r in ranks)
-        lo = min(per, key=lambda p: (p[1], p[0]))
-        hi = max(per, key=lambda p: (p[1], -p[0]))
+        lo_rank, lo_us = min(per, key=lambda p: (p[1], p[0]))
+        hi_rank, hi_us = max(per, key=lambda p: (p[1], -p[0]))
         mean = sum(t for _, t in per) / len(per)
-        spread = (hi[1] - lo[1]) / mean if mean > 0 else 0.0
+        spread = (hi_us - lo_us) / mean if mean > 0 else 0.0
         # a kernel a rank never ran has no scatter there (0)
-        noise = math.sqrt(sum(errors.get(r, {}).get(name, 0.0) for r in (hi[0], lo[0]))) if errors else 0.0
+        noise = math.sqrt(sum(errors.get(r, {}).get(name, 0.0) for r in (hi_rank, lo_rank))) if errors else 0.0
         rows.append(RankSpread(
-            name=name, short=k[1], category=k[2], per_rank_us=per, mean_us=mean,
-            min_us=lo[1], max_us=hi[1], min_rank=lo[0], max_rank=hi[0],
-            ratio=hi[1] / lo[1] if lo[1] > 0 else None, spread=spread,
-            flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi[1] - lo[1] >= FLAG_STEP_FRACTION * mean_step
-            and hi[1] - lo[1] >= FLAG_SIGMAS * noise,
+            name=name, short=short, category=categories[name], per_rank_us=per, mean_us=mean,
+            min_us=lo_us, max_us=hi_us, min_rank=lo_rank, max_rank=hi_rank,
+            ratio=hi_us / lo_us if lo_us > 0 else None, spread=spread,
+            flagged=len(ranks) > 1 and spread >= FLAG_SPREAD and hi_us - lo_us >= FLAG_STEP_FRACTION * mean_step
+            and hi_us - lo_us >= FLAG_SIGMAS * noise,
             noise_us=noise,
         ))
     rows.sort(key=lambda s: (-(s.max_us - s.min_us), s.name))
