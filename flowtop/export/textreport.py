@@ -49,7 +49,7 @@ def render(snap: MonitorSnapshot) -> str:
             lines.append(f"  pp {s.pp_rank} (stage {stages}, ranks {','.join(map(str, s.ranks))}): "
                          f"{si(s.model_flops_per_step)}FLOP/step ({share} of the pipeline)  "
                          f"compute {seconds(s.stage_time_s)}/step  step {seconds(s.step_time_s)}")
-        lines.extend(_rank_lines(job, mixed))
+        lines.extend(_rank_lines(job, mixed, snap.taken_at))
         lost = sum(r.lost_messages for r in job.ranks)
         dropped = sum(r.dropped_messages for r in job.ranks)
         if lost or dropped:
@@ -91,7 +91,7 @@ def job_peak(job: JobSnapshot) -> str:
     return f"peak {flops_rate(f.peak_flops)} summed over the ranks{source}"
 
 
-def _rank_lines(job: JobSnapshot, mixed: bool) -> list[str]:
+def _rank_lines(job: JobSnapshot, mixed: bool, now: float) -> list[str]:
     """The rank table: MFU with the bf16-equivalent beside it when the job's precision mix is not
     pure bf16, and the parallel coordinates when the job has them (as in the TUI's rank table)."""
     coords = any(r.coords for r in job.ranks)
@@ -106,7 +106,7 @@ def _rank_lines(job: JobSnapshot, mixed: bool) -> list[str]:
             f"  {r.rank:>4} {r.host[:16]:<16} {r.step:>7} {seconds(r.step_time_s):>9} {si(r.tokens_per_s):>8} "
             f"{flops_rate(rf.flops_per_s if rf else None):>10} {pct(rf.mfu if rf else None):>6}"
             + (f" {pct(rf.mfu_bf16 if rf else None):>6}" if mixed else "")
-            + f"  {place}{r.status}" + (f" ({why})" if (why := _why(r)) else "")
+            + f"  {place}{r.status}" + (f" ({why})" if (why := _why(r, now)) else "")
         )
     return out
 
@@ -120,9 +120,9 @@ def _experts(x: ExpertLoad) -> str:
             f"{x.grouping or 'one rank'}")
 
 
-def _why(r: RankSnapshot) -> str:
-    """What a rank's status cell adds: its status reason (a relay's silence), or for a failed
-    rank the exception it ended of (its bye)."""
+def _why(r: RankSnapshot, now: float) -> str:
+    """What a rank's status cell adds: its status reason at ``now`` (a relay's silence, with its
+    seconds), or for a failed rank the exception it ended of (its bye)."""
     if r.status == "failed" and r.bye_reason:
         return r.bye_reason
-    return r.status_reason
+    return r.status_reason_at(now)

@@ -246,12 +246,6 @@ class RankSnapshot(_Slotted):
         return self.cut.text(now) if self.cut is not None else ""
 
     @property
-    def status_reason(self) -> str:
-        """That reason without its growing seconds ("relay HOST silent"): for a reader that has
-        not the snapshot's time (flowtop.export.textreport, until it says status_reason_at)."""
-        return self.cut.cause if self.cut is not None else ""
-
-    @property
     def mfu(self) -> float | None:
         """The rank's MFU as flowtop.monitor.accounting computed it (None without a FLOP count): the one
         reader the table's order and sort, the map, the percentiles and the hints share."""
