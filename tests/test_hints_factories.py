@@ -16,6 +16,7 @@ from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.kernels.aggregate import CategoryStat, KernelStat, KernelWindowStats, StepAnatomy
 from flowtop.monitor.kernels.merge import merge_ranks
 from flowtop.monitor.kernels.classify import classify, short_name
+from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.snapshot import Claimant, FlopsView, History, JobSnapshot, RankSnapshot, StageView, TelemetryView
 
 GIB = float(1 << 30)
@@ -265,6 +266,15 @@ def b_rank_conflict(v: float, now: float) -> JobSnapshot:
     return job(*rows)
 
 
+def b_relay_silent(v: float, now: float) -> JobSnapshot:
+    """Ranks 0 and 1 heard and stepping; ``v`` more (2, 3 ...) unheard behind relay node2, silent
+    for 12 s (RankSnapshot.cut, as flowtop.monitor.relays marks them)."""
+    heard = [rank(r, step=12, hist=history(12)) for r in range(2)]
+    cut = [dataclasses.replace(rank(2 + i, step=10, hist=history(10)), host="node2", status="stale",
+                               cut=RelayCut("node2", now - 12.0)) for i in range(int(v))]
+    return job(*heard, *cut)
+
+
 def small_hang_rules() -> tuple[Rule, ...]:
     """The table with a 0.5 s hang floor, so tests use small times."""
     out = []
@@ -291,6 +301,11 @@ class Case:
 
 
 CASES: tuple[Case, ...] = (
+    Case("relay_silent", b_relay_silent, 1.0, None, 0.0, "",
+         "1 rank unheard behind relay node2 (silent for 12 s; rank 2) while the other 2 step on: they may "
+         "still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
+         {"unheard_ranks": 1.0, "heard_ranks": 2, "hosts": ["node2"], "silent_s": 12.0, "threshold_n": 0.5,
+          "relays": [{"host": "node2", "state": "silent", "silent_s": 12.0, "ranks": [2]}]}),
     Case("rank_conflict", b_rank_conflict, 1.0, None, 0.0, "rank 0",
          "2 processes claim rank 0 of job job1 (node1 pid 4000, node2 pid 4100): shown as separate "
          "rows, each counted in the job's totals",
@@ -371,6 +386,11 @@ CASES: tuple[Case, ...] = (
 
 #: Cases of a rule's alternative summary (Rule.variants): same tests, not one per rule.
 VARIANT_CASES: tuple[Case, ...] = (
+    Case("relay_silent", b_relay_silent, 1.0, None, 0.0, "",
+         "1 rank unheard behind relay node2 (silent for 12 s; rank 2) while the other 2 step on: they may "
+         "still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
+         {"unheard_ranks": 1.0, "heard_ranks": 2, "hosts": ["node2"], "silent_s": 12.0, "threshold_n": 0.5,
+          "relays": [{"host": "node2", "state": "silent", "silent_s": 12.0, "ranks": [2]}]}),
     Case("straggler", b_straggler_lead, 12.0, 7.0, 3.0, "rank 2",
          "rank 2 finishes its forward 12 ms after the others each step (12 % of the step); they wait "
          "for it in the gradient all-reduce",

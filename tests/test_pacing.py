@@ -788,13 +788,13 @@ def test_ranks_that_join_between_renewals_are_paced_at_once(monkeypatch: pytest.
         monitor.close()
 
 
-def test_ranks_behind_a_silent_relay_are_marked_once_and_keep_their_stalls_flop_view(
+def test_ranks_behind_a_silent_relay_are_marked_once_and_keep_their_unheard_flop_view(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Three ranks with a FLOP count behind one relay that falls silent. Each tick the reason says
-    one more second of silence; the FLOP view of each rank is built once (accounting.rank_flops:
-    its precision mix and rates), holds since when it stalled (its last step) and is kept as the
-    stall grows, equal to what rank_flops gives for that stall (rates 0), its reason "no step for
-    N s" at each snapshot's time."""
+    one more second of silence; the FLOP view of each rank is marked once (accounting.unheard: its
+    rates n/a, not 0, for it may train on unheard) and kept as the silence grows, its reason
+    "unheard behind relay node-a (silent)", never "no step for N s" (it is not known to have
+    stopped); the job's figures leave the three out (none is heard: no figures)."""
     from flowtop.monitor import accounting
     from flowtop.monitor.collector import Collector
     from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
@@ -811,25 +811,23 @@ def test_ranks_behind_a_silent_relay_are_marked_once_and_keep_their_stalls_flop_
     collector.handle_batch([encode_stamp("node-a:7:00000001", sent, [0] * 3), *flops], now)
     assert model.tick(now).jobs[0].flops.flops_per_s == pytest.approx(3 * 1e9 / 64 * 128)  # 64 tokens / 0.5 s
     built: list[str] = []
-    real = accounting.rank_flops
-    monkeypatch.setattr(accounting, "rank_flops",
+    real = accounting.unheard
+    monkeypatch.setattr(accounting, "unheard",
                         lambda *a, **k: built.append(sys._getframe(1).f_code.co_name) or real(*a, **k))
-    last = model.ranks[keys[0]].steps.last_recv()
     views: dict[int, set[int]] = {}
     for i in range(10):  # 5 s of silence past SILENT_AFTER_S, a tick every 0.5 s
         at = now + SILENT_AFTER_S + 0.25 + 0.5 * i
-        ranks = model.tick(at).jobs[0].ranks
-        stall = at - last
-        assert [(r.status, r.status_reason_at(at)) for r in ranks] == [
+        job = model.tick(at).jobs[0]
+        assert [(r.status, r.status_reason_at(at)) for r in job.ranks] == [
             ("stale", f"relay node-a silent for {at - now:.0f} s")] * 3
-        for r, key in zip(ranks, keys):
-            assert r.flops.stalled_since == last and r.flops.mfu == 0.0 and r.tokens_per_s == 0.0
-            assert r.flops == real(model.ranks[key].flops, r.step_time_s, None, 0.0, last)
-            assert r.flops.stalled_s(at) == pytest.approx(stall)
-            assert r.flops.reason_at(at) == f"no step for {stall:.0f} s"
+        assert len(job.unheard) == 3 and job.flops is None and job.tokens_per_s is None
+        for r in job.ranks:
+            assert r.flops.stalled_since is None and r.flops.mfu is None and r.flops.flops_per_s is None
+            assert r.tokens_per_s is None and r.flops.model_flops_per_step == 1e9
+            assert r.flops.reason_at(at) == "unheard behind relay node-a (silent)"
             views.setdefault(r.rank, set()).add(id(r.flops))
-    assert built.count("mark") == 3, built  # once per rank, not once per rank and second ...
-    assert [len(ids) for ids in views.values()] == [1, 1, 1]  # ... the same FLOP view as the stall grows
+    assert built.count("_stale") == 3, built  # once per rank, not once per rank and second ...
+    assert [len(ids) for ids in views.values()] == [1, 1, 1]  # ... the same FLOP view as the silence grows
 
 
 def test_a_batch_leaves_a_flush_after_the_last_one_or_its_first_item_whichever_is_sooner() -> None:

@@ -31,6 +31,7 @@ from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tools.relay import PathLock
 from flowtop.monitor.relays import encode_stamp
 from probe.wire import WireError
+from flowtop.monitor.rankview import job_context
 from flowtop.monitor.snapshot_json import to_json
 from flowtop.export.textreport import render
 from flowtop.monitor.wiring import make_model
@@ -135,7 +136,18 @@ def test_two_relays_every_rank_commands_and_a_dead_relay_marks_only_its_ranks(sh
         assert [r[i].status for i in range(4)] == ["stale", "stale", "live", "live"]
         assert r[0].status_reason_at(snap.taken_at).startswith(f"relay {by_listen[a].host} silent for ")
         assert r[2].cut is None and snap.jobs[0].status == "running"
-        assert r[0].tokens_per_s == 0.0  # no rate for a rank nobody can see
+        # Unheard, not stopped: no rate (None, not 0) and no lag; the job's figures over the heard.
+        assert r[0].tokens_per_s is None and r[1].tokens_per_s is None
+        job = snap.jobs[0]
+        assert len(job.unheard) == 2 and job.over_phrase == f"over 2 of 4 ranks; 2 unheard behind relay {by_listen[a].host}"
+        assert job.tokens_per_s == pytest.approx(r[2].tokens_per_s + r[3].tokens_per_s)  # summed (no mesh)
+        ctx = job_context(job.ranks)  # the lead is the heard ranks' (the cut ones' steps are as last heard)
+        assert ctx.lag(r[0]) is None and ctx.lead_step == max(r[2].step, r[3].step) and ctx.lag(r[2]) is not None
+        assert to_json(snap)["jobs"][0]["unheard_ranks"] == 2
+        snap = mon.wait_for(lambda s: any(h.id == "relay_silent" for h in s.jobs[0].hints), 5)
+        (hint,) = [h for h in snap.jobs[0].hints if h.id == "relay_silent"]
+        assert hint.evidence["unheard_ranks"] == 2 and hint.evidence["hosts"] == [by_listen[a].host]
+        r = _ranks(snap)
         assert {x.listen: x.status for x in snap.relays} == {a: "silent", b: "live"}
         assert_valid_snapshot(to_json(snap))
         text = render(snap)  # flowtop snapshot's text says it too

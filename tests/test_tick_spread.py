@@ -138,8 +138,9 @@ def test_the_rules_table_in_four_shares() -> None:
     shares = [sorted(r.id for r, k in zip(engine.rules, plan) if k == s) for s in range(4)]
     # by the costs in the table (ms at 4,096 ranks): hang_all with hang_rank, which it hides, 115;
     # the straggler 104; the input wait 68, with the cheap rules filling the two lighter shares
+    # (relay_silent's 0.5 among them)
     assert shares[0] == ["hang_all", "hang_rank"] and shares[1] == ["straggler"] and "input_wait" in shares[2]
-    assert [sum(r.cost for r, k in zip(engine.rules, plan) if k == s) for s in range(4)] == [115, 104, 76, 74]
+    assert [sum(r.cost for r, k in zip(engine.rules, plan) if k == s) for s in range(4)] == [115, 104, 76, 74.5]
 
 
 def test_what_a_tick_takes_serves_the_next_tick_alone_over_the_same_ranks() -> None:

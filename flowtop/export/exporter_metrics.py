@@ -30,7 +30,8 @@ RANK_GAUGES: tuple[tuple[str, str, str, Callable[[RankSnapshot], float | None]],
     ("flowtop_rank_peak_flops_per_second", "", "Dense peak FLOP/s the rank's MFU is against", _flops("peak_flops")),
     ("flowtop_rank_step", "seconds", "Median wall time of the rank's recent steps", lambda r: r.step_time_s),
     ("flowtop_rank_device_step", "seconds", "Device (CUDA event) time of the latest step", lambda r: r.device_time_s),
-    ("flowtop_rank_tokens_per_second", "", "Tokens per second (0 while stalled or stale)", lambda r: r.tokens_per_s),
+    ("flowtop_rank_tokens_per_second", "", "Tokens per second (0 while stalled or stale; absent while unheard "
+     "behind a silent relay)", lambda r: r.tokens_per_s),
     ("flowtop_rank_tokens_per_step", "", "Tokens entering the first embedding per step", lambda r: r.tokens_per_step),
     ("flowtop_rank_input_wait", "ratio", "Share of the step spent waiting for input", lambda r: r.input_wait_frac),
     ("flowtop_rank_device_busy", "ratio", "Share of the last kernel window's step with device work", _busy),
@@ -45,21 +46,27 @@ RANK_COUNTERS: tuple[tuple[str, str, Callable[[RankSnapshot], int]], ...] = (
     ("flowtop_rank_dropped_messages", "Messages the probe's bounded queue dropped", lambda r: r.dropped_messages),
 )
 JOB_GAUGES: tuple[tuple[str, str, str, Callable[[JobSnapshot], float | None]], ...] = (
-    ("flowtop_job_model_flops_per_second", "", "Model FLOP/s summed over the job's ranks", _flops("flops_per_s")),
-    ("flowtop_job_executed_flops_per_second", "", "Executed FLOP/s summed over the job's ranks",
+    # The job's figures are over its heard ranks: those unheard behind a silent or closed relay
+    # (flowtop_job_unheard_ranks) are left out of the sums and the peaks alike.
+    ("flowtop_job_model_flops_per_second", "", "Model FLOP/s summed over the job's heard ranks",
+     _flops("flops_per_s")),
+    ("flowtop_job_executed_flops_per_second", "", "Executed FLOP/s summed over the job's heard ranks",
      _flops("executed_flops_per_s")),
-    ("flowtop_job_mfu", "ratio", "Job MFU: sum of model FLOP/s / sum of peaks", _flops("mfu")),
-    ("flowtop_job_hfu", "ratio", "Job HFU: sum of executed FLOP/s / sum of peaks", _flops("hfu")),
-    ("flowtop_job_peak_flops_per_second", "", "Sum of the ranks' dense peaks", _flops("peak_flops")),
+    ("flowtop_job_mfu", "ratio", "Job MFU: sum of model FLOP/s / sum of peaks, over the heard ranks", _flops("mfu")),
+    ("flowtop_job_hfu", "ratio", "Job HFU: sum of executed FLOP/s / sum of peaks, over the heard ranks",
+     _flops("hfu")),
+    ("flowtop_job_peak_flops_per_second", "", "Sum of the heard ranks' dense peaks", _flops("peak_flops")),
     ("flowtop_job_step", "seconds", "The slowest rank's median step time", lambda j: j.step_time_s),
-    ("flowtop_job_tokens_per_second", "", "Tokens per second of the job, counted once per data-parallel replica "
-     "(summed over every rank where no mesh is known; the JSON's tokens_per_s_basis says which)",
+    ("flowtop_job_tokens_per_second", "", "Tokens per second of the job's heard ranks, counted once per "
+     "data-parallel replica (summed over every rank where no mesh is known; the JSON's tokens_per_s_basis says which)",
      lambda j: j.tokens_per_s),
     ("flowtop_job_step_index", "", "Lowest step among the live ranks", lambda j: j.step),
     ("flowtop_job_world_size", "", "World size the ranks report", lambda j: j.world_size),
     ("flowtop_job_ranks_seen", "", "Distinct rank numbers that said hello", lambda j: j.ranks_seen),
     ("flowtop_job_rank_conflicts", "", "Rank numbers claimed by more than one live process",
      lambda j: j.rank_conflicts),
+    ("flowtop_job_unheard_ranks", "", "Rank processes unheard behind a silent or closed node relay: the job's "
+     "FLOP/s, MFU and tokens/s leave them out", lambda j: len(j.unheard)),
 )
 #: Per-node aggregates (flowtop.monitor.rankview.NodeGroup) of a job above the rank cap.
 NODE_GAUGES: tuple[tuple[str, str, str, Callable[[Any], float | None]], ...] = (

@@ -110,7 +110,7 @@ SNAPSHOT_FAMILIES: tuple[Family, ...] = (
     Family("flowtop_rank_status", "stateset", "Rank status: live, stalled (talks, no step), stale (silent), done, "
            "failed (ended of an uncaught exception)", RANK_LABELS),
     *_gauges(JOB_GAUGES, JOB_LABELS),
-    *_gauges(JOB_QUANTILES, (JOB_LABEL, QUANTILE_LABEL), " (rank_quantile 0, 0.5, 0.95, 1 across running ranks)"),
+    *_gauges(JOB_QUANTILES, (JOB_LABEL, QUANTILE_LABEL), " (rank_quantile 0, 0.5, 0.95, 1 across running heard ranks)"),
     Family("flowtop_job_status", "stateset", "Job status: running, stalled, stale, done, failed", JOB_LABELS),
     Family("flowtop_job_peak", "info", "Where the peak of the job's MFU and HFU comes from: source table "
            "(datasheet), estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), "

@@ -38,6 +38,7 @@ def render(snap: MonitorSnapshot) -> str:
             lines.append(
                 f"  model {flops_rate(f.flops_per_s)}  MFU {pct(f.mfu)}{bf16}  HFU {pct(f.hfu)}  "
                 f"[{f.dtype}, attention {f.attention_convention}, {job_peak(job)}]"
+                + (f"  ({job.over_phrase})" if job.over_phrase else "")  # some ranks unheard: left out
             )
             if f.expert_load is not None:
                 lines.append(f"  experts: {_experts(f.expert_load)}")

@@ -11,13 +11,20 @@ Conventions (also in the JSON ``conventions`` block):
 * a *stalled* rank (no step for a while, though it still talks; see
   :mod:`flowtop.monitor.model`) has FLOP/s, MFU and HFU of 0, with ``mfu_reason`` saying for how
   long it has made no step: medians of past steps would keep showing full speed;
+* a rank *unheard* behind a silent or closed relay (RankSnapshot.cut) may still be training:
+  its FLOP/s, MFU, HFU and tokens/s are n/a (None), its counts per step as last heard, and
+  ``mfu_reason`` "unheard behind relay HOST (silent)" (:func:`unheard`), never "no step": it is
+  not known to have stopped;
 * MFU           = model FLOP/s ÷ dense peak of the dtype in use; when the probe sends FLOPs per
   dtype, against each op's own dtype peak: ideal time Σ F_d/peak_d ÷ step time, i.e. model
   FLOP/s ÷ the mix peak F / Σ F_d/peak_d (flowtop.monitor.precision), with the bf16-equivalent MFU
   (model FLOP/s ÷ the bf16 peak) beside it;
 * HFU           = executed FLOP/s ÷ the same peak (the executed FLOPs' mix);
 * job MFU       = Σ model FLOP/s ÷ Σ peaks of the ranks (the same time window),
-  so a job with one idle rank is not flattered.
+  so a job with one idle rank is not flattered; over the ranks that are *heard*: an unheard
+  rank is left out of both sums (and of tokens/s, percentiles and lag), and the job says how
+  many it left out (JobSnapshot.unheard, its ``mfu_reason``: "over 4 of 6 ranks; 2 unheard
+  behind relay node1"): counted at 0 it read as a throughput collapse that never happened.
 """
 
 from __future__ import annotations
@@ -45,6 +52,19 @@ def per_peak(rate: float | None, peak: float | None) -> float | None:
 
 _FLOPS = Fields(FlopsView)
 _SINCE = _FLOPS.at("stalled_since")[0]
+_RATES = _FLOPS.at("flops_per_s", "executed_flops_per_s", "mfu", "hfu", "mfu_bf16")
+_REASON = _FLOPS.at("mfu_reason")[0]
+
+
+def unheard(view: FlopsView, reason: str) -> FlopsView:
+    """``view``, a rank's as last heard, for the rank unheard behind a silent or closed relay
+    (``reason``: RelayCut.unheard): rates n/a, not 0 (it may be training on; 0 read as a stop),
+    not stalled, counts per step kept (positionally, as :func:`restalled`)."""
+    values = list(_FLOPS.read(view))
+    for i in _RATES:
+        values[i] = None
+    values[_SINCE], values[_REASON] = None, reason
+    return FlopsView(*values)
 
 
 def restalled(view: FlopsView, stalled_since: float) -> FlopsView:
@@ -198,11 +218,14 @@ def _why_none(vs: Sequence[FlopsView]) -> str | None:
     return why if why is not None and why.startswith("none:") else None
 
 
-def job_flops(views: Sequence[FlopsView | None], newest_step_at: float | None = None) -> FlopsView | None:
+def job_flops(views: Sequence[FlopsView | None], newest_step_at: float | None = None,
+              over: str = "") -> FlopsView | None:
     """Aggregate ranks: sums of FLOPs and FLOP/s; MFU as Σ FLOP/s ÷ Σ peaks. ``newest_step_at``:
     monitor time of the ranks' newest step (their relay's lag added), from their state, for the
     stall of a job whose every rank is stalled (a rank's view between its turns holds when it
-    had last stepped as of a round ago)."""
+    had last stepped as of a round ago). ``views``: the heard ranks' only; ``over``: what the
+    figures are over when some ranks are unheard (JobSnapshot.over_phrase), added to the job's
+    ``mfu_reason``."""
     vs = [v for v in views if v is not None]
     if not vs:
         return None
@@ -228,6 +251,8 @@ def job_flops(views: Sequence[FlopsView | None], newest_step_at: float | None = 
         # Every rank stalled: the job makes no step either, since the least-stalled rank's last.
         job_stalled = newest_step_at if newest_step_at is not None else max(stalled)
         reason = ""  # said at display (FlopsView.reason_at)
+    if over:
+        reason = f"{reason}; {over}" if reason else over
     return FlopsView(
         model_flops_per_step=total("model_flops_per_step"),
         executed_flops_per_step=total("executed_flops_per_step"),

@@ -22,6 +22,7 @@ from flowtop.monitor.rankkernels import KernelTables
 from flowtop.monitor.rankstate import RankState
 from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.relays import Relays
+from flowtop.monitor.relayviews import over_phrase
 from flowtop.monitor.rotation import ticks_per_round
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import RankKey
@@ -150,12 +151,16 @@ class ModelViews:
         hot = self._hot(job) if slim and not glance else frozenset()  # a glance (a pure read) rebuilds none
         ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
                                  glance=glance, shown_only=slim, hot=hot)
-        ranks = self.relays.mark(ranks, states, now, self.peak_override_flops)  # relay, silent relay
+        ranks = self.relays.mark(ranks, states, now)  # relay, silent relay
         live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([st.hello.world_size for st in states] + [len(ranks)])
         times = [r.step_time_s for r in live if r.step_time_s]
-        if all(r.status in ENDED for r in ranks):  # failed: one or more of them ended of an exception
-            status = "failed" if any(r.status == "failed" for r in ranks) else "done"
+        # A rank cut off behind a silent or closed relay may train on, unheard: the job's figures
+        # are over the heard ranks (accounting's conventions), and its bye may be lost with the
+        # relay, so the job ends when its heard ranks have ended (else it stayed stale for good).
+        heard = [r for r in ranks if r.cut is None]
+        if heard and all(r.status in ENDED for r in heard):  # failed: one or more ended of an exception
+            status = "failed" if any(r.status == "failed" for r in heard) else "done"
         elif any(r.status == "live" for r in ranks):
             status = "running"
         elif any(r.status == "stalled" for r in ranks):
@@ -164,7 +169,7 @@ class ModelViews:
             status = "stale"
         # While running, ranks that finished no longer add throughput; once the job is
         # done, the totals describe its last steady state. Stalled and stale ranks add 0.
-        counted = [r for r in ranks if r.status not in ENDED or status in ENDED]
+        counted = [r for r in heard if r.status not in ENDED or status in ENDED]
         # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
         tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
         merged = self._merged_kernels(job, states, rotation) if self.kernels is not None else None
@@ -175,9 +180,10 @@ class ModelViews:
             step=min(r.step for r in live),
             step_time_s=max(times) if times else None,
             tokens_per_s=tokens_per_s,
+            # Over the heard ranks; the figures say so (over_phrase: which ranks are unheard).
             flops=parallelism.job_flops_per_token(
-                accounting.job_flops([r.flops for r in counted], _newest_step_at(ranks, states)),
-                counted, tokens_basis),
+                accounting.job_flops([r.flops for r in counted], _newest_step_at(ranks, states),
+                                     over_phrase([r.cut for r in ranks])), counted, tokens_basis),
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),

@@ -50,15 +50,17 @@ _PERCENTILES: ByJob[JobPercentiles] = ByJob()  # the TUI's line and the exporter
 
 def job_percentiles(job: JobSnapshot | None) -> JobPercentiles:
     """Percentiles over the ranks still running (finished ranks would pull the figures toward
-    their last steps). A stalled rank counts with MFU 0: it delivers nothing now. Remembered
-    for the same snapshot object (flowtop.monitor.byjob)."""
+    their last steps) and heard (not cut off behind a silent relay). A stalled rank counts with
+    MFU 0: it delivers nothing now. Remembered for the same snapshot object (flowtop.monitor.byjob)."""
     if job is None:
         return JobPercentiles(0, None, None, None)
     return _PERCENTILES.get(job.job, job, lambda: _job_percentiles(job))
 
 
 def _job_percentiles(job: JobSnapshot) -> JobPercentiles:
-    ranks = [r for r in job.ranks if r.status not in ENDED] or list(job.ranks)
+    # Over the heard ranks: one unheard behind a silent relay has no figures now (JobSnapshot.unheard).
+    ranks = [r for r in job.ranks if r.status not in ENDED and r.cut is None] or [
+        r for r in job.ranks if r.cut is None]
     return JobPercentiles(
         ranks=len(ranks),
         step_time_s=percentiles(r.step_time_s for r in ranks if r.step_time_s is not None),

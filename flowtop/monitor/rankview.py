@@ -75,14 +75,17 @@ def is_node_key(key: RowKey | None) -> bool:
 class JobContext:
     """Job-wide figures the per-rank order and lag are measured against."""
 
-    lead_step: int  # highest step of a running rank
+    lead_step: int  # highest step of a running rank (heard: not cut off behind a silent relay)
     median_step_s: float | None  # median of the live ranks' median step times
     #: Rank number -> impact of the job's active straggler hints: stragglers first among the live
     #: (a late forward, the usual DDP straggler, shows no step lag nor a slower step time).
     stragglers: Mapping[int, float] = field(default_factory=dict)
 
-    def lag(self, r: RankSnapshot) -> int:
-        """Steps behind the lead rank (0 for a finished rank: it is not late, it is done)."""
+    def lag(self, r: RankSnapshot) -> int | None:
+        """Steps behind the lead rank (0 for a finished rank: it is not late, it is done; None for
+        one unheard behind a silent relay: its step is as last heard, not known to lag)."""
+        if r.cut is not None:
+            return None
         return 0 if r.status in ENDED else max(0, self.lead_step - r.step)
 
 
@@ -100,10 +103,10 @@ def job_context_of(job: JobSnapshot) -> JobContext:
 
 
 def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] | None = None) -> JobContext:
-    """Lead step and median step time over the running ranks (``stragglers``: the ranks the
-    job's straggler hints name, with their impact)."""
+    """Lead step and median step time over the running ranks, those unheard behind a silent
+    relay left out (``stragglers``: the ranks the job's straggler hints name, with their impact)."""
     ranks = list(ranks)
-    running = [r for r in ranks if r.status not in ENDED] or ranks
+    running = [r for r in ranks if r.status not in ENDED and r.cut is None] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
     return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times),
                       stragglers=stragglers or {})
@@ -210,7 +213,7 @@ class NodeGroup:
     worst_status: str
     mfu_min: float | None
     mfu_median: float | None
-    max_lag: int
+    max_lag: int | None  # None: no rank's lag is known (all unheard behind a silent relay)
     step_min: int
     step_time_max: float | None
     input_wait_max: float | None
@@ -223,7 +226,8 @@ class NodeGroup:
 
 def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGroup:
     """Aggregate the ranks of one node (already in display order), in one pass."""
-    tier, lag, step = 9, 0, ranks[0].step
+    tier, step = 9, ranks[0].step
+    lag: int | None = None
     mfus: list[float] = []
     t_max = w_max = tokens = flops = None
     conflict = False
@@ -231,7 +235,9 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
         conflict = conflict or bool(r.conflict)
         t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         tier = min(tier, t)
-        lag = max(lag, ctx.lag(r))
+        behind = ctx.lag(r)
+        if behind is not None and (lag is None or behind > lag):
+            lag = behind
         step = min(step, r.step)
         f = r.flops
         if f is not None and f.mfu is not None:
@@ -255,7 +261,7 @@ class RankRow:
 
     key: RankKey
     rank: RankSnapshot
-    lag: int
+    lag: int | None  # None: unknown (unheard behind a silent relay, JobContext.lag)
     nested: bool  # under a node row (grouped view)
 
 

@@ -12,8 +12,9 @@ Every ~1 s the relay sends its own figures as a ``relay`` wire message (``probe.
 every 5 s while a monitor's pace holds and its batches leave), which with its batches makes
 its heartbeat: a relay silent for :data:`SILENT_AFTER_S` marks the ranks that last came
 through it stale and cut off, with ``status_reason`` "relay HOST silent for N s" (held as since
-when: flowtop.monitor.relayviews.RelayCut, said at display); the other ranks of the job are
-untouched. Its last report says ``closing`` (it handed the node over, or ended).
+when: flowtop.monitor.relayviews.RelayCut, said at display), their rates n/a: unheard, not
+stopped (the job's figures are over its heard ranks, flowtop.monitor.model_views); the other
+ranks of the job are untouched. Its last report says ``closing`` (it handed the node over, or ended).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from flowtop.monitor.records import Fields
 from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
-from probe.wire import FlopsReport, Message, RankKey, WireError
+from probe.wire import Message, RankKey, WireError
 from probe.wire.command_bound import bound_text
 
 #: A relay reports every second (or sends batches); this long without a batch or a report and it is "silent".
@@ -75,13 +76,15 @@ _VIEW = Fields(RankSnapshot)
 _STATUS, _CUT, _TOKENS, _FLOPS = _VIEW.at("status", "cut", "tokens_per_s", "flops")
 
 
-def _stale(view: RankSnapshot, cut: RelayCut, flops: Any) -> RankSnapshot:
-    """``view`` as a rank behind an unreachable relay shows: stale, cut off and why, no rate
-    (positionally: dataclasses.replace builds keyword arguments)."""
+def _stale(view: RankSnapshot, cut: RelayCut) -> RankSnapshot:
+    """``view`` as a rank behind an unreachable relay shows: stale, cut off and why, its rates
+    n/a (accounting.unheard: it may train on, unheard; 0 had read as a stop and pulled the job's
+    figures down), its step and counts as last heard (positionally: dataclasses.replace builds
+    keyword arguments)."""
     values = list(_VIEW.read(view))
-    values[_STATUS], values[_CUT], values[_FLOPS] = "stale", cut, flops
-    if view.tokens_per_s is not None:
-        values[_TOKENS] = 0.0
+    values[_STATUS], values[_CUT], values[_TOKENS] = "stale", cut, None
+    if view.flops is not None:
+        values[_FLOPS] = accounting.unheard(view.flops, cut.unheard)
     return RankSnapshot(*values)
 
 
@@ -92,7 +95,6 @@ class _Marked:
     view: RankSnapshot  # the rank's own view
     cut: RelayCut
     marked: RankSnapshot  # what the snapshot shows
-    count: FlopsReport | None  # the rank's FLOP count its figures came from (compared by identity)
 
 
 def decode_stamp(part: bytes, frames: int) -> Stamp:
@@ -296,12 +298,11 @@ class Relays:
         del self._relays[min(idle, key=lambda r: r.heard).relay]
         return True
 
-    def mark(self, ranks: tuple[Any, ...], states: list[Any], now: float,
-             peak_override: float | None = None) -> tuple[Any, ...]:
+    def mark(self, ranks: tuple[Any, ...], states: list[Any], now: float) -> tuple[Any, ...]:
         """The job's rank views (``RankSnapshot``, one per ``RankState`` in ``states``; each names
         its relay already, RankState.via) with, behind a relay that is silent or closed, status
-        "stale" with its reason (a RelayCut) and no rate (as a stale rank). A marked view is reused
-        while its base view and reason stay the same (a silent relay's from tick to tick: since
+        "stale" with its reason (a RelayCut) and its rates n/a (unheard, see :func:`_stale`). A
+        marked view is reused while its base view and reason stay the same (a silent relay's from tick to tick: since
         when it is silent), so a rank whose view did not change keeps the same object
         (flowtop.monitor.rankviews)."""
         reasons = self._reasons(now) if self._relays else {}
@@ -318,18 +319,8 @@ class Relays:
             if held is not None and held.view is view and held.cut == cut:
                 out.append(held.marked)
                 continue
-            since = st.steps.last_recv() if st.steps else None  # stalled since its last step
-            flops = view.flops
-            if since is not None:
-                # Its view or its relay's reason changed: the rank's count as it was, stalled
-                # since the same step (a stall's rates are 0 however long, whatever its step time).
-                last = held.marked.flops if held is not None and held.count is st.flops else None
-                if last is not None and last.stalled_since == since:
-                    flops = last
-                else:
-                    flops = accounting.rank_flops(st.flops, view.step_time_s, peak_override, 0.0, since)
-            marked = _stale(view, cut, flops)
-            self._marked[st.key] = _Marked(view, cut, marked, st.flops)
+            marked = _stale(view, cut)
+            self._marked[st.key] = _Marked(view, cut, marked)
             out.append(marked)
         return tuple(out)
 

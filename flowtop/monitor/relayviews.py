@@ -13,6 +13,7 @@ the relay stays silent the record is equal from tick to tick, and so is the view
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +30,35 @@ class RelayCut:
         """The reason without its growing seconds: "relay HOST silent", "relay HOST closed"."""
         return f"relay {self.host} {'closed' if self.silent_since is None else 'silent'}"
 
+    @property
+    def unheard(self) -> str:
+        """What a cut rank's ``mfu_reason`` says: it is not heard, not known to have stopped (its
+        rates are n/a, and the job's figures leave it out: flowtop.monitor.model_views)."""
+        return f"unheard behind relay {self.host} ({'closed' if self.silent_since is None else 'silent'})"
+
     def text(self, now: float) -> str:
         """The reason at monitor time ``now``: "relay HOST silent for N s", "relay HOST closed"."""
         if self.silent_since is None:
             return self.cause
         return f"{self.cause} for {now - self.silent_since:.0f} s"
+
+
+def unheard_hosts(cuts: Sequence[RelayCut | None]) -> tuple[str, ...]:
+    """The hosts of the relays that ranks are cut off behind (``cuts``: each rank's
+    RankSnapshot.cut), sorted: a job's ``unheard_relays``."""
+    return tuple(sorted({c.host for c in cuts if c is not None}))
+
+
+def over_phrase(cuts: Sequence[RelayCut | None]) -> str:
+    """What a job's figures are over when some of its ranks are unheard (``cuts``: each rank's
+    RankSnapshot.cut): "over 4 of 6 ranks; 2 unheard behind relay node1" (the header, the text
+    report, the job's ``mfu_reason``); "" when every rank is heard. The one place it is made."""
+    hosts = unheard_hosts(cuts)
+    if not hosts:
+        return ""
+    n = sum(1 for c in cuts if c is not None)
+    return (f"over {len(cuts) - n} of {len(cuts)} ranks; {n} unheard behind "
+            f"relay{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}")
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.records import fast_init
-from flowtop.monitor.relayviews import RelayCut, RelaySnapshot  # RelaySnapshot: here as before, for its readers
+# RelaySnapshot: here as before, for its readers
+from flowtop.monitor.relayviews import RelayCut, RelaySnapshot, over_phrase
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -38,7 +40,8 @@ EXECUTED_FLOPS_NOTE = ("executed FLOPs: what ran, incl. activation-checkpoint re
                        "convention (so HFU can read below MFU under 'full')")
 FLOPS_PER_S_NOTE = (
     "FLOP/s: FLOPs per token of the counted step x tokens/s (else FLOPs per step / median step time); "
-    "0 while a rank is stalled or stale"
+    "0 while a rank is stalled or stale; n/a for a rank unheard behind a silent relay, which the job's "
+    "figures leave out"
 )
 
 
@@ -87,9 +90,10 @@ class FlopsView(_Slotted):
     flops_per_token: float | None  # model FLOPs per token
     uncounted_ops: Mapping[str, int] = field(default_factory=dict)
     counted_at_step: int | None = None
-    #: Why mfu is None, when it is; "" for a stalled rank or job (its mfu is 0, never None), whose
-    #: reason ("no step for N s") grows with the clock: :meth:`reason_at` says it at a snapshot's
-    #: ``taken_at`` (the JSON's ``mfu_reason``).
+    #: Why mfu is None, when it is (a rank cut off: "unheard behind relay HOST (silent)"; a job
+    #: with such ranks adds what its figures are over, JobSnapshot.over_phrase); "" for a stalled
+    #: rank or job (its mfu is 0, never None), whose reason ("no step for N s") grows with the
+    #: clock: :meth:`reason_at` says it at a snapshot's ``taken_at`` (the JSON's ``mfu_reason``).
     mfu_reason: str = ""
     #: Monitor time of the rank's last step while it counts as stalled (its FLOP/s, MFU and HFU
     #: are then 0), its relay's lag added (the snapshot's clock: stalled for ``taken_at`` minus
@@ -349,6 +353,18 @@ class JobSnapshot:
         """Distinct ranks that said hello."""
         return len({r.rank for r in self.ranks})
 
+    @cached_property
+    def unheard(self) -> tuple[RankSnapshot, ...]:
+        """Its rank processes cut off behind a silent or closed relay (RankSnapshot.cut): they may
+        train on, unheard, so the job's figures (FLOP/s, MFU, tokens/s, percentiles, lag) are over
+        the others; the one place they are told apart."""
+        return tuple(r for r in self.ranks if r.cut is not None)
+
+    @cached_property
+    def over_phrase(self) -> str:
+        """What its figures are over when some ranks are unheard (relayviews.over_phrase)."""
+        return over_phrase([r.cut for r in self.ranks])
+
 
 @dataclass(frozen=True)
 class MonitorSnapshot:
@@ -373,7 +389,10 @@ class MonitorSnapshot:
 
 def all_done(snap: Any) -> bool:
     """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
-    rank numbers: two processes claiming one rank are two rows, a conflict)."""
+    rank numbers: two processes claiming one rank are two rows, a conflict). A rank unheard
+    behind a dead relay (RankSnapshot.cut) cannot say bye: its job ended when its heard ranks
+    did (the job's status, flowtop.monitor.model_views), else ``--until-done`` waited for good."""
     ranks = [r for j in snap.jobs for r in j.ranks]
-    return (bool(ranks) and all(r.status in ENDED for r in ranks)
+    return (bool(ranks) and all(r.status in ENDED or (r.cut is not None and j.status in ENDED)
+                                for j in snap.jobs for r in j.ranks)
             and all(len(j.ranks) >= j.world_size for j in snap.jobs))

@@ -15,11 +15,12 @@ from typing import Any, Mapping
 
 from flowtop.monitor.snapshot import (EXECUTED_FLOPS_NOTE, FLOPS_PER_S_NOTE, MODEL_FLOPS_NOTE, FlopsView, Hint,
                                       MonitorSnapshot, RankSnapshot, RelaySnapshot, StageView, TelemetryView)
+from flowtop.monitor.relayviews import unheard_hosts
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
 #: enumeration (1.8: the "failed" status of ranks and jobs).
-SCHEMA = "flowtop.snapshot/1.11"
+SCHEMA = "flowtop.snapshot/1.12"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -154,9 +155,14 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "tokens_per_s": j.tokens_per_s,
             "tokens_per_s_basis": j.tokens_basis,
             "rank_conflicts": j.rank_conflicts,
+            # Ranks cut off behind a silent or closed relay: the job's figures leave them out.
+            "unheard_ranks": len(j.unheard),
+            "unheard_relays": list(unheard_hosts([r.cut for r in j.ranks])),
             "pipeline_stages": [_stage_json(s) for s in j.stages],
         }
         job.update(_flops_json(j.flops, snap.taken_at))
+        if j.flops is None and j.over_phrase:  # no rank heard: not "no FLOP count yet"
+            job["mfu_reason"] = j.over_phrase
         job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
         job["hints"] = [hint_json(h, snap.taken_at) for h in j.hints]
         jobs.append(job)

@@ -16,7 +16,7 @@ from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from flowtop.monitor.hints import (measures_device, measures_identity, measures_kernels, measures_parallel,
-                                   measures_spikes, measures_straggler, measures_time)
+                                   measures_relay, measures_spikes, measures_straggler, measures_time)
 from flowtop.monitor.hints.base import Measurement, MeasureFn, rank_target
 from flowtop.monitor.hints.making import beyond, make_hint, reusable
 from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Rule, apply_overrides, validate
@@ -29,6 +29,7 @@ MEASURES: Mapping[str, MeasureFn] = {
     "hang_all": measures_time.hang_all,
     "hang_rank": measures_time.hang_rank,
     "rank_conflict": measures_identity.rank_conflict,
+    "relay_silent": measures_relay.relay_silent,
     "input_wait": measures_time.input_wait,
     "straggler": measures_straggler.straggler,
     "step_spikes": measures_spikes.step_spikes,

@@ -99,6 +99,26 @@ RULES: tuple[Rule, ...] = (
         "has made a step",
     ),
     Rule(
+        id="relay_silent",
+        cost=0.5,  # a pass over the ranks' cut (0.46 ms at 4,096 ranks, none cut)
+        scope="job",
+        severity="warning",
+        measure="unheard_ranks",
+        unit="n",
+        direction="above",
+        threshold=0.5,
+        clear=0.5,
+        window_steps=0,
+        window_s=0.0,
+        summary="{unheard_ranks:.0f} {ranks_word} unheard behind {relays_phrase} while the other {heard_ranks} "
+        "step on: they may still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
+        action="Check the relay on {hosts}: with torchrun it is that node's `flowtop run` (killed, OOM?); "
+        "start `flowtop relay --connect ADDR` there and its ranks reconnect to it as to a restarted monitor.",
+        doc="rank processes cut off behind a node relay silent for 3 s or closed (JobSnapshot.unheard) "
+        "while a heard rank still steps; names each relay, since when and its ranks; the job's figures "
+        "leave those ranks out (0 while none, or no heard rank steps: the hang rules say that)",
+    ),
+    Rule(
         id="input_wait",
         cost=68,
         scope="rank",

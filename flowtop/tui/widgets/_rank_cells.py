@@ -118,12 +118,12 @@ def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
     rank = str(r.rank) if r.incarnation == 0 else f"{r.rank}.{r.incarnation}"
     # Another process claims this rank too (see the rank_conflict hint): mark both rows.
     rank_cell = (rank + "!", "bold red") if r.conflict else (rank, dim or ("" if row.nested else "bold"))
-    lag_style = "red" if row.lag >= 10 * STRAGGLER_LAG else "yellow" if row.lag >= STRAGGLER_LAG else "dim"
+    lag_style = _lag_style(row.lag) or "dim"
     cells = (
         rank_cell,
         (short_host(r.host), "dim" if (dim or row.nested) else ""),
         (fmt_int(r.step), "yellow" if r.status == "stale" else dim),
-        (str(row.lag), lag_style),
+        (NA if row.lag is None else str(row.lag), lag_style),  # None: unheard, behind a silent relay
         (fmt_time(r.step_time_s), dim),
         _wait(r.input_wait_frac) if not dim else (fmt_pct(r.input_wait_frac), dim),
         (fmt_si(r.tokens_per_s), dim),
@@ -141,6 +141,13 @@ def rank_cells(row: RankRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
     return cells + tuple(extra[c.key] for c in columns[len(COLUMNS):])
 
 
+def _lag_style(lag: int | None) -> str:
+    """A step lag's colour: red ten straggler lags behind, yellow one; "" else (and unknown)."""
+    if lag is None:
+        return ""
+    return "red" if lag >= 10 * STRAGGLER_LAG else "yellow" if lag >= STRAGGLER_LAG else ""
+
+
 def _whole_pct(frac: float) -> str:
     """A node's MFU in whole percents (two of them fill the column), "<1" for one under half a
     percent that is not zero: a CPU job's or a launch-bound one's 0.4 % read "0", as if nothing ran."""
@@ -154,14 +161,14 @@ def node_cells(row: NodeRow, columns: tuple[Column, ...] = COLUMNS) -> tuple[Cel
     mfu = NA
     if g.mfu_min is not None and g.mfu_median is not None:
         mfu = f"{_whole_pct(g.mfu_min)}/{_whole_pct(g.mfu_median)}%"
-    lag_style = "red" if g.max_lag >= 10 * STRAGGLER_LAG else "yellow" if g.max_lag >= STRAGGLER_LAG else ""
+    lag_style = _lag_style(g.max_lag)
     return (
         # A rank claimed twice marks its node as it marks the rank's own row (rank_cells).
         (f"{'▾' if row.open else '▸'} {len(g.ranks)}" + ("!" if g.conflict else ""),
          "bold red" if g.conflict else "bold"),
         (short_host(g.host), "bold"),
         (fmt_int(g.step_min), ""),
-        (str(g.max_lag), lag_style),
+        (NA if g.max_lag is None else str(g.max_lag), lag_style),
         (fmt_time(g.step_time_max), ""),
         _wait(g.input_wait_max),
         (fmt_si(g.tokens_per_s), ""),

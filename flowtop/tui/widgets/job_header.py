@@ -33,14 +33,19 @@ def convention_note(flops: FlopsView, per_gpu: FlopsView | None) -> str:
     return ", ".join(parts)
 
 
-def utilisation_line(kind: str, value: float | None, flops: FlopsView, per_gpu: FlopsView | None) -> Text:
-    """One 'MFU 41.2 % (conventions)' line; 'MFU n/a (reason)' without a value."""
+def utilisation_line(kind: str, value: float | None, flops: FlopsView, per_gpu: FlopsView | None,
+                     over: str = "") -> Text:
+    """One 'MFU 41.2 % (conventions)' line; 'MFU n/a (reason)' without a value. ``over``: what a
+    job's figures are over when some of its ranks are unheard (JobSnapshot.over_phrase), said
+    first: the figure is not the whole job's (its ``mfu_reason`` says it where there is no value)."""
     line = Text(f"{kind} ", style="bold")
     if value is None:
         reason = flops.mfu_reason or "no FLOP count yet"
         line.append(f"n/a ({reason})", style="dim")
         return line
     line.append(fmt_pct(value).replace("%", " %"), style=mfu_style(value))
+    if over:
+        line.append(f" {over}", style="yellow")
     if kind == "MFU":
         line.append(f" ({convention_note(flops, per_gpu)})", style="dim")
     else:
@@ -113,14 +118,14 @@ class JobHeader(Static):
         out.append("\n")
         if f is None:
             out.append("MFU ", style="bold")
-            out.append("n/a (no FLOP count yet)", style="dim")
+            out.append(f"n/a ({job.over_phrase or 'no FLOP count yet'})", style="dim")  # no rank heard, or no count
             out.append("\nHFU ", style="bold")
             out.append(NA, style="dim")
         else:
             per_gpu = _peak_per_gpu(job)
-            out.append_text(utilisation_line("MFU", f.mfu, f, per_gpu))
+            out.append_text(utilisation_line("MFU", f.mfu, f, per_gpu, job.over_phrase))
             out.append("\n")
-            out.append_text(utilisation_line("HFU", f.hfu, f, per_gpu))
+            out.append_text(utilisation_line("HFU", f.hfu, f, per_gpu, job.over_phrase))
         if error:
             out.append(f"\n{error}", style="red")
         return out

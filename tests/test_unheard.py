@@ -1,0 +1,174 @@
+"""Ranks unheard behind a silent node relay (a relay host killed while its ranks train on): the
+job's figures are over the heard ranks, exactly; the unheard rank has no rates (not 0), no lag and
+says why; the relay_silent hint names the relay and clears when it is heard again; a job whose
+heard ranks all said bye ends, and --until-done's test (all_done) takes it. Real wire frames and
+relay stamps (Relays.unstamp, as the collector applies a batch) into one Model, its own clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flowtop.export.exporter import snapshot_families
+from flowtop.export.textreport import render
+from flowtop.monitor.rankstats import job_percentiles
+from flowtop.monitor.rankview import job_context
+from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, all_done
+from flowtop.monitor.snapshot_json import to_json
+from flowtop.monitor.wiring import make_model
+from flowtop.tui.widgets.job_header import JobHeader
+from probe import wire
+from probe.wire import RankKey
+from snapshot_schema import assert_valid_snapshot
+
+T = 1e12
+#: 1e9 model FLOPs per counted step of 256 tokens on a 1e12 FLOP/s peak.
+FLOPS = {"step": 1, "model_flops": 1e9, "executed_flops": 1.2e9, "attention": "full", "dtype": "bf16",
+         "peak_flops": 1 * T, "peak_source": "test", "uncounted": {}, "tokens": 256}
+RELAY = "node-b:7:1"
+KEYS = [RankKey("j", "node-a" if r < 3 else "node-b", 100 + r, r, 0) for r in range(4)]
+#: Step wall time per rank: ranks 0, 1 and 3 at 0.05 s, rank 2 at 0.1 s (one step every other tick).
+WALL = {0: 0.05, 1: 0.05, 2: 0.1, 3: 0.05}
+
+
+class _Job:
+    """Ranks 0-2 heard directly; rank 3 through the relay on node-b (until it is killed)."""
+
+    def __init__(self) -> None:
+        self.model = make_model()
+        self.now = 10.0
+        self.seq = {k: 0 for k in KEYS}
+        self.steps = {k: 0 for k in KEYS}
+        self.relayed = True  # rank 3's relay alive: its frames arrive
+        for k in KEYS:
+            self.send(k, "hello", {"local_rank": k.rank % 3, "world_size": 4, "device": "cpu (test)",
+                                   "probe_version": "test"})
+            self.send(k, "flops", FLOPS)
+
+    def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+        self.seq[key] += 1
+        frame = wire.encode(kind, key, self.seq[key], self.now, fields)
+        if key.rank < 3:
+            self.model.ingest(wire.decode(frame), self.now)
+        elif self.relayed:  # as the collector applies a relay's batch of one frame
+            via, (at,) = self.model.relays.unstamp([encode_stamp(RELAY, self.now + 900.0, [0]), frame], self.now)
+            self.model.ingest(wire.decode(frame), at, via=via)
+
+    def run(self, seconds: float) -> MonitorSnapshot:
+        """Every rank trains on (rank 3 too: only its relay is gone), 0.05 s a round; a tick each 0.5 s."""
+        snap = None
+        end = self.now + seconds
+        n = 0
+        while self.now < end - 1e-9:
+            self.now += 0.05
+            n += 1
+            for k in KEYS:
+                if n % round(WALL[k.rank] / 0.05) == 0:
+                    self.steps[k] += 1
+                    self.send(k, "step", {"step": self.steps[k], "wall_s": WALL[k.rank], "tokens": 256, "drops": 0})
+            if n % 10 == 0:
+                snap = self.model.tick(self.now)
+        assert snap is not None
+        return snap
+
+
+def _job(snap: MonitorSnapshot) -> JobSnapshot:
+    (job,) = snap.jobs
+    return job
+
+
+def _metric(snap: MonitorSnapshot, name: str) -> float:
+    (value,) = [s.value for m in snapshot_families(snap) for s in m.samples if s.name == name]
+    return value
+
+
+def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> None:
+    j = _Job()
+    snap = j.run(6.0)
+    job = _job(snap)
+    assert job.status == "running" and not job.unheard and job.over_phrase == ""
+    # By hand: 1e9 FLOPs / 256 tokens x tokens/s. Ranks 0, 1, 3: 256 / 0.05 = 5,120 tokens/s,
+    # 2e10 FLOP/s; rank 2: 2,560 tokens/s, 1e10 FLOP/s. All four: 7e10 of 4e12 (1.75 %), 17,920 tokens/s.
+    assert job.tokens_per_s == pytest.approx(17_920, rel=1e-6)
+    assert job.flops is not None and job.flops.flops_per_s == pytest.approx(7e10, rel=1e-6)
+    assert job.flops.mfu == pytest.approx(0.0175, rel=1e-6) and job.flops.mfu_reason == ""
+
+    j.relayed = False  # node-b's relay host killed: rank 3 trains on, unheard
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    r3 = job.ranks[3]
+    assert job.status == "running" and r3.status == "stale" and r3.cut is not None
+    # Its own row: no rate (None, not 0 as a stop would read), its step and counts as last heard.
+    assert r3.flops is not None and r3.flops.flops_per_s is None and r3.flops.mfu is None and r3.mfu is None
+    assert r3.tokens_per_s is None and r3.flops.model_flops_per_step == 1e9
+    assert r3.flops.reason_at(snap.taken_at) == "unheard behind relay node-b (silent)"
+    # The job over its three heard ranks: 5e10 FLOP/s of 3e12 (1.667 %), 12,800 tokens/s; not
+    # 5e10 of 4e12 (1.25 %) as a rank counted at 0 read.
+    assert [len(job.unheard), len(job.ranks)] == [1, 4]
+    assert job.over_phrase == "over 3 of 4 ranks; 1 unheard behind relay node-b"
+    assert job.tokens_per_s == pytest.approx(12_800, rel=1e-6)
+    assert job.flops is not None and job.flops.flops_per_s == pytest.approx(5e10, rel=1e-6)
+    assert job.flops.peak_flops == pytest.approx(3 * T) and job.flops.mfu == pytest.approx(5e10 / 3e12, rel=1e-6)
+    assert job.flops.mfu_reason == job.over_phrase
+    # Percentiles and lag over the heard ranks; the unheard rank's lag is unknown.
+    assert job_percentiles(job).ranks == 3
+    ctx = job_context(job.ranks)
+    assert ctx.lag(r3) is None and ctx.lead_step == max(r.step for r in job.ranks[:3])
+    # The hint names the relay, since when and its rank.
+    (hint,) = [h for h in job.hints if h.id == "relay_silent"]
+    silent_s = snap.taken_at - r3.cut.silent_since if r3.cut.silent_since is not None else None
+    assert hint.severity == "warning" and hint.evidence["unheard_ranks"] == 1 and hint.evidence["heard_ranks"] == 3
+    assert hint.evidence["hosts"] == ["node-b"] and hint.evidence["silent_s"] == pytest.approx(silent_s)
+    assert hint.summary.startswith(f"1 rank unheard behind relay node-b (silent for {silent_s:.0f} s; rank 3) "
+                                   "while the other 3 step on")
+    # Said everywhere the figures are: JSON, text report, TUI header, Prometheus.
+    data = to_json(snap)
+    assert_valid_snapshot(data)
+    jj = data["jobs"][0]
+    assert jj["unheard_ranks"] == 1 and jj["unheard_relays"] == ["node-b"] and jj["mfu_reason"] == job.over_phrase
+    assert jj["ranks"][3]["mfu"] is None and jj["ranks"][3]["mfu_reason"] == "unheard behind relay node-b (silent)"
+    assert f"({job.over_phrase})" in render(snap)
+    header = JobHeader.render_text(snap, job, 0, 1).plain
+    assert f"MFU 1.7 % {job.over_phrase}" in header
+    assert _metric(snap, "flowtop_job_unheard_ranks") == 1
+    assert _metric(snap, "flowtop_job_mfu_ratio") == pytest.approx(5e10 / 3e12, rel=1e-6)
+
+    j.relayed = True  # a relay again on node-b: rank 3 heard, the hint clears (after its hold)
+    snap = j.run(12.0)
+    job = _job(snap)
+    assert not job.unheard and job.ranks[3].status == "live" and job.flops is not None
+    assert job.flops.mfu == pytest.approx(0.0175, rel=1e-6) and job.flops.mfu_reason == ""
+    assert not [h for h in job.hints if h.id == "relay_silent"]
+    assert _metric(snap, "flowtop_job_unheard_ranks") == 0
+
+
+def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> None:
+    j = _Job()
+    j.run(3.0)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    assert _job(snap).status == "running" and not all_done(snap)
+    for k in KEYS:  # rank 3's bye is lost with its relay
+        j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
+    j.now += 0.5
+    snap = j.model.tick(j.now)
+    job = _job(snap)
+    assert job.status == "done" and [r.status for r in job.ranks] == ["done", "done", "done", "stale"]
+    assert len(job.unheard) == 1 and all_done(snap)  # flowtop snapshot --until-done returns
+    assert job.over_phrase == "over 3 of 4 ranks; 1 unheard behind relay node-b"
+    assert to_json(snap)["jobs"][0]["unheard_ranks"] == 1
+    # The hint stays, ended: the job's final snapshot says its rank was unheard at the end.
+    (hint,) = [h for h in job.hints if h.id == "relay_silent"]
+    assert hint.ended
+    # A failed heard rank makes it failed.
+    j2 = _Job()
+    j2.run(3.0)
+    j2.relayed = False
+    j2.run(SILENT_AFTER_S + 2.0)
+    for k in KEYS:
+        reason = "error: RuntimeError: boom" if k.rank == 1 else "exit"
+        j2.send(k, "bye", {"reason": reason, "steps": j2.steps[k], "drops": 0})
+    j2.now += 0.5
+    assert _job(j2.model.tick(j2.now)).status == "failed"
