@@ -116,6 +116,8 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     assert job_percentiles(job).ranks == 3
     ctx = job_context(job.ranks)
     assert ctx.lag(r3) is None and ctx.lead_step == max(r.step for r in job.ranks[:3])
+    # No hint takes the unheard rank for a straggler or a hang: it is not behind, only unheard.
+    assert not [h for h in job.hints if h.target == "rank 3"]
     # The hint names the relay, since when and its rank.
     (hint,) = [h for h in job.hints if h.id == "relay_silent"]
     silent_s = snap.taken_at - r3.cut.silent_since if r3.cut.silent_since is not None else None

@@ -146,7 +146,8 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     """Per rank: how much it holds the others up, the largest of three measures — step time and
     pace (time to reach steps) against the other ranks' median, and lead-time lag as a share of
     the step (the one that sees a straggler of synchronous data parallelism)."""
-    ranks = [r for r in _running(job) if r.history.steps or r.history.reached]
+    # A rank unheard behind a silent relay (cut) is not behind, only unheard: no reference, no target.
+    ranks = [r for r in _running(job) if (r.history.steps or r.history.reached) and r.cut is None]
     if len(ranks) < 2:
         return {}
     window = max(rule.window_steps, 1)
