@@ -174,3 +174,68 @@ def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> 
         j2.send(k, "bye", {"reason": reason, "steps": j2.steps[k], "drops": 0})
     j2.now += 0.5
     assert _job(j2.model.tick(j2.now)).status == "failed"
+
+
+def test_snapshot_until_done_returns_when_the_heard_ranks_ended_behind_a_dead_relay() -> None:
+    """Real processes: `flowtop snapshot --until-done`, a real relay (killed with SIGKILL) with
+    ranks 0 and 1 behind it, ranks 2 and 3 direct; ranks 2 and 3 say bye (0 and 1's byes would
+    be lost with the relay): the snapshot returns, exit 0, the job done with 2 unheard ranks."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+    import time
+
+    from flowtop.tools.demo.launch import free_port_pair
+    from probe.transport.publisher import Publisher
+
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    short = tempfile.mkdtemp(prefix="ftu")
+    relay_addr = f"ipc://{short}/r.sock"
+    watcher = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "snapshot", "--listen", listen, "--until-done",
+                                "--timeout", "60", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    relay = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--listen", relay_addr, "--connect", listen],
+                             stderr=subprocess.PIPE, text=True)
+    pubs = {}
+    for rank in range(4):
+        pub = Publisher(RankKey("dead-relay", "node-a" if rank < 2 else "node-b", 5000 + rank, rank, 0),
+                        relay_addr if rank < 2 else listen)
+        pub.hello_fields = {"local_rank": rank % 2, "world_size": 4, "device": "cpu (test)", "probe_version": "t"}
+        pub.start()
+        pubs[rank] = pub
+    stop = threading.Event()
+
+    def steps() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            for pub in pubs.values():
+                pub.publish("step", {"step": step, "wall_s": 0.02, "tokens": 64, "drops": 0})
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=steps, daemon=True)
+    thread.start()
+    try:
+        time.sleep(5.0)  # every rank heard (the monitor binds, the relay and the probes connect)
+        relay.kill()  # kill -9 the relay host: ranks 0 and 1 train on, unheard
+        relay.wait(10)
+        time.sleep(5.0)  # past the relay's 3 s of silence
+        stop.set()
+        thread.join(2)
+        for rank in (2, 3):
+            pubs[rank].publish("bye", {"reason": "exit", "steps": 1, "drops": 0})
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        stop.set()
+        watcher.kill()
+        relay.kill()
+        for pub in pubs.values():
+            pub.close()
+        shutil.rmtree(short, ignore_errors=True)
+    assert watcher.returncode == 0, err
+    (job,) = json.loads(out)["jobs"]
+    assert job["status"] == "done" and job["unheard_ranks"] == 2 and job["mfu_reason"].startswith(
+        "over 2 of 4 ranks; 2 unheard behind relay ")
+    assert [r["status"] for r in job["ranks"]] == ["stale", "stale", "done", "done"]
