@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flowtop.export.exporter import snapshot_families
+from flowtop.export.exporter import ExportPolicy, exported_jobs, snapshot_families
 from flowtop.export.textreport import render
 from flowtop.monitor.rankstats import job_percentiles
 from flowtop.monitor.rankview import job_context
@@ -164,6 +164,10 @@ def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> 
     # The hint stays, ended: the job's final snapshot says its rank was unheard at the end.
     (hint,) = [h for h in job.hints if h.id == "relay_silent"]
     assert hint.ended
+    # Finished: its series (the unheard rank's "stale" with them) end after the linger, as any ended job's.
+    policy = ExportPolicy(linger_s=60.0)
+    assert exported_jobs(snap, policy) == [job]
+    assert exported_jobs(j.model.snapshot(j.now + 61.0), policy) == []
     # A failed heard rank makes it failed.
     j2 = _Job()
     j2.run(3.0)
