@@ -12,7 +12,7 @@ import pytest
 
 from flowtop.export.exporter import ExportPolicy, exported_jobs, snapshot_families
 from flowtop.export.textreport import render
-from flowtop.monitor.rankstats import job_percentiles
+from flowtop.monitor.rankstats import NO_VALUE, job_percentiles, map_layout, rank_grid
 from flowtop.monitor.rankview import job_context
 from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, all_done
@@ -116,6 +116,8 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     assert job_percentiles(job).ranks == 3
     ctx = job_context(job.ranks)
     assert ctx.lag(r3) is None and ctx.lead_step == max(r.step for r in job.ranks[:3])
+    # The map's step-time cell of the unheard rank has no value (not "the slowest there is").
+    assert rank_grid(job, "step_time", map_layout(4, 80, 10)).bins[3] == NO_VALUE
     # No hint takes the unheard rank for a straggler or a hang: it is not behind, only unheard.
     assert not [h for h in job.hints if h.target == "rank 3"]
     # The hint names the relay, since when and its rank.

@@ -128,6 +128,8 @@ def _binner(metric: str, ctx: JobContext) -> Callable[[RankSnapshot], int]:
     median = ctx.median_step_s
 
     def step_bin(r: RankSnapshot) -> int:
+        if r.cut is not None:
+            return NO_VALUE  # unheard behind a silent relay: not known to be slow, only unheard
         if r.status in ("stalled", "stale"):
             return 4  # no step at all: the slowest there is
         if r.step_time_s is None or not median:
