@@ -128,3 +128,27 @@ def test_a_relays_lag_moving_while_its_job_is_silent_rebuilds_the_job_as_a_full_
     assert len(kept) >= 55 and len(distinct) <= 8, len(distinct)
     assert all(j.ranks[0].behind_s != k.ranks[0].behind_s or j.hints != k.hints
                for j, k in zip(distinct, distinct[1:]))
+
+
+def test_a_job_ended_by_its_heard_ranks_beside_unheard_ones_is_kept_and_renders_as_a_rebuild(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks 2 and 3 behind a relay that falls silent, 0 and 1 direct: once 0 and 1 say bye the
+    job is done (its unheard ranks' byes were lost with the relay), kept from tick to tick as a
+    full rebuild shows it, saying its 2 unheard ranks."""
+    c = Cluster(monkeypatch)
+    keys = _keys("j", 4)
+    c.via = RELAY
+    c.run(keys[2:], 10)
+    c.via = None
+    for n in range(6):  # the direct ranks step on, 3 s: the relay falls silent behind them
+        c.run(keys[:2], 10, first=1 + 10 * n)
+    c.bye(keys[:2])
+    kept: list[JobSnapshot] = []
+    for _ in range(6):
+        snap, full = c.tick()
+        _same_render(snap, full)
+        job = _job(snap)
+        assert job.status == "done" and len(job.unheard) == 2
+        assert job.over_phrase == "over 2 of 4 ranks; 2 unheard behind relay node-a"
+        kept.append(job)
+    assert kept[-1] is kept[-2]  # kept, not rebuilt at every tick
