@@ -182,6 +182,7 @@ def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> 
     assert _job(j2.model.tick(j2.now)).status == "failed"
 
 
+@pytest.mark.slow
 def test_snapshot_until_done_returns_when_the_heard_ranks_ended_behind_a_dead_relay() -> None:
     """Real processes: `flowtop snapshot --until-done`, a real relay (killed with SIGKILL) with
     ranks 0 and 1 behind it, ranks 2 and 3 direct; ranks 2 and 3 say bye (0 and 1's byes would
