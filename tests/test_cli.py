@@ -169,6 +169,31 @@ def test_run_says_when_no_monitor_listens_yet(tmp_path: Path) -> None:
     assert watched.returncode == 0 and "no monitor" not in watched.stderr, watched.stderr
 
 
+def test_no_monitor_note_names_the_command_that_listens_there(tmp_path: Path) -> None:
+    """A trial: ``flowtop run --connect tcp://127.0.0.1:57599`` advised a plain ``flowtop``, which
+    binds the default address and never heard the job. The advice names ``--listen`` when the
+    address is not the default, and a relay's command for an ipc:// path."""
+    import socket
+
+    from flowtop.tools.listening import no_monitor_note
+    from probe.wire import DEFAULT_ADDR
+
+    port = free_port_pair()
+    note = no_monitor_note(f"tcp://127.0.0.1:{port}") or ""
+    assert f"start `flowtop --listen tcp://127.0.0.1:{port}` (another terminal)" in note, note
+    default = no_monitor_note(DEFAULT_ADDR)
+    assert default is None or "start `flowtop` (another terminal)" in default
+    path = tmp_path / "relay.sock"
+    note = no_monitor_note(f"ipc://{path}") or ""
+    assert note.startswith(f"no relay listens on ipc://{path} yet: start "
+                           f"`flowtop relay --listen ipc://{path} --connect MONITOR`"), note
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        s.listen()
+        assert no_monitor_note(f"ipc://{path}") is None
+    assert no_monitor_note(f"ipc://{path}") is not None  # a stale socket file: nothing accepts
+
+
 def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
     """``flowtop run`` looked for a monitor by connecting to its port: while a node relay held the
     node's one upstream connection, a second ``flowtop run`` starting made a second one for a

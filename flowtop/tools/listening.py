@@ -19,10 +19,14 @@ def no_monitor_note(addr: str) -> str | None:
 
     from flowtop.monitor.collector import AddressError, parse_tcp
 
+    if addr.startswith("ipc://"):
+        # a relay's path, on this host: something listens when a connection is accepted there
+        # (a stale socket file refuses it)
+        return None if _unix_listens(addr[len("ipc://"):]) else _nothing_there(addr)
     try:
         host, port = parse_tcp(addr)
     except AddressError:
-        return None  # ipc:// (a relay's path): its relay is ours
+        return None
     if host not in LOOPBACK:
         return unresolved_note(host, addr)
     # The kernel's table first; a knock only where it shows no listener (it cannot be read
@@ -36,8 +40,40 @@ def no_monitor_note(addr: str) -> str | None:
             listens = False
     if listens:
         return None
-    return (f"no monitor listens on {addr} yet: start `flowtop` (another terminal) to watch this job; "
-            "the training runs meanwhile, and the monitor sees it from when it starts")
+    return _nothing_there(addr)
+
+
+def _nothing_there(addr: str) -> str:
+    who = "relay" if addr.startswith("ipc://") else "monitor"
+    return (f"no {who} listens on {addr} yet: start `{listen_command(addr)}` (another terminal) to watch "
+            "this job; the training runs meanwhile, and the monitor sees it from when it starts")
+
+
+def listen_command(addr: str) -> str:
+    """The command that listens on ``addr``: a plain ``flowtop`` binds only the default address
+    (advice without ``--listen`` elsewhere would start a monitor that never hears this job); an
+    ipc:// path is a node relay's, which forwards to a monitor (MONITOR: its tcp address)."""
+    from probe.wire import DEFAULT_ADDR
+
+    if addr == DEFAULT_ADDR:
+        return "flowtop"
+    if addr.startswith("ipc://"):
+        return f"flowtop relay --listen {addr} --connect MONITOR"
+    return f"flowtop --listen {addr}"
+
+
+def _unix_listens(path: str) -> bool:
+    """Whether a socket accepts connections at ``path`` (``@NAME``: a Linux abstract socket)."""
+    import socket
+
+    where = "\0" + path[1:] if path.startswith("@") else path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(where)
+        except OSError:
+            return False
+    return True
 
 
 #: Seconds a monitor host's name may take to resolve before :func:`unresolved_note` stops waiting
