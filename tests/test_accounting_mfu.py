@@ -134,3 +134,31 @@ def test_the_snapshot_text_says_the_jobs_peak_is_the_ranks_summed() -> None:
     job = dataclasses.replace(job, ranks=uneven, flops=job_flops([r.flops for r in uneven]))
     line = render(dataclasses.replace(snap, jobs=(job,))).splitlines()[1]
     assert line.endswith(f"peak 117GFLOP/s summed over the ranks (per rank: {source})]"), line
+
+
+def test_the_snapshot_json_splits_the_jobs_peak_into_its_ranks() -> None:
+    """A trial read the job's ``peak_source`` ("estimated: 1 core × ...", one rank's ~78 GFLOP/s)
+    beside its ``peak_flops``, the sum over 6 ranks: the JSON says how the sum splits (schema 1.12)."""
+    import dataclasses
+
+    from flowtop.monitor.accounting import job_flops
+    from flowtop.monitor.snapshot import MonitorSnapshot
+    from flowtop.monitor.snapshot_json import json_schema, to_json
+    from jsonschema import Draft202012Validator
+    from synthetic.cluster import cluster_job
+
+    job = cluster_job(6, job="small")
+    source = "estimated: 1 core × 2.45 GHz × 32 FLOP/cycle (AVX-512 FMA)"
+    ranks = tuple(dataclasses.replace(r, flops=dataclasses.replace(r.flops, peak_flops=78.25e9, peak_source=source))
+                  for r in job.ranks if r.flops is not None)
+    job = dataclasses.replace(job, ranks=ranks, flops=job_flops([r.flops for r in ranks]))
+    snap = MonitorSnapshot(taken_at=5000.0, listen="tcp://127.0.0.1:5759", jobs=(job,), received=0, rejected=0)
+    data = to_json(snap)
+    Draft202012Validator(json_schema()).validate(data)
+    (j,) = data["jobs"]
+    assert (j["peak_ranks"], j["peak_per_rank_flops"], j["peak_source"]) == (6, 78.25e9, source)
+    assert j["peak_flops"] == pytest.approx(6 * 78.25e9)
+    uneven = (dataclasses.replace(ranks[0], flops=dataclasses.replace(ranks[0].flops, peak_flops=39e9)), *ranks[1:])
+    job = dataclasses.replace(job, ranks=uneven, flops=job_flops([r.flops for r in uneven]))
+    (j,) = to_json(dataclasses.replace(snap, jobs=(job,)))["jobs"]
+    assert (j["peak_ranks"], j["peak_per_rank_flops"]) == (None, None)

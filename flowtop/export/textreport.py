@@ -9,6 +9,7 @@ from flowtop.monitor.hints import HintGroup, grouped
 from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.monitor.snapshot_json import peak_per_rank
 
 
 def si(value: float | None) -> str:
@@ -83,12 +84,9 @@ def job_peak(job: JobSnapshot) -> str:
     source = f" (per rank: {f.peak_source})" if f.peak_source else ""
     if not f.peak_flops:
         return f"peak n/a{source}"
-    per_rank = {r.flops.peak_flops for r in job.ranks if r.flops is not None and r.flops.peak_flops}
-    if len(per_rank) == 1:
-        (peak,) = per_rank
-        ranks = f.peak_flops / peak
-        if round(ranks) >= 1 and abs(ranks - round(ranks)) < 1e-6 * ranks:
-            return f"peak {round(ranks)} × {flops_rate(peak)}{source}"
+    split = peak_per_rank(job)  # the JSON's peak_ranks and peak_per_rank_flops
+    if split is not None:
+        return f"peak {split.ranks} × {flops_rate(split.flops)}{source}"
     return f"peak {flops_rate(f.peak_flops)} summed over the ranks{source}"
 
 

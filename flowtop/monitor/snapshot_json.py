@@ -14,7 +14,8 @@ from importlib import resources
 from typing import Any, Mapping
 
 from flowtop.monitor.snapshot import (EXECUTED_FLOPS_NOTE, FLOPS_PER_S_NOTE, MODEL_FLOPS_NOTE, FlopsView, Hint,
-                                      MonitorSnapshot, RankSnapshot, RelaySnapshot, StageView, TelemetryView)
+                                      JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot, StageView,
+                                      TelemetryView)
 from flowtop.monitor.relayviews import unheard_hosts
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
@@ -141,6 +142,32 @@ def _stage_json(s: StageView) -> dict[str, Any]:
             "stage_time_s": s.stage_time_s, "step_time_s": s.step_time_s}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeakPerRank:
+    """A job's peak as ``ranks`` × one rank's ``flops``: the job's ``peak_source`` describes that
+    one rank's peak (a trial read a 1-core estimate beside a 6-rank sum as the job's)."""
+
+    ranks: int
+    flops: float
+
+
+def peak_per_rank(job: JobSnapshot) -> PeakPerRank | None:
+    """The job's summed peak split into equal ranks; None without a peak or where the ranks'
+    peaks differ (the sum is then all there is)."""
+    f = job.flops
+    if f is None or not f.peak_flops:
+        return None
+    per_rank = {r.flops.peak_flops for r in job.ranks if r.flops is not None and r.flops.peak_flops}
+    if len(per_rank) != 1:
+        return None
+    (peak,) = per_rank
+    ranks = f.peak_flops / peak
+    # the sum is of floats: equal peaks sum to a multiple up to rounding
+    if round(ranks) >= 1 and abs(ranks - round(ranks)) < 1e-6 * ranks:
+        return PeakPerRank(round(ranks), peak)
+    return None
+
+
 def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
     """The documented JSON snapshot (``schema`` names its version)."""
     jobs = []
@@ -160,6 +187,9 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "unheard_relays": list(unheard_hosts([r.cut for r in j.ranks])),
             "pipeline_stages": [_stage_json(s) for s in j.stages],
         }
+        split = peak_per_rank(j)
+        job["peak_ranks"] = split.ranks if split else None
+        job["peak_per_rank_flops"] = split.flops if split else None
         job.update(_flops_json(j.flops, snap.taken_at))
         if j.flops is None and j.over_phrase:  # no rank heard: not "no FLOP count yet"
             job["mfu_reason"] = j.over_phrase
