@@ -146,6 +146,9 @@ def test_moe_without_attention_gets_6_n_active(sent: Sent) -> None:
     view = rank_flops(flops_report(msg), step_time_s=0.1)
     assert view is not None and view.estimate_source == msg["estimate_source"]
     assert "6N_active (no attention blocks found, none ran)" in flops_text(view, None).plain
+    # the attention row said "full  causal: full square" of a model with none (a trial)
+    lines = flops_text(view, None).plain.splitlines()
+    assert "attention   none found  no attention block, none ran" in lines, lines
 
 
 def test_dense_token_mlp_without_attention_gets_6_n(sent: Sent) -> None:

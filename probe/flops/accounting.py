@@ -10,6 +10,7 @@ from probe.flops import dtensor as flops_dtensor, estimate, peaks, precision
 from probe.flops.count import FlopCount
 from probe.flops.dtensor import ParallelLayout
 from probe.flops.padding import MicroBatchKeys
+from probe.wire.flops import NO_ATTENTION_FOUND
 
 
 def _where(source: str) -> str:
@@ -34,7 +35,7 @@ def _label(est: estimate.Estimate, attention: str, seq: int | None, masking: str
     local = f"/{est.split} (this rank's tensor-parallel share; N local)" if est.split > 1 else ""
     if est.source == estimate.NO_ATTENTION:
         share = "; this rank's tensor-parallel share, N local" if est.split > 1 else ""
-        return f"6N{active} (no attention blocks found, none ran{share}): N{active}={est.n_params}{moe_note}"
+        return f"6N{active} ({NO_ATTENTION_FOUND}{share}): N{active}={est.n_params}{moe_note}"
     # the causal convention halves causal attention: the count of a bidirectional model halves nothing
     bidi = " (bidirectional attention: not halved)" if masking == "bidirectional" and attention == "causal" else ""
     attn = 6 if attention == "causal" and not bidi else 12

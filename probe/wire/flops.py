@@ -47,6 +47,11 @@ class DtypeFlops:
     executed: float  # executed FLOPs of those ops (recompute included)
 
 
+#: In ``estimate_source`` where no attention block was found and none ran (a CNN, an MLP): the
+#: monitor then says the model has no attention rather than what a convention does to it.
+NO_ATTENTION_FOUND = "no attention blocks found, none ran"
+
+
 @dataclass(frozen=True, slots=True)
 class FlopsReport:
     """A rank's FLOP count of one step and its conventions (the ``flops`` message, probe.flops)."""
