@@ -49,7 +49,8 @@ def test_five_ranks_waiting_are_one_group_led_by_the_one_with_most_at_stake() ->
     text = render(dataclasses.replace(snap, jobs=(dataclasses.replace(j, hints=hints),)))
     hint_lines = [line for line in text.splitlines() if line.startswith("  [")]
     assert len(hint_lines) == len(rows)  # one line per panel row, not per hint
-    assert sum("5 ranks (0-3, 5), most at stake rank 5:" in line for line in hint_lines) == 1
+    assert sum("5 ranks (0-3, 5), most at stake: rank 5 waits for input 40 % of each step" in line
+               for line in hint_lines) == 1
 
 
 def test_fewer_ranks_than_the_group_size_stay_apart() -> None:
@@ -81,11 +82,12 @@ async def test_the_hints_panel_shows_4096_rank_hints_as_one_expandable_line() ->
         panel = app.screen.query_one(HintsPanel)
         assert panel.border_title == "hints (4,097)" and panel.option_count == 2
         first = panel.get_option_at_index(0)
-        assert first.prompt.plain.startswith("▸ WARN 4,096 ranks (0-4095): launches outrun short kernels (impact 30%)")
+        assert first.prompt.plain.startswith(
+            "▸ WARN 4,096 ranks (0-4095), most at stake: rank 17: launches outrun short kernels (impact 30%)")
         panel.toggle(str(first.id))
         await pilot.pause()
         expanded = panel.get_option_at_index(0).prompt.plain
-        assert "most at stake: rank 17" in expanded and "fix: use CUDA graphs" in expanded
+        assert "fix: use CUDA graphs" in expanded
 
 
 def test_a_hint_whose_rank_is_gone_is_counted_after_the_known_ranks_and_never_leads_a_tie() -> None:
@@ -116,10 +118,10 @@ async def test_the_panel_redraws_a_group_whose_ranks_changed_under_the_same_hint
         panel = app.query_one(HintsPanel)
         panel.show(hints, eight, 0.0)
         await pilot.pause()
-        assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (0-4):")
+        assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (0-4), most at stake:")
         panel.show(hints, eight[1:], 0.0)  # rank 0's process is gone: same hints, other ranks
         await pilot.pause()
-        assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (1-4, …):")
+        assert panel.get_option_at_index(0).prompt.plain.startswith("▸ WARN 5 ranks (1-4, …), most at stake:")
 
 
 @pytest.mark.asyncio
@@ -149,7 +151,7 @@ async def test_the_cursor_stays_on_its_hint_when_a_group_forms_or_splits() -> No
         panel.show([hang, *waits(range(2))], ranks, 0.0)  # two again: the cursor on the first of them
         await pilot.pause()
         assert panel.option_count == 3 and panel.highlighted == 1
-        assert panel.get_option_at_index(1).prompt.plain.endswith("rank 0: rank 0 waits (impact 20%)")
+        assert panel.get_option_at_index(1).prompt.plain.endswith("WARN rank 0 waits (impact 20%)")
 
 
 @pytest.mark.asyncio
@@ -204,3 +206,27 @@ async def test_a_new_top_hint_is_shown_from_its_first_line_when_the_list_is_not_
         panel.show([hang, wait], (), 0.0)
         await pilot.pause()
         assert not panel.has_focus and panel.highlighted == 0 and panel.scroll_y == 0
+
+
+def test_a_hint_line_names_its_rank_once() -> None:
+    """A trial: the hints panel read 'WARN rank 2: rank 2: the optimizer takes 18 % ...' and the
+    text report 'most at stake rank 1: rank 1: ...': each renderer added the target before a
+    summary that begins with it. Both read flowtop.monitor.hints.groups.hint_line now."""
+    from flowtop.tui.widgets.hints_panel import hint_prompt
+
+    said = "the optimizer takes 18 % of the step in unfused kernels"
+    opt = [Hint("optimizer_unfused", "warning", "rank", f"rank {r}", f"rank {r}: {said}", {}, "fuse it",
+                0.18 if r == 1 else 0.1) for r in range(6)]
+    plain = Hint("launch_bound", "warning", "rank", "rank 2", "launches outrun short kernels", {}, "graphs", 0.1)
+    assert hint_prompt(opt[2], False, 0.0).plain == f"▸ WARN rank 2: {said} (impact 10%)"
+    assert hint_prompt(plain, False, 0.0).plain == "▸ WARN rank 2: launches outrun short kernels (impact 10%)"
+    j = _waiting_job({}, 6)
+    snap = synthetic_snapshot(120, with_kernels=False)
+    for hints, line in (
+            (opt, f"  [warning] 6 ranks (0-5), most at stake: rank 1: {said} -> fuse it"),
+            (opt[2:3], f"  [warning] rank 2: {said} -> fuse it"),
+            ([plain], "  [warning] rank 2: launches outrun short kernels -> graphs")):
+        text = render(dataclasses.replace(snap, jobs=(dataclasses.replace(j, hints=tuple(hints)),)))
+        assert [x for x in text.splitlines() if x.startswith("  [")] == [line]
+    (group,) = grouped(opt, j.ranks)
+    assert hint_prompt(group, False, 0.0).plain == f"▸ WARN 6 ranks (0-5), most at stake: rank 1: {said} (impact 18%)"

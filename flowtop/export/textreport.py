@@ -5,7 +5,7 @@ from __future__ import annotations
 from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
 from flowtop.monitor.format import fmt_pct as pct
 from flowtop.monitor.format import fmt_time as seconds
-from flowtop.monitor.hints import HintGroup, grouped
+from flowtop.monitor.hints import HintGroup, grouped, hint_line
 from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
@@ -60,8 +60,7 @@ def render(snap: MonitorSnapshot) -> str:
         for row in grouped(job.hints, job.ranks):  # a hint many ranks share: one line
             h = row.lead if isinstance(row, HintGroup) else row
             ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
-            where = f" {row.label()}, most at stake {h.target}:" if isinstance(row, HintGroup) else ""
-            lines.append(f"  [{h.severity}]{ended}{where} {h.summary_at(snap.taken_at)} -> {h.action}")
+            lines.append(f"  [{h.severity}]{ended} {hint_line(row, snap.taken_at).text()} -> {h.action}")
     if snap.relays:
         states = ", ".join(f"{sum(x.status == st for x in snap.relays)} {st}" for st in ("live", "silent", "closed")
                            if any(x.status == st for x in snap.relays))

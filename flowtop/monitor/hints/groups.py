@@ -9,6 +9,7 @@ and the hint of the rank with the most at stake, whose evidence stands for the g
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -37,6 +38,33 @@ class HintGroup:
         after them when some hint's rank is no longer among the job's)."""
         more = ", …" if len(self.ranks) < len(self.hints) else ""
         return f"{len(self.hints):,} ranks ({rank_ranges(self.ranks)}{more})"
+
+
+@dataclass(frozen=True, slots=True)
+class HintLine:
+    """What a hint's one line says: ``where`` (a group's ranks, or the hint's target where its
+    summary does not name it; "" otherwise), then ``summary``. Every renderer (the hints panel,
+    the text report) reads it here: each had added the target before a summary that begins with
+    it ("rank 2: rank 2: the optimizer takes ...", a trial)."""
+
+    where: str
+    summary: str
+
+    def text(self) -> str:
+        return f"{self.where}: {self.summary}" if self.where else self.summary
+
+
+def hint_line(row: Hint | HintGroup, now: float) -> HintLine:
+    """The line of a hint, or of a group (its ranks, then its lead's summary: the rank with the
+    most at stake, which that summary names), at monitor time ``now``."""
+    h = row.lead if isinstance(row, HintGroup) else row
+    summary = h.summary_at(now)
+    # rules' summaries mostly name their target ("{target} waits for input ...", "kernel
+    # {target} takes ..."): it is added only where one does not
+    names_it = not h.target or re.search(rf"(?<!\w){re.escape(h.target)}(?!\w)", summary) is not None
+    if isinstance(row, HintGroup):
+        return HintLine(f"{row.label()}, most at stake", summary if names_it else f"{h.target}: {summary}")
+    return HintLine("" if names_it else h.target, summary)
 
 
 def group_key(h: Hint) -> str:

@@ -13,7 +13,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from flowtop.monitor.format import ended_note
-from flowtop.monitor.hints import HintGroup, group_key, grouped
+from flowtop.monitor.hints import HintGroup, group_key, grouped, hint_line
 from flowtop.monitor.rankfilter import hint_filter
 from flowtop.monitor.snapshot import Hint, RankSnapshot
 from flowtop.tui.widgets._format import (
@@ -47,15 +47,17 @@ def hint_prompt(row: Hint | HintGroup, expanded: bool, now: float) -> Text:
     text = Text()
     text.append("▾ " if expanded else "▸ ", style="dim")
     text.append(SEVERITY_TAG.get(h.severity, h.severity[:4].upper()), style=SEVERITY_STYLE.get(h.severity, ""))
-    if isinstance(row, HintGroup):
-        text.append(f" {row.label()}:", style="bold")
-    elif h.target:
-        text.append(f" {h.target}:", style="bold")
-    text.append(f" {h.summary_at(now)}")
+    line = hint_line(row, now)  # the text report's words (flowtop.monitor.hints.groups)
+    if line.where:
+        text.append(f" {line.where}:", style="bold")
+        text.append(f" {line.summary}")
+    elif h.target and line.summary.startswith(h.target):  # the summary's subject, bold as a target was
+        text.append(f" {h.target}", style="bold")
+        text.append(line.summary[len(h.target):])
+    else:
+        text.append(f" {line.summary}")
     if h.impact > 0:
         text.append(f" (impact {fmt_pct(h.impact, 0)})", style="dim")
-    if expanded and isinstance(row, HintGroup):
-        text.append(f"\n    most at stake: {h.target}", style="dim")
     if expanded:
         text.append("\n    evidence: ", style="dim")
         text.append(evidence_text(h.evidence_at(now)) or "–")
