@@ -281,6 +281,13 @@ def test_no_snapshot_yet_and_other_paths() -> None:
             with pytest.raises(urllib.error.HTTPError) as err:
                 http_get(where.url(path))
             assert err.value.code == code
+        # before the first tick: an object saying why, not null (a script's ["jobs"] raised a TypeError)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            http_get(where.url("/snapshot.json"))
+        answer = json.loads(err.value.read())
+        assert answer == {"error": "no snapshot yet: the monitor has not taken its first one", "retry_after_s": 1}
+        assert err.value.headers["Retry-After"] == "1"
+        assert err.value.headers["Content-Type"] == "application/json"
     finally:
         metrics.stop()
 

@@ -105,6 +105,14 @@ class _Families:
         return snapshot_families(self.snap, self.policy)
 
 
+#: Seconds a client should wait before asking /snapshot.json again when the monitor has no
+#: snapshot yet: the data thread publishes one per tick (2 Hz), the first within a second of its start.
+NO_SNAPSHOT_RETRY_S = 1
+#: /snapshot.json's answer (503) before the first snapshot.
+NO_SNAPSHOT_BODY = json.dumps({"error": "no snapshot yet: the monitor has not taken its first one",
+                               "retry_after_s": NO_SNAPSHOT_RETRY_S}).encode()
+
+
 class MetricsServer:
     """Serves ``/metrics`` and ``/snapshot.json`` of ``latest()`` at ``where``.
 
@@ -171,15 +179,21 @@ class MetricsServer:
         path = environ.get("PATH_INFO", "")
         if path == "/snapshot.json":
             snap = self.latest()
-            body = self.cache.get(snap, "json", lambda: json.dumps(to_json(snap) if snap is not None else None)
-                                  .encode()).body
-            headers = [("Content-Type", "application/json")]
-            if snap is not None:  # its real age, pauses of the monitor included (see served_age)
-                age = self.served_age(snap)
-                body = b'{"served_age_s": %.3f, ' % age + body[1:]
-                headers.append(("Age", str(int(age))))
-            headers.append(("Content-Length", str(len(body))))
-            start_response("200 OK" if snap is not None else "503 Service Unavailable", headers)
+            if snap is None:
+                # An object, as a snapshot is: a body of null crashed a script's json.load(...)["jobs"]
+                # with a TypeError (a trial); a client that honours Retry-After asks again after a tick.
+                body = NO_SNAPSHOT_BODY
+                headers = [("Content-Type", "application/json"), ("Retry-After", str(NO_SNAPSHOT_RETRY_S)),
+                           ("Content-Length", str(len(body)))]
+                start_response("503 Service Unavailable", headers)
+                return [body]
+            body = self.cache.get(snap, "json", lambda: json.dumps(to_json(snap)).encode()).body
+            # its real age, pauses of the monitor included (see served_age)
+            age = self.served_age(snap)
+            body = b'{"served_age_s": %.3f, ' % age + body[1:]
+            headers = [("Content-Type", "application/json"), ("Age", str(int(age))),
+                       ("Content-Length", str(len(body)))]
+            start_response("200 OK", headers)
             return [body]
         if path in ("/", ""):
             body = (b"flowtop monitor: /metrics (Prometheus, OpenMetrics), /snapshot.json (the latest snapshot)\n")
