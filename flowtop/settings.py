@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 from probe.wire import DEFAULT_ADDR
+from probe.wire.host import host_problem
 
 T = TypeVar("T")
 
@@ -107,6 +108,19 @@ ADDR = Setting("FLOWTOP_ADDR", "address", DEFAULT_ADDR,
 CURVE_DIR: Setting[str | None] = Setting(
     "FLOWTOP_CURVE_DIR", "directory", None,
     "CURVE keys: `flowtop run` gives them to its node relay, `flowtop doctor` checks them (`--curve-dir` wins)", _text)
+def _host(raw: str) -> str | None:
+    why = host_problem(raw)
+    if why:
+        raise ValueError(why)
+    return raw
+
+
+#: The probe's FLOWTOP_HOST (probe.config.HOST), read by a node relay for its own host: a rank
+#: and the relay of its simulated node then report the same one.
+HOST: Setting[str | None] = Setting(
+    "FLOWTOP_HOST", "host name", None,
+    "the host a node relay (`run`, `relay`) reports, as the probe does: one simulated node of several on a "
+    "machine", _host, shown_default="`socket.gethostname()`")
 HANG_S: Setting[float | None] = Setting(
     "FLOWTOP_HANG_S", "seconds > 0", None, "the hang rules' floor: a rank is hung after max(10 × step time, this)",
     _seconds, shown_default="`30` (`floor_s` of the hang rules)")
@@ -124,7 +138,7 @@ SCREENSHOT_DIR: Setting[str | None] = Setting(
     shown_default="the current directory")
 
 #: Every variable the monitor reads, in the README table's order.
-MONITOR: tuple[Setting[Any], ...] = (ADDR, CURVE_DIR, DATA_CPU, HANG_S, HEAP_TRIM_S, SCREENSHOT_DIR)
+MONITOR: tuple[Setting[Any], ...] = (ADDR, CURVE_DIR, DATA_CPU, HANG_S, HEAP_TRIM_S, HOST, SCREENSHOT_DIR)
 
 PROBE_ADDR = ProbeVariable("FLOWTOP_ADDR", "`run`, `demo`, `doctor`", "the monitor (or the node relay) to connect to")
 PROBE_JOB = ProbeVariable("FLOWTOP_JOB", "`run --job`", "the job id")

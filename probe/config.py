@@ -20,6 +20,8 @@ from typing import Any, Callable, Generic, Mapping, MutableMapping, TypeVar
 
 from probe._log import warn_once
 from probe.wire import DEFAULT_ADDR, job_id_problem
+from probe.wire.host import host_name as wire_host_name
+from probe.wire.host import host_problem
 from probe.wire.pace import DEFAULT_FLUSH_S
 
 T = TypeVar("T")
@@ -109,6 +111,14 @@ def _fraction(raw: str) -> float:
     return value
 
 
+def _host(raw: str) -> str | None:
+    name = raw.strip()
+    why = host_problem(name)
+    if why:
+        raise ValueError(why)
+    return name
+
+
 def _attention(raw: str) -> str:
     if raw not in ("full", "causal"):
         raise ValueError("must be 'full' or 'causal'")
@@ -188,6 +198,10 @@ TELEMETRY_INTERVAL = Var("FLOWTOP_TELEMETRY_INTERVAL", "seconds (≥ 1)", 1.0,
 NVTX = Var("FLOWTOP_NVTX", "bool", False, "NVTX range `flowtop_step_<k>` per step (set by `calibrate`)", _bool)
 CALIBRATE_OUT = Var("FLOWTOP_CALIBRATE_OUT", "path", None, "JSON lines of per-step FLOPs (set by `calibrate`)", _text)
 CURVE_DIR = Var("FLOWTOP_CURVE_DIR", "directory", None, "CURVE keys of a monitor started with `--curve-dir`", _text)
+HOST = Var("FLOWTOP_HOST", "host name", None,
+           "the host name a rank (and a node relay) reports, hence its node: several simulated nodes on one "
+           "machine (each with its own `XDG_RUNTIME_DIR`: see Many nodes)", _host,
+           shown_default="`socket.gethostname()`")
 BYE_ON_SIGTERM = Var(
     "FLOWTOP_BYE_ON_SIGTERM", "bool", True,
     "on SIGTERM (where no handler and no signal wakeup fd are installed) say bye `SIGTERM`, then die of it as "
@@ -207,7 +221,7 @@ TEARDOWN_CUPTI = Var("TEARDOWN_CUPTI", "bool", None,
 VARIABLES: tuple[Var[Any], ...] = (
     ADDR, DISABLE, JOB, QUEUE, FLUSH_S, FLOPS, ATTENTION, RECHECK_STEPS, FLOPS_BUDGET, FLOPS_PER_TOKEN, PEAK_TFLOPS,
     KERNELS, KERNELS_MIN_STEPS, KERNELS_MAX_S, KERNELS_REQUEST_S, TELEMETRY, TELEMETRY_INTERVAL, NVTX, CALIBRATE_OUT,
-    CURVE_DIR, BYE_ON_SIGTERM, CONTROL_ADDR, KINETO_LOG_LEVEL, TEARDOWN_CUPTI,
+    CURVE_DIR, HOST, BYE_ON_SIGTERM, CONTROL_ADDR, KINETO_LOG_LEVEL, TEARDOWN_CUPTI,
 )  # fmt: skip
 
 
@@ -311,5 +325,12 @@ def markdown_table(variables: tuple[Var[Any], ...] = VARIABLES) -> str:
     return "\n".join(lines) + "\n"
 
 
+def host_name(env: Mapping[str, str] | None = None) -> str:
+    """The host a rank reports: ``FLOWTOP_HOST``, else the machine's name (``probe.wire.host``,
+    which a node relay reads too, so the two name the same node)."""
+    return wire_host_name(HOST.read(env))
+
+
 if __name__ == "__main__":
     print(markdown_table(), end="")
+

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -117,7 +116,7 @@ def from_env(
     names the job by its init method when nothing else does.
     """
     e = os.environ if env is None else env
-    host = socket.gethostname()
+    host = config.host_name(e)  # FLOWTOP_HOST: a simulated node (several on one machine)
     pid = os.getpid()
     # torchrun first, then Slurm's srun and Open MPI's mpirun (launchers that set no RANK).
     source = "argument" if rank is not None else next((n for n in _RANK_VARS if n in e), "none")

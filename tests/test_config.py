@@ -131,3 +131,17 @@ def test_a_telemetry_interval_below_a_second_is_raised_and_said(capsys, monkeypa
     assert "FLOWTOP_TELEMETRY_INTERVAL=0.5 is below 1 s; using 1" in capsys.readouterr().err
     assert config.from_env({"FLOWTOP_TELEMETRY_INTERVAL": "2.5"}).telemetry_interval_s == 2.5
     assert capsys.readouterr().err == ""
+
+
+def test_flowtop_host_names_the_node() -> None:
+    """README "Several nodes on one machine": FLOWTOP_HOST is the host a rank reports (its node),
+    read in one place (probe.config.host_name) by the probe and the node relay."""
+    assert identity.from_env({"FLOWTOP_HOST": "node-b"}).host == "node-b"
+    assert identity.from_env({"FLOWTOP_HOST": ""}).host == socket.gethostname()
+    assert config.host_name({"FLOWTOP_HOST": " node-c "}) == "node-c"
+    assert config.host_name({}) == socket.gethostname()
+    from flowtop import settings
+
+    # the relay reads it as flowtop's setting, the same variable and the same check
+    assert settings.HOST.name == config.HOST.name
+    assert settings.HOST.read({"FLOWTOP_HOST": "node-d"}) == "node-d" and settings.HOST.read({}) is None

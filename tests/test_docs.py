@@ -115,3 +115,17 @@ def test_no_comment_cites_notes_outside_the_repository() -> None:
                 if cited.search(line):
                     hits.append(f"{path.relative_to(ROOT)}:{n}")
     assert not hits, hits
+
+
+def test_readme_says_what_a_step_time_is_where_the_json_lists_it() -> None:
+    """A trial: the job's step_time_s being the slowest rank's median was said only in the
+    Prometheus table, and no section said a rank's is a median of how many steps."""
+    from flowtop.monitor.rankstate import MEDIAN_STEPS
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    conventions = readme.split("## FLOP conventions", 1)[1].split("\n## ", 1)[0]
+    json_section = readme.split("## Snapshot JSON", 1)[1].split("\n## ", 1)[0]
+    assert f"the median wall time of its last {MEDIAN_STEPS} steps" in " ".join(conventions.split())
+    said = " ".join(json_section.split())
+    assert f"a rank's `step_time_s` is the median wall time of its last {MEDIAN_STEPS} steps" in said
+    assert "a job's `step_time_s` the slowest live rank's median" in said

@@ -652,3 +652,30 @@ def test_a_monitor_restart_behind_a_relay_looks_like_one_to_the_ranks(short_dir:
         relay.terminate()
         relay.wait(10)
         mon.close()
+
+
+def test_two_simulated_nodes_on_one_machine_are_two_nodes(short_dir: Path) -> None:
+    """README "Several nodes on one machine": a node each, by its own XDG_RUNTIME_DIR (its relay
+    socket) and FLOWTOP_HOST (the host its ranks and its relay report; socket.gethostname() is
+    the same machine's for both). Two hosts in the snapshot, each rank behind its own node's relay."""
+    mon = MonitorThread()
+    script = short_dir / "train.py"
+    script.write_text(TRAIN)
+    try:
+        procs = []
+        for rank, node in enumerate(("node-a", "node-b")):
+            runtime = short_dir / node
+            runtime.mkdir(mode=0o700)
+            procs.append(_run(mon.listen, "on", script, 5, 0.0, FLOWTOP_JOB="sim", RANK=str(rank), WORLD_SIZE="2",
+                              XDG_RUNTIME_DIR=str(runtime), FLOWTOP_HOST=node))
+        _finish(procs)
+        snap = mon.wait_for(lambda s: sum(r.status == "done" for j in s.jobs for r in j.ranks) == 2
+                            and len(s.relays) == 2 and all(x.status == "closed" for x in s.relays), 30)
+        (job,) = snap.jobs
+        hosts = {r.rank: r.host for r in job.ranks}
+        assert hosts == {0: "node-a", 1: "node-b"}
+        relay_hosts = {x.relay: x.host for x in snap.relays}
+        assert sorted(relay_hosts.values()) == ["node-a", "node-b"]
+        assert {r.rank: relay_hosts[r.relay] for r in job.ranks if r.relay is not None} == hosts
+    finally:
+        mon.close()

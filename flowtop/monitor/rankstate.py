@@ -273,8 +273,12 @@ def gone(st: RankState, now: float) -> bool:
     return silent > EVICT_AFTER_S and silent > limit(median_step(st))
 
 
+#: Steps a rank's step time is the median of, the newest (README "FLOP conventions": step time).
+MEDIAN_STEPS = 32
+
+
 def median_step(st: RankState) -> float | None:
-    """Median wall time of the last 32 steps, step 1 (warm-up) left out."""
+    """Median wall time of the last :data:`MEDIAN_STEPS` steps, step 1 (warm-up) left out."""
     # The ring changes only with a new step (duplicates are dropped): the newest step number and
     # the count say whether it did, whatever other frames (telemetry, hello) bumped the version.
     # The median tokens per step of the same steps (tokens_per_s) is kept beside it (MedianCache).
@@ -282,9 +286,10 @@ def median_step(st: RankState) -> float | None:
     if cache.step == st.step and cache.held == len(ring):
         return cache.median_s
     # step 1 includes warm-up
-    recent = [w for s, w in zip(ring.values(ring.STEP, 32), ring.values(ring.WALL, 32)) if s > 1]
+    n = MEDIAN_STEPS
+    recent = [w for s, w in zip(ring.values(ring.STEP, n), ring.values(ring.WALL, n)) if s > 1]
     med = statistics.median(recent) if recent else None
-    tokens = ring.values(ring.TOKENS, 32)
+    tokens = ring.values(ring.TOKENS, n)
     cache.step, cache.held, cache.median_s = st.step, len(ring), med
     cache.tokens = float(statistics.median(tokens)) if tokens and tokens[-1] else 0.0
     return med

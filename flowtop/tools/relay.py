@@ -33,13 +33,13 @@ import itertools
 import math
 import os
 import random
-import socket
 import threading
 import time
 from typing import Any, Deque
 
 import zmq
 
+from flowtop import settings
 from flowtop.monitor.relays import encode_stamp
 from flowtop.tools.relay_commands import CommandsDown
 from flowtop.tools.relay_links import Links, warn_once
@@ -47,6 +47,7 @@ from flowtop.tools.relay_setup import PathLock as PathLock, _same_file as _same_
 from flowtop.tools.relay_setup import RelayConfig, RelayError, _remove_ipc, check_listen, check_upstream, client_keys
 from flowtop.tools.relay_setup import node_address as node_address, node_dir as node_dir
 from probe import wire
+from probe.wire.host import host_name
 from probe.wire.link import upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
@@ -78,7 +79,7 @@ class Relay:
         check_listen(cfg.listen)
         check_upstream(cfg.upstream)
         self._curve = client_keys(cfg.curve_dir)
-        host, pid = socket.gethostname(), os.getpid()
+        host, pid = host_name(settings.HOST.read()), os.getpid()  # the node its ranks name (FLOWTOP_HOST)
         self.id = f"{host}:{pid}:{random.getrandbits(32):08x}"
         self.key = wire.RankKey("", host, pid, 0, 0)
         self.started = time.monotonic()
