@@ -152,3 +152,38 @@ def test_a_job_ended_by_its_heard_ranks_beside_unheard_ones_is_kept_and_renders_
         assert job.over_phrase == "over 2 of 4 ranks; 2 unheard behind relay node-a"
         kept.append(job)
     assert kept[-1] is kept[-2]  # kept, not rebuilt at every tick
+
+
+def test_a_silent_relay_replaced_on_its_host_is_counted_as_replaced() -> None:
+    """A trial: 3 nodes read 'relays: 4 (3 live, 1 silent)' after node1's relay host was killed and
+    another flowtop run of node1 took its socket over (a new relay id on the same host): the old
+    one stays listed until forgotten (FORGET_AFTER_S), and the line said nothing of why."""
+    import dataclasses
+
+    from flowtop.monitor.snapshot import RelaySnapshot
+
+    def relay(host: str, pid: int, status: str) -> RelaySnapshot:
+        return RelaySnapshot(relay=f"{host}:{pid}:ab", host=host, pid=pid, status=status, age_s=0.5,
+                             listen="ipc://x", upstream="tcp://m:1", hosted_by="flowtop run", ranks_connected=2,
+                             ranks=2, frames_in=10, frames_out=10, bytes_in=100, bytes_out=100, drops=0, queued=0,
+                             commands=0, commands_dropped=0, link_ups=1, uptime_s=5.0, batches=4, link_lag_s=0.0)
+
+    relays = (relay("node1", 10, "silent"), relay("node1", 11, "live"), relay("node2", 12, "live"),
+              relay("node3", 13, "live"))
+    snap = MonitorSnapshot(taken_at=5000.0, listen="tcp://127.0.0.1:5759", jobs=(), received=0, rejected=0,
+                           relays=relays)
+    lines = render(snap).splitlines()
+    assert "relays: 4 (3 live, 1 silent: replaced on node1 by a newer relay)" in lines, lines
+    (old,) = [line for line in lines if "pid 10 " in line]
+    assert old.endswith("replaced by a newer relay of its host")
+    # a node whose relay went silent with no successor is still just silent
+    dark = (relay("node1", 10, "silent"), relay("node2", 12, "live"), relay("node3", 13, "silent"),
+            relay("node3", 14, "closed"))
+    lines = render(dataclasses.replace(snap, relays=dark)).splitlines()
+    assert "relays: 4 (1 live, 2 silent, 1 closed)" in lines, lines
+    assert not [line for line in lines if "replaced" in line]
+    # two relays of one host on two addresses (tests/test_relay.py's two): one dying replaces nothing
+    apart = (relay("node1", 10, "silent"), dataclasses.replace(relay("node1", 11, "live"), listen="ipc://y"))
+    lines = render(dataclasses.replace(snap, relays=apart)).splitlines()
+    assert "relays: 2 (1 live, 1 silent)" in lines and not [line for line in lines if "replaced" in line]
+

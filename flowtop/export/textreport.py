@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
 from flowtop.monitor.format import fmt_pct as pct
 from flowtop.monitor.format import fmt_time as seconds
 from flowtop.monitor.hints import HintGroup, grouped, hint_line
 from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot
 from flowtop.monitor.snapshot_json import peak_per_rank
 
 
@@ -62,14 +64,44 @@ def render(snap: MonitorSnapshot) -> str:
             ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""
             lines.append(f"  [{h.severity}]{ended} {hint_line(row, snap.taken_at).text()} -> {h.action}")
     if snap.relays:
-        states = ", ".join(f"{sum(x.status == st for x in snap.relays)} {st}" for st in ("live", "silent", "closed")
-                           if any(x.status == st for x in snap.relays))
-        lines.append(f"relays: {len(snap.relays)} ({states})")
+        replaced = replaced_relays(snap.relays)
+        lines.append(f"relays: {len(snap.relays)} ({relay_states(snap.relays, replaced)})")
         for x in snap.relays:
             flood = f"  commands dropped {x.commands_dropped:,} (a flood)" if x.commands_dropped else ""
+            newer = "  replaced by a newer relay of its host" if x.relay in replaced else ""
             lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks_connected:>3}  "
-                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  heard {seconds(x.age_s)} ago")
+                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  heard {seconds(x.age_s)} ago"
+                         f"{newer}")
     return "\n".join(lines)
+
+
+def replaced_relays(relays: Sequence[RelaySnapshot]) -> set[str]:
+    """Ids of the silent or closed relays whose host has a live one on the same address: replaced
+    (another flowtop run took the node's socket over), not a node that went dark. The monitor lists
+    a relay until it has been silent for FORGET_AFTER_S (flowtop.monitor.relays), so 3 nodes read
+    'relays: 4 (3 live, 1 silent)' after one relay's host was killed, as if a fourth node were
+    missing (a trial). Two relays of one host on two addresses serve different ranks: neither
+    replaces the other."""
+    live = {(x.host, x.listen) for x in relays if x.status == "live" and x.listen}
+    return {x.relay for x in relays if x.status != "live" and (x.host, x.listen) in live}
+
+
+def relay_states(relays: Sequence[RelaySnapshot], replaced: set[str]) -> str:
+    """'3 live, 1 silent: replaced on node1 by a newer relay': counts by status, and of the silent
+    and closed ones, which were replaced and on which hosts (at most 3 named)."""
+    parts = []
+    for st in ("live", "silent", "closed"):
+        these = [x for x in relays if x.status == st]
+        if not these:
+            continue
+        part = f"{len(these)} {st}"
+        hosts = sorted({x.host for x in these if x.relay in replaced})
+        if hosts:
+            n = sum(x.relay in replaced for x in these)
+            named = ", ".join(hosts[:3]) + (", …" if len(hosts) > 3 else "")
+            part += f": {'' if n == len(these) else f'{n} '}replaced on {named} by a newer relay"
+        parts.append(part)
+    return ", ".join(parts)
 
 
 
