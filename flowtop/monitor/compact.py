@@ -184,7 +184,9 @@ class Column:
             values = values[len(values) - self.cap:]
         done, n = 0, len(values)
         while done < n:
-            take = min(n - done, BLOCK - len(self._tail))
+            take = BLOCK - len(self._tail)  # min() without its call (~0.7 k instructions: it parses keywords)
+            if n - done < take:
+                take = n - done
             self._tail.extend(values[done:done + take])
             done += take
             self._n += take

@@ -129,6 +129,16 @@ class StepRing:
             self._nl += n
             self._ns += n
             return
+        if held and BLOCK < held + n < 2 * BLOCK:  # the next common case: one block completed, the rest new tails
+            done = BLOCK - held  # < n: the tails alone did not take them (unrolled, as above: ~2 k instructions)
+            (a, b), (c, d, e, f, g) = self._lt, self._st
+            self._push([a + steps[:done], b + recvs[:done], c + wall[:done], d + tokens[:done], e + wait[:done],
+                        f + lead[:done], g + known[:done]], done)
+            self._lt = (steps[done:], recvs[done:])
+            self._st = (wall[done:], tokens[done:], wait[done:], lead[done:], known[done:])
+            self._nl += n - done
+            self._ns += n - done
+            return
         # typed: array[int] and array[float] join to object (array is invariant in its item)
         cols: tuple[array, ...] = (steps, recvs, wall, tokens, wait, lead, known)
         done = 0
