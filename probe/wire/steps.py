@@ -175,6 +175,10 @@ def _non_negative(raws: list[bytes]) -> bool:
     return b"".join(raws)[7::8].isascii()
 
 
+#: Every byte value in order: the low bytes of consecutive steps are a slice of it (_increasing).
+_IOTA = bytes(range(256))
+
+
 @functools.lru_cache(maxsize=16)
 def _consecutive_terms(n: int) -> tuple[int, int]:
     """(S, T) such that ``n`` int64 words counting up by one from ``first``, read as one
@@ -188,18 +192,29 @@ def _consecutive_terms(n: int) -> tuple[int, int]:
 
 def _increasing(step: array, raw: bytes) -> bool:
     """Whether the step numbers (``raw``: their little-endian bytes, every one non-negative)
-    strictly increase. Consecutive ones (every step of a rank sent: the common case) are one
-    compare of the column read as a single integer against ``first * S + T`` (each word holds
-    one value below 2**63, so no carry crosses a word and equal integers are equal words): ~2.6
-    µs for 200 records instead of ~10 µs for a list compare of step numbers past the small ints'
-    cache. Else the pairwise test decides."""
+    strictly increase. Consecutive ones (every step of a rank sent: the common case) are found
+    by comparing bytes. Where the low byte does not wrap (n steps from a low byte of at most
+    256 - n: 82 % of 45-step frames), the column is the first step's 8 bytes repeated with the
+    low byte counting up: built in C (a repeat and a strided assignment) and compared, ~6.5 k
+    instructions for 45 steps. Else as one compare of the column read as a single integer
+    against ``first * S + T`` (each word holds one value below 2**63, so no carry crosses a word
+    and equal integers are equal words): ~2.6 µs for 200 records instead of ~10 µs for a list
+    compare of step numbers past the small ints' cache, but ~11 k instructions for 45. Else the
+    pairwise test decides."""
     if len(step) < 2:
         return True
     first, n = step[0], len(step)
     if step[-1] - first == n - 1:
-        s, t = _consecutive_terms(n)
-        if int.from_bytes(raw, "little") == first * s + t:
-            return True
+        low = raw[0]
+        if low + n <= 256:
+            expected = bytearray(raw[:8] * n)  # the first step n times ...
+            expected[::8] = _IOTA[low:low + n]  # ... its low byte counting up
+            if expected == raw:
+                return True
+        else:
+            s, t = _consecutive_terms(n)
+            if int.from_bytes(raw, "little") == first * s + t:
+                return True
     return all(map(operator.lt, step, step[1:]))
 
 
