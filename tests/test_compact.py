@@ -247,3 +247,20 @@ def test_a_frames_columns_never_become_the_rings_tails() -> None:
     ring.extend(array("q", range(11, 21)), array("d", [0.25] * 10), array("q", [8] * 10), None, None, 2.0)
     assert list(steps) == list(range(1, 11)) and list(wall) == [0.5] * 10 and len(tokens) == 10
     assert list(ring.column(ring.WALL)) == [0.5] * 10 + [0.25] * 10
+
+
+def test_slices_and_reversed_views_read_like_tuples_across_blocks() -> None:
+    """A view's slices (ArraySeq.within: no clamping) and its reversed iteration (block by block,
+    not a tuple of the view) read as the same operations on a tuple, at any offset and length,
+    slices of slices included."""
+    rng = random.Random(11)
+    for _ in range(400):
+        n = rng.randint(0, 5 * BLOCK)
+        seq, ref = ArraySeq.of("q", range(n)), tuple(range(n))
+        lo = rng.randint(0, n)
+        hi = rng.randint(lo, n)
+        sub, want = seq[lo:hi], ref[lo:hi]
+        assert tuple(sub) == want and tuple(reversed(sub)) == want[::-1] and len(sub) == len(want)
+        a = rng.randint(-len(want) - 2, len(want) + 2)
+        assert tuple(sub[a:]) == want[a:] and tuple(reversed(sub[a:])) == want[a:][::-1]
+        assert tuple(sub[:a]) == want[:a] and tuple(reversed(sub[:a])) == want[:a][::-1]

@@ -318,8 +318,8 @@ def test_between_turns_a_quiet_rank_costs_nothing_until_the_clock_changes_its_st
     _feed(model, keys, 1, 2.0)
     prev = {r.rank: r for r in model.tick(2.0).jobs[0].ranks}
     looks = [0]
-    stalled_for = rankstate.stalled_for
-    monkeypatch.setattr(rankstate, "stalled_for", lambda *a: (looks.__setitem__(0, looks[0] + 1), stalled_for(*a))[1])
+    liveness = rankstate.liveness  # a view's look at a rank's stall and status (RankViews.view, _light)
+    monkeypatch.setattr(rankstate, "liveness", lambda *a: (looks.__setitem__(0, looks[0] + 1), liveness(*a))[1])
     now = 2.0
     for _ in range(10):  # ticks at 2.5 ... 7.0
         now += 0.5

@@ -44,6 +44,23 @@ class ArraySeq(Sequence):
         self._hash: int | None = None
 
     @classmethod
+    def within(cls, blocks: tuple[array, ...], start: int, n: int) -> "ArraySeq":
+        """``ArraySeq(blocks, start, n)`` for a caller that knows ``start + n`` is within the
+        blocks (a ring's own counts, a slice of a view): no clamping, no ``min()`` calls. The
+        histories of every rank of a large job are taken at each share of its rules (6 views a
+        rank, Model._as_now) and the hints slice them: the constructor's checks were most of it."""
+        seq = cls.__new__(cls)
+        skip = start >> _SHIFT  # blocks wholly before ``start`` are left out, as __init__ does
+        if skip:
+            last = len(blocks) - 1
+            if skip > last:
+                skip = last
+            blocks = blocks[skip:]
+            start -= skip << _SHIFT
+        seq._blocks, seq._start, seq._n, seq._hash = blocks, start, n, None
+        return seq
+
+    @classmethod
     def of(cls, typecode: str, values: Any) -> "ArraySeq":
         """A sequence of ``values`` in blocks of its own (BLOCK values each: indexing relies on it)."""
         flat = array(typecode, values)
@@ -65,14 +82,21 @@ class ArraySeq(Sequence):
             lo, hi, stride = i.indices(self._n)
             if stride != 1:
                 return tuple(self)[i]
-            return ArraySeq(self._blocks, self._start + lo, max(0, hi - lo)) if hi > lo else _EMPTY
+            # lo <= hi <= len: within this view's blocks
+            return ArraySeq.within(self._blocks, self._start + lo, hi - lo) if hi > lo else _EMPTY
         return self[operator.index(i)]  # an int subclass (a bool, a NumPy integer)
 
     def __iter__(self) -> Iterator[Any]:
         return itertools.islice(itertools.chain.from_iterable(self._blocks), self._start, self._start + self._n)
 
     def __reversed__(self) -> Iterator[Any]:
-        return reversed(tuple(self))
+        # Newest first, block by block (the input-wait rule reads a few newest steps of every
+        # rank: a tuple of the whole view each was most of that)
+        blocks, start, n = self._blocks, self._start, self._n
+        end = start + n
+        for b in range((end - 1) >> _SHIFT, (start >> _SHIFT) - 1, -1) if n else ():
+            lo, hi = max(start - (b << _SHIFT), 0), min(end - (b << _SHIFT), BLOCK)
+            yield from reversed(blocks[b][lo:hi])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (ArraySeq, tuple, list)):

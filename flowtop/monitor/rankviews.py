@@ -116,8 +116,8 @@ class RankViews:
             if glance:
                 return entry.view
         med = entry.med if entry is not None and entry.version == st.version else rs.median_step(st)
-        stalled = rs.stalled_for(st, now, med)
-        status = rs.status(st, now, med, stalled)
+        judged = rs.liveness(st, now, med)
+        stalled, status = judged.stalled, judged.status
         # A stalled rank's FLOP view holds since when (FlopsView.stalled_since), not for how
         # long: it stays the same object while the rank stays stalled (a silent job's, 600 s).
         key = (st.version, status, stalled is not None, others, shown_only)
@@ -131,7 +131,7 @@ class RankViews:
                                                    self._build(st, med, stalled, status, others, behind,
                                                                shown_only))
             self.built += 1
-        entry.seen, entry.until = st.version, rs.steady_until(st, status, med)
+        entry.seen, entry.until = st.version, judged.until
         return entry.view
 
     def views(self, shown: Iterable[tuple[RankState, tuple[RankKey, ...]]], now: float,
@@ -179,12 +179,11 @@ class RankViews:
         healthy one."""
         old = entry.view
         moved = _lag_moved(old, behind)
-        stalled = rs.stalled_for(st, now, entry.med)
-        status = rs.status(st, now, entry.med, stalled)
-        if (stalled is not None) != entry.key[2] or status != old.status or others != entry.key[3] \
+        judged = rs.liveness(st, now, entry.med)
+        if (judged.stalled is not None) != entry.key[2] or judged.status != old.status or others != entry.key[3] \
                 or st.via != old.relay:
             return None
-        entry.seen, entry.until = st.version, rs.steady_until(st, status, entry.med)
+        entry.seen, entry.until = st.version, judged.until
         if old.step == st.step and old.heard_at == st.last_recv and not moved:
             self.reused += 1
             return old

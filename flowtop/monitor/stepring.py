@@ -226,8 +226,9 @@ class StepRing:
         nl, ns = self._nl, self._ns
         held = min(nl, self.cap)
         n = max(0, min(n, ns, self.recent_cap))
-        return (ArraySeq(step, nl - n, n), ArraySeq(wall, ns - n, n), ArraySeq(wait, ns - n, n),
-                ArraySeq(lead, ns - n, n), ArraySeq(step, nl - held, held), ArraySeq(recv, nl - held, held))
+        at = ArraySeq.within  # the counts are the ring's own: every view within its blocks
+        return (at(step, nl - n, n), at(wall, ns - n, n), at(wait, ns - n, n),
+                at(lead, ns - n, n), at(step, nl - held, held), at(recv, nl - held, held))
 
     def values(self, col: int, n: int) -> list[Any]:
         """The last ``n`` values of a column as a list (a transient copy; nothing is kept)."""

@@ -133,6 +133,16 @@ class IdentityMemo:
         return self._fn(*objs)
 
     def __call__(self, *objs: Any) -> Any:
+        if len(objs) == 2 and self._by_first is not None:
+            # (rule, window) at every rank of every kernel rule: both entries looked up here, not
+            # through a call of the memo of the first and one of the memo of the rest (a miss
+            # anywhere takes the general path below, which does the same lookups)
+            first, second = objs
+            hit = self._by_first._memo.get(id(first))
+            if hit is not None and hit() is first and hit.value is not None:
+                rest = hit.value._memo.get(id(second))
+                if rest is not None and rest() is second:
+                    return rest.value
         if len(objs) != 1:
             if not objs:
                 return self._compute()

@@ -70,15 +70,16 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int,
         # over a span of a few tenths of a second that is tens of % (two ranks of a 2-rank job
         # in lockstep, 8 ms steps, read 29 % apart by pace; a new user's trial). The span must
         # be PACE_MIN_SPAN_S long as well as ``window`` steps: else no pace figure for the rank.
-        starts = [j for j in ends[:-1] if steps[b] - steps[j] >= window and times[b] - times[j] >= PACE_MIN_SPAN_S]
+        step_b, time_b = steps[b], times[b]  # read once, not at every end (the columns index in Python)
+        starts = [j for j in ends[:-1] if step_b - steps[j] >= window and time_b - times[j] >= PACE_MIN_SPAN_S]
         if not starts:
             continue
         a = starts[-1]
-        pace = (times[b] - times[a]) / (steps[b] - steps[a])
+        pace = (time_b - times[a]) / (step_b - steps[a])
         if step_s is not None and pace < CATCH_UP * step_s.get(r.rank, 0.0):
             continue  # a backlog arriving at once: its receive times say nothing of its pace
         per_step[r.rank] = pace
-        spans.append(steps[b] - steps[a])
+        spans.append(step_b - steps[a])
     if len(per_step) < 2:
         return {}, 0, reach
     return per_step, min(spans), reach
