@@ -164,6 +164,14 @@ class RankViews:
                     and -LAG_STEP_S <= entry.view.behind_s - behind <= LAG_STEP_S):  # not _lag_moved
                 reused += 1  # nothing arrived, and the clock has not moved its status yet
                 append(entry.view)
+                continue
+            if entry is not None and not glance:
+                # Between its turns a rank that stepped gets a light copy (what view() would make
+                # of it, without that call and its second lookup of the entry: most of a large
+                # job's ranks at every tick); a rank whose status moved is rebuilt in full there.
+                light = self._light(st, at, others, entry, behind)
+                append(light if light is not None else
+                       view(st, at, others, full=True, behind=behind, shown_only=shown_only))
             else:
                 append(view(st, at, others, full=full, glance=glance, behind=behind, shown_only=shown_only))
         self.reused += reused
