@@ -68,8 +68,10 @@ def rank_target(r: RankSnapshot) -> str:
 
 def latest_ranks(job: JobSnapshot) -> list[RankSnapshot]:
     """One snapshot per rank number (the newest incarnation), sorted by rank: flowtop.monitor.claims'
-    :func:`~flowtop.monitor.claims.newest_ranks` (its tie-break is there)."""
-    return newest_ranks(job.ranks)
+    :func:`~flowtop.monitor.claims.newest_ranks` (its tie-break is there). Taken once per job
+    snapshot (an immutable record: a new one, a new list) and shared by every rule that reads
+    it (a dozen of them, each over every rank): callers only read it."""
+    return _latest_memo(job)
 
 
 def is_cuda(r: RankSnapshot) -> bool:
@@ -200,6 +202,7 @@ def _median_history(h: History) -> float | None:
 
 
 _median_history_memo = IdentityMemo(_median_history)
+_latest_memo = IdentityMemo(lambda job: newest_ranks(job.ranks), max_entries=256)
 
 
 def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
