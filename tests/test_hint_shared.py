@@ -43,3 +43,14 @@ def test_time_changes_are_the_pairs_that_differ() -> None:
         for times in (values, tuple(values), ArraySeq.of("d", values)[rng.randint(0, n):]):
             want = list(compress(range(len(times) - 1), map(operator.ne, times, islice(times, 1, None))))
             assert _time_changes(times) == want
+
+
+def test_each_values_median_of_the_others_is_medians_without_of_it() -> None:
+    from flowtop.monitor.hints.aligned import medians_without, medians_without_each
+
+    rng = random.Random(9)
+    for _ in range(3000):
+        column = tuple(rng.choice([rng.random(), 0.5, 1, 2.0]) for _ in range(rng.randint(0, 12)))
+        want = [medians_without(sorted(column))(v) for v in column]
+        got = medians_without_each(column)
+        assert got == want and [type(x) for x in got] == [type(x) for x in want]

@@ -16,6 +16,8 @@ import string
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
+from flowtop.monitor.records import fast_init
+
 #: The figures a clock says, by the evidence key (and summary field) that names them.
 FIGURES = frozenset({"stalled_s", "stalled_x", "silent_s"})
 
@@ -30,6 +32,7 @@ class Growing:
     spec: str  # its format spec in the rule's template (".0f")
 
 
+@fast_init  # one a rank at each evaluation of hang_rank (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class HintClock:
     """The instants a hang hint's growing figures count from (monitor clock, the snapshot's: a

@@ -13,7 +13,8 @@ from typing import Any
 
 from flowtop.monitor.hints.base import Measurement, clamp01, rank_target, safe_div
 from flowtop.monitor.hints import staggered
-from flowtop.monitor.hints.aligned import Aligned, align, medians_without, pairs_of, values_at
+from flowtop.monitor.hints.aligned import (Aligned, align, medians_without, medians_without_each, pairs_of,
+                                           values_at)
 from flowtop.monitor.hints.measures_time import _running
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.hints.stages import per_stage
@@ -122,8 +123,7 @@ def _by_lead(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, tuple[fl
     # Per step, every rank's lag behind the others' median lead (one sort per step, shared).
     others: list[list[float]] = []
     for column in leads.columns():
-        without = medians_without(sorted(column))
-        others.append([without(v) for v in column])
+        others.append(medians_without_each(column))
     by_rank = list(zip(*others))
     out: dict[int, tuple[float, float, float, float]] = {}
     for i, (r, mine) in enumerate(zip(ranks, leads.rows)):

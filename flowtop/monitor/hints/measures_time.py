@@ -11,6 +11,7 @@ from typing import Any
 
 from flowtop.monitor.format import fmt_ranks
 from flowtop.monitor.hintclock import HintClock
+from flowtop.monitor.records import fast_init
 from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
                                         rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.stages import feeds_itself
@@ -44,6 +45,7 @@ def _current(r: RankSnapshot) -> bool:
     return _newest_reached(r) is not None
 
 
+@fast_init  # one a running rank at each evaluation of the hang rules (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
 class _Stall:
     """A running rank's stall at one evaluation."""
