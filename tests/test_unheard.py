@@ -246,3 +246,122 @@ def test_snapshot_until_done_returns_when_the_heard_ranks_ended_behind_a_dead_re
     assert job["status"] == "done" and job["unheard_ranks"] == 2 and job["mfu_reason"].startswith(
         "over 2 of 4 ranks; 2 unheard behind relay ")
     assert [r["status"] for r in job["ranks"]] == ["stale", "stale", "done", "done"]
+
+
+class _MeshJob(_Job):
+    """Two data-parallel replicas of tensor-parallel 2 (dp = rank // 2); ``rep3``: rank 3 is its
+    replica's tp rank 0 (the representative, whose tokens count) instead of rank 2."""
+
+    def __init__(self, rep3: bool) -> None:
+        self.rep3 = rep3
+        super().__init__()
+
+    def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+        if kind == "hello":
+            tp = (1 - key.rank % 2) if self.rep3 and key.rank >= 2 else key.rank % 2
+            fields = dict(fields, coords={"dp": [key.rank // 2, 2], "tp": [tp, 2]})
+        super().send(key, kind, fields)
+
+
+@pytest.mark.parametrize("rep3", [False, True], ids=["tp1-unheard", "representative-unheard"])
+def test_a_partly_unheard_replica_is_left_out_whole(monkeypatch: pytest.MonkeyPatch, rep3: bool) -> None:
+    """By hand: every rank counts 1e9 model FLOPs per step of 256 tokens, one step per 0.05 s. A
+    replica (tp 2) computes 2 x 1e9 FLOPs on its 256 tokens: 7.8125e6 FLOPs per token, whoever
+    is heard. Both replicas: 2 x 256 / 0.05 = 10,240 tokens/s, 4 x 2e10 = 8e10 FLOP/s. Rank 3
+    unheard: replica 1 (ranks 2, 3) is left out whole, replica 0 remains: 5,120 tokens/s,
+    2 x 2e10 = 4e10 FLOP/s (= 5,120 x 7.8125e6) of a 2e12 peak: MFU 2 %. (Counting rank 2 on
+    with its tokens read 3e9 / 512 = 5.86e6 FLOPs per token, 10,240 tokens/s beside 6e10 FLOP/s.)"""
+    monkeypatch.setitem(WALL, 2, 0.05)
+    j = _MeshJob(rep3)
+    job = _job(j.run(6.0))
+    assert job.flops is not None and job.flops.flops_per_token == pytest.approx(7.8125e6, rel=1e-6)
+    assert job.tokens_per_s == pytest.approx(10_240, rel=1e-6) and job.flops.flops_per_s == pytest.approx(8e10)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    assert job.flops is not None and job.flops.flops_per_token == pytest.approx(7.8125e6, rel=1e-6)
+    assert job.tokens_per_s == pytest.approx(5_120, rel=1e-6)
+    assert job.flops.flops_per_s == pytest.approx(4e10, rel=1e-6) and job.flops.peak_flops == pytest.approx(2 * T)
+    assert job.flops.mfu == pytest.approx(0.02, rel=1e-6)
+    assert job.over_phrase == ("over 2 of 4 ranks; 1 unheard behind relay node-b, "
+                               "1 more left out with its data-parallel replica")
+    assert job.tokens_basis.endswith("; data-parallel replicas with an unheard rank left out")
+    jj = to_json(snap)["jobs"][0]
+    assert jj["mfu_reason"] == job.over_phrase and jj["flops_per_token"] == pytest.approx(7.8125e6, rel=1e-6)
+
+
+def test_a_job_with_every_rank_unheard_shows_its_last_step_and_no_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank (behind the relay), one step per 0.05 s for 6 s: step 120 when its relay dies.
+    Its step stays the last heard, 120; its step time is not measured now: None (not 50 ms), and
+    no flowtop_job_step_seconds; no FLOP figures, said: "no rank heard; ..." (not "over 0 of 1")."""
+    monkeypatch.setattr(__import__(__name__), "KEYS", [KEYS[3]])
+    j = _Job()
+    job = _job(j.run(6.0))
+    assert job.step == 120 and job.step_time_s == pytest.approx(0.05)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    assert job.step == 120 and job.step_time_s is None and job.flops is None
+    assert not [s for m in snapshot_families(snap) for s in m.samples if s.name == "flowtop_job_step_seconds"]
+    assert job.over_phrase == "no rank heard; 1 unheard behind relay node-b"
+    jj = to_json(snap)["jobs"][0]
+    assert jj["step_time_s"] is None and jj["mfu_reason"] == job.over_phrase
+    assert "MFU n/a (no rank heard; 1 unheard behind relay node-b)" in JobHeader.render_text(snap, job, 0, 1).plain
+
+
+def _idle(j: _Job, seconds: float) -> MonitorSnapshot:
+    """No rank steps (the heard ones hang, saying hello each 2 s as a hung probe does; rank 3
+    unheard): a tick each 0.5 s."""
+    snap = None
+    end = j.now + seconds
+    n = 0
+    while j.now < end - 1e-9:
+        j.now += 0.5
+        n += 1
+        if n % 4 == 0:
+            for k in KEYS[:3]:
+                j.send(k, "hello", {"local_rank": k.rank, "world_size": 4, "device": "cpu (test)",
+                                    "probe_version": "test"})
+        snap = j.model.tick(j.now)
+    assert snap is not None
+    return snap
+
+
+def test_a_stalled_job_keeps_its_heard_step_and_says_what_it_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank one step per 0.05 s: rank 3 unheard at step 120 (6 s); ranks 0-2 step on 6 s
+    more, to 240, then hang. The job's step is its heard ranks' lowest, 240 (not rank 3's last
+    heard, 120); its mfu_reason says the stall and what the figures are over."""
+    monkeypatch.setitem(WALL, 2, 0.05)
+    j = _Job()
+    j.run(6.0)
+    j.relayed = False
+    j.run(6.0)
+    snap = _idle(j, 10.0)
+    job = _job(snap)
+    assert job.status == "stalled" and job.ranks[3].cut is not None
+    assert [r.step for r in job.ranks] == [240, 240, 240, 120] and job.step == 240
+    assert job.step_time_s == pytest.approx(0.05)
+    assert job.flops is not None and job.flops.stalled_since is not None
+    stalled_s = snap.taken_at - job.flops.stalled_since
+    assert to_json(snap)["jobs"][0]["mfu_reason"] == (
+        f"no step for {stalled_s:.0f} s; over 3 of 4 ranks; 1 unheard behind relay node-b")
+
+
+def test_no_flop_count_yet_is_kept_beside_the_unheard_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heard ranks without a FLOP count (only rank 3 sent one, now unheard): the job has no FLOP
+    figures because none is counted yet, and some ranks are unheard: both said."""
+
+    class _NoCount(_Job):
+        def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+            if kind != "flops" or key.rank == 3:
+                super().send(key, kind, fields)
+
+    j = _NoCount()
+    j.run(3.0)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    assert job.flops is None
+    reason = "no FLOP count yet; over 3 of 4 ranks; 1 unheard behind relay node-b"
+    assert to_json(snap)["jobs"][0]["mfu_reason"] == reason
+    assert f"MFU n/a ({reason})" in JobHeader.render_text(snap, job, 0, 1).plain

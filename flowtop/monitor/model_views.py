@@ -39,7 +39,9 @@ def _newest_step_at(ranks: tuple[Any, ...], states: list[RankState]) -> float | 
     the others stuck in a collective), else None."""
     if not ranks or any(r.status == "live" for r in ranks):
         return None
-    at = [r.behind_s + st.steps.last_recv() for r, st in zip(ranks, states) if r.status not in ENDED and st.steps]
+    # Not a cut rank's: its last step heard is not the job's (model_views: the job is over its heard ranks).
+    at = [r.behind_s + st.steps.last_recv() for r, st in zip(ranks, states)
+          if r.status not in ENDED and r.cut is None and st.steps]
     return max(at) if at else None
 
 
@@ -152,13 +154,16 @@ class ModelViews:
         ranks = self.views.views(shown, now, self.relays.lag_of, turn=rotation if rotation and rotation[1] else None,
                                  glance=glance, shown_only=slim, hot=hot)
         ranks = self.relays.mark(ranks, states, now)  # relay, silent relay
-        live = [r for r in ranks if r.status == "live"] or list(ranks)
         world = max([st.hello.world_size for st in states] + [len(ranks)])
-        times = [r.step_time_s for r in live if r.step_time_s]
         # A rank cut off behind a silent or closed relay may train on, unheard: the job's figures
         # are over the heard ranks (accounting's conventions), and its bye may be lost with the
         # relay, so the job ends when its heard ranks have ended (else it stayed stale for good).
         heard = [r for r in ranks if r.cut is None]
+        # The job's step and step time: of its live heard ranks, else its heard ones (a cut
+        # rank's last values are not the job's now). A job with every rank unheard shows the
+        # lowest step last heard and no step time (None: none is measured now).
+        live = [r for r in heard if r.status == "live"] or heard or list(ranks)
+        times = [r.step_time_s for r in live if r.step_time_s and r.cut is None]
         if heard and all(r.status in ENDED for r in heard):  # failed: one or more ended of an exception
             status = "failed" if any(r.status == "failed" for r in heard) else "done"
         elif any(r.status == "live" for r in ranks):
@@ -169,7 +174,10 @@ class ModelViews:
             status = "stale"
         # While running, ranks that finished no longer add throughput; once the job is
         # done, the totals describe its last steady state. Stalled and stale ranks add 0.
-        counted = [r for r in heard if r.status not in ENDED or status in ENDED]
+        # Whole data-parallel replicas only (parallelism.whole_replicas): FLOPs per token, tokens/s
+        # and FLOP/s over the same replicas.
+        whole, left_out = parallelism.whole_replicas(ranks)
+        counted = [r for r in whole if r.status not in ENDED or status in ENDED]
         # Once per data-parallel replica where every rank's coordinates are known (flowtop.monitor.parallelism).
         tokens_per_s, tokens_basis = parallelism.job_tokens(counted)
         merged = self._merged_kernels(job, states, rotation) if self.kernels is not None else None
@@ -183,13 +191,14 @@ class ModelViews:
             # Over the heard ranks; the figures say so (over_phrase: which ranks are unheard).
             flops=parallelism.job_flops_per_token(
                 accounting.job_flops([r.flops for r in counted], _newest_step_at(ranks, states),
-                                     over_phrase([r.cut for r in ranks])), counted, tokens_basis),
+                                     over_phrase([r.cut for r in ranks], left_out)), counted, tokens_basis),
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),
             hints=hints,
-            tokens_basis=tokens_basis,
+            tokens_basis=tokens_basis + (f"; {parallelism.REPLICAS_LEFT_OUT}" if left_out else ""),
             stages=parallelism.pipeline_stages(counted),
+            left_out=left_out,
         )
 
     def _merged_kernels(self, job: str, states: list[RankState],

@@ -10,6 +10,8 @@ Conventions:
   parallelism re-splits data-parallel ranks, which train tokens of their own: they all count.
 * This needs every rank's coordinates (the hello's ``coords``, probe.steps.parallel). Where one is
   missing the job keeps the plain sum over all ranks and says so in ``tokens_basis``.
+* **Whole replicas** (:func:`whole_replicas`): a replica with a rank unheard behind a silent relay
+  is left out of the job's tokens and FLOPs together, so FLOPs per token stays the model's.
 * **FLOPs are never deduplicated**: every rank's count is local (what its kernels compute), so
   the job's FLOPs are Σ over ranks, pipeline stages included. Job FLOPs per token = Σ over ranks of
   the counted step's FLOPs ÷ the representative ranks' tokens of that step (the mean of per-rank
@@ -39,6 +41,8 @@ from flowtop.monitor.snapshot import FlopsView, RankSnapshot, StageView
 TOKENS_ONCE = ("tokens once per data-parallel replica: ranks at tp rank 0 on the first pipeline stage, "
                "context-parallel shards summed")
 TOKENS_SUMMED = "tokens summed over all ranks (no mesh known)"
+#: Added to tokens_basis where whole_replicas left some out.
+REPLICAS_LEFT_OUT = "data-parallel replicas with an unheard rank left out"
 POOLED_UNKNOWN = f"{moe_load.POOLED} (parallel layout unknown)"
 POOLED_MISFIT = f"{moe_load.POOLED} (the ranks' ep coordinates fit no expert-parallel grouping)"
 ROLES = ("dp", "tp", "pp", "cp", "ep")
@@ -63,6 +67,21 @@ def _size_of(r: RankSnapshot, role: str) -> int:
 def is_representative(r: RankSnapshot) -> bool:
     """Whether the rank's tokens count for its replica: tp rank 0 on the first pipeline stage."""
     return _rank_of(r, "tp") == 0 and _rank_of(r, "pp") == 0
+
+
+def whole_replicas(ranks: Sequence[RankSnapshot]) -> tuple[list[RankSnapshot], int]:
+    """The heard ranks whose data-parallel replica (its dp rank: tp, pp, cp ranks together) has
+    no rank cut off behind a silent relay (RankSnapshot.cut), and how many heard ranks that
+    leaves out. Tokens count once, on a replica's representative rank, and FLOPs on all its ranks:
+    a replica partly heard would count its tokens without some FLOPs (or FLOPs without its
+    tokens) and skew FLOPs per token; so the job's figures take whole replicas. Without every
+    rank's coordinates each rank counts its own tokens: only the unheard ones are left out."""
+    heard = [r for r in ranks if r.cut is None]
+    if not ranks or any(not r.coords for r in ranks):
+        return heard, 0
+    cut = {_rank_of(r, "dp") for r in ranks if r.cut is not None}
+    whole = [r for r in heard if _rank_of(r, "dp") not in cut]
+    return whole, len(heard) - len(whole)
 
 
 def job_tokens(ranks: Sequence[RankSnapshot]) -> tuple[float | None, str]:

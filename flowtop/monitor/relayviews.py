@@ -49,16 +49,38 @@ def unheard_hosts(cuts: Sequence[RelayCut | None]) -> tuple[str, ...]:
     return tuple(sorted({c.host for c in cuts if c is not None}))
 
 
-def over_phrase(cuts: Sequence[RelayCut | None]) -> str:
+def over_phrase(cuts: Sequence[RelayCut | None], left_out: int = 0) -> str:
     """What a job's figures are over when some of its ranks are unheard (``cuts``: each rank's
-    RankSnapshot.cut): "over 4 of 6 ranks; 2 unheard behind relay node1" (the header, the text
-    report, the job's ``mfu_reason``); "" when every rank is heard. The one place it is made."""
+    RankSnapshot.cut; ``left_out``: heard ranks left out with their data-parallel replica, which
+    has an unheard rank: flowtop.monitor.parallelism.whole_replicas): "over 4 of 6 ranks; 2
+    unheard behind relay node1" (the header, the text report, the job's ``mfu_reason``); "no rank
+    heard; ..." when none is counted; "" when every rank is heard. The one place it is made."""
     hosts = unheard_hosts(cuts)
     if not hosts:
         return ""
     n = sum(1 for c in cuts if c is not None)
-    return (f"over {len(cuts) - n} of {len(cuts)} ranks; {n} unheard behind "
-            f"relay{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}")
+    tail = f"{n} unheard behind relay{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}"
+    if left_out:
+        tail += f", {left_out} more left out with {'its' if n == 1 else 'their'} data-parallel replica"
+    counted = len(cuts) - n - left_out
+    if counted <= 0:  # "over 0 of 1 ranks" read as a figure over nothing
+        return f"no {'whole replica' if left_out else 'rank'} heard; {tail}"
+    return f"over {counted} of {len(cuts)} ranks; {tail}"
+
+
+#: ``mfu_reason`` of a rank (or job) with no FLOP count.
+NO_COUNT_REASON = "no FLOP count yet"
+
+
+def no_count_reason(cuts: Sequence[RelayCut | None], left_out: int = 0) -> str:
+    """A job's ``mfu_reason`` when it has no FLOP figures (arguments as :func:`over_phrase`): the
+    over phrase alone when no rank is counted (not "no FLOP count yet": there may be one, unheard),
+    else "no FLOP count yet", with the over phrase when some ranks are unheard."""
+    over = over_phrase(cuts, left_out)
+    if not over:
+        return NO_COUNT_REASON
+    counted = len(cuts) - sum(1 for c in cuts if c is not None) - left_out
+    return f"{NO_COUNT_REASON}; {over}" if counted > 0 else over
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.records import fast_init
 # RelaySnapshot: here as before, for its readers
-from flowtop.monitor.relayviews import RelayCut, RelaySnapshot, over_phrase
+from flowtop.monitor.relayviews import RelayCut, RelaySnapshot, no_count_reason, over_phrase
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -128,7 +128,9 @@ class FlopsView(_Slotted):
         while stalled. What the UI and the JSON show."""
         if self.stalled_since is None:
             return self.mfu_reason
-        return stalled_reason(max(0.0, now - self.stalled_since))
+        # A stalled view's own reason is "" but a job's over phrase (accounting.job_flops): kept.
+        stalled = stalled_reason(max(0.0, now - self.stalled_since))
+        return f"{stalled}; {self.mfu_reason}" if self.mfu_reason else stalled
 
     @property
     def estimate_ratio(self) -> float | None:
@@ -347,6 +349,8 @@ class JobSnapshot:
     tokens_basis: str = ""
     #: Pipeline stages in pp-rank order (empty outside pipeline parallelism).
     stages: tuple[StageView, ...] = ()
+    #: Heard ranks left out of its figures with their data-parallel replica, which has an unheard rank.
+    left_out: int = 0
 
     @property
     def ranks_seen(self) -> int:
@@ -363,7 +367,12 @@ class JobSnapshot:
     @cached_property
     def over_phrase(self) -> str:
         """What its figures are over when some ranks are unheard (relayviews.over_phrase)."""
-        return over_phrase([r.cut for r in self.ranks])
+        return over_phrase([r.cut for r in self.ranks], self.left_out)
+
+    @property
+    def no_count_reason(self) -> str:
+        """Its ``mfu_reason`` when ``flops`` is None (relayviews.no_count_reason)."""
+        return no_count_reason([r.cut for r in self.ranks], self.left_out)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from flowtop.monitor.snapshot import (EXECUTED_FLOPS_NOTE, FLOPS_PER_S_NOTE, MODEL_FLOPS_NOTE, FlopsView, Hint,
                                       JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot, StageView,
                                       TelemetryView)
-from flowtop.monitor.relayviews import unheard_hosts
+from flowtop.monitor.relayviews import NO_COUNT_REASON, unheard_hosts
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
@@ -57,8 +57,6 @@ FLOP_FIELDS: tuple[str, ...] = (
     "counted", "model_note", "uncounted_size", "parallel", "mfu_bf16", "precision", "expert_load",
     "nonpad_tokens", "nonpad_frac", "attention_masking", "peak_kind",
 )
-#: ``mfu_reason`` of a rank (or job) with no FLOP count.
-NO_COUNT_REASON = "no FLOP count yet"
 
 
 def _flops_json(f: FlopsView | None, taken_at: float) -> dict[str, Any]:
@@ -191,8 +189,8 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
         job["peak_ranks"] = split.ranks if split else None
         job["peak_per_rank_flops"] = split.flops if split else None
         job.update(_flops_json(j.flops, snap.taken_at))
-        if j.flops is None and j.over_phrase:  # no rank heard: not "no FLOP count yet"
-            job["mfu_reason"] = j.over_phrase
+        if j.flops is None:  # what its figures would be over: no rank heard is not "no FLOP count yet"
+            job["mfu_reason"] = j.no_count_reason
         job["ranks"] = [rank_json(r, snap.taken_at, with_kernels) for r in j.ranks]
         job["hints"] = [hint_json(h, snap.taken_at) for h in j.hints]
         jobs.append(job)

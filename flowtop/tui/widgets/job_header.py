@@ -118,7 +118,7 @@ class JobHeader(Static):
         out.append("\n")
         if f is None:
             out.append("MFU ", style="bold")
-            out.append(f"n/a ({job.over_phrase or 'no FLOP count yet'})", style="dim")  # no rank heard, or no count
+            out.append(f"n/a ({job.no_count_reason})", style="dim")  # no count, or no rank heard
             out.append("\nHFU ", style="bold")
             out.append(NA, style="dim")
         else:
