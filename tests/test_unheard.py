@@ -13,7 +13,7 @@ import pytest
 from flowtop.export.exporter import ExportPolicy, exported_jobs, snapshot_families
 from flowtop.export.textreport import render
 from flowtop.monitor.rankstats import NO_VALUE, job_percentiles, map_layout, rank_grid
-from flowtop.monitor.rankview import job_context
+from flowtop.monitor.rankview import job_context, node_group
 from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, all_done
 from flowtop.monitor.snapshot_json import to_json
@@ -365,3 +365,23 @@ def test_no_flop_count_yet_is_kept_beside_the_unheard_ranks(monkeypatch: pytest.
     reason = "no FLOP count yet; over 3 of 4 ranks; 1 unheard behind relay node-b"
     assert to_json(snap)["jobs"][0]["mfu_reason"] == reason
     assert f"MFU n/a ({reason})" in JobHeader.render_text(snap, job, 0, 1).plain
+
+
+def test_a_nodes_step_time_and_lowest_step_leave_its_unheard_ranks_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks 0-2 one step per 0.05 s, rank 3 per 0.1 s: rank 3 at step 60 after 6 s when its
+    relay dies; the others on 5 s more, to 120 + 100 = 220. A node of all four: slowest step 0.05 s
+    and lowest step 220 (not rank 3's last heard 0.1 s and 60), 4 ranks, its status stale (the
+    unheard rank's); rank 3 has no flowtop_rank_step_seconds, as its map cell has no value."""
+    monkeypatch.setitem(WALL, 2, 0.05)
+    monkeypatch.setitem(WALL, 3, 0.1)
+    j = _Job()
+    j.run(6.0)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    assert [r.step for r in job.ranks] == [220, 220, 220, 60] and job.ranks[3].step_time_s == pytest.approx(0.1)
+    g = node_group("x", list(job.ranks), job_context(job.ranks))
+    assert g.step_time_max == pytest.approx(0.05) and g.step_min == 220
+    assert len(g.ranks) == 4 and g.worst_status == "stale"
+    samples = [s for m in snapshot_families(snap) for s in m.samples if s.name == "flowtop_rank_step_seconds"]
+    assert sorted(s.labels["rank"] for s in samples) == ["0", "1", "2"]

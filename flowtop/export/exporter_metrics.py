@@ -28,7 +28,9 @@ RANK_GAUGES: tuple[tuple[str, str, str, Callable[[RankSnapshot], float | None]],
     ("flowtop_rank_mfu", "ratio", "Model FLOP/s / dense peak of the dtype in use", _flops("mfu")),
     ("flowtop_rank_hfu", "ratio", "Executed FLOP/s / dense peak of the dtype in use", _flops("hfu")),
     ("flowtop_rank_peak_flops_per_second", "", "Dense peak FLOP/s the rank's MFU is against", _flops("peak_flops")),
-    ("flowtop_rank_step", "seconds", "Median wall time of the rank's recent steps", lambda r: r.step_time_s),
+    # Not a cut rank's (as last heard): the rank map's step-time cell and the node's max leave it out.
+    ("flowtop_rank_step", "seconds", "Median wall time of the rank's recent steps (absent while unheard "
+     "behind a silent relay)", lambda r: r.step_time_s if r.cut is None else None),
     ("flowtop_rank_device_step", "seconds", "Device (CUDA event) time of the latest step", lambda r: r.device_time_s),
     ("flowtop_rank_tokens_per_second", "", "Tokens per second (0 while stalled or stale; absent while unheard "
      "behind a silent relay)", lambda r: r.tokens_per_s),
@@ -76,7 +78,7 @@ NODE_GAUGES: tuple[tuple[str, str, str, Callable[[Any], float | None]], ...] = (
      lambda g: g.tokens_per_s),
     ("flowtop_node_mfu_min", "ratio", "Lowest MFU among the node's ranks", lambda g: g.mfu_min),
     ("flowtop_node_mfu_median", "ratio", "Median MFU of the node's ranks", lambda g: g.mfu_median),
-    ("flowtop_node_step_max", "seconds", "Slowest median step time among the node's ranks",
+    ("flowtop_node_step_max", "seconds", "Slowest median step time among the node's heard ranks",
      lambda g: g.step_time_max),
     ("flowtop_node_input_wait_max", "ratio", "Largest input-wait share among the node's ranks",
      lambda g: g.input_wait_max),

@@ -225,8 +225,11 @@ class NodeGroup:
 
 
 def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGroup:
-    """Aggregate the ranks of one node (already in display order), in one pass."""
-    tier, step = 9, ranks[0].step
+    """Aggregate the ranks of one node (already in display order), in one pass. A rank unheard
+    behind a silent relay (``cut``) counts in the node's ranks and status, not in its step time,
+    input wait or lowest step: those are as last heard, as the rank map leaves them out."""
+    tier = 9
+    step: int | None = None
     lag: int | None = None
     mfus: list[float] = []
     t_max = w_max = tokens = flops = None
@@ -238,7 +241,6 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
         behind = ctx.lag(r)
         if behind is not None and (lag is None or behind > lag):
             lag = behind
-        step = min(step, r.step)
         f = r.flops
         if f is not None and f.mfu is not None:
             mfus.append(f.mfu)
@@ -246,11 +248,17 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
             flops = (flops or 0.0) + f.flops_per_s
         if r.tokens_per_s is not None:
             tokens = (tokens or 0.0) + r.tokens_per_s
+        if r.cut is not None:
+            continue
+        if step is None or r.step < step:
+            step = r.step
         if r.step_time_s is not None and (t_max is None or r.step_time_s > t_max):
             t_max = r.step_time_s
         if r.input_wait_frac is not None and (w_max is None or r.input_wait_frac > w_max):
             w_max = r.input_wait_frac
     mfus.sort()
+    if step is None:  # every rank unheard: the lowest step last heard (as the job's step)
+        step = min(r.step for r in ranks)
     return NodeGroup(host, tuple(ranks), _TIER_STATUS.get(tier, "stale"), mfus[0] if mfus else None,
                      median_sorted(mfus), lag, step, t_max, w_max, tokens, flops, conflict)
 
