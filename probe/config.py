@@ -333,4 +333,3 @@ def host_name(env: Mapping[str, str] | None = None) -> str:
 
 if __name__ == "__main__":
     print(markdown_table(), end="")
-

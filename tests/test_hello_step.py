@@ -58,7 +58,7 @@ def test_a_monitor_started_during_a_hang_sees_the_ranks_stalled_at_their_step() 
     assert hang.severity == "critical"
     assert hang.evidence_at(104.5)["stalled_s"] == pytest.approx(44.5)
     assert hang.evidence["last_step"] == 305
-    assert hang.evidence["unheard_ranks"] == [3]
+    assert hang.evidence["never_heard_ranks"] == [3]
     assert hang.evidence["by_hello_ranks"] == [0, 1, 2]
     assert hang.evidence["median_step_time_s"] is None  # none seen: the limit is the floor
     text = hang.summary_at(104.5)

@@ -275,6 +275,14 @@ def b_relay_silent(v: float, now: float) -> JobSnapshot:
     return job(*heard, *cut)
 
 
+def b_relay_closed(v: float, now: float) -> JobSnapshot:
+    """As b_relay_silent, the relay closed (it said so) and its ranks not back through another."""
+    heard = [rank(r, step=12, hist=history(12)) for r in range(2)]
+    cut = [dataclasses.replace(rank(2 + i, step=10, hist=history(10)), host="node2", status="stale",
+                               cut=RelayCut("node2", None)) for i in range(int(v))]
+    return job(*heard, *cut)
+
+
 def small_hang_rules() -> tuple[Rule, ...]:
     """The table with a 0.5 s hang floor, so tests use small times."""
     out = []
@@ -301,11 +309,11 @@ class Case:
 
 
 CASES: tuple[Case, ...] = (
-    Case("relay_silent", b_relay_silent, 1.0, None, 0.0, "",
-         "1 rank unheard behind relay node2 (silent for 12 s; rank 2) while the other 2 step on: they may "
+    Case("relay_silent", b_relay_closed, 1.0, None, 0.0, "",
+         "1 rank unheard behind relay node2 (closed; rank 2) while the other 2 step on: they may "
          "still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
-         {"unheard_ranks": 1.0, "heard_ranks": 2, "hosts": ["node2"], "silent_s": 12.0, "threshold_n": 0.5,
-          "relays": [{"host": "node2", "state": "silent", "silent_s": 12.0, "ranks": [2]}]}),
+         {"unheard_ranks": 1.0, "heard_ranks": 2, "stepping_ranks": 2, "hosts": ["node2"], "silent_s": None,
+          "threshold_n": 0.5, "relays": [{"host": "node2", "state": "closed", "ranks": [2]}]}),
     Case("rank_conflict", b_rank_conflict, 1.0, None, 0.0, "rank 0",
          "2 processes claim rank 0 of job job1 (node1 pid 4000, node2 pid 4100): shown as separate "
          "rows, each counted in the job's totals",
@@ -387,10 +395,10 @@ CASES: tuple[Case, ...] = (
 #: Cases of a rule's alternative summary (Rule.variants): same tests, not one per rule.
 VARIANT_CASES: tuple[Case, ...] = (
     Case("relay_silent", b_relay_silent, 1.0, None, 0.0, "",
-         "1 rank unheard behind relay node2 (silent for 12 s; rank 2) while the other 2 step on: they may "
+         "1 rank unheard behind relay node2 (rank 2), silent for 12 s, while the other 2 step on: they may "
          "still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
-         {"unheard_ranks": 1.0, "heard_ranks": 2, "hosts": ["node2"], "silent_s": 12.0, "threshold_n": 0.5,
-          "relays": [{"host": "node2", "state": "silent", "silent_s": 12.0, "ranks": [2]}]}),
+         {"unheard_ranks": 1.0, "heard_ranks": 2, "stepping_ranks": 2, "hosts": ["node2"], "silent_s": 12.0,
+          "threshold_n": 0.5, "relays": [{"host": "node2", "state": "silent", "ranks": [2]}]}),
     Case("straggler", b_straggler_lead, 12.0, 7.0, 3.0, "rank 2",
          "rank 2 finishes its forward 12 ms after the others each step (12 % of the step); they wait "
          "for it in the gradient all-reduce",

@@ -124,9 +124,10 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     (hint,) = [h for h in job.hints if h.id == "relay_silent"]
     silent_s = snap.taken_at - r3.cut.silent_since if r3.cut.silent_since is not None else None
     assert hint.severity == "warning" and hint.evidence["unheard_ranks"] == 1 and hint.evidence["heard_ranks"] == 3
-    assert hint.evidence["hosts"] == ["node-b"] and hint.evidence["silent_s"] == pytest.approx(silent_s)
-    assert hint.summary.startswith(f"1 rank unheard behind relay node-b (silent for {silent_s:.0f} s; rank 3) "
-                                   "while the other 3 step on")
+    assert hint.evidence["stepping_ranks"] == 3
+    assert hint.evidence["hosts"] == ["node-b"] and hint.evidence_at(snap.taken_at)["silent_s"] == pytest.approx(silent_s)
+    assert hint.summary_at(snap.taken_at).startswith(f"1 rank unheard behind relay node-b (rank 3), silent for "
+                                                     f"{silent_s:.0f} s, while the other 3 step on")
     # Said everywhere the figures are: JSON, text report, TUI header, Prometheus.
     data = to_json(snap)
     assert_valid_snapshot(data)
@@ -385,3 +386,26 @@ def test_a_nodes_step_time_and_lowest_step_leave_its_unheard_ranks_out(monkeypat
     assert len(g.ranks) == 4 and g.worst_status == "stale"
     samples = [s for m in snapshot_families(snap) for s in m.samples if s.name == "flowtop_rank_step_seconds"]
     assert sorted(s.labels["rank"] for s in samples) == ["0", "1", "2"]
+
+
+def test_relay_silent_counts_the_heard_ranks_that_step_and_says_its_seconds_at_display(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 2 said bye (done), rank 3 unheard: of the 3 heard ranks 2 step on (0 and 1), and the
+    summary says 2, not 3. Its silence grows at display: the same hint read 10 s later says 10 s more."""
+    j = _Job()
+    j.run(3.0)
+    j.send(KEYS[2], "bye", {"reason": "exit", "steps": j.steps[KEYS[2]], "drops": 0})
+    monkeypatch.setattr(__import__(__name__), "KEYS", [KEYS[0], KEYS[1], KEYS[3]])
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    assert job.ranks[2].status == "done"
+    (hint,) = [h for h in job.hints if h.id == "relay_silent"]
+    assert hint.evidence["heard_ranks"] == 3 and hint.evidence["stepping_ranks"] == 2
+    cut = job.ranks[3].cut
+    assert cut is not None and cut.silent_since is not None
+    t = snap.taken_at
+    assert hint.summary_at(t).startswith(f"1 rank unheard behind relay node-b (rank 3), silent for "
+                                         f"{t - cut.silent_since:.0f} s, while the other 2 step on")
+    assert f"silent for {t + 10 - cut.silent_since:.0f} s," in hint.summary_at(t + 10)
+    assert hint.evidence_at(t + 10)["silent_s"] == pytest.approx(t + 10 - cut.silent_since)

@@ -39,15 +39,17 @@ class HintClock:
     rank's relay lag added), and its summary as text and figures (``parts``, set by the engine
     from the rule's template)."""
 
-    stalled_since: float  # stalled_s = now - stalled_since
+    stalled_since: float | None  # stalled_s = now - stalled_since (None: no stall, a silent relay's hint)
     limit_s: float  # stalled_x = stalled_s / limit_s
-    silent_since: float | None = None  # silent_s = now - silent_since (a hang_all naming silent ranks)
+    silent_since: float | None = None  # silent_s = now - silent_since (a hang_all naming silent ranks, a silent relay)
     parts: tuple[str | Growing, ...] = ()
 
     def figures(self, now: float) -> dict[str, float]:
         """The growing figures at monitor time ``now``, by evidence key."""
-        stalled = max(0.0, now - self.stalled_since)
-        out = {"stalled_s": stalled, "stalled_x": stalled / self.limit_s}
+        out = {}
+        if self.stalled_since is not None:
+            stalled = max(0.0, now - self.stalled_since)
+            out = {"stalled_s": stalled, "stalled_x": stalled / self.limit_s}
         if self.silent_since is not None:
             out["silent_s"] = max(0.0, now - self.silent_since)
         return out

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from flowtop.monitor.format import fmt_ranks
+from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.hints.base import Measurement
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import JobSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class _Relay:
+    """One relay that ranks of the job are cut off behind, and those ranks (in job order)."""
+
+    host: str
+    silent_since: float | None  # monitor time it was last heard; None: closed
+    ranks: tuple[int, ...]
+
+    @property
+    def phrase(self) -> str:
+        """"relay node2 (rank 2)", "relay node3 (closed; ranks 4-5)": how long a silent one has
+        been silent is the summary's growing figure, said at display (HintClock)."""
+        state = "" if self.silent_since is not None else "closed; "
+        return f"relay {self.host} ({state}rank{'s' if len(self.ranks) > 1 else ''} {fmt_ranks(list(self.ranks))})"
+
+    def evidence(self) -> dict[str, object]:
+        return {"host": self.host, "state": "closed" if self.silent_since is None else "silent",
+                "ranks": list(self.ranks)}
 
 
 def relay_silent(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -16,37 +37,35 @@ def relay_silent(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
 
     Such ranks may train on: the job's figures leave them out (flowtop.monitor.accounting), and
     this names the relay(s) to look at. With no heard rank stepping the job is hung or over, which
-    the hang rules or its end say; a cut rank's relay is judged by its RelayCut (since when)."""
+    the hang rules or its end say; a cut rank's relay is judged by its RelayCut (since when). The
+    seconds since the longest-silent relay was heard grow: the hint holds since when (HintClock),
+    and its readers say them at a snapshot's time, as a hang hint's (flowtop.monitor.hintclock)."""
     cut = job.unheard
-    heard = len(job.ranks) - len(cut)
-    if not cut or not any(r.status == "live" and r.cut is None for r in job.ranks):
+    # "the other N step on": the heard ranks that step, not those done or stalled
+    stepping = sum(1 for r in job.ranks if r.status == "live" and r.cut is None)
+    if not cut or not stepping:
         return {"": Measurement(value=0.0, evidence={"unheard_ranks": 0}, impact=0.0, step=job.step)}
-    relays: dict[str, dict[str, Any]] = {}
+    ranks: dict[tuple[str, float | None], list[int]] = {}
     for r in cut:
-        c = r.cut
-        if c is None:  # never: JobSnapshot.unheard holds the cut ranks only (for the type checker)
-            continue
-        rec = relays.setdefault(c.host, {
-            "host": c.host,
-            "state": "closed" if c.silent_since is None else "silent",
-            "silent_s": None if c.silent_since is None else max(0.0, now - c.silent_since),
-            "ranks": [],
-        })
-        rec["ranks"].append(r.rank)
-    phrases = []
-    for rec in relays.values():
-        when = "closed" if rec["silent_s"] is None else f"silent for {rec['silent_s']:.0f} s"
-        phrases.append(f"relay {rec['host']} ({when}; rank{'s' if len(rec['ranks']) > 1 else ''} "
-                       f"{fmt_ranks(rec['ranks'])})")
-    silent = [rec["silent_s"] for rec in relays.values() if rec["silent_s"] is not None]
-    ev = {
+        if r.cut is not None:  # always: JobSnapshot.unheard holds the cut ranks only (for the type checker)
+            ranks.setdefault((r.cut.host, r.cut.silent_since), []).append(r.rank)
+    relays = [_Relay(host, since, tuple(rs)) for (host, since), rs in ranks.items()]
+    hosts = sorted({r.host for r in relays})
+    silent = [r.silent_since for r in relays if r.silent_since is not None]
+    ev: dict[str, object] = {
         "unheard_ranks": len(cut),
-        "heard_ranks": heard,
-        "relays": list(relays.values()),
-        "hosts": sorted(relays),
-        "silent_s": max(silent) if silent else None,
+        "heard_ranks": len(job.ranks) - len(cut),
+        "stepping_ranks": stepping,
+        "relays": [r.evidence() for r in relays],
+        "hosts": hosts,
     }
-    text = {"relays_phrase": ", ".join(phrases), "hosts": ", ".join(sorted(relays)),
-            "ranks_word": "rank" if len(cut) == 1 else "ranks"}
+    text = {"relays_phrase": ", ".join(r.phrase for r in relays), "hosts": ", ".join(hosts),
+            "ranks_word": "rank" if len(cut) == 1 else "ranks",
+            "silent_word": "silent" if len(silent) == 1 else "the longest silent"}
+    # silent_s = now - the longest-silent relay's last report, at display; none for closed relays only
+    clock = HintClock(None, 1.0, min(silent)) if silent else None
+    if clock is None:
+        ev["silent_s"] = None
     return {"": Measurement(value=float(len(cut)), evidence=ev, impact=len(cut) / len(job.ranks),
-                            step=job.step, steps_covered=job.step, text=text)}
+                            step=job.step, steps_covered=job.step, text=text,
+                            variant="silent" if silent else "", clock=clock)}

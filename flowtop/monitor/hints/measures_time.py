@@ -154,7 +154,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     # At most 1,024 named, found in as many looks more than the ranks heard (a world of 2²⁴).
     unheard = list(itertools.islice((n for n in range(job.world_size) if n not in heard), 1024)) \
         if len(heard) < job.world_size else []
-    ev["unheard_ranks"] = unheard
+    ev["never_heard_ranks"] = unheard
     if unheard and not silent:
         text["unheard"] = ("rank " if len(unheard) == 1 else "ranks ") + fmt_ranks(unheard, 40)
         text["world"] = str(job.world_size)

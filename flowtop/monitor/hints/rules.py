@@ -110,8 +110,12 @@ RULES: tuple[Rule, ...] = (
         clear=0.5,
         window_steps=0,
         window_s=0.0,
-        summary="{unheard_ranks:.0f} {ranks_word} unheard behind {relays_phrase} while the other {heard_ranks} "
+        summary="{unheard_ranks:.0f} {ranks_word} unheard behind {relays_phrase} while the other {stepping_ranks} "
         "step on: they may still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
+        # A relay silent (not closed): since when, said at display (flowtop.monitor.hintclock).
+        variants={"silent": "{unheard_ranks:.0f} {ranks_word} unheard behind {relays_phrase}, {silent_word} for "
+                  "{silent_s:.0f} s, while the other {stepping_ranks} step on: they may still train; the job's "
+                  "MFU, FLOP/s and tokens/s are over the heard ranks"},
         action="Check the relay on {hosts}: with torchrun it is that node's `flowtop run` (killed, OOM?); "
         "start `flowtop relay --connect ADDR` there and its ranks reconnect to it as to a restarted monitor.",
         doc="rank processes cut off behind a node relay silent for 3 s or closed (JobSnapshot.unheard) "
