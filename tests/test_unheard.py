@@ -310,6 +310,16 @@ def test_a_job_with_every_rank_unheard_shows_its_last_step_and_no_step_time(monk
     assert "MFU n/a (no rank heard; 1 unheard behind relay node-b)" in JobHeader.render_text(snap, job, 0, 1).plain
 
 
+def test_the_text_report_says_why_a_job_with_every_rank_unheard_has_no_mfu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank, behind a relay that dies: no FLOP figures; the report says so, as the header."""
+    monkeypatch.setattr(__import__(__name__), "KEYS", [KEYS[3]])
+    j = _Job()
+    j.run(3.0)
+    j.relayed = False
+    report = render(j.run(SILENT_AFTER_S + 2.0))
+    assert "  MFU n/a (no rank heard; 1 unheard behind relay node-b)" in report.splitlines()
+
+
 def _idle(j: _Job, seconds: float) -> MonitorSnapshot:
     """No rank steps (the heard ones hang, saying hello each 2 s as a hung probe does; rank 3
     unheard): a tick each 0.5 s."""
@@ -409,3 +419,21 @@ def test_relay_silent_counts_the_heard_ranks_that_step_and_says_its_seconds_at_d
                                          f"{t - cut.silent_since:.0f} s, while the other 2 step on")
     assert f"silent for {t + 10 - cut.silent_since:.0f} s," in hint.summary_at(t + 10)
     assert hint.evidence_at(t + 10)["silent_s"] == pytest.approx(t + 10 - cut.silent_since)
+
+
+def test_the_peak_per_rank_is_of_the_ranks_the_peak_sums() -> None:
+    """Ranks 0-2 on 1e12 FLOP/s peaks, rank 3 on 2e12, unheard: the job's peak is 3e12 over the
+    3 heard ranks, so 3 ranks of 1e12 each (rank 3's 2e12 is not in the sum, nor in the split)."""
+
+    class _Mixed(_Job):
+        def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+            if kind == "flops" and key.rank == 3:
+                fields = dict(fields, peak_flops=2 * T)
+            super().send(key, kind, fields)
+
+    j = _Mixed()
+    j.run(3.0)
+    j.relayed = False
+    jj = to_json(j.run(SILENT_AFTER_S + 2.0))["jobs"][0]
+    assert jj["peak_flops"] == pytest.approx(3 * T)
+    assert jj["peak_ranks"] == 3 and jj["peak_per_rank_flops"] == pytest.approx(T)

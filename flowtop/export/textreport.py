@@ -45,6 +45,8 @@ def render(snap: MonitorSnapshot) -> str:
             )
             if f.expert_load is not None:
                 lines.append(f"  experts: {_experts(f.expert_load)}")
+        elif job.over_phrase:  # no figures while ranks are unheard: say why, as the TUI header does
+            lines.append(f"  MFU n/a ({job.no_count_reason})")
         if job.tokens_basis and job.tokens_per_s is not None:  # how a figure counts, where there is one
             lines.append(f"  tokens/s: {job.tokens_basis}")
         for s in job.stages:

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from flowtop.monitor.snapshot import (EXECUTED_FLOPS_NOTE, FLOPS_PER_S_NOTE, MODEL_FLOPS_NOTE, FlopsView, Hint,
                                       JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot, StageView,
                                       TelemetryView)
+from flowtop.monitor import parallelism
 from flowtop.monitor.relayviews import NO_COUNT_REASON, unheard_hosts
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
@@ -155,7 +156,9 @@ def peak_per_rank(job: JobSnapshot) -> PeakPerRank | None:
     f = job.flops
     if f is None or not f.peak_flops:
         return None
-    per_rank = {r.flops.peak_flops for r in job.ranks if r.flops is not None and r.flops.peak_flops}
+    # The ranks whose peaks the sum holds: not those unheard, nor their replica (parallelism.whole_replicas).
+    counted, _ = parallelism.whole_replicas(job.ranks)
+    per_rank = {r.flops.peak_flops for r in counted if r.flops is not None and r.flops.peak_flops}
     if len(per_rank) != 1:
         return None
     (peak,) = per_rank
