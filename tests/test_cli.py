@@ -194,6 +194,18 @@ def test_no_monitor_note_names_the_command_that_listens_there(tmp_path: Path) ->
     assert no_monitor_note(f"ipc://{path}") is not None  # a stale socket file: nothing accepts
 
 
+def test_no_monitor_note_names_no_relay_command_for_a_path_a_relay_refuses() -> None:
+    """`flowtop relay --listen` takes an absolute ipc path only (relay_setup.check_listen): for an
+    @abstract or a relative path the note says nothing listens and names no command that would fail."""
+    from flowtop.tools.listening import no_monitor_note
+    from flowtop.tools.relay_setup import RelayError, check_listen
+
+    for addr in ("ipc://@flowtop-test-nobody-rvfix", "ipc://relative/relay.sock"):
+        with pytest.raises(RelayError):
+            check_listen(addr)
+        assert no_monitor_note(addr) == f"no relay listens on {addr} yet; the training runs meanwhile"
+
+
 def test_run_finds_a_listening_monitor_without_connecting_to_it() -> None:
     """``flowtop run`` looked for a monitor by connecting to its port: while a node relay held the
     node's one upstream connection, a second ``flowtop run`` starting made a second one for a

@@ -45,19 +45,29 @@ def no_monitor_note(addr: str) -> str | None:
 
 def _nothing_there(addr: str) -> str:
     who = "relay" if addr.startswith("ipc://") else "monitor"
-    return (f"no {who} listens on {addr} yet: start `{listen_command(addr)}` (another terminal) to watch "
+    command = listen_command(addr)
+    if command is None:  # no command of ours listens there: naming one would fail when run
+        return f"no {who} listens on {addr} yet; the training runs meanwhile"
+    return (f"no {who} listens on {addr} yet: start `{command}` (another terminal) to watch "
             "this job; the training runs meanwhile, and the monitor sees it from when it starts")
 
 
-def listen_command(addr: str) -> str:
+def listen_command(addr: str) -> str | None:
     """The command that listens on ``addr``: a plain ``flowtop`` binds only the default address
     (advice without ``--listen`` elsewhere would start a monitor that never hears this job); an
-    ipc:// path is a node relay's, which forwards to a monitor (MONITOR: its tcp address)."""
+    ipc:// path is a node relay's, which forwards to a monitor (MONITOR: its tcp address), and
+    only where ``flowtop relay --listen`` takes it (relay_setup.check_listen: an absolute path;
+    an @abstract or relative one it refuses): None there."""
+    from flowtop.tools.relay_setup import RelayError, check_listen
     from probe.wire import DEFAULT_ADDR
 
     if addr == DEFAULT_ADDR:
         return "flowtop"
     if addr.startswith("ipc://"):
+        try:
+            check_listen(addr)
+        except RelayError:
+            return None
         return f"flowtop relay --listen {addr} --connect MONITOR"
     return f"flowtop --listen {addr}"
 
