@@ -129,3 +129,32 @@ def test_readme_says_what_a_step_time_is_where_the_json_lists_it() -> None:
     said = " ".join(json_section.split())
     assert f"a rank's `step_time_s` is the median wall time of its last {MEDIAN_STEPS} steps" in said
     assert "a job's `step_time_s` the slowest live rank's median" in said
+
+
+def test_the_code_the_docs_name_is_where_they_say() -> None:
+    """A `flowtop.module.func()` the docs name resolves, and a `probe/file.py` `name` pair names a
+    file that defines it (README named flowtop.monitor.snapshot.json_schema(), which is in
+    snapshot_json; docs/wire.md put hello_step in probe/steps/tracker.py, which is in walls.py)."""
+    import importlib
+
+    bad = []
+    for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = path.read_text()
+        for m in re.finditer(r"`((?:flowtop|probe)(?:\.\w+)+)\(\)`", text):
+            parts = m.group(1).split(".")
+            for i in range(len(parts) - 1, 0, -1):  # the longest importable module, then attributes
+                try:
+                    obj: object = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr, None)
+                if not callable(obj):
+                    bad.append((path.name, m.group(1)))
+                break
+        for m in re.finditer(r"`((?:flowtop|probe)/[\w/]+\.py)` `(\w+)`", text):
+            file = ROOT / m.group(1)
+            if not file.exists() or not re.search(rf"^\s*(def|class) {m.group(2)}\b|^{m.group(2)}\s*=",
+                                                  file.read_text(), re.M):
+                bad.append((path.name, f"{m.group(1)} {m.group(2)}"))
+    assert not bad
