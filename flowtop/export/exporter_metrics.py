@@ -58,17 +58,19 @@ JOB_GAUGES: tuple[tuple[str, str, str, Callable[[JobSnapshot], float | None]], .
     ("flowtop_job_hfu", "ratio", "Job HFU: sum of executed FLOP/s / sum of peaks, over the heard ranks",
      _flops("hfu")),
     ("flowtop_job_peak_flops_per_second", "", "Sum of the heard ranks' dense peaks", _flops("peak_flops")),
-    ("flowtop_job_step", "seconds", "The slowest rank's median step time", lambda j: j.step_time_s),
+    ("flowtop_job_step", "seconds", "The slowest heard rank's median step time (absent with every rank unheard)",
+     lambda j: j.step_time_s),
     ("flowtop_job_tokens_per_second", "", "Tokens per second of the job's heard ranks, counted once per "
      "data-parallel replica (summed over every rank where no mesh is known; the JSON's tokens_per_s_basis says which)",
      lambda j: j.tokens_per_s),
-    ("flowtop_job_step_index", "", "Lowest step among the live ranks", lambda j: j.step),
+    ("flowtop_job_step_index", "", "Lowest step among the live heard ranks", lambda j: j.step),
     ("flowtop_job_world_size", "", "World size the ranks report", lambda j: j.world_size),
     ("flowtop_job_ranks_seen", "", "Distinct rank numbers that said hello", lambda j: j.ranks_seen),
     ("flowtop_job_rank_conflicts", "", "Rank numbers claimed by more than one live process",
      lambda j: j.rank_conflicts),
     ("flowtop_job_unheard_ranks", "", "Rank processes unheard behind a silent or closed node relay: the job's "
-     "FLOP/s, MFU and tokens/s leave them out", lambda j: len(j.unheard)),
+     "FLOP/s, MFU and tokens/s leave them out (with their data-parallel replicas where the mesh is known)",
+     lambda j: len(j.unheard)),
 )
 #: Per-node aggregates (flowtop.monitor.rankview.NodeGroup) of a job above the rank cap.
 NODE_GAUGES: tuple[tuple[str, str, str, Callable[[Any], float | None]], ...] = (

@@ -335,8 +335,8 @@ class JobSnapshot:
     job: str
     world_size: int
     ranks: tuple[RankSnapshot, ...]
-    step: int  # lowest step among live ranks (the job moves at its slowest rank)
-    step_time_s: float | None  # slowest rank's median step time
+    step: int  # lowest among live heard ranks (the job moves at its slowest); all unheard: last heard
+    step_time_s: float | None  # slowest heard rank's median step time; None with every rank unheard
     tokens_per_s: float | None  # once per data-parallel replica where known, else Σ ranks (tokens_basis)
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
     status: str  # "running" | "stalled" | "stale" | "done" | "failed" (every rank ended, one or more failed)
