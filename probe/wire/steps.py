@@ -225,6 +225,18 @@ def _count(obj: Mapping[str, Any], name: str, required: bool) -> int:
     return v
 
 
+def _optional_seconds(obj: Mapping[str, Any], raw: Any, name: str, size: int, raws: list[bytes]) -> array | None:
+    """An optional column of seconds (None: no record sent it): its bytes typed at once when they
+    are ``size`` bytes of native doubles, else read by :func:`_array` (which says what is wrong);
+    its bytes join ``raws`` for the one-pass finite check."""
+    if raw is None:
+        return None
+    column = array("d", raw) if type(raw) is bytes and len(raw) == size and not _SWAP \
+        else _array(obj, name, "d", size // 8)
+    raws.append(raw)
+    return column
+
+
 def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     """Validate the fields of a ``stepcols`` frame; raise :class:`WireError` with the reason.
     Every step frame comes through here (tens of thousands a second at 4,096 ranks): the raw
@@ -258,26 +270,12 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
         raise WireError("stepcols: step and tokens must be non-negative")
     if n > 1 and not _increasing(step, raw_step):
         raise WireError("stepcols: step numbers must increase")
-    raw_wait, raw_lead, raw_probe, raw_stage = get("input_wait_s"), get("lead_s"), get("probe_s"), get("stage_s")
     raws: list[bytes] = [raw_wall]  # each checked: bytes of n values
     # nil (None): no record sent it, as if the column were absent
-    wait = lead = probe = stage = None
-    if raw_wait is not None:
-        wait = array("d", raw_wait) if type(raw_wait) is bytes and len(raw_wait) == size and not _SWAP \
-            else _array(obj, "input_wait_s", "d", n)
-        raws.append(raw_wait)
-    if raw_lead is not None:
-        lead = array("d", raw_lead) if type(raw_lead) is bytes and len(raw_lead) == size and not _SWAP \
-            else _array(obj, "lead_s", "d", n)
-        raws.append(raw_lead)
-    if raw_probe is not None:
-        probe = array("d", raw_probe) if type(raw_probe) is bytes and len(raw_probe) == size and not _SWAP \
-            else _array(obj, "probe_s", "d", n)
-        raws.append(raw_probe)
-    if raw_stage is not None:
-        stage = array("d", raw_stage) if type(raw_stage) is bytes and len(raw_stage) == size and not _SWAP \
-            else _array(obj, "stage_s", "d", n)
-        raws.append(raw_stage)
+    wait = _optional_seconds(obj, get("input_wait_s"), "input_wait_s", size, raws)
+    lead = _optional_seconds(obj, get("lead_s"), "lead_s", size, raws)
+    probe = _optional_seconds(obj, get("probe_s"), "probe_s", size, raws)
+    stage = _optional_seconds(obj, get("stage_s"), "stage_s", size, raws)
     finite = _all_seconds(raws)  # the common case in one pass (a NaN fails it), else column by column:
     if not finite:
         for name, column in zip(_SECONDS, (wall, wait, lead, probe, stage)):
