@@ -67,3 +67,11 @@ class Fields:
     def at(self, *names: str) -> tuple[int, ...]:
         """The positions of ``names`` among the fields."""
         return tuple(self.names.index(n) for n in names)
+
+
+class Slotted:
+    """Base of the records every rank's view holds: their fields in slots, not a dict each (a
+    4,096-rank monitor keeps two ticks of views), still weakly referenceable (the hint measures'
+    memo holds them weakly; dataclass's own weakref_slot needs Python 3.11)."""
+
+    __slots__ = ("__weakref__",)

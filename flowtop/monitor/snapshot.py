@@ -7,15 +7,15 @@ documented, versioned JSON form (see README "Snapshot JSON").
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
-from flowtop.monitor.hintclock import HintClock
-from flowtop.monitor.records import fast_init
-# RelaySnapshot: here as before, for its readers
+from flowtop.monitor.records import Slotted, fast_init
+# Hint, SEVERITIES and RelaySnapshot: here as before, for their readers
+from flowtop.monitor.hintrecord import SEVERITIES as SEVERITIES
+from flowtop.monitor.hintrecord import Hint as Hint
 from flowtop.monitor.relayviews import RelayCut, RelaySnapshot, no_count_reason, over_phrase
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.kernels.merge import CumulativeRow, JobKernelStats
     from flowtop.monitor.moe_load import ExpertLoad
     from flowtop.monitor.precision import DtypeMix
-
 
 
 #: Statuses of a rank (and of a job) that ended: it said bye ("done"), or said bye from a process
@@ -55,14 +54,6 @@ def stalled_reason(stalled_s: float) -> str:
     return STALLED_REASON.format(stalled_s)
 
 
-class _Slotted:
-    """Base of the records every rank's view holds: their fields in slots, not a dict each (a
-    4,096-rank monitor keeps two ticks of views), still weakly referenceable (the hint measures'
-    memo holds them weakly; dataclass's own weakref_slot needs Python 3.11)."""
-
-    __slots__ = ("__weakref__",)
-
-
 #: Where a rank's or job's peak comes from, in one word: the probe's (probe.wire.flops.PeakKind),
 #: "override" for the monitor's own, "unknown" from a probe that did not say (before wire 1.4),
 #: "mixed" for a job whose ranks differ or a rank whose precision mix takes peaks of several kinds
@@ -72,7 +63,7 @@ ShownPeakKind = Literal["table", "estimate", "override", "none", "unknown", "mix
 
 @fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
-class FlopsView(_Slotted):
+class FlopsView(Slotted):
     """FLOP accounting of one rank (or a job aggregate), conventions included."""
 
     model_flops_per_step: float | None
@@ -142,7 +133,7 @@ class FlopsView(_Slotted):
 
 @fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
-class TelemetryView(_Slotted):
+class TelemetryView(Slotted):
     """Latest device and host telemetry of one rank; None values are n/a."""
 
     device: Mapping[str, Any]
@@ -159,7 +150,7 @@ class TelemetryView(_Slotted):
 
 @fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
-class History(_Slotted):
+class History(Slotted):
     """Recent per-step series for sparklines and hints (oldest first)."""
 
     steps: Sequence[int] = ()
@@ -177,7 +168,7 @@ class History(_Slotted):
 
 @fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
-class RankSnapshot(_Slotted):
+class RankSnapshot(Slotted):
     """One rank as the monitor sees it now."""
 
     rank: int
@@ -259,59 +250,15 @@ class RankSnapshot(_Slotted):
 
 
 @dataclass(frozen=True, slots=True)
-class Claimant(_Slotted):
+class Claimant(Slotted):
     """One process (host, pid) claiming a rank number another process claims too."""
 
     host: str
     pid: int
 
 
-#: Hint severities, most severe first: the one order the rules' checks, the engine's ranking and
-#: the UI's hints list follow (here, beside :class:`Hint`, because the UI reads it too).
-SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
-
-
-@fast_init  # made per rank at every tick (flowtop.monitor.records)
 @dataclass(frozen=True, slots=True)
-class Hint(_Slotted):
-    """A bottleneck hint with the evidence that triggered it."""
-
-    id: str
-    severity: str  # one of SEVERITIES
-    scope: str  # "job" | "rank" | "kernel"
-    target: str  # "" for job scope, "rank 3", a kernel name ...
-    summary: str
-    evidence: Mapping[str, Any]
-    action: str
-    impact: float  # estimated share of step time at stake (0..1)
-    #: The rank or job it was about ended while it was shown: kept, frozen, until the job is
-    #: evicted, so the final snapshot of a finished job still holds its diagnosis.
-    ended: bool = False
-    first_step: int | None = None  # first step of the evidence (target's step index)
-    last_step: int | None = None  # last step at which the measure still held
-    #: A hang hint's figures that grow with the clock, as instants (flowtop.monitor.hintclock):
-    #: ``summary`` is then "" and ``evidence`` lacks them; :meth:`summary_at` and
-    #: :meth:`evidence_at` say them at a snapshot's ``taken_at``. None: nothing of it grows.
-    clock: HintClock | None = None
-
-    def summary_at(self, now: float) -> str:
-        """The summary at monitor time ``now`` (a snapshot's ``taken_at``): what is shown."""
-        return self.summary if self.clock is None else self.clock.text(now)
-
-    def evidence_at(self, now: float) -> Mapping[str, Any]:
-        """The evidence at monitor time ``now``, a clock's figures included: what is shown."""
-        return self.evidence if self.clock is None else {**self.evidence, **self.clock.figures(now)}
-
-    def frozen(self, now: float) -> Hint:
-        """This hint as it reads at ``now``, growing no more (its subject ended, or it is only
-        held after its measure passed back the clear value: it says what it last measured)."""
-        if self.clock is None:
-            return self
-        return dataclasses.replace(self, summary=self.summary_at(now), evidence=self.evidence_at(now), clock=None)
-
-
-@dataclass(frozen=True, slots=True)
-class StageView(_Slotted):
+class StageView(Slotted):
     """One pipeline stage (the ranks at one pp rank) of a job, per data-parallel replica.
 
     ``model_flops_per_step``: Σ over the stage's ranks of their local model FLOPs per step ÷ the
