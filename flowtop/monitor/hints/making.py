@@ -33,7 +33,15 @@ class _Fields(dict[str, Any]):
 
 def render(template: str, fields: Mapping[str, Any]) -> str:
     """Format a template; missing or None fields read "n/a" instead of raising."""
-    safe = _Fields({k: (_NA() if v is None else v) for k, v in fields.items()})
+    return _render(template, _safe(fields))
+
+
+def _safe(fields: Mapping[str, Any]) -> _Fields:
+    """``fields`` as a template reads them: None as "n/a", an unknown name too."""
+    return _Fields({k: (_NA() if v is None else v) for k, v in fields.items()})
+
+
+def _render(template: str, safe: _Fields) -> str:
     try:
         return template.format_map(safe)
     except (ValueError, TypeError):  # a text value under a numeric format spec
@@ -90,14 +98,15 @@ def make_hint(rule: Rule, target: str, m: Measurement, since_step: int | None, f
     template = rule.variants.get(m.variant, rule.summary) if m.variant else rule.summary
     # A clock's figures are left in its parts, for display (flowtop.monitor.hintclock).
     clock = with_parts(m.clock, template, fields, render) if m.clock is not None else None
+    safe = _safe(fields)  # once for the summary and the action: thousands of hints an evaluation
     return Hint(
         id=rule.id,
         severity=severity,
         scope=rule.scope,
         target=target,
-        summary=render(template, fields) if clock is None else "",
+        summary=_render(template, safe) if clock is None else "",
         evidence=ev,
-        action=render(rule.action, fields),
+        action=_render(rule.action, safe),
         impact=max(0.0, min(1.0, m.impact)),
         first_step=first_step,
         last_step=m.step,
