@@ -8,6 +8,7 @@ from flowtop.monitor.format import fmt_ranks
 from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.hints.base import Measurement
 from flowtop.monitor.hints.rules import Rule
+from flowtop.monitor.relayviews import unheard_hosts
 from flowtop.monitor.snapshot import JobSnapshot
 
 
@@ -50,7 +51,7 @@ def relay_silent(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
         if r.cut is not None:  # always: JobSnapshot.unheard holds the cut ranks only (for the type checker)
             ranks.setdefault((r.cut.host, r.cut.silent_since), []).append(r.rank)
     relays = [_Relay(host, since, tuple(rs)) for (host, since), rs in ranks.items()]
-    hosts = sorted({r.host for r in relays})
+    hosts = list(unheard_hosts([r.cut for r in cut]))  # as the job's unheard_relays
     silent = [r.silent_since for r in relays if r.silent_since is not None]
     ev: dict[str, object] = {
         "unheard_ranks": len(cut),
