@@ -84,6 +84,17 @@ def _metric(snap: MonitorSnapshot, name: str) -> float:
     return value
 
 
+def _exported_states(snap: MonitorSnapshot) -> dict[int, str]:
+    """Each rank's state that flowtop_rank_status sets to 1."""
+    return {int(s.labels["rank"]): s.labels["flowtop_rank_status"] for m in snapshot_families(snap)
+            for s in m.samples if s.name == "flowtop_rank_status" and s.value == 1}
+
+
+def _job_ranks(snap: MonitorSnapshot) -> dict[str, float]:
+    return {s.labels["status"]: s.value for m in snapshot_families(snap) for s in m.samples
+            if s.name == "flowtop_job_ranks"}
+
+
 def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> None:
     j = _Job()
     snap = j.run(6.0)
@@ -139,6 +150,13 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     assert f"MFU 1.7 % {job.over_phrase}" in header
     assert _metric(snap, "flowtop_job_unheard_ranks") == 1
     assert _metric(snap, "flowtop_job_mfu_ratio") == pytest.approx(5e10 / 3e12, rel=1e-6)
+    # Exported "unheard", not "stale": an alert on stale ranks (dead or hung) does not fire for it.
+    assert _exported_states(snap) == {0: "live", 1: "live", 2: "live", 3: "unheard"}
+    assert _job_ranks(snap) == {"live": 3, "stalled": 0, "stale": 0, "done": 0, "failed": 0, "unheard": 1}
+    nodes = {s.labels["host"]: s.labels["flowtop_node_status"]
+             for m in snapshot_families(snap, ExportPolicy(max_ranks=1)) for s in m.samples
+             if s.name == "flowtop_node_status" and s.value == 1}
+    assert nodes == {"node-a": "live", "node-b": "unheard"}  # above the rank cap: per-node series
 
     j.relayed = True  # a relay again on node-b: rank 3 heard, the hint clears (after its hold)
     snap = j.run(12.0)
@@ -167,7 +185,8 @@ def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> 
     # The hint stays, ended: the job's final snapshot says its rank was unheard at the end.
     (hint,) = [h for h in job.hints if h.id == "relay_silent"]
     assert hint.ended
-    # Finished: its series (the unheard rank's "stale" with them) end after the linger, as any ended job's.
+    # Finished: its series (the unheard rank's, "unheard" still, never "stale") end after the linger.
+    assert _exported_states(snap) == {0: "done", 1: "done", 2: "done", 3: "unheard"}
     policy = ExportPolicy(linger_s=60.0)
     assert exported_jobs(snap, policy) == [job]
     assert exported_jobs(j.model.snapshot(j.now + 61.0), policy) == []

@@ -108,7 +108,8 @@ SNAPSHOT_FAMILIES: tuple[Family, ...] = (
            "seconds"),
     *(Family(name, "counter", doc, RANK_LABELS) for name, doc, _ in RANK_COUNTERS),
     Family("flowtop_rank_status", "stateset", "Rank status: live, stalled (talks, no step), stale (silent), done, "
-           "failed (ended of an uncaught exception)", RANK_LABELS),
+           "failed (ended of an uncaught exception), unheard (behind a silent or closed relay; may train on)",
+           RANK_LABELS),
     *_gauges(JOB_GAUGES, JOB_LABELS),
     *_gauges(JOB_QUANTILES, (JOB_LABEL, QUANTILE_LABEL), " (rank_quantile 0, 0.5, 0.95, 1 across running heard ranks)"),
     Family("flowtop_job_status", "stateset", "Job status: running, stalled, stale, done, failed", JOB_LABELS),
@@ -116,7 +117,8 @@ SNAPSHOT_FAMILIES: tuple[Family, ...] = (
            "(datasheet), estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), "
            "none (no MFU), unknown (a probe before wire 1.4) or mixed (ranks differ); dtype the peak is of (the "
            "snapshot JSON's peak_source has the detail)", JOB_LABELS),
-    Family("flowtop_job_ranks", "gauge", "Rank processes of the job by status", (JOB_LABEL, "status")),
+    Family("flowtop_job_ranks", "gauge", "Rank processes of the job by status (live, stalled, stale, done, failed, "
+           "unheard: behind a silent or closed relay)", (JOB_LABEL, "status")),
     Family("flowtop_job_rank_series", "gauge", "1: per-rank series exported; 0: per-node aggregates instead "
            "(more ranks than --prometheus-max-ranks)", JOB_LABELS),
     Family("flowtop_job_hints", "gauge", "Active bottleneck hints by id and severity", HINT_LABELS),
@@ -127,7 +129,8 @@ SNAPSHOT_FAMILIES: tuple[Family, ...] = (
     Family("flowtop_job_commands_dropped", "counter", "Commands over the wire's bound dropped unread by the job's "
            "probes (a flood from whatever took the monitor's port)", JOB_LABELS),
     *_gauges(NODE_GAUGES, NODE_LABELS, " (jobs above the rank cap)"),
-    Family("flowtop_node_status", "stateset", "Worst rank status on the node (jobs above the rank cap)",
+    Family("flowtop_node_status", "stateset", "Worst rank status on the node (jobs above the rank cap); "
+           "unheard when all its ranks are",
            NODE_LABELS),
     Family("flowtop_node_lost_messages", "counter", "Lost messages summed over the node's ranks", NODE_LABELS),
     Family("flowtop_node_dropped_messages", "counter", "Dropped messages summed over the node's ranks", NODE_LABELS),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES
 from flowtop.export.families import Families, family_key, state_set
-from flowtop.export.rank_series import RANK_STATES, add_nodes, add_ranks
+from flowtop.export.rank_series import RANK_STATES, add_nodes, add_ranks, export_state
 from flowtop.monitor.rankstats import job_percentiles
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot
 
@@ -48,7 +48,8 @@ def add_job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: Expo
         fam.info("flowtop_job_peak").add_metric([name], {"source": job.flops.peak_kind, "dtype": job.flops.dtype})
     by_status = dict.fromkeys(RANK_STATES, 0)
     for r in job.ranks:
-        by_status[r.status] = by_status.get(r.status, 0) + 1
+        state = export_state(r)
+        by_status[state] = by_status.get(state, 0) + 1
     ranks = fam.gauge("flowtop_job_ranks")
     for status, n in by_status.items():
         ranks.add_metric([name, status], n)

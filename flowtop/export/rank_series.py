@@ -16,7 +16,15 @@ from flowtop.monitor.claims import newest_per, rank_newness
 from flowtop.monitor.rankview import NodeGroup, job_context, node_group
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
 
-RANK_STATES = ("live", "stalled", "stale", "done", "failed")
+#: A rank's exported state: its status, but "unheard" where a silent or closed relay cut it off. Such a
+#: rank may still train: "stale" would fire alerts meant for dead or hung ranks, and a finished job
+#: keeps its cut ranks' series until the linger ends (flowtop.export.exporter).
+RANK_STATES = ("live", "stalled", "stale", "done", "failed", "unheard")
+
+
+def export_state(r: RankSnapshot) -> str:
+    """The rank's state in ``flowtop_rank_status`` and ``flowtop_job_ranks`` (see RANK_STATES)."""
+    return "unheard" if r.cut_off else r.status
 
 
 def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
@@ -52,7 +60,7 @@ def add_ranks(fam: Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
         for c, count in counters:
             c.add_metric(labels, count(r))
         seen.add_metric(labels, r.age_s(snap.taken_at))
-        status.add_metric(labels, state_set(r.status, RANK_STATES))
+        status.add_metric(labels, state_set(export_state(r), RANK_STATES))
 
 
 def _node_groups(job: JobSnapshot) -> list[tuple[NodeGroup, list[RankSnapshot]]]:
@@ -79,6 +87,8 @@ def add_nodes(fam: Families, job: JobSnapshot) -> None:
             value = get(group)
             if value is not None:
                 g.add_metric(labels, value)
-        status.add_metric(labels, state_set(group.worst_status, RANK_STATES))
+        # A node's ranks share its relay: all cut off, the node is unheard (not stale) as they are.
+        state = "unheard" if all(r.cut_off for r in members) else group.worst_status
+        status.add_metric(labels, state_set(state, RANK_STATES))
         lost.add_metric(labels, sum(r.lost_messages for r in members))
         dropped.add_metric(labels, sum(r.dropped_messages for r in members))
