@@ -237,15 +237,78 @@ def _optional_seconds(obj: Mapping[str, Any], raw: Any, name: str, size: int, ra
     return column
 
 
+#: A ``stepcols`` frame's required fields in one C call (decode_fields' straight path).
+_REQUIRED_FIELDS = operator.itemgetter("n", "step", "tokens", "wall_s", "drops")
+
+
 def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
     """Validate the fields of a ``stepcols`` frame; raise :class:`WireError` with the reason.
     Every step frame comes through here (tens of thousands a second at 4,096 ranks): the raw
     columns are read once, and every check is a C pass over them (bench/ingest.py --costs).
 
-    A valid frame takes one straight path (its columns read and typed together, no helper per
-    column: ~35 % fewer instructions, callgrind); anything it does not expect goes the path
-    that checks field by field in the same order as before, so a refused frame is refused for
-    the same reason."""
+    A valid frame takes one straight path: every field read and every type and size tested at
+    once, each column typed in place, no helper called (~9 k instructions fewer a frame than the
+    path of one helper per optional column, callgrind). Anything it does not expect goes
+    :func:`_decode_checked`, which tests field by field in the order it always did, so a refused
+    frame is refused for the same reason."""
+    try:
+        n, raw_step, raw_tokens, raw_wall, drops = _REQUIRED_FIELDS(obj)
+    except KeyError:
+        return _decode_checked(obj, max_batch)
+    get = obj.get
+    raw_wait, raw_lead, raw_probe, raw_stage = get("input_wait_s"), get("lead_s"), get("probe_s"), get("stage_s")
+    # the size only once n is known to be a small int (8 * "text" would repeat the text)
+    size = n << 3 if type(n) is int and 1 <= n <= max_batch else -1
+    if not (type(raw_step) is bytes and type(raw_tokens) is bytes and type(raw_wall) is bytes
+            and len(raw_step) == size and len(raw_tokens) == size and len(raw_wall) == size
+            and (raw_wait is None or (type(raw_wait) is bytes and len(raw_wait) == size))
+            and (raw_lead is None or (type(raw_lead) is bytes and len(raw_lead) == size))
+            and (raw_probe is None or (type(raw_probe) is bytes and len(raw_probe) == size))
+            and (raw_stage is None or (type(raw_stage) is bytes and len(raw_stage) == size))
+            and type(drops) is int and 0 <= drops <= I64 and not _SWAP
+            and (raw_step + raw_tokens)[7::8].isascii()):  # no negative int64: no high byte's top bit
+        return _decode_checked(obj, max_batch)
+    step = _new_q()
+    step.frombytes(raw_step)
+    if n > 1 and not _increasing(step, raw_step):
+        return _decode_checked(obj, max_batch)
+    # _all_seconds inline; NaN (a record that did not send an optional field) fails it: the
+    # column checks decide then, with the reason
+    seconds = b"".join((raw_wall, raw_wait or b"", raw_lead or b"", raw_probe or b"", raw_stage or b""))
+    device, refused = get("device_s"), get("commands_refused", 0)
+    if not ((seconds[7::8].translate(_HIGH_FLAGS).isascii() or _largest_bits([seconds]) <= _MAX_BITS)
+            and (device is None or (type(device) in (int, float) and 0 <= device <= MAX_SECONDS))
+            and type(refused) is int and 0 <= refused <= I64 and "commands_dropped" not in obj):
+        return _decode_checked(obj, max_batch)
+    # each column typed in place (a helper's call per column: ~0.6 k instructions more)
+    tokens, wall = _new_q(), _new_d()
+    tokens.frombytes(raw_tokens)
+    wall.frombytes(raw_wall)
+    wait = lead = probe = stage = None
+    if raw_wait is not None:
+        wait = _new_d()
+        wait.frombytes(raw_wait)
+    if raw_lead is not None:
+        lead = _new_d()
+        lead.frombytes(raw_lead)
+    if raw_probe is not None:
+        probe = _new_d()
+        probe.frombytes(raw_probe)
+    if raw_stage is not None:
+        stage = _new_d()
+        stage.frombytes(raw_stage)
+    return _columns((step, wall, tokens, wait, lead, probe, stage, None if device is None else float(device), drops,
+                     refused, 0, True))
+
+
+#: An empty array of each type code, copied: array(code, raw) parses its arguments (and audits
+#: the call), ~1.7 k instructions, a copy and a frombytes ~0.9 k (six columns a frame).
+_new_q, _new_d = array("q").__copy__, array("d").__copy__
+
+
+def _decode_checked(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
+    """:func:`decode_fields` field by field, in the order of its checks (the reason a refused
+    frame is refused for), for any frame its straight path did not take."""
     get = obj.get
     n = get("n")
     if type(n) is not int or not 1 <= n <= max_batch:
