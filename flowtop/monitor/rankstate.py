@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -17,7 +18,7 @@ from flowtop.monitor.parallelism import coords_of
 from flowtop.monitor.sanitize import printable
 from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.snapshot import History, TelemetryView
-from probe.wire import BYE_ERROR_PREFIX, FlopsReport, HelloStep, Message, RankKey, StepColumns
+from probe.wire import BYE_ERROR_PREFIX, FlopsReport, HelloStep, RankKey
 
 if TYPE_CHECKING:  # built and added by flowtop.monitor.rankkernels
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -182,21 +183,22 @@ class RankState:
             column.append(float(value))
 
 
-def implausible(st: RankState, msg: Message, now: float, cols: StepColumns | None) -> str:
-    """Why ``msg`` (its step records ``cols``: step_columns(msg)) cannot come from the rank ``st``
-    has heard so far ("" when it can). Every frame of a known rank is asked: ``a if a > b else b``
-    for max(b, a) (the same value, NaN included; builtin max parses keywords at each call, ~0.7 k
-    instructions), and the ring's truth (a Python call) asked last."""
+def implausible(st: RankState, seq: int, now: float, steps: array | None) -> str:
+    """Why a message of sequence number ``seq`` and step numbers ``steps`` (its step records'
+    column, step_columns(msg).step; None without records) cannot come from the rank ``st`` has
+    heard so far ("" when it can). Every frame of a known rank
+    is asked: ``a if a > b else b`` for max(b, a) (the same value, NaN included; builtin max parses
+    keywords at each call, ~0.7 k instructions), and the ring's truth (a Python call) asked last."""
     silent = now - st.last_recv
     silent = silent if silent > 0.0 else 0.0
     last_seq = st.last_seq
     if last_seq >= 0:
         allowed = silent * MAX_FRAMES_PER_S
-        if msg.seq - last_seq > (allowed if allowed > MIN_SEQ_JUMP else MIN_SEQ_JUMP):
+        if seq - last_seq > (allowed if allowed > MIN_SEQ_JUMP else MIN_SEQ_JUMP):
             return "implausible seq jump for a known rank (forged or corrupt frame)"
-    if cols is not None and cols.step:
+    if steps:
         allowed = silent * MAX_STEPS_PER_S
-        if cols.step[-1] - st.step > (allowed if allowed > MIN_STEP_JUMP else MIN_STEP_JUMP) and st.steps:
+        if steps[-1] - st.step > (allowed if allowed > MIN_STEP_JUMP else MIN_STEP_JUMP) and st.steps:
             return "implausible step jump for a known rank (forged or corrupt frame)"
     return ""
 
