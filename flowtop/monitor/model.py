@@ -315,8 +315,11 @@ class Model(ModelNotices):
             return  # every record seen already: a stale frame's totals and device time are old too
         ring.extend(steps, wall, tokens, wait, lead, now, first, finite)
         st.step = steps[-1]
-        if probe is not None:
-            _extend_sent(st.probe_s, probe, first, finite)
+        if probe is not None:  # _extend_sent's common case without its call
+            if finite and not first:
+                st.probe_s.extend(probe)
+            else:
+                _extend_sent(st.probe_s, probe, first, finite)
         if stage is not None:
             _extend_sent(st.stage_s, stage, first, finite)
         if drops > st.drops:
