@@ -276,3 +276,18 @@ def test_an_old_single_step_frame_still_decodes() -> None:
                          "inc": 0, "seq": 0, "t": 1.0, **GOOD["step"]})
     msg = wire.decode(old)
     assert msg.kind == "step" and wire.records(msg) == [GOOD["step"]]
+
+
+def test_flat_map_names_kept_from_a_passed_map_still_refuse_bad_ones():
+    """The flat-map check keeps the names of the last map that passed (probe.wire.checks): a map
+    with other names, a bytes name or a too long one, is still tested and refused."""
+    from probe.wire.checks import _flat_map
+
+    check = _flat_map()
+    good = {"a": 1, "b": 2.0, "c": "x", "d": ["s"], "e": None, "f": True, "g": []}
+    assert check(good) and check(dict(good))
+    assert not check({**{k: v for k, v in good.items() if k != "a"}, b"a": 1})
+    assert not check({**good, "x" * 65: 1})
+    assert not check({**good, "b": float("nan")})
+    assert not check({**good, "d": [1]})
+    assert check(good)
