@@ -279,9 +279,10 @@ def test_an_old_single_step_frame_still_decodes() -> None:
 
 
 def test_flat_map_names_kept_from_a_passed_map_still_refuse_bad_ones():
-    """The flat-map check keeps the names of the last map that passed (probe.wire.checks): a map
-    with other names, a bytes name or a too long one, is still tested and refused."""
-    from probe.wire.checks import _flat_map
+    """The flat-map check keeps the names of maps that passed (probe.wire.checks): a map with other
+    names, a bytes name or a too long one, is still tested and refused, and so is a bad value under
+    kept names, however many name sets came before."""
+    from probe.wire.checks import MAX_NAME_SETS, _flat_map
 
     check = _flat_map()
     good = {"a": 1, "b": 2.0, "c": "x", "d": ["s"], "e": None, "f": True, "g": []}
@@ -290,4 +291,7 @@ def test_flat_map_names_kept_from_a_passed_map_still_refuse_bad_ones():
     assert not check({**good, "x" * 65: 1})
     assert not check({**good, "b": float("nan")})
     assert not check({**good, "d": [1]})
+    for i in range(3 * MAX_NAME_SETS):
+        assert check({**good, f"n{i}": 1})
+    assert not check({**good, "n5": b"x"})
     assert check(good)

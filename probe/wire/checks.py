@@ -86,26 +86,36 @@ def _int_lists(max_items: int = 256, max_key: int = 128, max_len: int = 4096) ->
     )
 
 
+#: Name sets a flat-map check keeps of maps that passed (see _flat_map).
+MAX_NAME_SETS = 64
+
+
 def _flat_map(max_items: int = 200) -> Check:
     """A map of short names to scalars, short strings, lists of strings or None. (Exact types,
     one loop: telemetry maps arrive from every rank every second; msgpack makes no subclasses.)
 
-    Every rank's map of a field has the same names, second after second: the names of the last
-    map that passed are kept, and a map with exactly those (a set's equality: a bytes name never
-    equals a text one) skips their tests (~10 k instructions of a telemetry frame, callgrind)."""
-    passed: list[frozenset[Any]] = [frozenset()]  # one slot, replaced whole (no lock needed)
+    Every rank's map of a field has the same names, in the same order, second after second: the
+    names of maps that passed are kept as tuples, and a map whose names are one of those (a tuple's
+    equality: a bytes name never equals a text one) skips their tests (~9 k instructions of a
+    telemetry frame, callgrind). msgpack interns names, so the tuple is one C pass and its hash and
+    equality mostly identity tests; several kinds of ranks' maps (probe versions) are kept at once,
+    at most MAX_NAME_SETS (a flood of new names clears them)."""
+    passed: set[tuple[Any, ...]] = set()
 
     def check(v: Any) -> bool:
         if type(v) is not dict or len(v) > max_items:
             return False
-        if v.keys() == passed[0]:
+        names = tuple(v)
+        if names in passed:
             return _flat_values(v)
-        for k in v:
+        for k in names:
             if type(k) is not str or len(k) > 64:
                 return False
         if not _flat_values(v):
             return False
-        passed[0] = frozenset(v)
+        if len(passed) >= MAX_NAME_SETS:
+            passed.clear()
+        passed.add(names)
         return True
 
     return check
