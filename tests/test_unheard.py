@@ -36,21 +36,24 @@ WALL = {0: 0.05, 1: 0.05, 2: 0.1, 3: 0.05}
 class _Job:
     """Ranks 0-2 heard directly; rank 3 through the relay on node-b (until it is killed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: list[RankKey] | None = None, wall: dict[int, float] | None = None,
+                 direct: int = 3) -> None:
         self.model = make_model()
         self.now = 10.0
-        self.seq = {k: 0 for k in KEYS}
-        self.steps = {k: 0 for k in KEYS}
+        keys = KEYS if keys is None else keys
+        self.keys, self.wall, self.direct = keys, dict(WALL if wall is None else wall), direct  # below direct: no relay
+        self.seq = {k: 0 for k in keys}
+        self.steps = {k: 0 for k in keys}
         self.relayed = True  # rank 3's relay alive: its frames arrive
-        for k in KEYS:
-            self.send(k, "hello", {"local_rank": k.rank % 3, "world_size": 4, "device": "cpu (test)",
+        for k in keys:
+            self.send(k, "hello", {"local_rank": k.rank % 3, "world_size": len(keys), "device": "cpu (test)",
                                    "probe_version": "test"})
             self.send(k, "flops", FLOPS)
 
     def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
         self.seq[key] += 1
         frame = wire.encode(kind, key, self.seq[key], self.now, fields)
-        if key.rank < 3:
+        if key.rank < self.direct:
             self.model.ingest(wire.decode(frame), self.now)
         elif self.relayed:  # as the collector applies a relay's batch of one frame
             via, (at,) = self.model.relays.unstamp([encode_stamp(RELAY, self.now + 900.0, [0]), frame], self.now)
@@ -64,10 +67,10 @@ class _Job:
         while self.now < end - 1e-9:
             self.now += 0.05
             n += 1
-            for k in KEYS:
-                if n % round(WALL[k.rank] / 0.05) == 0:
+            for k in self.keys:
+                if n % round(self.wall[k.rank] / 0.05) == 0:
                     self.steps[k] += 1
-                    self.send(k, "step", {"step": self.steps[k], "wall_s": WALL[k.rank], "tokens": 256, "drops": 0})
+                    self.send(k, "step", {"step": self.steps[k], "wall_s": self.wall[k.rank], "tokens": 256, "drops": 0})
             if n % 10 == 0:
                 snap = self.model.tick(self.now)
         assert snap is not None
@@ -165,6 +168,58 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     assert job.flops.mfu == pytest.approx(0.0175, rel=1e-6) and job.flops.mfu_reason == ""
     assert not [h for h in job.hints if h.id == "relay_silent"]
     assert _metric(snap, "flowtop_job_unheard_ranks") == 0
+
+
+def _node_states(snap: MonitorSnapshot) -> dict[str, str]:
+    """Each node's state that flowtop_node_status sets to 1 (the series of a job above the rank cap)."""
+    return {s.labels["host"]: s.labels["flowtop_node_status"]
+            for m in snapshot_families(snap, ExportPolicy(max_ranks=1)) for s in m.samples
+            if s.name == "flowtop_node_status" and s.value == 1}
+
+
+def _job_state(snap: MonitorSnapshot) -> str:
+    (state,) = [s.labels["flowtop_job_status"] for m in snapshot_families(snap) for s in m.samples
+                if s.name == "flowtop_job_status" and s.value == 1]
+    return state
+
+
+def test_a_node_with_a_finished_rank_beside_a_cut_one_exports_unheard_not_stale() -> None:
+    """Rank 4 on node-b says bye through the relay; then the relay goes silent with rank 3 behind it:
+    the node is "unheard" (its ranks done and unheard), where its worst status reads stale."""
+    keys = [*KEYS, RankKey("j", "node-b", 104, 4, 0)]
+    j = _Job(keys, {**WALL, 4: 0.05})
+    j.run(3.0)
+    j.send(keys[4], "bye", {"reason": "exit", "steps": j.steps[keys[4]], "drops": 0})
+    j.wall[4] = 1e9  # it steps no more
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    assert [r.status for r in _job(snap).ranks] == ["live", "live", "live", "stale", "done"]
+    assert _exported_states(snap) == {0: "live", 1: "live", 2: "live", 3: "unheard", 4: "done"}
+    assert _node_states(snap) == {"node-a": "live", "node-b": "unheard"}
+    assert _job_state(snap) == "running"
+
+
+def test_a_job_stale_only_behind_its_relay_exports_unheard() -> None:
+    """Both ranks behind one relay, which goes silent: the job is stale in the snapshot (no rank
+    heard), "unheard" in Prometheus; a rank stale of its own keeps the job's "stale"."""
+    keys = [RankKey("j", "node-b", 100 + r, r, 0) for r in range(2)]
+    j = _Job(keys, {0: 0.05, 1: 0.05}, direct=0)
+    j.run(3.0)
+    assert _job_state(j.run(0.5)) == "running"
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    assert _job(snap).status == "stale" and len(_job(snap).unheard) == 2
+    assert _job_state(snap) == "unheard"
+    assert _job_ranks(snap) == {"live": 0, "stalled": 0, "stale": 0, "done": 0, "failed": 0, "unheard": 2}
+    assert _node_states(snap) == {"node-b": "unheard"}
+    # Rank 0 heard directly but silent of its own (a crash): stale, as the job is.
+    mixed = _Job([RankKey("j", "node-a", 100, 0, 0), RankKey("j", "node-b", 101, 1, 0)], {0: 0.05, 1: 0.05}, direct=1)
+    mixed.run(3.0)
+    mixed.relayed, mixed.wall[0] = False, 1e9
+    snap = mixed.run(30.0)
+    assert [r.status for r in _job(snap).ranks] == ["stale", "stale"] and len(_job(snap).unheard) == 1
+    assert _job_state(snap) == "stale"
+    assert _exported_states(snap) == {0: "stale", 1: "unheard"}
 
 
 def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> None:

@@ -15,14 +15,23 @@ from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES
 from flowtop.export.families import Families, family_key, state_set
 from flowtop.export.rank_series import RANK_STATES, add_nodes, add_ranks, export_state
 from flowtop.monitor.rankstats import job_percentiles
-from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot
 
 #: Jobs with more rank rows than this get per-node series instead of per-rank ones.
 DEFAULT_MAX_RANKS = 1024
 #: Seconds a finished job's series stay after its last bye.
 DEFAULT_LINGER_S = 60.0
 
-JOB_STATES = ("running", "stalled", "stale", "done", "failed")
+#: "unheard": stale, but only for ranks behind silent or closed relays (they may train on).
+JOB_STATES = ("running", "stalled", "stale", "done", "failed", "unheard")
+
+
+def job_state(job: JobSnapshot) -> str:
+    """The job's state in ``flowtop_job_status``: its status, but "unheard" where it is stale only
+    because every rank that has not ended is cut off behind a relay (see rank_series.RANK_STATES)."""
+    if job.status == "stale" and job.unheard and all(r.cut_off or r.status in ENDED for r in job.ranks):
+        return "unheard"
+    return job.status
 #: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
 QUANTILES = ("0", "0.5", "0.95", "1")
 
@@ -43,7 +52,7 @@ def add_job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: Expo
         value = get(job)
         if value is not None:  # unknown is left out, never 0
             fam.gauge(family_key(metric, unit)).add_metric([name], value)
-    fam.states("flowtop_job_status").add_metric([name], state_set(job.status, JOB_STATES))
+    fam.states("flowtop_job_status").add_metric([name], state_set(job_state(job), JOB_STATES))
     if job.flops is not None:
         fam.info("flowtop_job_peak").add_metric([name], {"source": job.flops.peak_kind, "dtype": job.flops.dtype})
     by_status = dict.fromkeys(RANK_STATES, 0)

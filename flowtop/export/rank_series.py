@@ -27,6 +27,19 @@ def export_state(r: RankSnapshot) -> str:
     return "unheard" if r.cut_off else r.status
 
 
+#: A node's exported state when some of its ranks are unheard: the worst of its ranks' exported
+#: states, "unheard" below every trouble the monitor sees itself (a heard rank's stale or stall).
+NODE_ORDER = ("failed", "stale", "stalled", "unheard", "live", "done")
+
+
+def node_state(group: NodeGroup, members: list[RankSnapshot]) -> str:
+    """The node's state in ``flowtop_node_status``: its worst status, but never "stale" for ranks
+    that are only unheard (a finished rank beside a cut one: "unheard", not "stale")."""
+    if not any(r.cut_off for r in members):
+        return group.worst_status
+    return min((export_state(r) for r in members), key=NODE_ORDER.index)
+
+
 def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
     """The host of a rank's relay ("" when it connects directly): relays serve their own node."""
     if not relay_id:
@@ -87,8 +100,6 @@ def add_nodes(fam: Families, job: JobSnapshot) -> None:
             value = get(group)
             if value is not None:
                 g.add_metric(labels, value)
-        # A node's ranks share its relay: all cut off, the node is unheard (not stale) as they are.
-        state = "unheard" if all(r.cut_off for r in members) else group.worst_status
-        status.add_metric(labels, state_set(state, RANK_STATES))
+        status.add_metric(labels, state_set(node_state(group, members), RANK_STATES))
         lost.add_metric(labels, sum(r.lost_messages for r in members))
         dropped.add_metric(labels, sum(r.dropped_messages for r in members))
