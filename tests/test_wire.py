@@ -288,6 +288,7 @@ def test_flat_map_names_kept_from_a_passed_map_still_refuse_bad_ones():
     good = {"a": 1, "b": 2.0, "c": "x", "d": ["s"], "e": None, "f": True, "g": []}
     assert check(good) and check(dict(good))
     assert not check({**{k: v for k, v in good.items() if k != "a"}, b"a": 1})
+    assert not check({b"a": 1, **{k: v for k, v in good.items() if k != "a"}})  # in a kept name's place
     assert not check({**good, "x" * 65: 1})
     assert not check({**good, "b": float("nan")})
     assert not check({**good, "d": [1]})

@@ -30,6 +30,12 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 import msgpack
 
+# decode() relies on msgpack 1.0's unpackb defaults (raw=False, strict_map_key=True, use_list=True)
+# and encode() on its packb's (use_bin_type=True): an older msgpack would read every key as bytes
+# and refuse every frame. pyproject asks for >= 1.0; a system package can still shadow it.
+if msgpack.version < (1, 0):
+    raise ImportError(f"flowtop needs msgpack >= 1.0, found {'.'.join(map(str, msgpack.version))}")
+
 from probe.wire import steps as _steps
 from probe.wire.checks import PARALLEL_ROLES, Check, I64, _int, _name, _num, job_id_problem
 from probe.wire.control import CONTROL_COMMANDS as CONTROL_COMMANDS
