@@ -62,6 +62,15 @@ def pairs_of(reached: Any) -> Series:
     return tuple(p[0] for p in reached), tuple(p[1] for p in reached)
 
 
+def flat(seq: Sequence[Any]) -> Sequence[Any]:
+    """``seq``'s values as one sequence that indexes and slices in C: a model view's
+    (flowtop.monitor.compact.ArraySeq) as one array (a copy, in C), anything else as it is. A
+    measure that reads a view's values by index a dozen times a rank over thousands of ranks
+    (the straggler's pace: its frame ends) made a Python call of each."""
+    values = getattr(seq, "flat", None)
+    return values() if values is not None else seq
+
+
 def align(series: list[Series], last: int | None = None, above: float | None = None) -> Aligned:
     """The step indices every rank of ``series`` reported — with ``above``: where its value is
     greater than that (0.0: a lead the probe did not send) — the last ``last`` of them (all when

@@ -20,6 +20,7 @@ from flowtop.monitor.hints import (measures_device, measures_identity, measures_
 from flowtop.monitor.hints.base import Measurement, MeasureFn, rank_target
 from flowtop.monitor.hints.making import beyond, make_hint, reusable
 from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Rule, apply_overrides, validate
+from flowtop.monitor.records import Fields
 from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot
 
 _log = logging.getLogger("flowtop.hints")
@@ -74,6 +75,9 @@ class _State:
     #: The measurement ``hint`` was made from, where its figures grow with the clock (a hang's):
     #: an equal one but for its value makes no new hint (see making.reusable).
     measured: Measurement | None = None
+    #: What ``hint`` was made from, with the state's since_step and first_step then, where a
+    #: measure hands out the same figures again (a rank's kernel window: see _restep).
+    made: tuple[Measurement, int | None, int | None] | None = None
 
 
 class HintEngine:
@@ -257,12 +261,13 @@ class HintEngine:
             st = states[target] = _State()
         if st.active:
             if beyond(rule, m, keep=True):
-                if not (st.hint is not None and st.measured is not None and reusable(rule, m, st.measured)):
+                if not (st.hint is not None and st.measured is not None and reusable(rule, m, st.measured)) \
+                        and not _restep(st, rule, m):
                     start_step = m.step if st.pending_step is None else st.pending_step
                     start_t = now if st.pending_t is None else st.pending_t
                     steps = max(m.steps_covered, m.step - start_step)
                     secs = max(m.seconds_covered, now - start_t)
-                    self._show(st, make_hint(rule, target, m, st.since_step, st.first_step, steps, secs))
+                    self._show(st, make_hint(rule, target, m, st.since_step, st.first_step, steps, secs), m)
                     st.measured = m if m.clock is not None else None
                 st.beyond_t = now
                 st.holding = False
@@ -293,13 +298,45 @@ class HintEngine:
         st.active = True
         st.beyond_t = now
         st.since_step = st.pending_step
-        self._show(st, make_hint(rule, target, m, st.since_step, st.first_step, steps, secs))
+        self._show(st, make_hint(rule, target, m, st.since_step, st.first_step, steps, secs), m)
         st.measured = m if m.clock is not None else None
         return st
 
-    def _show(self, st: _State, hint: Hint) -> None:
+    def _show(self, st: _State, hint: Hint, made: Measurement | None = None) -> None:
         st.hint = hint
         st.order = self._order(hint)
+        st.made = (made, st.since_step, st.first_step) if made is not None else None
+
+
+#: Hint's fields in order, and where its last step is among them (see _restep).
+_HINT_FIELDS = Fields(Hint)
+_LAST_STEP = _HINT_FIELDS.names.index("last_step")
+
+
+def _restep(st: _State, rule: Rule, m: Measurement) -> bool:
+    """Show ``st``'s hint again at ``m``'s step when ``m`` is the measurement it was made from
+    but for the step: the same value, evidence, text and impact objects (a rank's kernel window
+    measured once and handed out again, flowtop.monitor.hints.measures_kernels), nothing else of
+    it or of the state that make_hint reads changed, and the window of steps and seconds the
+    hint would say is the evidence's own. The hint made anew then differs in its last step only:
+    a copy with that one field set, not a hint rendered again (~8,000 of them an evaluation of a
+    4,096-rank job with a kernel profile on every rank, their summaries and actions formatted)."""
+    made = st.made
+    if made is None or st.hint is None or m.clock is not None:
+        return False
+    was, since_step, first_step = made
+    if not (was.evidence is m.evidence and was.value is m.value and was.text is m.text
+            and was.impact is m.impact and was.severity == m.severity and was.variant == m.variant
+            and was.clock is None and since_step == st.since_step and first_step == st.first_step
+            and (not rule.window_steps or "window_steps" in m.evidence)
+            and (not rule.window_s or "window_s" in m.evidence)):
+        return False
+    if st.hint.last_step != m.step:
+        values = list(_HINT_FIELDS.read(st.hint))
+        values[_LAST_STEP] = m.step
+        st.hint = Hint(*values)
+    st.made = (m, since_step, first_step)
+    return True
 
 
 

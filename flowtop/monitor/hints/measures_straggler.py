@@ -7,13 +7,14 @@ from __future__ import annotations
 import bisect
 import operator
 import statistics
+from array import array
 from collections.abc import Sequence
 from itertools import accumulate, compress, groupby, islice
 from typing import Any
 
 from flowtop.monitor.hints.base import Measurement, clamp01, rank_target, safe_div
 from flowtop.monitor.hints import staggered
-from flowtop.monitor.hints.aligned import (Aligned, align, medians_without, medians_without_each, pairs_of,
+from flowtop.monitor.hints.aligned import (Aligned, align, flat, medians_without, medians_without_each, pairs_of,
                                            values_at)
 from flowtop.monitor.hints.measures_time import _running
 from flowtop.monitor.hints.rules import Rule
@@ -49,8 +50,9 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int,
     interval (a rank paced to 0.45 s at 10 ms steps read 100 % slower or faster by its phase), so
     both ends of each rank's span are ends of its frames: where its receive time changes.
     ``step_s`` (a rank's median step time): a rank catching up (see CATCH_UP) gets no figure."""
-    # The model's columns as they are (sliced, not copied: thousands of ranks, hundreds of steps)
-    tails = [(steps[-keep:], times[-keep:]) for steps, times in (pairs_of(r.history.reached) for r in ranks)]
+    # Each column as one array (copied in C): the frame ends below index them a dozen times a rank
+    tails = [(flat(steps)[-keep:], flat(times)[-keep:])
+             for steps, times in (pairs_of(r.history.reached) for r in ranks)]
     reach = align(tails)
     if not reach.steps:
         return {}, 0, reach
@@ -93,11 +95,36 @@ def _time_changes(times: Sequence[float]) -> list[int]:
     frames in its 256 receive times (7 % of a 1,024-rank tick's instructions were those pairs).
     With a NaN (never a model's receive time) pair by pair: groupby takes one NaN object for equal
     to itself, where ``!=`` does not."""
+    if isinstance(times, array) and times.typecode == "d":
+        ends = _run_ends(times)
+        if ends is not None:
+            return ends
     total = sum(times)
     if total != total:
         return list(compress(range(len(times) - 1), map(operator.ne, times, islice(times, 1, None))))
     ends = list(accumulate(len(list(run)) for _, run in groupby(times)))
     return [end - 1 for end in ends[:-1]]
+
+
+def _run_ends(times: array) -> list[int] | None:
+    """_time_changes of a float array whose runs of equal times are each found by bisection and
+    checked bit for bit (a run's bytes are its first time's, the next time differs): a few C calls
+    a run (a frame) instead of a compare a value. None where a check fails (a NaN, ±0.0, times
+    out of order): the general path says then."""
+    raw, n, out, j = times.tobytes(), len(times), [], 0
+    while j < n:
+        v = times[j]
+        if v != v:
+            return None
+        k = bisect.bisect_right(times, v, j)
+        if raw[8 * j:8 * k] != raw[8 * j:8 * j + 8] * (k - j):
+            return None
+        if k < n:
+            if times[k] == v:
+                return None
+            out.append(k - 1)
+        j = k
+    return out
 
 
 def _leads(ranks: list[RankSnapshot], last: int | None = None) -> Aligned:
@@ -152,6 +179,8 @@ def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_fra
         out[i] = on_time[-1] if on_time else leads.steps[0]
     return out
 
+
+_measurement = Measurement._make
 
 #: A rank's worst figure: (slower, mine, the others', steps it spans, basis).
 _Best = tuple[float, float, float, int, str]
@@ -249,41 +278,34 @@ def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
     for the slow ones, since when (the rank's step where that is not known; ``since_of`` None:
     the engine's, from when it first measured the rank behind)."""
     out: dict[str, Measurement | None] = {}
+    since_at = since_of or {}
     for idx, r in enumerate(ranks):
-        if idx not in best:
+        figure = best.get(idx)
+        if figure is None:
             out[rank_target(r)] = None
             continue
-        slower, mine, other, n, basis = best[idx]
-        since, lag_s = (since_of or {}).get(idx, (None, None))
+        slower, mine, other, n, basis = figure
+        since, lag_s = since_at.get(idx, (None, None))
         if idx in lead_since:
             since = lead_since[idx]
-        ev: dict[str, Any] = {
-            "slower_pct": 100.0 * slower,
-            "basis": basis,
-            "step_time_s": mine,
-            "others_step_time_s": other,
-            "window_steps": n,
-            "lag_s": lag_s,
-        }
+        pct = 100.0 * slower
+        ev: dict[str, Any] = {"slower_pct": pct, "basis": basis, "step_time_s": mine, "others_step_time_s": other,
+                              "window_steps": n, "lag_s": lag_s}
         if since_of is not None:
             ev["since_step"] = since if since is not None else r.step
         text: dict[str, str] = {}
-        if idx in lead:
-            my_lead, others_lead, lead_lag, step = lead[idx]
-            ev.update(lead_s=my_lead, others_lead_s=others_lead, lead_lag_s=lead_lag,
-                      lag_pct_of_step=100.0 * safe_div(lead_lag, step))
+        led = lead.get(idx)
+        if led is not None:  # stored one by one: an update() of keywords built a dict a rank
+            my_lead, others_lead, lead_lag, step = led
+            ev["lead_s"], ev["others_lead_s"], ev["lead_lag_s"] = my_lead, others_lead, lead_lag
+            ev["lag_pct_of_step"] = 100.0 * safe_div(lead_lag, step)
             text["lead_lag_ms"] = f"{1000.0 * lead_lag:.0f}"
         # Impact: the share of the step the others spend waiting for this rank.
-        impact = slower if basis == "lead" else safe_div(mine - other, mine)
-        out[rank_target(r)] = Measurement(
-            value=ev["slower_pct"],
-            evidence=ev,
-            impact=clamp01(impact),
-            step=r.step,
-            steps_covered=n,
-            text=text,
-            variant="lead" if basis == "lead" else "",
-        )
+        by_lead = basis == "lead"
+        impact = slower if by_lead else safe_div(mine - other, mine)
+        # positionally (Measurement's fields in order): its keywords were parsed per rank
+        out[rank_target(r)] = _measurement((pct, ev, clamp01(impact), r.step, n, 0.0, text, None,
+                                            "lead" if by_lead else "", None))
     return out
 
 
