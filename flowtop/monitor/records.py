@@ -4,9 +4,11 @@ A frozen dataclass stores each field with ``object.__setattr__(self, name, value
 looked up on the type, then its slot's descriptor called, field by field. A 4,096-rank monitor
 makes ~4,000 rank views a tick (31 fields each, most of them light copies with a new step), and
 that constructor was the larger part of a copy. :func:`fast_init` gives such a class an
-``__init__`` with the same signature (defaults and default factories included) that calls each
-slot's descriptor directly: the same object, about half the time. Assigning to a field afterwards
-still raises ``FrozenInstanceError``; the class is otherwise untouched.
+``__init__`` with the same signature (defaults and default factories included) that stores each
+field as a plain slot write, the object a twin class of the same layout meanwhile (see ``_twin``;
+where that cannot be, a call of each slot's descriptor): the same object, in about a quarter of
+the time. Assigning to a field afterwards still raises ``FrozenInstanceError``; the class is
+otherwise untouched.
 """
 
 from __future__ import annotations
