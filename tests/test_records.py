@@ -41,6 +41,18 @@ def test_fast_init_takes_the_same_arguments_and_builds_the_same_record() -> None
         Point(1).x = 2  # type: ignore[misc]
 
 
+def test_fields_are_stored_on_a_twin_class_and_the_record_is_its_own_class_again() -> None:
+    """The constructor makes its object a twin of the same layout to store the fields as plain
+    slot writes (flowtop.monitor.records._twin): the record comes out of its own class, frozen."""
+    from flowtop.monitor.records import _twin
+
+    assert "_set_class" in Point.__init__.__code__.co_names  # the twin path, not a descriptor call a field
+    p = Point(3, 4.0)
+    assert type(p) is Point and p == Point(3, 4.0) and (p.x, p.y, p.tags) == (3, 4.0, {})
+    twin = _twin(Point)
+    assert twin is not None and twin.__slots__ == Point.__slots__ and not isinstance(p, twin)
+
+
 def test_the_snapshot_records_keep_every_field_and_stay_frozen() -> None:
     history = History(steps=(1, 2), step_time_s=(0.1, 0.2))
     assert history.steps == (1, 2) and history.reached == () and history.mfu == ()
