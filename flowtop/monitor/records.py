@@ -69,6 +69,8 @@ def _twin(cls: type) -> type | None:
     (~350 instructions a field: a 31-field rank view ~9 µs; the same ~4 µs this way), and a
     4,096-rank round makes ~45,000 views (RankViews' copies, Model._as_now's)."""
     twin = type(f"_{cls.__name__}Fields", cls.__bases__, {"__slots__": cls.__dict__.get("__slots__", ())})
+    if twin.__setattr__ is not object.__setattr__:  # a base's own __setattr__ (frozen) would refuse the stores
+        return None
     try:
         probe = object.__new__(cls)
         object.__setattr__(probe, "__class__", twin)
