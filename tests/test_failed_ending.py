@@ -111,16 +111,19 @@ def test_a_rank_that_handles_its_crash_and_exits_non_zero_reads_failed(tmp_path:
     repro with mp.spawn, a supported launcher)."""
     from monitor_thread import MonitorThread
 
-    from conftest import probed_env
+    from conftest import finished, probed_env
 
     script = tmp_path / "h.py"
     script.write_text(HANDLED)
     mon = MonitorThread()
     try:
-        for how in ("handled", "spawn"):
-            out = subprocess.run([sys.executable, str(script), how], env=probed_env(mon.listen, FLOWTOP_JOB=how),
-                                 capture_output=True, text=True, timeout=120)
-            assert out.returncode == 1 and "ValueError: bad batch" in out.stderr, out.stderr
+        # the two runs side by side (each imports torch; spawn's rank a second time)
+        procs = {how: subprocess.Popen([sys.executable, str(script), how], env=probed_env(mon.listen, FLOWTOP_JOB=how),
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for how in ("handled", "spawn")}
+        for proc in procs.values():
+            _, err = finished(proc, 120)
+            assert proc.returncode == 1 and "ValueError: bad batch" in err, err
         snap = mon.wait_for(lambda s: len(s.jobs) == 2 and all(j.status in ENDED for j in s.jobs), 30)
         for job in snap.jobs:
             (r,) = job.ranks
