@@ -29,14 +29,14 @@ def _cuda_missing() -> str:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Compile flowtop's, the probe's and the recipes' sources to their ``__pycache__`` once.
+    """Compile flowtop's, the probe's, the recipes' and the tests' helpers to ``__pycache__`` once.
     Where PYTHONDONTWRITEBYTECODE is set (CI's machines), no interpreter writes bytecode, so every
     subprocess the tests start (hundreds: CLIs, probed trainings, torchrun ranks) compiled the
     modules it imports from source again, ~0.1 s of CPU each; bytecode written here is read by all
     of them (and checked against its source's mtime and size, as any ``.pyc``)."""
     import compileall
 
-    for top in ("flowtop", "probe", "recipes"):
+    for top in ("flowtop", "probe", "recipes", "tests"):
         compileall.compile_dir(str(ROOT / top), quiet=1)
 
 
