@@ -86,6 +86,7 @@ class Doctors:
         """(exit code, stdout, stderr) of run ``name``, once it has ended."""
         while name not in self.done:
             queued = [i for i, (n, _, _) in enumerate(self.pending) if n == name]
+            assert queued or name in self.running, f"no doctor run {name!r} was set up (see doctors())"
             if queued:  # its test comes before the runs ahead of it: start it now
                 self._start(*self.pending.pop(queued[0]))
             self._reap()
