@@ -72,7 +72,7 @@ def _twin(cls: type) -> type | None:
     if twin.__setattr__ is not object.__setattr__:  # a base's own __setattr__ (frozen) would refuse the stores
         return None
     try:
-        probe = object.__new__(cls)
+        probe: object = object.__new__(cls)
         object.__setattr__(probe, "__class__", twin)
         object.__setattr__(probe, "__class__", cls)
     except TypeError:
