@@ -49,6 +49,7 @@ from flowtop.monitor.rotation import RANKS_PER_TICK
 from flowtop.monitor.rankkernels import decode_frame
 from flowtop.monitor.pacing import BEHIND_S, DATA_CPU, BusyMeter, Pacer
 from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.relayrecord import relayed_record
 from flowtop.monitor.thinning import Thinner, recorded
 from flowtop.monitor.ticker import Ticker
 from probe import wire
@@ -303,6 +304,9 @@ class Collector(CollectorSockets, LoadGovernor):
     def handle_batch(self, parts: list[bytes], now: float, taken: float | None = None) -> None:
         """A relay's ``[stamp, frame, ...]``: each frame applied at the time the relay got it
         (``taken``: when the drain took it off the socket, see Relays.unstamp)."""
+        if self.recorder is not None:  # its stamp first: a replay applies the frames as here
+            delay = taken - now if taken is not None and taken > now else 0.0
+            self._record(now, relayed_record(parts[0], len(parts) - 1, delay), received=False)
         try:
             via, times = self.model.relays.unstamp(parts, now, taken)
         except wire.WireError as exc:
@@ -316,10 +320,7 @@ class Collector(CollectorSockets, LoadGovernor):
         (``via``) counts at ``at``, when its relay received it, but is recorded at ``now``, its
         arrival, so that a replay feeds frames in the order the live monitor saw them."""
         if self.recorder is not None:
-            try:
-                self.recorder.write(now, recorded(frame))
-            except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
-                self._stop_recording(exc)
+            self._record(now, recorded(frame))
         self._frame_at = now
         try:
             # A known rank's kernel window only as far as its envelope: its builder decodes the rest.
@@ -336,6 +337,13 @@ class Collector(CollectorSockets, LoadGovernor):
             self.model.ingest(msg, now if at is None else at, via)
         except Exception as exc:  # a hostile-but-valid message must not kill the monitor
             self.model.reject(f"ingest: {type(exc).__name__}: {exc}")
+
+    def _record(self, now: float, frame: bytes, received: bool = True) -> None:
+        assert self.recorder is not None
+        try:
+            self.recorder.write(now, frame, received)
+        except Exception as exc:  # disk full, file gone: stop recording, keep monitoring
+            self._stop_recording(exc)
 
     def _stop_recording(self, exc: Exception) -> None:
         recorder, self.recorder = self.recorder, None

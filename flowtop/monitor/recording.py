@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.model import Model
 from flowtop.monitor.rankkernels import decode_frame
+from flowtop.monitor.relayrecord import RelayedBatch, relayed_of
 from flowtop.monitor.recfile import (MAGIC, MAGIC_V1, MAX_RECORD, EndMarker, Recorder, RecordingError, read_frames,
                                      read_recording)
 from flowtop.monitor.snapshot import MonitorSnapshot
@@ -43,6 +44,7 @@ class Feeder:
         self._now = 0.0
         self._budget = KernelBudget(model.limits, lambda: self._now, lambda: model.spread)
         self.records = 0  # fed so far: the record number a refusal names
+        self._relayed: tuple[str, list[float]] | None = None  # the batch being fed: its relay, its frames' times
 
     def __call__(self, frame: bytes, now: float) -> None:
         self._now = now
@@ -52,21 +54,42 @@ class Feeder:
             self.model.set_spread(spread)
             self._budget.respread(now)
             return
+        batch = relayed_of(frame)
+        if batch is not None:  # the next frames came in this relay batch: unstamped as live
+            self._relayed = self._unstamp(batch, now)
+            return
+        via = at = None
+        if self._relayed is not None:
+            via, times = self._relayed
+            at = times.pop()
+            if not times:
+                self._relayed = None
         # A frame that does not decode is said with its place: a damaged file's, or a peer's
         # that the live monitor refused too (its bucket is the live one's).
-        feed(self.model, frame, now, self._budget, where=f"record {self.records} ({now:.1f} s): ")
+        feed(self.model, frame, now, self._budget, where=f"record {self.records} ({now:.1f} s): ", via=via, at=at)
+
+    def _unstamp(self, batch: RelayedBatch, now: float) -> tuple[str, list[float]] | None:
+        """The batch's relay and its frames' times, last first (None: none follow, as live)."""
+        try:
+            via, times = self.model.relays.unstamp([batch.stamp, *([b""] * batch.frames)], now,
+                                                   now + batch.taken_after_s)
+        except wire.WireError as exc:  # refused live too: its frames were not recorded
+            self.model.reject(str(exc), f"record {self.records} ({now:.1f} s): ")
+            return None
+        return (via, times[::-1]) if times else None
 
 
-def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None, where: str = "") -> None:
+def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None, where: str = "",
+         via: str | None = None, at: float | None = None) -> None:
     """Decode one frame into ``model`` the way the collector does (``where``: its place, said
-    before the reason of a refusal)."""
+    before the reason of a refusal; ``via``, ``at``: its relay and the time it counts at)."""
     try:
         msg = decode_frame(frame, model.builds_kernels, model.knows, admit)
     except wire.WireError as exc:
         model.reject(str(exc), where)
         return
     try:
-        model.ingest(msg, now)
+        model.ingest(msg, now if at is None else at, via)
     except Exception as exc:
         model.reject(f"ingest: {type(exc).__name__}: {exc}")
 

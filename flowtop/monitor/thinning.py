@@ -30,6 +30,7 @@ import msgpack
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.rotation import SPREADS, ranks_per_tick, ticks_per_round
 from flowtop.monitor.pacing import DATA_CPU, Busy, cpu_budget_of, over_budget_text
+from flowtop.monitor.relayrecord import disarmed, relayed_of
 
 #: The least share of the data thread's time ticks must take for a thinner spread to help.
 TICKS_MATTER = 0.25
@@ -137,8 +138,11 @@ _LENGTHS = frozenset(len(r) for r in _RECORDS)
 
 def recorded(frame: bytes) -> bytes:
     """A received frame as the recording keeps it: as it came, unless it has the bytes of a spread
-    record (a peer forging one to change what a replay shows): then a copy that a replay refuses
-    as the live monitor refused the original, with the same reason."""
+    record or reads as a relay batch's record (flowtop.monitor.relayrecord: a peer forging one to
+    change what a replay shows): then a copy that a replay refuses as the live monitor refused the
+    original, with the same reason."""
+    if relayed_of(frame) is not None:
+        return disarmed(frame)
     if spread_of(frame) is None:
         return frame
     return msgpack.packb({**msgpack.unpackb(frame), "received": True})
