@@ -157,7 +157,8 @@ def _on(default: bool) -> str:
     return "`1`" if default else "`0`"
 
 
-ADDR = Var("FLOWTOP_ADDR", "address", DEFAULT_ADDR, "monitor address (probe connects, monitor binds)", _addr)
+ADDR = Var("FLOWTOP_ADDR", "address", DEFAULT_ADDR,
+           "monitor address (probe connects, monitor binds); an unusable one turns the probe off", _addr)
 DISABLE = Var("FLOWTOP_DISABLE", "bool", False, "`1` turns the probe off", _bool)
 JOB = Var("FLOWTOP_JOB", "text", None, "job id (else `MASTER_ADDR:PORT`, Slurm job.step, else `host:pid`)", _job,
           shown_default="torchrun run id")
@@ -269,16 +270,31 @@ def _within(var: Var[float], env: Mapping[str, str], lo: float = -math.inf, hi: 
     return bound
 
 
+def _read_addr(e: Mapping[str, str]) -> str | None:
+    """FLOWTOP_ADDR, or None where it is set but unusable: the probe then stays off. Unlike the
+    other variables it does not fall back to its default: a typo would send this training's
+    figures to whatever monitor listens on the default port (on a shared node, another user's)."""
+    raw = e.get(ADDR.name)
+    if raw is None or raw == "":
+        return ADDR.default
+    try:
+        return _addr(raw)
+    except ValueError as exc:
+        warn_once(f"env:{ADDR.name}", f"ignoring {ADDR.name}={raw!r}: {exc}; the probe stays off "
+                  "(it sends nothing rather than to a monitor nobody named)")
+        return None
+
+
 def from_env(env: Mapping[str, str] | None = None) -> ProbeConfig:
     """Read the configuration from ``env`` (default ``os.environ``)."""
     e = os.environ if env is None else env
-    addr = ADDR.read(e)
+    addr = _read_addr(e)
     if e.get(CONTROL_ADDR.name):
         warn_once(f"env:{CONTROL_ADDR.name}", f"{CONTROL_ADDR.name} is ignored: the monitor's commands "
                   f"now travel on the data connection ({ADDR.name})")
     return ProbeConfig(
-        enabled=not DISABLE.read(e),
-        addr=addr,
+        enabled=not DISABLE.read(e) and addr is not None,
+        addr=ADDR.default if addr is None else addr,
         queue_size=QUEUE.read(e),
         flush_s=_within(FLUSH_S, e, hi=MAX_FLUSH_S),
         flops=FLOPS.read(e),

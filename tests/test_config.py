@@ -42,6 +42,8 @@ def test_bad_values_fall_back_and_warn(name: str, value: str, field: str, defaul
     cfg = config.from_env({name: value})
     assert getattr(cfg, field) == default
     assert f"ignoring {name}={value!r}" in capsys.readouterr().err
+    # An unusable monitor address turns the probe off instead (nothing sent to a monitor nobody named).
+    assert cfg.enabled is (name != "FLOWTOP_ADDR")
 
 
 def test_identity_from_torchrun() -> None:

@@ -98,6 +98,7 @@ def test_broken_sitecustomize_environment_never_breaks_training(tmp_path: Path) 
                           env=probe_env(os.environ, "not-an-address"))
     assert proc.returncode == 0, proc.stderr
     assert "ignoring FLOWTOP_ADDR" in proc.stderr
+    assert "the probe stays off" in proc.stderr  # nothing sent to the default port, where another monitor may listen
 
 
 def test_missing_command_is_a_clear_error() -> None:
