@@ -139,6 +139,27 @@ def test_input_wait_leaves_out_the_loaders_start() -> None:
     assert measured is not None and measured.evidence["input_wait_pct"] == pytest.approx(2.0)
 
 
+def test_input_wait_leaves_out_one_pause_between_steps() -> None:
+    """A 25 s pause between two steps (a checkpoint save, an eval: the probe counts the time from a
+    step's end to the next forward) is no loader's: steps 11-20 of 0.1 s wait 2 ms each, step 15
+    25.1 s of which 25.0 waiting. Read whole: 25.018 / 26.0 = 96 % (critical, "raise num_workers");
+    the pause left out: 9 × 2 ms / 9 × 0.1 s = 2 %, under the threshold. Two long waits, each half
+    of the window's, are a loader's pattern (every fifth batch late): kept, 0.6 / 1.6 = 37.5 %."""
+    hist = history(10, 0.1, wait_s=0.002, first=11)
+    hist = dataclasses.replace(hist, step_time_s=(*hist.step_time_s[:4], 25.1, *hist.step_time_s[5:]),
+                               input_wait_s=(*hist.input_wait_s[:4], 25.0, *hist.input_wait_s[5:]))
+    measured = MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, step=20, hist=hist)), 0.0)["rank 0"]
+    assert measured is not None and measured.evidence["input_wait_pct"] == pytest.approx(2.0)
+    assert measured.evidence["pause_left_out_s"] == pytest.approx(25.0) and measured.steps_covered == 9
+    assert measured.evidence["input_wait_s_per_step"] == pytest.approx(0.002)
+    late = history(10, 0.1, wait_s=0.0, first=11)
+    late = dataclasses.replace(late, step_time_s=tuple(0.4 if i in (2, 7) else 0.1 for i in range(10)),
+                               input_wait_s=tuple(0.3 if i in (2, 7) else 0.0 for i in range(10)))
+    measured = MEASURES["input_wait"](RULES_BY_ID["input_wait"], job(rank(0, step=20, hist=late)), 0.0)["rank 0"]
+    assert measured is not None and measured.evidence["input_wait_pct"] == pytest.approx(37.5)
+    assert measured.evidence["pause_left_out_s"] is None and measured.steps_covered == 10
+
+
 def test_input_wait_leaves_out_values_that_are_not_finite() -> None:
     """A history built by hand may hold NaN or inf: each column's sum leaves them out (the model's
     columns are finite, and are summed without a test per value)."""

@@ -230,6 +230,8 @@ def device_idle_pct(r: RankSnapshot, now: float) -> float:
 #: hint's advice (more workers) would not change. Past them a loader that cannot keep up still shows
 #: in every window; one that restarts each epoch (not persistent) shows there too.
 INPUT_WARMUP_STEPS = 3
+#: Fewest steps in the window for its longest wait to be left out as a pause (see input_wait).
+PAUSE_MIN_STEPS = 4
 
 
 def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
@@ -251,11 +253,19 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
                 out[rank_target(r)] = None  # only the loader's start so far
                 continue
         wait: float | None  # None: no history, only the probe's own fraction
+        pause: float | None = None
         if n:
             steps = h.step_time_s[-n:]
             waits = h.input_wait_s[-n:]
             total = finite_sum(steps)
             wait = finite_sum(waits)
+            if n >= PAUSE_MIN_STEPS and math.isfinite(wait) and (longest := max(waits)) > 0.5 * wait:
+                # One step's wait is most of the window's: whatever ran between two steps (a
+                # checkpoint, an eval) and is no loader's; the more workers advised would not help.
+                pause = longest
+                total -= steps[waits.index(longest)]
+                wait -= longest
+                n -= 1
             frac = safe_div(wait, total)
             covered = n
         elif finite(r.input_wait_frac):
@@ -270,6 +280,7 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             "input_wait_s_per_step": wait / n if n and wait is not None else None,
             "step_time_s": median_step_s(r, n) if n else r.step_time_s,
             "device_idle_pct": device_idle_pct(r, now),
+            "pause_left_out_s": pause,
         }
         out[rank_target(r)] = Measurement(
             value=ev["input_wait_pct"], evidence=ev, impact=clamp01(min(frac, ev["device_idle_pct"] / 100.0)),

@@ -141,8 +141,9 @@ RULES: tuple[Rule, ...] = (
         gates=(Gate("device_idle_pct", ">=", 10.0, 5.0),),
         critical_at=25.0,
         doc="Σ input wait ÷ Σ step time over the last window_steps steps past the run's first 3 (the "
-        "loader's start: workers spawned, files opened); gate: the device idles "
-        "(100 − NVML GPU-Util, else 1 − busy of the kernel window; a CPU rank counts as idle) — a "
+        "loader's start: workers spawned, files opened), less one step whose wait is more than half "
+        "the window's (a pause between steps: a checkpoint, an eval, a sleep; `pause_left_out_s`); gate: "
+        "the device idles (100 − NVML GPU-Util, else 1 − busy of the kernel window; a CPU rank counts as idle) — a "
         "GPU-bound job's host waits wherever the launch queue fills, and that costs nothing; not read on "
         "a rank that runs no first pipeline stage (its wait is for the earlier stage's activations)",
     ),
