@@ -88,3 +88,43 @@ class WithInitVar:
 def test_fast_init_refuses_what_it_cannot_copy(cls: type, why: str) -> None:
     with pytest.raises(TypeError, match=why):
         fast_init(cls)
+
+
+def test_a_subclass_of_a_fast_init_record_is_built_as_itself() -> None:
+    """Only an object of the decorated class wears its twin while its fields are stored: a subclass
+    (with or without slots of its own) comes out of its own class, frozen, with its methods."""
+
+    class Loud(Hint):
+        __slots__ = ()
+
+        def loud(self) -> str:
+            return self.summary.upper()
+
+    class WithDict(Hint):
+        pass
+
+    args = ("x", "info", "job", "", "s", {}, "a", 0.1)
+    loud = Loud(*args)
+    assert type(loud) is Loud and loud.loud() == "S" and dataclasses.astuple(loud) == dataclasses.astuple(Hint(*args))
+    with_dict = WithDict(*args)
+    assert type(with_dict) is WithDict and with_dict.summary == "s"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loud.summary = "t"  # type: ignore[misc]
+
+
+def test_a_record_whose_twin_cannot_be_made_keeps_the_descriptor_path() -> None:
+    """A generic base refuses a plain subclass (the twin): the record is built slot by slot."""
+    from typing import Generic, TypeVar
+
+    V = TypeVar("V")
+
+    @fast_init
+    @dataclass(frozen=True, slots=True)
+    class Boxed(Generic[V]):
+        value: V
+        tags: list[str] = field(default_factory=list)
+
+    box = Boxed(3)
+    assert type(box) is Boxed and box.value == 3 and box.tags == []
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        box.value = 4  # type: ignore[misc]

@@ -31,6 +31,7 @@ def fast_init(cls: type[T]) -> type[T]:
     if len(inspect.signature(cls.__init__).parameters) != len(own) + 1:  # an InitVar: not a field
         raise TypeError(f"fast_init: {cls.__name__}'s constructor takes more than its fields")
     twin = _twin(cls)
+    factories, stores, sets = [], [], []
     for i, f in enumerate(own):
         if not f.init or f.kw_only is True:
             raise TypeError(f"fast_init: {cls.__name__}.{f.name} is not a plain positional field")
@@ -41,15 +42,20 @@ def fast_init(cls: type[T]) -> type[T]:
         elif f.default_factory is not MISSING:
             ns[f"_factory{i}"] = f.default_factory
             params.append(f"{f.name}=_NO_VALUE")
-            body.append(f"    if {f.name} is _NO_VALUE:\n        {f.name} = _factory{i}()")
+            factories.append(f"    if {f.name} is _NO_VALUE:\n        {f.name} = _factory{i}()")
         else:
             params.append(f.name)
-        body.append(f"    self.{f.name} = {f.name}" if twin is not None else f"    _set{i}(self, {f.name})")
+        stores.append(f"        self.{f.name} = {f.name}")
+        sets.append(f"    _set{i}(self, {f.name})")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"fast_init: {cls.__name__} has a __post_init__")
-    if twin is not None and body:
+    body = factories + sets  # the factories first: nothing but stores runs while the object is the twin
+    if twin is not None and stores:
+        # Only an object of the class itself wears the twin: a subclass's layout may differ (and
+        # would come out as this class).
         ns.update(_set_class=object.__setattr__, _twin=twin, _cls=cls)
-        body = ["    _set_class(self, '__class__', _twin)", *body, "    _set_class(self, '__class__', _cls)"]
+        body = [*factories, "    if self.__class__ is _cls:", "        _set_class(self, '__class__', _twin)", *stores,
+                "        _set_class(self, '__class__', _cls)", "    else:", *("    " + line for line in sets)]
     source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body or ["    pass"]) + "\n"
     exec(source, ns)  # noqa: S102 (generated from the class's own field names, as dataclasses does)
     init = ns["__init__"]
@@ -68,7 +74,10 @@ def _twin(cls: type) -> type | None:
     write. Each call of a slot's descriptor (``_set{i}(self, value)``) parsed a tuple of arguments
     (~350 instructions a field: a 31-field rank view ~9 µs; the same ~4 µs this way), and a
     4,096-rank round makes ~45,000 views (RankViews' copies, Model._as_now's)."""
-    twin = type(f"_{cls.__name__}Fields", cls.__bases__, {"__slots__": cls.__dict__.get("__slots__", ())})
+    try:  # a base may refuse a subclass (Generic), and its __init_subclass__ sees this one
+        twin = type(f"_{cls.__name__}Fields", cls.__bases__, {"__slots__": cls.__dict__.get("__slots__", ())})
+    except Exception:
+        return None
     if twin.__setattr__ is not object.__setattr__:  # a base's own __setattr__ (frozen) would refuse the stores
         return None
     try:
