@@ -11,6 +11,7 @@ from flowtop.monitor.hints import HintGroup, grouped, hint_line
 from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot
+from flowtop.monitor.rankview import SIGNAL_PREFIX
 from flowtop.monitor.snapshot_json import peak_per_rank
 
 
@@ -154,7 +155,10 @@ def _experts(x: ExpertLoad) -> str:
 
 def _why(r: RankSnapshot, now: float) -> str:
     """What a rank's status cell adds: its status reason at ``now`` (a relay's silence, with its
-    seconds), or for a failed rank the exception it ended of (its bye)."""
+    seconds), for a failed rank the exception it ended of (its bye), for one a signal ended the
+    signal ("done (SIGTERM)": a launcher stopping the survivors of a crash, scancel, preemption)."""
     if r.status == "failed" and r.bye_reason:
+        return r.bye_reason
+    if r.status == "done" and r.bye_reason is not None and r.bye_reason.startswith(SIGNAL_PREFIX):
         return r.bye_reason
     return r.status_reason_at(now)
