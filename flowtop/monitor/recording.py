@@ -71,8 +71,7 @@ class Feeder:
     def _unstamp(self, batch: RelayedBatch, now: float) -> tuple[str, list[float]] | None:
         """The batch's relay and its frames' times, last first (None: none follow, as live)."""
         try:
-            via, times = self.model.relays.unstamp([batch.stamp, *([b""] * batch.frames)], now,
-                                                   now + batch.taken_after_s)
+            via, times = self.model.relays.stamp_times(batch.stamp, batch.frames, now, now + batch.taken_after_s)
         except wire.WireError as exc:  # refused live too: its frames were not recorded
             self.model.reject(str(exc), f"record {self.records} ({now:.1f} s): ")
             return None

@@ -178,7 +178,12 @@ class Relays:
         of a 4,096-rank warm-up read as a path 1.5 s shorter than any, the least-delayed path
         kept that for hours (DRIFT), and every later batch of that relay looked 1.5 s behind (the
         UI was then handed one snapshot a second). The path and the lag are measured on ``taken``."""
-        stamp = decode_stamp(parts[0], len(parts) - 1)
+        return self.stamp_times(parts[0], len(parts) - 1, now, taken)
+
+    def stamp_times(self, raw: bytes, frames: int, now: float, taken: float | None = None) -> tuple[str, list[float]]:
+        """:meth:`unstamp` of a batch's stamp ``raw`` and its number of ``frames`` (a replay has
+        the stamp's record before the frames, flowtop.monitor.relayrecord)."""
+        stamp = decode_stamp(raw, frames)
         rec = self._get(stamp.relay, now)
         observed = (now if taken is None else max(now, taken)) - stamp.clock
         if rec.offset is not None and observed < rec.offset - MAX_CLOCK_LEAD_S and not self._jumped(rec, observed):
