@@ -94,3 +94,18 @@ def test_a_forged_batch_record_is_refused_in_the_replay_as_live() -> None:
             reason = str(exc)
         assert reason  # both refused by the wire
     assert relayed_of(relayed_record(b"s", -1, 0.0)) is None and relayed_of(relayed_record(b"s", 1, -1.0)) is None
+
+
+def test_a_decoders_slip_is_a_refusal_live_and_in_a_replay(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Any exception out of the wire's decode (a BytesWarning under ``python -bb``) refuses that frame
+    at the one place live and replayed frames are decoded, never ends the receive loop."""
+    from flowtop.monitor import rankkernels
+    from flowtop.monitor.recording import feed
+
+    def slip(frame: bytes, admit: object = None) -> object:
+        raise BytesWarning("comparison between bytes and str")
+
+    monkeypatch.setattr(rankkernels.wire, "decode", slip)
+    model = make_model()
+    feed(model, b"\x80", 1.0)
+    assert model.rejected == 1 and "decode: BytesWarning" in next(iter(model.rejected_reasons))

@@ -328,9 +328,6 @@ class Collector(CollectorSockets, LoadGovernor):
         except wire.WireError as exc:
             self.model.reject(str(exc))
             return
-        except Exception as exc:  # a decoder's slip (a warning raised under -W error) loses one frame, not the loop
-            self.model.reject(f"decode: {type(exc).__name__}: {exc}"[:200])
-            return
         if msg.steps is not None:
             self.busy.steps += 1  # the pacer's measure of what got through
         try:

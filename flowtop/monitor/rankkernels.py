@@ -48,7 +48,12 @@ def decode_frame(frame: bytes, builds: bool, known: Callable[[RankKey], bool],
             if why:
                 raise wire.WireError(why)
             return head
-    return wire.decode(frame, admit)
+    try:
+        return wire.decode(frame, admit)
+    except wire.WireError:
+        raise
+    except Exception as exc:  # a decoder's slip (a warning raised under -W error): one frame lost, live or replayed
+        raise wire.WireError(f"decode: {type(exc).__name__}: {exc}"[:200]) from None
 
 
 def build_window(window: Window) -> KernelWindowStats:
