@@ -180,8 +180,6 @@ def _lead_since(slow: list[int], ranks: list[RankSnapshot], keep: int, clear_fra
     return out
 
 
-_measurement = Measurement._make
-
 #: A rank's worst figure: (slower, mine, the others', steps it spans, basis).
 _Best = tuple[float, float, float, int, str]
 
@@ -303,9 +301,9 @@ def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
         # Impact: the share of the step the others spend waiting for this rank.
         by_lead = basis == "lead"
         impact = slower if by_lead else safe_div(mine - other, mine)
-        # positionally (Measurement's fields in order): its keywords were parsed per rank
-        out[rank_target(r)] = _measurement((pct, ev, clamp01(impact), r.step, n, 0.0, text, None,
-                                            "lead" if by_lead else "", None))
+        # positionally (its keywords were parsed per rank), a call mypy checks
+        out[rank_target(r)] = Measurement(pct, ev, clamp01(impact), r.step, n, 0.0, text, None,
+                                          "lead" if by_lead else "", None)
     return out
 
 
