@@ -25,6 +25,9 @@ DEFAULT_LINGER_S = 60.0
 #: "unheard": stale, but only for ranks behind silent or closed relays (they may train on).
 JOB_STATES = ("running", "stalled", "stale", "done", "failed", "unheard")
 
+#: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
+QUANTILES = ("0", "0.5", "0.95", "1")
+
 
 def job_state(job: JobSnapshot) -> str:
     """The job's state in ``flowtop_job_status``: its status, but "unheard" where it is stale only
@@ -32,8 +35,6 @@ def job_state(job: JobSnapshot) -> str:
     if job.status == "stale" and job.unheard and all(r.cut_off or r.status in ENDED for r in job.ranks):
         return "unheard"
     return job.status
-#: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
-QUANTILES = ("0", "0.5", "0.95", "1")
 
 
 @dataclass(frozen=True)
