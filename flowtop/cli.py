@@ -232,7 +232,8 @@ async def collect(collector: Any, timeout: float, until_done: bool) -> Collected
 def _snapshot(args: argparse.Namespace) -> int:
     from flowtop.monitor.snapshot_json import to_json
 
-    failed, timed_out = "", False
+    # failed: the recording written live failed; not whole: the one replayed stops short of its end
+    failed, timed_out, whole = "", False, True
     if args.follow:
         if args.replay:
             print("flowtop: --follow reads a live monitor; use flowtop snapshot --replay FILE without it",
@@ -249,15 +250,16 @@ def _snapshot(args: argparse.Namespace) -> int:
     if args.timeout is None:
         args.timeout = 5.0
     if args.replay:
-        from flowtop.monitor.recording import RecordingError, replay_all
+        from flowtop.monitor.recording import RecordingError, replay
 
         model = _make_model(args.peak_tflops)
         try:
-            snap = replay_all(args.replay, model)
+            replayed = replay(args.replay, model)
         except RecordingError as exc:
             print(f"flowtop: {exc}", file=sys.stderr)
             return 2
-        print_notices(model.notices)  # a recording cut short
+        snap, whole = replayed.snapshot, replayed.whole
+        print_notices(model.notices)  # where a recording not whole stops, and why
     else:
         collector = _collector(args)
         if collector is None:
@@ -281,7 +283,9 @@ def _snapshot(args: argparse.Namespace) -> int:
         from flowtop.export.textreport import render
 
         text = render(snap)
-    rc = _print_out(text, 1 if not args.replay and failed else 0)
+    # 1 either way: the snapshot is printed whole, the recording is not (a script must not take a
+    # replay of a cut recording for the run's end: its ranks look as they were at the cut)
+    rc = _print_out(text, 1 if failed or not whole else 0)
     if rc == 0 and args.until_done and timed_out:  # not a signal: that ends it with 0, as --follow
         from flowtop.export.serve import not_done
 

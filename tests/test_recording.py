@@ -46,8 +46,9 @@ def test_round_trip_and_truncated_tail(tmp_path: Path) -> None:
     path.write_bytes(data[:marker_at - 5])
     said: list[str] = []
     assert len(list(read_recording(path, said.append))) == 2
-    assert said == [f"recording {path} is cut short after 2 frames (1.0 s recorded): what came after is "
-                    "missing, so its ranks look as they were then"]
+    third = offsets(data)[2]  # the 3rd frame's record, cut
+    assert said == [f"recording {path} is cut short in its record at byte {third}, after 2 frames (1.0 s recorded): "
+                    "what came after is missing, so its ranks look as they were then"]
     path.write_bytes(data)  # whole: nothing to say
     assert len(list(read_recording(path, said.append))) == 3 and len(said) == 1
 
@@ -60,11 +61,11 @@ def test_a_replay_of_a_recording_cut_short_says_so(tmp_path: Path) -> None:
     snap = replay_all(cut, model)
     assert snap.jobs and snap.jobs[0].status != "done"
     (notice,) = model.notices.take()
-    assert notice.severity == "warning" and "is cut short after" in notice.text
+    assert notice.severity == "warning" and "is cut short in its record at byte" in notice.text
     out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(cut), "--json"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and json.loads(out.stdout)["jobs"]
-    assert f"flowtop: recording {cut} is cut short after" in out.stderr
+    assert out.returncode == 1 and json.loads(out.stdout)["jobs"]  # printed whole; the recording is not
+    assert f"flowtop: recording {cut} is cut short in its record at byte" in out.stderr
 
 
 def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_a_damaged_record_midway_replays_up_to_it(tmp_path: Path) -> None:
     assert f"has a damaged record at record 10 (byte {off}): replayed up to it (9 frames" in text
     out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(bad), "--json"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # printed, but not the whole recording (2: no recording at all)
     assert "has a damaged record at record 10" in out.stderr and json.loads(out.stdout)["schema"]
 
 
@@ -241,7 +242,7 @@ async def test_a_tui_replay_says_the_cut_when_it_reaches_it(tmp_path: Path, how:
         later = source.model.notices.take()
     finally:
         await source.stop()
-    said = "is cut short after" if how == "in a record" else "has no end marker"
+    said = "is cut short in its record" if how == "in a record" else "has no end marker"
     assert not [n for n in first if said in n.text]
     assert [n.severity for n in later if said in n.text] == ["warning"]
 

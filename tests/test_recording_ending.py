@@ -117,8 +117,29 @@ def test_snapshot_replay_says_a_missing_end_marker(tmp_path: Path) -> None:
     path.write_bytes(data[:offsets(data)[-1]])
     out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--json"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # not whole: the run may have gone on
     assert out.stderr == f"flowtop: {no_marker(path, 5, 4)}\n" and json.loads(out.stdout)["jobs"]
+
+
+def test_snapshot_replay_of_a_recording_cut_in_its_last_frame_prints_it_and_exits_1(tmp_path: Path) -> None:
+    """A monitor killed mid-write: the last frame's record lacks its last 3 bytes. The snapshot up
+    to the cut is printed in full; exit 1 (not 2, a file that is no recording), the cut's byte on
+    stderr, so a script does not take it for the run's end. Whole, the same file exits 0."""
+    path = record(tmp_path / "run.rec", 5)
+    data = path.read_bytes()
+    *_, last_frame, marker = offsets(data)
+    cmd = [sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--json"]
+    whole = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (whole.returncode, whole.stderr) == (0, "")
+    assert [r["step"] for r in json.loads(whole.stdout)["jobs"][0]["ranks"]] == [5]
+    path.write_bytes(data[:marker - 3])
+    cut = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert cut.returncode == 1, cut.stderr
+    assert [r["step"] for r in json.loads(cut.stdout)["jobs"][0]["ranks"]] == [4]  # frames 1-4 of 5 whole
+    assert cut.stderr == (f"flowtop: recording {path} is cut short in its record at byte {last_frame}, after 4 "
+                          "frames (3.0 s recorded): what came after is missing, so its ranks look as they were then\n")
+    text = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=60, cwd=ROOT)  # the text report alike
+    assert text.returncode == 1 and "is cut short in its record at byte" in text.stderr and "ranks" in text.stdout
 
 
 def test_a_flipped_bit_in_a_float_is_caught_with_its_place(tmp_path: Path) -> None:
@@ -162,8 +183,9 @@ def test_a_version_1_file_replays_its_frames_exactly(tmp_path: Path) -> None:
     path.write_bytes(data[:-3])  # cut in its last record: that is said, the note is not
     said, notes = [], []
     assert list(read_recording(path, said.append, notes.append)) == frames[:2] and notes == []
-    assert said == [f"recording {path} is cut short after 2 frames (0.5 s recorded): what came after is missing, "
-                    "so its ranks look as they were then"]
+    third = 4 + len(msgpack.packb(list(frames[2]), use_bin_type=True))  # the cut record: its length, its body
+    assert said == [f"recording {path} is cut short in its record at byte {len(data) - third}, after 2 "
+                    "frames (0.5 s recorded): what came after is missing, so its ranks look as they were then"]
 
 
 def test_a_gzipped_recording_reads_as_it_is(tmp_path: Path) -> None:

@@ -308,7 +308,7 @@ class _Reader:
             if len(head) < head_of.size:
                 self.at_end = not head
                 if head:
-                    self.cut()
+                    self.cut(at)
                 return None
             size, crc = _HEAD.unpack(head) if version == 2 else (_LEN_V1.unpack(head)[0], None)
             if size > MAX_RECORD:
@@ -316,12 +316,12 @@ class _Reader:
                 return None
             body = fh.read(size)
         except EOFError:  # a compressed file cut short: what came before stands
-            self.cut()
+            self.cut(at)
             return None
         except (OSError, zlib.error) as exc:  # bad gzip data or CRC, or a read error
             raise RecordingError(f"{self.path}: damaged recording ({exc})") from None
         if len(body) < size:
-            self.cut()
+            self.cut(at)
             return None
         if crc is not None and zlib.crc32(body) != crc:
             self.damaged("checksum mismatch", at, "its bytes changed after they were written "
@@ -381,9 +381,10 @@ class _Reader:
         if extra:
             self.say(f"recording {self.path} goes on after its end marker (byte {at}): what follows is not replayed")
 
-    def cut(self) -> None:
-        self.say(f"recording {self.path} is cut short {self.where()}: what came after is missing, "
-                 "so its ranks look as they were then")
+    def cut(self, at: int) -> None:
+        """The record at byte ``at`` (of the uncompressed stream) stops before its end."""
+        self.say(f"recording {self.path} is cut short in its record at byte {at}, {self.where()}: what came "
+                 "after is missing, so its ranks look as they were then")
 
     def damaged(self, why: str, at: int, what: str = "what came after cannot be read") -> None:
         if not self.records:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from flowtop.monitor.datathread import UiTurn
 
 __all__ = ["MAGIC", "MAGIC_V1", "MAX_RECORD", "EndMarker", "Recorder", "RecordingError", "read_frames",
-           "read_recording", "Feeder", "feed", "replay_all", "end_of", "RecordingSource"]
+           "read_recording", "Feeder", "feed", "Replayed", "replay", "replay_all", "end_of", "RecordingSource"]
 
 
 class Feeder:
@@ -93,8 +94,24 @@ def feed(model: Model, frame: bytes, now: float, admit: wire.Admit | None = None
         model.reject(f"ingest: {type(exc).__name__}: {exc}")
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """What :func:`replay` ends with: the snapshot, and whether the recording was whole."""
+
+    snapshot: MonitorSnapshot
+    #: False where the recording stops before its end as written (cut short, no end marker, stopped
+    #: early, a damaged record): replayed up to there, said in the model's notices. A format 1 file
+    #: (no marker: not known) counts as whole.
+    whole: bool
+
+
 def replay_all(path: str | Path, model: Model,
                on_tick: Callable[[MonitorSnapshot], None] | None = None) -> MonitorSnapshot:
+    """:func:`replay`'s snapshot."""
+    return replay(path, model, on_tick).snapshot
+
+
+def replay(path: str | Path, model: Model, on_tick: Callable[[MonitorSnapshot], None] | None = None) -> Replayed:
     """Feed a whole recording, ticking the model every :data:`~flowtop.monitor.clock.TICK_S` of recorded
     time as the live monitor did (hints evolve as they did live; ``on_tick`` sees each tick's
     snapshot), and return the state at its last frame with the hints of the first tick after
@@ -110,7 +127,7 @@ def replay_all(path: str | Path, model: Model,
         last = t
     ending.tell(model, last)
     _ticks(ticker, end_of(last), on_tick)
-    return model.snapshot(last, where)
+    return Replayed(model.snapshot(last, where), ending.whole)
 
 
 class Ending:
@@ -119,9 +136,12 @@ class Ending:
 
     def __init__(self) -> None:
         self.said: list[tuple[str, str]] = []
+        #: Nothing cut it short so far (a note is no cut); kept when :meth:`tell` clears ``said``.
+        self.whole = True
 
     def cut(self, text: str) -> None:
         self.said.append(("warning", text))
+        self.whole = False
 
     def note(self, text: str) -> None:
         self.said.append(("information", text))
