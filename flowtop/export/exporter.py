@@ -7,22 +7,24 @@ fields into samples; it computes no figure of its own — MFU, FLOP/s, step time
 where the TUI gets them — and nothing runs between scrapes.
 
 Base units, ratios 0-1. Labels: ``train_job``, ``rank``, ``host``, ``local_rank``, ``relay`` (the
-host of the node relay the rank's frames came through, "" when direct), ``rank_quantile``, hints'
-``id`` and ``severity``, relays' ``relay``, the job peak's ``source`` (one word of five:
-flowtop.monitor.accounting.PeakKind) and ``dtype``; never a step, a pid or any other value without a
-bound, and never a label Prometheus owns (``job``, ``instance``: it renames an exported one to
-``exported_job``) or reserves for a type (``quantile``, ``le``). Two bounds on the series:
+node relay the rank's frames came through as the relay's own series name it: its host, with its
+address where the host has relays on several, flowtop.export.relay_series; "" when direct),
+``rank_quantile``, hints' ``id`` and ``severity``, relays' ``relay``, the job peak's ``source``
+(one word of five: flowtop.monitor.accounting.PeakKind) and ``dtype``; never a step, a pid or any
+other value without a bound, and never a label Prometheus owns (``job``, ``instance``: it renames
+an exported one to ``exported_job``) or reserves for a type (``quantile``, ``le``). Two bounds on
+the series:
 
 * A job of more than ``max_ranks`` rank rows gets per-node aggregates (``flowtop_node_*``,
   labels ``train_job``, ``host``) instead of per-rank series.
 * A finished job (every rank said bye) is exported for ``linger_s`` seconds after its last bye,
   then its series end; a job the model drops (done or silent for 10 minutes) ends at once.
 
-Here: the collectors, the monitor's own families (its load, frames, relays) and which jobs are
-exported. Every family is declared once, in flowtop.export.families: a scrape fills those
-declarations and the collectors' ``describe()`` lists them, which prometheus_client's ``name[]``
-filter needs. A job's series are flowtop.export.job_series', its ranks' or nodes'
-flowtop.export.rank_series'.
+Here: the collectors, the monitor's own families (its load, frames) and which jobs are exported.
+Every family is declared once, in flowtop.export.families: a scrape fills those declarations and
+the collectors' ``describe()`` lists them, which prometheus_client's ``name[]`` filter needs. A
+job's series are flowtop.export.job_series', its ranks' or nodes' flowtop.export.rank_series',
+the relays' flowtop.export.relay_series'.
 
 The metric list is in the README ("Prometheus"; a test holds it to a real scrape).
 """
@@ -35,17 +37,15 @@ from typing import Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from flowtop.export.families import LOAD_FAMILIES, SNAPSHOT_FAMILIES, Families, describe, state_set
+from flowtop.export.families import LOAD_FAMILIES, SNAPSHOT_FAMILIES, Families, describe
 from flowtop.export.job_series import DEFAULT_LINGER_S, DEFAULT_MAX_RANKS, ExportPolicy, add_job
+from flowtop.export.relay_series import add_relays, relay_labels
 from flowtop.monitor.selfload import METER, LoadMeter
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RelaySnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot
 
 #: Re-exported: the CLI and the tests take the policy from here, the exporter's entry point.
 __all__ = ["DEFAULT_LINGER_S", "DEFAULT_MAX_RANKS", "ExportPolicy", "LoadCollector", "SnapshotCollector",
            "exported_jobs", "families", "load_families", "snapshot_families"]
-
-RELAY_STATES = ("live", "silent", "closed")
-
 
 def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapshot]:
     """The jobs that have series: all but those finished more than ``linger_s`` ago."""
@@ -96,27 +96,11 @@ def snapshot_families(snap: MonitorSnapshot | None, policy: ExportPolicy = Expor
     fam.gauge("flowtop_monitor_snapshot_clock_seconds").add_metric([], snap.taken_at)
     jobs = exported_jobs(snap, policy)
     fam.gauge("flowtop_monitor_jobs").add_metric([], len(jobs))
+    relays = relay_labels(snap.relays)  # once a snapshot: the ranks' relay label is their relay's
     for job in jobs:
-        add_job(fam, job, snap, policy)
-    _relays(fam, snap)
+        add_job(fam, job, snap, policy, relays)
+    add_relays(fam, snap.relays, relays)
     return fam.metrics()
-
-
-def _relays(fam: Families, snap: MonitorSnapshot) -> None:
-    newest: dict[str, RelaySnapshot] = {}  # one series per relay host: the most recently heard relay there
-    for rel in snap.relays:
-        old = newest.get(rel.host)
-        if old is None or rel.age_s < old.age_s:
-            newest[rel.host] = rel
-    for host in sorted(newest):
-        rel = newest[host]
-        fam.states("flowtop_relay_status").add_metric([host], state_set(rel.status, RELAY_STATES))
-        fam.gauge("flowtop_relay_ranks").add_metric([host], rel.ranks)
-        fam.counter("flowtop_relay_frames_in").add_metric([host], rel.frames_in)
-        fam.counter("flowtop_relay_frames_out").add_metric([host], rel.frames_out)
-        fam.counter("flowtop_relay_drops").add_metric([host], rel.drops)
-        fam.counter("flowtop_relay_commands_dropped").add_metric([host], rel.commands_dropped)
-        fam.gauge("flowtop_relay_link_lag_seconds").add_metric([host], rel.link_lag_s)
 
 
 def _version() -> str:

@@ -10,6 +10,7 @@ flowtop.monitor.rankstats' (the TUI's summary line); none is computed here. No T
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from flowtop.export.exporter_metrics import JOB_GAUGES, JOB_QUANTILES
 from flowtop.export.families import Families, family_key, state_set
@@ -46,8 +47,10 @@ class ExportPolicy:
     linger_s: float = DEFAULT_LINGER_S
 
 
-def add_job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy) -> None:
-    """Every sample of ``job``: its own families, then its ranks' (or nodes')."""
+def add_job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: ExportPolicy,
+            relays: Mapping[str, str]) -> None:
+    """Every sample of ``job``: its own families, then its ranks' (or nodes'; ``relays``: each relay's
+    label, flowtop.export.relay_series.relay_labels)."""
     name = job.job
     for metric, unit, _, get in JOB_GAUGES:
         value = get(job)
@@ -77,7 +80,7 @@ def add_job(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, policy: Expo
     per_rank = len(job.ranks) <= policy.max_ranks
     fam.gauge("flowtop_job_rank_series").add_metric([name], 1 if per_rank else 0)
     if per_rank:
-        add_ranks(fam, job, snap)
+        add_ranks(fam, job, snap, relays)
     else:
         add_nodes(fam, job)
 

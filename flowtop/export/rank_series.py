@@ -9,8 +9,11 @@ computed here. No Textual.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from flowtop.export.exporter_metrics import NODE_GAUGES, RANK_COUNTERS, RANK_GAUGES
 from flowtop.export.families import Families, family_key, state_set
+from flowtop.export.relay_series import rank_relay_label
 from flowtop.monitor.byjob import ByJob
 from flowtop.monitor.claims import newest_per, rank_newness
 from flowtop.monitor.rankview import NodeGroup, job_context, node_group
@@ -40,17 +43,6 @@ def node_state(group: NodeGroup, members: list[RankSnapshot]) -> str:
     return min((export_state(r) for r in members), key=NODE_ORDER.index)
 
 
-def relay_host(relay_id: str | None, snap: MonitorSnapshot) -> str:
-    """The host of a rank's relay ("" when it connects directly): relays serve their own node."""
-    if not relay_id:
-        return ""
-    for rel in snap.relays:
-        if rel.relay == relay_id:
-            return str(rel.host)
-    host = relay_id.rpartition(":")[0].rpartition(":")[0]  # id is host:pid:nonce
-    return host or relay_id
-
-
 def rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
     """One rank row per label set: of two processes claiming one rank on one host (a conflict,
     counted in flowtop_job_rank_conflicts) the newest incarnation, then the latest heard."""
@@ -58,14 +50,14 @@ def rank_rows(job: JobSnapshot) -> list[RankSnapshot]:
     return sorted(best.values(), key=lambda r: (r.rank, r.host))
 
 
-def add_ranks(fam: Families, job: JobSnapshot, snap: MonitorSnapshot) -> None:
-    """The job's ``flowtop_rank_*`` samples, one set per rank row."""
+def add_ranks(fam: Families, job: JobSnapshot, snap: MonitorSnapshot, relays: Mapping[str, str]) -> None:
+    """The job's ``flowtop_rank_*`` samples, one set per rank row (``relays``: each relay's label)."""
     gauges = [(fam.gauge(family_key(n, u)), get) for n, u, _, get in RANK_GAUGES]
     counters = [(fam.counter(n), count) for n, _, count in RANK_COUNTERS]
     seen = fam.gauge("flowtop_rank_last_seen_seconds")
     status = fam.states("flowtop_rank_status")
     for r in rank_rows(job):
-        labels = [job.job, str(r.rank), r.host, str(r.local_rank), relay_host(r.relay, snap)]
+        labels = [job.job, str(r.rank), r.host, str(r.local_rank), rank_relay_label(r.relay, relays)]
         for g, get in gauges:
             value = get(r)
             if value is not None:  # unknown is left out, never 0

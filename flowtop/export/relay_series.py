@@ -1,0 +1,82 @@
+"""The node relays' series (``flowtop_relay_*``) and the ``relay`` label a rank shares with its relay. No Textual.
+
+A relay is a process (id ``host:pid:nonce``, flowtop.monitor.relays) serving the ranks that connect
+to its address on its host (``listen``, in its reports). Its series follow the address, not the
+process: a relay that takes a node's socket over after its host died or ended (another ``flowtop
+run`` of the node, or ``flowtop relay`` started again on its ``--listen``) binds the same address
+and goes on with its predecessor's series, the most recently heard relay of an address being the
+one exported; the dead one, still listed by the monitor for FORGET_AFTER_S, leaves no second series
+behind. Two relays running at once on one host never share an address (a lock holds an ipc path, a
+port takes one bind): two users' ``flowtop run``, two monitors or key directories, a ``flowtop
+relay --listen`` of its own. Each is a series of its own (until 2026-12-07 the exporter kept one
+series per host, the most recently heard relay there, and hid the others).
+
+The label: ``relay="HOST"`` while a host's listed relays are all on one address, as for every host
+but a rare one (the label and the number of series as before: an address on every rank series was
+~70 bytes × ~20 families × 1,024 ranks more per scrape); ``relay="HOST ADDRESS"`` for each relay of
+a host listed on several addresses (its series renamed when a second address appears on its host,
+and back once the monitor forgets the other, 10 minutes after it fell silent). A rank carries its
+relay's label, so ``on (relay)`` joins a rank's series to its relay's.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from flowtop.export.families import Families, state_set
+from flowtop.monitor.snapshot import RelaySnapshot
+
+RELAY_STATES = ("live", "silent", "closed")
+
+
+def relay_labels(relays: Sequence[RelaySnapshot]) -> dict[str, str]:
+    """Relay id -> its ``relay`` label, for every relay listed (see the module docstring)."""
+    by_host: dict[str, list[RelaySnapshot]] = {}
+    for rel in relays:
+        by_host.setdefault(rel.host, []).append(rel)
+    out = {}
+    for host, rels in by_host.items():
+        several = len({r.listen for r in rels if r.listen}) > 1
+        for rel in rels:
+            out[rel.relay] = f"{host} {_address(rel, rels)}" if several else host
+    return out
+
+
+def _address(rel: RelaySnapshot, rels: list[RelaySnapshot]) -> str:
+    """``rel``'s address; before its first report (a second after it starts, up to 5 s after the
+    monitor's) that of its host's most recently heard relay with one: a relay restarted binds its
+    predecessor's address, and a rank's series must not take a label for that second alone."""
+    if rel.listen:
+        return rel.listen
+    return min((r for r in rels if r.listen), key=lambda r: r.age_s).listen or ""
+
+
+def rank_relay_label(relay_id: str | None, labels: Mapping[str, str]) -> str:
+    """A rank's ``relay`` label: its relay's (``labels``: :func:`relay_labels`), "" when it
+    connects directly, the host in the id (``host:pid:nonce``) for a relay the monitor does not list
+    (refused at its relay limit)."""
+    if not relay_id:
+        return ""
+    label = labels.get(relay_id)
+    if label is not None:
+        return label
+    host = relay_id.rpartition(":")[0].rpartition(":")[0]
+    return host or relay_id
+
+
+def add_relays(fam: Families, relays: Sequence[RelaySnapshot], labels: Mapping[str, str]) -> None:
+    """One series set per ``relay`` label: the most recently heard relay with that label."""
+    newest: dict[str, RelaySnapshot] = {}
+    for rel in relays:
+        old = newest.get(labels[rel.relay])
+        if old is None or rel.age_s < old.age_s:
+            newest[labels[rel.relay]] = rel
+    for label in sorted(newest):
+        rel, key = newest[label], [label]
+        fam.states("flowtop_relay_status").add_metric(key, state_set(rel.status, RELAY_STATES))
+        fam.gauge("flowtop_relay_ranks").add_metric(key, rel.ranks)
+        fam.counter("flowtop_relay_frames_in").add_metric(key, rel.frames_in)
+        fam.counter("flowtop_relay_frames_out").add_metric(key, rel.frames_out)
+        fam.counter("flowtop_relay_drops").add_metric(key, rel.drops)
+        fam.counter("flowtop_relay_commands_dropped").add_metric(key, rel.commands_dropped)
+        fam.gauge("flowtop_relay_link_lag_seconds").add_metric(key, rel.link_lag_s)
