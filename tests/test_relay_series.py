@@ -21,7 +21,7 @@ from flowtop.export.exporter import ExportPolicy, snapshot_families
 from flowtop.monitor.snapshot import MonitorSnapshot, RelaySnapshot
 from flowtop.tools.relay import Relay, RelayConfig
 from probe.wire import RankKey
-from test_prometheus import Monitor, by_name, made, publisher, train  # noqa: F401 - made: a fixture
+from test_prometheus import Monitor, by_name, made, publisher, train  # noqa: F401  (made: the fixture)
 
 RELAY_FAMILIES = ("flowtop_relay_status", "flowtop_relay_ranks", "flowtop_relay_frames_in_total",
                   "flowtop_relay_frames_out_total", "flowtop_relay_drops_total",
@@ -69,7 +69,7 @@ def _rank_relays(text: str) -> dict[int, str]:
 
 
 def test_two_relays_running_at_once_on_one_host_are_two_series(
-        made: list[Any], short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        made: list[Any], short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """Two relays of node-r on two addresses (two users' flowtop run, say), 2 ranks behind the
     first, 1 behind the second: two series named by host and address, each with its own ranks."""
     monkeypatch.setenv("FLOWTOP_HOST", "node-r")
@@ -97,7 +97,7 @@ def test_two_relays_running_at_once_on_one_host_are_two_series(
 
 
 def test_a_relay_restarted_on_its_address_goes_on_as_one_series(
-        made: list[Any], short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        made: list[Any], short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """node-s's relay ends (closed) and another binds its address, as a waiting flowtop run of the
     node does: the monitor lists both, the exporter one series, the new relay's, named by the host."""
     monkeypatch.setenv("FLOWTOP_HOST", "node-s")
@@ -105,6 +105,7 @@ def test_a_relay_restarted_on_its_address_goes_on_as_one_series(
     made.append(mon)
     listen = f"ipc://{short_dir}/s.sock"
     first = _Relay(listen, mon.listen)
+    made.append(first)  # closed below; closing again is a no-op
     pub = publisher(listen, RankKey("restart", "node-s", 4100, 0, 0), 1, 0)
     made.append(pub)
     train(pub, 10)

@@ -47,6 +47,7 @@ from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot
 __all__ = ["DEFAULT_LINGER_S", "DEFAULT_MAX_RANKS", "ExportPolicy", "LoadCollector", "SnapshotCollector",
            "exported_jobs", "families", "load_families", "snapshot_families"]
 
+
 def exported_jobs(snap: MonitorSnapshot, policy: ExportPolicy) -> list[JobSnapshot]:
     """The jobs that have series: all but those finished more than ``linger_s`` ago."""
     out = []

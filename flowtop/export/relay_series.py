@@ -2,14 +2,15 @@
 
 A relay is a process (id ``host:pid:nonce``, flowtop.monitor.relays) serving the ranks that connect
 to its address on its host (``listen``, in its reports). Its series follow the address, not the
-process: a relay that takes a node's socket over after its host died or ended (another ``flowtop
-run`` of the node, or ``flowtop relay`` started again on its ``--listen``) binds the same address
-and goes on with its predecessor's series, the most recently heard relay of an address being the
+process: a relay that takes a node's socket over once its predecessor died or ended (another
+``flowtop run`` of the node, or ``flowtop relay`` started again on its ``--listen``) binds the same
+address and goes on with its predecessor's series, the most recently heard relay of an address being the
 one exported; the dead one, still listed by the monitor for FORGET_AFTER_S, leaves no second series
 behind. Two relays running at once on one host never share an address (a lock holds an ipc path, a
 port takes one bind): two users' ``flowtop run``, two monitors or key directories, a ``flowtop
 relay --listen`` of its own. Each is a series of its own (until 2026-12-07 the exporter kept one
-series per host, the most recently heard relay there, and hid the others).
+series per host, the most recently heard relay there, and hid the others). The text report's
+"replaced by a newer relay" (flowtop.export.textreport.replaced_relays) is the same notion.
 
 The label: ``relay="HOST"`` while a host's listed relays are all on one address, as for every host
 but a rare one (the label and the number of series as before: an address on every rank series was
