@@ -290,6 +290,11 @@ def _snapshot(args: argparse.Namespace) -> int:
         from flowtop.export.serve import not_done
 
         return not_done(args.timeout)
+    if rc == 0 and args.until_done and args.replay and not all_done(snap):
+        # a whole recording of ranks that had not all finished when it ended: not the run's end
+        from flowtop.export.serve import not_done_at_end
+
+        return not_done_at_end()
     if rc == 0 and args.until_done and all_done(snap):  # not a signal's early end
         from flowtop.export.serve import failed_ranks
 

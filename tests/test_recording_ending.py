@@ -142,6 +142,27 @@ def test_snapshot_replay_of_a_recording_cut_in_its_last_frame_prints_it_and_exit
     assert text.returncode == 1 and "is cut short in its record at byte" in text.stderr and "ranks" in text.stdout
 
 
+def test_snapshot_replay_until_done_of_ranks_not_done_exits_3(tmp_path: Path) -> None:
+    """A whole recording whose rank had not finished when it ended is not the run's end either:
+    --until-done exits 3 (as a live snapshot's timeout) with the snapshot printed; with the rank's
+    bye recorded, 0."""
+    path = record(tmp_path / "run.rec", 5)
+    cmd = [sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--until-done", "--json"]
+    going = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert going.returncode == 3, going.stderr
+    assert going.stderr == ("flowtop: --until-done: not every rank had finished when the recording ends; the "
+                            "output shows them as they were\n")
+    assert [r["step"] for r in json.loads(going.stdout)["jobs"][0]["ranks"]] == [5]
+    rec = Recorder(tmp_path / "done.rec")
+    for i in range(5):
+        rec.write(10.0 + i, step(i))
+    rec.write(15.0, wire.encode("bye", KEY, 5, 1.0, {"reason": "exit", "steps": 5, "drops": 0}))
+    rec.close(now=15.5)
+    done = subprocess.run(cmd[:5] + [str(tmp_path / "done.rec")] + cmd[6:], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
 def test_a_flipped_bit_in_a_float_is_caught_with_its_place(tmp_path: Path) -> None:
     """One bit of record 3's step time flipped: the record still decodes (msgpack has no
     checksum), and was replayed as truth."""

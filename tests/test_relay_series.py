@@ -153,3 +153,26 @@ def test_a_successor_before_its_first_report_takes_its_predecessors_series() -> 
     assert _ranks_by_label((old, dataclasses.replace(new, listen="ipc:///x.sock"), other)) == {
         "node1 ipc:///x.sock": 3, "node1 ipc:///y.sock": 1}
     assert _ranks_by_label((other,)) == {"node1": 1}
+
+
+def test_a_relay_that_ended_with_no_rank_does_not_split_its_host() -> None:
+    """The job before on another socket path (closed, no rank behind it) leaves the next job's relay
+    labelled with the host alone, from its start, not renamed when the monitor forgets the old
+    one; a dead relay with ranks still behind it is an address of the host's."""
+    ended = _rel("node1", 10, "ipc:///a.sock", "closed", age_s=30.0, ranks=0)
+    live = _rel("node1", 11, "ipc:///b.sock", ranks=4)
+    assert _ranks_by_label((ended, live)) == {"node1": 4}
+    assert _ranks_by_label((live,)) == {"node1": 4}
+    cut = dataclasses.replace(ended, status="silent", ranks=2)
+    assert _ranks_by_label((cut, live)) == {"node1 ipc:///a.sock": 2, "node1 ipc:///b.sock": 4}
+
+
+def test_a_relay_before_its_first_report_does_not_hide_a_live_relay() -> None:
+    """A new relay (no address yet) beside a live one on another address is not that one's
+    successor: the live relay's series stays its own (not 0 ranks, not a counter reset); where a
+    dead relay is there too, the new one takes the dead one's address."""
+    live = _rel("node1", 10, "ipc:///x.sock", age_s=0.1, ranks=4)
+    new = _rel("node1", 12, None, age_s=0.05, ranks=1)
+    assert _ranks_by_label((live, new)) == {"node1": 4}
+    dead = _rel("node1", 11, "ipc:///y.sock", "closed", age_s=3.0, ranks=2)
+    assert _ranks_by_label((live, dead, new)) == {"node1 ipc:///x.sock": 4, "node1 ipc:///y.sock": 1}

@@ -6,17 +6,21 @@ process: a relay that takes a node's socket over once its predecessor died or en
 ``flowtop run`` of the node, or ``flowtop relay`` started again on its ``--listen``) binds the same
 address and goes on with its predecessor's series, the most recently heard relay of an address being the
 one exported; the dead one, still listed by the monitor for FORGET_AFTER_S, leaves no second series
-behind. Two relays running at once on one host never share an address (a lock holds an ipc path, a
+behind. Two relays running at once on one host do not share an address (a lock holds an ipc path, a
 port takes one bind): two users' ``flowtop run``, two monitors or key directories, a ``flowtop
 relay --listen`` of its own. Each is a series of its own (until 2026-12-07 the exporter kept one
-series per host, the most recently heard relay there, and hid the others). The text report's
+series per host, the most recently heard relay there, and hid the others). Where /tmp is private
+to each job (Slurm's job_container/tmpfs) or two containers share a host name, two relays can
+share an address string: those are still one series, the most recently heard. The text report's
 "replaced by a newer relay" (flowtop.export.textreport.replaced_relays) is the same notion.
 
 The label: ``relay="HOST"`` while a host's listed relays are all on one address, as for every host
 but a rare one (the label and the number of series as before: an address on every rank series was
 ~70 bytes × ~20 families × 1,024 ranks more per scrape); ``relay="HOST ADDRESS"`` for each relay of
-a host listed on several addresses (its series renamed when a second address appears on its host,
-and back once the monitor forgets the other, 10 minutes after it fell silent). A rank carries its
+a host with relays on several addresses that are live or have ranks behind them (its series
+renamed when a second such address appears on its host, and back once the other ends with no
+rank behind it). A rank behind a relay the monitor does not list (refused at its relay limit)
+carries its host alone: on a host of several addresses no relay series has that label. A rank carries its
 relay's label, so ``on (relay)`` joins a rank's series to its relay's.
 """
 
@@ -37,19 +41,36 @@ def relay_labels(relays: Sequence[RelaySnapshot]) -> dict[str, str]:
         by_host.setdefault(rel.host, []).append(rel)
     out = {}
     for host, rels in by_host.items():
-        several = len({r.listen for r in rels if r.listen}) > 1
+        # A relay that ended with no rank behind it is no address of the host's any more: the
+        # job before on another socket path (another XDG_RUNTIME_DIR, monitor address spelling)
+        # renamed every series of the node's next job 10 minutes in, when the monitor forgot it.
+        several = len({r.listen for r in rels if r.listen and (r.status == "live" or r.ranks)}) > 1
         for rel in rels:
-            out[rel.relay] = f"{host} {_address(rel, rels)}" if several else host
+            address = _address(rel, rels) if several else ""
+            out[rel.relay] = f"{host} {address}" if address else host
     return out
 
 
 def _address(rel: RelaySnapshot, rels: list[RelaySnapshot]) -> str:
     """``rel``'s address; before its first report (a second after it starts, up to 5 s after the
-    monitor's) that of its host's most recently heard relay with one: a relay restarted binds its
-    predecessor's address, and a rank's series must not take a label for that second alone."""
+    monitor's) that of its host's most recently heard relay that is no longer live, whose address
+    a restarted relay binds (a rank's series must not take a label for that second alone); ""
+    where there is none (a live relay's address is not the new one's: it holds its lock)."""
     if rel.listen:
         return rel.listen
-    return min((r for r in rels if r.listen), key=lambda r: r.age_s).listen or ""
+    gone = [r for r in rels if r.listen and r.status != "live"]
+    return (min(gone, key=lambda r: r.age_s).listen or "") if gone else ""
+
+
+def _newer(rel: RelaySnapshot, old: RelaySnapshot) -> bool:
+    """Whether ``rel`` rather than ``old`` (same label) is exported: the more recently heard, but
+    a relay that has not reported its address yet never hides a live one that has (it is not that
+    relay's successor: a live relay still holds its address)."""
+    if not rel.listen and old.listen and old.status == "live":
+        return False
+    if rel.listen and not old.listen and rel.status == "live":
+        return True
+    return rel.age_s < old.age_s
 
 
 def rank_relay_label(relay_id: str | None, labels: Mapping[str, str]) -> str:
@@ -70,7 +91,7 @@ def add_relays(fam: Families, relays: Sequence[RelaySnapshot], labels: Mapping[s
     newest: dict[str, RelaySnapshot] = {}
     for rel in relays:
         old = newest.get(labels[rel.relay])
-        if old is None or rel.age_s < old.age_s:
+        if old is None or _newer(rel, old):
             newest[labels[rel.relay]] = rel
     for label in sorted(newest):
         rel, key = newest[label], [label]

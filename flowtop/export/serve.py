@@ -178,6 +178,13 @@ def not_done(timeout: float | None) -> int:
     return 3
 
 
+def not_done_at_end() -> int:
+    """``--replay --until-done`` of a whole recording whose ranks had not all finished when it
+    ended: said on stderr, exit status 3, as a live snapshot's timeout."""
+    _say("--until-done: not every rank had finished when the recording ends; the output shows them as they were")
+    return 3
+
+
 def _exit_status(collector: Any) -> int:
     """1 (said) when the recording failed, else 0: how serve and follow end."""
     failed = recording_failed(collector)
