@@ -66,7 +66,7 @@ from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_
 from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.rotation import RANKS_PER_TICK as RANKS_PER_TICK
 from flowtop.monitor.rotation import Prepared
-from flowtop.monitor.sanitize import clean
+from flowtop.monitor.sanitize import clean, clean_maps
 from flowtop.monitor.snapshot import Hint, JobSnapshot, TelemetryView
 from probe import wire
 from probe.wire import Message, RankKey, StepColumns, step_columns
@@ -218,7 +218,7 @@ class Model(ModelNotices):
         if cols is not None and kind != "hello":  # as the kinds' order below had it
             self._on_steps(st, cols, now)
             return
-        if kind in ("bye", "flops", "telemetry"):
+        if kind in ("bye", "flops"):
             f = clean(f)  # remote text is shown in terminals: no control sequences
         if kind == "hello":
             # Its step and that step's age change at every hello: kept apart (rankstate.heard_step).
@@ -229,7 +229,11 @@ class Model(ModelNotices):
         elif kind == "flops":
             st.flops = wire.flops_report(f)  # its text interned: every rank names the same
         elif kind == "telemetry":
-            # Not interned: replaced every second, the CPU would cost more (bench --costs).
+            # Cleaned as bye and flops are, its maps equal to the rank's last ones not walked again
+            # (sanitize.clean_maps). Not interned: replaced every second, the CPU would cost more
+            # (bench --costs).
+            last = st.telemetry
+            f = clean_maps(f, (last.device, last.host, last.reasons) if last is not None else ())
             dev = f["gpu"]
             st.telemetry = TelemetryView(device=dev, host=f["proc"], reasons=f.get("reasons", {}), received_at=now)
             st.push_series("tensor_active", dev.get("tensor_active"))
