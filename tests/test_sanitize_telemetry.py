@@ -118,3 +118,22 @@ def test_clean_maps_equals_clean_over_mutations() -> None:
         if all(isinstance(v, dict) for v in want.values()):
             last = tuple(v for v in want.values())
     assert 300 < differs < 2700  # both outcomes are exercised
+
+
+def test_series_sample_the_device_numbers_and_nothing_else() -> None:
+    """push_telemetry samples what push_series did: ints and floats (an int subclass too), not a
+    bool, a string or None, in the series' first-seen order, the MFU last (None: no sample)."""
+    import enum
+
+    from flowtop.monitor.rankstate import RankState
+
+    class Clock(enum.IntEnum):
+        MAX = 1980
+
+    st = RankState(key=KEY, first_seen=0.0, last_recv=0.0)
+    st.push_telemetry({"tensor_active": None, "power_w": 120.5, "sm_clock_mhz": 1980}, None)
+    st.push_telemetry({"tensor_active": True, "power_w": "121", "sm_clock_mhz": Clock.MAX}, 0.25)
+    st.push_telemetry({"tensor_active": 41, "power_w": 122.0}, None)
+    assert {name: list(column) for name, column in st.series.items()} == {
+        "power_w": [120.5, 122.0], "sm_clock_mhz": [1980.0, 1980.0], "mfu": [0.25], "tensor_active": [41.0]}
+    assert list(st.series) == ["power_w", "sm_clock_mhz", "mfu", "tensor_active"]

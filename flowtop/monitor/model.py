@@ -238,10 +238,7 @@ class Model(ModelNotices):
             f = clean_maps(f, (last.device, last.host, last.reasons) if last is not None else ())
             dev = f["gpu"]
             st.telemetry = TelemetryView(device=dev, host=f["proc"], reasons=f.get("reasons", {}), received_at=now)
-            st.push_series("tensor_active", dev.get("tensor_active"))
-            st.push_series("power_w", dev.get("power_w"))
-            st.push_series("sm_clock_mhz", dev.get("sm_clock_mhz"))
-            st.push_series("mfu", self._rank_mfu(st, now))
+            st.push_telemetry(dev, self._rank_mfu(st, now))
         elif kind == "kernels" and self.kernels is not None:
             window = frame if frame is not None else dict(f)  # the frame: its envelope alone was read
             if self.kernels.submit is not None:
