@@ -51,3 +51,19 @@ def test_a_map_equal_to_a_valid_one_passes_and_a_refused_one_is_not_remembered()
     assert not check(bad) and not check(bad)  # NaN equals nothing: tested each time, refused each time
     assert not check(_wire({**VALID, "name": "x" * 513}))
     assert check(_wire(VALID))
+
+
+def test_what_the_check_keeps_stays_bounded_under_unique_names() -> None:
+    """A flood of maps of names never seen: at most MAX_NAME_SETS name sets, and one map (the last
+    that passed), however many pass."""
+    from probe.wire.checks import MAX_NAME_SETS
+
+    check = _flat_map()
+    kept = dict(zip(check.__code__.co_freevars, (cell.cell_contents for cell in check.__closure__ or ())))
+    for i in range(1000):
+        hostile = _wire({f"name{i}": f"value{i}", f"other{i}": i})
+        assert check(hostile)
+        assert len(kept["passed"]) <= MAX_NAME_SETS
+        assert kept["last"] == [hostile]
+    assert not check(_wire({"name999": "x" * 513, "other999": 999}))  # the same names, a value too long
+    assert kept["last"] == [_wire({"name999": "value999", "other999": 999})]
