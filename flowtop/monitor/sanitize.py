@@ -94,7 +94,9 @@ def clean_maps(maps: Mapping[str, Any], last: Sequence[Mapping[str, Any]]) -> Ma
     walked. A rank's reasons of values not read (about 400 of a frame's 800 characters) are the
     same every second; its device and host maps change (their numbers) and are walked, without
     the stack :func:`printable_deep` keeps for any depth. The answer is :func:`clean`'s: equal
-    strings have equal characters."""
+    strings have equal characters. (One exception no decoded frame can make, the wire refusing
+    names that are not strings: a map equal to a last one that kept such a name comes back as
+    itself, where clean() gives an equal copy.)"""
     return maps if _printable_maps(maps, last) else clean(maps)
 
 

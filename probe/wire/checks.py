@@ -112,7 +112,7 @@ def _flat_map(max_items: int = 200) -> Check:
     def check(v: Any) -> bool:
         if type(v) is not dict or len(v) > max_items:
             return False
-        if v == last[0]:  # see below
+        if v == last[0]:  # equal to a map that passed: valid (the docstring's last paragraph)
             return True
         names = tuple(v)
         if names in passed:
