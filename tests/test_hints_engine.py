@@ -151,6 +151,38 @@ def test_a_phase_measures_its_share_of_the_rules_and_holds_the_others() -> None:
     assert calls == ["input_wait"]
 
 
+@pytest.mark.parametrize("relative", [True, False])
+def test_a_relative_rules_held_hint_goes_once_another_target_is_named(relative: bool) -> None:
+    """The straggler rule compares ranks with one another (params["relative"]): a hint shown only
+    by the hold (HOLD_S), its rank measured back past the clear value, stays while no other rank is
+    named and goes at the evaluation that shows another rank's hint from its measure; hints
+    measured beyond the clear value (between clear and threshold too) stay side by side. A rule
+    that is not relative keeps the hold."""
+    rule = RULES_BY_ID["straggler"]
+    if not relative:
+        rule = dataclasses.replace(rule, params={k: v for k, v in rule.params.items() if k != "relative"})
+    pct = {"rank 0": 25.0, "rank 1": 0.0, "rank 2": 0.0}
+
+    def slower(r, j, now):  # type: ignore[no-untyped-def]
+        return {t: Measurement(v, {"slower_pct": v}, v / 100, 100, steps_covered=20) for t, v in pct.items()}
+
+    engine = HintEngine(rules=(rule,), measures={"straggler": slower})
+    snap = job(rank(0), rank(1), rank(2))
+
+    def targets(now: float, **update: float) -> list[int]:
+        pct.update({f"rank {r[1:]}": v for r, v in update.items()})
+        return sorted(int(h.target.split()[1]) for h in engine.evaluate(snap, now))
+
+    assert targets(0.0) == [0]
+    assert targets(1.0, r0=0.0) == [0]  # back past the 5 % clear: held, no other rank named
+    assert targets(2.0, r2=7.0) == [0]  # 7 %: not past the 10 % threshold, nothing named
+    assert targets(3.0, r1=25.0) == ([1] if relative else [0, 1])
+    assert targets(4.0, r1=7.0, r2=25.0) == ([1, 2] if relative else [0, 1, 2])  # rank 1 still 7 % behind
+    assert targets(5.0, r0=25.0) == [0, 1, 2]  # rank 0 named again as at first
+    assert targets(6.0, r0=0.0, r1=0.0, r2=0.0) == [0, 1, 2]  # none named now: all held (HOLD_S) ...
+    assert targets(14.5) == [0, 1, 2] and targets(15.0) == []  # ... until HOLD_S after they last held (5 s)
+
+
 def test_a_hidden_rule_is_measured_with_the_rule_that_hides_it() -> None:
     """hang_rank (index 1) is hidden by hang_all (index 0): in shares, both are measured in
     hang_all's, or a hung job would show every rank's hang_rank until the other share came."""

@@ -9,9 +9,12 @@ import pytest
 from typing import Any
 
 from flowtop.monitor.hints import RULES, RULES_BY_ID, HintEngine
-from flowtop.monitor.hints.engine import MEASURES
+from flowtop.monitor.hints.engine import HOLD_S, MEASURES
 from flowtop.monitor.relayviews import RelayCut
-from flowtop.monitor.snapshot import Hint, JobSnapshot
+from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.wiring import make_model
+from probe import wire
+from probe.wire import RankKey
 from test_hints_factories import (
     CASES,
     FLASH,
@@ -400,6 +403,114 @@ def test_of_two_ranks_only_one_is_the_straggler() -> None:
     assert len([h for h in three if h.id == "straggler"]) == 2  # more than two: several may hold the rest up
 
 
+class _Stepping:
+    """Ranks of one job on a real Model, fed wire frames: each rank sends a frame a step as it
+    ends it, every ``walls[rank]`` seconds (read at each step: a change takes effect at the next
+    one), on a 0.05 s grid; the model ticks every 0.5 s, as a live monitor does."""
+
+    def __init__(self, walls: list[float]) -> None:
+        self.model = make_model()
+        self.walls = list(walls)
+        self.keys = [RankKey("swap", f"h{r}", 100 + r, r, 0) for r in range(len(walls))]
+        self.n = 0  # grid slots of 0.05 s so far
+        self.seq = [0] * len(walls)
+        self.steps = [0] * len(walls)
+        self.last = [0] * len(walls)  # the slot of each rank's last step
+        for key in self.keys:
+            self._send(key, "hello", {"local_rank": 0, "world_size": len(walls), "device": "cpu (test)",
+                                      "probe_version": "test"})
+
+    def _send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+        self.seq[key.rank] += 1
+        now = self.n * 0.05
+        self.model.ingest(wire.decode(wire.encode(kind, key, self.seq[key.rank], now, fields)), now)
+
+    def run(self, seconds: float) -> list[MonitorSnapshot]:
+        """Each tick's snapshot over the next ``seconds``."""
+        snaps = []
+        for _ in range(round(seconds / 0.05)):
+            self.n += 1
+            for key in self.keys:
+                r = key.rank
+                if self.n - self.last[r] >= round(self.walls[r] / 0.05):
+                    self.last[r], self.steps[r] = self.n, self.steps[r] + 1
+                    self._send(key, "step", {"step": self.steps[r], "wall_s": self.walls[r], "tokens": 64, "drops": 0})
+            if self.n % 10 == 0:
+                snaps.append(self.model.tick(self.n * 0.05))
+        return snaps
+
+
+def _stragglers(snap: MonitorSnapshot) -> list[Hint]:
+    return [h for h in snap.jobs[0].hints if h.id == "straggler"]
+
+
+def _is_straggler(hint: Hint, target: str, since_step: int, lag_s: float | None = None) -> None:
+    """``hint`` names ``target``, 25 % slower: 0.25 s a step against the others' 0.2 s, by its
+    median step time and by its pace alike (the two read the same here); the others wait
+    0.05 of its 0.25 s a step (impact 0.2)."""
+    assert hint.target == target and not hint.ended
+    assert hint.evidence["basis"] in ("step_time", "pace")
+    assert hint.evidence["slower_pct"] == pytest.approx(25.0)
+    assert hint.evidence["step_time_s"] == pytest.approx(0.25)
+    assert hint.evidence["others_step_time_s"] == pytest.approx(0.2)
+    assert hint.impact == pytest.approx(0.2)
+    assert hint.evidence["since_step"] == since_step
+    if lag_s is not None:
+        assert hint.evidence["lag_s"] == pytest.approx(lag_s)
+
+
+@pytest.mark.parametrize(("n_ranks", "first", "second", "lag_s"), [(2, 1, 0, 4.0), (3, 2, 1, 6.0), (8, 5, 2, 8.0)],
+                         ids=["2-ranks", "3-ranks", "8-ranks"])
+def test_a_straggler_that_swaps_with_another_rank_is_named_alone(n_ranks: int, first: int, second: int,
+                                                                   lag_s: float) -> None:
+    """A new user's trial: on a 2-rank job whose ranks swapped speeds, two straggler hints at once,
+    "rank 0 is slower than the others" beside "rank 1 is slower than the others": the old one
+    held for HOLD_S after its measure fell back. A hint held past its clear value goes once another
+    rank is named; a job whose ranks step alike shows none once the hold is over.
+
+    By hand (0.05 s grid, steps from 0 s): rank ``first`` steps every 0.25 s, the others every
+    0.2 s, for 20 s: it is at step 80, they at 100. It is 25 % slower (0.25 vs 0.2 s), late from
+    its first step (its lag behind the others' median reach time grows by 0.05 s a step: smallest
+    at step 1, "since step 1"), 80 × 0.05 = 4 s behind at step 80, the newest all ranks reached.
+    Then rank ``second`` steps every 0.25 s and ``first`` every 0.2 s for 40 s: ``second`` reaches
+    step 100 + 160 = 260, ``first`` 80 + 200 = 280. The steps all ranks reached end at ``first``'s
+    newest until 20 s after the swap (both at step 180): ``first``'s step-time median is 0.2 s
+    from 11 of its new steps on (2.2 s), ``second``'s 0.25 s from 11 of its slow ones in that
+    window (step 111: 6.2 s), all of its window slow from step 120 (8 s): 25 % slower again, now
+    ``second``. Its reach lag: flat from step 80 to 100 (both at 0.2 s a step), growing 0.05 s a
+    step after: "since step 100"; at step 260, 60 s against the others' median: 2 ranks: rank 1
+    at 56 s (80 steps of 0.25 s, 180 of 0.2), 4 s; 3 ranks: the median of 56 s and 52 s (rank 0,
+    0.2 s a step throughout), 54 s, 6 s; 8 ranks: 52 s (6 of the 7 others at 0.2 s throughout), 8 s.
+    Then every rank at 0.2 s: ``second``'s last 20 steps hold 15 new ones at 3 s (pace 6.25 %:
+    still shown, above the 5 % clear), 17 at 3.5 s (3.75 %): held for HOLD_S from 3 s, gone at 13 s."""
+    walls = [0.2] * n_ranks
+    walls[first] = 0.25
+    job = _Stepping(walls)
+    snaps = job.run(20.0)
+    (hint,) = _stragglers(snaps[-1])
+    _is_straggler(hint, f"rank {first}", 1, 4.0)
+    assert hint.evidence["window_steps"] == 20
+
+    job.walls[first], job.walls[second] = 0.2, 0.25
+    swapped = job.run(40.0)
+    assert job.steps[second] == 260 and job.steps[first] == 280
+    # Never two straggler hints: the held one goes at the tick that names the other rank.
+    assert [s.taken_at for s in swapped if len(_stragglers(s)) > 1] == []
+    named = [s.taken_at for s in swapped if [h.target for h in _stragglers(s)] == [f"rank {second}"]]
+    assert named and named == [s.taken_at for s in swapped if s.taken_at >= named[0]]  # from then on, alone
+    settled = [s for s in swapped if s.taken_at >= 20.0 + 8.0]
+    for snap in settled:
+        (hint,) = _stragglers(snap)
+        _is_straggler(hint, f"rank {second}", 100)
+    _is_straggler(_stragglers(swapped[-1])[0], f"rank {second}", 100, lag_s)
+
+    job.walls[second] = 0.2
+    alike = job.run(30.0)
+    assert all(len(_stragglers(s)) <= 1 for s in alike)
+    assert [s.taken_at for s in alike if _stragglers(s)][-1] < 60.0 + 3.0 + HOLD_S
+    assert [s for s in alike if s.taken_at >= 60.0 + 3.0 + HOLD_S and _stragglers(s)] == []
+
+
 def test_a_later_pipeline_stage_is_neither_input_bound_nor_a_straggler_by_its_lead() -> None:
     """Stage 1 of a 2-stage pipeline waits for stage 0's activations before its forward (the
     bubble) and so ends its forward later: it read "waits for input 23 % of each step" and
@@ -637,6 +748,29 @@ def test_hang_all_names_the_silent_rank() -> None:
     hint = find(shown(HintEngine(small_hang_rules()).evaluate(job(done, stopped), 0.0), 0.0), "hang_all")
     assert hint.summary == ("the 1 running rank (of 2; the other ended) stopped at step 10: no step for 6 s; "
                             "nothing heard from rank 1 (node1) for 6 s (stopped, dead or its host is down)")
+
+
+def _cut_off(snap: JobSnapshot, target: str, t: float) -> JobSnapshot:
+    """``snap`` with the rank of ``target`` (every row of it) unheard behind relay node9, silent
+    for 5 s at ``t``: stale, marked cut off, as flowtop.monitor.relays marks it."""
+    n = int(target.split()[1])
+    return dataclasses.replace(snap, ranks=tuple(
+        dataclasses.replace(r, status="stale", cut=RelayCut("node9", t - 5.0)) if r.rank == n else r
+        for r in snap.ranks))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if RULES_BY_ID[c.rule].scope == "rank"], ids=lambda c: c.rule)
+def test_a_rank_hint_is_not_shown_while_its_rank_is_unheard_and_comes_back_after(case: Case) -> None:
+    """Every rank rule: a rank unheard behind a silent relay (a new user's trial: its input_wait
+    and kernel hints stayed active, their evidence from before the cut read as current beside
+    relay_silent) shows none of its hints while it is unheard, whatever the data from before the
+    cut says, even held (HOLD_S); heard again, its hints come back from its data as at first."""
+    engine = case.engine()
+    assert at(case, case.above, 0.0, engine) is not None
+    for t in (31.0, 32.0):
+        hints = engine.evaluate(_cut_off(case.build(case.above, t), case.target, t), t)
+        assert [h for h in hints if h.target == case.target] == []
+    assert at(case, case.above, 40.0, engine) is not None
 
 
 def test_hang_all_leaves_out_ranks_cut_off_behind_their_relay() -> None:

@@ -170,6 +170,51 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     assert _metric(snap, "flowtop_job_unheard_ranks") == 0
 
 
+def _hint_gauges(snap: MonitorSnapshot) -> dict[str, float]:
+    """flowtop_job_hints per hint id: the active hints Prometheus counts."""
+    return {s.labels["id"]: s.value for m in snapshot_families(snap) for s in m.samples
+            if s.name == "flowtop_job_hints"}
+
+
+def test_a_cut_ranks_own_hints_are_not_shown_while_it_is_unheard_and_come_back_after() -> None:
+    """Rank 3 (behind the relay) waits for input 0.01 s of each 0.05 s step: 20 % (a CPU rank's
+    device idles, the gate holds), above input_wait's 5 %. Its relay dies: its input_wait hint,
+    with evidence from before the cut, read as current beside "1 rank unheard behind relay
+    node-b" (a new user's trial). While it is unheard no hint of rank 3 is active, anywhere the
+    hints are (snapshot, JSON, Prometheus); heard again, its new steps wait 20 % again and the
+    hint is back."""
+
+    class _Waits(_Job):
+        def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+            if kind == "step" and key.rank == 3:
+                fields = dict(fields, input_wait_s=0.01)
+            super().send(key, kind, fields)
+
+    j = _Waits(wall={**WALL, 2: 0.05})  # every rank one step per 0.05 s: no straggler
+    snap = j.run(6.0)
+    (hint,) = [h for h in _job(snap).hints if h.target == "rank 3"]
+    assert hint.id == "input_wait" and hint.evidence["input_wait_pct"] == pytest.approx(20.0)
+    assert _hint_gauges(snap)["input_wait"] == 1
+
+    j.relayed = False
+    snaps = [j.run(0.5) for _ in range(round((SILENT_AFTER_S + 2.0) / 0.5))]
+    cut = [s for s in snaps if _job(s).ranks[3].cut is not None]
+    assert cut and cut[-1] is snaps[-1]
+    for s in cut:  # from the first tick that marks it unheard
+        job = _job(s)
+        assert [h.id for h in job.hints if not h.ended] == ["relay_silent"]
+        assert [h["id"] for h in to_json(s)["jobs"][0]["hints"]] == ["relay_silent"]
+        assert _hint_gauges(s) == {"relay_silent": 1}
+
+    j.relayed = True  # a relay again on node-b: rank 3's steps heard, 20 % input wait again
+    snap = j.run(1.0)
+    job = _job(snap)
+    assert job.ranks[3].cut is None and job.ranks[3].status == "live"
+    (hint,) = [h for h in job.hints if h.target == "rank 3"]
+    assert hint.id == "input_wait" and hint.evidence["input_wait_pct"] == pytest.approx(20.0)
+    assert _hint_gauges(snap)["input_wait"] == 1
+
+
 def _node_states(snap: MonitorSnapshot) -> dict[str, str]:
     """Each node's state that flowtop_node_status sets to 1 (the series of a job above the rank cap)."""
     return {s.labels["host"]: s.labels["flowtop_node_status"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from flowtop.monitor.hints import (measures_device, measures_identity, measures_kernels, measures_parallel,
                                    measures_relay, measures_spikes, measures_straggler, measures_time)
-from flowtop.monitor.hints.base import Measurement, MeasureFn, rank_target
+from flowtop.monitor.hints.base import Measurement, MeasureFn, latest_ranks, rank_target
 from flowtop.monitor.hints.making import beyond, make_hint, reusable
 from flowtop.monitor.hints.rules import GROUPS, RULES, SEVERITIES, Rule, apply_overrides, validate
 from flowtop.monitor.records import Fields
@@ -108,6 +108,8 @@ class HintEngine:
         #: job -> (rule id, target) -> the hint as last shown, marked ended (see _end_hints).
         self._ended: dict[str, dict[tuple[str, str], Hint]] = {}
         self._scope = {r.id: r.scope for r in self.rules}
+        #: Rules whose targets are measured against each other (see _drop_held).
+        self._relative = frozenset(r.id for r in self.rules if r.params.get("relative"))
         index = {r.id: i for i, r in enumerate(self.rules)}
         self._order = _order_key(index)
         #: Per rule, the table index of its group for the shares (see :meth:`plan`): a rule's own,
@@ -140,8 +142,16 @@ class HintEngine:
         # EVICT_AFTER_S it is kept (15 silent jobs of 64 ranks: ~230 ms a tick,
         # bench/ended_idle.py --silent), the windows of shown hints growing with no data in them.
         silent = job.status == "stale"
+        # Ranks unheard behind a silent or closed relay: their rank hints are not shown (the
+        # job's relay_silent says why they are unheard), whatever their evidence from before the
+        # cut read; they start over from the rank's data once it is heard again.
+        cut = _cut_targets(job)
         for i, rule in enumerate(self.rules):
             states = self._state.get((job.job, rule.id))
+            unheard = cut if cut and self._scope[rule.id] == "rank" else None
+            if unheard and states:
+                for target in unheard & states.keys():
+                    del states[target]
             results = None
             if (phase is None or plan[i] == phase[0] % phase[1]) and (not silent or rule.id in SILENCE_RULES):
                 results = self._measure(rule, job, now)
@@ -155,13 +165,19 @@ class HintEngine:
                         del states[target]  # the target went away (rank gone, kernel no longer listed)
                 else:
                     states = self._state.setdefault((job.job, rule.id), {})
+                named = False  # a target's hint stands on its measurement now
                 for target, m in results.items():
                     # Most targets have no state and are not beyond the threshold: nothing to
-                    # start (what _update would find, without its call: thousands a round at scale).
-                    if target in states or (m is not None and beyond(rule, m, keep=False)):
+                    # start (what _update would find, without its call: thousands a round at scale);
+                    # nor has an unheard rank (its states went above).
+                    if target in states or (m is not None and beyond(rule, m, keep=False)
+                                            and not (unheard and target in unheard)):
                         st = self._update(rule, job.job, target, m, now)
                         if st is not None:
                             out.append((rule, st))
+                            named = named or (m is not None and not st.holding)
+                if named and rule.id in self._relative:
+                    _drop_held(states, out, n)
             if len(out) > n:
                 shown.add(rule.id)
         hidden = {r.id for r in self.rules if r.params.get("hidden_by") in shown}
@@ -338,6 +354,30 @@ def _restep(st: _State, rule: Rule, m: Measurement) -> bool:
     st.made = (m, since_step, first_step)
     return True
 
+
+
+def _cut_targets(job: JobSnapshot) -> frozenset[str]:
+    """The rank targets of ``job`` whose rank is unheard behind a silent or closed relay
+    (RankSnapshot.cut) in its newest incarnation (the one a rank hint is of: latest_ranks)."""
+    unheard = job.unheard  # one pass, kept with the snapshot (relay_silent reads it too)
+    if not unheard:
+        return frozenset()
+    numbers = {r.rank for r in unheard}
+    return frozenset(rank_target(r) for r in latest_ranks(job) if r.rank in numbers and r.cut is not None)
+
+
+def _drop_held(states: dict[str, _State], out: list[tuple[Rule, _State]], n: int) -> None:
+    """Clear the hints of a relative rule (``params["relative"]``: its targets measured against
+    each other, the straggler's ranks) that are shown only by the hold (HOLD_S), their measure back
+    past the clear value, now that another target's hint of the rule stands on its measurement:
+    the rule's own figures say the held target is no longer behind. Shown on, it named the opposite
+    of the new one: of two ranks, each "slower than the other" (a new user's trial, after the two
+    swapped). ``out[n:]``: this rule's shown states."""
+    held = [t for t, st in states.items() if st.holding]
+    if held:
+        for target in held:
+            del states[target]
+        out[n:] = [(rule, st) for rule, st in out[n:] if not st.holding]
 
 
 def _anchor(rule: Rule, index: Mapping[str, int], rules: Sequence[Rule]) -> int:

@@ -195,7 +195,11 @@ RULES: tuple[Rule, ...] = (
         "processes on its GPU or host (nvidia-smi, top), its share of the data (sequence "
         "lengths) and its host's network.",
         critical_at=50.0,
-        params={"since_steps": 256},  # how far back "since step N" looks
+        # since_steps: how far back "since step N" looks. relative: each rank is measured against
+        # the others, so a hint held past its clear value (HOLD_S) goes once another rank's is
+        # measured (flowtop.monitor.hints.engine._drop_held): never "rank 0 is behind rank 1" beside
+        # "rank 1 is behind rank 0".
+        params={"since_steps": 256, "relative": True},
         doc="the largest of three ways a rank lags over the last window_steps step indices all ranks "
         "reported: its median step time, and its time to go from the first to the last of those "
         "indices (aligned by step), ÷ the other ranks' median − 1; and its lead (step boundary → end "
