@@ -112,3 +112,21 @@ def test_step_frames_stand_in_for_the_hello_heartbeat_and_a_rank_that_stops_step
         assert again and 2.4 <= again[0] <= 4.0 and len(again) >= 3, again  # 2.5 s after, then every 2 s
     finally:
         pub.close()
+
+
+@pytest.mark.slow
+def test_a_flush_longer_than_the_outboxs_max_age_loses_no_step(monitor: MonitorThread, tmp_path: Path) -> None:
+    """FLOWTOP_FLUSH_S=3 (allowed up to 10 s) holds each batch 3 s, past the outbox's 2 s expiry
+    counted from its first record: every batch was dropped as stale and the job read "done" at a
+    few steps of thousands (a new user's trial). A batch's age counts from when it is ready to go."""
+    script, truth_file = tmp_path / "loop.py", tmp_path / "truth.json"
+    script.write_text(_LOOP)
+    env = probed_env(monitor.listen, FLOWTOP_KERNELS="0", FLOWTOP_TELEMETRY="0", FLOWTOP_FLOPS="0",
+                     FLOWTOP_FLUSH_S="3")
+    proc = subprocess.run([sys.executable, str(script), str(truth_file), "7"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    truth = json.loads(truth_file.read_text())
+    snap = monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].status == "done", 15)
+    r = snap.jobs[0].ranks[0]
+    assert (r.step, r.dropped_messages, r.lost_messages) == (truth["steps"], 0, 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Deque, Iterable, NamedTuple, cast
 
 from probe import wire
@@ -100,7 +101,8 @@ class Outbox:
         the step records taken."""
         pending, batch = r.pending, r.batch
         steps, newest = 0, 0.0  # newest: a wall time, as publish() stamps it
-        close = r.close_batch
+        flush = self.current_flush_s()
+        close = partial(r.close_batch, flush)
         while True:
             try:
                 entry = self._queue.popleft()
@@ -125,7 +127,7 @@ class Outbox:
                     r.flops = item[2]
         if steps:
             r.stepped(steps, newest)
-        if batch and (stopping or now >= r.batch_at(self.current_flush_s())):
+        if batch and (stopping or now >= r.batch_at(flush)):
             close()
         return steps
 

@@ -196,12 +196,18 @@ class Round:
                 self.batch_mono = moved(self.batch_mono)
         return now
 
-    def close_batch(self) -> None:
+    def close_batch(self, flush: float) -> None:
         """The open batch's records become one pending "steps" frame (a lone record too: columns
-        cost the monitor less to check than a plain "step" map)."""
+        cost the monitor less to check than a plain "step" map), held for ``flush``."""
         batch = self.batch
         if batch:
-            self.pending.append(("steps", self.batch_mono, batch[0][1], {"records": [f for _, _, f in batch]}))
+            # Its age (the outbox's expiry, max_age_s) counts from when it was due to leave (or
+            # now, if sooner), not from its first record: a flush or a pace near or past
+            # max_age_s (FLOWTOP_FLUSH_S=5; a monitor's 2 s pace and a sender waking a step late)
+            # expired every batch at once, counted as the queue's drops (a new user's trial: a
+            # job "done" at step 15 of 80). A round a minute late still finds it a minute old.
+            ready = max(self.batch_mono, min(self.clock.now, self.batch_at(flush)))
+            self.pending.append(("steps", ready, batch[0][1], {"records": [f for _, _, f in batch]}))
             self.flushed_at = self.clock.read()
             batch.clear()
 
