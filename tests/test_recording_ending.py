@@ -163,6 +163,25 @@ def test_snapshot_replay_until_done_of_ranks_not_done_exits_3(tmp_path: Path) ->
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
 
 
+def test_a_whole_recording_replays_to_when_its_monitor_closed_it(tmp_path: Path) -> None:
+    """Steps at 10-14 s, then silence until the monitor closed the recording at 40 s: live, the
+    rank read stale at the end (no frame for 26 s, past the 5 s limit); the replay ends there too,
+    not at its last frame, where the rank looked live (a new user's trial: a crashed job replayed
+    as running at 25 % MFU). Cut (no marker), the replay ends at its last frame: later is unknown."""
+    rec = Recorder(tmp_path / "run.rec")
+    for i in range(5):
+        rec.write(10.0 + i, step(i))
+    rec.close(now=40.0)
+    snap = replay_all(tmp_path / "run.rec", make_model())
+    (r,) = snap.jobs[0].ranks
+    assert (snap.taken_at, r.step, r.status) == (30.0, 5, "stale")  # recorded time: 40 s - the first frame's 10 s
+    data = (tmp_path / "run.rec").read_bytes()
+    (tmp_path / "cut.rec").write_bytes(data[:offsets(data)[-1]])
+    snap = replay_all(tmp_path / "cut.rec", make_model())
+    (r,) = snap.jobs[0].ranks
+    assert (snap.taken_at, r.step, r.status) == (4.0, 5, "live")
+
+
 def test_a_flipped_bit_in_a_float_is_caught_with_its_place(tmp_path: Path) -> None:
     """One bit of record 3's step time flipped: the record still decodes (msgpack has no
     checksum), and was replayed as truth."""

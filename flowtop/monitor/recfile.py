@@ -211,8 +211,8 @@ class Recorder:
                 pass
 
 
-def read_recording(path: str | Path, on_cut: Say | None = None,
-                   on_note: Say | None = None) -> Iterator[tuple[float, bytes]]:
+def read_recording(path: str | Path, on_cut: Say | None = None, on_note: Say | None = None,
+                   on_end: Callable[[EndMarker], None] | None = None) -> Iterator[tuple[float, bytes]]:
     """Yield ``(t, frame)`` pairs; raise :class:`RecordingError` on a file that is no recording.
 
     A recording that does not end as written ends the iteration where it stops being whole, and
@@ -222,7 +222,7 @@ def read_recording(path: str | Path, on_cut: Say | None = None,
     damaged record past the first (a length, a checksum or a body that does not read: said with
     its number and byte offset; a damaged first record is no recording). ``on_note`` hears what
     is only worth knowing (a version 1 file: whether it ended cleanly is not known). A
-    gzip-compressed recording (``gzip run.rec``) is read as it is.
+    gzip-compressed recording (``gzip run.rec``) is read as it is. ``on_end`` gets its end marker.
     """
     reader = _Reader(path, on_cut)
     with _open(path) as fh:
@@ -241,6 +241,8 @@ def read_recording(path: str | Path, on_cut: Say | None = None,
                 return
             item = reader.decode(body, at, version)
             if isinstance(item, EndMarker):
+                if on_end is not None:
+                    on_end(item)
                 reader.ended(item, fh)
                 return
             if item is None:

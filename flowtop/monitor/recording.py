@@ -115,19 +115,22 @@ def replay(path: str | Path, model: Model, on_tick: Callable[[MonitorSnapshot], 
     """Feed a whole recording, ticking the model every :data:`~flowtop.monitor.clock.TICK_S` of recorded
     time as the live monitor did (hints evolve as they did live; ``on_tick`` sees each tick's
     snapshot), and return the state at its last frame with the hints of the first tick after
-    it (the tick that saw the last frames: byes end their hints there)."""
+    it (the tick that saw the last frames: byes end their hints there); a whole recording goes on
+    to when its monitor closed it (its end marker), ticked as live: ranks that fell silent before
+    are stale there, as the live monitor showed them at its end."""
     where = f"replay:{path}"
     ticker = Ticker(lambda at: model.tick(at, where), 0.0, TICK_S)
     feeder = Feeder(model)
     last = 0.0
     ending = Ending()
-    for t, frame in read_recording(path, ending.cut, ending.note):
+    for t, frame in read_recording(path, ending.cut, ending.note, ending.ended):
         _ticks(ticker, t, on_tick)
         feeder(frame, t)
         last = t
     ending.tell(model, last)
-    _ticks(ticker, end_of(last), on_tick)
-    return Replayed(model.snapshot(last, where), ending.whole)
+    stop = ending.stop(last)
+    _ticks(ticker, max(end_of(last), stop), on_tick)
+    return Replayed(model.snapshot(stop, where), ending.whole)
 
 
 class Ending:
@@ -138,6 +141,8 @@ class Ending:
         self.said: list[tuple[str, str]] = []
         #: Nothing cut it short so far (a note is no cut); kept when :meth:`tell` clears ``said``.
         self.whole = True
+        #: Recorded seconds at which its monitor closed it (its end marker), when it has one.
+        self.closed_at: float | None = None
 
     def cut(self, text: str) -> None:
         self.said.append(("warning", text))
@@ -145,6 +150,16 @@ class Ending:
 
     def note(self, text: str) -> None:
         self.said.append(("information", text))
+
+    def ended(self, end: EndMarker) -> None:
+        self.closed_at = end.seconds
+
+    def stop(self, last: float) -> float:
+        """Where a replay whose last frame is at ``last`` ends: when the monitor closed the
+        recording, for a whole one (a cut one ends at its last frame: what came after is not known)."""
+        if self.whole and self.closed_at is not None:
+            return max(last, self.closed_at)
+        return last
 
     def tell(self, model: Model, at: float) -> None:
         """Raise the notices on ``model``'s board, once."""
@@ -202,8 +217,9 @@ class RecordingSource:
         are then built off the data loop, as the live collector builds them."""
         # A cut is said when playback reaches it: said at the start, its notice had gone long
         # before the ranks froze at the cut, looking live (a new user's trial).
-        self._records = list(read_recording(self.path, self._ending.cut, self._ending.note))
-        self._end = end_of(self._records[-1][0] if self._records else 0.0)
+        self._records = list(read_recording(self.path, self._ending.cut, self._ending.note, self._ending.ended))
+        last = self._records[-1][0] if self._records else 0.0
+        self._end = max(end_of(last), self._ending.stop(last))  # to its monitor's close when whole
         self._start = time.monotonic()
         if self.model.builds_kernels:
             from flowtop.monitor.kernel_worker import KernelWorker
