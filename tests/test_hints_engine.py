@@ -183,6 +183,30 @@ def test_a_relative_rules_held_hint_goes_once_another_target_is_named(relative: 
     assert targets(14.5) == [0, 1, 2] and targets(15.0) == []  # ... until HOLD_S after they last held (5 s)
 
 
+def test_two_stragglers_named_since_the_same_time_keep_their_hold() -> None:
+    """Ranks 0 and 3 both behind since the first evaluation: rank 3 dipping past the 5 % clear
+    value for one evaluation is held (HOLD_S) while rank 0 stays named, as for any rule: rank 0's
+    hint is no newer than rank 3's, so it says nothing against it (a review: rank 3's hint went at
+    the dip and came back with a new "since", and flowtop_job_hints flickered 2 -> 1 -> 2)."""
+    pct = {"rank 0": 25.0, "rank 1": 0.0, "rank 2": 0.0, "rank 3": 12.0}
+    step = [100]
+
+    def slower(r, j, now):  # type: ignore[no-untyped-def]
+        return {t: Measurement(v, {"slower_pct": v}, v / 100, step[0], steps_covered=20) for t, v in pct.items()}
+
+    engine = HintEngine(rules=(RULES_BY_ID["straggler"],), measures={"straggler": slower})
+    snap = job(rank(0), rank(1), rank(2), rank(3))
+
+    def shown(now: float, **update: float) -> dict[str, int | None]:
+        pct.update({f"rank {r[1:]}": v for r, v in update.items()})
+        step[0] += 5
+        return {h.target: h.first_step for h in engine.evaluate(snap, now)}
+
+    assert shown(0.0) == {"rank 0": 86, "rank 3": 86}  # at step 105, covering 20: steps 86-105
+    assert shown(1.0, r3=4.0) == {"rank 0": 86, "rank 3": 86}  # held through the dip
+    assert shown(2.0, r3=8.0) == {"rank 0": 86, "rank 3": 86}  # 8 %: past the clear value again
+
+
 def test_a_hidden_rule_is_measured_with_the_rule_that_hides_it() -> None:
     """hang_rank (index 1) is hidden by hang_all (index 0): in shares, both are measured in
     hang_all's, or a hung job would show every rank's hang_rank until the other share came."""

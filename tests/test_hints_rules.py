@@ -9,7 +9,7 @@ import pytest
 from typing import Any
 
 from flowtop.monitor.hints import RULES, RULES_BY_ID, HintEngine
-from flowtop.monitor.hints.engine import HOLD_S, MEASURES
+from flowtop.monitor.hints.engine import CLAIMANT_RULES, HOLD_S, MEASURES
 from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.snapshot import Hint, JobSnapshot, MonitorSnapshot
 from flowtop.monitor.wiring import make_model
@@ -760,17 +760,23 @@ def _cut_off(snap: JobSnapshot, target: str, t: float) -> JobSnapshot:
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if RULES_BY_ID[c.rule].scope == "rank"], ids=lambda c: c.rule)
-def test_a_rank_hint_is_not_shown_while_its_rank_is_unheard_and_comes_back_after(case: Case) -> None:
-    """Every rank rule: a rank unheard behind a silent relay (a new user's trial: its input_wait
-    and kernel hints stayed active, their evidence from before the cut read as current beside
-    relay_silent) shows none of its hints while it is unheard, whatever the data from before the
-    cut says, even held (HOLD_S); heard again, its hints come back from its data as at first."""
+def test_a_rank_hint_is_not_active_while_its_rank_is_unheard_and_comes_back_after(case: Case) -> None:
+    """Every rank rule but rank_conflict: a rank unheard behind a silent relay (a new user's
+    trial: its input_wait and kernel hints stayed active, their evidence from before the cut read
+    as current beside relay_silent) has none of its hints active while it is unheard, whatever the
+    data from before the cut says, even held (HOLD_S): the one shown is kept marked ended, as last
+    measured (a finished run's final snapshot states it); heard again, its hint comes back from
+    its data. rank_conflict (every process claiming the rank, one of them perhaps heard) stays."""
     engine = case.engine()
     assert at(case, case.above, 0.0, engine) is not None
+    claimants = case.rule in CLAIMANT_RULES
     for t in (31.0, 32.0):
         hints = engine.evaluate(_cut_off(case.build(case.above, t), case.target, t), t)
-        assert [h for h in hints if h.target == case.target] == []
-    assert at(case, case.above, 40.0, engine) is not None
+        mine = {h.id: h.ended for h in hints if h.target == case.target}
+        assert mine[case.rule] is not claimants
+        assert all(mine[other] for other in mine if other not in CLAIMANT_RULES)  # none active
+    hint = at(case, case.above, 40.0, engine)
+    assert hint is not None and not hint.ended
 
 
 def test_hang_all_leaves_out_ranks_cut_off_behind_their_relay() -> None:

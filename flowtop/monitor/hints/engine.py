@@ -142,16 +142,19 @@ class HintEngine:
         # EVICT_AFTER_S it is kept (15 silent jobs of 64 ranks: ~230 ms a tick,
         # bench/ended_idle.py --silent), the windows of shown hints growing with no data in them.
         silent = job.status == "stale"
-        # Ranks unheard behind a silent or closed relay: their rank hints are not shown (the
+        # Ranks unheard behind a silent or closed relay: their rank hints are not active (the
         # job's relay_silent says why they are unheard), whatever their evidence from before the
-        # cut read; they start over from the rank's data once it is heard again.
+        # cut read; a shown one is kept marked ended as last measured (a finished run's final
+        # snapshot states what was found while the rank was heard), and they start over from the
+        # rank's data once it is heard again. rank_conflict is about every process claiming the
+        # rank, one of them perhaps heard: not the cut's.
         cut = _cut_targets(job)
         for i, rule in enumerate(self.rules):
             states = self._state.get((job.job, rule.id))
-            unheard = cut if cut and self._scope[rule.id] == "rank" else None
+            unheard = cut if cut and self._scope[rule.id] == "rank" and rule.id not in CLAIMANT_RULES else None
             if unheard and states:
                 for target in unheard & states.keys():
-                    del states[target]
+                    self._freeze(job.job, rule.id, target, states.pop(target))
             results = None
             if (phase is None or plan[i] == phase[0] % phase[1]) and (not silent or rule.id in SILENCE_RULES):
                 results = self._measure(rule, job, now)
@@ -165,7 +168,7 @@ class HintEngine:
                         del states[target]  # the target went away (rank gone, kernel no longer listed)
                 else:
                     states = self._state.setdefault((job.job, rule.id), {})
-                named = False  # a target's hint stands on its measurement now
+                named: float | None = None  # the latest start of a hint standing on its measurement now
                 for target, m in results.items():
                     # Most targets have no state and are not beyond the threshold: nothing to
                     # start (what _update would find, without its call: thousands a round at scale);
@@ -175,9 +178,10 @@ class HintEngine:
                         st = self._update(rule, job.job, target, m, now)
                         if st is not None:
                             out.append((rule, st))
-                            named = named or (m is not None and not st.holding)
-                if named and rule.id in self._relative:
-                    _drop_held(states, out, n)
+                            if m is not None and not st.holding:
+                                named = max(named or 0.0, st.pending_t or 0.0)
+                if named is not None and rule.id in self._relative:
+                    _drop_held(states, out, n, named)
             if len(out) > n:
                 shown.add(rule.id)
         hidden = {r.id for r in self.rules if r.params.get("hidden_by") in shown}
@@ -250,11 +254,13 @@ class HintEngine:
             if name != job.job or not (job.status in ENDED or self._scope.get(rule_id) == "rank"):
                 continue
             for target in [t for t in states if job.status in ENDED or t in done]:
-                st = states.pop(target)
-                if st.active and st.hint is not None:
-                    # as it last measured: an ended hang's seconds stop growing there
-                    self._ended.setdefault(job.job, {})[(rule_id, target)] = replace(
-                        st.hint.frozen(st.beyond_t), ended=True)
+                self._freeze(job.job, rule_id, target, states.pop(target))
+
+    def _freeze(self, job: str, rule_id: str, target: str, st: _State) -> None:
+        """Keep ``st``'s hint, if shown, marked ended as it last measured (an ended hang's seconds
+        stop growing there)."""
+        if st.active and st.hint is not None:
+            self._ended.setdefault(job, {})[(rule_id, target)] = replace(st.hint.frozen(st.beyond_t), ended=True)
 
     def _ended_hints(self, job: str, live: tuple[Hint, ...]) -> tuple[Hint, ...]:
         """The ended hints of ``job`` not superseded by one of the ``live`` ones (a restarted rank's)."""
@@ -356,6 +362,10 @@ def _restep(st: _State, rule: Rule, m: Measurement) -> bool:
 
 
 
+#: Rank rules about every process claiming a rank number, which a cut of one of them does not end.
+CLAIMANT_RULES = frozenset({"rank_conflict"})
+
+
 def _cut_targets(job: JobSnapshot) -> frozenset[str]:
     """The rank targets of ``job`` whose rank is unheard behind a silent or closed relay
     (RankSnapshot.cut) in its newest incarnation (the one a rank hint is of: latest_ranks)."""
@@ -366,18 +376,19 @@ def _cut_targets(job: JobSnapshot) -> frozenset[str]:
     return frozenset(rank_target(r) for r in latest_ranks(job) if r.rank in numbers and r.cut is not None)
 
 
-def _drop_held(states: dict[str, _State], out: list[tuple[Rule, _State]], n: int) -> None:
+def _drop_held(states: dict[str, _State], out: list[tuple[Rule, _State]], n: int, named_t: float) -> None:
     """Clear the hints of a relative rule (``params["relative"]``: its targets measured against
     each other, the straggler's ranks) that are shown only by the hold (HOLD_S), their measure back
     past the clear value, now that another target's hint of the rule stands on its measurement:
     the rule's own figures say the held target is no longer behind. Shown on, it named the opposite
     of the new one: of two ranks, each "slower than the other" (a new user's trial, after the two
-    swapped). ``out[n:]``: this rule's shown states."""
-    held = [t for t, st in states.items() if st.holding]
+    swapped). Only a hint older than the newest one named (``named_t``: when its crossing began):
+    two ranks behind since the same time keep their holds as any rule's. ``out[n:]``: this rule's
+    shown states."""
+    held = [t for t, st in states.items() if st.holding and (st.pending_t or 0.0) < named_t]
     if held:
-        for target in held:
-            del states[target]
-        out[n:] = [(rule, st) for rule, st in out[n:] if not st.holding]
+        gone = set(map(id, (states.pop(t) for t in held)))
+        out[n:] = [(rule, st) for rule, st in out[n:] if id(st) not in gone]
 
 
 def _anchor(rule: Rule, index: Mapping[str, int], rules: Sequence[Rule]) -> int:
