@@ -559,3 +559,24 @@ def test_the_peak_per_rank_is_of_the_ranks_the_peak_sums() -> None:
     jj = to_json(j.run(SILENT_AFTER_S + 2.0))["jobs"][0]
     assert jj["peak_flops"] == pytest.approx(3 * T)
     assert jj["peak_ranks"] == 3 and jj["peak_per_rank_flops"] == pytest.approx(T)
+
+
+def test_every_rank_unheard_is_said_by_relay_silent_and_its_seconds_go_on() -> None:
+    """All 4 ranks behind node-b's relay, which dies: no rank heard, the job stale. relay_silent
+    says so (a new user's trial: it stayed as last measured while one rank still stepped, "silent
+    for 12 s ... while the other 1 step on", frozen, the job being measured no more), and is
+    measured on while the job is silent: 10 s later, at a later tick, 10 s more."""
+    j = _Job(direct=0)
+    j.run(3.0)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 2.0)
+    job = _job(snap)
+    assert job.status == "stale" and all(r.cut is not None for r in job.ranks)
+    (hint,) = [h for h in job.hints if h.id == "relay_silent"]
+    since = job.ranks[0].cut.silent_since  # type: ignore[union-attr]
+    t = snap.taken_at
+    assert hint.summary_at(t) == (f"every rank (4) unheard behind relay node-b (ranks 0-3), silent for "
+                                  f"{t - since:.0f} s: they may still train; no rank is heard, so the job has no figures")
+    later = j.run(10.0)
+    (hint,) = [h for h in _job(later).hints if h.id == "relay_silent"]
+    assert not hint.ended and f"silent for {later.taken_at - since:.0f} s:" in hint.summary_at(later.taken_at)

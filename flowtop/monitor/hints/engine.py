@@ -53,7 +53,7 @@ MEASURES: Mapping[str, MeasureFn] = {
 
 #: The rules measured on a job none of whose ranks is heard (see HintEngine.evaluate): a hang
 #: is what a job's silence says.
-SILENCE_RULES = frozenset(GROUPS["hang"])
+SILENCE_RULES = frozenset(GROUPS["hang"]) | {"relay_silent"}  # every rank unheard: why, since when
 
 #: Seconds an active hint stays shown after its measure last held (no blinking).
 HOLD_S = 10.0

@@ -34,7 +34,8 @@ class _Relay:
 
 def relay_silent(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement | None]:
     """Job: how many of its rank processes are unheard behind a silent or closed relay
-    (JobSnapshot.unheard) while a heard rank still steps; 0 else (the hint clears).
+    (JobSnapshot.unheard) while a heard rank still steps, or when no rank is heard at all (every
+    relay silent: measured while the job is stale, SILENCE_RULES); 0 else (the hint clears).
 
     Such ranks may train on: the job's figures leave them out (flowtop.monitor.accounting), and
     this names the relay(s) to look at. With no heard rank stepping the job is hung or over, which
@@ -44,7 +45,8 @@ def relay_silent(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
     cut = job.unheard
     # "the other N step on": the heard ranks that step, not those done or stalled
     stepping = sum(1 for r in job.ranks if r.status == "live" and r.cut is None)
-    if not cut or not stepping:
+    every = len(cut) == len(job.ranks)  # no rank heard: no hang rule judges them, this says why
+    if not cut or not (stepping or every):
         return {"": Measurement(value=0.0, evidence={"unheard_ranks": 0}, impact=0.0, step=job.step)}
     ranks: dict[tuple[str, float | None], list[int]] = {}
     for r in cut:
@@ -67,6 +69,7 @@ def relay_silent(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurem
     clock = HintClock(None, 1.0, min(silent)) if silent else None
     if clock is None:
         ev["silent_s"] = None
+    variant = "_".join(word for word, on in (("all", every), ("silent", bool(silent))) if on)
     return {"": Measurement(value=float(len(cut)), evidence=ev, impact=len(cut) / len(job.ranks),
                             step=job.step, steps_covered=job.step, text=text,
-                            variant="silent" if silent else "", clock=clock)}
+                            variant=variant, clock=clock)}

@@ -115,12 +115,17 @@ RULES: tuple[Rule, ...] = (
         # A relay silent (not closed): since when, said at display (flowtop.monitor.hintclock).
         variants={"silent": "{unheard_ranks:.0f} {ranks_word} unheard behind {relays_phrase}, {silent_word} for "
                   "{silent_s:.0f} s, while the other {stepping_ranks} step on: they may still train; the job's "
-                  "MFU, FLOP/s and tokens/s are over the heard ranks"},
+                  "MFU, FLOP/s and tokens/s are over the heard ranks",
+                  "all": "every rank ({unheard_ranks:.0f}) unheard behind {relays_phrase}: they may still train; "
+                  "no rank is heard, so the job has no figures",
+                  "all_silent": "every rank ({unheard_ranks:.0f}) unheard behind {relays_phrase}, {silent_word} "
+                  "for {silent_s:.0f} s: they may still train; no rank is heard, so the job has no figures"},
         action="Check the relay on {hosts}: with torchrun it is that node's `flowtop run` (killed, OOM?); "
         "start `flowtop relay --connect ADDR` there and its ranks reconnect to it as to a restarted monitor.",
         doc="rank processes cut off behind a node relay silent for 3 s or closed (JobSnapshot.unheard) "
-        "while a heard rank still steps; names each relay, since when and its ranks; the job's figures "
-        "leave those ranks out (0 while none, or no heard rank steps: the hang rules say that)",
+        "while a heard rank still steps, or when no rank is heard at all; names each relay, since when "
+        "and its ranks; the job's figures leave those ranks out (0 while none, or heard ranks but none "
+        "steps: the hang rules say that)",
     ),
     Rule(
         id="input_wait",
