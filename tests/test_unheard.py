@@ -308,7 +308,8 @@ def test_a_job_whose_heard_ranks_said_bye_ends_with_its_unheard_ranks_said() -> 
 def test_snapshot_until_done_returns_when_the_heard_ranks_ended_behind_a_dead_relay() -> None:
     """Real processes: `flowtop snapshot --until-done`, a real relay (killed with SIGKILL) with
     ranks 0 and 1 behind it, ranks 2 and 3 direct; ranks 2 and 3 say bye (0 and 1's byes would
-    be lost with the relay): the snapshot returns, exit 0, the job done with 2 unheard ranks."""
+    be lost with the relay): the snapshot returns, the job done with 2 unheard ranks; exit 3, not
+    0: ranks 0 and 1 are not known to have finished (stderr says so)."""
     import json
     import shutil
     import subprocess
@@ -363,7 +364,9 @@ def test_snapshot_until_done_returns_when_the_heard_ranks_ended_behind_a_dead_re
         for pub in pubs.values():
             pub.close()
         shutil.rmtree(short, ignore_errors=True)
-    assert watcher.returncode == 0, err
+    assert watcher.returncode == 3, err
+    assert err.startswith("flowtop: --until-done: 2 rank(s) of dead-relay unheard behind relay(s) on ") and err.endswith(
+        " when the job ended: whether they finished is not known\n")
     (job,) = json.loads(out)["jobs"]
     # These probes send no FLOP count: the heard ranks have none yet, and two ranks are unheard.
     assert job["status"] == "done" and job["unheard_ranks"] == 2 and job["mfu_reason"].startswith(
@@ -580,3 +583,30 @@ def test_every_rank_unheard_is_said_by_relay_silent_and_its_seconds_go_on() -> N
     later = j.run(10.0)
     (hint,) = [h for h in _job(later).hints if h.id == "relay_silent"]
     assert not hint.ended and f"silent for {later.taken_at - since:.0f} s:" in hint.summary_at(later.taken_at)
+
+
+def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 3's relay dies, ranks 0-2 say bye: the job is done (all_done: --until-done returns),
+    but rank 3 is not known to have finished, so not a clean end (a new user's trial: exit 0,
+    silently, with a node's ranks lost): exit 3 as a timeout's, stderr naming them; heard to the
+    end, 0."""
+    from flowtop.export.serve import failed_ranks
+    from flowtop.monitor.snapshot import all_done
+
+    j = _Job()
+    j.run(3.0)
+    j.relayed = False
+    j.run(SILENT_AFTER_S + 2.0)
+    for k in KEYS[:3]:
+        j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
+    snap = j.model.tick(j.now + 0.5)
+    assert all_done(snap) and _job(snap).ranks[3].cut is not None
+    assert failed_ranks(snap) == 3
+    assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j unheard behind relay(s) on node-b "
+                                       "when the job ended: whether they finished is not known\n")
+    done = _Job()
+    done.run(3.0)
+    for k in KEYS:
+        done.send(k, "bye", {"reason": "exit", "steps": done.steps[k], "drops": 0})
+    snap = done.model.tick(done.now + 0.5)
+    assert all_done(snap) and failed_ranks(snap) == 0 and capsys.readouterr().err == ""

@@ -19,7 +19,7 @@ from typing import Any, Iterator, TextIO
 
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.datathread import DataThread
-from flowtop.monitor.snapshot import MonitorSnapshot
+from flowtop.monitor.snapshot import ENDED, MonitorSnapshot
 from flowtop.monitor.snapshot_json import to_json
 
 #: Seconds to wait for the data thread to bind and start.
@@ -163,12 +163,24 @@ def failed_ranks(snap: MonitorSnapshot) -> int:
     the JSON); else 0."""
     failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
     if not failed:
-        return 0
+        return _unheard_at_end(snap)
     # The first to end: the ranks that die of a peer's crash (its collective broken) end after it;
     # in rank order, rank 0's "Connection closed by peer" was named for rank 1's own error.
     job, first = min(failed, key=lambda jr: jr[1].heard_at)
     _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job}: {first.bye_reason}")
     return FAILED_STATUS
+
+
+def _unheard_at_end(snap: MonitorSnapshot) -> int:
+    """A job done with ranks unheard behind a dead relay (their byes lost with it): not known to
+    have finished, so not a clean end: said on stderr, exit status 3 as a timeout's; else 0."""
+    unheard = [(j.job, r) for j in snap.jobs for r in j.ranks if r.cut is not None and r.status not in ENDED]
+    if not unheard:
+        return 0
+    hosts = sorted({r.cut.host for _, r in unheard if r.cut is not None})
+    _say(f"--until-done: {len(unheard)} rank(s) of {unheard[0][0]} unheard behind relay(s) on "
+         f"{', '.join(hosts)} when the job ended: whether they finished is not known")
+    return 3
 
 
 def not_done(timeout: float | None) -> int:
