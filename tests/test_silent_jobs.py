@@ -55,7 +55,8 @@ def test_a_silent_job_is_measured_by_its_hang_rules_only_and_its_other_hints_hol
     while c.now < last + 40.0:  # the hang hint fires past its 30 s floor
         job = _job(c.tick()[0])
         hang += [h.summary_at(c.now) for h in job.hints if h.id == "hang_all"]
-    assert set(calls) == {"hang_all", "hang_rank"} and calls["hang_all"] == 68  # one a tick, 34 s
+    # the silence rules: the hangs, and relay_silent (every rank unheard behind a dead relay)
+    assert set(calls) == {"hang_all", "hang_rank", "relay_silent"} and calls["hang_all"] == 68  # one a tick, 34 s
     assert [h for h in job.hints if h.id == "input_wait"] == waits  # held as when it fell silent
     # The hang's text says its seconds at each snapshot's time, growing (not frozen).
     seconds = [int(re.search(r"no step for (\d+) s", text).group(1)) for text in hang]  # type: ignore[union-attr]

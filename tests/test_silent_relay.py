@@ -162,13 +162,13 @@ def test_a_silent_relay_replaced_on_its_host_is_counted_as_replaced() -> None:
 
     from flowtop.monitor.snapshot import RelaySnapshot
 
-    def relay(host: str, pid: int, status: str) -> RelaySnapshot:
-        return RelaySnapshot(relay=f"{host}:{pid}:ab", host=host, pid=pid, status=status, age_s=0.5,
+    def relay(host: str, pid: int, status: str, age_s: float = 0.5) -> RelaySnapshot:
+        return RelaySnapshot(relay=f"{host}:{pid}:ab", host=host, pid=pid, status=status, age_s=age_s,
                              listen="ipc://x", upstream="tcp://m:1", hosted_by="flowtop run", ranks_connected=2,
                              ranks=2, frames_in=10, frames_out=10, bytes_in=100, bytes_out=100, drops=0, queued=0,
                              commands=0, commands_dropped=0, link_ups=1, uptime_s=5.0, batches=4, link_lag_s=0.0)
 
-    relays = (relay("node1", 10, "silent"), relay("node1", 11, "live"), relay("node2", 12, "live"),
+    relays = (relay("node1", 10, "silent", 40.0), relay("node1", 11, "live"), relay("node2", 12, "live"),
               relay("node3", 13, "live"))
     snap = MonitorSnapshot(taken_at=5000.0, listen="tcp://127.0.0.1:5759", jobs=(), received=0, rejected=0,
                            relays=relays)
@@ -177,13 +177,19 @@ def test_a_silent_relay_replaced_on_its_host_is_counted_as_replaced() -> None:
     (old,) = [line for line in lines if "pid 10 " in line]
     assert old.endswith("replaced by a newer relay of its host")
     # a node whose relay went silent with no successor is still just silent
-    dark = (relay("node1", 10, "silent"), relay("node2", 12, "live"), relay("node3", 13, "silent"),
-            relay("node3", 14, "closed"))
+    dark = (relay("node1", 10, "silent", 40.0), relay("node2", 12, "live"), relay("node3", 13, "silent", 40.0),
+            relay("node3", 14, "closed", 300.0))  # node3's closed one ended before 13 went silent
     lines = render(dataclasses.replace(snap, relays=dark)).splitlines()
-    assert "relays: 4 (1 live, 2 silent, 1 closed)" in lines, lines
-    assert not [line for line in lines if "replaced" in line]
+    assert [line for line in lines if "replaced" in line and "pid" in line] == [
+        line for line in lines if "pid 14 " in line]  # node3's older one, before 13: 10 and 13 just silent
     # two relays of one host on two addresses (tests/test_relay.py's two): one dying replaces nothing
     apart = (relay("node1", 10, "silent"), dataclasses.replace(relay("node1", 11, "live"), listen="ipc://y"))
     lines = render(dataclasses.replace(snap, relays=apart)).splitlines()
     assert "relays: 2 (1 live, 1 silent)" in lines and not [line for line in lines if "replaced" in line]
+    # its successor closed since, at the job's end (a new user's trial: the killed one then read
+    # as a dead node): still replaced, by a relay heard after it
+    ended = (relay("node1", 10, "silent", 40.0), relay("node1", 11, "closed", 5.0))
+    lines = render(dataclasses.replace(snap, relays=ended)).splitlines()
+    (old,) = [line for line in lines if "pid 10 " in line]
+    assert old.endswith("replaced by a newer relay of its host"), lines
 

@@ -72,21 +72,29 @@ def render(snap: MonitorSnapshot) -> str:
         for x in snap.relays:
             flood = f"  commands dropped {x.commands_dropped:,} (a flood)" if x.commands_dropped else ""
             newer = "  replaced by a newer relay of its host" if x.relay in replaced else ""
-            lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks_connected:>3}  "
+            # ranks: whose latest frame came through it (the JSON's); connected: as it last reported
+            connected = f" ({x.ranks_connected} connected)" if x.ranks_connected != x.ranks else ""
+            lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks:>3}{connected}  "
                          f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  heard {seconds(x.age_s)} ago"
                          f"{newer}")
     return "\n".join(lines)
 
 
 def replaced_relays(relays: Sequence[RelaySnapshot]) -> set[str]:
-    """Ids of the silent or closed relays whose host has a live one on the same address: replaced
-    (another flowtop run took the node's socket over), not a node that went dark. The monitor lists
+    """Ids of the silent or closed relays whose host has one on the same address heard after them
+    (live, or closed since: a job's end): replaced (another flowtop run took the node's socket
+    over), not a node that went dark. The monitor lists
     a relay until it has been silent for FORGET_AFTER_S (flowtop.monitor.relays), so 3 nodes read
     'relays: 4 (3 live, 1 silent)' after one relay's host was killed, as if a fourth node were
     missing (a trial). Two relays of one host on two addresses serve different ranks: neither
     replaces the other."""
-    live = {(x.host, x.listen) for x in relays if x.status == "live" and x.listen}
-    return {x.relay for x in relays if x.status != "live" and (x.host, x.listen) in live}
+    newest: dict[tuple[str, str], float] = {}  # (host, address) -> the least age of its relays
+    for x in relays:
+        if x.listen:
+            key = (x.host, x.listen)
+            newest[key] = min(newest.get(key, x.age_s), x.age_s)
+    return {x.relay for x in relays
+            if x.status != "live" and x.listen and newest[(x.host, x.listen)] < x.age_s}
 
 
 def relay_states(relays: Sequence[RelaySnapshot], replaced: set[str]) -> str:
