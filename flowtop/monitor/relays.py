@@ -54,6 +54,8 @@ CLOCK_JUMP_BATCHES = 3
 CLOCK_JUMP_AGREE_S = 5.0
 #: A stamp larger than this is refused (ages of at most a few thousand frames).
 MAX_STAMP_BYTES = 64 * 1024
+#: The longest a relay may say it held a frame (µs).
+MAX_AGE_US = 10**12
 STAMP_KIND = "stamp"
 _NO_REASONS: tuple[float, dict[str, RelayCut]] = (math.nan, {})  # Relays._reasons not worked out yet
 
@@ -99,24 +101,35 @@ class _Marked:
 
 def decode_stamp(part: bytes, frames: int) -> Stamp:
     """Validate a batch's stamp for ``frames`` frames; raise :class:`WireError` with a reason."""
+    relay, clock, ages = _stamp_fields(part, frames)
+    return Stamp(relay, clock, tuple(ages))
+
+
+def _stamp_fields(part: bytes, frames: int) -> tuple[str, float, list[int]]:
+    """:func:`decode_stamp`'s checks, its fields as a plain tuple: every relayed batch comes
+    through here (a frame or two each at 4,096 ranks), where a frozen dataclass's construction, a
+    generator over the ages and msgpack's keyword arguments (the defaults since msgpack 1.0,
+    pyproject's floor) cost more than the checks (bench/frame_path.py, callgrind)."""
     if len(part) > MAX_STAMP_BYTES:
         raise WireError(f"relay stamp of {len(part)} bytes exceeds {MAX_STAMP_BYTES}")
     try:
-        obj = msgpack.unpackb(part, raw=False, strict_map_key=True)
+        obj = msgpack.unpackb(part)
     except Exception as exc:
         raise WireError(f"relay stamp: not msgpack: {type(exc).__name__}") from None
-    if not isinstance(obj, dict) or obj.get("k") != STAMP_KIND:
+    # unpackb makes exact dicts, lists, strs and ints (a bool is not an int here: type(), not isinstance)
+    if type(obj) is not dict or obj.get("k") != STAMP_KIND:
         raise WireError("multi-part message without a relay stamp first")
     relay, clock, ages = obj.get("r"), obj.get("c"), obj.get("a")
-    if not (isinstance(relay, str) and 0 < len(relay) <= 300 and relay.isprintable()):
+    if not (type(relay) is str and 0 < len(relay) <= 300 and relay.isprintable()):
         raise WireError("relay stamp: bad relay id")
-    if isinstance(clock, bool) or not isinstance(clock, (int, float)) or not math.isfinite(clock) or clock < 0:
+    if (type(clock) is not float and type(clock) is not int) or not math.isfinite(clock) or clock < 0:
         raise WireError("relay stamp: bad clock")
-    if not isinstance(ages, list) or len(ages) != frames:
-        raise WireError(f"relay stamp: {len(ages) if isinstance(ages, list) else 'no'} ages for {frames} frames")
-    if not all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= 10**12 for a in ages):
-        raise WireError("relay stamp: bad age")
-    return Stamp(relay, float(clock), tuple(ages))
+    if type(ages) is not list or len(ages) != frames:
+        raise WireError(f"relay stamp: {len(ages) if type(ages) is list else 'no'} ages for {frames} frames")
+    for a in ages:
+        if type(a) is not int or not 0 <= a <= MAX_AGE_US:
+            raise WireError("relay stamp: bad age")
+    return relay, float(clock), ages
 
 
 def flooded_text(host: str, dropped: int) -> str:
@@ -183,9 +196,11 @@ class Relays:
     def stamp_times(self, raw: bytes, frames: int, now: float, taken: float | None = None) -> tuple[str, list[float]]:
         """:meth:`unstamp` of a batch's stamp ``raw`` and its number of ``frames`` (a replay has
         the stamp's record before the frames, flowtop.monitor.relayrecord)."""
-        stamp = decode_stamp(raw, frames)
-        rec = self._get(stamp.relay, now)
-        observed = (now if taken is None else max(now, taken)) - stamp.clock
+        relay, clock, ages = _stamp_fields(raw, frames)
+        rec = self._get(relay, now)
+        # min and max written out here and below (the same values: the builtins parse keywords at
+        # each call, ~0.7 k instructions each, as in Model.ingest)
+        observed = (taken if taken is not None and taken > now else now) - clock
         if rec.offset is not None and observed < rec.offset - MAX_CLOCK_LEAD_S and not self._jumped(rec, observed):
             raise WireError(f"relay stamp: clock {rec.offset - observed:.0f} s ahead of its relay's earlier "
                             "batches (forged or corrupt; a monitor paused that long: its relay's next "
@@ -196,20 +211,25 @@ class Relays:
         else:
             # The minimum tracks the least-delayed path; allowed to creep up by the drift bound,
             # so a clock that runs slow does not pin the estimate forever.
-            rec.offset = min(rec.offset + DRIFT * max(0.0, now - rec.offset_at), observed)
+            since = now - rec.offset_at
+            crept = rec.offset + DRIFT * (since if since > 0.0 else 0.0)
+            rec.offset = observed if observed < crept else crept
         rec.offset_at = now
         rec.lag = observed - rec.offset
         rec.heard = now
         self._reasons_at = _NO_REASONS  # a relay heard again: worked out afresh
         rec.batches += 1
-        base = stamp.clock + rec.offset
+        base = clock + rec.offset
         times = []
-        for age in stamp.ages_us:
+        last_t = rec.last_t
+        for age in ages:
             # Never in the future, never before an earlier frame of the same relay.
-            t = min(now, max(rec.last_t, base - age * 1e-6))
-            rec.last_t = t
-            times.append(t)
-        return stamp.relay, times
+            t = base - age * 1e-6
+            t = t if t > last_t else last_t
+            last_t = t if t < now else now
+            times.append(last_t)
+        rec.last_t = last_t
+        return relay, times
 
     @staticmethod
     def _jumped(rec: _Relay, observed: float) -> bool:
