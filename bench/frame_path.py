@@ -245,7 +245,11 @@ def main() -> int:
     ap.add_argument("--direct", action="store_true", help="the measured frames' decode and ingest alone")
     ap.add_argument("--batches", action="store_true", help="Collector.handle_batch of each batch, no socket or loop")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the measured drains into FILE")
+    ap.add_argument("--split", action="store_true", help="µs per frame: drain loop, batch calls, decode and ingest")
     args = ap.parse_args()
+    if args.split:
+        split([a for a in sys.argv[1:] if a != "--split"])
+        return 0
     from flowtop.monitor import gcpolicy
 
     frames = schedule(args.ranks, args.step_ms, args.pace_s, args.warmup + args.seconds, args.seed)
@@ -263,38 +267,67 @@ def main() -> int:
     gc.collect()
     gc.freeze()  # as the monitor's ticks leave it (gcpolicy.after_tick)
     polls0 = feeder.polls
-    measured = len(todo) - warm
+    run = measured_run(args, col, model, feeder, frames, todo, warm)
     c0 = time.thread_time()
     if args.profile:
         import cProfile
 
-        prof = cProfile.Profile()
-        prof.runcall(drain, col, feeder, len(todo))
-        prof.dump_stats(args.profile)
-    elif args.direct:  # decode and ingest alone, as /work/prof/ir.sh counts them: the rest is the receive path's
-        from flowtop.monitor.rankkernels import decode_frame
-
-        def apply(frame: bytes, at: float, via: str) -> None:
-            model.ingest(decode_frame(frame, model.builds_kernels, model.knows, col._kernel_budget), at, via)
-
-        col.clock.now()
-        direct = [(f, MONO0 + t, f"sim-{r}") for t, r, f in frames if t >= args.warmup]
-        collections.deque(itertools.starmap(apply, direct), maxlen=0)
-    elif args.batches:  # the collector's batch entry point with the received lists: no socket, no loop
-        col.clock.now()
-        fed = [(p, MONO0 + t, MONO0 + t) for t, p in todo[warm:]]
-        collections.deque(itertools.starmap(col.handle_batch, fed), maxlen=0)
+        cProfile.runctx("run()", globals(), {"run": run}, args.profile)
     else:
-        collections.deque(itertools.starmap(drain, [(col, feeder, len(todo))]), maxlen=0)
+        collections.deque(itertools.starmap(run, [()]), maxlen=0)  # callgrind counts inside starmap only
     cpu = time.thread_time() - c0
-    drains = feeder.polls - polls0 - 1
-    out = {"frames": n_frames, "batches": measured, "drains": drains, "kinds": dict(sorted(kinds.items())), "received": model.received, "rejected": model.rejected}
+    out: dict[str, Any] = {"mode": mode(args), "frames": n_frames, "batches": len(todo) - warm,
+                           "drains": feeder.polls - polls0 - 1, "kinds": dict(sorted(kinds.items())),
+                           "received": model.received, "rejected": model.rejected}
     if not args.callgrind:
         out["us_per_frame"] = round(1e6 * cpu / n_frames, 1)
     if args.digest:
         out["digest"] = digest(col, model, feeder)
     print(json.dumps(out))
     return 0
+
+
+def mode(args: argparse.Namespace) -> str:
+    return "direct" if args.direct else "batches" if args.batches else "drain"
+
+
+def measured_run(args: argparse.Namespace, col: Any, model: Any, feeder: Feeder, frames: list[tuple[float, int, bytes]],
+                 todo: list[tuple[float, list[bytes]]], warm: int) -> Callable[[], None]:
+    """The measured part: the drain loop (default), ``Collector.handle_batch`` of each batch
+    (``--batches``: no socket, no loop) or each frame's decode and ingest alone (``--direct``: what
+    /work/prof/ir.sh counted); what differs between them is the receive path's own cost."""
+    col.clock.now()
+    if args.direct:
+        from flowtop.monitor.rankkernels import decode_frame
+
+        direct = [(f, MONO0 + t, f"sim-{r}") for t, r, f in frames if t >= args.warmup]
+        ingest, budget = model.ingest, col._kernel_budget
+
+        def apply(frame: bytes, at: float, via: str) -> None:
+            ingest(decode_frame(frame, model.builds_kernels, model.knows, budget), at, via)
+
+        return lambda: collections.deque(itertools.starmap(apply, direct), maxlen=0) and None
+    if args.batches:
+        fed = [(p, MONO0 + t, MONO0 + t) for t, p in todo[warm:]]
+        return lambda: collections.deque(itertools.starmap(col.handle_batch, fed), maxlen=0) and None
+    return lambda: drain(col, feeder, len(todo))
+
+
+def split(argv: list[str]) -> None:
+    """``--split``: the three measurements, each in a fresh process, as a table of µs per frame."""
+    import subprocess
+
+    got = {}
+    for extra in ([], ["--batches"], ["--direct"]):
+        line = subprocess.run([sys.executable, __file__, *argv, *extra], check=True, capture_output=True,
+                              text=True).stdout.strip().splitlines()[-1]
+        got[mode(argparse.Namespace(direct="--direct" in extra, batches="--batches" in extra))] = json.loads(line)
+    full, batches, direct = (got[k]["us_per_frame"] for k in ("drain", "batches", "direct"))
+    print(f"{got['drain']['frames']:,} frames {got['drain']['kinds']}, CPU µs per frame (±30 % on a busy box):")
+    print(f"  receive path, drain loop: {full:6.1f}")
+    print(f"    socket, loop, pacing:   {full - batches:6.1f}")
+    print(f"    batch and frame calls:  {batches - direct:6.1f}  (stamps, handle_batch, handle_frame)")
+    print(f"    decode and ingest:      {direct:6.1f}")
 
 
 if __name__ == "__main__":
