@@ -211,14 +211,13 @@ class Collector(CollectorSockets, LoadGovernor):
             self.catch_up()
 
     async def _drain_forever(self) -> None:
-        sub = self._sub
-        sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)  # non-blocking drain without awaits
+        sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._sub.underlying)  # non-blocking drain without awaits
         assert self.ticker is not None
         while True:
             # Never wait past the next tick: ticks keep their cadence, and the clock is read at
             # least that often (a longer gap between reads is a pause of the monitor itself).
             wait_ms = 1000 * (min(self.ticker.next_at, self._next_glance) - self.clock.now())
-            await sub.poll(max(1, min(500, int(wait_ms) + 1)), zmq.POLLIN)
+            await self._wait_frames(sync, max(1, min(500, int(wait_ms) + 1)) / 1000)
             ui_turn = self.ui_turn
             if ui_turn is not None:
                 self.busy.away(ui_turn.give())  # a tick now would share the interpreter with the UI's refresh
