@@ -11,10 +11,10 @@ steady state at the wire's 2 s pace (a 200-record step frame a rank every 2 s, t
 5 s), in ``[stamp, frame, ...]`` batches of the frames a relay took in the same millisecond, made
 in virtual time from one seed. They go through a real XPUB → XSUB pair (inproc: a message sent is
 readable at once, so every drain reads the same batches) into the real
-``Collector._drain_forever``: its poll, its non-blocking receives, ``handle_batch`` (the stamp,
+``Collector._drain_forever``: its wait, its non-blocking receives, ``handle_batch`` (the stamp,
 ``Relays.unstamp``), ``handle_frame`` (decode, ingest), ``catch_up`` (pacing, the descriptor
-check, hello asks) and its busy accounting. Each poll first delivers the batches sent within
-``--drain-ms`` of virtual time (live, a drain reads what came during the one before: a few
+check, hello asks) and its busy accounting. While it waits, the loop delivers the batches sent
+within ``--drain-ms`` of virtual time (live, a drain reads what came during the one before: a few
 batches between frames, hundreds after a tick or the UI's turn). What is left out: ticks (a
 schedule that never comes due: they are measured apart, ``bench/ingest.py --costs``), the kernel
 window builder (windows are handed to a no-op, as to the worker process live), TCP's share of
@@ -51,6 +51,8 @@ sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 import zmq  # noqa: E402
 
 import ingest as B  # noqa: E402  (bench/ingest.py: the simulator's templates and intervals)
+
+sys.path.insert(0, os.getcwd())  # again: ingest put its own checkout first (no flowtop imported yet)
 
 WALL0 = 1.8e9  # the ranks' wall clock at virtual time 0
 MONO0 = 1000.0  # the relays' and the monitor's monotonic clock at virtual time 0
@@ -136,7 +138,7 @@ def batches(frames: list[tuple[float, int, bytes]], slot_s: float) -> list[tuple
 
 
 class Feeder:
-    """Sends the batches due by the virtual clock into the collector's socket before each poll."""
+    """Sends the batches due by the virtual clock into the collector's socket while its drain loop waits."""
 
     def __init__(self, pub: Any, todo: list[tuple[float, list[bytes]]], drain_s: float) -> None:
         self.pub, self.todo, self.drain_s = pub, collections.deque(todo), drain_s
@@ -192,16 +194,18 @@ def monitor(feeder: Feeder) -> tuple[Any, Any, Any]:
     while not (pub.poll(10) and pub.recv()[:1] == b"\x01"):  # the collector's subscription: frames reach it
         sub.getsockopt(zmq.EVENTS)  # (the XSUB takes the connection in as it processes its commands)
     feeder.pub = pub
-    poll = sub.poll
+    # The batches come while the drain loop waits for them, as live (it waits after each drain
+    # that read all there was): fed by a callback of the loop, which the wait yields to.
+    owner, name = (col, "_wait_frames") if hasattr(col, "_wait_frames") else (sub, "poll")
+    wait = getattr(owner, name)
 
-    def fed_poll(*args: Any) -> Any:
-        done = feeder.sent == feeder.total  # and the drain before read them all
-        uncounted(feeder.feed)
-        if done:
+    def fed_wait(*args: Any) -> Any:
+        if feeder.sent == feeder.total:  # and the drain before read them all
             raise Done
-        return poll(*args)
+        asyncio.get_event_loop().call_soon(uncounted, feeder.feed)
+        return wait(*args)
 
-    sub.poll = fed_poll
+    setattr(owner, name, fed_wait)
     return col, model, pub
 
 
@@ -277,7 +281,7 @@ def main() -> int:
         collections.deque(itertools.starmap(run, [()]), maxlen=0)  # callgrind counts inside starmap only
     cpu = time.thread_time() - c0
     out: dict[str, Any] = {"mode": mode(args), "frames": n_frames, "batches": len(todo) - warm,
-                           "drains": feeder.polls - polls0 - 1, "kinds": dict(sorted(kinds.items())),
+                           "drains": feeder.polls - polls0, "kinds": dict(sorted(kinds.items())),
                            "received": model.received, "rejected": model.rejected}
     if not args.callgrind:
         out["us_per_frame"] = round(1e6 * cpu / n_frames, 1)
@@ -295,7 +299,7 @@ def measured_run(args: argparse.Namespace, col: Any, model: Any, feeder: Feeder,
                  todo: list[tuple[float, list[bytes]]], warm: int) -> Callable[[], None]:
     """The measured part: the drain loop (default), ``Collector.handle_batch`` of each batch
     (``--batches``: no socket, no loop) or each frame's decode and ingest alone (``--direct``: what
-    /work/prof/ir.sh counted); what differs between them is the receive path's own cost."""
+    docs/scale.md's earlier counts measured); what differs between them is the receive path's own."""
     col.clock.now()
     if args.direct:
         from flowtop.monitor.rankkernels import decode_frame
