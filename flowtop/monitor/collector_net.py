@@ -18,7 +18,7 @@ import errno
 import ipaddress
 import os
 import resource
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlparse
 
 import zmq
@@ -198,11 +198,11 @@ class CollectorSockets:
         says something changed, ZMQ_EVENTS whether a message waits (and re-arms it). The XSUB's
         asyncio socket is then never used on the loop: pyzmq registers no reader of its own for
         that descriptor (it would on its first poll)."""
-        if sync.get(_EVENTS) & _POLLIN:
+        if cast(int, sync.get(_EVENTS)) & _POLLIN:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        fd = sync.get(_FD)
+        fd = cast(int, sync.get(_FD))
         while True:
             woke = loop.create_future()
             loop.add_reader(fd, _wake, woke)
@@ -212,7 +212,7 @@ class CollectorSockets:
             finally:
                 timer.cancel()
                 loop.remove_reader(fd)
-            if sync.get(_EVENTS) & _POLLIN or loop.time() >= deadline:
+            if cast(int, sync.get(_EVENTS)) & _POLLIN or loop.time() >= deadline:
                 return
 
     def _socket_events(self) -> None:
