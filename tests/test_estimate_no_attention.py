@@ -149,6 +149,12 @@ def test_moe_without_attention_gets_6_n_active(sent: Sent) -> None:
     # the attention row said "full  causal: full square" of a model with none (a trial)
     lines = flops_text(view, None).plain.splitlines()
     assert "attention   none found  no attention block, none ran" in lines, lines
+    # the job header and the text report say so too ("attention full" of an MLP: a trial)
+    from flowtop.monitor.format import attention_shown
+    from flowtop.tui.widgets.job_header import convention_note
+
+    assert view.attention_convention == "full" and attention_shown(view) == "none found"
+    assert ", attn none found, " in convention_note(view, None)
 
 
 def test_dense_token_mlp_without_attention_gets_6_n(sent: Sent) -> None:

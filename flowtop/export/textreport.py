@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from flowtop.monitor.format import ended_note, fmt_coords, fmt_ranks, fmt_si
+from flowtop.monitor.format import attention_shown, ended_note, fmt_coords, fmt_ranks, fmt_si
 from flowtop.monitor.format import fmt_pct as pct
 from flowtop.monitor.format import fmt_time as seconds
 from flowtop.monitor.hints import HintGroup, grouped, hint_line
@@ -41,7 +41,7 @@ def render(snap: MonitorSnapshot) -> str:
             bf16 = f"  MFU bf16-eq {pct(f.mfu_bf16)}" if mixed else ""
             lines.append(
                 f"  model {flops_rate(f.flops_per_s)}  MFU {pct(f.mfu)}{bf16}  HFU {pct(f.hfu)}  "
-                f"[{f.dtype}, attention {f.attention_convention}, {job_peak(job)}]"
+                f"[{f.dtype}, attention {attention_shown(f)}, {job_peak(job)}]"
                 + (f"  ({job.over_phrase})" if job.over_phrase else "")  # some ranks unheard: left out
             )
             if f.expert_load is not None:

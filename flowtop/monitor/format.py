@@ -6,7 +6,12 @@ Every figure goes through these helpers so units and rounding are the same every
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+from probe.wire.flops import NO_ATTENTION_FOUND
+
+if TYPE_CHECKING:
+    from flowtop.monitor.snapshot import FlopsView
 
 #: Shown for a value the monitor does not have.
 NA = "–"
@@ -157,3 +162,18 @@ def fmt_ranks(ranks: tuple[int, ...] | list[int], width: int = 40) -> str:
         i = j + 1
     text = ",".join(runs)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+#: The attention convention shown for a model with no attention block (none ran): no convention applies.
+NO_ATTENTION = "none found"
+
+
+def no_attention(f: "FlopsView") -> bool:
+    """Whether the probe found no attention in the model (its estimate says so) and read no masking."""
+    return f.attention_masking is None and NO_ATTENTION_FOUND in (f.estimate_source or "")
+
+
+def attention_shown(f: "FlopsView") -> str:
+    """The attention convention as the TUI and the text report state it: ``none found`` where the
+    model has no attention (a convention's square of nothing read as if it had: a trial)."""
+    return NO_ATTENTION if no_attention(f) else f.attention_convention

@@ -8,10 +8,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from flowtop.monitor import precision
-from flowtop.monitor.format import fmt_ranks
+from flowtop.monitor.format import NO_ATTENTION, fmt_ranks, no_attention
 from flowtop.monitor.snapshot import FlopsView
 from flowtop.tui.widgets._format import NA, fmt_int, fmt_pct, fmt_si, mfu_style
-from probe.wire.flops import NO_ATTENTION_FOUND
 
 
 def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
@@ -58,7 +57,7 @@ def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
         row("peak", fmt_si(f.peak_flops, "F/s", 1), f"{f.dtype} dense")
     row("peak source", f.peak_source or NA)
     if no_attention(f):  # a convention's square of nothing read as if the model had attention (a trial)
-        row("attention", "none found", "no attention block, none ran")
+        row("attention", NO_ATTENTION, "no attention block, none ran")
     else:
         row("attention", f.attention_convention, attention_note(f.attention_convention, f.attention_masking))
     row("counted at", NA if f.counted_at_step is None else f"step {fmt_int(f.counted_at_step)}")
@@ -75,11 +74,6 @@ def flops_text(f: FlopsView | None, job: FlopsView | None = None) -> Text:
         row("uncounted", "none")
     out.rstrip()
     return out
-
-
-def no_attention(f: FlopsView) -> bool:
-    """Whether the probe found no attention in the model (its estimate says so) and read no masking."""
-    return f.attention_masking is None and NO_ATTENTION_FOUND in (f.estimate_source or "")
 
 
 def attention_note(convention: str, masking: str | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from flowtop.monitor.format import attention_shown
 from flowtop.monitor.snapshot import FlopsView, JobSnapshot, MonitorSnapshot
 from flowtop.tui.widgets._format import (
     NA,
@@ -27,7 +28,7 @@ def convention_note(flops: FlopsView, per_gpu: FlopsView | None) -> str:
     source = per_gpu or flops
     peak = fmt_si(source.peak_flops, "F", 0) if source.peak_flops else "peak n/a"
     what = "model FLOPs" if flops.counted else "estimated 6N+12LdT, not counted"
-    parts = [what, f"attn {flops.attention_convention}", f"peak {flops.dtype} {peak}/rank"]
+    parts = [what, f"attn {attention_shown(flops)}", f"peak {flops.dtype} {peak}/rank"]
     if source.peak_source:
         parts.append(source.peak_source)
     return ", ".join(parts)
