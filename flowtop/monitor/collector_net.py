@@ -120,6 +120,8 @@ class CollectorSockets:
     _ctx: zmq.asyncio.Context | None
     _sub: Any
     _send: Any
+    #: The drain loop's wait, while it waits (see _wait_frames, _WakingSocket).
+    _woke: asyncio.Future[None] | None = None
     _events: Any
     _events_async: Any
     _auth: Any
@@ -154,7 +156,7 @@ class CollectorSockets:
         )
         self._events_async = events  # owns the socket; read through a synchronous shadow
         self._events = zmq.Socket.shadow(events.underlying)
-        self._send = zmq.Socket.shadow(sub.underlying)
+        self._send = _WakingSocket(sub.underlying, self)
         self._send.send(b"\x01", zmq.NOBLOCK)  # subscribe to everything (kept for later peers)
         self._sub = sub
         return sub
@@ -204,12 +206,13 @@ class CollectorSockets:
         deadline = loop.time() + timeout_s
         fd = cast(int, sync.get(_FD))
         while True:
-            woke = loop.create_future()
+            woke = self._woke = loop.create_future()
             loop.add_reader(fd, _wake, woke)
             timer = loop.call_at(deadline, _wake, woke)
             try:
                 await woke
             finally:
+                self._woke = None
                 timer.cancel()
                 loop.remove_reader(fd)
             if cast(int, sync.get(_EVENTS)) & _POLLIN or loop.time() >= deadline:
@@ -283,6 +286,28 @@ class CollectorSockets:
         except zmq.ZMQError:
             pass
         return ask
+
+
+class _WakingSocket(zmq.Socket):
+    """The XSUB's shadow that sends commands upstream. libzmq takes in the socket's pending
+    commands at a send, among them the one that says a frame waits: the descriptor then stays
+    quiet, and a command sent during the drain loop's wait (the ``k`` key, a refresh's pace or
+    hello ask, from DataThread.call) left a frame waiting until the wait's timeout, up to 500 ms
+    (a review, in the base's asyncio poll too). Each send wakes the wait to ask ZMQ_EVENTS again."""
+
+    _owner: Any = None  # class level: pyzmq's __setattr__ refuses a name it does not know
+
+    def __init__(self, underlying: int, owner: Any) -> None:
+        super().__init__(shadow=underlying)
+        self._owner = owner
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().send(*args, **kwargs)
+        finally:
+            woke = self._owner._woke
+            if woke is not None:
+                _wake(woke)
 
 
 def _wake(woke: asyncio.Future[None]) -> None:

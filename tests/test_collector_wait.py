@@ -1,0 +1,59 @@
+"""The collector's drain loop waits on the XSUB's descriptor (Collector._wait_frames): a frame that
+arrives ends the wait at once, also when a command goes upstream on the same socket meanwhile (a
+send takes in the socket's commands, the one that says a frame waits among them: the descriptor
+stayed quiet and the frame waited out the wait's 500 ms; a review)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq
+import zmq.asyncio
+
+from flowtop.monitor.collector_net import CollectorSockets, _WakingSocket
+
+
+class _Owner:
+    _woke: asyncio.Future[None] | None = None
+
+
+async def _waits(command: bool, trials: int = 10) -> list[float]:
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.XSUB)
+    sub.bind("inproc://wait")
+    owner = _Owner()
+    sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+    send = _WakingSocket(sub.underlying, owner)
+    send.send(b"\x01")
+    pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
+    pub.connect("inproc://wait")
+    await asyncio.sleep(0.05)
+    loop = asyncio.get_running_loop()
+    waited = []
+    try:
+        for _ in range(trials):
+            def arrive() -> None:
+                pub.send(b"frame")
+                if command:
+                    time.sleep(0.002)  # past libzmq's throttle of command processing
+                    send.send(b"\x02cmd", zmq.NOBLOCK)  # as the k key or a refresh's pace, during the wait
+
+            loop.call_later(0.01, arrive)
+            t0 = time.perf_counter()
+            await CollectorSockets._wait_frames(owner, sync, 0.5)  # type: ignore[arg-type]
+            waited.append(time.perf_counter() - t0)
+            assert sync.recv(zmq.NOBLOCK) == b"frame"
+    finally:
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
+    return waited
+
+
+def test_a_frame_ends_the_wait_at_once() -> None:
+    assert max(asyncio.run(_waits(command=False))) < 0.25  # of a 0.5 s wait: not its timeout
+
+
+def test_a_command_sent_during_the_wait_does_not_hide_the_frame() -> None:
+    assert max(asyncio.run(_waits(command=True))) < 0.25
