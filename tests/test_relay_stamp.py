@@ -77,3 +77,21 @@ def test_times_as_min_and_max_give_them() -> None:
             want.append(last_t)
         assert (relay, times) == ("r", want)
         assert relays.lag_of("r") == observed - offset
+
+
+def test_two_stamps_worked_by_hand() -> None:
+    """First batch: taken by the monitor at 2000.0, stamped 1000.5 on the relay's clock, its two
+    frames received 1,500 µs and 0 µs before: the offset is 2000.0 - 1000.5 = 999.5, the frames at
+    1000.5 + 999.5 - 0.0015 = 1999.9985 and 2000.0, lag 0. Second batch 1.0 s later at 2001.0,
+    stamped 1001.0: observed 1000.0, the least offset crept by DRIFT (1e-4 a second) over 1.0 s is
+    999.5001, so the frame is at 1001.0 + 999.5001 = 2000.5001 and the link lagged 0.4999 s. A
+    third at 2002.0 stamped 1131.5: observed 870.5, 999.5001 - 870.5 = 129.0 s ahead of that
+    mapping, past MAX_CLOCK_LEAD_S (120 s): refused."""
+    relays = Relays()
+    assert relays.stamp_times(encode_stamp("r", 1000.5, [1500, 0]), 2, 2000.0) == ("r", [1999.9985, 2000.0])
+    assert relays.lag_of("r") == 0.0
+    relay, (t,) = relays.stamp_times(encode_stamp("r", 1001.0, [0]), 1, 2001.0)
+    assert relay == "r" and t == pytest.approx(2000.5001, abs=1e-9)
+    assert relays.lag_of("r") == pytest.approx(0.4999, abs=1e-9)
+    with pytest.raises(WireError, match="clock 129 s ahead"):
+        relays.stamp_times(encode_stamp("r", 1131.5, [0]), 1, 2002.0)
