@@ -287,14 +287,14 @@ def _snapshot(args: argparse.Namespace) -> int:
     # replay of a cut recording for the run's end: its ranks look as they were at the cut)
     rc = _print_out(text, 1 if failed or not whole else 0)
     if rc == 0 and args.until_done and timed_out:  # not a signal: that ends it with 0, as --follow
-        from flowtop.export.serve import not_done
+        from flowtop.export.serve import after_timeout, not_done
 
-        return not_done(args.timeout)
+        return not_done(after_timeout(args.timeout))
     if rc == 0 and args.until_done and args.replay and not all_done(snap):
         # a whole recording of ranks that had not all finished when it ended: not the run's end
-        from flowtop.export.serve import not_done_at_end
+        from flowtop.export.serve import not_done
 
-        return not_done_at_end()
+        return not_done("when the recording ends")
     if rc == 0 and args.until_done and all_done(snap):  # not a signal's early end
         from flowtop.export.serve import failed_ranks
 

@@ -147,7 +147,7 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
             data.stop()
     status = _exit_status(collector)
     if status == 0 and until_done and timed_out:
-        return not_done(timeout)
+        return not_done(after_timeout(timeout))
     if status == 0 and until_done and last is not None and all_done(last):  # not a signal's early end
         return failed_ranks(last)
     return status
@@ -183,18 +183,16 @@ def _unheard_at_end(snap: MonitorSnapshot) -> int:
     return 3
 
 
-def not_done(timeout: float | None) -> int:
-    """``--until-done`` ran out of time: said on stderr, exit status 3 (a script tells it from done)."""
-    _say(f"--until-done: not every rank had finished after {timeout:g} s (the timeout); the output shows "
-         "them as they were")
+def not_done(when: str) -> int:
+    """``--until-done`` ended before every rank had finished (``when``: after its timeout, or
+    where a replayed recording ends): said on stderr, exit status 3 (a script tells it from done)."""
+    _say(f"--until-done: not every rank had finished {when}; the output shows them as they were")
     return 3
 
 
-def not_done_at_end() -> int:
-    """``--replay --until-done`` of a whole recording whose ranks had not all finished when it
-    ended: said on stderr, exit status 3, as a live snapshot's timeout."""
-    _say("--until-done: not every rank had finished when the recording ends; the output shows them as they were")
-    return 3
+def after_timeout(timeout: float | None) -> str:
+    """:func:`not_done`'s ``when`` for a timeout."""
+    return f"after {timeout:g} s (the timeout)"
 
 
 def _exit_status(collector: Any) -> int:
