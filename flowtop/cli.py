@@ -296,9 +296,9 @@ def _snapshot(args: argparse.Namespace) -> int:
 
         return not_done("when the recording ends")
     if rc == 0 and args.until_done and all_done(snap):  # not a signal's early end
-        from flowtop.export.serve import failed_ranks
+        from flowtop.export.serve import end_status
 
-        return failed_ranks(snap)
+        return end_status(snap)
     return rc
 
 

@@ -188,7 +188,7 @@ def test_the_first_rank_to_fail_is_said_and_named(capsys: pytest.CaptureFixture[
     """A DDP rank crashes; its peer dies of the broken collective a moment later. The UI's table
     has room for "failed" only, and nothing said why (a new user's trial); --until-done named
     rank 0's "Connection closed by peer", in rank order, for rank 1's own error."""
-    from flowtop.export.serve import failed_ranks
+    from flowtop.export.serve import end_status
     from flowtop.monitor.wiring import make_model
     from probe import wire
 
@@ -205,5 +205,5 @@ def test_the_first_rank_to_fail_is_said_and_named(capsys: pytest.CaptureFixture[
     assert [(n.severity, n.text) for n in said] == [("error", "rank 1 of ddp failed: error: RuntimeError: rank 1 exploded")]
     snap = model.snapshot(21.0, "test")
     assert snap.jobs[0].status == "failed"
-    assert failed_ranks(snap) == 4
+    assert end_status(snap) == 4
     assert "first rank 1 of ddp: error: RuntimeError: rank 1 exploded" in capsys.readouterr().err

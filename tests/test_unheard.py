@@ -590,7 +590,7 @@ def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: p
     but rank 3 is not known to have finished, so not a clean end (a new user's trial: exit 0,
     silently, with a node's ranks lost): exit 3 as a timeout's, stderr naming them; heard to the
     end, 0."""
-    from flowtop.export.serve import failed_ranks
+    from flowtop.export.serve import end_status
     from flowtop.monitor.snapshot import all_done
 
     j = _Job()
@@ -601,7 +601,7 @@ def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: p
         j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
     snap = j.model.tick(j.now + 0.5)
     assert all_done(snap) and _job(snap).ranks[3].cut is not None
-    assert failed_ranks(snap) == 3
+    assert end_status(snap) == 3
     assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j unheard behind relay(s) on node-b "
                                        "when the job ended: whether they finished is not known\n")
     done = _Job()
@@ -609,4 +609,4 @@ def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: p
     for k in KEYS:
         done.send(k, "bye", {"reason": "exit", "steps": done.steps[k], "drops": 0})
     snap = done.model.tick(done.now + 0.5)
-    assert all_done(snap) and failed_ranks(snap) == 0 and capsys.readouterr().err == ""
+    assert all_done(snap) and end_status(snap) == 0 and capsys.readouterr().err == ""

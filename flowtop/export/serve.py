@@ -115,7 +115,7 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     the data thread publishes one per tick) until SIGINT/SIGTERM/SIGHUP, ``timeout`` or, with
     ``until_done``, the first line on which every rank is done. 0; 1 if the recording failed;
     2 when the monitor could not start; 3 when ``until_done`` met the timeout first; 4 when
-    every rank ended and one or more failed (:func:`failed_ranks`)."""
+    every rank ended and one or more failed (:func:`end_status`)."""
     from flowtop.monitor.snapshot import all_done
 
     stream = out or sys.stdout
@@ -149,7 +149,7 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     if status == 0 and until_done and timed_out:
         return not_done(after_timeout(timeout))
     if status == 0 and until_done and last is not None and all_done(last):  # not a signal's early end
-        return failed_ranks(last)
+        return end_status(last)
     return status
 
 
@@ -157,10 +157,11 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
 FAILED_STATUS = 4
 
 
-def failed_ranks(snap: MonitorSnapshot) -> int:
-    """``--until-done`` met ranks that ended failing (an uncaught exception, a non-zero exit):
-    said on stderr, exit status 4 (a script tells a failed run from a clean one without reading
-    the JSON); else 0."""
+def end_status(snap: MonitorSnapshot) -> int:
+    """The exit status of ``--until-done`` once every rank is done: 4 where ranks ended failing (an
+    uncaught exception, a non-zero exit), 3 where ranks were unheard behind a dead relay at the
+    end (:func:`_unheard_at_end`), each said on stderr (a script tells them from a clean run
+    without reading the JSON); else 0."""
     failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
     if not failed:
         return _unheard_at_end(snap)
