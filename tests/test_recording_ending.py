@@ -142,6 +142,64 @@ def test_snapshot_replay_of_a_recording_cut_in_its_last_frame_prints_it_and_exit
     assert text.returncode == 1 and "is cut short in its record at byte" in text.stderr and "ranks" in text.stdout
 
 
+@pytest.mark.parametrize("keep", [1, 5, 12, HEAD - 1])
+def test_a_recording_cut_inside_its_header_is_a_cut_recording_exit_1(tmp_path: Path, keep: int) -> None:
+    """A real recording truncated to its first ``keep`` bytes (inside the 14-byte header): a cut
+    recording, said with the cut's byte offset, nothing replayed, exit 1 as other cut recordings
+    (it read "not a flowtop recording (bad header)", exit 2). Gzip'd and cut alike, the same."""
+    path = record(tmp_path / "run.rec", 3)
+    data = path.read_bytes()
+    path.write_bytes(data[:keep])
+    said: list[str] = []
+    assert list(read_recording(path, on_cut=said.append)) == []
+    assert said == [f"recording {path} is cut short in its header at byte {keep}: nothing was recorded before the "
+                    "cut, so there is nothing to replay"]
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == f"flowtop: {said[0]}\n" and json.loads(out.stdout)["jobs"] == []
+
+
+def test_a_gzipd_recording_cut_inside_its_header_is_a_cut_recording(tmp_path: Path) -> None:
+    """``gzip run.rec`` then cut at every length that ends the stream inside the header: a cut at
+    the header's byte N (gzip raises EOFError and holds back what it had: it is read a byte at a
+    time), never "not a readable recording"; a stream cut before its first byte says so (exit 2:
+    nothing says it held a recording)."""
+    packed = gzip.compress(record(tmp_path / "run.rec", 3).read_bytes())
+    offsets_seen: set[int] = set()
+    gz = tmp_path / "run.rec.gz"
+    for cut in range(3, len(packed)):
+        gz.write_bytes(packed[:cut])
+        said: list[str] = []
+        try:
+            frames = list(read_recording(gz, on_cut=said.append))
+        except Exception as exc:  # noqa: BLE001
+            assert str(exc) == f"{gz} is a compressed file cut short before its first byte: not known to be a recording"
+            continue
+        if not said or "in its header" not in said[0]:
+            break  # past the header
+        assert frames == [] and said[0].startswith(f"recording {gz} is cut short in its header at byte ")
+        offsets_seen.add(int(said[0].split("at byte ")[1].split(":")[0]))
+    assert offsets_seen and max(offsets_seen) < HEAD
+
+
+def test_a_file_that_is_no_header_prefix_stays_not_a_recording_and_an_empty_one_too(tmp_path: Path) -> None:
+    """First bytes that are not a header's first (a near miss, other text) stay "not a flowtop
+    recording", exit 2; an empty file (a monitor killed before its first write, or any empty file:
+    nothing says it is a recording) stays an error, exit 2, with its own words."""
+    path = tmp_path / "x.rec"
+    cmd = [sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--json"]
+    for text in (b"FLOWTOP-RX", b"GIF89a", b"FLOWTOP_REC 2\n"):
+        path.write_bytes(text)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert (out.returncode, out.stdout) == (2, ""), out.stderr
+        assert out.stderr == f"flowtop: {path} is not a flowtop recording (bad header)\n"
+    path.write_bytes(b"")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr == f"flowtop: {path} is empty: the monitor that wrote it stopped before writing anything\n"
+
+
 def test_snapshot_replay_until_done_of_ranks_not_done_exits_3(tmp_path: Path) -> None:
     """A whole recording whose rank had not finished when it ended is not the run's end either:
     --until-done exits 3 (as a live snapshot's timeout) with the snapshot printed; with the rank's

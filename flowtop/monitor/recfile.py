@@ -220,14 +220,16 @@ def read_recording(path: str | Path, on_cut: Say | None = None, on_note: Say | N
     recording stops): one cut short in a record (the monitor was killed, a copy was truncated),
     one without its end marker (killed between two records), one that stopped for an error, a
     damaged record past the first (a length, a checksum or a body that does not read: said with
-    its number and byte offset; a damaged first record is no recording). ``on_note`` hears what
+    its number and byte offset; a damaged first record is no recording), one cut inside its header
+    (its few bytes are a header's first: said with the offset, nothing yielded; an empty file is
+    no recording, as nothing says it was one). ``on_note`` hears what
     is only worth knowing (a version 1 file: whether it ended cleanly is not known). A
     gzip-compressed recording (``gzip run.rec``) is read as it is. ``on_end`` gets its end marker.
     """
     reader = _Reader(path, on_cut)
     with _open(path) as fh:
         version = reader.header(fh)
-        while True:
+        while version:  # 0: cut inside its header (said)
             at = fh.tell()  # where this record starts (of the uncompressed stream)
             body = reader.body(fh, at, version)
             if body is None:
@@ -270,6 +272,23 @@ def _open(path: str | Path) -> BinaryIO | gzip.GzipFile:
     return fh
 
 
+def _read_header(fh: BinaryIO | gzip.GzipFile, path: str | Path) -> tuple[bytes, bool]:
+    """Up to a header's bytes, and whether a compressed stream was cut inside them: read one at a
+    time, as gzip raises EOFError at a cut and keeps back what it had decompressed before it."""
+    got = bytearray()
+    try:
+        while len(got) < len(MAGIC):
+            byte = fh.read(1)
+            if not byte:
+                break
+            got += byte
+    except EOFError:
+        return bytes(got), True
+    except (OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise RecordingError(f"{path} is not a readable recording ({exc})") from None
+    return bytes(got), False
+
+
 class _Reader:
     """:func:`read_recording`'s state: what was read so far, and how to say where it stopped."""
 
@@ -288,14 +307,20 @@ class _Reader:
         return f"after {self.frames} frames ({self.last:.1f} s recorded)"
 
     def header(self, fh: BinaryIO | gzip.GzipFile) -> int:
-        try:
-            header = fh.read(len(MAGIC))
-        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-            raise RecordingError(f"{self.path} is not a readable recording ({exc})") from None
+        """The format version; 0 for a file cut inside its header (said as a cut: the first bytes
+        of a header, what a copy truncated early or a monitor killed mid-write leaves)."""
+        header, cut = _read_header(fh, self.path)
         if not header:  # the recorder writes in FLUSH_BYTES: killed before the first
+            if cut:  # a gzip stream that ends before its first byte: nothing says it held a recording
+                raise RecordingError(f"{self.path} is a compressed file cut short before its first byte: "
+                                     "not known to be a recording")
             raise RecordingError(f"{self.path} is empty: the monitor that wrote it stopped before writing anything")
         if header in (MAGIC, MAGIC_V1):
             return int(header[len(_PREFIX):-1])
+        if len(header) < len(MAGIC) and (MAGIC.startswith(header) or MAGIC_V1.startswith(header)):
+            self.say(f"recording {self.path} is cut short in its header at byte {len(header)}: nothing was recorded "
+                     "before the cut, so there is nothing to replay")
+            return 0
         if header.startswith(_PREFIX):
             version = header[len(_PREFIX):].decode(errors="replace").strip()
             raise RecordingError(f"{self.path} is a recording of a newer format ({version}): a newer flowtop reads it")
