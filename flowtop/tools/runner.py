@@ -20,7 +20,9 @@ from typing import Mapping
 
 import probe.wire as wire
 from flowtop import settings
+from flowtop.tools import peer_check
 from flowtop.tools.listening import no_monitor_note
+from flowtop.tools.relay_setup import client_keys
 
 #: flowtop/tools/runner.py -> the directory holding flowtop/ and probe/ (checkout or site-packages).
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[2] / "probe" / "bootstrap"
@@ -89,9 +91,13 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     note = no_monitor_note(upstream)
     if note:
         print(f"flowtop run: {note}", file=sys.stderr)
+    # Where something listens: is it a flowtop monitor? (flowtop.tools.peer_check; said once, CMD not held up)
+    end_check = None if note else peer_check.start_check(upstream, client_keys(keys))
     try:
         return _run_child(cmd, env)
     finally:
+        if end_check is not None:
+            end_check()
         if node is not None:
             node.stop()  # hand the node's relay to another flowtop run, if one still runs
 

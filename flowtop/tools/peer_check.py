@@ -1,0 +1,129 @@
+"""Whether what listens at ``flowtop run``'s monitor address is a flowtop monitor. No Textual.
+
+A new user's trial: with another program on the monitor's port (``python -m http.server 5759``,
+any TCP server) ``flowtop run`` said nothing, and the ranks' frames went nowhere: their sockets
+connect, the handshake never completes (a silent peer times it out after 30 s, quietly, again and
+again), and no probe warning fires, as none is about a peer that is no ZeroMQ at all.
+
+So ``flowtop run`` connects once as a probe does (an XPUB with the probes' CURVE keys, if any)
+on a thread of its own while CMD starts, reads the socket's events for a few seconds and says
+once on stderr, with the address and what to do, where a peer accepted the connection but did
+not complete a flowtop handshake. A peer that completes it (a monitor, a node relay) is fine;
+nothing listening is :func:`flowtop.tools.listening.no_monitor_note`'s to say; a refused CURVE
+key the probes say themselves (probe.transport.link). It never delays or touches CMD.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+#: How long the check gives a peer to complete the handshake (its socket's HANDSHAKE_IVL): a
+#: monitor on loopback answers in milliseconds, one across a loaded cluster well inside this.
+HANDSHAKE_S = 3.0
+#: How long the check waits in all (the handshake's time out, and a moment for its event).
+WAIT_S = HANDSHAKE_S + 1.5
+
+
+@dataclass(frozen=True)
+class PeerOutcome:
+    """What the check saw: whether a connection was made, and how its handshake ended
+    ("ok", "auth" refused the key, "protocol" failed, "closed" by the peer, "timeout" with no
+    answer, "none" with no handshake event at all while connected)."""
+
+    connected: bool
+    handshake: str
+
+
+def watch_peer(addr: str, keys: tuple[bytes, bytes, bytes] | None, stop: threading.Event,
+               wait_s: float = WAIT_S) -> PeerOutcome:
+    """Connect to ``addr`` as a probe does and read the socket's events until the handshake's
+    outcome, ``wait_s`` or ``stop``."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    from probe.wire.link import DROPPED
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XPUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+    if "[" in addr:  # an IPv6 literal
+        sock.setsockopt(zmq.IPV6, 1)
+    if keys is not None:
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
+    events = sock.get_monitor_socket()
+    connected, handshake = False, "none"
+    try:
+        sock.connect(addr)
+        deadline = time.monotonic() + wait_s
+        while handshake == "none" and not stop.is_set() and time.monotonic() < deadline:
+            if not events.poll(100):
+                continue
+            ev = recv_monitor_message(events)
+            kind = ev["event"]
+            if kind == zmq.EVENT_CONNECTED:
+                connected = True
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                handshake = "ok"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                handshake = "auth"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                handshake = "protocol"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                handshake = "closed" if ev.get("value") in DROPPED else "timeout"
+    finally:
+        sock.disable_monitor()
+        events.close(0)
+        sock.close(0)
+        ctx.term()
+    return PeerOutcome(connected, handshake)
+
+
+def peer_note(addr: str, outcome: PeerOutcome, curve: bool) -> str | None:
+    """What to tell the user of ``outcome`` at ``addr`` (``curve``: the probes hold keys), or None."""
+    if not outcome.connected or outcome.handshake in ("ok", "auth"):
+        return None  # nothing listens (said before CMD started), a monitor, or a key the probes name
+    fix = ("stop that program, or start the monitor on another port (flowtop --listen tcp://HOST:OTHER) "
+           "and give the same address here (--connect tcp://HOST:OTHER); `flowtop doctor` checks it")
+    what = {
+        "protocol": "answered a flowtop probe's ZeroMQ handshake with a protocol error",
+        "closed": "closed a flowtop probe's connection during its handshake",
+        "timeout": f"did not answer a flowtop probe's handshake within {HANDSHAKE_S:g} s",
+        "none": f"did not complete a flowtop probe's handshake within {HANDSHAKE_S:g} s",
+    }[outcome.handshake]
+    keyed = ""
+    if outcome.handshake in ("protocol", "closed"):  # what a monitor with other keys does too
+        keyed = (" (or it is a monitor whose CURVE key is not the one in the probes' key directory)" if curve else
+                 " (or it is a monitor that requires CURVE keys: --curve-dir)")
+    return (f"something listens on {addr} but it is not a flowtop monitor: it {what}{keyed}; the training runs, "
+            f"but its ranks' frames go nowhere: {fix}")
+
+
+def start_check(addr: str, keys: tuple[bytes, bytes, bytes] | None,
+                say: Callable[[str], None] | None = None) -> Callable[[], None]:
+    """Run the check on a daemon thread; return what stops it (and waits for it, briefly): the
+    caller's end must not wait out the check, nor leave a ZeroMQ context open at exit."""
+    stop = threading.Event()
+    tell = say or (lambda text: print(f"flowtop run: {text}", file=sys.stderr, flush=True))
+
+    def check() -> None:
+        try:
+            note = peer_note(addr, watch_peer(addr, keys, stop), keys is not None)
+        except Exception:  # noqa: BLE001 - a check that fails says nothing: the run goes on
+            return
+        if note and not stop.is_set():
+            tell(note)
+
+    thread = threading.Thread(target=check, name="flowtop-peer-check", daemon=True)
+    thread.start()
+
+    def end() -> None:
+        stop.set()
+        thread.join(1.0)
+
+    return end
+

@@ -1,0 +1,175 @@
+"""``flowtop run`` says when what listens at the monitor's address is not a flowtop monitor.
+
+A new user's trial: with ``python -m http.server 5759`` (or any TCP server) on the monitor's port,
+``flowtop run`` said nothing and the ranks' frames went nowhere. Real listeners here (an HTTP
+server process, a raw TCP listener that says nothing, one that writes an SSH banner, one that
+closes every connection, a ZeroMQ ROUTER), a real monitor, and a real ``flowtop run`` of a real
+command: the note comes once on stderr, with the address and the fix, and the command's output and
+exit status are its own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flowtop.tools.demo.launch import free_port_pair
+from flowtop.tools.peer_check import HANDSHAKE_S, PeerOutcome, peer_note, watch_peer
+
+ROOT = Path(__file__).resolve().parent.parent
+NOT_A_MONITOR = "but it is not a flowtop monitor"
+
+
+def _tcp_listener(port: int, behave: str) -> socket.socket:
+    """A raw TCP listener on loopback: "silent" accepts and says nothing, "banner" writes an SSH
+    banner and keeps the connection, "close" closes every connection at once."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(16)
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = ls.accept()
+            except OSError:
+                return
+            if behave == "banner":
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            if behave == "close":
+                conn.close()
+            else:
+                held.append(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return ls
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """``python -m http.server PORT`` on loopback, as the user ran it."""
+    port = free_port_pair()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until it accepts
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "http.server did not start"
+                time.sleep(0.1)
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _run_until_said(addr: str, tmp_path: Path) -> tuple[int, str, str]:
+    """``flowtop run --connect ADDR -- CMD`` whose CMD trains on (a loop) until the test has read
+    the note, or 60 s: (exit status, stdout, stderr)."""
+    go = tmp_path / "go"
+    child = ("import os, time\nfor _ in range(600):\n    if os.path.exists(%r): break\n    time.sleep(0.1)\n"
+             "print('trained')\nraise SystemExit(7)\n") % str(go)
+    proc = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "run", "--relay", "off", "--connect", addr, "--",
+                             sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr is not None
+    err = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            if NOT_A_MONITOR in line:
+                break
+        go.touch()
+        out, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, "".join(err) + rest
+
+
+def test_run_says_an_http_server_on_the_port_is_not_a_monitor(http_server: str, tmp_path: Path) -> None:
+    rc, out, err = _run_until_said(http_server, tmp_path)
+    assert (rc, out) == (7, "trained\n")  # the command's own output and status
+    assert err == (f"flowtop run: something listens on {http_server} but it is not a flowtop monitor: it did not "
+                   f"answer a flowtop probe's handshake within {HANDSHAKE_S:g} s; the training runs, but its ranks' "
+                   "frames go nowhere: stop that program, or start the monitor on another port (flowtop --listen "
+                   "tcp://HOST:OTHER) and give the same address here (--connect tcp://HOST:OTHER); `flowtop doctor` "
+                   "checks it\n")  # once
+
+
+@pytest.mark.parametrize("behave", ["silent", "banner", "close"])
+def test_run_says_a_raw_tcp_listener_is_not_a_monitor(behave: str, tmp_path: Path) -> None:
+    port = free_port_pair()
+    ls = _tcp_listener(port, behave)
+    try:
+        rc, out, err = _run_until_said(f"tcp://127.0.0.1:{port}", tmp_path)
+    finally:
+        ls.close()
+    assert (rc, out) == (7, "trained\n")
+    assert err.count(NOT_A_MONITOR) == 1 and f"something listens on tcp://127.0.0.1:{port} " in err, err
+
+
+def test_the_check_tells_each_peer_apart(http_server: str) -> None:
+    """The outcome per peer, and what is said of it: an HTTP server times the handshake out, a
+    peer that closes each connection "closed" it (also what a monitor with other CURVE keys does:
+    the note says so), a ZeroMQ ROUTER (another ZeroMQ program) never completes it, a real flowtop
+    monitor completes it (nothing said), and nothing listening is said elsewhere (nothing here)."""
+    import zmq
+    from monitor_thread import MonitorThread
+
+    stop = threading.Event()
+    assert watch_peer(http_server, None, stop) == PeerOutcome(True, "timeout")
+    port = free_port_pair()
+    ls = _tcp_listener(port, "close")
+    try:
+        closed = watch_peer(f"tcp://127.0.0.1:{port}", None, stop)
+    finally:
+        ls.close()
+    assert closed == PeerOutcome(True, "closed")
+    assert "(or it is a monitor that requires CURVE keys: --curve-dir)" in (peer_note("x", closed, False) or "")
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    rport = router.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        other = watch_peer(f"tcp://127.0.0.1:{rport}", None, stop)
+    finally:
+        router.close(0)
+        ctx.term()
+    assert other.connected and other.handshake in ("none", "protocol") and peer_note("x", other, False)
+    mon = MonitorThread()
+    try:
+        assert watch_peer(mon.listen, None, stop) == PeerOutcome(True, "ok")
+    finally:
+        mon.close()
+    assert peer_note("x", PeerOutcome(True, "ok"), False) is None
+    nothing = watch_peer(f"tcp://127.0.0.1:{free_port_pair()}", None, stop, wait_s=1.0)
+    assert nothing == PeerOutcome(False, "none") and peer_note("x", nothing, False) is None
+
+
+def test_run_says_nothing_of_a_real_monitor(tmp_path: Path) -> None:
+    """A real monitor: the command runs past the check's time, and nothing is said."""
+    from monitor_thread import MonitorThread
+
+    mon = MonitorThread()
+    try:
+        child = f"import time; time.sleep({HANDSHAKE_S + 2.5}); print('trained')"
+        ran = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", "--relay", "off", "--connect", mon.listen,
+                              "--", sys.executable, "-c", child], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        mon.close()
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "trained\n", "")
