@@ -151,11 +151,12 @@ def test_a_failed_rank_comes_first_and_marks_its_node() -> None:
 
 def test_the_status_maps_legend_keeps_failed_on_a_short_map() -> None:
     """At 80x24 the rank map is 4 rows: the legend's title and 3 lines. A seventh status made the
-    legend 5 lines, and "failed", listed last, was the one cut (a reviewer's find): worst first."""
+    legend 5 lines, and "failed", listed last, was the one cut (a reviewer's find): worst first.
+    The eighth, "stop" (a signal ended it), leaves live and done to be cut."""
     from flowtop.tui.widgets.rank_map import LEGEND_WIDTH, legend_lines
 
     shown = ["".join(text for text, _ in line) for line in legend_lines("status", 8, LEGEND_WIDTH - 1)[:4]]
-    assert "■failed ■stale" in shown and "■hung ■unseen" in shown, shown
+    assert "■failed ■stop" in shown and "■stale ■hung" in shown and "■unseen ■confl" in shown, shown
 
 
 @pytest.mark.slow

@@ -164,7 +164,7 @@ def test_scrape_equals_the_snapshot(made: list[Any]) -> None:
     status = by_name(text, "flowtop_rank_status")
     assert {(s.labels["rank"], s.labels["flowtop_rank_status"]) for s in status if s.value == 1} == {
         (k, r["status"]) for k, r in ranks.items()}
-    assert len(status) == 6 * len(ranks)  # one sample per state (live, stalled, stale, done, failed, unheard)
+    assert len(status) == 7 * len(ranks)  # one sample per state (live, stalled, stale, done, failed, stopped, unheard)
     job_fields = {"flowtop_job_mfu_ratio": "mfu", "flowtop_job_model_flops_per_second": "flops_per_s",
                   "flowtop_job_step_seconds": "step_time_s", "flowtop_job_tokens_per_second": "tokens_per_s",
                   "flowtop_job_world_size": "world_size", "flowtop_job_peak_flops_per_second": "peak_flops"}

@@ -77,16 +77,16 @@ def test_a_rank_a_straggler_hint_names_leads_the_stragglers() -> None:
 
 
 def test_a_rank_a_signal_ended_sorts_before_the_crashes_that_followed() -> None:
-    """A node SIGTERMed mid-run (scancel, preemption) says bye "SIGTERM" and is ``done``; its
+    """A node SIGTERMed mid-run (scancel, preemption) says bye "SIGTERM" and is ``stopped``; its
     peers then fail in their broken collectives. The signalled ranks are where it started: they
     sort first, before the failed ones (a new user's trial had them last, below the gloo errors),
-    their node row's worst status still ``done``; a rank done without a signal stays last."""
+    as does their node row's worst status; a rank done without a signal stays last."""
     job = _small_job(dead_nodes=())
     by_rank = {r.rank: r for r in job.ranks}
     ranks = []
     for r in job.ranks:
         if r.rank in (8, 9):  # node 1: SIGTERMed
-            r = dataclasses.replace(r, status="done", bye_reason="SIGTERM")
+            r = dataclasses.replace(r, status="stopped", bye_reason="SIGTERM")
         elif r.rank in (0, 3):  # peers whose collective broke
             r = dataclasses.replace(r, status="failed", bye_reason="error: RuntimeError: Connection reset by peer")
         elif r.rank == 63:  # ended cleanly
@@ -97,9 +97,9 @@ def test_a_rank_a_signal_ended_sorts_before_the_crashes_that_followed() -> None:
     assert order[:4] == [8, 9, 0, 3]
     assert order[-1] == 63
     node1 = node_group(by_rank[8].host, [r for r in ranks if r.host == by_rank[8].host], job_context(ranks))
-    assert by_rank[8].host == by_rank[9].host and node1.worst_status == "live"  # live ranks 10-15 beside them
-    only = node_group("x", [r for r in ranks if r.rank in (8, 9)], job_context(ranks))
-    assert only.worst_status == "done"
+    assert by_rank[8].host == by_rank[9].host and node1.worst_status == "stopped"  # live ranks 10-15 beside them
+    only = node_group("x", [r for r in ranks if r.rank in (8, 9, 0)], job_context(ranks))
+    assert only.worst_status == "stopped"  # before the crash it caused, as in the order
 
 
 def test_column_sort_worst_values_first_and_missing_last() -> None:

@@ -346,7 +346,7 @@ def test_forged_rank_floods_are_capped_and_counted() -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path: Path) -> None:
+def test_sigterm_says_bye_and_the_rank_is_stopped(monitor: MonitorThread, tmp_path: Path) -> None:
     import signal
 
     proc = _quiet_training(monitor, tmp_path, 60)  # on by default
@@ -354,8 +354,8 @@ def test_sigterm_says_bye_and_the_rank_is_done(monitor: MonitorThread, tmp_path:
         monitor.wait_for(lambda s: bool(s.jobs) and s.jobs[0].ranks[0].step > 10, 60)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == -signal.SIGTERM  # it still dies of the signal, as without the probe
-        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "done", 10)
-        assert snap.jobs[0].ranks[0].bye_reason == "SIGTERM" and snap.jobs[0].status == "done"
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "stopped", 10)
+        assert snap.jobs[0].ranks[0].bye_reason == "SIGTERM" and snap.jobs[0].status == "stopped"
     finally:
         proc.kill()
         proc.wait(10)
@@ -399,7 +399,7 @@ def test_sigterm_sends_the_steps_a_paced_batch_holds_before_the_bye(monitor: Mon
         assert snap.jobs[0].ranks[0].step < 15
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == -signal.SIGTERM
-        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "done", 10)
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "stopped", 10)
         rank = snap.jobs[0].ranks[0]
         assert rank.bye_reason == "SIGTERM" and rank.step == 15
     finally:
@@ -430,7 +430,7 @@ def test_a_rank_hung_in_c_still_dies_of_sigterm_at_once_and_says_bye(monitor: Mo
         # The signal's byte wakes the sender's poll at once; it says bye and waits 0.3 s for it
         # to get out. (A sender that woke only for its next hello would take up to 2 s more.)
         assert time.monotonic() - t0 < 1.5
-        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "done", 10)
+        snap = monitor.wait_for(lambda s: s.jobs[0].ranks[0].status == "stopped", 10)
         assert snap.jobs[0].ranks[0].bye_reason == "SIGTERM"
     finally:
         proc.kill()

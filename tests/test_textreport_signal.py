@@ -9,7 +9,7 @@ from probe import wire
 from probe.wire import RankKey
 
 
-def test_a_signal_ended_rank_reads_done_with_its_signal() -> None:
+def test_a_signal_ended_rank_reads_stopped_with_its_signal() -> None:
     model = make_model()
     keys = [RankKey("j", "node-a", 100 + r, r, 0) for r in range(3)]
     seq = dict.fromkeys(keys, 0)
@@ -28,6 +28,6 @@ def test_a_signal_ended_rank_reads_done_with_its_signal() -> None:
     send(keys[2], "bye", {"reason": "exit", "steps": 5, "drops": 0}, 2.0)
     lines = render(model.tick(2.5)).splitlines()
     rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("0", "1", "2")}
-    assert rows["0"].endswith("done (SIGTERM)")
+    assert rows["0"].endswith("stopped (SIGTERM)")  # "done (SIGTERM)" before: status stopped
     assert rows["1"].endswith("failed (error: RuntimeError: boom)")
     assert rows["2"].endswith("done")

@@ -155,7 +155,7 @@ def test_a_silent_relays_rank_is_left_out_of_the_jobs_figures_and_named() -> Non
     assert _metric(snap, "flowtop_job_mfu_ratio") == pytest.approx(5e10 / 3e12, rel=1e-6)
     # Exported "unheard", not "stale": an alert on stale ranks (dead or hung) does not fire for it.
     assert _exported_states(snap) == {0: "live", 1: "live", 2: "live", 3: "unheard"}
-    assert _job_ranks(snap) == {"live": 3, "stalled": 0, "stale": 0, "done": 0, "failed": 0, "unheard": 1}
+    assert _job_ranks(snap) == {"live": 3, "stalled": 0, "stale": 0, "done": 0, "failed": 0, "stopped": 0, "unheard": 1}
     nodes = {s.labels["host"]: s.labels["flowtop_node_status"]
              for m in snapshot_families(snap, ExportPolicy(max_ranks=1)) for s in m.samples
              if s.name == "flowtop_node_status" and s.value == 1}
@@ -257,7 +257,7 @@ def test_a_job_stale_only_behind_its_relay_exports_unheard() -> None:
     snap = j.run(SILENT_AFTER_S + 2.0)
     assert _job(snap).status == "stale" and len(_job(snap).unheard) == 2
     assert _job_state(snap) == "unheard"
-    assert _job_ranks(snap) == {"live": 0, "stalled": 0, "stale": 0, "done": 0, "failed": 0, "unheard": 2}
+    assert _job_ranks(snap) == {"live": 0, "stalled": 0, "stale": 0, "done": 0, "failed": 0, "stopped": 0, "unheard": 2}
     assert _node_states(snap) == {"node-b": "unheard"}
     # Rank 0 heard directly but silent of its own (a crash): stale, as the job is.
     mixed = _Job([RankKey("j", "node-a", 100, 0, 0), RankKey("j", "node-b", 101, 1, 0)], {0: 0.05, 1: 0.05}, direct=1)

@@ -108,18 +108,20 @@ SNAPSHOT_FAMILIES: tuple[Family, ...] = (
            "seconds"),
     *(Family(name, "counter", doc, RANK_LABELS) for name, doc, _ in RANK_COUNTERS),
     Family("flowtop_rank_status", "stateset", "Rank status: live, stalled (talks, no step), stale (silent), done, "
-           "failed (ended of an uncaught exception), unheard (behind a silent or closed relay; may train on)",
+           "failed (ended of an uncaught exception), stopped (a signal ended it: SIGTERM, Ctrl-C), unheard (behind a "
+           "silent or closed relay; may train on)",
            RANK_LABELS),
     *_gauges(JOB_GAUGES, JOB_LABELS),
     *_gauges(JOB_QUANTILES, (JOB_LABEL, QUANTILE_LABEL), " (rank_quantile 0, 0.5, 0.95, 1 across running heard ranks)"),
     Family("flowtop_job_status", "stateset", "Job status: running, stalled, stale, done, failed, "
-           "unheard (stale only behind silent or closed relays)", JOB_LABELS),
+           "stopped (every rank ended, none failed, one or more by a signal), unheard (stale only behind "
+           "silent or closed relays)", JOB_LABELS),
     Family("flowtop_job_peak", "info", "Where the peak of the job's MFU and HFU comes from: source table "
            "(datasheet), estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), "
            "none (no MFU), unknown (a probe before wire 1.4) or mixed (ranks differ); dtype the peak is of (the "
            "snapshot JSON's peak_source has the detail)", JOB_LABELS),
     Family("flowtop_job_ranks", "gauge", "Rank processes of the job by status (live, stalled, stale, done, failed, "
-           "unheard: behind a silent or closed relay)", (JOB_LABEL, "status")),
+           "stopped, unheard: behind a silent or closed relay)", (JOB_LABEL, "status")),
     Family("flowtop_job_rank_series", "gauge", "1: per-rank series exported; 0: per-node aggregates instead "
            "(more ranks than --prometheus-max-ranks)", JOB_LABELS),
     Family("flowtop_job_hints", "gauge", "Active bottleneck hints by id and severity", HINT_LABELS),

@@ -24,7 +24,7 @@ DEFAULT_MAX_RANKS = 1024
 DEFAULT_LINGER_S = 60.0
 
 #: "unheard": stale, but only for ranks behind silent or closed relays (they may train on).
-JOB_STATES = ("running", "stalled", "stale", "done", "failed", "unheard")
+JOB_STATES = ("running", "stalled", "stale", "done", "failed", "stopped", "unheard")
 
 #: Percentiles across ranks (flowtop.monitor.rankstats.PERCENTILES) as ``rank_quantile`` label values.
 QUANTILES = ("0", "0.5", "0.95", "1")

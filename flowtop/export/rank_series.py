@@ -22,7 +22,7 @@ from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
 #: A rank's exported state: its status, but "unheard" where a silent or closed relay cut it off. Such a
 #: rank may still train: "stale" would fire alerts meant for dead or hung ranks, and a finished job
 #: keeps its cut ranks' series until the linger ends (flowtop.export.exporter).
-RANK_STATES = ("live", "stalled", "stale", "done", "failed", "unheard")
+RANK_STATES = ("live", "stalled", "stale", "done", "failed", "stopped", "unheard")
 
 
 def export_state(r: RankSnapshot) -> str:
@@ -32,7 +32,7 @@ def export_state(r: RankSnapshot) -> str:
 
 #: A node's exported state when some of its ranks are unheard: the worst of its ranks' exported
 #: states, "unheard" below every trouble the monitor sees itself (a heard rank's stale or stall).
-NODE_ORDER = ("failed", "stale", "stalled", "unheard", "live", "done")
+NODE_ORDER = ("stopped", "failed", "stale", "stalled", "unheard", "live", "done")  # as rankview.STATUS_TIER
 
 
 def node_state(group: NodeGroup, members: list[RankSnapshot]) -> str:

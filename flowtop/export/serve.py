@@ -115,7 +115,7 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     the data thread publishes one per tick) until SIGINT/SIGTERM/SIGHUP, ``timeout`` or, with
     ``until_done``, the first line on which every rank is done. 0; 1 if the recording failed;
     2 when the monitor could not start; 3 when ``until_done`` met the timeout first; 4 when
-    every rank ended and one or more failed (:func:`end_status`)."""
+    every rank ended and one or more failed, 5 when a signal stopped ranks (:func:`end_status`)."""
     from flowtop.monitor.snapshot import all_done
 
     stream = out or sys.stdout
@@ -155,21 +155,38 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
 
 #: ``--until-done``'s exit status when every rank ended and one or more failed.
 FAILED_STATUS = 4
+#: ... when every rank ended, none failed, and a signal ended one or more mid-run (``stopped``:
+#: scancel, a preemption, a timeout's kill): not finished, yet no crash to look for.
+STOPPED_STATUS = 5
 
 
 def end_status(snap: MonitorSnapshot) -> int:
     """The exit status of ``--until-done`` once every rank is done: 4 where ranks ended failing (an
-    uncaught exception, a non-zero exit), 3 where ranks were unheard behind a dead relay at the
-    end (:func:`_unheard_at_end`), each said on stderr (a script tells them from a clean run
-    without reading the JSON); else 0."""
+    uncaught exception, a non-zero exit), 5 where none failed but a signal stopped ranks
+    (:func:`_stopped_at_end`), 3 where ranks were unheard behind a dead relay at the end
+    (:func:`_unheard_at_end`), each said on stderr (a script tells them from a clean run without
+    reading the JSON); else 0. A crash wins: torchrun stops a crashed rank's peers with SIGTERM."""
     failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
     if not failed:
-        return _unheard_at_end(snap)
+        return _stopped_at_end(snap) or _unheard_at_end(snap)
     # The first to end: the ranks that die of a peer's crash (its collective broken) end after it;
     # in rank order, rank 0's "Connection closed by peer" was named for rank 1's own error.
     job, first = min(failed, key=lambda jr: jr[1].heard_at)
     _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job}: {first.bye_reason}")
     return FAILED_STATUS
+
+
+def _stopped_at_end(snap: MonitorSnapshot) -> int:
+    """5 (said) where a signal ended ranks (status ``stopped``), naming how many, the signal and
+    the first rank it ended; else 0."""
+    stopped = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "stopped"]
+    if not stopped:
+        return 0
+    job, first = min(stopped, key=lambda jr: jr[1].heard_at)
+    how = ", ".join(sorted({r.bye_reason or "?" for _, r in stopped}))
+    _say(f"--until-done: {len(stopped)} rank(s) stopped by a signal ({how}) before they finished, "
+         f"first rank {first.rank} of {job}")
+    return STOPPED_STATUS
 
 
 def _unheard_at_end(snap: MonitorSnapshot) -> int:

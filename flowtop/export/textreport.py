@@ -11,7 +11,6 @@ from flowtop.monitor.hints import HintGroup, grouped, hint_line
 from flowtop.monitor.moe_load import ExpertLoad
 from flowtop.monitor.precision import bf16_eq_differs
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot
-from flowtop.monitor.rankview import SIGNAL_PREFIX
 from flowtop.monitor.snapshot_json import peak_per_rank
 
 
@@ -34,7 +33,7 @@ def render(snap: MonitorSnapshot) -> str:
         f = job.flops
         lines.append(
             f"job {job.job}  ranks {job.ranks_seen}/{job.world_size}  step {job.step}  "
-            f"step {seconds(job.step_time_s)}  tokens/s {si(job.tokens_per_s)}  {job.status}"
+            f"step {seconds(job.step_time_s)}  tokens/s {si(job.tokens_per_s)}  {job.status_text}"
         )
         mixed = any(r.flops is not None and bf16_eq_differs(r.flops.precision, r.flops.mfu_bf16) for r in job.ranks)
         if f is not None:
@@ -163,10 +162,8 @@ def _experts(x: ExpertLoad) -> str:
 
 def _why(r: RankSnapshot, now: float) -> str:
     """What a rank's status cell adds: its status reason at ``now`` (a relay's silence, with its
-    seconds), for a failed rank the exception it ended of (its bye), for one a signal ended the
-    signal ("done (SIGTERM)": a launcher stopping the survivors of a crash, scancel, preemption)."""
-    if r.status == "failed" and r.bye_reason:
-        return r.bye_reason
-    if r.status == "done" and r.bye_reason is not None and r.bye_reason.startswith(SIGNAL_PREFIX):
+    seconds), for a failed rank the exception it ended of (its bye), for a stopped one the signal
+    that ended it ("stopped (SIGTERM)": a launcher stopping the survivors of a crash, scancel, preemption)."""
+    if r.status in ("failed", "stopped") and r.bye_reason:
         return r.bye_reason
     return r.status_reason_at(now)

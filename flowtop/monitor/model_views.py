@@ -24,7 +24,7 @@ from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.relays import Relays
 from flowtop.monitor.relayviews import over_phrase
 from flowtop.monitor.rotation import ticks_per_round
-from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
+from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot, job_end_status
 from probe.wire import RankKey
 
 
@@ -165,7 +165,7 @@ class ModelViews:
         live = [r for r in heard if r.status == "live"] or heard or list(ranks)
         times = [r.step_time_s for r in live if r.step_time_s and r.cut is None]
         if heard and all(r.status in ENDED for r in heard):  # failed: one or more ended of an exception
-            status = "failed" if any(r.status == "failed" for r in heard) else "done"
+            status = job_end_status({r.status for r in heard})
         elif any(r.status == "live" for r in ranks):
             status = "running"
         elif any(r.status == "stalled" for r in ranks):

@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 from flowtop.monitor.format import fmt_ranks
 from flowtop.monitor.snapshot import Hint, JobSnapshot, RankSnapshot
 
-STATUSES = frozenset({"live", "stalled", "stale", "done", "failed"})
+STATUSES = frozenset({"live", "stalled", "stale", "done", "failed", "stopped"})
 #: Words people use for a status: a rank that talks but makes no step is hung.
 STATUS_ALIASES = {"hung": "stalled"}
 CONFLICT = "conflict"

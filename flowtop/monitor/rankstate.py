@@ -17,8 +17,8 @@ from flowtop.monitor.compact import Column, PairSeq
 from flowtop.monitor.parallelism import coords_of
 from flowtop.monitor.sanitize import printable
 from flowtop.monitor.stepring import StepRing
-from flowtop.monitor.snapshot import History, TelemetryView
-from probe.wire import BYE_ERROR_PREFIX, FlopsReport, HelloStep, RankKey
+from flowtop.monitor.snapshot import History, TelemetryView, ended_status
+from probe.wire import FlopsReport, HelloStep, RankKey
 
 if TYPE_CHECKING:  # built and added by flowtop.monitor.rankkernels
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -283,7 +283,7 @@ def running(st: RankState, now: float) -> bool:
     """Neither said bye nor silent past the stale limit (a stalled rank still runs)."""
     if st.bye is None and now - st.last_recv <= STALE_AFTER_S:
         return True  # the limit is at least that: no median needed (every rank, every tick)
-    return status(st, now, median_step(st), None) not in ("done", "failed", "stale")
+    return st.bye is None and status(st, now, median_step(st), None) != "stale"  # a bye: ended (ENDED)
 
 
 def gone(st: RankState, now: float) -> bool:
@@ -315,10 +315,11 @@ def median_step(st: RankState) -> float | None:
 
 
 def status(st: RankState, now: float, med: float | None, stalled: float | None) -> str:
-    """"done" (said bye), "failed" (said bye as its process ended of an uncaught exception), "stale"
-    (silent past the limit), "stalled" (talks, no step), "live"."""
+    """"done" (said bye), "failed" (said bye as its process ended of an uncaught exception),
+    "stopped" (said bye as a signal ended it: snapshot.ended_status), "stale" (silent past the
+    limit), "stalled" (talks, no step), "live"."""
     if st.bye is not None:
-        return "failed" if st.bye.startswith(BYE_ERROR_PREFIX) else "done"
+        return ended_status(st.bye)
     if now - st.last_recv > limit(med):
         return "stale"
     if stalled is not None:
@@ -351,7 +352,7 @@ def liveness(st: RankState, now: float, med: float | None) -> Liveness:
     and limit looked up once instead of three times each (a large job's light views ask of every
     rank at every tick, RankViews._light). Keep it in step with those three."""
     if st.bye is not None:
-        return Liveness(None, "failed" if st.bye.startswith(BYE_ERROR_PREFIX) else "done", math.inf)
+        return Liveness(None, ended_status(st.bye), math.inf)
     lim = limit(med)
     at = last_step_at(st)
     stalled = now - at if at is not None and now - at > lim else None

@@ -85,14 +85,16 @@ MISSING = -2  # no rank with these numbers has said hello (a never-started rack 
 _MFU_EDGES = (0.4, 0.3, 0.2, 0.1)  # >= edge: bin index; below the last: 4; above 100 %: 5
 _STEP_EDGES = (1.05, 1.15, 1.5, 2.0)  # <= edge x median: bin index; above: 4
 _WAIT_EDGES = (0.02, 0.10, 0.25, 0.50)  # < edge: bin index; else 4
-#: Status bins: done, live, conflict, missing (never said hello), stalled, stale, failed.
-STATUS_BINS = {"done": 0, "live": 1, "conflict": 2, "missing": 3, "stalled": 4, "stale": 5, "failed": 6}
+#: Status bins: done, live, conflict, missing (never said hello), stalled, stale, stopped (a signal
+#: ended it), failed. A cell shows its worst: a crash over a signal's stop, a stop over silence.
+STATUS_BINS = {"done": 0, "live": 1, "conflict": 2, "missing": 3, "stalled": 4, "stale": 5, "stopped": 6, "failed": 7}
 #: Legend labels per metric, one per bin from 0 up (the lower edge of each value bin).
 LEGEND: dict[str, tuple[str, ...]] = {
     "mfu": ("≥40", "30", "20", "10", "<10", ">100"),
     "step_time": ("≤1.05", "1.15", "1.5", "2", ">2"),
     "input_wait": ("<2", "10", "25", "50", "≥50"),
-    "status": ("done", "live", "confl", "unseen", "hung", "stale", "failed"),  # hung: stalled (the filter's word too)
+    # hung: stalled (the filter's word too)
+    "status": ("done", "live", "confl", "unseen", "hung", "stale", "stop", "failed"),
 }
 
 

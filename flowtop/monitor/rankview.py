@@ -29,21 +29,16 @@ RowKey = Union[RankKey, NodeKey]
 #: Silent before hung: when a node dies the other ranks hang in their collectives waiting for
 #: it, and the dead node is the one to look at (it read last of 128 nodes, below the 1,016 ranks
 #: hung waiting for it; a new user's trial).
-STATUS_TIER = {"failed": 0, "stale": 1, "stalled": 2, "live": 4, "done": 5}
+#: A rank a signal ended (``stopped``, its bye "SIGTERM": scancel, a preemption, a node's
+#: launcher killed) comes before even the crashes: when its peers then fail (a collective broken
+#: by the rank that left) it is where the failure started (a new user's trial: the SIGTERMed node
+#: sorted last, below its peers' gloo errors). So is its node row's worst status.
+STATUS_TIER = {"stopped": -1, "failed": 0, "stale": 1, "stalled": 2, "live": 4, "done": 5}
 STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
 CONFLICT_TIER = 3
 LIVE_TIER = STATUS_TIER["live"]
-DONE_TIER = STATUS_TIER["done"]
-#: A rank that said bye because a signal ended it (``bye_reason`` "SIGTERM": scancel, a
-#: preemption, a node's launcher killed) is ``done``, but when its peers then fail (a collective
-#: broken by the rank that left) it is where the failure started: it sorts first, before the
-#: crashes it caused (a new user's trial: the SIGTERMed node sorted last, below its peers' gloo
-#: errors). Its status, and its node row's worst status, stay ``done``.
-SIGNALLED_TIER = -1
-#: How a signal's bye reason starts (probe.transport.sigterm says "SIGTERM").
-SIGNAL_PREFIX = "SIG"
 #: Worst status of a node: the lowest tier among its ranks.
-_TIER_STATUS = {0: "failed", 1: "stale", 2: "stalled", 3: "live", 4: "live", 5: "done"}
+_TIER_STATUS = {-1: "stopped", 0: "failed", 1: "stale", 2: "stalled", 3: "live", 4: "live", 5: "done"}
 #: A live rank is a straggler this many steps behind the job's lead rank. One step apart is
 #: ordinary: ranks are sampled at slightly different moments of the same step.
 STRAGGLER_LAG = 2
@@ -122,15 +117,13 @@ def median_sorted(xs: list[float]) -> float | None:
 
 
 def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
-    """Sort key: ended by a signal, failed, silent, hung, then stragglers (those a straggler hint names, then the
-    most steps behind and slowest step), then the lowest MFU; rank number and incarnation break
-    ties so the order is deterministic."""
+    """Sort key: stopped (ended by a signal), failed, silent, hung, then stragglers (those a
+    straggler hint names, then the most steps behind and slowest step), then the lowest MFU; rank
+    number and incarnation break ties so the order is deterministic."""
     limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
 
     def key(r: RankSnapshot) -> tuple:
         tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
-        if tier == DONE_TIER and r.bye_reason is not None and r.bye_reason.startswith(SIGNAL_PREFIX):
-            tier = SIGNALLED_TIER
         step_s = r.step_time_s if r.step_time_s is not None else 0.0
         if tier < LIVE_TIER:  # among the stuck, the one stuck at the lowest step has been stuck longest
             return (tier, 0, r.step, 0.0, r.rank, r.incarnation)

@@ -17,6 +17,7 @@ from flowtop.monitor.records import Slotted, fast_init
 from flowtop.monitor.hintrecord import SEVERITIES as SEVERITIES
 from flowtop.monitor.hintrecord import Hint as Hint
 from flowtop.monitor.relayviews import RelayCut, RelaySnapshot, no_count_reason, over_phrase
+from probe.wire import BYE_ERROR_PREFIX
 
 if TYPE_CHECKING:  # the kernel records' types; their modules load only where windows are built
     from flowtop.monitor.kernels.aggregate import KernelWindowStats
@@ -25,10 +26,34 @@ if TYPE_CHECKING:  # the kernel records' types; their modules load only where wi
     from flowtop.monitor.precision import DtypeMix
 
 
-#: Statuses of a rank (and of a job) that ended: it said bye ("done"), or said bye from a process
+#: Statuses of a rank (and of a job) that ended: it said bye ("done"), said bye from a process
 #: ending of an exception nobody caught ("failed": a crash, a collective that failed when a peer
-#: died; probe.wire.BYE_ERROR_PREFIX). Neither is running: neither is late, stuck or counted.
-ENDED = frozenset({"done", "failed"})
+#: died; probe.wire.BYE_ERROR_PREFIX), or said bye as a signal ended it ("stopped": scancel, a
+#: preemption, a timeout's kill, torchrun stopping the survivors of a crash, Ctrl-C; its bye names
+#: the signal, :func:`ended_status`). None is running: none is late, stuck or counted.
+ENDED = frozenset({"done", "failed", "stopped"})
+#: How a signal's bye reason starts (probe.transport.sigterm says "SIGTERM").
+SIGNAL_PREFIX = "SIG"
+#: The bye of a process Ctrl-C ended (probe.ending: KeyboardInterrupt, i.e. SIGINT).
+INTERRUPTED = "interrupted"
+
+
+def ended_status(bye: str) -> str:
+    """The status of a rank that said ``bye``: "failed" (probe.wire.BYE_ERROR_PREFIX), "stopped"
+    (a signal ended it mid-run: "SIGTERM", "interrupted"), else "done" (its process exited
+    normally: the training loop finished). The one place a bye's reason becomes a status."""
+    if bye.startswith(BYE_ERROR_PREFIX):
+        return "failed"
+    if bye.startswith(SIGNAL_PREFIX) or bye == INTERRUPTED:
+        return "stopped"
+    return "done"
+
+
+def job_end_status(statuses: set[str]) -> str:
+    """The status of a job whose heard ranks all ended, of their statuses: "failed" where one
+    failed (a crash is the news even where torchrun then stopped the survivors with SIGTERM),
+    else "stopped" where a signal ended one (killed mid-run, not finished), else "done"."""
+    return "failed" if "failed" in statuses else "stopped" if "stopped" in statuses else "done"
 
 
 #: Conventions printed beside every FLOP figure.
@@ -177,7 +202,7 @@ class RankSnapshot(Slotted):
     local_rank: int
     incarnation: int
     device: str
-    status: str  # "live" | "stalled" (talks, no step) | "stale" (silent) | "done" | "failed" (see ENDED)
+    status: str  # "live" | "stalled" (talks, no step) | "stale" (silent) | "done" | "failed" | "stopped" (see ENDED)
     step: int
     step_time_s: float | None  # median wall time of recent steps
     device_time_s: float | None  # latest device (CUDA event) time of a step
@@ -286,7 +311,7 @@ class JobSnapshot:
     step_time_s: float | None  # slowest heard rank's median step time; None with every rank unheard
     tokens_per_s: float | None  # once per data-parallel replica where known, else Σ ranks (tokens_basis)
     flops: FlopsView | None  # Σ FLOPs ÷ Σ peaks over the same time
-    status: str  # "running" | "stalled" | "stale" | "done" | "failed" (every rank ended, one or more failed)
+    status: str  # "running" | "stalled" | "stale" | "done" | "failed" | "stopped" (every rank ended: job_end_status)
     hints: tuple[Hint, ...] = ()
     kernels_merged: JobKernelStats | None = None  # the ranks' cumulative tables compared
     #: Rank numbers claimed by more than one live process (see RankSnapshot.conflict).
@@ -315,6 +340,18 @@ class JobSnapshot:
     def over_phrase(self) -> str:
         """What its figures are over when some ranks are unheard (relayviews.over_phrase)."""
         return over_phrase([r.cut for r in self.ranks], self.left_out)
+
+    @cached_property
+    def stopped_by(self) -> tuple[str, ...]:
+        """What ended its stopped ranks (their byes: "SIGTERM", "interrupted"), each once, sorted."""
+        return tuple(sorted({r.bye_reason for r in self.ranks if r.status == "stopped" and r.bye_reason}))
+
+    @property
+    def status_text(self) -> str:
+        """Its status as the TUI and text report say it: "stopped (SIGTERM)" names the signal."""
+        if self.status == "stopped" and self.stopped_by:
+            return f"stopped ({', '.join(self.stopped_by)})"
+        return self.status
 
     @property
     def no_count_reason(self) -> str:

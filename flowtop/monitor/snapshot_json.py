@@ -21,8 +21,9 @@ from flowtop.monitor.relayviews import NO_COUNT_REASON, unheard_hosts
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
-#: enumeration (1.8: the "failed" status of ranks and jobs).
-SCHEMA = "flowtop.snapshot/1.12"
+#: enumeration (1.8: the "failed" status of ranks and jobs; 1.13: the "stopped" status, a job's
+#: ``stopped_by``).
+SCHEMA = "flowtop.snapshot/1.13"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -178,6 +179,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "world_size": j.world_size,
             "ranks_seen": j.ranks_seen,
             "status": j.status,
+            "stopped_by": list(j.stopped_by),  # what ended its stopped ranks ("SIGTERM"); [] where none
             "step": j.step,
             "step_time_s": j.step_time_s,
             "tokens_per_s": j.tokens_per_s,

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     _monitor_args(snap, cpu)
     snap.add_argument("--timeout", type=_positive_float, default=None,
                       help="seconds to collect (default 5; --follow: none)")
-    snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout)")
+    snap.add_argument("--until-done", action="store_true", help="exit once every rank said bye (or at the timeout): "
+                      "0 done, 3 not done or ranks unheard, 4 a rank failed, 5 a signal stopped ranks")
     snap.add_argument("--json", action="store_true", help="print JSON (schema in README)")
     snap.add_argument("--replay", default=None, metavar="FILE", help="read a recording instead of listening")
     snap.add_argument("--follow", action="store_true", help="one snapshot JSON per line until interrupted (JSON Lines)")

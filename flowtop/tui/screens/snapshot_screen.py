@@ -31,7 +31,7 @@ def find_job(snap: MonitorSnapshot | None, job: str | None) -> JobSnapshot | Non
     return next((j for j in snap.jobs if j.job == job), None)
 
 
-_STATUS_RANK = {"live": 0, "stalled": 1, "stale": 2, "done": 3, "failed": 4}
+_STATUS_RANK = {"live": 0, "stalled": 1, "stale": 2, "done": 3, "stopped": 4, "failed": 5}
 
 
 def pick_rank(job: JobSnapshot | None, rank: int) -> RankSnapshot | None:

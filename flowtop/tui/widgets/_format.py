@@ -55,6 +55,7 @@ STATUS_STYLE: Mapping[str, str] = {
     "stalled": "bold yellow",
     "done": "dim",
     "failed": "bold white on red",  # ended of an uncaught exception: what a job's failure starts from
+    "stopped": "bold #fb8c00",  # a signal ended it mid-run (scancel, preemption): not finished
 }
 
 SEVERITY_ORDER: Mapping[str, int] = {s: i for i, s in enumerate(SEVERITIES)}  # most severe first

@@ -100,7 +100,7 @@ class JobHeader(Static):
             out.append(f" [{index + 1}/{count}, n: next]", style="dim")
         out.append(f"  ranks {job.ranks_seen}/{job.world_size}")
         out.append(f"  step {fmt_int(job.step)}  ")
-        out.append(job.status, style=STATUS_STYLE.get(job.status, "yellow"))
+        out.append(job.status_text, style=STATUS_STYLE.get(job.status, "yellow"))  # "stopped (SIGTERM)"
         rejected = f" rej {snap.rejected}" if snap.rejected else ""
         out.append(f"  rx {fmt_int(snap.received)}{rejected}", style="dim")
         lost = sum(r.lost_messages + r.dropped_messages for r in job.ranks)

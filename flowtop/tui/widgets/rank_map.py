@@ -43,7 +43,7 @@ PALETTE: dict[str, tuple[str, ...]] = {
     "mfu": (_GREEN, _LIME, _YELLOW, _ORANGE, _RED, "#d500f9"),
     "step_time": (_GREEN, _LIME, _YELLOW, _ORANGE, _RED),
     "input_wait": (_GREEN, _LIME, _YELLOW, _ORANGE, _RED),
-    "status": ("#607d8b", _GREEN, "#d500f9", "#2979ff", _YELLOW, _RED, "#ff80ab"),
+    "status": ("#607d8b", _GREEN, "#d500f9", "#2979ff", _YELLOW, _RED, _ORANGE, "#ff80ab"),
 }
 NO_VALUE_COLOUR = "#757575"  # ranks there, no figure (no FLOP count yet)
 MISSING_COLOUR = "#303030"  # no rank with these numbers seen
