@@ -173,3 +173,32 @@ def test_run_says_nothing_of_a_real_monitor(tmp_path: Path) -> None:
     finally:
         mon.close()
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, "trained\n", "")
+
+
+def test_a_standalone_relay_says_its_upstream_is_not_a_monitor(tmp_path: Path) -> None:
+    """`flowtop relay --connect ADDR` with a silent TCP listener at ADDR: said once, after its ready line."""
+    import signal
+
+    port = free_port_pair()
+    ls = _tcp_listener(port, "silent")
+    sock = tmp_path / "relay.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "flowtop.cli", "relay", "--listen", f"ipc://{sock}", "--connect",
+                             f"tcp://127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr is not None
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if NOT_A_MONITOR in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        lines.append(proc.communicate(timeout=30)[1])
+    finally:
+        ls.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = "".join(lines)
+    assert said.count(NOT_A_MONITOR) == 1, said
+    assert f"flowtop relay: something listens on tcp://127.0.0.1:{port} but it is not a flowtop monitor" in said

@@ -129,6 +129,11 @@ class Relay:
         """Whether a monitor is subscribed upstream."""
         return self._links.listening
 
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once :meth:`stop` was asked (what a helper thread of the relay's waits on)."""
+        return self._stop
+
     def stop(self) -> None:
         """Ask :meth:`run` to flush, send its closing report and return (any thread)."""
         self._stop.set()

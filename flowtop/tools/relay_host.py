@@ -151,7 +151,7 @@ def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    threading.Thread(target=_say_ready, args=(relay, listen, upstream), name="flowtop-relay-ready",
+    threading.Thread(target=_say_ready, args=(relay, listen, upstream, curve_dir), name="flowtop-relay-ready",
                      daemon=True).start()
     try:
         relay.run()
@@ -164,11 +164,12 @@ def serve(listen: str | None, upstream: str, curve_dir: str | None) -> int:
     return 0
 
 
-def _say_ready(relay: Relay, listen: str, upstream: str) -> None:
+def _say_ready(relay: Relay, listen: str, upstream: str, curve_dir: str | None = None) -> None:
     """Once the relay has bound its address (never before: a busy address printed where ranks
     connect, then that it could not bind): where ranks connect — the command a rank runs, not
     FLOWTOP_ADDR alone: without `flowtop run` (or an attach in the script) no probe is loaded to
-    read it — and, as `flowtop run` says it, that no monitor listens upstream yet."""
+    read it — and, as `flowtop run` says them, that no monitor listens upstream yet, or that what
+    listens there is not a flowtop monitor (flowtop.tools.peer_check, on this thread)."""
     relay.ready.wait()
     if relay.error:
         return  # run() raises it: said once, by serve
@@ -178,4 +179,12 @@ def _say_ready(relay: Relay, listen: str, upstream: str) -> None:
 
     note = no_monitor_note(upstream)
     if note:
+        print(f"flowtop relay: {note}", file=sys.stderr, flush=True)
+        return
+    from flowtop.tools.peer_check import peer_note, watch_peer
+    from flowtop.tools.relay_setup import client_keys
+
+    keys = client_keys(curve_dir)  # loaded once already by Relay: they load
+    note = peer_note(upstream, watch_peer(upstream, keys, relay.stopping), keys is not None)
+    if note and not relay.stopping.is_set():
         print(f"flowtop relay: {note}", file=sys.stderr, flush=True)
