@@ -61,12 +61,20 @@ def _job_percentiles(job: JobSnapshot) -> JobPercentiles:
     # Over the heard ranks: one unheard behind a silent relay has no figures now (JobSnapshot.unheard).
     ranks = [r for r in job.ranks if r.status not in ENDED and r.cut is None] or [
         r for r in job.ranks if r.cut is None]
-    return JobPercentiles(
-        ranks=len(ranks),
-        step_time_s=percentiles(r.step_time_s for r in ranks if r.step_time_s is not None),
-        mfu=percentiles(r.mfu for r in ranks if r.mfu is not None),
-        input_wait_frac=percentiles(r.input_wait_frac for r in ranks if r.input_wait_frac is not None),
-    )
+    # One pass over the ranks for the three figures (twice a second over 4,096 ranks).
+    times: list[float] = []
+    mfus: list[float] = []
+    waits: list[float] = []
+    for r in ranks:
+        if r.step_time_s is not None:
+            times.append(r.step_time_s)
+        mfu = r.mfu
+        if mfu is not None:
+            mfus.append(mfu)
+        if r.input_wait_frac is not None:
+            waits.append(r.input_wait_frac)
+    return JobPercentiles(ranks=len(ranks), step_time_s=percentiles(times), mfu=percentiles(mfus),
+                          input_wait_frac=percentiles(waits))
 
 
 # --- rank map ---------------------------------------------------------------------------------
@@ -101,12 +109,6 @@ LEGEND: dict[str, tuple[str, ...]] = {
 _MFU_UP = tuple(reversed(_MFU_EDGES))  # ascending, for bisect
 
 
-def _mfu_bin(mfu: float) -> int:
-    if mfu > 1.0:
-        return 5
-    return len(_MFU_UP) - bisect.bisect_right(_MFU_UP, mfu)
-
-
 def _binner(metric: str, ctx: JobContext) -> Callable[[RankSnapshot], int]:
     """Rank -> bin for ``metric``."""
     if metric == "status":
@@ -116,9 +118,14 @@ def _binner(metric: str, ctx: JobContext) -> Callable[[RankSnapshot], int]:
             return STATUS_BINS.get(r.status, STATUS_BINS["stale"])
         return status_bin
     if metric == "mfu":
-        def mfu_bin(r: RankSnapshot) -> int:
+        top = len(_MFU_UP)
+        bisect_right = bisect.bisect_right
+
+        def mfu_bin(r: RankSnapshot) -> int:  # above 100 %: 5; else by the edges
             mfu = r.mfu
-            return NO_VALUE if mfu is None else _mfu_bin(mfu)
+            if mfu is None:
+                return NO_VALUE
+            return 5 if mfu > 1.0 else top - bisect_right(_MFU_UP, mfu)
         return mfu_bin
     if metric == "input_wait":
         def wait_bin(r: RankSnapshot) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union, overload
 
 from flowtop.monitor.format import COORD_ROLES
 from flowtop.monitor.rankfilter import RankFilter, hinted_ranks
@@ -286,6 +286,41 @@ class NodeRow:
 Row = Union[RankRow, NodeRow]
 
 
+class FlatRows(Sequence[Row]):
+    """A flat view's rank rows, each made when first read: a refresh of 4,096 rows reads the
+    few on screen (the cursor's row is found by :meth:`index`, which makes no row)."""
+
+    def __init__(self, job: str, ranks: list[RankSnapshot], ctx: JobContext) -> None:
+        self._job, self._ranks, self._ctx = job, ranks, ctx
+        self._made: dict[int, RankRow] = {}
+
+    def __len__(self) -> int:
+        return len(self._ranks)
+
+    @overload
+    def __getitem__(self, i: int) -> Row: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Row, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Row | tuple[Row, ...]:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self._ranks))))
+        n = len(self._ranks)
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(i)
+        row = self._made.get(j)
+        if row is None:
+            r = self._ranks[j]
+            row = self._made[j] = RankRow(rank_key(self._job, r), r, self._ctx.lag(r), False)
+        return row
+
+    def index(self) -> dict[RowKey, int]:
+        """Row key -> row index (the keys made without the rows)."""
+        job = self._job
+        return {(job, r.host, r.pid, r.rank, r.incarnation): i for i, r in enumerate(self._ranks)}
+
+
 @dataclass(frozen=True)
 class ViewSpec:
     """What the user chose: order, grouping, filter, and the nodes opened or closed by hand."""
@@ -316,7 +351,7 @@ class ViewSpec:
 class RankView:
     """The rows to draw for one job under one spec, and the counts its title states."""
 
-    rows: tuple[Row, ...] = ()
+    rows: Sequence[Row] = ()  # a flat view's: FlatRows
     total: int = 0  # rank processes in the job
     shown: int = 0  # of them, those the filter keeps
     nodes: int = 0  # hosts among the shown ranks
@@ -325,6 +360,8 @@ class RankView:
 
     def index(self) -> dict[RowKey, int]:
         """Row key -> row index."""
+        if isinstance(self.rows, FlatRows):
+            return self.rows.index()
         return {row.key: i for i, row in enumerate(self.rows)}
 
 
@@ -350,18 +387,19 @@ def build_view(job: JobSnapshot | None, spec: ViewSpec) -> RankView:
 def _build_view(job: JobSnapshot, spec: ViewSpec) -> RankView:
     ctx = job_context_of(job)
     keep = spec.filter.matcher(job)
-    ranks = [r for r in job.ranks if keep(r)]
+    ranks = [r for r in job.ranks if keep(r)] if spec.filter.active else list(job.ranks)
     ordered = sort_ranks(ranks, ctx, spec.sort, spec.reverse)
+    name = job.job
+    if not spec.grouped:  # the hosts counted only (the title's), not grouped
+        return RankView(FlatRows(name, ordered, ctx), len(job.ranks), len(ranks), len({r.host for r in ranks}),
+                        False, True)
     by_host: dict[str, list[RankSnapshot]] = {}
     for r in ordered:
         by_host.setdefault(r.host, []).append(r)
-    grouped = spec.grouped and len(by_host) > 1
-    name = job.job
-    if not grouped:
-        rows: list[Row] = [RankRow(rank_key(name, r), r, ctx.lag(r), False) for r in ordered]
-        return RankView(tuple(rows), len(job.ranks), len(ranks), len(by_host), False, True)
+    if len(by_host) <= 1:
+        return RankView(FlatRows(name, ordered, ctx), len(job.ranks), len(ranks), len(by_host), False, True)
     default = len(ranks) <= OPEN_UP_TO
-    rows = []
+    rows: list[Row] = []
     for host, members in by_host.items():  # dicts keep insertion order: first-seen = worst
         is_open = spec.is_open(host, default)
         rows.append(NodeRow(node_key(name, host), host, tuple(members), is_open, ctx))

@@ -124,6 +124,7 @@ class RankMap(Widget, can_focus=True):
         self.grid: RankGrid = rank_grid(None, self.metric, map_layout(0, 1, 1))
         self._job: JobSnapshot | None = None
         self._drawn: dict[int, tuple] = {}
+        self._titles: tuple[str, str] | None = None  # (title, subtitle) shown; None: none set yet
         self._strips: dict[int, tuple[tuple, Strip]] = {}
         #: Lines the last :meth:`show` refreshed (bench and tests read it).
         self.lines_refreshed = 0
@@ -168,14 +169,20 @@ class RankMap(Widget, can_focus=True):
 
     def _update_title(self) -> None:
         lay = self.grid.layout
-        self.border_title = Content(f"rank map · {METRIC_LABEL[self.metric]}")
+        title = f"rank map · {METRIC_LABEL[self.metric]}"
         rank = self.grid.ranks[self.cursor] if lay.cells else None
         sub = ""
         if rank is not None:
             first = self.cursor * lay.per_cell
             span = f"ranks {first}-{min(lay.slots, first + lay.per_cell) - 1}, worst " if lay.per_cell > 1 else ""
             sub = f"{span}rank {rank.rank} · {rank.host.split('.')[0]} · {rank.status}"
-        self.border_subtitle = Content(sub)
+        # Set only when changed: setting a title repaints every line of the map (Textual).
+        old = self._titles
+        if old is None or title != old[0]:
+            self.border_title = Content(title)
+        if old is None or sub != old[1]:
+            self.border_subtitle = Content(sub)
+        self._titles = (title, sub)
 
     # --- cursor ----------------------------------------------------------------------------------
 

@@ -109,6 +109,11 @@ class RankTable(ScrollView, can_focus=True):
         self._drawn: dict[int, LineKey] = {}  # screen line -> what was drawn there
         self._strips: dict[int, tuple[LineKey, Strip]] = {}
         self._styles: dict[str, Style] = {}
+        #: What each screen line shows under this view: (y, width, top, cursor row) -> its key.
+        #: A refresh asks it of every line to find those that changed and again of each line it
+        #: paints: the row's cells are formatted once (cleared with each new view).
+        self._keys: dict[tuple[int, int, int, int], LineKey] = {}
+        self._title: str | None = None  # the border title set (None: none yet)
         #: Screen lines the last :meth:`show` refreshed (bench and tests read it).
         self.lines_refreshed = 0
 
@@ -145,11 +150,12 @@ class RankTable(ScrollView, can_focus=True):
     def _rebuild(self) -> None:
         old_key = self._cursor_key
         self.view = build_view(self._job, self.spec)
+        self._keys.clear()
         self._index = self.view.index()
         self.columns = columns_for(self._job)
         rows = self.view.rows
         self.virtual_size = Size(max(row_width(self.columns), self._view.width), len(rows) + 1)
-        self.border_title = Content(view_title(self.view, self.spec))
+        self._set_title(view_title(self.view, self.spec))
         row = self._row_of(old_key)
         self.cursor_row = max(0, min(len(rows) - 1, self.cursor_row if row is None else row))
         self._cursor_key = rows[self.cursor_row].key if rows else None
@@ -157,6 +163,13 @@ class RankTable(ScrollView, can_focus=True):
         self._refresh_changed()
         if self._cursor_key != old_key:
             self.post_message(self.Highlighted(self._cursor_key, self.selected))
+
+    def _set_title(self, title: str) -> None:
+        """Set the border title when it changed: setting one repaints every line of the widget
+        (Textual), and the title reads the same from one snapshot to the next."""
+        if title != self._title:
+            self._title = title
+            self.border_title = Content(title)
 
     def _row_of(self, key: RowKey | None) -> int | None:
         """Where ``key`` is now; a rank hidden in a closed node is found at its node row."""
@@ -310,7 +323,11 @@ class RankTable(ScrollView, can_focus=True):
     def _line_key(self, y: int, width: int, top: int) -> LineKey:
         """What screen line ``y`` shows (``top``: the first row on screen): equal keys draw
         equal lines."""
-        return line_key(self.view, self.spec, self.columns, self.cursor_row, y, width, top)
+        at = (y, width, top, self.cursor_row)
+        key = self._keys.get(at)
+        if key is None:
+            key = self._keys[at] = line_key(self.view, self.spec, self.columns, self.cursor_row, y, width, top)
+        return key
 
     def _refresh_changed(self) -> None:
         """Refresh the screen lines whose content changed since they were last drawn."""
