@@ -146,6 +146,75 @@ def test_the_collector_steps_aside_between_frames_and_counts_the_wait_as_given(
                for i, (what, s) in enumerate(meter)), meter
 
 
+def test_a_turn_that_a_tick_opens_is_given_before_the_drain_takes_a_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real sockets. A tick hands the UI its snapshot (the turn opens inside catch_up, as
+    DataThread._publish opens it) while 100 frames wait: the drain after the tick gives the turn
+    before its first frame. It took 16 frames first (relay batches of a 4,096-rank job: tens of
+    ms of the UI's refresh spent sharing the interpreter)."""
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    model = make_model()
+    collector = Collector(model, listen)
+    turn = UiTurn(limit_s=20.0)
+    collector.ui_turn = turn
+    armed = threading.Event()
+    opened: list[float] = []  # when the tick's turn opened
+    handled: list[float] = []  # when each frame was handled, once armed
+    catch_up, handle = Collector.catch_up, Collector.handle_frame
+
+    def ticking(self: Collector) -> float:
+        now = catch_up(self)
+        if armed.is_set() and not opened:
+            n = turn.begin()
+            opened.append(time.perf_counter())
+            threading.Timer(0.5, turn.end, args=(n,)).start()
+        return now
+
+    def timed(self: Collector, frame: bytes, *a: Any, **kw: Any) -> None:
+        handle(self, frame, *a, **kw)
+        if armed.is_set():
+            handled.append(time.perf_counter())
+
+    monkeypatch.setattr(Collector, "catch_up", ticking)
+    monkeypatch.setattr(Collector, "handle_frame", timed)
+    data = DataThread(collector, cadence_s=0)
+    data.start().result(10)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(listen)
+    key = wire.RankKey("tick-turn", "node-a", 4243, 0, 0)
+    hello = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    try:
+        deadline = time.monotonic() + 20
+        seq = 0
+        while not model.ranks and time.monotonic() < deadline:  # a PUB drops until its connection is up
+            seq += 1
+            pub.send(wire.encode("hello", key, seq, time.time(), hello))
+            time.sleep(0.05)
+        assert model.ranks, "the rank never arrived"
+        first = turn.begin()  # hold the data thread while 100 frames queue up
+        for step in range(1, 101):
+            seq += 1
+            pub.send(wire.encode("step", key, seq, time.time(), {"step": step, "wall_s": 0.01, "tokens": 8,
+                                                                  "drops": 0}))
+        time.sleep(0.5)
+        assert model.ranks[key].step == 0
+        armed.set()
+        turn.end(first)  # the loop goes on: catch_up (the tick opens its turn), then the drain
+        deadline = time.monotonic() + 10
+        while model.ranks[key].step < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert model.ranks[key].step == 100
+    finally:
+        turn.end()
+        pub.close(0)
+        ctx.term()
+        data.stop()
+    assert len(opened) == 1 and len(handled) == 100
+    assert [t for t in handled if opened[0] < t < opened[0] + 0.4] == []  # none during the turn
+    assert handled[0] - opened[0] >= 0.45
+
+
 class _Fresh(ReplaySource):
     """Every snapshot a new one (taken_at counts up): each is handed over."""
 

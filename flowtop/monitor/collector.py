@@ -228,7 +228,9 @@ class Collector(CollectorSockets, LoadGovernor):
             drain_from = time.perf_counter()
             ticked = drain_from - started
             deadline = drain_from + max(DRAIN_S, ticked)
-            given = 0.0  # seconds of the drain given to the UI: not busy
+            # Seconds of the drain given to the UI: not busy. A tick just now may have handed the
+            # UI a snapshot: its turn is given from here, not 16 frames (relay batches) into the drain.
+            given = ui_turn.give() if ui_turn is not None else 0.0
             for i in range(BATCH):
                 try:
                     parts = sync.recv_multipart(zmq.NOBLOCK, copy=True)
