@@ -60,7 +60,8 @@ def data_digest(count: int) -> str:
         columns = columns_for(job)
         for spec in specs({r.host for r in job.ranks}):
             view = build_view(job, spec)
-            h.update(repr((view.total, view.shown, view.nodes, view.grouped, view.open_default, len(view.rows))).encode())
+            counts = (view.total, view.shown, view.nodes, view.grouped, view.open_default, len(view.rows))
+            h.update(repr(counts).encode())
             for row in view.rows:
                 h.update(repr((row.key, row_cells(row, columns))).encode())
         h.update(repr(job_percentiles(job)).encode())

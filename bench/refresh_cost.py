@@ -14,6 +14,9 @@ Usage::
         python bench/refresh_cost.py [--ranks 4096] [--snapshots 4] [--size 200x50 --size 80x24]
     python bench/refresh_cost.py --report /tmp/rc.PID      # instructions per refresh, per case
 
+(``python`` must be the interpreter itself, not a pyenv shim script: valgrind follows no exec;
+``$(python -c 'import sys; print(sys.executable)')`` names it.)
+
 Without valgrind the client requests are no-ops (the run only checks the harness). It refuses
 to run without PYTHONHASHSEED=0: set and dict orders, hence counts, must repeat.
 The per-function split of a case: ``callgrind_annotate /tmp/rc.PID.N``.
@@ -80,7 +83,8 @@ async def run_case(cg: ctypes.CDLL, size: tuple[int, int], ranks: int, warm: int
 
 def report(prefix: str) -> None:
     """Instructions per refresh of each case dumped under ``prefix`` (files prefix.N)."""
-    for path in sorted(glob.glob(prefix + ".*"), key=lambda p: int(p.rsplit(".", 1)[1])):
+    dumps = [p for p in glob.glob(prefix + ".*") if p.rsplit(".", 1)[1].isdigit()]
+    for path in sorted(dumps, key=lambda p: int(p.rsplit(".", 1)[1])):
         text = Path(path).read_text(errors="replace")
         trigger = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)
         totals = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)

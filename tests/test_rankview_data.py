@@ -26,7 +26,7 @@ from synthetic.cluster import Troubles, cluster_job, cluster_rank
 
 
 @pytest.mark.parametrize("module", ["flowtop.monitor.rankview", "flowtop.monitor.rankfilter",
-                                    "flowtop.monitor.rankstats",
+                                    "flowtop.monitor.rankstats", "flowtop.monitor.rankorder",
                                     "synthetic.cluster"])
 def test_rank_view_data_side_imports_without_textual(module: str) -> None:
     code = f"import {module}, sys, json; print(json.dumps(sorted(sys.modules)))"
@@ -54,6 +54,23 @@ def test_worst_first_puts_stuck_then_stragglers_then_low_mfu() -> None:
     rest = [r for r in sort_ranks(job.ranks, job_context(job.ranks))][18:]
     mfus = [r.flops.mfu for r in rest]
     assert mfus == sorted(mfus) and len(rest) == 64 - 18
+
+
+def test_nodes_whose_worst_ranks_tie_keep_the_order_of_the_ranks() -> None:
+    """Rank 25 (node003) claimed again by a process on node375: the two conflicting processes
+    have equal worst-first keys and each is its node's worst. The grouped view orders nodes by
+    their worst rank (rankorder.node_order, sorting within nodes); on this tie it sorts every rank,
+    and the node whose process the job lists first comes first (a stable sort): here node375's,
+    listed between node003's ranks 24 and 25 (node003 is seen first, its rank 25 comes second)."""
+    job = _small_job(conflict_rank=25)
+    *ranks, twin = job.ranks
+    job = dataclasses.replace(job, ranks=(*ranks[:25], twin, *ranks[25:]))
+    assert [(r.host, r.rank) for r in job.ranks[24:27]] == [("node003", 24), ("node375", 25), ("node003", 25)]
+    view = build_view(job, ViewSpec())
+    hosts = [row.host for row in view.rows if isinstance(row, NodeRow)]
+    # worst first: silent node006, node000 (stalled rank 5), the two claimants, slow node002
+    assert hosts[:5] == ["node006", "node000", "node375", "node003", "node002"]
+    assert len(hosts) == 9 and view.rows[2].ranks[0].rank == 25 and view.rows[3].ranks[0].rank == 25
 
 
 def test_a_rank_a_straggler_hint_names_leads_the_stragglers() -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union, overload
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 from flowtop.monitor.format import COORD_ROLES
 from flowtop.monitor.rankfilter import RankFilter, hinted_ranks
+from flowtop.monitor.rankorder import LazyRows, node_order
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
 
 #: (job, host, pid, rank, incarnation): one rank process. Rows, selection and map cells are
@@ -286,41 +287,6 @@ class NodeRow:
 Row = Union[RankRow, NodeRow]
 
 
-class FlatRows(Sequence[Row]):
-    """A flat view's rank rows, each made when first read: a refresh of 4,096 rows reads the
-    few on screen (the cursor's row is found by :meth:`index`, which makes no row)."""
-
-    def __init__(self, job: str, ranks: list[RankSnapshot], ctx: JobContext) -> None:
-        self._job, self._ranks, self._ctx = job, ranks, ctx
-        self._made: dict[int, RankRow] = {}
-
-    def __len__(self) -> int:
-        return len(self._ranks)
-
-    @overload
-    def __getitem__(self, i: int) -> Row: ...
-    @overload
-    def __getitem__(self, i: slice) -> tuple[Row, ...]: ...
-
-    def __getitem__(self, i: int | slice) -> Row | tuple[Row, ...]:
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self._ranks))))
-        n = len(self._ranks)
-        j = i + n if i < 0 else i
-        if not 0 <= j < n:
-            raise IndexError(i)
-        row = self._made.get(j)
-        if row is None:
-            r = self._ranks[j]
-            row = self._made[j] = RankRow(rank_key(self._job, r), r, self._ctx.lag(r), False)
-        return row
-
-    def index(self) -> dict[RowKey, int]:
-        """Row key -> row index (the keys made without the rows)."""
-        job = self._job
-        return {(job, r.host, r.pid, r.rank, r.incarnation): i for i, r in enumerate(self._ranks)}
-
-
 @dataclass(frozen=True)
 class ViewSpec:
     """What the user chose: order, grouping, filter, and the nodes opened or closed by hand."""
@@ -351,7 +317,7 @@ class ViewSpec:
 class RankView:
     """The rows to draw for one job under one spec, and the counts its title states."""
 
-    rows: Sequence[Row] = ()  # a flat view's: FlatRows
+    rows: Sequence[Row] = ()  # a flat view's: LazyRows
     total: int = 0  # rank processes in the job
     shown: int = 0  # of them, those the filter keeps
     nodes: int = 0  # hosts among the shown ranks
@@ -360,8 +326,8 @@ class RankView:
 
     def index(self) -> dict[RowKey, int]:
         """Row key -> row index."""
-        if isinstance(self.rows, FlatRows):
-            return self.rows.index()
+        if isinstance(self.rows, LazyRows):
+            return self.rows.row_index()
         return {row.key: i for i, row in enumerate(self.rows)}
 
 
@@ -388,21 +354,31 @@ def _build_view(job: JobSnapshot, spec: ViewSpec) -> RankView:
     ctx = job_context_of(job)
     keep = spec.filter.matcher(job)
     ranks = [r for r in job.ranks if keep(r)] if spec.filter.active else list(job.ranks)
-    ordered = sort_ranks(ranks, ctx, spec.sort, spec.reverse)
     name = job.job
-    if not spec.grouped:  # the hosts counted only (the title's), not grouped
-        return RankView(FlatRows(name, ordered, ctx), len(job.ranks), len(ranks), len({r.host for r in ranks}),
-                        False, True)
-    by_host: dict[str, list[RankSnapshot]] = {}
-    for r in ordered:
-        by_host.setdefault(r.host, []).append(r)
-    if len(by_host) <= 1:
-        return RankView(FlatRows(name, ordered, ctx), len(job.ranks), len(ranks), len(by_host), False, True)
+    groups = node_order(ranks, worst_first(ctx), spec.reverse) if spec.grouped and spec.sort == WORST else None
+    if groups is None:
+        ordered = sort_ranks(ranks, ctx, spec.sort, spec.reverse)
+        if not spec.grouped:  # the hosts counted only (the title's), not grouped
+            return RankView(_flat_rows(name, ordered, ctx), len(job.ranks), len(ranks), len({r.host for r in ranks}),
+                            False, True)
+        by_host: dict[str, list[RankSnapshot]] = {}
+        for r in ordered:
+            by_host.setdefault(r.host, []).append(r)
+        groups = list(by_host.values())  # dicts keep insertion order: first-seen = worst
+    if len(groups) <= 1:
+        return RankView(_flat_rows(name, groups[0] if groups else [], ctx), len(job.ranks), len(ranks),
+                        len(groups), False, True)
     default = len(ranks) <= OPEN_UP_TO
     rows: list[Row] = []
-    for host, members in by_host.items():  # dicts keep insertion order: first-seen = worst
+    for members in groups:
+        host = members[0].host
         is_open = spec.is_open(host, default)
         rows.append(NodeRow(node_key(name, host), host, tuple(members), is_open, ctx))
         if is_open:
             rows.extend(RankRow(rank_key(name, r), r, ctx.lag(r), True) for r in members)
-    return RankView(tuple(rows), len(job.ranks), len(ranks), len(by_host), True, default)
+    return RankView(tuple(rows), len(job.ranks), len(ranks), len(groups), True, default)
+
+
+def _flat_rows(job: str, ordered: list[RankSnapshot], ctx: JobContext) -> LazyRows[Row, RowKey]:
+    """A flat view's rows, each made when read (a refresh reads the few on screen)."""
+    return LazyRows(ordered, lambda r: RankRow(rank_key(job, r), r, ctx.lag(r), False), lambda r: rank_key(job, r))
