@@ -223,11 +223,15 @@ class RankGrid:
         return rank_key(self.job, r) if r is not None else None
 
 
+_SLOTS: ByJob[int] = ByJob()  # map_slots per snapshot
+
+
 def map_slots(job: JobSnapshot | None) -> int:
     """Rank numbers the map lays out: the world size, or more if higher ranks showed up."""
     if job is None or not job.ranks:
         return 0
-    return max(job.world_size, max(r.rank for r in job.ranks) + 1)
+    # Asked twice a refresh (whether the map shows, and its layout): one pass over the ranks.
+    return _SLOTS.get(job.job, job, lambda: max(job.world_size, max(r.rank for r in job.ranks) + 1))
 
 
 def rank_grid(job: JobSnapshot | None, metric: str, layout: MapLayout) -> RankGrid:
