@@ -64,6 +64,8 @@ class RankFilter:
             tests.append(lambda r: r.status in statuses or (conflict and bool(r.conflict)))
         if self.hints:
             tests.append(_hint_test(job, self.hints))
+        if len(tests) == 1:  # one kind of term (the usual): no generator per rank
+            return tests[0]
         return lambda r: all(t(r) for t in tests)
 
 
