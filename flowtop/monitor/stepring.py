@@ -10,7 +10,7 @@ import struct
 from array import array
 from typing import Any, Iterator, NamedTuple
 
-from flowtop.monitor.compact import BLOCK, ArraySeq, _exact
+from flowtop.monitor.compact import _MASK, _SHIFT, BLOCK, ArraySeq, _exact
 
 
 class StepRecord(NamedTuple):
@@ -33,6 +33,8 @@ _record = StepRecord._make
 _pack_d = struct.Struct("d").pack
 #: The "known" flags of a record that sent both its input wait and its lead (see StepRing).
 _BOTH_SENT = array("b", [3])
+#: A full block of them (shared by every ring: a full block is never written again).
+_KNOWN_BLOCK = _BOTH_SENT * BLOCK
 
 
 def _known(col: array | None, n: int) -> tuple[array, bytes]:
@@ -112,12 +114,14 @@ class StepRing:
         # ``finite``: the frame's decode found no NaN (a sum over 200 floats is ~3 µs a column)
         if wait is not None and lead is not None and (finite or (total := sum(wait) + sum(lead)) == total):
             known = _BOTH_SENT * n  # the common case: both columns whole (no NaN), in C
+            both = True
         else:
             wait, known_wait = _known(wait, n)
             lead, known_lead = _known(lead, n)
             # bit 0: input wait sent, bit 1: lead sent (see the "known" column), OR-ed in C
             known = array("b", (int.from_bytes(known_wait, "little") | int.from_bytes(known_lead, "little") << 1)
                           .to_bytes(n, "little"))
+            both = False
         held = len(self._lt[0])
         if held and held + n < BLOCK:  # the common case: the tails alone grow (unrolled: ~1 µs a frame)
             (a, b), (c, d, e, f, g) = self._lt, self._st
@@ -133,9 +137,9 @@ class StepRing:
             self._nl += n
             self._ns += n
             return
-        recvs = array("d", [recv]) * n
         if held and BLOCK < held + n < 2 * BLOCK:  # the next common case: one block completed, the rest new tails
             done = BLOCK - held  # < n: the tails alone did not take them (unrolled, as above: ~2 k instructions)
+            recvs = array("d", [recv]) * n
             (a, b), (c, d, e, f, g) = self._lt, self._st
             self._push([a + steps[:done], b + recvs[:done], c + wall[:done], d + tokens[:done], e + wait[:done],
                         f + lead[:done], g + known[:done]], done)
@@ -144,23 +148,59 @@ class StepRing:
             self._nl += n - done
             self._ns += n - done
             return
-        # typed: array[int] and array[float] join to object (array is invariant in its item)
-        cols: tuple[array, ...] = (steps, recvs, wall, tokens, wait, lead, known)
-        done = 0
-        if held:  # completed: tail and values into a new block of its exact size
-            done = min(n, BLOCK - held)
-            tails = (*self._lt, *self._st)
-            self._push([t + (c[:done] if done < n else c) for t, c in zip(tails, cols)], done)
-        while n - done >= BLOCK:
-            self._push([c[done:done + BLOCK] for c in cols], BLOCK)
-            done += BLOCK
-        if done < n:  # new tails of their own (a frame's columns are the frame's, not the ring's)
-            rest = [c[done:] for c in cols]
-            self._lt, self._st = (rest[0], rest[1]), tuple(rest[2:])
-            self._nl += n - done
-            self._ns += n - done
+        self._blocks(steps, wall, tokens, wait, lead, known, both, recv, held, n)
+
+    def _blocks(self, steps: array, wall: array, tokens: array, wait: array, lead: array, known: array,
+                both: bool, recv: float, held: int, n: int) -> None:
+        """:meth:`extend` of ``n`` records that fill a block or more: only the blocks the caps keep
+        are made. Pushed one by one, each block beyond a cap's ``K = ceil(cap / BLOCK)`` drops the
+        oldest (see _push): the last ``min(len + new, K)`` are kept, so a 200-record frame (a
+        10 ms step at the 2 s pace) made 3-4 blocks of each of the 5 columns of the last RECENT
+        (128) for 2 to stay, and dropped the rest at once. Full blocks of a frame's receive time,
+        and of its "known" flags where both columns came whole, hold equal values: one array
+        each, shared (a full block is never written again)."""
+        total = held + n
+        new, rest = total >> _SHIFT, total & _MASK  # the full blocks made, the values left for new tails
+        at = -held  # the frame's index of the stream's value 0 (the old tails' first)
+        recvs = array("d", [recv]) * (n if n < BLOCK else BLOCK)  # as many as a block or the tails take
+        keep_long = min(new, (self.cap + _MASK) >> _SHIFT)
+        keep_short = min(new, (self.recent_cap + _MASK) >> _SHIFT)
+        long_from, short_from = new - keep_long, new - keep_short  # the first block each keeps
+        for j in range(long_from if long_from < short_from else short_from, new):
+            lo = at + (j << _SHIFT)
+            hi = lo + BLOCK
+            if lo < 0:  # the old tails completed (j == 0): a block of their values and the first ones
+                (a, b), (c, d, e, f, g) = self._lt, self._st
+                if j >= long_from:
+                    self._long.append((a + steps[:hi], b + recvs[:hi]))
+                if j >= short_from:
+                    self._short.append((c + wall[:hi], d + tokens[:hi], e + wait[:hi], f + lead[:hi], g + known[:hi]))
+                continue
+            if j >= long_from:
+                self._long.append((steps[lo:hi], recvs))
+            if j >= short_from:
+                self._short.append((wall[lo:hi], tokens[lo:hi], wait[lo:hi], lead[lo:hi],
+                                    _KNOWN_BLOCK if both else known[lo:hi]))
+        self._trim()
+        if rest:  # new tails of their own (a frame's columns are the frame's, not the ring's)
+            lo = n - rest
+            self._lt = (steps[lo:], recvs[:rest])
+            self._st = (wall[lo:], tokens[lo:], wait[lo:], lead[lo:], known[lo:])
         else:
             self._lt, self._st = self._tails()
+        self._nl = (len(self._long) << _SHIFT) + rest
+        self._ns = (len(self._short) << _SHIFT) + rest
+
+    def _trim(self) -> None:
+        """Drop the oldest full blocks past each cap's ``ceil(cap / BLOCK)`` (what _push's drops
+        leave after any number of pushes: a push drops while the blocks' values less one block
+        reach the cap)."""
+        over = len(self._long) - ((self.cap + _MASK) >> _SHIFT)
+        if over > 0:
+            del self._long[:over]
+        over = len(self._short) - ((self.recent_cap + _MASK) >> _SHIFT)
+        if over > 0:
+            del self._short[:over]
 
     def _push(self, block: list[array], new: int) -> None:
         """Keep a full block (exactly BLOCK values a column), ``new`` of whose values were not
