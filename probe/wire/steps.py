@@ -259,11 +259,13 @@ def decode_fields(obj: Mapping[str, Any], max_batch: int) -> StepColumns:
             and (raw_probe is None or (type(raw_probe) is bytes and len(raw_probe) == size))
             and (raw_stage is None or (type(raw_stage) is bytes and len(raw_stage) == size))
             and type(drops) is int and 0 <= drops <= I64 and not _SWAP
-            and (raw_step + raw_tokens)[7::8].isascii()):  # no negative int64: no high byte's top bit
+            and raw_tokens[7::8].isascii()):  # no negative token count: no high byte's top bit
         return _decode_checked(obj, max_batch)
     step = _new_q()
     step.frombytes(raw_step)
-    if n > 1 and not _increasing(step, raw_step):
+    # no negative step: the first is not, and the others increase from it (one test instead of
+    # a pass over the column's high bytes: ~2.5 k instructions for 200 records)
+    if step[0] < 0 or (n > 1 and not _increasing(step, raw_step)):
         return _decode_checked(obj, max_batch)
     # _all_seconds inline; NaN (a record that did not send an optional field) fails it: the
     # column checks decide then, with the reason
