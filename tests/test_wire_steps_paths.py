@@ -35,7 +35,9 @@ COLUMNS = [None, b"", _q(1, 2), _q(1, 2, 3, 4), bytearray(_q(1, 2, 3)), "x" * 24
            msgpack.ExtType(1, _q(1, 2, 3)), _d(NAN, .1, .2), _d(.1, INF, .2), _d(-INF, 0, 0), _d(-0.0, 0.1, .2),
            _d(-1e-300, .1, .2), _d(1e7, 1e7, 1e7), _d(math.nextafter(1e7, 2e7), 0, 0), _d(NAN, NAN, NAN),
            struct.pack("<Q", 0x7ff8000000000001) + _d(0, 0), struct.pack("<Q", 0x8000000000000000) * 3,
-           _q(-1, 0, 1), _q(5, 5, 6), _q(7, 6, 5), _q(2**63 - 1, 0, 0), _q(254, 255, 256), _q(0, 2**56, 2**57)]
+           _q(-1, 0, 1), _q(5, 5, 6), _q(7, 6, 5), _q(2**63 - 1, 0, 0), _q(254, 255, 256), _q(0, 2**56, 2**57),
+           # a negative step after a non-negative first (the straight path tests the first's sign only)
+           _q(5, -1, 7), _q(0, 1, -2**63), _q(1, 2, -1)]
 SCALARS = [None, True, False, 0, 1, -1, 3, 2**63 - 1, 2**63, 2**64 - 1, 0.0, -0.0, 1.5, NAN, INF, -INF, 1e7,
            10**7 + 1, "1", b"1", [1], {}, msgpack.ExtType(0, b""), 512, 513]
 DELETE = object()
