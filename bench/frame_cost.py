@@ -25,7 +25,12 @@ collector's) and ``Model.ingest``, inside ``itertools.starmap`` (callgrind's tog
 Frames are made in virtual time (a rank's frame each ``n`` × 10 ms of its steps) from the recorded
 H200 rank's templates (bench/ingest.py), so counts repeat exactly run to run and between checkouts:
 compare a branch with its base by running this file from each checkout's root (the working
-directory's ``flowtop`` and ``probe`` are imported).
+directory's ``flowtop`` and ``probe`` are imported). Counts move by ~0.5 % run to run (string
+hashes are randomized: dict probes differ).
+
+``--callgrind``, instructions a frame, 2026-12-07 (d77ef80 → framecost branch): steps1 85,543 →
+84,473; steps45 130,514 → 128,878; steps200 210,524 → 172,240; telemetry 184,775 → 184,226; hello
+70,384 → 70,001; flops 197,584 → 198,388 (the last three unchanged by it: noise).
 """
 
 from __future__ import annotations
