@@ -75,6 +75,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "bench"))
+
+import heapmap  # noqa: E402 - bench/: where the resident memory is
 
 REC = ROOT / "tests" / "data" / "h200-gpt-small.rec.gz"
 JOB = "ingest"
@@ -517,10 +520,17 @@ def _pymalloc() -> dict[str, float]:
     for line in text.splitlines():
         name, _, value = line.partition("=")
         found[name.strip()] = value.strip().replace(",", "")
+    # per size class (the 32 lines after the header): (size, pools, blocks in use, blocks free)
+    classes = [[int(x) for x in line.split()[1:5]] for line in text.splitlines()
+               if len(line.split()) == 5 and line.split()[0].isdigit()]
     try:
         mb = lambda name: round(int(found[name]) / 2**20, 1)  # noqa: E731
         return {"py_arenas_mb": round(int(found["# arenas allocated current"]) * (1 << 20) / 2**20, 1),
-                "py_used_mb": mb("# bytes in allocated blocks"), "py_free_mb": mb("# bytes in available blocks")}
+                "py_used_mb": mb("# bytes in allocated blocks"), "py_free_mb": mb("# bytes in available blocks"),
+                "py_unused_pools_mb": round(sum(int(v) for k, v in found.items() if k.endswith("unused pools * 16384 bytes")) / 2**20, 1),
+                # the size classes with the most free bytes: [size, MB in use, MB free]
+                "py_free_classes": [[c[0], round(c[0] * c[2] / 2**20, 1), round(c[0] * c[3] / 2**20, 1)]
+                                    for c in sorted(classes, key=lambda c: -c[0] * c[3])[:8]]}
     except (KeyError, ValueError):
         return {}
 
@@ -753,7 +763,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
                        "gc": {g: tuple(v) for g, v in gc_spent.items()},
                        "ticks": len(ticks), "lat": len(latency), "shows": len(shows), "arr": len(arrivals),
                        "queued": len(queued), "held": len(held),
-                       "refreshes": len(refreshes)}
+                       "refreshes": len(refreshes), "rss": _rss_bytes(), "smaps": heapmap.smaps()}
 
     def figures(data: Any) -> dict[str, Any]:
         def count() -> dict[str, Any]:
@@ -828,6 +838,9 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "ui_show_ms_p50": _pct(win_shows, 0.5), "ui_show_ms_p99": _pct(win_shows, 0.99), "ui_shows": len(win_shows),
             "ui_refresh_ms_p50": _pct(win_refreshes, 0.5), "ui_refresh_ms_p99": _pct(win_refreshes, 0.99),
             "rss_base": marks["base_rss"], "rss_end": _rss_bytes(), **_heap(), **_pymalloc(), **_trims(),
+            # per glibc arena (0: the main one) held / free MB, and the resident MB by mapping kind
+            "arenas": heapmap.arenas(), "smaps": heapmap.smaps(), "smaps_base": marks["base_smaps"],
+            "smaps_start": a["smaps"], "rss_start_mb": round(a["rss"] / 2**20, 1),
             **_traced(),
             # the window builder's own process at the end mark: not in the RSS per rank (this process's)
             "builder_rss_mb": round(sum(rss for _, rss in b["children"].values()) / 2**20, 1),
@@ -854,6 +867,7 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
 
     def ready(data: Any) -> None:
         marks["base_rss"] = _rss_bytes()
+        marks["base_smaps"] = heapmap.smaps()
         marks["ready_t"] = time.time()
         with open(os.path.join(outdir, "ready"), "w") as f:
             f.write(str(os.getpid()))
@@ -1139,6 +1153,16 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
         snap = model.tick(now)
     part("a round of ticks, 100 steps a frame (rings turned over)")
     total = used() - base
+    where = {}
+    if not traced:  # where the RSS is (see ingest's live JSON), then what a heap trim gives back
+        where = {**_heap(), **_pymalloc(), "arenas": heapmap.arenas(), "smaps": heapmap.smaps()}
+        from flowtop.monitor import heaptrim
+
+        trim = heaptrim.glibc_trim()
+        if trim is not None:
+            trim()
+            where["after_trim_kb_per_rank"] = round((used() - base) / ranks / 1024, 1)
+            where["smaps_after_trim"] = heapmap.smaps()
     # Each rank's latest window is its own table: here they share one (building 4,096 takes
     # minutes), so one window's size is measured apart (traced) and added.
     if not traced:
@@ -1153,7 +1177,7 @@ def memory(ranks: int, traced: bool = True) -> dict[str, Any]:
     parts["latest kernel window (one rank's own, traced apart)"] = round(window_kb, 1)
     return {"ranks": ranks, "measure": "tracemalloc" if traced else "RSS", "kb_per_rank": round(total / ranks / 1024 + window_kb, 1),
             "kb_per_rank_without_kernel_data": round(total / ranks / 1024 - parts[KERNELS], 1),
-            "ring_steps": rankstate.RING, "parts_kb_per_rank": parts}
+            "ring_steps": rankstate.RING, "parts_kb_per_rank": parts, **where}
 
 
 # --- the monitor's CPU cost per frame and per tick (one process, CPU time) ---------------------------
