@@ -854,14 +854,39 @@ def _monitor_main(listen: str, ui: str, outdir: str) -> int:
             "straggler_hints": {t: round(at - marks["ready_t"], 1) for t, at in sorted(stragglers.items())},
         }
 
+    def settled(data: Any) -> dict[str, Any]:
+        """After the figures (the ranks stopped): the RSS once the backlog drained (no new frame
+        taken for 1 s, 30 s at most) and one heap trim ran, so frames still queued in libzmq at
+        the end mark (glibc's memory in use, its I/O thread's arena) are out of it: the monitor's
+        own memory, which the box's load moves much less than ``rss_end``."""
+        def taken() -> int:
+            return sum(st.last_seq + 1 - st.lost for st in model.ranks.values() if st.key.job == JOB)
+
+        t0, last = time.monotonic(), -1
+        while time.monotonic() - t0 < 30:
+            now = data.call(taken, tell=False).result(60)
+            if now == last:
+                break
+            last = now
+            time.sleep(1.0)
+        drained_s = time.monotonic() - t0
+        from flowtop.monitor import heaptrim  # type: ignore[attr-defined]
+
+        heaptrim.HeapTrimmer(0).trim_once()
+        return {"rss_settled": _rss_bytes(), "settle_s": round(drained_s, 1), "settled_frames_got": last,
+                "heap_used_settled_mb": _heap().get("heap_used_mb"), "smaps_settled": heapmap.smaps(),
+                **{k + "_settled": v for k, v in _pymalloc().items() if k in ("py_arenas_mb", "py_used_mb", "py_free_mb")}}
+
     def control(data: Any, finish: Any) -> None:
         for line in sys.stdin:
             cmd = line.strip()
             if cmd in ("start", "end"):
                 mark(cmd)
             elif cmd == "stop":
+                fig = figures(data)
+                fig.update(settled(data))
                 with open(os.path.join(outdir, "monitor.json"), "w") as f:
-                    json.dump(figures(data), f)
+                    json.dump(fig, f)
                 finish()
                 return
 
@@ -1064,6 +1089,9 @@ def run_config(ranks: int, step_ms: float, path: str, args: argparse.Namespace) 
         "relay_cpu_pct": round(100 * c_rel / wall, 1) if relays else None,
         "load_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "rss_per_rank_kb": round((fig["rss_end"] - fig["rss_base"]) / ranks / 1024, 1),
+        # the same once the backlog drained and the heap was trimmed (the monitor's own memory)
+        "rss_settled_per_rank_kb": round((fig["rss_settled"] - fig["rss_base"]) / ranks / 1024, 1)
+        if "rss_settled" in fig else None,
         **{k: v for k, v in fig.items() if k not in ("rss_base",)},
     })
     return row
@@ -1326,7 +1354,7 @@ def print_row(r: dict[str, Any]) -> None:
           f"lat {_fmt(r['latency_ms_p50'])}/{_fmt(r['latency_ms_p99'])} ms  "
           f"tick {_fmt(r['tick_ms_p50'])}/{_fmt(r['tick_ms_p99'])} ms  show {_fmt(r['ui_show_ms_p50'])}/{_fmt(r['ui_show_ms_p99'])} ms  "
           f"refresh {_fmt(r.get('ui_refresh_ms_p50'))}/{_fmt(r.get('ui_refresh_ms_p99'))} ms  "
-          f"RSS {r['rss_per_rank_kb']:.0f} KB/rank  pace {_paces(r['paces_s'])}  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
+          f"RSS {r['rss_per_rank_kb']:.0f} KB/rank (settled {_fmt(r.get('rss_settled_per_rank_kb'))})  pace {_paces(r['paces_s'])}  | sim {r['sim_cpu_pct']:.0f} % relays {_fmt(r['relay_cpu_pct'])} % "
           f"load {r['load_1m'][0]:.1f}-{r['load_1m'][1]:.1f}  seen {r['ranks_seen']}", flush=True)
 
 
