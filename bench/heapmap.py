@@ -11,7 +11,7 @@ pages a trim gave back as well: free is not resident). :func:`smaps` sums the re
 aligned heaps, each followed by its reserved, unmapped rest), the other anonymous mappings
 (Python's 1 MiB object arenas, glibc's mmapped blocks of 128 KiB and more, thread stacks) and
 files (code, shared libraries). Used by bench/ingest.py's JSON (``arenas``, ``smaps``) and
-bench/memory_live.py.
+``--memory N --rss``.
 """
 
 from __future__ import annotations
