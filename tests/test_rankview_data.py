@@ -103,9 +103,10 @@ def test_a_rank_a_signal_ended_sorts_before_the_crashes_that_followed() -> None:
     ranks = []
     for r in job.ranks:
         if r.rank in (8, 9):  # node 1: SIGTERMed
-            r = dataclasses.replace(r, status="stopped", bye_reason="SIGTERM")
-        elif r.rank in (0, 3):  # peers whose collective broke
-            r = dataclasses.replace(r, status="failed", bye_reason="error: RuntimeError: Connection reset by peer")
+            r = dataclasses.replace(r, status="stopped", bye_reason="SIGTERM", heard_at=1000.0)
+        elif r.rank in (0, 3):  # peers whose collective broke, moments later
+            r = dataclasses.replace(r, status="failed", bye_reason="error: RuntimeError: Connection reset by peer",
+                                    heard_at=1000.2)
         elif r.rank == 63:  # ended cleanly
             r = dataclasses.replace(r, status="done", bye_reason=None)
         ranks.append(r)
@@ -116,7 +117,33 @@ def test_a_rank_a_signal_ended_sorts_before_the_crashes_that_followed() -> None:
     node1 = node_group(by_rank[8].host, [r for r in ranks if r.host == by_rank[8].host], job_context(ranks))
     assert by_rank[8].host == by_rank[9].host and node1.worst_status == "stopped"  # live ranks 10-15 beside them
     only = node_group("x", [r for r in ranks if r.rank in (8, 9, 0)], job_context(ranks))
-    assert only.worst_status == "stopped"  # before the crash it caused, as in the order
+    assert only.worst_status == "failed"  # a node's word, as a job's: a crash wins (snapshot.job_end_status)
+
+
+def test_a_crash_sorts_before_the_ranks_a_launcher_stopped_after_it() -> None:
+    """torchrun's usual ending: rank 13 raises, its bye names the exception; the agent then stops
+    every other rank with SIGTERM (their byes "SIGTERM", heard after the crash). The crash is
+    the thing to look at: it sorts first, the ranks stopped because of it after every failed
+    rank (they sorted first, rank 13 below 63 of them), and the node rows holding the crash read
+    ``failed`` as the job does; a node with only stopped ranks reads ``stopped``."""
+    job = _small_job(dead_nodes=(), stalled_rank=9999, slow_node=9999, conflict_rank=9999)
+    ranks = []
+    for r in job.ranks:
+        if r.rank == 13:
+            r = dataclasses.replace(r, status="failed", bye_reason="error: ValueError: bad batch", heard_at=1000.0,
+                                    step=100)
+        else:
+            r = dataclasses.replace(r, status="stopped", bye_reason="SIGTERM", heard_at=1000.0 + 0.1 + r.rank / 1e3,
+                                    step=100)
+        ranks.append(r)
+    order = [r.rank for r in sort_ranks(ranks, job_context(ranks))]
+    assert order[0] == 13
+    assert order[1:] == [n for n in range(64) if n != 13]  # then the stopped, lowest step then rank (all equal steps)
+    host13 = next(r.host for r in ranks if r.rank == 13)
+    node = node_group(host13, [r for r in ranks if r.host == host13], job_context(ranks))
+    assert node.worst_status == "failed" and len(node.ranks) == 8
+    other = node_group("y", [r for r in ranks if r.host != host13][:8], job_context(ranks))
+    assert other.worst_status == "stopped"
 
 
 def test_column_sort_worst_values_first_and_missing_last() -> None:
@@ -279,3 +306,22 @@ def test_the_filter_of_an_ended_job_hint_keeps_every_rank_and_ranges_may_overlap
     test = _range_test(((10, 20), (0, 3), (12, 14), (30, 30), (2, 5)))
     kept = [r for r in range(40) if test(cluster_rank(r))]
     assert kept == [*range(0, 6), *range(10, 21), 30]
+
+
+def test_a_node_s_exported_state_with_an_unheard_rank_says_failed_over_stopped() -> None:
+    """flowtop_node_status of a node holding a crashed rank, ranks a signal stopped and one unheard
+    behind a closed relay: "failed", as its node row and its job read (a crash wins); without the
+    crash, "stopped" (before "unheard": the monitor heard that signal itself)."""
+    from flowtop.export.rank_series import node_state
+    from flowtop.monitor.relayviews import RelayCut
+
+    job = _small_job(dead_nodes=())
+    host = job.ranks[0].host
+    members = [r for r in job.ranks if r.host == host][:3]
+    crashed = dataclasses.replace(members[0], status="failed", bye_reason="error: ValueError: x", heard_at=1.0)
+    stopped = dataclasses.replace(members[1], status="stopped", bye_reason="SIGTERM", heard_at=2.0)
+    unheard = dataclasses.replace(members[2], status="stale", cut=RelayCut(host, None))
+    ranks = [crashed, stopped, unheard]
+    assert node_state(node_group(host, ranks, job_context(ranks)), ranks) == "failed"
+    ranks = [stopped, unheard]
+    assert node_state(node_group(host, ranks, job_context(ranks)), ranks) == "stopped"

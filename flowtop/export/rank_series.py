@@ -32,7 +32,7 @@ def export_state(r: RankSnapshot) -> str:
 
 #: A node's exported state when some of its ranks are unheard: the worst of its ranks' exported
 #: states, "unheard" below every trouble the monitor sees itself (a heard rank's stale or stall).
-NODE_ORDER = ("stopped", "failed", "stale", "stalled", "unheard", "live", "done")  # as rankview.STATUS_TIER
+NODE_ORDER = ("failed", "stopped", "stale", "stalled", "unheard", "live", "done")  # a crash wins (rankview.node_group)
 
 
 def node_state(group: NodeGroup, members: list[RankSnapshot]) -> str:

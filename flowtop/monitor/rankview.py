@@ -31,10 +31,15 @@ RowKey = Union[RankKey, NodeKey]
 #: it, and the dead node is the one to look at (it read last of 128 nodes, below the 1,016 ranks
 #: hung waiting for it; a new user's trial).
 #: A rank a signal ended (``stopped``, its bye "SIGTERM": scancel, a preemption, a node's
-#: launcher killed) comes before even the crashes: when its peers then fail (a collective broken
-#: by the rank that left) it is where the failure started (a new user's trial: the SIGTERMed node
-#: sorted last, below its peers' gloo errors). So is its node row's worst status.
+#: launcher killed) comes before the crashes that followed it: when its peers then fail (a
+#: collective broken by the rank that left) it is where the failure started (a new user's trial:
+#: the SIGTERMed node sorted last, below its peers' gloo errors). One stopped after a crash is
+#: its consequence (torchrun stops a crashed rank's peers with SIGTERM): it sorts after the
+#: crashes (:func:`worst_first`, JobContext.first_failure_at), the crash first, as a job with a
+#: failed rank reads ``failed`` (snapshot.job_end_status) and a node row with one too.
 STATUS_TIER = {"stopped": -1, "failed": 0, "stale": 1, "stalled": 2, "live": 4, "done": 5}
+STOPPED_TIER = STATUS_TIER["stopped"]
+FAILED_TIER = STATUS_TIER["failed"]
 STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
 CONFLICT_TIER = 3
 LIVE_TIER = STATUS_TIER["live"]
@@ -76,6 +81,9 @@ class JobContext:
     #: Rank number -> impact of the job's active straggler hints: stragglers first among the live
     #: (a late forward, the usual DDP straggler, shows no step lag nor a slower step time).
     stragglers: Mapping[int, float] = field(default_factory=dict)
+    #: When the job's first failed rank was last heard (its bye), None without one: a stopped rank
+    #: heard after it was stopped because of the crash, not the cause of it.
+    first_failure_at: float | None = None
 
     def lag(self, r: RankSnapshot) -> int | None:
         """Steps behind the lead rank (0 for a finished rank: it is not late, it is done; None for
@@ -104,8 +112,9 @@ def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] |
     ranks = list(ranks)
     running = [r for r in ranks if r.status not in ENDED and r.cut is None] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
+    failures = [r.heard_at for r in ranks if r.status == "failed"]
     return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times),
-                      stragglers=stragglers or {})
+                      stragglers=stragglers or {}, first_failure_at=min(failures, default=None))
 
 
 def median_sorted(xs: list[float]) -> float | None:
@@ -118,14 +127,18 @@ def median_sorted(xs: list[float]) -> float | None:
 
 
 def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
-    """Sort key: stopped (ended by a signal), failed, silent, hung, then stragglers (those a
-    straggler hint names, then the most steps behind and slowest step), then the lowest MFU; rank
-    number and incarnation break ties so the order is deterministic."""
+    """Sort key: stopped (ended by a signal) before any crash, failed, stopped after a crash,
+    silent, hung, then stragglers (those a straggler hint names, then the most steps behind and
+    slowest step), then the lowest MFU; rank number and incarnation break ties so the order is
+    deterministic."""
     limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
+    crash_at = ctx.first_failure_at
 
     def key(r: RankSnapshot) -> tuple:
         tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         step_s = r.step_time_s if r.step_time_s is not None else 0.0
+        if tier == STOPPED_TIER and crash_at is not None and r.heard_at > crash_at:
+            return (FAILED_TIER, 1, r.step, 0.0, r.rank, r.incarnation)  # after the crashes it followed
         if tier < LIVE_TIER:  # among the stuck, the one stuck at the lowest step has been stuck longest
             return (tier, 0, r.step, 0.0, r.rank, r.incarnation)
         if tier == LIVE_TIER:
@@ -227,9 +240,10 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     lag: int | None = None
     mfus: list[float] = []
     t_max = w_max = tokens = flops = None
-    conflict = False
+    conflict = failed = False
     for r in ranks:
         conflict = conflict or bool(r.conflict)
+        failed = failed or r.status == "failed"
         t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         tier = min(tier, t)
         behind = ctx.lag(r)
@@ -253,7 +267,8 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     mfus.sort()
     if step is None:  # every rank unheard: the lowest step last heard (as the job's step)
         step = min(r.step for r in ranks)
-    return NodeGroup(host, tuple(ranks), _TIER_STATUS.get(tier, "stale"), mfus[0] if mfus else None,
+    worst = "failed" if failed else _TIER_STATUS.get(tier, "stale")  # a crash wins, as a job's (job_end_status)
+    return NodeGroup(host, tuple(ranks), worst, mfus[0] if mfus else None,
                      median_sorted(mfus), lag, step, t_max, w_max, tokens, flops, conflict)
 
 
