@@ -639,6 +639,24 @@ def test_a_hang_after_a_rank_failed_names_the_failed_rank() -> None:
     assert hint.summary.startswith("the 2 running ranks (of 3; the other ended) stopped at step 10")
 
 
+def test_a_hang_after_a_signal_stopped_a_rank_names_the_stopped_ranks() -> None:
+    """NCCL's usual hang: one node scancel'd or preempted (its ranks' byes "SIGTERM": stopped),
+    the others block in the collective it left, heartbeats going on. The hint said only that
+    they stopped; the ranks the signal ended, the ones they wait for, went unnamed."""
+    from test_hints_factories import _stalled
+
+    gone = dataclasses.replace(_stalled(2, 5.0, 0.0), status="stopped", bye_reason="SIGTERM")
+    snap = job(_stalled(0, 5.0, 0.0), _stalled(1, 5.5, 0.0), gone)
+    hint = find(settle(HintEngine(small_hang_rules()), snap, 0.0), "hang_all")
+    assert hint is not None and hint.evidence["stopped_ranks"] == [2]
+    assert "since a signal (SIGTERM) ended rank 2 (node1); they likely wait for it" in hint.summary
+    assert hint.summary.startswith("the 2 running ranks (of 3; the other ended) stopped at step 10")
+    # a crash beside it is the cause named
+    crashed = dataclasses.replace(_stalled(3, 5.0, 0.0), status="failed", bye_reason="error: ValueError: x")
+    hint = find(settle(HintEngine(small_hang_rules()), job(*snap.ranks, crashed), 0.0), "hang_all")
+    assert hint is not None and "since rank 3 (node1) failed (ValueError: x)" in hint.summary
+
+
 def test_hang_counts_silence_of_a_rank() -> None:
     """A rank that stopped sending entirely is stalled by its age even with a recent step."""
     silent = job(rank(0, step=10, age_s=2.0, hist=history(10, 0.1, t0=-1.1)))

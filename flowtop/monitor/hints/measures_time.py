@@ -160,9 +160,15 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         text["world"] = str(job.world_size)
         text["others_wait"] = " while the others wait"
     variant = "silent" if silent else ("unheard" if unheard else "")
+    stopped = [r for r in shown if r.status == "stopped"]
+    ev["stopped_ranks"] = [r.rank for r in stopped]
+    if stopped:  # a signal ended them mid-run (scancel, preemption): what NCCL peers hang waiting for
+        text["stopped"] = rank_list(stopped)
+        text["signal"] = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
+        variant = "stopped"
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
-    if failed:  # the crash is the cause: named before any silence
+    if failed:  # the crash is the cause: named before any signal or silence
         text["failed"] = rank_list(failed)
         text["why"] = (failed[0].bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
         variant = "failed"

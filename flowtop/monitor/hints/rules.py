@@ -49,13 +49,18 @@ RULES: tuple[Rule, ...] = (
             # A rank that crashed (its bye named the exception) is what the others wait for.
             "failed": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s since {failed} "
             "failed ({why}); they likely wait for it in a collective",
+            # A rank a signal ended mid-run (scancel, a preemption, a node's launcher killed; its
+            # bye named the signal): NCCL peers hang in the collective it left.
+            "stopped": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s since a signal "
+            "({signal}) ended {stopped}; they likely wait for it in a collective",
         },
         action="Dump the stacks of all ranks (py-spy dump --pid PID); look for a rank that left a "
         "collective (exception, OOM, uneven batch count); rerun with NCCL_DEBUG=INFO and "
         "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 so a stuck collective times out.",
         params={"factor": 10.0, "floor_s": 30.0},
         doc="time since the last step of the least-stalled running rank ÷ max(factor × median "
-        "step time, floor_s); names the ranks that failed (their exception) or went silent (stale) while "
+        "step time, floor_s); names the ranks that failed (their exception), a signal stopped (SIGTERM) or "
+        "went silent (stale) while "
         "others still talk, else those of the world never heard; a rank's last step may be the one its "
         "hello reported (a monitor started during a hang)",
     ),
