@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from flowtop.tools.demo.launch import free_port_pair
-from flowtop.tools.peer_check import HANDSHAKE_S, PeerOutcome, peer_note, watch_peer
+from flowtop.tools.peer_check import HANDSHAKE_S, PeerOutcome, check_peer, peer_note, start_check, watch_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_A_MONITOR = "but it is not a flowtop monitor"
@@ -148,8 +148,17 @@ def test_the_check_tells_each_peer_apart(http_server: str) -> None:
         other = watch_peer(f"tcp://127.0.0.1:{rport}", None, stop)
     finally:
         router.close(0)
-        ctx.term()
     assert other.connected and other.handshake in ("none", "protocol") and peer_note("x", other, False)
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    rport = router.bind_to_random_port("tcp://127.0.0.1")
+    try:  # it greets as ZeroMQ does: given a second, patient try, and still said
+        patient = check_peer(f"tcp://127.0.0.1:{rport}", None, stop, patience_s=1.0)
+    finally:
+        router.close(0)
+    ctx.term()
+    assert patient in (PeerOutcome(True, "zeromq"), PeerOutcome(True, "protocol"))
+    assert "but it is not a flowtop monitor" in (peer_note("x", patient, False) or "")
     mon = MonitorThread()
     try:
         assert watch_peer(mon.listen, None, stop) == PeerOutcome(True, "ok")
@@ -158,6 +167,27 @@ def test_the_check_tells_each_peer_apart(http_server: str) -> None:
     assert peer_note("x", PeerOutcome(True, "ok"), False) is None
     nothing = watch_peer(f"tcp://127.0.0.1:{free_port_pair()}", None, stop, wait_s=1.0)
     assert nothing == PeerOutcome(False, "none") and peer_note("x", nothing, False) is None
+
+
+def test_a_real_monitor_too_busy_to_answer_in_time_is_not_called_a_foreign_program() -> None:
+    """A real monitor answers the handshake once its ZAP handler, on its loop, has: with its loop
+    held 5 s (a burst of thousands of hellos and checks) the check said it was "not a flowtop
+    monitor" and told the user to stop it (a reviewer's repro). Its I/O thread greets as ZeroMQ at
+    once: a second, patient try completes, and nothing is said."""
+    from monitor_thread import MonitorThread
+
+    mon = MonitorThread()
+    notes: list[str] = []
+    try:
+        mon._loop.call_soon_threadsafe(time.sleep, 5.0)  # the monitor's loop busy
+        end = start_check(mon.listen, None, say=notes.append)
+        deadline = time.monotonic() + 40
+        while any(t.name == "flowtop-peer-check" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        end()
+    finally:
+        mon.close()
+    assert notes == []
 
 
 def test_run_says_nothing_of_a_real_monitor(tmp_path: Path) -> None:

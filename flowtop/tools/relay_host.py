@@ -181,10 +181,10 @@ def _say_ready(relay: Relay, listen: str, upstream: str, curve_dir: str | None =
     if note:
         print(f"flowtop relay: {note}", file=sys.stderr, flush=True)
         return
-    from flowtop.tools.peer_check import peer_note, watch_peer
+    from flowtop.tools.peer_check import check_peer, peer_note
     from flowtop.tools.relay_setup import client_keys
 
     keys = client_keys(curve_dir)  # loaded once already by Relay: they load
-    note = peer_note(upstream, watch_peer(upstream, keys, relay.stopping), keys is not None)
+    note = peer_note(upstream, check_peer(upstream, keys, relay.stopping), keys is not None)
     if note and not relay.stopping.is_set():
         print(f"flowtop relay: {note}", file=sys.stderr, flush=True)
