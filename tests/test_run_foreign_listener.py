@@ -190,6 +190,41 @@ def test_a_real_monitor_too_busy_to_answer_in_time_is_not_called_a_foreign_progr
     assert notes == []
 
 
+def test_a_monitor_whose_keys_the_probes_do_not_match_is_named_a_monitor(tmp_path: Path) -> None:
+    """A real monitor with CURVE keys, ``flowtop run`` without them (or with another key directory),
+    and a monitor without keys, the run with them: each closed or failed the handshake, and the note
+    said "it is not a flowtop monitor ... stop that program" (a reviewer's repro: the user's own
+    monitor). Its ZeroMQ greeting names its mechanism: the note names the keys instead."""
+    from monitor_thread import MonitorThread
+
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
+    from flowtop.tools import keys
+    from flowtop.tools.relay_setup import client_keys
+
+    ours, other = keys.create(tmp_path / "ours"), keys.create(tmp_path / "other")
+    listen = f"tcp://127.0.0.1:{free_port_pair()}"
+    stop = threading.Event()
+    mon = MonitorThread(listen=listen, collector=Collector(make_model(), listen, curve=keys.load_server(ours)))
+    try:
+        none = peer_note(listen, check_peer(listen, None, stop), False) or ""
+        mismatched = peer_note(listen, check_peer(listen, client_keys(str(other)), stop), True) or ""
+        assert check_peer(listen, client_keys(str(ours)), stop) == PeerOutcome(True, "ok")
+    finally:
+        mon.close()
+    assert none.startswith(f"the monitor on {listen} requires CURVE keys (its greeting says so) and the probes "
+                           "have none: give the key directory"), none
+    assert mismatched.startswith(f"the monitor on {listen} uses CURVE keys but closed the handshake with the "
+                                 "probes' (--curve-dir): its server.key is not"), mismatched
+    plain = MonitorThread()
+    try:
+        unwanted = peer_note(plain.listen, check_peer(plain.listen, client_keys(str(ours)), stop), True) or ""
+    finally:
+        plain.close()
+    assert unwanted.startswith(f"the monitor on {plain.listen} has no CURVE keys but the probes do"), unwanted
+    assert NOT_A_MONITOR not in none + mismatched + unwanted
+
+
 def test_run_says_nothing_of_a_real_monitor(tmp_path: Path) -> None:
     """A real monitor: the command runs past the check's time, and nothing is said."""
     from monitor_thread import MonitorThread

@@ -26,8 +26,8 @@ from typing import Callable
 HANDSHAKE_S = 3.0
 #: How long the check waits in all (the handshake's time out, and a moment for its event).
 WAIT_S = HANDSHAKE_S + 1.5
-#: How long a peer that did not complete the handshake gets to send a ZeroMQ greeting's signature
-#: on a plain connection (:func:`speaks_zmtp`): libzmq's I/O thread writes it on accepting.
+#: How long a peer that did not complete the handshake gets to send a ZeroMQ greeting on a plain
+#: connection (:func:`zmtp_mechanism`): libzmq's I/O thread writes it on accepting.
 GREETING_S = 1.5
 #: How long a second try gives a peer that greets as ZeroMQ does but did not complete the
 #: handshake within HANDSHAKE_S (:func:`check_peer`): a monitor whose loop is that busy.
@@ -93,23 +93,39 @@ def watch_peer(addr: str, keys: tuple[bytes, bytes, bytes] | None, stop: threadi
 def check_peer(addr: str, keys: tuple[bytes, bytes, bytes] | None, stop: threading.Event,
                patience_s: float = PATIENCE_S) -> PeerOutcome:
     """:func:`watch_peer`, and where the peer did not complete the handshake in time but speaks
-    ZeroMQ (:func:`speaks_zmtp`), a second try given ``patience_s``: a monitor answers the
+    ZeroMQ (:func:`zmtp_mechanism`), a second try given ``patience_s``: a monitor answers the
     handshake only once its ZAP handler, on its loop, has, and a loop busy with a burst of hellos
     (thousands of ranks, thousands of these checks) was called "not a flowtop monitor" (a
     reviewer's repro: a real monitor's loop held 5 s). Its I/O thread greets at once all the
-    same. "zeromq": the second try failed too (another ZeroMQ program, or a monitor that busy)."""
+    same. "zeromq": the second try failed too (another ZeroMQ program, or a monitor that busy).
+    Where the handshake was closed or failed, the greeting's mechanism tells a monitor whose keys
+    the probes' do not match: "curve_needed", "curve_other", "curve_unwanted"."""
     outcome = watch_peer(addr, keys, stop)
-    if not outcome.connected or outcome.handshake not in ("timeout", "none") or stop.is_set():
+    if not outcome.connected or outcome.handshake in ("ok", "auth") or stop.is_set():
         return outcome
-    if not speaks_zmtp(addr, stop):
+    mechanism = zmtp_mechanism(addr, stop)
+    if mechanism is None:
         return outcome
+    if outcome.handshake in ("closed", "protocol"):
+        # A flowtop monitor with keys, probes without (or other keys), or the other way round: its
+        # greeting names its mechanism (it was told "not a flowtop monitor: stop that program").
+        if mechanism == "CURVE":
+            return PeerOutcome(True, "curve_other" if keys is not None else "curve_needed")
+        return PeerOutcome(True, "curve_unwanted") if mechanism == "NULL" and keys is not None else outcome
     again = watch_peer(addr, keys, stop, patience_s + 1.5, patience_s)
     return again if again.handshake == "ok" or stop.is_set() else PeerOutcome(True, "zeromq")
 
 
-def speaks_zmtp(addr: str, stop: threading.Event, wait_s: float = GREETING_S) -> bool:
-    """Whether the peer at ``addr`` (tcp or ipc) writes a ZeroMQ greeting's signature (ZMTP 3:
-    0xFF, 8 bytes, 0x7F) within ``wait_s`` on a plain connection of its own."""
+#: The start of a ZMTP 3 greeting, its signature and major version: what makes a ZeroMQ peer send
+#: the rest of its own (its mechanism: "CURVE" for a monitor with keys). No mechanism of ours: a
+#: peer that read one it does not share closed before its own was flushed.
+_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03"
+
+
+def zmtp_mechanism(addr: str, stop: threading.Event, wait_s: float = GREETING_S) -> str | None:
+    """The security mechanism the peer at ``addr`` (tcp or ipc) names in its ZeroMQ greeting
+    ("NULL", "CURVE"), read on a plain connection of its own within ``wait_s``; None where it
+    writes no ZeroMQ greeting (not ZeroMQ); "" where it wrote a ZeroMQ signature only."""
     import socket
 
     from flowtop.monitor.collector import AddressError, parse_tcp
@@ -122,30 +138,47 @@ def speaks_zmtp(addr: str, stop: threading.Event, wait_s: float = GREETING_S) ->
         else:
             conn = socket.create_connection(parse_tcp(addr), timeout=wait_s)
     except (OSError, AddressError):
-        return False
+        return None
     got = b""
     deadline = time.monotonic() + wait_s
     try:
         conn.settimeout(0.1)
-        while len(got) < 10 and not stop.is_set() and time.monotonic() < deadline:
+        conn.sendall(_GREETING)
+        while len(got) < 32 and not stop.is_set() and time.monotonic() < deadline:
             try:
-                chunk = conn.recv(10 - len(got))
+                chunk = conn.recv(32 - len(got))
             except socket.timeout:
                 continue
             if not chunk:
                 break
             got += chunk
     except OSError:
-        return False
+        pass  # what it wrote before it closed still says what it is
     finally:
         conn.close()
-    return len(got) == 10 and got[0] == 0xFF and got[9] == 0x7F
+    if len(got) < 10 or got[0] != 0xFF or got[9] != 0x7F:
+        return None
+    return got[12:32].rstrip(b"\x00").decode("ascii", "replace") if len(got) == 32 else ""
+
+
+#: What to say of a ZeroMQ peer whose greeting names a mechanism the probes' keys do not match.
+_KEYS_NOTES = {
+    "curve_needed": "requires CURVE keys (its greeting says so) and the probes have none: give the key "
+                    "directory `flowtop keys` made (--curve-dir DIR, or FLOWTOP_CURVE_DIR)",
+    "curve_other": "uses CURVE keys but closed the handshake with the probes' (--curve-dir): its server.key is "
+                   "not the one in the probes' key directory",
+    "curve_unwanted": "has no CURVE keys but the probes do (--curve-dir): start the monitor with the same "
+                      "--curve-dir, or leave it out here",
+}
 
 
 def peer_note(addr: str, outcome: PeerOutcome, curve: bool) -> str | None:
     """What to tell the user of ``outcome`` at ``addr`` (``curve``: the probes hold keys), or None."""
     if not outcome.connected or outcome.handshake in ("ok", "auth"):
         return None  # nothing listens (said before CMD started), a monitor, or a key the probes name
+    keys_note = _KEYS_NOTES.get(outcome.handshake)
+    if keys_note is not None:
+        return f"the monitor on {addr} {keys_note}; the training runs, but its ranks' frames go nowhere"
     fix = ("stop that program, or start the monitor on another port (flowtop --listen tcp://HOST:OTHER) "
            "and give the same address here (--connect tcp://HOST:OTHER); `flowtop doctor` checks it")
     what = {
