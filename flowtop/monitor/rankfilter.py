@@ -207,6 +207,6 @@ def _value(kind: str, value: str, term: str) -> object:
     if kind == "status":
         status = STATUS_ALIASES.get(value, value)
         if status not in STATUSES and status != CONFLICT:
-            raise FilterError(f"{term!r}: a status is live, stalled (hung), stale, done, failed or conflict")
+            raise FilterError(f"{term!r}: a status is live, stalled (hung), stale, done, failed, stopped or conflict")
         return status
     return value
