@@ -225,6 +225,24 @@ def test_a_monitor_whose_keys_the_probes_do_not_match_is_named_a_monitor(tmp_pat
     assert NOT_A_MONITOR not in none + mismatched + unwanted
 
 
+def test_the_runs_of_one_node_check_the_monitor_once() -> None:
+    """``srun`` starts a ``flowtop run`` per rank: each checked the monitor (4,096 handshakes at
+    once, their ZAP requests on the monitor's loop, 4,096 copies of one note). The runs sharing a
+    node relay check once: three at once against a silent listener, one note among them."""
+    port = free_port_pair()
+    ls = _tcp_listener(port, "silent")
+    cmd = [sys.executable, "-m", "flowtop.cli", "run", "--relay", "on", "--connect", f"tcp://127.0.0.1:{port}", "--",
+           sys.executable, "-c", f"import time; time.sleep({HANDSHAKE_S + 6})"]
+    try:
+        procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}) for _ in range(3)]
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    finally:
+        ls.close()
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert sum(e.count(NOT_A_MONITOR) for e in errs) == 1, errs
+
+
 def test_run_says_nothing_of_a_real_monitor(tmp_path: Path) -> None:
     """A real monitor: the command runs past the check's time, and nothing is said."""
     from monitor_thread import MonitorThread

@@ -16,13 +16,16 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import probe.wire as wire
 from flowtop import settings
 from flowtop.tools import peer_check
 from flowtop.tools.listening import no_monitor_note
 from flowtop.tools.relay_setup import client_keys
+
+if TYPE_CHECKING:
+    from flowtop.tools.relay_host import NodeRelay
 
 #: flowtop/tools/runner.py -> the directory holding flowtop/ and probe/ (checkout or site-packages).
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[2] / "probe" / "bootstrap"
@@ -92,7 +95,7 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     if note:
         print(f"flowtop run: {note}", file=sys.stderr)
     # Where something listens: is it a flowtop monitor? (flowtop.tools.peer_check; said once, CMD not held up)
-    end_check = None if note else peer_check.start_check(upstream, client_keys(keys))
+    end_check = None if note else _check_peer(upstream, keys, node)
     try:
         return _run_child(cmd, env)
     finally:
@@ -100,6 +103,31 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
             end_check()
         if node is not None:
             node.stop()  # hand the node's relay to another flowtop run, if one still runs
+
+
+def _check_peer(upstream: str, keys: str | None, node: "NodeRelay | None") -> Callable[[], None] | None:
+    """Start the peer check (what ends it), once per node where the node's ranks share a relay:
+    with ``srun`` starting a ``flowtop run`` per rank, 4,096 checks hit the monitor at once (each a
+    handshake, its ZAP request answered on the monitor's loop) to say one thing; the ``flowtop
+    run`` holding the node's check lock checks for all (None for the others)."""
+    from flowtop.tools.relay_setup import PathLock
+
+    lock = None
+    if node is not None:
+        lock = PathLock(node.address[len("ipc://"):] + ".check")
+        try:
+            if not lock.acquire(blocking=False):
+                return None  # another flowtop run of this node checks the same monitor
+        except OSError:
+            lock = None  # no lock to share: check anyway
+    end_check = peer_check.start_check(upstream, client_keys(keys))
+
+    def end() -> None:
+        end_check()
+        if lock is not None:
+            lock.release()
+
+    return end
 
 
 def bad_upstream(addr: str, source: str) -> str | None:
