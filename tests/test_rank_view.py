@@ -254,6 +254,28 @@ async def test_only_changed_lines_are_painted(monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.asyncio
+async def test_line_keys_held_are_one_screens_while_the_cursor_moves() -> None:
+    """No new snapshot (a replay at its end, a lost listener): the cursor goes down 120 rows of
+    the flat 4,096. The line keys the table remembers are those of the screen it shows (at most
+    one a line), not 37 more for every move (50 KB a move, never asked again: 200 MB down 4,096
+    rows); the lines still show their rows."""
+    app = _app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        await pilot.press("g", "s", "home")  # flat, by rank: row i is rank i
+        await pilot.pause()
+        table = app.screen.query_one(RankTable)
+        for _ in range(120):
+            await pilot.press("down")
+        await pilot.pause()
+        assert table.cursor_row == 120 and table.selected is not None and table.selected.rank == 120
+        height = table.scrollable_content_region.height
+        assert 0 < len(table._keys) <= height
+        top = round(table.scroll_y)
+        assert table._line_key(1, table.scrollable_content_region.width, top).cells[0][0] == str(top)
+
+
+@pytest.mark.asyncio
 async def test_summary_line_gives_percentiles_across_ranks() -> None:
     app = _app()
     async with app.run_test(size=NARROW) as pilot:
