@@ -158,7 +158,10 @@ class ModelViews:
         # A rank cut off behind a silent or closed relay may train on, unheard: the job's figures
         # are over the heard ranks (accounting's conventions), and its bye may be lost with the
         # relay, so the job ends when its heard ranks have ended (else it stayed stale for good).
-        heard = [r for r in ranks if r.cut is None]
+        # The ranks' cuts read once (over_phrase reads them too): with none cut, the heard ranks are
+        # all of them, no second pass.
+        cuts = [r.cut for r in ranks]
+        heard = [r for r in ranks if r.cut is None] if cuts.count(None) != len(cuts) else list(ranks)
         # The job's step and step time: of its live heard ranks, else its heard ones (a cut
         # rank's last values are not the job's now). A job with every rank unheard shows the
         # lowest step last heard and no step time (None: none is measured now).
@@ -185,13 +188,13 @@ class ModelViews:
             job=job,
             world_size=world,
             ranks=ranks,
-            step=min(r.step for r in live),
+            step=min([r.step for r in live]),  # a list: a generator cost ~2x a rank
             step_time_s=max(times) if times else None,
             tokens_per_s=tokens_per_s,
             # Over the heard ranks; the figures say so (over_phrase: which ranks are unheard).
             flops=parallelism.job_flops_per_token(
                 accounting.job_flops([r.flops for r in counted], _newest_step_at(ranks, states),
-                                     over_phrase([r.cut for r in ranks], left_out)), counted, tokens_basis),
+                                     over_phrase(cuts, left_out)), counted, tokens_basis),
             status=status,
             kernels_merged=merged,
             rank_conflicts=len({r.rank for r in ranks if r.conflict}),

@@ -152,16 +152,19 @@ class RankViews:
         tick, spread = turn if turn is not None else (0, 0)
         reused = 0
         lags: dict[str | None, float] = {}  # a node's ranks share their relay: one lookup each
+        every = not glance and spread == 0  # every rank's turn (the loop's tests, once)
+        low, high = -LAG_STEP_S, LAG_STEP_S
         for st, others in shown:
             via = st.via
             behind = lags.get(via)
             if behind is None:
                 behind = lags[via] = lag(via)
             at = now - behind
-            full = not glance and (spread == 0 or (st.key.rank + tick) % spread == 0 or st.key.rank in hot)
-            entry = entries.get(st.key) if not full else None
+            key = st.key
+            full = every or (not glance and ((key.rank + tick) % spread == 0 or key.rank in hot))
+            entry = entries.get(key) if not full else None
             if (entry is not None and st.version == entry.seen and at < entry.until and others == entry.key[3]
-                    and -LAG_STEP_S <= entry.view.behind_s - behind <= LAG_STEP_S):  # not _lag_moved
+                    and low <= entry.view.behind_s - behind <= high):  # not _lag_moved
                 reused += 1  # nothing arrived, and the clock has not moved its status yet
                 append(entry.view)
                 continue

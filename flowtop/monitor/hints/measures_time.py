@@ -123,13 +123,16 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     ranks, stalls = _stalls(rule, job, now)
     if not ranks:
         return {}
-    least = min(stalls, key=lambda e: e.stalled_s / e.limit_s)
+    # Lists, then C scans: a key function or a generator a rank cost ~2x a comprehension's value
+    # (every rank of a large job, each round). The first of the least, as min(key=) picks.
+    ratios = [e.stalled_s / e.limit_s for e in stalls]
+    least = stalls[ratios.index(min(ratios))]
     meds = [e.median_step_time_s for e in stalls if e.median_step_time_s]
     # stalled_s, stalled_x and silent_s grow with the clock: the hint holds since when (HintClock).
     ev: dict[str, Any] = {
         "limit_s": least.limit_s,
         "median_step_time_s": statistics.median(meds) if meds else None,
-        "last_step": max(e.last_step for e in stalls),
+        "last_step": max([e.last_step for e in stalls]),
         "ranks_n": len(ranks),
         # Ranks whose stall is the one their hellos reported (this monitor saw none of their recent
         # steps: no median step either, so the limit is the floor).
@@ -141,7 +144,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     silent = [r for r in ranks if r.status == "stale"]
     ev["silent_ranks"] = [r.rank for r in silent]
     shown = latest_ranks(job)
-    cut = sum(r.cut is not None for r in shown)
+    cut = len(shown) - [r.cut for r in shown].count(None)
     text: dict[str, str] = {"ranks_phrase": _ranks_phrase(len(ranks), len(shown), cut)}
     if silent:  # a dead rank is named even when it is the only one left
         # the longest-silent one's, on the snapshot's clock (RankSnapshot.age_s)
@@ -252,7 +255,9 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
         n = min(len(h.step_time_s), len(h.input_wait_s), max(rule.window_steps, 1))
         if n:
             if len(h.steps) >= n:
-                n = sum(1 for s in itertools.islice(reversed(h.steps), n) if s > INPUT_WARMUP_STEPS)
+                last = h.steps[-n:]
+                if min(last) <= INPUT_WARMUP_STEPS:  # past the warm-up (nearly always): all n count
+                    n = sum(1 for s in last if s > INPUT_WARMUP_STEPS)
             else:  # a history of the shown columns only (a large job's): the steps up to r.step
                 n = min(n, max(0, r.step - INPUT_WARMUP_STEPS))
             if not n:
