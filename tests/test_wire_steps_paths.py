@@ -93,3 +93,28 @@ def test_a_valid_frame_at_the_batch_edges_decodes_alike() -> None:
             dup = {**fields, "step": steps.tobytes()}
             assert _outcome(decode_fields, dup) == _outcome(_decode_checked, dup)
             assert _outcome(decode_fields, dup).startswith("refused")
+
+
+def test_hostile_step_columns_of_any_length_decode_alike() -> None:
+    """Step columns written by hand against the straight path's sign test (the first step's sign,
+    the others increasing from it): a negative step anywhere, int64's wrap from its largest value
+    to its smallest, a run that looks consecutive by its ends (last - first == n - 1) with a
+    negative or repeated step inside, a lone negative step, columns not a multiple of 8 bytes."""
+    top, bottom = 2**63 - 1, -2**63
+    inside = list(range(256))
+    inside[100] = bottom + 100  # its low byte as a run of 0..255 would have it, its top bit set
+    refused = [[-1], [bottom], [top, bottom], [top - 1, top, bottom], [0, -1, 2], [0, 0, 2], [3, 2**62, -1, 6],
+               inside, [*range(200, 455)][:-1] + [bottom], [1, 2, 2, 3], [top, top]]
+    accepted = [[0], [top], [top - 1, top], [*range(2**40 - 3, 2**40 + 197)], [0, 2**62, top]]
+    for steps, ok in [*((s, False) for s in refused), *((s, True) for s in accepted)]:
+        n = len(steps)
+        fields = {"n": n, "drops": 0, "step": array("q", steps).tobytes(), "tokens": _q(*[1] * n),
+                  "wall_s": _d(*[.1] * n)}
+        straight = _outcome(decode_fields, fields)
+        assert straight == _outcome(_decode_checked, fields), steps[:4]
+        assert straight.startswith("refused") is not ok, (steps[:4], straight[:80])
+    for raw in (b"", _q(1)[:7], _q(1, 2) + b"\0", _q(1, 2)[:-1]):  # n=1 or 2 against ragged bytes
+        for n in (0, 1, 2):
+            fields = {"n": n, "drops": 0, "step": raw, "tokens": _q(*[1] * n), "wall_s": _d(*[.1] * n)}
+            straight = _outcome(decode_fields, fields)
+            assert straight == _outcome(_decode_checked, fields) and straight.startswith("refused")
