@@ -95,3 +95,60 @@ def test_the_descriptor_is_registered_once_and_unregistered_at_close() -> None:
     kept, gone, waited = asyncio.run(run())
     assert kept and gone
     assert max(waited) < 0.25
+
+
+def test_a_drain_that_died_leaves_no_reader_to_spin_the_loop() -> None:
+    """The drain loop lost to an exception (_run says so; the loop stays up for the UI) takes the
+    waits' reader with it: left registered, nobody asks ZMQ_EVENTS any more, so the descriptor a
+    new probe's connect makes readable stays readable, and the loop called the reader at every
+    turn (~280 k a second, a core; a review). Real TCP sockets: a frame kills the drain, a second
+    publisher connects, the loop turns 500 times."""
+    from flowtop.monitor.collector import Collector
+    from flowtop.monitor.wiring import make_model
+    from flowtop.tools.demo.launch import free_port_pair
+
+    async def run() -> tuple[bool, int, int, bool]:
+        listen = f"tcp://127.0.0.1:{free_port_pair()}"
+        collector = Collector(make_model(), listen)
+        calls = [0]
+        readable = collector._readable
+
+        def counting() -> None:
+            calls[0] += 1
+            readable()
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a broken frame handler")
+
+        collector._readable = counting  # type: ignore[method-assign]
+        collector.handle_frame = broken  # type: ignore[method-assign]
+        await collector.start()
+        assert collector._task is not None
+        ctx = zmq.Context()
+        first, second = ctx.socket(zmq.PUB), ctx.socket(zmq.PUB)
+        try:
+            first.connect(listen)
+            for _ in range(200):  # until the frame reached the drain and killed it
+                first.send(b"frame")
+                await asyncio.sleep(0.02)
+                if collector._task.done():
+                    break
+            died = collector._task.done()
+            fd = zmq.Socket.shadow(collector._sub.underlying).get(zmq.FD)
+            calls[0] = 0
+            second.connect(listen)  # a pipe attached: a command to the socket, its descriptor readable
+            await asyncio.sleep(0.3)
+            for _ in range(500):
+                await asyncio.sleep(0)
+            spun = calls[0]
+            registered = asyncio.get_running_loop().remove_reader(fd)
+            await collector.stop()
+            return died, spun, fd, registered
+        finally:
+            first.close(0)
+            second.close(0)
+            ctx.term()
+
+    died, spun, _, registered = asyncio.run(run())
+    assert died
+    assert spun == 0 and not registered

@@ -209,6 +209,11 @@ class Collector(CollectorSockets, LoadGovernor):
             self.model.notices.error(f"stopped receiving on {self.listen}: {type(exc).__name__}: {exc}",
                                      self.clock.now())
             self.catch_up()
+        finally:
+            # The waits' reader goes with the drain: left registered, a descriptor nobody re-arms
+            # (ZMQ_EVENTS unread) stays readable and the loop ran its callback ~280 k times a second
+            # (a core) from a probe's connect on, for as long as the UI stayed up.
+            self._stop_reading()
 
     async def _drain_forever(self) -> None:
         sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._sub.underlying)  # non-blocking drain without awaits
