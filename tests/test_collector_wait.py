@@ -152,3 +152,48 @@ def test_a_drain_that_died_leaves_no_reader_to_spin_the_loop() -> None:
     died, spun, _, registered = asyncio.run(run())
     assert died
     assert spun == 0 and not registered
+
+
+def test_a_stale_reader_on_the_descriptors_number_does_not_silence_the_waits() -> None:
+    """The loop's selector may still hold a reader for the XSUB's descriptor number from a file
+    closed before (pyzmq's authenticator leaves its own at stop; epoll forgot it when the file
+    closed). add_reader then only swaps the callback: the descriptor kept for the socket's life
+    never woke a wait again, each frame waited out the wait's timeout (a review). Real sockets;
+    the stale entry made by hand: a pipe put at the descriptor's number, read, then closed."""
+    import os
+
+    async def run() -> list[float]:
+        ctx = zmq.asyncio.Context()
+        sub = ctx.socket(zmq.XSUB)
+        sub.bind("inproc://stale")
+        owner = _Owner()
+        sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        _WakingSocket(sub.underlying, owner).send(b"\x01")
+        pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
+        pub.connect("inproc://stale")
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        fd = sync.get(zmq.FD)
+        saved = os.dup(fd)
+        r, w = os.pipe()
+        os.dup2(r, fd)  # the number names the pipe a moment: a reader registered for it...
+        loop.add_reader(fd, lambda: None)
+        os.dup2(saved, fd)  # ... and the pipe closed: epoll forgets it, the selector does not
+        for end in (saved, r, w):
+            os.close(end)
+        waited = []
+        try:
+            for _ in range(3):
+                loop.call_later(0.01, pub.send, b"frame")
+                t0 = time.perf_counter()
+                await owner._wait_frames(sync, 5.0)
+                waited.append(time.perf_counter() - t0)
+                assert sync.recv(zmq.NOBLOCK) == b"frame"
+        finally:
+            owner._stop_reading()
+            pub.close(0)
+            sub.close(0)
+            ctx.term()
+        return waited
+
+    assert max(asyncio.run(run())) < 2.5  # the frame's wake, not the 5 s timeout

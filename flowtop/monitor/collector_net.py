@@ -214,6 +214,10 @@ class CollectorSockets:
             # nothing: the loop turns only at the drain's sleep(0) then, and the next wait asks
             # ZMQ_EVENTS before it waits, so a message that came meanwhile is never missed.
             fd = cast(int, sync.get(_FD))
+            # A reader left by a socket closed before this one (pyzmq's authenticator leaves its
+            # own at stop) makes add_reader swap the callback only, never telling epoll: kept for
+            # the socket's life, the descriptor would never end a wait. Removed first (once).
+            loop.remove_reader(fd)
             loop.add_reader(fd, self._readable)
             self._reading = (loop, fd)
         while True:
