@@ -10,7 +10,7 @@ import struct
 from array import array
 from typing import Any, Iterator, NamedTuple
 
-from flowtop.monitor.compact import _MASK, _SHIFT, BLOCK, ArraySeq, _exact
+from flowtop.monitor.compact import _MASK, _SHIFT, BLOCK, ArraySeq
 
 
 class StepRecord(NamedTuple):
@@ -35,6 +35,11 @@ _pack_d = struct.Struct("d").pack
 _BOTH_SENT = array("b", [3])
 #: A full block of them (shared by every ring: a full block is never written again).
 _KNOWN_BLOCK = _BOTH_SENT * BLOCK
+#: Blocks of zeros of each column's type code, copied (a slice: exactly BLOCK values, no spare)
+#: as a ring's new tails: see StepRing.
+_ZQ, _ZD, _ZB = array("q", bytes(8 * BLOCK)), array("d", bytes(8 * BLOCK)), array("b", bytes(BLOCK))
+#: An empty float array: ``_NO_D[:]`` is a new one without array()'s argument parsing.
+_NO_D = array("d")
 
 
 def _known(col: array | None, n: int) -> tuple[array, bytes]:
@@ -63,7 +68,14 @@ class StepRing:
     history's convention, with a flag byte saying which were sent).
 
     The columns are appended together in one call (the model's hot path: a step record), so the
-    ring keeps their blocks itself rather than as separate :class:`Column` objects."""
+    ring keeps their blocks itself rather than as separate :class:`Column` objects.
+
+    The tails are blocks of their final size from the start (BLOCK values, zeros past the
+    ``_nl % BLOCK`` written: views never read past the n they were made with), written in place
+    and kept as the full block once filled. Tails grown by ``array.extend`` were reallocated
+    through Python's size classes (~8 to 512 bytes) as they filled, and 4,096 ranks' tails, each
+    left at its own size, pinned pools of those classes that were otherwise empty: ~56 MB of
+    pymalloc free blocks at 4,096 ranks (bench/ingest.py --memory 4096 --rss, py_free_classes)."""
 
     __slots__ = ("cap", "recent_cap", "_long", "_short", "_lt", "_st", "_nl", "_ns")
 
@@ -81,21 +93,36 @@ class StepRing:
 
     @staticmethod
     def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
-        return (array("q"), array("d")), (array("d"), array("q"), array("d"), array("d"), array("b"))
+        """New tails: a block of zeros a column, each of its final size (see the class doc)."""
+        return (_ZQ[:], _ZD[:]), (_ZD[:], _ZQ[:], _ZD[:], _ZD[:], _ZB[:])
+
+    def _new_tails(self, cols: tuple[array, ...], recvs: array, lo: int) -> None:
+        """The tails anew, holding the values ``lo:`` of a frame's columns ``(steps, wall, tokens,
+        wait, lead, known)`` and as many of ``recvs`` (fewer than BLOCK values)."""
+        (a, b), short = self._lt, self._st = self._tails()
+        steps, *rest = cols
+        k = len(steps) - lo
+        a[:k] = steps[lo:]
+        b[:k] = recvs[:k]
+        for t, col in zip(short, rest):
+            t[:k] = col[lo:]
 
     def append(self, rec: tuple[int, float, int, float | None, float, float | None]) -> None:
         step, wall, tokens, wait, recv, lead = rec
         lt, st = self._lt, self._st
-        lt[0].append(step)
-        lt[1].append(recv)
-        st[0].append(wall)
-        st[1].append(tokens)
-        st[2].append(wait or 0.0)
-        st[3].append(lead or 0.0)
-        st[4].append((wait is not None) | (lead is not None) << 1)
+        h = self._nl & _MASK  # the values the tails hold
+        lt[0][h] = step
+        lt[1][h] = recv
+        st[0][h] = wall
+        st[1][h] = tokens
+        st[2][h] = wait or 0.0
+        st[3][h] = lead or 0.0
+        st[4][h] = (wait is not None) | (lead is not None) << 1
         self._nl += 1
         self._ns += 1
-        self._appended()
+        if h == _MASK:  # the tails are full: they are the block (their values are counted)
+            self._push([*lt, *st], 0)
+            self._lt, self._st = self._tails()
 
     def extend(self, steps: array, wall: array, tokens: array, wait: array | None, lead: array | None,
                recv: float, start: int = 0, finite: bool = False) -> None:
@@ -122,29 +149,37 @@ class StepRing:
             known = array("b", (int.from_bytes(known_wait, "little") | int.from_bytes(known_lead, "little") << 1)
                           .to_bytes(n, "little"))
             both = False
-        held = len(self._lt[0])
-        if held and held + n < BLOCK:  # the common case: the tails alone grow (unrolled: ~1 µs a frame)
+        held = self._nl & _MASK  # the values the tails hold
+        hi = held + n
+        if hi < BLOCK:  # the common case: the tails alone take them (unrolled: ~1 µs a frame)
             (a, b), (c, d, e, f, g) = self._lt, self._st
-            a.extend(steps)
-            # the receive times as bytes, no array built (array(code, list) parses its arguments:
-            # ~1.7 k instructions of a frame's ~10 k here, callgrind)
-            b.frombytes(_pack_d(recv) * n)
-            c.extend(wall)
-            d.extend(tokens)
-            e.extend(wait)
-            f.extend(lead)
-            g.extend(known)
+            a[held:hi] = steps
+            # the receive times from bytes, no array() call (it parses its arguments: ~1.7 k
+            # instructions of a frame's ~10 k here, callgrind)
+            r = _NO_D[:]
+            r.frombytes(_pack_d(recv) * n)
+            b[held:hi] = r
+            c[held:hi] = wall
+            d[held:hi] = tokens
+            e[held:hi] = wait
+            f[held:hi] = lead
+            g[held:hi] = known
             self._nl += n
             self._ns += n
             return
-        if held and BLOCK < held + n < 2 * BLOCK:  # the next common case: one block completed, the rest new tails
+        if held and BLOCK < hi < 2 * BLOCK:  # the next common case: one block completed, the rest new tails
             done = BLOCK - held  # < n: the tails alone did not take them (unrolled, as above: ~2 k instructions)
             recvs = array("d", [recv]) * n
             (a, b), (c, d, e, f, g) = self._lt, self._st
-            self._push([a + steps[:done], b + recvs[:done], c + wall[:done], d + tokens[:done], e + wait[:done],
-                        f + lead[:done], g + known[:done]], done)
-            self._lt = (steps[done:], recvs[done:])
-            self._st = (wall[done:], tokens[done:], wait[done:], lead[done:], known[done:])
+            a[held:] = steps[:done]
+            b[held:] = recvs[:done]
+            c[held:] = wall[:done]
+            d[held:] = tokens[:done]
+            e[held:] = wait[:done]
+            f[held:] = lead[:done]
+            g[held:] = known[:done]
+            self._push([a, b, c, d, e, f, g], done)  # the filled tails are the block
+            self._new_tails((steps, wall, tokens, wait, lead, known), recvs, done)
             self._nl += n - done
             self._ns += n - done
             return
@@ -169,12 +204,14 @@ class StepRing:
         for j in range(long_from if long_from < short_from else short_from, new):
             lo = at + (j << _SHIFT)
             hi = lo + BLOCK
-            if lo < 0:  # the old tails completed (j == 0): a block of their values and the first ones
+            if lo < 0:  # the old tails completed (j == 0): filled with the first values, they are the block
                 (a, b), (c, d, e, f, g) = self._lt, self._st
                 if j >= long_from:
-                    self._long.append((a + steps[:hi], b + recvs[:hi]))
+                    a[held:], b[held:] = steps[:hi], recvs[:hi]
+                    self._long.append((a, b))
                 if j >= short_from:
-                    self._short.append((c + wall[:hi], d + tokens[:hi], e + wait[:hi], f + lead[:hi], g + known[:hi]))
+                    c[held:], d[held:], e[held:], f[held:], g[held:] = wall[:hi], tokens[:hi], wait[:hi], lead[:hi], known[:hi]
+                    self._short.append((c, d, e, f, g))
                 continue
             if j >= long_from:
                 self._long.append((steps[lo:hi], recvs))
@@ -183,9 +220,7 @@ class StepRing:
                                     _KNOWN_BLOCK if both else known[lo:hi]))
         self._trim()
         if rest:  # new tails of their own (a frame's columns are the frame's, not the ring's)
-            lo = n - rest
-            self._lt = (steps[lo:], recvs[:rest])
-            self._st = (wall[lo:], tokens[lo:], wait[lo:], lead[lo:], known[lo:])
+            self._new_tails((steps, wall, tokens, wait, lead, known), recvs, n - rest)
         else:
             self._lt, self._st = self._tails()
         self._nl = (len(self._long) << _SHIFT) + rest
@@ -217,13 +252,6 @@ class StepRing:
             del self._short[0]
             self._ns -= BLOCK
 
-    def _appended(self) -> None:
-        """After a record was appended to the tails: roll a full block (a copy of its exact size:
-        see _exact)."""
-        if len(self._lt[0]) == BLOCK:  # both tails fill together
-            self._push([*_exact(self._lt), *_exact(self._st)], 0)  # their values are counted
-            self._lt, self._st = self._tails()
-
     def __len__(self) -> int:
         return min(self._nl, self.cap)
 
@@ -252,7 +280,7 @@ class StepRing:
         blocks, tail, i, held, total = self._where(col)
         n = held if n is None else max(0, min(n, held))
         parts = tuple([b[i] for b in blocks])
-        if tail[i]:
+        if total & _MASK:  # the tail holds values
             # The live tail itself, not a copy: values are only ever appended, and the view
             # reads no further than the n it was made with (see ArraySeq).
             parts += (tail[i],)
@@ -277,11 +305,12 @@ class StepRing:
 
     def values(self, col: int, n: int) -> list[Any]:
         """The last ``n`` values of a column as a list (a transient copy; nothing is kept)."""
-        blocks, tail, i, held, _ = self._where(col)
-        n = min(n, held)
+        blocks, tail, i, kept, total = self._where(col)
+        n = min(n, kept)
         if n <= 0:
             return []
-        out = list(tail[i][-n:])
+        held = total & _MASK  # the tail's values
+        out = list(tail[i][max(0, held - n):held])
         b = len(blocks) - 1
         while len(out) < n and b >= 0:
             out[:0] = blocks[b][i][-(n - len(out)):]
@@ -292,18 +321,20 @@ class StepRing:
         """The newest record (IndexError when empty)."""
         if not self._nl:
             raise IndexError("no steps")
-        lt = self._lt if self._lt[0] else self._long[-1]
-        st = self._st if self._st[0] else self._short[-1]
-        known = st[4][-1]
-        return _record((lt[0][-1], st[0][-1], st[1][-1], st[2][-1] if known & 1 else None, lt[1][-1],
-                        st[3][-1] if known & 2 else None))
+        h = (self._nl & _MASK) - 1  # the newest value's index in the tails, -1: the last block's
+        lt = self._lt if h >= 0 else self._long[-1]
+        st = self._st if h >= 0 else self._short[-1]
+        known = st[4][h]
+        return _record((lt[0][h], st[0][h], st[1][h], st[2][h] if known & 1 else None, lt[1][h],
+                        st[3][h] if known & 2 else None))
 
     def last_recv(self) -> float:
         """The newest record's receive time (IndexError when empty): what a status check reads
         of every rank at every tick, without making the whole record."""
         if not self._nl:
             raise IndexError("no steps")
-        return (self._lt if self._lt[0] else self._long[-1])[1][-1]
+        h = (self._nl & _MASK) - 1  # as in last()
+        return (self._lt if h >= 0 else self._long[-1])[1][h]
 
     def recent(self, n: int) -> list[StepRecord]:
         """The last ``n`` (at most ``recent``) records, oldest first."""
@@ -325,6 +356,8 @@ class StepRing:
     @property
     def nbytes(self) -> int:
         """Bytes of the columns' values."""
-        return sum(len(a) * a.itemsize for blk in (*self._long, *self._short, self._lt, self._st) for a in blk)
+        held = self._nl & _MASK  # the tails' values (the rest of them: zeros not yet written)
+        return (sum(len(a) * a.itemsize for blk in (*self._long, *self._short) for a in blk)
+                + held * sum(a.itemsize for a in (*self._lt, *self._st)))
 
 

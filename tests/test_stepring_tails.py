@@ -1,0 +1,56 @@
+"""StepRing's tails are blocks of their final size from the start, written in place and kept as
+the full block once filled: no array of a step ring is ever reallocated through Python's small
+size classes (tails grown by array.extend were: 4,096 ranks' tails, each left at its own size,
+pinned otherwise empty pools of those classes, ~56 MB at 4,096 ranks)."""
+
+from __future__ import annotations
+
+from array import array
+
+from flowtop.monitor.stepring import StepRing
+
+
+def _cols(first: int, n: int) -> tuple[array, array, array, array, array]:
+    return (array("q", range(first, first + n)), array("d", [0.5] * n), array("q", [7] * n),
+            array("d", [0.25] * n), array("d", [0.125] * n))
+
+
+def _tails(ring: StepRing) -> list[array]:
+    return [*ring._lt, *ring._st]
+
+
+def test_tails_hold_a_block_from_the_start_and_are_never_reallocated() -> None:
+    ring = StepRing(256, 128)
+    tails = _tails(ring)
+    # 64 values each: 512 bytes of int64 / float64, 64 of the one-byte "known" flags
+    assert [len(a) * a.itemsize for a in tails] == [512, 512, 512, 512, 512, 512, 64]
+    where = [a.buffer_info()[0] for a in tails]
+    ring.extend(*_cols(1, 10), recv=100.0)
+    ring.extend(*_cols(11, 20), recv=101.0)
+    ring.append((31, 0.5, 7, 0.25, 102.0, 0.125))
+    assert _tails(ring) == tails and [a.buffer_info()[0] for a in _tails(ring)] == where  # in place
+    assert all(a is b for a, b in zip(_tails(ring), tails))
+    assert ring.column(StepRing.STEP) == tuple(range(1, 32))
+    assert ring.column(StepRing.RECV) == (100.0,) * 10 + (101.0,) * 20 + (102.0,)
+    assert ring.last() == (31, 0.5, 7, 0.25, 102.0, 0.125)
+    assert ring.nbytes == 31 * (8 * 6 + 1)  # the values written, not the zeros past them
+
+
+def test_a_filled_tail_is_the_block_and_earlier_views_still_read_their_values() -> None:
+    ring = StepRing(256, 128)
+    ring.extend(*_cols(1, 40), recv=5.0)
+    steps_tail, recv_tail = ring._lt
+    view = ring.column(StepRing.STEP)  # shares the tail
+    ring.extend(*_cols(41, 30), recv=6.0)  # 70 values: the tails filled to 64, 6 in new tails
+    assert ring._long[0][0] is steps_tail and ring._long[0][1] is recv_tail  # no copy
+    assert tuple(steps_tail) == tuple(range(1, 65))
+    assert tuple(recv_tail) == (5.0,) * 40 + (6.0,) * 24
+    assert view == tuple(range(1, 41))  # the view reads no further than its 40
+    assert tuple(ring._lt[0][:6]) == (65, 66, 67, 68, 69, 70) and len(ring._lt[0]) == 64
+    assert ring.column(StepRing.STEP) == tuple(range(1, 71))
+    assert ring.values(StepRing.RECV, 8) == [6.0] * 8
+    for _ in range(58):  # appends fill the new tails: 64 values, they are the second block
+        ring.append((71 + _, 0.5, 7, None, 7.0, None))
+    assert len(ring._long) == 2 and ring._lt[0] is not ring._long[1][0]
+    assert ring._long[1][0][-1] == 128 and ring._nl == 128 and ring.last_recv() == 7.0
+    assert ring.last() == (128, 0.5, 7, None, 7.0, None)
