@@ -210,7 +210,8 @@ class StepRing:
                     a[held:], b[held:] = steps[:hi], recvs[:hi]
                     self._long.append((a, b))
                 if j >= short_from:
-                    c[held:], d[held:], e[held:], f[held:], g[held:] = wall[:hi], tokens[:hi], wait[:hi], lead[:hi], known[:hi]
+                    c[held:], d[held:], e[held:] = wall[:hi], tokens[:hi], wait[:hi]
+                    f[held:], g[held:] = lead[:hi], known[:hi]
                     self._short.append((c, d, e, f, g))
                 continue
             if j >= long_from:
