@@ -40,6 +40,11 @@ _KNOWN_BLOCK = _BOTH_SENT * BLOCK
 _ZQ, _ZD, _ZB = array("q", bytes(8 * BLOCK)), array("d", bytes(8 * BLOCK)), array("b", bytes(BLOCK))
 #: An empty float array: ``_NO_D[:]`` is a new one without array()'s argument parsing.
 _NO_D = array("d")
+#: Zeros that complete ``k`` values to a block, by ``k`` (``values + _PAD_D[k]``: a new tail of its
+#: final size in one concatenation): int64, float64, the "known" bytes.
+_PAD_Q = tuple(_ZQ[k:] for k in range(BLOCK))
+_PAD_D = tuple(_ZD[k:] for k in range(BLOCK))
+_PAD_B = tuple(_ZB[k:] for k in range(BLOCK))
 
 
 def _known(col: array | None, n: int) -> tuple[array, bytes]:
@@ -96,16 +101,14 @@ class StepRing:
         """New tails: a block of zeros a column, each of its final size (see the class doc)."""
         return (_ZQ[:], _ZD[:]), (_ZD[:], _ZQ[:], _ZD[:], _ZD[:], _ZB[:])
 
-    def _new_tails(self, cols: tuple[array, ...], recvs: array, lo: int) -> None:
-        """The tails anew, holding the values ``lo:`` of a frame's columns ``(steps, wall, tokens,
-        wait, lead, known)`` and as many of ``recvs`` (fewer than BLOCK values)."""
-        (a, b), short = self._lt, self._st = self._tails()
-        steps, *rest = cols
+    def _new_tails(self, steps: array, wall: array, tokens: array, wait: array, lead: array, known: array,
+                   recvs: array, lo: int) -> None:
+        """The tails anew, holding the values ``lo:`` of a frame's columns and as many of
+        ``recvs`` (fewer than BLOCK values), zeros after them: each of its final size."""
         k = len(steps) - lo
-        a[:k] = steps[lo:]
-        b[:k] = recvs[:k]
-        for t, col in zip(short, rest):
-            t[:k] = col[lo:]
+        q, d = _PAD_Q[k], _PAD_D[k]
+        self._lt = (steps[lo:] + q, recvs[:k] + d)
+        self._st = (wall[lo:] + d, tokens[lo:] + q, wait[lo:] + d, lead[lo:] + d, known[lo:] + _PAD_B[k])
 
     def append(self, rec: tuple[int, float, int, float | None, float, float | None]) -> None:
         step, wall, tokens, wait, recv, lead = rec
@@ -156,9 +159,12 @@ class StepRing:
             a[held:hi] = steps
             # the receive times from bytes, no array() call (it parses its arguments: ~1.7 k
             # instructions of a frame's ~10 k here, callgrind)
-            r = _NO_D[:]
-            r.frombytes(_pack_d(recv) * n)
-            b[held:hi] = r
+            if n == 1:  # a record a frame (steps of 100 ms and more)
+                b[held] = recv
+            else:
+                r = _NO_D[:]
+                r.frombytes(_pack_d(recv) * n)
+                b[held:hi] = r
             c[held:hi] = wall
             d[held:hi] = tokens
             e[held:hi] = wait
@@ -179,7 +185,7 @@ class StepRing:
             f[held:] = lead[:done]
             g[held:] = known[:done]
             self._push([a, b, c, d, e, f, g], done)  # the filled tails are the block
-            self._new_tails((steps, wall, tokens, wait, lead, known), recvs, done)
+            self._new_tails(steps, wall, tokens, wait, lead, known, recvs, done)
             self._nl += n - done
             self._ns += n - done
             return
@@ -221,7 +227,7 @@ class StepRing:
                                     _KNOWN_BLOCK if both else known[lo:hi]))
         self._trim()
         if rest:  # new tails of their own (a frame's columns are the frame's, not the ring's)
-            self._new_tails((steps, wall, tokens, wait, lead, known), recvs, n - rest)
+            self._new_tails(steps, wall, tokens, wait, lead, known, recvs, n - rest)
         else:
             self._lt, self._st = self._tails()
         self._nl = (len(self._long) << _SHIFT) + rest
