@@ -101,15 +101,6 @@ class StepRing:
         """New tails: a block of zeros a column, each of its final size (see the class doc)."""
         return (_ZQ[:], _ZD[:]), (_ZD[:], _ZQ[:], _ZD[:], _ZD[:], _ZB[:])
 
-    def _new_tails(self, steps: array, wall: array, tokens: array, wait: array, lead: array, known: array,
-                   recvs: array, lo: int) -> None:
-        """The tails anew, holding the values ``lo:`` of a frame's columns and as many of
-        ``recvs`` (fewer than BLOCK values), zeros after them: each of its final size."""
-        k = len(steps) - lo
-        q, d = _PAD_Q[k], _PAD_D[k]
-        self._lt = (steps[lo:] + q, recvs[:k] + d)
-        self._st = (wall[lo:] + d, tokens[lo:] + q, wait[lo:] + d, lead[lo:] + d, known[lo:] + _PAD_B[k])
-
     def append(self, rec: tuple[int, float, int, float | None, float, float | None]) -> None:
         step, wall, tokens, wait, recv, lead = rec
         lt, st = self._lt, self._st
@@ -184,10 +175,22 @@ class StepRing:
             e[held:] = wait[:done]
             f[held:] = lead[:done]
             g[held:] = known[:done]
-            self._push([a, b, c, d, e, f, g], done)  # the filled tails are the block
-            self._new_tails(steps, wall, tokens, wait, lead, known, recvs, done)
-            self._nl += n - done
-            self._ns += n - done
+            # the filled tails (their tuples too) are the block: _push unrolled, a call and a
+            # tuple fewer (~2 % of a 45-record frame, callgrind)
+            self._long.append(self._lt)
+            self._short.append(self._st)
+            nl, ns = self._nl + done, self._ns + done
+            while nl - BLOCK >= self.cap:
+                del self._long[0]
+                nl -= BLOCK
+            while ns - BLOCK >= self.recent_cap:
+                del self._short[0]
+                ns -= BLOCK
+            k = n - done  # new tails: a block each, the values and the rest of a block of zeros
+            q, z = _PAD_Q[k], _PAD_D[k]
+            self._lt = (steps[done:] + q, recvs[done:] + z)
+            self._st = (wall[done:] + z, tokens[done:] + q, wait[done:] + z, lead[done:] + z, known[done:] + _PAD_B[k])
+            self._nl, self._ns = nl + k, ns + k
             return
         self._blocks(steps, wall, tokens, wait, lead, known, both, recv, held, n)
 
@@ -214,11 +217,11 @@ class StepRing:
                 (a, b), (c, d, e, f, g) = self._lt, self._st
                 if j >= long_from:
                     a[held:], b[held:] = steps[:hi], recvs[:hi]
-                    self._long.append((a, b))
+                    self._long.append(self._lt)
                 if j >= short_from:
                     c[held:], d[held:], e[held:] = wall[:hi], tokens[:hi], wait[:hi]
                     f[held:], g[held:] = lead[:hi], known[:hi]
-                    self._short.append((c, d, e, f, g))
+                    self._short.append(self._st)
                 continue
             if j >= long_from:
                 self._long.append((steps[lo:hi], recvs))
@@ -227,7 +230,10 @@ class StepRing:
                                     _KNOWN_BLOCK if both else known[lo:hi]))
         self._trim()
         if rest:  # new tails of their own (a frame's columns are the frame's, not the ring's)
-            self._new_tails(steps, wall, tokens, wait, lead, known, recvs, n - rest)
+            lo = n - rest
+            q, z = _PAD_Q[rest], _PAD_D[rest]
+            self._lt = (steps[lo:] + q, recvs[:rest] + z)
+            self._st = (wall[lo:] + z, tokens[lo:] + q, wait[lo:] + z, lead[lo:] + z, known[lo:] + _PAD_B[rest])
         else:
             self._lt, self._st = self._tails()
         self._nl = (len(self._long) << _SHIFT) + rest
