@@ -24,30 +24,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, AsyncIterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/synthetic
 
 from flowtop.monitor import gcpolicy  # noqa: E402
+from flowtop.monitor.snapshot import MonitorSnapshot  # noqa: E402
 from flowtop.tui.app import FlowtopApp  # noqa: E402
 from flowtop.tui.widgets.rank_map import RankMap
 from flowtop.tui.widgets.rank_table import RankTable
 from synthetic.cluster import cluster_snapshot
 from synthetic.replay import ReplaySource
 
+if TYPE_CHECKING:
+    from textual.pilot import Pilot  # noqa: TID251 - a bench of the UI, for the annotation only
 
-async def run(size: tuple[int, int], ranks: int, count: int, keys: tuple[str, ...]) -> dict[str, list[float]]:
-    snaps = [cluster_snapshot(t, n_ranks=ranks) for t in range(count + 1)]
-    app = FlowtopApp(ReplaySource(snaps[:1], advance=False), refresh_s=0)
-    out: dict[str, list[float]] = {"show": [], "paint": [], "refresh": [], "cpu": [], "table_lines": [], "map_lines": []}
+
+@contextlib.asynccontextmanager
+async def rank_view_app(first: MonitorSnapshot, size: tuple[int, int],
+                        keys: tuple[str, ...]) -> AsyncIterator[tuple[FlowtopApp, Pilot]]:
+    """The real app headless at ``size``, showing ``first``, ``keys`` pressed and settled: what
+    this bench, bench/refresh_cost.py and bench/rank_view_digest.py then show snapshots to."""
+    app = FlowtopApp(ReplaySource([first], advance=False), refresh_s=0)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         for key in keys:
             await pilot.press(key)
         await pilot.pause()
+        yield app, pilot
+
+
+async def run(size: tuple[int, int], ranks: int, count: int, keys: tuple[str, ...]) -> dict[str, list[float]]:
+    snaps = [cluster_snapshot(t, n_ranks=ranks) for t in range(count + 1)]
+    out: dict[str, list[float]] = {"show": [], "paint": [], "refresh": [], "cpu": [], "table_lines": [], "map_lines": []}
+    async with rank_view_app(snaps[0], size, keys) as (app, pilot):
         screen = app.screen
         table, rank_map = screen.query_one(RankTable), screen.query_one(RankMap)
         for snap in snaps[1:]:

@@ -74,16 +74,10 @@ def data_digest(count: int) -> str:
 
 
 async def screen_case(h: "hashlib._Hash", size: tuple[int, int], keys: tuple[str, ...], count: int) -> None:
-    from flowtop.tui.app import FlowtopApp
-    from synthetic.replay import ReplaySource
+    from rank_view import rank_view_app
 
     snaps = [cluster_snapshot(t, n_ranks=4096) for t in range(count + 1)]
-    app = FlowtopApp(ReplaySource(snaps[:1], advance=False), refresh_s=0)
-    async with app.run_test(size=size) as pilot:
-        await pilot.pause()
-        for key in keys:
-            await pilot.press(key)
-        await pilot.pause()
+    async with rank_view_app(snaps[0], size, keys) as (app, pilot):
         for i, snap in enumerate(snaps[1:]):
             app.screen.show(snap)  # type: ignore[attr-defined]
             await pilot.pause()

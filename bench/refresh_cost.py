@@ -57,17 +57,11 @@ def load_helper() -> ctypes.CDLL:
 async def run_case(cg: ctypes.CDLL, size: tuple[int, int], ranks: int, warm: int, count: int,
                    keys: tuple[str, ...], label: str) -> None:
     from flowtop.monitor import gcpolicy
-    from flowtop.tui.app import FlowtopApp
+    from rank_view import rank_view_app
     from synthetic.cluster import cluster_snapshot
-    from synthetic.replay import ReplaySource
 
     snaps = [cluster_snapshot(t, n_ranks=ranks) for t in range(warm + count + 1)]
-    app = FlowtopApp(ReplaySource(snaps[:1], advance=False), refresh_s=0)
-    async with app.run_test(size=size) as pilot:
-        await pilot.pause()
-        for key in keys:
-            await pilot.press(key)
-        await pilot.pause()
+    async with rank_view_app(snaps[0], size, keys) as (app, pilot):
         screen = app.screen
         for i, snap in enumerate(snaps[1:]):
             gcpolicy.after_tick()  # the data thread's freeze after the tick that made it
