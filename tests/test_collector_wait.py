@@ -6,7 +6,10 @@ stayed quiet and the frame waited out the wait's 500 ms; a review)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from dataclasses import dataclass
+from typing import AsyncIterator
 
 import zmq
 import zmq.asyncio
@@ -18,37 +21,52 @@ class _Owner(CollectorSockets):
     """The drain loop's wait's own state alone (no sockets of its own)."""
 
 
-async def _waits(command: bool, trials: int = 10) -> list[float]:
+@dataclass(frozen=True)
+class _Pair:
+    owner: _Owner
+    sync: zmq.Socket[bytes]  # the XSUB as the drain loop reads it
+    send: _WakingSocket  # the XSUB as commands go upstream
+    pub: zmq.Socket[bytes]
+
+
+@contextlib.asynccontextmanager
+async def _pair(name: str) -> AsyncIterator[_Pair]:
+    """A subscribed XSUB bound at inproc://NAME with a PUB connected to it, and a wait's owner;
+    the owner's reader and the sockets closed at the end."""
     ctx = zmq.asyncio.Context()
     sub = ctx.socket(zmq.XSUB)
-    sub.bind("inproc://wait")
+    sub.bind(f"inproc://{name}")
     owner = _Owner()
-    sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
     send = _WakingSocket(sub.underlying, owner)
     send.send(b"\x01")
     pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
-    pub.connect("inproc://wait")
+    pub.connect(f"inproc://{name}")
     await asyncio.sleep(0.05)
-    loop = asyncio.get_running_loop()
-    waited = []
     try:
-        for _ in range(trials):
-            def arrive() -> None:
-                pub.send(b"frame")
-                if command:
-                    time.sleep(0.002)  # past libzmq's throttle of command processing
-                    send.send(b"\x02cmd", zmq.NOBLOCK)  # as the k key or a refresh's pace, during the wait
-
-            loop.call_later(0.01, arrive)
-            t0 = time.perf_counter()
-            await owner._wait_frames(sync, 0.5)
-            waited.append(time.perf_counter() - t0)
-            assert sync.recv(zmq.NOBLOCK) == b"frame"
+        yield _Pair(owner, zmq.Socket.shadow(sub.underlying), send, pub)
     finally:
         owner._stop_reading()
         pub.close(0)
         sub.close(0)
         ctx.term()
+
+
+async def _waits(command: bool, trials: int = 10) -> list[float]:
+    waited = []
+    async with _pair("wait") as p:
+        loop = asyncio.get_running_loop()
+        for _ in range(trials):
+            def arrive() -> None:
+                p.pub.send(b"frame")
+                if command:
+                    time.sleep(0.002)  # past libzmq's throttle of command processing
+                    p.send.send(b"\x02cmd", zmq.NOBLOCK)  # as the k key or a refresh's pace, during the wait
+
+            loop.call_later(0.01, arrive)
+            t0 = time.perf_counter()
+            await p.owner._wait_frames(p.sync, 0.5)
+            waited.append(time.perf_counter() - t0)
+            assert p.sync.recv(zmq.NOBLOCK) == b"frame"
     return waited
 
 
@@ -66,30 +84,19 @@ def test_the_descriptor_is_registered_once_and_unregistered_at_close() -> None:
     closing unregisters it (a closed socket's descriptor left in the selector)."""
 
     async def run() -> tuple[bool, bool, list[float]]:
-        ctx = zmq.asyncio.Context()
-        sub = ctx.socket(zmq.XSUB)
-        sub.bind("inproc://once")
-        owner = _Owner()
-        sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
-        _WakingSocket(sub.underlying, owner).send(b"\x01")
-        pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
-        pub.connect("inproc://once")
-        await asyncio.sleep(0.05)
-        loop = asyncio.get_running_loop()
-        fd = sync.get(zmq.FD)
-        waited = []
-        for _ in range(3):
-            loop.call_later(0.01, pub.send, b"frame")
-            t0 = time.perf_counter()
-            await owner._wait_frames(sync, 0.5)
-            waited.append(time.perf_counter() - t0)
-            assert sync.recv(zmq.NOBLOCK) == b"frame"
-        kept = owner._reading == (loop, fd)
-        owner._stop_reading()
-        gone = not loop.remove_reader(fd)  # False: nothing was registered for it any more
-        pub.close(0)
-        sub.close(0)
-        ctx.term()
+        async with _pair("once") as p:
+            loop = asyncio.get_running_loop()
+            fd = p.sync.get(zmq.FD)
+            waited = []
+            for _ in range(3):
+                loop.call_later(0.01, p.pub.send, b"frame")
+                t0 = time.perf_counter()
+                await p.owner._wait_frames(p.sync, 0.5)
+                waited.append(time.perf_counter() - t0)
+                assert p.sync.recv(zmq.NOBLOCK) == b"frame"
+            kept = p.owner._reading == (loop, fd)
+            p.owner._stop_reading()
+            gone = not loop.remove_reader(fd)  # False: nothing was registered for it any more
         return kept, gone, waited
 
     kept, gone, waited = asyncio.run(run())
@@ -163,37 +170,23 @@ def test_a_stale_reader_on_the_descriptors_number_does_not_silence_the_waits() -
     import os
 
     async def run() -> list[float]:
-        ctx = zmq.asyncio.Context()
-        sub = ctx.socket(zmq.XSUB)
-        sub.bind("inproc://stale")
-        owner = _Owner()
-        sync: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
-        _WakingSocket(sub.underlying, owner).send(b"\x01")
-        pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
-        pub.connect("inproc://stale")
-        await asyncio.sleep(0.05)
-        loop = asyncio.get_running_loop()
-        fd = sync.get(zmq.FD)
-        saved = os.dup(fd)
-        r, w = os.pipe()
-        os.dup2(r, fd)  # the number names the pipe a moment: a reader registered for it...
-        loop.add_reader(fd, lambda: None)
-        os.dup2(saved, fd)  # ... and the pipe closed: epoll forgets it, the selector does not
-        for end in (saved, r, w):
-            os.close(end)
-        waited = []
-        try:
+        async with _pair("stale") as p:
+            loop = asyncio.get_running_loop()
+            fd = p.sync.get(zmq.FD)
+            saved = os.dup(fd)
+            r, w = os.pipe()
+            os.dup2(r, fd)  # the number names the pipe a moment: a reader registered for it...
+            loop.add_reader(fd, lambda: None)
+            os.dup2(saved, fd)  # ... and the pipe closed: epoll forgets it, the selector does not
+            for end in (saved, r, w):
+                os.close(end)
+            waited = []
             for _ in range(3):
-                loop.call_later(0.01, pub.send, b"frame")
+                loop.call_later(0.01, p.pub.send, b"frame")
                 t0 = time.perf_counter()
-                await owner._wait_frames(sync, 5.0)
+                await p.owner._wait_frames(p.sync, 5.0)
                 waited.append(time.perf_counter() - t0)
-                assert sync.recv(zmq.NOBLOCK) == b"frame"
-        finally:
-            owner._stop_reading()
-            pub.close(0)
-            sub.close(0)
-            ctx.term()
+                assert p.sync.recv(zmq.NOBLOCK) == b"frame"
         return waited
 
     assert max(asyncio.run(run())) < 2.5  # the frame's wake, not the 5 s timeout
