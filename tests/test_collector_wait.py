@@ -39,7 +39,7 @@ async def _pair(name: str) -> AsyncIterator[_Pair]:
     owner = _Owner()
     send = _WakingSocket(sub.underlying, owner)
     send.send(b"\x01")
-    pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
+    pub: zmq.Socket[bytes] = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
     pub.connect(f"inproc://{name}")
     await asyncio.sleep(0.05)
     try:

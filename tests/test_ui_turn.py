@@ -14,6 +14,7 @@ import zmq
 
 from flowtop.monitor.collector import Collector
 from flowtop.monitor.datathread import DataThread, UiTurn
+from flowtop.monitor.model import Model
 from flowtop.monitor.pacing import BusyMeter
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.wiring import make_model
@@ -50,6 +51,41 @@ def test_a_turn_nobody_ends_runs_out_after_its_limit() -> None:
     turn.begin()
     time.sleep(0.35)  # run out before anyone gives it
     assert turn.give() == 0.0 and turn.ran_out == 2
+
+def _take_held_steps(listen: str, model: Model, turn: UiTurn, armed: threading.Event, key: wire.RankKey) -> None:
+    """A rank's hello until it is heard, then 100 step frames queued while ``turn`` holds the data
+    thread (none taken), ``armed`` set and the turn ended: returns once the drain took all 100."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(listen)
+    hello = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
+    try:
+        deadline = time.monotonic() + 20
+        seq = 0
+        while not model.ranks and time.monotonic() < deadline:  # a PUB drops until its connection is up
+            seq += 1
+            pub.send(wire.encode("hello", key, seq, time.time(), hello))
+            time.sleep(0.05)
+        assert model.ranks, "the rank never arrived"
+        first = turn.begin()  # hold the data thread while 100 frames queue up
+        for step in range(1, 101):
+            seq += 1
+            pub.send(wire.encode("step", key, seq, time.time(), {"step": step, "wall_s": 0.01, "tokens": 8,
+                                                                  "drops": 0}))
+        time.sleep(0.5)
+        assert model.ranks[key].step == 0  # held: nothing taken
+        armed.set()
+        turn.end(first)
+        deadline = time.monotonic() + 10
+        while model.ranks[key].step < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert model.ranks[key].step == 100
+    finally:
+        turn.end()
+        pub.close(0)
+        ctx.term()
+
 
 
 def test_the_late_end_of_a_turn_that_ran_out_leaves_the_next_one_open() -> None:
@@ -104,37 +140,9 @@ def test_the_collector_steps_aside_between_frames_and_counts_the_wait_as_given(
     monkeypatch.setattr(Collector, "handle_frame", timed)
     data = DataThread(collector, cadence_s=0)
     data.start().result(10)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(listen)
-    key = wire.RankKey("turn", "node-a", 4242, 0, 0)
-    hello = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
     try:
-        deadline = time.monotonic() + 20
-        seq = 0
-        while not model.ranks and time.monotonic() < deadline:  # a PUB drops until its connection is up
-            seq += 1
-            pub.send(wire.encode("hello", key, seq, time.time(), hello))
-            time.sleep(0.05)
-        assert model.ranks, "the rank never arrived"
-        first = turn.begin()  # hold the data thread while 100 frames queue up
-        for step in range(1, 101):
-            seq += 1
-            pub.send(wire.encode("step", key, seq, time.time(), {"step": step, "wall_s": 0.01, "tokens": 8,
-                                                                  "drops": 0}))
-        time.sleep(0.5)
-        assert model.ranks[key].step == 0  # held: nothing taken
-        armed.set()
-        turn.end(first)
-        deadline = time.monotonic() + 10
-        while model.ranks[key].step < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert model.ranks[key].step == 100
+        _take_held_steps(listen, model, turn, armed, wire.RankKey("turn", "node-a", 4242, 0, 0))
     finally:
-        turn.end()
-        pub.close(0)
-        ctx.term()
         data.stop()
     assert len(handled) == 100 and len(begun) == 1
     during = [t for t in handled if begun[0] < t < begun[0] + 0.4]
@@ -178,37 +186,10 @@ def test_a_turn_that_a_tick_opens_is_given_before_the_drain_takes_a_frame(monkey
     monkeypatch.setattr(Collector, "handle_frame", timed)
     data = DataThread(collector, cadence_s=0)
     data.start().result(10)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(listen)
-    key = wire.RankKey("tick-turn", "node-a", 4243, 0, 0)
-    hello = {"local_rank": 0, "world_size": 1, "device": "cpu (test)", "probe_version": "test"}
     try:
-        deadline = time.monotonic() + 20
-        seq = 0
-        while not model.ranks and time.monotonic() < deadline:  # a PUB drops until its connection is up
-            seq += 1
-            pub.send(wire.encode("hello", key, seq, time.time(), hello))
-            time.sleep(0.05)
-        assert model.ranks, "the rank never arrived"
-        first = turn.begin()  # hold the data thread while 100 frames queue up
-        for step in range(1, 101):
-            seq += 1
-            pub.send(wire.encode("step", key, seq, time.time(), {"step": step, "wall_s": 0.01, "tokens": 8,
-                                                                  "drops": 0}))
-        time.sleep(0.5)
-        assert model.ranks[key].step == 0
-        armed.set()
-        turn.end(first)  # the loop goes on: catch_up (the tick opens its turn), then the drain
-        deadline = time.monotonic() + 10
-        while model.ranks[key].step < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert model.ranks[key].step == 100
+        # the loop goes on at the held turn's end: catch_up (the tick opens its turn), then the drain
+        _take_held_steps(listen, model, turn, armed, wire.RankKey("tick-turn", "node-a", 4243, 0, 0))
     finally:
-        turn.end()
-        pub.close(0)
-        ctx.term()
         data.stop()
     assert len(opened) == 1 and len(handled) == 100
     assert [t for t in handled if opened[0] < t < opened[0] + 0.4] == []  # none during the turn
