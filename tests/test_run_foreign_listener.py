@@ -157,7 +157,9 @@ def test_the_check_tells_each_peer_apart(http_server: str) -> None:
     finally:
         router.close(0)
     ctx.term()
-    assert patient in (PeerOutcome(True, "zeromq"), PeerOutcome(True, "protocol"))
+    # A ROUTER refuses an XPUB peer: libzmq reports it as a protocol error or, by timing, as the
+    # connection closed (CI saw "closed" once); every one of them is said as not a monitor.
+    assert patient in (PeerOutcome(True, "zeromq"), PeerOutcome(True, "protocol"), PeerOutcome(True, "closed"))
     assert "but it is not a flowtop monitor" in (peer_note("x", patient, False) or "")
     mon = MonitorThread()
     try:
