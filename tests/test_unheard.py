@@ -365,7 +365,7 @@ def test_snapshot_until_done_returns_when_the_heard_ranks_ended_behind_a_dead_re
             pub.close()
         shutil.rmtree(short, ignore_errors=True)
     assert watcher.returncode == 3, err
-    assert err.startswith("flowtop: --until-done: 2 rank(s) of dead-relay unheard behind relay(s) on ") and err.endswith(
+    assert err.startswith("flowtop: --until-done: 2 rank(s) of dead-relay (ranks 0-1) unheard behind relay(s) on ") and err.endswith(
         " when the job ended: whether they finished is not known\n")
     (job,) = json.loads(out)["jobs"]
     # These probes send no FLOP count: the heard ranks have none yet, and two ranks are unheard.
@@ -585,6 +585,35 @@ def test_every_rank_unheard_is_said_by_relay_silent_and_its_seconds_go_on() -> N
     assert not hint.ended and f"silent for {later.taken_at - since:.0f} s:" in hint.summary_at(later.taken_at)
 
 
+@pytest.mark.parametrize(("bye", "rc", "said"), [
+    ("SIGTERM", 5, "flowtop: --until-done: 1 rank(s) stopped by a signal (SIGTERM) before they finished, "
+                   "first rank 1 of j\n"),
+    ("error: ValueError: bad batch", 4, "flowtop: --until-done: 1 rank(s) failed, first rank 1 of j: "
+                                        "error: ValueError: bad batch\n"),
+])
+def test_until_done_names_the_unheard_ranks_beside_a_stop_or_a_crash_which_wins(
+        capsys: pytest.CaptureFixture[str], bye: str, rc: int, said: str) -> None:
+    """Rank 3's relay dies, rank 1 is stopped by a signal (or crashes), ranks 0 and 2 finish: the
+    job is done with a rank stopped (5) or failed (4) and one unheard (3). The known ending wins
+    (a rank known stopped or failed says more than one not known to have finished); stderr then
+    names the unheard rank too on a line of its own (the 5's line alone hid it)."""
+    from flowtop.export.serve import end_status
+    from flowtop.monitor.snapshot import all_done
+
+    j = _Job()
+    j.run(3.0)
+    j.relayed = False
+    j.run(SILENT_AFTER_S + 2.0)
+    for k in KEYS[:3]:
+        j.send(k, "bye", {"reason": bye if k.rank == 1 else "exit", "steps": j.steps[k], "drops": 0})
+    snap = j.model.tick(j.now + 0.5)
+    assert all_done(snap) and _job(snap).ranks[3].cut is not None
+    assert end_status(snap) == rc
+    assert capsys.readouterr().err == said + (
+        "flowtop: --until-done: 1 rank(s) of j (rank 3) unheard behind relay(s) on node-b when the job ended: "
+        "whether they finished is not known\n")
+
+
 def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 3's relay dies, ranks 0-2 say bye: the job is done (all_done: --until-done returns),
     but rank 3 is not known to have finished, so not a clean end (a new user's trial: exit 0,
@@ -602,8 +631,8 @@ def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: p
     snap = j.model.tick(j.now + 0.5)
     assert all_done(snap) and _job(snap).ranks[3].cut is not None
     assert end_status(snap) == 3
-    assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j unheard behind relay(s) on node-b "
-                                       "when the job ended: whether they finished is not known\n")
+    assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j (rank 3) unheard behind relay(s) on "
+                                       "node-b when the job ended: whether they finished is not known\n")
     done = _Job()
     done.run(3.0)
     for k in KEYS:

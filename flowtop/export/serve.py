@@ -19,7 +19,8 @@ from typing import Any, Iterator, TextIO
 
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.datathread import DataThread
-from flowtop.monitor.snapshot import ENDED, MonitorSnapshot
+from flowtop.monitor.format import fmt_ranks
+from flowtop.monitor.snapshot import ENDED, MonitorSnapshot, RankSnapshot
 from flowtop.monitor.snapshot_json import to_json
 
 #: Seconds to wait for the data thread to bind and start.
@@ -165,10 +166,22 @@ def end_status(snap: MonitorSnapshot) -> int:
     uncaught exception, a non-zero exit), 5 where none failed but a signal stopped ranks
     (:func:`_stopped_at_end`), 3 where ranks were unheard behind a dead relay at the end
     (:func:`_unheard_at_end`), each said on stderr (a script tells them from a clean run without
-    reading the JSON); else 0. A crash wins: torchrun stops a crashed rank's peers with SIGTERM."""
+    reading the JSON); else 0. A crash wins: torchrun stops a crashed rank's peers with SIGTERM.
+    A rank known to have failed or been stopped says more than one not known to have finished, so
+    4 and 5 win over 3; the unheard ranks are still named on a line of their own (the 5's line
+    alone hid them)."""
+    unheard = [(j.job, r) for j in snap.jobs for r in j.ranks if r.cut is not None and r.status not in ENDED]
+    status = _failed_at_end(snap) or _stopped_at_end(snap)
+    if unheard:
+        _say_unheard(unheard)
+    return status or (3 if unheard else 0)
+
+
+def _failed_at_end(snap: MonitorSnapshot) -> int:
+    """4 (said) where ranks ended failing, naming how many and the first with its exception; else 0."""
     failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
     if not failed:
-        return _stopped_at_end(snap) or _unheard_at_end(snap)
+        return 0
     # The first to end: the ranks that die of a peer's crash (its collective broken) end after it;
     # in rank order, rank 0's "Connection closed by peer" was named for rank 1's own error.
     job, first = min(failed, key=lambda jr: jr[1].heard_at)
@@ -189,16 +202,17 @@ def _stopped_at_end(snap: MonitorSnapshot) -> int:
     return STOPPED_STATUS
 
 
-def _unheard_at_end(snap: MonitorSnapshot) -> int:
-    """A job done with ranks unheard behind a dead relay (their byes lost with it): not known to
-    have finished, so not a clean end: said on stderr, exit status 3 as a timeout's; else 0."""
-    unheard = [(j.job, r) for j in snap.jobs for r in j.ranks if r.cut is not None and r.status not in ENDED]
-    if not unheard:
-        return 0
+def _say_unheard(unheard: list[tuple[str, RankSnapshot]]) -> None:
+    """Name the ranks of a job done while they were unheard behind a dead relay (their byes lost
+    with it): not known to have finished, so not a clean end."""
+    by_job: dict[str, list[int]] = {}
+    for job, r in unheard:
+        by_job.setdefault(job, []).append(r.rank)
     hosts = sorted({r.cut.host for _, r in unheard if r.cut is not None})
-    _say(f"--until-done: {len(unheard)} rank(s) of {unheard[0][0]} unheard behind relay(s) on "
+    named = "; ".join(f"{job + ': ' if len(by_job) > 1 else ''}rank{'s' if len(nums) > 1 else ''} "
+                      f"{fmt_ranks(nums, 60)}" for job, nums in by_job.items())
+    _say(f"--until-done: {len(unheard)} rank(s) of {', '.join(by_job)} ({named}) unheard behind relay(s) on "
          f"{', '.join(hosts)} when the job ended: whether they finished is not known")
-    return 3
 
 
 def not_done(when: str) -> int:
