@@ -142,11 +142,12 @@ def test_snapshot_replay_of_a_recording_cut_in_its_last_frame_prints_it_and_exit
     assert text.returncode == 1 and "is cut short in its record at byte" in text.stderr and "ranks" in text.stdout
 
 
-@pytest.mark.parametrize("keep", [1, 5, 12, HEAD - 1])
+@pytest.mark.parametrize("keep", [7, 8, 12, HEAD - 1])
 def test_a_recording_cut_inside_its_header_is_a_cut_recording_exit_1(tmp_path: Path, keep: int) -> None:
-    """A real recording truncated to its first ``keep`` bytes (inside the 14-byte header): a cut
-    recording, said with the cut's byte offset, nothing replayed, exit 1 as other cut recordings
-    (it read "not a flowtop recording (bad header)", exit 2). Gzip'd and cut alike, the same."""
+    """A real recording truncated to its first ``keep`` bytes (inside the 14-byte header, "FLOWTOP"
+    at least): a cut recording, said with the cut's byte offset, nothing replayed, exit 1 as other
+    cut recordings (it read "not a flowtop recording (bad header)", exit 2). Gzip'd and cut alike,
+    the same."""
     path = record(tmp_path / "run.rec", 3)
     data = path.read_bytes()
     path.write_bytes(data[:keep])
@@ -174,13 +175,28 @@ def test_a_gzipd_recording_cut_inside_its_header_is_a_cut_recording(tmp_path: Pa
         try:
             frames = list(read_recording(gz, on_cut=said.append))
         except Exception as exc:  # noqa: BLE001
-            assert str(exc) == f"{gz} is a compressed file cut short before its first byte: not known to be a recording"
+            assert str(exc) in [f"{gz} is a compressed file cut short {where}: not known to be a recording"
+                                for where in ["before its first byte", *(f"at byte {n}" for n in range(1, 7))]]
             continue
         if not said or "in its header" not in said[0]:
             break  # past the header
         assert frames == [] and said[0].startswith(f"recording {gz} is cut short in its header at byte ")
         offsets_seen.add(int(said[0].split("at byte ")[1].split(":")[0]))
-    assert offsets_seen and max(offsets_seen) < HEAD
+    assert offsets_seen and max(offsets_seen) < HEAD and min(offsets_seen) >= 7
+
+
+@pytest.mark.parametrize("keep", [1, 2, 6])
+def test_too_few_of_a_header_s_bytes_to_name_it_are_not_a_recording_exit_2(tmp_path: Path, keep: int) -> None:
+    """A file of a header's first ``keep`` bytes, fewer than "FLOWTOP" (7): "F" alone, "FL",
+    "FLOWTO". Nothing says it was a recording (any 1-byte file "F" read as one cut in its header,
+    exit 1): "not a flowtop recording", exit 2, as an empty file; a cut is claimed from 7 bytes on."""
+    path = record(tmp_path / "run.rec", 3)
+    path.write_bytes(path.read_bytes()[:keep])
+    assert path.read_bytes() == b"FLOWTOP"[:keep]
+    out = subprocess.run([sys.executable, "-m", "flowtop.cli", "snapshot", "--replay", str(path), "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    assert out.stderr == f"flowtop: {path} is not a flowtop recording (bad header)\n"
 
 
 def test_a_file_that_is_no_header_prefix_stays_not_a_recording_and_an_empty_one_too(tmp_path: Path) -> None:

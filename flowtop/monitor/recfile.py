@@ -42,6 +42,10 @@ from probe import wire
 MAGIC = b"FLOWTOP-REC 2\n"
 MAGIC_V1 = b"FLOWTOP-REC 1\n"
 _PREFIX = b"FLOWTOP-REC "
+#: Header bytes a file must hold before its cut can be claimed: "FLOWTOP", the name. Fewer say
+#: nothing (a 1-byte file "F" read as a recording cut in its header, exit 1); such a file is
+#: "not a flowtop recording", exit 2, as an empty one is.
+NAMED_AT = len(b"FLOWTOP")
 _HEAD = struct.Struct(">II")  # version 2: body length, CRC-32 of the body
 _LEN_V1 = struct.Struct(">I")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -308,16 +312,17 @@ class _Reader:
 
     def header(self, fh: BinaryIO | gzip.GzipFile) -> int:
         """The format version; 0 for a file cut inside its header (said as a cut: the first bytes
-        of a header, what a copy truncated early or a monitor killed mid-write leaves)."""
+        of a header, :data:`NAMED_AT` of them at least, what a copy truncated early or a monitor
+        killed mid-write leaves)."""
         header, cut = _read_header(fh, self.path)
-        if not header:  # the recorder writes in FLUSH_BYTES: killed before the first
-            if cut:  # a gzip stream that ends before its first byte: nothing says it held a recording
-                raise RecordingError(f"{self.path} is a compressed file cut short before its first byte: "
-                                     "not known to be a recording")
+        if not header and not cut:  # the recorder writes in FLUSH_BYTES: killed before the first
             raise RecordingError(f"{self.path} is empty: the monitor that wrote it stopped before writing anything")
+        if cut and len(header) < NAMED_AT:  # a gzip stream that ends before its bytes name a recording
+            where = f"at byte {len(header)}" if header else "before its first byte"
+            raise RecordingError(f"{self.path} is a compressed file cut short {where}: not known to be a recording")
         if header in (MAGIC, MAGIC_V1):
             return int(header[len(_PREFIX):-1])
-        if len(header) < len(MAGIC) and (MAGIC.startswith(header) or MAGIC_V1.startswith(header)):
+        if NAMED_AT <= len(header) < len(MAGIC) and (MAGIC.startswith(header) or MAGIC_V1.startswith(header)):
             self.say(f"recording {self.path} is cut short in its header at byte {len(header)}: nothing was recorded "
                      "before the cut, so there is nothing to replay")
             return 0
