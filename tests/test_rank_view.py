@@ -11,6 +11,7 @@ import pytest
 
 from flowtop.tui.app import FlowtopApp
 from synthetic.replay import ReplaySource
+from flowtop.monitor.rankorder import LazyRows
 from flowtop.monitor.rankview import NodeRow, RankRow, node_key
 from synthetic.cluster import cluster_snapshot
 from flowtop.tui.widgets.hints_panel import HintsPanel
@@ -77,6 +78,11 @@ async def test_grouped_view_opens_and_closes_nodes() -> None:
         await pilot.press("minus", "g")  # flat: one row per rank process
         assert table.row_count == 4097 and table.selected is not None and table.selected.rank == 1234
         assert "flat" in str(table.border_title)
+        rows = table.view.rows
+        made = rows.made if isinstance(rows, LazyRows) else -1
+        assert 0 < made < 100  # those drawn and around the cursor, not the 4,097
+        await pilot.press("plus")  # no node row to open: it made every one of the 4,097 rows
+        assert table.view.rows is rows and rows.made == made and table.row_count == 4097
 
 
 @pytest.mark.slow

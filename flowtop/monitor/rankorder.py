@@ -73,6 +73,11 @@ class LazyRows(Sequence[R], Generic[R, K]):
             row = self._made[j] = self._make(self._ranks[j])
         return row
 
+    @property
+    def made(self) -> int:
+        """How many rows were made so far (read at least once)."""
+        return len(self._made)
+
     def row_index(self) -> dict[K, int]:
         """Row key -> row index."""
         key = self._key

@@ -144,6 +144,8 @@ class RankTable(ScrollView, can_focus=True):
 
     def open_all(self, is_open: bool) -> None:
         """Open (or close) every node row."""
+        if not self.view.grouped:  # no node rows: reading a flat view's rows would make all of them
+            return
         hosts = frozenset(row.host for row in self.view.rows if isinstance(row, NodeRow))
         if is_open:
             self.set_spec(replace(self.spec, opened=self.spec.opened | hosts, closed=self.spec.closed - hosts))
