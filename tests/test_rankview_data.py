@@ -146,36 +146,6 @@ def test_a_crash_sorts_before_the_ranks_a_launcher_stopped_after_it() -> None:
     assert other.worst_status == "stopped"
 
 
-def test_an_earlier_incarnation_s_ranks_sort_below_the_current_one_s() -> None:
-    """torchrun restarted the worker group after rank 50 crashed (incarnation 0: rank 50 failed,
-    the agent then SIGTERMed ranks 48-63) and the new group shrank to ranks 0-47 (incarnation 1),
-    whose node 5 (ranks 40-47) went silent and whose rank 3 a signal stopped. The old ranks are
-    history: below every current rank (they sorted first, the stopped ones above the silent
-    node), the old crash first among them, then the ranks it stopped; the old crash is not the
-    one rank 3's stop followed (it stays first, stopped by a signal)."""
-    job = _small_job(dead_nodes=(), stalled_rank=9999, slow_node=9999, conflict_rank=9999, input_wait_ranks=())
-    ranks = []
-    for r in job.ranks:
-        if r.rank == 50:
-            r = dataclasses.replace(r, incarnation=0, status="failed", bye_reason="error: ValueError: x",
-                                    heard_at=900.0, step=70)
-        elif r.rank >= 48:
-            r = dataclasses.replace(r, incarnation=0, status="stopped", bye_reason="SIGTERM",
-                                    heard_at=900.5, step=70)
-        elif r.rank >= 40:
-            r = dataclasses.replace(r, incarnation=1, status="stale")
-        elif r.rank == 3:
-            r = dataclasses.replace(r, incarnation=1, status="stopped", bye_reason="SIGTERM", heard_at=1000.5)
-        else:
-            r = dataclasses.replace(r, incarnation=1)
-        ranks.append(r)
-    order = [r.rank for r in sort_ranks(ranks, job_context(ranks))]
-    assert order[0] == 3
-    assert order[1:9] == list(range(40, 48))
-    assert sorted(order[9:48]) == [n for n in range(40) if n != 3]  # the live ones, by MFU
-    assert order[48:] == [50, 48, 49] + list(range(51, 64))
-
-
 def test_column_sort_worst_values_first_and_missing_last() -> None:
     job = _small_job()
     ctx = job_context(job.ranks)

@@ -43,12 +43,6 @@ FAILED_TIER = STATUS_TIER["failed"]
 STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
 CONFLICT_TIER = 3
 LIVE_TIER = STATUS_TIER["live"]
-#: A rank of an earlier incarnation than the job's newest (torchrun restarted the worker group,
-#: an elastic shrink left its rank number unclaimed): history, below every rank of the current
-#: incarnation; among its kind a crash first, then the ranks stopped (the agent's SIGTERM of the
-#: restart follows a crash), then by status tier. Its ``stopped`` sorted above the current
-#: incarnation's silent ranks, as if the live run's problem.
-HISTORY_TIER = 6
 #: Worst status of a node: the lowest tier among its ranks.
 _TIER_STATUS = {-1: "stopped", 0: "failed", 1: "stale", 2: "stalled", 3: "live", 4: "live", 5: "done"}
 #: A live rank is a straggler this many steps behind the job's lead rank. One step apart is
@@ -90,8 +84,6 @@ class JobContext:
     #: When the job's first failed rank was last heard (its bye), None without one: a stopped rank
     #: heard after it was stopped because of the crash, not the cause of it.
     first_failure_at: float | None = None
-    #: The job's newest incarnation (claims' "newest"): a rank of an earlier one is history.
-    incarnation: int = 0
 
     def lag(self, r: RankSnapshot) -> int | None:
         """Steps behind the lead rank (0 for a finished rank: it is not late, it is done; None for
@@ -120,13 +112,9 @@ def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] |
     ranks = list(ranks)
     running = [r for r in ranks if r.status not in ENDED and r.cut is None] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
-    newest = max((r.incarnation for r in ranks), default=0)
-    # An earlier incarnation's crash (the one the restart followed) says nothing of why a rank
-    # of this one was stopped.
-    failures = [r.heard_at for r in ranks if r.status == "failed" and r.incarnation == newest]
+    failures = [r.heard_at for r in ranks if r.status == "failed"]
     return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times),
-                      stragglers=stragglers or {}, first_failure_at=min(failures, default=None),
-                      incarnation=newest)
+                      stragglers=stragglers or {}, first_failure_at=min(failures, default=None))
 
 
 def median_sorted(xs: list[float]) -> float | None:
@@ -141,19 +129,13 @@ def median_sorted(xs: list[float]) -> float | None:
 def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
     """Sort key: stopped (ended by a signal) before any crash, failed, stopped after a crash,
     silent, hung, then stragglers (those a straggler hint names, then the most steps behind and
-    slowest step), then the lowest MFU, then done; an earlier incarnation's ranks last (history,
-    :data:`HISTORY_TIER`); rank number and incarnation break ties so the order is
+    slowest step), then the lowest MFU; rank number and incarnation break ties so the order is
     deterministic."""
     limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
     crash_at = ctx.first_failure_at
-    current = ctx.incarnation
 
     def key(r: RankSnapshot) -> tuple:
         tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
-        if r.incarnation < current:  # history: its crash (what torchrun restarted on) before the ranks it stopped
-            if tier == STOPPED_TIER:
-                return (HISTORY_TIER, FAILED_TIER, 1, r.step, r.rank, r.incarnation)
-            return (HISTORY_TIER, tier, 0, r.step, r.rank, r.incarnation)
         step_s = r.step_time_s if r.step_time_s is not None else 0.0
         if tier == STOPPED_TIER and crash_at is not None and r.heard_at > crash_at:
             return (FAILED_TIER, 1, r.step, 0.0, r.rank, r.incarnation)  # after the crashes it followed
