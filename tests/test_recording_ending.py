@@ -397,3 +397,21 @@ def test_a_closed_terminal_still_closes_a_headless_recording(tmp_path: Path, com
     assert list(read_recording(path, said.append)) == [] and said == []
     (end,) = bodies(path.read_bytes())
     assert end[1] == "end" and (end[2]["frames"], end[2]["why"]) == (0, "")
+
+
+def test_a_gzipd_file_cut_after_bytes_that_start_no_recording_is_not_a_recording(tmp_path: Path) -> None:
+    """A .gz stream of b"XYZ..." cut after its 3rd decompressed byte: those bytes already say it is
+    no recording (as an uncompressed file's would), not "cut short: not known to be a recording"."""
+    gz = tmp_path / "x.rec.gz"
+    packed = gzip.compress(b"XYZ" + b"\0" * 400, compresslevel=0)
+    said = []
+    for cut in range(len(packed) - 4, 10, -1):  # from most of the stream down to its first bytes
+        gz.write_bytes(packed[:cut])
+        try:
+            list(read_recording(gz))
+        except Exception as exc:  # noqa: BLE001
+            said.append(str(exc))
+    before_any = f"{gz} is a compressed file cut short before its first byte: not known to be a recording"
+    assert said and set(said) <= {f"{gz} is not a flowtop recording (bad header)", before_any}
+    assert f"{gz} is not a flowtop recording (bad header)" in said
+    assert all("at byte" not in s for s in said)

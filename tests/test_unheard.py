@@ -639,3 +639,23 @@ def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: p
         done.send(k, "bye", {"reason": "exit", "steps": done.steps[k], "drops": 0})
     snap = done.model.tick(done.now + 0.5)
     assert all_done(snap) and end_status(snap) == 0 and capsys.readouterr().err == ""
+
+
+def test_until_done_counts_an_unheard_rank_number_once_where_two_processes_claim_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Two processes claim rank 3 on node-b (a conflict: each keeps its row) and both go unheard
+    with their relay: the line names one rank, rank 3, not "2 rank(s) (ranks 3)"."""
+    from flowtop.export.serve import end_status
+
+    twin = RankKey("j", "node-b", 200, 3, 0)
+    j = _Job(keys=[*KEYS, twin])
+    j.run(3.0)
+    j.relayed = False
+    j.run(SILENT_AFTER_S + 2.0)
+    for k in KEYS[:3]:
+        j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
+    snap = j.model.tick(j.now + 0.5)
+    assert [r.rank for r in _job(snap).ranks if r.cut is not None] == [3, 3]
+    assert end_status(snap) == 3
+    assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j (rank 3) unheard behind relay(s) on "
+                                       "node-b when the job ended: whether they finished is not known\n")

@@ -207,11 +207,13 @@ def _say_unheard(unheard: list[tuple[str, RankSnapshot]]) -> None:
     with it): not known to have finished, so not a clean end."""
     by_job: dict[str, list[int]] = {}
     for job, r in unheard:
-        by_job.setdefault(job, []).append(r.rank)
+        if r.rank not in by_job.setdefault(job, []):  # two processes of one rank number (a conflict)
+            by_job[job].append(r.rank)
     hosts = sorted({r.cut.host for _, r in unheard if r.cut is not None})
     named = "; ".join(f"{job + ': ' if len(by_job) > 1 else ''}rank{'s' if len(nums) > 1 else ''} "
                       f"{fmt_ranks(nums, 60)}" for job, nums in by_job.items())
-    _say(f"--until-done: {len(unheard)} rank(s) of {', '.join(by_job)} ({named}) unheard behind relay(s) on "
+    count = sum(len(nums) for nums in by_job.values())
+    _say(f"--until-done: {count} rank(s) of {', '.join(by_job)} ({named}) unheard behind relay(s) on "
          f"{', '.join(hosts)} when the job ended: whether they finished is not known")
 
 

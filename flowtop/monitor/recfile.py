@@ -317,7 +317,9 @@ class _Reader:
         header, cut = _read_header(fh, self.path)
         if not header and not cut:  # the recorder writes in FLUSH_BYTES: killed before the first
             raise RecordingError(f"{self.path} is empty: the monitor that wrote it stopped before writing anything")
-        if cut and len(header) < NAMED_AT:  # a gzip stream that ends before its bytes name a recording
+        if cut and len(header) < NAMED_AT and (MAGIC.startswith(header) or MAGIC_V1.startswith(header)):
+            # a gzip stream that ends before its bytes name a recording (bytes that cannot start one
+            # read below as not a recording, as an uncompressed file's do)
             where = f"at byte {len(header)}" if header else "before its first byte"
             raise RecordingError(f"{self.path} is a compressed file cut short {where}: not known to be a recording")
         if header in (MAGIC, MAGIC_V1):
