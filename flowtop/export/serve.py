@@ -165,7 +165,7 @@ def end_status(snap: MonitorSnapshot) -> int:
     """The exit status of ``--until-done`` once every rank is done: 4 where ranks ended failing (an
     uncaught exception, a non-zero exit), 5 where none failed but a signal stopped ranks
     (:func:`_stopped_at_end`), 3 where ranks were unheard behind a dead relay at the end
-    (:func:`_unheard_at_end`), each said on stderr (a script tells them from a clean run without
+    (:func:`_say_unheard`), each said on stderr (a script tells them from a clean run without
     reading the JSON); else 0. A crash wins: torchrun stops a crashed rank's peers with SIGTERM.
     A rank known to have failed or been stopped says more than one not known to have finished, so
     4 and 5 win over 3; the unheard ranks are still named on a line of their own (the 5's line
