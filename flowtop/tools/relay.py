@@ -35,7 +35,7 @@ import os
 import random
 import threading
 import time
-from typing import Any, Deque
+from typing import Any, Deque, Sequence
 
 import zmq
 
@@ -51,6 +51,11 @@ from probe.wire.host import host_name
 from probe.wire.link import upstream_options
 from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
+#: pyzmq's flags as plain ints (its enums' ``|`` and conversions run Python code at every call).
+_NOBLOCK, _MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+#: Parts this large are sent zero-copy (pyzmq's own threshold: smaller ones it copies anyway).
+COPY_THRESHOLD = zmq.COPY_THRESHOLD
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
 DRAIN = 10_000
 #: Longest the loop sleeps with nothing due (a frame, a command, a link event or :meth:`Relay.stop`
@@ -314,10 +319,11 @@ class Relay:
 
     def _drain_down(self, down: Any, now: float) -> None:
         q, limit, limit_bytes = self._queue, self.cfg.queue, self.cfg.queue_bytes
+        recv, events = down.recv, down.getsockopt
         for _ in range(DRAIN):
             try:
-                frame = down.recv(zmq.NOBLOCK)  # bytes as the probe sent them (copy=False costs more below 64 KB)
-            except zmq.Again:
+                frame = recv(_NOBLOCK)  # bytes as the probe sent them (copy=False costs more below 64 KB)
+            except zmq.Again:  # woken for nothing (a stop, another socket)
                 return
             q.append((frame, now))
             self.frames_in += 1
@@ -325,6 +331,8 @@ class Relay:
             self._queued_bytes += len(frame)
             while len(q) > limit or (self._queued_bytes > limit_bytes and len(q) > 1):
                 self._drop_oldest()
+            if not events(_EVENTS) & _POLLIN:  # none left: asked, not read (a failed read raises, 5x the cost)
+                return
 
     def _drain_up(self, up: Any, down: Any, now: float) -> None:
         links = self._links
@@ -344,10 +352,7 @@ class Relay:
             parts.append(frame)
             ages.append(int((now - t) * 1e6))
             size += n
-        try:
-            # Atomic: libzmq takes all parts of a message or none (the HWM is checked per message).
-            up.send_multipart([encode_stamp(self.id, now, ages), *parts], zmq.NOBLOCK, copy=False)
-        except zmq.Again:
+        if not _send_parts(up, encode_stamp(self.id, now, ages), parts):
             return False
         for _ in parts:
             self._queue.popleft()
@@ -367,10 +372,29 @@ class Relay:
             "closing": closing, "hosted_by": self.cfg.hosted_by, "commands_dropped": self.commands_dropped,
         }  # fmt: skip
         frame = wire.encode("relay", self.key, self._seq, time.time(), fields)
-        try:
-            up.send_multipart([encode_stamp(self.id, now, [0]), frame], zmq.NOBLOCK)
-        except zmq.Again:
+        if not _send_parts(up, encode_stamp(self.id, now, [0]), (frame,)):
             return False
         self._seq += 1
         return True
+
+
+def _send_parts(up: Any, stamp: bytes, parts: Sequence[bytes]) -> bool:
+    """Send ``[stamp, *parts]`` as one message; False when upstream is full. Atomic: libzmq takes
+    all parts of a message or none (its HWM is checked at the first part). What send_multipart
+    does, less its cost: its flags are enums whose ``|`` runs Python code (enum.Flag), ~10k
+    instructions a part; plain ints here. Parts of COPY_THRESHOLD bytes and more go zero-copy,
+    as send_multipart(copy=False) sent them."""
+    send = up.send
+    try:
+        send(stamp, _MORE)
+    except zmq.Again:
+        return False
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        flags = _MORE if i < last else _NOBLOCK
+        if len(part) < COPY_THRESHOLD:
+            send(part, flags)
+        else:
+            send(part, flags, copy=False)
+    return True
 
