@@ -131,7 +131,8 @@ def host(listens: list[str], upstream: str) -> int:
 # --- the schedule ---------------------------------------------------------------------------------
 
 
-def _frames(relays: int, seconds: float, hostile: bool, idle: bool, seed: int = 7) -> list[tuple[float, int, list[bytes]]]:
+def _frames(relays: int, seconds: float, hostile: bool, idle: bool,
+            seed: int = 7) -> list[tuple[float, int, list[bytes]]]:
     """(time, rank socket, parts) sorted by time: the live mix (see the module's docstring)."""
     sys.path.insert(0, BENCH)
     import ingest
@@ -187,6 +188,23 @@ def _commands(seconds: float, hostile: bool, idle: bool) -> list[tuple[float, by
         out += [(seconds * 0.3, b""), (seconds * 0.4, b"not msgpack"), (seconds * 0.5, b"x" * 5000),
                 (seconds * 0.6, wire.encode_control("kernels", "cost", 3)), (seconds * 0.7, b"\x92\x01\x02")]
     return sorted(out)
+
+
+def _streams(frames: list[bytes]) -> list[tuple[bytes, list[bytes]]]:
+    """A relay's upstream frames as (rank, its frames in order), sorted; b"?" for those that
+    name no rank (malformed), sorted themselves."""
+    from probe import wire
+
+    by: dict[bytes, list[bytes]] = {}
+    for p in frames:
+        try:
+            key = repr(tuple(wire.envelope(p).key)).encode()
+        except wire.WireError:
+            key = b"?"
+        by.setdefault(key, []).append(p)
+    if b"?" in by:
+        by[b"?"].sort()
+    return sorted(by.items())
 
 
 # --- the driver -----------------------------------------------------------------------------------
@@ -295,6 +313,9 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
     while len(closing) < args.relays and time.monotonic() < end:
         take(100)
     child.wait(60)
+    end = time.monotonic() + 1.0  # what their closing does downstream (the ranks' unsubscriptions)
+    while time.monotonic() < end:
+        take(100)
     for s in [*ranks, mon]:
         s.close(0)
     ctx.term()
@@ -310,16 +331,25 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
                 out["Ir"] += ir
                 out.setdefault("Ir_files", {})[os.path.join(tmp, name)] = ir
     if args.digest:
-        h = hashlib.sha256()
-        for u in sorted(ups, key=lambda u: u[:1]):  # relays by their first frame (ids differ by run)
+        # Per relay, each rank's frames in order (frames of different ranks interleave as they
+        # reach the relay's socket, by timing) and the frames that name no rank as a multiset.
+        h, parts_h = hashlib.sha256(), {}
+        for u in sorted(ups, key=_streams):
             h.update(b"relay")
-            for p in u:
-                h.update(len(p).to_bytes(4, "little") + p)
-        for c in sorted(closing, key=lambda c: json.dumps(c, sort_keys=True)):
-            h.update(json.dumps(c, sort_keys=True).encode())
-        for d in downs:
-            h.update(b"rank" + b"#".join(d))
-        out["digest"] = h.hexdigest()
+            for name, frames in _streams(u):
+                h.update(name + b":" + b"".join(len(p).to_bytes(4, "little") + p for p in frames))
+        parts_h["up"] = h.hexdigest()
+        reports = sorted(json.dumps(c, sort_keys=True) for c in closing)
+        parts_h["closing"] = hashlib.sha256(json.dumps(reports).encode()).hexdigest()
+        parts_h["down"] = hashlib.sha256(b"rank".join(b"#".join(d) for d in downs)).hexdigest()
+        out["digest"] = hashlib.sha256(json.dumps(parts_h, sort_keys=True).encode()).hexdigest()
+        out["digests"] = parts_h
+        out["closing"] = closing
+        if args.dump:
+            with open(args.dump, "wb") as f:
+                import pickle
+
+                pickle.dump({"ups": ups, "downs": downs, "closing": closing}, f)
         out["closing"] = closing
     return out
 
@@ -333,6 +363,7 @@ def main() -> int:
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--digest", action="store_true")
     ap.add_argument("--callgrind", action="store_true")
+    ap.add_argument("--dump", help="--digest: also pickle what it compared to this file")
     ap.add_argument("--tree", default=ROOT, help="source tree the relay runs from")
     ap.add_argument("--host", help=argparse.SUPPRESS)
     ap.add_argument("--upstream", help=argparse.SUPPRESS)

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any, Deque, Sequence
 
+import msgpack
 import zmq
 
 from flowtop import settings
@@ -53,7 +54,7 @@ from probe.wire.pace import DEFAULT_FLUSH_S, batch_due, paced_interval
 
 #: pyzmq's flags as plain ints (its enums' ``|`` and conversions run Python code at every call).
 _NOBLOCK, _MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_POLLIN = int(zmq.POLLIN)
 #: Parts this large are sent zero-copy (pyzmq's own threshold: smaller ones it copies anyway).
 COPY_THRESHOLD = zmq.COPY_THRESHOLD
 #: Most recent frame counts per drain of the downstream socket (then the loop moves on).
@@ -92,6 +93,7 @@ class Relay:
         self.error = ""
         self._stop = threading.Event()
         self._seq = 0
+        self._pack = msgpack.Packer().pack  # the stamps' (one a relay: a Packer holds a buffer)
         self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
         self.drops = self.batches = 0
         self._commands = CommandsDown()  # the monitor's commands, bounded, on their way down
@@ -100,6 +102,7 @@ class Relay:
         self._queue: Deque[tuple[Any, float]] = collections.deque()
         self._queued_bytes = 0
         self._last_batch = -math.inf  # when the last batch left (see _batch_at)
+        self._paced = (math.nan, self.cfg.report_s)  # (a pace's flush_s, the report interval under it)
         self._retry_at = -math.inf  # upstream refused a batch: not before then
         #: The loop's wake-ups (each costs CPU: see IDLE_WAIT_S).
         self.wakes = 0
@@ -229,15 +232,22 @@ class Relay:
         poller = zmq.Poller()
         for s in (down, up, down_events, up_events, wake):
             poller.register(s, zmq.POLLIN)
+        # Looked up once: a relay wakes about once a frame, and every lookup counts (bench/relay_cost.py).
+        poll, monotonic, stop_asked = poller.poll, time.monotonic, self._stop.is_set
+        bound, links, q = self._commands.bound, self._links, self._queue
         last_report = retry_report = -math.inf  # the last report sent; a refused one's retry
         alone = False  # upstream left alone (a command flood's pause): out of the poll, nothing sent
+        listening = links.listening  # whether a monitor is subscribed upstream (only reads change it)
         while True:
-            stopping = self._stop.is_set()
-            next_report = max(self._report_due(last_report, time.monotonic()), retry_report)
-            wait = 0.0 if stopping else self._wait(time.monotonic(), next_report)
-            ready = dict(poller.poll(int(wait * 1000) + 1 if wait > 0 else 0))
+            stopping = stop_asked()
+            timeout = 0
+            if not stopping:
+                now = monotonic()
+                wait = self._wait(now, self._report_due(last_report, retry_report, now), listening)
+                timeout = int(wait * 1000) + 1 if wait > 0 else 0
+            ready = dict(poll(timeout))
             self.wakes += 1
-            now = time.monotonic()
+            now = monotonic()
             if wake in ready:
                 with contextlib.suppress(OSError):
                     os.read(wake, 64)
@@ -246,25 +256,25 @@ class Relay:
                 self._drain_down(down, now)
             # The turn that ends a pause reads and sends, even if its read pauses again (a flooding
             # monitor still gets the node's frames, once a pause); a stop's last report goes.
-            ended = alone and not self._commands.paused(now)
+            ended = alone and not bound.paused(now)
             if up in ready or ended:
                 self._drain_up(up, down, now)
-            if alone != (self._commands.paused(now) and not stopping):
+            if alone != (bound.paused(now) and not stopping):
                 alone = not alone
                 poller.register(up, 0 if alone else zmq.POLLIN)  # 0: out of the poll
             if up_events in ready or down_events in ready:
-                self._links.read(up_events, down_events)
-            if self.listening != self._subscribed:
+                links.read(up_events, down_events)
+            listening = links.listening
+            if listening != self._subscribed:
                 # Mirror the monitor's presence: ranks send only while someone listens.
-                self._subscribed = self.listening
-                down.send(b"\x01" if self._subscribed else b"\x00")
-            q = self._queue
-            if self.listening and (not alone or ended):
+                self._subscribed = listening
+                down.send(b"\x01" if listening else b"\x00")
+            if listening and (not alone or ended):
                 while q and (stopping or now >= self._batch_at()):
                     if not self._send_batch(up, now):
                         self._retry_at = now + RETRY_S
                         break
-                if now >= max(self._report_due(last_report, now), retry_report) or stopping:
+                if stopping or now >= self._report_due(last_report, retry_report, now):
                     if self._send_report(up, now, closing=stopping):
                         last_report = now
                     else:  # upstream full: tried again after RETRY_S, not at every turn of the loop
@@ -276,15 +286,24 @@ class Relay:
                 q.clear()
                 return
 
-    def _report_due(self, last_report: float, now: float) -> float:
+    # The next three run at every wake-up: conditional expressions, not min()/max(), which cost
+    # CPython 3.11 ~1.3k instructions a call against ~0.1k (a dozen a wake: bench/relay_cost.py).
+
+    def _report_due(self, last_report: float, retry_report: float, now: float) -> float:
         """When the next report goes: report_s after the last one, stretched by a monitor's pace
         while it holds (up to REPORT_PACED_MAX_S), yet never later than report_s after the last
-        batch or report: batches say the relay lives, its report says so when none leave."""
+        batch or report: batches say the relay lives, its report says so when none leave. Not
+        before ``retry_report`` (a refused one's retry)."""
         every = self.cfg.report_s
         flush, until = self._commands.pace
         if now < until:
-            every = paced_interval(every, DEFAULT_FLUSH_S, flush, REPORT_PACED_MAX_S)
-        return min(last_report + every, max(last_report, self._last_batch) + self.cfg.report_s)
+            if flush != self._paced[0]:  # the interval of the last pace seen (one a pace, not two a wake)
+                self._paced = (flush, paced_interval(every, DEFAULT_FLUSH_S, flush, REPORT_PACED_MAX_S))
+            every = self._paced[1]
+        paced, last = last_report + every, self._last_batch
+        alive = (last_report if last_report > last else last) + self.cfg.report_s
+        due = paced if paced < alive else alive
+        return due if due > retry_report else retry_report
 
     def _batch_at(self) -> float:
         """When the queued frames (some) leave: at once with a full batch's worth, else as
@@ -293,24 +312,28 @@ class Relay:
         again (RETRY_S after it refused one). A batch cut short by its size leaves the rest due."""
         q = self._queue
         at = -math.inf if len(q) >= self.cfg.max_parts else batch_due(self._last_batch, q[0][1], self.cfg.flush_s)
-        return max(at, self._retry_at)
+        return at if at > self._retry_at else self._retry_at
 
-    def _wait(self, now: float, next_report: float) -> float:
+    def _wait(self, now: float, next_report: float, listening: bool) -> float:
         """Seconds the loop may sleep: until the next batch or report (a monitor listening; not
         before a command flood's pause ends) or the oldest frame's expiry (none listening),
         IDLE_WAIT_S at most."""
         due = now + IDLE_WAIT_S
         q = self._queue
         paused_until = self._commands.bound.paused_until
-        if now < paused_until:  # its end reads upstream (see _loop)
-            due = min(due, paused_until)
-        if self.listening:
-            due = min(due, max(next_report, paused_until))
+        if now < paused_until < due:  # its end reads upstream (see _loop)
+            due = paused_until
+        if listening:
+            at = next_report if next_report > paused_until else paused_until
+            due = at if at < due else due
             if q:
-                due = min(due, max(self._batch_at(), paused_until))
+                at = self._batch_at()
+                at = at if at > paused_until else paused_until
+                due = at if at < due else due
         elif q:
-            due = min(due, q[0][1] + self.cfg.max_age_s)
-        return max(0.0, due - now)
+            at = q[0][1] + self.cfg.max_age_s
+            due = at if at < due else due
+        return due - now if due > now else 0.0
 
     def _drop_oldest(self) -> None:
         frame, _ = self._queue.popleft()
@@ -319,7 +342,7 @@ class Relay:
 
     def _drain_down(self, down: Any, now: float) -> None:
         q, limit, limit_bytes = self._queue, self.cfg.queue, self.cfg.queue_bytes
-        recv, events = down.recv, down.getsockopt
+        recv, more = down.recv, [(down, _POLLIN)]
         for _ in range(DRAIN):
             try:
                 frame = recv(_NOBLOCK)  # bytes as the probe sent them (copy=False costs more below 64 KB)
@@ -331,7 +354,9 @@ class Relay:
             self._queued_bytes += len(frame)
             while len(q) > limit or (self._queued_bytes > limit_bytes and len(q) > 1):
                 self._drop_oldest()
-            if not events(_EVENTS) & _POLLIN:  # none left: asked, not read (a failed read raises, 5x the cost)
+            # None left? Asked, not read: a failed read raises (26k instructions), getsockopt(EVENTS)
+            # looks its option up in an enum (9k), a poll of the one socket costs 3k.
+            if not zmq.zmq_poll(more, 0):
                 return
 
     def _drain_up(self, up: Any, down: Any, now: float) -> None:
@@ -352,7 +377,7 @@ class Relay:
             parts.append(frame)
             ages.append(int((now - t) * 1e6))
             size += n
-        if not _send_parts(up, encode_stamp(self.id, now, ages), parts):
+        if not _send_parts(up, encode_stamp(self.id, now, ages, self._pack), parts):
             return False
         for _ in parts:
             self._queue.popleft()
@@ -372,7 +397,7 @@ class Relay:
             "closing": closing, "hosted_by": self.cfg.hosted_by, "commands_dropped": self.commands_dropped,
         }  # fmt: skip
         frame = wire.encode("relay", self.key, self._seq, time.time(), fields)
-        if not _send_parts(up, encode_stamp(self.id, now, [0]), (frame,)):
+        if not _send_parts(up, encode_stamp(self.id, now, [0], self._pack), (frame,)):
             return False
         self._seq += 1
         return True
