@@ -232,6 +232,8 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
     if args.callgrind:
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={cg_out}",
                *os.environ.get("RELAY_COST_VG_ARGS", "").split(), *cmd]  # e.g. --separate-threads=yes
+    elif args.wrap:  # e.g. "strace -c -f -o FILE": the syscalls of the relays' process (its startup too)
+        cmd = [*args.wrap.split(), *cmd]
     env = dict(os.environ, PYTHONPATH=os.path.abspath(args.tree), FLOWTOP_DISABLE="1")
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                              stderr=subprocess.DEVNULL if args.callgrind else None)
@@ -364,6 +366,7 @@ def main() -> int:
     ap.add_argument("--hostile", action="store_true")
     ap.add_argument("--digest", action="store_true")
     ap.add_argument("--callgrind", action="store_true")
+    ap.add_argument("--wrap", help="a command the relays' process runs under (not with --callgrind)")
     ap.add_argument("--dump", help="--digest: also pickle what it compared to this file")
     ap.add_argument("--tree", default=ROOT, help="source tree the relay runs from")
     ap.add_argument("--host", help=argparse.SUPPRESS)
