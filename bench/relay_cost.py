@@ -29,6 +29,12 @@ the window (/proc/self/task/*/status: a voluntary switch is a sleep, so one per 
 ``--digest``: a sha256 over, per relay, the rank frames it sent upstream in order (every batch's
 parts; the stamp checked to hold one age per part), its closing report's counts (less its id,
 addresses, uptime and times) and, per rank, every message that came down to it.
+
+Also: ``--wrap "strace -c -f -o FILE"`` (the relays' process's syscalls); RELAY_COST_PROFILE=FILE
+(a cProfile of the first relay's thread); RELAY_COST_VG_ARGS (more valgrind options).
+Figures (2-core VM, 2026-12-07, 1 relay, 30 s, 170 frames): 140k -> 77k instructions a frame,
+222k -> 185k an idle second (base 8ef8c33 -> 0c4b46b); memcpy counts ~1 instruction a byte
+under valgrind (rep movsb), ~10k of each frame's (two copies of ~4.6 KB, before and after alike).
 """
 
 from __future__ import annotations
