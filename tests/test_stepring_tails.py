@@ -21,11 +21,11 @@ def _tails(ring: StepRing) -> list[array]:
 
 def test_tails_hold_a_block_from_the_start_and_are_never_reallocated() -> None:
     ring = StepRing(256, 128)
+    ring.extend(*_cols(1, 10), recv=100.0)
     tails = _tails(ring)
     # 64 values each: 512 bytes of int64 / float64, 64 of the one-byte "known" flags
     assert [len(a) * a.itemsize for a in tails] == [512, 512, 512, 512, 512, 512, 64]
     where = [a.buffer_info()[0] for a in tails]
-    ring.extend(*_cols(1, 10), recv=100.0)
     ring.extend(*_cols(11, 20), recv=101.0)
     ring.append((31, 0.5, 7, 0.25, 102.0, 0.125))
     assert _tails(ring) == tails and [a.buffer_info()[0] for a in _tails(ring)] == where  # in place
@@ -54,3 +54,21 @@ def test_a_filled_tail_is_the_block_and_earlier_views_still_read_their_values() 
     assert len(ring._long) == 2 and ring._lt[0] is not ring._long[1][0]
     assert ring._long[1][0][-1] == 128 and ring._nl == 128 and ring.last_recv() == 7.0
     assert ring.last() == (128, 0.5, 7, None, 7.0, None)
+
+
+def test_a_ring_without_values_in_its_tails_holds_none_of_its_own() -> None:
+    """A rank that never steps held 7 tails of zeros (3.8 KB); so did a ring whose tails had just
+    become a block until its next write. They share one set of empty tails, never written."""
+    fresh, other = StepRing(256, 128), StepRing(256, 128)
+    assert all(a is b for a, b in zip(_tails(fresh), _tails(other)))  # shared, not made per ring
+    shared = [bytes(a) for a in _tails(fresh)]
+    fresh.append((1, 0.5, 7, 0.25, 10.0, None))  # its own tails at its first write
+    assert not any(a is b for a, b in zip(_tails(fresh), _tails(other)))
+    assert fresh.last() == (1, 0.5, 7, 0.25, 10.0, None) and len(fresh) == 1
+    fresh.extend(*_cols(2, 63), recv=11.0)  # 64 values: the tails are the first block
+    assert all(a is b for a, b in zip(_tails(fresh), _tails(other)))  # back to sharing
+    assert fresh.column(StepRing.STEP) == tuple(range(1, 65)) and fresh.last_recv() == 11.0
+    other.extend(*_cols(1, 200), recv=12.0)  # 3 blocks and 8 values: tails of its own
+    assert other.column(StepRing.STEP)[-3:] == (198, 199, 200)
+    assert [bytes(a) for a in _tails(fresh)] == shared and not any(shared[0])  # never written
+    assert fresh.values(StepRing.RECV, 2) == [11.0, 11.0] and fresh.recent(1)[0].step == 64

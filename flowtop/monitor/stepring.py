@@ -45,6 +45,10 @@ _NO_D = array("d")
 _PAD_Q = tuple(_ZQ[k:] for k in range(BLOCK))
 _PAD_D = tuple(_ZD[k:] for k in range(BLOCK))
 _PAD_B = tuple(_ZB[k:] for k in range(BLOCK))
+#: The tails of every ring that holds no value in its tails (none yet, or they just became a
+#: block): shared, never written (a write to a ring's tails first makes its own, StepRing._own).
+#: A rank that never steps held 3.8 KB of zeros in them (bench/ingest.py --memory, traced).
+_NO_LT, _NO_ST = (_ZQ, _ZD), (_ZD, _ZQ, _ZD, _ZD, _ZB)
 
 
 def _known(col: array | None, n: int) -> tuple[array, bytes]:
@@ -77,7 +81,8 @@ class StepRing:
 
     The tails are blocks of their final size from the start (BLOCK values, zeros past the
     ``_nl % BLOCK`` written: views never read past the n they were made with), written in place
-    and kept as the full block once filled. Tails grown by ``array.extend`` were reallocated
+    and kept as the full block once filled; a ring whose tails hold nothing shares :data:`_NO_LT`
+    and :data:`_NO_ST` until its next write. Tails grown by ``array.extend`` were reallocated
     through Python's size classes (~8 to 512 bytes) as they filled, and 4,096 ranks' tails, each
     left at its own size, pinned pools of those classes that were otherwise empty: pymalloc's
     free blocks 56 MB -> 18 MB, RSS 66.0 -> 55.9 KB a rank (bench/ingest.py --memory 4096 --rss,
@@ -94,18 +99,21 @@ class StepRing:
         self.cap, self.recent_cap = cap, recent
         self._long: list[tuple[array, ...]] = []  # full (step, recv) blocks (lists: smaller than deques)
         self._short: list[tuple[array, ...]] = []  # full (wall, tokens, wait, lead, known) blocks
-        self._lt, self._st = self._tails()
+        self._lt, self._st = _NO_LT, _NO_ST  # made at the first write (_own)
         self._nl = self._ns = 0
 
-    @staticmethod
-    def _tails() -> tuple[tuple[array, ...], tuple[array, ...]]:
-        """New tails: a block of zeros a column, each of its final size (see the class doc)."""
-        return (_ZQ[:], _ZD[:]), (_ZD[:], _ZQ[:], _ZD[:], _ZD[:], _ZB[:])
+    def _own(self) -> tuple[tuple[array, ...], tuple[array, ...]]:
+        """The ring's own new tails, in place of the shared empty ones: a block of zeros a
+        column, each of its final size (see the class doc)."""
+        self._lt, self._st = tails = (_ZQ[:], _ZD[:]), (_ZD[:], _ZQ[:], _ZD[:], _ZD[:], _ZB[:])
+        return tails
 
     def append(self, rec: tuple[int, float, int, float | None, float, float | None]) -> None:
         step, wall, tokens, wait, recv, lead = rec
         lt, st = self._lt, self._st
         h = self._nl & _MASK  # the values the tails hold
+        if lt is _NO_LT:
+            lt, st = self._own()
         lt[0][h] = step
         lt[1][h] = recv
         st[0][h] = wall
@@ -117,7 +125,7 @@ class StepRing:
         self._ns += 1
         if h == _MASK:  # the tails are full: they are the block (their values are counted)
             self._push([*lt, *st], 0)
-            self._lt, self._st = self._tails()
+            self._lt, self._st = _NO_LT, _NO_ST
 
     def extend(self, steps: array, wall: array, tokens: array, wait: array | None, lead: array | None,
                recv: float, start: int = 0, finite: bool = False) -> None:
@@ -147,7 +155,10 @@ class StepRing:
         held = self._nl & _MASK  # the values the tails hold
         hi = held + n
         if hi < BLOCK:  # the common case: the tails alone take them (unrolled: ~1 µs a frame)
-            (a, b), (c, d, e, f, g) = self._lt, self._st
+            lt, st = self._lt, self._st
+            if lt is _NO_LT:  # held is 0: no tails of its own yet
+                lt, st = self._own()
+            (a, b), (c, d, e, f, g) = lt, st
             a[held:hi] = steps
             # the receive times from bytes, no array() call (it parses its arguments: ~1.7 k
             # instructions of a frame's ~10 k here, callgrind)
@@ -236,7 +247,7 @@ class StepRing:
             self._lt = (steps[lo:] + q, recvs[:rest] + z)
             self._st = (wall[lo:] + z, tokens[lo:] + q, wait[lo:] + z, lead[lo:] + z, known[lo:] + _PAD_B[rest])
         else:
-            self._lt, self._st = self._tails()
+            self._lt, self._st = _NO_LT, _NO_ST
         self._nl = (len(self._long) << _SHIFT) + rest
         self._ns = (len(self._short) << _SHIFT) + rest
 
