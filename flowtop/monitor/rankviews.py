@@ -71,7 +71,7 @@ def _lag_moved(view: RankSnapshot, behind: float) -> bool:
     return abs(view.behind_s - behind) > LAG_STEP_S
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one a rank (~50 bytes fewer each)
 class _Entry:
     version: int  # RankState.version the view was built from
     med: float | None  # the median step time of that version (costs a sort to recompute)
