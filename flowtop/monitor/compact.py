@@ -137,11 +137,12 @@ _EMPTY = ArraySeq((array("d"),))
 
 
 class PairSeq(Sequence):
-    """An immutable sequence of ``(a[i], b[i])`` pairs over two equally long :class:`ArraySeq`."""
+    """An immutable sequence of ``(a[i], b[i])`` pairs over two equally long sequences (each an
+    :class:`ArraySeq`, or a tuple or an array nobody writes)."""
 
     __slots__ = ("a", "b")
 
-    def __init__(self, a: ArraySeq, b: ArraySeq) -> None:
+    def __init__(self, a: Sequence[Any], b: Sequence[Any]) -> None:
         self.a, self.b = a, b
 
     def __len__(self) -> int:
