@@ -276,3 +276,24 @@ def test_the_step_span_is_continuous_as_device_work_grows() -> None:
     assert span(129.0) == (100.0, "host", 0.99)
     assert span(130.0) == (100.0, "host", 1.0)
     assert span(131.0) == (101.0, "device", 1.0)
+
+
+def test_a_large_merge_holds_a_kernels_per_rank_times_as_a_column() -> None:
+    """1,000 ranks × 4 kernels: a (rank, µs) tuple and a float per rank and kernel were 75 bytes
+    (3.3 KB a rank of a 4,096-rank job's merge); a column of doubles is 8, the ranks shared."""
+    import tracemalloc
+
+    windows = {r: aggregate(_window(gemm_second_us=100.0 + r % 7)) for r in range(1000)}
+    tracemalloc.start()
+    try:
+        merged = merge_ranks(windows)
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    pairs = len(merged.kernels) * len(merged.ranks)
+    assert pairs == 4 * 1000 and kept / pairs < 16, kept / pairs
+    gemm = merged.kernels[0]
+    assert gemm.name == "gemm_a" and gemm.per_rank_us[:3] == ((0, 300.0), (1, 301.0), (2, 302.0))
+    assert gemm.per_rank_us[999] == (999, 300.0 + 999 % 7) and len(gemm.per_rank_us) == 1000
+    assert hash(gemm.per_rank_us) == hash(tuple((r, 300.0 + r % 7) for r in range(1000)))
+    assert (gemm.min_rank, gemm.min_us, gemm.max_rank, gemm.max_us) == (0, 300.0, 6, 306.0)
