@@ -99,7 +99,9 @@ class StepRing:
         self.cap, self.recent_cap = cap, recent
         self._long: list[tuple[array, ...]] = []  # full (step, recv) blocks (lists: smaller than deques)
         self._short: list[tuple[array, ...]] = []  # full (wall, tokens, wait, lead, known) blocks
-        self._lt, self._st = _NO_LT, _NO_ST  # made at the first write (_own)
+        # the tails: (step, recv) and (wall, tokens, wait, lead, known), made at the first write (_own)
+        self._lt: tuple[array, ...] = _NO_LT
+        self._st: tuple[array, ...] = _NO_ST
         self._nl = self._ns = 0
 
     def _own(self) -> tuple[tuple[array, ...], tuple[array, ...]]:
