@@ -11,6 +11,7 @@ bench/size_classes.py does. Where a change moves the traced KB a rank, this says
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import sys
@@ -44,8 +45,11 @@ def _where(tb: tracemalloc.Traceback) -> str:
 
 
 def main() -> None:
-    ranks = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    ap = argparse.ArgumentParser(description="the model's live traced bytes a rank by allocating line")
+    ap.add_argument("ranks", type=int, nargs="?", default=1024)
+    ap.add_argument("top", type=int, nargs="?", default=30, help="lines printed")
+    args = ap.parse_args()
+    ranks, top = args.ranks, args.top
     r = ingest.memory(ranks, traced=True)
     print(r["kb_per_rank"], r["parts_kb_per_rank"])
     size: collections.Counter[str] = collections.Counter()
