@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from pathlib import Path
 
@@ -137,6 +138,8 @@ def test_merge_cumulative_compares_mean_windows() -> None:
     merged = merge_cumulative({0: steady, 1: slow})
     gemm = next(r for r in merged.kernels if r.name == "gemm_a")
     assert gemm.per_rank_us == ((0, 300.0), (1, 400.0))
+    from flowtop.monitor.snapshot_json import jsonable  # exported as the pairs it stands for
+    assert json.loads(json.dumps(jsonable(gemm.per_rank_us))) == [[0, 300.0], [1, 400.0]]
     assert gemm.spread == pytest.approx(100.0 / 350.0)  # the latest windows alone would say 2/3
     assert merged.mean_step_us == 1000.0
     assert merge_cumulative({0: CumulativeKernels()}).ranks == ()

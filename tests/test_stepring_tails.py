@@ -72,3 +72,19 @@ def test_a_ring_without_values_in_its_tails_holds_none_of_its_own() -> None:
     assert other.column(StepRing.STEP)[-3:] == (198, 199, 200)
     assert [bytes(a) for a in _tails(fresh)] == shared and not any(shared[0])  # never written
     assert fresh.values(StepRing.RECV, 2) == [11.0, 11.0] and fresh.recent(1)[0].step == 64
+
+
+def test_copied_and_pickled_empty_rings_write_only_their_own_tails() -> None:
+    """Two fresh rings copied together (deepcopy, pickle) and one written: its record reads back
+    as written and the other stays empty (the copies once wrote into the shared empty tails,
+    copied as new arrays: (7, 0.5, 3, ...) read back as (3, 0.125, 3, 0.125, ...))."""
+    import copy
+    import pickle
+
+    for how in (copy.deepcopy, lambda x: pickle.loads(pickle.dumps(x))):
+        a, b = how([StepRing(256, 128), StepRing(256, 128)])
+        a.append((7, 0.5, 3, 0.25, 10.0, 0.125))
+        assert a.last() == (7, 0.5, 3, 0.25, 10.0, 0.125)
+        assert len(b) == 0 and all(not any(t) for t in _tails(b))
+        c = how(a)  # a ring with values in its own tails copies them
+        assert c.last() == (7, 0.5, 3, 0.25, 10.0, 0.125) and len(c) == 1

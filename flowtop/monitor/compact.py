@@ -141,6 +141,8 @@ class PairSeq(Sequence):
     :class:`ArraySeq`, or a tuple or an array nobody writes)."""
 
     __slots__ = ("a", "b")
+    #: Exported as a list of pairs, as the tuple it stands in for (snapshot_json.jsonable).
+    JSON_LIST = True
 
     def __init__(self, a: Sequence[Any], b: Sequence[Any]) -> None:
         self.a, self.b = a, b

@@ -104,6 +104,21 @@ class StepRing:
         self._st: tuple[array, ...] = _NO_ST
         self._nl = self._ns = 0
 
+    def __getstate__(self) -> tuple[object, ...]:
+        """Slot values for copy and pickle, the shared empty tails as None: a copy holds new
+        arrays where the shared ones were, which the identity test in append/extend would take
+        for the ring's own and write into (and into every ring copied with it)."""
+        shared = self._lt is _NO_LT
+        return (self.cap, self.recent_cap, self._long, self._short, None if shared else self._lt,
+                None if shared else self._st, self._nl, self._ns)
+
+    def __setstate__(self, state: tuple[object, ...]) -> None:
+        cap, recent, long_, short, lt, st, nl, ns = state
+        self.cap, self.recent_cap = cap, recent  # type: ignore[assignment]
+        self._long, self._short = long_, short  # type: ignore[assignment]
+        self._lt, self._st = (_NO_LT, _NO_ST) if lt is None else (lt, st)  # type: ignore[assignment]
+        self._nl, self._ns = nl, ns  # type: ignore[assignment]
+
     def _own(self) -> tuple[tuple[array, ...], tuple[array, ...]]:
         """The ring's own new tails, in place of the shared empty ones: a block of zeros a
         column, each of its final size (see the class doc)."""
