@@ -9,12 +9,16 @@ snapshot instead (:func:`snapshot_elsewhere`).
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 
-def no_monitor_note(addr: str) -> str | None:
+def no_monitor_note(addr: str, curve_dir: str | None = None) -> str | None:
     """A word for a user who started the training first: nothing listens on ``addr``, a loopback
     monitor address (the probes send nothing until a monitor does; a remote one is not tried,
-    a connection attempt could hang on a firewall). None when something listens there."""
+    a connection attempt could hang on a firewall). None when something listens there.
+    ``curve_dir``: the keys the probes (or the relay) hold upstream, which the monitor named
+    must hold too."""
     import socket
 
     from flowtop.monitor.collector import AddressError, parse_tcp
@@ -22,7 +26,7 @@ def no_monitor_note(addr: str) -> str | None:
     if addr.startswith("ipc://"):
         # a relay's path, on this host: something listens when a connection is accepted there
         # (a stale socket file refuses it)
-        return None if _unix_listens(addr[len("ipc://"):]) else _nothing_there(addr)
+        return None if _unix_listens(addr[len("ipc://"):]) else _nothing_there(addr, curve_dir)
     try:
         host, port = parse_tcp(addr)
     except AddressError:
@@ -40,36 +44,39 @@ def no_monitor_note(addr: str) -> str | None:
             listens = False
     if listens:
         return None
-    return _nothing_there(addr)
+    return _nothing_there(addr, curve_dir)
 
 
-def _nothing_there(addr: str) -> str:
+def _nothing_there(addr: str, curve_dir: str | None) -> str:
     who = "relay" if addr.startswith("ipc://") else "monitor"
-    command = listen_command(addr)
+    command = listen_command(addr, curve_dir)
     if command is None:  # no command of ours listens there: naming one would fail when run
         return f"no {who} listens on {addr} yet; the training runs meanwhile"
     return (f"no {who} listens on {addr} yet: start `{command}` (another terminal) to watch "
             "this job; the training runs meanwhile, and the monitor sees it from when it starts")
 
 
-def listen_command(addr: str) -> str | None:
+def listen_command(addr: str, curve_dir: str | None = None) -> str | None:
     """The command that listens on ``addr``: a plain ``flowtop`` binds only the default address
     (advice without ``--listen`` elsewhere would start a monitor that never hears this job); an
     ipc:// path is a node relay's, which forwards to a monitor (MONITOR: its tcp address), and
     only where ``flowtop relay --listen`` takes it (relay_setup.check_listen: an absolute path;
-    an @abstract or relative one it refuses): None there."""
+    an @abstract or relative one it refuses): None there. With ``curve_dir`` (the keys the
+    sender holds) the monitor's command takes ``--curve-dir DIR`` too: one started as advised
+    without it refused every handshake of a ``flowtop run --curve-dir`` job (a trial)."""
     from flowtop.tools.relay_setup import RelayError, check_listen
     from probe.wire import DEFAULT_ADDR
 
-    if addr == DEFAULT_ADDR:
-        return "flowtop"
     if addr.startswith("ipc://"):
         try:
             check_listen(addr)
         except RelayError:
             return None
         return f"flowtop relay --listen {addr} --connect MONITOR"
-    return f"flowtop --listen {addr}"
+    keys = f" --curve-dir {shlex.quote(os.path.abspath(curve_dir))}" if curve_dir else ""
+    if addr == DEFAULT_ADDR:
+        return f"flowtop{keys}"
+    return f"flowtop --listen {addr}{keys}"
 
 
 def _unix_listens(path: str) -> bool:

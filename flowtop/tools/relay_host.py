@@ -177,7 +177,7 @@ def _say_ready(relay: Relay, listen: str, upstream: str, curve_dir: str | None =
           f"forwarding to {upstream}", file=sys.stderr, flush=True)
     from flowtop.tools.listening import no_monitor_note
 
-    note = no_monitor_note(upstream)
+    note = no_monitor_note(upstream, curve_dir)
     if note:
         print(f"flowtop relay: {note}", file=sys.stderr, flush=True)
         return

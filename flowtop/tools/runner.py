@@ -91,7 +91,7 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
     if node is not None:
         env.pop(settings.PROBE_CURVE_DIR.name, None)  # the relay holds the keys upstream; its ranks talk over ipc
-    note = no_monitor_note(upstream)
+    note = no_monitor_note(upstream, keys)
     if note:
         print(f"flowtop run: {note}", file=sys.stderr)
     # Where something listens: is it a flowtop monitor? (flowtop.tools.peer_check; said once, CMD not held up)
