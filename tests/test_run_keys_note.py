@@ -91,3 +91,4 @@ def test_relay_with_keys_names_the_keyed_monitor_command(tmp_path: Path, env: di
         relay.wait(timeout=60)
     assert lines[1].startswith(f"flowtop relay: no monitor listens on {addr} yet: start "
                                f"`flowtop --listen {addr} --curve-dir {keys}`"), lines
+

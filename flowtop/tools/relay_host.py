@@ -106,6 +106,10 @@ def for_run(mode: str, upstream: str, curve_dir: str | None) -> NodeRelay | None
     once on stderr and the ranks connect directly: monitoring must never cost the run)."""
     if not wants_relay(mode, upstream):
         return None
+    if upstream.startswith("ipc://"):  # was said as "bad address" of the very address the ranks then used
+        print(f"flowtop run: --relay on: {upstream} is a node relay's address already (a relay cannot "
+              "sit behind another); ranks connect to it directly", file=sys.stderr)
+        return None
     try:
         return NodeRelay(upstream, curve_dir).start()
     except RelayError as exc:
