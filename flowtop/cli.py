@@ -289,12 +289,12 @@ def _snapshot(args: argparse.Namespace) -> int:
     if rc == 0 and args.until_done and timed_out:  # not a signal: that ends it with 0, as --follow
         from flowtop.export.serve import after_timeout, not_done
 
-        return not_done(after_timeout(args.timeout))
+        return not_done(after_timeout(args.timeout), snap)
     if rc == 0 and args.until_done and args.replay and not all_done(snap):
         # a whole recording of ranks that had not all finished when it ended: not the run's end
         from flowtop.export.serve import not_done
 
-        return not_done("when the recording ends")
+        return not_done("when the recording ends", snap)
     if rc == 0 and args.until_done and all_done(snap):  # not a signal's early end
         from flowtop.export.serve import end_status
 

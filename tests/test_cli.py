@@ -83,12 +83,15 @@ def test_snapshot_json_with_no_probes() -> None:
 @pytest.mark.parametrize("follow", [False, True])
 def test_snapshot_until_done_that_times_out_exits_3(follow: bool) -> None:
     """A script waiting for a run's end must tell "done" (0) from "gave up waiting" (it exited 0
-    either way): the snapshot is still printed, whole, and stderr says why the status is 3."""
+    either way): the snapshot is still printed, whole, and stderr says why the status is 3. With no
+    rank heard at all it says that, not "not every rank had finished" (a trial: a training sent to
+    another address read as ranks that did not finish)."""
     port = free_port_pair()
     out = _flowtop("snapshot", "--listen", f"tcp://127.0.0.1:{port}", "--until-done", "--timeout", "1", "--json",
                    *(["--follow", "--interval", "0.2"] if follow else []))
     assert out.returncode == 3, out.stderr
-    assert "--until-done: not every rank had finished" in out.stderr
+    assert out.stderr == (f"flowtop: --until-done: no rank was heard after 1 s (the timeout) (received 0, "
+                          f"rejected 0 on tcp://127.0.0.1:{port}); nothing to wait for\n")
     lines = out.stdout.strip().splitlines() if follow else [out.stdout]
     assert lines and all(json.loads(line)["jobs"] == [] for line in lines)
 

@@ -148,7 +148,7 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
             data.stop()
     status = _exit_status(collector)
     if status == 0 and until_done and timed_out:
-        return not_done(after_timeout(timeout))
+        return not_done(after_timeout(timeout), last)
     if status == 0 and until_done and last is not None and all_done(last):  # not a signal's early end
         return end_status(last)
     return status
@@ -217,9 +217,16 @@ def _say_unheard(unheard: list[tuple[str, RankSnapshot]]) -> None:
          f"{', '.join(hosts)} when the job ended: whether they finished is not known")
 
 
-def not_done(when: str) -> int:
+def not_done(when: str, snap: MonitorSnapshot | None = None) -> int:
     """``--until-done`` ended before every rank had finished (``when``: after its timeout, or
-    where a replayed recording ends): said on stderr, exit status 3 (a script tells it from done)."""
+    where a replayed recording ends): said on stderr, exit status 3 (a script tells it from done).
+    Where ``snap`` holds no rank at all, that is said instead: "not every rank had finished" of a
+    monitor that never heard one (a training sent elsewhere, refused keys) sent a trial looking
+    for ranks that did not finish."""
+    if snap is not None and not snap.jobs:
+        _say(f"--until-done: no rank was heard {when} (received {snap.received}, rejected {snap.rejected} "
+             f"on {snap.listen}); nothing to wait for")
+        return 3
     _say(f"--until-done: not every rank had finished {when}; the output shows them as they were")
     return 3
 
