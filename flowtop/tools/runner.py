@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
@@ -26,6 +27,7 @@ from flowtop.tools.relay_setup import client_keys
 
 if TYPE_CHECKING:
     from flowtop.tools.relay_host import NodeRelay
+    from flowtop.tools.relay_setup import PathLock
 
 #: flowtop/tools/runner.py -> the directory holding flowtop/ and probe/ (checkout or site-packages).
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[2] / "probe" / "bootstrap"
@@ -91,35 +93,54 @@ def run(cmd: list[str], connect: str | None = None, job: str | None = None, curv
     env = probe_env(os.environ, node.address if node else connect, job, None if node else curve_dir)
     if node is not None:
         env.pop(settings.PROBE_CURVE_DIR.name, None)  # the relay holds the keys upstream; its ranks talk over ipc
-    note = no_monitor_note(upstream, keys)
+    turn = _check_turn(node)
+    note = no_monitor_note(upstream, keys) if turn.mine else None
     if note:
         print(f"flowtop run: {note}", file=sys.stderr)
     # Where something listens: is it a flowtop monitor? (flowtop.tools.peer_check; said once, CMD not held up)
-    end_check = None if note else _check_peer(upstream, keys, node)
+    end_check = _check_peer(upstream, keys, turn.lock) if turn.mine and not note else None
     try:
         return _run_child(cmd, env)
     finally:
         if end_check is not None:
             end_check()
+        elif turn.lock is not None:  # held while CMD runs: the node's later runs have been spoken for
+            turn.lock.release()
         if node is not None:
             node.stop()  # hand the node's relay to another flowtop run, if one still runs
 
 
-def _check_peer(upstream: str, keys: str | None, node: "NodeRelay | None") -> Callable[[], None] | None:
-    """Start the peer check (what ends it), once per node where the node's ranks share a relay:
-    with ``srun`` starting a ``flowtop run`` per rank, 4,096 checks hit the monitor at once (each a
-    handshake, its ZAP request answered on the monitor's loop) to say one thing; the ``flowtop
-    run`` holding the node's check lock checks for all (None for the others)."""
+@dataclass(frozen=True)
+class CheckTurn:
+    """Whether this ``flowtop run`` says the upstream notes (nothing listens, or not a flowtop
+    monitor) and checks the peer: the one holding the node's check lock (``lock``) where the
+    node's ranks share a relay, any run that connects directly."""
+
+    mine: bool
+    lock: "PathLock | None"
+
+
+def _check_turn(node: "NodeRelay | None") -> CheckTurn:
+    """Once per node where the node's ranks share a relay: with ``srun`` starting a ``flowtop
+    run`` per rank, 4,096 checks hit the monitor at once (each a handshake, its ZAP request
+    answered on the monitor's loop) to say one thing, and every run printed the same "no monitor
+    listens" note (a trial: one line per rank of the node); the run holding the node's check lock
+    speaks and checks for all."""
     from flowtop.tools.relay_setup import PathLock
 
-    lock = None
-    if node is not None:
-        lock = PathLock(node.address[len("ipc://"):] + ".check")
-        try:
-            if not lock.acquire(blocking=False):
-                return None  # another flowtop run of this node checks the same monitor
-        except OSError:
-            lock = None  # no lock to share: check anyway
+    if node is None:
+        return CheckTurn(True, None)
+    lock = PathLock(node.address[len("ipc://"):] + ".check")
+    try:
+        if not lock.acquire(blocking=False):
+            return CheckTurn(False, None)  # another flowtop run of this node speaks for it
+    except OSError:
+        return CheckTurn(True, None)  # no lock to share: check anyway
+    return CheckTurn(True, lock)
+
+
+def _check_peer(upstream: str, keys: str | None, lock: "PathLock | None") -> Callable[[], None]:
+    """Start the peer check; what ends it (and releases the node's check lock, if held)."""
     end_check = peer_check.start_check(upstream, client_keys(keys))
 
     def end() -> None:
