@@ -110,7 +110,7 @@ class FlowtopApp(App[None]):
         except Exception as exc:  # show it; the UI stays up so the user can read it
             # The source's own words where it has them ("cannot bind ADDR: ..."): the header shows them.
             self.source_error = getattr(self.source, "start_error", "") or f"{type(exc).__name__}: {exc}"
-            self.notify(f"source failed to start: {self.source_error}", severity="error", timeout=30)
+            self.notify(f"source failed to start: {self.source_error}", severity="error", timeout=30, markup=False)
             if self.screen_stack:  # the screen may have rendered "waiting for ranks" before: it says why not
                 self.screen.post_message(SnapshotUpdated(self.latest))
             return
@@ -128,7 +128,11 @@ class FlowtopApp(App[None]):
             self._turn_done()
             return  # closing: nothing left to render on
         for n in delivery.notices:
-            self.notify(n.text, severity=n.severity, timeout=ERROR_TIMEOUT_S if n.severity == "error" else 6)  # type: ignore[arg-type]
+            # Plain text, never Textual markup (every notify here): a failed rank's exception, gloo's
+            # "[/__w/pytorch/.../pair.cc:553] Connection closed by peer", read as a closing tag,
+            # raised MarkupError and took the whole TUI down (a trial's relayed 2-node run).
+            timeout = ERROR_TIMEOUT_S if n.severity == "error" else 6
+            self.notify(n.text, severity=n.severity, timeout=timeout, markup=False)  # type: ignore[arg-type]
         if delivery.snapshot is not None:
             self.source_error = ""
             self.latest = delivery.snapshot
@@ -164,7 +168,7 @@ class FlowtopApp(App[None]):
         error = f"{type(exc).__name__}: {exc}"
         if error != self.source_error:
             self.source_error = error
-            self.notify(f"snapshot failed: {error}", severity="error", timeout=10)
+            self.notify(f"snapshot failed: {error}", severity="error", timeout=10, markup=False)
 
     def request_kernels(self, job: str, rank: int) -> None:
         """Ask one rank for a kernel window now (the ``k`` key); the data thread sends it."""
@@ -185,7 +189,7 @@ class FlowtopApp(App[None]):
         if self._kernels_said[0] == ask.text and now - self._kernels_said[1] < KERNELS_TOAST_S:
             return
         self._kernels_said = (ask.text, now)
-        self.notify(ask.text, severity=ask.severity, timeout=KERNELS_TOAST_S)
+        self.notify(ask.text, severity=ask.severity, timeout=KERNELS_TOAST_S, markup=False)
 
     def action_save_svg(self) -> None:
         """Save an SVG screenshot of the screen on show (``p``, for bug reports) and say where:
@@ -202,9 +206,10 @@ class FlowtopApp(App[None]):
         try:
             path = self.save_screenshot(name, directory)
         except OSError as exc:
-            self.notify(f"screenshot not saved: {exc.strerror or exc} ({directory})", severity="error", timeout=8)
+            self.notify(f"screenshot not saved: {exc.strerror or exc} ({directory})", severity="error", timeout=8,
+                        markup=False)
             return
-        self.notify(f"screenshot saved to {os.path.abspath(path)}", timeout=8)
+        self.notify(f"screenshot saved to {os.path.abspath(path)}", timeout=8, markup=False)
 
     def action_help(self) -> None:
         """Show the key help (toggle)."""

@@ -125,7 +125,7 @@ class MainScreen(SnapshotScreen):
         table = self.query_one(RankTable)
         note = table.reveal(event.key)
         if note:
-            self.notify(note, timeout=3)
+            self.notify(note, timeout=3, markup=False)
         self._filter_input().value = table.spec.filter.text
         table.focus()
 
@@ -161,7 +161,7 @@ class MainScreen(SnapshotScreen):
             return
         event.stop()
         if event.input.has_class("-invalid"):
-            self.notify(str(event.input.tooltip), severity="error", timeout=5)
+            self.notify(str(event.input.tooltip), severity="error", timeout=5, markup=False)
             return
         event.input.display = False
         self.query_one(RankTable).focus()
@@ -173,13 +173,13 @@ class MainScreen(SnapshotScreen):
         try:
             flt = parse_filter(event.text, known_hint_ids(self._job))
         except FilterError as exc:  # a hint id no rule has and the job no longer shows
-            self.notify(str(exc), severity="error", timeout=5)
+            self.notify(str(exc), severity="error", timeout=5, markup=False)
             return
         self._filter_input().value = event.text
         table = self.query_one(RankTable)
         table.set_filter(flt)
         table.focus()
-        self.notify(f"ranks of {event.what}: {event.text or 'every rank'} (Esc clears)", timeout=4)
+        self.notify(f"ranks of {event.what}: {event.text or 'every rank'} (Esc clears)", timeout=4, markup=False)
 
     def action_clear_filter(self) -> None:
         """Esc: drop the filter and close the filter line."""
