@@ -36,7 +36,7 @@ from array import array
 
 from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Claims, SoleRows
+from flowtop.monitor.claims import Claims, SoleRows, ViewOrder
 from flowtop.monitor.compact import Column
 from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.hello_asks import HelloAsks
@@ -112,7 +112,8 @@ class Model(ModelNotices):
         self._looks: dict[str, TokenBucket] = {}  # job -> budget of last looks
         self._claims = Claims()
         self._sole: SoleRows[RankState] = SoleRows()
-        self._keys_version = 0  # changes whenever a rank key comes or goes (self._sole's cache)
+        self._order: ViewOrder[RankState] = ViewOrder()  # every rank in the view's order (a restart's ticks)
+        self._keys_version = 0  # changes whenever a rank key comes or goes (self._sole's and _order's caches)
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0
         self._heard_since = -math.inf  # no rank was last heard before this (see ModelTicks._evict)

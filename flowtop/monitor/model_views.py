@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows
+from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows, ViewOrder, view_order
 from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.rankfilter import hinted_ranks
@@ -67,6 +67,7 @@ class ModelViews:
     _claims: Claims
     _ended_jobs: EndedJobs
     _sole: SoleRows[RankState]
+    _order: ViewOrder[RankState]
     _keys_version: int
 
     def ticks_per_round(self, ranks: int) -> int:
@@ -110,13 +111,17 @@ class ModelViews:
             sole = self._sole.get(self.ranks, self._keys_version, self._claims)
             if sole is not None:
                 return sole
-            states = self.ranks.values()
-        states = list(states)
+            states, ordered = self.ranks.values(), self._order.get(self.ranks, self._keys_version)
+        else:
+            states = list(states)
+            ordered = sorted(states, key=lambda st: view_order(st.key))
+        # The claims read the processes as they came (of two equally new, the first heard of is shown).
         shown = self._claims.shown(self._seen(states, now), remember)
         by_job: dict[str, list[tuple[RankState, tuple[RankKey, ...]]]] = collections.defaultdict(list)
-        for st in sorted(states, key=lambda st: (st.key.job, st.key.rank, st.key.host, st.key.pid, st.key.inc)):
-            if st.key in shown:
-                by_job[st.key.job].append((st, shown[st.key]))
+        for st in ordered:
+            others = shown.get(st.key)
+            if others is not None:
+                by_job[st.key.job].append((st, others))
         return by_job
 
     def _seen(self, states: Iterable[RankState], now: float) -> list[Seen]:
