@@ -5,7 +5,8 @@ inclusive cost of that C function is the part's.
     valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no --toggle-collect=starmap_next \\
         --callgrind-out-file=/tmp/parts.cg "$(python -c 'import sys; print(sys.executable)')" \\
         bench/tick_parts.py --ranks 4096 --spread 8 --callgrind
-    callgrind_annotate --inclusive=yes /tmp/parts.cg | grep -E 'starmap_next|filterfalse_next|dropwhile_next|takewhile_next|calliter_iternext|functools_reduce'
+    callgrind_annotate --inclusive=yes /tmp/parts.cg \\
+        | grep -E 'starmap_next|filterfalse_next|dropwhile_next|takewhile_next|calliter_iternext|functools_reduce'
 
 (the same arguments as tick_cost.py; run it from the checkout to measure, as tick_cost.py). The
 parts, by the C function that calls each (nothing in flowtop calls these five):
