@@ -19,6 +19,12 @@ parts, by the C function that calls each (nothing in flowtop calls these five):
 
 A part called inside another counts in both. The digest (``--digest`` without callgrind) is
 tick_cost.py's: the wrappers change no result.
+
+``--inside job`` (as the first argument): the parts of ``Model._job_snapshot`` instead, by the
+same C functions in turn: the rank views (``RankViews.views``), the job's FLOP figures
+(``accounting.job_flops``), the relay marks (``Relays.mark``), the replicas, tokens and stages
+(``parallelism.whole_replicas``, ``job_tokens``, ``pipeline_stages``), and the kernel merge
+and hinted ranks (``Model._merged_kernels``, ``Model._hot``).
 """
 
 from __future__ import annotations
@@ -73,6 +79,26 @@ def instrument() -> None:
     Model._monitor_snapshot = _through("reduce", Model._monitor_snapshot)  # type: ignore[method-assign]
 
 
+def instrument_job() -> None:
+    """Route the parts of a job's snapshot through their C functions (see the module doc)."""
+    from flowtop.monitor import accounting, parallelism
+    from flowtop.monitor.model import Model
+    from flowtop.monitor.rankviews import RankViews
+    from flowtop.monitor.relays import Relays
+
+    RankViews.views = _through("filterfalse", RankViews.views)  # type: ignore[method-assign]
+    accounting.job_flops = _through("dropwhile", accounting.job_flops)
+    Relays.mark = _through("takewhile", Relays.mark)  # type: ignore[method-assign]
+    for name in ("whole_replicas", "job_tokens", "pipeline_stages"):
+        setattr(parallelism, name, _through("calliter", getattr(parallelism, name)))
+    Model._merged_kernels = _through("reduce", Model._merged_kernels)  # type: ignore[method-assign]
+    Model._hot = _through("reduce", Model._hot)  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
-    instrument()
+    if sys.argv[1:3] == ["--inside", "job"]:
+        del sys.argv[1:3]
+        instrument_job()
+    else:
+        instrument()
     raise SystemExit(tick_cost.main())
