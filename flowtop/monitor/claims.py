@@ -89,19 +89,22 @@ def superseded(seen: Iterable[Seen]) -> set[RankKey]:
     the previous launch hid the live run for good (a soak trial: its job read failed, then stale
     with hang_all, while 128 ranks stepped)."""
     seen = list(seen)
+    never = -float("inf")
     latest: dict[str, float] = {}  # job -> latest start of a running process
-    by_rank: dict[tuple[str, int], list[float]] = {}  # (job, rank) -> starts of its running processes
+    # (job, rank) -> the latest start of its running processes: one started after a process
+    # was last heard is what any of them would be (every rank of a job after a restart: a tick
+    # compared its one start with itself, through a list each).
+    newest: dict[tuple[str, int], float] = {}
     for s in seen:
         if s.running:
-            latest[s.key.job] = max(latest.get(s.key.job, -float("inf")), s.first_seen)
-            by_rank.setdefault((s.key.job, s.key.rank), []).append(s.first_seen)
-    out: set[RankKey] = set()
-    for s in seen:
-        if not s.running:  # ended or silent: a start at the very instant of its last frame follows it
-            if latest.get(s.key.job, -float("inf")) >= s.last_recv:
-                out.add(s.key)
-        elif any(start > s.last_recv for start in by_rank.get((s.key.job, s.key.rank), ())):
-            out.add(s.key)
+            key, start = s.key, s.first_seen
+            if start > latest.get(key.job, never):
+                latest[key.job] = start
+            if start > newest.get((key.job, key.rank), never):
+                newest[(key.job, key.rank)] = start
+    # Ended or silent: a start at the very instant of its last frame follows it.
+    out = {s.key for s in seen if not s.running and latest.get(s.key.job, never) >= s.last_recv}
+    out.update([s.key for s in seen if s.running and newest.get((s.key.job, s.key.rank), never) > s.last_recv])
     return out
 
 

@@ -126,9 +126,12 @@ class ModelViews:
 
     def _seen(self, states: Iterable[RankState], now: float) -> list[Seen]:
         """What the claims read of each of ``states`` at monitor time ``now`` (its relay's lag off)."""
-        at = self._judged_at
-        return [Seen(st.key, rs.running(st, at(st, now)), bool(st.steps), st.last_recv, st.first_seen)
-                for st in states]
+        states = list(states)
+        # Judged as of its relay's latest report (_judged_at): a node's ranks share their relay,
+        # its lag looked up once.
+        at = {via: now - self.relays.lag_of(via) for via in {st.via for st in states}}
+        running = rs.running
+        return [Seen(st.key, running(st, at[st.via]), bool(st.steps), st.last_recv, st.first_seen) for st in states]
 
     def _hot(self, job: str) -> frozenset[int]:
         """The ranks a large job's active rank hints name, whose views every tick rebuilds (at
