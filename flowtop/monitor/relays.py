@@ -28,7 +28,7 @@ import msgpack
 
 from flowtop.monitor import accounting
 from flowtop.monitor.records import Fields
-from flowtop.monitor.relayviews import RelayCut, ReportRow, report_row
+from flowtop.monitor.relayviews import RelayCut
 from flowtop.monitor.sanitize import deep
 from flowtop.monitor.snapshot import RankSnapshot, RelaySnapshot
 from probe.wire import Message, RankKey, WireError
@@ -77,6 +77,8 @@ def encode_stamp(relay: str, clock: float, ages_us: list[int], pack: Callable[[A
 
 _VIEW = Fields(RankSnapshot)
 _STATUS, _CUT, _TOKENS, _FLOPS = _VIEW.at("status", "cut", "tokens_per_s", "flops")
+_RELAY = Fields(RelaySnapshot)  # a relay row's copy (Relays.snapshot)
+_R_STATUS, _R_AGE, _R_RANKS, _R_BATCHES, _R_LAG = _RELAY.at("status", "age_s", "ranks", "batches", "link_lag_s")
 
 
 def _stale(view: RankSnapshot, cut: RelayCut) -> RankSnapshot:
@@ -158,7 +160,7 @@ class _Relay:
         self.last_t = -math.inf  # latest frame time handed out (monotonic per relay)
         self.batches = 0
         self.jump: tuple[float, int] | None = None  # a refused mapping (offset) and batches agreeing on it
-        self.said: tuple[dict[str, Any], ReportRow] | None = None  # the report and its row (Relays.snapshot)
+        self.shown: tuple[dict[str, Any], RelaySnapshot] | None = None  # its last row and the report it read
 
 
 class Relays:
@@ -373,21 +375,39 @@ class Relays:
             if rec.relay not in used and now - rec.heard > FORGET_AFTER_S:
                 del self._relays[rec.relay]
 
+    def _row(self, rec: _Relay, now: float, ranks: int) -> RelaySnapshot:
+        """The relay's row at ``now``, its figures read from its latest report."""
+        f = rec.report
+
+        def n(name: str) -> int:
+            v = f.get(name, 0)
+            return int(v) if isinstance(v, int) else 0
+
+        return RelaySnapshot(
+            relay=rec.relay, host=rec.host, pid=rec.pid, status=self._status(rec, now), age_s=now - rec.heard,
+            listen=f.get("listen"), upstream=f.get("upstream"), hosted_by=f.get("hosted_by"),
+            ranks_connected=n("ranks"), ranks=ranks, frames_in=n("frames_in"),
+            frames_out=n("frames_out"), bytes_in=n("bytes_in"), bytes_out=n("bytes_out"), drops=n("drops"),
+            queued=n("queued"), commands=n("commands"), commands_dropped=n("commands_dropped"),
+            link_ups=n("link_ups"), uptime_s=float(f["uptime_s"]) if "uptime_s" in f else None, batches=rec.batches,
+            link_lag_s=rec.lag,
+        )  # fmt: skip
+
     def snapshot(self, now: float) -> tuple[RelaySnapshot, ...]:
         """Every relay, by host then id (a pure read)."""
         behind = collections.Counter(self._via.values())
         out = []
         for rec in sorted(self._relays.values(), key=lambda r: (r.host, r.relay)):
-            said = rec.said
-            if said is None or said[0] is not rec.report:  # read once a report, not once a tick
-                said = rec.said = (rec.report, report_row(rec.report))
-            row = said[1]
-            out.append(RelaySnapshot(
-                relay=rec.relay, host=rec.host, pid=rec.pid, status=self._status(rec, now), age_s=now - rec.heard,
-                listen=row.listen, upstream=row.upstream, hosted_by=row.hosted_by,
-                ranks_connected=row.ranks_connected, ranks=behind[rec.relay], frames_in=row.frames_in,
-                frames_out=row.frames_out, bytes_in=row.bytes_in, bytes_out=row.bytes_out, drops=row.drops,
-                queued=row.queued, commands=row.commands, commands_dropped=row.commands_dropped,
-                link_ups=row.link_ups, uptime_s=row.uptime_s, batches=rec.batches, link_lag_s=rec.lag,
-            ))  # fmt: skip
+            held = rec.shown
+            if held is not None and held[0] is rec.report:
+                # Its report's figures as in its last row (read once a report, not once a tick),
+                # the clock's and the batches' anew: positionally, through its slots.
+                values = list(_RELAY.read(held[1]))
+                values[_R_STATUS], values[_R_AGE] = self._status(rec, now), now - rec.heard
+                values[_R_RANKS], values[_R_BATCHES], values[_R_LAG] = behind[rec.relay], rec.batches, rec.lag
+                row = RelaySnapshot(*values)
+            else:
+                row = self._row(rec, now, behind[rec.relay])
+            rec.shown = (rec.report, row)
+            out.append(row)
         return tuple(out)

@@ -13,7 +13,7 @@ the relay stays silent the record is equal from tick to tick, and so is the view
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from flowtop.monitor.records import fast_init
 
@@ -114,38 +114,3 @@ class RelaySnapshot:
     #: How much later than its best-seen path its latest batch arrived (upstream link lag), s.
     link_lag_s: float
 
-
-@dataclass(frozen=True, slots=True)
-class ReportRow:
-    """What a relay's row shows of its latest report (a count it did not send, or not as an
-    integer, reads 0)."""
-
-    listen: str | None
-    upstream: str | None
-    hosted_by: str | None
-    ranks_connected: int
-    frames_in: int
-    frames_out: int
-    bytes_in: int
-    bytes_out: int
-    drops: int
-    queued: int
-    commands: int
-    commands_dropped: int
-    link_ups: int
-    uptime_s: float | None
-
-
-def report_row(f: Mapping[str, Any]) -> ReportRow:
-    """What a relay's row shows of its report ``f`` (flowtop.monitor.relays: read once a report)."""
-
-    def n(name: str) -> int:
-        v = f.get(name, 0)
-        return int(v) if isinstance(v, int) else 0
-
-    return ReportRow(
-        listen=f.get("listen"), upstream=f.get("upstream"), hosted_by=f.get("hosted_by"), ranks_connected=n("ranks"),
-        frames_in=n("frames_in"), frames_out=n("frames_out"), bytes_in=n("bytes_in"), bytes_out=n("bytes_out"),
-        drops=n("drops"), queued=n("queued"), commands=n("commands"), commands_dropped=n("commands_dropped"),
-        link_ups=n("link_ups"), uptime_s=float(f["uptime_s"]) if "uptime_s" in f else None,
-    )  # fmt: skip
