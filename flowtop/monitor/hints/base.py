@@ -208,9 +208,17 @@ _latest_memo = IdentityMemo(lambda job: newest_ranks(job.ranks), max_entries=256
 def median_step_s(r: RankSnapshot, last: int = 0) -> float | None:
     """Median wall time per step from history (last ``last`` steps; all when 0), else the rank's."""
     if last:
-        med = _positive_median(r.history.step_time_s[-last:])
-    else:
-        med = _median_history_memo(r.history)
+        return median_of(r, r.history.step_time_s[-last:])
+    med = _median_history_memo(r.history)
+    if med is not None:
+        return med
+    return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None
+
+
+def median_of(r: RankSnapshot, times: Sequence[float]) -> float | None:
+    """:func:`median_step_s` over step times of ``r``'s history a measure read already: their
+    median, else the rank's."""
+    med = _positive_median(times)
     if med is not None:
         return med
     return r.step_time_s if finite(r.step_time_s) and r.step_time_s > 0 else None

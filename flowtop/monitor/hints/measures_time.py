@@ -12,8 +12,9 @@ from typing import Any
 from flowtop.monitor.format import fmt_ranks
 from flowtop.monitor.hintclock import HintClock
 from flowtop.monitor.records import fast_init
-from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_step_s,
-                                        rank_target, safe_div, telemetry_number)
+from flowtop.monitor.hints.aligned import flat
+from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum, latest_ranks, median_of,
+                                        median_step_s, rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.stages import feeds_itself
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
@@ -266,8 +267,10 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
         wait: float | None  # None: no history, only the probe's own fraction
         pause: float | None = None
         if n:
-            steps = h.step_time_s[-n:]
-            waits = h.input_wait_s[-n:]
+            # Each window's values once, as arrays that sum, search and slice in C: a view's
+            # slice was made and walked again by every read below (thousands of ranks a share).
+            steps = flat(h.step_time_s[-n:])
+            waits = flat(h.input_wait_s[-n:])
             total = finite_sum(steps)
             wait = finite_sum(waits)
             if n >= PAUSE_MIN_STEPS and math.isfinite(wait) and (longest := max(waits)) > 0.5 * wait:
@@ -289,7 +292,7 @@ def input_wait(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measuremen
             "input_wait_pct": 100.0 * frac,
             "window_steps": covered,
             "input_wait_s_per_step": wait / n if n and wait is not None else None,
-            "step_time_s": median_step_s(r, n) if n else r.step_time_s,
+            "step_time_s": median_of(r, steps[len(steps) - n:]) if n else r.step_time_s,
             "device_idle_pct": device_idle_pct(r, now),
             "pause_left_out_s": pause,
         }
