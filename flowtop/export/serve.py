@@ -166,34 +166,26 @@ def end_status(snap: MonitorSnapshot) -> int:
     uncaught exception, a non-zero exit), 5 where none failed but a signal stopped ranks
     (:func:`_stopped_at_end`), 3 where ranks were unheard behind a dead relay at the end
     (:func:`_say_unheard`), each said on stderr (a script tells them from a clean run without
-    reading the JSON); else 0. 4 or 5 as the jobs' statuses say (snapshot.job_end_status: the
-    first ending decides): torchrun stops a crashed rank's peers with SIGTERM (4), and ranks whose
-    collectives broke when a signal stopped their peers' node fail after it (5, those failed said
-    too). A rank known to have failed or been stopped says more than one not known to have
-    finished, so 4 and 5 win over 3; the unheard ranks are still named on a line of their own (the
-    5's line alone hid them)."""
+    reading the JSON); else 0. A crash wins: torchrun stops a crashed rank's peers with SIGTERM.
+    A rank known to have failed or been stopped says more than one not known to have finished, so
+    4 and 5 win over 3; the unheard ranks are still named on a line of their own (the 5's line
+    alone hid them)."""
     unheard = [(j.job, r) for j in snap.jobs for r in j.ranks if r.cut is not None and r.status not in ENDED]
-    ends = {j.status for j in snap.jobs}
-    if "failed" in ends:
-        status = _failed_at_end(snap)
-    else:
-        status = _stopped_at_end(snap)
-        _failed_at_end(snap, " after the signal")  # its consequence: said, not the exit status
+    status = _failed_at_end(snap) or _stopped_at_end(snap)
     if unheard:
         _say_unheard(unheard)
     return status or (3 if unheard else 0)
 
 
-def _failed_at_end(snap: MonitorSnapshot, when: str = "") -> int:
-    """4 (said) where ranks ended failing, naming how many and the first with its exception
-    (``when``: after what, where a signal's stop came first); else 0."""
+def _failed_at_end(snap: MonitorSnapshot) -> int:
+    """4 (said) where ranks ended failing, naming how many and the first with its exception; else 0."""
     failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
     if not failed:
         return 0
     # The first to end: the ranks that die of a peer's crash (its collective broken) end after it;
     # in rank order, rank 0's "Connection closed by peer" was named for rank 1's own error.
     job, first = min(failed, key=lambda jr: jr[1].heard_at)
-    _say(f"--until-done: {len(failed)} rank(s) failed{when}, first rank {first.rank} of {job}: {first.bye_reason}")
+    _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job}: {first.bye_reason}")
     return FAILED_STATUS
 
 

@@ -35,8 +35,8 @@ RowKey = Union[RankKey, NodeKey]
 #: collective broken by the rank that left) it is where the failure started (a new user's trial:
 #: the SIGTERMed node sorted last, below its peers' gloo errors). One stopped after a crash is
 #: its consequence (torchrun stops a crashed rank's peers with SIGTERM): it sorts after the
-#: crashes (:func:`worst_first`, JobContext.first_failure_at), the crash first; a node row with a
-#: failed rank reads ``failed``, a job its first ending other than done (snapshot.job_end_status).
+#: crashes (:func:`worst_first`, JobContext.first_failure_at), the crash first, as a job with a
+#: failed rank reads ``failed`` (snapshot.job_end_status) and a node row with one too.
 STATUS_TIER = {"stopped": -1, "failed": 0, "stale": 1, "stalled": 2, "live": 4, "done": 5}
 STOPPED_TIER = STATUS_TIER["stopped"]
 FAILED_TIER = STATUS_TIER["failed"]
@@ -267,7 +267,7 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     mfus.sort()
     if step is None:  # every rank unheard: the lowest step last heard (as the job's step)
         step = min(r.step for r in ranks)
-    worst = "failed" if failed else _TIER_STATUS.get(tier, "stale")  # a crash on the node: failed
+    worst = "failed" if failed else _TIER_STATUS.get(tier, "stale")  # a crash wins, as a job's (job_end_status)
     return NodeGroup(host, tuple(ranks), worst, mfus[0] if mfus else None,
                      median_sorted(mfus), lag, step, t_max, w_max, tokens, flops, conflict)
 

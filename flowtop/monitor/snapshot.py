@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from flowtop.monitor.records import Slotted, fast_init
 # Hint, SEVERITIES and RelaySnapshot: here as before, for their readers
@@ -49,15 +49,11 @@ def ended_status(bye: str) -> str:
     return "done"
 
 
-def job_end_status(heard: Iterable[RankSnapshot]) -> str:
-    """The status of a job whose heard ranks all ended: that of the first of them to end other
-    than "done" (their byes' times, one clock), a crash on a tie, else "done". The first ending
-    is the cause and the others follow it: torchrun stops a crashed rank's peers with SIGTERM
-    ("failed"), and a node that scancel or a preemption stopped breaks its peers' collectives
-    ("Connection closed by peer": "stopped", not a crash, where its ranks were heard first)."""
-    first = min((r for r in heard if r.status != "done"), key=lambda r: (r.heard_at, r.status != "failed"),
-                default=None)
-    return "done" if first is None else first.status
+def job_end_status(statuses: set[str]) -> str:
+    """The status of a job whose heard ranks all ended, of their statuses: "failed" where one
+    failed (a crash is the news even where torchrun then stopped the survivors with SIGTERM),
+    else "stopped" where a signal ended one (killed mid-run, not finished), else "done"."""
+    return "failed" if "failed" in statuses else "stopped" if "stopped" in statuses else "done"
 
 
 #: Conventions printed beside every FLOP figure.
