@@ -118,6 +118,26 @@ async def test_filter_by_glob_range_status_and_hint_then_escape() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_filter_error_quoting_brackets_is_shown_as_typed() -> None:
+    """A filter line with brackets ('rank:[/x]') is refused and its tooltip says so as typed: read
+    as markup, the tooltip raised MarkupError on hover and ended the TUI (a reviewer's pilot)."""
+    from textual.widgets._tooltip import Tooltip
+
+    app = _app()
+    async with app.run_test(size=WIDE, tooltips=True) as pilot:
+        await pilot.pause()
+        await pilot.press("slash", *"rank:[/x]")
+        await pilot.pause()
+        box = app.screen.query_one("#rank-filter", Input)
+        assert box.has_class("-invalid") and "[/x]" in str(box.tooltip)
+        await pilot.hover("#rank-filter", offset=(2, 0))
+        await pilot.pause(1.0)  # the tooltip shows after its delay
+        assert app.is_running and app.return_code is None
+        (tip,) = app.screen.query(Tooltip)
+        assert tip.display and "[/x]" in str(tip.render())
+
+
+@pytest.mark.asyncio
 async def test_sort_by_keys_and_by_clicking_a_header() -> None:
     app = _app()
     async with app.run_test(size=NARROW) as pilot:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
+from textual.content import Content
 from textual.widgets import Input
 
 from flowtop.monitor.rankfilter import FilterError, RankFilter, known_hint_ids, parse_filter
@@ -150,7 +151,7 @@ class MainScreen(SnapshotScreen):
                                {r.host for r in self._job.ranks} if self._job is not None else None)
         except FilterError as exc:
             event.input.add_class("-invalid")
-            event.input.tooltip = str(exc)
+            event.input.tooltip = Content(str(exc))  # plain text: it quotes what was typed ('[/x]', 'gpu[ab]*')
             return
         event.input.remove_class("-invalid")
         event.input.tooltip = None
