@@ -33,7 +33,7 @@ addresses, uptime and times) and, per rank, every message that came down to it.
 Also: ``--wrap "strace -c -f -o FILE"`` (the relays' process's syscalls); RELAY_COST_PROFILE=FILE
 (a cProfile of the first relay's thread); RELAY_COST_VG_ARGS (more valgrind options).
 Figures (2-core VM, 2026-12-07, 1 relay, 30 s, 170 frames): 140k -> 77k instructions a frame,
-222k -> 185k an idle second (base 8ef8c33 -> 0c4b46b); memcpy counts ~1 instruction a byte
+222k -> 185k an idle second (base 22ed720 -> c8e99d6 in main); memcpy counts ~1 instruction a byte
 under valgrind (rep movsb), ~10k of each frame's (two copies of ~4.6 KB, before and after alike).
 """
 

@@ -408,7 +408,10 @@ def _send_parts(up: Any, stamp: bytes, parts: Sequence[bytes]) -> bool:
     all parts of a message or none (its HWM is checked at the first part). What send_multipart
     does, less its cost: its flags are enums whose ``|`` runs Python code (enum.Flag), ~10k
     instructions a part; plain ints here. Parts of COPY_THRESHOLD bytes and more go zero-copy,
-    as send_multipart(copy=False) sent them."""
+    as send_multipart(copy=False) sent them. ``parts`` is never empty (a batch holds a frame at
+    least): the stamp goes with SNDMORE and only a last part ends the message."""
+    if not parts:  # a stamp alone would be glued onto the next message
+        raise ValueError("a relay batch needs one part at least")
     send = up.send
     try:
         send(stamp, _MORE)
