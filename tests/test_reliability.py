@@ -533,7 +533,8 @@ def test_frames_lost_in_transit_are_counted_and_shown() -> None:
     snap = model.snapshot(1.1)
     r = snap.jobs[0].ranks[0]
     assert (r.lost_messages, r.dropped_messages) == (75, 3)
-    assert "messages: 75 missing (sequence gaps: lost in transit or refused here), 3 dropped by the probes' queues" in render(snap)
+    assert "messages: 75 missing (sequence gaps: lost in transit or refused here), 3 dropped by the probes' queues (the oldest, while " \
+        "nothing took them: no monitor yet, a dead relay, or one behind)" in render(snap)
     assert " lost 78" in JobHeader.render_text(snap, snap.jobs[0], 0, 1).plain
 
 

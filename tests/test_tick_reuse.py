@@ -50,3 +50,27 @@ def test_superseded_reads_the_latest_start_of_a_job_and_of_a_rank_number() -> No
         _seen("b", 1, 8, True, 40.0, -float("inf")),  # a start never heard (the default): nothing after it
     ]
     assert superseded(seen) == {RankKey("a", "h", 1, 0, 0), RankKey("a", "h", 4, 1, 0)}
+
+
+def test_no_rank_state_outlives_its_eviction_after_a_restart() -> None:
+    """Rank 0 of 8 restarted (two processes of rank 0 for a while: the view's order is cached),
+    then every rank silent past eviction: no RankState is left alive (the order's cache held the
+    forgotten processes' states, a whole job's at 4,096 ranks, until the next restart anywhere;
+    a reviewer's case)."""
+    import gc
+
+    from test_succession import Job
+
+    from flowtop.monitor.rankstate import RankState
+
+    j = Job("evicted-after-restart")  # a job name no other test uses: other tests' states may live on
+    keys = j.start(range(8), inc=0, pid0=100)
+    j.run(keys, 5.0)
+    j.run(j.start(range(1), inc=1, pid0=900) + keys[1:], 5.0)
+    for _ in range(140):  # 700 s: past EVICT_AFTER_S (600 s)
+        j.now += 5.0
+        j.model.tick(j.now)
+    gc.collect()
+    assert not j.model.ranks
+    assert [o for o in gc.get_objects() if type(o) is RankState and o.key.job == j.name] == []
+

@@ -60,7 +60,8 @@ def render(snap: MonitorSnapshot) -> str:
         dropped = sum(r.dropped_messages for r in job.ranks)
         if lost or dropped:
             lines.append(f"  messages: {lost} missing (sequence gaps: lost in transit or refused here), "
-                         f"{dropped} dropped by the probes' queues")
+                         f"{dropped} dropped by the probes' queues (the oldest, while nothing took them: "
+                         "no monitor yet, a dead relay, or one behind)")
         for row in grouped(job.hints, job.ranks):  # a hint many ranks share: one line
             h = row.lead if isinstance(row, HintGroup) else row
             ended = f" {ended_note(h.first_step, h.last_step)}" if h.ended else ""

@@ -199,6 +199,12 @@ class ViewOrder(Generic[S]):
             self._version, self._states = version, [states[k] for k in sorted(states, key=view_order)]
         return self._states
 
+    def clear(self) -> None:
+        """Hold no process: a forgotten one's state (its histories, kernel tables) is not kept alive
+        by the order of a view no longer asked for (once no rank has two processes the view is
+        answered by :class:`SoleRows`, and this list was refreshed only at the next restart)."""
+        self._version, self._states = -1, []
+
 
 class SoleRows(Generic[S]):
     """Every job's rows while each (job, rank) has one process and no conflict is remembered: then

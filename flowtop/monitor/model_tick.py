@@ -277,6 +277,7 @@ class ModelTicks(ModelViews):
     def _forget(self, st: RankState) -> None:
         del self.ranks[st.key]
         self._keys_version += 1
+        self._order.clear()
         self.relays.forget(st.key)
         self.views.forget(st.key)
         job = st.key.job

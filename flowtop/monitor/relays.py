@@ -394,7 +394,8 @@ class Relays:
         )  # fmt: skip
 
     def snapshot(self, now: float) -> tuple[RelaySnapshot, ...]:
-        """Every relay, by host then id (a pure read)."""
+        """Every relay, by host then id. Nothing a reader sees changes; it keeps each relay's last
+        row, copied while its report is the same object."""
         behind = collections.Counter(self._via.values())
         out = []
         for rec in sorted(self._relays.values(), key=lambda r: (r.host, r.relay)):
