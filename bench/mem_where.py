@@ -17,22 +17,8 @@ import os
 import sys
 import tracemalloc
 
-sys.path.insert(0, os.getcwd())  # the checkout under test: the working directory's
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
-import ingest  # noqa: E402 - bench/
-
-snaps: list[tracemalloc.Snapshot] = []
-_start, _stop = tracemalloc.start, tracemalloc.stop
-
-
-def _stop_after_snapshot() -> None:
-    if not snaps:  # the first stop: the end of the measured phases
-        snaps.append(tracemalloc.take_snapshot())
-    _stop()
-
-
-tracemalloc.start = lambda *a: _start(12)  # type: ignore[assignment]
-tracemalloc.stop = _stop_after_snapshot  # type: ignore[assignment]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from traced_end import memory_at_end  # noqa: E402 - bench/
 
 
 def _where(tb: tracemalloc.Traceback) -> str:
@@ -50,11 +36,11 @@ def main() -> None:
     ap.add_argument("top", type=int, nargs="?", default=30, help="lines printed")
     args = ap.parse_args()
     ranks, top = args.ranks, args.top
-    r = ingest.memory(ranks, traced=True)
+    r, snap = memory_at_end(ranks, 12)
     print(r["kb_per_rank"], r["parts_kb_per_rank"])
     size: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
-    for t in snaps[0].traces:
+    for t in snap.traces:
         w = _where(t.traceback)
         size[w] += t.size
         count[w] += 1

@@ -15,32 +15,17 @@ from __future__ import annotations
 import collections
 import os
 import sys
-import tracemalloc
 
-sys.path.insert(0, os.getcwd())  # the checkout under test: the working directory's
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
-import ingest  # noqa: E402 - bench/
-
-snaps: list[tracemalloc.Snapshot] = []
-_start, _stop = tracemalloc.start, tracemalloc.stop
-
-
-def _stop_after_snapshot() -> None:
-    if not snaps:  # the first stop: the end of the measured phases
-        snaps.append(tracemalloc.take_snapshot())
-    _stop()
-
-
-tracemalloc.start = lambda *a: _start(8)  # type: ignore[assignment]
-tracemalloc.stop = _stop_after_snapshot  # type: ignore[assignment]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from traced_end import memory_at_end  # noqa: E402 - bench/
 
 
 def main() -> None:
     ranks = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-    r = ingest.memory(ranks, traced=True)
+    r, snap = memory_at_end(ranks, 8)
     print(r["kb_per_rank"], r["parts_kb_per_rank"])
     by_cls: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for t in snaps[0].traces:
+    for t in snap.traces:
         if 256 < t.size <= 512:
             where = " < ".join(f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(list(t.traceback)[-2:]))
             by_cls[(t.size + 15) // 16 * 16][where] += 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -70,6 +72,19 @@ def monitor() -> Iterator[MonitorThread]:
         yield m
     finally:
         m.close()
+
+
+@pytest.fixture
+def run_env() -> Iterator[dict[str, str]]:
+    """The environment of a `flowtop run` / `flowtop relay` subprocess: a short runtime dir of its
+    own (a relay's ipc path is at most 100 bytes; pytest's tmp_path is long), no keys or address
+    from the caller's environment."""
+    runtime = tempfile.mkdtemp(prefix="ftrun", dir="/tmp")
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+    env.pop("FLOWTOP_CURVE_DIR", None)
+    env.pop("FLOWTOP_ADDR", None)
+    yield env
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def probed_env(addr: str, **extra: str) -> dict[str, str]:

@@ -9,12 +9,8 @@ relay), so the job the user was told how to watch never showed. Real processes: 
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +22,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def env() -> Iterator[dict[str, str]]:
-    # a short runtime dir of its own: a relay's ipc path is at most 100 bytes (pytest's tmp_path is long)
-    runtime = tempfile.mkdtemp(prefix="ftkn", dir="/tmp")
-    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-    env.pop("FLOWTOP_CURVE_DIR", None)
-    env.pop("FLOWTOP_ADDR", None)
-    yield env
-    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _keys(tmp_path: Path, env: dict[str, str]) -> Path:
@@ -46,43 +33,43 @@ def _keys(tmp_path: Path, env: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize("relay", ["off", "on"])
-def test_run_with_keys_names_the_keyed_monitor_command(tmp_path: Path, env: dict[str, str], relay: str) -> None:
-    keys = _keys(tmp_path, env)
+def test_run_with_keys_names_the_keyed_monitor_command(tmp_path: Path, run_env: dict[str, str], relay: str) -> None:
+    keys = _keys(tmp_path, run_env)
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     run = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", "--connect", addr, "--curve-dir", str(keys),
                           "--relay", relay, "--", sys.executable, "-c", "print('trained')"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+                         capture_output=True, text=True, timeout=120, env=run_env, cwd=ROOT)
     assert run.returncode == 0 and run.stdout == "trained\n", run.stderr
     assert (f"no monitor listens on {addr} yet: start `flowtop --listen {addr} --curve-dir {keys}` "
             "(another terminal)") in run.stderr, run.stderr
 
 
-def test_run_without_keys_names_no_keys(env: dict[str, str]) -> None:
+def test_run_without_keys_names_no_keys(run_env: dict[str, str]) -> None:
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     run = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", "--connect", addr, "--",
                           sys.executable, "-c", "print('trained')"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+                         capture_output=True, text=True, timeout=120, env=run_env, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert f"start `flowtop --listen {addr}` (another terminal)" in run.stderr, run.stderr
 
 
-def test_keys_from_the_environment_are_named_too(tmp_path: Path, env: dict[str, str]) -> None:
+def test_keys_from_the_environment_are_named_too(tmp_path: Path, run_env: dict[str, str]) -> None:
     """``FLOWTOP_CURVE_DIR=DIR`` does what ``--curve-dir DIR`` does (README, Many nodes)."""
-    keys = _keys(tmp_path, env)
+    keys = _keys(tmp_path, run_env)
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     run = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", "--connect", addr, "--relay", "off", "--",
                           sys.executable, "-c", "print('trained')"],
-                         capture_output=True, text=True, timeout=120, env={**env, "FLOWTOP_CURVE_DIR": str(keys)},
+                         capture_output=True, text=True, timeout=120, env={**run_env, "FLOWTOP_CURVE_DIR": str(keys)},
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert f"start `flowtop --listen {addr} --curve-dir {keys}`" in run.stderr, run.stderr
 
 
-def test_relay_with_keys_names_the_keyed_monitor_command(tmp_path: Path, env: dict[str, str]) -> None:
-    keys = _keys(tmp_path, env)
+def test_relay_with_keys_names_the_keyed_monitor_command(tmp_path: Path, run_env: dict[str, str]) -> None:
+    keys = _keys(tmp_path, run_env)
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     cmd = [sys.executable, "-m", "flowtop.cli", "relay", "--connect", addr, "--curve-dir", str(keys)]
-    relay = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    relay = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=run_env, cwd=ROOT)
     try:
         assert relay.stderr is not None
         lines = [relay.stderr.readline() for _ in range(2)]  # where ranks connect, then the note

@@ -8,12 +8,8 @@ beside the node relay's socket). Real processes, nothing listening at the monito
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +21,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def env() -> Iterator[dict[str, str]]:
-    runtime = tempfile.mkdtemp(prefix="ftno", dir="/tmp")  # short: an ipc path is at most 100 bytes
-    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-    env.pop("FLOWTOP_CURVE_DIR", None)
-    env.pop("FLOWTOP_ADDR", None)
-    yield env
-    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _run(addr: str, code: str) -> list[str]:
@@ -40,18 +28,18 @@ def _run(addr: str, code: str) -> list[str]:
             sys.executable, "-c", code]
 
 
-def test_second_run_of_a_node_does_not_repeat_the_note(env: dict[str, str]) -> None:
+def test_second_run_of_a_node_does_not_repeat_the_note(run_env: dict[str, str]) -> None:
     addr = f"tcp://127.0.0.1:{free_port_pair()}"
     note = f"flowtop run: no monitor listens on {addr} yet: start `flowtop --listen {addr}` (another terminal)"
     # the first run holds the node's relay and its check lock while its command waits for a line
     first = subprocess.Popen(_run(addr, "import sys; sys.stdin.readline(); print('first')"), stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=ROOT)
     try:
         assert first.stderr is not None
         said = first.stderr.readline()  # said before its command starts
         assert said.startswith(note), said
         second = subprocess.run(_run(addr, "print('second')"), capture_output=True, text=True, timeout=120,
-                                env=env, cwd=ROOT)
+                                env=run_env, cwd=ROOT)
         assert second.returncode == 0 and second.stdout == "second\n", second.stderr
         assert "no monitor listens" not in second.stderr, second.stderr
         out, err = first.communicate("go\n", timeout=120)
@@ -62,5 +50,5 @@ def test_second_run_of_a_node_does_not_repeat_the_note(env: dict[str, str]) -> N
     assert first.returncode == 0 and out == "first\n", err
     assert "no monitor listens" not in err  # once, the line read above
     # the node spoken for has no speaker left: the next run of it says the note again
-    third = subprocess.run(_run(addr, "print('third')"), capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    third = subprocess.run(_run(addr, "print('third')"), capture_output=True, text=True, timeout=120, env=run_env, cwd=ROOT)
     assert third.returncode == 0 and third.stderr.startswith(note), third.stderr

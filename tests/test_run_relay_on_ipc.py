@@ -5,12 +5,8 @@ Real ``flowtop run`` processes (a trial of the README's relay commands on one ma
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,23 +16,15 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def env() -> Iterator[dict[str, str]]:
-    runtime = tempfile.mkdtemp(prefix="ftkn", dir="/tmp")  # short: an ipc path is at most 100 bytes
-    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-    env.pop("FLOWTOP_CURVE_DIR", None)
-    env.pop("FLOWTOP_ADDR", None)
-    yield env
-    shutil.rmtree(runtime, ignore_errors=True)
 
 
-def test_relay_on_with_a_relay_address_is_not_called_a_bad_address(env: dict[str, str]) -> None:
+def test_relay_on_with_a_relay_address_is_not_called_a_bad_address(run_env: dict[str, str]) -> None:
     """A trial: ``flowtop run --connect ipc:///PATH --relay on`` said "no node relay (bad address
     'ipc:///PATH': expected tcp://HOST:PORT ...)" and then connected its ranks to that very address."""
-    path = f"{env['XDG_RUNTIME_DIR']}/up.sock"
+    path = f"{run_env['XDG_RUNTIME_DIR']}/up.sock"
     run = subprocess.run([sys.executable, "-m", "flowtop.cli", "run", "--connect", f"ipc://{path}", "--relay", "on",
                           "--", sys.executable, "-c", "print('trained')"],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+                         capture_output=True, text=True, timeout=120, env=run_env, cwd=ROOT)
     assert run.returncode == 0 and run.stdout == "trained\n", run.stderr
     assert "bad address" not in run.stderr, run.stderr
     assert (f"flowtop run: --relay on: ipc://{path} is a node relay's address already (a relay cannot sit "
