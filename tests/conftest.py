@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -116,3 +116,12 @@ def wait_until(cond: Callable[[], bool], timeout_s: float) -> bool:
             return True
         time.sleep(0.01)
     return cond()
+
+
+async def pilot_until(pilot: Any, pred: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Let a Textual pilot's app run until ``pred()`` holds or ``timeout`` s passed; its value then."""
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    return pred()
+

@@ -24,6 +24,8 @@ import pytest
 import zmq
 import zmq._future
 import zmq.asyncio
+from conftest import pilot_until
+from synthetic.replay import ReplaySource, synthetic_snapshot
 
 from flowtop.monitor.collector import Collector
 from flowtop.monitor.datathread import DataThread, Mailbox
@@ -36,7 +38,6 @@ from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tui.app import FlowtopApp
 from probe.transport.publisher import Publisher
 from probe.wire import RankKey
-from synthetic.replay import ReplaySource, synthetic_snapshot
 
 SIZE = (80, 24)
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,13 +71,6 @@ def _publisher(addr: str, rank: int, job: str = "threads") -> Publisher:
     return pub
 
 
-async def _until(pilot: Any, pred: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred() and time.monotonic() < deadline:
-        await pilot.pause(0.05)
-    return pred()
-
-
 @pytest.mark.asyncio
 async def test_the_ui_thread_never_touches_a_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     ops = _instrument(monkeypatch)
@@ -105,7 +99,7 @@ async def test_the_ui_thread_never_touches_a_socket(monkeypatch: pytest.MonkeyPa
                 snap = app.latest
                 return snap is not None and bool(snap.jobs) and snap.jobs[0].ranks[0].step > 3
 
-            assert await _until(pilot, shown), "the rank never reached the UI"
+            assert await pilot_until(pilot, shown), "the rank never reached the UI"
             await pilot.press("k")  # a command: sent upstream on the collector's socket
             app.data.flush()
             await pilot.press("q")
@@ -262,7 +256,7 @@ async def test_a_full_disk_and_a_raising_hint_rule_are_notifications(capsys: pyt
                 return any("recording to /dev/full stopped" in n for n in notes) and any(
                     "hint rule input_wait raised ZeroDivisionError" in n for n in notes)
 
-            assert await _until(pilot, both), _notes(app)
+            assert await pilot_until(pilot, both), _notes(app)
             assert app.latest is not None and app.latest.jobs[0].ranks[0].step > 0  # monitoring goes on
             await pilot.press("q")
     finally:

@@ -10,10 +10,9 @@ Real path: a probe's Publisher sends hello and bye over ZeroMQ to the real Colle
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
-
 import pytest
+from conftest import pilot_until
+from textual.widgets._toast import Toast
 
 from flowtop.monitor.collector import Collector
 from flowtop.monitor.wiring import make_model
@@ -21,18 +20,10 @@ from flowtop.tools.demo.launch import free_port_pair
 from flowtop.tui.app import FlowtopApp
 from probe.transport.publisher import Publisher
 from probe.wire import RankKey
-from textual.widgets._toast import Toast
 
 SIZE = (80, 24)
 GLOO = ("error: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
         "Connection closed by peer [127.0.0.1]:17128")
-
-
-async def _until(pilot: Any, pred: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred() and time.monotonic() < deadline:
-        await pilot.pause(0.05)
-    return pred()
 
 
 @pytest.mark.asyncio
@@ -44,13 +35,13 @@ async def test_a_bye_whose_exception_looks_like_markup_is_a_plain_notification()
     pub.start()
     try:
         async with app.run_test(size=SIZE, notifications=True) as pilot:  # toasts shown, as live
-            assert await _until(pilot, lambda: app.latest is not None and bool(app.latest.jobs))
+            assert await pilot_until(pilot, lambda: app.latest is not None and bool(app.latest.jobs))
             pub.publish("step", {"step": 1, "wall_s": 0.05, "tokens": 64, "drops": 0})
             pub.publish("bye", {"reason": GLOO, "steps": 1, "drops": 0})
             said = f"rank 3 of gloo failed: {GLOO}"
-            assert await _until(pilot, lambda: any(n.message == said for n in app._notifications)), \
+            assert await pilot_until(pilot, lambda: any(n.message == said for n in app._notifications)), \
                 [n.message for n in app._notifications]
-            assert await _until(pilot, lambda: len(app.screen.query(Toast)) > 0)
+            assert await pilot_until(pilot, lambda: len(app.screen.query(Toast)) > 0)
             await pilot.pause(0.3)  # the toast renders: where the markup raised
             assert app.is_running and app.return_code is None
             (toast,) = app.screen.query(Toast)
