@@ -117,7 +117,7 @@ def test_a_rank_a_signal_ended_sorts_before_the_crashes_that_followed() -> None:
     node1 = node_group(by_rank[8].host, [r for r in ranks if r.host == by_rank[8].host], job_context(ranks))
     assert by_rank[8].host == by_rank[9].host and node1.worst_status == "stopped"  # live ranks 10-15 beside them
     only = node_group("x", [r for r in ranks if r.rank in (8, 9, 0)], job_context(ranks))
-    assert only.worst_status == "failed"  # a node's word, as a job's: a crash wins (snapshot.job_end_status)
+    assert only.worst_status == "stopped"  # a node's word, as a job's: its first ending (snapshot.job_end_status)
 
 
 def test_a_crash_sorts_before_the_ranks_a_launcher_stopped_after_it() -> None:

@@ -4,7 +4,7 @@ A new user's trial: ranks ended by SIGTERM (scancel, a preemption, a timeout's k
 forwarding SIGTERM) said bye "SIGTERM", and the monitor's job status read "done" in the TUI, the
 JSON and Prometheus, like a training loop that finished (only the text report's rank line said
 "done (SIGTERM)"). A rank a signal ended is now ``stopped``, its job too once every rank ended and
-none failed, everywhere, and ``--until-done`` exits 5 for it (4 stays a failure, 0 a clean end).
+the first to end was stopped, not crashed (tests/test_first_ending.py), everywhere, and ``--until-done`` exits 5 for it (4 stays a failure, 0 a clean end).
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ def test_the_tui_job_header_and_rank_table_say_stopped() -> None:
 
 @pytest.mark.parametrize(("byes", "status", "rc"), [
     ({0: "exit", 1: "exit", 2: "exit"}, "done", 0),  # the training loop finished: done, as before
-    ({0: "SIGTERM", 1: "error: RuntimeError: gloo peer gone", 2: "SIGTERM"}, "failed", 4),  # a crash wins
+    # byes sent in rank order, 0.1 s apart: the first ending decides (snapshot.first_ending)
+    ({0: "error: RuntimeError: bad batch", 1: "SIGTERM", 2: "SIGTERM"}, "failed", 4),  # torchrun stops the peers
+    ({0: "SIGTERM", 1: "error: RuntimeError: gloo peer gone", 2: "SIGTERM"}, "stopped", 5),  # scancel: peers fail
     ({0: "interrupted", 1: "exit", 2: "exit"}, "stopped", 5),  # Ctrl-C (SIGINT) is a signal's stop too
 ])
 def test_the_job_status_and_exit_code_of_each_ending(byes: dict[int, str], status: str, rc: int) -> None:

@@ -113,9 +113,9 @@ SNAPSHOT_FAMILIES: tuple[Family, ...] = (
            RANK_LABELS),
     *_gauges(JOB_GAUGES, JOB_LABELS),
     *_gauges(JOB_QUANTILES, (JOB_LABEL, QUANTILE_LABEL), " (rank_quantile 0, 0.5, 0.95, 1 across running heard ranks)"),
-    Family("flowtop_job_status", "stateset", "Job status: running, stalled, stale, done, failed, "
-           "stopped (every rank ended, none failed, one or more by a signal), unheard (stale only behind "
-           "silent or closed relays)", JOB_LABELS),
+    Family("flowtop_job_status", "stateset", "Job status: running, stalled, stale, done, failed (every rank ended, "
+           "the first to end crashed), stopped (every rank ended, the first to end by a signal; failures after it "
+           "follow it), unheard (stale only behind silent or closed relays)", JOB_LABELS),
     Family("flowtop_job_peak", "info", "Where the peak of the job's MFU and HFU comes from: source table "
            "(datasheet), estimate (CPU cores x clock x FLOPs/cycle), override (--peak-tflops / FLOWTOP_PEAK_TFLOPS), "
            "none (no MFU), unknown (a probe before wire 1.4) or mixed (ranks differ); dtype the peak is of (the "

@@ -32,13 +32,15 @@ def export_state(r: RankSnapshot) -> str:
 
 #: A node's exported state when some of its ranks are unheard: the worst of its ranks' exported
 #: states, "unheard" below every trouble the monitor sees itself (a heard rank's stale or stall).
-NODE_ORDER = ("failed", "stopped", "stale", "stalled", "unheard", "live", "done")  # a crash wins (rankview.node_group)
+#: A node with a failed or stopped rank reads its first ending's status (rankview.node_group), as
+#: a job does: not this order's.
+NODE_ORDER = ("failed", "stopped", "stale", "stalled", "unheard", "live", "done")
 
 
 def node_state(group: NodeGroup, members: list[RankSnapshot]) -> str:
     """The node's state in ``flowtop_node_status``: its worst status, but never "stale" for ranks
     that are only unheard (a finished rank beside a cut one: "unheard", not "stale")."""
-    if not any(r.cut_off for r in members):
+    if group.worst_status in ("failed", "stopped") or not any(r.cut_off for r in members):
         return group.worst_status
     return min((export_state(r) for r in members), key=NODE_ORDER.index)
 

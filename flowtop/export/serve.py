@@ -20,7 +20,7 @@ from typing import Any, Iterator, TextIO
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.datathread import DataThread
 from flowtop.monitor.format import fmt_ranks
-from flowtop.monitor.snapshot import ENDED, MonitorSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot, ending_order, first_ending
 from flowtop.monitor.snapshot_json import to_json
 
 #: Seconds to wait for the data thread to bind and start.
@@ -154,51 +154,54 @@ def follow(collector: Any, interval: float, timeout: float | None, until_done: b
     return status
 
 
-#: ``--until-done``'s exit status when every rank ended and one or more failed.
+#: ``--until-done``'s exit status when every rank ended and a job's first ending was a crash.
 FAILED_STATUS = 4
-#: ... when every rank ended, none failed, and a signal ended one or more mid-run (``stopped``:
-#: scancel, a preemption, a timeout's kill): not finished, yet no crash to look for.
+#: ... when every rank ended and no job's first ending was a crash, one's a signal's stop mid-run
+#: (``stopped``: scancel, a preemption, a timeout's kill; its peers' collectives may fail after
+#: it): not finished, yet no crash to look for.
 STOPPED_STATUS = 5
 
 
 def end_status(snap: MonitorSnapshot) -> int:
-    """The exit status of ``--until-done`` once every rank is done: 4 where ranks ended failing (an
-    uncaught exception, a non-zero exit), 5 where none failed but a signal stopped ranks
-    (:func:`_stopped_at_end`), 3 where ranks were unheard behind a dead relay at the end
-    (:func:`_say_unheard`), each said on stderr (a script tells them from a clean run without
-    reading the JSON); else 0. A crash wins: torchrun stops a crashed rank's peers with SIGTERM.
-    A rank known to have failed or been stopped says more than one not known to have finished, so
-    4 and 5 win over 3; the unheard ranks are still named on a line of their own (the 5's line
-    alone hid them)."""
+    """The exit status of ``--until-done`` once every rank is done: 4 where a job's first ending
+    (snapshot.first_ending, by the byes' send times) was a crash (an uncaught exception, a
+    non-zero exit), else 5 where one's was a signal's stop (scancel, a preemption, a timeout's
+    kill), 3 where ranks were unheard behind a dead relay at the end (:func:`_say_unheard`), each
+    said on stderr per job, of its own ranks (a script tells them from a clean run without reading
+    the JSON); else 0. The first ending is the cause, the others its consequences, said as such:
+    torchrun stops a crashed rank's peers with SIGTERM (4, "stopped after the failure"), and a
+    node a signal stopped breaks its peers' collectives (5, "failed after the signal"). A rank
+    known to have failed or been stopped says more than one not known to have finished, so 4 and
+    5 win over 3; the unheard ranks are still named on a line of their own (the 5's line alone
+    hid them)."""
     unheard = [(j.job, r) for j in snap.jobs for r in j.ranks if r.cut is not None and r.status not in ENDED]
-    status = _failed_at_end(snap) or _stopped_at_end(snap)
+    ends = {_job_ended(j) for j in snap.jobs}
+    status = FAILED_STATUS if FAILED_STATUS in ends else STOPPED_STATUS if STOPPED_STATUS in ends else 0
     if unheard:
         _say_unheard(unheard)
     return status or (3 if unheard else 0)
 
 
-def _failed_at_end(snap: MonitorSnapshot) -> int:
-    """4 (said) where ranks ended failing, naming how many and the first with its exception; else 0."""
-    failed = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "failed"]
-    if not failed:
+def _job_ended(job: JobSnapshot) -> int:
+    """4 where the job's first ending was a crash, 5 where a signal's stop, each said with its
+    consequences (the job's other failed or stopped ranks, ended after it); else 0."""
+    first = first_ending(job.ranks)
+    if first is None:
         return 0
-    # The first to end: the ranks that die of a peer's crash (its collective broken) end after it;
-    # in rank order, rank 0's "Connection closed by peer" was named for rank 1's own error.
-    job, first = min(failed, key=lambda jr: jr[1].heard_at)
-    _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job}: {first.bye_reason}")
-    return FAILED_STATUS
-
-
-def _stopped_at_end(snap: MonitorSnapshot) -> int:
-    """5 (said) where a signal ended ranks (status ``stopped``), naming how many, the signal and
-    the first rank it ended; else 0."""
-    stopped = [(j.job, r) for j in snap.jobs for r in j.ranks if r.status == "stopped"]
-    if not stopped:
-        return 0
-    job, first = min(stopped, key=lambda jr: jr[1].heard_at)
-    how = ", ".join(sorted({r.bye_reason or "?" for _, r in stopped}))
+    failed = sorted((r for r in job.ranks if r.status == "failed"), key=ending_order)
+    stopped = sorted((r for r in job.ranks if r.status == "stopped"), key=ending_order)
+    how = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))
+    if first.status == "failed":
+        _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job.job}: {first.bye_reason}")
+        if stopped:
+            _say(f"--until-done: {len(stopped)} rank(s) of {job.job} stopped by a signal ({how}) after the failure, "
+                 f"first rank {stopped[0].rank}")
+        return FAILED_STATUS
     _say(f"--until-done: {len(stopped)} rank(s) stopped by a signal ({how}) before they finished, "
-         f"first rank {first.rank} of {job}")
+         f"first rank {first.rank} of {job.job}")
+    if failed:
+        _say(f"--until-done: {len(failed)} rank(s) of {job.job} failed after the signal, first rank "
+             f"{failed[0].rank}: {failed[0].bye_reason}")
     return STOPPED_STATUS
 
 

@@ -56,6 +56,7 @@ from flowtop.monitor.model_tick import ModelTicks as ModelTicks
 from flowtop.monitor.model_tick import _log as _log
 from flowtop.monitor.model_views import ModelViews as ModelViews
 from flowtop.monitor.model_notices import MAX_FAILED_JOBS as MAX_FAILED_JOBS
+from flowtop.monitor.model_notices import SaidEnding
 from flowtop.monitor.model_notices import MAX_REASONS as MAX_REASONS
 from flowtop.monitor.model_notices import OTHER_REASONS as OTHER_REASONS
 from flowtop.monitor.model_notices import REFUSAL_NOTICE_S as REFUSAL_NOTICE_S
@@ -131,7 +132,7 @@ class Model(ModelNotices):
         self._ended_jobs = EndedJobs()  # ended jobs' snapshots, reused while nothing of theirs changes
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
-        self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)
+        self._endings: dict[str, SaidEnding] = {}  # each job's first ending as said (_say_ending)
         self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
         self._flooded_relays: set[str] = set()  # relays whose dropped commands were said
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
@@ -177,7 +178,7 @@ class Model(ModelNotices):
         """Apply one validated message received at monitor time ``now`` (through relay ``via``)."""
         # One unpack of the message: a NamedTuple's field is a descriptor the interpreter does not
         # specialize (~280 instructions a read, callgrind), an unpack is one C pass.
-        kind, key, seq, _, f, cols, frame, said = msg
+        kind, key, seq, sent_at, f, cols, frame, said = msg
         if kind == "relay":  # a relay's own figures: no rank
             self.received += 1
             dropped = self.relays.report(msg, now)
@@ -255,8 +256,8 @@ class Model(ModelNotices):
             self._judged.void(st.key.job)  # histories taken with the rank running
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
-            if st.bye.startswith(wire.BYE_ERROR_PREFIX):
-                self._failed(st, now)
+            st.ended_at = sent_at
+            self._say_ending(st, now)
             st.version += 1  # the last look's view was of a running rank
             st.drops = max(st.drops, int(f.get("drops", 0)))
 

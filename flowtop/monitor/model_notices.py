@@ -1,5 +1,6 @@
 """What the model says to the user of what came in, for flowtop.monitor.model: refused frames, a
-job's first failed rank, a rank or relay flooded with commands, a refused kernel window. No Textual.
+job's first ending (a crash or a signal's stop), a rank or relay flooded with commands, a refused
+kernel window. No Textual.
 
 A base of :class:`flowtop.monitor.model.Model` (above :class:`~flowtop.monitor.model_tick.ModelTicks`),
 not a separate object: the ingest path reaches these methods through ``self`` exactly as when they
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 import collections
 import re
+from dataclasses import dataclass, replace
 
 from flowtop.monitor.model_tick import ModelTicks
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.snapshot import ended_status
 from probe.wire.command_bound import bound_text
 
-#: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
+#: Jobs remembered as having had their first ending said (Model._say_ending), beyond which it forgets them all.
 MAX_FAILED_JOBS = 1024
 #: Seconds after a kernel window was asked of a rank within which its refusal is said (its
 #: count of refusals alone, e.g. a monitor started late, says nothing).
@@ -30,6 +33,23 @@ OTHER_REASONS = "other reasons (past 100 kinds)"
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # a byte's value, its position: not the kind of refusal
 
 
+@dataclass(frozen=True, slots=True)
+class SaidEnding:
+    """A job's first ending as said (Model._say_ending): its bye's send time, whether a crash (else a
+    signal's stop), the rank, its bye; ``followed``: a failure after it was said too."""
+
+    at: float
+    failed: bool
+    rank: int
+    bye: str
+    followed: bool = False
+
+    def first_than(self, other: SaidEnding) -> bool:
+        """Whether this ended before ``other``: by send time, a crash first on a tie (as
+        snapshot.ending_order)."""
+        return (self.at, not self.failed) < (other.at, not other.failed)
+
+
 class ModelNotices(ModelTicks):
     """Refusals counted and said, and the notices of what a rank's frames told (see
     flowtop.monitor.model.Model)."""
@@ -40,7 +60,7 @@ class ModelNotices(ModelTicks):
     _rejects_said: int
     _rejects_said_at: float | None
     _last_reject: str
-    _failed_jobs: set[str]
+    _endings: dict[str, SaidEnding]
     _flooded_jobs: set[str]
     notices: Notices
     _now: float
@@ -79,13 +99,41 @@ class ModelNotices(ModelTicks):
         if self.rejected > self._rejects_said and said_at is not None and self._now - said_at >= REJECT_NOTICE_S:
             self._say_rejects()
 
-    def _failed(self, st: RankState, now: float) -> None:
-        """The first rank of a job to end failing is said, with its exception (the table's status
-        cell has room for "failed" only; the ranks that die of it after — a collective's peers —
-        are not said again: thousands of them would flood the UI)."""
-        job = st.key.job
-        if _first_of(self._failed_jobs, job):
-            self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
+    def _say_ending(self, st: RankState, now: float) -> None:
+        """Say a job's first ending (snapshot.first_ending's order: the byes' send times, a crash
+        on a tie): a crash with its exception, a signal's stop (scancel, a preemption) with its
+        signal. The endings after it are its consequences, not said again (thousands of a
+        collective's peers would flood the UI), but for the first failure after a stop, worded as
+        following it (the peers' "Connection closed by peer" when a node was stopped). A bye
+        received after a later one (queued behind its rank's step frames) that was sent first is
+        said as the cause when it comes."""
+        status = ended_status(st.bye or "")
+        if status == "done":
+            return
+        job, rank, bye = st.key.job, st.key.rank, st.bye
+        this = SaidEnding(st.ended_at if st.ended_at is not None else now, status == "failed", rank, bye or "")
+        said = self._endings.get(job)
+        if said is None:
+            if len(self._endings) >= MAX_FAILED_JOBS:  # bounded: one said long ago may be said again
+                self._endings.clear()
+            self._endings[job] = this
+            if this.failed:
+                self.notices.error(f"rank {rank} of {job} failed: {bye}", now)
+            else:
+                self.notices.warning(f"rank {rank} of {job} was stopped by a signal ({bye}) before it finished", now)
+        elif this.first_than(said):  # the cause, received after its consequence
+            self._endings[job] = replace(this, followed=True)
+            what = "failed" if said.failed else f"was stopped ({said.bye})"
+            if this.failed:
+                self.notices.error(f"rank {rank} of {job} failed: {bye}; it ended first: rank {said.rank} {what} "
+                                   "after it", now)
+            else:
+                self.notices.warning(f"rank {rank} of {job} was stopped by a signal ({bye}) before rank {said.rank} "
+                                     f"{what}: that followed the stop", now)
+        elif this.failed and not said.failed and not said.followed:
+            self._endings[job] = replace(said, followed=True)
+            self.notices.warning(f"rank {rank} of {job} failed after rank {said.rank} was stopped by a signal "
+                                 f"({said.bye}): {bye}", now)
 
     def _flooded(self, st: RankState, dropped: int, now: float) -> None:
         """A rank's probe dropped commands unread (probe.transport.gate): more came from its

@@ -176,7 +176,7 @@ class ModelViews:
         live = [r for r in heard if r.status == "live"] or heard or list(ranks)
         times = [r.step_time_s for r in live if r.step_time_s and r.cut is None]
         if heard and all(r.status in ENDED for r in heard):  # failed: one or more ended of an exception
-            status = job_end_status({r.status for r in heard})
+            status = job_end_status(heard)
         elif any(r.status == "live" for r in ranks):
             status = "running"
         elif any(r.status == "stalled" for r in ranks):

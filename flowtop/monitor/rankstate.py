@@ -154,6 +154,10 @@ class RankState:
     kernels: KernelWindowStats | None = None  # the latest window (flowtop.monitor.rankkernels)
     kernels_cumulative: CumulativeKernels | None = None
     bye: str | None = None
+    #: When the rank said its bye, as its probe stamped the frame (the wire's ``t``, the rank's own
+    #: clock): which of a job's endings came first (snapshot.first_ending). Not the receive time:
+    #: a bye queued behind step frames, or one drain's frames sharing one ``now``, reorder those.
+    ended_at: float | None = None
     #: Monitor time of the rank's last step boundary as its newest hello reported it (receive time
     #: minus its ``step_age_s``), while that hello's ``last_step`` is at least the newest step
     #: record's: a monitor (re)started while the rank hangs in a collective sees none of its steps,

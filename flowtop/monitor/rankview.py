@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 from flowtop.monitor.format import COORD_ROLES
 from flowtop.monitor.rankfilter import RankFilter, hinted_ranks
 from flowtop.monitor.rankorder import LazyRows, node_order
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot, ending_time, first_ending
 
 #: (job, host, pid, rank, incarnation): one rank process. Rows, selection and map cells are
 #: keyed by it, never by a row index, so a selection survives rows moving.
@@ -35,8 +35,9 @@ RowKey = Union[RankKey, NodeKey]
 #: collective broken by the rank that left) it is where the failure started (a new user's trial:
 #: the SIGTERMed node sorted last, below its peers' gloo errors). One stopped after a crash is
 #: its consequence (torchrun stops a crashed rank's peers with SIGTERM): it sorts after the
-#: crashes (:func:`worst_first`, JobContext.first_failure_at), the crash first, as a job with a
-#: failed rank reads ``failed`` (snapshot.job_end_status) and a node row with one too.
+#: crashes (:func:`worst_first`, JobContext.first_failure_at). "Before" and "after" are the byes'
+#: send times with a crash first on a tie (snapshot.ending_order), as the job's status
+#: (snapshot.job_end_status) and a node row's (:func:`node_group`) are its first ending's.
 STATUS_TIER = {"stopped": -1, "failed": 0, "stale": 1, "stalled": 2, "live": 4, "done": 5}
 STOPPED_TIER = STATUS_TIER["stopped"]
 FAILED_TIER = STATUS_TIER["failed"]
@@ -81,8 +82,9 @@ class JobContext:
     #: Rank number -> impact of the job's active straggler hints: stragglers first among the live
     #: (a late forward, the usual DDP straggler, shows no step lag nor a slower step time).
     stragglers: Mapping[int, float] = field(default_factory=dict)
-    #: When the job's first failed rank was last heard (its bye), None without one: a stopped rank
-    #: heard after it was stopped because of the crash, not the cause of it.
+    #: When the job's first failed rank sent its bye (snapshot.ending_order's time), None without
+    #: one: a stopped rank that said bye then or after was stopped because of the crash, not the
+    #: cause of it.
     first_failure_at: float | None = None
 
     def lag(self, r: RankSnapshot) -> int | None:
@@ -112,7 +114,7 @@ def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] |
     ranks = list(ranks)
     running = [r for r in ranks if r.status not in ENDED and r.cut is None] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
-    failures = [r.heard_at for r in ranks if r.status == "failed"]
+    failures = [ending_time(r) for r in ranks if r.status == "failed"]
     return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times),
                       stragglers=stragglers or {}, first_failure_at=min(failures, default=None))
 
@@ -127,7 +129,8 @@ def median_sorted(xs: list[float]) -> float | None:
 
 
 def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
-    """Sort key: stopped (ended by a signal) before any crash, failed, stopped after a crash,
+    """Sort key: stopped (ended by a signal) before any crash, failed, stopped after a crash (their
+    byes' send times, snapshot.ending_time; a tie: the crash first),
     silent, hung, then stragglers (those a straggler hint names, then the most steps behind and
     slowest step), then the lowest MFU; rank number and incarnation break ties so the order is
     deterministic."""
@@ -137,7 +140,7 @@ def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
     def key(r: RankSnapshot) -> tuple:
         tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         step_s = r.step_time_s if r.step_time_s is not None else 0.0
-        if tier == STOPPED_TIER and crash_at is not None and r.heard_at > crash_at:
+        if tier == STOPPED_TIER and crash_at is not None and ending_time(r) >= crash_at:  # a tie: the crash
             return (FAILED_TIER, 1, r.step, 0.0, r.rank, r.incarnation)  # after the crashes it followed
         if tier < LIVE_TIER:  # among the stuck, the one stuck at the lowest step has been stuck longest
             return (tier, 0, r.step, 0.0, r.rank, r.incarnation)
@@ -240,10 +243,9 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     lag: int | None = None
     mfus: list[float] = []
     t_max = w_max = tokens = flops = None
-    conflict = failed = False
+    conflict = False
     for r in ranks:
         conflict = conflict or bool(r.conflict)
-        failed = failed or r.status == "failed"
         t = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         tier = min(tier, t)
         behind = ctx.lag(r)
@@ -267,7 +269,9 @@ def node_group(host: str, ranks: list[RankSnapshot], ctx: JobContext) -> NodeGro
     mfus.sort()
     if step is None:  # every rank unheard: the lowest step last heard (as the job's step)
         step = min(r.step for r in ranks)
-    worst = "failed" if failed else _TIER_STATUS.get(tier, "stale")  # a crash wins, as a job's (job_end_status)
+    # a crash or a signal's stop on the node: its first ending's, as a job's (snapshot.job_end_status)
+    first = first_ending(ranks) if tier <= FAILED_TIER else None
+    worst = first.status if first is not None else _TIER_STATUS.get(tier, "stale")
     return NodeGroup(host, tuple(ranks), worst, mfus[0] if mfus else None,
                      median_sorted(mfus), lag, step, t_max, w_max, tokens, flops, conflict)
 

@@ -259,6 +259,7 @@ class RankViews:
             kernels_cumulative=self._kernel_rows(st),
             history=rs.history(st, shown_only),
             bye_reason=st.bye,
+            ended_at=st.ended_at,
             relay=st.via,
             commands_refused=st.commands_refused,
             commands_dropped=st.commands_dropped,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
 
 from flowtop.monitor.records import Slotted, fast_init
 # Hint, SEVERITIES and RelaySnapshot: here as before, for their readers
@@ -49,11 +49,35 @@ def ended_status(bye: str) -> str:
     return "done"
 
 
-def job_end_status(statuses: set[str]) -> str:
-    """The status of a job whose heard ranks all ended, of their statuses: "failed" where one
-    failed (a crash is the news even where torchrun then stopped the survivors with SIGTERM),
-    else "stopped" where a signal ended one (killed mid-run, not finished), else "done"."""
-    return "failed" if "failed" in statuses else "stopped" if "stopped" in statuses else "done"
+def first_ending(ranks: Iterable[RankSnapshot]) -> RankSnapshot | None:
+    """The rank whose ending is its job's cause: of those that failed or were stopped, the first
+    to say bye by its own send time (RankSnapshot.ended_at, the probe's clock; cross-node skew is
+    milliseconds under NTP, the gap between a cause and its consequence a process's teardown), a
+    crash on a tie; None where none did. The others follow it: torchrun stops a crashed rank's
+    peers with SIGTERM, and a node that scancel or a preemption stopped breaks its peers'
+    collectives ("Connection closed by peer"). Not the receive time (heard_at): one drain's ranks
+    share it, and a bye queued behind step frames arrives after its peer's error. The one place
+    that order is decided: the job's status, --until-done's exit and lines, the hang hint, the
+    notices and the rank table read it."""
+    return min((r for r in ranks if r.status == "failed" or r.status == "stopped"), key=ending_order, default=None)
+
+
+def ending_time(r: RankSnapshot) -> float:
+    """When an ended rank ended: its bye's send time (heard_at where none was kept)."""
+    return r.ended_at if r.ended_at is not None else r.heard_at
+
+
+def ending_order(r: RankSnapshot) -> tuple[float, int, int]:
+    """Sort key of an ended rank by :func:`ending_time`, a crash before a stop at the same
+    instant, then by rank number."""
+    return (ending_time(r), 0 if r.status == "failed" else 1, r.rank)
+
+
+def job_end_status(heard: Iterable[RankSnapshot]) -> str:
+    """The status of a job whose heard ranks all ended: that of its :func:`first_ending`
+    ("failed" or "stopped"), else "done"."""
+    first = first_ending(heard)
+    return "done" if first is None else first.status
 
 
 #: Conventions printed beside every FLOP figure.
@@ -251,6 +275,9 @@ class RankSnapshot(Slotted):
     #: its step records (a monitor started while it hung heard none of them; rankstate.
     #: hello_step_at): the hang rules count its stall from there. None otherwise.
     hello_step_at: float | None = None
+    #: When it said bye, its probe's send time (rankstate.RankState.ended_at); None while running.
+    #: Orders a job's endings (:func:`first_ending`).
+    ended_at: float | None = None
 
     def age_s(self, now: float) -> float:
         """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the

@@ -17,7 +17,7 @@ from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum
                                         median_step_s, rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.stages import feeds_itself
 from flowtop.monitor.hints.rules import Rule
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot, first_ending
 from probe.wire import BYE_ERROR_PREFIX
 
 
@@ -166,15 +166,18 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     variant = "silent" if silent else ("unheard" if unheard else "")
     stopped = [r for r in shown if r.status == "stopped"]
     ev["stopped_ranks"] = [r.rank for r in stopped]
-    if stopped:  # a signal ended them mid-run (scancel, preemption): what NCCL peers hang waiting for
-        text["stopped"] = rank_list(stopped)
-        text["signal"] = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
-        variant = "stopped"
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
-    if failed:  # the crash is the cause: named before any signal or silence
+    first = first_ending(shown)  # the cause, named before any silence; the other endings follow it
+    if first is not None and first.status == "stopped":  # scancel, a preemption: NCCL peers hang on it
+        text["stopped"] = rank_list(stopped)
+        text["signal"] = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
+        # its peers whose collectives broke when it left: a consequence, not the cause
+        text["then"] = f"; {rank_list(failed)} failed after it" if failed else ""
+        variant = "stopped"
+    elif first is not None:  # a crash (torchrun then stops its peers with SIGTERM)
         text["failed"] = rank_list(failed)
-        text["why"] = (failed[0].bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
+        text["why"] = (first.bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
         variant = "failed"
     return {"": Measurement(value=least.stalled_s / least.limit_s, evidence=ev, impact=1.0, step=job.step,
                             text=text, variant=variant,

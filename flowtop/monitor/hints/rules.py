@@ -50,9 +50,11 @@ RULES: tuple[Rule, ...] = (
             "failed": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s since {failed} "
             "failed ({why}); they likely wait for it in a collective",
             # A rank a signal ended mid-run (scancel, a preemption, a node's launcher killed; its
-            # bye named the signal): NCCL peers hang in the collective it left.
+            # bye named the signal): NCCL peers hang in the collective it left, gloo peers fail
+            # ("then": those, after it). Whichever ended first names the variant
+            # (snapshot.first_ending): a crash first is "failed", its peers SIGTERMed after it.
             "stopped": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s since a signal "
-            "({signal}) ended {stopped}; they likely wait for it in a collective",
+            "({signal}) ended {stopped}{then}; they likely wait for it in a collective",
         },
         action="Dump the stacks of all ranks (py-spy dump --pid PID); look for a rank that left a "
         "collective (exception, OOM, uneven batch count); rerun with NCCL_DEBUG=INFO and "

@@ -1,0 +1,193 @@
+"""A job's first ending is its cause: a node scancel'd reads ``stopped``, not its peers' errors.
+
+A new user's trial: two nodes under torchrun (gloo), SIGTERM to one node's processes. Its ranks
+said bye "SIGTERM", then the other node's ranks failed ("RuntimeError: ... Connection closed by
+peer"); the job read ``failed`` and ``--until-done`` exited 4 naming the peer's gloo error as the
+cause. Which ending came first is told by the send time each probe stamped on its bye (the wire's
+``t``), not the receive time: direct ranks in one drain share one ``now``, and a SIGTERM bye queued
+behind its rank's step frames is received after its peer's error. A crash first still reads
+``failed`` (torchrun then stops its peers with SIGTERM), a crash on a tie. Every expectation here
+is derived by hand from the byes' send times below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from flowtop.export.serve import end_status
+from flowtop.monitor.hints import HintEngine
+from flowtop.monitor.model import Model
+from flowtop.monitor.rankview import job_context, node_group, sort_ranks
+from flowtop.monitor.recording import Recorder, replay_all
+from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
+from flowtop.monitor.wiring import make_model
+from probe import wire
+from probe.wire import RankKey
+from test_hints_factories import _stalled, job, small_hang_rules
+from test_hints_rules import find, settle
+
+GLOO = "error: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+CRASH = "error: ValueError: bad batch"
+#: Rank -> host: two nodes of two ranks.
+HOSTS = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+
+#: (job, rank, bye reason, sent at: the probe's clock, received at: the monitor's), in the order
+#: received. scancel of node-a: its byes sent at 10.00-10.01, its peers' errors 0.3 s later
+#: (the process teardown that broke their collective), all received in one drain (10.5) with the
+#: errors first: the tie of receive times the reverted attempt gave to the crash.
+SCANCEL_ONE_DRAIN = [("j", 2, GLOO, 10.30, 10.5), ("j", 3, GLOO, 10.31, 10.5),
+                     ("j", 0, "SIGTERM", 10.00, 10.5), ("j", 1, "SIGTERM", 10.01, 10.5)]
+#: The same, node-a's byes queued behind its step frames: received after the errors.
+SCANCEL_BYES_LATE = [("j", 2, GLOO, 10.30, 10.5), ("j", 3, GLOO, 10.31, 10.5),
+                     ("j", 0, "SIGTERM", 10.00, 10.7), ("j", 1, "SIGTERM", 10.01, 10.7)]
+#: torchrun's ending: rank 2 raised at 10.00, the agent SIGTERMed the others (sent 10.20), whose
+#: byes were received first.
+CRASH_FIRST = [("j", 0, "SIGTERM", 10.20, 10.4), ("j", 1, "SIGTERM", 10.20, 10.4),
+               ("j", 3, "SIGTERM", 10.21, 10.4), ("j", 2, CRASH, 10.00, 10.5)]
+
+
+def _frames(endings: list[tuple[str, int, str, float, float]]) -> list[tuple[float, bytes]]:
+    """(received at, frame) of each rank named in ``endings``: a hello and 5 steps (sent at 1.0-1.5,
+    received at once), then the byes as ``endings`` says."""
+    keys = {(j, r): RankKey(j, HOSTS[r], 100 + r, r, 0) for j, r, *_ in endings}
+    world = {j: sum(1 for jj, _ in keys if jj == j) for j, _ in keys}
+    out: list[tuple[float, bytes]] = []
+    for (j, r), key in keys.items():
+        out.append((1.0, wire.encode("hello", key, 1, 1.0, {"local_rank": r % 2, "world_size": world[j],
+                                                           "device": "cpu (test)", "probe_version": "t"})))
+    for step in range(1, 6):
+        for key in keys.values():
+            t = 1.0 + 0.1 * step
+            out.append((t, wire.encode("step", key, 1 + step, t, {"step": step, "wall_s": 0.1, "tokens": 8,
+                                                                   "drops": 0})))
+    for j, r, reason, sent, received in endings:
+        out.append((received, wire.encode("bye", keys[(j, r)], 7, sent, {"reason": reason, "steps": 5, "drops": 0})))
+    return out
+
+
+def _model(endings: list[tuple[str, int, str, float, float]]) -> Model:
+    model = make_model()
+    for received, frame in _frames(endings):
+        model.ingest(wire.decode(frame), received)
+    return model
+
+
+def _snap(endings: list[tuple[str, int, str, float, float]]) -> MonitorSnapshot:
+    return _model(endings).tick(12.0)
+
+
+def _job(snap: MonitorSnapshot, name: str = "j") -> JobSnapshot:
+    (found,) = [j for j in snap.jobs if j.job == name]
+    return found
+
+
+@pytest.mark.parametrize("endings", [SCANCEL_ONE_DRAIN, SCANCEL_BYES_LATE], ids=["one drain", "byes late"])
+def test_a_scancelled_node_reads_stopped_and_its_peers_failures_follow_it(
+        endings: list[tuple[str, int, str, float, float]], capsys: pytest.CaptureFixture[str]) -> None:
+    snap = _snap(endings)
+    job_ = _job(snap)
+    assert {r.rank: r.status for r in job_.ranks} == {0: "stopped", 1: "stopped", 2: "failed", 3: "failed"}
+    assert (job_.status, job_.status_text) == ("stopped", "stopped (SIGTERM)")
+    assert end_status(snap) == 5
+    assert capsys.readouterr().err == (
+        "flowtop: --until-done: 2 rank(s) stopped by a signal (SIGTERM) before they finished, first rank 0 of j\n"
+        f"flowtop: --until-done: 2 rank(s) of j failed after the signal, first rank 2: {GLOO}\n")
+    # the rank table: the stopped node first, its peers after; the node rows say each node's own
+    ctx = job_context(job_.ranks)
+    assert [r.rank for r in sort_ranks(job_.ranks, ctx)] == [0, 1, 2, 3]
+    nodes = {h: node_group(h, [r for r in job_.ranks if r.host == h], ctx).worst_status for h in ("node-a", "node-b")}
+    assert nodes == {"node-a": "stopped", "node-b": "failed"}
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_crash_first_reads_failed_and_the_stops_after_it_are_said_as_such(
+        tie: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun's crash: failed, exit 4, the SIGTERMed peers said after it; sent at the same
+    instant as the stops (``tie``), the crash still comes first."""
+    endings = [(j, r, why, 10.20 if tie and why == CRASH else sent, got) for j, r, why, sent, got in CRASH_FIRST]
+    snap = _snap(endings)
+    job_ = _job(snap)
+    assert job_.status == "failed"
+    assert end_status(snap) == 4
+    assert capsys.readouterr().err == (
+        f"flowtop: --until-done: 1 rank(s) failed, first rank 2 of j: {CRASH}\n"
+        "flowtop: --until-done: 3 rank(s) of j stopped by a signal (SIGTERM) after the failure, first rank 0\n")
+    assert [r.rank for r in sort_ranks(job_.ranks, job_context(job_.ranks))] == [2, 0, 1, 3]
+
+
+def test_two_jobs_each_say_their_own_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Job "a" scancel'd (its rank 1's error follows the stop), job "b" finished: 5, naming "a"
+    alone (the base counted failures across jobs: 4). With "b" crashing first too: 4, each job's
+    lines of its own ranks."""
+    scancel = [("a", 0, "SIGTERM", 10.0, 10.5), ("a", 1, GLOO, 10.3, 10.5)]
+    snap = _snap([*scancel, ("b", 2, "exit", 9.0, 9.1), ("b", 3, "exit", 9.0, 9.1)])
+    assert (_job(snap, "a").status, _job(snap, "b").status) == ("stopped", "done")
+    assert end_status(snap) == 5
+    assert capsys.readouterr().err == (
+        "flowtop: --until-done: 1 rank(s) stopped by a signal (SIGTERM) before they finished, first rank 0 of a\n"
+        f"flowtop: --until-done: 1 rank(s) of a failed after the signal, first rank 1: {GLOO}\n")
+    # "b": rank 3 crashed at 9.0 (the earliest ending of the snapshot), rank 2 stopped after it
+    snap = _snap([*scancel, ("b", 2, "SIGTERM", 9.2, 9.3), ("b", 3, CRASH, 9.0, 9.3)])
+    assert (_job(snap, "a").status, _job(snap, "b").status) == ("stopped", "failed")
+    assert end_status(snap) == 4
+    assert capsys.readouterr().err == (
+        "flowtop: --until-done: 1 rank(s) stopped by a signal (SIGTERM) before they finished, first rank 0 of a\n"
+        f"flowtop: --until-done: 1 rank(s) of a failed after the signal, first rank 1: {GLOO}\n"
+        f"flowtop: --until-done: 1 rank(s) failed, first rank 3 of b: {CRASH}\n"
+        "flowtop: --until-done: 1 rank(s) of b stopped by a signal (SIGTERM) after the failure, first rank 2\n")
+
+
+def _notices(model: Model) -> list[tuple[str, str]]:
+    return [(n.severity, n.text) for n in model.notices.take() if " of j " in n.text]
+
+
+def test_the_notices_say_the_stop_and_the_failure_that_followed_it() -> None:
+    """Received in order: the stop is said (the base said only a failure), then the first failure
+    as following it; the other endings are not said again."""
+    in_order = sorted(SCANCEL_ONE_DRAIN, key=lambda e: e[3])
+    assert _notices(_model(in_order)) == [
+        ("warning", "rank 0 of j was stopped by a signal (SIGTERM) before it finished"),
+        ("warning", f"rank 2 of j failed after rank 0 was stopped by a signal (SIGTERM): {GLOO}")]
+    # the errors received first: said as they come, then the stop as what they followed
+    assert _notices(_model(SCANCEL_BYES_LATE)) == [
+        ("error", f"rank 2 of j failed: {GLOO}"),
+        ("warning", "rank 0 of j was stopped by a signal (SIGTERM) before rank 2 failed: that followed the stop")]
+    # a crash received after the stops it caused
+    assert _notices(_model(CRASH_FIRST)) == [
+        ("warning", "rank 0 of j was stopped by a signal (SIGTERM) before it finished"),
+        ("error", f"rank 2 of j failed: {CRASH}; it ended first: rank 0 was stopped (SIGTERM) after it")]
+
+
+def test_the_hang_hint_names_the_first_ending() -> None:
+    """Ranks 0-1 hang in a collective. Rank 2 was stopped (bye sent at 100.0), rank 3's collective
+    then broke (100.2): the hint names the signal and the failure after it (the base: "since rank 3
+    failed"). Rank 3 crashed first (99.8): its exception is the why."""
+    def ended(r: int, status: str, why: str, at: float) -> RankSnapshot:
+        return dataclasses.replace(_stalled(r, 5.0, 0.0), status=status, bye_reason=why, ended_at=at)
+
+    running = (_stalled(0, 5.0, 0.0), _stalled(1, 5.5, 0.0))
+    snap = job(*running, ended(2, "stopped", "SIGTERM", 100.0), ended(3, "failed", GLOO, 100.2))
+    hint = find(settle(HintEngine(small_hang_rules()), snap, 0.0), "hang_all")
+    assert hint is not None and hint.evidence["stopped_ranks"] == [2] and hint.evidence["failed_ranks"] == [3]
+    assert hint.summary == ("the 2 running ranks (of 4; the others ended) stopped at step 10: no step for 35 s since "
+                            "a signal (SIGTERM) ended rank 2 (node1); rank 3 (node1) failed after it; they likely "
+                            "wait for it in a collective")
+    # two failures: the why is the first to end's, not the first in rank order
+    snap = job(*running, ended(2, "failed", GLOO, 100.2), ended(3, "failed", CRASH, 99.8))
+    hint = find(settle(HintEngine(small_hang_rules()), snap, 0.0), "hang_all")
+    assert hint is not None and "since ranks 2-3 (node1) failed (ValueError: bad batch);" in hint.summary
+
+
+def test_a_replay_decides_by_the_recorded_byes_send_times(tmp_path: Path) -> None:
+    """The recording holds the frames, their send times with them: the byes received late replay
+    as stopped, as live."""
+    rec = Recorder(tmp_path / "scancel.rec")
+    for received, frame in _frames(SCANCEL_BYES_LATE):
+        rec.write(received, frame)
+    rec.close(now=11.0)
+    job_ = _job(replay_all(tmp_path / "scancel.rec", make_model()))
+    assert (job_.status, job_.status_text) == ("stopped", "stopped (SIGTERM)")
+    assert [r.rank for r in sort_ranks(job_.ranks, job_context(job_.ranks))] == [0, 1, 2, 3]
