@@ -155,6 +155,11 @@ def test_the_notices_say_the_stop_and_the_failure_that_followed_it() -> None:
     assert _notices(_model(SCANCEL_BYES_LATE)) == [
         ("error", f"rank 2 of j failed: {GLOO}"),
         ("warning", "rank 0 of j was stopped by a signal (SIGTERM) before rank 2 failed: that followed the stop")]
+    # one node's stops received out of order (rank 1's first): one event, said once
+    stops_swapped = [SCANCEL_ONE_DRAIN[3], SCANCEL_ONE_DRAIN[2], SCANCEL_ONE_DRAIN[0]]
+    assert _notices(_model(stops_swapped)) == [
+        ("warning", "rank 1 of j was stopped by a signal (SIGTERM) before it finished"),
+        ("warning", f"rank 2 of j failed after rank 0 was stopped by a signal (SIGTERM): {GLOO}")]
     # a crash received after the stops it caused
     assert _notices(_model(CRASH_FIRST)) == [
         ("warning", "rank 0 of j was stopped by a signal (SIGTERM) before it finished"),

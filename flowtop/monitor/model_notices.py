@@ -121,19 +121,25 @@ class ModelNotices(ModelTicks):
                 self.notices.error(f"rank {rank} of {job} failed: {bye}", now)
             else:
                 self.notices.warning(f"rank {rank} of {job} was stopped by a signal ({bye}) before it finished", now)
+        elif this.first_than(said) and not this.failed and not said.failed:  # one signal's stops, out of order
+            self._endings[job] = replace(this, followed=said.followed)  # not said again: the same event
         elif this.first_than(said):  # the cause, received after its consequence
             self._endings[job] = replace(this, followed=True)
-            what = "failed" if said.failed else f"was stopped ({said.bye})"
-            if this.failed:
-                self.notices.error(f"rank {rank} of {job} failed: {bye}; it ended first: rank {said.rank} {what} "
-                                   "after it", now)
-            else:
-                self.notices.warning(f"rank {rank} of {job} was stopped by a signal ({bye}) before rank {said.rank} "
-                                     f"{what}: that followed the stop", now)
+            self._say_late_cause(job, this, said, now)
         elif this.failed and not said.failed and not said.followed:
             self._endings[job] = replace(said, followed=True)
             self.notices.warning(f"rank {rank} of {job} failed after rank {said.rank} was stopped by a signal "
                                  f"({said.bye}): {bye}", now)
+
+    def _say_late_cause(self, job: str, cause: SaidEnding, said: SaidEnding, now: float) -> None:
+        """Say ``cause``, received after the ending ``said`` as the job's first, as what came first."""
+        what = "failed" if said.failed else f"was stopped ({said.bye})"
+        if cause.failed:
+            self.notices.error(f"rank {cause.rank} of {job} failed: {cause.bye}; it ended first: rank {said.rank} "
+                               f"{what} after it", now)
+        else:
+            self.notices.warning(f"rank {cause.rank} of {job} was stopped by a signal ({cause.bye}) before rank "
+                                 f"{said.rank} {what}: that followed the stop", now)
 
     def _flooded(self, st: RankState, dropped: int, now: float) -> None:
         """A rank's probe dropped commands unread (probe.transport.gate): more came from its
