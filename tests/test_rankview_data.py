@@ -310,8 +310,10 @@ def test_the_filter_of_an_ended_job_hint_keeps_every_rank_and_ranges_may_overlap
 
 def test_a_node_s_exported_state_with_an_unheard_rank_says_failed_over_stopped() -> None:
     """flowtop_node_status of a node holding a crashed rank, ranks a signal stopped and one unheard
-    behind a closed relay: "failed", as its node row and its job read (a crash wins); without the
-    crash, "stopped" (before "unheard": the monitor heard that signal itself)."""
+    behind a closed relay: "failed" where the crash ended first (its bye sent at 1.0, the stop's at
+    2.0), as its node row and its job read (the first ending); "stopped" where the stop's bye was
+    sent first (its crash followed it), and without the crash (before "unheard": the monitor heard
+    that signal itself)."""
     from flowtop.export.rank_series import node_state
     from flowtop.monitor.relayviews import RelayCut
 
@@ -323,6 +325,9 @@ def test_a_node_s_exported_state_with_an_unheard_rank_says_failed_over_stopped()
     unheard = dataclasses.replace(members[2], status="stale", cut=RelayCut(host, None))
     ranks = [crashed, stopped, unheard]
     assert node_state(node_group(host, ranks, job_context(ranks)), ranks) == "failed"
+    first = dataclasses.replace(stopped, ended_at=0.5)  # sent before the crash, received after it
+    ranks = [crashed, first, unheard]
+    assert node_state(node_group(host, ranks, job_context(ranks)), ranks) == "stopped"
     ranks = [stopped, unheard]
     assert node_state(node_group(host, ranks, job_context(ranks)), ranks) == "stopped"
 
