@@ -49,28 +49,31 @@ CRASH_FIRST = [("j", 0, "SIGTERM", 10.20, 10.4), ("j", 1, "SIGTERM", 10.20, 10.4
                ("j", 3, "SIGTERM", 10.21, 10.4), ("j", 2, CRASH, 10.00, 10.5)]
 
 
-def _frames(endings: list[tuple[str, int, str, float, float]]) -> list[tuple[float, bytes]]:
+def _frames(endings: list[tuple[str, int, str, float, float]],
+            behind: dict[str, float] | None = None) -> list[tuple[float, bytes]]:
     """(received at, frame) of each rank named in ``endings``: a hello and 5 steps (sent at 1.0-1.5,
-    received at once), then the byes as ``endings`` says."""
+    received at once), then the byes as ``endings`` says; ``behind``: a host's clock that many
+    seconds behind, every frame of its ranks stamped so (the byes' times in ``endings`` are true)."""
+    late = behind or {}
     keys = {(j, r): RankKey(j, HOSTS[r], 100 + r, r, 0) for j, r, *_ in endings}
     world = {j: sum(1 for jj, _ in keys if jj == j) for j, _ in keys}
     out: list[tuple[float, bytes]] = []
     for (j, r), key in keys.items():
-        out.append((1.0, wire.encode("hello", key, 1, 1.0, {"local_rank": r % 2, "world_size": world[j],
+        out.append((1.0, wire.encode("hello", key, 1, 1.0 - late.get(key.host, 0.0), {"local_rank": r % 2, "world_size": world[j],
                                                            "device": "cpu (test)", "probe_version": "t"})))
     for step in range(1, 6):
         for key in keys.values():
             t = 1.0 + 0.1 * step
-            out.append((t, wire.encode("step", key, 1 + step, t, {"step": step, "wall_s": 0.1, "tokens": 8,
+            out.append((t, wire.encode("step", key, 1 + step, t - late.get(key.host, 0.0), {"step": step, "wall_s": 0.1, "tokens": 8,
                                                                    "drops": 0})))
     for j, r, reason, sent, received in endings:
-        out.append((received, wire.encode("bye", keys[(j, r)], 7, sent, {"reason": reason, "steps": 5, "drops": 0})))
+        out.append((received, wire.encode("bye", keys[(j, r)], 7, sent - late.get(keys[(j, r)].host, 0.0), {"reason": reason, "steps": 5, "drops": 0})))
     return out
 
 
-def _model(endings: list[tuple[str, int, str, float, float]]) -> Model:
+def _model(endings: list[tuple[str, int, str, float, float]], behind: dict[str, float] | None = None) -> Model:
     model = make_model()
-    for received, frame in _frames(endings):
+    for received, frame in _frames(endings, behind):
         model.ingest(wire.decode(frame), received)
     return model
 
@@ -196,3 +199,60 @@ def test_a_replay_decides_by_the_recorded_byes_send_times(tmp_path: Path) -> Non
     job_ = _job(replay_all(tmp_path / "scancel.rec", make_model()))
     assert (job_.status, job_.status_text) == ("stopped", "stopped (SIGTERM)")
     assert [r.rank for r in sort_ranks(job_.ranks, job_context(job_.ranks))] == [0, 1, 2, 3]
+
+
+def test_a_nodes_clock_behind_does_not_make_its_stops_the_cause(capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun's crash on node-b (sent 10.00), node-a's ranks SIGTERMed after it (10.20), node-a's
+    clock 0.5 s behind (its byes stamped 9.70): each rank's stamps are put on the monitor's clock
+    by its least transit (its hello: stamped 0.5, received 1.0: 0.5 s), so the crash is first (a
+    reviewer's case: read stopped, exit 5, by the raw stamps)."""
+    crash = [("j", 2, CRASH, 10.00, 10.05), ("j", 3, "SIGTERM", 10.21, 10.4),
+             ("j", 0, "SIGTERM", 10.20, 10.4), ("j", 1, "SIGTERM", 10.20, 10.4)]
+    snap = _model(crash, behind={"node-a": 0.5}).tick(12.0)
+    assert _job(snap).status == "failed" and end_status(snap) == 4
+    assert capsys.readouterr().err.startswith(f"flowtop: --until-done: 1 rank(s) failed, first rank 2 of j: {CRASH}\n")
+
+
+def test_one_cascade_received_in_any_order_is_said_once_or_twice() -> None:
+    """64 ranks: rank 0 crashes (sent 10.00), its 63 peers' collectives fail after it (10.01 +
+    rank / 1000), every bye received in one drain in reverse send order: one notice (each earlier
+    failure received later was said again as "it ended first": a reviewer counted 4,096 at 4,096
+    ranks). A scancel of ranks 0-3 (sent 10.00 + rank / 1000) and 60 failures after (10.30 +),
+    the failures received first: the first failure, then its cause once (2 notices, where each
+    stop received later was said as a cause again)."""
+    hosts = dict(HOSTS)
+    HOSTS.update({r: "node-c" for r in range(4, 64)})
+    try:
+        cascade = [("j", r, CRASH if r == 0 else GLOO, 10.0 + r / 1000, 10.5) for r in reversed(range(64))]
+        said = _notices(_model(cascade))
+        assert said == [("error", f"rank 63 of j failed: {GLOO}")]
+        stops = [("j", r, "SIGTERM", 10.0 + r / 1000, 10.6) for r in reversed(range(4))]
+        fails = [("j", r, GLOO, 10.3 + r / 1000, 10.5) for r in reversed(range(4, 64))]
+        said = _notices(_model(fails + stops))
+        assert [sev for sev, _ in said] == ["error", "warning"]
+        # the failure said first (63) was replaced, silently, by the earliest one received after it (4)
+        assert said[1][1] == ("rank 3 of j was stopped by a signal (SIGTERM) before rank 4 failed: that followed "
+                              "the stop")
+    finally:
+        HOSTS.clear()
+        HOSTS.update(hosts)
+
+
+def test_a_new_run_of_a_job_says_its_own_ending() -> None:
+    """Run 1 of job j is Ctrl-C'd (rank 0, sent 10.0); a new process of j (torchrun's restart, or
+    a new run reusing MASTER_ADDR:PORT as its id) starts at 20.0 and crashes at 30.0: said as a
+    crash of its own (a reviewer's case: "failed after rank 0 was stopped" as a warning), while a
+    late bye of run 1 (sent before the new run began) is not said again."""
+    model = make_model()
+    old, new = RankKey("j", "node-a", 100, 0, 0), RankKey("j", "node-a", 200, 1, 1)
+    hello = {"local_rank": 0, "world_size": 2, "device": "cpu (test)", "probe_version": "t"}
+    late = RankKey("j", "node-b", 101, 1, 0)  # run 1's other rank: its bye queued for 22 s
+    model.ingest(wire.decode(wire.encode("hello", old, 1, 1.0, hello)), 1.0)
+    model.ingest(wire.decode(wire.encode("hello", late, 1, 1.0, hello)), 1.0)
+    model.ingest(wire.decode(wire.encode("bye", old, 2, 10.0, {"reason": "interrupted", "steps": 0, "drops": 0})), 10.0)
+    model.ingest(wire.decode(wire.encode("hello", new, 1, 20.0, hello)), 20.0)
+    model.ingest(wire.decode(wire.encode("bye", new, 2, 30.0, {"reason": CRASH, "steps": 0, "drops": 0})), 30.0)
+    model.ingest(wire.decode(wire.encode("bye", late, 2, 9.0, {"reason": "SIGTERM", "steps": 0, "drops": 0})), 31.0)
+    assert _notices(model) == [("warning", "rank 0 of j was stopped by a signal (interrupted) before it finished"),
+                               ("error", f"rank 1 of j failed: {CRASH}")]
+

@@ -133,6 +133,7 @@ class Model(ModelNotices):
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
         self._endings: dict[str, SaidEnding] = {}  # each job's first ending as said (_say_ending)
+        self._endings_reset: dict[str, float] = {}  # when a new run of a job whose ending was said began
         self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
         self._flooded_relays: set[str] = set()  # relays whose dropped commands were said
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
@@ -208,6 +209,8 @@ class Model(ModelNotices):
             st = self.ranks[key] = RankState(key=key, first_seen=now, last_recv=now)
             self._keys_version += 1
             self._job_sizes[key.job] += 1
+            if key.job in self._endings:  # a new process after the job's ending was said: a new run
+                self._new_run(key.job, now)
             if self.hello_asks is not None:  # one that ran before: maybe a rank this monitor forgot
                 self.hello_asks.first_heard(msg, now)
         st.last_recv = now
@@ -224,6 +227,8 @@ class Model(ModelNotices):
             return
         if kind in ("bye", "flops"):
             f = clean(f)  # remote text is shown in terminals: no control sequences
+        if kind != "flops" and kind != "kernels" and now - sent_at < st.clock_lead:  # hello, telemetry, bye
+            st.clock_lead = now - sent_at
         if kind == "hello":
             # Its step and that step's age change at every hello: kept apart (rankstate.heard_step).
             rs.heard_step(st, said, now)
@@ -256,7 +261,7 @@ class Model(ModelNotices):
             self._judged.void(st.key.job)  # histories taken with the rank running
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
-            st.ended_at = sent_at
+            st.ended_at = sent_at + st.clock_lead  # on the monitor's clock (at most now: lead <= now - sent_at)
             self._say_ending(st, now)
             st.version += 1  # the last look's view was of a running rank
             st.drops = max(st.drops, int(f.get("drops", 0)))

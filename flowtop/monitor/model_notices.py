@@ -10,6 +10,7 @@ were written in one class (no extra call layer). Its state is set by ``Model.__i
 from __future__ import annotations
 
 import collections
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -36,13 +37,15 @@ _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # a byte's value, its position: no
 @dataclass(frozen=True, slots=True)
 class SaidEnding:
     """A job's first ending as said (Model._say_ending): its bye's send time, whether a crash (else a
-    signal's stop), the rank, its bye; ``followed``: a failure after it was said too."""
+    signal's stop), the rank, its bye; ``followed``: a failure after it was said too; ``late``: a
+    cause received after it was said (once a job: thousands of byes arrive in any order)."""
 
     at: float
     failed: bool
     rank: int
     bye: str
     followed: bool = False
+    late: bool = False
 
     def first_than(self, other: SaidEnding) -> bool:
         """Whether this ended before ``other``: by send time, a crash first on a tie (as
@@ -61,6 +64,7 @@ class ModelNotices(ModelTicks):
     _rejects_said_at: float | None
     _last_reject: str
     _endings: dict[str, SaidEnding]
+    _endings_reset: dict[str, float]
     _flooded_jobs: set[str]
     notices: Notices
     _now: float
@@ -112,6 +116,8 @@ class ModelNotices(ModelTicks):
             return
         job, rank, bye = st.key.job, st.key.rank, st.bye
         this = SaidEnding(st.ended_at if st.ended_at is not None else now, status == "failed", rank, bye or "")
+        if this.at < self._endings_reset.get(job, -math.inf):  # a run before the job's restart: said then
+            return
         said = self._endings.get(job)
         if said is None:
             if len(self._endings) >= MAX_FAILED_JOBS:  # bounded: one said long ago may be said again
@@ -121,15 +127,23 @@ class ModelNotices(ModelTicks):
                 self.notices.error(f"rank {rank} of {job} failed: {bye}", now)
             else:
                 self.notices.warning(f"rank {rank} of {job} was stopped by a signal ({bye}) before it finished", now)
-        elif this.first_than(said) and not this.failed and not said.failed:  # one signal's stops, out of order
-            self._endings[job] = replace(this, followed=said.followed)  # not said again: the same event
+        elif this.first_than(said) and (this.failed == said.failed or said.late):
+            # one signal's stops, or a collective's failures, out of order; or a cause said already
+            self._endings[job] = replace(this, followed=said.followed, late=said.late)  # not said again
         elif this.first_than(said):  # the cause, received after its consequence
-            self._endings[job] = replace(this, followed=True)
+            self._endings[job] = replace(this, followed=True, late=True)
             self._say_late_cause(job, this, said, now)
         elif this.failed and not said.failed and not said.followed:
             self._endings[job] = replace(said, followed=True)
             self.notices.warning(f"rank {rank} of {job} failed after rank {said.rank} was stopped by a signal "
                                  f"({said.bye}): {bye}", now)
+
+    def _new_run(self, job: str, now: float) -> None:
+        """A new process of ``job`` after its ending was said (torchrun restarted the group, or a
+        new run reuses the job id, MASTER_ADDR:PORT): its endings are a new event; the old run's
+        byes still arriving (sent before now) are not."""
+        if self._endings.pop(job, None) is not None:
+            self._endings_reset[job] = now
 
     def _say_late_cause(self, job: str, cause: SaidEnding, said: SaidEnding, now: float) -> None:
         """Say ``cause``, received after the ending ``said`` as the job's first, as what came first."""

@@ -154,10 +154,15 @@ class RankState:
     kernels: KernelWindowStats | None = None  # the latest window (flowtop.monitor.rankkernels)
     kernels_cumulative: CumulativeKernels | None = None
     bye: str | None = None
-    #: When the rank said its bye, as its probe stamped the frame (the wire's ``t``, the rank's own
-    #: clock): which of a job's endings came first (snapshot.first_ending). Not the receive time:
-    #: a bye queued behind step frames, or one drain's frames sharing one ``now``, reorder those.
+    #: When the rank said its bye, as its probe stamped the frame (the wire's ``t``) put on the
+    #: monitor's clock by :attr:`clock_lead`: which of a job's endings came first
+    #: (snapshot.first_ending). Not the receive time: a bye queued behind step frames, or one
+    #: drain's frames sharing one ``now``, reorder those.
     ended_at: float | None = None
+    #: The least (receive time - the frame's ``t``) over its hellos, telemetry and bye: the rank's
+    #: clock to the monitor's (its host's clock skew plus the shortest transit). A node whose
+    #: clock is 2 s behind would otherwise have its endings taken as 2 s earlier than its peers'.
+    clock_lead: float = math.inf
     #: Monitor time of the rank's last step boundary as its newest hello reported it (receive time
     #: minus its ``step_age_s``), while that hello's ``last_step`` is at least the newest step
     #: record's: a monitor (re)started while the rank hangs in a collective sees none of its steps,

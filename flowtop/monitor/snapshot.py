@@ -51,8 +51,9 @@ def ended_status(bye: str) -> str:
 
 def first_ending(ranks: Iterable[RankSnapshot]) -> RankSnapshot | None:
     """The rank whose ending is its job's cause: of those that failed or were stopped, the first
-    to say bye by its own send time (RankSnapshot.ended_at, the probe's clock; cross-node skew is
-    milliseconds under NTP, the gap between a cause and its consequence a process's teardown), a
+    to say bye by its own send time (RankSnapshot.ended_at: the probe's stamp put on the monitor's
+    clock by the rank's least transit, so a node's clock skew cancels; the gap between a cause and
+    its consequence is a process's teardown), a
     crash on a tie; None where none did. The others follow it: torchrun stops a crashed rank's
     peers with SIGTERM, and a node that scancel or a preemption stopped breaks its peers'
     collectives ("Connection closed by peer"). Not the receive time (heard_at): one drain's ranks
@@ -275,7 +276,8 @@ class RankSnapshot(Slotted):
     #: its step records (a monitor started while it hung heard none of them; rankstate.
     #: hello_step_at): the hang rules count its stall from there. None otherwise.
     hello_step_at: float | None = None
-    #: When it said bye, its probe's send time (rankstate.RankState.ended_at); None while running.
+    #: When it said bye: its probe's send time on the monitor's clock (rankstate.RankState.ended_at);
+    #: None while running.
     #: Orders a job's endings (:func:`first_ending`).
     ended_at: float | None = None
 

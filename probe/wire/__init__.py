@@ -11,8 +11,8 @@ Every frame is a msgpack map with an envelope and kind-specific fields::
 * ``v`` — schema version. A different MAJOR is rejected; a newer MINOR is
   accepted (new optional fields are ignored by older monitors).
 * ``seq`` — per-rank sequence number, so the monitor can count lost messages.
-* ``t`` — the sender's wall clock (informational only: liveness uses the
-  monitor's receive time).
+* ``t`` — the sender's wall clock when it queued the frame. Liveness uses the monitor's receive
+  time; a bye's ``t`` (on the monitor's clock by the rank's least transit) orders a job's endings.
 
 Decoding validates types and ranges and raises :class:`WireError` with a reason.
 Unknown optional fields are ignored; unknown kinds are rejected. Each kind's fields and their
