@@ -56,7 +56,6 @@ from flowtop.monitor.model_tick import ModelTicks as ModelTicks
 from flowtop.monitor.model_tick import _log as _log
 from flowtop.monitor.model_views import ModelViews as ModelViews
 from flowtop.monitor.model_notices import MAX_FAILED_JOBS as MAX_FAILED_JOBS
-from flowtop.monitor.model_notices import SaidEnding
 from flowtop.monitor.model_notices import MAX_REASONS as MAX_REASONS
 from flowtop.monitor.model_notices import OTHER_REASONS as OTHER_REASONS
 from flowtop.monitor.model_notices import REFUSAL_NOTICE_S as REFUSAL_NOTICE_S
@@ -132,8 +131,7 @@ class Model(ModelNotices):
         self._ended_jobs = EndedJobs()  # ended jobs' snapshots, reused while nothing of theirs changes
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
-        self._endings: dict[str, SaidEnding] = {}  # each job's first ending as said (_say_ending)
-        self._endings_reset: dict[str, float] = {}  # when a new run of a job whose ending was said began
+        self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)
         self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
         self._flooded_relays: set[str] = set()  # relays whose dropped commands were said
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices
@@ -209,8 +207,6 @@ class Model(ModelNotices):
             st = self.ranks[key] = RankState(key=key, first_seen=now, last_recv=now)
             self._keys_version += 1
             self._job_sizes[key.job] += 1
-            if key.job in self._endings:  # a new process after the job's ending was said: a new run
-                self._new_run(key.job, now)
             if self.hello_asks is not None:  # one that ran before: maybe a rank this monitor forgot
                 self.hello_asks.first_heard(msg, now)
         st.last_recv = now
@@ -222,13 +218,13 @@ class Model(ModelNotices):
             st.lost += seq - last_seq - 1
         if seq > last_seq:
             st.last_seq = seq
+        if now - sent_at < st.clock_lead:  # the rank's clock to the monitor's: its least transit (RankState)
+            st.clock_lead = now - sent_at
         if cols is not None and kind != "hello":  # as the kinds' order below had it
             self._on_steps(st, cols, now)
             return
         if kind in ("bye", "flops"):
             f = clean(f)  # remote text is shown in terminals: no control sequences
-        if kind != "flops" and kind != "kernels" and now - sent_at < st.clock_lead:  # hello, telemetry, bye
-            st.clock_lead = now - sent_at
         if kind == "hello":
             # Its step and that step's age change at every hello: kept apart (rankstate.heard_step).
             rs.heard_step(st, said, now)
@@ -262,7 +258,8 @@ class Model(ModelNotices):
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
             st.ended_at = sent_at + st.clock_lead  # on the monitor's clock (at most now: lead <= now - sent_at)
-            self._say_ending(st, now)
+            if st.bye.startswith(wire.BYE_ERROR_PREFIX):
+                self._failed(st, now)
             st.version += 1  # the last look's view was of a running rank
             st.drops = max(st.drops, int(f.get("drops", 0)))
 

@@ -1,6 +1,5 @@
 """What the model says to the user of what came in, for flowtop.monitor.model: refused frames, a
-job's first ending (a crash or a signal's stop), a rank or relay flooded with commands, a refused
-kernel window. No Textual.
+job's first failed rank, a rank or relay flooded with commands, a refused kernel window. No Textual.
 
 A base of :class:`flowtop.monitor.model.Model` (above :class:`~flowtop.monitor.model_tick.ModelTicks`),
 not a separate object: the ingest path reaches these methods through ``self`` exactly as when they
@@ -10,17 +9,14 @@ were written in one class (no extra call layer). Its state is set by ``Model.__i
 from __future__ import annotations
 
 import collections
-import math
 import re
-from dataclasses import dataclass, replace
 
 from flowtop.monitor.model_tick import ModelTicks
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import RankState
-from flowtop.monitor.snapshot import ended_status
 from probe.wire.command_bound import bound_text
 
-#: Jobs remembered as having had their first ending said (Model._say_ending), beyond which it forgets them all.
+#: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
 MAX_FAILED_JOBS = 1024
 #: Seconds after a kernel window was asked of a rank within which its refusal is said (its
 #: count of refusals alone, e.g. a monitor started late, says nothing).
@@ -34,25 +30,6 @@ OTHER_REASONS = "other reasons (past 100 kinds)"
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # a byte's value, its position: not the kind of refusal
 
 
-@dataclass(frozen=True, slots=True)
-class SaidEnding:
-    """A job's first ending as said (Model._say_ending): its bye's send time, whether a crash (else a
-    signal's stop), the rank, its bye; ``followed``: a failure after it was said too; ``late``: a
-    cause received after it was said (once a job: thousands of byes arrive in any order)."""
-
-    at: float
-    failed: bool
-    rank: int
-    bye: str
-    followed: bool = False
-    late: bool = False
-
-    def first_than(self, other: SaidEnding) -> bool:
-        """Whether this ended before ``other``: by send time, a crash first on a tie (as
-        snapshot.ending_order)."""
-        return (self.at, not self.failed) < (other.at, not other.failed)
-
-
 class ModelNotices(ModelTicks):
     """Refusals counted and said, and the notices of what a rank's frames told (see
     flowtop.monitor.model.Model)."""
@@ -63,8 +40,7 @@ class ModelNotices(ModelTicks):
     _rejects_said: int
     _rejects_said_at: float | None
     _last_reject: str
-    _endings: dict[str, SaidEnding]
-    _endings_reset: dict[str, float]
+    _failed_jobs: set[str]
     _flooded_jobs: set[str]
     notices: Notices
     _now: float
@@ -103,57 +79,13 @@ class ModelNotices(ModelTicks):
         if self.rejected > self._rejects_said and said_at is not None and self._now - said_at >= REJECT_NOTICE_S:
             self._say_rejects()
 
-    def _say_ending(self, st: RankState, now: float) -> None:
-        """Say a job's first ending (snapshot.first_ending's order: the byes' send times, a crash
-        on a tie): a crash with its exception, a signal's stop (scancel, a preemption) with its
-        signal. The endings after it are its consequences, not said again (thousands of a
-        collective's peers would flood the UI), but for the first failure after a stop, worded as
-        following it (the peers' "Connection closed by peer" when a node was stopped). A bye
-        received after a later one (queued behind its rank's step frames) that was sent first is
-        said as the cause when it comes."""
-        status = ended_status(st.bye or "")
-        if status == "done":
-            return
-        job, rank, bye = st.key.job, st.key.rank, st.bye
-        this = SaidEnding(st.ended_at if st.ended_at is not None else now, status == "failed", rank, bye or "")
-        if this.at < self._endings_reset.get(job, -math.inf):  # a run before the job's restart: said then
-            return
-        said = self._endings.get(job)
-        if said is None:
-            if len(self._endings) >= MAX_FAILED_JOBS:  # bounded: one said long ago may be said again
-                self._endings.clear()
-            self._endings[job] = this
-            if this.failed:
-                self.notices.error(f"rank {rank} of {job} failed: {bye}", now)
-            else:
-                self.notices.warning(f"rank {rank} of {job} was stopped by a signal ({bye}) before it finished", now)
-        elif this.first_than(said) and (this.failed == said.failed or said.late):
-            # one signal's stops, or a collective's failures, out of order; or a cause said already
-            self._endings[job] = replace(this, followed=said.followed, late=said.late)  # not said again
-        elif this.first_than(said):  # the cause, received after its consequence
-            self._endings[job] = replace(this, followed=True, late=True)
-            self._say_late_cause(job, this, said, now)
-        elif this.failed and not said.failed and not said.followed:
-            self._endings[job] = replace(said, followed=True)
-            self.notices.warning(f"rank {rank} of {job} failed after rank {said.rank} was stopped by a signal "
-                                 f"({said.bye}): {bye}", now)
-
-    def _new_run(self, job: str, now: float) -> None:
-        """A new process of ``job`` after its ending was said (torchrun restarted the group, or a
-        new run reuses the job id, MASTER_ADDR:PORT): its endings are a new event; the old run's
-        byes still arriving (sent before now) are not."""
-        if self._endings.pop(job, None) is not None:
-            self._endings_reset[job] = now
-
-    def _say_late_cause(self, job: str, cause: SaidEnding, said: SaidEnding, now: float) -> None:
-        """Say ``cause``, received after the ending ``said`` as the job's first, as what came first."""
-        what = "failed" if said.failed else f"was stopped ({said.bye})"
-        if cause.failed:
-            self.notices.error(f"rank {cause.rank} of {job} failed: {cause.bye}; it ended first: rank {said.rank} "
-                               f"{what} after it", now)
-        else:
-            self.notices.warning(f"rank {cause.rank} of {job} was stopped by a signal ({cause.bye}) before rank "
-                                 f"{said.rank} {what}: that followed the stop", now)
+    def _failed(self, st: RankState, now: float) -> None:
+        """The first rank of a job to end failing is said, with its exception (the table's status
+        cell has room for "failed" only; the ranks that die of it after — a collective's peers —
+        are not said again: thousands of them would flood the UI)."""
+        job = st.key.job
+        if _first_of(self._failed_jobs, job):
+            self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
 
     def _flooded(self, st: RankState, dropped: int, now: float) -> None:
         """A rank's probe dropped commands unread (probe.transport.gate): more came from its

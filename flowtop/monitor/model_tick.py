@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import newest_per, superseded
@@ -40,9 +40,6 @@ def _with_hints(snap: JobSnapshot, hints: tuple[Hint, ...]) -> JobSnapshot:
     return snap if hints == snap.hints else replace(snap, hints=hints)
 
 
-if TYPE_CHECKING:
-    from flowtop.monitor.model_notices import SaidEnding
-
 class HintEvaluator(Protocol):
     """What the model asks of its hint engine (flowtop.monitor.hints.HintEngine; tests pass their
     own). An engine may also have ``report`` (set to the model's notices) and ``forget(job)``."""
@@ -63,8 +60,6 @@ class ModelTicks(ModelViews):
     _hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]]
     _judged: Prepared[JobSnapshot]
     _looks: dict[str, TokenBucket]
-    _endings: dict[str, SaidEnding]  # ModelNotices' (forgotten with their job)
-    _endings_reset: dict[str, float]
     evicted_jobs: int
     _heard_since: float
     notices: Notices
@@ -297,8 +292,6 @@ class ModelTicks(ModelViews):
             self._hints.pop(job, None)
             self._hot_of.pop(job, None)
             self._ended_jobs.forget(job)
-            self._endings.pop(job, None)
-            self._endings_reset.pop(job, None)
             self._claims.forget_job(job)
             forget = getattr(self._hint_engine, "forget", None)
             if forget is not None:

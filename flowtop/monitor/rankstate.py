@@ -159,9 +159,10 @@ class RankState:
     #: (snapshot.first_ending). Not the receive time: a bye queued behind step frames, or one
     #: drain's frames sharing one ``now``, reorder those.
     ended_at: float | None = None
-    #: The least (receive time - the frame's ``t``) over its hellos, telemetry and bye: the rank's
-    #: clock to the monitor's (its host's clock skew plus the shortest transit). A node whose
-    #: clock is 2 s behind would otherwise have its endings taken as 2 s earlier than its peers'.
+    #: The least (receive time - the frame's ``t``) over its frames: the rank's clock to the
+    #: monitor's (its host's clock skew plus the shortest transit; step frames sampled too, so a
+    #: crash early in a run, its few hellos received late in a start's burst, is not put late). A
+    #: node whose clock is 2 s behind would otherwise have its endings taken as 2 s earlier.
     clock_lead: float = math.inf
     #: Monitor time of the rank's last step boundary as its newest hello reported it (receive time
     #: minus its ``step_age_s``), while that hello's ``last_step`` is at least the newest step
