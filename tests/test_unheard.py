@@ -614,6 +614,18 @@ def test_until_done_names_the_unheard_ranks_beside_a_stop_or_a_crash_which_wins(
         "whether they finished is not known\n")
 
 
+def _ended_with_rank_3_unheard(keys: list[RankKey]) -> MonitorSnapshot:
+    """``keys`` train, node-b's relay dies (rank 3 and any other process of it unheard), ranks 0-2
+    say bye: the snapshot just after."""
+    j = _Job(keys=keys)
+    j.run(3.0)
+    j.relayed = False
+    j.run(SILENT_AFTER_S + 2.0)
+    for k in KEYS[:3]:
+        j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
+    return j.model.tick(j.now + 0.5)
+
+
 def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 3's relay dies, ranks 0-2 say bye: the job is done (all_done: --until-done returns),
     but rank 3 is not known to have finished, so not a clean end (a new user's trial: exit 0,
@@ -622,13 +634,7 @@ def test_until_done_with_a_rank_unheard_at_the_end_exits_3_and_says_so(capsys: p
     from flowtop.export.serve import end_status
     from flowtop.monitor.snapshot import all_done
 
-    j = _Job()
-    j.run(3.0)
-    j.relayed = False
-    j.run(SILENT_AFTER_S + 2.0)
-    for k in KEYS[:3]:
-        j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
-    snap = j.model.tick(j.now + 0.5)
+    snap = _ended_with_rank_3_unheard(KEYS)
     assert all_done(snap) and _job(snap).ranks[3].cut is not None
     assert end_status(snap) == 3
     assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j (rank 3) unheard behind relay(s) on "
@@ -647,14 +653,7 @@ def test_until_done_counts_an_unheard_rank_number_once_where_two_processes_claim
     with their relay: the line names one rank, rank 3, not "2 rank(s) (ranks 3)"."""
     from flowtop.export.serve import end_status
 
-    twin = RankKey("j", "node-b", 200, 3, 0)
-    j = _Job(keys=[*KEYS, twin])
-    j.run(3.0)
-    j.relayed = False
-    j.run(SILENT_AFTER_S + 2.0)
-    for k in KEYS[:3]:
-        j.send(k, "bye", {"reason": "exit", "steps": j.steps[k], "drops": 0})
-    snap = j.model.tick(j.now + 0.5)
+    snap = _ended_with_rank_3_unheard([*KEYS, RankKey("j", "node-b", 200, 3, 0)])
     assert [r.rank for r in _job(snap).ranks if r.cut is not None] == [3, 3]
     assert end_status(snap) == 3
     assert capsys.readouterr().err == ("flowtop: --until-done: 1 rank(s) of j (rank 3) unheard behind relay(s) on "
