@@ -53,13 +53,13 @@ def first_ending(ranks: Iterable[RankSnapshot]) -> RankSnapshot | None:
     """The rank whose ending is its job's cause: of those that failed or were stopped, the first
     to say bye by its own send time (RankSnapshot.ended_at: the probe's stamp put on the monitor's
     clock by the rank's least transit, so a node's clock skew cancels; the gap between a cause and
-    its consequence is a process's teardown), a
-    crash on a tie; None where none did. The others follow it: torchrun stops a crashed rank's
-    peers with SIGTERM, and a node that scancel or a preemption stopped breaks its peers'
-    collectives ("Connection closed by peer"). Not the receive time (heard_at): one drain's ranks
-    share it, and a bye queued behind step frames arrives after its peer's error. The one place
-    that order is decided: the job's status, --until-done's exit and lines, the hang hint, the
-    notices and the rank table read it."""
+    its consequence is a process's teardown), a crash on a tie; None where none did. The others
+    follow it: torchrun stops a crashed rank's peers with SIGTERM, and a node that scancel or a
+    preemption stopped breaks its peers' collectives ("Connection closed by peer"). Not the
+    receive time (heard_at): one drain's ranks share it, and a bye queued behind step frames
+    arrives after its peer's error. The one place that order is decided: the job's status,
+    --until-done's exit and lines, the hang hint, the rank table and node rows read it (the TUI's
+    notice says the first failure received)."""
     return min((r for r in ranks if r.status == "failed" or r.status == "stopped"), key=ending_order, default=None)
 
 
