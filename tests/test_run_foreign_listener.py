@@ -148,7 +148,8 @@ def test_the_check_tells_each_peer_apart(http_server: str) -> None:
         other = watch_peer(f"tcp://127.0.0.1:{rport}", None, stop)
     finally:
         router.close(0)
-    assert other.connected and other.handshake in ("none", "protocol") and peer_note("x", other, False)
+    # as below: by timing libzmq reports the ROUTER's refusal as the connection closed (CI saw it)
+    assert other.connected and other.handshake in ("none", "protocol", "closed") and peer_note("x", other, False)
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     rport = router.bind_to_random_port("tcp://127.0.0.1")

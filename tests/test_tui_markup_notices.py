@@ -46,7 +46,9 @@ async def test_a_bye_whose_exception_looks_like_markup_is_a_plain_notification()
             assert app.is_running and app.return_code is None
             (toast,) = app.screen.query(Toast)
             assert str(toast.render()) == said
-            assert app.latest is not None and app.latest.jobs[0].ranks[0].status == "failed"
+            # the notice comes with the frame, the status with the next tick's snapshot (2 Hz)
+            assert await pilot_until(pilot, lambda: app.latest is not None
+                                     and app.latest.jobs[0].ranks[0].status == "failed")
             await pilot.press("q")
     finally:
         pub.close()
