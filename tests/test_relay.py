@@ -512,6 +512,8 @@ def test_a_relay_on_a_busy_address_says_only_that() -> None:
                              timeout=30)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [l for l in out.stderr.splitlines() if "cannot bind" in l] != [], out.stderr
+    # the address once: pyzmq's text repeats it ("... (addr='tcp://...')"; a new user's trial)
+    assert out.stderr.count(f"127.0.0.1:{port}") == 1 and "Address already in use" in out.stderr, out.stderr
 
 
 def test_relay_report_is_a_wire_message() -> None:

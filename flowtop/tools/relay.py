@@ -191,7 +191,9 @@ class Relay:
             try:
                 down.bind(self.cfg.listen)
             except zmq.ZMQError as exc:
-                raise RelayError(f"cannot bind {self.cfg.listen}: {exc} (is another relay there?)") from None
+                # zmq.strerror: str(exc) repeats the address the text names first (as the collector's)
+                why = zmq.strerror(exc.errno) if exc.errno else str(exc)
+                raise RelayError(f"cannot bind {self.cfg.listen}: {why} (is another relay there?)") from None
             bound = True
             up = ctx.socket(zmq.XPUB)
             socks.append(up)
