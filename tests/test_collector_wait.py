@@ -70,6 +70,19 @@ async def _waits(command: bool, trials: int = 10) -> list[float]:
     return waited
 
 
+
+async def _three_waits(p: _Pair, timeout: float) -> list[float]:
+    """Three waits of the owner's, each woken by a frame its PUB sends 10 ms in: their seconds."""
+    loop = asyncio.get_running_loop()
+    waited = []
+    for _ in range(3):
+        loop.call_later(0.01, p.pub.send, b"frame")
+        t0 = time.perf_counter()
+        await p.owner._wait_frames(p.sync, timeout)
+        waited.append(time.perf_counter() - t0)
+        assert p.sync.recv(zmq.NOBLOCK) == b"frame"
+    return waited
+
 def test_a_frame_ends_the_wait_at_once() -> None:
     assert max(asyncio.run(_waits(command=False))) < 0.25  # of a 0.5 s wait: not its timeout
 
@@ -87,13 +100,7 @@ def test_the_descriptor_is_registered_once_and_unregistered_at_close() -> None:
         async with _pair("once") as p:
             loop = asyncio.get_running_loop()
             fd = p.sync.get(zmq.FD)
-            waited = []
-            for _ in range(3):
-                loop.call_later(0.01, p.pub.send, b"frame")
-                t0 = time.perf_counter()
-                await p.owner._wait_frames(p.sync, 0.5)
-                waited.append(time.perf_counter() - t0)
-                assert p.sync.recv(zmq.NOBLOCK) == b"frame"
+            waited = await _three_waits(p, 0.5)
             kept = p.owner._reading == (loop, fd)
             p.owner._stop_reading()
             gone = not loop.remove_reader(fd)  # False: nothing was registered for it any more
@@ -180,13 +187,7 @@ def test_a_stale_reader_on_the_descriptors_number_does_not_silence_the_waits() -
             os.dup2(saved, fd)  # ... and the pipe closed: epoll forgets it, the selector does not
             for end in (saved, r, w):
                 os.close(end)
-            waited = []
-            for _ in range(3):
-                loop.call_later(0.01, p.pub.send, b"frame")
-                t0 = time.perf_counter()
-                await p.owner._wait_frames(p.sync, 5.0)
-                waited.append(time.perf_counter() - t0)
-                assert p.sync.recv(zmq.NOBLOCK) == b"frame"
+            waited = await _three_waits(p, 5.0)
         return waited
 
     assert max(asyncio.run(run())) < 2.5  # the frame's wake, not the 5 s timeout
