@@ -121,6 +121,33 @@ def test_a_crash_first_reads_failed_and_the_stops_after_it_are_said_as_such(
     assert [r.rank for r in sort_ranks(job_.ranks, job_context(job_.ranks))] == [2, 0, 1, 3]
 
 
+def _said(model: Model, now: float) -> list[str]:
+    return [n.text for n in model.notices.take() if n.severity == "error"] + \
+        [n.text for n in (model.tick(now), model.notices.take())[1] if n.severity == "error"]
+
+
+@pytest.mark.parametrize("endings", [SCANCEL_ONE_DRAIN, SCANCEL_BYES_LATE], ids=["one drain", "byes late"])
+def test_the_notice_of_a_scancel_names_the_stop_before_the_failure(
+        endings: list[tuple[str, int, str, float, float]]) -> None:
+    """The TUI's notice, said a second after the first failure came (model_notices.FAILURE_SETTLE_S),
+    names the first failure by the send times (rank 2, 10.30) and the stop before it (rank 0,
+    10.00: 0.30 s); the base said "rank 2 of j failed" alone, as the first failure received,
+    while the job read stopped. Said once."""
+    model = _model(endings)
+    assert _said(model, 11.4) == []  # the first failure came at 10.5: not yet
+    assert _said(model, 11.5) == [f"rank 2 of j failed: {GLOO} (0.3 s after rank 0 was stopped by SIGTERM, which came "
+                                  "first: the job's status follows the stop)"]
+    assert _said(model, 20.0) == []
+
+
+def test_the_notice_names_the_first_crash_by_send_time_not_arrival() -> None:
+    """Rank 2 crashed at 10.00, its bye received at 10.6, after rank 3's broken collective (sent
+    10.30, received 10.35): the notice names rank 2's error (the base: rank 3's, received first)."""
+    model = _model([("j", 3, GLOO, 10.30, 10.35), ("j", 2, CRASH, 10.00, 10.6),
+                    ("j", 0, "SIGTERM", 10.4, 10.6), ("j", 1, "SIGTERM", 10.4, 10.6)])
+    assert _said(model, 11.35) == [f"rank 2 of j failed: {CRASH}"]
+
+
 def test_two_jobs_each_say_their_own_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     """Job "a" scancel'd (its rank 1's error follows the stop), job "b" finished: 5, naming "a"
     alone (the base counted failures across jobs: 4). With "b" crashing first too: 4, each job's

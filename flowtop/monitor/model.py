@@ -60,7 +60,7 @@ from flowtop.monitor.model_notices import MAX_REASONS as MAX_REASONS
 from flowtop.monitor.model_notices import OTHER_REASONS as OTHER_REASONS
 from flowtop.monitor.model_notices import REFUSAL_NOTICE_S as REFUSAL_NOTICE_S
 from flowtop.monitor.model_notices import REJECT_NOTICE_S as REJECT_NOTICE_S
-from flowtop.monitor.model_notices import ModelNotices, _first_of
+from flowtop.monitor.model_notices import ModelNotices, _Failing, _first_of
 from flowtop.monitor.rankstate import EVICT_AFTER_S, RING, STALE_AFTER_S, STALE_AFTER_STEPS, RankState  # noqa: F401 (re-exported)
 from flowtop.monitor.rankkernels import KernelTables, Submit, add_window, build_window
 from flowtop.monitor.rankviews import RankViews
@@ -131,7 +131,8 @@ class Model(ModelNotices):
         self._ended_jobs = EndedJobs()  # ended jobs' snapshots, reused while nothing of theirs changes
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
-        self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_failed)
+        self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_say_failures)
+        self._failing: dict[str, _Failing] = {}  # jobs whose failure is to be said at a tick (_failed)
         self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
         self._flooded_relays: set[str] = set()  # relays whose dropped commands were said
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import collections
 import re
+from dataclasses import dataclass
 
 from flowtop.monitor.model_tick import ModelTicks
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import RankState
+from flowtop.monitor.snapshot import JobSnapshot, ending_order, ending_time, first_ending
 from probe.wire.command_bound import bound_text
 
 #: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
 MAX_FAILED_JOBS = 1024
+#: Seconds after a job's first failed bye was received before its notice is said (at the first tick
+#: past them): the byes sent before it that arrive after it (a scancelled node's "SIGTERM" queued
+#: behind its step frames, a relay's next batch) come in within them, so the notice names the
+#: job's first ending, as its status will, not the first failure that happened to arrive.
+FAILURE_SETTLE_S = 1.0
 #: Seconds after a kernel window was asked of a rank within which its refusal is said (its
 #: count of refusals alone, e.g. a monitor started late, says nothing).
 REFUSAL_NOTICE_S = 30.0
@@ -41,6 +48,7 @@ class ModelNotices(ModelTicks):
     _rejects_said_at: float | None
     _last_reject: str
     _failed_jobs: set[str]
+    _failing: dict[str, _Failing]
     _flooded_jobs: set[str]
     notices: Notices
     _now: float
@@ -80,12 +88,27 @@ class ModelNotices(ModelTicks):
             self._say_rejects()
 
     def _failed(self, st: RankState, now: float) -> None:
-        """The first rank of a job to end failing is said, with its exception (the table's status
-        cell has room for "failed" only; the ranks that die of it after — a collective's peers —
-        are not said again: thousands of them would flood the UI)."""
+        """A rank of a job ended failing: the job's notice is due FAILURE_SETTLE_S on (_say_failures)."""
         job = st.key.job
-        if _first_of(self._failed_jobs, job):
-            self.notices.error(f"rank {st.key.rank} of {job} failed: {st.bye}", now)
+        if job not in self._failing and job not in self._failed_jobs:
+            self._failing[job] = _Failing(now, st.key.rank, st.bye or "")
+
+    def _say_failures(self, jobs: tuple[JobSnapshot, ...], now: float) -> None:
+        """At a tick: say each job whose first failure came FAILURE_SETTLE_S ago, once a job,
+        naming its first failed rank by the byes' send times (snapshot.ending_order) and, where a
+        signal's stop came before it (a node scancelled, preempted), that stop: the failure is its
+        consequence and the job's status follows the stop. The table's status cell has room for
+        "failed" only; the ranks that die of the same cause after it (a collective's peers) are
+        not said again: thousands of them would flood the UI. Said once per job, at a tick: a
+        notice per bye received in reverse order of sending flooded (a reverted attempt)."""
+        due = [job for job, f in self._failing.items() if now - f.received_at >= FAILURE_SETTLE_S]
+        if not due:
+            return
+        by_name = {j.job: j for j in jobs}
+        for job in due:
+            f = self._failing.pop(job)
+            if _first_of(self._failed_jobs, job):
+                self.notices.error(_failure_text(job, by_name.get(job), f), now)
 
     def _flooded(self, st: RankState, dropped: int, now: float) -> None:
         """A rank's probe dropped commands unread (probe.transport.gate): more came from its
@@ -118,3 +141,29 @@ def _first_of(said: set[str], name: str) -> bool:
         said.clear()
     said.add(name)
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Failing:
+    """A job's first failed bye received, its notice not said yet (ModelNotices._failed)."""
+
+    received_at: float  # monitor time
+    rank: int
+    bye: str
+
+
+def _failure_text(job: str, snap: JobSnapshot | None, f: _Failing) -> str:
+    """The notice of a job's failure: its first failed rank by the byes' send times and its
+    error, after the signal's stop that came first if one did; the first failure received where
+    the job's snapshot does not show it (evicted, or an earlier incarnation's)."""
+    ranks = snap.ranks if snap is not None else ()
+    failed = min((r for r in ranks if r.status == "failed"), key=ending_order, default=None)
+    if failed is None:
+        return f"rank {f.rank} of {job} failed: {f.bye}"
+    text = f"rank {failed.rank} of {job} failed: {failed.bye_reason}"
+    first = first_ending(ranks)
+    if first is not None and first.status == "stopped":
+        gap = ending_time(failed) - ending_time(first)
+        text += (f" ({gap:.1f} s after rank {first.rank} was stopped by {first.bye_reason}, which came first: "
+                 "the job's status follows the stop)")
+    return text

@@ -68,6 +68,9 @@ class ModelTicks(ModelViews):
     def _say_unsaid_rejects(self) -> None:  # ModelNotices' (model_notices): the refusals a flood left unsaid
         raise NotImplementedError
 
+    def _say_failures(self, jobs: tuple[JobSnapshot, ...], now: float) -> None:  # ModelNotices'
+        raise NotImplementedError
+
     def tick(self, now: float, listen: str = "") -> MonitorSnapshot:
         """Advance what the clock drives, at monitor time ``now``: forget finished jobs, evaluate
         every job's hints (their hysteresis advances here and at a rank's bye, nowhere else) and
@@ -108,6 +111,7 @@ class ModelTicks(ModelViews):
                 self._ended_jobs.forget(job)  # it runs again (a restart, a late frame)
             jobs.append(out)
         self._judged.expire(self.ticks)
+        self._say_failures(tuple(jobs), now)
         return self._monitor_snapshot(now, listen, tuple(jobs))
 
     def _ended(self, snap: JobSnapshot, shown: list[tuple[RankState, tuple[RankKey, ...]]], spread: int,

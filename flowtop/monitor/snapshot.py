@@ -58,8 +58,8 @@ def first_ending(ranks: Iterable[RankSnapshot]) -> RankSnapshot | None:
     preemption stopped breaks its peers' collectives ("Connection closed by peer"). Not the
     receive time (heard_at): one drain's ranks share it, and a bye queued behind step frames
     arrives after its peer's error. The one place that order is decided: the job's status,
-    --until-done's exit and lines, the hang hint, the rank table and node rows read it (the TUI's
-    notice says the first failure received)."""
+    --until-done's exit and lines, the hang hint, the rank table, node rows and the TUI's notice
+    (model_notices) read it."""
     return min((r for r in ranks if r.status == "failed" or r.status == "stopped"), key=ending_order, default=None)
 
 
