@@ -21,7 +21,7 @@ from flowtop.export.serve import end_status
 from flowtop.monitor.hints import HintEngine
 from flowtop.monitor.model import Model
 from flowtop.monitor.rankview import job_context, node_group, sort_ranks
-from flowtop.monitor.recording import Recorder, replay_all
+from flowtop.monitor.recording import Recorder, replay, replay_all
 from flowtop.monitor.snapshot import JobSnapshot, MonitorSnapshot, RankSnapshot
 from flowtop.monitor.wiring import make_model
 from probe import wire
@@ -129,14 +129,13 @@ def _said(model: Model, now: float) -> list[str]:
 @pytest.mark.parametrize("endings", [SCANCEL_ONE_DRAIN, SCANCEL_BYES_LATE], ids=["one drain", "byes late"])
 def test_the_notice_of_a_scancel_names_the_stop_before_the_failure(
         endings: list[tuple[str, int, str, float, float]]) -> None:
-    """The TUI's notice, said a second after the first failure came (model_notices.FAILURE_SETTLE_S),
-    names the first failure by the send times (rank 2, 10.30) and the stop before it (rank 0,
-    10.00: 0.30 s); the base said "rank 2 of j failed" alone, as the first failure received,
-    while the job read stopped. Said once."""
+    """The TUI's notice, said at the tick that finds every rank ended (else a second after the
+    first failure came: model_notices.FAILURE_SETTLE_S), names the first failure by the send times
+    (rank 2, 10.30) and the stop before it (rank 0, 10.00: 0.30 s); the base said "rank 2 of j
+    failed" alone, as the first failure received, while the job read stopped. Said once."""
     model = _model(endings)
-    assert _said(model, 11.4) == []  # the first failure came at 10.5: not yet
-    assert _said(model, 11.5) == [f"rank 2 of j failed: {GLOO} (0.3 s after rank 0 was stopped by SIGTERM, which came "
-                                  "first: the job's status follows the stop)"]
+    assert _said(model, 11.0) == [f"rank 2 of j failed: {GLOO} (0.30 s after rank 0 was stopped by SIGTERM, which "
+                                  "came first: the failure likely follows from it)"]
     assert _said(model, 20.0) == []
 
 
@@ -146,6 +145,59 @@ def test_the_notice_names_the_first_crash_by_send_time_not_arrival() -> None:
     model = _model([("j", 3, GLOO, 10.30, 10.35), ("j", 2, CRASH, 10.00, 10.6),
                     ("j", 0, "SIGTERM", 10.4, 10.6), ("j", 1, "SIGTERM", 10.4, 10.6)])
     assert _said(model, 11.35) == [f"rank 2 of j failed: {CRASH}"]
+
+
+def test_every_rank_ended_says_it_at_that_tick_and_a_replay_or_a_stop_says_what_is_left(tmp_path: Path) -> None:
+    """A headless --until-done stops at the tick that finds every rank ended (10.5 here, the last
+    bye received there): the notice is said at it, not a second later (a reviewer's case: said
+    nowhere). A replay ending under a second after a failure, with ranks still running, says it
+    at its end (Model.flush_notices), as a collector's stop does."""
+    model = _model(CRASH_FIRST)
+    assert _said(model, 10.5) == [f"rank 2 of j failed: {CRASH}"]
+    rec = Recorder(tmp_path / "crash.rec")
+    for received, frame in _frames([("j", 2, CRASH, 10.00, 10.5), ("j", 3, "exit", 9.0, 9.0)])[:-1]:
+        rec.write(received, frame)  # rank 3's bye left out: it runs on
+    rec.close(now=10.8)
+    replayed = make_model()
+    replay(tmp_path / "crash.rec", replayed)
+    assert [n.text for n in replayed.notices.take() if n.severity == "error"] == [f"rank 2 of j failed: {CRASH}"]
+
+
+def test_a_relayed_failure_waits_from_when_it_came_not_when_its_relay_got_it() -> None:
+    """Rank 3's failure (sent 10.31) got by its relay at 10.35, by the monitor after the tick of
+    11.0 (a relay a second behind); node-a's SIGTERMs (sent 10.00) come at 11.9: the tick of 11.5
+    must not say the failure alone (the base of this notice waited from the relay's 10.35)."""
+    frames = _frames([("j", 3, GLOO, 10.31, 10.35), ("j", 0, "SIGTERM", 10.00, 11.9),
+                      ("j", 1, "SIGTERM", 10.01, 11.9)])
+    model = make_model()
+    for received, frame in frames[:-3]:
+        model.ingest(wire.decode(frame), received)
+    model.tick(11.0)
+    model.ingest(wire.decode(frames[-3][1]), frames[-3][0])  # the relay's time: 10.35
+    assert _said(model, 11.5) == []
+    for received, frame in frames[-2:]:
+        model.ingest(wire.decode(frame), received)
+    assert _said(model, 12.0) == [f"rank 3 of j failed: {GLOO} (0.31 s after rank 0 was stopped by SIGTERM, which "
+                                  "came first: the failure likely follows from it)"]
+
+
+def test_a_ctrl_c_before_the_failure_reads_interrupted() -> None:
+    model = _model([("j", 2, GLOO, 10.30, 10.5), ("j", 0, "interrupted", 10.00, 10.5),
+                    ("j", 1, "interrupted", 10.01, 10.5)])
+    assert _said(model, 11.5) == [f"rank 2 of j failed: {GLOO} (0.30 s after rank 0 was interrupted (Ctrl-C), which "
+                                  "came first: the failure likely follows from it)"]
+
+
+def test_a_job_that_restarts_and_fails_again_is_said_again() -> None:
+    """torchrun's elastic restart: incarnation 1 fails too, said (the base: once a job name, for good)."""
+    model = _model(CRASH_FIRST)
+    assert len(_said(model, 11.5)) == 1
+    keys = {r: RankKey("j", HOSTS[r], 200 + r, r, 1) for r in range(4)}
+    for r, k in keys.items():
+        model.ingest(wire.decode(wire.encode("hello", k, 1, 20.0, {"local_rank": r % 2, "world_size": 4,
+                                                                   "device": "cpu (test)", "probe_version": "t"})), 20.0)
+    model.ingest(wire.decode(wire.encode("bye", keys[1], 2, 30.0, {"reason": CRASH, "steps": 5, "drops": 0})), 30.0)
+    assert _said(model, 31.0) == [f"rank 1 of j failed: {CRASH}"]
 
 
 def test_two_jobs_each_say_their_own_ranks(capsys: pytest.CaptureFixture[str]) -> None:

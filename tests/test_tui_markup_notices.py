@@ -46,7 +46,7 @@ async def test_a_bye_whose_exception_looks_like_markup_is_a_plain_notification()
             assert app.is_running and app.return_code is None
             (toast,) = app.screen.query(Toast)
             assert str(toast.render()) == said
-            # the notice comes with the frame, the status with the next tick's snapshot (2 Hz)
+            # the notice and the status each come with a tick (the notice when every rank ended, or a second on)
             assert await pilot_until(pilot, lambda: app.latest is not None
                                      and app.latest.jobs[0].ranks[0].status == "failed")
             await pilot.press("q")

@@ -364,7 +364,8 @@ class Collector(CollectorSockets, LoadGovernor):
         return self.model.snapshot(self.clock.now(), self.listen)
 
     async def stop(self) -> None:
-        """Stop receiving and close the sockets."""
+        """Stop receiving and close the sockets; say the notices not due yet (Model.flush_notices)."""
+        self.model.flush_notices(self.published)
         if self.kernel_worker is not None:
             self.kernel_worker.close()
             self.kernel_worker = None

@@ -131,8 +131,8 @@ class Model(ModelNotices):
         self._ended_jobs = EndedJobs()  # ended jobs' snapshots, reused while nothing of theirs changes
         #: Monitor-side errors for the user (the UI shows them as notifications).
         self.notices = Notices()
-        self._failed_jobs: set[str] = set()  # jobs whose first failed rank was said (_say_failures)
-        self._failing: dict[str, _Failing] = {}  # jobs whose failure is to be said at a tick (_failed)
+        self._failed_jobs: set[tuple[str, int]] = set()  # (job, incarnation) whose failure was said (_say_failures)
+        self._failing: dict[tuple[str, int], _Failing] = {}  # (job, incarnation) whose failure is to be said (_failed)
         self._flooded_jobs: set[str] = set()  # jobs whose first flooded rank was said (_flooded)
         self._flooded_relays: set[str] = set()  # relays whose dropped commands were said
         self._now = 0.0  # latest monitor time seen (a frame's or a tick's), to date notices

@@ -11,14 +11,17 @@ from __future__ import annotations
 import collections
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 from flowtop.monitor.model_tick import ModelTicks
 from flowtop.monitor.notices import Notices
 from flowtop.monitor.rankstate import RankState
-from flowtop.monitor.snapshot import JobSnapshot, ending_order, ending_time, first_ending
+from flowtop.monitor.snapshot import ENDED, INTERRUPTED, JobSnapshot, MonitorSnapshot, RankSnapshot, ending_order, \
+    ending_time, first_ending
 from probe.wire.command_bound import bound_text
 
-#: Jobs remembered as having had a failed rank said (Model._failed), beyond which it forgets them all.
+#: Jobs (and incarnations) remembered as having had a failed rank said (ModelNotices._say_failures),
+#: beyond which it forgets them all.
 MAX_FAILED_JOBS = 1024
 #: Seconds after a job's first failed bye was received before its notice is said (at the first tick
 #: past them): the byes sent before it that arrive after it (a scancelled node's "SIGTERM" queued
@@ -47,8 +50,8 @@ class ModelNotices(ModelTicks):
     _rejects_said: int
     _rejects_said_at: float | None
     _last_reject: str
-    _failed_jobs: set[str]
-    _failing: dict[str, _Failing]
+    _failed_jobs: set[tuple[str, int]]
+    _failing: dict[tuple[str, int], _Failing]
     _flooded_jobs: set[str]
     notices: Notices
     _now: float
@@ -88,12 +91,16 @@ class ModelNotices(ModelTicks):
             self._say_rejects()
 
     def _failed(self, st: RankState, now: float) -> None:
-        """A rank of a job ended failing: the job's notice is due FAILURE_SETTLE_S on (_say_failures)."""
-        job = st.key.job
-        if job not in self._failing and job not in self._failed_jobs:
-            self._failing[job] = _Failing(now, st.key.rank, st.bye or "")
+        """A rank of a job ended failing: the job's notice is due FAILURE_SETTLE_S after it came
+        (_say_failures). Once per job and incarnation: a job that an elastic restart brought back
+        and that fails again is said again (torchrun counts restarts per node agent: at most one
+        notice per count a cascade's nodes are at)."""
+        key = (st.key.job, st.key.inc)
+        if key not in self._failing and key not in self._failed_jobs:
+            # when it came: a relayed frame's ``now`` is when its relay got it, maybe a second back
+            self._failing[key] = _Failing(max(now, self._now), st.key.rank, st.bye or "")
 
-    def _say_failures(self, jobs: tuple[JobSnapshot, ...], now: float) -> None:
+    def _say_failures(self, jobs: tuple[JobSnapshot, ...], now: float, force: bool = False) -> None:
         """At a tick: say each job whose first failure came FAILURE_SETTLE_S ago, once a job,
         naming its first failed rank by the byes' send times (snapshot.ending_order) and, where a
         signal's stop came before it (a node scancelled, preempted), that stop: the failure is its
@@ -101,14 +108,22 @@ class ModelNotices(ModelTicks):
         "failed" only; the ranks that die of the same cause after it (a collective's peers) are
         not said again: thousands of them would flood the UI. Said once per job, at a tick: a
         notice per bye received in reverse order of sending flooded (a reverted attempt)."""
-        due = [job for job, f in self._failing.items() if now - f.received_at >= FAILURE_SETTLE_S]
-        if not due:
+        if not self._failing:
             return
         by_name = {j.job: j for j in jobs}
-        for job in due:
-            f = self._failing.pop(job)
-            if _first_of(self._failed_jobs, job):
-                self.notices.error(_failure_text(job, by_name.get(job), f), now)
+        # due a second after it came, or once every heard rank of the job ended (the order is
+        # final: a headless --until-done stops at that tick), or at once when ``force``d
+        due = [key for key, f in self._failing.items() if force or now - f.received_at >= FAILURE_SETTLE_S
+               or (key[0] in by_name and by_name[key[0]].status in ENDED)]
+        for key in due:
+            f = self._failing.pop(key)
+            if _first_of(self._failed_jobs, key):
+                self.notices.error(_failure_text(key[0], by_name.get(key[0]), f), now)
+
+    def flush_notices(self, last: MonitorSnapshot | None) -> None:
+        """Say the failures not said yet, by ``last`` (the latest tick's snapshot): where ticks
+        stop (a collection's timeout or signal, a replay's end) before their notice was due."""
+        self._say_failures(last.jobs if last is not None else (), self._now, force=True)
 
     def _flooded(self, st: RankState, dropped: int, now: float) -> None:
         """A rank's probe dropped commands unread (probe.transport.gate): more came from its
@@ -132,7 +147,10 @@ class ModelNotices(ModelTicks):
                              "few seconds", now)
 
 
-def _first_of(said: set[str], name: str) -> bool:
+_T = TypeVar("_T")
+
+
+def _first_of(said: set[_T], name: _T) -> bool:
     """Whether ``name`` (a job, a relay) is new to ``said`` (then added): one notice per job or
     relay, the set bounded by MAX_FAILED_JOBS (cleared when full: one said long ago may be said again)."""
     if name in said:
@@ -162,8 +180,13 @@ def _failure_text(job: str, snap: JobSnapshot | None, f: _Failing) -> str:
         return f"rank {f.rank} of {job} failed: {f.bye}"
     text = f"rank {failed.rank} of {job} failed: {failed.bye_reason}"
     first = first_ending(ranks)
-    if first is not None and first.status == "stopped":
+    if first is not None and first.status == "stopped":  # strictly before: a crash wins a tie
         gap = ending_time(failed) - ending_time(first)
-        text += (f" ({gap:.1f} s after rank {first.rank} was stopped by {first.bye_reason}, which came first: "
-                 "the job's status follows the stop)")
+        text += (f" ({gap:.2f} s after rank {first.rank} {_stopped_how(first)}, which came first: the failure "
+                 "likely follows from it)")
     return text
+
+
+def _stopped_how(r: RankSnapshot) -> str:
+    """"was stopped by SIGTERM", "was interrupted (Ctrl-C)": how a stopped rank ended."""
+    return "was interrupted (Ctrl-C)" if r.bye_reason == INTERRUPTED else f"was stopped by {r.bye_reason}"

@@ -68,7 +68,7 @@ class ModelTicks(ModelViews):
     def _say_unsaid_rejects(self) -> None:  # ModelNotices' (model_notices): the refusals a flood left unsaid
         raise NotImplementedError
 
-    def _say_failures(self, jobs: tuple[JobSnapshot, ...], now: float) -> None:  # ModelNotices'
+    def _say_failures(self, jobs: tuple[JobSnapshot, ...], now: float, force: bool = False) -> None:  # ModelNotices'
         raise NotImplementedError
 
     def tick(self, now: float, listen: str = "") -> MonitorSnapshot:

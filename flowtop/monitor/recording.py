@@ -130,6 +130,7 @@ def replay(path: str | Path, model: Model, on_tick: Callable[[MonitorSnapshot], 
     ending.tell(model, last)
     stop = ending.stop(last)
     _ticks(ticker, max(end_of(last), stop), on_tick)
+    model.flush_notices(ticker.last)  # a failure less than a second before the end: said
     return Replayed(model.snapshot(stop, where), ending.whole)
 
 
@@ -275,6 +276,7 @@ class RecordingSource:
             t = self._records[self._next][0] if self._next < len(self._records) else float("inf")
             due = min(t, self.ticker.next_at)
             await asyncio.sleep(min(TICK_S, max(0.0, (due - self._virtual()) / self.speed)))
+        self.model.flush_notices(self.ticker.last)  # a failure under a second before the end: said
 
     def snapshot(self) -> MonitorSnapshot:
         """A snapshot at the recorded time now, after feeding what is due (held at the end)."""
