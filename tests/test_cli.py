@@ -76,7 +76,7 @@ def test_snapshot_json_with_no_probes() -> None:
     assert_valid_snapshot(data)
     from flowtop.monitor.snapshot_json import SCHEMA
 
-    assert data["schema"] == SCHEMA == "flowtop.snapshot/1.13"
+    assert data["schema"] == SCHEMA == "flowtop.snapshot/1.14"
     assert data["jobs"] == [] and data["received"] == 0
 
 

@@ -3,6 +3,10 @@ in the package): what `flowtop snapshot --json`, `flowtop demo --headless`, the 
 endpoint's /snapshot.json and recordings' readers print. No Textual.
 
 Durations that grow with the clock (ages, stalls) are said at the snapshot's ``taken_at``.
+Instants (``taken_at``, a rank's ``ended_at``) are all on the monitor's clock
+(flowtop.monitor.clock: monotonic, its own pauses left out), not the wall clock: a replayed
+recording gives the same instants as live, and ``taken_at - ended_at`` is how long ago a rank
+ended. The monitor keeps no wall-clock anchor to convert them with.
 """
 
 from __future__ import annotations
@@ -11,19 +15,19 @@ import dataclasses
 import json
 import math
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from flowtop.monitor.snapshot import (EXECUTED_FLOPS_NOTE, FLOPS_PER_S_NOTE, MODEL_FLOPS_NOTE, FlopsView, Hint,
                                       JobSnapshot, MonitorSnapshot, RankSnapshot, RelaySnapshot, StageView,
-                                      TelemetryView)
+                                      TelemetryView, ending_time, first_ending)
 from flowtop.monitor import parallelism
 from flowtop.monitor.relayviews import NO_COUNT_REASON, unheard_hosts
 
 #: Version of the JSON snapshot layout (bump MINOR for added fields, a field that may now be null
 #: (1.7's tokens_per_step; the schema file says which fields are nullable), or a new value of an
 #: enumeration (1.8: the "failed" status of ranks and jobs; 1.13: the "stopped" status, a job's
-#: ``stopped_by``).
-SCHEMA = "flowtop.snapshot/1.13"
+#: ``stopped_by``; 1.14: a rank's ``ended_at``, a job's ``first_ending``).
+SCHEMA = "flowtop.snapshot/1.14"
 #: The JSON Schema (draft 2020-12) of that layout, shipped in the package.
 SCHEMA_FILE = "schema/snapshot.schema.json"
 
@@ -100,6 +104,8 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "dropped_messages": r.dropped_messages,
         "probe_overhead_frac": r.probe_overhead_frac,
         "bye_reason": r.bye_reason,
+        # when it said bye, on taken_at's clock (snapshot.RankSnapshot.ended_at); null while running
+        "ended_at": r.ended_at,
         "commands_refused": r.commands_refused,
         "commands_dropped": r.commands_dropped,
         "conflict": jsonable(r.conflict),
@@ -115,6 +121,18 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
     # Present always; null before a window arrives and where left out (the demo's compact JSON).
     d["kernels"] = jsonable(r.kernels) if with_kernels else None
     return jsonable(d)
+
+
+def first_ending_json(ranks: Sequence[RankSnapshot]) -> dict[str, Any] | None:
+    """The job's cause of ending (snapshot.first_ending: of its failed and stopped ranks, the
+    first to say bye by its send time): which process, its status and bye reason, and when (on
+    ``taken_at``'s clock, as its rank's ``ended_at``); null where none failed or was stopped
+    (running, or every ending a clean "done")."""
+    first = first_ending(ranks)
+    if first is None:
+        return None
+    return {"rank": first.rank, "host": first.host, "pid": first.pid, "status": first.status,
+            "bye_reason": first.bye_reason, "ended_at": ending_time(first)}
 
 
 #: Fields of a hint in the JSON, in this order (README "Snapshot JSON").
@@ -180,6 +198,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "ranks_seen": j.ranks_seen,
             "status": j.status,
             "stopped_by": list(j.stopped_by),  # what ended its stopped ranks ("SIGTERM"); [] where none
+            "first_ending": first_ending_json(j.ranks),
             "step": j.step,
             "step_time_s": j.step_time_s,
             "tokens_per_s": j.tokens_per_s,
