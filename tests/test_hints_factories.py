@@ -160,6 +160,18 @@ def b_straggler_lead(v: float, now: float) -> JobSnapshot:
     return job(*(rank(r, hist=history(30, 0.1, lead_s=leads[r])) for r in range(4)))
 
 
+def b_straggler_pace(v: float, now: float) -> JobSnapshot:
+    """Equal step times (0.1 s), but rank 2's steps reach the monitor v % slower: step s at
+    0.1 (1 + v / 100) s, the others' at 0.1 s. Its pace from step 10 to 30 (the last frame end
+    the 20-step window back, 2.24 s of receive time at v = 12: over PACE_MIN_SPAN_S) is 0.112 s a
+    step against the others' 0.1 s; step times 0 % apart."""
+    def hist(r: int) -> History:
+        h = history(30, 0.1)
+        pace = 0.1 * (1 + v / 100) if r == 2 else 0.1
+        return dataclasses.replace(h, reached=tuple((s, pace * s) for s in h.steps))
+    return job(*(rank(r, hist=hist(r)) for r in range(4)))
+
+
 def _stalled(r: int, stalled_s: float, now: float) -> RankSnapshot:
     return rank(r, step=10, hist=history(10, 0.1, t0=now - stalled_s - 1.0))
 
@@ -322,9 +334,10 @@ CASES: tuple[Case, ...] = (
     Case("input_wait", b_input_wait, 6.0, 4.0, 2.0, "rank 0", "rank 0 waits for input 6 % of each step",
          {"input_wait_pct": 6.0, "threshold_pct": 5.0, "window_steps": 10, "input_wait_s_per_step": 0.006}),
     Case("straggler", b_straggler, 12.0, 7.0, 3.0, "rank 2",
-         "rank 2 is 12 % slower than the other ranks (0.112 s vs 0.1 s per step) since step 1",
-         {"slower_pct": 12.0, "step_time_s": 0.112, "others_step_time_s": 0.1, "window_steps": 20,
-          "since_step": 1, "threshold_pct": 10.0}),
+         "rank 2 is 12 % slower than the other ranks by median step time over the same 20 steps "
+         "(0.112 s vs their median 0.1 s) since step 1",
+         {"slower_pct": 12.0, "basis": "step_time", "step_time_s": 0.112, "others_step_time_s": 0.1,
+          "window_steps": 20, "since_step": 1, "threshold_pct": 10.0}),
     Case("step_spikes", b_spikes, 12.0, 7.0, 3.0, "",
          "12 % of the last 200 steps' time went to slow steps (3 of them, up to 1.24 s; a step usually "
          "takes 0.1 s): FLOP/s and MFU, taken over the median step, leave that time out",
@@ -404,5 +417,13 @@ VARIANT_CASES: tuple[Case, ...] = (
          "for it in the gradient all-reduce",
          {"slower_pct": 12.0, "basis": "lead", "lead_s": 0.0225, "others_lead_s": 0.0105,
           "lead_lag_s": 0.012, "lag_pct_of_step": 12.0, "step_time_s": 0.1, "others_step_time_s": 0.1,
+          "window_steps": 20, "since_step": 1, "threshold_pct": 10.0}),
+    # A pace is said as one, never as step times (which the rank table shows: here equal).
+    Case("straggler", b_straggler_pace, 12.0, 7.0, 3.0, "rank 2",
+         "rank 2 reaches its steps 12 % slower than the other ranks: 0.112 s per step vs their median "
+         "0.1 s, on the monitor's receive clock over its last 20 steps (2.24 s); median step times 0.1 s "
+         "vs 0.1 s; since step 1",
+         {"slower_pct": 12.0, "basis": "pace", "pace_s_per_step": 0.112, "others_pace_s_per_step": 0.1,
+          "pace_steps": 20, "pace_span_s": 2.24, "step_time_s": 0.1, "others_step_time_s": 0.1,
           "window_steps": 20, "since_step": 1, "threshold_pct": 10.0}),
 )

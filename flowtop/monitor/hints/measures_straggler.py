@@ -10,6 +10,7 @@ import statistics
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate, compress, groupby, islice
+from dataclasses import dataclass
 from typing import Any
 
 from flowtop.monitor.hints.base import Measurement, clamp01, rank_target, safe_div
@@ -20,6 +21,14 @@ from flowtop.monitor.hints.measures_time import _running
 from flowtop.monitor.hints.rules import Rule
 from flowtop.monitor.hints.stages import per_stage
 from flowtop.monitor.snapshot import JobSnapshot, RankSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class PaceSpan:
+    """What one rank's pace figure is taken over: steps, and seconds of monitor receive time."""
+
+    steps: int
+    seconds: float
 
 
 #: Shortest stretch of receive time a pace figure is taken over (see _by_reach).
@@ -39,11 +48,12 @@ def _by_median(ranks: list[RankSnapshot], window: int) -> tuple[dict[int, float]
     return {r.rank: float(statistics.median(row)) for r, row in zip(ranks, al.rows)}, len(al.steps)
 
 
-def _by_reach(ranks: list[RankSnapshot], window: int, keep: int,
-              step_s: dict[int, float] | None = None) -> tuple[dict[int, float], int, Aligned]:
+def _by_reach(ranks: list[RankSnapshot], window: int, keep: int, step_s: dict[int, float] | None = None,
+              spans_of: dict[int, PaceSpan] | None = None) -> tuple[dict[int, float], int, Aligned]:
     """Per rank: time per step to reach, from a step at least ``window`` steps back to its newest,
     among the last ``keep`` step indices every rank reached (monitor receive times, so ranks share
     one clock); the fewest steps any rank's figure spans; and the reach times at those indices.
+    ``spans_of``, where given, gets what each rank's figure spans (its hint says so).
 
     The steps of one frame share its receive time: only the last step of a frame was received
     when it was made. A figure from a step in the middle of a frame would be off by up to a flush
@@ -82,7 +92,11 @@ def _by_reach(ranks: list[RankSnapshot], window: int, keep: int,
             continue  # a backlog arriving at once: its receive times say nothing of its pace
         per_step[r.rank] = pace
         spans.append(step_b - steps[a])
+        if spans_of is not None:
+            spans_of[r.rank] = PaceSpan(step_b - steps[a], time_b - times[a])
     if len(per_step) < 2:
+        if spans_of is not None:
+            spans_of.clear()
         return {}, 0, reach
     return per_step, min(spans), reach
 
@@ -205,7 +219,8 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             lead_of = {i: lead for i, (_, lead) in figs.items() if lead is not None}
             return _measurements(ranks, _one_of_a_pair(in_windows, rule.clear, len(ranks)), lead_of, None, {})
     keep = max(int(rule.params["since_steps"]), window + 1)
-    pace, n_pace, reach = _by_reach(ranks, window, keep, med)
+    spans: dict[int, PaceSpan] = {}
+    pace, n_pace, reach = _by_reach(ranks, window, keep, med, spans)
     # Leads compare within a pipeline stage: a later stage's forward ends later by design.
     led = per_stage(ranks, lambda sub: {i: (v, n) for table, n in [_by_lead(sub, window)] for i, v in table.items()})
     lead = {i: v for i, (v, _) in led.items()}
@@ -228,7 +243,7 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
             others_t = _median_without(med_sorted, mine_t) if r.rank in med else step
             candidates.append((lag / step, mine_t, others_t, led[idx][1], "lead"))
         if candidates:
-            best[idx] = max(candidates, key=lambda c: c[0])
+            best[idx] = _worst(candidates)
     best = _one_of_a_pair(best, rule.clear, len(ranks))
     # Only ranks that may show the hint need "since when".
     slow = [i for i, b in best.items() if 100.0 * b[0] >= rule.clear]
@@ -236,7 +251,30 @@ def straggler(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement
     by_lead = {id(ranks[i]) for i in slow if best[i][4] == "lead"}
     lead_since = per_stage(ranks, lambda sub: _lead_since(
         [j for j, r in enumerate(sub) if id(r) in by_lead], sub, keep, rule.clear / 100.0))
-    return _measurements(ranks, best, lead, since_of, lead_since)
+    paced = {i: _pace_evidence(spans[ranks[i].rank], med, med_sorted, ranks[i].rank)
+             for i, b in best.items() if b[4] == "pace"}
+    return _measurements(ranks, best, lead, since_of, lead_since, paced)
+
+
+def _pace_evidence(span: PaceSpan, med: dict[int, float], med_sorted: list[float], rank: int) -> dict[str, Any]:
+    """What a pace figure spans, and beside it the rank's and the others' median step times over
+    the window the step-time figure reads (None where it has none): a pace is no step time, and
+    its hint says which it is (a user read "30 % slower" beside step times 5 % apart)."""
+    mine = med.get(rank)
+    return {"pace_steps": span.steps, "pace_span_s": span.seconds, "step_time_s": mine,
+            "others_step_time_s": _median_without(med_sorted, mine) if mine is not None else None}
+
+
+#: Two figures closer than this (a share of the step) are one: float rounding, not a measure.
+_TIE = 1e-9
+
+
+def _worst(candidates: list[_Best]) -> _Best:
+    """The largest figure; of figures equal but for rounding the first (step time before pace
+    before lead): a pace read from step times' sums equals their median to 1e-15, and which of the
+    two the hint then named (and so how it said it) turned on that noise."""
+    top = max(c[0] for c in candidates)
+    return next(c for c in candidates if c[0] >= top - _TIE)
 
 
 def _one_of_a_pair(best: dict[int, _Best], clear_pct: float, n_ranks: int) -> dict[int, _Best]:
@@ -264,17 +302,19 @@ def _staggered_best(fig: staggered.Figures) -> dict[int, _Best]:
             lag, step = fig.lead[idx][2:]
             candidates.append((lag / step, mine, other, fig.window, "lead"))
         if candidates:
-            best[idx] = max(candidates, key=lambda c: c[0])
+            best[idx] = _worst(candidates)
     return best
 
 
 def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
                   lead: dict[int, tuple[float, float, float, float]],
                   since_of: dict[int, tuple[int | None, float | None]] | None,
-                  lead_since: dict[int, int]) -> dict[str, Measurement | None]:
+                  lead_since: dict[int, int],
+                  paced: dict[int, dict[str, Any]] | None = None) -> dict[str, Measurement | None]:
     """The rule's measurement per rank from its worst figure (``best``), its lead figures and,
     for the slow ones, since when (the rank's step where that is not known; ``since_of`` None:
-    the engine's, from when it first measured the rank behind)."""
+    the engine's, from when it first measured the rank behind). A figure by pace (``paced``:
+    what it spans, the step times beside it) is said as a pace, never as step times."""
     out: dict[str, Measurement | None] = {}
     since_at = since_of or {}
     for idx, r in enumerate(ranks):
@@ -289,6 +329,9 @@ def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
         pct = 100.0 * slower
         ev: dict[str, Any] = {"slower_pct": pct, "basis": basis, "step_time_s": mine, "others_step_time_s": other,
                               "window_steps": n, "lag_s": lag_s}
+        if basis == "pace" and paced is not None:
+            ev["pace_s_per_step"], ev["others_pace_s_per_step"] = mine, other
+            ev.update(paced[idx])
         if since_of is not None:
             ev["since_step"] = since if since is not None else r.step
         text: dict[str, str] = {}
@@ -303,7 +346,7 @@ def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
         impact = slower if by_lead else safe_div(mine - other, mine)
         # positionally (its keywords were parsed per rank), a call mypy checks
         out[rank_target(r)] = Measurement(pct, ev, clamp01(impact), r.step, n, 0.0, text, None,
-                                          "lead" if by_lead else "", None)
+                                          "lead" if by_lead else "pace" if basis == "pace" else "", None)
     return out
 
 

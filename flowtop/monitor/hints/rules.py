@@ -196,9 +196,17 @@ RULES: tuple[Rule, ...] = (
         clear=5.0,
         window_steps=20,
         window_s=0.0,
-        summary="{target} is {slower_pct:.0f} % slower than the other ranks ({step_time_s:.3g} s "
-        "vs {others_step_time_s:.3g} s per step) since step {since_step}",
+        # Each figure says what it is: a median step time over the steps compared (the rank table's
+        # is over the rank's own last 32), or a pace on the monitor's receive clock (no step time).
+        summary="{target} is {slower_pct:.0f} % slower than the other ranks by median step time over "
+        "the same {window_steps} steps ({step_time_s:.3g} s vs their median {others_step_time_s:.3g} s) "
+        "since step {since_step}",
         variants={
+            # Its steps reach the monitor slower than the others' (time between steps received).
+            "pace": "{target} reaches its steps {slower_pct:.0f} % slower than the other ranks: "
+            "{pace_s_per_step:.3g} s per step vs their median {others_pace_s_per_step:.3g} s, on the "
+            "monitor's receive clock over its last {pace_steps} steps ({pace_span_s:.3g} s); median step "
+            "times {step_time_s:.3g} s vs {others_step_time_s:.3g} s; since step {since_step}",
             # Synchronous data parallelism: step times are equal, the others wait for this rank.
             "lead": "{target} finishes its forward {lead_lag_ms} ms after the others each step "
             "({lag_pct_of_step:.0f} % of the step); they wait for it in the gradient all-reduce",
