@@ -53,7 +53,7 @@ def test_a_rank_ended_says_when_on_the_monitor_clock_and_a_running_one_null() ->
     assert ranks[0]["ended_at"] == pytest.approx(5.0) and ranks[1]["ended_at"] == pytest.approx(5.2)
     assert ranks[2]["ended_at"] is None
     first = data["jobs"][0]["first_ending"]  # type: ignore[index]
-    assert first == {"rank": 0, "host": "node-0", "pid": 100, "status": "stopped", "bye_reason": "SIGTERM",
+    assert first == {"rank": 0, "host": "node-0", "pid": 100, "incarnation": 0, "status": "stopped", "bye_reason": "SIGTERM",
                      "ended_at": pytest.approx(5.0)}
     assert data["taken_at"] - ranks[0]["ended_at"] == pytest.approx(1.0)  # type: ignore[operator]
 
@@ -69,7 +69,7 @@ def test_the_first_ending_is_the_crash_though_its_byes_peers_were_stamped_earlie
     ended = {r: row["ended_at"] for r, row in _ranks(data).items()}
     assert ended == {0: pytest.approx(10.20), 1: pytest.approx(10.20), 2: pytest.approx(10.00), 3: pytest.approx(10.21)}
     first = data["jobs"][0]["first_ending"]  # type: ignore[index]
-    assert first == {"rank": 2, "host": "node-b", "pid": 102, "status": "failed", "bye_reason": CRASH,
+    assert first == {"rank": 2, "host": "node-b", "pid": 102, "incarnation": 0, "status": "failed", "bye_reason": CRASH,
                      "ended_at": pytest.approx(10.00)}
 
 

@@ -808,3 +808,18 @@ def test_hang_all_leaves_out_ranks_cut_off_behind_their_relay() -> None:
     assert hint.evidence["silent_ranks"] == []
     assert hint.summary.startswith("the 2 heard ranks (of 4; 2 unheard behind a silent relay) stopped at step 10")
     assert find(shown(HintEngine(small_hang_rules()).evaluate(job(*cut), 0.0), 0.0), "hang_all") is None
+
+
+def test_a_pace_without_step_times_beside_it_says_none() -> None:
+    """Ranks whose window holds receive times but no step times (a reviewer's case): rank 2's
+    steps reach the monitor every 0.13 s, the others' every 0.1 s (30 % slower over its last 20
+    steps, 2.6 s); the pace's summary leaves the step-time clause out (the base: "median step
+    times n/a s vs n/a s")."""
+    def hist(r: int) -> Any:
+        pace = 0.13 if r == 2 else 0.1
+        return dataclasses.replace(history(30, 0.1), step_time_s=(), steps=(),
+                                   reached=tuple((s, pace * s) for s in range(1, 31)))
+    hint = find(settle(HintEngine(), job(*(rank(r, hist=hist(r)) for r in range(4))), 0.0), "straggler")
+    assert hint is not None and hint.evidence["step_time_s"] is None
+    assert hint.summary == ("rank 2 reaches its steps 30 % slower than the other ranks: 0.13 s per step vs their "
+                            "median 0.1 s, on the monitor's receive clock over its last 20 steps (2.6 s); since step 1")

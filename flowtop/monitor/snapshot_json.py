@@ -4,9 +4,10 @@ endpoint's /snapshot.json and recordings' readers print. No Textual.
 
 Durations that grow with the clock (ages, stalls) are said at the snapshot's ``taken_at``.
 Instants (``taken_at``, a rank's ``ended_at``) are all on the monitor's clock
-(flowtop.monitor.clock: monotonic, its own pauses left out), not the wall clock: a replayed
-recording gives the same instants as live, and ``taken_at - ended_at`` is how long ago a rank
-ended. The monitor keeps no wall-clock anchor to convert them with.
+(flowtop.monitor.clock: monotonic, its own pauses left out), not the wall clock: ``taken_at -
+ended_at`` is how long ago a rank ended, and two instants' difference is the same in a replay as
+live; a replay's instants themselves count from the recording's start (its times are kept so),
+the live monitor's from its own. The monitor keeps no wall-clock anchor to convert them with.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
         "dropped_messages": r.dropped_messages,
         "probe_overhead_frac": r.probe_overhead_frac,
         "bye_reason": r.bye_reason,
-        # when it said bye, on taken_at's clock (snapshot.RankSnapshot.ended_at); null while running
+        # when it said bye, on taken_at's clock (snapshot.RankSnapshot.ended_at); null until its bye came
         "ended_at": r.ended_at,
         "commands_refused": r.commands_refused,
         "commands_dropped": r.commands_dropped,
@@ -125,13 +126,15 @@ def rank_json(r: RankSnapshot, taken_at: float, with_kernels: bool = True) -> di
 
 def first_ending_json(ranks: Sequence[RankSnapshot]) -> dict[str, Any] | None:
     """The job's cause of ending (snapshot.first_ending: of its failed and stopped ranks, the
-    first to say bye by its send time): which process, its status and bye reason, and when (on
-    ``taken_at``'s clock, as its rank's ``ended_at``); null where none failed or was stopped
+    first to say bye by its send time): which process (its incarnation: a restart's), its status
+    and bye reason, and when (on ``taken_at``'s clock, as its rank's ``ended_at``); null where
+    none failed or was stopped
     (running, or every ending a clean "done")."""
     first = first_ending(ranks)
     if first is None:
         return None
-    return {"rank": first.rank, "host": first.host, "pid": first.pid, "status": first.status,
+    return {"rank": first.rank, "host": first.host, "pid": first.pid, "incarnation": first.incarnation,
+            "status": first.status,
             "bye_reason": first.bye_reason, "ended_at": ending_time(first)}
 
 

@@ -181,8 +181,10 @@ def synthetic_hints() -> tuple[Hint, ...]:
     return (
         Hint(
             id="straggler", severity="warning", scope="rank", target="rank 1",
-            summary="rank 1 is 15 % slower than the fastest rank",
-            evidence={"step_time_s": 0.0046, "fastest_s": 0.004, "ranks": 2},
+            summary="rank 1 is 15 % slower than the other ranks by median step time over the same 20 steps "
+            "(0.0046 s vs their median 0.004 s) since step 12",
+            evidence={"slower_pct": 15.0, "basis": "step_time", "step_time_s": 0.0046, "others_step_time_s": 0.004,
+                      "window_steps": 20, "since_step": 12},
             action="check rank 1's input pipeline, clocks and neighbours",
             impact=0.15,
         ),

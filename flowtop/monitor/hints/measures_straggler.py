@@ -327,14 +327,18 @@ def _measurements(ranks: list[RankSnapshot], best: dict[int, _Best],
         if idx in lead_since:
             since = lead_since[idx]
         pct = 100.0 * slower
+        text: dict[str, str] = {}
         ev: dict[str, Any] = {"slower_pct": pct, "basis": basis, "step_time_s": mine, "others_step_time_s": other,
                               "window_steps": n, "lag_s": lag_s}
         if basis == "pace" and paced is not None:
             ev["pace_s_per_step"], ev["others_pace_s_per_step"] = mine, other
             ev.update(paced[idx])
+            step_s, others_s = ev["step_time_s"], ev["others_step_time_s"]
+            # the step times beside a pace, where the window has them (never "n/a s")
+            text["step_times"] = (f"; median step times {step_s:.3g} s vs {others_s:.3g} s"
+                                  if step_s is not None and others_s is not None else "")
         if since_of is not None:
             ev["since_step"] = since if since is not None else r.step
-        text: dict[str, str] = {}
         led = lead.get(idx)
         if led is not None:  # stored one by one: an update() of keywords built a dict a rank
             my_lead, others_lead, lead_lag, step = led

@@ -205,8 +205,8 @@ RULES: tuple[Rule, ...] = (
             # Its steps reach the monitor slower than the others' (time between steps received).
             "pace": "{target} reaches its steps {slower_pct:.0f} % slower than the other ranks: "
             "{pace_s_per_step:.3g} s per step vs their median {others_pace_s_per_step:.3g} s, on the "
-            "monitor's receive clock over its last {pace_steps} steps ({pace_span_s:.3g} s); median step "
-            "times {step_time_s:.3g} s vs {others_step_time_s:.3g} s; since step {since_step}",
+            "monitor's receive clock over its last {pace_steps} steps ({pace_span_s:.3g} s){step_times}; "
+            "since step {since_step}",
             # Synchronous data parallelism: step times are equal, the others wait for this rank.
             "lead": "{target} finishes its forward {lead_lag_ms} ms after the others each step "
             "({lag_pct_of_step:.0f} % of the step); they wait for it in the gradient all-reduce",
