@@ -294,7 +294,7 @@ class HintEngine:
                 st.beyond_t = now
                 st.holding = False
                 return st
-            if now - st.beyond_t < HOLD_S:
+            if now - st.beyond_t < (HOLD_S if rule.hold_s is None else rule.hold_s):
                 # A gate with no room between threshold and clear (a throttle reason that
                 # comes and goes) would otherwise make the hint blink: hold it a little.
                 if not st.holding and st.hint is not None:
