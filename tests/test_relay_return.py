@@ -6,10 +6,16 @@ a batch) into one Model (flowtop.monitor.wiring.make_model), ticked on its own c
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from flowtop.export.exporter import snapshot_families
-from flowtop.monitor.relays import SILENT_AFTER_S
+from flowtop.export.textreport import render
+from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.snapshot_json import to_json
+from probe import wire
+from probe.wire import RankKey
 from test_unheard import _Job, _job
 
 TICK_S = 0.5  # _Job.run ticks the model every 0.5 s
@@ -66,3 +72,82 @@ def test_a_relay_merely_late_raises_nothing() -> None:
         j.relayed = True
         seen.append(_shown(j.run(TICK_S)))
     assert seen == [HEARD] * 36
+
+
+class _Replaced(_Job):
+    """As _Job, rank 3's relay named by ``relay`` (a successor: another id on node-b), which
+    reports when told (its own figures, wire kind ``relay``, in a batch of its own as a relay sends it)."""
+
+    relay = "node-b:7:1"
+
+    def send(self, key: RankKey, kind: str, fields: dict[str, Any]) -> None:
+        if key.rank < self.direct:
+            super().send(key, kind, fields)
+            return
+        self.seq[key] += 1
+        if self.relayed:
+            self._batch(wire.encode(kind, key, self.seq[key], self.now, fields))
+
+    def _batch(self, frame: bytes) -> None:
+        via, (at,) = self.model.relays.unstamp([encode_stamp(self.relay, self.now + 900.0, [0]), frame], self.now)
+        self.model.ingest(wire.decode(frame), at, via=via)
+
+    def report(self, connected: int, frames: int) -> None:
+        pid = int(self.relay.split(":")[1])
+        fields = {"relay": self.relay, "listen": "ipc:///tmp/node-b.sock", "upstream": "tcp://m:5759",
+                  "ranks": connected, "frames_in": frames, "frames_out": frames, "bytes_in": 1, "bytes_out": 1,
+                  "drops": 0, "queued": 0, "commands": 0, "link_ups": 1, "uptime_s": 9.0}
+        self._batch(wire.encode("relay", RankKey("", "node-b", pid, 0, 0), 1, self.now, fields))
+
+
+def _relay_lines(snap: MonitorSnapshot) -> dict[int, str]:
+    """The text report's relay lines by pid, from the status on, without their "heard N ago"."""
+    out = {}
+    for line in render(snap).splitlines():
+        if line.startswith("  node-b") and " pid " in line:
+            pid = int(line.split()[2])
+            out[pid] = re.sub(r" heard \S+ ago", "", " ".join(line.split()[3:]))
+    return out
+
+
+def _relay_series(snap: MonitorSnapshot) -> dict[str, float | str]:
+    """node-b's relay series: its status (the state set) and figures."""
+    out: dict[str, float | str] = {}
+    for s in [s for m in snapshot_families(snap) for s in m.samples if s.name.startswith("flowtop_relay_")]:
+        assert s.labels["relay"] == "node-b"
+        if s.name == "flowtop_relay_status":
+            if s.value == 1:
+                out["status"] = s.labels["flowtop_relay_status"]
+        else:
+            out[s.name] = s.value
+    return out
+
+
+def test_a_replaced_relays_row_and_series_show_the_new_relays_own_figures() -> None:
+    """node-b's relay (pid 7: 1 connection, 500 frames) is killed; 1 s later its successor (pid 8)
+    forwards rank 3's frames before its first report. Its line said "(0 connected)  frames 0/0
+    drops 0", figures it never reported, and node-b's Prometheus series went on showing the dead
+    relay's (500 frames, 0 ranks, "live") until it had been silent 3 s; the dead relay's line kept
+    "(1 connected)" as long as the monitor listed it (10 minutes), though its rank had moved on."""
+    j = _Replaced()
+    j.report(connected=1, frames=500)
+    snap = j.run(2.0)
+    assert _relay_lines(snap) == {7: "live ranks 1 frames 500/500 drops 0"}
+    j.relayed = False  # pid 7 killed
+    j.run(1.0)
+    j.relay, j.relayed = "node-b:8:2", True  # its successor forwards rank 3's frames, no report yet
+    snap = j.run(TICK_S)
+    lines = _relay_lines(snap)
+    assert lines[8] == "live ranks 1 (no report yet)"
+    # node-b's series: pid 8's own, its rank and no frames said yet (pid 7's: 500 frames, 0 ranks)
+    assert _relay_series(snap) == {"status": "live", "flowtop_relay_ranks": 1.0,
+                                   "flowtop_relay_frames_in_total": 0.0, "flowtop_relay_frames_out_total": 0.0,
+                                   "flowtop_relay_drops_total": 0.0, "flowtop_relay_commands_dropped_total": 0.0,
+                                   "flowtop_relay_link_lag_seconds": 0.0}
+    snap = j.run(SILENT_AFTER_S)  # pid 7 silent now: its last report's connection is gone with it
+    assert _relay_lines(snap) == {7: "silent ranks 0 frames 500/500 drops 0", 8: "live ranks 1 (no report yet)"}
+    j.report(connected=1, frames=20)
+    snap = j.run(TICK_S)
+    assert _relay_lines(snap) == {7: "silent ranks 0 frames 500/500 drops 0 replaced by a newer relay of its host",
+                                  8: "live ranks 1 frames 20/20 drops 0"}
+    assert _relay_series(snap)["flowtop_relay_frames_in_total"] == 20.0

@@ -65,8 +65,11 @@ def _address(rel: RelaySnapshot, rels: list[RelaySnapshot]) -> str:
 def _newer(rel: RelaySnapshot, old: RelaySnapshot) -> bool:
     """Whether ``rel`` rather than ``old`` (same label) is exported: the more recently heard, but
     a relay that has not reported its address yet never hides a live one that has (it is not that
-    relay's successor: a live relay still holds its address)."""
-    if not rel.listen and old.listen and old.status == "live":
+    relay's successor: a live relay still holds its address) — unless every rank behind that one
+    now comes through it: the live one died, not silent for SILENT_AFTER_S yet, and this is its
+    successor (the series showed the dead relay's last report, its frames and "live", for those
+    seconds, while its ranks' frames came through the new one)."""
+    if not rel.listen and old.listen and old.status == "live" and not (rel.ranks and not old.ranks):
         return False
     if rel.listen and not old.listen and rel.status == "live":
         return True

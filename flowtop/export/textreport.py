@@ -69,15 +69,24 @@ def render(snap: MonitorSnapshot) -> str:
     if snap.relays:
         replaced = replaced_relays(snap.relays)
         lines.append(f"relays: {len(snap.relays)} ({relay_states(snap.relays, replaced)})")
-        for x in snap.relays:
-            flood = f"  commands dropped {x.commands_dropped:,} (a flood)" if x.commands_dropped else ""
-            newer = "  replaced by a newer relay of its host" if x.relay in replaced else ""
-            # ranks: whose latest frame came through it (the JSON's); connected: as it last reported
-            connected = f" ({x.ranks_connected} connected)" if x.ranks_connected != x.ranks else ""
-            lines.append(f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks:>3}{connected}  "
-                         f"frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  heard {seconds(x.age_s)} ago"
-                         f"{newer}")
+        lines.extend(_relay_line(x, x.relay in replaced) for x in snap.relays)
     return "\n".join(lines)
+
+
+def _relay_line(x: RelaySnapshot, replaced: bool) -> str:
+    """A relay's line. ``ranks``: whose latest frame came through it (the JSON's), the monitor's
+    own count; the rest is the relay's own figures, from its latest report. Before its first (no
+    ``listen``: every report names it) it has none: "no report yet", not the 0s of the JSON (a
+    successor read "(0 connected)  frames 0/0  drops 0" beside its predecessor). Connections are
+    said of a live relay only: a silent or closed one's are as it last reported, gone with it (a
+    replaced relay read "ranks 0 (1 connected)" until the monitor forgot it, 10 minutes on)."""
+    head = f"  {x.host[:24]:<24} pid {x.pid:<7} {x.status:<6} ranks {x.ranks:>3}"
+    tail = f"heard {seconds(x.age_s)} ago{'  replaced by a newer relay of its host' if replaced else ''}"
+    if x.listen is None:
+        return f"{head} (no report yet)  {tail}"
+    connected = f" ({x.ranks_connected} connected)" if x.status == "live" and x.ranks_connected != x.ranks else ""
+    flood = f"  commands dropped {x.commands_dropped:,} (a flood)" if x.commands_dropped else ""
+    return f"{head}{connected}  frames {x.frames_in}/{x.frames_out}  drops {x.drops}{flood}  {tail}"
 
 
 def replaced_relays(relays: Sequence[RelaySnapshot]) -> set[str]:
