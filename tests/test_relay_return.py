@@ -9,8 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from flowtop.export.exporter import snapshot_families
 from flowtop.export.textreport import render
+from flowtop.monitor import rotation
 from flowtop.monitor.relays import SILENT_AFTER_S, encode_stamp
 from flowtop.monitor.snapshot import MonitorSnapshot
 from flowtop.monitor.snapshot_json import to_json
@@ -58,6 +61,21 @@ def test_relay_silent_clears_at_the_first_tick_its_ranks_are_heard_again() -> No
     assert heard in (5, 6) and ticks == [HEARD] * heard + [CUT] * (len(ticks) - heard)
     j.relayed = True
     assert [_shown(j.run(TICK_S)) for _ in range(4)] == [HEARD] * 4
+
+
+@pytest.mark.parametrize("offset", range(4))
+def test_a_large_jobs_relay_silent_clears_at_the_first_tick_too(monkeypatch: pytest.MonkeyPatch, offset: int) -> None:
+    """A large job's rules are measured in shares, at some ticks of its round (rotation.hint_share;
+    RANKS_PER_TICK 1 here: the 4 ranks take 4 ticks a round, 2 shares), its hints held between:
+    relay_silent stayed until its own share's tick (up to a round: 4 s at 4,096 ranks) after its
+    ranks were heard again. Back at each tick of the round (``offset``), it goes at the first."""
+    monkeypatch.setattr(rotation, "RANKS_PER_TICK", 1)
+    j = _Job()
+    j.run(3.0 + offset * TICK_S)
+    j.relayed = False
+    assert _shown(j.run(SILENT_AFTER_S + 2.0)) == CUT  # raised at its share's tick, within a round
+    j.relayed = True
+    assert [_shown(j.run(TICK_S)) for _ in range(5)] == [HEARD] * 5
 
 
 def test_a_relay_merely_late_raises_nothing() -> None:
