@@ -283,3 +283,19 @@ def test_a_crash_early_in_a_run_whose_hello_came_late_is_still_first(capsys: pyt
     assert _job(snap).status == "failed" and end_status(snap) == 4
     assert capsys.readouterr().err.startswith(f"flowtop: --until-done: 1 rank(s) failed, first rank 0 of j: {CRASH}\n")
 
+
+
+@pytest.mark.parametrize("stamp", [0.0, 1.25], ids=["t=0", "before its own steps"])
+def test_a_bye_stamped_before_its_own_frames_is_put_at_its_receive_time(stamp: float) -> None:
+    """node-a scancel'd (byes sent 10.00-10.01), node-b's errors after (rank 3's sent 10.31), all
+    received at 10.5; rank 2's probe stamped its bye ``stamp``: t=0, or 1.25, after its hello (1.0:
+    the monitor first heard it then, its clock lead 0) but before its own steps (sent 1.1-1.5). Either
+    stamp is no time it ended: its receive time (10.5), so the stop is first, the errors after it
+    (by step, then rank: 2, 3). The base took ``stamp`` as the job's first ending: failed, the
+    stops sorted after both errors (2, 3, 0, 1)."""
+    endings = [("j", 2, GLOO, stamp, 10.5), ("j", 3, GLOO, 10.31, 10.5),
+               ("j", 0, "SIGTERM", 10.00, 10.5), ("j", 1, "SIGTERM", 10.01, 10.5)]
+    job_ = _job(_snap(endings))
+    assert {r.rank: r.ended_at for r in job_.ranks} == {0: 10.00, 1: 10.01, 2: 10.5, 3: 10.31}
+    assert job_.status == "stopped"
+    assert [r.rank for r in sort_ranks(job_.ranks, job_context(job_.ranks))] == [0, 1, 2, 3]

@@ -222,6 +222,8 @@ class Model(ModelNotices):
             st.last_seq = seq
         if now - sent_at < st.clock_lead:  # the rank's clock to the monitor's: its least transit (RankState)
             st.clock_lead = now - sent_at
+        if sent_at > st.sent_max:
+            st.sent_max = sent_at
         if cols is not None and kind != "hello":  # as the kinds' order below had it
             self._on_steps(st, cols, now)
             return
@@ -259,7 +261,7 @@ class Model(ModelNotices):
             self._judged.void(st.key.job)  # histories taken with the rank running
             self._last_look(st, now)
             st.bye = str(f.get("reason", "exit"))
-            st.ended_at = sent_at + st.clock_lead  # on the monitor's clock (at most now: lead <= now - sent_at)
+            st.ended_at = rs.bye_time(st, sent_at, now)
             if st.bye.startswith(wire.BYE_ERROR_PREFIX):
                 self._failed(st, now)
             st.version += 1  # the last look's view was of a running rank

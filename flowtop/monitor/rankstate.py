@@ -164,6 +164,9 @@ class RankState:
     #: crash early in a run, its few hellos received late in a start's burst, is not put late). A
     #: node whose clock is 2 s behind would otherwise have its endings taken as 2 s earlier.
     clock_lead: float = math.inf
+    #: The latest send time (the wire's ``t``, the rank's clock) of its frames: a bye stamped
+    #: before it is implausible (a broken or hostile probe's t=0) and is put at its receive time.
+    sent_max: float = -math.inf
     #: Monitor time of the rank's last step boundary as its newest hello reported it (receive time
     #: minus its ``step_age_s``), while that hello's ``last_step`` is at least the newest step
     #: record's: a monitor (re)started while the rank hangs in a collective sees none of its steps,
@@ -241,6 +244,17 @@ def heard_step(st: RankState, said: HelloStep | None, now: float) -> None:
     at = now - said.age_s
     if st.hello_step != said.last_step or st.hello_step_at is None or at < st.hello_step_at:
         st.hello_step_at, st.hello_step = at, said.last_step
+
+
+def bye_time(st: RankState, sent_at: float, now: float) -> float:
+    """When the rank whose bye stamped ``sent_at`` (its clock) and was received at ``now`` said
+    it, on the monitor's clock (RankState.ended_at): its send time plus the rank's clock lead (at
+    most ``now``: the lead is at most ``now - sent_at``). A stamp before one of the rank's own
+    earlier frames (``sent_max`` holds the bye's too: greater only by an earlier frame's), or
+    one that puts it before the monitor first heard it, says nothing of when it ended (a broken
+    or hostile probe's t=0 took its job's first ending): its receive time instead."""
+    at = sent_at + st.clock_lead
+    return at if sent_at >= st.sent_max and at >= st.first_seen else now
 
 
 def hello_step_at(st: RankState) -> float | None:
