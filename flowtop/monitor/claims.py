@@ -17,7 +17,8 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
+from types import MappingProxyType
+from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Protocol, TypeVar
 
 from flowtop.monitor.records import fast_init
 from flowtop.monitor.snapshot import RankSnapshot
@@ -234,3 +235,53 @@ class SoleRows(Generic[S]):
         for k in sorted(states, key=view_order):
             rows[k.job].append((states[k], ()))
         return dict(rows)
+
+
+class FirstSeen(Protocol):
+    """A rank process's state as :class:`ClaimedAt` reads it (rankstate.RankState)."""
+
+    @property
+    def first_seen(self) -> float: ...
+
+
+#: No rank number of a job held by two processes.
+NONE_CLAIMED: Mapping[int, float] = MappingProxyType({})
+
+
+class ClaimedAt:
+    """Per job, rank number -> monitor time the newest of the processes claiming it was first
+    seen, for the rank numbers two or more of the job's processes hold, shown or not (a restart,
+    an elastic restart that gave a rank number to another node, a conflict, until the old
+    process is forgotten): a process that ended before then is history (rankview.JobContext).
+    Every process, not the shown ones: torchrun counts restarts per node agent, so the claims
+    may show an earlier process of a higher incarnation in place of the one that now holds its
+    number. Kept until the set of processes changes (``version``): a walk of every process."""
+
+    def __init__(self) -> None:
+        self._version = -1
+        self._by_job: dict[str, dict[int, float]] = {}
+
+    def of(self, job: str, states: Mapping[RankKey, FirstSeen], version: int) -> Mapping[int, float]:
+        """``job``'s rank numbers held twice or more among ``states`` (keyed by rank key;
+        ``version`` changes whenever a key comes or goes), each with its newest first-seen time."""
+        if version != self._version:
+            self._version, self._by_job = version, self._build(states)
+        return self._by_job.get(job, NONE_CLAIMED)
+
+    @staticmethod
+    def _build(states: Mapping[RankKey, FirstSeen]) -> dict[str, dict[int, float]]:
+        latest: dict[tuple[str, int], float] = {}
+        twice: set[tuple[str, int]] = set()
+        for key, st in states.items():
+            where, seen = (key.job, key.rank), st.first_seen
+            held = latest.get(where)
+            if held is None:
+                latest[where] = seen
+                continue
+            twice.add(where)
+            if seen > held:
+                latest[where] = seen
+        by_job: dict[str, dict[int, float]] = {}
+        for job, rank in twice:
+            by_job.setdefault(job, {})[rank] = latest[(job, rank)]
+        return by_job

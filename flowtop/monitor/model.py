@@ -36,7 +36,7 @@ from array import array
 
 from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Claims, SoleRows, ViewOrder
+from flowtop.monitor.claims import ClaimedAt, Claims, SoleRows, ViewOrder
 from flowtop.monitor.compact import Column
 from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.hello_asks import HelloAsks
@@ -113,6 +113,7 @@ class Model(ModelNotices):
         self._claims = Claims()
         self._sole: SoleRows[RankState] = SoleRows()
         self._order: ViewOrder[RankState] = ViewOrder()  # every rank in the view's order (a restart's ticks)
+        self._claimed_at = ClaimedAt()  # rank numbers two processes hold: when the newest was first seen
         self._keys_version = 0  # changes whenever a rank key comes or goes (self._sole's and _order's caches)
         #: Jobs dropped after :data:`EVICT_AFTER_S` of being finished or silent.
         self.evicted_jobs = 0

@@ -10,11 +10,11 @@ extra call layer). It holds no state of its own; the attributes declared below a
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import Claims, Rows, Seen, SoleRows, ViewOrder, view_order
+from flowtop.monitor.claims import ClaimedAt, Claims, Rows, Seen, SoleRows, ViewOrder, view_order
 from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.rankfilter import hinted_ranks
@@ -68,6 +68,7 @@ class ModelViews:
     _ended_jobs: EndedJobs
     _sole: SoleRows[RankState]
     _order: ViewOrder[RankState]
+    _claimed_at: ClaimedAt
     _keys_version: int
 
     def ticks_per_round(self, ranks: int) -> int:
@@ -87,6 +88,8 @@ class ModelViews:
             # An ended or silent job's snapshot of the last tick, while it holds (flowtop.monitor.endedjobs).
             held = self._ended_jobs.take(job, shown, self.ticks_per_round(len(shown)), hints, self.relays.lag_of,
                                          lambda via: self.relays.cut_of(via, now))
+            if held is not None and held.claimed_at != self._claimed(job):
+                held = None  # a process took a rank number of it since (a hidden one: the rows are the same)
             jobs.append(held if held is not None else
                         self._job_snapshot(job, shown, now, hints, rotation=(0, 0) if light else None))
         return self._monitor_snapshot(now, listen, tuple(jobs))
@@ -132,6 +135,10 @@ class ModelViews:
         at = {via: now - self.relays.lag_of(via) for via in {st.via for st in states}}
         running = rs.running
         return [Seen(st.key, running(st, at[st.via]), bool(st.steps), st.last_recv, st.first_seen) for st in states]
+
+    def _claimed(self, job: str) -> Mapping[int, float]:
+        """JobSnapshot.claimed_at of ``job`` now (flowtop.monitor.claims.ClaimedAt)."""
+        return self._claimed_at.of(job, self.ranks, self._keys_version)
 
     def _hot(self, job: str) -> frozenset[int]:
         """The ranks a large job's active rank hints name, whose views every tick rebuilds (at
@@ -210,6 +217,7 @@ class ModelViews:
             tokens_basis=tokens_basis + (f"; {parallelism.REPLICAS_LEFT_OUT}" if left_out else ""),
             stages=parallelism.pipeline_stages(counted),
             left_out=left_out,
+            claimed_at=self._claimed(job),
         )
 
     def _merged_kernels(self, job: str, states: list[RankState],

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 from flowtop.monitor.format import COORD_ROLES
 from flowtop.monitor.rankfilter import RankFilter, hinted_ranks
 from flowtop.monitor.rankorder import LazyRows, node_order
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot, ending_time, first_ending
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot, ending_order, ending_time, first_ending
 
 #: (job, host, pid, rank, incarnation): one rank process. Rows, selection and map cells are
 #: keyed by it, never by a row index, so a selection survives rows moving.
@@ -44,6 +44,13 @@ FAILED_TIER = STATUS_TIER["failed"]
 STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
 CONFLICT_TIER = 3
 LIVE_TIER = STATUS_TIER["live"]
+#: A rank process not heard since another process took its rank number (:meth:`JobContext.history`:
+#: an elastic restart's old processes, shown while the job's current ones are silent, or in place
+#: of a current one of a lower incarnation, torchrun counting restarts per node agent): below
+#: every current rank, done included (its crash and stops sorted above the current ranks gone
+#: silent: history outranked a live problem); among its kind by when each ended, a crash first
+#: on a tie (snapshot.ending_order: the crash the restart followed, then the stops).
+HISTORY_TIER = 6
 #: Worst status of a node: the lowest tier among its ranks.
 _TIER_STATUS = {-1: "stopped", 0: "failed", 1: "stale", 2: "stalled", 3: "live", 4: "live", 5: "done"}
 #: A live rank is a straggler this many steps behind the job's lead rank. One step apart is
@@ -86,6 +93,12 @@ class JobContext:
     #: one: a stopped rank that said bye then or after was stopped because of the crash, not the
     #: cause of it.
     first_failure_at: float | None = None
+    #: JobSnapshot.claimed_at: rank number -> when the newest process claiming it was first seen.
+    claimed_at: Mapping[int, float] = field(default_factory=dict)
+
+    def history(self, r: RankSnapshot) -> bool:
+        """:func:`is_history` of ``r`` in this job."""
+        return is_history(r, self.claimed_at)
 
     def lag(self, r: RankSnapshot) -> int | None:
         """Steps behind the lead rank (0 for a finished rank: it is not late, it is done; None for
@@ -93,6 +106,18 @@ class JobContext:
         if r.cut is not None:
             return None
         return 0 if r.status in ENDED else max(0, self.lead_step - r.step)
+
+
+def is_history(r: RankSnapshot, claimed_at: Mapping[int, float]) -> bool:
+    """Whether ``r`` is history: it no longer runs (ended, or silent) and was last heard at or
+    before another process claiming its rank number was first seen (``claimed_at``:
+    JobSnapshot.claimed_at; a start at the instant of its last frame follows it, as in
+    claims.superseded). When each process was first seen, not its incarnation: torchrun counts
+    restarts per node agent, so a node that crashes at incarnation 0 beside a restarted node at 1
+    is the current run's problem, not history (an order by incarnation was reverted for it)."""
+    at = claimed_at.get(r.rank)
+    return (at is not None and r.first_seen is not None and r.first_seen < at and r.heard_at <= at
+            and (r.status in ENDED or r.status == "stale"))
 
 
 _LAST_CONTEXT: list[tuple[JobSnapshot, JobContext]] = []
@@ -103,20 +128,25 @@ def job_context_of(job: JobSnapshot) -> JobContext:
     table, the map and the summary all measure against one snapshot's job."""
     if _LAST_CONTEXT and _LAST_CONTEXT[0][0] is job:
         return _LAST_CONTEXT[0][1]
-    ctx = job_context(job.ranks, hinted_ranks(job.hints, "straggler"))
+    ctx = job_context(job.ranks, hinted_ranks(job.hints, "straggler"), job.claimed_at)
     _LAST_CONTEXT[:] = [(job, ctx)]
     return ctx
 
 
-def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] | None = None) -> JobContext:
+def job_context(ranks: Iterable[RankSnapshot], stragglers: Mapping[int, float] | None = None,
+                claimed_at: Mapping[int, float] | None = None) -> JobContext:
     """Lead step and median step time over the running ranks, those unheard behind a silent
-    relay left out (``stragglers``: the ranks the job's straggler hints name, with their impact)."""
+    relay left out (``stragglers``: the ranks the job's straggler hints name, with their impact;
+    ``claimed_at``: JobSnapshot.claimed_at, which ranks are history). The first failure is the
+    current run's: a crash that is history (the one a restart followed) says nothing of why a
+    current rank was stopped."""
     ranks = list(ranks)
     running = [r for r in ranks if r.status not in ENDED and r.cut is None] or ranks
     times = sorted(r.step_time_s for r in running if r.status == "live" and r.step_time_s is not None)
-    failures = [ending_time(r) for r in ranks if r.status == "failed"]
+    claimed = claimed_at or {}
+    failures = [ending_time(r) for r in ranks if r.status == "failed" and not (claimed and is_history(r, claimed))]
     return JobContext(lead_step=max((r.step for r in running), default=0), median_step_s=median_sorted(times),
-                      stragglers=stragglers or {}, first_failure_at=min(failures, default=None))
+                      stragglers=stragglers or {}, first_failure_at=min(failures, default=None), claimed_at=claimed)
 
 
 def median_sorted(xs: list[float]) -> float | None:
@@ -132,12 +162,15 @@ def worst_first(ctx: JobContext) -> Callable[[RankSnapshot], tuple]:
     """Sort key: stopped (ended by a signal) before any crash, failed, stopped after a crash (their
     byes' send times, snapshot.ending_time; a tie: the crash first),
     silent, hung, then stragglers (those a straggler hint names, then the most steps behind and
-    slowest step), then the lowest MFU; rank number and incarnation break ties so the order is
-    deterministic."""
+    slowest step), then the lowest MFU, then done; history last (:data:`HISTORY_TIER`); rank
+    number and incarnation break ties so the order is deterministic."""
     limit = ctx.median_step_s * STRAGGLER_RATIO if ctx.median_step_s else _INF
     crash_at = ctx.first_failure_at
+    history = ctx.history if ctx.claimed_at else None  # no rank number held twice: none is history
 
     def key(r: RankSnapshot) -> tuple:
+        if history is not None and history(r):
+            return (HISTORY_TIER, ending_order(r), r.incarnation)
         tier = CONFLICT_TIER if r.conflict and r.status == "live" else STATUS_TIER.get(r.status, STALE_TIER)
         step_s = r.step_time_s if r.step_time_s is not None else 0.0
         if tier == STOPPED_TIER and crash_at is not None and ending_time(r) >= crash_at:  # a tie: the crash

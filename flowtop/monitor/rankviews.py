@@ -260,6 +260,7 @@ class RankViews:
             history=rs.history(st, shown_only),
             bye_reason=st.bye,
             ended_at=st.ended_at,
+            first_seen=st.first_seen,
             relay=st.via,
             commands_refused=st.commands_refused,
             commands_dropped=st.commands_dropped,

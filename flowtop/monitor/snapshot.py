@@ -280,6 +280,10 @@ class RankSnapshot(Slotted):
     #: None while running.
     #: Orders a job's endings (:func:`first_ending`).
     ended_at: float | None = None
+    #: Monitor time it was first heard from (rankstate.RankState.first_seen): beside
+    #: JobSnapshot.claimed_at, whether a process took its rank number after it ended (history,
+    #: flowtop.monitor.rankview). None in a view made by hand (never history).
+    first_seen: float | None = None
 
     def age_s(self, now: float) -> float:
         """Seconds since the monitor last heard from the rank, at monitor time ``now`` (the
@@ -352,6 +356,11 @@ class JobSnapshot:
     stages: tuple[StageView, ...] = ()
     #: Heard ranks left out of its figures with their data-parallel replica, which has an unheard rank.
     left_out: int = 0
+    #: Rank number -> monitor time the newest of its processes claiming it was first seen, for the
+    #: rank numbers two or more of its processes hold, shown or not (flowtop.monitor.claims.ClaimedAt):
+    #: a rank process that ended before then is history, sorted below the current ranks
+    #: (flowtop.monitor.rankview). Not in the JSON.
+    claimed_at: Mapping[int, float] = field(default_factory=dict, hash=False)
 
     @property
     def ranks_seen(self) -> int:
