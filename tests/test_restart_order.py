@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from flowtop.monitor.rankview import ViewSpec, build_view, is_history, job_context_of
+from flowtop.monitor.claims import is_history
+from flowtop.monitor.rankview import ViewSpec, build_view, job_context_of
 from flowtop.monitor.snapshot import JobSnapshot
 from probe.wire import RankKey
 from synthetic.cluster import cluster_rank

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Protocol, TypeVar
 
 from flowtop.monitor.records import fast_init
-from flowtop.monitor.snapshot import RankSnapshot
+from flowtop.monitor.snapshot import ENDED, RankSnapshot
 from probe.wire import RankKey
 
 T = TypeVar("T")
@@ -107,6 +107,18 @@ def superseded(seen: Iterable[Seen]) -> set[RankKey]:
     out = {s.key for s in seen if not s.running and latest.get(s.key.job, never) >= s.last_recv}
     out.update([s.key for s in seen if s.running and newest.get((s.key.job, s.key.rank), never) > s.last_recv])
     return out
+
+
+def is_history(r: RankSnapshot, claimed_at: Mapping[int, float]) -> bool:
+    """Whether ``r`` is history: it no longer runs (ended, or silent) and was last heard at or
+    before another process claiming its rank number was first seen (``claimed_at``:
+    JobSnapshot.claimed_at; a start at the instant of its last frame follows it, as in
+    :func:`superseded`). When each process was first seen, not its incarnation: torchrun counts
+    restarts per node agent, so a node that crashes at incarnation 0 beside a restarted node at 1
+    is the current run's problem, not history (the rank view's order by incarnation was reverted for it)."""
+    at = claimed_at.get(r.rank)
+    return (at is not None and r.first_seen is not None and r.first_seen < at and r.heard_at <= at
+            and (r.status in ENDED or r.status == "stale"))
 
 
 class Claims:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
+from flowtop.monitor.claims import is_history
 from flowtop.monitor.format import COORD_ROLES
 from flowtop.monitor.rankfilter import RankFilter, hinted_ranks
 from flowtop.monitor.rankorder import LazyRows, node_order
@@ -44,12 +45,9 @@ FAILED_TIER = STATUS_TIER["failed"]
 STALE_TIER = STATUS_TIER["stale"]  # an unknown status sorts as silent
 CONFLICT_TIER = 3
 LIVE_TIER = STATUS_TIER["live"]
-#: A rank process not heard since another process took its rank number (:meth:`JobContext.history`:
-#: an elastic restart's old processes, shown while the job's current ones are silent, or in place
-#: of a current one of a lower incarnation, torchrun counting restarts per node agent): below
-#: every current rank, done included (its crash and stops sorted above the current ranks gone
-#: silent: history outranked a live problem); among its kind by when each ended, a crash first
-#: on a tie (snapshot.ending_order: the crash the restart followed, then the stops).
+#: A rank process not heard since another process took its rank number (claims.is_history: an
+#: elastic restart's old crash and stops sorted above the current ranks gone silent): below every
+#: current rank, done included; among its kind by snapshot.ending_order (the crash first).
 HISTORY_TIER = 6
 #: Worst status of a node: the lowest tier among its ranks.
 _TIER_STATUS = {-1: "stopped", 0: "failed", 1: "stale", 2: "stalled", 3: "live", 4: "live", 5: "done"}
@@ -106,18 +104,6 @@ class JobContext:
         if r.cut is not None:
             return None
         return 0 if r.status in ENDED else max(0, self.lead_step - r.step)
-
-
-def is_history(r: RankSnapshot, claimed_at: Mapping[int, float]) -> bool:
-    """Whether ``r`` is history: it no longer runs (ended, or silent) and was last heard at or
-    before another process claiming its rank number was first seen (``claimed_at``:
-    JobSnapshot.claimed_at; a start at the instant of its last frame follows it, as in
-    claims.superseded). When each process was first seen, not its incarnation: torchrun counts
-    restarts per node agent, so a node that crashes at incarnation 0 beside a restarted node at 1
-    is the current run's problem, not history (an order by incarnation was reverted for it)."""
-    at = claimed_at.get(r.rank)
-    return (at is not None and r.first_seen is not None and r.first_seen < at and r.heard_at <= at
-            and (r.status in ENDED or r.status == "stale"))
 
 
 _LAST_CONTEXT: list[tuple[JobSnapshot, JobContext]] = []
