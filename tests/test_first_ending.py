@@ -299,3 +299,21 @@ def test_a_bye_stamped_before_its_own_frames_is_put_at_its_receive_time(stamp: f
     assert {r.rank: r.ended_at for r in job_.ranks} == {0: 10.00, 1: 10.01, 2: 10.5, 3: 10.31}
     assert job_.status == "stopped"
     assert [r.rank for r in sort_ranks(job_.ranks, job_context(job_.ranks))] == [0, 1, 2, 3]
+
+
+def test_a_hello_sent_just_before_a_bye_with_a_later_stamp_leaves_the_bye_its_time() -> None:
+    """The probe stamps a frame when it is queued, but a due hello when its sender's round sends it,
+    first (probe.transport.sender): node-a's SIGTERM byes (sent 10.00-10.01) go out behind hellos
+    stamped 10.05, all received at 10.7 after node-b's errors (10.30-10.31, received 10.5). The
+    hello's stamp is no frame the bye came after: the byes keep their send times, the stop is first."""
+    frames = _frames(SCANCEL_BYES_LATE)
+    hellos = [(10.7, wire.encode("hello", RankKey("j", "node-a", 100 + r, r, 0), 6, 10.05,
+                                 {"local_rank": r, "world_size": 4, "device": "cpu (test)", "probe_version": "t"}))
+              for r in (0, 1)]
+    byes_at = next(i for i, (got, _) in enumerate(frames) if got == 10.7)
+    model = make_model()
+    for received, frame in frames[:byes_at] + hellos + frames[byes_at:]:
+        model.ingest(wire.decode(frame), received)
+    job_ = _job(model.tick(12.0))
+    assert {r.rank: r.ended_at for r in job_.ranks} == {0: 10.00, 1: 10.01, 2: 10.30, 3: 10.31}
+    assert job_.status == "stopped"

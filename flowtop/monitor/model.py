@@ -223,7 +223,7 @@ class Model(ModelNotices):
             st.last_seq = seq
         if now - sent_at < st.clock_lead:  # the rank's clock to the monitor's: its least transit (RankState)
             st.clock_lead = now - sent_at
-        if sent_at > st.sent_max:
+        if sent_at > st.sent_max and kind != "hello":  # a hello: stamped at the sender's round, sent first
             st.sent_max = sent_at
         if cols is not None and kind != "hello":  # as the kinds' order below had it
             self._on_steps(st, cols, now)

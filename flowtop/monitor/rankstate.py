@@ -164,8 +164,11 @@ class RankState:
     #: crash early in a run, its few hellos received late in a start's burst, is not put late). A
     #: node whose clock is 2 s behind would otherwise have its endings taken as 2 s earlier.
     clock_lead: float = math.inf
-    #: The latest send time (the wire's ``t``, the rank's clock) of its frames: a bye stamped
-    #: before it is implausible (a broken or hostile probe's t=0) and is put at its receive time.
+    #: The latest send time (the wire's ``t``, the rank's clock) of its frames but hellos: a bye
+    #: stamped before it is implausible (a broken or hostile probe's t=0) and is put at its receive
+    #: time (:func:`bye_time`). The probe stamps a frame when it is queued, and frames leave in
+    #: that order, except its hello: stamped at the sender's round and put first, it goes out before
+    #: a bye queued just earlier (probe.transport.sender), and is left out.
     sent_max: float = -math.inf
     #: Monitor time of the rank's last step boundary as its newest hello reported it (receive time
     #: minus its ``step_age_s``), while that hello's ``last_step`` is at least the newest step
@@ -250,9 +253,9 @@ def bye_time(st: RankState, sent_at: float, now: float) -> float:
     """When the rank whose bye stamped ``sent_at`` (its clock) and was received at ``now`` said
     it, on the monitor's clock (RankState.ended_at): its send time plus the rank's clock lead (at
     most ``now``: the lead is at most ``now - sent_at``). A stamp before one of the rank's own
-    earlier frames (``sent_max`` holds the bye's too: greater only by an earlier frame's), or
-    one that puts it before the monitor first heard it, says nothing of when it ended (a broken
-    or hostile probe's t=0 took its job's first ending): its receive time instead."""
+    earlier frames (``sent_max``, which holds the bye's too: greater only by an earlier frame's),
+    or one that puts it before the monitor first heard it, says nothing of when it ended (a
+    broken or hostile probe's t=0 took its job's first ending): its receive time instead."""
     at = sent_at + st.clock_lead
     return at if sent_at >= st.sent_max and at >= st.first_seen else now
 
