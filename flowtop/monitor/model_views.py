@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from flowtop.monitor import accounting, parallelism
 from flowtop.monitor import rankstate as rs
-from flowtop.monitor.claims import ClaimedAt, Claims, Rows, Seen, SoleRows, ViewOrder, view_order
+from flowtop.monitor.claims import NONE_CLAIMED, ClaimedAt, Claims, Rows, Seen, SoleRows, ViewOrder, view_order
 from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.kernels.merge import JobKernelStats
 from flowtop.monitor.rankfilter import hinted_ranks
@@ -137,7 +137,10 @@ class ModelViews:
         return [Seen(st.key, running(st, at[st.via]), bool(st.steps), st.last_recv, st.first_seen) for st in states]
 
     def _claimed(self, job: str) -> Mapping[int, float]:
-        """JobSnapshot.claimed_at of ``job`` now (flowtop.monitor.claims.ClaimedAt)."""
+        """JobSnapshot.claimed_at of ``job`` now (flowtop.monitor.claims.ClaimedAt): none while each
+        rank number has one process (the sole rows, kept by the view: no walk of every process)."""
+        if self._sole.get(self.ranks, self._keys_version, self._claims) is not None:
+            return NONE_CLAIMED
         return self._claimed_at.of(job, self.ranks, self._keys_version)
 
     def _hot(self, job: str) -> frozenset[int]:
