@@ -65,7 +65,7 @@ def _order(job: JobSnapshot) -> list[tuple[int, str, int, str]]:
 
 def test_a_restart_s_old_crash_sorts_below_the_current_ranks_gone_silent() -> None:
     """Rank 0 crashes again (node A, incarnation 1); the third run gets ranks 0-1 on node B
-    (incarnation 0, first seen 2.2 s after the second crash) and 2-3 on node A (incarnation 2);
+    (incarnation 0, first seen 2.1 s after the second crash) and 2-3 on node A (incarnation 2);
     5 s later the whole job goes silent. The claims show the second run's rank 0 (failed) and 1
     (stopped), incarnation 1 above B's 0, beside A's ranks 2-3 (stale). Those two ended before B's
     processes took their numbers: history, below the silent ranks (the base: the crash first, the
