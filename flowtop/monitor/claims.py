@@ -282,6 +282,8 @@ class ClaimedAt:
 
     @staticmethod
     def _build(states: Mapping[RankKey, FirstSeen]) -> dict[str, dict[int, float]]:
+        # One pass in Python (~3.8 k instructions a process, 31 M at 8,192, callgrind): reading the
+        # keys in C first (attrgetter, a set or a sort of them) cost more (37 M, 47 M).
         latest: dict[tuple[str, int], float] = {}
         twice: set[tuple[str, int]] = set()
         for key, st in states.items():
