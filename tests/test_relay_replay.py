@@ -98,8 +98,8 @@ def _rank_hints(snap: MonitorSnapshot) -> tuple[object, ...]:
 def test_a_cut_ranks_hints_are_suspended_in_the_replay_tick_by_tick_as_live(tmp_path: Path) -> None:
     """Rank 1, behind the relay, waits for input 0.01 s of each 0.05 s step (20 %): an input_wait
     hint. Its relay dies at 3 s: while rank 1 is unheard, no hint of it is active, only the job's
-    relay_silent (its input_wait kept, marked ended); a relay again from 9 s: its new steps wait 20 % again and the hint is back,
-    relay_silent gone from the first tick rank 1 is heard again. The replay of the recording
+    relay_silent (its input_wait kept, marked ended); a relay again from 9 s: its new steps wait 20 % again and the hint is back (with
+    relay_silent held for HOLD_S after the relay is heard again). The replay of the recording
     shows the same hints at every tick."""
     live = _LiveJob(tmp_path / "back.rec", wait_s=0.01)
     live.run(cut_at=3.0, end_at=21.0, back_at=9.0)
@@ -109,7 +109,7 @@ def test_a_cut_ranks_hints_are_suspended_in_the_replay_tick_by_tick_as_live(tmp_
     unheard = [hints for cut, hints in shown.values() if cut]
     # its hint from before the cut kept marked ended (as last measured), none active but relay_silent
     assert unheard and all(hints == [("input_wait", "rank 1", True), ("relay_silent", "", False)] for hints in unheard)
-    assert shown[round(10.0 / 0.5)] == (False, [wait])  # relay_silent is not held (its rule's hold_s)
+    assert shown[round(10.0 / 0.5)] == (False, [wait, ("relay_silent", "", False)])  # held for HOLD_S
     assert shown[round(21.0 / 0.5)] == (False, [wait])
     replayed: list[MonitorSnapshot] = []
     replay_all(tmp_path / "back.rec", make_model(), on_tick=replayed.append)

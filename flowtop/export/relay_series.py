@@ -69,11 +69,17 @@ def _newer(rel: RelaySnapshot, old: RelaySnapshot) -> bool:
     now comes through it: the live one died, not silent for SILENT_AFTER_S yet, and this is its
     successor (the series showed the dead relay's last report, its frames and "live", for those
     seconds, while its ranks' frames came through the new one)."""
-    if not rel.listen and old.listen and old.status == "live" and not (rel.ranks and not old.ranks):
+    if _holds(old, rel):
         return False
-    if rel.listen and not old.listen and rel.status == "live":
+    if _holds(rel, old):  # the same rule whichever of the two the walk met first (ids sort as text)
         return True
     return rel.age_s < old.age_s
+
+
+def _holds(live: RelaySnapshot, other: RelaySnapshot) -> bool:
+    """Whether ``live`` (reported its address, live) keeps the label from ``other`` (not reported
+    yet): unless every rank behind ``live`` now comes through ``other`` (see :func:`_newer`)."""
+    return bool(live.listen) and not other.listen and live.status == "live" and not (other.ranks and not live.ranks)
 
 
 def rank_relay_label(relay_id: str | None, labels: Mapping[str, str]) -> str:

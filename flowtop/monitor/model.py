@@ -128,7 +128,6 @@ class Model(ModelNotices):
         #: A tick rebuilds RANKS_PER_TICK ÷ spread ranks of a large job (one of SPREADS).
         self.spread = 1
         self._hints: dict[str, tuple[Hint, ...]] = {}  # job -> hints of its last evaluation
-        self._cut_judged: set[str] = set()  # jobs with ranks cut off at their last evaluation (ModelTicks._held)
         self._hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]] = {}  # see ModelViews._hot
         self._ended_jobs = EndedJobs()  # ended jobs' snapshots, reused while nothing of theirs changes
         #: Monitor-side errors for the user (the UI shows them as notifications).

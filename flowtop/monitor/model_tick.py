@@ -25,8 +25,6 @@ from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot
 from probe.wire import RankKey
 
 _log = logging.getLogger("flowtop.model")  # the name it had in flowtop.monitor.model
-#: The hint rule about ranks cut off behind a silent or closed relay (flowtop.monitor.hints.rules).
-_CUT_RULE = "relay_silent"
 
 
 #: A rank's bye makes the model evaluate its job's hints once more while the rank still runs
@@ -59,7 +57,6 @@ class ModelTicks(ModelViews):
     _hint_engine: HintEvaluator | None
     _hints_failed: bool
     _hints_seen: dict[str, list[float]]
-    _cut_judged: set[str]
     _hot_of: dict[str, tuple[tuple[Hint, ...], frozenset[int]]]
     _judged: Prepared[JobSnapshot]
     _looks: dict[str, TokenBucket]
@@ -106,7 +103,7 @@ class ModelTicks(ModelViews):
             else:
                 if self._hint_engine is not None and prepares(self.ticks, spread):
                     self._prepare(snap, now, [st for st, _ in shown])
-                out = _with_hints(snap, self._held(snap))
+                out = _with_hints(snap, self._hints.get(job, ()))
             if out.status == "stale" and not self._hints_failed:
                 if out is not held:  # (re)built, or its hints changed: kept from this tick on
                     self._ended_jobs.keep(job, shown, spread, out)
@@ -187,7 +184,6 @@ class ModelTicks(ModelViews):
             else:
                 judged, seen_at = self._as_now(snap, states) if states is not None else snap, now
             self._seen_by_hints(snap.job, seen_at, phase)  # as of the histories read
-            self._heard_again(judged)  # relay_silent not measured in this share: not held either
             hints = tuple(self._hint_engine.evaluate(judged, now, phase))
         except Exception as exc:  # a hints bug must not cost the user every snapshot
             if not self._hints_failed:
@@ -196,38 +192,7 @@ class ModelTicks(ModelViews):
                 self.notices.error(f"hints stopped: the hint engine raised {type(exc).__name__}: {exc}", now)
             return _with_hints(snap, self._hints.get(snap.job, ()))
         self._hints[snap.job] = hints
-        if judged.unheard:  # read by the engine already (HintEngine.evaluate): a cached pass
-            self._cut_judged.add(snap.job)
-        else:
-            self._cut_judged.discard(snap.job)
-        # judged may be the tick before's (rotation.Prepared), its ranks cut as they were then
-        return _with_hints(snap, self._held(snap))
-
-    def _held(self, snap: JobSnapshot) -> tuple[Hint, ...]:
-        """The job's hints as last evaluated (a large job's between its shares' ticks), but
-        relay_silent goes at the first tick no rank of the job is cut off (its relay heard again,
-        its ranks live in their rows), as a small job's does: its rule holds none
-        (flowtop.monitor.hints.rules). Held to its share's tick, it stayed up to a round
-        (rotation.hint_share: 4 s at 4,096 ranks, 32 s thinned 8 times) after the rows, the JSON
-        and Prometheus had its ranks live. Raised, it waits for its share as every hint does."""
-        hints = self._hints.get(snap.job, ())
-        if not self._heard_again(snap):
-            return hints
-        kept = tuple([h for h in hints if h.id != _CUT_RULE or h.ended])
-        self._hints[snap.job] = kept
-        return kept
-
-    def _heard_again(self, snap: JobSnapshot) -> bool:
-        """Whether the job had ranks cut off at its last evaluation and none in ``snap``: then its
-        relay_silent hint is cleared in the engine (HintEngine.clear; a share of the rules that
-        does not measure it held it as it was)."""
-        if snap.job not in self._cut_judged or snap.unheard:
-            return False
-        self._cut_judged.discard(snap.job)
-        clear = getattr(self._hint_engine, "clear", None)
-        if clear is not None:
-            clear(snap.job, _CUT_RULE)
-        return True
+        return _with_hints(snap, hints)
 
     def _cut_of(self, now: float) -> Callable[[str | None], RelayCut | None]:
         """What marks a relay's ranks unreachable at ``now`` (a kept silent job's check)."""
@@ -329,7 +294,6 @@ class ModelTicks(ModelViews):
             self._judged.void(job)
             self._looks.pop(job, None)
             self._hints.pop(job, None)
-            self._cut_judged.discard(job)
             self._hot_of.pop(job, None)
             self._ended_jobs.forget(job)
             self._claims.forget_job(job)

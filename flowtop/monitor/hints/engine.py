@@ -241,11 +241,6 @@ class HintEngine:
             del self._state[key]
         self._ended.pop(job, None)
 
-    def clear(self, job: str, rule_id: str) -> None:
-        """Clear the rule's hints of ``job`` now, between its shares' ticks, where the model knows
-        the measure fell back (relay_silent, no rank cut off: flowtop.monitor.model_tick)."""
-        self._state.pop((job, rule_id), None)
-
     def _end_hints(self, job: JobSnapshot) -> None:
         """Freeze, marked ended, the shown hints whose subject finished: every hint of a done job,
         and the rank hints of a rank whose every process said bye. Left to the measures, they
@@ -299,7 +294,7 @@ class HintEngine:
                 st.beyond_t = now
                 st.holding = False
                 return st
-            if now - st.beyond_t < (HOLD_S if rule.hold_s is None else rule.hold_s):
+            if now - st.beyond_t < HOLD_S:
                 # A gate with no room between threshold and clear (a throttle reason that
                 # comes and goes) would otherwise make the hint blink: hold it a little.
                 if not st.holding and st.hint is not None:

@@ -117,14 +117,6 @@ RULES: tuple[Rule, ...] = (
         clear=0.5,
         window_steps=0,
         window_s=0.0,
-        # Cleared at the first evaluation with no rank of the job cut off (no HOLD_S): its relay
-        # heard again, its ranks are live in their rows at that tick, and a hint held 10 s more
-        # ("silent for 5 s", frozen) read as a relay still down. The guard against flapping is on
-        # the raise side, where it was: a rank is cut only once its relay has been unheard for
-        # SILENT_AFTER_S (3 s: three of its 1 s heartbeats, flowtop.monitor.relays), so a relay whose
-        # report or batch is merely late raises nothing, and the hint is up exactly while the
-        # rows show its ranks cut off.
-        hold_s=0.0,
         summary="{unheard_ranks:.0f} {ranks_word} unheard behind {relays_phrase} while the other {stepping_ranks} "
         "step on: they may still train; the job's MFU, FLOP/s and tokens/s are over the heard ranks",
         # A relay silent (not closed): since when, said at display (flowtop.monitor.hintclock).

@@ -52,10 +52,6 @@ class Rule:
     #: 2026-12-06): a large job's rules are measured in shares of about equal cost at different
     #: ticks (HintEngine.plan, flowtop.monitor.rotation.HINT_SHARES). Rules not measured: 2.
     cost: float = 2.0
-    #: Seconds the hint stays shown after its measure fell back past ``clear`` (None: the
-    #: engine's HOLD_S, against a measure that wobbles about its threshold). 0 for a measure whose
-    #: raise side has its own guard against flapping and whose clearing is news the user waits for.
-    hold_s: float | None = None
 
 
 #: Rule fields an override may set (the rest describe what the rule *is*, not how it is tuned).
