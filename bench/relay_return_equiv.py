@@ -13,7 +13,9 @@ snapshot as it is, and of the JSON without relay_silent hints, and whether a ran
 ``--compare`` says at how many ticks the two runs' snapshots differ, and fails unless, at every
 one, they are the same without relay_silent hints and the second run's differs only in showing
 none while no rank of the job is cut off (the base's held it) or, with the rules in shares, in
-raising a new cut at its share's tick where the base still showed the last one's.
+raising a new cut at its share's tick where the base still showed the last one's. (Written for
+relay_silent's clearing at the first tick, reverted in 785e3bf: it flapped; the per-tick digests
+serve any change around a relay's return, ``--compare``'s rule that one's.)
 """
 
 from __future__ import annotations
