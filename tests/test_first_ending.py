@@ -317,3 +317,48 @@ def test_a_hello_sent_just_before_a_bye_with_a_later_stamp_leaves_the_bye_its_ti
     job_ = _job(model.tick(12.0))
     assert {r.rank: r.ended_at for r in job_.ranks} == {0: 10.00, 1: 10.01, 2: 10.30, 3: 10.31}
     assert job_.status == "stopped"
+
+
+def _killed_then_stopped(peers_why: str) -> MonitorSnapshot:
+    """torchrun's ending of a rank killed outright (SIGKILL: the OOM killer): ranks 0-3 step to
+    step 5 (received 1.1-1.5, sent at once); rank 2 then says nothing more (no bye: a killed
+    process cannot), and 0.5 s later the others end (byes sent 2.00-2.01, received 2.05), each with
+    ``peers_why`` (torchrun's SIGTERM, or a gloo peer's error). 40 s later: rank 2 has been silent
+    38.5 s (> the 30 s floor: 10 × its 0.1 s step is less)."""
+    model = make_model()
+    keys = {r: RankKey("j", HOSTS[r], 100 + r, r, 0) for r in range(4)}
+    hello = {"world_size": 4, "device": "cpu (test)", "probe_version": "t"}
+    for r, key in keys.items():
+        model.ingest(wire.decode(wire.encode("hello", key, 1, 1.0, dict(hello, local_rank=r % 2))), 1.0)
+    for step in range(1, 6):
+        for key in keys.values():
+            t = 1.0 + 0.1 * step
+            model.ingest(wire.decode(wire.encode("step", key, 1 + step, t, {"step": step, "wall_s": 0.1, "tokens": 8,
+                                                                          "drops": 0})), t)
+    for r in (0, 1, 3):
+        model.ingest(wire.decode(wire.encode("bye", keys[r], 7, 2.0 + r / 300,
+                                             {"reason": peers_why, "steps": 5, "drops": 0})), 2.05)
+    model.tick(20.0)
+    return model.tick(41.5)
+
+
+@pytest.mark.parametrize("peers_why, after", [
+    ("SIGTERM", "a signal (SIGTERM) ended ranks 0-1,3 (node-a, node-b)"),
+    (GLOO, "ranks 0-1,3 (node-a, node-b) failed (RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+           "Connection closed by peer)"),
+], ids=["torchrun's SIGTERM", "gloo errors"])
+def test_a_rank_silent_before_the_others_ended_is_named_as_the_cause(peers_why: str, after: str) -> None:
+    """A trial: SIGKILL of rank 2 of 4 under torchrun (gloo). The hang hint read "the 1 running rank
+    (of 4; the others ended) stopped at step 44: no step for 42 s since a signal (SIGTERM) ended
+    ranks 0-1,3 (vm); they likely wait for it in a collective": the SIGTERM torchrun sent because
+    rank 2 died named as the cause, and the dead rank as one waiting in a collective. Rank 2 fell
+    silent (its last frame received at 1.5) before the first bye was sent (2.00): it is the cause."""
+    snap = _killed_then_stopped(peers_why)
+    job_ = _job(snap)
+    assert {r.rank: r.status for r in job_.ranks}[2] == "stale"
+    (hint,) = [h for h in job_.hints if h.id == "hang_all"]
+    assert hint.evidence["silent_ranks"] == [2]
+    assert hint.summary_at(snap.taken_at) == (
+        "the 1 running rank (of 4; the others ended) stopped at step 5: no step for 40 s; nothing heard from "
+        f"rank 2 (node-b) for 40 s, since before {after}: it likely died without a word (SIGKILL, the OOM "
+        "killer, a segfault, its host down)")

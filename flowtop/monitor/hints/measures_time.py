@@ -17,7 +17,7 @@ from flowtop.monitor.hints.base import (Measurement, clamp01, finite, finite_sum
                                         median_step_s, rank_target, safe_div, telemetry_number)
 from flowtop.monitor.hints.stages import feeds_itself
 from flowtop.monitor.hints.rules import Rule
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot, first_ending
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, RankSnapshot, ending_order, ending_time, first_ending
 from probe.wire import BYE_ERROR_PREFIX
 
 
@@ -168,8 +168,14 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     ev["stopped_ranks"] = [r.rank for r in stopped]
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
-    first = first_ending(shown)  # the cause, named before any silence; the other endings follow it
-    if first is not None and first.status == "stopped":  # scancel, a preemption: NCCL peers hang on it
+    first = first_ending(shown)  # the cause, named before a later silence; the other endings follow it
+    if silent_since is not None and first is not None and silent_since < ending_time(first):
+        # Silent before anyone said bye: killed outright (SIGKILL, the OOM killer, a segfault),
+        # then its peers ended of it (torchrun's SIGTERM, gloo's errors). A trial read that
+        # SIGTERM as the cause and the dead rank as one waiting in a collective.
+        text["after"] = _endings(stopped, failed)
+        variant = "silent_first"
+    elif first is not None and first.status == "stopped":  # scancel, a preemption: NCCL peers hang on it
         text["stopped"] = rank_list(stopped)
         text["signal"] = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
         # its peers whose collectives broke when it left: a consequence, not the cause
@@ -182,6 +188,19 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     return {"": Measurement(value=least.stalled_s / least.limit_s, evidence=ev, impact=1.0, step=job.step,
                             text=text, variant=variant,
                             clock=HintClock(least.since, least.limit_s, silent_since))}
+
+
+def _endings(stopped: list[RankSnapshot], failed: list[RankSnapshot]) -> str:
+    """"a signal (SIGTERM) ended ranks 0-1,3 (vm)", "rank 3 (vm) failed (ValueError: …)", or
+    both joined: the endings that followed a rank's silence."""
+    said = []
+    if stopped:
+        signals = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
+        said.append(f"a signal ({signals}) ended {rank_list(stopped)}")
+    if failed:
+        why = (min(failed, key=ending_order).bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
+        said.append(f"{rank_list(failed)} failed ({why})")
+    return " and ".join(said)
 
 
 def rank_list(ranks: list[RankSnapshot], width: int = 40) -> str:

@@ -41,6 +41,10 @@ RULES: tuple[Rule, ...] = (
             "silent": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; "
             "nothing heard from {silent} for {silent_s:.0f} s (stopped, dead or its host is down)"
             "{others_wait}",
+            # Silent since before the first bye: killed outright, the endings after it its consequences.
+            "silent_first": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; nothing "
+            "heard from {silent} for {silent_s:.0f} s, since before {after}: it likely died without a word "
+            "(SIGKILL, the OOM killer, a segfault, its host down){others_wait}",
             # A rank of the world never heard: a monitor started after it stopped, or it never
             # reached this monitor; the others' hellos said how long they have waited.
             "unheard": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; nothing ever "
@@ -63,7 +67,8 @@ RULES: tuple[Rule, ...] = (
         doc="time since the last step of the least-stalled running rank ÷ max(factor × median "
         "step time, floor_s); names the ranks that failed (their exception), a signal stopped (SIGTERM) or "
         "went silent (stale) while "
-        "others still talk, else those of the world never heard; a rank's last step may be the one its "
+        "others still talk (a silence before the first of those endings as their cause: a rank killed "
+        "outright), else those of the world never heard; a rank's last step may be the one its "
         "hello reported (a monitor started during a hang)",
     ),
     Rule(
