@@ -361,3 +361,13 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "flowtop demo" in install and "torch==2.13.0" in install
     ci = (ROOT / ".ci" / "run").read_text()
     assert test in ci.splitlines()
+
+
+def test_python_m_flowtop_is_the_flowtop_command() -> None:
+    """``python -m flowtop`` (no console script on PATH) runs the CLI: a new user's trial got
+    "No module named flowtop.__main__; 'flowtop' is a package and cannot be directly executed"."""
+    version = subprocess.run([sys.executable, "-m", "flowtop", "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("flowtop ")
+    bad = subprocess.run([sys.executable, "-m", "flowtop", "snapshot", "--timeout", "-1"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "flowtop snapshot: error: argument --timeout" in bad.stderr

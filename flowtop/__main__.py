@@ -1,0 +1,6 @@
+"""``python -m flowtop``: the ``flowtop`` command, for an environment whose console scripts are
+not on PATH (a venv not activated, ``pip install --user``, a job script run by another shell)."""
+
+from flowtop.cli import main
+
+raise SystemExit(main())
