@@ -5,7 +5,7 @@ TYPE_CHECKING): an import cycle hidden in a function is still a cycle to whoever
 Layers, lowest first (a module may import its own group and lower layers only; groups on one
 layer are independent of each other):
 
-    flowtop: settings (0) < monitor (1) < export, tui (2) < tools (3) < cli (4)
+    flowtop: settings (0) < monitor (1) < export, tui (2) < tools (3) < cli (4) < __main__ (5)
     probe:   wire (0) < _log, hookutil, config, identity (1) < flops, kernels, telemetry, transport (2)
              < steps (3) < runtime, sampled (4) < probe (the public API, 5) < bootstrap (6)
 
@@ -33,6 +33,7 @@ LAYERS = [
     ("flowtop.tui", 2, "tui"),
     ("flowtop.tools", 3, "tools"),
     ("flowtop.cli", 4, "cli"),
+    ("flowtop.__main__", 5, "main"),  # python -m flowtop
     ("probe.wire", 0, "wire"),
     ("probe._log", 1, "base"),
     ("probe.hookutil", 1, "base"),
@@ -50,7 +51,7 @@ LAYERS = [
     ("probe.bootstrap", 6, "bootstrap"),
 ]
 #: Top-level modules allowed directly in flowtop/ (everything else lives in a layer's package).
-FLOWTOP_TOP = {"flowtop", "flowtop.cli", "flowtop.settings"}
+FLOWTOP_TOP = {"flowtop", "flowtop.cli", "flowtop.settings", "flowtop.__main__"}
 #: The probe modules flowtop may import, and the one flowtop module that runs inside training.
 PROBE_FOR_FLOWTOP = ("probe.wire",)
 RUNS_IN_TRAINING = {"flowtop.tools.doctor_child"}
