@@ -233,7 +233,35 @@ def not_done(when: str, snap: MonitorSnapshot | None = None) -> int:
              f"on {snap.listen}); nothing to wait for")
         return 3
     _say(f"--until-done: not every rank had finished {when}; the output shows them as they were")
+    for job in (snap.jobs if snap is not None else ())[:MAX_JOBS_SAID]:
+        if not all(r.status in ENDED for r in job.ranks) or len(job.ranks) < job.world_size:
+            _say(f"--until-done: {job.job}: {_unfinished(job, snap.taken_at if snap is not None else 0.0)}")
     return 3
+
+
+#: Jobs :func:`not_done` names the ranks of (a monitor holds 256 at most).
+MAX_JOBS_SAID = 8
+
+
+def _unfinished(job: JobSnapshot, now: float) -> str:
+    """The job's ranks by status, those not ended first: "rank 2 stale (nothing heard for 42 s),
+    ranks 0-1,3 stopped". A trial: a rank killed by SIGKILL (no bye) held ``--until-done`` to its
+    timeout, whose line named no rank: which one never finished was the JSON's to find."""
+    by_status: dict[str, list[int]] = {}
+    for r in sorted(job.ranks, key=lambda r: (r.status in ENDED, r.rank)):
+        by_status.setdefault(r.status, []).append(r.rank)
+    parts = []
+    for status, nums in by_status.items():
+        said = f"rank{'s' if len(nums) > 1 else ''} {fmt_ranks(nums, 60)} {status}"
+        if status == "stale":  # silent: no bye may ever come (killed outright, its host down)
+            silent = max(r.age_s(now) for r in job.ranks if r.status == "stale")
+            said += f" (nothing heard for {silent:.0f} s)"
+        parts.append(said)
+    seen = {r.rank for r in job.ranks}
+    never = [n for n in range(min(job.world_size, 1 << 20)) if n not in seen] if len(seen) < job.world_size else []
+    if never:
+        parts.append(f"rank{'s' if len(never) > 1 else ''} {fmt_ranks(never, 60)} of {job.world_size} never heard")
+    return ", ".join(parts)
 
 
 def after_timeout(timeout: float | None) -> str:
