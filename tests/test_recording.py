@@ -321,3 +321,57 @@ def test_a_monitor_that_cannot_bind_leaves_the_recording_file_alone(tmp_path: Pa
         held.close(linger=0)
     assert path.read_bytes() == MAGIC + b"the first monitor's records"
     assert not fresh.exists()  # and none is left behind where there was none
+
+
+def test_a_restarted_monitor_keeps_the_earlier_recording_aside(tmp_path: Path) -> None:
+    """A trial: `flowtop serve --record run.rec` killed mid-job and started again with the same
+    command line emptied the first run's 500 KB recording without a word. The earlier file keeps
+    its bytes as run.rec.1 (then .2: run.rec.1 taken), the monitor says so, and the new recording
+    is whole in its place; an empty file there is simply reused."""
+    import asyncio
+
+    from flowtop.monitor.collector import Collector
+    from flowtop.tools.demo.launch import free_port_pair
+
+    path = tmp_path / "run.rec"
+    earlier = MAGIC + b"the first run's records"
+
+    def one_run() -> Collector:
+        collector = Collector(make_model(), f"tcp://127.0.0.1:{free_port_pair()}", recorder=Recorder(path))
+
+        async def run() -> None:
+            await collector.start()
+            await collector.stop()
+
+        asyncio.run(run())
+        return collector
+
+    path.write_bytes(earlier)
+    (tmp_path / "run.rec.1").write_bytes(b"kept before")
+    collector = one_run()
+    assert (tmp_path / "run.rec.2").read_bytes() == earlier
+    assert (tmp_path / "run.rec.1").read_bytes() == b"kept before"
+    assert [n.text for n in collector.model.notices.history] == [
+        f"{path} held an earlier file: kept as {tmp_path / 'run.rec.2'}, this recording starts afresh"]
+    assert path.read_bytes().startswith(MAGIC) and read_recording(path) is not None
+    path.write_bytes(b"")
+    one_run()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rec", "run.rec.1", "run.rec.2"]
+
+
+def test_a_recording_whose_earlier_file_cannot_be_kept_records_nothing(tmp_path: Path) -> None:
+    """Where the earlier file cannot be moved (here: every name beside it taken), it stays whole
+    and nothing is recorded; the reason is the recorder's error, which the CLI prints."""
+    from flowtop.monitor import rec_aside
+
+    path = tmp_path / "run.rec"
+    path.write_bytes(b"earlier")
+    for n in range(1, rec_aside.MAX_ASIDE + 1):
+        (tmp_path / f"run.rec.{n}").write_bytes(b"")
+    rec = Recorder(path)
+    rec.start(0.0)
+    rec.write(1.0, _frame(1, 1))
+    rec.close(now=2.0)
+    assert path.read_bytes() == b"earlier"
+    assert rec.error == (f"recording {path} not started: the file there could not be kept aside ({path}.1 to .999 "
+                         "are all taken); give --record another name")

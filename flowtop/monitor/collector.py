@@ -196,6 +196,9 @@ class Collector(CollectorSockets, LoadGovernor):
         self._next_glance = t0 + self.tick_s / 2
         if self.recorder is not None:
             self.recorder.start(t0)  # recorded times count from the tick schedule's origin
+            if self.recorder.kept_aside is not None:
+                self.model.notices.warning(f"{self.recorder.path} held an earlier file: kept as "
+                                           f"{self.recorder.kept_aside}, this recording starts afresh", t0)
         if low:
             self.model.notices.warning(low, t0)
         self._task = asyncio.get_running_loop().create_task(self._run())

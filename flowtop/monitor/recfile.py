@@ -36,6 +36,7 @@ from typing import BinaryIO, Callable, Iterator
 
 import msgpack
 
+from flowtop.monitor.rec_aside import keep_aside
 from flowtop.monitor.thinning import spread_of
 from probe import wire
 
@@ -103,13 +104,19 @@ class Recorder:
         self._whole = True  # False: a failed write left part of a record that could not be cut off
         #: Why the recording ended short ("" while it is whole); set by :meth:`close`.
         self.error = ""
+        #: Where the file that was at :attr:`path` before this recording was kept (None: none was).
+        self.kept_aside: Path | None = None
 
     def start(self, t0: float) -> None:
         """Count recorded times from monitor time ``t0`` (the collector's tick origin; else the
         first frame's time), so that a replay's ticks fall where the live ones did."""
         self._t0 = t0
         if self._fh is not None:
-            self._claim(self._fh)
+            try:
+                self._claim(self._fh)
+            except OSError as exc:  # the earlier file stays whole; nothing is recorded
+                self._refuse(f"recording {self.path} not started: the file there could not be kept aside "
+                             f"({exc.strerror or exc}); give --record another name")
 
     @property
     def running(self) -> bool:
@@ -117,15 +124,26 @@ class Recorder:
         monitor that could not bind closes it unstarted, nothing recorded."""
         return self._fh is not None
 
-    def _claim(self, fh: io.FileIO) -> None:
-        """Empty the file once, when it becomes this recording's."""
+    def _claim(self, fh: io.FileIO) -> io.FileIO:
+        """Make the file this recording's, once: a file already there is kept aside (never
+        emptied: flowtop.monitor.rec_aside) and a new one opened in its place, which is returned.
+        Raises OSError where the earlier file can be neither kept nor replaced."""
         if self._claimed:
-            return
+            return fh
         self._claimed = True
-        try:
-            fh.truncate(0)
-        except OSError:  # not a regular file (/dev/full)
-            pass
+        aside = keep_aside(self.path)
+        if aside is None:
+            try:
+                fh.truncate(0)  # empty (or a file made since): nothing to keep
+            except OSError:  # not a regular file (/dev/full)
+                pass
+            return fh
+        self.kept_aside = aside
+        new = open(self.path, "ab", buffering=0)
+        fh.close()
+        if self._fh is fh:
+            self._fh = new
+        return new
 
     def write(self, now: float, frame: bytes, received: bool = True) -> None:
         """Record one frame received at monitor time ``now`` (``received`` False: a record of the
@@ -155,10 +173,17 @@ class Recorder:
         self._buf += body
         self.records += 1
 
+    def _refuse(self, why: str) -> None:
+        """Record nothing, and say ``why`` where a failed recording is said (:attr:`error`)."""
+        fh, self._fh = self._fh, None
+        self.error = why
+        if fh is not None:
+            fh.close()
+
     def _flush(self, fh: io.FileIO) -> None:
         """Write the gathered records; on failure cut the file back to its last whole record and
         forget the records that were not written (counts included): the file holds what it says."""
-        self._claim(fh)
+        fh = self._claim(fh)
         data, self._buf = self._buf, bytearray()  # written from where it is: a kernel window is not copied
         self._oldest = None
         done = 0
