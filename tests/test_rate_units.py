@@ -52,3 +52,33 @@ async def test_the_table_header_follows_its_rows() -> None:
         await pilot.pause()
         assert table.columns["tflops"].label.plain.startswith("TF/s")  # type: ignore[index]
         assert table.get_row_at(0)[6].plain == "429"
+
+
+@pytest.mark.asyncio
+async def test_the_sorted_column_shows_its_arrow_within_its_width() -> None:
+    """A trial: `2` (sort by calls) and `4` (by FLOP/s) left the header without an arrow: "calls▼"
+    and "GF/s▼" overflow their 5 and 4 cells and the arrow was cut. They read "call▼" and "GF▼";
+    "time▼" (the default) as before."""
+    from textual.app import App, ComposeResult
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield KernelTable(id="t")
+
+    app = One()
+    async with app.run_test(size=(80, 12)) as pilot:
+        table = app.query_one(KernelTable)
+        table.show((row("aten::mm", 0.082),))
+        await pilot.pause()
+        heads = {}
+        for index in (0, 1, 3):
+            table.sort_index = index
+            await pilot.pause()
+            heads[index] = table.render_line(0).text.split()
+        table.reverse = True
+        await pilot.pause()
+        reversed_calls = table.render_line(0).text.split()
+    assert heads[0] == ["kernel", "cat", "calls", "time▼", "mean", "win%", "GF/s", "cum."]
+    assert heads[1] == ["kernel", "cat", "call▼", "time", "mean", "win%", "GF/s", "cum."]
+    assert heads[3] == ["kernel", "cat", "calls", "time", "mean", "win%", "GF▼", "cum."]
+    assert reversed_calls[6] == "GF▲"

@@ -28,6 +28,11 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("cum", "cum.", 6),
 )
 
+WIDTHS: dict[str, int] = {key: width for key, _, width in COLUMNS}
+#: A label behind the sort arrow where both overflow the column (a trial: sorted by calls or by
+#: FLOP/s, the header read "calls" and "GF/s", the arrow cut to the column's width).
+SHORT: dict[str, str] = {"calls": "call", "TF/s": "TF", "GF/s": "GF", "MF/s": "MF"}
+
 # Sort orders the keys 1-6 select; numbers sort largest first, the name A to Z.
 SORTS: tuple[tuple[str, str, Callable[[KernelRow], object]], ...] = (
     ("time", "time", lambda r: -r.total_us),
@@ -164,6 +169,8 @@ class KernelTable(DataTable):
                 continue
             label = self._rate_label if key == "tflops" else label
             arrow = ("▲" if self.reverse else "▼") if key == sort_key else ""
+            if len(label + arrow) > WIDTHS[key]:  # a fixed width: the arrow was cut off ("calls", "GF/s")
+                label = SHORT.get(label, label[: WIDTHS[key] - len(arrow)])
             justify: JustifyMethod = "left" if key in ("name", "category") else "right"
             column.label = Text(label + arrow, justify=justify, style="bold" if arrow else "")
         self.refresh()
