@@ -375,3 +375,66 @@ def test_a_recording_whose_earlier_file_cannot_be_kept_records_nothing(tmp_path:
     assert path.read_bytes() == b"earlier"
     assert rec.error == (f"recording {path} not started: the file there could not be kept aside ({path}.1 to .999 "
                          "are all taken); give --record another name")
+
+
+def test_keeping_aside_never_replaces_a_name_taken_meanwhile_and_numbers_follow_age(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second monitor started at once on the same path took run.rec.1 after this one looked
+    (a reviewer's case: the look then a rename replaced it, the original lost); a hard link fails
+    where the name is taken. With .2 and .3 kept and .1 deleted by the user, the next goes to .4."""
+    from flowtop.monitor import rec_aside
+
+    path = tmp_path / "run.rec"
+    path.write_bytes(b"earlier")
+    (tmp_path / "run.rec.1").write_bytes(b"the other monitor's")
+    monkeypatch.setattr(rec_aside, "_numbers", lambda real: [1, 2])  # .1 looked free when listed
+    assert rec_aside.keep_aside(path) == tmp_path / "run.rec.2"
+    assert (tmp_path / "run.rec.1").read_bytes() == b"the other monitor's"
+    assert (tmp_path / "run.rec.2").read_bytes() == b"earlier" and not path.exists()
+    monkeypatch.undo()
+    (tmp_path / "run.rec.1").unlink()
+    (tmp_path / "run.rec.3").write_bytes(b"third")
+    path.write_bytes(b"fourth")
+    assert rec_aside.keep_aside(path) == tmp_path / "run.rec.4"
+
+
+def test_a_symlinked_recording_path_keeps_its_link(tmp_path: Path) -> None:
+    """run.rec -> disk/run.rec: the target is kept aside beside itself and the new recording is
+    written through the link (a reviewer's case: the link itself was moved, the new file written
+    beside it, off the disk the link pointed to)."""
+    (tmp_path / "disk").mkdir()
+    target, link = tmp_path / "disk" / "run.rec", tmp_path / "run.rec"
+    target.write_bytes(MAGIC + b"earlier")
+    link.symlink_to(target)
+    rec = Recorder(link)
+    rec.start(0.0)
+    rec.write(1.0, _frame(1, 1))
+    rec.close(now=2.0)
+    assert link.is_symlink() and rec.kept_aside == tmp_path / "disk" / "run.rec.1"
+    assert (tmp_path / "disk" / "run.rec.1").read_bytes() == MAGIC + b"earlier"
+    assert read_recording(target) is not None and target.read_bytes().startswith(MAGIC)
+
+
+def test_a_recording_refused_at_start_is_said_at_once(tmp_path: Path) -> None:
+    """Every name beside the path taken: nothing is recorded, and the monitor says why as it
+    starts (a reviewer's case: only the CLI's exit said it, the TUI showed "REC stopped")."""
+    import asyncio
+
+    from flowtop.monitor import rec_aside
+    from flowtop.monitor.collector import Collector
+    from flowtop.tools.demo.launch import free_port_pair
+
+    path = tmp_path / "run.rec"
+    path.write_bytes(b"earlier")
+    for n in range(1, rec_aside.MAX_ASIDE + 1):
+        (tmp_path / f"run.rec.{n}").write_bytes(b"")
+    collector = Collector(make_model(), f"tcp://127.0.0.1:{free_port_pair()}", recorder=Recorder(path))
+
+    async def run() -> None:
+        await collector.start()
+        await collector.stop()
+
+    asyncio.run(run())
+    assert [n.text for n in collector.model.notices.history] == [
+        f"recording {path} not started: the file there could not be kept aside ({path}.1 to .999 are all taken); "
+        "give --record another name"]

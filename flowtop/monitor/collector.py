@@ -196,6 +196,8 @@ class Collector(CollectorSockets, LoadGovernor):
         self._next_glance = t0 + self.tick_s / 2
         if self.recorder is not None:
             self.recorder.start(t0)  # recorded times count from the tick schedule's origin
+            if not self.recorder.running and self.recorder.error:  # said now, not only at the exit
+                self.model.notices.error(self.recorder.error, t0)
             if self.recorder.kept_aside is not None:
                 self.model.notices.warning(f"{self.recorder.path} held an earlier file: kept as "
                                            f"{self.recorder.kept_aside}, this recording starts afresh", t0)

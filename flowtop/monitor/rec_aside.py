@@ -17,19 +17,49 @@ MAX_ASIDE = 999
 
 
 def keep_aside(path: Path) -> Path | None:
-    """Move the non-empty regular file at ``path`` to the first free ``path.N`` and return that
+    """Move the non-empty regular file at ``path`` (a symlink's target, beside that target) to a
+    free ``path.N``, the number after the highest there (so numbers follow age), and return that
     name; None where there is none (no file, an empty one, or not a regular file: ``/dev/full``,
     a pipe). Raises OSError where it cannot be moved (a directory the user may not write to, or
     every name taken): the caller must then not write there."""
+    real = Path(os.path.realpath(path))  # a link's target is moved, the link kept to write through
     try:
-        st = os.stat(path)
+        st = os.stat(real)
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
         return None
-    for n in range(1, MAX_ASIDE + 1):
-        aside = path.with_name(f"{path.name}.{n}")
-        if not os.path.lexists(aside):
-            os.rename(path, aside)
+    for n in _numbers(real):
+        aside = real.with_name(f"{real.name}.{n}")
+        if _move_unless_taken(real, aside):
             return aside
-    raise OSError(f"{path}.1 to .{MAX_ASIDE} are all taken")
+    raise OSError(f"{real}.1 to .{MAX_ASIDE} are all taken")
+
+
+def _numbers(real: Path) -> list[int]:
+    """The N to try for ``real.N``: after the highest kept, then any free one below it."""
+    prefix = real.name + "."
+    try:
+        names = os.listdir(real.parent)
+    except OSError:
+        names = []
+    kept = [int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()]
+    top = max([k for k in kept if k <= MAX_ASIDE], default=0)
+    return list(range(top + 1, MAX_ASIDE + 1)) + list(range(1, top + 1))
+
+
+def _move_unless_taken(real: Path, aside: Path) -> bool:
+    """Move ``real`` to ``aside`` unless a file is there, without a window in which a second
+    monitor's move could replace it (a rename replaces silently): a hard link fails where the name
+    is taken, then the old name goes. Where links are not supported, a rename after a look."""
+    try:
+        os.link(real, aside)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some network and FUSE file systems)
+        if os.path.lexists(aside):
+            return False
+        os.rename(real, aside)
+        return True
+    os.unlink(real)
+    return True
