@@ -319,7 +319,7 @@ def test_a_hello_sent_just_before_a_bye_with_a_later_stamp_leaves_the_bye_its_ti
     assert job_.status == "stopped"
 
 
-def _killed_then_stopped(peers_why: str) -> MonitorSnapshot:
+def _killed_then_stopped(peers_why: str, byes_at: float = 2.0) -> MonitorSnapshot:
     """torchrun's ending of a rank killed outright (SIGKILL: the OOM killer): ranks 0-3 step to
     step 5 (received 1.1-1.5, sent at once); rank 2 then says nothing more (no bye: a killed
     process cannot), and 0.5 s later the others end (byes sent 2.00-2.01, received 2.05), each with
@@ -336,8 +336,8 @@ def _killed_then_stopped(peers_why: str) -> MonitorSnapshot:
             model.ingest(wire.decode(wire.encode("step", key, 1 + step, t, {"step": step, "wall_s": 0.1, "tokens": 8,
                                                                           "drops": 0})), t)
     for r in (0, 1, 3):
-        model.ingest(wire.decode(wire.encode("bye", keys[r], 7, 2.0 + r / 300,
-                                             {"reason": peers_why, "steps": 5, "drops": 0})), 2.05)
+        model.ingest(wire.decode(wire.encode("bye", keys[r], 7, byes_at + r / 300,
+                                             {"reason": peers_why, "steps": 5, "drops": 0})), byes_at + 0.05)
     model.tick(20.0)
     return model.tick(41.5)
 
@@ -357,8 +357,17 @@ def test_a_rank_silent_before_the_others_ended_is_named_as_the_cause(peers_why: 
     job_ = _job(snap)
     assert {r.rank: r.status for r in job_.ranks}[2] == "stale"
     (hint,) = [h for h in job_.hints if h.id == "hang_all"]
-    assert hint.evidence["silent_ranks"] == [2]
+    assert hint.evidence["silent_ranks"] == [2] and hint.evidence["first_cause"] == "silent"
     assert hint.summary_at(snap.taken_at) == (
         "the 1 running rank (of 4; the others ended) stopped at step 5: no step for 40 s; nothing heard from "
         f"rank 2 (node-b) for 40 s, since before {after}: it likely died without a word (SIGKILL, the OOM "
         "killer, a segfault, its host down)")
+
+
+def test_a_rank_last_heard_a_frame_before_the_others_byes_is_not_the_cause() -> None:
+    """Rank 2 last heard at 1.5, the others' byes sent 0.05 s after (under a frame's usual gap:
+    its 0.1 s step): it ended with them, its bye lost; the signal is the cause (a reviewer's case:
+    any silence before the first bye, however short, named the silent rank)."""
+    job_ = _job(_killed_then_stopped("SIGTERM", byes_at=1.55))
+    (hint,) = [h for h in job_.hints if h.id == "hang_all"]
+    assert hint.evidence["first_cause"] == "stopped" and "since a signal (SIGTERM) ended ranks 0-1,3" in hint.summary_at(41.5)

@@ -41,3 +41,19 @@ def test_live_ranks_and_ranks_never_heard_are_named(capsys: pytest.CaptureFixtur
     assert not_done(after_timeout(5.0), model.tick(2.0)) == 3
     assert capsys.readouterr().err.splitlines()[1] == (
         "flowtop: --until-done: j: ranks 0-1 live, ranks 2-3 of 4 never heard")
+
+
+def test_a_rank_behind_a_dead_relay_reads_unheard_not_stale(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 3's relay on node-b silent for 43 s while ranks 0-2 step on: "unheard behind relay
+    node-b silent", as its relay_silent hint says (it may still train), not "stale (nothing heard
+    for 43 s)" (a reviewer's case)."""
+    from flowtop.monitor.relays import SILENT_AFTER_S
+    from test_unheard import _Job
+
+    j = _Job()
+    j.run(3.0)
+    j.relayed = False
+    snap = j.run(SILENT_AFTER_S + 40.0)
+    assert not_done(after_timeout(60.0), snap) == 3
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "flowtop: --until-done: j: ranks 0-2 live, rank 3 unheard behind relay node-b silent")

@@ -20,7 +20,8 @@ from typing import Any, Iterator, TextIO
 from flowtop.monitor.clock import TICK_S
 from flowtop.monitor.datathread import DataThread
 from flowtop.monitor.format import fmt_ranks
-from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot, ending_order, first_ending
+from flowtop.monitor.snapshot import ENDED, JobSnapshot, MonitorSnapshot, RankSnapshot, ending_order, first_ending, \
+    job_done
 from flowtop.monitor.snapshot_json import to_json
 
 #: Seconds to wait for the data thread to bind and start.
@@ -234,7 +235,7 @@ def not_done(when: str, snap: MonitorSnapshot | None = None) -> int:
         return 3
     _say(f"--until-done: not every rank had finished {when}; the output shows them as they were")
     for job in (snap.jobs if snap is not None else ())[:MAX_JOBS_SAID]:
-        if not all(r.status in ENDED for r in job.ranks) or len(job.ranks) < job.world_size:
+        if not job_done(job):  # as all_done judges it
             _say(f"--until-done: {job.job}: {_unfinished(job, snap.taken_at if snap is not None else 0.0)}")
     return 3
 
@@ -249,12 +250,13 @@ def _unfinished(job: JobSnapshot, now: float) -> str:
     timeout, whose line named no rank: which one never finished was the JSON's to find."""
     by_status: dict[str, list[int]] = {}
     for r in sorted(job.ranks, key=lambda r: (r.status in ENDED, r.rank)):
-        by_status.setdefault(r.status, []).append(r.rank)
+        # one behind a dead relay may train on: unheard, not known to be stale (its relay_silent hint)
+        by_status.setdefault(f"unheard behind {r.cut.cause}" if r.cut is not None else r.status, []).append(r.rank)
     parts = []
     for status, nums in by_status.items():
         said = f"rank{'s' if len(nums) > 1 else ''} {fmt_ranks(nums, 60)} {status}"
         if status == "stale":  # silent: no bye may ever come (killed outright, its host down)
-            silent = max(r.age_s(now) for r in job.ranks if r.status == "stale")
+            silent = max(r.age_s(now) for r in job.ranks if r.status == "stale" and r.cut is None)
             said += f" (nothing heard for {silent:.0f} s)"
         parts.append(said)
     seen = {r.rank for r in job.ranks}

@@ -448,8 +448,13 @@ def all_done(snap: Any) -> bool:
     behind a dead relay (RankSnapshot.cut) cannot say bye: its job ended when its heard ranks
     did (the job's status, flowtop.monitor.model_views), else ``--until-done`` waited for good;
     nor can one that is history (:func:`is_history`: a shrinking restart's leftover gone silent)."""
-    ranks = [r for j in snap.jobs for r in j.ranks]
-    return (bool(ranks) and all(r.status in ENDED or (j.status in ENDED and (
-                                    r.cut is not None or (bool(j.claimed_at) and is_history(r, j.claimed_at))))
-                                for j in snap.jobs for r in j.ranks)
-            and all(len(j.ranks) >= j.world_size for j in snap.jobs))
+    return any(j.ranks for j in snap.jobs) and all(job_done(j) for j in snap.jobs)
+
+
+def job_done(j: JobSnapshot) -> bool:
+    """Whether every rank of ``j`` said bye, but those unheard behind a dead relay or that are
+    history once the job ended, and it has every rank's row (:func:`all_done`, per job)."""
+    return (all(r.status in ENDED or (j.status in ENDED and (
+                    r.cut is not None or (bool(j.claimed_at) and is_history(r, j.claimed_at))))
+                for r in j.ranks)
+            and len(j.ranks) >= j.world_size)

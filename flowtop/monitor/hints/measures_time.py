@@ -169,7 +169,13 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
     first = first_ending(shown)  # the cause, named before a later silence; the other endings follow it
-    if silent_since is not None and first is not None and silent_since < ending_time(first):
+    # Silent before the first bye by more than a frame's usual gap (a step, or the probe's 0.1 s
+    # flush, at most 2 s): one that ended with its peers but whose bye was lost was last heard
+    # about a frame before theirs (a reviewer's case), and is not the cause.
+    gap = min(_GAP_CAP_S, max(_FLUSH_S, ev["median_step_time_s"] or 0.0))
+    ev["first_cause"] = None if first is None else first.status
+    if silent_since is not None and first is not None and silent_since + gap < ending_time(first):
+        ev["first_cause"] = "silent"
         # Silent before anyone said bye: killed outright (SIGKILL, the OOM killer, a segfault),
         # then its peers ended of it (torchrun's SIGTERM, gloo's errors). A trial read that
         # SIGTERM as the cause and the dead rank as one waiting in a collective.
@@ -188,6 +194,13 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     return {"": Measurement(value=least.stalled_s / least.limit_s, evidence=ev, impact=1.0, step=job.step,
                             text=text, variant=variant,
                             clock=HintClock(least.since, least.limit_s, silent_since))}
+
+
+#: The probe's default flush (FLOWTOP_FLUSH_S) and the longest gap between a running rank's
+#: frames that hang_all allows for (its heartbeat's), in telling a rank silent before its peers'
+#: endings from one that ended with them.
+_FLUSH_S = 0.1
+_GAP_CAP_S = 2.0
 
 
 def _endings(stopped: list[RankSnapshot], failed: list[RankSnapshot]) -> str:
