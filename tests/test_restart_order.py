@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
-from flowtop.export.serve import end_status
 from flowtop.monitor.claims import is_history
-from flowtop.monitor.snapshot_json import to_json
 from flowtop.monitor.rankview import ViewSpec, build_view, job_context_of
-from flowtop.monitor.snapshot import JobSnapshot, all_done
+from flowtop.monitor.snapshot import JobSnapshot
 from probe.wire import RankKey
 from synthetic.cluster import cluster_rank
 from test_succession import Job
@@ -120,54 +116,3 @@ def test_history_is_a_last_frame_at_or_before_another_process_took_the_rank_numb
     assert is_history(dataclasses.replace(old, status="stale"), claimed)
     assert not is_history(dataclasses.replace(old, first_seen=None), claimed)  # made by hand
     assert not is_history(old, {8: 50.0})  # no process took its number
-
-
-def _shrunk(name: str, rank_3_says_bye: bool = True) -> tuple[Job, JobSnapshot]:
-    """Four ranks (A 0-1, B 2-3) at incarnation 0; rank 2 crashes, the others are stopped (rank 3
-    SIGKILLed, without a bye, where not ``rank_3_says_bye``); torchrun's elastic restart goes on
-    without node B: ranks 0-1 on A at incarnation 1 (world 2) run 5 s and finish ("exit")."""
-    job = Job(name)
-    a0, b0 = _start(job, "A", range(0, 2), 0, 100), _start(job, "B", range(2, 4), 0, 200)
-    job.run(a0 + b0, 5)
-    _end(job, b0[0], a0 + (b0[1:] if rank_3_says_bye else []))
-    a1 = [RankKey(name, "A", 110 + r, r, 1) for r in range(2)]
-    for key in a1:
-        job.send(key, "hello", {"local_rank": key.rank, "world_size": 2, "device": "cpu (test)",
-                                "probe_version": "test"})
-        job.steps[key] = 0
-    job.run(a1, 5)
-    for key in a1:
-        job.send(key, "bye", {"reason": "exit", "steps": job.steps[key], "drops": 0})
-    return job, job.run([], 1)
-
-
-@pytest.mark.parametrize("bye", [True, False], ids=["stopped", "sigkilled"])
-def test_a_restart_that_shrank_the_job_and_finished_reads_done(bye: bool, capsys: pytest.CaptureFixture[str]) -> None:
-    """The old ranks 2-3 keep their rows (no process took their numbers) but ended before the
-    restart's first process was first seen: history. The job reads done, --until-done exits 0 and
-    stops, no first ending (a reviewer's case: the base read failed, exit 4, by the crash the
-    restart followed; with rank 3 SIGKILLed it read stale and --until-done waited for good)."""
-    job, snap = _shrunk("shrink", bye)
-    assert snap.status == "done"
-    mon = job.model.snapshot(job.now, "test")
-    assert all_done(mon) and end_status(mon) == 0
-    assert capsys.readouterr().err == ""
-    assert to_json(mon)["jobs"][0]["first_ending"] is None  # type: ignore[index]
-    # history last, by when each ended: rank 3 SIGKILLed was last heard before the crash's bye
-    old = [(2, "B", 0, "failed"), (3, "B", 0, "stopped")] if bye else [(3, "B", 0, "stale"), (2, "B", 0, "failed")]
-    assert _order(snap) == [(0, "A", 1, "done"), (1, "A", 1, "done"), *old]
-
-
-def test_a_crash_beside_a_node_that_joined_later_is_not_history() -> None:
-    """Node A's ranks 0-1 at incarnation 1 (a restart before), node B's 2-3 joined later at 0 (its
-    agent counts from 0): B's rank 2 crashes, A's are stopped: failed, exit 4 (B began after A's
-    incarnation 1 was first seen, so its crash ended after it)."""
-    job = Job("joined")
-    a1 = _start(job, "A", range(0, 2), 1, 100)
-    job.run(a1, 5)
-    b0 = _start(job, "B", range(2, 4), 0, 200)
-    job.run(a1 + b0, 5)
-    _end(job, b0[0], a1 + b0[1:])
-    snap = job.run([], 1)
-    assert snap.status == "failed"
-    assert end_status(job.model.snapshot(job.now, "test")) == 4

@@ -185,14 +185,12 @@ def end_status(snap: MonitorSnapshot) -> int:
 
 def _job_ended(job: JobSnapshot) -> int:
     """4 where the job's first ending was a crash, 5 where a signal's stop, each said with its
-    consequences (the job's other failed or stopped ranks, ended after it); else 0. Of its
-    current ranks (JobSnapshot.current_ranks): the crash an elastic restart followed is history."""
-    ranks = job.current_ranks
-    first = first_ending(ranks)
+    consequences (the job's other failed or stopped ranks, ended after it); else 0."""
+    first = first_ending(job.ranks)
     if first is None:
         return 0
-    failed = sorted((r for r in ranks if r.status == "failed"), key=ending_order)
-    stopped = sorted((r for r in ranks if r.status == "stopped"), key=ending_order)
+    failed = sorted((r for r in job.ranks if r.status == "failed"), key=ending_order)
+    stopped = sorted((r for r in job.ranks if r.status == "stopped"), key=ending_order)
     how = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))
     if first.status == "failed":
         _say(f"--until-done: {len(failed)} rank(s) failed, first rank {first.rank} of {job.job}: {first.bye_reason}")

@@ -21,8 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, Protocol, TypeVar
 
 from flowtop.monitor.records import fast_init
-from flowtop.monitor.snapshot import RankSnapshot
-from flowtop.monitor.snapshot import is_history as is_history  # re-exported: its home before
+from flowtop.monitor.snapshot import ENDED, RankSnapshot
 from probe.wire import RankKey
 
 T = TypeVar("T")
@@ -108,6 +107,18 @@ def superseded(seen: Iterable[Seen]) -> set[RankKey]:
     out = {s.key for s in seen if not s.running and latest.get(s.key.job, never) >= s.last_recv}
     out.update([s.key for s in seen if s.running and newest.get((s.key.job, s.key.rank), never) > s.last_recv])
     return out
+
+
+def is_history(r: RankSnapshot, claimed_at: Mapping[int, float]) -> bool:
+    """Whether ``r`` is history: it no longer runs (ended, or silent) and was last heard at or
+    before another process claiming its rank number was first seen (``claimed_at``:
+    JobSnapshot.claimed_at; a start at the instant of its last frame follows it, as in
+    :func:`superseded`). When each process was first seen, not its incarnation: torchrun counts
+    restarts per node agent, so a node that crashes at incarnation 0 beside a restarted node at 1
+    is the current run's problem, not history (the rank view's order by incarnation was reverted for it)."""
+    at = claimed_at.get(r.rank)
+    return (at is not None and r.first_seen is not None and r.first_seen < at and r.heard_at <= at
+            and (r.status in ENDED or r.status == "stale"))
 
 
 class Claims:
@@ -245,36 +256,6 @@ class FirstSeen(Protocol):
     def first_seen(self) -> float: ...
 
 
-_NEVER_BEGUN = float("inf")
-
-
-def _shrunk(sole: Mapping[tuple[str, int], int], begun: Mapping[tuple[str, int], float],
-            by_job: dict[str, dict[int, float]]) -> None:
-    """Into ``by_job``: a rank number one process holds, at an incarnation below another of its
-    job's, with when the first later incarnation began (its first process first seen): an
-    elastic restart that shrank the job left it (ranks 2-3 of four, the restart two ranks), and
-    ended before then it is history. Not by incarnation alone: a node that joined later counts
-    its restarts from 0 (torchrun's per agent), and it began after the others' later incarnation
-    was first seen, so it ended after it."""
-    incs: dict[str, list[tuple[int, float]]] = {}
-    for (job, inc), at in begun.items():
-        incs.setdefault(job, []).append((inc, at))
-    later: dict[tuple[str, int], float] = {}  # (job, incarnation) -> the first later one's begin
-    for job, seen in incs.items():
-        seen.sort(reverse=True)  # highest incarnation first: the earliest begin of those above each
-        first = _NEVER_BEGUN
-        for inc, at in seen:
-            if first < _NEVER_BEGUN:
-                later[(job, inc)] = first
-            first = min(first, at)
-    if not later:
-        return
-    for (job, rank), inc in sole.items():
-        begin = later.get((job, inc))
-        if begin is not None:
-            by_job.setdefault(job, {})[rank] = begin
-
-
 #: No rank number of a job held by two processes.
 NONE_CLAIMED: Mapping[int, float] = MappingProxyType({})
 
@@ -304,24 +285,17 @@ class ClaimedAt:
         # One pass in Python (~3.8 k instructions a process, 31 M at 8,192, callgrind): reading the
         # keys in C first (attrgetter, a set or a sort of them) cost more (37 M, 47 M).
         latest: dict[tuple[str, int], float] = {}
-        sole: dict[tuple[str, int], int] = {}  # a rank number one process holds: its incarnation
-        begun: dict[tuple[str, int], float] = {}  # (job, incarnation) -> its first process first seen
         twice: set[tuple[str, int]] = set()
         for key, st in states.items():
             where, seen = (key.job, key.rank), st.first_seen
-            inc = (key.job, key.inc)
-            if seen < begun.get(inc, _NEVER_BEGUN):
-                begun[inc] = seen
             held = latest.get(where)
             if held is None:
-                latest[where], sole[where] = seen, key.inc
+                latest[where] = seen
                 continue
             twice.add(where)
-            sole.pop(where, None)
             if seen > held:
                 latest[where] = seen
         by_job: dict[str, dict[int, float]] = {}
         for job, rank in twice:
             by_job.setdefault(job, {})[rank] = latest[(job, rank)]
-        _shrunk(sole, begun, by_job)
         return by_job

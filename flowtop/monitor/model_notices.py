@@ -174,7 +174,7 @@ def _failure_text(job: str, snap: JobSnapshot | None, f: _Failing) -> str:
     """The notice of a job's failure: its first failed rank by the byes' send times and its
     error, after the signal's stop that came first if one did; the first failure received where
     the job's snapshot does not show it (evicted, or an earlier incarnation's)."""
-    ranks = snap.current_ranks if snap is not None else ()
+    ranks = snap.ranks if snap is not None else ()
     failed = min((r for r in ranks if r.status == "failed"), key=ending_order, default=None)
     if failed is None:
         return f"rank {f.rank} of {job} failed: {f.bye}"

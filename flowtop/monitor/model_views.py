@@ -24,7 +24,7 @@ from flowtop.monitor.rankviews import RankViews
 from flowtop.monitor.relays import Relays
 from flowtop.monitor.relayviews import over_phrase
 from flowtop.monitor.rotation import ticks_per_round
-from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot, is_history, job_end_status
+from flowtop.monitor.snapshot import ENDED, Hint, JobSnapshot, MonitorSnapshot, job_end_status
 from probe.wire import RankKey
 
 
@@ -185,12 +185,8 @@ class ModelViews:
         # lowest step last heard and no step time (None: none is measured now).
         live = [r for r in heard if r.status == "live"] or heard or list(ranks)
         times = [r.step_time_s for r in live if r.step_time_s and r.cut is None]
-        claimed = self._claimed(job)
-        # its ending is its current ranks': one before a restart took the rank number, or before a
-        # later incarnation began (a shrink), is history (snapshot.JobSnapshot.current_ranks)
-        current = ([r for r in heard if not is_history(r, claimed)] or heard) if claimed else heard
-        if current and all(r.status in ENDED for r in current):  # failed: one or more ended of an exception
-            status = job_end_status(current)
+        if heard and all(r.status in ENDED for r in heard):  # failed: one or more ended of an exception
+            status = job_end_status(heard)
         elif any(r.status == "live" for r in ranks):
             status = "running"
         elif any(r.status == "stalled" for r in ranks):
@@ -224,7 +220,7 @@ class ModelViews:
             tokens_basis=tokens_basis + (f"; {parallelism.REPLICAS_LEFT_OUT}" if left_out else ""),
             stages=parallelism.pipeline_stages(counted),
             left_out=left_out,
-            claimed_at=claimed,
+            claimed_at=self._claimed(job),
         )
 
     def _merged_kernels(self, job: str, states: list[RankState],

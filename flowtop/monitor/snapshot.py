@@ -81,19 +81,6 @@ def job_end_status(heard: Iterable[RankSnapshot]) -> str:
     return "done" if first is None else first.status
 
 
-def is_history(r: RankSnapshot, claimed_at: Mapping[int, float]) -> bool:
-    """Whether ``r`` is history: it no longer runs (ended, or silent) and was last heard at or
-    before another process claiming its rank number was first seen, or one of a later incarnation
-    where none took its number (an elastic restart that shrank the job) (``claimed_at``:
-    JobSnapshot.claimed_at, flowtop.monitor.claims.ClaimedAt; a start at the instant of its last frame follows it, as in
-    :func:`flowtop.monitor.claims.superseded`). When each process was first seen, not its incarnation: torchrun counts
-    restarts per node agent, so a node that crashes at incarnation 0 beside a restarted node at 1
-    is the current run's problem, not history (the rank view's order by incarnation was reverted for it)."""
-    at = claimed_at.get(r.rank)
-    return (at is not None and r.first_seen is not None and r.first_seen < at and r.heard_at <= at
-            and (r.status in ENDED or r.status == "stale"))
-
-
 #: Conventions printed beside every FLOP figure.
 MODEL_FLOPS_NOTE = ("model FLOPs: forward + backward as the math requires (attention backward = 2x forward), "
                     "no recomputation")
@@ -381,17 +368,6 @@ class JobSnapshot:
         return len({r.rank for r in self.ranks})
 
     @cached_property
-    def current_ranks(self) -> tuple[RankSnapshot, ...]:
-        """Its rank processes less those that are history (:func:`is_history`: ended before a
-        restart's process took their rank number, or before a later incarnation began): what its
-        ending, status and cause are told from (an elastic restart that shrank the job and then
-        finished read failed, by the crash the restart followed); all of them where every one is."""
-        claimed = self.claimed_at
-        if not claimed:
-            return self.ranks
-        return tuple(r for r in self.ranks if not is_history(r, claimed)) or self.ranks
-
-    @cached_property
     def unheard(self) -> tuple[RankSnapshot, ...]:
         """Its rank processes cut off behind a silent or closed relay (RankSnapshot.cut): they may
         train on, unheard, so the job's figures (FLOP/s, MFU, tokens/s, percentiles, lag) are over
@@ -446,15 +422,12 @@ def all_done(snap: Any) -> bool:
     """Whether every rank of every job said bye and every job has all its ranks' rows (rows, not
     rank numbers: two processes claiming one rank are two rows, a conflict). A rank unheard
     behind a dead relay (RankSnapshot.cut) cannot say bye: its job ended when its heard ranks
-    did (the job's status, flowtop.monitor.model_views), else ``--until-done`` waited for good;
-    nor can one that is history (:func:`is_history`: a shrinking restart's leftover gone silent)."""
+    did (the job's status, flowtop.monitor.model_views), else ``--until-done`` waited for good."""
     return any(j.ranks for j in snap.jobs) and all(job_done(j) for j in snap.jobs)
 
 
 def job_done(j: JobSnapshot) -> bool:
-    """Whether every rank of ``j`` said bye, but those unheard behind a dead relay or that are
-    history once the job ended, and it has every rank's row (:func:`all_done`, per job)."""
-    return (all(r.status in ENDED or (j.status in ENDED and (
-                    r.cut is not None or (bool(j.claimed_at) and is_history(r, j.claimed_at))))
-                for r in j.ranks)
-            and len(j.ranks) >= j.world_size)
+    """Whether every rank of ``j`` said bye, but those unheard behind a dead relay once the job
+    ended, and it has every rank's row (:func:`all_done`, per job)."""
+    return all(r.status in ENDED or (r.cut is not None and j.status in ENDED) for r in j.ranks) \
+        and len(j.ranks) >= j.world_size

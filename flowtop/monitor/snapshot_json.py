@@ -201,7 +201,7 @@ def to_json(snap: MonitorSnapshot, with_kernels: bool = True) -> dict[str, Any]:
             "ranks_seen": j.ranks_seen,
             "status": j.status,
             "stopped_by": list(j.stopped_by),  # what ended its stopped ranks ("SIGTERM"); [] where none
-            "first_ending": first_ending_json(j.current_ranks),
+            "first_ending": first_ending_json(j.ranks),
             "step": j.step,
             "step_time_s": j.step_time_s,
             "tokens_per_s": j.tokens_per_s,
