@@ -281,3 +281,65 @@ class Column:
     def nbytes(self) -> int:
         """Bytes held by the values (blocks and the part-filled one)."""
         return (sum(len(b) for b in self._blocks) + len(self._tail)) * array(self.typecode).itemsize
+
+
+class Window:
+    """The last ``cap`` values appended, in one array of exactly ``cap`` values written round
+    and round, for a rank's figures read whole and never viewed (the medians of its probe's own
+    time and of its pipeline stage's): :class:`Column` keeps ``cap`` to ``cap + BLOCK - 1`` values
+    in blocks and a tail (each an array and its header) so that views can share them; nobody
+    shares these. The array is made at the first value (a rank that never sends one holds none)
+    at its final size: one block of Python's allocator (512 bytes for 64 doubles), never grown."""
+
+    __slots__ = ("typecode", "cap", "_a", "_n", "_i")
+
+    def __init__(self, typecode: str, cap: int) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be positive, got {cap!r}")
+        self.typecode = typecode
+        self.cap = cap
+        self._a: array | None = None
+        self._n = 0  # values held (at most cap)
+        self._i = 0  # where the next value goes (the oldest held once full)
+
+    def extend(self, values: Any) -> None:
+        """Append ``values`` (an array of this type code, or a list), older ones dropped."""
+        if not (isinstance(values, array) and values.typecode == self.typecode):
+            values = array(self.typecode, values)
+        k, cap = len(values), self.cap
+        if not k:
+            return
+        a = self._a
+        if a is None:
+            a = self._a = array(self.typecode, bytes(cap * array(self.typecode).itemsize))
+        if k >= cap:  # the older ones would be overwritten at once
+            a[:] = values[k - cap:]
+            self._i, self._n = 0, cap
+            return
+        i = self._i
+        first = cap - i if k > cap - i else k  # up to the array's end, then from its start
+        a[i:i + first] = values[:first]
+        if first < k:
+            a[:k - first] = values[first:]
+        self._i = (i + k) % cap
+        n = self._n + k
+        self._n = n if n < cap else cap
+
+    def append(self, value: Any) -> None:
+        self.extend([value])
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self) -> Iterator[Any]:
+        """The values held, oldest first."""
+        a = self._a
+        if a is None:
+            return iter(())
+        if self._n < self.cap:
+            return iter(a[:self._n])
+        i = self._i
+        return iter(a[i:] + a[:i] if i else a)

@@ -37,7 +37,7 @@ from array import array
 from flowtop.monitor import accounting
 from flowtop.monitor import rankstate as rs
 from flowtop.monitor.claims import ClaimedAt, Claims, SoleRows, ViewOrder
-from flowtop.monitor.compact import Column
+from flowtop.monitor.compact import Window
 from flowtop.monitor.endedjobs import EndedJobs
 from flowtop.monitor.hello_asks import HelloAsks
 from flowtop.monitor.clock import TICK_S
@@ -354,7 +354,7 @@ class Model(ModelNotices):
         return accounting.rank_mfu(st.flops, med, self.peak_override_flops, rs.tokens_per_s(st, med, stalled), stalled)
 
 
-def _extend_sent(into: Column, column: array, first: int, finite: bool) -> None:
+def _extend_sent(into: Window, column: array, first: int, finite: bool) -> None:
     """Append a step column's values from record ``first`` on to ``into``, but NaN (not sent);
     ``finite``: the frame's decode found none."""
     part = column[first:] if first else column
