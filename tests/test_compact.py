@@ -13,7 +13,7 @@ import pytest
 from flowtop.monitor import rankstate as rs
 from array import array
 
-from flowtop.monitor.compact import BLOCK, ArraySeq, Column, PairSeq
+from flowtop.monitor.compact import BLOCK, ArraySeq, Column, PairSeq, Window
 from flowtop.monitor.stepring import StepRing
 from flowtop.monitor.model import Model
 from probe.wire import Message, RankKey
@@ -264,3 +264,30 @@ def test_slices_and_reversed_views_read_like_tuples_across_blocks() -> None:
         a = rng.randint(-len(want) - 2, len(want) + 2)
         assert tuple(sub[a:]) == want[a:] and tuple(reversed(sub[a:])) == want[a:][::-1]
         assert tuple(sub[:a]) == want[:a] and tuple(reversed(sub[:a])) == want[:a][::-1]
+
+
+def test_a_window_keeps_the_last_cap_values_oldest_first() -> None:
+    w = Window("d", 4)
+    assert not w and len(w) == 0 and list(w) == [] and w._a is None  # nothing sent: no array
+    w.extend(array("d", [1.0, 2.0, 3.0]))
+    assert list(w) == [1.0, 2.0, 3.0] and len(w) == 3
+    w.extend([4.0, 5.0])  # a list, and round past the array's end
+    assert list(w) == [2.0, 3.0, 4.0, 5.0] and len(w) == 4
+    w.extend(array("d", [6.0, 7.0, 8.0]))  # across the end again
+    assert list(w) == [5.0, 6.0, 7.0, 8.0]
+    w.extend(array("d", [float(i) for i in range(10, 20)]))  # more than the cap at once
+    assert list(w) == [16.0, 17.0, 18.0, 19.0]
+    w.append(20.0)
+    w.extend(array("d"))  # nothing: unchanged
+    assert list(w) == [17.0, 18.0, 19.0, 20.0] and len(w._a) == 4  # one array of exactly cap values
+
+
+def test_a_ranks_probe_samples_are_one_array_of_their_cap() -> None:
+    """A rank's probe times (read only as a median) are held in 64 doubles, not a Column's
+    blocks of 64 plus a tail (up to 127 values, two arrays and a list)."""
+    model = Model()
+    key = RankKey("j", "h0", 100, 0, 0)
+    _feed(model, key, 300, 0)
+    st = model.ranks[key]
+    assert len(st.probe_s) == rs.PROBE_SAMPLES == 64 and list(st.probe_s) == [1e-5] * 64
+    assert st.probe_s._a is not None and st.probe_s._a.buffer_info()[1] == 64
