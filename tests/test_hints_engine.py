@@ -507,3 +507,19 @@ def test_a_window_measure_is_computed_once_per_window_and_follows_the_step() -> 
     assert (first.step, later.step, other.step) == (100, 140, 150)
     assert first.value == later.value == pytest.approx(51.0) and other.value == pytest.approx(1.0)
     assert len(calls) == 2
+
+
+def test_hints_of_many_ranks_share_their_evidence_keys() -> None:
+    """A rule that holds for every rank of a large job keeps a hint a rank: the keys of each
+    hint's evidence are the same strings for all of them (its threshold and clear value's were
+    two new strings a hint, ~120 bytes), and the hint reads as before."""
+    from flowtop.monitor.hints.making import make_hint
+
+    rule = RULES_BY_ID["launch_bound"]
+    m = Measurement(value=90.0, evidence={"busy_pct": 10.0, "short_kernel_pct": 90.0}, impact=0.9, step=5)
+    a, b = (make_hint(rule, f"rank {r}", m, 5, 5, 1, 0.0) for r in (3, 4))
+    # its measure (busy_pct) is its value, 90; the rule's limits 50 and 60 (rules_kernels)
+    assert a.evidence == {"busy_pct": 90.0, "short_kernel_pct": 90.0, "threshold_pct": 50.0, "clear_pct": 60.0,
+                          "window_steps": 1, "since_step": 5}
+    assert all(ka is kb for ka, kb in zip(a.evidence, b.evidence))
+    assert a.action is b.action and a.target == "rank 3" and b.target == "rank 4"

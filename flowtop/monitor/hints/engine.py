@@ -59,7 +59,7 @@ SILENCE_RULES = frozenset(GROUPS["hang"]) | {"relay_silent"}  # every rank unhea
 HOLD_S = 10.0
 
 
-@dataclass
+@dataclass(slots=True)  # one per (rule, rank) a hint names: thousands in a large job
 class _State:
     """Hysteresis state of one (job, rule, target)."""
 

@@ -71,6 +71,19 @@ def beyond(rule: Rule, m: Measurement, keep: bool) -> bool:
     return ok and all(_gate_ok(g, m.evidence, keep) for g in rule.gates)
 
 
+#: unit -> the evidence keys of a rule's threshold and clear value ("threshold_pct", "clear_pct"):
+#: made once a unit, not two new strings a hint (a rule that holds for every rank of a large job
+#: keeps a hint a rank, each with its evidence: ~120 bytes of equal keys each).
+_LIMIT_KEYS: dict[str, tuple[str, str]] = {}
+
+
+def _limit_keys(unit: str) -> tuple[str, str]:
+    keys = _LIMIT_KEYS.get(unit)
+    if keys is None:
+        keys = _LIMIT_KEYS[unit] = (f"threshold_{unit}", f"clear_{unit}")
+    return keys
+
+
 def make_hint(rule: Rule, target: str, m: Measurement, since_step: int | None, first_step: int | None,
               steps: int, secs: float) -> Hint:
     """The hint ``rule`` shows of ``target`` for the measurement ``m``: its evidence (the
@@ -80,10 +93,11 @@ def make_hint(rule: Rule, target: str, m: Measurement, since_step: int | None, f
     ev: dict[str, Any] = dict(m.evidence)
     if m.clock is None:  # else the clock says it at display (Hint.evidence_at)
         ev[rule.measure] = m.value
-    ev[f"threshold_{rule.unit}"] = rule.threshold
+    threshold_key, clear_key = _limit_keys(rule.unit)
+    ev[threshold_key] = rule.threshold
     # A shown hint holds until its measure passes back the clear value (hysteresis): a figure
     # between the two (an ended straggler "6 % slower" of threshold 10) says why it still shows.
-    ev[f"clear_{rule.unit}"] = rule.clear
+    ev[clear_key] = rule.clear
     if rule.window_steps:
         ev.setdefault("window_steps", steps)
     if rule.window_s:
