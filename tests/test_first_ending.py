@@ -319,6 +319,37 @@ def test_a_hello_sent_just_before_a_bye_with_a_later_stamp_leaves_the_bye_its_ti
     assert job_.status == "stopped"
 
 
+def test_telemetry_sent_just_before_a_crash_bye_leaves_the_bye_its_time() -> None:
+    """torchrun's crash (rank 2 at 10.00, the SIGTERMs at 10.20, CRASH_FIRST): rank 2's sender
+    stamped a telemetry sample at 10.01, when its sampling ended, and sent it ahead of the bye the
+    training thread had queued at 10.00 (probe.transport.sender: local frames join the pending list
+    first). The telemetry is no frame the bye came after: the crash keeps 10.00, failed, exit 4 (a
+    reviewer's case: read stopped, exit 5, the crash put at its receive time)."""
+    frames = _frames(CRASH_FIRST)
+    tel = (10.5, wire.encode("telemetry", RankKey("j", "node-b", 102, 2, 0), 6, 10.01, {"gpu": {}, "proc": {},
+                                                                                   "reasons": {}}))
+    model = make_model()
+    for received, frame in frames[:-1] + [tel] + frames[-1:]:
+        model.ingest(wire.decode(frame), received)
+    snap = model.tick(12.0)
+    assert {r.rank: r.ended_at for r in _job(snap).ranks}[2] == pytest.approx(10.00)
+    assert _job(snap).status == "failed"
+
+
+def test_a_crash_bye_queued_before_its_probe_connected_keeps_its_time() -> None:
+    """A rank that crashed at start-up (bye stamped 10.00) while its monitor was still connecting:
+    its probe stamped the hello at 10.08, as it connected, and sent it first (received 10.081, the
+    bye at 10.082): the monitor first heard it after the bye's stamp, by less than a probe holds a
+    frame (rankstate.BYE_HELD_S): the crash keeps 10.00 (a reviewer's case: 10.082)."""
+    key = RankKey("j", "node-a", 100, 0, 0)
+    model = make_model()
+    model.ingest(wire.decode(wire.encode("hello", key, 1, 10.08, {"local_rank": 0, "world_size": 1,
+                                                                  "device": "cpu (test)", "probe_version": "t"})), 10.081)
+    model.ingest(wire.decode(wire.encode("bye", key, 2, 10.00, {"reason": CRASH, "steps": 0, "drops": 0})), 10.082)
+    (rank,) = _job(model.tick(11.0)).ranks
+    assert rank.ended_at == pytest.approx(10.001)
+
+
 def _killed_then_stopped(peers_why: str, byes_at: float = 2.0) -> MonitorSnapshot:
     """torchrun's ending of a rank killed outright (SIGKILL: the OOM killer): ranks 0-3 step to
     step 5 (received 1.1-1.5, sent at once); rank 2 then says nothing more (no bye: a killed

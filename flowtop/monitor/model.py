@@ -222,7 +222,10 @@ class Model(ModelNotices):
             st.last_seq = seq
         if now - sent_at < st.clock_lead:  # the rank's clock to the monitor's: its least transit (RankState)
             st.clock_lead = now - sent_at
-        if sent_at > st.sent_max and kind != "hello":  # a hello: stamped at the sender's round, sent first
+        # Frames the training thread queues, in order: a hello is stamped at the sender's round and
+        # sent first, telemetry when its sampling ends and put ahead of the queue (a bye queued
+        # meanwhile leaves after it, stamped earlier: a reviewer's crash read as a stop)
+        if sent_at > st.sent_max and kind != "hello" and kind != "telemetry":
             st.sent_max = sent_at
         if cols is not None and kind != "hello":  # as the kinds' order below had it
             self._on_steps(st, cols, now)

@@ -256,9 +256,16 @@ def bye_time(st: RankState, sent_at: float, now: float) -> float:
     most ``now``: the lead is at most ``now - sent_at``). A stamp before one of the rank's own
     earlier frames (``sent_max``, which holds the bye's too: greater only by an earlier frame's),
     or one that puts it before the monitor first heard it, says nothing of when it ended (a
-    broken or hostile probe's t=0 took its job's first ending): its receive time instead."""
+    broken or hostile probe's t=0 took its job's first ending): its receive time instead. Before
+    first seen by up to BYE_HELD_S: a bye queued while nobody listened, sent after the hello its
+    probe stamped as it connected (a crash at start-up)."""
     at = sent_at + st.clock_lead
-    return at if sent_at >= st.sent_max and at >= st.first_seen else now
+    return at if sent_at >= st.sent_max and at >= st.first_seen - BYE_HELD_S else now
+
+
+#: Seconds a probe may hold a frame before it leaves (its default max_age_s): how far before the
+#: monitor first heard a rank its bye may have been stamped.
+BYE_HELD_S = 2.0
 
 
 def hello_step_at(st: RankState) -> float | None:
