@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from flowtop.monitor.format import rate_prefix
@@ -33,15 +35,20 @@ def test_cpu_rows_read_gflops() -> None:
     assert [kernel_cells(r, 1e12)[6].plain for r in gpu] == ["429", "2.5"]
 
 
-@pytest.mark.asyncio
-async def test_the_table_header_follows_its_rows() -> None:
+def _one_table() -> Any:
+    """An app holding one KernelTable."""
     from textual.app import App, ComposeResult
 
     class One(App[None]):
         def compose(self) -> ComposeResult:
             yield KernelTable(id="t")
 
-    app = One()
+    return One()
+
+
+@pytest.mark.asyncio
+async def test_the_table_header_follows_its_rows() -> None:
+    app = _one_table()
     async with app.run_test(size=(80, 12)) as pilot:
         table = app.query_one(KernelTable)
         table.show((row("aten::mm", 0.082),))
@@ -59,13 +66,7 @@ async def test_the_sorted_column_shows_its_arrow_within_its_width() -> None:
     """A trial: `2` (sort by calls) and `4` (by FLOP/s) left the header without an arrow: "calls▼"
     and "GF/s▼" overflow their 5 and 4 cells and the arrow was cut. They read "call▼" and "GF▼";
     "time▼" (the default) as before."""
-    from textual.app import App, ComposeResult
-
-    class One(App[None]):
-        def compose(self) -> ComposeResult:
-            yield KernelTable(id="t")
-
-    app = One()
+    app = _one_table()
     async with app.run_test(size=(80, 12)) as pilot:
         table = app.query_one(KernelTable)
         table.show((row("aten::mm", 0.082),))
