@@ -402,3 +402,29 @@ def test_a_rank_last_heard_a_frame_before_the_others_byes_is_not_the_cause() -> 
     job_ = _job(_killed_then_stopped("SIGTERM", byes_at=1.55))
     (hint,) = [h for h in job_.hints if h.id == "hang_all"]
     assert hint.evidence["first_cause"] == "stopped" and "since a signal (SIGTERM) ended ranks 0-1,3" in hint.summary_at(41.5)
+
+
+def test_a_paced_rank_last_heard_a_frame_before_the_others_byes_is_not_the_cause() -> None:
+    """Paced: each rank's steps leave 5 to a frame every 0.5 s (steps of 0.1 s). Rank 2's last
+    frame came at 1.5, its frame of 2.0 and its bye lost; the others' frames came at 1.5 and 2.0
+    and their SIGTERM byes were sent at 2.05. Rank 2 was silent 0.55 s before the first bye, about
+    the 0.5 s its ranks' frames are apart: it ended with them, not before (a reviewer's case: the
+    margin was a step, 0.1 s)."""
+    model = make_model()
+    keys = {r: RankKey("j", HOSTS[r], 100 + r, r, 0) for r in range(4)}
+    hello = {"world_size": 4, "device": "cpu (test)", "probe_version": "t"}
+    for r, key in keys.items():
+        model.ingest(wire.decode(wire.encode("hello", key, 1, 1.0, dict(hello, local_rank=r % 2))), 1.0)
+    for frame, at in enumerate((1.5, 2.0)):
+        for r, key in keys.items():
+            if r == 2 and at == 2.0:
+                continue
+            recs = [{"step": 5 * frame + i, "wall_s": 0.1, "tokens": 8} for i in range(1, 6)]
+            model.ingest(wire.decode(wire.encode_steps(key, 2 + frame, at, recs, 0)), at)
+    for r in (0, 1, 3):
+        model.ingest(wire.decode(wire.encode("bye", keys[r], 9, 2.05, {"reason": "SIGTERM", "steps": 10,
+                                                                     "drops": 0})), 2.06)
+    model.tick(20.0)
+    job_ = _job(model.tick(41.5))
+    (hint,) = [h for h in job_.hints if h.id == "hang_all"]
+    assert hint.evidence["first_cause"] == "stopped"

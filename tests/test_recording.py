@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from typing import Any
 
 from flowtop.tui.app import FlowtopApp
 from flowtop.monitor.recording import (MAGIC, MAGIC_V1, Recorder, RecordingError, RecordingSource, read_recording,
@@ -438,3 +439,29 @@ def test_a_recording_refused_at_start_is_said_at_once(tmp_path: Path) -> None:
     assert [n.text for n in collector.model.notices.history] == [
         f"recording {path} not started: the file there could not be kept aside ({path}.1 to .999 are all taken); "
         "give --record another name"]
+
+
+def test_keeping_aside_ignores_names_that_are_not_its_numbers_and_undoes_a_link_it_cannot_finish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.rec.² (a Unicode digit) and a 5,000-digit suffix beside it made int() raise at the
+    monitor's start; where the old name cannot be removed after its link (another user's file in a
+    sticky directory), the link made is taken back, nothing left behind (reviewers' cases)."""
+    from flowtop.monitor import rec_aside
+
+    path = tmp_path / "run.rec"
+    path.write_bytes(b"earlier")
+    (tmp_path / "run.rec.\u00b2").write_bytes(b"")
+    (tmp_path / ("run.rec." + "9" * 200)).write_bytes(b"")
+    assert rec_aside.keep_aside(path) == tmp_path / "run.rec.1"
+    path.write_bytes(b"second")
+    real_unlink = os.unlink
+
+    def refuse(p: Any) -> None:
+        if Path(p) == path:
+            raise PermissionError(1, "Operation not permitted")
+        real_unlink(p)
+
+    monkeypatch.setattr(rec_aside.os, "unlink", refuse)
+    with pytest.raises(PermissionError):
+        rec_aside.keep_aside(path)
+    assert not (tmp_path / "run.rec.2").exists() and path.read_bytes() == b"second"

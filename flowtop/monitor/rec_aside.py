@@ -31,8 +31,11 @@ def keep_aside(path: Path) -> Path | None:
         return None
     for n in _numbers(real):
         aside = real.with_name(f"{real.name}.{n}")
-        if _move_unless_taken(real, aside):
-            return aside
+        try:
+            if _move_unless_taken(real, aside):
+                return aside
+        except FileNotFoundError:
+            return None  # moved away meanwhile: nothing left to keep
     raise OSError(f"{real}.1 to .{MAX_ASIDE} are all taken")
 
 
@@ -43,7 +46,9 @@ def _numbers(real: Path) -> list[int]:
         names = os.listdir(real.parent)
     except OSError:
         names = []
-    kept = [int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()]
+    # ASCII and at most MAX_ASIDE's digits: "run.rec.²" or a 5,000-digit suffix is no number of ours
+    tails = [n[len(prefix):] for n in names if n.startswith(prefix)]
+    kept = [int(t) for t in tails if t.isascii() and t.isdigit() and len(t) <= len(str(MAX_ASIDE))]
     top = max([k for k in kept if k <= MAX_ASIDE], default=0)
     return list(range(top + 1, MAX_ASIDE + 1)) + list(range(1, top + 1))
 
@@ -56,10 +61,16 @@ def _move_unless_taken(real: Path, aside: Path) -> bool:
         os.link(real, aside)
     except FileExistsError:
         return False
+    except FileNotFoundError:
+        raise  # gone meanwhile (another monitor moved it): the caller finds nothing to keep
     except OSError:  # no hard links here (some network and FUSE file systems)
         if os.path.lexists(aside):
             return False
         os.rename(real, aside)
         return True
-    os.unlink(real)
+    try:
+        os.unlink(real)
+    except OSError:  # linked but not movable (a sticky directory, another user's file): undone
+        os.unlink(aside)
+        raise
     return True

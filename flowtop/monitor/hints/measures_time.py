@@ -169,10 +169,15 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
     first = first_ending(shown)  # the cause, named before a later silence; the other endings follow it
-    # Silent before the first bye by more than a frame's usual gap (a step, or the probe's 0.1 s
-    # flush, at most 2 s): one that ended with its peers but whose bye was lost was last heard
-    # about a frame before theirs (a reviewer's case), and is not the cause.
-    gap = min(_GAP_CAP_S, max(_FLUSH_S, ev["median_step_time_s"] or 0.0))
+    # Silent before the first bye by more than two of a frame's usual gaps (a step, the probe's
+    # 0.1 s flush, or the gap between its frames seen, paced; at most 2 s): one that ended with
+    # its peers but lost its bye and the records it held since its last frame was last heard up
+    # to a gap and its flush's phase before theirs (a reviewer's case), and is not the cause.
+    # the job's ranks are paced alike: the silent ones' gaps and a few others' (a silent rank may
+    # have sent one frame only), not all of a large job's
+    gaps = [g for g in map(_frame_gap, silent[:16] + shown[:16]) if g > 0.0]
+    seen_gap = statistics.median(gaps) if gaps else 0.0
+    gap = min(_GAP_CAP_S, 2.0 * max(_FLUSH_S, ev["median_step_time_s"] or 0.0, seen_gap))
     ev["first_cause"] = None if first is None else first.status
     if silent_since is not None and first is not None and silent_since + gap < ending_time(first):
         ev["first_cause"] = "silent"
@@ -201,6 +206,14 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
 #: endings from one that ended with them.
 _FLUSH_S = 0.1
 _GAP_CAP_S = 2.0
+
+
+def _frame_gap(r: RankSnapshot) -> float:
+    """The median time between a rank's recent frames: the distinct receive times of its last
+    steps (a paced probe sends many steps a frame); 0 with fewer than two."""
+    times = sorted({t for _, t in r.history.reached[-64:]})
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def _endings(stopped: list[RankSnapshot], failed: list[RankSnapshot]) -> str:
