@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 import weakref
 from dataclasses import dataclass
@@ -179,7 +180,12 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     seen_gap = statistics.median(gaps) if gaps else 0.0
     gap = min(_GAP_CAP_S, 2.0 * max(_FLUSH_S, ev["median_step_time_s"] or 0.0, seen_gap))
     ev["first_cause"] = None if first is None else first.status
-    if silent_since is not None and first is not None and silent_since + gap < ending_time(first):
+    # Every failure a lost connection (gloo's peers fail within milliseconds of a peer's SIGKILL,
+    # inside any margin: a trial's killed rank read as the cause's consequence): a rank silent
+    # since before them, without a bye, is what they lost.
+    lost = first is not None and first.status == "failed" and all(peer_lost(r.bye_reason) for r in failed)
+    if silent_since is not None and first is not None and (
+            silent_since + gap < ending_time(first) or (lost and silent_since < ending_time(first))):
         ev["first_cause"] = "silent"
         # Silent before anyone said bye: killed outright (SIGKILL, the OOM killer, a segfault),
         # then its peers ended of it (torchrun's SIGTERM, gloo's errors). A trial read that
@@ -194,7 +200,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         variant = "stopped"
     elif first is not None:  # a crash (torchrun then stops its peers with SIGTERM)
         text["failed"] = rank_list(failed)
-        text["why"] = (first.bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
+        text["why"] = _why(first.bye_reason)
         variant = "failed"
     return {"": Measurement(value=least.stalled_s / least.limit_s, evidence=ev, impact=1.0, step=job.step,
                             text=text, variant=variant,
@@ -216,6 +222,26 @@ def _frame_gap(r: RankSnapshot) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
+#: How a failure that is a lost connection to a peer reads (gloo's pair.cc "Connection closed by
+#: peer", "Connection reset by peer"; a write to a dead peer): the consequence of a peer's end.
+_PEER_LOST = ("closed by peer", "reset by peer", "broken pipe")
+#: A source location in an error's text ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "):
+#: left out of a hint's quote, whose 120 characters it ate ("… (RuntimeError: …Conne").
+_SOURCE_AT = re.compile(r"\[[^\]\s]*:\d+\]\s*")
+
+
+def peer_lost(bye: str | None) -> bool:
+    """Whether a failed rank's bye is a lost connection to a peer (:data:`_PEER_LOST`)."""
+    low = (bye or "").lower()
+    return any(p in low for p in _PEER_LOST)
+
+
+def _why(bye: str | None) -> str:
+    """A failure's exception as a hint quotes it: without the bye's prefix and source locations, 120
+    characters at most."""
+    return _SOURCE_AT.sub("", (bye or "").removeprefix(BYE_ERROR_PREFIX))[:120]
+
+
 def _endings(stopped: list[RankSnapshot], failed: list[RankSnapshot]) -> str:
     """"a signal (SIGTERM) ended ranks 0-1,3 (vm)", "rank 3 (vm) failed (ValueError: …)", or
     both joined: the endings that followed a rank's silence."""
@@ -224,8 +250,7 @@ def _endings(stopped: list[RankSnapshot], failed: list[RankSnapshot]) -> str:
         signals = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
         said.append(f"a signal ({signals}) ended {rank_list(stopped)}")
     if failed:
-        why = (min(failed, key=ending_order).bye_reason or "").removeprefix(BYE_ERROR_PREFIX)[:120]
-        said.append(f"{rank_list(failed)} failed ({why})")
+        said.append(f"{rank_list(failed)} failed ({_why(min(failed, key=ending_order).bye_reason)})")
     return " and ".join(said)
 
 
