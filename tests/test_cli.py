@@ -26,6 +26,7 @@ def _flowtop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
         (["snapshot", "--timeout", "-1"], "must be a positive number"),
         (["snapshot", "--timeout", "soon"], "expected a number"),
         (["demo", "--ranks", "0"], "must be positive"),
+        (["serve", "--record", ""], "--record: expected a file name, got an empty one"),  # recorded nothing, exit 0
         (["top", "--peak-tflops", "inf"], "must be a positive number"),
         (["snapshot", "--listen", "udp://x"], "expected tcp://HOST:PORT"),
         (["snapshot", "--listen", "tcp://0.0.0.0:5999"], "--insecure-bind"),

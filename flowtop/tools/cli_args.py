@@ -8,6 +8,7 @@ import argparse
 from flowtop import settings
 from flowtop.tools.common import (
     SERVE_PROMETHEUS,
+    file_name as _file_name,
     hostport as _hostport,
     non_negative_float as _non_negative_float,
     positive_float as _positive_float,
@@ -52,7 +53,7 @@ def _monitor_args(p: argparse.ArgumentParser, cpu: float) -> None:
                    help="CURVE keys (flowtop keys DIR): encrypted, only admitted probes")
     p.add_argument("--peak-tflops", type=_positive_float, default=None,
                    help="dense peak per rank in TFLOP/s (overrides the table)")
-    p.add_argument("--record", default=None, metavar="FILE",
+    p.add_argument("--record", type=_file_name, default=None, metavar="FILE",
                    help="also write every received frame to FILE (flowtop replay FILE)")
     p.add_argument("--data-cpu", type=_positive_float, default=cpu, metavar="CORES",
                    help=f"CPU the data thread may take before the monitor paces its ranks and spreads its ticks "

@@ -23,6 +23,13 @@ def positive_float(raw: str) -> float:
     return value
 
 
+def file_name(raw: str) -> str:
+    """A file to write (``--record FILE``): not empty (``--record ''`` recorded nothing, silently)."""
+    if not raw.strip():
+        raise argparse.ArgumentTypeError("expected a file name, got an empty one")
+    return raw
+
+
 def positive_int(raw: str) -> int:
     try:
         value = int(raw)
