@@ -19,6 +19,7 @@ import pytest
 
 from flowtop.export.serve import end_status
 from flowtop.monitor.hints import HintEngine
+from flowtop.monitor.hints.measures_time import _why
 from flowtop.monitor.model import Model
 from flowtop.monitor.rankview import job_context, node_group, sort_ranks
 from flowtop.monitor.recording import Recorder, replay, replay_all
@@ -350,7 +351,7 @@ def test_a_crash_bye_queued_before_its_probe_connected_keeps_its_time() -> None:
     assert rank.ended_at == pytest.approx(10.001)
 
 
-def _killed_then_stopped(peers_why: str, byes_at: float = 2.0) -> MonitorSnapshot:
+def _killed_then_stopped(peers_why: str, byes_at: float = 2.0, why_of: dict[int, str] | None = None) -> MonitorSnapshot:
     """torchrun's ending of a rank killed outright (SIGKILL: the OOM killer): ranks 0-3 step to
     step 5 (received 1.1-1.5, sent at once); rank 2 then says nothing more (no bye: a killed
     process cannot), and 0.5 s later the others end (byes sent 2.00-2.01, received 2.05), each with
@@ -367,8 +368,9 @@ def _killed_then_stopped(peers_why: str, byes_at: float = 2.0) -> MonitorSnapsho
             model.ingest(wire.decode(wire.encode("step", key, 1 + step, t, {"step": step, "wall_s": 0.1, "tokens": 8,
                                                                           "drops": 0})), t)
     for r in (0, 1, 3):
+        why = (why_of or {}).get(r, peers_why)
         model.ingest(wire.decode(wire.encode("bye", keys[r], 7, byes_at + r / 300,
-                                             {"reason": peers_why, "steps": 5, "drops": 0})), byes_at + 0.05)
+                                             {"reason": why, "steps": 5, "drops": 0})), byes_at + 0.05)
     model.tick(20.0)
     return model.tick(41.5)
 
@@ -391,7 +393,7 @@ def test_a_rank_silent_before_the_others_ended_is_named_as_the_cause(peers_why: 
     assert hint.summary_at(snap.taken_at) == (
         "the 1 running rank (of 4; the others ended) stopped at step 5: no step for 40 s; nothing heard from "
         f"rank 2 (node-b) for 40 s, since before {after}: it likely died without a word (SIGKILL, the OOM "
-        "killer, a segfault, its host down)")
+        "killer, a segfault, its host or network down)")
 
 
 def test_a_rank_last_heard_a_frame_before_the_others_byes_is_not_the_cause() -> None:
@@ -439,3 +441,18 @@ def test_a_rank_killed_whose_peers_failed_at_once_of_the_lost_connection_is_the_
     job_ = _job(_killed_then_stopped(peers_why, byes_at=1.55))
     (hint,) = [h for h in job_.hints if h.id == "hang_all"]
     assert hint.evidence["first_cause"] == cause
+
+
+
+def test_one_ranks_own_connection_error_is_no_lost_peer() -> None:
+    """Rank 0 failed of its own S3 read's "Connection reset by peer" 0.05 s after rank 2's last
+    frame, ranks 1 and 3 were then stopped: one rank's I/O error is no collective's lost peer,
+    the margin holds, the failure is the cause (a reviewer's case: rank 2 named as killed). A
+    hint's quote keeps brackets that are no source location ("index [0:16]")."""
+    s3 = "error: ConnectionError: ('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))"
+    job_ = _job(_killed_then_stopped("SIGTERM", byes_at=1.55, why_of={0: s3}))
+    (hint,) = [h for h in job_.hints if h.id == "hang_all"]
+    assert hint.evidence["first_cause"] == "failed"
+    assert _why("error: IndexError: index [0:16] out of range") == "IndexError: index [0:16] out of range"
+    assert _why("error: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+                "peer") == "RuntimeError: Connection closed by peer"

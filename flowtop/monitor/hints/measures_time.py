@@ -183,7 +183,9 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     # Every failure a lost connection (gloo's peers fail within milliseconds of a peer's SIGKILL,
     # inside any margin: a trial's killed rank read as the cause's consequence): a rank silent
     # since before them, without a bye, is what they lost.
-    lost = first is not None and first.status == "failed" and all(peer_lost(r.bye_reason) for r in failed)
+    # two or more: one rank's own I/O error ("reset by peer" reading s3://) is no collective's
+    lost = (first is not None and first.status == "failed" and len(failed) >= 2
+            and all(peer_lost(r.bye_reason) for r in failed))
     if silent_since is not None and first is not None and (
             silent_since + gap < ending_time(first) or (lost and silent_since < ending_time(first))):
         ev["first_cause"] = "silent"
@@ -223,11 +225,13 @@ def _frame_gap(r: RankSnapshot) -> float:
 
 
 #: How a failure that is a lost connection to a peer reads (gloo's pair.cc "Connection closed by
-#: peer", "Connection reset by peer"; a write to a dead peer): the consequence of a peer's end.
-_PEER_LOST = ("closed by peer", "reset by peer", "broken pipe")
+#: peer", "Connection reset by peer"; NCCL's "Connection closed by remote peer", "remote process
+#: exited or there was a network error"): the consequence of a peer's end.
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "closed by remote peer",
+              "remote process exited")
 #: A source location in an error's text ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "):
 #: left out of a hint's quote, whose 120 characters it ate ("… (RuntimeError: …Conne").
-_SOURCE_AT = re.compile(r"\[[^\]\s]*:\d+\]\s*")
+_SOURCE_AT = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cxx|c|h|hpp|cu|py):\d+\]\s*")
 
 
 def peer_lost(bye: str | None) -> bool:
@@ -248,10 +252,11 @@ def _endings(stopped: list[RankSnapshot], failed: list[RankSnapshot]) -> str:
     said = []
     if stopped:
         signals = ", ".join(sorted({r.bye_reason or "?" for r in stopped}))[:40]
-        said.append(f"a signal ({signals}) ended {rank_list(stopped)}")
+        said.append((min(map(ending_order, stopped)), f"a signal ({signals}) ended {rank_list(stopped)}"))
     if failed:
-        said.append(f"{rank_list(failed)} failed ({_why(min(failed, key=ending_order).bye_reason)})")
-    return " and ".join(said)
+        first = min(failed, key=ending_order)
+        said.append((ending_order(first), f"{rank_list(failed)} failed ({_why(first.bye_reason)})"))
+    return " and ".join(text for _, text in sorted(said))  # in the order they ended
 
 
 def rank_list(ranks: list[RankSnapshot], width: int = 40) -> str:

@@ -44,7 +44,7 @@ RULES: tuple[Rule, ...] = (
             # Silent since before the first bye: killed outright, the endings after it its consequences.
             "silent_first": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; nothing "
             "heard from {silent} for {silent_s:.0f} s, since before {after}: it likely died without a word "
-            "(SIGKILL, the OOM killer, a segfault, its host down){others_wait}",
+            "(SIGKILL, the OOM killer, a segfault, its host or network down){others_wait}",
             # A rank of the world never heard: a monitor started after it stopped, or it never
             # reached this monitor; the others' hellos said how long they have waited.
             "unheard": "{ranks_phrase} stopped at step {last_step}: no step for {stalled_s:.0f} s; nothing ever "
