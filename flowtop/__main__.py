@@ -3,4 +3,5 @@ not on PATH (a venv not activated, ``pip install --user``, a job script run by a
 
 from flowtop.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # imported (the layout and boundary tests import every module): nothing runs
+    raise SystemExit(main())

@@ -223,7 +223,8 @@ async def test_hint_expands_with_enter() -> None:
         await pilot.pause()
         assert hints.expanded == {"straggler|rank|rank 1"}
         prompt = str(hints.get_option("straggler|rank|rank 1").prompt)
-        assert "evidence: step_time_s=0.0046, fastest_s=0.004, ranks=2" in prompt
+        assert ("evidence: slower_pct=15, basis=step_time, step_time_s=0.0046, others_step_time_s=0.004, "
+                "window_steps=20, since_step=12") in prompt
         assert "fix: check rank 1's input pipeline" in prompt
         # Expansion survives the next snapshot; Enter again collapses.
         app.refresh_snapshot()
