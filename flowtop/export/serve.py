@@ -257,8 +257,7 @@ def _unfinished(job: JobSnapshot, now: float) -> str:
             silent = max(r.age_s(now) for r in job.ranks if r.status == "stale" and r.cut is None)
             said += f" (nothing heard for {silent:.0f} s)"
         parts.append(said)
-    seen = {r.rank for r in job.ranks}
-    never = [n for n in range(min(job.world_size, 1 << 20)) if n not in seen] if len(seen) < job.world_size else []
+    never = job.never_heard
     if never:
         parts.append(f"rank{'s' if len(never) > 1 else ''} {fmt_ranks(never, 60)} of {job.world_size} never heard")
     return ", ".join(parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
 
 from flowtop.monitor.records import Slotted, fast_init
@@ -80,6 +81,9 @@ def job_end_status(heard: Iterable[RankSnapshot]) -> str:
     first = first_ending(heard)
     return "done" if first is None else first.status
 
+
+#: Most rank numbers JobSnapshot.never_heard lists.
+NEVER_HEARD_MAX = 1024
 
 #: Conventions printed beside every FLOP figure.
 MODEL_FLOPS_NOTE = ("model FLOPs: forward + backward as the math requires (attention backward = 2x forward), "
@@ -277,8 +281,7 @@ class RankSnapshot(Slotted):
     #: hello_step_at): the hang rules count its stall from there. None otherwise.
     hello_step_at: float | None = None
     #: When it said bye: its probe's send time on the monitor's clock (rankstate.RankState.ended_at);
-    #: None while running.
-    #: Orders a job's endings (:func:`first_ending`).
+    #: None until its bye came. Orders a job's endings (:func:`first_ending`).
     ended_at: float | None = None
     #: Monitor time it was first heard from (rankstate.RankState.first_seen): beside
     #: JobSnapshot.claimed_at, whether a process took its rank number after it ended (history,
@@ -366,6 +369,16 @@ class JobSnapshot:
     def ranks_seen(self) -> int:
         """Distinct ranks that said hello."""
         return len({r.rank for r in self.ranks})
+
+    @cached_property
+    def never_heard(self) -> tuple[int, ...]:
+        """Rank numbers of its world no process of it was heard as (a monitor started after they
+        stopped, or they never reached it), at most NEVER_HEARD_MAX, found in as many looks more
+        than the ranks heard (a world of 2²⁴): the hang hint and --until-done's lines name them."""
+        heard = {r.rank for r in self.ranks}
+        if len(heard) >= self.world_size:
+            return ()
+        return tuple(islice((n for n in range(self.world_size) if n not in heard), NEVER_HEARD_MAX))
 
     @cached_property
     def unheard(self) -> tuple[RankSnapshot, ...]:

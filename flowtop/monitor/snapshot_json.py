@@ -128,14 +128,12 @@ def first_ending_json(ranks: Sequence[RankSnapshot]) -> dict[str, Any] | None:
     """The job's cause of ending (snapshot.first_ending: of its failed and stopped ranks, the
     first to say bye by its send time): which process (its incarnation: a restart's), its status
     and bye reason, and when (on ``taken_at``'s clock, as its rank's ``ended_at``); null where
-    none failed or was stopped
-    (running, or every ending a clean "done")."""
+    none failed or was stopped (running, or every ending a clean "done")."""
     first = first_ending(ranks)
     if first is None:
         return None
     return {"rank": first.rank, "host": first.host, "pid": first.pid, "incarnation": first.incarnation,
-            "status": first.status,
-            "bye_reason": first.bye_reason, "ended_at": ending_time(first)}
+            "status": first.status, "bye_reason": first.bye_reason, "ended_at": ending_time(first)}
 
 
 #: Fields of a hint in the JSON, in this order (README "Snapshot JSON").

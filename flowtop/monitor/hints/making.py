@@ -9,6 +9,7 @@ functions: the engine keeps the hysteresis state and decides when each is asked.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 from flowtop.monitor.hintclock import with_parts
@@ -71,17 +72,12 @@ def beyond(rule: Rule, m: Measurement, keep: bool) -> bool:
     return ok and all(_gate_ok(g, m.evidence, keep) for g in rule.gates)
 
 
-#: unit -> the evidence keys of a rule's threshold and clear value ("threshold_pct", "clear_pct"):
-#: made once a unit, not two new strings a hint (a rule that holds for every rank of a large job
-#: keeps a hint a rank, each with its evidence: ~120 bytes of equal keys each).
-_LIMIT_KEYS: dict[str, tuple[str, str]] = {}
-
-
+@functools.cache
 def _limit_keys(unit: str) -> tuple[str, str]:
-    keys = _LIMIT_KEYS.get(unit)
-    if keys is None:
-        keys = _LIMIT_KEYS[unit] = (f"threshold_{unit}", f"clear_{unit}")
-    return keys
+    """The evidence keys of a rule's threshold and clear value ("threshold_pct", "clear_pct"):
+    made once a unit, not two new strings a hint (a rule that holds for every rank of a large job
+    keeps a hint a rank, each with its evidence: ~120 bytes of equal keys each)."""
+    return f"threshold_{unit}", f"clear_{unit}"
 
 
 def make_hint(rule: Rule, target: str, m: Measurement, since_step: int | None, first_step: int | None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import statistics
@@ -155,10 +154,7 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
         text["others_wait"] = " while the others wait" if len(silent) < len(ranks) else ""
     # Ranks of the world never heard (a monitor started after one stopped, or one that never
     # reached it): named like the silent ones, which they likely are.
-    heard = {r.rank for r in job.ranks}
-    # At most 1,024 named, found in as many looks more than the ranks heard (a world of 2²⁴).
-    unheard = list(itertools.islice((n for n in range(job.world_size) if n not in heard), 1024)) \
-        if len(heard) < job.world_size else []
+    unheard = list(job.never_heard)
     ev["never_heard_ranks"] = unheard
     if unheard and not silent:
         text["unheard"] = ("rank " if len(unheard) == 1 else "ranks ") + fmt_ranks(unheard, 40)
@@ -170,24 +166,9 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
     failed = [r for r in shown if r.status == "failed"]
     ev["failed_ranks"] = [r.rank for r in failed]
     first = first_ending(shown)  # the cause, named before a later silence; the other endings follow it
-    # Silent before the first bye by more than two of a frame's usual gaps (a step, the probe's
-    # 0.1 s flush, or the gap between its frames seen, paced; at most 2 s): one that ended with
-    # its peers but lost its bye and the records it held since its last frame was last heard up
-    # to a gap and its flush's phase before theirs (a reviewer's case), and is not the cause.
-    # the job's ranks are paced alike: the silent ones' gaps and a few others' (a silent rank may
-    # have sent one frame only), not all of a large job's
-    gaps = [g for g in map(_frame_gap, silent[:16] + shown[:16]) if g > 0.0]
-    seen_gap = statistics.median(gaps) if gaps else 0.0
-    gap = min(_GAP_CAP_S, 2.0 * max(_FLUSH_S, ev["median_step_time_s"] or 0.0, seen_gap))
     ev["first_cause"] = None if first is None else first.status
-    # Every failure a lost connection (gloo's peers fail within milliseconds of a peer's SIGKILL,
-    # inside any margin: a trial's killed rank read as the cause's consequence): a rank silent
-    # since before them, without a bye, is what they lost.
-    # two or more: one rank's own I/O error ("reset by peer" reading s3://) is no collective's
-    lost = (first is not None and first.status == "failed" and len(failed) >= 2
-            and all(peer_lost(r.bye_reason) for r in failed))
-    if silent_since is not None and first is not None and (
-            silent_since + gap < ending_time(first) or (lost and silent_since < ending_time(first))):
+    if silent_since is not None and first is not None and _silent_first(silent, shown, failed, first,
+                                                                         silent_since, ev["median_step_time_s"]):
         ev["first_cause"] = "silent"
         # Silent before anyone said bye: killed outright (SIGKILL, the OOM killer, a segfault),
         # then its peers ended of it (torchrun's SIGTERM, gloo's errors). A trial read that
@@ -214,6 +195,27 @@ def hang_all(rule: Rule, job: JobSnapshot, now: float) -> dict[str, Measurement 
 #: endings from one that ended with them.
 _FLUSH_S = 0.1
 _GAP_CAP_S = 2.0
+
+
+def _silent_first(silent: list[RankSnapshot], shown: list[RankSnapshot], failed: list[RankSnapshot],
+                  first: RankSnapshot, silent_since: float, step_s: float | None) -> bool:
+    """Whether the silence since ``silent_since`` came before the job's first ending (``first``),
+    so caused it: by more than two of a frame's usual gaps (a step, the probe's 0.1 s flush, or
+    the gap between its frames seen, paced; at most 2 s: one that ended with its peers but lost
+    its bye and the records it held since its last frame was last heard up to a gap and its
+    flush's phase before theirs, a reviewer's case), or at all where two or more failures are lost
+    connections (gloo's peers fail within milliseconds of a peer's SIGKILL, inside any margin; one
+    rank's own I/O error, "reset by peer" reading s3://, is no collective's)."""
+    ended = ending_time(first)
+    if silent_since >= ended:
+        return False
+    if first.status == "failed" and len(failed) >= 2 and all(peer_lost(r.bye_reason) for r in failed):
+        return True
+    # the job's ranks are paced alike: the silent ones' gaps and a few others' (a silent rank may
+    # have sent one frame only), not all of a large job's
+    gaps = [g for g in map(_frame_gap, silent[:16] + shown[:16]) if g > 0.0]
+    seen_gap = statistics.median(gaps) if gaps else 0.0
+    return silent_since + min(_GAP_CAP_S, 2.0 * max(_FLUSH_S, step_s or 0.0, seen_gap)) < ended
 
 
 def _frame_gap(r: RankSnapshot) -> float:
